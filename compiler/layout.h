@@ -1,0 +1,105 @@
+/*
+ * layout.h - where every token and head lives on every rank (the data layout
+ * of a selected candidate).  Shared by the scheduler, the verifier, the cost
+ * model and the runtime, so that all of them agree on sizes.
+ *
+ * Mesh (SPEC section 1, diffusers): shape (R, U), ring outer, ulysses inner:
+ * flat rank p = r * U + u.  Ring group of p: the ranks with the same u, index
+ * r.  Ulysses group of p: the ranks with the same r, index u.
+ *
+ * Sequence split: the input sequence (S tokens, in segment order) is split
+ * over the P flat ranks, each segment separately (SPEC section 1
+ * "segments"), following torch.tensor_split: of n tokens over w ranks the
+ * first n % w ranks get one more.  Rank p holds, for each segment in order,
+ * the chunk p of that segment ("its shard").  With a causal mask and
+ * zigzag (ring/unified, one segment, S % 2P == 0), rank p holds chunks p and
+ * 2P-1-p of 2P equal chunks (CP023).
+ *
+ * Ring block i (0 <= i < R): what a rank of ulysses group i holds after the
+ * ulysses all-to-all: the shards of flat ranks i*U .. i*U+U-1, concatenated
+ * in that order.  With U == 1, block i == shard i.
+ *
+ * Heads: ulysses member u holds query heads [q_off(u), q_off(u)+q_n(u)):
+ * tensor_split of H over U.  Its K/V heads are exactly those its query heads
+ * use (GQA ratio g = H / Hkv; query head h uses K/V head h / g):
+ * [q_off/g, (q_off+q_n-1)/g + 1), replicated on several members when U > Hkv.
+ *
+ * Token positions are global (0..S-1 in segment order), used for causal masks
+ * and key-padding masks.  Cross-attention (input.kv): K/V are a separate
+ * sequence of Skv tokens held whole by every rank.
+ *
+ * All functions are pure and thread-safe.
+ */
+#ifndef CPC_LAYOUT_H
+#define CPC_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "plan.h"
+#include "status.h"
+
+#define CPC_MAX_SEGMENTS 64
+
+/* A run of consecutive global token positions [start, start + len). */
+typedef struct cpc_run {
+    int64_t start;
+    int64_t len;
+} cpc_run;
+
+typedef struct cpc_layout {
+    cpc_variant variant;     /* resolved (never AUTO) */
+    int R, U, P;             /* P = R * U */
+    int B;                   /* batch */
+    int H, Hkv, D;           /* heads, kv heads, head_dim */
+    int group;               /* GQA ratio H / Hkv */
+    cpc_dtype dtype;
+    bool causal;             /* mask == causal */
+    bool zigzag;             /* causal and variant ring/unified: zigzag shards */
+    bool cross;              /* input.kv: K/V whole on every rank */
+    int64_t S;               /* total query tokens */
+    int64_t Skv;             /* key/value tokens (S unless cross) */
+    int n_seg;
+    int64_t seg_start[CPC_MAX_SEGMENTS];
+    int64_t seg_len[CPC_MAX_SEGMENTS];
+} cpc_layout;
+
+/* torch.tensor_split: length and offset of chunk i of n over w (w >= 1,
+ * 0 <= i < w). */
+int64_t cpc_split_len(int64_t n, int64_t w, int64_t i);
+int64_t cpc_split_off(int64_t n, int64_t w, int64_t i);
+
+/* Fills `L` for a plan and a resolved (variant, R, U).  Errors: CPC_E_INTERNAL
+ * when the plan has more than CPC_MAX_SEGMENTS segments or R*U overflows. */
+cpc_status *cpc_layout_init(cpc_layout *L, const cpc_plan *plan, cpc_variant variant,
+                            int R, int U);
+
+/* Maximum number of runs of one shard (2 per segment, for zigzag) and of one
+ * ring block (U shards). */
+int cpc_layout_max_shard_runs(const cpc_layout *L);
+int cpc_layout_max_block_runs(const cpc_layout *L);
+
+/* Runs of flat rank p's shard, in memory order.  Writes at most `max` runs
+ * into `out` and returns how many the shard has (empty runs are omitted). */
+int cpc_layout_shard_runs(const cpc_layout *L, int p, cpc_run *out, int max);
+/* Tokens of flat rank p's shard. */
+int64_t cpc_layout_shard_tokens(const cpc_layout *L, int p);
+/* Largest shard over all ranks (tokens). */
+int64_t cpc_layout_max_shard_tokens(const cpc_layout *L);
+
+/* Runs / tokens of ring block i (0 <= i < R). */
+int cpc_layout_block_runs(const cpc_layout *L, int i, cpc_run *out, int max);
+int64_t cpc_layout_block_tokens(const cpc_layout *L, int i);
+int64_t cpc_layout_max_block_tokens(const cpc_layout *L);
+/* Token offset of block i inside the all-gathered buffer (blocks 0..R-1
+ * concatenated). */
+int64_t cpc_layout_block_offset(const cpc_layout *L, int i);
+
+/* Heads of ulysses member u (0 <= u < U): query heads and K/V heads as
+ * [*off, *off + *n). */
+void cpc_layout_q_heads(const cpc_layout *L, int u, int *off, int *n);
+void cpc_layout_kv_heads(const cpc_layout *L, int u, int *off, int *n);
+int cpc_layout_max_q_heads(const cpc_layout *L);
+int cpc_layout_max_kv_heads(const cpc_layout *L);
+
+#endif

@@ -1,0 +1,144 @@
+/*
+ * plan.h - the plan: what a user's YAML file says, typed, with defaults filled
+ * and the source position of every key kept (SPEC section 1).
+ *
+ * A cpc_plan is produced by cpc_plan_load() (plan_load.c) from the YAML tree
+ * (yaml_tree.h) and read, never written, by every later stage (validate,
+ * schedule, price, verify, codegen, emit, the runtime).  All memory of a plan
+ * is owned by the plan and released by cpc_plan_free().
+ *
+ * Thread-safety: a loaded plan is immutable and may be read from several
+ * threads at once.
+ */
+#ifndef CPC_PLAN_H
+#define CPC_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Element type of Q/K/V/O.  LSE and accumulators are always fp32. */
+typedef enum cpc_dtype {
+    CPC_DTYPE_BF16 = 0,
+    CPC_DTYPE_FP16,
+    CPC_DTYPE_FP32,
+    CPC_DTYPE__COUNT
+} cpc_dtype;
+
+/* Variants.  The enum order of the five parallel variants is SPEC section 1's
+ * tie order: ulysses, unified, ring, ulysses_anything, ring_anything. */
+typedef enum cpc_variant {
+    CPC_VARIANT_ULYSSES = 0,
+    CPC_VARIANT_UNIFIED,
+    CPC_VARIANT_RING,
+    CPC_VARIANT_ULYSSES_ANYTHING,
+    CPC_VARIANT_RING_ANYTHING,
+    CPC_VARIANT_NONE,    /* world_size 1 baseline */
+    CPC_VARIANT_AUTO,    /* choose among the valid ones */
+    CPC_VARIANT__COUNT
+} cpc_variant;
+
+typedef enum cpc_mask { CPC_MASK_NONE = 0, CPC_MASK_CAUSAL, CPC_MASK_KEY_PADDING, CPC_MASK__COUNT } cpc_mask;
+typedef enum cpc_mode { CPC_MODE_INFERENCE = 0, CPC_MODE_TRAINING, CPC_MODE__COUNT } cpc_mode;
+typedef enum cpc_fallback { CPC_FALLBACK_STRICT = 0, CPC_FALLBACK_AUTO, CPC_FALLBACK__COUNT } cpc_fallback;
+typedef enum cpc_rotate { CPC_ROTATE_P2P = 0, CPC_ROTATE_ALLGATHER, CPC_ROTATE__COUNT } cpc_rotate;
+
+/* Names as written in plan files ("bf16", "ulysses_anything", "causal", ...).
+ * The *_parse functions return -1 for an unknown name. */
+const char *cpc_dtype_name(cpc_dtype d);
+const char *cpc_variant_name(cpc_variant v);
+const char *cpc_mask_name(cpc_mask m);
+const char *cpc_mode_name(cpc_mode m);
+const char *cpc_fallback_name(cpc_fallback f);
+const char *cpc_rotate_name(cpc_rotate r);
+int cpc_dtype_parse(const char *s);
+int cpc_variant_parse(const char *s);
+int cpc_mask_parse(const char *s);
+int cpc_mode_parse(const char *s);
+int cpc_fallback_parse(const char *s);
+int cpc_rotate_parse(const char *s);
+/* Bytes per element: 2, 2, 4. */
+int cpc_dtype_size(cpc_dtype d);
+
+/* One input segment (text, image, video, ...): its tokens after shorthand
+ * arithmetic (FLUX 1024x1024 image -> 4096).  Segments are split separately
+ * and concatenated in file order. */
+typedef struct cpc_segment {
+    char *name;          /* owned; "tokens" for the `tokens:` shorthand */
+    int64_t tokens;      /* >= 1, <= 2^31-1 */
+    cpc_span span;       /* the segment's mapping (or the shorthand key) */
+} cpc_segment;
+
+/* Source positions of keys, recorded by the loader for diagnostics.  `key`
+ * is the dotted path ("model.heads", "input.segments[1]", "parallel"). */
+typedef struct cpc_plan_key_span {
+    char *key;           /* owned */
+    cpc_span key_span;   /* where the key is written */
+    cpc_span value_span; /* where its value starts */
+} cpc_plan_key_span;
+
+typedef struct cpc_plan {
+    char *file;          /* path as given (owned); spans point to this string */
+    char *name;          /* `name`, default: file stem (owned) */
+    int version;         /* 1 */
+
+    struct {
+        int heads;       /* H >= 1, <= 65536 */
+        int kv_heads;    /* Hkv, default H */
+        int head_dim;    /* D, 1..256 */
+        cpc_dtype dtype; /* default bf16 */
+        int layers;      /* default 1 */
+        double scale;    /* default 1/sqrt(head_dim) */
+        bool scale_given;
+    } model;
+
+    struct {
+        int batch;                 /* default 1 */
+        int n_segments;
+        cpc_segment *segments;     /* owned array */
+        int64_t total_tokens;      /* S = sum of segment tokens */
+        cpc_mask mask;             /* default none */
+        bool has_kv;               /* cross-attention (input.kv) */
+        int64_t kv_tokens;         /* Skv when has_kv */
+        cpc_mode mode;             /* default inference */
+    } input;
+
+    struct {
+        int world_size;            /* P, required, 1..2^20 */
+        int gpus_per_node;         /* default min(P, 8) */
+        char *device;              /* preset name, default "h100-sxm" (owned) */
+        char *profile;             /* path or NULL (owned) */
+        double memory_gb;          /* 0 = use the preset */
+        double reserved_gb;        /* default 0 */
+    } cluster;
+
+    struct {
+        cpc_variant variant;       /* as written; CPC_VARIANT_AUTO if inferred so */
+        bool variant_given;        /* `variant:` key present */
+        int ring_degree;           /* 0 = omitted (derived later) */
+        int ulysses_degree;        /* 0 = omitted */
+        bool ulysses_anything;     /* diffusers flag */
+        bool ring_anything;        /* diffusers flag */
+        cpc_fallback fallback;     /* default strict */
+    } parallel;
+
+    struct {
+        bool overlap;              /* default true */
+        cpc_rotate rotate;         /* default p2p */
+        char *script;              /* path as written, or NULL (owned) */
+    } schedule;
+
+    int n_key_spans;
+    cpc_plan_key_span *key_spans;  /* owned */
+} cpc_plan;
+
+/* Looks up the span of a dotted key ("model.heads").  `value` selects the
+ * value's span instead of the key's.  When the key is absent, falls back to
+ * the nearest present parent ("model"), then to {file, 0, 0}. */
+cpc_span cpc_plan_span(const cpc_plan *plan, const char *key, bool value);
+
+/* Frees a plan and everything it owns.  NULL is ignored. */
+void cpc_plan_free(cpc_plan *plan);
+
+#endif

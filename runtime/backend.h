@@ -1,0 +1,118 @@
+/*
+ * backend.h - the compute interface of the executor (a vtable with a context
+ * pointer, as IREE's HAL drivers).  One backend instance serves one rank;
+ * instances of the CPU backend share nothing, so rank threads never contend.
+ *
+ * Tensors are BSHD (`[B, S, H, D]`, row-major) with explicit batch strides
+ * (elements), so that a block inside an all-gathered buffer can be read in
+ * place.  LSE tensors are `[B, H, S]` fp32, natural log.  Q/K/V/O element
+ * types are the plan's dtype (bf16/fp16 converted to fp32 for compute);
+ * accumulators and LSE are fp32 whatever the dtype (the LSE merge is fp32).
+ *
+ * Every method returns NULL on success or a status (CPC_E_RUNTIME for device
+ * failures, CPC_E_NOMEM).  Optional methods may be NULL; `supports` tells.
+ */
+#ifndef CPC_BACKEND_H
+#define CPC_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../compiler/layout.h"
+#include "../compiler/plan.h"
+#include "../compiler/status.h"
+
+/* One attention block: o = softmax(q k^T * scale + mask) v, lse = log sum exp
+ * of the (scaled, masked) scores.  Query head h (0 <= h < hq) is global head
+ * q_head_off + h and uses K/V global head (q_head_off + h) / group, i.e. local
+ * K/V head (q_head_off + h) / group - kv_head_off (GQA).
+ *
+ * Masks: with `causal`, query at global position i sees keys at positions
+ * j <= i; positions come from the runs (q rows are the concatenation of
+ * q_runs, K/V rows of kv_runs).  With `kv_mask` (key padding, [B, mask_len]
+ * u8, indexed by global key position, 1 = the key takes part), masked keys
+ * are excluded.  A row that sees no key gets o = 0 and lse = -inf (never
+ * NaN). */
+typedef struct cpc_attn_args {
+    int B;
+    int64_t sq, skv;          /* query rows and key rows of this block */
+    int hq, hkv, d;           /* local heads and head_dim */
+    int group;                /* GQA ratio H / Hkv (global) */
+    int q_head_off, kv_head_off;
+    cpc_dtype dtype;          /* of q, k, v */
+    const void *q;            /* [B, sq, hq, d], batch stride q_bstride elems */
+    const void *k, *v;        /* [B, skv, hkv, d], batch stride kv_bstride */
+    int64_t q_bstride, kv_bstride;
+    float *o;                 /* [B, sq, hq, d] fp32, contiguous (written) */
+    float *lse;               /* [B, hq, sq] fp32, contiguous (written) */
+    float scale;
+    bool causal;
+    const cpc_run *q_runs;  int n_q_runs;
+    const cpc_run *kv_runs; int n_kv_runs;
+    const uint8_t *kv_mask;   /* NULL or [B, mask_len] */
+    int64_t mask_len;
+} cpc_attn_args;
+
+/* acc/acc_lse <- LSE merge of (acc, acc_lse) and (o, lse), in fp32:
+ * lse' = log(e^a + e^b), acc' = e^(a-lse') acc + e^(b-lse') o.  Rows with
+ * both LSEs -inf stay (0, -inf).  Shapes: acc, o [B, s, h, d]; lse [B, h, s]. */
+typedef struct cpc_merge_args {
+    int B; int64_t s; int h, d;
+    float *acc; float *acc_lse;
+    const float *o; const float *lse;
+} cpc_merge_args;
+
+typedef struct cpc_backend cpc_backend;
+
+typedef struct cpc_backend_vtable {
+    const char *name;                      /* "cpu", "cuda" */
+    /* Device memory.  `bytes` may be 0 (returns a valid unique pointer). */
+    cpc_status *(*alloc)(cpc_backend *be, size_t bytes, void **out);
+    void (*free)(cpc_backend *be, void *ptr);
+    /* Host <-> device copies (CPU: memcpy). */
+    cpc_status *(*upload)(cpc_backend *be, void *dst, const void *host, size_t bytes);
+    cpc_status *(*download)(cpc_backend *be, void *host, const void *src, size_t bytes);
+    /* Device-to-device copy of bytes. */
+    cpc_status *(*copy)(cpc_backend *be, void *dst, const void *src, size_t bytes);
+    cpc_status *(*attn)(cpc_backend *be, const cpc_attn_args *a);
+    cpc_status *(*merge)(cpc_backend *be, const cpc_merge_args *m);
+    /* acc = 0, lse = -inf over n elements of each. */
+    cpc_status *(*init_acc)(cpc_backend *be, float *acc, size_t n_acc, float *lse, size_t n_lse);
+    /* Converts n elements between dtypes (fp32 <-> bf16/fp16, or same). */
+    cpc_status *(*convert)(cpc_backend *be, void *dst, cpc_dtype dst_t, const void *src,
+                           cpc_dtype src_t, size_t n);
+    /* Strided 4-D copy of elements of `esize` bytes: for b < nb, t < nt,
+     * h < nh: dst[b*dbs + t*dts + h*dhs + 0..inner) = src[...] (strides in
+     * elements, `inner` contiguous elements).  Packs/unpacks all-to-all
+     * parts and selects heads. */
+    cpc_status *(*copy_strided)(cpc_backend *be, void *dst, const void *src, size_t esize,
+                                int64_t nb, int64_t nt, int64_t nh, int64_t inner,
+                                int64_t dbs, int64_t dts, int64_t dhs,
+                                int64_t sbs, int64_t sts, int64_t shs);
+    /* Waits for queued work (CPU: no-op).  May be NULL. */
+    cpc_status *(*sync)(cpc_backend *be);
+    void (*destroy)(cpc_backend *be);
+} cpc_backend_vtable;
+
+struct cpc_backend {
+    const cpc_backend_vtable *vt;
+    void *ctx;
+};
+
+/* The CPU backend (backend_cpu.c): tiled flash attention with online softmax,
+ * OpenBLAS SGEMM for the two products of each tile, one thread per rank
+ * (OpenBLAS threading is set to 1 by the caller, see cpc_cpu_backend_init_
+ * threads).  Returns NULL status and *out owned by the caller (destroy). */
+cpc_status *cpc_cpu_backend_create(cpc_backend **out);
+
+/* Sets OpenBLAS to one thread (call once, before rank threads start). */
+void cpc_cpu_backend_single_thread_blas(void);
+
+/* Scalar conversions used across the project (round to nearest even). */
+float cpc_bf16_to_f32(uint16_t h);
+uint16_t cpc_f32_to_bf16(float f);
+float cpc_fp16_to_f32(uint16_t h);
+uint16_t cpc_f32_to_fp16(float f);
+
+#endif
