@@ -1,0 +1,88 @@
+/*
+ * codegen.h - CUDA kernel generation for a plan (compiler stage "codegen").
+ *
+ * Kernels are specialised on what changes the code - dtype, head_dim, causal,
+ * GQA ratio - and take sequence lengths, offsets and strides as arguments, so
+ * a new resolution reuses compiled kernels.  Templates live in kernels/NAME.cu
+ * (embedded into the binary at build time); this stage prepends the
+ * specialisation constants (CPC_DTYPE, CPC_DTYPE_ID, CPC_HEAD_DIM,
+ * CPC_CAUSAL, CPC_GQA) and compiles each module with NVRTC to PTX for the
+ * target arch (default sm_90).  A second NVRTC compile to a cubin with
+ * `-Xptxas=-v` yields ptxas' register / spill report per kernel.
+ *
+ * Cache: compiled PTX is stored under the cache directory
+ * ($CPC_CACHE_DIR, else $XDG_CACHE_HOME/cpc, else $HOME/.cache/cpc) as
+ * kernels/<sha256 of arch + options + source>.ptx (and .log); an unchanged
+ * kernel is not compiled again.  The cache is best effort: an unwritable
+ * directory only costs a recompile.
+ *
+ * Without the CUDA toolkit (no CPC_HAVE_CUDA), sources are still generated;
+ * compiling returns CPC_E_UNSUPPORTED.
+ *
+ * Thread-safety: NVRTC is thread-safe; the functions share no state except
+ * the cache files (written atomically by rename).
+ */
+#ifndef CPC_CODEGEN_H
+#define CPC_CODEGEN_H
+
+#include <stdbool.h>
+
+#include "plan.h"
+#include "status.h"
+
+/* What a kernel module is specialised on. */
+typedef struct cpc_kernel_spec {
+    cpc_dtype dtype;
+    int head_dim;
+    bool causal;
+    int gqa;          /* H / Hkv */
+} cpc_kernel_spec;
+
+/* ptxas' report for one __global__ function. */
+typedef struct cpc_kernel_fn_report {
+    char name[64];
+    int registers;
+    int stack_bytes;
+    int spill_store_bytes;
+    int spill_load_bytes;
+} cpc_kernel_fn_report;
+
+typedef struct cpc_kernel {
+    char *name;        /* module name: "memory", "attention" (owned) */
+    char *arch;        /* "sm_90" (owned) */
+    char *source;      /* full CUDA source compiled (owned) */
+    char *hash;        /* sha256 hex of arch + options + source (owned) */
+    char *ptx;         /* NULL until compiled (owned) */
+    char *log;         /* NVRTC log of the last compile, may be NULL (owned) */
+    bool from_cache;   /* PTX came from the cache */
+    int n_fns;
+    cpc_kernel_fn_report *fns;   /* filled by cpc_codegen_report (owned) */
+} cpc_kernel;
+
+/* Spec of a plan: its dtype, head_dim, mask and GQA ratio. */
+cpc_kernel_spec cpc_kernel_spec_of(const cpc_plan *plan);
+
+/* Generates the modules' sources for `spec` and `arch` ("sm_90"): writes a
+ * malloc'd array of *n kernels to *out (free with cpc_kernels_free).
+ * Errors: CPC_E_USAGE for a malformed arch, CPC_E_NOMEM. */
+cpc_status *cpc_codegen_sources(const cpc_kernel_spec *spec, const char *arch,
+                                cpc_kernel **out, int *n);
+
+/* Compiles one module to PTX with NVRTC (or takes it from the cache).
+ * Errors: CPC_E_INTERNAL carrying NVRTC's log as a note when NVRTC rejects
+ * the source; CPC_E_UNSUPPORTED without the CUDA toolkit. */
+cpc_status *cpc_codegen_compile(cpc_kernel *k);
+
+/* Compiles one module to a cubin with -Xptxas=-v and fills k->fns from
+ * ptxas' report (registers, stack frame, spill stores/loads per function). */
+cpc_status *cpc_codegen_report(cpc_kernel *k);
+
+/* True when built with the CUDA toolkit (NVRTC available). */
+bool cpc_codegen_available(void);
+
+/* Writes each kernel's source to DIR/<name>_<arch>.cu (cpc --emit-kernels). */
+cpc_status *cpc_codegen_emit(const char *dir, const cpc_kernel *k, int n);
+
+void cpc_kernels_free(cpc_kernel *k, int n);
+
+#endif

@@ -1,0 +1,641 @@
+/* cost.c - the dry-run cost model; see cost.h for the model. */
+#include "cost.h"
+#include "schedule.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+/* ---- device presets ----------------------------------------------------------
+ * Sources (public figures; see ../shared/reference/context-parallelism.md):
+ *  h100-sxm: attention 640 TFLOP/s bf16 (FlashAttention-3 paper, ~640-648
+ *            forward, hdim 128); fp32 without TF32: 67 TFLOP/s FP32 peak x ~0.5;
+ *            HBM3 3.35 TB/s (NVIDIA H100 SXM datasheet), ~90% achievable;
+ *            NVLink4 450 GB/s each way; NCCL all-to-all / all-gather bus
+ *            bandwidth ~360 GB/s on 8 x H100 NVSwitch (nccl-tests); send/recv
+ *            ~150 GB/s (80-260 GB/s observed); InfiniBand NDR 400 Gb/s ~47 GB/s
+ *            per NIC; 80 GB.
+ *  h200:     cuDNN SDPA 654/669/642/613 TFLOP/s at S=4k/8k/16k/32k (cudnn-frontend
+ *            benchmark results) -> 640; HBM3e 4.8 TB/s (4.0-4.3 measured);
+ *            NVLink as H100; 141 GB.
+ *  a100-sxm: FlashAttention-2 forward up to ~230 TFLOP/s (FA2 paper, 73% of 312);
+ *            FP32 19.5 TFLOP/s peak; HBM2e 2.0 TB/s; NVLink3 300 GB/s each way,
+ *            NCCL bus ~230 GB/s; HDR IB 200 Gb/s ~24 GB/s; 80 GB.
+ *  l20:      FP16 tensor 119.5 TFLOP/s dense (NVIDIA L20 datasheet), attention
+ *            ~60% -> 70; GDDR6 864 GB/s; PCIe Gen4 x16 without NVLink ~22 GB/s
+ *            achieved per direction; 48 GB.
+ *  rtx4090:  FP16 tensor with FP32 accumulate 165 TFLOP/s dense (Ada whitepaper),
+ *            attention ~60% -> 100; GDDR6X 1008 GB/s; PCIe Gen4 x16 ~22 GB/s, no
+ *            P2P on GeForce (staged through host: ~12 GB/s); 24 GB (the seed's
+ *            table used 48 GB boards: set cluster.memory_gb: 48).
+ *  cpu:      one core of this project's CI machines: OpenBLAS SGEMM ~96 GFLOP/s
+ *            single thread (platform-notes.md), attention ~60% of it; memcpy
+ *            ~8 GB/s; shared-memory "links" ~5 GB/s, ~5 us.  `cprun --calibrate`
+ *            measures the real figures.
+ */
+static const cpc_device_profile presets[] = {
+    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0},
+    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0},
+    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0},
+    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0},
+    {"rtx4090", 100.0, 40.0, 900.0, 22.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0},
+    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0},
+};
+
+const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
+                                               "rtx4090", "cpu", NULL};
+
+bool cpc_device_preset(const char *name, cpc_device_profile *out)
+{
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (name && strcmp(presets[i].name, name) == 0) {
+            *out = presets[i];
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- profile files ------------------------------------------------------------ */
+
+typedef struct {
+    const char *key;
+    size_t off;
+} profile_field;
+
+#define PF(k) {#k, offsetof(cpc_device_profile, k)}
+static const profile_field profile_fields[] = {
+    PF(attn_tflops), PF(attn_tflops_fp32), PF(mem_gbps), PF(intra_gbps),
+    PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
+    PF(memory_gb), PF(ranks_per_core),
+};
+#undef PF
+#define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
+
+cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    if (!f)
+        return cpc_errno_status(CPC_E_IO, errno, path);
+    fprintf(f, "# cpc device profile (written by cprun --calibrate); units: TFLOP/s, GB/s, us, GiB\n");
+    fprintf(f, "device_profile: 1\nname: %s\n", p->name);
+    for (size_t i = 0; i < N_PROFILE_FIELDS; i++)
+        fprintf(f, "%s: %.6g\n", profile_fields[i].key,
+                *(const double *)((const char *)p + profile_fields[i].off));
+    int bad = ferror(f);
+    if (f != stdout && fclose(f) != 0)
+        bad = 1;
+    return bad ? cpc_errno_status(CPC_E_IO, errno ? errno : EIO, path) : NULL;
+}
+
+/* The profile is a flat mapping of scalars; read it with libyaml's parser. */
+cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return cpc_errno_status(CPC_E_IO, errno, path);
+    yaml_parser_t parser;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    cpc_status *err = NULL;
+    char key[64] = "";
+    bool have_key = false, done = false, seen_magic = false;
+    int depth = 0;
+    while (!done && !err) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR,
+                           (cpc_span){path, (int)parser.problem_mark.line + 1,
+                                      (int)parser.problem_mark.column + 1},
+                           "device profile: %s", parser.problem ? parser.problem : "YAML error");
+            break;
+        }
+        switch (ev.type) {
+        case YAML_MAPPING_START_EVENT:
+        case YAML_SEQUENCE_START_EVENT:
+            depth++;
+            if (depth > 1)
+                err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR,
+                               (cpc_span){path, (int)ev.start_mark.line + 1,
+                                          (int)ev.start_mark.column + 1},
+                               "device profile: expected a flat mapping of numbers");
+            break;
+        case YAML_MAPPING_END_EVENT:
+        case YAML_SEQUENCE_END_EVENT:
+            depth--;
+            break;
+        case YAML_SCALAR_EVENT: {
+            const char *v = (const char *)ev.data.scalar.value;
+            cpc_span sp = {path, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1};
+            if (!have_key) {
+                snprintf(key, sizeof key, "%s", v);
+                have_key = true;
+                break;
+            }
+            have_key = false;
+            if (strcmp(key, "device_profile") == 0) {
+                seen_magic = strcmp(v, "1") == 0;
+                if (!seen_magic)
+                    err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                                   "device profile: unsupported version '%s' (expected 1)", v);
+                break;
+            }
+            if (strcmp(key, "name") == 0) {
+                snprintf(out->name, sizeof out->name, "%s", v);
+                break;
+            }
+            size_t i = 0;
+            for (; i < N_PROFILE_FIELDS; i++)
+                if (strcmp(profile_fields[i].key, key) == 0)
+                    break;
+            if (i == N_PROFILE_FIELDS) {
+                err = cpc_diag(CPC_E_PLAN, 101, CPC_SEV_ERROR, sp,
+                               "device profile: unknown key '%s'", key);
+                break;
+            }
+            char *end = NULL;
+            errno = 0;
+            double d = strtod(v, &end);
+            if (!*v || *end || errno || !isfinite(d) || d < 0) {
+                err = cpc_diag(CPC_E_PLAN, 102, CPC_SEV_ERROR, sp,
+                               "device profile: '%s' must be a non-negative number, found '%s'",
+                               key, v);
+                break;
+            }
+            *(double *)((char *)out + profile_fields[i].off) = d;
+            break;
+        }
+        case YAML_STREAM_END_EVENT:
+            done = true;
+            break;
+        default:
+            break;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&parser);
+    fclose(f);
+    if (!err && !seen_magic)
+        err = cpc_diag(CPC_E_PLAN, 104, CPC_SEV_ERROR, (cpc_span){path, 0, 0},
+                       "device profile: missing 'device_profile: 1'");
+    if (!err && (out->attn_tflops <= 0 || out->mem_gbps <= 0 || out->intra_gbps <= 0))
+        err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, (cpc_span){path, 0, 0},
+                       "device profile: attn_tflops, mem_gbps and intra_gbps must be > 0");
+    return err;
+}
+
+cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out)
+{
+    const char *dev = plan->cluster.device ? plan->cluster.device : "h100-sxm";
+    if (!cpc_device_preset(dev, out))
+        return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, cpc_plan_span(plan, "cluster.device", true),
+                        "unknown device '%s' (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu)", dev);
+    if (plan->cluster.profile) {
+        char path[4096];
+        const char *p = plan->cluster.profile;
+        if (p[0] != '/' && plan->file && strrchr(plan->file, '/')) {
+            int dir = (int)(strrchr(plan->file, '/') - plan->file);
+            snprintf(path, sizeof path, "%.*s/%s", dir, plan->file, p);
+        } else {
+            snprintf(path, sizeof path, "%s", p);
+        }
+        cpc_status *st = cpc_profile_read(path, out);
+        if (st)
+            return st;
+    }
+    if (plan->cluster.memory_gb > 0)
+        out->memory_gb = plan->cluster.memory_gb;
+    return NULL;
+}
+
+/* ---- pricing -------------------------------------------------------------------- */
+
+int64_t cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal)
+{
+    int64_t total = 0;
+    for (int i = 0; i < nq; i++) {
+        for (int j = 0; j < nk; j++) {
+            if (!causal) {
+                total += q[i].len * k[j].len;
+                continue;
+            }
+            /* pairs (x, y), x in q run, y in k run, y <= x */
+            int64_t q0 = q[i].start, q1 = q[i].start + q[i].len;
+            int64_t k0 = k[j].start, k1 = k[j].start + k[j].len;
+            for (int64_t x = q0; x < q1; x++) {
+                /* keys y in [k0, min(k1, x+1)) */
+                int64_t hi = x + 1 < k1 ? x + 1 : k1;
+                if (hi > k0)
+                    total += hi - k0;
+                if (x + 1 >= k1) {
+                    /* every later x sees the whole run */
+                    total += (q1 - x - 1) * (k1 - k0);
+                    break;
+                }
+            }
+        }
+    }
+    return total;
+}
+
+typedef struct {
+    const cpc_plan *plan;
+    const cpc_program *prog;
+    const cpc_device_profile *dev;
+    const cpc_layout *L;
+    cpc_coords c;
+    int *tag;            /* content tag per buffer (ring block), -1 = shard / n.a. */
+    double t_comp, t_comm; /* seconds */
+    double comp_busy;    /* seconds of compute */
+    double pending[64];  /* completion time per request tag (mod 64) */
+    int64_t sent;
+    double flops;
+    cpc_run *runs_a, *runs_b;
+    int max_runs;
+    double compute_scale; /* >1 when ranks share cores */
+} pricer;
+
+static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coords *c)
+{
+    if (gpn <= 0)
+        return false;
+    int first = -1;
+    int n = g == CPC_GROUP_RING ? L->R : g == CPC_GROUP_ULYSSES ? L->U : L->P;
+    for (int j = 0; j < n; j++) {
+        int64_t p = g == CPC_GROUP_RING ? j * (int64_t)L->U + c->u
+                  : g == CPC_GROUP_ULYSSES ? c->r * (int64_t)L->U + j : j;
+        int node = (int)(p / gpn);
+        if (first < 0)
+            first = node;
+        else if (node != first)
+            return true;
+    }
+    return false;
+}
+
+/* Tokens held by buffer b now (its content). */
+static int64_t buf_tokens(const pricer *pr, int b)
+{
+    const cpc_buffer *B = &pr->prog->buffers[b];
+    const cpc_layout *L = pr->L;
+    switch (B->tokens) {
+    case CPC_TOK_SHARD: return cpc_layout_shard_tokens(L, (int)pr->c.p);
+    case CPC_TOK_BLOCK: return cpc_layout_block_tokens(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r);
+    case CPC_TOK_ALL: return L->R == 1 ? cpc_layout_block_tokens(L, 0)
+                                       : cpc_layout_block_offset(L, L->R - 1) + cpc_layout_block_tokens(L, L->R - 1);
+    case CPC_TOK_KV: return L->Skv;
+    default: return 0;
+    }
+}
+
+static int buf_heads(const pricer *pr, int b, int u)
+{
+    int off = 0, n = 0;
+    cpc_buffer_heads(pr->prog, b, u, &off, &n);
+    return n;
+}
+
+static int64_t buf_bytes(const pricer *pr, int b)
+{
+    const cpc_buffer *B = &pr->prog->buffers[b];
+    int64_t per_tok = (int64_t)buf_heads(pr, b, (int)pr->c.u) * cpc_buffer_elem_size(pr->prog, b);
+    if (B->role != CPC_ROLE_LSE)
+        per_tok *= pr->L->D;
+    return (int64_t)pr->L->B * buf_tokens(pr, b) * per_tok;
+}
+
+static int buf_runs(const pricer *pr, int b, int block, cpc_run *out)
+{
+    const cpc_buffer *B = &pr->prog->buffers[b];
+    const cpc_layout *L = pr->L;
+    switch (B->tokens) {
+    case CPC_TOK_SHARD: return cpc_layout_shard_runs(L, (int)pr->c.p, out, pr->max_runs);
+    case CPC_TOK_BLOCK:
+        return cpc_layout_block_runs(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r, out, pr->max_runs);
+    case CPC_TOK_ALL: return cpc_layout_block_runs(L, block, out, pr->max_runs);
+    case CPC_TOK_KV:
+        out[0] = (cpc_run){0, L->Skv};
+        return 1;
+    default: return 0;
+    }
+}
+
+static double link_bw(const pricer *pr, cpc_group g, bool p2p, double *lat_s)
+{
+    bool inter = spans_nodes(pr->L, pr->plan->cluster.gpus_per_node, g, &pr->c);
+    const cpc_device_profile *d = pr->dev;
+    *lat_s = (inter ? d->inter_latency_us : d->intra_latency_us) * 1e-6;
+    double gbps = inter ? d->inter_gbps : p2p ? d->intra_p2p_gbps : d->intra_gbps;
+    return gbps > 0 ? gbps * 1e9 : 1e9;
+}
+
+static void compute(pricer *pr, double seconds)
+{
+    seconds *= pr->compute_scale;
+    pr->t_comp += seconds;
+    pr->comp_busy += seconds;
+}
+
+static double mem_time(const pricer *pr, int64_t bytes)
+{
+    return (double)bytes / (pr->dev->mem_gbps * 1e9);
+}
+
+static cpc_status *eval(const pricer *pr, const cpc_expr *e, int64_t *v)
+{
+    return cpc_expr_eval(e, &pr->c, v);
+}
+
+static cpc_status *price_ops(pricer *pr, const cpc_op *ops, int n);
+
+static cpc_status *price_op(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    cpc_status *st = NULL;
+    if (op->when) {
+        int64_t w = 0;
+        if ((st = eval(pr, op->when, &w)))
+            return st;
+        if (!w)
+            return NULL;
+    }
+    switch (op->kind) {
+    case CPC_OP_LOOP: {
+        int64_t n = 0;
+        if ((st = eval(pr, op->count, &n)))
+            return st;
+        int64_t saved = pr->c.s;
+        for (int64_t s = 0; s < n && !st; s++) {
+            pr->c.s = s;
+            st = price_ops(pr, op->body, op->n_body);
+        }
+        pr->c.s = saved;
+        return st;
+    }
+    case CPC_OP_INIT_ACC:
+        for (int i = 0; i < op->n_in; i++)
+            compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
+        for (int i = 0; i < op->n_out; i++)
+            compute(pr, mem_time(pr, buf_bytes(pr, op->out[i])));
+        return NULL;
+    case CPC_OP_ATTN: {
+        if (op->n_in < 3)
+            return NULL;
+        int64_t block = 0;
+        if (op->block && (st = eval(pr, op->block, &block)))
+            return st;
+        int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
+        int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
+        int64_t pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
+        double flops = 4.0 * L->B * (double)pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
+        double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
+        pr->flops += flops;
+        compute(pr, flops / rate);
+        return NULL;
+    }
+    case CPC_OP_MERGE:
+    case CPC_OP_COPY: {
+        int64_t bytes = 0;
+        for (int i = 0; i < op->n_in; i++)
+            bytes += buf_bytes(pr, op->in[i]);
+        for (int i = 0; i < op->n_out; i++)
+            bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE ? 2 : 1);
+        compute(pr, mem_time(pr, bytes));
+        if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
+            pr->tag[op->out[0]] = pr->tag[op->in[0]];
+        return NULL;
+    }
+    case CPC_OP_SEND: {
+        int64_t bytes = 0;
+        for (int i = 0; i < op->n_in; i++)
+            bytes += buf_bytes(pr, op->in[i]);
+        double lat;
+        double bw = link_bw(pr, op->group, true, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comm = start + lat + (double)bytes / bw;
+        int t = op->tag & 63;
+        if (pr->pending[t] < pr->t_comm)
+            pr->pending[t] = pr->t_comm;
+        pr->sent += bytes;
+        return NULL;
+    }
+    case CPC_OP_RECV: {
+        int64_t block = 0;
+        if (op->block && (st = eval(pr, op->block, &block)))
+            return st;
+        for (int i = 0; i < op->n_out; i++)
+            pr->tag[op->out[i]] = (int)block;
+        return NULL;
+    }
+    case CPC_OP_WAIT: {
+        int t = op->tag & 63;
+        if (pr->t_comp < pr->pending[t])
+            pr->t_comp = pr->pending[t];
+        return NULL;
+    }
+    case CPC_OP_SWAP:
+        if (op->n_in >= 2) {
+            int a = op->in[0], b = op->in[1];
+            int tmp = pr->tag[a];
+            pr->tag[a] = pr->tag[b];
+            pr->tag[b] = tmp;
+        }
+        return NULL;
+    case CPC_OP_ALL_TO_ALL: {
+        if (op->n_in < 1 || op->n_out < 1)
+            return NULL;
+        int b = op->in[0];
+        const cpc_buffer *B = &pr->prog->buffers[b];
+        int64_t per_head = (int64_t)L->B * (B->role == CPC_ROLE_LSE ? 1 : L->D) *
+                           cpc_buffer_elem_size(pr->prog, b);
+        int64_t bytes = 0;
+        for (int j = 0; j < L->U; j++) {
+            if (j == pr->c.u)
+                continue;
+            if (op->dir == CPC_A2A_SEQ_TO_HEADS)
+                bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, b, j) * per_head;
+            else
+                bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
+                         buf_heads(pr, b, (int)pr->c.u) * per_head;
+        }
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        /* pack + unpack touch the whole buffer twice */
+        double t = start + lat * (L->U - 1) + (double)bytes / bw +
+                   2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
+        pr->t_comp = pr->t_comm = t;
+        pr->sent += bytes;
+        pr->tag[op->out[0]] = op->dir == CPC_A2A_SEQ_TO_HEADS ? (int)pr->c.r : -1;
+        return NULL;
+    }
+    case CPC_OP_ALL_GATHER: {
+        if (op->n_in < 1)
+            return NULL;
+        int64_t own = buf_bytes(pr, op->in[0]);
+        int64_t per_tok = own / (buf_tokens(pr, op->in[0]) > 0 ? buf_tokens(pr, op->in[0]) : 1);
+        int64_t total = 0;
+        for (int j = 0; j < L->R; j++)
+            total += cpc_layout_block_tokens(L, j) * per_tok;
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + lat * (L->R - 1) + (double)(total - own) / bw;
+        pr->sent += own * (L->R - 1);
+        return NULL;
+    }
+    case CPC_OP_BARRIER: {
+        double lat;
+        (void)link_bw(pr, op->group, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + lat;
+        return NULL;
+    }
+    default:
+        return NULL;
+    }
+}
+
+static cpc_status *price_ops(pricer *pr, const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cpc_status *st = price_op(pr, &ops[i]);
+        if (st)
+            return st;
+    }
+    return NULL;
+}
+
+/* Ranks priced: every rank up to 4096, else a symmetric sample. */
+static int pick_ranks(const cpc_layout *L, int *out, int max)
+{
+    int n = 0;
+    if (L->P <= 4096) {
+        for (int p = 0; p < L->P && n < max; p++)
+            out[n++] = p;
+        return n;
+    }
+    for (int r = 0; r < L->R && n < max; r++)
+        out[n++] = r * L->U; /* ring group 0 (u = 0) */
+    for (int u = 1; u < L->U && n < max; u++)
+        out[n++] = u;        /* ulysses group 0 (r = 0) */
+    if (n < max)
+        out[n++] = L->P - 1;
+    return n;
+}
+
+cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
+                              const cpc_device_profile *dev, cpc_prediction *out)
+{
+    memset(out, 0, sizeof *out);
+    const cpc_layout *L = &prog->layout;
+    int max_runs = cpc_layout_max_block_runs(L);
+    if (max_runs < cpc_layout_max_shard_runs(L))
+        max_runs = cpc_layout_max_shard_runs(L);
+    if (max_runs < 1)
+        max_runs = 1;
+    int max_ranks = L->P <= 4096 ? L->P : L->R + L->U + 1;
+    int *ranks = malloc(sizeof(int) * (size_t)max_ranks);
+    int *tags = malloc(sizeof(int) * (size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1));
+    cpc_run *ra = malloc(sizeof(cpc_run) * (size_t)max_runs);
+    cpc_run *rb = malloc(sizeof(cpc_run) * (size_t)max_runs);
+    if (!ranks || !tags || !ra || !rb) {
+        free(ranks), free(tags), free(ra), free(rb);
+        return &cpc_status_oom;
+    }
+    int n_ranks = pick_ranks(L, ranks, max_ranks);
+    cpc_status *st = NULL;
+    double worst_t = 0, worst_comp = 0, worst_comm = 0;
+    int64_t worst_mem = 0, worst_sent = 0;
+    double flops = 0;
+    double scale = dev->ranks_per_core > 1 ? dev->ranks_per_core : 1.0;
+    for (int i = 0; i < n_ranks && !st; i++) {
+        pricer pr = {.plan = plan, .prog = prog, .dev = dev, .L = L,
+                     .c = cpc_program_coords(prog, ranks[i]), .tag = tags,
+                     .runs_a = ra, .runs_b = rb, .max_runs = max_runs, .compute_scale = scale};
+        for (int b = 0; b < prog->n_buffers; b++)
+            tags[b] = (prog->buffers[b].tokens == CPC_TOK_BLOCK && prog->buffers[b].io == CPC_IO_INPUT)
+                          ? (int)pr.c.r : -1;
+        st = price_ops(&pr, prog->ops, prog->n_ops);
+        if (st) {
+            cpc_status_prefix(st, "pricing rank %d", ranks[i]);
+            break;
+        }
+        double t = pr.t_comp > pr.t_comm ? pr.t_comp : pr.t_comm;
+        if (t > worst_t)
+            worst_t = t;
+        if (pr.comp_busy > worst_comp)
+            worst_comp = pr.comp_busy;
+        if (t - pr.comp_busy > worst_comm)
+            worst_comm = t - pr.comp_busy;
+        int64_t mem = 0;
+        for (int b = 0; b < prog->n_buffers; b++)
+            mem += cpc_buffer_capacity_bytes(prog, b, &pr.c);
+        if (mem > worst_mem)
+            worst_mem = mem;
+        if (pr.sent > worst_sent)
+            worst_sent = pr.sent;
+        flops += pr.flops;
+    }
+    free(ranks), free(tags), free(ra), free(rb);
+    if (st)
+        return st;
+    if (n_ranks < L->P && n_ranks > 0)
+        flops *= (double)L->P / n_ranks;
+    /* attention workspace: one query tile x key tile of fp32 scores per rank
+     * (flash attention never holds the S x S matrix) */
+    int64_t workspace = (int64_t)128 * 128 * 4 * 2 + (int64_t)128 * L->D * 4 * 4;
+    int64_t reserved = (int64_t)(plan->cluster.reserved_gb * 1073741824.0);
+    out->ms_per_layer = worst_t * 1e3;
+    out->ms_per_forward = out->ms_per_layer * (plan->model.layers > 0 ? plan->model.layers : 1);
+    out->compute_ms_per_layer = worst_comp * 1e3;
+    out->comm_ms_per_layer = worst_comm * 1e3;
+    out->buffer_bytes_per_rank = worst_mem;
+    out->memory_bytes_per_rank = worst_mem + workspace + reserved;
+    out->bytes_sent_per_rank = worst_sent;
+    out->flops_per_layer = flops;
+    out->fits = (double)out->memory_bytes_per_rank <= dev->memory_gb * 1073741824.0;
+    return NULL;
+}
+
+cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candidate *cand)
+{
+    (void)ctx;
+    cpc_device_profile dev;
+    cpc_status *st = cpc_plan_device(plan, &dev);
+    if (st)
+        return st;
+    cpc_program *prog = NULL;
+    st = cpc_schedule_build(plan, cand->variant, cand->ring_degree, cand->ulysses_degree, &prog);
+    if (st)
+        return st;
+    cpc_prediction pred;
+    st = cpc_price_program(plan, prog, &dev, &pred);
+    cpc_program_free(prog);
+    if (st)
+        return st;
+    cand->predicted_ms_per_layer = pred.ms_per_layer;
+    cand->predicted_ms_per_forward = pred.ms_per_forward;
+    cand->memory_bytes_per_rank = pred.memory_bytes_per_rank;
+    cand->bytes_sent_per_rank = pred.bytes_sent_per_rank;
+    cand->priced = true;
+    if (!pred.fits) {
+        double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;
+        cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,
+                                 cpc_plan_span(plan, "cluster.world_size", true),
+                                 "%s %dx%d: predicted memory per rank %.2f GiB (buffers %.2f GiB + "
+                                 "reserved %.2f GiB) exceeds the device's %.2f GiB",
+                                 cpc_variant_name(cand->variant), cand->ring_degree,
+                                 cand->ulysses_degree, gib,
+                                 (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                                 plan->cluster.reserved_gb, dev.memory_gb);
+        cpc_status_set_hint(e, "more ranks (cluster.world_size), less cluster.reserved_gb, "
+                               "or schedule.rotate: p2p (O(S/P) K/V memory)");
+        cand->ok = false;
+        cpc_status_append(&cand->errors, e);
+    }
+    return NULL;
+}

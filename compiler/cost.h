@@ -1,0 +1,103 @@
+/*
+ * cost.h - the dry-run cost model: memory, bytes and time per rank for an op
+ * program (SPEC section 3 `--check`/`--explain` and the JSON `predicted`
+ * fields; CP040).
+ *
+ * The model prices the op program itself, so what the scheduler, a Lua script
+ * or the runtime does is what is priced:
+ *   - attn: FLOPs = 4 * B * (query rows x visible keys) * heads * D (the
+ *     causal mask counts only visible pairs, from the global positions of the
+ *     runs), at the device's attention rate (fp32: its fp32 rate);
+ *   - init_acc, merge, copy, pack: bytes touched / memory bandwidth;
+ *   - send/recv: latency + bytes / link bandwidth, on a communication stream
+ *     that runs beside the compute stream; `wait` joins them, so ring
+ *     transfers overlap the attention of the same step (schedule.overlap);
+ *   - all_to_all: latency * (W-1) + bytes sent to the other members / bus
+ *     bandwidth; all_gather: latency * (W-1) + bytes received / bus
+ *     bandwidth (nccl-tests' bus-bandwidth convention: busBW =
+ *     algBW * (n-1)/n for both);
+ *   - a group whose members sit on more than one node (rank r on node
+ *     r / gpus_per_node) uses the inter-node bandwidth and latency.
+ * Each rank is priced alone (its own timeline) and the prediction is the
+ * maximum over ranks; ms_per_forward = ms_per_layer * model.layers.
+ * Memory per rank = the sum of the program's buffer capacities on that rank
+ * + the attention workspace + cluster.reserved_gb.
+ *
+ * Device figures are public numbers, each with its source in cost.c; a
+ * profile written by `cprun --calibrate` (cluster.profile) overrides them.
+ *
+ * Thread-safety: pure functions over immutable inputs.
+ */
+#ifndef CPC_COST_H
+#define CPC_COST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "plan.h"
+#include "program.h"
+#include "status.h"
+#include "validate.h"
+
+typedef struct cpc_device_profile {
+    char name[32];
+    double attn_tflops;        /* attention forward, bf16/fp16, TFLOP/s */
+    double attn_tflops_fp32;   /* attention forward, fp32 (no TF32), TFLOP/s */
+    double mem_gbps;           /* device memory bandwidth for memory-bound ops, GB/s */
+    double intra_gbps;         /* collective bus bandwidth inside a node, GB/s */
+    double intra_p2p_gbps;     /* send/recv bandwidth inside a node, GB/s */
+    double inter_gbps;         /* bandwidth across nodes per rank, GB/s */
+    double intra_latency_us;   /* per message / per collective step, us */
+    double inter_latency_us;
+    double memory_gb;          /* device memory, GiB */
+    double ranks_per_core;     /* CPU only: >1 when ranks share cores (calibrated); 0 = n/a */
+} cpc_device_profile;
+
+/* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).
+ * Returns false when unknown. */
+bool cpc_device_preset(const char *name, cpc_device_profile *out);
+/* Names of the presets, NULL-terminated. */
+extern const char *const cpc_device_preset_names[];
+
+/* The profile a plan asks for: its preset, overridden by cluster.profile
+ * (a YAML file written by `cprun --calibrate`, path relative to the plan
+ * file) and by cluster.memory_gb.  Errors: CPC_E_IO (unreadable profile),
+ * CPC_E_PLAN rule 103 (unknown device, bad profile field). */
+cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out);
+
+/* Reads/writes a profile YAML file ("device_profile: 1" + the fields above). */
+cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out);
+cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p);
+
+typedef struct cpc_prediction {
+    double ms_per_layer;            /* max over ranks */
+    double ms_per_forward;          /* x model.layers */
+    double compute_ms_per_layer;    /* attention + memory-bound ops, max over ranks */
+    double comm_ms_per_layer;       /* communication not hidden, max over ranks */
+    int64_t memory_bytes_per_rank;  /* peak over ranks, reserved_gb included */
+    int64_t buffer_bytes_per_rank;  /* peak over ranks, buffers only */
+    int64_t bytes_sent_per_rank;    /* per layer, max over ranks */
+    double flops_per_layer;         /* total over ranks */
+    bool fits;                      /* memory <= device memory */
+} cpc_prediction;
+
+/* Prices `prog` for `plan` on `dev`.  Ranks: all when P <= 4096, else a
+ * sample (ranks 0, P-1 and every member of ring group 0 and ulysses group
+ * 0), which is exact for the symmetric programs the scheduler emits.
+ * Errors: expression evaluation failures (CPC_E_INPUT). */
+cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
+                              const cpc_device_profile *dev, cpc_prediction *out);
+
+/* Visible (query, key) pairs of a block: sum over pairs of runs of the number
+ * of (i, j) with j <= i when causal, else nq * nk. */
+int64_t cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal);
+
+/* The price callback for cpc_validate_priced (validate.h): builds the
+ * candidate's schedule, prices it on the plan's device and fills the
+ * candidate's predicted fields.  A candidate whose memory per rank exceeds the
+ * device memory is rejected with CP040 (the numbers and a hint: more ranks,
+ * or a variant with less memory).  `ctx` is unused (NULL).  Returns a status
+ * only for internal failures (schedule or pricing errors). */
+cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candidate *cand);
+
+#endif

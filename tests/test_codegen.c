@@ -1,0 +1,152 @@
+/* test_codegen.c - kernels generated for every plan compile through NVRTC with no
+ * warning, and the attention kernels do not spill to local memory. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compiler/codegen.h"
+#include "compiler/plan_load.h"
+
+static void check_spec(const cpc_kernel_spec *spec, const char *what)
+{
+    cpc_kernel *k = NULL;
+    int n = 0;
+    cpc_status *st = cpc_codegen_sources(spec, "sm_90", &k, &n);
+    cr_assert_null(st);
+    cr_assert_eq(n, 2);
+    for (int i = 0; i < n; i++) {
+        cr_assert(strstr(k[i].source, "#define CPC_HEAD_DIM"), "specialisation prepended");
+        st = cpc_codegen_report(&k[i]);
+        if (st)
+            cpc_status_print(stderr, "test_codegen", st);
+        cr_assert_null(st, "%s: module %s compiles", what, k[i].name);
+        cr_expect(!k[i].log || !strstr(k[i].log, "warning"), "%s: %s: NVRTC warning:\n%s", what,
+                  k[i].name, k[i].log);
+        for (int f = 0; f < k[i].n_fns; f++) {
+            const cpc_kernel_fn_report *r = &k[i].fns[f];
+            fprintf(stderr, "%-40s %-22s regs %3d stack %4d spill st %4d ld %4d\n", what, r->name,
+                    r->registers, r->stack_bytes, r->spill_store_bytes, r->spill_load_bytes);
+            cr_expect_eq(r->spill_store_bytes, 0, "%s: %s spills", what, r->name);
+            cr_expect_eq(r->spill_load_bytes, 0, "%s: %s spills", what, r->name);
+            cr_expect_gt(r->registers, 0);
+        }
+        st = cpc_codegen_compile(&k[i]);
+        cr_assert_null(st);
+        cr_expect(k[i].ptx && strstr(k[i].ptx, ".target sm_90"), "PTX for sm_90");
+    }
+    cpc_kernels_free(k, n);
+}
+
+Test(codegen, every_plan_compiles_without_spills)
+{
+    if (!cpc_codegen_available())
+        cr_skip_test("built without the CUDA toolkit");
+    setenv("CPC_CACHE_DIR", "/tmp/cpc-test-cache", 1);
+    DIR *d = opendir("plans");
+    cr_assert(d, "plans/ folder");
+    struct dirent *e;
+    cpc_kernel_spec seen[64];
+    int n_seen = 0;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".yaml") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "plans/%s", e->d_name);
+        cpc_plan *plan = NULL;
+        cpc_status *st = cpc_plan_load_file(path, NULL, 0, &plan);
+        cr_assert(plan, "%s loads", path);
+        cpc_status_free(st);
+        cpc_kernel_spec s = cpc_kernel_spec_of(plan);
+        cpc_plan_free(plan);
+        int dup = 0;
+        for (int i = 0; i < n_seen; i++)
+            dup |= memcmp(&seen[i], &s, sizeof s) == 0;
+        if (dup || n_seen == 64)
+            continue;
+        seen[n_seen++] = s;
+        check_spec(&s, path);
+    }
+    closedir(d);
+    cr_assert_gt(n_seen, 0);
+}
+
+Test(codegen, dtype_headdim_matrix)
+{
+    if (!cpc_codegen_available())
+        cr_skip_test("built without the CUDA toolkit");
+    setenv("CPC_CACHE_DIR", "/tmp/cpc-test-cache", 1);
+    const int dims[] = {64, 128, 40, 256};
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < 4; i++) {
+            cpc_kernel_spec s = {(cpc_dtype)t, dims[i], i == 1, i == 2 ? 4 : 1};
+            char what[64];
+            snprintf(what, sizeof what, "%s d=%d causal=%d", cpc_dtype_name(s.dtype), s.head_dim,
+                     s.causal);
+            check_spec(&s, what);
+        }
+}
+
+Test(codegen, cache_reuses_ptx_and_hash_tracks_spec)
+{
+    if (!cpc_codegen_available())
+        cr_skip_test("built without the CUDA toolkit");
+    char dir[] = "/tmp/cpc_cache_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    setenv("CPC_CACHE_DIR", dir, 1);
+    cpc_kernel_spec s = {CPC_DTYPE_BF16, 64, false, 1};
+    cpc_kernel *a = NULL, *b = NULL;
+    int na = 0, nb = 0;
+    cr_assert_null(cpc_codegen_sources(&s, "sm_90", &a, &na));
+    cr_assert_null(cpc_codegen_compile(&a[0]));
+    cr_expect(!a[0].from_cache);
+    cr_assert_null(cpc_codegen_sources(&s, "sm_90", &b, &nb));
+    cr_assert_null(cpc_codegen_compile(&b[0]));
+    cr_expect(b[0].from_cache, "second compile comes from the cache");
+    cr_expect_str_eq(a[0].ptx, b[0].ptx);
+    cpc_kernel *c = NULL;
+    int nc = 0;
+    s.head_dim = 128;
+    cr_assert_null(cpc_codegen_sources(&s, "sm_90", &c, &nc));
+    cr_expect_str_neq(a[0].hash, c[0].hash, "another head_dim is another kernel");
+    cpc_kernels_free(a, na);
+    cpc_kernels_free(b, nb);
+    cpc_kernels_free(c, nc);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+Test(codegen, bad_arch_is_usage_error)
+{
+    cpc_kernel_spec s = {CPC_DTYPE_BF16, 64, false, 1};
+    cpc_kernel *k = NULL;
+    int n = 0;
+    cpc_status *st = cpc_codegen_sources(&s, "compute90", &k, &n);
+    cr_assert(st);
+    cr_expect_eq(st->code, CPC_E_USAGE);
+    cpc_status_free(st);
+}
+
+Test(codegen, nvrtc_error_carries_log)
+{
+    if (!cpc_codegen_available())
+        cr_skip_test("built without the CUDA toolkit");
+    cpc_kernel_spec s = {CPC_DTYPE_FP16, 64, false, 1};
+    cpc_kernel *k = NULL;
+    int n = 0;
+    cr_assert_null(cpc_codegen_sources(&s, "sm_90", &k, &n));
+    free(k[0].source);
+    k[0].source = strdup("extern \"C\" __global__ void broken() { undefined_thing(); }\n");
+    free(k[0].hash);
+    k[0].hash = strdup("0000000000000000000000000000000000000000000000000000000000000000broken");
+    setenv("CPC_CACHE_DIR", "/nonexistent/dir", 1);
+    cpc_status *st = cpc_codegen_compile(&k[0]);
+    cr_assert(st);
+    cr_expect_eq(st->code, CPC_E_INTERNAL);
+    cr_assert(st->notes && strstr(st->notes->message, "undefined_thing"), "log in a note");
+    cpc_status_free(st);
+    cpc_kernels_free(k, n);
+}

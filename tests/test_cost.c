@@ -1,0 +1,176 @@
+/* test_cost.c - the dry-run cost model (issue: cost model) on real plans. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compiler/cost.h"
+#include "compiler/plan_load.h"
+#include "compiler/schedule.h"
+#include "compiler/validate.h"
+
+static cpc_plan *load(const char *path, const char *const *sets, int n)
+{
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_file(path, sets, n, &plan);
+    if (cpc_status_has_error(st))
+        cpc_status_print(stderr, "test", st);
+    cr_assert(plan, "load %s", path);
+    cpc_status_free(st);
+    return plan;
+}
+
+static cpc_prediction price(const cpc_plan *plan, cpc_variant v, int R, int U)
+{
+    cpc_device_profile dev;
+    cpc_status *st = cpc_plan_device(plan, &dev);
+    cr_assert_null(st);
+    cpc_program *prog = NULL;
+    st = cpc_schedule_build(plan, v, R, U, &prog);
+    if (st)
+        cpc_status_print(stderr, "test", st);
+    cr_assert_null(st);
+    cpc_prediction pr;
+    st = cpc_price_program(plan, prog, &dev, &pr);
+    cr_assert_null(st);
+    cpc_program_free(prog);
+    return pr;
+}
+
+Test(cost, visible_pairs)
+{
+    cpc_run q = {0, 4}, k = {0, 4};
+    cr_assert_eq(cpc_visible_pairs(&q, 1, &k, 1, false), 16);
+    cr_assert_eq(cpc_visible_pairs(&q, 1, &k, 1, true), 10);  /* lower triangle */
+    cpc_run q2 = {8, 4}, k2 = {0, 4};
+    cr_assert_eq(cpc_visible_pairs(&q2, 1, &k2, 1, true), 16);  /* all below */
+    cr_assert_eq(cpc_visible_pairs(&k2, 1, &q2, 1, true), 0);   /* all above */
+    cpc_run k3 = {2, 4};                                         /* keys 2..5, q 0..3 */
+    cr_assert_eq(cpc_visible_pairs(&q, 1, &k3, 1, true), 1 + 2); /* q2:{2} q3:{2,3} */
+}
+
+/* The seed's tables: with all-gather rotation (diffusers), FLUX.1-dev 1024^2 on 4 GPUs
+ * is ulysses < unified < ring on h100-sxm, l20 and rtx4090; ulysses_anything within 5%
+ * of ulysses. */
+Test(cost, seed_order_flux_1024)
+{
+    const char *devs[] = {"h100-sxm", "l20", "rtx4090"};
+    for (int i = 0; i < 3; i++) {
+        char dev[64];
+        snprintf(dev, sizeof dev, "cluster.device=%s", devs[i]);
+        const char *sets[] = {dev, "schedule.rotate=allgather"};
+        cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 2);
+        cpc_prediction u = price(plan, CPC_VARIANT_ULYSSES, 1, 4);
+        cpc_prediction un = price(plan, CPC_VARIANT_UNIFIED, 2, 2);
+        cpc_prediction r = price(plan, CPC_VARIANT_RING, 4, 1);
+        cpc_prediction ua = price(plan, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+        cpc_prediction ra = price(plan, CPC_VARIANT_RING_ANYTHING, 4, 1);
+        fprintf(stderr, "%-9s ulysses %.3f unified %.3f ring %.3f ua %.3f ra %.3f ms/layer\n",
+                devs[i], u.ms_per_layer, un.ms_per_layer, r.ms_per_layer, ua.ms_per_layer,
+                ra.ms_per_layer);
+        cr_expect_lt(u.ms_per_layer, un.ms_per_layer, "%s: ulysses < unified", devs[i]);
+        cr_expect_lt(un.ms_per_layer, r.ms_per_layer, "%s: unified < ring", devs[i]);
+        cr_expect_leq(fabs(ua.ms_per_layer - u.ms_per_layer), 0.05 * u.ms_per_layer, "%s", devs[i]);
+        cr_expect_gt(u.ms_per_layer, 0);
+        cr_expect_gt(u.bytes_sent_per_rank, 0);
+        cpc_plan_free(plan);
+    }
+}
+
+/* All-gather rotation holds the whole K/V of the ring group: more memory than P2P. */
+Test(cost, allgather_needs_more_memory_than_p2p)
+{
+    const char *ag[] = {"schedule.rotate=allgather"};
+    const char *p2p[] = {"schedule.rotate=p2p"};
+    cpc_plan *a = load("plans/flux1-dev-1024.yaml", ag, 1);
+    cpc_plan *b = load("plans/flux1-dev-1024.yaml", p2p, 1);
+    cpc_prediction pa = price(a, CPC_VARIANT_RING, 4, 1);
+    cpc_prediction pb = price(b, CPC_VARIANT_RING, 4, 1);
+    cr_expect_gt(pa.buffer_bytes_per_rank, pb.buffer_bytes_per_rank);
+    /* P2P K/V memory is O(S/P): doubling the ranks roughly halves the buffers */
+    const char *p2p8[] = {"schedule.rotate=p2p", "cluster.world_size=8"};
+    cpc_plan *c = load("plans/flux1-dev-1024.yaml", p2p8, 2);
+    cpc_prediction pc = price(c, CPC_VARIANT_RING, 8, 1);
+    cr_expect_lt(pc.buffer_bytes_per_rank, pb.buffer_bytes_per_rank * 0.6);
+    cpc_plan_free(a);
+    cpc_plan_free(b);
+    cpc_plan_free(c);
+}
+
+/* Overlap hides ring transfers behind compute: never slower than no overlap. */
+Test(cost, overlap_hides_transfers)
+{
+    const char *on[] = {"schedule.overlap=true", "cluster.device=l20"};
+    const char *off[] = {"schedule.overlap=false", "cluster.device=l20"};
+    cpc_plan *a = load("plans/flux1-dev-1024.yaml", on, 2);
+    cpc_plan *b = load("plans/flux1-dev-1024.yaml", off, 2);
+    cpc_prediction pa = price(a, CPC_VARIANT_RING, 4, 1);
+    cpc_prediction pb = price(b, CPC_VARIANT_RING, 4, 1);
+    cr_expect_lt(pa.ms_per_layer, pb.ms_per_layer);
+    cr_expect_eq(pa.bytes_sent_per_rank, pb.bytes_sent_per_rank);
+    cpc_plan_free(a);
+    cpc_plan_free(b);
+}
+
+/* Causal attention does about half the FLOPs. */
+Test(cost, causal_halves_flops)
+{
+    const char *nc[] = {"input.mask=none"};
+    const char *c[] = {"input.mask=causal"};
+    cpc_plan *a = load("plans/wan2.1-14b-480p.yaml", nc, 1);
+    cpc_plan *b = load("plans/wan2.1-14b-480p.yaml", c, 1);
+    int P = a->cluster.world_size;
+    cpc_prediction pa = price(a, CPC_VARIANT_RING, P, 1);
+    cpc_prediction pb = price(b, CPC_VARIANT_RING, P, 1);
+    double ratio = pb.flops_per_layer / pa.flops_per_layer;
+    cr_expect(ratio > 0.49 && ratio < 0.52, "causal/full flops %.4f", ratio);
+    cpc_plan_free(a);
+    cpc_plan_free(b);
+}
+
+/* CP040: a plan that cannot fit is rejected by the priced validation. */
+Test(cost, cp040_memory)
+{
+    const char *sets[] = {"cluster.reserved_gb=79.99"};
+    cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 1);
+    cpc_selection sel;
+    cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+    int found = 0;
+    for (cpc_status *d = st; d; d = d->next)
+        found |= d->rule == 40;
+    for (int i = 0; i < sel.n_candidates; i++)
+        for (cpc_status *d = sel.candidates[i].errors; d; d = d->next)
+            found |= d->rule == 40;
+    cr_expect(found, "CP040 expected");
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    cpc_plan_free(plan);
+}
+
+/* Profiles round-trip and override the preset. */
+Test(cost, profile_roundtrip)
+{
+    cpc_device_profile p, q;
+    cr_assert(cpc_device_preset("h200", &p));
+    p.attn_tflops = 123.5;
+    snprintf(p.name, sizeof p.name, "measured");
+    char path[] = "/tmp/cpc_profile_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_assert_null(cpc_profile_write(path, &p));
+    memset(&q, 0, sizeof q);
+    cr_assert_null(cpc_profile_read(path, &q));
+    cr_expect_float_eq(q.attn_tflops, 123.5, 1e-9);
+    cr_expect_float_eq(q.memory_gb, p.memory_gb, 1e-9);
+    cr_expect_str_eq(q.name, "measured");
+    FILE *f = fopen(path, "w");
+    fprintf(f, "device_profile: 1\nattn_tflops: fast\n");
+    fclose(f);
+    cpc_status *st = cpc_profile_read(path, &q);
+    cr_expect(st && st->rule == 102);
+    cpc_status_free(st);
+    unlink(path);
+}
