@@ -19,6 +19,23 @@
  * `%` is the non-negative modulo ((r-1)%R is R-1 for r = 0); `/` and `%` by
  * zero are evaluation errors; comparisons give 0 or 1.
  *
+ * Details (expr.c; added by the implementer, additive):
+ *  - `/` is Euclidean division, the partner of the non-negative `%`:
+ *    a == (a/b)*b + a%b with 0 <= a%b < |b| (so -1/2 == -1, -7%2 == 1); for
+ *    non-negative operands it is C's division.
+ *  - `&&` and `||` short-circuit (the right side is not evaluated, so it
+ *    cannot fail) and give 0 or 1; `!x` is 1 when x == 0.
+ *  - Comparisons do not chain: `a<b<c` is a parse error.
+ *  - Integer literals are decimal, 0..INT64_MAX; `-` before one is unary.
+ *  - Overflow of + - * / and negation is an evaluation error, never wraps.
+ *  - Texts longer than 4096 characters, or nested deeper than 200
+ *    parentheses/unary operators, are parse errors.
+ *  - Canonical text: no whitespace, the fewest parentheses that keep the
+ *    tree ("( r + 1 ) % R" -> "(r+1)%R", "(a*b)+c" -> "a*b+c",
+ *    "a-(b-c)" kept), min/max as "min(a,b)".  Parsing the canonical text
+ *    gives the same canonical text.  Error messages name the text and the
+ *    1-based column.
+ *
  * Thread-safety: a compiled expression is immutable; evaluation is pure.
  */
 #ifndef CPC_EXPR_H

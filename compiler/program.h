@@ -65,6 +65,87 @@
  * Ownership: a cpc_program owns its buffers, ops, bodies and expressions;
  * cpc_program_free releases everything.  Thread-safety: immutable after
  * construction; the runtime reads it from every rank thread.
+ *
+ * PRECISE SEMANTICS (added by the scheduler's implementer, program.c and
+ * schedule.c; additive: the table above stays true).
+ *
+ *  Operand slots.  init_acc has n_in = 0, n_out = 2: out[0] ACC, out[1] LSE
+ *  (the table's "in[0] ACC, in[1] LSE (out)" means these out slots).  attn:
+ *  in = {Q, K, V}, out = {ACC-role partial (fp32), LSE}.  merge: in = {ACC
+ *  partial, LSE partial}, out = {ACC, LSE}, read and written (acc, lse <-
+ *  merge(acc, lse, in)).  swap: n_in = 2, n_out = 0.  send: in[0..n) are n
+ *  messages, in order; the matching recv's out[i] receives message i (same
+ *  tag, send peer = the receiver, recv peer = the sender, group indices).
+ *  copy, all_to_all, all_gather: in[0] -> out[0].
+ *
+ *  Rows.  A buffer's rows (tokens) are its content: SHARD = shard p (runs
+ *  cpc_layout_shard_runs), BLOCK = ring block `tag` (cpc_layout_block_runs),
+ *  ALL = blocks 0..R-1 in ring order (block i at cpc_layout_block_offset(i)),
+ *  KV = K/V positions 0..Skv-1.  attn's query rows are Q's rows; its output
+ *  (ACC, LSE) has Q's rows and heads.  K/V rows read by attn: BLOCK -> the
+ *  block of K's content tag (K and V carry the same tag); ALL with `block`
+ *  set -> that block's slice of the ALL buffer; ALL with `block` NULL -> all
+ *  of it; SHARD -> the shard (world size 1, ulysses/ring never use it); KV ->
+ *  all Skv positions.  Masks (causal, key padding) are applied by global
+ *  positions of these rows (backend.h cpc_attn_args.q_runs/kv_runs).
+ *
+ *  Heads.  PART heads of a Q/O/ACC/LSE buffer on ulysses member u are
+ *  cpc_layout_q_heads(u); of a K/V buffer cpc_layout_kv_heads(u) (GQA: the
+ *  K/V heads its query heads use, replicated when U > Hkv).  attn maps query
+ *  head h (global) to K/V head h / group (local index h/group - kv_off).
+ *
+ *  all_to_all (group ulysses, member u of ulysses group r, p = r*U+u):
+ *   SEQ_TO_HEADS: in = SHARD rows, ALL heads; out = BLOCK rows (tag r), PART
+ *     heads.  Member u sends member j its shard rows x heads PART(j) (by the
+ *     in buffer's role: K/V use kv_heads(j)); it receives from member j the
+ *     shard of rank r*U+j x heads PART(u), placed at token offset
+ *     sum_{j'<j} shard_tokens(r*U+j') of the block (the block's run order).
+ *   HEADS_TO_SEQ: the inverse: in = BLOCK (tag r) rows, PART heads; out =
+ *     SHARD rows, ALL heads.  Member u sends member j the rows of shard
+ *     r*U+j x its heads PART(u); receives from j its own shard's rows x
+ *     heads PART(j), placed at those heads.  With replicated K/V heads only
+ *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back).
+ *  all_gather (group ring, member r): in = BLOCK (tag r) or, with U == 1, a
+ *   SHARD/BLOCK input (shard r == block r); out = ALL: member j's block at
+ *   cpc_layout_block_offset(j).
+ *  copy: same rows.  Converts by role: ACC (fp32) -> O (dtype) or same
+ *   type; when in has ALL heads and out has PART heads, it selects this
+ *   member's heads (cpc_buffer_heads(out, u)): the cross-attention ulysses
+ *   program copies K/V (KV, ALL) into (KV, PART).  The content tag is carried.
+ *  send/recv are non-blocking: a send's input must not be written, a recv's
+ *   output not read or written, until the `wait` with their tag.  recv sets
+ *   its outputs' content tag to `block` (evaluated when the recv is posted).
+ *  swap exchanges which memory the two names denote (both must have the
+ *   same role, tokens and heads); their content tags move with the memory.
+ *  wait completes every outstanding send/recv of this rank with that tag.
+ *  loop: `count` is evaluated once, on entry (0 <= count <= CPC_LOOP_MAX);
+ *   body ops see s = 0..count-1 (the innermost loop's step).
+ *
+ *  Content tags (tracked per rank by cpc_program_walk, the same rules as
+ *  runtime/executor.h): every BLOCK buffer starts as r (the rank's own ring
+ *  block, what the query side holds; INPUT BLOCK buffers exist only with
+ *  U == 1, where block r == shard r); SHARD buffers are p; ALL and KV
+ *  buffers CPC_TAG_NONE.  Updates: all_to_all SEQ_TO_HEADS -> out r,
+ *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> in's tag; attn -> outs
+ *  get Q's tag; merge -> outs get in[0]'s tag; swap exchanges; init_acc,
+ *  all_gather and the rest leave tags unchanged.
+ *
+ *  Op spans: span.file is borrowed, not owned (it points to a string that
+ *  outlives the program, e.g. the plan's file or the script path);
+ *  cpc_ops_free/clone do not free/copy it.
+ *
+ *  Text form (cpc_program_print, rank < 0):
+ *    program variant=V ring_degree=R ulysses_degree=U world_size=P overlap=B rotate=X
+ *    buffer NAME role=R tokens=T heads=H io=IO        (one per buffer, aligned)
+ *    KIND [group=G] [dir=D] [peer=E] [in=A,B] [out=C,D] [block=E] [count=E]
+ *         [tag=N] [when=E]                            (one per op)
+ *    loop count=E [when=E] ... end                    (body indented 2 spaces)
+ *  `group` is printed when not none, `dir` for all_to_all, `tag` for
+ *  send/recv/wait; expressions in canonical text (expr.h, no spaces).  With
+ *  rank >= 0: the header adds "rank=N r=.. u=..", buffer lines add
+ *  "bytes=N" (capacity on that rank), loops are unrolled, ops whose `when`
+ *  is false are omitted, expressions are printed as values, ops inside loops
+ *  add "step=s", and attn on BLOCK K/V adds "kv_block=N" (K's content tag).
  */
 #ifndef CPC_PROGRAM_H
 #define CPC_PROGRAM_H
@@ -161,6 +242,8 @@ typedef struct cpc_program {
  * Return the new index, or -1 on OOM. */
 int cpc_program_add_buffer(cpc_program *prog, const char *name, cpc_buf_role role,
                            cpc_buf_tokens tokens, cpc_buf_heads heads, cpc_buf_io io);
+/* (also -1, added: when `name` is empty, not [A-Za-z0-9_] only, longer than
+ * CPC_BUF_NAME_MAX-1, or already used, or an enum value is out of range) */
 /* Index of the buffer called `name`, -1 if none. */
 int cpc_program_find_buffer(const cpc_program *prog, const char *name);
 /* Appends a zeroed op of `kind` to (ops, n) and returns a pointer to it (NULL
@@ -185,6 +268,57 @@ int cpc_buffer_elem_size(const cpc_program *prog, int b);
 
 /* Coordinates of flat rank p (s = 0). */
 cpc_coords cpc_program_coords(const cpc_program *prog, int p);
+
+/* ---- additions (program.c): constructor, per-rank walk, byte counts ---- */
+
+#define CPC_TAG_NONE (-1)
+#define CPC_LOOP_MAX (1 << 20)   /* largest loop count a walk accepts */
+
+/* A new empty program with a copy of `L` (NULL on OOM).  Free with
+ * cpc_program_free. */
+cpc_program *cpc_program_new(const cpc_layout *L, bool overlap, cpc_rotate rotate);
+
+/* One op as rank `c.p` executes it, reported by cpc_program_walk. */
+typedef struct cpc_exec_op {
+    const cpc_op *op;     /* the op; loop ops themselves are not reported */
+    cpc_coords c;         /* the rank's coordinates; s = innermost loop step (0 outside) */
+    int depth;            /* loop nesting depth (0 = top level) */
+    int64_t peer;         /* send/recv: evaluated peer (group index); else -1 */
+    int64_t block;        /* evaluated `block` (recv, attn on ALL); else -1 */
+    const int *tags;      /* content tag of every buffer BEFORE the op (n_buffers) */
+} cpc_exec_op;
+
+/* Called for each op that rank runs, in program order.  Returning a status
+ * stops the walk and is returned by it. */
+typedef cpc_status *(*cpc_walk_fn)(void *ctx, const cpc_exec_op *x);
+
+/* Runs rank `rank`'s program symbolically: unrolls loops, evaluates `when`,
+ * `count`, `peer` and `block`, skips ops whose `when` is 0 and tracks
+ * content tags (rules above), calling `fn` for each op that runs.  Errors
+ * (CPC_E_INPUT, naming the op): evaluation errors, rank out of range, buffer
+ * index or operand count out of range, peer outside its group (0..W-1),
+ * block outside 0..R-1, loop count outside 0..CPC_LOOP_MAX, loops nested
+ * deeper than 8.  Thread-safe (no shared state). */
+cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, void *ctx);
+
+/* Rows (tokens) of buffer b's content with content tag `tag` on the rank
+ * with coordinates c: SHARD shard_tokens(p), BLOCK block_tokens(tag) (the
+ * largest block when tag is CPC_TAG_NONE), ALL S, KV Skv. */
+int64_t cpc_buffer_rows(const cpc_program *prog, int b, const cpc_coords *c, int tag);
+
+/* Memory of rank `rank`: the sum of its buffers' capacities, in bytes
+ * (every buffer is allocated once, before the first op).  -1 when rank is
+ * out of range. */
+int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank);
+
+/* Bytes rank `rank` sends to / receives from OTHER ranks in one run of the
+ * program (one layer): send/recv (the messages' content sizes, by content
+ * tag), all_to_all (the parts that go to / come from the other members) and
+ * all_gather (sent: its own block x (R-1), as a ring all-gather forwards;
+ * received: the other members' blocks).  Either pointer may be NULL.
+ * Errors: those of cpc_program_walk. */
+cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *sent,
+                                   int64_t *recvd);
 
 /* Stable text form (what --dump-schedule prints).  rank < 0: the SPMD
  * program with expressions; rank >= 0: that rank's program with expressions

@@ -1,5 +1,7 @@
 /* status.c - see status.h */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "status.h"
 
 #include <errno.h>
