@@ -1,0 +1,367 @@
+/* backend_cuda.c - see backend_cuda.h */
+#include "backend_cuda.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cuda_ctx {
+    int device;
+    cpc_kernel_spec spec;
+    cudaStream_t compute;
+    cudaLibrary_t libs[4];
+    int n_libs;
+    cudaKernel_t k_copy, k_copy_f32, k_merge, k_init, k_from_f32, k_to_f32, k_attn_tc,
+        k_attn_rowwarp;
+    long long *pos;      /* device scratch for q/kv positions */
+    size_t pos_cap;      /* elements */
+    int sm_count;
+} cuda_ctx;
+
+static cpc_status *cuda_err(cudaError_t e, const char *what)
+{
+    return cpc_error(e == cudaErrorMemoryAllocation ? CPC_E_NOMEM : CPC_E_RUNTIME,
+                     "CUDA: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+#define CK(call, what)                                                                         \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess)                                                                 \
+            return cuda_err(e_, what);                                                         \
+    } while (0)
+
+cpc_status *cpc_cuda_device_count(int *n)
+{
+    *n = 0;
+    cudaError_t e = cudaGetDeviceCount(n);
+    if (e != cudaSuccess || *n == 0) {
+        (void)cudaGetLastError();
+        *n = 0;
+        return cpc_error(CPC_E_UNSUPPORTED, "no usable CUDA device: %s",
+                         e == cudaSuccess ? "no GPU visible" : cudaGetErrorString(e));
+    }
+    return NULL;
+}
+
+static cuda_ctx *C(cpc_backend *be) { return be->ctx; }
+
+static cpc_status *b_alloc(cpc_backend *be, size_t bytes, void **out)
+{
+    CK(cudaSetDevice(C(be)->device), "cudaSetDevice");
+    CK(cudaMalloc(out, bytes ? bytes : 256), "cudaMalloc");
+    return NULL;
+}
+
+static void b_free(cpc_backend *be, void *p)
+{
+    (void)be;
+    if (p)
+        cudaFree(p);
+}
+
+static cpc_status *b_upload(cpc_backend *be, void *dst, const void *host, size_t bytes)
+{
+    CK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, C(be)->compute), "upload");
+    CK(cudaStreamSynchronize(C(be)->compute), "upload sync");
+    return NULL;
+}
+
+static cpc_status *b_download(cpc_backend *be, void *host, const void *src, size_t bytes)
+{
+    CK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, C(be)->compute), "download");
+    CK(cudaStreamSynchronize(C(be)->compute), "download sync");
+    return NULL;
+}
+
+static cpc_status *b_copy(cpc_backend *be, void *dst, const void *src, size_t bytes)
+{
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, C(be)->compute), "copy");
+    return NULL;
+}
+
+static cpc_status *launch(cuda_ctx *c, cudaKernel_t k, unsigned gx, unsigned gy, unsigned gz,
+                          unsigned block, size_t smem, void **args, const char *what)
+{
+    if (gx == 0 || gy == 0 || gz == 0)
+        return NULL;
+    dim3 grid = {gx, gy, gz}, blk = {block, 1, 1};
+    CK(cudaLaunchKernel((const void *)k, grid, blk, args, smem, c->compute), what);
+    return NULL;
+}
+
+static unsigned grid_for(long long n, unsigned block, int sms)
+{
+    long long g = (n + block - 1) / block;
+    long long cap = (long long)sms * 32;
+    if (g > cap)
+        g = cap;
+    return (unsigned)(g < 1 ? 1 : g);
+}
+
+static int dsize(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4 : 2; }
+
+/* Device positions for the runs (q rows then kv rows). */
+static cpc_status *upload_positions(cuda_ctx *c, const cpc_run *runs, int n, long long total,
+                                    long long offset, long long **dev)
+{
+    long long *host = malloc(sizeof(long long) * (size_t)(total > 0 ? total : 1));
+    if (!host)
+        return &cpc_status_oom;
+    long long i = 0;
+    for (int r = 0; r < n && i < total; r++)
+        for (long long t = 0; t < runs[r].len && i < total; t++)
+            host[i++] = runs[r].start + t;
+    for (; i < total; i++)
+        host[i] = i; /* runs shorter than the rows: identity */
+    cudaError_t e = cudaMemcpyAsync(c->pos + offset, host, sizeof(long long) * (size_t)total,
+                                    cudaMemcpyHostToDevice, c->compute);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->compute);
+    free(host);
+    if (e != cudaSuccess)
+        return cuda_err(e, "upload positions");
+    *dev = c->pos + offset;
+    return NULL;
+}
+
+static size_t tc_smem_bytes(int D)
+{
+    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, sld = (bn > D ? bn : D) + 4;
+    int pld = bn + 8, old = D + 4;
+    return (size_t)(bm + 2 * bn) * ld * 2 + (size_t)4 * 16 * sld * 4 + (size_t)4 * 16 * old * 4 +
+           (size_t)4 * 16 * pld * 2;
+}
+
+static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
+{
+    cuda_ctx *c = C(be);
+    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: kernels built for %s head_dim %d, called with %s %d",
+                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim,
+                         cpc_dtype_name(a->dtype), a->d);
+    long long *qpos = NULL, *kvpos = NULL;
+    bool need_pos = a->causal || a->kv_mask;
+    if (need_pos) {
+        size_t need = (size_t)(a->sq + a->skv);
+        if (need > c->pos_cap) {
+            if (c->pos)
+                cudaFree(c->pos);
+            c->pos = NULL;
+            c->pos_cap = 0;
+            CK(cudaMalloc((void **)&c->pos, need * sizeof(long long)), "cudaMalloc positions");
+            c->pos_cap = need;
+        }
+        cpc_status *st = upload_positions(c, a->q_runs, a->n_q_runs, a->sq, 0, &qpos);
+        if (!st)
+            st = upload_positions(c, a->kv_runs, a->n_kv_runs, a->skv, a->sq, &kvpos);
+        if (st)
+            return st;
+    }
+    int B = a->B, hq = a->hq, hkv = a->hkv, qoff = a->q_head_off, kvoff = a->kv_head_off;
+    long long sq = a->sq, skv = a->skv, qbs = a->q_bstride, kvbs = a->kv_bstride;
+    long long mlen = a->mask_len;
+    float scale = a->scale;
+    const void *q = a->q, *k = a->k, *v = a->v;
+    float *o = a->o, *lse = a->lse;
+    const unsigned char *mask = a->kv_mask;
+    void *args[] = {&q, &k, &v, &o, &lse, &B, &sq, &skv, &hq, &hkv, &qoff, &kvoff,
+                    &qbs, &kvbs, &scale, &qpos, &kvpos, &mask, &mlen};
+    if (c->k_attn_tc) {
+        size_t smem = tc_smem_bytes(a->d);
+        CK(cudaKernelSetAttributeForDevice(c->k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem, c->device),
+           "set attention shared memory");
+        return launch(c, c->k_attn_tc, (unsigned)((sq + 63) / 64), (unsigned)hq, (unsigned)B, 128,
+                      smem, args, "attention (tensor cores)");
+    }
+    return launch(c, c->k_attn_rowwarp, (unsigned)((sq + 3) / 4), (unsigned)hq, (unsigned)B, 128, 0,
+                  args, "attention (row per warp)");
+}
+
+static cpc_status *b_merge(cpc_backend *be, const cpc_merge_args *m)
+{
+    cuda_ctx *c = C(be);
+    if (m->d != c->spec.head_dim)
+        return cpc_error(CPC_E_INTERNAL, "CUDA merge: head_dim %d, kernels built for %d", m->d,
+                         c->spec.head_dim);
+    int B = m->B, H = m->h;
+    long long S = m->s;
+    float *acc = m->acc, *acc_lse = m->acc_lse;
+    const float *o = m->o, *lse = m->lse;
+    void *args[] = {&acc, &acc_lse, &o, &lse, &B, &S, &H};
+    long long rows = (long long)B * S * H;
+    return launch(c, c->k_merge, grid_for(rows * 32, 256, c->sm_count), 1, 1, 256, 0, args,
+                  "merge");
+}
+
+static cpc_status *b_init_acc(cpc_backend *be, float *acc, size_t n_acc, float *lse, size_t n_lse)
+{
+    cuda_ctx *c = C(be);
+    long long na = (long long)n_acc, nl = (long long)n_lse;
+    void *args[] = {&acc, &na, &lse, &nl};
+    return launch(c, c->k_init, grid_for(na > nl ? na : nl, 256, c->sm_count), 1, 1, 256, 0, args,
+                  "init_acc");
+}
+
+static cpc_status *b_convert(cpc_backend *be, void *dst, cpc_dtype dt, const void *src,
+                             cpc_dtype st, size_t n)
+{
+    cuda_ctx *c = C(be);
+    long long nn = (long long)n;
+    if (dt == st)
+        return b_copy(be, dst, src, n * (size_t)dsize(dt));
+    void *args[] = {&dst, &src, &nn};
+    if (st == CPC_DTYPE_FP32 && dt == c->spec.dtype)
+        return launch(c, c->k_from_f32, grid_for(nn, 256, c->sm_count), 1, 1, 256, 0, args,
+                      "convert from fp32");
+    if (dt == CPC_DTYPE_FP32 && st == c->spec.dtype)
+        return launch(c, c->k_to_f32, grid_for(nn, 256, c->sm_count), 1, 1, 256, 0, args,
+                      "convert to fp32");
+    return cpc_error(CPC_E_INTERNAL, "CUDA convert %s -> %s: no kernel for this pair",
+                     cpc_dtype_name(st), cpc_dtype_name(dt));
+}
+
+static cpc_status *b_copy_strided(cpc_backend *be, void *dst, const void *src, size_t esize,
+                                  int64_t nb, int64_t nt, int64_t nh, int64_t inner, int64_t dbs,
+                                  int64_t dts, int64_t dhs, int64_t sbs, int64_t sts, int64_t shs)
+{
+    cuda_ctx *c = C(be);
+    cudaKernel_t k;
+    if (esize == 4 && c->spec.dtype != CPC_DTYPE_FP32)
+        k = c->k_copy_f32;
+    else if (esize == (size_t)dsize(c->spec.dtype))
+        k = c->k_copy;
+    else
+        return cpc_error(CPC_E_INTERNAL, "CUDA copy_strided: element size %zu not supported",
+                         esize);
+    long long a0 = nb, a1 = nt, a2 = nh, a3 = inner, a4 = dbs, a5 = dts, a6 = dhs, a7 = sbs,
+              a8 = sts, a9 = shs;
+    void *args[] = {&dst, &src, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9};
+    long long rows = nb * nt * nh;
+    unsigned g = (unsigned)(rows < (long long)c->sm_count * 64 ? rows : (long long)c->sm_count * 64);
+    return launch(c, k, g, 1, 1, 128, 0, args, "copy_strided");
+}
+
+static cpc_status *b_sync(cpc_backend *be)
+{
+    CK(cudaStreamSynchronize(C(be)->compute), "stream synchronize");
+    return NULL;
+}
+
+static void b_destroy(cpc_backend *be)
+{
+    if (!be)
+        return;
+    cuda_ctx *c = C(be);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->pos)
+            cudaFree(c->pos);
+        for (int i = 0; i < c->n_libs; i++)
+            cudaLibraryUnload(c->libs[i]);
+        if (c->compute)
+            cudaStreamDestroy(c->compute);
+        free(c);
+    }
+    free(be);
+}
+
+static const cpc_backend_vtable cuda_vt = {
+    .name = "cuda",
+    .alloc = b_alloc,
+    .free = b_free,
+    .upload = b_upload,
+    .download = b_download,
+    .copy = b_copy,
+    .attn = b_attn,
+    .merge = b_merge,
+    .init_acc = b_init_acc,
+    .convert = b_convert,
+    .copy_strided = b_copy_strided,
+    .sync = b_sync,
+    .destroy = b_destroy,
+};
+
+static cpc_status *get_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *out, bool optional)
+{
+    cudaError_t e = cudaLibraryGetKernel(out, lib, name);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        if (optional)
+            return NULL;
+        return cpc_error(CPC_E_INPUT, "CUDA: kernel '%s' missing from the artifact's PTX: %s", name,
+                         cudaGetErrorString(e));
+    }
+    return NULL;
+}
+
+cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
+                                    const cpc_kernel *kernels, int n_kernels, cpc_backend **out)
+{
+    *out = NULL;
+    int n = 0;
+    cpc_status *st = cpc_cuda_device_count(&n);
+    if (st)
+        return st;
+    if (device < 0 || device >= n)
+        return cpc_error(CPC_E_UNSUPPORTED, "GPU %d requested, %d visible", device, n);
+    cpc_backend *be = calloc(1, sizeof *be);
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return &cpc_status_oom;
+    }
+    be->vt = &cuda_vt;
+    be->ctx = c;
+    c->device = device;
+    c->spec = *spec;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) {
+        b_destroy(be);
+        return cuda_err(e, "device setup");
+    }
+    for (int i = 0; i < n_kernels && !st; i++) {
+        if (!kernels[i].ptx) {
+            st = cpc_error(CPC_E_INPUT, "kernel module '%s' has no PTX (compiled with --no-kernels?)",
+                           kernels[i].name);
+            break;
+        }
+        if (c->n_libs == 4)
+            break;
+        e = cudaLibraryLoadData(&c->libs[c->n_libs], kernels[i].ptx, NULL, NULL, 0, NULL, NULL, 0);
+        if (e != cudaSuccess) {
+            st = cuda_err(e, "load PTX");
+            cpc_status_prefix(st, "kernel module '%s'", kernels[i].name);
+            break;
+        }
+        cudaLibrary_t lib = c->libs[c->n_libs++];
+        if (strcmp(kernels[i].name, "memory") == 0) {
+            if (!st) st = get_kernel(lib, "cpc_copy_strided", &c->k_copy, false);
+            if (!st) st = get_kernel(lib, "cpc_copy_strided_f32", &c->k_copy_f32, false);
+            if (!st) st = get_kernel(lib, "cpc_merge_lse", &c->k_merge, false);
+            if (!st) st = get_kernel(lib, "cpc_init_acc", &c->k_init, false);
+            if (!st) st = get_kernel(lib, "cpc_convert_from_f32", &c->k_from_f32, false);
+            if (!st) st = get_kernel(lib, "cpc_convert_to_f32", &c->k_to_f32, false);
+        } else if (strcmp(kernels[i].name, "attention") == 0) {
+            if (!st) st = get_kernel(lib, "cpc_flash_attn_tc", &c->k_attn_tc, true);
+            if (!st) st = get_kernel(lib, "cpc_attn_rowwarp", &c->k_attn_rowwarp, false);
+        }
+    }
+    if (!st && (!c->k_merge || !c->k_attn_rowwarp))
+        st = cpc_error(CPC_E_INPUT, "the artifact lacks the 'memory' or 'attention' kernel module");
+    if (st) {
+        b_destroy(be);
+        return st;
+    }
+    *out = be;
+    return NULL;
+}
