@@ -35,14 +35,16 @@
  *            single thread (platform-notes.md), attention ~60% of it; memcpy
  *            ~8 GB/s; shared-memory "links" ~5 GB/s, ~5 us.  `cprun --calibrate`
  *            measures the real figures.
+ * op_overhead_us: ~5 us per kernel launch plus framework dispatch on GPUs
+ * (CUDA launch latency is 2-5 us); 1 us on the CPU.
  */
 static const cpc_device_profile presets[] = {
-    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0},
-    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0},
-    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0},
-    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0},
-    {"rtx4090", 100.0, 40.0, 900.0, 22.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0},
-    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0},
+    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0},
+    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0},
+    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0},
+    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0},
+    {"rtx4090", 100.0, 40.0, 900.0, 22.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0},
+    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0, 1.0},
 };
 
 const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
@@ -70,7 +72,7 @@ typedef struct {
 static const profile_field profile_fields[] = {
     PF(attn_tflops), PF(attn_tflops_fp32), PF(mem_gbps), PF(intra_gbps),
     PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
-    PF(memory_gb), PF(ranks_per_core),
+    PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us),
 };
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
@@ -334,7 +336,7 @@ static double link_bw(const pricer *pr, cpc_group g, bool p2p, double *lat_s)
 
 static void compute(pricer *pr, double seconds)
 {
-    seconds *= pr->compute_scale;
+    seconds = seconds * pr->compute_scale + pr->dev->op_overhead_us * 1e-6;
     pr->t_comp += seconds;
     pr->comp_busy += seconds;
 }
@@ -455,8 +457,8 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         for (int j = 0; j < L->U; j++) {
             if (j == pr->c.u)
                 continue;
-            if (op->dir == CPC_A2A_SEQ_TO_HEADS)
-                bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, b, j) * per_head;
+            if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
+                bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, op->out[0], j) * per_head;
             else
                 bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
                          buf_heads(pr, b, (int)pr->c.u) * per_head;
@@ -465,7 +467,7 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
         double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
         /* pack + unpack touch the whole buffer twice */
-        double t = start + lat * (L->U - 1) + (double)bytes / bw +
+        double t = start + lat + (double)bytes / bw + pr->dev->op_overhead_us * 2e-6 +
                    2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
         pr->t_comp = pr->t_comm = t;
         pr->sent += bytes;

@@ -12,10 +12,13 @@
  *   - send/recv: latency + bytes / link bandwidth, on a communication stream
  *     that runs beside the compute stream; `wait` joins them, so ring
  *     transfers overlap the attention of the same step (schedule.overlap);
- *   - all_to_all: latency * (W-1) + bytes sent to the other members / bus
- *     bandwidth; all_gather: latency * (W-1) + bytes received / bus
- *     bandwidth (nccl-tests' bus-bandwidth convention: busBW =
- *     algBW * (n-1)/n for both);
+ *   - all_to_all: latency + bytes sent to the other members / bus bandwidth
+ *     (all peers are served at once); all_gather: latency * (W-1) (ring
+ *     algorithm steps) + bytes received / bus bandwidth (nccl-tests'
+ *     bus-bandwidth convention: busBW = algBW * (n-1)/n for both);
+ *   - every compute op also pays a fixed op_overhead_us (kernel launch and
+ *     dispatch), which is what makes many small ring steps cost more than
+ *     one big attention call;
  *   - a group whose members sit on more than one node (rank r on node
  *     r / gpus_per_node) uses the inter-node bandwidth and latency.
  * Each rank is priced alone (its own timeline) and the prediction is the
@@ -51,6 +54,7 @@ typedef struct cpc_device_profile {
     double inter_latency_us;
     double memory_gb;          /* device memory, GiB */
     double ranks_per_core;     /* CPU only: >1 when ranks share cores (calibrated); 0 = n/a */
+    double op_overhead_us;     /* fixed cost of every compute op (kernel launch, dispatch), us */
 } cpc_device_profile;
 
 /* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).

@@ -29,6 +29,26 @@
  * sequence of Skv tokens held whole by every rank.
  *
  * All functions are pure and thread-safe.
+ *
+ * Details (layout.c; added by the implementer, additive):
+ *  - zigzag is set only where it is defined: causal, not cross-attention,
+ *    variant ring or unified, one segment and S % 2P == 0.  Plans outside
+ *    that are rejected by validation (CP022/CP023/CP024); their layout stays
+ *    the plain segment-wise split so that sizes remain well defined.
+ *  - Runs are returned in memory order with ADJACENT RUNS MERGED (zigzag
+ *    rank P-1 holds chunks P-1 and P: one run; a ulysses block of one
+ *    segment is one run).  Empty runs are omitted.  The return value is the
+ *    full count even when it exceeds `max` (only `max` are written).
+ *  - Shard and block sizes never increase with the index (tensor_split), so
+ *    the maxima are those of rank 0 / block 0; block sizes and offsets are
+ *    closed-form (cost O(n_seg), not O(P)).  cpc_layout_max_kv_heads loops
+ *    over the U members (the widest K/V range need not be member 0's).
+ *  - cpc_split_len/off accept any n >= 0, w >= 1 (i out of range: len 0;
+ *    off(i >= w) = n).
+ *  - cpc_layout_init also returns CPC_E_INTERNAL for: variant AUTO, a degree
+ *    < 1, R*U > 2^20, no segments, a segment outside 1..2^31-1 tokens,
+ *    heads/kv_heads/head_dim < 1 or H % Hkv != 0, batch < 1, cross-attention
+ *    with kv_tokens < 1.
  */
 #ifndef CPC_LAYOUT_H
 #define CPC_LAYOUT_H

@@ -323,6 +323,8 @@ cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *s
 /* Stable text form (what --dump-schedule prints).  rank < 0: the SPMD
  * program with expressions; rank >= 0: that rank's program with expressions
  * evaluated and loops unrolled.  Returns a status on evaluation errors. */
+/* (added: the format is specified under "Text form" above; rank >= P is
+ * CPC_E_USAGE; with rank >= 0 nothing is printed when the walk fails.) */
 cpc_status *cpc_program_print(FILE *out, const cpc_program *prog, int rank);
 
 #endif

@@ -1,0 +1,157 @@
+/* compile.c - see compile.h */
+#include "compile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "artifact.h"
+#include "lua_script.h"
+#include "plan_load.h"
+#include "schedule.h"
+#include "verify.h"
+
+static bool add(cpc_compiled *c, cpc_status *st)
+{
+    bool err = cpc_status_has_error(st);
+    cpc_status_append(&c->diags, st);
+    return !err;
+}
+
+/* The script path: --lua as given, or schedule.script relative to the plan. */
+static char *script_path(const cpc_plan *plan, const cpc_compile_opts *o)
+{
+    if (o->lua)
+        return strdup(o->lua);
+    if (!plan->schedule.script)
+        return NULL;
+    const char *s = plan->schedule.script;
+    const char *slash = plan->file ? strrchr(plan->file, '/') : NULL;
+    if (s[0] == '/' || !slash)
+        return strdup(s);
+    char *p = NULL;
+    if (asprintf(&p, "%.*s/%s", (int)(slash - plan->file), plan->file, s) < 0)
+        return NULL;
+    return p;
+}
+
+const cpc_candidate *cpc_compiled_selected(const cpc_compiled *c)
+{
+    if (!c->validated || c->sel.selected < 0 || c->sel.selected >= c->sel.n_candidates)
+        return NULL;
+    return &c->sel.candidates[c->sel.selected];
+}
+
+bool cpc_compile_file(const char *path, const cpc_compile_opts *o, cpc_compiled *c)
+{
+    memset(c, 0, sizeof *c);
+    c->sel.selected = -1;
+    if (!add(c, cpc_plan_load_file(path, o->sets, o->n_sets, &c->plan)) || !c->plan)
+        return false;
+
+    cpc_lua_script *script = NULL;
+    c->script_path = script_path(c->plan, o);
+    if (c->script_path &&
+        !add(c, cpc_lua_open_file(c->script_path, NULL, &script)))
+        return false;
+
+    if (!add(c, cpc_plan_device(c->plan, &c->device)))
+        goto fail;
+    cpc_status *st = cpc_validate_priced(c->plan, cpc_cost_price_candidate, NULL, &c->sel);
+    c->validated = true;
+    if (!add(c, st))
+        goto fail;
+
+    /* Lua choose(): for auto and fallback-auto selections */
+    if (script && cpc_lua_has_choose(script) &&
+        (c->sel.requested == CPC_VARIANT_AUTO || c->sel.fell_back)) {
+        int chosen = c->sel.selected;
+        if (!add(c, cpc_lua_choose(script, c->plan, c->sel.candidates, c->sel.n_candidates,
+                                   &chosen)))
+            goto fail;
+        c->sel.selected = chosen;
+    }
+    if (o->until == CPC_UNTIL_VALIDATE)
+        goto done;
+
+    const cpc_candidate *cand = cpc_compiled_selected(c);
+    if (!cand) {
+        add(c, cpc_error(CPC_E_INTERNAL, "validation accepted the plan but selected nothing"));
+        goto fail;
+    }
+    if (!add(c, cpc_schedule_build(c->plan, cand->variant, cand->ring_degree,
+                                   cand->ulysses_degree, &c->program)))
+        goto fail;
+    if (script && cpc_lua_has_schedule(script)) {
+        /* cpc_lua_schedule verifies what the script returns (CP051) */
+        if (!add(c, cpc_lua_schedule(script, c->plan, c->program)))
+            goto fail;
+        c->script_applied = true;
+    } else if (!add(c, cpc_verify(c->program))) {
+        goto fail;
+    }
+    /* price the final program: what a script returned is what is priced */
+    if (!add(c, cpc_price_program(c->plan, c->program, &c->device, &c->pred)))
+        goto fail;
+    c->priced = true;
+    {
+        cpc_candidate *sc = &c->sel.candidates[c->sel.selected];
+        sc->predicted_ms_per_layer = c->pred.ms_per_layer;
+        sc->predicted_ms_per_forward = c->pred.ms_per_forward;
+        sc->memory_bytes_per_rank = c->pred.memory_bytes_per_rank;
+        sc->bytes_sent_per_rank = c->pred.bytes_sent_per_rank;
+        sc->priced = true;
+    }
+    if (o->until == CPC_UNTIL_VERIFY || !o->kernels)
+        goto done;
+
+    if (!cpc_codegen_available()) {
+        add(c, cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_WARNING, CPC_NO_SPAN,
+                        "no kernels generated: cpc was built without the CUDA toolkit (NVRTC); "
+                        "the artifact runs on the CPU backend only"));
+        goto done;
+    }
+    cpc_kernel_spec spec = cpc_kernel_spec_of(c->plan);
+    if (!add(c, cpc_codegen_sources(&spec, o->arch ? o->arch : "sm_90", &c->kernels,
+                                    &c->n_kernels)))
+        goto fail;
+    for (int i = 0; i < c->n_kernels; i++)
+        if (!add(c, cpc_codegen_compile(&c->kernels[i])))
+            goto fail;
+
+done:
+    cpc_lua_close(script);
+    return !cpc_status_has_error(c->diags);
+fail:
+    cpc_lua_close(script);
+    return false;
+}
+
+cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
+{
+    if (!c->program || !c->plan)
+        return cpc_error(CPC_E_INTERNAL, "nothing compiled to write");
+    cpc_artifact *a = NULL;
+    cpc_status *st = cpc_artifact_create(c->plan, c->program, &a);
+    for (int i = 0; !st && i < c->n_kernels; i++)
+        st = cpc_artifact_add_kernel(a, c->kernels[i].name, c->kernels[i].arch,
+                                     c->kernels[i].source, c->kernels[i].ptx ? c->kernels[i].ptx : "");
+    if (!st && c->priced)
+        st = cpc_artifact_set_predictions(a, &c->pred);
+    if (!st)
+        st = cpc_artifact_write(path, a);
+    cpc_artifact_free(a);
+    return st;
+}
+
+void cpc_compiled_free(cpc_compiled *c)
+{
+    if (!c)
+        return;
+    cpc_plan_free(c->plan);
+    cpc_selection_free(&c->sel);
+    cpc_program_free(c->program);
+    cpc_kernels_free(c->kernels, c->n_kernels);
+    free(c->script_path);
+    cpc_status_free(c->diags);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,71 @@
+/*
+ * compile.h - the compiler pipeline as one library call, shared by `cpc`
+ * (compiler/main.c) and `cprun` (which accepts a plan YAML and compiles it in
+ * memory):
+ *
+ *   load -> validate (+ price every candidate, select; Lua choose)
+ *        -> schedule -> Lua schedule (re-verified) -> verify -> price
+ *        -> codegen (optional) -> [emit: cpc_compiled_write]
+ *
+ * Each stage appends its diagnostics to `diags`; an error stops the
+ * pipeline (later fields stay NULL).  Warnings never stop it.
+ *
+ * Ownership: cpc_compiled owns everything it points to; free it with
+ * cpc_compiled_free.  Thread-safety: no global state; one compile per thread.
+ */
+#ifndef CPC_COMPILE_H
+#define CPC_COMPILE_H
+
+#include <stdbool.h>
+
+#include "codegen.h"
+#include "cost.h"
+#include "plan.h"
+#include "program.h"
+#include "status.h"
+#include "validate.h"
+
+typedef enum cpc_compile_until {
+    CPC_UNTIL_VALIDATE = 0,   /* load + validate + select (with predictions) */
+    CPC_UNTIL_VERIFY,         /* + schedule, script, verify, price (--check, cprun) */
+    CPC_UNTIL_CODEGEN,        /* + kernels (cpc PLAN) */
+} cpc_compile_until;
+
+typedef struct cpc_compile_opts {
+    const char *const *sets;  /* --set KEY=VALUE overrides */
+    int n_sets;
+    const char *lua;          /* --lua FILE: replaces the plan's schedule.script */
+    const char *arch;         /* NVRTC target, NULL = "sm_90" */
+    bool kernels;             /* generate kernels at CPC_UNTIL_CODEGEN (false: --no-kernels) */
+    cpc_compile_until until;
+} cpc_compile_opts;
+
+typedef struct cpc_compiled {
+    cpc_plan *plan;               /* after load */
+    cpc_selection sel;            /* after validate (sel.selected >= 0 when ok) */
+    bool validated;
+    cpc_program *program;         /* the selected candidate's (script-edited) program */
+    cpc_prediction pred;          /* priced on the final program */
+    bool priced;
+    cpc_device_profile device;
+    char *script_path;            /* the Lua script applied, or NULL */
+    bool script_applied;          /* schedule() changed the program */
+    cpc_kernel *kernels;          /* after codegen */
+    int n_kernels;
+    cpc_status *diags;            /* every diagnostic, in order */
+} cpc_compiled;
+
+/* Runs the pipeline on the plan file `path` up to opts->until.  Returns true
+ * when no stage reported an error (then everything up to `until` is set).
+ * Without the CUDA toolkit, codegen adds a warning and leaves no kernels. */
+bool cpc_compile_file(const char *path, const cpc_compile_opts *opts, cpc_compiled *out);
+
+/* The selected candidate, or NULL. */
+const cpc_candidate *cpc_compiled_selected(const cpc_compiled *c);
+
+/* Writes the artifact (SPEC section 4) to `path`. */
+cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path);
+
+void cpc_compiled_free(cpc_compiled *c);
+
+#endif

@@ -1,0 +1,1246 @@
+/* validate.c - see validate.h (SPEC sections 1 and 2). */
+#include "validate.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_WORLD (1 << 20)      /* SPEC section 1: world_size <= 2^20 */
+#define HINT_WORLD_TRIES 64      /* world sizes tried by the hint search */
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static bool is_anything(cpc_variant v)
+{
+    return v == CPC_VARIANT_ULYSSES_ANYTHING || v == CPC_VARIANT_RING_ANYTHING;
+}
+
+static bool uses_ulysses_heads(cpc_variant v)
+{
+    return v == CPC_VARIANT_ULYSSES || v == CPC_VARIANT_UNIFIED;
+}
+
+static const char *vname(cpc_variant v)
+{
+    const char *n = cpc_variant_name(v);
+    return n ? n : "?";
+}
+
+/* True when `key` (dotted path) was written in the plan file. */
+static bool has_key(const cpc_plan *p, const char *key)
+{
+    for (int i = 0; i < p->n_key_spans; i++)
+        if (p->key_spans[i].key && strcmp(p->key_spans[i].key, key) == 0)
+            return true;
+    return false;
+}
+
+static cpc_span vspan(const cpc_plan *p, const char *key)
+{
+    return cpc_plan_span(p, key, true);
+}
+
+static cpc_span kspan(const cpc_plan *p, const char *key)
+{
+    return cpc_plan_span(p, key, false);
+}
+
+static int world(const cpc_plan *p)
+{
+    return p->cluster.world_size;
+}
+
+static int gpus_per_node(const cpc_plan *p)
+{
+    int g = p->cluster.gpus_per_node;
+    if (g < 1)
+        g = world(p) < 8 ? world(p) : 8;
+    return g < 1 ? 1 : g;
+}
+
+/* The span of segment i: its own, else the segments key. */
+static cpc_span seg_span(const cpc_plan *p, int i)
+{
+    const cpc_segment *s = &p->input.segments[i];
+    if (s->span.line > 0)
+        return s->span;
+    char key[64];
+    snprintf(key, sizeof key, "input.segments[%d]", i);
+    return vspan(p, key);
+}
+
+/* Appends printf text to a malloc'd string (*s may be NULL).  On OOM the
+ * string is left as it was. */
+static void sappend(char **s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sappend(char **s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *add = NULL;
+    int n = vasprintf(&add, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if (!*s) {
+        *s = add;
+        return;
+    }
+    char *cat = NULL;
+    if (asprintf(&cat, "%s%s", *s, add) >= 0) {
+        free(*s);
+        *s = cat;
+    }
+    free(add);
+}
+
+/* Deep copy of one diagnostic (not its `next`), notes included. */
+static cpc_status *clone_one(const cpc_status *st)
+{
+    if (st == &cpc_status_oom)
+        return &cpc_status_oom;
+    cpc_status *c = cpc_diag(st->code, st->rule, st->severity, st->span, "%s", st->message);
+    if (c == &cpc_status_oom)
+        return c;
+    if (st->hint)
+        cpc_status_set_hint(c, "%s", st->hint);
+    for (const cpc_status *n = st->notes; n; n = n->next)
+        cpc_status_add_note(c, n->span, "%s", n->message);
+    return c;
+}
+
+static bool same_span(cpc_span a, cpc_span b)
+{
+    if (a.line != b.line || a.col != b.col)
+        return false;
+    if (!a.file || !b.file)
+        return a.file == b.file;
+    return strcmp(a.file, b.file) == 0;
+}
+
+static int first_rule(const cpc_status *st)
+{
+    for (; st; st = st->next)
+        if (st->severity == CPC_SEV_ERROR && st->rule)
+            return st->rule;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Where a candidate's variant and degrees come from (for spans and notes)  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct origin {
+    bool r_given, u_given;   /* written in the plan */
+    bool unified_rule;       /* unified, both derived by the gpus_per_node rule */
+    const char *variant_key; /* key that set the variant, NULL when auto */
+} origin;
+
+static const origin NO_ORIGIN = {false, false, false, NULL};
+
+/* Adds a note unless it would point where the diagnostic itself points. */
+static void add_note(cpc_status *st, cpc_span span, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add_note(cpc_status *st, cpc_span span, const char *fmt, ...)
+{
+    if (st == &cpc_status_oom || (span.line > 0 && same_span(span, st->span)))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
+    va_end(ap);
+    if (n >= 0)
+        cpc_status_add_note(st, span, "%s", msg);
+    free(msg);
+}
+
+/* Adds notes at the keys the degrees of (v, R, U) come from; want_r/want_u
+ * select which degrees the diagnostic involves. */
+static void note_degrees(cpc_status *st, const cpc_plan *p, const origin *o, cpc_variant v, int R, int U,
+                         bool want_r, bool want_u)
+{
+    int P = world(p);
+    cpc_span wspan = vspan(p, "cluster.world_size");
+    cpc_span varspan = vspan(p, o->variant_key ? o->variant_key : "cluster.world_size");
+    bool uni = v == CPC_VARIANT_UNIFIED;
+    if (uni && o->unified_rule && !o->r_given && !o->u_given) {
+        if (want_r || want_u)
+            add_note(st, wspan,
+                     "unified %dx%d is derived from world_size %d (ulysses_degree: the largest divisor of %d "
+                     "below it that divides gpus_per_node %d and the heads)",
+                     R, U, P, P, gpus_per_node(p));
+        return;
+    }
+    if (uni && !o->r_given && !o->u_given) {
+        if (want_r || want_u)
+            add_note(st, wspan, "unified %dx%d is one factorisation of world_size %d (variant auto tries each)", R,
+                     U, P);
+        return;
+    }
+    bool ring_like = v == CPC_VARIANT_RING || v == CPC_VARIANT_RING_ANYTHING;
+    bool uly_like = v == CPC_VARIANT_ULYSSES || v == CPC_VARIANT_ULYSSES_ANYTHING;
+    if (want_r) {
+        if (o->r_given)
+            add_note(st, vspan(p, "parallel.ring_degree"), "ring_degree %d is set here", R);
+        else if (uni && o->u_given)
+            add_note(st, wspan, "ring_degree %d = world_size %d / ulysses_degree %d", R, P, U);
+        else if (ring_like)
+            add_note(st, wspan, "ring_degree %d is derived from world_size %d", R, P);
+        else
+            add_note(st, varspan, "ring_degree %d: variant %s has no ring group", R, vname(v));
+    }
+    if (want_u) {
+        if (o->u_given)
+            add_note(st, vspan(p, "parallel.ulysses_degree"), "ulysses_degree %d is set here", U);
+        else if (uni && o->r_given)
+            add_note(st, wspan, "ulysses_degree %d = world_size %d / ring_degree %d", U, P, R);
+        else if (uly_like)
+            add_note(st, wspan, "ulysses_degree %d is derived from world_size %d", U, P);
+        else
+            add_note(st, varspan, "ulysses_degree %d: variant %s has no ulysses group", U, vname(v));
+    }
+}
+
+static void note_variant(cpc_status *st, const cpc_plan *p, const origin *o, cpc_variant v)
+{
+    if (!o->variant_key)
+        return;
+    if (strcmp(o->variant_key, "parallel.variant") == 0)
+        add_note(st, vspan(p, o->variant_key), "variant %s is set here", vname(v));
+    else
+        add_note(st, vspan(p, o->variant_key), "variant %s comes from %s: true", vname(v),
+                            strchr(o->variant_key, '.') + 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Derived degrees                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* CP012's head rule for ulysses/unified: H % U == 0 and (Hkv % U == 0 or
+ * U % Hkv == 0). */
+static bool heads_ok(const cpc_plan *p, int U)
+{
+    int H = p->model.heads, Hkv = p->model.kv_heads;
+    if (U < 1 || H % U != 0)
+        return false;
+    if (Hkv < 1)
+        return false;
+    return Hkv % U == 0 || U % Hkv == 0;
+}
+
+/* Unified with neither degree: U = the largest divisor of P below P that
+ * divides gpus_per_node and passes the heads rule; R = P / U. */
+static void derive_unified(const cpc_plan *p, int *R, int *U)
+{
+    int P = world(p), g = gpus_per_node(p);
+    int best = 1;
+    for (int d = 1; (int64_t)d * d <= P; d++) {
+        if (P % d)
+            continue;
+        int pair[2] = {d, P / d};
+        for (int k = 0; k < 2; k++) {
+            int u = pair[k];
+            if (u < P && u > best && g % u == 0 && heads_ok(p, u))
+                best = u;
+        }
+    }
+    *U = best;
+    *R = P / best;
+}
+
+void cpc_derive_degrees(const cpc_plan *p, cpc_variant v, int *R, int *U)
+{
+    int P = world(p);
+    switch (v) {
+    case CPC_VARIANT_RING:
+    case CPC_VARIANT_RING_ANYTHING: *R = P; *U = 1; break;
+    case CPC_VARIANT_ULYSSES:
+    case CPC_VARIANT_ULYSSES_ANYTHING: *R = 1; *U = P; break;
+    case CPC_VARIANT_UNIFIED: derive_unified(p, R, U); break;
+    default: *R = 1; *U = 1; break;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stages 2 and 3 for one candidate                                         */
+/* ------------------------------------------------------------------------ */
+
+#define ERR(rule, span, ...) cpc_diag(CPC_E_PLAN, (rule), CPC_SEV_ERROR, (span), __VA_ARGS__)
+
+/* Stage 2: degrees.  CP001-CP004, CP013-CP017. */
+static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U, const origin *o)
+{
+    cpc_status *errs = NULL, *e;
+    int P = world(p);
+    const char *vn = vname(v);
+    cpc_span rspan = o->r_given ? vspan(p, "parallel.ring_degree")
+                                : vspan(p, o->variant_key ? o->variant_key : "cluster.world_size");
+    cpc_span uspan = o->u_given ? vspan(p, "parallel.ulysses_degree")
+                                : vspan(p, o->variant_key ? o->variant_key : "cluster.world_size");
+    cpc_span dspan = o->r_given ? rspan : o->u_given ? uspan
+                   : vspan(p, o->variant_key ? o->variant_key : "cluster.world_size");
+
+    bool bad_degree = false;
+    if (R < 1) {
+        e = ERR(2, rspan, "%s: ring_degree %d is < 1", vn, R);
+        cpc_status_append(&errs, e);
+        bad_degree = true;
+    }
+    if (U < 1) {
+        e = ERR(2, uspan, "%s: ulysses_degree %d is < 1", vn, U);
+        cpc_status_append(&errs, e);
+        bad_degree = true;
+    }
+    if (bad_degree)
+        return errs;
+
+    if (R == 1 && U == 1 && v != CPC_VARIANT_NONE) {
+        e = ERR(1, dspan, "%s: ring_degree and ulysses_degree are both 1: no parallelism (world_size %d)",
+                vn, P);
+        note_degrees(e, p, o, v, R, U, true, true);
+        cpc_status_append(&errs, e);
+    }
+    int64_t prod = (int64_t)R * (int64_t)U;
+    if (prod != P && v != CPC_VARIANT_NONE) {
+        bool one_derived = v == CPC_VARIANT_UNIFIED && (o->r_given != o->u_given);
+        if (one_derived) {
+            int given = o->r_given ? R : U;
+            e = ERR(3, o->r_given ? rspan : uspan,
+                    "%s: world_size %d is not divisible by %s %d (%d = %d*%d + %d): world_size must equal R*U",
+                    vn, P, o->r_given ? "ring_degree" : "ulysses_degree", given, P, given, P / given,
+                    P % given);
+        } else {
+            e = ERR(3, dspan,
+                    "%s: world_size must equal R*U: ring_degree %d x ulysses_degree %d = %lld, but "
+                    "world_size is %d (cpc has no data-parallel axis: idle ranks are an error)",
+                    vn, R, U, (long long)prod, P);
+            note_degrees(e, p, o, v, R, U, true, true);
+        }
+        add_note(e, vspan(p, "cluster.world_size"), "world_size %d is set here", P);
+        cpc_status_append(&errs, e);
+    }
+    if (v == CPC_VARIANT_NONE && P != 1) {
+        e = ERR(4, vspan(p, "cluster.world_size"), "none: variant none needs world_size 1, world_size is %d", P);
+        note_variant(e, p, o, v);
+        cpc_status_append(&errs, e);
+    }
+    if (v == CPC_VARIANT_UNIFIED && (R == 1 || U == 1)) {
+        if (o->unified_rule)
+            e = ERR(13, dspan,
+                    "unified: needs ring_degree > 1 and ulysses_degree > 1 (at least 4 ranks), but "
+                    "world_size %d has no divisor 1 < U < %d that divides gpus_per_node %d and heads %d%s",
+                    P, P, gpus_per_node(p), p->model.heads,
+                    p->model.kv_heads != p->model.heads ? " (with kv_heads)" : "");
+        else
+            e = ERR(13, dspan, "unified: needs ring_degree > 1 and ulysses_degree > 1 (at least 4 ranks), "
+                               "got %dx%d", R, U);
+        note_degrees(e, p, o, v, R, U, true, true);
+        cpc_status_append(&errs, e);
+    }
+    if (v == CPC_VARIANT_ULYSSES_ANYTHING && R != 1) {
+        e = ERR(14, rspan, "ulysses_anything: ring_degree must be 1, got %d", R);
+        note_variant(e, p, o, v);
+        cpc_status_append(&errs, e);
+    }
+    if (v == CPC_VARIANT_ULYSSES_ANYTHING && U <= 1) {
+        e = ERR(15, uspan, "ulysses_anything: ulysses_degree must be > 1, got %d", U);
+        note_degrees(e, p, o, v, R, U, false, true);
+        cpc_status_append(&errs, e);
+    }
+    if (v == CPC_VARIANT_RING_ANYTHING && U != 1) {
+        e = ERR(16, uspan, "ring_anything: ulysses_degree must be 1, got %d", U);
+        note_variant(e, p, o, v);
+        cpc_status_append(&errs, e);
+    }
+    if (v == CPC_VARIANT_RING_ANYTHING && R <= 1) {
+        e = ERR(17, rspan, "ring_anything: ring_degree must be > 1, got %d", R);
+        note_degrees(e, p, o, v, R, U, true, false);
+        cpc_status_append(&errs, e);
+    }
+    return errs;
+}
+
+/* Stage 3: shapes.  CP010-CP012, CP018-CP024, CP030 (CP031 is the plan's). */
+static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, const origin *o)
+{
+    cpc_status *errs = NULL, *e;
+    int P = world(p);
+    const char *vn = vname(v);
+    int H = p->model.heads, Hkv = p->model.kv_heads;
+    int nseg = p->input.n_segments;
+
+    /* CP010 / CP011: even splits. */
+    if (v == CPC_VARIANT_RING || v == CPC_VARIANT_UNIFIED || v == CPC_VARIANT_ULYSSES) {
+        int64_t w = v == CPC_VARIANT_ULYSSES ? U : (int64_t)R * U;
+        int rule = v == CPC_VARIANT_ULYSSES ? 11 : 10;
+        for (int i = 0; i < nseg; i++) {
+            const cpc_segment *s = &p->input.segments[i];
+            if (s->tokens % w == 0)
+                continue;
+            long long n = (long long)s->tokens;
+            if (v == CPC_VARIANT_UNIFIED)
+                e = ERR(rule, seg_span(p, i),
+                        "%s: segment '%s' has %lld tokens, not divisible by ring_degree*ulysses_degree %lld "
+                        "(%dx%d) (%lld = %lld*%lld + %lld)",
+                        vn, s->name, n, (long long)w, R, U, n, (long long)w, n / w, n % w);
+            else
+                e = ERR(rule, seg_span(p, i),
+                        "%s: segment '%s' has %lld tokens, not divisible by %s %lld (%lld = %lld*%lld + %lld)",
+                        vn, s->name, n, v == CPC_VARIANT_ULYSSES ? "ulysses_degree" : "ring_degree",
+                        (long long)w, n, (long long)w, n / w, n % w);
+            note_degrees(e, p, o, v, R, U, v != CPC_VARIANT_ULYSSES, v != CPC_VARIANT_RING);
+            cpc_status_append(&errs, e);
+        }
+    }
+
+    /* CP012: heads over the ulysses group (GQA: split or replicate K/V). */
+    if (uses_ulysses_heads(v)) {
+        if (H % U != 0) {
+            e = ERR(12, vspan(p, "model.heads"), "%s: heads %d not divisible by ulysses_degree %d (%d = %d*%d + %d)",
+                    vn, H, U, H, U, H / U, H % U);
+            note_degrees(e, p, o, v, R, U, false, true);
+            cpc_status_append(&errs, e);
+        }
+        if (Hkv >= 1 && Hkv != H && Hkv % U != 0 && U % Hkv != 0) {
+            e = ERR(12, vspan(p, "model.kv_heads"),
+                    "%s: kv_heads %d is neither divisible by ulysses_degree %d nor a divisor of it "
+                    "(GQA: K/V heads are split with their query heads or replicated)",
+                    vn, Hkv, U);
+            note_degrees(e, p, o, v, R, U, false, true);
+            cpc_status_append(&errs, e);
+        }
+    }
+
+    /* CP018: anything variants are forward only. */
+    if (is_anything(v) && p->input.mode == CPC_MODE_TRAINING) {
+        e = ERR(18, vspan(p, "input.mode"),
+                "%s: inference only, but mode is training (as in diffusers: no backward pass)", vn);
+        note_variant(e, p, o, v);
+        cpc_status_append(&errs, e);
+    }
+    /* CP019: ring_anything needs no mask. */
+    if (v == CPC_VARIANT_RING_ANYTHING && p->input.mask != CPC_MASK_NONE) {
+        e = ERR(19, vspan(p, "input.mask"), "ring_anything: needs mask none, got mask %s (diffusers: attn_mask "
+                                           "must be None)", cpc_mask_name(p->input.mask));
+        note_variant(e, p, o, v);
+        cpc_status_append(&errs, e);
+    }
+    /* CP020: every rank gets at least one token of every segment. */
+    if (is_anything(v)) {
+        int w = v == CPC_VARIANT_ULYSSES_ANYTHING ? U : R;
+        for (int i = 0; i < nseg; i++) {
+            const cpc_segment *s = &p->input.segments[i];
+            if (s->tokens >= w)
+                continue;
+            e = ERR(20, seg_span(p, i), "%s: segment '%s' has %lld tokens, fewer than %s %d: a rank would get "
+                                        "no token", vn, s->name, (long long)s->tokens,
+                    v == CPC_VARIANT_ULYSSES_ANYTHING ? "ulysses_degree" : "ring_degree", w);
+            note_degrees(e, p, o, v, R, U, v == CPC_VARIANT_RING_ANYTHING, v == CPC_VARIANT_ULYSSES_ANYTHING);
+            cpc_status_append(&errs, e);
+        }
+    }
+    /* CP021: ulysses_anything needs a head per rank. */
+    if (v == CPC_VARIANT_ULYSSES_ANYTHING && H < U) {
+        e = ERR(21, vspan(p, "model.heads"), "ulysses_anything: heads %d < ulysses_degree %d: a rank would get "
+                                            "no head", H, U);
+        note_degrees(e, p, o, v, R, U, false, true);
+        cpc_status_append(&errs, e);
+    }
+    bool causal = p->input.mask == CPC_MASK_CAUSAL;
+    /* CP022: causal with split segments. */
+    if (causal && nseg > 1 && v != CPC_VARIANT_NONE) {
+        e = ERR(22, vspan(p, "input.mask"),
+                "causal mask with %d segments: split segments are interleaved on the ranks, which breaks "
+                "causality", nseg);
+        add_note(e, seg_span(p, 1), "segment '%s' is the second segment",
+                            p->input.segments[1].name);
+        cpc_status_append(&errs, e);
+    }
+    /* CP023: zigzag needs S % 2P == 0. */
+    if (causal && (v == CPC_VARIANT_RING || v == CPC_VARIANT_UNIFIED)) {
+        int64_t S = p->input.total_tokens, w = 2 * (int64_t)P;
+        if (S % w != 0) {
+            cpc_span sp = nseg == 1 ? seg_span(p, 0) : vspan(p, "input.segments");
+            e = ERR(23, sp, "%s: causal mask: sequence length %lld not divisible by 2*world_size %lld "
+                            "(%lld = %lld*%lld + %lld; zigzag: rank r holds chunks r and 2P-1-r)",
+                    vn, (long long)S, (long long)w, (long long)S, (long long)w, (long long)(S / w),
+                    (long long)(S % w));
+            add_note(e, vspan(p, "cluster.world_size"), "world_size %d is set here", P);
+            cpc_status_append(&errs, e);
+        }
+    }
+    /* CP024: causal cross-attention. */
+    if (causal && p->input.has_kv) {
+        e = ERR(24, vspan(p, "input.mask"), "causal mask with cross-attention (input.kv: %lld key/value tokens)",
+                (long long)p->input.kv_tokens);
+        add_note(e, vspan(p, "input.kv"), "input.kv is set here");
+        cpc_status_append(&errs, e);
+    }
+    /* CP030: GQA ratio. */
+    if (Hkv >= 1 && H % Hkv != 0) {
+        e = ERR(30, vspan(p, "model.kv_heads"), "heads %d not divisible by kv_heads %d (%d = %d*%d + %d)", H, Hkv,
+                H, Hkv, H / Hkv, H % Hkv);
+        add_note(e, vspan(p, "model.heads"), "heads %d is set here", H);
+        cpc_status_append(&errs, e);
+    }
+    return errs;
+}
+
+static cpc_status *check_with_origin(const cpc_plan *p, cpc_variant v, int R, int U, const origin *o)
+{
+    cpc_status *errs = check_degrees(p, v, R, U, o);
+    if (errs)
+        return errs;
+    return check_shapes(p, v, R, U, o);
+}
+
+cpc_status *cpc_check_candidate(const cpc_plan *p, cpc_variant v, int R, int U)
+{
+    if (!p || v == CPC_VARIANT_AUTO || v < 0 || v >= CPC_VARIANT__COUNT)
+        return cpc_error(CPC_E_INTERNAL, "cpc_check_candidate: bad arguments");
+    origin o = {true, true, false, NULL};
+    return check_with_origin(p, v, R, U, &o);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Plan sanity (the loader's job; checked so that hand-built plans cannot    */
+/* crash the rules)                                                          */
+/* ------------------------------------------------------------------------ */
+
+static cpc_status *check_sanity(const cpc_plan *p)
+{
+    cpc_status *errs = NULL;
+    if (p->cluster.world_size < 1 || p->cluster.world_size > MAX_WORLD)
+        cpc_status_append(&errs, ERR(103, vspan(p, "cluster.world_size"),
+                                     "world_size %d is out of range 1..%d", p->cluster.world_size, MAX_WORLD));
+    if (p->model.heads < 1)
+        cpc_status_append(&errs, ERR(103, vspan(p, "model.heads"), "heads %d is < 1", p->model.heads));
+    if (p->model.kv_heads < 1)
+        cpc_status_append(&errs, ERR(103, vspan(p, "model.kv_heads"), "kv_heads %d is < 1", p->model.kv_heads));
+    if (p->input.n_segments < 1 || !p->input.segments)
+        cpc_status_append(&errs, ERR(104, vspan(p, "input"), "input: no segment"));
+    else
+        for (int i = 0; i < p->input.n_segments; i++)
+            if (p->input.segments[i].tokens < 1)
+                cpc_status_append(&errs, ERR(103, seg_span(p, i), "segment '%s' has %lld tokens (< 1)",
+                                             p->input.segments[i].name ? p->input.segments[i].name : "?",
+                                             (long long)p->input.segments[i].tokens));
+    return errs;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stage 1: variant inference                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct request {
+    cpc_variant variant;   /* concrete, AUTO, or __COUNT (no parallelism: CP001/CP002) */
+    origin o;
+    int r, u;              /* given values (when r_given / u_given) */
+    cpc_status *pre;       /* stage-2 errors of an unusable request (owned) */
+} request;
+
+static cpc_status *infer(const cpc_plan *p, request *rq)
+{
+    cpc_status *errs = NULL, *e;
+    const char *vkey = "parallel.variant";
+    memset(rq, 0, sizeof *rq);
+    rq->o.r_given = has_key(p, "parallel.ring_degree") || p->parallel.ring_degree != 0;
+    rq->o.u_given = has_key(p, "parallel.ulysses_degree") || p->parallel.ulysses_degree != 0;
+    rq->r = p->parallel.ring_degree;
+    rq->u = p->parallel.ulysses_degree;
+    bool fua = p->parallel.ulysses_anything, fra = p->parallel.ring_anything;
+    int P = world(p);
+
+    if (fua && fra) {
+        e = ERR(105, kspan(p, "parallel.ring_anything"),
+                "ulysses_anything and ring_anything are both true: a plan has one variant");
+        add_note(e, kspan(p, "parallel.ulysses_anything"), "ulysses_anything: true is set here");
+        cpc_status_set_hint(e, "keep the flag of the variant you want, or write variant: "
+                               "ulysses_anything or variant: ring_anything");
+        cpc_status_append(&errs, e);
+    }
+    if (p->parallel.variant_given) {
+        cpc_variant v = p->parallel.variant;
+        rq->variant = v;
+        rq->o.variant_key = vkey;
+        const char *flags[2] = {"ulysses_anything", "ring_anything"};
+        bool fset[2] = {fua, fra};
+        cpc_variant fv[2] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_RING_ANYTHING};
+        for (int k = 0; k < 2; k++) {
+            if (!fset[k] || v == fv[k])
+                continue;
+            char key[64];
+            snprintf(key, sizeof key, "parallel.%s", flags[k]);
+            e = ERR(105, kspan(p, key), "%s: true conflicts with variant %s", flags[k], vname(v));
+            add_note(e, vspan(p, vkey), "variant %s is set here", vname(v));
+            cpc_status_set_hint(e, "remove %s: true, or write variant: %s", flags[k], flags[k]);
+            cpc_status_append(&errs, e);
+        }
+        if (v == CPC_VARIANT_RING && rq->o.u_given && rq->u > 1) {
+            e = ERR(105, vspan(p, "parallel.ulysses_degree"), "ring: ulysses_degree %d conflicts with variant ring "
+                                                             "(ring has ulysses_degree 1)", rq->u);
+            add_note(e, vspan(p, vkey), "variant ring is set here");
+            cpc_status_set_hint(e, "remove ulysses_degree, or write variant: unified");
+            cpc_status_append(&errs, e);
+        }
+        if (v == CPC_VARIANT_ULYSSES && rq->o.r_given && rq->r > 1) {
+            e = ERR(105, vspan(p, "parallel.ring_degree"), "ulysses: ring_degree %d conflicts with variant ulysses "
+                                                          "(ulysses has ring_degree 1)", rq->r);
+            add_note(e, vspan(p, vkey), "variant ulysses is set here");
+            cpc_status_set_hint(e, "remove ring_degree, or write variant: unified");
+            cpc_status_append(&errs, e);
+        }
+        if (v == CPC_VARIANT_NONE && ((rq->o.r_given && rq->r > 1) || (rq->o.u_given && rq->u > 1))) {
+            bool r = rq->o.r_given && rq->r > 1;
+            e = ERR(105, vspan(p, r ? "parallel.ring_degree" : "parallel.ulysses_degree"),
+                    "none: %s %d conflicts with variant none (no parallelism)", r ? "ring_degree" : "ulysses_degree",
+                    r ? rq->r : rq->u);
+            add_note(e, vspan(p, vkey), "variant none is set here");
+            cpc_status_set_hint(e, "remove the degrees, or name a parallel variant");
+            cpc_status_append(&errs, e);
+        }
+        if (v == CPC_VARIANT_AUTO && (rq->o.r_given || rq->o.u_given)) {
+            e = ERR(105, vspan(p, rq->o.r_given ? "parallel.ring_degree" : "parallel.ulysses_degree"),
+                    "auto: variant auto chooses the degrees itself; %s conflicts with it",
+                    rq->o.r_given ? "ring_degree" : "ulysses_degree");
+            add_note(e, vspan(p, vkey), "variant auto is set here");
+            cpc_status_set_hint(e, "remove ring_degree and ulysses_degree, or name a variant");
+            cpc_status_append(&errs, e);
+        }
+        if (errs)
+            return errs;
+        if (v == CPC_VARIANT_AUTO) {
+            rq->o.variant_key = NULL;
+            if (P == 1) {
+                rq->variant = CPC_VARIANT_NONE;
+                rq->o.variant_key = vkey;
+            }
+        }
+        return NULL;
+    }
+    if (errs)
+        return errs;
+
+    /* variant omitted: infer as diffusers does. */
+    if (fua) {
+        rq->variant = CPC_VARIANT_ULYSSES_ANYTHING;
+        rq->o.variant_key = "parallel.ulysses_anything";
+    } else if (fra) {
+        rq->variant = CPC_VARIANT_RING_ANYTHING;
+        rq->o.variant_key = "parallel.ring_anything";
+    } else if (!rq->o.r_given && !rq->o.u_given) {
+        rq->variant = P == 1 ? CPC_VARIANT_NONE : CPC_VARIANT_AUTO;
+    } else {
+        bool r_par = rq->o.r_given && rq->r > 1, u_par = rq->o.u_given && rq->u > 1;
+        if (r_par && u_par)
+            rq->variant = CPC_VARIANT_UNIFIED;
+        else if (r_par)
+            rq->variant = CPC_VARIANT_RING;
+        else if (u_par)
+            rq->variant = CPC_VARIANT_ULYSSES;
+        else {
+            /* Degrees given, none > 1: diffusers' "no parallelism" (CP001), or CP002. */
+            rq->variant = CPC_VARIANT__COUNT;
+            if (rq->o.r_given && rq->r < 1)
+                cpc_status_append(&rq->pre, ERR(2, vspan(p, "parallel.ring_degree"), "ring_degree %d is < 1", rq->r));
+            if (rq->o.u_given && rq->u < 1)
+                cpc_status_append(&rq->pre,
+                                  ERR(2, vspan(p, "parallel.ulysses_degree"), "ulysses_degree %d is < 1", rq->u));
+            if (!rq->pre) {
+                e = ERR(1, vspan(p, rq->o.u_given ? "parallel.ulysses_degree" : "parallel.ring_degree"),
+                        "ring_degree and ulysses_degree are both 1: no parallelism (world_size %d)", P);
+                add_note(e, vspan(p, "cluster.world_size"), "world_size %d is set here", P);
+                cpc_status_append(&rq->pre, e);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The degrees of the plan's own candidate: given values, else derived. */
+static void request_degrees(const cpc_plan *p, request *rq, int *R, int *U)
+{
+    cpc_variant v = rq->variant;
+    int P = world(p);
+    int dr, du;
+    if (v == CPC_VARIANT_UNIFIED && !rq->o.r_given && !rq->o.u_given) {
+        derive_unified(p, R, U);
+        rq->o.unified_rule = true;
+        return;
+    }
+    cpc_derive_degrees(p, v, &dr, &du);
+    *R = rq->o.r_given ? rq->r : dr;
+    *U = rq->o.u_given ? rq->u : du;
+    if (v == CPC_VARIANT_UNIFIED) {
+        /* One given: the other is P / it (truncated; CP003 reports a remainder). */
+        if (rq->o.r_given && !rq->o.u_given)
+            *U = (*R >= 1 && P / *R >= 1) ? P / *R : 1;
+        else if (rq->o.u_given && !rq->o.r_given)
+            *R = (*U >= 1 && P / *U >= 1) ? P / *U : 1;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Candidates                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct clist {
+    cpc_candidate *c;
+    origin *o;
+    int n, cap;
+} clist;
+
+static bool clist_insert(clist *l, int at, cpc_variant v, int R, int U, origin o)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        cpc_candidate *c = realloc(l->c, (size_t)cap * sizeof *c);
+        if (!c)
+            return false;
+        l->c = c;
+        origin *oo = realloc(l->o, (size_t)cap * sizeof *oo);
+        if (!oo)
+            return false;
+        l->o = oo;
+        l->cap = cap;
+    }
+    memmove(&l->c[at + 1], &l->c[at], (size_t)(l->n - at) * sizeof *l->c);
+    memmove(&l->o[at + 1], &l->o[at], (size_t)(l->n - at) * sizeof *l->o);
+    memset(&l->c[at], 0, sizeof l->c[at]);
+    l->c[at].variant = v;
+    l->c[at].ring_degree = R;
+    l->c[at].ulysses_degree = U;
+    l->o[at] = o;
+    l->n++;
+    return true;
+}
+
+static bool clist_push(clist *l, cpc_variant v, int R, int U, origin o)
+{
+    return clist_insert(l, l->n, v, R, U, o);
+}
+
+/* Every variant for world_size P, in the SPEC tie order. */
+static bool build_auto_list(const cpc_plan *p, clist *l)
+{
+    int P = world(p);
+    origin o = NO_ORIGIN;
+    if (P == 1)
+        return clist_push(l, CPC_VARIANT_NONE, 1, 1, o);
+    bool ok = clist_push(l, CPC_VARIANT_ULYSSES, 1, P, o);
+    /* unified: every R x U = P with R, U > 1, U descending. */
+    int n_uni = 0;
+    for (int u = P / 2; u >= 2 && ok; u--) {
+        if (P % u || P / u < 2)
+            continue;
+        ok = clist_push(l, CPC_VARIANT_UNIFIED, P / u, u, o);
+        n_uni++;
+    }
+    if (ok && n_uni == 0) {
+        int R, U;
+        derive_unified(p, &R, &U);
+        origin ou = o;
+        ou.unified_rule = true;
+        ok = clist_push(l, CPC_VARIANT_UNIFIED, R, U, ou);
+    }
+    ok = ok && clist_push(l, CPC_VARIANT_RING, P, 1, o);
+    ok = ok && clist_push(l, CPC_VARIANT_ULYSSES_ANYTHING, 1, P, o);
+    ok = ok && clist_push(l, CPC_VARIANT_RING_ANYTHING, P, 1, o);
+    return ok;
+}
+
+/* Index in the tie order (none last). */
+static int order_of(cpc_variant v)
+{
+    return v == CPC_VARIANT_NONE ? CPC_VARIANT_RING_ANYTHING + 1 : (int)v;
+}
+
+/* Puts the plan's own candidate into the list; returns its index or -1 on OOM. */
+static int add_preferred(clist *l, cpc_variant v, int R, int U, origin o)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->c[i].variant == v && l->c[i].ring_degree == R && l->c[i].ulysses_degree == U) {
+            l->o[i] = o;
+            return i;
+        }
+    int at = l->n;
+    for (int i = 0; i < l->n; i++)
+        if (order_of(l->c[i].variant) >= order_of(v)) {
+            at = i;
+            break;
+        }
+    return clist_insert(l, at, v, R, U, o) ? at : -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Selection (SPEC section 1 tie rule)                                      */
+/* ------------------------------------------------------------------------ */
+
+int cpc_select_best(const cpc_candidate *c, int n)
+{
+    int first_ok = -1;
+    double lowest = 0;
+    bool any_priced = false;
+    for (int i = 0; i < n; i++) {
+        if (!c[i].ok)
+            continue;
+        if (first_ok < 0)
+            first_ok = i;
+        if (c[i].priced && (!any_priced || c[i].predicted_ms_per_forward < lowest)) {
+            lowest = c[i].predicted_ms_per_forward;
+            any_priced = true;
+        }
+    }
+    if (!any_priced)
+        return first_ok;
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (!c[i].ok || !c[i].priced || c[i].predicted_ms_per_forward > 1.02 * lowest)
+            continue;
+        if (best < 0 || c[i].memory_bytes_per_rank < c[best].memory_bytes_per_rank)
+            best = i;
+    }
+    return best;
+}
+
+void cpc_selection_free(cpc_selection *sel)
+{
+    if (!sel)
+        return;
+    for (int i = 0; i < sel->n_candidates; i++)
+        cpc_status_free(sel->candidates[i].errors);
+    free(sel->candidates);
+    sel->candidates = NULL;
+    sel->n_candidates = 0;
+    sel->selected = -1;
+    sel->preferred = -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hints: every suggestion is validated before it is offered                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct hctx {
+    const cpc_plan *plan;
+    const cpc_selection *sel;
+    cpc_price_fn price;
+    void *pctx;
+} hctx;
+
+/* Does (v, R, U) run `p` (stages 2-4)? */
+static bool works(const hctx *h, const cpc_plan *p, cpc_variant v, int R, int U)
+{
+    origin o = {true, true, false, NULL};
+    cpc_status *e = check_with_origin(p, v, R, U, &o);
+    if (e) {
+        cpc_status_free(e);
+        return false;
+    }
+    if (!h->price)
+        return true;
+    cpc_candidate c;
+    memset(&c, 0, sizeof c);
+    c.variant = v;
+    c.ring_degree = R;
+    c.ulysses_degree = U;
+    c.ok = true;
+    cpc_status *st = h->price(h->pctx, p, &c);
+    bool ok = !st && c.ok;
+    cpc_status_free(st);
+    cpc_status_free(c.errors);
+    return ok;
+}
+
+static bool works_derived(const hctx *h, const cpc_plan *p, cpc_variant v, int *R, int *U)
+{
+    cpc_derive_degrees(p, v, R, U);
+    return works(h, p, v, *R, *U);
+}
+
+/* (a) the same variant with other degrees, among the candidates. */
+static char *hint_same_variant(const hctx *h, cpc_variant v, int R, int U)
+{
+    for (int i = 0; i < h->sel->n_candidates; i++) {
+        const cpc_candidate *c = &h->sel->candidates[i];
+        if (!c->ok || c->variant != v || (c->ring_degree == R && c->ulysses_degree == U))
+            continue;
+        char *s = NULL;
+        sappend(&s, "ring_degree %d, ulysses_degree %d (%s %dx%d) runs this plan", c->ring_degree,
+                c->ulysses_degree, vname(v), c->ring_degree, c->ulysses_degree);
+        return s;
+    }
+    return NULL;
+}
+
+/* (b) other variants at the same world_size, among the candidates. */
+static char *hint_other_variants(const hctx *h, cpc_variant v)
+{
+    const cpc_candidate *pick[CPC_VARIANT__COUNT];
+    int n = 0;
+    bool seen[CPC_VARIANT__COUNT] = {false};
+    for (int i = 0; i < h->sel->n_candidates; i++) {
+        const cpc_candidate *c = &h->sel->candidates[i];
+        if (!c->ok || c->variant == v || seen[c->variant])
+            continue;
+        seen[c->variant] = true;
+        pick[n++] = c;
+    }
+    if (!n)
+        return NULL;
+    char *s = NULL;
+    sappend(&s, "variant ");
+    for (int i = 0; i < n; i++) {
+        if (i)
+            sappend(&s, i == n - 1 ? " or " : ", ");
+        if (pick[i]->variant == CPC_VARIANT_UNIFIED)
+            sappend(&s, "unified %dx%d", pick[i]->ring_degree, pick[i]->ulysses_degree);
+        else
+            sappend(&s, "%s", vname(pick[i]->variant));
+    }
+    sappend(&s, " runs this plan");
+    return s;
+}
+
+/* A copy of the plan at another world size (gpus_per_node re-defaulted when
+ * the plan did not set it). */
+static cpc_plan at_world(const cpc_plan *p, int P)
+{
+    cpc_plan q = *p;
+    q.cluster.world_size = P;
+    if (!has_key(p, "cluster.gpus_per_node"))
+        q.cluster.gpus_per_node = P < 8 ? P : 8;
+    return q;
+}
+
+/* (c) a rule-specific change of the plan, with the same variant. */
+static char *hint_rule(const hctx *h, int rule, cpc_variant v, int R, int U)
+{
+    const cpc_plan *p = h->plan;
+    char *s = NULL;
+    int r2, u2;
+    switch (rule) {
+    case 3: {
+        int64_t prod = (int64_t)R * U;
+        if (R >= 1 && U >= 1 && prod <= MAX_WORLD) {
+            cpc_plan q = at_world(p, (int)prod);
+            if (works(h, &q, v, R, U))
+                sappend(&s, "world_size %lld (= ring_degree %d x ulysses_degree %d) runs this plan",
+                        (long long)prod, R, U);
+        }
+        return s;
+    }
+    case 18: {
+        cpc_plan q = *p;
+        q.input.mode = CPC_MODE_INFERENCE;
+        if (works_derived(h, &q, v, &r2, &u2))
+            sappend(&s, "mode: inference runs this plan (the anything variants are forward only)");
+        return s;
+    }
+    case 19:
+    case 24: {
+        cpc_plan q = *p;
+        q.input.mask = CPC_MASK_NONE;
+        if (works(h, &q, v, R, U))
+            sappend(&s, "mask: none runs this plan");
+        return s;
+    }
+    case 22: {
+        cpc_plan q = *p;
+        cpc_segment one = {.name = "tokens", .tokens = p->input.total_tokens, .span = CPC_NO_SPAN};
+        q.input.segments = &one;
+        q.input.n_segments = 1;
+        if (works(h, &q, v, R, U)) {
+            sappend(&s, "one segment (tokens: %lld) runs this plan", (long long)p->input.total_tokens);
+            return s;
+        }
+        q = *p;
+        q.input.mask = CPC_MASK_NONE;
+        if (works(h, &q, v, R, U))
+            sappend(&s, "mask: none runs this plan");
+        return s;
+    }
+    case 30: {
+        int H = p->model.heads, Hkv = p->model.kv_heads;
+        /* the divisors of H nearest to Hkv, below first */
+        for (int d = 0; d < H; d++) {
+            int cand[2] = {Hkv - d, Hkv + d};
+            for (int k = 0; k < 2; k++) {
+                int c = cand[k];
+                if (c < 1 || c > H || H % c)
+                    continue;
+                cpc_plan q = *p;
+                q.model.kv_heads = c;
+                if (works(h, &q, v, R, U)) {
+                    sappend(&s, "kv_heads %d (a divisor of heads %d) runs this plan", c, H);
+                    return s;
+                }
+            }
+        }
+        return NULL;
+    }
+    default: return NULL;
+    }
+}
+
+/* (d) the nearest world size where the same variant runs. */
+static char *hint_world(const hctx *h, cpc_variant v)
+{
+    const cpc_plan *p = h->plan;
+    int P = world(p);
+    int tries = 0;
+    for (int d = 1; tries < HINT_WORLD_TRIES && d <= P + 1; d++) {
+        int cand[2] = {P - d, P + d};
+        for (int k = 0; k < 2; k++) {
+            int w = cand[k];
+            if (w < 1 || w > MAX_WORLD || (w == 1) != (v == CPC_VARIANT_NONE))
+                continue;
+            tries++;
+            cpc_plan q = at_world(p, w);
+            int R, U;
+            if (works_derived(h, &q, v, &R, &U)) {
+                char *s = NULL;
+                sappend(&s, "world_size %d runs this plan (%s %dx%d)", w, vname(v), R, U);
+                return s;
+            }
+        }
+    }
+    return NULL;
+}
+
+static char *find_hint(const hctx *h, int rule, cpc_variant v, int R, int U)
+{
+    char *s = NULL;
+    if (rule == 3) {
+        s = hint_rule(h, rule, v, R, U);
+        char *more = hint_same_variant(h, v, R, U);
+        if (!more)
+            more = hint_other_variants(h, v);
+        if (more) {
+            if (s)
+                sappend(&s, "; or %s", more);
+            else
+                s = strdup(more);
+            free(more);
+        }
+        return s;
+    }
+    if (v < CPC_VARIANT__COUNT && (s = hint_same_variant(h, v, R, U)))
+        return s;
+    if ((s = hint_other_variants(h, v)))
+        return s;
+    if (v >= CPC_VARIANT__COUNT)
+        return NULL;
+    if ((s = hint_rule(h, rule, v, R, U)))
+        return s;
+    return hint_world(h, v);
+}
+
+/* Clones `errs` and attaches a validated hint to every error. */
+static cpc_status *with_hints(const hctx *h, const cpc_status *errs, cpc_variant v, int R, int U)
+{
+    cpc_status *out = NULL;
+    for (const cpc_status *e = errs; e; e = e->next) {
+        cpc_status *c = clone_one(e);
+        if (c != &cpc_status_oom && e->severity == CPC_SEV_ERROR && !c->hint) {
+            char *hint = find_hint(h, e->rule, v, R, U);
+            if (hint)
+                cpc_status_set_hint(c, "%s", hint);
+            free(hint);
+        }
+        cpc_status_append(&out, c);
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The stage                                                                */
+/* ------------------------------------------------------------------------ */
+
+static bool reached_shapes(const cpc_status *errs)
+{
+    for (; errs; errs = errs->next)
+        if (errs->rule >= 10 && errs->rule <= 39)
+            return true;
+    return false;
+}
+
+cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pctx, cpc_selection *sel)
+{
+    memset(sel, 0, sizeof *sel);
+    sel->selected = -1;
+    sel->preferred = -1;
+    sel->requested = CPC_VARIANT__COUNT;
+    if (!p)
+        return cpc_error(CPC_E_INTERNAL, "cpc_validate: no plan");
+
+    cpc_status *diags = check_sanity(p);
+    if (diags)
+        return diags;
+
+    /* Stage 1: inference (CP105). */
+    request rq;
+    diags = infer(p, &rq);
+    if (diags)
+        return diags;
+    sel->requested = rq.variant;
+
+    /* Candidates. */
+    clist l = {0};
+    if (!build_auto_list(p, &l))
+        goto oom;
+    int R0 = 0, U0 = 0;
+    if (rq.variant != CPC_VARIANT_AUTO && rq.variant != CPC_VARIANT__COUNT) {
+        request_degrees(p, &rq, &R0, &U0);
+        sel->preferred = add_preferred(&l, rq.variant, R0, U0, rq.o);
+        if (sel->preferred < 0)
+            goto oom;
+    }
+    sel->candidates = l.c;
+    sel->n_candidates = l.n;
+
+    /* Stages 2 and 3 per candidate, stage 4 through the price callback. */
+    for (int i = 0; i < l.n; i++) {
+        cpc_candidate *c = &l.c[i];
+        c->errors = check_with_origin(p, c->variant, c->ring_degree, c->ulysses_degree, &l.o[i]);
+        c->ok = c->errors == NULL;
+    }
+    if (price) {
+        for (int i = 0; i < l.n; i++) {
+            if (!l.c[i].ok)
+                continue;
+            cpc_status *st = price(pctx, p, &l.c[i]);
+            if (st) {
+                free(l.o);
+                cpc_status_free(rq.pre);
+                return st;
+            }
+            if (l.c[i].errors)
+                l.c[i].ok = false;
+        }
+    }
+
+    hctx h = {p, sel, price, pctx};
+    bool stage3 = false;
+    if (rq.variant == CPC_VARIANT_AUTO) {
+        sel->selected = cpc_select_best(l.c, l.n);
+        if (sel->selected < 0) {
+            /* Nothing runs: every candidate's errors, each distinct one once. */
+            for (int i = 0; i < l.n; i++) {
+                const cpc_candidate *c = &l.c[i];
+                for (const cpc_status *e = c->errors; e; e = e->next) {
+                    bool dup = false;
+                    for (const cpc_status *d = diags; d && !dup; d = d->next)
+                        dup = d->rule == e->rule && same_span(d->span, e->span) &&
+                              strcmp(d->message, e->message) == 0;
+                    if (dup)
+                        continue;
+                    cpc_status *one = clone_one(e);
+                    if (one != &cpc_status_oom && e->severity == CPC_SEV_ERROR) {
+                        char *hint = find_hint(&h, e->rule, c->variant, c->ring_degree, c->ulysses_degree);
+                        if (hint)
+                            cpc_status_set_hint(one, "%s", hint);
+                        free(hint);
+                    }
+                    cpc_status_append(&diags, one);
+                }
+                stage3 = stage3 || reached_shapes(c->errors);
+            }
+        }
+    } else {
+        const cpc_status *perr;
+        cpc_variant pv;
+        int pr, pu;
+        if (sel->preferred >= 0) {
+            const cpc_candidate *pc = &l.c[sel->preferred];
+            perr = pc->ok ? NULL : pc->errors;
+            pv = pc->variant;
+            pr = pc->ring_degree;
+            pu = pc->ulysses_degree;
+        } else {
+            perr = rq.pre;
+            pv = CPC_VARIANT__COUNT;
+            pr = rq.r;
+            pu = rq.u;
+        }
+        if (!perr) {
+            sel->selected = sel->preferred;
+        } else {
+            int best = p->parallel.fallback == CPC_FALLBACK_AUTO ? cpc_select_best(l.c, l.n) : -1;
+            if (best >= 0) {
+                const cpc_candidate *b = &l.c[best];
+                sel->selected = best;
+                sel->fell_back = true;
+                char *codes = NULL;
+                char rb[8];
+                int nerr = 0;
+                for (const cpc_status *e = perr; e; e = e->next) {
+                    if (e->severity != CPC_SEV_ERROR)
+                        continue;
+                    bool again = false;
+                    for (const cpc_status *f = perr; f != e; f = f->next)
+                        again = again || (f->severity == CPC_SEV_ERROR && f->rule == e->rule);
+                    if (!again)
+                        sappend(&codes, "%s%s", nerr++ ? ", " : "", cpc_rule_str(e->rule, rb));
+                }
+                char pdesc[64];
+                if (pv < CPC_VARIANT__COUNT)
+                    snprintf(pdesc, sizeof pdesc, "variant %s %dx%d", vname(pv), pr, pu);
+                else
+                    snprintf(pdesc, sizeof pdesc, "the plan's degrees");
+                cpc_status *w = cpc_diag(CPC_E_PLAN, first_rule(perr), CPC_SEV_WARNING,
+                                         vspan(p, "parallel.fallback"),
+                                         "fallback: auto: %s is rejected (%s); using %s %dx%d instead", pdesc,
+                                         codes ? codes : "?", vname(b->variant), b->ring_degree,
+                                         b->ulysses_degree);
+                free(codes);
+                for (const cpc_status *e = perr; e; e = e->next) {
+                    char *line = NULL;
+                    sappend(&line, "%s%s%s", e->rule ? cpc_rule_str(e->rule, rb) : "", e->rule ? ": " : "",
+                            e->message);
+                    cpc_status_add_note(w, e->span, "%s", line ? line : e->message);
+                    free(line);
+                }
+                cpc_status_append(&diags, w);
+                stage3 = true;
+            } else {
+                cpc_status_append(&diags, with_hints(&h, perr, pv, pr, pu));
+                if (p->parallel.fallback == CPC_FALLBACK_AUTO && diags) {
+                    cpc_status_add_note(diags, vspan(p, "parallel.fallback"),
+                                        "fallback: auto found no other variant that runs this plan");
+                }
+                stage3 = reached_shapes(perr);
+            }
+        }
+    }
+    if (sel->selected >= 0)
+        stage3 = true;
+
+    /* CP031 (stage 3, once per plan). */
+    if (stage3 && p->model.head_dim % 8 != 0) {
+        cpc_status *w = cpc_diag(CPC_E_PLAN, 31, CPC_SEV_WARNING, vspan(p, "model.head_dim"),
+                                 "head_dim %d is not a multiple of 8: the GPU attention paths (cuDNN, tensor "
+                                 "cores) cannot serve it; the CPU path can",
+                                 p->model.head_dim);
+        cpc_status_append(&diags, w);
+    }
+    free(l.o);
+    cpc_status_free(rq.pre);
+    return diags;
+
+oom:
+    for (int i = 0; i < l.n; i++)
+        cpc_status_free(l.c[i].errors);
+    free(l.c);
+    free(l.o);
+    cpc_status_free(rq.pre);
+    sel->candidates = NULL;
+    sel->n_candidates = 0;
+    return &cpc_status_oom;
+}
+
+cpc_status *cpc_validate(const cpc_plan *plan, cpc_selection *sel)
+{
+    return cpc_validate_priced(plan, NULL, NULL, sel);
+}

@@ -1,0 +1,1216 @@
+/*
+ * test_validate.c - the validate stage (compiler/validate.h): every CP0xx rule
+ * of SPEC section 2 that needs only the plan, at its boundaries (degree 1,
+ * equal, one more, one less, zero, overflow), variant inference and derived
+ * degrees (SPEC section 1), the staged reporting, the candidate list and the
+ * tie rule, fallback: auto, spans and notes, and a randomized check that
+ * every hint that is offered actually runs the plan.
+ *
+ * Plans are built by hand here (no YAML); tests/test_cases.c goes through
+ * the real loader.
+ */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+#include "validate.h"
+
+/* ------------------------------------------------------------------------ */
+/* A hand-built plan: FLUX.1-dev 1024x1024 (24 heads x 128, text 512 +      */
+/* image 4096) on P ranks, variant omitted (auto).                           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tplan {
+    cpc_plan p;
+    cpc_segment seg[8];
+    cpc_plan_key_span keys[16];
+} tplan;
+
+static void set_segs(tplan *t, int n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    static const char *const names[] = {"text", "image", "s2", "s3", "s4", "s5", "s6", "s7"};
+    t->p.input.n_segments = n;
+    t->p.input.segments = t->seg;
+    t->p.input.total_tokens = 0;
+    for (int i = 0; i < n; i++) {
+        t->seg[i].name = (char *)names[i];
+        t->seg[i].tokens = va_arg(ap, int64_t);
+        t->seg[i].span = CPC_NO_SPAN;
+        t->p.input.total_tokens += t->seg[i].tokens;
+    }
+    va_end(ap);
+}
+
+static void base(tplan *t, int P)
+{
+    memset(t, 0, sizeof *t);
+    cpc_plan *p = &t->p;
+    p->file = (char *)"t.yaml";
+    p->name = (char *)"t";
+    p->version = 1;
+    p->model.heads = 24;
+    p->model.kv_heads = 24;
+    p->model.head_dim = 128;
+    p->model.dtype = CPC_DTYPE_BF16;
+    p->model.layers = 57;
+    p->input.batch = 1;
+    set_segs(t, 2, (int64_t)512, (int64_t)4096);
+    p->cluster.world_size = P;
+    p->cluster.gpus_per_node = P < 8 ? P : 8;
+    p->parallel.variant = CPC_VARIANT_AUTO;
+    p->parallel.variant_given = false;
+}
+
+static void variant(tplan *t, cpc_variant v)
+{
+    t->p.parallel.variant = v;
+    t->p.parallel.variant_given = true;
+}
+
+static void degrees(tplan *t, int R, int U)
+{
+    t->p.parallel.ring_degree = R;
+    t->p.parallel.ulysses_degree = U;
+}
+
+/* Records a key as written (so that an explicit 0 counts as given). */
+static void key(tplan *t, const char *k, int line, int col)
+{
+    cpc_plan_key_span *ks = &t->keys[t->p.n_key_spans++];
+    ks->key = (char *)k;
+    ks->key_span = (cpc_span){"t.yaml", line, col};
+    ks->value_span = (cpc_span){"t.yaml", line, col + 10};
+    t->p.key_spans = t->keys;
+}
+
+static bool has_rule(const cpc_status *st, int rule, cpc_severity sev)
+{
+    for (; st; st = st->next)
+        if (st->rule == rule && st->severity == sev)
+            return true;
+    return false;
+}
+
+static int count_rule(const cpc_status *st, int rule)
+{
+    int n = 0;
+    for (; st; st = st->next)
+        n += st->rule == rule && st->severity == CPC_SEV_ERROR;
+    return n;
+}
+
+static const cpc_status *find_rule(const cpc_status *st, int rule)
+{
+    for (; st; st = st->next)
+        if (st->rule == rule)
+            return st;
+    return NULL;
+}
+
+/* Runs the validator; returns the chain and leaves the selection in *sel. */
+static cpc_status *run(tplan *t, cpc_selection *sel)
+{
+    return cpc_validate(&t->p, sel);
+}
+
+/* Expects rejection with `rule` as an error (and only errors of its stage). */
+static void expect_reject(tplan *t, int rule)
+{
+    cpc_selection sel;
+    cpc_status *st = run(t, &sel);
+    cr_expect(cpc_status_has_error(st), "expected CP%03d, got acceptance", rule);
+    cr_expect(has_rule(st, rule, CPC_SEV_ERROR), "expected CP%03d among the errors (first: CP%03d %s)", rule,
+              st ? st->rule : 0, st ? st->message : "");
+    cr_expect_eq(sel.selected, -1);
+    for (const cpc_status *e = st; e; e = e->next)
+        cr_expect_eq(e->code, CPC_E_PLAN);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+static void expect_accept(tplan *t, cpc_variant v, int R, int U)
+{
+    cpc_selection sel;
+    cpc_status *st = run(t, &sel);
+    cr_expect(!cpc_status_has_error(st), "expected acceptance of %s %dx%d, got CP%03d: %s", cpc_variant_name(v),
+              R, U, st ? st->rule : 0, st ? st->message : "");
+    cr_assert_geq(sel.selected, 0);
+    const cpc_candidate *c = &sel.candidates[sel.selected];
+    cr_expect_eq(c->variant, v, "selected %s, expected %s", cpc_variant_name(c->variant), cpc_variant_name(v));
+    cr_expect_eq(c->ring_degree, R, "ring_degree %d, expected %d", c->ring_degree, R);
+    cr_expect_eq(c->ulysses_degree, U, "ulysses_degree %d, expected %d", c->ulysses_degree, U);
+    cr_expect(c->ok);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stage 2: degrees                                                          */
+/* ------------------------------------------------------------------------ */
+
+Test(degrees, cp001_both_one)
+{
+    tplan t;
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    degrees(&t, 0, 1);
+    expect_reject(&t, 1);
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_RING); /* derived 1x1 at world_size 1 */
+    expect_reject(&t, 1);
+    base(&t, 4); /* variant omitted, both written as 1 (diffusers' default) */
+    degrees(&t, 1, 1);
+    expect_reject(&t, 1);
+    base(&t, 1); /* none is the world_size 1 baseline */
+    variant(&t, CPC_VARIANT_NONE);
+    expect_accept(&t, CPC_VARIANT_NONE, 1, 1);
+}
+
+Test(degrees, cp002_below_one)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING);
+    degrees(&t, 0, 0);
+    key(&t, "parallel.ring_degree", 20, 3); /* written as 0 */
+    expect_reject(&t, 2);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING);
+    degrees(&t, -1, 0);
+    expect_reject(&t, 2);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    degrees(&t, 0, -4);
+    expect_reject(&t, 2);
+    base(&t, 4); /* variant omitted: a degree written as 0 */
+    degrees(&t, 0, 0);
+    key(&t, "parallel.ulysses_degree", 20, 3);
+    expect_reject(&t, 2);
+    base(&t, 4); /* degree 1 is fine */
+    variant(&t, CPC_VARIANT_RING);
+    degrees(&t, 4, 1);
+    expect_accept(&t, CPC_VARIANT_RING, 4, 1);
+}
+
+Test(degrees, cp003_product_equals_world)
+{
+    tplan t;
+    int P = 8;
+    int Rs[] = {P - 1, P, P + 1};
+    for (int i = 0; i < 3; i++) {
+        base(&t, P);
+        variant(&t, CPC_VARIANT_RING);
+        degrees(&t, Rs[i], 0);
+        if (Rs[i] == P)
+            expect_accept(&t, CPC_VARIANT_RING, P, 1);
+        else
+            expect_reject(&t, 3);
+    }
+    /* the seed case: 2x2 on 8 ranks */
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 2, 2);
+    expect_reject(&t, 3);
+    /* unified with one degree that does not divide world_size */
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 3, 0);
+    expect_reject(&t, 3);
+    /* one degree that does: the other is derived */
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 2, 0);
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 4);
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 0, 2);
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 4, 2);
+}
+
+Test(degrees, cp003_no_overflow)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, INT_MAX, INT_MAX);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    const cpc_status *e = find_rule(st, 3);
+    cr_assert_not_null(e);
+    /* the product is computed in 64 bits, never wrapped */
+    cr_expect(strstr(e->message, "4611686014132420609") != NULL, "%s", e->message);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 1 << 20, 1 << 20);
+    st = run(&t, &sel);
+    e = find_rule(st, 3);
+    cr_assert_not_null(e);
+    cr_expect(strstr(e->message, "1099511627776") != NULL, "%s", e->message);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(degrees, cp004_none_needs_world_one)
+{
+    tplan t;
+    base(&t, 2);
+    variant(&t, CPC_VARIANT_NONE);
+    expect_reject(&t, 4);
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_NONE);
+    expect_accept(&t, CPC_VARIANT_NONE, 1, 1);
+}
+
+Test(degrees, cp013_unified_needs_both)
+{
+    tplan t;
+    base(&t, 2);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    expect_reject(&t, 13);
+    base(&t, 7); /* prime: no factorisation */
+    variant(&t, CPC_VARIANT_UNIFIED);
+    expect_reject(&t, 13);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 1, 4);
+    expect_reject(&t, 13);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 4, 1);
+    expect_reject(&t, 13);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 2, 2);
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 2);
+}
+
+Test(degrees, cp014_cp015_ulysses_anything)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    degrees(&t, 2, 2);
+    expect_reject(&t, 14);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    degrees(&t, 1, 4);
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    degrees(&t, 1, 1);
+    expect_reject(&t, 15);
+    base(&t, 2);
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING); /* one more than 1 */
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 2);
+}
+
+Test(degrees, cp016_cp017_ring_anything)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING_ANYTHING);
+    degrees(&t, 2, 2);
+    expect_reject(&t, 16);
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_RING_ANYTHING);
+    expect_reject(&t, 17);
+    base(&t, 2);
+    variant(&t, CPC_VARIANT_RING_ANYTHING);
+    expect_accept(&t, CPC_VARIANT_RING_ANYTHING, 2, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stage 3: shapes                                                           */
+/* ------------------------------------------------------------------------ */
+
+Test(shapes, cp010_ring_and_unified_split)
+{
+    tplan t;
+    int64_t lens[] = {4095, 4096, 4097};
+    for (int i = 0; i < 3; i++) {
+        base(&t, 4);
+        variant(&t, CPC_VARIANT_RING);
+        set_segs(&t, 2, (int64_t)512, lens[i]);
+        if (lens[i] % 4 == 0)
+            expect_accept(&t, CPC_VARIANT_RING, 4, 1);
+        else
+            expect_reject(&t, 10);
+    }
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING);
+    set_segs(&t, 2, (int64_t)4097, (int64_t)4097);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect_eq(count_rule(st, 10), 2, "every violation of the stage is reported");
+    const cpc_status *e = find_rule(st, 10);
+    cr_assert_not_null(e);
+    cr_expect_str_eq(e->message,
+                     "ring: segment 'text' has 4097 tokens, not divisible by ring_degree 4 (4097 = 4*1024 + 1)");
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    /* unified splits by R*U */
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 2, 4);
+    set_segs(&t, 1, (int64_t)4100); /* divisible by 4 (U) but not by 8 */
+    expect_reject(&t, 10);
+}
+
+Test(shapes, cp011_ulysses_split_spec_text)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    set_segs(&t, 2, (int64_t)512, (int64_t)3969);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->rule, 11);
+    cr_expect_eq(st->severity, CPC_SEV_ERROR);
+    cr_expect_str_eq(st->message, "ulysses: segment 'image' has 3969 tokens, not divisible by ulysses_degree 4 "
+                                  "(3969 = 4*992 + 1)");
+    cr_assert_not_null(st->hint);
+    cr_expect_str_eq(st->hint, "variant ulysses_anything or ring_anything runs this plan");
+    cr_expect_null(st->next);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    set_segs(&t, 2, (int64_t)512, (int64_t)3968);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+}
+
+Test(shapes, cp012_heads_and_gqa)
+{
+    tplan t;
+    struct { int H, Hkv, P; bool ok; } rows[] = {
+        {24, 24, 4, true},  {30, 30, 4, false}, /* Z-Image's 30 heads */
+        {32, 8, 4, true},   /* Hkv % U == 0: K/V heads split with their query heads */
+        {32, 2, 4, true},   /* U % Hkv == 0: each K/V head replicated */
+        {32, 1, 8, true},   /* MQA */
+        {28, 7, 2, false},  /* neither */
+        {24, 3, 4, false},  {24, 24, 16, false}, /* H % U != 0 */
+        {24, 4, 8, true},   /* 8 % 4 == 0: replication */
+        {16, 16, 16, true}, {16, 16, 32, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        base(&t, rows[i].P);
+        t.p.model.heads = rows[i].H;
+        t.p.model.kv_heads = rows[i].Hkv;
+        set_segs(&t, 1, (int64_t)4096);
+        variant(&t, CPC_VARIANT_ULYSSES);
+        if (rows[i].ok)
+            expect_accept(&t, CPC_VARIANT_ULYSSES, 1, rows[i].P);
+        else
+            expect_reject(&t, 12);
+    }
+    /* unified checks the same rule over its ulysses group */
+    base(&t, 8);
+    t.p.model.heads = 28;
+    t.p.model.kv_heads = 7;
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 4, 2);
+    expect_reject(&t, 12);
+    /* ulysses_anything accepts any H >= U and any Hkv */
+    base(&t, 2);
+    t.p.model.heads = 28;
+    t.p.model.kv_heads = 7;
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 2);
+}
+
+Test(shapes, cp018_anything_inference_only)
+{
+    tplan t;
+    cpc_variant vs[] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_RING_ANYTHING};
+    for (int i = 0; i < 2; i++) {
+        base(&t, 4);
+        variant(&t, vs[i]);
+        t.p.input.mode = CPC_MODE_TRAINING;
+        expect_reject(&t, 18);
+    }
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING);
+    t.p.input.mode = CPC_MODE_TRAINING;
+    expect_accept(&t, CPC_VARIANT_RING, 4, 1);
+}
+
+Test(shapes, cp019_ring_anything_no_mask)
+{
+    tplan t;
+    cpc_mask ms[] = {CPC_MASK_CAUSAL, CPC_MASK_KEY_PADDING};
+    for (int i = 0; i < 2; i++) {
+        base(&t, 4);
+        set_segs(&t, 1, (int64_t)4099);
+        variant(&t, CPC_VARIANT_RING_ANYTHING);
+        t.p.input.mask = ms[i];
+        expect_reject(&t, 19);
+    }
+    /* ulysses_anything takes a causal mask (one segment) */
+    base(&t, 4);
+    set_segs(&t, 1, (int64_t)4099);
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    t.p.input.mask = CPC_MASK_CAUSAL;
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+}
+
+Test(shapes, cp020_a_token_per_rank)
+{
+    tplan t;
+    cpc_variant vs[] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_RING_ANYTHING};
+    for (int i = 0; i < 2; i++) {
+        for (int64_t n = 3; n <= 5; n++) {
+            base(&t, 4);
+            set_segs(&t, 2, n, (int64_t)4096);
+            variant(&t, vs[i]);
+            if (n >= 4)
+                expect_accept(&t, vs[i], vs[i] == CPC_VARIANT_RING_ANYTHING ? 4 : 1,
+                              vs[i] == CPC_VARIANT_RING_ANYTHING ? 1 : 4);
+            else
+                expect_reject(&t, 20);
+        }
+    }
+}
+
+Test(shapes, cp021_a_head_per_rank)
+{
+    tplan t;
+    for (int H = 3; H <= 5; H++) {
+        base(&t, 4);
+        t.p.model.heads = t.p.model.kv_heads = H;
+        variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+        if (H >= 4)
+            expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+        else
+            expect_reject(&t, 21);
+    }
+    /* beyond diffusers: uneven heads without padding, H=24 over 16 or 7 */
+    int Ps[] = {16, 7};
+    for (int i = 0; i < 2; i++) {
+        base(&t, Ps[i]);
+        variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+        expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, Ps[i]);
+    }
+}
+
+Test(shapes, cp022_causal_one_segment)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    t.p.input.mask = CPC_MASK_CAUSAL;
+    expect_reject(&t, 22);
+    set_segs(&t, 1, (int64_t)4608);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+    /* nothing is split at world_size 1 */
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_NONE);
+    t.p.input.mask = CPC_MASK_CAUSAL;
+    expect_accept(&t, CPC_VARIANT_NONE, 1, 1);
+}
+
+Test(shapes, cp023_zigzag)
+{
+    tplan t;
+    int64_t lens[] = {4096 - 4, 4096, 4096 + 4}; /* divisible by P=4, only 4096 by 2P=8 */
+    cpc_variant vs[] = {CPC_VARIANT_RING, CPC_VARIANT_UNIFIED};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++) {
+            base(&t, 4);
+            set_segs(&t, 1, lens[i]);
+            t.p.input.mask = CPC_MASK_CAUSAL;
+            variant(&t, vs[k]);
+            if (lens[i] % 8 == 0)
+                expect_accept(&t, vs[k], vs[k] == CPC_VARIANT_RING ? 4 : 2, vs[k] == CPC_VARIANT_RING ? 1 : 2);
+            else
+                expect_reject(&t, 23);
+        }
+    /* ulysses has no zigzag */
+    base(&t, 4);
+    set_segs(&t, 1, (int64_t)4100);
+    t.p.input.mask = CPC_MASK_CAUSAL;
+    variant(&t, CPC_VARIANT_ULYSSES);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+}
+
+Test(shapes, cp024_causal_cross_attention)
+{
+    tplan t;
+    base(&t, 4);
+    set_segs(&t, 1, (int64_t)4096);
+    t.p.input.has_kv = true;
+    t.p.input.kv_tokens = 512;
+    variant(&t, CPC_VARIANT_ULYSSES);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+    t.p.input.mask = CPC_MASK_CAUSAL;
+    expect_reject(&t, 24);
+}
+
+Test(shapes, cp030_gqa_ratio_reported_once)
+{
+    tplan t;
+    base(&t, 4);
+    t.p.model.kv_heads = 5;
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel); /* auto: every candidate fails CP030 */
+    cr_expect_eq(count_rule(st, 30), 1, "CP030 is the plan's, reported once");
+    const cpc_status *e = find_rule(st, 30);
+    cr_assert_not_null(e);
+    cr_assert_not_null(e->hint);
+    cr_expect(strstr(e->hint, "kv_heads ") == e->hint, "%s", e->hint);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    for (int hkv = 1; hkv <= 24; hkv++) {
+        base(&t, 2);
+        t.p.model.kv_heads = hkv;
+        variant(&t, CPC_VARIANT_RING);
+        if (24 % hkv == 0)
+            expect_accept(&t, CPC_VARIANT_RING, 2, 1);
+        else
+            expect_reject(&t, 30);
+    }
+}
+
+Test(shapes, cp031_head_dim_warning)
+{
+    int ds[] = {7, 8, 9, 100, 128, 256};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+        tplan t;
+        base(&t, 4);
+        t.p.model.head_dim = ds[i];
+        cpc_selection sel;
+        cpc_status *st = run(&t, &sel);
+        cr_expect(!cpc_status_has_error(st));
+        cr_expect_eq(has_rule(st, 31, CPC_SEV_WARNING), ds[i] % 8 != 0, "head_dim %d", ds[i]);
+        cr_expect_geq(sel.selected, 0);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+    }
+}
+
+Test(stages, stops_at_degrees)
+{
+    /* CP003 (stage 2) and an indivisible segment (stage 3): only stage 2 */
+    tplan t;
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 2, 2);
+    set_segs(&t, 2, (int64_t)512, (int64_t)3969);
+    t.p.model.head_dim = 100;
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect(has_rule(st, 3, CPC_SEV_ERROR));
+    cr_expect(!has_rule(st, 10, CPC_SEV_ERROR));
+    cr_expect(!has_rule(st, 31, CPC_SEV_WARNING), "CP031 is stage 3");
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(stages, every_violation_of_shapes)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    t.p.model.heads = t.p.model.kv_heads = 30;
+    set_segs(&t, 2, (int64_t)513, (int64_t)3969);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect_eq(count_rule(st, 11), 2);
+    cr_expect_eq(count_rule(st, 12), 1);
+    cr_expect_eq(cpc_status_count(st, CPC_SEV_ERROR), 3);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Inference and derivation (SPEC section 1)                                 */
+/* ------------------------------------------------------------------------ */
+
+Test(infer, from_degrees_and_flags)
+{
+    tplan t;
+    base(&t, 4);
+    degrees(&t, 2, 2);
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 2);
+    base(&t, 4);
+    degrees(&t, 4, 0);
+    expect_accept(&t, CPC_VARIANT_RING, 4, 1);
+    base(&t, 4);
+    degrees(&t, 0, 4);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+    base(&t, 4);
+    degrees(&t, 4, 1); /* only ring_degree > 1 */
+    expect_accept(&t, CPC_VARIANT_RING, 4, 1);
+    base(&t, 4);
+    t.p.parallel.ulysses_anything = true;
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+    base(&t, 4);
+    t.p.parallel.ring_anything = true;
+    degrees(&t, 4, 0);
+    expect_accept(&t, CPC_VARIANT_RING_ANYTHING, 4, 1);
+    base(&t, 4);
+    t.p.parallel.ulysses_anything = true;
+    degrees(&t, 2, 2);
+    expect_reject(&t, 14);
+    /* neither degrees nor flags: auto; auto at world_size 1: none */
+    base(&t, 4);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+    base(&t, 1);
+    expect_accept(&t, CPC_VARIANT_NONE, 1, 1);
+    base(&t, 1);
+    variant(&t, CPC_VARIANT_AUTO);
+    expect_accept(&t, CPC_VARIANT_NONE, 1, 1);
+}
+
+Test(infer, requested_variant_recorded)
+{
+    tplan t;
+    base(&t, 4);
+    degrees(&t, 2, 2);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect_eq(sel.requested, CPC_VARIANT_UNIFIED);
+    cr_assert_geq(sel.preferred, 0);
+    cr_expect_eq(sel.preferred, sel.selected);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    base(&t, 4);
+    st = run(&t, &sel);
+    cr_expect_eq(sel.requested, CPC_VARIANT_AUTO);
+    cr_expect_eq(sel.preferred, -1);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(infer, conflicts_are_cp105)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING);
+    t.p.parallel.ulysses_anything = true;
+    expect_reject(&t, 105);
+    base(&t, 4);
+    t.p.parallel.ulysses_anything = true;
+    t.p.parallel.ring_anything = true;
+    expect_reject(&t, 105);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_RING);
+    degrees(&t, 0, 2);
+    expect_reject(&t, 105);
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    degrees(&t, 2, 0);
+    expect_reject(&t, 105);
+    base(&t, 4); /* a flag that names the variant itself is fine */
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    t.p.parallel.ulysses_anything = true;
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+}
+
+Test(derive, unified_rule)
+{
+    struct { int P, gpn, H, Hkv, R, U; } rows[] = {
+        {4, 4, 24, 24, 2, 2},  /* SPEC: P=4 -> 2x2 */
+        {8, 8, 24, 24, 2, 4},  /* SPEC: P=8 with 8 GPUs per node -> 2x4 */
+        {6, 6, 24, 24, 2, 3},  /* largest divisor below 6 */
+        {7, 7, 24, 24, 7, 1},  /* prime: U = 1 (CP013) */
+        {8, 2, 24, 24, 4, 2},  /* a ulysses group never straddles nodes */
+        {8, 8, 6, 6, 4, 2},    /* U = 4 fails H % U */
+        {8, 8, 32, 2, 2, 4},   /* U % Hkv == 0: replication is fine */
+        {8, 8, 28, 7, 4, 2},   /* U = 4 fails the Hkv rule, U = 2 too: ... */
+        {16, 8, 24, 24, 4, 4}, /* U = 8 fails 24 % 8? no: 24 % 8 == 0 -> see below */
+        {2, 2, 24, 24, 2, 1},
+    };
+    /* fix-ups computed by hand: 28/7 with U=2: 7 % 2 != 0 and 2 % 7 != 0 -> U=1 */
+    rows[7].R = 8;
+    rows[7].U = 1;
+    rows[8].R = 2; /* P=16, gpn 8: U = 8 divides 16, 8 and 24 */
+    rows[8].U = 8;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        tplan t;
+        base(&t, rows[i].P);
+        t.p.cluster.gpus_per_node = rows[i].gpn;
+        t.p.model.heads = rows[i].H;
+        t.p.model.kv_heads = rows[i].Hkv;
+        int R = -1, U = -1;
+        cpc_derive_degrees(&t.p, CPC_VARIANT_UNIFIED, &R, &U);
+        cr_expect(R == rows[i].R && U == rows[i].U, "P=%d gpn=%d H=%d Hkv=%d: got %dx%d, expected %dx%d",
+                  rows[i].P, rows[i].gpn, rows[i].H, rows[i].Hkv, R, U, rows[i].R, rows[i].U);
+    }
+    int R, U;
+    tplan t;
+    base(&t, 5);
+    cpc_derive_degrees(&t.p, CPC_VARIANT_RING, &R, &U);
+    cr_expect(R == 5 && U == 1);
+    cpc_derive_degrees(&t.p, CPC_VARIANT_RING_ANYTHING, &R, &U);
+    cr_expect(R == 5 && U == 1);
+    cpc_derive_degrees(&t.p, CPC_VARIANT_ULYSSES, &R, &U);
+    cr_expect(R == 1 && U == 5);
+    cpc_derive_degrees(&t.p, CPC_VARIANT_ULYSSES_ANYTHING, &R, &U);
+    cr_expect(R == 1 && U == 5);
+    cpc_derive_degrees(&t.p, CPC_VARIANT_NONE, &R, &U);
+    cr_expect(R == 1 && U == 1);
+}
+
+Test(derive, unified_through_validate)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 2);
+    base(&t, 8);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 4);
+    base(&t, 6);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    set_segs(&t, 2, (int64_t)516, (int64_t)4098); /* divisible by 6 */
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 3);
+    base(&t, 7);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    expect_reject(&t, 13);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Candidates, selection, the tie rule                                       */
+/* ------------------------------------------------------------------------ */
+
+Test(select, candidate_list_is_every_variant)
+{
+    tplan t;
+    base(&t, 8);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    /* ulysses 1x8, unified 2x4, unified 4x2, ring 8x1, ulysses_anything 1x8, ring_anything 8x1 */
+    cr_assert_eq(sel.n_candidates, 6);
+    cpc_variant want[] = {CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED, CPC_VARIANT_UNIFIED, CPC_VARIANT_RING,
+                          CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_RING_ANYTHING};
+    int wr[] = {1, 2, 4, 8, 1, 8}, wu[] = {8, 4, 2, 1, 8, 1};
+    for (int i = 0; i < 6; i++) {
+        cr_expect_eq(sel.candidates[i].variant, want[i]);
+        cr_expect_eq(sel.candidates[i].ring_degree, wr[i]);
+        cr_expect_eq(sel.candidates[i].ulysses_degree, wu[i]);
+        cr_expect(sel.candidates[i].ok);
+        cr_expect(!sel.candidates[i].priced);
+    }
+    cr_expect_eq(sel.selected, 0);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    /* prime world size: one unified entry, rejected CP013 */
+    base(&t, 7);
+    set_segs(&t, 1, (int64_t)7000);
+    st = run(&t, &sel);
+    cr_assert_eq(sel.n_candidates, 5);
+    cr_expect_eq(sel.candidates[1].variant, CPC_VARIANT_UNIFIED);
+    cr_expect(!sel.candidates[1].ok);
+    cr_expect_eq(sel.candidates[1].errors->rule, 13);
+    cr_expect_eq(sel.candidates[0].errors->rule, 12); /* 24 heads % 7 != 0 */
+    cr_expect_eq(sel.selected, 2);                     /* ring 7x1: 7000 % 7 == 0 */
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(select, tie_order_without_prices)
+{
+    tplan t;
+    base(&t, 4); /* everything runs: ulysses */
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
+    base(&t, 4); /* 30 heads: ulysses fails, unified 2x2 next */
+    t.p.model.heads = t.p.model.kv_heads = 30;
+    expect_accept(&t, CPC_VARIANT_UNIFIED, 2, 2);
+    base(&t, 2); /* 2 ranks, 4097 tokens: no even split, no unified: anything */
+    set_segs(&t, 1, (int64_t)4097);
+    expect_accept(&t, CPC_VARIANT_ULYSSES_ANYTHING, 1, 2);
+    base(&t, 4); /* training, uneven: nothing runs */
+    set_segs(&t, 1, (int64_t)4097);
+    t.p.input.mode = CPC_MODE_TRAINING;
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect(cpc_status_has_error(st));
+    cr_expect_eq(sel.selected, -1);
+    cr_expect(has_rule(st, 11, CPC_SEV_ERROR) && has_rule(st, 10, CPC_SEV_ERROR) && has_rule(st, 18, CPC_SEV_ERROR));
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+static cpc_candidate cand(cpc_variant v, bool ok, bool priced, double ms, int64_t mem)
+{
+    cpc_candidate c;
+    memset(&c, 0, sizeof c);
+    c.variant = v;
+    c.ok = ok;
+    c.priced = priced;
+    c.predicted_ms_per_forward = ms;
+    c.predicted_ms_per_layer = ms / 57;
+    c.memory_bytes_per_rank = mem;
+    return c;
+}
+
+Test(select, tie_rule)
+{
+    const cpc_variant U_ = CPC_VARIANT_ULYSSES, N_ = CPC_VARIANT_UNIFIED, R_ = CPC_VARIANT_RING;
+    /* lowest time wins */
+    cpc_candidate a[] = {cand(U_, true, true, 10.0, 100), cand(N_, true, true, 5.0, 100), cand(R_, true, true, 7, 1)};
+    cr_expect_eq(cpc_select_best(a, 3), 1);
+    /* within 2%: less memory wins */
+    cpc_candidate b[] = {cand(U_, true, true, 10.2, 100), cand(N_, true, true, 10.0, 200)};
+    cr_expect_eq(cpc_select_best(b, 2), 0);
+    /* just above 2%: time wins */
+    cpc_candidate c[] = {cand(U_, true, true, 10.21, 100), cand(N_, true, true, 10.0, 200)};
+    cr_expect_eq(cpc_select_best(c, 2), 1);
+    /* tie in time and memory: the order */
+    cpc_candidate d[] = {cand(U_, true, true, 10.0, 100), cand(N_, true, true, 10.1, 100)};
+    cr_expect_eq(cpc_select_best(d, 2), 0);
+    cpc_candidate d2[] = {cand(U_, true, true, 10.1, 100), cand(N_, true, true, 10.0, 100)};
+    cr_expect_eq(cpc_select_best(d2, 2), 0);
+    /* rejected candidates never win, however fast */
+    cpc_candidate e[] = {cand(U_, false, true, 1.0, 1), cand(N_, true, true, 10.0, 200)};
+    cr_expect_eq(cpc_select_best(e, 2), 1);
+    /* nothing priced: the first valid in order */
+    cpc_candidate f[] = {cand(U_, false, false, 0, 0), cand(N_, true, false, 0, 0), cand(R_, true, false, 0, 0)};
+    cr_expect_eq(cpc_select_best(f, 3), 1);
+    /* priced ones beat unpriced ones */
+    cpc_candidate g[] = {cand(U_, true, false, 0, 0), cand(N_, true, true, 10.0, 200)};
+    cr_expect_eq(cpc_select_best(g, 2), 1);
+    /* none valid */
+    cpc_candidate h[] = {cand(U_, false, false, 0, 0)};
+    cr_expect_eq(cpc_select_best(h, 1), -1);
+    cr_expect_eq(cpc_select_best(NULL, 0), -1);
+}
+
+/* A fake cost model: ring fastest, ring_anything rejected for memory. */
+typedef struct fake_ctx {
+    int calls;
+} fake_ctx;
+
+static cpc_status *fake_price(void *ctx, const cpc_plan *plan, cpc_candidate *c)
+{
+    fake_ctx *f = ctx;
+    f->calls++;
+    cr_assert(c->ok, "only valid candidates are priced");
+    static const double ms[] = {[CPC_VARIANT_ULYSSES] = 10, [CPC_VARIANT_UNIFIED] = 12, [CPC_VARIANT_RING] = 5,
+                                [CPC_VARIANT_ULYSSES_ANYTHING] = 11, [CPC_VARIANT_RING_ANYTHING] = 1,
+                                [CPC_VARIANT_NONE] = 20};
+    c->predicted_ms_per_layer = ms[c->variant];
+    c->predicted_ms_per_forward = ms[c->variant] * plan->model.layers;
+    c->memory_bytes_per_rank = 1000;
+    c->bytes_sent_per_rank = 10;
+    c->priced = true;
+    if (c->variant == CPC_VARIANT_RING_ANYTHING) {
+        c->ok = false;
+        cpc_status_append(&c->errors, cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR, CPC_NO_SPAN,
+                                               "ring_anything: predicted memory exceeds the device"));
+    }
+    return NULL;
+}
+
+Test(select, price_callback_decides)
+{
+    tplan t;
+    base(&t, 4);
+    fake_ctx f = {0};
+    cpc_selection sel;
+    cpc_status *st = cpc_validate_priced(&t.p, fake_price, &f, &sel);
+    cr_expect(!cpc_status_has_error(st));
+    cr_expect_eq(f.calls, 5);
+    cr_assert_geq(sel.selected, 0);
+    cr_expect_eq(sel.candidates[sel.selected].variant, CPC_VARIANT_RING);
+    cr_expect(!sel.candidates[4].ok, "ring_anything rejected by the price callback");
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    /* the price callback's rejection counts for hints too */
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    set_segs(&t, 2, (int64_t)512, (int64_t)3969);
+    st = cpc_validate_priced(&t.p, fake_price, &f, &sel);
+    cr_assert_not_null(st);
+    cr_assert_not_null(st->hint);
+    cr_expect_str_eq(st->hint, "variant ulysses_anything runs this plan");
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+static cpc_status *failing_price(void *ctx, const cpc_plan *plan, cpc_candidate *c)
+{
+    (void)ctx;
+    (void)plan;
+    (void)c;
+    return cpc_error(CPC_E_INTERNAL, "cost model broke");
+}
+
+Test(select, price_failure_is_returned)
+{
+    tplan t;
+    base(&t, 4);
+    cpc_selection sel;
+    cpc_status *st = cpc_validate_priced(&t.p, failing_price, NULL, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->code, CPC_E_INTERNAL);
+    cr_expect_eq(cpc_status_exit_code(st), 3);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(select, fallback_auto_warns_with_codes)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    t.p.parallel.fallback = CPC_FALLBACK_AUTO;
+    set_segs(&t, 2, (int64_t)512, (int64_t)3969);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect(!cpc_status_has_error(st));
+    cr_assert_not_null(st);
+    cr_expect_eq(st->severity, CPC_SEV_WARNING);
+    cr_expect_eq(st->rule, 11);
+    cr_expect(strstr(st->message, "CP011") != NULL, "%s", st->message);
+    cr_assert_not_null(st->notes);
+    cr_expect(strstr(st->notes->message, "3969") != NULL, "%s", st->notes->message);
+    cr_expect(sel.fell_back);
+    cr_assert_geq(sel.selected, 0);
+    cr_expect_eq(sel.candidates[sel.selected].variant, CPC_VARIANT_ULYSSES_ANYTHING);
+    cr_assert_geq(sel.preferred, 0);
+    cr_expect_eq(sel.candidates[sel.preferred].variant, CPC_VARIANT_ULYSSES);
+    cr_expect(!sel.candidates[sel.preferred].ok);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    /* strict: the same plan is rejected */
+    t.p.parallel.fallback = CPC_FALLBACK_STRICT;
+    expect_reject(&t, 11);
+
+    /* fallback auto with nothing valid: the preferred variant's errors */
+    t.p.parallel.fallback = CPC_FALLBACK_AUTO;
+    t.p.input.mode = CPC_MODE_TRAINING;
+    st = run(&t, &sel);
+    cr_expect(cpc_status_has_error(st));
+    cr_expect_eq(st->rule, 11);
+    cr_expect_eq(sel.selected, -1);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Spans and notes                                                           */
+/* ------------------------------------------------------------------------ */
+
+Test(spans, error_at_segment_note_at_world_size)
+{
+    tplan t;
+    base(&t, 4);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    set_segs(&t, 2, (int64_t)512, (int64_t)3969);
+    t.seg[1].span = (cpc_span){"t.yaml", 9, 7};
+    key(&t, "cluster.world_size", 13, 3);
+    key(&t, "parallel.variant", 16, 3);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->span.line, 9);
+    cr_expect_eq(st->span.col, 7);
+    cr_assert_not_null(st->notes);
+    cr_expect_eq(st->notes->span.line, 13);
+    cr_expect(strstr(st->notes->message, "world_size 4") != NULL, "%s", st->notes->message);
+    char *line = cpc_status_format("cpc", st);
+    cr_expect_str_eq(line, "t.yaml:9:7: error[CP011]: ulysses: segment 'image' has 3969 tokens, not divisible by "
+                           "ulysses_degree 4 (3969 = 4*992 + 1); hint: variant ulysses_anything or ring_anything "
+                           "runs this plan");
+    free(line);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    /* an explicit degree: the note points at it */
+    key(&t, "parallel.ulysses_degree", 17, 3);
+    degrees(&t, 0, 4);
+    st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_assert_not_null(st->notes);
+    cr_expect_eq(st->notes->span.line, 17);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Every hint works: apply it to the plan and validate again                 */
+/* ------------------------------------------------------------------------ */
+
+static bool accepted_as(tplan *t, cpc_variant v, int R, int U)
+{
+    cpc_selection sel;
+    cpc_status *st = run(t, &sel);
+    bool ok = !cpc_status_has_error(st) && sel.selected >= 0 && !sel.fell_back;
+    if (ok) {
+        const cpc_candidate *c = &sel.candidates[sel.selected];
+        ok = c->variant == v && (R <= 0 || c->ring_degree == R) && (U <= 0 || c->ulysses_degree == U);
+    }
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    return ok;
+}
+
+/* Applies `hint` (one of the forms validate.c writes) to a copy of `t` whose
+ * rejected candidate is (v, R, U), and checks that it runs. */
+static bool hint_works(const tplan *t0, const char *hint, cpc_variant v, int R, int U)
+{
+    tplan t = *t0;
+    t.p.input.segments = t.seg;
+    t.p.key_spans = t.keys;
+    t.p.parallel.fallback = CPC_FALLBACK_STRICT;
+    int a, b, c;
+    char name[40];
+    if (strncmp(hint, "variant ", 8) == 0) {
+        const char *s = hint + 8;
+        while (*s && strncmp(s, "runs this plan", 14) != 0) {
+            int n = 0;
+            if (sscanf(s, "unified %dx%d%n", &a, &b, &n) == 2 && n > 0) {
+                variant(&t, CPC_VARIANT_UNIFIED);
+                degrees(&t, a, b);
+                if (!accepted_as(&t, CPC_VARIANT_UNIFIED, a, b))
+                    return false;
+                s += n;
+            } else if (sscanf(s, "%39[a-z_]%n", name, &n) == 1) {
+                int pv = cpc_variant_parse(name);
+                if (pv < 0)
+                    return false;
+                variant(&t, (cpc_variant)pv);
+                degrees(&t, 0, 0);
+                if (!accepted_as(&t, (cpc_variant)pv, 0, 0))
+                    return false;
+                s += n;
+            } else {
+                return false;
+            }
+            if (strncmp(s, ", ", 2) == 0)
+                s += 2;
+            else if (strncmp(s, " or ", 4) == 0)
+                s += 4;
+            else if (*s == ' ')
+                s++;
+        }
+        return true;
+    }
+    if (sscanf(hint, "ring_degree %d, ulysses_degree %d", &a, &b) == 2) {
+        variant(&t, v);
+        degrees(&t, a, b);
+        return accepted_as(&t, v, a, b);
+    }
+    if (sscanf(hint, "world_size %d (= ring_degree %d x ulysses_degree %d", &a, &b, &c) == 3) {
+        t.p.cluster.world_size = a;
+        t.p.cluster.gpus_per_node = a < 8 ? a : 8;
+        variant(&t, v);
+        degrees(&t, b, c);
+        return accepted_as(&t, v, b, c);
+    }
+    if (sscanf(hint, "world_size %d runs this plan (%39[a-z_] %dx%d", &a, name, &b, &c) == 4) {
+        t.p.cluster.world_size = a;
+        t.p.cluster.gpus_per_node = a < 8 ? a : 8;
+        variant(&t, (cpc_variant)cpc_variant_parse(name));
+        degrees(&t, 0, 0);
+        return accepted_as(&t, (cpc_variant)cpc_variant_parse(name), b, c);
+    }
+    variant(&t, v);
+    degrees(&t, R, U);
+    if (strncmp(hint, "mode: inference", 15) == 0) {
+        t.p.input.mode = CPC_MODE_INFERENCE;
+        return accepted_as(&t, v, R, U);
+    }
+    if (strncmp(hint, "mask: none", 10) == 0) {
+        t.p.input.mask = CPC_MASK_NONE;
+        return accepted_as(&t, v, R, U);
+    }
+    if (sscanf(hint, "one segment (tokens: %d)", &a) == 1) {
+        set_segs(&t, 1, (int64_t)a);
+        return accepted_as(&t, v, R, U);
+    }
+    if (sscanf(hint, "kv_heads %d", &a) == 1) {
+        t.p.model.kv_heads = a;
+        return accepted_as(&t, v, R, U);
+    }
+    return false;
+}
+
+Test(hints, every_hint_runs_the_plan)
+{
+    srand(20240611);
+    int checked = 0, with_hint = 0;
+    const int heads[] = {1, 2, 3, 7, 8, 12, 24, 28, 30, 38, 40, 48};
+    for (int it = 0; it < 400; it++) {
+        tplan t;
+        int P = 1 + rand() % 12;
+        base(&t, P);
+        int H = heads[rand() % 12];
+        t.p.model.heads = H;
+        int g = 1 + rand() % 4;
+        t.p.model.kv_heads = (rand() % 3 == 0 && H % g == 0) ? H / g : (rand() % 8 == 0 ? 5 : H);
+        int nseg = 1 + rand() % 3;
+        int64_t lens[3];
+        for (int k = 0; k < 3; k++)
+            lens[k] = rand() % 3 == 0 ? 1 + rand() % 20 : 512 * (1 + rand() % 8) + rand() % 3;
+        set_segs(&t, nseg, lens[0], lens[1], lens[2]);
+        t.p.input.mask = rand() % 4 == 0 ? CPC_MASK_CAUSAL : rand() % 6 == 0 ? CPC_MASK_KEY_PADDING : CPC_MASK_NONE;
+        t.p.input.mode = rand() % 5 == 0 ? CPC_MODE_TRAINING : CPC_MODE_INFERENCE;
+        if (rand() % 6 == 0) {
+            t.p.input.has_kv = true;
+            t.p.input.kv_tokens = 77;
+        }
+        int pick = rand() % 8;
+        if (pick < 6)
+            variant(&t, (cpc_variant)pick); /* five variants and none */
+        if (rand() % 4 == 0)
+            degrees(&t, rand() % 5, rand() % 5);
+        if (t.p.parallel.variant_given && t.p.parallel.variant == CPC_VARIANT_RING && t.p.parallel.ulysses_degree > 1)
+            t.p.parallel.ulysses_degree = 0;
+        if (t.p.parallel.variant_given && t.p.parallel.variant == CPC_VARIANT_ULYSSES && t.p.parallel.ring_degree > 1)
+            t.p.parallel.ring_degree = 0;
+        if (t.p.parallel.variant_given && t.p.parallel.variant == CPC_VARIANT_NONE)
+            degrees(&t, 0, 0);
+
+        cpc_selection sel;
+        cpc_status *st = run(&t, &sel);
+        for (const cpc_status *e = st; e; e = e->next) {
+            if (e->severity != CPC_SEV_ERROR)
+                continue;
+            checked++;
+            /* a hint is given whenever another candidate runs at this world size */
+            bool other_ok = false;
+            for (int i = 0; i < sel.n_candidates; i++)
+                other_ok = other_ok || sel.candidates[i].ok;
+            if (other_ok && e->rule != 105)
+                cr_expect_not_null(e->hint, "no hint for CP%03d (%s) though a candidate runs", e->rule, e->message);
+            if (!e->hint || e->rule == 105)
+                continue;
+            with_hint++;
+            cpc_variant v = CPC_VARIANT__COUNT;
+            int R = 0, U = 0;
+            if (sel.preferred >= 0) {
+                v = sel.candidates[sel.preferred].variant;
+                R = sel.candidates[sel.preferred].ring_degree;
+                U = sel.candidates[sel.preferred].ulysses_degree;
+            } else {
+                /* auto: find the candidate this error belongs to */
+                for (int i = 0; i < sel.n_candidates && v == CPC_VARIANT__COUNT; i++)
+                    for (const cpc_status *ce = sel.candidates[i].errors; ce; ce = ce->next)
+                        if (ce->rule == e->rule && strcmp(ce->message, e->message) == 0) {
+                            v = sel.candidates[i].variant;
+                            R = sel.candidates[i].ring_degree;
+                            U = sel.candidates[i].ulysses_degree;
+                            break;
+                        }
+            }
+            cr_expect(hint_works(&t, e->hint, v, R, U), "hint does not work: CP%03d %s; hint: %s (P=%d H=%d Hkv=%d)",
+                      e->rule, e->message, e->hint, P, H, t.p.model.kv_heads);
+        }
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+    }
+    cr_expect_gt(checked, 100, "the random plans must exercise rejections (%d)", checked);
+    cr_expect_gt(with_hint, 50, "and hints (%d)", with_hint);
+}
