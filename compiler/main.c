@@ -522,25 +522,25 @@ static int plot_sweep(const options *o, const char *key, char **values, int n, j
         fprintf(stderr, "cpc: error: --plot: cannot run gnuplot\n");
         return 2;
     }
-    fprintf(g, "set terminal svg size 900,700 dynamic enhanced font 'sans,11'\n");
+    fprintf(g, "set terminal svg size 900,700 dynamic noenhanced font 'sans,11'\n");
     fprintf(g, "set output '%s'\n", o->plot);
     fprintf(g, "set datafile missing 'NaN'\nset key outside right top\nset grid\n");
     fprintf(g, "set multiplot layout 2,1 title \"%s: predicted per layer vs %s\"\n", jobs[0].file, key);
     fprintf(g, "set ylabel 'ms per layer'\nset offsets 0.3,0.3,0,0\n");
-    const char *styles[] = {"lc rgb '#1f77b4' pt 7", "lc rgb '#2ca02c' pt 5", "lc rgb '#d62728' pt 9",
-                            "lc rgb '#9467bd' pt 11", "lc rgb '#ff7f0e' pt 13"};
+    const char *colors[] = {"#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"};
+    const int points[] = {7, 5, 9, 11, 13};
     for (int panel = 0; panel < 2; panel++) {
         if (panel == 1)
             fprintf(g, "set ylabel 'memory per rank (GiB)'\nset xlabel '%s'\n", key);
         fprintf(g, "plot ");
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
-            fprintf(g, "'%s' index %d using 1:%d:xtic(2) with linespoints %s title '%s', ", dat, v,
-                    panel ? 4 : 3, styles[v], cpc_variant_name(SWEEP_VARIANTS[v]));
+            fprintf(g, "'%s' index %d using 1:%d:xtic(2) with linespoints lw 2 ps 1 lc rgb '%s' pt %d dt %d title '%s', ",
+                    dat, v, panel ? 4 : 3, colors[v], points[v], v + 1, cpc_variant_name(SWEEP_VARIANTS[v]));
         /* rejected points: their codes, stacked under the curves */
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
             fprintf(g, "'%s' index %d using 1:($5 == 0 ? 0 : NaN):6 with labels offset 0,%d "
                        "font ',8' tc rgb '%s' notitle%s",
-                    dat, v, 1 + v, styles[v] + 8, v + 1 < N_SWEEP_VARIANTS ? ", " : "\n");
+                    dat, v, 1 + v, colors[v], v + 1 < N_SWEEP_VARIANTS ? ", " : "\n");
     }
     fprintf(g, "unset multiplot\n");
     int rc = pclose(g);
@@ -596,12 +596,13 @@ static int run_sweep(options *o)
     if (o->format == FORMAT_TEXT) {
         printf("%s: sweep of %s (ms per layer / memory per rank, or the rule that rejects)\n",
                o->files[0], key);
-        printf("%-12s", key);
+        int kw = (int)strlen(key) > 12 ? (int)strlen(key) : 12;
+        printf("%-*s", kw, key);
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
             printf(" %-22s", cpc_variant_name(SWEEP_VARIANTS[v]));
         printf(" %s\n", "selected");
         for (int i = 0; i < n; i++) {
-            printf("%-12s", values[i]);
+            printf("%-*s", kw, values[i]);
             for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
                 const cpc_candidate *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
                 char cell[64];
