@@ -1,0 +1,2217 @@
+/*
+ * verify.c - the schedule verifier (verify.h): an abstract interpretation
+ * of the op program on every rank, with blocking semantics.
+ *
+ * Structure:
+ *   - a tree of `opnode`s mirrors the program's ops with their index paths
+ *     ("ops[3].body[1]") for diagnostics;
+ *   - every simulated rank is a coroutine (`rank_st`): a stack of loop
+ *     frames, the abstract content of each buffer (`aval`), its in-flight
+ *     requests;
+ *   - point-to-point requests are matched in FIFO order per channel
+ *     (sender, receiver, group, tag); a collective completes when every
+ *     (simulated) member of its group instance has arrived;
+ *   - a worklist runs ready ranks until they block; when it is empty and
+ *     some rank is not finished, the wait-for graph is walked to report the
+ *     cycle.
+ */
+#include "verify.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 8        /* loop nesting accepted (as cpc_program_walk) */
+#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence */
+#define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
+#define MATCH_NONE (-1)
+#define MATCH_PHANTOM (-2) /* matched by a rank outside the simulated set */
+
+enum { SRC_NONE = 0, SRC_Q, SRC_K, SRC_V, SRC_O, SRC_LSE };
+static const char *const src_names[] = {"nothing", "q", "k", "v", "attention output", "LSE"};
+
+enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
+
+/* ---- abstract values ------------------------------------------------------ */
+
+typedef struct opnode {
+    const cpc_op *op;
+    char *path;
+    bool in_loop;
+    struct opnode *body;
+    int n_body;
+} opnode;
+
+typedef struct aval {
+    uint8_t written;
+    uint8_t src;      /* SRC_* */
+    uint8_t final;    /* attention result whose coverage was proved complete */
+    uint8_t assumed;  /* came from a rank outside the simulated set */
+    uint8_t fresh;    /* attention block output not read by any op yet */
+    uint8_t merged;   /* attention block output already merged */
+    int32_t tlo, thi; /* shard units [tlo, thi), or TOK_KV / TOK_UNSET */
+    int32_t hoff, hn; /* heads (query-head space for q/o/lse, K/V-head space for k/v) */
+    int32_t stamp;    /* identity of an attention output / accumulator pair */
+    int32_t kvcov;    /* cross-attention: times the K/V sequence was merged */
+    int32_t ncov, capcov;
+    int32_t *cov;     /* merged key units: ncov sorted disjoint [lo, hi) pairs */
+    const opnode *wop; /* last writer */
+    int64_t wstep;
+} aval;
+
+static void aval_free(aval *v)
+{
+    free(v->cov);
+    memset(v, 0, sizeof *v);
+}
+
+static bool aval_copy(aval *dst, const aval *src)
+{
+    int32_t *cov = NULL;
+    if (src->ncov > 0) {
+        cov = malloc(sizeof(int32_t) * 2 * (size_t)src->ncov);
+        if (!cov)
+            return false;
+        memcpy(cov, src->cov, sizeof(int32_t) * 2 * (size_t)src->ncov);
+    }
+    free(dst->cov);
+    *dst = *src;
+    dst->cov = cov;
+    dst->capcov = src->ncov;
+    return true;
+}
+
+/* ---- requests and channels ------------------------------------------------ */
+
+typedef struct req {
+    bool used, is_send, done;
+    int rank, peer;          /* flat ranks: the poster and the other side */
+    int peer_idx;            /* the peer's index in the group */
+    int group, tag;
+    const opnode *on;
+    int64_t step;
+    int nb;
+    int bufs[CPC_OP_MAX_BUFS];
+    aval snap[CPC_OP_MAX_BUFS]; /* send: sender's content; recv: what arrives */
+    int64_t block;           /* recv: declared block, -1 when none */
+    int match;               /* request id, MATCH_NONE or MATCH_PHANTOM */
+    int next;                /* next in the channel queue / free list */
+} req;
+
+typedef struct chan {
+    int src, dst, group, tag;
+    int sh, st;              /* unmatched sends: head, tail (-1 = empty) */
+    int rh, rt;              /* unmatched recvs */
+    bool used;
+} chan;
+
+typedef struct frame {
+    const opnode *ops;
+    int n, i;
+    int64_t s, count;
+} frame;
+
+typedef struct rank_st {
+    int p;
+    cpc_coords c;
+    frame fr[MAX_DEPTH + 1];
+    int depth;
+    aval *v;                 /* per buffer */
+    int32_t *nsend;          /* per buffer: sends in flight reading it */
+    int32_t *rpend;          /* per buffer: recv in flight writing it, -1 */
+    int *open;               /* requests not completed yet */
+    int nopen, capopen;
+    int state;
+    bool queued;
+    int wait_tag;            /* ST_WAIT */
+    const opnode *bnode;     /* ST_WAIT / ST_COLL: the op it is blocked at */
+    int64_t bstep;
+    int cgroup, cinst;       /* ST_COLL: group kind and instance */
+    int32_t next_stamp;
+} rank_st;
+
+typedef struct ctx {
+    const cpc_program *prog;
+    const cpc_layout *L;
+    int R, U, P;
+    opnode *root;
+    int n_root;
+    /* simulated ranks */
+    int nsim;
+    int *sim_of;             /* flat rank -> index in rk, -1 when not simulated */
+    rank_st *rk;
+    /* worklist */
+    int *queue;
+    int qh, qn;
+    /* requests */
+    req *reqs;
+    int nreq, capreq, freereq;
+    /* channels: open addressing */
+    chan *ch;
+    int capch, nch;
+    /* collectives: per group kind, per instance, arrivals */
+    int *arrived[CPC_GROUP__COUNT];
+    int *need[CPC_GROUP__COUNT];
+    /* results */
+    cpc_status *err;
+    bool oom;
+    int64_t instances, cap_instances;
+    bool capped;
+    cpc_verify_stats st;
+} ctx;
+
+/* ---- diagnostics ------------------------------------------------------------ */
+
+static cpc_span op_span(const opnode *nd)
+{
+    return nd && nd->op ? nd->op->span : CPC_NO_SPAN;
+}
+
+static const char *kind_name(const opnode *nd)
+{
+    return cpc_op_kind_name(nd->op->kind);
+}
+
+/* "ops[3].body[1] merge (step 2)" into buf. */
+static const char *op_desc(const opnode *nd, int64_t step, char *buf, size_t n)
+{
+    if (!nd) {
+        snprintf(buf, n, "the end of the program");
+        return buf;
+    }
+    if (nd->in_loop)
+        snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind_name(nd), step);
+    else
+        snprintf(buf, n, "%s %s", nd->path, kind_name(nd));
+    return buf;
+}
+
+static const char *rank_desc(const ctx *C, int p, char *buf, size_t n)
+{
+    snprintf(buf, n, "rank %d (r %d, u %d)", p, p / C->U, p % C->U);
+    return buf;
+}
+
+__attribute__((format(printf, 5, 6)))
+static int fail(ctx *C, int p, const opnode *nd, int64_t step, const char *fmt, ...)
+{
+    if (C->err)
+        return -1;
+    char msg[1024], rb[64], ob[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (p >= 0)
+        C->err = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, op_span(nd),
+                          "schedule verification failed: %s, %s: %s", rank_desc(C, p, rb, sizeof rb),
+                          op_desc(nd, step, ob, sizeof ob), msg);
+    else
+        C->err = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, op_span(nd),
+                          "schedule verification failed: %s%s%s", nd ? op_desc(nd, step, ob, sizeof ob) : "",
+                          nd ? ": " : "", msg);
+    return -1;
+}
+
+__attribute__((format(printf, 5, 6)))
+static void note(ctx *C, int p, const opnode *nd, int64_t step, const char *fmt, ...)
+{
+    if (!C->err || C->err == &cpc_status_oom)
+        return;
+    char msg[1024], rb[64], ob[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (p >= 0)
+        cpc_status_add_note(C->err, op_span(nd), "%s, %s: %s", rank_desc(C, p, rb, sizeof rb),
+                            op_desc(nd, step, ob, sizeof ob), msg);
+    else
+        cpc_status_add_note(C->err, op_span(nd), "%s", msg);
+}
+
+static int oom(ctx *C)
+{
+    C->oom = true;
+    return -1;
+}
+
+/* ---- layout helpers ----------------------------------------------------------- */
+
+static bool is_kv_role(cpc_buf_role r)
+{
+    return r == CPC_ROLE_K || r == CPC_ROLE_V;
+}
+
+static int src_of_role(cpc_buf_role r)
+{
+    switch (r) {
+    case CPC_ROLE_Q: return SRC_Q;
+    case CPC_ROLE_K: return SRC_K;
+    case CPC_ROLE_V: return SRC_V;
+    case CPC_ROLE_O:
+    case CPC_ROLE_ACC: return SRC_O;
+    case CPC_ROLE_LSE: return SRC_LSE;
+    default: return SRC_NONE;
+    }
+}
+
+static bool src_is_kv(int src)
+{
+    return src == SRC_K || src == SRC_V;
+}
+
+static bool src_is_attn(int src)
+{
+    return src == SRC_O || src == SRC_LSE;
+}
+
+/* Total heads of the head space data of `src` lives in. */
+static int heads_total(const ctx *C, int src)
+{
+    return src_is_kv(src) ? C->L->Hkv : C->L->H;
+}
+
+/* Head part of ulysses member u for data of `src`. */
+static void part_heads(const ctx *C, int src, int u, int *off, int *n)
+{
+    if (src_is_kv(src))
+        cpc_layout_kv_heads(C->L, u, off, n);
+    else
+        cpc_layout_q_heads(C->L, u, off, n);
+}
+
+static const char *buf_name(const ctx *C, int b)
+{
+    return C->prog->buffers[b].name;
+}
+
+/* Smallest / largest global token position of shard unit u. */
+static int64_t unit_min(const ctx *C, int u)
+{
+    const cpc_layout *L = C->L;
+    if (L->zigzag)
+        return (int64_t)u * (L->S / (2 * (int64_t)L->P));
+    int64_t best = INT64_MAX;
+    for (int j = 0; j < L->n_seg; j++)
+        if (cpc_split_len(L->seg_len[j], L->P, u) > 0) {
+            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u);
+            if (x < best)
+                best = x;
+        }
+    return best;
+}
+
+static int64_t unit_max(const ctx *C, int u)
+{
+    const cpc_layout *L = C->L;
+    if (L->zigzag) {
+        int64_t c = L->S / (2 * (int64_t)L->P);
+        return (int64_t)(2 * L->P - 1 - u) * c + c - 1;
+    }
+    int64_t best = -1;
+    for (int j = 0; j < L->n_seg; j++) {
+        int64_t len = cpc_split_len(L->seg_len[j], L->P, u);
+        if (len > 0) {
+            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u) + len - 1;
+            if (x > best)
+                best = x;
+        }
+    }
+    return best;
+}
+
+/* Tokens held by units [lo, hi) (or the K/V sequence). */
+static int64_t units_tokens(const ctx *C, int lo, int hi)
+{
+    if (lo == TOK_KV)
+        return C->L->Skv;
+    if (lo < 0)
+        return 0;
+    if (lo == 0 && hi == C->P)
+        return C->L->S;
+    if (hi - lo == C->U && lo % C->U == 0)
+        return cpc_layout_block_tokens(C->L, lo / C->U);
+    int64_t t = 0;
+    for (int u = lo; u < hi; u++)
+        t += cpc_layout_shard_tokens(C->L, u);
+    return t;
+}
+
+/* Words for a token range. */
+static const char *tok_desc(const ctx *C, int lo, int hi, char *buf, size_t n)
+{
+    if (lo == TOK_KV)
+        snprintf(buf, n, "the cross-attention K/V sequence (%" PRId64 " tokens)", C->L->Skv);
+    else if (lo == TOK_UNSET)
+        snprintf(buf, n, "no tokens yet");
+    else if (lo == 0 && hi == C->P && C->P > 1)
+        snprintf(buf, n, "all %" PRId64 " tokens (every ring block)", C->L->S);
+    else if (hi - lo == 1) {
+        cpc_run run[2];
+        int nr = cpc_layout_shard_runs(C->L, lo, run, 2);
+        char blk[32] = "";
+        if (C->U == 1)
+            snprintf(blk, sizeof blk, "ring block %d = ", lo);
+        if (nr >= 1)
+            snprintf(buf, n, "%sshard %d (tokens [%" PRId64 ", %" PRId64 ")%s)", blk, lo, run[0].start,
+                     run[0].start + run[0].len, nr > 1 ? " and more" : "");
+        else
+            snprintf(buf, n, "%sshard %d (empty)", blk, lo);
+    } else if (hi - lo == C->U && lo % C->U == 0)
+        snprintf(buf, n, "ring block %d (shards %d..%d, %" PRId64 " tokens)", lo / C->U, lo, hi - 1,
+                 cpc_layout_block_tokens(C->L, lo / C->U));
+    else
+        snprintf(buf, n, "shards %d..%d", lo, hi - 1);
+    return buf;
+}
+
+static const char *heads_desc(int off, int n, char *buf, size_t sz)
+{
+    snprintf(buf, sz, "heads [%d, %d)", off, off + n);
+    return buf;
+}
+
+/* Heads buffer b holds on the rank with ulysses index u. */
+static void buf_heads(const ctx *C, int b, int u, int *off, int *n)
+{
+    cpc_buffer_heads(C->prog, b, u, off, n);
+}
+
+/* Why value v cannot live in buffer b on rank rk (NULL when it can). */
+static const char *misfit(const ctx *C, const rank_st *rk, int b, const aval *v, char *buf, size_t n)
+{
+    const cpc_buffer *B = &C->prog->buffers[b];
+    char t1[160], h1[48], h2[48];
+    if (!v->written)
+        return NULL;
+    if (src_of_role(B->role) != v->src) {
+        snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
+                 src_names[v->src]);
+        return buf;
+    }
+    if (v->tlo != TOK_UNSET) {
+        bool ok;
+        switch (B->tokens) {
+        case CPC_TOK_SHARD: ok = v->tlo == rk->p && v->thi == rk->p + 1; break;
+        case CPC_TOK_BLOCK: ok = v->tlo >= 0 && v->thi - v->tlo == C->U && v->tlo % C->U == 0; break;
+        case CPC_TOK_ALL: ok = v->tlo == 0 && v->thi == C->P; break;
+        case CPC_TOK_KV: ok = v->tlo == TOK_KV; break;
+        default: ok = false;
+        }
+        if (!ok) {
+            snprintf(buf, n, "buffer %s (tokens %s) cannot hold %s", B->name, cpc_buf_tokens_name(B->tokens),
+                     tok_desc(C, v->tlo, v->thi, t1, sizeof t1));
+            return buf;
+        }
+    }
+    int off, hn;
+    buf_heads(C, b, (int)rk->c.u, &off, &hn);
+    if (off != v->hoff || hn != v->hn) {
+        snprintf(buf, n, "buffer %s holds %s here, but the data has %s", B->name,
+                 heads_desc(off, hn, h1, sizeof h1), heads_desc(v->hoff, v->hn, h2, sizeof h2));
+        return buf;
+    }
+    return NULL;
+}
+
+/* ---- coverage -------------------------------------------------------------------- */
+
+/* dst->cov := dst->cov U add->cov; returns the first overlapping unit, -1
+ * when disjoint, -2 on OOM. */
+static int cov_union(aval *dst, const aval *add)
+{
+    int n = dst->ncov + add->ncov;
+    if (n == 0)
+        return -1;
+    int32_t *out = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    if (!out)
+        return -2;
+    int i = 0, j = 0, k = 0, overlap = -1;
+    while (i < dst->ncov || j < add->ncov) {
+        int32_t lo, hi;
+        if (j >= add->ncov || (i < dst->ncov && dst->cov[2 * i] <= add->cov[2 * j])) {
+            lo = dst->cov[2 * i];
+            hi = dst->cov[2 * i + 1];
+            i++;
+        } else {
+            lo = add->cov[2 * j];
+            hi = add->cov[2 * j + 1];
+            j++;
+        }
+        if (k > 0 && lo < out[2 * (k - 1) + 1]) {
+            if (overlap < 0)
+                overlap = lo;
+            if (hi > out[2 * (k - 1) + 1])
+                out[2 * (k - 1) + 1] = hi;
+        } else if (k > 0 && lo == out[2 * (k - 1) + 1]) {
+            out[2 * (k - 1) + 1] = hi;
+        } else {
+            out[2 * k] = lo;
+            out[2 * k + 1] = hi;
+            k++;
+        }
+    }
+    free(dst->cov);
+    dst->cov = out;
+    dst->ncov = k;
+    dst->capcov = n;
+    return overlap;
+}
+
+/* Proves that attention result v (in buffer `bname`) covers every key its
+ * query rows need; marks it final. */
+static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, aval *v, const char *bname)
+{
+    char t1[160], t2[160], h1[48];
+    if (!src_is_attn(v->src) || v->final || v->assumed)
+        return 0;
+    if (v->tlo == TOK_UNSET || (v->ncov == 0 && v->kvcov == 0)) {
+        fail(C, rk->p, nd, step, "%s holds no attention result: no attention block was merged into it",
+             bname);
+        return -1;
+    }
+    if (v->tlo == TOK_KV)
+        return fail(C, rk->p, nd, step, "%s has cross-attention K/V as its query rows", bname);
+    if (C->L->cross) {
+        if (v->kvcov != 1 || v->ncov != 0) {
+            fail(C, rk->p, nd, step, "%s: query rows of %s (%s) %s", bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1),
+                 heads_desc(v->hoff, v->hn, h1, sizeof h1),
+                 v->kvcov == 0 ? "never met the cross-attention keys/values"
+                               : "met self-attention keys instead of the cross-attention keys/values");
+            return -1;
+        }
+        v->final = 1;
+        return 0;
+    }
+    if (v->kvcov != 0)
+        return fail(C, rk->p, nd, step, "%s mixes cross-attention and self-attention keys", bname);
+    /* Required units: all of [0, P), or with a causal mask the prefix of
+     * units whose first token is at or before the last query row (unit_min
+     * is nondecreasing in the unit index). */
+    int need = C->P;
+    if (C->L->causal) {
+        int64_t qmax = -1;
+        for (int u = v->tlo; u < v->thi; u++) {
+            int64_t m = unit_max(C, u);
+            if (m > qmax)
+                qmax = m;
+        }
+        int lo = 0, hi = C->P; /* first unit with unit_min > qmax */
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (unit_min(C, mid) <= qmax)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        need = lo;
+    }
+    int missing = -1, missing_end = -1;
+    if (v->ncov == 0 || v->cov[0] > 0) {
+        missing = 0;
+        missing_end = v->ncov ? v->cov[0] : C->P;
+    } else if (v->cov[1] < need) {
+        missing = v->cov[1];
+        missing_end = v->ncov > 1 ? v->cov[2] : C->P;
+    }
+    if (missing >= 0 && missing < need) {
+        if (missing_end > need)
+            missing_end = need;
+        int nmiss = 0;
+        /* count every missing unit below need */
+        int prev = 0;
+        for (int i = 0; i < v->ncov && prev < need; i++) {
+            int a = v->cov[2 * i];
+            nmiss += (a < need ? a : need) - prev;
+            prev = v->cov[2 * i + 1];
+        }
+        if (prev < need)
+            nmiss += need - prev;
+        fail(C, rk->p, nd, step,
+             "%s is incomplete: query rows of %s (%s) never met the keys/values of %s; %d of %d "
+             "shards of keys %s missing (a ring step dropped or a block skipped?)",
+             bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1),
+             tok_desc(C, missing, missing + 1, t2, sizeof t2), nmiss,
+             need, nmiss == 1 ? "is" : "are");
+        if (C->err && C->U > 1)
+            note(C, -1, NULL, 0, "the missing shard %d belongs to ring block %d", missing, missing / C->U);
+        (void)missing_end;
+        return -1;
+    }
+    v->final = 1;
+    return 0;
+}
+
+/* ---- buffer access ----------------------------------------------------------------- */
+
+static int find_pending_send(ctx *C, rank_st *rk, int b)
+{
+    for (int i = 0; i < rk->nopen; i++) {
+        req *q = &C->reqs[rk->open[i]];
+        if (!q->is_send)
+            continue;
+        for (int j = 0; j < q->nb; j++)
+            if (q->bufs[j] == b)
+                return rk->open[i];
+    }
+    return -1;
+}
+
+/* Checks that buffer b may be read now. */
+static int rd(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
+{
+    if (rk->rpend[b] >= 0) {
+        req *q = &C->reqs[rk->rpend[b]];
+        char ob[256];
+        return fail(C, rk->p, nd, step,
+                    "reads %s while the recv into it (%s, tag %d, from rank %d) is not complete: "
+                    "no `wait tag %d` between them",
+                    buf_name(C, b), op_desc(q->on, q->step, ob, sizeof ob), q->tag, q->peer, q->tag);
+    }
+    if (!rk->v[b].written)
+        return fail(C, rk->p, nd, step, "reads %s before it is written", buf_name(C, b));
+    rk->v[b].fresh = 0;
+    return 0;
+}
+
+/* Checks that buffer b may be overwritten now. */
+static int wr_check(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
+{
+    char ob[256];
+    if (rk->rpend[b] >= 0) {
+        req *q = &C->reqs[rk->rpend[b]];
+        return fail(C, rk->p, nd, step,
+                    "writes %s while the recv into it (%s, tag %d) is not complete", buf_name(C, b),
+                    op_desc(q->on, q->step, ob, sizeof ob), q->tag);
+    }
+    if (rk->nsend[b] > 0) {
+        int id = find_pending_send(C, rk, b);
+        const req *q = id >= 0 ? &C->reqs[id] : NULL;
+        return fail(C, rk->p, nd, step,
+                    "overwrites %s while a send from it (%s, tag %d, to rank %d) is in flight: "
+                    "no `wait tag %d` between them",
+                    buf_name(C, b), q ? op_desc(q->on, q->step, ob, sizeof ob) : "?", q ? q->tag : -1,
+                    q ? q->peer : -1, q ? q->tag : -1);
+    }
+    const aval *old = &rk->v[b];
+    if (old->written && old->fresh) {
+        return fail(C, rk->p, nd, step,
+                    "overwrites the attention output in %s (written by %s) before any op used it: "
+                    "a block attended twice, or a merge missing",
+                    buf_name(C, b), op_desc(old->wop, old->wstep, ob, sizeof ob));
+    }
+    return 0;
+}
+
+/* Stores v (moved: the caller's copy is cleared) into buffer b. */
+static int store(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b, aval *v)
+{
+    char why[512];
+    if (misfit(C, rk, b, v, why, sizeof why))
+        return fail(C, rk->p, nd, step, "%s", why);
+    v->wop = nd;
+    v->wstep = step;
+    aval_free(&rk->v[b]);
+    rk->v[b] = *v;
+    memset(v, 0, sizeof *v);
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+static int req_new(ctx *C)
+{
+    if (C->freereq >= 0) {
+        int id = C->freereq;
+        C->freereq = C->reqs[id].next;
+        memset(&C->reqs[id], 0, sizeof(req));
+        C->reqs[id].used = true;
+        return id;
+    }
+    if (C->nreq == C->capreq) {
+        int cap = C->capreq ? 2 * C->capreq : 64;
+        req *n = realloc(C->reqs, sizeof(req) * (size_t)cap);
+        if (!n)
+            return -1;
+        C->reqs = n;
+        C->capreq = cap;
+    }
+    int id = C->nreq++;
+    memset(&C->reqs[id], 0, sizeof(req));
+    C->reqs[id].used = true;
+    return id;
+}
+
+static void req_release(ctx *C, int id)
+{
+    req *q = &C->reqs[id];
+    for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+        aval_free(&q->snap[j]);
+    q->used = false;
+    q->next = C->freereq;
+    C->freereq = id;
+}
+
+static uint64_t chan_hash(int src, int dst, int group, int tag)
+{
+    uint64_t h = (uint64_t)(uint32_t)src * 0x9E3779B97F4A7C15ull;
+    h ^= (uint64_t)(uint32_t)dst * 0xC2B2AE3D27D4EB4Full + (h << 6) + (h >> 2);
+    h ^= (uint64_t)(uint32_t)group * 0x165667B19E3779F9ull + (h << 6) + (h >> 2);
+    h ^= (uint64_t)(uint32_t)tag * 0x27D4EB2F165667C5ull + (h << 6) + (h >> 2);
+    return h;
+}
+
+static chan *chan_get(ctx *C, int src, int dst, int group, int tag)
+{
+    if (2 * (C->nch + 1) > C->capch) {
+        int cap = C->capch ? 2 * C->capch : 256;
+        chan *n = calloc((size_t)cap, sizeof(chan));
+        if (!n)
+            return NULL;
+        for (int i = 0; i < C->capch; i++) {
+            if (!C->ch[i].used)
+                continue;
+            const chan *o = &C->ch[i];
+            size_t k = chan_hash(o->src, o->dst, o->group, o->tag) & (size_t)(cap - 1);
+            while (n[k].used)
+                k = (k + 1) & (size_t)(cap - 1);
+            n[k] = *o;
+        }
+        free(C->ch);
+        C->ch = n;
+        C->capch = cap;
+    }
+    size_t k = chan_hash(src, dst, group, tag) & (size_t)(C->capch - 1);
+    while (C->ch[k].used) {
+        chan *c = &C->ch[k];
+        if (c->src == src && c->dst == dst && c->group == group && c->tag == tag)
+            return c;
+        k = (k + 1) & (size_t)(C->capch - 1);
+    }
+    chan *c = &C->ch[k];
+    c->used = true;
+    c->src = src;
+    c->dst = dst;
+    c->group = group;
+    c->tag = tag;
+    c->sh = c->st = c->rh = c->rt = -1;
+    C->nch++;
+    return c;
+}
+
+static void enqueue(ctx *C, int p)
+{
+    int i = C->sim_of[p];
+    if (i < 0)
+        return;
+    rank_st *rk = &C->rk[i];
+    if (rk->queued || rk->state == ST_DONE)
+        return;
+    rk->queued = true;
+    C->queue[(C->qh + C->qn) % C->nsim] = i;
+    C->qn++;
+}
+
+/* Checks a matched pair and prepares what the recv delivers. */
+static int match_pair(ctx *C, int sid, int rid)
+{
+    req *s = &C->reqs[sid], *r = &C->reqs[rid];
+    s->match = rid;
+    r->match = sid;
+    C->st.messages++;
+    rank_st *rr = &C->rk[C->sim_of[r->rank]];
+    char ob[256], t1[160], t2[160], why[512];
+    if (s->nb != r->nb) {
+        fail(C, r->rank, r->on, r->step, "receives %d buffer(s) from rank %d, which sends %d (%s)", r->nb,
+             s->rank, s->nb, op_desc(s->on, s->step, ob, sizeof ob));
+        return -1;
+    }
+    int64_t sbytes = 0, rbytes = 0;
+    for (int j = 0; j < s->nb; j++) {
+        aval *in = &s->snap[j];
+        int rb = r->bufs[j];
+        if (r->block >= 0) {
+            int lo = (int)r->block * C->U, hi = lo + C->U;
+            if (in->tlo != lo || in->thi != hi) {
+                fail(C, r->rank, r->on, r->step,
+                     "declares that ring block %" PRId64 " arrives in %s, but rank %d sends %s from %s (%s)",
+                     r->block, buf_name(C, rb), s->rank, tok_desc(C, in->tlo, in->thi, t1, sizeof t1),
+                     buf_name(C, s->bufs[j]), op_desc(s->on, s->step, ob, sizeof ob));
+                return -1;
+            }
+        }
+        if (misfit(C, rr, rb, in, why, sizeof why)) {
+            fail(C, r->rank, r->on, r->step, "what rank %d sends (%s of %s from %s, %s) does not fit: %s",
+                 s->rank, src_names[in->src], tok_desc(C, in->tlo, in->thi, t1, sizeof t1),
+                 buf_name(C, s->bufs[j]), op_desc(s->on, s->step, t2, sizeof t2), why);
+            return -1;
+        }
+        int64_t e = (int64_t)C->L->B * units_tokens(C, in->tlo, in->thi) * C->L->D;
+        sbytes += e * in->hn * cpc_buffer_elem_size(C->prog, s->bufs[j]);
+        int off, hn;
+        buf_heads(C, rb, (int)rr->c.u, &off, &hn);
+        rbytes += e * hn * cpc_buffer_elem_size(C->prog, rb);
+        aval_free(&r->snap[j]);
+        r->snap[j] = *in;          /* move */
+        memset(in, 0, sizeof *in);
+    }
+    if (sbytes != rbytes) {
+        fail(C, r->rank, r->on, r->step, "expects %" PRId64 " bytes but rank %d sends %" PRId64 " (%s)", rbytes,
+             s->rank, sbytes, op_desc(s->on, s->step, ob, sizeof ob));
+        return -1;
+    }
+    (void)t2;
+    return 0;
+}
+
+/* Posts request id: matches it against its channel. */
+static int post(ctx *C, int id)
+{
+    req *q = &C->reqs[id];
+    q->match = MATCH_NONE;
+    q->next = -1;
+    if (C->sim_of[q->peer] < 0) {
+        q->match = MATCH_PHANTOM;
+        return 0;
+    }
+    int src = q->is_send ? q->rank : q->peer, dst = q->is_send ? q->peer : q->rank;
+    chan *c = chan_get(C, src, dst, q->group, q->tag);
+    if (!c)
+        return oom(C);
+    if (q->is_send) {
+        if (c->rh >= 0) {
+            int rid = c->rh;
+            c->rh = C->reqs[rid].next;
+            if (c->rh < 0)
+                c->rt = -1;
+            if (match_pair(C, id, rid))
+                return -1;
+            enqueue(C, C->reqs[rid].rank);
+        } else {
+            if (c->st >= 0)
+                C->reqs[c->st].next = id;
+            else
+                c->sh = id;
+            c->st = id;
+        }
+    } else {
+        if (c->sh >= 0) {
+            int sid = c->sh;
+            c->sh = C->reqs[sid].next;
+            if (c->sh < 0)
+                c->st = -1;
+            if (match_pair(C, sid, id))
+                return -1;
+            enqueue(C, C->reqs[sid].rank);
+        } else {
+            if (c->rt >= 0)
+                C->reqs[c->rt].next = id;
+            else
+                c->rh = id;
+            c->rt = id;
+        }
+    }
+    return 0;
+}
+
+static int add_open(ctx *C, rank_st *rk, int id)
+{
+    if (rk->nopen == rk->capopen) {
+        int cap = rk->capopen ? 2 * rk->capopen : 8;
+        int *n = realloc(rk->open, sizeof(int) * (size_t)cap);
+        if (!n)
+            return oom(C);
+        rk->open = n;
+        rk->capopen = cap;
+    }
+    rk->open[rk->nopen++] = id;
+    return 0;
+}
+
+/* Flat rank of index `idx` of group g of rank rk; -1 if out of range. */
+static int group_member(const ctx *C, const rank_st *rk, int g, int64_t idx)
+{
+    switch (g) {
+    case CPC_GROUP_RING:
+        return idx >= 0 && idx < C->R ? (int)idx * C->U + (int)rk->c.u : -1;
+    case CPC_GROUP_ULYSSES:
+        return idx >= 0 && idx < C->U ? (int)rk->c.r * C->U + (int)idx : -1;
+    case CPC_GROUP_WORLD:
+        return idx >= 0 && idx < C->P ? (int)idx : -1;
+    default:
+        return -1;
+    }
+}
+
+static int group_size(const ctx *C, int g)
+{
+    return g == CPC_GROUP_RING ? C->R : g == CPC_GROUP_ULYSSES ? C->U : C->P;
+}
+
+static int group_inst(const rank_st *rk, int g)
+{
+    return g == CPC_GROUP_RING ? (int)rk->c.u : g == CPC_GROUP_ULYSSES ? (int)rk->c.r : 0;
+}
+
+/* Flat rank of member m of instance inst of group g. */
+static int inst_member(const ctx *C, int g, int inst, int m)
+{
+    return g == CPC_GROUP_RING ? m * C->U + inst : g == CPC_GROUP_ULYSSES ? inst * C->U + m : m;
+}
+
+static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_expr *e, const char *what,
+                int64_t *out)
+{
+    cpc_coords c = rk->c;
+    c.s = step;
+    cpc_status *st = cpc_expr_eval(e, &c, out);
+    if (st) {
+        fail(C, rk->p, nd, step, "cannot evaluate %s `%s`: %s", what, cpc_expr_text(e), st->message);
+        cpc_status_free(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- ops ------------------------------------------------------------------------------- */
+
+enum { RES_NEXT = 0, RES_BLOCK, RES_PUSHED, RES_ERR };
+
+static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    bool is_send = op->kind == CPC_OP_SEND;
+    int64_t idx;
+    if (eval(C, rk, nd, step, op->peer, "peer", &idx))
+        return RES_ERR;
+    int peer = group_member(C, rk, op->group, idx);
+    if (peer < 0) {
+        fail(C, rk->p, nd, step, "peer %" PRId64 " (`%s`) is outside the %s group (size %d)", idx,
+             cpc_expr_text(op->peer), cpc_group_name(op->group), group_size(C, op->group));
+        return RES_ERR;
+    }
+    int64_t block = -1;
+    if (!is_send && op->block) {
+        if (eval(C, rk, nd, step, op->block, "block", &block))
+            return RES_ERR;
+        if (block < 0 || block >= C->R) {
+            fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", block,
+                 cpc_expr_text(op->block), C->R - 1);
+            return RES_ERR;
+        }
+    }
+    int nb = is_send ? op->n_in : op->n_out;
+    const int *bufs = is_send ? op->in : op->out;
+    for (int j = 0; j < nb; j++) {
+        if (is_send) {
+            if (rd(C, rk, nd, step, bufs[j]))
+                return RES_ERR;
+            if (src_is_attn(rk->v[bufs[j]].src) &&
+                check_complete(C, rk, nd, step, &rk->v[bufs[j]], buf_name(C, bufs[j])))
+                return RES_ERR;
+        } else if (wr_check(C, rk, nd, step, bufs[j])) {
+            return RES_ERR;
+        }
+        for (int k = 0; k < j; k++)
+            if (bufs[k] == bufs[j]) {
+                fail(C, rk->p, nd, step, "names buffer %s twice", buf_name(C, bufs[j]));
+                return RES_ERR;
+            }
+    }
+    int id = req_new(C);
+    if (id < 0)
+        return oom(C), RES_ERR;
+    req *q = &C->reqs[id];
+    q->is_send = is_send;
+    q->rank = rk->p;
+    q->peer = peer;
+    q->peer_idx = (int)idx;
+    q->group = op->group;
+    q->tag = op->tag;
+    q->on = nd;
+    q->step = step;
+    q->nb = nb;
+    q->block = block;
+    for (int j = 0; j < nb; j++) {
+        q->bufs[j] = bufs[j];
+        if (is_send) {
+            if (!aval_copy(&q->snap[j], &rk->v[bufs[j]]))
+                return oom(C), RES_ERR;
+            rk->v[bufs[j]].fresh = 0;
+            rk->nsend[bufs[j]]++;
+        } else {
+            rk->rpend[bufs[j]] = id;
+        }
+    }
+    if (add_open(C, rk, id))
+        return RES_ERR;
+    if (post(C, id))
+        return RES_ERR;
+    return RES_NEXT;
+}
+
+/* What a recv matched by a rank outside the simulated set delivers. */
+static void phantom_value(ctx *C, rank_st *rk, const req *q, int j, aval *out)
+{
+    int b = q->bufs[j];
+    const cpc_buffer *B = &C->prog->buffers[b];
+    memset(out, 0, sizeof *out);
+    out->written = 1;
+    out->assumed = 1;
+    out->final = 1;
+    out->src = (uint8_t)src_of_role(B->role);
+    if (q->block >= 0) {
+        out->tlo = (int32_t)q->block * C->U;
+        out->thi = out->tlo + C->U;
+    } else if (B->tokens == CPC_TOK_SHARD) {
+        out->tlo = rk->p;
+        out->thi = rk->p + 1;
+    } else if (B->tokens == CPC_TOK_KV) {
+        out->tlo = out->thi = TOK_KV;
+    } else if (B->tokens == CPC_TOK_ALL) {
+        out->tlo = 0;
+        out->thi = C->P;
+    } else {
+        out->tlo = (int32_t)rk->c.r * C->U;
+        out->thi = out->tlo + C->U;
+    }
+    int off, n;
+    buf_heads(C, b, (int)rk->c.u, &off, &n);
+    out->hoff = off;
+    out->hn = n;
+}
+
+static void maybe_release(ctx *C, int id)
+{
+    req *q = &C->reqs[id];
+    if (!q->done)
+        return;
+    if (q->match == MATCH_PHANTOM) {
+        req_release(C, id);
+    } else if (q->match >= 0 && C->reqs[q->match].done) {
+        int other = q->match;
+        req_release(C, id);
+        req_release(C, other);
+    }
+}
+
+static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    int tag = nd->op->tag;
+    for (int i = 0; i < rk->nopen; i++) {
+        req *q = &C->reqs[rk->open[i]];
+        if (q->tag == tag && q->match == MATCH_NONE) {
+            rk->state = ST_WAIT;
+            rk->wait_tag = tag;
+            rk->bnode = nd;
+            rk->bstep = step;
+            return RES_BLOCK;
+        }
+    }
+    rk->state = ST_RUN;
+    int k = 0;
+    for (int i = 0; i < rk->nopen; i++) {
+        int id = rk->open[i];
+        req *q = &C->reqs[id];
+        if (q->tag != tag) {
+            rk->open[k++] = id;
+            continue;
+        }
+        for (int j = 0; j < q->nb; j++) {
+            int b = q->bufs[j];
+            if (q->is_send) {
+                rk->nsend[b]--;
+            } else {
+                rk->rpend[b] = -1;
+                aval v;
+                if (q->match == MATCH_PHANTOM)
+                    phantom_value(C, rk, q, j, &v);
+                else {
+                    v = q->snap[j];
+                    memset(&q->snap[j], 0, sizeof q->snap[j]);
+                }
+                v.written = 1;
+                v.fresh = 0;
+                if (store(C, rk, q->on, q->step, b, &v)) {
+                    aval_free(&v);
+                    return RES_ERR;
+                }
+            }
+        }
+        q->done = true;
+        maybe_release(C, id);
+    }
+    rk->nopen = k;
+    return RES_NEXT;
+}
+
+static int exec_init_acc(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    const int *bufs = op->n_out >= 2 ? op->out : op->in;
+    for (int j = 0; j < 2; j++)
+        if (wr_check(C, rk, nd, step, bufs[j]))
+            return RES_ERR;
+    int32_t stamp = rk->next_stamp++;
+    for (int j = 0; j < 2; j++) {
+        int b = bufs[j];
+        const cpc_buffer *B = &C->prog->buffers[b];
+        aval v;
+        memset(&v, 0, sizeof v);
+        v.written = 1;
+        v.src = j == 0 ? SRC_O : SRC_LSE;
+        v.stamp = stamp;
+        switch (B->tokens) {
+        case CPC_TOK_SHARD: v.tlo = rk->p; v.thi = rk->p + 1; break;
+        case CPC_TOK_ALL: v.tlo = 0; v.thi = C->P; break;
+        default: v.tlo = v.thi = TOK_UNSET; break;
+        }
+        int off, n;
+        buf_heads(C, b, (int)rk->c.u, &off, &n);
+        v.hoff = off;
+        v.hn = n;
+        if (store(C, rk, nd, step, b, &v))
+            return RES_ERR;
+    }
+    return RES_NEXT;
+}
+
+static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    char t1[160], t2[160], h1[48], h2[48];
+    for (int j = 0; j < 3; j++)
+        if (rd(C, rk, nd, step, op->in[j]))
+            return RES_ERR;
+    const aval *Q = &rk->v[op->in[0]], *K = &rk->v[op->in[1]], *V = &rk->v[op->in[2]];
+    static const int want[3] = {SRC_Q, SRC_K, SRC_V};
+    const aval *in3[3] = {Q, K, V};
+    for (int j = 0; j < 3; j++)
+        if (in3[j]->src != want[j]) {
+            fail(C, rk->p, nd, step, "input %d (%s) holds %s data, not %s", j, buf_name(C, op->in[j]),
+                 src_names[in3[j]->src], src_names[want[j]]);
+            return RES_ERR;
+        }
+    if (K->tlo != V->tlo || K->thi != V->thi || K->hoff != V->hoff || K->hn != V->hn) {
+        fail(C, rk->p, nd, step, "k (%s: %s, %s) and v (%s: %s, %s) do not hold the same block",
+             buf_name(C, op->in[1]), tok_desc(C, K->tlo, K->thi, t1, sizeof t1),
+             heads_desc(K->hoff, K->hn, h1, sizeof h1), buf_name(C, op->in[2]),
+             tok_desc(C, V->tlo, V->thi, t2, sizeof t2), heads_desc(V->hoff, V->hn, h2, sizeof h2));
+        return RES_ERR;
+    }
+    if (Q->tlo < 0) {
+        fail(C, rk->p, nd, step, "query input %s holds %s", buf_name(C, op->in[0]),
+             tok_desc(C, Q->tlo, Q->thi, t1, sizeof t1));
+        return RES_ERR;
+    }
+    int klo = K->tlo, khi = K->thi;
+    bool all_buf = C->prog->buffers[op->in[1]].tokens == CPC_TOK_ALL;
+    if (op->block && all_buf) {
+        int64_t blk;
+        if (eval(C, rk, nd, step, op->block, "block", &blk))
+            return RES_ERR;
+        if (blk < 0 || blk >= C->R) {
+            fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", blk,
+                 cpc_expr_text(op->block), C->R - 1);
+            return RES_ERR;
+        }
+        if (klo != 0 || khi != C->P) {
+            fail(C, rk->p, nd, step, "reads ring block %" PRId64 " of %s, which holds %s", blk,
+                 buf_name(C, op->in[1]), tok_desc(C, klo, khi, t1, sizeof t1));
+            return RES_ERR;
+        }
+        klo = (int)blk * C->U;
+        khi = klo + C->U;
+    }
+    /* GQA: query head h uses K/V head h / group. */
+    int g = C->L->group;
+    int need_lo = Q->hoff / g, need_hi = Q->hn > 0 ? (Q->hoff + Q->hn - 1) / g + 1 : need_lo;
+    if (need_lo < K->hoff || need_hi > K->hoff + K->hn) {
+        fail(C, rk->p, nd, step, "query %s need K/V heads [%d, %d), but %s holds K/V %s",
+             heads_desc(Q->hoff, Q->hn, h1, sizeof h1), need_lo, need_hi, buf_name(C, op->in[1]),
+             heads_desc(K->hoff, K->hn, h2, sizeof h2));
+        return RES_ERR;
+    }
+    for (int j = 0; j < 2; j++)
+        if (wr_check(C, rk, nd, step, op->out[j]))
+            return RES_ERR;
+    int32_t stamp = rk->next_stamp++;
+    aval o[2];
+    memset(o, 0, sizeof o);
+    for (int j = 0; j < 2; j++) {
+        o[j].written = 1;
+        o[j].src = j == 0 ? SRC_O : SRC_LSE;
+        o[j].fresh = 1;
+        o[j].tlo = Q->tlo;
+        o[j].thi = Q->thi;
+        o[j].hoff = Q->hoff;
+        o[j].hn = Q->hn;
+        o[j].stamp = stamp;
+        if (klo == TOK_KV) {
+            o[j].kvcov = 1;
+        } else {
+            o[j].cov = malloc(2 * sizeof(int32_t));
+            if (!o[j].cov) {
+                aval_free(&o[0]);
+                return oom(C), RES_ERR;
+            }
+            o[j].cov[0] = klo;
+            o[j].cov[1] = khi;
+            o[j].ncov = o[j].capcov = 1;
+        }
+    }
+    rk->v[op->in[0]].fresh = rk->v[op->in[1]].fresh = rk->v[op->in[2]].fresh = 0;
+    for (int j = 0; j < 2; j++)
+        if (store(C, rk, nd, step, op->out[j], &o[j])) {
+            aval_free(&o[0]);
+            aval_free(&o[1]);
+            return RES_ERR;
+        }
+    return RES_NEXT;
+}
+
+static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    char ob[256], t1[160], t2[160], h1[48], h2[48];
+    for (int j = 0; j < 2; j++)
+        if (rd(C, rk, nd, step, op->in[j]))
+            return RES_ERR;
+    for (int j = 0; j < 2; j++) {
+        int b = op->out[j];
+        if (rk->rpend[b] < 0 && !rk->v[b].written) {
+            fail(C, rk->p, nd, step, "merges into %s, which is not initialised (no init_acc or attn before)",
+                 buf_name(C, b));
+            return RES_ERR;
+        }
+        if (rd(C, rk, nd, step, b))
+            return RES_ERR;
+    }
+    aval *A = &rk->v[op->in[0]], *AL = &rk->v[op->in[1]];
+    aval *Acc = &rk->v[op->out[0]], *AccL = &rk->v[op->out[1]];
+    if (A->src != SRC_O || AL->src != SRC_LSE || A->stamp != AL->stamp) {
+        fail(C, rk->p, nd, step, "inputs %s and %s are not the output and LSE of one attention block",
+             buf_name(C, op->in[0]), buf_name(C, op->in[1]));
+        return RES_ERR;
+    }
+    if (Acc->src != SRC_O || AccL->src != SRC_LSE || Acc->stamp != AccL->stamp) {
+        fail(C, rk->p, nd, step, "outputs %s and %s are not one accumulator and its LSE",
+             buf_name(C, op->out[0]), buf_name(C, op->out[1]));
+        return RES_ERR;
+    }
+    if (op->in[0] == op->out[0] || A->stamp == Acc->stamp) {
+        fail(C, rk->p, nd, step, "merges %s into itself", buf_name(C, op->out[0]));
+        return RES_ERR;
+    }
+    if (A->merged) {
+        fail(C, rk->p, nd, step,
+             "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last merge",
+             buf_name(C, op->in[0]), op_desc(A->wop, A->wstep, ob, sizeof ob));
+        return RES_ERR;
+    }
+    if (Acc->tlo != TOK_UNSET && (Acc->tlo != A->tlo || Acc->thi != A->thi)) {
+        fail(C, rk->p, nd, step, "the accumulator %s holds query rows of %s, the attention output %s",
+             buf_name(C, op->out[0]), tok_desc(C, Acc->tlo, Acc->thi, t1, sizeof t1),
+             tok_desc(C, A->tlo, A->thi, t2, sizeof t2));
+        return RES_ERR;
+    }
+    if (Acc->hoff != A->hoff || Acc->hn != A->hn) {
+        fail(C, rk->p, nd, step, "the accumulator %s holds query %s, the attention output %s",
+             buf_name(C, op->out[0]), heads_desc(Acc->hoff, Acc->hn, h1, sizeof h1),
+             heads_desc(A->hoff, A->hn, h2, sizeof h2));
+        return RES_ERR;
+    }
+    for (int j = 0; j < 2; j++)
+        if (wr_check(C, rk, nd, step, op->out[j]))
+            return RES_ERR;
+    if (Acc->kvcov + A->kvcov > 1) {
+        fail(C, rk->p, nd, step, "query rows of %s meet the cross-attention keys/values twice (%s, from %s)",
+             tok_desc(C, A->tlo, A->thi, t1, sizeof t1), buf_name(C, op->in[0]),
+             op_desc(A->wop, A->wstep, ob, sizeof ob));
+        return RES_ERR;
+    }
+    int ov = cov_union(Acc, A);
+    if (ov == -2)
+        return oom(C), RES_ERR;
+    if (ov >= 0) {
+        fail(C, rk->p, nd, step,
+             "query rows of %s (%s) meet the keys/values of %s twice: the attention output in %s "
+             "(from %s) repeats a block already merged into %s",
+             tok_desc(C, A->tlo, A->thi, t1, sizeof t1), heads_desc(A->hoff, A->hn, h1, sizeof h1),
+             tok_desc(C, ov, ov + 1, t2, sizeof t2), buf_name(C, op->in[0]),
+             op_desc(A->wop, A->wstep, ob, sizeof ob), buf_name(C, op->out[0]));
+        return RES_ERR;
+    }
+    Acc->kvcov += A->kvcov;
+    Acc->tlo = A->tlo;
+    Acc->thi = A->thi;
+    Acc->final = 0;
+    Acc->fresh = 0;
+    Acc->wop = nd;
+    Acc->wstep = step;
+    int32_t stamp = AccL->stamp;
+    if (!aval_copy(AccL, Acc))
+        return oom(C), RES_ERR;
+    AccL->src = SRC_LSE;
+    AccL->stamp = stamp;
+    A->merged = AL->merged = 1;
+    A->fresh = AL->fresh = 0;
+    return RES_NEXT;
+}
+
+static int exec_copy(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    char h1[48], h2[48];
+    int n = op->n_in;
+    for (int j = 0; j < n; j++) {
+        int bi = op->in[j], bo = op->out[j];
+        if (rd(C, rk, nd, step, bi))
+            return RES_ERR;
+        aval v;
+        memset(&v, 0, sizeof v);
+        if (!aval_copy(&v, &rk->v[bi]))
+            return oom(C), RES_ERR;
+        rk->v[bi].fresh = 0;
+        v.fresh = 0;
+        v.merged = 0;
+        int off, hn;
+        buf_heads(C, bo, (int)rk->c.u, &off, &hn);
+        if (off != v.hoff || hn != v.hn) {
+            if (off < v.hoff || off + hn > v.hoff + v.hn) {
+                fail(C, rk->p, nd, step, "cannot select %s of %s from %s, which holds %s",
+                     heads_desc(off, hn, h1, sizeof h1), buf_name(C, bo), buf_name(C, bi),
+                     heads_desc(v.hoff, v.hn, h2, sizeof h2));
+                aval_free(&v);
+                return RES_ERR;
+            }
+            v.hoff = off;
+            v.hn = hn;
+        }
+        const cpc_buffer *BO = &C->prog->buffers[bo];
+        if (src_is_attn(v.src) && (BO->role == CPC_ROLE_O || BO->io == CPC_IO_OUTPUT)) {
+            if (check_complete(C, rk, nd, step, &rk->v[bi], buf_name(C, bi))) {
+                aval_free(&v);
+                return RES_ERR;
+            }
+            v.final = 1;
+        }
+        if (wr_check(C, rk, nd, step, bo) || store(C, rk, nd, step, bo, &v)) {
+            aval_free(&v);
+            return RES_ERR;
+        }
+    }
+    return RES_NEXT;
+}
+
+static int exec_swap(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    char ob[256], why[512];
+    int b[2] = {op->in[0], op->in[1]};
+    for (int j = 0; j < 2; j++) {
+        if (rk->rpend[b[j]] >= 0) {
+            req *q = &C->reqs[rk->rpend[b[j]]];
+            fail(C, rk->p, nd, step,
+                 "swaps %s while the recv into it (%s, tag %d, from rank %d) is not complete: "
+                 "no `wait tag %d` between them",
+                 buf_name(C, b[j]), op_desc(q->on, q->step, ob, sizeof ob), q->tag, q->peer, q->tag);
+            return RES_ERR;
+        }
+        if (rk->nsend[b[j]] > 0) {
+            int id = find_pending_send(C, rk, b[j]);
+            const req *q = id >= 0 ? &C->reqs[id] : NULL;
+            fail(C, rk->p, nd, step,
+                 "swaps %s while a send from it (%s, tag %d) is in flight: no `wait tag %d` between them",
+                 buf_name(C, b[j]), q ? op_desc(q->on, q->step, ob, sizeof ob) : "?", q ? q->tag : -1,
+                 q ? q->tag : -1);
+            return RES_ERR;
+        }
+    }
+    aval t = rk->v[b[0]];
+    rk->v[b[0]] = rk->v[b[1]];
+    rk->v[b[1]] = t;
+    for (int j = 0; j < 2; j++)
+        if (misfit(C, rk, b[j], &rk->v[b[j]], why, sizeof why)) {
+            fail(C, rk->p, nd, step, "after the swap, %s", why);
+            return RES_ERR;
+        }
+    return RES_NEXT;
+}
+
+/* ---- collectives -------------------------------------------------------------------- */
+
+/* Signature text of a rank's collective (for mismatch messages). */
+static void coll_sig(const ctx *C, const rank_st *rk, char *buf, size_t n)
+{
+    const cpc_op *op = rk->bnode->op;
+    int k = snprintf(buf, n, "%s", cpc_op_kind_name(op->kind));
+    if (op->kind == CPC_OP_ALL_TO_ALL)
+        k += snprintf(buf + k, n - (size_t)k, " %s", cpc_a2a_dir_name(op->dir));
+    for (int j = 0; j < op->n_in && (size_t)k < n; j++)
+        k += snprintf(buf + k, n - (size_t)k, "%s%s data of %s", j ? ", " : " of ", src_names[rk->v[op->in[j]].src],
+                      buf_name(C, op->in[j]));
+}
+
+static bool coll_same(const ctx *C, const rank_st *a, const rank_st *b)
+{
+    const cpc_op *x = a->bnode->op, *y = b->bnode->op;
+    if (x->kind != y->kind || x->group != y->group || x->n_in != y->n_in)
+        return false;
+    if (x->kind == CPC_OP_ALL_TO_ALL && x->dir != y->dir)
+        return false;
+    for (int j = 0; j < x->n_in; j++) {
+        if (a->v[x->in[j]].src != b->v[y->in[j]].src)
+            return false;
+        if (cpc_buffer_elem_size(C->prog, x->in[j]) != cpc_buffer_elem_size(C->prog, y->in[j]))
+            return false;
+        if (cpc_buffer_elem_size(C->prog, x->out[j]) != cpc_buffer_elem_size(C->prog, y->out[j]))
+            return false;
+    }
+    return true;
+}
+
+/* Runs a complete collective: members[0..n) are simulated ranks indices. */
+static int run_collective(ctx *C, int *members, int n)
+{
+    rank_st *first = &C->rk[members[0]];
+    char s1[256], s2[256], ob[256], t1[160], h1[48], h2[48];
+    for (int m = 1; m < n; m++) {
+        rank_st *rk = &C->rk[members[m]];
+        if (!coll_same(C, first, rk)) {
+            coll_sig(C, rk, s1, sizeof s1);
+            coll_sig(C, first, s2, sizeof s2);
+            fail(C, rk->p, rk->bnode, rk->bstep,
+                 "collective mismatch in the %s group: this rank is at %s while rank %d is at %s (%s)",
+                 cpc_group_name(rk->bnode->op->group), s1, first->p, s2,
+                 op_desc(first->bnode, first->bstep, ob, sizeof ob));
+            return -1;
+        }
+    }
+    const cpc_op *op0 = first->bnode->op;
+    C->st.collectives++;
+    if (op0->kind == CPC_OP_BARRIER)
+        goto advance;
+    /* Heads of ring members must agree (all_gather concatenates blocks). */
+    for (int m = 0; m < n; m++) {
+        rank_st *rk = &C->rk[members[m]];
+        const opnode *nd = rk->bnode;
+        const cpc_op *op = nd->op;
+        for (int j = 0; j < op->n_in; j++) {
+            aval *in = &rk->v[op->in[j]];
+            int r = (int)rk->c.r, u = (int)rk->c.u;
+            if (src_is_attn(in->src) && check_complete(C, rk, nd, rk->bstep, in, buf_name(C, op->in[j])))
+                return -1;
+            if (op->kind == CPC_OP_ALL_TO_ALL) {
+                int po, pn;
+                part_heads(C, in->src, u, &po, &pn);
+                bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
+                bool tok_ok = s2h ? (in->tlo == rk->p && in->thi == rk->p + 1)
+                                  : (in->tlo == r * C->U && in->thi == (r + 1) * C->U);
+                bool head_ok = s2h ? (in->hoff == 0 && in->hn == heads_total(C, in->src))
+                                   : (in->hoff == po && in->hn == pn);
+                if (!tok_ok || !head_ok) {
+                    fail(C, rk->p, nd, rk->bstep,
+                         "all_to_all %s needs %s with %s in %s, which holds %s with %s", cpc_a2a_dir_name(op->dir),
+                         s2h ? "the rank's own shard" : "its ring block", 
+                         s2h ? "all heads" : "the rank's head part", buf_name(C, op->in[j]),
+                         tok_desc(C, in->tlo, in->thi, t1, sizeof t1), heads_desc(in->hoff, in->hn, h1, sizeof h1));
+                    if (C->err)
+                        note(C, -1, NULL, 0, "expected %s with %s",
+                             s2h ? tok_desc(C, rk->p, rk->p + 1, s1, sizeof s1)
+                                 : tok_desc(C, r * C->U, (r + 1) * C->U, s1, sizeof s1),
+                             s2h ? heads_desc(0, heads_total(C, in->src), h2, sizeof h2)
+                                 : heads_desc(po, pn, h2, sizeof h2));
+                    return -1;
+                }
+            } else { /* all_gather */
+                const aval *f0 = &first->v[first->bnode->op->in[j]];
+                if (in->tlo != r * C->U || in->thi != (r + 1) * C->U) {
+                    fail(C, rk->p, nd, rk->bstep,
+                         "all_gather needs ring block %d (this member's) in %s, which holds %s", r,
+                         buf_name(C, op->in[j]), tok_desc(C, in->tlo, in->thi, t1, sizeof t1));
+                    return -1;
+                }
+                if (in->hoff != f0->hoff || in->hn != f0->hn) {
+                    fail(C, rk->p, nd, rk->bstep, "all_gather: %s holds %s, rank %d's %s", buf_name(C, op->in[j]),
+                         heads_desc(in->hoff, in->hn, h1, sizeof h1), first->p,
+                         heads_desc(f0->hoff, f0->hn, h2, sizeof h2));
+                    return -1;
+                }
+            }
+        }
+    }
+    /* Outputs. */
+    for (int m = 0; m < n; m++) {
+        rank_st *rk = &C->rk[members[m]];
+        const opnode *nd = rk->bnode;
+        const cpc_op *op = nd->op;
+        aval outv[CPC_OP_MAX_BUFS];
+        memset(outv, 0, sizeof outv);
+        int nio = op->n_in > CPC_OP_MAX_BUFS ? CPC_OP_MAX_BUFS : op->n_in; /* checked statically */
+        for (int j = 0; j < nio; j++) {
+            const aval *in = &rk->v[op->in[j]];
+            aval *o = &outv[j];
+            o->written = 1;
+            o->src = in->src;
+            o->final = in->final;
+            o->assumed = in->assumed;
+            if (op->kind == CPC_OP_ALL_TO_ALL) {
+                if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
+                    o->tlo = (int32_t)rk->c.r * C->U;
+                    o->thi = o->tlo + C->U;
+                    part_heads(C, in->src, (int)rk->c.u, &o->hoff, &o->hn);
+                } else {
+                    o->tlo = rk->p;
+                    o->thi = rk->p + 1;
+                    o->hoff = 0;
+                    o->hn = heads_total(C, in->src);
+                }
+            } else {
+                o->tlo = 0;
+                o->thi = C->P;
+                o->hoff = in->hoff;
+                o->hn = in->hn;
+            }
+        }
+        for (int j = 0; j < op->n_in; j++)
+            rk->v[op->in[j]].fresh = 0;
+        for (int j = 0; j < nio && j < op->n_out; j++) {
+            if (wr_check(C, rk, nd, rk->bstep, op->out[j]) || store(C, rk, nd, rk->bstep, op->out[j], &outv[j]))
+                return -1;
+        }
+    }
+advance:
+    for (int m = 0; m < n; m++) {
+        rank_st *rk = &C->rk[members[m]];
+        rk->state = ST_RUN;
+        rk->fr[rk->depth].i++;
+        enqueue(C, rk->p);
+    }
+    return 0;
+}
+
+static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    for (int j = 0; j < op->n_in; j++)
+        if (rd(C, rk, nd, step, op->in[j]))
+            return RES_ERR;
+    int g = op->group;
+    int inst = group_inst(rk, g);
+    rk->state = ST_COLL;
+    rk->bnode = nd;
+    rk->bstep = step;
+    rk->cgroup = g;
+    rk->cinst = inst;
+    C->arrived[g][inst]++;
+    if (C->arrived[g][inst] < C->need[g][inst])
+        return RES_BLOCK;
+    C->arrived[g][inst] = 0;
+    int W = group_size(C, g);
+    int *members = malloc(sizeof(int) * (size_t)W);
+    if (!members)
+        return oom(C), RES_ERR;
+    int n = 0;
+    for (int m = 0; m < W; m++) {
+        int p = inst_member(C, g, inst, m);
+        if (C->sim_of[p] >= 0)
+            members[n++] = C->sim_of[p];
+    }
+    int rc = run_collective(C, members, n);
+    free(members);
+    return rc ? RES_ERR : RES_BLOCK; /* members (this one too) were advanced and queued */
+}
+
+static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    switch (op->kind) {
+    case CPC_OP_LOOP: {
+        int64_t count;
+        if (eval(C, rk, nd, step, op->count, "count", &count))
+            return RES_ERR;
+        if (count < 0 || count > CPC_LOOP_MAX) {
+            fail(C, rk->p, nd, step, "loop count %" PRId64 " (`%s`) is outside 0..%d", count,
+                 cpc_expr_text(op->count), CPC_LOOP_MAX);
+            return RES_ERR;
+        }
+        if (count == 0 || op->n_body == 0)
+            return RES_NEXT;
+        if (rk->depth >= MAX_DEPTH) {
+            fail(C, rk->p, nd, step, "loops nested deeper than %d", MAX_DEPTH);
+            return RES_ERR;
+        }
+        frame *f = &rk->fr[++rk->depth];
+        f->ops = nd->body;
+        f->n = nd->n_body;
+        f->i = 0;
+        f->s = 0;
+        f->count = count;
+        return RES_PUSHED;
+    }
+    case CPC_OP_INIT_ACC: return exec_init_acc(C, rk, nd, step);
+    case CPC_OP_ATTN: return exec_attn(C, rk, nd, step);
+    case CPC_OP_MERGE: return exec_merge(C, rk, nd, step);
+    case CPC_OP_SEND:
+    case CPC_OP_RECV: return exec_send_recv(C, rk, nd, step);
+    case CPC_OP_WAIT: return exec_wait(C, rk, nd, step);
+    case CPC_OP_SWAP: return exec_swap(C, rk, nd, step);
+    case CPC_OP_COPY: return exec_copy(C, rk, nd, step);
+    case CPC_OP_ALL_TO_ALL:
+    case CPC_OP_ALL_GATHER:
+    case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
+    default:
+        fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
+        return RES_ERR;
+    }
+}
+
+/* End of a rank's program: every request completed, every OUTPUT buffer
+ * holds the rank's shard with all heads and a complete attention. */
+static int finish_rank(ctx *C, rank_st *rk)
+{
+    char ob[256], t1[160], h1[48];
+    for (int i = 0; i < rk->nopen; i++) {
+        req *q = &C->reqs[rk->open[i]];
+        if (q->match == MATCH_NONE)
+            return fail(C, rk->p, q->on, q->step,
+                        "this %s rank %d (tag %d) is never matched nor waited: rank %d posts no %s with tag %d",
+                        q->is_send ? "send to" : "recv from", q->peer, q->tag, q->peer,
+                        q->is_send ? "recv from this rank" : "send to this rank", q->tag);
+        return fail(C, rk->p, q->on, q->step, "this %s (tag %d) is never completed: no `wait tag %d` after it",
+                    q->is_send ? "send" : "recv", q->tag, q->tag);
+    }
+    for (int b = 0; b < C->prog->n_buffers; b++) {
+        const cpc_buffer *B = &C->prog->buffers[b];
+        if (B->io != CPC_IO_OUTPUT)
+            continue;
+        aval *v = &rk->v[b];
+        const opnode *w = v->written ? v->wop : NULL;
+        if (!v->written)
+            return fail(C, rk->p, NULL, 0, "the OUTPUT buffer %s is never written", B->name);
+        if (!src_is_attn(v->src))
+            return fail(C, rk->p, w, v->wstep, "the OUTPUT buffer %s ends holding %s data, not the attention output",
+                        B->name, src_names[v->src]);
+        if (v->tlo != rk->p || v->thi != rk->p + 1 || v->hoff != 0 || v->hn != C->L->H)
+            return fail(C, rk->p, w, v->wstep,
+                        "the OUTPUT buffer %s ends holding %s with %s, not this rank's shard with all %d heads "
+                        "(last written by %s)",
+                        B->name, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1),
+                        C->L->H, op_desc(w, v->wstep, ob, sizeof ob));
+        if (check_complete(C, rk, w, v->wstep, v, B->name))
+            return -1;
+    }
+    return 0;
+}
+
+/* Runs rank rk until it blocks, finishes or fails. */
+static int run_rank(ctx *C, rank_st *rk)
+{
+    for (;;) {
+        if (rk->state == ST_DONE || rk->state == ST_COLL)
+            return 0;
+        frame *f = &rk->fr[rk->depth];
+        if (f->i >= f->n) {
+            if (rk->depth == 0) {
+                rk->state = ST_DONE; /* end checks run after the simulation */
+                return 0;
+            }
+            f->s++;
+            if (f->s < f->count) {
+                f->i = 0;
+                continue;
+            }
+            rk->depth--;
+            rk->fr[rk->depth].i++;
+            continue;
+        }
+        const opnode *nd = &f->ops[f->i];
+        int64_t step = rk->depth > 0 ? f->s : 0;
+        if (++C->instances > C->cap_instances) {
+            C->capped = true;
+            return 0;
+        }
+        if (nd->op->when) {
+            int64_t w;
+            if (eval(C, rk, nd, step, nd->op->when, "when", &w))
+                return -1;
+            if (!w) {
+                f->i++;
+                continue;
+            }
+        }
+        int r = exec_op(C, rk, nd, step);
+        if (C->oom)
+            return -1;
+        if (r == RES_ERR)
+            return -1;
+        if (r == RES_BLOCK)
+            return 0;
+        if (r == RES_PUSHED)
+            continue;
+        f->i++;
+    }
+}
+
+/* ---- deadlock report ------------------------------------------------------------------ */
+
+/* The first rank rk waits for (flat), and why. */
+static int waits_for(ctx *C, rank_st *rk, char *why, size_t n)
+{
+    char ob[256];
+    if (rk->state == ST_WAIT) {
+        for (int i = 0; i < rk->nopen; i++) {
+            req *q = &C->reqs[rk->open[i]];
+            if (q->tag != rk->wait_tag || q->match != MATCH_NONE)
+                continue;
+            snprintf(why, n, "its %s %s rank %d (%s, tag %d) has no matching %s on rank %d", q->is_send ? "send" : "recv",
+                     q->is_send ? "to" : "from", q->peer, op_desc(q->on, q->step, ob, sizeof ob), q->tag,
+                     q->is_send ? "recv" : "send", q->peer);
+            return q->peer;
+        }
+    } else if (rk->state == ST_COLL) {
+        int W = group_size(C, rk->cgroup);
+        for (int m = 0; m < W; m++) {
+            int p = inst_member(C, rk->cgroup, rk->cinst, m);
+            int i = C->sim_of[p];
+            if (i < 0)
+                continue;
+            rank_st *o = &C->rk[i];
+            if (o->state == ST_COLL && o->cgroup == rk->cgroup && o->cinst == rk->cinst)
+                continue;
+            snprintf(why, n, "member rank %d of its %s group has not reached this collective", p,
+                     cpc_group_name(rk->cgroup));
+            return p;
+        }
+    }
+    snprintf(why, n, "nothing");
+    return -1;
+}
+
+/* Adds notes about peers that do not match (a send to B while B receives
+ * from someone else with the same tag). */
+static void peer_mismatch_notes(ctx *C, rank_st *rk)
+{
+    char o1[256], o2[256];
+    for (int i = 0; i < rk->nopen; i++) {
+        req *q = &C->reqs[rk->open[i]];
+        if (q->match != MATCH_NONE || C->sim_of[q->peer] < 0)
+            continue;
+        rank_st *o = &C->rk[C->sim_of[q->peer]];
+        for (int k = 0; k < o->nopen; k++) {
+            req *x = &C->reqs[o->open[k]];
+            if (x->match == MATCH_NONE && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
+                x->peer != rk->p) {
+                note(C, -1, q->on, q->step,
+                     "peers do not match: rank %d %s rank %d (%s), but rank %d %s rank %d (%s)", rk->p,
+                     q->is_send ? "sends to" : "receives from", q->peer, op_desc(q->on, q->step, o1, sizeof o1),
+                     o->p, x->is_send ? "sends to" : "receives from", x->peer,
+                     op_desc(x->on, x->step, o2, sizeof o2));
+                return;
+            }
+        }
+    }
+}
+
+static void report_deadlock(ctx *C)
+{
+    int start = -1;
+    for (int i = 0; i < C->nsim; i++)
+        if (C->rk[i].state != ST_DONE) {
+            start = i;
+            break;
+        }
+    if (start < 0)
+        return;
+    int *pos = malloc(sizeof(int) * (size_t)C->nsim);
+    int *path = malloc(sizeof(int) * (size_t)C->nsim);
+    if (!pos || !path) {
+        free(pos);
+        free(path);
+        oom(C);
+        return;
+    }
+    for (int i = 0; i < C->nsim; i++)
+        pos[i] = -1;
+    char why[512], ob[256], o2[256];
+    int n = 0, cur = start;
+    for (;;) {
+        pos[cur] = n;
+        path[n++] = cur;
+        rank_st *rk = &C->rk[cur];
+        int target = waits_for(C, rk, why, sizeof why);
+        int ti = target >= 0 ? C->sim_of[target] : -1;
+        if (ti < 0) {
+            fail(C, rk->p, rk->bnode, rk->bstep, "blocked forever: %s", why);
+            break;
+        }
+        rank_st *t = &C->rk[ti];
+        if (t->state == ST_DONE) {
+            fail(C, rk->p, rk->bnode, rk->bstep, "blocked forever: %s, and rank %d has finished its program", why,
+                 t->p);
+            peer_mismatch_notes(C, rk);
+            break;
+        }
+        if (pos[ti] >= 0) {
+            /* cycle path[pos[ti] .. n) */
+            char cyc[1024];
+            int k = 0;
+            for (int i = pos[ti]; i < n && (size_t)k < sizeof cyc; i++) {
+                rank_st *x = &C->rk[path[i]];
+                k += snprintf(cyc + k, sizeof cyc - (size_t)k, "rank %d (%s) -> ", x->p,
+                              op_desc(x->bnode, x->bstep, o2, sizeof o2));
+            }
+            if ((size_t)k < sizeof cyc)
+                snprintf(cyc + k, sizeof cyc - (size_t)k, "rank %d", t->p);
+            rank_st *h = &C->rk[path[pos[ti]]];
+            fail(C, h->p, h->bnode, h->bstep, "deadlock: no rank can progress; cycle of waits: %s", cyc);
+            for (int i = pos[ti]; i < n; i++) {
+                rank_st *x = &C->rk[path[i]];
+                waits_for(C, x, why, sizeof why);
+                note(C, x->p, x->bnode, x->bstep, "waits: %s", why);
+            }
+            for (int i = pos[ti]; i < n; i++)
+                peer_mismatch_notes(C, &C->rk[path[i]]);
+            break;
+        }
+        cur = ti;
+    }
+    (void)ob;
+    free(pos);
+    free(path);
+}
+
+/* ---- static checks ---------------------------------------------------------------------- */
+
+static int check_op_shape(ctx *C, const opnode *nd)
+{
+    const cpc_op *op = nd->op;
+    const cpc_program *P = C->prog;
+    if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT)
+        return fail(C, -1, NULL, 0, "%s: unknown op kind %d", nd->path, (int)op->kind);
+    if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS)
+        return fail(C, -1, nd, 0, "has %d inputs and %d outputs (0..%d each)", op->n_in, op->n_out, CPC_OP_MAX_BUFS);
+    for (int j = 0; j < op->n_in; j++)
+        if (op->in[j] < 0 || op->in[j] >= P->n_buffers)
+            return fail(C, -1, nd, 0, "input %d names buffer index %d (the program has %d)", j, op->in[j], P->n_buffers);
+    for (int j = 0; j < op->n_out; j++)
+        if (op->out[j] < 0 || op->out[j] >= P->n_buffers)
+            return fail(C, -1, nd, 0, "output %d names buffer index %d (the program has %d)", j, op->out[j],
+                        P->n_buffers);
+    int ni = op->n_in, no = op->n_out;
+    bool comm = false;
+    switch (op->kind) {
+    case CPC_OP_LOOP:
+        if (!op->count)
+            return fail(C, -1, nd, 0, "a loop needs a count");
+        if (op->n_body > 0 && !op->body)
+            return fail(C, -1, nd, 0, "loop body missing");
+        break;
+    case CPC_OP_INIT_ACC:
+        if (!(no >= 2 || (no == 0 && ni >= 2)))
+            return fail(C, -1, nd, 0, "needs an accumulator and its LSE (2 buffers), has %d in / %d out", ni, no);
+        break;
+    case CPC_OP_ATTN:
+        if (ni != 3 || no != 2)
+            return fail(C, -1, nd, 0, "needs 3 inputs (q, k, v) and 2 outputs (o, lse); has %d and %d", ni, no);
+        break;
+    case CPC_OP_MERGE:
+        if (ni != 2 || no != 2)
+            return fail(C, -1, nd, 0, "needs 2 inputs (o, lse of a block) and 2 outputs (acc, lse); has %d and %d",
+                        ni, no);
+        break;
+    case CPC_OP_SEND:
+        comm = true;
+        if (ni < 1 || no != 0)
+            return fail(C, -1, nd, 0, "needs 1..%d inputs and no output; has %d and %d", CPC_OP_MAX_BUFS, ni, no);
+        break;
+    case CPC_OP_RECV:
+        comm = true;
+        if (no < 1 || ni != 0)
+            return fail(C, -1, nd, 0, "needs 1..%d outputs and no input; has %d and %d", CPC_OP_MAX_BUFS, ni, no);
+        break;
+    case CPC_OP_WAIT:
+        break;
+    case CPC_OP_SWAP: {
+        if (ni != 2 || no != 0 || op->in[0] == op->in[1])
+            return fail(C, -1, nd, 0, "needs 2 different buffers (in[0], in[1]) and no output");
+        const cpc_buffer *a = &P->buffers[op->in[0]], *b = &P->buffers[op->in[1]];
+        if (a->role != b->role || a->tokens != b->tokens || a->heads != b->heads)
+            return fail(C, -1, nd, 0, "swaps %s and %s, which differ in role, tokens or heads", a->name, b->name);
+        break;
+    }
+    case CPC_OP_ALL_TO_ALL:
+    case CPC_OP_ALL_GATHER:
+        comm = true;
+        if (ni < 1 || ni != no)
+            return fail(C, -1, nd, 0, "needs as many outputs as inputs (1..%d); has %d and %d", CPC_OP_MAX_BUFS, ni,
+                        no);
+        if (op->kind == CPC_OP_ALL_TO_ALL && op->group != CPC_GROUP_ULYSSES)
+            return fail(C, -1, nd, 0, "all_to_all runs over the ulysses group, not %s", cpc_group_name(op->group));
+        if (op->kind == CPC_OP_ALL_GATHER && op->group != CPC_GROUP_RING)
+            return fail(C, -1, nd, 0, "all_gather runs over the ring group, not %s", cpc_group_name(op->group));
+        if (op->kind == CPC_OP_ALL_TO_ALL && ((int)op->dir < 0 || op->dir >= CPC_A2A__COUNT))
+            return fail(C, -1, nd, 0, "unknown all_to_all direction %d", (int)op->dir);
+        break;
+    case CPC_OP_COPY:
+        if (ni < 1 || ni != no)
+            return fail(C, -1, nd, 0, "needs as many outputs as inputs (1..%d); has %d and %d", CPC_OP_MAX_BUFS, ni,
+                        no);
+        break;
+    case CPC_OP_BARRIER:
+        comm = true;
+        break;
+    default:
+        break;
+    }
+    if (comm && (op->group <= CPC_GROUP_NONE || op->group >= CPC_GROUP__COUNT))
+        return fail(C, -1, nd, 0, "a communication op needs a group (ring, ulysses or world)");
+    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) && !op->peer)
+        return fail(C, -1, nd, 0, "needs a peer");
+    if (op->kind == CPC_OP_RECV && !op->block)
+        return fail(C, -1, nd, 0, "needs a block (the ring block that arrives)");
+    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag < 0)
+        return fail(C, -1, nd, 0, "tag %d < 0", op->tag);
+    if (op->kind != CPC_OP_LOOP && op->n_body != 0)
+        return fail(C, -1, nd, 0, "only a loop has a body");
+    return 0;
+}
+
+static void free_nodes(opnode *nodes, int n)
+{
+    if (!nodes)
+        return;
+    for (int i = 0; i < n; i++) {
+        free(nodes[i].path);
+        free_nodes(nodes[i].body, nodes[i].n_body);
+    }
+    free(nodes);
+}
+
+static opnode *build_nodes(ctx *C, const cpc_op *ops, int n, const char *prefix, int depth, bool *bad)
+{
+    if (n <= 0)
+        return NULL;
+    opnode *nodes = calloc((size_t)n, sizeof(opnode));
+    if (!nodes) {
+        *bad = true;
+        oom(C);
+        return NULL;
+    }
+    for (int i = 0; i < n && !*bad; i++) {
+        opnode *nd = &nodes[i];
+        nd->op = &ops[i];
+        nd->in_loop = depth > 0;
+        size_t len = strlen(prefix) + 32;
+        nd->path = malloc(len);
+        if (!nd->path) {
+            *bad = true;
+            oom(C);
+            break;
+        }
+        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i);
+        if (check_op_shape(C, nd)) {
+            *bad = true;
+            break;
+        }
+        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0) {
+            if (depth >= MAX_DEPTH) {
+                fail(C, -1, nd, 0, "loops nested deeper than %d", MAX_DEPTH);
+                *bad = true;
+                break;
+            }
+            nd->body = build_nodes(C, ops[i].body, ops[i].n_body, nd->path, depth + 1, bad);
+            nd->n_body = nd->body ? ops[i].n_body : 0;
+        }
+    }
+    if (*bad) {
+        free_nodes(nodes, n);
+        return NULL;
+    }
+    return nodes;
+}
+
+static int check_buffers(ctx *C)
+{
+    const cpc_program *P = C->prog;
+    for (int b = 0; b < P->n_buffers; b++) {
+        const cpc_buffer *B = &P->buffers[b];
+        if ((int)B->role < 0 || B->role >= CPC_ROLE__COUNT || (int)B->tokens < 0 || B->tokens >= CPC_TOK__COUNT ||
+            (int)B->heads < 0 || B->heads >= CPC_HEADS__COUNT || (int)B->io < 0 || B->io >= CPC_IO__COUNT)
+            return fail(C, -1, NULL, 0, "buffer %d (%.*s) has an unknown role, layout or io", b, CPC_BUF_NAME_MAX,
+                        B->name);
+        if (B->io == CPC_IO_INPUT) {
+            bool ok = B->role == CPC_ROLE_Q || B->role == CPC_ROLE_K || B->role == CPC_ROLE_V;
+            bool tok = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && C->U == 1) ||
+                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role));
+            if (!ok || !tok)
+                return fail(C, -1, NULL, 0,
+                            "INPUT buffer %s (role %s, tokens %s) cannot be filled from q/k/v: inputs are q, k "
+                            "or v shards (block layout only with ulysses_degree 1, kv layout for cross-attention "
+                            "k/v)",
+                            B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens));
+        }
+        if (B->io == CPC_IO_OUTPUT) {
+            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) || B->tokens != CPC_TOK_SHARD ||
+                B->heads != CPC_HEADS_ALL)
+                return fail(C, -1, NULL, 0,
+                            "OUTPUT buffer %s (role %s, tokens %s, heads %s) must be an o or lse shard with all heads",
+                            B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens),
+                            cpc_buf_heads_name(B->heads));
+        }
+        if (B->tokens == CPC_TOK_KV && !C->L->cross)
+            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention",
+                        B->name);
+    }
+    bool has_out = false;
+    for (int b = 0; b < P->n_buffers; b++)
+        has_out |= P->buffers[b].io == CPC_IO_OUTPUT;
+    if (!has_out)
+        return fail(C, -1, NULL, 0, "the program has no OUTPUT buffer");
+    return 0;
+}
+
+/* ---- estimate ----------------------------------------------------------------------------- */
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    return a > INT64_MAX - b ? INT64_MAX : a + b;
+}
+
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    if (a == 0 || b == 0)
+        return 0;
+    return a > INT64_MAX / b ? INT64_MAX : a * b;
+}
+
+static int64_t estimate(const cpc_op *ops, int n, cpc_coords *c, int depth)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total = sat_add(total, 1);
+        if (ops[i].kind == CPC_OP_LOOP && ops[i].count && depth < MAX_DEPTH) {
+            int64_t cnt = 0;
+            cpc_status *st = cpc_expr_eval(ops[i].count, c, &cnt);
+            if (st) {
+                cpc_status_free(st);
+                cnt = 1;
+            }
+            if (cnt > 0)
+                total = sat_add(total, sat_mul(cnt, estimate(ops[i].body, ops[i].n_body, c, depth + 1)));
+        }
+    }
+    return total;
+}
+
+/* ---- driver --------------------------------------------------------------------------------- */
+
+static void ctx_free(ctx *C)
+{
+    if (C->rk) {
+        for (int i = 0; i < C->nsim; i++) {
+            rank_st *rk = &C->rk[i];
+            if (rk->v)
+                for (int b = 0; b < C->prog->n_buffers; b++)
+                    aval_free(&rk->v[b]);
+            free(rk->v);
+            free(rk->nsend);
+            free(rk->rpend);
+            free(rk->open);
+        }
+        free(C->rk);
+    }
+    if (C->reqs)
+        for (int i = 0; i < C->nreq; i++)
+            if (C->reqs[i].used)
+                for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+                    aval_free(&C->reqs[i].snap[j]);
+    free(C->reqs);
+    free(C->ch);
+    free(C->queue);
+    free(C->sim_of);
+    for (int g = 0; g < CPC_GROUP__COUNT; g++) {
+        free(C->arrived[g]);
+        free(C->need[g]);
+    }
+    free_nodes(C->root, C->n_root);
+}
+
+static int init_ranks(ctx *C, bool reduced)
+{
+    int P = C->P, nb = C->prog->n_buffers;
+    C->sim_of = malloc(sizeof(int) * (size_t)P);
+    if (!C->sim_of)
+        return oom(C);
+    C->nsim = 0;
+    for (int p = 0; p < P; p++) {
+        bool in = !reduced || p / C->U == 0 || p % C->U == 0;
+        C->sim_of[p] = in ? C->nsim++ : -1;
+    }
+    C->rk = calloc((size_t)C->nsim, sizeof(rank_st));
+    C->queue = malloc(sizeof(int) * (size_t)C->nsim);
+    if (!C->rk || !C->queue)
+        return oom(C);
+    for (int g = CPC_GROUP_RING; g < CPC_GROUP__COUNT; g++) {
+        int ninst = g == CPC_GROUP_RING ? C->U : g == CPC_GROUP_ULYSSES ? C->R : 1;
+        C->arrived[g] = calloc((size_t)ninst, sizeof(int));
+        C->need[g] = calloc((size_t)ninst, sizeof(int));
+        if (!C->arrived[g] || !C->need[g])
+            return oom(C);
+        for (int inst = 0; inst < ninst; inst++)
+            for (int m = 0; m < group_size(C, g); m++)
+                if (C->sim_of[inst_member(C, g, inst, m)] >= 0)
+                    C->need[g][inst]++;
+    }
+    for (int p = 0; p < P; p++) {
+        int i = C->sim_of[p];
+        if (i < 0)
+            continue;
+        rank_st *rk = &C->rk[i];
+        rk->p = p;
+        rk->c = cpc_program_coords(C->prog, p);
+        rk->fr[0].ops = C->root;
+        rk->fr[0].n = C->n_root;
+        rk->fr[0].count = 1;
+        rk->v = calloc((size_t)(nb ? nb : 1), sizeof(aval));
+        rk->nsend = calloc((size_t)(nb ? nb : 1), sizeof(int32_t));
+        rk->rpend = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
+        if (!rk->v || !rk->nsend || !rk->rpend)
+            return oom(C);
+        for (int b = 0; b < nb; b++) {
+            rk->rpend[b] = -1;
+            const cpc_buffer *B = &C->prog->buffers[b];
+            if (B->io != CPC_IO_INPUT)
+                continue;
+            aval *v = &rk->v[b];
+            v->written = 1;
+            v->src = (uint8_t)src_of_role(B->role);
+            if (B->tokens == CPC_TOK_KV) {
+                v->tlo = v->thi = TOK_KV;
+            } else {
+                v->tlo = p;
+                v->thi = p + 1;
+            }
+            buf_heads(C, b, (int)rk->c.u, &v->hoff, &v->hn);
+        }
+        rk->queued = true;
+        C->queue[C->qn++] = i;
+    }
+    return 0;
+}
+
+cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_stats *stats)
+{
+    cpc_verify_stats dummy;
+    if (!stats)
+        stats = &dummy;
+    memset(stats, 0, sizeof *stats);
+    if (!prog)
+        return cpc_error(CPC_E_INTERNAL, "verify: no program");
+    if (prog->n_buffers < 0 || prog->n_ops < 0 || (prog->n_buffers > 0 && !prog->buffers) ||
+        (prog->n_ops > 0 && !prog->ops))
+        return cpc_error(CPC_E_INTERNAL, "verify: malformed program");
+    const cpc_layout *L = &prog->layout;
+    if (L->R < 1 || L->U < 1 || L->P != L->R * L->U || L->P > (1 << 20) || L->H < 1 || L->Hkv < 1 ||
+        L->group < 1 || L->D < 1)
+        return cpc_error(CPC_E_INTERNAL, "verify: program layout is not initialised (R %d, U %d, P %d)", L->R, L->U,
+                         L->P);
+    ctx C;
+    memset(&C, 0, sizeof C);
+    C.prog = prog;
+    C.L = L;
+    C.R = L->R;
+    C.U = L->U;
+    C.P = L->P;
+    C.freereq = -1;
+
+    int64_t full_limit = opts && opts->full_limit ? opts->full_limit : CPC_VERIFY_DEFAULT_FULL_LIMIT;
+    int64_t red_limit = opts && opts->reduced_limit > 0 ? opts->reduced_limit : CPC_VERIFY_DEFAULT_REDUCED_LIMIT;
+
+    cpc_status *out = NULL;
+    bool bad = false;
+    if (check_buffers(&C) == 0) {
+        C.root = build_nodes(&C, prog->ops, prog->n_ops, "", 0, &bad);
+        C.n_root = C.root ? prog->n_ops : 0;
+    }
+    if (C.err || C.oom)
+        goto done;
+
+    cpc_coords c0 = cpc_program_coords(prog, 0), cl = cpc_program_coords(prog, C.P - 1);
+    int64_t per_rank = estimate(prog->ops, prog->n_ops, &c0, 0);
+    int64_t e2 = estimate(prog->ops, prog->n_ops, &cl, 0);
+    if (e2 > per_rank)
+        per_rank = e2;
+    if (per_rank < 1)
+        per_rank = 1;
+    int reduced_ranks = C.R + C.U - 1;
+    bool reduced;
+    if (full_limit > 0 && C.P <= CPC_VERIFY_MAX_RANKS && sat_mul(per_rank, C.P) <= full_limit) {
+        reduced = false;
+        stats->mode = CPC_VERIFY_FULL;
+        C.cap_instances = sat_add(sat_mul(full_limit, 4), 1000000);
+    } else if (reduced_ranks <= CPC_VERIFY_MAX_RANKS && sat_mul(per_rank, reduced_ranks) <= red_limit) {
+        reduced = true;
+        stats->mode = CPC_VERIFY_REDUCED;
+        C.cap_instances = sat_add(sat_mul(red_limit, 4), 1000000);
+    } else {
+        stats->mode = CPC_VERIFY_SKIPPED;
+        out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_WARNING, CPC_NO_SPAN,
+                       "schedule not verified: about %" PRId64 " op instances per rank on %d ranks exceed the "
+                       "verifier's limit (%" PRId64 " for ring group 0 and ulysses group 0)",
+                       per_rank, reduced_ranks, red_limit);
+        goto done;
+    }
+    if (init_ranks(&C, reduced))
+        goto done;
+    stats->ranks = C.nsim;
+
+    while (C.qn > 0 && !C.err && !C.oom && !C.capped) {
+        int i = C.queue[C.qh];
+        C.qh = (C.qh + 1) % C.nsim;
+        C.qn--;
+        rank_st *rk = &C.rk[i];
+        rk->queued = false;
+        if (rk->state == ST_WAIT)
+            rk->state = ST_RUN;
+        if (run_rank(&C, rk))
+            break;
+    }
+    if (!C.err && !C.oom && !C.capped)
+        report_deadlock(&C);
+    /* End-of-program checks, in rank order, once no rank can progress (so
+     * that a deadlock is reported as such, and requests still matched). */
+    for (int i = 0; i < C.nsim && !C.err && !C.oom && !C.capped; i++)
+        finish_rank(&C, &C.rk[i]);
+    if (C.capped && !C.err && !C.oom) {
+        stats->mode = CPC_VERIFY_SKIPPED;
+        out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_WARNING, CPC_NO_SPAN,
+                       "schedule not verified: the simulation exceeded %" PRId64 " op instances "
+                       "(estimated %" PRId64 " per rank)",
+                       C.cap_instances, per_rank);
+    }
+
+done:
+    stats->op_instances = C.instances;
+    stats->messages = C.st.messages;
+    stats->collectives = C.st.collectives;
+    if (C.oom) {
+        cpc_status_free(C.err);
+        C.err = cpc_error(CPC_E_NOMEM, "verify: out of memory");
+    }
+    if (C.err) {
+        cpc_status_free(out);
+        out = C.err;
+    }
+    ctx_free(&C);
+    return out;
+}
+
+cpc_status *cpc_verify(const cpc_program *prog)
+{
+    return cpc_verify_ex(prog, NULL, NULL);
+}

@@ -1,0 +1,802 @@
+/*
+ * backend_cpu.c - the CPU backend (see backend.h): tiled flash attention with
+ * online softmax (FlashAttention-2, Dao 2023, Algorithm 1, forward pass), on
+ * one thread, with OpenBLAS SGEMM for both products of every tile.
+ *
+ * attn, for every batch b and K/V head:
+ *   - K and V of that head are made fp32 rows once (bf16/fp16 widened into a
+ *     scratch buffer; fp32 read in place with leading dimension Hkv*D);
+ *   - for every query head of the GQA group and every tile of TQ query rows:
+ *     Q' = Q * scale * log2(e) (so the softmax uses exp2), O = 0, m = -inf,
+ *     l = 0; for every tile of TK keys that some row of the tile can see:
+ *         S = Q' K^T                      (cblas_sgemm, TQ x TK x D)
+ *         mask S (causal by global position / key padding) on the tiles that
+ *         need it; tiles no row can see are skipped before the product;
+ *         m' = max(m, rowmax S); P = exp2(S - m'); l = l 2^(m-m') + rowsum P;
+ *         O = O 2^(m-m') + P V            (cblas_sgemm, TQ x D x TK, beta 1)
+ *     and finally O /= l, LSE = (m + log2 l) ln 2; a row with l = 0 (no
+ *     visible key) keeps O = 0 and gets LSE = -inf.
+ *   O is accumulated in place in the caller's fp32 output.
+ *
+ * The exponentials are a degree-6 polynomial for 2^f on [-1/2, 1/2]
+ * (Chebyshev interpolation, max relative error 8e-8 in fp32) times 2^n built
+ * in the exponent bits, vectorised for AVX-512 or AVX2 (chosen at run time;
+ * a scalar version otherwise).
+ *
+ * Tile sizes: TQ x TK = 256 x 512 by default (measured best on an x86-64
+ * AVX-512 machine with 2 MiB L2; see bench/bench_attention.c); the
+ * environment variable CPC_CPU_ATTN_TILES="<TQ>x<TK>" overrides them when the
+ * backend is created (for tuning).
+ *
+ * Thread-safety: one backend instance per rank thread; an instance's methods
+ * must not be called from two threads at once (the scratch buffers are per
+ * instance).  Instances share nothing.
+ */
+#include "backend.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
+
+/* 2^f on [-0.5, 0.5]: Chebyshev interpolant of degree 6 (coefficients from
+ * the monomial form, rounded to fp32). */
+#define EXP2_C0 1.000000000e+00f
+#define EXP2_C1 6.931471825e-01f
+#define EXP2_C2 2.402265072e-01f
+#define EXP2_C3 5.550327152e-02f
+#define EXP2_C4 9.618056938e-03f
+#define EXP2_C5 1.340042800e-03f
+#define EXP2_C6 1.546144485e-04f
+
+typedef float (*row_max_fn)(const float *s, int64_t n);
+typedef float (*row_exp_fn)(float *s, int64_t n, float m); /* s = 2^(s-m), returns sum */
+
+typedef struct cpu_ctx {
+    int tq, tk;               /* tile sizes (query rows, keys) */
+    row_max_fn row_max;
+    row_exp_fn row_exp;
+    /* scratch, grown on demand, 64-byte aligned */
+    float *qt;     size_t qt_cap;    /* [tq, d] scaled query tile */
+    float *s;      size_t s_cap;     /* [tq, tk] scores / probabilities */
+    float *kbuf;   size_t kbuf_cap;  /* [skv, d] fp32 K of one head (16-bit inputs) */
+    float *vbuf;   size_t vbuf_cap;  /* [skv, d] fp32 V of one head */
+    float *bias;   size_t bias_cap;  /* [skv] 0 or -inf (key padding) */
+    float *m;      size_t m_cap;     /* [tq] running max (log2 units) */
+    float *l;      size_t l_cap;     /* [tq] running sum */
+    int64_t *qpos; size_t qpos_cap;  /* [sq] global positions of query rows */
+    int64_t *kpos; size_t kpos_cap;  /* [skv] global positions of key rows */
+    int64_t *kt;   size_t kt_cap;    /* per key tile: min, max, increasing, masked count */
+} cpu_ctx;
+
+/* ---- exp2 / max kernels ------------------------------------------------------- */
+
+static inline float exp2_scalar(float x)
+{
+    if (!(x >= -127.0f)) /* also catches NaN: keep it */
+        return x != x ? x : 0.0f;
+    float n = nearbyintf(x);
+    float f = x - n;
+    float p = EXP2_C6;
+    p = fmaf(p, f, EXP2_C5);
+    p = fmaf(p, f, EXP2_C4);
+    p = fmaf(p, f, EXP2_C3);
+    p = fmaf(p, f, EXP2_C2);
+    p = fmaf(p, f, EXP2_C1);
+    p = fmaf(p, f, EXP2_C0);
+    uint32_t e = (uint32_t)((int32_t)n + 127) << 23;
+    float sc;
+    memcpy(&sc, &e, sizeof sc);
+    return p * sc;
+}
+
+static float row_max_scalar(const float *s, int64_t n)
+{
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+static float row_exp_scalar(float *s, int64_t n, float m)
+{
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        float p = exp2_scalar(s[j] - m);
+        s[j] = p;
+        sum += p;
+    }
+    return sum;
+}
+
+#if defined(__x86_64__)
+#define CPC_X86 1
+
+__attribute__((target("avx2,fma"))) static inline __m256 exp2_avx2(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x); /* NaN in x stays NaN */
+    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(EXP2_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C0));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) static inline __m256i tail_mask_avx2(int64_t r)
+{
+    /* lanes < r set */
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), idx);
+}
+
+__attribute__((target("avx2,fma"))) static float row_max_avx2(const float *s, int64_t n)
+{
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + j + 8));
+        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(s + j + 16));
+        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(s + j + 24));
+    }
+    for (; j + 8 <= n; j += 8)
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float m = _mm_cvtss_f32(h);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+__attribute__((target("avx2,fma"))) static float row_exp_avx2(float *s, int64_t n, float m)
+{
+    __m256 vm = _mm256_set1_ps(m);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m256 p0 = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        __m256 p1 = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vm));
+        _mm256_storeu_ps(s + j, p0);
+        _mm256_storeu_ps(s + j + 8, p1);
+        a0 = _mm256_add_ps(a0, p0);
+        a1 = _mm256_add_ps(a1, p1);
+    }
+    for (; j < n; j += 8) {
+        __m256i mk = tail_mask_avx2(n - j);
+        __m256 x = _mm256_maskload_ps(s + j, mk);
+        __m256 p = exp2_avx2(_mm256_sub_ps(x, vm));
+        p = _mm256_and_ps(p, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(s + j, mk, p);
+        a0 = _mm256_add_ps(a0, p);
+    }
+    a0 = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
+__attribute__((target("avx512f"))) static inline __m512 exp2_avx512(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(EXP2_C6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C0));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+__attribute__((target("avx512f"))) static float row_max_avx512(const float *s, int64_t n)
+{
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+    }
+    for (; j < n; j += 16) {
+        __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, s + j));
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+}
+
+__attribute__((target("avx512f"))) static float row_exp_avx512(float *s, int64_t n, float m)
+{
+    __m512 vm = _mm512_set1_ps(m);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m512 p0 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        __m512 p1 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), vm));
+        _mm512_storeu_ps(s + j, p0);
+        _mm512_storeu_ps(s + j + 16, p1);
+        a0 = _mm512_add_ps(a0, p0);
+        a1 = _mm512_add_ps(a1, p1);
+    }
+    for (; j < n; j += 16) {
+        __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 p = exp2_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+        _mm512_mask_storeu_ps(s + j, k, p);
+        a0 = _mm512_mask_add_ps(a0, k, a0, p);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+#endif
+
+/* ---- scratch ----------------------------------------------------------------- */
+
+static void *aligned_alloc64(size_t bytes)
+{
+    void *p = NULL;
+    size_t sz = (bytes + 63) & ~(size_t)63;
+    if (sz == 0)
+        sz = 64;
+    if (posix_memalign(&p, 64, sz) != 0)
+        return NULL;
+    return p;
+}
+
+/* Makes *buf hold at least `bytes`; contents are not kept. */
+static cpc_status *grow(void **buf, size_t *cap, size_t bytes)
+{
+    if (*cap >= bytes && *buf)
+        return NULL;
+    free(*buf);
+    *buf = aligned_alloc64(bytes);
+    if (!*buf) {
+        *cap = 0;
+        return cpc_error(CPC_E_NOMEM, "cpu backend: cannot allocate %zu bytes of scratch", bytes);
+    }
+    *cap = bytes;
+    return NULL;
+}
+
+#define GROW(ctx, field, bytes) grow((void **)&(ctx)->field, &(ctx)->field##_cap, (bytes))
+
+/* ---- attention ----------------------------------------------------------------- */
+
+static size_t dt_size(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4u : 2u; }
+
+/* Fills pos[0..n) from the runs (no runs: 0..n-1).  Returns false when the
+ * runs do not add up to n. */
+static bool fill_positions(int64_t *pos, int64_t n, const cpc_run *runs, int n_runs)
+{
+    if (!runs || n_runs == 0) {
+        for (int64_t i = 0; i < n; i++)
+            pos[i] = i;
+        return true;
+    }
+    int64_t c = 0;
+    for (int r = 0; r < n_runs; r++) {
+        if (runs[r].len < 0 || c + runs[r].len > n)
+            return false;
+        for (int64_t t = 0; t < runs[r].len; t++)
+            pos[c++] = runs[r].start + t;
+    }
+    return c == n;
+}
+
+static cpc_status *check_args(const cpc_attn_args *a)
+{
+    if (!a)
+        return cpc_error(CPC_E_INTERNAL, "attn: no arguments");
+    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->d < 1 ||
+        a->group < 1 || a->q_head_off < 0 || a->kv_head_off < 0)
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d d=%d group=%d "
+                         "q_head_off=%d kv_head_off=%d)",
+                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv, a->d,
+                         a->group, a->q_head_off, a->kv_head_off);
+    if ((int)a->dtype < 0 || a->dtype >= CPC_DTYPE__COUNT)
+        return cpc_error(CPC_E_INTERNAL, "attn: unknown dtype %d", (int)a->dtype);
+    if ((int64_t)a->hq * a->d > 0x7fffffff || (int64_t)a->hkv * a->d > 0x7fffffff)
+        return cpc_error(CPC_E_INTERNAL, "attn: heads * head_dim exceeds the BLAS index range");
+    if (a->hq > 0) {
+        int first = a->q_head_off / a->group - a->kv_head_off;
+        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
+        if (first < 0 || last >= a->hkv)
+            return cpc_error(CPC_E_INTERNAL,
+                             "attn: query heads [%d, %d) with group %d need K/V heads [%d, %d], "
+                             "but this block holds K/V heads [%d, %d)",
+                             a->q_head_off, a->q_head_off + a->hq, a->group,
+                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
+                             a->kv_head_off, a->kv_head_off + a->hkv);
+    }
+    if (a->B > 1) {
+        if (a->q_bstride < a->sq * a->hq * a->d || a->kv_bstride < a->skv * a->hkv * a->d)
+            return cpc_error(CPC_E_INTERNAL,
+                             "attn: batch strides (q %lld, kv %lld elements) smaller than a "
+                             "batch's block (q %lld, kv %lld)",
+                             (long long)a->q_bstride, (long long)a->kv_bstride,
+                             (long long)(a->sq * a->hq * a->d),
+                             (long long)(a->skv * a->hkv * a->d));
+    }
+    bool work = a->B > 0 && a->sq > 0 && a->hq > 0;
+    if (work && (!a->q || !a->o))
+        return cpc_error(CPC_E_INTERNAL, "attn: q and o are required");
+    if (work && a->skv > 0 && (!a->k || !a->v))
+        return cpc_error(CPC_E_INTERNAL, "attn: k and v are required");
+    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
+        a->n_q_runs < 0 || a->n_kv_runs < 0)
+        return cpc_error(CPC_E_INTERNAL, "attn: bad run lists");
+    return NULL;
+}
+
+/* Key-tile descriptors, 4 int64 per tile. */
+enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
+
+static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
+{
+    cpu_ctx *c = be->ctx;
+    cpc_status *st = check_args(a);
+    if (st)
+        return st;
+    const int64_t sq = a->sq, skv = a->skv;
+    const int hq = a->hq, hkv = a->hkv, d = a->d, B = a->B;
+    if (B == 0 || sq == 0 || hq == 0)
+        return NULL;
+    const int64_t ldo = (int64_t)hq * d;
+    if (skv == 0) { /* no key: every row sees nothing */
+        memset(a->o, 0, sizeof(float) * (size_t)B * (size_t)sq * (size_t)ldo);
+        if (a->lse)
+            for (size_t i = 0; i < (size_t)B * (size_t)hq * (size_t)sq; i++)
+                a->lse[i] = -INFINITY;
+        return NULL;
+    }
+    const int tq = c->tq, tk = c->tk;
+    const size_t es = dt_size(a->dtype);
+    const bool conv = a->dtype != CPC_DTYPE_FP32;
+    const int64_t n_kt = (skv + tk - 1) / tk;
+
+    if ((st = GROW(c, qt, sizeof(float) * (size_t)tq * d)) ||
+        (st = GROW(c, s, sizeof(float) * (size_t)tq * tk)) ||
+        (st = GROW(c, m, sizeof(float) * (size_t)tq)) ||
+        (st = GROW(c, l, sizeof(float) * (size_t)tq)) ||
+        (st = GROW(c, qpos, sizeof(int64_t) * (size_t)sq)) ||
+        (st = GROW(c, kpos, sizeof(int64_t) * (size_t)skv)) ||
+        (st = GROW(c, kt, sizeof(int64_t) * KT_N * (size_t)n_kt)) ||
+        (a->kv_mask && (st = GROW(c, bias, sizeof(float) * (size_t)skv))) ||
+        (conv && (st = GROW(c, kbuf, sizeof(float) * (size_t)skv * d))) ||
+        (conv && (st = GROW(c, vbuf, sizeof(float) * (size_t)skv * d))))
+        return st;
+
+    if (!fill_positions(c->qpos, sq, a->q_runs, a->n_q_runs))
+        return cpc_error(CPC_E_INTERNAL, "attn: query runs do not cover the %lld query rows",
+                         (long long)sq);
+    if (!fill_positions(c->kpos, skv, a->kv_runs, a->n_kv_runs))
+        return cpc_error(CPC_E_INTERNAL, "attn: key runs do not cover the %lld key rows",
+                         (long long)skv);
+    if (a->kv_mask)
+        for (int64_t j = 0; j < skv; j++)
+            if (c->kpos[j] < 0 || c->kpos[j] >= a->mask_len)
+                return cpc_error(CPC_E_INTERNAL,
+                                 "attn: key position %lld outside the key padding mask "
+                                 "(length %lld)",
+                                 (long long)c->kpos[j], (long long)a->mask_len);
+
+    /* Key tiles: position range and whether positions increase. */
+    for (int64_t t = 0; t < n_kt; t++) {
+        int64_t j0 = t * tk, j1 = j0 + tk < skv ? j0 + tk : skv;
+        int64_t mn = c->kpos[j0], mx = c->kpos[j0], inc = 1;
+        for (int64_t j = j0 + 1; j < j1; j++) {
+            int64_t p = c->kpos[j];
+            mn = p < mn ? p : mn;
+            mx = p > mx ? p : mx;
+            if (p < c->kpos[j - 1])
+                inc = 0;
+        }
+        c->kt[t * KT_N + KT_MIN] = mn;
+        c->kt[t * KT_N + KT_MAX] = mx;
+        c->kt[t * KT_N + KT_INC] = inc;
+        c->kt[t * KT_N + KT_MASKED] = 0;
+    }
+
+    const float qscale = a->scale * LOG2E_F;
+    const int64_t ldq = (int64_t)hq * d, ldkv_in = (int64_t)hkv * d;
+    float *S = c->s, *M = c->m, *L = c->l;
+
+    for (int b = 0; b < B; b++) {
+        const char *qb = (const char *)a->q + (size_t)b * (size_t)a->q_bstride * es;
+        const char *kb = (const char *)a->k + (size_t)b * (size_t)a->kv_bstride * es;
+        const char *vb = (const char *)a->v + (size_t)b * (size_t)a->kv_bstride * es;
+        if (a->kv_mask) {
+            const uint8_t *mk = a->kv_mask + (size_t)b * (size_t)a->mask_len;
+            for (int64_t t = 0; t < n_kt; t++) {
+                int64_t j0 = t * tk, j1 = j0 + tk < skv ? j0 + tk : skv, cnt = 0;
+                for (int64_t j = j0; j < j1; j++) {
+                    bool on = mk[c->kpos[j]] != 0;
+                    c->bias[j] = on ? 0.0f : -INFINITY;
+                    cnt += !on;
+                }
+                c->kt[t * KT_N + KT_MASKED] = cnt;
+            }
+        }
+        for (int kvl = 0; kvl < hkv; kvl++) {
+            /* local query heads using this K/V head */
+            int g = a->kv_head_off + kvl;
+            int h0 = g * a->group - a->q_head_off, h1 = h0 + a->group;
+            h0 = h0 < 0 ? 0 : h0;
+            h1 = h1 > hq ? hq : h1;
+            if (h0 >= h1)
+                continue;
+            const float *K, *V;
+            int64_t ldk;
+            if (conv) {
+                for (int64_t j = 0; j < skv; j++) {
+                    size_t off = ((size_t)j * (size_t)ldkv_in + (size_t)kvl * d) * es;
+                    cpc_to_f32_n(c->kbuf + j * d, kb + off, a->dtype, (size_t)d);
+                    cpc_to_f32_n(c->vbuf + j * d, vb + off, a->dtype, (size_t)d);
+                }
+                K = c->kbuf;
+                V = c->vbuf;
+                ldk = d;
+            } else {
+                K = (const float *)kb + (size_t)kvl * d;
+                V = (const float *)vb + (size_t)kvl * d;
+                ldk = ldkv_in;
+            }
+            for (int h = h0; h < h1; h++) {
+                for (int64_t i0 = 0; i0 < sq; i0 += tq) {
+                    const int br = (int)(sq - i0 < tq ? sq - i0 : tq);
+                    float *O = a->o + ((size_t)b * sq + (size_t)i0) * ldo + (size_t)h * d;
+                    int64_t qmin = c->qpos[i0], qmax = c->qpos[i0];
+                    for (int r = 0; r < br; r++) {
+                        const char *src = qb + ((size_t)(i0 + r) * ldq + (size_t)h * d) * es;
+                        cpc_to_f32_scaled_n(c->qt + (size_t)r * d, src, a->dtype, (size_t)d,
+                                            qscale);
+                        memset(O + (size_t)r * ldo, 0, sizeof(float) * d);
+                        M[r] = -INFINITY;
+                        L[r] = 0.0f;
+                        int64_t p = c->qpos[i0 + r];
+                        qmin = p < qmin ? p : qmin;
+                        qmax = p > qmax ? p : qmax;
+                    }
+                    for (int64_t t = 0; t < n_kt; t++) {
+                        const int64_t *kt = c->kt + t * KT_N;
+                        const int64_t j0 = t * tk;
+                        const int bc = (int)(skv - j0 < tk ? skv - j0 : tk);
+                        if (a->causal && kt[KT_MIN] > qmax)
+                            continue; /* no row sees any key of this tile */
+                        if (kt[KT_MASKED] == bc)
+                            continue; /* every key padded out */
+                        const bool diag = a->causal && kt[KT_MAX] > qmin;
+                        const bool pad = kt[KT_MASKED] > 0;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, d, 1.0f,
+                                    c->qt, d, K + (size_t)j0 * ldk, (int)ldk, 0.0f, S, tk);
+                        bool any = false;
+                        for (int r = 0; r < br; r++) {
+                            float *sr = S + (size_t)r * tk;
+                            if (diag) {
+                                const int64_t qp = c->qpos[i0 + r];
+                                const int64_t *kp = c->kpos + j0;
+                                if (kt[KT_INC]) {
+                                    /* visible keys are a prefix: upper bound of qp */
+                                    int lo = 0, hi = bc;
+                                    while (lo < hi) {
+                                        int mid = (lo + hi) / 2;
+                                        if (kp[mid] <= qp)
+                                            lo = mid + 1;
+                                        else
+                                            hi = mid;
+                                    }
+                                    for (int j = lo; j < bc; j++)
+                                        sr[j] = -INFINITY;
+                                } else {
+                                    for (int j = 0; j < bc; j++)
+                                        if (kp[j] > qp)
+                                            sr[j] = -INFINITY;
+                                }
+                            }
+                            if (pad) {
+                                const float *bi = c->bias + j0;
+                                for (int j = 0; j < bc; j++)
+                                    sr[j] += bi[j];
+                            }
+                            float mx = c->row_max(sr, bc);
+                            float mold = M[r];
+                            float mnew = mx > mold ? mx : mold;
+                            if (mnew == -INFINITY) { /* nothing visible yet */
+                                memset(sr, 0, sizeof(float) * (size_t)bc);
+                                continue;
+                            }
+                            any = true;
+                            float sum = c->row_exp(sr, bc, mnew);
+                            if (mnew != mold) {
+                                float alpha = exp2_scalar(mold - mnew);
+                                if (L[r] > 0.0f) {
+                                    float *orow = O + (size_t)r * ldo;
+                                    for (int e = 0; e < d; e++)
+                                        orow[e] *= alpha;
+                                }
+                                L[r] = L[r] * alpha + sum;
+                                M[r] = mnew;
+                            } else {
+                                L[r] += sum;
+                            }
+                        }
+                        if (any)
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, d, bc,
+                                        1.0f, S, tk, V + (size_t)j0 * ldk, (int)ldk, 1.0f, O,
+                                        (int)ldo);
+                    }
+                    for (int r = 0; r < br; r++) {
+                        float *orow = O + (size_t)r * ldo;
+                        float lse;
+                        if (L[r] > 0.0f) {
+                            float inv = 1.0f / L[r];
+                            for (int e = 0; e < d; e++)
+                                orow[e] *= inv;
+                            lse = (M[r] + log2f(L[r])) * LN2_F;
+                        } else {
+                            memset(orow, 0, sizeof(float) * d);
+                            lse = -INFINITY;
+                        }
+                        if (a->lse)
+                            a->lse[((size_t)b * hq + (size_t)h) * sq + (size_t)(i0 + r)] = lse;
+                    }
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- merge and simple methods ------------------------------------------------- */
+
+static cpc_status *cpu_merge(cpc_backend *be, const cpc_merge_args *mg)
+{
+    (void)be;
+    if (!mg || mg->B < 0 || mg->s < 0 || mg->h < 0 || mg->d < 1)
+        return cpc_error(CPC_E_INTERNAL, "merge: bad arguments");
+    if (mg->B == 0 || mg->s == 0 || mg->h == 0)
+        return NULL;
+    if (!mg->acc || !mg->acc_lse || !mg->o || !mg->lse)
+        return cpc_error(CPC_E_INTERNAL, "merge: NULL buffer");
+    const int h = mg->h, d = mg->d;
+    const int64_t s = mg->s;
+    for (int b = 0; b < mg->B; b++)
+        for (int hh = 0; hh < h; hh++)
+            for (int64_t i = 0; i < s; i++) {
+                size_t li = ((size_t)b * h + (size_t)hh) * s + (size_t)i;
+                size_t oi = (((size_t)b * s + (size_t)i) * h + (size_t)hh) * d;
+                float la = mg->acc_lse[li], lb = mg->lse[li];
+                float *acc = mg->acc + oi;
+                const float *o = mg->o + oi;
+                if (lb == -INFINITY)
+                    continue; /* the new block saw nothing: acc unchanged */
+                if (la == -INFINITY) {
+                    memcpy(acc, o, sizeof(float) * d);
+                    mg->acc_lse[li] = lb;
+                    continue;
+                }
+                float mx = la > lb ? la : lb, mn = la > lb ? lb : la;
+                float lnew = mx + log1pf(expf(mn - mx));
+                float wa = expf(la - lnew), wb = expf(lb - lnew);
+                for (int e = 0; e < d; e++)
+                    acc[e] = wa * acc[e] + wb * o[e];
+                mg->acc_lse[li] = lnew;
+            }
+    return NULL;
+}
+
+static cpc_status *cpu_alloc(cpc_backend *be, size_t bytes, void **out)
+{
+    (void)be;
+    if (!out)
+        return cpc_error(CPC_E_INTERNAL, "alloc: NULL out");
+    *out = aligned_alloc64(bytes);
+    if (!*out)
+        return cpc_error(CPC_E_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    return NULL;
+}
+
+static void cpu_free(cpc_backend *be, void *ptr)
+{
+    (void)be;
+    free(ptr);
+}
+
+static cpc_status *cpu_memcpy(cpc_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes == 0 || dst == src)
+        return NULL;
+    if (!dst || !src)
+        return cpc_error(CPC_E_INTERNAL, "copy: NULL buffer");
+    memmove(dst, src, bytes);
+    return NULL;
+}
+
+static cpc_status *cpu_upload(cpc_backend *be, void *dst, const void *host, size_t bytes)
+{
+    return cpu_memcpy(be, dst, host, bytes);
+}
+
+static cpc_status *cpu_download(cpc_backend *be, void *host, const void *src, size_t bytes)
+{
+    return cpu_memcpy(be, host, src, bytes);
+}
+
+static cpc_status *cpu_init_acc(cpc_backend *be, float *acc, size_t n_acc, float *lse,
+                                size_t n_lse)
+{
+    (void)be;
+    if ((n_acc && !acc) || (n_lse && !lse))
+        return cpc_error(CPC_E_INTERNAL, "init_acc: NULL buffer");
+    if (n_acc)
+        memset(acc, 0, n_acc * sizeof(float));
+    for (size_t i = 0; i < n_lse; i++)
+        lse[i] = -INFINITY;
+    return NULL;
+}
+
+static cpc_status *cpu_convert(cpc_backend *be, void *dst, cpc_dtype dst_t, const void *src,
+                               cpc_dtype src_t, size_t n)
+{
+    (void)be;
+    if ((int)dst_t < 0 || dst_t >= CPC_DTYPE__COUNT || (int)src_t < 0 ||
+        src_t >= CPC_DTYPE__COUNT)
+        return cpc_error(CPC_E_INTERNAL, "convert: unknown dtype");
+    if (n == 0)
+        return NULL;
+    if (!dst || !src)
+        return cpc_error(CPC_E_INTERNAL, "convert: NULL buffer");
+    if (dst == src && dst_t != src_t)
+        return cpc_error(CPC_E_INTERNAL, "convert: in-place conversion between dtypes");
+    cpc_convert_n(dst, dst_t, src, src_t, n);
+    return NULL;
+}
+
+static cpc_status *cpu_copy_strided(cpc_backend *be, void *dst, const void *src, size_t esize,
+                                    int64_t nb, int64_t nt, int64_t nh, int64_t inner,
+                                    int64_t dbs, int64_t dts, int64_t dhs, int64_t sbs,
+                                    int64_t sts, int64_t shs)
+{
+    (void)be;
+    if (esize == 0 || nb < 0 || nt < 0 || nh < 0 || inner < 0)
+        return cpc_error(CPC_E_INTERNAL, "copy_strided: bad sizes");
+    if (nb == 0 || nt == 0 || nh == 0 || inner == 0)
+        return NULL;
+    if (!dst || !src)
+        return cpc_error(CPC_E_INTERNAL, "copy_strided: NULL buffer");
+    /* Fold dimensions that are contiguous in both source and destination. */
+    if ((nh == 1) || (dhs == inner && shs == inner)) {
+        inner *= nh;
+        nh = 1;
+        if (nt == 1 || (dts == inner && sts == inner)) {
+            inner *= nt;
+            nt = 1;
+            if (nb == 1 || (dbs == inner && sbs == inner)) {
+                inner *= nb;
+                nb = 1;
+            }
+        }
+    }
+    const size_t row = (size_t)inner * esize;
+    char *d = dst;
+    const char *s = src;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t t = 0; t < nt; t++)
+            for (int64_t h = 0; h < nh; h++) {
+                int64_t de = b * dbs + t * dts + h * dhs, se = b * sbs + t * sts + h * shs;
+                memcpy(d + (size_t)de * esize, s + (size_t)se * esize, row);
+            }
+    return NULL;
+}
+
+static cpc_status *cpu_sync(cpc_backend *be)
+{
+    (void)be;
+    return NULL;
+}
+
+static void cpu_destroy(cpc_backend *be)
+{
+    if (!be)
+        return;
+    cpu_ctx *c = be->ctx;
+    if (c) {
+        free(c->qt);
+        free(c->s);
+        free(c->kbuf);
+        free(c->vbuf);
+        free(c->bias);
+        free(c->m);
+        free(c->l);
+        free(c->qpos);
+        free(c->kpos);
+        free(c->kt);
+        free(c);
+    }
+    free(be);
+}
+
+static const cpc_backend_vtable cpu_vtable = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .copy = cpu_memcpy,
+    .attn = cpu_attn,
+    .merge = cpu_merge,
+    .init_acc = cpu_init_acc,
+    .convert = cpu_convert,
+    .copy_strided = cpu_copy_strided,
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
+};
+
+cpc_status *cpc_cpu_backend_create(cpc_backend **out)
+{
+    if (!out)
+        return cpc_error(CPC_E_INTERNAL, "cpu backend: NULL out");
+    *out = NULL;
+    cpc_backend *be = calloc(1, sizeof *be);
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return cpc_error(CPC_E_NOMEM, "cpu backend: out of memory");
+    }
+    c->tq = 256;
+    c->tk = 512;
+    const char *env = getenv("CPC_CPU_ATTN_TILES");
+    if (env) {
+        int q = 0, k = 0;
+        if (sscanf(env, "%dx%d", &q, &k) == 2 && q >= 1 && q <= 4096 && k >= 1 && k <= 65536) {
+            c->tq = q;
+            c->tk = k;
+        }
+    }
+    c->row_max = row_max_scalar;
+    c->row_exp = row_exp_scalar;
+#ifdef CPC_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+        c->row_max = row_max_avx512;
+        c->row_exp = row_exp_avx512;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        c->row_max = row_max_avx2;
+        c->row_exp = row_exp_avx2;
+    }
+    const char *isa = getenv("CPC_CPU_ISA"); /* "avx2" or "scalar": for tests and tuning */
+    if (isa && strcmp(isa, "scalar") == 0) {
+        c->row_max = row_max_scalar;
+        c->row_exp = row_exp_scalar;
+    } else if (isa && strcmp(isa, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma")) {
+        c->row_max = row_max_avx2;
+        c->row_exp = row_exp_avx2;
+    }
+#endif
+    be->vt = &cpu_vtable;
+    be->ctx = c;
+    *out = be;
+    return NULL;
+}
+
+void cpc_cpu_backend_single_thread_blas(void) { openblas_set_num_threads(1); }

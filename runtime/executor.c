@@ -1,0 +1,1363 @@
+/* executor.c - see executor.h.  The semantics of every op are program.h's
+ * table; this file only interprets it for one rank. */
+#include "executor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* One program buffer as this rank holds it right now (swap exchanges these). */
+typedef struct xbuf {
+    void *ptr;
+    size_t cap;       /* bytes allocated behind ptr */
+    int tag;          /* BLOCK content: ring block index */
+} xbuf;
+
+typedef struct pending {
+    cpc_request *req;
+    int tag;
+    int buf;          /* program buffer the request reads or writes */
+} pending;
+
+struct cpc_exec {
+    cpc_exec_config cfg;
+    const cpc_program *prog;
+    const cpc_layout *L;
+    cpc_coords c;
+    float scale;
+    xbuf *bufs;
+    void **allocs;            /* what to free (one per buffer, before swaps) */
+    void *stage_send, *stage_recv;
+    size_t stage_send_cap, stage_recv_cap;
+    int64_t allocated;
+    const void *inputs[CPC_ROLE__COUNT];
+    size_t input_bytes[CPC_ROLE__COUNT];
+    pending *pend;
+    int n_pend, cap_pend;
+    cpc_run *qruns, *kvruns;
+    int max_runs;
+    size_t *a2a;              /* 4 * U: send counts/displs, recv counts/displs */
+    size_t *ag;               /* 2 * R: all-gather counts/displs */
+    cpc_exec_event *ev;
+    int n_ev, cap_ev;
+    cpc_exec_stats cur;
+    int out_buf;              /* the OUTPUT buffer, -1 if none */
+    int lse_buf;              /* the final LSE buffer, -1 if none */
+};
+
+double cpc_exec_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* ---- geometry -------------------------------------------------------------------- */
+
+static bool is_kv(cpc_buf_role r)
+{
+    return r == CPC_ROLE_K || r == CPC_ROLE_V;
+}
+
+/* Tokens of buffer b's content with tag `tag` on the rank at c. */
+static int64_t rows_of(const cpc_program *prog, const cpc_coords *c, int b, int tag)
+{
+    const cpc_layout *L = &prog->layout;
+    switch (prog->buffers[b].tokens) {
+    case CPC_TOK_SHARD: return cpc_layout_shard_tokens(L, (int)c->p);
+    case CPC_TOK_BLOCK: return cpc_layout_block_tokens(L, tag >= 0 ? tag : (int)c->r);
+    case CPC_TOK_ALL: return cpc_layout_block_offset(L, L->R);
+    case CPC_TOK_KV: return L->Skv;
+    default: return 0;
+    }
+}
+
+typedef struct geom {
+    int64_t T;        /* tokens */
+    int hoff, hn;     /* heads */
+    int es;           /* element size */
+    int64_t elems;
+    size_t bytes;
+} geom;
+
+static geom geom_of(const cpc_program *prog, const cpc_coords *c, int b, int tag)
+{
+    geom g;
+    g.T = rows_of(prog, c, b, tag);
+    cpc_buffer_heads(prog, b, (int)c->u, &g.hoff, &g.hn);
+    g.es = cpc_buffer_elem_size(prog, b);
+    int64_t per = prog->buffers[b].role == CPC_ROLE_LSE ? 1 : prog->layout.D;
+    g.elems = (int64_t)prog->layout.B * g.T * g.hn * per;
+    g.bytes = (size_t)g.elems * (size_t)g.es;
+    return g;
+}
+
+/* Global token runs of buffer b's content; returns the count (<= max). */
+static int runs_of(const cpc_program *prog, const cpc_coords *c, int b, int tag, cpc_run *out,
+                   int max)
+{
+    const cpc_layout *L = &prog->layout;
+    switch (prog->buffers[b].tokens) {
+    case CPC_TOK_SHARD: return cpc_layout_shard_runs(L, (int)c->p, out, max);
+    case CPC_TOK_BLOCK: return cpc_layout_block_runs(L, tag >= 0 ? tag : (int)c->r, out, max);
+    case CPC_TOK_ALL: {
+        int n = 0;
+        for (int i = 0; i < L->R; i++)
+            n += cpc_layout_block_runs(L, i, out + n, max - n);
+        return n;
+    }
+    case CPC_TOK_KV:
+        if (max < 1)
+            return 0;
+        out[0].start = 0;
+        out[0].len = L->Skv;
+        return 1;
+    default: return 0;
+    }
+}
+
+/* Per-member sizes of an all_to_all on the rank at c: counts and
+ * displacements (bytes) of what goes to and comes from each member j of the
+ * ulysses group.  sc/sd/rc/rd hold U entries each. */
+static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const cpc_op *op,
+                             size_t *sc, size_t *sd, size_t *rc, size_t *rd, size_t *stot,
+                             size_t *rtot)
+{
+    const cpc_layout *L = &prog->layout;
+    if (op->n_in < 1 || op->n_out < 1)
+        return cpc_error(CPC_E_INTERNAL, "all_to_all needs one input and one output buffer");
+    if (op->group != CPC_GROUP_ULYSSES)
+        return cpc_error(CPC_E_INTERNAL, "all_to_all over the %s group is not supported (ulysses only)",
+                         cpc_group_name(op->group));
+    int in = op->in[0], out = op->out[0];
+    const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+    if (bi->role == CPC_ROLE_LSE || bo->role == CPC_ROLE_LSE)
+        return cpc_error(CPC_E_INTERNAL, "all_to_all of an LSE buffer is not supported");
+    if (cpc_buffer_elem_size(prog, in) != cpc_buffer_elem_size(prog, out))
+        return cpc_error(CPC_E_INTERNAL, "all_to_all between buffers of different element types ('%s', '%s')",
+                         bi->name, bo->name);
+    int part = op->dir == CPC_A2A_SEQ_TO_HEADS ? out : in;
+    int full = op->dir == CPC_A2A_SEQ_TO_HEADS ? in : out;
+    if (prog->buffers[part].heads != CPC_HEADS_PART || prog->buffers[full].heads != CPC_HEADS_ALL)
+        return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must have ALL heads and '%s' PART heads",
+                         cpc_a2a_dir_name(op->dir), prog->buffers[full].name, prog->buffers[part].name);
+    if (prog->buffers[full].tokens != CPC_TOK_SHARD || prog->buffers[part].tokens != CPC_TOK_BLOCK)
+        return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must be SHARD and '%s' BLOCK",
+                         cpc_a2a_dir_name(op->dir), prog->buffers[full].name, prog->buffers[part].name);
+    int64_t row = (int64_t)L->B * L->D * cpc_buffer_elem_size(prog, in);
+    int U = L->U;
+    int64_t Tu = cpc_layout_shard_tokens(L, (int)c->p);
+    int uo, un;
+    cpc_buffer_heads(prog, part, (int)c->u, &uo, &un);
+    size_t so = 0, ro = 0;
+    for (int j = 0; j < U; j++) {
+        int64_t Tj = cpc_layout_shard_tokens(L, (int)(c->r * U + j));
+        int jo, jn;
+        cpc_buffer_heads(prog, part, j, &jo, &jn);
+        if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
+            sc[j] = (size_t)(row * Tu * jn);
+            rc[j] = (size_t)(row * Tj * un);
+        } else {
+            sc[j] = (size_t)(row * Tj * un);
+            rc[j] = (size_t)(row * Tu * jn);
+        }
+        sd[j] = so;
+        rd[j] = ro;
+        so += sc[j];
+        ro += rc[j];
+    }
+    *stot = so;
+    *rtot = ro;
+    return NULL;
+}
+
+/* ---- memory plan -------------------------------------------------------------------- */
+
+static int uf_find(int *par, int x)
+{
+    while (par[x] != x) {
+        par[x] = par[par[x]];
+        x = par[x];
+    }
+    return x;
+}
+
+static void uf_swaps(const cpc_op *ops, int n, int *par, int nb)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if (op->kind == CPC_OP_LOOP)
+            uf_swaps(op->body, op->n_body, par, nb);
+        else if (op->kind == CPC_OP_SWAP && op->n_in >= 2 && op->in[0] >= 0 && op->in[0] < nb &&
+                 op->in[1] >= 0 && op->in[1] < nb) {
+            int a = uf_find(par, op->in[0]), b = uf_find(par, op->in[1]);
+            if (a != b)
+                par[a] = b;
+        }
+    }
+}
+
+typedef struct stage_ctx {
+    const cpc_program *prog;
+    cpc_coords c;
+    size_t *tmp;      /* 4 * U */
+    size_t send, recv;
+} stage_ctx;
+
+/* Staging space for every all_to_all of the program (whether or not its
+ * `when` holds on this rank: an upper bound, nothing is evaluated). */
+static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if (op->kind == CPC_OP_LOOP) {
+            cpc_status *e = stage_ops(s, op->body, op->n_body);
+            if (e)
+                return e;
+            continue;
+        }
+        if (op->kind != CPC_OP_ALL_TO_ALL)
+            continue;
+        if (op->n_in < 1 || op->n_out < 1 || op->in[0] < 0 || op->in[0] >= s->prog->n_buffers ||
+            op->out[0] < 0 || op->out[0] >= s->prog->n_buffers)
+            return cpc_error(CPC_E_INTERNAL, "ops: all_to_all with bad buffers");
+        int U = s->prog->layout.U;
+        size_t st, rt;
+        cpc_status *e = a2a_sizes(s->prog, &s->c, op, s->tmp, s->tmp + U, s->tmp + 2 * U,
+                                  s->tmp + 3 * U, &st, &rt);
+        if (e) {
+            cpc_status_prefix(e, "rank %lld: all_to_all", (long long)s->c.p);
+            return e;
+        }
+        bool b1 = s->prog->layout.B == 1;
+        /* B == 1: the SEQ_TO_HEADS receive and the HEADS_TO_SEQ send go
+         * straight between the buffer and the transport (each member's part
+         * is a contiguous token range). */
+        bool need_send = !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
+        bool need_recv = !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
+        if (need_send && st > s->send)
+            s->send = st;
+        if (need_recv && rt > s->recv)
+            s->recv = rt;
+    }
+    return NULL;
+}
+
+/* Capacities per buffer (swap classes merged) and staging sizes. */
+static cpc_status *plan_memory(const cpc_program *prog, int rank, int64_t *caps, size_t *ssend,
+                               size_t *srecv)
+{
+    int nb = prog->n_buffers;
+    cpc_coords c = cpc_program_coords(prog, rank);
+    int *par = malloc((size_t)(nb > 0 ? nb : 1) * sizeof *par);
+    size_t *tmp = malloc((size_t)(4 * prog->layout.U) * sizeof *tmp);
+    if (!par || !tmp) {
+        free(par);
+        free(tmp);
+        return cpc_error(CPC_E_NOMEM, "executor: out of memory");
+    }
+    for (int b = 0; b < nb; b++) {
+        par[b] = b;
+        int64_t cap = cpc_buffer_capacity_bytes(prog, b, &c);
+        /* Never below what this executor's geometry can put there. */
+        int64_t own = 0;
+        if (prog->buffers[b].tokens == CPC_TOK_BLOCK) {
+            for (int i = 0; i < prog->layout.R; i++) {
+                geom g = geom_of(prog, &c, b, i);
+                if ((int64_t)g.bytes > own)
+                    own = (int64_t)g.bytes;
+            }
+        } else {
+            own = (int64_t)geom_of(prog, &c, b, -1).bytes;
+        }
+        caps[b] = cap > own ? cap : own;
+    }
+    uf_swaps(prog->ops, prog->n_ops, par, nb);
+    for (int b = 0; b < nb; b++) {
+        int r = uf_find(par, b);
+        if (caps[b] > caps[r])
+            caps[r] = caps[b];
+    }
+    for (int b = 0; b < nb; b++)
+        caps[b] = caps[uf_find(par, b)];
+    free(par);
+    stage_ctx s = {.prog = prog, .c = c, .tmp = tmp};
+    cpc_status *st = stage_ops(&s, prog->ops, prog->n_ops);
+    free(tmp);
+    if (st)
+        return st;
+    if (prog->layout.B == 1) {
+        /* Each all_to_all then stages only one side: one space serves both. */
+        *ssend = s.send > s.recv ? s.send : s.recv;
+        *srecv = 0;
+    } else {
+        *ssend = s.send;
+        *srecv = s.recv;
+    }
+    return NULL;
+}
+
+cpc_status *cpc_exec_memory_plan(const cpc_program *prog, int rank, cpc_exec_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!prog || rank < 0 || rank >= prog->layout.P)
+        return cpc_error(CPC_E_INTERNAL, "executor: rank %d outside the program's %d ranks", rank,
+                         prog ? prog->layout.P : 0);
+    out->n_buffers = prog->n_buffers;
+    out->buffer_bytes = calloc((size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1), sizeof(int64_t));
+    if (!out->buffer_bytes)
+        return cpc_error(CPC_E_NOMEM, "executor: out of memory");
+    size_t ss = 0, sr = 0;
+    cpc_status *st = plan_memory(prog, rank, out->buffer_bytes, &ss, &sr);
+    if (st) {
+        cpc_exec_memory_free(out);
+        return st;
+    }
+    out->staging_bytes = (int64_t)(ss + sr);
+    out->total_bytes = out->staging_bytes;
+    for (int b = 0; b < prog->n_buffers; b++)
+        out->total_bytes += out->buffer_bytes[b];
+    return NULL;
+}
+
+void cpc_exec_memory_free(cpc_exec_memory *m)
+{
+    if (!m)
+        return;
+    free(m->buffer_bytes);
+    memset(m, 0, sizeof *m);
+}
+
+static void fmt_bytes(char *buf, size_t n, double b)
+{
+    if (b >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else if (b >= 1024.0 * 1024)
+        snprintf(buf, n, "%.2f MiB", b / (1024.0 * 1024));
+    else if (b >= 1024.0)
+        snprintf(buf, n, "%.2f KiB", b / 1024.0);
+    else
+        snprintf(buf, n, "%.0f B", b);
+}
+
+cpc_status *cpc_exec_print_memory(FILE *out, const cpc_program *prog, int rank)
+{
+    cpc_exec_memory m;
+    cpc_status *st = cpc_exec_memory_plan(prog, rank, &m);
+    if (st)
+        return st;
+    cpc_coords c = cpc_program_coords(prog, rank);
+    fprintf(out, "rank %d (r=%lld, u=%lld):\n", rank, (long long)c.r, (long long)c.u);
+    for (int b = 0; b < prog->n_buffers; b++) {
+        const cpc_buffer *bf = &prog->buffers[b];
+        int hoff, hn;
+        cpc_buffer_heads(prog, b, (int)c.u, &hoff, &hn);
+        char sz[32];
+        fmt_bytes(sz, sizeof sz, (double)m.buffer_bytes[b]);
+        char hs[32];
+        snprintf(hs, sizeof hs, "[%d, %d)", hoff, hoff + hn);
+        fprintf(out, "  %-12s %-4s %-6s %-4s heads %-10s %-6s %12lld bytes (%s)\n", bf->name,
+                cpc_buf_role_name(bf->role), cpc_buf_tokens_name(bf->tokens),
+                cpc_buf_heads_name(bf->heads), hs,
+                bf->io != CPC_IO_NONE ? cpc_buf_io_name(bf->io) : "",
+                (long long)m.buffer_bytes[b], sz);
+    }
+    if (m.staging_bytes) {
+        char sz[32];
+        fmt_bytes(sz, sizeof sz, (double)m.staging_bytes);
+        fprintf(out, "  %-12s %-40s %12lld bytes (%s)\n", "(staging)", "all_to_all pack/unpack",
+                (long long)m.staging_bytes, sz);
+    }
+    char sz[32];
+    fmt_bytes(sz, sizeof sz, (double)m.total_bytes);
+    fprintf(out, "  peak memory: %lld bytes (%s)\n", (long long)m.total_bytes, sz);
+    cpc_exec_memory_free(&m);
+    return NULL;
+}
+
+/* ---- create / destroy -------------------------------------------------------------- */
+
+/* Finds the final LSE buffer: out[1] of the last merge, else of the last attn. */
+static void find_lse(const cpc_op *ops, int n, int *merge_lse, int *attn_lse)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if (op->kind == CPC_OP_LOOP)
+            find_lse(op->body, op->n_body, merge_lse, attn_lse);
+        else if (op->kind == CPC_OP_MERGE && op->n_out >= 2)
+            *merge_lse = op->out[1];
+        else if (op->kind == CPC_OP_ATTN && op->n_out >= 2)
+            *attn_lse = op->out[1];
+    }
+}
+
+void cpc_exec_destroy(cpc_exec *ex)
+{
+    if (!ex)
+        return;
+    cpc_backend *be = ex->cfg.backend;
+    for (int i = 0; i < ex->n_pend; i++) {
+        /* Requests left by a failed run: complete them (errors ignored). */
+        if (ex->cfg.transport && ex->pend[i].req)
+            cpc_status_free(ex->cfg.transport->vt->wait(ex->cfg.transport, ex->pend[i].req));
+    }
+    if (ex->allocs)
+        for (int b = 0; b < ex->prog->n_buffers; b++)
+            if (ex->allocs[b])
+                be->vt->free(be, ex->allocs[b]);
+    if (ex->stage_send)
+        be->vt->free(be, ex->stage_send);
+    if (ex->stage_recv && ex->stage_recv != ex->stage_send)
+        be->vt->free(be, ex->stage_recv);
+    free(ex->allocs);
+    free(ex->bufs);
+    free(ex->pend);
+    free(ex->qruns);
+    free(ex->kvruns);
+    free(ex->a2a);
+    free(ex->ag);
+    free(ex->ev);
+    free(ex);
+}
+
+cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
+{
+    *out = NULL;
+    const cpc_program *prog = cfg->prog;
+    if (!prog || !cfg->backend)
+        return cpc_error(CPC_E_INTERNAL, "executor: no program or backend");
+    if (cfg->rank < 0 || cfg->rank >= prog->layout.P)
+        return cpc_error(CPC_E_INTERNAL, "executor: rank %d outside the program's %d ranks",
+                         cfg->rank, prog->layout.P);
+    cpc_exec *ex = calloc(1, sizeof *ex);
+    if (!ex)
+        return cpc_error(CPC_E_NOMEM, "executor: out of memory");
+    ex->cfg = *cfg;
+    ex->prog = prog;
+    ex->L = &prog->layout;
+    ex->c = cpc_program_coords(prog, cfg->rank);
+    ex->scale = (float)(cfg->scale > 0 ? cfg->scale : 1.0 / sqrt((double)prog->layout.D));
+    ex->out_buf = -1;
+    ex->lse_buf = -1;
+    int nb = prog->n_buffers;
+    const cpc_layout *L = ex->L;
+    cpc_status *st = NULL;
+    int64_t *caps = calloc((size_t)(nb > 0 ? nb : 1), sizeof *caps);
+    ex->bufs = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->bufs);
+    ex->allocs = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->allocs);
+    ex->max_runs = L->R * cpc_layout_max_block_runs(L) + 2;
+    ex->qruns = malloc((size_t)ex->max_runs * sizeof *ex->qruns);
+    ex->kvruns = malloc((size_t)ex->max_runs * sizeof *ex->kvruns);
+    ex->a2a = malloc((size_t)(4 * L->U) * sizeof *ex->a2a);
+    ex->ag = malloc((size_t)(2 * L->R) * sizeof *ex->ag);
+    if (!caps || !ex->bufs || !ex->allocs || !ex->qruns || !ex->kvruns || !ex->a2a || !ex->ag) {
+        st = cpc_error(CPC_E_NOMEM, "executor: out of memory");
+        goto fail;
+    }
+    size_t ss = 0, sr = 0;
+    if ((st = plan_memory(prog, cfg->rank, caps, &ss, &sr)))
+        goto fail;
+    cpc_backend *be = cfg->backend;
+    for (int b = 0; b < nb; b++) {
+        const cpc_buffer *bf = &prog->buffers[b];
+        if ((st = be->vt->alloc(be, (size_t)caps[b], &ex->allocs[b]))) {
+            cpc_status_prefix(st, "rank %d: allocating buffer '%s' (%lld bytes)", cfg->rank,
+                              bf->name, (long long)caps[b]);
+            goto fail;
+        }
+        ex->bufs[b].ptr = ex->allocs[b];
+        ex->bufs[b].cap = (size_t)caps[b];
+        ex->bufs[b].tag = (int)ex->c.r;
+        ex->allocated += caps[b];
+        if (bf->io == CPC_IO_OUTPUT && ex->out_buf < 0)
+            ex->out_buf = b;
+        if (bf->io == CPC_IO_INPUT) {
+            if (bf->role != CPC_ROLE_Q && !is_kv(bf->role)) {
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' has role %s (q, k or v expected)",
+                               cfg->rank, bf->name, cpc_buf_role_name(bf->role));
+                goto fail;
+            }
+            bool ok = bf->heads == CPC_HEADS_ALL &&
+                      (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
+                       (bf->tokens == CPC_TOK_BLOCK && L->U == 1));
+            if (!ok) {
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' must hold ALL heads of a SHARD (or KV) layout, not %s/%s",
+                               cfg->rank, bf->name, cpc_buf_tokens_name(bf->tokens),
+                               cpc_buf_heads_name(bf->heads));
+                goto fail;
+            }
+            size_t want = geom_of(prog, &ex->c, b, (int)ex->c.r).bytes;
+            if (ex->input_bytes[bf->role] && ex->input_bytes[bf->role] != want) {
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffers of role %s disagree in size",
+                               cfg->rank, cpc_buf_role_name(bf->role));
+                goto fail;
+            }
+            ex->input_bytes[bf->role] = want;
+        }
+    }
+    if (ss && (st = be->vt->alloc(be, ss, &ex->stage_send)))
+        goto fail;
+    if (sr && (st = be->vt->alloc(be, sr, &ex->stage_recv)))
+        goto fail;
+    ex->stage_send_cap = ss;
+    ex->stage_recv_cap = sr;
+    if (prog->layout.B == 1) {
+        ex->stage_recv = ex->stage_send;
+        ex->stage_recv_cap = ss;
+    }
+    ex->allocated += (int64_t)(ss + sr);
+    int ml = -1, al = -1;
+    find_lse(prog->ops, prog->n_ops, &ml, &al);
+    ex->lse_buf = ml >= 0 ? ml : al;
+    free(caps);
+    *out = ex;
+    return NULL;
+fail:
+    free(caps);
+    cpc_exec_destroy(ex);
+    return st;
+}
+
+int64_t cpc_exec_allocated_bytes(const cpc_exec *ex)
+{
+    return ex->allocated;
+}
+
+size_t cpc_exec_input_bytes(const cpc_exec *ex, cpc_buf_role role)
+{
+    if (role < 0 || role >= CPC_ROLE__COUNT)
+        return 0;
+    return ex->input_bytes[role];
+}
+
+cpc_status *cpc_exec_bind_input(cpc_exec *ex, cpc_buf_role role, const void *host, size_t bytes)
+{
+    if (role != CPC_ROLE_Q && role != CPC_ROLE_K && role != CPC_ROLE_V)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: bind_input: role %s is not an input role",
+                         ex->cfg.rank, cpc_buf_role_name(role));
+    if (!ex->input_bytes[role])
+        return NULL; /* no buffer takes it */
+    if (bytes != ex->input_bytes[role])
+        return cpc_error(CPC_E_INPUT, "rank %d: input %s: %zu bytes given, this rank's shard needs %zu",
+                         ex->cfg.rank, cpc_buf_role_name(role), bytes, ex->input_bytes[role]);
+    ex->inputs[role] = host;
+    return NULL;
+}
+
+cpc_status *cpc_exec_reset(cpc_exec *ex)
+{
+    const cpc_program *prog = ex->prog;
+    cpc_backend *be = ex->cfg.backend;
+    for (int b = 0; b < prog->n_buffers; b++) {
+        const cpc_buffer *bf = &prog->buffers[b];
+        ex->bufs[b].tag = (int)ex->c.r;
+        if (bf->io != CPC_IO_INPUT)
+            continue;
+        if (!ex->inputs[bf->role])
+            return cpc_error(CPC_E_INPUT, "rank %d: input %s is not bound", ex->cfg.rank,
+                             cpc_buf_role_name(bf->role));
+        size_t n = ex->input_bytes[bf->role];
+        if (n > ex->bufs[b].cap)
+            return cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' is too small (%zu > %zu)",
+                             ex->cfg.rank, bf->name, n, ex->bufs[b].cap);
+        cpc_status *st = be->vt->upload(be, ex->bufs[b].ptr, ex->inputs[bf->role], n);
+        if (st) {
+            cpc_status_prefix(st, "rank %d: uploading input '%s'", ex->cfg.rank, bf->name);
+            return st;
+        }
+    }
+    return NULL;
+}
+
+/* ---- op execution ------------------------------------------------------------------- */
+
+static cpc_status *errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static cpc_status *errf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cpc_status *st = cpc_diagv(CPC_E_INTERNAL, 0, CPC_SEV_ERROR, CPC_NO_SPAN, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static const char *bname(const cpc_exec *ex, int b)
+{
+    return ex->prog->buffers[b].name;
+}
+
+static geom cur_geom(const cpc_exec *ex, int b)
+{
+    return geom_of(ex->prog, &ex->c, b, ex->bufs[b].tag);
+}
+
+static cpc_status *check_fits(const cpc_exec *ex, int b, size_t bytes)
+{
+    if (bytes > ex->bufs[b].cap)
+        return errf("buffer '%s' would hold %zu bytes, its capacity is %zu", bname(ex, b), bytes,
+                    ex->bufs[b].cap);
+    return NULL;
+}
+
+static bool buf_pending(const cpc_exec *ex, int b)
+{
+    for (int i = 0; i < ex->n_pend; i++)
+        if (ex->pend[i].buf == b)
+            return true;
+    return false;
+}
+
+static cpc_status *need(const cpc_op *op, int n_in, int n_out)
+{
+    if (op->n_in < n_in || op->n_out < n_out)
+        return errf("needs %d input and %d output buffers, has %d and %d", n_in, n_out, op->n_in,
+                    op->n_out);
+    return NULL;
+}
+
+static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op)
+{
+    int acc, lse;
+    if (op->n_out >= 2) {
+        acc = op->out[0];
+        lse = op->out[1];
+    } else if (op->n_in >= 2) {
+        acc = op->in[0];
+        lse = op->in[1];
+    } else {
+        return errf("needs an ACC and an LSE buffer");
+    }
+    ex->bufs[acc].tag = (int)ex->c.r;
+    ex->bufs[lse].tag = (int)ex->c.r;
+    geom ga = cur_geom(ex, acc), gl = cur_geom(ex, lse);
+    if (ga.es != 4 || gl.es != 4)
+        return errf("'%s' and '%s' must be fp32 (ACC/LSE roles)", bname(ex, acc), bname(ex, lse));
+    cpc_status *st = check_fits(ex, acc, ga.bytes);
+    if (!st)
+        st = check_fits(ex, lse, gl.bytes);
+    if (st)
+        return st;
+    return ex->cfg.backend->vt->init_acc(ex->cfg.backend, ex->bufs[acc].ptr, (size_t)ga.elems,
+                                         ex->bufs[lse].ptr, (size_t)gl.elems);
+}
+
+static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
+{
+    cpc_status *st = need(op, 3, 2);
+    if (st)
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    int q = op->in[0], k = op->in[1], v = op->in[2], o = op->out[0], lse = op->out[1];
+    geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gv = cur_geom(ex, v);
+    if (prog->buffers[k].tokens != prog->buffers[v].tokens || gk.hn != gv.hn || gk.hoff != gv.hoff)
+        return errf("K '%s' and V '%s' have different layouts", bname(ex, k), bname(ex, v));
+    if (prog->buffers[k].tokens == CPC_TOK_BLOCK && ex->bufs[k].tag != ex->bufs[v].tag)
+        return errf("K '%s' holds block %d but V '%s' holds block %d", bname(ex, k),
+                    ex->bufs[k].tag, bname(ex, v), ex->bufs[v].tag);
+    if (gq.es != cpc_dtype_size(L->dtype) || gk.es != gq.es)
+        return errf("Q/K/V buffers must be in the plan's dtype");
+    cpc_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.B = L->B;
+    a.d = L->D;
+    a.group = L->group;
+    a.dtype = L->dtype;
+    a.scale = ex->scale;
+    a.causal = L->causal;
+    a.kv_mask = ex->cfg.kv_mask;
+    a.mask_len = L->Skv;
+    a.sq = gq.T;
+    a.hq = gq.hn;
+    a.q_head_off = gq.hoff;
+    a.q = ex->bufs[q].ptr;
+    a.q_bstride = gq.T * gq.hn * L->D;
+    a.n_q_runs = runs_of(prog, &ex->c, q, ex->bufs[q].tag, ex->qruns, ex->max_runs);
+    a.q_runs = ex->qruns;
+    a.hkv = gk.hn;
+    a.kv_head_off = gk.hoff;
+    int64_t rowb = (int64_t)gk.hn * L->D;
+    if (prog->buffers[k].tokens == CPC_TOK_ALL && op->block) {
+        int64_t bi;
+        if ((st = cpc_expr_eval(op->block, c, &bi)))
+            return st;
+        if (bi < 0 || bi >= L->R)
+            return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
+        int64_t off = cpc_layout_block_offset(L, (int)bi);
+        a.skv = cpc_layout_block_tokens(L, (int)bi);
+        a.k = (const char *)ex->bufs[k].ptr + off * rowb * gk.es;
+        a.v = (const char *)ex->bufs[v].ptr + off * rowb * gk.es;
+        a.kv_bstride = gk.T * rowb;
+        a.n_kv_runs = cpc_layout_block_runs(L, (int)bi, ex->kvruns, ex->max_runs);
+    } else {
+        if (op->block && prog->buffers[k].tokens == CPC_TOK_BLOCK) {
+            int64_t bi;
+            if ((st = cpc_expr_eval(op->block, c, &bi)))
+                return st;
+            if (bi != ex->bufs[k].tag)
+                return errf("reads block %lld but '%s' holds block %d", (long long)bi,
+                            bname(ex, k), ex->bufs[k].tag);
+        }
+        a.skv = gk.T;
+        a.k = ex->bufs[k].ptr;
+        a.v = ex->bufs[v].ptr;
+        a.kv_bstride = gk.T * rowb;
+        a.n_kv_runs = runs_of(prog, &ex->c, k, ex->bufs[k].tag, ex->kvruns, ex->max_runs);
+    }
+    a.kv_runs = ex->kvruns;
+    /* GQA: the K/V heads this rank holds must cover those its query heads use. */
+    if (gq.hn > 0 && (gq.hoff / L->group < gk.hoff ||
+                      (gq.hoff + gq.hn - 1) / L->group >= gk.hoff + gk.hn))
+        return errf("query heads [%d, %d) need K/V heads [%d, %d], '%s' holds [%d, %d)", gq.hoff,
+                    gq.hoff + gq.hn, gq.hoff / L->group, (gq.hoff + gq.hn - 1) / L->group,
+                    bname(ex, k), gk.hoff, gk.hoff + gk.hn);
+    ex->bufs[o].tag = ex->bufs[q].tag;
+    ex->bufs[lse].tag = ex->bufs[q].tag;
+    geom go = cur_geom(ex, o), gl = cur_geom(ex, lse);
+    if (go.es != 4 || gl.es != 4)
+        return errf("outputs '%s' and '%s' must be fp32", bname(ex, o), bname(ex, lse));
+    if (go.hn != gq.hn || go.T != gq.T || gl.hn != gq.hn)
+        return errf("output '%s' (%lld tokens, %d heads) does not match Q '%s' (%lld tokens, %d heads)",
+                    bname(ex, o), (long long)go.T, go.hn, bname(ex, q), (long long)gq.T, gq.hn);
+    if ((st = check_fits(ex, o, go.bytes)) || (st = check_fits(ex, lse, gl.bytes)))
+        return st;
+    a.o = ex->bufs[o].ptr;
+    a.lse = ex->bufs[lse].ptr;
+    ex->cur.attn_flops += 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
+    return ex->cfg.backend->vt->attn(ex->cfg.backend, &a);
+}
+
+static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need(op, 2, 2);
+    if (st)
+        return st;
+    int o = op->in[0], l = op->in[1], acc = op->out[0], al = op->out[1];
+    geom go = cur_geom(ex, o), gl = cur_geom(ex, l);
+    ex->bufs[acc].tag = ex->bufs[o].tag;
+    ex->bufs[al].tag = ex->bufs[o].tag;
+    geom ga = cur_geom(ex, acc), gal = cur_geom(ex, al);
+    if (go.es != 4 || gl.es != 4 || ga.es != 4 || gal.es != 4)
+        return errf("merge operands must be fp32");
+    if (go.T != ga.T || go.hn != ga.hn || gl.T != gal.T || gl.hn != gal.hn || go.T != gl.T)
+        return errf("block '%s' (%lld tokens, %d heads) does not match accumulator '%s' (%lld tokens, %d heads)",
+                    bname(ex, o), (long long)go.T, go.hn, bname(ex, acc), (long long)ga.T, ga.hn);
+    if ((st = check_fits(ex, acc, ga.bytes)) || (st = check_fits(ex, al, gal.bytes)))
+        return st;
+    cpc_merge_args m = {.B = ex->L->B, .s = go.T, .h = go.hn, .d = ex->L->D,
+                        .acc = ex->bufs[acc].ptr, .acc_lse = ex->bufs[al].ptr,
+                        .o = ex->bufs[o].ptr, .lse = ex->bufs[l].ptr};
+    return ex->cfg.backend->vt->merge(ex->cfg.backend, &m);
+}
+
+static cpc_status *push_pending(cpc_exec *ex, cpc_request *req, int tag, int buf)
+{
+    if (ex->n_pend == ex->cap_pend) {
+        int nc = ex->cap_pend ? 2 * ex->cap_pend : 16;
+        pending *p = realloc(ex->pend, (size_t)nc * sizeof *p);
+        if (!p)
+            return cpc_error(CPC_E_NOMEM, "executor: out of memory");
+        ex->pend = p;
+        ex->cap_pend = nc;
+    }
+    ex->pend[ex->n_pend++] = (pending){req, tag, buf};
+    return NULL;
+}
+
+static cpc_status *need_transport(const cpc_exec *ex)
+{
+    if (!ex->cfg.transport)
+        return errf("no transport (communication op in a program run without one)");
+    return NULL;
+}
+
+static cpc_status *op_send(cpc_exec *ex, const cpc_op *op, const cpc_coords *c, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if (!op->peer)
+        return errf("send without a peer");
+    int64_t peer;
+    if ((st = cpc_expr_eval(op->peer, c, &peer)))
+        return st;
+    cpc_transport *t = ex->cfg.transport;
+    int me = t->vt->group_rank(t, op->group);
+    for (int i = 0; i < op->n_in; i++) {
+        int b = op->in[i];
+        geom g = cur_geom(ex, b);
+        cpc_request *req = NULL;
+        if ((st = t->vt->isend(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
+            return st;
+        if ((st = push_pending(ex, req, op->tag, b)))
+            return st;
+        if (peer != me)
+            *sent += (int64_t)g.bytes;
+    }
+    return NULL;
+}
+
+static cpc_status *op_recv(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if (!op->peer)
+        return errf("recv without a peer");
+    int64_t peer, blk = -1;
+    if ((st = cpc_expr_eval(op->peer, c, &peer)))
+        return st;
+    if (op->block) {
+        if ((st = cpc_expr_eval(op->block, c, &blk)))
+            return st;
+        if (blk < 0 || blk >= ex->L->R)
+            return errf("block %lld outside 0..%d", (long long)blk, ex->L->R - 1);
+    }
+    cpc_transport *t = ex->cfg.transport;
+    for (int i = 0; i < op->n_out; i++) {
+        int b = op->out[i];
+        if (ex->prog->buffers[b].tokens == CPC_TOK_BLOCK) {
+            if (blk < 0)
+                return errf("recv into BLOCK buffer '%s' without a block", bname(ex, b));
+            ex->bufs[b].tag = (int)blk;
+        }
+        geom g = cur_geom(ex, b);
+        if ((st = check_fits(ex, b, g.bytes)))
+            return st;
+        cpc_request *req = NULL;
+        if ((st = t->vt->irecv(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
+            return st;
+        if ((st = push_pending(ex, req, op->tag, b)))
+            return st;
+    }
+    return NULL;
+}
+
+static cpc_status *op_wait(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *first = NULL;
+    int j = 0;
+    for (int i = 0; i < ex->n_pend; i++) {
+        if (ex->pend[i].tag != op->tag) {
+            ex->pend[j++] = ex->pend[i];
+            continue;
+        }
+        cpc_status *st = ex->cfg.transport->vt->wait(ex->cfg.transport, ex->pend[i].req);
+        if (st && !first)
+            first = st;
+        else
+            cpc_status_free(st);
+    }
+    ex->n_pend = j;
+    return first;
+}
+
+static cpc_status *op_swap(cpc_exec *ex, const cpc_op *op)
+{
+    if (op->n_in < 2)
+        return errf("needs two buffers");
+    int a = op->in[0], b = op->in[1];
+    if (buf_pending(ex, a) || buf_pending(ex, b))
+        return errf("'%s' or '%s' has a send/recv not yet waited for", bname(ex, a), bname(ex, b));
+    xbuf t = ex->bufs[a];
+    ex->bufs[a] = ex->bufs[b];
+    ex->bufs[b] = t;
+    return NULL;
+}
+
+static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    int U = L->U;
+    size_t *sc = ex->a2a, *sd = sc + U, *rc = sd + U, *rd = rc + U;
+    size_t stot, rtot;
+    if ((st = a2a_sizes(prog, &ex->c, op, sc, sd, rc, rd, &stot, &rtot)))
+        return st;
+    int in = op->in[0], out = op->out[0];
+    cpc_backend *be = ex->cfg.backend;
+    int es = cpc_buffer_elem_size(prog, in);
+    int64_t B = L->B, D = L->D;
+    int64_t r = ex->c.r;
+    int u = (int)ex->c.u;
+    bool b1 = B == 1;
+    const void *sendp;
+    void *recvp;
+    int64_t Tu = cpc_layout_shard_tokens(L, (int)ex->c.p);
+    int64_t Tblk = cpc_layout_block_tokens(L, (int)r);
+    if (buf_pending(ex, in) || buf_pending(ex, out))
+        return errf("'%s' or '%s' has a send/recv not yet waited for", bname(ex, in), bname(ex, out));
+    if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
+        /* in [B, Tu, Hin, D] -> out [B, Tblk, hu, D]. */
+        geom gi = geom_of(prog, &ex->c, in, (int)ex->c.p);
+        int hin = gi.hn;
+        int uo, un;
+        cpc_buffer_heads(prog, out, u, &uo, &un);
+        ex->bufs[out].tag = (int)r;
+        geom go = cur_geom(ex, out);
+        if ((st = check_fits(ex, out, go.bytes)))
+            return st;
+        if (stot > ex->stage_send_cap)
+            return errf("staging space too small (%zu > %zu)", stot, ex->stage_send_cap);
+        for (int j = 0; j < U; j++) {
+            int jo, jn;
+            cpc_buffer_heads(prog, out, j, &jo, &jn);
+            if (jn == 0 || Tu == 0)
+                continue;
+            if ((st = be->vt->copy_strided(be, (char *)ex->stage_send + sd[j],
+                                           (const char *)ex->bufs[in].ptr + (int64_t)jo * D * es,
+                                           (size_t)es, B, Tu, 1, jn * D, Tu * jn * D, jn * D, 0,
+                                           Tu * hin * D, hin * D, 0)))
+                return st;
+        }
+        sendp = ex->stage_send;
+        if (b1) {
+            /* Member j's tokens land at its token offset within the block. */
+            size_t off = 0;
+            for (int j = 0; j < U; j++) {
+                rd[j] = off;
+                off += rc[j];
+            }
+            recvp = ex->bufs[out].ptr;
+        } else {
+            if (rtot > ex->stage_recv_cap)
+                return errf("staging space too small (%zu > %zu)", rtot, ex->stage_recv_cap);
+            recvp = ex->stage_recv;
+        }
+        if ((st = ex->cfg.transport->vt->all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
+                                                      recvp, rc, rd)))
+            return st;
+        if (!b1) {
+            int64_t tok = 0;
+            for (int j = 0; j < U; j++) {
+                int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
+                if (Tj > 0 && un > 0 &&
+                    (st = be->vt->copy_strided(be, (char *)ex->bufs[out].ptr + tok * un * D * es,
+                                               (const char *)ex->stage_recv + rd[j], (size_t)es,
+                                               B, 1, 1, Tj * un * D, Tblk * un * D, 0, 0,
+                                               Tj * un * D, 0, 0)))
+                    return st;
+                tok += Tj;
+            }
+        }
+    } else {
+        /* in [B, Tblk, hu, D] (block r) -> out [B, Tu, Hout, D]. */
+        if (ex->bufs[in].tag != (int)r)
+            return errf("'%s' holds block %d, not this rank's block %lld", bname(ex, in),
+                        ex->bufs[in].tag, (long long)r);
+        int uo, un;
+        cpc_buffer_heads(prog, in, u, &uo, &un);
+        geom go = geom_of(prog, &ex->c, out, (int)ex->c.p);
+        int hout = go.hn;
+        if ((st = check_fits(ex, out, go.bytes)))
+            return st;
+        if (b1) {
+            size_t off = 0;
+            for (int j = 0; j < U; j++) {
+                sd[j] = off;
+                off += sc[j];
+            }
+            sendp = ex->bufs[in].ptr;
+        } else {
+            if (stot > ex->stage_send_cap)
+                return errf("staging space too small (%zu > %zu)", stot, ex->stage_send_cap);
+            int64_t tok = 0;
+            for (int j = 0; j < U; j++) {
+                int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
+                if (Tj > 0 && un > 0 &&
+                    (st = be->vt->copy_strided(be, (char *)ex->stage_send + sd[j],
+                                               (const char *)ex->bufs[in].ptr + tok * un * D * es,
+                                               (size_t)es, B, 1, 1, Tj * un * D, Tj * un * D, 0, 0,
+                                               Tblk * un * D, 0, 0)))
+                    return st;
+                tok += Tj;
+            }
+            sendp = ex->stage_send;
+        }
+        if (rtot > ex->stage_recv_cap)
+            return errf("staging space too small (%zu > %zu)", rtot, ex->stage_recv_cap);
+        recvp = ex->stage_recv;
+        if ((st = ex->cfg.transport->vt->all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
+                                                      recvp, rc, rd)))
+            return st;
+        for (int j = 0; j < U; j++) {
+            int jo, jn;
+            cpc_buffer_heads(prog, in, j, &jo, &jn);
+            if (jn == 0 || Tu == 0)
+                continue;
+            if ((st = be->vt->copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
+                                           (const char *)ex->stage_recv + rd[j], (size_t)es, B, Tu,
+                                           1, jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D,
+                                           jn * D, 0)))
+                return st;
+        }
+        ex->bufs[out].tag = (int)ex->c.p;
+    }
+    for (int j = 0; j < U; j++)
+        if (j != u)
+            *sent += (int64_t)sc[j];
+    return NULL;
+}
+
+static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if ((st = need(op, 1, 1)))
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    if (op->group != CPC_GROUP_RING)
+        return errf("all_gather over the %s group is not supported (ring only)",
+                    cpc_group_name(op->group));
+    int in = op->in[0], out = op->out[0];
+    const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+    if (bo->tokens != CPC_TOK_ALL)
+        return errf("output '%s' must have the ALL token layout", bo->name);
+    bool in_ok = bi->tokens == CPC_TOK_BLOCK || (bi->tokens == CPC_TOK_SHARD && L->U == 1);
+    if (!in_ok)
+        return errf("input '%s' must hold this rank's ring block", bi->name);
+    int r = (int)ex->c.r;
+    if (bi->tokens == CPC_TOK_BLOCK && ex->bufs[in].tag != r)
+        return errf("'%s' holds block %d, not this rank's block %d", bi->name, ex->bufs[in].tag, r);
+    geom gi = cur_geom(ex, in), go = geom_of(prog, &ex->c, out, -1);
+    if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != go.es || bi->role == CPC_ROLE_LSE)
+        return errf("'%s' and '%s' differ in heads or element type", bi->name, bo->name);
+    if ((st = check_fits(ex, out, go.bytes)))
+        return st;
+    int R = L->R;
+    int64_t rowb = (int64_t)gi.hn * L->D * gi.es;
+    size_t *cnt = ex->ag, *dsp = ex->ag + R;
+    int64_t Tr = cpc_layout_block_tokens(L, r);
+    for (int64_t b = 0; b < L->B; b++) {
+        for (int i = 0; i < R; i++) {
+            cnt[i] = (size_t)(cpc_layout_block_tokens(L, i) * rowb);
+            dsp[i] = (size_t)((b * go.T + cpc_layout_block_offset(L, i)) * rowb);
+        }
+        if ((st = ex->cfg.transport->vt->all_gather_v(ex->cfg.transport, op->group,
+                                                      (const char *)ex->bufs[in].ptr + b * Tr * rowb,
+                                                      (size_t)(Tr * rowb), ex->bufs[out].ptr, cnt,
+                                                      dsp)))
+            return st;
+        *sent += Tr * rowb * (R - 1);
+    }
+    ex->bufs[out].tag = CPC_TAG_NONE;
+    return NULL;
+}
+
+static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need(op, 1, 1);
+    if (st)
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    int in = op->in[0], out = op->out[0];
+    const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+    geom gi = cur_geom(ex, in);
+    ex->bufs[out].tag = ex->bufs[in].tag;
+    geom go = cur_geom(ex, out);
+    if (bo->tokens != bi->tokens && go.T != gi.T) {
+        /* SHARD p == BLOCK r when U == 1: the tag must say so. */
+        if (bo->tokens == CPC_TOK_BLOCK && bi->tokens == CPC_TOK_SHARD && L->U == 1) {
+            ex->bufs[out].tag = (int)ex->c.r;
+            go = cur_geom(ex, out);
+        }
+    }
+    if (go.T != gi.T)
+        return errf("'%s' holds %lld tokens, '%s' would hold %lld", bi->name, (long long)gi.T,
+                    bo->name, (long long)go.T);
+    bool lse_in = bi->role == CPC_ROLE_LSE, lse_out = bo->role == CPC_ROLE_LSE;
+    if (lse_in != lse_out)
+        return errf("cannot copy between an LSE buffer and a %s buffer", lse_in ? bo->name : bi->name);
+    if (go.hoff < gi.hoff || go.hoff + go.hn > gi.hoff + gi.hn)
+        return errf("'%s' heads [%d, %d) are not all in '%s' heads [%d, %d)", bo->name, go.hoff,
+                    go.hoff + go.hn, bi->name, gi.hoff, gi.hoff + gi.hn);
+    if ((st = check_fits(ex, out, go.bytes)))
+        return st;
+    cpc_dtype ti = gi.es == 4 ? CPC_DTYPE_FP32 : L->dtype;
+    cpc_dtype to = go.es == 4 ? CPC_DTYPE_FP32 : L->dtype;
+    if (bi->role == CPC_ROLE_ACC || bi->role == CPC_ROLE_LSE)
+        ti = CPC_DTYPE_FP32;
+    if (bo->role == CPC_ROLE_ACC || bo->role == CPC_ROLE_LSE)
+        to = CPC_DTYPE_FP32;
+    cpc_backend *be = ex->cfg.backend;
+    const char *src = ex->bufs[in].ptr;
+    char *dst = ex->bufs[out].ptr;
+    int64_t hsel = go.hoff - gi.hoff;
+    int64_t B = L->B, T = gi.T, D = lse_in ? 1 : L->D;
+    if (go.hn == gi.hn) {
+        if (ti == to)
+            return be->vt->copy(be, dst, src, go.bytes);
+        return be->vt->convert(be, dst, to, src, ti, (size_t)go.elems);
+    }
+    if (lse_in) {
+        /* [B, h, T]: heads are contiguous ranges of T. */
+        if (ti == to)
+            return be->vt->copy_strided(be, dst, src + hsel * T * gi.es, (size_t)gi.es, B, 1, 1,
+                                        go.hn * T, go.hn * T, 0, 0, gi.hn * T, 0, 0);
+        for (int64_t b = 0; b < B; b++)
+            if ((st = be->vt->convert(be, dst + b * go.hn * T * go.es, to,
+                                      src + (b * gi.hn + hsel) * T * gi.es, ti,
+                                      (size_t)(go.hn * T))))
+                return st;
+        return NULL;
+    }
+    if (ti == to)
+        return be->vt->copy_strided(be, dst, src + hsel * D * gi.es, (size_t)gi.es, B, T, 1,
+                                    go.hn * D, T * go.hn * D, go.hn * D, 0, T * gi.hn * D,
+                                    gi.hn * D, 0);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            if ((st = be->vt->convert(be, dst + ((b * T + t) * go.hn) * D * go.es, to,
+                                      src + ((b * T + t) * gi.hn + hsel) * D * gi.es, ti,
+                                      (size_t)(go.hn * D))))
+                return st;
+    return NULL;
+}
+
+static cpc_status *op_barrier(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    return ex->cfg.transport->vt->barrier(ex->cfg.transport, op->group);
+}
+
+static cpc_exec_event_cat op_cat(cpc_op_kind k)
+{
+    switch (k) {
+    case CPC_OP_SEND:
+    case CPC_OP_RECV:
+    case CPC_OP_WAIT:
+    case CPC_OP_ALL_TO_ALL:
+    case CPC_OP_ALL_GATHER:
+    case CPC_OP_BARRIER: return CPC_EV_COMM;
+    default: return CPC_EV_COMPUTE;
+    }
+}
+
+static void record(cpc_exec *ex, const cpc_op *op, int step, double t0, double t1, int64_t bytes)
+{
+    double dt = (t1 - t0) * 1e-3;
+    if (op_cat(op->kind) == CPC_EV_COMM)
+        ex->cur.comm_ms += dt;
+    else
+        ex->cur.compute_ms += dt;
+    if (!ex->cfg.record_events)
+        return;
+    if (ex->n_ev == ex->cap_ev) {
+        int nc = ex->cap_ev ? 2 * ex->cap_ev : 64;
+        cpc_exec_event *p = realloc(ex->ev, (size_t)nc * sizeof *p);
+        if (!p)
+            return; /* the trace loses events, the run goes on */
+        ex->ev = p;
+        ex->cap_ev = nc;
+    }
+    cpc_exec_event *e = &ex->ev[ex->n_ev++];
+    int k = snprintf(e->name, sizeof e->name, "%s", cpc_op_kind_name(op->kind));
+    int nb = op->n_in > 0 ? op->n_in : op->n_out;
+    const int *bl = op->n_in > 0 ? op->in : op->out;
+    if (op->kind == CPC_OP_RECV || op->kind == CPC_OP_INIT_ACC) {
+        nb = op->n_out > 0 ? op->n_out : op->n_in;
+        bl = op->n_out > 0 ? op->out : op->in;
+    }
+    for (int i = 0; i < nb && k > 0 && k < (int)sizeof e->name; i++)
+        k += snprintf(e->name + k, sizeof e->name - (size_t)k, "%s%s", i ? "," : " ",
+                      bname(ex, bl[i]));
+    e->cat = op_cat(op->kind);
+    e->step = step;
+    e->t0_us = t0;
+    e->t1_us = t1;
+    e->bytes = bytes;
+}
+
+static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c, int depth,
+                            const char *path)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        char here[160];
+        if (depth == 0)
+            snprintf(here, sizeof here, "ops[%d]", i);
+        else
+            snprintf(here, sizeof here, "%s.body[%d]", path, i);
+        cpc_status *st = NULL;
+        if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT) {
+            st = errf("unknown op kind %d", (int)op->kind);
+            goto fail;
+        }
+        if (op->when) {
+            int64_t w;
+            if ((st = cpc_expr_eval(op->when, &c, &w)))
+                goto fail;
+            if (!w)
+                continue;
+        }
+        for (int j = 0; j < op->n_in; j++)
+            if (op->in[j] < 0 || op->in[j] >= ex->prog->n_buffers) {
+                st = errf("input buffer index %d out of range", op->in[j]);
+                goto fail;
+            }
+        for (int j = 0; j < op->n_out; j++)
+            if (op->out[j] < 0 || op->out[j] >= ex->prog->n_buffers) {
+                st = errf("output buffer index %d out of range", op->out[j]);
+                goto fail;
+            }
+        if (op->kind == CPC_OP_LOOP) {
+            int64_t cnt;
+            if (!op->count) {
+                st = errf("loop without a count");
+                goto fail;
+            }
+            if ((st = cpc_expr_eval(op->count, &c, &cnt)))
+                goto fail;
+            if (cnt < 0 || cnt > CPC_LOOP_MAX || depth >= 8) {
+                st = errf("loop count %lld (depth %d) out of range", (long long)cnt, depth);
+                goto fail;
+            }
+            for (int64_t s = 0; s < cnt; s++) {
+                cpc_coords cs = c;
+                cs.s = s;
+                char p2[200];
+                snprintf(p2, sizeof p2, "%s", here);
+                if ((st = exec_ops(ex, op->body, op->n_body, cs, depth + 1, p2)))
+                    return st; /* already names the op */
+            }
+            continue;
+        }
+        double t0 = cpc_exec_now_us();
+        int64_t sent = 0;
+        switch (op->kind) {
+        case CPC_OP_INIT_ACC: st = op_init_acc(ex, op); break;
+        case CPC_OP_ATTN: st = op_attn(ex, op, &c); break;
+        case CPC_OP_MERGE: st = op_merge(ex, op); break;
+        case CPC_OP_SEND: st = op_send(ex, op, &c, &sent); break;
+        case CPC_OP_RECV: st = op_recv(ex, op, &c); break;
+        case CPC_OP_WAIT: st = op_wait(ex, op); break;
+        case CPC_OP_SWAP: st = op_swap(ex, op); break;
+        case CPC_OP_ALL_TO_ALL: st = op_all_to_all(ex, op, &sent); break;
+        case CPC_OP_ALL_GATHER: st = op_all_gather(ex, op, &sent); break;
+        case CPC_OP_COPY: st = op_copy(ex, op); break;
+        case CPC_OP_BARRIER: st = op_barrier(ex, op); break;
+        default: st = errf("op kind not executable"); break;
+        }
+        double t1 = cpc_exec_now_us();
+        ex->cur.bytes_sent += sent;
+        record(ex, op, depth > 0 ? (int)c.s : -1, t0, t1, sent);
+        if (st)
+            goto fail;
+        continue;
+    fail:
+        /* An expression that cannot be evaluated at run time is a runtime
+         * failure of this rank (exit 3), not bad user input. */
+        if (st != &cpc_status_oom && st->code == CPC_E_INPUT)
+            st->code = CPC_E_RUNTIME;
+        if (depth > 0)
+            cpc_status_prefix(st, "rank %lld: %s (s=%lld) %s", (long long)c.p, here,
+                              (long long)c.s, cpc_op_kind_name(op->kind));
+        else
+            cpc_status_prefix(st, "rank %lld: %s %s", (long long)c.p, here,
+                              cpc_op_kind_name(op->kind));
+        if (op->span.file && !st->span.file && st != &cpc_status_oom) {
+            st->span.file = strdup(op->span.file);
+            st->span.line = st->span.file ? op->span.line : 0;
+            st->span.col = st->span.file ? op->span.col : 0;
+        }
+        return st;
+    }
+    return NULL;
+}
+
+cpc_status *cpc_exec_run(cpc_exec *ex, cpc_exec_stats *stats)
+{
+    memset(&ex->cur, 0, sizeof ex->cur);
+    ex->n_ev = 0;
+    ex->cur.t0_us = cpc_exec_now_us();
+    cpc_status *st = exec_ops(ex, ex->prog->ops, ex->prog->n_ops, ex->c, 0, "");
+    if (!st && ex->n_pend > 0)
+        st = cpc_error(CPC_E_INTERNAL, "rank %d: %d send/recv requests (first tag %d) never waited for",
+                       ex->cfg.rank, ex->n_pend, ex->pend[0].tag);
+    ex->cur.t1_us = cpc_exec_now_us();
+    ex->cur.ms = (ex->cur.t1_us - ex->cur.t0_us) * 1e-3;
+    ex->cur.n_events = ex->n_ev;
+    ex->cur.events = ex->cfg.record_events ? ex->ev : NULL;
+    if (st) {
+        if (ex->cfg.transport) {
+            char *msg = cpc_status_format("cprun", st);
+            ex->cfg.transport->vt->abort(ex->cfg.transport, msg ? msg : st->message);
+            free(msg);
+        }
+        /* Requests still pending complete (with errors) after the abort. */
+        for (int i = 0; i < ex->n_pend; i++)
+            cpc_status_free(ex->cfg.transport->vt->wait(ex->cfg.transport, ex->pend[i].req));
+        ex->n_pend = 0;
+    }
+    if (stats)
+        *stats = ex->cur;
+    return st;
+}
+
+size_t cpc_exec_output_bytes(const cpc_exec *ex)
+{
+    if (ex->out_buf < 0)
+        return 0;
+    return geom_of(ex->prog, &ex->c, ex->out_buf, (int)ex->c.r).bytes;
+}
+
+cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
+{
+    if (ex->out_buf < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer", ex->cfg.rank);
+    int b = ex->out_buf;
+    const cpc_buffer *bf = &ex->prog->buffers[b];
+    bool ok = bf->heads == CPC_HEADS_ALL && bf->role == CPC_ROLE_O &&
+              (bf->tokens == CPC_TOK_SHARD ||
+               (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->bufs[b].tag == (int)ex->c.r));
+    if (!ok)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: output buffer '%s' (%s/%s, role %s) does not hold this rank's shard with every head",
+                         ex->cfg.rank, bf->name, cpc_buf_tokens_name(bf->tokens),
+                         cpc_buf_heads_name(bf->heads), cpc_buf_role_name(bf->role));
+    size_t n = cpc_exec_output_bytes(ex);
+    if (bytes != n)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
+                         n, bytes);
+    return ex->cfg.backend->vt->download(ex->cfg.backend, host, ex->bufs[b].ptr, n);
+}
+
+cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
+                              int *n_runs)
+{
+    *lse = NULL;
+    *runs = NULL;
+    *n_runs = 0;
+    if (ex->lse_buf < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program computes no LSE", ex->cfg.rank);
+    int b = ex->lse_buf;
+    geom g = cur_geom(ex, b);
+    cpc_run *rr = malloc((size_t)ex->max_runs * sizeof *rr);
+    float *h = malloc(g.bytes ? g.bytes : 1);
+    if (!rr || !h) {
+        free(rr);
+        free(h);
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    }
+    int n = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, rr, ex->max_runs);
+    cpc_status *st = ex->cfg.backend->vt->download(ex->cfg.backend, h, ex->bufs[b].ptr, g.bytes);
+    if (st) {
+        free(rr);
+        free(h);
+        return st;
+    }
+    *lse = h;
+    *runs = rr;
+    *n_runs = n;
+    *h_off = g.hoff;
+    *h_n = g.hn;
+    return NULL;
+}

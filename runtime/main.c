@@ -1,0 +1,314 @@
+/*
+ * main.c - `cprun`, the runtime's command line (SPEC section 5): a thin
+ * layer over run.h.
+ *
+ * Exit status: 0 ok; 1 check failed; 2 usage or input error (bad option,
+ * unreadable file, bad tensors, a plan cpc would reject, a training plan:
+ * CP060); 3 runtime failure (device, collective, out of memory, a feature
+ * this build lacks such as --backend cuda).  Diagnostics go to stderr, the
+ * report to stdout.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "../compiler/status.h"
+#include "executor.h"
+#include "report.h"
+#include "run.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cprun PLAN.cplan|PLAN.yaml [options]\n"
+            "  --backend auto|cpu|cuda         compute backend (auto: cuda with a GPU, else cpu)\n"
+            "  --attention auto|cpu|cudnn|nvrtc attention implementation\n"
+            "  --transport auto|local|mpi|nccl  auto: mpi under mpirun/srun, else local threads\n"
+            "  --input QKV.safetensors         q, k, v (and mask) in global BSHD\n"
+            "  --seed N                        random normal inputs (default 0)\n"
+            "  --output OUT.safetensors        gathered `out` (and `lse` with --lse)\n"
+            "  --output-shards DIR             each rank writes DIR/rankN.safetensors\n"
+            "  --lse                           also write the LSE [B, H, S] fp32\n"
+            "  --check / --no-check            compare with the float64 reference (default: check)\n"
+            "  --check-rows N                  rows per (batch, head) when the check samples (default 64)\n"
+            "  --warmup N --iters N            timing (defaults 1 and 5)\n"
+            "  --trace FILE.json               Chrome trace-event JSON (one track per rank)\n"
+            "  --format text|json              the report\n"
+            "  --dry-run                       load and verify, print each rank's buffers and peak memory\n"
+            "  --set KEY=VALUE                 override a plan key (YAML plans), repeatable\n"
+            "  --timeout SECONDS               local transport: abort a wait after this long (default 600)\n"
+            "  --calibrate                     measure this machine (not implemented yet)\n"
+            "  --verbose                       progress messages on stderr\n"
+            "  --version | --help\n"
+            "exit status: 0 ok, 1 check failed, 2 usage or input error, 3 runtime failure\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "cprun: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see cprun --help)\n");
+    return 2;
+}
+
+static bool parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Exit status of a failure chain: a plan rejection is 2 for cprun. */
+static int exit_of(const cpc_status *st)
+{
+    int worst = 0;
+    for (; st; st = st->next) {
+        if (st->severity != CPC_SEV_ERROR)
+            continue;
+        int e = st->code == CPC_E_PLAN ? 2 : cpc_status_exit_code(st);
+        if (st->code == CPC_E_CHECK)
+            e = 1;
+        if (e == 0)
+            e = 3;
+        if (e > worst)
+            worst = e;
+    }
+    return worst;
+}
+
+enum {
+    OPT_BACKEND = 1000, OPT_ATTENTION, OPT_TRANSPORT, OPT_INPUT, OPT_SEED, OPT_OUTPUT,
+    OPT_SHARDS, OPT_LSE, OPT_CHECK, OPT_NO_CHECK, OPT_CHECK_ROWS, OPT_WARMUP, OPT_ITERS,
+    OPT_TRACE, OPT_FORMAT, OPT_DRY_RUN, OPT_SET, OPT_TIMEOUT, OPT_CALIBRATE, OPT_VERBOSE,
+    OPT_VERSION, OPT_HELP,
+};
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"attention", required_argument, NULL, OPT_ATTENTION},
+        {"transport", required_argument, NULL, OPT_TRANSPORT},
+        {"input", required_argument, NULL, OPT_INPUT},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"output", required_argument, NULL, OPT_OUTPUT},
+        {"output-shards", required_argument, NULL, OPT_SHARDS},
+        {"lse", no_argument, NULL, OPT_LSE},
+        {"check", no_argument, NULL, OPT_CHECK},
+        {"no-check", no_argument, NULL, OPT_NO_CHECK},
+        {"check-rows", required_argument, NULL, OPT_CHECK_ROWS},
+        {"warmup", required_argument, NULL, OPT_WARMUP},
+        {"iters", required_argument, NULL, OPT_ITERS},
+        {"trace", required_argument, NULL, OPT_TRACE},
+        {"format", required_argument, NULL, OPT_FORMAT},
+        {"dry-run", no_argument, NULL, OPT_DRY_RUN},
+        {"set", required_argument, NULL, OPT_SET},
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"calibrate", no_argument, NULL, OPT_CALIBRATE},
+        {"verbose", no_argument, NULL, OPT_VERBOSE},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    cpc_run_options opt;
+    cpc_run_options_default(&opt);
+    bool json = false, dry = false, calibrate = false;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0;
+    if (!sets)
+        return 3;
+    int c;
+    long long v;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_BACKEND:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                return usage_error("--backend %s: expected auto, cpu or cuda", optarg);
+            opt.backend = optarg;
+            break;
+        case OPT_ATTENTION:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cudnn") &&
+                strcmp(optarg, "nvrtc"))
+                return usage_error("--attention %s: expected auto, cpu, cudnn or nvrtc", optarg);
+            opt.attention = optarg;
+            break;
+        case OPT_TRANSPORT:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "local") && strcmp(optarg, "mpi") &&
+                strcmp(optarg, "nccl"))
+                return usage_error("--transport %s: expected auto, local, mpi or nccl", optarg);
+            opt.transport = optarg;
+            break;
+        case OPT_INPUT: opt.input_path = optarg; break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            if (!*optarg || *optarg == '-')
+                return usage_error("--seed %s: expected a non-negative integer", optarg);
+            unsigned long long s = strtoull(optarg, &end, 10);
+            if (errno || *end)
+                return usage_error("--seed %s: expected a non-negative integer", optarg);
+            opt.seed = s;
+            break;
+        }
+        case OPT_OUTPUT: opt.output_path = optarg; break;
+        case OPT_SHARDS: opt.output_shards_dir = optarg; break;
+        case OPT_LSE: opt.write_lse = true; break;
+        case OPT_CHECK: opt.check = true; break;
+        case OPT_NO_CHECK: opt.check = false; break;
+        case OPT_CHECK_ROWS:
+            if (!parse_int(optarg, 1, 1LL << 31, &v))
+                return usage_error("--check-rows %s: expected a positive integer", optarg);
+            opt.check_rows = v;
+            break;
+        case OPT_WARMUP:
+            if (!parse_int(optarg, 0, 1000000, &v))
+                return usage_error("--warmup %s: expected an integer >= 0", optarg);
+            opt.warmup = (int)v;
+            break;
+        case OPT_ITERS:
+            if (!parse_int(optarg, 1, 1000000, &v))
+                return usage_error("--iters %s: expected an integer >= 1", optarg);
+            opt.iters = (int)v;
+            break;
+        case OPT_TRACE: opt.trace_path = optarg; break;
+        case OPT_FORMAT:
+            if (strcmp(optarg, "text") == 0)
+                json = false;
+            else if (strcmp(optarg, "json") == 0)
+                json = true;
+            else
+                return usage_error("--format %s: expected text or json", optarg);
+            break;
+        case OPT_DRY_RUN: dry = true; break;
+        case OPT_SET: sets[n_sets++] = optarg; break;
+        case OPT_TIMEOUT: {
+            char *end;
+            errno = 0;
+            double t = strtod(optarg, &end);
+            if (errno || *end || !(t > 0))
+                return usage_error("--timeout %s: expected a positive number of seconds", optarg);
+            opt.timeout_s = t;
+            break;
+        }
+        case OPT_CALIBRATE: calibrate = true; break;
+        case OPT_VERBOSE: opt.log = stderr; break;
+        case OPT_VERSION:
+            printf("cprun %s\n", CPC_VERSION);
+            return 0;
+        case OPT_HELP:
+            usage(stdout);
+            return 0;
+        case '?':
+        default:
+            if (optopt)
+                return usage_error("option needs a value or is unknown: -%c", (char[]){(char)optopt, 0});
+            return usage_error("unknown option or missing value: %s", argv[optind - 1]);
+        }
+    }
+    if (calibrate) {
+        fprintf(stderr, "cprun: error: --calibrate is not implemented yet\n");
+        return 2;
+    }
+    if (optind >= argc)
+        return usage_error("%s", "no plan given: cprun PLAN.cplan|PLAN.yaml [options]");
+    if (optind + 1 < argc)
+        return usage_error("one plan at a time (extra argument '%s')", argv[optind + 1]);
+    const char *path = argv[optind];
+
+    cpc_job *job = NULL;
+    cpc_status *diags = cpc_job_load(path, sets, n_sets, &job);
+    free(sets);
+    if (diags)
+        cpc_status_print(stderr, "cprun", diags);
+    if (!job) {
+        int e = exit_of(diags);
+        cpc_status_free(diags);
+        return e ? e : 2;
+    }
+    cpc_status_free(diags);
+
+    if (dry) {
+        int rc = 0;
+        if (json) {
+            const cpc_layout *L = &job->prog->layout;
+            int64_t peak = 0;
+            for (int p = 0; p < L->P; p++) {
+                cpc_exec_memory m;
+                cpc_status *st = cpc_exec_memory_plan(job->prog, p, &m);
+                if (st) {
+                    cpc_status_print(stderr, "cprun", st);
+                    rc = exit_of(st);
+                    cpc_status_free(st);
+                    break;
+                }
+                if (m.total_bytes > peak)
+                    peak = m.total_bytes;
+                cpc_exec_memory_free(&m);
+            }
+            if (!rc) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddBoolToObject(o, "ok", true);
+                cJSON_AddBoolToObject(o, "dry_run", true);
+                cJSON_AddStringToObject(o, "variant", cpc_variant_name(L->variant));
+                cJSON_AddNumberToObject(o, "ring_degree", L->R);
+                cJSON_AddNumberToObject(o, "ulysses_degree", L->U);
+                cJSON_AddNumberToObject(o, "ranks", L->P);
+                cJSON_AddNumberToObject(o, "peak_memory_bytes_per_rank", (double)peak);
+                char *s = cJSON_PrintUnformatted(o);
+                if (s)
+                    printf("%s\n", s);
+                free(s);
+                cJSON_Delete(o);
+            }
+        } else {
+            cpc_status *st = cpc_job_dry_run(job, stdout, 64);
+            if (st) {
+                cpc_status_print(stderr, "cprun", st);
+                rc = exit_of(st);
+                cpc_status_free(st);
+            }
+        }
+        cpc_job_free(job);
+        return rc;
+    }
+
+    cpc_run_report rep;
+    bool root = true;
+    cpc_status *st = cpc_job_run(job, &opt, &rep, &root);
+    int rc;
+    if (st) {
+        cpc_status_print(stderr, "cprun", st);
+        rc = exit_of(st);
+        cpc_status_free(st);
+    } else if (!root) {
+        rc = 0;
+    } else {
+        if (json) {
+            cpc_status *e = cpc_report_print_json(stdout, &rep);
+            cpc_status_free(e);
+        } else {
+            cpc_report_print_text(stdout, &rep);
+        }
+        rc = rep.ok ? 0 : 1;
+        if (!rep.ok)
+            fprintf(stderr, "cprun: error: check failed: relative error %.3e exceeds the %s tolerance %.0e%s\n",
+                    rep.rel_err, rep.dtype, rep.tolerance,
+                    rep.n_nan || rep.n_inf ? " (NaN or Inf in the output)" : "");
+    }
+    cpc_run_report_free(&rep);
+    cpc_job_free(job);
+    return rc;
+}

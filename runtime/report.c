@@ -1,0 +1,132 @@
+/* report.c - see report.h */
+#include "report.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include <cjson/cJSON.h>
+
+void cpc_run_report_free(cpc_run_report *r)
+{
+    if (!r)
+        return;
+    free(r->iter_ms);
+    free(r->rank_bytes_sent);
+    free(r->rank_peak_bytes);
+    free(r->rank_comm_ms);
+    free(r->rank_compute_ms);
+    r->iter_ms = NULL;
+    r->rank_bytes_sent = r->rank_peak_bytes = NULL;
+    r->rank_comm_ms = r->rank_compute_ms = NULL;
+}
+
+static void human(char *buf, size_t n, double b)
+{
+    if (b >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else if (b >= 1024.0 * 1024)
+        snprintf(buf, n, "%.2f MiB", b / (1024.0 * 1024));
+    else if (b >= 1024.0)
+        snprintf(buf, n, "%.2f KiB", b / 1024.0);
+    else
+        snprintf(buf, n, "%.0f B", b);
+}
+
+void cpc_report_print_text(FILE *out, const cpc_run_report *r)
+{
+    char a[32], b[32];
+    fprintf(out, "plan:        %s (B=%lld, S=%lld%s, H=%d, Hkv=%d, D=%d, %s%s)\n", r->plan_name,
+            (long long)r->B, (long long)r->S, r->Skv != r->S ? "" : "", r->H, r->Hkv, r->D,
+            r->dtype, r->causal ? ", causal" : "");
+    if (r->Skv != r->S)
+        fprintf(out, "             cross-attention: %lld key/value tokens\n", (long long)r->Skv);
+    fprintf(out, "variant:     %s, mesh %d x %d (ring x ulysses), %d ranks\n", r->variant,
+            r->ring_degree, r->ulysses_degree, r->ranks);
+    fprintf(out, "backend:     %s (attention %s), transport %s\n", r->backend, r->attention,
+            r->transport);
+    fprintf(out, "input:       %s\n", r->input);
+    fprintf(out, "time:        %.3f ms per iteration (median of %d, max over ranks; %d warmup)\n",
+            r->ms_per_iter, r->iters, r->warmup);
+    if (r->iters > 1) {
+        fprintf(out, "             iterations:");
+        for (int i = 0; i < r->iters; i++)
+            fprintf(out, " %.3f", r->iter_ms[i]);
+        fprintf(out, " ms\n");
+    }
+    fprintf(out, "attention:   %.4f TFLOP/s (%.3g FLOP per iteration%s)\n", r->tflops, r->flops,
+            r->causal ? ", causal: halved" : "");
+    human(a, sizeof a, (double)r->bytes_sent_per_rank);
+    fprintf(out, "sent:        %lld bytes per rank (%s, max over ranks)", (long long)r->bytes_sent_per_rank, a);
+    if (r->bandwidth_gbps > 0)
+        fprintf(out, ", %.3g GB/s over the iteration", r->bandwidth_gbps);
+    fprintf(out, "\n");
+    human(b, sizeof b, (double)r->peak_memory_bytes_per_rank);
+    fprintf(out, "memory:      %lld bytes peak per rank (%s, max over ranks)\n",
+            (long long)r->peak_memory_bytes_per_rank, b);
+    if (r->rank_bytes_sent && r->ranks <= 64) {
+        fprintf(out, "per rank:    rank  sent_bytes     peak_bytes     compute_ms  comm_ms\n");
+        for (int i = 0; i < r->ranks; i++)
+            fprintf(out, "             %4d  %-13lld  %-13lld  %-10.3f  %.3f\n", i,
+                    (long long)r->rank_bytes_sent[i], (long long)r->rank_peak_bytes[i],
+                    r->rank_compute_ms ? r->rank_compute_ms[i] : 0.0,
+                    r->rank_comm_ms ? r->rank_comm_ms[i] : 0.0);
+    }
+    if (!r->checked) {
+        fprintf(out, "check:       skipped (--no-check)\n");
+    } else {
+        fprintf(out, "check:       %s: rel_err %.3e (tolerance %.0e), max_abs_err %.3e, %lld rows%s vs float64 reference",
+                r->pass ? "PASS" : "FAIL", r->rel_err, r->tolerance, r->max_abs_err,
+                (long long)r->check_rows, r->check_sampled ? " (sampled per batch and head)" : " (all)");
+        if (r->n_nan || r->n_inf)
+            fprintf(out, "; %lld NaN, %lld Inf", (long long)r->n_nan, (long long)r->n_inf);
+        fprintf(out, "\n");
+    }
+}
+
+static cJSON *num(double v)
+{
+    /* JSON has no NaN/Inf: they become null. */
+    return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
+}
+
+char *cpc_report_json(const cpc_run_report *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddItemToObject(o, "ok", cJSON_CreateBool(r->ok));
+    cJSON_AddStringToObject(o, "variant", r->variant);
+    cJSON_AddNumberToObject(o, "ring_degree", r->ring_degree);
+    cJSON_AddNumberToObject(o, "ulysses_degree", r->ulysses_degree);
+    cJSON_AddNumberToObject(o, "ranks", r->ranks);
+    cJSON_AddStringToObject(o, "backend", r->backend);
+    cJSON_AddStringToObject(o, "transport", r->transport);
+    cJSON_AddStringToObject(o, "attention", r->attention);
+    cJSON_AddItemToObject(o, "ms_per_iter", num(r->ms_per_iter));
+    cJSON_AddItemToObject(o, "tflops", num(r->tflops));
+    cJSON_AddNumberToObject(o, "bytes_sent_per_rank", (double)r->bytes_sent_per_rank);
+    cJSON_AddNumberToObject(o, "peak_memory_bytes_per_rank", (double)r->peak_memory_bytes_per_rank);
+    if (r->checked) {
+        cJSON *c = cJSON_AddObjectToObject(o, "check");
+        if (c) {
+            cJSON_AddItemToObject(c, "max_abs_err", num(r->max_abs_err));
+            cJSON_AddItemToObject(c, "rel_err", num(r->rel_err));
+            cJSON_AddItemToObject(c, "pass", cJSON_CreateBool(r->pass));
+        }
+    } else {
+        cJSON_AddNullToObject(o, "check");
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r)
+{
+    char *s = cpc_report_json(r);
+    if (!s)
+        return cpc_error(CPC_E_NOMEM, "report: out of memory");
+    fprintf(out, "%s\n", s);
+    free(s);
+    return NULL;
+}

@@ -1,0 +1,71 @@
+/*
+ * report.h - what cprun reports after a run (SPEC section 5), as text for
+ * people and as JSON for tools.
+ *
+ * JSON (one object, exactly these keys):
+ *   {"ok", "variant", "ring_degree", "ulysses_degree", "ranks", "backend",
+ *    "transport", "attention", "ms_per_iter", "tflops", "bytes_sent_per_rank",
+ *    "peak_memory_bytes_per_rank", "check": {"max_abs_err", "rel_err", "pass"}
+ *    or null}
+ * bytes_sent_per_rank and peak_memory_bytes_per_rank are the maximum over
+ * ranks (as cpc's `predicted` figures), bytes per iteration (one layer).
+ * ms_per_iter is the median over timed iterations of the maximum over ranks;
+ * tflops = 4*B*S*Skv*H*D (S^2 for self-attention; halved when causal) /
+ * ms_per_iter.  The text form adds per-rank figures and the bandwidth.
+ *
+ * Thread-safety: pure functions of the report.
+ */
+#ifndef CPC_REPORT_H
+#define CPC_REPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../compiler/status.h"
+
+typedef struct cpc_run_report {
+    bool ok;                        /* ran, and the check passed (or was off) */
+    char plan_name[128];
+    char variant[32];
+    int ring_degree, ulysses_degree, ranks;
+    char backend[16], transport[16], attention[16];
+    char dtype[8];
+    int64_t B, S, Skv;
+    int H, Hkv, D;
+    bool causal;
+    int warmup, iters;
+    double *iter_ms;                /* [iters] max over ranks of each timed iteration (owned) */
+    double ms_per_iter;             /* median of iter_ms */
+    double flops;                   /* per iteration (formula above) */
+    double tflops;
+    int64_t bytes_sent_per_rank;    /* max over ranks */
+    int64_t peak_memory_bytes_per_rank;  /* max over ranks */
+    int64_t *rank_bytes_sent;       /* [ranks] (owned) */
+    int64_t *rank_peak_bytes;       /* [ranks] (owned) */
+    double *rank_comm_ms;           /* [ranks] communication time of the median iteration (owned) */
+    double *rank_compute_ms;        /* [ranks] (owned) */
+    double bandwidth_gbps;          /* bytes_sent_per_rank / max comm time, GB/s (0 if none) */
+    bool checked;                   /* a check ran */
+    bool check_sampled;             /* only a sample of rows was compared */
+    int64_t check_rows;             /* query rows compared (per (b, head) summed) */
+    double max_abs_err, rel_err, tolerance;
+    int64_t n_nan, n_inf;
+    bool pass;
+    char input[64];                 /* "seed 0" or the file name */
+} cpc_run_report;
+
+/* Frees the arrays a report owns (the struct itself is the caller's). */
+void cpc_run_report_free(cpc_run_report *r);
+
+/* Writes the human-readable report. */
+void cpc_report_print_text(FILE *out, const cpc_run_report *r);
+
+/* The JSON object (exact keys above) as a malloc'd string (caller frees),
+ * NULL on OOM. */
+char *cpc_report_json(const cpc_run_report *r);
+
+/* Writes cpc_report_json + newline.  Errors: CPC_E_NOMEM. */
+cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
+
+#endif

@@ -1,0 +1,1110 @@
+/* run.c - see run.h */
+#include "run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../compiler/artifact.h"
+#include "../compiler/cost.h"
+#include "../compiler/layout.h"
+#include "../compiler/lua_script.h"
+#include "../compiler/plan_load.h"
+#include "../compiler/schedule.h"
+#include "../compiler/validate.h"
+#include "../compiler/verify.h"
+#include "backend.h"
+#include "executor.h"
+#include "reference.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "trace.h"
+#include "transport_local.h"
+
+
+/* ===== MPI HOOK =====================================================================
+ * transport mpi (runtime/transport_mpi.c, built when CMake finds MPI): this
+ * process is one rank; cpc_transport_mpi_create() gives its endpoint. */
+#ifdef CPC_HAVE_MPI
+#include "transport_mpi.h"
+#endif
+/* ==================================================================================== */
+
+/* Tags of the result collection on the world group (after the program). */
+enum { TAG_STATS = 30001, TAG_OUT = 30002, TAG_LSE = 30003, TAG_EVENTS = 30004 };
+
+/* ---- loading -------------------------------------------------------------------- */
+
+void cpc_job_free(cpc_job *job)
+{
+    if (!job)
+        return;
+    if (job->artifact) {
+        /* plan and program belong to the artifact (op spans borrow its strings). */
+        cpc_artifact_free(job->artifact);
+        job->plan = NULL;
+        job->prog = NULL;
+    }
+    if (!job->plan_borrowed)
+        cpc_plan_free(job->plan);
+    cpc_program_free(job->prog);
+    free(job->source);
+    free(job);
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* The script path relative to the plan file's directory. */
+static char *script_path(const cpc_plan *plan)
+{
+    const char *s = plan->schedule.script;
+    if (s[0] == '/' || !plan->file || !strchr(plan->file, '/'))
+        return strdup(s);
+    const char *slash = strrchr(plan->file, '/');
+    size_t dl = (size_t)(slash - plan->file);
+    char *p = malloc(dl + 1 + strlen(s) + 1);
+    if (p)
+        sprintf(p, "%.*s/%s", (int)dl, plan->file, s);
+    return p;
+}
+
+/* An artifact starts with its version key (artifact.h FORMAT), whatever
+ * the file is called. */
+static bool looks_like_artifact(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return false;
+    char buf[32] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return n >= 17 && strncmp(buf, "artifact_version:", 17) == 0;
+}
+
+static bool has_error(const cpc_status *st)
+{
+    return cpc_status_has_error(st);
+}
+
+cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int ring_degree,
+                              int ulysses_degree, cpc_job **out)
+{
+    *out = NULL;
+    cpc_job *job = calloc(1, sizeof *job);
+    if (!job)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    job->plan = (cpc_plan *)plan;
+    job->plan_borrowed = true;
+    cpc_status *st = cpc_schedule_build(plan, variant, ring_degree, ulysses_degree, &job->prog);
+    if (!st)
+        st = cpc_verify(job->prog);
+    if (has_error(st)) {
+        cpc_job_free(job);
+        return st;
+    }
+    *out = job;
+    return st;
+}
+
+cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out)
+{
+    *out = NULL;
+    cpc_status *diags = NULL;
+    cpc_job *job = calloc(1, sizeof *job);
+    if (!job)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    job->source = strdup(path);
+    if (ends_with(path, ".cplan") || looks_like_artifact(path)) {
+        if (n_sets > 0) {
+            cpc_job_free(job);
+            return cpc_error(CPC_E_USAGE, "--set applies to plan YAML files, not to the artifact %s", path);
+        }
+        cpc_artifact *a = NULL;
+        cpc_status_append(&diags, cpc_artifact_read(path, &a));
+        if (has_error(diags) || !a) {
+            cpc_job_free(job);
+            return diags;
+        }
+        job->artifact = a;
+        job->plan = a->plan;
+        job->prog = a->program;
+        job->from_artifact = true;
+        /* The reader checks format and hash; the schedule is proved again. */
+        cpc_status_append(&diags, cpc_verify(job->prog));
+        if (has_error(diags)) {
+            cpc_job_free(job);
+            return diags;
+        }
+    } else {
+        cpc_status_append(&diags, cpc_plan_load_file(path, sets, n_sets, &job->plan));
+        if (has_error(diags) || !job->plan) {
+            cpc_job_free(job);
+            return diags;
+        }
+        cpc_plan *plan = job->plan;
+        cpc_selection sel;
+        cpc_status_append(&diags, cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel));
+        if (has_error(diags) || sel.selected < 0) {
+            cpc_selection_free(&sel);
+            cpc_job_free(job);
+            return diags;
+        }
+        int chosen = sel.selected;
+        cpc_lua_script *lua = NULL;
+        if (plan->schedule.script) {
+            char *sp = script_path(plan);
+            if (!sp) {
+                cpc_selection_free(&sel);
+                cpc_job_free(job);
+                cpc_status_append(&diags, cpc_error(CPC_E_NOMEM, "out of memory"));
+                return diags;
+            }
+            cpc_status_append(&diags, cpc_lua_open_file(sp, NULL, &lua));
+            free(sp);
+            if (!has_error(diags) && lua && cpc_lua_has_choose(lua) &&
+                (sel.requested == CPC_VARIANT_AUTO || sel.fell_back))
+                cpc_status_append(&diags, cpc_lua_choose(lua, plan, sel.candidates,
+                                                          sel.n_candidates, &chosen));
+        }
+        if (!has_error(diags)) {
+            const cpc_candidate *c = &sel.candidates[chosen];
+            cpc_status_append(&diags, cpc_schedule_build(plan, c->variant, c->ring_degree,
+                                                         c->ulysses_degree, &job->prog));
+        }
+        if (!has_error(diags) && lua && cpc_lua_has_schedule(lua))
+            cpc_status_append(&diags, cpc_lua_schedule(lua, plan, job->prog));
+        else if (!has_error(diags))
+            cpc_status_append(&diags, cpc_verify(job->prog));
+        cpc_lua_close(lua);
+        cpc_selection_free(&sel);
+        if (has_error(diags)) {
+            cpc_job_free(job);
+            return diags;
+        }
+    }
+    if (job->plan->input.mode == CPC_MODE_TRAINING) {
+        cpc_status *st = cpc_diag(CPC_E_PLAN, 60, CPC_SEV_ERROR,
+                                  cpc_plan_span(job->plan, "input.mode", true),
+                                  "cprun: '%s' is a training plan: it is validated and priced, but cprun runs inference only (no backward pass yet)",
+                                  job->plan->name ? job->plan->name : path);
+        cpc_status_set_hint(st, "set input.mode: inference to run the forward pass");
+        cpc_status_append(&diags, st);
+        cpc_job_free(job);
+        return diags;
+    }
+    *out = job;
+    return diags;
+}
+
+cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
+{
+    const cpc_layout *L = &job->prog->layout;
+    fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d ranks\n",
+            job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
+            L->P);
+    int64_t peak = 0;
+    int peak_rank = 0;
+    for (int p = 0; p < L->P; p++) {
+        if (p < max_ranks) {
+            cpc_status *st = cpc_exec_print_memory(out, job->prog, p);
+            if (st)
+                return st;
+        }
+        cpc_exec_memory m;
+        cpc_status *st = cpc_exec_memory_plan(job->prog, p, &m);
+        if (st)
+            return st;
+        if (m.total_bytes > peak) {
+            peak = m.total_bytes;
+            peak_rank = p;
+        }
+        cpc_exec_memory_free(&m);
+    }
+    if (L->P > max_ranks)
+        fprintf(out, "(%d more ranks not listed)\n", L->P - max_ranks);
+    fprintf(out, "peak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n",
+            (long long)peak, peak_rank);
+    return NULL;
+}
+
+/* ---- running -------------------------------------------------------------------- */
+
+void cpc_run_options_default(cpc_run_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "auto";
+    o->attention = "auto";
+    o->transport = "auto";
+    o->check = true;
+    o->warmup = 1;
+    o->iters = 5;
+}
+
+/* What one rank reports to rank 0. */
+typedef struct rank_out {
+    double *iter_ms, *comm_ms, *compute_ms;   /* [n_iter] */
+    int64_t bytes_sent;                       /* of the last iteration */
+    int64_t peak;
+    cpc_exec_event *ev;
+    int *ev_iter;
+    int n_ev;
+} rank_out;
+
+typedef struct run_ctx {
+    const cpc_job *job;
+    const cpc_run_options *opt;
+    const cpc_layout *L;
+    double scale;
+    int n_iter;
+    bool trace;
+    cpc_st_file *in;          /* --input, shared (pread) */
+    const cpc_st_tensor *tq, *tk, *tv;
+    uint8_t *mask;            /* [B, Skv] or NULL */
+    /* rank 0 fills these */
+    rank_out *res;            /* [P] */
+    void *out;                /* global out [B, S, H, D] */
+    float *lse;               /* global [B, H, S] or NULL */
+    /* local transport */
+    cpc_local_world *world;
+    cpc_transport **tr;       /* [P] */
+    cpc_status **st;          /* [P] */
+} run_ctx;
+
+typedef struct thread_arg {
+    run_ctx *ctx;
+    int rank;
+} thread_arg;
+
+static void rank_out_free(rank_out *r)
+{
+    free(r->iter_ms);
+    free(r->comm_ms);
+    free(r->compute_ms);
+    free(r->ev);
+    free(r->ev_iter);
+    memset(r, 0, sizeof *r);
+}
+
+/* Fills this rank's tensor of `role` ([B, T, h, D] for the token runs). */
+static cpc_status *make_input(run_ctx *x, int role, const cpc_run *runs, int n_runs, void *dst)
+{
+    const cpc_layout *L = x->L;
+    bool kv = role != CPC_RNG_Q;
+    int64_t S = kv ? L->Skv : L->S;
+    int h = kv ? L->Hkv : L->H;
+    if (x->in) {
+        const cpc_st_tensor *t = role == CPC_RNG_Q ? x->tq : role == CPC_RNG_K ? x->tk : x->tv;
+        return cpc_st_read_runs(x->in, t, runs, n_runs, L->dtype, dst);
+    }
+    cpc_rng_fill_runs(dst, L->dtype, x->opt->seed, (uint32_t)role, L->B, S, h, L->D, runs, n_runs);
+    return NULL;
+}
+
+static cpc_status *send_blob(cpc_transport *t, int tag, const void *p, size_t n)
+{
+    int64_t sz = (int64_t)n;
+    cpc_request *a = NULL, *b = NULL;
+    cpc_status *st = t->vt->isend(t, CPC_GROUP_WORLD, 0, &sz, sizeof sz, tag, &a);
+    if (!st)
+        st = t->vt->isend(t, CPC_GROUP_WORLD, 0, p, n, tag, &b);
+    cpc_status *s1 = a ? t->vt->wait(t, a) : NULL;
+    cpc_status *s2 = b ? t->vt->wait(t, b) : NULL;
+    if (!st)
+        st = s1 ? s1 : s2;
+    if (st != s1)
+        cpc_status_free(s1);
+    if (st != s2)
+        cpc_status_free(s2);
+    return st;
+}
+
+static cpc_status *recv_blob(cpc_transport *t, int from, int tag, void **p, size_t *n)
+{
+    *p = NULL;
+    *n = 0;
+    int64_t sz = 0;
+    cpc_request *a = NULL;
+    cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, from, &sz, sizeof sz, tag, &a);
+    if (!st)
+        st = t->vt->wait(t, a);
+    if (st)
+        return st;
+    if (sz < 0)
+        return cpc_error(CPC_E_RUNTIME, "rank %d sent a negative result size", from);
+    void *buf = malloc(sz ? (size_t)sz : 1);
+    if (!buf)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    st = t->vt->irecv(t, CPC_GROUP_WORLD, from, buf, (size_t)sz, tag, &a);
+    if (!st)
+        st = t->vt->wait(t, a);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    *p = buf;
+    *n = (size_t)sz;
+    return NULL;
+}
+
+/* Scatters shard rows [B, T, h, rowel] of the global positions `runs` into a
+ * global [B, S, h, rowel] tensor. */
+static void scatter_rows(void *global, const void *shard, int64_t B, int64_t S, int64_t rowbytes,
+                         const cpc_run *runs, int n_runs)
+{
+    int64_t T = 0;
+    for (int i = 0; i < n_runs; i++)
+        T += runs[i].len;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t t = 0;
+        for (int i = 0; i < n_runs; i++) {
+            memcpy((char *)global + (b * S + runs[i].start) * rowbytes,
+                   (const char *)shard + (b * T + t) * rowbytes, (size_t)(runs[i].len * rowbytes));
+            t += runs[i].len;
+        }
+    }
+}
+
+/* LSE of one rank: [B, hn, T] for heads [ho, ho+hn) and runs -> global [B, H, S]. */
+static void scatter_lse(float *global, const float *part, int64_t B, int H, int64_t S, int ho,
+                        int hn, const cpc_run *runs, int n_runs)
+{
+    int64_t T = 0;
+    for (int i = 0; i < n_runs; i++)
+        T += runs[i].len;
+    for (int64_t b = 0; b < B; b++)
+        for (int h = 0; h < hn; h++) {
+            int64_t t = 0;
+            for (int i = 0; i < n_runs; i++) {
+                memcpy(global + (b * H + ho + h) * S + runs[i].start,
+                       part + (b * hn + h) * T + t, (size_t)runs[i].len * sizeof(float));
+                t += runs[i].len;
+            }
+        }
+}
+
+static cpc_status *mkdir_p(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return cpc_error(CPC_E_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+    return NULL;
+}
+
+static cpc_status *write_shard(run_ctx *x, int p, const void *out, const cpc_run *runs, int n_runs,
+                               int64_t T)
+{
+    const cpc_layout *L = x->L;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d.safetensors", x->opt->output_shards_dir, p);
+    char tok[2048];
+    size_t k = 0;
+    tok[0] = 0;
+    for (int i = 0; i < n_runs && k + 48 < sizeof tok; i++)
+        k += (size_t)snprintf(tok + k, sizeof tok - k, "%s%lld:%lld", i ? "," : "",
+                              (long long)runs[i].start, (long long)runs[i].len);
+    char rank_s[16], ws[16];
+    snprintf(rank_s, sizeof rank_s, "%d", p);
+    snprintf(ws, sizeof ws, "%d", L->P);
+    const char *keys[] = {"rank", "world_size", "tokens"};
+    const char *vals[] = {rank_s, ws, tok};
+    cpc_st_out o = {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
+                    .shape = {L->B, T, L->H, L->D}, .data = out};
+    return cpc_st_write(path, &o, 1, keys, vals, 3);
+}
+
+/* The whole life of one rank.  Returns its status; rank 0 fills x->res,
+ * x->out and x->lse. */
+static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
+{
+    const cpc_layout *L = x->L;
+    const cpc_run_options *opt = x->opt;
+    cpc_backend *be = NULL;
+    cpc_exec *ex = NULL;
+    void *inbuf[3] = {NULL, NULL, NULL};
+    void *shard = NULL;
+    float *lse = NULL;
+    cpc_run *lse_runs = NULL;
+    cpc_run *runs = NULL;
+    rank_out mine = {0};
+    cpc_status *st = cpc_cpu_backend_create(&be);
+    if (st)
+        goto done;
+    cpc_exec_config cfg = {.prog = x->job->prog, .rank = p, .backend = be, .transport = t,
+                           .scale = x->scale, .kv_mask = x->mask, .record_events = x->trace};
+    if ((st = cpc_exec_create(&cfg, &ex)))
+        goto done;
+    int max_runs = cpc_layout_max_shard_runs(L) + 1;
+    runs = malloc((size_t)max_runs * sizeof *runs);
+    if (!runs) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto done;
+    }
+    int n_runs = cpc_layout_shard_runs(L, p, runs, max_runs);
+    int64_t T = cpc_layout_shard_tokens(L, p);
+    for (int role = 0; role < 3; role++) {
+        cpc_buf_role br = role == 0 ? CPC_ROLE_Q : role == 1 ? CPC_ROLE_K : CPC_ROLE_V;
+        size_t n = cpc_exec_input_bytes(ex, br);
+        if (!n)
+            continue;
+        inbuf[role] = malloc(n);
+        if (!inbuf[role]) {
+            st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the %s input", p,
+                           cpc_buf_role_name(br));
+            goto done;
+        }
+        cpc_run whole = {0, L->Skv};
+        if (role > 0 && L->cross)
+            st = make_input(x, role, &whole, 1, inbuf[role]);
+        else
+            st = make_input(x, role, runs, n_runs, inbuf[role]);
+        if (!st)
+            st = cpc_exec_bind_input(ex, br, inbuf[role], n);
+        if (st) {
+            cpc_status_prefix(st, "rank %d", p);
+            goto done;
+        }
+    }
+    mine.iter_ms = calloc((size_t)x->n_iter, sizeof(double));
+    mine.comm_ms = calloc((size_t)x->n_iter, sizeof(double));
+    mine.compute_ms = calloc((size_t)x->n_iter, sizeof(double));
+    if (!mine.iter_ms || !mine.comm_ms || !mine.compute_ms) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto done;
+    }
+    mine.peak = cpc_exec_allocated_bytes(ex);
+    for (int it = 0; it < x->n_iter; it++) {
+        if ((st = cpc_exec_reset(ex)))
+            goto done;
+        if ((st = t->vt->barrier(t, CPC_GROUP_WORLD))) {
+            cpc_status_prefix(st, "rank %d: barrier before iteration %d", p, it);
+            goto done;
+        }
+        cpc_exec_stats s;
+        if ((st = cpc_exec_run(ex, &s)))
+            goto done;
+        mine.iter_ms[it] = s.ms;
+        mine.comm_ms[it] = s.comm_ms;
+        mine.compute_ms[it] = s.compute_ms;
+        mine.bytes_sent = s.bytes_sent;
+        if (x->trace && it >= opt->warmup && s.n_events > 0) {
+            cpc_exec_event *ne = realloc(mine.ev, (size_t)(mine.n_ev + s.n_events) * sizeof *ne);
+            int *ni = realloc(mine.ev_iter, (size_t)(mine.n_ev + s.n_events) * sizeof *ni);
+            if (ne)
+                mine.ev = ne;
+            if (ni)
+                mine.ev_iter = ni;
+            if (ne && ni) {
+                memcpy(mine.ev + mine.n_ev, s.events, (size_t)s.n_events * sizeof *ne);
+                for (int i = 0; i < s.n_events; i++)
+                    mine.ev_iter[mine.n_ev + i] = it - opt->warmup;
+                mine.n_ev += s.n_events;
+            }
+        }
+    }
+    size_t ob = cpc_exec_output_bytes(ex);
+    shard = malloc(ob ? ob : 1);
+    if (!shard) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((st = cpc_exec_read_output(ex, shard, ob)))
+        goto done;
+    int lse_ho = 0, lse_hn = 0, lse_nr = 0;
+    if (opt->write_lse && (st = cpc_exec_read_lse(ex, &lse, &lse_ho, &lse_hn, &lse_runs, &lse_nr)))
+        goto done;
+    if (opt->output_shards_dir && (st = write_shard(x, p, shard, runs, n_runs, T)))
+        goto done;
+    size_t rowb = (size_t)L->H * (size_t)L->D * (size_t)cpc_dtype_size(L->dtype);
+    if (p == 0) {
+        rank_out *r0 = &x->res[0];
+        *r0 = mine;
+        memset(&mine, 0, sizeof mine);
+        scatter_rows(x->out, shard, L->B, L->S, (int64_t)rowb, runs, n_runs);
+        if (x->lse && lse)
+            scatter_lse(x->lse, lse, L->B, L->H, L->S, lse_ho, lse_hn, lse_runs, lse_nr);
+        cpc_run *qr = malloc((size_t)max_runs * sizeof *qr);
+        void *buf = NULL;
+        if (!qr) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int q = 1; q < L->P && !st; q++) {
+            rank_out *rq = &x->res[q];
+            size_t n;
+            if ((st = recv_blob(t, q, TAG_STATS, &buf, &n)))
+                break;
+            size_t want = (size_t)(3 * x->n_iter + 2) * sizeof(double);
+            if (n != want) {
+                free(buf);
+                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of statistics, %zu expected", q, n, want);
+                break;
+            }
+            double *d = buf;
+            rq->iter_ms = malloc((size_t)x->n_iter * sizeof(double));
+            rq->comm_ms = malloc((size_t)x->n_iter * sizeof(double));
+            rq->compute_ms = malloc((size_t)x->n_iter * sizeof(double));
+            if (!rq->iter_ms || !rq->comm_ms || !rq->compute_ms) {
+                free(buf);
+                st = cpc_error(CPC_E_NOMEM, "out of memory");
+                break;
+            }
+            memcpy(rq->iter_ms, d, (size_t)x->n_iter * sizeof(double));
+            memcpy(rq->comm_ms, d + x->n_iter, (size_t)x->n_iter * sizeof(double));
+            memcpy(rq->compute_ms, d + 2 * x->n_iter, (size_t)x->n_iter * sizeof(double));
+            rq->bytes_sent = (int64_t)d[3 * x->n_iter];
+            rq->peak = (int64_t)d[3 * x->n_iter + 1];
+            free(buf);
+            buf = NULL;
+            if ((st = recv_blob(t, q, TAG_OUT, &buf, &n)))
+                break;
+            int nq = cpc_layout_shard_runs(L, q, qr, max_runs);
+            int64_t Tq = cpc_layout_shard_tokens(L, q);
+            if (n != (size_t)(L->B * Tq) * rowb) {
+                free(buf);
+                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of output, %zu expected", q, n,
+                               (size_t)(L->B * Tq) * rowb);
+                break;
+            }
+            scatter_rows(x->out, buf, L->B, L->S, (int64_t)rowb, qr, nq);
+            free(buf);
+            buf = NULL;
+            if (opt->write_lse) {
+                if ((st = recv_blob(t, q, TAG_LSE, &buf, &n)))
+                    break;
+                int32_t *hd = buf;
+                if (n < 3 * sizeof(int32_t)) {
+                    free(buf);
+                    st = cpc_error(CPC_E_RUNTIME, "rank %d sent a malformed LSE", q);
+                    break;
+                }
+                int ho = hd[0], hn = hd[1], nr = hd[2];
+                cpc_run *rr = (cpc_run *)((char *)buf + 4 * sizeof(int32_t));
+                float *lv = (float *)(rr + nr);
+                if (x->lse)
+                    scatter_lse(x->lse, lv, L->B, L->H, L->S, ho, hn, rr, nr);
+                free(buf);
+                buf = NULL;
+            }
+            if (x->trace) {
+                if ((st = recv_blob(t, q, TAG_EVENTS, &buf, &n)))
+                    break;
+                size_t one = sizeof(cpc_exec_event) + sizeof(int);
+                rq->n_ev = (int)(n / one);
+                rq->ev = malloc((size_t)rq->n_ev * sizeof *rq->ev + 1);
+                rq->ev_iter = malloc((size_t)rq->n_ev * sizeof(int) + 1);
+                if (rq->ev && rq->ev_iter) {
+                    memcpy(rq->ev, buf, (size_t)rq->n_ev * sizeof *rq->ev);
+                    memcpy(rq->ev_iter, (char *)buf + (size_t)rq->n_ev * sizeof *rq->ev,
+                           (size_t)rq->n_ev * sizeof(int));
+                } else {
+                    rq->n_ev = 0;
+                }
+                free(buf);
+                buf = NULL;
+            }
+        }
+        free(qr);
+    } else {
+        size_t nd = (size_t)(3 * x->n_iter + 2);
+        double *d = malloc(nd * sizeof *d);
+        if (!d) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(d, mine.iter_ms, (size_t)x->n_iter * sizeof(double));
+        memcpy(d + x->n_iter, mine.comm_ms, (size_t)x->n_iter * sizeof(double));
+        memcpy(d + 2 * x->n_iter, mine.compute_ms, (size_t)x->n_iter * sizeof(double));
+        d[3 * x->n_iter] = (double)mine.bytes_sent;
+        d[3 * x->n_iter + 1] = (double)mine.peak;
+        st = send_blob(t, TAG_STATS, d, nd * sizeof *d);
+        free(d);
+        if (!st)
+            st = send_blob(t, TAG_OUT, shard, ob);
+        if (!st && opt->write_lse) {
+            int64_t Tl = 0;
+            for (int i = 0; i < lse_nr; i++)
+                Tl += lse_runs[i].len;
+            int32_t hd[4] = {lse_ho, lse_hn, lse_nr, 0};
+            size_t rb = (size_t)lse_nr * sizeof(cpc_run);
+            size_t lb = (size_t)(L->B * lse_hn * Tl) * sizeof(float);
+            char *b = malloc(sizeof hd + rb + lb + 1);
+            if (!b) {
+                st = cpc_error(CPC_E_NOMEM, "out of memory");
+                goto done;
+            }
+            memcpy(b, hd, sizeof hd);
+            memcpy(b + sizeof hd, lse_runs, rb);
+            memcpy(b + sizeof hd + rb, lse, lb);
+            st = send_blob(t, TAG_LSE, b, sizeof hd + rb + lb);
+            free(b);
+        }
+        if (!st && x->trace) {
+            size_t one = sizeof(cpc_exec_event) + sizeof(int);
+            char *b = malloc((size_t)mine.n_ev * one + 1);
+            if (!b) {
+                st = cpc_error(CPC_E_NOMEM, "out of memory");
+                goto done;
+            }
+            memcpy(b, mine.ev, (size_t)mine.n_ev * sizeof(cpc_exec_event));
+            memcpy(b + (size_t)mine.n_ev * sizeof(cpc_exec_event), mine.ev_iter,
+                   (size_t)mine.n_ev * sizeof(int));
+            st = send_blob(t, TAG_EVENTS, b, (size_t)mine.n_ev * one);
+            free(b);
+        }
+    }
+done:
+    if (st && t) {
+        char *msg = cpc_status_format("cprun", st);
+        t->vt->abort(t, msg ? msg : st->message);
+        free(msg);
+    }
+    rank_out_free(&mine);
+    free(shard);
+    free(lse);
+    free(lse_runs);
+    free(runs);
+    for (int i = 0; i < 3; i++)
+        free(inbuf[i]);
+    cpc_exec_destroy(ex);
+    if (be)
+        be->vt->destroy(be);
+    return st;
+}
+
+static void *rank_thread(void *arg)
+{
+    thread_arg *a = arg;
+    a->ctx->st[a->rank] = rank_main(a->ctx, a->rank, a->ctx->tr[a->rank]);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, int n)
+{
+    if (n <= 0)
+        return 0;
+    double *c = malloc((size_t)n * sizeof *c);
+    if (!c)
+        return v[0];
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    free(c);
+    return m;
+}
+
+/* The float64 reference check on rank 0's gathered output. */
+static cpc_status *run_check(run_ctx *x, cpc_run_report *rep)
+{
+    const cpc_layout *L = x->L;
+    const cpc_run_options *opt = x->opt;
+    size_t es = (size_t)cpc_dtype_size(L->dtype);
+    size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
+    size_t nkv = (size_t)(L->B * L->Skv) * (size_t)L->Hkv * (size_t)L->D;
+    void *q = malloc(nq * es), *k = malloc(nkv * es), *v = malloc(nkv * es);
+    cpc_status *st = NULL;
+    double *ref = NULL, *got = NULL;
+    cpc_ref_row *rows = NULL;
+    if (!q || !k || !v) {
+        st = cpc_error(CPC_E_NOMEM, "check: out of memory for the global inputs");
+        goto done;
+    }
+    cpc_run wq = {0, L->S}, wk = {0, L->Skv};
+    if ((st = make_input(x, CPC_RNG_Q, &wq, 1, q)) || (st = make_input(x, CPC_RNG_K, &wk, 1, k)) ||
+        (st = make_input(x, CPC_RNG_V, &wk, 1, v)))
+        goto done;
+    cpc_ref_problem pb = {.B = L->B, .S = L->S, .Skv = L->Skv, .H = L->H, .Hkv = L->Hkv,
+                          .D = L->D, .dtype = L->dtype, .q = q, .k = k, .v = v,
+                          .scale = (double)(float)x->scale, .causal = L->causal,
+                          .kv_mask = x->mask};
+    double limit = opt->check_full_flops == 0 ? 4e9 : opt->check_full_flops;
+    double full = cpc_reference_flops(&pb, -1);
+    cpc_compare_result cr;
+    cpc_compare_init(&cr);
+    double tol = cpc_check_tolerance(L->dtype);
+    if (limit > 0 && full <= limit) {
+        ref = malloc(nq * sizeof *ref);
+        if (!ref) {
+            st = cpc_error(CPC_E_NOMEM, "check: out of memory for the reference");
+            goto done;
+        }
+        if ((st = cpc_reference_attention(&pb, NULL, 0, ref, NULL)))
+            goto done;
+        cpc_compare_add(&cr, x->out, L->dtype, ref, (int64_t)nq);
+        rep->check_rows = L->B * L->S * L->H;
+        rep->check_sampled = false;
+    } else {
+        int64_t per = opt->check_rows > 0 ? opt->check_rows : 64;
+        if (per > L->S)
+            per = L->S;
+        int64_t nr_max = (int64_t)L->B * L->H * per;
+        rows = malloc((size_t)nr_max * sizeof *rows);
+        ref = malloc((size_t)nr_max * (size_t)L->D * sizeof *ref);
+        got = malloc((size_t)nr_max * (size_t)L->D * sizeof *got);
+        if (!rows || !ref || !got) {
+            st = cpc_error(CPC_E_NOMEM, "check: out of memory for the reference");
+            goto done;
+        }
+        int64_t nr = cpc_reference_sample_rows(L->B, L->H, L->S, per, opt->seed, rows);
+        if ((st = cpc_reference_attention(&pb, rows, nr, ref, NULL)) ||
+            (st = cpc_reference_gather_out(x->out, L->dtype, L->B, L->S, L->H, L->D, rows, nr, got)))
+            goto done;
+        cpc_compare_add_f64(&cr, got, ref, nr * L->D);
+        rep->check_rows = nr;
+        rep->check_sampled = true;
+    }
+    cpc_compare_finish(&cr, tol);
+    rep->checked = true;
+    rep->max_abs_err = cr.max_abs_err;
+    rep->rel_err = cr.rel_err;
+    rep->tolerance = tol;
+    rep->n_nan = cr.n_nan;
+    rep->n_inf = cr.n_inf;
+    rep->pass = cr.pass;
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    free(got);
+    free(rows);
+    return st;
+}
+
+/* Opens --input and checks the tensors against the plan. */
+static cpc_status *open_input(run_ctx *x)
+{
+    const cpc_layout *L = x->L;
+    cpc_status *st = cpc_st_open(x->opt->input_path, &x->in);
+    if (st)
+        return st;
+    int64_t qs[4] = {L->B, L->S, L->H, L->D}, ks[4] = {L->B, L->Skv, L->Hkv, L->D};
+    if ((st = cpc_st_expect(x->in, "q", 4, qs, true, &x->tq)) ||
+        (st = cpc_st_expect(x->in, "k", 4, ks, true, &x->tk)) ||
+        (st = cpc_st_expect(x->in, "v", 4, ks, true, &x->tv)))
+        return st;
+    return NULL;
+}
+
+/* The key-padding mask: from --input's `mask` tensor, or made from the seed
+ * (each key is padding with probability ~16%: its normal sample > 1). */
+static cpc_status *make_mask(run_ctx *x)
+{
+    const cpc_layout *L = x->L;
+    size_t n = (size_t)(L->B * L->Skv);
+    x->mask = malloc(n ? n : 1);
+    if (!x->mask)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    if (x->in) {
+        int64_t ms[2] = {L->B, L->Skv};
+        const cpc_st_tensor *t;
+        cpc_status *st = cpc_st_expect(x->in, "mask", 2, ms, false, &t);
+        if (!st)
+            st = cpc_st_read_mask(x->in, t, x->mask);
+        return st;
+    }
+    for (size_t i = 0; i < n; i++)
+        x->mask[i] = cpc_rng_normal(x->opt->seed, CPC_RNG_MASK, i) > 1.0f ? 0 : 1;
+    return NULL;
+}
+
+static cpc_status *write_output(run_ctx *x)
+{
+    const cpc_layout *L = x->L;
+    cpc_st_out o[2] = {
+        {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
+         .shape = {L->B, L->S, L->H, L->D}, .data = x->out},
+        {.name = "lse", .dtype = CPC_ST_F32, .ndim = 3, .shape = {L->B, L->H, L->S},
+         .data = x->lse},
+    };
+    return cpc_st_write(x->opt->output_path, o, x->lse ? 2 : 1, NULL, NULL, 0);
+}
+
+/* Picks the root cause among the ranks' statuses and frees the others. */
+static cpc_status *root_cause(run_ctx *x, int P)
+{
+    int ar = -1;
+    if (x->world)
+        cpc_local_world_aborted(x->world, &ar, NULL);
+    int pick = -1;
+    if (ar >= 0 && ar < P && x->st[ar])
+        pick = ar;
+    for (int p = 0; p < P && pick < 0; p++)
+        if (x->st[p])
+            pick = p;
+    cpc_status *st = pick >= 0 ? x->st[pick] : NULL;
+    for (int p = 0; p < P; p++)
+        if (p != pick)
+            cpc_status_free(x->st[p]);
+    return st;
+}
+
+cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_run_report *rep,
+                        bool *is_root)
+{
+    memset(rep, 0, sizeof *rep);
+    if (is_root)
+        *is_root = true;
+    cpc_run_options opt = *opt_in;
+    if (!opt.backend)
+        opt.backend = "auto";
+    if (!opt.attention)
+        opt.attention = "auto";
+    if (!opt.transport)
+        opt.transport = "auto";
+    if (strcmp(opt.backend, "cuda") == 0)
+        return cpc_error(CPC_E_UNSUPPORTED, "--backend cuda: the CUDA backend is not available in this build of cprun; use --backend cpu (or auto)");
+    if (strcmp(opt.backend, "auto") != 0 && strcmp(opt.backend, "cpu") != 0)
+        return cpc_error(CPC_E_USAGE, "--backend %s: expected auto, cpu or cuda", opt.backend);
+    if (strcmp(opt.attention, "cudnn") == 0 || strcmp(opt.attention, "nvrtc") == 0)
+        return cpc_error(CPC_E_UNSUPPORTED, "--attention %s needs the CUDA backend, which this build does not have; use --attention cpu (or auto)",
+                         opt.attention);
+    if (strcmp(opt.attention, "auto") != 0 && strcmp(opt.attention, "cpu") != 0)
+        return cpc_error(CPC_E_USAGE, "--attention %s: expected auto, cpu, cudnn or nvrtc", opt.attention);
+    bool use_mpi = false;
+    if (strcmp(opt.transport, "nccl") == 0)
+        return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl needs the CUDA backend, which this build does not have");
+    if (strcmp(opt.transport, "mpi") == 0) {
+        use_mpi = true;
+    } else if (strcmp(opt.transport, "auto") == 0) {
+#ifdef CPC_HAVE_MPI
+        use_mpi = cpc_mpi_launched();
+#endif
+    } else if (strcmp(opt.transport, "local") != 0) {
+        return cpc_error(CPC_E_USAGE, "--transport %s: expected auto, local, mpi or nccl", opt.transport);
+    }
+#ifndef CPC_HAVE_MPI
+    if (use_mpi)
+        return cpc_error(CPC_E_UNSUPPORTED, "--transport mpi: this build of cprun has no MPI support");
+#endif
+    if (opt.iters < 1)
+        return cpc_error(CPC_E_USAGE, "--iters must be at least 1");
+    if (opt.warmup < 0)
+        return cpc_error(CPC_E_USAGE, "--warmup must not be negative");
+
+    const cpc_layout *L = &job->prog->layout;
+    int P = L->P;
+    run_ctx x;
+    memset(&x, 0, sizeof x);
+    x.job = job;
+    x.opt = &opt;
+    x.L = L;
+    x.scale = job->plan->model.scale > 0 ? job->plan->model.scale : 1.0 / sqrt((double)L->D);
+    x.n_iter = opt.warmup + opt.iters;
+    x.trace = opt.trace_path != NULL;
+    cpc_status *st = NULL;
+    cpc_transport *mpi_t = NULL;
+    int my_rank = 0;
+    if (opt.input_path && (st = open_input(&x)))
+        goto out;
+    if (job->plan->input.mask == CPC_MASK_KEY_PADDING && (st = make_mask(&x)))
+        goto out;
+    if (opt.output_shards_dir && (st = mkdir_p(opt.output_shards_dir)))
+        goto out;
+
+    cpc_cpu_backend_single_thread_blas();
+    x.res = calloc((size_t)P, sizeof *x.res);
+    x.st = calloc((size_t)P, sizeof *x.st);
+    if (!x.res || !x.st) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if (use_mpi) {
+#ifdef CPC_HAVE_MPI
+        /* ===== MPI HOOK: one process per rank ===== */
+        if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
+            goto out;
+        my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
+#endif
+    }
+    if (my_rank == 0) {
+        size_t ob = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D *
+                    (size_t)cpc_dtype_size(L->dtype);
+        x.out = malloc(ob ? ob : 1);
+        if (opt.write_lse)
+            x.lse = malloc((size_t)(L->B * L->S) * (size_t)L->H * sizeof(float) + 1);
+        if (!x.out || (opt.write_lse && !x.lse)) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory for the gathered output");
+            if (mpi_t)
+                mpi_t->vt->abort(mpi_t, st->message);
+            goto out;
+        }
+        if (x.lse)
+            for (size_t i = 0; i < (size_t)(L->B * L->S) * (size_t)L->H; i++)
+                x.lse[i] = -INFINITY;
+    }
+    if (opt.log)
+        fprintf(opt.log, "cprun: %s: %s %d x %d, %d ranks (%s transport), %d warmup + %d iterations\n",
+                job->plan->name ? job->plan->name : "plan", cpc_variant_name(L->variant), L->R,
+                L->U, P, use_mpi ? "mpi" : "local", opt.warmup, opt.iters);
+    if (use_mpi) {
+        x.st[my_rank] = rank_main(&x, my_rank, mpi_t);
+        st = x.st[my_rank];
+        x.st[my_rank] = NULL;
+        if (st)
+            goto out;
+        if (my_rank != 0) {
+            if (is_root)
+                *is_root = false;
+            goto out;
+        }
+    } else {
+        if ((st = cpc_local_world_create(L->R, L->U, &x.world)))
+            goto out;
+        cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? 600.0 : opt.timeout_s);
+        x.tr = calloc((size_t)P, sizeof *x.tr);
+        pthread_t *th = calloc((size_t)P, sizeof *th);
+        thread_arg *ta = calloc((size_t)P, sizeof *ta);
+        bool *started = calloc((size_t)P, sizeof *started);
+        if (!x.tr || !th || !ta || !started) {
+            free(th);
+            free(ta);
+            free(started);
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int p = 0; p < P && !st; p++)
+            st = cpc_local_endpoint_create(x.world, p, &x.tr[p]);
+        for (int p = 0; p < P && !st; p++) {
+            ta[p] = (thread_arg){&x, p};
+            int e = pthread_create(&th[p], NULL, rank_thread, &ta[p]);
+            if (e) {
+                st = cpc_error(CPC_E_RUNTIME, "cannot start the thread of rank %d: %s", p, strerror(e));
+                cpc_local_world_abort(x.world, -1, st->message);
+            } else {
+                started[p] = true;
+            }
+        }
+        for (int p = 0; p < P; p++)
+            if (started[p])
+                pthread_join(th[p], NULL);
+        free(th);
+        free(ta);
+        free(started);
+        cpc_status *rc = root_cause(&x, P);
+        if (!st)
+            st = rc;
+        else
+            cpc_status_free(rc);
+        if (st)
+            goto out;
+    }
+
+    /* ---- rank 0: report, check, outputs ---- */
+    snprintf(rep->plan_name, sizeof rep->plan_name, "%s", job->plan->name ? job->plan->name : "plan");
+    snprintf(rep->variant, sizeof rep->variant, "%s", cpc_variant_name(L->variant));
+    rep->ring_degree = L->R;
+    rep->ulysses_degree = L->U;
+    rep->ranks = P;
+    snprintf(rep->backend, sizeof rep->backend, "cpu");
+    snprintf(rep->attention, sizeof rep->attention, "cpu");
+    snprintf(rep->transport, sizeof rep->transport, "%s", use_mpi ? "mpi" : "local");
+    snprintf(rep->dtype, sizeof rep->dtype, "%s", cpc_dtype_name(L->dtype));
+    if (opt.input_path)
+        snprintf(rep->input, sizeof rep->input, "%s", opt.input_path);
+    else
+        snprintf(rep->input, sizeof rep->input, "random normal, seed %llu", (unsigned long long)opt.seed);
+    rep->B = L->B;
+    rep->S = L->S;
+    rep->Skv = L->Skv;
+    rep->H = L->H;
+    rep->Hkv = L->Hkv;
+    rep->D = L->D;
+    rep->causal = L->causal;
+    rep->warmup = opt.warmup;
+    rep->iters = opt.iters;
+    rep->iter_ms = calloc((size_t)opt.iters, sizeof(double));
+    rep->rank_bytes_sent = calloc((size_t)P, sizeof(int64_t));
+    rep->rank_peak_bytes = calloc((size_t)P, sizeof(int64_t));
+    rep->rank_comm_ms = calloc((size_t)P, sizeof(double));
+    rep->rank_compute_ms = calloc((size_t)P, sizeof(double));
+    if (!rep->iter_ms || !rep->rank_bytes_sent || !rep->rank_peak_bytes || !rep->rank_comm_ms ||
+        !rep->rank_compute_ms) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < opt.iters; i++) {
+        double m = 0;
+        for (int p = 0; p < P; p++)
+            if (x.res[p].iter_ms && x.res[p].iter_ms[opt.warmup + i] > m)
+                m = x.res[p].iter_ms[opt.warmup + i];
+        rep->iter_ms[i] = m;
+    }
+    rep->ms_per_iter = median(rep->iter_ms, opt.iters);
+    /* The iteration closest to the median, for the per-rank split. */
+    int mi = 0;
+    for (int i = 1; i < opt.iters; i++)
+        if (fabs(rep->iter_ms[i] - rep->ms_per_iter) < fabs(rep->iter_ms[mi] - rep->ms_per_iter))
+            mi = i;
+    for (int p = 0; p < P; p++) {
+        rep->rank_bytes_sent[p] = x.res[p].bytes_sent;
+        rep->rank_peak_bytes[p] = x.res[p].peak;
+        if (x.res[p].comm_ms) {
+            rep->rank_comm_ms[p] = x.res[p].comm_ms[opt.warmup + mi];
+            rep->rank_compute_ms[p] = x.res[p].compute_ms[opt.warmup + mi];
+        }
+        if (x.res[p].bytes_sent > rep->bytes_sent_per_rank)
+            rep->bytes_sent_per_rank = x.res[p].bytes_sent;
+        if (x.res[p].peak > rep->peak_memory_bytes_per_rank)
+            rep->peak_memory_bytes_per_rank = x.res[p].peak;
+    }
+    rep->flops = 4.0 * (double)L->B * (double)L->S * (double)L->Skv * L->H * L->D;
+    if (L->causal)
+        rep->flops *= 0.5;
+    rep->tflops = rep->ms_per_iter > 0 ? rep->flops / (rep->ms_per_iter * 1e-3) / 1e12 : 0;
+    rep->bandwidth_gbps = rep->ms_per_iter > 0
+                              ? (double)rep->bytes_sent_per_rank / (rep->ms_per_iter * 1e-3) / 1e9
+                              : 0;
+    if (opt.trace_path) {
+        cpc_trace_rank *tr = calloc((size_t)P, sizeof *tr);
+        if (!tr) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int p = 0; p < P; p++)
+            tr[p] = (cpc_trace_rank){p, x.res[p].ev, x.res[p].ev_iter, x.res[p].n_ev};
+        st = cpc_trace_write(opt.trace_path, rep->plan_name, tr, P);
+        free(tr);
+        if (st)
+            goto out;
+    }
+    if (opt.output_path && (st = write_output(&x)))
+        goto out;
+    if (opt.check) {
+        if (opt.log)
+            fprintf(opt.log, "cprun: checking against the float64 reference...\n");
+        if ((st = run_check(&x, rep)))
+            goto out;
+    }
+    rep->ok = !rep->checked || rep->pass;
+out:
+    if (x.res)
+        for (int p = 0; p < P; p++)
+            rank_out_free(&x.res[p]);
+    free(x.res);
+    if (x.tr)
+        for (int p = 0; p < P; p++)
+            if (x.tr[p])
+                x.tr[p]->vt->destroy(x.tr[p]);
+    free(x.tr);
+    free(x.st);
+    cpc_local_world_destroy(x.world);
+    if (mpi_t)
+        mpi_t->vt->destroy(mpi_t);
+    cpc_st_close(x.in);
+    free(x.mask);
+    free(x.out);
+    free(x.lse);
+    return st;
+}

@@ -1,0 +1,110 @@
+/*
+ * run.h - the "job" layer of cprun (SPEC section 5): load a plan, start the
+ * ranks, feed them inputs, time them, gather the output, check it against
+ * the float64 reference and build the report.
+ *
+ * Loading: a .cplan artifact is read with the artifact reader (when the build
+ * has one); anything else is a plan YAML compiled in memory exactly as cpc
+ * does: load (plan_load.h) -> validate with the cost model's price callback
+ * (validate.h, cost.h) -> Lua choose (when the plan's script defines it and
+ * the choice was automatic) -> schedule (schedule.h) -> Lua schedule ->
+ * verify (verify.h, CP051).  A training plan is refused with CP060.
+ *
+ * Running (transport local): every rank is a thread of this process with
+ * its own CPU backend and local-transport endpoint (OpenBLAS set to one
+ * thread first).  Each rank makes or reads only its shard of q/k/v (random
+ * normals keyed by global element index from --seed, rng.h; or pread of
+ * --input, safetensors.h), runs warmup + iters iterations (each: upload the
+ * inputs, world barrier, run the program), then sends its timings, output
+ * shard (and LSE, events) to rank 0 over the transport.  Under an MPI
+ * launcher (transport mpi) this process is one rank and the same code runs.
+ *
+ * Check: the float64 reference (reference.h) on the same rounded inputs:
+ * every query row when that costs at most `check_full_flops` double
+ * operations, else `check_rows` rows per (batch, head) (stratified sample,
+ * first and last row included), compared exactly on those rows.
+ *
+ * Thread-safety: a job is read-only once loaded; cpc_job_run may be called
+ * from one thread at a time per job.
+ */
+#ifndef CPC_RUN_H
+#define CPC_RUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../compiler/plan.h"
+#include "../compiler/program.h"
+#include "../compiler/status.h"
+#include "report.h"
+
+/* A loaded, verified plan ready to run. */
+typedef struct cpc_job {
+    cpc_plan *plan;          /* owned unless plan_borrowed */
+    bool plan_borrowed;
+    cpc_program *prog;       /* owned */
+    char *source;            /* the path it came from (owned), or NULL */
+    bool from_artifact;
+    struct cpc_artifact *artifact; /* owned when from_artifact: plan and prog
+                                      then belong to it */
+} cpc_job;
+
+/* Loads `path` (.cplan artifact, or plan YAML compiled in memory) with the
+ * n_sets --set overrides (YAML only).  Returns the diagnostics chain
+ * (warnings and/or errors; caller frees).  On error *out is NULL.  Errors:
+ * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
+ * CP060 (class CPC_E_PLAN) for a training plan; cprun maps every plan
+ * rejection to exit status 2. */
+cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);
+
+/* Builds a job from an in-memory plan (borrowed: it must outlive the job)
+ * for the candidate (variant, R, U): schedule + verify, no validation.
+ * For tests and embedders.  Errors: those of cpc_schedule_build and
+ * cpc_verify. */
+cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int ring_degree,
+                              int ulysses_degree, cpc_job **out);
+
+void cpc_job_free(cpc_job *job);
+
+/* cprun --dry-run: prints the selected variant, then every rank's buffers and
+ * peak memory (at most `max_ranks` ranks in full, then a summary line).
+ * Allocates no buffer. */
+cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
+
+typedef struct cpc_run_options {
+    const char *backend;         /* "auto" (default), "cpu", "cuda" */
+    const char *attention;       /* "auto" (default), "cpu", "cudnn", "nvrtc" */
+    const char *transport;       /* "auto" (default), "local", "mpi", "nccl" */
+    const char *input_path;      /* --input, or NULL: random inputs from seed */
+    uint64_t seed;               /* --seed (default 0) */
+    const char *output_path;     /* --output, or NULL */
+    const char *output_shards_dir; /* --output-shards, or NULL */
+    bool write_lse;              /* --lse: also `lse` in the outputs */
+    bool check;                  /* --check (default true) */
+    int64_t check_rows;          /* rows per (batch, head) when sampling; 0: 64 */
+    double check_full_flops;     /* all rows when the reference costs at most this
+                                    many double operations; 0: 4e9; < 0: always sample */
+    int warmup, iters;           /* defaults 1 and 5 (iters >= 1) */
+    const char *trace_path;      /* --trace, or NULL */
+    double timeout_s;            /* local transport: abort a wait after this long;
+                                    0: 600 s, < 0: never */
+    FILE *log;                   /* progress lines, NULL: quiet */
+} cpc_run_options;
+
+/* Fills defaults (what cprun uses when an option is not given). */
+void cpc_run_options_default(cpc_run_options *o);
+
+/* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_free
+ * also after errors).  Returns NULL when the run completed (rep->ok tells
+ * whether the check passed), or an error: CPC_E_USAGE (bad option value),
+ * CPC_E_UNSUPPORTED (cuda backend, cudnn/nvrtc attention, nccl transport,
+ * mpi transport not built or not launched), CPC_E_INPUT/CPC_E_IO (inputs,
+ * outputs), CPC_E_RUNTIME (a rank failed: the message names the rank and
+ * the op), CPC_E_NOMEM.
+ * Under MPI, only world rank 0 fills the report (rep->ranks == 0 elsewhere)
+ * and *is_root tells which (may be NULL). */
+cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt, cpc_run_report *rep,
+                        bool *is_root);
+
+#endif
