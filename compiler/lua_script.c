@@ -884,6 +884,7 @@ static void set_bool(lua_State *L, const char *k, bool v)
  * written (0 degrees = nil). */
 static void push_config(lua_State *L, const cpc_plan *plan, const cpc_layout *sel)
 {
+    luaL_checkstack(L, 16, NULL);
     lua_newtable(L);
     set_str(L, "name", plan->name);
     set_str(L, "file", plan->file);
@@ -996,6 +997,7 @@ static void set_expr(lua_State *L, const char *k, const cpc_expr *e)
 static void push_ops(lua_State *L, cpc_lua_script *s, const cpc_program *prog, const cpc_op *ops, int n,
                      int map)
 {
+    luaL_checkstack(L, 8, "program nested too deeply");
     lua_createtable(L, n, 0);
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
@@ -1100,6 +1102,7 @@ static const char *ltype(lua_State *L, int idx)
  * keys).  Returns n, or -1 after reporting. */
 static lua_Integer check_array(lua_State *L, readback *rb, int idx, const char *path, int line)
 {
+    luaL_checkstack(L, 4, NULL);
     idx = lua_absindex(L, idx);
     lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
     lua_Integer count = 0;
@@ -1262,6 +1265,7 @@ static void read_ops(lua_State *L, readback *rb, int arr, const char *path, cpc_
  * reachable from rb, so that a Lua error cannot leak it). */
 static void read_op(lua_State *L, readback *rb, const char *path, cpc_op *op, int depth)
 {
+    luaL_checkstack(L, 12, "program nested too deeply");
     int t = lua_gettop(L);
     /* line first, for every later message */
     int line = 0;
@@ -1386,6 +1390,7 @@ static void read_op(lua_State *L, readback *rb, const char *path, cpc_op *op, in
 
 static void read_ops(lua_State *L, readback *rb, int arr, const char *path, cpc_op **ops, int *n, int depth)
 {
+    luaL_checkstack(L, 8, "program nested too deeply");
     arr = lua_absindex(L, arr);
     lua_Integer len = check_array(L, rb, arr, path, 0);
     if (len < 0)
@@ -1553,6 +1558,7 @@ static bool op_same(const readback *rb, const cpc_op *n, const cpc_op *o)
  * original span back.  `arr` is the Lua array the ops were read from. */
 static void restore_spans(lua_State *L, readback *rb, int arr, cpc_op *ops, int n, int map)
 {
+    luaL_checkstack(L, 8, "program nested too deeply");
     arr = lua_absindex(L, arr);
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, arr, i + 1);
@@ -1907,7 +1913,7 @@ static int has_protected(lua_State *L)
     has_ctx *hc = lua_touserdata(L, 1);
     lua_pushglobaltable(L);
     lua_pushstring(L, hc->name);
-    hc->yes = lua_rawget(L, -2) == LUA_TFUNCTION;
+    hc->yes = lua_rawget(L, -2) != LUA_TNIL;
     return 0;
 }
 
@@ -1939,11 +1945,13 @@ static int sched_protected(lua_State *L)
     sched_ctx *sc = lua_touserdata(L, 1);
     readback *rb = &sc->rb;
     lua_settop(L, 0);
-    lua_getglobal(L, "schedule");
-    if (lua_type(L, 1) != LUA_TFUNCTION) {
+    int ty = lua_getglobal(L, "schedule");
+    if (ty == LUA_TNIL) {
         sc->defined = false;
         return 0;
     }
+    if (ty != LUA_TFUNCTION)
+        return luaL_error(L, "the global 'schedule' is a %s, not a function", lua_typename(L, ty));
     sc->defined = true;
     lua_Debug ar;
     lua_pushvalue(L, 1);
@@ -2129,11 +2137,13 @@ static int choose_protected(lua_State *L)
 {
     choose_ctx *cc = lua_touserdata(L, 1);
     lua_settop(L, 0);
-    lua_getglobal(L, "choose");
-    if (lua_type(L, 1) != LUA_TFUNCTION) {
+    int ty = lua_getglobal(L, "choose");
+    if (ty == LUA_TNIL) {
         cc->defined = false;
         return 0;
     }
+    if (ty != LUA_TFUNCTION)
+        return luaL_error(L, "the global 'choose' is a %s, not a function", lua_typename(L, ty));
     cc->defined = true;
     lua_Debug ar;
     lua_pushvalue(L, 1);

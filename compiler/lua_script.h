@@ -48,8 +48,9 @@
  *                   body   array of op tables (loop only; count required)
  *                   step   always nil: ops in a loop body run at every step,
  *                          the step is the variable `s` of their expressions
- *                   line   read-only information: the script line that built
- *                          the op when known (cpc.op sets it), else nil
+ *                   line   the script line that built the op (cpc.op and
+ *                          cpc.insert_barrier set it), else nil; an integer
+ *                          > 0, used for the op's span and diagnostics
  *                 Fields whose name starts with '_' are the script's own
  *                 scratch space and are ignored.  Any other field is an
  *                 error.
@@ -103,12 +104,14 @@
  *     instruction are guarded: string.rep (empty results), pattern functions
  *     (string.find/match/gmatch/gsub refuse a subject/pattern pair whose
  *     worst-case backtracking cost exceeds a bound), table.insert/remove/move
- *     (reimplemented in Lua so the hook sees them), rawset on read-only tables;
+ *     (reimplemented in Lua so the hook sees them), rawset on read-only tables,
+ *     setmetatable with a __gc field (finalizers run with hooks disabled, so
+ *     they are refused);
  *   - after a breach (memory, instructions, time) the script's own pcall /
  *     xpcall cannot catch the error: it is re-raised, and the script object is
  *     poisoned (later calls return CP050 at once).
- *   - every call into Lua runs under lua_pcall with a traceback handler; the
- *     traceback becomes a note.  Nothing a script does can abort cpc or leak:
+ *   - every call into Lua runs under lua_pcall with a traceback handler; each
+ *     traceback frame becomes a note (with its script line when it has one).  Nothing a script does can abort cpc or leak:
  *     all Lua work, including reading results back, is protected, and C
  *     memory is owned outside the protected region.
  * A breach is CP050 naming `script.lua:line` (the last script line the hook
@@ -176,7 +179,8 @@ cpc_status *cpc_lua_open_file(const char *path, const cpc_lua_limits *limits,
 /* Frees the state and the script.  NULL is ignored. */
 void cpc_lua_close(cpc_lua_script *s);
 
-/* Whether the script defines a global function `schedule` / `choose`. */
+/* Whether the script defines a global `schedule` / `choose` (a global that
+ * is not a function makes the matching call fail with CP050). */
 bool cpc_lua_has_schedule(cpc_lua_script *s);
 bool cpc_lua_has_choose(cpc_lua_script *s);
 

@@ -66,6 +66,7 @@ static const char *const DEVICES[] = {"h100-sxm", "h200", "a100-sxm", "l20", "rt
 typedef struct ld {
     cpc_plan *plan;
     cpc_status *diags;
+    cpc_status **tail;   /* &last->next of diags (NULL: &diags): O(1) appends */
     bool oom;
     bool error;
     /* Full paths that a CP101 hint suggested ("model.head_dim"): a CP104 for
@@ -87,6 +88,19 @@ static cpc_span pspan(const ld *L, cpc_span s)
     return s;
 }
 
+/* Appends a chain (not the static OOM status) at the tail. */
+static void append(ld *L, cpc_status *st)
+{
+    if (!st)
+        return;
+    if (!L->tail)
+        L->tail = &L->diags;
+    *L->tail = st;
+    while (st->next)
+        st = st->next;
+    L->tail = &st->next;
+}
+
 static cpc_status *emitv(ld *L, cpc_code code, cpc_severity sev, int rule, cpc_span sp,
                          const char *fmt, va_list ap)
 {
@@ -97,7 +111,7 @@ static cpc_status *emitv(ld *L, cpc_code code, cpc_severity sev, int rule, cpc_s
     }
     if (sev == CPC_SEV_ERROR)
         L->error = true;
-    cpc_status_append(&L->diags, st);
+    append(L, st);
     return st;
 }
 
@@ -155,7 +169,7 @@ static void take(ld *L, cpc_status *st)
     }
     if (cpc_status_has_error(st))
         L->error = true;
-    cpc_status_append(&L->diags, st);
+    append(L, st);
 }
 
 /* ======================================================================== */
@@ -1182,7 +1196,7 @@ static void set_usage(ld *L, int ordinal, const char *arg, int col, const char *
     cpc_status_set_hint(st, "write --set KEY=VALUE with a dotted KEY such as cluster.world_size "
                             "or input.segments[1].tokens");
     L->error = true;
-    cpc_status_append(&L->diags, st);
+    append(L, st);
 }
 
 /* One path component: name (pointer + length + column) and up to 8 indices. */

@@ -4,8 +4,9 @@
  * one thread, with OpenBLAS SGEMM for both products of every tile.
  *
  * attn, for every batch b and K/V head:
- *   - K and V of that head are made fp32 rows once (bf16/fp16 widened into a
- *     scratch buffer; fp32 read in place with leading dimension Hkv*D);
+ *   - K and V of that head are made contiguous fp32 rows once (bf16/fp16
+ *     widened into a scratch buffer, fp32 copied there too unless the block
+ *     has a single K/V head, whose rows are already contiguous);
  *   - for every query head of the GQA group and every tile of TQ query rows:
  *     Q' = Q * scale * log2(e) (so the softmax uses exp2), O = 0, m = -inf,
  *     l = 0; for every tile of TK keys that some row of the tile can see:
@@ -35,7 +36,9 @@
 #include "backend.h"
 
 #include <cblas.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,7 +119,7 @@ static float row_exp_scalar(float *s, int64_t n, float m)
     return sum;
 }
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__i386__)
 #define CPC_X86 1
 
 __attribute__((target("avx2,fma"))) static inline __m256 exp2_avx2(__m256 x)
@@ -345,6 +348,33 @@ static cpc_status *check_args(const cpc_attn_args *a)
     return NULL;
 }
 
+/* For increasing a[0..n): how many elements are <= x, and < x. */
+static inline int count_le(const int64_t *a, int n, int64_t x)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a[mid] <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static inline int count_lt(const int64_t *a, int n, int64_t x)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Key-tile descriptors, 4 int64 per tile. */
 enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
 
@@ -368,7 +398,10 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
     }
     const int tq = c->tq, tk = c->tk;
     const size_t es = dt_size(a->dtype);
-    const bool conv = a->dtype != CPC_DTYPE_FP32;
+    /* fp32 K/V are read in place when their rows are contiguous (one K/V head);
+     * otherwise copied per head: OpenBLAS packs K and V tiles again for every query
+     * tile, and packing from rows strided by Hkv*D (a page apart) costs TLB misses. */
+    const bool conv = a->dtype != CPC_DTYPE_FP32 || hkv > 1;
     const int64_t n_kt = (skv + tk - 1) / tk;
 
     if ((st = GROW(c, qt, sizeof(float) * (size_t)tq * d)) ||
@@ -463,6 +496,7 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                     const int br = (int)(sq - i0 < tq ? sq - i0 : tq);
                     float *O = a->o + ((size_t)b * sq + (size_t)i0) * ldo + (size_t)h * d;
                     int64_t qmin = c->qpos[i0], qmax = c->qpos[i0];
+                    bool qinc = true; /* query positions increase inside the tile */
                     for (int r = 0; r < br; r++) {
                         const char *src = qb + ((size_t)(i0 + r) * ldq + (size_t)h * d) * es;
                         cpc_to_f32_scaled_n(c->qt + (size_t)r * d, src, a->dtype, (size_t)d,
@@ -473,6 +507,8 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                         int64_t p = c->qpos[i0 + r];
                         qmin = p < qmin ? p : qmin;
                         qmax = p > qmax ? p : qmax;
+                        if (r > 0 && p < c->qpos[i0 + r - 1])
+                            qinc = false;
                     }
                     for (int64_t t = 0; t < n_kt; t++) {
                         const int64_t *kt = c->kt + t * KT_N;
@@ -484,46 +520,50 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                             continue; /* every key padded out */
                         const bool diag = a->causal && kt[KT_MAX] > qmin;
                         const bool pad = kt[KT_MASKED] > 0;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, d, 1.0f,
-                                    c->qt, d, K + (size_t)j0 * ldk, (int)ldk, 0.0f, S, tk);
+                        /* On a tile that straddles the diagonal, trim the products to
+                         * the keys some row sees (increasing key positions: a prefix)
+                         * and to the rows that see some key (increasing query
+                         * positions: a suffix). */
+                        int r0 = 0, bcx = bc;
+                        if (diag) {
+                            if (kt[KT_INC])
+                                bcx = count_le(c->kpos + j0, bc, qmax);
+                            if (qinc)
+                                r0 = count_lt(c->qpos + i0, br, kt[KT_MIN]);
+                        }
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br - r0, bcx, d,
+                                    1.0f, c->qt + (size_t)r0 * d, d, K + (size_t)j0 * ldk,
+                                    (int)ldk, 0.0f, S + (size_t)r0 * tk, tk);
                         bool any = false;
-                        for (int r = 0; r < br; r++) {
+                        for (int r = r0; r < br; r++) {
                             float *sr = S + (size_t)r * tk;
                             if (diag) {
                                 const int64_t qp = c->qpos[i0 + r];
                                 const int64_t *kp = c->kpos + j0;
                                 if (kt[KT_INC]) {
-                                    /* visible keys are a prefix: upper bound of qp */
-                                    int lo = 0, hi = bc;
-                                    while (lo < hi) {
-                                        int mid = (lo + hi) / 2;
-                                        if (kp[mid] <= qp)
-                                            lo = mid + 1;
-                                        else
-                                            hi = mid;
-                                    }
-                                    for (int j = lo; j < bc; j++)
+                                    /* visible keys are a prefix */
+                                    for (int j = count_le(kp, bcx, qp); j < bcx; j++)
                                         sr[j] = -INFINITY;
                                 } else {
-                                    for (int j = 0; j < bc; j++)
+                                    for (int j = 0; j < bcx; j++)
                                         if (kp[j] > qp)
                                             sr[j] = -INFINITY;
                                 }
                             }
                             if (pad) {
                                 const float *bi = c->bias + j0;
-                                for (int j = 0; j < bc; j++)
+                                for (int j = 0; j < bcx; j++)
                                     sr[j] += bi[j];
                             }
-                            float mx = c->row_max(sr, bc);
+                            float mx = c->row_max(sr, bcx);
                             float mold = M[r];
                             float mnew = mx > mold ? mx : mold;
                             if (mnew == -INFINITY) { /* nothing visible yet */
-                                memset(sr, 0, sizeof(float) * (size_t)bc);
+                                memset(sr, 0, sizeof(float) * (size_t)bcx);
                                 continue;
                             }
                             any = true;
-                            float sum = c->row_exp(sr, bc, mnew);
+                            float sum = c->row_exp(sr, bcx, mnew);
                             if (mnew != mold) {
                                 float alpha = exp2_scalar(mold - mnew);
                                 if (L[r] > 0.0f) {
@@ -538,9 +578,9 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                             }
                         }
                         if (any)
-                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, d, bc,
-                                        1.0f, S, tk, V + (size_t)j0 * ldk, (int)ldk, 1.0f, O,
-                                        (int)ldo);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br - r0, d,
+                                        bcx, 1.0f, S + (size_t)r0 * tk, tk, V + (size_t)j0 * ldk,
+                                        (int)ldk, 1.0f, O + (size_t)r0 * ldo, (int)ldo);
                     }
                     for (int r = 0; r < br; r++) {
                         float *orow = O + (size_t)r * ldo;

@@ -2,6 +2,9 @@
 #include "backend_cuda.h"
 
 #include <cuda_runtime.h>
+#include <stdio.h>
+
+#include "attention_cudnn.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,17 @@ typedef struct cuda_ctx {
     long long *pos;      /* device scratch for q/kv positions */
     size_t pos_cap;      /* elements */
     int sm_count;
+    /* Attention path (cpc_cuda_backend_set_attention) and what served. */
+    cpc_cuda_attention attn_mode;
+    cpc_cudnn_sdpa *sdpa;      /* created on first need */
+    bool sdpa_failed;          /* creation failed: sdpa_why says why */
+    char sdpa_why[256];
+    void *o16;                 /* cuDNN's output in the plan's dtype [B, sq, hq, d] */
+    size_t o16_cap;            /* bytes */
+    void *neginf;              /* fp32 -inf row for query rows that see no key */
+    size_t neginf_bytes;
+    long long n_cudnn, n_nvrtc, n_fallback;
+    char fallback_why[256];
 } cuda_ctx;
 
 static cpc_status *cuda_err(cudaError_t e, const char *what)
@@ -134,14 +148,9 @@ static size_t tc_smem_bytes(int D)
            (size_t)4 * 16 * pld * 2;
 }
 
-static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
+/* The generated attention kernel (any block). */
+static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
 {
-    cuda_ctx *c = C(be);
-    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype)
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attention: kernels built for %s head_dim %d, called with %s %d",
-                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim,
-                         cpc_dtype_name(a->dtype), a->d);
     long long *qpos = NULL, *kvpos = NULL;
     bool need_pos = a->causal || a->kv_mask;
     if (need_pos) {
@@ -179,6 +188,133 @@ static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
     }
     return launch(c, c->k_attn_rowwarp, (unsigned)((sq + 3) / 4), (unsigned)hq, (unsigned)B, 128, 0,
                   args, "attention (row per warp)");
+}
+
+static void note_fallback(cuda_ctx *c, const char *why)
+{
+    c->n_fallback++;
+    if (!c->fallback_why[0])
+        snprintf(c->fallback_why, sizeof c->fallback_why, "%s", why);
+}
+
+/* Grows a device scratch buffer to `bytes` (contents not kept). */
+static cpc_status *grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes, const char *what)
+{
+    if (bytes <= *cap)
+        return NULL;
+    if (*buf) {
+        CK(cudaStreamSynchronize(c->compute), what);
+        cudaFree(*buf);
+    }
+    *buf = NULL;
+    *cap = 0;
+    CK(cudaMalloc(buf, bytes), what);
+    *cap = bytes;
+    return NULL;
+}
+
+/* Tries cuDNN for block `a`: *served tells whether it did.  A block cuDNN
+ * cannot serve is noted (fallback) and returns NULL with *served false; only
+ * device failures while running are errors. */
+static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
+{
+    *served = false;
+    cpc_sdpa_split sp;
+    cpc_status *st = cpc_cudnn_sdpa_split(a, &sp);
+    if (st) {
+        note_fallback(c, st->message);
+        cpc_status_free(st);
+        return NULL;
+    }
+    if (!c->sdpa) {
+        if (!c->sdpa_failed) {
+            st = cpc_cudnn_sdpa_create(c->device, &c->sdpa);
+            if (st) {
+                snprintf(c->sdpa_why, sizeof c->sdpa_why, "%s", st->message);
+                c->sdpa_failed = true;
+                cpc_status_free(st);
+            }
+        }
+        if (!c->sdpa) {
+            note_fallback(c, c->sdpa_why);
+            return NULL;
+        }
+    }
+    int64_t es = cpc_dtype_size(a->dtype);
+    int64_t row_elems = (int64_t)a->hq * a->d;
+    size_t o_elems = (size_t)((int64_t)a->B * a->sq * row_elems);
+    if ((st = grow(c, &c->o16, &c->o16_cap, o_elems * (size_t)es, "cuDNN output scratch")))
+        return st;
+    st = cpc_cudnn_sdpa_run(c->sdpa, a, &sp, c->o16, a->lse, c->compute);
+    if (st) {
+        if (st->code != CPC_E_UNSUPPORTED)
+            return st;
+        note_fallback(c, st->message);
+        cpc_status_free(st);
+        return NULL;
+    }
+    /* Rows that see no key: o = 0, lse = -inf. */
+    for (int i = 0; i < sp.n_parts; i++) {
+        const cpc_sdpa_part *p = &sp.parts[i];
+        if (p->kind != CPC_SDPA_PART_EMPTY || p->rows <= 0)
+            continue;
+        size_t pitch = (size_t)(a->sq * row_elems * es), width = (size_t)(p->rows * row_elems * es);
+        CK(cudaMemset2DAsync((char *)c->o16 + p->row0 * row_elems * es, pitch, 0, width,
+                             (size_t)a->B, c->compute),
+           "cuDNN: zero the rows that see no key");
+        size_t need = (size_t)p->rows * sizeof(float);
+        if (need > c->neginf_bytes) {
+            if ((st = grow(c, &c->neginf, &c->neginf_bytes, need, "-inf row")))
+                return st;
+            float *nil = NULL;
+            long long zero = 0, n = (long long)(c->neginf_bytes / sizeof(float));
+            void *iargs[] = {&nil, &zero, &c->neginf, &n};
+            if ((st = launch(c, c->k_init, grid_for(n, 256, c->sm_count), 1, 1, 256, 0, iargs,
+                             "fill -inf")))
+                return st;
+        }
+        float *dst = a->lse + p->row0;
+        const void *src = c->neginf;
+        long long nb = a->B, nt = a->hq, nh = 1, inner = p->rows, dbs = (long long)a->hq * a->sq,
+                  dts = a->sq, dhs = 0, sbs = 0, sts = 0, shs = 0;
+        void *cargs[] = {&dst, &src, &nb, &nt, &nh, &inner, &dbs, &dts, &dhs, &sbs, &sts, &shs};
+        long long rows = nb * nt;
+        unsigned g = (unsigned)(rows < (long long)c->sm_count * 64 ? rows : (long long)c->sm_count * 64);
+        if ((st = launch(c, c->k_copy_f32, g, 1, 1, 128, 0, cargs, "lse = -inf for rows without keys")))
+            return st;
+    }
+    /* cuDNN wrote the plan's dtype; the executor's O is fp32. */
+    float *o = a->o;
+    const void *src = c->o16;
+    long long nn = (long long)o_elems;
+    void *args[] = {&o, &src, &nn};
+    if ((st = launch(c, c->k_to_f32, grid_for(nn, 256, c->sm_count), 1, 1, 256, 0, args,
+                     "cuDNN output to fp32")))
+        return st;
+    *served = true;
+    return NULL;
+}
+
+static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
+{
+    cuda_ctx *c = C(be);
+    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: kernels built for %s head_dim %d, called with %s %d",
+                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim,
+                         cpc_dtype_name(a->dtype), a->d);
+    if (c->attn_mode != CPC_CUDA_ATTN_NVRTC) {
+        bool served = false;
+        cpc_status *st = attn_cudnn(c, a, &served);
+        if (st)
+            return st;
+        if (served) {
+            c->n_cudnn++;
+            return NULL;
+        }
+    }
+    c->n_nvrtc++;
+    return attn_nvrtc(c, a);
 }
 
 static cpc_status *b_merge(cpc_backend *be, const cpc_merge_args *m)
@@ -260,6 +396,11 @@ static void b_destroy(cpc_backend *be)
         cudaSetDevice(c->device);
         if (c->pos)
             cudaFree(c->pos);
+        if (c->o16)
+            cudaFree(c->o16);
+        if (c->neginf)
+            cudaFree(c->neginf);
+        cpc_cudnn_sdpa_destroy(c->sdpa);
         for (int i = 0; i < c->n_libs; i++)
             cudaLibraryUnload(c->libs[i]);
         if (c->compute)
@@ -364,4 +505,63 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
     }
     *out = be;
     return NULL;
+}
+
+/* ---- attention path selection ------------------------------------------------ */
+
+static const char *const attn_names[CPC_CUDA_ATTN__COUNT] = {"auto", "cudnn", "nvrtc"};
+
+const char *cpc_cuda_attention_name(cpc_cuda_attention m)
+{
+    return m >= 0 && m < CPC_CUDA_ATTN__COUNT ? attn_names[m] : "?";
+}
+
+int cpc_cuda_attention_parse(const char *s)
+{
+    for (int i = 0; s && i < CPC_CUDA_ATTN__COUNT; i++)
+        if (strcmp(s, attn_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention mode)
+{
+    if (!be || be->vt != &cuda_vt)
+        return cpc_error(CPC_E_USAGE, "attention mode: not a CUDA backend");
+    if (mode < 0 || mode >= CPC_CUDA_ATTN__COUNT)
+        return cpc_error(CPC_E_USAGE, "attention mode %d out of range", (int)mode);
+    cuda_ctx *c = C(be);
+    if (mode == CPC_CUDA_ATTN_CUDNN && !c->sdpa) {
+        if (!c->sdpa_failed) {
+            cpc_status *st = cpc_cudnn_sdpa_create(c->device, &c->sdpa);
+            if (st) {
+                snprintf(c->sdpa_why, sizeof c->sdpa_why, "%s", st->message);
+                c->sdpa_failed = true;
+                cpc_status_free(st);
+            }
+        }
+        if (!c->sdpa)
+            return cpc_error(CPC_E_UNSUPPORTED, "--attention cudnn: %s", c->sdpa_why);
+    }
+    c->attn_mode = mode;
+    return NULL;
+}
+
+void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, bool reset)
+{
+    memset(out, 0, sizeof *out);
+    if (!be || be->vt != &cuda_vt)
+        return;
+    cuda_ctx *c = C(be);
+    out->mode = c->attn_mode;
+    out->cudnn_usable = c->sdpa != NULL;
+    out->cudnn_blocks = c->n_cudnn;
+    out->nvrtc_blocks = c->n_nvrtc;
+    out->fallback_blocks = c->n_fallback;
+    snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", c->fallback_why);
+    out->cudnn_version = cpc_cudnn_version();
+    if (reset) {
+        c->n_cudnn = c->n_nvrtc = c->n_fallback = 0;
+        c->fallback_why[0] = 0;
+    }
 }

@@ -32,4 +32,47 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
                                     const cpc_kernel *kernels, int n_kernels,
                                     cpc_backend **out);
 
+/* Attention path of a CUDA backend (cprun --attention).  Blocks that cuDNN
+ * cannot serve (attention_cudnn.h: fp32, key padding, a causal block on the
+ * diagonal, GQA head ranges it cannot express, a shape it refuses) run on
+ * the generated kernel in every mode; the backend counts them.
+ *   AUTO  (default) cuDNN's SDPA when it can serve the block, else the
+ *         generated kernel; cuDNN being unusable (not built, older than
+ *         9.13, cudnnCreate failing) only means every block falls back.
+ *   CUDNN as AUTO, but cuDNN must be usable: setting it fails otherwise.
+ *   NVRTC always the generated kernel (cuDNN is never touched). */
+typedef enum cpc_cuda_attention {
+    CPC_CUDA_ATTN_AUTO = 0,
+    CPC_CUDA_ATTN_CUDNN,
+    CPC_CUDA_ATTN_NVRTC,
+    CPC_CUDA_ATTN__COUNT
+} cpc_cuda_attention;
+
+/* "auto", "cudnn", "nvrtc"; parse returns -1 for another name. */
+const char *cpc_cuda_attention_name(cpc_cuda_attention m);
+int cpc_cuda_attention_parse(const char *s);
+
+/* Selects the attention path of `be` (a backend made by
+ * cpc_cuda_backend_create).  CUDNN creates the cuDNN handle now.  Errors:
+ * CPC_E_USAGE (not a CUDA backend, mode out of range), CPC_E_UNSUPPORTED
+ * (CUDNN while cuDNN is unusable: the reason is named); the mode is then
+ * unchanged.  Call between runs, from the thread that uses the backend. */
+cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention mode);
+
+/* What served the attention blocks of `be` since creation or the last reset,
+ * for the report ("cudnn", or "cudnn (12 blocks fell back to nvrtc: ...)"). */
+typedef struct cpc_cuda_attn_info {
+    cpc_cuda_attention mode;
+    bool cudnn_usable;          /* a cuDNN handle exists (created on first need) */
+    long long cudnn_blocks;     /* blocks computed by cuDNN */
+    long long nvrtc_blocks;     /* blocks computed by the generated kernel */
+    long long fallback_blocks;  /* of those, blocks cuDNN was asked for and could not serve */
+    char fallback_reason[256];  /* the first reason ("" when none) */
+    size_t cudnn_version;       /* cudnnGetVersion() at run time, 0 without cuDNN */
+} cpc_cuda_attn_info;
+
+/* Fills *out (zeroed when `be` is not a CUDA backend); reset=true then
+ * clears the counters and the reason. */
+void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, bool reset);
+
 #endif

@@ -1,7 +1,9 @@
 /* dtype.c - fp32 <-> bf16/fp16 conversions; see dtype.h. */
 #include "dtype.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <string.h>
 
 static inline uint32_t f2u(float f)

@@ -42,7 +42,7 @@ static void usage(FILE *f)
             "  --format text|json              the report\n"
             "  --dry-run                       load and verify, print each rank's buffers and peak memory\n"
             "  --set KEY=VALUE                 override a plan key (YAML plans), repeatable\n"
-            "  --timeout SECONDS               local transport: abort a wait after this long (default 600)\n"
+            "  --timeout SECONDS               local transport: abort a wait after this long (default 3600)\n"
             "  --calibrate                     measure this machine (not implemented yet)\n"
             "  --verbose                       progress messages on stderr\n"
             "  --version | --help\n"

@@ -82,7 +82,7 @@ double cpc_reference_flops(const cpc_ref_problem *p, int64_t n_rows);
  * order, min(per_bh, S) distinct rows, sorted, one per stratum of
  * S / per_bh consecutive positions (random within its stratum, from Random123
  * Philox keyed by `seed`); the first and the last position (0 and S-1) are
- * always included.  `out` must hold B * H * min(per_bh, S) rows; returns
+ * always included (the first only, when the sample has one row).  `out` must hold B * H * min(per_bh, S) rows; returns
  * that count (0 when an argument is < 1). */
 int64_t cpc_reference_sample_rows(int B, int H, int64_t S, int64_t per_bh, uint64_t seed,
                                   cpc_ref_row *out);

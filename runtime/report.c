@@ -35,9 +35,9 @@ static void human(char *buf, size_t n, double b)
 void cpc_report_print_text(FILE *out, const cpc_run_report *r)
 {
     char a[32], b[32];
-    fprintf(out, "plan:        %s (B=%lld, S=%lld%s, H=%d, Hkv=%d, D=%d, %s%s)\n", r->plan_name,
-            (long long)r->B, (long long)r->S, r->Skv != r->S ? "" : "", r->H, r->Hkv, r->D,
-            r->dtype, r->causal ? ", causal" : "");
+    fprintf(out, "plan:        %s (B=%lld, S=%lld, H=%d, Hkv=%d, D=%d, %s%s)\n", r->plan_name,
+            (long long)r->B, (long long)r->S, r->H, r->Hkv, r->D, r->dtype,
+            r->causal ? ", causal" : "");
     if (r->Skv != r->S)
         fprintf(out, "             cross-attention: %lld key/value tokens\n", (long long)r->Skv);
     fprintf(out, "variant:     %s, mesh %d x %d (ring x ulysses), %d ranks\n", r->variant,

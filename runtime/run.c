@@ -9,12 +9,9 @@
 #include <sys/stat.h>
 
 #include "../compiler/artifact.h"
-#include "../compiler/cost.h"
+#include "../compiler/compile.h"
 #include "../compiler/layout.h"
-#include "../compiler/lua_script.h"
-#include "../compiler/plan_load.h"
 #include "../compiler/schedule.h"
-#include "../compiler/validate.h"
 #include "../compiler/verify.h"
 #include "backend.h"
 #include "executor.h"
@@ -59,20 +56,6 @@ static bool ends_with(const char *s, const char *suf)
 {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
-}
-
-/* The script path relative to the plan file's directory. */
-static char *script_path(const cpc_plan *plan)
-{
-    const char *s = plan->schedule.script;
-    if (s[0] == '/' || !plan->file || !strchr(plan->file, '/'))
-        return strdup(s);
-    const char *slash = strrchr(plan->file, '/');
-    size_t dl = (size_t)(slash - plan->file);
-    char *p = malloc(dl + 1 + strlen(s) + 1);
-    if (p)
-        sprintf(p, "%.*s/%s", (int)dl, plan->file, s);
-    return p;
 }
 
 /* An artifact starts with its version key (artifact.h FORMAT), whatever
@@ -143,48 +126,25 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
             return diags;
         }
     } else {
-        cpc_status_append(&diags, cpc_plan_load_file(path, sets, n_sets, &job->plan));
-        if (has_error(diags) || !job->plan) {
-            cpc_job_free(job);
-            return diags;
+        /* The same pipeline as `cpc --check` (compile.h): load, validate and
+         * price, Lua choose, schedule, Lua schedule, verify. */
+        cpc_compile_opts co = {.sets = sets, .n_sets = n_sets, .until = CPC_UNTIL_VERIFY};
+        cpc_compiled cc;
+        bool ok = cpc_compile_file(path, &co, &cc);
+        diags = cc.diags;
+        cc.diags = NULL;
+        if (ok && cc.plan && cc.program) {
+            job->plan = cc.plan;
+            job->prog = cc.program;
+            job->priced = cc.priced;
+            job->pred = cc.pred;
+            cc.plan = NULL;
+            cc.program = NULL;
         }
-        cpc_plan *plan = job->plan;
-        cpc_selection sel;
-        cpc_status_append(&diags, cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel));
-        if (has_error(diags) || sel.selected < 0) {
-            cpc_selection_free(&sel);
-            cpc_job_free(job);
-            return diags;
-        }
-        int chosen = sel.selected;
-        cpc_lua_script *lua = NULL;
-        if (plan->schedule.script) {
-            char *sp = script_path(plan);
-            if (!sp) {
-                cpc_selection_free(&sel);
-                cpc_job_free(job);
-                cpc_status_append(&diags, cpc_error(CPC_E_NOMEM, "out of memory"));
-                return diags;
-            }
-            cpc_status_append(&diags, cpc_lua_open_file(sp, NULL, &lua));
-            free(sp);
-            if (!has_error(diags) && lua && cpc_lua_has_choose(lua) &&
-                (sel.requested == CPC_VARIANT_AUTO || sel.fell_back))
-                cpc_status_append(&diags, cpc_lua_choose(lua, plan, sel.candidates,
-                                                          sel.n_candidates, &chosen));
-        }
-        if (!has_error(diags)) {
-            const cpc_candidate *c = &sel.candidates[chosen];
-            cpc_status_append(&diags, cpc_schedule_build(plan, c->variant, c->ring_degree,
-                                                         c->ulysses_degree, &job->prog));
-        }
-        if (!has_error(diags) && lua && cpc_lua_has_schedule(lua))
-            cpc_status_append(&diags, cpc_lua_schedule(lua, plan, job->prog));
-        else if (!has_error(diags))
-            cpc_status_append(&diags, cpc_verify(job->prog));
-        cpc_lua_close(lua);
-        cpc_selection_free(&sel);
-        if (has_error(diags)) {
+        cpc_compiled_free(&cc);
+        if (has_error(diags) || !job->prog) {
+            if (!has_error(diags))
+                cpc_status_append(&diags, cpc_error(CPC_E_INTERNAL, "%s: the compiler produced no program", path));
             cpc_job_free(job);
             return diags;
         }
@@ -432,6 +392,9 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
     cpc_run *lse_runs = NULL;
     cpc_run *runs = NULL;
     rank_out mine = {0};
+    /* ===== CUDA HOOK: --backend cuda would create cpc_cuda_backend_create()
+     * here (runtime/backend_cuda.h, GPU = rank mod visible GPUs, kernels from
+     * the artifact); cpc_job_run refuses it until that is wired. ===== */
     cpc_status *st = cpc_cpu_backend_create(&be);
     if (st)
         goto done;
@@ -586,6 +549,19 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
                 int ho = hd[0], hn = hd[1], nr = hd[2];
                 cpc_run *rr = (cpc_run *)((char *)buf + 4 * sizeof(int32_t));
                 float *lv = (float *)(rr + nr);
+                int64_t Tl = 0;
+                bool sane = nr >= 0 && hn >= 0 && ho >= 0 && ho + hn <= L->H &&
+                            n >= 4 * sizeof(int32_t) + (size_t)nr * sizeof(cpc_run);
+                for (int i = 0; sane && i < nr; i++) {
+                    sane = rr[i].start >= 0 && rr[i].len >= 0 && rr[i].start + rr[i].len <= L->S;
+                    Tl += rr[i].len;
+                }
+                if (!sane || n != 4 * sizeof(int32_t) + (size_t)nr * sizeof(cpc_run) +
+                                     (size_t)(L->B * hn * Tl) * sizeof(float)) {
+                    free(buf);
+                    st = cpc_error(CPC_E_RUNTIME, "rank %d sent a malformed LSE", q);
+                    break;
+                }
                 if (x->lse)
                     scatter_lse(x->lse, lv, L->B, L->H, L->S, ho, hn, rr, nr);
                 free(buf);
@@ -948,6 +924,9 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         fprintf(opt.log, "cprun: %s: %s %d x %d, %d ranks (%s transport), %d warmup + %d iterations\n",
                 job->plan->name ? job->plan->name : "plan", cpc_variant_name(L->variant), L->R,
                 L->U, P, use_mpi ? "mpi" : "local", opt.warmup, opt.iters);
+    if (opt.log && job->priced && my_rank == 0)
+        fprintf(opt.log, "cprun: cost model predicts %.3f ms per layer (compute %.3f ms, exposed communication %.3f ms)\n",
+                job->pred.ms_per_layer, job->pred.compute_ms_per_layer, job->pred.comm_ms_per_layer);
     if (use_mpi) {
         x.st[my_rank] = rank_main(&x, my_rank, mpi_t);
         st = x.st[my_rank];
@@ -962,7 +941,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     } else {
         if ((st = cpc_local_world_create(L->R, L->U, &x.world)))
             goto out;
-        cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? 600.0 : opt.timeout_s);
+        cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? 3600.0 : opt.timeout_s);
         x.tr = calloc((size_t)P, sizeof *x.tr);
         pthread_t *th = calloc((size_t)P, sizeof *th);
         thread_arg *ta = calloc((size_t)P, sizeof *ta);

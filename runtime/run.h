@@ -3,12 +3,12 @@
  * ranks, feed them inputs, time them, gather the output, check it against
  * the float64 reference and build the report.
  *
- * Loading: a .cplan artifact is read with the artifact reader (when the build
- * has one); anything else is a plan YAML compiled in memory exactly as cpc
- * does: load (plan_load.h) -> validate with the cost model's price callback
- * (validate.h, cost.h) -> Lua choose (when the plan's script defines it and
- * the choice was automatic) -> schedule (schedule.h) -> Lua schedule ->
- * verify (verify.h, CP051).  A training plan is refused with CP060.
+ * Loading: a .cplan artifact is read with the artifact reader and its
+ * schedule verified again; anything else is a plan YAML compiled in memory by
+ * the compiler's own pipeline, cpc_compile_file (compile.h) up to
+ * CPC_UNTIL_VERIFY, exactly what `cpc --check` runs: load -> validate and
+ * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
+ * -> price the final program.  A training plan is refused with CP060.
  *
  * Running (transport local): every rank is a thread of this process with
  * its own CPU backend and local-transport endpoint (OpenBLAS set to one
@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../compiler/cost.h"
 #include "../compiler/plan.h"
 #include "../compiler/program.h"
 #include "../compiler/status.h"
@@ -48,6 +49,10 @@ typedef struct cpc_job {
     bool from_artifact;
     struct cpc_artifact *artifact; /* owned when from_artifact: plan and prog
                                       then belong to it */
+    bool priced;             /* pred is set (YAML plans: the cost model's
+                                prediction of the final program on the plan's
+                                device / cluster.profile) */
+    cpc_prediction pred;
 } cpc_job;
 
 /* Loads `path` (.cplan artifact, or plan YAML compiled in memory) with the
@@ -88,7 +93,7 @@ typedef struct cpc_run_options {
     int warmup, iters;           /* defaults 1 and 5 (iters >= 1) */
     const char *trace_path;      /* --trace, or NULL */
     double timeout_s;            /* local transport: abort a wait after this long;
-                                    0: 600 s, < 0: never */
+                                    0: 3600 s, < 0: never */
     FILE *log;                   /* progress lines, NULL: quiet */
 } cpc_run_options;
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libyaml-dev liblua5.4-dev libcriterion-dev
       libopenblas-dev libcjson-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev
-      gnuplot-nox libssl-dev librandom123-dev)
+      gnuplot-nox libssl-dev librandom123-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

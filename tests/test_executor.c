@@ -19,7 +19,10 @@
 #include "compiler/expr.h"
 #include "compiler/program.h"
 #include "runtime/executor.h"
+#include "runtime/reference.h"
+#include "runtime/rng.h"
 #include "runtime/run.h"
+#include "runtime/safetensors.h"
 
 typedef struct tcase {
     cpc_variant v;
@@ -557,4 +560,84 @@ Test(executor, bind_input_rejects_wrong_size)
     be->vt->destroy(be);
     cpc_job_free(job);
     cpc_plan_free(plan);
+}
+
+/* --lse: the gathered LSE [B, H, S] equals the reference LSE (every variant
+ * places its ranks' heads and token runs correctly). */
+static void check_lse(const tcase *c)
+{
+    char name[256];
+    describe(c, name, sizeof name);
+    cpc_plan *plan = mk_plan(c);
+    cpc_job *job = NULL;
+    cpc_status_free(cpc_job_from_plan(plan, c->v, c->R, c->U, &job));
+    cr_assert_not_null(job, "%s", name);
+    char path[] = "/tmp/cpc_exec_lse_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.seed = fresh_seed();
+    o.warmup = 0;
+    o.iters = 1;
+    o.check = false;
+    o.write_lse = true;
+    o.output_path = path;
+    cpc_run_report rep;
+    cpc_status *st = cpc_job_run(job, &o, &rep, NULL);
+    cr_assert_null(st, "%s: %s", name, st ? st->message : "");
+    const cpc_layout *L = &job->prog->layout;
+    cpc_st_file *f = NULL;
+    cr_assert_null(cpc_st_open(path, &f));
+    const cpc_st_tensor *t = NULL;
+    int64_t shape[3] = {L->B, L->H, L->S};
+    cr_assert_null(cpc_st_expect(f, "lse", 3, shape, true, &t));
+    size_t n = (size_t)(L->B * L->H * L->S);
+    float *got = malloc(n * sizeof *got);
+    cpc_run all = {0, L->B * L->H * L->S};
+    /* Read [B*H*S] as one "token" axis: a [1, B*H*S] view. */
+    cpc_st_tensor flat = *t;
+    flat.ndim = 2;
+    flat.shape[0] = 1;
+    flat.shape[1] = L->B * L->H * L->S;
+    cr_assert_null(cpc_st_read_runs(f, &flat, &all, 1, CPC_DTYPE_FP32, got));
+    cpc_st_close(f);
+    unlink(path);
+    size_t es = (size_t)cpc_dtype_size(L->dtype);
+    size_t nq = (size_t)(L->B * L->S * L->H * L->D), nk = (size_t)(L->B * L->Skv * L->Hkv * L->D);
+    void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es);
+    cpc_run rq = {0, L->S}, rk = {0, L->Skv};
+    cpc_rng_fill_runs(q, L->dtype, o.seed, CPC_RNG_Q, L->B, L->S, L->H, L->D, &rq, 1);
+    cpc_rng_fill_runs(k, L->dtype, o.seed, CPC_RNG_K, L->B, L->Skv, L->Hkv, L->D, &rk, 1);
+    cpc_rng_fill_runs(v, L->dtype, o.seed, CPC_RNG_V, L->B, L->Skv, L->Hkv, L->D, &rk, 1);
+    cpc_ref_problem pb = {.B = L->B, .S = L->S, .Skv = L->Skv, .H = L->H, .Hkv = L->Hkv,
+                          .D = L->D, .dtype = L->dtype, .q = q, .k = k, .v = v,
+                          .scale = (double)(float)(1.0 / sqrt((double)L->D)),
+                          .causal = L->causal};
+    double *ref = malloc(n * sizeof *ref);
+    cr_assert_null(cpc_reference_attention(&pb, NULL, 0, NULL, ref));
+    cpc_compare_result cr;
+    cpc_compare(got, CPC_DTYPE_FP32, ref, (int64_t)n, 1e-5, &cr);
+    cr_assert(cr.pass, "%s (seed %llu): LSE rel_err %.3e, max_abs %.3e", name,
+              (unsigned long long)o.seed, cr.rel_err, cr.max_abs_err);
+    free(got);
+    free(ref);
+    free(q);
+    free(k);
+    free(v);
+    cpc_run_report_free(&rep);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+}
+
+Test(executor, lse_output_matches_reference)
+{
+    check_lse(&(tcase){.v = CPC_VARIANT_ULYSSES_ANYTHING, .R = 1, .U = 4, .B = 2, .H = 6, .Hkv = 3,
+                       .D = 16, .dt = CPC_DTYPE_FP32, .nseg = 2, .seg = {21, 110}, .overlap = true});
+    check_lse(&(tcase){.v = CPC_VARIANT_UNIFIED, .R = 2, .U = 2, .H = 4, .D = 16,
+                       .dt = CPC_DTYPE_BF16, .nseg = 1, .seg = {128}, .mask = CPC_MASK_CAUSAL,
+                       .overlap = true});
+    check_lse(&(tcase){.v = CPC_VARIANT_RING_ANYTHING, .R = 3, .U = 1, .H = 2, .D = 16,
+                       .dt = CPC_DTYPE_FP16, .nseg = 1, .seg = {100}, .overlap = false});
 }

@@ -504,7 +504,8 @@ Test(lua_prelude, find_walk_and_eval)
 Test(lua_prelude, eval_agrees_with_expr_h)
 {
     static const char *exprs[] = {"(r+1)%R", "(r-s-1)%R", "s<R-1", "r*U+u", "(p-7)/3", "-7%2",
-                                  "min(r,u)+max(s,2)*3", "!(s==1)||r>=2&&u!=0", "-(r-5)/2", "p%U+P"};
+                                  "min(r,u)+max(s,2)*3", "!(s==1)||r>=2&&u!=0", "-(r-5)/2", "p%U+P",
+                                  "(r-3)/-2", "(r-3)%-2", "(u-s)%(R+1)"};
     for (int Rv = 1; Rv <= 4; Rv++)
         for (int Uv = 1; Uv <= 3; Uv++) {
             char *src = NULL;
@@ -694,17 +695,37 @@ Test(lua_errors, endless_loop_under_pcall_stops)
 
 Test(lua_errors, memory_bomb_stops_within_two_seconds)
 {
+    /* default limits: the memory cap (or, on a slow machine, the 1 s clock)
+     * stops it */
     double t0 = now_s();
     expect_schedule_fails("function schedule(plan)\n"
                           "  local t = {}\n"
                           "  while true do t[#t + 1] = ('x'):rep(65536) .. #t end\n"
                           "end\n",
-                          CPC_RULE_LUA, 3, "memory cap");
+                          CPC_RULE_LUA, 3, "exceeded");
     double dt = now_s() - t0;
     cr_assert_lt(dt, 2.5, "took %.2f s", dt);
+    /* with time to spare, it is the memory cap */
+    fixture f = fx_ring4();
+    cpc_lua_limits lim = {.seconds = 10.0};
+    const char *text = "function schedule(plan)\n"
+                       "  local t = {}\n"
+                       "  while true do t[#t + 1] = ('x'):rep(1 << 20) .. #t end\n"
+                       "end\n";
+    cpc_lua_script *s = NULL;
+    cr_assert_null(cpc_lua_open("bomb.lua", text, strlen(text), &lim, &s));
+    t0 = now_s();
+    cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
+    dt = now_s() - t0;
+    expect_err(st, CPC_RULE_LUA, "bomb.lua", 3, "memory cap of 67108864 bytes exceeded");
+    cr_assert_lt(dt, 2.5, "took %.2f s", dt);
+    cpc_status_free(st);
+    fx_untouched(&f);
+    cpc_lua_close(s);
+    fx_free(&f);
     /* one big allocation */
-    expect_schedule_fails("function schedule(plan)\n  local s = ('x'):rep(1 << 40)\nend\n", CPC_RULE_LUA, 2,
-                          NULL);
+    expect_schedule_fails("function schedule(plan)\n  local s = ('x'):rep(1 << 30)\nend\n", CPC_RULE_LUA, 2,
+                          "memory cap");
 }
 
 Test(lua_errors, c_loops_cannot_hang)
@@ -1076,4 +1097,9 @@ Test(lua_errors, garbage_near_the_cap_is_not_a_breach)
     st = cpc_lua_open("gc.lua", live, strlen(live), NULL, &s);
     expect_err(st, CPC_RULE_LUA, "gc.lua", 2, "memory cap");
     cpc_status_free(st);
+}
+
+Test(lua_errors, schedule_that_is_not_a_function)
+{
+    expect_schedule_fails("schedule = 42\n", CPC_RULE_LUA, 0, "not a function");
 }

@@ -1,0 +1,215 @@
+/* staged_transport.c - see staged_transport.h */
+#include "staged_transport.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct staged {
+    cpc_transport *inner;
+    cpc_backend *be;
+} staged;
+
+/* This file's requests; the inner transport's are opaque. */
+struct cpc_request {
+    cpc_request *inner;
+    void *host;
+    void *dev;
+    size_t bytes;
+    bool recv;
+};
+
+static staged *S(cpc_transport *t) { return t->ctx; }
+
+static int st_group_rank(cpc_transport *t, cpc_group g)
+{
+    return S(t)->inner->vt->group_rank(S(t)->inner, g);
+}
+
+static int st_group_size(cpc_transport *t, cpc_group g)
+{
+    return S(t)->inner->vt->group_size(S(t)->inner, g);
+}
+
+static cpc_status *host_alloc(size_t bytes, void **out)
+{
+    *out = malloc(bytes ? bytes : 1);
+    return *out ? NULL : cpc_error(CPC_E_NOMEM, "staged transport: out of memory (%zu bytes)", bytes);
+}
+
+static cpc_status *st_isend(cpc_transport *t, cpc_group g, int peer, const void *buf, size_t bytes,
+                            int tag, cpc_request **req)
+{
+    staged *s = S(t);
+    *req = NULL;
+    cpc_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return cpc_error(CPC_E_NOMEM, "staged transport: out of memory");
+    cpc_status *st = host_alloc(bytes, &r->host);
+    if (!st && bytes)
+        st = s->be->vt->download(s->be, r->host, buf, bytes);
+    if (!st)
+        st = s->inner->vt->isend(s->inner, g, peer, r->host, bytes, tag, &r->inner);
+    if (st) {
+        free(r->host);
+        free(r);
+        return st;
+    }
+    r->bytes = bytes;
+    *req = r;
+    return NULL;
+}
+
+static cpc_status *st_irecv(cpc_transport *t, cpc_group g, int peer, void *buf, size_t bytes,
+                            int tag, cpc_request **req)
+{
+    staged *s = S(t);
+    *req = NULL;
+    cpc_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return cpc_error(CPC_E_NOMEM, "staged transport: out of memory");
+    cpc_status *st = host_alloc(bytes, &r->host);
+    if (!st)
+        st = s->inner->vt->irecv(s->inner, g, peer, r->host, bytes, tag, &r->inner);
+    if (st) {
+        free(r->host);
+        free(r);
+        return st;
+    }
+    r->dev = buf;
+    r->bytes = bytes;
+    r->recv = true;
+    *req = r;
+    return NULL;
+}
+
+static cpc_status *st_wait(cpc_transport *t, cpc_request *r)
+{
+    staged *s = S(t);
+    cpc_status *st = s->inner->vt->wait(s->inner, r->inner);
+    if (!st && r->recv && r->bytes)
+        st = s->be->vt->upload(s->be, r->dev, r->host, r->bytes);
+    free(r->host);
+    free(r);
+    return st;
+}
+
+static size_t extent(int n, const size_t *counts, const size_t *displs)
+{
+    size_t e = 0;
+    for (int i = 0; i < n; i++)
+        if (counts[i] && displs[i] + counts[i] > e)
+            e = displs[i] + counts[i];
+    return e;
+}
+
+static cpc_status *upload_parts(staged *s, char *dev, const char *host, int n, const size_t *counts,
+                                const size_t *displs)
+{
+    for (int i = 0; i < n; i++)
+        if (counts[i]) {
+            cpc_status *st = s->be->vt->upload(s->be, dev + displs[i], host + displs[i], counts[i]);
+            if (st)
+                return st;
+        }
+    return NULL;
+}
+
+static cpc_status *st_all_to_all_v(cpc_transport *t, cpc_group g, const void *send,
+                                   const size_t *sc, const size_t *sd, void *recv, const size_t *rc,
+                                   const size_t *rd)
+{
+    staged *s = S(t);
+    int n = st_group_size(t, g);
+    size_t se = extent(n, sc, sd), re = extent(n, rc, rd);
+    void *hs = NULL, *hr = NULL;
+    cpc_status *st = host_alloc(se, &hs);
+    if (!st)
+        st = host_alloc(re, &hr);
+    if (!st && se)
+        st = s->be->vt->download(s->be, hs, send, se);
+    if (!st)
+        st = s->inner->vt->all_to_all_v(s->inner, g, hs, sc, sd, hr, rc, rd);
+    if (!st)
+        st = upload_parts(s, recv, hr, n, rc, rd);
+    free(hs);
+    free(hr);
+    return st;
+}
+
+static cpc_status *st_all_gather_v(cpc_transport *t, cpc_group g, const void *send,
+                                   size_t send_bytes, void *recv, const size_t *counts,
+                                   const size_t *displs)
+{
+    staged *s = S(t);
+    int n = st_group_size(t, g);
+    size_t re = extent(n, counts, displs);
+    void *hs = NULL, *hr = NULL;
+    cpc_status *st = host_alloc(send_bytes, &hs);
+    if (!st)
+        st = host_alloc(re, &hr);
+    if (!st && send_bytes)
+        st = s->be->vt->download(s->be, hs, send, send_bytes);
+    if (!st)
+        st = s->inner->vt->all_gather_v(s->inner, g, hs, send_bytes, hr, counts, displs);
+    if (!st)
+        st = upload_parts(s, recv, hr, n, counts, displs);
+    free(hs);
+    free(hr);
+    return st;
+}
+
+static cpc_status *st_barrier(cpc_transport *t, cpc_group g)
+{
+    return S(t)->inner->vt->barrier(S(t)->inner, g);
+}
+
+static void st_abort(cpc_transport *t, const char *why)
+{
+    S(t)->inner->vt->abort(S(t)->inner, why);
+}
+
+static void st_destroy(cpc_transport *t)
+{
+    if (!t)
+        return;
+    staged *s = S(t);
+    if (s) {
+        if (s->inner)
+            s->inner->vt->destroy(s->inner);
+        free(s);
+    }
+    free(t);
+}
+
+static const cpc_transport_vtable staged_vt = {
+    .name = "local+staged",
+    .group_rank = st_group_rank,
+    .group_size = st_group_size,
+    .isend = st_isend,
+    .irecv = st_irecv,
+    .wait = st_wait,
+    .all_to_all_v = st_all_to_all_v,
+    .all_gather_v = st_all_gather_v,
+    .barrier = st_barrier,
+    .abort = st_abort,
+    .destroy = st_destroy,
+};
+
+cpc_status *cpc_staged_transport_create(cpc_transport *inner, cpc_backend *be, cpc_transport **out)
+{
+    *out = NULL;
+    cpc_transport *t = calloc(1, sizeof *t);
+    staged *s = calloc(1, sizeof *s);
+    if (!t || !s) {
+        free(t);
+        free(s);
+        return cpc_error(CPC_E_NOMEM, "staged transport: out of memory");
+    }
+    s->inner = inner;
+    s->be = be;
+    t->vt = &staged_vt;
+    t->ctx = s;
+    *out = t;
+    return NULL;
+}
