@@ -96,7 +96,11 @@ for o in objs:
         assert d["severity"] in ("error", "warning", "note")
 a, b, c = objs
 assert a["ok"] is True and a["selected"] == {"variant": "ulysses", "ring_degree": 1, "ulysses_degree": 4}, a
-assert a["diagnostics"] == [] and a["predicted"] is None
+assert a["diagnostics"] == []
+pk = {"ms_per_layer", "ms_per_forward", "memory_bytes_per_rank", "bytes_sent_per_rank"}
+assert set(a["predicted"]) == pk and all(a["predicted"][k] > 0 for k in pk), a["predicted"]
+assert abs(a["predicted"]["ms_per_forward"] - 57 * a["predicted"]["ms_per_layer"]) < 1e-6 * a["predicted"]["ms_per_forward"]
+assert b["predicted"] is None
 assert b["ok"] is False and b["selected"] is None
 e = b["diagnostics"][0]
 assert e["severity"] == "error" and e["code"] == "CP011" and e["line"] == 13 and e["column"] == 7, e
@@ -111,6 +115,7 @@ cand = {"variant", "ring_degree", "ulysses_degree", "ok", "codes", "predicted"}
 got = [(k["variant"], k["ring_degree"], k["ulysses_degree"], k["ok"], k["codes"]) for k in x["candidates"]]
 for k in x["candidates"]:
     assert set(k) == cand, k.keys()
+    assert (k["predicted"] is not None) == k["ok"], k
 assert got == [("ulysses", 1, 4, False, ["CP011"]), ("unified", 2, 2, False, ["CP010"]),
                ("ring", 4, 1, False, ["CP010"]), ("ulysses_anything", 1, 4, True, []),
                ("ring_anything", 4, 1, True, [])], got
