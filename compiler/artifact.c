@@ -1396,6 +1396,53 @@ static int read_doc(reader *r, const char *text, size_t len)
     return 0;
 }
 
+/* Collections nested deeper than this are refused (the format needs 8). */
+#define MAX_YAML_DEPTH 64
+
+static cpc_status *parse_error(yaml_parser_t *parser, const char *name)
+{
+    cpc_span sp = {name, (int)parser->problem_mark.line + 1, (int)parser->problem_mark.column + 1};
+    return cpc_diag(CPC_E_INPUT, 0, CPC_SEV_ERROR, sp,
+                    "artifact %s: not a valid YAML document (%s%s%s): truncated or garbled?", name,
+                    parser->problem ? parser->problem : "syntax error", parser->context ? " " : "",
+                    parser->context ? parser->context : "");
+}
+
+static cpc_status *check_depth(const char *text, size_t len, const char *name)
+{
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return &cpc_status_oom;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    cpc_status *st = NULL;
+    int depth = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            st = parse_error(&parser, name);
+            break;
+        }
+        yaml_event_type_t t = ev.type;
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT)
+            depth++;
+        else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT)
+            depth--;
+        int line = (int)ev.start_mark.line + 1, col = (int)ev.start_mark.column + 1;
+        yaml_event_delete(&ev);
+        if (depth > MAX_YAML_DEPTH) {
+            cpc_span sp = {name, line, col};
+            st = cpc_diag(CPC_E_INPUT, 0, CPC_SEV_ERROR, sp,
+                          "artifact %s: collections nested deeper than %d levels (not a cpc artifact)", name,
+                          MAX_YAML_DEPTH);
+            break;
+        }
+        if (t == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&parser);
+    return st;
+}
+
 cpc_status *cpc_artifact_read_string(const char *text, size_t len, const char *name, cpc_artifact **out)
 {
     *out = NULL;
@@ -1421,6 +1468,13 @@ cpc_status *cpc_artifact_read_string(const char *text, size_t len, const char *n
         cpc_artifact_free(r.a);
         return cpc_error(CPC_E_INPUT, "artifact %s: empty file (not a cpc artifact)", name);
     }
+    /* Pass 1: events only, to refuse deep nesting early (libyaml's scanner
+     * slows down quadratically with flow nesting depth). */
+    cpc_status *dst = check_depth(text, len, name);
+    if (dst) {
+        cpc_artifact_free(r.a);
+        return dst;
+    }
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
         cpc_artifact_free(r.a);
@@ -1428,11 +1482,7 @@ cpc_status *cpc_artifact_read_string(const char *text, size_t len, const char *n
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, &r.doc)) {
-        cpc_span sp = {r.name, (int)parser.problem_mark.line + 1, (int)parser.problem_mark.column + 1};
-        cpc_status *st = cpc_diag(CPC_E_INPUT, 0, CPC_SEV_ERROR, sp,
-                                  "artifact %s: not a valid YAML document (%s%s%s): truncated or garbled?", name,
-                                  parser.problem ? parser.problem : "syntax error", parser.context ? " " : "",
-                                  parser.context ? parser.context : "");
+        cpc_status *st = parse_error(&parser, r.name);
         yaml_parser_delete(&parser);
         cpc_artifact_free(r.a);
         return st;

@@ -617,9 +617,11 @@ static cpc_status *cpu_merge(cpc_backend *be, const cpc_merge_args *mg)
         return cpc_error(CPC_E_INTERNAL, "merge: NULL buffer");
     const int h = mg->h, d = mg->d;
     const int64_t s = mg->s;
+    /* rows outer, heads inner: acc and o are [B, s, h, d], so this walks them
+     * sequentially (the LSEs, one float per row, are the strided ones) */
     for (int b = 0; b < mg->B; b++)
-        for (int hh = 0; hh < h; hh++)
-            for (int64_t i = 0; i < s; i++) {
+        for (int64_t i = 0; i < s; i++)
+            for (int hh = 0; hh < h; hh++) {
                 size_t li = ((size_t)b * h + (size_t)hh) * s + (size_t)i;
                 size_t oi = (((size_t)b * s + (size_t)i) * h + (size_t)hh) * d;
                 float la = mg->acc_lse[li], lb = mg->lse[li];

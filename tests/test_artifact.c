@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "artifact.h"
 #include "plan_load.h"
 #include "program.h"
@@ -465,6 +467,14 @@ Test(artifact, refuses_garbage)
         cr_assert_null(b);
         cpc_status_free(st);
     }
+    /* deep nesting is refused quickly (libyaml slows down with depth) */
+    size_t dn = 200000;
+    char *deep = malloc(2 * dn + 64);
+    size_t k = (size_t)sprintf(deep, "artifact_version: 1\nx: ");
+    memset(deep + k, '[', dn);
+    memset(deep + k + dn, ']', dn);
+    expect_input_error(cpc_artifact_read_string(deep, k + 2 * dn, "deep.cplan", &b), "nested deeper than 64");
+    free(deep);
     /* a valid artifact with an extra key, recomputed hash: strict keys */
     size_t len;
     char *t = sample_text(&len);
@@ -473,6 +483,68 @@ Test(artifact, refuses_garbage)
     memcpy(extra + len, "bogus: 1\n", 10);
     expect_input_error(cpc_artifact_read_string(extra, len + 9, "extra.cplan", &b), "content hash mismatch");
     free(extra);
+    free(t);
+}
+
+/* Recomputes the content hash of an edited text (as a careful hand editor
+ * or a newer cpc would), so that the checks after the hash can be tested. */
+static void rehash(char *t, size_t len)
+{
+    char *h = strstr(t, "content_hash: sha256:");
+    cr_assert_not_null(h);
+    h += strlen("content_hash: sha256:");
+    memset(h, '0', 64);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    cr_assert_eq(EVP_Digest(t, len, md, &n, EVP_sha256(), NULL), 1);
+    for (unsigned i = 0; i < 32; i++) {
+        char two[3];
+        snprintf(two, sizeof two, "%02x", md[i]);
+        memcpy(h + 2 * i, two, 2);
+    }
+}
+
+/* Replaces the first `from` by `to` in a malloc'd text, rehashes, reads. */
+static cpc_status *edit_and_read(const char *t, size_t len, const char *from, const char *to)
+{
+    const char *at = strstr(t, from);
+    cr_assert_not_null(at, "'%s' not in the artifact", from);
+    size_t nl = len - strlen(from) + strlen(to);
+    char *x = malloc(nl + 1);
+    size_t pre = (size_t)(at - t);
+    memcpy(x, t, pre);
+    memcpy(x + pre, to, strlen(to));
+    memcpy(x + pre + strlen(to), at + strlen(from), len - pre - strlen(from));
+    x[nl] = '\0';
+    rehash(x, nl);
+    cpc_artifact *b = NULL;
+    cpc_status *st = cpc_artifact_read_string(x, nl, "edited.cplan", &b);
+    if (!st)
+        cpc_artifact_free(b);
+    free(x);
+    return st;
+}
+
+Test(artifact, strict_structure_after_the_hash)
+{
+    size_t len;
+    char *t = sample_text(&len);
+    /* the rehash helper itself: an unchanged text still reads */
+    cr_assert_null(edit_and_read(t, len, "rotate: p2p", "rotate: p2p"));
+    /* a version bump is reported as such even with a valid hash */
+    expect_input_error(edit_and_read(t, len, "artifact_version: 1", "artifact_version: 3"), "version 3");
+    expect_input_error(edit_and_read(t, len, "predictions:", "bogus: 1\npredictions:"), "unknown key 'bogus'");
+    expect_input_error(edit_and_read(t, len, "kind: attn", "kind: attention"), "unknown name 'attention'");
+    expect_input_error(edit_and_read(t, len, "in: [q_seq, k_cur, v_cur]", "in: [q_seq, k_cur, w]"),
+                       "unknown buffer 'w'");
+    expect_input_error(edit_and_read(t, len, "peer: (r+1)%R", "peer: (r+1)%%R"), "peer");
+    expect_input_error(edit_and_read(t, len, "tag: 0", "tag: -1"), "tag");
+    expect_input_error(edit_and_read(t, len, "  world_size: 4\n  rank_rule", "  world_size: 8\n  rank_rule"),
+                       "contradicts the plan");
+    expect_input_error(edit_and_read(t, len, "heads: 8", "heads: 0"), "resolved plan does not load");
+    expect_input_error(edit_and_read(t, len, "kind: copy", "kind: copy, body: []"), "only a loop has a body");
+    expect_input_error(edit_and_read(t, len, "count: R", "count: R\n    tag: x"), "tag must be an integer");
+    expect_input_error(edit_and_read(t, len, "ms_per_layer: ", "ms_per_layer: abc"), "must be a number");
     free(t);
 }
 

@@ -697,3 +697,105 @@ Test(verify, bad_arguments)
     cpc_status_free(st);
     cpc_program_free(p);
 }
+
+/* ---- robustness: random mutations never crash and are mostly caught ---------- */
+
+static unsigned lcg(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (*s >> 16) & 0x7fff;
+}
+
+/* Picks a random op (top level or in the first loop's body). */
+static cpc_op *pick(cpc_program *p, unsigned *s, cpc_op **arr, int **n)
+{
+    cpc_op *loop = NULL;
+    for (int i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == CPC_OP_LOOP)
+            loop = &p->ops[i];
+    if (loop && loop->n_body > 0 && lcg(s) % 2) {
+        *arr = loop->body;
+        *n = &loop->n_body;
+    } else {
+        *arr = p->ops;
+        *n = &p->n_ops;
+    }
+    return &(*arr)[lcg(s) % (unsigned)**n];
+}
+
+Test(verify, random_mutations_never_crash)
+{
+    static const char *const exprs[] = {"(r+1)%R", "(r-1)%R", "(r+2)%R", "s<R-1", "s<R", "s==0", "u!=1",
+                                        "R",       "R-1",     "R+1",     "0",     "1",    "p%2",  "(r-s)%R"};
+    cpc_variant vs[] = {CPC_VARIANT_RING, CPC_VARIANT_UNIFIED, CPC_VARIANT_ULYSSES, CPC_VARIANT_RING_ANYTHING};
+    int Rs[] = {3, 2, 1, 4}, Us[] = {1, 2, 3, 1};
+    unsigned seed = 2024;
+    int caught = 0, total = 0;
+    for (int round = 0; round < 400; round++) {
+        int c = round % 4;
+        cpc_program *p = build(6, 6, "tokens: 96", vs[c], Rs[c], Us[c], "none", 0,
+                               round % 8 < 4 ? "p2p" : "allgather", round % 3 != 0);
+        int muts = 1 + (int)(lcg(&seed) % 3);
+        for (int m = 0; m < muts; m++) {
+            cpc_op *arr;
+            int *n;
+            cpc_op *op = pick(p, &seed, &arr, &n);
+            switch (lcg(&seed) % 6) {
+            case 0: /* change a buffer operand */
+                if (op->n_in > 0)
+                    op->in[lcg(&seed) % (unsigned)op->n_in] = (int)(lcg(&seed) % (unsigned)p->n_buffers);
+                else if (op->n_out > 0)
+                    op->out[lcg(&seed) % (unsigned)op->n_out] = (int)(lcg(&seed) % (unsigned)p->n_buffers);
+                break;
+            case 1: /* change or set an expression */
+                if (op->kind == CPC_OP_LOOP)
+                    set_expr(&op->count, exprs[lcg(&seed) % 14]);
+                else if (op->peer && lcg(&seed) % 2)
+                    set_expr(&op->peer, exprs[lcg(&seed) % 3]);
+                else
+                    set_expr(&op->when, exprs[3 + lcg(&seed) % 11]);
+                break;
+            case 2: /* delete an op */
+                if (*n > 1 && op->kind != CPC_OP_LOOP)
+                    remove_at(arr, n, (int)(op - arr));
+                break;
+            case 3: { /* swap two neighbours */
+                int i = (int)(op - arr);
+                if (i + 1 < *n) {
+                    cpc_op t = arr[i];
+                    arr[i] = arr[i + 1];
+                    arr[i + 1] = t;
+                }
+                break;
+            }
+            case 4: /* change the tag or the direction */
+                op->tag = (int)(lcg(&seed) % 2);
+                if (op->kind == CPC_OP_ALL_TO_ALL)
+                    op->dir = (cpc_a2a_dir)(lcg(&seed) % 2);
+                break;
+            default: /* change the group */
+                if (op->group != CPC_GROUP_NONE)
+                    op->group = (cpc_group)(1 + lcg(&seed) % 3);
+                break;
+            }
+        }
+        cpc_status *st = cpc_verify(p);
+        total++;
+        if (!st && getenv("CPC_TEST_VERBOSE")) {
+            fprintf(stderr, "--- accepted mutant (round %d):\n", round);
+            cpc_status_free(cpc_program_print(stderr, p, -1));
+        }
+        if (st) {
+            cr_assert_eq(st->code, CPC_E_PLAN, "%s", st->message);
+            cr_assert_eq(st->rule, CPC_RULE_VERIFY, "%s", st->message);
+            cr_assert(strstr(st->message, "schedule verification failed"), "%s", st->message);
+            caught++;
+            cpc_status_free(st);
+        }
+        cpc_program_free(p);
+    }
+    /* most random edits break something; a few are harmless (a tag change on
+     * both sides, a swap of independent ops) */
+    cr_assert_gt(caught, total / 2, "caught %d of %d", caught, total);
+    cr_log_info("random mutations: %d of %d rejected", caught, total);
+}
