@@ -31,7 +31,18 @@
  *      before it is used; buffers only ever hold what their role, token
  *      layout and head layout allow; every OUTPUT buffer ends holding the
  *      rank's own shard with all heads, from an accumulation that passed 1.
- *   4. Progress: with blocking semantics (a wait blocks until the matching
+ *   4. Shape (static, before the simulation, reported without a rank):
+ *      operand counts of every kind (program.h "PRECISE SEMANTICS"),
+ *      buffer indices in range, a group on every communication op
+ *      (all_to_all: ulysses, all_gather: ring), a peer on send/recv and a
+ *      block on recv, tags >= 0, swap of two buffers with the same role,
+ *      tokens and heads, a count on loops, loops nested at most 8 deep,
+ *      INPUT buffers q/k/v shards (block layout only with U == 1, kv layout
+ *      for cross-attention k/v), OUTPUT buffers o/lse shards with all heads,
+ *      at least one OUTPUT buffer.  At run time: loop counts in
+ *      0..CPC_LOOP_MAX, peers inside their group, blocks in 0..R-1,
+ *      expressions that evaluate (the limits of cpc_program_walk).
+ *   5. Progress: with blocking semantics (a wait blocks until the matching
  *      send/recv of each of its requests is posted on the peer: rendezvous,
  *      the conservative case; a collective blocks until every member arrives)
  *      every rank runs to its end.  Otherwise the cycle of waits (or the rank
@@ -49,7 +60,9 @@
  * key units merged so far (disjoint intervals).  Messages carry a snapshot
  * of the sender's content.  Coverage is checked when an accumulation leaves
  * the accumulator (copied into an O buffer, sent, all-to-all'ed or
- * all-gathered) and at the end for OUTPUT buffers.
+ * all-gathered) and at the end for OUTPUT buffers.  The end-of-program
+ * checks (requests completed, OUTPUT buffers) run once no rank can
+ * progress, in rank order, after the deadlock check.
  *
  * COVERAGE OF RANKS.  Full proof: every rank is simulated when P <= 65536
  * and (estimated op instances per rank) * P <= full_limit (default 16e6,
