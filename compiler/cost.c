@@ -39,12 +39,12 @@
  * (CUDA launch latency is 2-5 us); 1 us on the CPU.
  */
 static const cpc_device_profile presets[] = {
-    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0},
-    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0},
-    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0},
-    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0},
-    {"rtx4090", 100.0, 40.0, 900.0, 22.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0},
-    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0, 1.0},
+    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0},
+    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0, 0, 0},
+    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0},
+    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0, 0, 0},
+    {"rtx4090", 100.0, 40.0, 900.0, 22.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0},
+    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0, 1.0, 0, 0},
 };
 
 const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
@@ -72,7 +72,7 @@ typedef struct {
 static const profile_field profile_fields[] = {
     PF(attn_tflops), PF(attn_tflops_fp32), PF(mem_gbps), PF(intra_gbps),
     PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
-    PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us),
+    PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us), PF(cores), PF(attn_io_gbps),
 };
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
@@ -258,6 +258,7 @@ typedef struct {
     cpc_run *runs_a, *runs_b;
     int max_runs;
     double compute_scale; /* >1 when ranks share cores */
+    double comm_scale;    /* the same on a CPU device with `cores` (copies use the cores), else 1 */
 } pricer;
 
 static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coords *c)
@@ -395,7 +396,22 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         double flops = 4.0 * L->B * (double)pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
         double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
         pr->flops += flops;
-        compute(pr, flops / rate);
+        double io_s = 0;
+        if (pr->dev->attn_io_gbps > 0) {
+            /* the block's Q rows and K/V rows once, O and LSE once (fp32) */
+            int64_t tq = 0, tk = 0;
+            for (int i = 0; i < nq; i++)
+                tq += pr->runs_a[i].len;
+            for (int i = 0; i < nk; i++)
+                tk += pr->runs_b[i].len;
+            double hq = buf_heads(pr, op->in[0], (int)pr->c.u);
+            double hk = buf_heads(pr, op->in[1], (int)pr->c.u);
+            double es = cpc_dtype_size(L->dtype);
+            double bytes = (double)L->B * ((double)tq * hq * L->D * es + 2.0 * (double)tk * hk * L->D * es +
+                                           (double)tq * hq * (L->D + 1) * 4.0);
+            io_s = bytes / (pr->dev->attn_io_gbps * 1e9);
+        }
+        compute(pr, flops / rate + io_s);
         return NULL;
     }
     case CPC_OP_MERGE:
@@ -417,7 +433,7 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         double lat;
         double bw = link_bw(pr, op->group, true, &lat);
         double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comm = start + lat + (double)bytes / bw;
+        pr->t_comm = start + (lat + (double)bytes / bw) * pr->comm_scale;
         int t = op->tag & 63;
         if (pr->pending[t] < pr->t_comm)
             pr->pending[t] = pr->t_comm;
@@ -467,7 +483,7 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
         double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
         /* pack + unpack touch the whole buffer twice */
-        double t = start + lat + (double)bytes / bw + pr->dev->op_overhead_us * 2e-6 +
+        double t = start + (lat + (double)bytes / bw) * pr->comm_scale + pr->dev->op_overhead_us * 2e-6 +
                    2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
         pr->t_comp = pr->t_comm = t;
         pr->sent += bytes;
@@ -485,7 +501,8 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         double lat;
         double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
         double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm = start + lat * (L->R - 1) + (double)(total - own) / bw;
+        pr->t_comp = pr->t_comm =
+            start + (lat * (L->R - 1) + (double)(total - own) / bw) * pr->comm_scale;
         pr->sent += own * (L->R - 1);
         return NULL;
     }
@@ -493,7 +510,7 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         double lat;
         (void)link_bw(pr, op->group, false, &lat);
         double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm = start + lat;
+        pr->t_comp = pr->t_comm = start + lat * pr->comm_scale;
         return NULL;
     }
     default:
@@ -529,6 +546,17 @@ static int pick_ranks(const cpc_layout *L, int *out, int max)
     return n;
 }
 
+double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev)
+{
+    if (dev->cores > 0) {
+        int64_t per_node = plan->cluster.world_size;
+        if (plan->cluster.gpus_per_node > 0 && plan->cluster.gpus_per_node < per_node)
+            per_node = plan->cluster.gpus_per_node;
+        return (double)per_node > dev->cores ? (double)per_node / dev->cores : 1.0;
+    }
+    return dev->ranks_per_core > 1 ? dev->ranks_per_core : 1.0;
+}
+
 cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                               const cpc_device_profile *dev, cpc_prediction *out)
 {
@@ -553,11 +581,12 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     double worst_t = 0, worst_comp = 0, worst_comm = 0;
     int64_t worst_mem = 0, worst_sent = 0;
     double flops = 0;
-    double scale = dev->ranks_per_core > 1 ? dev->ranks_per_core : 1.0;
+    double scale = cpc_core_sharing(plan, dev);
     for (int i = 0; i < n_ranks && !st; i++) {
         pricer pr = {.plan = plan, .prog = prog, .dev = dev, .L = L,
                      .c = cpc_program_coords(prog, ranks[i]), .tag = tags,
-                     .runs_a = ra, .runs_b = rb, .max_runs = max_runs, .compute_scale = scale};
+                     .runs_a = ra, .runs_b = rb, .max_runs = max_runs, .compute_scale = scale,
+                     .comm_scale = dev->cores > 0 ? scale : 1.0};
         for (int b = 0; b < prog->n_buffers; b++)
             tags[b] = (prog->buffers[b].tokens == CPC_TOK_BLOCK && prog->buffers[b].io == CPC_IO_INPUT)
                           ? (int)pr.c.r : -1;

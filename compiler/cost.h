@@ -7,7 +7,9 @@
  * or the runtime does is what is priced:
  *   - attn: FLOPs = 4 * B * (query rows x visible keys) * heads * D (the
  *     causal mask counts only visible pairs, from the global positions of the
- *     runs), at the device's attention rate (fp32: its fp32 rate);
+ *     runs), at the device's attention rate (fp32: its fp32 rate), plus, when
+ *     the profile has attn_io_gbps (calibrated CPUs), the block's Q, K, V
+ *     (plan dtype) and O, LSE (fp32) bytes at that rate;
  *   - init_acc, merge, copy, pack: bytes touched / memory bandwidth;
  *   - send/recv: latency + bytes / link bandwidth, on a communication stream
  *     that runs beside the compute stream; `wait` joins them, so ring
@@ -53,8 +55,24 @@ typedef struct cpc_device_profile {
     double intra_latency_us;   /* per message / per collective step, us */
     double inter_latency_us;
     double memory_gb;          /* device memory, GiB */
-    double ranks_per_core;     /* CPU only: >1 when ranks share cores (calibrated); 0 = n/a */
+    double ranks_per_core;     /* CPU only: >1 when ranks share cores (calibrated); 0 = n/a.
+                                  A compute-time multiplier, used when `cores` is 0;
+                                  `cprun --calibrate` writes the slowdown it measured
+                                  for its own number of ranks */
     double op_overhead_us;     /* fixed cost of every compute op (kernel launch, dispatch), us */
+    double cores;              /* CPU only (calibrated): effective cores the ranks of one
+                                  node share; 0 = every rank has its own device.  When
+                                  > 0, compute and communication times (the transports
+                                  move bytes with the ranks' own cores) are multiplied
+                                  by max(1, ranks per node / cores), ranks per node =
+                                  min(world_size, gpus_per_node) */
+    double attn_io_gbps;       /* CPU only (calibrated): rate at which the attention kernel
+                                  reads Q, K, V and writes O and LSE, GB/s; each attn op
+                                  then costs FLOPs / attn rate + those bytes / attn_io_gbps
+                                  (the CPU kernel widens and gathers every block it is
+                                  given, so many small blocks cost more than one big one).
+                                  0 = no separate term (GPU presets: flash attention
+                                  overlaps its IO with the math) */
 } cpc_device_profile;
 
 /* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).
@@ -84,6 +102,12 @@ typedef struct cpc_prediction {
     double flops_per_layer;         /* total over ranks */
     bool fits;                      /* memory <= device memory */
 } cpc_prediction;
+
+/* How much slower one rank's work gets because the ranks of a node share
+ * cores (>= 1): with dev->cores > 0, max(1, ranks per node / cores) (ranks
+ * per node = min(cluster.world_size, gpus_per_node)); else
+ * max(1, dev->ranks_per_core); 1 for GPUs. */
+double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev);
 
 /* Prices `prog` for `plan` on `dev`.  Ranks: all when P <= 4096, else a
  * sample (ranks 0, P-1 and every member of ring group 0 and ulysses group

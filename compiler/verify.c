@@ -509,17 +509,12 @@ static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, a
         }
         need = lo;
     }
-    int missing = -1, missing_end = -1;
-    if (v->ncov == 0 || v->cov[0] > 0) {
+    int missing = -1; /* the first unit not covered */
+    if (v->ncov == 0 || v->cov[0] > 0)
         missing = 0;
-        missing_end = v->ncov ? v->cov[0] : C->P;
-    } else if (v->cov[1] < need) {
+    else if (v->cov[1] < need)
         missing = v->cov[1];
-        missing_end = v->ncov > 1 ? v->cov[2] : C->P;
-    }
     if (missing >= 0 && missing < need) {
-        if (missing_end > need)
-            missing_end = need;
         int nmiss = 0;
         /* count every missing unit below need */
         int prev = 0;
@@ -538,7 +533,6 @@ static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, a
              need, nmiss == 1 ? "is" : "are");
         if (C->err && C->U > 1)
             note(C, -1, NULL, 0, "the missing shard %d belongs to ring block %d", missing, missing / C->U);
-        (void)missing_end;
         return -1;
     }
     v->final = 1;
@@ -763,7 +757,6 @@ static int match_pair(ctx *C, int sid, int rid)
              s->rank, sbytes, op_desc(s->on, s->step, ob, sizeof ob));
         return -1;
     }
-    (void)t2;
     return 0;
 }
 
@@ -1737,7 +1730,7 @@ static void report_deadlock(ctx *C)
     }
     for (int i = 0; i < C->nsim; i++)
         pos[i] = -1;
-    char why[512], ob[256], o2[256];
+    char why[512], o2[256];
     int n = 0, cur = start;
     for (;;) {
         pos[cur] = n;
@@ -1780,7 +1773,6 @@ static void report_deadlock(ctx *C)
         }
         cur = ti;
     }
-    (void)ob;
     free(pos);
     free(path);
 }

@@ -192,7 +192,8 @@ cpc_yconv cpc_ynode_string(const cpc_ynode *n, const char **out);
  *   quoted string "8" | string 'abc' | hexadecimal number 0x18 (only plain
  *   decimal integers are accepted) | number with underscores 1_000 (write it
  *   without underscores) | yes (a YAML 1.1 boolean: write true or false) |
- *   a mapping | a sequence
+ *   True (booleans are lowercase: write true or false) | a mapping |
+ *   a sequence
  * Control and non-ASCII bytes are escaped (\n, \xNN). */
 const char *cpc_ynode_describe(const cpc_ynode *n, char *buf, size_t size);
 

@@ -4,42 +4,50 @@
  * (compiler/cost.h) whose figures override a preset's when a plan names the
  * file in `cluster.profile`.
  *
- * What is measured (wall clock, CLOCK_MONOTONIC, as the executor times an
- * iteration; each figure is the median of several repetitions, because cprun
- * reports the median iteration):
- *   - attn_tflops / attn_tflops_fp32: one rank alone, backend->vt->attn on a
- *     block of B = 1, 1024 x 1024 tokens, 4 heads, D = 128, bf16 and fp32
- *     (--quick: 512 x 512, 2 heads); FLOPs = 4 * sq * skv * H * D (SPEC).
- *   - op_overhead_us: the time of a minimal attn and a minimal merge call
- *     (one row, one key): what every compute op pays whatever its size.
+ * What is measured.  Single-rank figures are measured in the thread's CPU
+ * time (CLOCK_THREAD_CPUTIME_ID: stable whatever else runs on the machine),
+ * then turned into wall-clock figures (what cprun reports) by `wall_factor`,
+ * the wall / CPU time of one rank running the big block alone (1 on an idle
+ * machine, more when other processes take part of the core).  Every figure
+ * is a median over repetitions (cprun reports the median iteration).
+ *   - attn_tflops, attn_tflops_fp32, attn_io_gbps: backend->vt->attn on a
+ *     big block (B = 1, 1024 x 1024 tokens, 8 heads, D = 128; --quick: 2
+ *     heads) and a small one (128 x 128 tokens, 32 heads; --quick: 8), bf16
+ *     and fp32, fitted to  time = FLOPs / rate + bytes / io  (FLOPs = 4 sq
+ *     skv H D as in SPEC; bytes = Q, K, V in the dtype + O, LSE in fp32, as
+ *     cost.c charges them): the CPU kernel widens and gathers every block, so
+ *     a ring's many small blocks cost more per FLOP than one big block.  When
+ *     noise makes a term negative, io is left 0 (the rate takes it all).
+ *   - op_overhead_us: a minimal attn and a minimal merge call (one row, one
+ *     key): what every compute op pays whatever its size.
  *   - mem_gbps: the memory-bound ops merge, convert (fp32 -> bf16, the final
- *     `copy acc -> out`) and copy_strided (an all-to-all head pack) on
- *     buffers of a few MiB, each in the bytes the cost model counts for it
- *     (merge: in + 2 x out; copy: in + out); the harmonic mean of the three.
- *   - cores and ranks_per_core: how rank threads share this machine's cores:
- *     the same bf16 attention block run by P ranks at once (P = ranks, 4 by
- *     default; each rank on its own thread, or its own process under MPI),
- *     slowdown = (median over repetitions of the slowest rank's time) /
- *     (one rank's time alone).  ranks_per_core = that slowdown (what a plan of
- *     P ranks pays), cores = P / slowdown (the effective number of cores the
- *     ranks share; the cost model scales compute by max(1, ranks per node /
- *     cores), so a plan of another world size is priced too).
- *   - intra_p2p_gbps, intra_latency_us: ping-pong between ranks 0 and 1 of the
- *     transport (the other ranks wait), 8 bytes (latency = half a round trip)
- *     and 8 MiB (--quick: 1 MiB) messages: bandwidth = bytes / (one-way time
- *     - latency).  intra_latency_us is the larger of this latency and that of
- *     an 8-byte all-to-all (the cost model charges it per message and per
- *     collective step).
- *   - intra_gbps: all-to-all and all-gather over the P ranks, 1 MiB per
- *     member pair (--quick: 128 KiB), in the cost model's convention:
- *     all_to_all = latency + bytes sent to the others / bandwidth,
- *     all_gather = latency * (P-1) + bytes received / bandwidth; the mean of
- *     the two bandwidths.  The local transport moves bytes with the ranks' own
- *     threads, so on a machine where P ranks share fewer cores these figures
- *     already include the sharing; they are divided by the sharing factor of
- *     the P measuring ranks (the cost model multiplies communication on a
- *     CPU device whose profile has `cores` by the same factor for the plan's
- *     ranks, see cost.h).
+ *     `copy acc -> out`) and copy_strided (an all-to-all head pack) on 4 MiB
+ *     buffers (--quick: 1 MiB), each in the bytes the cost model charges for
+ *     it (merge: in + 2 x out; copy: in + out; pack: the buffer); the harmonic
+ *     mean of the three.
+ *   - cores and ranks_per_core, how rank threads share this machine's cores:
+ *     the big bf16 block run by rank 0 alone (the others wait in a barrier)
+ *     and by all P ranks at once (P = ranks, 4 by default; threads, or
+ *     processes under MPI), alternately so that both see the same load;
+ *     slowdown = (median of the slowest rank's wall time) / (median of the
+ *     lone rank's).  ranks_per_core = that slowdown, cores = P / slowdown:
+ *     the cost model multiplies a rank's compute and communication by
+ *     max(1, ranks per node / cores) (cost.h), which is the measured
+ *     slowdown for a plan of P ranks.
+ *   - intra_p2p_gbps and the p2p latency: ping-pong between ranks 0 and 1
+ *     (the other ranks wait), 8-byte and 8 MiB (--quick: 1 MiB) messages:
+ *     latency = half a round trip, bandwidth = bytes / (one way - latency).
+ *   - intra_gbps and the collective latency: all-to-all (8 bytes, then 1 MiB
+ *     per member pair; --quick: 128 KiB) and all-gather over the P ranks, in
+ *     the cost model's conventions: all_to_all = latency + bytes sent to the
+ *     others / bandwidth, all_gather = latency * (P-1) + bytes received /
+ *     bandwidth; the harmonic mean of the two (the all-gather alone is left
+ *     out when it does not fit its convention: the local transport gathers in
+ *     one step).  intra_latency_us = the larger of the two latencies.
+ *     Communication on a CPU is done by the ranks' own threads and shares the
+ *     cores like compute, so these wall-clock figures are divided by the
+ *     sharing of the ranks that measured them (P ranks; 2 for the ping-pong)
+ *     and the cost model applies the plan's own sharing.
  *   - memory_gb: physical memory (sysconf).
  *   - inter_gbps, inter_latency_us: not measured (one machine); the `cpu`
  *     preset's figures are kept.
@@ -50,7 +58,8 @@
  * single-rank figures while the others wait in a barrier, and only rank 0
  * returns the profile (*is_root).
  *
- * Time: about 5-15 s on a 2-core machine (--quick: about 1-2 s).
+ * Time: about 3 s on an idle 2-core machine, more under load (--quick: well
+ * under 1 s).
  *
  * Thread-safety: starts and joins its own threads; call from one thread.
  * Sets OpenBLAS to one thread (cpc_cpu_backend_single_thread_blas).
@@ -78,14 +87,18 @@ typedef struct cpc_calibration {
     cpc_device_profile profile;  /* the result (name "cpu-calibrated") */
     char transport[8];           /* "local" or "mpi" */
     int ranks;                   /* P of the shared measurements */
-    double attn_ms_bf16, attn_ms_fp32;  /* one rank, the calibration block */
-    double attn_gflops_bf16, attn_gflops_fp32;
-    double attn_shared_ms;       /* the slowest of P ranks running the bf16 block at once */
-    double slowdown;             /* attn_shared_ms / attn_ms_bf16 (>= 0) */
-    double merge_gbps, convert_gbps, strided_gbps;
-    double tiny_attn_us, tiny_merge_us;
-    double p2p_latency_us, p2p_gbps;          /* as measured (2 ranks busy) */
-    double a2a_latency_us, a2a_gbps, allgather_gbps; /* as measured (P ranks busy) */
+    /* one rank, CPU time (ms): the big and the small block per dtype */
+    double attn_cpu_ms_bf16, attn_small_cpu_ms_bf16, attn_cpu_ms_fp32, attn_small_cpu_ms_fp32;
+    double attn_gflops_bf16, attn_gflops_fp32;   /* fitted, per CPU second */
+    double attn_io_gbps_bf16, attn_io_gbps_fp32; /* fitted, per CPU second (0: no fit) */
+    double attn_ms_bf16;         /* the big bf16 block, one rank alone, wall time */
+    double wall_factor;          /* its wall time / its CPU time (>= 1) */
+    double attn_shared_ms;       /* the slowest of P ranks running it at once, wall time */
+    double slowdown;             /* attn_shared_ms / attn_ms_bf16 */
+    double merge_gbps, convert_gbps, strided_gbps; /* per CPU second */
+    double tiny_attn_us, tiny_merge_us;            /* CPU time */
+    double p2p_latency_us, p2p_gbps;          /* wall, as measured (2 ranks busy) */
+    double a2a_latency_us, a2a_gbps, allgather_gbps; /* wall, as measured (P ranks busy) */
     double seconds;              /* wall time of the whole calibration */
 } cpc_calibration;
 

@@ -89,6 +89,7 @@ uint16_t cpc_f32_to_fp16(float f)
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CPC_X86 1
+#include <cpuid.h>
 
 static int have_avx2_f16c(void)
 {
@@ -96,8 +97,11 @@ static int have_avx2_f16c(void)
     int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (c < 0) {
         __builtin_cpu_init();
-        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-            __builtin_cpu_supports("fma");
+        /* F16C is CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports
+         * does not know "f16c") */
+        unsigned a = 0, b = 0, cx = 0, d = 0;
+        int f16c = __get_cpuid(1, &a, &b, &cx, &d) && (cx & (1u << 29));
+        c = __builtin_cpu_supports("avx2") && f16c && __builtin_cpu_supports("fma");
         __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
     }
     return c;

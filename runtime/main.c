@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "../compiler/status.h"
+#include "calibrate.h"
 #include "executor.h"
 #include "report.h"
 #include "run.h"
@@ -43,7 +44,15 @@ static void usage(FILE *f)
             "  --dry-run                       load and verify, print each rank's buffers and peak memory\n"
             "  --set KEY=VALUE                 override a plan key (YAML plans), repeatable\n"
             "  --timeout SECONDS               local transport: abort a wait after this long (default 3600)\n"
-            "  --calibrate                     measure this machine (not implemented yet)\n"
+            "  --calibrate                     measure this machine (attention rate, memory, copy and\n"
+            "                                  collective bandwidth and latency, how ranks share cores)\n"
+            "                                  with the CPU backend and --transport (local threads, or\n"
+            "                                  mpi under mpirun) and print a cluster profile YAML for\n"
+            "                                  a plan's `cluster.profile` (no PLAN argument)\n"
+            "  --profile-out FILE              with --calibrate: write the profile to FILE, not stdout\n"
+            "  --quick                         with --calibrate: small problems (about 1-2 s, less exact)\n"
+            "  --calibrate-ranks N             with --calibrate: local rank threads that share the cores\n"
+            "                                  (default 4)\n"
             "  --verbose                       progress messages on stderr\n"
             "  --version | --help\n"
             "exit status: 0 ok, 1 check failed, 2 usage or input error, 3 runtime failure\n");
@@ -88,11 +97,38 @@ static int exit_of(const cpc_status *st)
     return worst;
 }
 
+/* cprun --calibrate: measures, prints the measurements on stderr and the
+ * profile YAML on stdout (or writes it to `out`). */
+static int run_calibrate(bool quick, int ranks, const char *transport, const char *out)
+{
+    if (strcmp(transport, "nccl") == 0) {
+        fprintf(stderr, "cprun: error: --calibrate measures the CPU backend: --transport auto, local or mpi\n");
+        return 2;
+    }
+    cpc_calibrate_options co = {.quick = quick, .ranks = ranks, .transport = transport,
+                                .log = stderr};
+    cpc_calibration cal;
+    bool root = true;
+    cpc_status *st = cpc_calibrate(&co, &cal, &root);
+    if (!st && root)
+        st = cpc_profile_write(out ? out : "-", &cal.profile);
+    if (st) {
+        cpc_status_print(stderr, "cprun", st);
+        int rc = exit_of(st);
+        cpc_status_free(st);
+        return rc ? rc : 3;
+    }
+    if (root && out)
+        fprintf(stderr, "cprun --calibrate: profile written to %s (use it with cluster.profile: %s)\n",
+                out, out);
+    return 0;
+}
+
 enum {
     OPT_BACKEND = 1000, OPT_ATTENTION, OPT_TRANSPORT, OPT_INPUT, OPT_SEED, OPT_OUTPUT,
     OPT_SHARDS, OPT_LSE, OPT_CHECK, OPT_NO_CHECK, OPT_CHECK_ROWS, OPT_WARMUP, OPT_ITERS,
     OPT_TRACE, OPT_FORMAT, OPT_DRY_RUN, OPT_SET, OPT_TIMEOUT, OPT_CALIBRATE, OPT_VERBOSE,
-    OPT_VERSION, OPT_HELP,
+    OPT_VERSION, OPT_HELP, OPT_PROFILE_OUT, OPT_QUICK, OPT_CAL_RANKS,
 };
 
 int main(int argc, char **argv)
@@ -117,6 +153,9 @@ int main(int argc, char **argv)
         {"set", required_argument, NULL, OPT_SET},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"calibrate", no_argument, NULL, OPT_CALIBRATE},
+        {"profile-out", required_argument, NULL, OPT_PROFILE_OUT},
+        {"quick", no_argument, NULL, OPT_QUICK},
+        {"calibrate-ranks", required_argument, NULL, OPT_CAL_RANKS},
         {"verbose", no_argument, NULL, OPT_VERBOSE},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -124,7 +163,9 @@ int main(int argc, char **argv)
     };
     cpc_run_options opt;
     cpc_run_options_default(&opt);
-    bool json = false, dry = false, calibrate = false;
+    bool json = false, dry = false, calibrate = false, quick = false;
+    const char *profile_out = NULL;
+    int cal_ranks = 0;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
     if (!sets)
@@ -204,6 +245,13 @@ int main(int argc, char **argv)
             break;
         }
         case OPT_CALIBRATE: calibrate = true; break;
+        case OPT_PROFILE_OUT: profile_out = optarg; break;
+        case OPT_QUICK: quick = true; break;
+        case OPT_CAL_RANKS:
+            if (!parse_int(optarg, 2, 64, &v))
+                return usage_error("--calibrate-ranks %s: expected an integer 2..64", optarg);
+            cal_ranks = (int)v;
+            break;
         case OPT_VERBOSE: opt.log = stderr; break;
         case OPT_VERSION:
             printf("cprun %s\n", CPC_VERSION);
@@ -219,9 +267,13 @@ int main(int argc, char **argv)
         }
     }
     if (calibrate) {
-        fprintf(stderr, "cprun: error: --calibrate is not implemented yet\n");
-        return 2;
+        free(sets);
+        if (optind < argc)
+            return usage_error("--calibrate takes no plan (extra argument '%s')", argv[optind]);
+        return run_calibrate(quick, cal_ranks, opt.transport, profile_out);
     }
+    if (quick || profile_out || cal_ranks)
+        return usage_error("%s", "--quick, --profile-out and --calibrate-ranks go with --calibrate");
     if (optind >= argc)
         return usage_error("%s", "no plan given: cprun PLAN.cplan|PLAN.yaml [options]");
     if (optind + 1 < argc)

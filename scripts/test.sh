@@ -27,7 +27,11 @@ fi
 secs=${CPC_FUZZ_SECONDS:-60}
 if [ "$secs" != 0 ] && ls tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
   echo "== fuzz (${secs}s per target) =="
-  BUILD_DIR=build-fuzz ./scripts/build.sh -DCMAKE_C_COMPILER=clang -DCPC_FUZZ=ON -DCPC_WERROR=OFF
+  cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+    -DCPC_FUZZ=ON -DCPC_WERROR=OFF >/dev/null
+  targets=$(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/\.c$//')
+  # shellcheck disable=SC2086
+  cmake --build build-fuzz -j"$jobs" $(printf -- '--target %s ' $targets)
   for f in build-fuzz/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f")

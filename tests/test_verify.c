@@ -408,6 +408,30 @@ Test(verify, hand_ring_passes)
     cpc_program_free(p);
 }
 
+Test(verify, causal_blocks_above_the_diagonal_may_be_skipped)
+{
+    /* contiguous (not zigzag) causal shards: rank r needs blocks 0..r only;
+     * at step s it holds block (r-s)%R, above the diagonal when s > r. */
+    cpc_program *p = hand_ring(4, 60, true);
+    cr_assert_not(p->layout.zigzag);
+    expect_ok(p, "causal contiguous, every block attended");
+    cpc_op *loop = &p->ops[1];
+    set_expr(&loop->body[2].when, "s<=r"); /* attn */
+    set_expr(&loop->body[3].when, "s<=r"); /* merge */
+    expect_ok(p, "causal contiguous, masked blocks skipped");
+    /* skipping one block that has visible keys is caught */
+    set_expr(&loop->body[2].when, "s<r");
+    set_expr(&loop->body[3].when, "s<r");
+    expect_cp051(cpc_verify(p), "incomplete", "ops[2] copy", NULL);
+    cpc_program_free(p);
+    /* without the mask, skipping is a missing block */
+    p = hand_ring(4, 60, false);
+    set_expr(&p->ops[1].body[2].when, "s<=r");
+    set_expr(&p->ops[1].body[3].when, "s<=r");
+    expect_cp051(cpc_verify(p), "incomplete", "ops[2] copy", "never met the keys/values");
+    cpc_program_free(p);
+}
+
 Test(verify, hand_ring_faults)
 {
     /* drop a ring step */

@@ -383,18 +383,56 @@ static cpc_status *check_outstanding(suite *S)
             fill(sbuf[k], out_bytes(k, i), seed_of(CPC_CONF_OUTSTANDING, g, i, right, k));
             memset(rbuf[k], SENTINEL, out_bytes(k, left) + 16);
         }
-        for (int j = 0; j < NOUT; j++) {
-            int k = out_recv_order[j];
-            CALL(S, t->vt->irecv(t, g, left, rbuf[k], out_bytes(k, left), out_tag[k], &rq[k]));
-        }
+        /* On a failure every posted request is still completed (the wait
+         * frees it, with an error once the transport is aborted) and the
+         * buffers are freed, so a failing transport leaks nothing. */
         for (int k = 0; k < NOUT; k++)
-            CALL(S, t->vt->isend(t, g, right, sbuf[k], out_bytes(k, i), out_tag[k], &sq[k]));
+            sq[k] = rq[k] = NULL;
+        cpc_status *err = NULL;
+        const char *err_what = NULL;
+        for (int j = 0; j < NOUT && !err; j++) {
+            int k = out_recv_order[j];
+            err = t->vt->irecv(t, g, left, rbuf[k], out_bytes(k, left), out_tag[k], &rq[k]);
+            err_what = "irecv";
+        }
+        for (int k = 0; k < NOUT && !err; k++) {
+            err = t->vt->isend(t, g, right, sbuf[k], out_bytes(k, i), out_tag[k], &sq[k]);
+            err_what = "isend";
+        }
+        if (err && t->vt->abort)
+            t->vt->abort(t, "conformance: outstanding: a post failed");
         /* Completion in a third order: receives last-posted first, then the
          * sends. */
-        for (int j = NOUT - 1; j >= 0; j--)
-            CALL(S, t->vt->wait(t, rq[out_recv_order[j]]));
-        for (int k = 0; k < NOUT; k++)
-            CALL(S, t->vt->wait(t, sq[k]));
+        for (int j = NOUT - 1; j >= 0; j--) {
+            cpc_request *q = rq[out_recv_order[j]];
+            if (!q)
+                continue;
+            cpc_status *w = t->vt->wait(t, q);
+            if (w && !err) {
+                err = w;
+                err_what = "wait (recv)";
+            } else {
+                cpc_status_free(w);
+            }
+        }
+        for (int k = 0; k < NOUT; k++) {
+            if (!sq[k])
+                continue;
+            cpc_status *w = t->vt->wait(t, sq[k]);
+            if (w && !err) {
+                err = w;
+                err_what = "wait (send)";
+            } else {
+                cpc_status_free(w);
+            }
+        }
+        if (err) {
+            for (int k = 0; k < NOUT; k++) {
+                free(sbuf[k]);
+                free(rbuf[k]);
+            }
+            return fatal(S, err, err_what);
+        }
         for (int k = 0; k < NOUT; k++) {
             char what[128];
             snprintf(what, sizeof what,

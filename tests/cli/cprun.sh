@@ -157,8 +157,8 @@ has training.err "CP060"
 run cuda 3 "$tmp/small.yaml" --backend cuda
 has cuda.err "not available"
 run cudnn 3 "$tmp/small.yaml" --attention cudnn
-run calibrate 2 --calibrate
-has calibrate.err "not implemented"
+run calibrate 2 --calibrate "$tmp/small.yaml"
+has calibrate.err "takes no plan"
 run help 0 --help
 has help.out "--output-shards"
 run version 0 --version

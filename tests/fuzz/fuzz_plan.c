@@ -10,13 +10,18 @@
  * Invariants checked (abort on violation, so libFuzzer reports them):
  *   - a plan is returned exactly when the chain holds no error;
  *   - every plan-rule diagnostic has a file and a position;
- *   - a returned plan respects the ranges of SPEC section 1.
+ *   - a returned plan respects the ranges of SPEC section 1;
+ *   - the validator (every CP0xx rule, selection, hints) returns a selection
+ *     exactly when it reports no error, and its diagnostics carry rule codes;
+ *   - for small meshes (world_size <= 16), every valid candidate's schedule
+ *     builds and the verifier proves it (a CP051 here is a scheduler bug).
  * Leaks and memory errors are found by ASan (the build adds
  * -fsanitize=fuzzer,address,undefined).
  *
  * Build: cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCPC_FUZZ=ON
  *        cmake --build build-fuzz --target fuzz_plan
- * Run:   ./build-fuzz/fuzz_plan -max_total_time=60 tests/fuzz/corpus
+ * Run:   ./build-fuzz/fuzz_plan -max_total_time=60 -dict=tests/fuzz/fuzz_plan.dict NEW_DIR \
+ *            tests/fuzz/corpus   (new inputs go to NEW_DIR; the seeds stay as they are)
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,6 +29,9 @@
 
 #include "plan.h"
 #include "plan_load.h"
+#include "schedule.h"
+#include "validate.h"
+#include "verify.h"
 
 #define MAX_SETS 8
 
@@ -88,6 +96,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             cpc_span s = cpc_plan_span(plan, plan->key_spans[i].key, true);
             check(s.line > 0);
         }
+
+        cpc_selection sel;
+        cpc_status *vs = cpc_validate(plan, &sel);
+        bool verr = cpc_status_has_error(vs);
+        check(verr == (sel.selected < 0));
+        for (const cpc_status *d = vs; d; d = d->next)
+            check(d->code != CPC_E_PLAN || d->severity != CPC_SEV_ERROR || d->rule > 0);
+        if (plan->cluster.world_size <= 16 && plan->input.total_tokens <= 1 << 16) {
+            for (int i = 0; i < sel.n_candidates; i++) {
+                const cpc_candidate *c = &sel.candidates[i];
+                if (!c->ok)
+                    continue;
+                cpc_program *prog = NULL;
+                cpc_status *ss = cpc_schedule_build(plan, c->variant, c->ring_degree,
+                                                    c->ulysses_degree, &prog);
+                check(ss == NULL && prog != NULL);
+                cpc_status *ps = cpc_verify(prog);
+                check(!cpc_status_has_error(ps));
+                cpc_status_free(ps);
+                cpc_program_free(prog);
+            }
+        }
+        cpc_status_free(vs);
+        cpc_selection_free(&sel);
     }
     cpc_status_free(st);
     cpc_plan_free(plan);

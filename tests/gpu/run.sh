@@ -29,7 +29,10 @@ for s in $sites; do
     case ":$libdirs:" in *":$d:"*) ;; *) libdirs="$libdirs:$d" ;; esac
   done
 done
-[ -d /usr/local/cuda/lib64 ] && libdirs="$libdirs:/usr/local/cuda/lib64"
+# The driver's libcuda (cuDNN loads it at run time) and a system CUDA as a last resort.
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64; do
+  [ -d "$d" ] && libdirs="$libdirs:$d"
+done
 export LD_LIBRARY_PATH="$pack/lib${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$pack/cuda-fallback"
 export CPC_CACHE_DIR="$pack/cache"
 export OPENBLAS_NUM_THREADS=1
