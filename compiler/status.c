@@ -152,8 +152,12 @@ void cpc_status_append(cpc_status **list, cpc_status *more)
     cpc_status *t = *list;
     while (t->next)
         t = t->next;
-    if (more == &cpc_status_oom && t == &cpc_status_oom)
+    if (t == &cpc_status_oom) {
+        /* the static OOM status is shared and never written: what follows
+         * an OOM is dropped (memory ran out anyway) */
+        cpc_status_free(more);
         return;
+    }
     t->next = more;
 }
 
