@@ -50,7 +50,7 @@ static void usage(FILE *f)
             "                                  mpi under mpirun) and print a cluster profile YAML for\n"
             "                                  a plan's `cluster.profile` (no PLAN argument)\n"
             "  --profile-out FILE              with --calibrate: write the profile to FILE, not stdout\n"
-            "  --quick                         with --calibrate: small problems (about 1-2 s, less exact)\n"
+            "  --quick                         with --calibrate: small problems (well under 1 s, less exact)\n"
             "  --calibrate-ranks N             with --calibrate: local rank threads that share the cores\n"
             "                                  (default 4)\n"
             "  --verbose                       progress messages on stderr\n"
@@ -131,7 +131,8 @@ enum {
     OPT_VERSION, OPT_HELP, OPT_PROFILE_OUT, OPT_QUICK, OPT_CAL_RANKS,
 };
 
-int main(int argc, char **argv)
+/* The command line; `sets` has room for argc entries (owned by main). */
+static int cprun_main(int argc, char **argv, const char **sets)
 {
     static const struct option longopts[] = {
         {"backend", required_argument, NULL, OPT_BACKEND},
@@ -166,10 +167,7 @@ int main(int argc, char **argv)
     bool json = false, dry = false, calibrate = false, quick = false;
     const char *profile_out = NULL;
     int cal_ranks = 0;
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
-    if (!sets)
-        return 3;
     int c;
     long long v;
     opterr = 0;
@@ -267,7 +265,6 @@ int main(int argc, char **argv)
         }
     }
     if (calibrate) {
-        free(sets);
         if (optind < argc)
             return usage_error("--calibrate takes no plan (extra argument '%s')", argv[optind]);
         return run_calibrate(quick, cal_ranks, opt.transport, profile_out);
@@ -282,7 +279,6 @@ int main(int argc, char **argv)
 
     cpc_job *job = NULL;
     cpc_status *diags = cpc_job_load(path, sets, n_sets, &job);
-    free(sets);
     if (diags)
         cpc_status_print(stderr, "cprun", diags);
     if (!job) {
@@ -362,5 +358,17 @@ int main(int argc, char **argv)
     }
     cpc_run_report_free(&rep);
     cpc_job_free(job);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    if (!sets) {
+        fprintf(stderr, "cprun: error: out of memory\n");
+        return 3;
+    }
+    int rc = cprun_main(argc, argv, sets);
+    free(sets);
     return rc;
 }
