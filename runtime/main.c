@@ -4,9 +4,11 @@
  *
  * Exit status: 0 ok; 1 check failed; 2 usage or input error (bad option,
  * unreadable file, bad tensors, a plan cpc would reject, a training plan:
- * CP060); 3 runtime failure (device, collective, out of memory, a feature
- * this build lacks such as --backend cuda).  Diagnostics go to stderr, the
- * report to stdout.
+ * CP060, contradicting options such as --attention cudnn with --backend
+ * cpu); 3 runtime failure (device, collective, out of memory, a feature this
+ * build or machine lacks: --backend cuda without the CUDA toolkit or
+ * without a GPU and driver, --transport nccl).  Diagnostics go to stderr,
+ * the report to stdout.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -28,9 +30,16 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: cprun PLAN.cplan|PLAN.yaml [options]\n"
-            "  --backend auto|cpu|cuda         compute backend (auto: cuda with a GPU, else cpu)\n"
-            "  --attention auto|cpu|cudnn|nvrtc attention implementation\n"
+            "  --backend auto|cpu|cuda         compute backend (auto: cuda when a GPU and driver are\n"
+            "                                  present, else cpu; --verbose says which).  cuda: rank r\n"
+            "                                  on GPU r mod visible GPUs (virtual ranks share a GPU);\n"
+            "                                  under mpirun GPU = local rank; kernels from the .cplan,\n"
+            "                                  or compiled with NVRTC for a plan YAML\n"
+            "  --attention auto|cpu|cudnn|nvrtc attention path: cpu (CPU backend); cuda backend: auto\n"
+            "                                  (cuDNN SDPA where it serves a block, else the generated\n"
+            "                                  kernel), cudnn (cuDNN must work), nvrtc (generated only)\n"
             "  --transport auto|local|mpi|nccl  auto: mpi under mpirun/srun, else local threads\n"
+            "                                  (cuda: staged through host memory; nccl: not yet)\n"
             "  --input QKV.safetensors         q, k, v (and mask) in global BSHD\n"
             "  --seed N                        random normal inputs (default 0)\n"
             "  --output OUT.safetensors        gathered `out` (and `lse` with --lse)\n"
@@ -265,6 +274,9 @@ static int cprun_main(int argc, char **argv, const char **sets)
         }
     }
     if (calibrate) {
+        if (strcmp(opt.backend, "cuda") == 0 || strcmp(opt.attention, "cudnn") == 0 ||
+            strcmp(opt.attention, "nvrtc") == 0)
+            return usage_error("%s", "--calibrate measures the CPU backend: --backend auto or cpu, --attention auto or cpu");
         if (optind < argc)
             return usage_error("--calibrate takes no plan (extra argument '%s')", argv[optind]);
         return run_calibrate(quick, cal_ranks, opt.transport, profile_out);

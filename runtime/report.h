@@ -29,7 +29,9 @@ typedef struct cpc_run_report {
     char plan_name[128];
     char variant[32];
     int ring_degree, ulysses_degree, ranks;
-    char backend[16], transport[16], attention[16];
+    char backend[16], transport[16];
+    char attention[320];            /* what served the blocks: "cpu", "cudnn", "nvrtc",
+                                       "cudnn+nvrtc fallback (N of M blocks: reason)" */
     char dtype[8];
     int64_t B, S, Skv;
     int H, Hkv, D;

@@ -20,6 +20,20 @@
 #include "safetensors.h"
 #include "trace.h"
 #include "transport_local.h"
+#include "transport_staged.h"
+#include "../compiler/codegen.h"
+
+/* ===== CUDA HOOK =====================================================================
+ * backend cuda (runtime/backend_cuda.c, built with the CUDA toolkit:
+ * CPC_HAVE_CUDA): one cpc_cuda_backend_create() per rank on GPU
+ * rank mod (visible GPUs) (MPI: local rank mod visible GPUs), kernels from
+ * the artifact or compiled here with NVRTC, every endpoint wrapped by the
+ * staged transport (transport_staged.h: device buffers through host memory). */
+#ifdef CPC_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "backend_cuda.h"
+#endif
 
 
 /* ===== MPI HOOK =====================================================================
@@ -207,6 +221,12 @@ void cpc_run_options_default(cpc_run_options *o)
     o->iters = 5;
 }
 
+/* What served a rank's attention blocks (CUDA backend; zeros on the CPU). */
+typedef struct attn_count {
+    double cudnn_blocks, nvrtc_blocks, fallback_blocks;
+    char reason[256];           /* the first fallback reason, "" when none */
+} attn_count;
+
 /* What one rank reports to rank 0. */
 typedef struct rank_out {
     double *iter_ms, *comm_ms, *compute_ms;   /* [n_iter] */
@@ -215,6 +235,7 @@ typedef struct rank_out {
     cpc_exec_event *ev;
     int *ev_iter;
     int n_ev;
+    attn_count attn;
 } rank_out;
 
 typedef struct run_ctx {
@@ -235,6 +256,16 @@ typedef struct run_ctx {
     cpc_local_world *world;
     cpc_transport **tr;       /* [P] */
     cpc_status **st;          /* [P] */
+    /* backend cuda */
+    bool cuda;
+    int n_gpus;               /* visible GPUs */
+    int mpi_device;           /* MPI: this process's GPU; -1: rank mod n_gpus */
+    int attn_mode;            /* cpc_cuda_attention */
+    cpc_kernel_spec spec;     /* of the plan */
+    cpc_kernel *kernels;      /* [n_kernels] */
+    int n_kernels;
+    bool kernels_owned;       /* compiled here (cpc_kernels_free); else the
+                                 array borrows the artifact's strings */
 } run_ctx;
 
 typedef struct thread_arg {
@@ -378,10 +409,56 @@ static cpc_status *write_shard(run_ctx *x, int p, const void *out, const cpc_run
     return cpc_st_write(path, &o, 1, keys, vals, 3);
 }
 
-/* The whole life of one rank.  Returns its status; rank 0 fills x->res,
- * x->out and x->lse. */
-static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
+/* This rank's backend: the CPU backend, or a CUDA backend on its GPU with
+ * the attention path of --attention. */
+static cpc_status *make_backend(run_ctx *x, int p, cpc_backend **be)
 {
+    *be = NULL;
+    if (!x->cuda)
+        return cpc_cpu_backend_create(be);
+#ifdef CPC_HAVE_CUDA
+    int dev = x->mpi_device >= 0 ? x->mpi_device : p % x->n_gpus;
+    cpc_status *st = cpc_cuda_backend_create(dev, &x->spec, x->kernels, x->n_kernels, be);
+    if (!st && x->attn_mode != CPC_CUDA_ATTN_AUTO)
+        st = cpc_cuda_backend_set_attention(*be, (cpc_cuda_attention)x->attn_mode);
+    if (st) {
+        if (*be)
+            (*be)->vt->destroy(*be);
+        *be = NULL;
+        cpc_status_prefix(st, "rank %d: CUDA backend on GPU %d", p, dev);
+    }
+    return st;
+#else
+    (void)p;
+    return cpc_error(CPC_E_UNSUPPORTED, "this build of cprun has no CUDA backend");
+#endif
+}
+
+/* What served this rank's attention blocks (CUDA backend). */
+static void count_attention(run_ctx *x, cpc_backend *be, attn_count *out)
+{
+    memset(out, 0, sizeof *out);
+#ifdef CPC_HAVE_CUDA
+    if (x->cuda && be) {
+        cpc_cuda_attn_info in;
+        cpc_cuda_backend_attention_info(be, &in, false);
+        out->cudnn_blocks = (double)in.cudnn_blocks;
+        out->nvrtc_blocks = (double)in.nvrtc_blocks;
+        out->fallback_blocks = (double)in.fallback_blocks;
+        snprintf(out->reason, sizeof out->reason, "%s", in.fallback_reason);
+    }
+#else
+    (void)x;
+    (void)be;
+#endif
+}
+
+/* The whole life of one rank.  Returns its status; rank 0 fills x->res,
+ * x->out and x->lse.  *tp is the rank's endpoint; with the CUDA backend it is
+ * replaced by a staged endpoint that owns it (the caller destroys *tp). */
+static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
+{
+    cpc_transport *t = *tp;
     const cpc_layout *L = x->L;
     const cpc_run_options *opt = x->opt;
     cpc_backend *be = NULL;
@@ -392,12 +469,17 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
     cpc_run *lse_runs = NULL;
     cpc_run *runs = NULL;
     rank_out mine = {0};
-    /* ===== CUDA HOOK: --backend cuda would create cpc_cuda_backend_create()
-     * here (runtime/backend_cuda.h, GPU = rank mod visible GPUs, kernels from
-     * the artifact); cpc_job_run refuses it until that is wired. ===== */
-    cpc_status *st = cpc_cpu_backend_create(&be);
+    /* ===== CUDA HOOK: the rank's backend (make_backend); device buffers
+     * travel through the staged transport. ===== */
+    cpc_status *st = make_backend(x, p, &be);
     if (st)
         goto done;
+    if (x->cuda || opt->staged) {
+        cpc_transport *staged = NULL;
+        if ((st = cpc_transport_staged_create(t, be, &staged)))
+            goto done;
+        *tp = t = staged;
+    }
     cpc_exec_config cfg = {.prog = x->job->prog, .rank = p, .backend = be, .transport = t,
                            .scale = x->scale, .kv_mask = x->mask, .record_events = x->trace};
     if ((st = cpc_exec_create(&cfg, &ex)))
@@ -449,8 +531,20 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
             goto done;
         }
         cpc_exec_stats s;
+        double t0 = cpc_exec_now_us();
         if ((st = cpc_exec_run(ex, &s)))
             goto done;
+        if (be->vt->sync) {
+            /* Queued device work belongs to this iteration: the time runs
+             * until it is done. */
+            if ((st = be->vt->sync(be))) {
+                cpc_status_prefix(st, "rank %d: iteration %d: device sync", p, it);
+                goto done;
+            }
+            double wall = (cpc_exec_now_us() - t0) / 1000.0;
+            if (wall > s.ms)
+                s.ms = wall;
+        }
         mine.iter_ms[it] = s.ms;
         mine.comm_ms[it] = s.comm_ms;
         mine.compute_ms[it] = s.compute_ms;
@@ -470,6 +564,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
             }
         }
     }
+    count_attention(x, be, &mine.attn);
     size_t ob = cpc_exec_output_bytes(ex);
     shard = malloc(ob ? ob : 1);
     if (!shard) {
@@ -502,7 +597,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
             size_t n;
             if ((st = recv_blob(t, q, TAG_STATS, &buf, &n)))
                 break;
-            size_t want = (size_t)(3 * x->n_iter + 2) * sizeof(double);
+            size_t want = (size_t)(3 * x->n_iter + 2) * sizeof(double) + sizeof(attn_count);
             if (n != want) {
                 free(buf);
                 st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of statistics, %zu expected", q, n, want);
@@ -522,6 +617,8 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
             memcpy(rq->compute_ms, d + 2 * x->n_iter, (size_t)x->n_iter * sizeof(double));
             rq->bytes_sent = (int64_t)d[3 * x->n_iter];
             rq->peak = (int64_t)d[3 * x->n_iter + 1];
+            memcpy(&rq->attn, d + 3 * x->n_iter + 2, sizeof rq->attn);
+            rq->attn.reason[sizeof rq->attn.reason - 1] = 0;
             free(buf);
             buf = NULL;
             if ((st = recv_blob(t, q, TAG_OUT, &buf, &n)))
@@ -588,7 +685,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
         free(qr);
     } else {
         size_t nd = (size_t)(3 * x->n_iter + 2);
-        double *d = malloc(nd * sizeof *d);
+        double *d = malloc(nd * sizeof *d + sizeof(attn_count));
         if (!d) {
             st = cpc_error(CPC_E_NOMEM, "out of memory");
             goto done;
@@ -598,7 +695,8 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport *t)
         memcpy(d + 2 * x->n_iter, mine.compute_ms, (size_t)x->n_iter * sizeof(double));
         d[3 * x->n_iter] = (double)mine.bytes_sent;
         d[3 * x->n_iter + 1] = (double)mine.peak;
-        st = send_blob(t, TAG_STATS, d, nd * sizeof *d);
+        memcpy(d + nd, &mine.attn, sizeof mine.attn);
+        st = send_blob(t, TAG_STATS, d, nd * sizeof *d + sizeof(attn_count));
         free(d);
         if (!st)
             st = send_blob(t, TAG_OUT, shard, ob);
@@ -656,7 +754,7 @@ done:
 static void *rank_thread(void *arg)
 {
     thread_arg *a = arg;
-    a->ctx->st[a->rank] = rank_main(a->ctx, a->rank, a->ctx->tr[a->rank]);
+    a->ctx->st[a->rank] = rank_main(a->ctx, a->rank, &a->ctx->tr[a->rank]);
     return NULL;
 }
 
@@ -807,6 +905,216 @@ static cpc_status *write_output(run_ctx *x)
     return cpc_st_write(x->opt->output_path, o, x->lse ? 2 : 1, NULL, NULL, 0);
 }
 
+/* ---- backend selection (SPEC section 5 "Placement") ------------------------------ */
+
+static bool is(const char *a, const char *b) { return strcmp(a, b) == 0; }
+
+/* A .cplan without PTX (cpc --no-kernels, or a cpc built without CUDA):
+ * the CUDA backend cannot run it. */
+static cpc_status *artifact_kernels(const cpc_job *job)
+{
+    if (!job->from_artifact)
+        return NULL;
+    const cpc_artifact *a = job->artifact;
+    bool have = a && a->n_kernels > 0;
+    for (int i = 0; have && i < a->n_kernels; i++)
+        have = a->kernels[i].ptx && a->kernels[i].ptx[0];
+    if (have)
+        return NULL;
+    cpc_status *st = cpc_error(CPC_E_INPUT,
+                               "%s: the artifact has no compiled kernels (compiled with --no-kernels or without CUDA), so the CUDA backend cannot run it",
+                               job->source ? job->source : "artifact");
+    cpc_status_set_hint(st, "recompile the plan with a cpc built with the CUDA toolkit (without --no-kernels), run the plan YAML, or use --backend cpu");
+    return st;
+}
+
+/* Resolves --backend and --attention (names already known to be valid):
+ * x->cuda, x->n_gpus, x->attn_mode.  Contradictions are CPC_E_USAGE; a CUDA
+ * backend that cannot be had (no CUDA in this build, no driver or GPU) is
+ * CPC_E_UNSUPPORTED naming the CUDA error.  `need_cuda_for` names an option
+ * that needs the CUDA backend even when --backend is auto (NULL: none). */
+static cpc_status *resolve_backend(run_ctx *x, const cpc_run_options *opt, const char *need_cuda_for)
+{
+    const char *b = opt->backend, *a = opt->attention;
+    bool gpu_attention = is(a, "cudnn") || is(a, "nvrtc");
+    x->cuda = false;
+    x->n_gpus = 0;
+    x->mpi_device = -1;
+    if (is(b, "cpu")) {
+        if (gpu_attention)
+            return cpc_error(CPC_E_USAGE,
+                             "--attention %s needs the CUDA backend, but --backend cpu was given: the CPU backend computes attention itself (use --attention cpu or auto, or --backend cuda)",
+                             a);
+        if (need_cuda_for)
+            return cpc_error(CPC_E_USAGE, "%s needs the CUDA backend, but --backend cpu was given",
+                             need_cuda_for);
+        return NULL;
+    }
+    if (is(b, "cuda") && is(a, "cpu"))
+        return cpc_error(CPC_E_USAGE,
+                         "--attention cpu goes with --backend cpu: the CUDA backend's attention is auto, cudnn or nvrtc");
+    if (is(b, "auto") && is(a, "cpu")) {
+        if (need_cuda_for)
+            return cpc_error(CPC_E_USAGE, "%s needs the CUDA backend, but --attention cpu selects the CPU backend",
+                             need_cuda_for);
+        if (opt->log)
+            fprintf(opt->log, "cprun: --backend auto: --attention cpu selects the CPU backend\n");
+        return NULL;
+    }
+    /* cuda, or auto: a CUDA device if there is one. */
+    const char *why = is(b, "cuda") ? "--backend cuda"
+                      : gpu_attention ? (is(a, "cudnn") ? "--attention cudnn" : "--attention nvrtc")
+                                      : need_cuda_for;
+    cpc_status *kst = artifact_kernels(x->job);
+    if (kst) {
+        if (why) {
+            cpc_status_prefix(kst, "%s", why);
+            return kst;
+        }
+        if (opt->log)
+            fprintf(opt->log, "cprun: --backend auto: %s: running on the CPU backend\n", kst->message);
+        cpc_status_free(kst);
+        return NULL;
+    }
+#ifdef CPC_HAVE_CUDA
+    int n = 0;
+    cpc_status *st = cpc_cuda_device_count(&n);
+    if (!st) {
+        x->cuda = true;
+        x->n_gpus = n;
+        x->attn_mode = cpc_cuda_attention_parse(a);
+        if (x->attn_mode < 0)
+            x->attn_mode = CPC_CUDA_ATTN_AUTO;
+        if (opt->log)
+            fprintf(opt->log, "cprun: backend cuda%s: %d visible GPU%s, attention %s\n",
+                    is(b, "auto") ? " (--backend auto found a CUDA device)" : "", n, n == 1 ? "" : "s",
+                    cpc_cuda_attention_name((cpc_cuda_attention)x->attn_mode));
+        return NULL;
+    }
+    if (why) {
+        cpc_status_prefix(st, "%s", why);
+        cpc_status_set_hint(st, "run on a machine with an NVIDIA GPU and driver, or use --backend cpu");
+        return st;
+    }
+    if (opt->log)
+        fprintf(opt->log, "cprun: --backend auto: %s: running on the CPU backend\n", st->message);
+    cpc_status_free(st);
+    return NULL;
+#else
+    if (why)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "%s: this cprun was built without the CUDA toolkit, so it has no CUDA backend; use --backend cpu",
+                         why);
+    if (opt->log)
+        fprintf(opt->log, "cprun: --backend auto: built without CUDA: running on the CPU backend\n");
+    return NULL;
+#endif
+}
+
+/* The kernels of the CUDA backend: the artifact's (a .cplan), or generated
+ * and compiled with NVRTC here (a plan YAML) for the arch of GPU `device`. */
+static cpc_status *prepare_kernels(run_ctx *x, int device)
+{
+    const cpc_job *job = x->job;
+    x->spec = cpc_kernel_spec_of(job->plan);
+    if (job->from_artifact) {
+        const cpc_artifact *a = job->artifact;
+        cpc_status *st = artifact_kernels(job);
+        if (st)
+            return st;
+        x->kernels = calloc((size_t)a->n_kernels, sizeof *x->kernels);
+        if (!x->kernels)
+            return cpc_error(CPC_E_NOMEM, "out of memory");
+        for (int i = 0; i < a->n_kernels; i++) {
+            /* Borrowed: the artifact outlives the run. */
+            x->kernels[i].name = a->kernels[i].name;
+            x->kernels[i].arch = a->kernels[i].arch;
+            x->kernels[i].source = a->kernels[i].source;
+            x->kernels[i].ptx = a->kernels[i].ptx;
+        }
+        x->n_kernels = a->n_kernels;
+        x->kernels_owned = false;
+        if (x->opt->log)
+            fprintf(x->opt->log, "cprun: kernels from the artifact: %d modules for %s\n", a->n_kernels,
+                    a->kernels[0].arch);
+        return NULL;
+    }
+    char arch[16] = "sm_90";
+#ifdef CPC_HAVE_CUDA
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+        major > 0)
+        snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
+    else
+        (void)cudaGetLastError();
+#else
+    (void)device;
+#endif
+    double t0 = cpc_exec_now_us();
+    cpc_kernel *k = NULL;
+    int nk = 0;
+    cpc_status *st = cpc_codegen_sources(&x->spec, arch, &k, &nk);
+    for (int i = 0; !st && i < nk; i++)
+        st = cpc_codegen_compile(&k[i]);
+    if (st) {
+        cpc_kernels_free(k, nk);
+        cpc_status_prefix(st, "compiling the kernels of %s for %s",
+                          job->plan->name ? job->plan->name : "the plan", arch);
+        return st;
+    }
+    x->kernels = k;
+    x->n_kernels = nk;
+    x->kernels_owned = true;
+    if (x->opt->log) {
+        bool cached = nk > 0;
+        for (int i = 0; i < nk; i++)
+            cached = cached && k[i].from_cache;
+        fprintf(x->opt->log, "cprun: kernels: %d modules for %s (%s, %.2f s)\n", nk, arch,
+                cached ? "from the cache" : "compiled with NVRTC",
+                (cpc_exec_now_us() - t0) / 1e6);
+    }
+    return NULL;
+}
+
+static void free_kernels(run_ctx *x)
+{
+    if (x->kernels_owned)
+        cpc_kernels_free(x->kernels, x->n_kernels);
+    else
+        free(x->kernels);
+    x->kernels = NULL;
+    x->n_kernels = 0;
+}
+
+/* The report's "attention": what served the blocks of every rank. */
+static void attention_text(char *dst, size_t n, const run_ctx *x, int P)
+{
+    if (!x->cuda) {
+        snprintf(dst, n, "cpu");
+        return;
+    }
+    double cudnn = 0, nvrtc = 0, fb = 0;
+    const char *reason = "";
+    for (int p = 0; p < P; p++) {
+        const attn_count *a = &x->res[p].attn;
+        cudnn += a->cudnn_blocks;
+        nvrtc += a->nvrtc_blocks;
+        fb += a->fallback_blocks;
+        if (!reason[0] && a->reason[0])
+            reason = a->reason;
+    }
+    if (cudnn > 0 && nvrtc == 0)
+        snprintf(dst, n, "cudnn");
+    else if (cudnn > 0)
+        snprintf(dst, n, "cudnn+nvrtc fallback (%.0f of %.0f blocks: %s)", nvrtc, cudnn + nvrtc,
+                 reason[0] ? reason : "no reason given");
+    else if (fb > 0)
+        snprintf(dst, n, "nvrtc (cudnn could not serve: %s)", reason[0] ? reason : "no reason given");
+    else
+        snprintf(dst, n, "nvrtc");
+}
+
 /* Picks the root cause among the ranks' statuses and frees the others. */
 static cpc_status *root_cause(run_ctx *x, int P)
 {
@@ -839,19 +1147,15 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         opt.attention = "auto";
     if (!opt.transport)
         opt.transport = "auto";
-    if (strcmp(opt.backend, "cuda") == 0)
-        return cpc_error(CPC_E_UNSUPPORTED, "--backend cuda: the CUDA backend is not available in this build of cprun; use --backend cpu (or auto)");
-    if (strcmp(opt.backend, "auto") != 0 && strcmp(opt.backend, "cpu") != 0)
+    if (!is(opt.backend, "auto") && !is(opt.backend, "cpu") && !is(opt.backend, "cuda"))
         return cpc_error(CPC_E_USAGE, "--backend %s: expected auto, cpu or cuda", opt.backend);
-    if (strcmp(opt.attention, "cudnn") == 0 || strcmp(opt.attention, "nvrtc") == 0)
-        return cpc_error(CPC_E_UNSUPPORTED, "--attention %s needs the CUDA backend, which this build does not have; use --attention cpu (or auto)",
-                         opt.attention);
-    if (strcmp(opt.attention, "auto") != 0 && strcmp(opt.attention, "cpu") != 0)
+    if (!is(opt.attention, "auto") && !is(opt.attention, "cpu") && !is(opt.attention, "cudnn") &&
+        !is(opt.attention, "nvrtc"))
         return cpc_error(CPC_E_USAGE, "--attention %s: expected auto, cpu, cudnn or nvrtc", opt.attention);
-    bool use_mpi = false;
-    if (strcmp(opt.transport, "nccl") == 0)
-        return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl needs the CUDA backend, which this build does not have");
-    if (strcmp(opt.transport, "mpi") == 0) {
+    bool use_mpi = false, use_nccl = false;
+    if (strcmp(opt.transport, "nccl") == 0) {
+        use_nccl = true;
+    } else if (strcmp(opt.transport, "mpi") == 0) {
         use_mpi = true;
     } else if (strcmp(opt.transport, "auto") == 0) {
 #ifdef CPC_HAVE_MPI
@@ -876,6 +1180,22 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     x.job = job;
     x.opt = &opt;
     x.L = L;
+    x.mpi_device = -1;
+    /* Backend (auto: cuda when a GPU and driver are present, else cpu). */
+    cpc_status *bst = resolve_backend(&x, &opt, use_nccl ? "--transport nccl" : NULL);
+    if (bst)
+        return bst;
+    if (use_nccl) {
+        /* ===== NCCL HOOK (runtime/transport_nccl.h, owner h11) ======================
+         * Under mpirun/srun with the CUDA backend, one process per rank on
+         * GPU = local rank mod visible GPUs; NCCL takes device buffers, so no
+         * staging.  When it lands, guarded by CPC_HAVE_NCCL, in the MPI path
+         * below instead of cpc_transport_mpi_create + staging:
+         *     st = cpc_transport_nccl_create(L->R, L->U, x.mpi_device, &mpi_t);
+         * and --transport auto under a launcher with the cuda backend picks
+         * it (SPEC section 5).  Until then: */
+        return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl: not available in this build");
+    }
     x.scale = job->plan->model.scale > 0 ? job->plan->model.scale : 1.0 / sqrt((double)L->D);
     x.n_iter = opt.warmup + opt.iters;
     x.trace = opt.trace_path != NULL;
@@ -902,7 +1222,21 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
             goto out;
         my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
+        /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
+         * Every rank calls cpc_mpi_local_rank (it may be collective). */
+        if (x.cuda) {
+            int lr = cpc_mpi_local_rank();
+            x.mpi_device = (lr >= 0 ? lr : my_rank) % x.n_gpus;
+        }
 #endif
+    }
+    if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0))) {
+        if (mpi_t) {
+            char *msg = cpc_status_format("cprun", st);
+            mpi_t->vt->abort(mpi_t, msg ? msg : st->message);
+            free(msg);
+        }
+        goto out;
     }
     if (my_rank == 0) {
         size_t ob = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D *
@@ -921,14 +1255,21 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
                 x.lse[i] = -INFINITY;
     }
     if (opt.log)
-        fprintf(opt.log, "cprun: %s: %s %d x %d, %d ranks (%s transport), %d warmup + %d iterations\n",
+        fprintf(opt.log, "cprun: %s: %s %d x %d, %d ranks (%s transport%s), %s backend%s, %d warmup + %d iterations\n",
                 job->plan->name ? job->plan->name : "plan", cpc_variant_name(L->variant), L->R,
-                L->U, P, use_mpi ? "mpi" : "local", opt.warmup, opt.iters);
+                L->U, P, use_mpi ? "mpi" : "local",
+                x.cuda || opt.staged ? ", staged through host memory" : "",
+                x.cuda ? "cuda" : "cpu",
+                !x.cuda ? ""
+                : use_mpi ? " (GPU = local rank mod visible GPUs)"
+                : x.n_gpus < P ? " (rank r on GPU r mod visible GPUs: virtual ranks)"
+                : " (rank r on GPU r)",
+                opt.warmup, opt.iters);
     if (opt.log && job->priced && my_rank == 0)
         fprintf(opt.log, "cprun: cost model predicts %.3f ms per layer (compute %.3f ms, exposed communication %.3f ms)\n",
                 job->pred.ms_per_layer, job->pred.compute_ms_per_layer, job->pred.comm_ms_per_layer);
     if (use_mpi) {
-        x.st[my_rank] = rank_main(&x, my_rank, mpi_t);
+        x.st[my_rank] = rank_main(&x, my_rank, &mpi_t);
         st = x.st[my_rank];
         x.st[my_rank] = NULL;
         if (st)
@@ -986,9 +1327,14 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     rep->ring_degree = L->R;
     rep->ulysses_degree = L->U;
     rep->ranks = P;
-    snprintf(rep->backend, sizeof rep->backend, "cpu");
-    snprintf(rep->attention, sizeof rep->attention, "cpu");
-    snprintf(rep->transport, sizeof rep->transport, "%s", use_mpi ? "mpi" : "local");
+    snprintf(rep->backend, sizeof rep->backend, "%s", x.cuda ? "cuda" : "cpu");
+    attention_text(rep->attention, sizeof rep->attention, &x, P);
+    {
+        /* The endpoint's own name: "local", "mpi", or "local+staged" ... */
+        const cpc_transport *t0 = use_mpi ? mpi_t : x.tr ? x.tr[0] : NULL;
+        snprintf(rep->transport, sizeof rep->transport, "%s",
+                 t0 && t0->vt->name ? t0->vt->name : use_mpi ? "mpi" : "local");
+    }
     snprintf(rep->dtype, sizeof rep->dtype, "%s", cpc_dtype_name(L->dtype));
     if (opt.input_path)
         snprintf(rep->input, sizeof rep->input, "%s", opt.input_path);
@@ -1082,6 +1428,7 @@ out:
     if (mpi_t)
         mpi_t->vt->destroy(mpi_t);
     cpc_st_close(x.in);
+    free_kernels(&x);
     free(x.mask);
     free(x.out);
     free(x.lse);

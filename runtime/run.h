@@ -10,14 +10,33 @@
  * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
  * -> price the final program.  A training plan is refused with CP060.
  *
- * Running (transport local): every rank is a thread of this process with
- * its own CPU backend and local-transport endpoint (OpenBLAS set to one
- * thread first).  Each rank makes or reads only its shard of q/k/v (random
- * normals keyed by global element index from --seed, rng.h; or pread of
- * --input, safetensors.h), runs warmup + iters iterations (each: upload the
- * inputs, world barrier, run the program), then sends its timings, output
- * shard (and LSE, events) to rank 0 over the transport.  Under an MPI
- * launcher (transport mpi) this process is one rank and the same code runs.
+ * Backend (--backend, SPEC section 5):
+ *   cpu   the CPU backend (backend.h); --attention auto or cpu.
+ *   cuda  the CUDA backend (backend_cuda.h; builds with CPC_HAVE_CUDA only):
+ *         kernels from the artifact when the job came from a .cplan (an
+ *         artifact without PTX is CPC_E_INPUT: "compiled with --no-kernels
+ *         or without CUDA"), else generated and compiled here with NVRTC
+ *         (codegen.h, for the compute capability of the first GPU used; the
+ *         kernel cache makes the next run fast); --attention auto, cudnn or
+ *         nvrtc maps to cpc_cuda_backend_set_attention.  Every endpoint is
+ *         wrapped by the staged transport (transport_staged.h), which moves
+ *         device buffers through host memory.
+ *   auto  cuda when the build has CUDA and cpc_cuda_device_count finds a
+ *         GPU, else cpu (said on the log); --attention cpu selects cpu,
+ *         --attention cudnn/nvrtc and --transport nccl need cuda.
+ * Placement: local transport: every rank is a thread of this process, rank
+ * r on GPU r mod (visible GPUs) - with one GPU all ranks share it (virtual
+ * ranks); under an MPI launcher this process is one rank on GPU = its local
+ * rank (cpc_mpi_local_rank) mod visible GPUs.
+ *
+ * Running: each rank has its own backend and transport endpoint (OpenBLAS
+ * set to one thread first).  Each rank makes or reads only its shard of
+ * q/k/v (random normals keyed by global element index from --seed, rng.h;
+ * or pread of --input, safetensors.h), runs warmup + iters iterations (each:
+ * upload the inputs, world barrier, run the program, wait for the device),
+ * then sends its timings, attention counts, output shard (and LSE, events)
+ * to rank 0 over the transport.  Under an MPI launcher (transport mpi) this
+ * process is one rank and the same code runs.
  *
  * Check: the float64 reference (reference.h) on the same rounded inputs:
  * every query row when that costs at most `check_full_flops` double
@@ -95,6 +114,11 @@ typedef struct cpc_run_options {
     double timeout_s;            /* local transport: abort a wait after this long;
                                     0: 3600 s, < 0: never */
     FILE *log;                   /* progress lines, NULL: quiet */
+    bool staged;                 /* wrap every rank's endpoint in the staged
+                                    transport (transport_staged.h) even on the
+                                    CPU backend; the CUDA backend always is.
+                                    Tests the CUDA path's plumbing without a
+                                    GPU (default false) */
 } cpc_run_options;
 
 /* Fills defaults (what cprun uses when an option is not given). */
@@ -102,11 +126,20 @@ void cpc_run_options_default(cpc_run_options *o);
 
 /* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_free
  * also after errors).  Returns NULL when the run completed (rep->ok tells
- * whether the check passed), or an error: CPC_E_USAGE (bad option value),
- * CPC_E_UNSUPPORTED (cuda backend, cudnn/nvrtc attention, nccl transport,
- * mpi transport not built or not launched), CPC_E_INPUT/CPC_E_IO (inputs,
- * outputs), CPC_E_RUNTIME (a rank failed: the message names the rank and
- * the op), CPC_E_NOMEM.
+ * whether the check passed), or an error: CPC_E_USAGE (bad option value,
+ * or options that contradict each other: --attention cudnn/nvrtc or
+ * --transport nccl with --backend cpu, --attention cpu with --backend
+ * cuda), CPC_E_UNSUPPORTED (cuda backend not built, or no usable CUDA
+ * driver/device: the message names the CUDA error; cuDNN unusable with
+ * --attention cudnn; nccl transport, not yet available; mpi transport not
+ * built or not launched), CPC_E_INPUT (an artifact without kernels for the
+ * cuda backend, bad inputs), CPC_E_IO (inputs, outputs), CPC_E_INTERNAL
+ * (NVRTC rejecting a generated kernel), CPC_E_RUNTIME (a rank failed: the
+ * message names the rank and the op), CPC_E_NOMEM.
+ * rep->backend is "cpu" or "cuda", rep->transport the endpoint's name
+ * ("local", "mpi", "local+staged", "mpi+staged") and rep->attention what
+ * served the blocks ("cpu", "cudnn", "nvrtc", "cudnn+nvrtc fallback (N of
+ * M blocks: reason)", summed over ranks from cpc_cuda_backend_attention_info).
  * Under MPI, only world rank 0 fills the report (rep->ranks == 0 elsewhere)
  * and *is_root tells which (may be NULL). */
 cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt, cpc_run_report *rep,
