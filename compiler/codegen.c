@@ -191,6 +191,7 @@ static char *read_all(const char *path)
     return buf;
 }
 
+#ifdef CPC_HAVE_CUDA
 static void write_atomic(const char *path, const char *text)
 {
     char tmp[4500];
@@ -205,6 +206,7 @@ static void write_atomic(const char *path, const char *text)
     else
         unlink(tmp);
 }
+#endif
 
 /* ---- NVRTC ---------------------------------------------------------------------- */
 

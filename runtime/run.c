@@ -1202,23 +1202,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     cpc_status *st = NULL;
     cpc_transport *mpi_t = NULL;
     int my_rank = 0;
-    if (opt.input_path && (st = open_input(&x)))
-        goto out;
-    if (job->plan->input.mask == CPC_MASK_KEY_PADDING && (st = make_mask(&x)))
-        goto out;
-    if (opt.output_shards_dir && (st = mkdir_p(opt.output_shards_dir)))
-        goto out;
-
-    cpc_cpu_backend_single_thread_blas();
-    x.res = calloc((size_t)P, sizeof *x.res);
-    x.st = calloc((size_t)P, sizeof *x.st);
-    if (!x.res || !x.st) {
-        st = cpc_error(CPC_E_NOMEM, "out of memory");
-        goto out;
-    }
     if (use_mpi) {
 #ifdef CPC_HAVE_MPI
         /* ===== MPI HOOK: one process per rank ===== */
+        /* Every rank fails alike here (world size check), none is left waiting. */
         if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
             goto out;
         my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
@@ -1230,13 +1217,23 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         }
 #endif
     }
-    if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0))) {
-        if (mpi_t) {
-            char *msg = cpc_status_format("cprun", st);
-            mpi_t->vt->abort(mpi_t, msg ? msg : st->message);
-            free(msg);
-        }
-        goto out;
+    /* From here on, a setup failure on one MPI rank ends the whole job
+     * (setup_failed): the other ranks would otherwise wait for it. */
+    if (opt.input_path && (st = open_input(&x)))
+        goto setup_failed;
+    if (job->plan->input.mask == CPC_MASK_KEY_PADDING && (st = make_mask(&x)))
+        goto setup_failed;
+    if (opt.output_shards_dir && (st = mkdir_p(opt.output_shards_dir)))
+        goto setup_failed;
+    if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0)))
+        goto setup_failed;
+
+    cpc_cpu_backend_single_thread_blas();
+    x.res = calloc((size_t)P, sizeof *x.res);
+    x.st = calloc((size_t)P, sizeof *x.st);
+    if (!x.res || !x.st) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto setup_failed;
     }
     if (my_rank == 0) {
         size_t ob = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D *
@@ -1246,9 +1243,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             x.lse = malloc((size_t)(L->B * L->S) * (size_t)L->H * sizeof(float) + 1);
         if (!x.out || (opt.write_lse && !x.lse)) {
             st = cpc_error(CPC_E_NOMEM, "out of memory for the gathered output");
-            if (mpi_t)
-                mpi_t->vt->abort(mpi_t, st->message);
-            goto out;
+            goto setup_failed;
         }
         if (x.lse)
             for (size_t i = 0; i < (size_t)(L->B * L->S) * (size_t)L->H; i++)
@@ -1413,6 +1408,17 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             goto out;
     }
     rep->ok = !rep->checked || rep->pass;
+    goto out;
+setup_failed:
+#ifdef CPC_HAVE_MPI
+    if (mpi_t) {
+        /* "cprun: rank P: aborting: ...", every rank ends with this status
+         * (2 for an input error, 3 for a runtime one). */
+        char *msg = cpc_status_format("cprun", st);
+        int code = cpc_status_exit_code(st);
+        cpc_mpi_abort(code ? code : 3, msg ? msg : st->message);
+    }
+#endif
 out:
     if (x.res)
         for (int p = 0; p < P; p++)

@@ -53,6 +53,14 @@ typedef struct cpc_transport_vtable {
      * an error.  Safe from any thread. */
     void (*abort)(cpc_transport *t, const char *why);
     void (*destroy)(cpc_transport *t);
+    /* OPTIONAL (NULL: nothing to do).  Starts the transfers of the isend /
+     * irecv posted so far that the transport still holds back: NCCL batches
+     * point-to-point messages until a wait (transport_nccl.h), so an
+     * executor that wants a ring step's transfer to overlap the attention
+     * calls flush after posting the step's sends and receives and before
+     * queueing that compute.  Every member of a group calls it at the same
+     * program points (SPMD).  Errors: as isend/irecv. */
+    cpc_status *(*flush)(cpc_transport *t);
 } cpc_transport_vtable;
 
 struct cpc_transport {

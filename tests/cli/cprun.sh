@@ -4,6 +4,10 @@
 # exactly the SPEC keys, --output/--output-shards/--trace files are
 # readable, --input tensors are used (and broken ones rejected), and the
 # exit statuses are 0 ok / 1 check failed / 2 usage or input / 3 runtime.
+# Backends: --backend auto runs on the CPU (and says so) without a GPU, where
+# --backend cuda is status 3 naming the CUDA error (with a GPU it runs and
+# passes); contradicting options (--attention cudnn with --backend cpu, ...)
+# are status 2; an artifact without PTX cannot run on cuda (2).
 # Finally the FLUX.1-dev 1008x1008 plan (4481 tokens, 4 ranks) runs and
 # passes.  Runs from the repository root; binaries in $CPC_BUILD_DIR.
 set -u
@@ -154,9 +158,45 @@ run rejected 2 plans/flux1-dev-1008.yaml --set parallel.variant=ulysses
 has rejected.err "CP011"
 run training 2 "$tmp/small.yaml" --set input.mode=training
 has training.err "CP060"
-run cuda 3 "$tmp/small.yaml" --backend cuda
-has cuda.err "not available"
-run cudnn 3 "$tmp/small.yaml" --attention cudnn
+
+# ---- backends (SPEC section 5): auto picks cuda only with a GPU and driver --------------------
+run auto 0 "$tmp/small.yaml" --backend auto --iters 1 --warmup 0 --format json --verbose
+auto_backend=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["backend"])' "$tmp/auto.out" 2>/dev/null)
+if [ "$auto_backend" = "cpu" ]; then
+  # No usable GPU here: auto says so and runs on the CPU; cuda is a runtime failure (3) naming
+  # the CUDA error, and so are the options that need it.
+  has auto.err "running on the CPU backend"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["attention"] == "cpu" and r["transport"] == "local" and r["check"]["pass"]' \
+    "$tmp/auto.out" || fail "auto: report not as expected"
+  run cuda 3 "$tmp/small.yaml" --backend cuda
+  has cuda.err "--backend cuda"
+  has cuda.err "CUDA"
+  run cudnn 3 "$tmp/small.yaml" --attention cudnn
+  has cudnn.err "CUDA"
+  run nccl 3 "$tmp/small.yaml" --transport nccl
+elif [ "$auto_backend" = "cuda" ]; then
+  # A GPU is present: auto used it, and --backend cuda runs and passes.
+  run cuda 0 "$tmp/small.yaml" --backend cuda --iters 1 --warmup 0 --format json
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["backend"] == "cuda" and r["check"]["pass"] and r["transport"] == "local+staged"' \
+    "$tmp/cuda.out" || fail "cuda: report not as expected"
+  run nccl 3 "$tmp/small.yaml" --transport nccl
+  has nccl.err "not available in this build"
+else
+  fail "auto: no backend in the report"
+fi
+# Options that contradict each other are usage errors (2), GPU or not.
+run cudnn-cpu 2 "$tmp/small.yaml" --attention cudnn --backend cpu
+has cudnn-cpu.err "--attention cudnn needs the CUDA backend, but --backend cpu was given"
+run nvrtc-cpu 2 "$tmp/small.yaml" --attention nvrtc --backend cpu
+run cpu-attn-cuda 2 "$tmp/small.yaml" --attention cpu --backend cuda
+has cpu-attn-cuda.err "--attention cpu goes with --backend cpu"
+run nccl-cpu 2 "$tmp/small.yaml" --transport nccl --backend cpu
+has nccl-cpu.err "needs the CUDA backend"
+run bad-backend 2 "$tmp/small.yaml" --backend tpu
+run attn-cpu 0 "$tmp/small.yaml" --attention cpu --iters 1 --warmup 0 --format json
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["backend"] == "cpu" and r["attention"] == "cpu"' \
+  "$tmp/attn-cpu.out" || fail "attn-cpu: --attention cpu must run on the CPU backend"
+run calibrate-cuda 2 --calibrate --backend cuda
 run calibrate 2 --calibrate "$tmp/small.yaml"
 has calibrate.err "takes no plan"
 run help 0 --help
@@ -183,6 +223,17 @@ if [ -x "$CPC" ] && "$CPC" "$tmp/small.yaml" -o "$tmp/small.cplan" >"$tmp/cpc.ou
   run artifact-tampered 2 "$tmp/tampered.cplan"
   has artifact-tampered.err "hash"
   run artifact-set 2 "$tmp/small.cplan" --set model.heads=4
+  # An artifact without PTX cannot run on the CUDA backend: an input error (2), GPU or not;
+  # auto then runs it on the CPU.
+  if "$CPC" --no-kernels "$tmp/small.yaml" -o "$tmp/nokernels.cplan" >/dev/null 2>&1; then
+    run artifact-nokernels 2 "$tmp/nokernels.cplan" --backend cuda
+    has artifact-nokernels.err "compiled with --no-kernels or without CUDA"
+    run artifact-nokernels-auto 0 "$tmp/nokernels.cplan" --iters 1 --warmup 0 --format json
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["backend"] == "cpu" and r["ok"]' \
+      "$tmp/artifact-nokernels-auto.out" || fail "artifact-nokernels-auto: not run on the CPU"
+  else
+    fail "cpc --no-kernels failed"
+  fi
 else
   echo "cprun.sh: cpc cannot write artifacts here; artifact checks skipped" >&2
 fi

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# tests/gpu/pack.sh [PACK_DIR] - builds gpu_check HERE (no GPU needed) and gathers what the
-# GPU machine needs to run it into PACK_DIR (default build-gpu/pack, an ignored path):
+# tests/gpu/pack.sh [PACK_DIR] - builds gpu_check, cprun and cpc HERE (no GPU needed) and gathers
+# what the GPU machine needs to run them into PACK_DIR (default build-gpu/pack, an ignored path):
 #   gpu_check            the device check (tests/gpu/gpu_check.c)
-#   lib/                 its shared libraries that the GPU machine lacks (ldd: libyaml,
-#                        libcrypto, OpenBLAS + libgfortran/libquadmath, ...)
+#   cprun                the runtime (runtime/main.c), run by run.sh with --backend cuda
+#   flux1-dev-1008-ulysses_anything.cplan, flux1-dev-1008-ring_anything.cplan
+#                        plans/flux1-dev-1008.yaml (4 ranks) compiled by cpc with the kernels'
+#                        PTX for $CPC_GPU_ARCH, and the plan YAML itself (cprun compiles it there)
+#   lib/                 the shared libraries of gpu_check and cprun that the GPU machine lacks
+#                        (ldd: libyaml, libcrypto, OpenBLAS + libgfortran/libquadmath, Lua,
+#                        cJSON, Open MPI's libmpi and its dependencies, ...)
 #   cuda-fallback/       libcudart, used only when the GPU machine's Python packages have none
-#   cache/kernels/*.ptx  the kernels of every gpu_check problem, compiled here with NVRTC
-#                        for $CPC_GPU_ARCH (default sm_90, the H200), so nothing is compiled there
+#   cache/kernels/*.ptx  the kernels of every gpu_check problem and of the FLUX plan, compiled here
+#                        with NVRTC for $CPC_GPU_ARCH (default sm_90, the H200), so nothing is
+#                        compiled there
 # Not carried: the C runtime (libc, libm, libstdc++, libgcc_s: the GPU machine has newer ones)
 # and CUDA's own libraries (libnvrtc, libcudnn*, libcublas*, libnccl: hundreds of MiB; the GPU
 # machine has them under its Python site-packages, nvidia/*/lib, which tests/gpu/run.sh finds).
-# The folder must stay under 64 MiB (the device tool's limit for what travels); this script
+# The folder must stay under 60 MiB (the device tool carries 64 MiB at most); this script
 # fails when it does not.
 # Then, on the GPU machine:  bash tests/gpu/run.sh            (carry: build-gpu/pack)
 set -euo pipefail
@@ -19,19 +25,23 @@ out=${1:-$root/build-gpu/pack}
 build=${CPC_GPU_BUILD_DIR:-$root/build-gpu}
 arch=${CPC_GPU_ARCH:-sm_90}
 limit=$((60 * 1024 * 1024))
+plan=$root/plans/flux1-dev-1008.yaml
 
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release > "$build/pack-cmake.log" 2>&1 ||
   { cat "$build/pack-cmake.log"; exit 1; }
 grep -q "CUDA toolkit found" "$build/pack-cmake.log" ||
   { echo "pack.sh: no CUDA toolkit under /usr/local/cuda: gpu_check cannot be built" >&2; exit 1; }
-cmake --build "$build" --target gpu_check -j2
+cmake --build "$build" --target gpu_check cprun cpc -j2
 
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/cuda-fallback" "$out/cache"
-cp "$build/gpu_check" "$out/"
-strip --strip-debug "$out/gpu_check" 2>/dev/null || true
-ldd "$build/gpu_check" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
+for bin in gpu_check cprun; do
+  cp "$build/$bin" "$out/"
+  strip --strip-debug "$out/$bin" 2>/dev/null || true
+done
+{ ldd "$build/gpu_check"; ldd "$build/cprun"; } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+  sort -u | while read -r name path; do
   case "$name" in
     libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libgcc_s.so.*|libstdc++.so.*) ;;
     libcudart.so.*) cp -L "$path" "$out/cuda-fallback/$name" ;;
@@ -40,8 +50,23 @@ ldd "$build/gpu_check" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while r
   esac
 done
 CPC_CACHE_DIR="$out/cache" "$out/gpu_check" --precompile --arch "$arch"
+
+# The FLUX.1-dev 1008x1008 plan on 4 ranks, both anything variants, with PTX (cpc puts the
+# kernels in the cache too, so cprun finds them there when it runs the YAML).
+cp "$plan" "$out/"
+for v in ulysses_anything ring_anything; do
+  a="$out/flux1-dev-1008-$v.cplan"
+  CPC_CACHE_DIR="$out/cache" "$build/cpc" "$plan" --arch "$arch" --set parallel.variant=$v -o "$a"
+  grep -q "^  ptx: |" "$a" || { echo "pack.sh: $a has no PTX" >&2; exit 1; }
+  # The carried cprun loads and verifies it (no device needed for --dry-run).
+  LD_LIBRARY_PATH="$out/lib" "$out/cprun" "$a" --dry-run > /dev/null ||
+    { echo "pack.sh: cprun cannot load $a" >&2; exit 1; }
+done
+
 size=$(du -sb "$out" | cut -f1)
-echo "pack.sh: $out: $(ls "$out/lib" | tr '\n' ' ')"
+echo "pack.sh: $out: $(ls "$out" | tr '\n' ' ')"
+echo "pack.sh: lib/: $(ls "$out/lib" | tr '\n' ' ')"
+du -sh "$out"/* "$out"/lib/* | sort -h | tail -n 6 | sed 's/^/pack.sh:   /'
 echo "pack.sh: $((size / 1024 / 1024)) MiB ($size bytes), limit $((limit / 1024 / 1024)) MiB"
 if [ "$size" -gt "$limit" ]; then
   echo "pack.sh: the folder is over the limit" >&2

@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh [PACK_DIR] [gpu_check options...] - the device check, on the GPU machine.
+# tests/gpu/run.sh [PACK_DIR] [--cprun-only] [gpu_check options...] - the device check, on the
+# GPU machine.
 # PACK_DIR (default build-gpu/pack) comes from tests/gpu/pack.sh, built on the dev machine and
 # carried over.  CUDA's libraries (cudart, NVRTC, cuDNN, cuBLAS) are taken from the Python
 # environment's site-packages (nvidia/*/lib); the pack's lib/ goes first, its cudart last.
-# Prints the environment, then gpu_check's log with its summary table last.  Exit status:
-# gpu_check's (0 all passed, 1 a check failed or a goal was missed, 3 no device or an error),
-# 2 when the pack is missing or a library cannot be found, 124 past the 5-minute limit.
-# With $OUT set (the device tool), the log is also written to $OUT/gpu_check.log.
+# Steps:
+#   1. gpu_check (numerics of every variant on virtual ranks, attention and bandwidth goals);
+#      skipped with --cprun-only;
+#   2. cprun --backend cuda --check on the FLUX.1-dev 1008x1008 plan, 4 virtual ranks on GPU 0
+#      (local transport staged through host memory): ulysses_anything and ring_anything from
+#      the .cplan artifacts (kernels: their PTX), and ulysses_anything from the plan YAML with
+#      --attention nvrtc (kernels compiled by cprun with NVRTC, from the pack's cache);
+#   3. the final table: gpu_check's summary rows followed by one row per cprun run (attention
+#      path, ms per iteration, TFLOP/s, relative error against the float64 reference).
+# Prints the environment, then the logs, the final table last.  Exit status: the worst of
+# gpu_check's (0 all passed, 1 a check failed or a goal was missed, 3 no device or an error)
+# and cprun's (0 ok, 1 check failed, 2 usage/input, 3 runtime); 2 when the pack is missing or
+# a library cannot be found.  gpu_check is stopped after 300 s and each cprun run after 75 s
+# (status 124), so the whole script ends within about 9 minutes.
+# With $OUT set (the device tool), the logs and cprun's JSON reports are also written to $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 pack=$root/build-gpu/pack
 if [ $# -gt 0 ] && [ -d "$1" ]; then pack=$(cd "$1" && pwd); shift; fi
-if [ ! -x "$pack/gpu_check" ]; then
-  echo "run.sh: $pack/gpu_check is missing: run tests/gpu/pack.sh on the build machine and carry build-gpu/pack" >&2
-  exit 2
-fi
+cprun_only=0
+if [ $# -gt 0 ] && [ "$1" = "--cprun-only" ]; then cprun_only=1; shift; fi
+for bin in gpu_check cprun; do
+  if [ ! -x "$pack/$bin" ]; then
+    echo "run.sh: $pack/$bin is missing: run tests/gpu/pack.sh on the build machine and carry build-gpu/pack" >&2
+    exit 2
+  fi
+done
+logdir=${OUT:-}
+if [ -z "$logdir" ] || [ ! -d "$logdir" ]; then logdir=$(mktemp -d); trap 'rm -rf "$logdir"' EXIT; fi
 
 # Site-packages of every Python we can find (the GPU image's python3 holds PyTorch).
 sites=""
@@ -41,24 +59,92 @@ echo "== environment =="
 uname -srm
 if command -v nvidia-smi > /dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1; else echo "nvidia-smi: not available"; fi
 echo "python site-packages: $sites"
-echo "libraries used:"
-ldd "$pack/gpu_check" | grep -E "cuda|cudnn|nvrtc|yaml|crypto|openblas|not found" | sed 's/^/  /'
-if ldd "$pack/gpu_check" | grep -q "not found"; then
-  echo "run.sh: a shared library was not found (above); the pack or the Python packages lack it" >&2
-  exit 2
-fi
+for bin in gpu_check cprun; do
+  echo "libraries used by $bin:"
+  ldd "$pack/$bin" | grep -E "cuda|cudnn|nvrtc|yaml|crypto|openblas|lua|cjson|mpi|not found" | sed 's/^/  /'
+  if ldd "$pack/$bin" | grep -q "not found"; then
+    echo "run.sh: a shared library of $bin was not found (above); the pack or the Python packages lack it" >&2
+    exit 2
+  fi
+done
 # cuDNN loads its sub-libraries at run time: show which libcudnn_graph it would get.
 for d in ${LD_LIBRARY_PATH//:/ }; do
   ls "$d"/libcudnn_graph.so* 2> /dev/null | head -1 | sed 's/^/  cuDNN graph library: /'
 done | head -1
 
-echo "== gpu_check =="
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  timeout 300 "$pack/gpu_check" "$@" 2>&1 | tee "$OUT/gpu_check.log"
-  rc=${PIPESTATUS[0]}
+rc=0
+worst() { if [ "$1" -gt "$rc" ]; then rc=$1; fi; }
+if [ $cprun_only -eq 0 ]; then
+  echo "== gpu_check =="
+  timeout 300 "$pack/gpu_check" "$@" 2>&1 | tee "$logdir/gpu_check.log"
+  grc=${PIPESTATUS[0]}
+  echo "run.sh: gpu_check exited $grc"
+  worst $grc
 else
-  timeout 300 "$pack/gpu_check" "$@" 2>&1
-  rc=$?
+  echo "== gpu_check: skipped (--cprun-only) =="
+  : > "$logdir/gpu_check.log"
 fi
-echo "run.sh: gpu_check exited $rc"
+
+# name | cprun arguments: 4 virtual ranks on one GPU (world_size 4 in the plan).
+runs=(
+  "ulysses_anything|$pack/flux1-dev-1008-ulysses_anything.cplan"
+  "ring_anything|$pack/flux1-dev-1008-ring_anything.cplan"
+  "ulysses_anything yaml|$pack/flux1-dev-1008.yaml --attention nvrtc"
+)
+echo "== cprun --backend cuda: FLUX.1-dev 1008x1008, 4 virtual ranks =="
+: > "$logdir/cprun_rows.txt"
+for r in "${runs[@]}"; do
+  name=${r%%|*}
+  read -r -a args <<< "${r#*|}"
+  tag=${name// /_}
+  echo "-- cprun ${args[*]} --backend cuda --check --warmup 1 --iters 3 --format json --verbose"
+  timeout 75 "$pack/cprun" "${args[@]}" --backend cuda --check --warmup 1 --iters 3 --format json \
+    --verbose > "$logdir/cprun_$tag.json" 2> "$logdir/cprun_$tag.err"
+  crc=$?
+  cat "$logdir/cprun_$tag.err"
+  cat "$logdir/cprun_$tag.json"
+  echo "run.sh: cprun ($name) exited $crc"
+  worst $crc
+  echo "$name|$crc|$logdir/cprun_$tag.json|$logdir/cprun_$tag.err" >> "$logdir/cprun_rows.txt"
+done
+
+# The final table: gpu_check's rows (its own format), then cprun's in the same columns.
+echo
+echo "==== final table ===="
+summary=$(sed -n '/^==== gpu_check summary/,/ passed, .* failed, /p' "$logdir/gpu_check.log")
+if [ -n "$summary" ]; then
+  sed '1d;$d' <<< "$summary"
+else
+  printf '%-9s %-30s %-22s %-26s %-40s %-18s %-5s %s\n' section check config path value goal res note
+  [ $cprun_only -eq 1 ] || echo "gpu_check      (no summary: it exited $grc, see its log above)"
+fi
+while IFS='|' read -r name crc json err; do
+  python3 - "$name" "$crc" "$json" "$err" <<'EOF' 2>/dev/null ||
+import json, sys
+name, crc, jpath, epath = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+fmt = "%-9s %-30s %-22s %-26s %-40s %-18s %-5s %s"
+what = "flux1-dev-1008 " + name
+try:
+    r = json.load(open(jpath))
+except Exception:
+    r = None
+if r is None:
+    lines = [l.strip() for l in open(epath) if "error" in l] or ["no report"]
+    res = "TIMEOUT" if crc == 124 else "ERROR"
+    print(fmt % ("cprun", what, "4 virtual ranks", "-", "-", "rel_err<=1e-2", res[:5],
+                 ("exit %d: " % crc) + lines[0][:200]))
+    sys.exit(0)
+c = r.get("check") or {}
+value = "%.3f ms/iter %.1f TFLOP/s rel %.2e" % (r["ms_per_iter"], r["tflops"], c.get("rel_err", float("nan")))
+res = "PASS" if r["ok"] and c.get("pass") else "FAIL"
+print(fmt % ("cprun", what, "%dx%d %s, %d ranks" % (r["ring_degree"], r["ulysses_degree"], r["backend"], r["ranks"]),
+             r["attention"][:26], value, "rel_err<=1e-2", res,
+             "%s; attention: %s" % (r["transport"], r["attention"]) if len(r["attention"]) > 26 else r["transport"]))
+EOF
+  printf '%-9s %-30s %-22s %-26s %-40s %-18s %-5s %s\n' cprun "flux1-dev-1008 $name" \
+    "4 virtual ranks" - - "rel_err<=1e-2" "$([ "$crc" -eq 0 ] && echo PASS || echo ERROR)" \
+    "exit $crc (no python3 to read $json)"
+done < "$logdir/cprun_rows.txt"
+[ -z "$summary" ] || tail -n 1 <<< "$summary" | sed 's/^/gpu_check: /'
+echo "run.sh: exit $rc"
 exit $rc

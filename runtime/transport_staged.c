@@ -1,20 +1,24 @@
-/* staged_transport.c - see staged_transport.h */
-#include "staged_transport.h"
+/* transport_staged.c - see transport_staged.h */
+#include "transport_staged.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct staged {
     cpc_transport *inner;
     cpc_backend *be;
+    cpc_transport_vtable vt;   /* the shared methods, with this endpoint's name */
+    char name[48];
+    size_t downloaded, uploaded;
 } staged;
 
 /* This file's requests; the inner transport's are opaque. */
 struct cpc_request {
     cpc_request *inner;
-    void *host;
-    void *dev;
+    void *host;                /* the staging copy (owned) */
+    void *dev;                 /* irecv: the device buffer to upload to */
     size_t bytes;
     bool recv;
 };
@@ -34,7 +38,8 @@ static int st_group_size(cpc_transport *t, cpc_group g)
 static cpc_status *host_alloc(size_t bytes, void **out)
 {
     *out = malloc(bytes ? bytes : 1);
-    return *out ? NULL : cpc_error(CPC_E_NOMEM, "staged transport: out of memory (%zu bytes)", bytes);
+    return *out ? NULL
+                : cpc_error(CPC_E_NOMEM, "staged transport: out of host memory (%zu bytes)", bytes);
 }
 
 static cpc_status *st_isend(cpc_transport *t, cpc_group g, int peer, const void *buf, size_t bytes,
@@ -46,8 +51,13 @@ static cpc_status *st_isend(cpc_transport *t, cpc_group g, int peer, const void 
     if (!r)
         return cpc_error(CPC_E_NOMEM, "staged transport: out of memory");
     cpc_status *st = host_alloc(bytes, &r->host);
-    if (!st && bytes)
+    if (!st && bytes) {
         st = s->be->vt->download(s->be, r->host, buf, bytes);
+        if (st)
+            cpc_status_prefix(st, "staged transport: isend of %zu bytes to peer %d", bytes, peer);
+        else
+            s->downloaded += bytes;
+    }
     if (!st)
         st = s->inner->vt->isend(s->inner, g, peer, r->host, bytes, tag, &r->inner);
     if (st) {
@@ -87,13 +97,19 @@ static cpc_status *st_wait(cpc_transport *t, cpc_request *r)
 {
     staged *s = S(t);
     cpc_status *st = s->inner->vt->wait(s->inner, r->inner);
-    if (!st && r->recv && r->bytes)
+    if (!st && r->recv && r->bytes) {
         st = s->be->vt->upload(s->be, r->dev, r->host, r->bytes);
+        if (st)
+            cpc_status_prefix(st, "staged transport: upload of a %zu-byte receive", r->bytes);
+        else
+            s->uploaded += r->bytes;
+    }
     free(r->host);
     free(r);
     return st;
 }
 
+/* Bytes from the start of a buffer to the end of its last non-empty part. */
 static size_t extent(int n, const size_t *counts, const size_t *displs)
 {
     size_t e = 0;
@@ -104,13 +120,17 @@ static size_t extent(int n, const size_t *counts, const size_t *displs)
 }
 
 static cpc_status *upload_parts(staged *s, char *dev, const char *host, int n, const size_t *counts,
-                                const size_t *displs)
+                                const size_t *displs, const char *op)
 {
     for (int i = 0; i < n; i++)
         if (counts[i]) {
             cpc_status *st = s->be->vt->upload(s->be, dev + displs[i], host + displs[i], counts[i]);
-            if (st)
+            if (st) {
+                cpc_status_prefix(st, "staged transport: %s: upload of member %d's %zu bytes", op,
+                                  i, counts[i]);
                 return st;
+            }
+            s->uploaded += counts[i];
         }
     return NULL;
 }
@@ -126,12 +146,17 @@ static cpc_status *st_all_to_all_v(cpc_transport *t, cpc_group g, const void *se
     cpc_status *st = host_alloc(se, &hs);
     if (!st)
         st = host_alloc(re, &hr);
-    if (!st && se)
+    if (!st && se) {
         st = s->be->vt->download(s->be, hs, send, se);
+        if (st)
+            cpc_status_prefix(st, "staged transport: all_to_all_v: download of %zu bytes", se);
+        else
+            s->downloaded += se;
+    }
     if (!st)
         st = s->inner->vt->all_to_all_v(s->inner, g, hs, sc, sd, hr, rc, rd);
     if (!st)
-        st = upload_parts(s, recv, hr, n, rc, rd);
+        st = upload_parts(s, recv, hr, n, rc, rd, "all_to_all_v");
     free(hs);
     free(hr);
     return st;
@@ -148,12 +173,18 @@ static cpc_status *st_all_gather_v(cpc_transport *t, cpc_group g, const void *se
     cpc_status *st = host_alloc(send_bytes, &hs);
     if (!st)
         st = host_alloc(re, &hr);
-    if (!st && send_bytes)
+    if (!st && send_bytes) {
         st = s->be->vt->download(s->be, hs, send, send_bytes);
+        if (st)
+            cpc_status_prefix(st, "staged transport: all_gather_v: download of %zu bytes",
+                              send_bytes);
+        else
+            s->downloaded += send_bytes;
+    }
     if (!st)
         st = s->inner->vt->all_gather_v(s->inner, g, hs, send_bytes, hr, counts, displs);
     if (!st)
-        st = upload_parts(s, recv, hr, n, counts, displs);
+        st = upload_parts(s, recv, hr, n, counts, displs, "all_gather_v");
     free(hs);
     free(hr);
     return st;
@@ -183,7 +214,7 @@ static void st_destroy(cpc_transport *t)
 }
 
 static const cpc_transport_vtable staged_vt = {
-    .name = "local+staged",
+    .name = "staged",
     .group_rank = st_group_rank,
     .group_size = st_group_size,
     .isend = st_isend,
@@ -196,9 +227,11 @@ static const cpc_transport_vtable staged_vt = {
     .destroy = st_destroy,
 };
 
-cpc_status *cpc_staged_transport_create(cpc_transport *inner, cpc_backend *be, cpc_transport **out)
+cpc_status *cpc_transport_staged_create(cpc_transport *inner, cpc_backend *be, cpc_transport **out)
 {
     *out = NULL;
+    if (!inner || !be)
+        return cpc_error(CPC_E_INTERNAL, "staged transport: NULL %s", inner ? "backend" : "inner endpoint");
     cpc_transport *t = calloc(1, sizeof *t);
     staged *s = calloc(1, sizeof *s);
     if (!t || !s) {
@@ -208,8 +241,30 @@ cpc_status *cpc_staged_transport_create(cpc_transport *inner, cpc_backend *be, c
     }
     s->inner = inner;
     s->be = be;
-    t->vt = &staged_vt;
+    s->vt = staged_vt;
+    snprintf(s->name, sizeof s->name, "%s+staged", inner->vt->name ? inner->vt->name : "?");
+    s->vt.name = s->name;
+    t->vt = &s->vt;
     t->ctx = s;
     *out = t;
     return NULL;
+}
+
+bool cpc_transport_staged_is(const cpc_transport *t)
+{
+    return t && t->vt && t->vt->destroy == st_destroy;
+}
+
+void cpc_transport_staged_bytes(const cpc_transport *t, size_t *downloaded, size_t *uploaded)
+{
+    size_t d = 0, u = 0;
+    if (cpc_transport_staged_is(t)) {
+        const staged *s = t->ctx;
+        d = s->downloaded;
+        u = s->uploaded;
+    }
+    if (downloaded)
+        *downloaded = d;
+    if (uploaded)
+        *uploaded = u;
 }
