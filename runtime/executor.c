@@ -44,6 +44,7 @@ struct cpc_exec {
     cpc_exec_stats cur;
     int out_buf;              /* the OUTPUT buffer, -1 if none */
     int lse_buf;              /* the final LSE buffer, -1 if none */
+    bool unflushed;           /* send/recv posted since the last transport flush */
 };
 
 double cpc_exec_now_us(void)
@@ -1231,8 +1232,20 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
             }
             continue;
         }
+        /* Transports that batch point-to-point messages (NCCL: no tags, a
+         * send and its recv must be in flight together) start the posted
+         * ones at flush: before the first op that is not a send/recv, so a
+         * ring step's transfer overlaps the attention that follows. */
+        if (ex->unflushed && op->kind != CPC_OP_SEND && op->kind != CPC_OP_RECV) {
+            ex->unflushed = false;
+            cpc_transport *t = ex->cfg.transport;
+            if (t && t->vt->flush && (st = t->vt->flush(t)))
+                goto fail;
+        }
         double t0 = cpc_exec_now_us();
         int64_t sent = 0;
+        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
+            ex->unflushed = true;
         switch (op->kind) {
         case CPC_OP_INIT_ACC: st = op_init_acc(ex, op); break;
         case CPC_OP_ATTN: st = op_attn(ex, op, &c); break;

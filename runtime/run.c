@@ -21,6 +21,7 @@
 #include "trace.h"
 #include "transport_local.h"
 #include "transport_staged.h"
+#include "transport_nccl.h"
 #include "../compiler/codegen.h"
 
 /* ===== CUDA HOOK =====================================================================
@@ -474,7 +475,8 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     cpc_status *st = make_backend(x, p, &be);
     if (st)
         goto done;
-    if (x->cuda || opt->staged) {
+    /* NCCL takes device buffers itself: never staged */
+    if ((x->cuda || opt->staged) && strcmp(t->vt->name, "nccl") != 0) {
         cpc_transport *staged = NULL;
         if ((st = cpc_transport_staged_create(t, be, &staged)))
             goto done;
@@ -1185,16 +1187,21 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     cpc_status *bst = resolve_backend(&x, &opt, use_nccl ? "--transport nccl" : NULL);
     if (bst)
         return bst;
+#if defined(CPC_HAVE_NCCL) && defined(CPC_HAVE_MPI)
+    /* SPEC section 5: --transport auto under mpirun/srun with the cuda
+     * backend is nccl. */
+    if (use_mpi && x.cuda && strcmp(opt.transport, "auto") == 0)
+        use_nccl = true;
+#endif
     if (use_nccl) {
-        /* ===== NCCL HOOK (runtime/transport_nccl.h, owner h11) ======================
-         * Under mpirun/srun with the CUDA backend, one process per rank on
-         * GPU = local rank mod visible GPUs; NCCL takes device buffers, so no
-         * staging.  When it lands, guarded by CPC_HAVE_NCCL, in the MPI path
-         * below instead of cpc_transport_mpi_create + staging:
-         *     st = cpc_transport_nccl_create(L->R, L->U, x.mpi_device, &mpi_t);
-         * and --transport auto under a launcher with the cuda backend picks
-         * it (SPEC section 5).  Until then: */
-        return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl: not available in this build");
+        /* NCCL (runtime/transport_nccl.h): one process per rank, GPU = local
+         * rank mod visible GPUs, bootstrapped over MPI; device buffers go
+         * straight to NCCL (no staging). */
+#if defined(CPC_HAVE_NCCL) && defined(CPC_HAVE_MPI)
+        use_mpi = true;
+#else
+        return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl: this build has no NCCL (or no MPI)");
+#endif
     }
     x.scale = job->plan->model.scale > 0 ? job->plan->model.scale : 1.0 / sqrt((double)L->D);
     x.n_iter = opt.warmup + opt.iters;
@@ -1204,16 +1211,27 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     int my_rank = 0;
     if (use_mpi) {
 #ifdef CPC_HAVE_MPI
-        /* ===== MPI HOOK: one process per rank ===== */
-        /* Every rank fails alike here (world size check), none is left waiting. */
-        if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
-            goto out;
-        my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
-        /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
-         * Every rank calls cpc_mpi_local_rank (it may be collective). */
-        if (x.cuda) {
-            int lr = cpc_mpi_local_rank();
-            x.mpi_device = (lr >= 0 ? lr : my_rank) % x.n_gpus;
+        /* ===== one process per rank ===== */
+#ifdef CPC_HAVE_NCCL
+        if (use_nccl) {
+            /* no GPU: "no CUDA device: ..." on every rank alike */
+            if ((st = cpc_transport_nccl_create(L->R, L->U, -1, &mpi_t)))
+                goto out;
+            my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
+            x.mpi_device = cpc_transport_nccl_device(mpi_t);
+        } else
+#endif
+        {
+            /* Every rank fails alike here (world size check), none is left waiting. */
+            if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
+                goto out;
+            my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
+            /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
+             * Every rank calls cpc_mpi_local_rank (it may be collective). */
+            if (x.cuda) {
+                int lr = cpc_mpi_local_rank();
+                x.mpi_device = (lr >= 0 ? lr : my_rank) % x.n_gpus;
+            }
         }
 #endif
     }
@@ -1252,7 +1270,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (opt.log)
         fprintf(opt.log, "cprun: %s: %s %d x %d, %d ranks (%s transport%s), %s backend%s, %d warmup + %d iterations\n",
                 job->plan->name ? job->plan->name : "plan", cpc_variant_name(L->variant), L->R,
-                L->U, P, use_mpi ? "mpi" : "local",
+                L->U, P, use_mpi ? (use_nccl ? "nccl" : "mpi") : "local",
                 x.cuda || opt.staged ? ", staged through host memory" : "",
                 x.cuda ? "cuda" : "cpu",
                 !x.cuda ? ""
@@ -1433,6 +1451,10 @@ out:
     cpc_local_world_destroy(x.world);
     if (mpi_t)
         mpi_t->vt->destroy(mpi_t);
+#ifdef CPC_HAVE_MPI
+    if (use_nccl)
+        cpc_mpi_finalize(); /* NCCL's bootstrap left MPI initialised (also on failure) */
+#endif
     cpc_st_close(x.in);
     free_kernels(&x);
     free(x.mask);
