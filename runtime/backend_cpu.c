@@ -103,9 +103,12 @@ static inline float exp2_scalar(float x)
 static float row_max_scalar(const float *s, int64_t n)
 {
     float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
+    bool nan = false;
+    for (int64_t j = 0; j < n; j++) {
         m = s[j] > m ? s[j] : m;
-    return m;
+        nan |= s[j] != s[j];
+    }
+    return nan ? NAN : m;
 }
 
 static float row_exp_scalar(float *s, int64_t n, float m)
@@ -148,22 +151,35 @@ __attribute__((target("avx2,fma"))) static inline __m256i tail_mask_avx2(int64_t
 __attribute__((target("avx2,fma"))) static float row_max_avx2(const float *s, int64_t n)
 {
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256 un = _mm256_setzero_ps(); /* NaN lanes seen (max_ps drops NaNs) */
     int64_t j = 0;
     for (; j + 32 <= n; j += 32) {
-        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
-        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + j + 8));
-        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(s + j + 16));
-        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(s + j + 24));
+        __m256 x0 = _mm256_loadu_ps(s + j), x1 = _mm256_loadu_ps(s + j + 8);
+        __m256 x2 = _mm256_loadu_ps(s + j + 16), x3 = _mm256_loadu_ps(s + j + 24);
+        m0 = _mm256_max_ps(m0, x0);
+        m1 = _mm256_max_ps(m1, x1);
+        m2 = _mm256_max_ps(m2, x2);
+        m3 = _mm256_max_ps(m3, x3);
+        un = _mm256_or_ps(un, _mm256_or_ps(_mm256_cmp_ps(x0, x1, _CMP_UNORD_Q),
+                                           _mm256_cmp_ps(x2, x3, _CMP_UNORD_Q)));
     }
-    for (; j + 8 <= n; j += 8)
-        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
+    for (; j + 8 <= n; j += 8) {
+        __m256 x0 = _mm256_loadu_ps(s + j);
+        m0 = _mm256_max_ps(m0, x0);
+        un = _mm256_or_ps(un, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(un))
+        return NAN;
     m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
     float m = _mm_cvtss_f32(h);
-    for (; j < n; j++)
+    for (; j < n; j++) {
+        if (s[j] != s[j])
+            return NAN;
         m = s[j] > m ? s[j] : m;
+    }
     return m;
 }
 
@@ -214,15 +230,22 @@ __attribute__((target("avx512f"))) static inline __m512 exp2_avx512(__m512 x)
 __attribute__((target("avx512f"))) static float row_max_avx512(const float *s, int64_t n)
 {
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+    __mmask16 un = 0; /* NaN lanes seen (max_ps drops NaNs) */
     int64_t j = 0;
     for (; j + 32 <= n; j += 32) {
-        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+        __m512 x0 = _mm512_loadu_ps(s + j), x1 = _mm512_loadu_ps(s + j + 16);
+        m0 = _mm512_max_ps(m0, x0);
+        m1 = _mm512_max_ps(m1, x1);
+        un |= _mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q);
     }
     for (; j < n; j += 16) {
         __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
-        m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, s + j));
+        __m512 x0 = _mm512_maskz_loadu_ps(k, s + j);
+        m0 = _mm512_mask_max_ps(m0, k, m0, x0);
+        un |= _mm512_mask_cmp_ps_mask(k, x0, x0, _CMP_UNORD_Q);
     }
+    if (un)
+        return NAN;
     return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
@@ -556,6 +579,11 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                                     sr[j] += bi[j];
                             }
                             float mx = c->row_max(sr, bcx);
+                            if (mx != mx) { /* a NaN score: the row is NaN */
+                                M[r] = L[r] = NAN;
+                                memset(sr, 0, sizeof(float) * (size_t)bcx);
+                                continue;
+                            }
                             float mold = M[r];
                             float mnew = mx > mold ? mx : mold;
                             if (mnew == -INFINITY) { /* nothing visible yet */
@@ -585,7 +613,7 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                     for (int r = 0; r < br; r++) {
                         float *orow = O + (size_t)r * ldo;
                         float lse;
-                        if (L[r] > 0.0f) {
+                        if (L[r] > 0.0f || L[r] != L[r]) { /* a NaN input propagates */
                             float inv = 1.0f / L[r];
                             for (int e = 0; e < d; e++)
                                 orow[e] *= inv;

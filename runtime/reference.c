@@ -87,6 +87,7 @@ static void ref_row(const cpc_ref_problem *p, const kv_view *kv, int b, int64_t 
     int64_t nvis = p->causal ? (i + 1 < p->Skv ? i + 1 : p->Skv) : p->Skv;
     const uint8_t *mask = p->kv_mask ? p->kv_mask + (size_t)b * p->Skv : NULL;
     double m = -INFINITY;
+    bool nan_seen = false;
     for (int64_t j = 0; j < nvis; j++) {
         if (mask && !mask[j]) {
             sc[j] = -INFINITY;
@@ -96,6 +97,16 @@ static void ref_row(const cpc_ref_problem *p, const kv_view *kv, int b, int64_t 
         sc[j] = s;
         if (s > m)
             m = s;
+        else if (s != s)
+            nan_seen = true;
+    }
+    if (nan_seen) { /* a NaN input makes the row NaN, as the math says */
+        if (out)
+            for (int d = 0; d < D; d++)
+                out[d] = NAN;
+        if (lse)
+            *lse = NAN;
+        return;
     }
     if (out)
         for (int d = 0; d < D; d++)

@@ -1096,3 +1096,33 @@ Test(reference, compare_detects_nan_inf_and_error)
     cr_assert_float_eq(cpc_check_tolerance(CPC_DTYPE_FP16), 2e-3, 0);
     cr_assert_float_eq(cpc_check_tolerance(CPC_DTYPE_BF16), 1e-2, 0);
 }
+
+/* A NaN in the input makes its row NaN in the backend and in the reference,
+ * so the check (NaN always fails) catches it instead of seeing a zero row. */
+Test(attn, nan_in_q_propagates)
+{
+    cpc_backend *be = NULL;
+    cr_assert_null(cpc_cpu_backend_create(&be));
+    enum { S = 9, D = 16 };
+    float q[S * D], k[S * D], v[S * D], o[S * D], lse[S];
+    unsigned x = 12345u;
+    for (int i = 0; i < S * D; i++) {
+        x = x * 1664525u + 1013904223u;
+        q[i] = (float)((x >> 8) & 0xffff) / 65536.0f - 0.5f;
+        k[i] = q[i] * 0.7f + 0.1f;
+        v[i] = q[i] * -1.3f + 0.2f;
+    }
+    q[3 * D + 5] = NAN;
+    cpc_attn_args a = {.B = 1, .sq = S, .skv = S, .hq = 1, .hkv = 1, .d = D, .group = 1,
+                       .dtype = CPC_DTYPE_FP32, .q = q, .k = k, .v = v, .q_bstride = S * D,
+                       .kv_bstride = S * D, .o = o, .lse = lse, .scale = 0.25f};
+    cr_assert_null(be->vt->attn(be, &a));
+    cr_expect(isnan(o[3 * D]) && isnan(lse[3]), "row 3 (NaN in q) must be NaN");
+    cr_expect(!isnan(o[2 * D]) && !isnan(lse[2]), "other rows stay finite");
+    cpc_ref_problem p = {.B = 1, .S = S, .Skv = S, .H = 1, .Hkv = 1, .D = D,
+                         .dtype = CPC_DTYPE_FP32, .q = q, .k = k, .v = v, .scale = 0.25};
+    double ref[S * D], rl[S];
+    cr_assert_null(cpc_reference_attention(&p, NULL, 0, ref, rl));
+    cr_expect(isnan(ref[3 * D]) && isnan(rl[3]), "the reference row is NaN too");
+    be->vt->destroy(be);
+}
