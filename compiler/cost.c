@@ -215,31 +215,32 @@ cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out)
 
 /* ---- pricing -------------------------------------------------------------------- */
 
-int64_t cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal)
+/* Pairs (x, y), x in [q0, q1), y in [k0, k1), y <= x:  sum over x of
+ * clamp(x + 1 - k0, 0, k1 - k0), an arithmetic series then a constant. */
+static double causal_pairs(int64_t q0, int64_t q1, int64_t k0, int64_t k1)
 {
-    int64_t total = 0;
-    for (int i = 0; i < nq; i++) {
-        for (int j = 0; j < nk; j++) {
-            if (!causal) {
-                total += q[i].len * k[j].len;
-                continue;
-            }
-            /* pairs (x, y), x in q run, y in k run, y <= x */
-            int64_t q0 = q[i].start, q1 = q[i].start + q[i].len;
-            int64_t k0 = k[j].start, k1 = k[j].start + k[j].len;
-            for (int64_t x = q0; x < q1; x++) {
-                /* keys y in [k0, min(k1, x+1)) */
-                int64_t hi = x + 1 < k1 ? x + 1 : k1;
-                if (hi > k0)
-                    total += hi - k0;
-                if (x + 1 >= k1) {
-                    /* every later x sees the whole run */
-                    total += (q1 - x - 1) * (k1 - k0);
-                    break;
-                }
-            }
-        }
+    double lk = (double)(k1 - k0), total = 0;
+    /* x in [max(q0, k0), min(q1, k1 - 1)): f(x) = x + 1 - k0, from a to b */
+    int64_t x0 = q0 > k0 ? q0 : k0, x1 = q1 < k1 - 1 ? q1 : k1 - 1;
+    if (x1 > x0) {
+        double a = (double)(x0 + 1 - k0), b = (double)(x1 - k0), n = (double)(x1 - x0);
+        total += n * (a + b) / 2.0;
     }
+    /* x >= k1 - 1: the whole key run */
+    int64_t y0 = q0 > k1 - 1 ? q0 : k1 - 1;
+    if (q1 > y0)
+        total += (double)(q1 - y0) * lk;
+    return total;
+}
+
+double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal)
+{
+    double total = 0;
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++)
+            total += causal ? causal_pairs(q[i].start, q[i].start + q[i].len, k[j].start,
+                                           k[j].start + k[j].len)
+                            : (double)q[i].len * (double)k[j].len;
     return total;
 }
 
@@ -258,6 +259,7 @@ typedef struct {
     cpc_run *runs_a, *runs_b;
     int max_runs;
     double compute_scale; /* >1 when ranks share cores */
+    int64_t stage_send, stage_recv; /* all-to-all staging the executor allocates */
     double comm_scale;    /* the same on a CPU device with `cores` (copies use the cores), else 1 */
 } pricer;
 
@@ -371,9 +373,37 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         if ((st = eval(pr, op->count, &n)))
             return st;
         int64_t saved = pr->c.s;
-        for (int64_t s = 0; s < n && !st; s++) {
-            pr->c.s = s;
-            st = price_ops(pr, op->body, op->n_body);
+        const int64_t edge = 256;
+        if (n <= 2 * edge) {
+            for (int64_t s = 0; s < n && !st; s++) {
+                pr->c.s = s;
+                st = price_ops(pr, op->body, op->n_body);
+            }
+        } else {
+            /* first `edge` steps exactly, the middle extrapolated from their
+             * average, the last `edge` steps exactly (see cost.h) */
+            double t0c = pr->t_comp, t0m = pr->t_comm, b0 = pr->comp_busy, f0 = pr->flops;
+            int64_t s0 = pr->sent;
+            for (int64_t s = 0; s < edge && !st; s++) {
+                pr->c.s = s;
+                st = price_ops(pr, op->body, op->n_body);
+            }
+            double k = (double)(n - 2 * edge) / (double)edge;
+            double shift = (pr->t_comp - t0c) * k;
+            pr->t_comp += shift;
+            pr->t_comm += (pr->t_comm - t0m) * k;
+            if (pr->t_comm < pr->t_comp - shift)
+                pr->t_comm = pr->t_comp - shift;
+            for (int i = 0; i < 64; i++)
+                if (pr->pending[i] > 0)
+                    pr->pending[i] += shift;
+            pr->comp_busy += (pr->comp_busy - b0) * k;
+            pr->flops += (pr->flops - f0) * k;
+            pr->sent += (int64_t)((double)(pr->sent - s0) * k);
+            for (int64_t s = n - edge; s < n && !st; s++) {
+                pr->c.s = s;
+                st = price_ops(pr, op->body, op->n_body);
+            }
         }
         pr->c.s = saved;
         return st;
@@ -392,8 +422,8 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
             return st;
         int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
         int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
-        int64_t pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
-        double flops = 4.0 * L->B * (double)pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
+        double pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
+        double flops = 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
         double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
         pr->flops += flops;
         double io_s = 0;
@@ -488,6 +518,16 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         pr->t_comp = pr->t_comm = t;
         pr->sent += bytes;
         pr->tag[op->out[0]] = op->dir == CPC_A2A_SEQ_TO_HEADS ? (int)pr->c.r : -1;
+        /* the executor's pack/unpack space (runtime/executor.c): with B == 1
+         * seq_to_heads stages only its send side, heads_to_seq its receive */
+        {
+            int64_t in_b = buf_bytes(pr, b), out_b = buf_bytes(pr, op->out[0]);
+            bool b1 = L->B == 1;
+            if (!(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ) && in_b > pr->stage_send)
+                pr->stage_send = in_b;
+            if (!(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS) && out_b > pr->stage_recv)
+                pr->stage_recv = out_b;
+        }
         return NULL;
     }
     case CPC_OP_ALL_GATHER: {
@@ -528,20 +568,30 @@ static cpc_status *price_ops(pricer *pr, const cpc_op *ops, int n)
     return NULL;
 }
 
-/* Ranks priced: every rank up to 4096, else a symmetric sample. */
+/* Ranks priced: every rank up to 64, else a sample (see cost.h): the first
+ * and last 8 members of ring group 0 (u = 0) and of ulysses group 0 (r = 0),
+ * and the last rank. */
+#define CPC_PRICE_ALL_RANKS 64
+#define CPC_PRICE_MAX_SAMPLE 40
 static int pick_ranks(const cpc_layout *L, int *out, int max)
 {
     int n = 0;
-    if (L->P <= 4096) {
+    if (L->P <= CPC_PRICE_ALL_RANKS) {
         for (int p = 0; p < L->P && n < max; p++)
             out[n++] = p;
         return n;
     }
-    for (int r = 0; r < L->R && n < max; r++)
+    for (int r = 0; r < L->R && n < max; r++) {
+        if (r >= 8 && r < L->R - 8)
+            continue;
         out[n++] = r * L->U; /* ring group 0 (u = 0) */
-    for (int u = 1; u < L->U && n < max; u++)
-        out[n++] = u;        /* ulysses group 0 (r = 0) */
-    if (n < max)
+    }
+    for (int u = 1; u < L->U && n < max; u++) {
+        if (u >= 8 && u < L->U - 8)
+            continue;
+        out[n++] = u; /* ulysses group 0 (r = 0) */
+    }
+    if (n < max && L->P - 1 != out[n - 1])
         out[n++] = L->P - 1;
     return n;
 }
@@ -567,7 +617,7 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
         max_runs = cpc_layout_max_shard_runs(L);
     if (max_runs < 1)
         max_runs = 1;
-    int max_ranks = L->P <= 4096 ? L->P : L->R + L->U + 1;
+    int max_ranks = L->P <= CPC_PRICE_ALL_RANKS ? L->P : CPC_PRICE_MAX_SAMPLE;
     int *ranks = malloc(sizeof(int) * (size_t)max_ranks);
     int *tags = malloc(sizeof(int) * (size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1));
     cpc_run *ra = malloc(sizeof(cpc_run) * (size_t)max_runs);
@@ -602,7 +652,9 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
             worst_comp = pr.comp_busy;
         if (t - pr.comp_busy > worst_comm)
             worst_comm = t - pr.comp_busy;
-        int64_t mem = 0;
+        int64_t mem = pr.stage_send + pr.stage_recv;
+        if (L->B == 1) /* one staging space serves both directions */
+            mem = pr.stage_send > pr.stage_recv ? pr.stage_send : pr.stage_recv;
         for (int b = 0; b < prog->n_buffers; b++)
             mem += cpc_buffer_capacity_bytes(prog, b, &pr.c);
         if (mem > worst_mem)
@@ -663,8 +715,20 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
                                  cand->ulysses_degree, gib,
                                  (double)pred.buffer_bytes_per_rank / 1073741824.0,
                                  plan->cluster.reserved_gb, dev.memory_gb);
-        cpc_status_set_hint(e, "more ranks (cluster.world_size), less cluster.reserved_gb, "
-                               "or schedule.rotate: p2p (O(S/P) K/V memory)");
+        double dev_bytes = dev.memory_gb * 1073741824.0;
+        double reserved = plan->cluster.reserved_gb * 1073741824.0;
+        bool ring_like = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING ||
+                         cand->variant == CPC_VARIANT_UNIFIED;
+        if (reserved >= dev_bytes)
+            cpc_status_set_hint(e, "cluster.reserved_gb (%.2f GiB) alone exceeds the device memory: "
+                                   "lower it, or use a device with more memory (cluster.memory_gb)",
+                                plan->cluster.reserved_gb);
+        else if (ring_like && plan->schedule.rotate == CPC_ROTATE_ALLGATHER)
+            cpc_status_set_hint(e, "schedule.rotate: p2p (O(S/P) K/V memory instead of the whole "
+                                   "K/V), more ranks (cluster.world_size) or less cluster.reserved_gb");
+        else
+            cpc_status_set_hint(e, "more ranks (cluster.world_size: memory per rank falls as 1/P) "
+                                   "or less cluster.reserved_gb");
         cand->ok = false;
         cpc_status_append(&cand->errors, e);
     }

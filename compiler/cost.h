@@ -25,8 +25,16 @@
  *     r / gpus_per_node) uses the inter-node bandwidth and latency.
  * Each rank is priced alone (its own timeline) and the prediction is the
  * maximum over ranks; ms_per_forward = ms_per_layer * model.layers.
+ * Large meshes: every rank is priced up to 64 ranks, beyond that a sample
+ * (both ends of ring group 0 and ulysses group 0, and the last rank: the
+ * uneven splits put the largest shards first and the smallest last); a loop
+ * of more than 512 steps is priced exactly on its first and last 256 steps
+ * and the steps between are extrapolated from the first 256 (their average
+ * time, bytes and FLOPs), so pricing stays O(1) in the ring degree.
  * Memory per rank = the sum of the program's buffer capacities on that rank
- * + the attention workspace + cluster.reserved_gb.
+ * + the all-to-all staging space the executor allocates (the largest
+ * pack/unpack side; both sides when B > 1) + the attention workspace +
+ * cluster.reserved_gb.
  *
  * Device figures are public numbers, each with its source in cost.c; a
  * profile written by `cprun --calibrate` (cluster.profile) overrides them.
@@ -117,8 +125,9 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                               const cpc_device_profile *dev, cpc_prediction *out);
 
 /* Visible (query, key) pairs of a block: sum over pairs of runs of the number
- * of (i, j) with j <= i when causal, else nq * nk. */
-int64_t cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal);
+ * of (i, j) with j <= i when causal, else nq * nk.  Closed form per pair of
+ * runs (O(nq * nk)), in double: S^2 exceeds int64 beyond ~3e9 tokens. */
+double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal);
 
 /* The price callback for cpc_validate_priced (validate.h): builds the
  * candidate's schedule, prices it on the plan's device and fills the
