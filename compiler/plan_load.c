@@ -1439,46 +1439,10 @@ static int span_group(const cpc_status *s)
     return strcmp(s->span.file, CPC_SET_FILE) == 0 ? 2 : 1;
 }
 
-typedef struct diag_ref {
-    cpc_status *st;
-    int idx;
-} diag_ref;
-
-static int diag_cmp(const void *pa, const void *pb)
-{
-    const diag_ref *a = pa, *b = pb;
-    const cpc_status *x = a->st, *y = b->st;
-    int gx = span_group(x), gy = span_group(y);
-    if (gx != gy)
-        return gx - gy;
-    if (x->span.line != y->span.line)
-        return x->span.line < y->span.line ? -1 : 1;
-    if (x->span.col != y->span.col)
-        return x->span.col < y->span.col ? -1 : 1;
-    return (a->idx > b->idx) - (a->idx < b->idx); /* stable */
-}
-
-/* Stable sort of the chain by position, O(n log n); on OOM it stays as is. */
+/* Stable sort of the chain by position, plan file first, then --set. */
 static cpc_status *sort_diags(cpc_status *list)
 {
-    int n = 0;
-    for (cpc_status *s = list; s; s = s->next)
-        n++;
-    if (n < 2)
-        return list;
-    diag_ref *a = malloc((size_t)n * sizeof *a);
-    if (!a)
-        return list;
-    int i = 0;
-    for (cpc_status *s = list; s; s = s->next, i++)
-        a[i] = (diag_ref){s, i};
-    qsort(a, (size_t)n, sizeof *a, diag_cmp);
-    for (i = 0; i < n - 1; i++)
-        a[i].st->next = a[i + 1].st;
-    a[n - 1].st->next = NULL;
-    cpc_status *head = a[0].st;
-    free(a);
-    return head;
+    return cpc_status_sort(list, span_group);
 }
 
 static cpc_plan *new_plan(const char *file)

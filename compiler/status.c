@@ -270,3 +270,43 @@ cpc_status *cpc_errno_status(cpc_code code, int err, const char *what)
 {
     return cpc_error(code, "%s: %s", what, strerror(err));
 }
+
+typedef struct diag_ref {
+    cpc_status *st;
+    int idx;
+    int group;
+} diag_ref;
+
+static int diag_ref_cmp(const void *pa, const void *pb)
+{
+    const diag_ref *a = pa, *b = pb;
+    if (a->group != b->group)
+        return a->group < b->group ? -1 : 1;
+    if (a->st->span.line != b->st->span.line)
+        return a->st->span.line < b->st->span.line ? -1 : 1;
+    if (a->st->span.col != b->st->span.col)
+        return a->st->span.col < b->st->span.col ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx); /* stable */
+}
+
+cpc_status *cpc_status_sort(cpc_status *list, int (*group)(const cpc_status *d))
+{
+    int n = 0;
+    for (cpc_status *s = list; s; s = s->next)
+        n++;
+    if (n < 2 || list == &cpc_status_oom)
+        return list;
+    diag_ref *a = malloc((size_t)n * sizeof *a);
+    if (!a)
+        return list;
+    int i = 0;
+    for (cpc_status *s = list; s; s = s->next, i++)
+        a[i] = (diag_ref){s, i, group ? group(s) : 0};
+    qsort(a, (size_t)n, sizeof *a, diag_ref_cmp);
+    for (i = 0; i < n - 1; i++)
+        a[i].st->next = a[i + 1].st;
+    a[n - 1].st->next = NULL;
+    cpc_status *head = a[0].st;
+    free(a);
+    return head;
+}

@@ -100,6 +100,12 @@ void cpc_status_prefix(cpc_status *st, const char *fmt, ...)
  * Takes ownership of `more`. */
 void cpc_status_append(cpc_status **list, cpc_status *more);
 
+/* Stable sort of a chain by (group(d), span.line, span.col), O(n log n);
+ * returns the new head.  `group` may be NULL (all in one group); it lets a
+ * caller put, e.g., diagnostics about the plan file before those about
+ * --set arguments.  On OOM the chain is returned unsorted. */
+cpc_status *cpc_status_sort(cpc_status *list, int (*group)(const cpc_status *d));
+
 /* Frees a whole chain with its notes.  NULL and &cpc_status_oom are ignored. */
 void cpc_status_free(cpc_status *st);
 

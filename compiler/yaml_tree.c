@@ -967,44 +967,11 @@ static void parser_error(builder *b, yaml_parser_t *p)
     b->fatal = true;
 }
 
-typedef struct diag_ref {
-    cpc_status *st;
-    int idx;
-} diag_ref;
-
-static int diag_ref_cmp(const void *pa, const void *pb)
-{
-    const diag_ref *a = pa, *b = pb;
-    if (a->st->span.line != b->st->span.line)
-        return a->st->span.line < b->st->span.line ? -1 : 1;
-    if (a->st->span.col != b->st->span.col)
-        return a->st->span.col < b->st->span.col ? -1 : 1;
-    return (a->idx > b->idx) - (a->idx < b->idx);
-}
-
 /* Stable sort of a chain by position (duplicate-key errors are found when a
- * mapping ends, inner mappings first).  O(n log n); on OOM the chain is
- * left as it is. */
+ * mapping ends, inner mappings first). */
 static cpc_status *sort_by_position(cpc_status *list)
 {
-    int n = 0;
-    for (cpc_status *s = list; s; s = s->next)
-        n++;
-    if (n < 2)
-        return list;
-    diag_ref *a = malloc((size_t)n * sizeof *a);
-    if (!a)
-        return list;
-    int i = 0;
-    for (cpc_status *s = list; s; s = s->next, i++)
-        a[i] = (diag_ref){s, i};
-    qsort(a, (size_t)n, sizeof *a, diag_ref_cmp);
-    for (i = 0; i < n - 1; i++)
-        a[i].st->next = a[i + 1].st;
-    a[n - 1].st->next = NULL;
-    cpc_status *head = a[0].st;
-    free(a);
-    return head;
+    return cpc_status_sort(list, NULL);
 }
 
 cpc_status *cpc_ytree_parse_string_at(const char *text, size_t len, const char *file,
