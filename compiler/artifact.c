@@ -6,6 +6,7 @@
 #include "artifact.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -766,15 +767,71 @@ cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a)
     return NULL;
 }
 
+/* Writes all of text to fd; 0 or an errno. */
+static int write_fd_all(int fd, const char *text, size_t len)
+{
+    while (len > 0) {
+        ssize_t w = write(fd, text, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (w == 0)
+            return EIO;
+        text += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes straight into `path` (a device, FIFO or symbolic link): no
+ * temporary file, nothing renamed. */
+static cpc_status *write_direct(const char *path, int flags, const char *text, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC | flags, 0666);
+    if (fd < 0)
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(errno));
+    int e = write_fd_all(fd, text, len);
+    if (close(fd) != 0 && !e)
+        e = errno;
+    if (e)
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e));
+    return NULL;
+}
+
 cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a)
 {
     if (!path || !*path)
         return cpc_error(CPC_E_USAGE, "artifact: no output path");
+    /* What is there now decides how to write: nothing or a regular file is
+     * replaced atomically (temporary file + rename); a character device or
+     * FIFO (/dev/null, /dev/stdout on a pipe) and a symbolic link are written
+     * through, so neither the device node nor the link is ever replaced; a
+     * directory or any other kind of file is refused. */
+    struct stat sb;
+    memset(&sb, 0, sizeof sb);
+    bool exists = lstat(path, &sb) == 0;
+    if (!exists && errno != ENOENT)
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(errno));
+    bool link = exists && S_ISLNK(sb.st_mode);
+    /* target: something is there (a link is followed; a dangling one is not) */
+    bool target = exists && (!link || stat(path, &sb) == 0);
+    if (target && S_ISDIR(sb.st_mode))
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: is a directory", path);
+    if (target && !S_ISREG(sb.st_mode) && !S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode))
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: not a regular file, a device or a FIFO; refusing to replace it",
+                         path);
     char *text;
     size_t len;
     cpc_status *st = cpc_artifact_to_string(a, &text, &len);
     if (st)
         return st;
+    if (link || (target && !S_ISREG(sb.st_mode))) {
+        st = write_direct(path, link ? O_CREAT | O_TRUNC : 0, text, len);
+        free(text);
+        return st;
+    }
     size_t pl = strlen(path);
     char *tmp = malloc(pl + 16);
     if (!tmp) {
@@ -786,36 +843,26 @@ cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a)
     if (fd < 0) {
         int e = errno;
         free(text);
-        st = cpc_errno_status(CPC_E_IO, e, path);
         free(tmp);
-        return st;
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e));
     }
-    FILE *f = fdopen(fd, "wb");
-    bool okw = f && fwrite(text, 1, len, f) == len;
-    int e = errno;
-    if (f) {
-        if (fclose(f) != 0 && okw) {
-            okw = false;
-            e = errno;
-        }
-    } else {
-        close(fd);
-    }
+    int e = write_fd_all(fd, text, len);
+    if (!e && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        e = errno;
+    if (close(fd) != 0 && !e)
+        e = errno;
     free(text);
-    if (okw) {
+    if (!e) {
         /* mkstemp creates 0600: give the artifact the usual permissions. */
         mode_t mask = umask(0);
         umask(mask);
-        if (chmod(tmp, 0666 & ~mask) != 0 || rename(tmp, path) != 0) {
-            okw = false;
+        if (chmod(tmp, 0666 & ~mask) != 0 || rename(tmp, path) != 0)
             e = errno;
-        }
     }
-    if (!okw) {
+    if (e) {
         unlink(tmp);
-        st = cpc_errno_status(CPC_E_IO, e ? e : EIO, path);
         free(tmp);
-        return st;
+        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e));
     }
     free(tmp);
     return NULL;

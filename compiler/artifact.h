@@ -167,7 +167,12 @@ bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double
 cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len);
 /* Writes the artifact to an open stream / to `path` (through a temporary
  * file in the same directory, renamed into place, so a reader never sees
- * half a file).  Errors: those of cpc_artifact_to_string, CPC_E_IO. */
+ * half a file).  A `path` that is a character device or FIFO (/dev/null,
+ * /dev/stdout on a pipe) or a symbolic link is written through directly
+ * (the node or link is never replaced); a directory or other non-regular
+ * file is refused.  Errors: those of cpc_artifact_to_string, CPC_E_IO
+ * ("PATH: cannot write the artifact: REASON", also for a short write or a
+ * failed fsync/close/rename). */
 cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a);
 cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
 

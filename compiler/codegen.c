@@ -77,15 +77,65 @@ static cpc_status *make_kernel(cpc_kernel *k, const char *name, const char *arch
     return NULL;
 }
 
+#ifdef CPC_HAVE_CUDA
+/* "sm_75, sm_80, ..." from NVRTC's own list (NVRTC 11.2+), or "" when it
+ * cannot tell.  *found: whether compute capability `want` is on it. */
+static void supported_archs(int want, bool *found, char *buf, size_t n)
+{
+    *found = true;
+    buf[0] = 0;
+    int na = 0;
+    if (nvrtcGetNumSupportedArchs(&na) != NVRTC_SUCCESS || na <= 0 || na > 1024)
+        return;
+    int *v = malloc(sizeof *v * (size_t)na);
+    if (!v || nvrtcGetSupportedArchs(v) != NVRTC_SUCCESS) {
+        free(v);
+        return;
+    }
+    *found = false;
+    size_t used = 0;
+    for (int i = 0; i < na; i++) {
+        if (v[i] == want)
+            *found = true;
+        int w = snprintf(buf + used, n - used, "%ssm_%d", i ? ", " : "", v[i]);
+        if (w < 0 || (size_t)w >= n - used)
+            break;
+        used += (size_t)w;
+    }
+    free(v);
+}
+#endif
+
+/* An --arch this NVRTC cannot target is a usage error (exit 2), not an
+ * internal one: "--arch sm_10: not supported by this NVRTC (supported: ...)". */
+static cpc_status *check_arch_supported(const char *arch)
+{
+#ifdef CPC_HAVE_CUDA
+    char list[512];
+    bool found;
+    supported_archs(atoi(arch + 3), &found, list, sizeof list);
+    if (!found)
+        return cpc_error(CPC_E_USAGE, "--arch %s: not supported by this NVRTC (supported: %s)", arch,
+                         list);
+#else
+    (void)arch;
+#endif
+    return NULL;
+}
+
 cpc_status *cpc_codegen_sources(const cpc_kernel_spec *spec, const char *arch,
                                 cpc_kernel **out, int *n)
 {
     *out = NULL;
     *n = 0;
     if (!arch || strncmp(arch, "sm_", 3) != 0 || strlen(arch) < 5 || strlen(arch) > 8 ||
-        strspn(arch + 3, "0123456789a") != strlen(arch + 3))
+        strspn(arch + 3, "0123456789") < 2 ||
+        (arch[3 + strspn(arch + 3, "0123456789")] && strcmp(arch + 3 + strspn(arch + 3, "0123456789"), "a") != 0))
         return cpc_error(CPC_E_USAGE, "--arch '%s': expected sm_XY (e.g. sm_90, sm_80, sm_90a)",
                          arch ? arch : "");
+    cpc_status *ast = check_arch_supported(arch);
+    if (ast)
+        return ast;
     if (spec->head_dim < 1 || spec->head_dim > 256 || spec->gqa < 1 ||
         spec->dtype < 0 || spec->dtype >= CPC_DTYPE__COUNT)
         return cpc_error(CPC_E_INTERNAL, "codegen: invalid kernel spec (head_dim %d, gqa %d)",
@@ -131,9 +181,13 @@ cpc_status *cpc_codegen_emit(const char *dir, const cpc_kernel *k, int n)
         FILE *f = fopen(path, "w");
         if (!f)
             return cpc_errno_status(CPC_E_IO, errno, path);
-        fputs(k[i].source, f);
-        if (fclose(f) != 0)
-            return cpc_errno_status(CPC_E_IO, errno, path);
+        int e = 0;
+        if (fputs(k[i].source, f) < 0 || fflush(f) != 0)
+            e = errno ? errno : EIO;
+        if (fclose(f) != 0 && !e)
+            e = errno ? errno : EIO;
+        if (e)
+            return cpc_errno_status(CPC_E_IO, e, path);
     }
     return NULL;
 }
@@ -243,6 +297,16 @@ static cpc_status *nvrtc_compile(const cpc_kernel *k, const char *target, bool v
             free(*log);
             *log = NULL;
         }
+    }
+    if ((r == NVRTC_ERROR_INVALID_OPTION || r == NVRTC_ERROR_COMPILATION) && *log &&
+        (strstr(*log, "gpu-architecture") || strstr(*log, "nv_arch"))) {
+        /* e.g. sm_80a: an arch-specific target NVRTC does not have */
+        char list[512];
+        bool found;
+        supported_archs(-1, &found, list, sizeof list);
+        nvrtcDestroyProgram(&prog);
+        return cpc_error(CPC_E_USAGE, "--arch %s: not supported by this NVRTC (supported: %s)", k->arch,
+                         list[0] ? list : "see nvrtcGetSupportedArchs");
     }
     if (r != NVRTC_SUCCESS) {
         cpc_status *st = nvrtc_status(r, k->name, *log);

@@ -64,7 +64,9 @@ cpc_kernel_spec cpc_kernel_spec_of(const cpc_plan *plan);
 
 /* Generates the modules' sources for `spec` and `arch` ("sm_90"): writes a
  * malloc'd array of *n kernels to *out (free with cpc_kernels_free).
- * Errors: CPC_E_USAGE for a malformed arch, CPC_E_NOMEM. */
+ * Errors: CPC_E_USAGE for a malformed arch or one this NVRTC cannot target
+ * ("--arch sm_10: not supported by this NVRTC (supported: sm_75, ...)"),
+ * CPC_E_NOMEM. */
 cpc_status *cpc_codegen_sources(const cpc_kernel_spec *spec, const char *arch,
                                 cpc_kernel **out, int *n);
 

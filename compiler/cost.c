@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 /* ---- device presets ----------------------------------------------------------
@@ -99,6 +100,11 @@ cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
     FILE *f = fopen(path, "rb");
     if (!f)
         return cpc_errno_status(CPC_E_IO, errno, path);
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return cpc_error(CPC_E_IO, "cluster.profile %s: is a directory, not a device profile file", path);
+    }
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, f);

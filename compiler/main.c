@@ -14,15 +14,23 @@
  *
  * Exit status (SPEC section 3): 0 valid/compiled (warnings allowed), 1 plan
  * rejected, 2 usage or I/O error, 3 internal error; with several files, the
- * worst.
+ * worst.  I/O errors include a write that fails (the artifact, --plot,
+ * standard output), an output that is one of the inputs (plan, Lua script,
+ * device profile: same device and inode) and an artifact given as a plan.
+ * --sweep: see its --help line.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -73,10 +81,82 @@ typedef struct job {
 /* The pipeline (compile.h) and what cpc does with its results.             */
 /* ------------------------------------------------------------------------ */
 
+/* True when paths a and b name the same existing file (device and inode). */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* An artifact starts with its version key (artifact.h), whatever its name. */
+static bool looks_like_artifact(const char *path)
+{
+    /* only a regular file: reading a pipe (cpc --check <(...)) would eat
+     * the plan's first bytes */
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return false;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return false;
+    char buf[32] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return n >= 17 && strncmp(buf, "artifact_version:", 17) == 0;
+}
+
+/* The cluster.profile file as the cost model resolves it (relative to the
+ * plan file), or "" when the plan names none. */
+static void profile_path(const cpc_plan *plan, char *buf, size_t n)
+{
+    buf[0] = 0;
+    const char *p = plan ? plan->cluster.profile : NULL;
+    if (!p)
+        return;
+    const char *slash = plan->file ? strrchr(plan->file, '/') : NULL;
+    if (p[0] != '/' && slash)
+        snprintf(buf, n, "%.*s/%s", (int)(slash - plan->file), plan->file, p);
+    else
+        snprintf(buf, n, "%s", p);
+}
+
+/* Refuses an output path (`what`: "the artifact", "the plot") that is one
+ * of the job's inputs: the plan, the Lua script, the device profile. */
+static cpc_status *check_not_input(const job *j, const char *out, const char *what)
+{
+    char prof[4096];
+    profile_path(j->c.plan, prof, sizeof prof);
+    struct {
+        const char *path, *name;
+    } in[] = {{j->file, "the plan file"},
+              {j->opt->lua, "the Lua script"},
+              {j->c.script_path, "the Lua script"},
+              {prof[0] ? prof : NULL, "the device profile"}};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        if (same_file(out, in[i].path))
+            return cpc_error(CPC_E_IO, "%s: refusing to overwrite %s %s with %s", out, in[i].name,
+                             in[i].path, what);
+    return NULL;
+}
+
 static void run_pipeline(job *j)
 {
     const options *o = j->opt;
     bool dry = o->check || o->explain;
+    if (looks_like_artifact(j->file)) {
+        cpc_status_append(&j->c.diags,
+                          cpc_error(CPC_E_USAGE, "%s is a cpc artifact, not a plan: run it with cprun",
+                                    j->file));
+        return;
+    }
+    if (!dry && !o->sweep && j->output) {
+        cpc_status *st = check_not_input(j, j->output, "the artifact");
+        if (st) {
+            cpc_status_append(&j->c.diags, st);
+            return;
+        }
+    }
     cpc_compile_opts co = {
         .sets = j->sets, .n_sets = j->n_sets, .lua = o->lua, .arch = o->arch,
         .kernels = !o->no_kernels && !dry,
@@ -86,18 +166,26 @@ static void run_pipeline(job *j)
         return;
     cpc_status *st = NULL;
     if (o->dump_schedule) {
-        if (o->rank >= 0 && o->rank >= j->c.program->layout.P)
-            st = cpc_error(CPC_E_USAGE, "--rank %d: the plan has %d ranks", o->rank,
-                           j->c.program->layout.P);
+        int P = j->c.program->layout.P;
+        if (o->rank >= 0 && o->rank >= P) {
+            if (P == 1)
+                st = cpc_error(CPC_E_USAGE, "--rank %d: the plan has only rank 0", o->rank);
+            else
+                st = cpc_error(CPC_E_USAGE, "--rank %d: the plan has ranks 0..%d", o->rank, P - 1);
+        }
         else
             st = cpc_program_print(stdout, j->c.program, o->rank);
     }
     if (!st && o->emit_kernels && !dry && j->c.n_kernels > 0)
         st = cpc_codegen_emit(o->emit_kernels, j->c.kernels, j->c.n_kernels);
     if (!st && !dry && j->output)
+        st = check_not_input(j, j->output, "the artifact"); /* the script and profile, now known */
+    if (!st && !dry && j->output)
         st = cpc_compiled_write(&j->c, j->output);
     cpc_status_append(&j->c.diags, st);
 }
+
+static void flush_stdout(void);
 
 /* ------------------------------------------------------------------------ */
 /* Reports                                                                  */
@@ -149,7 +237,7 @@ static void fmt_bytes(char *buf, size_t n, const cpc_candidate *c, int64_t v)
 static void print_explain_text(const job *j)
 {
     const cpc_selection *s = &j->c.sel;
-    printf("%s: %d candidates", j->file, s->n_candidates);
+    printf("%s: %d candidate%s", j->file, s->n_candidates, s->n_candidates == 1 ? "" : "s");
     if (s->requested < CPC_VARIANT__COUNT)
         printf(", plan asks for %s", cpc_variant_name(s->requested));
     const cpc_candidate *sel = selected(j);
@@ -305,8 +393,11 @@ static const char USAGE[] =
     "                                          predicted time, memory and bytes sent per rank\n"
     "options:\n"
     "  -o, --output FILE      artifact path (one plan only)\n"
-    "  --set KEY=VALUE        override a plan key (dotted path, e.g. cluster.world_size=8);\n"
-    "                         repeatable\n"
+    "  --set KEY=VALUE        override a plan key, repeatable.  KEY is a dotted path of\n"
+    "                         mapping keys, each optionally indexed into an existing\n"
+    "                         sequence: cluster.world_size=8,\n"
+    "                         input.segments[1].image.height=1008; VALUE is YAML\n"
+    "                         (8, ring, {height: 1024, width: 1024}, [1,2,2])\n"
     "  --dump-schedule        print the schedule in its stable text form\n"
     "  --rank N               with --dump-schedule: rank N's program, loops unrolled\n"
     "  --lua FILE             apply a Lua schedule script\n"
@@ -314,8 +405,12 @@ static const char USAGE[] =
     "  --arch ARCH            NVRTC target (default sm_90)\n"
     "  --no-kernels           skip code generation\n"
     "  --format text|json     diagnostics and reports as text (default) or JSON\n"
-    "  --sweep KEY=V1,V2,...  price every variant across the values of one plan key\n"
-    "                         (e.g. cluster.world_size=2,4,8,16,32) and print the table\n"
+    "  --sweep KEY=V1,V2,...  price every variant across the values of one plan key, KEY\n"
+    "                         as for --set (e.g. cluster.world_size=2,4,8,16,32 or\n"
+    "                         'input.segments[1].image.height=512,1008,1024'; values\n"
+    "                         are split at commas) and print the table; exit status 0\n"
+    "                         when a value is valid, 1 when every value is rejected,\n"
+    "                         2 or 3 when a value meets a usage, I/O or internal error\n"
     "  --plot FILE.svg        with --sweep: draw predicted time and memory per variant\n"
     "                         against the swept value (gnuplot)\n"
     "  --version, --help\n"
@@ -353,6 +448,15 @@ static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
+
+/* True when s has a control character (newline, tab, escape, DEL). */
+static bool has_control(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return true;
+    return false;
+}
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_options(int argc, char **argv, options *o)
@@ -400,9 +504,15 @@ static int parse_options(int argc, char **argv, options *o)
         case OPT_SWEEP:
             if (!strchr(optarg, '=') || optarg[0] == '=' || !strchr(optarg, '=')[1])
                 return usage_error("--sweep '%s': expected KEY=V1,V2,...", optarg);
+            if (has_control(optarg))
+                return usage_error("%s", "--sweep: control characters (newline, tab, ...) are not allowed");
             o->sweep = optarg;
             break;
-        case OPT_PLOT: o->plot = optarg; break;
+        case OPT_PLOT:
+            if (!optarg[0] || has_control(optarg))
+                return usage_error("%s", "--plot: expected a file name without control characters (newline, tab, ...)");
+            o->plot = optarg;
+            break;
         case OPT_FORMAT:
             if (strcmp(optarg, "text") == 0)
                 o->format = FORMAT_TEXT;
@@ -477,19 +587,198 @@ static const cpc_variant SWEEP_VARIANTS[] = {CPC_VARIANT_ULYSSES, CPC_VARIANT_UN
                                              CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_RING_ANYTHING};
 #define N_SWEEP_VARIANTS 5
 
-static int plot_sweep(const options *o, const char *key, char **values, int n, job *jobs)
+/* Writes s as a gnuplot single-quoted string: no escapes are interpreted
+ * inside one, and a ' is written as ''.  Callers refuse control characters
+ * first (a newline would end the command). */
+static void gp_quote(FILE *g, const char *s)
 {
-    char gp[4096] = "";
-    FILE *w = popen("command -v gnuplot", "r");
-    if (w) {
-        if (!fgets(gp, sizeof gp, w))
-            gp[0] = 0;
-        pclose(w);
+    fputc('\'', g);
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputc('\'', g);
+        fputc(*s, g);
     }
-    if (!gp[0]) {
-        fprintf(stderr, "cpc: warning: --plot: gnuplot is not installed (apt-get install gnuplot-nox); "
-                        "the table above has the same figures\n");
-        return 0;
+    fputc('\'', g);
+}
+
+/* A label in the data file: double-quoted there, with no escape; a '"'
+ * becomes '\''. */
+static void gp_data_label(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++)
+        fputc(*s == '"' ? '\'' : *s, f);
+    fputc('"', f);
+}
+
+/* The --plot target, opened (created when absent, not truncated) before the
+ * sweep runs, so that a path that cannot be written fails at once (2). */
+typedef struct plot_out {
+    int fd;
+    bool created;   /* it did not exist: remove it when no plot is written */
+} plot_out;
+
+static int plot_open(const options *o, plot_out *po)
+{
+    po->fd = -1;
+    po->created = false;
+    if (same_file(o->plot, o->files[0])) {
+        fprintf(stderr, "cpc: error: --plot %s: refusing to overwrite the plan file\n", o->plot);
+        return 2;
+    }
+    struct stat sb;
+    bool existed = stat(o->plot, &sb) == 0;
+    if (existed && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "cpc: error: --plot %s: is a directory\n", o->plot);
+        return 2;
+    }
+    po->fd = open(o->plot, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+    if (po->fd < 0) {
+        fprintf(stderr, "cpc: error: --plot %s: cannot create: %s\n", o->plot, strerror(errno));
+        return 2;
+    }
+    po->created = !existed;
+    return 0;
+}
+
+/* Closes the target; removes it when it was created and no plot went in. */
+static void plot_close(const options *o, plot_out *po, bool written)
+{
+    if (po->fd >= 0) {
+        close(po->fd);
+        if (po->created && !written)
+            unlink(o->plot);
+    }
+    po->fd = -1;
+}
+
+/* Copies the SVG gnuplot wrote (fd `from`) into the target.  0, 2 (the
+ * target) or 3 (reading back our own temporary file). */
+static int plot_copy(const options *o, plot_out *po, int from)
+{
+    struct stat sb;
+    bool regular = fstat(po->fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (regular && ftruncate(po->fd, 0) != 0) {
+        fprintf(stderr, "cpc: error: --plot %s: cannot write: %s\n", o->plot, strerror(errno));
+        return 2;
+    }
+    if (lseek(from, 0, SEEK_SET) < 0) {
+        fprintf(stderr, "cpc: error: --plot: cannot read gnuplot's output: %s\n", strerror(errno));
+        return 3;
+    }
+    char buf[65536];
+    for (;;) {
+        ssize_t r = read(from, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            fprintf(stderr, "cpc: error: --plot: cannot read gnuplot's output: %s\n", strerror(errno));
+            return 3;
+        }
+        if (r == 0)
+            break;
+        for (ssize_t off = 0; off < r;) {
+            ssize_t w = write(po->fd, buf + off, (size_t)(r - off));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                fprintf(stderr, "cpc: error: --plot %s: write failed: %s\n", o->plot,
+                        w < 0 ? strerror(errno) : "no progress");
+                return 2;
+            }
+            off += w;
+        }
+    }
+    if (regular && fsync(po->fd) != 0 && errno != EINVAL) {
+        fprintf(stderr, "cpc: error: --plot %s: write failed: %s\n", o->plot, strerror(errno));
+        return 2;
+    }
+    return 0;
+}
+
+/* An unlinked temporary file (for gnuplot's output and messages). */
+static int temp_fd(void)
+{
+    char name[] = "/tmp/cpc_plot_XXXXXX";
+    int fd = mkstemp(name);
+    if (fd >= 0)
+        unlink(name);
+    return fd;
+}
+
+/* Prints at most 4 KiB of fd (from its start) to stderr, each line indented. */
+static void show_fd(int fd)
+{
+    char buf[4097];
+    if (lseek(fd, 0, SEEK_SET) < 0)
+        return;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    if (r <= 0)
+        return;
+    buf[r] = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+        fprintf(stderr, "  gnuplot: %s\n", line);
+}
+
+/* Writes the gnuplot script; only blocks with points to draw are plotted
+ * (so gnuplot has no "no valid points" to warn about). */
+static void plot_script(FILE *g, const char *dat, const char *plan, const char *key,
+                        const bool *any_ok, const bool *any_bad)
+{
+    fprintf(g, "set terminal svg size 900,700 dynamic noenhanced font 'sans,11'\n");
+    fprintf(g, "set datafile missing 'NaN'\nset key outside right top\nset grid\n");
+    fprintf(g, "set multiplot layout 2,1 title ");
+    gp_quote(g, plan);
+    fprintf(g, " . ': predicted per layer vs ' . ");
+    gp_quote(g, key);
+    fprintf(g, "\nset ylabel 'ms per layer'\nset offsets 0.3,0.3,0,0\n");
+    static const char *const colors[] = {"#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"};
+    static const int points[] = {7, 5, 9, 11, 13};
+    for (int panel = 0; panel < 2; panel++) {
+        if (panel == 1) {
+            fprintf(g, "set ylabel 'memory per rank (GiB)'\nset xlabel ");
+            gp_quote(g, key);
+            fprintf(g, "\n");
+        }
+        fprintf(g, "plot ");
+        const char *sep = "";
+        for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
+            if (!any_ok[v])
+                continue;
+            fprintf(g, "%s", sep);
+            gp_quote(g, dat);
+            fprintf(g, " index %d using 1:%d:xtic(2) with linespoints lw 2 ps 1 lc rgb '%s' pt %d dt %d title '%s'",
+                    v, panel ? 4 : 3, colors[v], points[v], v + 1, cpc_variant_name(SWEEP_VARIANTS[v]));
+            sep = ", ";
+        }
+        /* rejected points: their codes, stacked under the curves (these
+         * give the x tics when no point is valid) */
+        bool tics = sep[0] != 0;
+        for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
+            if (!any_bad[v])
+                continue;
+            fprintf(g, "%s", sep);
+            gp_quote(g, dat);
+            fprintf(g, " index %d using 1:($5 == 0 ? 0 : NaN):6%s with labels offset 0,%d "
+                       "font ',8' tc rgb '%s' notitle",
+                    v, tics ? "" : ":xtic(2)", 1 + v, colors[v]);
+            sep = ", ";
+            tics = true;
+        }
+        fprintf(g, "\n");
+    }
+    fprintf(g, "unset multiplot\n");
+}
+
+/* Runs gnuplot on the sweep's figures and copies its SVG into po.
+ * Returns 0, -1 (gnuplot not installed: warned, no plot), 2 (I/O) or 3
+ * (gnuplot failed: its exit status and messages are shown). */
+static int plot_sweep(const options *o, plot_out *po, const char *key, char **values, int n,
+                      job *jobs)
+{
+    if (has_control(jobs[0].file) || has_control(key)) {
+        fprintf(stderr, "cpc: error: --plot: the plan path and the key must not hold control characters\n");
+        return 2;
     }
     char dat[] = "/tmp/cpc_sweep_XXXXXX";
     int fd = mkstemp(dat);
@@ -498,7 +787,15 @@ static int plot_sweep(const options *o, const char *key, char **values, int n, j
         return 2;
     }
     FILE *f = fdopen(fd, "w");
-    /* one block per variant: index, value label, ms/layer, GiB, ok, rejecting codes */
+    if (!f) {
+        close(fd);
+        unlink(dat);
+        fprintf(stderr, "cpc: error: --plot: cannot write a temporary file: %s\n", strerror(errno));
+        return 2;
+    }
+    /* one block per variant: index, value label, ms/layer, GiB, ok, rejecting
+     * codes; which blocks have valid and which rejected points */
+    bool any_ok[N_SWEEP_VARIANTS] = {0}, any_bad[N_SWEEP_VARIANTS] = {0};
     for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
         fprintf(f, "# %s\n", cpc_variant_name(SWEEP_VARIANTS[v]));
         for (int i = 0; i < n; i++) {
@@ -507,70 +804,166 @@ static int plot_sweep(const options *o, const char *key, char **values, int n, j
             if (c && !c->ok)
                 codes_of(c, codes, sizeof codes);
             bool ok = c && c->ok && c->priced;
+            fprintf(f, "%d ", i);
+            gp_data_label(f, values[i]);
             if (ok)
-                fprintf(f, "%d \"%s\" %.6g %.6g 1 \"-\"\n", i, values[i], c->predicted_ms_per_layer,
+                fprintf(f, " %.6g %.6g 1 \"-\"\n", c->predicted_ms_per_layer,
                         (double)c->memory_bytes_per_rank / 1073741824.0);
             else
-                fprintf(f, "%d \"%s\" NaN NaN 0 \"%s\"\n", i, values[i], codes[0] ? codes : "-");
+                fprintf(f, " NaN NaN 0 \"%s\"\n", codes[0] ? codes : "-");
+            any_ok[v] = any_ok[v] || ok;
+            any_bad[v] = any_bad[v] || !ok;
         }
         fprintf(f, "\n\n");
     }
-    fclose(f);
-    FILE *g = popen("gnuplot", "w");
-    if (!g) {
+    bool dat_ok = !ferror(f);
+    if (fclose(f) != 0)
+        dat_ok = false;
+    if (!dat_ok) {
         unlink(dat);
-        fprintf(stderr, "cpc: error: --plot: cannot run gnuplot\n");
+        fprintf(stderr, "cpc: error: --plot: cannot write the temporary data file %s\n", dat);
         return 2;
     }
-    fprintf(g, "set terminal svg size 900,700 dynamic noenhanced font 'sans,11'\n");
-    fprintf(g, "set output '%s'\n", o->plot);
-    fprintf(g, "set datafile missing 'NaN'\nset key outside right top\nset grid\n");
-    fprintf(g, "set multiplot layout 2,1 title \"%s: predicted per layer vs %s\"\n", jobs[0].file, key);
-    fprintf(g, "set ylabel 'ms per layer'\nset offsets 0.3,0.3,0,0\n");
-    const char *colors[] = {"#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"};
-    const int points[] = {7, 5, 9, 11, 13};
-    for (int panel = 0; panel < 2; panel++) {
-        if (panel == 1)
-            fprintf(g, "set ylabel 'memory per rank (GiB)'\nset xlabel '%s'\n", key);
-        fprintf(g, "plot ");
-        for (int v = 0; v < N_SWEEP_VARIANTS; v++)
-            fprintf(g, "'%s' index %d using 1:%d:xtic(2) with linespoints lw 2 ps 1 lc rgb '%s' pt %d dt %d title '%s', ",
-                    dat, v, panel ? 4 : 3, colors[v], points[v], v + 1, cpc_variant_name(SWEEP_VARIANTS[v]));
-        /* rejected points: their codes, stacked under the curves */
-        for (int v = 0; v < N_SWEEP_VARIANTS; v++)
-            fprintf(g, "'%s' index %d using 1:($5 == 0 ? 0 : NaN):6 with labels offset 0,%d "
-                       "font ',8' tc rgb '%s' notitle%s",
-                    dat, v, 1 + v, colors[v], v + 1 < N_SWEEP_VARIANTS ? ", " : "\n");
+
+    /* gnuplot reads the script on stdin, writes the SVG to a temporary file
+     * (copied into the target when it succeeds) and its messages to another
+     * (shown only when it fails): no shell, and no file name of the user's
+     * in the script but the quoted plan path and key in the titles. */
+    int svg = temp_fd(), err = temp_fd(), pfd[2] = {-1, -1};
+    int rc = 0;
+    pid_t pid = -1;
+    posix_spawn_file_actions_t fa;
+    bool fa_ok = false;
+    if (svg < 0 || err < 0 || pipe(pfd) != 0) {
+        fprintf(stderr, "cpc: error: --plot: cannot set up gnuplot: %s\n", strerror(errno));
+        rc = 2;
+        goto done;
     }
-    fprintf(g, "unset multiplot\n");
-    int rc = pclose(g);
+    fa_ok = posix_spawn_file_actions_init(&fa) == 0;
+    if (!fa_ok || posix_spawn_file_actions_adddup2(&fa, pfd[0], 0) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, svg, 1) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, err, 2) != 0 ||
+        posix_spawn_file_actions_addclose(&fa, pfd[1]) != 0) {
+        fprintf(stderr, "cpc: error: --plot: cannot set up gnuplot\n");
+        rc = 3;
+        goto done;
+    }
+    char *argv[] = {"gnuplot", NULL};
+    int se = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ);
+    if (se != 0) {
+        pid = -1;
+        if (se == ENOENT) {
+            fprintf(stderr, "cpc: warning: --plot: gnuplot is not installed (apt-get install gnuplot-nox); "
+                            "the table above has the same figures\n");
+            rc = -1;
+        } else {
+            fprintf(stderr, "cpc: error: --plot: cannot run gnuplot: %s\n", strerror(se));
+            rc = 3;
+        }
+        goto done;
+    }
+    close(pfd[0]);
+    pfd[0] = -1;
+    /* gnuplot may stop reading early: then a write error here, not SIGPIPE */
+    struct sigaction ign, old_pipe;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe);
+    bool fed = false;
+    FILE *g = fdopen(pfd[1], "w");
+    if (g) {
+        pfd[1] = -1;
+        plot_script(g, dat, jobs[0].file, key, any_ok, any_bad);
+        fed = !ferror(g);
+        fed = fclose(g) == 0 && fed;
+    } else {
+        close(pfd[1]);
+        pfd[1] = -1;
+    }
+    sigaction(SIGPIPE, &old_pipe, NULL);
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0 && fed) {
+        rc = plot_copy(o, po, svg);
+    } else {
+        if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
+            fprintf(stderr, "cpc: error: --plot: gnuplot failed (exit status %d)\n", WEXITSTATUS(ws));
+        else if (WIFSIGNALED(ws))
+            fprintf(stderr, "cpc: error: --plot: gnuplot was killed by signal %d (%s)\n", WTERMSIG(ws),
+                    strsignal(WTERMSIG(ws)));
+        else
+            fprintf(stderr, "cpc: error: --plot: gnuplot did not read the whole script\n");
+        show_fd(err);
+        rc = 3;
+    }
+done:
+    if (fa_ok)
+        posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < 2; i++)
+        if (pfd[i] >= 0)
+            close(pfd[i]);
+    if (svg >= 0)
+        close(svg);
+    if (err >= 0)
+        close(err);
     unlink(dat);
-    if (rc != 0) {
-        fprintf(stderr, "cpc: error: --plot: gnuplot failed (status %d)\n", rc);
-        return 3;
-    }
-    fprintf(stderr, "cpc: wrote %s\n", o->plot);
-    return 0;
+    if (rc == 0)
+        fprintf(stderr, "cpc: wrote %s\n", o->plot);
+    return rc;
 }
 
 static int run_sweep(options *o)
 {
     const char *eq = strchr(o->sweep, '=');
     char key[256];
+    if ((size_t)(eq - o->sweep) >= sizeof key)
+        return usage_error("--sweep '%s': KEY too long", o->sweep);
     snprintf(key, sizeof key, "%.*s", (int)(eq - o->sweep), o->sweep);
     char *list = strdup(eq + 1);
-    char *values[256];
+    if (!list) {
+        fprintf(stderr, "cpc: error: out of memory\n");
+        return 3;
+    }
+    enum { MAX_VALUES = 256 };
+    char *values[MAX_VALUES];
     int n = 0;
-    for (char *tok = strtok(list, ","); tok && n < 256; tok = strtok(NULL, ","))
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        if (n == MAX_VALUES) {
+            free(list);
+            return usage_error("--sweep: more than %s values", "256");
+        }
         values[n++] = tok;
+    }
     if (n == 0) {
         free(list);
         return usage_error("--sweep '%s': no values", o->sweep);
     }
+    /* the plot's file first: a path that cannot be written fails now */
+    plot_out po = {.fd = -1, .created = false};
+    if (o->plot) {
+        int prc = plot_open(o, &po);
+        if (prc) {
+            free(list);
+            return prc;
+        }
+    }
     job *jobs = calloc((size_t)n, sizeof *jobs);
     char **sets_store = calloc((size_t)n, sizeof *sets_store);
     const char **sets = calloc((size_t)(o->n_sets + 1) * (size_t)n, sizeof *sets);
-    int worst = 0;
+    if (!jobs || !sets_store || !sets) {
+        free(jobs);
+        free(sets_store);
+        free(sets);
+        free(list);
+        plot_close(o, &po, false);
+        fprintf(stderr, "cpc: error: out of memory\n");
+        return 3;
+    }
+    /* Exit status (cpc --help): the worst class >= 2 over the points; else 0
+     * when a point is valid, 1 when every point is rejected. */
+    int worst = 0, n_valid = 0;
     for (int i = 0; i < n; i++) {
         if (asprintf(&sets_store[i], "%s=%s", key, values[i]) < 0)
             sets_store[i] = NULL;
@@ -582,17 +975,25 @@ static int run_sweep(options *o)
         jobs[i].file = o->files[0];
         jobs[i].sets = s;
         jobs[i].n_sets = o->n_sets + 1;
-        run_pipeline(&jobs[i]);
+        if (!sets_store[i])
+            cpc_status_append(&jobs[i].c.diags, &cpc_status_oom);
+        else
+            run_pipeline(&jobs[i]);
+        int code = cpc_status_exit_code(jobs[i].c.diags);
         if (o->format == FORMAT_JSON) {
-            print_json(&jobs[i], cpc_status_exit_code(jobs[i].c.diags));
-        } else if (!jobs[i].c.validated) {
+            print_json(&jobs[i], code);
+            flush_stdout();
+        } else if (!jobs[i].c.validated || code > 1) {
             fprintf(stderr, "%s=%s:\n", key, values[i]);
             cpc_status_print(stderr, "cpc", jobs[i].c.diags);
         }
-        int code = cpc_status_exit_code(jobs[i].c.diags);
         if (code > 1 && code > worst)
             worst = code;
+        if (selected(&jobs[i]))
+            n_valid++;
     }
+    if (worst < 2 && n_valid == 0)
+        worst = 1;
     if (o->format == FORMAT_TEXT) {
         printf("%s: sweep of %s (ms per layer / memory per rank, or the rule that rejects)\n",
                o->files[0], key);
@@ -623,11 +1024,17 @@ static int run_sweep(options *o)
                 printf(" none\n");
         }
     }
+    flush_stdout();
+    bool plotted = false;
     if (o->plot && worst < 2) {
-        int rc = plot_sweep(o, key, values, n, jobs);
+        int rc = plot_sweep(o, &po, key, values, n, jobs);
+        plotted = rc == 0;
         if (rc > worst)
             worst = rc;
+    } else if (o->plot) {
+        fprintf(stderr, "cpc: --plot: no plot written (a point failed with status %d)\n", worst);
     }
+    plot_close(o, &po, plotted);
     for (int i = 0; i < n; i++) {
         cpc_compiled_free(&jobs[i].c);
         free(sets_store[i]);
@@ -639,18 +1046,40 @@ static int run_sweep(options *o)
     return worst;
 }
 
+/* Standard output is where the summary and the JSON go: a failure to write
+ * it (a full disk, a closed pipe) is an I/O error (2), never a success.
+ * flush_stdout keeps the first failure's errno for finish_stdout. */
+static int stdout_errno;
+
+static void flush_stdout(void)
+{
+    errno = 0;
+    if ((fflush(stdout) != 0 || ferror(stdout)) && !stdout_errno)
+        stdout_errno = errno ? errno : EIO;
+}
+
+static int finish_stdout(int rc)
+{
+    flush_stdout();
+    if (!stdout_errno && !ferror(stdout))
+        return rc;
+    fprintf(stderr, "cpc: error: cannot write to standard output: %s\n",
+            strerror(stdout_errno ? stdout_errno : EIO));
+    return rc > 2 ? rc : 2;
+}
+
 int main(int argc, char **argv)
 {
     options opt;
     int rc = parse_options(argc, argv, &opt);
     if (rc >= 0) {
         free(opt.sets);
-        return rc;
+        return finish_stdout(rc);
     }
     if (opt.sweep) {
         rc = run_sweep(&opt);
         free(opt.sets);
-        return rc;
+        return finish_stdout(rc);
     }
     int worst = 0;
     for (int i = 0; i < opt.n_files; i++) {
@@ -674,12 +1103,12 @@ int main(int argc, char **argv)
             cpc_status_print(stderr, "cpc", j.c.diags);
             print_summary_text(&j);
         }
-        fflush(stdout);
+        flush_stdout();
         if (code > worst)
             worst = code;
         cpc_compiled_free(&j.c);
         free(j.output);
     }
     free(opt.sets);
-    return worst;
+    return finish_stdout(worst);
 }

@@ -8,7 +8,10 @@
  * cpu); 3 runtime failure (device, collective, out of memory, a feature this
  * build or machine lacks: --backend cuda without the CUDA toolkit or
  * without a GPU and driver, --transport nccl).  Diagnostics go to stderr,
- * the report to stdout.
+ * the report to stdout; with --format json stdout always gets one JSON
+ * object, the report or cpc_report_failure_json (report.h).  Where results
+ * go (--output, --trace, --output-shards, --profile-out) is checked before
+ * anything runs; a failed write, also of stdout, is exit status 2.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -17,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -49,7 +54,10 @@ static void usage(FILE *f)
             "  --check-rows N                  rows per (batch, head) when the check samples (default 64)\n"
             "  --warmup N --iters N            timing (defaults 1 and 5)\n"
             "  --trace FILE.json               Chrome trace-event JSON (one track per rank)\n"
-            "  --format text|json              the report\n"
+            "  --format text|json              the report; json: one object on stdout, also when the\n"
+            "                                  run fails (\"ok\": false, the report's keys null where\n"
+            "                                  unknown, \"error\": {\"code\": CP code or error class,\n"
+            "                                  \"class\", \"message\", \"exit_status\"})\n"
             "  --dry-run                       load and verify, print each rank's buffers and peak memory\n"
             "  --set KEY=VALUE                 override a plan key (YAML plans), repeatable\n"
             "  --timeout SECONDS               local transport: abort a wait after this long (default 3600)\n"
@@ -67,12 +75,64 @@ static void usage(FILE *f)
             "exit status: 0 ok, 1 check failed, 2 usage or input error, 3 runtime failure\n");
 }
 
+/* --format json: whatever happens, stdout gets one JSON object (the report,
+ * or cpc_report_failure_json).  Set from the command line before parsing,
+ * so a usage error before --format is answered in JSON too. */
+static bool g_json;
+static bool g_json_printed;
+
+/* Under a launcher only world rank 0 prints the failure object (the
+ * launcher merges every rank's stdout). */
+static bool launcher_rank0(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return strcmp(v, "0") == 0;
+    }
+    return true;
+}
+
+/* With --format json: prints the failure object (once) for diagnostics `st`
+ * (or `message` when st is NULL), with what is known of the job. */
+static void json_failure(const cpc_job *job, const cpc_status *st, const char *message, int exit_status)
+{
+    if (!g_json || g_json_printed || !launcher_rank0())
+        return;
+    const cpc_layout *L = job && job->prog ? &job->prog->layout : NULL;
+    char *s = cpc_report_failure_json(L ? cpc_variant_name(L->variant) : NULL, L ? L->R : 0, L ? L->U : 0,
+                                      L ? L->P : 0, st, message, exit_status);
+    if (s) {
+        printf("%s\n", s);
+        free(s);
+    }
+    g_json_printed = true;
+}
+
 static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "cprun: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see cprun --help)\n");
+    char msg[1024];
+    snprintf(msg, sizeof msg, fmt, arg);
+    fprintf(stderr, "cprun: error: %s\n(see cprun --help)\n", msg);
+    if (g_json) {
+        char full[1100];
+        snprintf(full, sizeof full, "cprun: error: %s", msg);
+        json_failure(NULL, NULL, full, 2);
+    }
     return 2;
+}
+
+/* Standard output carries the report: a failure to write it (a full disk,
+ * a closed pipe) is an I/O error (2), never a success. */
+static int finish_stdout(int rc)
+{
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (!e && !ferror(stdout))
+        return rc;
+    fprintf(stderr, "cprun: error: cannot write to standard output: %s\n", strerror(e ? e : EIO));
+    return rc > 2 ? rc : 2;
 }
 
 static bool parse_int(const char *s, long long lo, long long hi, long long *out)
@@ -114,13 +174,26 @@ static int run_calibrate(bool quick, int ranks, const char *transport, const cha
         fprintf(stderr, "cprun: error: --calibrate measures the CPU backend: --transport auto, local or mpi\n");
         return 2;
     }
+    if (out && strcmp(out, "-") != 0) {
+        /* before measuring: a path that cannot be written fails now */
+        cpc_status *wst = cpc_check_writable_file("--profile-out", out);
+        if (wst) {
+            cpc_status_print(stderr, "cprun", wst);
+            cpc_status_free(wst);
+            return 2;
+        }
+    }
     cpc_calibrate_options co = {.quick = quick, .ranks = ranks, .transport = transport,
                                 .log = stderr};
     cpc_calibration cal;
     bool root = true;
     cpc_status *st = cpc_calibrate(&co, &cal, &root);
-    if (!st && root)
+    if (!st && root) {
         st = cpc_profile_write(out ? out : "-", &cal.profile);
+        struct stat sb;
+        if (st && out && strcmp(out, "-") != 0 && stat(out, &sb) == 0 && S_ISREG(sb.st_mode))
+            unlink(out); /* no half-written profile left behind */
+    }
     if (st) {
         cpc_status_print(stderr, "cprun", st);
         int rc = exit_of(st);
@@ -289,14 +362,29 @@ static int cprun_main(int argc, char **argv, const char **sets)
         return usage_error("one plan at a time (extra argument '%s')", argv[optind + 1]);
     const char *path = argv[optind];
 
+    /* where the results go: checked before the plan is compiled and run */
+    if (!dry) {
+        cpc_status *ost = cpc_run_check_outputs(&opt, path);
+        if (ost) {
+            cpc_status_print(stderr, "cprun", ost);
+            int e = exit_of(ost);
+            json_failure(NULL, ost, NULL, e ? e : 2);
+            cpc_status_free(ost);
+            return e ? e : 2;
+        }
+    }
+
     cpc_job *job = NULL;
     cpc_status *diags = cpc_job_load(path, sets, n_sets, &job);
     if (diags)
         cpc_status_print(stderr, "cprun", diags);
     if (!job) {
         int e = exit_of(diags);
+        if (!e)
+            e = 2;
+        json_failure(NULL, diags, path, e);
         cpc_status_free(diags);
-        return e ? e : 2;
+        return e;
     }
     cpc_status_free(diags);
 
@@ -311,6 +399,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
                 if (st) {
                     cpc_status_print(stderr, "cprun", st);
                     rc = exit_of(st);
+                    json_failure(job, st, NULL, rc);
                     cpc_status_free(st);
                     break;
                 }
@@ -352,13 +441,15 @@ static int cprun_main(int argc, char **argv, const char **sets)
     if (st) {
         cpc_status_print(stderr, "cprun", st);
         rc = exit_of(st);
+        json_failure(job, st, NULL, rc ? rc : 3);
         cpc_status_free(st);
     } else if (!root) {
         rc = 0;
     } else {
         if (json) {
             cpc_status *e = cpc_report_print_json(stdout, &rep);
-            cpc_status_free(e);
+            g_json_printed = true;
+            cpc_status_free(e); /* a write error: finish_stdout reports it */
         } else {
             cpc_report_print_text(stdout, &rep);
         }
@@ -380,7 +471,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "cprun: error: out of memory\n");
         return 3;
     }
+    /* --format json given anywhere (also after a bad option) */
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--format") == 0)
+            g_json = strcmp(argv[i + 1], "json") == 0;
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "--format=", 9) == 0)
+            g_json = strcmp(argv[i] + 9, "json") == 0;
     int rc = cprun_main(argc, argv, sets);
     free(sets);
-    return rc;
+    return finish_stdout(rc);
 }

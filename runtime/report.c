@@ -40,8 +40,8 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r)
             r->causal ? ", causal" : "");
     if (r->Skv != r->S)
         fprintf(out, "             cross-attention: %lld key/value tokens\n", (long long)r->Skv);
-    fprintf(out, "variant:     %s, mesh %d x %d (ring x ulysses), %d ranks\n", r->variant,
-            r->ring_degree, r->ulysses_degree, r->ranks);
+    fprintf(out, "variant:     %s, mesh %d x %d (ring x ulysses), %d rank%s\n", r->variant,
+            r->ring_degree, r->ulysses_degree, r->ranks, r->ranks == 1 ? "" : "s");
     fprintf(out, "backend:     %s (attention %s), transport %s\n", r->backend, r->attention,
             r->transport);
     fprintf(out, "input:       %s\n", r->input);
@@ -126,7 +126,50 @@ cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r)
     char *s = cpc_report_json(r);
     if (!s)
         return cpc_error(CPC_E_NOMEM, "report: out of memory");
-    fprintf(out, "%s\n", s);
+    int w = fprintf(out, "%s\n", s);
     free(s);
+    if (w < 0 || ferror(out))
+        return cpc_error(CPC_E_IO, "report: write failed");
     return NULL;
+}
+
+static cJSON *pos_or_null(int v)
+{
+    return v > 0 ? cJSON_CreateNumber(v) : cJSON_CreateNull();
+}
+
+char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+                              const cpc_status *err, const char *message, int exit_status)
+{
+    const cpc_status *first = err;
+    while (first && first->severity != CPC_SEV_ERROR)
+        first = first->next;
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddItemToObject(o, "ok", cJSON_CreateBool(false));
+    cJSON_AddItemToObject(o, "variant", variant ? cJSON_CreateString(variant) : cJSON_CreateNull());
+    cJSON_AddItemToObject(o, "ring_degree", pos_or_null(ring_degree));
+    cJSON_AddItemToObject(o, "ulysses_degree", pos_or_null(ulysses_degree));
+    cJSON_AddItemToObject(o, "ranks", pos_or_null(ranks));
+    static const char *const unknown[] = {"backend", "transport", "attention", "ms_per_iter", "tflops",
+                                          "bytes_sent_per_rank", "peak_memory_bytes_per_rank", "check"};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
+        cJSON_AddNullToObject(o, unknown[i]);
+    cJSON *e = cJSON_AddObjectToObject(o, "error");
+    if (e) {
+        const char *cls = cpc_code_name(first ? first->code : CPC_E_USAGE);
+        char rb[8] = "";
+        if (first)
+            cpc_rule_str(first->rule, rb);
+        cJSON_AddStringToObject(e, "code", rb[0] ? rb : cls);
+        cJSON_AddStringToObject(e, "class", cls);
+        char *m = first ? cpc_status_format("cprun", first) : NULL;
+        cJSON_AddStringToObject(e, "message", m ? m : first ? first->message : message ? message : "error");
+        free(m);
+        cJSON_AddNumberToObject(e, "exit_status", exit_status);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
 }

@@ -67,7 +67,22 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r);
  * NULL on OOM. */
 char *cpc_report_json(const cpc_run_report *r);
 
-/* Writes cpc_report_json + newline.  Errors: CPC_E_NOMEM. */
+/* Writes cpc_report_json + newline.  Errors: CPC_E_NOMEM (CPC_E_IO when
+ * the stream reports a write error). */
 cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
+
+/* The one JSON object cprun --format json prints when there is no report
+ * (a rejected plan, a usage or input error, a runtime failure), so stdout
+ * always parses: the report's keys, those not known null (`variant` NULL,
+ * degrees and `ranks` <= 0: null), "ok": false, "check": null, and
+ *   "error": {"code": "CP011" (the first error's rule) or its class name
+ *             ("usage", "io", "input", "runtime", ...), "class": the class
+ *             name, "message": the first error as on stderr
+ *             ("file:line:col: error[CP011]: ...; hint: ..."),
+ *             "exit_status": exit_status}.
+ * `err` is the diagnostics chain (its first error is used; NULL: class
+ * "usage" with `message`).  Malloc'd string (caller frees), NULL on OOM. */
+char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+                              const cpc_status *err, const char *message, int exit_status);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../compiler/artifact.h"
 #include "../compiler/compile.h"
@@ -77,6 +78,11 @@ static bool ends_with(const char *s, const char *suf)
  * the file is called. */
 static bool looks_like_artifact(const char *path)
 {
+    /* only a regular file: reading a pipe (cpc --check <(...)) would eat
+     * the plan's first bytes */
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return false;
     FILE *f = fopen(path, "rb");
     if (!f)
         return false;
@@ -181,9 +187,9 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
 {
     const cpc_layout *L = &job->prog->layout;
-    fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d ranks\n",
+    fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d rank%s\n",
             job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
-            L->P);
+            L->P, L->P == 1 ? "" : "s");
     int64_t peak = 0;
     int peak_rank = 0;
     for (int p = 0; p < L->P; p++) {
@@ -203,7 +209,7 @@ cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
         cpc_exec_memory_free(&m);
     }
     if (L->P > max_ranks)
-        fprintf(out, "(%d more ranks not listed)\n", L->P - max_ranks);
+        fprintf(out, "(%d more rank%s not listed)\n", L->P - max_ranks, L->P - max_ranks == 1 ? "" : "s");
     fprintf(out, "peak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n",
             (long long)peak, peak_rank);
     return NULL;
@@ -379,6 +385,107 @@ static void scatter_lse(float *global, const float *part, int64_t B, int H, int6
                 t += runs[i].len;
             }
         }
+}
+
+/* ---- output locations, checked before the run ---------------------------------- */
+
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* The directory part of path ("." when there is none) into buf. */
+static void parent_dir(const char *path, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s", path);
+    size_t len = strlen(buf);
+    while (len > 1 && buf[len - 1] == '/')
+        buf[--len] = 0;
+    char *slash = strrchr(buf, '/');
+    if (!slash)
+        snprintf(buf, n, ".");
+    else if (slash == buf)
+        buf[1] = 0;
+    else
+        *slash = 0;
+}
+
+/* A directory that must exist and take new entries. */
+static cpc_status *check_dir_writable(const char *what, const char *path, const char *dir)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return cpc_error(CPC_E_IO, "%s %s: directory '%s' %s", what, path, dir,
+                         errno == ENOENT || errno == ENOTDIR ? "does not exist" : strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return cpc_error(CPC_E_IO, "%s %s: '%s' is not a directory", what, path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return cpc_error(CPC_E_IO, "%s %s: cannot create files in '%s': %s", what, path, dir,
+                         strerror(errno));
+    return NULL;
+}
+
+cpc_status *cpc_check_writable_file(const char *what, const char *path)
+{
+    if (!path || !*path)
+        return cpc_error(CPC_E_USAGE, "%s: empty path", what);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode))
+            return cpc_error(CPC_E_IO, "%s %s: is a directory", what, path);
+        if (access(path, W_OK) != 0)
+            return cpc_error(CPC_E_IO, "%s %s: cannot write: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    if (errno != ENOENT && errno != ENOTDIR)
+        return cpc_error(CPC_E_IO, "%s %s: %s", what, path, strerror(errno));
+    char dir[4096];
+    parent_dir(path, dir, sizeof dir);
+    return check_dir_writable(what, path, dir);
+}
+
+cpc_status *cpc_run_check_outputs(const cpc_run_options *opt, const char *plan_path)
+{
+    const struct {
+        const char *what, *path;
+    } outs[] = {{"--output", opt->output_path}, {"--trace", opt->trace_path}};
+    const struct {
+        const char *what, *path;
+    } ins[] = {{"the plan file", plan_path}, {"the --input file", opt->input_path}};
+    for (size_t i = 0; i < 2; i++) {
+        if (!outs[i].path)
+            continue;
+        for (size_t k = 0; k < 2; k++)
+            if (same_file(outs[i].path, ins[k].path))
+                return cpc_error(CPC_E_IO, "%s %s: refusing to overwrite %s", outs[i].what,
+                                 outs[i].path, ins[k].what);
+        cpc_status *st = cpc_check_writable_file(outs[i].what, outs[i].path);
+        if (st)
+            return st;
+    }
+    if (opt->output_path && opt->trace_path &&
+        (strcmp(opt->output_path, opt->trace_path) == 0 ||
+         same_file(opt->output_path, opt->trace_path)))
+        return cpc_error(CPC_E_USAGE, "--output and --trace name the same file %s", opt->output_path);
+    const char *d = opt->output_shards_dir;
+    if (d) {
+        if (!*d)
+            return cpc_error(CPC_E_USAGE, "--output-shards: empty path");
+        struct stat sb;
+        if (stat(d, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode))
+                return cpc_error(CPC_E_IO, "--output-shards %s: not a directory", d);
+            return check_dir_writable("--output-shards", d, d);
+        }
+        if (errno != ENOENT && errno != ENOTDIR)
+            return cpc_error(CPC_E_IO, "--output-shards %s: %s", d, strerror(errno));
+        char dir[4096];
+        parent_dir(d, dir, sizeof dir);
+        return check_dir_writable("--output-shards", d, dir);
+    }
+    return NULL;
 }
 
 static cpc_status *mkdir_p(const char *dir)
@@ -1061,6 +1168,10 @@ static cpc_status *prepare_kernels(run_ctx *x, int device)
         st = cpc_codegen_compile(&k[i]);
     if (st) {
         cpc_kernels_free(k, nk);
+        /* The arch is this GPU's, not an option: a GPU that NVRTC cannot
+         * target is a missing feature of this machine (3), not a usage error. */
+        if (st->code == CPC_E_USAGE && st != &cpc_status_oom)
+            st->code = CPC_E_UNSUPPORTED;
         cpc_status_prefix(st, "compiling the kernels of %s for %s",
                           job->plan->name ? job->plan->name : "the plan", arch);
         return st;
@@ -1154,6 +1265,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (!is(opt.attention, "auto") && !is(opt.attention, "cpu") && !is(opt.attention, "cudnn") &&
         !is(opt.attention, "nvrtc"))
         return cpc_error(CPC_E_USAGE, "--attention %s: expected auto, cpu, cudnn or nvrtc", opt.attention);
+    /* where the results go, before the run (every rank alike) */
+    cpc_status *ost = cpc_run_check_outputs(&opt, job->source);
+    if (ost)
+        return ost;
     bool use_mpi = false, use_nccl = false;
     if (strcmp(opt.transport, "nccl") == 0) {
         use_nccl = true;
@@ -1268,16 +1383,16 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
                 x.lse[i] = -INFINITY;
     }
     if (opt.log)
-        fprintf(opt.log, "cprun: %s: %s %d x %d, %d ranks (%s transport%s), %s backend%s, %d warmup + %d iterations\n",
+        fprintf(opt.log, "cprun: %s: %s %d x %d, %d rank%s (%s transport%s), %s backend%s, %d warmup + %d iteration%s\n",
                 job->plan->name ? job->plan->name : "plan", cpc_variant_name(L->variant), L->R,
-                L->U, P, use_mpi ? (use_nccl ? "nccl" : "mpi") : "local",
+                L->U, P, P == 1 ? "" : "s", use_mpi ? (use_nccl ? "nccl" : "mpi") : "local",
                 x.cuda || opt.staged ? ", staged through host memory" : "",
                 x.cuda ? "cuda" : "cpu",
                 !x.cuda ? ""
                 : use_mpi ? " (GPU = local rank mod visible GPUs)"
                 : x.n_gpus < P ? " (rank r on GPU r mod visible GPUs: virtual ranks)"
                 : " (rank r on GPU r)",
-                opt.warmup, opt.iters);
+                opt.warmup, opt.iters, opt.iters == 1 ? "" : "s");
     if (opt.log && job->priced && my_rank == 0)
         fprintf(opt.log, "cprun: cost model predicts %.3f ms per layer (compute %.3f ms, exposed communication %.3f ms)\n",
                 job->pred.ms_per_layer, job->pred.compute_ms_per_layer, job->pred.comm_ms_per_layer);

@@ -124,6 +124,22 @@ typedef struct cpc_run_options {
 /* Fills defaults (what cprun uses when an option is not given). */
 void cpc_run_options_default(cpc_run_options *o);
 
+/* Checks, before anything runs, that the files the run will write can be
+ * written, so a long run does not end in an I/O error: --output and --trace
+ * (an existing file must be writable and not a directory; a new one needs a
+ * writable directory), --output-shards (an existing directory must be
+ * writable; a new one needs a writable parent: one level is created).  Also
+ * refuses an output that is one of the inputs (`plan_path`, may be NULL, and
+ * opt->input_path; same device and inode) and --output and --trace naming
+ * the same file.  Creates and changes nothing.  Errors: CPC_E_IO naming the
+ * option and the path, e.g. "--output out/x.safetensors: directory 'out'
+ * does not exist".  Thread-safe (stat/access only). */
+cpc_status *cpc_run_check_outputs(const cpc_run_options *opt, const char *plan_path);
+
+/* Checks that `path` can be written as the file of option `what`
+ * ("--output", "--profile-out", ...) as above.  Errors: CPC_E_IO. */
+cpc_status *cpc_check_writable_file(const char *what, const char *path);
+
 /* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_free
  * also after errors).  Returns NULL when the run completed (rep->ok tells
  * whether the check passed), or an error: CPC_E_USAGE (bad option value,
@@ -135,7 +151,8 @@ void cpc_run_options_default(cpc_run_options *o);
  * built or not launched), CPC_E_INPUT (an artifact without kernels for the
  * cuda backend, bad inputs), CPC_E_IO (inputs, outputs), CPC_E_INTERNAL
  * (NVRTC rejecting a generated kernel), CPC_E_RUNTIME (a rank failed: the
- * message names the rank and the op), CPC_E_NOMEM.
+ * message names the rank and the op), CPC_E_NOMEM.  The output locations
+ * are checked first (cpc_run_check_outputs with job->source).
  * rep->backend is "cpu" or "cuda", rep->transport the endpoint's name
  * ("local", "mpi", "local+staged", "mpi+staged") and rep->attention what
  * served the blocks ("cpu", "cudnn", "nvrtc", "cudnn+nvrtc fallback (N of

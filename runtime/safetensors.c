@@ -431,6 +431,8 @@ static cpc_status *write_all(int fd, const void *p, size_t n, const char *path)
                 continue;
             return cpc_error(CPC_E_IO, "%s: write failed: %s", path, strerror(errno));
         }
+        if (w == 0)
+            return cpc_error(CPC_E_IO, "%s: write failed: no progress", path);
         c += w;
         n -= (size_t)w;
     }
@@ -500,8 +502,12 @@ cpc_status *cpc_st_write(const char *path, const cpc_st_out *ts, int n, const ch
         st = write_all(fd, hdr, padded + 8, path);
         for (int i = 0; i < n && !st; i++)
             st = write_all(fd, ts[i].data, (size_t)sizes[i], path);
+        struct stat sb;
+        bool regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
         if (close(fd) != 0 && !st)
             st = cpc_error(CPC_E_IO, "%s: close failed: %s", path, strerror(errno));
+        if (st && regular)
+            unlink(path); /* a truncated file would only fail later, in its reader */
     }
     free(hdr);
     free(sizes);

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -81,10 +83,20 @@ cpc_status *cpc_trace_write(const char *path, const char *name, const cpc_trace_
         return cpc_error(CPC_E_IO, "%s: cannot write trace: %s", path, strerror(e));
     }
     size_t n = strlen(s);
-    bool ok = fwrite(s, 1, n, f) == n && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
+    errno = 0;
+    bool ok = fwrite(s, 1, n, f) == n && fputc('\n', f) != EOF && fflush(f) == 0;
+    int e = ok ? 0 : errno ? errno : EIO;
+    struct stat sb;
+    bool regular = fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode);
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno ? errno : EIO;
+    }
     free(s);
-    if (!ok)
-        return cpc_error(CPC_E_IO, "%s: write failed", path);
+    if (!ok) {
+        if (regular)
+            unlink(path); /* no half-written trace left behind */
+        return cpc_error(CPC_E_IO, "%s: cannot write the trace: %s", path, strerror(e));
+    }
     return NULL;
 }
