@@ -284,6 +284,16 @@ static void print_summary_text(const job *j)
     if (nwarn)
         printf(", %d warning%s", nwarn, nwarn == 1 ? "" : "s");
     printf("\n");
+    if (c && c->priced) {
+        char mem[32], sent[32];
+        fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
+        fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
+        printf("  predicted on %s: %.3f ms per layer, %.3f ms per forward (%d layers), "
+               "%s per rank, %s sent per rank per layer\n",
+               j->c.device.name[0] ? j->c.device.name : "the plan's device",
+               c->predicted_ms_per_layer, c->predicted_ms_per_forward,
+               j->c.plan ? j->c.plan->model.layers : 1, mem, sent);
+    }
 }
 
 static cJSON *json_str_or_null(const char *s)
