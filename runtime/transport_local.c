@@ -51,6 +51,9 @@ typedef struct coll_group {
     coll_slot *slots;      /* n */
     int mismatch;          /* set by the last arriver: a member whose collective kind
                               differs from member 0's, or -1 */
+    int inside;            /* members between coll_enter and coll_leave: they may be
+                              reading the others' send buffers; after an abort nobody
+                              leaves (and frees its buffers) until this is 0 */
 } coll_group;
 
 struct cpc_local_world {
@@ -510,10 +513,15 @@ static cpc_status *coll_enter(endpoint *e, cpc_group g, const coll_slot *slot, c
     int mm = -1, k0 = 0, kj = 0;
     pthread_mutex_lock(&w->mu);
     c->slots[me] = *slot;
+    c->inside++; /* before the barrier: counted before anyone can read our slot */
     cpc_status *st = barrier_locked(w, c, e->p, what, &mm);
     if (!st && mm >= 0) {
         k0 = c->slots[0].kind;
         kj = c->slots[mm].kind;
+    }
+    if (st || mm >= 0) { /* not reading anybody's buffers: out again */
+        c->inside--;
+        pthread_cond_broadcast(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);
     if (st)
@@ -528,11 +536,22 @@ static cpc_status *coll_enter(endpoint *e, cpc_group g, const coll_slot *slot, c
 }
 
 /* Phase 2: waits until every member has finished reading the send buffers. */
-static cpc_status *coll_leave(endpoint *e, coll_group *c, cpc_status *st, const char *what)
+static cpc_status *coll_leave(endpoint *e, coll_group *c, cpc_status *st, const char *what,
+                              bool inside)
 {
     cpc_local_world *w = e->w;
     pthread_mutex_lock(&w->mu);
+    if (inside) { /* coll_enter succeeded: this member may have been copying */
+        c->inside--;
+        pthread_cond_broadcast(&w->cv);
+    }
     cpc_status *st2 = barrier_locked(w, c, e->p, what, NULL);
+    /* After an abort the barrier lets everyone go at once: still wait until
+     * no member is reading send buffers (copies are finite; members stuck at
+     * an entry barrier leave it on the abort), so nobody frees a buffer that
+     * a peer is copying from. */
+    while (w->aborted && c->inside > 0)
+        pthread_cond_wait(&w->cv, &w->mu);
     pthread_mutex_unlock(&w->mu);
     if (st) {
         cpc_status_free(st2);
@@ -558,6 +577,7 @@ static cpc_status *t_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
     st = coll_enter(e, g, &slot, &c, what);
     if (st && is_aborted(e->w))
         return st;
+    bool inside = !st;
     if (!st) {
         int me = ep_group_rank(e, g);
         for (int j = 0; j < c->n && !st; j++) {
@@ -574,7 +594,7 @@ static cpc_status *t_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
                        (const char *)s->send + s->send_displs[me], n);
         }
     }
-    return coll_leave(e, c, st, what);
+    return coll_leave(e, c, st, what, inside);
 }
 
 static cpc_status *t_all_gather_v(cpc_transport *t, cpc_group g, const void *send,
@@ -592,6 +612,7 @@ static cpc_status *t_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
     st = coll_enter(e, g, &slot, &c, what);
     if (st && is_aborted(e->w))
         return st;
+    bool inside = !st;
     if (!st) {
         for (int j = 0; j < c->n && !st; j++) {
             const coll_slot *s = &c->slots[j];
@@ -605,7 +626,7 @@ static cpc_status *t_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
                 memmove((char *)recv + displs[j], s->send, s->send_bytes);
         }
     }
-    return coll_leave(e, c, st, what);
+    return coll_leave(e, c, st, what, inside);
 }
 
 static cpc_status *t_barrier(cpc_transport *t, cpc_group g)
@@ -623,7 +644,7 @@ static cpc_status *t_barrier(cpc_transport *t, cpc_group g)
         return st;
     /* A barrier needs no second phase unless the kinds disagreed. */
     if (st)
-        return coll_leave(e, c, st, what);
+        return coll_leave(e, c, st, what, false);
     return NULL;
 }
 

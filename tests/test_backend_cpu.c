@@ -377,8 +377,11 @@ static case_result run_case(const tcase *tc0, uint64_t seed)
               "dtype %d causal %d pad %d nblk %d (seed %llu)",
               co.rel_err, co.max_abs_err, B, (long long)S, (long long)Skv, H, Hkv, D, (int)dt,
               tc.causal, tc.pad, tc.nblk, (unsigned long long)seed);
-    cr_assert(cl.rel_err <= 1e-5, "lse rel err %.3e > 1e-5 (max abs %.3e) (seed %llu)",
-              cl.rel_err, cl.max_abs_err, (unsigned long long)seed);
+    /* LSE values can be near 0 on tiny cases, where a relative norm is
+     * meaningless: accept 1e-5 relative or 1e-6 absolute (natural-log units) */
+    cr_assert(cl.rel_err <= 1e-5 || cl.max_abs_err <= 1e-6,
+              "lse rel err %.3e > 1e-5 and max abs %.3e > 1e-6 (seed %llu)", cl.rel_err,
+              cl.max_abs_err, (unsigned long long)seed);
 
     free(q);
     free(k);
