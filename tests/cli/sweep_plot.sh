@@ -22,17 +22,7 @@ CPC=$(cd "$(dirname "$CPC")" && pwd)/cpc
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp" /tmp/PWNED_cpc_sweep_plot_test' EXIT
 fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-has() { grep -q -- "$2" "$tmp/$1" || { fail "$1 lacks '$2'"; sed 's/^/    /' "$tmp/$1" >&2; }; }
-t() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    fail "$name: $* exited $got, expected $want"
-    sed 's/^/    /' "$tmp/$name.err" >&2
-  fi
-}
+. tests/cli/lib/harness.sh  # fail, has, t
 PLAN=$(pwd)/plans/flux1-dev-1024.yaml   # text 512 + image 4096 tokens, 24 heads, ulysses x4
 cp "$PLAN" "$tmp/plan.yaml"
 

@@ -24,17 +24,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export CPC_CACHE_DIR="$tmp/cache"
 fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-has() { grep -q -- "$2" "$tmp/$1" || { fail "$1 lacks '$2'"; sed 's/^/    /' "$tmp/$1" >&2; }; }
-t() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    fail "$name: $* exited $got, expected $want"
-    sed 's/^/    /' "$tmp/$name.err" >&2
-  fi
-}
+. tests/cli/lib/harness.sh  # fail, has, t
 
 cat >"$tmp/small.yaml" <<'EOF'
 version: 1
