@@ -85,6 +85,8 @@ bool cpc_codegen_available(void);
 /* Writes each kernel's source to DIR/<name>_<arch>.cu (cpc --emit-kernels). */
 cpc_status *cpc_codegen_emit(const char *dir, const cpc_kernel *k, int n);
 
+/* Frees an array of n kernels from cpc_codegen_sources and everything they own.
+ * NULL is ignored. */
 void cpc_kernels_free(cpc_kernel *k, int n);
 
 #endif

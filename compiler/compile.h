@@ -66,6 +66,8 @@ const cpc_candidate *cpc_compiled_selected(const cpc_compiled *c);
 /* Writes the artifact (SPEC section 4) to `path`. */
 cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path);
 
+/* Frees everything `c` owns and zeroes it (not `c` itself, usually on the
+ * stack).  NULL is ignored. */
 void cpc_compiled_free(cpc_compiled *c);
 
 #endif

@@ -72,6 +72,7 @@ bool cpc_expr_uses(const cpc_expr *e, char var);
 /* Deep copy; NULL on OOM or NULL input. */
 cpc_expr *cpc_expr_clone(const cpc_expr *e);
 
+/* Frees a parsed expression.  NULL is ignored. */
 void cpc_expr_free(cpc_expr *e);
 
 #endif

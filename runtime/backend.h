@@ -102,8 +102,8 @@ struct cpc_backend {
 
 /* The CPU backend (backend_cpu.c): tiled flash attention with online softmax,
  * OpenBLAS SGEMM for the two products of each tile, one thread per rank
- * (OpenBLAS threading is set to 1 by the caller, see cpc_cpu_backend_init_
- * threads).  Returns NULL status and *out owned by the caller (destroy). */
+ * (OpenBLAS threading is set to 1 by the caller, see
+ * cpc_cpu_backend_single_thread_blas).  Returns NULL status and *out owned by the caller (destroy). */
 cpc_status *cpc_cpu_backend_create(cpc_backend **out);
 
 /* Sets OpenBLAS to one thread (call once, before rank threads start). */

@@ -152,6 +152,8 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
 /* Total bytes allocated by this executor (its peak memory). */
 int64_t cpc_exec_allocated_bytes(const cpc_exec *ex);
 
+/* Frees the executor and every buffer it allocated through its backend (the
+ * backend and transport are borrowed and stay alive).  NULL is ignored. */
 void cpc_exec_destroy(cpc_exec *ex);
 
 /* Microseconds of CLOCK_MONOTONIC (the executor's time base). */

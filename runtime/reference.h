@@ -118,6 +118,7 @@ typedef struct cpc_compare_result {
     bool pass;             /* set by finish: no NaN, no Inf mismatch, rel_err <= tol */
 } cpc_compare_result;
 
+/* Resets `r` before a series of cpc_compare_add calls (caller-owned struct). */
 void cpc_compare_init(cpc_compare_result *r);
 
 /* Adds n pairs: got[i] (dtype t: fp32 values, or bf16/fp16 bit patterns,

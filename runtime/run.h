@@ -89,6 +89,8 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
 cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int ring_degree,
                               int ulysses_degree, cpc_job **out);
 
+/* Frees a job from cpc_job_load / cpc_job_from_plan and all it owns.  NULL is
+ * ignored. */
 void cpc_job_free(cpc_job *job);
 
 /* cprun --dry-run: prints the selected variant, then every rank's buffers and
