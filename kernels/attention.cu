@@ -34,6 +34,12 @@
 #endif
 #include <mma.h>
 
+// Dynamic shared memory; the CPU emulator of the tests (tests/emu) defines
+// its own version of this macro.
+#ifndef CPC_DYNAMIC_SMEM
+#define CPC_DYNAMIC_SMEM(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
 #ifndef CPC_HEAD_DIM
 #error "CPC_HEAD_DIM must be defined by the code generator"
 #endif
@@ -145,7 +151,7 @@ cpc_flash_attn_tc(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__
                   const unsigned char *__restrict__ kv_mask, long long mask_len)
 {
     const int D = CPC_HEAD_DIM;
-    extern __shared__ __align__(128) unsigned char smem_raw[];
+    CPC_DYNAMIC_SMEM(unsigned char, smem_raw);
     CPC_DTYPE *Qs = reinterpret_cast<CPC_DTYPE *>(smem_raw);
     CPC_DTYPE *Ks = Qs + TC_BM * TC_LD;
     CPC_DTYPE *Vs = Ks + TC_BN * TC_LD;

@@ -97,6 +97,7 @@ extern "C" __global__ void cpc_merge_lse(float *acc, float *acc_lse, const float
         const float *orow = o + row * D;
         for (int i = lane; i < D; i += 32)
             ar[i] = wa * ar[i] + wc * orow[i];
+        __syncwarp();  // every lane has read acc_lse[li] before lane 0 overwrites it
         if (lane == 0)
             acc_lse[li] = m + __logf(ea + ec);
     }

@@ -1,0 +1,36 @@
+# tests/emu/fake_cudart.cmake - the fake CUDA runtime over the CPU emulator and
+# its module builder (included by tests/emu/CMakeLists.txt; test-only).
+#
+#   <build>/emu-cudart/libcudart.so.13   fake_cudart.c: SONAME libcudart.so.13, every
+#                                        symbol in the version node libcudart.so.13
+#                                        (libcudart.map) like NVIDIA's runtime, so
+#                                        cprun binds to it when this folder is first
+#                                        on LD_LIBRARY_PATH (cprun has a RUNPATH, which
+#                                        LD_LIBRARY_PATH overrides; an RPATH would not)
+#   <build>/emu-cudart/cpc_emu_prepare   prepare.c: builds the emulator modules of a
+#                                        .cplan's kernels, named by the PTX's sha256
+#
+# tests/cli/cuda_emu.sh finds both under $CPC_BUILD_DIR/emu-cudart.
+if(CPC_HAVE_CUDA AND TARGET cpc_emu)
+  set(CPC_FAKE_CUDART_DIR ${CMAKE_BINARY_DIR}/emu-cudart)
+  add_library(cpc_fake_cudart SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_cudart.c)
+  # One file, libcudart.so.13, no libcudart.so symlink beside it.
+  set_target_properties(cpc_fake_cudart PROPERTIES
+    PREFIX "lib" OUTPUT_NAME "cudart" SUFFIX ".so.13" NO_SONAME ON
+    C_VISIBILITY_PRESET hidden
+    LIBRARY_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR}
+    LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/libcudart.map)
+  target_link_options(cpc_fake_cudart PRIVATE -Wl,-soname,libcudart.so.13
+    -Wl,--version-script=${CMAKE_CURRENT_LIST_DIR}/libcudart.map)
+  if(NOT CPC_SANITIZE AND NOT CPC_FUZZ)
+    target_link_options(cpc_fake_cudart PRIVATE -Wl,--no-undefined)
+  endif()
+  target_include_directories(cpc_fake_cudart PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+  target_include_directories(cpc_fake_cudart SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+  target_link_libraries(cpc_fake_cudart PRIVATE cpc_emu PkgConfig::CRYPTO Threads::Threads)
+
+  add_executable(cpc_emu_prepare ${CMAKE_CURRENT_LIST_DIR}/prepare.c)
+  set_target_properties(cpc_emu_prepare PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
+  target_link_libraries(cpc_emu_prepare PRIVATE cpc_compiler cpc_emu)
+
+endif()

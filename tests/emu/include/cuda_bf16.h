@@ -1,0 +1,2 @@
+// Emulator shim: see cuda_emu.h
+#include "cuda_emu.h"
