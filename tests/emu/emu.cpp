@@ -576,6 +576,16 @@ static std::string describe_deadlock(Launch *L)
     return s + ")";
 }
 
+// getcontext returns twice: kept out of run_block's frame.
+static __attribute__((noinline)) void make_fiber(Fiber *f)
+{
+    getcontext(&f->ctx);
+    f->ctx.uc_stack.ss_sp = f->stack;
+    f->ctx.uc_stack.ss_size = STACK_BYTES;
+    f->ctx.uc_link = nullptr;
+    makecontext(&f->ctx, fiber_entry, 0);
+}
+
 static int run_block(Launch *L, uint3 bidx, bool reverse)
 {
     L->live = L->n;
@@ -598,11 +608,7 @@ static int run_block(Launch *L, uint3 bidx, bool reverse)
         f.view.lane = i % 32;
         f.view.warp = i / 32;
         f.state = F_READY;
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = STACK_BYTES;
-        f.ctx.uc_link = nullptr;
-        makecontext(&f.ctx, fiber_entry, 0);
+        make_fiber(&f);
     }
     unsigned done = 0;
     for (;;) {
