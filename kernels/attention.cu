@@ -294,3 +294,297 @@ cpc_flash_attn_tc(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__
     }
 }
 #endif
+
+// ---------------------------------------------------------------------------
+// mma.sync kernel (bf16/fp16, D % 16 == 0, D <= 256): FlashAttention-2 with
+// the score tile S, the probabilities P and the output accumulator O held in
+// registers in the m16n8k16 fragment layouts of the PTX ISA ("Matrix
+// Fragments for mma.m16n8k16 with floating point type"):
+//   groupID g = lane >> 2, t = lane % 4;
+//   A (16x16): a{0,1} row g,   cols 2t, 2t+1;  a{2,3} row g+8, same cols;
+//              a{4,5} row g,   cols 2t+8, 2t+9; a{6,7} row g+8, same cols;
+//   B (16x8):  b{0,1} rows (k) 2t, 2t+1, col (n) g; b{2,3} rows 2t+8, 2t+9;
+//   C (16x8):  c{0,1} row g, cols 2t, 2t+1; c{2,3} row g+8, same cols.
+// The C fragments of S for key columns [16j, 16j+16) are exactly the A
+// fragment of P for the j-th k-step of P V, so P never leaves registers.
+// A block of 4 warps owns 64 query rows of one (b, head), 16 per warp;
+// K/V tiles of MMA_BN keys are staged in shared memory (row pitch D + 8
+// elements: the fragment loads below are free of bank conflicts).  Online
+// softmax in fp32; each thread keeps a partial row sum for its 2 columns of
+// each n-tile, summed over the 4 threads of a group at the end.  Dynamic
+// shared memory: cpc_attn_mma_smem_bytes() in runtime/backend_cuda.c mirrors
+// the layout (Q, K, V tiles, then MMA_BN key positions).
+#if CPC_DTYPE_ID != 2 && (CPC_HEAD_DIM % 16) == 0 && CPC_HEAD_DIM <= 256
+
+#define MMA_BM 64
+#define MMA_BN (CPC_HEAD_DIM > 128 ? 32 : 64)
+#define MMA_LD (CPC_HEAD_DIM + 8)
+
+#ifdef CPC_EMU
+#define cpc_mma16816(d, a, b) cpc_emu_mma_m16n8k16<CPC_DTYPE>(d, a, b)
+#else
+__device__ __forceinline__ void cpc_mma16816(float *d, const unsigned *a, const unsigned *b)
+{
+#if CPC_DTYPE_ID == 0
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+__device__ __forceinline__ unsigned short cpc_bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ unsigned short cpc_bits(__half x) { return __half_as_ushort(x); }
+__device__ __forceinline__ unsigned cpc_pack2(CPC_DTYPE lo, CPC_DTYPE hi)
+{
+    return (unsigned)cpc_bits(lo) | ((unsigned)cpc_bits(hi) << 16);
+}
+__device__ __forceinline__ unsigned cpc_ld2(const CPC_DTYPE *p)  // two adjacent elements
+{
+    return *reinterpret_cast<const unsigned *>(p);
+}
+
+// Stages rows [r0, r0 + rows) x D of a BSHD tensor into smem (pitch MMA_LD),
+// zero past `limit`; 16-byte vectors when `vec`.
+__device__ __forceinline__ void cpc_stage(CPC_DTYPE *dst, const CPC_DTYPE *src, long long row_stride,
+                                          long long r0, int rows, long long limit, bool vec)
+{
+    const int D = CPC_HEAD_DIM;
+    if (vec) {
+        const int per_row = D / 8;
+        for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
+            int r = i / per_row, c = (i % per_row) * 8;
+            int4 val = {0, 0, 0, 0};
+            if (r0 + r < limit)
+                val = *reinterpret_cast<const int4 *>(src + (r0 + r) * row_stride + c);
+            *reinterpret_cast<int4 *>(dst + r * MMA_LD + c) = val;
+        }
+    } else {
+        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+            int r = i / D, c = i % D;
+            dst[r * MMA_LD + c] = r0 + r < limit ? src[(r0 + r) * row_stride + c] : (CPC_DTYPE)0.0f;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,
+                   const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse,
+                   int B, long long sq, long long skv, int hq, int hkv, int q_head_off,
+                   int kv_head_off, long long q_bstride, long long kv_bstride, float scale,
+                   const long long *__restrict__ q_pos, const long long *__restrict__ kv_pos,
+                   const unsigned char *__restrict__ kv_mask, long long mask_len)
+{
+    const int D = CPC_HEAD_DIM;
+    const int NT_S = MMA_BN / 8, NT_O = D / 8;
+    CPC_DYNAMIC_SMEM(unsigned char, smem_raw);
+    CPC_DTYPE *Qs = reinterpret_cast<CPC_DTYPE *>(smem_raw);
+    CPC_DTYPE *Ks = Qs + MMA_BM * MMA_LD;
+    CPC_DTYPE *Vs = Ks + MMA_BN * MMA_LD;
+    long long *kpos_s = reinterpret_cast<long long *>(Vs + MMA_BN * MMA_LD);
+#if CPC_CAUSAL
+    __shared__ long long s_qmax;  // largest query position of the block
+#endif
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const long long m0 = (long long)blockIdx.x * MMA_BM;
+    const int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
+    const long long q_row_stride = (long long)hq * D, kv_row_stride = (long long)hkv * D;
+    const CPC_DTYPE *qb = q + b * q_bstride + (long long)h * D;
+    const CPC_DTYPE *kb = k + b * kv_bstride + (long long)kvh * D;
+    const CPC_DTYPE *vb = v + b * kv_bstride + (long long)kvh * D;
+    const bool qvec = ((reinterpret_cast<unsigned long long>(qb) | (unsigned long long)(q_row_stride * 2)) & 15) == 0;
+    const bool kvvec = ((reinterpret_cast<unsigned long long>(kb) | reinterpret_cast<unsigned long long>(vb) |
+                         (unsigned long long)(kv_row_stride * 2)) & 15) == 0;
+
+    cpc_stage(Qs, qb, q_row_stride, m0, MMA_BM, sq, qvec);
+#if CPC_CAUSAL
+    if (threadIdx.x == 0) {
+        long long mx = -1;
+        for (long long r = m0; r < m0 + MMA_BM && r < sq; r++) {
+            long long p = q_pos ? q_pos[r] : r;
+            mx = p > mx ? p : mx;
+        }
+        s_qmax = mx;
+    }
+#endif
+
+    // This thread's two rows (g and g + 8 of the warp's 16) and their positions.
+    const long long row0 = m0 + warp * 16 + g, row1 = row0 + 8;
+    const long long qp0 = row0 < sq ? (q_pos ? q_pos[row0] : row0) : -1;
+    const long long qp1 = row1 < sq ? (q_pos ? q_pos[row1] : row1) : -1;
+#if CPC_CAUSAL
+    // Smallest / largest position of the warp's rows (for tile skipping).
+    long long wmin = qp0 < 0 ? 0x7fffffffffffffffll : qp0, wmax = qp0 > qp1 ? qp0 : qp1;
+    if (qp1 >= 0 && qp1 < wmin)
+        wmin = qp1;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        long long a = __shfl_xor_sync(0xffffffffu, wmin, off);
+        long long c = __shfl_xor_sync(0xffffffffu, wmax, off);
+        wmin = a < wmin ? a : wmin;
+        wmax = c > wmax ? c : wmax;
+    }
+#endif
+
+    float oacc[NT_O][4];
+#pragma unroll
+    for (int j = 0; j < NT_O; j++)
+        oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.0f;
+    float m_r0 = -INFINITY, m_r1 = -INFINITY, l_r0 = 0.0f, l_r1 = 0.0f;
+    const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+    const bool has_pos = kv_pos != 0;
+
+    for (long long n0 = 0; n0 < skv; n0 += MMA_BN) {
+        __syncthreads();  // previous tile fully consumed (and Q / s_qmax staged)
+#if CPC_CAUSAL
+        long long kmin = 0x7fffffffffffffffll, kmax = -0x7fffffffffffffffll;
+        if (has_pos) {
+            for (long long n = n0; n < n0 + MMA_BN && n < skv; n++) {
+                long long p = kv_pos[n];
+                kmin = p < kmin ? p : kmin;
+                kmax = p > kmax ? p : kmax;
+            }
+        } else {
+            kmin = n0;
+            kmax = (n0 + MMA_BN < skv ? n0 + MMA_BN : skv) - 1;
+        }
+        if (kmin > s_qmax)
+            continue;  // uniform: no key of the tile is visible to any row of the block
+#endif
+        cpc_stage(Ks, kb, kv_row_stride, n0, MMA_BN, skv, kvvec);
+        cpc_stage(Vs, vb, kv_row_stride, n0, MMA_BN, skv, kvvec);
+        if ((int)threadIdx.x < MMA_BN) {
+            long long n = n0 + threadIdx.x;
+            kpos_s[threadIdx.x] = n < skv ? (has_pos ? kv_pos[n] : n) : -1;
+        }
+        __syncthreads();
+#if CPC_CAUSAL
+        if (kmin > wmax)
+            continue;  // uniform in the warp: every key is after every row of the warp
+#endif
+        // S = Q K^T for the warp's 16 rows x MMA_BN keys.
+        float s[NT_S][4];
+#pragma unroll
+        for (int j = 0; j < NT_S; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        const CPC_DTYPE *qw = Qs + (warp * 16 + g) * MMA_LD + 2 * t;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned a[4];
+            a[0] = cpc_ld2(qw + kk * 16);
+            a[1] = cpc_ld2(qw + 8 * MMA_LD + kk * 16);
+            a[2] = cpc_ld2(qw + kk * 16 + 8);
+            a[3] = cpc_ld2(qw + 8 * MMA_LD + kk * 16 + 8);
+#pragma unroll
+            for (int j = 0; j < NT_S; j++) {
+                const CPC_DTYPE *kr = Ks + (j * 8 + g) * MMA_LD + kk * 16 + 2 * t;
+                unsigned bf[2] = {cpc_ld2(kr), cpc_ld2(kr + 8)};
+                cpc_mma16816(s[j], a, bf);
+            }
+        }
+        // Masks: only in tiles that need them (uniform per warp).
+        bool need_mask = n0 + MMA_BN > skv || kv_mask != 0;
+#if CPC_CAUSAL
+        need_mask = need_mask || kmax > wmin;
+#endif
+        if (need_mask) {
+#pragma unroll
+            for (int j = 0; j < NT_S; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = j * 8 + 2 * t + (e & 1);
+                    long long qp = e < 2 ? qp0 : qp1;
+                    long long kp = kpos_s[c];
+                    bool masked = n0 + c >= skv || qp < 0 || cpc_key_masked(qp, kp, b, kv_mask, mask_len);
+                    if (masked)
+                        s[j][e] = -INFINITY;
+                }
+        }
+        // Online softmax (base 2 on scaled scores).
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NT_S; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        mx0 *= scale_log2;
+        mx1 *= scale_log2;
+        float mn0 = fmaxf(m_r0, mx0), mn1 = fmaxf(m_r1, mx1);
+        float al0 = mn0 == -INFINITY ? 1.0f : exp2f(m_r0 - mn0);
+        float al1 = mn1 == -INFINITY ? 1.0f : exp2f(m_r1 - mn1);
+        float sub0 = mn0 == -INFINITY ? 0.0f : mn0, sub1 = mn1 == -INFINITY ? 0.0f : mn1;
+        m_r0 = mn0;
+        m_r1 = mn1;
+        l_r0 *= al0;
+        l_r1 *= al1;
+#pragma unroll
+        for (int j = 0; j < NT_O; j++) {
+            oacc[j][0] *= al0;
+            oacc[j][1] *= al0;
+            oacc[j][2] *= al1;
+            oacc[j][3] *= al1;
+        }
+        // P in the plan's dtype, packed as A fragments; row sums of what P V uses.
+        unsigned pa[NT_S / 2][4];
+#pragma unroll
+        for (int j = 0; j < NT_S; j++) {
+            CPC_DTYPE p0 = (CPC_DTYPE)exp2f(s[j][0] * scale_log2 - sub0);
+            CPC_DTYPE p1 = (CPC_DTYPE)exp2f(s[j][1] * scale_log2 - sub0);
+            CPC_DTYPE p2 = (CPC_DTYPE)exp2f(s[j][2] * scale_log2 - sub1);
+            CPC_DTYPE p3 = (CPC_DTYPE)exp2f(s[j][3] * scale_log2 - sub1);
+            l_r0 += cpc_load_f32(p0) + cpc_load_f32(p1);
+            l_r1 += cpc_load_f32(p2) + cpc_load_f32(p3);
+            pa[j / 2][(j & 1) * 2 + 0] = cpc_pack2(p0, p1);
+            pa[j / 2][(j & 1) * 2 + 1] = cpc_pack2(p2, p3);
+        }
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < MMA_BN / 16; kk++) {
+            const CPC_DTYPE *vr = Vs + (kk * 16 + 2 * t) * MMA_LD + g;
+#pragma unroll
+            for (int j = 0; j < NT_O; j++) {
+                const CPC_DTYPE *vc = vr + j * 8;
+                unsigned bf[2] = {cpc_pack2(vc[0], vc[MMA_LD]), cpc_pack2(vc[8 * MMA_LD], vc[9 * MMA_LD])};
+                cpc_mma16816(oacc[j], pa[kk], bf);
+            }
+        }
+    }
+
+    // Full row sums over the 4 threads of the group; write O and LSE.
+    l_r0 += __shfl_xor_sync(0xffffffffu, l_r0, 1);
+    l_r0 += __shfl_xor_sync(0xffffffffu, l_r0, 2);
+    l_r1 += __shfl_xor_sync(0xffffffffu, l_r1, 1);
+    l_r1 += __shfl_xor_sync(0xffffffffu, l_r1, 2);
+    const float inv0 = l_r0 > 0.0f ? 1.0f / l_r0 : 0.0f, inv1 = l_r1 > 0.0f ? 1.0f / l_r1 : 0.0f;
+    const float ln2 = 0.6931471805599453f;
+    if (row0 < sq) {
+        float *dst = o + ((long long)b * sq * hq + row0 * hq + h) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < NT_O; j++) {
+            dst[j * 8] = oacc[j][0] * inv0;
+            dst[j * 8 + 1] = oacc[j][1] * inv0;
+        }
+        if (t == 0)
+            lse[((long long)b * hq + h) * sq + row0] = l_r0 > 0.0f ? (m_r0 + log2f(l_r0)) * ln2 : -INFINITY;
+    }
+    if (row1 < sq) {
+        float *dst = o + ((long long)b * sq * hq + row1 * hq + h) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < NT_O; j++) {
+            dst[j * 8] = oacc[j][2] * inv1;
+            dst[j * 8 + 1] = oacc[j][3] * inv1;
+        }
+        if (t == 0)
+            lse[((long long)b * hq + h) * sq + row1] = l_r1 > 0.0f ? (m_r1 + log2f(l_r1)) * ln2 : -INFINITY;
+    }
+}
+#endif

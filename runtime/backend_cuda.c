@@ -16,7 +16,8 @@ typedef struct cuda_ctx {
     cudaLibrary_t libs[4];
     int n_libs;
     cudaKernel_t k_copy, k_copy_f32, k_merge, k_init, k_from_f32, k_to_f32, k_attn_tc,
-        k_attn_rowwarp;
+        k_attn_rowwarp, k_attn_mma;
+    const char *attn_kernel;   /* "mma", "wmma" or "rowwarp": the generated kernel used */
     long long *pos;      /* device scratch for q/kv positions */
     size_t pos_cap;      /* elements */
     int sm_count;
@@ -148,6 +149,14 @@ static size_t tc_smem_bytes(int D)
            (size_t)4 * 16 * pld * 2;
 }
 
+/* Shared memory of cpc_flash_attn_mma (kernels/attention.cu: Q, K, V tiles
+ * with a pitch of D + 8 elements, then MMA_BN key positions). */
+static size_t mma_smem_bytes(int D)
+{
+    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8;
+    return (size_t)(bm + 2 * bn) * ld * 2 + (size_t)bn * 8;
+}
+
 /* The generated attention kernel (any block). */
 static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
 {
@@ -178,7 +187,15 @@ static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
     const unsigned char *mask = a->kv_mask;
     void *args[] = {&q, &k, &v, &o, &lse, &B, &sq, &skv, &hq, &hkv, &qoff, &kvoff,
                     &qbs, &kvbs, &scale, &qpos, &kvpos, &mask, &mlen};
-    if (c->k_attn_tc) {
+    if (c->k_attn_mma && strcmp(c->attn_kernel, "mma") == 0) {
+        size_t smem = mma_smem_bytes(a->d);
+        CK(cudaKernelSetAttributeForDevice(c->k_attn_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem, c->device),
+           "set attention shared memory");
+        return launch(c, c->k_attn_mma, (unsigned)((sq + 63) / 64), (unsigned)hq, (unsigned)B, 128,
+                      smem, args, "attention (mma.sync)");
+    }
+    if (c->k_attn_tc && strcmp(c->attn_kernel, "rowwarp") != 0) {
         size_t smem = tc_smem_bytes(a->d);
         CK(cudaKernelSetAttributeForDevice(c->k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem, c->device),
@@ -493,9 +510,26 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
             if (!st) st = get_kernel(lib, "cpc_convert_from_f32", &c->k_from_f32, false);
             if (!st) st = get_kernel(lib, "cpc_convert_to_f32", &c->k_to_f32, false);
         } else if (strcmp(kernels[i].name, "attention") == 0) {
+            if (!st) st = get_kernel(lib, "cpc_flash_attn_mma", &c->k_attn_mma, true);
             if (!st) st = get_kernel(lib, "cpc_flash_attn_tc", &c->k_attn_tc, true);
             if (!st) st = get_kernel(lib, "cpc_attn_rowwarp", &c->k_attn_rowwarp, false);
         }
+    }
+    /* Which generated attention kernel serves (CPC_NVRTC_ATTN overrides). */
+    c->attn_kernel = c->k_attn_mma ? "mma" : c->k_attn_tc ? "wmma" : "rowwarp";
+    const char *want = getenv("CPC_NVRTC_ATTN");
+    if (want && *want) {
+        if (strcmp(want, "mma") == 0 && c->k_attn_mma)
+            c->attn_kernel = "mma";
+        else if (strcmp(want, "wmma") == 0 && c->k_attn_tc)
+            c->attn_kernel = "wmma";
+        else if (strcmp(want, "rowwarp") == 0)
+            c->attn_kernel = "rowwarp";
+        else if (!st)
+            st = cpc_error(CPC_E_USAGE,
+                           "CPC_NVRTC_ATTN=%s: not one of mma, wmma, rowwarp available for this "
+                           "plan (mma and wmma need bf16/fp16 and head_dim %% 16 == 0)",
+                           want);
     }
     if (!st && (!c->k_merge || !c->k_attn_rowwarp))
         st = cpc_error(CPC_E_INPUT, "the artifact lacks the 'memory' or 'attention' kernel module");
@@ -560,6 +594,7 @@ void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, b
     out->fallback_blocks = c->n_fallback;
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", c->fallback_why);
     out->cudnn_version = cpc_cudnn_version();
+    out->nvrtc_kernel = c->attn_kernel;
     if (reset) {
         c->n_cudnn = c->n_nvrtc = c->n_fallback = 0;
         c->fallback_why[0] = 0;

@@ -69,6 +69,11 @@ typedef struct cpc_cuda_attn_info {
     long long fallback_blocks;  /* of those, blocks cuDNN was asked for and could not serve */
     char fallback_reason[256];  /* the first reason ("" when none) */
     size_t cudnn_version;       /* cudnnGetVersion() at run time, 0 without cuDNN */
+    const char *nvrtc_kernel;   /* the generated kernel for nvrtc blocks: "mma" (mma.sync,
+                                   bf16/fp16 with head_dim % 16 == 0 and <= 256), "wmma", or
+                                   "rowwarp" (any dtype); the environment variable
+                                   CPC_NVRTC_ATTN=mma|wmma|rowwarp overrides the choice at
+                                   backend creation.  Static string. */
 } cpc_cuda_attn_info;
 
 /* Fills *out (zeroed when `be` is not a CUDA backend); reset=true then

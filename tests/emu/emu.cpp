@@ -368,6 +368,7 @@ struct Warp {
     unsigned mask;     // its mask
     int kind;
     uint64_t slots[32];
+    unsigned char xbuf[32][64];
 };
 
 struct Launch {
@@ -404,6 +405,8 @@ static const char *kind_name(int kind)
     case CPC_EMU_K_WMMA_LOAD: return "wmma::load_matrix_sync";
     case CPC_EMU_K_WMMA_MMA: return "wmma::mma_sync";
     case CPC_EMU_K_WMMA_STORE: return "wmma::store_matrix_sync";
+    case CPC_EMU_K_MMA_SYNC: return "mma.sync";
+    case CPC_EMU_K_MMA_SYNC_OUT: return "mma.sync (read)";
     }
     return "?";
 }
@@ -525,6 +528,19 @@ extern "C" void cpc_emu_warp_barrier(int kind, unsigned mask)
     }
     if (f->state != F_READY)
         switch_to_sched(L, f, false);
+}
+
+extern "C" void cpc_emu_warp_exchange(const void *mine, unsigned bytes, void *all)
+{
+    Launch *L = tl_launch;
+    if (bytes > 64)
+        cpc_emu_fail("warp exchange of %u bytes (at most 64)", bytes);
+    Warp &w = L->warps[L->f[L->cur].view.warp];
+    memcpy(w.xbuf[L->f[L->cur].view.lane], mine, bytes);
+    cpc_emu_warp_barrier(CPC_EMU_K_MMA_SYNC, 0xffffffffu);
+    for (unsigned l = 0; l < 32; l++)
+        memcpy(static_cast<unsigned char *>(all) + (size_t)l * bytes, w.xbuf[l], bytes);
+    cpc_emu_warp_barrier(CPC_EMU_K_MMA_SYNC_OUT, 0xffffffffu);
 }
 
 static void fiber_entry(void)

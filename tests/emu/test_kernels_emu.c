@@ -189,6 +189,13 @@ static size_t tc_smem_bytes(int D)
            (size_t)4 * 16 * pld * 2;
 }
 
+/* Shared memory of cpc_flash_attn_mma: mirrors runtime/backend_cuda.c. */
+static size_t mma_smem_bytes(int D)
+{
+    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8;
+    return (size_t)(bm + 2 * bn) * ld * 2 + (size_t)bn * 8;
+}
+
 /* Runs one case through `kernel` ("cpc_flash_attn_tc" or "cpc_attn_rowwarp"),
  * forward and reverse fiber order; checks o and lse against float64. */
 static void run_attn(const attn_case *c, const char *kernel)
@@ -238,10 +245,11 @@ static void run_attn(const attn_case *c, const char *kernel)
     const void *qa = q, *ka = kk, *va = v;
     const long long *qp = qpos, *kp = kvpos;
     const unsigned char *ma = mask;
-    bool tc = strcmp(kernel, "cpc_flash_attn_tc") == 0;
-    cpc_emu_dim3 grid = {(unsigned)((sq + (tc ? 63 : 3)) / (tc ? 64 : 4)), (unsigned)hq, (unsigned)B};
+    bool tc = strcmp(kernel, "cpc_flash_attn_tc") == 0, mma = strcmp(kernel, "cpc_flash_attn_mma") == 0;
+    bool big = tc || mma;
+    cpc_emu_dim3 grid = {(unsigned)((sq + (big ? 63 : 3)) / (big ? 64 : 4)), (unsigned)hq, (unsigned)B};
     cpc_emu_dim3 block = {128, 1, 1};
-    size_t smem = tc ? tc_smem_bytes(D) : 0;
+    size_t smem = tc ? tc_smem_bytes(D) : mma ? mma_smem_bytes(D) : 0;
     char err[2048];
     for (int order = 0; order < 2; order++) {
         float *oo = order ? o2 : o, *ll = order ? lse2 : lse;
@@ -321,6 +329,43 @@ Test(attention_tc, fp16_d80_causal_strided_positions_mask)
     attn_case c = {.dt = CPC_DTYPE_FP16, .D = 80, .causal = true, .gqa = 1, .B = 1, .sq = 65,
                    .skv = 130, .hq = 1, .hkv = 1, .pos = 2, .mask = true};
     run_attn(&c, "cpc_flash_attn_tc");
+}
+
+Test(attention_mma, bf16_d128_flux_block)
+{
+    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 128, .gqa = 1, .B = 1, .sq = 150, .skv = 200,
+                   .hq = 2, .hkv = 2};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
+Test(attention_mma, fp16_d64_causal_zigzag_gqa)
+{
+    attn_case c = {.dt = CPC_DTYPE_FP16, .D = 64, .causal = true, .gqa = 2, .B = 2, .sq = 96,
+                   .skv = 160, .hq = 4, .hkv = 2, .pos = 1, .pad = 8};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
+Test(attention_mma, bf16_causal_plain_square)
+{
+    /* causal without positions: diagonal tiles, tile and warp skipping */
+    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 64, .causal = true, .gqa = 1, .B = 1, .sq = 200,
+                   .skv = 200, .hq = 1, .hkv = 1};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
+Test(attention_mma, bf16_d256_head_offsets_mask)
+{
+    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 256, .gqa = 4, .B = 2, .sq = 70, .skv = 90,
+                   .hq = 2, .hkv = 1, .q_head_off = 2, .kv_head_off = 0, .mask = true};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
+Test(attention_mma, fp16_d80_causal_strided_positions_mask_unaligned)
+{
+    /* pad 3: batch strides not a multiple of 16 bytes (scalar staging) */
+    attn_case c = {.dt = CPC_DTYPE_FP16, .D = 80, .causal = true, .gqa = 1, .B = 2, .sq = 65,
+                   .skv = 130, .hq = 1, .hkv = 1, .pos = 2, .mask = true, .pad = 3};
+    run_attn(&c, "cpc_flash_attn_mma");
 }
 
 Test(attention_rowwarp, fp32_d64)

@@ -62,11 +62,14 @@ void cpc_emu_syncthreads(void);
 void cpc_emu_warp_barrier(int kind, unsigned mask);
 // Per-warp exchange slots (one 8-byte value per lane) for shuffles.
 uint64_t *cpc_emu_warp_slots(void);
+// All lanes of the warp exchange `bytes` (<= 64) bytes: lane l's data lands
+// at all + l * bytes.  A full-warp collective (like mma.sync).
+void cpc_emu_warp_exchange(const void *mine, unsigned bytes, void *all);
 void cpc_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 }
 
 enum { CPC_EMU_K_SYNCWARP = 1, CPC_EMU_K_SHFL, CPC_EMU_K_SHFL_OUT, CPC_EMU_K_WMMA_LOAD,
-       CPC_EMU_K_WMMA_MMA, CPC_EMU_K_WMMA_STORE };
+       CPC_EMU_K_WMMA_MMA, CPC_EMU_K_WMMA_STORE, CPC_EMU_K_MMA_SYNC, CPC_EMU_K_MMA_SYNC_OUT };
 
 #define threadIdx (cpc_emu_self()->threadIdx)
 #define blockIdx (cpc_emu_self()->blockIdx)
@@ -155,6 +158,10 @@ struct __nv_bfloat16 {
     operator float() const { uint32_t u = (uint32_t)x << 16; float f; std::memcpy(&f, &u, 4); return f; }
 };
 typedef __half half;
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+inline unsigned short __half_as_ushort(__half h) { return h.x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { __nv_bfloat16 h; h.x = u; return h; }
+inline __half __ushort_as_half(unsigned short u) { __half h; h.x = u; return h; }
 inline float __half2float(__half h) { return (float)h; }
 inline __half __float2half_rn(float f) { return __half(f); }
 inline __half __float2half(float f) { return __half(f); }
@@ -263,6 +270,55 @@ inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, T> &f, 
 }
 } // namespace wmma
 } // namespace nvcuda
+
+// ---- mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 ----------
+// d (4 floats per lane) += A (16x16) * B (16x8), with the fragment layouts of
+// the PTX ISA (groupID g = lane >> 2, t = lane % 4; lower 16 bits of a
+// register = the lower-indexed element):
+//   A: a_i (i = 0..7, register i / 2): row g for i in {0,1,4,5}, else g + 8;
+//      col 2t + (i & 1), + 8 for i >= 4.
+//   B: b_i (i = 0..3, register i / 2): row (k) 2t + (i & 1), + 8 for i >= 2;
+//      col (n) g.
+//   C/D: c_i (i = 0..3): row g for i < 2, else g + 8; col 2t + (i & 1).
+// Every lane rebuilds the whole A, B and C from all lanes' registers and
+// computes its own four d elements (products summed in fp32, in k order).
+template <typename T> inline void cpc_emu_mma_m16n8k16(float *d, const unsigned *a, const unsigned *b)
+{
+    struct lane_regs {
+        unsigned a[4], b[2];
+        float c[4];
+    } mine, all[32];
+    for (int i = 0; i < 4; i++) {
+        mine.a[i] = a[i];
+        mine.c[i] = d[i];
+    }
+    mine.b[0] = b[0];
+    mine.b[1] = b[1];
+    cpc_emu_warp_exchange(&mine, sizeof mine, all);
+    float A[16][16], Bm[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, t = l & 3;
+        for (int i = 0; i < 8; i++) {
+            T e;
+            e.x = (unsigned short)(all[l].a[i / 2] >> (16 * (i & 1)));
+            A[(i % 4) < 2 ? g : g + 8][2 * t + (i & 1) + (i >= 4 ? 8 : 0)] = (float)e;
+        }
+        for (int i = 0; i < 4; i++) {
+            T e;
+            e.x = (unsigned short)(all[l].b[i / 2] >> (16 * (i & 1)));
+            Bm[2 * t + (i & 1) + (i >= 2 ? 8 : 0)][g] = (float)e;
+            C[i < 2 ? g : g + 8][2 * t + (i & 1)] = all[l].c[i];
+        }
+    }
+    int lane = (int)cpc_emu_self()->lane, g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        int r = i < 2 ? g : g + 8, c = 2 * t + (i & 1);
+        float s = C[r][c];
+        for (int kk = 0; kk < 16; kk++)
+            s += A[r][kk] * Bm[kk][c];
+        d[i] = s;
+    }
+}
 
 // ---- kernel registration (appended to a module by the emulator's build step) ----
 typedef void (*cpc_emu_invoke_fn)(void **args);
