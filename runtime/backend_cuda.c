@@ -149,6 +149,22 @@ static size_t tc_smem_bytes(int D)
            (size_t)4 * 16 * pld * 2;
 }
 
+static cpc_status *pick_nvrtc_kernel(cuda_ctx *c, const char *name)
+{
+    if (strcmp(name, "mma") == 0 && c->k_attn_mma)
+        c->attn_kernel = "mma";
+    else if (strcmp(name, "wmma") == 0 && c->k_attn_tc)
+        c->attn_kernel = "wmma";
+    else if (strcmp(name, "rowwarp") == 0)
+        c->attn_kernel = "rowwarp";
+    else
+        return cpc_error(CPC_E_USAGE,
+                         "'%s' is not a generated attention kernel of this plan (mma, wmma: "
+                         "bf16/fp16 with head_dim %% 16 == 0; rowwarp: any)",
+                         name);
+    return NULL;
+}
+
 /* Shared memory of cpc_flash_attn_mma (kernels/attention.cu: Q, K, V tiles
  * with a pitch of D + 8 elements, then MMA_BN key positions). */
 static size_t mma_smem_bytes(int D)
@@ -518,19 +534,8 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
     /* Which generated attention kernel serves (CPC_NVRTC_ATTN overrides). */
     c->attn_kernel = c->k_attn_mma ? "mma" : c->k_attn_tc ? "wmma" : "rowwarp";
     const char *want = getenv("CPC_NVRTC_ATTN");
-    if (want && *want) {
-        if (strcmp(want, "mma") == 0 && c->k_attn_mma)
-            c->attn_kernel = "mma";
-        else if (strcmp(want, "wmma") == 0 && c->k_attn_tc)
-            c->attn_kernel = "wmma";
-        else if (strcmp(want, "rowwarp") == 0)
-            c->attn_kernel = "rowwarp";
-        else if (!st)
-            st = cpc_error(CPC_E_USAGE,
-                           "CPC_NVRTC_ATTN=%s: not one of mma, wmma, rowwarp available for this "
-                           "plan (mma and wmma need bf16/fp16 and head_dim %% 16 == 0)",
-                           want);
-    }
+    if (!st && want && *want && (st = pick_nvrtc_kernel(c, want)))
+        cpc_status_prefix(st, "CPC_NVRTC_ATTN");
     if (!st && (!c->k_merge || !c->k_attn_rowwarp))
         st = cpc_error(CPC_E_INPUT, "the artifact lacks the 'memory' or 'attention' kernel module");
     if (st) {
@@ -579,6 +584,13 @@ cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention m
     }
     c->attn_mode = mode;
     return NULL;
+}
+
+cpc_status *cpc_cuda_backend_set_nvrtc_kernel(cpc_backend *be, const char *name)
+{
+    if (!be || be->vt != &cuda_vt)
+        return cpc_error(CPC_E_USAGE, "not a CUDA backend");
+    return pick_nvrtc_kernel(C(be), name ? name : "");
 }
 
 void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, bool reset)

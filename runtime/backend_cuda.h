@@ -59,6 +59,13 @@ int cpc_cuda_attention_parse(const char *s);
  * unchanged.  Call between runs, from the thread that uses the backend. */
 cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention mode);
 
+/* Chooses the generated attention kernel of `be` for nvrtc blocks: "mma"
+ * (default where available), "wmma" or "rowwarp" (see nvrtc_kernel below).
+ * Errors: CPC_E_USAGE for another name, a kernel this plan's module lacks, or
+ * a backend that is not CUDA; the choice is then unchanged.  Call between
+ * runs, from the thread that uses the backend. */
+cpc_status *cpc_cuda_backend_set_nvrtc_kernel(cpc_backend *be, const char *name);
+
 /* What served the attention blocks of `be` since creation or the last reset,
  * for the report ("cudnn", or "cudnn (12 blocks fell back to nvrtc: ...)"). */
 typedef struct cpc_cuda_attn_info {
