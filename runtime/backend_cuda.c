@@ -92,7 +92,9 @@ static cpc_status *b_download(cpc_backend *be, void *host, const void *src, size
 
 static cpc_status *b_copy(cpc_backend *be, void *dst, const void *src, size_t bytes)
 {
-    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, C(be)->compute), "copy");
+    /* cudaMemcpyDefault: unified addressing finds the devices (a peer copy when
+     * another rank's buffer lives on another GPU: transport_device.h). */
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, C(be)->compute), "copy");
     return NULL;
 }
 

@@ -70,6 +70,8 @@ struct cpc_local_world {
     coll_group *uly;       /* R instances */
     coll_group world;
     bool *has_endpoint;    /* P */
+    cpc_local_copy_fn copy_fn;  /* NULL: memmove */
+    void *copy_ctx;
 };
 
 typedef struct endpoint {
@@ -78,6 +80,24 @@ typedef struct endpoint {
 } endpoint;
 
 /* ---- world ------------------------------------------------------------------ */
+
+/* Moves n bytes for rank `me` with the world's copy function (memmove when
+ * none is set). */
+static cpc_status *world_copy(cpc_local_world *w, int me, void *dst, const void *src, size_t n)
+{
+    if (!n || dst == src)
+        return NULL;
+    if (w->copy_fn)
+        return w->copy_fn(w->copy_ctx, me, dst, src, n);
+    memmove(dst, src, n);
+    return NULL;
+}
+
+void cpc_local_world_set_copy(cpc_local_world *w, cpc_local_copy_fn fn, void *ctx)
+{
+    w->copy_fn = fn;
+    w->copy_ctx = ctx;
+}
 
 static void coll_group_free(coll_group *g)
 {
@@ -414,9 +434,16 @@ static cpc_status *post(cpc_transport *t, bool is_send, cpc_group g, int peer, v
     }
     s->state = r->state = REQ_COPYING;
     pthread_mutex_unlock(&w->mu);
-    if (s->bytes)
-        memcpy(r->buf, s->buf, s->bytes);
+    cpc_status *cst = world_copy(w, e->p, r->buf, s->buf, s->bytes);
     pthread_mutex_lock(&w->mu);
+    if (cst) {
+        char msg[384];
+        snprintf(msg, sizeof msg, "copy of %zu bytes from rank %d to rank %d on %s group: %s",
+                 s->bytes, s->src, r->dst, cpc_group_name(g), cst->message);
+        cpc_status_free(cst);
+        s->err = strdup(msg);
+        r->err = strdup(msg);
+    }
     s->state = r->state = REQ_DONE;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
@@ -589,9 +616,11 @@ static cpc_status *t_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
                                e->p, what, ep_member(e, g, j), n, recv_counts[j]);
                 break;
             }
-            if (n)
-                memcpy((char *)recv + recv_displs[j],
-                       (const char *)s->send + s->send_displs[me], n);
+            st = world_copy(e->w, e->p, (char *)recv + recv_displs[j],
+                            (const char *)s->send + s->send_displs[me], n);
+            if (st)
+                cpc_status_prefix(st, "local transport: rank %d: %s: part from rank %d", e->p,
+                                  what, ep_member(e, g, j));
         }
     }
     return coll_leave(e, c, st, what, inside);
@@ -622,8 +651,10 @@ static cpc_status *t_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
                                e->p, what, ep_member(e, g, j), s->send_bytes, counts[j]);
                 break;
             }
-            if (s->send_bytes && (char *)recv + displs[j] != (const char *)s->send)
-                memmove((char *)recv + displs[j], s->send, s->send_bytes);
+            st = world_copy(e->w, e->p, (char *)recv + displs[j], s->send, s->send_bytes);
+            if (st)
+                cpc_status_prefix(st, "local transport: rank %d: %s: part from rank %d", e->p,
+                                  what, ep_member(e, g, j));
         }
     }
     return coll_leave(e, c, st, what, inside);

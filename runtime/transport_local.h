@@ -32,6 +32,7 @@
 #define CPC_TRANSPORT_LOCAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "transport.h"
 
@@ -46,6 +47,22 @@ cpc_status *cpc_local_world_create(int ring_degree, int ulysses_degree,
 /* Seconds any single wait may last before the world is aborted with a
  * diagnostic (0 = wait forever, the default).  Call before ranks start. */
 void cpc_local_world_set_timeout(cpc_local_world *w, double seconds);
+
+/* How the world moves bytes between ranks' buffers: copies `bytes` from src
+ * to dst on behalf of rank `copier` (the thread calling it: the rank that
+ * posts the second half of a send/recv pair, or the receiving member of a
+ * collective), and returns when the bytes are in place.  NULL or an error
+ * status (the transfer then fails: both requests of a pair, or the
+ * collective on the copier's side, with the status' message).  Buffers may
+ * overlap only when identical (never copied).  Called without the world's
+ * lock, concurrently from several rank threads. */
+typedef cpc_status *(*cpc_local_copy_fn)(void *ctx, int copier, void *dst, const void *src,
+                                         size_t bytes);
+
+/* Sets the copy function (default: memmove, for host memory).  The CUDA path
+ * sets one that copies device memory with the copier's stream
+ * (transport_device.h).  Call before ranks start; ctx is borrowed. */
+void cpc_local_world_set_copy(cpc_local_world *w, cpc_local_copy_fn fn, void *ctx);
 
 /* Creates rank `rank`'s endpoint (0 <= rank < P).  Each rank gets exactly one
  * endpoint; release it with t->vt->destroy(t) (pending requests are freed).
