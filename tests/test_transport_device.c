@@ -259,6 +259,7 @@ static void *lazy_rank(void *arg)
     if (st)
         t->vt->abort(t, st->message);   /* as the executor does: the others stop waiting */
     j->st = st;
+    l_sync(be);   /* drain this rank's queue before its buffers go */
     be->vt->free(be, sbuf);
     be->vt->free(be, rbuf);
     be->vt->free(be, a2a_s);
@@ -295,8 +296,6 @@ static int lazy_exchange(bool decorated, bool fail_copy, cpc_status **err)
         bad += jobs[p].bad;
         cpc_status_append(err, jobs[p].st);
     }
-    for (int p = 0; p < LP; p++)
-        l_sync(bes[p]);
     cpc_local_world_destroy(w);
     return bad;
 }
