@@ -582,6 +582,9 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     cpc_status *st = make_backend(x, p, &be);
     if (st)
         goto done;
+    /* The results (statistics, output shard, LSE, events) are host memory:
+     * they travel over the unstaged endpoint (owned by the staged one). */
+    cpc_transport *host_t = t;
     /* NCCL takes device buffers itself: never staged */
     if ((x->cuda || opt->staged) && strcmp(t->vt->name, "nccl") != 0) {
         cpc_transport *staged = NULL;
@@ -704,7 +707,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         for (int q = 1; q < L->P && !st; q++) {
             rank_out *rq = &x->res[q];
             size_t n;
-            if ((st = recv_blob(t, q, TAG_STATS, &buf, &n)))
+            if ((st = recv_blob(host_t, q, TAG_STATS, &buf, &n)))
                 break;
             size_t want = (size_t)(3 * x->n_iter + 2) * sizeof(double) + sizeof(attn_count);
             if (n != want) {
@@ -730,7 +733,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             rq->attn.reason[sizeof rq->attn.reason - 1] = 0;
             free(buf);
             buf = NULL;
-            if ((st = recv_blob(t, q, TAG_OUT, &buf, &n)))
+            if ((st = recv_blob(host_t, q, TAG_OUT, &buf, &n)))
                 break;
             int nq = cpc_layout_shard_runs(L, q, qr, max_runs);
             int64_t Tq = cpc_layout_shard_tokens(L, q);
@@ -744,7 +747,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             free(buf);
             buf = NULL;
             if (opt->write_lse) {
-                if ((st = recv_blob(t, q, TAG_LSE, &buf, &n)))
+                if ((st = recv_blob(host_t, q, TAG_LSE, &buf, &n)))
                     break;
                 int32_t *hd = buf;
                 if (n < 3 * sizeof(int32_t)) {
@@ -774,7 +777,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
                 buf = NULL;
             }
             if (x->trace) {
-                if ((st = recv_blob(t, q, TAG_EVENTS, &buf, &n)))
+                if ((st = recv_blob(host_t, q, TAG_EVENTS, &buf, &n)))
                     break;
                 size_t one = sizeof(cpc_exec_event) + sizeof(int);
                 rq->n_ev = (int)(n / one);
@@ -805,10 +808,10 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         d[3 * x->n_iter] = (double)mine.bytes_sent;
         d[3 * x->n_iter + 1] = (double)mine.peak;
         memcpy(d + nd, &mine.attn, sizeof mine.attn);
-        st = send_blob(t, TAG_STATS, d, nd * sizeof *d + sizeof(attn_count));
+        st = send_blob(host_t, TAG_STATS, d, nd * sizeof *d + sizeof(attn_count));
         free(d);
         if (!st)
-            st = send_blob(t, TAG_OUT, shard, ob);
+            st = send_blob(host_t, TAG_OUT, shard, ob);
         if (!st && opt->write_lse) {
             int64_t Tl = 0;
             for (int i = 0; i < lse_nr; i++)
@@ -824,7 +827,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             memcpy(b, hd, sizeof hd);
             memcpy(b + sizeof hd, lse_runs, rb);
             memcpy(b + sizeof hd + rb, lse, lb);
-            st = send_blob(t, TAG_LSE, b, sizeof hd + rb + lb);
+            st = send_blob(host_t, TAG_LSE, b, sizeof hd + rb + lb);
             free(b);
         }
         if (!st && x->trace) {
@@ -837,7 +840,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             memcpy(b, mine.ev, (size_t)mine.n_ev * sizeof(cpc_exec_event));
             memcpy(b + (size_t)mine.n_ev * sizeof(cpc_exec_event), mine.ev_iter,
                    (size_t)mine.n_ev * sizeof(int));
-            st = send_blob(t, TAG_EVENTS, b, (size_t)mine.n_ev * one);
+            st = send_blob(host_t, TAG_EVENTS, b, (size_t)mine.n_ev * one);
             free(b);
         }
     }

@@ -9,6 +9,7 @@
 #                                        LD_LIBRARY_PATH overrides; an RPATH would not)
 #   <build>/emu-cudart/cpc_emu_prepare   prepare.c: builds the emulator modules of a
 #                                        .cplan's kernels, named by the PTX's sha256
+#   test_fake_cudart                     test_fake_cudart.c: the fake's semantics
 #
 # tests/cli/cuda_emu.sh finds both under $CPC_BUILD_DIR/emu-cudart.
 if(CPC_HAVE_CUDA AND TARGET cpc_emu)
@@ -32,5 +33,16 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
   add_executable(cpc_emu_prepare ${CMAKE_CURRENT_LIST_DIR}/prepare.c)
   set_target_properties(cpc_emu_prepare PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
   target_link_libraries(cpc_emu_prepare PRIVATE cpc_compiler cpc_emu)
+
+  # The fake's own semantics (a Criterion test linked against the fake itself).
+  if(CRITERION_FOUND)
+    add_executable(test_fake_cudart ${CMAKE_CURRENT_LIST_DIR}/test_fake_cudart.c)
+    target_include_directories(test_fake_cudart SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+    target_link_libraries(test_fake_cudart PRIVATE cpc_fake_cudart cpc_emu PkgConfig::CRYPTO
+      PkgConfig::CRITERION)
+    add_test(NAME test_fake_cudart COMMAND test_fake_cudart --jobs=1)
+    set_tests_properties(test_fake_cudart PROPERTIES TIMEOUT 300 ENVIRONMENT
+      "CPC_FAKE_TEST_DIR=${CPC_FAKE_CUDART_DIR}/test-modules;CPC_EMU_DEVICES=1")
+  endif()
 
 endif()
