@@ -31,6 +31,7 @@
 #undef __shared__
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CPC_EMU_ASAN 1
 #else
@@ -348,12 +349,55 @@ extern "C" const char *cpc_emu_module_kernel_name(const cpc_emu_module *m, int i
 // Launches: fibers
 // =====================================================================================
 
+// ---- context switching ------------------------------------------------------------
+// On x86-64 a fiber switch saves the callee-saved registers, MXCSR and the x87
+// control word on the current stack and swaps stack pointers (no system
+// call: glibc's swapcontext makes two signal-mask system calls per switch,
+// which dominated the emulator's time).  Elsewhere, ucontext.
+#if defined(__x86_64__)
+#define CPC_EMU_FAST_SWITCH 1
+extern "C" void cpc_emu_switch(void **save_sp, void *new_sp);
+__asm__(".text\n"
+        ".globl cpc_emu_switch\n"
+        ".hidden cpc_emu_switch\n"
+        ".type cpc_emu_switch,@function\n"
+        "cpc_emu_switch:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  subq $8, %rsp\n"
+        "  stmxcsr (%rsp)\n"
+        "  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n"
+        "  fldcw 4(%rsp)\n"
+        "  addq $8, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size cpc_emu_switch, .-cpc_emu_switch\n");
+#else
+#define CPC_EMU_FAST_SWITCH 0
+#endif
+
 enum fiber_state { F_READY, F_WAIT_BLOCK, F_WAIT_WARP, F_DONE };
 
 static const size_t STACK_BYTES = (size_t)256 << 10;
 
 struct Fiber {
+#if CPC_EMU_FAST_SWITCH
+    void *sp;          // saved stack pointer while switched out
+#else
     ucontext_t ctx;
+#endif
     char *stack;
     cpc_emu_thread_view view;
     int state;
@@ -378,7 +422,11 @@ struct Launch {
     unsigned n;
     Fiber *f;
     std::vector<Warp> warps;
+#if CPC_EMU_FAST_SWITCH
+    void *sched_sp;
+#else
     ucontext_t sched;
+#endif
     const void *sched_bottom;
     size_t sched_size;
     void *smem;
@@ -395,6 +443,33 @@ static thread_local int tl_order = -1;    // -1: from CPC_EMU_ORDER
 // Pool of fiber stacks per OS thread, grown on demand.
 static thread_local char *tl_stacks;
 static thread_local size_t tl_stacks_n;
+// Under ASan: the lowest frame address each stack had when its fiber last
+// switched out.  A fiber that dies (or is abandoned by a failed launch)
+// never returns from its frames, so their redzones stay poisoned; they are
+// unpoisoned before the stack is reused.
+static thread_local void **tl_stack_low;
+
+static void note_stack_low(unsigned i, void *sp)
+{
+    if (CPC_EMU_ASAN && tl_stack_low && i < tl_stacks_n &&
+        (!tl_stack_low[i] || (char *)sp < (char *)tl_stack_low[i]))
+        tl_stack_low[i] = sp;
+}
+
+static void clean_stack(unsigned i)
+{
+#if CPC_EMU_ASAN
+    char *base = tl_stacks + (size_t)i * STACK_BYTES, *top = base + STACK_BYTES;
+    char *low = tl_stack_low && tl_stack_low[i] ? (char *)tl_stack_low[i] - 1024 : top - 256;
+    if (low < base)
+        low = base;
+    __asan_unpoison_memory_region(low, (size_t)(top - low));
+    if (tl_stack_low)
+        tl_stack_low[i] = nullptr;
+#else
+    (void)i;
+#endif
+}
 
 static const char *kind_name(int kind)
 {
@@ -411,15 +486,27 @@ static const char *kind_name(int kind)
     return "?";
 }
 
+static void note_stack_low(unsigned i, void *sp);
+
 static inline void switch_to_sched(Launch *L, Fiber *f, bool dying)
 {
+    note_stack_low(L->cur, __builtin_frame_address(0));
 #if CPC_EMU_ASAN
     __sanitizer_start_switch_fiber(dying ? nullptr : &f->asan_fake, L->sched_bottom, L->sched_size);
 #endif
     if (dying) {
+#if CPC_EMU_FAST_SWITCH
+        void *dead;
+        cpc_emu_switch(&dead, L->sched_sp);
+#else
         setcontext(&L->sched);
+#endif
     } else {
+#if CPC_EMU_FAST_SWITCH
+        cpc_emu_switch(&f->sp, L->sched_sp);
+#else
         swapcontext(&f->ctx, &L->sched);
+#endif
 #if CPC_EMU_ASAN
         __sanitizer_finish_switch_fiber(f->asan_fake, &L->sched_bottom, &L->sched_size);
 #endif
@@ -592,15 +679,36 @@ static std::string describe_deadlock(Launch *L)
     return s + ")";
 }
 
-// getcontext returns twice: kept out of run_block's frame.
-static __attribute__((noinline)) void make_fiber(Fiber *f)
+#if CPC_EMU_FAST_SWITCH
+// A fresh fiber's stack, as cpc_emu_switch leaves a switched-out one: MXCSR and
+// x87 control word, six zeroed callee-saved registers, the entry point as the
+// return address, and a dummy return address above it so that the entry
+// runs with the stack aligned as after a call (rsp = 8 mod 16).
+static void make_fiber(Fiber *f, unsigned i)
 {
+    clean_stack(i);
+    uintptr_t top = ((uintptr_t)f->stack + STACK_BYTES) & ~(uintptr_t)15;
+    uint64_t *sp = reinterpret_cast<uint64_t *>(top - 72);
+    uint32_t ctl[2] = {0x1f80u, 0x037fu};   // MXCSR default, x87 control word default
+    memcpy(&sp[0], ctl, 8);
+    for (int i = 1; i <= 6; i++)
+        sp[i] = 0;
+    sp[7] = (uint64_t)(uintptr_t)&fiber_entry;
+    sp[8] = 0;
+    f->sp = sp;
+}
+#else
+// getcontext returns twice: kept out of run_block's frame.
+static __attribute__((noinline)) void make_fiber(Fiber *f, unsigned i)
+{
+    clean_stack(i);
     getcontext(&f->ctx);
     f->ctx.uc_stack.ss_sp = f->stack;
     f->ctx.uc_stack.ss_size = STACK_BYTES;
     f->ctx.uc_link = nullptr;
     makecontext(&f->ctx, fiber_entry, 0);
 }
+#endif
 
 static int run_block(Launch *L, uint3 bidx, bool reverse)
 {
@@ -624,7 +732,7 @@ static int run_block(Launch *L, uint3 bidx, bool reverse)
         f.view.lane = i % 32;
         f.view.warp = i / 32;
         f.state = F_READY;
-        make_fiber(&f);
+        make_fiber(&f, i);
     }
     unsigned done = 0;
     for (;;) {
@@ -640,7 +748,11 @@ static int run_block(Launch *L, uint3 bidx, bool reverse)
             void *fake = nullptr;
             __sanitizer_start_switch_fiber(&fake, f.stack, STACK_BYTES);
 #endif
+#if CPC_EMU_FAST_SWITCH
+            cpc_emu_switch(&L->sched_sp, f.sp);
+#else
             swapcontext(&L->sched, &f.ctx);
+#endif
 #if CPC_EMU_ASAN
             __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -710,13 +822,23 @@ extern "C" int cpc_emu_launch(const cpc_emu_kernel *k, cpc_emu_dim3 grid, cpc_em
     L->smem_bytes = dyn_smem;
     if (tl_stacks_n < L->n) {
         if (tl_stacks)
+        {
+#if CPC_EMU_ASAN
+            __asan_unpoison_memory_region(tl_stacks, tl_stacks_n * STACK_BYTES);
+#endif
             munmap(tl_stacks, tl_stacks_n * STACK_BYTES);
+        }
         tl_stacks_n = 0;
         void *p = mmap(nullptr, (size_t)L->n * STACK_BYTES, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         tl_stacks = p == MAP_FAILED ? nullptr : static_cast<char *>(p);
-        if (tl_stacks)
+        free(tl_stack_low);
+        tl_stack_low = nullptr;
+        if (tl_stacks) {
             tl_stacks_n = L->n;
+            if (CPC_EMU_ASAN)
+                tl_stack_low = static_cast<void **>(calloc(L->n, sizeof(void *)));
+        }
     }
     if (!L->f || (dyn_smem && !L->smem) || !tl_stacks) {
         set_err(err, err_len, "emu: out of memory for %u fibers", L->n);
