@@ -21,6 +21,7 @@
 #include "safetensors.h"
 #include "trace.h"
 #include "transport_local.h"
+#include "transport_device.h"
 #include "transport_staged.h"
 #include "transport_nccl.h"
 #include "../compiler/codegen.h"
@@ -261,6 +262,8 @@ typedef struct run_ctx {
     float *lse;               /* global [B, H, S] or NULL */
     /* local transport */
     cpc_local_world *world;
+    cpc_backend **bes;        /* [P] when the world copies device to device
+                                 (transport_device.h): rank p's backend */
     cpc_transport **tr;       /* [P] */
     cpc_status **st;          /* [P] */
     /* backend cuda */
@@ -585,8 +588,15 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     /* The results (statistics, output shard, LSE, events) are host memory:
      * they travel over the unstaged endpoint (owned by the staged one). */
     cpc_transport *host_t = t;
-    /* NCCL takes device buffers itself: never staged */
-    if ((x->cuda || opt->staged) && strcmp(t->vt->name, "nccl") != 0) {
+    if (x->bes) {
+        /* virtual ranks in one process: device to device */
+        x->bes[p] = be;
+        cpc_transport *dev = NULL;
+        if ((st = cpc_transport_device_create(t, be, &dev)))
+            goto done;
+        *tp = t = dev;
+    } else if ((x->cuda || opt->staged) && strcmp(t->vt->name, "nccl") != 0) {
+        /* NCCL takes device buffers itself: never staged */
         cpc_transport *staged = NULL;
         if ((st = cpc_transport_staged_create(t, be, &staged)))
             goto done;
@@ -858,6 +868,8 @@ done:
     for (int i = 0; i < 3; i++)
         free(inbuf[i]);
     cpc_exec_destroy(ex);
+    if (x->bes)
+        x->bes[p] = NULL;
     if (be)
         be->vt->destroy(be);
     return st;
@@ -1311,6 +1323,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (use_mpi && x.cuda && strcmp(opt.transport, "auto") == 0)
         use_nccl = true;
 #endif
+    /* Ranks that are threads of this process: device buffers move device to
+     * device (transport_device.h) unless staging through host memory was
+     * asked for. */
+    bool device_copies = !use_mpi && ((x.cuda && !opt.staged) || opt.device_transport);
     if (use_nccl) {
         /* NCCL (runtime/transport_nccl.h): one process per rank, GPU = local
          * rank mod visible GPUs, bootstrapped over MPI; device buffers go
@@ -1389,7 +1405,8 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         fprintf(opt.log, "cprun: %s: %s %d x %d, %d rank%s (%s transport%s), %s backend%s, %d warmup + %d iteration%s\n",
                 job->plan->name ? job->plan->name : "plan", cpc_variant_name(L->variant), L->R,
                 L->U, P, P == 1 ? "" : "s", use_mpi ? (use_nccl ? "nccl" : "mpi") : "local",
-                x.cuda || opt.staged ? ", staged through host memory" : "",
+                device_copies ? ", device to device"
+                : x.cuda || opt.staged ? ", staged through host memory" : "",
                 x.cuda ? "cuda" : "cpu",
                 !x.cuda ? ""
                 : use_mpi ? " (GPU = local rank mod visible GPUs)"
@@ -1414,6 +1431,13 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         if ((st = cpc_local_world_create(L->R, L->U, &x.world)))
             goto out;
         cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? 3600.0 : opt.timeout_s);
+        if (device_copies) {
+            if (!(x.bes = calloc((size_t)P, sizeof *x.bes))) {
+                st = cpc_error(CPC_E_NOMEM, "out of memory");
+                goto out;
+            }
+            cpc_local_world_set_copy(x.world, cpc_device_copy, x.bes);
+        }
         x.tr = calloc((size_t)P, sizeof *x.tr);
         pthread_t *th = calloc((size_t)P, sizeof *th);
         thread_arg *ta = calloc((size_t)P, sizeof *ta);
@@ -1566,6 +1590,7 @@ out:
                 x.tr[p]->vt->destroy(x.tr[p]);
     free(x.tr);
     free(x.st);
+    free(x.bes);
     cpc_local_world_destroy(x.world);
     if (mpi_t)
         mpi_t->vt->destroy(mpi_t);

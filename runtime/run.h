@@ -121,6 +121,12 @@ typedef struct cpc_run_options {
                                     CPU backend; the CUDA backend always is.
                                     Tests the CUDA path's plumbing without a
                                     GPU (default false) */
+    bool device_transport;       /* ranks that are threads of this process move
+                                    buffers device to device
+                                    (transport_device.h): what the CUDA backend
+                                    does unless `staged` is set; set on the CPU
+                                    backend it tests that plumbing (default
+                                    false) */
 } cpc_run_options;
 
 /* Fills defaults (what cprun uses when an option is not given). */

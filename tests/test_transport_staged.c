@@ -400,7 +400,10 @@ static cpc_plan *mk_plan(int H, int Hkv, int D, cpc_dtype dt, int64_t s0, int64_
     return p;
 }
 
-static void staged_job(cpc_variant v, int R, int U, cpc_dtype dt, int Hkv, int64_t s0, int64_t s1)
+/* device = false: options.staged (host staging); true: options.device_transport
+ * (device-to-device copies, transport_device.h) - both on the CPU backend. */
+static void wrapped_job(bool device, cpc_variant v, int R, int U, cpc_dtype dt, int Hkv,
+                        int64_t s0, int64_t s1)
 {
     cpc_plan *plan = mk_plan(6, Hkv, 32, dt, s0, s1, R * U);
     plan->parallel.variant = v;
@@ -419,15 +422,17 @@ static void staged_job(cpc_variant v, int R, int U, cpc_dtype dt, int Hkv, int64
     o.warmup = 0;
     o.iters = 1;
     o.timeout_s = 60;
-    o.staged = true;
+    o.staged = !device;
+    o.device_transport = device;
     st = cpc_job_run(job, &o, &a, NULL);
     cr_assert_null(st, "%s staged: %s", cpc_variant_name(v), st ? st->message : "");
-    cr_expect_str_eq(a.transport, "local+staged");
+    cr_expect_str_eq(a.transport, device ? "local+device" : "local+staged");
     cr_expect_str_eq(a.backend, "cpu");
     cr_expect_str_eq(a.attention, "cpu");
     cr_expect(a.checked && a.pass && a.rel_err > 0, "%s staged: rel_err %.3e", cpc_variant_name(v),
               a.rel_err);
     o.staged = false;
+    o.device_transport = false;
     st = cpc_job_run(job, &o, &b, NULL);
     cr_assert_null(st);
     cr_expect_str_eq(b.transport, "local");
@@ -443,7 +448,18 @@ static void staged_job(cpc_variant v, int R, int U, cpc_dtype dt, int Hkv, int64
     cpc_plan_free(plan);
 }
 
+static void staged_job(cpc_variant v, int R, int U, cpc_dtype dt, int Hkv, int64_t s0, int64_t s1)
+{
+    wrapped_job(false, v, R, U, dt, Hkv, s0, s1);
+}
+
 /* Uneven segments and GQA (anything variants); a 2 x 2 mesh (unified). */
 Test(transport_staged, job_ring_anything) { staged_job(CPC_VARIANT_RING_ANYTHING, 4, 1, CPC_DTYPE_BF16, 3, 21, 111); }
 Test(transport_staged, job_ulysses_anything) { staged_job(CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, CPC_DTYPE_FP32, 3, 21, 111); }
 Test(transport_staged, job_unified) { staged_job(CPC_VARIANT_UNIFIED, 2, 2, CPC_DTYPE_FP16, 6, 24, 112); }
+
+/* The same jobs with device-to-device copies (what the CUDA backend uses for
+ * virtual ranks): bit-identical to the plain local transport. */
+Test(transport_staged, job_device_ring_anything) { wrapped_job(true, CPC_VARIANT_RING_ANYTHING, 4, 1, CPC_DTYPE_BF16, 3, 21, 111); }
+Test(transport_staged, job_device_ulysses_anything) { wrapped_job(true, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, CPC_DTYPE_FP32, 3, 21, 111); }
+Test(transport_staged, job_device_unified) { wrapped_job(true, CPC_VARIANT_UNIFIED, 2, 2, CPC_DTYPE_FP16, 6, 24, 112); }

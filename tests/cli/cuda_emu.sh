@@ -201,7 +201,7 @@ for spec in sys.argv[2:]:
     why = []
     if not r.get("ok"): why.append("ok is false")
     if r.get("backend") != "cuda": why.append(f"backend {r.get('backend')}")
-    if not str(r.get("transport")).startswith("local+"): why.append(f"transport {r.get('transport')}")
+    if r.get("transport") != "local+device": why.append(f"transport {r.get('transport')}")
     if r.get("ranks") != int(ranks): why.append(f"ranks {r.get('ranks')}, want {ranks}")
     c = r.get("check") or {}
     if c.get("pass") is not True: why.append(f"check {c}")
