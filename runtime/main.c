@@ -110,6 +110,14 @@ static void json_failure(const cpc_job *job, const cpc_status *st, const char *m
     g_json_printed = true;
 }
 
+/* cpc_run_options.before_abort: an MPI job failing during setup is aborted
+ * inside cpc_job_run, so the JSON failure object is printed from here. */
+static void json_before_abort(void *ctx, const cpc_status *st, int exit_status)
+{
+    json_failure(ctx, st, NULL, exit_status);
+    fflush(stdout);
+}
+
 static int usage_error(const char *fmt, const char *arg)
 {
     char msg[1024];
@@ -436,6 +444,8 @@ static int cprun_main(int argc, char **argv, const char **sets)
 
     cpc_run_report rep;
     bool root = true;
+    opt.before_abort = json_before_abort;
+    opt.before_abort_ctx = job;
     cpc_status *st = cpc_job_run(job, &opt, &rep, &root);
     int rc;
     if (st) {

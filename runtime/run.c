@@ -1576,6 +1576,8 @@ setup_failed:
          * (2 for an input error, 3 for a runtime one). */
         char *msg = cpc_status_format("cprun", st);
         int code = cpc_status_exit_code(st);
+        if (opt.before_abort)
+            opt.before_abort(opt.before_abort_ctx, st, code ? code : 3);
         cpc_mpi_abort(code ? code : 3, msg ? msg : st->message);
     }
 #endif

@@ -127,6 +127,14 @@ typedef struct cpc_run_options {
                                     does unless `staged` is set; set on the CPU
                                     backend it tests that plumbing (default
                                     false) */
+    /* Called on each MPI rank right before a failure during setup (input,
+     * shards, buffers) aborts the whole job with cpc_mpi_abort, which does
+     * not return: the last chance to report (cprun prints its --format json
+     * failure object on launcher rank 0).  exit_status is what the job will
+     * exit with.  NULL: nothing.  Not called for thread ranks, whose failures
+     * are returned by cpc_job_run. */
+    void (*before_abort)(void *ctx, const cpc_status *st, int exit_status);
+    void *before_abort_ctx;
 } cpc_run_options;
 
 /* Fills defaults (what cprun uses when an option is not given). */

@@ -164,6 +164,8 @@ elif ! grep -Eq '^cprun.*rank [0-9]+' "$tmp/err"; then
     failed "truncated --input: no message of cprun naming the rank"
 elif ! grep -q 'truncated.safetensors' "$tmp/err"; then
     failed "truncated --input: the message does not name the file"
+elif ! python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); assert o["ok"] is False and o["error"]["exit_status"] == 2 and "truncated.safetensors" in o["error"]["message"]' "$tmp/out" 2>/dev/null; then
+    failed "truncated --input with --format json: stdout is not one JSON failure object: $(head -c 300 "$tmp/out")"
 else
     printf 'run_cprun: %-42s ok: exit 2 in %d ms\n' "-np 4 truncated --input" "$ms"
 fi
