@@ -505,6 +505,21 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
         b_destroy(be);
         return cuda_err(e, "device setup");
     }
+    /* Ranks on other GPUs of this process copy straight into this GPU's
+     * buffers (transport_device.h): enable peer access where the hardware
+     * has it (else the driver stages peer copies itself).  Enabling twice
+     * (another rank on this GPU did) is fine. */
+    for (int peer = 0; peer < n; peer++) {
+        int can = 0;
+        if (peer == device || cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess || !can)
+            continue;
+        cudaError_t pe = cudaDeviceEnablePeerAccess(peer, 0);
+        if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) {
+            b_destroy(be);
+            return cuda_err(pe, "enable peer access");
+        }
+    }
+    (void)cudaGetLastError();   /* "already enabled" is not sticky, but clear it */
     for (int i = 0; i < n_kernels && !st; i++) {
         if (!kernels[i].ptx) {
             st = cpc_error(CPC_E_INPUT, "kernel module '%s' has no PTX (compiled with --no-kernels?)",

@@ -181,6 +181,37 @@ API cudaError_t cudaRuntimeGetVersion(int *v)
     return cudaSuccess;
 }
 
+/* Peer access: every pair of emulated devices can reach each other (one host
+ * memory); enabling it twice from one device is an error, as on hardware. */
+static pthread_mutex_t g_peer_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char g_peer[64][64];
+
+API cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    int n = device_count();
+    if (!can)
+        return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= n || peer < 0 || peer >= n)
+        return ret(cudaErrorInvalidDevice);
+    *can = device != peer;
+    return cudaSuccess;
+}
+
+API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
+{
+    int dev;
+    cudaError_t e = current(&dev);
+    if (e != cudaSuccess)
+        return ret(e);
+    if (flags != 0 || peer < 0 || peer >= device_count() || peer == dev || dev >= 64 || peer >= 64)
+        return ret(peer == dev ? cudaErrorInvalidDevice : cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_peer_mu);
+    bool again = g_peer[dev][peer];
+    g_peer[dev][peer] = 1;
+    pthread_mutex_unlock(&g_peer_mu);
+    return again ? ret(cudaErrorPeerAccessAlreadyEnabled) : cudaSuccess;
+}
+
 API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
     if (!value)
