@@ -308,17 +308,21 @@ cpc_flash_attn_tc(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__
 // The C fragments of S for key columns [16j, 16j+16) are exactly the A
 // fragment of P for the j-th k-step of P V, so P never leaves registers.
 // A block of 4 warps owns 64 query rows of one (b, head), 16 per warp;
-// K/V tiles of MMA_BN keys are staged in shared memory (row pitch D + 8
-// elements: the fragment loads below are free of bank conflicts).  Online
-// softmax in fp32; each thread keeps a partial row sum for its 2 columns of
-// each n-tile, summed over the 4 threads of a group at the end.  Dynamic
-// shared memory: cpc_attn_mma_smem_bytes() in runtime/backend_cuda.c mirrors
-// the layout (Q, K, V tiles, then MMA_BN key positions).
+// K/V tiles of MMA_BN keys are staged in shared memory: K row-major (pitch
+// D + 8 elements), V transposed (Vt[d][key], pitch MMA_BN + 8), so that every
+// fragment load is one 32-bit load of two adjacent elements, free of bank
+// conflicts.  For head_dim <= 128 the warp's Q fragments stay in registers.
+// Online softmax in fp32; each thread keeps a partial row sum for its 2
+// columns of each n-tile, summed over the 4 threads of a group at the end.
+// Dynamic shared memory: mma_smem_bytes() in runtime/backend_cuda.c mirrors
+// the layout (Q tile, K tile, Vt tile, then MMA_BN key positions).
 #if CPC_DTYPE_ID != 2 && (CPC_HEAD_DIM % 16) == 0 && CPC_HEAD_DIM <= 256
 
 #define MMA_BM 64
 #define MMA_BN (CPC_HEAD_DIM > 128 ? 32 : 64)
 #define MMA_LD (CPC_HEAD_DIM + 8)
+#define MMA_VLD (MMA_BN + 8)
+#define MMA_Q_IN_REGS (CPC_HEAD_DIM <= 128)
 
 #ifdef CPC_EMU
 #define cpc_mma16816(d, a, b) cpc_emu_mma_m16n8k16<CPC_DTYPE>(d, a, b)
@@ -370,6 +374,33 @@ __device__ __forceinline__ void cpc_stage(CPC_DTYPE *dst, const CPC_DTYPE *src, 
     }
 }
 
+// Stages keys [n0, n0 + MMA_BN) x D of V transposed: Vt[d * MMA_VLD + key],
+// zero past `limit`.  Consecutive threads take consecutive keys of the same 8
+// head-dim columns, so the 2-byte shared stores of a warp hit distinct banks.
+__device__ __forceinline__ void cpc_stage_vt(CPC_DTYPE *vt, const CPC_DTYPE *src, long long row_stride,
+                                             long long n0, long long limit, bool vec)
+{
+    const int D = CPC_HEAD_DIM;
+    for (int i = threadIdx.x; i < MMA_BN * (D / 8); i += blockDim.x) {
+        int r = i % MMA_BN, c = (i / MMA_BN) * 8;
+        const CPC_DTYPE *g = src + (n0 + r) * row_stride + c;
+        bool in = n0 + r < limit;
+        if (vec) {
+            int4 val = {0, 0, 0, 0};
+            if (in)
+                val = *reinterpret_cast<const int4 *>(g);
+            const CPC_DTYPE *e = reinterpret_cast<const CPC_DTYPE *>(&val);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                vt[(c + k) * MMA_VLD + r] = e[k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                vt[(c + k) * MMA_VLD + r] = in ? g[k] : (CPC_DTYPE)0.0f;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128)
 cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,
                    const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse,
@@ -383,8 +414,8 @@ cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict_
     CPC_DYNAMIC_SMEM(unsigned char, smem_raw);
     CPC_DTYPE *Qs = reinterpret_cast<CPC_DTYPE *>(smem_raw);
     CPC_DTYPE *Ks = Qs + MMA_BM * MMA_LD;
-    CPC_DTYPE *Vs = Ks + MMA_BN * MMA_LD;
-    long long *kpos_s = reinterpret_cast<long long *>(Vs + MMA_BN * MMA_LD);
+    CPC_DTYPE *Vt = Ks + MMA_BN * MMA_LD;
+    long long *kpos_s = reinterpret_cast<long long *>(Vt + CPC_HEAD_DIM * MMA_VLD);
 #if CPC_CAUSAL
     __shared__ long long s_qmax;  // largest query position of the block
 #endif
@@ -431,6 +462,20 @@ cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict_
     }
 #endif
 
+    // The warp's Q fragments (A operand of S = Q K^T): registers or smem.
+    const CPC_DTYPE *qw = Qs + (warp * 16 + g) * MMA_LD + 2 * t;
+#if MMA_Q_IN_REGS
+    __syncthreads();  // the Q tile is staged
+    unsigned qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        qa[kk][0] = cpc_ld2(qw + kk * 16);
+        qa[kk][1] = cpc_ld2(qw + 8 * MMA_LD + kk * 16);
+        qa[kk][2] = cpc_ld2(qw + kk * 16 + 8);
+        qa[kk][3] = cpc_ld2(qw + 8 * MMA_LD + kk * 16 + 8);
+    }
+#endif
+
     float oacc[NT_O][4];
 #pragma unroll
     for (int j = 0; j < NT_O; j++)
@@ -457,7 +502,7 @@ cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict_
             continue;  // uniform: no key of the tile is visible to any row of the block
 #endif
         cpc_stage(Ks, kb, kv_row_stride, n0, MMA_BN, skv, kvvec);
-        cpc_stage(Vs, vb, kv_row_stride, n0, MMA_BN, skv, kvvec);
+        cpc_stage_vt(Vt, vb, kv_row_stride, n0, skv, kvvec);
         if ((int)threadIdx.x < MMA_BN) {
             long long n = n0 + threadIdx.x;
             kpos_s[threadIdx.x] = n < skv ? (has_pos ? kv_pos[n] : n) : -1;
@@ -472,14 +517,17 @@ cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict_
 #pragma unroll
         for (int j = 0; j < NT_S; j++)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        const CPC_DTYPE *qw = Qs + (warp * 16 + g) * MMA_LD + 2 * t;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
+#if MMA_Q_IN_REGS
+            const unsigned *a = qa[kk];
+#else
             unsigned a[4];
             a[0] = cpc_ld2(qw + kk * 16);
             a[1] = cpc_ld2(qw + 8 * MMA_LD + kk * 16);
             a[2] = cpc_ld2(qw + kk * 16 + 8);
             a[3] = cpc_ld2(qw + 8 * MMA_LD + kk * 16 + 8);
+#endif
 #pragma unroll
             for (int j = 0; j < NT_S; j++) {
                 const CPC_DTYPE *kr = Ks + (j * 8 + g) * MMA_LD + kk * 16 + 2 * t;
@@ -549,11 +597,10 @@ cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict_
         // O += P V.
 #pragma unroll
         for (int kk = 0; kk < MMA_BN / 16; kk++) {
-            const CPC_DTYPE *vr = Vs + (kk * 16 + 2 * t) * MMA_LD + g;
 #pragma unroll
             for (int j = 0; j < NT_O; j++) {
-                const CPC_DTYPE *vc = vr + j * 8;
-                unsigned bf[2] = {cpc_pack2(vc[0], vc[MMA_LD]), cpc_pack2(vc[8 * MMA_LD], vc[9 * MMA_LD])};
+                const CPC_DTYPE *vc = Vt + (j * 8 + g) * MMA_VLD + kk * 16 + 2 * t;
+                unsigned bf[2] = {cpc_ld2(vc), cpc_ld2(vc + 8)};
                 cpc_mma16816(oacc[j], pa[kk], bf);
             }
         }

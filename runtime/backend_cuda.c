@@ -167,12 +167,13 @@ static cpc_status *pick_nvrtc_kernel(cuda_ctx *c, const char *name)
     return NULL;
 }
 
-/* Shared memory of cpc_flash_attn_mma (kernels/attention.cu: Q, K, V tiles
- * with a pitch of D + 8 elements, then MMA_BN key positions). */
+/* Shared memory of cpc_flash_attn_mma (kernels/attention.cu: Q and K tiles
+ * with a pitch of D + 8 elements, V transposed with a pitch of MMA_BN + 8,
+ * then MMA_BN key positions). */
 static size_t mma_smem_bytes(int D)
 {
-    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8;
-    return (size_t)(bm + 2 * bn) * ld * 2 + (size_t)bn * 8;
+    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, vld = bn + 8;
+    return (size_t)(bm + bn) * ld * 2 + (size_t)D * vld * 2 + (size_t)bn * 8;
 }
 
 /* The generated attention kernel (any block). */

@@ -192,8 +192,8 @@ static size_t tc_smem_bytes(int D)
 /* Shared memory of cpc_flash_attn_mma: mirrors runtime/backend_cuda.c. */
 static size_t mma_smem_bytes(int D)
 {
-    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8;
-    return (size_t)(bm + 2 * bn) * ld * 2 + (size_t)bn * 8;
+    int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, vld = bn + 8;
+    return (size_t)(bm + bn) * ld * 2 + (size_t)D * vld * 2 + (size_t)bn * 8;
 }
 
 /* Runs one case through `kernel` ("cpc_flash_attn_tc" or "cpc_attn_rowwarp"),
