@@ -17,6 +17,42 @@ static bool add(cpc_compiled *c, cpc_status *st)
     return !err;
 }
 
+/* The plan key that chose the schedule: parallel.variant, else a diffusers
+ * flag or degree that implied the variant, else the parallel section, else
+ * cluster.world_size (variant auto).  Its value's span. */
+static cpc_span schedule_span(const cpc_plan *p)
+{
+    static const char *const keys[] = {"parallel.variant", "parallel.ulysses_anything", "parallel.ring_anything",
+                                       "parallel.ring_degree", "parallel.ulysses_degree", "parallel",
+                                       "cluster.world_size", NULL};
+    for (int k = 0; keys[k]; k++)
+        for (int i = 0; i < p->n_key_spans; i++)
+            if (p->key_spans[i].key && strcmp(p->key_spans[i].key, keys[k]) == 0)
+                return strcmp(keys[k], "parallel") == 0 ? p->key_spans[i].key_span : p->key_spans[i].value_span;
+    return CPC_NO_SPAN;
+}
+
+/* SPEC section 3: every diagnostic has a file:line:col.  CP051 diagnostics
+ * about ops the compiler built (they have no span of their own; ops a Lua
+ * script changed point at the script) and the "schedule not verified"
+ * warning point at the key that chose the schedule. */
+static cpc_status *place_schedule_diags(cpc_status *st, const cpc_plan *p)
+{
+    cpc_span sp = schedule_span(p);
+    if (sp.line <= 0 || !sp.file)
+        return st;
+    for (cpc_status *d = st; d && d != &cpc_status_oom; d = d->next) {
+        if (d->rule != CPC_RULE_VERIFY || d->span.line > 0)
+            continue;
+        char *f = strdup(sp.file);
+        if (!f)
+            continue;
+        free((char *)d->span.file);
+        d->span = (cpc_span){f, sp.line, sp.col};
+    }
+    return st;
+}
+
 /* The script path: --lua as given, or schedule.script relative to the plan. */
 static char *script_path(const cpc_plan *plan, const cpc_compile_opts *o)
 {
@@ -83,10 +119,10 @@ bool cpc_compile_file(const char *path, const cpc_compile_opts *o, cpc_compiled 
         goto fail;
     if (script && cpc_lua_has_schedule(script)) {
         /* cpc_lua_schedule verifies what the script returns (CP051) */
-        if (!add(c, cpc_lua_schedule(script, c->plan, c->program)))
+        if (!add(c, place_schedule_diags(cpc_lua_schedule(script, c->plan, c->program), c->plan)))
             goto fail;
         c->script_applied = true;
-    } else if (!add(c, cpc_verify(c->program))) {
+    } else if (!add(c, place_schedule_diags(cpc_verify(c->program), c->plan))) {
         goto fail;
     }
     /* price the final program: what a script returned is what is priced */

@@ -8,7 +8,11 @@
  *        -> codegen (optional) -> [emit: cpc_compiled_write]
  *
  * Each stage appends its diagnostics to `diags`; an error stops the
- * pipeline (later fields stay NULL).  Warnings never stop it.
+ * pipeline (later fields stay NULL).  Warnings never stop it.  Every
+ * diagnostic about the plan has a position: CP051 errors and warnings
+ * about ops the compiler built (which have no span of their own) point at
+ * the plan key that chose the schedule (parallel.variant, else a diffusers
+ * flag or degree, else `parallel`, else cluster.world_size).
  *
  * Ownership: cpc_compiled owns everything it points to; free it with
  * cpc_compiled_free.  Thread-safety: no global state; one compile per thread.

@@ -34,7 +34,16 @@
  * Memory per rank = the sum of the program's buffer capacities on that rank
  * + the all-to-all staging space the executor allocates (the largest
  * pack/unpack side; both sides when B > 1) + the attention workspace +
- * cluster.reserved_gb.
+ * cluster.reserved_gb.  The first two are what cprun measures and reports
+ * as peak_memory_bytes_per_rank (runtime/executor.h: the executor's
+ * allocations; buffer_bytes_per_rank below is the buffers alone), so
+ *   memory_bytes_per_rank = cprun's peak_memory_bytes_per_rank
+ *                         + workspace + reserved_gb,
+ * workspace = a GPU flash-attention kernel's per-rank scratch, fixed:
+ * 128 x 128 fp32 scores x 2 + 4 x 128 x head_dim fp32 = 131072 + 2048 * D
+ * bytes (147456 for D = 8, 393216 for D = 128).  cprun's CPU backend does
+ * not allocate it (nor reserved_gb, memory the rest of the model holds), so
+ * its figure is lower by exactly that much.
  *
  * Device figures are public numbers, each with its source in cost.c; a
  * profile written by `cprun --calibrate` (cluster.profile) overrides them.
@@ -104,8 +113,9 @@ typedef struct cpc_prediction {
     double ms_per_forward;          /* x model.layers */
     double compute_ms_per_layer;    /* attention + memory-bound ops, max over ranks */
     double comm_ms_per_layer;       /* communication not hidden, max over ranks */
-    int64_t memory_bytes_per_rank;  /* peak over ranks, reserved_gb included */
-    int64_t buffer_bytes_per_rank;  /* peak over ranks, buffers only */
+    int64_t memory_bytes_per_rank;  /* peak over ranks: cprun's peak_memory_bytes_per_rank
+                                       + attention workspace + reserved_gb (see above) */
+    int64_t buffer_bytes_per_rank;  /* peak over ranks, buffers and all-to-all staging */
     int64_t bytes_sent_per_rank;    /* per layer, max over ranks */
     double flops_per_layer;         /* total over ranks */
     bool fits;                      /* memory <= device memory */

@@ -992,6 +992,115 @@ static void set_expr(lua_State *L, const char *k, const cpc_expr *e)
         set_str(L, k, cpc_expr_text(e));
 }
 
+/* Op tables are proxies: an empty table whose metatable holds the op's
+ * fields (__index = the backing table), so that every assignment, also to
+ * a field the op already has, passes through op_newindex, which records the
+ * script line that made it (debug info of the nearest frame of the script:
+ * the line of the assignment, or of the script's call into the prelude).
+ * That line becomes the op's span when the op is read back changed.
+ * pairs(op) iterates the fields (__pairs); `next(op)` and rawget see an
+ * empty table.  The metatable is protected (getmetatable(op) == "op"). */
+static int op_newindex(lua_State *L)
+{
+    lua_settop(L, 3);
+    if (!lua_getmetatable(L, 1))
+        return luaL_error(L, "op table without its metatable");
+    int mt = lua_gettop(L);
+    lua_pushliteral(L, "__index");
+    lua_rawget(L, mt);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    lua_rawset(L, -3); /* backing[k] = v */
+    if (lua_type(L, 2) == LUA_TSTRING && lua_tostring(L, 2)[0] != '_') {
+        cpc_lua_script *s = script_of(L);
+        lua_Debug ar;
+        for (int level = 1; lua_getstack(L, level, &ar); level++) {
+            if (lua_getinfo(L, "Sl", &ar) && ar.source && s->chunkname && strcmp(ar.source, s->chunkname) == 0 &&
+                ar.currentline > 0) {
+                lua_pushinteger(L, ar.currentline);
+                lua_setfield(L, mt, "__edit_line");
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+static int op_next(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 2);
+    if (lua_next(L, 1))
+        return 2;
+    lua_pushnil(L);
+    return 1;
+}
+
+static int op_pairs(lua_State *L)
+{
+    if (!lua_getmetatable(L, 1))
+        return luaL_error(L, "op table without its metatable");
+    lua_pushcfunction(L, op_next);
+    lua_pushliteral(L, "__index");
+    lua_rawget(L, -3);
+    lua_pushnil(L);
+    return 3;
+}
+
+/* Wraps the op table at the top of the stack into its proxy (replacing it). */
+static void wrap_op(lua_State *L)
+{
+    int backing = lua_gettop(L);
+    lua_createtable(L, 0, 0);
+    lua_createtable(L, 0, 5);
+    lua_pushvalue(L, backing);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, op_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, op_pairs);
+    lua_setfield(L, -2, "__pairs");
+    lua_pushliteral(L, "op");
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+    lua_replace(L, backing);
+}
+
+/* If the value at `idx` is an op proxy, replaces it with its backing table
+ * (fields a script rawset into the proxy itself are moved there) and
+ * returns the line of its last edit (0: none); else returns 0. */
+static int unwrap_op(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) != LUA_TTABLE || !lua_getmetatable(L, idx))
+        return 0;
+    int mt = lua_gettop(L);
+    lua_pushliteral(L, "__newindex");
+    bool proxy = lua_rawget(L, mt) == LUA_TFUNCTION && lua_tocfunction(L, -1) == op_newindex;
+    lua_pop(L, 1);
+    if (!proxy) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_pushliteral(L, "__edit_line");
+    lua_rawget(L, mt);
+    int line = lua_isinteger(L, -1) && lua_tointeger(L, -1) > 0 && lua_tointeger(L, -1) < INT32_MAX
+                   ? (int)lua_tointeger(L, -1)
+                   : 0;
+    lua_pop(L, 1);
+    lua_pushliteral(L, "__index");
+    lua_rawget(L, mt);
+    int backing = lua_gettop(L);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, backing);
+    }
+    lua_replace(L, idx);
+    lua_pop(L, 1); /* mt */
+    return line;
+}
+
 /* Pushes ops[0..n) as an array; records table -> op in the registry map at
  * `map` (absolute index) for span preservation. */
 static void push_ops(lua_State *L, cpc_lua_script *s, const cpc_program *prog, const cpc_op *ops, int n,
@@ -1023,6 +1132,7 @@ static void push_ops(lua_State *L, cpc_lua_script *s, const cpc_program *prog, c
         }
         if (op->span.line > 0 && op->span.file && strcmp(op->span.file, s->path) == 0)
             set_int(L, "line", op->span.line);
+        wrap_op(L);
         lua_pushvalue(L, -1);
         lua_pushlightuserdata(L, (void *)op);
         lua_rawset(L, map);
@@ -1266,17 +1376,21 @@ static void read_ops(lua_State *L, readback *rb, int arr, const char *path, cpc_
 static void read_op(lua_State *L, readback *rb, const char *path, cpc_op *op, int depth)
 {
     luaL_checkstack(L, 12, "program nested too deeply");
+    int edit_line = unwrap_op(L, -1);
     int t = lua_gettop(L);
-    /* line first, for every later message */
+    /* line first, for every later message: the last edit of the op, else
+     * its `line` (cpc.op), else schedule()'s */
     int line = 0;
     lua_pushliteral(L, "line");
     if (lua_rawget(L, t) != LUA_TNIL) {
         if (lua_isinteger(L, -1) && lua_tointeger(L, -1) > 0 && lua_tointeger(L, -1) < INT32_MAX)
             line = (int)lua_tointeger(L, -1);
         else
-            rb_error(rb, 0, "%s.line: expected a positive integer, got %s", path, ltype(L, -1));
+            rb_error(rb, edit_line, "%s.line: expected a positive integer, got %s", path, ltype(L, -1));
     }
     lua_pop(L, 1);
+    if (edit_line > 0)
+        line = edit_line;
     op->span = (cpc_span){rb->s->span_file, line > 0 ? line : rb->sched_line, 0};
 
     /* unknown fields */
@@ -1564,7 +1678,9 @@ static void restore_spans(lua_State *L, readback *rb, int arr, cpc_op *ops, int 
         lua_rawgeti(L, arr, i + 1);
         int t = lua_gettop(L);
         lua_pushvalue(L, t);
-        if (lua_rawget(L, map) == LUA_TLIGHTUSERDATA) {
+        int mapped = lua_rawget(L, map); /* keyed by the proxy */
+        unwrap_op(L, t);
+        if (mapped == LUA_TLIGHTUSERDATA) {
             const cpc_op *o = lua_touserdata(L, -1);
             lua_pushliteral(L, "line");
             bool has_line = lua_rawget(L, t) != LUA_TNIL;
@@ -2047,6 +2163,33 @@ static void free_readback(readback *rb)
     rb->errs = NULL;
 }
 
+/* Adds a note at each op of the script's result that the script changed or
+ * created (its span is in the script: the line of its last edit, its
+ * `line`, or schedule()'s), up to 3; counts the others in *more.  Paths are
+ * 1-based, as the verifier and Lua name them. */
+static void note_changed_ops(const cpc_lua_script *s, cpc_status *e, const cpc_op *ops, int n, const char *prefix,
+                             int *shown, int *more)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        char path[256];
+        snprintf(path, sizeof path, strchr(prefix, '[') ? "%s.body[%d]" : "%s[%d]", prefix, i + 1);
+        bool changed = op->span.file && op->span.line > 0 && strcmp(op->span.file, s->path) == 0;
+        bool is_error_op = e->span.file && strcmp(e->span.file, s->path) == 0 && e->span.line == op->span.line;
+        if (changed && !is_error_op) {
+            if (*shown < 3) {
+                cpc_status_add_note(e, op->span, "%s %s was changed or added by schedule() here", path,
+                                    cpc_op_kind_name(op->kind));
+                ++*shown;
+            } else {
+                ++*more;
+            }
+        }
+        if (op->n_body > 0)
+            note_changed_ops(s, e, op->body, op->n_body, path, shown, more);
+    }
+}
+
 cpc_status *cpc_lua_schedule(cpc_lua_script *s, const cpc_plan *plan, cpc_program *prog)
 {
     if (!s || !plan || !prog)
@@ -2097,6 +2240,12 @@ cpc_status *cpc_lua_schedule(cpc_lua_script *s, const cpc_plan *plan, cpc_progra
     if (cpc_status_has_error(vst)) {
         for (cpc_status *e = vst; e; e = e->next)
             if (e->severity == CPC_SEV_ERROR) {
+                /* where the script changed ops (the failing op itself, when
+                 * the script changed it, is the error's own position) */
+                int shown = 0, more = 0;
+                note_changed_ops(s, e, rb->ops, rb->n_ops, "ops", &shown, &more);
+                if (more)
+                    cpc_status_add_note(e, CPC_NO_SPAN, "and %d more ops changed by schedule()", more);
                 cpc_status_add_note(e, (cpc_span){s->path, rb->sched_line, 0},
                                     "the program was edited by the Lua script's schedule()");
                 break;

@@ -54,6 +54,14 @@
  *                 Fields whose name starts with '_' are the script's own
  *                 scratch space and are ignored.  Any other field is an
  *                 error.
+ *                 The op tables cpc hands over are proxies (an empty table
+ *                 whose protected metatable, "op", holds the fields): every
+ *                 assignment to one of their fields records the script line
+ *                 that made it (lua_getinfo on the nearest frame of the
+ *                 script), which becomes the op's span when it is read back
+ *                 changed.  pairs(op) iterates the fields; next(op) and
+ *                 rawget(op, k) see an empty table (a rawset field is kept).
+ *                 Tables the script builds itself are read as they are.
  *
  * Reading back validates every field: unknown kind or field, wrong type,
  * a buffer name not in plan.buffers, more than CPC_OP_MAX_BUFS buffers,
@@ -67,12 +75,16 @@
  * up to 2e6 evaluations: a peer outside its group (0..W-1), a block outside
  * 0..R-1, a count outside 0..CPC_LOOP_MAX or an evaluation error (division
  * by zero) is an error naming the rank, its coordinates and the step.
- * Each error is CP050 with the span `script.lua:line` (the `line` of the op
- * when known, else the line where `schedule` is defined) and a message naming
- * the op's path, 1-based as in Lua ("ops[3].body[2].peer: ...").  Up to 20
- * errors are reported.  A valid result is then given to cpc_verify()
- * (verify.h); its CP051 diagnostics pass through unchanged, with one note
- * added at the line of the script's schedule().
+ * Each error is CP050 with the span `script.lua:line` (the line of the op's
+ * last field assignment, else its `line`, else the line where `schedule` is
+ * defined) and a message naming the op's path, 1-based as in Lua
+ * ("ops[3].body[2].peer: ...").  Up to 20 errors are reported.  A valid
+ * result is then given to cpc_verify() (verify.h), whose paths are 1-based
+ * too; its CP051 diagnostics pass through with notes added: one at each op
+ * the script changed or added (up to 3, "ops[2].body[1] send was changed or
+ * added by schedule() here", at that op's line) and one at the line of the
+ * script's schedule().  A CP051 about an op the compiler built has no span
+ * here; compile.c places it at the plan key that chose the schedule.
  * Ops the script left unchanged keep their original span; changed or new ops
  * get the script's span.  Op spans borrow the `path` pointer given to
  * cpc_lua_open (program.h: span.file is borrowed): keep that string alive as

@@ -418,7 +418,8 @@ static const char USAGE[] =
     "  --sweep KEY=V1,V2,...  price every variant across the values of one plan key, KEY\n"
     "                         as for --set (e.g. cluster.world_size=2,4,8,16,32 or\n"
     "                         'input.segments[1].image.height=512,1008,1024'; values\n"
-    "                         are split at commas) and print the table; exit status 0\n"
+    "                         are split at commas) and print the table (one --sweep\n"
+    "                         per run; '-' selected: the point is rejected); exit status 0\n"
     "                         when a value is valid, 1 when every value is rejected,\n"
     "                         2 or 3 when a value meets a usage, I/O or internal error\n"
     "  --plot FILE.svg        with --sweep: draw predicted time and memory per variant\n"
@@ -516,6 +517,9 @@ static int parse_options(int argc, char **argv, options *o)
                 return usage_error("--sweep '%s': expected KEY=V1,V2,...", optarg);
             if (has_control(optarg))
                 return usage_error("%s", "--sweep: control characters (newline, tab, ...) are not allowed");
+            if (o->sweep)
+                return usage_error("--sweep '%s': only one --sweep per run (one KEY with its values; "
+                                   "fix the other keys with --set)", optarg);
             o->sweep = optarg;
             break;
         case OPT_PLOT:
@@ -591,6 +595,20 @@ static const cpc_candidate *sweep_pick(const job *j, cpc_variant v)
             best = c;
     }
     return best ? best : first;
+}
+
+/* The rule of a sweep point rejected before any variant was tried (the
+ * value itself: CP103, a stage-1 CP105, ...), shown in every variant's cell
+ * and plot label; "error" for an error without a rule, "-" for none. */
+static void point_code(const job *j, char *buf, size_t n)
+{
+    snprintf(buf, n, "-");
+    for (const cpc_status *e = j->c.diags; e && e != &cpc_status_oom; e = e->next)
+        if (e->severity == CPC_SEV_ERROR) {
+            char rb[8];
+            snprintf(buf, n, "%s", e->rule ? cpc_rule_str(e->rule, rb) : "error");
+            return;
+        }
 }
 
 static const cpc_variant SWEEP_VARIANTS[] = {CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED, CPC_VARIANT_RING,
@@ -813,6 +831,8 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
             char codes[64] = "-";
             if (c && !c->ok)
                 codes_of(c, codes, sizeof codes);
+            else if (!c)
+                point_code(&jobs[i], codes, sizeof codes);
             bool ok = c && c->ok && c->priced;
             fprintf(f, "%d ", i);
             gp_data_label(f, values[i]);
@@ -974,6 +994,7 @@ static int run_sweep(options *o)
     /* Exit status (cpc --help): the worst class >= 2 over the points; else 0
      * when a point is valid, 1 when every point is rejected. */
     int worst = 0, n_valid = 0;
+    bool aborted = false;
     for (int i = 0; i < n; i++) {
         if (asprintf(&sets_store[i], "%s=%s", key, values[i]) < 0)
             sets_store[i] = NULL;
@@ -990,6 +1011,23 @@ static int run_sweep(options *o)
         else
             run_pipeline(&jobs[i]);
         int code = cpc_status_exit_code(jobs[i].c.diags);
+        /* a usage error about the sweep's own KEY (an index out of range,
+         * input.segments[0] on a plan with the tokens shorthand) is the
+         * same for every value: say it once, no table */
+        bool key_usage = false;
+        for (const cpc_status *e = jobs[i].c.diags; e && e != &cpc_status_oom; e = e->next)
+            key_usage = key_usage || (e->code == CPC_E_USAGE && e->span.file &&
+                                      strcmp(e->span.file, CPC_SET_FILE) == 0 && e->span.line == o->n_sets + 1);
+        if (key_usage) {
+            if (o->format == FORMAT_JSON)
+                print_json(&jobs[i], code);
+            else
+                cpc_status_print(stderr, "cpc", jobs[i].c.diags);
+            n = i + 1;
+            worst = 2;
+            aborted = true;
+            break;
+        }
         if (o->format == FORMAT_JSON) {
             print_json(&jobs[i], code);
             flush_stdout();
@@ -1004,7 +1042,7 @@ static int run_sweep(options *o)
     }
     if (worst < 2 && n_valid == 0)
         worst = 1;
-    if (o->format == FORMAT_TEXT) {
+    if (o->format == FORMAT_TEXT && !aborted) {
         printf("%s: sweep of %s (ms per layer / memory per rank, or the rule that rejects)\n",
                o->files[0], key);
         int kw = (int)strlen(key) > 12 ? (int)strlen(key) : 12;
@@ -1014,11 +1052,15 @@ static int run_sweep(options *o)
         printf(" %s\n", "selected");
         for (int i = 0; i < n; i++) {
             printf("%-*s", kw, values[i]);
+            /* a point rejected before any variant was tried (the value
+             * itself: CP103, a stage-1 CP105, ...): its rule in every cell */
+            char whole[64];
+            point_code(&jobs[i], whole, sizeof whole);
             for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
                 const cpc_candidate *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
                 char cell[64];
                 if (!c)
-                    snprintf(cell, sizeof cell, "-");
+                    snprintf(cell, sizeof cell, "%s", whole);
                 else if (c->ok && c->priced)
                     snprintf(cell, sizeof cell, "%.3f/%.2fG %dx%d", c->predicted_ms_per_layer,
                              (double)c->memory_bytes_per_rank / 1073741824.0, c->ring_degree,
@@ -1031,7 +1073,7 @@ static int run_sweep(options *o)
             if (s)
                 printf(" %s %dx%d\n", cpc_variant_name(s->variant), s->ring_degree, s->ulysses_degree);
             else
-                printf(" none\n");
+                printf(" -\n"); /* rejected ("none" is a variant's name) */
         }
     }
     flush_stdout();

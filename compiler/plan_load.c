@@ -1199,6 +1199,26 @@ static void set_usage(ld *L, int ordinal, const char *arg, int col, const char *
     append(L, st);
 }
 
+/* A usage error about an index of a --set KEY (exit status 2, like a
+ * malformed KEY), with its own hint (NULL: none). */
+static void set_index_usage(ld *L, int ordinal, int col, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void set_index_usage(ld *L, int ordinal, int col, const char *hint, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cpc_status *st = cpc_diagv(CPC_E_USAGE, 0, CPC_SEV_ERROR, (cpc_span){CPC_SET_FILE, ordinal, col}, fmt, ap);
+    va_end(ap);
+    if (st == &cpc_status_oom) {
+        set_oom(L);
+        return;
+    }
+    if (hint)
+        cpc_status_set_hint(st, "%s", hint);
+    L->error = true;
+    append(L, st);
+}
+
 /* One path component: name (pointer + length + column) and up to 8 indices. */
 typedef struct comp {
     const char *name;
@@ -1373,8 +1393,20 @@ static void apply_set(ld *L, cpc_ytree *tree, const char *arg, int ordinal)
                 at = j;
         if (at < 0) {
             if (k->n_idx > 0) {
-                err(L, 103, ksp, "--set: '%s' does not exist, so it has no element [%ld]", path,
-                    k->idx[0]);
+                /* input.segments[N] on a plan written with a shorthand */
+                char hint[160] = "";
+                static const char *const shorthands[] = {"tokens", "image", "video"};
+                for (int sh = 0; sh < 3 && strcmp(path, "input.segments") == 0; sh++)
+                    for (int j = 0; j < cur->n; j++)
+                        if (cur->keys[j]->len == strlen(shorthands[sh]) &&
+                            memcmp(cur->keys[j]->str, shorthands[sh], cur->keys[j]->len) == 0)
+                            snprintf(hint, sizeof hint,
+                                     "the plan's input is the input.%s shorthand (one segment): "
+                                     "set input.%s%s instead", shorthands[sh], shorthands[sh],
+                                     sh == 0 ? "" : ".KEY");
+                set_index_usage(L, ordinal, k->col, hint[0] ? hint : NULL,
+                                "--set '%.*s': '%s' does not exist, so it has no element [%ld]",
+                                (int)klen, arg, path, k->idx[0]);
                 break;
             }
             cpc_ynode *key = cpc_ynode_new_scalar(k->name, k->len, CPC_YSTYLE_PLAIN, ksp);
@@ -1405,8 +1437,16 @@ static void apply_set(ld *L, cpc_ytree *tree, const char *arg, int ordinal)
                 break;
             }
             if (k->idx[x] >= cur->n) {
-                err(L, 103, isp, "--set: '%s' has %d element%s, so [%ld] is out of range", path,
-                    cur->n, cur->n == 1 ? "" : "s", k->idx[x]);
+                if (cur->n == 0)
+                    set_index_usage(L, ordinal, k->idx_col[x], NULL,
+                                    "--set '%.*s': '%s' is empty, so [%ld] is out of range", (int)klen, arg,
+                                    path, k->idx[x]);
+                else
+                    set_index_usage(L, ordinal, k->idx_col[x], NULL,
+                                    "--set '%.*s': '%s' has %d element%s, so [%ld] is out of range "
+                                    "(valid: %s0..%d)",
+                                    (int)klen, arg, path, cur->n, cur->n == 1 ? "" : "s", k->idx[x],
+                                    cur->n == 1 ? "only " : "", cur->n - 1);
                 stop = true;
                 break;
             }

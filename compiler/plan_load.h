@@ -76,9 +76,12 @@
  * value or key that came from --set point at file CPC_SET_FILE
  * ("<--set>"), line = i + 1 (the override's ordinal), column = the 1-based
  * column within the argument string.  A malformed KEY (no '=', empty
- * component, bad [N]) is CPC_E_USAGE; walking through a scalar is CP102; an
- * index past the end of a sequence is CP103; a VALUE with YAML errors is
- * CP100; a VALUE that is a block collection is CP102.
+ * component, bad [N]), an index past the end of a sequence (the message
+ * names the valid range) and an index into a key that does not exist
+ * (input.segments[0] on a plan written with the input.tokens shorthand:
+ * the hint says so) are CPC_E_USAGE (exit status 2); walking through a
+ * scalar is CP102; a VALUE with YAML errors is CP100; a VALUE that is a
+ * block collection is CP102.
  *
  * Thread-safety: no global state; loads may run in parallel.
  */

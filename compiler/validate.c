@@ -450,10 +450,15 @@ static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, 
     }
     bool causal = p->input.mask == CPC_MASK_CAUSAL;
     /* CP022: causal with split segments. */
-    if (causal && nseg > 1 && v != CPC_VARIANT_NONE) {
-        e = ERR(22, vspan(p, "input.mask"),
-                "causal mask with %d segments: split segments are interleaved on the ranks, which breaks "
-                "causality", nseg);
+    if (causal && nseg > 1) {
+        if (v == CPC_VARIANT_NONE)
+            e = ERR(22, vspan(p, "input.mask"),
+                    "causal mask with %d segments: refused for every variant, none included (split segments "
+                    "are interleaved on the ranks, which breaks causality)", nseg);
+        else
+            e = ERR(22, vspan(p, "input.mask"),
+                    "causal mask with %d segments: split segments are interleaved on the ranks, which breaks "
+                    "causality", nseg);
         add_note(e, seg_span(p, 1), "segment '%s' is the second segment",
                             p->input.segments[1].name);
         cpc_status_append(&errs, e);
@@ -819,17 +824,193 @@ void cpc_selection_free(cpc_selection *sel)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Hints: every suggestion is validated before it is offered                */
+/* Hints: every suggestion is applied to the user's plan and validated      */
+/* before it is offered                                                     */
 /* ------------------------------------------------------------------------ */
+
+/* A hint is one or more alternatives ("; or "), each a set of plan keys to
+ * set, written as `--set` would take them ("parallel.variant: ring,
+ * parallel.ulysses_degree: 1 runs this plan (ring 6x1)"; one key and value
+ * per entry, in the order given).  The short form "variant A, B or C runs
+ * this plan" means: set parallel.variant to any one of them, nothing else.
+ * Before an alternative is offered, exactly its keys are applied to a copy
+ * of the user's plan (explicit degrees and flags included) and the copy
+ * must be accepted by this stage (stages 1-4, without falling back); the
+ * "(variant RxU)" annotation is what the copy selects. */
+
+typedef enum hkey {
+    HK_VARIANT, HK_RING, HK_ULYSSES, HK_UA_FLAG, HK_RA_FLAG, HK_WORLD, HK_MASK, HK_MODE, HK_KV_HEADS,
+    HK_ONE_SEGMENT, HK__COUNT
+} hkey;
+
+static const char *const HKEY_NAME[HK__COUNT] = {
+    "parallel.variant", "parallel.ring_degree", "parallel.ulysses_degree", "parallel.ulysses_anything",
+    "parallel.ring_anything", "cluster.world_size", "input.mask", "input.mode", "model.kv_heads",
+    "input.segments",
+};
+
+typedef struct change {
+    hkey key;
+    int64_t val;        /* enum value, integer, 0/1 for flags, tokens for HK_ONE_SEGMENT */
+} change;
+
+typedef struct chset {
+    int n;
+    change c[HK__COUNT]; /* each key at most once, in the order set */
+} chset;
+
+static void chset_set(chset *cs, hkey key, int64_t val)
+{
+    for (int i = 0; i < cs->n; i++)
+        if (cs->c[i].key == key) {
+            cs->c[i].val = val;
+            return;
+        }
+    cs->c[cs->n].key = key;
+    cs->c[cs->n].val = val;
+    cs->n++;
+}
+
+/* Memo of accepts() on the user's plan with a change set applied: the hint
+ * search asks the same questions for many errors (every candidate of an
+ * auto plan tries the same world sizes). */
+typedef struct memo_ent {
+    bool used, ok;
+    chset cs;
+    cpc_variant v;
+    int R, U;
+} memo_ent;
+
+typedef struct memo {
+    memo_ent *e;
+    size_t cap, n;   /* cap: a power of two (0: empty) */
+} memo;
 
 typedef struct hctx {
     const cpc_plan *plan;
     const cpc_selection *sel;
     cpc_price_fn price;
     void *pctx;
+    memo *memo;      /* mutable cache (NULL: none) */
 } hctx;
 
-/* Does (v, R, U) run `p` (stages 2-4)? */
+static uint64_t chset_hash(const chset *cs)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < cs->n; i++) {
+        h = (h ^ (uint64_t)cs->c[i].key) * 1099511628211ull;
+        h = (h ^ (uint64_t)cs->c[i].val) * 1099511628211ull;
+    }
+    return h ^ (uint64_t)cs->n;
+}
+
+static bool chset_eq(const chset *a, const chset *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (int i = 0; i < a->n; i++)
+        if (a->c[i].key != b->c[i].key || a->c[i].val != b->c[i].val)
+            return false;
+    return true;
+}
+
+/* The slot of `cs` (used: found; else where to put it); NULL when empty. */
+static memo_ent *memo_slot(memo *m, const chset *cs)
+{
+    if (!m || !m->cap)
+        return NULL;
+    size_t i = (size_t)chset_hash(cs) & (m->cap - 1);
+    while (m->e[i].used && !chset_eq(&m->e[i].cs, cs))
+        i = (i + 1) & (m->cap - 1);
+    return &m->e[i];
+}
+
+/* Room for one more entry (false on OOM: the cache is just not used). */
+static bool memo_grow(memo *m)
+{
+    if (m->cap && 2 * (m->n + 1) <= m->cap)
+        return true;
+    size_t cap = m->cap ? 2 * m->cap : 256;
+    memo_ent *e = calloc(cap, sizeof *e);
+    if (!e)
+        return false;
+    memo old = *m;
+    m->e = e;
+    m->cap = cap;
+    m->n = 0;
+    for (size_t i = 0; i < old.cap; i++)
+        if (old.e[i].used) {
+            *memo_slot(m, &old.e[i].cs) = old.e[i];
+            m->n++;
+        }
+    free(old.e);
+    return true;
+}
+
+/* A copy of the plan at another world size (gpus_per_node re-defaulted when
+ * the plan did not set it, as the loader does after a --set). */
+static cpc_plan at_world(const cpc_plan *p, int P)
+{
+    cpc_plan q = *p;
+    q.cluster.world_size = P;
+    if (!has_key(p, "cluster.gpus_per_node"))
+        q.cluster.gpus_per_node = P < 8 ? P : 8;
+    return q;
+}
+
+/* The user's plan with `cs` applied, as `--set` would (a degree set to
+ * n >= 1 is given; a flag set to false is unset).  The copy shares the
+ * plan's memory; a one-segment change points into *seg, which must outlive
+ * the copy. */
+static cpc_plan apply(const cpc_plan *p, const chset *cs, cpc_segment *seg)
+{
+    cpc_plan q = *p;
+    for (int i = 0; i < cs->n; i++) {
+        int64_t v = cs->c[i].val;
+        switch (cs->c[i].key) {
+        case HK_VARIANT:
+            q.parallel.variant = (cpc_variant)v;
+            q.parallel.variant_given = true;
+            break;
+        case HK_RING: q.parallel.ring_degree = (int)v; break;
+        case HK_ULYSSES: q.parallel.ulysses_degree = (int)v; break;
+        case HK_UA_FLAG: q.parallel.ulysses_anything = v != 0; break;
+        case HK_RA_FLAG: q.parallel.ring_anything = v != 0; break;
+        case HK_WORLD: q = at_world(&q, (int)v); break;
+        case HK_MASK: q.input.mask = (cpc_mask)v; break;
+        case HK_MODE: q.input.mode = (cpc_mode)v; break;
+        case HK_KV_HEADS: q.model.kv_heads = (int)v; break;
+        case HK_ONE_SEGMENT:
+            *seg = (cpc_segment){.name = (char *)"segment0", .tokens = v, .span = CPC_NO_SPAN};
+            q.input.segments = seg;
+            q.input.n_segments = 1;
+            q.input.total_tokens = v;
+            break;
+        case HK__COUNT: break;
+        }
+    }
+    return q;
+}
+
+/* Appends "key: value, key: value" for `cs`. */
+static void print_changes(char **s, const chset *cs)
+{
+    for (int i = 0; i < cs->n; i++) {
+        const change *c = &cs->c[i];
+        sappend(s, "%s%s: ", i ? ", " : "", HKEY_NAME[c->key]);
+        switch (c->key) {
+        case HK_VARIANT: sappend(s, "%s", vname((cpc_variant)c->val)); break;
+        case HK_UA_FLAG:
+        case HK_RA_FLAG: sappend(s, "%s", c->val ? "true" : "false"); break;
+        case HK_MASK: sappend(s, "%s", cpc_mask_name((cpc_mask)c->val)); break;
+        case HK_MODE: sappend(s, "%s", cpc_mode_name((cpc_mode)c->val)); break;
+        case HK_ONE_SEGMENT: sappend(s, "[{tokens: %lld}]", (long long)c->val); break;
+        default: sappend(s, "%lld", (long long)c->val); break;
+        }
+    }
+}
+
+/* Does (v, R, U) pass stages 2-4 on `p`? */
 static bool works(const hctx *h, const cpc_plan *p, cpc_variant v, int R, int U)
 {
     origin o = {true, true, false, NULL};
@@ -853,113 +1034,309 @@ static bool works(const hctx *h, const cpc_plan *p, cpc_variant v, int R, int U)
     return ok;
 }
 
-static bool works_derived(const hctx *h, const cpc_plan *p, cpc_variant v, int *R, int *U)
+/* The variant and degrees `q` asks for (stage 1 and the derived degrees);
+ * false when it asks for auto, has no parallelism, or fails stage 1. */
+static bool resolve(const cpc_plan *q, cpc_variant *v, int *R, int *U)
 {
-    cpc_derive_degrees(p, v, R, U);
-    return works(h, p, v, *R, *U);
+    cpc_status *e = check_sanity(q);
+    if (e) {
+        cpc_status_free(e);
+        return false;
+    }
+    request rq;
+    e = infer(q, &rq);
+    bool ok = !e && rq.variant != CPC_VARIANT_AUTO && rq.variant != CPC_VARIANT__COUNT;
+    if (ok) {
+        request_degrees(q, &rq, R, U);
+        *v = rq.variant;
+    }
+    cpc_status_free(e);
+    cpc_status_free(rq.pre);
+    return ok;
 }
 
-/* (a) the same variant with other degrees, among the candidates. */
+/* Is `q` accepted by this stage without falling back?  *v, *R, *U: what it
+ * selects. */
+static bool accepts(const hctx *h, const cpc_plan *q, cpc_variant *v, int *R, int *U)
+{
+    cpc_status *e = check_sanity(q);
+    if (e) {
+        cpc_status_free(e);
+        return false;
+    }
+    request rq;
+    e = infer(q, &rq);
+    if (e || rq.variant == CPC_VARIANT__COUNT) {
+        cpc_status_free(e);
+        cpc_status_free(rq.pre);
+        return false;
+    }
+    cpc_status_free(rq.pre);
+    if (rq.variant != CPC_VARIANT_AUTO) {
+        request_degrees(q, &rq, R, U);
+        *v = rq.variant;
+        return works(h, q, *v, *R, *U);
+    }
+    /* auto: the tie rule among the valid candidates */
+    clist l = {0};
+    bool ok = build_auto_list(q, &l);
+    for (int i = 0; ok && i < l.n; i++) {
+        cpc_candidate *c = &l.c[i];
+        c->errors = check_with_origin(q, c->variant, c->ring_degree, c->ulysses_degree, &l.o[i]);
+        c->ok = c->errors == NULL;
+        if (c->ok && h->price) {
+            cpc_status *st = h->price(h->pctx, q, c);
+            if (st || c->errors)
+                c->ok = false;
+            cpc_status_free(st);
+        }
+    }
+    int best = ok ? cpc_select_best(l.c, l.n) : -1;
+    if (best >= 0) {
+        *v = l.c[best].variant;
+        *R = l.c[best].ring_degree;
+        *U = l.c[best].ulysses_degree;
+    }
+    for (int i = 0; i < l.n; i++)
+        cpc_status_free(l.c[i].errors);
+    free(l.c);
+    free(l.o);
+    return best >= 0;
+}
+
+/* accepts() on the user's plan with `cs` applied, memoised. */
+static bool accepts_cs(const hctx *h, const chset *cs, cpc_variant *v, int *R, int *U)
+{
+    memo_ent *e = memo_slot(h->memo, cs);
+    if (e && e->used) {
+        *v = e->v;
+        *R = e->R;
+        *U = e->U;
+        return e->ok;
+    }
+    cpc_segment seg;
+    cpc_plan q = apply(h->plan, cs, &seg);
+    *v = CPC_VARIANT__COUNT;
+    *R = *U = 0;
+    bool ok = accepts(h, &q, v, R, U);
+    if (h->memo && memo_grow(h->memo)) {
+        e = memo_slot(h->memo, cs);
+        *e = (memo_ent){.used = true, .ok = ok, .cs = *cs, .v = *v, .R = *R, .U = *U};
+        h->memo->n++;
+    }
+    return ok;
+}
+
+static bool degree_given(const cpc_plan *q, hkey k)
+{
+    if (k == HK_RING)
+        return has_key(q, "parallel.ring_degree") || q->parallel.ring_degree != 0;
+    return has_key(q, "parallel.ulysses_degree") || q->parallel.ulysses_degree != 0;
+}
+
+/* The changes, on top of `base`, that make the user's plan select exactly
+ * (v, R, U): the variant key when the plan does not already ask for v,
+ * anything-flags of another variant set to false, and every degree whose
+ * value (written or derived) differs.  Verified: false when the result is
+ * not accepted as (v, R, U). */
+static bool reach(const hctx *h, const chset *base, cpc_variant v, int R, int U, chset *out)
+{
+    const cpc_plan *p = h->plan;
+    for (int pass = 0; pass < 2; pass++) {
+        chset cs = *base;
+        if (pass == 1)
+            chset_set(&cs, HK_VARIANT, v);
+        cpc_segment seg;
+        cpc_plan q = apply(p, &cs, &seg);
+        if (q.parallel.ulysses_anything && v != CPC_VARIANT_ULYSSES_ANYTHING)
+            chset_set(&cs, HK_UA_FLAG, 0);
+        if (q.parallel.ring_anything && v != CPC_VARIANT_RING_ANYTHING)
+            chset_set(&cs, HK_RA_FLAG, 0);
+        if (degree_given(&q, HK_RING) && q.parallel.ring_degree != R)
+            chset_set(&cs, HK_RING, R);
+        if (degree_given(&q, HK_ULYSSES) && q.parallel.ulysses_degree != U)
+            chset_set(&cs, HK_ULYSSES, U);
+        bool settled = false;
+        for (int k = 0; k < 3 && !settled; k++) {
+            q = apply(p, &cs, &seg);
+            cpc_variant v2;
+            int r2, u2;
+            if (!resolve(&q, &v2, &r2, &u2) || v2 != v)
+                break;
+            if (u2 != U)
+                chset_set(&cs, HK_ULYSSES, U);
+            else if (r2 != R)
+                chset_set(&cs, HK_RING, R);
+            else
+                settled = true;
+        }
+        if (!settled)
+            continue;
+        cpc_variant sv;
+        int sr, su;
+        if (accepts_cs(h, &cs, &sv, &sr, &su) && sv == v && sr == R && su == U) {
+            *out = cs;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* `base` alone, when the plan with it is accepted; else, for a concrete
+ * variant, `base` plus the changes that keep (v, R, U).  *sv, *sr, *su:
+ * what the result selects. */
+static bool try_changes(const hctx *h, const chset *base, cpc_variant v, int R, int U, chset *out,
+                        cpc_variant *sv, int *sr, int *su)
+{
+    if (accepts_cs(h, base, sv, sr, su)) {
+        *out = *base;
+        return true;
+    }
+    /* an auto plan that the change alone does not make run: no variant
+     * runs with it (auto tried them all) */
+    if (v >= CPC_VARIANT_AUTO || h->sel->requested == CPC_VARIANT_AUTO || !reach(h, base, v, R, U, out))
+        return false;
+    *sv = v;
+    *sr = R;
+    *su = U;
+    return true;
+}
+
+/* "CHANGES runs this plan", with "(variant RxU)" when a parallel or
+ * cluster key changes. */
+static char *alt_text(const chset *cs, cpc_variant v, int R, int U)
+{
+    char *s = NULL;
+    print_changes(&s, cs);
+    sappend(&s, " runs this plan");
+    bool par = false;
+    for (int i = 0; i < cs->n; i++)
+        par = par || cs->c[i].key <= HK_WORLD;
+    if (par)
+        sappend(&s, " (%s %dx%d)", vname(v), R, U);
+    return s;
+}
+
+/* (a) the same variant with other degrees, among the valid candidates: the
+ * one that needs the fewest changes. */
 static char *hint_same_variant(const hctx *h, cpc_variant v, int R, int U)
 {
+    const chset none = {0};
+    chset best = {0};
+    int bi = -1;
     for (int i = 0; i < h->sel->n_candidates; i++) {
         const cpc_candidate *c = &h->sel->candidates[i];
         if (!c->ok || c->variant != v || (c->ring_degree == R && c->ulysses_degree == U))
             continue;
-        char *s = NULL;
-        sappend(&s, "ring_degree %d, ulysses_degree %d (%s %dx%d) runs this plan", c->ring_degree,
-                c->ulysses_degree, vname(v), c->ring_degree, c->ulysses_degree);
-        return s;
+        chset cs;
+        if (reach(h, &none, v, c->ring_degree, c->ulysses_degree, &cs) && (bi < 0 || cs.n < best.n)) {
+            best = cs;
+            bi = i;
+        }
     }
-    return NULL;
+    if (bi < 0)
+        return NULL;
+    const cpc_candidate *c = &h->sel->candidates[bi];
+    return alt_text(&best, v, c->ring_degree, c->ulysses_degree);
 }
 
-/* (b) other variants at the same world_size, among the candidates. */
+/* (b) other variants at the same world_size, among the valid candidates:
+ * "variant A, B or C runs this plan" for those that need only the variant
+ * key; when there is none, the variant that needs the fewest changes. */
 static char *hint_other_variants(const hctx *h, cpc_variant v)
 {
-    const cpc_candidate *pick[CPC_VARIANT__COUNT];
-    int n = 0;
-    bool seen[CPC_VARIANT__COUNT] = {false};
+    const chset none = {0};
+    chset best[CPC_VARIANT__COUNT];
+    int bi[CPC_VARIANT__COUNT];
+    for (int k = 0; k < CPC_VARIANT__COUNT; k++)
+        bi[k] = -1;
     for (int i = 0; i < h->sel->n_candidates; i++) {
         const cpc_candidate *c = &h->sel->candidates[i];
-        if (!c->ok || c->variant == v || seen[c->variant])
+        if (!c->ok || c->variant == v)
             continue;
-        seen[c->variant] = true;
-        pick[n++] = c;
+        chset cs;
+        int w = c->variant;
+        if (reach(h, &none, c->variant, c->ring_degree, c->ulysses_degree, &cs) &&
+            (bi[w] < 0 || cs.n < best[w].n)) {
+            best[w] = cs;
+            bi[w] = i;
+        }
     }
-    if (!n)
-        return NULL;
     char *s = NULL;
+    int n_short = 0, n_total = 0, fewest = -1;
+    for (int w = 0; w < CPC_VARIANT__COUNT; w++) {
+        if (bi[w] < 0)
+            continue;
+        n_total++;
+        if (best[w].n == 1 && best[w].c[0].key == HK_VARIANT)
+            n_short++;
+        if (fewest < 0 || best[w].n < best[fewest].n)
+            fewest = w;
+    }
+    if (!n_total)
+        return NULL;
+    if (!n_short) {
+        const cpc_candidate *c = &h->sel->candidates[bi[fewest]];
+        return alt_text(&best[fewest], c->variant, c->ring_degree, c->ulysses_degree);
+    }
     sappend(&s, "variant ");
-    for (int i = 0; i < n; i++) {
-        if (i)
-            sappend(&s, i == n - 1 ? " or " : ", ");
-        if (pick[i]->variant == CPC_VARIANT_UNIFIED)
-            sappend(&s, "unified %dx%d", pick[i]->ring_degree, pick[i]->ulysses_degree);
+    int k = 0;
+    for (int w = 0; w < CPC_VARIANT__COUNT; w++) {
+        if (bi[w] < 0 || !(best[w].n == 1 && best[w].c[0].key == HK_VARIANT))
+            continue;
+        if (k)
+            sappend(&s, k == n_short - 1 ? " or " : ", ");
+        k++;
+        const cpc_candidate *c = &h->sel->candidates[bi[w]];
+        if (c->variant == CPC_VARIANT_UNIFIED)
+            sappend(&s, "unified %dx%d", c->ring_degree, c->ulysses_degree);
         else
-            sappend(&s, "%s", vname(pick[i]->variant));
+            sappend(&s, "%s", vname(c->variant));
     }
     sappend(&s, " runs this plan");
     return s;
 }
 
-/* A copy of the plan at another world size (gpus_per_node re-defaulted when
- * the plan did not set it). */
-static cpc_plan at_world(const cpc_plan *p, int P)
+/* One alternative from `base` (see try_changes), as text; NULL when it
+ * does not run the plan. */
+static char *hint_changes(const hctx *h, const chset *base, cpc_variant v, int R, int U)
 {
-    cpc_plan q = *p;
-    q.cluster.world_size = P;
-    if (!has_key(p, "cluster.gpus_per_node"))
-        q.cluster.gpus_per_node = P < 8 ? P : 8;
-    return q;
+    chset cs;
+    cpc_variant sv;
+    int sr, su;
+    if (!try_changes(h, base, v, R, U, &cs, &sv, &sr, &su))
+        return NULL;
+    return alt_text(&cs, sv, sr, su);
 }
 
-/* (c) a rule-specific change of the plan, with the same variant. */
+/* (c) a rule-specific change of the plan. */
 static char *hint_rule(const hctx *h, int rule, cpc_variant v, int R, int U)
 {
     const cpc_plan *p = h->plan;
-    char *s = NULL;
-    int r2, u2;
+    chset base = {0};
     switch (rule) {
     case 3: {
         int64_t prod = (int64_t)R * U;
-        if (R >= 1 && U >= 1 && prod <= MAX_WORLD) {
-            cpc_plan q = at_world(p, (int)prod);
-            if (works(h, &q, v, R, U))
-                sappend(&s, "world_size %lld (= ring_degree %d x ulysses_degree %d) runs this plan",
-                        (long long)prod, R, U);
-        }
-        return s;
+        if (R < 1 || U < 1 || prod > MAX_WORLD)
+            return NULL;
+        chset_set(&base, HK_WORLD, prod);
+        return hint_changes(h, &base, v, R, U);
     }
-    case 18: {
-        cpc_plan q = *p;
-        q.input.mode = CPC_MODE_INFERENCE;
-        if (works_derived(h, &q, v, &r2, &u2))
-            sappend(&s, "mode: inference runs this plan (the anything variants are forward only)");
-        return s;
-    }
+    case 18:
+        chset_set(&base, HK_MODE, CPC_MODE_INFERENCE);
+        return hint_changes(h, &base, v, R, U);
     case 19:
-    case 24: {
-        cpc_plan q = *p;
-        q.input.mask = CPC_MASK_NONE;
-        if (works(h, &q, v, R, U))
-            sappend(&s, "mask: none runs this plan");
-        return s;
-    }
+    case 24:
+        chset_set(&base, HK_MASK, CPC_MASK_NONE);
+        return hint_changes(h, &base, v, R, U);
     case 22: {
-        cpc_plan q = *p;
-        cpc_segment one = {.name = "tokens", .tokens = p->input.total_tokens, .span = CPC_NO_SPAN};
-        q.input.segments = &one;
-        q.input.n_segments = 1;
-        if (works(h, &q, v, R, U)) {
-            sappend(&s, "one segment (tokens: %lld) runs this plan", (long long)p->input.total_tokens);
+        chset_set(&base, HK_ONE_SEGMENT, p->input.total_tokens);
+        char *s = hint_changes(h, &base, v, R, U);
+        if (s)
             return s;
-        }
-        q = *p;
-        q.input.mask = CPC_MASK_NONE;
-        if (works(h, &q, v, R, U))
-            sappend(&s, "mask: none runs this plan");
-        return s;
+        base.n = 0;
+        chset_set(&base, HK_MASK, CPC_MASK_NONE);
+        return hint_changes(h, &base, v, R, U);
     }
     case 30: {
         int H = p->model.heads, Hkv = p->model.kv_heads;
@@ -970,12 +1347,11 @@ static char *hint_rule(const hctx *h, int rule, cpc_variant v, int R, int U)
                 int c = cand[k];
                 if (c < 1 || c > H || H % c)
                     continue;
-                cpc_plan q = *p;
-                q.model.kv_heads = c;
-                if (works(h, &q, v, R, U)) {
-                    sappend(&s, "kv_heads %d (a divisor of heads %d) runs this plan", c, H);
+                base.n = 0;
+                chset_set(&base, HK_KV_HEADS, c);
+                char *s = hint_changes(h, &base, v, R, U);
+                if (s)
                     return s;
-                }
             }
         }
         return NULL;
@@ -984,7 +1360,8 @@ static char *hint_rule(const hctx *h, int rule, cpc_variant v, int R, int U)
     }
 }
 
-/* (d) the nearest world size where the same variant runs. */
+/* (d) the nearest world size where the plan runs (as it is, else with the
+ * same variant's derived degrees there). */
 static char *hint_world(const hctx *h, cpc_variant v)
 {
     const cpc_plan *p = h->plan;
@@ -997,13 +1374,17 @@ static char *hint_world(const hctx *h, cpc_variant v)
             if (w < 1 || w > MAX_WORLD || (w == 1) != (v == CPC_VARIANT_NONE))
                 continue;
             tries++;
-            cpc_plan q = at_world(p, w);
-            int R, U;
-            if (works_derived(h, &q, v, &R, &U)) {
-                char *s = NULL;
-                sappend(&s, "world_size %d runs this plan (%s %dx%d)", w, vname(v), R, U);
-                return s;
+            chset base = {0};
+            chset_set(&base, HK_WORLD, w);
+            int R = 1, U = 1;
+            if (v < CPC_VARIANT_AUTO) {
+                cpc_segment seg;
+                cpc_plan q = apply(p, &base, &seg);
+                cpc_derive_degrees(&q, v, &R, &U);
             }
+            char *s = hint_changes(h, &base, v, R, U);
+            if (s)
+                return s;
         }
     }
     return NULL;
@@ -1014,7 +1395,7 @@ static char *find_hint(const hctx *h, int rule, cpc_variant v, int R, int U)
     char *s = NULL;
     if (rule == 3) {
         s = hint_rule(h, rule, v, R, U);
-        char *more = hint_same_variant(h, v, R, U);
+        char *more = v < CPC_VARIANT__COUNT ? hint_same_variant(h, v, R, U) : NULL;
         if (!more)
             more = hint_other_variants(h, v);
         if (more) {
@@ -1121,7 +1502,8 @@ cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pct
         }
     }
 
-    hctx h = {p, sel, price, pctx};
+    memo hmemo = {NULL, 0, 0};
+    hctx h = {p, sel, price, pctx, &hmemo};
     bool stage3 = false;
     if (rq.variant == CPC_VARIANT_AUTO) {
         sel->selected = cpc_select_best(l.c, l.n);
@@ -1226,6 +1608,7 @@ cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pct
         cpc_status_append(&diags, w);
     }
     free(l.o);
+    free(hmemo.e);
     cpc_status_free(rq.pre);
     return diags;
 

@@ -60,12 +60,32 @@
  * ulysses_anything, ring_anything).  Unpriced candidates only compete when
  * no valid candidate is priced (then: the first valid one in list order).
  *
- * HINTS.  Every reported error carries a hint that was itself validated
- * (stages 2 and 3, and the price callback for candidates in the list): the
- * same variant with other degrees, other variants at the same world_size,
- * a rule-specific change of the plan (mode: inference, mask: none, one
- * segment, a kv_heads that divides heads, world_size = R*U for CP003), or the
- * nearest world_size where the same variant runs.  No hint when none works.
+ * HINTS.  A hint states every change the user makes, as `--set` takes it,
+ * and was applied to a copy of the plan and validated (stages 1-4, the
+ * price callback included, without falling back) before it is shown.
+ * Forms, alternatives joined by "; or ":
+ *   "variant A, unified RxU or C runs this plan"   set parallel.variant to
+ *       any one of them, nothing else (unified's RxU is what it derives);
+ *   "KEY: VALUE, KEY: VALUE runs this plan (variant RxU)"   set exactly
+ *       these keys (dotted, as --set); the annotation, present when a
+ *       parallel or cluster key changes, is what the plan then selects.
+ *       Keys: parallel.variant, parallel.ring_degree, parallel.ulysses_degree,
+ *       parallel.ulysses_anything / ring_anything (false), cluster.world_size,
+ *       input.mask, input.mode, model.kv_heads, input.segments
+ *       ("[{tokens: N}]": one segment).
+ * The plan's explicit degrees and flags stay unless the hint names them:
+ * a degree written in the plan that the target contradicts, or a derived
+ * one that would come out differently, is set to the target's value; an
+ * anything-flag of another variant is set to false; parallel.variant is
+ * named unless the plan already asks for that variant.  Search order: the
+ * same variant with other degrees (the fewest changes), other variants at
+ * the same world_size (those that need only the variant key, else the one
+ * with the fewest changes), a rule-specific change (input.mode: inference,
+ * input.mask: none, one segment, a kv_heads that divides heads,
+ * cluster.world_size = R*U for CP003, which also offers the same variant's
+ * other degrees), the nearest world_size where the plan runs.  No hint when
+ * none works.  Stage-1 CP105 conflicts carry fixed advice (the loader
+ * reports them first for plan files).
  *
  * SPANS.  An error points at the segment or key its value comes from (the
  * value's position); a note points at the other key involved (the degree

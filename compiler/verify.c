@@ -1905,7 +1905,8 @@ static opnode *build_nodes(ctx *C, const cpc_op *ops, int n, const char *prefix,
             oom(C);
             break;
         }
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i);
+        /* 1-based, as Lua scripts index plan.ops (SPEC section 6) */
+        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
         if (check_op_shape(C, nd)) {
             *bad = true;
             break;

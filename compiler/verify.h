@@ -83,7 +83,9 @@
  *
  * DIAGNOSTICS.  Class CPC_E_PLAN, rule 51 (CP051), severity ERROR, span =
  * the op's span when it has one.  The message names the rank and its
- * coordinates, the op's index path and kind ("ops[3].body[1] merge"), the
+ * coordinates, the op's index path and kind ("ops[3].body[1] merge";
+ * indices are 1-based, as Lua scripts index plan.ops and as CP050 names
+ * them: ops[1] is the first op), the
  * loop step, and what is wrong; notes name the other op/rank involved (the
  * peer's send, the collective another member reached, the ranks of a wait
  * cycle).  Verification stops at the first failure (later ones are often

@@ -1184,10 +1184,11 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
         char here[160];
+        /* 1-based, as cpc's diagnostics and Lua scripts index ops */
         if (depth == 0)
-            snprintf(here, sizeof here, "ops[%d]", i);
+            snprintf(here, sizeof here, "ops[%d]", i + 1);
         else
-            snprintf(here, sizeof here, "%s.body[%d]", path, i);
+            snprintf(here, sizeof here, "%s.body[%d]", path, i + 1);
         cpc_status *st = NULL;
         if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT) {
             st = errf("unknown op kind %d", (int)op->kind);

@@ -33,7 +33,8 @@
  * swaps are allocated at the largest capacity among them.
  *
  * ERRORS name the rank and the op: "rank 3: ops[4] all_to_all: ..." and in
- * loops "rank 1: ops[2].body[3] (s=2) recv: ...".  When an op fails the
+ * loops "rank 1: ops[2].body[3] (s=2) recv: ..." (indices 1-based, as in
+ * cpc's diagnostics and Lua's plan.ops).  When an op fails the
  * executor calls the transport's abort, so every other rank's pending and
  * later communication fails instead of hanging.
  *

@@ -61,7 +61,8 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r)
         fprintf(out, ", %.3g GB/s over the iteration", r->bandwidth_gbps);
     fprintf(out, "\n");
     human(b, sizeof b, (double)r->peak_memory_bytes_per_rank);
-    fprintf(out, "memory:      %lld bytes peak per rank (%s, max over ranks)\n",
+    fprintf(out, "memory:      %lld bytes peak per rank (%s, max over ranks; buffers and staging: cpc's "
+                 "prediction adds the attention workspace and reserved_gb)\n",
             (long long)r->peak_memory_bytes_per_rank, b);
     if (r->rank_bytes_sent && r->ranks <= 64) {
         fprintf(out, "per rank:    rank  sent_bytes     peak_bytes     compute_ms  comm_ms\n");

@@ -9,6 +9,11 @@
  *    or null}
  * bytes_sent_per_rank and peak_memory_bytes_per_rank are the maximum over
  * ranks (as cpc's `predicted` figures), bytes per iteration (one layer).
+ * peak_memory_bytes_per_rank is what the executor allocates (buffers and
+ * all-to-all staging); cpc's predicted memory_bytes_per_rank adds a fixed
+ * GPU attention workspace (131072 + 2048 * head_dim bytes) and
+ * cluster.reserved_gb (compiler/cost.h), so it is larger by exactly that;
+ * the text form says so.
  * ms_per_iter is the median over timed iterations of the maximum over ranks;
  * tflops = 4*B*S*Skv*H*D (S^2 for self-attention; halved when causal) /
  * ms_per_iter.  The text form adds per-rank figures and the bandwidth.

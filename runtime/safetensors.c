@@ -105,6 +105,30 @@ static bool json_uint(const cJSON *j, uint64_t *out)
     return true;
 }
 
+/* A non-negative integer too large for json_uint (>= 2^53, where doubles
+ * are no longer exact): told apart so that the message says "too large". */
+static bool json_huge_uint(const cJSON *j)
+{
+    return cJSON_IsNumber(j) && j->valuedouble > 9007199254740992.0 && j->valuedouble == floor(j->valuedouble);
+}
+
+/* "[2, 4608, 24, 128]" (at most ~200 characters). */
+static void shape_text(const cJSON *sh, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    int nd = cJSON_GetArraySize(sh);
+    for (int i = 0; i < nd && used + 32 < n; i++) {
+        const cJSON *d = cJSON_GetArrayItem(sh, i);
+        int w = cJSON_IsNumber(d) ? snprintf(buf + used, n - used, "%s%.0f", i ? ", " : "[", d->valuedouble)
+                                  : snprintf(buf + used, n - used, "%s?", i ? ", " : "[");
+        if (w < 0)
+            return;
+        used += (size_t)w;
+    }
+    snprintf(buf + used, n - used, "%s]", nd ? "" : "[");
+}
+
 static cpc_status *bad(const cpc_st_file *f, const char *tensor, const char *fmt, const char *a)
 {
     char msg[256];
@@ -144,19 +168,42 @@ static cpc_status *parse_entry(cpc_st_file *f, const cJSON *e, uint64_t data_sta
         return bad(f, nm, "more than 8 dimensions", NULL);
     t->ndim = nd;
     uint64_t numel = 1;
-    bool overflow = false;
+    bool overflow = false, huge = false;
     for (int i = 0; i < nd; i++) {
         uint64_t v;
-        if (!json_uint(cJSON_GetArrayItem(sh, i), &v))
+        const cJSON *d = cJSON_GetArrayItem(sh, i);
+        if (json_huge_uint(d)) {
+            huge = true; /* reported with the whole shape below */
+            continue;
+        }
+        if (!json_uint(d, &v))
             return bad(f, nm, "shape entries must be non-negative integers", NULL);
         t->shape[i] = (int64_t)v;
         if (v && numel > UINT64_MAX / v)
             overflow = true;
         numel *= v;
     }
-    if (overflow || numel > UINT64_MAX / (uint64_t)t->esize)
-        return bad(f, nm, "shape too large", NULL);
+    /* a zero dimension makes the tensor empty, whatever the others say */
+    bool empty = false;
+    for (int i = 0; i < nd; i++) {
+        const cJSON *d = cJSON_GetArrayItem(sh, i);
+        empty = empty || (cJSON_IsNumber(d) && d->valuedouble == 0);
+    }
+    if (huge || (!empty && (overflow || numel > UINT64_MAX / (uint64_t)t->esize))) {
+        char st[224], msg[320];
+        shape_text(sh, st, sizeof st);
+        if (huge)
+            snprintf(msg, sizeof msg, "shape %s is too large: a dimension is >= 2^53 elements", st);
+        else
+            snprintf(msg, sizeof msg, "shape %s is too large: its %s overflows 64 bits", st,
+                     overflow ? "element count" : "byte size");
+        return bad(f, nm, "%s", msg);
+    }
+    if (empty)
+        numel = 0;
     uint64_t b, en;
+    if (json_huge_uint(cJSON_GetArrayItem(off, 0)) || json_huge_uint(cJSON_GetArrayItem(off, 1)))
+        return bad(f, nm, "\"data_offsets\" too large (>= 2^53 bytes)", NULL);
     if (!json_uint(cJSON_GetArrayItem(off, 0), &b) || !json_uint(cJSON_GetArrayItem(off, 1), &en))
         return bad(f, nm, "\"data_offsets\" must be non-negative integers", NULL);
     if (b > en)

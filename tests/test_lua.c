@@ -882,41 +882,116 @@ Test(lua_errors, verifier_errors_point_at_the_script)
     fx_free(&f);
 }
 
+/* CP050 and CP051 name the same op the same way (1-based, as Lua indexes
+ * plan.ops), and both point at the script line that changed it. */
+Test(lua_errors, cp050_and_cp051_paths_are_1_based_and_point_at_the_edit)
+{
+    /* CP050: the edited send (plan.ops[2].body[1] in Lua), at its line 4 */
+    expect_schedule_fails("function schedule(plan)\n"
+                          "  cpc.walk(plan.ops, function(op)\n"
+                          "    if op.kind == 'send' then\n"
+                          "      op.peer = '(r+1)/0'\n"
+                          "    end\n"
+                          "  end)\n"
+                          "end\n",
+                          CPC_RULE_LUA, 4, "ops[2].body[1]: peer '(r+1)/0' cannot be evaluated");
+
+    /* CP051: rank 0 never sends; the failing op is the compiler's wait
+     * (ops[2].body[5], no span of its own: compile.c places it at the plan),
+     * and a note points at the line that changed the send */
+    fixture f = fx_ring4();
+    cpc_lua_script *s = open_text("dl.lua", "function schedule(plan)\n"
+                                            "  cpc.walk(plan.ops, function(op)\n"
+                                            "    if op.kind == 'send' then op.when = 'r != 0' end\n"
+                                            "  end)\n"
+                                            "end\n");
+    cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
+    expect_err(st, CPC_RULE_VERIFY, NULL, 0, "ops[2].body[5] wait");
+    cr_assert(strstr(st->message, "ops[2].body[2] recv"), "%s", st->message);
+    bool edit_note = false;
+    for (const cpc_status *n = st->notes; n; n = n->next)
+        if (n->span.file && strcmp(n->span.file, "dl.lua") == 0 && n->span.line == 3 &&
+            strstr(n->message, "ops[2].body[1] send"))
+            edit_note = true;
+    cr_assert(edit_note, "a note at dl.lua:3 names ops[2].body[1] send");
+    cpc_status_free(st);
+    fx_untouched(&f);
+    cpc_lua_close(s);
+    fx_free(&f);
+
+    /* the failing op is the edited one: the error itself is at the edit */
+    f = fx_ring4();
+    s = open_text("dl.lua", "function schedule(plan)\n"
+                            "  local loop = plan.ops[2]\n"
+                            "\n"
+                            "  loop.body[2].block = '(r-s)%R'\n"
+                            "end\n");
+    st = cpc_lua_schedule(s, f.plan, f.prog);
+    expect_err(st, CPC_RULE_VERIFY, "dl.lua", 4, "ops[2].body[2] recv");
+    cpc_status_free(st);
+    fx_untouched(&f);
+    cpc_lua_close(s);
+    fx_free(&f);
+}
+
+/* Op tables still behave as tables: pairs, copies, a protected metatable. */
+Test(lua_schedule, op_tables_iterate_and_copy)
+{
+    fixture f = fx_ring4();
+    cpc_lua_script *s = open_text("it.lua", "function schedule(plan)\n"
+                                            "  local op = plan.ops[1]\n"
+                                            "  local n = 0\n"
+                                            "  for k, v in pairs(op) do n = n + 1 end\n"
+                                            "  assert(n >= 3 and op.kind == 'init_acc', 'pairs sees the fields')\n"
+                                            "  assert(getmetatable(op) == 'op')\n"
+                                            "  assert(not pcall(setmetatable, op, nil))\n"
+                                            "  local c = cpc.copy(op)\n"
+                                            "  assert(c.kind == op.kind and c.out[1] == op.out[1])\n"
+                                            "  op._mine = 1\n"
+                                            "  assert(op._mine == 1)\n"
+                                            "end\n");
+    cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
+    cr_assert_null(st, "%s", st ? st->message : "");
+    cr_assert_null(f.prog->ops[0].span.file, "a scratch field is no change: the compiler's span stays");
+    cpc_lua_close(s);
+    fx_free(&f);
+}
+
 Test(lua_errors, invalid_fields)
 {
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].kind = 'sned'\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].kind = 'sned'\nend\n", CPC_RULE_LUA, 2,
                           "ops[1].kind: unknown op kind 'sned'");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].kind = 3\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].kind = 3\nend\n", CPC_RULE_LUA, 2,
                           "ops[1].kind: expected a string, got integer");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].tag = 'x'\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].tag = 'x'\nend\n", CPC_RULE_LUA, 2,
                           "ops[2].body[1].tag: expected an integer");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].tag = -1\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].tag = -1\nend\n", CPC_RULE_LUA, 2,
                           "ops[2].body[1].tag: -1 is out of range");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].group = 'galaxy'\nend\n", CPC_RULE_LUA,
-                          1, "unknown group 'galaxy'");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].group = nil\nend\n", CPC_RULE_LUA, 1,
+                          2, "unknown group 'galaxy'");
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].group = nil\nend\n", CPC_RULE_LUA, 2,
                           "needs a group");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = '(r+'\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = '(r+'\nend\n", CPC_RULE_LUA, 2,
                           "ops[2].body[1].peer");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = {}\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = {}\nend\n", CPC_RULE_LUA, 2,
                           "expected an expression string or an integer, got table");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = 1.5\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = 1.5\nend\n", CPC_RULE_LUA, 2,
                           "got 1.5");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1]['in'] = 'k_cur'\nend\n", CPC_RULE_LUA,
-                          1, "expected an array of buffer names, got string");
+                          2, "expected an array of buffer names, got string");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1]['in'] = {'k_cur', 'v_cur', 'q', 'acc', 'lse'}\nend\n",
-                          CPC_RULE_LUA, 1, "5 buffers, at most 4");
+                          CPC_RULE_LUA, 2, "5 buffers, at most 4");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[3].out[1] = 'nope'\nend\n", CPC_RULE_LUA,
                           1, "no buffer named 'nope'");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[3].out[1] = 7\nend\n", CPC_RULE_LUA, 1,
                           "expected a buffer name, got integer");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].peerr = 1\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].peerr = 1\nend\n", CPC_RULE_LUA, 2,
                           "unknown field 'peerr'");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].step = 1\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[1].step = 1\nend\n", CPC_RULE_LUA, 2,
                           "no fixed step");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].count = nil\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].count = nil\nend\n", CPC_RULE_LUA, 2,
                           "needs a 'count'");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].kind = 'attn'\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].kind = 'attn'\nend\n", CPC_RULE_LUA, 2,
                           "only loop ops have a body");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[3] = nil\n  plan.ops[5] = plan.ops[1]\nend\n",
                           CPC_RULE_LUA, 1, "not an array");
@@ -958,16 +1033,16 @@ Test(lua_errors, a_new_op_is_blamed_on_its_line)
 
 Test(lua_errors, rank_or_block_out_of_range)
 {
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = 'r+1'\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].peer = 'r+1'\nend\n", CPC_RULE_LUA, 2,
                           "peer 'r+1' is 4 on rank 3");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[2].block = 's+r'\nend\n", CPC_RULE_LUA, 1,
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[2].block = 's+r'\nend\n", CPC_RULE_LUA, 2,
                           "outside 0..3");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[2].peer = 'r/(s-1)'\nend\n", CPC_RULE_LUA,
-                          1, "cannot be evaluated");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].count = 'R-5'\nend\n", CPC_RULE_LUA, 1,
+                          2, "cannot be evaluated");
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].count = 'R-5'\nend\n", CPC_RULE_LUA, 2,
                           "count 'R-5' is -1");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1].group = 'ulysses'\nend\n", CPC_RULE_LUA,
-                          1, "outside the ulysses group's members 0..0");
+                          2, "outside the ulysses group's members 0..0");
 }
 
 Test(lua_errors, breach_poisons_the_script)

@@ -882,8 +882,33 @@ Test(plan_load, bad_set_overrides)
         cr_assert_eq(cpc_status_exit_code(st), 2);
         cpc_status_free(st);
     }
+    /* an index out of range, or into a key that does not exist: usage
+     * errors (2) like a malformed KEY, naming the valid range */
     const char *s3[] = {"input.segments[5].tokens=1"};
-    load_fails_sets(FLUX_1024, s3, 1, 103);
+    st = load_n(FLUX_1024, s3, 1, &p);
+    cr_assert_null(p);
+    cr_assert_not_null(st);
+    cr_assert_eq(st->code, CPC_E_USAGE, "%s", st->message);
+    cr_assert_eq(cpc_status_exit_code(st), 2);
+    cr_assert(strstr(st->message, "'input.segments' has 2 elements, so [5] is out of range (valid: 0..1)"), "%s",
+              st->message);
+    cr_assert_str_eq(st->span.file, CPC_SET_FILE);
+    cr_assert_eq(st->span.col, 15);
+    cpc_status_free(st);
+    const char *s3b[] = {"input.segments[2].tokens=1"};
+    st = load_n(FLUX_1024, s3b, 1, &p);
+    cr_assert_eq(cpc_status_exit_code(st), 2, "%s", st->message);
+    cpc_status_free(st);
+    const char *s3c[] = {"input.segments[0].tokens=8"}; /* a plan with the tokens shorthand */
+    st = load_n("version: 1\nmodel: {heads: 4, head_dim: 8}\ninput: {tokens: 16}\ncluster: {world_size: 4}\n",
+                s3c, 1, &p);
+    cr_assert_null(p);
+    cr_assert_not_null(st);
+    cr_assert_eq(st->code, CPC_E_USAGE, "%s", st->message);
+    cr_assert(strstr(st->message, "'input.segments' does not exist"), "%s", st->message);
+    cr_assert_not_null(st->hint);
+    cr_assert(strstr(st->hint, "set input.tokens instead"), "%s", st->hint);
+    cpc_status_free(st);
     const char *s4[] = {"model.heads.x=1"};
     load_fails_sets(FLUX_1024, s4, 1, 102);
     const char *s5[] = {"model.heads=[1,"};
@@ -901,7 +926,10 @@ Test(plan_load, bad_set_overrides)
     const char *s9[] = {"cluster.world_size[0]=4"};
     load_fails_sets(FLUX_1024, s9, 1, 102);
     const char *s10[] = {"input.nothing[0]=4"};
-    load_fails_sets(FLUX_1024, s10, 1, 103);
+    st = load_n(FLUX_1024, s10, 1, &p);
+    cr_assert_null(p);
+    cr_assert_eq(cpc_status_exit_code(st), 2, "%s", st->message);
+    cpc_status_free(st);
     const char *s11[] = {"input.tokens=5"}; /* conflicts with the file's segments */
     cr_assert_eq(load_fails_sets(FLUX_1024, s11, 1, 105) / 1000, 1);
     const char *s12[] = {"model.heads={a: 1, a: 2}"};

@@ -179,7 +179,15 @@ Test(safetensors, broken_files_are_input_errors)
         {"{\"q\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}}", 8, "truncated"},
         {"{\"q\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}", 8, "begin > end"},
         {"{\"q\": {\"dtype\": \"F32\", \"shape\": [1099511627776, 1099511627776, 1099511627776], \"data_offsets\": [0, 8]}}",
-         8, "too large"},
+         8, "shape [1099511627776, 1099511627776, 1099511627776] is too large: its element count overflows"},
+        /* dimensions of 2^62: too large, not "must be non-negative integers" */
+        {"{\"q\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 4611686018427387904, 1, 1], \"data_offsets\": [0, 8]}}",
+         8, "shape [4611686018427387904, 4611686018427387904, 1, 1] is too large: a dimension is >= 2^53"},
+        /* the element count fits, the byte size does not */
+        {"{\"q\": {\"dtype\": \"F32\", \"shape\": [5000000000000000, 1000], \"data_offsets\": [0, 8]}}",
+         8, "is too large: its byte size overflows"},
+        {"{\"q\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 36893488147419103232]}}", 8,
+         "\"data_offsets\" too large"},
         {"{\"__metadata__\": 3}", 0, "__metadata__"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

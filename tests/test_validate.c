@@ -509,10 +509,22 @@ Test(shapes, cp022_causal_one_segment)
     expect_reject(&t, 22);
     set_segs(&t, 1, (int64_t)4608);
     expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 4);
-    /* nothing is split at world_size 1 */
+    /* SPEC section 2 has no exception: also variant none, and auto at
+     * world_size 1 (which is none) */
     base(&t, 1);
     variant(&t, CPC_VARIANT_NONE);
     t.p.input.mask = CPC_MASK_CAUSAL;
+    expect_reject(&t, 22);
+    base(&t, 1);
+    t.p.input.mask = CPC_MASK_CAUSAL;
+    expect_reject(&t, 22);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_str_eq(st->hint, "input.segments: [{tokens: 4608}] runs this plan");
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    set_segs(&t, 1, (int64_t)4608);
     expect_accept(&t, CPC_VARIANT_NONE, 1, 1);
 }
 
@@ -564,7 +576,7 @@ Test(shapes, cp030_gqa_ratio_reported_once)
     const cpc_status *e = find_rule(st, 30);
     cr_assert_not_null(e);
     cr_assert_not_null(e->hint);
-    cr_expect(strstr(e->hint, "kv_heads ") == e->hint, "%s", e->hint);
+    cr_expect(strstr(e->hint, "model.kv_heads: ") == e->hint, "%s", e->hint);
     cpc_status_free(st);
     cpc_selection_free(&sel);
     for (int hkv = 1; hkv <= 24; hkv++) {
@@ -1042,137 +1054,238 @@ Test(spans, error_at_segment_note_at_world_size)
 /* Every hint works: apply it to the plan and validate again                 */
 /* ------------------------------------------------------------------------ */
 
+/* Accepted without falling back; when v < __COUNT, as (v, R, U). */
 static bool accepted_as(tplan *t, cpc_variant v, int R, int U)
 {
     cpc_selection sel;
     cpc_status *st = run(t, &sel);
     bool ok = !cpc_status_has_error(st) && sel.selected >= 0 && !sel.fell_back;
-    if (ok) {
+    if (ok && v < CPC_VARIANT__COUNT) {
         const cpc_candidate *c = &sel.candidates[sel.selected];
-        ok = c->variant == v && (R <= 0 || c->ring_degree == R) && (U <= 0 || c->ulysses_degree == U);
+        ok = c->variant == v && c->ring_degree == R && c->ulysses_degree == U;
     }
     cpc_status_free(st);
     cpc_selection_free(&sel);
     return ok;
 }
 
-/* Applies `hint` (one of the forms validate.c writes) to a copy of `t` whose
- * rejected candidate is (v, R, U), and checks that it runs. */
-static bool hint_works(const tplan *t0, const char *hint, cpc_variant v, int R, int U)
+static bool has_key_span(const tplan *t, const char *k)
 {
-    tplan t = *t0;
-    t.p.input.segments = t.seg;
-    t.p.key_spans = t.keys;
-    t.p.parallel.fallback = CPC_FALLBACK_STRICT;
-    int a, b, c;
-    char name[40];
-    if (strncmp(hint, "variant ", 8) == 0) {
-        const char *s = hint + 8;
-        while (*s && strncmp(s, "runs this plan", 14) != 0) {
-            int n = 0;
-            if (sscanf(s, "unified %dx%d%n", &a, &b, &n) == 2 && n > 0) {
-                variant(&t, CPC_VARIANT_UNIFIED);
-                degrees(&t, a, b);
-                if (!accepted_as(&t, CPC_VARIANT_UNIFIED, a, b))
-                    return false;
-                s += n;
-            } else if (sscanf(s, "%39[a-z_]%n", name, &n) == 1) {
-                int pv = cpc_variant_parse(name);
-                if (pv < 0)
-                    return false;
-                variant(&t, (cpc_variant)pv);
-                degrees(&t, 0, 0);
-                if (!accepted_as(&t, (cpc_variant)pv, 0, 0))
-                    return false;
-                s += n;
-            } else {
-                return false;
-            }
-            if (strncmp(s, ", ", 2) == 0)
-                s += 2;
-            else if (strncmp(s, " or ", 4) == 0)
-                s += 4;
-            else if (*s == ' ')
-                s++;
-        }
+    for (int i = 0; i < t->p.n_key_spans; i++)
+        if (strcmp(t->p.key_spans[i].key, k) == 0)
+            return true;
+    return false;
+}
+
+/* Sets one plan key to a value as `cpc --set KEY=VALUE` would (the hint's
+ * "KEY: VALUE" text); false for a key or value the test does not know. */
+static bool set_key(tplan *t, const char *k, const char *v)
+{
+    int n;
+    if (strcmp(k, "parallel.variant") == 0) {
+        int pv = cpc_variant_parse(v);
+        if (pv < 0)
+            return false;
+        variant(t, (cpc_variant)pv);
         return true;
     }
-    if (sscanf(hint, "ring_degree %d, ulysses_degree %d", &a, &b) == 2) {
-        variant(&t, v);
-        degrees(&t, a, b);
-        return accepted_as(&t, v, a, b);
+    if (strcmp(k, "parallel.ulysses_anything") == 0 || strcmp(k, "parallel.ring_anything") == 0) {
+        bool b = strcmp(v, "true") == 0;
+        if (!b && strcmp(v, "false") != 0)
+            return false;
+        if (k[9] == 'u')
+            t->p.parallel.ulysses_anything = b;
+        else
+            t->p.parallel.ring_anything = b;
+        return true;
     }
-    if (sscanf(hint, "world_size %d (= ring_degree %d x ulysses_degree %d", &a, &b, &c) == 3) {
-        t.p.cluster.world_size = a;
-        t.p.cluster.gpus_per_node = a < 8 ? a : 8;
-        variant(&t, v);
-        degrees(&t, b, c);
-        return accepted_as(&t, v, b, c);
+    if (strcmp(k, "input.mask") == 0) {
+        int m = cpc_mask_parse(v);
+        t->p.input.mask = (cpc_mask)m;
+        return m >= 0;
     }
-    if (sscanf(hint, "world_size %d runs this plan (%39[a-z_] %dx%d", &a, name, &b, &c) == 4) {
-        t.p.cluster.world_size = a;
-        t.p.cluster.gpus_per_node = a < 8 ? a : 8;
-        variant(&t, (cpc_variant)cpc_variant_parse(name));
-        degrees(&t, 0, 0);
-        return accepted_as(&t, (cpc_variant)cpc_variant_parse(name), b, c);
+    if (strcmp(k, "input.mode") == 0) {
+        int m = cpc_mode_parse(v);
+        t->p.input.mode = (cpc_mode)m;
+        return m >= 0;
     }
-    variant(&t, v);
-    degrees(&t, R, U);
-    if (strncmp(hint, "mode: inference", 15) == 0) {
-        t.p.input.mode = CPC_MODE_INFERENCE;
-        return accepted_as(&t, v, R, U);
+    if (strcmp(k, "input.segments") == 0) {
+        if (sscanf(v, "[{tokens: %d}]", &n) != 1)
+            return false;
+        set_segs(t, 1, (int64_t)n);
+        return true;
     }
-    if (strncmp(hint, "mask: none", 10) == 0) {
-        t.p.input.mask = CPC_MASK_NONE;
-        return accepted_as(&t, v, R, U);
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || end == v)
+        return false;
+    if (strcmp(k, "parallel.ring_degree") == 0)
+        t->p.parallel.ring_degree = (int)x;
+    else if (strcmp(k, "parallel.ulysses_degree") == 0)
+        t->p.parallel.ulysses_degree = (int)x;
+    else if (strcmp(k, "model.kv_heads") == 0)
+        t->p.model.kv_heads = (int)x;
+    else if (strcmp(k, "cluster.world_size") == 0) {
+        t->p.cluster.world_size = (int)x;
+        if (!has_key_span(t, "cluster.gpus_per_node")) /* the loader's default */
+            t->p.cluster.gpus_per_node = x < 8 ? (int)x : 8;
+    } else
+        return false;
+    return true;
+}
+
+/* Applies every alternative of `hint` mechanically to a copy of `t0` (only
+ * the keys the hint names: the plan's own degrees and flags stay), and
+ * checks that the copy is accepted, as the "(variant RxU)" the hint names
+ * when it names one.  The forms: "variant A, unified RxU or C runs this
+ * plan" (set parallel.variant only), "KEY: VALUE, KEY: VALUE runs this plan
+ * [(variant RxU)]", alternatives joined by "; or ". */
+static bool hint_works(const tplan *t0, const char *hint, char *why, size_t whylen)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", hint);
+    static const char RUNS[] = " runs this plan";
+    char *alt = buf;
+    while (alt) {
+        char *next = strstr(alt, "; or ");
+        if (next) {
+            *next = '\0';
+            next += 5;
+        }
+        char *runs = strstr(alt, RUNS);
+        if (!runs) {
+            snprintf(why, whylen, "no \"runs this plan\" in '%.100s'", alt);
+            return false;
+        }
+        *runs = '\0';
+        const char *tail = runs + strlen(RUNS);
+        cpc_variant wv = CPC_VARIANT__COUNT;
+        int wr = 0, wu = 0;
+        char name[40];
+        if (*tail) {
+            if (sscanf(tail, " (%39[a-z_] %dx%d)", name, &wr, &wu) != 3 || cpc_variant_parse(name) < 0) {
+                snprintf(why, whylen, "bad annotation '%.100s'", tail);
+                return false;
+            }
+            wv = (cpc_variant)cpc_variant_parse(name);
+        }
+        if (strncmp(alt, "variant ", 8) == 0) {
+            /* one key: parallel.variant, any of the names */
+            char *s = alt + 8;
+            while (*s) {
+                int n = 0, r = 0, u = 0;
+                if (sscanf(s, "%39[a-z_]%n", name, &n) != 1 || cpc_variant_parse(name) < 0) {
+                    snprintf(why, whylen, "bad variant list at '%.100s'", s);
+                    return false;
+                }
+                s += n;
+                cpc_variant v = (cpc_variant)cpc_variant_parse(name);
+                int m = 0;
+                bool sized = sscanf(s, " %dx%d%n", &r, &u, &m) == 2 && m > 0;
+                if (sized)
+                    s += m;
+                tplan t = *t0;
+                t.p.input.segments = t.seg;
+                t.p.key_spans = t.keys;
+                variant(&t, v);
+                if (!accepted_as(&t, sized ? v : CPC_VARIANT__COUNT, r, u)) {
+                    snprintf(why, whylen, "parallel.variant: %s is not accepted%s", name, sized ? " as RxU" : "");
+                    return false;
+                }
+                if (strncmp(s, ", ", 2) == 0)
+                    s += 2;
+                else if (strncmp(s, " or ", 4) == 0)
+                    s += 4;
+                else if (*s) {
+                    snprintf(why, whylen, "bad variant list at '%.100s'", s);
+                    return false;
+                }
+            }
+        } else {
+            tplan t = *t0;
+            t.p.input.segments = t.seg;
+            t.p.key_spans = t.keys;
+            char *save = NULL;
+            for (char *kv = strtok_r(alt, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+                while (*kv == ' ')
+                    kv++;
+                char *colon = strstr(kv, ": ");
+                if (!colon) {
+                    snprintf(why, whylen, "not KEY: VALUE: '%.100s'", kv);
+                    return false;
+                }
+                *colon = '\0';
+                if (!set_key(&t, kv, colon + 2)) {
+                    snprintf(why, whylen, "unknown key or value '%.60s: %.60s'", kv, colon + 2);
+                    return false;
+                }
+            }
+            if (!accepted_as(&t, wv, wr, wu)) {
+                snprintf(why, whylen, "not accepted%s after applying it", wv < CPC_VARIANT__COUNT ? " as named" : "");
+                return false;
+            }
+        }
+        alt = next;
     }
-    if (sscanf(hint, "one segment (tokens: %d)", &a) == 1) {
-        set_segs(&t, 1, (int64_t)a);
-        return accepted_as(&t, v, R, U);
+    return true;
+}
+
+/* A random plan: FLUX-like base with random heads, segments, mask, mode,
+ * kv, variant, explicit degrees (also written as 0), diffusers flags and
+ * fallback, as users write them (also contradictory ones: stage 1 rejects
+ * those with CP105). */
+static void random_plan(tplan *t)
+{
+    static const int heads[] = {1, 2, 3, 4, 7, 8, 12, 24, 28, 30, 38, 40, 48};
+    int P = 1 + rand() % 12;
+    base(t, P);
+    int H = heads[rand() % 13];
+    t->p.model.heads = H;
+    int g = 1 + rand() % 4;
+    t->p.model.kv_heads = (rand() % 3 == 0 && H % g == 0) ? H / g : (rand() % 8 == 0 ? 5 : H);
+    int nseg = 1 + rand() % 3;
+    int64_t lens[3];
+    for (int k = 0; k < 3; k++)
+        lens[k] = rand() % 3 == 0 ? 1 + rand() % 20 : 512 * (1 + rand() % 8) + rand() % 3;
+    set_segs(t, nseg, lens[0], lens[1], lens[2]);
+    t->p.input.mask = rand() % 4 == 0 ? CPC_MASK_CAUSAL : rand() % 6 == 0 ? CPC_MASK_KEY_PADDING : CPC_MASK_NONE;
+    t->p.input.mode = rand() % 5 == 0 ? CPC_MODE_TRAINING : CPC_MODE_INFERENCE;
+    if (rand() % 6 == 0) {
+        t->p.input.has_kv = true;
+        t->p.input.kv_tokens = 77;
     }
-    if (sscanf(hint, "kv_heads %d", &a) == 1) {
-        t.p.model.kv_heads = a;
-        return accepted_as(&t, v, R, U);
+    if (rand() % 5 == 0) {
+        key(t, "cluster.gpus_per_node", 5, 3);
+        t->p.cluster.gpus_per_node = 1 + rand() % 8;
     }
-    return false;
+    int pick = rand() % 8;
+    if (pick < 6)
+        variant(t, (cpc_variant)pick); /* five variants and none */
+    int dr = rand() % 3, du = rand() % 3; /* 0: omitted, else written */
+    if (dr) {
+        t->p.parallel.ring_degree = rand() % 4 == 0 ? P : rand() % 5;
+        key(t, "parallel.ring_degree", 20, 3);
+    }
+    if (du) {
+        t->p.parallel.ulysses_degree = rand() % 4 == 0 ? P : rand() % 5;
+        key(t, "parallel.ulysses_degree", 21, 3);
+    }
+    int fl = rand() % 6;
+    if (fl == 0)
+        t->p.parallel.ulysses_anything = true;
+    else if (fl == 1)
+        t->p.parallel.ring_anything = true;
+    if (rand() % 6 == 0)
+        t->p.parallel.fallback = CPC_FALLBACK_AUTO;
 }
 
 Test(hints, every_hint_runs_the_plan)
 {
     srand(20240611);
-    int checked = 0, with_hint = 0;
-    const int heads[] = {1, 2, 3, 7, 8, 12, 24, 28, 30, 38, 40, 48};
-    for (int it = 0; it < 400; it++) {
+    int checked = 0, with_hint = 0, explicit_hints = 0;
+    for (int it = 0; it < 1500; it++) {
         tplan t;
-        int P = 1 + rand() % 12;
-        base(&t, P);
-        int H = heads[rand() % 12];
-        t.p.model.heads = H;
-        int g = 1 + rand() % 4;
-        t.p.model.kv_heads = (rand() % 3 == 0 && H % g == 0) ? H / g : (rand() % 8 == 0 ? 5 : H);
-        int nseg = 1 + rand() % 3;
-        int64_t lens[3];
-        for (int k = 0; k < 3; k++)
-            lens[k] = rand() % 3 == 0 ? 1 + rand() % 20 : 512 * (1 + rand() % 8) + rand() % 3;
-        set_segs(&t, nseg, lens[0], lens[1], lens[2]);
-        t.p.input.mask = rand() % 4 == 0 ? CPC_MASK_CAUSAL : rand() % 6 == 0 ? CPC_MASK_KEY_PADDING : CPC_MASK_NONE;
-        t.p.input.mode = rand() % 5 == 0 ? CPC_MODE_TRAINING : CPC_MODE_INFERENCE;
-        if (rand() % 6 == 0) {
-            t.p.input.has_kv = true;
-            t.p.input.kv_tokens = 77;
-        }
-        int pick = rand() % 8;
-        if (pick < 6)
-            variant(&t, (cpc_variant)pick); /* five variants and none */
-        if (rand() % 4 == 0)
-            degrees(&t, rand() % 5, rand() % 5);
-        if (t.p.parallel.variant_given && t.p.parallel.variant == CPC_VARIANT_RING && t.p.parallel.ulysses_degree > 1)
-            t.p.parallel.ulysses_degree = 0;
-        if (t.p.parallel.variant_given && t.p.parallel.variant == CPC_VARIANT_ULYSSES && t.p.parallel.ring_degree > 1)
-            t.p.parallel.ring_degree = 0;
-        if (t.p.parallel.variant_given && t.p.parallel.variant == CPC_VARIANT_NONE)
-            degrees(&t, 0, 0);
-
+        random_plan(&t);
         cpc_selection sel;
         cpc_status *st = run(&t, &sel);
         for (const cpc_status *e = st; e; e = e->next) {
@@ -1188,29 +1301,98 @@ Test(hints, every_hint_runs_the_plan)
             if (!e->hint || e->rule == 105)
                 continue;
             with_hint++;
-            cpc_variant v = CPC_VARIANT__COUNT;
-            int R = 0, U = 0;
-            if (sel.preferred >= 0) {
-                v = sel.candidates[sel.preferred].variant;
-                R = sel.candidates[sel.preferred].ring_degree;
-                U = sel.candidates[sel.preferred].ulysses_degree;
-            } else {
-                /* auto: find the candidate this error belongs to */
-                for (int i = 0; i < sel.n_candidates && v == CPC_VARIANT__COUNT; i++)
-                    for (const cpc_status *ce = sel.candidates[i].errors; ce; ce = ce->next)
-                        if (ce->rule == e->rule && strcmp(ce->message, e->message) == 0) {
-                            v = sel.candidates[i].variant;
-                            R = sel.candidates[i].ring_degree;
-                            U = sel.candidates[i].ulysses_degree;
-                            break;
-                        }
-            }
-            cr_expect(hint_works(&t, e->hint, v, R, U), "hint does not work: CP%03d %s; hint: %s (P=%d H=%d Hkv=%d)",
-                      e->rule, e->message, e->hint, P, H, t.p.model.kv_heads);
+            explicit_hints += t.p.parallel.ring_degree || t.p.parallel.ulysses_degree ||
+                              t.p.parallel.ulysses_anything || t.p.parallel.ring_anything;
+            char why[256] = "";
+            cr_expect(hint_works(&t, e->hint, why, sizeof why),
+                      "hint does not work: CP%03d %s; hint: %s (%s; P=%d H=%d Hkv=%d variant %s R=%d U=%d ua=%d "
+                      "ra=%d fallback %d)",
+                      e->rule, e->message, e->hint, why, t.p.cluster.world_size, t.p.model.heads,
+                      t.p.model.kv_heads, t.p.parallel.variant_given ? cpc_variant_name(t.p.parallel.variant) : "-",
+                      t.p.parallel.ring_degree, t.p.parallel.ulysses_degree, t.p.parallel.ulysses_anything,
+                      t.p.parallel.ring_anything, t.p.parallel.fallback);
         }
         cpc_status_free(st);
         cpc_selection_free(&sel);
     }
-    cr_expect_gt(checked, 100, "the random plans must exercise rejections (%d)", checked);
-    cr_expect_gt(with_hint, 50, "and hints (%d)", with_hint);
+    cr_expect_gt(checked, 400, "the random plans must exercise rejections (%d)", checked);
+    cr_expect_gt(with_hint, 200, "and hints (%d)", with_hint);
+    cr_expect_gt(explicit_hints, 100, "and hints on plans with explicit degrees or flags (%d)", explicit_hints);
+}
+
+/* The QA reproducers: hints on plans with explicit degrees and flags name
+ * every key to change. */
+Test(hints, explicit_degrees_and_flags_are_changed_too)
+{
+    char why[256] = "";
+    /* ulysses, ulysses_degree 6, world 6, 4 heads: ring alone would keep
+     * ulysses_degree 6 (CP105), unified alone would be 1x6 (CP013) */
+    tplan t;
+    base(&t, 6);
+    t.p.model.heads = t.p.model.kv_heads = 4;
+    set_segs(&t, 1, (int64_t)48);
+    variant(&t, CPC_VARIANT_ULYSSES);
+    t.p.parallel.ulysses_degree = 6;
+    key(&t, "parallel.ulysses_degree", 5, 30);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->rule, 12);
+    cr_assert_not_null(st->hint);
+    cr_expect_str_eq(st->hint, "parallel.variant: unified, parallel.ulysses_degree: 2 runs this plan (unified 3x2)");
+    cr_expect(hint_works(&t, st->hint, why, sizeof why), "%s", why);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    /* unified, ring_degree 1, world 7 */
+    base(&t, 7);
+    t.p.model.heads = t.p.model.kv_heads = 4;
+    set_segs(&t, 1, (int64_t)64);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    t.p.parallel.ring_degree = 1;
+    key(&t, "parallel.ring_degree", 5, 30);
+    st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->rule, 13);
+    cr_assert_not_null(st->hint);
+    cr_expect_str_eq(st->hint,
+                     "parallel.variant: ring_anything, parallel.ring_degree: 7 runs this plan (ring_anything 7x1)");
+    cr_expect(hint_works(&t, st->hint, why, sizeof why), "%s", why);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    /* ulysses_anything by its flag with ulysses_degree 4, a 2-token segment:
+     * a smaller world needs the smaller degree too */
+    base(&t, 4);
+    t.p.model.heads = t.p.model.kv_heads = 4;
+    set_segs(&t, 2, (int64_t)2, (int64_t)64);
+    t.p.parallel.ulysses_anything = true;
+    t.p.parallel.ulysses_degree = 4;
+    key(&t, "parallel.ulysses_degree", 6, 20);
+    st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->rule, 20);
+    cr_assert_not_null(st->hint);
+    cr_expect_str_eq(st->hint,
+                     "cluster.world_size: 2, parallel.ulysses_degree: 2 runs this plan (ulysses_anything 1x2)");
+    cr_expect(hint_works(&t, st->hint, why, sizeof why), "%s", why);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+
+    /* variant ulysses_anything with its flag: another variant clears the flag */
+    base(&t, 3);
+    t.p.model.heads = 2;
+    t.p.model.kv_heads = 1;
+    set_segs(&t, 1, (int64_t)17);
+    variant(&t, CPC_VARIANT_ULYSSES_ANYTHING);
+    t.p.parallel.ulysses_anything = true;
+    st = run(&t, &sel);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->rule, 21);
+    cr_assert_not_null(st->hint);
+    cr_expect_str_eq(st->hint, "parallel.variant: ring_anything, parallel.ulysses_anything: false runs this plan "
+                               "(ring_anything 3x1)");
+    cr_expect(hint_works(&t, st->hint, why, sizeof why), "%s", why);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
 }

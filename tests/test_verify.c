@@ -422,13 +422,13 @@ Test(verify, causal_blocks_above_the_diagonal_may_be_skipped)
     /* skipping one block that has visible keys is caught */
     set_expr(&loop->body[2].when, "s<r");
     set_expr(&loop->body[3].when, "s<r");
-    expect_cp051(cpc_verify(p), "incomplete", "ops[2] copy", NULL);
+    expect_cp051(cpc_verify(p), "incomplete", "ops[3] copy", NULL);
     cpc_program_free(p);
     /* without the mask, skipping is a missing block */
     p = hand_ring(4, 60, false);
     set_expr(&p->ops[1].body[2].when, "s<=r");
     set_expr(&p->ops[1].body[3].when, "s<=r");
-    expect_cp051(cpc_verify(p), "incomplete", "ops[2] copy", "never met the keys/values");
+    expect_cp051(cpc_verify(p), "incomplete", "ops[3] copy", "never met the keys/values");
     cpc_program_free(p);
 }
 
@@ -437,25 +437,25 @@ Test(verify, hand_ring_faults)
     /* drop a ring step */
     cpc_program *p = hand_ring(4, 64, false);
     set_expr(&p->ops[1].count, "R-1");
-    expect_cp051(cpc_verify(p), "ops[2] copy", "incomplete", "rank ");
+    expect_cp051(cpc_verify(p), "ops[3] copy", "incomplete", "rank ");
     cpc_program_free(p);
 
     /* the same with a causal mask (zigzag: every block has visible keys) */
     p = hand_ring(4, 64, true);
     set_expr(&p->ops[1].count, "R-1");
-    expect_cp051(cpc_verify(p), "ops[2] copy", "incomplete", NULL);
+    expect_cp051(cpc_verify(p), "ops[3] copy", "incomplete", NULL);
     cpc_program_free(p);
 
     /* wrong peer: send two ahead (R = 4) */
     p = hand_ring(4, 64, false);
     set_expr(&p->ops[1].body[0].peer, "(r+2)%R");
-    expect_cp051(cpc_verify(p), "rank ", "ops[1].body[", NULL);
+    expect_cp051(cpc_verify(p), "rank ", "ops[2].body[", NULL);
     cpc_program_free(p);
 
     /* wrong block declared by the recv */
     p = hand_ring(4, 64, false);
     set_expr(&p->ops[1].body[1].block, "(r-s)%R");
-    expect_cp051(cpc_verify(p), "ops[1].body[1] recv (step 0)", "declares that ring block", NULL);
+    expect_cp051(cpc_verify(p), "ops[2].body[2] recv (step 0)", "declares that ring block", NULL);
     cpc_program_free(p);
 
     /* a cycle of waits: recv, wait, send, wait on both ranks of R = 2 */
@@ -472,8 +472,8 @@ Test(verify, hand_ring_faults)
     op = hop(&p->ops, &p->n_ops, p, CPC_OP_SEND, CPC_GROUP_RING, "k", NULL);
     set_expr(&op->peer, "(r+1)%R");
     hop(&p->ops, &p->n_ops, p, CPC_OP_WAIT, CPC_GROUP_NONE, NULL, NULL);
-    expect_cp051(cpc_verify(p), "deadlock", "cycle of waits: rank 0 (ops[1] wait) -> rank 1 (ops[1] wait) -> rank 0",
-                 "rank 0 (r 0, u 0), ops[1] wait");
+    expect_cp051(cpc_verify(p), "deadlock", "cycle of waits: rank 0 (ops[2] wait) -> rank 1 (ops[2] wait) -> rank 0",
+                 "rank 0 (r 0, u 0), ops[2] wait");
     cpc_program_free(p);
 }
 
@@ -490,7 +490,7 @@ Test(verify, fault_drop_ring_step)
             set_expr(&loop_op(p)->count, "R-1");
             char want[64];
             int ci = top_index(p, CPC_OP_COPY, 0);
-            snprintf(want, sizeof want, "ops[%d] copy", ci);
+            snprintf(want, sizeof want, "ops[%d] copy", ci + 1); /* 1-based */
             expect_cp051(cpc_verify(p), want, "never met the keys/values", "rank ");
             cpc_program_free(p);
         }
@@ -504,7 +504,7 @@ Test(verify, fault_duplicate_block)
     int a = body_index(loop, CPC_OP_ATTN, 0);
     insert_copy(&loop->body, &loop->n_body, a, &loop->body[a]);
     char want[64];
-    snprintf(want, sizeof want, "ops[%d].body[%d] attn (step 0)", (int)(loop - p->ops), a + 1);
+    snprintf(want, sizeof want, "ops[%d].body[%d] attn (step 0)", (int)(loop - p->ops) + 1, a + 2);
     expect_cp051(cpc_verify(p), want, "overwrites the attention output", "rank 0");
     cpc_program_free(p);
 
@@ -515,7 +515,7 @@ Test(verify, fault_duplicate_block)
     int m = body_index(loop, CPC_OP_MERGE, 0);
     insert_copy(&loop->body, &loop->n_body, m + 1, &loop->body[a]);
     insert_copy(&loop->body, &loop->n_body, m + 2, &loop->body[m]);
-    snprintf(want, sizeof want, "ops[%d].body[%d] merge (step 0)", (int)(loop - p->ops), m + 2);
+    snprintf(want, sizeof want, "ops[%d].body[%d] merge (step 0)", (int)(loop - p->ops) + 1, m + 3);
     expect_cp051(cpc_verify(p), want, "twice", "rank 0");
     cpc_program_free(p);
 
@@ -603,7 +603,7 @@ Test(verify, fault_read_before_write)
     memmove(&p->ops[iv], &p->ops[iv + 1], sizeof(cpc_op) * (size_t)(ia - iv));
     p->ops[ia] = t;
     char want[64];
-    snprintf(want, sizeof want, "ops[%d] attn", iv);
+    snprintf(want, sizeof want, "ops[%d] attn", iv + 1);
     expect_cp051(cpc_verify(p), want, "reads v_seq before it is written", "rank 0");
     cpc_program_free(p);
 
@@ -659,13 +659,13 @@ Test(verify, fault_heads_and_layouts)
     p = simple(CPC_VARIANT_NONE, 1, 1);
     cpc_op *a = top_op(p, CPC_OP_ATTN, 0);
     a->in[1] = a->in[2];
-    expect_cp051(cpc_verify(p), "ops[0] attn", "holds v data, not k", NULL);
+    expect_cp051(cpc_verify(p), "ops[1] attn", "holds v data, not k", NULL);
     cpc_program_free(p);
 
     /* static shape errors: attn with two inputs, recv without block */
     p = simple(CPC_VARIANT_NONE, 1, 1);
     top_op(p, CPC_OP_ATTN, 0)->n_in = 2;
-    expect_cp051(cpc_verify(p), "ops[0] attn", "needs 3 inputs", NULL);
+    expect_cp051(cpc_verify(p), "ops[1] attn", "needs 3 inputs", NULL);
     cpc_program_free(p);
     p = simple(CPC_VARIANT_RING, 2, 1);
     cpc_op *loop = loop_op(p);

@@ -63,6 +63,10 @@ expect_status missing-file    2 --check tests/cases/no-such-plan.yaml
 expect_status bad-option      2 --check --no-such-option plans/flux1-dev-1024.yaml
 expect_status bad-format      2 --check --format xml plans/flux1-dev-1024.yaml
 expect_status bad-set         2 --check --set cluster.world_size plans/flux1-dev-1024.yaml
+# an index out of range is a usage error too, naming the valid range
+expect_status set-index       2 --check --set 'input.segments[2].tokens=5' plans/flux1-dev-1024.yaml
+grep -q "has 2 elements, so \[2\] is out of range (valid: 0..1)" "$tmp/set-index.err" \
+  || fail "set-index: $(cat "$tmp/set-index.err")"
 expect_status no-file         2 --check
 expect_status worst-1         1 --check plans/flux1-dev-1024.yaml tests/cases/seed-flux-1008-ring.yaml
 expect_status worst-2         2 --check tests/cases/seed-flux-1008-ring.yaml tests/cases/no-such-plan.yaml plans/flux1-dev-1024.yaml
@@ -129,6 +133,133 @@ expect_status explain 0 --explain tests/cases/auto-1008.yaml
 grep -Eq '^\* ulysses_anything +1x4 +ok' "$tmp/explain.out" || fail "explain: selected row missing"
 grep -Eq '^  ulysses +1x4 +CP011' "$tmp/explain.out" || fail "explain: rejected row missing"
 [ "$(grep -c '^[ *] [a-z_]* ' "$tmp/explain.out")" -eq 6 ] || fail "explain: header + 5 candidates expected"
+
+# ---- hints work when applied with --set ------------------------------------------------
+# Plans with explicit degrees and diffusers flags (the QA reproducers): every
+# alternative of every hint, applied key by key with --set, must be accepted
+# (and select the "(variant RxU)" it names).
+mkdir -p "$tmp/hints"
+cat >"$tmp/hints/ulysses6.yaml" <<'YAML'
+version: 1
+model: {heads: 4, head_dim: 16, dtype: fp32}
+input: {tokens: 48}
+cluster: {world_size: 6, device: cpu}
+parallel: {variant: ulysses, ulysses_degree: 6}
+YAML
+cat >"$tmp/hints/unified-r1.yaml" <<'YAML'
+version: 1
+model: {heads: 4, head_dim: 16, dtype: fp32}
+input: {tokens: 64}
+cluster: {world_size: 7, device: cpu}
+parallel: {variant: unified, ring_degree: 1}
+YAML
+cat >"$tmp/hints/ua-flag-u4.yaml" <<'YAML'
+version: 1
+model: {heads: 4, head_dim: 16, dtype: fp32}
+input:
+  segments: [{name: text, tokens: 2}, {name: img, tokens: 64}]
+cluster: {world_size: 4, device: cpu}
+parallel: {ulysses_degree: 4, ulysses_anything: true}
+YAML
+cat >"$tmp/hints/unified-r1-gpn4.yaml" <<'YAML'
+version: 1
+model: {heads: 2, head_dim: 8, dtype: bf16, kv_heads: 1}
+input: {batch: 2, tokens: 8, mask: causal}
+cluster: {world_size: 7, device: cpu, gpus_per_node: 4}
+parallel: {variant: unified, ring_degree: 1}
+YAML
+cat >"$tmp/hints/ua-variant-and-flag.yaml" <<'YAML'
+version: 1
+model: {heads: 2, head_dim: 16, dtype: fp16, kv_heads: 1}
+input: {tokens: 17, kv: {tokens: 12}}
+cluster: {world_size: 3, device: cpu}
+parallel: {variant: ulysses_anything, ulysses_anything: true}
+YAML
+cat >"$tmp/hints/ring-causal-segs.yaml" <<'YAML'
+version: 1
+model: {heads: 8, head_dim: 16, dtype: fp32}
+input:
+  segments: [{name: a, tokens: 24}, {name: b, tokens: 40}]
+  mask: causal
+cluster: {world_size: 4, device: cpu}
+parallel: {variant: ring, ring_degree: 4, ulysses_degree: 1}
+YAML
+python3 - "$CPC" "$tmp/hints" <<'PY' || fail "a hint does not run its plan when applied with --set"
+import json, re, subprocess, sys, glob
+cpc, d = sys.argv[1], sys.argv[2]
+def check(path, sets):
+    cmd = [cpc, "--check", "--format", "json", path]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if not p.stdout:  # a usage error: the hint is not KEY: VALUE
+        return {"ok": False, "selected": None, "diagnostics": [{"code": p.stderr.strip()}]}
+    return json.loads(p.stdout.splitlines()[0])
+bad, applied = [], 0
+for f in sorted(glob.glob(d + "/*.yaml")):
+    j = check(f, [])
+    assert not j["ok"], f + " should be rejected"
+    hints = [x["hint"] for x in j["diagnostics"] if x["severity"] == "error"]
+    assert hints and all(hints), (f, hints)
+    for hint in hints:
+        for alt in hint.split("; or "):
+            m = re.fullmatch(r"variant (.*) runs this plan", alt)
+            if m:
+                tries = [(["parallel.variant=" + n.split()[0]], None) for n in re.split(r", | or ", m.group(1))]
+            else:
+                m = re.fullmatch(r"(.*) runs this plan(?: \((\w+) (\d+)x(\d+)\))?", alt)
+                if not m:
+                    bad.append((f, hint, alt, "not KEY: VALUE runs this plan"))
+                    continue
+                sets = [kv.replace(": ", "=", 1) for kv in m.group(1).split(", ")]
+                tries = [(sets, m.group(2) and [m.group(2), int(m.group(3)), int(m.group(4))])]
+            for sets, want in tries:
+                applied += 1
+                r = check(f, sets)
+                sel = r["selected"] and [r["selected"][k] for k in ("variant", "ring_degree", "ulysses_degree")]
+                if not r["ok"] or (want and sel != want):
+                    bad.append((f, hint, sets, [x["code"] for x in r["diagnostics"]], sel))
+for b in bad:
+    print("hint fails:", *b, file=sys.stderr)
+assert applied >= 6 and not bad
+PY
+
+# ---- CP051 always has a position; CP050 and CP051 count ops from 1 -------------------
+cat >"$tmp/ring4.yaml" <<'YAML'
+version: 1
+model: {heads: 4, head_dim: 8, dtype: fp32}
+input: {tokens: 16}
+cluster: {world_size: 4, device: cpu}
+parallel: {variant: ring}
+YAML
+cat >"$tmp/nosend.lua" <<'LUA'
+function schedule(plan)
+  cpc.walk(plan.ops, function(op)
+    if op.kind == "send" then op.when = "r != 0" end
+  end)
+end
+LUA
+cat >"$tmp/divzero.lua" <<'LUA'
+function schedule(plan)
+  cpc.walk(plan.ops, function(op)
+    if op.kind == "send" then op.peer = "(r+1)/0" end
+  end)
+end
+LUA
+expect_status lua-cp051 1 --check --lua "$tmp/nosend.lua" "$tmp/ring4.yaml"
+expect_status lua-cp050 1 --check --lua "$tmp/divzero.lua" "$tmp/ring4.yaml"
+expect_status unverified 0 --check "$tmp/ring4.yaml" --set cluster.world_size=1048576 --set input.tokens=16777216
+for n in lua-cp051 lua-cp050 unverified; do
+  ! grep -q '^cpc: ' "$tmp/$n.err" || fail "$n: a diagnostic without file:line:col: $(grep '^cpc: ' "$tmp/$n.err")"
+done
+grep -q "^$tmp/ring4.yaml:5:21: error\[CP051\]: .*ops\[2\]\.body\[5\] wait" "$tmp/lua-cp051.err" \
+  || fail "lua-cp051: error not at the plan's variant key, or 0-based: $(cat "$tmp/lua-cp051.err")"
+grep -q "^$tmp/nosend.lua:3:[0-9]*: note: ops\[2\]\.body\[1\] send was changed" "$tmp/lua-cp051.err" \
+  || fail "lua-cp051: no note at the script line that changed the send: $(cat "$tmp/lua-cp051.err")"
+grep -q "^$tmp/divzero.lua:3:[0-9]*: error\[CP050\]: .*ops\[2\]\.body\[1\]: peer" "$tmp/lua-cp050.err" \
+  || fail "lua-cp050: not at the edit's line, or another op path: $(cat "$tmp/lua-cp050.err")"
+grep -q "^<--set>:1:[0-9]*: warning\[CP051\]: schedule not verified\|^$tmp/ring4.yaml:5:21: warning\[CP051\]: schedule not verified" "$tmp/unverified.err" \
+  || fail "unverified: warning without the plan's position: $(cat "$tmp/unverified.err")"
 
 if [ "$fails" -ne 0 ]; then
   echo "diagnostics.sh: $fails failure(s)" >&2

@@ -4,7 +4,11 @@
 #   rejected (an unknown KEY: CP101 on every point), else the worst class
 #   >= 2 over the points (2: a usage or I/O error such as a missing
 #   cluster.profile).  A KEY inside a sequence (input.segments[1]...) sweeps
-#   like any other, and --help documents the syntax.
+#   like any other, and --help documents the syntax; an index past the end
+#   (or input.segments[0] on a plan with the tokens shorthand) is one usage
+#   error (2) and no table; a second --sweep is a usage error.  Rejected
+#   points show '-' as selected; an invalid value (CP103) is a row with its
+#   rule in every variant's cell.
 #   --plot: the file name never reaches gnuplot's script (the SVG comes back
 #   on gnuplot's stdout), the plan path and key are quoted for gnuplot
 #   ('' for '), so the injection `x.svg'; system('touch PWNED'); '` creates
@@ -49,8 +53,28 @@ for v in 512 1008 1024; do
 done
 [ "$(awk 'NR>2 {print $2}' "$tmp/seq.out" | sort -u | wc -l)" -eq 3 ] \
   || fail "seq: the height did not change the prediction"
-t seq-past-end 1 "$CPC" --sweep 'input.segments[5].tokens=8,16' "$PLAN"
-has seq-past-end.err "CP103"
+# an index past the end is a usage error about the KEY (2), said once, no table
+t seq-past-end 2 "$CPC" --sweep 'input.segments[5].tokens=8,16' "$PLAN"
+has seq-past-end.err "'input.segments' has 2 elements, so \[5\] is out of range (valid: 0..1)"
+[ "$(grep -c 'out of range' "$tmp/seq-past-end.err")" -eq 1 ] || fail "seq-past-end: the KEY's error more than once"
+[ ! -s "$tmp/seq-past-end.out" ] || fail "seq-past-end: a table for a KEY that does not exist"
+# input.segments[0] on a plan written with the tokens shorthand: a clear error
+printf 'version: 1\nmodel: {heads: 4, head_dim: 8, dtype: fp32}\ninput: {tokens: 16}\ncluster: {world_size: 4, device: cpu}\n' \
+  >"$tmp/tokens.yaml"
+t seq-shorthand 2 "$CPC" --sweep 'input.segments[0].tokens=8,16' "$tmp/tokens.yaml"
+has seq-shorthand.err "set input.tokens instead"
+t seq-tokens 0 "$CPC" --sweep 'input.tokens=8,16' "$tmp/tokens.yaml"
+# rejected points: '-' in the selected column ("none" is a variant), and a
+# value that is itself invalid (CP103) is a row with its rule
+t rejected 0 "$CPC" --sweep cluster.world_size=0,3,4 "$PLAN"
+grep -Eq '^0 +CP103 +CP103 +CP103 +CP103 +CP103 +-$' "$tmp/rejected.out" || fail "rejected: no CP103 row for 0"
+grep -Eq '^3 .* -$' "$tmp/rejected.out" || fail "rejected: the rejected point 3 is not shown as '-'"
+grep -Eq '^4 .* ulysses 1x4$' "$tmp/rejected.out" || fail "rejected: point 4 not selected"
+! grep -Eq ' none$' "$tmp/rejected.out" || fail "rejected: 'none' in the selected column"
+[ "$(grep -c '^[0-9]' "$tmp/rejected.out")" -eq 3 ] || fail "rejected: one row per value expected"
+# one --sweep per run
+t two-sweeps 2 "$CPC" --sweep cluster.world_size=2,4 --sweep input.batch=1,2 "$PLAN"
+has two-sweeps.err "only one --sweep per run"
 t help 0 "$CPC" --help
 has help.out "input.segments\[1\].image.height"
 
