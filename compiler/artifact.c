@@ -1354,6 +1354,48 @@ static int check_hash(reader *r, const char *text, size_t len, const yaml_node_t
     return 0;
 }
 
+/* The plan's spans point into the embedded plan text; later diagnostics about
+ * it (cprun's CP060, ...) must point where that text is: the artifact file,
+ * at the block scalar's lines (the content starts on the line after `plan: |`,
+ * indented by the emitter's indentation).  plan->file stays the original
+ * plan's path (relative paths in the plan are resolved against it). */
+static void rebase_plan_spans(reader *r, const yaml_node_t *pn, const char *text, size_t len)
+{
+    cpc_plan *p = r->a->plan;
+    if (!p || !pn || pn->type != YAML_SCALAR_NODE)
+        return;
+    size_t at = pn->start_mark.index;
+    while (at < len && text[at] != '\n')
+        at++;
+    if (at >= len)
+        return;
+    at++;   /* the first content line */
+    int indent = 0;
+    while (at + (size_t)indent < len && text[at + (size_t)indent] == ' ')
+        indent++;
+    int line0 = (int)pn->start_mark.line + 1;   /* content line k is artifact line line0 + k */
+    const char *file = intern(r, r->name, strlen(r->name));
+    if (!file)
+        return;
+    for (int i = 0; i < p->n_key_spans; i++) {
+        cpc_span *sp[2] = {&p->key_spans[i].key_span, &p->key_spans[i].value_span};
+        for (int j = 0; j < 2; j++)
+            if (sp[j]->line > 0) {
+                sp[j]->file = file;
+                sp[j]->line += line0;
+                sp[j]->col += sp[j]->col > 0 ? indent : 0;
+            }
+    }
+    for (int i = 0; i < p->input.n_segments; i++) {
+        cpc_span *sp = &p->input.segments[i].span;
+        if (sp->line > 0) {
+            sp->file = file;
+            sp->line += line0;
+            sp->col += sp->col > 0 ? indent : 0;
+        }
+    }
+}
+
 static int read_doc(reader *r, const char *text, size_t len)
 {
     yaml_node_t *root = yaml_document_get_root_node(&r->doc);
@@ -1395,6 +1437,8 @@ static int read_doc(reader *r, const char *text, size_t len)
     if (!a->compiler_version || !a->plan_file || !a->plan_text)
         return rfail(r, NULL, "out of memory");
     cpc_status *st = load_plan_text(a->plan_text, strlen(a->plan_text), a->plan_file, CPC_E_INPUT, r->name, &a->plan);
+    if (!st)
+        rebase_plan_spans(r, get(r, root, "plan"), text, len);
     if (st) {
         r->err = st;
         return -1;

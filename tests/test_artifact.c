@@ -314,6 +314,53 @@ Test(artifact, spans_and_odd_text_round_trip)
     cpc_artifact_free(b);
 }
 
+/* The text at 1-based line:col of t, or NULL. */
+static const char *at_line_col(const char *t, int line, int col)
+{
+    const char *p = t;
+    for (int l = 1; l < line && p; l++) {
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    return p ? p + col - 1 : NULL;
+}
+
+/* Diagnostics about the plan of an artifact (cprun's CP060, ...) point into
+ * the artifact file, where the embedded plan's text is. */
+Test(artifact, plan_spans_point_into_the_artifact)
+{
+    char *y = plan_yaml(8, 2, "tokens: 64", 4, "p2p");
+    cpc_artifact *a = make(y, CPC_VARIANT_UNIFIED, 2, 2);
+    free(y);
+    size_t len;
+    char *t = to_text(a, &len);
+    cpc_artifact *b = NULL;
+    cpc_status *st = cpc_artifact_read_string(t, len, "run/flux.cplan", &b);
+    if (st)
+        fail_status("read", st);
+    static const struct { const char *key, *text; } keys[] = {
+        {"model.heads", "8"}, {"model.kv_heads", "2"}, {"cluster.world_size", "4"},
+        {"parallel.variant", "unified"}, {"input.mask", "none"}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        cpc_span sp = cpc_plan_span(b->plan, keys[i].key, true);
+        cr_assert_str_eq(sp.file, "run/flux.cplan", "%s", keys[i].key);
+        const char *p = at_line_col(t, sp.line, sp.col);
+        cr_assert_not_null(p, "%s at %d:%d", keys[i].key, sp.line, sp.col);
+        cr_expect(strncmp(p, keys[i].text, strlen(keys[i].text)) == 0,
+                  "%s: %d:%d shows '%.20s', expected '%s'", keys[i].key, sp.line, sp.col, p,
+                  keys[i].text);
+        const char *leaf = strrchr(keys[i].key, '.') + 1;
+        sp = cpc_plan_span(b->plan, keys[i].key, false);
+        p = at_line_col(t, sp.line, sp.col);
+        cr_expect(p && strncmp(p, leaf, strlen(leaf)) == 0, "%s: key span shows '%.20s'",
+                  keys[i].key, p ? p : "");
+    }
+    free(t);
+    cpc_artifact_free(a);
+    cpc_artifact_free(b);
+}
+
 /* ---- refusals ------------------------------------------------------------------- */
 
 static char *sample_text(size_t *len)
