@@ -363,8 +363,14 @@ cpc_status *cpc_codegen_compile(cpc_kernel *k)
     free(k->log);
     k->log = log;
     k->from_cache = false;
-    if (cached)
+    if (cached) {
         write_atomic(path, ptx);
+        /* The source next to its PTX: for reading, and for the test
+         * emulator, which builds a module from the source of a PTX it is
+         * handed (tests/emu/fake_cudart.c). */
+        snprintf(path, sizeof path, "%s/%s.cu", dir, k->hash);
+        write_atomic(path, k->source);
+    }
     return NULL;
 #else
     return cpc_error(CPC_E_UNSUPPORTED,

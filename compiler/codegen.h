@@ -12,8 +12,8 @@
  *
  * Cache: compiled PTX is stored under the cache directory
  * ($CPC_CACHE_DIR, else $XDG_CACHE_HOME/cpc, else $HOME/.cache/cpc) as
- * kernels/<sha256 of arch + options + source>.ptx (and .log); an unchanged
- * kernel is not compiled again.  The cache is best effort: an unwritable
+ * kernels/<sha256 of arch + options + source>.ptx, with the source beside it
+ * (.cu); an unchanged kernel is not compiled again.  The cache is best effort: an unwritable
  * directory only costs a recompile.
  *
  * Without the CUDA toolkit (no CPC_HAVE_CUDA), sources are still generated;

@@ -42,6 +42,8 @@
 #include <cuda_runtime_api.h>
 
 #include <openssl/evp.h>
+#include <dirent.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -890,6 +892,8 @@ struct CUlib_st {
     pthread_mutex_t mu;
 };
 
+static void build_from_kernel_cache(const char *code, size_t len, const char *so_path);
+
 API cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code,
                                     enum cudaJitOption *jitOptions, void **jitOptionsValues,
                                     unsigned int numJitOptions, enum cudaLibraryOption *libraryOptions,
@@ -935,6 +939,8 @@ API cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code,
     }
     char path[4096], err[2048];
     snprintf(path, sizeof path, "%s/%s.so", dir, lib->hash);
+    if (access(path, R_OK) != 0)
+        build_from_kernel_cache(code, len, path);
     if (cpc_emu_module_load(path, &lib->m, err, sizeof err) != 0) {
         say("cudaLibraryLoadData: no emulator module for this PTX (%zu bytes): %s: %s "
             "(run cpc_emu_prepare on the artifact)", len, path, err);
@@ -950,6 +956,70 @@ API cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code,
     }
     *library = lib;
     return cudaSuccess;
+}
+
+/* A module missing from $CPC_EMU_MODULES for PTX that cpc compiled in this
+ * process tree: cpc's kernel cache ($CPC_CACHE_DIR/kernels, or the default
+ * place) keeps each PTX with its source (<hash>.ptx, <hash>.cu); find the PTX
+ * equal to `code` and build its module into `so_path`.  Lets programs that
+ * compile kernels themselves (cprun on a plan YAML, gpu_check) run on the
+ * emulator without cpc_emu_prepare.  Best effort: on failure the load below
+ * reports the missing module. */
+static void build_from_kernel_cache(const char *code, size_t len, const char *so_path)
+{
+    char dir[4096];
+    const char *c = getenv("CPC_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (c && *c)
+        snprintf(dir, sizeof dir, "%s/kernels", c);
+    else if (x && *x)
+        snprintf(dir, sizeof dir, "%s/cpc/kernels", x);
+    else if (h && *h)
+        snprintf(dir, sizeof dir, "%s/.cache/cpc/kernels", h);
+    else
+        return;
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char *source = NULL;
+    while (!source && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".ptx") != 0)
+            continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(p, "rb");
+        if (!f)
+            continue;
+        char *buf = malloc(len + 2);
+        size_t got = buf ? fread(buf, 1, len + 1, f) : 0;
+        fclose(f);
+        if (buf && got == len && memcmp(buf, code, len) == 0) {
+            snprintf(p, sizeof p, "%s/%.*s.cu", dir, (int)(n - 4), e->d_name);
+            FILE *g = fopen(p, "rb");
+            if (g) {
+                fseek(g, 0, SEEK_END);
+                long sz = ftell(g);
+                fseek(g, 0, SEEK_SET);
+                source = sz > 0 ? malloc((size_t)sz + 1) : NULL;
+                if (source && fread(source, 1, (size_t)sz, g) == (size_t)sz)
+                    source[sz] = 0;
+                else {
+                    free(source);
+                    source = NULL;
+                }
+                fclose(g);
+            }
+        }
+        free(buf);
+    }
+    closedir(d);
+    if (!source)
+        return;
+    char err[4096];
+    if (cpc_emu_build_module(source, so_path, err, sizeof err) != 0)
+        say("cudaLibraryLoadData: building the module from the kernel cache failed: %s", err);
+    free(source);
 }
 
 API cudaError_t cudaLibraryGetKernel(cudaKernel_t *out, cudaLibrary_t lib, const char *name)

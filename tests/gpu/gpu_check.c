@@ -7,8 +7,8 @@
  *  numerics   every variant (none, ring p2p and allgather, ulysses, unified,
  *             ulysses_anything, ring_anything) on 1, 2 and 4 virtual ranks -
  *             every rank a thread with its own CUDA backend on GPU 0, the
- *             local transport staged through host memory
- *             (runtime/transport_staged.h) - over several problems (bf16, fp16, fp32,
+ *             local transport copying device to device as cprun does
+ *             (runtime/transport_device.h) - over several problems (bf16, fp16, fp32,
  *             causal, GQA, uneven segments, key padding, cross-attention),
  *             with --attention auto (cuDNN where it serves) and nvrtc for the
  *             16-bit dtypes.  The gathered output and LSE are compared with
@@ -67,7 +67,7 @@
 #include "runtime/reference.h"
 #include "runtime/rng.h"
 #include "runtime/transport_local.h"
-#include "runtime/transport_staged.h"
+#include "runtime/transport_device.h"
 
 #ifdef CPC_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -525,7 +525,7 @@ static void *rank_thread(void *arg)
     cpc_run runs[2 * CPC_MAX_SEGMENTS + 2];
     cpc_status *st = cpc_local_endpoint_create(j->world, j->p, &inner);
     if (!st) {
-        st = cpc_transport_staged_create(inner, j->be, &t);
+        st = cpc_transport_device_create(inner, j->be, &t);
         if (!st)
             inner = NULL;
     }
@@ -623,6 +623,7 @@ static cpc_status *run_mesh(const cpc_program *prog, const gc_data *d, cpc_backe
     if (st)
         return st;
     cpc_local_world_set_timeout(w, 60);
+    cpc_local_world_set_copy(w, cpc_device_copy, bes);
     rank_job jobs[MAX_P];
     pthread_t th[MAX_P];
     for (int p = 0; p < P; p++) {
