@@ -233,10 +233,14 @@ static void *lazy_rank(void *arg)
     cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, prev, rbuf, NB, 5, &rr);
     if (!st)
         st = t->vt->isend(t, CPC_GROUP_WORLD, next, sbuf, NB, 5, &rs);
+    /* wait for every posted request (each frees its request), keep the first error */
+    cpc_status *ws = rs ? t->vt->wait(t, rs) : NULL, *wr = rr ? t->vt->wait(t, rr) : NULL;
     if (!st)
-        st = t->vt->wait(t, rs);
-    if (!st)
-        st = t->vt->wait(t, rr);
+        st = ws ? ws : wr;
+    if (ws && st != ws)
+        cpc_status_free(ws);
+    if (wr && st != wr)
+        cpc_status_free(wr);
     if (!st)
         j->bad += count_bad(be, rbuf, NB, prev, me, 0);
     /* all-to-all: parts written (queued) right before the collective */
