@@ -449,6 +449,25 @@ static thread_local size_t tl_stacks_n;
 // unpoisoned before the stack is reused.
 static thread_local void **tl_stack_low;
 
+// Releases the calling thread's stacks when it exits (rank threads of a fake
+// cudart come and go).
+struct StackPoolOwner {
+    ~StackPoolOwner()
+    {
+        if (tl_stacks) {
+#if CPC_EMU_ASAN
+            __asan_unpoison_memory_region(tl_stacks, tl_stacks_n * STACK_BYTES);
+#endif
+            munmap(tl_stacks, tl_stacks_n * STACK_BYTES);
+        }
+        tl_stacks = nullptr;
+        tl_stacks_n = 0;
+        free(tl_stack_low);
+        tl_stack_low = nullptr;
+    }
+};
+static thread_local StackPoolOwner tl_pool_owner;
+
 static void note_stack_low(unsigned i, void *sp)
 {
     if (CPC_EMU_ASAN && tl_stack_low && i < tl_stacks_n &&
@@ -820,6 +839,7 @@ extern "C" int cpc_emu_launch(const cpc_emu_kernel *k, cpc_emu_dim3 grid, cpc_em
     if (dyn_smem && posix_memalign(&L->smem, 128, dyn_smem) != 0)
         L->smem = nullptr;
     L->smem_bytes = dyn_smem;
+    (void)&tl_pool_owner;   // odr-use: constructs it, so its destructor runs at thread exit
     if (tl_stacks_n < L->n) {
         if (tl_stacks)
         {
