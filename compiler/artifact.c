@@ -318,6 +318,7 @@ static void kernel_free(cpc_artifact_kernel *k)
     free(k->arch);
     free(k->source);
     free(k->ptx);
+    free(k->fns);
 }
 
 void cpc_artifact_free(cpc_artifact *a)
@@ -468,7 +469,7 @@ cpc_status *cpc_artifact_add_kernel(cpc_artifact *a, const char *name, const cha
 {
     if (!a || !single_line_name(name) || !single_line_name(arch) || !source)
         return cpc_error(CPC_E_INTERNAL, "artifact: a kernel needs a name, an arch (one line each) and a source");
-    cpc_artifact_kernel k = {strdup(name), strdup(arch), normalise_text(source), normalise_text(ptx)};
+    cpc_artifact_kernel k = {strdup(name), strdup(arch), normalise_text(source), normalise_text(ptx), 0, NULL};
     if (!k.name || !k.arch || !k.source || !k.ptx) {
         kernel_free(&k);
         return &cpc_status_oom;
@@ -486,6 +487,27 @@ cpc_status *cpc_artifact_add_kernel(cpc_artifact *a, const char *name, const cha
     }
     a->kernels = n;
     a->kernels[a->n_kernels++] = k;
+    return NULL;
+}
+
+cpc_status *cpc_artifact_set_kernel_report(cpc_artifact *a, const char *name,
+                                           const cpc_kernel_fn_report *fns, int n)
+{
+    cpc_artifact_kernel *k = (cpc_artifact_kernel *)cpc_artifact_find_kernel(a, name);
+    if (!k || n < 0 || (n > 0 && !fns))
+        return cpc_error(CPC_E_INTERNAL, "artifact: no kernel '%s' for a ptxas report", name ? name : "");
+    cpc_kernel_fn_report *c = NULL;
+    if (n > 0) {
+        c = malloc(sizeof *c * (size_t)n);
+        if (!c)
+            return &cpc_status_oom;
+        memcpy(c, fns, sizeof *c * (size_t)n);
+        for (int i = 0; i < n; i++)
+            c[i].name[sizeof c[i].name - 1] = 0;
+    }
+    free(k->fns);
+    k->fns = c;
+    k->n_fns = n;
     return NULL;
 }
 
@@ -717,6 +739,21 @@ cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len)
         em_str(&m, k->source ? k->source : "", YAML_LITERAL_SCALAR_STYLE);
         em_plain(&m, "ptx");
         em_str(&m, k->ptx ? k->ptx : "", YAML_LITERAL_SCALAR_STYLE);
+        if (k->n_fns > 0) {
+            em_plain(&m, "ptxas");
+            em_seq(&m, false);
+            for (int f = 0; f < k->n_fns; f++) {
+                const cpc_kernel_fn_report *fr = &k->fns[f];
+                em_map(&m, true);
+                kv_str(&m, "function", fr->name);
+                kv_int(&m, "registers", fr->registers);
+                kv_int(&m, "stack_bytes", fr->stack_bytes);
+                kv_int(&m, "spill_store_bytes", fr->spill_store_bytes);
+                kv_int(&m, "spill_load_bytes", fr->spill_load_bytes);
+                em_map_end(&m);
+            }
+            em_seq_end(&m);
+        }
         em_map_end(&m);
     }
     em_seq_end(&m);
@@ -1263,9 +1300,50 @@ static int read_schedule(reader *r, const yaml_node_t *s)
     return read_ops(r, ops, "schedule.ops", 1, &p->ops, &p->n_ops);
 }
 
+/* A kernel's optional ptxas report: [{function, registers, stack_bytes,
+ * spill_store_bytes, spill_load_bytes}]. */
+static int read_ptxas(reader *r, const yaml_node_t *ps, const char *kwhat, cpc_artifact_kernel *k)
+{
+    static const char *const keys[] = {"function", "registers", "stack_bytes", "spill_store_bytes",
+                                       "spill_load_bytes"};
+    if (!ps)
+        return 0;
+    if (ps->type != YAML_SEQUENCE_NODE)
+        return rfail(r, ps, "%s.ptxas must be a list", kwhat);
+    int n = (int)(ps->data.sequence.items.top - ps->data.sequence.items.start);
+    if (n > 4096)
+        return rfail(r, ps, "%s.ptxas: too many entries", kwhat);
+    k->fns = n ? calloc((size_t)n, sizeof *k->fns) : NULL;
+    if (n && !k->fns)
+        return rfail(r, ps, "out of memory");
+    for (int i = 0; i < n; i++) {
+        yaml_node_t *e = node(r, ps->data.sequence.items.start[i]);
+        char what[80];
+        snprintf(what, sizeof what, "%s.ptxas[%d]", kwhat, i);
+        const char *fn;
+        int64_t v[4];
+        if (check_keys(r, e, what, keys, 5) || get_str(r, e, what, "function", &fn) ||
+            get_int(r, e, what, "registers", 0, 65536, &v[0]) ||
+            get_int(r, e, what, "stack_bytes", 0, INT32_MAX, &v[1]) ||
+            get_int(r, e, what, "spill_store_bytes", 0, INT32_MAX, &v[2]) ||
+            get_int(r, e, what, "spill_load_bytes", 0, INT32_MAX, &v[3]))
+            return -1;
+        if (!single_line_name(fn) || strlen(fn) >= sizeof k->fns[i].name)
+            return rfail(r, e, "%s.function must be one line of at most %zu bytes", what,
+                         sizeof k->fns[i].name - 1);
+        snprintf(k->fns[i].name, sizeof k->fns[i].name, "%s", fn);
+        k->fns[i].registers = (int)v[0];
+        k->fns[i].stack_bytes = (int)v[1];
+        k->fns[i].spill_store_bytes = (int)v[2];
+        k->fns[i].spill_load_bytes = (int)v[3];
+        k->n_fns = i + 1;
+    }
+    return 0;
+}
+
 static int read_kernels(reader *r, const yaml_node_t *ks)
 {
-    static const char *const keys[] = {"name", "arch", "source", "ptx"};
+    static const char *const keys[] = {"name", "arch", "source", "ptx", "ptxas"};
     if (!ks || ks->type != YAML_SEQUENCE_NODE)
         return rfail(r, ks, "kernels must be a list");
     int i = 0;
@@ -1274,7 +1352,7 @@ static int read_kernels(reader *r, const yaml_node_t *ks)
         char what[48];
         snprintf(what, sizeof what, "kernels[%d]", i);
         const char *name, *arch, *src, *ptx;
-        if (check_keys(r, k, what, keys, 4) || get_str(r, k, what, "name", &name) ||
+        if (check_keys(r, k, what, keys, 5) || get_str(r, k, what, "name", &name) ||
             get_str(r, k, what, "arch", &arch) || get_str(r, k, what, "source", &src) ||
             get_str(r, k, what, "ptx", &ptx))
             return -1;
@@ -1283,7 +1361,7 @@ static int read_kernels(reader *r, const yaml_node_t *ks)
         if (cpc_artifact_find_kernel(r->a, name))
             return rfail(r, k, "%s: a second kernel called '%s'", what, name);
         /* Stored as read (already normalised by the writer). */
-        cpc_artifact_kernel kk = {strdup(name), strdup(arch), strdup(src), strdup(ptx)};
+        cpc_artifact_kernel kk = {strdup(name), strdup(arch), strdup(src), strdup(ptx), 0, NULL};
         cpc_artifact_kernel *n = realloc(r->a->kernels, sizeof *n * (size_t)(r->a->n_kernels + 1));
         if (!kk.name || !kk.arch || !kk.source || !kk.ptx || !n) {
             kernel_free(&kk);
@@ -1293,6 +1371,8 @@ static int read_kernels(reader *r, const yaml_node_t *ks)
         }
         r->a->kernels = n;
         r->a->kernels[r->a->n_kernels++] = kk;
+        if (read_ptxas(r, get(r, k, "ptxas"), what, &r->a->kernels[r->a->n_kernels - 1]))
+            return -1;
     }
     return 0;
 }

@@ -32,8 +32,11 @@
  *         body: [...]                  count, tag (send/recv/wait, or when
  *                                      non-zero), when, span ("file:line:col"
  *                                      when the op has one), body (loops)
- *   kernels:                           [{name, arch, source, ptx}], source and
- *                                      ptx as literal blocks (see kernels)
+ *   kernels:                           [{name, arch, source, ptx, ptxas?}], source
+ *                                      and ptx as literal blocks (see kernels);
+ *                                      ptxas (optional): [{function, registers,
+ *                                      stack_bytes, spill_store_bytes,
+ *                                      spill_load_bytes}] for arch
  *   predictions: {ms_per_layer: 1.25, ...}   name -> number (cost model)
  *
  * Expressions are stored as their canonical text (expr.h) and parsed back;
@@ -82,6 +85,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "codegen.h"
 #include "cost.h"
 #include "plan.h"
 #include "program.h"
@@ -96,6 +100,8 @@ typedef struct cpc_artifact_kernel {
     char *arch;    /* NVRTC target, e.g. "sm_90" */
     char *source;  /* CUDA C source (normalised, see KERNELS) */
     char *ptx;     /* PTX text ("" when not compiled) */
+    int n_fns;     /* ptxas' report per __global__ function for `arch` (0: none) */
+    cpc_kernel_fn_report *fns;  /* owned */
 } cpc_artifact_kernel;
 
 typedef struct cpc_artifact_prediction {
@@ -145,6 +151,13 @@ cpc_status *cpc_artifact_create(const cpc_plan *plan, const cpc_program *prog, c
  * name is replaced.  Errors: CPC_E_INTERNAL (bad name/arch), CPC_E_NOMEM. */
 cpc_status *cpc_artifact_add_kernel(cpc_artifact *a, const char *name, const char *arch,
                                     const char *source, const char *ptx);
+/* Records ptxas' report (registers, stack frame, spill bytes per function,
+ * from cpc_codegen_report) for kernel `name` (added before); stored in the
+ * artifact as the kernel's optional `ptxas` list.  Copies `fns`.
+ * Errors: CPC_E_INTERNAL (no such kernel), CPC_E_NOMEM. */
+cpc_status *cpc_artifact_set_kernel_report(cpc_artifact *a, const char *name,
+                                           const cpc_kernel_fn_report *fns, int n);
+
 /* The kernel called `name`, or NULL. */
 const cpc_artifact_kernel *cpc_artifact_find_kernel(const cpc_artifact *a, const char *name);
 

@@ -427,6 +427,21 @@ static cpc_status *parse_report(cpc_kernel *k, const char *log)
 
 cpc_status *cpc_codegen_report(cpc_kernel *k)
 {
+    char dir[4096], path[4400];
+    bool cached = cache_dir(dir, sizeof dir);
+    if (cached) {
+        snprintf(path, sizeof path, "%s/%s.ptxas", dir, k->hash);
+        char *log = read_all(path);
+        if (log && strstr(log, "Function properties")) {
+            cpc_status *st = parse_report(k, log);
+            free(log);
+            if (!st)
+                return NULL;
+            cpc_status_free(st);   /* a damaged cache entry: compile again */
+        } else {
+            free(log);
+        }
+    }
 #ifdef CPC_HAVE_CUDA
     nvrtcProgram prog;
     char *log = NULL;
@@ -437,6 +452,8 @@ cpc_status *cpc_codegen_report(cpc_kernel *k)
     }
     nvrtcDestroyProgram(&prog);
     st = parse_report(k, log);
+    if (!st && cached && log)
+        write_atomic(path, log);
     free(k->log);
     k->log = log;
     return st;

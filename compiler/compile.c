@@ -153,6 +153,26 @@ bool cpc_compile_file(const char *path, const cpc_compile_opts *o, cpc_compiled 
     for (int i = 0; i < c->n_kernels; i++)
         if (!add(c, cpc_codegen_compile(&c->kernels[i])))
             goto fail;
+    /* ptxas' report per function (registers, stack, spills), recorded in the
+     * artifact; a function that spills to local memory is a warning. */
+    for (int i = 0; i < c->n_kernels; i++) {
+        cpc_kernel *k = &c->kernels[i];
+        cpc_status *rst = cpc_codegen_report(k);
+        if (rst) {
+            add(c, cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_WARNING, CPC_NO_SPAN,
+                            "kernel module '%s': no ptxas report for %s: %s", k->name, k->arch,
+                            rst->message));
+            cpc_status_free(rst);
+            continue;
+        }
+        for (int f = 0; f < k->n_fns; f++)
+            if (k->fns[f].spill_store_bytes > 0 || k->fns[f].spill_load_bytes > 0)
+                add(c, cpc_diag(CPC_E_RUNTIME, 0, CPC_SEV_WARNING, CPC_NO_SPAN,
+                                "kernel %s (%s): spills to local memory for %s: %d bytes stored, "
+                                "%d bytes loaded (ptxas, %d registers)",
+                                k->fns[f].name, k->name, k->arch, k->fns[f].spill_store_bytes,
+                                k->fns[f].spill_load_bytes, k->fns[f].registers));
+    }
 
 done:
     cpc_lua_close(script);
@@ -169,8 +189,13 @@ cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_create(c->plan, c->program, &a);
     for (int i = 0; !st && i < c->n_kernels; i++)
+    {
         st = cpc_artifact_add_kernel(a, c->kernels[i].name, c->kernels[i].arch,
                                      c->kernels[i].source, c->kernels[i].ptx ? c->kernels[i].ptx : "");
+        if (!st && c->kernels[i].n_fns > 0)
+            st = cpc_artifact_set_kernel_report(a, c->kernels[i].name, c->kernels[i].fns,
+                                                c->kernels[i].n_fns);
+    }
     if (!st && c->priced)
         st = cpc_artifact_set_predictions(a, &c->pred);
     if (!st)

@@ -294,6 +294,25 @@ static void print_summary_text(const job *j)
                c->predicted_ms_per_layer, c->predicted_ms_per_forward,
                j->c.plan ? j->c.plan->model.layers : 1, mem, sent);
     }
+    /* The generated kernels and ptxas' report (recorded in the artifact). */
+    if (c && j->c.n_kernels > 0 && j->c.kernels[0].ptx) {
+        int nf = 0, spills = 0;
+        const cpc_kernel_fn_report *most = NULL;
+        for (int i = 0; i < j->c.n_kernels; i++)
+            for (int f = 0; f < j->c.kernels[i].n_fns; f++) {
+                const cpc_kernel_fn_report *r = &j->c.kernels[i].fns[f];
+                nf++;
+                spills += r->spill_store_bytes > 0 || r->spill_load_bytes > 0;
+                if (!most || r->registers > most->registers)
+                    most = r;
+            }
+        printf("  kernels for %s: %d module%s", j->c.kernels[0].arch, j->c.n_kernels,
+               j->c.n_kernels == 1 ? "" : "s");
+        if (most)
+            printf(", %d functions, most registers %d (%s), %s", nf, most->registers, most->name,
+                   spills ? "SPILLS (see the warnings)" : "no spills");
+        printf("\n");
+    }
 }
 
 static cJSON *json_str_or_null(const char *s)

@@ -314,6 +314,41 @@ Test(artifact, spans_and_odd_text_round_trip)
     cpc_artifact_free(b);
 }
 
+static cpc_status *edit_and_read(const char *t, size_t len, const char *from, const char *to);
+
+/* ptxas' per-function report round-trips; an artifact without it still reads. */
+Test(artifact, kernel_ptxas_report_round_trip)
+{
+    char *y = plan_yaml(4, 4, "tokens: 32", 2, "p2p");
+    cpc_artifact *a = make(y, CPC_VARIANT_RING, 2, 1);
+    free(y);
+    cr_assert_null(cpc_artifact_add_kernel(a, "attention", "sm_90", "// src\n", "// ptx\n"));
+    cpc_kernel_fn_report fns[2] = {{"cpc_flash_attn_mma", 168, 0, 0, 0}, {"cpc_attn_rowwarp", 32, 16, 8, 4}};
+    cr_assert_null(cpc_artifact_set_kernel_report(a, "attention", fns, 2));
+    cr_assert_not_null(cpc_artifact_set_kernel_report(a, "nope", fns, 2));
+    size_t len;
+    char *t = to_text(a, &len);
+    cpc_artifact *b = NULL;
+    cpc_status *st = cpc_artifact_read_string(t, len, "k.cplan", &b);
+    if (st)
+        fail_status("read", st);
+    const cpc_artifact_kernel *k = cpc_artifact_find_kernel(b, "attention");
+    cr_assert_not_null(k);
+    cr_assert_eq(k->n_fns, 2);
+    cr_expect_str_eq(k->fns[0].name, "cpc_flash_attn_mma");
+    cr_expect_eq(k->fns[0].registers, 168);
+    cr_expect_str_eq(k->fns[1].name, "cpc_attn_rowwarp");
+    cr_expect(k->fns[1].registers == 32 && k->fns[1].stack_bytes == 16 &&
+              k->fns[1].spill_store_bytes == 8 && k->fns[1].spill_load_bytes == 4);
+    /* a negative register count is refused (edited, re-hashed) */
+    cpc_status *bad = edit_and_read(t, len, "registers: 168", "registers: -1");
+    cr_expect_not_null(bad, "a negative register count must be refused");
+    cpc_status_free(bad);
+    free(t);
+    cpc_artifact_free(a);
+    cpc_artifact_free(b);
+}
+
 /* The text at 1-based line:col of t, or NULL. */
 static const char *at_line_col(const char *t, int line, int col)
 {

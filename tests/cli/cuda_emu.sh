@@ -92,6 +92,11 @@ plan cross-unified-4 unified 4 bf16 4 4 64 none "tokens: 256" "kv: {tokens: 96}"
 for p in "${PLANS[@]}"; do
   t "cpc-$p" 0 "$CPC" "$tmp/$p.yaml" -o "$tmp/$p.cplan"
 done
+# ptxas' report per function is recorded in the artifact and summarised by cpc
+has cpc-ring-2-bf16.out "kernels for sm_90: 2 modules,"
+has cpc-ring-2-bf16.out "no spills"
+grep -q '{function: cpc_flash_attn_mma, registers: [0-9]*, stack_bytes: 0, spill_store_bytes: 0, spill_load_bytes: 0}' \
+  "$tmp/ring-2-bf16.cplan" || fail "ring-2-bf16.cplan: no ptxas report of cpc_flash_attn_mma"
 arts=()
 for p in "${PLANS[@]}"; do [ -f "$tmp/$p.cplan" ] && arts+=("$tmp/$p.cplan"); done
 t prepare 0 "$PREPARE" "${arts[@]}" "$MODS"
