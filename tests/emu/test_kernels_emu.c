@@ -368,6 +368,28 @@ Test(attention_mma, fp16_d80_causal_strided_positions_mask_unaligned)
     run_attn(&c, "cpc_flash_attn_mma");
 }
 
+Test(attention_mma, bf16_d16_causal_tiny)
+{
+    /* the smallest head_dim of the kernel: one k-step, two output n-tiles; 5 tokens */
+    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 16, .causal = true, .gqa = 1, .B = 1, .sq = 5,
+                   .skv = 5, .hq = 3, .hkv = 3};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
+Test(attention_mma, fp16_d32_gqa4_many_tiles)
+{
+    attn_case c = {.dt = CPC_DTYPE_FP16, .D = 32, .gqa = 4, .B = 1, .sq = 129, .skv = 257,
+                   .hq = 4, .hkv = 1};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
+Test(attention_mma, bf16_d256_causal_zigzag)
+{
+    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 256, .causal = true, .gqa = 1, .B = 1, .sq = 80,
+                   .skv = 100, .hq = 1, .hkv = 1, .pos = 1};
+    run_attn(&c, "cpc_flash_attn_mma");
+}
+
 Test(attention_rowwarp, fp32_d64)
 {
     attn_case c = {.dt = CPC_DTYPE_FP32, .D = 64, .gqa = 1, .B = 2, .sq = 37, .skv = 53,
