@@ -131,7 +131,7 @@ static void shape_text(const cJSON *sh, char *buf, size_t n)
 
 static cpc_status *bad(const cpc_st_file *f, const char *tensor, const char *fmt, const char *a)
 {
-    char msg[256];
+    char msg[512];
     snprintf(msg, sizeof msg, fmt, a ? a : "");
     if (tensor)
         return cpc_error(CPC_E_INPUT, "%s: bad safetensors header: tensor '%s': %s", f->path,
