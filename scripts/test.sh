@@ -24,6 +24,22 @@ if [ "${CPC_SKIP_ASAN:-0}" != 1 ]; then
      ctest --output-on-failure -j"$jobs") || status=1
 fi
 
+# The GPU pack (tests/gpu/pack.sh) is an optimised Release build: -O3 brings
+# warnings (-Werror) that the other builds do not see.  Build its programs.
+echo "== build (Release, -O3: the GPU pack's programs) =="
+o3_targets="--target cpc --target cprun"
+if cmake -S . -B build-o3 -DCMAKE_BUILD_TYPE=Release >/dev/null; then
+  cmake --build build-o3 --target help 2>/dev/null | grep -q gpu_check && o3_targets+=" --target gpu_check"
+  # shellcheck disable=SC2086
+  if cmake --build build-o3 -j"$jobs" $o3_targets >build-o3/build.log 2>&1; then
+    echo "release -O3 build: ok"
+  else
+    echo "release -O3 build: FAILED"; grep -E 'error|warning' build-o3/build.log | head -20; status=1
+  fi
+else
+  echo "release -O3 build: cmake FAILED"; status=1
+fi
+
 secs=${CPC_FUZZ_SECONDS:-60}
 if [ "$secs" != 0 ] && ls tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
   echo "== fuzz (${secs}s per target) =="
