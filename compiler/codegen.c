@@ -330,6 +330,12 @@ cpc_status *cpc_codegen_compile(cpc_kernel *k)
             free(k->ptx);
             k->ptx = ptx;
             k->from_cache = true;
+#ifdef CPC_HAVE_CUDA
+            /* entries from before the cache kept sources: add it */
+            snprintf(path, sizeof path, "%s/%s.cu", dir, k->hash);
+            if (access(path, F_OK) != 0)
+                write_atomic(path, k->source);
+#endif
             return NULL;
         }
         free(ptx);

@@ -45,6 +45,7 @@
 #include <dirent.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -1016,7 +1017,13 @@ static void build_from_kernel_cache(const char *code, size_t len, const char *so
     closedir(d);
     if (!source)
         return;
-    char err[4096];
+    char err[4096], mods[4096];
+    snprintf(mods, sizeof mods, "%s", so_path);
+    char *slash = strrchr(mods, '/');
+    if (slash && slash != mods) {
+        *slash = 0;
+        mkdir(mods, 0755);   /* $CPC_EMU_MODULES may not exist yet */
+    }
     if (cpc_emu_build_module(source, so_path, err, sizeof err) != 0)
         say("cudaLibraryLoadData: building the module from the kernel cache failed: %s", err);
     free(source);
