@@ -8,7 +8,7 @@
 #   1. gpu_check (numerics of every variant on virtual ranks, attention and bandwidth goals);
 #      skipped with --cprun-only;
 #   2. cprun --backend cuda --check on the FLUX.1-dev 1008x1008 plan, 4 virtual ranks on GPU 0
-#      (local transport staged through host memory): ulysses_anything and ring_anything from
+#      (local transport, device-to-device copies): ulysses_anything and ring_anything from
 #      the .cplan artifacts (kernels: their PTX), and ulysses_anything from the plan YAML with
 #      --attention nvrtc (kernels compiled by cprun with NVRTC, from the pack's cache);
 #   3. the final table: gpu_check's summary rows followed by one row per cprun run (attention
