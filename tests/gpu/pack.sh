@@ -6,6 +6,9 @@
 #   flux1-dev-1008-ulysses_anything.cplan, flux1-dev-1008-ring_anything.cplan
 #                        plans/flux1-dev-1008.yaml (4 ranks) compiled by cpc with the kernels'
 #                        PTX for $CPC_GPU_ARCH, and the plan YAML itself (cprun compiles it there)
+#   flux1-dev-1024-ulysses.cplan, flux1-dev-1024-none.cplan
+#                        plans/flux1-dev-1024.yaml as ulysses on 4 ranks and as none on 1 rank
+#                        (run.sh's virtual-rank overhead row)
 #   lib/                 the shared libraries of gpu_check and cprun that the GPU machine lacks
 #                        (ldd: libyaml, libcrypto, OpenBLAS + libgfortran/libquadmath, Lua,
 #                        cJSON, Open MPI's libmpi and its dependencies, ...)
@@ -59,6 +62,18 @@ for v in ulysses_anything ring_anything; do
   CPC_CACHE_DIR="$out/cache" "$build/cpc" "$plan" --arch "$arch" --set parallel.variant=$v -o "$a"
   grep -q "^  ptx: |" "$a" || { echo "pack.sh: $a has no PTX" >&2; exit 1; }
   # The carried cprun loads and verifies it (no device needed for --dry-run).
+  LD_LIBRARY_PATH="$out/lib" "$out/cprun" "$a" --dry-run > /dev/null ||
+    { echo "pack.sh: cprun cannot load $a" >&2; exit 1; }
+done
+
+# FLUX.1-dev 1024x1024 (4608 tokens, 24 heads): ulysses on 4 virtual ranks and the same
+# attention on 1 rank (variant none), for the virtual-rank overhead goal (<= 10%).
+plan1024=$root/plans/flux1-dev-1024.yaml
+for cfg in "ulysses|--set parallel.variant=ulysses" "none|--set cluster.world_size=1 --set parallel.variant=none"; do
+  v=${cfg%%|*}
+  read -r -a sets <<< "${cfg#*|}"
+  a="$out/flux1-dev-1024-$v.cplan"
+  CPC_CACHE_DIR="$out/cache" "$build/cpc" "$plan1024" --arch "$arch" "${sets[@]}" -o "$a"
   LD_LIBRARY_PATH="$out/lib" "$out/cprun" "$a" --dry-run > /dev/null ||
     { echo "pack.sh: cprun cannot load $a" >&2; exit 1; }
 done
