@@ -325,7 +325,9 @@ Test(artifact, kernel_ptxas_report_round_trip)
     cr_assert_null(cpc_artifact_add_kernel(a, "attention", "sm_90", "// src\n", "// ptx\n"));
     cpc_kernel_fn_report fns[2] = {{"cpc_flash_attn_mma", 168, 0, 0, 0}, {"cpc_attn_rowwarp", 32, 16, 8, 4}};
     cr_assert_null(cpc_artifact_set_kernel_report(a, "attention", fns, 2));
-    cr_assert_not_null(cpc_artifact_set_kernel_report(a, "nope", fns, 2));
+    cpc_status *nope = cpc_artifact_set_kernel_report(a, "nope", fns, 2);
+    cr_assert_not_null(nope);
+    cpc_status_free(nope);
     size_t len;
     char *t = to_text(a, &len);
     cpc_artifact *b = NULL;
