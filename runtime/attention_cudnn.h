@@ -7,7 +7,8 @@
  * through its C BACKEND API (cudnn_graph.h), no frontend:
  *
  *   tensors Q, K, V, O (bf16/fp16), STATS (fp32), SCALE (fp32, by value)
- *     -> CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (cuDNN >= 9.13)
+ *     -> CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (cuDNN >= 9.13.1, the
+ *        version cudnn-frontend requires for it, at build and at run time)
  *     -> operation graph -> heuristics (mode A, then FALLBACK) -> the first
  *        engine config that finalizes into an execution plan
  *     -> per call: a variant pack (pointers, workspace) and cudnnBackendExecute.
@@ -16,7 +17,8 @@
  * BSHD memory: Q {q_bstride, D, hq*D, 1}, K/V {kv_bstride, D, hkv*D, 1}, O
  * {sq*hq*D, D, hq*D, 1}; STATS is [B, hq, rows, 1] with strides
  * {hq*sq, sq, 1, 1}, i.e. written straight into the project's [B, H, S]
- * LSE.  cuDNN's STATS of the SDPA forward are the softmax log-sum-exp of the
+ * LSE (a part of a split block: rows < sq, not packed, pointer lse + row0,
+ * whose actual alignment 4/8/16 is declared).  cuDNN's STATS of the SDPA forward are the softmax log-sum-exp of the
  * scaled scores in natural log (cuDNN documents them as the natural-log LSE
  * its backward pass consumes); tests/gpu/gpu_check.c checks the values
  * against the float64 reference.
@@ -31,21 +33,25 @@
  * multiple of 8, a key padding mask, GQA head ranges that are not "query
  * head h uses K/V head h / ratio + base", a causal block in which a query row
  * sees a PARTIAL key range (the SDPA operation of the backend API has no
- * causal mask attribute: only blocks whose query runs each see a whole key
- * prefix or nothing are served, which covers every off-diagonal zigzag ring
- * step), misaligned pointers (16 bytes), or an engine/plan cuDNN does not
- * build for the shape.
+ * causal mask attribute before 9.21, whose SDPA_FWD_SUBGRAPH carries mask
+ * operations: only blocks whose query runs each see a whole key prefix or
+ * nothing are served, which covers every off-diagonal zigzag ring step),
+ * misaligned pointers or batch strides (16 bytes), a part of one query row
+ * and one key (a known cuDNN issue), or an engine/plan cuDNN does not build
+ * for the shape or refuses at execution (bad parameter / not supported
+ * status families).
  *
  * Errors: CPC_E_UNSUPPORTED for everything above (the message says why),
- * CPC_E_RUNTIME for cuDNN/CUDA failures while executing (named, with
+ * CPC_E_RUNTIME for other cuDNN/CUDA failures while executing (named, with
  * cudnnGetErrorString and cudnnGetLastErrorString), CPC_E_NOMEM.
  *
  * Thread-safety: a cpc_cudnn_sdpa object (one cuDNN handle) is used by one
  * thread at a time; separate objects share nothing.  cpc_cudnn_sdpa_split is
  * pure.
  *
- * Built only with the CUDA toolkit; without cuDNN (no CPC_HAVE_CUDNN) every
- * function but the split returns CPC_E_UNSUPPORTED.
+ * Built only with the CUDA toolkit; without cuDNN (no CPC_HAVE_CUDNN) or with
+ * cuDNN headers older than 9.13.1, every function but the split returns
+ * CPC_E_UNSUPPORTED.
  */
 #ifndef CPC_ATTENTION_CUDNN_H
 #define CPC_ATTENTION_CUDNN_H
@@ -96,7 +102,7 @@ size_t cpc_cudnn_version(void);
 
 /* Creates a cuDNN handle on `device` (made current with cudaSetDevice) and
  * an empty plan cache.  *out is owned by the caller (cpc_cudnn_sdpa_destroy).
- * Errors: CPC_E_UNSUPPORTED (no cuDNN in the build, cuDNN older than 9.13,
+ * Errors: CPC_E_UNSUPPORTED (no cuDNN in the build, cuDNN older than 9.13.1,
  * no CUDA driver or device: cudnnCreate's or CUDA's message),
  * CPC_E_NOMEM. */
 cpc_status *cpc_cudnn_sdpa_create(int device, cpc_cudnn_sdpa **out);
@@ -112,15 +118,19 @@ cpc_status *cpc_cudnn_sdpa_create(int device, cpc_cudnn_sdpa **out);
  * Device buffers must stay valid until the stream reaches this work; the
  * workspace is owned by `s` (grown with cudaMalloc as plans need it).
  * Errors: CPC_E_UNSUPPORTED when a plan cannot be built for a part (cached:
- * the same shape fails at once next time) or a pointer is not 16-byte
- * aligned; CPC_E_RUNTIME when cuDNN or CUDA fails to execute; CPC_E_NOMEM. */
+ * the same shape fails at once next time), a pointer or batch stride is not
+ * 16-byte aligned, a part is one row by one key, or cuDNN refuses the
+ * execution (bad parameter / not supported: nothing was queued for that
+ * part; earlier parts may have written o and lse); CPC_E_RUNTIME when cuDNN
+ * or CUDA fails otherwise; CPC_E_NOMEM.  Makes s's device current. */
 cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
                                const cpc_sdpa_split *split, void *o, float *lse, void *stream);
 
 /* Number of plans built (successfully) so far by `s`, and cached refusals. */
 void cpc_cudnn_sdpa_counts(const cpc_cudnn_sdpa *s, int *plans_built, int *refused);
 
-/* Destroys the plans, the workspace and the handle.  NULL is ignored. */
+/* Waits for the device (when plans were run), then destroys the plans, the
+ * workspace and the handle.  NULL is ignored. */
 void cpc_cudnn_sdpa_destroy(cpc_cudnn_sdpa *s);
 
 #endif
