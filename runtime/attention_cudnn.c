@@ -210,6 +210,8 @@ struct cpc_cudnn_sdpa {
     cudnnHandle_t handle;
     void *ws;
     size_t ws_cap;
+    float *lse_tmp;    /* packed [B, hq, rows] stats of a part that is not all rows */
+    size_t lse_tmp_cap;   /* floats */
     uint64_t clock;
     int built, refused;
     sdpa_entry cache[SDPA_CACHE];
@@ -292,6 +294,8 @@ void cpc_cudnn_sdpa_destroy(cpc_cudnn_sdpa *s)
             entry_clear(&s->cache[i]);
     if (s->ws)
         cudaFree(s->ws);
+    if (s->lse_tmp)
+        cudaFree(s->lse_tmp);
     if (s->handle)
         cudnnDestroy(s->handle);
     free(s);
@@ -633,8 +637,17 @@ cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
         key.skv = p->nkv;
         key.d = d;
         key.stats = lse != NULL;
+        /* A part that is not every row (causal splits) gets its stats packed
+         * [B, hq, rows, 1] in a scratch buffer, scattered into lse after the
+         * run: cuDNN's own tests only use packed stats strides, and a packed
+         * buffer from cudaMalloc is 16-byte aligned. */
+        bool lse_packed_tmp = lse && (p->row0 != 0 || p->rows != sq);
         int64_t qs[4] = {a->q_bstride, d, hq * d, 1}, kvs[4] = {a->kv_bstride, d, (int64_t)a->hkv * d, 1};
         int64_t os[4] = {sq * hq * d, d, hq * d, 1}, ls[4] = {hq * sq, sq, 1, 1};
+        if (lse_packed_tmp) {
+            ls[0] = hq * p->rows;
+            ls[1] = p->rows;
+        }
         memcpy(key.q_str, qs, sizeof qs);
         memcpy(key.kv_str, kvs, sizeof kvs);
         memcpy(key.o_str, os, sizeof os);
@@ -643,6 +656,27 @@ cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
         const void *qp = qb + p->row0 * hq * d * es;
         void *op = ob + p->row0 * hq * d * es;
         float *lp = lse ? lse + p->row0 : NULL;
+        if (lse_packed_tmp) {
+            size_t need = (size_t)(a->B * hq * p->rows);
+            if (need > s->lse_tmp_cap) {
+                if (s->lse_tmp) {
+                    cudaStreamSynchronize((cudaStream_t)stream);
+                    cudaFree(s->lse_tmp);
+                }
+                s->lse_tmp = NULL;
+                s->lse_tmp_cap = 0;
+                cudaError_t e = cudaMalloc((void **)&s->lse_tmp, need * sizeof(float));
+                if (e != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    s->lse_tmp = NULL;
+                    return cpc_error(e == cudaErrorMemoryAllocation ? CPC_E_NOMEM : CPC_E_RUNTIME,
+                                     "cuDNN SDPA: stats scratch of %zu floats: %s", need,
+                                     cudaGetErrorString(e));
+                }
+                s->lse_tmp_cap = need;
+            }
+            lp = s->lse_tmp;
+        }
         if (!aligned16(qp) || !aligned16(kb) || !aligned16(vb) || !aligned16(op) ||
             (lse && ((uintptr_t)lp & 3u)))
             return cpc_error(CPC_E_UNSUPPORTED,
@@ -699,6 +733,18 @@ cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
             return st;
         }
         cudnnBackendDestroyDescriptor(vp);
+        if (lse_packed_tmp) {
+            /* [B*hq rows of `rows` floats] -> lse[(b*hq + h)*sq + row0 + r] */
+            cudaError_t e = cudaMemcpy2DAsync(lse + p->row0, (size_t)sq * sizeof(float), s->lse_tmp,
+                                              (size_t)p->rows * sizeof(float),
+                                              (size_t)p->rows * sizeof(float), (size_t)(a->B * hq),
+                                              cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                return cpc_error(CPC_E_RUNTIME, "cuDNN SDPA: scatter of the stats: %s",
+                                 cudaGetErrorString(e));
+            }
+        }
     }
     return NULL;
 }

@@ -15,10 +15,13 @@
  *
  * Tensor dims are cuDNN's logical [B, H, S, D] order with the strides of the
  * BSHD memory: Q {q_bstride, D, hq*D, 1}, K/V {kv_bstride, D, hkv*D, 1}, O
- * {sq*hq*D, D, hq*D, 1}; STATS is [B, hq, rows, 1] with strides
- * {hq*sq, sq, 1, 1}, i.e. written straight into the project's [B, H, S]
- * LSE (a part of a split block: rows < sq, not packed, pointer lse + row0,
- * whose actual alignment 4/8/16 is declared).  cuDNN's STATS of the SDPA forward are the softmax log-sum-exp of the
+ * {sq*hq*D, D, hq*D, 1}; STATS is [B, hq, rows, 1]: for a part of all rows
+ * strides {hq*sq, sq, 1, 1}, written straight into the project's [B, H, S]
+ * LSE (the pointer's actual alignment 4/8/16 is declared); for a part of a
+ * split block (row0 > 0 or rows < sq) packed {hq*rows, rows, 1, 1} into a
+ * scratch buffer, then scattered to lse + row0 with cudaMemcpy2DAsync on the
+ * same stream (cuDNN's own tests use packed stats only).  cuDNN's STATS of
+ * the SDPA forward are the softmax log-sum-exp of the
  * scaled scores in natural log (cuDNN documents them as the natural-log LSE
  * its backward pass consumes); tests/gpu/gpu_check.c checks the values
  * against the float64 reference.

@@ -811,6 +811,35 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
     return cudaSuccess;
 }
 
+/* 2-D copies: `height` rows of `width` bytes, each range checked as one span. */
+static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                          size_t height, enum cudaMemcpyKind kind, cudaStream_t s, const char *fn)
+{
+    if (width == 0 || height == 0)
+        return cudaSuccess;
+    if ((height > 1 && (dpitch < width || spitch < width)))
+        return ret(cudaErrorInvalidPitchValue);
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t e = copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s, fn);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return cudaSuccess;
+}
+
+API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                  size_t width, size_t height, enum cudaMemcpyKind kind,
+                                  cudaStream_t s)
+{
+    return copy2d(dst, dpitch, src, spitch, width, height, kind, s, "cudaMemcpy2DAsync");
+}
+
+API cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, enum cudaMemcpyKind kind)
+{
+    return copy2d(dst, dpitch, src, spitch, width, height, kind, NULL, "cudaMemcpy2D");
+}
+
 API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
     return copy(dst, src, n, kind, NULL, "cudaMemcpy");

@@ -213,3 +213,31 @@ Test(fake, launch_failure_is_sticky)
     cr_assert_eq(cudaMalloc(&p, 16), cudaErrorLaunchFailure, "sticky");
     cr_assert_eq(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
 }
+
+/* cudaMemcpy2DAsync (the cuDNN path scatters packed stats with it): rows land
+ * at their pitch, bytes between rows untouched, a row past the allocation is
+ * refused. */
+Test(fake, memcpy_2d)
+{
+    float *src = NULL, *dst = NULL;
+    cr_assert_eq(cudaMalloc((void **)&src, 6 * sizeof(float)), cudaSuccess);
+    cr_assert_eq(cudaMalloc((void **)&dst, 12 * sizeof(float)), cudaSuccess);
+    float h[6] = {1, 2, 3, 4, 5, 6}, out[12];
+    cr_assert_eq(cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+    cr_assert_eq(cudaMemset(dst, 0, 12 * sizeof(float)), cudaSuccess);
+    /* 3 rows of 2 floats into a pitch of 4 floats, starting at column 1 */
+    cr_assert_eq(cudaMemcpy2DAsync(dst + 1, 4 * sizeof(float), src, 2 * sizeof(float),
+                                   2 * sizeof(float), 3, cudaMemcpyDeviceToDevice, NULL),
+                 cudaSuccess);
+    cr_assert_eq(cudaMemcpy(out, dst, sizeof out, cudaMemcpyDeviceToHost), cudaSuccess);
+    const float want[12] = {0, 1, 2, 0, 0, 3, 4, 0, 0, 5, 6, 0};
+    for (int i = 0; i < 12; i++)
+        cr_expect_eq(out[i], want[i], "dst[%d] = %g, want %g", i, out[i], want[i]);
+    /* a fourth row would run past dst */
+    cr_expect_neq(cudaMemcpy2DAsync(dst + 1, 4 * sizeof(float), src, 1 * sizeof(float),
+                                    1 * sizeof(float), 4, cudaMemcpyDeviceToDevice, NULL),
+                  cudaSuccess);
+    (void)cudaGetLastError();
+    cudaFree(src);
+    cudaFree(dst);
+}
