@@ -297,20 +297,24 @@ static void print_summary_text(const job *j)
     /* The generated kernels and ptxas' report (recorded in the artifact). */
     if (c && j->c.n_kernels > 0 && j->c.kernels[0].ptx) {
         int nf = 0, spills = 0;
-        const cpc_kernel_fn_report *most = NULL;
+        const cpc_kernel_fn_report *attn = NULL;   /* the attention kernel used by default */
         for (int i = 0; i < j->c.n_kernels; i++)
             for (int f = 0; f < j->c.kernels[i].n_fns; f++) {
                 const cpc_kernel_fn_report *r = &j->c.kernels[i].fns[f];
                 nf++;
                 spills += r->spill_store_bytes > 0 || r->spill_load_bytes > 0;
-                if (!most || r->registers > most->registers)
-                    most = r;
+                if (strcmp(j->c.kernels[i].name, "attention") == 0 &&
+                    (!attn || strcmp(r->name, "cpc_flash_attn_mma") == 0 ||
+                     (strcmp(attn->name, "cpc_attn_rowwarp") == 0 &&
+                      strcmp(r->name, "cpc_flash_attn_tc") == 0)))
+                    attn = r;
             }
         printf("  kernels for %s: %d module%s", j->c.kernels[0].arch, j->c.n_kernels,
                j->c.n_kernels == 1 ? "" : "s");
-        if (most)
-            printf(", %d functions, most registers %d (%s), %s", nf, most->registers, most->name,
-                   spills ? "SPILLS (see the warnings)" : "no spills");
+        if (nf)
+            printf(", %d functions, %s; attention: %s, %d registers", nf,
+                   spills ? "SPILLS (see the warnings)" : "no spills", attn ? attn->name : "?",
+                   attn ? attn->registers : 0);
         printf("\n");
     }
 }

@@ -18,6 +18,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <new>
 #include <string>
 #include <vector>
@@ -216,7 +217,10 @@ extern "C" int cpc_emu_build_module(const char *source, const char *so_path, cha
         goto out;
     }
     {
-        std::string tmp_so = std::string(so_path) + ".tmp" + std::to_string(getpid());
+        // unique per process AND thread: rank threads of one process may build at once
+        static std::atomic<unsigned> seq{0};
+        std::string tmp_so = std::string(so_path) + ".tmp" + std::to_string(getpid()) + "-" +
+                             std::to_string(gettid()) + "-" + std::to_string(seq++);
         std::vector<std::string> a = {CPC_EMU_CXX, "-std=gnu++17", "-O2", "-g", "-fPIC", "-shared",
                                       "-fno-strict-aliasing", "-Wno-unused-parameter",
                                       "-I" CPC_EMU_INCLUDE, "-include", "cuda_emu.h"};

@@ -345,6 +345,7 @@ static const struct {
     {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorInvalidKernelImage, "cudaErrorInvalidKernelImage", "device kernel image is invalid"},
     {cudaErrorInvalidPtx, "cudaErrorInvalidPtx", "a PTX JIT compilation failed"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device"},
     {cudaErrorFileNotFound, "cudaErrorFileNotFound", "file not found"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
@@ -951,6 +952,16 @@ API cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code,
         return ret(cudaErrorNotSupported);
     }
     size_t len = strlen(code);
+    /* The driver JIT-compiles PTX for the device's arch or an older one; PTX
+     * for a newer target (".target sm_100" on this sm_90 device) has no image. */
+    const char *tg = strstr(code, ".target sm_");
+    if (tg) {
+        int arch = atoi(tg + strlen(".target sm_"));
+        if (arch > 90) {
+            say("cudaLibraryLoadData: PTX for sm_%d cannot run on this sm_90 device", arch);
+            return ret(cudaErrorNoKernelImageForDevice);
+        }
+    }
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
     if (!EVP_Digest(code, len, md, &mdlen, EVP_sha256(), NULL) || mdlen != 32)
@@ -995,8 +1006,40 @@ API cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code,
  * compile kernels themselves (cprun on a plan YAML, gpu_check) run on the
  * emulator without cpc_emu_prepare.  Best effort: on failure the load below
  * reports the missing module. */
+/* PTX texts equal up to runs of blanks (spaces/tabs) and trailing blanks of
+ * lines: the artifact stores PTX with tabs expanded (artifact.h, KERNELS),
+ * the kernel cache as NVRTC wrote it. */
+static bool same_ptx(const char *a, size_t na, const char *b, size_t nb)
+{
+    size_t i = 0, j = 0;
+    for (;;) {
+        bool ba = false, bb = false;
+        while (i < na && (a[i] == ' ' || a[i] == '\t'))
+            i++, ba = true;
+        while (j < nb && (b[j] == ' ' || b[j] == '\t'))
+            j++, bb = true;
+        bool ea = i >= na || a[i] == '\n', eb = j >= nb || b[j] == '\n';
+        if (!(ea && eb) && ba != bb)
+            return false;   /* a blank run against none, inside a line */
+        if (i >= na || j >= nb)
+            return i >= na && j >= nb;
+        if (a[i] != b[j])
+            return false;
+        i++, j++;
+    }
+}
+
+static pthread_mutex_t g_build_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void build_from_kernel_cache(const char *code, size_t len, const char *so_path)
 {
+    /* one build at a time (rank threads load the same modules at once); the
+     * first builds, the others find the module */
+    pthread_mutex_lock(&g_build_mu);
+    if (access(so_path, R_OK) == 0) {
+        pthread_mutex_unlock(&g_build_mu);
+        return;
+    }
     char dir[4096];
     const char *c = getenv("CPC_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
     if (c && *c)
@@ -1005,11 +1048,15 @@ static void build_from_kernel_cache(const char *code, size_t len, const char *so
         snprintf(dir, sizeof dir, "%s/cpc/kernels", x);
     else if (h && *h)
         snprintf(dir, sizeof dir, "%s/.cache/cpc/kernels", h);
-    else
+    else {
+        pthread_mutex_unlock(&g_build_mu);
         return;
+    }
     DIR *d = opendir(dir);
-    if (!d)
+    if (!d) {
+        pthread_mutex_unlock(&g_build_mu);
         return;
+    }
     struct dirent *e;
     char *source = NULL;
     while (!source && (e = readdir(d))) {
@@ -1021,10 +1068,13 @@ static void build_from_kernel_cache(const char *code, size_t len, const char *so
         FILE *f = fopen(p, "rb");
         if (!f)
             continue;
-        char *buf = malloc(len + 2);
-        size_t got = buf ? fread(buf, 1, len + 1, f) : 0;
+        fseek(f, 0, SEEK_END);
+        long fsz = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *buf = fsz > 0 ? malloc((size_t)fsz + 1) : NULL;
+        size_t got = buf ? fread(buf, 1, (size_t)fsz, f) : 0;
         fclose(f);
-        if (buf && got == len && memcmp(buf, code, len) == 0) {
+        if (buf && got == (size_t)fsz && same_ptx(buf, got, code, len)) {
             snprintf(p, sizeof p, "%s/%.*s.cu", dir, (int)(n - 4), e->d_name);
             FILE *g = fopen(p, "rb");
             if (g) {
@@ -1044,8 +1094,10 @@ static void build_from_kernel_cache(const char *code, size_t len, const char *so
         free(buf);
     }
     closedir(d);
-    if (!source)
+    if (!source) {
+        pthread_mutex_unlock(&g_build_mu);
         return;
+    }
     char err[4096], mods[4096];
     snprintf(mods, sizeof mods, "%s", so_path);
     char *slash = strrchr(mods, '/');
@@ -1056,6 +1108,7 @@ static void build_from_kernel_cache(const char *code, size_t len, const char *so
     if (cpc_emu_build_module(source, so_path, err, sizeof err) != 0)
         say("cudaLibraryLoadData: building the module from the kernel cache failed: %s", err);
     free(source);
+    pthread_mutex_unlock(&g_build_mu);
 }
 
 API cudaError_t cudaLibraryGetKernel(cudaKernel_t *out, cudaLibrary_t lib, const char *name)
