@@ -1026,21 +1026,11 @@ static int op_newindex(lua_State *L)
     return 0;
 }
 
-static int op_next(lua_State *L)
-{
-    luaL_checktype(L, 1, LUA_TTABLE);
-    lua_settop(L, 2);
-    if (lua_next(L, 1))
-        return 2;
-    lua_pushnil(L);
-    return 1;
-}
-
 static int op_pairs(lua_State *L)
 {
     if (!lua_getmetatable(L, 1))
         return luaL_error(L, "op table without its metatable");
-    lua_pushcfunction(L, op_next);
+    lua_pushcfunction(L, ro_next);
     lua_pushliteral(L, "__index");
     lua_rawget(L, -3);
     lua_pushnil(L);

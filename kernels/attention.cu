@@ -60,6 +60,19 @@ __device__ __forceinline__ bool cpc_key_masked(long long qp, long long kp, int b
     return false;
 }
 
+// Largest position of rows [r0, r0 + n) below `limit` (positions from `pos`,
+// or the row index when pos is NULL); -1 when there is none.
+__device__ __forceinline__ long long cpc_max_pos(const long long *pos, long long r0, int n,
+                                                 long long limit)
+{
+    long long mx = -1;
+    for (long long r = r0; r < r0 + n && r < limit; r++) {
+        long long p = pos ? pos[r] : r;
+        mx = p > mx ? p : mx;
+    }
+    return mx;
+}
+
 // ---------------------------------------------------------------------------
 // Generic kernel: one warp per query row.
 #define CPC_RW_PER_LANE ((CPC_HEAD_DIM + 31) / 32)
@@ -180,14 +193,8 @@ cpc_flash_attn_tc(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__
     for (int i = lane; i < 16 * D; i += 32)
         Os[(i / D) * TC_OLD + i % D] = 0.0f;
 #if CPC_CAUSAL
-    if (threadIdx.x == 0) {
-        long long mx = -1;
-        for (long long r = m0; r < m0 + TC_BM && r < sq; r++) {
-            long long p = q_pos ? q_pos[r] : r;
-            mx = p > mx ? p : mx;
-        }
-        s_qmax = mx;
-    }
+    if (threadIdx.x == 0)
+        s_qmax = cpc_max_pos(q_pos, m0, TC_BM, sq);
 #endif
     __syncthreads();
 
@@ -434,14 +441,8 @@ cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict_
 
     cpc_stage(Qs, qb, q_row_stride, m0, MMA_BM, sq, qvec);
 #if CPC_CAUSAL
-    if (threadIdx.x == 0) {
-        long long mx = -1;
-        for (long long r = m0; r < m0 + MMA_BM && r < sq; r++) {
-            long long p = q_pos ? q_pos[r] : r;
-            mx = p > mx ? p : mx;
-        }
-        s_qmax = mx;
-    }
+    if (threadIdx.x == 0)
+        s_qmax = cpc_max_pos(q_pos, m0, MMA_BM, sq);
 #endif
 
     // This thread's two rows (g and g + 8 of the warp's 16) and their positions.
