@@ -364,6 +364,8 @@ static int cprun_main(int argc, char **argv, const char **sets)
     }
     if (quick || profile_out || cal_ranks)
         return usage_error("%s", "--quick, --profile-out and --calibrate-ranks go with --calibrate");
+    if (opt.write_lse && !opt.output_path)
+        return usage_error("%s", "--lse writes the LSE into --output: give --output OUT.safetensors");
     if (optind >= argc)
         return usage_error("%s", "no plan given: cprun PLAN.cplan|PLAN.yaml [options]");
     if (optind + 1 < argc)

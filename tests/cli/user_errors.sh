@@ -58,6 +58,10 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); d=r["diagnostics"];
   "$tmp/check-artifact-json.out" || fail "check-artifact-json: one diagnostic expected"
 t worst 2 "$CPC" --check "$tmp/small.yaml" "$tmp/small.cplan"
 
+# ---- cprun --lse without --output: nothing would be written -----------------------------
+t lse-no-output 2 "$CPRUN" "$tmp/small.yaml" --lse
+has lse-no-output.err "give --output"
+
 # ---- --arch that NVRTC cannot target -----------------------------------------------------------
 t arch-probe 0 "$CPC" "$tmp/small.yaml" -o "$tmp/probe.cplan"
 if grep -q "built without the CUDA toolkit" "$tmp/arch-probe.err"; then
