@@ -1036,42 +1036,40 @@ static bool works(const hctx *h, const cpc_plan *p, cpc_variant v, int R, int U)
 
 /* The variant and degrees `q` asks for (stage 1 and the derived degrees);
  * false when it asks for auto, has no parallelism, or fails stage 1. */
-static bool resolve(const cpc_plan *q, cpc_variant *v, int *R, int *U)
+/* The request of `q` (stage 1): false when it fails sanity or inference or
+ * asks for no variant at all.  Nothing to free in *rq afterwards. */
+static bool request_of(const cpc_plan *q, request *rq)
 {
     cpc_status *e = check_sanity(q);
     if (e) {
         cpc_status_free(e);
         return false;
     }
-    request rq;
-    e = infer(q, &rq);
-    bool ok = !e && rq.variant != CPC_VARIANT_AUTO && rq.variant != CPC_VARIANT__COUNT;
-    if (ok) {
-        request_degrees(q, &rq, R, U);
-        *v = rq.variant;
-    }
+    e = infer(q, rq);
+    bool ok = !e && rq->variant != CPC_VARIANT__COUNT;
     cpc_status_free(e);
-    cpc_status_free(rq.pre);
+    cpc_status_free(rq->pre);
+    rq->pre = NULL;
     return ok;
+}
+
+static bool resolve(const cpc_plan *q, cpc_variant *v, int *R, int *U)
+{
+    request rq;
+    if (!request_of(q, &rq) || rq.variant == CPC_VARIANT_AUTO)
+        return false;
+    request_degrees(q, &rq, R, U);
+    *v = rq.variant;
+    return true;
 }
 
 /* Is `q` accepted by this stage without falling back?  *v, *R, *U: what it
  * selects. */
 static bool accepts(const hctx *h, const cpc_plan *q, cpc_variant *v, int *R, int *U)
 {
-    cpc_status *e = check_sanity(q);
-    if (e) {
-        cpc_status_free(e);
-        return false;
-    }
     request rq;
-    e = infer(q, &rq);
-    if (e || rq.variant == CPC_VARIANT__COUNT) {
-        cpc_status_free(e);
-        cpc_status_free(rq.pre);
+    if (!request_of(q, &rq))
         return false;
-    }
-    cpc_status_free(rq.pre);
     if (rq.variant != CPC_VARIANT_AUTO) {
         request_degrees(q, &rq, R, U);
         *v = rq.variant;

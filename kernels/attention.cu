@@ -60,6 +60,16 @@ __device__ __forceinline__ bool cpc_key_masked(long long qp, long long kp, int b
     return false;
 }
 
+// The parameters of every attention kernel (one argument array in
+// runtime/backend_cuda.c serves all three; see the contract at the top).
+#define CPC_ATTN_PARAMS                                                                          \
+    const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,                          \
+        const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse, int B,  \
+        long long sq, long long skv, int hq, int hkv, int q_head_off, int kv_head_off,           \
+        long long q_bstride, long long kv_bstride, float scale,                                  \
+        const long long *__restrict__ q_pos, const long long *__restrict__ kv_pos,               \
+        const unsigned char *__restrict__ kv_mask, long long mask_len
+
 // Largest position of rows [r0, r0 + n) below `limit` (positions from `pos`,
 // or the row index when pos is NULL); -1 when there is none.
 __device__ __forceinline__ long long cpc_max_pos(const long long *pos, long long r0, int n,
@@ -78,12 +88,7 @@ __device__ __forceinline__ long long cpc_max_pos(const long long *pos, long long
 #define CPC_RW_PER_LANE ((CPC_HEAD_DIM + 31) / 32)
 
 extern "C" __global__ void __launch_bounds__(128)
-cpc_attn_rowwarp(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,
-                 const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse,
-                 int B, long long sq, long long skv, int hq, int hkv, int q_head_off,
-                 int kv_head_off, long long q_bstride, long long kv_bstride, float scale,
-                 const long long *__restrict__ q_pos, const long long *__restrict__ kv_pos,
-                 const unsigned char *__restrict__ kv_mask, long long mask_len)
+cpc_attn_rowwarp(CPC_ATTN_PARAMS)
 {
     const int D = CPC_HEAD_DIM;
     int lane = threadIdx.x & 31;
@@ -156,12 +161,7 @@ cpc_attn_rowwarp(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ 
 using namespace nvcuda;
 
 extern "C" __global__ void __launch_bounds__(128)
-cpc_flash_attn_tc(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,
-                  const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse,
-                  int B, long long sq, long long skv, int hq, int hkv, int q_head_off,
-                  int kv_head_off, long long q_bstride, long long kv_bstride, float scale,
-                  const long long *__restrict__ q_pos, const long long *__restrict__ kv_pos,
-                  const unsigned char *__restrict__ kv_mask, long long mask_len)
+cpc_flash_attn_tc(CPC_ATTN_PARAMS)
 {
     const int D = CPC_HEAD_DIM;
     CPC_DYNAMIC_SMEM(unsigned char, smem_raw);
@@ -409,12 +409,7 @@ __device__ __forceinline__ void cpc_stage_vt(CPC_DTYPE *vt, const CPC_DTYPE *src
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-cpc_flash_attn_mma(const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,
-                   const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse,
-                   int B, long long sq, long long skv, int hq, int hkv, int q_head_off,
-                   int kv_head_off, long long q_bstride, long long kv_bstride, float scale,
-                   const long long *__restrict__ q_pos, const long long *__restrict__ kv_pos,
-                   const unsigned char *__restrict__ kv_mask, long long mask_len)
+cpc_flash_attn_mma(CPC_ATTN_PARAMS)
 {
     const int D = CPC_HEAD_DIM;
     const int NT_S = MMA_BN / 8, NT_O = D / 8;

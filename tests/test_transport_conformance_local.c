@@ -154,39 +154,18 @@ static const cpc_transport_vtable wrap_vt = {
 
 /* ---- running the suite on every rank thread ---------------------------------- */
 
-typedef struct rank_job {
-    cpc_local_world *w;
-    int R, U, p;
-    mutant m;
-    const cpc_conformance_opts *opts;
-    cpc_status *st;   /* the suite's result on this rank */
-} rank_job;
-
-static void *rank_main(void *arg)
+/* Wraps a rank's endpoint in the mutant (ctx: the mutant). */
+static cpc_status *wrap_mutant(void *ctx, int rank, cpc_transport *in, cpc_transport **out)
 {
-    rank_job *j = arg;
-    cpc_transport *t = NULL;
-    j->st = cpc_local_endpoint_create(j->w, j->p, &t);
-    if (j->st) {
-        cpc_local_world_abort(j->w, j->p, "endpoint creation failed");
-        return NULL;
-    }
-    if (j->m != M_NONE) {
-        wrap *w = calloc(1, sizeof *w);
-        if (!w) {
-            j->st = &cpc_status_oom;
-            t->vt->abort(t, "out of memory");
-            t->vt->destroy(t);
-            return NULL;
-        }
-        w->base.vt = &wrap_vt;
-        w->base.ctx = w;
-        w->in = t;
-        w->m = j->m;
-        t = &w->base;
-    }
-    j->st = cpc_transport_conformance(t, j->R, j->U, j->p / j->U, j->p % j->U, j->opts);
-    t->vt->destroy(t);
+    (void)rank;
+    wrap *w = calloc(1, sizeof *w);
+    if (!w)
+        return &cpc_status_oom;
+    w->base.vt = &wrap_vt;
+    w->base.ctx = w;
+    w->in = in;
+    w->m = *(const mutant *)ctx;
+    *out = &w->base;
     return NULL;
 }
 
@@ -200,22 +179,8 @@ static cpc_status *run_suite(int R, int U, mutant m, const cpc_conformance_opts 
         return st;
     /* A hang becomes an abort with a diagnostic instead of a stuck test. */
     cpc_local_world_set_timeout(w, 30.0);
-    int P = R * U;
-    rank_job *jobs = calloc((size_t)P, sizeof *jobs);
-    pthread_t *th = calloc((size_t)P, sizeof *th);
-    cr_assert(jobs && th);
-    for (int p = 0; p < P; p++) {
-        jobs[p] = (rank_job){.w = w, .R = R, .U = U, .p = p, .m = m, .opts = opts};
-        cr_assert_eq(pthread_create(&th[p], NULL, rank_main, &jobs[p]), 0);
-    }
-    cpc_status *all = NULL;
-    for (int p = 0; p < P; p++) {
-        pthread_join(th[p], NULL);
-        cpc_status_append(&all, jobs[p].st);
-    }
+    cpc_status *all = cpc_conformance_local_threads(w, R, U, m == M_NONE ? NULL : wrap_mutant, &m, opts);
     cpc_local_world_destroy(w);
-    free(jobs);
-    free(th);
     return all;
 }
 

@@ -26,13 +26,6 @@
 
 /* ---- conformance on local+device + CPU backends ---------------------------------------- */
 
-typedef struct conf_job {
-    cpc_local_world *w;
-    cpc_backend **bes;
-    int R, U, p;
-    cpc_status *st;
-} conf_job;
-
 static const cpc_conformance_opts conf_opts = {
     .name = "local+device",
     .skip = 0,
@@ -40,24 +33,12 @@ static const cpc_conformance_opts conf_opts = {
     .same_clock = true,
 };
 
-static void *conf_rank(void *arg)
+static cpc_status *wrap_device(void *ctx, int rank, cpc_transport *in, cpc_transport **out)
 {
-    conf_job *j = arg;
-    cpc_transport *in = NULL, *t = NULL;
-    j->st = cpc_local_endpoint_create(j->w, j->p, &in);
-    if (!j->st)
-        j->st = cpc_transport_device_create(in, j->bes[j->p], &t);
-    if (j->st) {
-        cpc_local_world_abort(j->w, j->p, "setup failed");
-        if (in)
-            in->vt->destroy(in);
-        return NULL;
-    }
-    cr_expect(cpc_transport_device_is(t));
-    cr_expect_str_eq(t->vt->name, "local+device");
-    j->st = cpc_transport_conformance(t, j->R, j->U, j->p / j->U, j->p % j->U, &conf_opts);
-    t->vt->destroy(t);
-    return NULL;
+    cpc_status *st = cpc_transport_device_create(in, ((cpc_backend **)ctx)[rank], out);
+    if (!st && (!cpc_transport_device_is(*out) || strcmp((*out)->vt->name, "local+device") != 0))
+        return cpc_error(CPC_E_INTERNAL, "not a local+device endpoint: %s", (*out)->vt->name);
+    return st;
 }
 
 static void conformance(int R, int U)
@@ -70,17 +51,7 @@ static void conformance(int R, int U)
     for (int p = 0; p < P; p++)
         cr_assert_null(cpc_cpu_backend_create(&bes[p]));
     cpc_local_world_set_copy(w, cpc_device_copy, bes);
-    conf_job jobs[8];
-    pthread_t th[8];
-    for (int p = 0; p < P; p++) {
-        jobs[p] = (conf_job){.w = w, .bes = bes, .R = R, .U = U, .p = p};
-        cr_assert_eq(pthread_create(&th[p], NULL, conf_rank, &jobs[p]), 0);
-    }
-    cpc_status *all = NULL;
-    for (int p = 0; p < P; p++) {
-        pthread_join(th[p], NULL);
-        cpc_status_append(&all, jobs[p].st);
-    }
+    cpc_status *all = cpc_conformance_local_threads(w, R, U, wrap_device, bes, &conf_opts);
     cpc_local_world_destroy(w);
     for (int p = 0; p < P; p++)
         bes[p]->vt->destroy(bes[p]);

@@ -32,12 +32,6 @@
 
 /* ---- the conformance suite on staged(local) + CPU backend ----------------------------- */
 
-typedef struct conf_job {
-    cpc_local_world *w;
-    int R, U, p;
-    cpc_status *st;
-} conf_job;
-
 static const cpc_conformance_opts conf_opts = {
     .name = "local+staged",
     .skip = 0,
@@ -45,28 +39,9 @@ static const cpc_conformance_opts conf_opts = {
     .same_clock = true,
 };
 
-static void *conf_rank(void *arg)
+static cpc_status *wrap_staged(void *ctx, int rank, cpc_transport *in, cpc_transport **out)
 {
-    conf_job *j = arg;
-    cpc_transport *in = NULL, *t = NULL;
-    cpc_backend *be = NULL;
-    j->st = cpc_local_endpoint_create(j->w, j->p, &in);
-    if (!j->st)
-        j->st = cpc_cpu_backend_create(&be);
-    if (!j->st)
-        j->st = cpc_transport_staged_create(in, be, &t);
-    if (j->st) {
-        cpc_local_world_abort(j->w, j->p, "setup failed");
-        if (in)
-            in->vt->destroy(in);
-        if (be)
-            be->vt->destroy(be);
-        return NULL;
-    }
-    j->st = cpc_transport_conformance(t, j->R, j->U, j->p / j->U, j->p % j->U, &conf_opts);
-    t->vt->destroy(t);
-    be->vt->destroy(be);
-    return NULL;
+    return cpc_transport_staged_create(in, ((cpc_backend **)ctx)[rank], out);
 }
 
 static void conformance(int R, int U)
@@ -75,18 +50,13 @@ static void conformance(int R, int U)
     cr_assert_null(cpc_local_world_create(R, U, &w));
     cpc_local_world_set_timeout(w, 30.0);
     int P = R * U;
-    conf_job jobs[8];
-    pthread_t th[8];
-    for (int p = 0; p < P; p++) {
-        jobs[p] = (conf_job){.w = w, .R = R, .U = U, .p = p};
-        cr_assert_eq(pthread_create(&th[p], NULL, conf_rank, &jobs[p]), 0);
-    }
-    cpc_status *all = NULL;
-    for (int p = 0; p < P; p++) {
-        pthread_join(th[p], NULL);
-        cpc_status_append(&all, jobs[p].st);
-    }
+    cpc_backend *bes[8];
+    for (int p = 0; p < P; p++)
+        cr_assert_null(cpc_cpu_backend_create(&bes[p]));
+    cpc_status *all = cpc_conformance_local_threads(w, R, U, wrap_staged, bes, &conf_opts);
     cpc_local_world_destroy(w);
+    for (int p = 0; p < P; p++)
+        bes[p]->vt->destroy(bes[p]);
     if (all)
         cpc_status_print(stderr, "test_transport_staged", all);
     cr_expect_null(all, "staged transport failed the conformance suite on mesh %d x %d: %s", R, U,

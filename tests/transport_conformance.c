@@ -1,6 +1,9 @@
 /* transport_conformance.c - see transport_conformance.h */
 #include "transport_conformance.h"
 
+#include "../runtime/transport_local.h"
+
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -854,4 +857,72 @@ cpc_status *cpc_transport_conformance(cpc_transport *t, int ring_degree, int uly
         }
     }
     return S.chain;
+}
+
+/* ---- the suite on rank threads of one local world -------------------------------- */
+
+typedef struct conf_thread {
+    cpc_local_world *w;
+    int R, U, p;
+    cpc_conformance_wrap_fn wrap;
+    void *ctx;
+    const cpc_conformance_opts *opts;
+    cpc_status *st;
+} conf_thread;
+
+static void *conf_thread_main(void *arg)
+{
+    conf_thread *j = arg;
+    cpc_transport *in = NULL, *t = NULL;
+    j->st = cpc_local_endpoint_create(j->w, j->p, &in);
+    if (!j->st) {
+        if (j->wrap)
+            j->st = j->wrap(j->ctx, j->p, in, &t);
+        else
+            t = in;
+    }
+    if (j->st) {
+        cpc_local_world_abort(j->w, j->p, "conformance: endpoint setup failed");
+        if (in)
+            in->vt->destroy(in);
+        return NULL;
+    }
+    j->st = cpc_transport_conformance(t, j->R, j->U, j->p / j->U, j->p % j->U, j->opts);
+    t->vt->destroy(t);
+    return NULL;
+}
+
+cpc_status *cpc_conformance_local_threads(cpc_local_world *w, int R, int U,
+                                          cpc_conformance_wrap_fn wrap, void *ctx,
+                                          const cpc_conformance_opts *opts)
+{
+    int P = R * U;
+    conf_thread *jobs = calloc((size_t)P, sizeof *jobs);
+    pthread_t *th = calloc((size_t)P, sizeof *th);
+    bool *started = calloc((size_t)P, sizeof *started);
+    cpc_status *all = NULL;
+    if (!jobs || !th || !started) {
+        free(jobs);
+        free(th);
+        free(started);
+        return &cpc_status_oom;
+    }
+    for (int p = 0; p < P; p++) {
+        jobs[p] = (conf_thread){.w = w, .R = R, .U = U, .p = p, .wrap = wrap, .ctx = ctx, .opts = opts};
+        if (pthread_create(&th[p], NULL, conf_thread_main, &jobs[p]) == 0) {
+            started[p] = true;
+        } else {
+            cpc_status_append(&all, cpc_error(CPC_E_RUNTIME, "conformance: cannot start rank %d", p));
+            cpc_local_world_abort(w, p, "conformance: thread start failed");
+        }
+    }
+    for (int p = 0; p < P; p++)
+        if (started[p]) {
+            pthread_join(th[p], NULL);
+            cpc_status_append(&all, jobs[p].st);
+        }
+    free(jobs);
+    free(th);
+    free(started);
+    return all;
 }

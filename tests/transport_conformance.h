@@ -102,4 +102,23 @@ typedef struct cpc_conformance_opts {
 cpc_status *cpc_transport_conformance(cpc_transport *t, int ring_degree, int ulysses_degree,
                                       int r, int u, const cpc_conformance_opts *opts);
 
+struct cpc_local_world;
+
+/* Turns rank `rank`'s local endpoint `inner` into the endpoint under test
+ * (*out; on success *out owns inner, on failure inner is still the
+ * caller's).  Called on the rank's thread. */
+typedef cpc_status *(*cpc_conformance_wrap_fn)(void *ctx, int rank, cpc_transport *inner,
+                                               cpc_transport **out);
+
+/* Runs the suite on every rank of the in-process world `w` (ring_degree x
+ * ulysses_degree, transport_local.h), one thread per rank: each creates its
+ * local endpoint, wraps it with `wrap` (NULL: tests the local endpoint
+ * itself), runs cpc_transport_conformance and destroys the endpoint.  A
+ * rank that cannot set up aborts the world.  The caller creates and
+ * destroys `w` (timeout, copy hook).  Returns every rank's diagnostics
+ * chained (NULL: all passed; the caller frees). */
+cpc_status *cpc_conformance_local_threads(struct cpc_local_world *w, int ring_degree,
+                                          int ulysses_degree, cpc_conformance_wrap_fn wrap,
+                                          void *ctx, const cpc_conformance_opts *opts);
+
 #endif

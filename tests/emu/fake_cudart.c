@@ -141,13 +141,21 @@ API cudaError_t cudaGetDeviceCount(int *count)
     return ret(*count == 0 ? cudaErrorNoDevice : cudaSuccess);
 }
 
-API cudaError_t cudaSetDevice(int device)
+
+/* cudaErrorNoDevice / cudaErrorInvalidDevice for a device index that is not emulated. */
+static cudaError_t check_device(int device)
 {
     int n = device_count();
     if (n == 0)
-        return ret(cudaErrorNoDevice);
-    if (device < 0 || device >= n)
-        return ret(cudaErrorInvalidDevice);
+        return cudaErrorNoDevice;
+    return device < 0 || device >= n ? cudaErrorInvalidDevice : cudaSuccess;
+}
+
+API cudaError_t cudaSetDevice(int device)
+{
+    cudaError_t de = check_device(device);
+    if (de != cudaSuccess)
+        return ret(de);
     t_device = device;
     return ret(sticky(device));
 }
@@ -219,11 +227,9 @@ API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int
 {
     if (!value)
         return ret(cudaErrorInvalidValue);
-    int n = device_count();
-    if (n == 0)
-        return ret(cudaErrorNoDevice);
-    if (device < 0 || device >= n)
-        return ret(cudaErrorInvalidDevice);
+    cudaError_t de = check_device(device);
+    if (de != cudaSuccess)
+        return ret(de);
     int v;
     switch (attr) {
     case cudaDevAttrMultiProcessorCount: v = SM_COUNT; break;
@@ -265,11 +271,9 @@ API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device)
 {
     if (!p)
         return ret(cudaErrorInvalidValue);
-    int n = device_count();
-    if (n == 0)
-        return ret(cudaErrorNoDevice);
-    if (device < 0 || device >= n)
-        return ret(cudaErrorInvalidDevice);
+    cudaError_t de = check_device(device);
+    if (de != cudaSuccess)
+        return ret(de);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "NVIDIA H200 (cpc CPU emulator)");
     p->totalGlobalMem = MEM_BYTES;

@@ -55,6 +55,19 @@ static const char *cache_dir(void)
     return e ? e : "/tmp/cpc-emu-modules";
 }
 
+/* Builds (or finds in the cache) and loads the module of CUDA source `src`. */
+static cpc_emu_module *load_source(const char *src)
+{
+    char err[4096], *so = NULL;
+    int rc = cpc_emu_build_cached(src, cache_dir(), &so, err, sizeof err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cpc_emu_module *m = NULL;
+    rc = cpc_emu_module_load(so, &m, err, sizeof err);
+    free(so);
+    cr_assert_eq(rc, 0, "%s", err);
+    return m;
+}
+
 /* Loads module `name` ("memory" / "attention") generated for `spec`. */
 static cpc_emu_module *load(cpc_dtype dt, int D, bool causal, int gqa, const char *name)
 {
@@ -68,26 +81,8 @@ static cpc_emu_module *load(cpc_dtype dt, int D, bool causal, int gqa, const cha
         if (strcmp(k[i].name, name) == 0)
             src = k[i].source;
     cr_assert_not_null(src, "no module %s", name);
-    char err[4096], *so = NULL;
-    int rc = cpc_emu_build_cached(src, cache_dir(), &so, err, sizeof err);
+    cpc_emu_module *m = load_source(src);
     cpc_kernels_free(k, n);
-    cr_assert_eq(rc, 0, "%s", err);
-    cpc_emu_module *m = NULL;
-    rc = cpc_emu_module_load(so, &m, err, sizeof err);
-    free(so);
-    cr_assert_eq(rc, 0, "%s", err);
-    return m;
-}
-
-static cpc_emu_module *load_source(const char *src)
-{
-    char err[4096], *so = NULL;
-    int rc = cpc_emu_build_cached(src, cache_dir(), &so, err, sizeof err);
-    cr_assert_eq(rc, 0, "%s", err);
-    cpc_emu_module *m = NULL;
-    rc = cpc_emu_module_load(so, &m, err, sizeof err);
-    free(so);
-    cr_assert_eq(rc, 0, "%s", err);
     return m;
 }
 
@@ -302,18 +297,25 @@ static void run_attn(const attn_case *c, const char *kernel)
     cpc_emu_module_unload(m);
 }
 
+/* Cases for both tensor-core kernels (wmma: suite attention_tc, and mma.sync). */
+static void both_tc_kernels(const attn_case *c)
+{
+    run_attn(c, "cpc_flash_attn_tc");
+    run_attn(c, "cpc_flash_attn_mma");
+}
+
 Test(attention_tc, bf16_d128_flux_block)
 {
     attn_case c = {.dt = CPC_DTYPE_BF16, .D = 128, .gqa = 1, .B = 1, .sq = 150, .skv = 200,
                    .hq = 2, .hkv = 2};
-    run_attn(&c, "cpc_flash_attn_tc");
+    both_tc_kernels(&c);
 }
 
 Test(attention_tc, fp16_d64_causal_zigzag_gqa)
 {
     attn_case c = {.dt = CPC_DTYPE_FP16, .D = 64, .causal = true, .gqa = 2, .B = 2, .sq = 96,
-                   .skv = 160, .hq = 4, .hkv = 2, .q_head_off = 0, .pos = 1, .pad = 8};
-    run_attn(&c, "cpc_flash_attn_tc");
+                   .skv = 160, .hq = 4, .hkv = 2, .pos = 1, .pad = 8};
+    both_tc_kernels(&c);
 }
 
 Test(attention_tc, bf16_d256_head_offsets_mask)
@@ -321,28 +323,14 @@ Test(attention_tc, bf16_d256_head_offsets_mask)
     /* local heads 2..3 of 4 global query heads, K/V replicated (gqa 4, one kv head) */
     attn_case c = {.dt = CPC_DTYPE_BF16, .D = 256, .gqa = 4, .B = 2, .sq = 70, .skv = 90,
                    .hq = 2, .hkv = 1, .q_head_off = 2, .kv_head_off = 0, .mask = true};
-    run_attn(&c, "cpc_flash_attn_tc");
+    both_tc_kernels(&c);
 }
 
 Test(attention_tc, fp16_d80_causal_strided_positions_mask)
 {
     attn_case c = {.dt = CPC_DTYPE_FP16, .D = 80, .causal = true, .gqa = 1, .B = 1, .sq = 65,
                    .skv = 130, .hq = 1, .hkv = 1, .pos = 2, .mask = true};
-    run_attn(&c, "cpc_flash_attn_tc");
-}
-
-Test(attention_mma, bf16_d128_flux_block)
-{
-    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 128, .gqa = 1, .B = 1, .sq = 150, .skv = 200,
-                   .hq = 2, .hkv = 2};
-    run_attn(&c, "cpc_flash_attn_mma");
-}
-
-Test(attention_mma, fp16_d64_causal_zigzag_gqa)
-{
-    attn_case c = {.dt = CPC_DTYPE_FP16, .D = 64, .causal = true, .gqa = 2, .B = 2, .sq = 96,
-                   .skv = 160, .hq = 4, .hkv = 2, .pos = 1, .pad = 8};
-    run_attn(&c, "cpc_flash_attn_mma");
+    both_tc_kernels(&c);
 }
 
 Test(attention_mma, bf16_causal_plain_square)
@@ -350,13 +338,6 @@ Test(attention_mma, bf16_causal_plain_square)
     /* causal without positions: diagonal tiles, tile and warp skipping */
     attn_case c = {.dt = CPC_DTYPE_BF16, .D = 64, .causal = true, .gqa = 1, .B = 1, .sq = 200,
                    .skv = 200, .hq = 1, .hkv = 1};
-    run_attn(&c, "cpc_flash_attn_mma");
-}
-
-Test(attention_mma, bf16_d256_head_offsets_mask)
-{
-    attn_case c = {.dt = CPC_DTYPE_BF16, .D = 256, .gqa = 4, .B = 2, .sq = 70, .skv = 90,
-                   .hq = 2, .hkv = 1, .q_head_off = 2, .kv_head_off = 0, .mask = true};
     run_attn(&c, "cpc_flash_attn_mma");
 }
 
