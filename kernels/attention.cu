@@ -609,6 +609,8 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
     l_r1 += __shfl_xor_sync(0xffffffffu, l_r1, 2);
     const float inv0 = l_r0 > 0.0f ? 1.0f / l_r0 : 0.0f, inv1 = l_r1 > 0.0f ? 1.0f / l_r1 : 0.0f;
     const float ln2 = 0.6931471805599453f;
+    // Rows g and g + 8 written by two explicit blocks: a loop over the two rows
+    // made ptxas use 216 instead of 168 registers at head_dim 256.
     if (row0 < sq) {
         float *dst = o + ((long long)b * sq * hq + row0 * hq + h) * D + 2 * t;
 #pragma unroll
