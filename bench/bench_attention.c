@@ -1,5 +1,5 @@
 /*
- * bench_attention.c - single-thread CPU attention (runtime/backend_cpu.c)
+ * bench_attention.c - single-thread CPU attention (runtime/backend/backend_cpu.c)
  * against single-thread OpenBLAS SGEMM measured in the same run.
  *
  * Prints SGEMM GFLOP/s for 1024^3 and for the two tile products the
@@ -25,8 +25,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/backend.h"
-#include "runtime/dtype.h"
+#include "backend.h"
+#include "dtype.h"
 
 static double now(void)
 {

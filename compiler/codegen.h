@@ -27,37 +27,10 @@
 
 #include <stdbool.h>
 
+#include "kernel.h"
 #include "plan.h"
 #include "status.h"
 
-/* What a kernel module is specialised on. */
-typedef struct cpc_kernel_spec {
-    cpc_dtype dtype;
-    int head_dim;
-    bool causal;
-    int gqa;          /* H / Hkv */
-} cpc_kernel_spec;
-
-/* ptxas' report for one __global__ function. */
-typedef struct cpc_kernel_fn_report {
-    char name[64];
-    int registers;
-    int stack_bytes;
-    int spill_store_bytes;
-    int spill_load_bytes;
-} cpc_kernel_fn_report;
-
-typedef struct cpc_kernel {
-    char *name;        /* module name: "memory", "attention" (owned) */
-    char *arch;        /* "sm_90" (owned) */
-    char *source;      /* full CUDA source compiled (owned) */
-    char *hash;        /* sha256 hex of arch + options + source (owned) */
-    char *ptx;         /* NULL until compiled (owned) */
-    char *log;         /* NVRTC log of the last compile, may be NULL (owned) */
-    bool from_cache;   /* PTX came from the cache */
-    int n_fns;
-    cpc_kernel_fn_report *fns;   /* filled by cpc_codegen_report (owned) */
-} cpc_kernel;
 
 /* Spec of a plan: its dtype, head_dim, mask and GQA ratio. */
 cpc_kernel_spec cpc_kernel_spec_of(const cpc_plan *plan);

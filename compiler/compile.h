@@ -1,6 +1,6 @@
 /*
  * compile.h - the compiler pipeline as one library call, shared by `cpc`
- * (compiler/main.c) and `cprun` (which accepts a plan YAML and compiles it in
+ * (tools/cpc.c) and `cprun` (which accepts a plan YAML and compiles it in
  * memory):
  *
  *   load -> validate (+ price every candidate, select; Lua choose)

@@ -57,6 +57,7 @@
 #include <stdint.h>
 
 #include "plan.h"
+#include "prediction.h"
 #include "program.h"
 #include "status.h"
 #include "validate.h"
@@ -108,18 +109,6 @@ cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out);
 cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out);
 cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p);
 
-typedef struct cpc_prediction {
-    double ms_per_layer;            /* max over ranks */
-    double ms_per_forward;          /* x model.layers */
-    double compute_ms_per_layer;    /* attention + memory-bound ops, max over ranks */
-    double comm_ms_per_layer;       /* communication not hidden, max over ranks */
-    int64_t memory_bytes_per_rank;  /* peak over ranks: cprun's peak_memory_bytes_per_rank
-                                       + attention workspace + reserved_gb (see above) */
-    int64_t buffer_bytes_per_rank;  /* peak over ranks, buffers and all-to-all staging */
-    int64_t bytes_sent_per_rank;    /* per layer, max over ranks */
-    double flops_per_layer;         /* total over ranks */
-    bool fits;                      /* memory <= device memory */
-} cpc_prediction;
 
 /* How much slower one rank's work gets because the ranks of a node share
  * cores (>= 1): with dev->cores > 0, max(1, ranks per node / cores) (ranks

@@ -61,7 +61,7 @@ __device__ __forceinline__ bool cpc_key_masked(long long qp, long long kp, int b
 }
 
 // The parameters of every attention kernel (one argument array in
-// runtime/backend_cuda.c serves all three; see the contract at the top).
+// runtime/backend/backend_cuda.c serves all three; see the contract at the top).
 #define CPC_ATTN_PARAMS                                                                          \
     const CPC_DTYPE *__restrict__ q, const CPC_DTYPE *__restrict__ k,                          \
         const CPC_DTYPE *__restrict__ v, float *__restrict__ o, float *__restrict__ lse, int B,  \
@@ -321,7 +321,7 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
 // conflicts.  For head_dim <= 128 the warp's Q fragments stay in registers.
 // Online softmax in fp32; each thread keeps a partial row sum for its 2
 // columns of each n-tile, summed over the 4 threads of a group at the end.
-// Dynamic shared memory: mma_smem_bytes() in runtime/backend_cuda.c mirrors
+// Dynamic shared memory: mma_smem_bytes() in runtime/backend/backend_cuda.c mirrors
 // the layout (Q tile, K tile, Vt tile, then MMA_BN key positions).
 #if CPC_DTYPE_ID != 2 && (CPC_HEAD_DIM % 16) == 0 && CPC_HEAD_DIM <= 256
 

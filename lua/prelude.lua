@@ -88,7 +88,7 @@ function cpc.walk(ops, fn, _loop)
 end
 
 -- cpc.eval(expr, coords): evaluates an expression of the op program's
--- grammar (compiler/expr.h) in Lua, for coordinates {r, u, s} on the mesh
+-- grammar (compiler/ir/expr.h) in Lua, for coordinates {r, u, s} on the mesh
 -- cpc.mesh (or coords.R / coords.U).  Supports + - * / % (non-negative
 -- modulo, Euclidean division), comparisons, && || !, min, max, parentheses.
 -- Returns an integer.

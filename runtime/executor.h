@@ -48,8 +48,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../compiler/program.h"
-#include "../compiler/status.h"
+#include "program.h"
+#include "status.h"
 #include "backend.h"
 #include "transport.h"
 

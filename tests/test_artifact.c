@@ -1,5 +1,5 @@
 /*
- * test_artifact.c - the .cplan artifact (compiler/artifact.h): round trips
+ * test_artifact.c - the .cplan artifact (compiler/ir/artifact.h): round trips
  * for every variant (program text, resolved plan, kernels, predictions,
  * spans), refusal of another artifact_version, of a hash mismatch after any
  * one-byte edit, of truncated and garbage files.

@@ -1,6 +1,6 @@
 /*
  * test_backend_cpu.c - the CPU backend against the float64 reference
- * (runtime/reference.h), the LSE merge (ring attention's correctness), the
+ * (runtime/session/reference.h), the LSE merge (ring attention's correctness), the
  * simple backend methods, the fp32 <-> bf16/fp16 conversions, and the
  * reference/compare functions themselves.
  *
@@ -24,9 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/backend.h"
-#include "runtime/dtype.h"
-#include "runtime/reference.h"
+#include "backend.h"
+#include "dtype.h"
+#include "reference.h"
 
 /* ---- seeds and random numbers ---------------------------------------------------- */
 

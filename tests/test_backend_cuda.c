@@ -29,10 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compiler/codegen.h"
-#include "runtime/backend.h"
-#include "runtime/reference.h"
-#include "runtime/rng.h"
+#include "codegen.h"
+#include "backend.h"
+#include "reference.h"
+#include "rng.h"
 
 #ifndef CPC_HAVE_CUDA
 
@@ -43,8 +43,8 @@ Test(backend_cuda, not_built_without_toolkit)
 
 #else
 
-#include "runtime/attention_cudnn.h"
-#include "runtime/backend_cuda.h"
+#include "attention_cudnn.h"
+#include "backend_cuda.h"
 
 static uint64_t test_seed(void)
 {

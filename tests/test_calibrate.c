@@ -1,5 +1,5 @@
 /*
- * test_calibrate.c - `cprun --calibrate` as a library (runtime/calibrate.h):
+ * test_calibrate.c - `cprun --calibrate` as a library (runtime/session/calibrate.h):
  * a quick calibration on local rank threads gives a complete, plausible
  * profile; cpc_profile_write / cpc_profile_read round-trip it; and a plan
  * whose cluster.profile names the file (relative to the plan) is priced with
@@ -13,10 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "compiler/compile.h"
-#include "compiler/cost.h"
-#include "compiler/plan_load.h"
-#include "runtime/calibrate.h"
+#include "compile.h"
+#include "cost.h"
+#include "plan_load.h"
+#include "calibrate.h"
 
 static cpc_calibration quick_calibration(void)
 {

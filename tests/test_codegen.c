@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compiler/codegen.h"
-#include "compiler/plan_load.h"
+#include "codegen.h"
+#include "plan_load.h"
 
 static void check_spec(const cpc_kernel_spec *spec, const char *what)
 {

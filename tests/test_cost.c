@@ -6,10 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "compiler/cost.h"
-#include "compiler/plan_load.h"
-#include "compiler/schedule.h"
-#include "compiler/validate.h"
+#include "cost.h"
+#include "plan_load.h"
+#include "schedule.h"
+#include "validate.h"
 
 static cpc_plan *load(const char *path, const char *const *sets, int n)
 {

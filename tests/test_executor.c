@@ -1,6 +1,6 @@
 /*
  * test_executor.c - the executor (runtime/executor.h) through the job layer
- * (runtime/run.h): every variant's program, run by P rank threads over the
+ * (runtime/session/run.h): every variant's program, run by P rank threads over the
  * local transport with the CPU backend, on fresh random inputs (a new seed
  * every run, printed on failure), against the float64 reference with the
  * SPEC tolerances (fp32 1e-5, fp16 2e-3, bf16 1e-2).
@@ -16,13 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compiler/expr.h"
-#include "compiler/program.h"
-#include "runtime/executor.h"
-#include "runtime/reference.h"
-#include "runtime/rng.h"
-#include "runtime/run.h"
-#include "runtime/safetensors.h"
+#include "expr.h"
+#include "program.h"
+#include "executor.h"
+#include "reference.h"
+#include "rng.h"
+#include "run.h"
+#include "safetensors.h"
 
 typedef struct tcase {
     cpc_variant v;

@@ -1,11 +1,11 @@
-/* test_expr.c - rank-coordinate expressions (compiler/expr.h): precedence,
+/* test_expr.c - rank-coordinate expressions (compiler/ir/expr.h): precedence,
  * non-negative %, Euclidean /, short-circuit, errors, canonical text. */
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "compiler/expr.h"
+#include "expr.h"
 
 static cpc_coords C(int64_t r, int64_t u, int64_t s, int64_t R, int64_t U)
 {

@@ -1,10 +1,10 @@
-/* test_layout.c - token and head placement (compiler/layout.h): tensor_split,
+/* test_layout.c - token and head placement (compiler/ir/layout.h): tensor_split,
  * segment-wise shards, zigzag, ring blocks, uneven heads, GQA. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "compiler/layout.h"
+#include "layout.h"
 
 /* A plan filled by hand (the YAML loader is tested elsewhere); freed by
  * free_plan, not cpc_plan_free, so this suite depends only on layout.c. */

@@ -11,12 +11,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compiler/cost.h"
-#include "compiler/lua_script.h"
-#include "compiler/plan_load.h"
-#include "compiler/schedule.h"
-#include "compiler/validate.h"
-#include "compiler/verify.h"
+#include "cost.h"
+#include "lua_script.h"
+#include "plan_load.h"
+#include "schedule.h"
+#include "validate.h"
+#include "verify.h"
 
 #define FLUX "plans/flux1-dev-1024.yaml"
 

@@ -1,4 +1,4 @@
-/* test_plan_load.c - the plan-file front end (compiler/plan_load.h): every
+/* test_plan_load.c - the plan-file front end (compiler/ir/plan_load.h): every
  * key's type/range/default, the token shorthands with real model numbers,
  * overflow, conflicts, --set overrides, positions, the shared case files. */
 #include <criterion/criterion.h>

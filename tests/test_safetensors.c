@@ -1,5 +1,5 @@
 /*
- * test_safetensors.c - runtime/safetensors.h: files written here are read
+ * test_safetensors.c - runtime/io/safetensors.h: files written here are read
  * back whole and by token runs (a rank's shard), with dtype conversion; every
  * kind of broken file (truncated, bad header length, header not JSON, bad
  * entries, offsets out of range or not matching the shape, wrong shapes and
@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/backend.h"
-#include "runtime/rng.h"
-#include "runtime/safetensors.h"
+#include "backend.h"
+#include "rng.h"
+#include "safetensors.h"
 
 static char *tmpname(void)
 {

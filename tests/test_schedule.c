@@ -1,5 +1,5 @@
 /* test_schedule.c - the scheduler (compiler/schedule.h) and the op program
- * container (compiler/program.h): every variant builds, the programs are
+ * container (compiler/ir/program.h): every variant builds, the programs are
  * correct when simulated rank by rank (messages match, every K/V block is
  * seen exactly once), their size does not grow with world_size, the text
  * form is stable, and memory / bytes sent match hand-computed numbers. */
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compiler/schedule.h"
+#include "schedule.h"
 
 /* ---- plans filled by hand (plan_load/plan.c are tested elsewhere) ---- */
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/transport_local.h"
+#include "transport_local.h"
 #include "transport_conformance.h"
 
 /* ---- broken transports (wrappers around a local endpoint) ------------------ */

@@ -1,6 +1,6 @@
 /*
  * test_transport_device.c - the device-to-device transport of virtual ranks
- * (runtime/transport_device.h) without a GPU:
+ * (runtime/transport/transport_device.h) without a GPU:
  *
  *  - the transport conformance suite (tests/transport_conformance.h) on
  *    local+device endpoints whose world copies with cpc_device_copy over CPU
@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/backend.h"
-#include "runtime/transport_device.h"
-#include "runtime/transport_local.h"
+#include "backend.h"
+#include "transport_device.h"
+#include "transport_local.h"
 #include "transport_conformance.h"
 
 /* ---- conformance on local+device + CPU backends ---------------------------------------- */

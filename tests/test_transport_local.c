@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/transport_local.h"
+#include "transport_local.h"
 
 typedef struct job job;
 typedef void (*rank_fn)(job *j, int p, cpc_transport *t);

@@ -1,5 +1,5 @@
 /*
- * test_transport_nccl.c - the NCCL transport (runtime/transport_nccl.h).
+ * test_transport_nccl.c - the NCCL transport (runtime/transport/transport_nccl.h).
  *
  * Built with the CUDA toolkit (without it this file holds no test: the
  * transport is not compiled).
@@ -40,8 +40,8 @@
 
 #include <cuda_runtime.h>
 
-#include "runtime/transport_local.h"
-#include "runtime/transport_nccl.h"
+#include "transport_local.h"
+#include "transport_nccl.h"
 
 static bool have_gpu(void)
 {
@@ -55,7 +55,7 @@ static bool have_gpu(void)
 
 #include <mpi.h>
 
-#include "runtime/transport_mpi.h"
+#include "transport_mpi.h"
 #include "transport_conformance.h"
 
 Test(transport_nccl, no_gpu_fails_cleanly)

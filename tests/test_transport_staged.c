@@ -1,5 +1,5 @@
 /*
- * test_transport_staged.c - the staged transport (runtime/transport_staged.h)
+ * test_transport_staged.c - the staged transport (runtime/transport/transport_staged.h)
  * without a GPU:
  *
  *  - the transport conformance suite (tests/transport_conformance.h), every
@@ -23,11 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compiler/plan.h"
-#include "runtime/backend.h"
-#include "runtime/run.h"
-#include "runtime/transport_local.h"
-#include "runtime/transport_staged.h"
+#include "plan.h"
+#include "backend.h"
+#include "run.h"
+#include "transport_local.h"
+#include "transport_staged.h"
 #include "transport_conformance.h"
 
 /* ---- the conformance suite on staged(local) + CPU backend ----------------------------- */

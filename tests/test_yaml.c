@@ -1,4 +1,4 @@
-/* test_yaml.c - the YAML tree (compiler/yaml_tree.h): structure, spans,
+/* test_yaml.c - the YAML tree (compiler/ir/yaml_tree.h): structure, spans,
  * strict typing, refused features (CP100), duplicate keys (CP105), caps
  * (CP106), the file reader and the editing API. */
 #include <criterion/criterion.h>

@@ -1,7 +1,7 @@
 /* transport_conformance.c - see transport_conformance.h */
 #include "transport_conformance.h"
 
-#include "../runtime/transport_local.h"
+#include "transport_local.h"
 
 #include <pthread.h>
 #include <stdarg.h>

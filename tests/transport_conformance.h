@@ -1,6 +1,6 @@
 /*
  * transport_conformance.h - one conformance suite for every transport
- * (runtime/transport.h), written once and run against each implementation
+ * (runtime/transport/transport.h), written once and run against each implementation
  * (local threads, MPI processes, NCCL), as IREE's CTS does for its HAL
  * drivers.
  *
@@ -33,8 +33,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "../compiler/status.h"
-#include "../runtime/transport.h"
+#include "status.h"
+#include "transport.h"
 
 /* The checks, as bits (for cpc_conformance_opts.skip). */
 typedef enum cpc_conf_check {

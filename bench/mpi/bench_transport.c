@@ -1,5 +1,5 @@
 /*
- * bench_transport.c - the cost of cpc's MPI transport (runtime/transport_mpi.h)
+ * bench_transport.c - the cost of cpc's MPI transport (runtime/transport/transport_mpi.h)
  * over raw MPI, measured in the same run on the same buffers.
  *
  *   mpirun -np P mpi_bench_transport [--min-bytes N] [--max-bytes N] [--reps N]
@@ -46,7 +46,7 @@
 
 #include <mpi.h>
 
-#include "runtime/transport_mpi.h"
+#include "transport_mpi.h"
 
 enum { MAX_IMPL = 3 };
 

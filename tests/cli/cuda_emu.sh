@@ -4,8 +4,8 @@
 # LD_LIBRARY_PATH (which overrides cprun's RUNPATH), whose kernel launches run the
 # artifact's generated kernels on the CPU emulator (tests/emu/emu.h); cpc_emu_prepare
 # builds the emulator modules of each .cplan's kernels first.  So the CUDA backend
-# (runtime/backend_cuda.c), the staged transport (virtual ranks on one GPU), the placement
-# code of runtime/run.c and the kernels run here, and every run must PASS cprun's check
+# (runtime/backend/backend_cuda.c), the staged transport (virtual ranks on one GPU), the placement
+# code of runtime/session/run.c and the kernels run here, and every run must PASS cprun's check
 # against the float64 reference (SPEC tolerances):
 #   every variant on 1, 2 and 4 virtual ranks (none; ring, ulysses, ulysses_anything,
 #   ring_anything; unified on 4), bf16 and fp32, --attention nvrtc; a causal ring

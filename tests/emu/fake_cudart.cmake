@@ -32,7 +32,7 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
 
   add_executable(cpc_emu_prepare ${CMAKE_CURRENT_LIST_DIR}/prepare.c)
   set_target_properties(cpc_emu_prepare PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
-  target_link_libraries(cpc_emu_prepare PRIVATE cpc_compiler cpc_emu)
+  target_link_libraries(cpc_emu_prepare PRIVATE cpc_internal cpc_emu)
 
   # The fake's own semantics (a Criterion test linked against the fake itself).
   if(CRITERION_FOUND)

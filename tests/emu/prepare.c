@@ -4,7 +4,7 @@
  *
  *   cpc_emu_prepare ARTIFACT.cplan [ARTIFACT.cplan ...] DIR
  *
- * For each kernel module of each artifact (compiler/artifact.h: its CUDA
+ * For each kernel module of each artifact (compiler/ir/artifact.h: its CUDA
  * source and PTX), DIR/<sha256 of the PTX text>.so is built from the source
  * with cpc_emu_build_module (emu.h) - the name under which the fake
  * cudaLibraryLoadData looks the module up when cprun hands it that PTX.  A
@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compiler/artifact.h"
+#include "artifact.h"
 #include "emu.h"
 
 static double now_s(void)

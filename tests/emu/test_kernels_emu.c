@@ -5,7 +5,7 @@
  * ||o - ref||_2 / ||ref||_2 <= 1e-5 fp32, 2e-3 fp16, 1e-2 bf16).  Every
  * attention launch also runs with the fibers in reverse order: a result that
  * depends on the order is a missing barrier (a race on a GPU).  The launch
- * geometry mirrors runtime/backend_cuda.c.
+ * geometry mirrors runtime/backend/backend_cuda.c.
  *
  * The seed is printed with every failure; CPC_TEST_SEED=N repeats a run.
  */
@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compiler/codegen.h"
+#include "codegen.h"
 #include "emu.h"
-#include "runtime/dtype.h"
+#include "dtype.h"
 
 static uint64_t g_seed;
 static uint64_t g_state;
@@ -175,7 +175,7 @@ static void attn_ref(const attn_case *c, const void *q, const void *k, const voi
     free(s);
 }
 
-/* Shared memory of cpc_flash_attn_tc: mirrors smem_bytes in runtime/backend_cuda.c. */
+/* Shared memory of cpc_flash_attn_tc: mirrors smem_bytes in runtime/backend/backend_cuda.c. */
 static size_t tc_smem_bytes(int D)
 {
     int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, sld = (bn > D ? bn : D) + 4;
@@ -184,7 +184,7 @@ static size_t tc_smem_bytes(int D)
            (size_t)4 * 16 * pld * 2;
 }
 
-/* Shared memory of cpc_flash_attn_mma: mirrors runtime/backend_cuda.c. */
+/* Shared memory of cpc_flash_attn_mma: mirrors runtime/backend/backend_cuda.c. */
 static size_t mma_smem_bytes(int D)
 {
     int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, vld = bn + 8;

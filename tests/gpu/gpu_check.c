@@ -8,11 +8,11 @@
  *             ulysses_anything, ring_anything) on 1, 2 and 4 virtual ranks -
  *             every rank a thread with its own CUDA backend on GPU 0, the
  *             local transport copying device to device as cprun does
- *             (runtime/transport_device.h) - over several problems (bf16, fp16, fp32,
+ *             (runtime/transport/transport_device.h) - over several problems (bf16, fp16, fp32,
  *             causal, GQA, uneven segments, key padding, cross-attention),
  *             with --attention auto (cuDNN where it serves) and nvrtc for the
  *             16-bit dtypes.  The gathered output and LSE are compared with
- *             the float64 CPU reference (runtime/reference.h) on the same
+ *             the float64 CPU reference (runtime/session/reference.h) on the same
  *             rounded inputs: relative error <= 1e-2 bf16, 2e-3 fp16, 1e-5
  *             fp32 (SPEC section 5).  Plans that validation rejects for a
  *             problem (CP010 ...) are listed as skipped with the code.
@@ -54,26 +54,26 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compiler/codegen.h"
-#include "compiler/layout.h"
-#include "compiler/plan.h"
-#include "compiler/plan_load.h"
-#include "compiler/program.h"
-#include "compiler/schedule.h"
-#include "compiler/validate.h"
-#include "compiler/verify.h"
-#include "runtime/backend.h"
-#include "runtime/executor.h"
-#include "runtime/reference.h"
-#include "runtime/rng.h"
-#include "runtime/transport_local.h"
-#include "runtime/transport_device.h"
+#include "codegen.h"
+#include "layout.h"
+#include "plan.h"
+#include "plan_load.h"
+#include "program.h"
+#include "schedule.h"
+#include "validate.h"
+#include "verify.h"
+#include "backend.h"
+#include "executor.h"
+#include "reference.h"
+#include "rng.h"
+#include "transport_local.h"
+#include "transport_device.h"
 
 #ifdef CPC_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "runtime/attention_cudnn.h"
-#include "runtime/backend_cuda.h"
+#include "attention_cudnn.h"
+#include "backend_cuda.h"
 #endif
 
 #define SEED 20240601ull

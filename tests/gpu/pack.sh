@@ -2,7 +2,7 @@
 # tests/gpu/pack.sh [PACK_DIR] - builds gpu_check, cprun and cpc HERE (no GPU needed) and gathers
 # what the GPU machine needs to run them into PACK_DIR (default build-gpu/pack, an ignored path):
 #   gpu_check            the device check (tests/gpu/gpu_check.c)
-#   cprun                the runtime (runtime/main.c), run by run.sh with --backend cuda
+#   cprun                the runtime (tools/cprun.c), run by run.sh with --backend cuda
 #   flux1-dev-1008-ulysses_anything.cplan, flux1-dev-1008-ring_anything.cplan
 #                        plans/flux1-dev-1008.yaml (4 ranks) compiled by cpc with the kernels'
 #                        PTX for $CPC_GPU_ARCH, and the plan YAML itself (cprun compiles it there)

@@ -30,8 +30,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../runtime/transport_mpi.h"
-#include "../transport_conformance.h"
+#include "transport_mpi.h"
+#include "transport_conformance.h"
 
 typedef struct mesh {
     int R, U;

@@ -17,8 +17,8 @@
 
 #include <stdint.h>
 
-#include "../compiler/layout.h"
-#include "../compiler/plan.h"
+#include "layout.h"
+#include "plan.h"
 
 /* Tensor ids (the `stream` word of the counter). */
 enum { CPC_RNG_Q = 0, CPC_RNG_K = 1, CPC_RNG_V = 2, CPC_RNG_MASK = 3 };

@@ -31,8 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../compiler/plan.h"
-#include "../compiler/status.h"
+#include "plan.h"
+#include "status.h"
 
 /* A global attention problem (single device, every tensor whole). */
 typedef struct cpc_ref_problem {

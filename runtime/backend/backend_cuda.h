@@ -15,7 +15,7 @@
 #ifndef CPC_BACKEND_CUDA_H
 #define CPC_BACKEND_CUDA_H
 
-#include "../compiler/codegen.h"
+#include "kernel.h"
 #include "backend.h"
 
 /* Number of visible GPUs, or CPC_E_UNSUPPORTED naming the CUDA error when

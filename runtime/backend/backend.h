@@ -19,9 +19,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../compiler/layout.h"
-#include "../compiler/plan.h"
-#include "../compiler/status.h"
+#include "layout.h"
+#include "plan.h"
+#include "status.h"
 
 /* One attention block: o = softmax(q k^T * scale + mask) v, lse = log sum exp
  * of the (scaled, masked) scores.  Query head h (0 <= h < hq) is global head

@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../compiler/status.h"
+#include "status.h"
 
 typedef struct cpc_run_report {
     bool ok;                        /* ran, and the check passed (or was off) */

@@ -23,9 +23,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../compiler/layout.h"
-#include "../compiler/plan.h"
-#include "../compiler/status.h"
+#include "layout.h"
+#include "plan.h"
+#include "status.h"
 
 #define CPC_ST_MAX_DIMS 8
 /* Largest header accepted (bytes), as the reference implementation. */

@@ -113,7 +113,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "../compiler/status.h"
+#include "status.h"
 #include "transport.h"
 
 /* Creates this process's endpoint of the NCCL transport for the mesh

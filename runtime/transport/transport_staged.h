@@ -49,7 +49,7 @@
 #ifndef CPC_TRANSPORT_STAGED_H
 #define CPC_TRANSPORT_STAGED_H
 
-#include "../compiler/status.h"
+#include "status.h"
 #include "backend.h"
 #include "transport.h"
 

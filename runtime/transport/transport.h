@@ -19,8 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../compiler/program.h"
-#include "../compiler/status.h"
+#include "program.h"
+#include "status.h"
 
 typedef struct cpc_transport cpc_transport;
 typedef struct cpc_request cpc_request;   /* an outstanding send or recv */

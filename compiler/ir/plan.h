@@ -19,12 +19,8 @@
 #include "status.h"
 
 /* Element type of Q/K/V/O.  LSE and accumulators are always fp32. */
-typedef enum cpc_dtype {
-    CPC_DTYPE_BF16 = 0,
-    CPC_DTYPE_FP16,
-    CPC_DTYPE_FP32,
-    CPC_DTYPE__COUNT
-} cpc_dtype;
+/* cpc_dtype (bf16, fp16, fp32) is the public API's: include/cpc/types.h. */
+#include "cpc/types.h"
 
 /* Variants.  The enum order of the five parallel variants is SPEC section 1's
  * tie order: ulysses, unified, ring, ulysses_anything, ring_anything. */

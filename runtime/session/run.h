@@ -53,10 +53,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../compiler/cost.h"
-#include "../compiler/plan.h"
-#include "../compiler/program.h"
-#include "../compiler/status.h"
+#include "cost.h"
+#include "plan.h"
+#include "program.h"
+#include "status.h"
 #include "report.h"
 
 /* A loaded, verified plan ready to run. */

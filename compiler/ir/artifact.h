@@ -85,8 +85,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "codegen.h"
-#include "cost.h"
+#include "kernel.h"
+#include "prediction.h"
 #include "plan.h"
 #include "program.h"
 #include "status.h"

@@ -31,7 +31,7 @@
 #ifndef CPC_TRANSPORT_DEVICE_H
 #define CPC_TRANSPORT_DEVICE_H
 
-#include "../compiler/status.h"
+#include "status.h"
 #include "backend.h"
 #include "transport.h"
 

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../compiler/plan.h"
+#include "plan.h"
 
 /* Scalar conversions (bit patterns in uint16_t). */
 float cpc_bf16_to_f32(uint16_t h);

@@ -26,26 +26,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-/* Error classes.  The class, not the message, decides the exit status. */
-typedef enum cpc_code {
-    CPC_OK = 0,
-    CPC_E_PLAN,      /* plan rejected by a rule (CP code set): exit 1 */
-    CPC_E_CHECK,     /* cprun numerical check failed: exit 1 */
-    CPC_E_USAGE,     /* bad command-line option: exit 2 */
-    CPC_E_IO,        /* unreadable/unwritable file: exit 2 */
-    CPC_E_INPUT,     /* bad input tensors or artifact: exit 2 */
-    CPC_E_NOMEM,     /* out of host memory: exit 3 */
-    CPC_E_INTERNAL,  /* our own bug or a tool (NVRTC) rejecting generated code: exit 3 */
-    CPC_E_RUNTIME,   /* device, collective or transport failure: exit 3 */
-    CPC_E_UNSUPPORTED, /* feature not available on this machine/build: exit 3 */
-    CPC_CODE__COUNT
-} cpc_code;
-
-typedef enum cpc_severity {
-    CPC_SEV_ERROR = 0,
-    CPC_SEV_WARNING,
-    CPC_SEV_NOTE,
-} cpc_severity;
+/* cpc_code (error classes) and cpc_severity are the public API's
+ * (include/cpc/status.h); the struct below is the opaque cpc_status. */
+#include "cpc/status.h"
 
 /* A source position; line == 0 means "no position".  `file` is owned by the
  * status that holds the span (copied on creation). */

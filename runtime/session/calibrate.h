@@ -70,8 +70,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "../compiler/cost.h"
-#include "../compiler/status.h"
+#include "cost.h"
+#include "status.h"
 
 typedef struct cpc_calibrate_options {
     bool quick;             /* smaller problems and fewer repetitions (tests, CI) */

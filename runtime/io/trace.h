@@ -13,7 +13,7 @@
 #ifndef CPC_TRACE_H
 #define CPC_TRACE_H
 
-#include "../compiler/status.h"
+#include "status.h"
 #include "executor.h"
 
 /* The events of one rank (several iterations may be concatenated; `iter`

@@ -64,7 +64,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "../compiler/status.h"
+#include "status.h"
 #include "transport.h"
 
 /* True when this process was started by an MPI launcher, judged from the

@@ -9,11 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../compiler/artifact.h"
-#include "../compiler/compile.h"
-#include "../compiler/layout.h"
-#include "../compiler/schedule.h"
-#include "../compiler/verify.h"
+#include "artifact.h"
+#include "compile.h"
+#include "layout.h"
+#include "schedule.h"
+#include "verify.h"
 #include "backend.h"
 #include "executor.h"
 #include "reference.h"
@@ -24,10 +24,10 @@
 #include "transport_device.h"
 #include "transport_staged.h"
 #include "transport_nccl.h"
-#include "../compiler/codegen.h"
+#include "codegen.h"
 
 /* ===== CUDA HOOK =====================================================================
- * backend cuda (runtime/backend_cuda.c, built with the CUDA toolkit:
+ * backend cuda (runtime/backend/backend_cuda.c, built with the CUDA toolkit:
  * CPC_HAVE_CUDA): one cpc_cuda_backend_create() per rank on GPU
  * rank mod (visible GPUs) (MPI: local rank mod visible GPUs), kernels from
  * the artifact or compiled here with NVRTC, every endpoint wrapped by the
@@ -40,7 +40,7 @@
 
 
 /* ===== MPI HOOK =====================================================================
- * transport mpi (runtime/transport_mpi.c, built when CMake finds MPI): this
+ * transport mpi (runtime/transport/transport_mpi.c, built when CMake finds MPI): this
  * process is one rank; cpc_transport_mpi_create() gives its endpoint. */
 #ifdef CPC_HAVE_MPI
 #include "transport_mpi.h"
@@ -1328,7 +1328,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
      * asked for. */
     bool device_copies = !use_mpi && ((x.cuda && !opt.staged) || opt.device_transport);
     if (use_nccl) {
-        /* NCCL (runtime/transport_nccl.h): one process per rank, GPU = local
+        /* NCCL (runtime/transport/transport_nccl.h): one process per rank, GPU = local
          * rank mod visible GPUs, bootstrapped over MPI; device buffers go
          * straight to NCCL (no staging). */
 #if defined(CPC_HAVE_NCCL) && defined(CPC_HAVE_MPI)

@@ -25,7 +25,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "../compiler/status.h"
+#include "status.h"
 #include "calibrate.h"
 #include "executor.h"
 #include "report.h"

@@ -1,0 +1,27 @@
+/*
+ * prediction.h - the cost model's prediction for one candidate, as the IR
+ * carries it: computed by the compiler's cost stage (cost.h, which documents
+ * each figure's model), stored in artifacts (artifact.h), reported by cpc and
+ * cprun.  Times in milliseconds, sizes in bytes, FLOPs as counts.  Plain
+ * data: no functions.
+ */
+#ifndef CPC_PREDICTION_H
+#define CPC_PREDICTION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct cpc_prediction {
+    double ms_per_layer;            /* max over ranks */
+    double ms_per_forward;          /* x model.layers */
+    double compute_ms_per_layer;    /* attention + memory-bound ops, max over ranks */
+    double comm_ms_per_layer;       /* communication not hidden, max over ranks */
+    int64_t memory_bytes_per_rank;  /* peak over ranks: cprun's peak_memory_bytes_per_rank
+                                       + attention workspace + reserved_gb (see above) */
+    int64_t buffer_bytes_per_rank;  /* peak over ranks, buffers and all-to-all staging */
+    int64_t bytes_sent_per_rank;    /* per layer, max over ranks */
+    double flops_per_layer;         /* total over ranks */
+    bool fits;                      /* memory <= device memory */
+} cpc_prediction;
+
+#endif

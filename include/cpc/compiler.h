@@ -1,0 +1,134 @@
+/*
+ * cpc/compiler.h - the plan compiler as a library, and artifacts
+ * (SPEC sections 1-4 and 8).
+ *
+ * A plan (YAML, SPEC section 1) is compiled exactly as `cpc` compiles it:
+ * load (with --set-style overrides) -> validate every variant and price it ->
+ * select (Lua choose) -> schedule -> Lua schedule -> prove (CP051) -> price
+ * the final program -> optionally generate CUDA kernels with NVRTC.  The
+ * result is an artifact in memory (cpc_artifact), the same object a .cplan
+ * file holds: cpc_artifact_write / cpc_artifact_read convert between them.
+ *
+ * Diagnostics: a compile that succeeds may still have warnings and notes;
+ * they are returned in *diagnostics (caller frees with cpc_status_free; NULL
+ * when there are none), never as the returned status.  A rejected plan
+ * returns a CPC_E_PLAN status whose chain holds every rule violation
+ * (file:line:col, CP code, hint); *diagnostics then holds the warnings.
+ *
+ * Thread-safety: compiling is reentrant (different threads may compile at
+ * once); an artifact is read-only after it is made and may be shared by any
+ * number of threads and ranks, except cpc_artifact_write which must not run
+ * concurrently with another call on the same artifact.
+ */
+#ifndef CPC_PUBLIC_COMPILER_H
+#define CPC_PUBLIC_COMPILER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpc/status.h"
+#include "cpc/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opaque: a compiled, proven plan (a .cplan in memory). */
+typedef struct cpc_artifact cpc_artifact;
+
+/* Compile options; fill with cpc_compile_options_init, then change fields. */
+typedef struct cpc_compile_options {
+    const char *const *sets;  /* "KEY=VALUE" overrides as `cpc --set` (dotted keys,
+                                 [N] indices), applied in order; borrowed */
+    int n_sets;
+    const char *lua;          /* a Lua script path replacing the plan's
+                                 schedule.script, or NULL */
+    bool kernels;             /* generate CUDA kernels with NVRTC (default false;
+                                 true needs a build with the CUDA toolkit,
+                                 otherwise a warning says none were made) */
+    const char *arch;         /* NVRTC target, NULL = "sm_90" */
+} cpc_compile_options;
+
+/* Defaults: no overrides, no script, no kernels. */
+void cpc_compile_options_init(cpc_compile_options *o);
+
+/* Compiles the plan file `path` (YAML).  On success *out is a new artifact
+ * (caller frees with cpc_artifact_free).  opts may be NULL (defaults),
+ * diagnostics may be NULL (warnings are then dropped).  Errors (*out NULL):
+ * CPC_E_IO (unreadable file), CPC_E_PLAN (rule violations, with positions),
+ * CPC_E_UNSUPPORTED / CPC_E_INTERNAL (NVRTC), CPC_E_NOMEM. */
+cpc_status *cpc_compile_plan_file(const char *path, const cpc_compile_options *opts,
+                                  cpc_artifact **out, cpc_status **diagnostics);
+
+/* As cpc_compile_plan_file, for plan text in memory: `yaml` holds `len` bytes
+ * (or is NUL-terminated when len is 0); `name` is the file name used in
+ * diagnostics (NULL: "<string>") and the directory relative paths
+ * (schedule.script, cluster.profile) are resolved against (none for NULL). */
+cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *name,
+                                    const cpc_compile_options *opts, cpc_artifact **out,
+                                    cpc_status **diagnostics);
+
+/* Reads a .cplan file and PROVES its program again (an artifact is never run
+ * unproven).  Errors: CPC_E_IO, CPC_E_INPUT (malformed or tampered file:
+ * hash mismatch), CPC_E_PLAN (CP051: the program is wrong, CP060: a newer
+ * format). *out as above. */
+cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
+
+/* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO. */
+cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
+
+/* Frees an artifact.  NULL is ignored.  Every rank made from it must have
+ * been destroyed first. */
+void cpc_artifact_free(cpc_artifact *a);
+
+/* The selected variant: "none", "ring", "ulysses", "unified",
+ * "ulysses_anything", "ring_anything".  Static string. */
+const char *cpc_artifact_variant(const cpc_artifact *a);
+
+/* Mesh: world size P = ring_degree * ulysses_degree. */
+int cpc_artifact_world_size(const cpc_artifact *a);
+int cpc_artifact_ring_degree(const cpc_artifact *a);
+int cpc_artifact_ulysses_degree(const cpc_artifact *a);
+
+/* The plan's element type for q, k, v and out. */
+cpc_dtype cpc_artifact_dtype(const cpc_artifact *a);
+
+/* Global attention shape: batch B, query tokens S, key/value tokens Skv
+ * (= S for self-attention), query heads H, key/value heads Hkv, head_dim D.
+ * Any output may be NULL. */
+void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens,
+                        int64_t *kv_tokens, int64_t *heads, int64_t *kv_heads,
+                        int64_t *head_dim);
+
+/* Whether the plan's mask is causal / key padding (a mask tensor is then
+ * passed to every forward), and whether K/V come from a separate unsplit
+ * sequence (cross-attention: input.kv). */
+bool cpc_artifact_causal(const cpc_artifact *a);
+bool cpc_artifact_key_padding(const cpc_artifact *a);
+bool cpc_artifact_cross_attention(const cpc_artifact *a);
+
+/* The prediction `name` (a key of SPEC section 3's "predicted": ms_per_layer,
+ * ms_per_forward, memory_bytes_per_rank, bytes_sent_per_rank, ...) in
+ * *value.  Returns false when the artifact has no such prediction. */
+bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
+
+/* The shape of rank `rank`'s shard of tensor `role` as passed to
+ * cpc_rank_forward (BSHD; LSE [B, H, T]; mask [B, Skv]): *ndim and shape[0..ndim).
+ * q and out: [B, T, H, D] with T the rank's tokens; k and v: the same tokens
+ * and Hkv heads, or the whole [B, Skv, Hkv, D] for cross-attention.
+ * Errors: CPC_E_USAGE (rank out of range, role unknown). */
+cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
+                                     int *ndim, int64_t shape[4]);
+
+/* The global token positions rank `rank`'s shard holds, in shard order:
+ * writes at most `max` runs to runs[] and the number of runs in *n (which may
+ * exceed max: call again with a larger array).  Covers q, out (and k, v for
+ * self-attention).  Errors: CPC_E_USAGE (rank out of range). */
+cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_run *runs,
+                                    int max, int *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,43 @@
+/*
+ * cpc/cpc.h - libcpc, the context-parallel attention plan compiler and
+ * runtime as a C library (SPEC section 8).  Include this one header.
+ *
+ *   cpc/status.h    errors and diagnostics (OK is NULL)
+ *   cpc/types.h     dtypes, tensor views (BSHD), token runs
+ *   cpc/compiler.h  compile a plan (file or string) into a proven artifact;
+ *                   read / write .cplan files; query mesh, shapes, predictions
+ *   cpc/rank.h      one rank bound to the caller's MPI communicator, NCCL
+ *                   communicator or an in-process world; attention forward
+ *                   on caller buffers with no allocation per call
+ *
+ * Link: `pkg-config --cflags --libs cpc`, or CMake `find_package(cpc)` and
+ * target `cpc::cpc`.  Only `cpc_` symbols are exported.
+ */
+#ifndef CPC_PUBLIC_CPC_H
+#define CPC_PUBLIC_CPC_H
+
+#include "cpc/compiler.h"
+#include "cpc/rank.h"
+#include "cpc/status.h"
+#include "cpc/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library version, "MAJOR.MINOR.PATCH" (what `cpc --version` prints).
+ * Static string; thread-safe. */
+const char *cpc_version(void);
+
+/* Whether this build of libcpc has MPI, CUDA (NVRTC and the runtime), NCCL
+ * and cuDNN support; a feature that is absent answers CPC_E_UNSUPPORTED
+ * when used. */
+bool cpc_have_mpi(void);
+bool cpc_have_cuda(void);
+bool cpc_have_nccl(void);
+bool cpc_have_cudnn(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,136 @@
+/*
+ * cpc/rank.h - one rank of a context-parallel attention layer, embedded in
+ * the caller's program (SPEC section 8).
+ *
+ * The embedding unit is ONE RANK.  The caller owns the processes, the
+ * communicator, the stream and every tensor; libcpc borrows them.  A rank is
+ * made from a proven artifact and a transport the caller supplies:
+ *   - cpc_rank_create_mpi:   the caller's MPI communicator (size = world
+ *                            size; cpc duplicates it and splits its ring and
+ *                            Ulysses groups from the duplicate: the caller's
+ *                            communicator is never used for cpc's traffic);
+ *   - cpc_rank_create_local: a rank that is a thread of this process, in a
+ *                            world made with cpc_local_world_new (one thread
+ *                            per rank; every rank of the world must call
+ *                            cpc_rank_forward for each layer);
+ *   - cpc_rank_create_nccl:  the caller's ncclComm_t and cudaStream_t.
+ * Flat rank p has mesh coordinates r = p / U (ring), u = p % U (Ulysses).
+ *
+ * Each cpc_rank_forward computes softmax(q k^T * scale) v for this rank's
+ * shard of the global sequence, exactly as the whole attention would give it
+ * on one device (the artifact's schedule, proven).  It is COLLECTIVE: every
+ * rank of the world calls it for the same layer, in the same order.
+ *
+ * Memory: cpc_rank_create allocates every internal buffer (the schedule's
+ * buffers, all-to-all staging, space to gather strided inputs) from sizes the
+ * artifact states.  cpc_rank_forward allocates nothing (tests/test_api.c
+ * counts allocations); outputs go to caller memory.
+ *
+ * Errors: a forward that fails returns the error (naming the rank and the
+ * op) and aborts the transport so that the other ranks fail instead of
+ * hanging; wrong shapes, strides or element types are refused (CPC_E_USAGE)
+ * before anything is read or written and leave the rank usable.
+ *
+ * Thread-safety: a rank is used by one thread at a time; different ranks may
+ * run in different threads (that is what a local world is for).
+ */
+#ifndef CPC_PUBLIC_RANK_H
+#define CPC_PUBLIC_RANK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpc/compiler.h"
+#include "cpc/status.h"
+#include "cpc/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cpc_rank cpc_rank;
+typedef struct cpc_local_world cpc_local_world;
+
+typedef enum cpc_backend_kind {
+    CPC_BACKEND_AUTO = 0,   /* CUDA for the NCCL transport, else CPU */
+    CPC_BACKEND_CPU,        /* host memory; OpenBLAS; any transport but NCCL */
+    CPC_BACKEND_CUDA,       /* device memory; generated kernels / cuDNN */
+} cpc_backend_kind;
+
+/* Rank options; fill with cpc_rank_options_init, then change fields. */
+typedef struct cpc_rank_options {
+    cpc_backend_kind backend;  /* default CPC_BACKEND_AUTO */
+    int device;                /* CUDA device of this rank; -1 (default): the
+                                  current device */
+    double timeout_s;          /* local worlds: a wait longer than this fails
+                                  the forward on every rank (default 600 s;
+                                  < 0: never) */
+} cpc_rank_options;
+
+/* Defaults: as documented per field. */
+void cpc_rank_options_init(cpc_rank_options *o);
+
+/* Makes an in-process world of cpc_artifact_world_size(a) thread ranks.
+ * The world is borrowed by its ranks; free it after them.  Errors:
+ * CPC_E_NOMEM. */
+cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
+
+/* Frees a local world (every rank of it destroyed first).  NULL is ignored. */
+void cpc_local_world_free(cpc_local_world *w);
+
+/* Rank `rank` (0 <= rank < world size) of a local world.  `a` and `w` are
+ * borrowed and must outlive the rank.  opts may be NULL.  Errors:
+ * CPC_E_USAGE (rank out of range, world of another size, backend CUDA
+ * unavailable is CPC_E_UNSUPPORTED), CPC_E_NOMEM. */
+cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
+                                  const cpc_rank_options *opts, cpc_rank **out);
+
+/* This process's rank of an MPI communicator.  `mpi_comm` points to the
+ * caller's MPI_Comm handle (e.g. &comm; mpi4py: MPI._addressof(comm)); its
+ * size must be the world size, and this process is the rank of its
+ * communicator rank.  MPI must be initialised with at least
+ * MPI_THREAD_SERIALIZED.  COLLECTIVE over the communicator.  Errors:
+ * CPC_E_UNSUPPORTED (libcpc built without MPI), CPC_E_USAGE (size
+ * mismatch: every process fails alike), CPC_E_RUNTIME (MPI errors). */
+cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
+                                const cpc_rank_options *opts, cpc_rank **out);
+
+/* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
+ * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward
+ * is ordered on.  Errors: CPC_E_UNSUPPORTED when libcpc was built without
+ * CUDA/NCCL or no GPU is usable. */
+cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
+                                 const cpc_rank_options *opts, cpc_rank **out);
+
+/* The rank's flat index and the world size. */
+int cpc_rank_index(const cpc_rank *r);
+int cpc_rank_world_size(const cpc_rank *r);
+
+/* Bytes this rank allocated at creation (its peak memory; nothing is
+ * allocated later). */
+int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
+
+/* One attention forward.  q, k, v: this rank's shards (cpc_artifact_shard_shape
+ * gives their shapes; element type the plan's dtype).  mask: U8 [B, Skv] for
+ * a key-padding plan, else NULL.  out: this rank's output shard [B, T, H, D]
+ * in the plan's dtype (written).  lse: NULL, or F32 [B, H, T] receiving the
+ * natural-log LSE of this rank's rows (only for variants whose last merge
+ * leaves the LSE in the output's layout: none, ring, ring_anything; others
+ * give CPC_E_UNSUPPORTED before running).  Inputs may be strided (see
+ * cpc_tensor); the CPU backend takes host memory, the CUDA backend device
+ * memory.  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
+ * dtype or NULL data; nothing done), CPC_E_RUNTIME (a rank or the transport
+ * failed; names the rank and op), CPC_E_UNSUPPORTED. */
+cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+                             const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
+                             const cpc_tensor *lse);
+
+/* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
+ * communicators).  NULL is ignored. */
+void cpc_rank_destroy(cpc_rank *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

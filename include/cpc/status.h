@@ -1,0 +1,103 @@
+/*
+ * cpc/status.h - errors and diagnostics of libcpc (SPEC section 8).
+ *
+ * Every call that can fail returns `cpc_status *`: NULL means OK, anything
+ * else is an error owned by the caller (free it with cpc_status_free, which
+ * frees the whole chain).  Warnings and notes never make a call fail: calls
+ * that can produce them (compiling a plan) hand them out separately, as a
+ * diagnostics chain of the same type, also owned by the caller.
+ *
+ * A status (an error or a diagnostic) carries an error class (cpc_code, which
+ * decides the exit status of the tools), an optional rule code (CP011 ->
+ * 11), a severity, a message, an optional hint and, when it comes from a plan,
+ * the position file:line:column (1-based).  Several are chained (next).
+ * Errors of libyaml, NVRTC, CUDA, NCCL, MPI and Lua are converted into a
+ * status where they occur; nothing in libcpc aborts the process on bad input.
+ *
+ * Thread-safety: a status is a plain value; different statuses may be used
+ * from different threads.  Out of memory while making a status yields a
+ * static "out of memory" status, which cpc_status_free ignores.
+ */
+#ifndef CPC_PUBLIC_STATUS_H
+#define CPC_PUBLIC_STATUS_H
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error classes; the class, not the message, decides a tool's exit status
+ * (cpc_status_exit_code). */
+typedef enum cpc_code {
+    CPC_OK = 0,
+    CPC_E_PLAN,        /* plan rejected by a rule (a CP code is set): exit 1 */
+    CPC_E_CHECK,       /* numerical check failed: exit 1 */
+    CPC_E_USAGE,       /* bad option or argument (wrong shape, stride, ...): exit 2 */
+    CPC_E_IO,          /* unreadable / unwritable file: exit 2 */
+    CPC_E_INPUT,       /* bad input tensors or artifact: exit 2 */
+    CPC_E_NOMEM,       /* out of host memory: exit 3 */
+    CPC_E_INTERNAL,    /* a cpc bug, or NVRTC rejecting generated code: exit 3 */
+    CPC_E_RUNTIME,     /* device, collective or transport failure: exit 3 */
+    CPC_E_UNSUPPORTED, /* not available in this build or on this machine: exit 3 */
+    CPC_CODE__COUNT
+} cpc_code;
+
+typedef enum cpc_severity {
+    CPC_SEV_ERROR = 0,
+    CPC_SEV_WARNING,
+    CPC_SEV_NOTE,
+} cpc_severity;
+
+/* Opaque. */
+typedef struct cpc_status cpc_status;
+
+/* The error class.  NULL (OK) gives CPC_OK. */
+cpc_code cpc_status_code(const cpc_status *st);
+
+/* Severity of one diagnostic (an error returned by a call is CPC_SEV_ERROR). */
+cpc_severity cpc_status_severity(const cpc_status *st);
+
+/* The message (never NULL for a non-NULL status; borrowed, valid while st
+ * lives).  NULL for NULL. */
+const char *cpc_status_message(const cpc_status *st);
+
+/* The rule number (11 for CP011), 0 when none. */
+int cpc_status_rule(const cpc_status *st);
+
+/* The hint ("variant ulysses_anything runs this plan"), or NULL.  Borrowed. */
+const char *cpc_status_hint(const cpc_status *st);
+
+/* Where in a plan the diagnostic points: file (borrowed, NULL when it is not
+ * about a plan position), line and column (1-based; 0 when unknown).  Any
+ * output pointer may be NULL. */
+void cpc_status_position(const cpc_status *st, const char **file, int *line, int *column);
+
+/* The next status of a chain, or NULL.  Borrowed. */
+const cpc_status *cpc_status_next(const cpc_status *st);
+
+/* Frees a status and its whole chain.  NULL is ignored. */
+void cpc_status_free(cpc_status *st);
+
+/* Exit status a tool gives for this status (worst over the chain; SPEC
+ * section 3): 0 for NULL or warnings only, 1 plan/check, 2 usage/io/input,
+ * 3 runtime/internal/memory/unsupported. */
+int cpc_status_exit_code(const cpc_status *st);
+
+/* "plan", "usage", ... for a code. Static string. */
+const char *cpc_code_name(cpc_code code);
+
+/* One diagnostic (not its chain) with its notes as compiler-style text
+ * ("file:line:col: error[CP011]: message; hint: ...", then "note: ..."
+ * lines); without a position the prefix is "PROG: ".  Malloc'd; the caller
+ * frees it with free().  NULL when out of memory. */
+char *cpc_status_format(const char *prog, const cpc_status *st);
+
+/* Prints every diagnostic of the chain as cpc_status_format does, one per
+ * line, to `out` (nothing for NULL). */
+void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
