@@ -1,0 +1,423 @@
+"""Running in-process: cpc.Attention (one rank) and cpc.LocalWorld (every rank as a
+thread of this process)."""
+
+import atexit
+import ctypes
+import sys
+import threading
+import weakref
+
+from . import _native as N
+from ._errors import UsageError, check as _check
+
+_NUMPY_DTYPES = {"bf16": "uint16", "fp16": "float16", "fp32": "float32"}
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_CODES = {"bf16": N.DTYPE_BF16, "fp16": N.DTYPE_FP16, "fp32": N.DTYPE_FP32}
+
+# MPI ranks still alive: destroyed (collectively, in creation order) before mpi4py
+# finalises MPI at exit; atexit runs handlers in reverse order of registration and
+# mpi4py registered its own when it was imported, before any rank existed.
+_mpi_ranks = []
+_atexit_registered = False
+
+
+def _destroy_mpi_ranks():
+    for ref in list(_mpi_ranks):
+        att = ref()
+        if att is not None:
+            att.close()
+
+
+class _View:
+    """A cpc_tensor over an array's memory, the array kept alive; `copied` says whether
+    the memory is a copy (layout cpc cannot take: negative, zero or unaligned strides)."""
+
+    __slots__ = ("t", "keep", "copied")
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _kind(x):
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return "torch"
+    import numpy as np
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    return None
+
+
+def _strides_ok(shape, strides):
+    return all(n == 1 or s > 0 for n, s in zip(shape, strides))
+
+
+def _view(x, name, dtype_code, want_shape, device_kind):
+    """(_View) for array x as role `name`; raises cpc.UsageError for a wrong type,
+    dtype, shape or device."""
+    v = _View()
+    v.copied = False
+    kind = _kind(x)
+    if kind is None and hasattr(x, "__dlpack__"):
+        import numpy as np
+        x = np.from_dlpack(x)
+        kind = "numpy"
+    if kind is None:
+        raise UsageError(f"{name}: expected a numpy array or a torch tensor, got "
+                         f"{type(x).__name__}", code="usage")
+    if tuple(x.shape) != tuple(want_shape):
+        raise UsageError(f"{name}: shape {tuple(x.shape)}, this rank's shard is "
+                         f"{tuple(want_shape)}", code="usage")
+    if kind == "torch":
+        torch = _torch()
+        if dtype_code == N.DTYPE_U8:
+            if x.dtype not in (torch.bool, torch.uint8):
+                raise UsageError(f"{name}: dtype {x.dtype}, a mask is torch.bool or "
+                                 "torch.uint8 (1 = the key takes part)", code="usage")
+        else:
+            want = getattr(torch, _TORCH_DTYPES[N.DTYPE_NAMES[dtype_code]])
+            if x.dtype != want:
+                raise UsageError(f"{name}: dtype {x.dtype}, the plan's dtype is "
+                                 f"{N.DTYPE_NAMES[dtype_code]} ({want}): convert it with "
+                                 f".to({want}) or compile the plan with model.dtype "
+                                 f"{_dtype_name_torch(x.dtype)}", code="usage")
+        is_cuda = x.device.type == "cuda"
+        if is_cuda != (device_kind == "cuda"):
+            raise UsageError(f"{name}: a {x.device.type} tensor, but this rank's backend "
+                             f"takes {'device' if device_kind == 'cuda' else 'host'} memory "
+                             "(cpc.Attention(..., backend='cuda') for CUDA tensors)",
+                             code="usage")
+        if not _strides_ok(x.shape, x.stride()):
+            x = x.contiguous()
+            v.copied = True
+        ptr, strides = x.data_ptr(), list(x.stride())
+    else:
+        import numpy as np
+        if device_kind == "cuda":
+            raise UsageError(f"{name}: a numpy array is host memory; the CUDA backend takes "
+                             "CUDA tensors", code="usage")
+        if dtype_code == N.DTYPE_U8:
+            if x.dtype not in (np.bool_, np.uint8):
+                raise UsageError(f"{name}: dtype {x.dtype}, a mask is bool or uint8 "
+                                 "(1 = the key takes part)", code="usage")
+        else:
+            pname = N.DTYPE_NAMES[dtype_code]
+            want = np.dtype(_NUMPY_DTYPES[pname])
+            if x.dtype != want:
+                extra = (" (numpy has no bfloat16: pass the bf16 bit patterns as uint16, "
+                         "e.g. cpc.to_bf16(array), or a torch.bfloat16 tensor)"
+                         if pname == "bf16" else "")
+                raise UsageError(f"{name}: dtype {x.dtype}, the plan's dtype is {pname}: "
+                                 f"pass {want}{extra}", code="usage")
+        isz = x.itemsize
+        if (not _strides_ok(x.shape, x.strides) or any(s % isz for s in x.strides)
+                or not x.flags.aligned):
+            x = np.ascontiguousarray(x)
+            v.copied = True
+        ptr, strides = x.ctypes.data, [s // isz for s in x.strides]
+    t = N.Tensor()
+    t.data = ptr
+    t.dtype = dtype_code
+    t.ndim = len(want_shape)
+    for i, n in enumerate(want_shape):
+        t.shape[i] = n
+        t.strides[i] = strides[i]
+    v.t, v.keep = t, x
+    return v
+
+
+def _dtype_name_torch(dt):
+    return {"torch.bfloat16": "bf16", "torch.float16": "fp16",
+            "torch.float32": "fp32"}.get(str(dt), str(dt))
+
+
+def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False):
+    if kind == "torch":
+        torch = _torch()
+        dt = torch.float32 if lse else getattr(torch, _TORCH_DTYPES[plan_dtype])
+        return torch.empty(shape, dtype=dt, device=ref.device)
+    import numpy as np
+    return np.empty(shape, dtype=np.float32 if lse else _NUMPY_DTYPES[plan_dtype])
+
+
+def _options(backend, device, timeout_s):
+    L = N.lib()
+    if backend not in N.BACKENDS:
+        raise UsageError(f"backend {backend!r}: one of auto, cpu, cuda", code="usage")
+    o = N.RankOptions()
+    L.cpc_rank_options_init(ctypes.byref(o))
+    o.backend = N.BACKENDS[backend]
+    if device is not None:
+        o.device = int(device)
+    if timeout_s is not None:
+        o.timeout_s = float(timeout_s)
+    return o
+
+
+class LocalWorld:
+    """An in-process world: every rank of the artifact is a thread of this process
+    (libcpc's local transport).  `world.rank(r)` is rank r's cpc.Attention; `world(q,
+    k, v)` takes GLOBAL tensors, runs every rank in its own thread and returns the
+    global output (a convenience for tests and single-machine use)."""
+
+    def __init__(self, artifact, backend="auto", device=None, timeout_s=None):
+        L = N.lib()
+        self.artifact = artifact
+        w = ctypes.c_void_p()
+        _check(L, L.cpc_local_world_new(artifact._ptr, ctypes.byref(w)))
+        self._ptr, self._L = w.value, L
+        self._ranks = []
+        try:
+            for r in range(artifact.world_size):
+                self._ranks.append(Attention(artifact, rank=r, world=self, backend=backend,
+                                             device=device, timeout_s=timeout_s))
+        except BaseException:
+            self.close()
+            raise
+
+    def rank(self, r):
+        return self._ranks[r]
+
+    def __len__(self):
+        return len(self._ranks)
+
+    def __call__(self, q, k, v, mask=None, return_lse=False):
+        a = self.artifact
+        P = a.world_size
+        res = [None] * P
+        errs = [None] * P
+
+        def run(r):
+            try:
+                att = self._ranks[r]
+                res[r] = att(a.shard(q, r, "q"), a.shard(k, r, "k"), a.shard(v, r, "v"),
+                             mask=None if mask is None else a.shard(mask, r, "mask"),
+                             return_lse=return_lse)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs[r] = e
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(1, P)]
+        for t in threads:
+            t.start()
+        run(0)
+        for t in threads:
+            t.join()
+        for e in errs:
+            if e is not None:
+                raise e
+        if return_lse:
+            return a.gather([x[0] for x in res], "out"), a.gather([x[1] for x in res], "lse")
+        return a.gather(res, "out")
+
+    def close(self):
+        for r in self._ranks:
+            r.close()
+        self._ranks = []
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            self._L.cpc_local_world_free(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class Attention:
+    """One rank of a context-parallel attention layer, in this process.
+
+        att = cpc.Attention(artifact, comm=MPI.COMM_WORLD)   # this process's rank
+        out = att(q, k, v)                    # this rank's shards in, its output out
+        out, lse = att(q, k, v, return_lse=True)
+
+    comm: None (a world of size 1), or an mpi4py communicator of size world_size: the
+    rank is libcpc's MPI rank on that communicator's handle (cpc duplicates it; its
+    traffic never uses the caller's communicator).  rank: defaults to comm's rank (0
+    without comm).  world: a cpc.LocalWorld (rank threads; LocalWorld makes these).
+    backend: "auto" (CPU unless NCCL), "cpu" or "cuda" (CUDA tensors).
+
+    A call takes this rank's shards (numpy arrays or torch tensors, BSHD, the plan's
+    dtype; numpy bf16 as uint16 bit patterns) and returns the output shard of the
+    same type.  Inputs are passed to libcpc without a copy whenever cpc can read
+    their layout (any positive strides); `last_copies` names the inputs of the last
+    call that had to be copied.  Every rank of the world must call it for each
+    layer, in the same order (it is collective).  Errors are exceptions (cpc.Error);
+    a wrong shape, dtype or device is refused before anything runs and leaves the
+    rank usable.  Call close() (or use `with`) to destroy the rank: collective for
+    MPI ranks."""
+
+    def __init__(self, artifact, rank=None, comm=None, backend="auto", *, world=None,
+                 device=None, timeout_s=None):
+        L = N.lib()
+        self.artifact = artifact
+        self._L = L
+        self._ptr = None
+        self._own_world = None
+        self._comm = comm
+        self.last_copies = []
+        self.device_kind = "cuda" if backend == "cuda" else "cpu"
+        opts = _options(backend, device, timeout_s)
+        out = ctypes.c_void_p()
+        if comm is not None and world is not None:
+            raise UsageError("pass comm or world, not both", code="usage")
+        if comm is not None:
+            self.transport = "mpi"
+            try:
+                from mpi4py import MPI
+            except ImportError as e:
+                raise UsageError(f"comm given but mpi4py cannot be imported: {e}",
+                                 code="usage") from e
+            if not isinstance(comm, MPI.Comm):
+                raise UsageError(f"comm must be an mpi4py communicator, not "
+                                 f"{type(comm).__name__}", code="usage")
+            size, crank = comm.Get_size(), comm.Get_rank()
+            if size != artifact.world_size:
+                raise UsageError(f"the communicator has {size} processes but the plan's "
+                                 f"world_size is {artifact.world_size} (R x U = "
+                                 f"{artifact.ring_degree} x {artifact.ulysses_degree})",
+                                 code="usage")
+            if rank is not None and rank != crank:
+                raise UsageError(f"rank {rank} given, but this process is rank {crank} of "
+                                 "the communicator", code="usage")
+            if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+                raise UsageError("MPI was initialised below MPI_THREAD_SERIALIZED; libcpc "
+                                 "needs at least that (mpi4py's default is "
+                                 "THREAD_MULTIPLE)", code="usage")
+            if not L.cpc_have_mpi():
+                from ._errors import UnsupportedError
+                raise UnsupportedError(f"this libcpc ({N.library_path()}) was built without "
+                                       "MPI", code="unsupported")
+            self.rank = crank
+            handle = ctypes.c_void_p(MPI._addressof(comm))
+            _check(L, L.cpc_rank_create_mpi(artifact._ptr, handle, ctypes.byref(opts),
+                                            ctypes.byref(out)))
+            self._ptr = out.value
+            global _atexit_registered
+            _mpi_ranks.append(weakref.ref(self))
+            if not _atexit_registered:
+                atexit.register(_destroy_mpi_ranks)
+                _atexit_registered = True
+        else:
+            self.transport = "local"
+            if world is None:
+                if artifact.world_size != 1:
+                    raise UsageError(f"the plan's world_size is {artifact.world_size}: pass "
+                                     "comm= (an mpi4py communicator of that size) or use "
+                                     "cpc.LocalWorld for rank threads", code="usage")
+                w = ctypes.c_void_p()
+                _check(L, L.cpc_local_world_new(artifact._ptr, ctypes.byref(w)))
+                self._own_world = w.value
+                wptr = w.value
+                rank = 0 if rank is None else rank
+            else:
+                wptr = world._ptr
+                self._world = world
+            if not isinstance(rank, int) or not 0 <= rank < artifact.world_size:
+                raise UsageError(f"rank {rank!r} is out of range: the world has "
+                                 f"{artifact.world_size} ranks", code="usage")
+            self.rank = rank
+            st = L.cpc_rank_create_local(artifact._ptr, wptr, rank, ctypes.byref(opts),
+                                         ctypes.byref(out))
+            if st and self._own_world:
+                L.cpc_local_world_free(self._own_world)
+                self._own_world = None
+            _check(L, st)
+            self._ptr = out.value
+        a = artifact
+        self._shapes = {r: a.shard_shape(self.rank, r) for r in ("q", "k", "v", "out", "lse")}
+        if a.key_padding:
+            self._shapes["mask"] = a.shard_shape(self.rank, "mask")
+        self._code = _CODES[a.dtype]
+
+    @property
+    def world_size(self):
+        return self.artifact.world_size
+
+    @property
+    def allocated_bytes(self):
+        """Bytes libcpc allocated for this rank at creation (nothing is allocated later)."""
+        return self._L.cpc_rank_allocated_bytes(self._ptr)
+
+    def shard_shape(self, role="q"):
+        return self._shapes[role]
+
+    def __call__(self, q, k, v, mask=None, *, out=None, lse=None, return_lse=False):
+        """One attention forward on this rank's shards; see the class docstring.
+        out / lse: optional preallocated outputs (then nothing is allocated)."""
+        if self._ptr is None:
+            raise UsageError("this rank is closed", code="usage")
+        a, dk = self.artifact, self.device_kind
+        vq = _view(q, "q", self._code, self._shapes["q"], dk)
+        kind = _kind(vq.keep)
+        vk = _view(k, "k", self._code, self._shapes["k"], dk)
+        vv = _view(v, "v", self._code, self._shapes["v"], dk)
+        if _kind(vk.keep) != kind or _kind(vv.keep) != kind:
+            raise UsageError("q, k and v must all be numpy arrays or all torch tensors",
+                             code="usage")
+        vm = None
+        if a.key_padding:
+            if mask is None:
+                raise UsageError("the plan has mask: key_padding: pass mask= (bool or uint8 "
+                                 f"{self._shapes['mask']}, 1 = the key takes part)",
+                                 code="usage")
+            vm = _view(mask, "mask", N.DTYPE_U8, self._shapes["mask"], dk)
+        elif mask is not None:
+            raise UsageError("a mask was given but the plan's mask is "
+                             f"{'causal' if a.causal else 'none'} (key padding needs "
+                             "input.mask: key_padding in the plan)", code="usage")
+        if out is None:
+            out = _empty_like_kind(kind, vq.keep, self._shapes["out"], a.dtype)
+        vo = _view(out, "out", self._code, self._shapes["out"], dk)
+        vl = None
+        if return_lse or lse is not None:
+            if lse is None:
+                lse = _empty_like_kind(kind, vq.keep, self._shapes["lse"], a.dtype, lse=True)
+            vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk)
+        if vo.copied or (vl is not None and vl.copied):
+            raise UsageError("out / lse must be writable in place (positive strides)",
+                             code="usage")
+        self.last_copies = [n for n, x in (("q", vq), ("k", vk), ("v", vv), ("mask", vm))
+                            if x is not None and x.copied]
+        if dk == "cuda":
+            torch = _torch()
+            torch.cuda.current_stream(vq.keep.device).synchronize()
+        st = self._L.cpc_rank_forward(self._ptr, ctypes.byref(vq.t), ctypes.byref(vk.t),
+                                      ctypes.byref(vv.t),
+                                      None if vm is None else ctypes.byref(vm.t),
+                                      ctypes.byref(vo.t),
+                                      None if vl is None else ctypes.byref(vl.t))
+        _check(self._L, st)
+        return (out, lse) if (return_lse or vl is not None) else out
+
+    def close(self):
+        """Destroys the rank (collective for an MPI rank)."""
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            self._L.cpc_rank_destroy(ptr)
+        w, self._own_world = self._own_world, None
+        if w:
+            self._L.cpc_local_world_free(w)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self):
+        return (f"<cpc.Attention rank {self.rank}/{self.world_size} {self.transport} "
+                f"{self.device_kind} {self.artifact.variant}>")
