@@ -77,13 +77,30 @@ const cpc_candidate *cpc_compiled_selected(const cpc_compiled *c)
     return &c->sel.candidates[c->sel.selected];
 }
 
+static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c);
+
 bool cpc_compile_file(const char *path, const cpc_compile_opts *o, cpc_compiled *c)
 {
     memset(c, 0, sizeof *c);
     c->sel.selected = -1;
     if (!add(c, cpc_plan_load_file(path, o->sets, o->n_sets, &c->plan)) || !c->plan)
         return false;
+    return compile_loaded(o, c);
+}
 
+bool cpc_compile_string(const char *text, size_t len, const char *name, const cpc_compile_opts *o,
+                        cpc_compiled *c)
+{
+    memset(c, 0, sizeof *c);
+    c->sel.selected = -1;
+    if (!add(c, cpc_plan_load_string(text, len, name, o->sets, o->n_sets, &c->plan)) || !c->plan)
+        return false;
+    return compile_loaded(o, c);
+}
+
+/* Every stage after load (the plan is in c->plan). */
+static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
+{
     cpc_lua_script *script = NULL;
     c->script_path = script_path(c->plan, o);
     if (c->script_path &&
@@ -182,10 +199,11 @@ fail:
     return false;
 }
 
-cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
+cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
 {
+    *out = NULL;
     if (!c->program || !c->plan)
-        return cpc_error(CPC_E_INTERNAL, "nothing compiled to write");
+        return cpc_error(CPC_E_INTERNAL, "nothing compiled to make an artifact of");
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_create(c->plan, c->program, &a);
     for (int i = 0; !st && i < c->n_kernels; i++)
@@ -198,6 +216,18 @@ cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
     }
     if (!st && c->priced)
         st = cpc_artifact_set_predictions(a, &c->pred);
+    if (st) {
+        cpc_artifact_free(a);
+        return st;
+    }
+    *out = a;
+    return NULL;
+}
+
+cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
+{
+    cpc_artifact *a = NULL;
+    cpc_status *st = cpc_compiled_to_artifact(c, &a);
     if (!st)
         st = cpc_artifact_write(path, a);
     cpc_artifact_free(a);

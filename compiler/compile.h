@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 
+#include "artifact.h"
 #include "codegen.h"
 #include "cost.h"
 #include "plan.h"
@@ -63,6 +64,16 @@ typedef struct cpc_compiled {
  * when no stage reported an error (then everything up to `until` is set).
  * Without the CUDA toolkit, codegen adds a warning and leaves no kernels. */
 bool cpc_compile_file(const char *path, const cpc_compile_opts *opts, cpc_compiled *out);
+
+/* As cpc_compile_file, for `len` bytes of plan text; `name` names it in
+ * diagnostics and is the base for relative paths (NULL: "<string>"). */
+bool cpc_compile_string(const char *text, size_t len, const char *name, const cpc_compile_opts *o,
+                        cpc_compiled *out);
+
+/* The compiled plan, program, kernels and predictions as a new artifact
+ * (caller frees with cpc_artifact_free).  Errors: CPC_E_INTERNAL when
+ * nothing was scheduled, CPC_E_NOMEM. */
+cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out);
 
 /* The selected candidate, or NULL. */
 const cpc_candidate *cpc_compiled_selected(const cpc_compiled *c);

@@ -1375,3 +1375,27 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
     *h_n = g.hn;
     return NULL;
 }
+
+cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off, int *h_n,
+                              cpc_run *runs, int max_runs, int *n_runs)
+{
+    if (ex->lse_buf < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program computes no LSE", ex->cfg.rank);
+    int b = ex->lse_buf;
+    geom g = cur_geom(ex, b);
+    if (max_runs < ex->max_runs)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: LSE runs need %d entries, %d given",
+                         ex->cfg.rank, ex->max_runs, max_runs);
+    if (bytes != g.bytes)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
+                         (size_t)g.bytes, bytes);
+    *n_runs = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, runs, ex->max_runs);
+    *h_off = g.hoff;
+    *h_n = g.hn;
+    return ex->cfg.backend->vt->download(ex->cfg.backend, dst, ex->bufs[b].ptr, g.bytes);
+}
+
+int cpc_exec_max_runs(const cpc_exec *ex)
+{
+    return ex->max_runs;
+}

@@ -150,6 +150,16 @@ cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes);
 cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
                               int *n_runs);
 
+/* As cpc_exec_read_lse without allocating: downloads the final LSE into
+ * `dst` (`bytes` must be its exact size, [B, h_n, T] fp32) and writes its
+ * token runs into runs[0..max_runs) (max_runs >= cpc_exec_max_runs).
+ * Errors: CPC_E_INTERNAL (no LSE, wrong size), backend errors. */
+cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off, int *h_n,
+                              cpc_run *runs, int max_runs, int *n_runs);
+
+/* Largest number of token runs any buffer of this rank can hold. */
+int cpc_exec_max_runs(const cpc_exec *ex);
+
 /* Total bytes allocated by this executor (its peak memory). */
 int64_t cpc_exec_allocated_bytes(const cpc_exec *ex);
 

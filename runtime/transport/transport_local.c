@@ -77,6 +77,8 @@ struct cpc_local_world {
 typedef struct endpoint {
     cpc_local_world *w;
     int p, r, u;
+    cpc_request *spare;  /* finished requests kept for reuse (this rank's thread only),
+                            so that a steady state posts without allocating */
 } endpoint;
 
 /* ---- world ------------------------------------------------------------------ */
@@ -390,9 +392,13 @@ static cpc_status *post(cpc_transport *t, bool is_send, cpc_group g, int peer, v
     if (tag < 0)
         return cpc_error(CPC_E_INTERNAL, "local transport: rank %d: %s: negative tag %d", e->p,
                          op, tag);
-    cpc_request *q = calloc(1, sizeof *q);
-    if (!q)
+    cpc_request *q = e->spare;
+    if (q) {
+        e->spare = q->next;
+        memset(q, 0, sizeof *q);
+    } else if (!(q = calloc(1, sizeof *q))) {
         return cpc_error(CPC_E_NOMEM, "local transport: out of memory");
+    }
     int other = ep_member(e, g, peer);
     q->is_send = is_send;
     q->g = g;
@@ -408,7 +414,8 @@ static cpc_status *post(cpc_transport *t, bool is_send, cpc_group g, int peer, v
     if (w->aborted) {
         st = aborted_status(w, e->p, op);
         pthread_mutex_unlock(&w->mu);
-        free(q);
+        q->next = e->spare;
+        e->spare = q;
         return st;
     }
     cpc_request *m = take_match(is_send ? &w->recvs : &w->sends, q);
@@ -488,7 +495,9 @@ static cpc_status *t_wait(cpc_transport *t, cpc_request *q)
     }
     pthread_mutex_unlock(&w->mu);
     free(q->err);
-    free(q);
+    q->err = NULL;
+    q->next = e->spare;
+    e->spare = q;
     return st;
 }
 
@@ -694,6 +703,11 @@ static void t_destroy(cpc_transport *t)
         pthread_mutex_lock(&e->w->mu);
         e->w->has_endpoint[e->p] = false;
         pthread_mutex_unlock(&e->w->mu);
+        while (e->spare) {
+            cpc_request *n = e->spare->next;
+            free(e->spare);
+            e->spare = n;
+        }
         free(e);
     }
     free(t);

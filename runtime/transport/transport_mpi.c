@@ -640,7 +640,41 @@ static cpc_status *setup_group(mpi_ctx *c, cpc_group g, MPI_Comm comm)
     return NULL;
 }
 
+static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
+                             cpc_transport **out);
+
 cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree, cpc_transport **out)
+{
+    return create_on(MPI_COMM_WORLD, false, ring_degree, ulysses_degree, out);
+}
+
+cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int ulysses_degree,
+                                          cpc_transport **out)
+{
+    *out = NULL;
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return cpc_error(CPC_E_USAGE, "mpi transport: MPI is %s; initialise it before making "
+                                      "a rank on a communicator",
+                         finalized ? "already finalised" : "not initialised");
+    if (!comm)
+        return cpc_error(CPC_E_USAGE, "mpi transport: no communicator (NULL)");
+    MPI_Comm base = *(const MPI_Comm *)comm;
+    if (base == MPI_COMM_NULL)
+        return cpc_error(CPC_E_USAGE, "mpi transport: the communicator is MPI_COMM_NULL");
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_SERIALIZED)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "mpi transport: MPI was initialised with thread level %d; cpc needs at "
+                         "least MPI_THREAD_SERIALIZED (MPI_Init_thread)", provided);
+    return create_on(base, true, ring_degree, ulysses_degree, out);
+}
+
+static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
+                             cpc_transport **out)
 {
     *out = NULL;
     if (ring_degree < 1 || ulysses_degree < 1)
@@ -650,21 +684,24 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree, cpc_tr
         return cpc_error(CPC_E_USAGE, "mpi transport: mesh %d x %d is too large", ring_degree,
                          ulysses_degree);
     bool did_init = false;
-    cpc_status *st = ensure_mpi(&did_init);
+    cpc_status *st = caller_comm ? NULL : ensure_mpi(&did_init);
     if (st)
         return st;
     int world_rank = 0, world_size = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm_rank(base, &world_rank);
+    MPI_Comm_size(base, &world_size);
     int want = ring_degree * ulysses_degree;
     if (world_size != want) {
         st = cpc_error(CPC_E_USAGE,
                        "mpi transport: the plan's mesh needs world_size %d (ring_degree %d x "
                        "ulysses_degree %d) but the job has %d MPI processes",
                        want, ring_degree, ulysses_degree, world_size);
-        cpc_status_set_hint(st, "start %d processes (mpirun -np %d / srun -n %d), or run "
-                                "without a launcher with --transport local",
-                            want, want, want);
+        if (caller_comm)
+            cpc_status_set_hint(st, "pass a communicator of %d processes", want);
+        else
+            cpc_status_set_hint(st, "start %d processes (mpirun -np %d / srun -n %d), or run "
+                                    "without a launcher with --transport local",
+                                want, want, want);
         if (did_init)
             MPI_Finalize();
         return st;
@@ -686,9 +723,10 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree, cpc_tr
 
     int r = world_rank / ulysses_degree, u = world_rank % ulysses_degree;
     MPI_Comm world = MPI_COMM_NULL, ring = MPI_COMM_NULL, uly = MPI_COMM_NULL;
-    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    int rc = MPI_Comm_dup(base, &world);
     if (rc != MPI_SUCCESS) {
-        st = mpi_status(rc, "rank %d: MPI_Comm_dup(MPI_COMM_WORLD)", world_rank);
+        st = mpi_status(rc, "rank %d: MPI_Comm_dup(%s)", world_rank,
+                        caller_comm ? "the caller's communicator" : "MPI_COMM_WORLD");
         goto fail;
     }
     st = setup_group(c, CPC_GROUP_WORLD, world);
@@ -714,7 +752,7 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree, cpc_tr
         goto fail;
     void *ub = NULL;
     int flag = 0;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    MPI_Comm_get_attr(base, MPI_TAG_UB, &ub, &flag);
     c->tag_ub = (flag && ub) ? *(int *)ub : 32767;
     /* Our own invariants: the split reproduces the mesh coordinates. */
     if (c->groups[CPC_GROUP_RING].rank != r || c->groups[CPC_GROUP_RING].size != ring_degree ||

@@ -125,6 +125,19 @@ void cpc_mpi_abort(int exit_code, const char *why) __attribute__((noreturn));
 cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree,
                                      cpc_transport **out);
 
+/* As cpc_transport_mpi_create, over the caller's communicator instead of
+ * MPI_COMM_WORLD (libcpc's cpc_rank_create_mpi): `comm` points to an
+ * MPI_Comm handle (void * so that callers need no mpi.h); flat rank p is the
+ * process's rank in it.  The communicator is duplicated (cpc never sends on
+ * the caller's own) and is borrowed only during the call.  MPI must already
+ * be initialised with at least MPI_THREAD_SERIALIZED (the caller's job;
+ * destroy never finalises it).  Collective over `comm`.  Errors: CPC_E_USAGE
+ * (MPI not initialised or finalised, NULL or MPI_COMM_NULL communicator, size
+ * not ring_degree * ulysses_degree), CPC_E_UNSUPPORTED (thread level),
+ * CPC_E_RUNTIME (MPI errors), CPC_E_NOMEM. */
+cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int ulysses_degree,
+                                          cpc_transport **out);
+
 /* TESTING ONLY.  Lowers the limits of the large-count paths so that tests can
  * exercise them with small messages: a point-to-point message or collective
  * is "large" when a count or displacement exceeds `int_limit` bytes (default
