@@ -1,0 +1,224 @@
+"""cpc.from_diffusers on the real transformer/config.json contents of the models
+(tests/configs/, copied from the models' public Hugging Face repositories)."""
+
+import dataclasses
+import warnings
+
+import pytest
+
+import cpc
+from conftest import REPO, config
+
+
+@dataclasses.dataclass
+class ContextParallelConfig:
+    """The fields of diffusers' ContextParallelConfig (diffusers/models/_modeling_parallel.py),
+    for tests that run without diffusers installed."""
+    ring_degree: int = None
+    ulysses_degree: int = None
+    convert_to_fp32: bool = True
+    rotate_method: str = "allgather"
+    mesh: object = None
+    ulysses_anything: bool = False
+    ring_anything: bool = False
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+    context_parallel_config: ContextParallelConfig = None
+
+
+FLUX = config("flux1-dev")
+
+
+def segs(plan):
+    return [(s["name"], s.get("tokens")) for s in plan["input"]["segments"]]
+
+
+# (config, parallel, kwargs, expected tokens, expected segment order, mask, heads, D, layers)
+CASES = [
+    ("flux1-dev", {"ulysses_degree": 4}, dict(height=1024, width=1024), 4608, ["text", "image"],
+     "none", 24, 128, 57),
+    ("flux1-dev", {"ulysses_degree": 4, "ulysses_anything": True}, dict(height=1008, width=1008),
+     512 + 3969, ["text", "image"], "none", 24, 128, 57),
+    ("flux1-schnell", {"ring_degree": 2}, dict(height=1024, width=1024, text_tokens=256),
+     256 + 4096, ["text", "image"], "none", 24, 128, 57),
+    ("qwen-image", {"ulysses_degree": 4}, dict(height=1024, width=1024), 4608, ["text", "image"],
+     "key_padding", 24, 128, 60),
+    ("sd3.5-large", {"ulysses_degree": 4, "ulysses_anything": True}, dict(height=1024, width=1024),
+     4096 + 333, ["image", "text"], "none", 38, 64, 38),
+    ("sd3-medium", {"ring_degree": 2, "ulysses_degree": 2}, dict(height=1024, width=1024,
+     text_tokens=332), 4096 + 332, ["image", "text"], "none", 24, 64, 24),
+    ("cogvideox-5b", {"ulysses_degree": 4, "ulysses_anything": True},
+     dict(height=480, width=720, num_frames=49), 226 + 17550, ["text", "video"], "none", 48, 64,
+     42),
+    # CogVideoX 1.5: 21 latent frames padded to 22 (patch_size_t 2): 11 x 48 x 85.
+    ("cogvideox1.5-5b", {"ulysses_degree": 4, "ulysses_anything": True},
+     dict(height=768, width=1360, num_frames=81), 226 + 44880, ["text", "video"], "none", 48, 64,
+     42),
+    ("hunyuanvideo", {"ulysses_degree": 8}, dict(height=720, width=1280, num_frames=129),
+     118800 + 256, ["video", "text"], "key_padding", 24, 128, 60),
+    ("wan2.1-t2v-14b", {"ulysses_degree": 8}, dict(height=480, width=832, num_frames=81), 32760,
+     ["video"], "none", 40, 128, 40),
+    ("wan2.1-t2v-14b", {"ulysses_degree": 8}, dict(height=720, width=1280, num_frames=81), 75600,
+     ["video"], "none", 40, 128, 40),
+    ("wan2.1-t2v-1.3b", {"ring_degree": 2, "ulysses_degree": 2},
+     dict(height=480, width=832, num_frames=81), 32760, ["video"], "none", 12, 128, 30),
+    ("wan2.2-t2v-a14b", {"ulysses_degree": 8}, dict(height=720, width=1280, num_frames=81), 75600,
+     ["video"], "none", 40, 128, 40),
+    # Wan2.2 TI2V-5B: 16x spatial VAE: 31 x (704/32) x (1280/32) = 31 x 22 x 40.
+    ("wan2.2-ti2v-5b", {"ulysses_degree": 4}, dict(height=704, width=1280, num_frames=121), 27280,
+     ["video"], "none", 24, 128, 30),
+    ("ltx-video", {"ulysses_degree": 4}, dict(height=512, width=704, num_frames=161), 7392,
+     ["video"], "none", 32, 64, 28),
+]
+
+
+@pytest.mark.parametrize("name,par,kw,tokens,order,mask,H,D,layers", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_models(name, par, kw, tokens, order, mask, H, D, layers):
+    plan = cpc.from_diffusers(par, config(name), **kw)
+    assert [s["name"] for s in plan["input"]["segments"]] == order
+    assert plan["input"]["mask"] == mask
+    assert (plan["model"]["heads"], plan["model"]["head_dim"], plan["model"]["layers"]) == \
+        (H, D, layers)
+    R, U = par.get("ring_degree", 1), par.get("ulysses_degree", 1)
+    assert plan["cluster"]["world_size"] == R * U
+    assert (plan["parallel"]["ring_degree"], plan["parallel"]["ulysses_degree"]) == (R, U)
+    # cpc counts the tokens from the image/video segments as the pipelines do.
+    a = cpc.compile(plan)
+    assert a.tokens == tokens
+    assert (a.heads, a.head_dim, a.world_size) == (H, D, R * U)
+    assert a.key_padding == (mask == "key_padding")
+
+
+@pytest.mark.parametrize("plan_file,name,par,kw", [
+    ("flux1-dev-1024.yaml", "flux1-dev", {"ulysses_degree": 4}, dict(height=1024, width=1024)),
+    ("flux1-dev-1008.yaml", "flux1-dev", {"ulysses_degree": 4, "ulysses_anything": True},
+     dict(height=1008, width=1008, device="l20")),
+    ("qwenimage-1024.yaml", "qwen-image", {"ulysses_degree": 4}, dict(height=1024, width=1024)),
+    ("sd3.5-large.yaml", "sd3.5-large", {"ulysses_degree": 4, "ulysses_anything": True},
+     dict(height=1024, width=1024)),
+    ("cogvideox-5b.yaml", "cogvideox-5b", {"ulysses_degree": 4, "ulysses_anything": True},
+     dict(height=480, width=720, num_frames=49)),
+    ("hunyuanvideo-720p.yaml", "hunyuanvideo", {"ulysses_degree": 8},
+     dict(height=720, width=1280, num_frames=129)),
+    ("wan2.1-14b-480p.yaml", "wan2.1-t2v-14b", {"ulysses_degree": 8},
+     dict(height=480, width=832, num_frames=81)),
+    ("wan2.1-14b-720p.yaml", "wan2.1-t2v-14b", {"ulysses_degree": 8},
+     dict(height=720, width=1280, num_frames=81)),
+    ("ltx-video.yaml", "ltx-video", {"ulysses_degree": 4},
+     dict(height=512, width=704, num_frames=161)),
+])
+def test_same_as_the_repository_plans(plan_file, name, par, kw):
+    """The plan from the diffusers configuration is the one written by hand in plans/:
+    same selection and the same predictions (the hand-written plans use p2p rotation;
+    diffusers' rotate_method is allgather)."""
+    mine = cpc.check(cpc.from_diffusers(par, config(name), **kw))
+    theirs = cpc.check(REPO / "plans" / plan_file, set={"schedule.rotate": "allgather"})
+    assert mine.ok and theirs.ok, (mine.diagnostics, theirs.diagnostics)
+    assert mine.selected == theirs.selected
+    assert mine.predicted == pytest.approx(theirs.predicted, rel=1e-12)
+
+
+def test_cross_attention_plans():
+    wan = cpc.from_diffusers({"ulysses_degree": 8}, config("wan2.1-t2v-14b"), height=480,
+                             width=832, num_frames=81, attention="cross")
+    assert wan["input"]["kv"] == {"tokens": 512}
+    a = cpc.compile(wan)
+    assert a.cross_attention and (a.tokens, a.kv_tokens) == (32760, 512)
+    assert a.shard_shape(3, "k") == (1, 512, 40, 128)     # K/V whole on every rank
+    ltx = cpc.from_diffusers({"ulysses_degree": 4}, config("ltx-video"), height=512, width=704,
+                             num_frames=161, attention="cross")
+    assert cpc.compile(ltx).kv_tokens == 128
+
+
+def test_object_configs_and_wrappers():
+    cp = ContextParallelConfig(ring_degree=2, ulysses_degree=2)
+    plan = cpc.from_diffusers(cp, FLUX, height=1024, width=1024)
+    assert plan["parallel"] == {"variant": "unified", "ring_degree": 2, "ulysses_degree": 2}
+    assert plan["schedule"] == {"rotate": "allgather"}
+    assert cpc.from_diffusers(ParallelConfig(cp), FLUX, height=1024, width=1024) == plan
+    # a config without _class_name is recognised by its keys
+    nocls = {k: v for k, v in FLUX.items() if not k.startswith("_")}
+    assert cpc.from_diffusers(cp, nocls, height=1024, width=1024) == plan
+    # None: a single-device baseline
+    one = cpc.from_diffusers(None, FLUX, height=512, width=512)
+    assert one["parallel"] == {"variant": "none"} and one["cluster"]["world_size"] == 1
+    assert cpc.compile(one).variant == "none"
+
+
+@pytest.mark.parametrize("par,variant", [
+    ({"ring_degree": 4}, "ring"), ({"ulysses_degree": 4}, "ulysses"),
+    ({"ring_degree": 2, "ulysses_degree": 4}, "unified"),
+    ({"ulysses_degree": 3, "ulysses_anything": True}, "ulysses_anything"),
+    ({"ring_degree": 3, "ring_anything": True}, "ring_anything"),
+    ({"ring_degree": 2, "rotate_method": "p2p"}, "ring"),
+])
+def test_variants(par, variant):
+    plan = cpc.from_diffusers(par, FLUX, height=1024, width=1024)
+    assert plan["parallel"]["variant"] == variant
+    r = cpc.check(plan)
+    assert r.variant == variant, r.diagnostics
+
+
+@pytest.mark.parametrize("par,words", [
+    ({"ring_degree": 2, "rotate_method": "alltoall"}, "alltoall"),
+    ({"ring_degree": 1, "ulysses_degree": 1}, "greater than 1"),
+    ({"ulysses_degree": 0}, "greater than or equal to 1"),
+    ({"ulysses_degree": 2, "ring_degree": 2, "ulysses_anything": True}, "ring_degree > 1"),
+    ({"ulysses_degree": 1, "ring_degree": 2, "ulysses_anything": True}, "ulysses_degree must be"),
+    ({"ring_degree": 2, "ulysses_degree": 2, "ring_anything": True}, "ulysses_degree > 1"),
+    ({"ring_degree": 2, "ulysses_anything": True, "ring_anything": True}, "both"),
+    ({"ring_degree": 2, "sequence_parallel": 2}, "unknown field"),
+    ({"ring_degree": 2, "rotate_method": "ring"}, "rotate_method"),
+])
+def test_refused(par, words):
+    with pytest.raises(ValueError, match=words):
+        cpc.from_diffusers(par, FLUX, height=1024, width=1024)
+
+
+def test_refused_arguments():
+    with pytest.raises(ValueError, match="CP003"):
+        cpc.from_diffusers({"ulysses_degree": 4}, FLUX, height=1024, width=1024, world_size=8)
+    with pytest.raises(ValueError, match="num_frames"):
+        cpc.from_diffusers({"ulysses_degree": 4}, config("wan2.1-t2v-14b"), height=480, width=832)
+    with pytest.raises(ValueError, match="no joint attention"):
+        cpc.from_diffusers({"ulysses_degree": 4}, config("wan2.1-t2v-14b"), height=480,
+                           width=832, num_frames=81, attention="joint")
+    with pytest.raises(ValueError, match="joint attention only"):
+        cpc.from_diffusers({"ulysses_degree": 4}, FLUX, height=1024, width=1024,
+                           attention="cross")
+    with pytest.raises(ValueError, match="not supported"):
+        cpc.from_diffusers({"ulysses_degree": 4}, {"_class_name": "UNet2DConditionModel"},
+                           height=512, width=512)
+    with pytest.raises(ValueError, match="height and width"):
+        cpc.from_diffusers({"ulysses_degree": 4}, FLUX)
+
+
+def test_convert_to_fp32_false_warns():
+    with pytest.warns(UserWarning, match="fp32"):
+        plan = cpc.from_diffusers({"ring_degree": 2, "convert_to_fp32": False}, FLUX,
+                                  height=1024, width=1024)
+    assert plan["parallel"]["variant"] == "ring"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cpc.from_diffusers({"ring_degree": 2, "convert_to_fp32": True}, FLUX, height=1024,
+                           width=1024)
+
+
+def test_wan_rounds_frames_as_its_pipeline():
+    with pytest.warns(UserWarning, match="81"):
+        plan = cpc.from_diffusers({"ulysses_degree": 8}, config("wan2.1-t2v-14b"), height=480,
+                                  width=832, num_frames=80)
+    assert plan["input"]["segments"][0]["video"]["frames"] == 81
+
+
+def test_rejected_configuration_reports_rule():
+    """A diffusers configuration that cannot run is cpc's rule violation with a hint:
+    FLUX at 1008^2 (3969 image tokens) on ulysses 4."""
+    r = cpc.check(cpc.from_diffusers({"ulysses_degree": 4}, FLUX, height=1008, width=1008))
+    assert not r.ok
+    d = [x for x in r.diagnostics if x.severity == "error"][0]
+    assert d.code == "CP011" and "3969" in d.message and "ulysses_anything" in d.hint
+    assert d.file == "<dict>" and d.line and d.column
