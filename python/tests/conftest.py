@@ -34,7 +34,8 @@ def attention_ref(q, k, v, mask=None, causal=False, scale=None):
     p = np.exp(s - m)
     den = p.sum(-1, keepdims=True)
     out = np.einsum("bhst,bthd->bshd", p / np.where(den > 0, den, 1.0), v)
-    lse = (np.log(den) + m)[..., 0]
+    with np.errstate(divide="ignore"):
+        lse = (np.log(den) + m)[..., 0]
     return out, lse
 
 
