@@ -1,0 +1,62 @@
+"""Run under mpirun by test_mpi.py: cpc.Attention on the caller's communicator."""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import cpc
+
+comm = MPI.COMM_WORLD
+P, me = comm.Get_size(), comm.Get_rank()
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+for variant, image in (("ring", 64), ("ulysses", 64), ("ulysses_anything", 61),
+                       ("ring_anything", 61)):
+    plan = {"version": 1, "model": {"heads": 4, "head_dim": 16, "dtype": "fp32"},
+            "input": {"batch": 2, "segments": [{"name": "text", "tokens": 24},
+                                               {"name": "image", "tokens": image}]},
+            "cluster": {"world_size": P}, "parallel": {"variant": variant}}
+    a = cpc.compile(plan)
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, a.tokens, 4, 16)).astype(np.float32) for _ in range(3))
+    with cpc.Attention(a, comm=comm) as att:
+        expect(att.rank == me and att.transport == "mpi", "rank/transport")
+        # a wrong shape is refused on this rank before anything runs; the rank stays usable
+        try:
+            att(q, k, v)
+            failures.append("global tensors accepted")
+        except cpc.UsageError:
+            pass
+        out = att(a.shard(q, me), a.shard(k, me, "k"), a.shard(v, me, "v"))
+        expect(att.last_copies == [], "copies")
+        outs = comm.gather(out, root=0)
+        if me == 0:
+            with cpc.LocalWorld(a) as w:
+                expect(np.array_equal(a.gather(outs), w(q, k, v)), f"{variant}: mpi != local")
+
+# a communicator of the wrong size: every process gets the same exception
+a = cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16},
+                 "input": {"tokens": 16 * (P + 1)}, "cluster": {"world_size": P + 1},
+                 "parallel": {"variant": "ring"}})
+try:
+    cpc.Attention(a, comm=comm)
+    failures.append("size mismatch accepted")
+except cpc.UsageError as e:
+    expect("world_size" in str(e), "size message")
+
+# an MPI rank left open is destroyed (collectively) at exit, before MPI_Finalize
+keep = cpc.Attention(cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16},
+                                  "input": {"tokens": 64}, "cluster": {"world_size": P},
+                                  "parallel": {"variant": "ulysses"}}), comm=comm)
+
+all_failures = comm.gather(failures, root=0)
+if me == 0:
+    bad = [f"rank {r}: {f}" for r, fs in enumerate(all_failures) for f in fs]
+    print("mpi_worker:", "FAIL " + "; ".join(bad) if bad else "ok", flush=True)
+    sys.exit(1 if bad else 0)

@@ -1,0 +1,45 @@
+"""cpc.Attention under mpirun (the caller's MPI_COMM_WORLD), and the distributed
+example model (examples/flux_mini.py) at 1, 2 and 4 processes."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, REPO
+
+MPIRUN = shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed")
+pytest.importorskip("mpi4py")
+
+EXAMPLE = REPO / "examples" / "flux_mini.py"
+
+
+def mpirun(n, *args, timeout=240):
+    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(n),
+           "-x", "OPENBLAS_NUM_THREADS=1", sys.executable, *map(str, args)]
+    env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_attention_on_mpi_comm():
+    rc, out = mpirun(2, HERE / "mpi_worker.py")
+    assert rc == 0 and "mpi_worker: ok" in out, out
+
+
+def test_example_one_process():
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0 and "PASS" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "fp32"), (4, "bf16")])
+def test_example_distributed(n, dtype):
+    pytest.importorskip("torch")
+    rc, out = mpirun(n, EXAMPLE, "--dtype", dtype)
+    assert rc == 0 and "PASS" in out, out
+    assert f"{n} process(es)" in out
