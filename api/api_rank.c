@@ -190,10 +190,8 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     int P = a->program->layout.P;
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
-    if (opts && opts->timeout_s != 0)
-        cpc_local_world_set_timeout(w, opts->timeout_s < 0 ? 0 : opts->timeout_s);
-    else if (!opts)
-        cpc_local_world_set_timeout(w, 600.0);
+    double timeout = opts ? opts->timeout_s : 600.0;
+    cpc_local_world_set_timeout(w, timeout < 0 ? 0 : timeout == 0 ? 600.0 : timeout);
     cpc_transport *t = NULL;
     cpc_status *st = cpc_local_endpoint_create(w, rank, &t);
     if (st)

@@ -26,10 +26,14 @@
  * artifact states.  cpc_rank_forward allocates nothing (tests/test_api.c
  * counts allocations); outputs go to caller memory.
  *
- * Errors: a forward that fails returns the error (naming the rank and the
- * op) and aborts the transport so that the other ranks fail instead of
- * hanging; wrong shapes, strides or element types are refused (CPC_E_USAGE)
- * before anything is read or written and leave the rank usable.
+ * Errors: wrong shapes, strides or element types are refused (CPC_E_USAGE)
+ * before anything is read or written and leave the rank usable.  A forward
+ * that fails while running (a peer failed, a wait timed out) returns the
+ * error naming the rank and the op, and aborts the transport so that the
+ * other ranks fail instead of hanging: a local world then stays failed (make
+ * a new one); under MPI the abort is MPI_Abort on the communicator, the only
+ * way MPI offers to release ranks blocked in a collective, which ends the
+ * job with exit status 3.
  *
  * Thread-safety: a rank is used by one thread at a time; different ranks may
  * run in different threads (that is what a local world is for).
@@ -64,8 +68,9 @@ typedef struct cpc_rank_options {
     int device;                /* CUDA device of this rank; -1 (default): the
                                   current device */
     double timeout_s;          /* local worlds: a wait longer than this fails
-                                  the forward on every rank (default 600 s;
-                                  < 0: never) */
+                                  the forward on every rank (0: the default,
+                                  600 s; < 0: never).  The world keeps the last
+                                  value set by any of its ranks. */
 } cpc_rank_options;
 
 /* Defaults: as documented per field. */
