@@ -4,7 +4,9 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libyaml-dev liblua5.4-dev libcriterion-dev
       libopenblas-dev libcjson-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev
-      gnuplot-nox libssl-dev librandom123-dev python3)
+      gnuplot-nox libssl-dev librandom123-dev python3
+      python3-venv python3-pip python3-numpy python3-mpi4py python3-pytest python3-yaml
+      python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

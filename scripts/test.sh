@@ -15,6 +15,9 @@ BUILD_DIR=build ./scripts/build.sh
 echo "== ctest (release) =="
 (cd build && ctest --output-on-failure -j"$jobs") || status=1
 
+echo "== python package (fresh venv, pip install ./python, pytest) =="
+BUILD_DIR=build ./scripts/test_python.sh || status=1
+
 if [ "${CPC_SKIP_ASAN:-0}" != 1 ]; then
   echo "== build (ASan+UBSan) =="
   BUILD_DIR=build-asan BUILD_TYPE=Debug ./scripts/build.sh -DCPC_SANITIZE=ON
