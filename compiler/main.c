@@ -246,8 +246,15 @@ static void print_explain_text(const job *j)
                s->fell_back ? " (fallback: auto)" : "");
     else
         printf(", none selected\n");
-    printf("  %-17s %-11s %-18s %10s %11s %12s %12s\n", "variant", "R x U", "verdict", "ms/layer", "ms/forward",
+    bool step = j->c.plan && j->c.plan->model.parameters > 0;
+    bool image = step && j->c.plan->input.steps > 0;
+    printf("  %-17s %-11s %-18s %10s %11s %12s %12s", "variant", "R x U", "verdict", "ms/layer", "ms/forward",
            "memory/rank", "sent/rank");
+    if (step)
+        printf(" %10s", "ms/step");
+    if (image)
+        printf(" %11s", "ms/image");
+    printf("\n");
     for (int i = 0; i < s->n_candidates; i++) {
         const cpc_candidate *c = &s->candidates[i];
         char deg[32], verdict[64], ml[32], mf[32], mem[32], sent[32];
@@ -260,8 +267,19 @@ static void print_explain_text(const job *j)
         fmt_ms(mf, sizeof mf, c, true);
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("%c %-17s %-11s %-18s %10s %11s %12s %12s\n", sel == c ? '*' : ' ', cpc_variant_name(c->variant),
+        printf("%c %-17s %-11s %-18s %10s %11s %12s %12s", sel == c ? '*' : ' ', cpc_variant_name(c->variant),
                deg, verdict, ml, mf, mem, sent);
+        if (step) {
+            char ms[32];
+            snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->predicted_ms_per_step);
+            printf(" %10s", ms);
+        }
+        if (image) {
+            char mi[32];
+            snprintf(mi, sizeof mi, c->priced ? "%.1f" : "-", c->predicted_ms_per_image);
+            printf(" %11s", mi);
+        }
+        printf("\n");
     }
 }
 
@@ -293,6 +311,12 @@ static void print_summary_text(const job *j)
                j->c.device.name[0] ? j->c.device.name : "the plan's device",
                c->predicted_ms_per_layer, c->predicted_ms_per_forward,
                j->c.plan ? j->c.plan->model.layers : 1, mem, sent);
+        if (c->predicted_ms_per_step > 0) {
+            printf("  whole step: %.2f ms per forward step", c->predicted_ms_per_step);
+            if (c->predicted_ms_per_image > 0)
+                printf(", %.1f ms per image (%d steps)", c->predicted_ms_per_image, j->c.plan->input.steps);
+            printf("\n");
+        }
     }
     /* The generated kernels and ptxas' report (recorded in the artifact). */
     if (c && j->c.n_kernels > 0 && j->c.kernels[0].ptx) {
@@ -354,6 +378,10 @@ static cJSON *json_predicted(const cpc_candidate *c)
     cJSON_AddNumberToObject(o, "ms_per_forward", c->predicted_ms_per_forward);
     cJSON_AddNumberToObject(o, "memory_bytes_per_rank", (double)c->memory_bytes_per_rank);
     cJSON_AddNumberToObject(o, "bytes_sent_per_rank", (double)c->bytes_sent_per_rank);
+    if (c->predicted_ms_per_step > 0)
+        cJSON_AddNumberToObject(o, "ms_per_step", c->predicted_ms_per_step);
+    if (c->predicted_ms_per_image > 0)
+        cJSON_AddNumberToObject(o, "ms_per_image", c->predicted_ms_per_image);
     return o;
 }
 

@@ -783,6 +783,13 @@ static int add_preferred(clist *l, cpc_variant v, int R, int U, origin o)
 /* Selection (SPEC section 1 tie rule)                                      */
 /* ------------------------------------------------------------------------ */
 
+/* The time a candidate is chosen by: the whole step when the plan has
+ * model.parameters (cost.h WHOLE STEP), else the attention forward. */
+static double select_time(const cpc_candidate *c)
+{
+    return c->predicted_ms_per_step > 0 ? c->predicted_ms_per_step : c->predicted_ms_per_forward;
+}
+
 int cpc_select_best(const cpc_candidate *c, int n)
 {
     int first_ok = -1;
@@ -793,8 +800,8 @@ int cpc_select_best(const cpc_candidate *c, int n)
             continue;
         if (first_ok < 0)
             first_ok = i;
-        if (c[i].priced && (!any_priced || c[i].predicted_ms_per_forward < lowest)) {
-            lowest = c[i].predicted_ms_per_forward;
+        if (c[i].priced && (!any_priced || select_time(&c[i]) < lowest)) {
+            lowest = select_time(&c[i]);
             any_priced = true;
         }
     }
@@ -802,7 +809,7 @@ int cpc_select_best(const cpc_candidate *c, int n)
         return first_ok;
     int best = -1;
     for (int i = 0; i < n; i++) {
-        if (!c[i].ok || !c[i].priced || c[i].predicted_ms_per_forward > 1.02 * lowest)
+        if (!c[i].ok || !c[i].priced || select_time(&c[i]) > 1.02 * lowest)
             continue;
         if (best < 0 || c[i].memory_bytes_per_rank < c[best].memory_bytes_per_rank)
             best = i;
