@@ -32,10 +32,34 @@
  *            attention ~60% -> 100; GDDR6X 1008 GB/s; PCIe Gen4 x16 ~22 GB/s, no
  *            P2P on GeForce (staged through host: ~12 GB/s); 24 GB (the seed's
  *            table used 48 GB boards: set cluster.memory_gb: 48).
- *  cpu:      one core of this project's CI machines: OpenBLAS SGEMM ~96 GFLOP/s
- *            single thread (platform-notes.md), attention ~60% of it; memcpy
- *            ~8 GB/s; shared-memory "links" ~5 GB/s, ~5 us.  `cprun --calibrate`
- *            measures the real figures.
+ *  cpu:      this project's CI machines (2 cores shared by the rank threads), as
+ *            `cprun --calibrate` measured them (full mode, 4 ranks): attention
+ *            65 GFLOP/s bf16 (68 fp32) per rank plus its Q/K/V/O IO at 4 GB/s,
+ *            memory-bound ops 18 GB/s, all-to-all bus 5.5 GB/s, point to point
+ *            15 GB/s, 25 us per message, 0.4 us per op, 1.7 effective cores
+ *            shared by the ranks (cores: 4 ranks ran 2.4x slower than one);
+ *            dense GEMM: OpenBLAS SGEMM ~90 GFLOP/s single thread
+ *            (platform-notes.md).  The earlier preset (60 GFLOP/s, no core
+ *            sharing, no attention IO term) was 3-5x optimistic here.
+ *  WHOLE STEP figures (cost.h):
+ *  gemm_tflops = 0.72 x the dense bf16 tensor peak with FP32 accumulation:
+ *            H100 SXM 989 (datasheet) -> 712, H200 the same silicon -> 712,
+ *            A100 312 -> 225, L20 119.5 (datasheet) -> 86, RTX 4090 165.2
+ *            (Ada whitepaper, FP32 accumulate) -> 119.  0.72 is what cuBLAS
+ *            reaches on a DiT's GEMMs with ~1-5k token rows per rank (large
+ *            square GEMMs reach 0.75-0.8).
+ *  host_layer_us = 990, host_op_us = 225: eager PyTorch (diffusers), where
+ *            each transformer block issues ~100 kernels through Python
+ *            dispatch (~10 us each) and each op of the attention program is
+ *            ~15-20 PyTorch calls (a funcol collective with its reshapes and
+ *            wait, an attention call returning its LSE, an fp32 LSE-merge
+ *            update).  The seeds' 4 x H100 table is the one host-bound case
+ *            (the GPUs finish a FLUX.1-dev step in ~45 ms and wait for the
+ *            host) and is what pins these two figures; the same host drives
+ *            every GPU preset.  `cluster.profile` may set them to 0 for a
+ *            compiled (CUDA graph) deployment.
+ *  rtx4090 intra_gbps 12: GeForce boards have no P2P, so NCCL collectives go
+ *            through host shared memory (~12 GB/s bus bandwidth on PCIe Gen4).
  * op_overhead_us: ~5 us per kernel launch plus framework dispatch on GPUs
  * (CUDA launch latency is 2-5 us); 1 us on the CPU.
  */
@@ -57,7 +81,7 @@ static const cpc_device_profile presets[] = {
      GEMM_L20, HOST_LAYER_US, HOST_OP_US},
     {"rtx4090", 100.0, 40.0, 900.0, 12.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0,
      GEMM_4090, HOST_LAYER_US, HOST_OP_US},
-    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0, 1.0, 0, 0, 0.06, 0, 0},
+    {"cpu", 0.065, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0},
 };
 
 const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
