@@ -1465,6 +1465,37 @@ cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pct
     if (diags)
         return diags;
 
+    /* parallel.cfg_degree / tp_degree (SPEC section 1, "All four axes"): a
+     * degree < 1 is CP002; anything but 1 is not validated, scheduled or run
+     * yet, and is refused rather than ignored. */
+    static const char *const axis_key[2] = {"parallel.cfg_degree", "parallel.tp_degree"};
+    const int axis_val[2] = {p->parallel.cfg_degree, p->parallel.tp_degree};
+    for (int i = 0; i < 2; i++) {
+        bool written = false;
+        for (int k = 0; k < p->n_key_spans && !written; k++)
+            written = strcmp(p->key_spans[k].key, axis_key[i]) == 0;
+        if (!written || axis_val[i] == 1)
+            continue;
+        cpc_status *e;
+        if (axis_val[i] != CPC_DEGREE_AUTO && axis_val[i] < 1)
+            e = cpc_diag(CPC_E_PLAN, 2, CPC_SEV_ERROR, cpc_plan_span(p, axis_key[i], true),
+                         "%s is %d, must be >= 1", axis_key[i], axis_val[i]);
+        else {
+            char v[16];
+            if (axis_val[i] == CPC_DEGREE_AUTO)
+                snprintf(v, sizeof v, "auto");
+            else
+                snprintf(v, sizeof v, "%d", axis_val[i]);
+            e = cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_ERROR, cpc_plan_span(p, axis_key[i], true),
+                         "%s: %s: this cpc validates, schedules and runs the ring x ulysses axes only; "
+                         "the cfg and tensor-parallel axes are not implemented yet", axis_key[i], v);
+            cpc_status_set_hint(e, "%s: 1", axis_key[i]);
+        }
+        cpc_status_append(&diags, e);
+    }
+    if (diags)
+        return diags;
+
     /* Stage 1: inference (CP105). */
     request rq;
     diags = infer(p, &rq);
