@@ -295,20 +295,27 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
         outp = o_plan;
     }
 
-    /* gradients: prior values (accumulation) or 0 */
-    float *dq = malloc(sizeof(float) * no), *dk = malloc(sizeof(float) * nkv);
-    float *dv = malloc(sizeof(float) * nkv);
-    float *pq = malloc(sizeof(float) * no), *pk = malloc(sizeof(float) * nkv);
-    float *pv = malloc(sizeof(float) * nkv);
-    for (size_t i = 0; i < no; i++)
-        pq[i] = tc.prior ? (float)(0.01 * normal_at(seed, 6, i)) : 0.0f;
-    for (size_t i = 0; i < nkv; i++) {
-        pk[i] = tc.prior ? (float)(0.01 * normal_at(seed, 7, i)) : 0.0f;
-        pv[i] = tc.prior ? (float)(0.01 * normal_at(seed, 8, i)) : 0.0f;
+    /* gradients: prior values (accumulation) or 0, in buffers with `extra`
+     * sentinel rows per batch (batch strides; the sentinels must survive); the
+     * blocks write their slices of dk/dv in place (dkv_bstride) */
+    const int64_t dqbs = (sq + tc.extra) * nqh * D, dkvbs = (skv + tc.extra) * hkv * D;
+    const size_t ndq = (size_t)B * dqbs, ndkv = (size_t)B * dkvbs;
+    const float sentinel = 12345.0f;
+    float *dq = malloc(sizeof(float) * ndq), *dk = malloc(sizeof(float) * ndkv);
+    float *dv = malloc(sizeof(float) * ndkv);
+    float *pq = malloc(sizeof(float) * ndq), *pk = malloc(sizeof(float) * ndkv);
+    float *pv = malloc(sizeof(float) * ndkv);
+    for (size_t i = 0; i < ndq; i++)
+        pq[i] = (int64_t)(i % (size_t)dqbs) >= sq * nqh * D ? sentinel
+                : tc.prior ? (float)(0.01 * normal_at(seed, 6, i)) : 0.0f;
+    for (size_t i = 0; i < ndkv; i++) {
+        bool gap = (int64_t)(i % (size_t)dkvbs) >= skv * hkv * D;
+        pk[i] = gap ? sentinel : tc.prior ? (float)(0.01 * normal_at(seed, 7, i)) : 0.0f;
+        pv[i] = gap ? sentinel : tc.prior ? (float)(0.01 * normal_at(seed, 8, i)) : 0.0f;
     }
-    memcpy(dq, pq, sizeof(float) * no);
-    memcpy(dk, pk, sizeof(float) * nkv);
-    memcpy(dv, pv, sizeof(float) * nkv);
+    memcpy(dq, pq, sizeof(float) * ndq);
+    memcpy(dk, pk, sizeof(float) * ndkv);
+    memcpy(dv, pv, sizeof(float) * ndkv);
     float *delta = malloc(sizeof(float) * nl);
     for (size_t i = 0; i < nl; i++)
         delta[i] = NAN;
@@ -321,15 +328,8 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
         void *kl, *vl;
         int64_t kvbs;
         MAKE_KV(kl, vl, j0, j1, kvbs);
-        const size_t nb = (size_t)B * bn * hkv * D;
-        float *bdk = malloc(sizeof(float) * (nb + 1)), *bdv = malloc(sizeof(float) * (nb + 1));
-        for (int b = 0; b < B; b++) /* the block's slice of dk/dv (their prior) */
-            for (int64_t j = 0; j < bn; j++) {
-                size_t s = ((size_t)b * skv + (size_t)(j0 + j)) * hkv * D;
-                size_t d = ((size_t)b * bn + (size_t)j) * hkv * D;
-                memcpy(bdk + d, dk + s, sizeof(float) * hkv * D);
-                memcpy(bdv + d, dv + s, sizeof(float) * hkv * D);
-            }
+        /* contiguous (stride 0) only when the block is the whole, gapless buffer */
+        const bool whole = tc.nblk == 1 && tc.extra == 0;
         cpc_attn_bwd_args a = {
             .B = B, .sq = sq, .skv = bn, .hq = nqh, .hkv = hkv, .d = D, .group = group,
             .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt,
@@ -337,22 +337,15 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
             .q_bstride = qbs, .kv_bstride = kvbs, .dout_bstride = qbs,
             .out = blk == 0 ? outp : NULL, .out_dtype = out_dt, .out_bstride = out_bs,
             .lse = lse, .delta = delta, .compute_delta = blk == 0,
-            .dq = dq, .dk = bdk, .dv = bdv, .scale = scale, .causal = tc.causal,
+            .dq = dq, .dk = dk + (size_t)j0 * hkv * D, .dv = dv + (size_t)j0 * hkv * D,
+            .dq_bstride = whole ? 0 : dqbs, .dkv_bstride = whole ? 0 : dkvbs,
+            .scale = scale, .causal = tc.causal,
             .q_runs = tc.qr, .n_q_runs = tc.nqr, .kv_runs = kr, .n_kv_runs = nkr,
             .kv_mask = pmask, .mask_len = pmask ? Skv : 0};
         st = be->vt->attn_bwd(be, &a);
         if (st)
             cpc_status_print(stderr, "test", st);
         cr_assert_null(st, "attn_bwd failed (seed %llu)", (unsigned long long)seed);
-        for (int b = 0; b < B; b++)
-            for (int64_t j = 0; j < bn; j++) {
-                size_t s = ((size_t)b * skv + (size_t)(j0 + j)) * hkv * D;
-                size_t d = ((size_t)b * bn + (size_t)j) * hkv * D;
-                memcpy(dk + s, bdk + d, sizeof(float) * hkv * D);
-                memcpy(dv + s, bdv + d, sizeof(float) * hkv * D);
-            }
-        free(bdk);
-        free(bdv);
         free(kl);
         free(vl);
     }
@@ -389,7 +382,7 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
     for (int b = 0; b < B; b++)
         for (int64_t i = 0; i < sq; i++)
             for (int h = 0; h < nqh; h++) {
-                size_t li = (((size_t)b * sq + (size_t)i) * nqh + (size_t)h) * D;
+                size_t li = (size_t)b * dqbs + ((size_t)i * nqh + (size_t)h) * D;
                 size_t gi = (((size_t)b * S + (size_t)qpos[i]) * H + (size_t)(qh0 + h)) * D;
                 if (lse[((size_t)b * nqh + h) * sq + (size_t)i] == -INFINITY) {
                     res.empty_rows++;
@@ -417,7 +410,7 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
     for (int b = 0; b < B; b++)
         for (int64_t j = 0; j < skv; j++)
             for (int kh = 0; kh < hkv; kh++) {
-                size_t li = (((size_t)b * skv + (size_t)j) * hkv + (size_t)kh) * D;
+                size_t li = (size_t)b * dkvbs + ((size_t)j * hkv + (size_t)kh) * D;
                 size_t gi = (((size_t)b * Skv + (size_t)kpos[j]) * Hkv + (size_t)(kv_off + kh)) * D;
                 int g = kv_off + kh;
                 bool used = (g + 1) * group > qh0 && g * group < qh0 + nqh;
@@ -433,6 +426,14 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
                     rvv[n++] = rv[gi + e];
                 }
             }
+    for (size_t i = 0; i < ndq; i++)
+        if ((int64_t)(i % (size_t)dqbs) >= sq * nqh * D)
+            cr_assert(dq[i] == sentinel, "dq written between batches (seed %llu)",
+                      (unsigned long long)seed);
+    for (size_t i = 0; i < ndkv; i++)
+        if ((int64_t)(i % (size_t)dkvbs) >= skv * hkv * D)
+            cr_assert(dk[i] == sentinel && dv[i] == sentinel,
+                      "dk/dv written between batches (seed %llu)", (unsigned long long)seed);
     cpc_compare_init(&ck);
     cpc_compare_add_f64(&ck, gk, rkk, (int64_t)n);
     cpc_compare_finish(&ck, tol);
@@ -912,6 +913,13 @@ Test(attn_bwd, refused_arguments)
     a.n_q_runs = 1;
     st = be->vt->attn_bwd(be, &a);
     cr_assert_not_null(st, "runs that do not cover the rows refused");
+    cpc_status_free(st);
+    a = good;
+    a.B = 2;
+    a.q_bstride = a.dout_bstride = a.out_bstride = a.kv_bstride = 8;
+    a.dkv_bstride = 4; /* smaller than a batch's 2 x 4 */
+    st = be->vt->attn_bwd(be, &a);
+    cr_assert_not_null(st, "a gradient batch stride smaller than the block refused");
     cpc_status_free(st);
     a = good;
     a.dtype = (cpc_dtype)99;

@@ -35,8 +35,11 @@
  * 8e-8 relative error), AVX-512 or AVX2 chosen at run time, scalar
  * otherwise; CPC_CPU_ISA=avx2|scalar forces one (tests).
  *
- * Tile sizes: TQ x TK = 128 x 256 by default (measured on an AMD EPYC
- * AVX2 machine with bench/bench_attention_bwd.c); CPC_CPU_ATTN_BWD_TILES=
+ * Tile sizes: TQ x TK = 256 x 512 by default, as the forward's (measured on
+ * an AMD EPYC AVX2 machine with bench/bench_attention_bwd.c, S = 2048:
+ * 256x512 gave the lowest backward / forward ratio, 2.3-2.5; 128x128 2.3-2.9,
+ * 64xN 3.0-3.4: the products dV += P^T dO and dK += dS^T Q reduce over the
+ * TQ rows of the tile, so short query tiles starve them); CPC_CPU_ATTN_BWD_TILES=
  * "<TQ>x<TK>" overrides them when the scratch is created (first call).
  *
  * Memory: scratch of 3 [sq, d] + 4 [skv, d] + 2 [TQ, TK] fp32 and
@@ -149,8 +152,8 @@ static cpc_status *bwd_state(cpc_cpu_bwd **state, cpc_cpu_bwd **out)
     cpc_cpu_bwd *c = calloc(1, sizeof *c);
     if (!c)
         return cpc_error(CPC_E_NOMEM, "attn_bwd: out of memory");
-    c->tq = 128;
-    c->tk = 256;
+    c->tq = 256;
+    c->tk = 512;
     const char *env = getenv("CPC_CPU_ATTN_BWD_TILES");
     if (env) {
         int q = 0, k = 0;
@@ -233,7 +236,15 @@ static cpc_status *check_bwd_args(const cpc_attn_bwd_args *a)
                              a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
                              a->kv_head_off, a->kv_head_off + a->hkv);
     }
-    const int64_t qblk = a->sq * a->hq * a->d;
+    const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
+    if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
+        (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
+                      (a->dkv_bstride && a->dkv_bstride < kvblk))))
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn_bwd: gradient batch strides (dq %lld, dk/dv %lld elements) "
+                         "smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->dq_bstride, (long long)a->dkv_bstride, (long long)qblk,
+                         (long long)kvblk);
     if (a->B > 1 && (a->q_bstride < qblk || a->dout_bstride < qblk ||
                      (a->compute_delta && a->out_bstride < qblk) ||
                      a->kv_bstride < a->skv * a->hkv * a->d))
@@ -358,6 +369,8 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
 
     const float qscale = a->scale * LOG2E_F;
     const int64_t ldq = (int64_t)hq * d, ldkv = (int64_t)hkv * d;
+    const int64_t dq_bs = a->dq_bstride ? a->dq_bstride : sq * ldq;
+    const int64_t dkv_bs = a->dkv_bstride ? a->dkv_bstride : skv * ldkv;
     float *S = c->s, *DP = c->dp;
 
     for (int b = 0; b < B; b++) {
@@ -473,7 +486,7 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
                                     DPt, tk, Qt, d, 1.0f, c->dkb + (size_t)j0 * d, d);
                     }
                 }
-                float *dq = a->dq + (size_t)b * (size_t)sq * (size_t)ldq + (size_t)h * d;
+                float *dq = a->dq + (size_t)b * (size_t)dq_bs + (size_t)h * d;
                 for (int64_t i = 0; i < sq; i++) {
                     float *dst = dq + (size_t)i * (size_t)ldq;
                     const float *src = c->dqb + (size_t)i * d;
@@ -481,8 +494,8 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
                         dst[e] += src[e];
                 }
             }
-            float *dk = a->dk + (size_t)b * (size_t)skv * (size_t)ldkv + (size_t)kvl * d;
-            float *dv = a->dv + (size_t)b * (size_t)skv * (size_t)ldkv + (size_t)kvl * d;
+            float *dk = a->dk + (size_t)b * (size_t)dkv_bs + (size_t)kvl * d;
+            float *dv = a->dv + (size_t)b * (size_t)dkv_bs + (size_t)kvl * d;
             for (int64_t j = 0; j < skv; j++) {
                 float *dkr = dk + (size_t)j * (size_t)ldkv, *dvr = dv + (size_t)j * (size_t)ldkv;
                 const float *sk = c->dkb + (size_t)j * d, *sv = c->dvb + (size_t)j * d;

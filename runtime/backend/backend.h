@@ -94,7 +94,10 @@ typedef struct cpc_attn_args {
  * when it is the fp32 ACC); dq, dk, dv, lse, delta fp32.  Computation in fp32.
  *
  * Outputs are ACCUMULATED (+=): dq [B, sq, hq, d], dk and dv [B, skv, hkv, d],
- * all fp32 and contiguous (no batch stride); the caller zeroes them
+ * all fp32, rows contiguous, batch strides dq_bstride / dkv_bstride elements
+ * (0: the block's own size, i.e. contiguous; a larger stride lets a block
+ * write its slice of an all-gathered [B, S, hkv, d] gradient in place);
+ * elements between batches are not touched.  The caller zeroes them
  * (init_acc with n_lse = 0) before the first block.
  *
  * Errors: CPC_E_INTERNAL for inconsistent arguments (as attn, plus a missing
@@ -117,8 +120,9 @@ typedef struct cpc_attn_bwd_args {
     const float *lse;         /* [B, hq, sq] fp32, natural log, of the whole row */
     float *delta;             /* [B, hq, sq] fp32: written (compute_delta) or read */
     bool compute_delta;
-    float *dq;                /* [B, sq, hq, d] fp32, contiguous, += */
-    float *dk, *dv;           /* [B, skv, hkv, d] fp32, contiguous, += */
+    float *dq;                /* [B, sq, hq, d] fp32, += ; batch stride dq_bstride */
+    float *dk, *dv;           /* [B, skv, hkv, d] fp32, += ; batch stride dkv_bstride */
+    int64_t dq_bstride, dkv_bstride; /* elements; 0 = contiguous */
     float scale;
     bool causal;
     const cpc_run *q_runs;  int n_q_runs;
