@@ -19,6 +19,9 @@
  *     visible key) keeps O = 0 and gets LSE = -inf.
  *   O is accumulated in place in the caller's fp32 output.
  *
+ * The backward (attn_bwd) is in attention_bwd_cpu.c; the pieces both use
+ * (2^x, scratch, positions from runs) are in cpu_kernels.h.
+ *
  * The exponentials are a degree-6 polynomial for 2^f on [-1/2, 1/2]
  * (Chebyshev interpolation, max relative error 8e-8 in fp32) times 2^n built
  * in the exponent bits, vectorised for AVX-512 or AVX2 (chosen at run time;
