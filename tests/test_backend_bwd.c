@@ -454,12 +454,15 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
               (long long)cq.n_nan, (long long)cq.n_inf, (long long)ck.n_nan,
               (long long)ck.n_inf, (long long)cv.n_nan, (long long)cv.n_inf,
               (unsigned long long)seed);
-    /* a gradient that is exactly 0 in exact arithmetic (e.g. dq and dk with a
-     * single visible key: dS = P (dP - delta) = 0) has no relative error: there
-     * the absolute error must be at rounding level */
+    /* a gradient that vanishes in exact arithmetic (dq and dk with a single
+     * visible key: dS = P (dP - delta) = 0; the double reference then holds
+     * rounding noise, rms < 1e-6) has no meaningful relative error: there the
+     * absolute error must be at the fp32 rounding level of its O(1) terms (dP
+     * and delta are sums of D products of unit normals: an ulp of ~8 is 1e-6) */
     cpc_compare_result *cr3[3] = {&cq, &ck, &cv};
     for (int i = 0; i < 3; i++)
-        if (cr3[i]->sum_sq_ref == 0.0 && cr3[i]->max_abs_err <= 1e-6)
+        if (cr3[i]->n > 0 && sqrt(cr3[i]->sum_sq_ref / (double)cr3[i]->n) < 1e-6 &&
+            cr3[i]->max_abs_err <= 1e-5)
             cr3[i]->pass = cr3[i]->n_nan == 0 && cr3[i]->n_inf == 0;
     cr_assert(cq.pass && ck.pass && cv.pass,
               "gradient rel err dq %.3e dk %.3e dv %.3e > %.0e (B=%d S=%lld Skv=%lld H=%d "
