@@ -152,6 +152,8 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
         sc->predicted_ms_per_forward = c->pred.ms_per_forward;
         sc->memory_bytes_per_rank = c->pred.memory_bytes_per_rank;
         sc->bytes_sent_per_rank = c->pred.bytes_sent_per_rank;
+        sc->predicted_ms_per_step = c->pred.ms_per_step;
+        sc->predicted_ms_per_image = c->pred.ms_per_image;
         sc->priced = true;
     }
     if (o->until == CPC_UNTIL_VERIFY || !o->kernels)

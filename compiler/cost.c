@@ -32,20 +32,56 @@
  *            attention ~60% -> 100; GDDR6X 1008 GB/s; PCIe Gen4 x16 ~22 GB/s, no
  *            P2P on GeForce (staged through host: ~12 GB/s); 24 GB (the seed's
  *            table used 48 GB boards: set cluster.memory_gb: 48).
- *  cpu:      one core of this project's CI machines: OpenBLAS SGEMM ~96 GFLOP/s
- *            single thread (platform-notes.md), attention ~60% of it; memcpy
- *            ~8 GB/s; shared-memory "links" ~5 GB/s, ~5 us.  `cprun --calibrate`
- *            measures the real figures.
+ *  cpu:      this project's CI machines (2 cores shared by the rank threads), as
+ *            `cprun --calibrate` measured them (full mode, 4 ranks): attention
+ *            65 GFLOP/s bf16 (68 fp32) per rank plus its Q/K/V/O IO at 4 GB/s,
+ *            memory-bound ops 18 GB/s, all-to-all bus 5.5 GB/s, point to point
+ *            15 GB/s, 25 us per message, 0.4 us per op, 1.7 effective cores
+ *            shared by the ranks (cores: 4 ranks ran 2.4x slower than one);
+ *            dense GEMM: OpenBLAS SGEMM ~90 GFLOP/s single thread
+ *            (platform-notes.md).  The earlier preset (60 GFLOP/s, no core
+ *            sharing, no attention IO term) was 3-5x optimistic here.
+ *  WHOLE STEP figures (cost.h):
+ *  gemm_tflops = 0.72 x the dense bf16 tensor peak with FP32 accumulation:
+ *            H100 SXM 989 (datasheet) -> 712, H200 the same silicon -> 712,
+ *            A100 312 -> 225, L20 119.5 (datasheet) -> 86, RTX 4090 165.2
+ *            (Ada whitepaper, FP32 accumulate) -> 119.  0.72 is what cuBLAS
+ *            reaches on a DiT's GEMMs with ~1-5k token rows per rank (large
+ *            square GEMMs reach 0.75-0.8).
+ *  host_layer_us = 990, host_op_us = 225: eager PyTorch (diffusers), where
+ *            each transformer block issues ~100 kernels through Python
+ *            dispatch (~10 us each) and each op of the attention program is
+ *            ~15-20 PyTorch calls (a funcol collective with its reshapes and
+ *            wait, an attention call returning its LSE, an fp32 LSE-merge
+ *            update).  The seeds' 4 x H100 table is the one host-bound case
+ *            (the GPUs finish a FLUX.1-dev step in ~45 ms and wait for the
+ *            host) and is what pins these two figures; the same host drives
+ *            every GPU preset.  `cluster.profile` may set them to 0 for a
+ *            compiled (CUDA graph) deployment.
+ *  rtx4090 intra_gbps 12: GeForce boards have no P2P, so NCCL collectives go
+ *            through host shared memory (~12 GB/s bus bandwidth on PCIe Gen4).
  * op_overhead_us: ~5 us per kernel launch plus framework dispatch on GPUs
  * (CUDA launch latency is 2-5 us); 1 us on the CPU.
  */
+#define GEMM_H100 712.0
+#define GEMM_H200 712.0
+#define GEMM_A100 225.0
+#define GEMM_L20 86.0
+#define GEMM_4090 119.0
+#define HOST_LAYER_US 990.0
+#define HOST_OP_US 225.0
 static const cpc_device_profile presets[] = {
-    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0},
-    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0, 0, 0},
-    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0},
-    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0, 0, 0},
-    {"rtx4090", 100.0, 40.0, 900.0, 22.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0},
-    {"cpu", 0.06, 0.06, 8.0, 5.0, 5.0, 1.0, 5.0, 50.0, 16.0, 0, 1.0, 0, 0},
+    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0,
+     GEMM_H100, HOST_LAYER_US, HOST_OP_US},
+    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0, 0, 0,
+     GEMM_H200, HOST_LAYER_US, HOST_OP_US},
+    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0,
+     GEMM_A100, HOST_LAYER_US, HOST_OP_US},
+    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0, 0, 0,
+     GEMM_L20, HOST_LAYER_US, HOST_OP_US},
+    {"rtx4090", 100.0, 40.0, 900.0, 12.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0,
+     GEMM_4090, HOST_LAYER_US, HOST_OP_US},
+    {"cpu", 0.065, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0},
 };
 
 const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
@@ -74,6 +110,7 @@ static const profile_field profile_fields[] = {
     PF(attn_tflops), PF(attn_tflops_fp32), PF(mem_gbps), PF(intra_gbps),
     PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
     PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us), PF(cores), PF(attn_io_gbps),
+    PF(gemm_tflops), PF(host_layer_us), PF(host_op_us),
 };
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
@@ -267,6 +304,7 @@ typedef struct {
     double compute_scale; /* >1 when ranks share cores */
     int64_t stage_send, stage_recv; /* all-to-all staging the executor allocates */
     double comm_scale;    /* the same on a CPU device with `cores` (copies use the cores), else 1 */
+    double host_ops;      /* ops the serving framework's host issues (WHOLE STEP) */
 } pricer;
 
 static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coords *c)
@@ -374,6 +412,17 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
             return NULL;
     }
     switch (op->kind) {
+    case CPC_OP_INIT_ACC: case CPC_OP_ATTN: case CPC_OP_COPY: case CPC_OP_SEND:
+    case CPC_OP_ALL_TO_ALL: case CPC_OP_ALL_GATHER: case CPC_OP_BARRIER:
+        pr->host_ops += 1;
+        break;
+    case CPC_OP_MERGE: /* the output and the LSE update */
+        pr->host_ops += 2;
+        break;
+    default:
+        break;
+    }
+    switch (op->kind) {
     case CPC_OP_LOOP: {
         int64_t n = 0;
         if ((st = eval(pr, op->count, &n)))
@@ -388,7 +437,8 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         } else {
             /* first `edge` steps exactly, the middle extrapolated from their
              * average, the last `edge` steps exactly (see cost.h) */
-            double t0c = pr->t_comp, t0m = pr->t_comm, b0 = pr->comp_busy, f0 = pr->flops;
+            double t0c = pr->t_comp, t0m = pr->t_comm, b0 = pr->comp_busy, f0 = pr->flops,
+                   h0 = pr->host_ops;
             int64_t s0 = pr->sent;
             for (int64_t s = 0; s < edge && !st; s++) {
                 pr->c.s = s;
@@ -405,6 +455,7 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
                     pr->pending[i] += shift;
             pr->comp_busy += (pr->comp_busy - b0) * k;
             pr->flops += (pr->flops - f0) * k;
+            pr->host_ops += (pr->host_ops - h0) * k;
             pr->sent += (int64_t)((double)(pr->sent - s0) * k);
             for (int64_t s = n - edge; s < n && !st; s++) {
                 pr->c.s = s;
@@ -602,6 +653,54 @@ static int pick_ranks(const cpc_layout *L, int *out, int max)
     return n;
 }
 
+double cpc_weights_per_token(const cpc_plan *plan)
+{
+    if (plan->model.parameters <= 0)
+        return 0;
+    int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+    double hidden = (double)plan->model.heads * T * plan->model.head_dim;
+    double layers = plan->model.layers > 0 ? plan->model.layers : 1;
+    double w = 12.0 * hidden * hidden * layers;
+    return w < (double)plan->model.parameters ? w : (double)plan->model.parameters;
+}
+
+/* The whole forward step (cost.h WHOLE STEP).  `plan` is the plan one
+ * (R x U) group prices: with cfg/tp degrees resolved, its batch is B / C and
+ * its heads H / T (parallel.cfg_degree / tp_degree say C and T). */
+static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, double scale,
+                       cpc_prediction *out)
+{
+    double W = cpc_weights_per_token(plan);
+    if (W <= 0)
+        return;
+    int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+    double layers = plan->model.layers > 0 ? plan->model.layers : 1;
+    double hidden = (double)plan->model.heads * T * plan->model.head_dim;
+    double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
+    double tokens = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double gemm = (dev->gemm_tflops > 0 ? dev->gemm_tflops : dev->attn_tflops) * 1e12;
+    if (plan->model.dtype == CPC_DTYPE_FP32 && dev->attn_tflops > 0)
+        gemm *= dev->attn_tflops_fp32 / dev->attn_tflops;
+    double dense = 2.0 * W * tokens / T / gemm;
+    if (T > 1) {
+        /* Megatron-style: an all-reduce after attention's output projection
+         * and one after the MLP, per layer; TP is the innermost axis, so a
+         * TP group spans nodes only when T > gpus_per_node */
+        double lat = dev->intra_latency_us * 1e-6;   /* TP groups sit inside a node */
+        double gbps = dev->intra_gbps * 1e9;
+        double bytes = tokens * hidden * cpc_dtype_size(plan->model.dtype);
+        dense += layers * 2.0 * (2.0 * (T - 1) * lat + bytes * 2.0 * (T - 1) / T / (gbps > 0 ? gbps : 1e9));
+    }
+    dense *= scale;
+    double device = dense + out->ms_per_forward * 1e-3;
+    double host = layers * (dev->host_layer_us + out->host_ops_per_layer * dev->host_op_us) * 1e-6;
+    out->dense_ms_per_step = dense * 1e3;
+    out->device_ms_per_step = device * 1e3;
+    out->host_ms_per_step = host * 1e3;
+    out->ms_per_step = (device > host ? device : host) * 1e3;
+    out->ms_per_image = plan->input.steps > 0 ? out->ms_per_step * plan->input.steps : 0;
+}
+
 double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev)
 {
     if (dev->cores > 0) {
@@ -634,10 +733,47 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     }
     int n_ranks = pick_ranks(L, ranks, max_ranks);
     cpc_status *st = NULL;
-    double worst_t = 0, worst_comp = 0, worst_comm = 0;
+    double worst_t = 0, worst_comp = 0, worst_comm = 0, worst_host = 0;
     int64_t worst_mem = 0, worst_sent = 0;
     double flops = 0;
     double scale = cpc_core_sharing(plan, dev);
+    if (scale > 1.0 && dev->cores > 0 && n_ranks == L->P) {
+        /* Ranks that share cores: a rank with less work (uneven heads or
+         * tokens) finishes early and leaves its cores to the others, so the
+         * node's time is its total compute over its cores, not the busiest
+         * rank times (ranks / cores).  Price every rank's compute alone
+         * first; the sharing factor is then (sum / cores) / busiest. */
+        double sum = 0, busiest = 0;
+        for (int i = 0; i < n_ranks && !st; i++) {
+            pricer pr = {.plan = plan, .prog = prog, .dev = dev, .L = L,
+                         .c = cpc_program_coords(prog, ranks[i]), .tag = tags,
+                         .runs_a = ra, .runs_b = rb, .max_runs = max_runs, .compute_scale = 1.0,
+                         .comm_scale = 1.0};
+            for (int b = 0; b < prog->n_buffers; b++)
+                tags[b] = (prog->buffers[b].tokens == CPC_TOK_BLOCK && prog->buffers[b].io == CPC_IO_INPUT)
+                              ? (int)pr.c.r : -1;
+            st = price_ops(&pr, prog->ops, prog->n_ops);
+            double busy = pr.comp_busy; /* compute seconds */
+            sum += busy;
+            if (busy > busiest)
+                busiest = busy;
+        }
+        if (st) {
+            free(ranks), free(tags), free(ra), free(rb);
+            return st;
+        }
+        double per_node = (double)L->P;
+        if (plan->cluster.gpus_per_node > 0 && plan->cluster.gpus_per_node < L->P)
+            per_node = plan->cluster.gpus_per_node;
+        double cores = dev->cores, nodes = (double)L->P / per_node;
+        if (busiest > 0 && cores > 0) {
+            double s2 = (sum / nodes / cores) / busiest;
+            if (s2 < 1.0)
+                s2 = 1.0;
+            if (s2 < scale)
+                scale = s2;
+        }
+    }
     for (int i = 0; i < n_ranks && !st; i++) {
         pricer pr = {.plan = plan, .prog = prog, .dev = dev, .L = L,
                      .c = cpc_program_coords(prog, ranks[i]), .tag = tags,
@@ -667,6 +803,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
             worst_mem = mem;
         if (pr.sent > worst_sent)
             worst_sent = pr.sent;
+        if (pr.host_ops > worst_host)
+            worst_host = pr.host_ops;
         flops += pr.flops;
     }
     free(ranks), free(tags), free(ra), free(rb);
@@ -687,6 +825,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     out->bytes_sent_per_rank = worst_sent;
     out->flops_per_layer = flops;
     out->fits = (double)out->memory_bytes_per_rank <= dev->memory_gb * 1073741824.0;
+    out->host_ops_per_layer = worst_host;
+    price_step(plan, dev, scale, out);
     return NULL;
 }
 
@@ -710,6 +850,8 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     cand->predicted_ms_per_forward = pred.ms_per_forward;
     cand->memory_bytes_per_rank = pred.memory_bytes_per_rank;
     cand->bytes_sent_per_rank = pred.bytes_sent_per_rank;
+    cand->predicted_ms_per_step = pred.ms_per_step;
+    cand->predicted_ms_per_image = pred.ms_per_image;
     cand->priced = true;
     if (!pred.fits) {
         double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;

@@ -45,6 +45,27 @@
  * not allocate it (nor reserved_gb, memory the rest of the model holds), so
  * its figure is lower by exactly that much.
  *
+ * WHOLE STEP (model.parameters).  Per rank of a (C, T, R, U) split:
+ *   dense  = 2 FLOP x W x tokens / T at gemm_tflops, tokens = B/C x S/(R*U) and
+ *            W = the weights a token passes through = min(model.parameters,
+ *            12 x hidden^2 x layers), hidden = H x D (a transformer block's
+ *            Q, K, V, O projections 4 h^2 and a 4x MLP 8 h^2: adaLN
+ *            modulation weights act once per sample, not per token, and in a
+ *            dual-stream block (FLUX, SD3, HunyuanVideo) a token passes
+ *            through one stream's weights only; FLUX.1-dev: 11.9e9 weights,
+ *            6.45e9 per token);
+ *   tp     = with T > 1, 2 all-reduces per layer of tokens x hidden
+ *            (ring all-reduce: 2 (T-1) latency steps + bytes x 2 (T-1) / T at
+ *            the bus bandwidth);
+ *   attn   = ms_per_layer x layers (the op program, as above);
+ *   device = (dense + tp) x core sharing + attn;
+ *   host   = layers x (host_layer_us + host ops x host_op_us): kernels are
+ *            launched asynchronously, so the step takes
+ *   ms_per_step = max(device, host)  (fast GPUs in eager frameworks are
+ *            host-bound: 4 x H100 run FLUX.1-dev at the host's pace);
+ *   ms_per_image = ms_per_step x input.steps.
+ * CFG groups (C) never talk during a step: each prices its own batch slice.
+ *
  * Device figures are public numbers, each with its source in cost.c; a
  * profile written by `cprun --calibrate` (cluster.profile) overrides them.
  *
@@ -91,6 +112,17 @@ typedef struct cpc_device_profile {
                                   given, so many small blocks cost more than one big one).
                                   0 = no separate term (GPU presets: flash attention
                                   overlaps its IO with the math) */
+    /* Whole step (model.parameters; see WHOLE STEP below): */
+    double gemm_tflops;        /* achieved dense GEMM rate (bf16/fp16), TFLOP/s; fp32 plans
+                                  scale it by attn_tflops_fp32 / attn_tflops.  0 = use
+                                  attn_tflops */
+    double host_layer_us;      /* host time to issue one transformer block's dense work in
+                                  the serving framework (eager PyTorch: ~100 kernel launches
+                                  with Python dispatch), us; 0 = never host-bound */
+    double host_op_us;         /* host time to issue one op of the attention program in that
+                                  framework (a collective with its reshapes, an attention call
+                                  with its LSE, one LSE-merge update: ~10-20 PyTorch calls), us;
+                                  a merge is two (output and LSE) */
 } cpc_device_profile;
 
 /* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).
@@ -109,6 +141,9 @@ cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out);
 cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out);
 cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p);
 
+
+/* Weights a token passes through (see WHOLE STEP); 0 without model.parameters. */
+double cpc_weights_per_token(const cpc_plan *plan);
 
 /* How much slower one rank's work gets because the ranks of a node share
  * cores (>= 1): with dev->cores > 0, max(1, ranks per node / cores) (ranks

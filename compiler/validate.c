@@ -783,6 +783,13 @@ static int add_preferred(clist *l, cpc_variant v, int R, int U, origin o)
 /* Selection (SPEC section 1 tie rule)                                      */
 /* ------------------------------------------------------------------------ */
 
+/* The time a candidate is chosen by: the whole step when the plan has
+ * model.parameters (cost.h WHOLE STEP), else the attention forward. */
+static double select_time(const cpc_candidate *c)
+{
+    return c->predicted_ms_per_step > 0 ? c->predicted_ms_per_step : c->predicted_ms_per_forward;
+}
+
 int cpc_select_best(const cpc_candidate *c, int n)
 {
     int first_ok = -1;
@@ -793,8 +800,8 @@ int cpc_select_best(const cpc_candidate *c, int n)
             continue;
         if (first_ok < 0)
             first_ok = i;
-        if (c[i].priced && (!any_priced || c[i].predicted_ms_per_forward < lowest)) {
-            lowest = c[i].predicted_ms_per_forward;
+        if (c[i].priced && (!any_priced || select_time(&c[i]) < lowest)) {
+            lowest = select_time(&c[i]);
             any_priced = true;
         }
     }
@@ -802,7 +809,7 @@ int cpc_select_best(const cpc_candidate *c, int n)
         return first_ok;
     int best = -1;
     for (int i = 0; i < n; i++) {
-        if (!c[i].ok || !c[i].priced || c[i].predicted_ms_per_forward > 1.02 * lowest)
+        if (!c[i].ok || !c[i].priced || select_time(&c[i]) > 1.02 * lowest)
             continue;
         if (best < 0 || c[i].memory_bytes_per_rank < c[best].memory_bytes_per_rank)
             best = i;
@@ -1455,6 +1462,37 @@ cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pct
         return cpc_error(CPC_E_INTERNAL, "cpc_validate: no plan");
 
     cpc_status *diags = check_sanity(p);
+    if (diags)
+        return diags;
+
+    /* parallel.cfg_degree / tp_degree (SPEC section 1, "All four axes"): a
+     * degree < 1 is CP002; anything but 1 is not validated, scheduled or run
+     * yet, and is refused rather than ignored. */
+    static const char *const axis_key[2] = {"parallel.cfg_degree", "parallel.tp_degree"};
+    const int axis_val[2] = {p->parallel.cfg_degree, p->parallel.tp_degree};
+    for (int i = 0; i < 2; i++) {
+        bool written = false;
+        for (int k = 0; k < p->n_key_spans && !written; k++)
+            written = strcmp(p->key_spans[k].key, axis_key[i]) == 0;
+        if (!written || axis_val[i] == 1)
+            continue;
+        cpc_status *e;
+        if (axis_val[i] != CPC_DEGREE_AUTO && axis_val[i] < 1)
+            e = cpc_diag(CPC_E_PLAN, 2, CPC_SEV_ERROR, cpc_plan_span(p, axis_key[i], true),
+                         "%s is %d, must be >= 1", axis_key[i], axis_val[i]);
+        else {
+            char v[16];
+            if (axis_val[i] == CPC_DEGREE_AUTO)
+                snprintf(v, sizeof v, "auto");
+            else
+                snprintf(v, sizeof v, "%d", axis_val[i]);
+            e = cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_ERROR, cpc_plan_span(p, axis_key[i], true),
+                         "%s: %s: this cpc validates, schedules and runs the ring x ulysses axes only; "
+                         "the cfg and tensor-parallel axes are not implemented yet", axis_key[i], v);
+            cpc_status_set_hint(e, "%s: 1", axis_key[i]);
+        }
+        cpc_status_append(&diags, e);
+    }
     if (diags)
         return diags;
 

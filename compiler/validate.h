@@ -118,7 +118,9 @@ typedef struct cpc_candidate {
     double predicted_ms_per_forward;   /* x model.layers */
     int64_t memory_bytes_per_rank;     /* peak over ranks, reserved_gb included */
     int64_t bytes_sent_per_rank;       /* per layer, max over ranks */
-    bool priced;                       /* the four fields above are set */
+    double predicted_ms_per_step;      /* whole forward step (model.parameters), else 0 */
+    double predicted_ms_per_image;     /* x input.steps, else 0 */
+    bool priced;                       /* the fields above are set */
 } cpc_candidate;
 
 typedef struct cpc_selection {

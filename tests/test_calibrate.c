@@ -194,6 +194,9 @@ Test(calibrate, core_sharing_model)
     cpc_status_free(st);
     cpc_device_profile d;
     cr_assert(cpc_device_preset("cpu", &d));
+    /* the cpu preset is this project's machines: 1.7 effective cores */
+    cr_expect_float_eq(cpc_core_sharing(plan, &d), 4.0 / 1.7, 1e-12);
+    d.cores = 0; /* a profile without cores */
     cr_expect_float_eq(cpc_core_sharing(plan, &d), 1.0, 1e-12);
     d.ranks_per_core = 3.0;
     cr_expect_float_eq(cpc_core_sharing(plan, &d), 3.0, 1e-12);

@@ -174,3 +174,98 @@ Test(cost, profile_roundtrip)
     cpc_status_free(st);
     unlink(path);
 }
+
+/* Every published cell of the seeds' tables (context-parallelism.md section 3:
+ * FLUX.1-dev, 4 GPUs, diffusers' all-gather ring without overlap) against
+ * cpc's whole-step prediction with the real parameter count: each cell within
+ * 25% of the published time, and the order of every pair of cells of one
+ * column as published (a pair published within 1% of each other is a tie and
+ * must be predicted within 2%). */
+typedef struct {
+    const char *device;
+    int res;
+    cpc_variant v;
+    int R, U;
+    double ms;      /* published: per image (50 steps) on h100-sxm, else per step */
+} seed_cell;
+
+static const seed_cell seed_cells[] = {
+    {"h100-sxm", 1024, CPC_VARIANT_ULYSSES, 1, 4, 6670.8},
+    {"h100-sxm", 1024, CPC_VARIANT_RING, 4, 1, 13076.5},
+    {"h100-sxm", 1024, CPC_VARIANT_UNIFIED, 2, 2, 11068.7},
+    {"l20", 1024, CPC_VARIANT_ULYSSES, 1, 4, 281.07},
+    {"l20", 1024, CPC_VARIANT_RING, 4, 1, 351.34},
+    {"l20", 1024, CPC_VARIANT_UNIFIED, 2, 2, 324.37},
+    {"l20", 1024, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 280.94},
+    {"l20", 1008, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 278.40},
+    {"rtx4090", 1024, CPC_VARIANT_ULYSSES, 1, 4, 259.07},
+    {"rtx4090", 1024, CPC_VARIANT_RING, 4, 1, 338.98},
+    {"rtx4090", 1024, CPC_VARIANT_UNIFIED, 2, 2, 321.54},
+    {"rtx4090", 1024, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 259.07},
+    {"rtx4090", 1024, CPC_VARIANT_RING_ANYTHING, 4, 1, 340.14},
+    {"rtx4090", 1008, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 253.16},
+    {"rtx4090", 1008, CPC_VARIANT_RING_ANYTHING, 4, 1, 335.57},
+};
+#define N_SEED_CELLS ((int)(sizeof seed_cells / sizeof seed_cells[0]))
+
+static double seed_predict(const seed_cell *c)
+{
+    char dev[64], path[64];
+    snprintf(dev, sizeof dev, "cluster.device=%s", c->device);
+    snprintf(path, sizeof path, "plans/flux1-dev-%d.yaml", c->res);
+    const char *sets[] = {dev, "schedule.rotate=allgather", "schedule.overlap=false",
+                          "model.parameters=11901408320", "input.steps=50", "cluster.memory_gb=80"};
+    cpc_plan *plan = load(path, sets, 6);
+    cpc_prediction p = price(plan, c->v, c->R, c->U);
+    cr_assert_gt(p.ms_per_step, 0, "whole step priced");
+    cr_assert_float_eq(p.ms_per_image, p.ms_per_step * 50, 1e-6 * p.ms_per_image);
+    cpc_plan_free(plan);
+    return strcmp(c->device, "h100-sxm") == 0 ? p.ms_per_image : p.ms_per_step;
+}
+
+Test(cost, seeds_tables_every_cell)
+{
+    double pred[N_SEED_CELLS];
+    for (int i = 0; i < N_SEED_CELLS; i++) {
+        const seed_cell *c = &seed_cells[i];
+        pred[i] = seed_predict(c);
+        double r = pred[i] / c->ms;
+        cr_log_info("%-8s %d %-16s %8.1f ms published %8.1f ms predicted: %.3f", c->device, c->res,
+                    cpc_variant_name(c->v), c->ms, pred[i], r);
+        cr_expect(r >= 0.75 && r <= 1.25, "%s %d %s: predicted/published %.3f, not within 25%%",
+                  c->device, c->res, cpc_variant_name(c->v), r);
+    }
+    for (int i = 0; i < N_SEED_CELLS; i++)
+        for (int j = 0; j < N_SEED_CELLS; j++) {
+            const seed_cell *a = &seed_cells[i], *b = &seed_cells[j];
+            if (i == j || strcmp(a->device, b->device) != 0 || a->res != b->res)
+                continue;
+            if (fabs(a->ms / b->ms - 1.0) <= 0.01)
+                cr_expect(fabs(pred[i] / pred[j] - 1.0) <= 0.02, "%s %d: %s and %s are a tie, predicted %.1f vs %.1f",
+                          a->device, a->res, cpc_variant_name(a->v), cpc_variant_name(b->v), pred[i], pred[j]);
+            else if (a->ms < b->ms)
+                cr_expect(pred[i] < pred[j], "%s %d: published %s < %s, predicted %.1f >= %.1f", a->device,
+                          a->res, cpc_variant_name(a->v), cpc_variant_name(b->v), pred[i], pred[j]);
+        }
+}
+
+/* The whole step is chosen by `auto` (the attention alone would be the same
+ * here, the dense work is common); and without model.parameters nothing of
+ * the whole step is predicted. */
+Test(cost, whole_step_fields)
+{
+    const char *sets[] = {"cluster.device=l20"};
+    cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 1);
+    cpc_prediction p = price(plan, CPC_VARIANT_ULYSSES, 1, 4);
+    cr_assert_eq(p.ms_per_step, 0);
+    cr_assert_eq(p.ms_per_image, 0);
+    cpc_plan_free(plan);
+    const char *sets2[] = {"cluster.device=l20", "model.parameters=11901408320"};
+    plan = load("plans/flux1-dev-1024.yaml", sets2, 2);
+    p = price(plan, CPC_VARIANT_ULYSSES, 1, 4);
+    cr_assert_gt(p.ms_per_step, p.ms_per_forward);
+    cr_assert_eq(p.ms_per_image, 0);
+    /* FLUX.1-dev: 12 x 3072^2 x 57 = 6.45e9 weights per token */
+    cr_assert_float_eq(cpc_weights_per_token(plan), 12.0 * 3072 * 3072 * 57, 1);
+    cpc_plan_free(plan);
+}

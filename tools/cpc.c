@@ -246,8 +246,15 @@ static void print_explain_text(const job *j)
                s->fell_back ? " (fallback: auto)" : "");
     else
         printf(", none selected\n");
-    printf("  %-17s %-11s %-18s %10s %11s %12s %12s\n", "variant", "R x U", "verdict", "ms/layer", "ms/forward",
+    bool step = j->c.plan && j->c.plan->model.parameters > 0;
+    bool image = step && j->c.plan->input.steps > 0;
+    printf("  %-17s %-11s %-18s %10s %11s %12s %12s", "variant", "R x U", "verdict", "ms/layer", "ms/forward",
            "memory/rank", "sent/rank");
+    if (step)
+        printf(" %10s", "ms/step");
+    if (image)
+        printf(" %11s", "ms/image");
+    printf("\n");
     for (int i = 0; i < s->n_candidates; i++) {
         const cpc_candidate *c = &s->candidates[i];
         char deg[32], verdict[64], ml[32], mf[32], mem[32], sent[32];
@@ -260,8 +267,19 @@ static void print_explain_text(const job *j)
         fmt_ms(mf, sizeof mf, c, true);
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("%c %-17s %-11s %-18s %10s %11s %12s %12s\n", sel == c ? '*' : ' ', cpc_variant_name(c->variant),
+        printf("%c %-17s %-11s %-18s %10s %11s %12s %12s", sel == c ? '*' : ' ', cpc_variant_name(c->variant),
                deg, verdict, ml, mf, mem, sent);
+        if (step) {
+            char ms[32];
+            snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->predicted_ms_per_step);
+            printf(" %10s", ms);
+        }
+        if (image) {
+            char mi[32];
+            snprintf(mi, sizeof mi, c->priced ? "%.1f" : "-", c->predicted_ms_per_image);
+            printf(" %11s", mi);
+        }
+        printf("\n");
     }
 }
 
@@ -293,6 +311,12 @@ static void print_summary_text(const job *j)
                j->c.device.name[0] ? j->c.device.name : "the plan's device",
                c->predicted_ms_per_layer, c->predicted_ms_per_forward,
                j->c.plan ? j->c.plan->model.layers : 1, mem, sent);
+        if (c->predicted_ms_per_step > 0) {
+            printf("  whole step: %.2f ms per forward step", c->predicted_ms_per_step);
+            if (c->predicted_ms_per_image > 0)
+                printf(", %.1f ms per image (%d steps)", c->predicted_ms_per_image, j->c.plan->input.steps);
+            printf("\n");
+        }
     }
     /* The generated kernels and ptxas' report (recorded in the artifact). */
     if (c && j->c.n_kernels > 0 && j->c.kernels[0].ptx) {
@@ -354,6 +378,10 @@ static cJSON *json_predicted(const cpc_candidate *c)
     cJSON_AddNumberToObject(o, "ms_per_forward", c->predicted_ms_per_forward);
     cJSON_AddNumberToObject(o, "memory_bytes_per_rank", (double)c->memory_bytes_per_rank);
     cJSON_AddNumberToObject(o, "bytes_sent_per_rank", (double)c->bytes_sent_per_rank);
+    if (c->predicted_ms_per_step > 0)
+        cJSON_AddNumberToObject(o, "ms_per_step", c->predicted_ms_per_step);
+    if (c->predicted_ms_per_image > 0)
+        cJSON_AddNumberToObject(o, "ms_per_image", c->predicted_ms_per_image);
     return o;
 }
 
@@ -602,6 +630,13 @@ static char *default_output(const char *plan)
 /* --sweep / --plot                                                          */
 /* ------------------------------------------------------------------------ */
 
+/* What a sweep compares: the whole step when the plan has model.parameters,
+ * else the attention per layer. */
+static double sweep_time(const cpc_candidate *c)
+{
+    return c->predicted_ms_per_step > 0 ? c->predicted_ms_per_step : c->predicted_ms_per_layer;
+}
+
 /* The candidate shown for `variant` in a sweep column: the selected one when
  * it has that variant, else the best valid one (SPEC tie rule), else the
  * first (rejected) one, or NULL. */
@@ -614,7 +649,7 @@ static const cpc_candidate *sweep_pick(const job *j, cpc_variant v)
             continue;
         if (!first)
             first = c;
-        if (c->ok && c->priced && (!best || c->predicted_ms_per_layer < best->predicted_ms_per_layer))
+        if (c->ok && c->priced && (!best || sweep_time(c) < sweep_time(best)))
             best = c;
     }
     return best ? best : first;
@@ -772,50 +807,92 @@ static void show_fd(int fd)
 }
 
 /* Writes the gnuplot script; only blocks with points to draw are plotted
- * (so gnuplot has no "no valid points" to warn about). */
-static void plot_script(FILE *g, const char *dat, const char *plan, const char *key,
-                        const bool *any_ok, const bool *any_bad)
+ * (so gnuplot has no "no valid points" to warn about).  Three panels:
+ * predicted time, memory per rank (one series per variant, each shifted a
+ * little along x and drawn with its own line and point type, so series that
+ * coincide, such as ring and ring_anything, stay visible side by side; the
+ * selected candidate of each point ringed in black) and, below them, the
+ * rule codes of rejected points, one row per variant, off the data.  The
+ * title is the plan's name. */
+static void plot_script(FILE *g, const char *dat, const char *name, const char *key, char **values, int n,
+                        const bool *any_ok, const bool *any_bad, bool any_sel, bool step)
 {
-    fprintf(g, "set terminal svg size 900,700 dynamic noenhanced font 'sans,11'\n");
-    fprintf(g, "set datafile missing 'NaN'\nset key outside right top\nset grid\n");
-    fprintf(g, "set multiplot layout 2,1 title ");
-    gp_quote(g, plan);
-    fprintf(g, " . ': predicted per layer vs ' . ");
+    fprintf(g, "set terminal svg size 900,860 dynamic noenhanced font 'sans,11'\n");
+    fprintf(g, "set datafile missing 'NaN'\nset key outside right top Left reverse\nset grid\n");
+    fprintf(g, "set multiplot title ");
+    gp_quote(g, name);
+    fprintf(g, " . ': predicted %s vs ' . ", step ? "per step" : "per layer");
     gp_quote(g, key);
-    fprintf(g, "\nset ylabel 'ms per layer'\nset offsets 0.3,0.3,0,0\n");
+    fprintf(g, "\nset offsets 0.3,0.3,0,0\nset xrange [-0.5:%d.5]\nset xtics (", n - 1);
+    for (int i = 0; i < n; i++) {
+        fprintf(g, "%s", i ? ", " : "");
+        gp_quote(g, values[i]);
+        fprintf(g, " %d", i);
+    }
+    fprintf(g, ")\nset lmargin 18\nset rmargin 24\n");
     static const char *const colors[] = {"#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"};
-    static const int points[] = {7, 5, 9, 11, 13};
-    for (int panel = 0; panel < 2; panel++) {
-        if (panel == 1) {
-            fprintf(g, "set ylabel 'memory per rank (GiB)'\nset xlabel ");
-            gp_quote(g, key);
+    static const int points[] = {7, 5, 9, 6, 8};   /* filled for the three, open for the anything ones */
+    static const double shift[] = {-0.08, -0.04, 0.0, 0.04, 0.08};
+    /* panel heights (screen fractions): time, memory, codes */
+    static const double orig[] = {0.54, 0.2, 0.0}, size[] = {0.4, 0.34, 0.2};
+    for (int panel = 0; panel < 3; panel++) {
+        fprintf(g, "set origin 0,%g\nset size 1,%g\n", orig[panel], size[panel]);
+        if (panel == 0)
+            fprintf(g, "set ylabel '%s'\nset format x ''\n", step ? "ms per step" : "ms per layer");
+        else if (panel == 1)
+            fprintf(g, "set ylabel 'memory per rank (GiB)'\nset format x ''\n");
+        if (panel < 2) {
+            fprintf(g, "plot ");
+            const char *sep = "";
+            for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
+                if (!any_ok[v])
+                    continue;
+                fprintf(g, "%s", sep);
+                gp_quote(g, dat);
+                fprintf(g, " index %d using ($1%+g):%d with linespoints lw 2 ps 1.2 lc rgb '%s' pt %d dt %d "
+                           "title '%s'",
+                        v, shift[v], panel ? 4 : 3, colors[v], points[v], v + 1,
+                        cpc_variant_name(SWEEP_VARIANTS[v]));
+                sep = ", ";
+            }
+            if (any_sel) {
+                fprintf(g, "%s", sep);
+                gp_quote(g, dat);
+                fprintf(g, " index %d using ($1+$5):%d with points pt 6 ps 2.6 lw 2 lc rgb 'black' "
+                           "title 'selected'",
+                        N_SWEEP_VARIANTS, panel ? 4 : 3);
+                sep = ", ";
+            }
+            if (!sep[0]) /* nothing valid: an empty frame keeps the layout */
+                fprintf(g, "NaN notitle");
             fprintf(g, "\n");
+            continue;
         }
-        fprintf(g, "plot ");
+        /* the codes: y = variant row, labels only, no data above */
+        fprintf(g, "set format x '%%g'\nset xtics (");
+        for (int i = 0; i < n; i++) {
+            fprintf(g, "%s", i ? ", " : "");
+            gp_quote(g, values[i]);
+            fprintf(g, " %d", i);
+        }
+        fprintf(g, ")\nset xlabel ");
+        gp_quote(g, key);
+        fprintf(g, "\nset ylabel 'rejected'\nset yrange [-0.7:%d.7]\nunset grid\nset ytics (", N_SWEEP_VARIANTS - 1);
+        for (int v = 0; v < N_SWEEP_VARIANTS; v++)
+            fprintf(g, "%s'%s' %d", v ? ", " : "", cpc_variant_name(SWEEP_VARIANTS[v]), N_SWEEP_VARIANTS - 1 - v);
+        fprintf(g, ")\nplot ");
         const char *sep = "";
-        for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
-            if (!any_ok[v])
-                continue;
-            fprintf(g, "%s", sep);
-            gp_quote(g, dat);
-            fprintf(g, " index %d using 1:%d:xtic(2) with linespoints lw 2 ps 1 lc rgb '%s' pt %d dt %d title '%s'",
-                    v, panel ? 4 : 3, colors[v], points[v], v + 1, cpc_variant_name(SWEEP_VARIANTS[v]));
-            sep = ", ";
-        }
-        /* rejected points: their codes, stacked under the curves (these
-         * give the x tics when no point is valid) */
-        bool tics = sep[0] != 0;
         for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
             if (!any_bad[v])
                 continue;
             fprintf(g, "%s", sep);
             gp_quote(g, dat);
-            fprintf(g, " index %d using 1:($5 == 0 ? 0 : NaN):6%s with labels offset 0,%d "
-                       "font ',8' tc rgb '%s' notitle",
-                    v, tics ? "" : ":xtic(2)", 1 + v, colors[v]);
+            fprintf(g, " index %d using 1:($5 == 0 ? %d : NaN):6 with labels font ',9' tc rgb '%s' notitle", v,
+                    N_SWEEP_VARIANTS - 1 - v, colors[v]);
             sep = ", ";
-            tics = true;
         }
+        if (!sep[0])
+            fprintf(g, "NaN notitle");
         fprintf(g, "\n");
     }
     fprintf(g, "unset multiplot\n");
@@ -827,8 +904,28 @@ static void plot_script(FILE *g, const char *dat, const char *plan, const char *
 static int plot_sweep(const options *o, plot_out *po, const char *key, char **values, int n,
                       job *jobs)
 {
-    if (has_control(jobs[0].file) || has_control(key)) {
-        fprintf(stderr, "cpc: error: --plot: the plan path and the key must not hold control characters\n");
+    /* the title: the plan's name (its `name:`, else the file's stem), never a path */
+    char plot_name[256];
+    {
+        const char *nm = NULL;
+        for (int i = 0; i < n && !nm; i++)
+            if (jobs[i].c.plan && jobs[i].c.plan->name)
+                nm = jobs[i].c.plan->name;
+        if (nm) {
+            snprintf(plot_name, sizeof plot_name, "%s", nm);
+        } else {
+            const char *b = strrchr(jobs[0].file, '/');
+            snprintf(plot_name, sizeof plot_name, "%s", b ? b + 1 : jobs[0].file);
+            char *dot = strrchr(plot_name, '.');
+            if (dot && dot != plot_name)
+                *dot = 0;
+        }
+    }
+    bool bad_value = false;
+    for (int i = 0; i < n; i++)
+        bad_value = bad_value || has_control(values[i]);
+    if (has_control(plot_name) || has_control(key) || bad_value) {
+        fprintf(stderr, "cpc: error: --plot: the plan's name, the key and its values must not hold control characters\n");
         return 2;
     }
     char dat[] = "/tmp/cpc_sweep_XXXXXX";
@@ -860,7 +957,7 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
             fprintf(f, "%d ", i);
             gp_data_label(f, values[i]);
             if (ok)
-                fprintf(f, " %.6g %.6g 1 \"-\"\n", c->predicted_ms_per_layer,
+                fprintf(f, " %.6g %.6g 1 \"-\"\n", sweep_time(c),
                         (double)c->memory_bytes_per_rank / 1073741824.0);
             else
                 fprintf(f, " NaN NaN 0 \"%s\"\n", codes[0] ? codes : "-");
@@ -869,6 +966,26 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
         }
         fprintf(f, "\n\n");
     }
+    /* the selected candidate of each point: x shift of its variant's series */
+    bool any_sel = false, step = false;
+    fprintf(f, "# selected\n");
+    for (int i = 0; i < n; i++) {
+        const cpc_candidate *c = selected(&jobs[i]);
+        int v = 0;
+        while (c && v < N_SWEEP_VARIANTS && SWEEP_VARIANTS[v] != c->variant)
+            v++;
+        if (!c || v == N_SWEEP_VARIANTS || !c->priced || sweep_pick(&jobs[i], c->variant) != c)
+            continue;
+        static const double sh[] = {-0.08, -0.04, 0.0, 0.04, 0.08};
+        fprintf(f, "%d ", i);
+        gp_data_label(f, values[i]);
+        fprintf(f, " %.6g %.6g %g\n", sweep_time(c), (double)c->memory_bytes_per_rank / 1073741824.0, sh[v]);
+        any_sel = true;
+        step = step || c->predicted_ms_per_step > 0;
+    }
+    fprintf(f, "\n\n");
+    for (int i = 0; i < n && !step; i++)
+        step = jobs[i].c.plan && jobs[i].c.plan->model.parameters > 0;
     bool dat_ok = !ferror(f);
     if (fclose(f) != 0)
         dat_ok = false;
@@ -927,7 +1044,7 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
     FILE *g = fdopen(pfd[1], "w");
     if (g) {
         pfd[1] = -1;
-        plot_script(g, dat, jobs[0].file, key, any_ok, any_bad);
+        plot_script(g, dat, plot_name, key, values, n, any_ok, any_bad, any_sel, step);
         fed = !ferror(g);
         fed = fclose(g) == 0 && fed;
     } else {
@@ -1066,8 +1183,11 @@ static int run_sweep(options *o)
     if (worst < 2 && n_valid == 0)
         worst = 1;
     if (o->format == FORMAT_TEXT && !aborted) {
-        printf("%s: sweep of %s (ms per layer / memory per rank, or the rule that rejects)\n",
-               o->files[0], key);
+        bool step = false;
+        for (int i = 0; i < n && !step; i++)
+            step = jobs[i].c.plan && jobs[i].c.plan->model.parameters > 0;
+        printf("%s: sweep of %s (ms per %s / memory per rank, or the rule that rejects)\n",
+               o->files[0], key, step ? "step" : "layer");
         int kw = (int)strlen(key) > 12 ? (int)strlen(key) : 12;
         printf("%-*s", kw, key);
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
@@ -1085,7 +1205,7 @@ static int run_sweep(options *o)
                 if (!c)
                     snprintf(cell, sizeof cell, "%s", whole);
                 else if (c->ok && c->priced)
-                    snprintf(cell, sizeof cell, "%.3f/%.2fG %dx%d", c->predicted_ms_per_layer,
+                    snprintf(cell, sizeof cell, "%.3f/%.2fG %dx%d", sweep_time(c),
                              (double)c->memory_bytes_per_rank / 1073741824.0, c->ring_degree,
                              c->ulysses_degree);
                 else

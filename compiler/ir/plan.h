@@ -74,6 +74,9 @@ typedef struct cpc_plan_key_span {
     cpc_span value_span; /* where its value starts */
 } cpc_plan_key_span;
 
+/* parallel.cfg_degree / tp_degree: `auto` */
+#define CPC_DEGREE_AUTO (-(1 << 30))
+
 typedef struct cpc_plan {
     char *file;          /* path as given (owned); spans point to this string */
     char *name;          /* `name`, default: file stem (owned) */
@@ -87,6 +90,8 @@ typedef struct cpc_plan {
         int layers;      /* default 1 */
         double scale;    /* default 1/sqrt(head_dim) */
         bool scale_given;
+        int64_t parameters; /* transformer weights (count), 0 = not given: then the
+                               cost model prices attention only, not the whole step */
     } model;
 
     struct {
@@ -98,6 +103,7 @@ typedef struct cpc_plan {
         bool has_kv;               /* cross-attention (input.kv) */
         int64_t kv_tokens;         /* Skv when has_kv */
         cpc_mode mode;             /* default inference */
+        int steps;                 /* denoising steps per image/video, 0 = not given */
     } input;
 
     struct {
@@ -117,6 +123,9 @@ typedef struct cpc_plan {
         bool ulysses_anything;     /* diffusers flag */
         bool ring_anything;        /* diffusers flag */
         cpc_fallback fallback;     /* default strict */
+        int cfg_degree;            /* C: 0 = omitted (1), CPC_DEGREE_AUTO = auto, else as
+                                      written (< 1 is CP002 in the validator) */
+        int tp_degree;             /* T: the same */
     } parallel;
 
     struct {

@@ -29,13 +29,16 @@ enum { ABSENT = 0, OK = 1, BAD = 2 };
 
 static const char *const K_TOP[] = {"version", "name", "model", "input", "cluster", "parallel",
                                     "schedule"};
-static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", "layers", "scale"};
+static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", "layers", "scale",
+                                      "parameters"};
 static const char *const K_INPUT[] = {"batch", "segments", "tokens", "image",
-                                      "video", "mask",     "kv",     "mode"};
+                                      "video", "mask",     "kv",     "mode",
+                                      "steps"};
 static const char *const K_CLUSTER[] = {"world_size", "gpus_per_node", "device",
                                         "profile",    "memory_gb",     "reserved_gb"};
 static const char *const K_PARALLEL[] = {"variant",          "ring_degree",   "ulysses_degree",
-                                         "ulysses_anything", "ring_anything", "fallback"};
+                                         "ulysses_anything", "ring_anything", "fallback",
+                                         "cfg_degree",       "tp_degree"};
 static const char *const K_SCHEDULE[] = {"overlap", "rotate", "script"};
 static const char *const K_SEGMENT[] = {"name", "tokens", "image", "video"};
 static const char *const K_IMAGE[] = {"height", "width", "vae_scale", "patch"};
@@ -840,6 +843,8 @@ static void load_model(ld *L, const cpc_ynode *root, cpc_span root_at)
         p->model.dtype = (cpc_dtype)e;
     if (get_int(L, m, "model", "layers", 1, MAX_COUNT, &v, NULL) == OK)
         p->model.layers = (int)v;
+    if (get_int(L, m, "model", "parameters", 1, (int64_t)1 << 50, &v, NULL) == OK)
+        p->model.parameters = v;
     double d = 0;
     if (get_float(L, m, "model", "scale", 0.0, true, 1e30, &d) == OK) {
         p->model.scale = d;
@@ -981,6 +986,8 @@ static void load_input(ld *L, const cpc_ynode *root, cpc_span root_at)
         on[i] = cpc_mode_name((cpc_mode)i);
     if (get_enum(L, m, "input", "mode", on, CPC_MODE__COUNT, &e, NULL) == OK)
         p->input.mode = (cpc_mode)e;
+    if (get_int(L, m, "input", "steps", 1, MAX_COUNT, &v, NULL) == OK)
+        p->input.steps = (int)v;
 
     fld fk;
     const cpc_ynode *kv = get_map(L, m, "input", "kv", &present, &fk);
@@ -1073,6 +1080,27 @@ static void load_parallel(ld *L, const cpc_ynode *root)
         p->parallel.ulysses_anything = b;
     if (get_bool(L, m, "parallel", "ring_anything", &b, &fra) == OK)
         p->parallel.ring_anything = b;
+    /* cfg_degree / tp_degree: an integer (stored as written, the validator
+     * reports < 1 as CP002) or `auto` */
+    static const char *const ak[2] = {"cfg_degree", "tp_degree"};
+    int *adst[2] = {&p->parallel.cfg_degree, &p->parallel.tp_degree};
+    for (int i = 0; i < 2; i++) {
+        fld fa;
+        if (!field(m, "parallel", ak[i], &fa))
+            continue;
+        const char *s = NULL;
+        if (cpc_ynode_type(fa.v) == CPC_YTYPE_STRING && cpc_ynode_string(fa.v, &s) == CPC_YCONV_OK &&
+            fa.v->len == 4 && memcmp(s, "auto", 4) == 0) {
+            *adst[i] = CPC_DEGREE_AUTO;
+            continue;
+        }
+        if (cpc_ynode_type(fa.v) == CPC_YTYPE_STRING) {
+            type_error(L, &fa, "an integer or auto");
+            continue;
+        }
+        if (want_int(L, &fa, -MAX_COUNT, MAX_COUNT, &v) == OK)
+            *adst[i] = v == 0 ? 0 : (int)v;
+    }
     const char *fn[CPC_FALLBACK__COUNT];
     for (int i = 0; i < CPC_FALLBACK__COUNT; i++)
         fn[i] = cpc_fallback_name((cpc_fallback)i);

@@ -22,6 +22,13 @@ typedef struct cpc_prediction {
     int64_t bytes_sent_per_rank;    /* per layer, max over ranks */
     double flops_per_layer;         /* total over ranks */
     bool fits;                      /* memory <= device memory */
+    /* Whole step (model.parameters > 0, else 0; see WHOLE STEP in cost.h): */
+    double ms_per_step;             /* max(device, host) */
+    double ms_per_image;            /* x input.steps (0 without it) */
+    double dense_ms_per_step;       /* dense GEMMs (+ TP all-reduces) on the device */
+    double device_ms_per_step;      /* dense + attention forward */
+    double host_ms_per_step;        /* the framework's host time */
+    double host_ops_per_layer;      /* attention-program ops the host issues per layer */
 } cpc_prediction;
 
 #endif

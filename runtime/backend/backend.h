@@ -54,6 +54,83 @@ typedef struct cpc_attn_args {
     int64_t mask_len;
 } cpc_attn_args;
 
+/* The backward of one attention block (FlashAttention-2, Dao 2023,
+ * Algorithm 2): with the row's saved LSE, P = exp(q k^T * scale + mask - lse)
+ * is recomputed (no softmax state kept from the forward), and
+ *
+ *   delta_i = sum_e dout[i, e] * out[i, e]          (once per row, see below)
+ *   dV      += P^T dout
+ *   dP       = dout V^T
+ *   dS       = P * (dP - delta)                      (elementwise, per row)
+ *   dQ      += dS K * scale
+ *   dK      += dS^T Q * scale
+ *
+ * Shapes, heads, masks and positions are those of cpc_attn_args (the same
+ * fields mean the same thing): q and dout [B, sq, hq, d], k and v [B, skv,
+ * hkv, d], query head h (0 <= h < hq) is global head q_head_off + h and uses
+ * local K/V head (q_head_off + h) / group - kv_head_off; causal by global
+ * positions from the runs; key padding by kv_mask.  dk/dv of a K/V head are
+ * summed over the query heads of its group that this call sees (q_head_off
+ * .. q_head_off + hq - 1); K/V heads of the block that none of them uses
+ * are left untouched.
+ *
+ * Splitting the keys.  lse must be the LSE of the row over ALL the keys the
+ * row attends to (the whole ring, not this block): then P of this block is
+ * the block's slice of the row's full softmax, and the sum of attn_bwd over
+ * any partition of the keys into blocks equals the backward over all of them
+ * (dq, dk, dv accumulate).  delta likewise belongs to the whole row.
+ *
+ * delta.  With compute_delta, delta [B, hq, sq] is written from dout and out
+ * (sum computed in double, stored fp32) before the block is processed; a
+ * schedule sets it on the first block of a row set and clears it on the
+ * others, which read delta as written (out is then not read and may be NULL).
+ *
+ * Rows whose lse is -inf (the row saw no key in the forward) contribute
+ * nothing (P = 0; their dq is not changed).  NaN in any input propagates to
+ * the gradients it reaches (never silently dropped).
+ *
+ * Element types: q, k, v, dout in `dtype` (bf16/fp16 widened to fp32); out
+ * in `out_dtype` (the plan dtype when the saved output is the O buffer, fp32
+ * when it is the fp32 ACC); dq, dk, dv, lse, delta fp32.  Computation in fp32.
+ *
+ * Outputs are ACCUMULATED (+=): dq [B, sq, hq, d], dk and dv [B, skv, hkv, d],
+ * all fp32, rows contiguous, batch strides dq_bstride / dkv_bstride elements
+ * (0: the block's own size, i.e. contiguous; a larger stride lets a block
+ * write its slice of an all-gathered [B, S, hkv, d] gradient in place);
+ * elements between batches are not touched.  The caller zeroes them
+ * (init_acc with n_lse = 0) before the first block.
+ *
+ * Errors: CPC_E_INTERNAL for inconsistent arguments (as attn, plus a missing
+ * dout/lse/delta/dq/dk/dv, or out when compute_delta), CPC_E_NOMEM. */
+typedef struct cpc_attn_bwd_args {
+    int B;
+    int64_t sq, skv;          /* query rows and key rows of this block */
+    int hq, hkv, d;           /* local heads and head_dim */
+    int group;                /* GQA ratio H / Hkv (global) */
+    int q_head_off, kv_head_off;
+    cpc_dtype dtype;          /* of q, k, v, dout */
+    const void *q;            /* [B, sq, hq, d], batch stride q_bstride elems */
+    const void *k, *v;        /* [B, skv, hkv, d], batch stride kv_bstride */
+    const void *dout;         /* [B, sq, hq, d], batch stride dout_bstride */
+    int64_t q_bstride, kv_bstride, dout_bstride;
+    const void *out;          /* [B, sq, hq, d] in out_dtype, batch stride out_bstride;
+                                 read only with compute_delta */
+    cpc_dtype out_dtype;
+    int64_t out_bstride;
+    const float *lse;         /* [B, hq, sq] fp32, natural log, of the whole row */
+    float *delta;             /* [B, hq, sq] fp32: written (compute_delta) or read */
+    bool compute_delta;
+    float *dq;                /* [B, sq, hq, d] fp32, += ; batch stride dq_bstride */
+    float *dk, *dv;           /* [B, skv, hkv, d] fp32, += ; batch stride dkv_bstride */
+    int64_t dq_bstride, dkv_bstride; /* elements; 0 = contiguous */
+    float scale;
+    bool causal;
+    const cpc_run *q_runs;  int n_q_runs;
+    const cpc_run *kv_runs; int n_kv_runs;
+    const uint8_t *kv_mask;   /* NULL or [B, mask_len] */
+    int64_t mask_len;
+} cpc_attn_bwd_args;
+
 /* acc/acc_lse <- LSE merge of (acc, acc_lse) and (o, lse), in fp32:
  * lse' = log(e^a + e^b), acc' = e^(a-lse') acc + e^(b-lse') o.  Rows with
  * both LSEs -inf stay (0, -inf).  Shapes: acc, o [B, s, h, d]; lse [B, h, s]. */
@@ -90,6 +167,10 @@ typedef struct cpc_backend_vtable {
                                 int64_t nb, int64_t nt, int64_t nh, int64_t inner,
                                 int64_t dbs, int64_t dts, int64_t dhs,
                                 int64_t sbs, int64_t sts, int64_t shs);
+    /* Attention backward of one block (cpc_attn_bwd_args).  Optional: NULL
+     * when the backend has no backward kernel (training plans then refuse
+     * to run on it). */
+    cpc_status *(*attn_bwd)(cpc_backend *be, const cpc_attn_bwd_args *a);
     /* Waits for queued work (CPU: no-op).  May be NULL. */
     cpc_status *(*sync)(cpc_backend *be);
     void (*destroy)(cpc_backend *be);
@@ -101,7 +182,8 @@ struct cpc_backend {
 };
 
 /* The CPU backend (backend_cpu.c): tiled flash attention with online softmax,
- * OpenBLAS SGEMM for the two products of each tile, one thread per rank
+ * OpenBLAS SGEMM for the two products of each tile (and the five of each
+ * backward tile, attention_bwd_cpu.c), one thread per rank
  * (OpenBLAS threading is set to 1 by the caller, see
  * cpc_cpu_backend_single_thread_blas).  Returns NULL status and *out owned by the caller (destroy). */
 cpc_status *cpc_cpu_backend_create(cpc_backend **out);

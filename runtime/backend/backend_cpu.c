@@ -19,6 +19,9 @@
  *     visible key) keeps O = 0 and gets LSE = -inf.
  *   O is accumulated in place in the caller's fp32 output.
  *
+ * The backward (attn_bwd) is in attention_bwd_cpu.c; the pieces both use
+ * (2^x, scratch, positions from runs) are in cpu_kernels.h.
+ *
  * The exponentials are a degree-6 polynomial for 2^f on [-1/2, 1/2]
  * (Chebyshev interpolation, max relative error 8e-8 in fp32) times 2^n built
  * in the exponent bits, vectorised for AVX-512 or AVX2 (chosen at run time;
@@ -36,28 +39,13 @@
 #include "backend.h"
 
 #include <cblas.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
 #include "dtype.h"
-
-#define LOG2E_F 1.4426950408889634f
-#define LN2_F 0.6931471805599453f
-
-/* 2^f on [-0.5, 0.5]: Chebyshev interpolant of degree 6 (coefficients from
- * the monomial form, rounded to fp32). */
-#define EXP2_C0 1.000000000e+00f
-#define EXP2_C1 6.931471825e-01f
-#define EXP2_C2 2.402265072e-01f
-#define EXP2_C3 5.550327152e-02f
-#define EXP2_C4 9.618056938e-03f
-#define EXP2_C5 1.340042800e-03f
-#define EXP2_C6 1.546144485e-04f
 
 typedef float (*row_max_fn)(const float *s, int64_t n);
 typedef float (*row_exp_fn)(float *s, int64_t n, float m); /* s = 2^(s-m), returns sum */
@@ -77,28 +65,10 @@ typedef struct cpu_ctx {
     int64_t *qpos; size_t qpos_cap;  /* [sq] global positions of query rows */
     int64_t *kpos; size_t kpos_cap;  /* [skv] global positions of key rows */
     int64_t *kt;   size_t kt_cap;    /* per key tile: min, max, increasing, masked count */
+    cpc_cpu_bwd *bwd;                /* the backward's scratch (attention_bwd_cpu.c) */
 } cpu_ctx;
 
-/* ---- exp2 / max kernels ------------------------------------------------------- */
-
-static inline float exp2_scalar(float x)
-{
-    if (!(x >= -127.0f)) /* also catches NaN: keep it */
-        return x != x ? x : 0.0f;
-    float n = nearbyintf(x);
-    float f = x - n;
-    float p = EXP2_C6;
-    p = fmaf(p, f, EXP2_C5);
-    p = fmaf(p, f, EXP2_C4);
-    p = fmaf(p, f, EXP2_C3);
-    p = fmaf(p, f, EXP2_C2);
-    p = fmaf(p, f, EXP2_C1);
-    p = fmaf(p, f, EXP2_C0);
-    uint32_t e = (uint32_t)((int32_t)n + 127) << 23;
-    float sc;
-    memcpy(&sc, &e, sizeof sc);
-    return p * sc;
-}
+/* ---- max / exp kernels (2^x itself: cpu_kernels.h) ------------------------------ */
 
 static float row_max_scalar(const float *s, int64_t n)
 {
@@ -122,32 +92,7 @@ static float row_exp_scalar(float *s, int64_t n, float m)
     return sum;
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#define CPC_X86 1
-
-__attribute__((target("avx2,fma"))) static inline __m256 exp2_avx2(__m256 x)
-{
-    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x); /* NaN in x stays NaN */
-    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(EXP2_C6);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C5));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C4));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C3));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C2));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C1));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C0));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-__attribute__((target("avx2,fma"))) static inline __m256i tail_mask_avx2(int64_t r)
-{
-    /* lanes < r set */
-    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), idx);
-}
-
+#ifdef CPC_X86
 __attribute__((target("avx2,fma"))) static float row_max_avx2(const float *s, int64_t n)
 {
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
@@ -211,22 +156,6 @@ __attribute__((target("avx2,fma"))) static float row_exp_avx2(float *s, int64_t 
     return _mm_cvtss_f32(h);
 }
 
-__attribute__((target("avx512f"))) static inline __m512 exp2_avx512(__m512 x)
-{
-    x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(EXP2_C6);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C5));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C4));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C0));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
 __attribute__((target("avx512f"))) static float row_max_avx512(const float *s, int64_t n)
 {
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
@@ -272,58 +201,9 @@ __attribute__((target("avx512f"))) static float row_exp_avx512(float *s, int64_t
 }
 #endif
 
-/* ---- scratch ----------------------------------------------------------------- */
-
-static void *aligned_alloc64(size_t bytes)
-{
-    void *p = NULL;
-    size_t sz = (bytes + 63) & ~(size_t)63;
-    if (sz == 0)
-        sz = 64;
-    if (posix_memalign(&p, 64, sz) != 0)
-        return NULL;
-    return p;
-}
-
-/* Makes *buf hold at least `bytes`; contents are not kept. */
-static cpc_status *grow(void **buf, size_t *cap, size_t bytes)
-{
-    if (*cap >= bytes && *buf)
-        return NULL;
-    free(*buf);
-    *buf = aligned_alloc64(bytes);
-    if (!*buf) {
-        *cap = 0;
-        return cpc_error(CPC_E_NOMEM, "cpu backend: cannot allocate %zu bytes of scratch", bytes);
-    }
-    *cap = bytes;
-    return NULL;
-}
-
-#define GROW(ctx, field, bytes) grow((void **)&(ctx)->field, &(ctx)->field##_cap, (bytes))
-
 /* ---- attention ----------------------------------------------------------------- */
 
 static size_t dt_size(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4u : 2u; }
-
-/* Fills pos[0..n) from the runs (no runs: 0..n-1).  Returns false when the
- * runs do not add up to n. */
-static bool fill_positions(int64_t *pos, int64_t n, const cpc_run *runs, int n_runs)
-{
-    if (!runs || n_runs == 0) {
-        for (int64_t i = 0; i < n; i++)
-            pos[i] = i;
-        return true;
-    }
-    int64_t c = 0;
-    for (int r = 0; r < n_runs; r++) {
-        if (runs[r].len < 0 || c + runs[r].len > n)
-            return false;
-        for (int64_t t = 0; t < runs[r].len; t++)
-            pos[c++] = runs[r].start + t;
-    }
-    return c == n;
-}
 
 static cpc_status *check_args(const cpc_attn_args *a)
 {
@@ -369,33 +249,6 @@ static cpc_status *check_args(const cpc_attn_args *a)
         a->n_q_runs < 0 || a->n_kv_runs < 0)
         return cpc_error(CPC_E_INTERNAL, "attn: bad run lists");
     return NULL;
-}
-
-/* For increasing a[0..n): how many elements are <= x, and < x. */
-static inline int count_le(const int64_t *a, int n, int64_t x)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a[mid] <= x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static inline int count_lt(const int64_t *a, int n, int64_t x)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 /* Key-tile descriptors, 4 int64 per tile. */
@@ -777,6 +630,12 @@ static cpc_status *cpu_copy_strided(cpc_backend *be, void *dst, const void *src,
     return NULL;
 }
 
+static cpc_status *cpu_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
+{
+    cpu_ctx *c = be->ctx;
+    return cpc_cpu_attn_bwd(&c->bwd, a);
+}
+
 static cpc_status *cpu_sync(cpc_backend *be)
 {
     (void)be;
@@ -799,6 +658,7 @@ static void cpu_destroy(cpc_backend *be)
         free(c->qpos);
         free(c->kpos);
         free(c->kt);
+        cpc_cpu_attn_bwd_free(c->bwd);
         free(c);
     }
     free(be);
@@ -816,6 +676,7 @@ static const cpc_backend_vtable cpu_vtable = {
     .init_acc = cpu_init_acc,
     .convert = cpu_convert,
     .copy_strided = cpu_copy_strided,
+    .attn_bwd = cpu_attn_bwd,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
 };

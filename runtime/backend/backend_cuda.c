@@ -331,14 +331,94 @@ static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
     return NULL;
 }
 
+/* Positions of runs (none: 0..n-1) must add up to exactly n rows; with a key
+ * padding mask every key position must lie inside it. */
+static bool runs_cover(const cpc_run *runs, int n_runs, int64_t n, int64_t mask_len,
+                       bool check_mask)
+{
+    if (!runs || n_runs == 0)
+        return !check_mask || n <= mask_len;
+    int64_t c = 0;
+    for (int r = 0; r < n_runs; r++) {
+        if (runs[r].len < 0 || c + runs[r].len > n)
+            return false;
+        if (check_mask && runs[r].len > 0 &&
+            (runs[r].start < 0 || runs[r].start + runs[r].len > mask_len))
+            return false;
+        c += runs[r].len;
+    }
+    return c == n;
+}
+
+/* The refusals of the attention contract (backend.h), as the CPU backend's:
+ * every one is checked on the host before anything is launched or written
+ * (the kernels are specialised on dtype, head_dim, causal and group, so a
+ * block that differs from the backend's kernels is refused too). */
+static cpc_status *check_args(const cuda_ctx *c, const cpc_attn_args *a)
+{
+    if (!a)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attention: no arguments");
+    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
+        a->group != c->spec.gqa)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: kernels built for %s head_dim %d causal %d group %d, "
+                         "called with %s %d causal %d group %d",
+                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim, c->spec.causal,
+                         c->spec.gqa, cpc_dtype_name(a->dtype), a->d, a->causal, a->group);
+    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->q_head_off < 0 ||
+        a->kv_head_off < 0)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d "
+                         "q_head_off=%d kv_head_off=%d)",
+                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv,
+                         a->q_head_off, a->kv_head_off);
+    if (a->hq > 0) {
+        int first = a->q_head_off / a->group - a->kv_head_off;
+        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
+        if (first < 0 || last >= a->hkv)
+            return cpc_error(CPC_E_INTERNAL,
+                             "CUDA attention: query heads [%d, %d) with group %d need K/V heads "
+                             "[%d, %d], but this block holds K/V heads [%d, %d)",
+                             a->q_head_off, a->q_head_off + a->hq, a->group,
+                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
+                             a->kv_head_off, a->kv_head_off + a->hkv);
+    }
+    if (a->B > 1 && (a->q_bstride < a->sq * a->hq * a->d || a->kv_bstride < a->skv * a->hkv * a->d))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: batch strides (q %lld, kv %lld elements) smaller than "
+                         "a batch's block (q %lld, kv %lld)",
+                         (long long)a->q_bstride, (long long)a->kv_bstride,
+                         (long long)(a->sq * a->hq * a->d), (long long)(a->skv * a->hkv * a->d));
+    bool work = a->B > 0 && a->sq > 0 && a->hq > 0;
+    if (work && (!a->q || !a->o || !a->lse))
+        return cpc_error(CPC_E_INTERNAL, "CUDA attention: q, o and lse are required");
+    if (work && a->skv > 0 && (!a->k || !a->v))
+        return cpc_error(CPC_E_INTERNAL, "CUDA attention: k and v are required");
+    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
+        a->n_q_runs < 0 || a->n_kv_runs < 0)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attention: bad run lists");
+    if (!work)
+        return NULL;
+    if (!runs_cover(a->q_runs, a->n_q_runs, a->sq, 0, false))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: query runs do not cover the %lld query rows",
+                         (long long)a->sq);
+    if (!runs_cover(a->kv_runs, a->n_kv_runs, a->skv, a->mask_len, a->kv_mask != NULL))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attention: key runs do not cover the %lld key rows%s",
+                         (long long)a->skv,
+                         a->kv_mask ? ", or a key position lies outside the key padding mask" : "");
+    return NULL;
+}
+
 static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
 {
     cuda_ctx *c = C(be);
-    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype)
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attention: kernels built for %s head_dim %d, called with %s %d",
-                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim,
-                         cpc_dtype_name(a->dtype), a->d);
+    cpc_status *st0 = check_args(c, a);
+    if (st0)
+        return st0;
+    if (a->B == 0 || a->sq == 0 || a->hq == 0)
+        return NULL;
     if (c->attn_mode != CPC_CUDA_ATTN_NVRTC) {
         bool served = false;
         cpc_status *st = attn_cudnn(c, a, &served);

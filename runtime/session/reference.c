@@ -241,6 +241,130 @@ done:
     return st;
 }
 
+cpc_status *cpc_reference_attention_bwd(const cpc_ref_problem *p, const void *dout, double *dq,
+                                        double *dk, double *dv)
+{
+    cpc_status *st = check_problem(p);
+    if (st)
+        return st;
+    if (!dout)
+        return cpc_error(CPC_E_INPUT, "reference backward: dout is required");
+    const int D = p->D, H = p->H, Hkv = p->Hkv, group = H / Hkv;
+    const int64_t S = p->S, Skv = p->Skv;
+    const size_t es = esize(p->dtype);
+    const bool conv = p->dtype != CPC_DTYPE_FP32;
+    double *sc = malloc(sizeof(double) * (size_t)Skv);
+    double *dkh = malloc(sizeof(double) * (size_t)Skv * D);
+    double *dvh = malloc(sizeof(double) * (size_t)Skv * D);
+    double *qd = malloc(sizeof(double) * (size_t)D * 4);
+    float *qf = malloc(sizeof(float) * (size_t)D);
+    float *kbuf = conv ? malloc(sizeof(float) * (size_t)Skv * D) : NULL;
+    float *vbuf = conv ? malloc(sizeof(float) * (size_t)Skv * D) : NULL;
+    if (!sc || !dkh || !dvh || !qd || !qf || (conv && (!kbuf || !vbuf))) {
+        st = cpc_error(CPC_E_NOMEM, "reference backward: out of memory (Skv=%lld, D=%d)",
+                       (long long)Skv, D);
+        goto done;
+    }
+    double *dod = qd + D, *od = qd + 2 * D, *dqd = qd + 3 * D;
+    if (dq) /* rows that see no key keep dq = 0 */
+        memset(dq, 0, sizeof(double) * (size_t)p->B * (size_t)S * (size_t)H * (size_t)D);
+    const int64_t qrow = (int64_t)H * D, kvrow = (int64_t)Hkv * D;
+    kv_view kv;
+    for (int b = 0; b < p->B; b++)
+        for (int kvh = 0; kvh < Hkv; kvh++) {
+            load_kv(p, b, kvh, kbuf, vbuf, &kv);
+            memset(dkh, 0, sizeof(double) * (size_t)Skv * D);
+            memset(dvh, 0, sizeof(double) * (size_t)Skv * D);
+            const uint8_t *mask = p->kv_mask ? p->kv_mask + (size_t)b * Skv : NULL;
+            for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                for (int64_t i = 0; i < S; i++) {
+                    size_t qoff = ((size_t)b * S + (size_t)i) * qrow + (size_t)h * D;
+                    cpc_to_f32_n(qf, (const char *)p->q + qoff * es, p->dtype, (size_t)D);
+                    for (int e = 0; e < D; e++)
+                        qd[e] = (double)qf[e];
+                    cpc_to_f32_n(qf, (const char *)dout + qoff * es, p->dtype, (size_t)D);
+                    for (int e = 0; e < D; e++) {
+                        dod[e] = (double)qf[e];
+                        od[e] = 0.0;
+                        dqd[e] = 0.0;
+                    }
+                    int64_t nvis = p->causal ? (i + 1 < Skv ? i + 1 : Skv) : Skv;
+                    /* scores, max, sum: the forward of ref_row */
+                    double m = -INFINITY;
+                    bool nan_seen = false;
+                    for (int64_t j = 0; j < nvis; j++) {
+                        if (mask && !mask[j]) {
+                            sc[j] = -INFINITY;
+                            continue;
+                        }
+                        double s = p->scale * dot_f64(qd, kv.k + j * kv.ld, D);
+                        sc[j] = s;
+                        if (s > m)
+                            m = s;
+                        else if (s != s)
+                            nan_seen = true;
+                    }
+                    if (m == -INFINITY && !nan_seen)
+                        continue; /* sees no key: no gradient */
+                    double l = 0.0;
+                    for (int64_t j = 0; j < nvis; j++)
+                        if (sc[j] != -INFINITY)
+                            l += exp(sc[j] - m);
+                    if (nan_seen)
+                        l = NAN;
+                    /* P_j = exp(s_j - m) / l; out = sum_j P_j v_j */
+                    for (int64_t j = 0; j < nvis; j++) {
+                        if (sc[j] == -INFINITY) {
+                            sc[j] = 0.0;
+                            continue;
+                        }
+                        double pj = exp(sc[j] - m) / l;
+                        sc[j] = pj;
+                        const float *vr = kv.v + j * kv.ld;
+                        for (int e = 0; e < D; e++)
+                            od[e] += pj * (double)vr[e];
+                    }
+                    double Di = 0.0;
+                    for (int e = 0; e < D; e++)
+                        Di += dod[e] * od[e];
+                    for (int64_t j = 0; j < nvis; j++) {
+                        double pj = sc[j];
+                        if (pj == 0.0)
+                            continue; /* masked (or underflowed: contributes 0 exactly) */
+                        const float *kr = kv.k + j * kv.ld, *vr = kv.v + j * kv.ld;
+                        double dsj = pj * (dot_f64(dod, vr, D) - Di);
+                        double *dkr = dkh + j * D, *dvr = dvh + j * D;
+                        for (int e = 0; e < D; e++) {
+                            dqd[e] += dsj * (double)kr[e];
+                            dkr[e] += dsj * qd[e];
+                            dvr[e] += pj * dod[e];
+                        }
+                    }
+                    if (dq)
+                        for (int e = 0; e < D; e++)
+                            dq[qoff + e] = p->scale * dqd[e];
+                }
+            for (int64_t j = 0; j < Skv; j++) {
+                size_t koff = ((size_t)b * Skv + (size_t)j) * kvrow + (size_t)kvh * D;
+                for (int e = 0; e < D; e++) {
+                    if (dk)
+                        dk[koff + e] = p->scale * dkh[j * D + e];
+                    if (dv)
+                        dv[koff + e] = dvh[j * D + e];
+                }
+            }
+        }
+done:
+    free(sc);
+    free(dkh);
+    free(dvh);
+    free(qd);
+    free(qf);
+    free(kbuf);
+    free(vbuf);
+    return st;
+}
+
 int64_t cpc_reference_sample_rows(int B, int H, int64_t S, int64_t per_bh, uint64_t seed,
                                   cpc_ref_row *out)
 {

@@ -73,6 +73,28 @@ typedef struct cpc_ref_row {
 cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row *rows,
                                     int64_t n_rows, double *out, double *lse);
 
+/* The reference backward (gradients of the attention above), in float64,
+ * over every row: for the loss L = sum(dout * out), with the forward of
+ * cpc_reference_attention (same masks, GQA, scale),
+ *
+ *   P_ij  = exp(s_ij - lse_i)                 (the row's softmax; 0 when masked)
+ *   D_i   = sum_e dout_i[e] out_i[e]          (out from the same double forward)
+ *   dS_ij = P_ij (dout_i . v_j - D_i)
+ *   dq_i  = scale sum_j dS_ij k_j
+ *   dk_j  = scale sum_i dS_ij q_i             (summed over the query heads of
+ *   dv_j  =       sum_i P_ij dout_i            K/V head j's GQA group)
+ *
+ * (the chain rule through softmax; e.g. Dao 2023, FlashAttention-2,
+ * section 2.3.2).  A row that sees no key contributes nothing; NaN inputs
+ * propagate.  dout [B, S, H, D] contiguous in p->dtype (read exactly, like
+ * q/k/v).  dq [B, S, H, D] and dk, dv [B, Skv, Hkv, D] are written (not
+ * accumulated); any of them may be NULL when not wanted.  Cost about
+ * 10 * B * S * Skv * H * D double operations, single-threaded; memory
+ * O(Skv * D).  Errors: those of cpc_reference_attention, CPC_E_INPUT for a
+ * NULL dout, CPC_E_NOMEM. */
+cpc_status *cpc_reference_attention_bwd(const cpc_ref_problem *p, const void *dout, double *dq,
+                                        double *dk, double *dv);
+
 /* Approximate floating-point operations of a reference computation of n_rows
  * rows (n_rows < 0: every row): 4 * rows * Skv * D.  Lets a caller decide
  * between all rows and a sample. */

@@ -253,6 +253,8 @@ typedef struct run_ctx {
     double scale;
     int n_iter;
     bool trace;
+    bool progress;            /* a long run: rank 0 reports each iteration on stderr */
+    double t_start_us;
     cpc_st_file *in;          /* --input, shared (pread) */
     const cpc_st_tensor *tq, *tk, *tv;
     uint8_t *mask;            /* [B, Skv] or NULL */
@@ -277,6 +279,51 @@ typedef struct run_ctx {
     bool kernels_owned;       /* compiled here (cpc_kernels_free); else the
                                  array borrows the artifact's strings */
 } run_ctx;
+
+/* Long runs tell the user (SPEC section 5): the cost model's time for this
+ * run on the backend that runs it (the CUDA backend: the plan's device or
+ * profile; the CPU backend: the plan's profile when its device is cpu, else
+ * the cpu preset), warmup and iterations, plus the float64 reference of the
+ * check (sampled rows x keys x 4 D FLOP at ~1 GFLOP/s).  Over a minute,
+ * rank 0 says so before starting and reports every iteration. */
+static void long_run_notice(run_ctx *x, int my_rank)
+{
+    const cpc_job *job = x->job;
+    const cpc_plan *plan = job->plan;
+    cpc_device_profile dev;
+    cpc_status *st = NULL;
+    bool plan_dev = x->cuda || (plan->cluster.device && strcmp(plan->cluster.device, "cpu") == 0);
+    if (plan_dev)
+        st = cpc_plan_device(plan, &dev);
+    if (!plan_dev || st) {
+        cpc_status_free(st);
+        st = NULL;
+        if (!cpc_device_preset("cpu", &dev))
+            return;
+    }
+    cpc_prediction pred;
+    if ((st = cpc_price_program(plan, job->prog, &dev, &pred))) {
+        cpc_status_free(st);
+        return;
+    }
+    double run_s = pred.ms_per_layer * x->n_iter / 1000.0;
+    double ref_s = 0;
+    if (x->opt->check) {
+        double rows = x->opt->check_rows > 0 ? (double)x->opt->check_rows : 64.0;
+        if (rows > (double)x->L->S)
+            rows = (double)x->L->S;
+        double keys = plan->input.has_kv ? (double)plan->input.kv_tokens : (double)x->L->S;
+        ref_s = (double)x->L->B * x->L->H * rows * keys * 4.0 * x->L->D / 1e9;
+    }
+    x->t_start_us = cpc_exec_now_us();
+    if (run_s + ref_s <= 60.0 || my_rank != 0)
+        return;
+    x->progress = true;
+    fprintf(stderr, "cprun: note: this run is predicted to take about %.0f s on the %s backend "
+                    "(%d iteration%s of %.2f s on %s%s; check %.0f s): progress follows per iteration\n",
+            run_s + ref_s, x->cuda ? "cuda" : "cpu", x->n_iter, x->n_iter == 1 ? "" : "s",
+            pred.ms_per_layer / 1000.0, dev.name, plan_dev ? "" : " (the cpu preset)", ref_s);
+}
 
 typedef struct thread_arg {
     run_ctx *ctx;
@@ -668,6 +715,12 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
                 s.ms = wall;
         }
         mine.iter_ms[it] = s.ms;
+        if (x->progress && p == 0) {
+            double el = (cpc_exec_now_us() - x->t_start_us) / 1e6;
+            fprintf(stderr, "cprun: iteration %d of %d%s: %.1f s; %.0f s elapsed, about %.0f s to go\n",
+                    it + 1, x->n_iter, it < opt->warmup ? " (warmup)" : "", s.ms / 1000.0, el,
+                    el / (it + 1) * (x->n_iter - it - 1));
+        }
         mine.comm_ms[it] = s.comm_ms;
         mine.compute_ms[it] = s.compute_ms;
         mine.bytes_sent = s.bytes_sent;
@@ -1416,6 +1469,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (opt.log && job->priced && my_rank == 0)
         fprintf(opt.log, "cprun: cost model predicts %.3f ms per layer (compute %.3f ms, exposed communication %.3f ms)\n",
                 job->pred.ms_per_layer, job->pred.compute_ms_per_layer, job->pred.comm_ms_per_layer);
+    long_run_notice(&x, my_rank);
     if (use_mpi) {
         x.st[my_rank] = rank_main(&x, my_rank, &mpi_t);
         st = x.st[my_rank];

@@ -248,6 +248,20 @@ assert r["variant"] == "ulysses_anything" and r["ranks"] == 4, r
 print("cprun.sh: flux1-dev-1008: %.1f ms per iteration, rel_err %.2e" % (r["ms_per_iter"], r["check"]["rel_err"]))
 EOF
 
+# ---- a long run says so before it starts and reports every iteration -----------------------------
+# (a profile that makes the tiny plan's predicted time minutes long; the run itself is instant)
+mkdir -p "$tmp/long"
+printf 'device_profile: 1\nname: slow-cpu\nattn_tflops: 1e-9\nattn_tflops_fp32: 1e-9\nmem_gbps: 10\nintra_gbps: 5\n' >"$tmp/long/slow.yaml"
+printf 'version: 1\nname: tiny\nmodel: {heads: 2, head_dim: 8, dtype: fp32}\ninput: {tokens: 64}\ncluster: {world_size: 2, device: cpu, profile: slow.yaml}\nparallel: {variant: ulysses}\n' >"$tmp/long/tiny.yaml"
+run long 0 "$tmp/long/tiny.yaml" --warmup 1 --iters 2
+grep -q "cprun: note: this run is predicted to take about [0-9]* s on the cpu backend" "$tmp/long.err" || fail "long: no notice before the run"
+[ "$(grep -c '^cprun: iteration [1-3] of 3' "$tmp/long.err")" -eq 3 ] || fail "long: not one progress line per iteration"
+run long-json 0 "$tmp/long/tiny.yaml" --format json
+python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/long-json.out" || fail "long-json: stdout is not one JSON object"
+sed 's/, profile: slow.yaml//' "$tmp/long/tiny.yaml" >"$tmp/long/short.yaml"
+run short 0 "$tmp/long/short.yaml"
+grep -q "predicted to take" "$tmp/short.err" 2>/dev/null && fail "short: a notice for a short run"
+
 if [ "$fails" -ne 0 ]; then
   echo "cprun.sh: $fails failure(s)" >&2
   exit 1

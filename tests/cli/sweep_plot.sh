@@ -112,12 +112,24 @@ has gp-none.err "gnuplot is not installed"
 [ ! -e "$tmp/n.svg" ] || fail "gp-none: a plot file was created"
 # the quoted plan path and key, the SVG copied from gnuplot's stdout, its
 # warnings not shown on success
-cp "$PLAN" "$tmp/it's.yaml"
+sed "s/^name: .*/name: \"it's plan\"/" "$PLAN" >"$tmp/it's.yaml"
 PATH="$tmp/bin-ok:$PATH" t gp-ok 0 "$CPC" --sweep cluster.world_size=3,4 "$tmp/it's.yaml" --plot "$tmp/o.svg"
 [ "$(cat "$tmp/o.svg" 2>/dev/null)" = "<svg>fake</svg>" ] || fail "gp-ok: the SVG was not copied from gnuplot's output"
 grep -q "Skipping" "$tmp/gp-ok.err" && fail "gp-ok: gnuplot's warnings shown on success"
-grep -qF "title '$tmp/it''s.yaml' . ': predicted per layer vs ' . 'cluster.world_size'" "$tmp/script.gp" \
-  || { fail "gp-ok: plan path not quoted for gnuplot"; grep multiplot "$tmp/script.gp" >&2; }
+grep -qF "title 'it''s plan' . ': predicted per layer vs ' . 'cluster.world_size'" "$tmp/script.gp" \
+  || { fail "gp-ok: plan name not quoted for gnuplot"; grep multiplot "$tmp/script.gp" >&2; }
+grep -qF "$tmp" "$tmp/script.gp" && grep -F "$tmp" "$tmp/script.gp" | grep -v "index" | grep -q . \
+  && fail "gp-ok: a path in the plot's title or labels (the title is the plan's name)"
+# the selected candidate is ringed, series are shifted apart (ring and ring_anything
+# coincide), rule codes have their own panel below the data
+grep -q "title 'selected'" "$tmp/script.gp" || fail "gp-ok: no 'selected' series"
+grep -q "using (\$1-0.08):3" "$tmp/script.gp" && grep -q "using (\$1+0.08):3" "$tmp/script.gp" \
+  || fail "gp-ok: coinciding series are not shifted apart"
+grep -q "set ylabel 'rejected'" "$tmp/script.gp" || fail "gp-ok: no panel for the rule codes"
+# with model.parameters the plot and the table compare whole steps
+PATH="$tmp/bin-ok:$PATH" t gp-step 0 "$CPC" --sweep cluster.world_size=2,4 "$PLAN" --set model.parameters=11901408320 --plot "$tmp/s.svg"
+grep -q "predicted per step" "$tmp/script.gp" || fail "gp-step: the plot is not per step"
+has gp-step.out "ms per step / memory per rank"
 grep -q "o.svg" "$tmp/script.gp" && fail "gp-ok: the output file name is in gnuplot's script"
 grep -q "set output" "$tmp/script.gp" && fail "gp-ok: the script sets an output"
 
@@ -153,7 +165,7 @@ if command -v gnuplot >/dev/null 2>&1; then
   grep -v "^cpc: wrote" "$tmp/inj2.err" | grep -q . && { fail "inj2: messages on stderr"; cat "$tmp/inj2.err" >&2; }
   # a plan path with a quote, every point of some variants rejected: no warnings
   t real-quote 0 "$CPC" --sweep cluster.world_size=3,5,4 "$tmp/it's.yaml" --plot "$tmp/q.svg"
-  grep -q "it's.yaml: predicted per layer vs cluster.world_size" "$tmp/q.svg" || fail "real-quote: title missing"
+  grep -q "it's plan: predicted per layer vs cluster.world_size" "$tmp/q.svg" || fail "real-quote: title missing"
   grep -v "^cpc: wrote" "$tmp/real-quote.err" | grep -q . && { fail "real-quote: messages on stderr"; cat "$tmp/real-quote.err" >&2; }
   t real-all-reject 1 "$CPC" --sweep cluster.world_size=3,5 "$PLAN" --plot "$tmp/r.svg"
   head -c 5 "$tmp/r.svg" | grep -q '<?xml' || fail "real-all-reject: no SVG"

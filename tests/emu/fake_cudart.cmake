@@ -43,6 +43,21 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
     add_test(NAME test_fake_cudart COMMAND test_fake_cudart --jobs=1)
     set_tests_properties(test_fake_cudart PROPERTIES TIMEOUT 300 ENVIRONMENT
       "CPC_FAKE_TEST_DIR=${CPC_FAKE_CUDART_DIR}/test-modules;CPC_EMU_DEVICES=1")
+
+    # The CUDA backend through the backend conformance suite (tests/backend_conformance.h)
+    # on the fake runtime: linked like any CUDA program (cpc_internal -> libcudart.so.13),
+    # LD_LIBRARY_PATH makes the fake win over the RUNPATH; modules built on first use
+    # under emu-cudart/conformance-modules, NVRTC output cached under kernel-cache.
+    if(TARGET cpc_backend_conformance OR EXISTS ${CMAKE_SOURCE_DIR}/tests/backend_conformance.c)
+      add_executable(test_backend_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/test_backend_cuda_emu.c)
+      target_link_libraries(test_backend_cuda_emu PRIVATE cpc_backend_conformance cpc_internal
+        cpc_emu PkgConfig::CRYPTO PkgConfig::CRITERION ${CMAKE_DL_LIBS})
+      add_dependencies(test_backend_cuda_emu cpc_fake_cudart)
+      add_test(NAME test_backend_cuda_emu COMMAND test_backend_cuda_emu --jobs=1
+        WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+      set_tests_properties(test_backend_cuda_emu PROPERTIES TIMEOUT 1200 ENVIRONMENT
+        "LD_LIBRARY_PATH=${CPC_FAKE_CUDART_DIR};CPC_EMU_MODULES=${CPC_FAKE_CUDART_DIR}/conformance-modules;CPC_CACHE_DIR=${CMAKE_BINARY_DIR}/kernel-cache;CPC_EMU_DEVICES=1;OPENBLAS_NUM_THREADS=1")
+    endif()
   endif()
 
 endif()

@@ -1,0 +1,510 @@
+/*
+ * attention_bwd_cpu.c - the CPU backend's attention backward (backend.h,
+ * cpc_attn_bwd_args): FlashAttention-2's backward (Dao 2023, "FlashAttention-2:
+ * Faster Attention with Better Parallelism and Work Partitioning",
+ * Algorithm 2), on one thread, with OpenBLAS SGEMM for the five products of
+ * every tile.
+ *
+ * For every batch b (delta first, when asked: delta_i = sum_e dO[i,e] O[i,e],
+ * accumulated in double, stored fp32) and every K/V head:
+ *   - K and V of the head are widened/copied to contiguous fp32 rows, its
+ *     dK and dV accumulators (contiguous fp32, zeroed) are kept in scratch;
+ *   - for every query head of the GQA group this call sees:
+ *       Q' = Q * scale * log2(e) and dO as contiguous fp32 rows, dQ = 0,
+ *       m_i = lse_i * log2(e) (+inf for a row with lse = -inf, so that its
+ *       P is exactly 0), and for every tile of TQ query rows and every tile
+ *       of TK keys that some row of the tile can see (causal tiles no row
+ *       sees, and tiles whose keys are all padded, are skipped before any
+ *       product; tiles straddling the diagonal are trimmed to the keys some
+ *       row sees and the rows that see some key, as in the forward):
+ *         S  = Q' K^T                  (sgemm NT, TQ x TK x D)
+ *         dP = dO V^T                  (sgemm NT, TQ x TK x D)
+ *         mask S (causal by global positions, key padding) where needed;
+ *         P = 2^(S - m) and dS = P * (dP - delta) in one vectorised pass
+ *         (S and dP are overwritten by P and dS);
+ *         dV += P^T dO                 (sgemm TN, TK x D x TQ)
+ *         dQ += scale * dS K           (sgemm NN, TQ x D x TK)
+ *         dK += ln(2) * dS^T Q'        (sgemm TN, TK x D x TQ; ln 2 * Q' = scale * Q)
+ *     then dQ is added to the caller's dq;
+ *   - finally dK and dV are added to the caller's dk and dv.
+ * P = 2^(S - m) is exp(q.k * scale - lse): the softmax probability of the
+ * row over all the keys its lse covers, so blocks of keys can be processed
+ * by separate calls and their gradients summed (ring attention).
+ *
+ * The exponential is the forward's (cpu_kernels.h: degree-6 polynomial,
+ * 8e-8 relative error), AVX-512 or AVX2 chosen at run time, scalar
+ * otherwise; CPC_CPU_ISA=avx2|scalar forces one (tests).
+ *
+ * Tile sizes: TQ x TK = 256 x 512 by default, as the forward's (measured on
+ * an AMD EPYC AVX2 machine with bench/bench_attention_bwd.c, S = 2048:
+ * 256x512 gave the lowest backward / forward ratio, 2.3-2.5; 128x128 2.3-2.9,
+ * 64xN 3.0-3.4: the products dV += P^T dO and dK += dS^T Q reduce over the
+ * TQ rows of the tile, so short query tiles starve them); CPC_CPU_ATTN_BWD_TILES=
+ * "<TQ>x<TK>" overrides them when the scratch is created (first call).
+ *
+ * Memory: scratch of 3 [sq, d] + 4 [skv, d] + 2 [TQ, TK] fp32 and
+ * positions, grown on demand and kept by the backend instance.
+ * Thread-safety: as the backend instance (one thread at a time).
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "dtype.h"
+
+/* s[j] <- P = 2^(s[j] - m); dp[j] <- dS = P * (dp[j] - dl), j < n. */
+typedef void (*fused_fn)(float *s, float *dp, int64_t n, float m, float dl);
+
+struct cpc_cpu_bwd {
+    int tq, tk;
+    fused_fn fused;
+    float *qb;     size_t qb_cap;    /* [sq, d] Q * scale * log2 e of one head */
+    float *dob;    size_t dob_cap;   /* [sq, d] dO of one head */
+    float *dqb;    size_t dqb_cap;   /* [sq, d] dQ of one head */
+    float *kb;     size_t kb_cap;    /* [skv, d] K of one K/V head */
+    float *vb;     size_t vb_cap;    /* [skv, d] V */
+    float *dkb;    size_t dkb_cap;   /* [skv, d] dK accumulator */
+    float *dvb;    size_t dvb_cap;   /* [skv, d] dV accumulator */
+    float *s;      size_t s_cap;     /* [tq, tk] S, then P */
+    float *dp;     size_t dp_cap;    /* [tq, tk] dP, then dS */
+    float *m;      size_t m_cap;     /* [sq] lse * log2 e (+inf: empty row) */
+    float *row;    size_t row_cap;   /* [2 d] delta's rows */
+    float *bias;   size_t bias_cap;  /* [skv] 0 or -inf (key padding) */
+    int64_t *qpos; size_t qpos_cap;  /* [sq] global positions of the query rows */
+    int64_t *kpos; size_t kpos_cap;  /* [skv] of the key rows */
+    int64_t *kt;   size_t kt_cap;    /* per key tile: min, max, increasing, masked */
+    int64_t *qt;   size_t qt_cap;    /* per query tile: min, max, increasing */
+};
+
+enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
+enum { QT_MIN = 0, QT_MAX, QT_INC, QT_N };
+
+/* ---- the fused P / dS pass ------------------------------------------------------ */
+
+static void fused_scalar(float *s, float *dp, int64_t n, float m, float dl)
+{
+    for (int64_t j = 0; j < n; j++) {
+        float p = exp2_scalar(s[j] - m);
+        s[j] = p;
+        dp[j] = p * (dp[j] - dl);
+    }
+}
+
+#ifdef CPC_X86
+__attribute__((target("avx2,fma"))) static void fused_avx2(float *s, float *dp, int64_t n,
+                                                          float m, float dl)
+{
+    const __m256 vm = _mm256_set1_ps(m), vd = _mm256_set1_ps(dl);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m256 p0 = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        __m256 p1 = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vm));
+        _mm256_storeu_ps(s + j, p0);
+        _mm256_storeu_ps(s + j + 8, p1);
+        _mm256_storeu_ps(dp + j, _mm256_mul_ps(p0, _mm256_sub_ps(_mm256_loadu_ps(dp + j), vd)));
+        _mm256_storeu_ps(dp + j + 8,
+                         _mm256_mul_ps(p1, _mm256_sub_ps(_mm256_loadu_ps(dp + j + 8), vd)));
+    }
+    for (; j < n; j += 8) {
+        __m256i mk = tail_mask_avx2(n - j);
+        __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mk), vm));
+        _mm256_maskstore_ps(s + j, mk, p);
+        __m256 g = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + j, mk), vd));
+        _mm256_maskstore_ps(dp + j, mk, g);
+    }
+}
+
+__attribute__((target("avx512f"))) static void fused_avx512(float *s, float *dp, int64_t n,
+                                                           float m, float dl)
+{
+    const __m512 vm = _mm512_set1_ps(m), vd = _mm512_set1_ps(dl);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m512 p0 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        __m512 p1 = exp2_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), vm));
+        _mm512_storeu_ps(s + j, p0);
+        _mm512_storeu_ps(s + j + 16, p1);
+        _mm512_storeu_ps(dp + j, _mm512_mul_ps(p0, _mm512_sub_ps(_mm512_loadu_ps(dp + j), vd)));
+        _mm512_storeu_ps(dp + j + 16,
+                         _mm512_mul_ps(p1, _mm512_sub_ps(_mm512_loadu_ps(dp + j + 16), vd)));
+    }
+    for (; j < n; j += 16) {
+        __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 p = exp2_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+        _mm512_mask_storeu_ps(s + j, k, p);
+        __m512 g = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + j), vd));
+        _mm512_mask_storeu_ps(dp + j, k, g);
+    }
+}
+#endif
+
+/* ---- scratch ---------------------------------------------------------------------- */
+
+static cpc_status *bwd_state(cpc_cpu_bwd **state, cpc_cpu_bwd **out)
+{
+    if (*state) {
+        *out = *state;
+        return NULL;
+    }
+    cpc_cpu_bwd *c = calloc(1, sizeof *c);
+    if (!c)
+        return cpc_error(CPC_E_NOMEM, "attn_bwd: out of memory");
+    c->tq = 256;
+    c->tk = 512;
+    const char *env = getenv("CPC_CPU_ATTN_BWD_TILES");
+    if (env) {
+        int q = 0, k = 0;
+        if (sscanf(env, "%dx%d", &q, &k) == 2 && q >= 1 && q <= 4096 && k >= 1 && k <= 65536) {
+            c->tq = q;
+            c->tk = k;
+        }
+    }
+    c->fused = fused_scalar;
+#ifdef CPC_X86
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (__builtin_cpu_supports("avx512f"))
+        c->fused = fused_avx512;
+    else if (avx2)
+        c->fused = fused_avx2;
+    const char *isa = getenv("CPC_CPU_ISA");
+    if (isa && strcmp(isa, "scalar") == 0)
+        c->fused = fused_scalar;
+    else if (isa && strcmp(isa, "avx2") == 0 && avx2)
+        c->fused = fused_avx2;
+#endif
+    *state = *out = c;
+    return NULL;
+}
+
+void cpc_cpu_attn_bwd_free(cpc_cpu_bwd *c)
+{
+    if (!c)
+        return;
+    free(c->qb);
+    free(c->dob);
+    free(c->dqb);
+    free(c->kb);
+    free(c->vb);
+    free(c->dkb);
+    free(c->dvb);
+    free(c->s);
+    free(c->dp);
+    free(c->m);
+    free(c->row);
+    free(c->bias);
+    free(c->qpos);
+    free(c->kpos);
+    free(c->kt);
+    free(c->qt);
+    free(c);
+}
+
+/* ---- arguments ---------------------------------------------------------------------- */
+
+static bool dtype_ok(cpc_dtype t) { return (int)t >= 0 && t < CPC_DTYPE__COUNT; }
+static size_t dt_size(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4u : 2u; }
+
+static cpc_status *check_bwd_args(const cpc_attn_bwd_args *a)
+{
+    if (!a)
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: no arguments");
+    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->d < 1 ||
+        a->group < 1 || a->q_head_off < 0 || a->kv_head_off < 0)
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn_bwd: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d d=%d "
+                         "group=%d q_head_off=%d kv_head_off=%d)",
+                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv, a->d,
+                         a->group, a->q_head_off, a->kv_head_off);
+    if (!dtype_ok(a->dtype) || (a->compute_delta && !dtype_ok(a->out_dtype)))
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: unknown dtype (%d, out %d)", (int)a->dtype,
+                         (int)a->out_dtype);
+    if ((int64_t)a->hq * a->d > 0x7fffffff || (int64_t)a->hkv * a->d > 0x7fffffff)
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn_bwd: heads * head_dim exceeds the BLAS index range");
+    if (a->hq > 0) {
+        int first = a->q_head_off / a->group - a->kv_head_off;
+        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
+        if (first < 0 || last >= a->hkv)
+            return cpc_error(CPC_E_INTERNAL,
+                             "attn_bwd: query heads [%d, %d) with group %d need K/V heads "
+                             "[%d, %d], but this block holds K/V heads [%d, %d)",
+                             a->q_head_off, a->q_head_off + a->hq, a->group,
+                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
+                             a->kv_head_off, a->kv_head_off + a->hkv);
+    }
+    const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
+    if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
+        (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
+                      (a->dkv_bstride && a->dkv_bstride < kvblk))))
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn_bwd: gradient batch strides (dq %lld, dk/dv %lld elements) "
+                         "smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->dq_bstride, (long long)a->dkv_bstride, (long long)qblk,
+                         (long long)kvblk);
+    if (a->B > 1 && (a->q_bstride < qblk || a->dout_bstride < qblk ||
+                     (a->compute_delta && a->out_bstride < qblk) ||
+                     a->kv_bstride < a->skv * a->hkv * a->d))
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn_bwd: batch strides (q %lld, dout %lld, out %lld, kv %lld "
+                         "elements) smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->q_bstride, (long long)a->dout_bstride,
+                         (long long)a->out_bstride, (long long)a->kv_bstride, (long long)qblk,
+                         (long long)(a->skv * a->hkv * a->d));
+    const bool rows = a->B > 0 && a->sq > 0 && a->hq > 0;
+    if (rows && (!a->dout || !a->delta || (a->compute_delta && !a->out)))
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: dout and delta (and out, to compute "
+                                         "delta) are required");
+    if (rows && a->skv > 0 &&
+        (!a->q || !a->k || !a->v || !a->lse || !a->dq || !a->dk || !a->dv))
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: q, k, v, lse, dq, dk and dv are required");
+    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
+        a->n_q_runs < 0 || a->n_kv_runs < 0)
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: bad run lists");
+    return NULL;
+}
+
+#define BGROW(c, field, bytes) grow((void **)&(c)->field, &(c)->field##_cap, (bytes))
+
+/* delta[b, h, i] = sum_e dout[b, i, h, e] * out[b, i, h, e], in double. */
+static void compute_delta(cpc_cpu_bwd *c, const cpc_attn_bwd_args *a)
+{
+    const int d = a->d, hq = a->hq;
+    const size_t es = dt_size(a->dtype), eo = dt_size(a->out_dtype);
+    float *dr = c->row, *orow = c->row + d;
+    for (int b = 0; b < a->B; b++)
+        for (int64_t i = 0; i < a->sq; i++)
+            for (int h = 0; h < hq; h++) {
+                size_t e0 = ((size_t)i * hq + (size_t)h) * (size_t)d;
+                cpc_to_f32_n(dr, (const char *)a->dout + ((size_t)b * a->dout_bstride + e0) * es,
+                             a->dtype, (size_t)d);
+                cpc_to_f32_n(orow, (const char *)a->out + ((size_t)b * a->out_bstride + e0) * eo,
+                             a->out_dtype, (size_t)d);
+                double acc = 0.0;
+                for (int e = 0; e < d; e++)
+                    acc += (double)dr[e] * (double)orow[e];
+                a->delta[((size_t)b * hq + (size_t)h) * a->sq + (size_t)i] = (float)acc;
+            }
+}
+
+/* Tile descriptors of positions pos[0..n) in tiles of t: min, max, increasing. */
+static void tile_desc(const int64_t *pos, int64_t n, int t, int64_t *desc, int stride)
+{
+    for (int64_t k = 0, j0 = 0; j0 < n; k++, j0 += t) {
+        int64_t j1 = j0 + t < n ? j0 + t : n;
+        int64_t mn = pos[j0], mx = pos[j0], inc = 1;
+        for (int64_t j = j0 + 1; j < j1; j++) {
+            mn = pos[j] < mn ? pos[j] : mn;
+            mx = pos[j] > mx ? pos[j] : mx;
+            if (pos[j] < pos[j - 1])
+                inc = 0;
+        }
+        desc[k * stride + 0] = mn;
+        desc[k * stride + 1] = mx;
+        desc[k * stride + 2] = inc;
+    }
+}
+
+/* ---- the backward ------------------------------------------------------------------- */
+
+cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
+{
+    cpc_status *st = check_bwd_args(a);
+    if (st)
+        return st;
+    if (!state)
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: no scratch state");
+    const int64_t sq = a->sq, skv = a->skv;
+    const int hq = a->hq, hkv = a->hkv, d = a->d, B = a->B;
+    if (B == 0 || sq == 0 || hq == 0)
+        return NULL;
+    cpc_cpu_bwd *c = NULL;
+    if ((st = bwd_state(state, &c)))
+        return st;
+    if (a->compute_delta) {
+        if ((st = BGROW(c, row, sizeof(float) * 2 * (size_t)d)))
+            return st;
+        compute_delta(c, a);
+    }
+    if (skv == 0)
+        return NULL; /* no key: no gradient */
+
+    const int tq = c->tq, tk = c->tk;
+    const size_t es = dt_size(a->dtype);
+    const int64_t n_kt = (skv + tk - 1) / tk, n_qt = (sq + tq - 1) / tq;
+    const size_t qd = (size_t)sq * d, kd = (size_t)skv * d;
+    if ((st = BGROW(c, qb, sizeof(float) * qd)) || (st = BGROW(c, dob, sizeof(float) * qd)) ||
+        (st = BGROW(c, dqb, sizeof(float) * qd)) || (st = BGROW(c, kb, sizeof(float) * kd)) ||
+        (st = BGROW(c, vb, sizeof(float) * kd)) || (st = BGROW(c, dkb, sizeof(float) * kd)) ||
+        (st = BGROW(c, dvb, sizeof(float) * kd)) ||
+        (st = BGROW(c, s, sizeof(float) * (size_t)tq * tk)) ||
+        (st = BGROW(c, dp, sizeof(float) * (size_t)tq * tk)) ||
+        (st = BGROW(c, m, sizeof(float) * (size_t)sq)) ||
+        (st = BGROW(c, qpos, sizeof(int64_t) * (size_t)sq)) ||
+        (st = BGROW(c, kpos, sizeof(int64_t) * (size_t)skv)) ||
+        (st = BGROW(c, kt, sizeof(int64_t) * KT_N * (size_t)n_kt)) ||
+        (st = BGROW(c, qt, sizeof(int64_t) * QT_N * (size_t)n_qt)) ||
+        (a->kv_mask && (st = BGROW(c, bias, sizeof(float) * (size_t)skv))))
+        return st;
+    if (!fill_positions(c->qpos, sq, a->q_runs, a->n_q_runs))
+        return cpc_error(CPC_E_INTERNAL,
+                         "attn_bwd: query runs do not cover the %lld query rows", (long long)sq);
+    if (!fill_positions(c->kpos, skv, a->kv_runs, a->n_kv_runs))
+        return cpc_error(CPC_E_INTERNAL, "attn_bwd: key runs do not cover the %lld key rows",
+                         (long long)skv);
+    if (a->kv_mask)
+        for (int64_t j = 0; j < skv; j++)
+            if (c->kpos[j] < 0 || c->kpos[j] >= a->mask_len)
+                return cpc_error(CPC_E_INTERNAL,
+                                 "attn_bwd: key position %lld outside the key padding mask "
+                                 "(length %lld)",
+                                 (long long)c->kpos[j], (long long)a->mask_len);
+    tile_desc(c->kpos, skv, tk, c->kt, KT_N);
+    tile_desc(c->qpos, sq, tq, c->qt, QT_N);
+    for (int64_t t = 0; t < n_kt; t++)
+        c->kt[t * KT_N + KT_MASKED] = 0;
+
+    const float qscale = a->scale * LOG2E_F;
+    const int64_t ldq = (int64_t)hq * d, ldkv = (int64_t)hkv * d;
+    const int64_t dq_bs = a->dq_bstride ? a->dq_bstride : sq * ldq;
+    const int64_t dkv_bs = a->dkv_bstride ? a->dkv_bstride : skv * ldkv;
+    float *S = c->s, *DP = c->dp;
+
+    for (int b = 0; b < B; b++) {
+        const char *qsrc = (const char *)a->q + (size_t)b * (size_t)a->q_bstride * es;
+        const char *dosrc = (const char *)a->dout + (size_t)b * (size_t)a->dout_bstride * es;
+        const char *ksrc = (const char *)a->k + (size_t)b * (size_t)a->kv_bstride * es;
+        const char *vsrc = (const char *)a->v + (size_t)b * (size_t)a->kv_bstride * es;
+        if (a->kv_mask) {
+            const uint8_t *mk = a->kv_mask + (size_t)b * (size_t)a->mask_len;
+            for (int64_t t = 0; t < n_kt; t++) {
+                int64_t j0 = t * tk, j1 = j0 + tk < skv ? j0 + tk : skv, cnt = 0;
+                for (int64_t j = j0; j < j1; j++) {
+                    bool on = mk[c->kpos[j]] != 0;
+                    c->bias[j] = on ? 0.0f : -INFINITY;
+                    cnt += !on;
+                }
+                c->kt[t * KT_N + KT_MASKED] = cnt;
+            }
+        }
+        for (int kvl = 0; kvl < hkv; kvl++) {
+            int g = a->kv_head_off + kvl;
+            int h0 = g * a->group - a->q_head_off, h1 = h0 + a->group;
+            h0 = h0 < 0 ? 0 : h0;
+            h1 = h1 > hq ? hq : h1;
+            if (h0 >= h1)
+                continue; /* no query head of this call uses it: dk/dv untouched */
+            for (int64_t j = 0; j < skv; j++) {
+                size_t off = ((size_t)j * (size_t)ldkv + (size_t)kvl * d) * es;
+                cpc_to_f32_n(c->kb + j * d, ksrc + off, a->dtype, (size_t)d);
+                cpc_to_f32_n(c->vb + j * d, vsrc + off, a->dtype, (size_t)d);
+            }
+            memset(c->dkb, 0, sizeof(float) * kd);
+            memset(c->dvb, 0, sizeof(float) * kd);
+            for (int h = h0; h < h1; h++) {
+                const float *lse = a->lse + ((size_t)b * hq + (size_t)h) * sq;
+                const float *delta = a->delta + ((size_t)b * hq + (size_t)h) * sq;
+                bool any_row = false;
+                for (int64_t i = 0; i < sq; i++) {
+                    float l = lse[i];
+                    c->m[i] = l == -INFINITY ? INFINITY : l * LOG2E_F;
+                    any_row |= l != -INFINITY;
+                }
+                if (!any_row)
+                    continue; /* no row of this head saw a key */
+                for (int64_t i = 0; i < sq; i++) {
+                    size_t off = ((size_t)i * (size_t)ldq + (size_t)h * d) * es;
+                    cpc_to_f32_scaled_n(c->qb + i * d, qsrc + off, a->dtype, (size_t)d, qscale);
+                    cpc_to_f32_n(c->dob + i * d, dosrc + off, a->dtype, (size_t)d);
+                }
+                memset(c->dqb, 0, sizeof(float) * qd);
+                for (int64_t qi = 0; qi < n_qt; qi++) {
+                    const int64_t i0 = qi * tq;
+                    const int br = (int)(sq - i0 < tq ? sq - i0 : tq);
+                    const int64_t *qt = c->qt + qi * QT_N;
+                    const int64_t qmin = qt[QT_MIN], qmax = qt[QT_MAX];
+                    const bool qinc = qt[QT_INC] != 0;
+                    for (int64_t t = 0; t < n_kt; t++) {
+                        const int64_t *kt = c->kt + t * KT_N;
+                        const int64_t j0 = t * tk;
+                        const int bc = (int)(skv - j0 < tk ? skv - j0 : tk);
+                        if (a->causal && kt[KT_MIN] > qmax)
+                            continue; /* no row sees any key of this tile */
+                        if (kt[KT_MASKED] == bc)
+                            continue; /* every key padded out */
+                        const bool diag = a->causal && kt[KT_MAX] > qmin;
+                        const bool pad = kt[KT_MASKED] > 0;
+                        int r0 = 0, bcx = bc;
+                        if (diag) {
+                            if (kt[KT_INC])
+                                bcx = count_le(c->kpos + j0, bc, qmax);
+                            if (qinc)
+                                r0 = count_lt(c->qpos + i0, br, kt[KT_MIN]);
+                        }
+                        const int nr = br - r0;
+                        const float *Qt = c->qb + (size_t)(i0 + r0) * d;
+                        const float *dOt = c->dob + (size_t)(i0 + r0) * d;
+                        float *St = S + (size_t)r0 * tk, *DPt = DP + (size_t)r0 * tk;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, bcx, d, 1.0f, Qt,
+                                    d, c->kb + (size_t)j0 * d, d, 0.0f, St, tk);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, bcx, d, 1.0f,
+                                    dOt, d, c->vb + (size_t)j0 * d, d, 0.0f, DPt, tk);
+                        for (int r = r0; r < br; r++) {
+                            float *sr = S + (size_t)r * tk;
+                            if (diag) {
+                                const int64_t qp = c->qpos[i0 + r];
+                                const int64_t *kp = c->kpos + j0;
+                                if (kt[KT_INC]) {
+                                    for (int j = count_le(kp, bcx, qp); j < bcx; j++)
+                                        sr[j] = -INFINITY;
+                                } else {
+                                    for (int j = 0; j < bcx; j++)
+                                        if (kp[j] > qp)
+                                            sr[j] = -INFINITY;
+                                }
+                            }
+                            if (pad) {
+                                const float *bi = c->bias + j0;
+                                for (int j = 0; j < bcx; j++)
+                                    sr[j] += bi[j];
+                            }
+                            c->fused(sr, DP + (size_t)r * tk, bcx, c->m[i0 + r],
+                                     delta[i0 + r]);
+                        }
+                        /* dV += P^T dO */
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bcx, d, nr, 1.0f, St,
+                                    tk, dOt, d, 1.0f, c->dvb + (size_t)j0 * d, d);
+                        /* dQ += scale dS K */
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, d, bcx,
+                                    a->scale, DPt, tk, c->kb + (size_t)j0 * d, d, 1.0f,
+                                    c->dqb + (size_t)(i0 + r0) * d, d);
+                        /* dK += scale dS^T Q = ln 2 dS^T Q' */
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bcx, d, nr, LN2_F,
+                                    DPt, tk, Qt, d, 1.0f, c->dkb + (size_t)j0 * d, d);
+                    }
+                }
+                float *dq = a->dq + (size_t)b * (size_t)dq_bs + (size_t)h * d;
+                for (int64_t i = 0; i < sq; i++) {
+                    float *dst = dq + (size_t)i * (size_t)ldq;
+                    const float *src = c->dqb + (size_t)i * d;
+                    for (int e = 0; e < d; e++)
+                        dst[e] += src[e];
+                }
+            }
+            float *dk = a->dk + (size_t)b * (size_t)dkv_bs + (size_t)kvl * d;
+            float *dv = a->dv + (size_t)b * (size_t)dkv_bs + (size_t)kvl * d;
+            for (int64_t j = 0; j < skv; j++) {
+                float *dkr = dk + (size_t)j * (size_t)ldkv, *dvr = dv + (size_t)j * (size_t)ldkv;
+                const float *sk = c->dkb + (size_t)j * d, *sv = c->dvb + (size_t)j * d;
+                for (int e = 0; e < d; e++) {
+                    dkr[e] += sk[e];
+                    dvr[e] += sv[e];
+                }
+            }
+        }
+    }
+    return NULL;
+}
