@@ -23,6 +23,7 @@ const char *cpc_status_message(const cpc_status *st) { return st ? st->message :
 int cpc_status_rule(const cpc_status *st) { return st ? st->rule : 0; }
 const char *cpc_status_hint(const cpc_status *st) { return st ? st->hint : NULL; }
 const cpc_status *cpc_status_next(const cpc_status *st) { return st ? st->next : NULL; }
+const cpc_status *cpc_status_notes(const cpc_status *st) { return st ? st->notes : NULL; }
 
 void cpc_status_position(const cpc_status *st, const char **file, int *line, int *column)
 {

@@ -76,6 +76,10 @@ void cpc_status_position(const cpc_status *st, const char **file, int *line, int
 /* The next status of a chain, or NULL.  Borrowed. */
 const cpc_status *cpc_status_next(const cpc_status *st);
 
+/* The first note attached to a diagnostic (a chain of CPC_SEV_NOTE statuses,
+ * walk it with cpc_status_next), or NULL.  Borrowed. */
+const cpc_status *cpc_status_notes(const cpc_status *st);
+
 /* Frees a status and its whole chain.  NULL is ignored. */
 void cpc_status_free(cpc_status *st);
 
@@ -87,14 +91,15 @@ int cpc_status_exit_code(const cpc_status *st);
 /* "plan", "usage", ... for a code. Static string. */
 const char *cpc_code_name(cpc_code code);
 
-/* One diagnostic (not its chain) with its notes as compiler-style text
- * ("file:line:col: error[CP011]: message; hint: ...", then "note: ..."
- * lines); without a position the prefix is "PROG: ".  Malloc'd; the caller
+/* One diagnostic (neither its notes nor the rest of its chain) as
+ * compiler-style text ("file:line:col: error[CP011]: message; hint: ...");
+ * without a position the prefix is "PROG: ".  Malloc'd; the caller
  * frees it with free().  NULL when out of memory. */
 char *cpc_status_format(const char *prog, const cpc_status *st);
 
 /* Prints every diagnostic of the chain as cpc_status_format does, one per
- * line, to `out` (nothing for NULL). */
+ * line, each followed by its notes ("...: note: ..."), to `out` (nothing for
+ * NULL). */
 void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
 
 #ifdef __cplusplus

@@ -102,76 +102,32 @@ def _s(b):
     return None if b is None else b.decode("utf-8", "replace")
 
 
-_NOPOS = "\x01cpc-nopos"
-_NOTE = re.compile(r"^(?:(?P<file>.*):(?P<line>\d+):(?P<col>\d+)|" + _NOPOS + r"): note: "
-                   r"(?P<msg>.*)$")
-
-
-def _libc():
+def _diagnostic(L, st):
     import ctypes
-    libc = ctypes.CDLL(None)
-    libc.open_memstream.restype = ctypes.c_void_p
-    libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p),
-                                    ctypes.POINTER(ctypes.c_size_t)]
-    libc.fclose.argtypes = [ctypes.c_void_p]
-    libc.free.argtypes = [ctypes.c_void_p]
-    return libc
-
-
-def _notes(L, st):
-    """The notes attached to each diagnostic of the chain `st` (a list per
-    diagnostic).  status.h has no accessor for a diagnostic's notes, so the chain is
-    printed with cpc_status_print (which writes them, one line each, after their
-    diagnostic) into a memory stream and the note lines are read back."""
-    import ctypes
-    try:
-        libc = _libc()
-        buf = ctypes.c_char_p()
-        size = ctypes.c_size_t()
-        f = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
-        if not f:
-            return None
-        L.cpc_status_print(f, _NOPOS.encode(), st)
-        libc.fclose(f)
-        text = ctypes.string_at(buf, size.value).decode("utf-8", "replace")
-        libc.free(buf)
-    except Exception:  # noqa: BLE001 - notes are extra information
-        return None
-    per = []
-    for line in text.splitlines():
-        m = _NOTE.match(line)
-        if m is None:
-            per.append([])
-        elif per:
-            per[-1].append(Diagnostic("note", None, m.group("msg"), m.group("file"),
-                                      int(m.group("line")) if m.group("line") else None,
-                                      int(m.group("col")) if m.group("col") else None))
-    return per
+    from ._native import SEVERITIES
+    f = ctypes.c_char_p()
+    line = ctypes.c_int()
+    col = ctypes.c_int()
+    L.cpc_status_position(st, ctypes.byref(f), ctypes.byref(line), ctypes.byref(col))
+    rule = L.cpc_status_rule(st)
+    sev = L.cpc_status_severity(st)
+    return Diagnostic(SEVERITIES[sev] if 0 <= sev < len(SEVERITIES) else "error",
+                      f"CP{rule:03d}" if rule else None,
+                      _s(L.cpc_status_message(st)) or "",
+                      _s(f.value), line.value or None, col.value or None,
+                      _s(L.cpc_status_hint(st)))
 
 
 def diagnostics_of(L, st):
     """The chain `st` (a status pointer) as a list of Diagnostic, each followed by its
-    notes (as `cpc --format json` lists them)."""
-    import ctypes
-    from ._native import SEVERITIES
+    notes (cpc_status_notes; as `cpc --format json` lists them)."""
     out = []
-    notes = _notes(L, st)
-    i = 0
     while st:
-        f = ctypes.c_char_p()
-        line = ctypes.c_int()
-        col = ctypes.c_int()
-        L.cpc_status_position(st, ctypes.byref(f), ctypes.byref(line), ctypes.byref(col))
-        rule = L.cpc_status_rule(st)
-        sev = L.cpc_status_severity(st)
-        out.append(Diagnostic(SEVERITIES[sev] if 0 <= sev < len(SEVERITIES) else "error",
-                              f"CP{rule:03d}" if rule else None,
-                              _s(L.cpc_status_message(st)) or "",
-                              _s(f.value), line.value or None, col.value or None,
-                              _s(L.cpc_status_hint(st))))
-        if notes is not None and i < len(notes):
-            out.extend(notes[i])
-        i += 1
+        out.append(_diagnostic(L, st))
+        note = L.cpc_status_notes(st)
+        while note:
+            out.append(_diagnostic(L, note))
+            note = L.cpc_status_next(note)
         st = L.cpc_status_next(st)
     return out
 

@@ -87,10 +87,10 @@ _DECLS = {
     "cpc_status_position": (None, [_P, ctypes.POINTER(ctypes.c_char_p),
                                    ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
     "cpc_status_next": (_P, [_P]),
+    "cpc_status_notes": (_P, [_P]),
     "cpc_status_free": (None, [_P]),
     "cpc_status_exit_code": (ctypes.c_int, [_P]),
     "cpc_status_print": (None, [_P, ctypes.c_char_p, _P]),
-    "cpc_status_notes": (_P, [_P]),   # not (yet) in status.h: see _errors._notes
     # compiler.h
     "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions)]),
     "cpc_compile_plan_file": (_P, [ctypes.c_char_p, ctypes.POINTER(CompileOptions), _PP, _PP]),
