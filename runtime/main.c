@@ -197,10 +197,8 @@ static int run_calibrate(bool quick, int ranks, const char *transport, const cha
     bool root = true;
     cpc_status *st = cpc_calibrate(&co, &cal, &root);
     if (!st && root) {
+        /* atomic (fileio.h): a failed write leaves the previous profile */
         st = cpc_profile_write(out ? out : "-", &cal.profile);
-        struct stat sb;
-        if (st && out && strcmp(out, "-") != 0 && stat(out, &sb) == 0 && S_ISREG(sb.st_mode))
-            unlink(out); /* no half-written profile left behind */
     }
     if (st) {
         cpc_status_print(stderr, "cprun", st);

@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../compiler/fileio.h"
 #include "backend.h"
 
 static const struct {
@@ -541,20 +542,21 @@ cpc_status *cpc_st_write(const char *path, const cpc_st_out *ts, int n, const ch
     memcpy(hdr + 8, json, jl);
     memset(hdr + 8 + jl, ' ', padded - jl);
     free(json);
-    cpc_status *st = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = cpc_error(CPC_E_IO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
+    /* fileio.h: a temporary file in the same directory, fsync'ed and renamed
+     * over `path` when complete: a failed or interrupted write leaves the
+     * previous file untouched and no partial one */
+    cpc_outfile of;
+    cpc_status *st = cpc_outfile_open(&of, path, "write failed");
+    if (!st) {
+        fflush(of.f); /* unbuffered from here: big tensors go straight to write() */
+        int fd = fileno(of.f);
         st = write_all(fd, hdr, padded + 8, path);
         for (int i = 0; i < n && !st; i++)
             st = write_all(fd, ts[i].data, (size_t)sizes[i], path);
-        struct stat sb;
-        bool regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
-        if (close(fd) != 0 && !st)
-            st = cpc_error(CPC_E_IO, "%s: close failed: %s", path, strerror(errno));
-        if (st && regular)
-            unlink(path); /* a truncated file would only fail later, in its reader */
+        if (st)
+            cpc_outfile_discard(&of);
+        else
+            st = cpc_outfile_commit(&of);
     }
     free(hdr);
     free(sizes);
