@@ -1616,9 +1616,10 @@ cpc_status *cpc_artifact_read(const char *path, cpc_artifact **out)
     *out = NULL;
     if (!path)
         return cpc_error(CPC_E_USAGE, "artifact: no path");
-    FILE *f = fopen(path, "rb");
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "artifact", true, &ost);
     if (!f)
-        return cpc_errno_status(CPC_E_IO, errno, path);
+        return ost;
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     if (!buf) {

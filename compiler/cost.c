@@ -103,14 +103,11 @@ cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p)
 /* The profile is a flat mapping of scalars; read it with libyaml's parser. */
 cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
 {
-    FILE *f = fopen(path, "rb");
+    /* fileio.h: a regular file only (a FIFO would block open() forever) */
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "cluster.profile", false, &ost);
     if (!f)
-        return cpc_errno_status(CPC_E_IO, errno, path);
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fclose(f);
-        return cpc_error(CPC_E_IO, "cluster.profile %s: is a directory, not a device profile file", path);
-    }
+        return ost;
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, f);

@@ -291,7 +291,7 @@ int cpc_open_read(const char *path, const char *what, bool allow_pipe, cpc_statu
     *err = NULL;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
-        *err = cpc_errno_status(CPC_E_IO, errno, path);
+        *err = cpc_error(CPC_E_IO, "%s %s: cannot open: %s", what, path, strerror(errno));
         return -1;
     }
     struct stat sb;

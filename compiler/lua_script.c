@@ -30,6 +30,7 @@
 #include <lualib.h>
 
 #include "verify.h"
+#include "fileio.h"
 #include "cpc_lua_prelude.h" /* generated from lua/prelude.lua (CMakeLists.txt) */
 
 #define MAX_SCRIPT_BYTES ((size_t)16 << 20)
@@ -1950,12 +1951,11 @@ cpc_status *cpc_lua_open(const char *path, const char *text, size_t len, const c
 cpc_status *cpc_lua_open_file(const char *path, const cpc_lua_limits *limits, cpc_lua_script **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        cpc_status *st = cpc_errno_status(CPC_E_IO, errno, path);
-        cpc_status_prefix(st, "cannot read Lua script");
-        return st;
-    }
+    /* fileio.h: a regular file only (a FIFO would block open() forever) */
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "Lua script", false, &ost);
+    if (!f)
+        return ost; /* "Lua script PATH: cannot open: ..." */
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {

@@ -246,11 +246,10 @@ cpc_status *cpc_st_open(const char *path, cpc_st_file **out)
     cpc_status *st = NULL;
     char *hdr = NULL;
     cJSON *root = NULL;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        st = cpc_error(CPC_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* fileio.h: regular files only, and a FIFO does not block open() */
+    f->fd = cpc_open_read(path, "--input", false, &st);
+    if (f->fd < 0)
         goto done;
-    }
     struct stat sb;
     if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         st = cpc_error(CPC_E_IO, "%s: not a regular file", path);
