@@ -809,22 +809,33 @@ static int ro_len(lua_State *L)
     return 1;
 }
 
-static int ro_next(lua_State *L)
+/* The iterator of pairs() over a proxy: the backing table is its upvalue,
+ * never handed to the script (pairs used to return it as the loop's state,
+ * so `local _, raw = pairs(plan.config.cluster)` could change it). */
+static int proxy_next(lua_State *L)
 {
-    luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 2);
-    if (lua_next(L, 1))
+    lua_pushvalue(L, 2);
+    if (lua_next(L, lua_upvalueindex(1)))
         return 2;
     lua_pushnil(L);
     return 1;
 }
 
-static int ro_pairs(lua_State *L)
+/* Pushes the pairs() triple (iterator, proxy at `proxy`, nil) for the
+ * backing table at the top of the stack (popped). */
+static int push_proxy_pairs(lua_State *L, int proxy)
 {
-    lua_pushcfunction(L, ro_next);
-    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_pushcclosure(L, proxy_next, 1);
+    lua_pushvalue(L, proxy);
     lua_pushnil(L);
     return 3;
+}
+
+static int ro_pairs(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(1));
+    return push_proxy_pairs(L, 1);
 }
 
 /* Replaces the table at the top of the stack (a plain data table whose nested
@@ -1029,13 +1040,12 @@ static int op_newindex(lua_State *L)
 
 static int op_pairs(lua_State *L)
 {
+    lua_settop(L, 1);
     if (!lua_getmetatable(L, 1))
         return luaL_error(L, "op table without its metatable");
-    lua_pushcfunction(L, ro_next);
     lua_pushliteral(L, "__index");
-    lua_rawget(L, -3);
-    lua_pushnil(L);
-    return 3;
+    lua_rawget(L, -2);
+    return push_proxy_pairs(L, 1);
 }
 
 /* Wraps the op table at the top of the stack into its proxy (replacing it). */

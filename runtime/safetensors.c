@@ -231,6 +231,32 @@ static cpc_status *parse_entry(cpc_st_file *f, const cJSON *e, uint64_t data_sta
     return NULL;
 }
 
+/* A NUL character in the header's text: a raw 0 byte, or a \u0000 escape
+ * inside a JSON string.  cJSON would end the C string there, so tensor
+ * "q\u0000x" would be read as "q" (and dtype "F32\u0000junk" as "F32").
+ * Returns the byte offset in the header, or -1. */
+static int64_t header_nul(const char *h, uint64_t n)
+{
+    bool in_str = false;
+    for (uint64_t i = 0; i < n; i++) {
+        char c = h[i];
+        if (c == 0)
+            return (int64_t)i;
+        if (!in_str) {
+            in_str = c == '"';
+            continue;
+        }
+        if (c == '"') {
+            in_str = false;
+        } else if (c == '\\' && i + 1 < n) {
+            if (h[i + 1] == 'u' && i + 5 < n && strncmp(h + i + 2, "0000", 4) == 0)
+                return (int64_t)i;
+            i++; /* the escaped character (\" does not end the string) */
+        }
+    }
+    return -1;
+}
+
 cpc_status *cpc_st_open(const char *path, cpc_st_file **out)
 {
     *out = NULL;
@@ -281,6 +307,22 @@ cpc_status *cpc_st_open(const char *path, cpc_st_file **out)
     if ((st = pread_all(f, hdr, n, 8, "header")))
         goto done;
     hdr[n] = 0;
+    int64_t nul = header_nul(hdr, n);
+    if (nul >= 0) {
+        /* the string that holds it, for the message (printable bytes only) */
+        int64_t a = nul;
+        while (a > 0 && hdr[a - 1] != '"')
+            a--;
+        char shown[96];
+        size_t k = 0;
+        for (int64_t i = a; i < (int64_t)n && hdr[i] != '"' && k + 1 < sizeof shown; i++)
+            shown[k++] = hdr[i] >= 32 && hdr[i] < 127 ? hdr[i] : '?';
+        shown[k] = 0;
+        st = cpc_error(CPC_E_INPUT,
+                       "%s: bad safetensors header: the string \"%s\" (header byte %lld) holds a NUL character; tensor names, dtypes and metadata cannot contain one",
+                       path, shown, (long long)nul);
+        goto done;
+    }
     root = cJSON_ParseWithLength(hdr, n);
     if (!root || !cJSON_IsObject(root)) {
         st = bad(f, NULL, "header is not a JSON object", NULL);
