@@ -464,10 +464,14 @@ static int cprun_main(int argc, char **argv, const char **sets)
             cpc_report_print_text(stdout, &rep);
         }
         rc = rep.ok ? 0 : 1;
-        if (!rep.ok)
-            fprintf(stderr, "cprun: error: check failed: relative error %.3e exceeds the %s tolerance %.0e%s\n",
-                    rep.rel_err, rep.dtype, rep.tolerance,
-                    rep.n_nan || rep.n_inf ? " (NaN or Inf in the output)" : "");
+        if (!rep.ok && (rep.n_nan || rep.n_inf))
+            fprintf(stderr, "cprun: error: check failed: the output has %lld NaN and %lld Inf values (first at out[%lld, %lld, %lld, %lld]; relative error of the finite values %.3e)\n",
+                    (long long)rep.n_nan, (long long)rep.n_inf, (long long)rep.first_bad[0],
+                    (long long)rep.first_bad[1], (long long)rep.first_bad[2],
+                    (long long)rep.first_bad[3], rep.rel_err);
+        else if (!rep.ok)
+            fprintf(stderr, "cprun: error: check failed: relative error %.3e exceeds the %s tolerance %.2e\n",
+                    rep.rel_err, rep.dtype, rep.tolerance);
     }
     cpc_run_report_free(&rep);
     cpc_job_free(job);

@@ -428,14 +428,45 @@ static float load_f(cpc_st_dtype d, const void *src, int64_t i)
     return d == CPC_ST_BF16 ? cpc_bf16_to_f32(h) : cpc_fp16_to_f32(h);
 }
 
-static void store_f(cpc_dtype d, void *dst, int64_t i, float x)
+/* Stores x in dtype d; false when a finite x rounds to Inf there (1e38 in
+ * fp16, 3.4e38 in bf16): the input error of SPEC section 5. */
+static bool store_f(cpc_dtype d, void *dst, int64_t i, float x)
 {
-    if (d == CPC_DTYPE_FP32)
+    uint16_t h;
+    if (d == CPC_DTYPE_FP32) {
         ((float *)dst)[i] = x;
-    else if (d == CPC_DTYPE_BF16)
-        ((uint16_t *)dst)[i] = cpc_f32_to_bf16(x);
-    else
-        ((uint16_t *)dst)[i] = cpc_f32_to_fp16(x);
+        return true;
+    } else if (d == CPC_DTYPE_BF16) {
+        h = cpc_f32_to_bf16(x);
+        ((uint16_t *)dst)[i] = h;
+        return !isfinite(x) || (h & 0x7fffu) != 0x7f80u;
+    }
+    h = cpc_f32_to_fp16(x);
+    ((uint16_t *)dst)[i] = h;
+    return !isfinite(x) || (h & 0x7fffu) != 0x7c00u;
+}
+
+/* "tensor 'v' element [0, 5, 2, 7] = 1e+38 rounds to Inf in fp16" */
+static cpc_status *overflow_error(const cpc_st_file *f, const cpc_st_tensor *t, int64_t flat,
+                                  float x, cpc_dtype dtype)
+{
+    char idx[160];
+    size_t k = 0;
+    int64_t rest = flat, pos[CPC_ST_MAX_DIMS] = {0};
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        int64_t e = t->shape[i] > 0 ? t->shape[i] : 1;
+        pos[i] = rest % e;
+        rest /= e;
+    }
+    idx[0] = 0;
+    for (int i = 0; i < t->ndim && k + 24 < sizeof idx; i++)
+        k += (size_t)snprintf(idx + k, sizeof idx - k, "%s%lld", i ? ", " : "", (long long)pos[i]);
+    cpc_status *st = cpc_error(CPC_E_INPUT,
+                               "%s: tensor '%s' element [%s] = %g rounds to Inf in the plan's dtype %s (largest finite value %g)",
+                               f->path, t->name, idx, (double)x, cpc_dtype_name(dtype),
+                               dtype == CPC_DTYPE_FP16 ? 65504.0 : 3.3895313892515355e38);
+    cpc_status_set_hint(st, "scale the inputs into the dtype's range, or run the plan in fp32 (--set model.dtype=fp32)");
+    return st;
 }
 
 cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const cpc_run *runs,
@@ -484,8 +515,11 @@ cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const
                 for (int64_t k = 0; k < n && !st; k += chunk_elems) {
                     int64_t m = n - k < chunk_elems ? n - k : chunk_elems;
                     st = pread_all(f, tmp, (size_t)(m * fes), off + (uint64_t)(k * fes), what);
-                    for (int64_t j = 0; j < m && !st; j++)
-                        store_f(dtype, d, k + j, load_f(t->dtype, tmp, j));
+                    for (int64_t j = 0; j < m && !st; j++) {
+                        float xv = load_f(t->dtype, tmp, j);
+                        if (!store_f(dtype, d, k + j, xv))
+                            st = overflow_error(f, t, (b * S + runs[i].start) * row + k + j, xv, dtype);
+                    }
                 }
             }
             tok += runs[i].len;
