@@ -1297,6 +1297,32 @@ static void attention_text(char *dst, size_t n, const run_ctx *x, int P)
         snprintf(dst, n, "nvrtc");
 }
 
+/* The cost model's time per iteration (ms) of the job: the YAML plan's
+ * pricing, or the artifact's recorded prediction; 0 when unknown. */
+static double predicted_ms(const cpc_job *job)
+{
+    if (job->priced)
+        return job->pred.ms_per_layer;
+    if (job->from_artifact && job->artifact)
+        for (int i = 0; i < job->artifact->n_predictions; i++)
+            if (job->artifact->predictions[i].name &&
+                strcmp(job->artifact->predictions[i].name, "ms_per_layer") == 0)
+                return job->artifact->predictions[i].value;
+    return 0;
+}
+
+double cpc_run_default_timeout(const cpc_job *job, const cpc_run_options *opt, bool mpi)
+{
+    if (!mpi)
+        return CPC_LOCAL_TIMEOUT_S;
+    /* a single wait never lasts the whole run: 20 x the predicted time of all
+     * iterations is generous even for a cost model that is far off, and the
+     * floor covers setup, input reading and an unpriced plan */
+    double run_s = predicted_ms(job) * (double)(opt->warmup + opt->iters) / 1000.0;
+    double t = 20.0 * run_s;
+    return t > CPC_MPI_TIMEOUT_FLOOR_S ? t : CPC_MPI_TIMEOUT_FLOOR_S;
+}
+
 /* Picks the root cause among the ranks' statuses and frees the others. */
 static cpc_status *root_cause(run_ctx *x, int P)
 {
@@ -1413,6 +1439,14 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             /* Every rank fails alike here (world size check), none is left waiting. */
             if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
                 goto out;
+            /* the stall limit of every MPI wait (transport_mpi.h) */
+            double lim = opt.timeout_s < 0 ? 0
+                         : opt.timeout_s > 0 ? opt.timeout_s
+                                             : cpc_run_default_timeout(job, &opt, true);
+            cpc_transport_mpi_set_timeout(lim);
+            if (opt.log)
+                fprintf(opt.log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
+                        opt.timeout_s > 0 ? " (--timeout)" : opt.timeout_s < 0 ? " (none)" : " (default)");
             my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
             /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
              * Every rank calls cpc_mpi_local_rank (it may be collective). */
@@ -1484,7 +1518,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     } else {
         if ((st = cpc_local_world_create(L->R, L->U, &x.world)))
             goto out;
-        cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? 3600.0 : opt.timeout_s);
+        cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? CPC_LOCAL_TIMEOUT_S : opt.timeout_s);
         if (device_copies) {
             if (!(x.bes = calloc((size_t)P, sizeof *x.bes))) {
                 st = cpc_error(CPC_E_NOMEM, "out of memory");
