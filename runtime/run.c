@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "dtype.h"
 #include "executor.h"
+#include "memlimit.h"
 #include "reference.h"
 #include "rng.h"
 #include "safetensors.h"
@@ -583,7 +584,14 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     rank_out mine = {0};
     /* ===== CUDA HOOK: the rank's backend (make_backend); device buffers
      * travel through the staged transport. ===== */
-    cpc_status *st = make_backend(x, p, &be);
+    /* the address space for this rank's BLAS work buffer, before BLAS asks
+     * for it: OpenBLAS retries a failed allocation forever (memlimit.h) */
+    cpc_status *st = x->cuda ? NULL : cpc_mem_probe(CPC_RANK_VM_BYTES - ((int64_t)8 << 20));
+    if (st) {
+        cpc_status_prefix(st, "rank %d", p);
+        goto done;
+    }
+    st = make_backend(x, p, &be);
     if (st)
         goto done;
     /* The results (statistics, output shard, LSE, events) are host memory:
@@ -1034,6 +1042,62 @@ done:
     return st;
 }
 
+/* Issue 14: the memory this process will take (the ranks it runs: every
+ * rank for the local transport, its own under MPI), checked against the
+ * process's limits (memlimit.h) before anything is allocated: a run that
+ * cannot fit is refused with exit status 3 instead of dying (or, under
+ * `ulimit -v`, spinning in OpenBLAS's allocation retries) halfway. */
+static cpc_status *check_memory(run_ctx *x, bool mpi, int my_rank)
+{
+    const cpc_layout *L = x->L;
+    const cpc_run_options *opt = x->opt;
+    int64_t es = cpc_dtype_size(L->dtype);
+    int first = mpi ? my_rank : 0, last = mpi ? my_rank : L->P - 1;
+    int64_t buf = 0, max_shard = 0;
+    for (int p = first; p <= last; p++) {
+        if (!x->cuda) { /* the CUDA backend's buffers are device memory */
+            cpc_exec_memory m;
+            cpc_status *st = cpc_exec_memory_plan(x->job->prog, p, &m);
+            if (st)
+                return st;
+            buf += m.total_bytes;
+            cpc_exec_memory_free(&m);
+        }
+        int64_t T = cpc_layout_shard_tokens(L, p), Tkv = L->cross ? L->Skv : T;
+        int64_t shard = L->B * T * L->H * L->D * es;
+        /* host inputs, output shard, LSE */
+        buf += shard + 2 * L->B * Tkv * L->Hkv * L->D * es + shard;
+        if (opt->write_lse)
+            buf += 2 * L->B * L->H * T * 4;
+        if (shard > max_shard)
+            max_shard = shard;
+    }
+    if (my_rank == 0) {
+        int64_t nq = L->B * L->S * L->H * L->D, nkv = L->B * L->Skv * L->Hkv * L->D;
+        buf += nq * es + max_shard; /* the gathered output, one received shard */
+        if (opt->write_lse)
+            buf += L->B * L->H * L->S * 4;
+        if (opt->check) {
+            buf += (nq + 2 * nkv) * es; /* the global inputs */
+            double full = 4.0 * (double)nq * (double)L->Skv;
+            double limit = opt->check_full_flops == 0 ? 4e9 : opt->check_full_flops;
+            int64_t per = opt->check_rows > 0 ? opt->check_rows : 64;
+            buf += limit > 0 && full <= limit ? 2 * nq * 8 : 3 * L->B * L->H * per * L->D * 8;
+        }
+    }
+    if (L->cross || x->job->plan->input.mask == CPC_MASK_KEY_PADDING)
+        buf += L->B * L->Skv;
+    int64_t threads = last - first + 1;
+    char what[160];
+    const char *name = x->job->plan->name ? x->job->plan->name : "the plan";
+    if (mpi)
+        snprintf(what, sizeof what, "rank %d of %s", my_rank, name);
+    else
+        snprintf(what, sizeof what, "%d rank%s of %s in this process", (int)threads,
+                 threads == 1 ? "" : "s", name);
+    return cpc_mem_check(what, buf + threads * CPC_RANK_VM_BYTES, buf + threads * CPC_RANK_RSS_BYTES);
+}
+
 /* Opens --input and checks the tensors against the plan. */
 static cpc_status *open_input(run_ctx *x)
 {
@@ -1459,6 +1523,8 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     }
     /* From here on, a setup failure on one MPI rank ends the whole job
      * (setup_failed): the other ranks would otherwise wait for it. */
+    if ((st = check_memory(&x, use_mpi, my_rank)))
+        goto setup_failed;
     if (opt.input_path && (st = open_input(&x)))
         goto setup_failed;
     if (job->plan->input.mask == CPC_MASK_KEY_PADDING && (st = make_mask(&x)))
