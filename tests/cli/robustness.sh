@@ -20,6 +20,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 B="${CPC_BUILD_DIR:-build}"
+B=$(cd "$B" 2>/dev/null && pwd || echo "$B")   # absolute: some checks run in another directory
 CPC="$B/cpc"
 CPRUN="$B/cprun"
 [ -x "$CPC" ] && [ -x "$CPRUN" ] || { echo "robustness.sh: $CPC or $CPRUN not built" >&2; exit 1; }
@@ -226,17 +227,17 @@ echo "robustness.sh: SIGTERM during the write caught $caught of 6 tries"
 
 # ---- cpc: inspection writes no artifact, a compile says what it wrote ---------------------
 mkdir "$tmp/cwd"
-(cd "$tmp/cwd" && "$OLDPWD/$CPC" --dump-schedule "$tmp/small.yaml" >"$tmp/dump.out" 2>"$tmp/dump.err") \
+(cd "$tmp/cwd" && "$CPC" --dump-schedule "$tmp/small.yaml" >"$tmp/dump.out" 2>"$tmp/dump.err") \
   || fail "dump: cpc --dump-schedule failed"
 [ -z "$(ls -A "$tmp/cwd")" ] || fail "dump: --dump-schedule wrote $(ls -A "$tmp/cwd")"
-(cd "$tmp/cwd" && "$OLDPWD/$CPC" --emit-kernels "$tmp/kern" "$tmp/small.yaml" >/dev/null 2>&1)
+(cd "$tmp/cwd" && "$CPC" --emit-kernels "$tmp/kern" "$tmp/small.yaml" >/dev/null 2>&1)
 [ -z "$(ls -A "$tmp/cwd")" ] || fail "emit: --emit-kernels wrote $(ls -A "$tmp/cwd")"
-(cd "$tmp/cwd" && "$OLDPWD/$CPC" --no-kernels --dump-schedule "$tmp/small.yaml" -o "$tmp/d.cplan" >"$tmp/dump-o.out" 2>&1)
+(cd "$tmp/cwd" && "$CPC" --no-kernels --dump-schedule "$tmp/small.yaml" -o "$tmp/d.cplan" >"$tmp/dump-o.out" 2>&1)
 [ -s "$tmp/d.cplan" ] || fail "dump-o: --dump-schedule -o wrote no artifact"
 has dump-o.out "wrote $tmp/d.cplan"
-(cd "$tmp/cwd" && "$OLDPWD/$CPC" --no-kernels "$tmp/small.yaml" >"$tmp/compile.out" 2>&1)
+(cd "$tmp/cwd" && "$CPC" --no-kernels "$tmp/small.yaml" >"$tmp/compile.out" 2>&1)
 has compile.out "wrote small.cplan"
-(cd "$tmp/cwd" && "$OLDPWD/$CPC" --no-kernels --format json "$tmp/small.yaml" >"$tmp/compile-json.out" 2>&1)
+(cd "$tmp/cwd" && "$CPC" --no-kernels --format json "$tmp/small.yaml" >"$tmp/compile-json.out" 2>&1)
 has compile-json.out '"artifact":"small.cplan"'
 
 if [ "$fails" -ne 0 ]; then
