@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cpc_kernels.h"
+#include "fileio.h"
 
 #ifdef CPC_HAVE_CUDA
 #include <nvrtc.h>
@@ -178,16 +179,11 @@ cpc_status *cpc_codegen_emit(const char *dir, const cpc_kernel *k, int n)
     for (int i = 0; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s_%s.cu", dir, k[i].name, k[i].arch);
-        FILE *f = fopen(path, "w");
-        if (!f)
-            return cpc_errno_status(CPC_E_IO, errno, path);
-        int e = 0;
-        if (fputs(k[i].source, f) < 0 || fflush(f) != 0)
-            e = errno ? errno : EIO;
-        if (fclose(f) != 0 && !e)
-            e = errno ? errno : EIO;
-        if (e)
-            return cpc_errno_status(CPC_E_IO, e, path);
+        /* fileio.h: temporary file + rename, never half a source */
+        cpc_status *st = cpc_write_file(path, "cannot write the kernel source", k[i].source,
+                                        strlen(k[i].source));
+        if (st)
+            return st;
     }
     return NULL;
 }

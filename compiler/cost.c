@@ -1,5 +1,6 @@
 /* cost.c - the dry-run cost model; see cost.h for the model. */
 #include "cost.h"
+#include "fileio.h"
 #include "schedule.h"
 
 #include <errno.h>
@@ -117,31 +118,33 @@ static const profile_field profile_fields[] = {
 
 cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
-    if (!f)
-        return cpc_errno_status(CPC_E_IO, errno, path);
+    /* a file: fileio.h (temporary file + rename, never half a profile) */
+    cpc_outfile o = {.f = NULL};
+    FILE *f = stdout;
+    if (strcmp(path, "-") != 0) {
+        cpc_status *st = cpc_outfile_open(&o, path, "cannot write the profile");
+        if (st)
+            return st;
+        f = o.f;
+    }
     fprintf(f, "# cpc device profile (written by cprun --calibrate); units: TFLOP/s, GB/s, us, GiB\n");
     fprintf(f, "device_profile: 1\nname: %s\n", p->name);
     for (size_t i = 0; i < N_PROFILE_FIELDS; i++)
         fprintf(f, "%s: %.6g\n", profile_fields[i].key,
                 *(const double *)((const char *)p + profile_fields[i].off));
-    int bad = ferror(f);
-    if (f != stdout && fclose(f) != 0)
-        bad = 1;
-    return bad ? cpc_errno_status(CPC_E_IO, errno ? errno : EIO, path) : NULL;
+    if (f != stdout)
+        return cpc_outfile_commit(&o); /* checks every write (the stream's error flag) */
+    return ferror(f) ? cpc_errno_status(CPC_E_IO, errno ? errno : EIO, path) : NULL;
 }
 
 /* The profile is a flat mapping of scalars; read it with libyaml's parser. */
 cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
 {
-    FILE *f = fopen(path, "rb");
+    /* fileio.h: a regular file only (a FIFO would block open() forever) */
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "cluster.profile", false, &ost);
     if (!f)
-        return cpc_errno_status(CPC_E_IO, errno, path);
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fclose(f);
-        return cpc_error(CPC_E_IO, "cluster.profile %s: is a directory, not a device profile file", path);
-    }
+        return ost;
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, f);

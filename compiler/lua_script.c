@@ -30,6 +30,7 @@
 #include <lualib.h>
 
 #include "verify.h"
+#include "fileio.h"
 #include "cpc_lua_prelude.h" /* generated from lua/prelude.lua (CMakeLists.txt) */
 
 #define MAX_SCRIPT_BYTES ((size_t)16 << 20)
@@ -808,22 +809,33 @@ static int ro_len(lua_State *L)
     return 1;
 }
 
-static int ro_next(lua_State *L)
+/* The iterator of pairs() over a proxy: the backing table is its upvalue,
+ * never handed to the script (pairs used to return it as the loop's state,
+ * so `local _, raw = pairs(plan.config.cluster)` could change it). */
+static int proxy_next(lua_State *L)
 {
-    luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 2);
-    if (lua_next(L, 1))
+    lua_pushvalue(L, 2);
+    if (lua_next(L, lua_upvalueindex(1)))
         return 2;
     lua_pushnil(L);
     return 1;
 }
 
-static int ro_pairs(lua_State *L)
+/* Pushes the pairs() triple (iterator, proxy at `proxy`, nil) for the
+ * backing table at the top of the stack (popped). */
+static int push_proxy_pairs(lua_State *L, int proxy)
 {
-    lua_pushcfunction(L, ro_next);
-    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_pushcclosure(L, proxy_next, 1);
+    lua_pushvalue(L, proxy);
     lua_pushnil(L);
     return 3;
+}
+
+static int ro_pairs(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(1));
+    return push_proxy_pairs(L, 1);
 }
 
 /* Replaces the table at the top of the stack (a plain data table whose nested
@@ -1028,13 +1040,12 @@ static int op_newindex(lua_State *L)
 
 static int op_pairs(lua_State *L)
 {
+    lua_settop(L, 1);
     if (!lua_getmetatable(L, 1))
         return luaL_error(L, "op table without its metatable");
-    lua_pushcfunction(L, ro_next);
     lua_pushliteral(L, "__index");
-    lua_rawget(L, -3);
-    lua_pushnil(L);
-    return 3;
+    lua_rawget(L, -2);
+    return push_proxy_pairs(L, 1);
 }
 
 /* Wraps the op table at the top of the stack into its proxy (replacing it). */
@@ -1950,12 +1961,11 @@ cpc_status *cpc_lua_open(const char *path, const char *text, size_t len, const c
 cpc_status *cpc_lua_open_file(const char *path, const cpc_lua_limits *limits, cpc_lua_script **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        cpc_status *st = cpc_errno_status(CPC_E_IO, errno, path);
-        cpc_status_prefix(st, "cannot read Lua script");
-        return st;
-    }
+    /* fileio.h: a regular file only (a FIFO would block open() forever) */
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "Lua script", false, &ost);
+    if (!f)
+        return ost; /* "Lua script PATH: cannot open: ..." */
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {

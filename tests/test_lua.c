@@ -819,6 +819,47 @@ Test(lua_errors, writing_the_config)
                           "protected metatable");
 }
 
+/* Issue 14: pairs() on a read-only proxy used to hand out the backing table
+ * as the loop's state; writing into it changed plan.config.  Every level
+ * (root, nested, array of segments) and both ways in (the state, and
+ * next() on it) must end in "read-only". */
+Test(lua_errors, pairs_does_not_hand_out_the_config)
+{
+    expect_schedule_fails("function schedule(plan)\n"
+                          "  local _, s = pairs(plan.config.cluster)\n"
+                          "  s.world_size = 99\n"
+                          "end\n",
+                          CPC_RULE_LUA, 3, "plan.config is read-only: cluster.world_size");
+    expect_schedule_fails("function schedule(plan)\n"
+                          "  local _, s = pairs(plan.config)\n"
+                          "  rawset(s, 'name', 'x')\n"
+                          "end\n",
+                          CPC_RULE_LUA, 3, "plan.config is read-only: name");
+    expect_schedule_fails("function schedule(plan)\n"
+                          "  local _, s = pairs(plan.config.input.segments)\n"
+                          "  s[1] = {}\n"
+                          "end\n",
+                          CPC_RULE_LUA, 3, "plan.config is read-only: input.segments[1]");
+    /* what pairs gives is the proxy itself, and iteration still sees every field */
+    fixture f = fx_ring4();
+    cpc_lua_script *s = open_text("pairs.lua",
+                                  "function schedule(plan)\n"
+                                  "  local c = plan.config.cluster\n"
+                                  "  local it, st, k0 = pairs(c)\n"
+                                  "  assert(st == c and k0 == nil)\n"
+                                  "  assert(next(st) == nil) -- the proxy is empty; its fields are behind it\n"
+                                  "  local n = 0; for k, v in pairs(c) do n = n + 1; assert(c[k] == v) end\n"
+                                  "  assert(n >= 5, n)\n"
+                                  "  local op = plan.ops[1]\n"
+                                  "  local _, os = pairs(op)\n"
+                                  "  assert(os == op, 'pairs(op) hands out the backing table')\n"
+                                  "end\n");
+    cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
+    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cpc_lua_close(s);
+    fx_free(&f);
+}
+
 Test(lua_errors, returning_a_number)
 {
     expect_schedule_fails("function schedule(plan)\n  return 42\nend\n", CPC_RULE_LUA, 1, "got integer");

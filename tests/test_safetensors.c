@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -189,6 +190,14 @@ Test(safetensors, broken_files_are_input_errors)
         {"{\"q\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 36893488147419103232]}}", 8,
          "\"data_offsets\" too large"},
         {"{\"__metadata__\": 3}", 0, "__metadata__"},
+        /* issue 14: a NUL in a string would end cJSON's C string there: "q\u0000x"
+         * read as "q", a dtype "F32\u0000junk" as "F32", in a metadata key too */
+        {"{\"q\\u0000x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8,
+         "\"q\\u0000x\" (header byte 3) holds a NUL character"},
+        {"{\"q\": {\"dtype\": \"F32\\u0000junk\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8,
+         "holds a NUL character"},
+        {"{\"__metadata__\": {\"a\\u0000\": \"b\"}, \"q\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}",
+         8, "holds a NUL character"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *p = write_raw(strlen(cases[i].hdr), cases[i].hdr, cases[i].data);
@@ -206,6 +215,27 @@ Test(safetensors, broken_files_are_input_errors)
     fputs("abc", fp);
     fclose(fp);
     expect_bad(p, "shorter than");
+    unlink(p);
+    free(p);
+    /* an escaped backslash before "u0000" is no NUL: accepted */
+    p = write_raw(strlen("{\"q\\\\u0000\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}"),
+                  "{\"q\\\\u0000\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8);
+    cpc_st_file *ok = NULL;
+    cpc_status *ost = cpc_st_open(p, &ok);
+    cr_assert_null(ost, "%s", ost ? ost->message : "");
+    cr_assert_not_null(cpc_st_find(ok, "q\\u0000"));
+    cr_assert_null(cpc_st_find(ok, "q"));
+    cpc_st_close(ok);
+    unlink(p);
+    free(p);
+    /* a FIFO as the input: refused at once, never a hang in open() */
+    p = tmpname();
+    unlink(p);
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    ost = cpc_st_open(p, &ok);
+    cr_assert_not_null(ost);
+    cr_assert(strstr(ost->message, "is a FIFO") != NULL, "%s", ost->message);
+    cpc_status_free(ost);
     unlink(p);
     free(p);
     /* A missing file is an I/O error. */

@@ -40,6 +40,7 @@
 #include "status.h"
 #include "validate.h"
 #include "compile.h"
+#include "fileio.h"
 #include "program.h"
 
 #ifndef CPC_VERSION
@@ -75,6 +76,7 @@ typedef struct job {
     const char *const *sets;     /* opt->sets plus a --sweep value */
     int n_sets;
     cpc_compiled c;              /* the pipeline's results and diagnostics */
+    bool written;                /* the artifact was written to `output` */
 } job;
 
 /* ------------------------------------------------------------------------ */
@@ -157,10 +159,14 @@ static void run_pipeline(job *j)
             return;
         }
     }
+    /* --dump-schedule alone is an inspection: no kernels, no artifact */
+    bool dump_only = o->dump_schedule && !o->emit_kernels && !j->output;
     cpc_compile_opts co = {
         .sets = j->sets, .n_sets = j->n_sets, .lua = o->lua, .arch = o->arch,
-        .kernels = !o->no_kernels && !dry,
-        .until = o->sweep ? CPC_UNTIL_VALIDATE : dry ? CPC_UNTIL_VERIFY : CPC_UNTIL_CODEGEN,
+        .kernels = !o->no_kernels && !dry && !dump_only,
+        .until = o->sweep ? CPC_UNTIL_VALIDATE
+                 : dry || dump_only ? CPC_UNTIL_VERIFY
+                                    : CPC_UNTIL_CODEGEN,
     };
     if (!cpc_compile_file(j->file, &co, &j->c) || o->sweep)
         return;
@@ -180,8 +186,10 @@ static void run_pipeline(job *j)
         st = cpc_codegen_emit(o->emit_kernels, j->c.kernels, j->c.n_kernels);
     if (!st && !dry && j->output)
         st = check_not_input(j, j->output, "the artifact"); /* the script and profile, now known */
-    if (!st && !dry && j->output)
+    if (!st && !dry && j->output) {
         st = cpc_compiled_write(&j->c, j->output);
+        j->written = !st;
+    }
     cpc_status_append(&j->c.diags, st);
 }
 
@@ -302,6 +310,8 @@ static void print_summary_text(const job *j)
     if (nwarn)
         printf(", %d warning%s", nwarn, nwarn == 1 ? "" : "s");
     printf("\n");
+    if (j->written)
+        printf("  wrote %s\n", j->output);
     if (c && c->priced) {
         char mem[32], sent[32];
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
@@ -406,6 +416,8 @@ static void print_json(const job *j, int exit_code)
         cJSON_AddNullToObject(root, "selected");
     }
     cJSON_AddItemToObject(root, "predicted", json_predicted(c));
+    if (!j->opt->check && !j->opt->explain && !j->opt->sweep)
+        cJSON_AddItemToObject(root, "artifact", j->written ? cJSON_CreateString(j->output) : cJSON_CreateNull());
     if (j->opt->explain) {
         cJSON *arr = cJSON_AddArrayToObject(root, "candidates");
         for (int i = 0; j->c.validated && i < j->c.sel.n_candidates; i++) {
@@ -459,10 +471,11 @@ static const char USAGE[] =
     "                         sequence: cluster.world_size=8,\n"
     "                         input.segments[1].image.height=1008; VALUE is YAML\n"
     "                         (8, ring, {height: 1024, width: 1024}, [1,2,2])\n"
-    "  --dump-schedule        print the schedule in its stable text form\n"
+    "  --dump-schedule        print the schedule in its stable text form (no artifact\n"
+    "                         is written unless -o is given)\n"
     "  --rank N               with --dump-schedule: rank N's program, loops unrolled\n"
     "  --lua FILE             apply a Lua schedule script\n"
-    "  --emit-kernels DIR     also write the generated CUDA sources\n"
+    "  --emit-kernels DIR     write the generated CUDA sources (no artifact unless -o)\n"
     "  --arch ARCH            NVRTC target (default sm_90)\n"
     "  --no-kernels           skip code generation\n"
     "  --format text|json     diagnostics and reports as text (default) or JSON\n"
@@ -697,57 +710,45 @@ static void gp_data_label(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* The --plot target, opened (created when absent, not truncated) before the
- * sweep runs, so that a path that cannot be written fails at once (2). */
+/* The --plot target: a temporary file beside it (fileio.h), opened before the
+ * sweep runs, so that a path that cannot be written fails at once (2); it
+ * replaces the target only when the whole SVG is in. */
 typedef struct plot_out {
-    int fd;
-    bool created;   /* it did not exist: remove it when no plot is written */
+    cpc_outfile of;
+    bool open;
 } plot_out;
 
 static int plot_open(const options *o, plot_out *po)
 {
-    po->fd = -1;
-    po->created = false;
+    po->open = false;
     if (same_file(o->plot, o->files[0])) {
         fprintf(stderr, "cpc: error: --plot %s: refusing to overwrite the plan file\n", o->plot);
         return 2;
     }
-    struct stat sb;
-    bool existed = stat(o->plot, &sb) == 0;
-    if (existed && S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "cpc: error: --plot %s: is a directory\n", o->plot);
+    cpc_status *st = cpc_outfile_open(&po->of, o->plot, "cannot create");
+    if (st) {
+        fprintf(stderr, "cpc: error: --plot %s\n", st->message);
+        cpc_status_free(st);
         return 2;
     }
-    po->fd = open(o->plot, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-    if (po->fd < 0) {
-        fprintf(stderr, "cpc: error: --plot %s: cannot create: %s\n", o->plot, strerror(errno));
-        return 2;
-    }
-    po->created = !existed;
+    po->open = true;
     return 0;
 }
 
-/* Closes the target; removes it when it was created and no plot went in. */
+/* Drops the temporary file when no plot went in (the target is untouched). */
 static void plot_close(const options *o, plot_out *po, bool written)
 {
-    if (po->fd >= 0) {
-        close(po->fd);
-        if (po->created && !written)
-            unlink(o->plot);
-    }
-    po->fd = -1;
+    (void)o;
+    (void)written;
+    if (po->open)
+        cpc_outfile_discard(&po->of);
+    po->open = false;
 }
 
-/* Copies the SVG gnuplot wrote (fd `from`) into the target.  0, 2 (the
- * target) or 3 (reading back our own temporary file). */
+/* Copies the SVG gnuplot wrote (fd `from`) into the target and puts it in
+ * place.  0, 2 (the target) or 3 (reading back our own temporary file). */
 static int plot_copy(const options *o, plot_out *po, int from)
 {
-    struct stat sb;
-    bool regular = fstat(po->fd, &sb) == 0 && S_ISREG(sb.st_mode);
-    if (regular && ftruncate(po->fd, 0) != 0) {
-        fprintf(stderr, "cpc: error: --plot %s: cannot write: %s\n", o->plot, strerror(errno));
-        return 2;
-    }
     if (lseek(from, 0, SEEK_SET) < 0) {
         fprintf(stderr, "cpc: error: --plot: cannot read gnuplot's output: %s\n", strerror(errno));
         return 3;
@@ -763,20 +764,16 @@ static int plot_copy(const options *o, plot_out *po, int from)
         }
         if (r == 0)
             break;
-        for (ssize_t off = 0; off < r;) {
-            ssize_t w = write(po->fd, buf + off, (size_t)(r - off));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                fprintf(stderr, "cpc: error: --plot %s: write failed: %s\n", o->plot,
-                        w < 0 ? strerror(errno) : "no progress");
-                return 2;
-            }
-            off += w;
+        if (fwrite(buf, 1, (size_t)r, po->of.f) != (size_t)r) {
+            fprintf(stderr, "cpc: error: --plot %s: write failed: %s\n", o->plot, strerror(errno));
+            return 2;
         }
     }
-    if (regular && fsync(po->fd) != 0 && errno != EINVAL) {
-        fprintf(stderr, "cpc: error: --plot %s: write failed: %s\n", o->plot, strerror(errno));
+    po->open = false;
+    cpc_status *st = cpc_outfile_commit(&po->of);
+    if (st) {
+        fprintf(stderr, "cpc: error: --plot %s\n", st->message);
+        cpc_status_free(st);
         return 2;
     }
     return 0;
@@ -1111,7 +1108,7 @@ static int run_sweep(options *o)
         return usage_error("--sweep '%s': no values", o->sweep);
     }
     /* the plot's file first: a path that cannot be written fails now */
-    plot_out po = {.fd = -1, .created = false};
+    plot_out po = {.open = false};
     if (o->plot) {
         int prc = plot_open(o, &po);
         if (prc) {
@@ -1284,7 +1281,11 @@ int main(int argc, char **argv)
         j.file = opt.files[i];
         j.sets = opt.sets;
         j.n_sets = opt.n_sets;
-        if (!opt.check && !opt.explain) {
+        /* an artifact: -o, or the default for a plain compile; the
+         * inspection options (--dump-schedule, --emit-kernels) write none
+         * unless -o asks for it */
+        bool inspect = opt.dump_schedule || opt.emit_kernels;
+        if (!opt.check && !opt.explain && (opt.output || !inspect)) {
             j.output = opt.output ? strdup(opt.output) : default_output(j.file);
             if (!j.output)
                 cpc_status_append(&j.c.diags, &cpc_status_oom);

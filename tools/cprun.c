@@ -60,7 +60,10 @@ static void usage(FILE *f)
             "                                  \"class\", \"message\", \"exit_status\"})\n"
             "  --dry-run                       load and verify, print each rank's buffers and peak memory\n"
             "  --set KEY=VALUE                 override a plan key (YAML plans), repeatable\n"
-            "  --timeout SECONDS               local transport: abort a wait after this long (default 3600)\n"
+            "  --timeout SECONDS               stall limit of every wait, every transport: a receive,\n"
+            "                                  collective or barrier waiting longer ends the job (exit 3,\n"
+            "                                  naming the rank and the op).  Default: local threads 3600;\n"
+            "                                  MPI max(300, 20 x the predicted time of all iterations)\n"
             "  --calibrate                     measure this machine (attention rate, memory, copy and\n"
             "                                  collective bandwidth and latency, how ranks share cores)\n"
             "                                  with the CPU backend and --transport (local threads, or\n"
@@ -197,10 +200,8 @@ static int run_calibrate(bool quick, int ranks, const char *transport, const cha
     bool root = true;
     cpc_status *st = cpc_calibrate(&co, &cal, &root);
     if (!st && root) {
+        /* atomic (fileio.h): a failed write leaves the previous profile */
         st = cpc_profile_write(out ? out : "-", &cal.profile);
-        struct stat sb;
-        if (st && out && strcmp(out, "-") != 0 && stat(out, &sb) == 0 && S_ISREG(sb.st_mode))
-            unlink(out); /* no half-written profile left behind */
     }
     if (st) {
         cpc_status_print(stderr, "cprun", st);
@@ -466,10 +467,14 @@ static int cprun_main(int argc, char **argv, const char **sets)
             cpc_report_print_text(stdout, &rep);
         }
         rc = rep.ok ? 0 : 1;
-        if (!rep.ok)
-            fprintf(stderr, "cprun: error: check failed: relative error %.3e exceeds the %s tolerance %.0e%s\n",
-                    rep.rel_err, rep.dtype, rep.tolerance,
-                    rep.n_nan || rep.n_inf ? " (NaN or Inf in the output)" : "");
+        if (!rep.ok && (rep.n_nan || rep.n_inf))
+            fprintf(stderr, "cprun: error: check failed: the output has %lld NaN and %lld Inf values (first at out[%lld, %lld, %lld, %lld]; relative error of the finite values %.3e)\n",
+                    (long long)rep.n_nan, (long long)rep.n_inf, (long long)rep.first_bad[0],
+                    (long long)rep.first_bad[1], (long long)rep.first_bad[2],
+                    (long long)rep.first_bad[3], rep.rel_err);
+        else if (!rep.ok)
+            fprintf(stderr, "cprun: error: check failed: relative error %.3e exceeds the %s tolerance %.2e\n",
+                    rep.rel_err, rep.dtype, rep.tolerance);
     }
     cpc_run_report_free(&rep);
     cpc_job_free(job);

@@ -19,6 +19,7 @@
 #include <openssl/evp.h>
 #include <yaml.h>
 
+#include "fileio.h"
 #include "plan_load.h"
 
 #ifndef CPC_VERSION
@@ -804,105 +805,34 @@ cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a)
     return NULL;
 }
 
-/* Writes all of text to fd; 0 or an errno. */
-static int write_fd_all(int fd, const char *text, size_t len)
-{
-    while (len > 0) {
-        ssize_t w = write(fd, text, len);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        if (w == 0)
-            return EIO;
-        text += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Writes straight into `path` (a device, FIFO or symbolic link): no
- * temporary file, nothing renamed. */
-static cpc_status *write_direct(const char *path, int flags, const char *text, size_t len)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC | flags, 0666);
-    if (fd < 0)
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(errno));
-    int e = write_fd_all(fd, text, len);
-    if (close(fd) != 0 && !e)
-        e = errno;
-    if (e)
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e));
-    return NULL;
-}
-
 cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a)
 {
     if (!path || !*path)
         return cpc_error(CPC_E_USAGE, "artifact: no output path");
-    /* What is there now decides how to write: nothing or a regular file is
-     * replaced atomically (temporary file + rename); a character device or
-     * FIFO (/dev/null, /dev/stdout on a pipe) and a symbolic link are written
-     * through, so neither the device node nor the link is ever replaced; a
-     * directory or any other kind of file is refused. */
-    struct stat sb;
-    memset(&sb, 0, sizeof sb);
-    bool exists = lstat(path, &sb) == 0;
-    if (!exists && errno != ENOENT)
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(errno));
-    bool link = exists && S_ISLNK(sb.st_mode);
-    /* target: something is there (a link is followed; a dangling one is not) */
-    bool target = exists && (!link || stat(path, &sb) == 0);
-    if (target && S_ISDIR(sb.st_mode))
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: is a directory", path);
-    if (target && !S_ISREG(sb.st_mode) && !S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode))
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: not a regular file, a device or a FIFO; refusing to replace it",
-                         path);
-    char *text;
-    size_t len;
-    cpc_status *st = cpc_artifact_to_string(a, &text, &len);
+    /* fileio.h: a regular file (or a link's target) is replaced atomically
+     * (temporary file, fsync, rename); a device or FIFO is written through;
+     * a directory or anything else is refused.  Checked before the text is
+     * built, so a bad path fails fast. */
+    cpc_outfile o;
+    cpc_status *st = cpc_outfile_open(&o, path, "cannot write the artifact");
     if (st)
         return st;
-    if (link || (target && !S_ISREG(sb.st_mode))) {
-        st = write_direct(path, link ? O_CREAT | O_TRUNC : 0, text, len);
-        free(text);
+    char *text;
+    size_t len;
+    if ((st = cpc_artifact_to_string(a, &text, &len))) {
+        cpc_outfile_discard(&o);
         return st;
     }
-    size_t pl = strlen(path);
-    char *tmp = malloc(pl + 16);
-    if (!tmp) {
-        free(text);
-        return &cpc_status_oom;
-    }
-    snprintf(tmp, pl + 16, "%s.tmpXXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(text);
-        free(tmp);
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e));
-    }
-    int e = write_fd_all(fd, text, len);
-    if (!e && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-        e = errno;
-    if (close(fd) != 0 && !e)
-        e = errno;
+    errno = 0;
+    size_t w = fwrite(text, 1, len, o.f);
+    int e = errno;
     free(text);
-    if (!e) {
-        /* mkstemp creates 0600: give the artifact the usual permissions. */
-        mode_t mask = umask(0);
-        umask(mask);
-        if (chmod(tmp, 0666 & ~mask) != 0 || rename(tmp, path) != 0)
-            e = errno;
+    if (w != len) {
+        st = cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e ? e : EIO));
+        cpc_outfile_discard(&o);
+        return st;
     }
-    if (e) {
-        unlink(tmp);
-        free(tmp);
-        return cpc_error(CPC_E_IO, "%s: cannot write the artifact: %s", path, strerror(e));
-    }
-    free(tmp);
-    return NULL;
+    return cpc_outfile_commit(&o);
 }
 
 /* ==== reading ====================================================================== */
@@ -1686,9 +1616,10 @@ cpc_status *cpc_artifact_read(const char *path, cpc_artifact **out)
     *out = NULL;
     if (!path)
         return cpc_error(CPC_E_USAGE, "artifact: no path");
-    FILE *f = fopen(path, "rb");
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "artifact", true, &ost);
     if (!f)
-        return cpc_errno_status(CPC_E_IO, errno, path);
+        return ost;
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     if (!buf) {

@@ -181,9 +181,10 @@ cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len);
 /* Writes the artifact to an open stream / to `path` (through a temporary
  * file in the same directory, renamed into place, so a reader never sees
  * half a file).  A `path` that is a character device or FIFO (/dev/null,
- * /dev/stdout on a pipe) or a symbolic link is written through directly
- * (the node or link is never replaced); a directory or other non-regular
- * file is refused.  Errors: those of cpc_artifact_to_string, CPC_E_IO
+ * /dev/stdout on a pipe) is written through directly (the node is never
+ * replaced); a symbolic link is kept and the file it points to replaced
+ * atomically (fileio.h); a directory or other non-regular file is
+ * refused.  Errors: those of cpc_artifact_to_string, CPC_E_IO
  * ("PATH: cannot write the artifact: REASON", also for a short write or a
  * failed fsync/close/rename). */
 cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a);

@@ -1,5 +1,6 @@
 /* yaml_tree.c - see yaml_tree.h.  Builds the tree from libyaml events. */
 #include "yaml_tree.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <math.h>
@@ -1055,9 +1056,12 @@ cpc_status *cpc_ytree_parse_string(const char *text, size_t len, const char *fil
 cpc_status *cpc_ytree_parse_file(const char *path, cpc_ytree **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
+    /* fileio.h: a FIFO without a writer reads as empty instead of blocking
+     * open(); pipes (cpc --check <(...)) still work */
+    cpc_status *ost = NULL;
+    FILE *f = cpc_fopen_read(path, "plan", true, &ost);
     if (!f)
-        return cpc_error(CPC_E_IO, "%s: cannot open: %s", path, strerror(errno));
+        return ost;
     size_t cap = CPC_YAML_MAX_BYTES + 1;
     char *buf = malloc(cap);
     if (!buf) {

@@ -57,7 +57,13 @@ typedef struct cpc_run_report {
     bool check_sampled;             /* only a sample of rows was compared */
     int64_t check_rows;             /* query rows compared (per (b, head) summed) */
     double max_abs_err, rel_err, tolerance;
-    int64_t n_nan, n_inf;
+    double tolerance_base;          /* the dtype's tolerance (SPEC section 5) */
+    double rounding_err;            /* relative error that rounding the logits in fp32
+                                       causes on these inputs (reference.h bound);
+                                       tolerance = max(tolerance_base, 8 x this) */
+    int64_t n_nan, n_inf;           /* non-finite output elements, over the whole
+                                       output of every rank (not only checked rows) */
+    int64_t first_bad[4];           /* [b, s, h, d] of the first one (n_nan + n_inf > 0) */
     bool pass;
     char input[64];                 /* "seed 0" or the file name */
 } cpc_run_report;

@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "fileio.h"
 #include "backend.h"
 
 static const struct {
@@ -230,6 +231,32 @@ static cpc_status *parse_entry(cpc_st_file *f, const cJSON *e, uint64_t data_sta
     return NULL;
 }
 
+/* A NUL character in the header's text: a raw 0 byte, or a \u0000 escape
+ * inside a JSON string.  cJSON would end the C string there, so tensor
+ * "q\u0000x" would be read as "q" (and dtype "F32\u0000junk" as "F32").
+ * Returns the byte offset in the header, or -1. */
+static int64_t header_nul(const char *h, uint64_t n)
+{
+    bool in_str = false;
+    for (uint64_t i = 0; i < n; i++) {
+        char c = h[i];
+        if (c == 0)
+            return (int64_t)i;
+        if (!in_str) {
+            in_str = c == '"';
+            continue;
+        }
+        if (c == '"') {
+            in_str = false;
+        } else if (c == '\\' && i + 1 < n) {
+            if (h[i + 1] == 'u' && i + 5 < n && strncmp(h + i + 2, "0000", 4) == 0)
+                return (int64_t)i;
+            i++; /* the escaped character (\" does not end the string) */
+        }
+    }
+    return -1;
+}
+
 cpc_status *cpc_st_open(const char *path, cpc_st_file **out)
 {
     *out = NULL;
@@ -245,11 +272,10 @@ cpc_status *cpc_st_open(const char *path, cpc_st_file **out)
     cpc_status *st = NULL;
     char *hdr = NULL;
     cJSON *root = NULL;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        st = cpc_error(CPC_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* fileio.h: regular files only, and a FIFO does not block open() */
+    f->fd = cpc_open_read(path, "--input", false, &st);
+    if (f->fd < 0)
         goto done;
-    }
     struct stat sb;
     if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         st = cpc_error(CPC_E_IO, "%s: not a regular file", path);
@@ -281,6 +307,22 @@ cpc_status *cpc_st_open(const char *path, cpc_st_file **out)
     if ((st = pread_all(f, hdr, n, 8, "header")))
         goto done;
     hdr[n] = 0;
+    int64_t nul = header_nul(hdr, n);
+    if (nul >= 0) {
+        /* the string that holds it, for the message (printable bytes only) */
+        int64_t a = nul;
+        while (a > 0 && hdr[a - 1] != '"')
+            a--;
+        char shown[96];
+        size_t k = 0;
+        for (int64_t i = a; i < (int64_t)n && hdr[i] != '"' && k + 1 < sizeof shown; i++)
+            shown[k++] = hdr[i] >= 32 && hdr[i] < 127 ? hdr[i] : '?';
+        shown[k] = 0;
+        st = cpc_error(CPC_E_INPUT,
+                       "%s: bad safetensors header: the string \"%s\" (header byte %lld) holds a NUL character; tensor names, dtypes and metadata cannot contain one",
+                       path, shown, (long long)nul);
+        goto done;
+    }
     root = cJSON_ParseWithLength(hdr, n);
     if (!root || !cJSON_IsObject(root)) {
         st = bad(f, NULL, "header is not a JSON object", NULL);
@@ -386,14 +428,45 @@ static float load_f(cpc_st_dtype d, const void *src, int64_t i)
     return d == CPC_ST_BF16 ? cpc_bf16_to_f32(h) : cpc_fp16_to_f32(h);
 }
 
-static void store_f(cpc_dtype d, void *dst, int64_t i, float x)
+/* Stores x in dtype d; false when a finite x rounds to Inf there (1e38 in
+ * fp16, 3.4e38 in bf16): the input error of SPEC section 5. */
+static bool store_f(cpc_dtype d, void *dst, int64_t i, float x)
 {
-    if (d == CPC_DTYPE_FP32)
+    uint16_t h;
+    if (d == CPC_DTYPE_FP32) {
         ((float *)dst)[i] = x;
-    else if (d == CPC_DTYPE_BF16)
-        ((uint16_t *)dst)[i] = cpc_f32_to_bf16(x);
-    else
-        ((uint16_t *)dst)[i] = cpc_f32_to_fp16(x);
+        return true;
+    } else if (d == CPC_DTYPE_BF16) {
+        h = cpc_f32_to_bf16(x);
+        ((uint16_t *)dst)[i] = h;
+        return !isfinite(x) || (h & 0x7fffu) != 0x7f80u;
+    }
+    h = cpc_f32_to_fp16(x);
+    ((uint16_t *)dst)[i] = h;
+    return !isfinite(x) || (h & 0x7fffu) != 0x7c00u;
+}
+
+/* "tensor 'v' element [0, 5, 2, 7] = 1e+38 rounds to Inf in fp16" */
+static cpc_status *overflow_error(const cpc_st_file *f, const cpc_st_tensor *t, int64_t flat,
+                                  float x, cpc_dtype dtype)
+{
+    char idx[160];
+    size_t k = 0;
+    int64_t rest = flat, pos[CPC_ST_MAX_DIMS] = {0};
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        int64_t e = t->shape[i] > 0 ? t->shape[i] : 1;
+        pos[i] = rest % e;
+        rest /= e;
+    }
+    idx[0] = 0;
+    for (int i = 0; i < t->ndim && k + 24 < sizeof idx; i++)
+        k += (size_t)snprintf(idx + k, sizeof idx - k, "%s%lld", i ? ", " : "", (long long)pos[i]);
+    cpc_status *st = cpc_error(CPC_E_INPUT,
+                               "%s: tensor '%s' element [%s] = %g rounds to Inf in the plan's dtype %s (largest finite value %g)",
+                               f->path, t->name, idx, (double)x, cpc_dtype_name(dtype),
+                               dtype == CPC_DTYPE_FP16 ? 65504.0 : 3.3895313892515355e38);
+    cpc_status_set_hint(st, "scale the inputs into the dtype's range, or run the plan in fp32 (--set model.dtype=fp32)");
+    return st;
 }
 
 cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const cpc_run *runs,
@@ -442,8 +515,11 @@ cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const
                 for (int64_t k = 0; k < n && !st; k += chunk_elems) {
                     int64_t m = n - k < chunk_elems ? n - k : chunk_elems;
                     st = pread_all(f, tmp, (size_t)(m * fes), off + (uint64_t)(k * fes), what);
-                    for (int64_t j = 0; j < m && !st; j++)
-                        store_f(dtype, d, k + j, load_f(t->dtype, tmp, j));
+                    for (int64_t j = 0; j < m && !st; j++) {
+                        float xv = load_f(t->dtype, tmp, j);
+                        if (!store_f(dtype, d, k + j, xv))
+                            st = overflow_error(f, t, (b * S + runs[i].start) * row + k + j, xv, dtype);
+                    }
                 }
             }
             tok += runs[i].len;
@@ -541,20 +617,21 @@ cpc_status *cpc_st_write(const char *path, const cpc_st_out *ts, int n, const ch
     memcpy(hdr + 8, json, jl);
     memset(hdr + 8 + jl, ' ', padded - jl);
     free(json);
-    cpc_status *st = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = cpc_error(CPC_E_IO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
+    /* fileio.h: a temporary file in the same directory, fsync'ed and renamed
+     * over `path` when complete: a failed or interrupted write leaves the
+     * previous file untouched and no partial one */
+    cpc_outfile of;
+    cpc_status *st = cpc_outfile_open(&of, path, "write failed");
+    if (!st) {
+        fflush(of.f); /* unbuffered from here: big tensors go straight to write() */
+        int fd = fileno(of.f);
         st = write_all(fd, hdr, padded + 8, path);
         for (int i = 0; i < n && !st; i++)
             st = write_all(fd, ts[i].data, (size_t)sizes[i], path);
-        struct stat sb;
-        bool regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
-        if (close(fd) != 0 && !st)
-            st = cpc_error(CPC_E_IO, "%s: close failed: %s", path, strerror(errno));
-        if (st && regular)
-            unlink(path); /* a truncated file would only fail later, in its reader */
+        if (st)
+            cpc_outfile_discard(&of);
+        else
+            st = cpc_outfile_commit(&of);
     }
     free(hdr);
     free(sizes);

@@ -10,6 +10,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "fileio.h"
+
 static cJSON *meta(const char *what, int tid, const char *name)
 {
     cJSON *e = cJSON_CreateObject();
@@ -76,27 +78,21 @@ cpc_status *cpc_trace_write(const char *path, const char *name, const cpc_trace_
     cJSON_Delete(root);
     if (!s)
         return cpc_error(CPC_E_NOMEM, "trace: out of memory");
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        int e = errno;
+    /* fileio.h: temporary file + fsync + rename, never half a trace */
+    cpc_outfile o;
+    cpc_status *st = cpc_outfile_open(&o, path, "cannot write the trace");
+    if (st) {
         free(s);
-        return cpc_error(CPC_E_IO, "%s: cannot write trace: %s", path, strerror(e));
+        return st;
     }
     size_t n = strlen(s);
     errno = 0;
-    bool ok = fwrite(s, 1, n, f) == n && fputc('\n', f) != EOF && fflush(f) == 0;
-    int e = ok ? 0 : errno ? errno : EIO;
-    struct stat sb;
-    bool regular = fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode);
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        e = errno ? errno : EIO;
-    }
+    bool ok = fwrite(s, 1, n, o.f) == n && fputc('\n', o.f) != EOF;
+    int e = errno;
     free(s);
     if (!ok) {
-        if (regular)
-            unlink(path); /* no half-written trace left behind */
-        return cpc_error(CPC_E_IO, "%s: cannot write the trace: %s", path, strerror(e));
+        cpc_outfile_discard(&o);
+        return cpc_error(CPC_E_IO, "%s: cannot write the trace: %s", path, strerror(e ? e : EIO));
     }
-    return NULL;
+    return cpc_outfile_commit(&o);
 }

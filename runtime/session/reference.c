@@ -79,9 +79,20 @@ static double dot_f64(const double *q, const float *k, int D)
     return (a0 + a1) + (a2 + a3);
 }
 
-/* One row: q row (double, D), writes out[D] and *lse. */
+static double dot_abs_f64(const double *q, const float *k, int D)
+{
+    double a = 0;
+    for (int d = 0; d < D; d++)
+        a += fabs(q[d] * (double)k[d]);
+    return a;
+}
+
+/* One row: q row (double, D), writes out[D] and *lse; with `bound` (and
+ * `asc`, Skv doubles of scratch) also the first-order rounding bound of
+ * cpc_reference_attention_bound. */
 static void ref_row(const cpc_ref_problem *p, const kv_view *kv, int b, int64_t i,
-                    const double *q, double *sc, double *out, double *lse)
+                    const double *q, double *sc, double *out, double *lse, double *asc,
+                    double *bound)
 {
     const int D = p->D;
     int64_t nvis = p->causal ? (i + 1 < p->Skv ? i + 1 : p->Skv) : p->Skv;
@@ -95,11 +106,16 @@ static void ref_row(const cpc_ref_problem *p, const kv_view *kv, int b, int64_t 
         }
         double s = p->scale * dot_f64(q, kv->k + j * kv->ld, D);
         sc[j] = s;
+        if (bound)
+            asc[j] = fabs(p->scale) * dot_abs_f64(q, kv->k + j * kv->ld, D);
         if (s > m)
             m = s;
         else if (s != s)
             nan_seen = true;
     }
+    if (bound)
+        for (int d = 0; d < D; d++)
+            bound[d] = 0.0;
     if (nan_seen) { /* a NaN input makes the row NaN, as the math says */
         if (out)
             for (int d = 0; d < D; d++)
@@ -133,6 +149,25 @@ static void ref_row(const cpc_ref_problem *p, const kv_view *kv, int b, int64_t 
             out[d] /= l;
     if (lse)
         *lse = m + log(l);
+    if (bound && out) {
+        /* d out = sum_j p_j (d s_j - sum_l p_l d s_l) v_j = sum_j p_j d s_j (v_j - out),
+         * |d s_j| ~ a_j (in units of the logits' rounding), independent signs:
+         * the root of the sum of squares */
+        for (int64_t j = 0; j < nvis; j++) {
+            if (sc[j] == -INFINITY)
+                continue;
+            double pa = exp(sc[j] - m) / l * asc[j];
+            if (pa == 0.0)
+                continue;
+            const float *vr = kv->v + j * kv->ld;
+            for (int d = 0; d < D; d++) {
+                double t = pa * ((double)vr[d] - out[d]);
+                bound[d] += t * t;
+            }
+        }
+        for (int d = 0; d < D; d++)
+            bound[d] = sqrt(bound[d]);
+    }
 }
 
 typedef struct row_key {
@@ -152,6 +187,12 @@ static int cmp_row_key(const void *x, const void *y)
 
 cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row *rows,
                                     int64_t n_rows, double *out, double *lse)
+{
+    return cpc_reference_attention_bound(p, rows, n_rows, out, lse, NULL);
+}
+
+cpc_status *cpc_reference_attention_bound(const cpc_ref_problem *p, const cpc_ref_row *rows,
+                                          int64_t n_rows, double *out, double *lse, double *bound)
 {
     cpc_status *st = check_problem(p);
     if (st)
@@ -175,8 +216,10 @@ cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row 
         return NULL;
 
     bool conv = p->dtype != CPC_DTYPE_FP32;
+    double *tmp_out = NULL;
     float *kbuf = NULL, *vbuf = NULL;
     double *sc = malloc(sizeof(double) * (size_t)p->Skv);
+    double *asc = bound ? malloc(sizeof(double) * (size_t)p->Skv) : NULL;
     double *qd = malloc(sizeof(double) * (size_t)D);
     float *qf = malloc(sizeof(float) * (size_t)D);
     row_key *keys = NULL;
@@ -186,7 +229,9 @@ cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row 
     }
     if (rows)
         keys = malloc(sizeof(row_key) * (size_t)n_rows);
-    if (!sc || !qd || !qf || (conv && (!kbuf || !vbuf)) || (rows && !keys)) {
+    if (bound && !out)
+        out = tmp_out = malloc(sizeof(double) * (size_t)D * (size_t)total);
+    if (!sc || !qd || !qf || (conv && (!kbuf || !vbuf)) || (rows && !keys) || (bound && (!asc || !out))) {
         st = cpc_error(CPC_E_NOMEM, "reference: out of memory (Skv=%lld, D=%d)",
                        (long long)p->Skv, D);
         goto done;
@@ -205,7 +250,8 @@ cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row 
                         for (int d = 0; d < D; d++)
                             qd[d] = (double)qf[d];
                         ref_row(p, &kv, b, i, qd, sc, out ? out + qoff : NULL,
-                                lse ? lse + ((size_t)b * p->H + (size_t)h) * p->S + i : NULL);
+                                lse ? lse + ((size_t)b * p->H + (size_t)h) * p->S + i : NULL, asc,
+                                bound ? bound + qoff : NULL);
                     }
             }
     } else {
@@ -228,11 +274,13 @@ cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row 
             for (int d = 0; d < D; d++)
                 qd[d] = (double)qf[d];
             ref_row(p, &kv, rw->b, rw->s, qd, sc, out ? out + keys[t].idx * D : NULL,
-                    lse ? lse + keys[t].idx : NULL);
+                    lse ? lse + keys[t].idx : NULL, asc, bound ? bound + keys[t].idx * D : NULL);
         }
     }
 done:
     free(sc);
+    free(asc);
+    free(tmp_out);
     free(qd);
     free(qf);
     free(kbuf);

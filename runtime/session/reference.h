@@ -95,6 +95,23 @@ cpc_status *cpc_reference_attention(const cpc_ref_problem *p, const cpc_ref_row 
 cpc_status *cpc_reference_attention_bwd(const cpc_ref_problem *p, const void *dout, double *dq,
                                         double *dk, double *dv);
 
+/* The same, and (when `bound` is not NULL, laid out as `out`) a first-order
+ * bound of how much the output moves when every logit s_j is perturbed by
+ * its own rounding error, in units of the unit roundoff u of the arithmetic
+ * that computes the logits:
+ *
+ *   bound[d] = sqrt(sum_j (p_j * a_j * (v_j[d] - out[d]))^2),
+ *   a_j = |scale| * sum_d |q[d] k_j[d]|
+ *
+ * (d out = sum_j p_j (d s_j) (v_j - out) for |d s_j| ~ u * a_j with
+ * independent signs: an estimate, not a worst case).  u * bound
+ * is the error that an implementation computing the logits in a precision
+ * with unit roundoff u makes anyway: large when logits are large (|s| ~ 1000)
+ * and several keys compete.  `out` may be NULL here too.  Cost: about twice
+ * that of cpc_reference_attention. */
+cpc_status *cpc_reference_attention_bound(const cpc_ref_problem *p, const cpc_ref_row *rows,
+                                          int64_t n_rows, double *out, double *lse, double *bound);
+
 /* Approximate floating-point operations of a reference computation of n_rows
  * rows (n_rows < 0: every row): 4 * rows * Skv * D.  Lets a caller decide
  * between all rows and a sample. */

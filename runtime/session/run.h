@@ -113,8 +113,10 @@ typedef struct cpc_run_options {
                                     many double operations; 0: 4e9; < 0: always sample */
     int warmup, iters;           /* defaults 1 and 5 (iters >= 1) */
     const char *trace_path;      /* --trace, or NULL */
-    double timeout_s;            /* local transport: abort a wait after this long;
-                                    0: 3600 s, < 0: never */
+    double timeout_s;            /* every transport: abort a wait (a receive, a
+                                    collective, a barrier) that lasts longer;
+                                    0: the default (cpc_run_default_timeout),
+                                    < 0: never */
     FILE *log;                   /* progress lines, NULL: quiet */
     bool staged;                 /* wrap every rank's endpoint in the staged
                                     transport (transport_staged.h) even on the
@@ -136,6 +138,13 @@ typedef struct cpc_run_options {
     void (*before_abort)(void *ctx, const cpc_status *st, int exit_status);
     void *before_abort_ctx;
 } cpc_run_options;
+
+/* Stall limits when --timeout is not given: rank threads (local transport)
+ * 3600 s; MPI processes max(CPC_MPI_TIMEOUT_FLOOR_S, 20 x the cost model's
+ * predicted time of all warmup + timed iterations). */
+#define CPC_LOCAL_TIMEOUT_S 3600.0
+#define CPC_MPI_TIMEOUT_FLOOR_S 300.0
+double cpc_run_default_timeout(const cpc_job *job, const cpc_run_options *opt, bool mpi);
 
 /* Fills defaults (what cprun uses when an option is not given). */
 void cpc_run_options_default(cpc_run_options *o);

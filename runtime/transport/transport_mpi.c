@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -212,6 +213,82 @@ static cpc_status *msg_type(size_t bytes, int *count, MPI_Datatype *type, bool *
     return NULL;
 }
 
+/* ---- stall limit: every wait polls with a deadline ------------------------ */
+
+static double g_stall_s;   /* 0: wait forever */
+
+void cpc_transport_mpi_set_timeout(double seconds)
+{
+    g_stall_s = seconds > 0 ? seconds : 0;
+}
+
+double cpc_transport_mpi_timeout(void)
+{
+    return g_stall_s;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Completes n requests (MPI_Waitall without a limit).  With a limit, polls
+ * MPI_Testall: tightly for the first 10 ms (what MPI_Wait does anyway),
+ * then sleeping 10 us doubling to 1 ms between polls, so a rank that waits
+ * for a stopped peer does not take a core from the others; *stalled is set
+ * when the limit passes first (the requests are then left pending: the job
+ * is aborted).  Returns an MPI error code. */
+static int wait_all(int n, MPI_Request *reqs, MPI_Status *sts, bool *stalled)
+{
+    *stalled = false;
+    if (n <= 0)
+        return MPI_SUCCESS;
+    if (g_stall_s <= 0)
+        return MPI_Waitall(n, reqs, sts);
+    double t0 = mono_s(), dl = t0 + g_stall_s;
+    long sleep_ns = 0;
+    for (unsigned spins = 0;; spins++) {
+        int flag = 0;
+        int rc = MPI_Testall(n, reqs, &flag, sts);
+        if (rc != MPI_SUCCESS || flag)
+            return rc;
+        if (sleep_ns || (spins & 63) == 63) {
+            double t = mono_s();
+            if (t > dl) {
+                *stalled = true;
+                return MPI_SUCCESS;
+            }
+            if (t - t0 > 0.01)
+                sleep_ns = sleep_ns ? (sleep_ns * 2 > 1000000 ? 1000000 : sleep_ns * 2) : 10000;
+        }
+        if (sleep_ns) {
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static cpc_status *stall_status(int world_rank, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* "rank P: stalled: OP did not complete within S s (--timeout) ..." */
+static cpc_status *stall_status(int world_rank, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    cpc_status *st = cpc_error(CPC_E_RUNTIME,
+                               "rank %d: stalled: waited %.3g s in %s (the stall limit, --timeout): "
+                               "a peer stopped, hangs or is far behind",
+                               world_rank, g_stall_s, what);
+    cpc_status_set_hint(st, "raise --timeout SECONDS if the peers are only slow");
+    return st;
+}
+
 /* ---- the transport -------------------------------------------------------- */
 
 typedef struct mpi_group {
@@ -342,9 +419,16 @@ static cpc_status *m_wait(cpc_transport *t, cpc_request *r)
         return cpc_error(CPC_E_INTERNAL, "rank %d: wait: NULL request", c->world_rank);
     MPI_Status mst;
     memset(&mst, 0, sizeof mst);
-    int rc = MPI_Wait(&r->req, &mst);
+    bool stalled = false;
+    int rc = wait_all(1, &r->req, &mst, &stalled);
     cpc_status *st = NULL;
     const char *op = r->is_recv ? "recv from" : "send to";
+    if (stalled) {
+        /* the request stays posted (its buffer with it): the caller aborts the job */
+        st = stall_status(c->world_rank, "%s %s member %d (%zu bytes, tag %d)", op, gname(r->group),
+                          r->peer, r->bytes, r->tag);
+        return st;
+    }
     if (rc != MPI_SUCCESS) {
         st = mpi_status(rc, "rank %d: %s %s member %d (%zu bytes, tag %d)", c->world_rank, op,
                         gname(r->group), r->peer, r->bytes, r->tag);
@@ -383,7 +467,14 @@ static cpc_status *agree_large(mpi_ctx *c, mpi_group *gr, const char *op, bool m
                                bool *any)
 {
     int in = mine ? 1 : 0, out = 0;
-    int rc = MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, gr->comm);
+    MPI_Request rq = MPI_REQUEST_NULL;
+    bool stalled = false;
+    int rc = MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_MAX, gr->comm, &rq);
+    if (rc == MPI_SUCCESS)
+        rc = wait_all(1, &rq, MPI_STATUSES_IGNORE, &stalled);
+    if (stalled)
+        return stall_status(c->world_rank, "%s over the %s group (agreeing on the message sizes)",
+                            op, gname((cpc_group)(gr - c->groups)));
     if (rc != MPI_SUCCESS)
         return mpi_status(rc, "rank %d: %s: MPI_Allreduce", c->world_rank, op);
     *any = out != 0;
@@ -456,8 +547,12 @@ static cpc_status *pairwise(mpi_ctx *c, mpi_group *gr, const char *op, const voi
         /* A posted request cannot be withdrawn safely; the job is about to be
          * aborted by the caller, so leave them (MPI_Abort reclaims them). */
     } else if (nreq > 0) {
-        int rc = MPI_Waitall(nreq, reqs, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS)
+        bool stalled = false;
+        int rc = wait_all(nreq, reqs, MPI_STATUSES_IGNORE, &stalled);
+        if (stalled)
+            st = stall_status(c->world_rank, "%s over the %s group (pairwise exchange)", op,
+                              gname((cpc_group)(gr - c->groups)));
+        else if (rc != MPI_SUCCESS)
             st = mpi_status(rc, "rank %d: %s: MPI_Waitall", c->world_rank, op);
     }
     for (int i = 0; i < ntypes; i++)
@@ -497,8 +592,14 @@ static cpc_status *m_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
         a[2 * n + i] = (int)recv_counts[i];
         a[3 * n + i] = (int)recv_displs[i];
     }
-    int rc = MPI_Alltoallv(send, a, a + n, MPI_BYTE, recv, a + 2 * n, a + 3 * n, MPI_BYTE,
-                           gr->comm);
+    MPI_Request rq = MPI_REQUEST_NULL;
+    bool stalled = false;
+    int rc = MPI_Ialltoallv(send, a, a + n, MPI_BYTE, recv, a + 2 * n, a + 3 * n, MPI_BYTE,
+                            gr->comm, &rq);
+    if (rc == MPI_SUCCESS)
+        rc = wait_all(1, &rq, MPI_STATUSES_IGNORE, &stalled);
+    if (stalled) /* `a` stays with the pending request: the job is aborted */
+        return stall_status(c->world_rank, "all_to_all_v over the %s group (MPI_Ialltoallv)", gname(g));
     free(a);
     if (rc != MPI_SUCCESS)
         return mpi_status(rc, "rank %d: all_to_all_v over %s group: MPI_Alltoallv",
@@ -539,8 +640,14 @@ static cpc_status *m_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
     /* MPI forbids overlapping send and receive buffers; the own block
      * already in place is MPI_IN_PLACE. */
     const void *sbuf = (send == (const char *)recv + displs[me]) ? MPI_IN_PLACE : send;
-    int rc = MPI_Allgatherv(sbuf, (int)send_bytes, MPI_BYTE, recv, a, a + n, MPI_BYTE,
-                            gr->comm);
+    MPI_Request rq = MPI_REQUEST_NULL;
+    bool stalled = false;
+    int rc = MPI_Iallgatherv(sbuf, (int)send_bytes, MPI_BYTE, recv, a, a + n, MPI_BYTE,
+                             gr->comm, &rq);
+    if (rc == MPI_SUCCESS)
+        rc = wait_all(1, &rq, MPI_STATUSES_IGNORE, &stalled);
+    if (stalled) /* `a` stays with the pending request: the job is aborted */
+        return stall_status(c->world_rank, "all_gather_v over the %s group (MPI_Iallgatherv)", gname(g));
     free(a);
     if (rc != MPI_SUCCESS)
         return mpi_status(rc, "rank %d: all_gather_v over %s group: MPI_Allgatherv",
@@ -554,7 +661,13 @@ static cpc_status *m_barrier(cpc_transport *t, cpc_group g)
     mpi_group *gr = group_of(c, g);
     if (!gr)
         return bad_group(c, "barrier", g);
-    int rc = MPI_Barrier(gr->comm);
+    MPI_Request rq = MPI_REQUEST_NULL;
+    bool stalled = false;
+    int rc = MPI_Ibarrier(gr->comm, &rq);
+    if (rc == MPI_SUCCESS)
+        rc = wait_all(1, &rq, MPI_STATUSES_IGNORE, &stalled);
+    if (stalled)
+        return stall_status(c->world_rank, "barrier over the %s group (MPI_Ibarrier)", gname(g));
     if (rc != MPI_SUCCESS)
         return mpi_status(rc, "rank %d: barrier over %s group: MPI_Barrier", c->world_rank,
                           gname(g));

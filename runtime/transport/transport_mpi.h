@@ -147,4 +147,17 @@ cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int
  * thread-safe. */
 void cpc_transport_mpi_set_limits(size_t int_limit, size_t chunk_bytes);
 
+/* The stall limit of this process's MPI waits (every wait, send, receive,
+ * all-to-all, all-gather and barrier of every MPI endpoint): a wait that has
+ * not completed after `seconds` returns CPC_E_RUNTIME "rank P: stalled:
+ * waited S s in OP (...)" (OP names the peer or group, bytes and tag), and
+ * the caller aborts the job (transport abort: MPI_Abort, exit 3), so a
+ * stopped or hung rank ends the whole job in bounded time.  The wait polls
+ * MPI_Test (tightly for 10 ms, then sleeping up to 1 ms between polls).
+ * 0 (the default): no limit, MPI_Wait.  cprun sets --timeout, or its
+ * default (run.h).  Not thread-safe against concurrent waits (set it
+ * before the endpoint is used). */
+void cpc_transport_mpi_set_timeout(double seconds);
+double cpc_transport_mpi_timeout(void);
+
 #endif
