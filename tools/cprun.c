@@ -1,6 +1,7 @@
 /*
- * main.c - `cprun`, the runtime's command line (SPEC section 5): a thin
- * layer over run.h.
+ * cprun.c - `cprun`, the runtime's command line (SPEC section 5): a thin
+ * layer over libcpc's public API (cpc/session.h; it includes nothing else
+ * of cpc).
  *
  * Exit status: 0 ok; 1 check failed; 2 usage or input error (bad option,
  * unreadable file, bad tensors, a plan cpc would reject, a training plan:
@@ -25,11 +26,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "status.h"
-#include "calibrate.h"
-#include "executor.h"
-#include "report.h"
-#include "run.h"
+#include <cpc/cpc.h>
 
 static void usage(FILE *f)
 {
@@ -103,9 +100,10 @@ static void json_failure(const cpc_job *job, const cpc_status *st, const char *m
 {
     if (!g_json || g_json_printed || !launcher_rank0())
         return;
-    const cpc_layout *L = job && job->prog ? &job->prog->layout : NULL;
-    char *s = cpc_report_failure_json(L ? cpc_variant_name(L->variant) : NULL, L ? L->R : 0, L ? L->U : 0,
-                                      L ? L->P : 0, st, message, exit_status);
+    char *s = cpc_report_failure_json(job ? cpc_job_variant(job) : NULL,
+                                      job ? cpc_job_ring_degree(job) : 0,
+                                      job ? cpc_job_ulysses_degree(job) : 0,
+                                      job ? cpc_job_world_size(job) : 0, st, message, exit_status);
     if (s) {
         printf("%s\n", s);
         free(s);
@@ -113,8 +111,8 @@ static void json_failure(const cpc_job *job, const cpc_status *st, const char *m
     g_json_printed = true;
 }
 
-/* cpc_run_options.before_abort: an MPI job failing during setup is aborted
- * inside cpc_job_run, so the JSON failure object is printed from here. */
+/* cpc_job_options.before_abort: an MPI job failing during setup is aborted
+ * inside cpc_job_execute, so the JSON failure object is printed from here. */
 static void json_before_abort(void *ctx, const cpc_status *st, int exit_status)
 {
     json_failure(ctx, st, NULL, exit_status);
@@ -163,12 +161,11 @@ static bool parse_int(const char *s, long long lo, long long hi, long long *out)
 static int exit_of(const cpc_status *st)
 {
     int worst = 0;
-    for (; st; st = st->next) {
-        if (st->severity != CPC_SEV_ERROR)
+    for (; st; st = cpc_status_next(st)) {
+        if (cpc_status_severity(st) != CPC_SEV_ERROR)
             continue;
-        int e = st->code == CPC_E_PLAN ? 2 : cpc_status_exit_code(st);
-        if (st->code == CPC_E_CHECK)
-            e = 1;
+        cpc_code code = cpc_status_code(st);
+        int e = code == CPC_E_PLAN ? 2 : code == CPC_E_CHECK ? 1 : cpc_status_exit_code(st);
         if (e == 0)
             e = 3;
         if (e > worst)
@@ -179,9 +176,9 @@ static int exit_of(const cpc_status *st)
 
 /* cprun --calibrate: measures, prints the measurements on stderr and the
  * profile YAML on stdout (or writes it to `out`). */
-static int run_calibrate(bool quick, int ranks, const char *transport, const char *out)
+static int run_calibrate(bool quick, int ranks, cpc_transport_kind transport, const char *out)
 {
-    if (strcmp(transport, "nccl") == 0) {
+    if (transport == CPC_TRANSPORT_NCCL) {
         fprintf(stderr, "cprun: error: --calibrate measures the CPU backend: --transport auto, local or mpi\n");
         return 2;
     }
@@ -194,15 +191,9 @@ static int run_calibrate(bool quick, int ranks, const char *transport, const cha
             return 2;
         }
     }
-    cpc_calibrate_options co = {.quick = quick, .ranks = ranks, .transport = transport,
-                                .log = stderr};
-    cpc_calibration cal;
     bool root = true;
-    cpc_status *st = cpc_calibrate(&co, &cal, &root);
-    if (!st && root) {
-        /* atomic (fileio.h): a failed write leaves the previous profile */
-        st = cpc_profile_write(out ? out : "-", &cal.profile);
-    }
+    /* written atomically: a failed write leaves the previous profile */
+    cpc_status *st = cpc_calibrate_profile(quick, ranks, transport, stderr, out ? out : "-", &root);
     if (st) {
         cpc_status_print(stderr, "cprun", st);
         int rc = exit_of(st);
@@ -213,6 +204,21 @@ static int run_calibrate(bool quick, int ranks, const char *transport, const cha
         fprintf(stderr, "cprun --calibrate: profile written to %s (use it with cluster.profile: %s)\n",
                 out, out);
     return 0;
+}
+
+/* Command-line names of the enums, in enum order. */
+static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
+static const char *const ATTENTIONS[] = {"auto", "cpu", "cudnn", "nvrtc", NULL};
+static const char *const TRANSPORTS[] = {"auto", "local", "mpi", "nccl", NULL};
+
+static bool pick(const char *s, const char *const *names, int *out)
+{
+    for (int i = 0; names[i]; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return true;
+        }
+    return false;
 }
 
 enum {
@@ -253,8 +259,8 @@ static int cprun_main(int argc, char **argv, const char **sets)
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
     };
-    cpc_run_options opt;
-    cpc_run_options_default(&opt);
+    cpc_job_options opt;
+    cpc_job_options_init(&opt);
     bool json = false, dry = false, calibrate = false, quick = false;
     const char *profile_out = NULL;
     int cal_ranks = 0;
@@ -265,21 +271,16 @@ static int cprun_main(int argc, char **argv, const char **sets)
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_BACKEND:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+            if (!pick(optarg, BACKENDS, (int *)&opt.backend))
                 return usage_error("--backend %s: expected auto, cpu or cuda", optarg);
-            opt.backend = optarg;
             break;
         case OPT_ATTENTION:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cudnn") &&
-                strcmp(optarg, "nvrtc"))
+            if (!pick(optarg, ATTENTIONS, (int *)&opt.attention))
                 return usage_error("--attention %s: expected auto, cpu, cudnn or nvrtc", optarg);
-            opt.attention = optarg;
             break;
         case OPT_TRANSPORT:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "local") && strcmp(optarg, "mpi") &&
-                strcmp(optarg, "nccl"))
+            if (!pick(optarg, TRANSPORTS, (int *)&opt.transport))
                 return usage_error("--transport %s: expected auto, local, mpi or nccl", optarg);
-            opt.transport = optarg;
             break;
         case OPT_INPUT: opt.input_path = optarg; break;
         case OPT_SEED: {
@@ -343,7 +344,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
             break;
         case OPT_VERBOSE: opt.log = stderr; break;
         case OPT_VERSION:
-            printf("cprun %s\n", CPC_VERSION);
+            printf("cprun %s\n", cpc_version());
             return 0;
         case OPT_HELP:
             usage(stdout);
@@ -356,8 +357,8 @@ static int cprun_main(int argc, char **argv, const char **sets)
         }
     }
     if (calibrate) {
-        if (strcmp(opt.backend, "cuda") == 0 || strcmp(opt.attention, "cudnn") == 0 ||
-            strcmp(opt.attention, "nvrtc") == 0)
+        if (opt.backend == CPC_BACKEND_CUDA || opt.attention == CPC_ATTENTION_CUDNN ||
+            opt.attention == CPC_ATTENTION_NVRTC)
             return usage_error("%s", "--calibrate measures the CPU backend: --backend auto or cpu, --attention auto or cpu");
         if (optind < argc)
             return usage_error("--calibrate takes no plan (extra argument '%s')", argv[optind]);
@@ -375,7 +376,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
 
     /* where the results go: checked before the plan is compiled and run */
     if (!dry) {
-        cpc_status *ost = cpc_run_check_outputs(&opt, path);
+        cpc_status *ost = cpc_job_check_outputs(&opt, path);
         if (ost) {
             cpc_status_print(stderr, "cprun", ost);
             int e = exit_of(ost);
@@ -386,46 +387,36 @@ static int cprun_main(int argc, char **argv, const char **sets)
     }
 
     cpc_job *job = NULL;
-    cpc_status *diags = cpc_job_load(path, sets, n_sets, &job);
-    if (diags)
-        cpc_status_print(stderr, "cprun", diags);
-    if (!job) {
-        int e = exit_of(diags);
-        if (!e)
-            e = 2;
-        json_failure(NULL, diags, path, e);
-        cpc_status_free(diags);
-        return e;
-    }
+    cpc_status *diags = NULL;
+    cpc_status *err = cpc_job_open(path, sets, n_sets, &job, &diags);
+    cpc_status_print(stderr, "cprun", diags);
     cpc_status_free(diags);
+    if (err) {
+        cpc_status_print(stderr, "cprun", err);
+        int e = exit_of(err);
+        json_failure(NULL, err, path, e ? e : 2);
+        cpc_status_free(err);
+        return e ? e : 2;
+    }
 
     if (dry) {
         int rc = 0;
         if (json) {
-            const cpc_layout *L = &job->prog->layout;
             int64_t peak = 0;
-            for (int p = 0; p < L->P; p++) {
-                cpc_exec_memory m;
-                cpc_status *st = cpc_exec_memory_plan(job->prog, p, &m);
-                if (st) {
-                    cpc_status_print(stderr, "cprun", st);
-                    rc = exit_of(st);
-                    json_failure(job, st, NULL, rc);
-                    cpc_status_free(st);
-                    break;
-                }
-                if (m.total_bytes > peak)
-                    peak = m.total_bytes;
-                cpc_exec_memory_free(&m);
-            }
-            if (!rc) {
+            cpc_status *st = cpc_job_peak_memory(job, &peak);
+            if (st) {
+                cpc_status_print(stderr, "cprun", st);
+                rc = exit_of(st);
+                json_failure(job, st, NULL, rc);
+                cpc_status_free(st);
+            } else {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddBoolToObject(o, "ok", true);
                 cJSON_AddBoolToObject(o, "dry_run", true);
-                cJSON_AddStringToObject(o, "variant", cpc_variant_name(L->variant));
-                cJSON_AddNumberToObject(o, "ring_degree", L->R);
-                cJSON_AddNumberToObject(o, "ulysses_degree", L->U);
-                cJSON_AddNumberToObject(o, "ranks", L->P);
+                cJSON_AddStringToObject(o, "variant", cpc_job_variant(job));
+                cJSON_AddNumberToObject(o, "ring_degree", cpc_job_ring_degree(job));
+                cJSON_AddNumberToObject(o, "ulysses_degree", cpc_job_ulysses_degree(job));
+                cJSON_AddNumberToObject(o, "ranks", cpc_job_world_size(job));
                 cJSON_AddNumberToObject(o, "peak_memory_bytes_per_rank", (double)peak);
                 char *s = cJSON_PrintUnformatted(o);
                 if (s)
@@ -441,15 +432,15 @@ static int cprun_main(int argc, char **argv, const char **sets)
                 cpc_status_free(st);
             }
         }
-        cpc_job_free(job);
+        cpc_job_close(job);
         return rc;
     }
 
-    cpc_run_report rep;
+    cpc_run_report *rep = NULL;
     bool root = true;
     opt.before_abort = json_before_abort;
     opt.before_abort_ctx = job;
-    cpc_status *st = cpc_job_run(job, &opt, &rep, &root);
+    cpc_status *st = cpc_job_execute(job, &opt, &rep, &root);
     int rc;
     if (st) {
         cpc_status_print(stderr, "cprun", st);
@@ -460,24 +451,20 @@ static int cprun_main(int argc, char **argv, const char **sets)
         rc = 0;
     } else {
         if (json) {
-            cpc_status *e = cpc_report_print_json(stdout, &rep);
+            cpc_status *e = cpc_report_print_json(stdout, rep);
             g_json_printed = true;
             cpc_status_free(e); /* a write error: finish_stdout reports it */
         } else {
-            cpc_report_print_text(stdout, &rep);
+            cpc_report_print_text(stdout, rep);
         }
-        rc = rep.ok ? 0 : 1;
-        if (!rep.ok && (rep.n_nan || rep.n_inf))
-            fprintf(stderr, "cprun: error: check failed: the output has %lld NaN and %lld Inf values (first at out[%lld, %lld, %lld, %lld]; relative error of the finite values %.3e)\n",
-                    (long long)rep.n_nan, (long long)rep.n_inf, (long long)rep.first_bad[0],
-                    (long long)rep.first_bad[1], (long long)rep.first_bad[2],
-                    (long long)rep.first_bad[3], rep.rel_err);
-        else if (!rep.ok)
-            fprintf(stderr, "cprun: error: check failed: relative error %.3e exceeds the %s tolerance %.2e\n",
-                    rep.rel_err, rep.dtype, rep.tolerance);
+        rc = cpc_run_report_ok(rep) ? 0 : 1;
+        char *why = cpc_run_report_failure(rep);
+        if (why)
+            fprintf(stderr, "cprun: error: check failed: %s\n", why);
+        free(why);
     }
-    cpc_run_report_free(&rep);
-    cpc_job_free(job);
+    cpc_run_report_destroy(rep);
+    cpc_job_close(job);
     return rc;
 }
 

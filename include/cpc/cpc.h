@@ -9,6 +9,8 @@
  *   cpc/rank.h      one rank bound to the caller's MPI communicator, NCCL
  *                   communicator or an in-process world; attention forward
  *                   on caller buffers with no allocation per call
+ *   cpc/session.h   the whole job as cprun runs it (every rank, inputs,
+ *                   check, report), and machine calibration
  *
  * Link: `pkg-config --cflags --libs cpc`, or CMake `find_package(cpc)` and
  * target `cpc::cpc`.  Only `cpc_` symbols are exported.
@@ -18,6 +20,7 @@
 
 #include "cpc/compiler.h"
 #include "cpc/rank.h"
+#include "cpc/session.h"
 #include "cpc/status.h"
 #include "cpc/types.h"
 

@@ -1,0 +1,222 @@
+/*
+ * api_session.c - include/cpc/session.h over the session layer (run.h,
+ * calibrate.h) and the io layer's report (report.h).  The public options use
+ * enums; the session's use the option strings of cprun's command line.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpc/session.h"
+
+#include "calibrate.h"
+#include "cost.h"
+#include "executor.h"
+#include "report.h"
+#include "run.h"
+#include "status.h"
+
+void cpc_job_options_init(cpc_job_options *o)
+{
+    cpc_run_options d;
+    cpc_run_options_default(&d);
+    memset(o, 0, sizeof *o);
+    o->backend = CPC_BACKEND_AUTO;
+    o->attention = CPC_ATTENTION_AUTO;
+    o->transport = CPC_TRANSPORT_AUTO;
+    o->seed = d.seed;
+    o->check = d.check;
+    o->check_rows = d.check_rows;
+    o->check_full_flops = d.check_full_flops;
+    o->warmup = d.warmup;
+    o->iters = d.iters;
+    o->timeout_s = d.timeout_s;
+}
+
+static const char *backend_str(cpc_backend_kind k)
+{
+    return k == CPC_BACKEND_CPU ? "cpu" : k == CPC_BACKEND_CUDA ? "cuda" : "auto";
+}
+
+static const char *attention_str(cpc_attention_kind k)
+{
+    static const char *const n[] = {"auto", "cpu", "cudnn", "nvrtc"};
+    return (unsigned)k < 4 ? n[k] : "?";
+}
+
+static const char *transport_str(cpc_transport_kind k)
+{
+    static const char *const n[] = {"auto", "local", "mpi", "nccl"};
+    return (unsigned)k < 4 ? n[k] : "?";
+}
+
+/* The session's options for public ones; unknown enum values are usage errors. */
+static cpc_status *to_run_options(const cpc_job_options *o, cpc_run_options *r)
+{
+    cpc_run_options_default(r);
+    if ((unsigned)o->backend > CPC_BACKEND_CUDA)
+        return cpc_error(CPC_E_USAGE, "unknown backend %d", (int)o->backend);
+    if ((unsigned)o->attention > CPC_ATTENTION_NVRTC)
+        return cpc_error(CPC_E_USAGE, "unknown attention %d", (int)o->attention);
+    if ((unsigned)o->transport > CPC_TRANSPORT_NCCL)
+        return cpc_error(CPC_E_USAGE, "unknown transport %d", (int)o->transport);
+    r->backend = backend_str(o->backend);
+    r->attention = attention_str(o->attention);
+    r->transport = transport_str(o->transport);
+    r->input_path = o->input_path;
+    r->seed = o->seed;
+    r->output_path = o->output_path;
+    r->output_shards_dir = o->output_shards_dir;
+    r->write_lse = o->write_lse;
+    r->check = o->check;
+    r->check_rows = o->check_rows;
+    r->check_full_flops = o->check_full_flops;
+    r->warmup = o->warmup;
+    r->iters = o->iters;
+    r->trace_path = o->trace_path;
+    r->timeout_s = o->timeout_s;
+    r->log = o->log;
+    r->before_abort = o->before_abort;
+    r->before_abort_ctx = o->before_abort_ctx;
+    return NULL;
+}
+
+/* Moves the errors of `all` into the result and the rest into *diagnostics. */
+static cpc_status *split(cpc_status *all, cpc_status **diagnostics)
+{
+    cpc_status *errors = NULL, *rest = NULL, **et = &errors, **rt = &rest;
+    while (all && all != &cpc_status_oom) {
+        cpc_status *next = all->next;
+        all->next = NULL;
+        if (all->severity == CPC_SEV_ERROR)
+            *et = all, et = &all->next;
+        else
+            *rt = all, rt = &all->next;
+        all = next;
+    }
+    if (all == &cpc_status_oom)
+        *et = all;
+    if (diagnostics)
+        *diagnostics = rest;
+    else
+        cpc_status_free(rest);
+    return errors;
+}
+
+cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
+                         cpc_status **diagnostics)
+{
+    if (diagnostics)
+        *diagnostics = NULL;
+    if (!out || !path)
+        return cpc_error(CPC_E_USAGE, "cpc_job_open: path and out must not be NULL");
+    *out = NULL;
+    cpc_job *job = NULL;
+    cpc_status *errors = split(cpc_job_load(path, sets, n_sets, &job), diagnostics);
+    if (errors || !job) {
+        cpc_job_free(job);
+        return errors ? errors : cpc_error(CPC_E_INTERNAL, "%s: the job was not loaded", path);
+    }
+    *out = job;
+    return NULL;
+}
+
+void cpc_job_close(cpc_job *job) { cpc_job_free(job); }
+const char *cpc_job_variant(const cpc_job *job) { return cpc_variant_name(job->prog->layout.variant); }
+int cpc_job_ring_degree(const cpc_job *job) { return job->prog->layout.R; }
+int cpc_job_ulysses_degree(const cpc_job *job) { return job->prog->layout.U; }
+int cpc_job_world_size(const cpc_job *job) { return job->prog->layout.P; }
+
+cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes)
+{
+    *bytes = 0;
+    for (int p = 0; p < job->prog->layout.P; p++) {
+        cpc_exec_memory m;
+        cpc_status *st = cpc_exec_memory_plan(job->prog, p, &m);
+        if (st)
+            return st;
+        if (m.total_bytes > *bytes)
+            *bytes = m.total_bytes;
+        cpc_exec_memory_free(&m);
+    }
+    return NULL;
+}
+
+cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path)
+{
+    cpc_run_options r;
+    cpc_status *st = to_run_options(o, &r);
+    return st ? st : cpc_run_check_outputs(&r, plan_path);
+}
+
+cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_run_report **report,
+                            bool *is_root)
+{
+    if (!report)
+        return cpc_error(CPC_E_USAGE, "cpc_job_execute: report must not be NULL");
+    *report = NULL;
+    cpc_run_options r;
+    cpc_status *st = to_run_options(o, &r);
+    if (st)
+        return st;
+    cpc_run_report *rep = calloc(1, sizeof *rep);
+    if (!rep)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    bool root = true;
+    st = cpc_job_run(job, &r, rep, &root);
+    if (is_root)
+        *is_root = root;
+    if (st || !root) {
+        cpc_run_report_destroy(rep);
+        return st;
+    }
+    *report = rep;
+    return NULL;
+}
+
+bool cpc_run_report_ok(const cpc_run_report *r) { return r && r->ok; }
+
+char *cpc_run_report_failure(const cpc_run_report *r)
+{
+    if (!r || r->ok)
+        return NULL;
+    char *s = NULL;
+    int n;
+    if (r->n_nan || r->n_inf)
+        n = asprintf(&s,
+                     "the output has %lld NaN and %lld Inf values (first at out[%lld, %lld, %lld, "
+                     "%lld]; relative error of the finite values %.3e)",
+                     (long long)r->n_nan, (long long)r->n_inf, (long long)r->first_bad[0],
+                     (long long)r->first_bad[1], (long long)r->first_bad[2],
+                     (long long)r->first_bad[3], r->rel_err);
+    else
+        n = asprintf(&s, "relative error %.3e exceeds the %s tolerance %.2e", r->rel_err, r->dtype,
+                     r->tolerance);
+    return n < 0 ? NULL : s;
+}
+
+void cpc_run_report_destroy(cpc_run_report *r)
+{
+    if (!r)
+        return;
+    cpc_run_report_free(r);
+    free(r);
+}
+
+cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind transport, FILE *log,
+                                  const char *out_path, bool *is_root)
+{
+    if (transport == CPC_TRANSPORT_NCCL || (unsigned)transport > CPC_TRANSPORT_NCCL)
+        return cpc_error(CPC_E_USAGE, "calibration measures the CPU backend: transport auto, "
+                                      "local or mpi");
+    cpc_calibrate_options co = {.quick = quick, .ranks = ranks,
+                                .transport = transport_str(transport), .log = log};
+    cpc_calibration cal;
+    bool root = true;
+    cpc_status *st = cpc_calibrate(&co, &cal, &root);
+    if (is_root)
+        *is_root = root;
+    if (!st && root)
+        st = cpc_profile_write(out_path ? out_path : "-", &cal.profile);
+    return st;
+}

@@ -1,0 +1,178 @@
+/*
+ * cpc/session.h - the whole job as cprun runs it (SPEC section 5), as calls:
+ * open a plan (YAML, compiled in memory exactly as `cpc --check` does) or a
+ * .cplan (proven again), run every rank of it (threads of this process, or
+ * this process's rank under mpirun / srun), feed them inputs (random normals
+ * from a seed, or a safetensors file), time warmup + timed iterations, gather
+ * the output, check it against the float64 reference (every output element
+ * scanned for NaN/Inf) and report.  Also the machine calibration behind
+ * `cprun --calibrate`.
+ *
+ * Where cpc/rank.h is one rank on the caller's buffers, this is the harness:
+ * cpc owns the ranks, the inputs and the outputs.
+ *
+ * Thread-safety: a job is read-only once opened; cpc_job_execute may be
+ * called from one thread at a time per job.  Under MPI every process of the
+ * job calls the same functions in the same order (they are collective).
+ */
+#ifndef CPC_PUBLIC_SESSION_H
+#define CPC_PUBLIC_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cpc/rank.h"
+#include "cpc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cpc_job cpc_job;                /* opaque: a loaded, proven plan */
+typedef struct cpc_run_report cpc_run_report;  /* opaque: what a run measured */
+
+typedef enum cpc_attention_kind {
+    CPC_ATTENTION_AUTO = 0,   /* CUDA backend: cuDNN where it serves a block, else the
+                                 generated kernel; CPU backend: cpu */
+    CPC_ATTENTION_CPU,        /* the CPU backend's kernel */
+    CPC_ATTENTION_CUDNN,      /* cuDNN SDPA must serve (CUDA backend) */
+    CPC_ATTENTION_NVRTC,      /* the generated kernels only (CUDA backend) */
+} cpc_attention_kind;
+
+typedef enum cpc_transport_kind {
+    CPC_TRANSPORT_AUTO = 0,   /* mpi under an MPI launcher, else local threads */
+    CPC_TRANSPORT_LOCAL,      /* every rank a thread of this process */
+    CPC_TRANSPORT_MPI,        /* this process is one rank (mpirun / srun) */
+    CPC_TRANSPORT_NCCL,       /* CUDA backend, one process per GPU */
+} cpc_transport_kind;
+
+/* Run options; fill with cpc_job_options_init (cprun's defaults), then
+ * change fields.  Strings are borrowed for the call. */
+typedef struct cpc_job_options {
+    cpc_backend_kind backend;      /* default AUTO: CUDA when built with it and a GPU is
+                                      usable, else CPU */
+    cpc_attention_kind attention;  /* default AUTO */
+    cpc_transport_kind transport;  /* default AUTO */
+    const char *input_path;        /* safetensors with q, k, v (and mask), global BSHD,
+                                      or NULL: random normal inputs from `seed` */
+    uint64_t seed;                 /* default 0 */
+    const char *output_path;       /* gathered `out` (safetensors), or NULL */
+    const char *output_shards_dir; /* each rank writes DIR/rankN.safetensors, or NULL */
+    bool write_lse;                /* also `lse` [B, H, S] in output_path */
+    bool check;                    /* compare with the float64 reference (default true) */
+    int64_t check_rows;            /* rows per (batch, head) when sampling; 0: 64 */
+    double check_full_flops;       /* compare every row when the reference costs at most
+                                      this many double operations; 0: 4e9; < 0: sample */
+    int warmup, iters;             /* defaults 1 and 5 (iters >= 1) */
+    const char *trace_path;        /* Chrome trace-event JSON, or NULL */
+    double timeout_s;              /* stall limit of every wait, seconds; 0: the default
+                                      (3600 s for threads; under MPI max(300 s, 20 x the
+                                      predicted time of the run)) */
+    FILE *log;                     /* progress lines, or NULL (quiet) */
+    /* Called on each MPI rank right before a failure during setup ends the
+     * whole job (MPI_Abort, which does not return): the last chance to
+     * report.  NULL: nothing. */
+    void (*before_abort)(void *ctx, const cpc_status *st, int exit_status);
+    void *before_abort_ctx;
+} cpc_job_options;
+
+/* cprun's defaults (see each field). */
+void cpc_job_options_init(cpc_job_options *o);
+
+/* Opens `path`: a .cplan (read and proven again; `sets` must be empty) or a
+ * plan YAML with n_sets "KEY=VALUE" overrides, compiled up to the proof.
+ * *out: the job (free with cpc_job_close); warnings go to *diagnostics
+ * (may be NULL; caller frees).  Errors (*out NULL): CPC_E_IO, CPC_E_PLAN
+ * (rule violations with positions; CP060 for a training plan), CPC_E_INPUT
+ * (a malformed artifact), CPC_E_USAGE (--set on an artifact), CPC_E_NOMEM. */
+cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
+                         cpc_status **diagnostics);
+
+/* Frees a job.  NULL is ignored. */
+void cpc_job_close(cpc_job *job);
+
+/* The job's selected variant ("ring", ...) and mesh. */
+const char *cpc_job_variant(const cpc_job *job);
+int cpc_job_ring_degree(const cpc_job *job);
+int cpc_job_ulysses_degree(const cpc_job *job);
+int cpc_job_world_size(const cpc_job *job);
+
+/* The largest memory any rank allocates (bytes: the schedule's buffers and
+ * the all-to-all staging), computed without allocating.  Errors:
+ * CPC_E_INTERNAL, CPC_E_NOMEM. */
+cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes);
+
+/* Prints the selected variant, then every rank's buffers and peak memory
+ * (at most `max_ranks` ranks in full, then a summary line): cprun
+ * --dry-run.  Allocates no buffer. */
+cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
+
+/* Checks, before anything runs, that the files the run will write can be
+ * written (output_path, trace_path, output_shards_dir) and that none of them
+ * is an input (`plan_path` may be NULL).  Creates and changes nothing.
+ * Errors: CPC_E_IO naming the option and the path. */
+cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path);
+
+/* Checks that `path` can be written as the file of option `what`
+ * ("--profile-out", ...): an existing file writable and not a directory, a
+ * new one in a writable directory.  Errors: CPC_E_IO. */
+cpc_status *cpc_check_writable_file(const char *what, const char *path);
+
+/* Runs the job: every rank, warmup + iters iterations, gather, check,
+ * report.  On success *report is the report (free with
+ * cpc_run_report_destroy); it exists also when the check failed
+ * (cpc_run_report_ok false).  Under MPI only world rank 0 gets a report
+ * (*report NULL elsewhere; *is_root, may be NULL, says which).  Outputs are
+ * written atomically (a temporary file renamed when complete).  Errors
+ * (*report NULL): CPC_E_USAGE (contradicting options), CPC_E_UNSUPPORTED
+ * (a backend or transport this build or machine lacks; memory limits that
+ * the run would exceed), CPC_E_INPUT, CPC_E_IO, CPC_E_RUNTIME (a rank
+ * failed or stalled: names the rank and the op), CPC_E_NOMEM. */
+cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_run_report **report,
+                            bool *is_root);
+
+/* Whether the run completed and its check passed (or was off). */
+bool cpc_run_report_ok(const cpc_run_report *r);
+
+/* Why the check failed, one line ("the output has 3 NaN and 0 Inf values
+ * (first at out[0, 12, 3, 7]) ...", "relative error 2.1e-03 exceeds the
+ * bf16 tolerance 1.00e-02"), or NULL when it passed.  Malloc'd; caller
+ * frees with free(). */
+char *cpc_run_report_failure(const cpc_run_report *r);
+
+/* The human-readable report (SPEC section 5). */
+void cpc_report_print_text(FILE *out, const cpc_run_report *r);
+
+/* The JSON report (SPEC section 5: one object, its exact keys) and a
+ * newline.  Errors: CPC_E_NOMEM, CPC_E_IO (the stream failed). */
+cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
+
+/* The JSON object cprun prints when there is no report (a rejected plan, a
+ * usage or input error, a runtime failure): the report's keys with what is
+ * known (variant NULL, degrees and ranks <= 0: null), "ok": false and
+ * "error": {"code", "class", "message", "exit_status"} from the first error
+ * of `err` (NULL: class "usage" with `message`).  Malloc'd (caller frees);
+ * NULL on OOM. */
+char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+                              const cpc_status *err, const char *message, int exit_status);
+
+/* Frees a report.  NULL is ignored. */
+void cpc_run_report_destroy(cpc_run_report *r);
+
+/* cprun --calibrate: measures this machine with the CPU backend (attention
+ * rate, memory, copy and collective bandwidth and latency, how ranks share
+ * cores; `quick`: small problems, well under a second) over `transport`
+ * (AUTO, LOCAL with `ranks` threads (0: 4; 2..64), or MPI under a launcher),
+ * logs each measurement to `log` (may be NULL) and writes the profile YAML
+ * (for a plan's cluster.profile) to `out_path` ("-": stdout), atomically.
+ * Under MPI only world rank 0 writes (*is_root, may be NULL).  Errors:
+ * CPC_E_USAGE, CPC_E_UNSUPPORTED (NCCL, MPI not built or one process),
+ * CPC_E_RUNTIME, CPC_E_IO, CPC_E_NOMEM. */
+cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind transport, FILE *log,
+                                  const char *out_path, bool *is_root);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
