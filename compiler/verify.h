@@ -105,35 +105,48 @@
 /* SPEC section 2: schedule verification failed. */
 #define CPC_RULE_VERIFY 51
 
-/* Defaults of cpc_verify_opts (used for zero fields). */
+/* Default of cpc_verify_opts.full_limit (used for a zero field): op
+ * instances (every rank, loops unrolled, guards evaluated) an enumeration may
+ * visit; about 3 s. */
 #define CPC_VERIFY_DEFAULT_FULL_LIMIT ((int64_t)16000000)
-#define CPC_VERIFY_DEFAULT_REDUCED_LIMIT ((int64_t)16000000)
+/* Largest world an enumeration simulates (larger ones are proved
+ * symbolically or refused). */
 #define CPC_VERIFY_MAX_RANKS 65536
 
+typedef enum cpc_verify_method {
+    CPC_VERIFY_AUTO = 0,          /* symbolic proof, else enumeration, else refusal (CP051) */
+    CPC_VERIFY_SYMBOLIC_ONLY,     /* symbolic proof or CP051 (tests, benchmarks) */
+    CPC_VERIFY_ENUMERATE,         /* enumeration only (tests: the reference the symbolic proof
+                                     is checked against) */
+} cpc_verify_method;
+
 typedef struct cpc_verify_opts {
-    int64_t full_limit;     /* op instances (all ranks) allowed for a full proof; 0 = default;
-                               < 0 forces the reduced proof */
-    int64_t reduced_limit;  /* op instances allowed for the reduced proof; 0 = default */
+    int64_t full_limit;           /* op instances an enumeration may visit; 0 = default;
+                                     < 0: never enumerate */
+    cpc_verify_method method;
 } cpc_verify_opts;
 
 typedef enum cpc_verify_mode {
-    CPC_VERIFY_FULL = 0,    /* every rank simulated */
-    CPC_VERIFY_REDUCED,     /* ring group u=0 and ulysses group r=0, plus symmetry */
-    CPC_VERIFY_SKIPPED,     /* too large: nothing proved (a warning is returned) */
+    CPC_VERIFY_FULL = 0,    /* every rank simulated (enumeration) */
+    CPC_VERIFY_SYMBOLIC,    /* proved for every rank by the symbolic proof */
+    CPC_VERIFY_REFUSED,     /* neither applies: a CP051 error says why, naming the op */
 } cpc_verify_mode;
 
 typedef struct cpc_verify_stats {
     cpc_verify_mode mode;
-    int ranks;              /* ranks simulated */
-    int64_t op_instances;   /* ops executed over all simulated ranks (loops unrolled) */
-    int64_t messages;       /* send/recv pairs matched */
-    int64_t collectives;    /* collective instances completed (per group instance) */
+    int ranks;              /* ranks the proof covers (all P when it succeeds) */
+    int64_t op_instances;   /* ops executed: over all simulated ranks (FULL), or by the
+                               generic rank, one symbolic loop step counting once (SYMBOLIC) */
+    int64_t messages;       /* send/recv pairs matched (FULL) */
+    int64_t collectives;    /* collective instances completed (FULL) */
+    int64_t estimate;       /* op instances an enumeration would visit (capped just past the
+                               limit); -1 when not computed */
 } cpc_verify_stats;
 
 /* Verifies `prog` with the default options.  Returns NULL when the program
- * is proved correct, otherwise a CP051 diagnostic chain (caller frees with
- * cpc_status_free); a WARNING only when the mesh is too large to prove
- * (CPC_VERIFY_SKIPPED).  CPC_E_NOMEM when memory runs out, CPC_E_INTERNAL
+ * is proved correct for its whole world, otherwise a CP051 ERROR (caller
+ * frees with cpc_status_free): a fault, or a program that can be neither
+ * proved symbolically nor enumerated (never a warning).  CPC_E_NOMEM when memory runs out, CPC_E_INTERNAL
  * for a malformed program (buffer index out of range, NULL program).
  * `prog` is only read. */
 cpc_status *cpc_verify(const cpc_program *prog);
