@@ -918,21 +918,37 @@ static void sst_free(sst *s)
     free(s);
 }
 
-static sst *sst_copy(const sst *x, int nb)
+/* The buffers of a state at the start of a loop step (requests are not
+ * copied: a state that repeats has none in flight). */
+typedef struct snap {
+    sval *v;
+    int32_t *nsend, *rpend;
+    int nreq;
+} snap;
+
+static bool snap_take(snap *d, const sst *x, int nb)
 {
-    sst *s = sst_new(nb);
-    if (!s)
-        return NULL;
-    sval *v = s->v;
-    int32_t *ns = s->nsend, *rp = s->rpend;
-    memcpy(v, x->v, sizeof(sval) * (size_t)nb);
-    memcpy(ns, x->nsend, sizeof(int32_t) * (size_t)nb);
-    memcpy(rp, x->rpend, sizeof(int32_t) * (size_t)nb);
-    memcpy(s, x, sizeof *s);
-    s->v = v;
-    s->nsend = ns;
-    s->rpend = rp;
-    return s;
+    size_t n = (size_t)(nb > 0 ? nb : 1);
+    if (!d->v) {
+        d->v = malloc(n * sizeof(sval));
+        d->nsend = malloc(n * sizeof(int32_t));
+        d->rpend = malloc(n * sizeof(int32_t));
+        if (!d->v || !d->nsend || !d->rpend)
+            return false;
+    }
+    memcpy(d->v, x->v, sizeof(sval) * (size_t)nb);
+    memcpy(d->nsend, x->nsend, sizeof(int32_t) * (size_t)nb);
+    memcpy(d->rpend, x->rpend, sizeof(int32_t) * (size_t)nb);
+    d->nreq = x->nreq;
+    return true;
+}
+
+static void snap_free(snap *d)
+{
+    free(d->v);
+    free(d->nsend);
+    free(d->rpend);
+    memset(d, 0, sizeof *d);
 }
 
 /* Stamps of two states correspond one to one. */
@@ -973,7 +989,7 @@ static bool sval_eq(const sval *x, const sval *y, smap *m)
 }
 
 /* Equal states with nothing in flight (the start of a loop step). */
-static bool sst_repeat(const sctx *C, const sst *x, const sst *y)
+static bool sst_repeat(const sctx *C, const snap *x, const sst *y)
 {
     if (x->nreq || y->nreq)
         return false;
@@ -1344,6 +1360,7 @@ static int match_pair(sctx *C, int sid, int rid)
         if (same == MIXED)
             return sund(C, rq->on, "cannot decide for every rank that the block declared arrives in %s",
                         bname(C, rb));
+        in.blk = rq->decl; /* equal on every rank and step; the declared form follows s */
         int f = fits(C, rb, &in, why, sizeof why);
         if (f == NEVER)
             return serr(C, rq->on, "what ring member r-%" PRId64 " sends (%s from %s) does not fit: %s", sq->d,
@@ -1934,9 +1951,11 @@ static int run_loop(sctx *C, const snode *nd)
             }
         }
         int64_t k = lo;
-        sst *prev = NULL;
+        snap prev;
+        bool have_prev = false;
+        memset(&prev, 0, sizeof prev);
         while (k < hi && !C->result) {
-            if (hi - lo > UNROLL_MAX && prev && sst_repeat(C, prev, C->st)) {
+            if (hi - lo > UNROLL_MAX && have_prev && sst_repeat(C, &prev, C->st)) {
                 /* steps k..hi-1 all start from this state: one symbolic step */
                 C->slo = k;
                 C->shi = hi;
@@ -1946,7 +1965,7 @@ static int run_loop(sctx *C, const snode *nd)
                     compact(C);
                 each_sval(C, advance);
                 adv_decl(C);
-                if (!sst_repeat(C, prev, C->st)) {
+                if (!sst_repeat(C, &prev, C->st)) {
                     sund(C, nd, "the loop's state does not repeat from step %" PRId64 " on", k);
                     break;
                 }
@@ -1960,12 +1979,11 @@ static int run_loop(sctx *C, const snode *nd)
                 break;
             }
             if (hi - lo > UNROLL_MAX) {
-                sst_free(prev);
-                prev = sst_copy(C->st, C->nb);
-                if (!prev) {
+                if (!snap_take(&prev, C->st, C->nb)) {
                     snomem(C);
                     break;
                 }
+                have_prev = true;
             }
             C->slo = k;
             C->shi = k + 1;
@@ -1976,7 +1994,7 @@ static int run_loop(sctx *C, const snode *nd)
             adv_decl(C);
             k++;
         }
-        sst_free(prev);
+        snap_free(&prev);
     }
     if (!C->result) {
         C->slo = N; /* fold at s = N */
