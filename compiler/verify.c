@@ -1869,6 +1869,9 @@ static int check_op_shape(ctx *C, const opnode *nd)
         return fail(C, -1, nd, 0, "needs a block (the ring block that arrives)");
     if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag < 0)
         return fail(C, -1, nd, 0, "tag %d < 0", op->tag);
+    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag > CPC_VERIFY_TAG_MAX)
+        return fail(C, -1, nd, 0, "tag %d > %d, the largest tag every MPI library accepts (MPI_TAG_UB >= 32767)",
+                    op->tag, CPC_VERIFY_TAG_MAX);
     if (op->kind != CPC_OP_LOOP && op->n_body != 0)
         return fail(C, -1, nd, 0, "only a loop has a body");
     return 0;
@@ -2230,10 +2233,11 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
                            "instances (limit %" PRId64 ")",
                            sdiag->message, C.P, est_words, limit);
             if (out && out != &cpc_status_oom)
-                cpc_status_add_note(out, CPC_NO_SPAN,
-                                    "the symbolic proof needs every rank to run the same ops (`when` and loop "
-                                    "counts that do not read r, u or p), ring peers (r + constant) mod R and ring "
-                                    "blocks (r + constant*s + constant) mod R; see docs/VERIFY.md");
+                cpc_status_set_hint(out,
+                                    "keep every rank running the same ops (`when` and loop counts that do not "
+                                    "read r, u or p; ring peers (r + constant) mod R; ring blocks (r + "
+                                    "constant*s + constant) mod R) so that the symbolic proof applies, or use "
+                                    "fewer ranks (docs/VERIFY.md)");
             cpc_status_free(sdiag);
         }
         if (!out)

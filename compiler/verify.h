@@ -112,6 +112,9 @@
 /* Largest world an enumeration simulates (larger ones are proved
  * symbolically or refused). */
 #define CPC_VERIFY_MAX_RANKS 65536
+/* Largest request tag (MPI guarantees MPI_TAG_UB >= 32767; the MPI transport
+ * passes tags through). */
+#define CPC_VERIFY_TAG_MAX 32767
 
 typedef enum cpc_verify_method {
     CPC_VERIFY_AUTO = 0,          /* symbolic proof, else enumeration, else refusal (CP051) */

@@ -523,11 +523,6 @@ static int serr_at(sctx *C, const snode *nd, int64_t r, const char *fmt, ...)
     C->diag = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, nd && nd->op ? nd->op->span : CPC_NO_SPAN,
                        "schedule verification failed: rank %" PRId64 " (r %" PRId64 ", u 0), %s: %s",
                        r * C->U, r, op_desc(C, nd, ob, sizeof ob), msg);
-    if (C->diag && C->diag != &cpc_status_oom)
-        cpc_status_add_note(C->diag, CPC_NO_SPAN,
-                            "proved for every rank at once (symbolic proof): each of the %" PRId64
-                            " ranks runs the same ops, and this one fails the same way on every rank",
-                            C->P);
     return -1;
 }
 
