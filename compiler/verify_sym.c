@@ -246,8 +246,22 @@ static bool const_op(cpc_expr_kind k, int64_t a, int64_t b, int64_t *out)
     }
 }
 
-/* The linear form of node i, or false when it has none (or overflows). */
+static bool lin_eval_raw(const sctx *C, const cpc_expr *e, int i, lin *out);
+
+/* The linear form of node i, or false when it has none.  Coefficients stay
+ * within 2^31 and constants within 2^60: with r, u, s < 2^21 no value of the
+ * node or of any node below it can overflow int64 on any rank or step, so
+ * evaluation (expr.c, which fails on overflow) gives the same value. */
 static bool lin_eval(const sctx *C, const cpc_expr *e, int i, lin *out)
+{
+    if (!lin_eval_raw(C, e, i, out))
+        return false;
+    const int64_t K = (int64_t)1 << 31, M = (int64_t)1 << 60;
+    return out->cr >= -K && out->cr <= K && out->cu >= -K && out->cu <= K && out->cs >= -K && out->cs <= K &&
+           out->c >= -M && out->c <= M;
+}
+
+static bool lin_eval_raw(const sctx *C, const cpc_expr *e, int i, lin *out)
 {
     cpc_expr_node n;
     if (!cpc_expr_node_at(e, i, &n))
@@ -406,6 +420,9 @@ static int64_t fdiv(int64_t a, int64_t b) /* floor, b > 0 */
 static bool is_cmp(cpc_expr_kind k, int64_t K, int64_t M, int64_t N, iset *out)
 {
     out->n = 0;
+    const int64_t big = (int64_t)1 << 61;
+    if (K < -big || K > big || M < -big || M > big)
+        return false;
     if (K == 0) {
         int64_t t;
         if (!const_op(k, 0, M, &t))

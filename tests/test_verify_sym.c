@@ -540,9 +540,11 @@ Test(verify_sym, never_accepts_what_the_enumeration_rejects)
         {CPC_VARIANT_UNIFIED, 2, 2, 4, 4, 64, "none", 24},
     };
     int nshape = sizeof shapes / sizeof shapes[0];
-    unsigned seed = 13;
+    /* CPC_VERIFY_SYM_ROUNDS / CPC_VERIFY_SYM_SEED: a longer search, by hand */
+    int rounds = getenv("CPC_VERIFY_SYM_ROUNDS") ? atoi(getenv("CPC_VERIFY_SYM_ROUNDS")) : 1500;
+    unsigned seed = getenv("CPC_VERIFY_SYM_SEED") ? (unsigned)atoi(getenv("CPC_VERIFY_SYM_SEED")) : 13;
     int decided = 0, accepted = 0, total = 0;
-    for (int round = 0; round < 1500; round++) {
+    for (int round = 0; round < rounds; round++) {
         shape *sh = &shapes[round % nshape];
         cpc_program *p = build_plan(sh->H, sh->Hkv, sh->S, sh->mask, sh->kv, sh->v, sh->R, sh->U,
                                     round % 4 < 2 ? "p2p" : "allgather", round % 3 != 0);
