@@ -1,8 +1,10 @@
 /*
- * verify.c - the schedule verifier (verify.h): an abstract interpretation
- * of the op program on every rank, with blocking semantics.
+ * verify.c - the schedule verifier (verify.h): the driver (symbolic proof
+ * of verify_sym.c first, then enumeration, else refusal) and the
+ * enumeration: an abstract interpretation of the op program on every rank,
+ * with blocking semantics.
  *
- * Structure:
+ * Structure of the enumeration:
  *   - a tree of `opnode`s mirrors the program's ops with their index paths
  *     ("ops[3].body[1]") for diagnostics;
  *   - every simulated rank is a coroutine (`rank_st`): a stack of loop
@@ -2078,7 +2080,10 @@ static void ctx_free(ctx *C)
     free_nodes(C->root, C->n_root);
 }
 
-static int init_ranks(ctx *C, bool reduced)
+/* Every rank is simulated (the enumeration); the sim_of indirection and the
+ * MATCH_PHANTOM paths remain from a partial simulation that is no longer
+ * used (it was not sound for edited programs). */
+static int init_ranks(ctx *C)
 {
     int P = C->P, nb = C->prog->n_buffers;
     C->sim_of = malloc(sizeof(int) * (size_t)P);
@@ -2086,8 +2091,7 @@ static int init_ranks(ctx *C, bool reduced)
         return oom(C);
     C->nsim = 0;
     for (int p = 0; p < P; p++) {
-        bool in = !reduced || p / C->U == 0 || p % C->U == 0;
-        C->sim_of[p] = in ? C->nsim++ : -1;
+        C->sim_of[p] = C->nsim++;
     }
     C->rk = calloc((size_t)C->nsim, sizeof(rank_st));
     C->queue = malloc(sizeof(int) * (size_t)C->nsim);
@@ -2245,7 +2249,7 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
         goto done;
     }
     cpc_status_free(sdiag);
-    if (init_ranks(&C, false))
+    if (init_ranks(&C))
         goto done;
     stats->mode = CPC_VERIFY_FULL;
     stats->ranks = C.nsim;

@@ -515,7 +515,7 @@ static const char *op_desc(const sctx *C, const snode *nd, char *buf, size_t n)
 {
     if (!nd)
         snprintf(buf, n, "the end of the program");
-    else if (!nd->in_loop)
+    else if (!nd->in_loop || C->shi <= C->slo) /* (no step: the loop's guards are being read) */
         snprintf(buf, n, "%s %s", nd->path, kind_name(nd));
     else if (C->shi - C->slo == 1)
         snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind_name(nd), C->slo);
@@ -1890,6 +1890,7 @@ static int run_loop(sctx *C, const snode *nd)
         goto out;
     }
     C->in_loop = true;
+    C->slo = C->shi = 0;
     cuts = malloc(sizeof(int64_t) * (size_t)(2 + nb * 2 * MAX_IVL + (N <= SMALL_LOOP ? N : 0)));
     if (!cuts) {
         snomem(C);
