@@ -2245,7 +2245,8 @@ cpc_status *cpc_lua_schedule(cpc_lua_script *s, const cpc_plan *plan, cpc_progra
                 int shown = 0, more = 0;
                 note_changed_ops(s, e, rb->ops, rb->n_ops, "ops", &shown, &more);
                 if (more)
-                    cpc_status_add_note(e, CPC_NO_SPAN, "and %d more ops changed by schedule()", more);
+                    cpc_status_add_note(e, (cpc_span){s->path, rb->sched_line, 0},
+                                        "and %d more ops changed by schedule()", more);
                 cpc_status_add_note(e, (cpc_span){s->path, rb->sched_line, 0},
                                     "the program was edited by the Lua script's schedule()");
                 break;

@@ -1,8 +1,10 @@
 /*
- * verify.c - the schedule verifier (verify.h): an abstract interpretation
- * of the op program on every rank, with blocking semantics.
+ * verify.c - the schedule verifier (verify.h): the driver (symbolic proof
+ * of verify_sym.c first, then enumeration, else refusal) and the
+ * enumeration: an abstract interpretation of the op program on every rank,
+ * with blocking semantics.
  *
- * Structure:
+ * Structure of the enumeration:
  *   - a tree of `opnode`s mirrors the program's ops with their index paths
  *     ("ops[3].body[1]") for diagnostics;
  *   - every simulated rank is a coroutine (`rank_st`): a stack of loop
@@ -16,6 +18,7 @@
  *     cycle.
  */
 #include "verify.h"
+#include "verify_sym.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -1868,6 +1871,9 @@ static int check_op_shape(ctx *C, const opnode *nd)
         return fail(C, -1, nd, 0, "needs a block (the ring block that arrives)");
     if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag < 0)
         return fail(C, -1, nd, 0, "tag %d < 0", op->tag);
+    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag > CPC_VERIFY_TAG_MAX)
+        return fail(C, -1, nd, 0, "tag %d > %d, the largest tag every MPI library accepts (MPI_TAG_UB >= 32767)",
+                    op->tag, CPC_VERIFY_TAG_MAX);
     if (op->kind != CPC_OP_LOOP && op->n_body != 0)
         return fail(C, -1, nd, 0, "only a loop has a body");
     return 0;
@@ -1982,21 +1988,61 @@ static int64_t sat_mul(int64_t a, int64_t b)
     return a > INT64_MAX / b ? INT64_MAX : a * b;
 }
 
-static int64_t estimate(const cpc_op *ops, int n, cpc_coords *c, int depth)
+/* Does evaluating a loop op of this list (its `when`, its `count`) read s? */
+static bool loops_read_s(const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ops[i].kind == CPC_OP_LOOP &&
+            (cpc_expr_uses(ops[i].when, 's') || cpc_expr_uses(ops[i].count, 's')))
+            return true;
+    return false;
+}
+
+/* Op instances the simulator visits on the rank with coordinates *c: every
+ * op of a list it walks costs one visit (its `when` is evaluated there), and
+ * a loop's body is walked `count` times only when the loop's own `when`
+ * holds: what executes, not what is written (a loop behind a false guard
+ * costs one visit, whatever its count).  Stops soon after `cap`. */
+static int64_t visits(const cpc_op *ops, int n, const cpc_coords *c, int depth, int64_t cap)
 {
     int64_t total = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && total <= cap; i++) {
         total = sat_add(total, 1);
-        if (ops[i].kind == CPC_OP_LOOP && ops[i].count && depth < MAX_DEPTH) {
-            int64_t cnt = 0;
-            cpc_status *st = cpc_expr_eval(ops[i].count, c, &cnt);
-            if (st) {
-                cpc_status_free(st);
-                cnt = 1;
-            }
-            if (cnt > 0)
-                total = sat_add(total, sat_mul(cnt, estimate(ops[i].body, ops[i].n_body, c, depth + 1)));
+        const cpc_op *op = &ops[i];
+        if (op->kind != CPC_OP_LOOP || op->n_body <= 0 || !op->body || !op->count || depth >= MAX_DEPTH)
+            continue;
+        int64_t w = 1, cnt = 0;
+        cpc_status *st = op->when ? cpc_expr_eval(op->when, c, &w) : NULL;
+        if (!st)
+            st = cpc_expr_eval(op->count, c, &cnt);
+        if (st) { /* the simulation stops there with the error */
+            cpc_status_free(st);
+            continue;
         }
+        if (!w || cnt <= 0 || cnt > CPC_LOOP_MAX)
+            continue;
+        cpc_coords in = *c;
+        in.s = 0;
+        if (!loops_read_s(op->body, op->n_body)) {
+            total = sat_add(total, sat_mul(cnt, visits(op->body, op->n_body, &in, depth + 1, cap)));
+            continue;
+        }
+        for (int64_t s = 0; s < cnt && total <= cap; s++) {
+            in.s = s;
+            total = sat_add(total, visits(op->body, op->n_body, &in, depth + 1, cap - total));
+        }
+    }
+    return total;
+}
+
+/* Op instances an enumeration of every rank visits, or more than `cap` (the
+ * count stops soon after it). */
+static int64_t enumeration_cost(const cpc_program *prog, int64_t cap)
+{
+    int64_t total = 0;
+    for (int p = 0; p < prog->layout.P && total <= cap; p++) {
+        cpc_coords c = cpc_program_coords(prog, p);
+        total = sat_add(total, visits(prog->ops, prog->n_ops, &c, 0, cap - total));
     }
     return total;
 }
@@ -2034,7 +2080,10 @@ static void ctx_free(ctx *C)
     free_nodes(C->root, C->n_root);
 }
 
-static int init_ranks(ctx *C, bool reduced)
+/* Every rank is simulated (the enumeration); the sim_of indirection and the
+ * MATCH_PHANTOM paths remain from a partial simulation that is no longer
+ * used (it was not sound for edited programs). */
+static int init_ranks(ctx *C)
 {
     int P = C->P, nb = C->prog->n_buffers;
     C->sim_of = malloc(sizeof(int) * (size_t)P);
@@ -2042,8 +2091,7 @@ static int init_ranks(ctx *C, bool reduced)
         return oom(C);
     C->nsim = 0;
     for (int p = 0; p < P; p++) {
-        bool in = !reduced || p / C->U == 0 || p % C->U == 0;
-        C->sim_of[p] = in ? C->nsim++ : -1;
+        C->sim_of[p] = C->nsim++;
     }
     C->rk = calloc((size_t)C->nsim, sizeof(rank_st));
     C->queue = malloc(sizeof(int) * (size_t)C->nsim);
@@ -2122,8 +2170,9 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     C.P = L->P;
     C.freereq = -1;
 
-    int64_t full_limit = opts && opts->full_limit ? opts->full_limit : CPC_VERIFY_DEFAULT_FULL_LIMIT;
-    int64_t red_limit = opts && opts->reduced_limit > 0 ? opts->reduced_limit : CPC_VERIFY_DEFAULT_REDUCED_LIMIT;
+    int64_t limit = opts && opts->full_limit ? opts->full_limit : CPC_VERIFY_DEFAULT_FULL_LIMIT;
+    cpc_verify_method method = opts ? opts->method : CPC_VERIFY_AUTO;
+    stats->estimate = -1;
 
     cpc_status *out = NULL;
     bool bad = false;
@@ -2134,34 +2183,77 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     if (C.err || C.oom)
         goto done;
 
-    cpc_coords c0 = cpc_program_coords(prog, 0), cl = cpc_program_coords(prog, C.P - 1);
-    int64_t per_rank = estimate(prog->ops, prog->n_ops, &c0, 0);
-    int64_t e2 = estimate(prog->ops, prog->n_ops, &cl, 0);
-    if (e2 > per_rank)
-        per_rank = e2;
-    if (per_rank < 1)
-        per_rank = 1;
-    int reduced_ranks = C.R + C.U - 1;
-    bool reduced;
-    if (full_limit > 0 && C.P <= CPC_VERIFY_MAX_RANKS && sat_mul(per_rank, C.P) <= full_limit) {
-        reduced = false;
-        stats->mode = CPC_VERIFY_FULL;
-        C.cap_instances = sat_add(sat_mul(full_limit, 4), 1000000);
-    } else if (reduced_ranks <= CPC_VERIFY_MAX_RANKS && sat_mul(per_rank, reduced_ranks) <= red_limit) {
-        reduced = true;
-        stats->mode = CPC_VERIFY_REDUCED;
-        C.cap_instances = sat_add(sat_mul(red_limit, 4), 1000000);
-    } else {
-        stats->mode = CPC_VERIFY_SKIPPED;
-        out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_WARNING, CPC_NO_SPAN,
-                       "schedule not verified: about %" PRId64 " op instances per rank on %d ranks exceed the "
-                       "verifier's limit (%" PRId64 " for ring group 0 and ulysses group 0)",
-                       per_rank, reduced_ranks, red_limit);
+    /* 1. the symbolic proof (verify_sym.h): cost independent of the world */
+    cpc_status *sdiag = NULL;
+    cpc_sym_result sr = CPC_SYM_UNDECIDED;
+    if (method != CPC_VERIFY_ENUMERATE) {
+        cpc_sym_stats ss;
+        sr = cpc_verify_symbolic(prog, &sdiag, &ss);
+        stats->op_instances = ss.op_instances;
+        if (sr == CPC_SYM_NOMEM) {
+            oom(&C);
+            goto done;
+        }
+        if (sr == CPC_SYM_PROVED) {
+            stats->mode = CPC_VERIFY_SYMBOLIC;
+            stats->ranks = C.P;
+            goto done;
+        }
+        if (method == CPC_VERIFY_SYMBOLIC_ONLY) {
+            stats->mode = CPC_VERIFY_REFUSED;
+            out = sdiag;
+            if (sr == CPC_SYM_UNDECIDED && out && out != &cpc_status_oom)
+                cpc_status_prefix(out, "schedule verification failed: cannot prove the program symbolically");
+            goto done;
+        }
+    }
+    stats->op_instances = 0;
+
+    /* 2. enumeration of every rank, when it is affordable: counted as what
+     * executes (guards evaluated), so dead code cannot inflate it */
+    int64_t est = limit > 0 && C.P <= CPC_VERIFY_MAX_RANKS ? enumeration_cost(prog, limit) : INT64_MAX;
+    stats->estimate = est;
+    if (est > limit || limit <= 0 || C.P > CPC_VERIFY_MAX_RANKS) {
+        /* 3. neither: a refusal, an error like any other CP051 */
+        stats->mode = CPC_VERIFY_REFUSED;
+        if (sr == CPC_SYM_ERROR) {
+            out = sdiag;
+            goto done;
+        }
+        if (!sdiag || sdiag == &cpc_status_oom) {
+            out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
+                           "schedule verification failed: the program cannot be proven: enumerating its %d "
+                           "ranks is too large (limit %" PRId64 " op instances)",
+                           C.P, limit);
+        } else {
+            char est_words[96];
+            if (est == INT64_MAX || est > limit)
+                snprintf(est_words, sizeof est_words, "more than %" PRId64, limit > 0 ? limit : 0);
+            else
+                snprintf(est_words, sizeof est_words, "%" PRId64, est);
+            out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, sdiag->span,
+                           "schedule verification failed: the program cannot be proven: it is irregular at %s, so "
+                           "the symbolic proof does not apply, and enumerating its %d ranks would visit %s op "
+                           "instances (limit %" PRId64 ")",
+                           sdiag->message, C.P, est_words, limit);
+            if (out && out != &cpc_status_oom)
+                cpc_status_set_hint(out,
+                                    "keep every rank running the same ops (`when` and loop counts that do not "
+                                    "read r, u or p; ring peers (r + constant) mod R; ring blocks (r + "
+                                    "constant*s + constant) mod R) so that the symbolic proof applies, or use "
+                                    "fewer ranks (docs/VERIFY.md)");
+            cpc_status_free(sdiag);
+        }
+        if (!out)
+            oom(&C);
         goto done;
     }
-    if (init_ranks(&C, reduced))
+    cpc_status_free(sdiag);
+    if (init_ranks(&C))
         goto done;
+    stats->mode = CPC_VERIFY_FULL;
     stats->ranks = C.nsim;
+    C.cap_instances = sat_add(sat_mul(limit, 4), 1000000);
 
     while (C.qn > 0 && !C.err && !C.oom && !C.capped) {
         int i = C.queue[C.qh];
@@ -2181,15 +2273,16 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     for (int i = 0; i < C.nsim && !C.err && !C.oom && !C.capped; i++)
         finish_rank(&C, &C.rk[i]);
     if (C.capped && !C.err && !C.oom) {
-        stats->mode = CPC_VERIFY_SKIPPED;
-        out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_WARNING, CPC_NO_SPAN,
-                       "schedule not verified: the simulation exceeded %" PRId64 " op instances "
-                       "(estimated %" PRId64 " per rank)",
-                       C.cap_instances, per_rank);
+        stats->mode = CPC_VERIFY_REFUSED;
+        out = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
+                       "schedule verification failed: the program cannot be proven: the enumeration of its %d "
+                       "ranks exceeded %" PRId64 " op instances",
+                       C.P, C.cap_instances);
     }
 
 done:
-    stats->op_instances = C.instances;
+    if (stats->mode == CPC_VERIFY_FULL)
+        stats->op_instances = C.instances;
     stats->messages = C.st.messages;
     stats->collectives = C.st.collectives;
     if (C.oom) {

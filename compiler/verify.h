@@ -3,7 +3,7 @@
  * every rank before an artifact is written (SPEC section 2, CP051; section 6:
  * whatever a Lua script returns is verified the same way).
  *
- * WHAT IS PROVED, for every simulated rank (see COVERAGE OF RANKS below):
+ * WHAT IS PROVED, for every rank of the world (see HOW below):
  *   1. Coverage: every query row of the rank meets every key/value token
  *      exactly once, for every query head (each key run with its head set):
  *      the attention blocks merged into an accumulator cover all S keys (Skv
@@ -48,38 +48,93 @@
  *      every rank runs to its end.  Otherwise the cycle of waits (or the rank
  *      waited for that already finished) is reported.
  *
- * METHOD.  An abstract interpretation of the SPMD program on every rank: the
- * ranks run as coroutines with blocking semantics (a rank runs until it
- * blocks, then the next ready one runs).  `when`, `count`, `peer` and
- * `block` expressions are evaluated with cpc_expr_eval on the rank's
- * coordinates (s = the innermost loop's step).  A buffer's abstract content
- * is: written or not, the data it holds (q, k, v, attention output, LSE),
- * its tokens as a range of shard units (flat rank p's shard is unit p, ring
- * block i is units [i*U, i*U+U), ALL is [0, P), cross-attention K/V is a unit
- * of its own), its heads [off, off+n), and for attention results the set of
- * key units merged so far (disjoint intervals).  Messages carry a snapshot
- * of the sender's content.  Coverage is checked when an accumulation leaves
- * the accumulator (copied into an O buffer, sent, all-to-all'ed or
- * all-gathered) and at the end for OUTPUT buffers.  The end-of-program
- * checks (requests completed, OUTPUT buffers) run once no rank can
- * progress, in rank order, after the deadlock check.
+ * HOW.  Three steps, in order; the first that decides gives the answer.
+ * Nothing is ever skipped: a program none of them proves is a CP051 ERROR
+ * (never a warning), whoever built it (compiler, Lua script, hand-edited
+ * .cplan; cprun verifies what it loads again), whatever the world size.
  *
- * COVERAGE OF RANKS.  Full proof: every rank is simulated when P <= 65536
- * and (estimated op instances per rank) * P <= full_limit (default 16e6,
- * about 3 s; the estimate unrolls loops at ranks 0 and P-1, ignoring
- * `when`).  Measured (release build, this machine): ring 1024x1, 8.4e6
- * instances, 1.4 s; unified 64x16, 0.5e6 instances, 0.09 s.  Otherwise the
- * reduced proof simulates ring group u = 0 and ulysses group r = 0 (R + U - 1
- * ranks) and extends the result by the mesh's symmetry: communication with a
- * rank outside that set is assumed to match (a recv gets the content it
- * declares), and a collective of a group only partly simulated completes
- * when its simulated members arrive.  This is exact for the programs the
- * scheduler emits (their expressions are the same function of (r, u) on
- * every group) but not for arbitrary scripts that single out ranks outside
- * the set.  When even the reduced set is too large (estimated instances *
- * (R + U - 1) > reduced_limit, default 16e6, or more than 65536 ranks:
- * a pure ring beyond about 1400 ranks),
- * nothing is proved and a WARNING (rule 51) says so.
+ *   1. SYMBOLIC PROOF (verify_sym.h): proves the program for every rank at
+ *      once, at a cost independent of the world size (about 10 us for every
+ *      variant the compiler emits, 4 to 65536 ranks: bench/bench_verify.c).
+ *   2. ENUMERATION: the abstract interpretation below on every rank, when
+ *      the program is outside the symbolic class (a script singled out some
+ *      ranks) and the op instances it would visit fit full_limit (default
+ *      16e6, about 3 s).  The estimate counts what EXECUTES: every rank's
+ *      loops unrolled with their `when` and `count` evaluated, so a loop
+ *      behind a false guard costs one visit whatever its count.
+ *   3. REFUSAL: neither applies: CP051 naming the op (path and span, the
+ *      script line for an op a script changed) that put the program outside
+ *      the symbolic class, and why.
+ *   A fault the symbolic proof finds is reported as is when enumeration is
+ *   too large; otherwise the enumeration runs and gives its diagnostics
+ *   (rank, step, wait cycles), which are the finer ones.
+ *
+ * ENUMERATION (METHOD).  An abstract interpretation of the SPMD program on
+ * every rank: the ranks run as coroutines with blocking semantics (a rank
+ * runs until it blocks, then the next ready one runs).  `when`, `count`,
+ * `peer` and `block` expressions are evaluated with cpc_expr_eval on the
+ * rank's coordinates (s = the innermost loop's step).  A buffer's abstract
+ * content is: written or not, the data it holds (q, k, v, attention output,
+ * LSE), its tokens as a range of shard units (flat rank p's shard is unit p,
+ * ring block i is units [i*U, i*U+U), ALL is [0, P), cross-attention K/V is
+ * a unit of its own), its heads [off, off+n), and for attention results the
+ * set of key units merged so far (disjoint intervals).  Messages carry a
+ * snapshot of the sender's content.  Coverage is checked when an
+ * accumulation leaves the accumulator (copied into an O buffer, sent,
+ * all-to-all'ed or all-gathered) and at the end for OUTPUT buffers.  The
+ * end-of-program checks (requests completed, OUTPUT buffers) run once no
+ * rank can progress, in rank order, after the deadlock check.  Exact for
+ * every program; cost grows with P times the steps (ring 1024: 1.6 s).
+ *
+ * SYMBOLIC PROOF (the argument for soundness; docs/VERIFY.md has it at
+ * length).  The class: (a) `when` and loop `count` never read r, u or p, so
+ * every rank runs the same op sequence (guards are constants at top level;
+ * inside a loop, sets of steps computed from the structure of the
+ * expression: comparisons of affine forms of s, &&, ||, !; or evaluated
+ * step by step for loops of at most 64 steps); (b) send/recv are in the ring
+ * group with peer (r + d) mod R, d a constant: a rotation of the ring; (c)
+ * ring block indices are (a*r + b*s + c) mod R with a in {0, 1}; (d) loops
+ * are top-level (a nested loop may exist but must not run).  Then:
+ *   - One GENERIC rank is interpreted with the same checks as the
+ *     enumeration, its values being functions of the symbols r, u (and s):
+ *     tokens (own shard, ring block (a*r+b*s+c) mod R, all, K/V, another
+ *     rank's shard), heads (all, or the member's part: whether the part is
+ *     all heads is decided once over the members), the merged key blocks as
+ *     pieces {a*r + b*t + c : lo <= t < hi}.  Every check is decided for all
+ *     r in [0, R), u in [0, U) and all steps the run stands for (linear
+ *     congruences mod R); a check that holds for some values only is
+ *     UNDECIDED, never accepted.  A check that fails everywhere is a fault
+ *     of every rank (all ranks run the same ops).
+ *   - Messages: by (a) and (b), rank r's k-th send on (group, tag, offset d)
+ *     goes to rank r+d, whose k-th receive on (group, tag, offset -d) is, by
+ *     MPI's and the local transport's non-overtaking order per (peer, tag,
+ *     communicator), the one that matches it; both are the generic rank's
+ *     own k-th such posts, seen from two ranks, so matching is done on the
+ *     generic rank's posts and what arrives is the sender's snapshot with r
+ *     replaced by r - d.
+ *   - Progress: every rank passes the program's positions (op, step) in the
+ *     same order.  By induction on positions, no rank blocks forever if every
+ *     wait's requests are matched by posts at EARLIER positions (the generic
+ *     rank already made them) and every collective is reached by all members
+ *     at the same position (true by (a)).  A wait whose request has no such
+ *     post is a deadlock on every rank: all ranks block at that wait, and the
+ *     post is after it.  This covers waits across groups and collectives per
+ *     group, with rendezvous (the conservative) semantics.
+ *   - Loops: the steps [0, count) are cut into phases where the same ops
+ *     run.  States are written relative to s (a block r-s stays r-s from
+ *     step to step).  A phase is unrolled step by step until the state at
+ *     the start of a step repeats with nothing in flight; one more step is
+ *     then interpreted with s a symbol over the rest of the phase [k, hi):
+ *     if every check holds for all those s and the state comes back to
+ *     itself, all steps k..hi-1 start and end in that state (induction on
+ *     s).  Coverage over the phase: the new block f(s) is not among
+ *     {f(t) : t0 <= t < s} iff b*(s-t) != 0 mod R for 0 < s-t <= hi-1-t0,
+ *     i.e. R/gcd(b, R) > hi-1-t0; a block index r - s over s = 0..R-1 thus
+ *     covers every block once, and r - s - 1 declared by a recv matches the
+ *     block (r-1) - s its sender holds.
+ *   Cross-checked against the enumeration by tests/test_verify_sym.c
+ *   (random mutations: never accepted when the enumeration finds a fault;
+ *   a fault reported is one the enumeration finds).
  *
  * DIAGNOSTICS.  Class CPC_E_PLAN, rule 51 (CP051), severity ERROR, span =
  * the op's span when it has one.  The message names the rank and its
@@ -92,7 +147,8 @@
  * its consequences), so the chain holds one error.
  *
  * Thread-safety: pure function of an immutable program; no global state.
- * Memory: O(simulated ranks * buffers) plus the pending messages.
+ * Memory: symbolic O(buffers); enumeration O(P * buffers) plus the pending
+ * messages.
  */
 #ifndef CPC_VERIFY_H
 #define CPC_VERIFY_H
@@ -105,35 +161,51 @@
 /* SPEC section 2: schedule verification failed. */
 #define CPC_RULE_VERIFY 51
 
-/* Defaults of cpc_verify_opts (used for zero fields). */
+/* Default of cpc_verify_opts.full_limit (used for a zero field): op
+ * instances (every rank, loops unrolled, guards evaluated) an enumeration may
+ * visit; about 3 s. */
 #define CPC_VERIFY_DEFAULT_FULL_LIMIT ((int64_t)16000000)
-#define CPC_VERIFY_DEFAULT_REDUCED_LIMIT ((int64_t)16000000)
+/* Largest world an enumeration simulates (larger ones are proved
+ * symbolically or refused). */
 #define CPC_VERIFY_MAX_RANKS 65536
+/* Largest request tag (MPI guarantees MPI_TAG_UB >= 32767; the MPI transport
+ * passes tags through). */
+#define CPC_VERIFY_TAG_MAX 32767
+
+typedef enum cpc_verify_method {
+    CPC_VERIFY_AUTO = 0,          /* symbolic proof, else enumeration, else refusal (CP051) */
+    CPC_VERIFY_SYMBOLIC_ONLY,     /* symbolic proof or CP051 (tests, benchmarks) */
+    CPC_VERIFY_ENUMERATE,         /* enumeration only (tests: the reference the symbolic proof
+                                     is checked against) */
+} cpc_verify_method;
 
 typedef struct cpc_verify_opts {
-    int64_t full_limit;     /* op instances (all ranks) allowed for a full proof; 0 = default;
-                               < 0 forces the reduced proof */
-    int64_t reduced_limit;  /* op instances allowed for the reduced proof; 0 = default */
+    int64_t full_limit;           /* op instances an enumeration may visit; 0 = default;
+                                     < 0: never enumerate */
+    cpc_verify_method method;
 } cpc_verify_opts;
 
 typedef enum cpc_verify_mode {
-    CPC_VERIFY_FULL = 0,    /* every rank simulated */
-    CPC_VERIFY_REDUCED,     /* ring group u=0 and ulysses group r=0, plus symmetry */
-    CPC_VERIFY_SKIPPED,     /* too large: nothing proved (a warning is returned) */
+    CPC_VERIFY_FULL = 0,    /* every rank simulated (enumeration) */
+    CPC_VERIFY_SYMBOLIC,    /* proved for every rank by the symbolic proof */
+    CPC_VERIFY_REFUSED,     /* neither applies: a CP051 error says why, naming the op */
 } cpc_verify_mode;
 
 typedef struct cpc_verify_stats {
     cpc_verify_mode mode;
-    int ranks;              /* ranks simulated */
-    int64_t op_instances;   /* ops executed over all simulated ranks (loops unrolled) */
-    int64_t messages;       /* send/recv pairs matched */
-    int64_t collectives;    /* collective instances completed (per group instance) */
+    int ranks;              /* ranks the proof covers (all P when it succeeds) */
+    int64_t op_instances;   /* ops executed: over all simulated ranks (FULL), or by the
+                               generic rank, one symbolic loop step counting once (SYMBOLIC) */
+    int64_t messages;       /* send/recv pairs matched (FULL) */
+    int64_t collectives;    /* collective instances completed (FULL) */
+    int64_t estimate;       /* op instances an enumeration would visit (capped just past the
+                               limit); -1 when not computed */
 } cpc_verify_stats;
 
 /* Verifies `prog` with the default options.  Returns NULL when the program
- * is proved correct, otherwise a CP051 diagnostic chain (caller frees with
- * cpc_status_free); a WARNING only when the mesh is too large to prove
- * (CPC_VERIFY_SKIPPED).  CPC_E_NOMEM when memory runs out, CPC_E_INTERNAL
+ * is proved correct for its whole world, otherwise a CP051 ERROR (caller
+ * frees with cpc_status_free): a fault, or a program that can be neither
+ * proved symbolically nor enumerated (never a warning).  CPC_E_NOMEM when memory runs out, CPC_E_INTERNAL
  * for a malformed program (buffer index out of range, NULL program).
  * `prog` is only read. */
 cpc_status *cpc_verify(const cpc_program *prog);

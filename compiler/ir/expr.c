@@ -658,3 +658,28 @@ void cpc_expr_free(cpc_expr *e)
     free(e->text);
     free(e);
 }
+
+int cpc_expr_root(const cpc_expr *e)
+{
+    return e ? e->root : -1;
+}
+
+bool cpc_expr_node_at(const cpc_expr *e, int i, cpc_expr_node *out)
+{
+    if (!e || !out || i < 0 || i >= e->n)
+        return false;
+    static const cpc_expr_kind kinds[] = {
+        [N_NUM] = CPC_EX_NUM, [N_VAR] = CPC_EX_VAR, [N_NEG] = CPC_EX_NEG, [N_NOT] = CPC_EX_NOT,
+        [N_ADD] = CPC_EX_ADD, [N_SUB] = CPC_EX_SUB, [N_MUL] = CPC_EX_MUL, [N_DIV] = CPC_EX_DIV,
+        [N_MOD] = CPC_EX_MOD, [N_LT] = CPC_EX_LT,   [N_LE] = CPC_EX_LE,   [N_GT] = CPC_EX_GT,
+        [N_GE] = CPC_EX_GE,   [N_EQ] = CPC_EX_EQ,   [N_NE] = CPC_EX_NE,   [N_AND] = CPC_EX_AND,
+        [N_OR] = CPC_EX_OR,   [N_MIN] = CPC_EX_MIN, [N_MAX] = CPC_EX_MAX,
+    };
+    const node *x = &e->nodes[i];
+    out->kind = kinds[x->op];
+    out->var = x->var;
+    out->a = x->a;
+    out->b = x->b;
+    out->val = x->val;
+    return true;
+}

@@ -75,4 +75,29 @@ cpc_expr *cpc_expr_clone(const cpc_expr *e);
 /* Frees a parsed expression.  NULL is ignored. */
 void cpc_expr_free(cpc_expr *e);
 
+/* ---- structure (added for the symbolic verifier, verify_sym.c) ----------
+ * Read-only access to the parsed tree, so that a caller can reason about an
+ * expression's form (affine in the rank, an interval of steps) instead of
+ * evaluating it point by point.  Node indices are 0..n-1; children are node
+ * indices (-1 = none).  Kinds follow the grammar above: NUM (val), VAR
+ * (var), NEG/NOT (a), the binary operators (a, b), MIN/MAX (a, b). */
+typedef enum cpc_expr_kind {
+    CPC_EX_NUM = 0, CPC_EX_VAR, CPC_EX_NEG, CPC_EX_NOT,
+    CPC_EX_ADD, CPC_EX_SUB, CPC_EX_MUL, CPC_EX_DIV, CPC_EX_MOD,
+    CPC_EX_LT, CPC_EX_LE, CPC_EX_GT, CPC_EX_GE, CPC_EX_EQ, CPC_EX_NE,
+    CPC_EX_AND, CPC_EX_OR, CPC_EX_MIN, CPC_EX_MAX,
+} cpc_expr_kind;
+
+typedef struct cpc_expr_node {
+    cpc_expr_kind kind;
+    char var;       /* CPC_EX_VAR: 'r', 'u', 'p', 's', 'R', 'U' or 'P' */
+    int a, b;       /* children, -1 = none */
+    int64_t val;    /* CPC_EX_NUM */
+} cpc_expr_node;
+
+/* Index of the root node; -1 for NULL. */
+int cpc_expr_root(const cpc_expr *e);
+/* Node i of e into *out; false when e is NULL or i is out of range. */
+bool cpc_expr_node_at(const cpc_expr *e, int i, cpc_expr_node *out);
+
 #endif

@@ -1,0 +1,156 @@
+/*
+ * bench_verify.c - proof time of the schedule verifier (compiler/verify.h)
+ * per variant and world size.
+ *
+ * For each variant (ring, unified, ring_anything, ulysses_anything, ulysses;
+ * rotate p2p and allgather; overlap on) and world size P in 4, 64, 1024,
+ * 16384, 65536 it builds the compiler's program (cpc_schedule_build) and
+ * proves it with cpc_verify (the default method: symbolic, else
+ * enumeration), printing the method used and the best wall time of `iters`
+ * runs (argv[1], default 5), then the ratio time(65536) / time(64) per row.
+ * Goals (issue 13): every entry proved, < 100 ms, ratio <= 2.
+ *
+ * Shapes: ring and ring_anything R = P (ring_anything with uneven tokens
+ * 3P + 7); unified R = U = sqrt(P) (R = 2U when P is not a square);
+ * ulysses_anything U = P with uneven heads (P + 3 heads, at most 65536, the
+ * plan limit; 3P + 7 tokens);
+ * ulysses U = P with P heads.  head_dim 8, fp32, no mask.
+ *
+ * Usage: bench_verify [iters]        exit status 1 when a program is not proved.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "compiler/plan_load.h"
+#include "compiler/program.h"
+#include "compiler/schedule.h"
+#include "compiler/verify.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static cpc_program *build(cpc_variant v, int P, const char *rotate)
+{
+    int R = P, U = 1, H = 4;
+    long long S = 2LL * P;
+    switch (v) {
+    case CPC_VARIANT_UNIFIED: {
+        U = (int)sqrt((double)P);
+        while (P % U)
+            U--;
+        R = P / U;
+        if (R < U) {
+            int t = R;
+            R = U;
+            U = t;
+        }
+        H = U;
+        S = 2LL * P;
+        break;
+    }
+    case CPC_VARIANT_RING_ANYTHING: S = 3LL * P + 7; break;
+    case CPC_VARIANT_ULYSSES_ANYTHING: R = 1; U = P; H = P + 3 > 65536 ? 65536 : P + 3; S = 3LL * P + 7; break;
+    case CPC_VARIANT_ULYSSES: R = 1; U = P; H = P; break;
+    default: break;
+    }
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput: {tokens: %lld}\n"
+             "cluster: {world_size: %d}\nschedule: {rotate: %s, overlap: true}\n",
+             H, S, P, rotate);
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "bench.yaml", NULL, 0, &plan);
+    if (cpc_status_has_error(st) || !plan) {
+        cpc_status_print(stderr, "bench_verify", st);
+        cpc_status_free(st);
+        return NULL;
+    }
+    cpc_status_free(st);
+    cpc_program *prog = NULL;
+    st = cpc_schedule_build(plan, v, R, U, &prog);
+    cpc_plan_free(plan);
+    if (st) {
+        cpc_status_print(stderr, "bench_verify", st);
+        cpc_status_free(st);
+        return NULL;
+    }
+    return prog;
+}
+
+int main(int argc, char **argv)
+{
+    int iters = argc > 1 ? atoi(argv[1]) : 5;
+    if (iters < 1)
+        iters = 1;
+    static const int sizes[] = {4, 64, 1024, 16384, 65536};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    struct {
+        cpc_variant v;
+        const char *rotate;
+    } rows[] = {
+        {CPC_VARIANT_RING, "p2p"},          {CPC_VARIANT_RING, "allgather"},
+        {CPC_VARIANT_UNIFIED, "p2p"},       {CPC_VARIANT_UNIFIED, "allgather"},
+        {CPC_VARIANT_RING_ANYTHING, "p2p"}, {CPC_VARIANT_RING_ANYTHING, "allgather"},
+        {CPC_VARIANT_ULYSSES_ANYTHING, "p2p"}, {CPC_VARIANT_ULYSSES, "p2p"},
+    };
+    int bad = 0;
+    printf("proof time (ms, best of %d; S = symbolic, E = enumeration)\n", iters);
+    printf("%-26s", "variant");
+    for (int i = 0; i < NS; i++)
+        printf(" %12d", sizes[i]);
+    printf(" %10s\n", "65536/64");
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s (%s)", cpc_variant_name(rows[r].v), rows[r].rotate);
+        printf("%-26s", name);
+        double t[NS];
+        for (int i = 0; i < NS; i++) {
+            t[i] = -1;
+            cpc_program *p = build(rows[r].v, sizes[i], rows[r].rotate);
+            if (!p) {
+                printf(" %12s", "build?");
+                bad++;
+                continue;
+            }
+            double best = 1e9;
+            cpc_verify_stats stats;
+            cpc_status *st = NULL;
+            for (int k = 0; k < iters; k++) {
+                double t0 = now();
+                st = cpc_verify_ex(p, NULL, &stats);
+                double dt = now() - t0;
+                if (dt < best)
+                    best = dt;
+                if (st)
+                    break;
+            }
+            if (st) {
+                printf(" %12s", "FAILED");
+                fprintf(stderr, "%s P=%d: %s\n", name, sizes[i], st->message);
+                cpc_status_free(st);
+                bad++;
+            } else {
+                t[i] = best * 1e3;
+                printf(" %10.3f %c", t[i], stats.mode == CPC_VERIFY_SYMBOLIC ? 'S' : 'E');
+                if (stats.mode != CPC_VERIFY_SYMBOLIC || t[i] >= 100.0)
+                    bad++;
+            }
+            cpc_program_free(p);
+            fflush(stdout);
+        }
+        if (t[1] > 0 && t[4] > 0)
+            printf(" %10.2f\n", t[4] / t[1]);
+        else
+            printf(" %10s\n", "-");
+    }
+    if (bad)
+        fprintf(stderr, "bench_verify: %d entries not proved symbolically in < 100 ms\n", bad);
+    return bad ? 1 : 0;
+}
