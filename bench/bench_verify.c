@@ -24,10 +24,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "compiler/plan_load.h"
-#include "compiler/program.h"
-#include "compiler/schedule.h"
-#include "compiler/verify.h"
+#include "plan_load.h"
+#include "program.h"
+#include "schedule.h"
+#include "verify.h"
 
 static double now(void)
 {
