@@ -68,9 +68,9 @@ void cpc_rank_destroy(cpc_rank *r)
         return;
     cpc_exec_destroy(r->ex);
     if (r->t)
-        r->t->vt->destroy(r->t);
+        cpc_transport_destroy(r->t);
     if (r->be)
-        r->be->vt->destroy(r->be);
+        cpc_backend_destroy(r->be);
     for (int i = 0; i < CPC_TENSOR__COUNT; i++)
         free(r->stage[i]);
     free(r->mask);
@@ -96,7 +96,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     cpc_rank *r = calloc(1, sizeof *r);
     if (!r) {
         if (t)
-            t->vt->destroy(t);
+            cpc_transport_destroy(t);
         return cpc_error(CPC_E_NOMEM, "out of memory");
     }
     r->a = a;
@@ -213,7 +213,7 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     cpc_status *st = cpc_transport_mpi_create_comm(mpi_comm, L->R, L->U, &t);
     if (st)
         return st;
-    return rank_finish(a, t->vt->group_rank(t, CPC_GROUP_WORLD), t, opts, out);
+    return rank_finish(a, cpc_transport_group_rank(t, CPC_GROUP_WORLD), t, opts, out);
 #else
     (void)mpi_comm;
     (void)opts;

@@ -109,7 +109,7 @@ static attn_run bench_attn(cpc_backend *be, int64_t S, int H, int Hkv, int D, cp
     double best = 1e30;
     for (int i = 0; i < iters + 1; i++) {
         double t0 = now();
-        cpc_status *st = be->vt->attn(be, &a);
+        cpc_status *st = cpc_backend_attn(be, &a);
         double t = now() - t0;
         if (st) {
             cpc_status_print(stderr, "bench_attention", st);
@@ -193,6 +193,6 @@ int main(int argc, char **argv)
     printf("  ring-step block 512 x 512 keys, H=24, bf16: %7.1f GFLOP/s\n", rblk.gflops);
     printf("RATIO attention/sgemm (worst of fp32/bf16, H=1..2): %.3f (goal >= 0.5, stretch 0.7)\n",
            worst_ratio);
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
     return 0;
 }

@@ -109,13 +109,13 @@ static pair bench_pair(cpc_backend *be, int64_t S, int H, int Hkv, int D, cpc_dt
     double bf = 1e30, bb = 1e30;
     for (int i = 0; i < iters + 1; i++) { /* interleaved: both see the same machine load */
         double t0 = now();
-        check(be->vt->attn(be, &a));
+        check(cpc_backend_attn(be, &a));
         double t1 = now();
         memset(dq, 0, sizeof(float) * nq);
         memset(dk, 0, sizeof(float) * nkv);
         memset(dv, 0, sizeof(float) * nkv);
         double t2 = now();
-        check(be->vt->attn_bwd(be, &g));
+        check(cpc_backend_attn_bwd(be, &g));
         double t3 = now();
         if (i > 0) {
             bf = t1 - t0 < bf ? t1 - t0 : bf;
@@ -183,6 +183,6 @@ int main(int argc, char **argv)
     printf("  ring-step block 512 x 512 keys, H=24, bf16: bwd/fwd %.2f\n", rb.bwd_ms / rb.fwd_ms);
     printf("WORST bwd/fwd %.2f (goal <= 2.8), efficiency %.2f (goal >= 0.70)\n", worst_ratio,
            worst_eff);
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
     return 0;
 }

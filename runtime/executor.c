@@ -401,16 +401,16 @@ void cpc_exec_destroy(cpc_exec *ex)
     for (int i = 0; i < ex->n_pend; i++) {
         /* Requests left by a failed run: complete them (errors ignored). */
         if (ex->cfg.transport && ex->pend[i].req)
-            cpc_status_free(ex->cfg.transport->vt->wait(ex->cfg.transport, ex->pend[i].req));
+            cpc_status_free(cpc_transport_wait(ex->cfg.transport, ex->pend[i].req));
     }
     if (ex->allocs)
         for (int b = 0; b < ex->prog->n_buffers; b++)
             if (ex->allocs[b])
-                be->vt->free(be, ex->allocs[b]);
+                cpc_backend_free(be, ex->allocs[b]);
     if (ex->stage_send)
-        be->vt->free(be, ex->stage_send);
+        cpc_backend_free(be, ex->stage_send);
     if (ex->stage_recv && ex->stage_recv != ex->stage_send)
-        be->vt->free(be, ex->stage_recv);
+        cpc_backend_free(be, ex->stage_recv);
     free(ex->allocs);
     free(ex->bufs);
     free(ex->pend);
@@ -462,7 +462,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     cpc_backend *be = cfg->backend;
     for (int b = 0; b < nb; b++) {
         const cpc_buffer *bf = &prog->buffers[b];
-        if ((st = be->vt->alloc(be, (size_t)caps[b], &ex->allocs[b]))) {
+        if ((st = cpc_backend_alloc(be, (size_t)caps[b], &ex->allocs[b]))) {
             cpc_status_prefix(st, "rank %d: allocating buffer '%s' (%lld bytes)", cfg->rank,
                               bf->name, (long long)caps[b]);
             goto fail;
@@ -497,9 +497,9 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
             ex->input_bytes[bf->role] = want;
         }
     }
-    if (ss && (st = be->vt->alloc(be, ss, &ex->stage_send)))
+    if (ss && (st = cpc_backend_alloc(be, ss, &ex->stage_send)))
         goto fail;
-    if (sr && (st = be->vt->alloc(be, sr, &ex->stage_recv)))
+    if (sr && (st = cpc_backend_alloc(be, sr, &ex->stage_recv)))
         goto fail;
     ex->stage_send_cap = ss;
     ex->stage_recv_cap = sr;
@@ -562,7 +562,7 @@ cpc_status *cpc_exec_reset(cpc_exec *ex)
         if (n > ex->bufs[b].cap)
             return cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' is too small (%zu > %zu)",
                              ex->cfg.rank, bf->name, n, ex->bufs[b].cap);
-        cpc_status *st = be->vt->upload(be, ex->bufs[b].ptr, ex->inputs[bf->role], n);
+        cpc_status *st = cpc_backend_upload(be, ex->bufs[b].ptr, ex->inputs[bf->role], n);
         if (st) {
             cpc_status_prefix(st, "rank %d: uploading input '%s'", ex->cfg.rank, bf->name);
             return st;
@@ -639,7 +639,7 @@ static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op)
         st = check_fits(ex, lse, gl.bytes);
     if (st)
         return st;
-    return ex->cfg.backend->vt->init_acc(ex->cfg.backend, ex->bufs[acc].ptr, (size_t)ga.elems,
+    return cpc_backend_init_acc(ex->cfg.backend, ex->bufs[acc].ptr, (size_t)ga.elems,
                                          ex->bufs[lse].ptr, (size_t)gl.elems);
 }
 
@@ -726,7 +726,7 @@ static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
     a.o = ex->bufs[o].ptr;
     a.lse = ex->bufs[lse].ptr;
     ex->cur.attn_flops += 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
-    return ex->cfg.backend->vt->attn(ex->cfg.backend, &a);
+    return cpc_backend_attn(ex->cfg.backend, &a);
 }
 
 static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
@@ -749,7 +749,7 @@ static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
     cpc_merge_args m = {.B = ex->L->B, .s = go.T, .h = go.hn, .d = ex->L->D,
                         .acc = ex->bufs[acc].ptr, .acc_lse = ex->bufs[al].ptr,
                         .o = ex->bufs[o].ptr, .lse = ex->bufs[l].ptr};
-    return ex->cfg.backend->vt->merge(ex->cfg.backend, &m);
+    return cpc_backend_merge(ex->cfg.backend, &m);
 }
 
 static cpc_status *push_pending(cpc_exec *ex, cpc_request *req, int tag, int buf)
@@ -784,12 +784,12 @@ static cpc_status *op_send(cpc_exec *ex, const cpc_op *op, const cpc_coords *c, 
     if ((st = cpc_expr_eval(op->peer, c, &peer)))
         return st;
     cpc_transport *t = ex->cfg.transport;
-    int me = t->vt->group_rank(t, op->group);
+    int me = cpc_transport_group_rank(t, op->group);
     for (int i = 0; i < op->n_in; i++) {
         int b = op->in[i];
         geom g = cur_geom(ex, b);
         cpc_request *req = NULL;
-        if ((st = t->vt->isend(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
+        if ((st = cpc_transport_isend(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
             return st;
         if ((st = push_pending(ex, req, op->tag, b)))
             return st;
@@ -827,7 +827,7 @@ static cpc_status *op_recv(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
         if ((st = check_fits(ex, b, g.bytes)))
             return st;
         cpc_request *req = NULL;
-        if ((st = t->vt->irecv(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
+        if ((st = cpc_transport_irecv(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
             return st;
         if ((st = push_pending(ex, req, op->tag, b)))
             return st;
@@ -844,7 +844,7 @@ static cpc_status *op_wait(cpc_exec *ex, const cpc_op *op)
             ex->pend[j++] = ex->pend[i];
             continue;
         }
-        cpc_status *st = ex->cfg.transport->vt->wait(ex->cfg.transport, ex->pend[i].req);
+        cpc_status *st = cpc_transport_wait(ex->cfg.transport, ex->pend[i].req);
         if (st && !first)
             first = st;
         else
@@ -909,7 +909,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             cpc_buffer_heads(prog, out, j, &jo, &jn);
             if (jn == 0 || Tu == 0)
                 continue;
-            if ((st = be->vt->copy_strided(be, (char *)ex->stage_send + sd[j],
+            if ((st = cpc_backend_copy_strided(be, (char *)ex->stage_send + sd[j],
                                            (const char *)ex->bufs[in].ptr + (int64_t)jo * D * es,
                                            (size_t)es, B, Tu, 1, jn * D, Tu * jn * D, jn * D, 0,
                                            Tu * hin * D, hin * D, 0)))
@@ -929,7 +929,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
                 return errf("staging space too small (%zu > %zu)", rtot, ex->stage_recv_cap);
             recvp = ex->stage_recv;
         }
-        if ((st = ex->cfg.transport->vt->all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
                                                       recvp, rc, rd)))
             return st;
         if (!b1) {
@@ -937,7 +937,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             for (int j = 0; j < U; j++) {
                 int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
                 if (Tj > 0 && un > 0 &&
-                    (st = be->vt->copy_strided(be, (char *)ex->bufs[out].ptr + tok * un * D * es,
+                    (st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + tok * un * D * es,
                                                (const char *)ex->stage_recv + rd[j], (size_t)es,
                                                B, 1, 1, Tj * un * D, Tblk * un * D, 0, 0,
                                                Tj * un * D, 0, 0)))
@@ -970,7 +970,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             for (int j = 0; j < U; j++) {
                 int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
                 if (Tj > 0 && un > 0 &&
-                    (st = be->vt->copy_strided(be, (char *)ex->stage_send + sd[j],
+                    (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + sd[j],
                                                (const char *)ex->bufs[in].ptr + tok * un * D * es,
                                                (size_t)es, B, 1, 1, Tj * un * D, Tj * un * D, 0, 0,
                                                Tblk * un * D, 0, 0)))
@@ -982,7 +982,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         if (rtot > ex->stage_recv_cap)
             return errf("staging space too small (%zu > %zu)", rtot, ex->stage_recv_cap);
         recvp = ex->stage_recv;
-        if ((st = ex->cfg.transport->vt->all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
                                                       recvp, rc, rd)))
             return st;
         for (int j = 0; j < U; j++) {
@@ -990,7 +990,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             cpc_buffer_heads(prog, in, j, &jo, &jn);
             if (jn == 0 || Tu == 0)
                 continue;
-            if ((st = be->vt->copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
+            if ((st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
                                            (const char *)ex->stage_recv + rd[j], (size_t)es, B, Tu,
                                            1, jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D,
                                            jn * D, 0)))
@@ -1040,7 +1040,7 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             cnt[i] = (size_t)(cpc_layout_block_tokens(L, i) * rowb);
             dsp[i] = (size_t)((b * go.T + cpc_layout_block_offset(L, i)) * rowb);
         }
-        if ((st = ex->cfg.transport->vt->all_gather_v(ex->cfg.transport, op->group,
+        if ((st = cpc_transport_all_gather_v(ex->cfg.transport, op->group,
                                                       (const char *)ex->bufs[in].ptr + b * Tr * rowb,
                                                       (size_t)(Tr * rowb), ex->bufs[out].ptr, cnt,
                                                       dsp)))
@@ -1094,28 +1094,28 @@ static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
     int64_t B = L->B, T = gi.T, D = lse_in ? 1 : L->D;
     if (go.hn == gi.hn) {
         if (ti == to)
-            return be->vt->copy(be, dst, src, go.bytes);
-        return be->vt->convert(be, dst, to, src, ti, (size_t)go.elems);
+            return cpc_backend_copy(be, dst, src, go.bytes);
+        return cpc_backend_convert(be, dst, to, src, ti, (size_t)go.elems);
     }
     if (lse_in) {
         /* [B, h, T]: heads are contiguous ranges of T. */
         if (ti == to)
-            return be->vt->copy_strided(be, dst, src + hsel * T * gi.es, (size_t)gi.es, B, 1, 1,
+            return cpc_backend_copy_strided(be, dst, src + hsel * T * gi.es, (size_t)gi.es, B, 1, 1,
                                         go.hn * T, go.hn * T, 0, 0, gi.hn * T, 0, 0);
         for (int64_t b = 0; b < B; b++)
-            if ((st = be->vt->convert(be, dst + b * go.hn * T * go.es, to,
+            if ((st = cpc_backend_convert(be, dst + b * go.hn * T * go.es, to,
                                       src + (b * gi.hn + hsel) * T * gi.es, ti,
                                       (size_t)(go.hn * T))))
                 return st;
         return NULL;
     }
     if (ti == to)
-        return be->vt->copy_strided(be, dst, src + hsel * D * gi.es, (size_t)gi.es, B, T, 1,
+        return cpc_backend_copy_strided(be, dst, src + hsel * D * gi.es, (size_t)gi.es, B, T, 1,
                                     go.hn * D, T * go.hn * D, go.hn * D, 0, T * gi.hn * D,
                                     gi.hn * D, 0);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
-            if ((st = be->vt->convert(be, dst + ((b * T + t) * go.hn) * D * go.es, to,
+            if ((st = cpc_backend_convert(be, dst + ((b * T + t) * go.hn) * D * go.es, to,
                                       src + ((b * T + t) * gi.hn + hsel) * D * gi.es, ti,
                                       (size_t)(go.hn * D))))
                 return st;
@@ -1127,7 +1127,7 @@ static cpc_status *op_barrier(cpc_exec *ex, const cpc_op *op)
     cpc_status *st = need_transport(ex);
     if (st)
         return st;
-    return ex->cfg.transport->vt->barrier(ex->cfg.transport, op->group);
+    return cpc_transport_barrier(ex->cfg.transport, op->group);
 }
 
 static cpc_exec_event_cat op_cat(cpc_op_kind k)
@@ -1240,7 +1240,7 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         if (ex->unflushed && op->kind != CPC_OP_SEND && op->kind != CPC_OP_RECV) {
             ex->unflushed = false;
             cpc_transport *t = ex->cfg.transport;
-            if (t && t->vt->flush && (st = t->vt->flush(t)))
+            if (t && (st = cpc_transport_flush(t)))
                 goto fail;
         }
         double t0 = cpc_exec_now_us();
@@ -1304,12 +1304,12 @@ cpc_status *cpc_exec_run(cpc_exec *ex, cpc_exec_stats *stats)
     if (st) {
         if (ex->cfg.transport) {
             char *msg = cpc_status_format("cprun", st);
-            ex->cfg.transport->vt->abort(ex->cfg.transport, msg ? msg : st->message);
+            cpc_transport_abort(ex->cfg.transport, msg ? msg : st->message);
             free(msg);
         }
         /* Requests still pending complete (with errors) after the abort. */
         for (int i = 0; i < ex->n_pend; i++)
-            cpc_status_free(ex->cfg.transport->vt->wait(ex->cfg.transport, ex->pend[i].req));
+            cpc_status_free(cpc_transport_wait(ex->cfg.transport, ex->pend[i].req));
         ex->n_pend = 0;
     }
     if (stats)
@@ -1341,7 +1341,7 @@ cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
     if (bytes != n)
         return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
                          n, bytes);
-    return ex->cfg.backend->vt->download(ex->cfg.backend, host, ex->bufs[b].ptr, n);
+    return cpc_backend_download(ex->cfg.backend, host, ex->bufs[b].ptr, n);
 }
 
 cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
@@ -1362,7 +1362,7 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
         return cpc_error(CPC_E_NOMEM, "out of memory");
     }
     int n = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, rr, ex->max_runs);
-    cpc_status *st = ex->cfg.backend->vt->download(ex->cfg.backend, h, ex->bufs[b].ptr, g.bytes);
+    cpc_status *st = cpc_backend_download(ex->cfg.backend, h, ex->bufs[b].ptr, g.bytes);
     if (st) {
         free(rr);
         free(h);
@@ -1392,7 +1392,7 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     *n_runs = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, runs, ex->max_runs);
     *h_off = g.hoff;
     *h_n = g.hn;
-    return ex->cfg.backend->vt->download(ex->cfg.backend, dst, ex->bufs[b].ptr, g.bytes);
+    return cpc_backend_download(ex->cfg.backend, dst, ex->bufs[b].ptr, g.bytes);
 }
 
 int cpc_exec_max_runs(const cpc_exec *ex)

@@ -289,11 +289,11 @@ static float fbits(uint32_t u)
 static cpc_status *dev_put(cpc_backend *be, const void *host, size_t bytes, void **out)
 {
     *out = NULL;
-    cpc_status *st = be->vt->alloc(be, bytes, out);
+    cpc_status *st = cpc_backend_alloc(be, bytes, out);
     if (!st && host && bytes)
-        st = be->vt->upload(be, *out, host, bytes);
+        st = cpc_backend_upload(be, *out, host, bytes);
     if (st && *out) {
-        be->vt->free(be, *out);
+        cpc_backend_free(be, *out);
         *out = NULL;
     }
     return st;
@@ -301,13 +301,13 @@ static cpc_status *dev_put(cpc_backend *be, const void *host, size_t bytes, void
 
 static cpc_status *dev_sync(cpc_backend *be)
 {
-    return be->vt->sync ? be->vt->sync(be) : NULL;
+    return cpc_backend_sync(be);
 }
 
 static void dev_free(cpc_backend *be, void *p)
 {
     if (p)
-        be->vt->free(be, p);
+        cpc_backend_free(be, p);
 }
 
 static cpc_status *make_backend(suite *S, const cpc_kernel_spec *spec, cpc_backend **out)
@@ -486,9 +486,9 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
             S->be->perturb(S->be->ctx, 1);
         if (nblk > 1) {
             /* the accumulator starts as NaN: init_acc must overwrite all of it */
-            if ((st = be->vt->upload(be, dacc, nanbuf, sizeof(float) * no)) ||
-                (st = be->vt->upload(be, dacc_lse, nanbuf, sizeof(float) * nl)) ||
-                (st = be->vt->init_acc(be, dacc, no, dacc_lse, nl))) {
+            if ((st = cpc_backend_upload(be, dacc, nanbuf, sizeof(float) * no)) ||
+                (st = cpc_backend_upload(be, dacc_lse, nanbuf, sizeof(float) * nl)) ||
+                (st = cpc_backend_init_acc(be, dacc, no, dacc_lse, nl))) {
                 fail_st(S, what, "init_acc", st);
                 goto out;
             }
@@ -513,8 +513,8 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
             void *dk = NULL, *dv = NULL;
             float *o_t = nblk > 1 ? dO : dacc, *l_t = nblk > 1 ? dL : dacc_lse;
             if (!(st = dev_put(be, kl, es * kvn, &dk)) && !(st = dev_put(be, vl, es * kvn, &dv)) &&
-                !(st = be->vt->upload(be, o_t, nanbuf, sizeof(float) * no)) &&
-                !(st = be->vt->upload(be, l_t, nanbuf, sizeof(float) * nl))) {
+                !(st = cpc_backend_upload(be, o_t, nanbuf, sizeof(float) * no)) &&
+                !(st = cpc_backend_upload(be, l_t, nanbuf, sizeof(float) * nl))) {
                 cpc_attn_args a = {
                     .B = B, .sq = sq, .skv = skv, .hq = nqh, .hkv = hkv, .d = D, .group = group,
                     .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt,
@@ -523,14 +523,14 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
                     .q_runs = qruns, .n_q_runs = nqr, .kv_runs = kr, .n_kv_runs = nkr,
                     .kv_mask = dm, .mask_len = dm ? Skvg : 0,
                 };
-                st = be->vt->attn(be, &a);
+                st = cpc_backend_attn(be, &a);
                 if (st)
                     cpc_status_prefix(st, "attn (block %d of %d)", bi, nblk);
             }
             if (!st && nblk > 1) {
                 cpc_merge_args m = {.B = B, .s = sq, .h = nqh, .d = D, .acc = dacc,
                                     .acc_lse = dacc_lse, .o = dO, .lse = dL};
-                st = be->vt->merge(be, &m);
+                st = cpc_backend_merge(be, &m);
                 if (st)
                     cpc_status_prefix(st, "merge");
             }
@@ -553,8 +553,8 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
             if (S->be->perturb)
                 S->be->perturb(S->be->ctx, 0);
         }
-        if ((st = be->vt->download(be, ho, dacc, sizeof(float) * no)) ||
-            (st = be->vt->download(be, hl, dacc_lse, sizeof(float) * nl))) {
+        if ((st = cpc_backend_download(be, ho, dacc, sizeof(float) * no)) ||
+            (st = cpc_backend_download(be, hl, dacc_lse, sizeof(float) * nl))) {
             fail_st(S, what, "download", st);
             goto out;
         }
@@ -703,7 +703,7 @@ out:
         dev_free(be, dacc_lse);
         dev_free(be, dO);
         dev_free(be, dL);
-        be->vt->destroy(be);
+        cpc_backend_destroy(be);
     }
     free(q);
     free(k);
@@ -767,9 +767,9 @@ static void check_merge(suite *S, cpc_backend *be, int D, uint64_t seed, const c
         goto out;
     }
     cpc_merge_args m = {.B = B, .s = Sq, .h = H, .d = D, .acc = dacc, .acc_lse = dal, .o = do_, .lse = dl};
-    if ((st = be->vt->merge(be, &m)) || (st = dev_sync(be)) ||
-        (st = be->vt->download(be, gacc, dacc, n * 4)) ||
-        (st = be->vt->download(be, gal, dal, rows * 4))) {
+    if ((st = cpc_backend_merge(be, &m)) || (st = dev_sync(be)) ||
+        (st = cpc_backend_download(be, gacc, dacc, n * 4)) ||
+        (st = cpc_backend_download(be, gal, dal, rows * 4))) {
         fail_st(S, what, "merge", st);
         goto out;
     }
@@ -824,9 +824,9 @@ static void check_init(suite *S, cpc_backend *be, const char *what)
         void *da = NULL, *dl = NULL;
         cpc_status *st;
         if ((st = dev_put(be, a, (na + tail) * 4, &da)) || (st = dev_put(be, l, (nl + tail) * 4, &dl)) ||
-            (st = be->vt->init_acc(be, da, na, dl, nl)) || (st = dev_sync(be)) ||
-            (st = be->vt->download(be, a, da, (na + tail) * 4)) ||
-            (st = be->vt->download(be, l, dl, (nl + tail) * 4)))
+            (st = cpc_backend_init_acc(be, da, na, dl, nl)) || (st = dev_sync(be)) ||
+            (st = cpc_backend_download(be, a, da, (na + tail) * 4)) ||
+            (st = cpc_backend_download(be, l, dl, (nl + tail) * 4)))
             fail_st(S, what, "init_acc", st);
         else {
             int bad = 0;
@@ -863,8 +863,8 @@ static int convert_and_compare(suite *S, cpc_backend *be, cpc_dtype dt, cpc_dtyp
     cpc_status *st;
     int bad = 0;
     if ((st = dev_put(be, src, n * esz(stt), &ds)) || (st = dev_put(be, NULL, n * esz(dt), &dd)) ||
-        (st = be->vt->convert(be, dd, dt, ds, stt, n)) || (st = dev_sync(be)) ||
-        (st = be->vt->download(be, got, dd, n * esz(dt)))) {
+        (st = cpc_backend_convert(be, dd, dt, ds, stt, n)) || (st = dev_sync(be)) ||
+        (st = cpc_backend_download(be, got, dd, n * esz(dt)))) {
         char w[200];
         snprintf(w, sizeof w, "%s: convert %s -> %s", what, cpc_dtype_name(stt), cpc_dtype_name(dt));
         fail_st(S, w, "convert", st);
@@ -960,8 +960,8 @@ static void copy_one(suite *S, cpc_backend *be, size_t es, bool aligned, uint64_
     }
     /* gather tokens 1..7, heads 2..4 */
     char *s0 = (char *)ds + (size_t)(off + sts + 2 * shs) * es, *d0 = (char *)dd + (size_t)off * es;
-    if ((st = be->vt->copy_strided(be, d0, s0, es, nb, nt, nh, inner, dbs, dts, dhs, sbs, sts, shs)) ||
-        (st = dev_sync(be)) || (st = be->vt->download(be, dst, dd, dst_n * es))) {
+    if ((st = cpc_backend_copy_strided(be, d0, s0, es, nb, nt, nh, inner, dbs, dts, dhs, sbs, sts, shs)) ||
+        (st = dev_sync(be)) || (st = cpc_backend_download(be, dst, dd, dst_n * es))) {
         fail_st(S, w, "gather", st);
         goto out;
     }
@@ -969,8 +969,8 @@ static void copy_one(suite *S, cpc_backend *be, size_t es, bool aligned, uint64_
         fail(S, w, "gathered tokens/heads differ (or bytes outside the parts were written)");
     /* scatter them back into a buffer of the source's shape */
     char *b0 = (char *)db + (size_t)(off + sts + 2 * shs) * es;
-    if ((st = be->vt->copy_strided(be, b0, d0, es, nb, nt, nh, inner, sbs, sts, shs, dbs, dts, dhs)) ||
-        (st = dev_sync(be)) || (st = be->vt->download(be, back, db, src_n * es))) {
+    if ((st = cpc_backend_copy_strided(be, b0, d0, es, nb, nt, nh, inner, sbs, sts, shs, dbs, dts, dhs)) ||
+        (st = dev_sync(be)) || (st = cpc_backend_download(be, back, db, src_n * es))) {
         fail_st(S, w, "scatter", st);
         goto out;
     }
@@ -978,9 +978,9 @@ static void copy_one(suite *S, cpc_backend *be, size_t es, bool aligned, uint64_
         fail(S, w, "scattered tokens/heads differ (or bytes outside them were written)");
     /* fully contiguous (a backend may fold it into one copy) */
     const size_t cn = (size_t)(nb * nt * nh * inner);
-    if ((st = be->vt->copy_strided(be, dd, ds, es, nb, nt, nh, inner, nt * nh * inner, nh * inner,
+    if ((st = cpc_backend_copy_strided(be, dd, ds, es, nb, nt, nh, inner, nt * nh * inner, nh * inner,
                                    inner, nt * nh * inner, nh * inner, inner)) ||
-        (st = dev_sync(be)) || (st = be->vt->download(be, dst, dd, cn * es))) {
+        (st = dev_sync(be)) || (st = cpc_backend_download(be, dst, dd, cn * es))) {
         fail_st(S, w, "contiguous copy", st);
         goto out;
     }
@@ -1000,8 +1000,8 @@ static void check_memory(suite *S, cpc_backend *be, uint64_t seed, const char *w
     void *p0 = NULL, *p1 = NULL, *p2 = NULL, *p3 = NULL;
     unsigned char host[1000], back[1000];
     cpc_status *st;
-    if ((st = be->vt->alloc(be, 0, &p0)) || (st = be->vt->alloc(be, 0, &p1)) ||
-        (st = be->vt->alloc(be, 1000, &p2)) || (st = be->vt->alloc(be, 1000, &p3))) {
+    if ((st = cpc_backend_alloc(be, 0, &p0)) || (st = cpc_backend_alloc(be, 0, &p1)) ||
+        (st = cpc_backend_alloc(be, 1000, &p2)) || (st = cpc_backend_alloc(be, 1000, &p3))) {
         fail_st(S, what, "alloc", st);
         goto out;
     }
@@ -1011,8 +1011,8 @@ static void check_memory(suite *S, cpc_backend *be, uint64_t seed, const char *w
         fail(S, what, "allocations must be aligned to at least 16 bytes");
     for (int i = 0; i < 1000; i++)
         host[i] = (unsigned char)bits_at(seed, 50, (uint64_t)i);
-    if ((st = be->vt->upload(be, p2, host, 1000)) || (st = be->vt->copy(be, p3, p2, 1000)) ||
-        (st = dev_sync(be)) || (st = be->vt->download(be, back, p3, 1000))) {
+    if ((st = cpc_backend_upload(be, p2, host, 1000)) || (st = cpc_backend_copy(be, p3, p2, 1000)) ||
+        (st = dev_sync(be)) || (st = cpc_backend_download(be, back, p3, 1000))) {
         fail_st(S, what, "upload/copy/download", st);
         goto out;
     }
@@ -1046,14 +1046,14 @@ static void bad_call(suite *S, cpc_backend *be, const bad_bufs *bb, const cpc_at
         seven[i] = 7.0f;
     char w[160];
     snprintf(w, sizeof w, "bad_args %s", name);
-    cpc_status *st = be->vt->upload(be, bb->o, seven, sizeof seven);
+    cpc_status *st = cpc_backend_upload(be, bb->o, seven, sizeof seven);
     if (!st)
-        st = be->vt->upload(be, bb->lse, seven, sizeof(float) * NL);
+        st = cpc_backend_upload(be, bb->lse, seven, sizeof(float) * NL);
     if (st) {
         fail_st(S, w, "upload", st);
         return;
     }
-    st = be->vt->attn(be, a);
+    st = cpc_backend_attn(be, a);
     if (!st)
         st = dev_sync(be);
     if (want_error) {
@@ -1065,8 +1065,8 @@ static void bad_call(suite *S, cpc_backend *be, const bad_bufs *bb, const cpc_at
         }
         cpc_status_free(st);
         float o[NO], l[NL];
-        if ((st = be->vt->download(be, o, bb->o, sizeof o)) ||
-            (st = be->vt->download(be, l, bb->lse, sizeof l))) {
+        if ((st = cpc_backend_download(be, o, bb->o, sizeof o)) ||
+            (st = cpc_backend_download(be, l, bb->lse, sizeof l))) {
             fail_st(S, w, "download", st);
             return;
         }
@@ -1159,7 +1159,7 @@ static void check_bad_args(suite *S)
     bad_call(S, be, &bb, &a, false, "skv_0");
     {
         float o[2 * 2 * BA_D], l[4];
-        if ((st = be->vt->download(be, o, bb.o, sizeof o)) || (st = be->vt->download(be, l, bb.lse, sizeof l)))
+        if ((st = cpc_backend_download(be, o, bb.o, sizeof o)) || (st = cpc_backend_download(be, l, bb.lse, sizeof l)))
             fail_st(S, "bad_args skv_0", "download", st);
         else {
             for (int i = 0; i < 2 * 2 * BA_D; i++)
@@ -1184,7 +1184,7 @@ out:
     dev_free(be, bb.o);
     dev_free(be, bb.lse);
     dev_free(be, bb.mask);
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
     free(ones);
 }
 
@@ -1297,7 +1297,7 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
             }
             S.rep.checks_run++;
         }
-        b->vt->destroy(b);
+        cpc_backend_destroy(b);
         if (S.log)
             fprintf(S.log, "conformance %s: %s (memory, init_acc, merge, convert, copy_strided): %s  %.2f s\n",
                     be->name, what, S.fails == before ? "ok" : "FAIL", now_s() - t1);

@@ -100,7 +100,7 @@ static cpc_backend *make_backend(const char *tiles)
     cpc_cpu_backend_single_thread_blas();
     cpc_status *st = cpc_cpu_backend_create(&be);
     cr_assert_null(st, "cpc_cpu_backend_create failed");
-    cr_assert_not_null(be->vt->attn_bwd, "the CPU backend has attn_bwd");
+    cr_assert(cpc_backend_has_attn_bwd(be), "the CPU backend has attn_bwd");
     return be;
 }
 
@@ -274,7 +274,7 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
             .q_bstride = qbs, .kv_bstride = kvbs, .o = o, .lse = lse, .scale = scale,
             .causal = tc.causal, .q_runs = tc.qr, .n_q_runs = tc.nqr, .kv_runs = tc.kr,
             .n_kv_runs = tc.nkr, .kv_mask = pmask, .mask_len = pmask ? Skv : 0};
-        st = be->vt->attn(be, &fa);
+        st = cpc_backend_attn(be, &fa);
         cr_assert_null(st, "forward failed (seed %llu)", (unsigned long long)seed);
         free(kl);
         free(vl);
@@ -342,7 +342,7 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
             .scale = scale, .causal = tc.causal,
             .q_runs = tc.qr, .n_q_runs = tc.nqr, .kv_runs = kr, .n_kv_runs = nkr,
             .kv_mask = pmask, .mask_len = pmask ? Skv : 0};
-        st = be->vt->attn_bwd(be, &a);
+        st = cpc_backend_attn_bwd(be, &a);
         if (st)
             cpc_status_print(stderr, "test", st);
         cr_assert_null(st, "attn_bwd failed (seed %llu)", (unsigned long long)seed);
@@ -350,7 +350,7 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
         free(vl);
     }
 #undef MAKE_KV
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
 
     /* reference: keys restricted to the view, dout zero outside the view */
     uint8_t *rmask = calloc((size_t)B * Skv, 1);
@@ -813,15 +813,15 @@ Test(attn_bwd, finite_differences)
                             .group = H / Hkv, .dtype = CPC_DTYPE_FP32, .q = qf, .k = kf,
                             .v = vf, .o = o, .lse = lse, .scale = scale, .causal = causal,
                             .kv_mask = mask, .mask_len = Skv};
-        cr_assert_null(be->vt->attn(be, &fa));
+        cr_assert_null(cpc_backend_attn(be, &fa));
         cpc_attn_bwd_args ba = {.B = 1, .sq = S, .skv = Skv, .hq = H, .hkv = Hkv, .d = D,
                                 .group = H / Hkv, .dtype = CPC_DTYPE_FP32, .q = qf, .k = kf,
                                 .v = vf, .dout = df, .out = o, .out_dtype = CPC_DTYPE_FP32,
                                 .lse = lse, .delta = delta, .compute_delta = true, .dq = dq,
                                 .dk = dk, .dv = dv, .scale = scale, .causal = causal,
                                 .kv_mask = mask, .mask_len = Skv};
-        cr_assert_null(be->vt->attn_bwd(be, &ba));
-        be->vt->destroy(be);
+        cr_assert_null(cpc_backend_attn_bwd(be, &ba));
+        cpc_backend_destroy(be);
         /* the reference, too */
         double *rq = malloc(sizeof(double) * nq), *rk = malloc(sizeof(double) * nk);
         double *rv = malloc(sizeof(double) * nk);
@@ -891,53 +891,53 @@ Test(attn_bwd, refused_arguments)
                               .dout = dout, .out = o, .out_dtype = CPC_DTYPE_FP32, .lse = lse,
                               .delta = delta, .compute_delta = true, .dq = dq, .dk = dk,
                               .dv = dv, .scale = 0.5f};
-    cpc_status *st = be->vt->attn_bwd(be, &good);
+    cpc_status *st = cpc_backend_attn_bwd(be, &good);
     cr_assert_null(st);
     cpc_attn_bwd_args a = good;
     a.dq = NULL;
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "NULL dq refused");
     cr_assert_eq(cpc_status_code(st), CPC_E_INTERNAL);
     cpc_status_free(st);
     a = good;
     a.out = NULL;
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "compute_delta without out refused");
     cpc_status_free(st);
     a = good;
     a.hq = 2;
     a.group = 1;
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "query heads needing a K/V head the block lacks refused");
     cpc_status_free(st);
     a = good;
     cpc_run r = {0, 3};
     a.q_runs = &r;
     a.n_q_runs = 1;
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "runs that do not cover the rows refused");
     cpc_status_free(st);
     a = good;
     a.B = 2;
     a.q_bstride = a.dout_bstride = a.out_bstride = a.kv_bstride = 8;
     a.dkv_bstride = 4; /* smaller than a batch's 2 x 4 */
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "a gradient batch stride smaller than the block refused");
     cpc_status_free(st);
     a = good;
     a.dtype = (cpc_dtype)99;
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "unknown dtype refused");
     cpc_status_free(st);
-    st = be->vt->attn_bwd(be, NULL);
+    st = cpc_backend_attn_bwd(be, NULL);
     cr_assert_not_null(st, "NULL arguments refused");
     cpc_status_free(st);
     /* no key: delta still written, gradients unchanged */
     a = good;
     a.skv = 0;
     delta[0] = delta[1] = NAN;
-    st = be->vt->attn_bwd(be, &a);
+    st = cpc_backend_attn_bwd(be, &a);
     cr_assert_null(st);
     cr_assert(delta[0] == 0.0f && delta[1] == 0.0f);
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
 }

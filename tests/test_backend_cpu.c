@@ -163,10 +163,10 @@ Test(backend, cpu_name_and_alignment)
     cr_assert_null(cpc_cpu_backend_create(&be));
     cr_assert_str_eq(be->vt->name, "cpu");
     void *p = NULL;
-    cr_assert_null(be->vt->alloc(be, 1000, &p));
+    cr_assert_null(cpc_backend_alloc(be, 1000, &p));
     cr_assert_eq((uintptr_t)p % 64, 0, "CPU buffers are 64-byte aligned");
-    be->vt->free(be, p);
-    be->vt->destroy(be);
+    cpc_backend_free(be, p);
+    cpc_backend_destroy(be);
 }
 
 /* ---- dtype conversions ---------------------------------------------------------------- */

@@ -164,7 +164,7 @@ Test(backend_cuda, attention_mode_names_and_refusals)
     cpc_cuda_backend_attention_info(cpu, &info, true);
     cr_assert_eq(info.cudnn_blocks + info.nvrtc_blocks + info.fallback_blocks, 0);
     cr_assert_eq(info.fallback_reason[0], 0);
-    cpu->vt->destroy(cpu);
+    cpc_backend_destroy(cpu);
 }
 
 /* ---- cpc_cudnn_sdpa_split ------------------------------------------------------------ */
@@ -433,7 +433,7 @@ static void gpu_block(const gpu_case *gc)
     st = cpc_cuda_backend_set_attention(gpu, gc->mode);
     if (st && gc->mode == CPC_CUDA_ATTN_CUDNN) {
         cpc_status_free(st);
-        gpu->vt->destroy(gpu);
+        cpc_backend_destroy(gpu);
         cpc_kernels_free(k, nk);
         cr_skip_test("cuDNN unusable here");
     }
@@ -467,27 +467,27 @@ static void gpu_block(const gpu_case *gc)
         a.mask_len = 192;
         /* CPU */
         a.q = q, a.k = kk, a.v = v, a.o = o_ref, a.lse = l_ref, a.kv_mask = gc->mask ? mask : NULL;
-        cr_assert_null(cpu->vt->attn(cpu, &a));
+        cr_assert_null(cpc_backend_attn(cpu, &a));
         /* GPU */
         void *dq, *dk, *dv, *dm = NULL;
         float *dob, *dl;
-        cr_assert_null(gpu->vt->alloc(gpu, nq * es, &dq));
-        cr_assert_null(gpu->vt->alloc(gpu, nkv * es, &dk));
-        cr_assert_null(gpu->vt->alloc(gpu, nkv * es, &dv));
-        cr_assert_null(gpu->vt->alloc(gpu, nq * 4, (void **)&dob));
-        cr_assert_null(gpu->vt->alloc(gpu, (size_t)B * gc->hq * sq * 4, (void **)&dl));
-        cr_assert_null(gpu->vt->upload(gpu, dq, q, nq * es));
-        cr_assert_null(gpu->vt->upload(gpu, dk, kk, nkv * es));
-        cr_assert_null(gpu->vt->upload(gpu, dv, v, nkv * es));
+        cr_assert_null(cpc_backend_alloc(gpu, nq * es, &dq));
+        cr_assert_null(cpc_backend_alloc(gpu, nkv * es, &dk));
+        cr_assert_null(cpc_backend_alloc(gpu, nkv * es, &dv));
+        cr_assert_null(cpc_backend_alloc(gpu, nq * 4, (void **)&dob));
+        cr_assert_null(cpc_backend_alloc(gpu, (size_t)B * gc->hq * sq * 4, (void **)&dl));
+        cr_assert_null(cpc_backend_upload(gpu, dq, q, nq * es));
+        cr_assert_null(cpc_backend_upload(gpu, dk, kk, nkv * es));
+        cr_assert_null(cpc_backend_upload(gpu, dv, v, nkv * es));
         if (gc->mask) {
-            cr_assert_null(gpu->vt->alloc(gpu, (size_t)B * 192, &dm));
-            cr_assert_null(gpu->vt->upload(gpu, dm, mask, (size_t)B * 192));
+            cr_assert_null(cpc_backend_alloc(gpu, (size_t)B * 192, &dm));
+            cr_assert_null(cpc_backend_upload(gpu, dm, mask, (size_t)B * 192));
         }
         a.q = dq, a.k = dk, a.v = dv, a.o = dob, a.lse = dl, a.kv_mask = dm;
-        st = gpu->vt->attn(gpu, &a);
+        st = cpc_backend_attn(gpu, &a);
         cr_assert_null(st, "attn: %s", st ? st->message : "");
-        cr_assert_null(gpu->vt->download(gpu, o_got, dob, nq * 4));
-        cr_assert_null(gpu->vt->download(gpu, l_got, dl, (size_t)B * gc->hq * sq * 4));
+        cr_assert_null(cpc_backend_download(gpu, o_got, dob, nq * 4));
+        cr_assert_null(cpc_backend_download(gpu, l_got, dl, (size_t)B * gc->hq * sq * 4));
         double *ro = malloc(nq * sizeof(double)), *rl = malloc((size_t)B * gc->hq * sq * sizeof(double));
         for (size_t i = 0; i < nq; i++)
             ro[i] = o_ref[i];
@@ -510,13 +510,13 @@ static void gpu_block(const gpu_case *gc)
             cr_assert_eq(info.cudnn_blocks, 0);
         free(ro);
         free(rl);
-        gpu->vt->free(gpu, dq);
-        gpu->vt->free(gpu, dk);
-        gpu->vt->free(gpu, dv);
-        gpu->vt->free(gpu, dob);
-        gpu->vt->free(gpu, dl);
+        cpc_backend_free(gpu, dq);
+        cpc_backend_free(gpu, dk);
+        cpc_backend_free(gpu, dv);
+        cpc_backend_free(gpu, dob);
+        cpc_backend_free(gpu, dl);
         if (dm)
-            gpu->vt->free(gpu, dm);
+            cpc_backend_free(gpu, dm);
     }
     free(q);
     free(kk);
@@ -526,8 +526,8 @@ static void gpu_block(const gpu_case *gc)
     free(o_got);
     free(l_got);
     free(mask);
-    gpu->vt->destroy(gpu);
-    cpu->vt->destroy(cpu);
+    cpc_backend_destroy(gpu);
+    cpc_backend_destroy(cpu);
     cpc_kernels_free(k, nk);
 }
 
@@ -575,20 +575,20 @@ Test(backend_cuda_gpu, merge_vs_cpu_backend)
     cpc_rng_fill(l, CPC_DTYPE_FP32, seed, 3, 0, (int64_t)nl);
     al[0] = -INFINITY; /* one row merges from an empty accumulator */
     void *dacc, *do_, *dal, *dl;
-    cr_assert_null(gpu->vt->alloc(gpu, n * 4, &dacc));
-    cr_assert_null(gpu->vt->alloc(gpu, n * 4, &do_));
-    cr_assert_null(gpu->vt->alloc(gpu, nl * 4, &dal));
-    cr_assert_null(gpu->vt->alloc(gpu, nl * 4, &dl));
-    cr_assert_null(gpu->vt->upload(gpu, dacc, acc, n * 4));
-    cr_assert_null(gpu->vt->upload(gpu, do_, o, n * 4));
-    cr_assert_null(gpu->vt->upload(gpu, dal, al, nl * 4));
-    cr_assert_null(gpu->vt->upload(gpu, dl, l, nl * 4));
+    cr_assert_null(cpc_backend_alloc(gpu, n * 4, &dacc));
+    cr_assert_null(cpc_backend_alloc(gpu, n * 4, &do_));
+    cr_assert_null(cpc_backend_alloc(gpu, nl * 4, &dal));
+    cr_assert_null(cpc_backend_alloc(gpu, nl * 4, &dl));
+    cr_assert_null(cpc_backend_upload(gpu, dacc, acc, n * 4));
+    cr_assert_null(cpc_backend_upload(gpu, do_, o, n * 4));
+    cr_assert_null(cpc_backend_upload(gpu, dal, al, nl * 4));
+    cr_assert_null(cpc_backend_upload(gpu, dl, l, nl * 4));
     cpc_merge_args m = {B, S, H, D, dacc, dal, do_, dl};
-    cr_assert_null(gpu->vt->merge(gpu, &m));
-    cr_assert_null(gpu->vt->download(gpu, got, dacc, n * 4));
-    cr_assert_null(gpu->vt->download(gpu, gotl, dal, nl * 4));
+    cr_assert_null(cpc_backend_merge(gpu, &m));
+    cr_assert_null(cpc_backend_download(gpu, got, dacc, n * 4));
+    cr_assert_null(cpc_backend_download(gpu, gotl, dal, nl * 4));
     cpc_merge_args mc = {B, S, H, D, acc, al, o, l};
-    cr_assert_null(cpu->vt->merge(cpu, &mc));
+    cr_assert_null(cpc_backend_merge(cpu, &mc));
     double *r = malloc(n * sizeof(double)), *rl = malloc(nl * sizeof(double));
     for (size_t i = 0; i < n; i++)
         r[i] = acc[i];
@@ -601,10 +601,10 @@ Test(backend_cuda_gpu, merge_vs_cpu_backend)
               a1.rel_err, a2.rel_err);
     void *bufs[] = {dacc, do_, dal, dl};
     for (int i = 0; i < 4; i++)
-        gpu->vt->free(gpu, bufs[i]);
+        cpc_backend_free(gpu, bufs[i]);
     free(acc), free(o), free(al), free(l), free(got), free(gotl), free(r), free(rl);
-    gpu->vt->destroy(gpu);
-    cpu->vt->destroy(cpu);
+    cpc_backend_destroy(gpu);
+    cpc_backend_destroy(cpu);
     cpc_kernels_free(k, nk);
 }
 

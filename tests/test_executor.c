@@ -518,7 +518,7 @@ Test(executor, memory_plan_matches_allocation)
         cr_assert_eq(cpc_exec_input_bytes(ex, CPC_ROLE_Q), (size_t)(T * 4 * 16 * 2));
         cr_assert_eq(cpc_exec_output_bytes(ex), (size_t)(T * 4 * 16 * 2));
         cpc_exec_destroy(ex);
-        be->vt->destroy(be);
+        cpc_backend_destroy(be);
         cpc_exec_memory_free(&m);
     }
     char *buf = NULL;
@@ -557,7 +557,7 @@ Test(executor, bind_input_rejects_wrong_size)
     cr_assert_not_null(st);
     cpc_status_free(st);
     cpc_exec_destroy(ex);
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }

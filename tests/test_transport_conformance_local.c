@@ -47,9 +47,9 @@ static mutant mode(cpc_transport *t) { return ((wrap *)t->ctx)->m; }
 
 static int w_group_rank(cpc_transport *t, cpc_group g)
 {
-    int r = inner(t)->vt->group_rank(inner(t), g);
+    int r = cpc_transport_group_rank(inner(t), g);
     if (mode(t) == M_WRONG_RANK && g == CPC_GROUP_RING) {
-        int n = inner(t)->vt->group_size(inner(t), g);
+        int n = cpc_transport_group_size(inner(t), g);
         r = (r + 1) % n;
     }
     return r;
@@ -57,7 +57,7 @@ static int w_group_rank(cpc_transport *t, cpc_group g)
 
 static int w_group_size(cpc_transport *t, cpc_group g)
 {
-    return inner(t)->vt->group_size(inner(t), g);
+    return cpc_transport_group_size(inner(t), g);
 }
 
 static cpc_status *w_post(cpc_transport *t, bool is_recv, cpc_group g, int peer, void *buf,
@@ -69,8 +69,8 @@ static cpc_status *w_post(cpc_transport *t, bool is_recv, cpc_group g, int peer,
     if (mode(t) == M_IGNORE_TAGS && tag >= 0)
         tag = 0;
     cpc_transport *in = inner(t);
-    cpc_status *st = is_recv ? in->vt->irecv(in, g, peer, buf, bytes, tag, &w->in)
-                             : in->vt->isend(in, g, peer, buf, bytes, tag, &w->in);
+    cpc_status *st = is_recv ? cpc_transport_irecv(in, g, peer, buf, bytes, tag, &w->in)
+                             : cpc_transport_isend(in, g, peer, buf, bytes, tag, &w->in);
     if (st) {
         free(w);
         return st;
@@ -97,7 +97,7 @@ static cpc_status *w_irecv(cpc_transport *t, cpc_group g, int peer, void *buf, s
 static cpc_status *w_wait(cpc_transport *t, cpc_request *req)
 {
     wrap_req *w = (wrap_req *)req;
-    cpc_status *st = inner(t)->vt->wait(inner(t), w->in);
+    cpc_status *st = cpc_transport_wait(inner(t), w->in);
     if (!st && w->is_recv && w->bytes > 0 && mode(t) == M_FLIP_RECV)
         ((unsigned char *)w->buf)[w->bytes / 2] ^= 0x10;
     free(w);
@@ -107,7 +107,7 @@ static cpc_status *w_wait(cpc_transport *t, cpc_request *req)
 static cpc_status *w_a2a(cpc_transport *t, cpc_group g, const void *send, const size_t *sc,
                          const size_t *sd, void *recv, const size_t *rc, const size_t *rd)
 {
-    cpc_status *st = inner(t)->vt->all_to_all_v(inner(t), g, send, sc, sd, recv, rc, rd);
+    cpc_status *st = cpc_transport_all_to_all_v(inner(t), g, send, sc, sd, recv, rc, rd);
     if (!st && mode(t) == M_A2A_GAP && rd[0] > 0)
         ((unsigned char *)recv)[rd[0] - 1] ^= 0xFF;
     return st;
@@ -116,25 +116,25 @@ static cpc_status *w_a2a(cpc_transport *t, cpc_group g, const void *send, const 
 static cpc_status *w_ag(cpc_transport *t, cpc_group g, const void *send, size_t send_bytes,
                         void *recv, const size_t *counts, const size_t *displs)
 {
-    return inner(t)->vt->all_gather_v(inner(t), g, send, send_bytes, recv, counts, displs);
+    return cpc_transport_all_gather_v(inner(t), g, send, send_bytes, recv, counts, displs);
 }
 
 static cpc_status *w_barrier(cpc_transport *t, cpc_group g)
 {
     if (mode(t) == M_NOOP_BARRIER)
         return NULL;
-    return inner(t)->vt->barrier(inner(t), g);
+    return cpc_transport_barrier(inner(t), g);
 }
 
 static void w_abort(cpc_transport *t, const char *why)
 {
-    inner(t)->vt->abort(inner(t), why);
+    cpc_transport_abort(inner(t), why);
 }
 
 static void w_destroy(cpc_transport *t)
 {
     wrap *w = t->ctx;
-    w->in->vt->destroy(w->in);
+    cpc_transport_destroy(w->in);
     free(w);
 }
 

@@ -54,7 +54,7 @@ static void conformance(int R, int U)
     cpc_status *all = cpc_conformance_local_threads(w, R, U, wrap_device, bes, &conf_opts);
     cpc_local_world_destroy(w);
     for (int p = 0; p < P; p++)
-        bes[p]->vt->destroy(bes[p]);
+        cpc_backend_destroy(bes[p]);
     cr_expect_null(all, "device transport failed the conformance suite on mesh %d x %d: %s", R, U,
                    all ? all->message : "");
     cpc_status_free(all);
@@ -168,13 +168,13 @@ static void fill(cpc_backend *be, unsigned char *dev, size_t n, int from, int to
     unsigned char h[NB * LP];
     for (size_t i = 0; i < n; i++)
         h[i] = logical(from, to, what, i);
-    cr_assert_null(be->vt->upload(be, dev, h, n));   /* pending until a sync */
+    cr_assert_null(cpc_backend_upload(be, dev, h, n));   /* pending until a sync */
 }
 
 static int count_bad(cpc_backend *be, const unsigned char *dev, size_t n, int from, int to, int what)
 {
     unsigned char h[NB * LP];
-    cr_assert_null(be->vt->download(be, h, dev, n));
+    cr_assert_null(cpc_backend_download(be, h, dev, n));
     int bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += h[i] != logical(from, to, what, i);
@@ -192,20 +192,20 @@ static void *lazy_rank(void *arg)
     else
         t = in;
     unsigned char *sbuf, *rbuf, *a2a_s, *a2a_r, *ag_r;
-    cr_assert_null(be->vt->alloc(be, NB, (void **)&sbuf));
-    cr_assert_null(be->vt->alloc(be, NB, (void **)&rbuf));
-    cr_assert_null(be->vt->alloc(be, NB * LP, (void **)&a2a_s));
-    cr_assert_null(be->vt->alloc(be, NB * LP, (void **)&a2a_r));
-    cr_assert_null(be->vt->alloc(be, NB * LP, (void **)&ag_r));
+    cr_assert_null(cpc_backend_alloc(be, NB, (void **)&sbuf));
+    cr_assert_null(cpc_backend_alloc(be, NB, (void **)&rbuf));
+    cr_assert_null(cpc_backend_alloc(be, NB * LP, (void **)&a2a_s));
+    cr_assert_null(cpc_backend_alloc(be, NB * LP, (void **)&a2a_r));
+    cr_assert_null(cpc_backend_alloc(be, NB * LP, (void **)&ag_r));
     int me = j->p, next = (me + 1) % LP, prev = (me + LP - 1) % LP;
     /* ring step: the send buffer is written (queued) right before isend */
     fill(be, sbuf, NB, me, next, 0);
     cpc_request *rs = NULL, *rr = NULL;
-    cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, prev, rbuf, NB, 5, &rr);
+    cpc_status *st = cpc_transport_irecv(t, CPC_GROUP_WORLD, prev, rbuf, NB, 5, &rr);
     if (!st)
-        st = t->vt->isend(t, CPC_GROUP_WORLD, next, sbuf, NB, 5, &rs);
+        st = cpc_transport_isend(t, CPC_GROUP_WORLD, next, sbuf, NB, 5, &rs);
     /* wait for every posted request (each frees its request), keep the first error */
-    cpc_status *ws = rs ? t->vt->wait(t, rs) : NULL, *wr = rr ? t->vt->wait(t, rr) : NULL;
+    cpc_status *ws = rs ? cpc_transport_wait(t, rs) : NULL, *wr = rr ? cpc_transport_wait(t, rr) : NULL;
     if (!st)
         st = ws ? ws : wr;
     if (ws && st != ws)
@@ -222,25 +222,25 @@ static void *lazy_rank(void *arg)
         fill(be, a2a_s + displs[i], NB, me, i, 1);
     }
     if (!st)
-        st = t->vt->all_to_all_v(t, CPC_GROUP_WORLD, a2a_s, counts, displs, a2a_r, counts, displs);
+        st = cpc_transport_all_to_all_v(t, CPC_GROUP_WORLD, a2a_s, counts, displs, a2a_r, counts, displs);
     for (int i = 0; i < LP && !st; i++)
         j->bad += count_bad(be, a2a_r + displs[i], NB, i, me, 1);
     /* all-gather of a freshly written part */
     fill(be, sbuf, NB, me, -1, 2);
     if (!st)
-        st = t->vt->all_gather_v(t, CPC_GROUP_WORLD, sbuf, NB, ag_r, counts, displs);
+        st = cpc_transport_all_gather_v(t, CPC_GROUP_WORLD, sbuf, NB, ag_r, counts, displs);
     for (int i = 0; i < LP && !st; i++)
         j->bad += count_bad(be, ag_r + displs[i], NB, i, -1, 2);
     if (st)
-        t->vt->abort(t, st->message);   /* as the executor does: the others stop waiting */
+        cpc_transport_abort(t, st->message);   /* as the executor does: the others stop waiting */
     j->st = st;
     l_sync(be);   /* drain this rank's queue before its buffers go */
-    be->vt->free(be, sbuf);
-    be->vt->free(be, rbuf);
-    be->vt->free(be, a2a_s);
-    be->vt->free(be, a2a_r);
-    be->vt->free(be, ag_r);
-    t->vt->destroy(t);
+    cpc_backend_free(be, sbuf);
+    cpc_backend_free(be, rbuf);
+    cpc_backend_free(be, a2a_s);
+    cpc_backend_free(be, a2a_r);
+    cpc_backend_free(be, ag_r);
+    cpc_transport_destroy(t);
     return NULL;
 }
 

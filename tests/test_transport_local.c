@@ -57,7 +57,7 @@ static void run_world(job *j, int R, int U, double timeout, rank_fn fn)
     for (int p = 0; p < P; p++)
         pthread_join(th[p], NULL);
     for (int p = 0; p < P; p++)
-        a[p].t->vt->destroy(a[p].t);
+        cpc_transport_destroy(a[p].t);
 }
 
 static void end_world(job *j, int P)
@@ -86,10 +86,10 @@ static void fifo_rank(job *j, int p, cpc_transport *t)
         for (int i = 0; i < 3; i++) {
             m[i] = malloc(sz[i] + 1);
             memset(m[i], 0x40 + i, sz[i] + 1);
-            keep(j, p, t->vt->isend(t, CPC_GROUP_WORLD, 1, m[i], sz[i], 5, &r[i]));
+            keep(j, p, cpc_transport_isend(t, CPC_GROUP_WORLD, 1, m[i], sz[i], 5, &r[i]));
         }
         for (int i = 2; i >= 0; i--)
-            keep(j, p, t->vt->wait(t, r[i]));
+            keep(j, p, cpc_transport_wait(t, r[i]));
         for (int i = 0; i < 3; i++)
             free(m[i]);
     } else {
@@ -98,10 +98,10 @@ static void fifo_rank(job *j, int p, cpc_transport *t)
         cpc_request *r[3];
         for (int i = 0; i < 3; i++) {
             m[i] = calloc(1, sz[i] + 1);
-            keep(j, p, t->vt->irecv(t, CPC_GROUP_WORLD, 0, m[i], sz[i], 5, &r[i]));
+            keep(j, p, cpc_transport_irecv(t, CPC_GROUP_WORLD, 0, m[i], sz[i], 5, &r[i]));
         }
         for (int i = 0; i < 3; i++)
-            keep(j, p, t->vt->wait(t, r[i]));
+            keep(j, p, cpc_transport_wait(t, r[i]));
         for (int i = 0; i < 3; i++) {
             for (size_t k = 0; k < sz[i]; k++)
                 if (m[i][k] != 0x40 + i) {
@@ -133,11 +133,11 @@ static void mismatch_rank(job *j, int p, cpc_transport *t)
     char buf[64] = {0};
     cpc_request *r = NULL;
     if (p == 0)
-        keep(j, p, t->vt->isend(t, CPC_GROUP_RING, 1, buf, 48, 3, &r));
+        keep(j, p, cpc_transport_isend(t, CPC_GROUP_RING, 1, buf, 48, 3, &r));
     else
-        keep(j, p, t->vt->irecv(t, CPC_GROUP_RING, 0, buf, 64, 3, &r));
+        keep(j, p, cpc_transport_irecv(t, CPC_GROUP_RING, 0, buf, 64, 3, &r));
     if (r)
-        keep(j, p, t->vt->wait(t, r));
+        keep(j, p, cpc_transport_wait(t, r));
 }
 
 Test(transport_local, size_mismatch_fails_both_sides)
@@ -159,14 +159,14 @@ Test(transport_local, size_mismatch_fails_both_sides)
 static void coll_mismatch_rank(job *j, int p, cpc_transport *t)
 {
     if (p == 1) {
-        keep(j, p, t->vt->barrier(t, CPC_GROUP_ULYSSES));
+        keep(j, p, cpc_transport_barrier(t, CPC_GROUP_ULYSSES));
     } else {
         int x = p, y[2];
         size_t cnt[2] = {sizeof x, sizeof x}, dsp[2] = {0, sizeof x};
-        keep(j, p, t->vt->all_gather_v(t, CPC_GROUP_ULYSSES, &x, sizeof x, y, cnt, dsp));
+        keep(j, p, cpc_transport_all_gather_v(t, CPC_GROUP_ULYSSES, &x, sizeof x, y, cnt, dsp));
     }
     /* The transport stays usable. */
-    keep(j, p, t->vt->barrier(t, CPC_GROUP_WORLD));
+    keep(j, p, cpc_transport_barrier(t, CPC_GROUP_WORLD));
 }
 
 Test(transport_local, different_collectives_are_an_error_on_every_member)
@@ -194,27 +194,27 @@ static void abort_rank(job *j, int p, cpc_transport *t)
 {
     if (p == 0) {
         usleep(50000);
-        t->vt->abort(t, "rank 0 gave up");
+        cpc_transport_abort(t, "rank 0 gave up");
         return;
     }
     double t0 = now_s();
     if (p == 1) {
         char b[8];
         cpc_request *r = NULL;
-        cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, 0, b, sizeof b, 9, &r);
+        cpc_status *st = cpc_transport_irecv(t, CPC_GROUP_WORLD, 0, b, sizeof b, 9, &r);
         if (!st)
-            st = t->vt->wait(t, r);
+            st = cpc_transport_wait(t, r);
         keep(j, p, st);
     } else if (p == 2) {
-        keep(j, p, t->vt->barrier(t, CPC_GROUP_WORLD));
+        keep(j, p, cpc_transport_barrier(t, CPC_GROUP_WORLD));
     } else {
         char s[8] = {0}, rbuf[16];
         size_t c[2] = {4, 4}, d[2] = {0, 4};
-        keep(j, p, t->vt->all_to_all_v(t, CPC_GROUP_ULYSSES, s, c, d, rbuf, c, d));
+        keep(j, p, cpc_transport_all_to_all_v(t, CPC_GROUP_ULYSSES, s, c, d, rbuf, c, d));
     }
     snprintf(j->info[p], sizeof j->info[p], "%.3f", now_s() - t0);
     /* Later calls fail at once too. */
-    keep(j, p, t->vt->barrier(t, CPC_GROUP_RING));
+    keep(j, p, cpc_transport_barrier(t, CPC_GROUP_RING));
 }
 
 Test(transport_local, abort_wakes_every_waiter)
@@ -242,12 +242,12 @@ static void timeout_rank(job *j, int p, cpc_transport *t)
     if (p == 1) {
         char b[8];
         cpc_request *r = NULL;
-        cpc_status *st = t->vt->irecv(t, CPC_GROUP_RING, 0, b, sizeof b, 4, &r);
+        cpc_status *st = cpc_transport_irecv(t, CPC_GROUP_RING, 0, b, sizeof b, 4, &r);
         if (!st)
-            st = t->vt->wait(t, r);
+            st = cpc_transport_wait(t, r);
         keep(j, p, st);
     } else {
-        keep(j, p, t->vt->barrier(t, CPC_GROUP_WORLD));
+        keep(j, p, cpc_transport_barrier(t, CPC_GROUP_WORLD));
     }
 }
 
@@ -271,7 +271,7 @@ Test(transport_local, timeout_names_who_waits_for_what)
 static void uneven_rank(job *j, int p, cpc_transport *t)
 {
     /* ulysses group: members send (src+1)*(dst+1) bytes of value 16*src+dst. */
-    int me = t->vt->group_rank(t, CPC_GROUP_ULYSSES), n = t->vt->group_size(t, CPC_GROUP_ULYSSES);
+    int me = cpc_transport_group_rank(t, CPC_GROUP_ULYSSES), n = cpc_transport_group_size(t, CPC_GROUP_ULYSSES);
     size_t sc[2], sd[2], rc[2], rd[2], so = 0, ro = 0;
     for (int k = 0; k < n; k++) {
         sc[k] = (size_t)((me + 1) * (k + 1));
@@ -285,7 +285,7 @@ static void uneven_rank(job *j, int p, cpc_transport *t)
     for (int k = 0; k < n; k++)
         memset(sb + sd[k], 16 * me + k, sc[k]);
     memset(rb, 0xEE, sizeof rb);
-    keep(j, p, t->vt->all_to_all_v(t, CPC_GROUP_ULYSSES, sb, sc, sd, rb, rc, rd));
+    keep(j, p, cpc_transport_all_to_all_v(t, CPC_GROUP_ULYSSES, sb, sc, sd, rb, rc, rd));
     for (int k = 0; k < n; k++) {
         if (rb[rd[k] - 1] != 0xEE)
             snprintf(j->info[p], sizeof j->info[p], "gap before part %d written", k);
@@ -294,12 +294,12 @@ static void uneven_rank(job *j, int p, cpc_transport *t)
                 snprintf(j->info[p], sizeof j->info[p], "part %d byte %zu wrong", k, i);
     }
     /* ring group all-gather: member i contributes i+1 bytes of value 100+p. */
-    int ri = t->vt->group_rank(t, CPC_GROUP_RING);
+    int ri = cpc_transport_group_rank(t, CPC_GROUP_RING);
     unsigned char g[8], mine[4];
     memset(mine, 100 + p, sizeof mine);
     size_t cnt[2] = {1, 2}, dsp[2] = {3, 0};
     memset(g, 0, sizeof g);
-    keep(j, p, t->vt->all_gather_v(t, CPC_GROUP_RING, mine, (size_t)(ri + 1), g, cnt, dsp));
+    keep(j, p, cpc_transport_all_gather_v(t, CPC_GROUP_RING, mine, (size_t)(ri + 1), g, cnt, dsp));
     int u = p % 2;
     if (g[3] != 100 + u || g[0] != 100 + 2 + u || g[1] != 100 + 2 + u || g[2] != 0)
         snprintf(j->info[p], sizeof j->info[p], "all_gather_v content wrong: %d %d %d %d", g[0],
@@ -334,24 +334,24 @@ Test(transport_local, endpoints_and_bad_arguments)
     cr_assert_not_null(st, "rank out of range");
     cpc_status_free(st);
     /* rank 5 = r 1, u 2 */
-    cr_assert_eq(a->vt->group_rank(a, CPC_GROUP_RING), 1);
-    cr_assert_eq(a->vt->group_rank(a, CPC_GROUP_ULYSSES), 2);
-    cr_assert_eq(a->vt->group_size(a, CPC_GROUP_ULYSSES), 3);
-    cr_assert_eq(a->vt->group_size(a, CPC_GROUP_WORLD), 6);
+    cr_assert_eq(cpc_transport_group_rank(a, CPC_GROUP_RING), 1);
+    cr_assert_eq(cpc_transport_group_rank(a, CPC_GROUP_ULYSSES), 2);
+    cr_assert_eq(cpc_transport_group_size(a, CPC_GROUP_ULYSSES), 3);
+    cr_assert_eq(cpc_transport_group_size(a, CPC_GROUP_WORLD), 6);
     cpc_request *r = NULL;
     char x;
-    st = a->vt->isend(a, CPC_GROUP_RING, 2, &x, 1, 0, &r);
+    st = cpc_transport_isend(a, CPC_GROUP_RING, 2, &x, 1, 0, &r);
     cr_assert_not_null(st, "peer outside the ring group accepted");
     cpc_status_free(st);
-    st = a->vt->irecv(a, CPC_GROUP_WORLD, 0, &x, 1, -1, &r);
+    st = cpc_transport_irecv(a, CPC_GROUP_WORLD, 0, &x, 1, -1, &r);
     cr_assert_not_null(st, "negative tag accepted");
     cpc_status_free(st);
-    st = a->vt->barrier(a, CPC_GROUP_NONE);
+    st = cpc_transport_barrier(a, CPC_GROUP_NONE);
     cr_assert_not_null(st, "group none accepted");
     cpc_status_free(st);
-    a->vt->destroy(a);
+    cpc_transport_destroy(a);
     /* After destroy the rank may get a new endpoint. */
     cr_assert_null(cpc_local_endpoint_create(w, 5, &a));
-    a->vt->destroy(a);
+    cpc_transport_destroy(a);
     cpc_local_world_destroy(w);
 }

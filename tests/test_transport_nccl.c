@@ -128,7 +128,7 @@ Test(transport_nccl, helpers_on_another_transport)
     st = cpc_transport_nccl_flush(t);
     cr_expect(st && st->code == CPC_E_USAGE);
     cpc_status_free(st);
-    t->vt->destroy(t);
+    cpc_transport_destroy(t);
     cpc_local_world_destroy(w);
 }
 
@@ -194,12 +194,12 @@ static cpc_status *d2h(devwrap *w, void *host, const void *dev, size_t n)
 
 static int d_group_rank(cpc_transport *t, cpc_group g)
 {
-    return DW(t)->in->vt->group_rank(DW(t)->in, g);
+    return cpc_transport_group_rank(DW(t)->in, g);
 }
 
 static int d_group_size(cpc_transport *t, cpc_group g)
 {
-    return DW(t)->in->vt->group_size(DW(t)->in, g);
+    return cpc_transport_group_size(DW(t)->in, g);
 }
 
 static cpc_status *d_post(cpc_transport *t, bool is_recv, cpc_group g, int peer, void *buf,
@@ -217,8 +217,8 @@ static cpc_status *d_post(cpc_transport *t, bool is_recv, cpc_group g, int peer,
     if (!st && !is_recv)
         st = h2d(w, r->dev, buf, bytes);
     if (!st)
-        st = is_recv ? w->in->vt->irecv(w->in, g, peer, r->dev, bytes, tag, &r->in)
-                     : w->in->vt->isend(w->in, g, peer, r->dev, bytes, tag, &r->in);
+        st = is_recv ? cpc_transport_irecv(w->in, g, peer, r->dev, bytes, tag, &r->in)
+                     : cpc_transport_isend(w->in, g, peer, r->dev, bytes, tag, &r->in);
     if (st) {
         d_free(w, r->dev);
         free(r);
@@ -244,7 +244,7 @@ static cpc_status *d_wait(cpc_transport *t, cpc_request *q)
 {
     devwrap *w = DW(t);
     dev_req *r = (dev_req *)q;
-    cpc_status *st = w->in->vt->wait(w->in, r->in);
+    cpc_status *st = cpc_transport_wait(w->in, r->in);
     if (!st && r->is_recv)
         st = d2h(w, r->host, r->dev, r->bytes);
     d_free(w, r->dev);
@@ -268,7 +268,7 @@ static cpc_status *d_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
     devwrap *w = DW(t);
     int n = d_group_size(t, g);
     if (n < 1)
-        return w->in->vt->all_to_all_v(w->in, g, send, sc, sd, recv, rc, rd);
+        return cpc_transport_all_to_all_v(w->in, g, send, sc, sd, recv, rc, rd);
     size_t se = ext(n, sc, sd), re = ext(n, rc, rd);
     void *ds = NULL, *dr = NULL;
     /* The receive extent is uploaded too (sentinels in the gaps), and
@@ -281,7 +281,7 @@ static cpc_status *d_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
     if (!st)
         st = h2d(w, dr, recv, re);
     if (!st)
-        st = w->in->vt->all_to_all_v(w->in, g, ds, sc, sd, dr, rc, rd);
+        st = cpc_transport_all_to_all_v(w->in, g, ds, sc, sd, dr, rc, rd);
     if (!st)
         st = d2h(w, recv, dr, re);
     d_free(w, ds);
@@ -296,7 +296,7 @@ static cpc_status *d_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
     devwrap *w = DW(t);
     int n = d_group_size(t, g);
     if (n < 1)
-        return w->in->vt->all_gather_v(w->in, g, send, send_bytes, recv, counts, displs);
+        return cpc_transport_all_gather_v(w->in, g, send, send_bytes, recv, counts, displs);
     size_t re = ext(n, counts, displs);
     void *ds = NULL, *dr = NULL;
     cpc_status *st = d_alloc(w, send_bytes, &ds);
@@ -307,7 +307,7 @@ static cpc_status *d_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
     if (!st)
         st = h2d(w, dr, recv, re);
     if (!st)
-        st = w->in->vt->all_gather_v(w->in, g, ds, send_bytes, dr, counts, displs);
+        st = cpc_transport_all_gather_v(w->in, g, ds, send_bytes, dr, counts, displs);
     if (!st)
         st = d2h(w, recv, dr, re);
     d_free(w, ds);
@@ -317,12 +317,12 @@ static cpc_status *d_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
 
 static cpc_status *d_barrier(cpc_transport *t, cpc_group g)
 {
-    return DW(t)->in->vt->barrier(DW(t)->in, g);
+    return cpc_transport_barrier(DW(t)->in, g);
 }
 
 static void d_abort(cpc_transport *t, const char *why)
 {
-    DW(t)->in->vt->abort(DW(t)->in, why);
+    cpc_transport_abort(DW(t)->in, why);
 }
 
 static void d_destroy(cpc_transport *t)
@@ -400,7 +400,7 @@ Test(transport_nccl, conformance, .timeout = 300)
         cr_assert_null(cpc_transport_nccl_set_compute_stream(t, NULL));
         cudaStreamSynchronize(w.copy);
         cudaStreamDestroy(w.copy);
-        t->vt->destroy(t);
+        cpc_transport_destroy(t);
     }
     cpc_mpi_finalize();
 }

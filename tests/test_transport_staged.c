@@ -56,7 +56,7 @@ static void conformance(int R, int U)
     cpc_status *all = cpc_conformance_local_threads(w, R, U, wrap_staged, bes, &conf_opts);
     cpc_local_world_destroy(w);
     for (int p = 0; p < P; p++)
-        bes[p]->vt->destroy(bes[p]);
+        cpc_backend_destroy(bes[p]);
     if (all)
         cpc_status_print(stderr, "test_transport_staged", all);
     cr_expect_null(all, "staged transport failed the conformance suite on mesh %d x %d: %s", R, U,
@@ -152,7 +152,7 @@ static void put(cpc_backend *be, unsigned char *dev, size_t n, int from, int to,
     cr_assert_not_null(h);
     for (size_t i = 0; i < n; i++)
         h[i] = logical(from, to, what, i);
-    cr_assert_null(be->vt->upload(be, dev, h, n));
+    cr_assert_null(cpc_backend_upload(be, dev, h, n));
     free(h);
 }
 
@@ -160,7 +160,7 @@ static int count_bad(cpc_backend *be, const unsigned char *dev, size_t n, int fr
 {
     unsigned char *h = malloc(n);
     cr_assert_not_null(h);
-    cr_assert_null(be->vt->download(be, h, dev, n));
+    cr_assert_null(cpc_backend_download(be, h, dev, n));
     int bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += h[i] != logical(from, to, what, i);
@@ -184,7 +184,7 @@ static void *key_rank(void *arg)
     if (j->st) {
         cpc_local_world_abort(j->w, j->p, "setup failed");
         if (t)
-            t->vt->destroy(t);
+            cpc_transport_destroy(t);
         return NULL;
     }
     int P = KP, p = j->p;
@@ -193,13 +193,13 @@ static void *key_rank(void *arg)
     /* 1. ring shift over the world: send to p+1, receive from p-1. */
     put(&be, send, NB, p, (p + 1) % P, 1);
     cpc_request *rs = NULL, *rr = NULL;
-    cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, (p + P - 1) % P, recv, NB, 5, &rr);
+    cpc_status *st = cpc_transport_irecv(t, CPC_GROUP_WORLD, (p + P - 1) % P, recv, NB, 5, &rr);
     if (!st)
-        st = t->vt->isend(t, CPC_GROUP_WORLD, (p + 1) % P, send, NB, 5, &rs);
+        st = cpc_transport_isend(t, CPC_GROUP_WORLD, (p + 1) % P, send, NB, 5, &rs);
     if (!st)
-        st = t->vt->wait(t, rs);
+        st = cpc_transport_wait(t, rs);
     if (!st)
-        st = t->vt->wait(t, rr);
+        st = cpc_transport_wait(t, rr);
     if (!st)
         j->mismatches += count_bad(&be, recv, NB, (p + P - 1) % P, p, 1);
     /* 2. all_to_all_v over the world, part i of size NB - 10*i, with a gap. */
@@ -213,11 +213,11 @@ static void *key_rank(void *arg)
             put(&be, send + sd[i], sc[i], p, i, 2);
     }
     if (!st)
-        st = t->vt->all_to_all_v(t, CPC_GROUP_WORLD, send, sc, sd, recv, rc, rd);
+        st = cpc_transport_all_to_all_v(t, CPC_GROUP_WORLD, send, sc, sd, recv, rc, rd);
     for (int i = 0; !st && i < P; i++)
         j->mismatches += count_bad(&be, recv + rd[i], rc[i], i, p, 2);
     /* 3. all_gather_v over the ring group (members r = 0..R-1, same u). */
-    int gr = t->vt->group_rank(t, CPC_GROUP_RING), gn = t->vt->group_size(t, CPC_GROUP_RING);
+    int gr = cpc_transport_group_rank(t, CPC_GROUP_RING), gn = cpc_transport_group_size(t, CPC_GROUP_RING);
     size_t gc[KR], gd[KR];
     for (int i = 0; i < gn; i++) {
         gc[i] = 300 + 50 * (size_t)i;
@@ -225,17 +225,17 @@ static void *key_rank(void *arg)
     }
     if (!st) {
         put(&be, send, gc[gr], gr, -1, 3);
-        st = t->vt->all_gather_v(t, CPC_GROUP_RING, send, gc[gr], recv, gc, gd);
+        st = cpc_transport_all_gather_v(t, CPC_GROUP_RING, send, gc[gr], recv, gc, gd);
     }
     for (int i = 0; !st && i < gn; i++)
         j->mismatches += count_bad(&be, recv + gd[i], gc[i], i, -1, 3);
     if (st)
-        t->vt->abort(t, st->message);
+        cpc_transport_abort(t, st->message);
     cpc_transport_staged_bytes(t, &j->downloaded, &j->uploaded);
     j->st = st;
     free(send);
     free(recv);
-    t->vt->destroy(t);
+    cpc_transport_destroy(t);
     return NULL;
 }
 
@@ -307,9 +307,9 @@ Test(transport_staged, name_and_identity)
     cr_expect_str_eq(t->vt->name, "local+staged");
     cr_expect(cpc_transport_staged_is(t));
     cr_expect(!cpc_transport_staged_is(in));
-    cr_expect_eq(t->vt->group_size(t, CPC_GROUP_WORLD), 1);
-    t->vt->destroy(t);   /* destroys in */
-    be->vt->destroy(be);
+    cr_expect_eq(cpc_transport_group_size(t, CPC_GROUP_WORLD), 1);
+    cpc_transport_destroy(t);   /* destroys in */
+    cpc_backend_destroy(be);
     cpc_local_world_destroy(w);
 }
 
@@ -324,15 +324,15 @@ Test(transport_staged, failed_upload_is_reported)
     cr_assert_null(cpc_transport_staged_create(in, &be, &t));
     unsigned char a[64] = {1, 2, 3}, b[64];
     cpc_request *rs = NULL, *rr = NULL;
-    cr_assert_null(t->vt->irecv(t, CPC_GROUP_WORLD, 0, b, sizeof b, 1, &rr));
-    cr_assert_null(t->vt->isend(t, CPC_GROUP_WORLD, 0, a, sizeof a, 1, &rs));
-    cr_assert_null(t->vt->wait(t, rs));
-    cpc_status *st = t->vt->wait(t, rr);
+    cr_assert_null(cpc_transport_irecv(t, CPC_GROUP_WORLD, 0, b, sizeof b, 1, &rr));
+    cr_assert_null(cpc_transport_isend(t, CPC_GROUP_WORLD, 0, a, sizeof a, 1, &rs));
+    cr_assert_null(cpc_transport_wait(t, rs));
+    cpc_status *st = cpc_transport_wait(t, rr);
     cr_assert_not_null(st, "a failed upload must fail the receive");
     cr_expect(strstr(st->message, "staged transport") && strstr(st->message, "upload failed"),
               "message: %s", st->message);
     cpc_status_free(st);
-    t->vt->destroy(t);
+    cpc_transport_destroy(t);
     cpc_local_world_destroy(w);
 }
 

@@ -100,7 +100,7 @@ static cpc_status *fatal(suite *S, cpc_status *st, const char *call)
     cpc_status_prefix(st, "conformance %s: rank %d (r=%d, u=%d): %s: %s", S->name, S->p, S->r,
                       S->u, cpc_conf_check_name(S->check), call);
     char *why = cpc_status_format("conformance", st);
-    S->t->vt->abort(S->t, why ? why : st->message);
+    cpc_transport_abort(S->t, why ? why : st->message);
     free(why);
     return st;
 }
@@ -221,7 +221,7 @@ static cpc_status *check_groups(suite *S)
     bool bad = false;
     for (int k = 0; k < 3; k++) {
         cpc_group g = groups[k];
-        int n = t->vt->group_size(t, g), i = t->vt->group_rank(t, g);
+        int n = cpc_transport_group_size(t, g), i = cpc_transport_group_rank(t, g);
         if (n != gsize(S, g) || i != gindex(S, g)) {
             fail(S, "%s group: rank %d of %d, expected %d of %d", gname(g), i, n, gindex(S, g),
                  gsize(S, g));
@@ -234,7 +234,7 @@ static cpc_status *check_groups(suite *S)
         cpc_status *st = cpc_error(CPC_E_CHECK, "conformance %s: rank %d: wrong groups; "
                                                 "remaining checks not run", S->name, S->p);
         char *why = cpc_status_format("conformance", st);
-        t->vt->abort(t, why ? why : st->message);
+        cpc_transport_abort(t, why ? why : st->message);
         free(why);
         return st;
     }
@@ -259,7 +259,7 @@ static cpc_status *check_groups(suite *S)
             displs[j] = (size_t)j * sizeof(int32_t);
             all[j] = -1;
         }
-        cpc_status *st = t->vt->all_gather_v(t, g, &mine, sizeof mine, all, counts, displs);
+        cpc_status *st = cpc_transport_all_gather_v(t, g, &mine, sizeof mine, all, counts, displs);
         if (!st)
             for (int j = 0; j < n; j++)
                 if (all[j] != gmember_world(S, g, j))
@@ -299,14 +299,14 @@ static cpc_status *check_ring(suite *S)
             fill(sbuf, sb, seed_of(CPC_CONF_RING, g, i, dst, tag));
             memset(rbuf, SENTINEL, rb + 16);
             cpc_request *rq = NULL, *sq = NULL;
-            CALL(S, t->vt->irecv(t, g, src, rbuf, rb, tag, &rq));
-            CALL(S, t->vt->isend(t, g, dst, sbuf, sb, tag, &sq));
+            CALL(S, cpc_transport_irecv(t, g, src, rbuf, rb, tag, &rq));
+            CALL(S, cpc_transport_isend(t, g, dst, sbuf, sb, tag, &sq));
             if (s % 2) {
-                CALL(S, t->vt->wait(t, sq));
-                CALL(S, t->vt->wait(t, rq));
+                CALL(S, cpc_transport_wait(t, sq));
+                CALL(S, cpc_transport_wait(t, rq));
             } else {
-                CALL(S, t->vt->wait(t, rq));
-                CALL(S, t->vt->wait(t, sq));
+                CALL(S, cpc_transport_wait(t, rq));
+                CALL(S, cpc_transport_wait(t, sq));
             }
             char what[128];
             snprintf(what, sizeof what, "%s group shift %d: recv from member %d tag %d",
@@ -333,10 +333,10 @@ static cpc_status *check_self(suite *S)
         fill(sbuf, n, seed_of(CPC_CONF_SELF, g, i, i, 7));
         memset(rbuf, SENTINEL, sizeof rbuf);
         cpc_request *sq = NULL, *rq = NULL;
-        CALL(S, t->vt->isend(t, g, i, sbuf, n, 7, &sq));
-        CALL(S, t->vt->irecv(t, g, i, rbuf, n, 7, &rq));
-        CALL(S, t->vt->wait(t, rq));
-        CALL(S, t->vt->wait(t, sq));
+        CALL(S, cpc_transport_isend(t, g, i, sbuf, n, 7, &sq));
+        CALL(S, cpc_transport_irecv(t, g, i, rbuf, n, 7, &rq));
+        CALL(S, cpc_transport_wait(t, rq));
+        CALL(S, cpc_transport_wait(t, sq));
         char what[96];
         snprintf(what, sizeof what, "%s group: message to self", gname(g));
         expect_data(S, rbuf, n, seed_of(CPC_CONF_SELF, g, i, i, 7), what);
@@ -395,22 +395,22 @@ static cpc_status *check_outstanding(suite *S)
         const char *err_what = NULL;
         for (int j = 0; j < NOUT && !err; j++) {
             int k = out_recv_order[j];
-            err = t->vt->irecv(t, g, left, rbuf[k], out_bytes(k, left), out_tag[k], &rq[k]);
+            err = cpc_transport_irecv(t, g, left, rbuf[k], out_bytes(k, left), out_tag[k], &rq[k]);
             err_what = "irecv";
         }
         for (int k = 0; k < NOUT && !err; k++) {
-            err = t->vt->isend(t, g, right, sbuf[k], out_bytes(k, i), out_tag[k], &sq[k]);
+            err = cpc_transport_isend(t, g, right, sbuf[k], out_bytes(k, i), out_tag[k], &sq[k]);
             err_what = "isend";
         }
         if (err && t->vt->abort)
-            t->vt->abort(t, "conformance: outstanding: a post failed");
+            cpc_transport_abort(t, "conformance: outstanding: a post failed");
         /* Completion in a third order: receives last-posted first, then the
          * sends. */
         for (int j = NOUT - 1; j >= 0; j--) {
             cpc_request *q = rq[out_recv_order[j]];
             if (!q)
                 continue;
-            cpc_status *w = t->vt->wait(t, q);
+            cpc_status *w = cpc_transport_wait(t, q);
             if (w && !err) {
                 err = w;
                 err_what = "wait (recv)";
@@ -421,7 +421,7 @@ static cpc_status *check_outstanding(suite *S)
         for (int k = 0; k < NOUT; k++) {
             if (!sq[k])
                 continue;
-            cpc_status *w = t->vt->wait(t, sq[k]);
+            cpc_status *w = cpc_transport_wait(t, sq[k]);
             if (w && !err) {
                 err = w;
                 err_what = "wait (send)";
@@ -503,7 +503,7 @@ static cpc_status *a2a_round(suite *S, cpc_group g,
     for (int j = 0; j < n; j++)
         fill(sbuf + sd[j], sc[j], seed_of(CPC_CONF_ALL_TO_ALL, g, i, j, seed_k));
     memset(rbuf, SENTINEL, rtot + 16);
-    st = t->vt->all_to_all_v(t, g, sbuf, sc, sd, rbuf, rc, rd);
+    st = cpc_transport_all_to_all_v(t, g, sbuf, sc, sd, rbuf, rc, rd);
     if (st) {
         st = fatal(S, st, "all_to_all_v");
         goto out;
@@ -580,7 +580,7 @@ static cpc_status *ag_round(suite *S, cpc_group g, size_t (*part_bytes)(int, int
     }
     fill(sbuf, c[i], seed_of(check, g, i, salt, 0));
     memset(rbuf, SENTINEL, tot + 16);
-    st = t->vt->all_gather_v(t, g, sbuf, c[i], rbuf, c, d);
+    st = cpc_transport_all_gather_v(t, g, sbuf, c[i], rbuf, c, d);
     if (st) {
         st = fatal(S, st, "all_gather_v");
         goto out;
@@ -626,7 +626,7 @@ static cpc_status *check_barrier(suite *S)
     cpc_transport *t = S->t;
     for (int rep = 0; rep < 20; rep++)
         for (int k = 0; k < 3; k++)
-            CALL(S, t->vt->barrier(t, groups[k]));
+            CALL(S, cpc_transport_barrier(t, groups[k]));
     if (!S->same_clock || (S->skip & CPC_CONF_ALL_GATHER))
         return NULL;
     for (int k = 0; k < 3; k++) {
@@ -634,11 +634,11 @@ static cpc_status *check_barrier(suite *S)
         int n = gsize(S, g), i = gindex(S, g);
         if (n == 1)
             continue;
-        CALL(S, t->vt->barrier(t, g));
+        CALL(S, cpc_transport_barrier(t, g));
         if (i == n - 1)
             sleep_ms(20);   /* the last member comes late */
         int64_t enter = now_ns();
-        CALL(S, t->vt->barrier(t, g));
+        CALL(S, cpc_transport_barrier(t, g));
         int64_t leave = now_ns();
         int64_t *all = calloc((size_t)n, sizeof *all);
         size_t *c = calloc((size_t)n, sizeof *c), *d = calloc((size_t)n, sizeof *d);
@@ -652,7 +652,7 @@ static cpc_status *check_barrier(suite *S)
             c[j] = sizeof(int64_t);
             d[j] = (size_t)j * sizeof(int64_t);
         }
-        cpc_status *st = t->vt->all_gather_v(t, g, &enter, sizeof enter, all, c, d);
+        cpc_status *st = cpc_transport_all_gather_v(t, g, &enter, sizeof enter, all, c, d);
         if (!st)
             for (int j = 0; j < n; j++)
                 if (all[j] > leave)
@@ -698,10 +698,10 @@ static cpc_status *check_large(suite *S)
         fill(sbuf, sb, seed_of(CPC_CONF_LARGE, CPC_GROUP_WORLD, i, dst, 1));
         memset(rbuf, SENTINEL, rb + 16);
         cpc_request *rq = NULL, *sq = NULL;
-        CALL(S, t->vt->irecv(t, CPC_GROUP_WORLD, src, rbuf, rb, 5, &rq));
-        CALL(S, t->vt->isend(t, CPC_GROUP_WORLD, dst, sbuf, sb, 5, &sq));
-        CALL(S, t->vt->wait(t, rq));
-        CALL(S, t->vt->wait(t, sq));
+        CALL(S, cpc_transport_irecv(t, CPC_GROUP_WORLD, src, rbuf, rb, 5, &rq));
+        CALL(S, cpc_transport_isend(t, CPC_GROUP_WORLD, dst, sbuf, sb, 5, &sq));
+        CALL(S, cpc_transport_wait(t, rq));
+        CALL(S, cpc_transport_wait(t, sq));
         char what[96];
         snprintf(what, sizeof what, "world ring shift: %zu bytes from member %d", rb, src);
         expect_data(S, rbuf, rb, seed_of(CPC_CONF_LARGE, CPC_GROUP_WORLD, src, i, 1), what);
@@ -741,9 +741,9 @@ static cpc_status *check_bad_args(suite *S)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         cpc_request *rq = NULL;
         cpc_status *st = cases[k].send
-                             ? t->vt->isend(t, cases[k].g, cases[k].peer, buf, sizeof buf,
+                             ? cpc_transport_isend(t, cases[k].g, cases[k].peer, buf, sizeof buf,
                                             cases[k].tag, &rq)
-                             : t->vt->irecv(t, cases[k].g, cases[k].peer, buf, sizeof buf,
+                             : cpc_transport_irecv(t, cases[k].g, cases[k].peer, buf, sizeof buf,
                                             cases[k].tag, &rq);
         if (st) {
             cpc_status_free(st);
@@ -754,7 +754,7 @@ static cpc_status *check_bad_args(suite *S)
         return fatal(S, cpc_error(CPC_E_CHECK, "bad arguments accepted"), cases[k].what);
     }
     /* Still usable. */
-    CALL(S, t->vt->barrier(t, CPC_GROUP_WORLD));
+    CALL(S, cpc_transport_barrier(t, CPC_GROUP_WORLD));
     return NULL;
 }
 
@@ -769,28 +769,28 @@ static cpc_status *check_abort(suite *S)
     /* Member 0 aborts only once every other rank has finished its earlier
      * calls (their "ready" messages prove it). */
     if (i != 0) {
-        CALL(S, t->vt->isend(t, CPC_GROUP_WORLD, 0, &ready, 1, 998, &sq));
+        CALL(S, cpc_transport_isend(t, CPC_GROUP_WORLD, 0, &ready, 1, 998, &sq));
     } else {
         for (int j = 1; j < n; j++) {
             cpc_request *rq = NULL;
-            CALL(S, t->vt->irecv(t, CPC_GROUP_WORLD, j, got, 1, 998, &rq));
-            CALL(S, t->vt->wait(t, rq));
+            CALL(S, cpc_transport_irecv(t, CPC_GROUP_WORLD, j, got, 1, 998, &rq));
+            CALL(S, cpc_transport_wait(t, rq));
         }
-        t->vt->abort(t, "conformance: deliberate abort by world member 0");
+        cpc_transport_abort(t, "conformance: deliberate abort by world member 0");
     }
     /* A receive nobody sends must fail (at post or at wait), not hang. */
     char never[16];
     cpc_request *rq = NULL;
-    cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, (i + 1) % n, never, sizeof never, 999, &rq);
+    cpc_status *st = cpc_transport_irecv(t, CPC_GROUP_WORLD, (i + 1) % n, never, sizeof never, 999, &rq);
     if (!st) {
-        st = t->vt->wait(t, rq);
+        st = cpc_transport_wait(t, rq);
         if (!st)
             fail(S, "after abort, a receive that nobody sent completed without error");
     }
     cpc_status_free(st);
     if (sq)
-        cpc_status_free(t->vt->wait(t, sq));   /* may succeed or fail */
-    st = t->vt->barrier(t, CPC_GROUP_WORLD);
+        cpc_status_free(cpc_transport_wait(t, sq));   /* may succeed or fail */
+    st = cpc_transport_barrier(t, CPC_GROUP_WORLD);
     if (!st)
         fail(S, "after abort, a world barrier returned without error");
     cpc_status_free(st);
@@ -884,11 +884,11 @@ static void *conf_thread_main(void *arg)
     if (j->st) {
         cpc_local_world_abort(j->w, j->p, "conformance: endpoint setup failed");
         if (in)
-            in->vt->destroy(in);
+            cpc_transport_destroy(in);
         return NULL;
     }
     j->st = cpc_transport_conformance(t, j->R, j->U, j->p / j->U, j->p % j->U, j->opts);
-    t->vt->destroy(t);
+    cpc_transport_destroy(t);
     return NULL;
 }
 

@@ -97,13 +97,13 @@ static bool one_op(bench *b, pattern p, impl i, size_t size)
     if (p == RING) {
         if (i == CPC) {
             cpc_request *rq = NULL, *sq = NULL;
-            cpc_status *st = b->t->vt->irecv(b->t, CPC_GROUP_RING, left, b->recv, size, 1, &rq);
+            cpc_status *st = cpc_transport_irecv(b->t, CPC_GROUP_RING, left, b->recv, size, 1, &rq);
             if (!st)
-                st = b->t->vt->isend(b->t, CPC_GROUP_RING, right, b->send, size, 1, &sq);
+                st = cpc_transport_isend(b->t, CPC_GROUP_RING, right, b->send, size, 1, &sq);
             if (!st)
-                st = b->t->vt->wait(b->t, rq);
+                st = cpc_transport_wait(b->t, rq);
             if (!st)
-                st = b->t->vt->wait(b->t, sq);
+                st = cpc_transport_wait(b->t, sq);
             if (st) {
                 /* A request may be left in flight: end the job rather than
                  * leave a peer waiting. */
@@ -137,7 +137,7 @@ static bool one_op(bench *b, pattern p, impl i, size_t size)
     if (i == RAW_2)
         return MPI_Alltoallv(b->send, ic, id, MPI_BYTE, b->recv, ic, id, MPI_BYTE, b->comm) ==
                MPI_SUCCESS;
-    cpc_status *st = b->t->vt->all_to_all_v(b->t, CPC_GROUP_WORLD, b->send, counts, displs,
+    cpc_status *st = cpc_transport_all_to_all_v(b->t, CPC_GROUP_WORLD, b->send, counts, displs,
                                             b->recv, counts, displs);
     if (st) {
         fail(b, "all-to-all (cpc)", st);
@@ -358,7 +358,7 @@ int main(int argc, char **argv)
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, b.comm);
     if (b.rank == 0 && any)
         printf("bench_transport: FAILED (a check or a call failed; see stderr)\n");
-    b.t->vt->destroy(b.t);
+    cpc_transport_destroy(b.t);
     MPI_Comm_free(&b.comm);
     free(b.send);
     free(b.recv);

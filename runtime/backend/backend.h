@@ -181,6 +181,52 @@ struct cpc_backend {
     void *ctx;
 };
 
+/* Calls through the vtable: every caller uses these, never be->vt->...
+ * directly, so that the optional methods' checks live in one place (a NULL
+ * `sync` is a no-op; a NULL `attn_bwd` is CPC_E_UNSUPPORTED naming the
+ * backend).  Arguments, results and errors are the methods' (above). */
+static inline const char *cpc_backend_name(const cpc_backend *be) { return be->vt->name; }
+static inline cpc_status *cpc_backend_alloc(cpc_backend *be, size_t bytes, void **out)
+{ return be->vt->alloc(be, bytes, out); }
+static inline void cpc_backend_free(cpc_backend *be, void *ptr) { be->vt->free(be, ptr); }
+static inline cpc_status *cpc_backend_upload(cpc_backend *be, void *dst, const void *host, size_t bytes)
+{ return be->vt->upload(be, dst, host, bytes); }
+static inline cpc_status *cpc_backend_download(cpc_backend *be, void *host, const void *src, size_t bytes)
+{ return be->vt->download(be, host, src, bytes); }
+static inline cpc_status *cpc_backend_copy(cpc_backend *be, void *dst, const void *src, size_t bytes)
+{ return be->vt->copy(be, dst, src, bytes); }
+static inline cpc_status *cpc_backend_attn(cpc_backend *be, const cpc_attn_args *a)
+{ return be->vt->attn(be, a); }
+static inline cpc_status *cpc_backend_merge(cpc_backend *be, const cpc_merge_args *m)
+{ return be->vt->merge(be, m); }
+static inline cpc_status *cpc_backend_init_acc(cpc_backend *be, float *acc, size_t n_acc, float *lse,
+                                               size_t n_lse)
+{ return be->vt->init_acc(be, acc, n_acc, lse, n_lse); }
+static inline cpc_status *cpc_backend_convert(cpc_backend *be, void *dst, cpc_dtype dst_t,
+                                              const void *src, cpc_dtype src_t, size_t n)
+{ return be->vt->convert(be, dst, dst_t, src, src_t, n); }
+static inline cpc_status *cpc_backend_copy_strided(cpc_backend *be, void *dst, const void *src,
+                                                   size_t esize, int64_t nb, int64_t nt, int64_t nh,
+                                                   int64_t inner, int64_t dbs, int64_t dts,
+                                                   int64_t dhs, int64_t sbs, int64_t sts,
+                                                   int64_t shs)
+{ return be->vt->copy_strided(be, dst, src, esize, nb, nt, nh, inner, dbs, dts, dhs, sbs, sts, shs); }
+static inline bool cpc_backend_has_attn_bwd(const cpc_backend *be) { return be->vt->attn_bwd != NULL; }
+static inline cpc_status *cpc_backend_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
+{
+    if (!be->vt->attn_bwd)
+        return cpc_error(CPC_E_UNSUPPORTED, "the %s backend has no attention backward", be->vt->name);
+    return be->vt->attn_bwd(be, a);
+}
+static inline cpc_status *cpc_backend_sync(cpc_backend *be)
+{ return be->vt->sync ? be->vt->sync(be) : NULL; }
+/* NULL is ignored. */
+static inline void cpc_backend_destroy(cpc_backend *be)
+{
+    if (be)
+        be->vt->destroy(be);
+}
+
 /* The CPU backend (backend_cpu.c): tiled flash attention with online softmax,
  * OpenBLAS SGEMM for the two products of each tile (and the five of each
  * backward tile, attention_bwd_cpu.c), one thread per rank

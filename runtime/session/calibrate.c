@@ -153,15 +153,15 @@ static cpc_status *time_attn_pair(cpc_backend *be, attn_block *a, attn_block *b,
     double ta[64], tb[64];
     if (reps > 64)
         reps = 64;
-    cpc_status *st = be->vt->attn(be, &a->a);
+    cpc_status *st = cpc_backend_attn(be, &a->a);
     if (!st)
-        st = be->vt->attn(be, &b->a);
+        st = cpc_backend_attn(be, &b->a);
     for (int i = 0; i < reps && !st; i++) {
         double t0 = cpu_ms();
-        st = be->vt->attn(be, &a->a);
+        st = cpc_backend_attn(be, &a->a);
         double t1 = cpu_ms();
         if (!st)
-            st = be->vt->attn(be, &b->a);
+            st = cpc_backend_attn(be, &b->a);
         ta[i] = t1 - t0;
         tb[i] = cpu_ms() - t1;
     }
@@ -205,7 +205,7 @@ static cpc_status *time_tiny(cpc_backend *be, attn_block *tiny, cpc_merge_args *
     for (int i = 0; i < batches && !st; i++) {
         double t0 = cpu_ms();
         for (int j = 0; j < per && !st; j++)
-            st = merge ? be->vt->merge(be, m) : be->vt->attn(be, &tiny->a);
+            st = merge ? cpc_backend_merge(be, m) : cpc_backend_attn(be, &tiny->a);
         t[i] = (cpu_ms() - t0) * 1e3 / per;
     }
     if (!st)
@@ -253,13 +253,13 @@ static cpc_status *time_mem(cpc_backend *be, mem_op op, const cal_sizes *z, doub
     while (reps < 32 && (reps < 3 || cpu_ms() - t_start < z->mem_min_s * 1e3)) {
         double t0 = cpu_ms();
         if (op == MEM_MERGE) {
-            st = be->vt->merge(be, &m);
+            st = cpc_backend_merge(be, &m);
         } else if (op == MEM_CONVERT) {
-            st = be->vt->convert(be, half2, CPC_DTYPE_BF16, acc, CPC_DTYPE_FP32, n);
+            st = cpc_backend_convert(be, half2, CPC_DTYPE_BF16, acc, CPC_DTYPE_FP32, n);
         } else {
             int64_t hj = h / 4 > 0 ? h / 4 : 1;
             for (int64_t j = 0; j * hj < h && !st; j++)
-                st = be->vt->copy_strided(be, half2 + (size_t)(j * T * hj * D), half + j * hj * D,
+                st = cpc_backend_copy_strided(be, half2 + (size_t)(j * T * hj * D), half + j * hj * D,
                                           2, 1, T, 1, hj * D, T * hj * D, hj * D, 0, T * h * D,
                                           h * D, 0);
         }
@@ -340,7 +340,7 @@ out:
     for (int i = 0; i < 4; i++)
         block_free(&blk[i]);
     block_free(&tiny);
-    be->vt->destroy(be);
+    cpc_backend_destroy(be);
     return st;
 }
 
@@ -370,15 +370,15 @@ static cpc_status *ping_pong(cpc_transport *t, int me, void *buf, size_t bytes, 
     double t0 = cpc_exec_now_us();
     for (int i = 0; i < n && !st; i++) {
         if (me == 0) {
-            if (!(st = t->vt->isend(t, CPC_GROUP_WORLD, 1, buf, bytes, TAG_PING, &rq)))
-                st = t->vt->wait(t, rq);
-            if (!st && !(st = t->vt->irecv(t, CPC_GROUP_WORLD, 1, buf, bytes, TAG_PONG, &rq)))
-                st = t->vt->wait(t, rq);
+            if (!(st = cpc_transport_isend(t, CPC_GROUP_WORLD, 1, buf, bytes, TAG_PING, &rq)))
+                st = cpc_transport_wait(t, rq);
+            if (!st && !(st = cpc_transport_irecv(t, CPC_GROUP_WORLD, 1, buf, bytes, TAG_PONG, &rq)))
+                st = cpc_transport_wait(t, rq);
         } else {
-            if (!(st = t->vt->irecv(t, CPC_GROUP_WORLD, 0, buf, bytes, TAG_PING, &rq)))
-                st = t->vt->wait(t, rq);
-            if (!st && !(st = t->vt->isend(t, CPC_GROUP_WORLD, 0, buf, bytes, TAG_PONG, &rq)))
-                st = t->vt->wait(t, rq);
+            if (!(st = cpc_transport_irecv(t, CPC_GROUP_WORLD, 0, buf, bytes, TAG_PING, &rq)))
+                st = cpc_transport_wait(t, rq);
+            if (!st && !(st = cpc_transport_isend(t, CPC_GROUP_WORLD, 0, buf, bytes, TAG_PONG, &rq)))
+                st = cpc_transport_wait(t, rq);
         }
     }
     *us = (cpc_exec_now_us() - t0) / (2.0 * n);
@@ -413,30 +413,30 @@ static cpc_status *rank_main(cal_ctx *x, int p, cpc_transport *t)
     /* 1. the bf16 block on rank 0 alone (the others wait in a barrier), then
      * on every rank at once, alternately, so that both see the same load
      * from whatever else runs on the machine */
-    if ((st = be->vt->attn(be, &b.a)))
+    if ((st = cpc_backend_attn(be, &b.a)))
         goto done;
     for (int i = 0; i < reps && !st; i++) {
         if (p == 0) {
             double t0 = now_ms(), c0 = cpu_ms();
-            st = be->vt->attn(be, &b.a);
+            st = cpc_backend_attn(be, &b.a);
             mine[M_ALONE_CPU * reps + i] = cpu_ms() - c0;
             mine[M_ALONE * reps + i] = now_ms() - t0;
             if (st)
                 break;
         }
-        if ((st = t->vt->barrier(t, CPC_GROUP_WORLD)))
+        if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD)))
             break;
         double t0 = now_ms();
-        st = be->vt->attn(be, &b.a);
+        st = cpc_backend_attn(be, &b.a);
         mine[M_SHARED * reps + i] = now_ms() - t0;
         if (!st)
-            st = t->vt->barrier(t, CPC_GROUP_WORLD);
+            st = cpc_transport_barrier(t, CPC_GROUP_WORLD);
     }
     block_free(&b);
     if (st)
         goto done;
     /* 2. point to point between ranks 0 and 1 */
-    if ((st = t->vt->barrier(t, CPC_GROUP_WORLD)))
+    if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD)))
         goto done;
     if (p < 2) {
         double small_us = 0, big_us = 0, warm;
@@ -450,7 +450,7 @@ static cpc_status *rank_main(cal_ctx *x, int p, cpc_transport *t)
             x->p2p_big_us = big_us;
         }
     }
-    if ((st = t->vt->barrier(t, CPC_GROUP_WORLD)))
+    if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD)))
         goto done;
     /* 3. all-to-all (8 bytes, then coll_bytes per pair) and all-gather */
     for (int m = M_A2A_SMALL; m <= M_AG && !st; m++) {
@@ -460,13 +460,13 @@ static cpc_status *rank_main(cal_ctx *x, int p, cpc_transport *t)
             dsp[j] = (size_t)j * per;
         }
         for (int i = -1; i < reps && !st; i++) { /* i = -1: warm-up */
-            if ((st = t->vt->barrier(t, CPC_GROUP_WORLD)))
+            if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD)))
                 break;
             double t0 = now_ms();
             if (m == M_AG)
-                st = t->vt->all_gather_v(t, CPC_GROUP_WORLD, sbuf, per, rbuf, cnt, dsp);
+                st = cpc_transport_all_gather_v(t, CPC_GROUP_WORLD, sbuf, per, rbuf, cnt, dsp);
             else
-                st = t->vt->all_to_all_v(t, CPC_GROUP_WORLD, sbuf, cnt, dsp, rbuf, cnt, dsp);
+                st = cpc_transport_all_to_all_v(t, CPC_GROUP_WORLD, sbuf, cnt, dsp, rbuf, cnt, dsp);
             if (i >= 0)
                 mine[m * reps + i] = now_ms() - t0;
         }
@@ -486,18 +486,18 @@ static cpc_status *rank_main(cal_ctx *x, int p, cpc_transport *t)
             st = cpc_error(CPC_E_NOMEM, "calibrate: out of memory");
             goto done;
         }
-        st = t->vt->all_gather_v(t, CPC_GROUP_WORLD, mine, tb, dst, cnt2, dsp2);
+        st = cpc_transport_all_gather_v(t, CPC_GROUP_WORLD, mine, tb, dst, cnt2, dsp2);
         if (dst != x->all)
             free(dst);
     }
 done:
     if (st && t) {
         cpc_status_prefix(st, "calibrate: rank %d", p);
-        t->vt->abort(t, st->message);
+        cpc_transport_abort(t, st->message);
     }
     block_free(&b);
     if (be)
-        be->vt->destroy(be);
+        cpc_backend_destroy(be);
     free(mine);
     free(cnt);
     free(dsp);
@@ -563,7 +563,7 @@ out:
     if (x->tr)
         for (int p = 0; p < P; p++)
             if (x->tr[p])
-                x->tr[p]->vt->destroy(x->tr[p]);
+                cpc_transport_destroy(x->tr[p]);
     free(x->tr);
     free(x->st);
     free(th);
@@ -721,15 +721,15 @@ cpc_status *cpc_calibrate(const cpc_calibrate_options *opt, cpc_calibration *c, 
             logf_(log, "%s: mpi transport, %d processes", opt->quick ? "quick" : "full", P);
         /* Rank 0 measures alone while the others wait in the barrier. */
         if (rank == 0 && (st = single_rank(x.z, log, c)))
-            t->vt->abort(t, st->message); /* does not return */
+            cpc_transport_abort(t, st->message); /* does not return */
         if (!st)
-            st = t->vt->barrier(t, CPC_GROUP_WORLD);
+            st = cpc_transport_barrier(t, CPC_GROUP_WORLD);
         x.all = calloc((size_t)(P * M__COUNT * x.z->reps), sizeof(double));
         if (!x.all && !st)
             st = cpc_error(CPC_E_NOMEM, "calibrate: out of memory");
         if (!st)
             st = rank_main(&x, rank, t);
-        t->vt->destroy(t);
+        cpc_transport_destroy(t);
         cpc_mpi_finalize();
         if (!st && rank != 0) {
             if (is_root)

@@ -361,11 +361,11 @@ static cpc_status *send_blob(cpc_transport *t, int tag, const void *p, size_t n)
 {
     int64_t sz = (int64_t)n;
     cpc_request *a = NULL, *b = NULL;
-    cpc_status *st = t->vt->isend(t, CPC_GROUP_WORLD, 0, &sz, sizeof sz, tag, &a);
+    cpc_status *st = cpc_transport_isend(t, CPC_GROUP_WORLD, 0, &sz, sizeof sz, tag, &a);
     if (!st)
-        st = t->vt->isend(t, CPC_GROUP_WORLD, 0, p, n, tag, &b);
-    cpc_status *s1 = a ? t->vt->wait(t, a) : NULL;
-    cpc_status *s2 = b ? t->vt->wait(t, b) : NULL;
+        st = cpc_transport_isend(t, CPC_GROUP_WORLD, 0, p, n, tag, &b);
+    cpc_status *s1 = a ? cpc_transport_wait(t, a) : NULL;
+    cpc_status *s2 = b ? cpc_transport_wait(t, b) : NULL;
     if (!st)
         st = s1 ? s1 : s2;
     if (st != s1)
@@ -381,9 +381,9 @@ static cpc_status *recv_blob(cpc_transport *t, int from, int tag, void **p, size
     *n = 0;
     int64_t sz = 0;
     cpc_request *a = NULL;
-    cpc_status *st = t->vt->irecv(t, CPC_GROUP_WORLD, from, &sz, sizeof sz, tag, &a);
+    cpc_status *st = cpc_transport_irecv(t, CPC_GROUP_WORLD, from, &sz, sizeof sz, tag, &a);
     if (!st)
-        st = t->vt->wait(t, a);
+        st = cpc_transport_wait(t, a);
     if (st)
         return st;
     if (sz < 0)
@@ -391,9 +391,9 @@ static cpc_status *recv_blob(cpc_transport *t, int from, int tag, void **p, size
     void *buf = malloc(sz ? (size_t)sz : 1);
     if (!buf)
         return cpc_error(CPC_E_NOMEM, "out of memory");
-    st = t->vt->irecv(t, CPC_GROUP_WORLD, from, buf, (size_t)sz, tag, &a);
+    st = cpc_transport_irecv(t, CPC_GROUP_WORLD, from, buf, (size_t)sz, tag, &a);
     if (!st)
-        st = t->vt->wait(t, a);
+        st = cpc_transport_wait(t, a);
     if (st) {
         free(buf);
         return st;
@@ -583,7 +583,7 @@ static cpc_status *make_backend(run_ctx *x, int p, cpc_backend **be)
         st = cpc_cuda_backend_set_attention(*be, (cpc_cuda_attention)x->attn_mode);
     if (st) {
         if (*be)
-            (*be)->vt->destroy(*be);
+            cpc_backend_destroy(*be);
         *be = NULL;
         cpc_status_prefix(st, "rank %d: CUDA backend on GPU %d", p, dev);
     }
@@ -704,7 +704,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     for (int it = 0; it < x->n_iter; it++) {
         if ((st = cpc_exec_reset(ex)))
             goto done;
-        if ((st = t->vt->barrier(t, CPC_GROUP_WORLD))) {
+        if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD))) {
             cpc_status_prefix(st, "rank %d: barrier before iteration %d", p, it);
             goto done;
         }
@@ -712,10 +712,9 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         double t0 = cpc_exec_now_us();
         if ((st = cpc_exec_run(ex, &s)))
             goto done;
-        if (be->vt->sync) {
-            /* Queued device work belongs to this iteration: the time runs
-             * until it is done. */
-            if ((st = be->vt->sync(be))) {
+        if (be->vt->sync) { /* a device backend: its queued work belongs to the
+                               iteration, the time runs until it is done */
+            if ((st = cpc_backend_sync(be))) {
                 cpc_status_prefix(st, "rank %d: iteration %d: device sync", p, it);
                 goto done;
             }
@@ -919,7 +918,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
 done:
     if (st && t) {
         char *msg = cpc_status_format("cprun", st);
-        t->vt->abort(t, msg ? msg : st->message);
+        cpc_transport_abort(t, msg ? msg : st->message);
         free(msg);
     }
     rank_out_free(&mine);
@@ -933,7 +932,7 @@ done:
     if (x->bes)
         x->bes[p] = NULL;
     if (be)
-        be->vt->destroy(be);
+        cpc_backend_destroy(be);
     return st;
 }
 
@@ -1548,7 +1547,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             /* no GPU: "no CUDA device: ..." on every rank alike */
             if ((st = cpc_transport_nccl_create(L->R, L->U, -1, &mpi_t)))
                 goto out;
-            my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
+            my_rank = cpc_transport_group_rank(mpi_t, CPC_GROUP_WORLD);
             x.mpi_device = cpc_transport_nccl_device(mpi_t);
         } else
 #endif
@@ -1564,7 +1563,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             if (opt.log)
                 fprintf(opt.log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
                         opt.timeout_s > 0 ? " (--timeout)" : opt.timeout_s < 0 ? " (none)" : " (default)");
-            my_rank = mpi_t->vt->group_rank(mpi_t, CPC_GROUP_WORLD);
+            my_rank = cpc_transport_group_rank(mpi_t, CPC_GROUP_WORLD);
             /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
              * Every rank calls cpc_mpi_local_rank (it may be collective). */
             if (x.cuda) {
@@ -1797,13 +1796,13 @@ out:
     if (x.tr)
         for (int p = 0; p < P; p++)
             if (x.tr[p])
-                x.tr[p]->vt->destroy(x.tr[p]);
+                cpc_transport_destroy(x.tr[p]);
     free(x.tr);
     free(x.st);
     free(x.bes);
     cpc_local_world_destroy(x.world);
     if (mpi_t)
-        mpi_t->vt->destroy(mpi_t);
+        cpc_transport_destroy(mpi_t);
 #ifdef CPC_HAVE_MPI
     if (use_nccl)
         cpc_mpi_finalize(); /* NCCL's bootstrap left MPI initialised (also on failure) */

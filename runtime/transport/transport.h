@@ -68,4 +68,41 @@ struct cpc_transport {
     void *ctx;
 };
 
+/* Calls through the vtable: every caller uses these, never t->vt->...
+ * directly, so that the optional methods' checks live in one place (a NULL
+ * `flush` is a no-op).  Arguments, results and errors are the methods'
+ * (above). */
+static inline const char *cpc_transport_name(const cpc_transport *t) { return t->vt->name; }
+static inline int cpc_transport_group_rank(cpc_transport *t, cpc_group g) { return t->vt->group_rank(t, g); }
+static inline int cpc_transport_group_size(cpc_transport *t, cpc_group g) { return t->vt->group_size(t, g); }
+static inline cpc_status *cpc_transport_isend(cpc_transport *t, cpc_group g, int peer, const void *buf,
+                                              size_t bytes, int tag, cpc_request **req)
+{ return t->vt->isend(t, g, peer, buf, bytes, tag, req); }
+static inline cpc_status *cpc_transport_irecv(cpc_transport *t, cpc_group g, int peer, void *buf,
+                                              size_t bytes, int tag, cpc_request **req)
+{ return t->vt->irecv(t, g, peer, buf, bytes, tag, req); }
+static inline cpc_status *cpc_transport_wait(cpc_transport *t, cpc_request *req)
+{ return t->vt->wait(t, req); }
+static inline cpc_status *cpc_transport_all_to_all_v(cpc_transport *t, cpc_group g, const void *send,
+                                                     const size_t *send_counts,
+                                                     const size_t *send_displs, void *recv,
+                                                     const size_t *recv_counts,
+                                                     const size_t *recv_displs)
+{ return t->vt->all_to_all_v(t, g, send, send_counts, send_displs, recv, recv_counts, recv_displs); }
+static inline cpc_status *cpc_transport_all_gather_v(cpc_transport *t, cpc_group g, const void *send,
+                                                     size_t send_bytes, void *recv,
+                                                     const size_t *counts, const size_t *displs)
+{ return t->vt->all_gather_v(t, g, send, send_bytes, recv, counts, displs); }
+static inline cpc_status *cpc_transport_barrier(cpc_transport *t, cpc_group g)
+{ return t->vt->barrier(t, g); }
+static inline void cpc_transport_abort(cpc_transport *t, const char *why) { t->vt->abort(t, why); }
+static inline cpc_status *cpc_transport_flush(cpc_transport *t)
+{ return t->vt->flush ? t->vt->flush(t) : NULL; }
+/* NULL is ignored. */
+static inline void cpc_transport_destroy(cpc_transport *t)
+{
+    if (t)
+        t->vt->destroy(t);
+}
+
 #endif

@@ -17,7 +17,7 @@ static device_ep *E(cpc_transport *t) { return t->ctx; }
 /* Waits for the work queued on this rank's stream before a buffer is exposed. */
 static cpc_status *quiesce(device_ep *e, const char *op)
 {
-    cpc_status *st = e->be->vt->sync(e->be);
+    cpc_status *st = cpc_backend_sync(e->be);
     if (st)
         cpc_status_prefix(st, "device transport: %s", op);
     return st;
@@ -25,12 +25,12 @@ static cpc_status *quiesce(device_ep *e, const char *op)
 
 static int d_group_rank(cpc_transport *t, cpc_group g)
 {
-    return E(t)->inner->vt->group_rank(E(t)->inner, g);
+    return cpc_transport_group_rank(E(t)->inner, g);
 }
 
 static int d_group_size(cpc_transport *t, cpc_group g)
 {
-    return E(t)->inner->vt->group_size(E(t)->inner, g);
+    return cpc_transport_group_size(E(t)->inner, g);
 }
 
 static cpc_status *d_isend(cpc_transport *t, cpc_group g, int peer, const void *buf, size_t bytes,
@@ -41,7 +41,7 @@ static cpc_status *d_isend(cpc_transport *t, cpc_group g, int peer, const void *
     cpc_status *st = quiesce(e, "isend");
     if (st)
         return st;
-    st = e->inner->vt->isend(e->inner, g, peer, buf, bytes, tag, req);
+    st = cpc_transport_isend(e->inner, g, peer, buf, bytes, tag, req);
     if (!st)
         e->sent += bytes;
     return st;
@@ -55,12 +55,12 @@ static cpc_status *d_irecv(cpc_transport *t, cpc_group g, int peer, void *buf, s
     cpc_status *st = quiesce(e, "irecv");
     if (st)
         return st;
-    return e->inner->vt->irecv(e->inner, g, peer, buf, bytes, tag, req);
+    return cpc_transport_irecv(e->inner, g, peer, buf, bytes, tag, req);
 }
 
 static cpc_status *d_wait(cpc_transport *t, cpc_request *req)
 {
-    return E(t)->inner->vt->wait(E(t)->inner, req);
+    return cpc_transport_wait(E(t)->inner, req);
 }
 
 static cpc_status *d_all_to_all_v(cpc_transport *t, cpc_group g, const void *send,
@@ -72,10 +72,10 @@ static cpc_status *d_all_to_all_v(cpc_transport *t, cpc_group g, const void *sen
     cpc_status *st = quiesce(e, "all_to_all_v");
     if (st)
         return st;
-    st = e->inner->vt->all_to_all_v(e->inner, g, send, send_counts, send_displs, recv,
+    st = cpc_transport_all_to_all_v(e->inner, g, send, send_counts, send_displs, recv,
                                     recv_counts, recv_displs);
     if (!st) {
-        int n = e->inner->vt->group_size(e->inner, g), me = e->inner->vt->group_rank(e->inner, g);
+        int n = cpc_transport_group_size(e->inner, g), me = cpc_transport_group_rank(e->inner, g);
         for (int j = 0; j < n; j++)
             if (j != me)
                 e->sent += send_counts[j];
@@ -91,26 +91,26 @@ static cpc_status *d_all_gather_v(cpc_transport *t, cpc_group g, const void *sen
     cpc_status *st = quiesce(e, "all_gather_v");
     if (st)
         return st;
-    st = e->inner->vt->all_gather_v(e->inner, g, send, send_bytes, recv, counts, displs);
+    st = cpc_transport_all_gather_v(e->inner, g, send, send_bytes, recv, counts, displs);
     if (!st)
-        e->sent += send_bytes * (size_t)(e->inner->vt->group_size(e->inner, g) - 1);
+        e->sent += send_bytes * (size_t)(cpc_transport_group_size(e->inner, g) - 1);
     return st;
 }
 
 static cpc_status *d_barrier(cpc_transport *t, cpc_group g)
 {
-    return E(t)->inner->vt->barrier(E(t)->inner, g);
+    return cpc_transport_barrier(E(t)->inner, g);
 }
 
 static cpc_status *d_flush(cpc_transport *t)
 {
     cpc_transport *in = E(t)->inner;
-    return in->vt->flush ? in->vt->flush(in) : NULL;
+    return cpc_transport_flush(in);
 }
 
 static void d_abort(cpc_transport *t, const char *why)
 {
-    E(t)->inner->vt->abort(E(t)->inner, why);
+    cpc_transport_abort(E(t)->inner, why);
 }
 
 static void d_destroy(cpc_transport *t)
@@ -118,7 +118,7 @@ static void d_destroy(cpc_transport *t)
     if (!t)
         return;
     device_ep *e = E(t);
-    e->inner->vt->destroy(e->inner);
+    cpc_transport_destroy(e->inner);
     free(e);
     free(t);
 }
@@ -176,8 +176,8 @@ cpc_status *cpc_device_copy(void *ctx, int copier, void *dst, const void *src, s
 {
     cpc_backend *const *bes = ctx;
     cpc_backend *be = bes[copier];
-    cpc_status *st = be->vt->copy(be, dst, src, bytes);
+    cpc_status *st = cpc_backend_copy(be, dst, src, bytes);
     if (!st)
-        st = be->vt->sync(be);
+        st = cpc_backend_sync(be);
     return st;
 }

@@ -65,7 +65,7 @@ typedef cpc_status *(*cpc_local_copy_fn)(void *ctx, int copier, void *dst, const
 void cpc_local_world_set_copy(cpc_local_world *w, cpc_local_copy_fn fn, void *ctx);
 
 /* Creates rank `rank`'s endpoint (0 <= rank < P).  Each rank gets exactly one
- * endpoint; release it with t->vt->destroy(t) (pending requests are freed).
+ * endpoint; release it with cpc_transport_destroy(t) (pending requests are freed).
  * Errors: CPC_E_INTERNAL (bad rank, endpoint exists), CPC_E_NOMEM. */
 cpc_status *cpc_local_endpoint_create(cpc_local_world *w, int rank, cpc_transport **out);
 

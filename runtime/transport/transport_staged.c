@@ -27,12 +27,12 @@ static staged *S(cpc_transport *t) { return t->ctx; }
 
 static int st_group_rank(cpc_transport *t, cpc_group g)
 {
-    return S(t)->inner->vt->group_rank(S(t)->inner, g);
+    return cpc_transport_group_rank(S(t)->inner, g);
 }
 
 static int st_group_size(cpc_transport *t, cpc_group g)
 {
-    return S(t)->inner->vt->group_size(S(t)->inner, g);
+    return cpc_transport_group_size(S(t)->inner, g);
 }
 
 static cpc_status *host_alloc(size_t bytes, void **out)
@@ -52,14 +52,14 @@ static cpc_status *st_isend(cpc_transport *t, cpc_group g, int peer, const void 
         return cpc_error(CPC_E_NOMEM, "staged transport: out of memory");
     cpc_status *st = host_alloc(bytes, &r->host);
     if (!st && bytes) {
-        st = s->be->vt->download(s->be, r->host, buf, bytes);
+        st = cpc_backend_download(s->be, r->host, buf, bytes);
         if (st)
             cpc_status_prefix(st, "staged transport: isend of %zu bytes to peer %d", bytes, peer);
         else
             s->downloaded += bytes;
     }
     if (!st)
-        st = s->inner->vt->isend(s->inner, g, peer, r->host, bytes, tag, &r->inner);
+        st = cpc_transport_isend(s->inner, g, peer, r->host, bytes, tag, &r->inner);
     if (st) {
         free(r->host);
         free(r);
@@ -80,7 +80,7 @@ static cpc_status *st_irecv(cpc_transport *t, cpc_group g, int peer, void *buf, 
         return cpc_error(CPC_E_NOMEM, "staged transport: out of memory");
     cpc_status *st = host_alloc(bytes, &r->host);
     if (!st)
-        st = s->inner->vt->irecv(s->inner, g, peer, r->host, bytes, tag, &r->inner);
+        st = cpc_transport_irecv(s->inner, g, peer, r->host, bytes, tag, &r->inner);
     if (st) {
         free(r->host);
         free(r);
@@ -96,9 +96,9 @@ static cpc_status *st_irecv(cpc_transport *t, cpc_group g, int peer, void *buf, 
 static cpc_status *st_wait(cpc_transport *t, cpc_request *r)
 {
     staged *s = S(t);
-    cpc_status *st = s->inner->vt->wait(s->inner, r->inner);
+    cpc_status *st = cpc_transport_wait(s->inner, r->inner);
     if (!st && r->recv && r->bytes) {
-        st = s->be->vt->upload(s->be, r->dev, r->host, r->bytes);
+        st = cpc_backend_upload(s->be, r->dev, r->host, r->bytes);
         if (st)
             cpc_status_prefix(st, "staged transport: upload of a %zu-byte receive", r->bytes);
         else
@@ -124,7 +124,7 @@ static cpc_status *upload_parts(staged *s, char *dev, const char *host, int n, c
 {
     for (int i = 0; i < n; i++)
         if (counts[i]) {
-            cpc_status *st = s->be->vt->upload(s->be, dev + displs[i], host + displs[i], counts[i]);
+            cpc_status *st = cpc_backend_upload(s->be, dev + displs[i], host + displs[i], counts[i]);
             if (st) {
                 cpc_status_prefix(st, "staged transport: %s: upload of member %d's %zu bytes", op,
                                   i, counts[i]);
@@ -147,14 +147,14 @@ static cpc_status *st_all_to_all_v(cpc_transport *t, cpc_group g, const void *se
     if (!st)
         st = host_alloc(re, &hr);
     if (!st && se) {
-        st = s->be->vt->download(s->be, hs, send, se);
+        st = cpc_backend_download(s->be, hs, send, se);
         if (st)
             cpc_status_prefix(st, "staged transport: all_to_all_v: download of %zu bytes", se);
         else
             s->downloaded += se;
     }
     if (!st)
-        st = s->inner->vt->all_to_all_v(s->inner, g, hs, sc, sd, hr, rc, rd);
+        st = cpc_transport_all_to_all_v(s->inner, g, hs, sc, sd, hr, rc, rd);
     if (!st)
         st = upload_parts(s, recv, hr, n, rc, rd, "all_to_all_v");
     free(hs);
@@ -174,7 +174,7 @@ static cpc_status *st_all_gather_v(cpc_transport *t, cpc_group g, const void *se
     if (!st)
         st = host_alloc(re, &hr);
     if (!st && send_bytes) {
-        st = s->be->vt->download(s->be, hs, send, send_bytes);
+        st = cpc_backend_download(s->be, hs, send, send_bytes);
         if (st)
             cpc_status_prefix(st, "staged transport: all_gather_v: download of %zu bytes",
                               send_bytes);
@@ -182,7 +182,7 @@ static cpc_status *st_all_gather_v(cpc_transport *t, cpc_group g, const void *se
             s->downloaded += send_bytes;
     }
     if (!st)
-        st = s->inner->vt->all_gather_v(s->inner, g, hs, send_bytes, hr, counts, displs);
+        st = cpc_transport_all_gather_v(s->inner, g, hs, send_bytes, hr, counts, displs);
     if (!st)
         st = upload_parts(s, recv, hr, n, counts, displs, "all_gather_v");
     free(hs);
@@ -192,12 +192,12 @@ static cpc_status *st_all_gather_v(cpc_transport *t, cpc_group g, const void *se
 
 static cpc_status *st_barrier(cpc_transport *t, cpc_group g)
 {
-    return S(t)->inner->vt->barrier(S(t)->inner, g);
+    return cpc_transport_barrier(S(t)->inner, g);
 }
 
 static void st_abort(cpc_transport *t, const char *why)
 {
-    S(t)->inner->vt->abort(S(t)->inner, why);
+    cpc_transport_abort(S(t)->inner, why);
 }
 
 static void st_destroy(cpc_transport *t)
@@ -207,7 +207,7 @@ static void st_destroy(cpc_transport *t)
     staged *s = S(t);
     if (s) {
         if (s->inner)
-            s->inner->vt->destroy(s->inner);
+            cpc_transport_destroy(s->inner);
         free(s);
     }
     free(t);

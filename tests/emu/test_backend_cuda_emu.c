@@ -103,7 +103,7 @@ static cpc_status *cuda_create(void *ctx, const cpc_kernel_spec *spec, cpc_backe
     if (!st && v->kernel)
         st = cpc_cuda_backend_set_nvrtc_kernel(*out, v->kernel);
     if (st && *out) {
-        (*out)->vt->destroy(*out);
+        cpc_backend_destroy(*out);
         *out = NULL;
     }
     return st;

@@ -457,7 +457,7 @@ static void free_pools(void)
     for (int i = 0; i < g_npool; i++) {
         for (int p = 0; p < MAX_P; p++)
             if (g_pool[i].be[p])
-                g_pool[i].be[p]->vt->destroy(g_pool[i].be[p]);
+                cpc_backend_destroy(g_pool[i].be[p]);
         cpc_kernels_free(g_pool[i].k, g_pool[i].nk);
     }
     g_npool = 0;
@@ -575,17 +575,17 @@ static void *rank_thread(void *arg)
                                            &j->lse_nr);
         cpc_status_free(ls); /* no LSE: compared as missing */
     }
-    if (!st && j->be->vt->sync)
-        st = j->be->vt->sync(j->be);
+    if (!st)
+        st = cpc_backend_sync(j->be);
     if (st) {
         cpc_status_prefix(st, "rank %d", j->p);
         cpc_local_world_abort(j->world, j->p, st->message);
     }
     cpc_exec_destroy(ex);
     if (t)
-        t->vt->destroy(t);
+        cpc_transport_destroy(t);
     if (inner)
-        inner->vt->destroy(inner);
+        cpc_transport_destroy(inner);
     for (int i = 0; i < 3; i++)
         free(in[i]);
     j->st = st;
@@ -912,13 +912,13 @@ typedef struct attn_ctx {
 static cpc_status *op_backend_attn(void *p)
 {
     attn_ctx *c = p;
-    return c->be->vt->attn(c->be, &c->a);
+    return cpc_backend_attn(c->be, &c->a);
 }
 
 static cpc_status *sync_backend(void *p)
 {
     attn_ctx *c = p;
-    return c->be->vt->sync(c->be);
+    return cpc_backend_sync(c->be);
 }
 
 static cpc_status *op_direct(void *p)
@@ -944,7 +944,7 @@ static cpc_status *fill_device(cpc_backend *be, void *dst, cpc_dtype t, size_t n
     cpc_status *st = NULL;
     for (size_t off = 0; off < n && !st; off += blk) {
         size_t m = n - off < blk ? n - off : blk;
-        st = be->vt->upload(be, (char *)dst + off * es, h, m * es);
+        st = cpc_backend_upload(be, (char *)dst + off * es, h, m * es);
     }
     free(h);
     return st;
@@ -969,10 +969,10 @@ static void attention_perf(void)
     long long cudnn_blocks = 0;
     if (st)
         goto done;
-    if ((st = be->vt->alloc(be, n * 2, &q)) || (st = be->vt->alloc(be, n * 2, &k)) ||
-        (st = be->vt->alloc(be, n * 2, &v)) || (st = be->vt->alloc(be, n * 4, &o)) ||
-        (st = be->vt->alloc(be, (size_t)B * H * S * 4, &lse)) ||
-        (st = be->vt->alloc(be, n * 2, &o16)))
+    if ((st = cpc_backend_alloc(be, n * 2, &q)) || (st = cpc_backend_alloc(be, n * 2, &k)) ||
+        (st = cpc_backend_alloc(be, n * 2, &v)) || (st = cpc_backend_alloc(be, n * 4, &o)) ||
+        (st = cpc_backend_alloc(be, (size_t)B * H * S * 4, &lse)) ||
+        (st = cpc_backend_alloc(be, n * 2, &o16)))
         goto done;
     if ((st = fill_device(be, q, CPC_DTYPE_BF16, n, CPC_RNG_Q)) ||
         (st = fill_device(be, k, CPC_DTYPE_BF16, n, CPC_RNG_K)) ||
@@ -1005,9 +1005,9 @@ static void attention_perf(void)
         cpc_ref_problem pb = {.B = B, .S = S, .Skv = S, .H = H, .Hkv = H, .D = D,
                               .dtype = CPC_DTYPE_BF16, .q = hq, .k = hk, .v = hv,
                               .scale = ctx.a.scale};
-        if (!(st = be->vt->download(be, hq, q, n * 2)) && !(st = be->vt->download(be, hk, k, n * 2)) &&
-            !(st = be->vt->download(be, hv, v, n * 2)) && !(st = be->vt->download(be, ho, o, n * 4)) &&
-            !(st = be->vt->download(be, hl, lse, (size_t)B * H * S * 4)) &&
+        if (!(st = cpc_backend_download(be, hq, q, n * 2)) && !(st = cpc_backend_download(be, hk, k, n * 2)) &&
+            !(st = cpc_backend_download(be, hv, v, n * 2)) && !(st = cpc_backend_download(be, ho, o, n * 4)) &&
+            !(st = cpc_backend_download(be, hl, lse, (size_t)B * H * S * 4)) &&
             !(st = cpc_reference_attention(&pb, rows, nr, ro, rl)) &&
             !(st = cpc_reference_gather_out(ho, CPC_DTYPE_FP32, B, S, H, D, rows, nr, go)) &&
             !(st = cpc_reference_gather_lse(hl, B, H, S, rows, nr, gl))) {
@@ -1118,7 +1118,7 @@ done:;
     void *bufs[] = {q, k, v, o, lse, o16};
     for (int i = 0; i < 6; i++)
         if (bufs[i])
-            be->vt->free(be, bufs[i]);
+            cpc_backend_free(be, bufs[i]);
 }
 
 typedef struct bw_ctx {
@@ -1152,25 +1152,25 @@ static cpc_status *op_bw(void *p)
         return e == cudaSuccess ? NULL : cpc_error(CPC_E_RUNTIME, "cudaMemcpy: %s", cudaGetErrorString(e));
     }
     case BW_PACK_BF16:
-        return be->vt->copy_strided(be, c->b, c->a, 2, 1, T, 1, BW_H / 2 * BW_D, 0, BW_H / 2 * BW_D, 0,
+        return cpc_backend_copy_strided(be, c->b, c->a, 2, 1, T, 1, BW_H / 2 * BW_D, 0, BW_H / 2 * BW_D, 0,
                                     0, BW_H * BW_D, 0);
     case BW_HEADS_BF16:
-        return be->vt->copy_strided(be, c->b, c->a, 2, 1, T, BW_H, BW_D, 0, BW_H * BW_D, BW_D, 0,
+        return cpc_backend_copy_strided(be, c->b, c->a, 2, 1, T, BW_H, BW_D, 0, BW_H * BW_D, BW_D, 0,
                                     BW_D, T * BW_D);
     case BW_PACK_F32:
-        return be->vt->copy_strided(be, c->b, c->a, 4, 1, T / 2, 1, BW_H / 2 * BW_D, 0,
+        return cpc_backend_copy_strided(be, c->b, c->a, 4, 1, T / 2, 1, BW_H / 2 * BW_D, 0,
                                     BW_H / 2 * BW_D, 0, 0, BW_H * BW_D, 0);
     case BW_TO_F32:
-        return be->vt->convert(be, c->b, CPC_DTYPE_FP32, c->a, CPC_DTYPE_BF16, c->n / 2);
+        return cpc_backend_convert(be, c->b, CPC_DTYPE_FP32, c->a, CPC_DTYPE_BF16, c->n / 2);
     case BW_FROM_F32:
-        return be->vt->convert(be, c->a, CPC_DTYPE_BF16, c->b, CPC_DTYPE_FP32, c->n / 2);
+        return cpc_backend_convert(be, c->a, CPC_DTYPE_BF16, c->b, CPC_DTYPE_FP32, c->n / 2);
     case BW_MERGE: {
         cpc_merge_args m = {.B = 1, .s = T / 2, .h = BW_H, .d = BW_D, .acc = c->a, .acc_lse = c->c,
                             .o = c->b, .lse = c->d};
-        return be->vt->merge(be, &m);
+        return cpc_backend_merge(be, &m);
     }
     case BW_INIT:
-        return be->vt->init_acc(be, c->a, c->n / 2, c->c, (size_t)(T / 2 * BW_H));
+        return cpc_backend_init_acc(be, c->a, c->n / 2, c->c, (size_t)(T / 2 * BW_H));
     }
     return NULL;
 }
@@ -1178,7 +1178,7 @@ static cpc_status *op_bw(void *p)
 static cpc_status *sync_bw(void *p)
 {
     bw_ctx *c = p;
-    cpc_status *st = c->be->vt->sync(c->be);
+    cpc_status *st = cpc_backend_sync(c->be);
     if (st)
         return st;
     cudaError_t e = cudaDeviceSynchronize();
@@ -1214,10 +1214,10 @@ static void bandwidth(void)
     c.n = (size_t)256 << 20;
     c.be = bes[0];
     double gbs[BW__COUNT] = {0};
-    if (!st && !(st = c.be->vt->alloc(c.be, c.n * 2, &c.a)) &&
-        !(st = c.be->vt->alloc(c.be, c.n * 2, &c.b)) &&
-        !(st = c.be->vt->alloc(c.be, c.n / BW_D * 4, &c.c)) &&
-        !(st = c.be->vt->alloc(c.be, c.n / BW_D * 4, &c.d))) {
+    if (!st && !(st = cpc_backend_alloc(c.be, c.n * 2, &c.a)) &&
+        !(st = cpc_backend_alloc(c.be, c.n * 2, &c.b)) &&
+        !(st = cpc_backend_alloc(c.be, c.n / BW_D * 4, &c.c)) &&
+        !(st = cpc_backend_alloc(c.be, c.n / BW_D * 4, &c.d))) {
         st = fill_device(c.be, c.a, CPC_DTYPE_BF16, c.n, 11);
         if (!st)
             st = fill_device(c.be, c.b, CPC_DTYPE_BF16, c.n, 12);
@@ -1255,7 +1255,7 @@ static void bandwidth(void)
     void *bufs[] = {c.a, c.b, c.c, c.d};
     for (int i = 0; i < 4; i++)
         if (bufs[i])
-            c.be->vt->free(c.be, bufs[i]);
+            cpc_backend_free(c.be, bufs[i]);
 }
 #endif /* CPC_HAVE_CUDA */
 

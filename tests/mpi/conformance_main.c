@@ -100,7 +100,7 @@ static int run_mesh(int rank, mesh m, bool same_clock, size_t large, bool small)
     st = cpc_transport_conformance(t, m.R, m.U, r, u, &o);
     fflush(stdout);
     int rc = report(rank, st);
-    t->vt->destroy(t);
+    cpc_transport_destroy(t);
     cpc_transport_mpi_set_limits(0, 0);
     return rc;
 }
@@ -111,13 +111,13 @@ static int run_fault(int rank, int size, const char *mode, int k)
     cpc_status *st = cpc_transport_mpi_create(size, 1, &t);
     if (st)
         return report(rank, st);
-    st = t->vt->barrier(t, CPC_GROUP_WORLD);
+    st = cpc_transport_barrier(t, CPC_GROUP_WORLD);
     if (st)
         return report(rank, st);
     if (rank == k) {
         usleep(200 * 1000);   /* the others are blocked by now */
         if (!strcmp(mode, "abort"))
-            t->vt->abort(t, "injected fault (mpi_conformance --fault abort)");
+            cpc_transport_abort(t, "injected fault (mpi_conformance --fault abort)");
         else if (!strcmp(mode, "exit")) {
             fprintf(stderr, "mpi_conformance[%d]: injected fault: exit(3) without MPI_Finalize\n",
                     rank);
@@ -132,9 +132,9 @@ static int run_fault(int rank, int size, const char *mode, int k)
     /* Block on a message rank k never sends. */
     char buf[8];
     cpc_request *rq = NULL;
-    st = t->vt->irecv(t, CPC_GROUP_WORLD, k, buf, sizeof buf, 1, &rq);
+    st = cpc_transport_irecv(t, CPC_GROUP_WORLD, k, buf, sizeof buf, 1, &rq);
     if (!st)
-        st = t->vt->wait(t, rq);
+        st = cpc_transport_wait(t, rq);
     if (!st)
         fprintf(stderr, "mpi_conformance[%d]: a receive that nobody sent completed\n", rank);
     report(rank, st);
