@@ -414,17 +414,8 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         if (!w)
             return NULL;
     }
-    switch (op->kind) {
-    case CPC_OP_INIT_ACC: case CPC_OP_ATTN: case CPC_OP_COPY: case CPC_OP_SEND:
-    case CPC_OP_ALL_TO_ALL: case CPC_OP_ALL_GATHER: case CPC_OP_BARRIER:
-        pr->host_ops += 1;
-        break;
-    case CPC_OP_MERGE: /* the output and the LSE update */
-        pr->host_ops += 2;
-        break;
-    default:
-        break;
-    }
+    /* the host's launches per op (op table: a merge is the output and the LSE update) */
+    pr->host_ops += cpc_op_info_of(op->kind)->host_launches;
     switch (op->kind) {
     case CPC_OP_LOOP: {
         int64_t n = 0;

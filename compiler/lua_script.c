@@ -983,7 +983,8 @@ static void push_config(lua_State *L, const cpc_plan *plan, const cpc_layout *se
 
 static bool kind_has_tag(cpc_op_kind k)
 {
-    return k == CPC_OP_SEND || k == CPC_OP_RECV || k == CPC_OP_WAIT;
+    const cpc_op_info *i = cpc_op_info_of(k);
+    return i && (i->flags & CPC_OPF_TAG);
 }
 
 static void push_bufs(lua_State *L, const cpc_program *prog, const int *idx, int n)
@@ -1366,8 +1367,8 @@ static const char *const op_fields[] = {"kind", "group", "in",  "out", "peer", "
 
 static bool is_comm(cpc_op_kind k)
 {
-    return k == CPC_OP_SEND || k == CPC_OP_RECV || k == CPC_OP_ALL_TO_ALL || k == CPC_OP_ALL_GATHER ||
-           k == CPC_OP_BARRIER;
+    const cpc_op_info *i = cpc_op_info_of(k);
+    return i && (i->flags & CPC_OPF_GROUP);
 }
 
 static void read_ops(lua_State *L, readback *rb, int arr, const char *path, cpc_op **ops, int *n, int depth);
@@ -1477,7 +1478,7 @@ static void read_op(lua_State *L, readback *rb, const char *path, cpc_op *op, in
     }
     lua_pop(L, 1);
 
-    if (kind_ok && (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) && !op->peer)
+    if (kind_ok && (cpc_op_info_of(op->kind)->flags & CPC_OPF_PEER) && !op->peer)
         rb_error(rb, line, "%s: a %s op needs a 'peer' expression", path, cpc_op_kind_name(op->kind));
 
     lua_pushliteral(L, "body");

@@ -1797,84 +1797,51 @@ static int check_op_shape(ctx *C, const opnode *nd)
         if (op->out[j] < 0 || op->out[j] >= P->n_buffers)
             return fail(C, -1, nd, 0, "output %d names buffer index %d (the program has %d)", j, op->out[j],
                         P->n_buffers);
+    /* Arity, group and the fields each kind needs: the op table (program.h). */
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
     int ni = op->n_in, no = op->n_out;
-    bool comm = false;
-    switch (op->kind) {
-    case CPC_OP_LOOP:
-        if (!op->count)
-            return fail(C, -1, nd, 0, "a loop needs a count");
-        if (op->n_body > 0 && !op->body)
-            return fail(C, -1, nd, 0, "loop body missing");
-        break;
+    if (ni < info->min_in || ni > info->max_in || no < info->min_out || no > info->max_out ||
+        (info->same_in_out && ni != no))
+        return fail(C, -1, nd, 0, "needs %s; has %d inputs and %d outputs", info->operands, ni, no);
+    switch (op->kind) { /* what the table cannot say */
     case CPC_OP_INIT_ACC:
         if (!(no >= 2 || (no == 0 && ni >= 2)))
-            return fail(C, -1, nd, 0, "needs an accumulator and its LSE (2 buffers), has %d in / %d out", ni, no);
-        break;
-    case CPC_OP_ATTN:
-        if (ni != 3 || no != 2)
-            return fail(C, -1, nd, 0, "needs 3 inputs (q, k, v) and 2 outputs (o, lse); has %d and %d", ni, no);
-        break;
-    case CPC_OP_MERGE:
-        if (ni != 2 || no != 2)
-            return fail(C, -1, nd, 0, "needs 2 inputs (o, lse of a block) and 2 outputs (acc, lse); has %d and %d",
-                        ni, no);
-        break;
-    case CPC_OP_SEND:
-        comm = true;
-        if (ni < 1 || no != 0)
-            return fail(C, -1, nd, 0, "needs 1..%d inputs and no output; has %d and %d", CPC_OP_MAX_BUFS, ni, no);
-        break;
-    case CPC_OP_RECV:
-        comm = true;
-        if (no < 1 || ni != 0)
-            return fail(C, -1, nd, 0, "needs 1..%d outputs and no input; has %d and %d", CPC_OP_MAX_BUFS, ni, no);
-        break;
-    case CPC_OP_WAIT:
+            return fail(C, -1, nd, 0, "needs %s, has %d in / %d out", info->operands, ni, no);
         break;
     case CPC_OP_SWAP: {
-        if (ni != 2 || no != 0 || op->in[0] == op->in[1])
-            return fail(C, -1, nd, 0, "needs 2 different buffers (in[0], in[1]) and no output");
+        if (op->in[0] == op->in[1])
+            return fail(C, -1, nd, 0, "needs %s", info->operands);
         const cpc_buffer *a = &P->buffers[op->in[0]], *b = &P->buffers[op->in[1]];
         if (a->role != b->role || a->tokens != b->tokens || a->heads != b->heads)
             return fail(C, -1, nd, 0, "swaps %s and %s, which differ in role, tokens or heads", a->name, b->name);
         break;
     }
     case CPC_OP_ALL_TO_ALL:
-    case CPC_OP_ALL_GATHER:
-        comm = true;
-        if (ni < 1 || ni != no)
-            return fail(C, -1, nd, 0, "needs as many outputs as inputs (1..%d); has %d and %d", CPC_OP_MAX_BUFS, ni,
-                        no);
-        if (op->kind == CPC_OP_ALL_TO_ALL && op->group != CPC_GROUP_ULYSSES)
-            return fail(C, -1, nd, 0, "all_to_all runs over the ulysses group, not %s", cpc_group_name(op->group));
-        if (op->kind == CPC_OP_ALL_GATHER && op->group != CPC_GROUP_RING)
-            return fail(C, -1, nd, 0, "all_gather runs over the ring group, not %s", cpc_group_name(op->group));
-        if (op->kind == CPC_OP_ALL_TO_ALL && ((int)op->dir < 0 || op->dir >= CPC_A2A__COUNT))
+        if ((int)op->dir < 0 || op->dir >= CPC_A2A__COUNT)
             return fail(C, -1, nd, 0, "unknown all_to_all direction %d", (int)op->dir);
-        break;
-    case CPC_OP_COPY:
-        if (ni < 1 || ni != no)
-            return fail(C, -1, nd, 0, "needs as many outputs as inputs (1..%d); has %d and %d", CPC_OP_MAX_BUFS, ni,
-                        no);
-        break;
-    case CPC_OP_BARRIER:
-        comm = true;
         break;
     default:
         break;
     }
-    if (comm && (op->group <= CPC_GROUP_NONE || op->group >= CPC_GROUP__COUNT))
+    if ((info->flags & CPC_OPF_BODY) && !op->count)
+        return fail(C, -1, nd, 0, "a loop needs a count");
+    if ((info->flags & CPC_OPF_BODY) && op->n_body > 0 && !op->body)
+        return fail(C, -1, nd, 0, "loop body missing");
+    if ((info->flags & CPC_OPF_GROUP) && (op->group <= CPC_GROUP_NONE || op->group >= CPC_GROUP__COUNT))
         return fail(C, -1, nd, 0, "a communication op needs a group (ring, ulysses or world)");
-    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) && !op->peer)
+    if (info->group != CPC_GROUP_NONE && op->group != info->group)
+        return fail(C, -1, nd, 0, "%s runs over the %s group, not %s", info->name,
+                    cpc_group_name(info->group), cpc_group_name(op->group));
+    if ((info->flags & CPC_OPF_PEER) && !op->peer)
         return fail(C, -1, nd, 0, "needs a peer");
-    if (op->kind == CPC_OP_RECV && !op->block)
+    if ((info->flags & CPC_OPF_BLOCK) && !op->block)
         return fail(C, -1, nd, 0, "needs a block (the ring block that arrives)");
-    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag < 0)
+    if ((info->flags & CPC_OPF_TAG) && op->tag < 0)
         return fail(C, -1, nd, 0, "tag %d < 0", op->tag);
-    if ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) && op->tag > CPC_VERIFY_TAG_MAX)
+    if ((info->flags & CPC_OPF_TAG) && op->tag > CPC_VERIFY_TAG_MAX)
         return fail(C, -1, nd, 0, "tag %d > %d, the largest tag every MPI library accepts (MPI_TAG_UB >= 32767)",
                     op->tag, CPC_VERIFY_TAG_MAX);
-    if (op->kind != CPC_OP_LOOP && op->n_body != 0)
+    if (!(info->flags & CPC_OPF_BODY) && op->n_body != 0)
         return fail(C, -1, nd, 0, "only a loop has a body");
     return 0;
 }

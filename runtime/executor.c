@@ -1132,15 +1132,8 @@ static cpc_status *op_barrier(cpc_exec *ex, const cpc_op *op)
 
 static cpc_exec_event_cat op_cat(cpc_op_kind k)
 {
-    switch (k) {
-    case CPC_OP_SEND:
-    case CPC_OP_RECV:
-    case CPC_OP_WAIT:
-    case CPC_OP_ALL_TO_ALL:
-    case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return CPC_EV_COMM;
-    default: return CPC_EV_COMPUTE;
-    }
+    const cpc_op_info *i = cpc_op_info_of(k);
+    return i && (i->flags & CPC_OPF_COMM_TIME) ? CPC_EV_COMM : CPC_EV_COMPUTE;
 }
 
 static void record(cpc_exec *ex, const cpc_op *op, int step, double t0, double t1, int64_t bytes)

@@ -12,15 +12,49 @@
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const op_kind_names[] = {
-    [CPC_OP_LOOP] = "loop",           [CPC_OP_INIT_ACC] = "init_acc",
-    [CPC_OP_ATTN] = "attn",           [CPC_OP_MERGE] = "merge",
-    [CPC_OP_SEND] = "send",           [CPC_OP_RECV] = "recv",
-    [CPC_OP_WAIT] = "wait",           [CPC_OP_SWAP] = "swap",
-    [CPC_OP_ALL_TO_ALL] = "all_to_all", [CPC_OP_ALL_GATHER] = "all_gather",
-    [CPC_OP_COPY] = "copy",           [CPC_OP_BARRIER] = "barrier",
+/* The op table (program.h): one entry per kind. */
+#define MAXB CPC_OP_MAX_BUFS
+static const cpc_op_info op_table[] = {
+    [CPC_OP_LOOP] = {"loop", 0, 0, 0, 0, false, "no buffers (a count and a body)", CPC_GROUP_NONE,
+                     CPC_OPF_BODY, CPC_COST_NONE, 0},
+    [CPC_OP_INIT_ACC] = {"init_acc", 0, MAXB, 0, MAXB, false, "an accumulator and its LSE (2 buffers)",
+                         CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
+    [CPC_OP_ATTN] = {"attn", 3, 3, 2, 2, false, "3 inputs (q, k, v) and 2 outputs (o, lse)",
+                     CPC_GROUP_NONE, 0, CPC_COST_ATTN, 1},
+    [CPC_OP_MERGE] = {"merge", 2, 2, 2, 2, false,
+                      "2 inputs (o, lse of a block) and 2 outputs (acc, lse)", CPC_GROUP_NONE,
+                      CPC_OPF_READS_OUT, CPC_COST_MEMORY, 2},
+    [CPC_OP_SEND] = {"send", 1, MAXB, 0, 0, false, "1..4 inputs and no output", CPC_GROUP_NONE,
+                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME, CPC_COST_P2P, 1},
+    [CPC_OP_RECV] = {"recv", 0, 0, 1, MAXB, false, "1..4 outputs and no input", CPC_GROUP_NONE,
+                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_BLOCK | CPC_OPF_COMM_TIME,
+                     CPC_COST_P2P, 0},
+    [CPC_OP_WAIT] = {"wait", 0, 0, 0, 0, false, "no buffers (a tag)", CPC_GROUP_NONE,
+                     CPC_OPF_TAG | CPC_OPF_COMM_TIME, CPC_COST_NONE, 0},
+    [CPC_OP_SWAP] = {"swap", 2, 2, 0, 0, false, "2 different buffers (in[0], in[1]) and no output",
+                     CPC_GROUP_NONE, 0, CPC_COST_NONE, 0},
+    [CPC_OP_ALL_TO_ALL] = {"all_to_all", 1, MAXB, 1, MAXB, true,
+                           "as many outputs as inputs (1..4)", CPC_GROUP_ULYSSES,
+                           CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                           CPC_COST_COLLECTIVE, 1},
+    [CPC_OP_ALL_GATHER] = {"all_gather", 1, MAXB, 1, MAXB, true,
+                           "as many outputs as inputs (1..4)", CPC_GROUP_RING,
+                           CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                           CPC_COST_COLLECTIVE, 1},
+    [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..4)",
+                     CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
+    [CPC_OP_BARRIER] = {"barrier", 0, 0, 0, 0, false, "no buffers", CPC_GROUP_NONE,
+                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                        CPC_COST_COLLECTIVE, 1},
 };
-_Static_assert(COUNT_OF(op_kind_names) == CPC_OP__COUNT, "every cpc_op_kind needs a name");
+#undef MAXB
+_Static_assert(COUNT_OF(op_table) == CPC_OP__COUNT, "every cpc_op_kind needs a table entry");
+_Static_assert(CPC_OP_MAX_BUFS == 4, "op_table's operand texts say 1..4");
+
+const cpc_op_info *cpc_op_info_of(cpc_op_kind k)
+{
+    return (int)k >= 0 && k < CPC_OP__COUNT ? &op_table[k] : NULL;
+}
 
 static const char *const group_names[] = {
     [CPC_GROUP_NONE] = "none", [CPC_GROUP_RING] = "ring",
@@ -70,14 +104,24 @@ static int parse_name(const char *const *tab, int n, const char *s)
     return -1;
 }
 
-const char *cpc_op_kind_name(cpc_op_kind k) { return name_of(op_kind_names, CPC_OP__COUNT, k); }
+const char *cpc_op_kind_name(cpc_op_kind k)
+{
+    const cpc_op_info *i = cpc_op_info_of(k);
+    return i ? i->name : "?";
+}
 const char *cpc_group_name(cpc_group g) { return name_of(group_names, CPC_GROUP__COUNT, g); }
 const char *cpc_buf_role_name(cpc_buf_role r) { return name_of(role_names, CPC_ROLE__COUNT, r); }
 const char *cpc_buf_tokens_name(cpc_buf_tokens t) { return name_of(tokens_names, CPC_TOK__COUNT, t); }
 const char *cpc_buf_heads_name(cpc_buf_heads h) { return name_of(heads_names, CPC_HEADS__COUNT, h); }
 const char *cpc_buf_io_name(cpc_buf_io io) { return name_of(io_names, CPC_IO__COUNT, io); }
 const char *cpc_a2a_dir_name(cpc_a2a_dir d) { return name_of(dir_names, CPC_A2A__COUNT, d); }
-int cpc_op_kind_parse(const char *s) { return parse_name(op_kind_names, CPC_OP__COUNT, s); }
+int cpc_op_kind_parse(const char *s)
+{
+    for (int k = 0; s && k < CPC_OP__COUNT; k++)
+        if (strcmp(s, op_table[k].name) == 0)
+            return k;
+    return -1;
+}
 int cpc_group_parse(const char *s) { return parse_name(group_names, CPC_GROUP__COUNT, s); }
 int cpc_buf_role_parse(const char *s) { return parse_name(role_names, CPC_ROLE__COUNT, s); }
 int cpc_buf_tokens_parse(const char *s) { return parse_name(tokens_names, CPC_TOK__COUNT, s); }
@@ -690,7 +734,8 @@ static void print_bufs(FILE *out, const cpc_program *prog, const char *key, cons
 
 static bool has_tag(cpc_op_kind k)
 {
-    return k == CPC_OP_SEND || k == CPC_OP_RECV || k == CPC_OP_WAIT;
+    const cpc_op_info *i = cpc_op_info_of(k);
+    return i && (i->flags & CPC_OPF_TAG);
 }
 
 static void print_op_spmd(FILE *out, const cpc_program *prog, const cpc_op *op, int depth)

@@ -182,6 +182,50 @@ typedef enum cpc_buf_heads { CPC_HEADS_ALL = 0, CPC_HEADS_PART, CPC_HEADS__COUNT
 typedef enum cpc_buf_io { CPC_IO_NONE = 0, CPC_IO_INPUT, CPC_IO_OUTPUT, CPC_IO__COUNT } cpc_buf_io;
 typedef enum cpc_a2a_dir { CPC_A2A_SEQ_TO_HEADS = 0, CPC_A2A_HEADS_TO_SEQ, CPC_A2A__COUNT } cpc_a2a_dir;
 
+/* THE OP TABLE (as Lua's lopcodes): what every layer needs to know about an
+ * op kind, in one place.  The verifier checks arity, groups and the fields an
+ * op needs from it; the Lua layer reads and validates scripts' ops with it;
+ * the executor files each op's time as compute or communication by it; the
+ * cost model counts the host's launches by it (its rule per kind stays in
+ * cost.c: cpc_op_info.cost names it). */
+enum {
+    CPC_OPF_GROUP = 1 << 0,      /* runs over a group (ring, ulysses or world) */
+    CPC_OPF_COLLECTIVE = 1 << 1, /* every member of the group takes part */
+    CPC_OPF_TAG = 1 << 2,        /* has a request tag (send, recv, wait) */
+    CPC_OPF_PEER = 1 << 3,       /* needs a peer expression */
+    CPC_OPF_BLOCK = 1 << 4,      /* needs a block expression (what arrives) */
+    CPC_OPF_BODY = 1 << 5,       /* has a body and a count (loop) */
+    CPC_OPF_COMM_TIME = 1 << 6,  /* its time is communication (waits included) */
+    CPC_OPF_READS_OUT = 1 << 7,  /* reads its outputs too (merge accumulates) */
+};
+
+/* Which cost-model rule prices an op (compiler/cost.c). */
+typedef enum cpc_op_cost {
+    CPC_COST_NONE = 0,   /* control: no time of its own (loop, wait, swap) */
+    CPC_COST_ATTN,       /* attention FLOPs and I/O */
+    CPC_COST_MEMORY,     /* memory-bound: bytes read and written */
+    CPC_COST_P2P,        /* one message over a link */
+    CPC_COST_COLLECTIVE, /* a collective over its group */
+} cpc_op_cost;
+
+typedef struct cpc_op_info {
+    const char *name;        /* as printed in the text form and seen by Lua */
+    int min_in, max_in;      /* input buffers (CPC_OP_MAX_BUFS at most) */
+    int min_out, max_out;    /* output buffers */
+    bool same_in_out;        /* as many outputs as inputs, paired (copy, collectives) */
+    const char *operands;    /* the operands in words, for diagnostics */
+    cpc_group group;         /* the group the op must run over; CPC_GROUP_NONE: any
+                                (with CPC_OPF_GROUP) or none */
+    unsigned flags;          /* CPC_OPF_* */
+    cpc_op_cost cost;
+    int host_launches;       /* kernels / calls the host issues for it (cost.h:
+                                the framework's host time) */
+} cpc_op_info;
+
+/* The table entry of `k`, or NULL for a value outside the enum.  Static data;
+ * thread-safe. */
+const cpc_op_info *cpc_op_info_of(cpc_op_kind k);
+
 /* Names as printed in the text form and seen by Lua ("attn", "ring", ...).
  * *_parse return -1 for an unknown name. */
 const char *cpc_op_kind_name(cpc_op_kind k);

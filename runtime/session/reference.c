@@ -486,6 +486,22 @@ double cpc_check_tolerance(cpc_dtype t)
     }
 }
 
+double cpc_check_tolerance_conditioned(cpc_dtype t, const double *ref, const double *bound, int64_t n,
+                                       double *rounding_err)
+{
+    double sb = 0, sr = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(ref[i]) && isfinite(bound[i])) {
+            sb += bound[i] * bound[i];
+            sr += ref[i] * ref[i];
+        }
+    double re = sr > 0 ? CPC_FP32_UNIT_ROUNDOFF * sqrt(sb / sr) : 0;
+    if (rounding_err)
+        *rounding_err = re;
+    double tol = cpc_check_tolerance(t);
+    return CPC_CHECK_ROUNDING_FACTOR * re > tol ? CPC_CHECK_ROUNDING_FACTOR * re : tol;
+}
+
 void cpc_compare_init(cpc_compare_result *r)
 {
     memset(r, 0, sizeof *r);

@@ -140,6 +140,18 @@ cpc_status *cpc_reference_gather_lse(const float *lse, int B, int H, int64_t S,
  * fp16 2e-3, bf16 1e-2. */
 double cpc_check_tolerance(cpc_dtype t);
 
+/* What the check promises for these very inputs (README "What the check
+ * promises"): max(cpc_check_tolerance(t), CPC_CHECK_ROUNDING_FACTOR * e),
+ * where e = u * ||bound|| / ||ref|| (u = 2^-24, the fp32 unit roundoff;
+ * bound from cpc_reference_attention_bound, over the same n values as ref;
+ * non-finite pairs skipped) is the relative error that rounding the logits
+ * in fp32 causes on its own.  *rounding_err (may be NULL) receives e.
+ * Used by cprun's check and by the backend conformance suite alike. */
+#define CPC_CHECK_ROUNDING_FACTOR 8.0
+#define CPC_FP32_UNIT_ROUNDOFF 5.9604644775390625e-08 /* 2^-24 */
+double cpc_check_tolerance_conditioned(cpc_dtype t, const double *ref, const double *bound, int64_t n,
+                                       double *rounding_err);
+
 /* The result of a comparison of `got` against `ref`.  Accumulates over
  * several calls (shards, ranks, row sets): init, add..., finish. */
 typedef struct cpc_compare_result {

@@ -963,12 +963,6 @@ static double median(const double *v, int n)
     return m;
 }
 
-/* How many times the logits' own rounding error (reference.h bound, u =
- * fp32 unit roundoff) the check allows before it fails: the tolerance is
- * max(dtype tolerance, CHECK_ROUNDING_FACTOR * u * ||bound|| / ||ref||). */
-#define CHECK_ROUNDING_FACTOR 8.0
-#define FP32_UNIT_ROUNDOFF 5.9604644775390625e-08 /* 2^-24 */
-
 /* SPEC section 5: every output element of every rank (rank 0 holds the
  * gathered output) is scanned for NaN and Inf, not only the compared rows. */
 static void scan_nonfinite(const run_ctx *x, cpc_run_report *rep)
@@ -1062,19 +1056,11 @@ static cpc_status *run_check(run_ctx *x, cpc_run_report *rep)
         rep->check_sampled = true;
         n_cmp = nr * L->D;
     }
-    /* Conditioning (README "The check"): the error that rounding the logits
-     * in fp32 causes on these very inputs; the tolerance never promises more
-     * than CHECK_ROUNDING_FACTOR times that. */
-    double sb = 0, sr = 0;
-    for (int64_t i = 0; i < n_cmp; i++)
-        if (isfinite(ref[i]) && isfinite(bnd[i])) {
-            sb += bnd[i] * bnd[i];
-            sr += ref[i] * ref[i];
-        }
-    rep->rounding_err = sr > 0 ? FP32_UNIT_ROUNDOFF * sqrt(sb / sr) : 0;
+    /* Conditioning (README "What the check promises"): never more than
+     * CPC_CHECK_ROUNDING_FACTOR times the error that rounding the logits in
+     * fp32 causes on these very inputs (reference.h). */
     rep->tolerance_base = tol;
-    if (CHECK_ROUNDING_FACTOR * rep->rounding_err > tol)
-        tol = CHECK_ROUNDING_FACTOR * rep->rounding_err;
+    tol = cpc_check_tolerance_conditioned(L->dtype, ref, bnd, n_cmp, &rep->rounding_err);
     cpc_compare_finish(&cr, tol);
     scan_nonfinite(x, rep);
     rep->checked = true;
