@@ -15,6 +15,7 @@
 #include "report.h"
 #include "run.h"
 #include "status.h"
+#include "tune.h"
 
 void cpc_job_options_init(cpc_job_options *o)
 {
@@ -218,5 +219,36 @@ cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind tran
         *is_root = root;
     if (!st && root)
         st = cpc_profile_write(out_path ? out_path : "-", &cal.profile);
+    return st;
+}
+
+cpc_status *cpc_tune_profile(const char *path, const char *const *sets, int n_sets, int warmup,
+                             int iters, cpc_transport_kind transport, double timeout_s, FILE *log,
+                             const char *out_path, char **written_path, bool *is_root)
+{
+    if (written_path)
+        *written_path = NULL;
+    if (is_root)
+        *is_root = true;
+    if (!path)
+        return cpc_error(CPC_E_USAGE, "cpc_tune_profile: path must not be NULL");
+    if (transport == CPC_TRANSPORT_NCCL || (unsigned)transport > CPC_TRANSPORT_NCCL)
+        return cpc_error(CPC_E_USAGE, "--tune runs over transport auto, local or mpi");
+    if (warmup < 0 || iters < 0)
+        return cpc_error(CPC_E_USAGE, "--tune: warmup and iters must be >= 0");
+    cpc_tune_options to = {.sets = sets, .n_sets = n_sets, .transport = transport_str(transport),
+                           .warmup = warmup, .iters = iters, .timeout_s = timeout_s, .log = log};
+    cpc_tune_result r;
+    bool root = true;
+    cpc_status *st = cpc_tune(path, &to, &r, &root);
+    if (is_root)
+        *is_root = root;
+    if (!st && root) {
+        const char *dest = out_path ? out_path : r.profile_path[0] ? r.profile_path : "-";
+        st = cpc_profile_write_measured(dest, &r.profile, &r.measured);
+        if (!st && written_path && !(*written_path = strdup(dest)))
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+    }
+    cpc_tune_result_free(&r);
     return st;
 }

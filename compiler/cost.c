@@ -116,7 +116,8 @@ static const profile_field profile_fields[] = {
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
 
-cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p)
+cpc_status *cpc_profile_write_measured(const char *path, const cpc_device_profile *p,
+                                       const cpc_measurements *m)
 {
     /* a file: fileio.h (temporary file + rename, never half a profile) */
     cpc_outfile o = {.f = NULL};
@@ -127,18 +128,191 @@ cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p)
             return st;
         f = o.f;
     }
-    fprintf(f, "# cpc device profile (written by cprun --calibrate); units: TFLOP/s, GB/s, us, GiB\n");
+    fprintf(f, "# cpc device profile (written by cprun --calibrate / --tune); units: TFLOP/s, GB/s, us, GiB\n");
     fprintf(f, "device_profile: 1\nname: %s\n", p->name);
     for (size_t i = 0; i < N_PROFILE_FIELDS; i++)
         fprintf(f, "%s: %.6g\n", profile_fields[i].key,
                 *(const double *)((const char *)p + profile_fields[i].off));
+    if (m && m->n > 0) {
+        fprintf(f, "# measured by cprun --tune: median ms per layer of each candidate, per problem\n");
+        fprintf(f, "measured:\n");
+        for (int i = 0; i < m->n; i++) {
+            const cpc_measurement *x = &m->items[i];
+            fprintf(f, "  - {key: \"%s\", variant: %s, ring_degree: %d, ulysses_degree: %d, "
+                       "backend: %s, ms_per_layer: %.6g}\n",
+                    x->key, cpc_variant_name(x->variant), x->ring_degree, x->ulysses_degree,
+                    x->backend, x->ms_per_layer);
+        }
+    }
     if (f != stdout)
         return cpc_outfile_commit(&o); /* checks every write (the stream's error flag) */
     return ferror(f) ? cpc_errno_status(CPC_E_IO, errno ? errno : EIO, path) : NULL;
 }
 
-/* The profile is a flat mapping of scalars; read it with libyaml's parser. */
-cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
+cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p)
+{
+    return cpc_profile_write_measured(path, p, NULL);
+}
+
+cpc_status *cpc_measurements_put(cpc_measurements *m, const cpc_measurement *x)
+{
+    for (int i = 0; i < m->n; i++) {
+        cpc_measurement *y = &m->items[i];
+        if (strcmp(y->key, x->key) == 0 && y->variant == x->variant &&
+            y->ring_degree == x->ring_degree && y->ulysses_degree == x->ulysses_degree &&
+            strcmp(y->backend, x->backend) == 0) {
+            *y = *x;
+            return NULL;
+        }
+    }
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        cpc_measurement *n = realloc(m->items, (size_t)cap * sizeof *n);
+        if (!n)
+            return cpc_error(CPC_E_NOMEM, "out of memory");
+        m->items = n;
+        m->cap = cap;
+    }
+    m->items[m->n++] = *x;
+    return NULL;
+}
+
+const cpc_measurement *cpc_measurements_find(const cpc_measurements *m, const char *key,
+                                             cpc_variant variant, int ring_degree,
+                                             int ulysses_degree, const char *backend)
+{
+    for (int i = 0; m && i < m->n; i++) {
+        const cpc_measurement *y = &m->items[i];
+        if (strcmp(y->key, key) == 0 && y->variant == variant && y->ring_degree == ring_degree &&
+            y->ulysses_degree == ulysses_degree && strcmp(y->backend, backend) == 0)
+            return y;
+    }
+    return NULL;
+}
+
+void cpc_measurements_free(cpc_measurements *m)
+{
+    if (!m)
+        return;
+    free(m->items);
+    m->items = NULL;
+    m->n = m->cap = 0;
+}
+
+void cpc_measure_key(const cpc_plan *plan, char *buf, size_t n)
+{
+    char segs[128];
+    int ns = plan->input.n_segments;
+    if (ns <= 8) {
+        size_t used = 0;
+        segs[0] = 0;
+        for (int i = 0; i < ns && used < sizeof segs; i++) {
+            int w = snprintf(segs + used, sizeof segs - used, "%s%lld", i ? "," : "",
+                             (long long)plan->input.segments[i].tokens);
+            if (w < 0)
+                break;
+            used += (size_t)w;
+        }
+    } else {
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a over the lengths */
+        for (int i = 0; i < ns; i++) {
+            uint64_t t = (uint64_t)plan->input.segments[i].tokens;
+            for (int b = 0; b < 8; b++) {
+                h ^= (t >> (8 * b)) & 0xff;
+                h *= 1099511628211ULL;
+            }
+        }
+        snprintf(segs, sizeof segs, "%d segments %016llx", ns, (unsigned long long)h);
+    }
+    snprintf(buf, n,
+             "B=%d S=[%s] Skv=%lld H=%d Hkv=%d D=%d dtype=%s mask=%s mode=%s P=%d C=%d T=%d "
+             "overlap=%d rotate=%s",
+             plan->input.batch, segs, plan->input.has_kv ? (long long)plan->input.kv_tokens : 0LL,
+             plan->model.heads, plan->model.kv_heads, plan->model.head_dim,
+             cpc_dtype_name(plan->model.dtype), cpc_mask_name(plan->input.mask),
+             plan->input.mode == CPC_MODE_TRAINING ? "training" : "inference",
+             plan->cluster.world_size, plan->parallel.cfg_degree, plan->parallel.tp_degree,
+             plan->schedule.overlap ? 1 : 0, cpc_rotate_name(plan->schedule.rotate));
+}
+
+const char *cpc_measure_backend(const cpc_plan *plan)
+{
+    return plan->cluster.device && strcmp(plan->cluster.device, "cpu") == 0 ? "cpu" : "cuda";
+}
+
+bool cpc_plan_profile_path(const cpc_plan *plan, char *buf, size_t n)
+{
+    const char *p = plan->cluster.profile;
+    if (!p)
+        return false;
+    if (p[0] != '/' && plan->file && strrchr(plan->file, '/')) {
+        int dir = (int)(strrchr(plan->file, '/') - plan->file);
+        snprintf(buf, n, "%.*s/%s", dir, plan->file, p);
+    } else {
+        snprintf(buf, n, "%s", p);
+    }
+    return true;
+}
+
+/* One entry of `measured:`: its fields as they are read. */
+typedef struct {
+    cpc_measurement m;
+    bool has_key, has_variant, has_r, has_u, has_ms;
+    cpc_span span;
+} meas_entry;
+
+static cpc_status *meas_field(meas_entry *e, const char *k, const char *v, cpc_span sp)
+{
+    if (strcmp(k, "key") == 0) {
+        if (strlen(v) >= sizeof e->m.key || strchr(v, '"') || strchr(v, '\\'))
+            return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                            "device profile: measured key too long or with quotes");
+        snprintf(e->m.key, sizeof e->m.key, "%s", v);
+        e->has_key = true;
+    } else if (strcmp(k, "variant") == 0) {
+        int var = cpc_variant_parse(v);
+        if (var < 0 || var == CPC_VARIANT_AUTO)
+            return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                            "device profile: measured variant '%s' is not a variant", v);
+        e->m.variant = (cpc_variant)var;
+        e->has_variant = true;
+    } else if (strcmp(k, "backend") == 0) {
+        if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
+            return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                            "device profile: measured backend '%s' (expected cpu or cuda)", v);
+        snprintf(e->m.backend, sizeof e->m.backend, "%s", v);
+    } else if (strcmp(k, "ring_degree") == 0 || strcmp(k, "ulysses_degree") == 0) {
+        char *end = NULL;
+        errno = 0;
+        long d = strtol(v, &end, 10);
+        if (!*v || *end || errno || d < 1 || d > (1L << 20))
+            return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                            "device profile: measured %s must be a positive integer, found '%s'", k, v);
+        if (k[0] == 'r')
+            e->m.ring_degree = (int)d, e->has_r = true;
+        else
+            e->m.ulysses_degree = (int)d, e->has_u = true;
+    } else if (strcmp(k, "ms_per_layer") == 0) {
+        char *end = NULL;
+        errno = 0;
+        double d = strtod(v, &end);
+        if (!*v || *end || errno || !isfinite(d) || d <= 0)
+            return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                            "device profile: measured ms_per_layer must be a positive number, found '%s'", v);
+        e->m.ms_per_layer = d;
+        e->has_ms = true;
+    } else {
+        return cpc_diag(CPC_E_PLAN, 101, CPC_SEV_ERROR, sp,
+                        "device profile: unknown key '%s' in a measured entry (key, variant, "
+                        "ring_degree, ulysses_degree, backend, ms_per_layer)", k);
+    }
+    return NULL;
+}
+
+/* The profile is a flat mapping of scalars, plus the `measured` list of flat
+ * mappings; read it with libyaml's parser. */
+cpc_status *cpc_profile_read_measured(const char *path, cpc_device_profile *out,
+                                      cpc_measurements *m)
 {
     /* fileio.h: a regular file only (a FIFO would block open() forever) */
     cpc_status *ost = NULL;
@@ -151,6 +325,9 @@ cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
     cpc_status *err = NULL;
     char key[64] = "";
     bool have_key = false, done = false, seen_magic = false;
+    bool in_measured = false, in_entry = false;
+    meas_entry ent;
+    memset(&ent, 0, sizeof ent);
     int depth = 0;
     while (!done && !err) {
         yaml_event_t ev;
@@ -161,29 +338,66 @@ cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
                            "device profile: %s", parser.problem ? parser.problem : "YAML error");
             break;
         }
+        cpc_span sp = {path, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1};
         switch (ev.type) {
-        case YAML_MAPPING_START_EVENT:
         case YAML_SEQUENCE_START_EVENT:
             depth++;
-            if (depth > 1)
-                err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR,
-                               (cpc_span){path, (int)ev.start_mark.line + 1,
-                                          (int)ev.start_mark.column + 1},
-                               "device profile: expected a flat mapping of numbers");
+            if (depth == 2 && have_key && strcmp(key, "measured") == 0 && !in_measured) {
+                in_measured = true;
+                have_key = false;
+            } else {
+                err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                               "device profile: expected a flat mapping of numbers "
+                               "(and a `measured:` list)");
+            }
+            break;
+        case YAML_MAPPING_START_EVENT:
+            depth++;
+            if (depth == 3 && in_measured && !in_entry) {
+                in_entry = true;
+                memset(&ent, 0, sizeof ent);
+                snprintf(ent.m.backend, sizeof ent.m.backend, "cpu");
+                ent.span = sp;
+            } else if (depth > 1) {
+                err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                               "device profile: expected a flat mapping of numbers "
+                               "(and a `measured:` list of mappings)");
+            }
             break;
         case YAML_MAPPING_END_EVENT:
+            if (depth == 3 && in_entry) {
+                in_entry = false;
+                if (!ent.has_key || !ent.has_variant || !ent.has_r || !ent.has_u || !ent.has_ms)
+                    err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, ent.span,
+                                   "device profile: a measured entry needs key, variant, "
+                                   "ring_degree, ulysses_degree and ms_per_layer");
+                else if (m)
+                    err = cpc_measurements_put(m, &ent.m);
+            }
+            depth--;
+            break;
         case YAML_SEQUENCE_END_EVENT:
+            if (depth == 2)
+                in_measured = false;
             depth--;
             break;
         case YAML_SCALAR_EVENT: {
             const char *v = (const char *)ev.data.scalar.value;
-            cpc_span sp = {path, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1};
+            if (in_measured && !in_entry) {
+                err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                               "device profile: `measured` holds mappings, found '%s'", v);
+                break;
+            }
             if (!have_key) {
                 snprintf(key, sizeof key, "%s", v);
                 have_key = true;
                 break;
             }
             have_key = false;
+            if (in_entry) {
+                err = meas_field(&ent, key, v, sp);
+                break;
+            }
             if (strcmp(key, "device_profile") == 0) {
                 seen_magic = strcmp(v, "1") == 0;
                 if (!seen_magic)
@@ -193,6 +407,12 @@ cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
             }
             if (strcmp(key, "name") == 0) {
                 snprintf(out->name, sizeof out->name, "%s", v);
+                break;
+            }
+            if (strcmp(key, "measured") == 0) { /* `measured:` empty */
+                if (*v)
+                    err = cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
+                                   "device profile: `measured` must be a list");
                 break;
             }
             size_t i = 0;
@@ -235,28 +455,32 @@ cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
     return err;
 }
 
-cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out)
+cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
+{
+    return cpc_profile_read_measured(path, out, NULL);
+}
+
+static cpc_status *plan_device(const cpc_plan *plan, cpc_device_profile *out,
+                               cpc_measurements *m)
 {
     const char *dev = plan->cluster.device ? plan->cluster.device : "h100-sxm";
     if (!cpc_device_preset(dev, out))
         return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, cpc_plan_span(plan, "cluster.device", true),
                         "unknown device '%s' (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu)", dev);
-    if (plan->cluster.profile) {
-        char path[4096];
-        const char *p = plan->cluster.profile;
-        if (p[0] != '/' && plan->file && strrchr(plan->file, '/')) {
-            int dir = (int)(strrchr(plan->file, '/') - plan->file);
-            snprintf(path, sizeof path, "%.*s/%s", dir, plan->file, p);
-        } else {
-            snprintf(path, sizeof path, "%s", p);
-        }
-        cpc_status *st = cpc_profile_read(path, out);
+    char path[4096];
+    if (cpc_plan_profile_path(plan, path, sizeof path)) {
+        cpc_status *st = cpc_profile_read_measured(path, out, m);
         if (st)
             return st;
     }
     if (plan->cluster.memory_gb > 0)
         out->memory_gb = plan->cluster.memory_gb;
     return NULL;
+}
+
+cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out)
+{
+    return plan_device(plan, out, NULL);
 }
 
 /* ---- pricing -------------------------------------------------------------------- */
@@ -828,9 +1052,21 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
 {
     (void)ctx;
     cpc_device_profile dev;
-    cpc_status *st = cpc_plan_device(plan, &dev);
-    if (st)
+    cpc_measurements meas = {0};
+    cpc_status *st = plan_device(plan, &dev, &meas);
+    if (st) {
+        cpc_measurements_free(&meas);
         return st;
+    }
+    const cpc_measurement *mx = NULL;
+    if (meas.n > 0) {
+        char key[CPC_MEASURE_KEY_MAX];
+        cpc_measure_key(plan, key, sizeof key);
+        mx = cpc_measurements_find(&meas, key, cand->variant, cand->ring_degree,
+                                   cand->ulysses_degree, cpc_measure_backend(plan));
+    }
+    double measured_ms = mx ? mx->ms_per_layer : 0;
+    cpc_measurements_free(&meas);
     cpc_program *prog = NULL;
     st = cpc_schedule_build(plan, cand->variant, cand->ring_degree, cand->ulysses_degree, &prog);
     if (st)
@@ -840,6 +1076,20 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     cpc_program_free(prog);
     if (st)
         return st;
+    cand->measured = measured_ms > 0;
+    cand->measured_ms_per_layer = cand->measured_ms_per_forward = cand->measured_ms_per_step = 0;
+    if (cand->measured) {
+        /* the whole step again, with the measured attention in place of the
+         * model's (price_step: device = dense + attention, step = max(device, host)) */
+        cand->measured_ms_per_layer = measured_ms;
+        cand->measured_ms_per_forward =
+            measured_ms * (plan->model.layers > 0 ? plan->model.layers : 1);
+        if (pred.ms_per_step > 0) {
+            double device = pred.dense_ms_per_step + cand->measured_ms_per_forward;
+            cand->measured_ms_per_step =
+                device > pred.host_ms_per_step ? device : pred.host_ms_per_step;
+        }
+    }
     cand->predicted_ms_per_layer = pred.ms_per_layer;
     cand->predicted_ms_per_forward = pred.ms_per_forward;
     cand->memory_bytes_per_rank = pred.memory_bytes_per_rank;

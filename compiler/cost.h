@@ -137,9 +137,68 @@ extern const char *const cpc_device_preset_names[];
  * CPC_E_PLAN rule 103 (unknown device, bad profile field). */
 cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out);
 
-/* Reads/writes a profile YAML file ("device_profile: 1" + the fields above). */
+/* Reads/writes a profile YAML file ("device_profile: 1" + the fields above).
+ * cpc_profile_read accepts (and checks, then drops) a `measured:` list. */
 cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out);
 cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p);
+
+/* MEASURED TIMES (`cprun --tune`, issue 15).  A profile may also carry what
+ * each candidate took on this machine, for one problem:
+ *   measured:
+ *     - {key: "B=1 S=1024 ...", variant: ring, ring_degree: 4, ulysses_degree: 1,
+ *        backend: cpu, ms_per_layer: 12.3}
+ * `key` (cpc_measure_key) names the problem: batch, segment lengths, Skv,
+ * H, Hkv, D, dtype, mask, mode, world size, CFG and TP degrees, overlap and
+ * rotation; a measurement applies to a plan only when the key, the
+ * candidate (variant, R, U) and the backend (`cpu` for the cpu device,
+ * else `cuda`) all match.  Then the cost model's time for that candidate is
+ * the measured one: cpc_cost_price_candidate sets cand->measured and the
+ * measured_* fields (the step prediction recomputed with the measured
+ * attention), and selection (validate.h) uses them; predicted_* stay the
+ * model's. */
+#define CPC_MEASURE_KEY_MAX 256
+typedef struct cpc_measurement {
+    char key[CPC_MEASURE_KEY_MAX]; /* cpc_measure_key of the problem */
+    cpc_variant variant;           /* never AUTO */
+    int ring_degree, ulysses_degree;
+    char backend[8];               /* "cpu" or "cuda" */
+    double ms_per_layer;           /* median wall time of one layer, ms (> 0) */
+} cpc_measurement;
+
+typedef struct cpc_measurements {
+    int n, cap;
+    cpc_measurement *items;        /* owned (cpc_measurements_free) */
+} cpc_measurements;
+
+/* As cpc_profile_read, also appending the file's measurements to *m (which
+ * must be initialised: zeroed or from an earlier call).  Errors: those of
+ * cpc_profile_read; a malformed `measured` entry is CPC_E_PLAN rule 103
+ * with its position; CPC_E_NOMEM. */
+cpc_status *cpc_profile_read_measured(const char *path, cpc_device_profile *out,
+                                      cpc_measurements *m);
+/* As cpc_profile_write, followed by the `measured:` list of `m` (may be NULL
+ * or empty: none).  Atomic (fileio.h) unless path is "-" (stdout). */
+cpc_status *cpc_profile_write_measured(const char *path, const cpc_device_profile *p,
+                                       const cpc_measurements *m);
+/* Adds `x`, replacing an entry with the same key, variant, degrees and
+ * backend.  Errors: CPC_E_NOMEM. */
+cpc_status *cpc_measurements_put(cpc_measurements *m, const cpc_measurement *x);
+/* The entry matching all of key, variant, degrees and backend, or NULL. */
+const cpc_measurement *cpc_measurements_find(const cpc_measurements *m, const char *key,
+                                             cpc_variant variant, int ring_degree,
+                                             int ulysses_degree, const char *backend);
+/* Frees what `m` owns and zeroes it.  NULL is ignored. */
+void cpc_measurements_free(cpc_measurements *m);
+/* The problem key of `plan` (see MEASURED TIMES) into buf (n >=
+ * CPC_MEASURE_KEY_MAX; more than 8 segments are summarised by count and a
+ * hash of their lengths). */
+void cpc_measure_key(const cpc_plan *plan, char *buf, size_t n);
+/* The backend whose measurements apply to `plan`: "cpu" when
+ * cluster.device is cpu, else "cuda". */
+const char *cpc_measure_backend(const cpc_plan *plan);
+/* The path of the plan's cluster.profile (relative paths resolved against
+ * the plan file's directory) into buf; false when the plan names none. */
+bool cpc_plan_profile_path(const cpc_plan *plan, char *buf, size_t n);
 
 
 /* Weights a token passes through (see WHOLE STEP); 0 without model.parameters. */

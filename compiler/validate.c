@@ -787,6 +787,8 @@ static int add_preferred(clist *l, cpc_variant v, int R, int U, origin o)
  * model.parameters (cost.h WHOLE STEP), else the attention forward. */
 static double select_time(const cpc_candidate *c)
 {
+    if (c->measured)
+        return c->measured_ms_per_step > 0 ? c->measured_ms_per_step : c->measured_ms_per_forward;
     return c->predicted_ms_per_step > 0 ? c->predicted_ms_per_step : c->predicted_ms_per_forward;
 }
 

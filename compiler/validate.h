@@ -54,7 +54,9 @@
  * candidate's errors are reported (deduplicated: rules shared by every
  * variant, such as CP030, appear once).
  * The choice (cpc_select_best, SPEC section 1): among valid candidates, the
- * lowest predicted ms_per_forward wins; the tie set is every priced valid
+ * lowest predicted ms_per_forward wins (a candidate the plan's profile has
+ * measured, cost.h MEASURED TIMES, competes with its measured time); the
+ * tie set is every priced valid
  * candidate with time <= 1.02 x the lowest; it is broken by less
  * memory_bytes_per_rank, then by list order (ulysses, unified, ring,
  * ulysses_anything, ring_anything).  Unpriced candidates only compete when
@@ -121,6 +123,12 @@ typedef struct cpc_candidate {
     double predicted_ms_per_step;      /* whole forward step (model.parameters), else 0 */
     double predicted_ms_per_image;     /* x input.steps, else 0 */
     bool priced;                       /* the fields above are set */
+    /* Set by the cost model when the plan's profile has a measurement of
+     * this candidate (cost.h MEASURED TIMES); selection then uses these: */
+    bool measured;
+    double measured_ms_per_layer;      /* as `cprun --tune` measured it */
+    double measured_ms_per_forward;    /* x model.layers */
+    double measured_ms_per_step;       /* whole step with the measured attention, else 0 */
 } cpc_candidate;
 
 typedef struct cpc_selection {

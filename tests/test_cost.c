@@ -175,6 +175,43 @@ Test(cost, profile_roundtrip)
     unlink(path);
 }
 
+/* Measured times (cprun --tune) round-trip, merge by identity, and a profile
+ * without them is read by the plain reader too. */
+Test(cost, profile_measured_roundtrip)
+{
+    cpc_device_profile p, q;
+    cr_assert(cpc_device_preset("cpu", &p));
+    cpc_measurements m = {0}, r = {0};
+    cpc_measurement a = {.key = "B=1 S=[512]", .variant = CPC_VARIANT_RING, .ring_degree = 4,
+                         .ulysses_degree = 1, .backend = "cpu", .ms_per_layer = 3.5};
+    cpc_measurement b = a;
+    b.variant = CPC_VARIANT_ULYSSES, b.ring_degree = 1, b.ulysses_degree = 4, b.ms_per_layer = 7;
+    cr_assert_null(cpc_measurements_put(&m, &a));
+    cr_assert_null(cpc_measurements_put(&m, &b));
+    a.ms_per_layer = 2.25; /* same identity: replaces */
+    cr_assert_null(cpc_measurements_put(&m, &a));
+    cr_expect_eq(m.n, 2);
+    char path[] = "/tmp/cpc_profile_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_assert_null(cpc_profile_write_measured(path, &p, &m));
+    memset(&q, 0, sizeof q);
+    cr_assert_null(cpc_profile_read_measured(path, &q, &r));
+    cr_expect_eq(r.n, 2);
+    const cpc_measurement *x = cpc_measurements_find(&r, "B=1 S=[512]", CPC_VARIANT_RING, 4, 1, "cpu");
+    cr_assert(x);
+    cr_expect_float_eq(x->ms_per_layer, 2.25, 1e-9);
+    cr_expect_null(cpc_measurements_find(&r, "B=1 S=[512]", CPC_VARIANT_RING, 4, 1, "cuda"));
+    cr_expect_null(cpc_measurements_find(&r, "B=2 S=[512]", CPC_VARIANT_RING, 4, 1, "cpu"));
+    memset(&q, 0, sizeof q);
+    cr_expect_null(cpc_profile_read(path, &q));
+    cr_expect_float_eq(q.attn_tflops, p.attn_tflops, 1e-9);
+    cpc_measurements_free(&m);
+    cpc_measurements_free(&r);
+    unlink(path);
+}
+
 /* Every published cell of the seeds' tables (context-parallelism.md section 3:
  * FLUX.1-dev, 4 GPUs, diffusers' all-gather ring without overlap) against
  * cpc's whole-step prediction with the real parameter count: each cell within

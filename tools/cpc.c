@@ -256,8 +256,13 @@ static void print_explain_text(const job *j)
         printf(", none selected\n");
     bool step = j->c.plan && j->c.plan->model.parameters > 0;
     bool image = step && j->c.plan->input.steps > 0;
-    printf("  %-17s %-11s %-18s %10s %11s %12s %12s", "variant", "R x U", "verdict", "ms/layer", "ms/forward",
-           "memory/rank", "sent/rank");
+    bool measured = false; /* a `measured` column when the profile has any (cprun --tune) */
+    for (int i = 0; i < s->n_candidates; i++)
+        measured = measured || s->candidates[i].measured;
+    printf("  %-17s %-11s %-18s %10s", "variant", "R x U", "verdict", "ms/layer");
+    if (measured)
+        printf(" %10s", "measured");
+    printf(" %11s %12s %12s", "ms/forward", "memory/rank", "sent/rank");
     if (step)
         printf(" %10s", "ms/step");
     if (image)
@@ -275,8 +280,14 @@ static void print_explain_text(const job *j)
         fmt_ms(mf, sizeof mf, c, true);
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("%c %-17s %-11s %-18s %10s %11s %12s %12s", sel == c ? '*' : ' ', cpc_variant_name(c->variant),
-               deg, verdict, ml, mf, mem, sent);
+        printf("%c %-17s %-11s %-18s %10s", sel == c ? '*' : ' ', cpc_variant_name(c->variant), deg,
+               verdict, ml);
+        if (measured) {
+            char mm[32];
+            snprintf(mm, sizeof mm, c->measured ? "%.3f" : "-", c->measured_ms_per_layer);
+            printf(" %10s", mm);
+        }
+        printf(" %11s %12s %12s", mf, mem, sent);
         if (step) {
             char ms[32];
             snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->predicted_ms_per_step);
@@ -440,6 +451,8 @@ static void print_json(const job *j, int exit_code)
                     cJSON_AddItemToArray(codes, cJSON_CreateString(rb));
             }
             cJSON_AddItemToObject(o, "predicted", json_predicted(k));
+            if (k->measured) /* cprun --tune measured it (the profile's `measured`) */
+                cJSON_AddNumberToObject(o, "measured_ms_per_layer", k->measured_ms_per_layer);
             cJSON_AddItemToArray(arr, o);
         }
     }

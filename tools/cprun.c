@@ -66,7 +66,14 @@ static void usage(FILE *f)
             "                                  with the CPU backend and --transport (local threads, or\n"
             "                                  mpi under mpirun) and print a cluster profile YAML for\n"
             "                                  a plan's `cluster.profile` (no PLAN argument)\n"
-            "  --profile-out FILE              with --calibrate: write the profile to FILE, not stdout\n"
+            "  --tune                          run every valid candidate of PLAN (each variant and\n"
+            "                                  R x U) briefly (--warmup, default 1; --iters, default 3)\n"
+            "                                  on the plan's backend (cpu for cluster.device cpu) and\n"
+            "                                  write the plan's profile with the measured ms per layer\n"
+            "                                  (key `measured`): `auto` then picks by measurement and\n"
+            "                                  cpc --explain shows them.  Default destination: the\n"
+            "                                  plan's cluster.profile, else stdout\n"
+            "  --profile-out FILE              with --calibrate or --tune: write the profile to FILE\n"
             "  --quick                         with --calibrate: small problems (well under 1 s, less exact)\n"
             "  --calibrate-ranks N             with --calibrate: local rank threads that share the cores\n"
             "                                  (default 4)\n"
@@ -206,6 +213,42 @@ static int run_calibrate(bool quick, int ranks, cpc_transport_kind transport, co
     return 0;
 }
 
+/* cprun --tune: measures every valid candidate (one line each on stderr)
+ * and writes the profile with the measurements. */
+static int run_tune(const char *path, const char **sets, int n_sets, int warmup, int iters,
+                    cpc_transport_kind transport, double timeout_s, const char *out)
+{
+    if (transport == CPC_TRANSPORT_NCCL) {
+        fprintf(stderr, "cprun: error: --tune runs over --transport auto, local or mpi\n");
+        return 2;
+    }
+    if (out && strcmp(out, "-") != 0) {
+        /* before measuring: a path that cannot be written fails now */
+        cpc_status *wst = cpc_check_writable_file("--profile-out", out);
+        if (wst) {
+            cpc_status_print(stderr, "cprun", wst);
+            cpc_status_free(wst);
+            return 2;
+        }
+    }
+    bool root = true;
+    char *written = NULL;
+    cpc_status *st = cpc_tune_profile(path, sets, n_sets, warmup, iters, transport, timeout_s,
+                                      stderr, out, &written, &root);
+    if (st) {
+        cpc_status_print(stderr, "cprun", st);
+        int rc = exit_of(st);
+        cpc_status_free(st);
+        free(written);
+        return rc ? rc : 3;
+    }
+    if (root && written && strcmp(written, "-") != 0)
+        fprintf(stderr, "cprun --tune: profile with the measurements written to %s (plans whose "
+                        "cluster.profile names it select by them)\n", written);
+    free(written);
+    return 0;
+}
+
 /* Command-line names of the enums, in enum order. */
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
 static const char *const ATTENTIONS[] = {"auto", "cpu", "cudnn", "nvrtc", NULL};
@@ -225,7 +268,7 @@ enum {
     OPT_BACKEND = 1000, OPT_ATTENTION, OPT_TRANSPORT, OPT_INPUT, OPT_SEED, OPT_OUTPUT,
     OPT_SHARDS, OPT_LSE, OPT_CHECK, OPT_NO_CHECK, OPT_CHECK_ROWS, OPT_WARMUP, OPT_ITERS,
     OPT_TRACE, OPT_FORMAT, OPT_DRY_RUN, OPT_SET, OPT_TIMEOUT, OPT_CALIBRATE, OPT_VERBOSE,
-    OPT_VERSION, OPT_HELP, OPT_PROFILE_OUT, OPT_QUICK, OPT_CAL_RANKS,
+    OPT_VERSION, OPT_HELP, OPT_PROFILE_OUT, OPT_QUICK, OPT_CAL_RANKS, OPT_TUNE,
 };
 
 /* The command line; `sets` has room for argc entries (owned by main). */
@@ -251,6 +294,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
         {"set", required_argument, NULL, OPT_SET},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"calibrate", no_argument, NULL, OPT_CALIBRATE},
+        {"tune", no_argument, NULL, OPT_TUNE},
         {"profile-out", required_argument, NULL, OPT_PROFILE_OUT},
         {"quick", no_argument, NULL, OPT_QUICK},
         {"calibrate-ranks", required_argument, NULL, OPT_CAL_RANKS},
@@ -261,7 +305,8 @@ static int cprun_main(int argc, char **argv, const char **sets)
     };
     cpc_job_options opt;
     cpc_job_options_init(&opt);
-    bool json = false, dry = false, calibrate = false, quick = false;
+    bool json = false, dry = false, calibrate = false, quick = false, tune = false;
+    bool warmup_given = false, iters_given = false;
     const char *profile_out = NULL;
     int cal_ranks = 0;
     int n_sets = 0;
@@ -308,11 +353,13 @@ static int cprun_main(int argc, char **argv, const char **sets)
             if (!parse_int(optarg, 0, 1000000, &v))
                 return usage_error("--warmup %s: expected an integer >= 0", optarg);
             opt.warmup = (int)v;
+            warmup_given = true;
             break;
         case OPT_ITERS:
             if (!parse_int(optarg, 1, 1000000, &v))
                 return usage_error("--iters %s: expected an integer >= 1", optarg);
             opt.iters = (int)v;
+            iters_given = true;
             break;
         case OPT_TRACE: opt.trace_path = optarg; break;
         case OPT_FORMAT:
@@ -335,6 +382,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
             break;
         }
         case OPT_CALIBRATE: calibrate = true; break;
+        case OPT_TUNE: tune = true; break;
         case OPT_PROFILE_OUT: profile_out = optarg; break;
         case OPT_QUICK: quick = true; break;
         case OPT_CAL_RANKS:
@@ -355,6 +403,22 @@ static int cprun_main(int argc, char **argv, const char **sets)
                 return usage_error("option needs a value or is unknown: -%c", (char[]){(char)optopt, 0});
             return usage_error("unknown option or missing value: %s", argv[optind - 1]);
         }
+    }
+    if (calibrate && tune)
+        return usage_error("%s", "--calibrate and --tune: one at a time");
+    if (tune) {
+        if (opt.backend != CPC_BACKEND_AUTO || opt.attention != CPC_ATTENTION_AUTO || json || dry ||
+            quick || cal_ranks || opt.input_path || opt.output_path || opt.output_shards_dir ||
+            opt.trace_path)
+            return usage_error("%s", "--tune takes a plan and --set, --warmup, --iters, --transport, "
+                                     "--timeout, --profile-out, --verbose only (the backend is the "
+                                     "plan's: cpu for cluster.device cpu)");
+        if (optind >= argc)
+            return usage_error("%s", "--tune needs a plan: cprun --tune PLAN.yaml");
+        if (optind + 1 < argc)
+            return usage_error("one plan at a time (extra argument '%s')", argv[optind + 1]);
+        return run_tune(argv[optind], sets, n_sets, warmup_given ? opt.warmup : 1,
+                        iters_given ? opt.iters : 3, opt.transport, opt.timeout_s, profile_out);
     }
     if (calibrate) {
         if (opt.backend == CPC_BACKEND_CUDA || opt.attention == CPC_ATTENTION_CUDNN ||

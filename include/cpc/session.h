@@ -172,6 +172,32 @@ void cpc_run_report_destroy(cpc_run_report *r);
 cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind transport, FILE *log,
                                   const char *out_path, bool *is_root);
 
+/* cprun --tune: runs every candidate of the plan YAML at `path` (with
+ * n_sets "KEY=VALUE" overrides) that validation accepts - each variant and
+ * R x U factorisation, in `cpc --explain` order - on the backend the plan's
+ * device implies (cpu for cluster.device cpu, else cuda), `warmup` (0: 1)
+ * + `iters` (0: 3) iterations each, random inputs, no reference check; over
+ * `transport` (AUTO, LOCAL threads, or MPI under a launcher, where every
+ * process runs the same candidates in the same order).  Logs one line per
+ * candidate (measured and predicted ms per layer) to `log` (may be NULL).
+ * Writes the plan's profile (its cluster.device preset overridden by its
+ * cluster.profile, with that file's measurements) plus this run's median ms
+ * per layer of each candidate under `measured:`, keyed by the problem (shape,
+ * dtype, mask, world size, ...), to `out_path`; NULL: the plan's
+ * cluster.profile file, or stdout when it names none; "-": stdout.  The
+ * write is atomic.  A plan whose cluster.profile names that file then
+ * selects `auto` by the measured times and `cpc --explain` shows them
+ * (column `measured`, JSON `measured_ms_per_layer`).  *written_path (may be
+ * NULL): the path written ("-" for stdout), malloc'd; caller frees.  Under
+ * MPI only world rank 0 writes (*is_root, may be NULL).  Errors: CPC_E_PLAN
+ * / CPC_E_IO (the plan does not load or validate; no valid candidate),
+ * CPC_E_USAGE (an artifact, bad options), the run errors of
+ * cpc_job_execute naming the candidate, CPC_E_IO (the profile write),
+ * CPC_E_NOMEM. */
+cpc_status *cpc_tune_profile(const char *path, const char *const *sets, int n_sets, int warmup,
+                             int iters, cpc_transport_kind transport, double timeout_s, FILE *log,
+                             const char *out_path, char **written_path, bool *is_root);
+
 #ifdef __cplusplus
 }
 #endif

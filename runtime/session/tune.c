@@ -1,0 +1,148 @@
+/* tune.c - `cprun --tune`: measure every valid candidate; see tune.h. */
+#include "tune.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile.h"
+#include "report.h"
+#include "run.h"
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
+void cpc_tune_result_free(cpc_tune_result *r)
+{
+    if (!r)
+        return;
+    cpc_measurements_free(&r->measured);
+    free(r->entries);
+    memset(r, 0, sizeof *r);
+}
+
+static bool has_error(const cpc_status *st)
+{
+    return cpc_status_count(st, CPC_SEV_ERROR) > 0;
+}
+
+cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_result *out,
+                     bool *is_root)
+{
+    memset(out, 0, sizeof *out);
+    if (is_root)
+        *is_root = true;
+    if (ends_with(path, ".cplan"))
+        return cpc_error(CPC_E_USAGE, "--tune needs the plan YAML, not the artifact %s "
+                                      "(it compiles every candidate)", path);
+    int warmup = opt->warmup > 0 ? opt->warmup : 1, iters = opt->iters > 0 ? opt->iters : 3;
+    cpc_compile_opts co = {.sets = opt->sets, .n_sets = opt->n_sets, .until = CPC_UNTIL_VALIDATE};
+    cpc_compiled cc;
+    bool ok = cpc_compile_file(path, &co, &cc);
+    cpc_status *diags = cc.diags;
+    cc.diags = NULL;
+    if (!ok || !cc.plan || !cc.validated) {
+        cpc_compiled_free(&cc);
+        if (!has_error(diags))
+            cpc_status_append(&diags, cpc_error(CPC_E_INTERNAL, "%s: not validated", path));
+        return diags;
+    }
+    cpc_status_free(diags); /* warnings: `cpc --check` reports them */
+    const cpc_plan *plan = cc.plan;
+    cpc_status *st = NULL;
+    if (plan->input.mode == CPC_MODE_TRAINING) {
+        st = cpc_diag(CPC_E_PLAN, 60, CPC_SEV_ERROR, cpc_plan_span(plan, "input.mode", true),
+                      "cprun --tune: a training plan cannot run (cprun runs inference only)");
+        cpc_compiled_free(&cc);
+        return st;
+    }
+    /* the plan's profile without cluster.memory_gb, with its measurements */
+    const char *dev = plan->cluster.device ? plan->cluster.device : "h100-sxm";
+    if (!cpc_device_preset(dev, &out->profile)) {
+        cpc_compiled_free(&cc);
+        return cpc_error(CPC_E_PLAN, "unknown device '%s'", dev);
+    }
+    if (cpc_plan_profile_path(plan, out->profile_path, sizeof out->profile_path))
+        st = cpc_profile_read_measured(out->profile_path, &out->profile, &out->measured);
+    cpc_measure_key(plan, out->key, sizeof out->key);
+    snprintf(out->backend, sizeof out->backend, "%s", cpc_measure_backend(plan));
+    const cpc_selection *sel = &cc.sel;
+    int n_ok = 0;
+    for (int i = 0; i < sel->n_candidates; i++)
+        n_ok += sel->candidates[i].ok;
+    if (!st && n_ok == 0)
+        st = cpc_error(CPC_E_PLAN, "%s: no candidate is valid: nothing to tune", path);
+    if (!st) {
+        out->entries = calloc((size_t)n_ok, sizeof *out->entries);
+        if (!out->entries)
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+    }
+    if (!st && opt->log)
+        fprintf(opt->log, "cprun --tune: %d valid candidate%s of %s (%s backend, %d warmup + %d "
+                          "timed iterations each)\n  key: %s\n",
+                n_ok, n_ok == 1 ? "" : "s", path, out->backend, warmup, iters, out->key);
+    for (int i = 0; i < sel->n_candidates && !st; i++) {
+        const cpc_candidate *c = &sel->candidates[i];
+        if (!c->ok)
+            continue;
+        /* the plan's own candidate may appear twice (validate.h): measure once */
+        bool dup = false;
+        for (int e = 0; e < out->n_entries; e++)
+            dup = dup || (out->entries[e].variant == c->variant &&
+                          out->entries[e].ring_degree == c->ring_degree &&
+                          out->entries[e].ulysses_degree == c->ulysses_degree);
+        if (dup)
+            continue;
+        cpc_job *job = NULL;
+        st = cpc_job_from_plan(plan, c->variant, c->ring_degree, c->ulysses_degree, &job);
+        if (has_error(st)) {
+            cpc_job_free(job);
+            break;
+        }
+        cpc_status_free(st);
+        st = NULL;
+        cpc_run_options ro;
+        cpc_run_options_default(&ro);
+        ro.backend = out->backend;
+        ro.transport = opt->transport ? opt->transport : "auto";
+        ro.check = false;
+        ro.warmup = warmup;
+        ro.iters = iters;
+        ro.timeout_s = opt->timeout_s;
+        cpc_run_report rep;
+        bool root = true;
+        st = cpc_job_run(job, &ro, &rep, &root);
+        cpc_job_free(job);
+        if (st) {
+            cpc_status_prefix(st, "--tune: %s %dx%d", cpc_variant_name(c->variant),
+                              c->ring_degree, c->ulysses_degree);
+            cpc_run_report_free(&rep);
+            break;
+        }
+        if (is_root)
+            *is_root = root;
+        if (root) {
+            cpc_tune_entry *e = &out->entries[out->n_entries++];
+            e->variant = c->variant;
+            e->ring_degree = c->ring_degree;
+            e->ulysses_degree = c->ulysses_degree;
+            e->ms_per_layer = rep.ms_per_iter;
+            e->predicted_ms_per_layer = c->predicted_ms_per_layer;
+            cpc_measurement m = {.variant = c->variant, .ring_degree = c->ring_degree,
+                                 .ulysses_degree = c->ulysses_degree,
+                                 .ms_per_layer = rep.ms_per_iter > 0 ? rep.ms_per_iter : 1e-6};
+            snprintf(m.key, sizeof m.key, "%s", out->key);
+            snprintf(m.backend, sizeof m.backend, "%s", out->backend);
+            st = cpc_measurements_put(&out->measured, &m);
+            if (opt->log)
+                fprintf(opt->log, "  %-17s %5dx%-5d %10.3f ms per layer measured (predicted %.3f)\n",
+                        cpc_variant_name(c->variant), c->ring_degree, c->ulysses_degree,
+                        rep.ms_per_iter, c->predicted_ms_per_layer);
+        }
+        cpc_run_report_free(&rep);
+    }
+    cpc_compiled_free(&cc);
+    return st;
+}
