@@ -24,6 +24,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -35,17 +36,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "plan.h"
-#include "plan_load.h"
-#include "status.h"
-#include "validate.h"
-#include "compile.h"
-#include "fileio.h"
-#include "program.h"
-
-#ifndef CPC_VERSION
-#define CPC_VERSION "0.0.0"
-#endif
+#include <cpc/cpc.h>
 
 typedef enum out_format { FORMAT_TEXT = 0, FORMAT_JSON } out_format;
 
@@ -75,9 +66,69 @@ typedef struct job {
     char *output;                /* artifact path (compile only; owned) */
     const char *const *sets;     /* opt->sets plus a --sweep value */
     int n_sets;
-    cpc_compiled c;              /* the pipeline's results and diagnostics */
+    cpc_compilation *c;          /* the pipeline's results and diagnostics (NULL: not run) */
+    cpc_status *err;             /* cpc's own error about this file, after c's diagnostics */
+    cpc_candidate_info *cands;   /* c's candidates (owned) */
+    int n_cands;
     bool written;                /* the artifact was written to `output` */
 } job;
+
+/* Records cpc's own error about the job (one at most: each ends the job). */
+static void job_fail(job *j, cpc_status *st)
+{
+    if (!st)
+        return;
+    if (j->err)
+        cpc_status_free(st);
+    else
+        j->err = st;
+}
+
+/* The job's exit status: the worst over the pipeline's diagnostics and cpc's error. */
+static int job_exit_code(const job *j)
+{
+    int a = cpc_status_exit_code(cpc_compilation_diagnostics(j->c));
+    int b = cpc_status_exit_code(j->err);
+    return a > b ? a : b;
+}
+
+static int job_count(const job *j, cpc_severity sev)
+{
+    int n = cpc_compilation_count(j->c, sev);
+    for (const cpc_status *e = j->err; e; e = cpc_status_next(e))
+        n += cpc_status_severity(e) == sev;
+    return n;
+}
+
+/* Prints every diagnostic of the job, as one chain. */
+static void job_print_diags(const job *j)
+{
+    cpc_status_print(stderr, "cpc", cpc_compilation_diagnostics(j->c));
+    cpc_status_print(stderr, "cpc", j->err);
+}
+
+static void job_free(job *j)
+{
+    cpc_compilation_free(j->c);
+    cpc_status_free(j->err);
+    free(j->cands);
+    j->c = NULL;
+    j->err = NULL;
+    j->cands = NULL;
+    j->n_cands = 0;
+}
+
+/* A message status of class `code` (cpc's own errors). */
+static cpc_status *tool_error(cpc_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static cpc_status *tool_error(cpc_code code, const char *fmt, ...)
+{
+    char buf[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return cpc_status_new(code, buf);
+}
 
 /* ------------------------------------------------------------------------ */
 /* The pipeline (compile.h) and what cpc does with its results.             */
@@ -108,37 +159,38 @@ static bool looks_like_artifact(const char *path)
     return n >= 17 && strncmp(buf, "artifact_version:", 17) == 0;
 }
 
-/* The cluster.profile file as the cost model resolves it (relative to the
- * plan file), or "" when the plan names none. */
-static void profile_path(const cpc_plan *plan, char *buf, size_t n)
-{
-    buf[0] = 0;
-    const char *p = plan ? plan->cluster.profile : NULL;
-    if (!p)
-        return;
-    const char *slash = plan->file ? strrchr(plan->file, '/') : NULL;
-    if (p[0] != '/' && slash)
-        snprintf(buf, n, "%.*s/%s", (int)(slash - plan->file), plan->file, p);
-    else
-        snprintf(buf, n, "%s", p);
-}
-
 /* Refuses an output path (`what`: "the artifact", "the plot") that is one
  * of the job's inputs: the plan, the Lua script, the device profile. */
 static cpc_status *check_not_input(const job *j, const char *out, const char *what)
 {
-    char prof[4096];
-    profile_path(j->c.plan, prof, sizeof prof);
     struct {
         const char *path, *name;
     } in[] = {{j->file, "the plan file"},
               {j->opt->lua, "the Lua script"},
-              {j->c.script_path, "the Lua script"},
-              {prof[0] ? prof : NULL, "the device profile"}};
+              {cpc_compilation_script_path(j->c), "the Lua script"},
+              {cpc_compilation_profile_path(j->c), "the device profile"}};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         if (same_file(out, in[i].path))
-            return cpc_error(CPC_E_IO, "%s: refusing to overwrite %s %s with %s", out, in[i].name,
+            return tool_error(CPC_E_IO, "%s: refusing to overwrite %s %s with %s", out, in[i].name,
                              in[i].path, what);
+    return NULL;
+}
+
+/* Copies the compilation's candidates into j->cands. */
+static cpc_status *load_candidates(job *j)
+{
+    int n = cpc_compilation_n_candidates(j->c);
+    if (n <= 0)
+        return NULL;
+    j->cands = calloc((size_t)n, sizeof *j->cands);
+    if (!j->cands)
+        return cpc_status_new(CPC_E_NOMEM, "out of memory");
+    j->n_cands = n;
+    for (int i = 0; i < n; i++) {
+        cpc_status *st = cpc_compilation_candidate(j->c, i, &j->cands[i], sizeof j->cands[i]);
+        if (st)
+            return st;
+    }
     return NULL;
 }
 
@@ -147,50 +199,48 @@ static void run_pipeline(job *j)
     const options *o = j->opt;
     bool dry = o->check || o->explain;
     if (looks_like_artifact(j->file)) {
-        cpc_status_append(&j->c.diags,
-                          cpc_error(CPC_E_USAGE, "%s is a cpc artifact, not a plan: run it with cprun",
-                                    j->file));
+        job_fail(j, tool_error(CPC_E_USAGE, "%s is a cpc artifact, not a plan: run it with cprun", j->file));
         return;
     }
     if (!dry && !o->sweep && j->output) {
         cpc_status *st = check_not_input(j, j->output, "the artifact");
         if (st) {
-            cpc_status_append(&j->c.diags, st);
+            job_fail(j, st);
             return;
         }
     }
     /* --dump-schedule alone is an inspection: no kernels, no artifact */
     bool dump_only = o->dump_schedule && !o->emit_kernels && !j->output;
-    cpc_compile_opts co = {
-        .sets = j->sets, .n_sets = j->n_sets, .lua = o->lua, .arch = o->arch,
-        .kernels = !o->no_kernels && !dry && !dump_only,
-        .until = o->sweep ? CPC_UNTIL_VALIDATE
-                 : dry || dump_only ? CPC_UNTIL_VERIFY
-                                    : CPC_UNTIL_CODEGEN,
-    };
-    if (!cpc_compile_file(j->file, &co, &j->c) || o->sweep)
+    cpc_compile_options co;
+    cpc_compile_options_init(&co);
+    co.sets = j->sets;
+    co.n_sets = j->n_sets;
+    co.lua = o->lua;
+    co.arch = o->arch;
+    co.kernels = !o->no_kernels && !dry && !dump_only;
+    cpc_compile_stage until = o->sweep ? CPC_STAGE_VALIDATE
+                              : dry || dump_only ? CPC_STAGE_VERIFY
+                                                 : CPC_STAGE_CODEGEN;
+    cpc_status *st = cpc_compilation_run(j->file, &co, until, &j->c);
+    if (!st)
+        st = load_candidates(j);
+    if (st) {
+        job_fail(j, st);
         return;
-    cpc_status *st = NULL;
-    if (o->dump_schedule) {
-        int P = j->c.program->layout.P;
-        if (o->rank >= 0 && o->rank >= P) {
-            if (P == 1)
-                st = cpc_error(CPC_E_USAGE, "--rank %d: the plan has only rank 0", o->rank);
-            else
-                st = cpc_error(CPC_E_USAGE, "--rank %d: the plan has ranks 0..%d", o->rank, P - 1);
-        }
-        else
-            st = cpc_program_print(stdout, j->c.program, o->rank);
     }
-    if (!st && o->emit_kernels && !dry && j->c.n_kernels > 0)
-        st = cpc_codegen_emit(o->emit_kernels, j->c.kernels, j->c.n_kernels);
+    if (!cpc_compilation_ok(j->c) || o->sweep)
+        return;
+    if (o->dump_schedule)
+        st = cpc_compilation_print_schedule(j->c, stdout, o->rank);
+    if (!st && o->emit_kernels && !dry && cpc_compilation_n_kernels(j->c) > 0)
+        st = cpc_compilation_emit_kernels(j->c, o->emit_kernels);
     if (!st && !dry && j->output)
         st = check_not_input(j, j->output, "the artifact"); /* the script and profile, now known */
     if (!st && !dry && j->output) {
-        st = cpc_compiled_write(&j->c, j->output);
+        st = cpc_compilation_write(j->c, j->output);
         j->written = !st;
     }
-    cpc_status_append(&j->c.diags, st);
+    job_fail(j, st);
 }
 
 static void flush_stdout(void);
@@ -199,22 +249,32 @@ static void flush_stdout(void);
 /* Reports                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static const cpc_candidate *selected(const job *j)
+static const cpc_candidate_info *selected(const job *j)
 {
-    if (cpc_status_has_error(j->c.diags))
+    if (job_count(j, CPC_SEV_ERROR) > 0)
         return NULL;
-    return cpc_compiled_selected(&j->c);
+    int i = cpc_compilation_selected(j->c);
+    return i >= 0 && i < j->n_cands ? &j->cands[i] : NULL;
 }
 
-static void codes_of(const cpc_candidate *c, char *buf, size_t n)
+/* "CP011" for rule 11, "" for none. */
+static const char *rule_str(int rule, char buf[8])
+{
+    buf[0] = 0;
+    if (rule > 0 && rule <= 999)
+        snprintf(buf, 8, "CP%03d", rule);
+    return buf;
+}
+
+static void codes_of(const cpc_candidate_info *c, char *buf, size_t n)
 {
     buf[0] = 0;
     size_t used = 0;
-    for (const cpc_status *e = c->errors; e; e = e->next) {
-        if (e->severity != CPC_SEV_ERROR || !e->rule)
+    for (const cpc_status *e = c->errors; e; e = cpc_status_next(e)) {
+        if (cpc_status_severity(e) != CPC_SEV_ERROR || !cpc_status_rule(e))
             continue;
         char rb[8];
-        cpc_rule_str(e->rule, rb);
+        rule_str(cpc_status_rule(e), rb);
         if (strstr(buf, rb))
             continue;
         int w = snprintf(buf + used, n - used, "%s%s", used ? "," : "", rb);
@@ -224,15 +284,15 @@ static void codes_of(const cpc_candidate *c, char *buf, size_t n)
     }
 }
 
-static void fmt_ms(char *buf, size_t n, const cpc_candidate *c, bool forward)
+static void fmt_ms(char *buf, size_t n, const cpc_candidate_info *c, bool forward)
 {
     if (!c->priced)
         snprintf(buf, n, "-");
     else
-        snprintf(buf, n, "%.3f", forward ? c->predicted_ms_per_forward : c->predicted_ms_per_layer);
+        snprintf(buf, n, "%.3f", forward ? c->ms_per_forward : c->ms_per_layer);
 }
 
-static void fmt_bytes(char *buf, size_t n, const cpc_candidate *c, int64_t v)
+static void fmt_bytes(char *buf, size_t n, const cpc_candidate_info *c, int64_t v)
 {
     if (!c->priced)
         snprintf(buf, n, "-");
@@ -244,21 +304,21 @@ static void fmt_bytes(char *buf, size_t n, const cpc_candidate *c, int64_t v)
 
 static void print_explain_text(const job *j)
 {
-    const cpc_selection *s = &j->c.sel;
-    printf("%s: %d candidate%s", j->file, s->n_candidates, s->n_candidates == 1 ? "" : "s");
-    if (s->requested < CPC_VARIANT__COUNT)
-        printf(", plan asks for %s", cpc_variant_name(s->requested));
-    const cpc_candidate *sel = selected(j);
+    printf("%s: %d candidate%s", j->file, j->n_cands, j->n_cands == 1 ? "" : "s");
+    const char *requested = cpc_compilation_requested_variant(j->c);
+    if (requested)
+        printf(", plan asks for %s", requested);
+    const cpc_candidate_info *sel = selected(j);
     if (sel)
-        printf(", selected %s %dx%d%s\n", cpc_variant_name(sel->variant), sel->ring_degree, sel->ulysses_degree,
-               s->fell_back ? " (fallback: auto)" : "");
+        printf(", selected %s %dx%d%s\n", sel->variant, sel->ring_degree, sel->ulysses_degree,
+               cpc_compilation_fell_back(j->c) ? " (fallback: auto)" : "");
     else
         printf(", none selected\n");
-    bool step = j->c.plan && j->c.plan->model.parameters > 0;
-    bool image = step && j->c.plan->input.steps > 0;
+    bool step = cpc_compilation_parameters(j->c) > 0;
+    bool image = step && cpc_compilation_steps(j->c) > 0;
     bool measured = false; /* a `measured` column when the profile has any (cprun --tune) */
-    for (int i = 0; i < s->n_candidates; i++)
-        measured = measured || s->candidates[i].measured;
+    for (int i = 0; i < j->n_cands; i++)
+        measured = measured || j->cands[i].measured;
     printf("  %-17s %-11s %-18s %10s", "variant", "R x U", "verdict", "ms/layer");
     if (measured)
         printf(" %10s", "measured");
@@ -268,8 +328,8 @@ static void print_explain_text(const job *j)
     if (image)
         printf(" %11s", "ms/image");
     printf("\n");
-    for (int i = 0; i < s->n_candidates; i++) {
-        const cpc_candidate *c = &s->candidates[i];
+    for (int i = 0; i < j->n_cands; i++) {
+        const cpc_candidate_info *c = &j->cands[i];
         char deg[32], verdict[64], ml[32], mf[32], mem[32], sent[32];
         snprintf(deg, sizeof deg, "%dx%d", c->ring_degree, c->ulysses_degree);
         if (c->ok)
@@ -280,8 +340,7 @@ static void print_explain_text(const job *j)
         fmt_ms(mf, sizeof mf, c, true);
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("%c %-17s %-11s %-18s %10s", sel == c ? '*' : ' ', cpc_variant_name(c->variant), deg,
-               verdict, ml);
+        printf("%c %-17s %-11s %-18s %10s", sel == c ? '*' : ' ', c->variant, deg, verdict, ml);
         if (measured) {
             char mm[32];
             snprintf(mm, sizeof mm, c->measured ? "%.3f" : "-", c->measured_ms_per_layer);
@@ -290,12 +349,12 @@ static void print_explain_text(const job *j)
         printf(" %11s %12s %12s", mf, mem, sent);
         if (step) {
             char ms[32];
-            snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->predicted_ms_per_step);
+            snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->ms_per_step);
             printf(" %10s", ms);
         }
         if (image) {
             char mi[32];
-            snprintf(mi, sizeof mi, c->priced ? "%.1f" : "-", c->predicted_ms_per_image);
+            snprintf(mi, sizeof mi, c->priced ? "%.1f" : "-", c->ms_per_image);
             printf(" %11s", mi);
         }
         printf("\n");
@@ -304,19 +363,19 @@ static void print_explain_text(const job *j)
 
 static void print_summary_text(const job *j)
 {
-    if (j->opt->explain && j->c.validated) {
+    if (j->opt->explain && cpc_compilation_validated(j->c)) {
         print_explain_text(j);
         return;
     }
-    int nerr = cpc_status_count(j->c.diags, CPC_SEV_ERROR);
-    int nwarn = cpc_status_count(j->c.diags, CPC_SEV_WARNING);
-    const cpc_candidate *c = selected(j);
+    int nerr = job_count(j, CPC_SEV_ERROR);
+    int nwarn = job_count(j, CPC_SEV_WARNING);
+    const cpc_candidate_info *c = selected(j);
     if (c)
-        printf("%s: ok: %s %dx%d (ring_degree %d, ulysses_degree %d)%s", j->file, cpc_variant_name(c->variant),
+        printf("%s: ok: %s %dx%d (ring_degree %d, ulysses_degree %d)%s", j->file, c->variant,
                c->ring_degree, c->ulysses_degree, c->ring_degree, c->ulysses_degree,
-               j->c.sel.fell_back ? " by fallback: auto" : "");
+               cpc_compilation_fell_back(j->c) ? " by fallback: auto" : "");
     else
-        printf("%s: %s: %d error%s", j->file, cpc_status_exit_code(j->c.diags) == 1 ? "rejected" : "failed", nerr,
+        printf("%s: %s: %d error%s", j->file, job_exit_code(j) == 1 ? "rejected" : "failed", nerr,
                nerr == 1 ? "" : "s");
     if (nwarn)
         printf(", %d warning%s", nwarn, nwarn == 1 ? "" : "s");
@@ -329,37 +388,23 @@ static void print_summary_text(const job *j)
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
         printf("  predicted on %s: %.3f ms per layer, %.3f ms per forward (%d layers), "
                "%s per rank, %s sent per rank per layer\n",
-               j->c.device.name[0] ? j->c.device.name : "the plan's device",
-               c->predicted_ms_per_layer, c->predicted_ms_per_forward,
-               j->c.plan ? j->c.plan->model.layers : 1, mem, sent);
-        if (c->predicted_ms_per_step > 0) {
-            printf("  whole step: %.2f ms per forward step", c->predicted_ms_per_step);
-            if (c->predicted_ms_per_image > 0)
-                printf(", %.1f ms per image (%d steps)", c->predicted_ms_per_image, j->c.plan->input.steps);
+               cpc_compilation_device_name(j->c)[0] ? cpc_compilation_device_name(j->c) : "the plan's device",
+               c->ms_per_layer, c->ms_per_forward, cpc_compilation_layers(j->c), mem, sent);
+        if (c->ms_per_step > 0) {
+            printf("  whole step: %.2f ms per forward step", c->ms_per_step);
+            if (c->ms_per_image > 0)
+                printf(", %.1f ms per image (%d steps)", c->ms_per_image, cpc_compilation_steps(j->c));
             printf("\n");
         }
     }
     /* The generated kernels and ptxas' report (recorded in the artifact). */
-    if (c && j->c.n_kernels > 0 && j->c.kernels[0].ptx) {
-        int nf = 0, spills = 0;
-        const cpc_kernel_fn_report *attn = NULL;   /* the attention kernel used by default */
-        for (int i = 0; i < j->c.n_kernels; i++)
-            for (int f = 0; f < j->c.kernels[i].n_fns; f++) {
-                const cpc_kernel_fn_report *r = &j->c.kernels[i].fns[f];
-                nf++;
-                spills += r->spill_store_bytes > 0 || r->spill_load_bytes > 0;
-                if (strcmp(j->c.kernels[i].name, "attention") == 0 &&
-                    (!attn || strcmp(r->name, "cpc_flash_attn_mma") == 0 ||
-                     (strcmp(attn->name, "cpc_attn_rowwarp") == 0 &&
-                      strcmp(r->name, "cpc_flash_attn_tc") == 0)))
-                    attn = r;
-            }
-        printf("  kernels for %s: %d module%s", j->c.kernels[0].arch, j->c.n_kernels,
-               j->c.n_kernels == 1 ? "" : "s");
-        if (nf)
-            printf(", %d functions, %s; attention: %s, %d registers", nf,
-                   spills ? "SPILLS (see the warnings)" : "no spills", attn ? attn->name : "?",
-                   attn ? attn->registers : 0);
+    cpc_kernel_summary ks;
+    if (c && cpc_compilation_kernel_summary(j->c, &ks, sizeof ks)) {
+        printf("  kernels for %s: %d module%s", ks.arch, ks.modules, ks.modules == 1 ? "" : "s");
+        if (ks.functions)
+            printf(", %d functions, %s; attention: %s, %d registers", ks.functions,
+                   ks.spilling_functions ? "SPILLS (see the warnings)" : "no spills",
+                   ks.attention ? ks.attention : "?", ks.attention_registers);
         printf("\n");
     }
 }
@@ -379,30 +424,33 @@ static void json_add_diag(cJSON *arr, const cpc_status *d)
     static const char *const sev[] = {"error", "warning", "note"};
     cJSON *o = cJSON_CreateObject();
     char rb[8];
-    cpc_rule_str(d->rule, rb);
-    cJSON_AddStringToObject(o, "severity", sev[d->severity]);
+    rule_str(cpc_status_rule(d), rb);
+    const char *file;
+    int line, col;
+    cpc_status_position(d, &file, &line, &col);
+    cJSON_AddStringToObject(o, "severity", sev[cpc_status_severity(d)]);
     cJSON_AddItemToObject(o, "code", rb[0] ? cJSON_CreateString(rb) : cJSON_CreateNull());
-    cJSON_AddStringToObject(o, "message", d->message);
-    cJSON_AddItemToObject(o, "file", json_str_or_null(d->span.file));
-    cJSON_AddItemToObject(o, "line", json_int_or_null(d->span.line));
-    cJSON_AddItemToObject(o, "column", json_int_or_null(d->span.line > 0 ? (d->span.col > 0 ? d->span.col : 1) : 0));
-    cJSON_AddItemToObject(o, "hint", json_str_or_null(d->hint));
+    cJSON_AddStringToObject(o, "message", cpc_status_message(d));
+    cJSON_AddItemToObject(o, "file", json_str_or_null(file));
+    cJSON_AddItemToObject(o, "line", json_int_or_null(line));
+    cJSON_AddItemToObject(o, "column", json_int_or_null(line > 0 ? (col > 0 ? col : 1) : 0));
+    cJSON_AddItemToObject(o, "hint", json_str_or_null(cpc_status_hint(d)));
     cJSON_AddItemToArray(arr, o);
 }
 
-static cJSON *json_predicted(const cpc_candidate *c)
+static cJSON *json_predicted(const cpc_candidate_info *c)
 {
     if (!c || !c->priced)
         return cJSON_CreateNull();
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "ms_per_layer", c->predicted_ms_per_layer);
-    cJSON_AddNumberToObject(o, "ms_per_forward", c->predicted_ms_per_forward);
+    cJSON_AddNumberToObject(o, "ms_per_layer", c->ms_per_layer);
+    cJSON_AddNumberToObject(o, "ms_per_forward", c->ms_per_forward);
     cJSON_AddNumberToObject(o, "memory_bytes_per_rank", (double)c->memory_bytes_per_rank);
     cJSON_AddNumberToObject(o, "bytes_sent_per_rank", (double)c->bytes_sent_per_rank);
-    if (c->predicted_ms_per_step > 0)
-        cJSON_AddNumberToObject(o, "ms_per_step", c->predicted_ms_per_step);
-    if (c->predicted_ms_per_image > 0)
-        cJSON_AddNumberToObject(o, "ms_per_image", c->predicted_ms_per_image);
+    if (c->ms_per_step > 0)
+        cJSON_AddNumberToObject(o, "ms_per_step", c->ms_per_step);
+    if (c->ms_per_image > 0)
+        cJSON_AddNumberToObject(o, "ms_per_image", c->ms_per_image);
     return o;
 }
 
@@ -412,15 +460,17 @@ static void print_json(const job *j, int exit_code)
     cJSON_AddStringToObject(root, "file", j->file);
     cJSON_AddBoolToObject(root, "ok", exit_code == 0);
     cJSON *diags = cJSON_AddArrayToObject(root, "diagnostics");
-    for (const cpc_status *d = j->c.diags; d; d = d->next) {
-        json_add_diag(diags, d);
-        for (const cpc_status *n = d->notes; n; n = n->next)
-            json_add_diag(diags, n);
-    }
-    const cpc_candidate *c = selected(j);
+    const cpc_status *chains[] = {cpc_compilation_diagnostics(j->c), j->err};
+    for (int ch = 0; ch < 2; ch++)
+        for (const cpc_status *d = chains[ch]; d; d = cpc_status_next(d)) {
+            json_add_diag(diags, d);
+            for (const cpc_status *n = cpc_status_notes(d); n; n = cpc_status_next(n))
+                json_add_diag(diags, n);
+        }
+    const cpc_candidate_info *c = selected(j);
     if (c) {
         cJSON *s = cJSON_AddObjectToObject(root, "selected");
-        cJSON_AddStringToObject(s, "variant", cpc_variant_name(c->variant));
+        cJSON_AddStringToObject(s, "variant", c->variant);
         cJSON_AddNumberToObject(s, "ring_degree", c->ring_degree);
         cJSON_AddNumberToObject(s, "ulysses_degree", c->ulysses_degree);
     } else {
@@ -431,19 +481,19 @@ static void print_json(const job *j, int exit_code)
         cJSON_AddItemToObject(root, "artifact", j->written ? cJSON_CreateString(j->output) : cJSON_CreateNull());
     if (j->opt->explain) {
         cJSON *arr = cJSON_AddArrayToObject(root, "candidates");
-        for (int i = 0; j->c.validated && i < j->c.sel.n_candidates; i++) {
-            const cpc_candidate *k = &j->c.sel.candidates[i];
+        for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++) {
+            const cpc_candidate_info *k = &j->cands[i];
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "variant", cpc_variant_name(k->variant));
+            cJSON_AddStringToObject(o, "variant", k->variant);
             cJSON_AddNumberToObject(o, "ring_degree", k->ring_degree);
             cJSON_AddNumberToObject(o, "ulysses_degree", k->ulysses_degree);
             cJSON_AddBoolToObject(o, "ok", k->ok);
             cJSON *codes = cJSON_AddArrayToObject(o, "codes");
-            for (const cpc_status *e = k->errors; e; e = e->next) {
+            for (const cpc_status *e = k->errors; e; e = cpc_status_next(e)) {
                 char rb[8];
-                if (e->severity != CPC_SEV_ERROR || !e->rule)
+                if (cpc_status_severity(e) != CPC_SEV_ERROR || !cpc_status_rule(e))
                     continue;
-                cpc_rule_str(e->rule, rb);
+                rule_str(cpc_status_rule(e), rb);
                 bool seen = false;
                 cJSON *it;
                 cJSON_ArrayForEach(it, codes) seen = seen || strcmp(it->valuestring, rb) == 0;
@@ -612,7 +662,7 @@ static int parse_options(int argc, char **argv, options *o)
             else
                 return usage_error("--format '%s': expected text or json", optarg);
             break;
-        case OPT_VERSION: printf("cpc %s\n", CPC_VERSION); return 0;
+        case OPT_VERSION: printf("cpc %s\n", cpc_version()); return 0;
         case OPT_HELP: fputs(USAGE, stdout); return 0;
         case ':': return usage_error("option '%s' needs a value", argv[optind - 1]);
         default: return usage_error("unknown option '%s'", argv[optind - 1]);
@@ -658,20 +708,20 @@ static char *default_output(const char *plan)
 
 /* What a sweep compares: the whole step when the plan has model.parameters,
  * else the attention per layer. */
-static double sweep_time(const cpc_candidate *c)
+static double sweep_time(const cpc_candidate_info *c)
 {
-    return c->predicted_ms_per_step > 0 ? c->predicted_ms_per_step : c->predicted_ms_per_layer;
+    return c->ms_per_step > 0 ? c->ms_per_step : c->ms_per_layer;
 }
 
 /* The candidate shown for `variant` in a sweep column: the selected one when
  * it has that variant, else the best valid one (SPEC tie rule), else the
  * first (rejected) one, or NULL. */
-static const cpc_candidate *sweep_pick(const job *j, cpc_variant v)
+static const cpc_candidate_info *sweep_pick(const job *j, const char *v)
 {
-    const cpc_candidate *best = NULL, *first = NULL;
-    for (int i = 0; j->c.validated && i < j->c.sel.n_candidates; i++) {
-        const cpc_candidate *c = &j->c.sel.candidates[i];
-        if (c->variant != v)
+    const cpc_candidate_info *best = NULL, *first = NULL;
+    for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++) {
+        const cpc_candidate_info *c = &j->cands[i];
+        if (strcmp(c->variant, v) != 0)
             continue;
         if (!first)
             first = c;
@@ -687,16 +737,18 @@ static const cpc_candidate *sweep_pick(const job *j, cpc_variant v)
 static void point_code(const job *j, char *buf, size_t n)
 {
     snprintf(buf, n, "-");
-    for (const cpc_status *e = j->c.diags; e && e != &cpc_status_oom; e = e->next)
-        if (e->severity == CPC_SEV_ERROR) {
-            char rb[8];
-            snprintf(buf, n, "%s", e->rule ? cpc_rule_str(e->rule, rb) : "error");
-            return;
-        }
+    const cpc_status *chains[] = {cpc_compilation_diagnostics(j->c), j->err};
+    for (int ch = 0; ch < 2; ch++)
+        for (const cpc_status *e = chains[ch]; e; e = cpc_status_next(e))
+            if (cpc_status_severity(e) == CPC_SEV_ERROR) {
+                char rb[8];
+                snprintf(buf, n, "%s", cpc_status_rule(e) ? rule_str(cpc_status_rule(e), rb) : "error");
+                return;
+            }
 }
 
-static const cpc_variant SWEEP_VARIANTS[] = {CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED, CPC_VARIANT_RING,
-                                             CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_RING_ANYTHING};
+static const char *const SWEEP_VARIANTS[] = {"ulysses", "unified", "ring", "ulysses_anything",
+                                            "ring_anything"};
 #define N_SWEEP_VARIANTS 5
 
 /* Writes s as a gnuplot single-quoted string: no escapes are interpreted
@@ -727,7 +779,7 @@ static void gp_data_label(FILE *f, const char *s)
  * sweep runs, so that a path that cannot be written fails at once (2); it
  * replaces the target only when the whole SVG is in. */
 typedef struct plot_out {
-    cpc_outfile of;
+    cpc_atomic_file *of;
     bool open;
 } plot_out;
 
@@ -738,9 +790,9 @@ static int plot_open(const options *o, plot_out *po)
         fprintf(stderr, "cpc: error: --plot %s: refusing to overwrite the plan file\n", o->plot);
         return 2;
     }
-    cpc_status *st = cpc_outfile_open(&po->of, o->plot, "cannot create");
+    cpc_status *st = cpc_atomic_file_open(o->plot, "cannot create", &po->of);
     if (st) {
-        fprintf(stderr, "cpc: error: --plot %s\n", st->message);
+        fprintf(stderr, "cpc: error: --plot %s\n", cpc_status_message(st));
         cpc_status_free(st);
         return 2;
     }
@@ -754,7 +806,7 @@ static void plot_close(const options *o, plot_out *po, bool written)
     (void)o;
     (void)written;
     if (po->open)
-        cpc_outfile_discard(&po->of);
+        cpc_atomic_file_discard(po->of);
     po->open = false;
 }
 
@@ -777,15 +829,18 @@ static int plot_copy(const options *o, plot_out *po, int from)
         }
         if (r == 0)
             break;
-        if (fwrite(buf, 1, (size_t)r, po->of.f) != (size_t)r) {
-            fprintf(stderr, "cpc: error: --plot %s: write failed: %s\n", o->plot, strerror(errno));
+        cpc_status *st = cpc_atomic_file_write(po->of, buf, (size_t)r);
+        if (st) {
+            fprintf(stderr, "cpc: error: --plot %s\n", cpc_status_message(st));
+            cpc_status_free(st);
             return 2;
         }
     }
+    (void)o;
     po->open = false;
-    cpc_status *st = cpc_outfile_commit(&po->of);
+    cpc_status *st = cpc_atomic_file_commit(po->of);
     if (st) {
-        fprintf(stderr, "cpc: error: --plot %s\n", st->message);
+        fprintf(stderr, "cpc: error: --plot %s\n", cpc_status_message(st));
         cpc_status_free(st);
         return 2;
     }
@@ -862,7 +917,7 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
                 fprintf(g, " index %d using ($1%+g):%d with linespoints lw 2 ps 1.2 lc rgb '%s' pt %d dt %d "
                            "title '%s'",
                         v, shift[v], panel ? 4 : 3, colors[v], points[v], v + 1,
-                        cpc_variant_name(SWEEP_VARIANTS[v]));
+                        SWEEP_VARIANTS[v]);
                 sep = ", ";
             }
             if (any_sel) {
@@ -889,7 +944,7 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
         gp_quote(g, key);
         fprintf(g, "\nset ylabel 'rejected'\nset yrange [-0.7:%d.7]\nunset grid\nset ytics (", N_SWEEP_VARIANTS - 1);
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
-            fprintf(g, "%s'%s' %d", v ? ", " : "", cpc_variant_name(SWEEP_VARIANTS[v]), N_SWEEP_VARIANTS - 1 - v);
+            fprintf(g, "%s'%s' %d", v ? ", " : "", SWEEP_VARIANTS[v], N_SWEEP_VARIANTS - 1 - v);
         fprintf(g, ")\nplot ");
         const char *sep = "";
         for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
@@ -919,8 +974,7 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
     {
         const char *nm = NULL;
         for (int i = 0; i < n && !nm; i++)
-            if (jobs[i].c.plan && jobs[i].c.plan->name)
-                nm = jobs[i].c.plan->name;
+            nm = cpc_compilation_plan_name(jobs[i].c);
         if (nm) {
             snprintf(plot_name, sizeof plot_name, "%s", nm);
         } else {
@@ -955,9 +1009,9 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
      * codes; which blocks have valid and which rejected points */
     bool any_ok[N_SWEEP_VARIANTS] = {0}, any_bad[N_SWEEP_VARIANTS] = {0};
     for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
-        fprintf(f, "# %s\n", cpc_variant_name(SWEEP_VARIANTS[v]));
+        fprintf(f, "# %s\n", SWEEP_VARIANTS[v]);
         for (int i = 0; i < n; i++) {
-            const cpc_candidate *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
+            const cpc_candidate_info *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
             char codes[64] = "-";
             if (c && !c->ok)
                 codes_of(c, codes, sizeof codes);
@@ -980,7 +1034,7 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
     bool any_sel = false, step = false;
     fprintf(f, "# selected\n");
     for (int i = 0; i < n; i++) {
-        const cpc_candidate *c = selected(&jobs[i]);
+        const cpc_candidate_info *c = selected(&jobs[i]);
         int v = 0;
         while (c && v < N_SWEEP_VARIANTS && SWEEP_VARIANTS[v] != c->variant)
             v++;
@@ -991,11 +1045,11 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
         gp_data_label(f, values[i]);
         fprintf(f, " %.6g %.6g %g\n", sweep_time(c), (double)c->memory_bytes_per_rank / 1073741824.0, sh[v]);
         any_sel = true;
-        step = step || c->predicted_ms_per_step > 0;
+        step = step || c->ms_per_step > 0;
     }
     fprintf(f, "\n\n");
     for (int i = 0; i < n && !step; i++)
-        step = jobs[i].c.plan && jobs[i].c.plan->model.parameters > 0;
+        step = cpc_compilation_parameters(jobs[i].c) > 0;
     bool dat_ok = !ferror(f);
     if (fclose(f) != 0)
         dat_ok = false;
@@ -1157,22 +1211,26 @@ static int run_sweep(options *o)
         jobs[i].sets = s;
         jobs[i].n_sets = o->n_sets + 1;
         if (!sets_store[i])
-            cpc_status_append(&jobs[i].c.diags, &cpc_status_oom);
+            job_fail(&jobs[i], cpc_status_new(CPC_E_NOMEM, "out of memory"));
         else
             run_pipeline(&jobs[i]);
-        int code = cpc_status_exit_code(jobs[i].c.diags);
+        int code = job_exit_code(&jobs[i]);
         /* a usage error about the sweep's own KEY (an index out of range,
          * input.segments[0] on a plan with the tokens shorthand) is the
          * same for every value: say it once, no table */
         bool key_usage = false;
-        for (const cpc_status *e = jobs[i].c.diags; e && e != &cpc_status_oom; e = e->next)
-            key_usage = key_usage || (e->code == CPC_E_USAGE && e->span.file &&
-                                      strcmp(e->span.file, CPC_SET_FILE) == 0 && e->span.line == o->n_sets + 1);
+        for (const cpc_status *e = cpc_compilation_diagnostics(jobs[i].c); e; e = cpc_status_next(e)) {
+            const char *file;
+            int line;
+            cpc_status_position(e, &file, &line, NULL);
+            key_usage = key_usage || (cpc_status_code(e) == CPC_E_USAGE && file &&
+                                      strcmp(file, CPC_SET_FILE) == 0 && line == o->n_sets + 1);
+        }
         if (key_usage) {
             if (o->format == FORMAT_JSON)
                 print_json(&jobs[i], code);
             else
-                cpc_status_print(stderr, "cpc", jobs[i].c.diags);
+                job_print_diags(&jobs[i]);
             n = i + 1;
             worst = 2;
             aborted = true;
@@ -1181,9 +1239,9 @@ static int run_sweep(options *o)
         if (o->format == FORMAT_JSON) {
             print_json(&jobs[i], code);
             flush_stdout();
-        } else if (!jobs[i].c.validated || code > 1) {
+        } else if (!cpc_compilation_validated(jobs[i].c) || code > 1) {
             fprintf(stderr, "%s=%s:\n", key, values[i]);
-            cpc_status_print(stderr, "cpc", jobs[i].c.diags);
+            job_print_diags(&jobs[i]);
         }
         if (code > 1 && code > worst)
             worst = code;
@@ -1195,13 +1253,13 @@ static int run_sweep(options *o)
     if (o->format == FORMAT_TEXT && !aborted) {
         bool step = false;
         for (int i = 0; i < n && !step; i++)
-            step = jobs[i].c.plan && jobs[i].c.plan->model.parameters > 0;
+            step = cpc_compilation_parameters(jobs[i].c) > 0;
         printf("%s: sweep of %s (ms per %s / memory per rank, or the rule that rejects)\n",
                o->files[0], key, step ? "step" : "layer");
         int kw = (int)strlen(key) > 12 ? (int)strlen(key) : 12;
         printf("%-*s", kw, key);
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
-            printf(" %-22s", cpc_variant_name(SWEEP_VARIANTS[v]));
+            printf(" %-22s", SWEEP_VARIANTS[v]);
         printf(" %s\n", "selected");
         for (int i = 0; i < n; i++) {
             printf("%-*s", kw, values[i]);
@@ -1210,7 +1268,7 @@ static int run_sweep(options *o)
             char whole[64];
             point_code(&jobs[i], whole, sizeof whole);
             for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
-                const cpc_candidate *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
+                const cpc_candidate_info *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
                 char cell[64];
                 if (!c)
                     snprintf(cell, sizeof cell, "%s", whole);
@@ -1222,9 +1280,9 @@ static int run_sweep(options *o)
                     codes_of(c, cell, sizeof cell);
                 printf(" %-22s", cell);
             }
-            const cpc_candidate *s = selected(&jobs[i]);
+            const cpc_candidate_info *s = selected(&jobs[i]);
             if (s)
-                printf(" %s %dx%d\n", cpc_variant_name(s->variant), s->ring_degree, s->ulysses_degree);
+                printf(" %s %dx%d\n", s->variant, s->ring_degree, s->ulysses_degree);
             else
                 printf(" -\n"); /* rejected ("none" is a variant's name) */
         }
@@ -1241,7 +1299,7 @@ static int run_sweep(options *o)
     }
     plot_close(o, &po, plotted);
     for (int i = 0; i < n; i++) {
-        cpc_compiled_free(&jobs[i].c);
+        job_free(&jobs[i]);
         free(sets_store[i]);
     }
     free(jobs);
@@ -1301,21 +1359,21 @@ int main(int argc, char **argv)
         if (!opt.check && !opt.explain && (opt.output || !inspect)) {
             j.output = opt.output ? strdup(opt.output) : default_output(j.file);
             if (!j.output)
-                cpc_status_append(&j.c.diags, &cpc_status_oom);
+                job_fail(&j, cpc_status_new(CPC_E_NOMEM, "out of memory"));
         }
-        if (!j.c.diags)
+        if (!j.err)
             run_pipeline(&j);
-        int code = cpc_status_exit_code(j.c.diags);
+        int code = job_exit_code(&j);
         if (opt.format == FORMAT_JSON) {
             print_json(&j, code);
         } else {
-            cpc_status_print(stderr, "cpc", j.c.diags);
+            job_print_diags(&j);
             print_summary_text(&j);
         }
         flush_stdout();
         if (code > worst)
             worst = code;
-        cpc_compiled_free(&j.c);
+        job_free(&j);
         free(j.output);
     }
     free(opt.sets);

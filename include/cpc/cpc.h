@@ -9,6 +9,8 @@
  *   cpc/rank.h      one rank bound to the caller's MPI communicator, NCCL
  *                   communicator or an in-process world; attention forward
  *                   on caller buffers with no allocation per call
+ *   cpc/compilation.h  the pipeline's whole result as `cpc` shows it:
+ *                   diagnostics, candidates, schedule, kernels; atomic writes
  *   cpc/session.h   the whole job as cprun runs it (every rank, inputs,
  *                   check, report), and machine calibration
  *
@@ -18,6 +20,7 @@
 #ifndef CPC_PUBLIC_CPC_H
 #define CPC_PUBLIC_CPC_H
 
+#include "cpc/compilation.h"
 #include "cpc/compiler.h"
 #include "cpc/rank.h"
 #include "cpc/session.h"

@@ -5,7 +5,7 @@
 # out of tree with find_package(cpc) and with pkg-config (shared and static);
 # the toy model under mpirun -np 1, 2, 4 matching one rank; the layering rules
 # of the tree (no "../" includes; the public headers include only <cpc/...>
-# and the C library).  Runs from the repository root; build in $CPC_BUILD_DIR.
+# and the C library; tools/*.c only <cpc/...>, libc/POSIX and cJSON).  Runs from the repository root; build in $CPC_BUILD_DIR.
 set -u
 cd "$(dirname "$0")/../.."
 B="${CPC_BUILD_DIR:-build}"
@@ -25,6 +25,10 @@ bad=$(git ls-files '*.c' '*.h' | xargs grep -n '#include "\.\./' 2>/dev/null)
 [ -z "$bad" ] || fail "relative includes reach into other layers: $bad"
 bad=$(grep -h '#include' include/cpc/*.h | grep -v -E '#include <(stdbool|stddef|stdint|stdio)\.h>|#include "cpc/[a-z_]+\.h"')
 [ -z "$bad" ] || fail "public headers include more than <cpc/...> and libc: $bad"
+# the tools are users of the public API: <cpc/...>, the C library / POSIX and cJSON only
+libc='assert|ctype|errno|fcntl|float|getopt|inttypes|limits|math|signal|spawn|stdarg|stdbool|stddef|stdint|stdio|stdlib|string|strings|time|unistd|sys/(stat|types|wait|time)'
+bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include' tools/*.c | grep -v -E "#[[:space:]]*include <(($libc)\.h|cpc/[a-z_]+\.h|cjson/cJSON\.h)>")
+[ -z "$bad" ] || fail "tools include more than <cpc/...>, libc/POSIX and <cjson/cJSON.h>: $bad"
 
 # ---- install ---------------------------------------------------------------------
 prefix="$tmp/prefix"

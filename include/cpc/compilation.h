@@ -1,0 +1,212 @@
+/*
+ * cpc/compilation.h - the compiler pipeline's whole result, as `cpc` shows
+ * it (SPEC section 3): every diagnostic, every candidate (variant and
+ * degrees) with its verdict, rule violations and predictions, the selection,
+ * the schedule, the generated kernels; and the artifact made from it.
+ *
+ * Where cpc/compiler.h answers "the artifact, or why not", a compilation is
+ * what --check, --explain, --sweep, --dump-schedule and --emit-kernels look
+ * at: it exists also when the plan is rejected.  Also here: atomic file
+ * writes (a temporary file in the same directory, fsync'ed, renamed over the
+ * target when complete), the way cpc writes every user-visible file.
+ *
+ * Ownership: a compilation owns everything its accessors return (strings,
+ * statuses): borrowed, valid until cpc_compilation_free.  Thread-safety: a
+ * compilation is read-only once made; different threads may read it at
+ * once.  Compiling is reentrant.
+ */
+#ifndef CPC_PUBLIC_COMPILATION_H
+#define CPC_PUBLIC_COMPILATION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cpc/compiler.h"
+#include "cpc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Diagnostics about a --set override (cpc_compile_options.sets) point at
+ * this file name, line = the override's index + 1. */
+#define CPC_SET_FILE "<--set>"
+
+/* Opaque: the pipeline's result. */
+typedef struct cpc_compilation cpc_compilation;
+
+/* How far the pipeline runs. */
+typedef enum cpc_compile_stage {
+    CPC_STAGE_VALIDATE = 0, /* load, validate and price every candidate, select
+                               (cpc --sweep) */
+    CPC_STAGE_VERIFY,       /* + schedule, Lua schedule, prove, price (--check,
+                               --explain, --dump-schedule) */
+    CPC_STAGE_CODEGEN,      /* + CUDA kernels when opts->kernels (cpc PLAN) */
+} cpc_compile_stage;
+
+/* Runs the pipeline on the plan file `path` up to `until` with `opts` (NULL:
+ * defaults).  The plan's own errors (unreadable file, rule violations, NVRTC)
+ * do not fail the call: they are the compilation's diagnostics, and a stage
+ * that reports an error ends the pipeline.  *out: the compilation (free with
+ * cpc_compilation_free).  Errors (*out NULL): CPC_E_USAGE (NULL arguments,
+ * unknown stage), CPC_E_NOMEM. */
+cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
+                                cpc_compile_stage until, cpc_compilation **out);
+
+/* Frees a compilation.  NULL is ignored. */
+void cpc_compilation_free(cpc_compilation *c);
+
+/* Every diagnostic (errors, warnings, notes; each may have notes of its
+ * own: cpc_status_notes) in the order the stages reported them, or NULL. */
+const cpc_status *cpc_compilation_diagnostics(const cpc_compilation *c);
+
+/* The number of diagnostics of severity `sev` (notes attached to a
+ * diagnostic are not counted). */
+int cpc_compilation_count(const cpc_compilation *c, cpc_severity sev);
+
+/* No error diagnostic: every stage up to `until` ran. */
+bool cpc_compilation_ok(const cpc_compilation *c);
+
+/* The plan was loaded and validated: the candidates below exist (also when
+ * every one is rejected). */
+bool cpc_compilation_validated(const cpc_compilation *c);
+
+/* One candidate (a variant at degrees R x U), as validation and the cost
+ * model left it.  Fields may be added at the end: callers pass
+ * sizeof(cpc_candidate_info). */
+typedef struct cpc_candidate_info {
+    const char *variant;          /* "ring", ... (static string) */
+    int ring_degree;              /* R */
+    int ulysses_degree;           /* U */
+    bool ok;                      /* passes every rule */
+    bool selected;                /* the selected candidate */
+    bool priced;                  /* the predictions below are set */
+    double ms_per_layer;          /* predicted attention time per layer, ms */
+    double ms_per_forward;        /* x model.layers, ms */
+    double ms_per_step;           /* whole forward step (model.parameters), ms; else 0 */
+    double ms_per_image;          /* x input.steps, ms; else 0 */
+    int64_t memory_bytes_per_rank;/* peak over ranks, bytes */
+    int64_t bytes_sent_per_rank;  /* per layer, max over ranks, bytes */
+    const cpc_status *errors;     /* why rejected: the rule violations of the stage it
+                                     stopped at (borrowed), NULL when ok */
+    /* (fields below were added later: callers compiled before them pass a
+     * smaller size and do not get them) */
+    bool measured;                /* the plan's profile has a measurement of this
+                                     candidate (`cprun --tune`); selection uses it */
+    double measured_ms_per_layer; /* measured attention time per layer, ms (else 0) */
+} cpc_candidate_info;
+
+/* The number of candidates (0 unless validated). */
+int cpc_compilation_n_candidates(const cpc_compilation *c);
+
+/* Fills *info (`size` = sizeof *info as the caller knows it; fields past it
+ * are not written) with candidate `i` (SPEC tie order).  Errors:
+ * CPC_E_USAGE (i out of range, size too small). */
+cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candidate_info *info,
+                                      size_t size);
+
+/* The index of the selected candidate, or -1 (none, or an error diagnostic). */
+int cpc_compilation_selected(const cpc_compilation *c);
+
+/* The variant the plan asks for after inference ("auto", "ring", ...;
+ * static), or NULL when inference failed or the plan was not validated. */
+const char *cpc_compilation_requested_variant(const cpc_compilation *c);
+
+/* The plan's own variant was rejected and `auto` replaced it (fallback). */
+bool cpc_compilation_fell_back(const cpc_compilation *c);
+
+/* The device the predictions are for (the profile's name), or "" when the
+ * plan's device has no name. */
+const char *cpc_compilation_device_name(const cpc_compilation *c);
+
+/* The plan's `name`, or NULL (no name, or not loaded). */
+const char *cpc_compilation_plan_name(const cpc_compilation *c);
+
+/* model.layers (1 when the plan was not loaded), model.parameters (0: not
+ * given) and input.steps (0: not given). */
+int cpc_compilation_layers(const cpc_compilation *c);
+int64_t cpc_compilation_parameters(const cpc_compilation *c);
+int cpc_compilation_steps(const cpc_compilation *c);
+
+/* The Lua schedule script the pipeline applied (--lua or the plan's
+ * schedule.script, resolved), or NULL. */
+const char *cpc_compilation_script_path(const cpc_compilation *c);
+
+/* The device profile file (cluster.profile resolved against the plan's
+ * directory, as the cost model reads it), or NULL when the plan names none. */
+const char *cpc_compilation_profile_path(const cpc_compilation *c);
+
+/* Prints the schedule in its stable text form (rank < 0: the SPMD program;
+ * else rank `rank`'s program, loops unrolled) to `out`.  Errors: CPC_E_USAGE
+ * (rank out of range: "--rank N: the plan has ranks 0..P-1"; nothing was
+ * scheduled), CPC_E_IO. */
+cpc_status *cpc_compilation_print_schedule(const cpc_compilation *c, FILE *out, int rank);
+
+/* The number of generated kernel modules (0: none, e.g. without the CUDA
+ * toolkit or below CPC_STAGE_CODEGEN). */
+int cpc_compilation_n_kernels(const cpc_compilation *c);
+
+/* Writes the generated CUDA sources into directory `dir` (atomically, one
+ * file per module).  Errors: CPC_E_IO. */
+cpc_status *cpc_compilation_emit_kernels(const cpc_compilation *c, const char *dir);
+
+/* What ptxas reported for the compiled kernels.  Fields may be added at the
+ * end: callers pass sizeof(cpc_kernel_summary). */
+typedef struct cpc_kernel_summary {
+    int modules;                 /* kernel modules */
+    const char *arch;            /* "sm_90" (borrowed) */
+    int functions;               /* kernel functions over all modules */
+    int spilling_functions;      /* functions that spill registers */
+    const char *attention;       /* the attention function used by default, or NULL */
+    int attention_registers;     /* its registers per thread (0 without one) */
+} cpc_kernel_summary;
+
+/* Fills *s; returns false (and leaves *s alone) when no kernel was compiled
+ * to PTX. */
+bool cpc_compilation_kernel_summary(const cpc_compilation *c, cpc_kernel_summary *s, size_t size);
+
+/* The artifact (SPEC section 4) made from an ok compilation, in memory
+ * (caller frees with cpc_artifact_free) or written to `path` (atomically).
+ * Errors: CPC_E_INTERNAL (nothing was scheduled), CPC_E_IO, CPC_E_NOMEM. */
+cpc_status *cpc_compilation_artifact(const cpc_compilation *c, cpc_artifact **out);
+cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path);
+
+/* ---- statuses and atomic files for tools ------------------------------------- */
+
+/* A new error status of class `code` with `message` (copied): for a tool's
+ * own errors alongside libcpc's.  Caller frees with cpc_status_free.  Never
+ * NULL (out of memory: the static out-of-memory status). */
+cpc_status *cpc_status_new(cpc_code code, const char *message);
+
+/* Opaque: a file being written atomically. */
+typedef struct cpc_atomic_file cpc_atomic_file;
+
+/* Opens `path` for an atomic write: a temporary file beside it (renamed over
+ * it by commit; removed if the process dies of SIGINT, SIGTERM or SIGHUP);
+ * a character device or FIFO is written through; a directory is refused.
+ * `verb` (a string literal, "cannot create") starts the error message after
+ * "PATH: ".  Errors: CPC_E_IO, CPC_E_NOMEM. */
+cpc_status *cpc_atomic_file_open(const char *path, const char *verb, cpc_atomic_file **out);
+
+/* Writes `bytes` bytes of `data` at the end of the file.  Errors: CPC_E_IO
+ * ("PATH: write failed: REASON"; the file stays open: discard it). */
+cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t bytes);
+
+/* Flushes, fsyncs and puts the file in place; frees f in any case.  On
+ * error the target is left as it was.  Errors: CPC_E_IO. */
+cpc_status *cpc_atomic_file_commit(cpc_atomic_file *f);
+
+/* Drops the temporary file, leaving the target as it was; frees f.  NULL
+ * is ignored. */
+void cpc_atomic_file_discard(cpc_atomic_file *f);
+
+/* Writes `bytes` bytes of `data` to `path` atomically (open + write +
+ * commit above).  Errors: CPC_E_IO. */
+cpc_status *cpc_write_file_atomic(const char *path, const void *data, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
