@@ -13,7 +13,12 @@
 // kv_head_off.  q_pos / kv_pos (int64 global token positions, or NULL =
 // index) drive the causal mask (key pos <= query pos) and the key-padding
 // mask kv_mask [B, mask_len] (u8, 1 = key takes part, NULL = none).  A row
-// that sees no key gets o = 0 and lse = -inf.
+// that sees no key gets o = 0 and lse = -inf.  A NaN score (a NaN in q, or in
+// a visible key) makes its row NaN (o and lse), never an empty row: fmaxf
+// drops NaNs from the running max, so the kernels carry the NaN in p =
+// exp(s - max) instead: it reaches the row sum l (which stays NaN once it is)
+// and o (through P V, so o = acc * (l > 0 ? 1 / l : 0) is NaN), and the lse
+// tells an empty row by l == 0, never by !(l > 0).
 //
 // Two kernels:
 //  cpc_flash_attn_tc : bf16/fp16, D % 16 == 0.  FlashAttention-2 style: a block
@@ -136,7 +141,7 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
         m = m_new;
     }
     float *orow = o + ((long long)b * sq * hq + row * hq + h) * D;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l NaN: acc is NaN already
 #pragma unroll
     for (int i = 0; i < CPC_RW_PER_LANE; i++) {
         int d = lane + 32 * i;
@@ -144,7 +149,7 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
             orow[d] = acc[i] * inv;
     }
     if (lane == 0)
-        lse[((long long)b * hq + h) * sq + row] = l > 0.0f ? m + __logf(l) : -INFINITY;
+        lse[((long long)b * hq + h) * sq + row] = l == 0.0f ? -INFINITY : m + __logf(l);
 }
 
 // ---------------------------------------------------------------------------
@@ -256,10 +261,13 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
         float m_new = fmaxf(m, tmax);
         float alpha = m_new == -INFINITY ? 1.0f : __expf(m - m_new);
+        // m_new == -inf: every score is masked (p = e^-inf = 0) or NaN (p NaN,
+        // so l turns NaN: fmaxf dropped the NaN from the max).
+        float sub = m_new == -INFINITY ? 0.0f : m_new;
         float psum = 0.0f;
         CPC_DTYPE *prow = Ps + my_row * TC_PLD + half * cols;
         for (int c = 0; c < cols; c++) {
-            float p = m_new == -INFINITY ? 0.0f : __expf(srow[c] - m_new);
+            float p = __expf(srow[c] - sub);
             CPC_DTYPE pd = (CPC_DTYPE)p;
             prow[c] = pd;
             psum += cpc_load_f32(pd);  // sum what P V will actually use
@@ -291,13 +299,13 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
     }
 
     if (grow < sq) {
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l NaN: acc is NaN already
         float *dst = o + ((long long)b * sq * hq + grow * hq + h) * D + half * (D / 2);
         const float *orow = Os + my_row * TC_OLD + half * (D / 2);
         for (int c = 0; c < D / 2; c++)
             dst[c] = orow[c] * inv;
         if (half == 0)
-            lse[((long long)b * hq + h) * sq + grow] = l > 0.0f ? m + __logf(l) : -INFINITY;
+            lse[((long long)b * hq + h) * sq + grow] = l == 0.0f ? -INFINITY : m + __logf(l);
     }
 }
 #endif
@@ -565,6 +573,8 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
         float mn0 = fmaxf(m_r0, mx0), mn1 = fmaxf(m_r1, mx1);
         float al0 = mn0 == -INFINITY ? 1.0f : exp2f(m_r0 - mn0);
         float al1 = mn1 == -INFINITY ? 1.0f : exp2f(m_r1 - mn1);
+        // mn == -inf: every score of the row is masked (p = 0) or NaN (p NaN:
+        // the NaN fmaxf dropped reaches l through p, see the contract above).
         float sub0 = mn0 == -INFINITY ? 0.0f : mn0, sub1 = mn1 == -INFINITY ? 0.0f : mn1;
         m_r0 = mn0;
         m_r1 = mn1;
@@ -607,6 +617,8 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
     l_r0 += __shfl_xor_sync(0xffffffffu, l_r0, 2);
     l_r1 += __shfl_xor_sync(0xffffffffu, l_r1, 1);
     l_r1 += __shfl_xor_sync(0xffffffffu, l_r1, 2);
+    // l == 0: no visible key (o = 0, lse = -inf); l NaN: a NaN score (lse NaN;
+    // o is NaN already: the NaN p reached oacc through P V).
     const float inv0 = l_r0 > 0.0f ? 1.0f / l_r0 : 0.0f, inv1 = l_r1 > 0.0f ? 1.0f / l_r1 : 0.0f;
     const float ln2 = 0.6931471805599453f;
     // Rows g and g + 8 written by two explicit blocks: a loop over the two rows
@@ -619,7 +631,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
             dst[j * 8 + 1] = oacc[j][1] * inv0;
         }
         if (t == 0)
-            lse[((long long)b * hq + h) * sq + row0] = l_r0 > 0.0f ? (m_r0 + log2f(l_r0)) * ln2 : -INFINITY;
+            lse[((long long)b * hq + h) * sq + row0] = l_r0 == 0.0f ? -INFINITY : (m_r0 + log2f(l_r0)) * ln2;
     }
     if (row1 < sq) {
         float *dst = o + ((long long)b * sq * hq + row1 * hq + h) * D + 2 * t;
@@ -629,7 +641,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
             dst[j * 8 + 1] = oacc[j][3] * inv1;
         }
         if (t == 0)
-            lse[((long long)b * hq + h) * sq + row1] = l_r1 > 0.0f ? (m_r1 + log2f(l_r1)) * ln2 : -INFINITY;
+            lse[((long long)b * hq + h) * sq + row1] = l_r1 == 0.0f ? -INFINITY : (m_r1 + log2f(l_r1)) * ln2;
     }
 }
 #endif

@@ -71,7 +71,11 @@ extern "C" __global__ void cpc_copy_strided_f32(float *dst, const float *src, lo
 // LSE merge in fp32 (ring attention): for every (b, s, h):
 //   m = max(a, c); lse' = m + log(e^(a-m) + e^(c-m))
 //   acc' = e^(a-lse') acc + e^(c-lse') o
-// Rows where both LSEs are -inf stay (0, -inf).  acc/o [B, S, H, D];
+// Rows where both LSEs are -inf stay (0, -inf).  A NaN LSE (a row with a NaN
+// score) makes the row NaN: m = a > c ? a : c is NaN when c is (fmaxf would
+// drop it, and with a = -inf the NaN block would be skipped as empty), and a
+// NaN a reaches lse' and acc' through e^(a-m) unless c = -inf (acc kept, NaN).
+// acc/o [B, S, H, D];
 // acc_lse/lse [B, H, S].  One warp per (b, s, h) row.
 extern "C" __global__ void cpc_merge_lse(float *acc, float *acc_lse, const float *o,
                                          const float *lse, int B, long long S, int H)
@@ -87,7 +91,7 @@ extern "C" __global__ void cpc_merge_lse(float *acc, float *acc_lse, const float
         long long b = row / ((long long)H * S);
         long long li = (b * H + h) * S + s;
         float a = acc_lse[li], c = lse[li];
-        float m = fmaxf(a, c);
+        float m = a > c ? a : c;
         if (m == -INFINITY)
             continue;
         float ea = __expf(a - m), ec = __expf(c - m);

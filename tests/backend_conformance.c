@@ -127,6 +127,10 @@ static const cpc_bc_case CASES[] = {
     {.name = "nan_in_q", .B = 1, .S = 9, .Skv = 9, .H = 1, .Hkv = 1, .D = 16, .nan_q = true},
     {.name = "nan_in_q_gqa_causal", .B = 2, .S = 20, .Skv = 20, .H = 4, .Hkv = 2, .D = 32, .causal = true,
      .nan_q = true},
+    /* the NaN row's first merged block is one it cannot see (causal, rotated order):
+     * merge(acc empty, NaN block) must give NaN, not keep the empty row */
+    {.name = "nan_in_q_causal_merge", .B = 1, .S = 12, .Skv = 12, .H = 2, .Hkv = 1, .D = 16, .causal = true,
+     .nblk = 2, .nan_q = true},
     /* ---- split keys merged (merge/split_keys_equals_full_attention) ---- */
     {.name = "merge_split_2", .B = 2, .S = 150, .Skv = 150, .H = 4, .Hkv = 2, .D = 64, .nblk = 2, .extra = 2, .flags = L},
     {.name = "merge_split_3", .B = 2, .S = 150, .Skv = 150, .H = 4, .Hkv = 2, .D = 64, .nblk = 3, .extra = 2, .flags = L},

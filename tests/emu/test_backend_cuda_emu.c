@@ -25,8 +25,9 @@
  *  wmma     the cases the wmma kernel serves (bf16/fp16, head_dim % 16 == 0);
  *  rowwarp  the bf16/fp16 cases of the former emulator table (fp32 and
  *           head_dim % 16 != 0 already run it in the default variant).
- * Skipped: the NaN-in-q cases (a known gap of the kernels, see cuda_skip), and
- * bf16 <-> fp16 conversion (the backend has no kernel for it).
+ * The NaN-in-q cases run on every variant (a NaN row must come out NaN, never
+ * as an empty row).  Skipped: bf16 <-> fp16 conversion (the backend has no
+ * kernel for it).
  *
  * The seed is printed with every failure; CPC_TEST_SEED=N replays,
  * CPC_BC_ONLY=NAME selects cases, CPC_TEST_VERBOSE=1 logs each case.
@@ -119,18 +120,6 @@ static const char *cuda_skip(void *ctx, const cpc_bc_case *c, cpc_dtype dt)
         if (!listed)
             return "not in this variant's list";
     }
-    if (c->nan_q) {
-        static const char why[] =
-            "KNOWN GAP of the generated kernels (all three): a NaN score is dropped by the "
-            "online softmax's max (fmaxf), so a row with a NaN in q comes out lse = -inf "
-            "(o NaN, or 0 with wmma) instead of NaN; the CPU backend and the reference "
-            "propagate it (backend.h: NaN must never look like an empty row)";
-        static bool said;
-        if (!said)
-            fprintf(stderr, "test_backend_cuda_emu: SKIP %s: %s\n", c->name, why);
-        said = true;
-        return why;
-    }
     if (v->kernel && strcmp(v->kernel, "rowwarp") != 0 &&
         (dt == CPC_DTYPE_FP32 || c->D % 16 != 0 || c->D > 256))
         return "the mma.sync and wmma kernels serve bf16/fp16 with head_dim % 16 == 0 (<= 256) "
@@ -202,7 +191,8 @@ Test(cuda_emu, wmma_kernel)
     static const char *const names[] = {
         "emu_bf16_d128_flux_block", "emu_fp16_d64_causal_zigzag_gqa",
         "emu_bf16_d256_head_offsets_mask", "emu_fp16_d80_causal_strided_mask",
-        "small_d16_causal", "small_keypad_empty_rows", "small_merge_ring_zigzag", NULL};
+        "small_d16_causal", "small_keypad_empty_rows", "small_merge_ring_zigzag", "nan_in_q",
+        "nan_in_q_gqa_causal", "nan_in_q_causal_merge", NULL};
     variant v = {.kernel = "wmma", .names = names};
     run(&v, CPC_BC_ATTN);
 }
@@ -210,7 +200,8 @@ Test(cuda_emu, wmma_kernel)
 Test(cuda_emu, rowwarp_kernel)
 {
     static const char *const names[] = {"small_d256_causal", "emu_bf16_d40", "small_gqa_28_7",
-                                        "small_zigzag_unified_diag", NULL};
+                                        "small_zigzag_unified_diag", "nan_in_q", "nan_in_q_gqa_causal",
+                                        "nan_in_q_causal_merge", NULL};
     variant v = {.kernel = "rowwarp", .names = names};
     run(&v, CPC_BC_ATTN);
 }
