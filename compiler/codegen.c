@@ -387,7 +387,7 @@ cpc_status *cpc_codegen_compile(cpc_kernel *k)
  *   ptxas info    : Function properties for NAME
  *       S bytes stack frame, SS bytes spill stores, SL bytes spill loads
  *   ptxas info    : Used R registers, ... */
-static cpc_status *parse_report(cpc_kernel *k, const char *log)
+cpc_status *cpc_codegen_parse_report(cpc_kernel *k, const char *log)
 {
     free(k->fns);
     k->fns = NULL;
@@ -413,8 +413,14 @@ static cpc_status *parse_report(cpc_kernel *k, const char *log)
             p += strlen("Compiling entry function '");
             const char *q = strchr(p, '\'');
             snprintf(cur->name, sizeof cur->name, "%.*s", q ? (int)(q - p) : (int)strlen(p), p);
-        } else if (cur && strstr(buf, "bytes stack frame")) {
-            sscanf(buf, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+        } else if (cur && (p = strstr(buf, "bytes stack frame"))) {
+            /* "ptxas         .    8 bytes stack frame, 8 bytes spill stores, ...":
+             * the numbers start at the digits before "bytes stack frame" */
+            while (p > buf && (p[-1] == ' ' || p[-1] == '\t'))
+                p--;
+            while (p > buf && p[-1] >= '0' && p[-1] <= '9')
+                p--;
+            sscanf(p, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
                    &cur->stack_bytes, &cur->spill_store_bytes, &cur->spill_load_bytes);
         } else if (cur && (p = strstr(buf, "Used ")) && strstr(buf, "registers")) {
             sscanf(p, "Used %d registers", &cur->registers);
@@ -435,7 +441,7 @@ cpc_status *cpc_codegen_report(cpc_kernel *k)
         snprintf(path, sizeof path, "%s/%s.ptxas", dir, k->hash);
         char *log = read_all(path);
         if (log && strstr(log, "Function properties")) {
-            cpc_status *st = parse_report(k, log);
+            cpc_status *st = cpc_codegen_parse_report(k, log);
             free(log);
             if (!st)
                 return NULL;
@@ -453,14 +459,13 @@ cpc_status *cpc_codegen_report(cpc_kernel *k)
         return st;
     }
     nvrtcDestroyProgram(&prog);
-    st = parse_report(k, log);
+    st = cpc_codegen_parse_report(k, log);
     if (!st && cached && log)
         write_atomic(path, log);
     free(k->log);
     k->log = log;
     return st;
 #else
-    (void)parse_report;
     return cpc_error(CPC_E_UNSUPPORTED, "kernel module '%s': built without the CUDA toolkit",
                      k->name);
 #endif

@@ -52,6 +52,13 @@ cpc_status *cpc_codegen_compile(cpc_kernel *k);
  * ptxas' report (registers, stack frame, spill stores/loads per function). */
 cpc_status *cpc_codegen_report(cpc_kernel *k);
 
+/* Fills k->fns from a ptxas -v log (what cpc_codegen_report does with
+ * NVRTC's log or a cached one): per "Compiling entry function 'NAME'" the
+ * "N bytes stack frame, N bytes spill stores, N bytes spill loads" and
+ * "Used N registers" lines that follow.  Errors: CPC_E_INTERNAL when the log
+ * names no function, CPC_E_NOMEM. */
+cpc_status *cpc_codegen_parse_report(cpc_kernel *k, const char *log);
+
 /* True when built with the CUDA toolkit (NVRTC available). */
 bool cpc_codegen_available(void);
 
