@@ -192,7 +192,8 @@ def main():
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--variant", default="unified",
                     help="ring, ulysses, unified (R x U with U=2), ulysses_anything, "
-                         "ring_anything (default unified; 2 processes: ulysses)")
+                         "ring_anything (default unified; 2 processes: ulysses; an odd number: "
+                         "ulysses_anything)")
     ap.add_argument("--height", type=int, default=512)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--heads", type=int, default=4)
@@ -219,7 +220,11 @@ def main():
                           "attention_head_dim": args.head_dim,
                           "num_attention_heads": args.heads, "joint_attention_dim": 256,
                           "pooled_projection_dim": 128, "guidance_embeds": False}
-    variant = args.variant if not (P == 2 and args.variant == "unified") else "ulysses"
+    variant = args.variant
+    if variant == "unified" and (P == 2 or P % 2):
+        # unified needs R x U with U = 2 and R >= 2: with 2 processes use ulysses, with an
+        # odd count the variant that lifts the divisibility rules
+        variant = "ulysses" if P == 2 else "ulysses_anything"
     plan = cpc.from_diffusers(parallel_config(P, variant), transformer_config,
                               height=args.height, width=args.width, text_tokens=args.text,
                               dtype=args.dtype, device="cpu")

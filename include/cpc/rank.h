@@ -16,7 +16,8 @@
  *   - cpc_rank_create_nccl:  the caller's ncclComm_t and cudaStream_t.
  * Flat rank p has mesh coordinates r = p / U (ring), u = p % U (Ulysses).
  *
- * Each cpc_rank_forward computes softmax(q k^T * scale) v for this rank's
+ * Each cpc_rank_forward computes softmax(q k^T * scale) v (scale: the plan's
+ * model.scale, default 1/sqrt(head_dim); masks as the plan says) for this rank's
  * shard of the global sequence, exactly as the whole attention would give it
  * on one device (the artifact's schedule, proven).  It is COLLECTIVE: every
  * rank of the world calls it for the same layer, in the same order.

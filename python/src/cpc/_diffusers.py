@@ -277,8 +277,9 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     if world_size is not None and world_size != P:
         raise ValueError(f"world_size {world_size} != ring_degree x ulysses_degree = {P}: "
                          "cpc plans exactly the context-parallel group (idle ranks are an "
-                         "error, CP003); for batch / CFG parallelism over more ranks set "
-                         "plan['parallel']['cfg_degree'] on the returned plan")
+                         "error, CP003); pass the world size of the context-parallel group "
+                         "(the CFG and tensor-parallel axes, parallel.cfg_degree and tp_degree, "
+                         "are not available in this release)")
     if height is None or width is None:
         raise ValueError(f"{cls}: height and width (pixels) are required")
     height, width = _int(height, "height"), _int(width, "width")
