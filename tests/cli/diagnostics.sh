@@ -99,7 +99,7 @@ for o in objs:
         assert set(d) == diag, d.keys()
         assert d["severity"] in ("error", "warning", "note")
 a, b, c = objs
-assert a["ok"] is True and a["selected"] == {"variant": "ulysses", "ring_degree": 1, "ulysses_degree": 4}, a
+assert a["ok"] is True and a["selected"] == {"variant": "ulysses", "ring_degree": 1, "ulysses_degree": 4, "cfg_degree": 1, "tp_degree": 1}, a
 assert a["diagnostics"] == []
 pk = {"ms_per_layer", "ms_per_forward", "memory_bytes_per_rank", "bytes_sent_per_rank"}
 assert set(a["predicted"]) == pk and all(a["predicted"][k] > 0 for k in pk), a["predicted"]
