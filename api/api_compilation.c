@@ -134,6 +134,8 @@ cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candi
         .errors = k->errors,
         .measured = k->measured,
         .measured_ms_per_layer = k->measured ? k->measured_ms_per_layer : 0,
+        .cfg_degree = k->cfg_degree >= 1 ? k->cfg_degree : 1,
+        .tp_degree = k->tp_degree >= 1 ? k->tp_degree : 1,
     };
     memcpy(info, &v, sizeof v < size ? sizeof v : size);
     return NULL;

@@ -131,19 +131,33 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
         add(c, cpc_error(CPC_E_INTERNAL, "validation accepted the plan but selected nothing"));
         goto fail;
     }
-    if (!add(c, cpc_schedule_build(c->plan, cand->variant, cand->ring_degree,
+    /* The outer axes (validate.h THE OUTER AXES): the resolved plan records
+     * the chosen C and T; the program is the R x U program of one (c, t)
+     * group's sub-plan (every group runs the same one on its own slice). */
+    c->plan->parallel.cfg_degree = cand->cfg_degree >= 1 ? cand->cfg_degree : 1;
+    c->plan->parallel.tp_degree = cand->tp_degree >= 1 ? cand->tp_degree : 1;
+    cpc_plan sub_plan;
+    const cpc_plan *sp = c->plan;
+    if (c->plan->parallel.cfg_degree * c->plan->parallel.tp_degree > 1) {
+        if (!cpc_plan_sub(c->plan, c->plan->parallel.cfg_degree, c->plan->parallel.tp_degree, &sub_plan)) {
+            add(c, cpc_error(CPC_E_INTERNAL, "the selected cfg/tp split does not cut the plan"));
+            goto fail;
+        }
+        sp = &sub_plan;
+    }
+    if (!add(c, cpc_schedule_build(sp, cand->variant, cand->ring_degree,
                                    cand->ulysses_degree, &c->program)))
         goto fail;
     if (script && cpc_lua_has_schedule(script)) {
         /* cpc_lua_schedule verifies what the script returns (CP051) */
-        if (!add(c, place_schedule_diags(cpc_lua_schedule(script, c->plan, c->program), c->plan)))
+        if (!add(c, place_schedule_diags(cpc_lua_schedule(script, sp, c->program), c->plan)))
             goto fail;
         c->script_applied = true;
     } else if (!add(c, place_schedule_diags(cpc_verify(c->program), c->plan))) {
         goto fail;
     }
     /* price the final program: what a script returned is what is priced */
-    if (!add(c, cpc_price_program(c->plan, c->program, &c->device, &c->pred)))
+    if (!add(c, cpc_price_program(sp, c->program, &c->device, &c->pred)))
         goto fail;
     c->priced = true;
     {
@@ -165,7 +179,7 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
                         "the artifact runs on the CPU backend only"));
         goto done;
     }
-    cpc_kernel_spec spec = cpc_kernel_spec_of(c->plan);
+    cpc_kernel_spec spec = cpc_kernel_spec_of(sp);
     if (!add(c, cpc_codegen_sources(&spec, o->arch ? o->arch : "sm_90", &c->kernels,
                                     &c->n_kernels)))
         goto fail;
@@ -206,6 +220,12 @@ cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
     *out = NULL;
     if (!c->program || !c->plan)
         return cpc_error(CPC_E_INTERNAL, "nothing compiled to make an artifact of");
+    if (c->plan->parallel.cfg_degree > 1 || c->plan->parallel.tp_degree > 1)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "%s: cfg_degree %d x tp_degree %d: the artifact format does not record the cfg and "
+                         "tensor-parallel axes yet; `cpc --check`, `--explain` and `cprun PLAN.yaml` handle them",
+                         c->plan->file ? c->plan->file : "plan", c->plan->parallel.cfg_degree,
+                         c->plan->parallel.tp_degree);
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_create(c->plan, c->program, &a);
     for (int i = 0; !st && i < c->n_kernels; i++)

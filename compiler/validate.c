@@ -303,6 +303,9 @@ static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U,
         cpc_status_append(&errs, e);
     }
     int64_t prod = (int64_t)R * (int64_t)U;
+    /* a sub-plan of a (C, T) split (cpc_plan_sub) reports the user's world */
+    int64_t CT = (int64_t)(p->parallel.cfg_degree >= 1 ? p->parallel.cfg_degree : 1) *
+                 (p->parallel.tp_degree >= 1 ? p->parallel.tp_degree : 1);
     if (prod != P && v != CPC_VARIANT_NONE) {
         bool one_derived = v == CPC_VARIANT_UNIFIED && (o->r_given != o->u_given);
         if (one_derived) {
@@ -311,6 +314,13 @@ static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U,
                     "%s: world_size %d is not divisible by %s %d (%d = %d*%d + %d): world_size must equal R*U",
                     vn, P, o->r_given ? "ring_degree" : "ulysses_degree", given, P, given, P / given,
                     P % given);
+        } else if (CT > 1) {
+            e = ERR(3, dspan,
+                    "%s: world_size must equal C*T*R*U: cfg_degree %d x tp_degree %d x ring_degree %d x "
+                    "ulysses_degree %d = %lld, but world_size is %lld (idle ranks are an error)",
+                    vn, p->parallel.cfg_degree, p->parallel.tp_degree, R, U, (long long)(prod * CT),
+                    (long long)P * CT);
+            note_degrees(e, p, o, v, R, U, true, true);
         } else {
             e = ERR(3, dspan,
                     "%s: world_size must equal R*U: ring_degree %d x ulysses_degree %d = %lld, but "
@@ -318,7 +328,7 @@ static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U,
                     vn, R, U, (long long)prod, P);
             note_degrees(e, p, o, v, R, U, true, true);
         }
-        add_note(e, vspan(p, "cluster.world_size"), "world_size %d is set here", P);
+        add_note(e, vspan(p, "cluster.world_size"), "world_size %lld is set here", (long long)P * CT);
         cpc_status_append(&errs, e);
     }
     if (v == CPC_VARIANT_NONE && P != 1) {
@@ -717,6 +727,8 @@ static bool clist_insert(clist *l, int at, cpc_variant v, int R, int U, origin o
     l->c[at].variant = v;
     l->c[at].ring_degree = R;
     l->c[at].ulysses_degree = U;
+    l->c[at].cfg_degree = 1;
+    l->c[at].tp_degree = 1;
     l->o[at] = o;
     l->n++;
     return true;
@@ -1002,7 +1014,7 @@ static cpc_plan apply(const cpc_plan *p, const chset *cs, cpc_segment *seg)
 }
 
 /* Appends "key: value, key: value" for `cs`. */
-static void print_changes(char **s, const chset *cs)
+static void print_changes(char **s, const chset *cs, int64_t world_mult)
 {
     for (int i = 0; i < cs->n; i++) {
         const change *c = &cs->c[i];
@@ -1014,6 +1026,7 @@ static void print_changes(char **s, const chset *cs)
         case HK_MASK: sappend(s, "%s", cpc_mask_name((cpc_mask)c->val)); break;
         case HK_MODE: sappend(s, "%s", cpc_mode_name((cpc_mode)c->val)); break;
         case HK_ONE_SEGMENT: sappend(s, "[{tokens: %lld}]", (long long)c->val); break;
+        case HK_WORLD: sappend(s, "%lld", (long long)(c->val * world_mult)); break;
         default: sappend(s, "%lld", (long long)c->val); break;
         }
     }
@@ -1211,15 +1224,21 @@ static bool try_changes(const hctx *h, const chset *base, cpc_variant v, int R, 
 
 /* "CHANGES runs this plan", with "(variant RxU)" when a parallel or
  * cluster key changes. */
-static char *alt_text(const chset *cs, cpc_variant v, int R, int U)
+static char *alt_text(const hctx *h, const chset *cs, cpc_variant v, int R, int U)
 {
     char *s = NULL;
-    print_changes(&s, cs);
+    int C = h->plan->parallel.cfg_degree, T = h->plan->parallel.tp_degree;
+    C = C >= 1 ? C : 1;
+    T = T >= 1 ? T : 1;
+    /* a sub-plan of a (C, T) split (cpc_plan_sub): world sizes are the user's */
+    print_changes(&s, cs, (int64_t)C * T);
     sappend(&s, " runs this plan");
     bool par = false;
     for (int i = 0; i < cs->n; i++)
         par = par || cs->c[i].key <= HK_WORLD;
-    if (par)
+    if (par && C * T > 1)
+        sappend(&s, " (%s %dx%d, cfg_degree %d, tp_degree %d)", vname(v), R, U, C, T);
+    else if (par)
         sappend(&s, " (%s %dx%d)", vname(v), R, U);
     return s;
 }
@@ -1244,7 +1263,7 @@ static char *hint_same_variant(const hctx *h, cpc_variant v, int R, int U)
     if (bi < 0)
         return NULL;
     const cpc_candidate *c = &h->sel->candidates[bi];
-    return alt_text(&best, v, c->ring_degree, c->ulysses_degree);
+    return alt_text(h, &best, v, c->ring_degree, c->ulysses_degree);
 }
 
 /* (b) other variants at the same world_size, among the valid candidates:
@@ -1284,7 +1303,7 @@ static char *hint_other_variants(const hctx *h, cpc_variant v)
         return NULL;
     if (!n_short) {
         const cpc_candidate *c = &h->sel->candidates[bi[fewest]];
-        return alt_text(&best[fewest], c->variant, c->ring_degree, c->ulysses_degree);
+        return alt_text(h, &best[fewest], c->variant, c->ring_degree, c->ulysses_degree);
     }
     sappend(&s, "variant ");
     int k = 0;
@@ -1313,7 +1332,7 @@ static char *hint_changes(const hctx *h, const chset *base, cpc_variant v, int R
     int sr, su;
     if (!try_changes(h, base, v, R, U, &cs, &sv, &sr, &su))
         return NULL;
-    return alt_text(&cs, sv, sr, su);
+    return alt_text(h, &cs, sv, sr, su);
 }
 
 /* (c) a rule-specific change of the plan. */
@@ -1454,6 +1473,297 @@ static bool reached_shapes(const cpc_status *errs)
     return false;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The outer axes: cfg_degree and tp_degree (validate.h THE OUTER AXES)     */
+/* ------------------------------------------------------------------------ */
+
+static cpc_status *validate_rxu(const cpc_plan *p, cpc_price_fn price, void *pctx, cpc_selection *sel);
+
+static bool tp_heads_ok(const cpc_plan *p, int T)
+{
+    int H = p->model.heads, Hkv = p->model.kv_heads;
+    return T >= 1 && H % T == 0 && Hkv >= 1 && (Hkv % T == 0 || T % Hkv == 0);
+}
+
+bool cpc_plan_sub(const cpc_plan *p, int C, int T, cpc_plan *q)
+{
+    int P = world(p);
+    if (C < 1 || T < 1 || P % C || (P / C) % T || p->input.batch % C || !tp_heads_ok(p, T))
+        return false;
+    int g = gpus_per_node(p);
+    int Hkv = p->model.kv_heads;
+    *q = *p;
+    q->cluster.world_size = P / C / T;
+    q->input.batch = p->input.batch / C;
+    q->model.heads = p->model.heads / T;
+    q->model.kv_heads = Hkv % T == 0 ? Hkv / T : 1;
+    q->cluster.gpus_per_node = g / T >= 1 ? g / T : 1;
+    q->parallel.cfg_degree = C;
+    q->parallel.tp_degree = T;
+    return true;
+}
+
+/* C or T as written: omitted -> 1; CPC_DEGREE_AUTO stays. */
+static int axis_of(const cpc_plan *p, bool tp)
+{
+    int v = tp ? p->parallel.tp_degree : p->parallel.cfg_degree;
+    return v == 0 ? 1 : v;
+}
+
+/* Does `q` (the user's plan with one change) validate without error?
+ * *desc: what it selects, as a hint annotation. */
+static bool axes_accept(const cpc_plan *q, cpc_price_fn price, void *pctx, char *desc, size_t n)
+{
+    cpc_selection s;
+    cpc_status *d = cpc_validate_priced(q, price, pctx, &s);
+    bool ok = !cpc_status_has_error(d) && s.selected >= 0;
+    if (ok) {
+        const cpc_candidate *c = &s.candidates[s.selected];
+        snprintf(desc, n, "%s %dx%d, cfg_degree %d, tp_degree %d", vname(c->variant), c->ring_degree,
+                 c->ulysses_degree, c->cfg_degree, c->tp_degree);
+    }
+    cpc_status_free(d);
+    cpc_selection_free(&s);
+    return ok;
+}
+
+/* A hint for an axis rule: other values of the axis (divisors of P, the
+ * nearest first), or for CP003 also the nearest world sizes; each applied
+ * to a copy of the plan and validated.  NULL when none runs. */
+static char *axis_hint(const cpc_plan *p, cpc_price_fn price, void *pctx, int rule, bool tp)
+{
+    int P = world(p);
+    int cur = axis_of(p, tp);
+    int other = axis_of(p, !tp);
+    other = other >= 1 ? other : 1;
+    char desc[128];
+    const char *key = tp ? "parallel.tp_degree" : "parallel.cfg_degree";
+    for (int d = 1; d <= P + (cur > 0 ? cur : 0); d++) {
+        int vals[2] = {cur - d, cur + d};
+        for (int k = 0; k < 2; k++) {
+            int v = vals[k];
+            if (v < 1 || v > P || P % v)
+                continue;
+            cpc_plan q = *p;
+            if (tp)
+                q.parallel.tp_degree = v;
+            else
+                q.parallel.cfg_degree = v;
+            cpc_plan sub;
+            if (!cpc_plan_sub(&q, tp ? other : v, tp ? v : other, &sub))
+                continue;
+            if (axes_accept(&q, price, pctx, desc, sizeof desc)) {
+                char *s = NULL;
+                sappend(&s, "%s: %d runs this plan (%s)", key, v, desc);
+                return s;
+            }
+        }
+    }
+    if (rule == 3) {
+        int64_t ct = (int64_t)(axis_of(p, false) >= 1 ? axis_of(p, false) : 1) * other;
+        if (!tp)
+            ct = (int64_t)cur * (axis_of(p, true) >= 1 ? axis_of(p, true) : 1);
+        for (int64_t w = (P / ct) * ct; w <= (P / ct + 1) * ct; w += ct) {
+            if (w < 1 || w > MAX_WORLD)
+                continue;
+            cpc_plan q = at_world(p, (int)w);
+            int qc = axis_of(&q, false), qt = axis_of(&q, true);
+            cpc_plan sub;
+            /* only a world where the axis rules pass (no recursion into hints) */
+            if (!cpc_plan_sub(&q, qc >= 1 ? qc : 1, qt >= 1 ? qt : 1, &sub))
+                continue;
+            if (axes_accept(&q, price, pctx, desc, sizeof desc)) {
+                char *s = NULL;
+                sappend(&s, "cluster.world_size: %lld runs this plan (%s)", (long long)w, desc);
+                return s;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* CP003 / CP005 / CP006 for the written values (auto: 1), with hints. */
+static cpc_status *check_axes(const cpc_plan *p, cpc_price_fn price, void *pctx)
+{
+    int C = axis_of(p, false), T = axis_of(p, true);
+    bool Ca = C == CPC_DEGREE_AUTO, Ta = T == CPC_DEGREE_AUTO;
+    C = Ca ? 1 : C;
+    T = Ta ? 1 : T;
+    int P = world(p), B = p->input.batch, H = p->model.heads, Hkv = p->model.kv_heads;
+    cpc_status *errs = NULL, *e;
+    if (P % ((int64_t)C * T) != 0) {
+        bool tkey = !Ta && T > 1;
+        e = ERR(3, vspan(p, tkey ? "parallel.tp_degree" : "parallel.cfg_degree"),
+                "world_size must equal C*T*R*U: world_size %d is not divisible by cfg_degree %d x tp_degree %d "
+                "= %lld (%d = %lld*%lld + %lld)",
+                P, C, T, (long long)C * T, P, (long long)C * T, (long long)(P / ((int64_t)C * T)),
+                (long long)(P % ((int64_t)C * T)));
+        add_note(e, vspan(p, "cluster.world_size"), "world_size %d is set here", P);
+        char *hint = axis_hint(p, price, pctx, 3, tkey);
+        if (hint)
+            cpc_status_set_hint(e, "%s", hint);
+        free(hint);
+        cpc_status_append(&errs, e);
+    }
+    if (B % C != 0) {
+        e = ERR(5, vspan(p, "parallel.cfg_degree"),
+                "batch %d not divisible by cfg_degree %d (%d = %d*%d + %d): a cfg group holds batch items "
+                "[c*B/C, (c+1)*B/C)", B, C, B, C, B / C, B % C);
+        add_note(e, vspan(p, "input.batch"), "batch %d is set here", B);
+        char *hint = axis_hint(p, price, pctx, 5, false);
+        if (hint)
+            cpc_status_set_hint(e, "%s", hint);
+        free(hint);
+        cpc_status_append(&errs, e);
+    }
+    if (!tp_heads_ok(p, T)) {
+        if (H % T != 0)
+            e = ERR(6, vspan(p, "parallel.tp_degree"),
+                    "heads %d not divisible by tp_degree %d (%d = %d*%d + %d)", H, T, H, T, H / T, H % T);
+        else
+            e = ERR(6, vspan(p, "parallel.tp_degree"),
+                    "kv_heads %d is neither divisible by tp_degree %d nor a divisor of it (K/V heads are "
+                    "split with their query heads or replicated)", Hkv, T);
+        add_note(e, vspan(p, H % T != 0 ? "model.heads" : "model.kv_heads"), "%s %d is set here",
+                 H % T != 0 ? "heads" : "kv_heads", H % T != 0 ? H : Hkv);
+        char *hint = axis_hint(p, price, pctx, 6, true);
+        if (hint)
+            cpc_status_set_hint(e, "%s", hint);
+        free(hint);
+        cpc_status_append(&errs, e);
+    }
+    return errs;
+}
+
+static bool sel_append(cpc_selection *dst, cpc_selection *src, int C, int T)
+{
+    if (src->n_candidates == 0)
+        return true;
+    cpc_candidate *c = realloc(dst->candidates, (size_t)(dst->n_candidates + src->n_candidates) * sizeof *c);
+    if (!c)
+        return false;
+    dst->candidates = c;
+    for (int i = 0; i < src->n_candidates; i++) {
+        src->candidates[i].cfg_degree = C;
+        src->candidates[i].tp_degree = T;
+        c[dst->n_candidates + i] = src->candidates[i];
+    }
+    dst->n_candidates += src->n_candidates;
+    free(src->candidates);
+    src->candidates = NULL;
+    src->n_candidates = 0;
+    return true;
+}
+
+/* Per (C, T) pair: where its candidates start in the merged list, its own
+ * selection and preferred index (merged), its fallback and diagnostics. */
+typedef struct axis_pair {
+    int base, selected, preferred;
+    bool fell_back;
+    cpc_status *diags;
+} axis_pair;
+
+static void pairs_free(axis_pair *pr, int n)
+{
+    for (int i = 0; i < n; i++)
+        cpc_status_free(pr[i].diags);
+    free(pr);
+}
+
+static cpc_status *validate_axes(const cpc_plan *p, cpc_price_fn price, void *pctx, cpc_selection *sel)
+{
+    int Cw = axis_of(p, false), Tw = axis_of(p, true);
+    bool Ca = Cw == CPC_DEGREE_AUTO, Ta = Tw == CPC_DEGREE_AUTO;
+    if (!Ca && !Ta && Cw == 1 && Tw == 1)
+        return validate_rxu(p, price, pctx, sel);
+    cpc_status *diags = check_axes(p, price, pctx);
+    if (diags)
+        return diags;
+    int P = world(p);
+    axis_pair *pr = NULL;
+    int n = 0, cap = 0;
+    cpc_variant requested = CPC_VARIANT__COUNT;
+    for (int C = 1; C <= P; C++) {
+        if ((!Ca && C != Cw) || P % C)
+            continue;
+        for (int T = 1; T <= P / C; T++) {
+            if ((!Ta && T != Tw) || (P / C) % T)
+                continue;
+            cpc_plan q;
+            if (!cpc_plan_sub(p, C, T, &q))
+                continue;
+            if (n == cap) {
+                int nc = cap ? 2 * cap : 16;
+                axis_pair *g = realloc(pr, (size_t)nc * sizeof *g);
+                if (!g) {
+                    pairs_free(pr, n);
+                    return &cpc_status_oom;
+                }
+                pr = g;
+                cap = nc;
+            }
+            cpc_selection s;
+            cpc_status *d = validate_rxu(&q, price, pctx, &s);
+            int base = sel->n_candidates;
+            pr[n] = (axis_pair){base, s.selected >= 0 ? base + s.selected : -1,
+                                s.preferred >= 0 ? base + s.preferred : -1, s.fell_back, d};
+            n++;
+            /* requested: the variant the plan asks for (a pair with one
+             * rank per group infers none from auto) */
+            if (requested == CPC_VARIANT__COUNT || requested == CPC_VARIANT_NONE)
+                requested = s.requested;
+            bool fatal = d == &cpc_status_oom || (d && d->code != CPC_E_PLAN);
+            if (fatal || !sel_append(sel, &s, C, T)) {
+                cpc_selection_free(&s);
+                if (fatal)
+                    pr[n - 1].diags = NULL;
+                pairs_free(pr, n);
+                return fatal ? d : &cpc_status_oom;
+            }
+        }
+    }
+    sel->requested = requested;
+    int b;
+    if (requested == CPC_VARIANT_AUTO || requested == CPC_VARIANT_NONE) {
+        /* variant auto: the tie rule over every pair's candidates */
+        b = cpc_select_best(sel->candidates, sel->n_candidates);
+    } else {
+        /* an explicit variant: the best of the pairs' own selections */
+        cpc_candidate *c = sel->candidates;
+        bool *was = malloc((size_t)(sel->n_candidates > 0 ? sel->n_candidates : 1) * sizeof *was);
+        if (!was) {
+            pairs_free(pr, n);
+            return &cpc_status_oom;
+        }
+        for (int i = 0; i < sel->n_candidates; i++) {
+            was[i] = c[i].ok;
+            c[i].ok = false;
+        }
+        for (int i = 0; i < n; i++)
+            if (pr[i].selected >= 0)
+                c[pr[i].selected].ok = was[pr[i].selected];
+        b = cpc_select_best(c, sel->n_candidates);
+        for (int i = 0; i < sel->n_candidates; i++)
+            c[i].ok = was[i];
+        free(was);
+    }
+    int win = -1;
+    for (int i = 0; i < n && b >= 0; i++)
+        if (pr[i].base <= b)
+            win = i;
+    sel->selected = b;
+    int keep = win >= 0 ? win : 0;
+    if (n > 0) {
+        sel->preferred = pr[keep].preferred;
+        sel->fell_back = win >= 0 && pr[keep].fell_back;
+        diags = pr[keep].diags;
+        pr[keep].diags = NULL;
+        /* a winner's fallback warning is its own pair's */
+    }
+    pairs_free(pr, n);
+    return diags;
+}
+
 cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pctx, cpc_selection *sel)
 {
     memset(sel, 0, sizeof *sel);
@@ -1468,36 +1778,28 @@ cpc_status *cpc_validate_priced(const cpc_plan *p, cpc_price_fn price, void *pct
         return diags;
 
     /* parallel.cfg_degree / tp_degree (SPEC section 1, "All four axes"): a
-     * degree < 1 is CP002; anything but 1 is not validated, scheduled or run
-     * yet, and is refused rather than ignored. */
+     * degree < 1 (other than auto) is CP002. */
     static const char *const axis_key[2] = {"parallel.cfg_degree", "parallel.tp_degree"};
     const int axis_val[2] = {p->parallel.cfg_degree, p->parallel.tp_degree};
     for (int i = 0; i < 2; i++) {
-        bool written = false;
-        for (int k = 0; k < p->n_key_spans && !written; k++)
-            written = strcmp(p->key_spans[k].key, axis_key[i]) == 0;
-        if (!written || axis_val[i] == 1)
+        if (!has_key(p, axis_key[i]) || axis_val[i] == CPC_DEGREE_AUTO || axis_val[i] >= 1)
             continue;
-        cpc_status *e;
-        if (axis_val[i] != CPC_DEGREE_AUTO && axis_val[i] < 1)
-            e = cpc_diag(CPC_E_PLAN, 2, CPC_SEV_ERROR, cpc_plan_span(p, axis_key[i], true),
-                         "%s is %d, must be >= 1", axis_key[i], axis_val[i]);
-        else {
-            char v[16];
-            if (axis_val[i] == CPC_DEGREE_AUTO)
-                snprintf(v, sizeof v, "auto");
-            else
-                snprintf(v, sizeof v, "%d", axis_val[i]);
-            e = cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_ERROR, cpc_plan_span(p, axis_key[i], true),
-                         "%s: %s: this cpc validates, schedules and runs the ring x ulysses axes only; "
-                         "the cfg and tensor-parallel axes are not implemented yet", axis_key[i], v);
-            cpc_status_set_hint(e, "%s: 1", axis_key[i]);
-        }
-        cpc_status_append(&diags, e);
+        cpc_status_append(&diags, cpc_diag(CPC_E_PLAN, 2, CPC_SEV_ERROR, vspan(p, axis_key[i]),
+                                           "%s is %d, must be >= 1", axis_key[i], axis_val[i]));
     }
     if (diags)
         return diags;
+    return validate_axes(p, price, pctx, sel);
+}
 
+/* Ring x Ulysses validation of one (sub-)plan: everything after sanity. */
+static cpc_status *validate_rxu(const cpc_plan *p, cpc_price_fn price, void *pctx, cpc_selection *sel)
+{
+    cpc_status *diags = NULL;
+    memset(sel, 0, sizeof *sel);
+    sel->selected = -1;
+    sel->preferred = -1;
+    sel->requested = CPC_VARIANT__COUNT;
     /* Stage 1: inference (CP105). */
     request rq;
     diags = infer(p, &rq);

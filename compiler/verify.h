@@ -3,6 +3,16 @@
  * every rank before an artifact is written (SPEC section 2, CP051; section 6:
  * whatever a Lua script returns is verified the same way).
  *
+ * THE OUTER AXES (cfg_degree C, tp_degree T; validate.h THE OUTER AXES).  A
+ * (C, T, R, U) plan runs C*T copies of one R x U program, copy (c, t) on
+ * batch items [c*B/C, (c+1)*B/C) and heads [t*H/T, (t+1)*H/T) (with their
+ * K/V heads).  The copies share no buffer, no input row or head, and no
+ * message or collective (each has its own ring, ulysses and world groups),
+ * and attention of one (batch item, head) reads only that item's and head's
+ * data, so the whole plan is correct iff the R x U program is correct for
+ * the sub-plan: the program verified here is that one (layout: batch B/C,
+ * heads H/T, P = R*U), and that proof covers every (c, t).
+ *
  * WHAT IS PROVED, for every rank of the world (see HOW below):
  *   1. Coverage: every query row of the rank meets every key/value token
  *      exactly once, for every query head (each key run with its head set):

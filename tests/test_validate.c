@@ -1396,3 +1396,182 @@ Test(hints, explicit_degrees_and_flags_are_changed_too)
     cpc_status_free(st);
     cpc_selection_free(&sel);
 }
+
+/* ------------------------------------------------------------------------ */
+/* The outer axes: cfg_degree C and tp_degree T (SPEC section 1, "All four  */
+/* axes"; rules CP003, CP005, CP006)                                         */
+/* ------------------------------------------------------------------------ */
+
+static void axes(tplan *t, int C, int T)
+{
+    t->p.parallel.cfg_degree = C;
+    t->p.parallel.tp_degree = T;
+    key(t, "parallel.cfg_degree", 20, 3);
+    key(t, "parallel.tp_degree", 21, 3);
+}
+
+/* The hint of the first error with `rule`, applied (one "key: N" per
+ * alternative: the first), must make the plan validate. */
+static void expect_axis_hint_runs(tplan *t, int rule)
+{
+    cpc_selection sel;
+    cpc_status *st = run(t, &sel);
+    const cpc_status *e = find_rule(st, rule);
+    cr_assert(e, "expected CP%03d", rule);
+    cr_assert(e->hint, "CP%03d without a hint: %s", rule, e->message);
+    char k[64];
+    int v = 0;
+    cr_assert_eq(sscanf(e->hint, "%63[^:]: %d", k, &v), 2, "hint '%s'", e->hint);
+    tplan u = *t;
+    u.p.key_spans = u.keys;
+    u.p.input.segments = u.seg;
+    if (strcmp(k, "parallel.cfg_degree") == 0)
+        u.p.parallel.cfg_degree = v;
+    else if (strcmp(k, "parallel.tp_degree") == 0)
+        u.p.parallel.tp_degree = v;
+    else if (strcmp(k, "cluster.world_size") == 0)
+        u.p.cluster.world_size = v;
+    else
+        cr_assert(false, "unexpected hint key '%s' in '%s'", k, e->hint);
+    cpc_selection s2;
+    cpc_status *st2 = run(&u, &s2);
+    cr_expect(!cpc_status_has_error(st2), "hint '%s' does not run the plan: %s", e->hint,
+              st2 ? st2->message : "");
+    cr_expect_geq(s2.selected, 0);
+    cpc_status_free(st2);
+    cpc_selection_free(&s2);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(axes, default_is_one_by_one)
+{
+    tplan t;
+    base(&t, 4);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_assert(!cpc_status_has_error(st));
+    for (int i = 0; i < sel.n_candidates; i++) {
+        cr_expect_eq(sel.candidates[i].cfg_degree, 1);
+        cr_expect_eq(sel.candidates[i].tp_degree, 1);
+    }
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(axes, fixed_splits_run_the_sub_plan)
+{
+    static const int cases[][4] = {{2, 2, 2, 1}, {2, 1, 2, 2}, {1, 2, 1, 4}, {2, 2, 1, 2}};
+    for (int k = 0; k < 4; k++) {
+        tplan t;
+        base(&t, 8);
+        t.p.input.batch = 2;
+        axes(&t, cases[k][0], cases[k][1]);
+        int R = cases[k][2], U = cases[k][3];
+        variant(&t, R > 1 && U > 1 ? CPC_VARIANT_UNIFIED : R > 1 ? CPC_VARIANT_RING : CPC_VARIANT_ULYSSES);
+        degrees(&t, R, U);
+        cpc_selection sel;
+        cpc_status *st = run(&t, &sel);
+        cr_assert(!cpc_status_has_error(st), "%dx%dx%dx%d: %s", cases[k][0], cases[k][1], R, U,
+                  st ? st->message : "");
+        const cpc_candidate *c = &sel.candidates[sel.selected];
+        cr_expect_eq(c->cfg_degree, cases[k][0]);
+        cr_expect_eq(c->tp_degree, cases[k][1]);
+        cr_expect_eq(c->ring_degree, R);
+        cr_expect_eq(c->ulysses_degree, U);
+        for (int i = 0; i < sel.n_candidates; i++)
+            cr_expect_eq((int64_t)sel.candidates[i].cfg_degree * sel.candidates[i].tp_degree *
+                             sel.candidates[i].ring_degree * sel.candidates[i].ulysses_degree, 8);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+    }
+}
+
+Test(axes, cp003_generalised)
+{
+    tplan t;
+    base(&t, 8);
+    t.p.input.batch = 3;
+    axes(&t, 3, 1);
+    expect_reject(&t, 3);
+    expect_axis_hint_runs(&t, 3);
+    /* C*T divides P but R*U does not fill it: CP003 names C*T*R*U */
+    base(&t, 8);
+    t.p.input.batch = 2;
+    axes(&t, 2, 1);
+    variant(&t, CPC_VARIANT_RING);
+    degrees(&t, 2, 1);
+    key(&t, "parallel.ring_degree", 22, 3);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    const cpc_status *e = find_rule(st, 3);
+    cr_assert(e);
+    cr_expect(strstr(e->message, "C*T*R*U") != NULL, "%s", e->message);
+    cr_expect(strstr(e->message, "world_size is 8") != NULL, "%s", e->message);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}
+
+Test(axes, cp005_batch)
+{
+    tplan t;
+    base(&t, 8);
+    t.p.input.batch = 1;
+    axes(&t, 2, 1);
+    expect_reject(&t, 5);
+    expect_axis_hint_runs(&t, 5);
+    base(&t, 8);
+    t.p.input.batch = 4;
+    axes(&t, 4, 1);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 2);
+}
+
+Test(axes, cp006_heads)
+{
+    tplan t;
+    base(&t, 16);
+    axes(&t, 1, 16); /* 24 heads % 16 */
+    expect_reject(&t, 6);
+    expect_axis_hint_runs(&t, 6);
+    /* GQA: Hkv 3 with T 2 is neither; Hkv 2 with T 4 replicates */
+    base(&t, 8);
+    t.p.model.kv_heads = 3;
+    axes(&t, 1, 2);
+    expect_reject(&t, 6);
+    expect_axis_hint_runs(&t, 6);
+    base(&t, 8);
+    t.p.model.kv_heads = 2;
+    axes(&t, 1, 4);
+    expect_accept(&t, CPC_VARIANT_ULYSSES, 1, 2);
+    cpc_plan sub;
+    cr_assert(cpc_plan_sub(&t.p, 1, 4, &sub));
+    cr_expect_eq(sub.model.heads, 6);
+    cr_expect_eq(sub.model.kv_heads, 1);
+    cr_expect_eq(sub.cluster.world_size, 2);
+}
+
+Test(axes, auto_lists_every_split)
+{
+    tplan t;
+    base(&t, 8);
+    t.p.input.batch = 2;
+    axes(&t, CPC_DEGREE_AUTO, CPC_DEGREE_AUTO);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_assert(!cpc_status_has_error(st), "%s", st ? st->message : "");
+    cr_assert_geq(sel.selected, 0);
+    bool seen[4] = {false, false, false, false};
+    static const int want[][4] = {{2, 2, 2, 1}, {2, 1, 2, 2}, {1, 2, 1, 4}, {2, 2, 1, 2}};
+    for (int i = 0; i < sel.n_candidates; i++) {
+        const cpc_candidate *c = &sel.candidates[i];
+        cr_expect_eq((int64_t)c->cfg_degree * c->tp_degree * c->ring_degree * c->ulysses_degree, 8);
+        cr_expect_eq(2 % c->cfg_degree, 0);
+        for (int k = 0; k < 4; k++)
+            seen[k] = seen[k] || (c->ok && c->cfg_degree == want[k][0] && c->tp_degree == want[k][1] &&
+                                  c->ring_degree == want[k][2] && c->ulysses_degree == want[k][3]);
+    }
+    for (int k = 0; k < 4; k++)
+        cr_expect(seen[k], "%dx%dx%dx%d not a valid candidate", want[k][0], want[k][1], want[k][2], want[k][3]);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+}

@@ -309,7 +309,16 @@ static void print_explain_text(const job *j)
     if (requested)
         printf(", plan asks for %s", requested);
     const cpc_candidate_info *sel = selected(j);
-    if (sel)
+    /* the outer axes (SPEC section 1, "All four axes"): a C x T column when
+     * any candidate splits batch or heads */
+    bool axes = false;
+    for (int i = 0; i < j->n_cands; i++)
+        axes = axes || j->cands[i].cfg_degree > 1 || j->cands[i].tp_degree > 1;
+    if (sel && axes)
+        printf(", selected %s %dx%d with cfg_degree %d, tp_degree %d%s\n", sel->variant, sel->ring_degree,
+               sel->ulysses_degree, sel->cfg_degree, sel->tp_degree,
+               cpc_compilation_fell_back(j->c) ? " (fallback: auto)" : "");
+    else if (sel)
         printf(", selected %s %dx%d%s\n", sel->variant, sel->ring_degree, sel->ulysses_degree,
                cpc_compilation_fell_back(j->c) ? " (fallback: auto)" : "");
     else
@@ -319,6 +328,8 @@ static void print_explain_text(const job *j)
     bool measured = false; /* a `measured` column when the profile has any (cprun --tune) */
     for (int i = 0; i < j->n_cands; i++)
         measured = measured || j->cands[i].measured;
+    if (axes)
+        printf("  %-7s", "C x T");
     printf("  %-17s %-11s %-18s %10s", "variant", "R x U", "verdict", "ms/layer");
     if (measured)
         printf(" %10s", "measured");
@@ -340,7 +351,13 @@ static void print_explain_text(const job *j)
         fmt_ms(mf, sizeof mf, c, true);
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("%c %-17s %-11s %-18s %10s", sel == c ? '*' : ' ', c->variant, deg, verdict, ml);
+        if (axes) {
+            char ct[32];
+            snprintf(ct, sizeof ct, "%dx%d", c->cfg_degree, c->tp_degree);
+            printf("%c %-7s  %-17s %-11s %-18s %10s", sel == c ? '*' : ' ', ct, c->variant, deg, verdict, ml);
+        } else {
+            printf("%c %-17s %-11s %-18s %10s", sel == c ? '*' : ' ', c->variant, deg, verdict, ml);
+        }
         if (measured) {
             char mm[32];
             snprintf(mm, sizeof mm, c->measured ? "%.3f" : "-", c->measured_ms_per_layer);
@@ -370,7 +387,11 @@ static void print_summary_text(const job *j)
     int nerr = job_count(j, CPC_SEV_ERROR);
     int nwarn = job_count(j, CPC_SEV_WARNING);
     const cpc_candidate_info *c = selected(j);
-    if (c)
+    if (c && (c->cfg_degree > 1 || c->tp_degree > 1))
+        printf("%s: ok: %s %dx%d (ring_degree %d, ulysses_degree %d, cfg_degree %d, tp_degree %d)%s", j->file,
+               c->variant, c->ring_degree, c->ulysses_degree, c->ring_degree, c->ulysses_degree, c->cfg_degree,
+               c->tp_degree, cpc_compilation_fell_back(j->c) ? " by fallback: auto" : "");
+    else if (c)
         printf("%s: ok: %s %dx%d (ring_degree %d, ulysses_degree %d)%s", j->file, c->variant,
                c->ring_degree, c->ulysses_degree, c->ring_degree, c->ulysses_degree,
                cpc_compilation_fell_back(j->c) ? " by fallback: auto" : "");
@@ -473,6 +494,8 @@ static void print_json(const job *j, int exit_code)
         cJSON_AddStringToObject(s, "variant", c->variant);
         cJSON_AddNumberToObject(s, "ring_degree", c->ring_degree);
         cJSON_AddNumberToObject(s, "ulysses_degree", c->ulysses_degree);
+        cJSON_AddNumberToObject(s, "cfg_degree", c->cfg_degree);
+        cJSON_AddNumberToObject(s, "tp_degree", c->tp_degree);
     } else {
         cJSON_AddNullToObject(root, "selected");
     }
@@ -481,12 +504,19 @@ static void print_json(const job *j, int exit_code)
         cJSON_AddItemToObject(root, "artifact", j->written ? cJSON_CreateString(j->output) : cJSON_CreateNull());
     if (j->opt->explain) {
         cJSON *arr = cJSON_AddArrayToObject(root, "candidates");
+        bool axes = false;
+        for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++)
+            axes = axes || j->cands[i].cfg_degree > 1 || j->cands[i].tp_degree > 1;
         for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++) {
             const cpc_candidate_info *k = &j->cands[i];
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "variant", k->variant);
             cJSON_AddNumberToObject(o, "ring_degree", k->ring_degree);
             cJSON_AddNumberToObject(o, "ulysses_degree", k->ulysses_degree);
+            if (axes) { /* only for plans that split batch or heads (SPEC section 1) */
+                cJSON_AddNumberToObject(o, "cfg_degree", k->cfg_degree);
+                cJSON_AddNumberToObject(o, "tp_degree", k->tp_degree);
+            }
             cJSON_AddBoolToObject(o, "ok", k->ok);
             cJSON *codes = cJSON_AddArrayToObject(o, "codes");
             for (const cpc_status *e = k->errors; e; e = cpc_status_next(e)) {

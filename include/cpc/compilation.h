@@ -96,6 +96,10 @@ typedef struct cpc_candidate_info {
     bool measured;                /* the plan's profile has a measurement of this
                                      candidate (`cprun --tune`); selection uses it */
     double measured_ms_per_layer; /* measured attention time per layer, ms (else 0) */
+    int cfg_degree;               /* C: the batch split over C groups (SPEC section 1,
+                                     "All four axes"); 1 without it */
+    int tp_degree;                /* T: the heads split over T ranks; 1 without it.
+                                     The candidate uses C*T*R*U ranks */
 } cpc_candidate_info;
 
 /* The number of candidates (0 unless validated). */

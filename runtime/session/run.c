@@ -173,6 +173,23 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
             return diags;
         }
     }
+    if (job->plan->parallel.cfg_degree > 1 || job->plan->parallel.tp_degree > 1) {
+        /* The program is one (c, t) group's R x U program (validate.h THE
+         * OUTER AXES); placing C*T groups, slicing their inputs and gathering
+         * their outputs is not done yet: refused rather than run on one group. */
+        cpc_status *st = cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_ERROR,
+                                  cpc_plan_span(job->plan, job->plan->parallel.cfg_degree > 1 ? "parallel.cfg_degree"
+                                                                                              : "parallel.tp_degree",
+                                                true),
+                                  "cprun: cfg_degree %d x tp_degree %d: the plan is validated, scheduled, verified "
+                                  "and priced (cpc --check / --explain), but cprun does not run the cfg and "
+                                  "tensor-parallel axes yet",
+                                  job->plan->parallel.cfg_degree, job->plan->parallel.tp_degree);
+        cpc_status_set_hint(st, "parallel.cfg_degree: 1, parallel.tp_degree: 1 to run the ring x ulysses split");
+        cpc_status_append(&diags, st);
+        cpc_job_free(job);
+        return diags;
+    }
     if (job->plan->input.mode == CPC_MODE_TRAINING) {
         cpc_status *st = cpc_diag(CPC_E_PLAN, 60, CPC_SEV_ERROR,
                                   cpc_plan_span(job->plan, "input.mode", true),

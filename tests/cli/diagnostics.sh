@@ -99,7 +99,7 @@ for o in objs:
         assert set(d) == diag, d.keys()
         assert d["severity"] in ("error", "warning", "note")
 a, b, c = objs
-assert a["ok"] is True and a["selected"] == {"variant": "ulysses", "ring_degree": 1, "ulysses_degree": 4}, a
+assert a["ok"] is True and a["selected"] == {"variant": "ulysses", "ring_degree": 1, "ulysses_degree": 4, "cfg_degree": 1, "tp_degree": 1}, a
 assert a["diagnostics"] == []
 pk = {"ms_per_layer", "ms_per_forward", "memory_bytes_per_rank", "bytes_sent_per_rank"}
 assert set(a["predicted"]) == pk and all(a["predicted"][k] > 0 for k in pk), a["predicted"]
@@ -133,6 +133,31 @@ expect_status explain 0 --explain tests/cases/auto-1008.yaml
 grep -Eq '^\* ulysses_anything +1x4 +ok' "$tmp/explain.out" || fail "explain: selected row missing"
 grep -Eq '^  ulysses +1x4 +CP011' "$tmp/explain.out" || fail "explain: rejected row missing"
 [ "$(grep -c '^[ *] [a-z_]* ' "$tmp/explain.out")" -eq 6 ] || fail "explain: header + 5 candidates expected"
+
+# ---- the outer axes: cfg_degree x tp_degree (SPEC section 1, "All four axes") -----------
+# 8 ranks, batch 2, both auto: every valid (C, T, R, U) with C*T*R*U = 8 is listed.
+expect_status explain4 0 --explain plans/flux1-dev-1024.yaml --set cluster.world_size=8 \
+  --set parallel.variant=auto --set input.batch=2 --set parallel.cfg_degree=auto --set parallel.tp_degree=auto
+for row in '2x2 +ring +2x1 +ok' '2x1 +unified +2x2 +ok' '1x2 +ulysses +1x4 +ok' '2x2 +ulysses +1x2 +ok'; do
+  grep -Eq "^[ *] $row" "$tmp/explain4.out" || fail "explain4: no row '$row'"
+done
+grep -q 'C x T' "$tmp/explain4.out" || fail "explain4: no C x T column"
+# a plain plan keeps its columns
+grep -q 'C x T' "$tmp/explain.out" && fail "explain: C x T column on a plan without the axes"
+# CP005 / CP006 / CP003 with hints that run the plan when applied
+expect_status cp005 1 --check plans/flux1-dev-1024.yaml --set cluster.world_size=8 --set parallel.cfg_degree=2
+grep -q 'error\[CP005\].*hint: parallel.cfg_degree: 1 runs this plan' "$tmp/cp005.err" || fail "cp005: $(cat "$tmp/cp005.err")"
+expect_status cp006 1 --check plans/flux1-dev-1024.yaml --set cluster.world_size=8 --set parallel.tp_degree=16
+grep -q 'error\[CP006\].*hint: parallel.tp_degree: 4 runs this plan' "$tmp/cp006.err" || fail "cp006: $(cat "$tmp/cp006.err")"
+grep -q 'error\[CP003\].*C\*T\*R\*U' "$tmp/cp006.err" || fail "cp003: $(cat "$tmp/cp006.err")"
+expect_status cp006fix 0 --check plans/flux1-dev-1024.yaml --set cluster.world_size=8 --set parallel.tp_degree=4
+expect_status split2221 0 --check --format json plans/flux1-dev-1024.yaml --set cluster.world_size=8 \
+  --set input.batch=2 --set parallel.cfg_degree=2 --set parallel.tp_degree=2 --set parallel.variant=ring
+python3 - "$tmp/split2221.out" <<'PY' || fail "split2221: JSON selected"
+import json, sys
+a = json.loads(open(sys.argv[1]).read().splitlines()[0])
+assert a["selected"] == {"variant": "ring", "ring_degree": 2, "ulysses_degree": 1, "cfg_degree": 2, "tp_degree": 2}, a
+PY
 
 # ---- hints work when applied with --set ------------------------------------------------
 # Plans with explicit degrees and diffusers flags (the QA reproducers): every
