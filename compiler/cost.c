@@ -689,16 +689,18 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
         for (int i = 0; i < op->n_out; i++)
             compute(pr, mem_time(pr, buf_bytes(pr, op->out[i])));
         return NULL;
+    case CPC_OP_ATTN_BWD: /* backward: 2.5 x the forward's FLOPs of the block (BACKWARD.md) */
     case CPC_OP_ATTN: {
         if (op->n_in < 3)
             return NULL;
+        const double mult = op->kind == CPC_OP_ATTN_BWD ? 2.5 : 1.0;
         int64_t block = 0;
         if (op->block && (st = eval(pr, op->block, &block)))
             return st;
         int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
         int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
         double pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
-        double flops = 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
+        double flops = mult * 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
         double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
         pr->flops += flops;
         double io_s = 0;
@@ -714,11 +716,12 @@ static cpc_status *price_op(pricer *pr, const cpc_op *op)
             double es = cpc_dtype_size(L->dtype);
             double bytes = (double)L->B * ((double)tq * hq * L->D * es + 2.0 * (double)tk * hk * L->D * es +
                                            (double)tq * hq * (L->D + 1) * 4.0);
-            io_s = bytes / (pr->dev->attn_io_gbps * 1e9);
+            io_s = mult * bytes / (pr->dev->attn_io_gbps * 1e9);
         }
         compute(pr, flops / rate + io_s);
         return NULL;
     }
+    case CPC_OP_DELTA:
     case CPC_OP_MERGE:
     case CPC_OP_COPY: {
         int64_t bytes = 0;

@@ -2128,6 +2128,19 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
         L->group < 1 || L->D < 1)
         return cpc_error(CPC_E_INTERNAL, "verify: program layout is not initialised (R %d, U %d, P %d)", L->R, L->U,
                          L->P);
+    /* Backward ops (training) are proved by cpc_verify_backward (verify_bwd.h);
+     * in a forward program they are refused before either prover runs. */
+    for (int i = 0; i < prog->n_ops; i++) {
+        const cpc_op *o = &prog->ops[i];
+        for (int j = -1; j < (o->kind == CPC_OP_LOOP ? o->n_body : 0); j++) {
+            cpc_op_kind k = j < 0 ? o->kind : o->body[j].kind;
+            if (k == CPC_OP_DELTA || k == CPC_OP_ATTN_BWD)
+                return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, j < 0 ? o->span : o->body[j].span,
+                                "ops[%d]: %s is a backward (training) op: a forward program may not use it "
+                                "(backward programs are proved by cpc_verify_backward)",
+                                i + 1, cpc_op_kind_name(k));
+        }
+    }
     ctx C;
     memset(&C, 0, sizeof C);
     C.prog = prog;

@@ -471,11 +471,12 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
         ex->bufs[b].cap = (size_t)caps[b];
         ex->bufs[b].tag = (int)ex->c.r;
         ex->allocated += caps[b];
-        if (bf->io == CPC_IO_OUTPUT && ex->out_buf < 0)
+        if (bf->io == CPC_IO_OUTPUT && bf->role == CPC_ROLE_O && ex->out_buf < 0)
             ex->out_buf = b;
         if (bf->io == CPC_IO_INPUT) {
-            if (bf->role != CPC_ROLE_Q && !is_kv(bf->role)) {
-                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' has role %s (q, k or v expected)",
+            if (bf->role != CPC_ROLE_Q && !is_kv(bf->role) && bf->role != CPC_ROLE_DO &&
+                bf->role != CPC_ROLE_O && bf->role != CPC_ROLE_LSE) {
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' has role %s (q, k, v, or for a backward program dout, o, lse expected)",
                                cfg->rank, bf->name, cpc_buf_role_name(bf->role));
                 goto fail;
             }
@@ -534,7 +535,8 @@ size_t cpc_exec_input_bytes(const cpc_exec *ex, cpc_buf_role role)
 
 cpc_status *cpc_exec_bind_input(cpc_exec *ex, cpc_buf_role role, const void *host, size_t bytes)
 {
-    if (role != CPC_ROLE_Q && role != CPC_ROLE_K && role != CPC_ROLE_V)
+    if (role != CPC_ROLE_Q && role != CPC_ROLE_K && role != CPC_ROLE_V && role != CPC_ROLE_DO &&
+        role != CPC_ROLE_O && role != CPC_ROLE_LSE)
         return cpc_error(CPC_E_INTERNAL, "rank %d: bind_input: role %s is not an input role",
                          ex->cfg.rank, cpc_buf_role_name(role));
     if (!ex->input_bytes[role])
@@ -617,8 +619,25 @@ static cpc_status *need(const cpc_op *op, int n_in, int n_out)
     return NULL;
 }
 
+static bool is_grad(cpc_buf_role r)
+{
+    return r == CPC_ROLE_DQ || r == CPC_ROLE_DK || r == CPC_ROLE_DV;
+}
+
 static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op)
 {
+    if (op->n_out >= 1 && is_grad(ex->prog->buffers[op->out[0]].role)) {
+        /* Gradient accumulators (backward): zero the whole capacity; tags unchanged. */
+        for (int i = 0; i < op->n_out; i++) {
+            int b = op->out[i];
+            if (!is_grad(ex->prog->buffers[b].role))
+                return errf("'%s': init_acc of gradients takes only dq/dk/dv buffers", bname(ex, b));
+            cpc_status *st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[b].cap / 4, NULL, 0);
+            if (st)
+                return st;
+        }
+        return NULL;
+    }
     int acc, lse;
     if (op->n_out >= 2) {
         acc = op->out[0];
@@ -727,6 +746,113 @@ static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
     a.lse = ex->bufs[lse].ptr;
     ex->cur.attn_flops += 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
     return cpc_backend_attn(ex->cfg.backend, &a);
+}
+
+/* Fills the query side of backward args from buffer q (rows, heads, runs). */
+static void bwd_query_side(cpc_exec *ex, cpc_attn_bwd_args *a, int q)
+{
+    const cpc_layout *L = ex->L;
+    geom gq = cur_geom(ex, q);
+    a->B = L->B;
+    a->d = L->D;
+    a->group = L->group;
+    a->dtype = L->dtype;
+    a->scale = ex->scale;
+    a->causal = L->causal;
+    a->kv_mask = ex->cfg.kv_mask;
+    a->mask_len = L->Skv;
+    a->sq = gq.T;
+    a->hq = gq.hn;
+    a->q_head_off = gq.hoff;
+    a->q_bstride = a->dout_bstride = a->out_bstride = gq.T * gq.hn * L->D;
+    a->n_q_runs = runs_of(ex->prog, &ex->c, q, ex->bufs[q].tag, ex->qruns, ex->max_runs);
+    a->q_runs = ex->qruns;
+}
+
+/* delta in=dout,out out=delta: the block backward with no key (backend.h). */
+static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need(op, 2, 1);
+    if (st)
+        return st;
+    int d = op->in[0], o = op->in[1], dl = op->out[0];
+    geom gd = cur_geom(ex, d), go = cur_geom(ex, o);
+    ex->bufs[dl].tag = ex->bufs[d].tag;
+    geom gl = cur_geom(ex, dl);
+    if (gd.T != go.T || gd.hn != go.hn || gl.T != gd.T || gl.hn != gd.hn || gl.es != 4)
+        return errf("dout '%s', out '%s' and delta '%s' must hold the same rows and heads", bname(ex, d),
+                    bname(ex, o), bname(ex, dl));
+    if ((st = check_fits(ex, dl, gl.bytes)))
+        return st;
+    cpc_attn_bwd_args a;
+    memset(&a, 0, sizeof a);
+    bwd_query_side(ex, &a, d);
+    a.dout = ex->bufs[d].ptr;
+    a.out = ex->bufs[o].ptr;
+    a.out_dtype = go.es == 4 ? CPC_DTYPE_FP32 : ex->L->dtype;
+    a.delta = ex->bufs[dl].ptr;
+    a.compute_delta = true;
+    a.skv = 0;
+    a.hkv = ex->L->Hkv;
+    /* Nothing is accumulated with skv = 0; the kernel still wants pointers. */
+    a.q = a.dout;
+    a.k = a.v = a.dout;
+    a.lse = ex->bufs[dl].ptr;
+    a.dq = a.dk = a.dv = ex->bufs[dl].ptr;
+    a.n_kv_runs = 0;
+    a.kv_runs = ex->kvruns;
+    return cpc_backend_attn_bwd(ex->cfg.backend, &a);
+}
+
+/* attn_bwd in=q,k,v,dout,lse,delta out=dq,dk,dv (+=). */
+static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need(op, 6, 3);
+    if (st)
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    int q = op->in[0], k = op->in[1], v = op->in[2], d = op->in[3], l = op->in[4], dl = op->in[5];
+    int dq = op->out[0], dk = op->out[1], dv = op->out[2];
+    if (prog->buffers[k].tokens == CPC_TOK_ALL)
+        return errf("attn_bwd on gathered (ALL) K/V is not supported yet");
+    int kt = ex->bufs[k].tag;
+    if (prog->buffers[k].tokens == CPC_TOK_BLOCK &&
+        (ex->bufs[v].tag != kt || ex->bufs[dk].tag != kt || ex->bufs[dv].tag != kt))
+        return errf("K '%s' holds block %d but V/dK/dV hold blocks %d/%d/%d", bname(ex, k), kt,
+                    ex->bufs[v].tag, ex->bufs[dk].tag, ex->bufs[dv].tag);
+    geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gd = cur_geom(ex, d);
+    ex->bufs[dq].tag = ex->bufs[q].tag;
+    geom gdq = cur_geom(ex, dq), gdk = cur_geom(ex, dk), gl = cur_geom(ex, l), gdl = cur_geom(ex, dl);
+    if (gd.T != gq.T || gdq.T != gq.T || gl.T != gq.T || gdl.T != gq.T || gd.hn != gq.hn || gdq.hn != gq.hn ||
+        gl.hn != gq.hn || gdl.hn != gq.hn)
+        return errf("dout/lse/delta/dq do not match Q '%s' (%lld tokens, %d heads)", bname(ex, q),
+                    (long long)gq.T, gq.hn);
+    if (gdk.T != gk.T || gdk.hn != gk.hn || gdq.es != 4 || gdk.es != 4)
+        return errf("dK '%s' does not match K '%s', or a gradient is not fp32", bname(ex, dk), bname(ex, k));
+    if ((st = check_fits(ex, dq, gdq.bytes)) || (st = check_fits(ex, dk, gdk.bytes)) ||
+        (st = check_fits(ex, dv, gdk.bytes)))
+        return st;
+    cpc_attn_bwd_args a;
+    memset(&a, 0, sizeof a);
+    bwd_query_side(ex, &a, q);
+    a.q = ex->bufs[q].ptr;
+    a.dout = ex->bufs[d].ptr;
+    a.lse = ex->bufs[l].ptr;
+    a.delta = ex->bufs[dl].ptr;
+    a.dq = ex->bufs[dq].ptr;
+    a.hkv = gk.hn;
+    a.kv_head_off = gk.hoff;
+    a.skv = gk.T;
+    a.kv_bstride = gk.T * gk.hn * L->D;
+    a.k = ex->bufs[k].ptr;
+    a.v = ex->bufs[v].ptr;
+    a.dk = ex->bufs[dk].ptr;
+    a.dv = ex->bufs[dv].ptr;
+    a.n_kv_runs = runs_of(prog, &ex->c, k, kt, ex->kvruns, ex->max_runs);
+    a.kv_runs = ex->kvruns;
+    ex->cur.attn_flops += 2.5 * 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
+    return cpc_backend_attn_bwd(ex->cfg.backend, &a);
 }
 
 static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
@@ -1252,6 +1378,8 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         case CPC_OP_ALL_GATHER: st = op_all_gather(ex, op, &sent); break;
         case CPC_OP_COPY: st = op_copy(ex, op); break;
         case CPC_OP_BARRIER: st = op_barrier(ex, op); break;
+        case CPC_OP_DELTA: st = op_delta(ex, op); break;
+        case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op); break;
         default: st = errf("op kind not executable"); break;
         }
         double t1 = cpc_exec_now_us();
@@ -1391,4 +1519,27 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
 int cpc_exec_max_runs(const cpc_exec *ex)
 {
     return ex->max_runs;
+}
+
+cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, size_t bytes)
+{
+    const cpc_program *prog = ex->prog;
+    for (int b = 0; b < prog->n_buffers; b++) {
+        const cpc_buffer *bf = &prog->buffers[b];
+        if (bf->io != CPC_IO_OUTPUT || bf->role != role)
+            continue;
+        bool own = bf->heads == CPC_HEADS_ALL &&
+                   (bf->tokens == CPC_TOK_SHARD ||
+                    (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->bufs[b].tag == (int)ex->c.r));
+        if (!own)
+            return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",
+                             ex->cfg.rank, bf->name, ex->bufs[b].tag);
+        geom g = cur_geom(ex, b);
+        if (bytes != g.bytes)
+            return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
+                             bf->name, g.bytes, bytes);
+        return cpc_backend_download(ex->cfg.backend, host, ex->bufs[b].ptr, bytes);
+    }
+    return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
+                     cpc_buf_role_name(role));
 }

@@ -113,7 +113,8 @@ cpc_status *cpc_exec_print_memory(FILE *out, const cpc_program *prog, int rank);
  * CPC_E_INTERNAL (bad program or rank), CPC_E_NOMEM, backend errors. */
 cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out);
 
-/* Binds the host tensor of role `role` (CPC_ROLE_Q, K or V) to every INPUT
+/* Binds the host tensor of role `role` (CPC_ROLE_Q, K or V; backward
+ * programs also DO, O, LSE: see cpc_exec_read_grad) to every INPUT
  * buffer of that role: for SHARD-layout inputs (and BLOCK inputs with
  * U == 1) this rank's shard [B, shard_tokens(p), H or Hkv, D] in the plan's
  * dtype; for KV-layout inputs the whole [B, Skv, Hkv, D].  `host` is borrowed
@@ -169,5 +170,15 @@ void cpc_exec_destroy(cpc_exec *ex);
 
 /* Microseconds of CLOCK_MONOTONIC (the executor's time base). */
 double cpc_exec_now_us(void);
+
+/* Backward programs (schedule_bwd.h): downloads the fp32 gradient of role
+ * CPC_ROLE_DQ ([B, T, H, D]), CPC_ROLE_DK or CPC_ROLE_DV ([B, T, Hkv, D]) of
+ * this rank's shard (T = shard_tokens(p)) from the OUTPUT buffer of that role
+ * into host (`bytes` must be its exact size).  Inputs of a backward program
+ * are bound with cpc_exec_bind_input by role: Q, K, V (shards), DO (dout
+ * shard, plan dtype, as Q), O (the forward's out shard) and LSE (the forward's
+ * final LSE of the shard, [B, H, T] fp32).  Errors: CPC_E_INTERNAL (no such
+ * buffer, not this rank's shard, wrong size), backend errors. */
+cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, size_t bytes);
 
 #endif

@@ -1020,8 +1020,8 @@ Test(lua_errors, invalid_fields)
                           "got 1.5");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1]['in'] = 'k_cur'\nend\n", CPC_RULE_LUA,
                           2, "expected an array of buffer names, got string");
-    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1]['in'] = {'k_cur', 'v_cur', 'q', 'acc', 'lse'}\nend\n",
-                          CPC_RULE_LUA, 2, "5 buffers, at most 4");
+    expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[1]['in'] = {'k_cur', 'v_cur', 'q', 'acc', 'lse', 'k_nxt', 'v_nxt', 'o_blk', 'lse_blk'}\nend\n",
+                          CPC_RULE_LUA, 2, "9 buffers, at most 8");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[3].out[1] = 'nope'\nend\n", CPC_RULE_LUA,
                           1, "no buffer named 'nope'");
     expect_schedule_fails("function schedule(plan)\n  plan.ops[2].body[3].out[1] = 7\nend\n", CPC_RULE_LUA, 1,

@@ -24,9 +24,9 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_MERGE] = {"merge", 2, 2, 2, 2, false,
                       "2 inputs (o, lse of a block) and 2 outputs (acc, lse)", CPC_GROUP_NONE,
                       CPC_OPF_READS_OUT, CPC_COST_MEMORY, 2},
-    [CPC_OP_SEND] = {"send", 1, MAXB, 0, 0, false, "1..4 inputs and no output", CPC_GROUP_NONE,
+    [CPC_OP_SEND] = {"send", 1, MAXB, 0, 0, false, "1..8 inputs and no output", CPC_GROUP_NONE,
                      CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME, CPC_COST_P2P, 1},
-    [CPC_OP_RECV] = {"recv", 0, 0, 1, MAXB, false, "1..4 outputs and no input", CPC_GROUP_NONE,
+    [CPC_OP_RECV] = {"recv", 0, 0, 1, MAXB, false, "1..8 outputs and no input", CPC_GROUP_NONE,
                      CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_BLOCK | CPC_OPF_COMM_TIME,
                      CPC_COST_P2P, 0},
     [CPC_OP_WAIT] = {"wait", 0, 0, 0, 0, false, "no buffers (a tag)", CPC_GROUP_NONE,
@@ -34,22 +34,27 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_SWAP] = {"swap", 2, 2, 0, 0, false, "2 different buffers (in[0], in[1]) and no output",
                      CPC_GROUP_NONE, 0, CPC_COST_NONE, 0},
     [CPC_OP_ALL_TO_ALL] = {"all_to_all", 1, MAXB, 1, MAXB, true,
-                           "as many outputs as inputs (1..4)", CPC_GROUP_ULYSSES,
+                           "as many outputs as inputs (1..8)", CPC_GROUP_ULYSSES,
                            CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
                            CPC_COST_COLLECTIVE, 1},
     [CPC_OP_ALL_GATHER] = {"all_gather", 1, MAXB, 1, MAXB, true,
-                           "as many outputs as inputs (1..4)", CPC_GROUP_RING,
+                           "as many outputs as inputs (1..8)", CPC_GROUP_RING,
                            CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
                            CPC_COST_COLLECTIVE, 1},
-    [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..4)",
+    [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..8)",
                      CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
     [CPC_OP_BARRIER] = {"barrier", 0, 0, 0, 0, false, "no buffers", CPC_GROUP_NONE,
                         CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
                         CPC_COST_COLLECTIVE, 1},
+    [CPC_OP_DELTA] = {"delta", 2, 2, 1, 1, false, "2 inputs (dout, out) and 1 output (delta)",
+                      CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
+    [CPC_OP_ATTN_BWD] = {"attn_bwd", 6, 6, 3, 3, false,
+                         "6 inputs (q, k, v, dout, lse, delta) and 3 outputs (dq, dk, dv)",
+                         CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_ATTN, 1},
 };
 #undef MAXB
 _Static_assert(COUNT_OF(op_table) == CPC_OP__COUNT, "every cpc_op_kind needs a table entry");
-_Static_assert(CPC_OP_MAX_BUFS == 4, "op_table's operand texts say 1..4");
+_Static_assert(CPC_OP_MAX_BUFS >= 6, "attn_bwd has 6 inputs");
 
 const cpc_op_info *cpc_op_info_of(cpc_op_kind k)
 {
@@ -65,6 +70,7 @@ _Static_assert(COUNT_OF(group_names) == CPC_GROUP__COUNT, "every cpc_group needs
 static const char *const role_names[] = {
     [CPC_ROLE_Q] = "q", [CPC_ROLE_K] = "k", [CPC_ROLE_V] = "v",
     [CPC_ROLE_O] = "o", [CPC_ROLE_ACC] = "acc", [CPC_ROLE_LSE] = "lse",
+    [CPC_ROLE_DO] = "do", [CPC_ROLE_DQ] = "dq", [CPC_ROLE_DK] = "dk", [CPC_ROLE_DV] = "dv",
 };
 _Static_assert(COUNT_OF(role_names) == CPC_ROLE__COUNT, "every cpc_buf_role needs a name");
 
@@ -312,7 +318,7 @@ cpc_coords cpc_program_coords(const cpc_program *prog, int p)
 
 static bool is_kv_role(cpc_buf_role r)
 {
-    return r == CPC_ROLE_K || r == CPC_ROLE_V;
+    return r == CPC_ROLE_K || r == CPC_ROLE_V || r == CPC_ROLE_DK || r == CPC_ROLE_DV;
 }
 
 /* Heads of a buffer with `role`/`heads` on ulysses member u. */
@@ -343,7 +349,8 @@ int cpc_buffer_elem_size(const cpc_program *prog, int b)
     if (!prog || b < 0 || b >= prog->n_buffers)
         return 0;
     cpc_buf_role r = prog->buffers[b].role;
-    if (r == CPC_ROLE_ACC || r == CPC_ROLE_LSE)
+    if (r == CPC_ROLE_ACC || r == CPC_ROLE_LSE || r == CPC_ROLE_DQ || r == CPC_ROLE_DK ||
+        r == CPC_ROLE_DV)
         return 4;
     return cpc_dtype_size(prog->layout.dtype);
 }
@@ -459,6 +466,11 @@ static void apply_tags(const walker *w, const cpc_exec_op *x)
     const cpc_op *op = x->op;
     int *t = w->tags;
     switch (op->kind) {
+    case CPC_OP_ATTN_BWD: /* DQ gets Q's tag; DK/DV keep theirs (must equal K's) */
+        if (op->n_in > 0 && op->n_out > 0)
+            t[op->out[0]] = t[op->in[0]];
+        break;
+    case CPC_OP_DELTA:
     case CPC_OP_ATTN:
     case CPC_OP_MERGE: {
         int v = op->n_in > 0 ? t[op->in[0]] : CPC_TAG_NONE;

@@ -56,6 +56,24 @@
  *                                                or selecting PART heads of a KV/ALL input
  * barrier     -                -                 group barrier                             0
  *
+ * delta       in[0] DO,        out[0] LSE-role   delta = rowsum(dout * out) per (row, head),  0
+ *             in[1] O          (delta)           fp32; same rows/heads as dout
+ * attn_bwd    in = Q, K, V,    out = DQ, DK, DV  the block backward (backend.h attn_bwd):    0
+ *             DO, LSE, DELTA                     dq += dS K, dk += dS^T Q, dv += P^T dout
+ *                                                (+=, fp32), with the SAVED whole-row lse
+ *
+ * BACKWARD ROLES (training, BACKWARD.md): DO (the output gradient `dout`,
+ * plan dtype, query heads, shaped as Q), DQ (fp32, query heads, shaped as
+ * ACC), DK and DV (fp32, K/V heads, shaped as K/V).  INPUT buffers of a
+ * backward program may also have roles O (the forward's `out`, plan dtype),
+ * LSE (the forward's final LSE, [B, h, T] fp32) and DO; OUTPUT buffers of
+ * roles DQ, DK, DV are read back as the gradients (fp32; SHARD, or with
+ * U == 1 BLOCK whose content must be block r == shard r).  init_acc on DQ/DK/DV
+ * buffers zeroes them (n_out = 1..3, no LSE operand).  Content tags: attn_bwd
+ * gives out[0] (DQ) Q's tag and leaves DK/DV's tags unchanged (they must equal
+ * K's: an accumulator is only ever added to from its own block, the check
+ * that catches diffusers #14265); delta gives its output in[0]'s tag.
+ *
  * `when` (any op, optional): the op runs only where the expression is
  * nonzero.  Ops inside a loop see s = the step.
  *
@@ -172,11 +190,14 @@ typedef enum cpc_op_kind {
     CPC_OP_ALL_GATHER,
     CPC_OP_COPY,
     CPC_OP_BARRIER,
+    CPC_OP_DELTA,       /* backward (BACKWARD.md 2): delta = rowsum(dout * out) */
+    CPC_OP_ATTN_BWD,    /* backward: dq, dk, dv += the block's gradients */
     CPC_OP__COUNT
 } cpc_op_kind;
 
 typedef enum cpc_group { CPC_GROUP_NONE = 0, CPC_GROUP_RING, CPC_GROUP_ULYSSES, CPC_GROUP_WORLD, CPC_GROUP__COUNT } cpc_group;
-typedef enum cpc_buf_role { CPC_ROLE_Q = 0, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_O, CPC_ROLE_ACC, CPC_ROLE_LSE, CPC_ROLE__COUNT } cpc_buf_role;
+typedef enum cpc_buf_role { CPC_ROLE_Q = 0, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_O, CPC_ROLE_ACC, CPC_ROLE_LSE,
+                             CPC_ROLE_DO, CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV, CPC_ROLE__COUNT } cpc_buf_role;
 typedef enum cpc_buf_tokens { CPC_TOK_SHARD = 0, CPC_TOK_BLOCK, CPC_TOK_ALL, CPC_TOK_KV, CPC_TOK__COUNT } cpc_buf_tokens;
 typedef enum cpc_buf_heads { CPC_HEADS_ALL = 0, CPC_HEADS_PART, CPC_HEADS__COUNT } cpc_buf_heads;
 typedef enum cpc_buf_io { CPC_IO_NONE = 0, CPC_IO_INPUT, CPC_IO_OUTPUT, CPC_IO__COUNT } cpc_buf_io;
@@ -244,7 +265,7 @@ int cpc_buf_io_parse(const char *s);
 int cpc_a2a_dir_parse(const char *s);
 
 #define CPC_BUF_NAME_MAX 32
-#define CPC_OP_MAX_BUFS 4
+#define CPC_OP_MAX_BUFS 8
 
 typedef struct cpc_buffer {
     char name[CPC_BUF_NAME_MAX];

@@ -91,6 +91,15 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r)
                     (long long)r->first_bad[1], (long long)r->first_bad[2], (long long)r->first_bad[3]);
         fprintf(out, "\n");
     }
+    if (r->backward) {
+        fprintf(out, "backward:    %.3f ms per iteration (%.3g TFLOP/s, %.2fx the forward), %lld bytes sent per rank\n",
+                r->bwd_ms_per_iter, r->bwd_tflops, r->ms_per_iter > 0 ? r->bwd_ms_per_iter / r->ms_per_iter : 0.0,
+                (long long)r->bwd_bytes_sent_per_rank);
+        if (r->bwd_checked)
+            fprintf(out, "bwd check:   %s: rel_err dq %.3e, dk %.3e, dv %.3e (tolerance %.0e) vs float64 reference\n",
+                    r->bwd_pass ? "PASS" : "FAIL", r->bwd_rel_err[0], r->bwd_rel_err[1], r->bwd_rel_err[2],
+                    r->bwd_tolerance);
+    }
 }
 
 static cJSON *num(double v)
@@ -125,6 +134,31 @@ char *cpc_report_json(const cpc_run_report *r)
         }
     } else {
         cJSON_AddNullToObject(o, "check");
+    }
+    if (r->backward) {
+        cJSON *b = cJSON_AddObjectToObject(o, "backward");
+        if (b) {
+            cJSON_AddItemToObject(b, "ms_per_iter", num(r->bwd_ms_per_iter));
+            cJSON_AddItemToObject(b, "tflops", num(r->bwd_tflops));
+            cJSON_AddNumberToObject(b, "bytes_sent_per_rank", (double)r->bwd_bytes_sent_per_rank);
+            if (r->bwd_checked) {
+                cJSON *c = cJSON_AddObjectToObject(b, "check");
+                static const char *const nm[3] = {"dq", "dk", "dv"};
+                for (int i = 0; c && i < 3; i++) {
+                    cJSON *g = cJSON_AddObjectToObject(c, nm[i]);
+                    if (g) {
+                        cJSON_AddItemToObject(g, "max_abs_err", num(r->bwd_max_abs_err[i]));
+                        cJSON_AddItemToObject(g, "rel_err", num(r->bwd_rel_err[i]));
+                    }
+                }
+                if (c) {
+                    cJSON_AddItemToObject(c, "tolerance", num(r->bwd_tolerance));
+                    cJSON_AddItemToObject(c, "pass", cJSON_CreateBool(r->bwd_pass));
+                }
+            } else {
+                cJSON_AddNullToObject(b, "check");
+            }
+        }
     }
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -66,6 +66,15 @@ typedef struct cpc_run_report {
     int64_t first_bad[4];           /* [b, s, h, d] of the first one (n_nan + n_inf > 0) */
     bool pass;
     char input[64];                 /* "seed 0" or the file name */
+    /* Training plans (SPEC section 10): the backward pass after the forward. */
+    bool backward;                  /* a backward pass ran */
+    double bwd_ms_per_iter;         /* median over timed iterations, max over ranks */
+    double bwd_flops, bwd_tflops;   /* 2.5 x the forward's FLOPs (halved if causal) */
+    int64_t bwd_bytes_sent_per_rank;
+    bool bwd_checked, bwd_pass;
+    double bwd_rel_err[3];          /* dq, dk, dv vs the float64 reference gradients */
+    double bwd_max_abs_err[3];
+    double bwd_tolerance;           /* fp32 1e-5, fp16 as `out`, bf16 2e-2 */
 } cpc_run_report;
 
 /* Frees the arrays a report owns (the struct itself is the caller's). */

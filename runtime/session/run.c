@@ -13,6 +13,8 @@
 #include "compile.h"
 #include "layout.h"
 #include "schedule.h"
+#include "schedule_bwd.h"
+#include "verify_bwd.h"
 #include "verify.h"
 #include "backend.h"
 #include "dtype.h"
@@ -67,6 +69,7 @@ void cpc_job_free(cpc_job *job)
     if (!job->plan_borrowed)
         cpc_plan_free(job->plan);
     cpc_program_free(job->prog);
+    cpc_program_free(job->bwd);
     free(job->source);
     free(job);
 }
@@ -191,14 +194,18 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
         return diags;
     }
     if (job->plan->input.mode == CPC_MODE_TRAINING) {
-        cpc_status *st = cpc_diag(CPC_E_PLAN, 60, CPC_SEV_ERROR,
-                                  cpc_plan_span(job->plan, "input.mode", true),
-                                  "cprun: '%s' is a training plan: it is validated and priced, but cprun runs inference only (no backward pass yet)",
-                                  job->plan->name ? job->plan->name : path);
-        cpc_status_set_hint(st, "set input.mode: inference to run the forward pass");
-        cpc_status_append(&diags, st);
-        cpc_job_free(job);
-        return diags;
+        /* SPEC section 10: the backward program, built from the forward's
+         * layout and proved (verify_bwd.h); CP060 where none exists yet. */
+        const cpc_layout *L = &job->prog->layout;
+        cpc_status *st = cpc_schedule_build_backward(job->plan, L->variant, L->R, L->U, &job->bwd);
+        if (!st)
+            st = cpc_verify_backward(job->bwd);
+        if (st) {
+            cpc_status_prefix(st, "cprun: '%s'", job->plan->name ? job->plan->name : path);
+            cpc_status_append(&diags, st);
+            cpc_job_free(job);
+            return diags;
+        }
     }
     *out = job;
     return diags;
@@ -281,6 +288,11 @@ typedef struct run_ctx {
     rank_out *res;            /* [P] */
     void *out;                /* global out [B, S, H, D] */
     float *lse;               /* global [B, H, S] or NULL */
+    /* training (job->bwd): filled by every rank thread (disjoint rows) */
+    float *dq, *dk, *dv;      /* global fp32 [B, S, H, D], [B, S, Hkv, D] x 2 */
+    double *bwd_ms;           /* [P * n_iter] */
+    int64_t *bwd_bytes;       /* [P] of the last iteration */
+    const cpc_st_tensor *tdo; /* --input's `dout`, or NULL (random from the seed) */
     /* local transport */
     cpc_local_world *world;
     cpc_backend **bes;        /* [P] when the world copies device to device
@@ -357,6 +369,100 @@ static void rank_out_free(rank_out *r)
     free(r->ev);
     free(r->ev_iter);
     memset(r, 0, sizeof *r);
+}
+
+#define RNG_DOUT 4u /* rng stream of the random `dout` (q, k, v, mask are 0..3) */
+
+/* This rank's dout shard [B, T, H, D] (plan dtype) for the token runs. */
+static cpc_status *make_dout(run_ctx *x, const cpc_run *runs, int n_runs, void *dst)
+{
+    const cpc_layout *L = x->L;
+    if (x->tdo)
+        return cpc_st_read_runs(x->in, x->tdo, runs, n_runs, L->dtype, dst);
+    cpc_rng_fill_runs(dst, L->dtype, x->opt->seed, RNG_DOUT, L->B, L->S, L->H, L->D, runs, n_runs);
+    return NULL;
+}
+
+static void scatter_rows(void *global, const void *shard, int64_t B, int64_t S, int64_t rowbytes,
+                         const cpc_run *runs, int n_runs);
+
+/* SPEC section 10: the backward pass of rank p after its forward (`fwd` has
+ * run: its out shard is `out`, its final LSE is read from it), n_iter times,
+ * then its dq, dk, dv shards into the global fp32 gradients (local ranks are
+ * threads of this process: disjoint rows, no message needed). */
+static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transport *t, cpc_exec *fwd,
+                                 void *const *inbuf, const void *out, const cpc_run *runs, int n_runs)
+{
+    const cpc_layout *L = x->L;
+    cpc_exec *ex = NULL;
+    void *dout = NULL;
+    float *lse = NULL, *g = NULL;
+    cpc_run *lr = NULL;
+    cpc_exec_config cfg = {.prog = x->job->bwd, .rank = p, .backend = be, .transport = t,
+                           .scale = x->scale, .kv_mask = x->mask, .record_events = false};
+    cpc_status *st = cpc_exec_create(&cfg, &ex);
+    if (st)
+        goto done;
+    int64_t T = cpc_layout_shard_tokens(L, p);
+    size_t es = (size_t)cpc_dtype_size(L->dtype);
+    size_t nq = (size_t)(L->B * T) * (size_t)L->H * (size_t)L->D;
+    size_t nkv = (size_t)(L->B * T) * (size_t)L->Hkv * (size_t)L->D;
+    size_t nl = (size_t)(L->B * T) * (size_t)L->H;
+    int mr = cpc_exec_max_runs(fwd);
+    dout = malloc(nq * es + 1);
+    lse = malloc(nl * sizeof *lse + 1);
+    g = malloc(nq * sizeof *g + 1);
+    lr = malloc((size_t)(mr > 0 ? mr : 1) * sizeof *lr);
+    if (!dout || !lse || !g || !lr) {
+        st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the backward pass", p);
+        goto done;
+    }
+    int ho = 0, hn = 0, nr = 0;
+    if ((st = make_dout(x, runs, n_runs, dout)) ||
+        (st = cpc_exec_lse_into(fwd, lse, nl * sizeof *lse, &ho, &hn, lr, mr, &nr)))
+        goto done;
+    if (ho != 0 || hn != L->H) {
+        st = cpc_error(CPC_E_INTERNAL, "rank %d: the forward's LSE holds heads [%d, %d), the backward needs all %d",
+                       p, ho, ho + hn, L->H);
+        goto done;
+    }
+    if ((st = cpc_exec_bind_input(ex, CPC_ROLE_Q, inbuf[0], nq * es)) ||
+        (st = cpc_exec_bind_input(ex, CPC_ROLE_K, inbuf[1], nkv * es)) ||
+        (st = cpc_exec_bind_input(ex, CPC_ROLE_V, inbuf[2], nkv * es)) ||
+        (st = cpc_exec_bind_input(ex, CPC_ROLE_DO, dout, nq * es)) ||
+        (st = cpc_exec_bind_input(ex, CPC_ROLE_O, out, nq * es)) ||
+        (st = cpc_exec_bind_input(ex, CPC_ROLE_LSE, lse, nl * sizeof *lse)))
+        goto done;
+    for (int it = 0; it < x->n_iter; it++) {
+        if ((st = cpc_exec_reset(ex)))
+            goto done;
+        if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD))) {
+            cpc_status_prefix(st, "rank %d: barrier before backward iteration %d", p, it);
+            goto done;
+        }
+        cpc_exec_stats s;
+        if ((st = cpc_exec_run(ex, &s)))
+            goto done;
+        x->bwd_ms[(size_t)p * (size_t)x->n_iter + (size_t)it] = s.ms;
+        x->bwd_bytes[p] = s.bytes_sent;
+    }
+    struct { cpc_buf_role role; float *dst; int h; } gr[3] = {
+        {CPC_ROLE_DQ, x->dq, L->H}, {CPC_ROLE_DK, x->dk, L->Hkv}, {CPC_ROLE_DV, x->dv, L->Hkv}};
+    for (int i = 0; i < 3; i++) {
+        size_t n = (size_t)(L->B * T) * (size_t)gr[i].h * (size_t)L->D;
+        if ((st = cpc_exec_read_grad(ex, gr[i].role, g, n * sizeof *g)))
+            goto done;
+        scatter_rows(gr[i].dst, g, L->B, L->S, (int64_t)gr[i].h * L->D * (int64_t)sizeof(float), runs, n_runs);
+    }
+done:
+    if (st)
+        cpc_status_prefix(st, "backward");
+    cpc_exec_destroy(ex);
+    free(dout);
+    free(lse);
+    free(g);
+    free(lr);
+    return st;
 }
 
 /* Fills this rank's tensor of `role` ([B, T, h, D] for the token runs). */
@@ -778,6 +884,8 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         goto done;
     if (opt->output_shards_dir && (st = write_shard(x, p, shard, runs, n_runs, T)))
         goto done;
+    if (x->job->bwd && (st = rank_backward(x, p, be, t, ex, inbuf, shard, runs, n_runs)))
+        goto done;
     size_t rowb = (size_t)L->H * (size_t)L->D * (size_t)cpc_dtype_size(L->dtype);
     if (p == 0) {
         rank_out *r0 = &x->res[0];
@@ -1165,6 +1273,9 @@ static cpc_status *open_input(run_ctx *x)
         (st = cpc_st_expect(x->in, "k", 4, ks, true, &x->tk)) ||
         (st = cpc_st_expect(x->in, "v", 4, ks, true, &x->tv)))
         return st;
+    if (x->job->bwd && cpc_st_find(x->in, "dout") &&
+        (st = cpc_st_expect(x->in, "dout", 4, qs, true, &x->tdo)))
+        return st;
     return NULL;
 }
 
@@ -1461,6 +1572,80 @@ static cpc_status *root_cause(run_ctx *x, int P)
     return st;
 }
 
+/* SPEC section 10: the backward's time, bytes and check of dq, dk, dv (every
+ * rank's shard, gathered) against the float64 reference gradients of the
+ * same rounded inputs.  Tolerances: fp32 and fp16 as for `out`, bf16 2e-2. */
+static cpc_status *backward_report(run_ctx *x, cpc_run_report *rep)
+{
+    const cpc_layout *L = x->L;
+    const cpc_run_options *opt = x->opt;
+    int P = L->P, W = opt->warmup, I = opt->iters;
+    double *it = calloc((size_t)I + 1, sizeof *it);
+    if (!it)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    for (int i = 0; i < I; i++)
+        for (int p = 0; p < P; p++)
+            if (x->bwd_ms[(size_t)p * (size_t)x->n_iter + (size_t)(W + i)] > it[i])
+                it[i] = x->bwd_ms[(size_t)p * (size_t)x->n_iter + (size_t)(W + i)];
+    rep->backward = true;
+    rep->bwd_ms_per_iter = median(it, I);
+    free(it);
+    rep->bwd_flops = 2.5 * rep->flops;
+    rep->bwd_tflops = rep->bwd_ms_per_iter > 0 ? rep->bwd_flops / (rep->bwd_ms_per_iter * 1e-3) / 1e12 : 0;
+    for (int p = 0; p < P; p++)
+        if (x->bwd_bytes[p] > rep->bwd_bytes_sent_per_rank)
+            rep->bwd_bytes_sent_per_rank = x->bwd_bytes[p];
+    if (!opt->check)
+        return NULL;
+    size_t es = (size_t)cpc_dtype_size(L->dtype);
+    size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
+    size_t nkv = (size_t)(L->B * L->Skv) * (size_t)L->Hkv * (size_t)L->D;
+    void *q = malloc(nq * es), *k = malloc(nkv * es), *v = malloc(nkv * es), *dout = malloc(nq * es);
+    double *rq = malloc(nq * sizeof *rq), *rk = malloc(nkv * sizeof *rk), *rv = malloc(nkv * sizeof *rv);
+    cpc_status *st = NULL;
+    if (!q || !k || !v || !dout || !rq || !rk || !rv) {
+        st = cpc_error(CPC_E_NOMEM, "backward check: out of memory");
+        goto done;
+    }
+    cpc_run wq = {0, L->S}, wk = {0, L->Skv};
+    if ((st = make_input(x, CPC_RNG_Q, &wq, 1, q)) || (st = make_input(x, CPC_RNG_K, &wk, 1, k)) ||
+        (st = make_input(x, CPC_RNG_V, &wk, 1, v)) || (st = make_dout(x, &wq, 1, dout)))
+        goto done;
+    cpc_ref_problem pb = {.B = L->B, .S = L->S, .Skv = L->Skv, .H = L->H, .Hkv = L->Hkv,
+                          .D = L->D, .dtype = L->dtype, .q = q, .k = k, .v = v,
+                          .scale = (double)(float)x->scale, .causal = L->causal,
+                          .kv_mask = x->mask};
+    if (opt->log)
+        fprintf(opt->log, "cprun: checking dq, dk, dv against the float64 reference backward...\n");
+    if ((st = cpc_reference_attention_bwd(&pb, dout, rq, rk, rv)))
+        goto done;
+    double tol = L->dtype == CPC_DTYPE_BF16 ? 2e-2 : cpc_check_tolerance(L->dtype);
+    const float *got[3] = {x->dq, x->dk, x->dv};
+    const double *ref[3] = {rq, rk, rv};
+    size_t n[3] = {nq, nkv, nkv};
+    rep->bwd_pass = true;
+    for (int i = 0; i < 3; i++) {
+        cpc_compare_result cr;
+        cpc_compare_init(&cr);
+        cpc_compare_add(&cr, got[i], CPC_DTYPE_FP32, ref[i], (int64_t)n[i]);
+        cpc_compare_finish(&cr, tol);
+        rep->bwd_rel_err[i] = cr.rel_err;
+        rep->bwd_max_abs_err[i] = cr.max_abs_err;
+        rep->bwd_pass = rep->bwd_pass && cr.pass;
+    }
+    rep->bwd_tolerance = tol;
+    rep->bwd_checked = true;
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(rq);
+    free(rk);
+    free(rv);
+    return st;
+}
+
 cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_run_report *rep,
                         bool *is_root)
 {
@@ -1589,6 +1774,25 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0)))
         goto setup_failed;
 
+    if (job->bwd && (use_mpi || x.cuda)) {
+        st = cpc_error(CPC_E_UNSUPPORTED,
+                       "training plans run on the cpu backend with the local transport for now (%s has no "
+                       "backward pass yet)", use_mpi ? "the mpi/nccl transport" : "the cuda backend");
+        goto setup_failed;
+    }
+    if (job->bwd) {
+        size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
+        size_t nkv = (size_t)(L->B * L->S) * (size_t)L->Hkv * (size_t)L->D;
+        x.dq = calloc(nq + 1, sizeof *x.dq);
+        x.dk = calloc(nkv + 1, sizeof *x.dk);
+        x.dv = calloc(nkv + 1, sizeof *x.dv);
+        x.bwd_ms = calloc((size_t)P * (size_t)x.n_iter, sizeof *x.bwd_ms);
+        x.bwd_bytes = calloc((size_t)P, sizeof *x.bwd_bytes);
+        if (!x.dq || !x.dk || !x.dv || !x.bwd_ms || !x.bwd_bytes) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory for the gradients");
+            goto setup_failed;
+        }
+    }
     cpc_cpu_backend_single_thread_blas();
     x.res = calloc((size_t)P, sizeof *x.res);
     x.st = calloc((size_t)P, sizeof *x.st);
@@ -1777,7 +1981,9 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         if ((st = run_check(&x, rep)))
             goto out;
     }
-    rep->ok = !rep->checked || rep->pass;
+    if (job->bwd && (st = backward_report(&x, rep)))
+        goto out;
+    rep->ok = (!rep->checked || rep->pass) && (!rep->bwd_checked || rep->bwd_pass);
     goto out;
 setup_failed:
 #ifdef CPC_HAVE_MPI
@@ -1815,5 +2021,10 @@ out:
     free(x.mask);
     free(x.out);
     free(x.lse);
+    free(x.dq);
+    free(x.dk);
+    free(x.dv);
+    free(x.bwd_ms);
+    free(x.bwd_bytes);
     return st;
 }

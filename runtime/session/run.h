@@ -72,13 +72,16 @@ typedef struct cpc_job {
                                 prediction of the final program on the plan's
                                 device / cluster.profile) */
     cpc_prediction pred;
+    cpc_program *bwd;        /* training plans: the backward program
+                                (schedule_bwd.h), verified; owned; else NULL */
 } cpc_job;
 
 /* Loads `path` (.cplan artifact, or plan YAML compiled in memory) with the
  * n_sets --set overrides (YAML only).  Returns the diagnostics chain
  * (warnings and/or errors; caller frees).  On error *out is NULL.  Errors:
  * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
- * CP060 (class CPC_E_PLAN) for a training plan; cprun maps every plan
+ * CP060 (class CPC_E_PLAN) for a training plan whose variant has no
+ * backward program yet (schedule_bwd.h says which train); cprun maps every plan
  * rejection to exit status 2. */
 cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);
 
