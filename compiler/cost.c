@@ -627,213 +627,270 @@ static cpc_status *eval(const pricer *pr, const cpc_expr *e, int64_t *v)
 
 static cpc_status *price_ops(pricer *pr, const cpc_op *ops, int n);
 
-static cpc_status *price_op(pricer *pr, const cpc_op *op)
+/* a loop: its body per step (long loops: the first and last 256 steps
+ * exactly, the middle extrapolated, cost.h) */
+static cpc_status *price_loop(pricer *pr, const cpc_op *op)
+{
+    cpc_status *st = NULL;
+    int64_t n = 0;
+    if ((st = eval(pr, op->count, &n)))
+        return st;
+    int64_t saved = pr->c.s;
+    const int64_t edge = 256;
+    if (n <= 2 * edge) {
+        for (int64_t s = 0; s < n && !st; s++) {
+            pr->c.s = s;
+            st = price_ops(pr, op->body, op->n_body);
+        }
+    } else {
+        /* first `edge` steps exactly, the middle extrapolated from their
+         * average, the last `edge` steps exactly (see cost.h) */
+        double t0c = pr->t_comp, t0m = pr->t_comm, b0 = pr->comp_busy, f0 = pr->flops,
+               h0 = pr->host_ops;
+        int64_t s0 = pr->sent;
+        for (int64_t s = 0; s < edge && !st; s++) {
+            pr->c.s = s;
+            st = price_ops(pr, op->body, op->n_body);
+        }
+        double k = (double)(n - 2 * edge) / (double)edge;
+        double shift = (pr->t_comp - t0c) * k;
+        pr->t_comp += shift;
+        pr->t_comm += (pr->t_comm - t0m) * k;
+        if (pr->t_comm < pr->t_comp - shift)
+            pr->t_comm = pr->t_comp - shift;
+        for (int i = 0; i < 64; i++)
+            if (pr->pending[i] > 0)
+                pr->pending[i] += shift;
+        pr->comp_busy += (pr->comp_busy - b0) * k;
+        pr->flops += (pr->flops - f0) * k;
+        pr->host_ops += (pr->host_ops - h0) * k;
+        pr->sent += (int64_t)((double)(pr->sent - s0) * k);
+        for (int64_t s = n - edge; s < n && !st; s++) {
+            pr->c.s = s;
+            st = price_ops(pr, op->body, op->n_body);
+        }
+    }
+    pr->c.s = saved;
+    return st;
+}
+
+/* init_acc: writes its buffers (memory-bound) */
+static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
+{
+    for (int i = 0; i < op->n_in; i++)
+        compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
+    for (int i = 0; i < op->n_out; i++)
+        compute(pr, mem_time(pr, buf_bytes(pr, op->out[i])));
+    return NULL;
+}
+
+/* attn / attn_bwd: FLOPs of the visible (query, key) pairs at the attention
+ * rate, plus the block's I/O (the backward: 2.5 x the forward's, BACKWARD.md) */
+static cpc_status *price_attn(pricer *pr, const cpc_op *op)
 {
     const cpc_layout *L = pr->L;
     cpc_status *st = NULL;
+    if (op->n_in < 3)
+        return NULL;
+    const double mult = op->kind == CPC_OP_ATTN_BWD ? 2.5 : 1.0;
+    int64_t block = 0;
+    if (op->block && (st = eval(pr, op->block, &block)))
+        return st;
+    int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
+    int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
+    double pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
+    double flops = mult * 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
+    double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
+    pr->flops += flops;
+    double io_s = 0;
+    if (pr->dev->attn_io_gbps > 0) {
+        /* the block's Q rows and K/V rows once, O and LSE once (fp32) */
+        int64_t tq = 0, tk = 0;
+        for (int i = 0; i < nq; i++)
+            tq += pr->runs_a[i].len;
+        for (int i = 0; i < nk; i++)
+            tk += pr->runs_b[i].len;
+        double hq = buf_heads(pr, op->in[0], (int)pr->c.u);
+        double hk = buf_heads(pr, op->in[1], (int)pr->c.u);
+        double es = cpc_dtype_size(L->dtype);
+        double bytes = (double)L->B * ((double)tq * hq * L->D * es + 2.0 * (double)tk * hk * L->D * es +
+                                       (double)tq * hq * (L->D + 1) * 4.0);
+        io_s = mult * bytes / (pr->dev->attn_io_gbps * 1e9);
+    }
+    compute(pr, flops / rate + io_s);
+    return NULL;
+}
+
+/* delta / merge / copy: bytes read and written at the memory bandwidth (a
+ * merge reads its outputs too) */
+static cpc_status *price_memory(pricer *pr, const cpc_op *op)
+{
+    int64_t bytes = 0;
+    for (int i = 0; i < op->n_in; i++)
+        bytes += buf_bytes(pr, op->in[i]);
+    for (int i = 0; i < op->n_out; i++)
+        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE ? 2 : 1);
+    compute(pr, mem_time(pr, bytes));
+    if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
+        pr->tag[op->out[0]] = pr->tag[op->in[0]];
+    return NULL;
+}
+
+/* send: one message on the group's link, completing at `pending[tag]` */
+static cpc_status *price_send(pricer *pr, const cpc_op *op)
+{
+    int64_t bytes = 0;
+    for (int i = 0; i < op->n_in; i++)
+        bytes += buf_bytes(pr, op->in[i]);
+    double lat;
+    double bw = link_bw(pr, op->group, true, &lat);
+    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+    pr->t_comm = start + (lat + (double)bytes / bw) * pr->comm_scale;
+    int t = op->tag & 63;
+    if (pr->pending[t] < pr->t_comm)
+        pr->pending[t] = pr->t_comm;
+    pr->sent += bytes;
+    return NULL;
+}
+
+/* recv: the content tag of what arrives */
+static cpc_status *price_recv(pricer *pr, const cpc_op *op)
+{
+    cpc_status *st = NULL;
+    int64_t block = 0;
+    if (op->block && (st = eval(pr, op->block, &block)))
+        return st;
+    for (int i = 0; i < op->n_out; i++)
+        pr->tag[op->out[i]] = (int)block;
+    return NULL;
+}
+
+/* wait: compute waits for the tag's messages */
+static cpc_status *price_wait(pricer *pr, const cpc_op *op)
+{
+    int t = op->tag & 63;
+    if (pr->t_comp < pr->pending[t])
+        pr->t_comp = pr->pending[t];
+    return NULL;
+}
+
+/* swap: exchanges content tags */
+static cpc_status *price_swap(pricer *pr, const cpc_op *op)
+{
+    if (op->n_in >= 2) {
+        int a = op->in[0], b = op->in[1];
+        int tmp = pr->tag[a];
+        pr->tag[a] = pr->tag[b];
+        pr->tag[b] = tmp;
+    }
+    return NULL;
+}
+
+/* all_to_all: the bytes this member sends over the ulysses link, plus
+ * pack/unpack */
+static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    if (op->n_in < 1 || op->n_out < 1)
+        return NULL;
+    int b = op->in[0];
+    const cpc_buffer *B = &pr->prog->buffers[b];
+    int64_t per_head = (int64_t)L->B * (B->role == CPC_ROLE_LSE ? 1 : L->D) *
+                       cpc_buffer_elem_size(pr->prog, b);
+    int64_t bytes = 0;
+    for (int j = 0; j < L->U; j++) {
+        if (j == pr->c.u)
+            continue;
+        if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
+            bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, op->out[0], j) * per_head;
+        else
+            bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
+                     buf_heads(pr, b, (int)pr->c.u) * per_head;
+    }
+    double lat;
+    double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
+    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+    /* pack + unpack touch the whole buffer twice */
+    double t = start + (lat + (double)bytes / bw) * pr->comm_scale + pr->dev->op_overhead_us * 2e-6 +
+               2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
+    pr->t_comp = pr->t_comm = t;
+    pr->sent += bytes;
+    pr->tag[op->out[0]] = op->dir == CPC_A2A_SEQ_TO_HEADS ? (int)pr->c.r : -1;
+    /* the executor's pack/unpack space (runtime/executor.c): with B == 1
+     * seq_to_heads stages only its send side, heads_to_seq its receive */
+    {
+        int64_t in_b = buf_bytes(pr, b), out_b = buf_bytes(pr, op->out[0]);
+        bool b1 = L->B == 1;
+        if (!(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ) && in_b > pr->stage_send)
+            pr->stage_send = in_b;
+        if (!(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS) && out_b > pr->stage_recv)
+            pr->stage_recv = out_b;
+    }
+    return NULL;
+}
+
+/* all_gather: the other blocks over the ring link */
+static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    if (op->n_in < 1)
+        return NULL;
+    int64_t own = buf_bytes(pr, op->in[0]);
+    int64_t per_tok = own / (buf_tokens(pr, op->in[0]) > 0 ? buf_tokens(pr, op->in[0]) : 1);
+    int64_t total = 0;
+    for (int j = 0; j < L->R; j++)
+        total += cpc_layout_block_tokens(L, j) * per_tok;
+    double lat;
+    double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
+    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+    pr->t_comp = pr->t_comm =
+        start + (lat * (L->R - 1) + (double)(total - own) / bw) * pr->comm_scale;
+    pr->sent += own * (L->R - 1);
+    return NULL;
+}
+
+/* barrier: one latency of its group */
+static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
+{
+    double lat;
+    (void)link_bw(pr, op->group, false, &lat);
+    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+    pr->t_comp = pr->t_comm = start + lat * pr->comm_scale;
+    return NULL;
+}
+
+/* The cost hook of every op kind (the op table in program.h names its rule). */
+static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
+    [CPC_OP_LOOP] = price_loop,
+    [CPC_OP_INIT_ACC] = price_init_acc,
+    [CPC_OP_ATTN] = price_attn,
+    [CPC_OP_MERGE] = price_memory,
+    [CPC_OP_SEND] = price_send,
+    [CPC_OP_RECV] = price_recv,
+    [CPC_OP_WAIT] = price_wait,
+    [CPC_OP_SWAP] = price_swap,
+    [CPC_OP_ALL_TO_ALL] = price_all_to_all,
+    [CPC_OP_ALL_GATHER] = price_all_gather,
+    [CPC_OP_COPY] = price_memory,
+    [CPC_OP_BARRIER] = price_barrier,
+    [CPC_OP_ATTN_BWD] = price_attn,
+    [CPC_OP_DELTA] = price_memory,
+};
+_Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
+
+static cpc_status *price_op(pricer *pr, const cpc_op *op)
+{
     if (op->when) {
         int64_t w = 0;
-        if ((st = eval(pr, op->when, &w)))
+        cpc_status *st = eval(pr, op->when, &w);
+        if (st)
             return st;
         if (!w)
             return NULL;
     }
     /* the host's launches per op (op table: a merge is the output and the LSE update) */
     pr->host_ops += cpc_op_info_of(op->kind)->host_launches;
-    switch (op->kind) {
-    case CPC_OP_LOOP: {
-        int64_t n = 0;
-        if ((st = eval(pr, op->count, &n)))
-            return st;
-        int64_t saved = pr->c.s;
-        const int64_t edge = 256;
-        if (n <= 2 * edge) {
-            for (int64_t s = 0; s < n && !st; s++) {
-                pr->c.s = s;
-                st = price_ops(pr, op->body, op->n_body);
-            }
-        } else {
-            /* first `edge` steps exactly, the middle extrapolated from their
-             * average, the last `edge` steps exactly (see cost.h) */
-            double t0c = pr->t_comp, t0m = pr->t_comm, b0 = pr->comp_busy, f0 = pr->flops,
-                   h0 = pr->host_ops;
-            int64_t s0 = pr->sent;
-            for (int64_t s = 0; s < edge && !st; s++) {
-                pr->c.s = s;
-                st = price_ops(pr, op->body, op->n_body);
-            }
-            double k = (double)(n - 2 * edge) / (double)edge;
-            double shift = (pr->t_comp - t0c) * k;
-            pr->t_comp += shift;
-            pr->t_comm += (pr->t_comm - t0m) * k;
-            if (pr->t_comm < pr->t_comp - shift)
-                pr->t_comm = pr->t_comp - shift;
-            for (int i = 0; i < 64; i++)
-                if (pr->pending[i] > 0)
-                    pr->pending[i] += shift;
-            pr->comp_busy += (pr->comp_busy - b0) * k;
-            pr->flops += (pr->flops - f0) * k;
-            pr->host_ops += (pr->host_ops - h0) * k;
-            pr->sent += (int64_t)((double)(pr->sent - s0) * k);
-            for (int64_t s = n - edge; s < n && !st; s++) {
-                pr->c.s = s;
-                st = price_ops(pr, op->body, op->n_body);
-            }
-        }
-        pr->c.s = saved;
-        return st;
-    }
-    case CPC_OP_INIT_ACC:
-        for (int i = 0; i < op->n_in; i++)
-            compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
-        for (int i = 0; i < op->n_out; i++)
-            compute(pr, mem_time(pr, buf_bytes(pr, op->out[i])));
-        return NULL;
-    case CPC_OP_ATTN_BWD: /* backward: 2.5 x the forward's FLOPs of the block (BACKWARD.md) */
-    case CPC_OP_ATTN: {
-        if (op->n_in < 3)
-            return NULL;
-        const double mult = op->kind == CPC_OP_ATTN_BWD ? 2.5 : 1.0;
-        int64_t block = 0;
-        if (op->block && (st = eval(pr, op->block, &block)))
-            return st;
-        int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
-        int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
-        double pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
-        double flops = mult * 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
-        double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
-        pr->flops += flops;
-        double io_s = 0;
-        if (pr->dev->attn_io_gbps > 0) {
-            /* the block's Q rows and K/V rows once, O and LSE once (fp32) */
-            int64_t tq = 0, tk = 0;
-            for (int i = 0; i < nq; i++)
-                tq += pr->runs_a[i].len;
-            for (int i = 0; i < nk; i++)
-                tk += pr->runs_b[i].len;
-            double hq = buf_heads(pr, op->in[0], (int)pr->c.u);
-            double hk = buf_heads(pr, op->in[1], (int)pr->c.u);
-            double es = cpc_dtype_size(L->dtype);
-            double bytes = (double)L->B * ((double)tq * hq * L->D * es + 2.0 * (double)tk * hk * L->D * es +
-                                           (double)tq * hq * (L->D + 1) * 4.0);
-            io_s = mult * bytes / (pr->dev->attn_io_gbps * 1e9);
-        }
-        compute(pr, flops / rate + io_s);
-        return NULL;
-    }
-    case CPC_OP_DELTA:
-    case CPC_OP_MERGE:
-    case CPC_OP_COPY: {
-        int64_t bytes = 0;
-        for (int i = 0; i < op->n_in; i++)
-            bytes += buf_bytes(pr, op->in[i]);
-        for (int i = 0; i < op->n_out; i++)
-            bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE ? 2 : 1);
-        compute(pr, mem_time(pr, bytes));
-        if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
-            pr->tag[op->out[0]] = pr->tag[op->in[0]];
-        return NULL;
-    }
-    case CPC_OP_SEND: {
-        int64_t bytes = 0;
-        for (int i = 0; i < op->n_in; i++)
-            bytes += buf_bytes(pr, op->in[i]);
-        double lat;
-        double bw = link_bw(pr, op->group, true, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comm = start + (lat + (double)bytes / bw) * pr->comm_scale;
-        int t = op->tag & 63;
-        if (pr->pending[t] < pr->t_comm)
-            pr->pending[t] = pr->t_comm;
-        pr->sent += bytes;
-        return NULL;
-    }
-    case CPC_OP_RECV: {
-        int64_t block = 0;
-        if (op->block && (st = eval(pr, op->block, &block)))
-            return st;
-        for (int i = 0; i < op->n_out; i++)
-            pr->tag[op->out[i]] = (int)block;
-        return NULL;
-    }
-    case CPC_OP_WAIT: {
-        int t = op->tag & 63;
-        if (pr->t_comp < pr->pending[t])
-            pr->t_comp = pr->pending[t];
-        return NULL;
-    }
-    case CPC_OP_SWAP:
-        if (op->n_in >= 2) {
-            int a = op->in[0], b = op->in[1];
-            int tmp = pr->tag[a];
-            pr->tag[a] = pr->tag[b];
-            pr->tag[b] = tmp;
-        }
-        return NULL;
-    case CPC_OP_ALL_TO_ALL: {
-        if (op->n_in < 1 || op->n_out < 1)
-            return NULL;
-        int b = op->in[0];
-        const cpc_buffer *B = &pr->prog->buffers[b];
-        int64_t per_head = (int64_t)L->B * (B->role == CPC_ROLE_LSE ? 1 : L->D) *
-                           cpc_buffer_elem_size(pr->prog, b);
-        int64_t bytes = 0;
-        for (int j = 0; j < L->U; j++) {
-            if (j == pr->c.u)
-                continue;
-            if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
-                bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, op->out[0], j) * per_head;
-            else
-                bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
-                         buf_heads(pr, b, (int)pr->c.u) * per_head;
-        }
-        double lat;
-        double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        /* pack + unpack touch the whole buffer twice */
-        double t = start + (lat + (double)bytes / bw) * pr->comm_scale + pr->dev->op_overhead_us * 2e-6 +
-                   2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
-        pr->t_comp = pr->t_comm = t;
-        pr->sent += bytes;
-        pr->tag[op->out[0]] = op->dir == CPC_A2A_SEQ_TO_HEADS ? (int)pr->c.r : -1;
-        /* the executor's pack/unpack space (runtime/executor.c): with B == 1
-         * seq_to_heads stages only its send side, heads_to_seq its receive */
-        {
-            int64_t in_b = buf_bytes(pr, b), out_b = buf_bytes(pr, op->out[0]);
-            bool b1 = L->B == 1;
-            if (!(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ) && in_b > pr->stage_send)
-                pr->stage_send = in_b;
-            if (!(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS) && out_b > pr->stage_recv)
-                pr->stage_recv = out_b;
-        }
-        return NULL;
-    }
-    case CPC_OP_ALL_GATHER: {
-        if (op->n_in < 1)
-            return NULL;
-        int64_t own = buf_bytes(pr, op->in[0]);
-        int64_t per_tok = own / (buf_tokens(pr, op->in[0]) > 0 ? buf_tokens(pr, op->in[0]) : 1);
-        int64_t total = 0;
-        for (int j = 0; j < L->R; j++)
-            total += cpc_layout_block_tokens(L, j) * per_tok;
-        double lat;
-        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm =
-            start + (lat * (L->R - 1) + (double)(total - own) / bw) * pr->comm_scale;
-        pr->sent += own * (L->R - 1);
-        return NULL;
-    }
-    case CPC_OP_BARRIER: {
-        double lat;
-        (void)link_bw(pr, op->group, false, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm = start + lat * pr->comm_scale;
-        return NULL;
-    }
-    default:
-        return NULL;
-    }
+    return (int)op->kind >= 0 && op->kind < CPC_OP__COUNT ? price_fn[op->kind](pr, op) : NULL;
 }
 
 static cpc_status *price_ops(pricer *pr, const cpc_op *ops, int n)
