@@ -1646,6 +1646,95 @@ done:
     return st;
 }
 
+/* cpc_job_run, step 2 (MPI jobs): this process's endpoint, NCCL or MPI, its
+ * world rank and its GPU (local rank mod visible GPUs), and the MPI stall
+ * limit.  Collective; every rank fails alike.  Errors: those of
+ * cpc_transport_nccl_create / cpc_transport_mpi_create. */
+static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, bool use_nccl,
+                                     cpc_transport **mpi_t, int *my_rank)
+{
+    cpc_status *st = NULL;
+    const cpc_layout *L = x->L;
+    (void)use_nccl, (void)L, (void)opt, (void)mpi_t, (void)my_rank; /* builds without MPI */
+#ifdef CPC_HAVE_MPI
+#ifdef CPC_HAVE_NCCL
+    if (use_nccl) {
+        /* no GPU: "no CUDA device: ..." on every rank alike */
+        if ((st = cpc_transport_nccl_create(L->R, L->U, -1, mpi_t)))
+            return st;
+        *my_rank = cpc_transport_group_rank(*mpi_t, CPC_GROUP_WORLD);
+        x->mpi_device = cpc_transport_nccl_device(*mpi_t);
+    } else
+#endif
+    {
+        /* Every rank fails alike here (world size check), none is left waiting. */
+        if ((st = cpc_transport_mpi_create(L->R, L->U, mpi_t)))
+            return st;
+        /* the stall limit of every MPI wait (transport_mpi.h) */
+        double lim = opt->timeout_s < 0 ? 0
+                     : opt->timeout_s > 0 ? opt->timeout_s
+                                         : cpc_run_default_timeout(x->job, opt, true);
+        cpc_transport_mpi_set_timeout(lim);
+        if (opt->log)
+            fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
+                    opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
+        *my_rank = cpc_transport_group_rank(*mpi_t, CPC_GROUP_WORLD);
+        /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
+         * Every rank calls cpc_mpi_local_rank (it may be collective). */
+        if (x->cuda) {
+            int lr = cpc_mpi_local_rank();
+            x->mpi_device = (lr >= 0 ? lr : *my_rank) % x->n_gpus;
+        }
+    }
+#endif
+    (void)st;
+    return NULL;
+}
+
+/* cpc_job_run, step 1: the options' defaults and checks, and the transport
+ * (use_mpi: this process is one rank of an MPI job; use_nccl: over NCCL).
+ * Errors: CPC_E_USAGE, CPC_E_UNSUPPORTED, CPC_E_IO (outputs). */
+static cpc_status *resolve_options(cpc_run_options *opt, const cpc_job *job, bool *use_mpi,
+                                   bool *use_nccl)
+{
+    if (!opt->backend)
+        opt->backend = "auto";
+    if (!opt->attention)
+        opt->attention = "auto";
+    if (!opt->transport)
+        opt->transport = "auto";
+    if (!is(opt->backend, "auto") && !is(opt->backend, "cpu") && !is(opt->backend, "cuda"))
+        return cpc_error(CPC_E_USAGE, "--backend %s: expected auto, cpu or cuda", opt->backend);
+    if (!is(opt->attention, "auto") && !is(opt->attention, "cpu") && !is(opt->attention, "cudnn") &&
+        !is(opt->attention, "nvrtc"))
+        return cpc_error(CPC_E_USAGE, "--attention %s: expected auto, cpu, cudnn or nvrtc", opt->attention);
+    /* where the results go, before the run (every rank alike) */
+    cpc_status *ost = cpc_run_check_outputs(opt, job->source);
+    if (ost)
+        return ost;
+    *use_mpi = *use_nccl = false;
+    if (strcmp(opt->transport, "nccl") == 0) {
+        *use_nccl = true;
+    } else if (strcmp(opt->transport, "mpi") == 0) {
+        *use_mpi = true;
+    } else if (strcmp(opt->transport, "auto") == 0) {
+#ifdef CPC_HAVE_MPI
+        *use_mpi = cpc_mpi_launched();
+#endif
+    } else if (strcmp(opt->transport, "local") != 0) {
+        return cpc_error(CPC_E_USAGE, "--transport %s: expected auto, local, mpi or nccl", opt->transport);
+    }
+#ifndef CPC_HAVE_MPI
+    if (*use_mpi)
+        return cpc_error(CPC_E_UNSUPPORTED, "--transport mpi: this build of cprun has no MPI support");
+#endif
+    if (opt->iters < 1)
+        return cpc_error(CPC_E_USAGE, "--iters must be at least 1");
+    if (opt->warmup < 0)
+        return cpc_error(CPC_E_USAGE, "--warmup must not be negative");
+    return NULL;
+}
+
 cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_run_report *rep,
                         bool *is_root)
 {
@@ -1653,41 +1742,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (is_root)
         *is_root = true;
     cpc_run_options opt = *opt_in;
-    if (!opt.backend)
-        opt.backend = "auto";
-    if (!opt.attention)
-        opt.attention = "auto";
-    if (!opt.transport)
-        opt.transport = "auto";
-    if (!is(opt.backend, "auto") && !is(opt.backend, "cpu") && !is(opt.backend, "cuda"))
-        return cpc_error(CPC_E_USAGE, "--backend %s: expected auto, cpu or cuda", opt.backend);
-    if (!is(opt.attention, "auto") && !is(opt.attention, "cpu") && !is(opt.attention, "cudnn") &&
-        !is(opt.attention, "nvrtc"))
-        return cpc_error(CPC_E_USAGE, "--attention %s: expected auto, cpu, cudnn or nvrtc", opt.attention);
-    /* where the results go, before the run (every rank alike) */
-    cpc_status *ost = cpc_run_check_outputs(&opt, job->source);
+    bool use_mpi = false, use_nccl = false;
+    cpc_status *ost = resolve_options(&opt, job, &use_mpi, &use_nccl);
     if (ost)
         return ost;
-    bool use_mpi = false, use_nccl = false;
-    if (strcmp(opt.transport, "nccl") == 0) {
-        use_nccl = true;
-    } else if (strcmp(opt.transport, "mpi") == 0) {
-        use_mpi = true;
-    } else if (strcmp(opt.transport, "auto") == 0) {
-#ifdef CPC_HAVE_MPI
-        use_mpi = cpc_mpi_launched();
-#endif
-    } else if (strcmp(opt.transport, "local") != 0) {
-        return cpc_error(CPC_E_USAGE, "--transport %s: expected auto, local, mpi or nccl", opt.transport);
-    }
-#ifndef CPC_HAVE_MPI
-    if (use_mpi)
-        return cpc_error(CPC_E_UNSUPPORTED, "--transport mpi: this build of cprun has no MPI support");
-#endif
-    if (opt.iters < 1)
-        return cpc_error(CPC_E_USAGE, "--iters must be at least 1");
-    if (opt.warmup < 0)
-        return cpc_error(CPC_E_USAGE, "--warmup must not be negative");
 
     const cpc_layout *L = &job->prog->layout;
     int P = L->P;
@@ -1727,40 +1785,8 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     cpc_status *st = NULL;
     cpc_transport *mpi_t = NULL;
     int my_rank = 0;
-    if (use_mpi) {
-#ifdef CPC_HAVE_MPI
-        /* ===== one process per rank ===== */
-#ifdef CPC_HAVE_NCCL
-        if (use_nccl) {
-            /* no GPU: "no CUDA device: ..." on every rank alike */
-            if ((st = cpc_transport_nccl_create(L->R, L->U, -1, &mpi_t)))
-                goto out;
-            my_rank = cpc_transport_group_rank(mpi_t, CPC_GROUP_WORLD);
-            x.mpi_device = cpc_transport_nccl_device(mpi_t);
-        } else
-#endif
-        {
-            /* Every rank fails alike here (world size check), none is left waiting. */
-            if ((st = cpc_transport_mpi_create(L->R, L->U, &mpi_t)))
-                goto out;
-            /* the stall limit of every MPI wait (transport_mpi.h) */
-            double lim = opt.timeout_s < 0 ? 0
-                         : opt.timeout_s > 0 ? opt.timeout_s
-                                             : cpc_run_default_timeout(job, &opt, true);
-            cpc_transport_mpi_set_timeout(lim);
-            if (opt.log)
-                fprintf(opt.log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
-                        opt.timeout_s > 0 ? " (--timeout)" : opt.timeout_s < 0 ? " (none)" : " (default)");
-            my_rank = cpc_transport_group_rank(mpi_t, CPC_GROUP_WORLD);
-            /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
-             * Every rank calls cpc_mpi_local_rank (it may be collective). */
-            if (x.cuda) {
-                int lr = cpc_mpi_local_rank();
-                x.mpi_device = (lr >= 0 ? lr : my_rank) % x.n_gpus;
-            }
-        }
-#endif
-    }
+    if (use_mpi && (st = open_mpi_endpoint(&x, &opt, use_nccl, &mpi_t, &my_rank)))
+        goto out;
     /* From here on, a setup failure on one MPI rank ends the whole job
      * (setup_failed): the other ranks would otherwise wait for it. */
     if ((st = check_memory(&x, use_mpi, my_rank)))
