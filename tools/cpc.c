@@ -1066,7 +1066,7 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
     for (int i = 0; i < n; i++) {
         const cpc_candidate_info *c = selected(&jobs[i]);
         int v = 0;
-        while (c && v < N_SWEEP_VARIANTS && SWEEP_VARIANTS[v] != c->variant)
+        while (c && v < N_SWEEP_VARIANTS && strcmp(SWEEP_VARIANTS[v], c->variant) != 0)
             v++;
         if (!c || v == N_SWEEP_VARIANTS || !c->priced || sweep_pick(&jobs[i], c->variant) != c)
             continue;
