@@ -11,6 +11,7 @@
 
 #include "dtype.h"
 #include "reference.h"
+#include "test_random.h"
 
 #define MAX_FAILS 40
 
@@ -202,7 +203,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- random numbers (Random123 Philox, keyed by the case seed) ------------------- */
+/* ---- random numbers: test_random.h (Random123 Philox, keyed by the case seed) ------- */
 
 static uint64_t mix(uint64_t z)
 {
@@ -210,48 +211,6 @@ static uint64_t mix(uint64_t z)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
-}
-
-static double normal_at(uint64_t seed, uint32_t stream, uint64_t i)
-{
-    philox4x32_key_t key = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
-    philox4x32_ctr_t ctr = {{(uint32_t)(i / 2), (uint32_t)(i / 2 >> 32), stream, 0x5eedu}};
-    philox4x32_ctr_t r = philox4x32(ctr, key);
-    double u1 = ((double)r.v[0] + 1.0) / 4294967296.0; /* (0, 1] */
-    double u2 = ((double)r.v[1] + 0.5) / 4294967296.0;
-    double rad = sqrt(-2.0 * log(u1));
-    return (i & 1) ? rad * sin(2 * M_PI * u2) : rad * cos(2 * M_PI * u2);
-}
-
-static uint32_t bits_at(uint64_t seed, uint32_t stream, uint64_t i)
-{
-    philox4x32_key_t key = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
-    philox4x32_ctr_t ctr = {{(uint32_t)i, (uint32_t)(i >> 32), stream, 0xb175u}};
-    return philox4x32(ctr, key).v[0];
-}
-
-static size_t esz(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4 : 2; }
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "backend conformance: out of memory (%zu bytes)\n", n);
-        abort();
-    }
-    return p;
-}
-
-/* n random normals * amp, rounded to dtype t */
-static void *rand_tensor(cpc_dtype t, size_t n, uint64_t seed, uint32_t stream, double amp)
-{
-    float *f = xmalloc(sizeof(float) * n);
-    void *out = xmalloc(esz(t) * n);
-    for (size_t i = 0; i < n; i++)
-        f[i] = (float)(amp * normal_at(seed, stream, i));
-    cpc_from_f32_n(out, t, f, n);
-    free(f);
-    return out;
 }
 
 static void fill_nan(void *p, cpc_dtype t, size_t n)
@@ -337,7 +296,7 @@ static int64_t runs_total(const cpc_run *r, int n)
  * malloc'd array. */
 static cpc_run *to_runs(const int64_t *pos, int64_t n, int *count)
 {
-    cpc_run *out = xmalloc(sizeof(cpc_run) * (size_t)(n > 0 ? n : 1));
+    cpc_run *out = test_xmalloc(sizeof(cpc_run) * (size_t)(n > 0 ? n : 1));
     int c = 0;
     for (int64_t i = 0; i < n; i++) {
         if (c > 0 && out[c - 1].start + out[c - 1].len == pos[i])
@@ -368,8 +327,8 @@ static void make_view(const cpc_bc_case *c, view *v)
         int nq = c->nqr ? c->nqr : 1, nk = c->nkr ? c->nkr : 1;
         v->sq = runs_total(qr, nq);
         v->skv = runs_total(kr, nk);
-        v->qpos = xmalloc(sizeof(int64_t) * (size_t)v->sq);
-        v->kpos = xmalloc(sizeof(int64_t) * (size_t)v->skv);
+        v->qpos = test_xmalloc(sizeof(int64_t) * (size_t)v->sq);
+        v->kpos = test_xmalloc(sizeof(int64_t) * (size_t)v->skv);
         for (int r = 0, i = 0; r < nq; r++)
             for (int64_t t = 0; t < qr[r].len; t++)
                 v->qpos[i++] = qr[r].start + t;
@@ -381,8 +340,8 @@ static void make_view(const cpc_bc_case *c, view *v)
     int64_t sq = c->sq, skv = c->skv, total = sq > skv ? sq : skv;
     v->sq = sq;
     v->skv = skv;
-    v->qpos = xmalloc(sizeof(int64_t) * (size_t)sq);
-    v->kpos = xmalloc(sizeof(int64_t) * (size_t)skv);
+    v->qpos = test_xmalloc(sizeof(int64_t) * (size_t)sq);
+    v->kpos = test_xmalloc(sizeof(int64_t) * (size_t)skv);
     if (c->pos == CPC_BC_POS_ZIGZAG) {
         v->S = v->Skv = total;
         for (int64_t i = 0; i < sq; i++)
@@ -416,13 +375,13 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
     const int64_t Sg = vw.S, Skvg = vw.Skv, sq = vw.sq, skv_all = vw.skv;
     const int nqh = tc->nqh ? tc->nqh : H, qh0 = tc->nqh ? tc->qh0 : 0;
     const int nblk = tc->nblk > 1 ? tc->nblk : 1, step = tc->row_step > 1 ? tc->row_step : 1;
-    const size_t es = esz(dt);
+    const size_t es = test_esz(dt);
     const float scale = (float)(1.0 / sqrt((double)D));
 
     /* global tensors */
-    void *q = rand_tensor(dt, (size_t)B * Sg * H * D, seed, 1, tc->amp > 0 ? tc->amp : 1.0);
-    void *k = rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 2, 1.0);
-    void *v = rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 3, 1.0);
+    void *q = test_rand_tensor(dt, (size_t)B * Sg * H * D, seed, 1, tc->amp > 0 ? tc->amp : 1.0);
+    void *k = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 2, 1.0);
+    void *v = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 3, 1.0);
     int64_t nan_i = -1;
     if (tc->nan_q) {
         nan_i = (sq > 3 ? 3 : 0) / step * step;
@@ -431,10 +390,10 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
     }
     uint8_t *pmask = NULL;
     if (tc->pad) {
-        pmask = xmalloc((size_t)B * Skvg);
+        pmask = test_xmalloc((size_t)B * Skvg);
         for (int b = 0; b < B; b++)
             for (int64_t j = 0; j < Skvg; j++) {
-                uint8_t on = (bits_at(seed, 4, (uint64_t)b * Skvg + j) & 3u) != 0;
+                uint8_t on = (test_bits_at(seed, 4, (uint64_t)b * Skvg + j) & 3u) != 0;
                 if (tc->pad == 2 && b == B - 1)
                     on = 0;
                 if (tc->pad == 3 && j < 5)
@@ -451,7 +410,7 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
 
     /* local queries: `extra` poison rows and `slack` poison elements per batch */
     const int64_t qbs = (sq + tc->extra) * nqh * D + tc->slack;
-    void *ql = xmalloc(es * (size_t)(B * qbs));
+    void *ql = test_xmalloc(es * (size_t)(B * qbs));
     fill_nan(ql, dt, (size_t)(B * qbs));
     for (int b = 0; b < B; b++)
         for (int64_t i = 0; i < sq; i++)
@@ -459,9 +418,9 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
                    (char *)q + ((((size_t)b * Sg + vw.qpos[i]) * H + qh0) * D) * es,
                    es * (size_t)nqh * D);
     const size_t no = (size_t)B * sq * nqh * D, nl = (size_t)B * nqh * sq;
-    float *acc = xmalloc(sizeof(float) * no), *acc_lse = xmalloc(sizeof(float) * nl);
+    float *acc = test_xmalloc(sizeof(float) * no), *acc_lse = test_xmalloc(sizeof(float) * nl);
     float *acc2 = NULL, *acc_lse2 = NULL;
-    float *nanbuf = xmalloc(sizeof(float) * (no > nl ? no : nl));
+    float *nanbuf = test_xmalloc(sizeof(float) * (no > nl ? no : nl));
     fill_f32(nanbuf, no > nl ? no : nl, NAN);
     cpc_run *qruns = NULL;
     int nqr = 0;
@@ -504,7 +463,7 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
             cpc_run *kr = to_runs(vw.kpos + j0, skv, &nkr);
             const int64_t kvbs = (skv + tc->extra) * hkv * D + tc->slack;
             size_t kvn = (size_t)(B * kvbs);
-            void *kl = xmalloc(es * kvn), *vl = xmalloc(es * kvn);
+            void *kl = test_xmalloc(es * kvn), *vl = test_xmalloc(es * kvn);
             fill_nan(kl, dt, kvn);
             fill_nan(vl, dt, kvn);
             for (int b = 0; b < B; b++)
@@ -552,8 +511,8 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
         }
         float *ho = run ? acc2 : acc, *hl = run ? acc_lse2 : acc_lse;
         if (run == 1) {
-            ho = acc2 = xmalloc(sizeof(float) * no);
-            hl = acc_lse2 = xmalloc(sizeof(float) * nl);
+            ho = acc2 = test_xmalloc(sizeof(float) * no);
+            hl = acc_lse2 = test_xmalloc(sizeof(float) * nl);
             if (S->be->perturb)
                 S->be->perturb(S->be->ctx, 0);
         }
@@ -577,8 +536,8 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
             rmask[id] = pmask ? pmask[id] : 1;
         }
     int64_t nr_max = (int64_t)B * nqh * ((sq + step - 1) / step);
-    cpc_ref_row *rows = xmalloc(sizeof(cpc_ref_row) * (size_t)nr_max);
-    int64_t *vi = xmalloc(sizeof(int64_t) * (size_t)nr_max);
+    cpc_ref_row *rows = test_xmalloc(sizeof(cpc_ref_row) * (size_t)nr_max);
+    int64_t *vi = test_xmalloc(sizeof(int64_t) * (size_t)nr_max);
     int64_t nr = 0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nqh; h++)
@@ -587,12 +546,12 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
                 vi[nr] = i;
                 nr++;
             }
-    double *ref = xmalloc(sizeof(double) * (size_t)nr * D), *rlse = xmalloc(sizeof(double) * (size_t)nr);
-    double *got = xmalloc(sizeof(double) * (size_t)nr * D), *want = xmalloc(sizeof(double) * (size_t)nr * D);
+    double *ref = test_xmalloc(sizeof(double) * (size_t)nr * D), *rlse = test_xmalloc(sizeof(double) * (size_t)nr);
+    double *got = test_xmalloc(sizeof(double) * (size_t)nr * D), *want = test_xmalloc(sizeof(double) * (size_t)nr * D);
     cpc_ref_problem p = {.B = B, .S = Sg, .Skv = Skvg, .H = H, .Hkv = Hkv, .D = D, .dtype = dt,
                          .q = q, .k = k, .v = v, .scale = scale, .causal = tc->causal,
                          .kv_mask = rmask};
-    double *bound = xmalloc(sizeof(double) * (size_t)nr * D);
+    double *bound = test_xmalloc(sizeof(double) * (size_t)nr * D);
     st = cpc_reference_attention_bound(&p, rows, nr, ref, rlse, bound);
     if (st) {
         fail_st(S, what, "the reference", st);
@@ -740,18 +699,18 @@ static void check_merge(suite *S, cpc_backend *be, int D, uint64_t seed, const c
     const int B = 2, H = 3;
     const int64_t Sq = 45;
     const size_t rows = (size_t)B * Sq * H, n = rows * D;
-    float *acc = xmalloc(n * 4), *o = xmalloc(n * 4), *al = xmalloc(rows * 4), *l = xmalloc(rows * 4);
-    float *gacc = xmalloc(n * 4), *gal = xmalloc(rows * 4);
-    double *ea = xmalloc(n * 8), *el = xmalloc(rows * 8);
+    float *acc = test_xmalloc(n * 4), *o = test_xmalloc(n * 4), *al = test_xmalloc(rows * 4), *l = test_xmalloc(rows * 4);
+    float *gacc = test_xmalloc(n * 4), *gal = test_xmalloc(rows * 4);
+    double *ea = test_xmalloc(n * 8), *el = test_xmalloc(rows * 8);
     for (size_t i = 0; i < n; i++) {
-        acc[i] = (float)normal_at(seed, 20, i);
-        o[i] = (float)normal_at(seed, 21, i);
+        acc[i] = (float)test_normal_at(seed, 20, i);
+        o[i] = (float)test_normal_at(seed, 21, i);
     }
     /* row kinds: 0 acc empty (0, -inf), 1 block empty, 2 both, else both finite */
     for (size_t r = 0; r < rows; r++) {
-        int kind = r < 3 ? (int)r : (int)(bits_at(seed, 22, r) % 8);
-        al[r] = kind == 0 || kind == 2 ? -INFINITY : (float)(30.0 * normal_at(seed, 23, r));
-        l[r] = kind == 1 || kind == 2 ? -INFINITY : (float)(30.0 * normal_at(seed, 24, r));
+        int kind = r < 3 ? (int)r : (int)(test_bits_at(seed, 22, r) % 8);
+        al[r] = kind == 0 || kind == 2 ? -INFINITY : (float)(30.0 * test_normal_at(seed, 23, r));
+        l[r] = kind == 1 || kind == 2 ? -INFINITY : (float)(30.0 * test_normal_at(seed, 24, r));
     }
     for (int b = 0; b < B; b++)
         for (int64_t s = 0; s < Sq; s++)
@@ -831,7 +790,7 @@ static void check_init(suite *S, cpc_backend *be, const char *what)
     for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
         size_t na = sizes[c][0], nl = sizes[c][1];
         const size_t tail = 8;
-        float *a = xmalloc((na + tail) * 4), *l = xmalloc((nl + tail) * 4);
+        float *a = test_xmalloc((na + tail) * 4), *l = test_xmalloc((nl + tail) * 4);
         fill_f32(a, na + tail, 1.5f);
         fill_f32(l, nl + tail, 2.5f);
         void *da = NULL, *dl = NULL;
@@ -872,12 +831,12 @@ static int convert_and_compare(suite *S, cpc_backend *be, cpc_dtype dt, cpc_dtyp
                                const void *src, size_t n, const char *what)
 {
     void *ds = NULL, *dd = NULL;
-    void *got = xmalloc(n * esz(dt));
+    void *got = test_xmalloc(n * test_esz(dt));
     cpc_status *st;
     int bad = 0;
-    if ((st = dev_put(be, src, n * esz(stt), &ds)) || (st = dev_put(be, NULL, n * esz(dt), &dd)) ||
+    if ((st = dev_put(be, src, n * test_esz(stt), &ds)) || (st = dev_put(be, NULL, n * test_esz(dt), &dd)) ||
         (st = cpc_backend_convert(be, dd, dt, ds, stt, n)) || (st = dev_sync(be)) ||
-        (st = cpc_backend_download(be, got, dd, n * esz(dt)))) {
+        (st = cpc_backend_download(be, got, dd, n * test_esz(dt)))) {
         char w[200];
         snprintf(w, sizeof w, "%s: convert %s -> %s", what, cpc_dtype_name(stt), cpc_dtype_name(dt));
         fail_st(S, w, "convert", st);
@@ -909,16 +868,16 @@ static void check_convert(suite *S, cpc_backend *be, cpc_dtype dt, uint64_t seed
                           bool pairs16, const char *what)
 {
     enum { N = 1003 };
-    float *f = xmalloc(N * 4);
+    float *f = test_xmalloc(N * 4);
     for (int i = 0; i < N; i++) {
-        double x = normal_at(seed, 30, (uint64_t)i);
+        double x = test_normal_at(seed, 30, (uint64_t)i);
         f[i] = (float)(i % 3 == 0 ? 100.0 * x : i % 3 == 1 ? 70000.0 * x : 1e-6 * x);
     }
     const float special[] = {INFINITY, -INFINITY, -0.0f, 0.0f, NAN, 1e-8f, 0x1p-24f, 0x1p-25f,
                              65504.0f, 65520.0f, 3.4e38f, fbits(0x00010000u), 1.0f + 0x1p-8f,
                              1.0f + 0x3p-11f, -NAN, fbits(0x7f800001u)};
     memcpy(f, special, sizeof special);
-    void *h = xmalloc(N * 2);
+    void *h = test_xmalloc(N * 2);
     if (dt != CPC_DTYPE_FP32) {
         cpc_from_f32_n(h, dt, f, N);
         convert_and_compare(S, be, dt, CPC_DTYPE_FP32, f, N, what);
@@ -946,10 +905,10 @@ static void copy_one(suite *S, cpc_backend *be, size_t es, bool aligned, uint64_
     const int64_t dts = inner, dhs = nt * inner, dbs = nh * dhs;
     const int64_t off = aligned ? 0 : 1;
     const size_t src_n = (size_t)(nb * sbs) + 8, dst_n = (size_t)(nb * dbs) + 8;
-    unsigned char *src = xmalloc(src_n * es), *dst = xmalloc(dst_n * es), *exp_ = xmalloc(dst_n * es);
-    unsigned char *back = xmalloc(src_n * es), *eback = xmalloc(src_n * es);
+    unsigned char *src = test_xmalloc(src_n * es), *dst = test_xmalloc(dst_n * es), *exp_ = test_xmalloc(dst_n * es);
+    unsigned char *back = test_xmalloc(src_n * es), *eback = test_xmalloc(src_n * es);
     for (size_t i = 0; i < src_n * es; i++)
-        src[i] = (unsigned char)bits_at(seed, 40, i);
+        src[i] = (unsigned char)test_bits_at(seed, 40, i);
     memset(dst, 0x5a, dst_n * es);
     memcpy(exp_, dst, dst_n * es);
     memset(back, 0x33, src_n * es);
@@ -1023,7 +982,7 @@ static void check_memory(suite *S, cpc_backend *be, uint64_t seed, const char *w
     if ((uintptr_t)p2 % 16 || (uintptr_t)p3 % 16)
         fail(S, what, "allocations must be aligned to at least 16 bytes");
     for (int i = 0; i < 1000; i++)
-        host[i] = (unsigned char)bits_at(seed, 50, (uint64_t)i);
+        host[i] = (unsigned char)test_bits_at(seed, 50, (uint64_t)i);
     if ((st = cpc_backend_upload(be, p2, host, 1000)) || (st = cpc_backend_copy(be, p3, p2, 1000)) ||
         (st = dev_sync(be)) || (st = cpc_backend_download(be, back, p3, 1000))) {
         fail_st(S, what, "upload/copy/download", st);
@@ -1110,7 +1069,7 @@ static void check_bad_args(suite *S)
     }
     enum { NO = 4 * 4 * 4 * BA_D, NL = 4 * 4 * 4 };
     bad_bufs bb = {0};
-    float *ones = xmalloc(sizeof(float) * NO);
+    float *ones = test_xmalloc(sizeof(float) * NO);
     fill_f32(ones, NO, 0.25f);
     uint8_t mk[8] = {1, 1, 1, 1, 1, 1, 1, 1};
     if ((st = dev_put(be, ones, sizeof(float) * NO, &bb.q)) ||
@@ -1304,7 +1263,7 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
         if (mem_checks & CPC_BC_COPY) {
             snprintf(w, sizeof w, "%s: copy_strided", what);
             for (int al = 0; al < 2; al++) {
-                copy_one(&S, b, esz(dt), al == 0, seed, w);
+                copy_one(&S, b, test_esz(dt), al == 0, seed, w);
                 if (dt != CPC_DTYPE_FP32)
                     copy_one(&S, b, 4, al == 0, seed, w);
             }

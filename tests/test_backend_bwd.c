@@ -30,52 +30,7 @@
 #include "backend.h"
 #include "dtype.h"
 #include "reference.h"
-
-/* ---- seeds and random numbers (as test_backend_cpu.c) -------------------------------- */
-
-static uint64_t test_seed(void)
-{
-    static uint64_t counter;
-    const char *env = getenv("CPC_TEST_SEED");
-    if (env)
-        return strtoull(env, NULL, 10);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t base = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 20);
-    return base % 1000000007u + 7919u * counter++;
-}
-
-static double normal_at(uint64_t seed, uint32_t stream, uint64_t i)
-{
-    philox4x32_key_t key = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
-    philox4x32_ctr_t ctr = {{(uint32_t)(i / 2), (uint32_t)(i / 2 >> 32), stream, 0x5eedu}};
-    philox4x32_ctr_t r = philox4x32(ctr, key);
-    double u1 = ((double)r.v[0] + 1.0) / 4294967296.0;
-    double u2 = ((double)r.v[1] + 0.5) / 4294967296.0;
-    double rad = sqrt(-2.0 * log(u1));
-    return (i & 1) ? rad * sin(2 * M_PI * u2) : rad * cos(2 * M_PI * u2);
-}
-
-static uint32_t bits_at(uint64_t seed, uint32_t stream, uint64_t i)
-{
-    philox4x32_key_t key = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
-    philox4x32_ctr_t ctr = {{(uint32_t)i, (uint32_t)(i >> 32), stream, 0xb175u}};
-    return philox4x32(ctr, key).v[0];
-}
-
-static size_t esz(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4 : 2; }
-
-static void *rand_tensor(cpc_dtype t, size_t n, uint64_t seed, uint32_t stream, double amp)
-{
-    float *f = malloc(sizeof(float) * (n ? n : 1));
-    void *out = malloc(esz(t) * (n ? n : 1));
-    cr_assert(f && out);
-    for (size_t i = 0; i < n; i++)
-        f[i] = (float)(amp * normal_at(seed, stream, i));
-    cpc_from_f32_n(out, t, f, n);
-    free(f);
-    return out;
-}
+#include "test_random.h"
 
 static void fill_poison(void *p, cpc_dtype t, size_t n)
 {
@@ -192,19 +147,19 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
     const int B = tc.B, H = tc.H, Hkv = tc.Hkv, D = tc.D, group = H / Hkv;
     const int64_t S = tc.S, Skv = tc.Skv;
     const cpc_dtype dt = tc.dt;
-    const size_t es = esz(dt);
+    const size_t es = test_esz(dt);
     const float scale = (float)(1.0 / sqrt((double)D));
 
-    void *q = rand_tensor(dt, (size_t)B * S * H * D, seed, 1, tc.amp);
-    void *k = rand_tensor(dt, (size_t)B * Skv * Hkv * D, seed, 2, 1.0);
-    void *v = rand_tensor(dt, (size_t)B * Skv * Hkv * D, seed, 3, 1.0);
-    void *dout = rand_tensor(dt, (size_t)B * S * H * D, seed, 5, 1.0);
+    void *q = test_rand_tensor(dt, (size_t)B * S * H * D, seed, 1, tc.amp);
+    void *k = test_rand_tensor(dt, (size_t)B * Skv * Hkv * D, seed, 2, 1.0);
+    void *v = test_rand_tensor(dt, (size_t)B * Skv * Hkv * D, seed, 3, 1.0);
+    void *dout = test_rand_tensor(dt, (size_t)B * S * H * D, seed, 5, 1.0);
     uint8_t *pmask = NULL;
     if (tc.pad) {
         pmask = malloc((size_t)B * Skv);
         for (int b = 0; b < B; b++)
             for (int64_t j = 0; j < Skv; j++) {
-                uint8_t on = (bits_at(seed, 4, (uint64_t)b * Skv + j) & 3u) != 0;
+                uint8_t on = (test_bits_at(seed, 4, (uint64_t)b * Skv + j) & 3u) != 0;
                 if (tc.pad == 2 && b == B - 1)
                     on = 0;
                 if (tc.pad == 3 && j < 5)
@@ -307,11 +262,11 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
     float *pv = malloc(sizeof(float) * ndkv);
     for (size_t i = 0; i < ndq; i++)
         pq[i] = (int64_t)(i % (size_t)dqbs) >= sq * nqh * D ? sentinel
-                : tc.prior ? (float)(0.01 * normal_at(seed, 6, i)) : 0.0f;
+                : tc.prior ? (float)(0.01 * test_normal_at(seed, 6, i)) : 0.0f;
     for (size_t i = 0; i < ndkv; i++) {
         bool gap = (int64_t)(i % (size_t)dkvbs) >= skv * hkv * D;
-        pk[i] = gap ? sentinel : tc.prior ? (float)(0.01 * normal_at(seed, 7, i)) : 0.0f;
-        pv[i] = gap ? sentinel : tc.prior ? (float)(0.01 * normal_at(seed, 8, i)) : 0.0f;
+        pk[i] = gap ? sentinel : tc.prior ? (float)(0.01 * test_normal_at(seed, 7, i)) : 0.0f;
+        pv[i] = gap ? sentinel : tc.prior ? (float)(0.01 * test_normal_at(seed, 8, i)) : 0.0f;
     }
     memcpy(dq, pq, sizeof(float) * ndq);
     memcpy(dk, pk, sizeof(float) * ndkv);
@@ -781,10 +736,10 @@ Test(attn_bwd, finite_differences)
         const bool causal = cs == 1;
         uint8_t mask[9] = {1, 1, 0, 1, 1, 1, 0, 1, 1};
         const size_t nq = (size_t)S * H * D, nk = (size_t)Skv * Hkv * D;
-        float *qf = rand_tensor(CPC_DTYPE_FP32, nq, seed, 1, 1.0);
-        float *kf = rand_tensor(CPC_DTYPE_FP32, nk, seed, 2, 1.0);
-        float *vf = rand_tensor(CPC_DTYPE_FP32, nk, seed, 3, 1.0);
-        float *df = rand_tensor(CPC_DTYPE_FP32, nq, seed, 5, 1.0);
+        float *qf = test_rand_tensor(CPC_DTYPE_FP32, nq, seed, 1, 1.0);
+        float *kf = test_rand_tensor(CPC_DTYPE_FP32, nk, seed, 2, 1.0);
+        float *vf = test_rand_tensor(CPC_DTYPE_FP32, nk, seed, 3, 1.0);
+        float *df = test_rand_tensor(CPC_DTYPE_FP32, nq, seed, 5, 1.0);
         double *qd = malloc(sizeof(double) * nq), *kd = malloc(sizeof(double) * nk);
         double *vd = malloc(sizeof(double) * nk), *dd = malloc(sizeof(double) * nq);
         for (size_t i = 0; i < nq; i++) {

@@ -30,55 +30,9 @@
 #include "backend_conformance.h"
 #include "dtype.h"
 #include "reference.h"
+#include "test_random.h"
 
-/* ---- seeds and random numbers ---------------------------------------------------- */
-
-/* A fresh seed per call (clock, pid and a counter).  CPC_TEST_SEED=N makes every
- * call return N, which replays the failing case whose message printed N. */
-static uint64_t test_seed(void)
-{
-    static uint64_t counter;
-    const char *env = getenv("CPC_TEST_SEED");
-    if (env)
-        return strtoull(env, NULL, 10);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t base = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 20);
-    return base % 1000000007u + 7919u * counter++;
-}
-
-static double normal_at(uint64_t seed, uint32_t stream, uint64_t i)
-{
-    philox4x32_key_t key = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
-    philox4x32_ctr_t ctr = {{(uint32_t)(i / 2), (uint32_t)(i / 2 >> 32), stream, 0x5eedu}};
-    philox4x32_ctr_t r = philox4x32(ctr, key);
-    double u1 = ((double)r.v[0] + 1.0) / 4294967296.0; /* (0, 1] */
-    double u2 = ((double)r.v[1] + 0.5) / 4294967296.0;
-    double rad = sqrt(-2.0 * log(u1));
-    return (i & 1) ? rad * sin(2 * M_PI * u2) : rad * cos(2 * M_PI * u2);
-}
-
-static uint32_t bits_at(uint64_t seed, uint32_t stream, uint64_t i)
-{
-    philox4x32_key_t key = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
-    philox4x32_ctr_t ctr = {{(uint32_t)i, (uint32_t)(i >> 32), stream, 0xb175u}};
-    return philox4x32(ctr, key).v[0];
-}
-
-static size_t esz(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4 : 2; }
-
-/* n random normals * amp, rounded to dtype t */
-static void *rand_tensor(cpc_dtype t, size_t n, uint64_t seed, uint32_t stream, double amp)
-{
-    float *f = malloc(sizeof(float) * (n ? n : 1));
-    void *out = malloc(esz(t) * (n ? n : 1));
-    cr_assert(f && out);
-    for (size_t i = 0; i < n; i++)
-        f[i] = (float)(amp * normal_at(seed, stream, i));
-    cpc_from_f32_n(out, t, f, n);
-    free(f);
-    return out;
-}
+/* ---- the backend under test ----------------------------------------------------------- */
 
 static cpc_status *cpu_create(void *ctx, const cpc_kernel_spec *spec, cpc_backend **out)
 {
@@ -302,7 +256,7 @@ Test(dtype, rounding_is_nearest_even_and_bulk_matches_scalar)
     float *x = malloc(sizeof(float) * N), *wide = malloc(sizeof(float) * N);
     uint16_t *hb = malloc(2 * N), *hh = malloc(2 * N);
     for (int i = 0; i < N; i++) {
-        uint32_t u = bits_at(seed, 8, (uint64_t)i);
+        uint32_t u = test_bits_at(seed, 8, (uint64_t)i);
         switch (i % 4) {
         case 0: /* any bit pattern: NaN, inf, subnormal fp32 */
             x[i] = fbits(u);
@@ -314,7 +268,7 @@ Test(dtype, rounding_is_nearest_even_and_bulk_matches_scalar)
             x[i] = fbits(u & 0xfffff000u);
             break;
         default:
-            x[i] = (float)normal_at(seed, 9, (uint64_t)i);
+            x[i] = (float)test_normal_at(seed, 9, (uint64_t)i);
         }
     }
     cpc_f32_to_bf16_n(hb, x, N);
@@ -333,7 +287,7 @@ Test(dtype, rounding_is_nearest_even_and_bulk_matches_scalar)
     }
     /* widening, bulk vs scalar, odd lengths */
     for (int i = 0; i < N; i++)
-        hb[i] = (uint16_t)bits_at(seed, 10, (uint64_t)i);
+        hb[i] = (uint16_t)test_bits_at(seed, 10, (uint64_t)i);
     for (int len = 1; len < 40; len += 3) {
         cpc_bf16_to_f32_n(wide, hb, (size_t)len);
         for (int i = 0; i < len; i++) {
@@ -398,9 +352,9 @@ Test(reference, rows_match_all_rows_and_sampling)
     uint64_t seed = test_seed();
     const int B = 2, H = 6, Hkv = 3, D = 16;
     const int64_t S = 40;
-    void *q = rand_tensor(CPC_DTYPE_BF16, (size_t)B * S * H * D, seed, 1, 1);
-    void *k = rand_tensor(CPC_DTYPE_BF16, (size_t)B * S * Hkv * D, seed, 2, 1);
-    void *v = rand_tensor(CPC_DTYPE_BF16, (size_t)B * S * Hkv * D, seed, 3, 1);
+    void *q = test_rand_tensor(CPC_DTYPE_BF16, (size_t)B * S * H * D, seed, 1, 1);
+    void *k = test_rand_tensor(CPC_DTYPE_BF16, (size_t)B * S * Hkv * D, seed, 2, 1);
+    void *v = test_rand_tensor(CPC_DTYPE_BF16, (size_t)B * S * Hkv * D, seed, 3, 1);
     cpc_ref_problem p = {.B = B, .S = S, .Skv = S, .H = H, .Hkv = Hkv, .D = D,
                          .dtype = CPC_DTYPE_BF16, .q = q, .k = k, .v = v, .scale = 0.25,
                          .causal = true};
