@@ -79,7 +79,6 @@ struct cpc_cpu_bwd {
     int64_t *qt;   size_t qt_cap;    /* per query tile: min, max, increasing */
 };
 
-enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
 enum { QT_MIN = 0, QT_MAX, QT_INC, QT_N };
 
 /* ---- the fused P / dS pass ------------------------------------------------------ */
@@ -290,23 +289,6 @@ static void compute_delta(cpc_cpu_bwd *c, const cpc_attn_bwd_args *a)
             }
 }
 
-/* Tile descriptors of positions pos[0..n) in tiles of t: min, max, increasing. */
-static void tile_desc(const int64_t *pos, int64_t n, int t, int64_t *desc, int stride)
-{
-    for (int64_t k = 0, j0 = 0; j0 < n; k++, j0 += t) {
-        int64_t j1 = j0 + t < n ? j0 + t : n;
-        int64_t mn = pos[j0], mx = pos[j0], inc = 1;
-        for (int64_t j = j0 + 1; j < j1; j++) {
-            mn = pos[j] < mn ? pos[j] : mn;
-            mx = pos[j] > mx ? pos[j] : mx;
-            if (pos[j] < pos[j - 1])
-                inc = 0;
-        }
-        desc[k * stride + 0] = mn;
-        desc[k * stride + 1] = mx;
-        desc[k * stride + 2] = inc;
-    }
-}
 
 /* ---- the backward ------------------------------------------------------------------- */
 
@@ -362,8 +344,8 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
                                  "attn_bwd: key position %lld outside the key padding mask "
                                  "(length %lld)",
                                  (long long)c->kpos[j], (long long)a->mask_len);
-    tile_desc(c->kpos, skv, tk, c->kt, KT_N);
-    tile_desc(c->qpos, sq, tq, c->qt, QT_N);
+    cpu_tile_desc(c->kpos, skv, tk, c->kt, KT_N);
+    cpu_tile_desc(c->qpos, sq, tq, c->qt, QT_N);
     for (int64_t t = 0; t < n_kt; t++)
         c->kt[t * KT_N + KT_MASKED] = 0;
 
@@ -378,24 +360,12 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
         const char *dosrc = (const char *)a->dout + (size_t)b * (size_t)a->dout_bstride * es;
         const char *ksrc = (const char *)a->k + (size_t)b * (size_t)a->kv_bstride * es;
         const char *vsrc = (const char *)a->v + (size_t)b * (size_t)a->kv_bstride * es;
-        if (a->kv_mask) {
-            const uint8_t *mk = a->kv_mask + (size_t)b * (size_t)a->mask_len;
-            for (int64_t t = 0; t < n_kt; t++) {
-                int64_t j0 = t * tk, j1 = j0 + tk < skv ? j0 + tk : skv, cnt = 0;
-                for (int64_t j = j0; j < j1; j++) {
-                    bool on = mk[c->kpos[j]] != 0;
-                    c->bias[j] = on ? 0.0f : -INFINITY;
-                    cnt += !on;
-                }
-                c->kt[t * KT_N + KT_MASKED] = cnt;
-            }
-        }
+        if (a->kv_mask)
+            cpu_key_padding(a->kv_mask + (size_t)b * (size_t)a->mask_len, c->kpos, skv, tk, c->bias,
+                            c->kt);
         for (int kvl = 0; kvl < hkv; kvl++) {
-            int g = a->kv_head_off + kvl;
-            int h0 = g * a->group - a->q_head_off, h1 = h0 + a->group;
-            h0 = h0 < 0 ? 0 : h0;
-            h1 = h1 > hq ? hq : h1;
-            if (h0 >= h1)
+            int h0, h1;
+            if (!cpu_gqa_heads(a->kv_head_off, kvl, a->group, a->q_head_off, hq, &h0, &h1))
                 continue; /* no query head of this call uses it: dk/dv untouched */
             for (int64_t j = 0; j < skv; j++) {
                 size_t off = ((size_t)j * (size_t)ldkv + (size_t)kvl * d) * es;

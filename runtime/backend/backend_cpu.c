@@ -252,7 +252,6 @@ static cpc_status *check_args(const cpc_attn_args *a)
 }
 
 /* Key-tile descriptors, 4 int64 per tile. */
-enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
 
 static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
 {
@@ -307,21 +306,9 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                                  (long long)c->kpos[j], (long long)a->mask_len);
 
     /* Key tiles: position range and whether positions increase. */
-    for (int64_t t = 0; t < n_kt; t++) {
-        int64_t j0 = t * tk, j1 = j0 + tk < skv ? j0 + tk : skv;
-        int64_t mn = c->kpos[j0], mx = c->kpos[j0], inc = 1;
-        for (int64_t j = j0 + 1; j < j1; j++) {
-            int64_t p = c->kpos[j];
-            mn = p < mn ? p : mn;
-            mx = p > mx ? p : mx;
-            if (p < c->kpos[j - 1])
-                inc = 0;
-        }
-        c->kt[t * KT_N + KT_MIN] = mn;
-        c->kt[t * KT_N + KT_MAX] = mx;
-        c->kt[t * KT_N + KT_INC] = inc;
+    cpu_tile_desc(c->kpos, skv, tk, c->kt, KT_N);
+    for (int64_t t = 0; t < n_kt; t++)
         c->kt[t * KT_N + KT_MASKED] = 0;
-    }
 
     const float qscale = a->scale * LOG2E_F;
     const int64_t ldq = (int64_t)hq * d, ldkv_in = (int64_t)hkv * d;
@@ -331,25 +318,12 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
         const char *qb = (const char *)a->q + (size_t)b * (size_t)a->q_bstride * es;
         const char *kb = (const char *)a->k + (size_t)b * (size_t)a->kv_bstride * es;
         const char *vb = (const char *)a->v + (size_t)b * (size_t)a->kv_bstride * es;
-        if (a->kv_mask) {
-            const uint8_t *mk = a->kv_mask + (size_t)b * (size_t)a->mask_len;
-            for (int64_t t = 0; t < n_kt; t++) {
-                int64_t j0 = t * tk, j1 = j0 + tk < skv ? j0 + tk : skv, cnt = 0;
-                for (int64_t j = j0; j < j1; j++) {
-                    bool on = mk[c->kpos[j]] != 0;
-                    c->bias[j] = on ? 0.0f : -INFINITY;
-                    cnt += !on;
-                }
-                c->kt[t * KT_N + KT_MASKED] = cnt;
-            }
-        }
+        if (a->kv_mask)
+            cpu_key_padding(a->kv_mask + (size_t)b * (size_t)a->mask_len, c->kpos, skv, tk, c->bias,
+                            c->kt);
         for (int kvl = 0; kvl < hkv; kvl++) {
-            /* local query heads using this K/V head */
-            int g = a->kv_head_off + kvl;
-            int h0 = g * a->group - a->q_head_off, h1 = h0 + a->group;
-            h0 = h0 < 0 ? 0 : h0;
-            h1 = h1 > hq ? hq : h1;
-            if (h0 >= h1)
+            int h0, h1; /* local query heads using this K/V head */
+            if (!cpu_gqa_heads(a->kv_head_off, kvl, a->group, a->q_head_off, hq, &h0, &h1))
                 continue;
             const float *K, *V;
             int64_t ldk;

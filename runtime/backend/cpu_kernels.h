@@ -173,6 +173,60 @@ static inline int count_lt(const int64_t *a, int n, int64_t x)
     return lo;
 }
 
+/* ---- tiles, key padding and GQA heads (forward and backward alike) ---- */
+
+/* Per key tile: position range, whether positions increase, masked keys. */
+enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
+
+/* For every tile of t rows of the positions pos[0..n): desc[k*stride + 0] =
+ * the smallest position, + 1 the largest, + 2 whether they increase. */
+static inline void cpu_tile_desc(const int64_t *pos, int64_t n, int t, int64_t *desc, int stride)
+{
+    for (int64_t k = 0, j0 = 0; j0 < n; k++, j0 += t) {
+        int64_t j1 = j0 + t < n ? j0 + t : n;
+        int64_t mn = pos[j0], mx = pos[j0], inc = 1;
+        for (int64_t j = j0 + 1; j < j1; j++) {
+            mn = pos[j] < mn ? pos[j] : mn;
+            mx = pos[j] > mx ? pos[j] : mx;
+            if (pos[j] < pos[j - 1])
+                inc = 0;
+        }
+        desc[k * stride + 0] = mn;
+        desc[k * stride + 1] = mx;
+        desc[k * stride + 2] = inc;
+    }
+}
+
+/* Key padding of one batch row (mk indexed by global key position): bias[j]
+ * = 0 for a key that takes part, -inf otherwise, and kt[tile * KT_N +
+ * KT_MASKED] = the masked keys of each tile of tk keys. */
+static inline void cpu_key_padding(const uint8_t *mk, const int64_t *kpos, int64_t skv, int tk,
+                                   float *bias, int64_t *kt)
+{
+    for (int64_t t = 0, j0 = 0; j0 < skv; t++, j0 += tk) {
+        int64_t j1 = j0 + tk < skv ? j0 + tk : skv, cnt = 0;
+        for (int64_t j = j0; j < j1; j++) {
+            bool on = mk[kpos[j]] != 0;
+            bias[j] = on ? 0.0f : -INFINITY;
+            cnt += !on;
+        }
+        kt[t * KT_N + KT_MASKED] = cnt;
+    }
+}
+
+/* The local query heads [h0, h1) that use local K/V head kvl (GQA: global
+ * K/V head kv_head_off + kvl serves query heads g*group .. g*group+group-1);
+ * false when no query head of the call uses it. */
+static inline bool cpu_gqa_heads(int kv_head_off, int kvl, int group, int q_head_off, int hq, int *h0,
+                                 int *h1)
+{
+    int g = kv_head_off + kvl;
+    int a = g * group - q_head_off, b = a + group;
+    *h0 = a < 0 ? 0 : a;
+    *h1 = b > hq ? hq : b;
+    return *h0 < *h1;
+}
+
 /* ---- the backward (attention_bwd_cpu.c) ---- */
 
 /* Per-instance scratch of the backward, created on first use. */
