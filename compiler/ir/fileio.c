@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -180,7 +181,19 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         return &cpc_status_oom;
     }
     snprintf(tmp, tl + 16, "%s.tmpXXXXXX", target);
+    /* The temporary file is created and registered for the cleanup handler
+     * with the cleanup signals blocked: a signal that arrives in between is
+     * delivered after registration, so it never leaves the file behind. */
+    install_handlers();
+    sigset_t block, saved;
+    sigemptyset(&block);
+    for (size_t i = 0; i < sizeof cleanup_signals / sizeof cleanup_signals[0]; i++)
+        sigaddset(&block, cleanup_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &block, &saved);
     int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd >= 0)
+        o->slot = register_tmp(tmp);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
     if (fd < 0) {
         int e = errno;
         free(tmp);
@@ -190,7 +203,6 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         o->slot = -1;
         return werr(path, verb, e);
     }
-    o->slot = register_tmp(tmp);
     o->f = fdopen(fd, "wb");
     if (!o->f) {
         int e = errno;
