@@ -18,6 +18,7 @@
  *     cycle.
  */
 #include "verify.h"
+#include "verify_common.h"
 #include "verify_sym.h"
 
 #include <inttypes.h>
@@ -32,8 +33,6 @@
 #define MATCH_NONE (-1)
 #define MATCH_PHANTOM (-2) /* matched by a rank outside the simulated set */
 
-enum { SRC_NONE = 0, SRC_Q, SRC_K, SRC_V, SRC_O, SRC_LSE };
-static const char *const src_names[] = {"nothing", "q", "k", "v", "attention output", "LSE"};
 
 enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
 
@@ -246,29 +245,6 @@ static int oom(ctx *C)
 static bool is_kv_role(cpc_buf_role r)
 {
     return r == CPC_ROLE_K || r == CPC_ROLE_V;
-}
-
-static int src_of_role(cpc_buf_role r)
-{
-    switch (r) {
-    case CPC_ROLE_Q: return SRC_Q;
-    case CPC_ROLE_K: return SRC_K;
-    case CPC_ROLE_V: return SRC_V;
-    case CPC_ROLE_O:
-    case CPC_ROLE_ACC: return SRC_O;
-    case CPC_ROLE_LSE: return SRC_LSE;
-    default: return SRC_NONE;
-    }
-}
-
-static bool src_is_kv(int src)
-{
-    return src == SRC_K || src == SRC_V;
-}
-
-static bool src_is_attn(int src)
-{
-    return src == SRC_O || src == SRC_LSE;
 }
 
 /* Total heads of the head space data of `src` lives in. */

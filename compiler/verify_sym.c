@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "verify.h"
+#include "verify_common.h"
 
 #define MAXPC 8          /* coverage pieces per value */
 #define MAXREQ 32        /* requests in flight (the generic rank's) */
@@ -46,8 +47,6 @@
 #define SMALL_LOOP 64    /* guards that are not intervals: evaluated per step up to this count */
 #define MAX_IVL 32
 
-enum { SRC_NONE = 0, SRC_Q, SRC_K, SRC_V, SRC_O, SRC_LSE };
-static const char *const src_names[] = {"nothing", "q", "k", "v", "attention output", "LSE"};
 enum { T_UNSET = 0, T_OWN, T_BLOCK, T_ALL, T_KV, T_OTHER };
 enum { HD_ALL = 0, HD_PART };
 enum { PC_BLK = 0, PC_ALL, PC_OWN };
@@ -570,29 +569,6 @@ static int snomem(sctx *C)
 }
 
 /* ---- layout helpers -------------------------------------------------------------- */
-
-static int src_of_role(cpc_buf_role r)
-{
-    switch (r) {
-    case CPC_ROLE_Q: return SRC_Q;
-    case CPC_ROLE_K: return SRC_K;
-    case CPC_ROLE_V: return SRC_V;
-    case CPC_ROLE_O:
-    case CPC_ROLE_ACC: return SRC_O;
-    case CPC_ROLE_LSE: return SRC_LSE;
-    default: return SRC_NONE;
-    }
-}
-
-static bool src_is_kv(int s)
-{
-    return s == SRC_K || s == SRC_V;
-}
-
-static bool src_is_attn(int s)
-{
-    return s == SRC_O || s == SRC_LSE;
-}
 
 static const char *bname(const sctx *C, int b)
 {

@@ -424,23 +424,8 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
                                     dOt, d, c->vb + (size_t)j0 * d, d, 0.0f, DPt, tk);
                         for (int r = r0; r < br; r++) {
                             float *sr = S + (size_t)r * tk;
-                            if (diag) {
-                                const int64_t qp = c->qpos[i0 + r];
-                                const int64_t *kp = c->kpos + j0;
-                                if (kt[KT_INC]) {
-                                    for (int j = count_le(kp, bcx, qp); j < bcx; j++)
-                                        sr[j] = -INFINITY;
-                                } else {
-                                    for (int j = 0; j < bcx; j++)
-                                        if (kp[j] > qp)
-                                            sr[j] = -INFINITY;
-                                }
-                            }
-                            if (pad) {
-                                const float *bi = c->bias + j0;
-                                for (int j = 0; j < bcx; j++)
-                                    sr[j] += bi[j];
-                            }
+                            cpu_mask_row(sr, bcx, diag, kt[KT_INC], c->kpos + j0, c->qpos[i0 + r],
+                                         pad ? c->bias + j0 : NULL);
                             c->fused(sr, DP + (size_t)r * tk, bcx, c->m[i0 + r],
                                      delta[i0 + r]);
                         }

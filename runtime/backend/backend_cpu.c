@@ -387,24 +387,8 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                         bool any = false;
                         for (int r = r0; r < br; r++) {
                             float *sr = S + (size_t)r * tk;
-                            if (diag) {
-                                const int64_t qp = c->qpos[i0 + r];
-                                const int64_t *kp = c->kpos + j0;
-                                if (kt[KT_INC]) {
-                                    /* visible keys are a prefix */
-                                    for (int j = count_le(kp, bcx, qp); j < bcx; j++)
-                                        sr[j] = -INFINITY;
-                                } else {
-                                    for (int j = 0; j < bcx; j++)
-                                        if (kp[j] > qp)
-                                            sr[j] = -INFINITY;
-                                }
-                            }
-                            if (pad) {
-                                const float *bi = c->bias + j0;
-                                for (int j = 0; j < bcx; j++)
-                                    sr[j] += bi[j];
-                            }
+                            cpu_mask_row(sr, bcx, diag, kt[KT_INC], c->kpos + j0, c->qpos[i0 + r],
+                                         pad ? c->bias + j0 : NULL);
                             float mx = c->row_max(sr, bcx);
                             if (mx != mx) { /* a NaN score: the row is NaN */
                                 M[r] = L[r] = NAN;

@@ -227,6 +227,28 @@ static inline bool cpu_gqa_heads(int kv_head_off, int kvl, int group, int q_head
     return *h0 < *h1;
 }
 
+/* Masks one row of scores sr[0..bcx) of a key tile in place: on a tile that
+ * straddles the causal diagonal (`diag`), keys at positions kp[j] > qp get
+ * -inf (with increasing positions, `inc`, the visible keys are a prefix);
+ * with key padding (`bias` not NULL) the tile's bias (0 or -inf) is added. */
+static inline void cpu_mask_row(float *sr, int bcx, bool diag, bool inc, const int64_t *kp,
+                                int64_t qp, const float *bias)
+{
+    if (diag) {
+        if (inc) {
+            for (int j = count_le(kp, bcx, qp); j < bcx; j++)
+                sr[j] = -INFINITY;
+        } else {
+            for (int j = 0; j < bcx; j++)
+                if (kp[j] > qp)
+                    sr[j] = -INFINITY;
+        }
+    }
+    if (bias)
+        for (int j = 0; j < bcx; j++)
+            sr[j] += bias[j];
+}
+
 /* ---- the backward (attention_bwd_cpu.c) ---- */
 
 /* Per-instance scratch of the backward, created on first use. */
