@@ -52,7 +52,7 @@
 /* ==================================================================================== */
 
 /* Tags of the result collection on the world group (after the program). */
-enum { TAG_STATS = 30001, TAG_OUT = 30002, TAG_LSE = 30003, TAG_EVENTS = 30004 };
+enum { TAG_STATS = 30001, TAG_OUT = 30002, TAG_LSE = 30003, TAG_EVENTS = 30004, TAG_GRAD = 30005 };
 
 /* ---- loading -------------------------------------------------------------------- */
 
@@ -293,6 +293,9 @@ typedef struct run_ctx {
     double *bwd_ms;           /* [P * n_iter] */
     int64_t *bwd_bytes;       /* [P] of the last iteration */
     const cpc_st_tensor *tdo; /* --input's `dout`, or NULL (random from the seed) */
+    bool mpi;                 /* this process is one rank (MPI): gradients, backward
+                                 times and bytes travel to rank 0 as blobs (TAG_GRAD);
+                                 x->dq/dk/dv exist on rank 0 only */
     /* local transport */
     cpc_local_world *world;
     cpc_backend **bes;        /* [P] when the world copies device to device
@@ -385,18 +388,108 @@ static cpc_status *make_dout(run_ctx *x, const cpc_run *runs, int n_runs, void *
 
 static void scatter_rows(void *global, const void *shard, int64_t B, int64_t S, int64_t rowbytes,
                          const cpc_run *runs, int n_runs);
+static cpc_status *send_blob(cpc_transport *t, int tag, const void *p, size_t n);
+static cpc_status *recv_blob(cpc_transport *t, int from, int tag, void **p, size_t *n);
+
+/* Bytes of rank q's gradient blob (TAG_GRAD): its n_iter backward times and
+ * bytes sent (doubles), then its dq, dk, dv shards (fp32, [B, T, H or Hkv, D]). */
+static size_t grad_blob_bytes(const run_ctx *x, int q)
+{
+    const cpc_layout *L = x->L;
+    size_t T = (size_t)cpc_layout_shard_tokens(L, q);
+    return (size_t)(x->n_iter + 1) * sizeof(double) +
+           (size_t)L->B * T * (size_t)(L->H + 2 * L->Hkv) * (size_t)L->D * sizeof(float);
+}
+
+/* Scatters one rank's gradient shards (dq, dk, dv back to back, fp32, as in
+ * grad_blob_bytes) into the global x->dq, dk, dv. */
+static void scatter_grads(run_ctx *x, const float *g, const cpc_run *runs, int n_runs, int64_t T)
+{
+    const cpc_layout *L = x->L;
+    float *dst[3] = {x->dq, x->dk, x->dv};
+    int h[3] = {L->H, L->Hkv, L->Hkv};
+    for (int i = 0; i < 3; i++) {
+        scatter_rows(dst[i], g, L->B, L->S, (int64_t)h[i] * L->D * (int64_t)sizeof(float), runs, n_runs);
+        g += (size_t)(L->B * T) * (size_t)h[i] * (size_t)L->D;
+    }
+}
+
+/* After rank p's backward (`ex` has run): its dq, dk, dv shards into the
+ * global fp32 gradients on rank 0.  Rank threads (local transport) write
+ * their disjoint rows directly; under MPI every rank but 0 sends one blob
+ * (grad_blob_bytes: its backward times and bytes too) on the world group
+ * over the host endpoint, and rank 0 receives them in rank order, checking
+ * each size (a wrong size is CPC_E_RUNTIME naming the rank). */
+static cpc_status *backward_gather(run_ctx *x, int p, cpc_transport *host_t, cpc_exec *ex,
+                                   const cpc_run *runs, int n_runs)
+{
+    const cpc_layout *L = x->L;
+    int64_t T = cpc_layout_shard_tokens(L, p);
+    size_t nb = grad_blob_bytes(x, p);
+    char *blob = malloc(nb);
+    if (!blob)
+        return cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the gradients", p);
+    double *hd = (double *)blob;
+    memcpy(hd, x->bwd_ms + (size_t)p * (size_t)x->n_iter, (size_t)x->n_iter * sizeof(double));
+    hd[x->n_iter] = (double)x->bwd_bytes[p];
+    float *g = (float *)(hd + x->n_iter + 1);
+    cpc_buf_role role[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
+    int h[3] = {L->H, L->Hkv, L->Hkv};
+    cpc_status *st = NULL;
+    float *gi = g;
+    for (int i = 0; i < 3 && !st; i++) {
+        size_t n = (size_t)(L->B * T) * (size_t)h[i] * (size_t)L->D;
+        st = cpc_exec_read_grad(ex, role[i], gi, n * sizeof *gi);
+        gi += n;
+    }
+    if (st || !x->mpi || p == 0) {
+        if (!st)
+            scatter_grads(x, g, runs, n_runs, T);
+        free(blob);
+        if (st || !x->mpi)
+            return st;
+        /* MPI rank 0: every other rank's blob, in rank order */
+        int max_runs = cpc_layout_max_shard_runs(L) + 1;
+        cpc_run *qr = malloc((size_t)max_runs * sizeof *qr);
+        if (!qr)
+            return cpc_error(CPC_E_NOMEM, "out of memory");
+        for (int q = 1; q < L->P && !st; q++) {
+            void *buf = NULL;
+            size_t n = 0;
+            if ((st = recv_blob(host_t, q, TAG_GRAD, &buf, &n)))
+                break;
+            if (n != grad_blob_bytes(x, q)) {
+                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of gradients, %zu expected", q, n,
+                               grad_blob_bytes(x, q));
+            } else {
+                const double *qd = buf;
+                memcpy(x->bwd_ms + (size_t)q * (size_t)x->n_iter, qd, (size_t)x->n_iter * sizeof(double));
+                x->bwd_bytes[q] = (int64_t)qd[x->n_iter];
+                int nq = cpc_layout_shard_runs(L, q, qr, max_runs);
+                scatter_grads(x, (const float *)(qd + x->n_iter + 1), qr, nq, cpc_layout_shard_tokens(L, q));
+            }
+            free(buf);
+        }
+        free(qr);
+        return st;
+    }
+    st = send_blob(host_t, TAG_GRAD, blob, nb);
+    free(blob);
+    return st;
+}
 
 /* SPEC section 10: the backward pass of rank p after its forward (`fwd` has
- * run: its out shard is `out`, its final LSE is read from it), n_iter times,
- * then its dq, dk, dv shards into the global fp32 gradients (local ranks are
- * threads of this process: disjoint rows, no message needed). */
-static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transport *t, cpc_exec *fwd,
-                                 void *const *inbuf, const void *out, const cpc_run *runs, int n_runs)
+ * run: its out shard is `out`, its final LSE is read from it), n_iter times
+ * on the endpoint `t`, then its dq, dk, dv shards into the global fp32
+ * gradients on rank 0 (backward_gather, over `host_t`). */
+static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transport *t,
+                                 cpc_transport *host_t, cpc_exec *fwd, void *const *inbuf,
+                                 const void *out, const cpc_run *runs, int n_runs)
 {
     const cpc_layout *L = x->L;
     cpc_exec *ex = NULL;
     void *dout = NULL;
-    float *lse = NULL, *g = NULL;
+    float *lse = NULL;
     cpc_run *lr = NULL;
     cpc_exec_config cfg = {.prog = x->job->bwd, .rank = p, .backend = be, .transport = t,
                            .scale = x->scale, .kv_mask = x->mask, .record_events = false};
@@ -411,9 +504,8 @@ static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transpo
     int mr = cpc_exec_max_runs(fwd);
     dout = malloc(nq * es + 1);
     lse = malloc(nl * sizeof *lse + 1);
-    g = malloc(nq * sizeof *g + 1);
     lr = malloc((size_t)(mr > 0 ? mr : 1) * sizeof *lr);
-    if (!dout || !lse || !g || !lr) {
+    if (!dout || !lse || !lr) {
         st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the backward pass", p);
         goto done;
     }
@@ -446,21 +538,13 @@ static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transpo
         x->bwd_ms[(size_t)p * (size_t)x->n_iter + (size_t)it] = s.ms;
         x->bwd_bytes[p] = s.bytes_sent;
     }
-    struct { cpc_buf_role role; float *dst; int h; } gr[3] = {
-        {CPC_ROLE_DQ, x->dq, L->H}, {CPC_ROLE_DK, x->dk, L->Hkv}, {CPC_ROLE_DV, x->dv, L->Hkv}};
-    for (int i = 0; i < 3; i++) {
-        size_t n = (size_t)(L->B * T) * (size_t)gr[i].h * (size_t)L->D;
-        if ((st = cpc_exec_read_grad(ex, gr[i].role, g, n * sizeof *g)))
-            goto done;
-        scatter_rows(gr[i].dst, g, L->B, L->S, (int64_t)gr[i].h * L->D * (int64_t)sizeof(float), runs, n_runs);
-    }
+    st = backward_gather(x, p, host_t, ex, runs, n_runs);
 done:
     if (st)
         cpc_status_prefix(st, "backward");
     cpc_exec_destroy(ex);
     free(dout);
     free(lse);
-    free(g);
     free(lr);
     return st;
 }
@@ -884,7 +968,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         goto done;
     if (opt->output_shards_dir && (st = write_shard(x, p, shard, runs, n_runs, T)))
         goto done;
-    if (x->job->bwd && (st = rank_backward(x, p, be, t, ex, inbuf, shard, runs, n_runs)))
+    if (x->job->bwd && (st = rank_backward(x, p, be, t, host_t, ex, inbuf, shard, runs, n_runs)))
         goto done;
     size_t rowb = (size_t)L->H * (size_t)L->D * (size_t)cpc_dtype_size(L->dtype);
     if (p == 0) {
@@ -1205,6 +1289,41 @@ done:
     return st;
 }
 
+/* The training part of check_memory: for ranks first..last, the backward
+ * program's buffers, dout, LSE and the gradient blob; on rank 0 the global
+ * fp32 gradients, their plan-dtype copies for --output and the float64
+ * reference gradients with the global inputs and dout of the check. */
+static cpc_status *backward_memory(run_ctx *x, int first, int last, int my_rank, int64_t *bytes)
+{
+    const cpc_layout *L = x->L;
+    *bytes = 0;
+    if (!x->job->bwd)
+        return NULL;
+    int64_t es = cpc_dtype_size(L->dtype), b = 0;
+    for (int p = first; p <= last; p++) {
+        if (!x->cuda) {
+            cpc_exec_memory m;
+            cpc_status *st = cpc_exec_memory_plan(x->job->bwd, p, &m);
+            if (st)
+                return st;
+            b += m.total_bytes;
+            cpc_exec_memory_free(&m);
+        }
+        int64_t T = cpc_layout_shard_tokens(L, p);
+        b += L->B * T * L->H * (L->D * es + 4) + L->B * T * (L->H + 2 * L->Hkv) * L->D * 4;
+    }
+    if (my_rank == 0) {
+        int64_t ng = L->B * L->S * (L->H + 2 * L->Hkv) * L->D;
+        b += ng * 4;
+        if (x->opt->output_path)
+            b += ng * es;
+        if (x->opt->check)
+            b += ng * 8 + ng * es + L->B * L->S * L->H * L->D * es;
+    }
+    *bytes = b;
+    return NULL;
+}
+
 /* Issue 14: the memory this process will take (the ranks it runs: every
  * rank for the local transport, its own under MPI), checked against the
  * process's limits (memlimit.h) before anything is allocated: a run that
@@ -1250,6 +1369,11 @@ static cpc_status *check_memory(run_ctx *x, bool mpi, int my_rank)
     }
     if (L->cross || x->job->plan->input.mask == CPC_MASK_KEY_PADDING)
         buf += L->B * L->Skv;
+    int64_t bb = 0;
+    cpc_status *bst = backward_memory(x, first, last, my_rank, &bb);
+    if (bst)
+        return bst;
+    buf += bb;
     int64_t threads = last - first + 1;
     char what[160];
     const char *name = x->job->plan->name ? x->job->plan->name : "the plan";
@@ -1301,16 +1425,43 @@ static cpc_status *make_mask(run_ctx *x)
     return NULL;
 }
 
+/* --output: `out` (plan dtype), `lse` with --lse, and for training plans
+ * `dq`, `dk`, `dv` (SPEC section 10: global BSHD, the fp32 gradients
+ * rounded to the plan dtype once, here). */
 static cpc_status *write_output(run_ctx *x)
 {
     const cpc_layout *L = x->L;
-    cpc_st_out o[2] = {
+    cpc_st_out o[5] = {
         {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
          .shape = {L->B, L->S, L->H, L->D}, .data = x->out},
-        {.name = "lse", .dtype = CPC_ST_F32, .ndim = 3, .shape = {L->B, L->H, L->S},
-         .data = x->lse},
     };
-    return cpc_st_write(x->opt->output_path, o, x->lse ? 2 : 1, NULL, NULL, 0);
+    int n = 1;
+    if (x->lse)
+        o[n++] = (cpc_st_out){.name = "lse", .dtype = CPC_ST_F32, .ndim = 3,
+                              .shape = {L->B, L->H, L->S}, .data = x->lse};
+    void *g[3] = {NULL, NULL, NULL};
+    cpc_status *st = NULL;
+    if (x->job->bwd && x->dq) {
+        static const char *const name[3] = {"dq", "dk", "dv"};
+        const float *src[3] = {x->dq, x->dk, x->dv};
+        int h[3] = {L->H, L->Hkv, L->Hkv};
+        size_t es = (size_t)cpc_dtype_size(L->dtype);
+        for (int i = 0; i < 3 && !st; i++) {
+            size_t ne = (size_t)(L->B * L->S) * (size_t)h[i] * (size_t)L->D;
+            if (!(g[i] = malloc(ne * es + 1))) {
+                st = cpc_error(CPC_E_NOMEM, "out of memory for the output gradients");
+                break;
+            }
+            cpc_from_f32_n(g[i], L->dtype, src[i], ne);
+            o[n++] = (cpc_st_out){.name = name[i], .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
+                                  .shape = {L->B, L->S, h[i], L->D}, .data = g[i]};
+        }
+    }
+    if (!st)
+        st = cpc_st_write(x->opt->output_path, o, n, NULL, NULL, 0);
+    for (int i = 0; i < 3; i++)
+        free(g[i]);
+    return st;
 }
 
 /* ---- backend selection (SPEC section 5 "Placement") ------------------------------ */
@@ -1800,15 +1951,17 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0)))
         goto setup_failed;
 
-    if (job->bwd && (use_mpi || x.cuda)) {
+    if (job->bwd && (use_nccl || x.cuda)) {
         st = cpc_error(CPC_E_UNSUPPORTED,
-                       "training plans run on the cpu backend with the local transport for now (%s has no "
-                       "backward pass yet)", use_mpi ? "the mpi/nccl transport" : "the cuda backend");
+                       "training plans run on the cpu backend with the local or mpi transport for now (%s has "
+                       "no backward pass yet)", use_nccl ? "the nccl transport" : "the cuda backend");
         goto setup_failed;
     }
+    x.mpi = use_mpi;
     if (job->bwd) {
-        size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
-        size_t nkv = (size_t)(L->B * L->S) * (size_t)L->Hkv * (size_t)L->D;
+        /* the global gradients live on rank 0 (backward_gather) */
+        size_t nq = my_rank == 0 ? (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D : 0;
+        size_t nkv = my_rank == 0 ? (size_t)(L->B * L->S) * (size_t)L->Hkv * (size_t)L->D : 0;
         x.dq = calloc(nq + 1, sizeof *x.dq);
         x.dk = calloc(nkv + 1, sizeof *x.dk);
         x.dv = calloc(nkv + 1, sizeof *x.dv);

@@ -38,6 +38,18 @@
  * to rank 0 over the transport.  Under an MPI launcher (transport mpi) this
  * process is one rank and the same code runs.
  *
+ * Training (SPEC section 10; job->bwd set): after its forward every rank
+ * runs the backward program (warmup + iters times) on its q/k/v shards, its
+ * `out` shard, its final LSE and its `dout` shard (--input's `dout`, else
+ * random from the seed, rng stream 4); its fp32 dq, dk, dv shards go to
+ * rank 0 (rank threads: written in place; MPI: one blob per rank on the
+ * world group, with its backward times and bytes), which checks them
+ * against cpc_reference_attention_bwd and writes them with --output as
+ * `dq`, `dk`, `dv` (global BSHD, plan dtype, rounded once from fp32), after
+ * `out` (and `lse`) in the same file.  The gradients do not depend on the
+ * transport: local and MPI outputs are byte-identical.  The cuda backend
+ * and the nccl transport refuse training plans (CPC_E_UNSUPPORTED).
+ *
  * Check: the float64 reference (reference.h) on the same rounded inputs:
  * every query row when that costs at most `check_full_flops` double
  * operations, else `check_rows` rows per (batch, head) (stratified sample,
