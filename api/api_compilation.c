@@ -136,6 +136,10 @@ cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candi
         .measured_ms_per_layer = k->measured ? k->measured_ms_per_layer : 0,
         .cfg_degree = k->cfg_degree >= 1 ? k->cfg_degree : 1,
         .tp_degree = k->tp_degree >= 1 ? k->tp_degree : 1,
+        .backward_priced = k->bwd_priced,
+        .ms_backward_per_layer = k->bwd_priced ? k->predicted_ms_backward_per_layer : 0,
+        .backward_bytes_sent_per_rank = k->bwd_priced ? k->bwd_bytes_sent_per_rank : 0,
+        .backward_memory_bytes_per_rank = k->bwd_priced ? k->bwd_memory_bytes_per_rank : 0,
     };
     memcpy(info, &v, sizeof v < size ? sizeof v : size);
     return NULL;

@@ -8,7 +8,9 @@
 #include "lua_script.h"
 #include "plan_load.h"
 #include "schedule.h"
+#include "schedule_bwd.h"
 #include "verify.h"
+#include "verify_bwd.h"
 
 static bool add(cpc_compiled *c, cpc_status *st)
 {
@@ -170,6 +172,24 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
         sc->predicted_ms_per_image = c->pred.ms_per_image;
         sc->priced = true;
     }
+    /* SPEC section 10: a training plan compiles, proves and prices its
+     * backward program too (CP060 where the variant has none) */
+    if (c->plan->input.mode == CPC_MODE_TRAINING) {
+        cpc_status *bst = cpc_schedule_build_backward(sp, cand->variant, cand->ring_degree,
+                                                      cand->ulysses_degree, &c->backward);
+        if (!bst)
+            bst = cpc_verify_backward(c->backward);
+        if (!add(c, place_schedule_diags(bst, c->plan)))
+            goto fail;
+        if (!add(c, cpc_price_program(sp, c->backward, &c->device, &c->bwd_pred)))
+            goto fail;
+        c->bwd_priced = true;
+        cpc_candidate *sc = &c->sel.candidates[c->sel.selected];
+        sc->bwd_priced = true;
+        sc->predicted_ms_backward_per_layer = c->bwd_pred.ms_per_layer;
+        sc->bwd_bytes_sent_per_rank = c->bwd_pred.bytes_sent_per_rank;
+        sc->bwd_memory_bytes_per_rank = c->bwd_pred.memory_bytes_per_rank;
+    }
     if (o->until == CPC_UNTIL_VERIFY || !o->kernels)
         goto done;
 
@@ -236,8 +256,21 @@ cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
             st = cpc_artifact_set_kernel_report(a, c->kernels[i].name, c->kernels[i].fns,
                                                 c->kernels[i].n_fns);
     }
+    if (!st && c->backward)
+        st = cpc_artifact_set_backward(a, c->backward);
     if (!st && c->priced)
         st = cpc_artifact_set_predictions(a, &c->pred);
+    if (!st && c->bwd_priced) {
+        const struct { const char *name; double v; } b[] = {
+            {"backward_ms_per_layer", c->bwd_pred.ms_per_layer},
+            {"backward_compute_ms_per_layer", c->bwd_pred.compute_ms_per_layer},
+            {"backward_comm_ms_per_layer", c->bwd_pred.comm_ms_per_layer},
+            {"backward_bytes_sent_per_rank", (double)c->bwd_pred.bytes_sent_per_rank},
+            {"backward_memory_bytes_per_rank", (double)c->bwd_pred.memory_bytes_per_rank},
+        };
+        for (size_t i = 0; !st && i < sizeof b / sizeof b[0]; i++)
+            st = cpc_artifact_set_prediction(a, b[i].name, b[i].v);
+    }
     if (st) {
         cpc_artifact_free(a);
         return st;
@@ -263,6 +296,7 @@ void cpc_compiled_free(cpc_compiled *c)
     cpc_plan_free(c->plan);
     cpc_selection_free(&c->sel);
     cpc_program_free(c->program);
+    cpc_program_free(c->backward);
     cpc_kernels_free(c->kernels, c->n_kernels);
     free(c->script_path);
     cpc_status_free(c->diags);

@@ -5,6 +5,7 @@
  *
  *   load -> validate (+ price every candidate, select; Lua choose)
  *        -> schedule -> Lua schedule (re-verified) -> verify -> price
+ *        -> training plans: backward schedule -> verify -> price
  *        -> codegen (optional) -> [emit: cpc_compiled_write]
  *
  * Each stage appends its diagnostics to `diags`; an error stops the
@@ -52,6 +53,13 @@ typedef struct cpc_compiled {
     cpc_program *program;         /* the selected candidate's (script-edited) program */
     cpc_prediction pred;          /* priced on the final program */
     bool priced;
+    cpc_program *backward;        /* mode: training: the backward program
+                                     (schedule_bwd.h) of the selected candidate,
+                                     proven (cpc_verify_backward); else NULL.  A
+                                     candidate without one is CP060 */
+    cpc_prediction bwd_pred;      /* the backward program priced (cost.h: attn_bwd
+                                     2.5 x the forward's FLOPs, its messages) */
+    bool bwd_priced;
     cpc_device_profile device;
     char *script_path;            /* the Lua script applied, or NULL */
     bool script_applied;          /* schedule() changed the program */
@@ -70,7 +78,10 @@ bool cpc_compile_file(const char *path, const cpc_compile_opts *opts, cpc_compil
 bool cpc_compile_string(const char *text, size_t len, const char *name, const cpc_compile_opts *o,
                         cpc_compiled *out);
 
-/* The compiled plan, program, kernels and predictions as a new artifact
+/* The compiled plan, program (and backward program), kernels and
+ * predictions (the backward's as backward_ms_per_layer,
+ * backward_compute_ms_per_layer, backward_comm_ms_per_layer,
+ * backward_bytes_sent_per_rank, backward_memory_bytes_per_rank) as a new artifact
  * (caller frees with cpc_artifact_free).  Errors: CPC_E_INTERNAL when
  * nothing was scheduled, CPC_E_NOMEM. */
 cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out);

@@ -2,6 +2,7 @@
 #include "cost.h"
 #include "fileio.h"
 #include "schedule.h"
+#include "schedule_bwd.h"
 
 #include <errno.h>
 #include <math.h>
@@ -1157,6 +1158,23 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     cand->predicted_ms_per_step = pred.ms_per_step;
     cand->predicted_ms_per_image = pred.ms_per_image;
     cand->priced = true;
+    cand->bwd_priced = false;
+    if (plan->input.mode == CPC_MODE_TRAINING) {
+        /* SPEC section 10: training candidates price their backward too */
+        cpc_status *ns = cpc_backward_supported(plan, cand->variant, cand->ring_degree, cand->ulysses_degree);
+        cpc_program *bwd = NULL;
+        if (!ns)
+            ns = cpc_schedule_build_backward(plan, cand->variant, cand->ring_degree, cand->ulysses_degree, &bwd);
+        cpc_prediction bp;
+        if (!ns && !(ns = cpc_price_program(plan, bwd, &dev, &bp))) {
+            cand->bwd_priced = true;
+            cand->predicted_ms_backward_per_layer = bp.ms_per_layer;
+            cand->bwd_bytes_sent_per_rank = bp.bytes_sent_per_rank;
+            cand->bwd_memory_bytes_per_rank = bp.memory_bytes_per_rank;
+        }
+        cpc_program_free(bwd);
+        cpc_status_free(ns); /* no backward program: the compiler says CP060 if selected */
+    }
     if (!pred.fits) {
         double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;
         cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,

@@ -152,6 +152,13 @@ typedef struct cpc_candidate {
      * cfg_degree x tp_degree independent R x U problems (cpc_plan_sub). */
     int cfg_degree;                    /* C >= 1 */
     int tp_degree;                     /* T >= 1 */
+    /* mode: training (SPEC section 10), candidates with a backward program
+     * (schedule_bwd.h), set by the cost model's price callback: the backward
+     * program priced (not proven: the compiler proves the selected one's). */
+    bool bwd_priced;
+    double predicted_ms_backward_per_layer;
+    int64_t bwd_bytes_sent_per_rank;   /* per layer, max over ranks */
+    int64_t bwd_memory_bytes_per_rank; /* peak over ranks */
 } cpc_candidate;
 
 typedef struct cpc_selection {

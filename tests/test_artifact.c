@@ -16,7 +16,9 @@
 #include "plan_load.h"
 #include "program.h"
 #include "schedule.h"
+#include "schedule_bwd.h"
 #include "verify.h"
+#include "verify_bwd.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -414,16 +416,19 @@ Test(artifact, refuses_other_version)
 {
     size_t len;
     char *t = sample_text(&len);
-    char *at = strstr(t, "artifact_version: 1\n");
+    char *at = strstr(t, "artifact_version: 2\n");
     cr_assert_eq(at, t);
-    at[18] = '2';
+    at[18] = '3';
     cpc_artifact *b = (cpc_artifact *)0x1;
-    cpc_status *st = cpc_artifact_read_string(t, len, "v2.cplan", &b);
+    cpc_status *st = cpc_artifact_read_string(t, len, "v3.cplan", &b);
     cr_assert_null(b);
     cr_assert_not_null(st);
-    cr_assert(strstr(st->message, "v2.cplan"), "%s", st->message);
+    cr_assert(strstr(st->message, "v3.cplan"), "%s", st->message);
     cr_assert_eq(st->span.line, 1);
-    expect_input_error(st, "artifact version 2 is not supported");
+    expect_input_error(st, "artifact version 3 is not supported");
+    /* version 1 (before backward_schedule) is refused: recompile */
+    at[18] = '1';
+    expect_input_error(cpc_artifact_read_string(t, len, "v1.cplan", &b), "recompile the plan");
     /* not an integer */
     memcpy(at, "artifact_version: x\n", 20);
     expect_input_error(cpc_artifact_read_string(t, len, "vx.cplan", &b), "artifact_version must be an integer");
@@ -616,7 +621,7 @@ Test(artifact, strict_structure_after_the_hash)
     /* the rehash helper itself: an unchanged text still reads */
     cr_assert_null(edit_and_read(t, len, "rotate: p2p", "rotate: p2p"));
     /* a version bump is reported as such even with a valid hash */
-    expect_input_error(edit_and_read(t, len, "artifact_version: 1", "artifact_version: 3"), "version 3");
+    expect_input_error(edit_and_read(t, len, "artifact_version: 2", "artifact_version: 3"), "version 3");
     expect_input_error(edit_and_read(t, len, "predictions:", "bogus: 1\npredictions:"), "unknown key 'bogus'");
     expect_input_error(edit_and_read(t, len, "kind: attn", "kind: attention"), "unknown name 'attention'");
     expect_input_error(edit_and_read(t, len, "in: [q_seq, k_cur, v_cur]", "in: [q_seq, k_cur, w]"),
@@ -660,6 +665,129 @@ Test(artifact, io_errors)
     cr_assert_eq(mlen, len);
     cr_assert_eq(memcmp(mem, t, len), 0);
     free(mem);
+    free(t);
+    cpc_artifact_free(a);
+}
+
+/* ---- training: the backward program (backward_schedule, format version 2) ---- */
+
+/* A training ring plan's artifact with its backward program (as cpc makes it). */
+static cpc_artifact *make_training(int P, const char *mask)
+{
+    char y[512];
+    snprintf(y, sizeof y,
+             "version: 1\nname: train\nmodel: {heads: 4, kv_heads: 2, head_dim: 8, dtype: bf16}\n"
+             "input: {batch: 2, tokens: 64, mask: %s, mode: training}\ncluster: {world_size: %d}\n",
+             mask, P);
+    cpc_plan *plan = load(y);
+    cpc_variant v = P == 1 ? CPC_VARIANT_NONE : CPC_VARIANT_RING;
+    cpc_program *prog = NULL, *bwd = NULL;
+    cpc_status *st = cpc_schedule_build(plan, v, P, 1, &prog);
+    if (!st)
+        st = cpc_schedule_build_backward(plan, v, P, 1, &bwd);
+    if (st)
+        fail_status("schedule", st);
+    cpc_artifact *a = NULL;
+    if ((st = cpc_artifact_create(plan, prog, &a)) || (st = cpc_artifact_set_backward(a, bwd)))
+        fail_status("create", st);
+    cpc_program_free(prog);
+    cpc_program_free(bwd);
+    cpc_plan_free(plan);
+    return a;
+}
+
+Test(artifact, backward_program_round_trip)
+{
+    const int Ps[] = {1, 2, 4};
+    const char *masks[] = {"none", "causal", "key_padding"};
+    for (int i = 0; i < 3; i++) {
+        cpc_artifact *a = make_training(Ps[i], masks[i]);
+        size_t len;
+        char *t = to_text(a, &len);
+        cr_assert(strstr(t, "\nbackward_schedule:\n"), "no backward_schedule in:\n%s", t);
+        cr_assert(strstr(t, "kind: attn_bwd"));
+        cpc_artifact *b = NULL;
+        cpc_status *st = cpc_artifact_read_string(t, len, "train.cplan", &b);
+        if (st)
+            fail_status("read", st);
+        cr_assert_not_null(b->backward);
+        /* the same program, rank by rank, and proven again */
+        for (int p = -1; p < Ps[i]; p++) {
+            char *x = print_text(a->backward, p), *y = print_text(b->backward, p);
+            cr_assert_str_eq(x, y, "rank %d", p);
+            free(x);
+            free(y);
+        }
+        st = cpc_verify_backward(b->backward);
+        cr_assert_null(st, "backward proof after reading: %s", st ? st->message : "");
+        /* and it writes back byte-identically */
+        size_t len2;
+        char *t2 = to_text(b, &len2);
+        cr_assert_eq(len, len2);
+        cr_assert(memcmp(t, t2, len) == 0);
+        free(t2);
+        cpc_artifact_free(b);
+        free(t);
+        cpc_artifact_free(a);
+    }
+}
+
+Test(artifact, backward_program_refusals)
+{
+    cpc_artifact *a = make_training(2, "causal");
+    size_t len;
+    char *t = to_text(a, &len);
+    /* an inference plan with a backward_schedule */
+    expect_input_error(edit_and_read(t, len, "mode: training", "mode: inference"), "not mode: training");
+    /* backward ops name the backward program's buffers */
+    expect_input_error(edit_and_read(t, len, "out: [dq, dk_cur, dv_cur]}", "out: [dq, dk_cur, dv_bogus]}"),
+                       "unknown buffer 'dv_bogus'");
+    /* a backward that reads the K/V arriving for the next step (diffusers
+     * #14265 in reverse) reads back, and its proof fails (CP051) */
+    {
+        const char *from = "in: [q, k_cur, v_cur, dout, lse, delta]", *to = "in: [q, k_nxt, v_nxt, dout, lse, delta]";
+        char *x = malloc(len + 1);
+        memcpy(x, t, len + 1);
+        char *at = strstr(x, from);
+        cr_assert_not_null(at);
+        memcpy(at, to, strlen(to));
+        rehash(x, len);
+        cpc_artifact *b = NULL;
+        cpc_status *st = cpc_artifact_read_string(x, len, "bad.cplan", &b);
+        cr_assert_null(st, "%s", st ? st->message : "");
+        st = cpc_verify_backward(b->backward);
+        cr_assert(cpc_status_has_error(st), "a backward reading the wrong K/V was proven");
+        cr_assert_eq(st->rule, 51, "rule %d: %s", st->rule, st->message);
+        cpc_status_free(st);
+        cpc_artifact_free(b);
+        free(x);
+    }
+    /* set_backward: not a training plan, or another layout */
+    char *iy = plan_yaml(8, 2, "tokens: 64", 4, "p2p");
+    cpc_artifact *inf = make(iy, CPC_VARIANT_RING, 4, 1);
+    free(iy);
+    cpc_status *st = cpc_artifact_set_backward(inf, a->backward);
+    cr_assert_not_null(st);
+    cr_assert_eq(st->code, CPC_E_INTERNAL);
+    cpc_status_free(st);
+    cr_assert_null(inf->backward);
+    cpc_artifact *four = make_training(4, "causal");
+    st = cpc_artifact_set_backward(four, a->backward);
+    cr_assert_not_null(st);
+    cr_assert(strstr(st->message, "layout"), "%s", st->message);
+    cpc_status_free(st);
+    /* a training artifact without backward_schedule still reads (cprun refuses to train it) */
+    cpc_program_free(four->backward);
+    four->backward = NULL;
+    char *t4 = to_text(four, &len);
+    cr_assert_null(strstr(t4, "backward_schedule"));
+    cpc_artifact *b = NULL;
+    cr_assert_null(cpc_artifact_read_string(t4, len, "t4.cplan", &b));
+    cr_assert_null(b->backward);
+    cpc_artifact_free(b);
+    free(t4);
+    cpc_artifact_free(four);
+    cpc_artifact_free(inf);
     free(t);
     cpc_artifact_free(a);
 }

@@ -326,14 +326,19 @@ static void print_explain_text(const job *j)
     bool step = cpc_compilation_parameters(j->c) > 0;
     bool image = step && cpc_compilation_steps(j->c) > 0;
     bool measured = false; /* a `measured` column when the profile has any (cprun --tune) */
-    for (int i = 0; i < j->n_cands; i++)
+    bool bwd = false; /* training plans (SPEC section 10): backward columns */
+    for (int i = 0; i < j->n_cands; i++) {
         measured = measured || j->cands[i].measured;
+        bwd = bwd || j->cands[i].backward_priced;
+    }
     if (axes)
         printf("  %-7s", "C x T");
     printf("  %-17s %-11s %-18s %10s", "variant", "R x U", "verdict", "ms/layer");
     if (measured)
         printf(" %10s", "measured");
     printf(" %11s %12s %12s", "ms/forward", "memory/rank", "sent/rank");
+    if (bwd)
+        printf(" %12s %13s", "bwd ms/layer", "bwd sent/rank");
     if (step)
         printf(" %10s", "ms/step");
     if (image)
@@ -364,6 +369,14 @@ static void print_explain_text(const job *j)
             printf(" %10s", mm);
         }
         printf(" %11s %12s %12s", mf, mem, sent);
+        if (bwd) {
+            char bm[32] = "-", bs[32] = "-";
+            if (c->backward_priced) {
+                snprintf(bm, sizeof bm, "%.3f", c->ms_backward_per_layer);
+                fmt_bytes(bs, sizeof bs, c, c->backward_bytes_sent_per_rank);
+            }
+            printf(" %12s %13s", bm, bs);
+        }
         if (step) {
             char ms[32];
             snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->ms_per_step);
@@ -411,6 +424,13 @@ static void print_summary_text(const job *j)
                "%s per rank, %s sent per rank per layer\n",
                cpc_compilation_device_name(j->c)[0] ? cpc_compilation_device_name(j->c) : "the plan's device",
                c->ms_per_layer, c->ms_per_forward, cpc_compilation_layers(j->c), mem, sent);
+        if (c->backward_priced) {
+            char bs[32], bm[32];
+            fmt_bytes(bs, sizeof bs, c, c->backward_bytes_sent_per_rank);
+            fmt_bytes(bm, sizeof bm, c, c->backward_memory_bytes_per_rank);
+            printf("  backward (training): %.3f ms per layer, %s per rank, %s sent per rank per layer\n",
+                   c->ms_backward_per_layer, bm, bs);
+        }
         if (c->ms_per_step > 0) {
             printf("  whole step: %.2f ms per forward step", c->ms_per_step);
             if (c->ms_per_image > 0)
@@ -472,6 +492,11 @@ static cJSON *json_predicted(const cpc_candidate_info *c)
         cJSON_AddNumberToObject(o, "ms_per_step", c->ms_per_step);
     if (c->ms_per_image > 0)
         cJSON_AddNumberToObject(o, "ms_per_image", c->ms_per_image);
+    if (c->backward_priced) { /* mode: training (SPEC section 3) */
+        cJSON_AddNumberToObject(o, "ms_backward_per_layer", c->ms_backward_per_layer);
+        cJSON_AddNumberToObject(o, "backward_bytes_sent_per_rank", (double)c->backward_bytes_sent_per_rank);
+        cJSON_AddNumberToObject(o, "backward_memory_bytes_per_rank", (double)c->backward_memory_bytes_per_rank);
+    }
     return o;
 }
 

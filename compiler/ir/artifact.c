@@ -331,6 +331,7 @@ void cpc_artifact_free(cpc_artifact *a)
     free(a->plan_text);
     cpc_plan_free(a->plan);
     cpc_program_free(a->program);
+    cpc_program_free(a->backward);
     for (int i = 0; i < a->n_kernels; i++)
         kernel_free(&a->kernels[i]);
     free(a->kernels);
@@ -412,6 +413,23 @@ cpc_status *cpc_artifact_create(const cpc_plan *plan, const cpc_program *prog, c
         return st;
     }
     *out = a;
+    return NULL;
+}
+
+cpc_status *cpc_artifact_set_backward(cpc_artifact *a, const cpc_program *bwd)
+{
+    if (!a || !a->program || !a->plan || !bwd)
+        return cpc_error(CPC_E_INTERNAL, "artifact: no artifact or backward program");
+    if (a->plan->input.mode != CPC_MODE_TRAINING)
+        return cpc_error(CPC_E_INTERNAL, "artifact: a backward program for a plan that is not mode: training");
+    if (!layouts_equal(&a->program->layout, &bwd->layout))
+        return cpc_error(CPC_E_INTERNAL, "artifact: the backward program's layout is not the forward's");
+    cpc_program *c = NULL;
+    cpc_status *st = cpc_program_clone(bwd, &c);
+    if (st)
+        return st;
+    cpc_program_free(a->backward);
+    a->backward = c;
     return NULL;
 }
 
@@ -646,6 +664,32 @@ static void em_ops(emitter *m, const cpc_program *prog, const cpc_op *ops, int n
     em_seq_end(m);
 }
 
+/* `key`: {overlap, rotate, buffers, ops} of one program (FORMAT). */
+static void em_schedule(emitter *mm, const char *key, const cpc_program *prog)
+{
+    emitter *m = mm;
+    em_plain(m, key);
+    em_map(m, false);
+    kv_bool(m, "overlap", prog->overlap);
+    kv_str(m, "rotate", cpc_rotate_name(prog->rotate));
+    em_plain(m, "buffers");
+    em_seq(m, false);
+    for (int b = 0; b < prog->n_buffers; b++) {
+        const cpc_buffer *B = &prog->buffers[b];
+        em_map(m, true);
+        kv_str(m, "name", B->name);
+        kv_str(m, "role", cpc_buf_role_name(B->role));
+        kv_str(m, "tokens", cpc_buf_tokens_name(B->tokens));
+        kv_str(m, "heads", cpc_buf_heads_name(B->heads));
+        kv_str(m, "io", cpc_buf_io_name(B->io));
+        em_map_end(m);
+    }
+    em_seq_end(m);
+    em_plain(m, "ops");
+    em_ops(m, prog, prog->ops, prog->n_ops);
+    em_map_end(m);
+}
+
 static void hash_hex(const char *text, size_t len, char out[HASH_HEX + 1], bool *ok)
 {
     unsigned char md[EVP_MAX_MD_SIZE];
@@ -708,26 +752,9 @@ cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len)
     kv_str(&m, "rank_rule", RANK_RULE);
     em_map_end(&m);
 
-    em_plain(&m, "schedule");
-    em_map(&m, false);
-    kv_bool(&m, "overlap", prog->overlap);
-    kv_str(&m, "rotate", cpc_rotate_name(prog->rotate));
-    em_plain(&m, "buffers");
-    em_seq(&m, false);
-    for (int b = 0; b < prog->n_buffers; b++) {
-        const cpc_buffer *B = &prog->buffers[b];
-        em_map(&m, true);
-        kv_str(&m, "name", B->name);
-        kv_str(&m, "role", cpc_buf_role_name(B->role));
-        kv_str(&m, "tokens", cpc_buf_tokens_name(B->tokens));
-        kv_str(&m, "heads", cpc_buf_heads_name(B->heads));
-        kv_str(&m, "io", cpc_buf_io_name(B->io));
-        em_map_end(&m);
-    }
-    em_seq_end(&m);
-    em_plain(&m, "ops");
-    em_ops(&m, prog, prog->ops, prog->n_ops);
-    em_map_end(&m);
+    em_schedule(&m, "schedule", prog);
+    if (a->backward)
+        em_schedule(&m, "backward_schedule", a->backward);
 
     em_plain(&m, "kernels");
     em_seq(&m, a->n_kernels == 0);
@@ -842,6 +869,7 @@ typedef struct reader {
     yaml_document_t doc;
     cpc_status *err;
     cpc_artifact *a;
+    cpc_program *prog;      /* the program being read (schedule or backward_schedule) */
 } reader;
 
 __attribute__((format(printf, 3, 4)))
@@ -1063,7 +1091,7 @@ static int get_bufs(reader *r, const yaml_node_t *map, const char *what, const c
             return rfail(r, item, "%s.%s: buffer names are text", what, key);
         if (*n >= CPC_OP_MAX_BUFS)
             return rfail(r, item, "%s.%s: more than %d buffers", what, key, CPC_OP_MAX_BUFS);
-        int b = cpc_program_find_buffer(r->a->program, s);
+        int b = cpc_program_find_buffer(r->prog, s);
         if (b < 0)
             return rfail(r, item, "%s.%s: unknown buffer '%s'", what, key, s);
         idx[(*n)++] = b;
@@ -1189,29 +1217,30 @@ static int read_ops(reader *r, const yaml_node_t *seq, const char *where, int de
     return 0;
 }
 
-static int read_schedule(reader *r, const yaml_node_t *s)
+/* The program under key `sk` (schedule, backward_schedule) into p. */
+static int read_schedule(reader *r, const yaml_node_t *s, const char *sk, cpc_program *p)
 {
     static const char *const keys[] = {"overlap", "rotate", "buffers", "ops"};
-    if (check_keys(r, s, "schedule", keys, 4))
+    r->prog = p;
+    if (check_keys(r, s, sk, keys, 4))
         return -1;
     bool overlap = true;
     int rot = 0;
-    if (get_bool(r, s, "schedule", "overlap", &overlap) || get_enum(r, s, "schedule", "rotate", cpc_rotate_parse, &rot))
+    if (get_bool(r, s, sk, "overlap", &overlap) || get_enum(r, s, sk, "rotate", cpc_rotate_parse, &rot))
         return -1;
-    cpc_program *p = r->a->program;
     p->overlap = overlap;
     p->rotate = (cpc_rotate)rot;
-    yaml_node_t *bufs = need(r, s, "schedule", "buffers");
+    yaml_node_t *bufs = need(r, s, sk, "buffers");
     if (!bufs)
         return -1;
     if (bufs->type != YAML_SEQUENCE_NODE)
-        return rfail(r, bufs, "schedule.buffers must be a list");
+        return rfail(r, bufs, "%s.buffers must be a list", sk);
     static const char *const bkeys[] = {"name", "role", "tokens", "heads", "io"};
     int i = 0;
     for (yaml_node_item_t *it = bufs->data.sequence.items.start; it < bufs->data.sequence.items.top; it++, i++) {
         yaml_node_t *b = node(r, *it);
         char what[64];
-        snprintf(what, sizeof what, "schedule.buffers[%d]", i);
+        snprintf(what, sizeof what, "%s.buffers[%d]", sk, i);
         const char *name;
         int role, tok, heads, io;
         if (check_keys(r, b, what, bkeys, 5) || get_str(r, b, what, "name", &name) ||
@@ -1224,10 +1253,12 @@ static int read_schedule(reader *r, const yaml_node_t *s)
                                    (cpc_buf_io)io) < 0)
             return rfail(r, b, "%s: invalid or repeated buffer name '%s'", what, name);
     }
-    yaml_node_t *ops = need(r, s, "schedule", "ops");
+    yaml_node_t *ops = need(r, s, sk, "ops");
     if (!ops)
         return -1;
-    return read_ops(r, ops, "schedule.ops", 1, &p->ops, &p->n_ops);
+    char ow[40];
+    snprintf(ow, sizeof ow, "%s.ops", sk);
+    return read_ops(r, ops, ow, 1, &p->ops, &p->n_ops);
 }
 
 /* A kernel's optional ptxas report: [{function, registers, stack_bytes,
@@ -1432,8 +1463,10 @@ static int read_doc(reader *r, const char *text, size_t len)
     if (check_hash(r, text, len, hn))
         return -1;
     /* 3. the rest, strictly. */
-    static const char *const keys[] = {"artifact_version", "compiler_version", "content_hash", "plan_file", "plan",
-                                       "mesh",             "schedule",         "kernels",      "predictions"};
+    static const char *const keys[] = {"artifact_version", "compiler_version", "content_hash",
+                                       "plan_file",        "plan",             "mesh",
+                                       "schedule",         "backward_schedule", "kernels",
+                                       "predictions"};
     if (check_keys(r, root, "artifact", keys, (int)(sizeof keys / sizeof keys[0])))
         return -1;
     const char *cv, *pf, *pt;
@@ -1486,8 +1519,18 @@ static int read_doc(reader *r, const char *text, size_t len)
     if (!a->program)
         return rfail(r, NULL, "out of memory");
     yaml_node_t *s = need(r, root, "artifact", "schedule");
-    if (!s || read_schedule(r, s))
+    if (!s || read_schedule(r, s, "schedule", a->program))
         return -1;
+    yaml_node_t *bs = get(r, root, "backward_schedule");
+    if (bs) {
+        if (a->plan->input.mode != CPC_MODE_TRAINING)
+            return rfail(r, bs, "backward_schedule in an artifact whose plan is not mode: training");
+        a->backward = cpc_program_new(&L, true, CPC_ROTATE_P2P);
+        if (!a->backward)
+            return rfail(r, NULL, "out of memory");
+        if (read_schedule(r, bs, "backward_schedule", a->backward))
+            return -1;
+    }
     yaml_node_t *k = need(r, root, "artifact", "kernels");
     if (!k || read_kernels(r, k))
         return -1;

@@ -3,9 +3,10 @@
  * `cprun` loads.  One YAML document, written with libyaml's emitter and read
  * with libyaml's parser (document API).
  *
- * FORMAT (artifact_version 1; keys in this order, every key required):
+ * FORMAT (artifact_version 2; keys in this order, every key required but
+ * backward_schedule):
  *
- *   artifact_version: 1
+ *   artifact_version: 2
  *   compiler_version: 0.1.0            CPC_VERSION of the cpc that wrote it
  *   content_hash: sha256:<64 hex>      see HASH below
  *   plan_file: plans/flux.yaml         the plan's path as cpc was given it
@@ -32,6 +33,13 @@
  *         body: [...]                  count, tag (send/recv/wait, or when
  *                                      non-zero), when, span ("file:line:col"
  *                                      when the op has one), body (loops)
+ *   backward_schedule:                 training plans (SPEC section 10): the
+ *     overlap: ...                     backward program (schedule_bwd.h), in
+ *     buffers: [...]                   the same form as `schedule`, same
+ *     ops: [...]                       layout; absent for inference plans
+ *                                      (refused there), optional for
+ *                                      training (cprun refuses to train from
+ *                                      an artifact without it)
  *   kernels:                           [{name, arch, source, ptx, ptxas?}], source
  *                                      and ptx as literal blocks (see kernels);
  *                                      ptxas (optional): [{function, registers,
@@ -45,6 +53,9 @@
  * cpc_program_print text is identical to the written one's.  Numbers are
  * plain decimal integers or %.17g doubles (.inf/-.inf/.nan), so they read
  * back bit-exactly.
+ *
+ * VERSIONS.  2 added backward_schedule (training plans); version 1 files
+ * (forward only) are refused with the message below: recompile.
  *
  * HASH.  content_hash is SHA-256 (OpenSSL libcrypto EVP) of the whole file's
  * bytes, computed with the 64 hex digits of the content_hash value replaced
@@ -91,7 +102,7 @@
 #include "program.h"
 #include "status.h"
 
-#define CPC_ARTIFACT_VERSION 1
+#define CPC_ARTIFACT_VERSION 2
 /* Largest artifact file the reader accepts (bytes). */
 #define CPC_ARTIFACT_MAX_BYTES ((size_t)256 << 20)
 
@@ -117,6 +128,9 @@ typedef struct cpc_artifact {
     char *plan_text;               /* the resolved plan, YAML (plan-file format) */
     cpc_plan *plan;                /* plan_text loaded with cpc_plan_load_string */
     cpc_program *program;          /* the schedule; program->layout gives the mesh */
+    cpc_program *backward;         /* training plans: the backward program (same
+                                      layout), or NULL; the reader does not
+                                      verify it (cpc_verify_backward) */
     int n_kernels;
     cpc_artifact_kernel *kernels;
     int n_predictions;
@@ -157,6 +171,12 @@ cpc_status *cpc_artifact_add_kernel(cpc_artifact *a, const char *name, const cha
  * Errors: CPC_E_INTERNAL (no such kernel), CPC_E_NOMEM. */
 cpc_status *cpc_artifact_set_kernel_report(cpc_artifact *a, const char *name,
                                            const cpc_kernel_fn_report *fns, int n);
+
+/* Stores a deep copy of the backward program `bwd` of a training plan
+ * (backward_schedule; replaces any).  Errors: CPC_E_INTERNAL when the plan
+ * is not mode: training or bwd's layout is not the forward program's,
+ * CPC_E_NOMEM. */
+cpc_status *cpc_artifact_set_backward(cpc_artifact *a, const cpc_program *bwd);
 
 /* The kernel called `name`, or NULL. */
 const cpc_artifact_kernel *cpc_artifact_find_kernel(const cpc_artifact *a, const char *name);

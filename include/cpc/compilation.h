@@ -100,6 +100,13 @@ typedef struct cpc_candidate_info {
                                      "All four axes"); 1 without it */
     int tp_degree;                /* T: the heads split over T ranks; 1 without it.
                                      The candidate uses C*T*R*U ranks */
+    /* mode: training (SPEC section 10): the candidate's backward program
+     * priced (the selected one's is also proven; a candidate without a
+     * backward program has backward_priced false and is CP060 if selected) */
+    bool backward_priced;
+    double ms_backward_per_layer;           /* predicted backward time per layer, ms */
+    int64_t backward_bytes_sent_per_rank;   /* per layer, max over ranks, bytes */
+    int64_t backward_memory_bytes_per_rank; /* the backward program's peak over ranks */
 } cpc_candidate_info;
 
 /* The number of candidates (0 unless validated). */

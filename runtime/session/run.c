@@ -146,8 +146,13 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
         job->plan = a->plan;
         job->prog = a->program;
         job->from_artifact = true;
+        /* the backward program (training plans) belongs to the job */
+        job->bwd = a->backward;
+        a->backward = NULL;
         /* The reader checks format and hash; the schedule is proved again. */
         cpc_status_append(&diags, cpc_verify(job->prog));
+        if (!has_error(diags) && job->bwd)
+            cpc_status_append(&diags, cpc_verify_backward(job->bwd));
         if (has_error(diags)) {
             cpc_job_free(job);
             return diags;
@@ -165,8 +170,10 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
             job->prog = cc.program;
             job->priced = cc.priced;
             job->pred = cc.pred;
+            job->bwd = cc.backward; /* training: built and proven by the pipeline */
             cc.plan = NULL;
             cc.program = NULL;
+            cc.backward = NULL;
         }
         cpc_compiled_free(&cc);
         if (has_error(diags) || !job->prog) {
@@ -193,19 +200,16 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
         cpc_job_free(job);
         return diags;
     }
-    if (job->plan->input.mode == CPC_MODE_TRAINING) {
-        /* SPEC section 10: the backward program, built from the forward's
-         * layout and proved (verify_bwd.h); CP060 where none exists yet. */
-        const cpc_layout *L = &job->prog->layout;
-        cpc_status *st = cpc_schedule_build_backward(job->plan, L->variant, L->R, L->U, &job->bwd);
-        if (!st)
-            st = cpc_verify_backward(job->bwd);
-        if (st) {
-            cpc_status_prefix(st, "cprun: '%s'", job->plan->name ? job->plan->name : path);
-            cpc_status_append(&diags, st);
-            cpc_job_free(job);
-            return diags;
-        }
+    if (job->plan->input.mode == CPC_MODE_TRAINING && !job->bwd) {
+        /* SPEC section 10: the compiler builds and proves the backward
+         * program (compile.h) and the artifact stores it; an artifact of a
+         * training plan without one was not written by cpc. */
+        cpc_status_append(&diags, cpc_error(CPC_E_INPUT,
+                                            "%s: a training plan's artifact without a backward program "
+                                            "(backward_schedule): recompile the plan with cpc",
+                                            path));
+        cpc_job_free(job);
+        return diags;
     }
     *out = job;
     return diags;

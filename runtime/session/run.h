@@ -4,11 +4,13 @@
  * the float64 reference and build the report.
  *
  * Loading: a .cplan artifact is read with the artifact reader and its
- * schedule verified again; anything else is a plan YAML compiled in memory by
- * the compiler's own pipeline, cpc_compile_file (compile.h) up to
+ * schedule verified again (cpc_verify; a training plan's backward_schedule
+ * with cpc_verify_backward); anything else is a plan YAML compiled in
+ * memory by the compiler's own pipeline, cpc_compile_file (compile.h) up to
  * CPC_UNTIL_VERIFY, exactly what `cpc --check` runs: load -> validate and
  * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
- * -> price the final program.  A training plan is refused with CP060.
+ * -> price the final program (-> training: backward schedule, proof, price;
+ * CP060 where the variant has no backward program).
  *
  * Backend (--backend, SPEC section 5):
  *   cpu   the CPU backend (backend.h); --attention auto or cpu.
@@ -85,7 +87,8 @@ typedef struct cpc_job {
                                 device / cluster.profile) */
     cpc_prediction pred;
     cpc_program *bwd;        /* training plans: the backward program
-                                (schedule_bwd.h), verified; owned; else NULL */
+                                (schedule_bwd.h), the compiler's or the
+                                artifact's, proven; owned; else NULL */
 } cpc_job;
 
 /* Loads `path` (.cplan artifact, or plan YAML compiled in memory) with the
@@ -94,7 +97,8 @@ typedef struct cpc_job {
  * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
  * CP060 (class CPC_E_PLAN) for a training plan whose variant has no
  * backward program yet (schedule_bwd.h says which train); cprun maps every plan
- * rejection to exit status 2. */
+ * rejection to exit status 2.  An artifact of a training plan without a
+ * backward_schedule is CPC_E_INPUT ("recompile the plan with cpc"). */
 cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);
 
 /* Builds a job from an in-memory plan (borrowed: it must outlive the job)

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Training plans through the compiler and the artifact (SPEC sections 3, 4, 10;
+# issue 16): `cpc` writes a training plan's backward program into the .cplan
+# (backward_schedule, artifact_version 2), `cprun` trains from it (proving it
+# again, not rebuilding it) with the same gradients as from the YAML;
+# `cpc --check --format json` gives predicted.ms_backward_per_layer, `--explain`
+# the backward columns; the predicted backward bytes are what cprun sends; a
+# tampered backward program (reading the next step's K/V) is refused with CP051
+# before anything runs; a training artifact without backward_schedule and a
+# version 1 artifact are refused with a clear message.
+# Runs from the repository root; binaries in $CPC_BUILD_DIR.
+set -u
+cd "$(dirname "$0")/../.."
+B="${CPC_BUILD_DIR:-build}"
+CPC="$B/cpc"
+CPRUN="$B/cprun"
+[ -x "$CPC" ] && [ -x "$CPRUN" ] || { echo "training_artifact.sh: cpc/cprun not built" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+cat >"$tmp/t.yaml" <<'EOF'
+version: 1
+name: t
+model: {heads: 4, kv_heads: 2, head_dim: 32, dtype: bf16}
+input: {batch: 2, tokens: 256, mask: causal, mode: training}
+cluster: {world_size: 4, device: cpu}
+parallel: {variant: ring}
+EOF
+
+# 1. the artifact holds the backward program and its predictions
+"$CPC" "$tmp/t.yaml" -o "$tmp/t.cplan" --no-kernels >"$tmp/c.out" 2>"$tmp/c.err" || fail "cpc: $(cat "$tmp/c.err")"
+head -1 "$tmp/t.cplan" | grep -qx 'artifact_version: 2' || fail "artifact version: $(head -1 "$tmp/t.cplan")"
+grep -q '^backward_schedule:$' "$tmp/t.cplan" || fail "no backward_schedule in the artifact"
+grep -q 'kind: attn_bwd' "$tmp/t.cplan" || fail "no attn_bwd op in the artifact"
+grep -q '^  backward_ms_per_layer: ' "$tmp/t.cplan" || fail "no backward prediction in the artifact"
+grep -q 'backward (training): ' "$tmp/c.out" || fail "cpc's summary has no backward line: $(cat "$tmp/c.out")"
+
+# 2. cprun trains from it, and from the YAML, with identical outputs
+"$CPRUN" "$tmp/t.cplan" --iters 1 --warmup 0 --format json --output "$tmp/a.st" >"$tmp/a.json" 2>"$tmp/a.err" ||
+    fail "cprun artifact: $(cat "$tmp/a.err")"
+"$CPRUN" "$tmp/t.yaml" --iters 1 --warmup 0 --format json --output "$tmp/y.st" >"$tmp/y.json" 2>"$tmp/y.err" ||
+    fail "cprun yaml: $(cat "$tmp/y.err")"
+cmp -s "$tmp/a.st" "$tmp/y.st" || fail "the artifact's training output differs from the YAML's"
+
+# 3. predictions: JSON (SPEC section 3), --explain columns, bytes as measured
+"$CPC" --check --format json "$tmp/t.yaml" >"$tmp/check.json" 2>"$tmp/check.err" || fail "cpc --check: $(cat "$tmp/check.err")"
+python3 - "$tmp/check.json" "$tmp/a.json" <<'PY' || fail "predicted backward"
+import json, sys
+c = json.load(open(sys.argv[1]))
+r = json.load(open(sys.argv[2]))
+p = c["predicted"]
+assert p["ms_backward_per_layer"] > p["ms_per_layer"] > 0, p
+assert r["backward"]["check"]["pass"] is True, r["backward"]
+# the cost model prices the program cprun runs: the same bytes
+assert p["backward_bytes_sent_per_rank"] == r["backward"]["bytes_sent_per_rank"], (p, r["backward"])
+PY
+"$CPC" --explain "$tmp/t.yaml" >"$tmp/explain.out" 2>&1 || fail "cpc --explain: $(cat "$tmp/explain.out")"
+grep -q 'bwd ms/layer' "$tmp/explain.out" || fail "--explain has no backward column: $(cat "$tmp/explain.out")"
+grep -E '^\* ring +4x1 +ok .* [0-9]+\.[0-9]{3} +[0-9.]+ [KM]iB$' "$tmp/explain.out" >/dev/null ||
+    fail "--explain: the selected ring row has no backward prediction: $(cat "$tmp/explain.out")"
+# an inference plan has no backward column or field
+"$CPC" --check --format json "$tmp/t.yaml" --set input.mode=inference | grep -q ms_backward_per_layer &&
+    fail "an inference plan has ms_backward_per_layer"
+"$CPC" --explain "$tmp/t.yaml" --set input.mode=inference | grep -q 'bwd ms/layer' &&
+    fail "an inference plan has backward columns"
+
+# rewrite FILE FROM TO OUT: edit the artifact and fix its content hash
+rewrite() {
+    python3 - "$@" <<'PY'
+import hashlib, re, sys
+src, frm, to, out = sys.argv[1:5]
+t = open(src).read()
+assert frm in t, frm
+t = t.replace(frm, to, 1)
+t = re.sub(r"(?m)^content_hash: sha256:[0-9a-f]{64}$", "content_hash: sha256:" + "0" * 64, t)
+h = hashlib.sha256(t.encode()).hexdigest()
+t = t.replace("content_hash: sha256:" + "0" * 64, "content_hash: sha256:" + h, 1)
+open(out, "w").write(t)
+PY
+}
+
+# 4. a tampered backward program: CP051 before anything runs (exit 2)
+rewrite "$tmp/t.cplan" "in: [q, k_cur, v_cur, dout, lse, delta]" "in: [q, k_nxt, v_nxt, dout, lse, delta]" "$tmp/bad.cplan"
+"$CPRUN" "$tmp/bad.cplan" --iters 1 --warmup 0 >"$tmp/bad.out" 2>"$tmp/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q 'CP051' "$tmp/bad.err" || fail "tampered backward: exit $rc, expected 2 with CP051: $(cat "$tmp/bad.err")"
+
+# 5. a training artifact without backward_schedule; a version 1 artifact
+python3 - "$tmp/t.cplan" "$tmp/nobwd.cplan" <<'PY'
+import sys
+t = open(sys.argv[1]).read()
+a, b = t.index("\nbackward_schedule:\n"), t.index("\nkernels:")
+open(sys.argv[2], "w").write(t[:a] + t[b:])
+PY
+rewrite "$tmp/nobwd.cplan" "artifact_version: 2" "artifact_version: 2" "$tmp/nobwd.cplan"
+"$CPRUN" "$tmp/nobwd.cplan" --iters 1 --warmup 0 >/dev/null 2>"$tmp/nb.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q 'without a backward program' "$tmp/nb.err" ||
+    fail "training artifact without backward: exit $rc: $(cat "$tmp/nb.err")"
+rewrite "$tmp/t.cplan" "artifact_version: 2" "artifact_version: 1" "$tmp/v1.cplan"
+"$CPRUN" "$tmp/v1.cplan" >/dev/null 2>"$tmp/v1.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q 'artifact version 1 is not supported.*recompile' "$tmp/v1.err" ||
+    fail "version 1 artifact: exit $rc: $(cat "$tmp/v1.err")"
+
+[ $fails -eq 0 ] && echo "training_artifact.sh: all passed" || { echo "training_artifact.sh: $fails failure(s)" >&2; exit 1; }
