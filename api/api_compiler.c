@@ -14,6 +14,7 @@
 #include "compile.h"
 #include "status.h"
 #include "verify.h"
+#include "verify_bwd.h"
 
 /* ---- status ---------------------------------------------------------------- */
 
@@ -180,6 +181,8 @@ cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out)
         st = cpc_error(CPC_E_INTERNAL, "%s: the artifact reader returned nothing", path);
     if (!st)
         st = cpc_verify(a->program); /* never run an unproven program */
+    if (!cpc_status_has_error(st) && a->backward)
+        cpc_status_append(&st, cpc_verify_backward(a->backward));
     if (st && cpc_status_has_error(st)) {
         cpc_artifact_free(a);
         return st;
@@ -201,6 +204,7 @@ cpc_dtype cpc_artifact_dtype(const cpc_artifact *a) { return layout_of(a)->dtype
 bool cpc_artifact_causal(const cpc_artifact *a) { return layout_of(a)->causal; }
 bool cpc_artifact_key_padding(const cpc_artifact *a) { return a->plan->input.mask == CPC_MASK_KEY_PADDING; }
 bool cpc_artifact_cross_attention(const cpc_artifact *a) { return layout_of(a)->cross; }
+bool cpc_artifact_trains(const cpc_artifact *a) { return a && a->backward; }
 
 void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens, int64_t *kv_tokens,
                         int64_t *heads, int64_t *kv_heads, int64_t *head_dim)
@@ -231,11 +235,15 @@ cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor
     switch (role) {
     case CPC_TENSOR_Q:
     case CPC_TENSOR_OUT:
+    case CPC_TENSOR_DOUT:
+    case CPC_TENSOR_DQ:
         *ndim = 4;
         shape[0] = L->B, shape[1] = T, shape[2] = L->H, shape[3] = L->D;
         return NULL;
     case CPC_TENSOR_K:
     case CPC_TENSOR_V:
+    case CPC_TENSOR_DK:
+    case CPC_TENSOR_DV:
         *ndim = 4;
         shape[0] = L->B, shape[1] = L->cross ? L->Skv : T, shape[2] = L->Hkv, shape[3] = L->D;
         return NULL;

@@ -4,8 +4,10 @@
  *
  * Memory: everything is allocated in cpc_rank_create_* (the executor's
  * buffers through the backend, staging space for strided tensors, the key
- * padding mask, the LSE runs); cpc_rank_forward only copies and runs
- * (tests/test_api.c counts allocations).
+ * padding mask, the LSE runs; for a training artifact the backward
+ * executor on the same backend and transport, dout/dq/dk/dv staging and an
+ * fp32 gradient buffer); cpc_rank_forward and cpc_rank_backward only copy
+ * and run (tests/test_api.c counts allocations).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 #include "artifact.h"
 #include "backend.h"
+#include "dtype.h"
 #include "executor.h"
 #include "status.h"
 #include "transport_local.h"
@@ -28,6 +31,8 @@ struct cpc_rank {
     cpc_backend *be;
     cpc_transport *t;
     cpc_exec *ex;
+    cpc_exec *bex;                   /* the backward program's (training artifacts), or NULL */
+    float *gbuf;                     /* fp32 gradient of the largest of dq, dk, dv */
     size_t esz;                      /* element size of the plan's dtype */
     int ndim[CPC_TENSOR__COUNT];
     int64_t shape[CPC_TENSOR__COUNT][4];
@@ -66,7 +71,9 @@ void cpc_rank_destroy(cpc_rank *r)
 {
     if (!r)
         return;
+    cpc_exec_destroy(r->bex);
     cpc_exec_destroy(r->ex);
+    free(r->gbuf);
     if (r->t)
         cpc_transport_destroy(r->t);
     if (r->be)
@@ -127,6 +134,8 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         r->bytes[role] = n * es;
         if (role == CPC_TENSOR_MASK && !cpc_artifact_key_padding(a))
             continue;
+        if (role >= CPC_TENSOR_DOUT && !a->backward)
+            continue; /* the backward's tensors: training artifacts only */
         r->stage[role] = malloc(r->bytes[role] ? r->bytes[role] : 1);
         if (!r->stage[role]) {
             st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for staging", p);
@@ -160,6 +169,30 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         st = cpc_error(CPC_E_INTERNAL, "rank %d: executor output is %zu bytes, shape says %zu", p,
                        cpc_exec_output_bytes(r->ex), r->bytes[CPC_TENSOR_OUT]);
         goto fail;
+    }
+    if (a->backward) {
+        /* the backward program: same backend, transport and mask */
+        cpc_exec_config bcfg = cfg;
+        bcfg.prog = a->backward;
+        if ((st = cpc_exec_create(&bcfg, &r->bex)))
+            goto fail;
+        const int bin[6][2] = {{CPC_TENSOR_Q, CPC_ROLE_Q},     {CPC_TENSOR_K, CPC_ROLE_K},
+                               {CPC_TENSOR_V, CPC_ROLE_V},     {CPC_TENSOR_OUT, CPC_ROLE_O},
+                               {CPC_TENSOR_DOUT, CPC_ROLE_DO}, {CPC_TENSOR_LSE, CPC_ROLE_LSE}};
+        for (int i = 0; i < 6; i++) {
+            size_t want = cpc_exec_input_bytes(r->bex, (cpc_buf_role)bin[i][1]);
+            if (want != r->bytes[bin[i][0]]) {
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: backward input %s is %zu bytes, shape says %zu", p,
+                               cpc_buf_role_name((cpc_buf_role)bin[i][1]), want, r->bytes[bin[i][0]]);
+                goto fail;
+            }
+        }
+        size_t g = r->bytes[CPC_TENSOR_DQ] > r->bytes[CPC_TENSOR_DK] ? r->bytes[CPC_TENSOR_DQ]
+                                                                      : r->bytes[CPC_TENSOR_DK];
+        if (!(r->gbuf = malloc(g / r->esz * sizeof(float) + sizeof(float)))) {
+            st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the gradients", p);
+            goto fail;
+        }
     }
     r->lse_supported = L->U == 1;
     r->max_runs = cpc_exec_max_runs(r->ex);
@@ -248,7 +281,7 @@ int64_t cpc_rank_allocated_bytes(const cpc_rank *r)
 
 static const char *role_name(int role)
 {
-    static const char *const n[] = {"q", "k", "v", "out", "lse", "mask"};
+    static const char *const n[] = {"q", "k", "v", "out", "lse", "mask", "dout", "dq", "dk", "dv"};
     return n[role];
 }
 
@@ -444,6 +477,106 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
                                              "layout", r->p);
         if (!contig[CPC_TENSOR_LSE])
             strided_copy(lse, r->shape[CPC_TENSOR_LSE], 3, 4, ldst, false);
+    }
+    return NULL;
+}
+
+cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+                              const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
+                              const cpc_tensor *lse, const cpc_tensor *dout, const cpc_tensor *dq,
+                              const cpc_tensor *dk, const cpc_tensor *dv)
+{
+    if (!r)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_backward: rank is NULL");
+    if (!r->bex)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "rank %d: the artifact has no backward program (its plan's input.mode is %s): "
+                         "compile the plan with input.mode: training to train", r->p,
+                         r->a->plan->input.mode == CPC_MODE_TRAINING ? "training, but it holds none"
+                                                                      : "inference");
+    const cpc_dtype dt = r->a->program->layout.dtype;
+    enum { NIN = 5 };
+    const cpc_tensor *in[NIN] = {q, k, v, out, dout};
+    static const int in_role[NIN] = {CPC_TENSOR_Q, CPC_TENSOR_K, CPC_TENSOR_V, CPC_TENSOR_OUT,
+                                     CPC_TENSOR_DOUT};
+    static const cpc_buf_role in_exec[NIN] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_O,
+                                              CPC_ROLE_DO};
+    const cpc_tensor *gr[3] = {dq, dk, dv};
+    static const int g_role[3] = {CPC_TENSOR_DQ, CPC_TENSOR_DK, CPC_TENSOR_DV};
+    static const cpc_buf_role g_exec[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
+    bool contig[CPC_TENSOR__COUNT] = {0};
+    cpc_status *st;
+    /* every argument is checked before anything is read or written */
+    for (int i = 0; i < NIN; i++)
+        if ((st = check_tensor(r, in_role[i], in[i], dt, false, &contig[in_role[i]])))
+            return st;
+    if ((st = check_tensor(r, CPC_TENSOR_LSE, lse, CPC_DTYPE_FP32, false, &contig[CPC_TENSOR_LSE])))
+        return st;
+    for (int i = 0; i < 3; i++) {
+        cpc_dtype want = gr[i] && gr[i]->dtype == CPC_DTYPE_FP32 ? CPC_DTYPE_FP32 : dt;
+        if ((st = check_tensor(r, g_role[i], gr[i], want, true, &contig[g_role[i]])))
+            return st;
+    }
+    if (r->mask) {
+        if (!mask)
+            return cpc_error(CPC_E_USAGE, "rank %d: the plan has key padding: pass the forward's mask "
+                                          "(u8 [B, Skv])", r->p);
+        if ((st = check_tensor(r, CPC_TENSOR_MASK, mask, CPC_DTYPE_U8, false, &contig[CPC_TENSOR_MASK])))
+            return st;
+    } else if (mask) {
+        return cpc_error(CPC_E_USAGE, "rank %d: a mask was passed but the plan's mask is %s", r->p,
+                         cpc_mask_name(r->a->plan->input.mask));
+    }
+
+    /* inputs: contiguous caller memory bound directly, strided gathered */
+    for (int i = 0; i < NIN; i++) {
+        int role = in_role[i];
+        const void *src = in[i]->data;
+        if (!contig[role]) {
+            strided_copy(in[i], r->shape[role], r->ndim[role], r->esz, r->stage[role], true);
+            src = r->stage[role];
+        }
+        if ((st = cpc_exec_bind_input(r->bex, in_exec[i], src, r->bytes[role])))
+            return st;
+    }
+    {
+        const void *src = lse->data;
+        if (!contig[CPC_TENSOR_LSE]) {
+            strided_copy(lse, r->shape[CPC_TENSOR_LSE], 3, 4, r->stage[CPC_TENSOR_LSE], true);
+            src = r->stage[CPC_TENSOR_LSE];
+        }
+        if ((st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, src, r->bytes[CPC_TENSOR_LSE])))
+            return st;
+    }
+    if (r->mask) {
+        if (contig[CPC_TENSOR_MASK])
+            memcpy(r->mask, mask->data, r->bytes[CPC_TENSOR_MASK]);
+        else
+            strided_copy(mask, r->shape[CPC_TENSOR_MASK], 2, 1, r->mask, true);
+    }
+    if ((st = cpc_exec_reset(r->bex)))
+        return st;
+    if ((st = cpc_exec_run(r->bex, NULL)))
+        return st;
+
+    /* gradients: fp32 accumulators -> the caller's dtype and strides */
+    for (int i = 0; i < 3; i++) {
+        int role = g_role[i];
+        const cpc_tensor *t = gr[i];
+        size_t n = r->bytes[role] / r->esz;
+        bool f32 = t->dtype == CPC_DTYPE_FP32;
+        float *g = f32 && contig[role] ? (float *)t->data : r->gbuf;
+        if ((st = cpc_exec_read_grad(r->bex, g_exec[i], g, n * sizeof(float))))
+            return st;
+        if (f32) {
+            if (!contig[role])
+                strided_copy(t, r->shape[role], 4, sizeof(float), g, false);
+        } else if (contig[role]) {
+            cpc_from_f32_n(t->data, dt, g, n);
+        } else {
+            cpc_from_f32_n(r->stage[role], dt, g, n);
+            strided_copy(t, r->shape[role], 4, r->esz, r->stage[role], false);
+        }
     }
     return NULL;
 }

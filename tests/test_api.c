@@ -504,3 +504,361 @@ Test(api, compile_diagnostics_are_values_with_positions)
     cr_expect_eq(cpc_status_code(st), CPC_E_IO);
     cpc_status_free(st);
 }
+
+/* ---- training: cpc_rank_backward (SPEC section 10) ---------------------------------
+ * The float64 reference gradients are cpc_reference_attention_bwd's (the same one
+ * cprun --check uses; itself checked against finite differences in
+ * tests/test_backend_bwd.c) on the same rounded inputs. */
+#include "dtype.h"
+#include "reference.h"
+
+static const char *TRAIN_FMT =
+    "version: 1\n"
+    "name: api-train\n"
+    "model: {heads: %d, kv_heads: %d, head_dim: %d, dtype: %s}\n"
+    "input: {batch: %d, tokens: %d, mask: %s, mode: training}\n"
+    "cluster: {world_size: %d, device: cpu}\n"
+    "parallel: {variant: %s}\n";
+
+typedef struct train_problem {
+    int B, S, H, Hkv, D;
+    cpc_dtype dt;
+    size_t es;
+    void *q, *k, *v, *dout;   /* global BSHD in the plan dtype */
+    uint8_t *mask;            /* [B, S] or NULL */
+    double *dq, *dk, *dv;     /* reference gradients */
+} train_problem;
+
+static void make_train_problem(train_problem *pb, cpc_dtype dt, int B, int S, int H, int Hkv, int D,
+                               const char *mask)
+{
+    memset(pb, 0, sizeof *pb);
+    pb->B = B, pb->S = S, pb->H = H, pb->Hkv = Hkv, pb->D = D, pb->dt = dt;
+    pb->es = dt == CPC_DTYPE_FP32 ? 4 : 2;
+    size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * Hkv * D;
+    float *f = malloc((nq > nk ? nq : nk) * sizeof *f);
+    void **t[4] = {&pb->q, &pb->k, &pb->v, &pb->dout};
+    size_t n[4] = {nq, nk, nk, nq};
+    for (int i = 0; i < 4; i++) {
+        for (size_t e = 0; e < n[i]; e++)
+            f[e] = (float)nrand();
+        *t[i] = malloc(n[i] * pb->es);
+        cpc_from_f32_n(*t[i], dt, f, n[i]);
+    }
+    free(f);
+    if (strcmp(mask, "key_padding") == 0) {
+        pb->mask = malloc((size_t)B * S);
+        for (int i = 0; i < B * S; i++)
+            pb->mask[i] = urand() < 0.8;
+    }
+    pb->dq = malloc(nq * sizeof(double));
+    pb->dk = malloc(nk * sizeof(double));
+    pb->dv = malloc(nk * sizeof(double));
+    cpc_ref_problem rp = {.B = B, .S = S, .Skv = S, .H = H, .Hkv = Hkv, .D = D, .dtype = dt,
+                          .q = pb->q, .k = pb->k, .v = pb->v, .scale = (double)(float)(1.0 / sqrt((double)D)),
+                          .causal = strcmp(mask, "causal") == 0, .kv_mask = pb->mask};
+    cpc_status *st = cpc_reference_attention_bwd(&rp, pb->dout, pb->dq, pb->dk, pb->dv);
+    cr_assert_null(st, "reference: %s", st ? st->message : "");
+}
+
+static void free_train_problem(train_problem *pb)
+{
+    free(pb->q), free(pb->k), free(pb->v), free(pb->dout), free(pb->mask);
+    free(pb->dq), free(pb->dk), free(pb->dv);
+}
+
+/* The rank's shard (token runs) of a global [B, S, h, D] array of es-byte elements. */
+static void *shard_bytes(const cpc_artifact *a, int rank, const void *g, int B, int S, int h, int D,
+                         size_t es, int64_t *T)
+{
+    cpc_token_run runs[64];
+    int n = 0;
+    cr_assert_null(cpc_artifact_shard_runs(a, rank, runs, 64, &n));
+    int64_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += runs[i].len;
+    size_t row = (size_t)h * D * es;
+    char *s = malloc((size_t)B * t * row + 1);
+    for (int b = 0; b < B; b++) {
+        int64_t o = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(s + ((size_t)b * t + o) * row, (const char *)g + ((size_t)b * S + runs[i].start) * row,
+                   (size_t)runs[i].len * row);
+            o += runs[i].len;
+        }
+    }
+    *T = t;
+    return s;
+}
+
+typedef struct train_job {
+    const cpc_artifact *a;
+    cpc_local_world *w;
+    int rank;
+    const train_problem *pb;
+    bool grads_in_plan_dtype; /* dq/dk/dv in the plan dtype (dq strided), else fp32 */
+    int iters;
+    double num[3], den[3];    /* squared error and reference norms of dq, dk, dv */
+    long allocs_after_first;
+    char err[512];
+} train_job;
+
+static void *train_thread(void *arg)
+{
+    train_job *j = arg;
+    const train_problem *pb = j->pb;
+    cpc_rank *r = NULL;
+    cpc_status *st = cpc_rank_create_local(j->a, j->w, j->rank, NULL, &r);
+    if (st) {
+        snprintf(j->err, sizeof j->err, "create: %s", cpc_status_message(st));
+        cpc_status_free(st);
+        return NULL;
+    }
+    int64_t T = 0;
+    size_t es = pb->es;
+    void *q = shard_bytes(j->a, j->rank, pb->q, pb->B, pb->S, pb->H, pb->D, es, &T);
+    void *k = shard_bytes(j->a, j->rank, pb->k, pb->B, pb->S, pb->Hkv, pb->D, es, &T);
+    void *v = shard_bytes(j->a, j->rank, pb->v, pb->B, pb->S, pb->Hkv, pb->D, es, &T);
+    void *dout = shard_bytes(j->a, j->rank, pb->dout, pb->B, pb->S, pb->H, pb->D, es, &T);
+    size_t nq = (size_t)pb->B * T * pb->H * pb->D, nk = (size_t)pb->B * T * pb->Hkv * pb->D;
+    void *out = malloc(nq * es);
+    float *lse = malloc((size_t)pb->B * pb->H * T * sizeof *lse);
+    size_t ges = j->grads_in_plan_dtype ? es : 4;
+    void *dqf = malloc(2 * nq * ges), *dk = malloc(nk * ges), *dv = malloc(nk * ges);
+    cpc_dtype gdt = j->grads_in_plan_dtype ? pb->dt : CPC_DTYPE_FP32;
+    cpc_tensor tq = {q, pb->dt, 4, {pb->B, T, pb->H, pb->D}, {0}}, tk = {k, pb->dt, 4, {pb->B, T, pb->Hkv, pb->D}, {0}},
+               tv = {v, pb->dt, 4, {pb->B, T, pb->Hkv, pb->D}, {0}}, to = {out, pb->dt, 4, {pb->B, T, pb->H, pb->D}, {0}},
+               tdo = {dout, pb->dt, 4, {pb->B, T, pb->H, pb->D}, {0}},
+               tl = {lse, CPC_DTYPE_FP32, 3, {pb->B, pb->H, T}, {0}},
+               tdq = {dqf, gdt, 4, {pb->B, T, pb->H, pb->D}, {0}}, tdk = {dk, gdt, 4, {pb->B, T, pb->Hkv, pb->D}, {0}},
+               tdv = {dv, gdt, 4, {pb->B, T, pb->Hkv, pb->D}, {0}};
+    if (j->grads_in_plan_dtype) { /* dq interleaved in a [B, T, 2, H, D] buffer (a fused QKV grad) */
+        int64_t s4[4] = {T * 2 * pb->H * pb->D, 2 * pb->H * pb->D, pb->D, 1};
+        memcpy(tdq.strides, s4, sizeof s4);
+    }
+    cpc_tensor tm = {pb->mask, CPC_DTYPE_U8, 2, {pb->B, pb->S}, {0}};
+    const cpc_tensor *m = pb->mask ? &tm : NULL;
+    long before = 0;
+    for (int it = 0; it < j->iters; it++) {
+        if (it == 1)
+            before = n_allocs;
+        if ((st = cpc_rank_forward(r, &tq, &tk, &tv, m, &to, &tl)) ||
+            (st = cpc_rank_backward(r, &tq, &tk, &tv, m, &to, &tl, &tdo, &tdq, &tdk, &tdv))) {
+            snprintf(j->err, sizeof j->err, "iteration %d: %s", it, cpc_status_message(st));
+            cpc_status_free(st);
+            goto done;
+        }
+    }
+    j->allocs_after_first = n_allocs - before;
+    {
+        cpc_token_run runs[64];
+        int n = 0;
+        cpc_status_free(cpc_artifact_shard_runs(j->a, j->rank, runs, 64, &n));
+        const void *got[3] = {dqf, dk, dv};
+        const double *ref[3] = {pb->dq, pb->dk, pb->dv};
+        int h[3] = {pb->H, pb->Hkv, pb->Hkv};
+        for (int g = 0; g < 3; g++) {
+            int64_t row = (int64_t)h[g] * pb->D;
+            int64_t rs = g == 0 && j->grads_in_plan_dtype ? 2 * row : row; /* dq's row stride */
+            for (int b = 0; b < pb->B; b++) {
+                int64_t o = 0;
+                for (int i = 0; i < n; i++)
+                    for (int64_t t = 0; t < runs[i].len; t++, o++)
+                        for (int64_t e = 0; e < row; e++) {
+                            double x = cpc_dtype_get_f64(got[g], gdt, (size_t)(((int64_t)b * T + o) * rs + e));
+                            double rf = ref[g][((size_t)b * pb->S + runs[i].start + t) * row + e];
+                            j->num[g] += isfinite(x) ? (x - rf) * (x - rf) : INFINITY;
+                            j->den[g] += rf * rf;
+                        }
+            }
+        }
+    }
+done:
+    cpc_rank_destroy(r);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dqf), free(dk), free(dv);
+    return NULL;
+}
+
+/* Every rank of `a` trains on pb in threads; rel[3]: dq, dk, dv relative errors
+ * ||got - ref|| / ||ref|| over the whole gathered gradient. */
+static void train_world(const cpc_artifact *a, const train_problem *pb, bool plan_dtype_grads, int iters,
+                        double rel[3], long *allocs)
+{
+    int P = cpc_artifact_world_size(a);
+    cpc_local_world *w = NULL;
+    cr_assert_null(cpc_local_world_new(a, &w));
+    train_job *jobs = calloc((size_t)P, sizeof *jobs);
+    pthread_t *th = calloc((size_t)P, sizeof *th);
+    for (int p = 0; p < P; p++) {
+        jobs[p] = (train_job){.a = a, .w = w, .rank = p, .pb = pb, .grads_in_plan_dtype = plan_dtype_grads,
+                              .iters = iters};
+        pthread_create(&th[p], NULL, train_thread, &jobs[p]);
+    }
+    double num[3] = {0}, den[3] = {0};
+    long al = 0;
+    for (int p = 0; p < P; p++) {
+        pthread_join(th[p], NULL);
+        cr_assert_eq(jobs[p].err[0], 0, "rank %d: %s", p, jobs[p].err);
+        for (int g = 0; g < 3; g++)
+            num[g] += jobs[p].num[g], den[g] += jobs[p].den[g];
+        al += jobs[p].allocs_after_first;
+    }
+    for (int g = 0; g < 3; g++)
+        rel[g] = sqrt(num[g] / den[g]);
+    if (allocs)
+        *allocs = al;
+    cpc_local_world_free(w);
+    free(jobs);
+    free(th);
+}
+
+static cpc_artifact *train_plan(int H, int Hkv, int D, const char *dtype, int B, int S, const char *mask,
+                                int P, const char *variant)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, TRAIN_FMT, H, Hkv, D, dtype, B, S, mask, P, variant);
+    cpc_artifact *a = compile_ok(yaml, NULL, 0);
+    cr_assert(cpc_artifact_trains(a), "a training plan's artifact without a backward program");
+    return a;
+}
+
+Test(api, backward_matches_float64_on_thread_ranks)
+{
+    struct { const char *variant; int P; const char *dtype; const char *mask; int H, Hkv; bool plan_dt; } cs[] = {
+        {"none", 1, "fp32", "none", 4, 4, false},
+        {"none", 1, "fp32", "causal", 4, 2, true},
+        {"ring", 2, "fp32", "none", 4, 2, false},
+        {"ring", 2, "fp32", "key_padding", 4, 4, true},
+        {"ring", 4, "fp32", "causal", 4, 2, false},
+        {"ring", 4, "fp32", "causal", 6, 2, true},
+        {"ring", 4, "bf16", "causal", 4, 1, false},
+        {"ring", 4, "bf16", "none", 4, 2, true},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        cpc_dtype dt = strcmp(cs[i].dtype, "bf16") == 0 ? CPC_DTYPE_BF16 : CPC_DTYPE_FP32;
+        cpc_artifact *a = train_plan(cs[i].H, cs[i].Hkv, 16, cs[i].dtype, 2, 64, cs[i].mask, cs[i].P,
+                                     cs[i].variant);
+        train_problem pb;
+        make_train_problem(&pb, dt, 2, 64, cs[i].H, cs[i].Hkv, 16, cs[i].mask);
+        double rel[3];
+        train_world(a, &pb, cs[i].plan_dt, 2, rel, NULL);
+        /* fp32 accumulators: ~4e-7; rounded to bf16 output ~3e-3; bf16 plans also carry
+         * the delta of the bf16 `out` (~1e-3, docs/BACKWARD.md 1.1) */
+        double tol = dt == CPC_DTYPE_BF16 ? 2e-2 : 1e-5;
+        for (int g = 0; g < 3; g++) {
+            cr_expect_lt(rel[g], tol, "%s P=%d %s %s GQA %d/%d %s: d%c rel err %g", cs[i].variant, cs[i].P,
+                         cs[i].dtype, cs[i].mask, cs[i].H, cs[i].Hkv, cs[i].plan_dt ? "plan-dtype grads" : "fp32",
+                         "qkv"[g], rel[g]);
+            cr_expect_gt(rel[g], 0.0); /* computed, not copied */
+        }
+        fprintf(stderr, "api backward %s P=%d %s %s %d/%d %s: dq %.2e dk %.2e dv %.2e\n", cs[i].variant,
+                cs[i].P, cs[i].dtype, cs[i].mask, cs[i].H, cs[i].Hkv, cs[i].plan_dt ? "plan dtype" : "fp32",
+                rel[0], rel[1], rel[2]);
+        free_train_problem(&pb);
+        cpc_artifact_free(a);
+    }
+}
+
+Test(api, no_allocation_after_the_first_backward)
+{
+    if (!CAN_COUNT)
+        cr_skip_test("allocation counting needs the libc allocator (not under ASan)");
+    cpc_artifact *a = train_plan(4, 2, 16, "bf16", 1, 64, "causal", 4, "ring");
+    train_problem pb;
+    make_train_problem(&pb, CPC_DTYPE_BF16, 1, 64, 4, 2, 16, "causal");
+    atomic_store(&counting, 1);
+    long allocs = -1;
+    double rel[3];
+    train_world(a, &pb, true, 3, rel, &allocs);
+    atomic_store(&counting, 0);
+    cr_expect_lt(rel[0], 2e-2);
+    cr_expect_eq(allocs, 0, "%ld allocations in forward+backward 2..3 (all ranks)", allocs);
+    free_train_problem(&pb);
+    cpc_artifact_free(a);
+}
+
+Test(api, backward_refusals_leave_outputs_untouched)
+{
+    /* a forward-only artifact */
+    cpc_artifact *inf = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
+    cr_assert(!cpc_artifact_trains(inf));
+    cpc_local_world *w = NULL;
+    cr_assert_null(cpc_local_world_new(inf, &w));
+    cpc_rank *r = NULL;
+    cr_assert_null(cpc_rank_create_local(inf, w, 0, NULL, &r));
+    float buf[4 * 16 * 16];
+    cpc_tensor t = tensor4(buf, 1, 16, 4, 16);
+    cpc_tensor tl = {.data = buf, .dtype = CPC_DTYPE_FP32, .ndim = 3, .shape = {1, 4, 16}};
+    cpc_status *st = cpc_rank_backward(r, &t, &t, &t, NULL, &t, &tl, &t, &t, &t, &t);
+    cr_assert_eq(cpc_status_code(st), CPC_E_UNSUPPORTED);
+    cr_expect(strstr(cpc_status_message(st), "input.mode: training"), "%s", cpc_status_message(st));
+    cpc_status_free(st);
+    cpc_rank_destroy(r);
+    cpc_local_world_free(w);
+    cpc_artifact_free(inf);
+
+    /* a training artifact, one rank: bad arguments are refused before anything is written */
+    cpc_artifact *a = train_plan(4, 2, 16, "fp32", 1, 32, "none", 1, "none");
+    train_problem pb;
+    make_train_problem(&pb, CPC_DTYPE_FP32, 1, 32, 4, 2, 16, "none");
+    cr_assert_null(cpc_local_world_new(a, &w));
+    cr_assert_null(cpc_rank_create_local(a, w, 0, NULL, &r));
+    size_t nq = 32 * 4 * 16, nk = 32 * 2 * 16;
+    float *out = malloc(nq * 4), *lse = malloc(4 * 32 * 4);
+    float *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+    cpc_tensor q = tensor4(pb.q, 1, 32, 4, 16), k = tensor4(pb.k, 1, 32, 2, 16), v = tensor4(pb.v, 1, 32, 2, 16),
+               o = tensor4(out, 1, 32, 4, 16), d = tensor4(pb.dout, 1, 32, 4, 16), gq = tensor4(dq, 1, 32, 4, 16),
+               gk = tensor4(dk, 1, 32, 2, 16), gv = tensor4(dv, 1, 32, 2, 16);
+    cpc_tensor l = {.data = lse, .dtype = CPC_DTYPE_FP32, .ndim = 3, .shape = {1, 4, 32}};
+    cr_assert_null(cpc_rank_forward(r, &q, &k, &v, NULL, &o, &l));
+    for (size_t i = 0; i < nq; i++)
+        dq[i] = 7.0f;
+    for (size_t i = 0; i < nk; i++)
+        dk[i] = dv[i] = 7.0f;
+    cpc_tensor bad_shape = tensor4(dq, 1, 32, 2, 16);           /* dq with Hkv heads */
+    cpc_tensor bad_dtype = gk;
+    bad_dtype.dtype = CPC_DTYPE_FP16;                           /* neither fp32 nor the plan's */
+    cpc_tensor bad_dout = tensor4(pb.dout, 1, 31, 4, 16);
+    cpc_tensor bad_lse = l;
+    bad_lse.shape[2] = 31;
+    cpc_tensor overlap = gv;                                    /* an output whose elements overlap */
+    int64_t s4[4] = {32 * 2 * 16, 16, 1, 1};
+    memcpy(overlap.strides, s4, sizeof s4);
+    cpc_tensor nul = gq;
+    nul.data = NULL;
+    const cpc_tensor *args[][6] = {
+        {&o, &l, &d, &bad_shape, &gk, &gv}, {&o, &l, &d, &gq, &bad_dtype, &gv}, {&o, &l, &bad_dout, &gq, &gk, &gv},
+        {&o, &bad_lse, &d, &gq, &gk, &gv},  {&o, NULL, &d, &gq, &gk, &gv},     {&o, &l, &d, &gq, &gk, &overlap},
+        {&o, &l, &d, &nul, &gk, &gv},       {&o, &l, NULL, &gq, &gk, &gv},
+    };
+    for (size_t c = 0; c < sizeof args / sizeof *args; c++) {
+        st = cpc_rank_backward(r, &q, &k, &v, NULL, args[c][0], args[c][1], args[c][2], args[c][3], args[c][4],
+                               args[c][5]);
+        cr_assert_eq(cpc_status_code(st), CPC_E_USAGE, "case %zu: %s", c, cpc_status_message(st));
+        cpc_status_free(st);
+    }
+    /* a mask for a plan without key padding */
+    uint8_t mk[32];
+    cpc_tensor tm = {mk, CPC_DTYPE_U8, 2, {1, 32}, {0}};
+    st = cpc_rank_backward(r, &q, &k, &v, &tm, &o, &l, &d, &gq, &gk, &gv);
+    cr_assert_eq(cpc_status_code(st), CPC_E_USAGE);
+    cpc_status_free(st);
+    for (size_t i = 0; i < nq; i++)
+        cr_assert_eq(dq[i], 7.0f, "dq written by a refused call");
+    for (size_t i = 0; i < nk; i++)
+        cr_assert(dk[i] == 7.0f && dv[i] == 7.0f, "dk/dv written by a refused call");
+    /* the rank still works: a correct backward afterwards */
+    cr_assert_null(cpc_rank_backward(r, &q, &k, &v, NULL, &o, &l, &d, &gq, &gk, &gv));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nq; i++)
+        num += (dq[i] - pb.dq[i]) * (dq[i] - pb.dq[i]), den += pb.dq[i] * pb.dq[i];
+    for (size_t i = 0; i < nk; i++)
+        num += (dk[i] - pb.dk[i]) * (dk[i] - pb.dk[i]) + (dv[i] - pb.dv[i]) * (dv[i] - pb.dv[i]),
+            den += pb.dk[i] * pb.dk[i] + pb.dv[i] * pb.dv[i];
+    cr_expect_lt(sqrt(num / den), 1e-5);
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    free_train_problem(&pb);
+    cpc_rank_destroy(r);
+    cpc_local_world_free(w);
+    cpc_artifact_free(a);
+}

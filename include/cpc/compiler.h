@@ -70,7 +70,8 @@ cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *na
                                     cpc_status **diagnostics);
 
 /* Reads a .cplan file and PROVES its program again (an artifact is never run
- * unproven).  Errors: CPC_E_IO, CPC_E_INPUT (malformed or tampered file:
+ * unproven; a training plan's backward program too).  A version 1 artifact
+ * (before the backward program was stored) is CPC_E_INPUT: recompile.  Errors: CPC_E_IO, CPC_E_INPUT (malformed or tampered file:
  * hash mismatch), CPC_E_PLAN (CP051: the program is wrong, CP060: a newer
  * format). *out as above. */
 cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
@@ -108,15 +109,20 @@ bool cpc_artifact_causal(const cpc_artifact *a);
 bool cpc_artifact_key_padding(const cpc_artifact *a);
 bool cpc_artifact_cross_attention(const cpc_artifact *a);
 
+/* Whether the artifact holds a proven backward program (a `mode: training`
+ * plan compiled by this libcpc): cpc_rank_backward runs only then. */
+bool cpc_artifact_trains(const cpc_artifact *a);
+
 /* The prediction `name` (a key of SPEC section 3's "predicted": ms_per_layer,
  * ms_per_forward, memory_bytes_per_rank, bytes_sent_per_rank, ...) in
  * *value.  Returns false when the artifact has no such prediction. */
 bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
 
 /* The shape of rank `rank`'s shard of tensor `role` as passed to
- * cpc_rank_forward (BSHD; LSE [B, H, T]; mask [B, Skv]): *ndim and shape[0..ndim).
- * q and out: [B, T, H, D] with T the rank's tokens; k and v: the same tokens
- * and Hkv heads, or the whole [B, Skv, Hkv, D] for cross-attention.
+ * cpc_rank_forward and cpc_rank_backward (BSHD; LSE [B, H, T]; mask
+ * [B, Skv]): *ndim and shape[0..ndim).  q, out, dout and dq: [B, T, H, D]
+ * with T the rank's tokens; k, v, dk and dv: the same tokens and Hkv heads,
+ * or the whole [B, Skv, Hkv, D] for cross-attention.
  * Errors: CPC_E_USAGE (rank out of range, role unknown). */
 cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
                                      int *ndim, int64_t shape[4]);

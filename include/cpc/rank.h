@@ -22,10 +22,17 @@
  * on one device (the artifact's schedule, proven).  It is COLLECTIVE: every
  * rank of the world calls it for the same layer, in the same order.
  *
+ * For a training plan (cpc_artifact_trains), cpc_rank_backward runs the
+ * artifact's proven backward program: dq, dk, dv of this rank's shard from
+ * the forward's q, k, v, out and LSE and the caller's dout.  It is
+ * collective like the forward.
+ *
  * Memory: cpc_rank_create allocates every internal buffer (the schedule's
- * buffers, all-to-all staging, space to gather strided inputs) from sizes the
- * artifact states.  cpc_rank_forward allocates nothing (tests/test_api.c
- * counts allocations); outputs go to caller memory.
+ * buffers, all-to-all staging, space to gather strided inputs; for a
+ * training plan also the backward program's buffers and an fp32 gradient
+ * buffer) from sizes the artifact states.  cpc_rank_forward and
+ * cpc_rank_backward allocate nothing (tests/test_api.c counts allocations);
+ * outputs go to caller memory.
  *
  * Errors: wrong shapes, strides or element types are refused (CPC_E_USAGE)
  * before anything is read or written and leave the rank usable.  A forward
@@ -131,6 +138,33 @@ int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
 cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
                              const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                              const cpc_tensor *lse);
+
+/* One attention backward (SPEC section 10) for a training plan: for the
+ * loss L with dL/dout = dout, writes dq = dL/dq, dk = dL/dk, dv = dL/dv of
+ * this rank's shard, exactly as the single-device backward would give them
+ * (the artifact's backward program, proven; ring: K/V blocks rotate and
+ * each block's dK/dV accumulator travels home in fp32).
+ *   in:  q, k, v, mask: as passed to the cpc_rank_forward whose output this
+ *        is; out: that forward's output shard [B, T, H, D] and lse its LSE
+ *        F32 [B, H, T] (cpc_rank_forward's lse argument: keep both from the
+ *        forward); dout [B, T, H, D].  q, k, v, out, dout in the plan's dtype.
+ *   out: dq [B, T, H, D], dk and dv [B, T, Hkv, D] (cpc_artifact_shard_shape
+ *        with CPC_TENSOR_DQ/DK/DV), each either in the plan's dtype (rounded
+ *        once from the fp32 accumulators) or CPC_DTYPE_FP32 (the accumulators
+ *        themselves); OVERWRITTEN, not accumulated.  GQA: dk/dv of a K/V head
+ *        sum its query heads.
+ * Tensors may be strided (outputs must not overlap themselves); host memory
+ * (CPU backend).  Collective: every rank of the world calls it, after its
+ * forward, for the same layer in the same order.  Thread-safety as the
+ * forward (one thread per rank at a time).  Allocates nothing.
+ * Errors: CPC_E_UNSUPPORTED when the artifact has no backward program
+ * (an inference plan: compile it with input.mode: training); CPC_E_USAGE
+ * for a missing, NULL, mis-shaped or mis-typed tensor (nothing is read or
+ * written, the rank stays usable); CPC_E_RUNTIME as the forward. */
+cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+                              const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
+                              const cpc_tensor *lse, const cpc_tensor *dout, const cpc_tensor *dq,
+                              const cpc_tensor *dk, const cpc_tensor *dv);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
  * communicators).  NULL is ignored. */

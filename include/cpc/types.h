@@ -34,6 +34,11 @@ typedef enum cpc_tensor_role {
     CPC_TENSOR_OUT,   /* output   [B, S, H, D] */
     CPC_TENSOR_LSE,   /* log-sum-exp (natural log), F32 [B, H, S] */
     CPC_TENSOR_MASK,   /* key padding, U8 [B, Skv] */
+    /* the backward (training plans, cpc_rank_backward): */
+    CPC_TENSOR_DOUT,  /* gradient of the loss w.r.t. out  [B, S, H, D] */
+    CPC_TENSOR_DQ,    /* gradient w.r.t. q                [B, S, H, D] */
+    CPC_TENSOR_DK,    /* gradient w.r.t. k                [B, Skv, Hkv, D] */
+    CPC_TENSOR_DV,    /* gradient w.r.t. v                [B, Skv, Hkv, D] */
     CPC_TENSOR__COUNT
 } cpc_tensor_role;
 
