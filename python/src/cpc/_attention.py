@@ -141,6 +141,49 @@ def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False):
     return np.empty(shape, dtype=np.float32 if lse else _NUMPY_DTYPES[plan_dtype])
 
 
+_autograd_function = None
+
+
+def _records_grad(artifact, q, k, v):
+    """Whether a call on q, k, v is recorded by torch autograd (a training artifact,
+    grad mode on, one of them a tensor that requires grad)."""
+    torch = _torch()
+    return (artifact.trains and torch is not None and torch.is_grad_enabled()
+            and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)))
+
+
+def _function():
+    """cpc's torch.autograd.Function (made on first use: torch is optional), for an
+    Attention (one rank) or a LocalWorld (global tensors, every rank a thread).
+    forward: their forward, keeping out and the LSE; backward: their backward with the
+    incoming gradient of out (cpc_rank_backward, collective over the world)."""
+    global _autograd_function
+    if _autograd_function is not None:
+        return _autograd_function
+    torch = _torch()
+
+    class AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, att, mask, q, k, v):
+            with torch.no_grad():
+                out, lse = att._forward(q, k, v, mask, None, None, True)
+            ctx.att, ctx.mask = att, mask
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            if dout is None:
+                dout = torch.zeros_like(out)
+            dq, dk, dv = ctx.att.backward(q, k, v, out, lse, dout, mask=ctx.mask)
+            return None, None, dq, dk, dv
+
+    _autograd_function = AttentionFunction
+    return AttentionFunction
+
+
 def _options(backend, device, timeout_s):
     L = N.lib()
     if backend not in N.BACKENDS:
@@ -183,6 +226,17 @@ class LocalWorld:
         return len(self._ranks)
 
     def __call__(self, q, k, v, mask=None, return_lse=False):
+        """The forward on GLOBAL tensors.  Training artifacts with torch tensors that
+        require grad: recorded by autograd (one Function for the whole world; its
+        backward runs every rank's backward in threads, LocalWorld.backward)."""
+        if _records_grad(self.artifact, q, k, v):
+            o, l = _function().apply(self, mask, q, k, v)
+            return (o, l) if return_lse else o
+        return self._forward(q, k, v, mask, None, None, return_lse)
+
+    def _forward(self, q, k, v, mask, out, lse, return_lse):
+        if out is not None or lse is not None:
+            raise UsageError("LocalWorld takes no out= / lse=", code="usage")
         a = self.artifact
         P = a.world_size
         res = [None] * P
@@ -191,9 +245,10 @@ class LocalWorld:
         def run(r):
             try:
                 att = self._ranks[r]
-                res[r] = att(a.shard(q, r, "q"), a.shard(k, r, "k"), a.shard(v, r, "v"),
-                             mask=None if mask is None else a.shard(mask, r, "mask"),
-                             return_lse=return_lse)
+                res[r] = att._forward(a.shard(q, r, "q"), a.shard(k, r, "k"),
+                                      a.shard(v, r, "v"),
+                                      None if mask is None else a.shard(mask, r, "mask"),
+                                      None, None, return_lse)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errs[r] = e
 
@@ -209,6 +264,36 @@ class LocalWorld:
         if return_lse:
             return a.gather([x[0] for x in res], "out"), a.gather([x[1] for x in res], "lse")
         return a.gather(res, "out")
+
+    def backward(self, q, k, v, out, lse, dout, mask=None, grad_dtype=None):
+        """The backward on GLOBAL tensors (out and lse as `world(q, k, v,
+        return_lse=True)` returned them, dout like out): every rank in its own thread
+        (Attention.backward), the global (dq, dk, dv) gathered."""
+        a = self.artifact
+        P = a.world_size
+        res = [None] * P
+        errs = [None] * P
+
+        def run(r):
+            try:
+                res[r] = self._ranks[r].backward(
+                    a.shard(q, r, "q"), a.shard(k, r, "k"), a.shard(v, r, "v"),
+                    a.shard(out, r, "out"), a.shard(lse, r, "lse"), a.shard(dout, r, "dout"),
+                    mask=None if mask is None else a.shard(mask, r, "mask"),
+                    grad_dtype=grad_dtype)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs[r] = e
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(1, P)]
+        for t in threads:
+            t.start()
+        run(0)
+        for t in threads:
+            t.join()
+        for e in errs:
+            if e is not None:
+                raise e
+        return tuple(a.gather([x[i] for x in res], n) for i, n in enumerate(("dq", "dk", "dv")))
 
     def close(self):
         for r in self._ranks:
@@ -351,7 +436,24 @@ class Attention:
 
     def __call__(self, q, k, v, mask=None, *, out=None, lse=None, return_lse=False):
         """One attention forward on this rank's shards; see the class docstring.
-        out / lse: optional preallocated outputs (then nothing is allocated)."""
+        out / lse: optional preallocated outputs (then nothing is allocated).
+
+        Training: for an artifact that trains (a `mode: training` plan) and torch
+        tensors of which one requires grad (with grad mode on), the call is a
+        torch.autograd.Function: the output carries a grad_fn whose backward runs
+        cpc_rank_backward (collective: every rank of the world must run its backward
+        for this layer, in the same order as the forwards)."""
+        if self._ptr is None:
+            raise UsageError("this rank is closed", code="usage")
+        if _records_grad(self.artifact, q, k, v):
+            if out is not None or lse is not None:
+                raise UsageError("out= / lse= cannot be given when autograd records the "
+                                 "call (outputs are new tensors)", code="usage")
+            o, l = _function().apply(self, mask, q, k, v)
+            return (o, l) if return_lse else o
+        return self._forward(q, k, v, mask, out, lse, return_lse)
+
+    def _forward(self, q, k, v, mask, out, lse, return_lse):
         if self._ptr is None:
             raise UsageError("this rank is closed", code="usage")
         a, dk = self.artifact, self.device_kind
@@ -396,6 +498,66 @@ class Attention:
                                       None if vl is None else ctypes.byref(vl.t))
         _check(self._L, st)
         return (out, lse) if (return_lse or vl is not None) else out
+
+    def backward(self, q, k, v, out, lse, dout, mask=None, *, dq=None, dk=None, dv=None,
+                 grad_dtype=None):
+        """One attention backward (SPEC section 10) on this rank's shards: returns
+        (dq, dk, dv), the gradients of the loss whose gradient w.r.t. out is `dout`.
+
+        q, k, v, mask: what the forward took; out and lse: what it returned (call it
+        with return_lse=True and keep both); dout: this rank's shard of dL/dout, shape
+        and dtype of out.  dq, dk, dv: optional preallocated outputs (shapes of q, k,
+        v; written in place); else new arrays of the inputs' type, in the plan's dtype,
+        or float32 with grad_dtype="fp32" (the unrounded fp32 accumulators).  Needs an
+        artifact that trains (compiled from a `mode: training` plan): else
+        cpc.UnsupportedError.  Collective, like the forward.  Wrong shapes / dtypes are
+        refused before anything is written."""
+        if self._ptr is None:
+            raise UsageError("this rank is closed", code="usage")
+        a, dk_ = self.artifact, self.device_kind
+        if grad_dtype not in (None, "fp32", a.dtype):
+            raise UsageError(f"grad_dtype {grad_dtype!r}: None (the plan's {a.dtype}) or "
+                             "'fp32'", code="usage")
+        gname = grad_dtype or a.dtype
+        gcode = _CODES[gname]
+        views = {}
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+            views[name] = _view(x, name, self._code, self._shapes_of(name), dk_)
+        kind = _kind(views["q"].keep)
+        if any(_kind(x.keep) != kind for x in views.values()):
+            raise UsageError("q, k, v, out and dout must all be numpy arrays or all torch "
+                             "tensors", code="usage")
+        vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk_)
+        vm = None
+        if a.key_padding:
+            if mask is None:
+                raise UsageError("the plan has mask: key_padding: pass the forward's mask=",
+                                 code="usage")
+            vm = _view(mask, "mask", N.DTYPE_U8, self._shapes["mask"], dk_)
+        elif mask is not None:
+            raise UsageError("a mask was given but the plan has no key padding",
+                             code="usage")
+        grads = []
+        for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+            if g is None:
+                g = _empty_like_kind(kind, views["q"].keep, self._shapes_of(name), gname)
+            vg = _view(g, name, gcode, self._shapes_of(name), dk_)
+            if vg.copied:
+                raise UsageError(f"{name} must be writable in place (positive strides)",
+                                 code="usage")
+            grads.append((g, vg))
+        st = self._L.cpc_rank_backward(
+            self._ptr, *(ctypes.byref(views[n].t) for n in ("q", "k", "v")),
+            None if vm is None else ctypes.byref(vm.t), ctypes.byref(views["out"].t),
+            ctypes.byref(vl.t), ctypes.byref(views["dout"].t),
+            *(ctypes.byref(vg.t) for _, vg in grads))
+        _check(self._L, st)
+        return tuple(g for g, _ in grads)
+
+    def _shapes_of(self, role):
+        if role not in self._shapes:
+            self._shapes[role] = self.artifact.shard_shape(self.rank, role)
+        return self._shapes[role]
 
     def close(self):
         """Destroys the rank (collective for an MPI rank)."""

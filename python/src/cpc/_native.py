@@ -22,9 +22,10 @@ DTYPE_BF16, DTYPE_FP16, DTYPE_FP32 = 0, 1, 2
 DTYPE_U8 = 100
 DTYPE_NAMES = {DTYPE_BF16: "bf16", DTYPE_FP16: "fp16", DTYPE_FP32: "fp32", DTYPE_U8: "u8"}
 
-ROLE_Q, ROLE_K, ROLE_V, ROLE_OUT, ROLE_LSE, ROLE_MASK = range(6)
+(ROLE_Q, ROLE_K, ROLE_V, ROLE_OUT, ROLE_LSE, ROLE_MASK, ROLE_DOUT, ROLE_DQ, ROLE_DK,
+ ROLE_DV) = range(10)
 ROLES = {"q": ROLE_Q, "k": ROLE_K, "v": ROLE_V, "out": ROLE_OUT, "lse": ROLE_LSE,
-         "mask": ROLE_MASK}
+         "mask": ROLE_MASK, "dout": ROLE_DOUT, "dq": ROLE_DQ, "dk": ROLE_DK, "dv": ROLE_DV}
 
 
 class Tensor(ctypes.Structure):
@@ -108,6 +109,7 @@ _DECLS = {
     "cpc_artifact_causal": (ctypes.c_bool, [_P]),
     "cpc_artifact_key_padding": (ctypes.c_bool, [_P]),
     "cpc_artifact_cross_attention": (ctypes.c_bool, [_P]),
+    "cpc_artifact_trains": (ctypes.c_bool, [_P]),
     "cpc_artifact_get_prediction": (ctypes.c_bool, [_P, ctypes.c_char_p,
                                                     ctypes.POINTER(ctypes.c_double)]),
     "cpc_artifact_shard_shape": (_P, [_P, ctypes.c_int, ctypes.c_int,
@@ -127,6 +129,7 @@ _DECLS = {
     "cpc_rank_forward": (_P, [_P, ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),
                               ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),
                               ctypes.POINTER(Tensor), ctypes.POINTER(Tensor)]),
+    "cpc_rank_backward": (_P, [_P] + [ctypes.POINTER(Tensor)] * 10),
     "cpc_rank_destroy": (None, [_P]),
 }
 

@@ -184,6 +184,9 @@ class Artifact:
         self.causal = bool(L.cpc_artifact_causal(ptr))
         self.key_padding = bool(L.cpc_artifact_key_padding(ptr))
         self.cross_attention = bool(L.cpc_artifact_cross_attention(ptr))
+        # a training plan's artifact holds a proven backward program: Attention.backward
+        # and autograd through Attention.__call__ work only then
+        self.trains = bool(L.cpc_artifact_trains(ptr))
         q0 = self.shard_shape(0, "q")
         self.cfg_degree = self.batch // q0[0] if q0[0] else 1
         self.tp_degree = self.heads // q0[2] if q0[2] else 1
@@ -223,8 +226,8 @@ class Artifact:
                              "ranks", code="usage")
 
     def shard_shape(self, rank, role="q"):
-        """The shape of rank `rank`'s shard of `role` (q, k, v, out, lse, mask) as
-        cpc.Attention takes or returns it."""
+        """The shape of rank `rank`'s shard of `role` (q, k, v, out, lse, mask; dout, dq,
+        dk, dv for the backward) as cpc.Attention takes or returns it."""
         if role not in N.ROLES:
             raise UsageError(f"role {role!r}: one of {', '.join(N.ROLES)}", code="usage")
         nd = ctypes.c_int()
@@ -272,16 +275,17 @@ class Artifact:
         """(token axis or None when the rank holds every token, head axis or None,
         head slice, batch slice)."""
         bs, hs, ks = self._coords(rank)
-        if role in ("q", "out"):
+        if role in ("q", "out", "dout", "dq"):
             return 1, 2, hs, bs
-        if role in ("k", "v"):
+        if role in ("k", "v", "dk", "dv"):
             return (None if self.cross_attention else 1), 2, ks, bs
         if role == "lse":
             return 2, 1, hs, bs
         if role == "mask":
             whole = self.shard_shape(rank, "mask")[1] == self.kv_tokens
             return (None if whole else 1), None, None, bs
-        raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask", code="usage")
+        raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask, dout, dq, dk, dv",
+                          code="usage")
 
     def shard(self, x, rank, role="q"):
         """This rank's shard of the global array `x` (numpy or torch; BSHD for q, k, v,
@@ -323,16 +327,17 @@ class Artifact:
                              f"{len(shards)}", code="usage")
         kind, xp = _arrays(shards[0])
         B, S, H, D = self.batch, self.tokens, self.heads, self.head_dim
-        if role in ("q", "out"):
+        if role in ("q", "out", "dout", "dq"):
             shape = (B, S, H, D)
-        elif role in ("k", "v"):
+        elif role in ("k", "v", "dk", "dv"):
             shape = (B, self.kv_tokens, self.kv_heads, D)
         elif role == "lse":
             shape = (B, H, S)
         elif role == "mask":
             shape = (B, self.kv_tokens)
         else:
-            raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask", code="usage")
+            raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask, dout, dq, dk, dv",
+                          code="usage")
         x0 = shards[0]
         if kind == "torch":
             g = xp.empty(shape, dtype=x0.dtype, device=x0.device)
