@@ -7,9 +7,9 @@
 # P = 1's.  The ring backward carries each block's dK/dV accumulator over R hops in
 # fp32 (docs/BACKWARD.md 3.1): accumulating in bf16 in transit would add a bf16
 # rounding (~2e-3 relative) per hop to dk and dv, whose P = 1 errors are 5e-4 (dk:
-# dominated by delta from the bf16 `out`) and 5e-7 (dv: fp32 rounding), so this
-# test would fail (dk by several times, dv by orders of magnitude).  Runs from the repository root; binaries
-# in $CPC_BUILD_DIR.
+# dominated by delta from the bf16 `out`) and 5e-7 (dv: fp32 rounding), so this test
+# would fail (dk by several times, dv by orders of magnitude).  Runs from the
+# repository root; binaries in $CPC_BUILD_DIR.
 set -u
 cd "$(dirname "$0")/../.."
 B="${CPC_BUILD_DIR:-build}"
