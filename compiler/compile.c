@@ -262,7 +262,7 @@ cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
         st = cpc_artifact_set_predictions(a, &c->pred);
     if (!st && c->bwd_priced) {
         const struct { const char *name; double v; } b[] = {
-            {"backward_ms_per_layer", c->bwd_pred.ms_per_layer},
+            {"ms_backward_per_layer", c->bwd_pred.ms_per_layer},
             {"backward_compute_ms_per_layer", c->bwd_pred.compute_ms_per_layer},
             {"backward_comm_ms_per_layer", c->bwd_pred.comm_ms_per_layer},
             {"backward_bytes_sent_per_rank", (double)c->bwd_pred.bytes_sent_per_rank},

@@ -79,7 +79,7 @@ bool cpc_compile_string(const char *text, size_t len, const char *name, const cp
                         cpc_compiled *out);
 
 /* The compiled plan, program (and backward program), kernels and
- * predictions (the backward's as backward_ms_per_layer,
+ * predictions (the backward's as ms_backward_per_layer,
  * backward_compute_ms_per_layer, backward_comm_ms_per_layer,
  * backward_bytes_sent_per_rank, backward_memory_bytes_per_rank) as a new artifact
  * (caller frees with cpc_artifact_free).  Errors: CPC_E_INTERNAL when

@@ -171,3 +171,32 @@ def test_refusals():
         assert torch.all(dq == 7.0)
         g = att.backward(q, k, v, out, lse, dout, dq=dq)  # still usable
         assert g[0] is dq and not torch.all(dq == 7.0)
+
+
+def test_check_predicts_the_backward():
+    """cpc.check on a training plan: predicted adds the backward (SPEC section 3), as
+    `cpc --check --format json` prints it."""
+    import json
+    import subprocess
+    from conftest import cpc_tool
+    p = {"version": 1, "model": {"heads": 4, "kv_heads": 2, "head_dim": 32, "dtype": "bf16"},
+         "input": {"batch": 2, "tokens": 256, "mask": "causal", "mode": "training"},
+         "cluster": {"world_size": 4, "device": "cpu"}, "parallel": {"variant": "ring"}}
+    r = cpc.check(p)
+    assert r.ok
+    pr = r.predicted
+    assert pr["ms_backward_per_layer"] > pr["ms_per_layer"] > 0
+    # K/V 3 hops (bf16) + dK/dV 4 hops (fp32): B 2 x 64 tokens x Hkv 2 x D 32 per block
+    blk = 2 * 64 * 2 * 32
+    assert pr["backward_bytes_sent_per_rank"] == 3 * 2 * blk * 2 + 4 * 2 * blk * 4
+    p["input"]["mode"] = "inference"
+    assert "ms_backward_per_layer" not in cpc.check(p).predicted
+    tool = cpc_tool("cpc")
+    if tool:
+        p["input"]["mode"] = "training"
+        out = subprocess.run([tool, "--check", "--format", "json", "/dev/stdin"],
+                             input=cpc.plan_to_yaml(p), capture_output=True, text=True)
+        j = json.loads(out.stdout)["predicted"]
+        for key in ("ms_backward_per_layer", "backward_bytes_sent_per_rank",
+                    "backward_memory_bytes_per_rank"):
+            assert j[key] == pytest.approx(pr[key], rel=1e-12), key

@@ -34,7 +34,7 @@ EOF
 head -1 "$tmp/t.cplan" | grep -qx 'artifact_version: 2' || fail "artifact version: $(head -1 "$tmp/t.cplan")"
 grep -q '^backward_schedule:$' "$tmp/t.cplan" || fail "no backward_schedule in the artifact"
 grep -q 'kind: attn_bwd' "$tmp/t.cplan" || fail "no attn_bwd op in the artifact"
-grep -q '^  backward_ms_per_layer: ' "$tmp/t.cplan" || fail "no backward prediction in the artifact"
+grep -q '^  ms_backward_per_layer: ' "$tmp/t.cplan" || fail "no backward prediction in the artifact"
 grep -q 'backward (training): ' "$tmp/c.out" || fail "cpc's summary has no backward line: $(cat "$tmp/c.out")"
 
 # 2. cprun trains from it, and from the YAML, with identical outputs

@@ -8,8 +8,10 @@ from . import _native as N
 from ._errors import Diagnostic, PlanError, UsageError, check as _check, diagnostics_of
 
 PREDICTIONS = ("ms_per_layer", "ms_per_forward", "memory_bytes_per_rank",
-               "bytes_sent_per_rank", "ms_per_step", "ms_per_image", "ms_backward_per_layer")
-_INT_PREDICTIONS = ("memory_bytes_per_rank", "bytes_sent_per_rank")
+               "bytes_sent_per_rank", "ms_per_step", "ms_per_image", "ms_backward_per_layer",
+               "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank")
+_INT_PREDICTIONS = ("memory_bytes_per_rank", "bytes_sent_per_rank",
+                    "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank")
 
 
 def plan_to_yaml(plan):
