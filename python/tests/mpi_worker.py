@@ -40,6 +40,42 @@ for variant, image in (("ring", 64), ("ulysses", 64), ("ulysses_anything", 61),
             with cpc.LocalWorld(a) as w:
                 expect(np.array_equal(a.gather(outs), w(q, k, v)), f"{variant}: mpi != local")
 
+# training (cpc_rank_backward over the MPI transport): torch autograd on this rank's
+# shards; the gathered gradients equal the local world's (rank threads), bit for bit
+try:
+    import torch
+except ImportError:
+    torch = None
+a = cpc.compile({"version": 1, "model": {"heads": 4, "kv_heads": 2, "head_dim": 16,
+                                         "dtype": "bf16"},
+                 "input": {"batch": 2, "tokens": 32 * P, "mask": "causal", "mode": "training"},
+                 "cluster": {"world_size": P}, "parallel": {"variant": "ring"}})
+rng = np.random.default_rng(11)
+q, k, v = (cpc.to_bf16(rng.standard_normal((2, a.tokens, h, 16)).astype(np.float32))
+           for h in (4, 2, 2))
+dout = cpc.to_bf16(rng.standard_normal((2, a.tokens, 4, 16)).astype(np.float32))
+with cpc.Attention(a, comm=comm) as att:
+    sh = [a.shard(x, me, r) for x, r in ((q, "q"), (k, "k"), (v, "v"))]
+    if torch is not None:
+        ts = [torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).requires_grad_()
+              for x in sh]
+        out = att(*ts)
+        expect(out.grad_fn is not None, "no grad_fn on a training rank's output")
+        dsh = torch.from_numpy(a.shard(dout, me, "dout").view(np.int16)).view(torch.bfloat16)
+        out.backward(dsh)
+        grads = [t.grad.view(torch.int16).numpy().view(np.uint16) for t in ts]
+    else:
+        out, lse = att(*sh, return_lse=True)
+        grads = list(att.backward(*sh, out, lse, a.shard(dout, me, "dout")))
+    allg = comm.gather(grads, root=0)
+    if me == 0:
+        with cpc.LocalWorld(a) as w:
+            o, lse = w(q, k, v, return_lse=True)
+            ref = w.backward(q, k, v, o, lse, dout)
+        for i, n in enumerate(("dq", "dk", "dv")):
+            expect(np.array_equal(a.gather([g[i] for g in allg], n), ref[i]),
+                   f"training: {n} over MPI != local world")
+
 # a communicator of the wrong size: every process gets the same exception
 a = cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16},
                  "input": {"tokens": 16 * (P + 1)}, "cluster": {"world_size": P + 1},
