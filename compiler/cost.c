@@ -1160,20 +1160,26 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     cand->priced = true;
     cand->bwd_priced = false;
     if (plan->input.mode == CPC_MODE_TRAINING) {
-        /* SPEC section 10: training candidates price their backward too */
+        /* SPEC section 10: a training candidate needs a backward program (else
+         * it is rejected with CP060, so that `auto` picks one that trains) and
+         * is priced with it */
         cpc_status *ns = cpc_backward_supported(plan, cand->variant, cand->ring_degree, cand->ulysses_degree);
-        cpc_program *bwd = NULL;
-        if (!ns)
+        if (ns) {
+            cand->ok = false;
+            cpc_status_append(&cand->errors, ns);
+        } else {
+            cpc_program *bwd = NULL;
+            cpc_prediction bp;
             ns = cpc_schedule_build_backward(plan, cand->variant, cand->ring_degree, cand->ulysses_degree, &bwd);
-        cpc_prediction bp;
-        if (!ns && !(ns = cpc_price_program(plan, bwd, &dev, &bp))) {
-            cand->bwd_priced = true;
-            cand->predicted_ms_backward_per_layer = bp.ms_per_layer;
-            cand->bwd_bytes_sent_per_rank = bp.bytes_sent_per_rank;
-            cand->bwd_memory_bytes_per_rank = bp.memory_bytes_per_rank;
+            if (!ns && !(ns = cpc_price_program(plan, bwd, &dev, &bp))) {
+                cand->bwd_priced = true;
+                cand->predicted_ms_backward_per_layer = bp.ms_per_layer;
+                cand->bwd_bytes_sent_per_rank = bp.bytes_sent_per_rank;
+                cand->bwd_memory_bytes_per_rank = bp.memory_bytes_per_rank;
+            }
+            cpc_program_free(bwd);
+            cpc_status_free(ns); /* a failure here is the compiler's to report (compile.h) */
         }
-        cpc_program_free(bwd);
-        cpc_status_free(ns); /* no backward program: the compiler says CP060 if selected */
     }
     if (!pred.fits) {
         double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;

@@ -226,7 +226,11 @@ double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, boo
  * candidate's schedule, prices it on the plan's device and fills the
  * candidate's predicted fields.  A candidate whose memory per rank exceeds the
  * device memory is rejected with CP040 (the numbers and a hint: more ranks,
- * or a variant with less memory).  `ctx` is unused (NULL).  Returns a status
+ * or a variant with less memory).  A `mode: training` candidate without a
+ * backward program (cpc_backward_supported, schedule_bwd.h) is rejected with
+ * CP060, so `auto` selects one that trains; the others get their backward
+ * program priced too (bwd_priced: attn_bwd at 2.5x the forward's FLOPs, its
+ * K/V and fp32 dK/dV messages).  `ctx` is unused (NULL).  Returns a status
  * only for internal failures (schedule or pricing errors). */
 cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candidate *cand);
 
