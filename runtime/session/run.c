@@ -215,6 +215,34 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
     return diags;
 }
 
+/* cprun --dry-run, training plans: the backward program's buffers per rank
+ * (allocated after the forward's, which stay alive: the saved out and LSE). */
+static cpc_status *dry_run_backward(const cpc_job *job, FILE *out, int max_ranks)
+{
+    const cpc_layout *L = &job->bwd->layout;
+    fprintf(out, "backward program (training):\n");
+    int64_t peak = 0;
+    int peak_rank = 0;
+    for (int p = 0; p < L->P; p++) {
+        cpc_status *st = p < max_ranks ? cpc_exec_print_memory(out, job->bwd, p) : NULL;
+        cpc_exec_memory m;
+        if (!st)
+            st = cpc_exec_memory_plan(job->bwd, p, &m);
+        if (st)
+            return st;
+        if (m.total_bytes > peak) {
+            peak = m.total_bytes;
+            peak_rank = p;
+        }
+        cpc_exec_memory_free(&m);
+    }
+    if (L->P > max_ranks)
+        fprintf(out, "(%d more rank%s not listed)\n", L->P - max_ranks, L->P - max_ranks == 1 ? "" : "s");
+    fprintf(out, "backward peak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n",
+            (long long)peak, peak_rank);
+    return NULL;
+}
+
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
 {
     const cpc_layout *L = &job->prog->layout;
@@ -243,7 +271,7 @@ cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
         fprintf(out, "(%d more rank%s not listed)\n", L->P - max_ranks, L->P - max_ranks == 1 ? "" : "s");
     fprintf(out, "peak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n",
             (long long)peak, peak_rank);
-    return NULL;
+    return job->bwd ? dry_run_backward(job, out, max_ranks) : NULL;
 }
 
 /* ---- running -------------------------------------------------------------------- */

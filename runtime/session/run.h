@@ -113,8 +113,8 @@ cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int rin
 void cpc_job_free(cpc_job *job);
 
 /* cprun --dry-run: prints the selected variant, then every rank's buffers and
- * peak memory (at most `max_ranks` ranks in full, then a summary line).
- * Allocates no buffer. */
+ * peak memory (at most `max_ranks` ranks in full, then a summary line);
+ * for a training plan the backward program's too.  Allocates no buffer. */
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
 
 typedef struct cpc_run_options {

@@ -45,6 +45,11 @@ grep -q 'backward (training): ' "$tmp/c.out" || fail "cpc's summary has no backw
     fail "cprun yaml: $(cat "$tmp/y.err")"
 cmp -s "$tmp/a.st" "$tmp/y.st" || fail "the artifact's training output differs from the YAML's"
 
+# --dry-run lists the backward program's buffers too (allocates nothing)
+"$CPRUN" "$tmp/t.cplan" --dry-run >"$tmp/dry.out" 2>&1 || fail "--dry-run: $(cat "$tmp/dry.out")"
+grep -q '^backward peak memory per rank: [0-9]* bytes' "$tmp/dry.out" && grep -q ' dk_cur  *dk ' "$tmp/dry.out" ||
+    fail "--dry-run shows no backward program: $(tail -3 "$tmp/dry.out")"
+
 # 3. predictions: JSON (SPEC section 3), --explain columns, bytes as measured
 "$CPC" --check --format json "$tmp/t.yaml" >"$tmp/check.json" 2>"$tmp/check.err" || fail "cpc --check: $(cat "$tmp/check.err")"
 python3 - "$tmp/check.json" "$tmp/a.json" <<'PY' || fail "predicted backward"
