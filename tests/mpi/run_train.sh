@@ -8,6 +8,7 @@
 #  2. rank 0's --output (out, dq, dk, dv in the plan dtype, global BSHD) is byte for
 #     byte the local transport's (every rank a thread of one process), and holds
 #     dq [B,S,H,D], dk and dv [B,S,Hkv,D] in the plan dtype;
+#     (also with --lse: out, lse, dq, dk, dv);
 #  3. `dout` from --input (each rank reads its shard) under mpirun: checked, and
 #     identical to the local transport's run on the same file; a different dout gives
 #     different gradients (the file's dout is the one used).
@@ -100,6 +101,17 @@ train ring2-bf16-mqa     ring 2 bf16 causal      4 1 128
 train ring4-bf16-gqa     ring 4 bf16 causal      4 2 256
 train ring4-fp16         ring 4 fp16 none        4 4 128
 train ring4-padding      ring 4 fp32 key_padding 4 2 128
+
+# --lse too: out, lse, dq, dk, dv in one file, identical across transports
+plan lse ring 2 bf16 causal 4 2 128
+timeout -k 5 60 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$cprun" "$tmp/lse.yaml" --transport mpi \
+    --warmup 0 --iters 1 --lse --output "$tmp/lse-mpi.st" >/dev/null 2>"$tmp/err" &&
+    "$cprun" "$tmp/lse.yaml" --transport local --warmup 0 --iters 1 --lse --output "$tmp/lse-local.st" \
+        >/dev/null 2>"$tmp/err" || failed "--lse: a run failed"
+h=$(header "$tmp/lse-mpi.st" 2>/dev/null)
+[ "$h" = "out:BF16:2,128,4,32;lse:F32:2,4,128;dq:BF16:2,128,4,32;dk:BF16:2,128,2,32;dv:BF16:2,128,2,32" ] ||
+    failed "--lse: tensors '$h'"
+cmp -s "$tmp/lse-mpi.st" "$tmp/lse-local.st" || failed "--lse: MPI and local outputs differ"
 
 # ---- 3: dout from --input under mpirun -------------------------------------------
 plan din ring 4 fp32 causal 4 2 128
