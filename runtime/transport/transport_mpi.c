@@ -786,6 +786,29 @@ cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int
     return create_on(base, true, ring_degree, ulysses_degree, out);
 }
 
+cpc_status *cpc_transport_mpi_create_split(int color, int key, int ring_degree, int ulysses_degree,
+                                           cpc_transport **out)
+{
+    *out = NULL;
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return cpc_error(CPC_E_USAGE, "mpi transport: MPI is %s; the group split needs it initialised",
+                         finalized ? "already finalised" : "not initialised");
+    int wr = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm sub = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, key, &sub);
+    if (rc != MPI_SUCCESS)
+        return mpi_status(rc, "rank %d: MPI_Comm_split (group %d)", wr, color);
+    cpc_status *st = cpc_transport_mpi_create_comm(&sub, ring_degree, ulysses_degree, out);
+    MPI_Comm_free(&sub); /* create_comm duplicated it */
+    if (st)
+        cpc_status_prefix(st, "world rank %d, group %d", wr, color);
+    return st;
+}
+
 static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
                              cpc_transport **out)
 {

@@ -137,6 +137,16 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree,
  * CPC_E_RUNTIME (MPI errors), CPC_E_NOMEM. */
 cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int ulysses_degree,
                                           cpc_transport **out);
+/* The endpoint of one group of an outer-axes job (cprun with cfg_degree x
+ * tp_degree > 1, placement.h): MPI_COMM_WORLD split by `color` (the group,
+ * c*T + t) and ordered by `key` (the rank in the group's program, r*U + u),
+ * then as cpc_transport_mpi_create_comm on that communicator (ring_degree x
+ * ulysses_degree must be the group's size).  MPI must be initialised (the
+ * job's world endpoint, cpc_transport_mpi_create, does it first); destroy
+ * never finalises it.  Collective over MPI_COMM_WORLD.  Errors: those of
+ * cpc_transport_mpi_create_comm, CPC_E_RUNTIME when the split fails. */
+cpc_status *cpc_transport_mpi_create_split(int color, int key, int ring_degree, int ulysses_degree,
+                                           cpc_transport **out);
 
 /* TESTING ONLY.  Lowers the limits of the large-count paths so that tests can
  * exercise them with small messages: a point-to-point message or collective
