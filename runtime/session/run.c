@@ -1824,7 +1824,7 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
             }
             int wr = cpc_transport_group_rank(x->mpi_job_t, CPC_GROUP_WORLD);
             cpc_rank_place rp = cpc_placement_rank(&x->pl, wr);
-            if ((st = cpc_transport_mpi_create_split(rp.group, rp.q, L->R, L->U, mpi_t)))
+            if ((st = cpc_transport_mpi_create_split(NULL, rp.group, rp.q, L->R, L->U, mpi_t)))
                 return st;
         } else if ((st = cpc_transport_mpi_create(L->R, L->U, mpi_t))) {
             /* Every rank fails alike here (world size check), none is left waiting. */
