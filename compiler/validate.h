@@ -98,6 +98,9 @@
  * Messages then speak of the sub-plan's world (P/(C*T)) except CP003,
  * which states C*T*R*U, and hints, whose world sizes are the user's.
  * With C = T = 1 (the default) nothing differs from a ring x ulysses plan.
+ * The compiler schedules the selected candidate's sub-plan, the artifact
+ * records C and T (artifact.h), and cprun places the C*T groups
+ * (runtime/session/placement.h).
  * Axis rules, stage 2, checked first for the values written: CP003
  * (C*T does not divide world_size), CP005 (batch % C), CP006 (H % T, or
  * Hkv % T with T % Hkv); each hint offers another value of the axis (or a
