@@ -124,7 +124,14 @@ cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int rin
         return cpc_error(CPC_E_NOMEM, "out of memory");
     job->plan = (cpc_plan *)plan;
     job->plan_borrowed = true;
-    cpc_status *st = cpc_schedule_build(plan, variant, ring_degree, ulysses_degree, &job->prog);
+    cpc_plan sub;
+    const cpc_plan *pp = job_program_plan(job, &sub); /* cfg_degree x tp_degree: a group's */
+    if (!pp) {
+        cpc_job_free(job);
+        return cpc_error(CPC_E_INTERNAL, "cfg_degree %d x tp_degree %d does not cut the plan",
+                         plan->parallel.cfg_degree, plan->parallel.tp_degree);
+    }
+    cpc_status *st = cpc_schedule_build(pp, variant, ring_degree, ulysses_degree, &job->prog);
     if (!st)
         st = cpc_verify(job->prog);
     if (has_error(st)) {
@@ -220,9 +227,17 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
 {
     const cpc_layout *L = &job->prog->layout;
-    fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d rank%s\n",
-            job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
-            L->P, L->P == 1 ? "" : "s");
+    int C = cpc_plan_cfg_degree(job->plan), T = cpc_plan_tp_degree(job->plan);
+    if (C * T > 1) /* the outer axes (placement.h): every group's ranks are like these */
+        fprintf(out, "plan %s: variant %s, mesh %d x %d x %d x %d (cfg x tp x ring x ulysses), %d ranks: "
+                     "%d groups of the %d ranks below (world rank ((c*R + r)*U + u)*T + t is rank r*U + u "
+                     "of group (c, t))\n",
+                job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), C, T, L->R, L->U,
+                C * T * L->P, C * T, L->P);
+    else
+        fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d rank%s\n",
+                job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
+                L->P, L->P == 1 ? "" : "s");
     int64_t peak = 0;
     int peak_rank = 0;
     for (int p = 0; p < L->P; p++) {

@@ -103,7 +103,8 @@ typedef struct cpc_job {
 cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);
 
 /* Builds a job from an in-memory plan (borrowed: it must outlive the job)
- * for the candidate (variant, R, U): schedule + verify, no validation.
+ * for the candidate (variant, R, U): schedule + verify, no validation (with
+ * cfg_degree x tp_degree > 1, of the plan's (c, t) sub-plan).
  * For tests and embedders.  Errors: those of cpc_schedule_build and
  * cpc_verify. */
 cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int ring_degree,
