@@ -14,7 +14,8 @@
 #     kernels on the same tokens, so any difference is a slicing bug;
 #  2. --input: q, k, v and the mask read from one global safetensors file,
 #     each rank its batch/head box: the same bytes as the C = T = 1 run on
-#     that file, locally and under mpirun;
+#     that file, locally and under mpirun; a value that overflows fp16 in one
+#     rank's box: that rank names it and the whole job ends;
 #  3. `cpc PLAN` writes a .cplan for C*T > 1 (its mesh records C and T);
 #     cprun runs it (proved again on load) with the YAML run's output;
 #  4. training (local): forward and backward of a C*T plan pass their check
@@ -144,6 +145,31 @@ if [ $have_mpi = 1 ]; then
     --iters 1 --warmup 0 --output "$tmp/inp.mpi.st" >/dev/null 2>"$tmp/inp.merr" ||
     fail "input: mpirun: $(tail -3 "$tmp/inp.merr")"
   cmp -s "$tmp/inp.local.st" "$tmp/inp.mpi.st" || fail "input: mpirun output differs from the local one"
+fi
+
+# one rank's box holds a value that overflows fp16: that rank (world rank 7 = c 1, t 1,
+# u 1) names it and the whole job ends, locally and under mpirun (no group left waiting)
+python3 - "$tmp" <<'PY'
+import json, struct, sys, os
+d = sys.argv[1]
+b = bytearray(open(os.path.join(d, "qkv.st"), "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+off = 8 + n + h["k"]["data_offsets"][0] + 4 * (((1 * 256 + 200) * 4 + 3) * 32 + 5)
+b[off:off + 4] = struct.pack("<f", 1e6)
+open(os.path.join(d, "inf.st"), "wb").write(bytes(b))
+PY
+sed 's/dtype: fp32/dtype: fp16/' "$tmp/inp.yaml" >"$tmp/inp16.yaml"
+timeout 60 "$CPRUN" "$tmp/inp16.yaml" --input "$tmp/inf.st" --iters 1 >/dev/null 2>"$tmp/inf.err"
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 7: .*element \[1, 200, 3, 5\] = 1e+06 rounds to Inf" "$tmp/inf.err" ||
+  fail "overflow in one rank's box: exit $rc: $(cat "$tmp/inf.err")"
+if [ $have_mpi = 1 ]; then
+  timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe -np 8 "$CPRUN" "$tmp/inp16.yaml" --input "$tmp/inf.st" \
+    --iters 1 >/dev/null 2>"$tmp/inf.merr"
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "element \[1, 200, 3, 5\]" "$tmp/inf.merr" ||
+    fail "overflow under mpirun: exit $rc: $(tail -3 "$tmp/inf.merr")"
 fi
 
 # ---- 3: the .cplan of a C*T plan -------------------------------------------------------
