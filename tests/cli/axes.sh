@@ -14,8 +14,9 @@
 #     kernels on the same tokens, so any difference is a slicing bug;
 #  2. --input: q, k, v and the mask read from one global safetensors file,
 #     each rank its batch/head box: the same bytes as the C = T = 1 run on
-#     that file, locally and under mpirun; a value that overflows fp16 in one
-#     rank's box: that rank names it and the whole job ends;
+#     that file, locally and under mpirun; the gathered out and LSE against a
+#     float64 numpy reference (where numpy is installed); a value that
+#     overflows fp16 in one rank's box: that rank names it and the job ends;
 #  3. `cpc PLAN` writes a .cplan for C*T > 1 (its mesh records C and T);
 #     cprun runs it (proved again on load) with the YAML run's output;
 #  4. training (local): forward and backward of a C*T plan pass their check
@@ -134,15 +135,46 @@ write(os.path.join(d, "qkv.st"), [("q", "F32", [B, S, H, D], g(B * S * H * D)),
       ("k", "F32", [B, S, K, D], g(B * S * K * D)), ("v", "F32", [B, S, K, D], g(B * S * K * D)),
       ("mask", "U8", [B, S], mask)])
 PY
-"$CPRUN" "$tmp/inp.yaml" --input "$tmp/qkv.st" --iters 1 --warmup 0 --output "$tmp/inp.local.st" --format json \
+"$CPRUN" "$tmp/inp.yaml" --input "$tmp/qkv.st" --iters 1 --warmup 0 --lse --output "$tmp/inp.local.st" --format json \
   >"$tmp/inp.json" 2>"$tmp/inp.err" || fail "input: local: $(cat "$tmp/inp.err")"
+# out and LSE of the gathered global tensors against float64 (numpy, where installed)
+py=""
+for c in python3 /usr/bin/python3; do "$c" -c "import numpy" 2>/dev/null && { py=$c; break; }; done
+if [ -z "$py" ]; then
+  echo "axes.sh: no numpy: the out/LSE comparison with float64 is skipped (cprun's check still runs)"
+else
+  "$py" - "$tmp" <<'PY' || fail "input: out/LSE against float64"
+import json, struct, sys, os
+import numpy as np
+d = sys.argv[1]
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); r = {}
+    for k, v in h.items():
+        if k != "__metadata__":
+            s, e = v["data_offsets"]
+            r[k] = np.frombuffer(b[8 + n + s:8 + n + e], {"F32": np.float32, "U8": np.uint8}[v["dtype"]]).reshape(v["shape"])
+    return r
+i, o = load(os.path.join(d, "qkv.st")), load(os.path.join(d, "inp.local.st"))
+q, k, v, m = (i[x].astype(np.float64) for x in ("q", "k", "v", "mask"))
+k, v = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)
+s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(32)
+s = np.where(m[:, None, None, :] > 0, s, -np.inf)
+mx = s.max(-1, keepdims=True)
+lse = (np.log(np.exp(s - mx).sum(-1)) + mx[..., 0])
+ref = np.einsum("bhqk,bkhd->bqhd", np.exp(s - lse[..., None]), v)
+eo = np.abs(o["out"] - ref).max() / np.abs(ref).max()
+el = np.abs(o["lse"] - lse).max() / np.abs(lse).max()
+print("input-c2t2u2 vs float64: out max rel err %.3e, LSE max rel err %.3e" % (eo, el))
+assert eo < 1e-5 and el < 1e-6, (eo, el)
+PY
+fi
 m=$(jcheck "$tmp/inp.json" 2 2 8) && printf '%-22s %-6s %s\n' input-c2t2u2 local "$m" || fail "input: local report"
-"$CPRUN" "$tmp/inp-rxu.yaml" --input "$tmp/qkv.st" --iters 1 --warmup 0 --output "$tmp/inp.rxu.st" \
+"$CPRUN" "$tmp/inp-rxu.yaml" --input "$tmp/qkv.st" --iters 1 --warmup 0 --lse --output "$tmp/inp.rxu.st" \
   >/dev/null 2>"$tmp/inp.rxu.err" || fail "input: R x U: $(cat "$tmp/inp.rxu.err")"
 cmp -s "$tmp/inp.local.st" "$tmp/inp.rxu.st" || fail "input: output differs from the R x U plan's"
 if [ $have_mpi = 1 ]; then
   timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe -np 8 "$CPRUN" "$tmp/inp.yaml" --input "$tmp/qkv.st" \
-    --iters 1 --warmup 0 --output "$tmp/inp.mpi.st" >/dev/null 2>"$tmp/inp.merr" ||
+    --iters 1 --warmup 0 --lse --output "$tmp/inp.mpi.st" >/dev/null 2>"$tmp/inp.merr" ||
     fail "input: mpirun: $(tail -3 "$tmp/inp.merr")"
   cmp -s "$tmp/inp.local.st" "$tmp/inp.mpi.st" || fail "input: mpirun output differs from the local one"
 fi
