@@ -19,6 +19,7 @@
 #     overflows fp16 in one rank's box: that rank names it and the job ends;
 #  3. `cpc PLAN` writes a .cplan for C*T > 1 (its mesh records C and T);
 #     cprun runs it (proved again on load) with the YAML run's output;
+#     `cpc --dump-schedule --rank` takes a world rank;
 #  4. training (local): forward and backward of a C*T plan pass their check
 #     (dK/dV of K/V heads replicated over tensor-parallel ranks are summed);
 #  5. --output-shards records each shard's batch and head slice, --trace has
@@ -215,6 +216,10 @@ fi
 grep -q "^  cfg_degree: 2$" "$tmp/axes.cplan" && grep -q "^  world_size: 8$" "$tmp/axes.cplan" &&
   grep -q "rank_rule: p = ((c \* ring_degree + r) \* ulysses_degree + u) \* tp_degree + t" "$tmp/axes.cplan" ||
   fail ".cplan mesh: $(grep -A8 '^mesh' "$tmp/axes.cplan")"
+# --dump-schedule --rank takes a world rank: 7 = rank 3 of group (c 1, t 0)
+"$CPC" "$tmp/c2t1r2u2-fp32.yaml" --dump-schedule --rank 7 >"$tmp/dump.out" 2>&1 &&
+  grep -q "^# world rank 7: rank 3 of group (c 1, t 0)" "$tmp/dump.out" && grep -q "rank=3 r=1 u=1" "$tmp/dump.out" ||
+  fail "--dump-schedule --rank 7: $(head -3 "$tmp/dump.out")"
 "$CPRUN" "$tmp/axes.cplan" --iters 1 --warmup 0 --lse --output "$tmp/cplan.st" >"$tmp/cplan.out" 2>&1 ||
   fail "cprun the .cplan: $(cat "$tmp/cplan.out")"
 grep -q "^check:       PASS" "$tmp/cplan.out" || fail ".cplan run: no PASS"
