@@ -200,3 +200,24 @@ def test_check_predicts_the_backward():
         for key in ("ms_backward_per_layer", "backward_bytes_sent_per_rank",
                     "backward_memory_bytes_per_rank"):
             assert j[key] == pytest.approx(pr[key], rel=1e-12), key
+
+
+@pytest.mark.parametrize("axes,Hkv", [({"cfg_degree": 2}, 2), ({"tp_degree": 2}, 2), ({"tp_degree": 2}, 1)],
+                         ids=["cfg2", "tp2", "tp2-replicated-kv"])
+def test_autograd_outer_axes(axes, Hkv):
+    """cfg_degree / tp_degree x ring 2 (4 rank threads): each rank trains its batch items or
+    heads; with kv_heads < tp_degree the tp ranks' partial dK/dV of the shared K/V head
+    are summed by gather."""
+    p = {"version": 1, "model": {"heads": 4, "kv_heads": Hkv, "head_dim": 16, "dtype": "fp32"},
+         "input": {"batch": 2, "tokens": 64, "mask": "causal", "mode": "training"},
+         "cluster": {"world_size": 4, "device": "cpu"},
+         "parallel": dict({"variant": "ring", "ring_degree": 2}, **axes)}
+    a = cpc.compile(p)
+    assert a.trains
+    q, k, v, dout, _ = inputs(a, 5, torch.float32)
+    rq, rk, rv = ref_grads(q, k, v, dout, None, True)
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    with cpc.LocalWorld(a) as w:
+        (w(q, k, v) * dout).sum().backward()
+    for got, ref in ((q.grad, rq), (k.grad, rk), (v.grad, rv)):
+        assert rel_err(got.double().numpy(), ref.numpy()) < 1e-5

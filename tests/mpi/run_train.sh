@@ -9,6 +9,7 @@
 #     byte the local transport's (every rank a thread of one process), and holds
 #     dq [B,S,H,D], dk and dv [B,S,Hkv,D] in the plan dtype;
 #     (also with --lse: out, lse, dq, dk, dv);
+#     and with the outer axes (cfg_degree 2 x tp_degree 2 x ring 2 at -np 8);
 #  3. `dout` from --input (each rank reads its shard) under mpirun: checked, and
 #     identical to the local transport's run on the same file; a different dout gives
 #     different gradients (the file's dout is the one used).
@@ -101,6 +102,25 @@ train ring2-bf16-mqa     ring 2 bf16 causal      4 1 128
 train ring4-bf16-gqa     ring 4 bf16 causal      4 2 256
 train ring4-fp16         ring 4 fp16 none        4 4 128
 train ring4-padding      ring 4 fp32 key_padding 4 2 128
+
+# the outer axes: cfg_degree 2 x tp_degree 2 x ring 2 (8 processes; Hkv 1 < T 2: each
+# tp rank's dK/dV part of the replicated K/V head is summed on rank 0)
+cat >"$tmp/axes.yaml" <<EOF
+version: 1
+name: axes
+model: {heads: 4, kv_heads: 1, head_dim: 32, dtype: fp32}
+input: {batch: 2, tokens: 128, mask: causal, mode: training}
+cluster: {world_size: 8, device: cpu}
+parallel: {variant: ring, ring_degree: 2, cfg_degree: 2, tp_degree: 2}
+EOF
+timeout -k 5 60 "$mpirun" --allow-run-as-root --oversubscribe -np 8 "$cprun" "$tmp/axes.yaml" --transport mpi \
+    --format json --warmup 0 --iters 1 --output "$tmp/axes-mpi.st" >"$tmp/out" 2>"$tmp/err" &&
+    errs=$(bwd_pass "$tmp/out" 2>>"$tmp/err") &&
+    "$cprun" "$tmp/axes.yaml" --transport local --warmup 0 --iters 1 --output "$tmp/axes-local.st" \
+        >/dev/null 2>"$tmp/err" &&
+    cmp -s "$tmp/axes-mpi.st" "$tmp/axes-local.st" &&
+    printf 'run_train: %-28s -np 8 ok, byte-identical to local; rel err %s\n' "cfg2-tp2-ring2" "$errs" ||
+    failed "cfg 2 x tp 2 x ring 2: failed, or MPI and local outputs differ"
 
 # --lse too: out, lse, dq, dk, dv in one file, identical across transports
 plan lse ring 2 bf16 causal 4 2 128

@@ -322,7 +322,10 @@ class Artifact:
 
     def gather(self, shards, role="out"):
         """The global array from every rank's shard (a list of world_size arrays, rank
-        order), the inverse of shard()."""
+        order), the inverse of shard().  For dk / dv with K/V heads replicated over
+        tensor-parallel ranks (kv_heads < tp_degree) each rank holds a partial gradient
+        of its K/V head (its query heads only): the parts are summed (in float32, then
+        rounded to the shards' dtype once)."""
         shards = list(shards)
         if len(shards) != self.world_size:
             raise UsageError(f"gather needs {self.world_size} shards (one per rank), got "
@@ -341,7 +344,17 @@ class Artifact:
             raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask, dout, dq, dk, dv",
                           code="usage")
         x0 = shards[0]
-        if kind == "torch":
+        summed = role in ("dk", "dv") and self.tp_degree > self.kv_heads
+        if summed:
+            from ._bf16 import from_bf16
+
+            def f32(x):
+                if kind == "torch":
+                    return x.float()
+                return from_bf16(x) if x.dtype == xp.uint16 else x.astype(xp.float32)
+            g = (xp.zeros(shape, dtype=xp.float32, device=x0.device) if kind == "torch"
+                 else xp.zeros(shape, dtype=xp.float32))
+        elif kind == "torch":
             g = xp.empty(shape, dtype=x0.dtype, device=x0.device)
         else:
             g = xp.empty(shape, dtype=x0.dtype)
@@ -361,8 +374,16 @@ class Artifact:
                 if tax is not None:
                     dst[tax] = slice(s, s + n)
                     src[tax] = slice(off, off + n)
-                g[tuple(dst)] = sh[tuple(src)]
+                if summed:
+                    g[tuple(dst)] += f32(sh[tuple(src)])
+                else:
+                    g[tuple(dst)] = sh[tuple(src)]
                 off += n
+        if summed:
+            if kind == "torch":
+                return g.to(x0.dtype)
+            from ._bf16 import to_bf16
+            return to_bf16(g) if x0.dtype == xp.uint16 else g.astype(x0.dtype)
         return g
 
     def __repr__(self):
