@@ -42,6 +42,12 @@
  *            dense GEMM: OpenBLAS SGEMM ~90 GFLOP/s single thread
  *            (platform-notes.md).  The earlier preset (60 GFLOP/s, no core
  *            sharing, no attention IO term) was 3-5x optimistic here.
+ *            The softmax per score (attn_softmax_gps, cost.h): 0.9 G scores/s
+ *            per rank, and the FLOP rate with it 73 GFLOP/s bf16 (the
+ *            three-block fit of cprun --calibrate gave 1.125x the two-block
+ *            rate and 0.87 G scores/s in CPU time under load; the two-block
+ *            figure alone priced head_dim 8 3.1x optimistic, CPU time, while
+ *            head_dim 128 stays where it was).
  *  WHOLE STEP figures (cost.h):
  *  gemm_tflops = 0.72 x the dense bf16 tensor peak with FP32 accumulation:
  *            H100 SXM 989 (datasheet) -> 712, H200 the same silicon -> 712,
@@ -82,7 +88,7 @@ static const cpc_device_profile presets[] = {
      GEMM_L20, HOST_LAYER_US, HOST_OP_US, 0},
     {"rtx4090", 100.0, 40.0, 900.0, 12.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0,
      GEMM_4090, HOST_LAYER_US, HOST_OP_US, 0},
-    {"cpu", 0.065, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0, 0},
+    {"cpu", 0.073, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0, 0.9},
 };
 
 const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
