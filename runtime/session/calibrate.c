@@ -14,6 +14,8 @@
 #include "backend.h"
 #include "dtype.h"
 #include "executor.h"
+#include "plan_load.h"
+#include "schedule.h"
 #include "rng.h"
 #include "transport_local.h"
 
@@ -268,6 +270,69 @@ static cpc_status *time_gemm(const cal_sizes *z, double *ms, double *gflops)
     return NULL;
 }
 
+/* The executor's own cost per op (what cprun pays per op beyond its work):
+ * a one-rank program of the smallest shape (variant none, one token, one
+ * head, head_dim D) run `runs` times through the executor with the CPU
+ * backend; *us = median CPU time per run / ops executed per run. */
+static cpc_status *time_executor(const cal_sizes *z, cpc_backend *be, int runs, double *us, int *ops)
+{
+    char text[256];
+    snprintf(text, sizeof text,
+             "version: 1\nmodel: {heads: 1, head_dim: %d, dtype: bf16}\ninput: {tokens: 1}\n"
+             "cluster: {world_size: 1, device: cpu}\nparallel: {variant: none}\n",
+             z->D);
+    cpc_plan *plan = NULL;
+    cpc_program *prog = NULL;
+    cpc_exec *ex = NULL, *ex_ev = NULL;
+    void *in[3] = {NULL, NULL, NULL};
+    double t[64];
+    if (runs > 64)
+        runs = 64;
+    cpc_status *st = cpc_plan_load_string(text, strlen(text), "calibrate.yaml", NULL, 0, &plan);
+    if (!cpc_status_has_error(st)) {
+        cpc_status_free(st);
+        st = cpc_schedule_build(plan, CPC_VARIANT_NONE, 1, 1, &prog);
+    }
+    cpc_exec_config cfg = {.prog = prog, .rank = 0, .backend = be, .transport = NULL, .scale = 0,
+                           .kv_mask = NULL, .record_events = false};
+    cpc_exec_config cfg_ev = cfg;
+    cfg_ev.record_events = true;
+    if (!st && !(st = cpc_exec_create(&cfg, &ex)))
+        st = cpc_exec_create(&cfg_ev, &ex_ev);
+    const cpc_buf_role roles[3] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V};
+    for (int r = 0; r < 3 && !st; r++) {
+        size_t n = cpc_exec_input_bytes(ex, roles[r]);
+        if (!(in[r] = calloc(n > 0 ? n : 1, 1)))
+            st = cpc_error(CPC_E_NOMEM, "calibrate: out of memory");
+        else if (!(st = cpc_exec_bind_input(ex, roles[r], in[r], n)))
+            st = cpc_exec_bind_input(ex_ev, roles[r], in[r], n);
+    }
+    cpc_exec_stats s;
+    if (!st && !(st = cpc_exec_reset(ex_ev)) && !(st = cpc_exec_run(ex_ev, &s)))
+        *ops = s.n_events;
+    for (int i = -1; i < runs && !st; i++) { /* i = -1: warm-up */
+        if ((st = cpc_exec_reset(ex)))
+            break;
+        double t0 = cpu_ms();
+        st = cpc_exec_run(ex, NULL);
+        if (i >= 0)
+            t[i] = cpu_ms() - t0;
+    }
+    if (!st)
+        *us = *ops > 0 ? median(t, runs) * 1e3 / *ops : 0;
+    if (ex)
+        cpc_exec_destroy(ex);
+    if (ex_ev)
+        cpc_exec_destroy(ex_ev);
+    for (int r = 0; r < 3; r++)
+        free(in[r]);
+    cpc_program_free(prog);
+    cpc_plan_free(plan);
+    if (st)
+        cpc_status_prefix(st, "calibrate: the executor's cost per op");
+    return st;
+}
+
 /* ---- single-rank measurements ------------------------------------------------------ */
 
 /* Median time per call (us) of a tiny op, in batches of `per` calls. */
@@ -413,8 +478,11 @@ static cpc_status *single_rank(const cal_sizes *z, FILE *log, cpc_calibration *c
     if ((st = time_tiny(be, &tiny, NULL, false, 7, 200, &c->tiny_attn_us)) ||
         (st = time_tiny(be, NULL, &m, true, 7, 200, &c->tiny_merge_us)))
         goto out;
-    logf_(log, "fixed cost per op, CPU time: minimal attn %.2f us, minimal merge %.2f us",
-          c->tiny_attn_us, c->tiny_merge_us);
+    if ((st = time_executor(z, be, 31, &c->exec_op_us, &c->exec_ops)))
+        goto out;
+    logf_(log, "fixed cost per op, CPU time: minimal attn %.2f us, minimal merge %.2f us; through the "
+               "executor (a one-token program of %d ops): %.2f us per op",
+          c->tiny_attn_us, c->tiny_merge_us, c->exec_ops, c->exec_op_us);
     if ((st = time_mem(be, MEM_MERGE, z, &c->merge_gbps)) ||
         (st = time_mem(be, MEM_CONVERT, z, &c->convert_gbps)) ||
         (st = time_mem(be, MEM_STRIDED, z, &c->strided_gbps)))
@@ -712,7 +780,9 @@ static void build_profile(const cal_ctx *x, cpc_calibration *c)
     d->host_layer_us = 0;
     d->host_op_us = 0;
     d->mem_gbps = 3.0 / (1.0 / c->merge_gbps + 1.0 / c->convert_gbps + 1.0 / c->strided_gbps) / w;
-    d->op_overhead_us = 0.5 * (c->tiny_attn_us + c->tiny_merge_us) * w;
+    /* what every op pays: the executor's cost per op (its dispatch and the
+     * smallest backend calls), else the smallest calls alone */
+    d->op_overhead_us = (c->exec_op_us > 0 ? c->exec_op_us : 0.5 * (c->tiny_attn_us + c->tiny_merge_us)) * w;
     d->ranks_per_core = share;
     d->cores = P / share;
 

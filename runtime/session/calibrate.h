@@ -34,8 +34,12 @@
  *     are 0: on a CPU the ranks issue their own work, there is no separate
  *     host to wait for; what each op costs beyond its work is op_overhead_us
  *     (below).
- *   - op_overhead_us: a minimal attn and a minimal merge call (one row, one
- *     key): what every compute op pays whatever its size.
+ *   - op_overhead_us: what every compute op pays whatever its size: the
+ *     executor's CPU time per op running a one-rank program of the smallest
+ *     shape (variant none, one token, one head: init_acc, attn, copy ...
+ *     through cpc_exec_run, as cprun runs them); the minimal attn and merge
+ *     calls alone (one row, one key) are logged beside it (and used if the
+ *     executor's figure is missing).
  *   - mem_gbps: the memory-bound ops merge, convert (fp32 -> bf16, the final
  *     `copy acc -> out`) and copy_strided (an all-to-all head pack) on 4 MiB
  *     buffers (--quick: 1 MiB), each in the bytes the cost model charges for
@@ -113,6 +117,8 @@ typedef struct cpc_calibration {
     double attn_softmax_gps_bf16, attn_softmax_gps_fp32;     /* fitted, G scores per CPU second
                                                                 (0: no fit) */
     double gemm_cpu_ms, gemm_gflops;  /* the SGEMM: CPU time (ms), GFLOP/s per CPU second */
+    double exec_op_us;                /* the executor's CPU time per op (a one-token program) */
+    int exec_ops;                     /*   and the ops that program runs */
     double attn_ms_bf16;         /* the big bf16 block, one rank alone, wall time */
     double wall_factor;          /* its wall time / its CPU time (>= 1) */
     double attn_shared_ms;       /* the slowest of P ranks running it at once, wall time */
