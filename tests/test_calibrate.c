@@ -56,6 +56,10 @@ Test(calibrate, quick_profile_is_complete)
     /* the figures are the measurements, converted as calibrate.h says */
     cr_expect_float_eq(d->attn_tflops, c.attn_gflops_bf16 * 1e-3 / c.wall_factor, 1e-12);
     cr_expect(c.wall_factor >= 1.0);
+    /* every op's fixed cost: the executor's per op, on a program of a few ops */
+    cr_expect(c.exec_ops >= 2 && positive(c.exec_op_us) && c.exec_op_us < 1e4, "executor %d ops, %g us per op",
+              c.exec_ops, c.exec_op_us);
+    cr_expect_float_eq(d->op_overhead_us, c.exec_op_us * c.wall_factor, 1e-12);
     /* the dense GEMM rate of the whole step, and no separate host on a CPU */
     cr_expect(positive(c.gemm_gflops) && c.gemm_gflops < 1e4, "gemm %g GFLOP/s", c.gemm_gflops);
     cr_expect_float_eq(d->gemm_tflops, c.gemm_gflops * 1e-3 / c.wall_factor, 1e-12);
