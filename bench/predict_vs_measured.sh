@@ -20,8 +20,9 @@
 # round (ROUNDS=2 repeats everything, calibration included).
 #
 # Usage: bench/predict_vs_measured.sh
-# Environment: CPC_BUILD_DIR (default build), ITERS (default 3), ROUNDS
-# (default 1), CALIBRATE_ARGS (e.g. --quick), ONLY (a regular expression:
+# Environment: CPC_BUILD_DIR (default build), ITERS (default 3; the small
+# plans, a few ms each, run ITERS_SMALL, default 31: their median must not be
+# one scheduler time slice of another process), ROUNDS (default 1), CALIBRATE_ARGS (e.g. --quick), ONLY (a regular expression:
 # run only the plans whose label matches).
 # Needs python3 (JSON).  About 1-2 minutes per round on a loaded 2-core
 # machine.  Exit status: 0 (every plan ran or was skipped by cprun's refusal
@@ -30,6 +31,7 @@ set -u
 cd "$(dirname "$0")/.."
 B="${CPC_BUILD_DIR:-build}"
 ITERS="${ITERS:-3}"
+ITERS_SMALL="${ITERS_SMALL:-31}"
 ROUNDS="${ROUNDS:-1}"
 ONLY="${ONLY:-.}"
 for exe in cpc cprun; do
@@ -90,7 +92,9 @@ for round in $(seq 1 "$ROUNDS"); do
       continue
     fi
     rc=0
-    "$B/cprun" "$plan" "${sets[@]}" --check --warmup 1 --iters "$ITERS" --format json \
+    iters=$ITERS
+    [[ "$label" == small-* ]] && iters=$ITERS_SMALL
+    "$B/cprun" "$plan" "${sets[@]}" --check --warmup 1 --iters "$iters" --format json \
       >"$tmp/run.json" 2>"$tmp/run.err" || rc=$?
     line=$(python3 - "$tmp/pred.json" "$tmp/run.json" "$tmp/run.err" "$round" "$label" "$rc" "$ratios" <<'EOF'
 import json, sys

@@ -65,6 +65,20 @@
  *            host) and is what pins these two figures; the same host drives
  *            every GPU preset.  `cluster.profile` may set them to 0 for a
  *            compiled (CUDA graph) deployment.
+ *  TP (tp_degree > 1, cost.h WHOLE STEP): the all-reduces use the alpha-beta
+ *            cost of the ring all-reduce, 2 (T-1) alpha + 2 (T-1)/T n beta
+ *            (Thakur, Rabenseifner, Gropp, "Optimization of collective
+ *            communication operations in MPICH", IJHPCA 2005; NCCL's ring,
+ *            whose bus bandwidth nccl-tests reports as algBW x 2 (T-1)/T),
+ *            with the preset's intra_latency_us and intra_gbps (the NCCL bus
+ *            figures above); the unsplit work is counted, not measured: per
+ *            sub-block (attention, MLP) a norm (read + write), the adaLN
+ *            modulation (read + write) and the gated residual add (two reads,
+ *            one write) = 7 hidden-sized passes, 14 per block, at mem_gbps;
+ *            the GEMM roofline is Williams, Waterman, Patterson, "Roofline",
+ *            CACM 52(4) 2009, with gemm_tflops and mem_gbps as its roof.
+ *            context-parallelism.md has no TP or CFG-parallel measurement to
+ *            check these against (section 5 quotes xDiT's Ulysses figures only).
  *  rtx4090 intra_gbps 12: GeForce boards have no P2P, so NCCL collectives go
  *            through host shared memory (~12 GB/s bus bandwidth on PCIe Gen4).
  * op_overhead_us: ~5 us per kernel launch plus framework dispatch on GPUs
