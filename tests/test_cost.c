@@ -396,3 +396,49 @@ Test(cost, gemm_roofline_narrow)
     }
     cr_expect_float_eq(few, (bytes / m) / (flops / g), 1e-9 * few);
 }
+
+/* The 8-GPU plans with every axis auto: every valid (C, T, R, U) is priced
+ * for the whole step, and auto picks the fastest (the SPEC tie rule: within
+ * 2%, less memory first).  On h100-sxm (eager PyTorch, host-bound) FLUX
+ * picks TP 8; Wan 720p, device-bound, picks CFG 2 x ring 4, and TP 8 is its
+ * slowest split. */
+static void axes_pick(const char *path, int want_C, int want_T, cpc_variant want_v)
+{
+    cpc_plan *plan = load(path, NULL, 0);
+    cpc_selection sel;
+    cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+    cr_assert_not(cpc_status_has_error(st), "%s", path);
+    cr_assert_geq(sel.selected, 0);
+    const cpc_candidate *s = &sel.candidates[sel.selected];
+    double best = 0, worst = 0;
+    int n_ok = 0, worst_T = 0;
+    for (int i = 0; i < sel.n_candidates; i++) {
+        const cpc_candidate *c = &sel.candidates[i];
+        if (!c->ok)
+            continue;
+        n_ok++;
+        cr_assert_gt(c->predicted_ms_per_step, 0, "every split priced for the whole step");
+        if (!best || c->predicted_ms_per_step < best)
+            best = c->predicted_ms_per_step;
+        if (c->predicted_ms_per_step > worst)
+            worst = c->predicted_ms_per_step, worst_T = c->tp_degree;
+    }
+    cr_log_info("%s: %d valid splits, selected C %d T %d %s %dx%d at %.2f ms/step (fastest %.2f, slowest %.2f with T %d)",
+                path, n_ok, s->cfg_degree, s->tp_degree, cpc_variant_name(s->variant), s->ring_degree,
+                s->ulysses_degree, s->predicted_ms_per_step, best, worst, worst_T);
+    cr_expect_eq(n_ok, 26, "%s: every valid split of 8 ranks over batch 2", path);
+    cr_expect_leq(s->predicted_ms_per_step, 1.02 * best, "%s: auto picks the fastest", path);
+    cr_expect(s->cfg_degree == want_C && s->tp_degree == want_T && s->variant == want_v,
+              "%s: selected C %d T %d %s", path, s->cfg_degree, s->tp_degree, cpc_variant_name(s->variant));
+    if (want_T == 1)
+        cr_expect_eq(worst_T, 8, "%s: TP 8 is the slowest split", path);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    cpc_plan_free(plan);
+}
+
+Test(cost, axes_plans_pick_the_fastest)
+{
+    axes_pick("plans/flux1-dev-8gpu-axes.yaml", 1, 8, CPC_VARIANT_NONE);
+    axes_pick("plans/wan2.1-14b-720p-8gpu-axes.yaml", 2, 1, CPC_VARIANT_RING);
+}
