@@ -251,7 +251,7 @@ void cpc_measure_key(const cpc_plan *plan, char *buf, size_t n)
              plan->model.heads, plan->model.kv_heads, plan->model.head_dim,
              cpc_dtype_name(plan->model.dtype), cpc_mask_name(plan->input.mask),
              plan->input.mode == CPC_MODE_TRAINING ? "training" : "inference",
-             plan->cluster.world_size, plan->parallel.cfg_degree, plan->parallel.tp_degree,
+             plan->cluster.world_size, cpc_plan_cfg_degree(plan), cpc_plan_tp_degree(plan),
              plan->schedule.overlap ? 1 : 0, cpc_rotate_name(plan->schedule.rotate));
 }
 
@@ -288,6 +288,11 @@ static cpc_status *meas_field(meas_entry *e, const char *k, const char *v, cpc_s
             return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
                             "device profile: measured key too long or with quotes");
         snprintf(e->m.key, sizeof e->m.key, "%s", v);
+        /* profiles tuned before the outer axes ran wrote an unset degree
+         * as 0: the same problem as C = T = 1 (cpc_measure_key now) */
+        char *ct = strstr(e->m.key, " C=0 T=0 ");
+        if (ct)
+            memcpy(ct, " C=1 T=1 ", 9);
         e->has_key = true;
     } else if (strcmp(k, "variant") == 0) {
         int var = cpc_variant_parse(v);
