@@ -610,7 +610,12 @@ cpc_status *cpc_artifact_set_predictions(cpc_artifact *a, const cpc_prediction *
         if (st)
             return st;
     }
-    return NULL;
+    /* the whole step (model.parameters) and per image (input.steps): only
+     * when priced, as SPEC section 3's JSON has them */
+    cpc_status *st = p->ms_per_step > 0 ? cpc_artifact_set_prediction(a, "ms_per_step", p->ms_per_step) : NULL;
+    if (!st && p->ms_per_image > 0)
+        st = cpc_artifact_set_prediction(a, "ms_per_image", p->ms_per_image);
+    return st;
 }
 
 bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value)

@@ -198,7 +198,8 @@ cpc_status *cpc_artifact_set_prediction(cpc_artifact *a, const char *name, doubl
 /* Sets every field of a cost-model prediction (cost.h), under its field
  * name: ms_per_layer, ms_per_forward, compute_ms_per_layer,
  * comm_ms_per_layer, memory_bytes_per_rank, buffer_bytes_per_rank,
- * bytes_sent_per_rank, flops_per_layer, fits (1 or 0). */
+ * bytes_sent_per_rank, flops_per_layer, fits (1 or 0); ms_per_step and
+ * ms_per_image only when positive (priced: model.parameters, input.steps). */
 cpc_status *cpc_artifact_set_predictions(cpc_artifact *a, const cpc_prediction *p);
 /* Looks a prediction up; false when absent. */
 bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
