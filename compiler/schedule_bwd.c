@@ -10,11 +10,12 @@ typedef struct bb {
     cpc_status *err;
 } bb;
 
-static int buf(bb *b, const char *name, cpc_buf_role role, cpc_buf_tokens tokens, cpc_buf_io io)
+static int buf(bb *b, const char *name, cpc_buf_role role, cpc_buf_tokens tokens, cpc_buf_heads heads,
+               cpc_buf_io io)
 {
     if (b->err)
         return -1;
-    int i = cpc_program_add_buffer(b->prog, name, role, tokens, CPC_HEADS_ALL, io);
+    int i = cpc_program_add_buffer(b->prog, name, role, tokens, heads, io);
     if (i < 0)
         b->err = &cpc_status_oom;
     return i;
@@ -77,23 +78,49 @@ static void p2p(bb *b, cpc_op **ops, int *n, bool send, int tag, const char *whe
         setx(b, &op->block, block);
 }
 
+static void a2a(bb *b, cpc_op **ops, int *n, cpc_a2a_dir dir, int in, int out, bool reduce)
+{
+    cpc_op *op = add(b, ops, n, CPC_OP_ALL_TO_ALL, NULL);
+    if (!op)
+        return;
+    op->group = CPC_GROUP_ULYSSES;
+    op->dir = dir;
+    op->reduce = reduce;
+    bufs(op, true, 1, &in);
+    bufs(op, false, 1, &out);
+}
+
+bool cpc_backward_kv_heads_shared(const cpc_layout *L)
+{
+    for (int u = 0; u + 1 < L->U; u++) {
+        int o0, n0, o1, n1;
+        cpc_layout_kv_heads(L, u, &o0, &n0);
+        cpc_layout_kv_heads(L, u + 1, &o1, &n1);
+        if (n0 > 0 && n1 > 0 && o1 < o0 + n0)
+            return true;
+    }
+    return false;
+}
+
 cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, int R, int U)
 {
+    (void)R;
+    (void)U;
     const char *why = NULL;
-    if (variant != CPC_VARIANT_NONE && variant != CPC_VARIANT_RING)
-        why = "this variant has no backward program yet";
-    else if (U != 1)
-        why = "ulysses_degree > 1 has no backward program yet";
+    if ((int)variant < 0 || variant >= CPC_VARIANT__COUNT || variant == CPC_VARIANT_AUTO)
+        why = "the variant is not resolved";
     else if (plan->input.has_kv)
         why = "cross-attention (input.kv) has no backward program yet";
     if (!why)
         return NULL;
     cpc_status *st = cpc_diag(CPC_E_PLAN, CPC_RULE_TRAIN, CPC_SEV_ERROR,
                               cpc_plan_span(plan, "input.mode", true),
-                              "training: %s (%s, %d x %d): the backward pass runs for variants none and ring "
-                              "(ulysses_degree 1, self-attention; causal zigzag, GQA, key padding, fp32/bf16/fp16)",
+                              "training: %s (%s, %d x %d): the backward pass runs for self-attention with "
+                              "variants none, ring, ring_anything, ulysses, ulysses_anything and unified "
+                              "(causal zigzag, GQA, key padding, uneven splits, fp32/bf16/fp16)",
                               why, cpc_variant_name(variant), R, U);
-    cpc_status_set_hint(st, "use variant ring or none to train, or input.mode: inference for the forward pass");
+    cpc_status_set_hint(st, "train without input.kv (self-attention), or use input.mode: inference for the "
+                            "forward pass");
     return st;
 }
 
@@ -117,54 +144,98 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
     if (!b->prog)
         return &cpc_status_oom;
     cpc_program *P = b->prog;
+    cpc_op **top = &P->ops;
+    int *ntop = &P->n_ops;
+    const bool uly = U > 1;
+    /* The query side and the K/V blocks of the attention layout: with
+     * ulysses ring block r x this member's heads (BLOCK/PART), else the
+     * shard with every head. */
+    const cpc_buf_tokens qt = uly ? CPC_TOK_BLOCK : CPC_TOK_SHARD;
+    const cpc_buf_heads qh = uly ? CPC_HEADS_PART : CPC_HEADS_ALL;
+    const cpc_buf_io gio = uly ? CPC_IO_NONE : CPC_IO_OUTPUT;
 
-    int q = buf(b, "q", CPC_ROLE_Q, CPC_TOK_SHARD, CPC_IO_INPUT);
-    int dout = buf(b, "dout", CPC_ROLE_DO, CPC_TOK_SHARD, CPC_IO_INPUT);
-    int o = buf(b, "out", CPC_ROLE_O, CPC_TOK_SHARD, CPC_IO_INPUT);
-    int lse = buf(b, "lse", CPC_ROLE_LSE, CPC_TOK_SHARD, CPC_IO_INPUT);
-    int k_cur = buf(b, "k_cur", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_IO_INPUT);
-    int v_cur = buf(b, "v_cur", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_IO_INPUT);
-    int k_nxt = buf(b, "k_nxt", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_IO_NONE);
-    int v_nxt = buf(b, "v_nxt", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_IO_NONE);
-    int delta = buf(b, "delta", CPC_ROLE_LSE, CPC_TOK_SHARD, CPC_IO_NONE);
-    int dq = buf(b, "dq", CPC_ROLE_DQ, CPC_TOK_SHARD, CPC_IO_OUTPUT);
-    int dk_cur = buf(b, "dk_cur", CPC_ROLE_DK, CPC_TOK_BLOCK, CPC_IO_OUTPUT);
-    int dv_cur = buf(b, "dv_cur", CPC_ROLE_DV, CPC_TOK_BLOCK, CPC_IO_OUTPUT);
-    int dk_nxt = buf(b, "dk_nxt", CPC_ROLE_DK, CPC_TOK_BLOCK, CPC_IO_NONE);
-    int dv_nxt = buf(b, "dv_nxt", CPC_ROLE_DV, CPC_TOK_BLOCK, CPC_IO_NONE);
+    int q = buf(b, "q", CPC_ROLE_Q, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int dout = buf(b, "dout", CPC_ROLE_DO, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int o = buf(b, "out", CPC_ROLE_O, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+    /* The forward's final LSE, in the layout the forward computed it in. */
+    int lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_INPUT);
+    int k = -1, v = -1, qa = q, da = dout, oa = o;
+    if (uly) {
+        k = buf(b, "k", CPC_ROLE_K, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+        v = buf(b, "v", CPC_ROLE_V, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+        qa = buf(b, "q_seq", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        da = buf(b, "do_seq", CPC_ROLE_DO, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        oa = buf(b, "o_seq", CPC_ROLE_O, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+    }
+    int k_cur = buf(b, "k_cur", CPC_ROLE_K, CPC_TOK_BLOCK, qh, uly ? CPC_IO_NONE : CPC_IO_INPUT);
+    int v_cur = buf(b, "v_cur", CPC_ROLE_V, CPC_TOK_BLOCK, qh, uly ? CPC_IO_NONE : CPC_IO_INPUT);
+    int delta = buf(b, "delta", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
+    int dq = buf(b, uly ? "dq_seq" : "dq", CPC_ROLE_DQ, qt, qh, gio);
+    int dk_cur = buf(b, "dk_cur", CPC_ROLE_DK, CPC_TOK_BLOCK, qh, gio);
+    int dv_cur = buf(b, "dv_cur", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, gio);
 
-    cpc_op *op = add(b, &P->ops, &P->n_ops, CPC_OP_DELTA, NULL);
-    int dv_in[2] = {dout, o};
-    bufs(op, true, 2, dv_in);
+    if (uly) {
+        /* Re-exchanged (the forward's q/k/v_seq are not kept): 5 all-to-alls. */
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, q, qa, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, dout, da, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, o, oa, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, k, k_cur, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, v, v_cur, false);
+    }
+    cpc_op *op = add(b, top, ntop, CPC_OP_DELTA, NULL);
+    int dl_in[2] = {da, oa};
+    bufs(op, true, 2, dl_in);
     bufs(op, false, 1, &delta);
-    op = add(b, &P->ops, &P->n_ops, CPC_OP_INIT_ACC, NULL);
+    op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
     bufs(op, false, 1, &dq);
-    op = add(b, &P->ops, &P->n_ops, CPC_OP_INIT_ACC, NULL);
+    op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
     int dkv[2] = {dk_cur, dv_cur};
     bufs(op, false, 2, dkv);
-    cpc_op *loop = add(b, &P->ops, &P->n_ops, CPC_OP_LOOP, NULL);
-    if (loop) {
-        setx(b, &loop->count, "R");
-        cpc_op **bo = &loop->body;
-        int *bn = &loop->n_body;
-        const char *more = "s<R-1", *ring = "R>1";
-        p2p(b, bo, bn, true, 0, more, k_cur, v_cur, NULL);
-        p2p(b, bo, bn, false, 0, more, k_nxt, v_nxt, "(r-s-1)%R");
-        op = add(b, bo, bn, CPC_OP_ATTN_BWD, NULL);
-        int ai[6] = {q, k_cur, v_cur, dout, lse, delta}, ao[3] = {dq, dk_cur, dv_cur};
+    int ai[6] = {qa, k_cur, v_cur, da, lse, delta}, ao[3] = {dq, dk_cur, dv_cur};
+    if (R == 1) {
+        /* One local block (none, ulysses): no rotation. */
+        op = add(b, top, ntop, CPC_OP_ATTN_BWD, NULL);
         bufs(op, true, 6, ai);
         bufs(op, false, 3, ao);
-        p2p(b, bo, bn, true, 1, ring, dk_cur, dv_cur, NULL);
-        p2p(b, bo, bn, false, 1, ring, dk_nxt, dv_nxt, "(r-s-1)%R");
-        if ((op = add(b, bo, bn, CPC_OP_WAIT, more)))
-            op->tag = 0;
-        if ((op = add(b, bo, bn, CPC_OP_WAIT, ring)))
-            op->tag = 1;
-        int sw[4][2] = {{k_cur, k_nxt}, {v_cur, v_nxt}, {dk_cur, dk_nxt}, {dv_cur, dv_nxt}};
-        for (int i = 0; i < 4; i++) {
-            op = add(b, bo, bn, CPC_OP_SWAP, i < 2 ? more : ring);
-            bufs(op, true, 2, sw[i]);
+    } else {
+        int k_nxt = buf(b, "k_nxt", CPC_ROLE_K, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int v_nxt = buf(b, "v_nxt", CPC_ROLE_V, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int dk_nxt = buf(b, "dk_nxt", CPC_ROLE_DK, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int dv_nxt = buf(b, "dv_nxt", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        cpc_op *loop = add(b, top, ntop, CPC_OP_LOOP, NULL);
+        if (loop) {
+            setx(b, &loop->count, "R");
+            cpc_op **bo = &loop->body;
+            int *bn = &loop->n_body;
+            const char *more = "s<R-1";
+            p2p(b, bo, bn, true, 0, more, k_cur, v_cur, NULL);
+            p2p(b, bo, bn, false, 0, more, k_nxt, v_nxt, "(r-s-1)%R");
+            op = add(b, bo, bn, CPC_OP_ATTN_BWD, NULL);
+            bufs(op, true, 6, ai);
+            bufs(op, false, 3, ao);
+            p2p(b, bo, bn, true, 1, NULL, dk_cur, dv_cur, NULL);
+            p2p(b, bo, bn, false, 1, NULL, dk_nxt, dv_nxt, "(r-s-1)%R");
+            if ((op = add(b, bo, bn, CPC_OP_WAIT, more)))
+                op->tag = 0;
+            if ((op = add(b, bo, bn, CPC_OP_WAIT, NULL)))
+                op->tag = 1;
+            int sw[4][2] = {{k_cur, k_nxt}, {v_cur, v_nxt}, {dk_cur, dk_nxt}, {dv_cur, dv_nxt}};
+            for (int i = 0; i < 4; i++) {
+                op = add(b, bo, bn, CPC_OP_SWAP, i < 2 ? more : NULL);
+                bufs(op, true, 2, sw[i]);
+            }
         }
+    }
+    if (uly) {
+        /* Gradients back to the sequence layout; dK/dV of a K/V head held by
+         * several members are summed (fp32) on the way (BACKWARD.md 3.4). */
+        bool shared = cpc_backward_kv_heads_shared(&L);
+        int dq_o = buf(b, "dq", CPC_ROLE_DQ, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+        int dk_o = buf(b, "dk", CPC_ROLE_DK, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+        int dv_o = buf(b, "dv", CPC_ROLE_DV, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+        a2a(b, top, ntop, CPC_A2A_HEADS_TO_SEQ, dq, dq_o, false);
+        a2a(b, top, ntop, CPC_A2A_HEADS_TO_SEQ, dk_cur, dk_o, shared);
+        a2a(b, top, ntop, CPC_A2A_HEADS_TO_SEQ, dv_cur, dv_o, shared);
     }
     if (b->err) {
         cpc_program_free(P);

@@ -50,6 +50,12 @@
 cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, int ring_degree,
                                    int ulysses_degree);
 
+/* True when two ulysses members hold the same K/V head (U > Hkv, or the
+ * query heads of one K/V head straddle two members: uneven heads of
+ * ulysses_anything): their partial dK/dV must be summed (all_to_all
+ * reduce=sum).  Pure. */
+bool cpc_backward_kv_heads_shared(const cpc_layout *L);
+
 cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant variant, int ring_degree,
                                         int ulysses_degree, cpc_program **out);
 

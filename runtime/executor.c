@@ -138,6 +138,12 @@ static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const
     if (cpc_buffer_elem_size(prog, in) != cpc_buffer_elem_size(prog, out))
         return cpc_error(CPC_E_INTERNAL, "all_to_all between buffers of different element types ('%s', '%s')",
                          bi->name, bo->name);
+    if (op->reduce) {
+        bool grad = bi->role == CPC_ROLE_DQ || bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV;
+        if (op->dir != CPC_A2A_HEADS_TO_SEQ || !grad || bo->role != bi->role)
+            return cpc_error(CPC_E_INTERNAL, "all_to_all reduce=sum: only heads_to_seq of a dq/dk/dv buffer "
+                                             "into one of the same role ('%s' -> '%s')", bi->name, bo->name);
+    }
     int part = op->dir == CPC_A2A_SEQ_TO_HEADS ? out : in;
     int full = op->dir == CPC_A2A_SEQ_TO_HEADS ? in : out;
     if (prog->buffers[part].heads != CPC_HEADS_PART || prog->buffers[full].heads != CPC_HEADS_ALL)
@@ -480,11 +486,14 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
                                cfg->rank, bf->name, cpc_buf_role_name(bf->role));
                 goto fail;
             }
-            bool ok = bf->heads == CPC_HEADS_ALL &&
-                      (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
-                       (bf->tokens == CPC_TOK_BLOCK && L->U == 1));
+            /* A backward program's saved LSE stays in the layout the forward
+             * computed it in: with ulysses, ring block r x this member's heads. */
+            bool lse_seq = bf->role == CPC_ROLE_LSE && bf->tokens == CPC_TOK_BLOCK && L->U > 1;
+            bool ok = lse_seq || (bf->heads == CPC_HEADS_ALL &&
+                                  (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
+                                   (bf->tokens == CPC_TOK_BLOCK && L->U == 1)));
             if (!ok) {
-                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' must hold ALL heads of a SHARD (or KV) layout, not %s/%s",
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' must hold ALL heads of a SHARD (or KV) layout (a saved LSE: also BLOCK), not %s/%s",
                                cfg->rank, bf->name, cpc_buf_tokens_name(bf->tokens),
                                cpc_buf_heads_name(bf->heads));
                 goto fail;
@@ -830,6 +839,11 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
                     (long long)gq.T, gq.hn);
     if (gdk.T != gk.T || gdk.hn != gk.hn || gdq.es != 4 || gdk.es != 4)
         return errf("dK '%s' does not match K '%s', or a gradient is not fp32", bname(ex, dk), bname(ex, k));
+    if (gq.hn > 0 && (gq.hoff / L->group < gk.hoff || (gq.hoff + gq.hn - 1) / L->group >= gk.hoff + gk.hn ||
+                      gdk.hoff != gk.hoff))
+        return errf("query heads [%d, %d) need K/V heads [%d, %d], '%s' holds [%d, %d) (dK '%s' [%d, %d))", gq.hoff,
+                    gq.hoff + gq.hn, gq.hoff / L->group, (gq.hoff + gq.hn - 1) / L->group + 1, bname(ex, k),
+                    gk.hoff, gk.hoff + gk.hn, bname(ex, dk), gdk.hoff, gdk.hoff + gdk.hn);
     if ((st = check_fits(ex, dq, gdq.bytes)) || (st = check_fits(ex, dk, gdk.bytes)) ||
         (st = check_fits(ex, dv, gdk.bytes)))
         return st;
@@ -1108,18 +1122,39 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         if (rtot > ex->stage_recv_cap)
             return errf("staging space too small (%zu > %zu)", rtot, ex->stage_recv_cap);
         recvp = ex->stage_recv;
+        if (!op->reduce) {
+            /* Members' head parts must not overlap: a head held by two
+             * members (shared K/V heads) would keep only one part. */
+            int prev_end = 0;
+            for (int j = 0; j < U; j++) {
+                int jo, jn;
+                cpc_buffer_heads(prog, in, j, &jo, &jn);
+                if (jn > 0 && jo < prev_end)
+                    return errf("'%s': head %d is held by two ulysses members: its parts must be summed "
+                                "(all_to_all reduce=sum)", bname(ex, in), jo);
+                if (jn > 0)
+                    prev_end = jo + jn;
+            }
+        }
         if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
                                                       recvp, rc, rd)))
+            return st;
+        if (op->reduce && (st = cpc_backend_init_acc(be, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
             return st;
         for (int j = 0; j < U; j++) {
             int jo, jn;
             cpc_buffer_heads(prog, in, j, &jo, &jn);
             if (jn == 0 || Tu == 0)
                 continue;
-            if ((st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
-                                           (const char *)ex->stage_recv + rd[j], (size_t)es, B, Tu,
-                                           1, jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D,
-                                           jn * D, 0)))
+            if (op->reduce)
+                st = cpc_backend_add_strided(be, (float *)ex->bufs[out].ptr + (int64_t)jo * D,
+                                             (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                             B, Tu, 1, jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D, jn * D, 0);
+            else
+                st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
+                                              (const char *)ex->stage_recv + rd[j], (size_t)es, B, Tu, 1,
+                                              jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D, jn * D, 0);
+            if (st)
                 return st;
         }
         ex->bufs[out].tag = (int)ex->c.p;

@@ -2,8 +2,12 @@
  * (verify_bwd.h): the built programs prove for R = 1..8, causal and not;
  * broken programs are CP051 with the reason (diffusers #14265: a ring
  * backward that keeps step 0's K/V; a dK/dV accumulator that never travels;
- * a wrong `block` on the accumulator's recv; no delta); variants without a
- * backward are CP060; the forward verifier refuses backward ops. */
+ * a wrong `block` on the accumulator's recv; no delta); ulysses, unified and
+ * the anything variants (head parts, shared K/V heads) prove, and planted
+ * faults in them (a missing reduce, a dropped or reversed inverse
+ * all-to-all, a dropped head part, a deadlocked all-to-all, K/V reuse) are
+ * CP051; yunchang #149; cross-attention is CP060; the forward verifier
+ * refuses backward ops. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -131,13 +135,190 @@ Test(backward, forward_verifier_refuses_backward_ops)
     cpc_plan_free(p);
 }
 
-Test(backward, variants_without_backward_are_cp060)
+/* A plan text with everything a test varies. */
+static cpc_plan *plan_full(const char *variant, int world, const char *mask, int tokens, int H, int Hkv,
+                           const char *extra_par, const char *extra_input)
 {
-    cpc_plan *p = plan_of("ulysses", 2, "none", 128);
+    char text[768];
+    snprintf(text, sizeof text,
+             "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 16, dtype: fp32}\n"
+             "input: {batch: 1, tokens: %d, mask: %s, mode: training%s}\n"
+             "cluster: {world_size: %d, device: cpu}\nparallel: {variant: %s%s}\n",
+             H, Hkv, tokens, mask, extra_input, world, variant, extra_par);
+    cpc_plan *p = NULL;
+    cpc_status *st = cpc_plan_load_string(text, strlen(text), "t.yaml", NULL, 0, &p);
+    cr_assert(p != NULL, "plan: %s", st ? st->message : "?");
+    cpc_status_free(st);
+    return p;
+}
+
+static cpc_program *build_ru(cpc_plan *p, cpc_variant v, int R, int U)
+{
     cpc_program *prog = NULL;
-    cpc_status *st = cpc_schedule_build_backward(p, CPC_VARIANT_ULYSSES, 1, 2, &prog);
-    cr_assert(st && st->rule == CPC_RULE_TRAIN && strstr(st->message, "variants none and ring"), "%s",
-              st ? st->message : "accepted");
+    cpc_status *st = cpc_schedule_build_backward(p, v, R, U, &prog);
+    cr_assert(st == NULL, "build %s %dx%d: %s", cpc_variant_name(v), R, U, st ? st->message : "");
+    return prog;
+}
+
+/* Ulysses, unified and both anything variants: the programs prove, with K/V
+ * heads split (Hkv % U == 0), replicated (U > Hkv, MQA) and straddling
+ * members (uneven heads of ulysses_anything), even and uneven tokens. */
+Test(backward, head_part_programs_prove)
+{
+    struct {
+        const char *v;
+        cpc_variant var;
+        int P, R, U, H, Hkv, tokens;
+        const char *mask;
+        bool shared; /* K/V heads shared: the dK/dV all-to-alls reduce */
+    } rows[] = {
+        {"ulysses", CPC_VARIANT_ULYSSES, 2, 1, 2, 4, 2, 128, "causal", false},
+        {"ulysses", CPC_VARIANT_ULYSSES, 4, 1, 4, 4, 2, 128, "none", true},
+        {"ulysses", CPC_VARIANT_ULYSSES, 4, 1, 4, 8, 1, 128, "key_padding", true},
+        {"ulysses", CPC_VARIANT_ULYSSES, 8, 1, 8, 8, 8, 256, "causal", false},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 4, 1, 4, 6, 2, 250, "none", true},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 3, 1, 3, 7, 7, 100, "causal", false},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 4, 1, 4, 6, 3, 250, "none", true},
+        {"unified", CPC_VARIANT_UNIFIED, 4, 2, 2, 4, 2, 128, "causal", false},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 4, 1, 256, "none", true},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 4, 2, 4, 2, 256, "causal", false},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 3, 1, 4, 2, 250, "none", false},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 4, 4, 1, 4, 1, 255, "key_padding", false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char par[96] = "";
+        if (rows[i].var == CPC_VARIANT_UNIFIED)
+            snprintf(par, sizeof par, ", ring_degree: %d, ulysses_degree: %d", rows[i].R, rows[i].U);
+        cpc_plan *p = plan_full(rows[i].v, rows[i].P, rows[i].mask, rows[i].tokens, rows[i].H, rows[i].Hkv, par, "");
+        cpc_program *prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+        cr_expect_eq(cpc_backward_kv_heads_shared(&prog->layout), rows[i].shared, "row %zu", i);
+        cpc_status *st = cpc_verify_backward(prog);
+        cr_expect(st == NULL, "row %zu %s %dx%d H %d/%d: %s", i, rows[i].v, rows[i].R, rows[i].U, rows[i].H,
+                  rows[i].Hkv, st ? st->message : "");
+        cpc_status_free(st);
+        cpc_program_free(prog);
+        cpc_plan_free(p);
+    }
+}
+
+/* The last top-level op of `kind` with output role `role` (or any role when
+ * role < 0). */
+static cpc_op *find_top(cpc_program *prog, cpc_op_kind kind, int role)
+{
+    cpc_op *found = NULL;
+    for (int i = 0; i < prog->n_ops; i++) {
+        cpc_op *op = &prog->ops[i];
+        if (op->kind == kind && (role < 0 || (op->n_out > 0 && (int)prog->buffers[op->out[0]].role == role)))
+            found = op;
+    }
+    cr_assert_not_null(found, "no %s op", cpc_op_kind_name(kind));
+    return found;
+}
+
+static void never(cpc_op *op)
+{
+    cpc_expr_free(op->when);
+    op->when = NULL;
+    cr_assert(cpc_expr_parse("0", CPC_NO_SPAN, &op->when) == NULL);
+}
+
+/* Planted faults in Ulysses/unified programs, each a CP051 with its reason. */
+Test(backward, head_part_faults_are_cp051)
+{
+    /* 1. a missing reduce: K/V heads replicated (U 4 > Hkv 2) */
+    cpc_plan *p = plan_full("ulysses", 4, "none", 128, 4, 2, "", "");
+    cpc_program *prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 4);
+    cpc_op *a = find_top(prog, CPC_OP_ALL_TO_ALL, CPC_ROLE_DK);
+    cr_assert(a->reduce);
+    a->reduce = false;
+    expect_cp051(prog, "reduce=sum");
+    cpc_program_free(prog);
+    cpc_plan_free(p);
+
+    /* the same with the uneven heads of ulysses_anything (6 heads, 2 K/V heads over 4) */
+    p = plan_full("ulysses_anything", 4, "none", 250, 6, 2, "", "");
+    prog = build_ru(p, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4);
+    a = find_top(prog, CPC_OP_ALL_TO_ALL, CPC_ROLE_DV);
+    cr_assert(a->reduce);
+    a->reduce = false;
+    expect_cp051(prog, "must be summed");
+    cpc_program_free(prog);
+    cpc_plan_free(p);
+
+    /* 2. the inverse all-to-all of dq dropped: dq never leaves the head part */
+    p = plan_full("ulysses", 2, "causal", 128, 4, 2, "", "");
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    never(find_top(prog, CPC_OP_ALL_TO_ALL, CPC_ROLE_DQ));
+    expect_cp051(prog, "OUTPUT 'dq'");
+    cpc_program_free(prog);
+
+    /* 3. the inverse all-to-all in the wrong direction */
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    find_top(prog, CPC_OP_ALL_TO_ALL, CPC_ROLE_DK)->dir = CPC_A2A_SEQ_TO_HEADS;
+    expect_cp051(prog, "seq_to_heads");
+    cpc_program_free(prog);
+
+    /* 4. a dropped head part: one member never runs attn_bwd (its query heads
+     * reach neither dq nor dk/dv) */
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    cpc_op *ab = find_top(prog, CPC_OP_ATTN_BWD, -1);
+    cr_assert(cpc_expr_parse("u!=1", CPC_NO_SPAN, &ab->when) == NULL);
+    expect_cp051(prog, "contribute 0 times");
+    cpc_program_free(prog);
+
+    /* 5. only one member reaches an all_to_all: a deadlock, reported */
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    a = find_top(prog, CPC_OP_ALL_TO_ALL, CPC_ROLE_DV);
+    cr_assert(cpc_expr_parse("u==0", CPC_NO_SPAN, &a->when) == NULL);
+    expect_cp051(prog, "never reaches");
+    cpc_program_free(prog);
+
+    /* 6. delta from dout's rows against the forward's out in another layout
+     * (the shard, not the all-to-all'd block) */
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    cpc_op *d = find_top(prog, CPC_OP_DELTA, -1);
+    d->in[1] = cpc_program_find_buffer(prog, "out");
+    expect_cp051(prog, "same rows");
+    cpc_program_free(prog);
+    cpc_plan_free(p);
+
+    /* 7. unified: the ring part's K/V reuse (diffusers #14265) with head parts */
+    p = plan_full("unified", 4, "causal", 128, 4, 2, ", ring_degree: 2, ulysses_degree: 2", "");
+    prog = build_ru(p, CPC_VARIANT_UNIFIED, 2, 2);
+    cpc_op *loop = find_top(prog, CPC_OP_LOOP, -1);
+    for (int i = 0; i < loop->n_body; i++)
+        if (loop->body[i].kind == CPC_OP_SWAP &&
+            prog->buffers[loop->body[i].in[0]].role == CPC_ROLE_K)
+            never(&loop->body[i]);
+    expect_cp051(prog, "#14265");
+    cpc_program_free(prog);
+    cpc_plan_free(p);
+}
+
+/* yunchang #149 (a wrong number of gradients): a second dk OUTPUT, or none. */
+Test(backward, yunchang_149_gradient_count)
+{
+    cpc_plan *p = plan_full("ulysses", 2, "none", 128, 4, 2, "", "");
+    cpc_program *prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    int extra = cpc_program_add_buffer(prog, "dk2", CPC_ROLE_DK, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+    cr_assert(extra >= 0);
+    expect_cp051(prog, "yunchang #149");
+    cpc_program_free(prog);
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    prog->buffers[cpc_program_find_buffer(prog, "dv")].io = CPC_IO_NONE;
+    expect_cp051(prog, "yunchang #149");
+    cpc_program_free(prog);
+    cpc_plan_free(p);
+}
+
+Test(backward, cross_attention_is_cp060)
+{
+    cpc_plan *p = plan_full("ring", 2, "none", 128, 4, 2, "", ", kv: {tokens: 48}");
+    cpc_program *prog = NULL;
+    cpc_status *st = cpc_schedule_build_backward(p, CPC_VARIANT_RING, 2, 1, &prog);
+    cr_assert(st && st->rule == CPC_RULE_TRAIN && strstr(st->message, "cross-attention") &&
+                  strstr(st->message, "ulysses_anything"),
+              "%s", st ? st->message : "accepted");
     cr_assert_null(prog);
     cpc_status_free(st);
     cpc_plan_free(p);

@@ -756,7 +756,7 @@ static void print_op_spmd(FILE *out, const cpc_program *prog, const cpc_op *op, 
     if (op->group != CPC_GROUP_NONE)
         fprintf(out, " group=%s", cpc_group_name(op->group));
     if (op->kind == CPC_OP_ALL_TO_ALL)
-        fprintf(out, " dir=%s", cpc_a2a_dir_name(op->dir));
+        fprintf(out, " dir=%s%s", cpc_a2a_dir_name(op->dir), op->reduce ? " reduce=sum" : "");
     if (op->peer)
         fprintf(out, " peer=%s", cpc_expr_text(op->peer));
     print_bufs(out, prog, "in", op->in, op->n_in);
@@ -792,7 +792,7 @@ static cpc_status *print_exec(void *vctx, const cpc_exec_op *x)
     if (op->group != CPC_GROUP_NONE)
         fprintf(out, " group=%s", cpc_group_name(op->group));
     if (op->kind == CPC_OP_ALL_TO_ALL)
-        fprintf(out, " dir=%s", cpc_a2a_dir_name(op->dir));
+        fprintf(out, " dir=%s%s", cpc_a2a_dir_name(op->dir), op->reduce ? " reduce=sum" : "");
     if (op->peer)
         fprintf(out, " peer=%lld", (long long)x->peer);
     print_bufs(out, prog, "in", op->in, op->n_in);

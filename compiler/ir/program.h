@@ -121,8 +121,16 @@
  *   HEADS_TO_SEQ: the inverse: in = BLOCK (tag r) rows, PART heads; out =
  *     SHARD rows, ALL heads.  Member u sends member j the rows of shard
  *     r*U+j x its heads PART(u); receives from j its own shard's rows x
- *     heads PART(j), placed at those heads.  With replicated K/V heads only
- *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back).
+ *     heads PART(j), placed at those heads.  In a forward program only
+ *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back); a backward
+ *     program sends DQ, and DK/DV with `reduce` when K/V heads are shared.
+ *   HEADS_TO_SEQ with `reduce` (backward programs only; DQ/DK/DV roles, fp32):
+ *     the receiver zeroes its output and ADDS every member's part instead of
+ *     placing it, so a head held by several members (K/V heads replicated
+ *     when U > Hkv or the query heads of one K/V head straddle two members:
+ *     ulysses_anything) ends with the SUM of their partial gradients.
+ *     Without it such a head ends with one member's part only (the verifier
+ *     refuses that: coverage).  Parts are placed in member order.
  *  all_gather (group ring, member r): in = BLOCK (tag r) or, with U == 1, a
  *   SHARD/BLOCK input (shard r == block r); out = ALL: member j's block at
  *   cpc_layout_block_offset(j).
@@ -287,6 +295,10 @@ typedef struct cpc_op {
     cpc_expr *when;              /* optional predicate (NULL = always) */
     cpc_expr *count;             /* loop: iterations */
     cpc_a2a_dir dir;             /* all_to_all */
+    bool reduce;                 /* all_to_all HEADS_TO_SEQ of DK/DV (backward): the
+                                    receiver SUMS (fp32) the parts of a head it gets
+                                    from several members (K/V heads replicated across
+                                    members); printed " reduce=sum" */
     int tag;                     /* send/recv/wait: request tag, >= 0 */
     int n_body;                  /* loop */
     struct cpc_op *body;         /* loop: owned array */
