@@ -849,6 +849,33 @@ static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* reduce_scatter (backward, all-gather ring): block j's fp32 slice to each
+ * member j over the ring link, plus pack and the sum of R parts */
+static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t all = buf_bytes(pr, op->in[i]);
+        int64_t tot = buf_tokens(pr, op->in[i]);
+        int64_t per_tok = all / (tot > 0 ? tot : 1);
+        int r = (int)pr->c.r;
+        int64_t out = cpc_layout_block_tokens(L, r) * per_tok;
+        int64_t bytes = all - cpc_layout_block_tokens(L, r) * per_tok;
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + (lat * (L->R - 1) + (double)bytes / bw) * pr->comm_scale +
+                                  (mem_time(pr, all) + mem_time(pr, out * L->R)) * pr->compute_scale;
+        pr->sent += bytes;
+        pr->tag[op->out[i]] = r;
+        if (all > pr->stage_send)
+            pr->stage_send = all;
+        if (out * L->R > pr->stage_recv)
+            pr->stage_recv = out * L->R;
+    }
+    return NULL;
+}
+
 /* barrier: one latency of its group */
 static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
 {
@@ -875,6 +902,7 @@ static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
     [CPC_OP_BARRIER] = price_barrier,
     [CPC_OP_ATTN_BWD] = price_attn,
     [CPC_OP_DELTA] = price_memory,
+    [CPC_OP_REDUCE_SCATTER] = price_reduce_scatter,
 };
 _Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
 

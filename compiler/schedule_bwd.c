@@ -182,17 +182,57 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, k, k_cur, false);
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, v, v_cur, false);
     }
-    cpc_op *op = add(b, top, ntop, CPC_OP_DELTA, NULL);
+    const bool gather = R > 1 && plan->schedule.rotate == CPC_ROTATE_ALLGATHER;
+    P->rotate = gather ? CPC_ROTATE_ALLGATHER : CPC_ROTATE_P2P;
+    int k_all = -1, v_all = -1, dk_all = -1, dv_all = -1;
+    cpc_op *op;
+    if (gather) {
+        k_all = buf(b, "k_all", CPC_ROLE_K, CPC_TOK_ALL, qh, CPC_IO_NONE);
+        v_all = buf(b, "v_all", CPC_ROLE_V, CPC_TOK_ALL, qh, CPC_IO_NONE);
+        dk_all = buf(b, "dk_all", CPC_ROLE_DK, CPC_TOK_ALL, qh, CPC_IO_NONE);
+        dv_all = buf(b, "dv_all", CPC_ROLE_DV, CPC_TOK_ALL, qh, CPC_IO_NONE);
+        int ag[2][2] = {{k_cur, k_all}, {v_cur, v_all}};
+        for (int i = 0; i < 2; i++) {
+            op = add(b, top, ntop, CPC_OP_ALL_GATHER, NULL);
+            if (op)
+                op->group = CPC_GROUP_RING;
+            bufs(op, true, 1, &ag[i][0]);
+            bufs(op, false, 1, &ag[i][1]);
+        }
+    }
+    op = add(b, top, ntop, CPC_OP_DELTA, NULL);
     int dl_in[2] = {da, oa};
     bufs(op, true, 2, dl_in);
     bufs(op, false, 1, &delta);
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
     bufs(op, false, 1, &dq);
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
-    int dkv[2] = {dk_cur, dv_cur};
+    int dkv[2] = {gather ? dk_all : dk_cur, gather ? dv_all : dv_cur};
     bufs(op, false, 2, dkv);
     int ai[6] = {qa, k_cur, v_cur, da, lse, delta}, ao[3] = {dq, dk_cur, dv_cur};
-    if (R == 1) {
+    if (gather) {
+        /* BACKWARD.md 3.2: K/V gathered again (the forward's are not kept),
+         * every block's dK/dV accumulated in place in an ALL accumulator,
+         * then reduce-scattered: each member gets its own block, summed. */
+        cpc_op *loop = add(b, top, ntop, CPC_OP_LOOP, NULL);
+        if (loop) {
+            setx(b, &loop->count, "R");
+            op = add(b, &loop->body, &loop->n_body, CPC_OP_ATTN_BWD, NULL);
+            int gi[6] = {qa, k_all, v_all, da, lse, delta}, go[3] = {dq, dk_all, dv_all};
+            bufs(op, true, 6, gi);
+            bufs(op, false, 3, go);
+            if (op)
+                setx(b, &op->block, "(r-s)%R");
+        }
+        int rs[2][2] = {{dk_all, dk_cur}, {dv_all, dv_cur}};
+        for (int i = 0; i < 2; i++) {
+            op = add(b, top, ntop, CPC_OP_REDUCE_SCATTER, NULL);
+            if (op)
+                op->group = CPC_GROUP_RING;
+            bufs(op, true, 1, &rs[i][0]);
+            bufs(op, false, 1, &rs[i][1]);
+        }
+    } else if (R == 1) {
         /* One local block (none, ulysses): no rotation. */
         op = add(b, top, ntop, CPC_OP_ATTN_BWD, NULL);
         bufs(op, true, 6, ai);

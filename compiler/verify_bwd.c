@@ -230,6 +230,61 @@ static cpc_status *run_a2a(vb *V, int r)
     return NULL;
 }
 
+/* Executes the all_gather or reduce_scatter every member of ring group u
+ * has reached. */
+static cpc_status *run_ring_coll(vb *V, int u)
+{
+    const int U = V->U, R = V->R;
+    const xop *x0 = &V->ro[u].v[V->pc[u]];
+    const cpc_op *op = x0->op;
+    if (op->n_in != op->n_out || op->n_in < 1)
+        return vfail(u, x0, "needs as many outputs as inputs");
+    for (int k = 0; k < op->n_in; k++) {
+        int in = op->in[k], out = op->out[k];
+        const cpc_buffer *bi = BF(V, in), *bo = BF(V, out);
+        if (bi->role != bo->role || bi->heads != bo->heads)
+            return vfail(u, x0, "'%s' and '%s' differ in role or heads", bi->name, bo->name);
+        bool ag = op->kind == CPC_OP_ALL_GATHER;
+        bool ok = ag ? !is_grad(bi->role) && bi->tokens == CPC_TOK_BLOCK && bo->tokens == CPC_TOK_ALL
+                     : is_grad(bi->role) && bi->tokens == CPC_TOK_ALL && bo->tokens == CPC_TOK_BLOCK;
+        if (!ok)
+            return vfail(u, x0, ag ? "all_gather takes a K/V ring block to a gathered (ALL) buffer"
+                                   : "reduce_scatter takes a gathered (ALL) dq/dk/dv to a ring block");
+        for (int r = 0; r < R; r++) {
+            int p = r * U + u;
+            slot *si = S(V, p, in);
+            if (!si->written || (ag && si->tag != r))
+                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
+                             ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
+        }
+        uint8_t *tmp = NULL;
+        if (!ag && (R < 1 || !(tmp = calloc((size_t)(unsigned)R, cnt_bytes(V)))))
+            return &cpc_status_oom;
+        for (int r = 0; !ag && r < R; r++) {
+            uint8_t *o = tmp + (size_t)r * cnt_bytes(V);
+            for (int m = 0; m < R; m++) {
+                const uint8_t *c = S(V, m * U + u, in)->cnt;
+                for (int qb = 0; qb < R; qb++)
+                    for (int h = 0; h < V->nh; h++) {
+                        size_t i = ((size_t)qb * (size_t)R + (size_t)r) * (size_t)V->nh + (size_t)h;
+                        sat_add(&o[i], c[i]);
+                    }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            slot *so = S(V, r * U + u, out);
+            so->written = true;
+            so->tag = ag ? CPC_TAG_NONE : r;
+            if (tmp && so->cnt)
+                memcpy(so->cnt, tmp + (size_t)r * cnt_bytes(V), cnt_bytes(V));
+        }
+        free(tmp);
+    }
+    for (int r = 0; r < R; r++)
+        V->pc[r * U + u]++;
+    return NULL;
+}
+
 static bool same_layout(const vb *V, int a, int b)
 {
     return BF(V, a)->tokens == BF(V, b)->tokens && BF(V, a)->heads == BF(V, b)->heads;
@@ -254,6 +309,13 @@ static int advance(vb *V, int p)
                 return -1;
             }
             return 0; /* fired by run_a2a once every member is here */
+        case CPC_OP_ALL_GATHER:
+        case CPC_OP_REDUCE_SCATTER:
+            if (op->group != CPC_GROUP_RING) {
+                V->err = vfail(p, x, "%s runs over the ring group", cpc_op_kind_name(op->kind));
+                return -1;
+            }
+            return 0; /* fired by run_ring_coll once every member is here */
         case CPC_OP_DELTA: {
             if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
                 role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
@@ -338,7 +400,15 @@ static int advance(vb *V, int p)
                                    bn(V, kside[i]), bn(V, op->in[1]));
                     return -1;
                 }
-            if (k->tag != v->tag || k->tag != dk->tag || k->tag != dv->tag) {
+            bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
+            if (kall) {
+                /* gathered K/V: the op's `block` is what it reads, and dK/dV
+                 * (gathered too, same layout) get that slice */
+                if (!op->block || x->block < 0 || x->block >= V->R) {
+                    V->err = vfail(p, x, "attn_bwd on gathered K/V needs a block in 0..%d", V->R - 1);
+                    return -1;
+                }
+            } else if (k->tag != v->tag || k->tag != dk->tag || k->tag != dv->tag) {
                 V->err = vfail(p, x,
                                "reads K/V blocks %d/%d but adds to dK/dV accumulators of blocks %d/%d: a K/V "
                                "block's gradient must come from that block (diffusers #14265: a ring backward "
@@ -347,15 +417,16 @@ static int advance(vb *V, int p)
                 return -1;
             }
             cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
-            if (BF(V, op->in[1])->tokens != CPC_TOK_BLOCK || (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
+            int kb = kall ? (int)x->block : k->tag;
+            if ((!kall && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) || (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
                 (qt == CPC_TOK_SHARD && V->U != 1)) {
                 V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
-                                     "(the class this prover handles)");
+                                     "or gathered (the class this prover handles)");
                 return -1;
             }
             /* Query rows as a ring block: with U == 1 shard p is block p. */
             int qb = q->tag;
-            if (k->tag < 0 || k->tag >= V->R || qb < 0 || qb >= V->R) {
+            if (kb < 0 || kb >= V->R || qb < 0 || qb >= V->R) {
                 V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
                 return -1;
             }
@@ -371,7 +442,7 @@ static int advance(vb *V, int p)
                 return -1;
             }
             for (int h = qo; h < qo + qn; h++) {
-                size_t i = ((size_t)qb * (size_t)V->R + (size_t)k->tag) * (size_t)V->nh + (size_t)h;
+                size_t i = ((size_t)qb * (size_t)V->R + (size_t)kb) * (size_t)V->nh + (size_t)h;
                 sat_add(&dq->cnt[i], 1);
                 sat_add(&dk->cnt[i], 1);
                 sat_add(&dv->cnt[i], 1);
@@ -603,7 +674,7 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
             V.map[p * V.nb + b] = p * V.nb + b;
             sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
-            if (B->tokens != CPC_TOK_SHARD && B->tokens != CPC_TOK_BLOCK) {
+            if (B->tokens == CPC_TOK_KV) {
                 st = vfail(p, NULL, "buffer '%s' has the %s token layout: outside the backward prover's class",
                            B->name, cpc_buf_tokens_name(B->tokens));
                 break;
@@ -637,36 +708,44 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
         }
         if (all)
             break;
-        for (int r = 0; r < V.R; r++) {
-            bool ready = true;
-            const cpc_op *op0 = NULL;
-            for (int j = 0; j < V.U && ready; j++) {
-                int p = r * V.U + j;
-                if (V.pc[p] >= V.ro[p].n || V.ro[p].v[V.pc[p]].op->kind != CPC_OP_ALL_TO_ALL) {
-                    ready = false;
-                    break;
+        /* ulysses groups (all_to_all), then ring groups (all_gather, reduce_scatter) */
+        for (int gk = 0; gk < 2; gk++) {
+            int ng = gk == 0 ? V.R : V.U, nm = gk == 0 ? V.U : V.R;
+            for (int g = 0; g < ng; g++) {
+                bool ready = true;
+                const cpc_op *op0 = NULL;
+                for (int j = 0; j < nm && ready; j++) {
+                    int p = gk == 0 ? g * V.U + j : j * V.U + g;
+                    cpc_op_kind k = V.pc[p] < V.ro[p].n ? V.ro[p].v[V.pc[p]].op->kind : CPC_OP__COUNT;
+                    bool here = gk == 0 ? k == CPC_OP_ALL_TO_ALL : (k == CPC_OP_ALL_GATHER || k == CPC_OP_REDUCE_SCATTER);
+                    if (!here) {
+                        ready = false;
+                        break;
+                    }
+                    const cpc_op *op = V.ro[p].v[V.pc[p]].op;
+                    if (op0 && op != op0) {
+                        st = vfail(p, &V.ro[p].v[V.pc[p]], "members of its %s group reach different collective "
+                                                           "ops", gk == 0 ? "ulysses" : "ring");
+                        goto done;
+                    }
+                    op0 = op;
                 }
-                const cpc_op *op = V.ro[p].v[V.pc[p]].op;
-                if (op0 && op != op0) {
-                    st = vfail(p, &V.ro[p].v[V.pc[p]],
-                               "ulysses members reach different all_to_all ops (member 0 is at another one)");
-                    goto done;
+                if (ready) {
+                    if ((st = gk == 0 ? run_a2a(&V, g) : run_ring_coll(&V, g)))
+                        goto done;
+                    moved = true;
                 }
-                op0 = op;
-            }
-            if (ready) {
-                if ((st = run_a2a(&V, r)))
-                    goto done;
-                moved = true;
             }
         }
         if (!moved) {
             for (int p = 0; p < V.P; p++)
                 if (V.pc[p] < V.ro[p].n) {
                     const xop *x = &V.ro[p].v[V.pc[p]];
-                    if (x->op->kind == CPC_OP_ALL_TO_ALL)
-                        st = vfail(p, x, "waits forever: a member of its ulysses group never reaches this "
-                                         "all_to_all");
+                    if (x->op->kind == CPC_OP_ALL_TO_ALL || x->op->kind == CPC_OP_ALL_GATHER ||
+                        x->op->kind == CPC_OP_REDUCE_SCATTER)
+                        st = vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
+                                   x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses" : "ring",
+                                   cpc_op_kind_name(x->op->kind));
                     else
                         st = vfail(p, x, "waits forever: no rank sends what this recv expects (peer %lld, tag %d)",
                                    (long long)x->peer, x->op->tag);

@@ -37,7 +37,7 @@ struct cpc_exec {
     int n_pend, cap_pend;
     cpc_run *qruns, *kvruns;
     int max_runs;
-    size_t *a2a;              /* 4 * U: send counts/displs, recv counts/displs */
+    size_t *a2a;              /* 4 * P: send counts/displs, recv counts/displs */
     size_t *ag;               /* 2 * R: all-gather counts/displs */
     cpc_exec_event *ev;
     int n_ev, cap_ev;
@@ -210,6 +210,7 @@ typedef struct stage_ctx {
     cpc_coords c;
     size_t *tmp;      /* 4 * U */
     size_t send, recv;
+    bool two_sided;   /* a reduce_scatter stages both sides at once */
 } stage_ctx;
 
 /* Staging space for every all_to_all of the program (whether or not its
@@ -222,6 +223,22 @@ static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
             cpc_status *e = stage_ops(s, op->body, op->n_body);
             if (e)
                 return e;
+            continue;
+        }
+        if (op->kind == CPC_OP_REDUCE_SCATTER) {
+            /* pack every slice (the whole ALL input), receive R slices of block r */
+            for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+                s->two_sided = true;
+            if (op->in[k] < 0 || op->in[k] >= s->prog->n_buffers || op->out[k] < 0 ||
+                    op->out[k] >= s->prog->n_buffers)
+                    return cpc_error(CPC_E_INTERNAL, "ops: reduce_scatter with bad buffers");
+                size_t in_b = geom_of(s->prog, &s->c, op->in[k], -1).bytes;
+                size_t out_b = geom_of(s->prog, &s->c, op->out[k], (int)s->c.r).bytes * (size_t)s->prog->layout.R;
+                if (in_b > s->send)
+                    s->send = in_b;
+                if (out_b > s->recv)
+                    s->recv = out_b;
+            }
             continue;
         }
         if (op->kind != CPC_OP_ALL_TO_ALL)
@@ -294,7 +311,7 @@ static cpc_status *plan_memory(const cpc_program *prog, int rank, int64_t *caps,
     free(tmp);
     if (st)
         return st;
-    if (prog->layout.B == 1) {
+    if (prog->layout.B == 1 && !s.two_sided) {
         /* Each all_to_all then stages only one side: one space serves both. */
         *ssend = s.send > s.recv ? s.send : s.recv;
         *srecv = 0;
@@ -456,7 +473,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     ex->max_runs = L->R * cpc_layout_max_block_runs(L) + 2;
     ex->qruns = malloc((size_t)ex->max_runs * sizeof *ex->qruns);
     ex->kvruns = malloc((size_t)ex->max_runs * sizeof *ex->kvruns);
-    ex->a2a = malloc((size_t)(4 * L->U) * sizeof *ex->a2a);
+    ex->a2a = malloc((size_t)(4 * L->P) * sizeof *ex->a2a); /* ulysses all_to_all, ring reduce_scatter */
     ex->ag = malloc((size_t)(2 * L->R) * sizeof *ex->ag);
     if (!caps || !ex->bufs || !ex->allocs || !ex->qruns || !ex->kvruns || !ex->a2a || !ex->ag) {
         st = cpc_error(CPC_E_NOMEM, "executor: out of memory");
@@ -513,7 +530,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
         goto fail;
     ex->stage_send_cap = ss;
     ex->stage_recv_cap = sr;
-    if (prog->layout.B == 1) {
+    if (prog->layout.B == 1 && sr == 0) {
         ex->stage_recv = ex->stage_send;
         ex->stage_recv_cap = ss;
     }
@@ -814,7 +831,7 @@ static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op)
 }
 
 /* attn_bwd in=q,k,v,dout,lse,delta out=dq,dk,dv (+=). */
-static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
+static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
 {
     cpc_status *st = need(op, 6, 3);
     if (st)
@@ -823,8 +840,19 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
     const cpc_layout *L = ex->L;
     int q = op->in[0], k = op->in[1], v = op->in[2], d = op->in[3], l = op->in[4], dl = op->in[5];
     int dq = op->out[0], dk = op->out[1], dv = op->out[2];
-    if (prog->buffers[k].tokens == CPC_TOK_ALL)
-        return errf("attn_bwd on gathered (ALL) K/V is not supported yet");
+    bool all = prog->buffers[k].tokens == CPC_TOK_ALL;
+    if (all != (prog->buffers[v].tokens == CPC_TOK_ALL) || all != (prog->buffers[dk].tokens == CPC_TOK_ALL) ||
+        all != (prog->buffers[dv].tokens == CPC_TOK_ALL))
+        return errf("K, V, dK and dV must all be gathered (ALL) or none");
+    int64_t bi = -1;
+    if (all) {
+        if (!op->block)
+            return errf("attn_bwd on gathered K/V needs a block");
+        if ((st = cpc_expr_eval(op->block, c, &bi)))
+            return st;
+        if (bi < 0 || bi >= L->R)
+            return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
+    }
     int kt = ex->bufs[k].tag;
     if (prog->buffers[k].tokens == CPC_TOK_BLOCK &&
         (ex->bufs[v].tag != kt || ex->bufs[dk].tag != kt || ex->bufs[dv].tag != kt))
@@ -863,7 +891,19 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
     a.v = ex->bufs[v].ptr;
     a.dk = ex->bufs[dk].ptr;
     a.dv = ex->bufs[dv].ptr;
-    a.n_kv_runs = runs_of(prog, &ex->c, k, kt, ex->kvruns, ex->max_runs);
+    if (all) {
+        /* block bi's slice of the gathered K/V and of dK/dV, in place */
+        int64_t off = cpc_layout_block_offset(L, (int)bi) * gk.hn * L->D;
+        a.skv = cpc_layout_block_tokens(L, (int)bi);
+        a.k = (const char *)ex->bufs[k].ptr + off * gk.es;
+        a.v = (const char *)ex->bufs[v].ptr + off * gk.es;
+        a.dk = (float *)ex->bufs[dk].ptr + off;
+        a.dv = (float *)ex->bufs[dv].ptr + off;
+        a.dkv_bstride = a.kv_bstride;
+        a.n_kv_runs = cpc_layout_block_runs(L, (int)bi, ex->kvruns, ex->max_runs);
+    } else {
+        a.n_kv_runs = runs_of(prog, &ex->c, k, kt, ex->kvruns, ex->max_runs);
+    }
     a.kv_runs = ex->kvruns;
     ex->cur.attn_flops += 2.5 * 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
     return cpc_backend_attn_bwd(ex->cfg.backend, &a);
@@ -1212,6 +1252,75 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     return NULL;
 }
 
+/* reduce_scatter (ring): block j's slice of each ALL input to member j, the
+ * R slices of block r summed (fp32) into the BLOCK output (tag r). */
+static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if ((st = need(op, 1, 1)))
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    if (op->group != CPC_GROUP_RING)
+        return errf("reduce_scatter over the %s group is not supported (ring only)", cpc_group_name(op->group));
+    cpc_backend *be = ex->cfg.backend;
+    int R = L->R, r = (int)ex->c.r;
+    size_t *sc = ex->a2a, *sd = sc + R, *rc = sd + R, *rd = rc + R;
+    for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+        int in = op->in[k], out = op->out[k];
+        const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+        bool grad = bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV || bi->role == CPC_ROLE_DQ;
+        if (!grad || bo->role != bi->role || bi->tokens != CPC_TOK_ALL || bo->tokens != CPC_TOK_BLOCK)
+            return errf("reduce_scatter: '%s' must be a gathered (ALL) gradient and '%s' a ring block of the "
+                        "same role", bi->name, bo->name);
+        if (buf_pending(ex, in) || buf_pending(ex, out))
+            return errf("'%s' or '%s' has a send/recv not yet waited for", bi->name, bo->name);
+        geom gi = geom_of(prog, &ex->c, in, -1);
+        ex->bufs[out].tag = r;
+        geom go = cur_geom(ex, out);
+        if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != 4 || go.es != 4)
+            return errf("'%s' and '%s' differ in heads, or are not fp32", bi->name, bo->name);
+        if ((st = check_fits(ex, out, go.bytes)))
+            return st;
+        int64_t row = (int64_t)gi.hn * L->D; /* floats per token */
+        int64_t Tr = cpc_layout_block_tokens(L, r);
+        size_t so = 0, ro = 0;
+        for (int j = 0; j < R; j++) {
+            int64_t Tj = cpc_layout_block_tokens(L, j);
+            sc[j] = (size_t)(L->B * Tj * row) * 4;
+            sd[j] = so;
+            rc[j] = (size_t)(L->B * Tr * row) * 4;
+            rd[j] = ro;
+            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
+                                                         (const char *)ex->bufs[in].ptr +
+                                                             cpc_layout_block_offset(L, j) * row * 4,
+                                                         4, L->B, 1, 1, Tj * row, Tj * row, 0, 0, gi.T * row, 0, 0)))
+                return st;
+            so += sc[j];
+            ro += rc[j];
+        }
+        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap)
+            return errf("staging space too small (%zu > %zu or %zu > %zu)", so, ex->stage_send_cap, ro,
+                        ex->stage_recv_cap);
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
+                                             rc, rd)))
+            return st;
+        if ((st = cpc_backend_init_acc(be, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
+            return st;
+        for (int j = 0; j < R; j++)
+            if (Tr > 0 && (st = cpc_backend_add_strided(be, ex->bufs[out].ptr,
+                                                        (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                                        1, 1, 1, L->B * Tr * row, 0, 0, 0, 0, 0, 0)))
+                return st;
+        for (int j = 0; j < R; j++)
+            if (j != r)
+                *sent += (int64_t)sc[j];
+    }
+    return NULL;
+}
+
 static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
 {
     cpc_status *st = need(op, 1, 1);
@@ -1414,7 +1523,8 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         case CPC_OP_COPY: st = op_copy(ex, op); break;
         case CPC_OP_BARRIER: st = op_barrier(ex, op); break;
         case CPC_OP_DELTA: st = op_delta(ex, op); break;
-        case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op); break;
+        case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op, &c); break;
+        case CPC_OP_REDUCE_SCATTER: st = op_reduce_scatter(ex, op, &sent); break;
         default: st = errf("op kind not executable"); break;
         }
         double t1 = cpc_exec_now_us();

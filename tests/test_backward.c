@@ -323,3 +323,58 @@ Test(backward, cross_attention_is_cp060)
     cpc_status_free(st);
     cpc_plan_free(p);
 }
+
+/* BACKWARD.md 3.2: the all-gather ring backward (dK/dV accumulated in the
+ * gathered layout, then reduce-scattered) proves for ring, ring_anything
+ * and unified; a block expression that reads one block at every step, or a
+ * dropped reduce_scatter, is CP051. */
+Test(backward, allgather_programs_prove_and_faults)
+{
+    const char *ag = "\nschedule: {rotate: allgather}";
+    struct {
+        const char *v;
+        cpc_variant var;
+        int P, R, U, H, Hkv, tokens;
+        const char *par;
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 2, 2, 1, 4, 2, 128, ""},
+        {"ring", CPC_VARIANT_RING, 4, 4, 1, 4, 1, 256, ""},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 3, 1, 4, 2, 250, ""},
+        {"unified", CPC_VARIANT_UNIFIED, 4, 2, 2, 4, 2, 128, ", ring_degree: 2, ulysses_degree: 2"},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 4, 1, 256, ", ring_degree: 2, ulysses_degree: 4"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 16, dtype: fp32}\n"
+                 "input: {batch: 1, tokens: %d, mask: none, mode: training}\n"
+                 "cluster: {world_size: %d, device: cpu}\nparallel: {variant: %s%s}%s\n",
+                 rows[i].H, rows[i].Hkv, rows[i].tokens, rows[i].P, rows[i].v, rows[i].par, ag);
+        cpc_plan *p = NULL;
+        cpc_status *st = cpc_plan_load_string(text, strlen(text), "t.yaml", NULL, 0, &p);
+        cr_assert(p != NULL, "plan: %s", st ? st->message : "?");
+        cpc_status_free(st);
+        cpc_program *prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+        cr_assert_eq(prog->rotate, CPC_ROTATE_ALLGATHER);
+        find_top(prog, CPC_OP_REDUCE_SCATTER, CPC_ROLE_DK);
+        st = cpc_verify_backward(prog);
+        cr_expect(st == NULL, "row %zu: %s", i, st ? st->message : "");
+        cpc_status_free(st);
+        cpc_program_free(prog);
+        if (i == 1 || i == 3) {
+            /* every step reads the rank's own block */
+            prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+            cpc_op *loop = find_top(prog, CPC_OP_LOOP, -1);
+            cpc_expr_free(loop->body[0].block);
+            cr_assert(cpc_expr_parse("r", CPC_NO_SPAN, &loop->body[0].block) == NULL);
+            expect_cp051(prog, "contribute");
+            cpc_program_free(prog);
+            /* dV never reduce-scattered */
+            prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+            never(find_top(prog, CPC_OP_REDUCE_SCATTER, CPC_ROLE_DV));
+            expect_cp051(prog, "backward program");
+            cpc_program_free(prog);
+        }
+        cpc_plan_free(p);
+    }
+}

@@ -51,6 +51,10 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_ATTN_BWD] = {"attn_bwd", 6, 6, 3, 3, false,
                          "6 inputs (q, k, v, dout, lse, delta) and 3 outputs (dq, dk, dv)",
                          CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_ATTN, 1},
+    [CPC_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, MAXB, 1, MAXB, true,
+                               "as many outputs as inputs (1..8): ALL dk/dv in, BLOCK out",
+                               CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                               CPC_COST_COLLECTIVE, 2},
 };
 #undef MAXB
 _Static_assert(COUNT_OF(op_table) == CPC_OP__COUNT, "every cpc_op_kind needs a table entry");
@@ -497,6 +501,10 @@ static void apply_tags(const walker *w, const cpc_exec_op *x)
         if (op->n_out > 0)
             t[op->out[0]] = (int)(op->dir == CPC_A2A_SEQ_TO_HEADS ? x->c.r : x->c.p);
         break;
+    case CPC_OP_REDUCE_SCATTER:
+        for (int i = 0; i < op->n_out; i++)
+            t[op->out[i]] = (int)x->c.r;
+        break;
     default:
         break;
     }
@@ -678,6 +686,15 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
                 bc->recvd += msg_bytes(prog, b, u, cpc_layout_block_tokens(L, j));
         break;
     }
+    case CPC_OP_REDUCE_SCATTER:
+        /* block j's slice to member j; block r's slice from every other member */
+        for (int i = 0; i < op->n_in; i++)
+            for (int j = 0; j < L->R; j++)
+                if (j != r) {
+                    bc->sent += msg_bytes(prog, op->in[i], u, cpc_layout_block_tokens(L, j));
+                    bc->recvd += msg_bytes(prog, op->in[i], u, cpc_layout_block_tokens(L, r));
+                }
+        break;
     default:
         break;
     }

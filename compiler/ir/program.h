@@ -61,6 +61,9 @@
  * attn_bwd    in = Q, K, V,    out = DQ, DK, DV  the block backward (backend.h attn_bwd):    0
  *             DO, LSE, DELTA                     dq += dS K, dk += dS^T Q, dv += P^T dout
  *                                                (+=, fp32), with the SAVED whole-row lse
+ * reduce_     in[0] ALL        out[0] BLOCK(r)   group ring: member r gets the fp32 SUM over B*T_j*h*D*4 summed
+ *   scatter   (DK/DV, fp32)    (same role)       the members of their block-r slice (the   over j != r (block j's
+ *                                                all-gather ring's dK/dV, BACKWARD.md 3.2) slice to member j)
  *
  * BACKWARD ROLES (training, BACKWARD.md): DO (the output gradient `dout`,
  * plan dtype, query heads, shaped as Q), DQ (fp32, query heads, shaped as
@@ -134,6 +137,12 @@
  *  all_gather (group ring, member r): in = BLOCK (tag r) or, with U == 1, a
  *   SHARD/BLOCK input (shard r == block r); out = ALL: member j's block at
  *   cpc_layout_block_offset(j).
+ *  reduce_scatter (group ring, member r; backward programs): in = ALL
+ *   (blocks 0..R-1 in ring order, DK/DV fp32), out = BLOCK of the same role,
+ *   content tag r: the sum over every member of its in's block-r slice.
+ *   Member r sends member j its block-j slice.
+ *  attn_bwd on ALL K/V (the all-gather ring backward): `block` names the
+ *   slice read, and DK/DV (ALL too) get that slice's gradient in place.
  *  copy: same rows.  Converts by role: ACC (fp32) -> O (dtype) or same
  *   type; when in has ALL heads and out has PART heads, it selects this
  *   member's heads (cpc_buffer_heads(out, u)): the cross-attention ulysses
@@ -154,7 +163,7 @@
  *  buffers CPC_TAG_NONE.  Updates: all_to_all SEQ_TO_HEADS -> out r,
  *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> in's tag; attn -> outs
  *  get Q's tag; merge -> outs get in[0]'s tag; swap exchanges; init_acc,
- *  all_gather and the rest leave tags unchanged.
+ *  all_gather and the rest leave tags unchanged; reduce_scatter -> out r.
  *
  *  Op spans: span.file is borrowed, not owned (it points to a string that
  *  outlives the program, e.g. the plan's file or the script path);
@@ -200,6 +209,7 @@ typedef enum cpc_op_kind {
     CPC_OP_BARRIER,
     CPC_OP_DELTA,       /* backward (BACKWARD.md 2): delta = rowsum(dout * out) */
     CPC_OP_ATTN_BWD,    /* backward: dq, dk, dv += the block's gradients */
+    CPC_OP_REDUCE_SCATTER, /* backward: sum over the ring group, each member keeps its block */
     CPC_OP__COUNT
 } cpc_op_kind;
 
@@ -392,7 +402,9 @@ int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank);
  * program (one layer): send/recv (the messages' content sizes, by content
  * tag), all_to_all (the parts that go to / come from the other members) and
  * all_gather (sent: its own block x (R-1), as a ring all-gather forwards;
- * received: the other members' blocks).  Either pointer may be NULL.
+ * received: the other members' blocks) and reduce_scatter (sent: block j's
+ * slice to each member j != r; received: R-1 slices of block r).  Either
+ * pointer may be NULL.
  * Errors: those of cpc_program_walk. */
 cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *sent,
                                    int64_t *recvd);

@@ -58,8 +58,11 @@ train ring4-fp16-causal ring 4 fp16 causal      4 4 256
 train ring4-padding     ring 4 fp32 key_padding 4 2 256
 # EasyContext #47: zigzag backward at 3000 tokens over 4 ranks (2999: CP023)
 train zigzag-3000       ring 4 fp32 causal      2 1 3000
-# ring, all-gather rotation
+# all-gather rotation (BACKWARD.md 3.2: K/V gathered, dK/dV reduce-scattered)
 EXTRA="schedule: {rotate: allgather}" train ring4-ag-bf16-causal ring 4 bf16 causal 4 2 256
+EXTRA="schedule: {rotate: allgather}" train ra3-ag-fp32-gqa ring_anything 3 fp32 none 4 2 250
+EXTRA="schedule: {rotate: allgather}" train uni2x2-ag-fp32-causal unified 4 fp32 causal 4 1 256 \
+  ", ring_degree: 2, ulysses_degree: 2"
 
 # Ulysses: K/V heads split (Hkv % U == 0), replicated (U > Hkv: dK/dV summed
 # by the reducing all-to-all), MQA; causal and not; fp32/bf16; padding
