@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cost.h"
 #include "plan_load.h"
+#include "schedule.h"
 #include "schedule_bwd.h"
 #include "verify.h"
 #include "verify_bwd.h"
@@ -375,6 +377,74 @@ Test(backward, allgather_programs_prove_and_faults)
             expect_cp051(prog, "backward program");
             cpc_program_free(prog);
         }
+        cpc_plan_free(p);
+    }
+}
+
+/* The cost model prices backward programs: bytes per rank as the program's
+ * own count (and, for the ring, the closed form cprun measures), backward
+ * FLOPs 2.5 x the forward's, more time than the forward. */
+Test(backward, cost_prices_backward_programs)
+{
+    struct {
+        const char *v;
+        cpc_variant var;
+        int P, R, U, H, Hkv;
+        const char *mask, *dtype, *extra;
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 4, 4, 1, 4, 2, "causal", "bf16", ""},
+        {"ring", CPC_VARIANT_RING, 4, 4, 1, 4, 2, "none", "fp32", "\nschedule: {rotate: allgather}"},
+        {"ulysses", CPC_VARIANT_ULYSSES, 4, 1, 4, 4, 2, "none", "bf16", ""},
+        {"ulysses", CPC_VARIANT_ULYSSES, 2, 1, 2, 8, 8, "causal", "fp32", ""},
+        {"unified", CPC_VARIANT_UNIFIED, 4, 2, 2, 4, 1, "causal", "bf16", ""},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 32, dtype: %s}\n"
+                 "input: {batch: 2, tokens: 256, mask: %s, mode: training}\n"
+                 "cluster: {world_size: %d, device: h100-sxm}\nparallel: {variant: %s%s}%s\n",
+                 rows[i].H, rows[i].Hkv, rows[i].dtype, rows[i].mask, rows[i].P, rows[i].v,
+                 rows[i].var == CPC_VARIANT_UNIFIED ? ", ring_degree: 2, ulysses_degree: 2" : "", rows[i].extra);
+        cpc_plan *p = NULL;
+        cpc_status *st = cpc_plan_load_string(text, strlen(text), "t.yaml", NULL, 0, &p);
+        cr_assert(p != NULL, "plan: %s", st ? st->message : "?");
+        cpc_status_free(st);
+        cpc_device_profile dev;
+        cr_assert_null(cpc_plan_device(p, &dev));
+        cpc_program *fwd = NULL, *bwd = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+        cr_assert_null(cpc_schedule_build(p, rows[i].var, rows[i].R, rows[i].U, &fwd));
+        cpc_prediction pf, pb;
+        st = cpc_price_program(p, fwd, &dev, &pf);
+        cr_assert_null(st, "%s", st ? st->message : "");
+        st = cpc_price_program(p, bwd, &dev, &pb);
+        cr_assert_null(st, "%s", st ? st->message : "");
+        int64_t most = 0;
+        for (int r = 0; r < rows[i].P; r++) {
+            int64_t sent = 0;
+            cr_assert_null(cpc_program_bytes_sent(bwd, r, &sent, NULL));
+            if (sent > most)
+                most = sent;
+        }
+        cr_expect_eq(pb.bytes_sent_per_rank, most, "row %zu: priced %lld bytes, the program sends %lld", i,
+                     (long long)pb.bytes_sent_per_rank, (long long)most);
+        if (i == 0) {
+            /* K/V 3 hops (bf16) + dK/dV 4 hops (fp32): B 2 x 64 tokens x Hkv 2 x D 32 per block */
+            int64_t blk = 2 * 64 * 2 * 32;
+            cr_expect_eq(pb.bytes_sent_per_rank, 3 * 2 * blk * 2 + 4 * 2 * blk * 4);
+        }
+        if (i == 1) {
+            /* all-gather 3 blocks of K, V (fp32) + reduce-scatter 3 slices of dK, dV (fp32) */
+            int64_t blk = 2 * 64 * 2 * 32 * 4;
+            cr_expect_eq(pb.bytes_sent_per_rank, 3 * 2 * blk + 3 * 2 * blk);
+        }
+        double ratio = pb.flops_per_layer / pf.flops_per_layer;
+        cr_expect(ratio > 2.5 * (1 - 1e-9) && ratio < 2.5 * (1 + 1e-9), "row %zu: backward/forward FLOPs %g", i,
+                  ratio);
+        cr_expect(pb.ms_per_layer > pf.ms_per_layer, "row %zu: backward %g ms, forward %g ms", i, pb.ms_per_layer,
+                  pf.ms_per_layer);
+        cpc_program_free(fwd);
+        cpc_program_free(bwd);
         cpc_plan_free(p);
     }
 }
