@@ -876,6 +876,34 @@ static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* all_reduce (backward, cross-attention dK/dV): reduce-scatter of Skv
+ * chunks then all-gather over the world link, plus pack and sum */
+static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t all = buf_bytes(pr, op->in[i]);
+        int64_t tot = buf_tokens(pr, op->in[i]);
+        int64_t per_tok = all / (tot > 0 ? tot : 1);
+        int64_t mine = cpc_split_len(L->Skv, L->P, pr->c.p) * per_tok;
+        int64_t bytes = (all - mine) + mine * (L->P - 1);
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_WORLD, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + (2.0 * lat * (L->P - 1) + (double)bytes / bw) * pr->comm_scale +
+                                  (2.0 * mem_time(pr, all) + mem_time(pr, mine * L->P)) * pr->compute_scale;
+        pr->sent += bytes;
+        pr->tag[op->out[i]] = pr->tag[op->in[i]];
+        if (all > pr->stage_send)
+            pr->stage_send = all;
+        if (all > pr->stage_recv)
+            pr->stage_recv = all;
+        if (mine * L->P > pr->stage_recv)
+            pr->stage_recv = mine * L->P;
+    }
+    return NULL;
+}
+
 /* barrier: one latency of its group */
 static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
 {
@@ -903,6 +931,7 @@ static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
     [CPC_OP_ATTN_BWD] = price_attn,
     [CPC_OP_DELTA] = price_memory,
     [CPC_OP_REDUCE_SCATTER] = price_reduce_scatter,
+    [CPC_OP_ALL_REDUCE] = price_all_reduce,
 };
 _Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
 

@@ -104,24 +104,109 @@ bool cpc_backward_kv_heads_shared(const cpc_layout *L)
 
 cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, int R, int U)
 {
-    (void)R;
-    (void)U;
-    const char *why = NULL;
+    const char *why = NULL, *key = "input.mode";
     if ((int)variant < 0 || variant >= CPC_VARIANT__COUNT || variant == CPC_VARIANT_AUTO)
         why = "the variant is not resolved";
-    else if (plan->input.has_kv)
-        why = "cross-attention (input.kv) has no backward program yet";
+    else if (plan->schedule.script) {
+        /* the backward program is built from the layout, and takes the
+         * forward's LSE in the built-in forward's layout: a script that
+         * replaces the forward has no backward program to pair with it */
+        why = "a Lua schedule script replaces the forward program, and scripts return no backward program yet";
+        key = "schedule.script";
+    }
     if (!why)
         return NULL;
-    cpc_status *st = cpc_diag(CPC_E_PLAN, CPC_RULE_TRAIN, CPC_SEV_ERROR,
-                              cpc_plan_span(plan, "input.mode", true),
-                              "training: %s (%s, %d x %d): the backward pass runs for self-attention with "
-                              "variants none, ring, ring_anything, ulysses, ulysses_anything and unified "
-                              "(causal zigzag, GQA, key padding, uneven splits, fp32/bf16/fp16)",
+    cpc_status *st = cpc_diag(CPC_E_PLAN, CPC_RULE_TRAIN, CPC_SEV_ERROR, cpc_plan_span(plan, key, true),
+                              "training: %s (%s, %d x %d): the backward pass runs for the built-in schedules of "
+                              "every variant (none, ring, ring_anything, ulysses, ulysses_anything, unified; "
+                              "p2p and all-gather rotation; self- and cross-attention; causal zigzag, GQA, key "
+                              "padding, uneven splits, fp32/bf16/fp16)",
                               why, cpc_variant_name(variant), R, U);
-    cpc_status_set_hint(st, "train without input.kv (self-attention), or use input.mode: inference for the "
-                            "forward pass");
+    cpc_status_set_hint(st, "drop schedule.script to train with the built-in schedule, or use input.mode: "
+                            "inference for the forward pass");
     return st;
+}
+
+/* BACKWARD.md 3.7: cross-attention (K/V whole on every rank).  One local
+ * block per rank; each rank's dK/dV holds its own query rows' (and, with
+ * ulysses, its own query heads') part; all_reduce over the world sums them,
+ * so that every rank ends with the unsplit K/V's gradient. */
+static void build_cross(bb *b, const cpc_layout *L)
+{
+    cpc_program *P = b->prog;
+    cpc_op **top = &P->ops;
+    int *ntop = &P->n_ops;
+    const bool uly = L->U > 1;
+    const cpc_buf_tokens qt = uly ? CPC_TOK_BLOCK : CPC_TOK_SHARD;
+    const cpc_buf_heads qh = uly ? CPC_HEADS_PART : CPC_HEADS_ALL;
+    int q = buf(b, "q", CPC_ROLE_Q, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int dout = buf(b, "dout", CPC_ROLE_DO, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int o = buf(b, "out", CPC_ROLE_O, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_INPUT);
+    int k = buf(b, "k", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int v = buf(b, "v", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int qa = q, da = dout, oa = o, ka = k, va = v;
+    if (uly) {
+        qa = buf(b, "q_seq", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        da = buf(b, "do_seq", CPC_ROLE_DO, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        oa = buf(b, "o_seq", CPC_ROLE_O, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        ka = buf(b, "k_part", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+        va = buf(b, "v_part", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+    }
+    int delta = buf(b, "delta", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
+    int dq = buf(b, uly ? "dq_seq" : "dq", CPC_ROLE_DQ, qt, qh, uly ? CPC_IO_NONE : CPC_IO_OUTPUT);
+    int dk_p = buf(b, "dk_part", CPC_ROLE_DK, CPC_TOK_KV, qh, CPC_IO_NONE);
+    int dv_p = buf(b, "dv_part", CPC_ROLE_DV, CPC_TOK_KV, qh, CPC_IO_NONE);
+    cpc_op *op;
+    if (uly) {
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, q, qa, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, dout, da, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, o, oa, false);
+        int cp[2][2] = {{k, ka}, {v, va}};
+        for (int i = 0; i < 2; i++) {
+            op = add(b, top, ntop, CPC_OP_COPY, NULL);
+            bufs(op, true, 1, &cp[i][0]);
+            bufs(op, false, 1, &cp[i][1]);
+        }
+    }
+    op = add(b, top, ntop, CPC_OP_DELTA, NULL);
+    int dl_in[2] = {da, oa};
+    bufs(op, true, 2, dl_in);
+    bufs(op, false, 1, &delta);
+    op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
+    bufs(op, false, 1, &dq);
+    op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
+    int dkv[2] = {dk_p, dv_p};
+    bufs(op, false, 2, dkv);
+    op = add(b, top, ntop, CPC_OP_ATTN_BWD, NULL);
+    int ai[6] = {qa, ka, va, da, lse, delta}, ao[3] = {dq, dk_p, dv_p};
+    bufs(op, true, 6, ai);
+    bufs(op, false, 3, ao);
+    if (uly) {
+        int dq_o = buf(b, "dq", CPC_ROLE_DQ, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+        a2a(b, top, ntop, CPC_A2A_HEADS_TO_SEQ, dq, dq_o, false);
+        /* this member's K/V heads into every head (zeros elsewhere) */
+        int dk_f = buf(b, "dk_full", CPC_ROLE_DK, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_NONE);
+        int dv_f = buf(b, "dv_full", CPC_ROLE_DV, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_NONE);
+        int cp[2][2] = {{dk_p, dk_f}, {dv_p, dv_f}};
+        for (int i = 0; i < 2; i++) {
+            op = add(b, top, ntop, CPC_OP_COPY, NULL);
+            bufs(op, true, 1, &cp[i][0]);
+            bufs(op, false, 1, &cp[i][1]);
+        }
+        dk_p = dk_f;
+        dv_p = dv_f;
+    }
+    int dk_o = buf(b, "dk", CPC_ROLE_DK, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+    int dv_o = buf(b, "dv", CPC_ROLE_DV, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+    int ar[2][2] = {{dk_p, dk_o}, {dv_p, dv_o}};
+    for (int i = 0; i < 2; i++) {
+        op = add(b, top, ntop, CPC_OP_ALL_REDUCE, NULL);
+        if (op)
+            op->group = CPC_GROUP_WORLD;
+        bufs(op, true, 1, &ar[i][0]);
+        bufs(op, false, 1, &ar[i][1]);
+    }
 }
 
 cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant variant, int R, int U,
@@ -146,6 +231,15 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
     cpc_program *P = b->prog;
     cpc_op **top = &P->ops;
     int *ntop = &P->n_ops;
+    if (L.cross) {
+        build_cross(b, &L);
+        if (b->err) {
+            cpc_program_free(P);
+            return b->err;
+        }
+        *out = P;
+        return NULL;
+    }
     const bool uly = U > 1;
     /* The query side and the K/V blocks of the attention layout: with
      * ulysses ring block r x this member's heads (BLOCK/PART), else the

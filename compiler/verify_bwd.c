@@ -28,7 +28,7 @@ typedef struct rank_ops {
 typedef struct slot {
     int tag;
     bool written;   /* init_acc'd / delta written / received / input */
-    uint8_t *cnt;   /* [R * R * nh] (query block, key block, query head), D* roles only */
+    uint8_t *cnt;   /* [R * NK * nh] (query block, key unit, query head), D* roles only */
 } slot;
 
 typedef struct msg {
@@ -41,6 +41,7 @@ typedef struct msg {
 typedef struct vb {
     const cpc_program *prog;
     int P, R, U, nb, nh, npairs;   /* nh: query-head units (H with U > 1, else 1) */
+    int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
@@ -207,7 +208,7 @@ static cpc_status *run_a2a(vb *V, int r)
             for (int h = 0; h < V->nh; h++) {
                 if (!holds_unit(V, in, u, h))
                     continue;
-                for (int qk = 0; qk < V->R * V->R; qk++) {
+                for (int qk = 0; qk < V->R * V->NK; qk++) {
                     size_t i = (size_t)qk * (size_t)V->nh + (size_t)h;
                     if (op->reduce)
                         sat_add(&o[i], c[i]);
@@ -266,7 +267,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
                 const uint8_t *c = S(V, m * U + u, in)->cnt;
                 for (int qb = 0; qb < R; qb++)
                     for (int h = 0; h < V->nh; h++) {
-                        size_t i = ((size_t)qb * (size_t)R + (size_t)r) * (size_t)V->nh + (size_t)h;
+                        size_t i = ((size_t)qb * (size_t)V->NK + (size_t)r) * (size_t)V->nh + (size_t)h;
                         sat_add(&o[i], c[i]);
                     }
             }
@@ -282,6 +283,46 @@ static cpc_status *run_ring_coll(vb *V, int u)
     }
     for (int r = 0; r < R; r++)
         V->pc[r * U + u]++;
+    return NULL;
+}
+
+/* Executes the all_reduce every rank has reached: the sum of every rank's
+ * pairs, on every rank. */
+static cpc_status *run_all_reduce(vb *V)
+{
+    const xop *x0 = &V->ro[0].v[V->pc[0]];
+    const cpc_op *op = x0->op;
+    if (op->n_in != op->n_out || op->n_in < 1)
+        return vfail(0, x0, "needs as many outputs as inputs");
+    for (int k = 0; k < op->n_in; k++) {
+        int in = op->in[k], out = op->out[k];
+        const cpc_buffer *bi = BF(V, in), *bo = BF(V, out);
+        if (!is_grad(bi->role) || bi->role != bo->role || bi->tokens != CPC_TOK_KV || bo->tokens != CPC_TOK_KV ||
+            bi->heads != CPC_HEADS_ALL || bo->heads != CPC_HEADS_ALL)
+            return vfail(0, x0, "all_reduce takes cross-attention dk/dv with every head ('%s' -> '%s')", bi->name,
+                         bo->name);
+        uint8_t *sum = calloc(1, cnt_bytes(V));
+        if (!sum)
+            return &cpc_status_oom;
+        for (int p = 0; p < V->P; p++) {
+            slot *si = S(V, p, in);
+            if (!si->written) {
+                free(sum);
+                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
+            }
+            for (size_t i = 0; i < cnt_bytes(V); i++)
+                sat_add(&sum[i], si->cnt[i]);
+        }
+        for (int p = 0; p < V->P; p++) {
+            slot *so = S(V, p, out);
+            so->written = true;
+            so->tag = CPC_TAG_NONE;
+            memcpy(so->cnt, sum, cnt_bytes(V));
+        }
+        free(sum);
+    }
+    for (int p = 0; p < V->P; p++)
+        V->pc[p]++;
     return NULL;
 }
 
@@ -309,6 +350,42 @@ static int advance(vb *V, int p)
                 return -1;
             }
             return 0; /* fired by run_a2a once every member is here */
+        case CPC_OP_ALL_REDUCE:
+            if (op->group != CPC_GROUP_WORLD) {
+                V->err = vfail(p, x, "all_reduce runs over the world group");
+                return -1;
+            }
+            return 0; /* fired by run_all_reduce once every rank is here */
+        case CPC_OP_COPY:
+            for (int i = 0; i < op->n_in; i++) {
+                int a = op->in[i], b = op->out[i];
+                slot *si = S(V, p, a), *so = S(V, p, b);
+                if (op->n_in != op->n_out || role(V, a) != role(V, b) || BF(V, a)->tokens != BF(V, b)->tokens) {
+                    V->err = vfail(p, x, "copies '%s' into '%s' of another role or token layout", bn(V, a), bn(V, b));
+                    return -1;
+                }
+                if (!si->written) {
+                    V->err = vfail(p, x, "copies '%s' before it is written", bn(V, a));
+                    return -1;
+                }
+                bool widen = BF(V, a)->heads == CPC_HEADS_PART && BF(V, b)->heads == CPC_HEADS_ALL;
+                if (widen && !is_grad(role(V, a))) {
+                    V->err = vfail(p, x, "'%s' -> '%s': only a gradient's head part is placed into every head",
+                                   bn(V, a), bn(V, b));
+                    return -1;
+                }
+                so->written = true;
+                so->tag = si->tag;
+                if (si->cnt && so->cnt) {
+                    /* a head part keeps its own heads' pairs, zeros elsewhere */
+                    for (int qk = 0; qk < V->R * V->NK; qk++)
+                        for (int h = 0; h < V->nh; h++) {
+                            size_t j = (size_t)qk * (size_t)V->nh + (size_t)h;
+                            so->cnt[j] = holds_unit(V, a, u, h) && holds_unit(V, b, u, h) ? si->cnt[j] : 0;
+                        }
+                }
+            }
+            break;
         case CPC_OP_ALL_GATHER:
         case CPC_OP_REDUCE_SCATTER:
             if (op->group != CPC_GROUP_RING) {
@@ -401,7 +478,10 @@ static int advance(vb *V, int p)
                     return -1;
                 }
             bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
-            if (kall) {
+            bool kkv = BF(V, op->in[1])->tokens == CPC_TOK_KV;
+            if (kkv) {
+                /* cross-attention: all of K/V, one key unit */
+            } else if (kall) {
                 /* gathered K/V: the op's `block` is what it reads, and dK/dV
                  * (gathered too, same layout) get that slice */
                 if (!op->block || x->block < 0 || x->block >= V->R) {
@@ -417,8 +497,9 @@ static int advance(vb *V, int p)
                 return -1;
             }
             cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
-            int kb = kall ? (int)x->block : k->tag;
-            if ((!kall && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) || (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
+            int kb = kkv ? 0 : kall ? (int)x->block : k->tag;
+            if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) || (kkv != (V->NK == 1 && V->prog->layout.cross)) ||
+                (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
                 (qt == CPC_TOK_SHARD && V->U != 1)) {
                 V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
                                      "or gathered (the class this prover handles)");
@@ -426,7 +507,7 @@ static int advance(vb *V, int p)
             }
             /* Query rows as a ring block: with U == 1 shard p is block p. */
             int qb = q->tag;
-            if (kb < 0 || kb >= V->R || qb < 0 || qb >= V->R) {
+            if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->R) {
                 V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
                 return -1;
             }
@@ -442,7 +523,7 @@ static int advance(vb *V, int p)
                 return -1;
             }
             for (int h = qo; h < qo + qn; h++) {
-                size_t i = ((size_t)qb * (size_t)V->R + (size_t)kb) * (size_t)V->nh + (size_t)h;
+                size_t i = ((size_t)qb * (size_t)V->NK + (size_t)kb) * (size_t)V->nh + (size_t)h;
                 sat_add(&dq->cnt[i], 1);
                 sat_add(&dk->cnt[i], 1);
                 sat_add(&dv->cnt[i], 1);
@@ -583,22 +664,24 @@ static cpc_status *final_checks(vb *V, int p)
             continue;
         slot *sl = S(V, p, b);
         bool isq = B->role == CPC_ROLE_DQ;
-        /* This rank's shard with every head: SHARD p, or with U == 1 BLOCK p. */
-        bool shard = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1);
+        /* This rank's shard with every head: SHARD p, or with U == 1 BLOCK p;
+         * cross-attention dK/dV: all of K/V (KV), the same on every rank. */
+        bool kvout = B->tokens == CPC_TOK_KV && !isq && V->prog->layout.cross;
+        bool shard = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1) || kvout;
         if (B->heads != CPC_HEADS_ALL || !shard)
             return vfail(p, NULL, "OUTPUT '%s' (%s/%s) is not a shard with every head (a head part or a ring "
                                   "block never went back to the sequence layout)",
                          B->name, cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
         if (!sl->written)
             return vfail(p, NULL, "OUTPUT '%s' is never written", B->name);
-        if (sl->tag != p)
+        if (!kvout && sl->tag != p)
             return vfail(p, NULL, "OUTPUT '%s' ends holding %s %d, not this rank's own %d", B->name,
                          isq ? "rows of shard" : "the gradient of block", sl->tag, p);
         for (int qb = 0; qb < V->R; qb++)
-            for (int kb = 0; kb < V->R; kb++)
+            for (int kb = 0; kb < V->NK; kb++)
                 for (int h = 0; h < V->nh; h++) {
-                    int c = sl->cnt[((size_t)qb * (size_t)V->R + (size_t)kb) * (size_t)V->nh + (size_t)h];
-                    int want = isq ? (qb == r) : (kb == r);
+                    int c = sl->cnt[((size_t)qb * (size_t)V->NK + (size_t)kb) * (size_t)V->nh + (size_t)h];
+                    int want = isq ? (qb == r) : kvout ? 1 : (kb == r);
                     if (c != want) {
                         char hs[48] = "";
                         if (V->nh > 1)
@@ -625,7 +708,8 @@ static cpc_status *check_input(const vb *V, const cpc_buffer *B)
     else
         ok = (B->role == CPC_ROLE_Q || is_kvr(B->role) || B->role == CPC_ROLE_DO || B->role == CPC_ROLE_O) &&
              !is_grad(B->role) && B->heads == CPC_HEADS_ALL &&
-             (B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1));
+             (B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1) ||
+              (B->tokens == CPC_TOK_KV && V->prog->layout.cross && (B->role == CPC_ROLE_K || B->role == CPC_ROLE_V)));
     if (ok)
         return NULL;
     return vfail(0, NULL, "INPUT buffer '%s' (role %s, %s/%s) is not a layout the runtime fills", B->name,
@@ -640,11 +724,9 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
     if (L->P > VB_MAX_P || L->P != L->R * L->U)
         return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
                         "backward program: %d ranks: enumeration is limited to %d ranks", L->P, VB_MAX_P);
-    if (L->cross)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                        "backward program: cross-attention (KV layout) is outside the backward prover's class");
     vb V = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .nb = prog->n_buffers, .nh = L->U > 1 ? L->H : 1};
-    V.npairs = V.R * V.R * V.nh;
+    V.NK = L->cross ? 1 : L->R;
+    V.npairs = V.R * V.NK * V.nh;
     int ngrad = 0;
     for (int b = 0; b < V.nb; b++)
         ngrad += is_grad(prog->buffers[b].role);
@@ -674,9 +756,9 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
             V.map[p * V.nb + b] = p * V.nb + b;
             sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
-            if (B->tokens == CPC_TOK_KV) {
-                st = vfail(p, NULL, "buffer '%s' has the %s token layout: outside the backward prover's class",
-                           B->name, cpc_buf_tokens_name(B->tokens));
+            if (B->tokens == CPC_TOK_KV && !L->cross) {
+                st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
+                           cpc_buf_tokens_name(B->tokens));
                 break;
             }
             if (is_grad(B->role) && !(sl->cnt = calloc(cnt_bytes(&V), 1))) {
@@ -737,14 +819,34 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
                 }
             }
         }
+        {
+            /* the world group (all_reduce) */
+            bool ready = true;
+            for (int p = 0; p < V.P && ready; p++) {
+                if (V.pc[p] >= V.ro[p].n || V.ro[p].v[V.pc[p]].op->kind != CPC_OP_ALL_REDUCE) {
+                    ready = false;
+                    break;
+                }
+                if (V.ro[p].v[V.pc[p]].op != V.ro[0].v[V.pc[0]].op) {
+                    st = vfail(p, &V.ro[p].v[V.pc[p]], "ranks reach different all_reduce ops");
+                    goto done;
+                }
+            }
+            if (ready) {
+                if ((st = run_all_reduce(&V)))
+                    goto done;
+                moved = true;
+            }
+        }
         if (!moved) {
             for (int p = 0; p < V.P; p++)
                 if (V.pc[p] < V.ro[p].n) {
                     const xop *x = &V.ro[p].v[V.pc[p]];
                     if (x->op->kind == CPC_OP_ALL_TO_ALL || x->op->kind == CPC_OP_ALL_GATHER ||
-                        x->op->kind == CPC_OP_REDUCE_SCATTER)
+                        x->op->kind == CPC_OP_REDUCE_SCATTER || x->op->kind == CPC_OP_ALL_REDUCE)
                         st = vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
-                                   x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses" : "ring",
+                                   x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses"
+                                   : x->op->kind == CPC_OP_ALL_REDUCE ? "world" : "ring",
                                    cpc_op_kind_name(x->op->kind));
                     else
                         st = vfail(p, x, "waits forever: no rank sends what this recv expects (peer %lld, tag %d)",

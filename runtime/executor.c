@@ -225,6 +225,26 @@ static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
                 return e;
             continue;
         }
+        if (op->kind == CPC_OP_ALL_REDUCE) {
+            /* pack chunks (the whole input); receive P parts of this rank's
+             * chunk, later the P chunks of the all-gather */
+            for (int k = 0; k < op->n_in; k++) {
+                if (op->in[k] < 0 || op->in[k] >= s->prog->n_buffers)
+                    return cpc_error(CPC_E_INTERNAL, "ops: all_reduce with bad buffers");
+                const cpc_layout *L = &s->prog->layout;
+                geom g = geom_of(s->prog, &s->c, op->in[k], -1);
+                size_t per_tok = g.T > 0 ? g.bytes / (size_t)g.T : 0;
+                size_t parts = per_tok * (size_t)cpc_split_len(g.T, L->P, s->c.p) * (size_t)L->P;
+                s->two_sided = true;
+                if (g.bytes > s->send)
+                    s->send = g.bytes;
+                if (g.bytes > s->recv)
+                    s->recv = g.bytes;
+                if (parts > s->recv)
+                    s->recv = parts;
+            }
+            continue;
+        }
         if (op->kind == CPC_OP_REDUCE_SCATTER) {
             /* pack every slice (the whole ALL input), receive R slices of block r */
             for (int k = 0; k < op->n_in && k < op->n_out; k++) {
@@ -1321,6 +1341,89 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
     return NULL;
 }
 
+/* all_reduce (world; cross-attention dK/dV): chunk j of the KV tokens
+ * (tensor_split over P) of every rank's part is summed on rank j (all_to_all_v
+ * + fp32 sum), then the summed chunks are all-gathered into the output. */
+static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if ((st = need(op, 1, 1)))
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    if (op->group != CPC_GROUP_WORLD)
+        return errf("all_reduce over the %s group is not supported (world only)", cpc_group_name(op->group));
+    cpc_backend *be = ex->cfg.backend;
+    int P = L->P, p = (int)ex->c.p;
+    size_t *sc = ex->a2a, *sd = sc + P, *rc = sd + P, *rd = rc + P;
+    for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+        int in = op->in[k], out = op->out[k];
+        const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+        bool grad = bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV || bi->role == CPC_ROLE_DQ;
+        if (!grad || bo->role != bi->role || bi->tokens != CPC_TOK_KV || bo->tokens != CPC_TOK_KV ||
+            bi->heads != CPC_HEADS_ALL || bo->heads != CPC_HEADS_ALL)
+            return errf("all_reduce: '%s' and '%s' must be cross-attention (KV) gradients of one role with "
+                        "every head", bi->name, bo->name);
+        if (buf_pending(ex, in) || buf_pending(ex, out))
+            return errf("'%s' or '%s' has a send/recv not yet waited for", bi->name, bo->name);
+        geom g = geom_of(prog, &ex->c, in, -1);
+        if ((st = check_fits(ex, out, g.bytes)))
+            return st;
+        int64_t row = (int64_t)g.hn * L->D; /* floats per token */
+        int64_t Tp = cpc_split_len(g.T, P, p);
+        size_t so = 0, ro = 0;
+        for (int j = 0; j < P; j++) {
+            int64_t Tj = cpc_split_len(g.T, P, j), oj = cpc_split_off(g.T, P, j);
+            sc[j] = (size_t)(L->B * Tj * row) * 4;
+            sd[j] = so;
+            rc[j] = (size_t)(L->B * Tp * row) * 4;
+            rd[j] = ro;
+            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
+                                                         (const char *)ex->bufs[in].ptr + oj * row * 4, 4, L->B,
+                                                         1, 1, Tj * row, Tj * row, 0, 0, g.T * row, 0, 0)))
+                return st;
+            so += sc[j];
+            ro += rc[j];
+        }
+        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap || g.bytes > ex->stage_recv_cap)
+            return errf("staging space too small");
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
+                                             rc, rd)))
+            return st;
+        /* the sum of chunk p, in the send staging (its packed parts are sent) */
+        float *sum = ex->stage_send;
+        size_t n = (size_t)(L->B * Tp * row);
+        if ((st = cpc_backend_init_acc(be, sum, n, NULL, 0)))
+            return st;
+        for (int j = 0; j < P && n > 0; j++)
+            if ((st = cpc_backend_add_strided(be, sum, (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                              1, 1, 1, (int64_t)n, 0, 0, 0, 0, 0, 0)))
+                return st;
+        size_t off = 0;
+        for (int j = 0; j < P; j++) {
+            sc[j] = (size_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4;
+            sd[j] = off;
+            off += sc[j];
+        }
+        if ((st = cpc_transport_all_gather_v(ex->cfg.transport, op->group, sum, n * 4, ex->stage_recv, sc, sd)))
+            return st;
+        for (int j = 0; j < P; j++) {
+            int64_t Tj = cpc_split_len(g.T, P, j), oj = cpc_split_off(g.T, P, j);
+            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + oj * row * 4,
+                                                         (const char *)ex->stage_recv + sd[j], 4, L->B, 1, 1,
+                                                         Tj * row, g.T * row, 0, 0, Tj * row, 0, 0)))
+                return st;
+        }
+        ex->bufs[out].tag = ex->bufs[in].tag;
+        for (int j = 0; j < P; j++)
+            if (j != p)
+                *sent += (int64_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4 + (int64_t)n * 4;
+    }
+    return NULL;
+}
+
 static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
 {
     cpc_status *st = need(op, 1, 1);
@@ -1346,6 +1449,19 @@ static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
     bool lse_in = bi->role == CPC_ROLE_LSE, lse_out = bo->role == CPC_ROLE_LSE;
     if (lse_in != lse_out)
         return errf("cannot copy between an LSE buffer and a %s buffer", lse_in ? bo->name : bi->name);
+    bool grad = bi->role == CPC_ROLE_DQ || bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV;
+    if (grad && bo->role == bi->role && gi.es == 4 && go.es == 4 && !lse_in && go.hoff <= gi.hoff &&
+        gi.hoff + gi.hn <= go.hoff + go.hn && go.hn > gi.hn) {
+        /* a gradient's head part into every head: zeros elsewhere (then summed
+         * over the world by all_reduce) */
+        if ((st = check_fits(ex, out, go.bytes)) ||
+            (st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
+            return st;
+        int64_t D = L->D;
+        return cpc_backend_copy_strided(ex->cfg.backend, (float *)ex->bufs[out].ptr + (gi.hoff - go.hoff) * D,
+                                        ex->bufs[in].ptr, 4, L->B, gi.T, 1, gi.hn * D, gi.T * go.hn * D, go.hn * D,
+                                        0, gi.T * gi.hn * D, gi.hn * D, 0);
+    }
     if (go.hoff < gi.hoff || go.hoff + go.hn > gi.hoff + gi.hn)
         return errf("'%s' heads [%d, %d) are not all in '%s' heads [%d, %d)", bo->name, go.hoff,
                     go.hoff + go.hn, bi->name, gi.hoff, gi.hoff + gi.hn);
@@ -1525,6 +1641,7 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         case CPC_OP_DELTA: st = op_delta(ex, op); break;
         case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op, &c); break;
         case CPC_OP_REDUCE_SCATTER: st = op_reduce_scatter(ex, op, &sent); break;
+        case CPC_OP_ALL_REDUCE: st = op_all_reduce(ex, op, &sent); break;
         default: st = errf("op kind not executable"); break;
         }
         double t1 = cpc_exec_now_us();
@@ -1674,7 +1791,7 @@ cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, siz
         if (bf->io != CPC_IO_OUTPUT || bf->role != role)
             continue;
         bool own = bf->heads == CPC_HEADS_ALL &&
-                   (bf->tokens == CPC_TOK_SHARD ||
+                   (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
                     (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->bufs[b].tag == (int)ex->c.r));
         if (!own)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",

@@ -173,7 +173,8 @@ double cpc_exec_now_us(void);
 
 /* Backward programs (schedule_bwd.h): downloads the fp32 gradient of role
  * CPC_ROLE_DQ ([B, T, H, D]), CPC_ROLE_DK or CPC_ROLE_DV ([B, T, Hkv, D]) of
- * this rank's shard (T = shard_tokens(p)) from the OUTPUT buffer of that role
+ * this rank's shard (T = shard_tokens(p); cross-attention dk/dv: the whole
+ * [B, Skv, Hkv, D], the same on every rank) from the OUTPUT buffer of that role
  * into host (`bytes` must be its exact size).  Inputs of a backward program
  * are bound with cpc_exec_bind_input by role: Q, K, V (shards), DO (dout
  * shard, plan dtype, as Q), O (the forward's out shard) and LSE (the forward's

@@ -10,6 +10,7 @@
  * refuses backward ops. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cost.h"
@@ -313,12 +314,64 @@ Test(backward, yunchang_149_gradient_count)
     cpc_plan_free(p);
 }
 
-Test(backward, cross_attention_is_cp060)
+/* BACKWARD.md 3.7: cross-attention (K/V whole on every rank) proves for
+ * every variant (one local block per rank, dK/dV summed over the world by
+ * all_reduce; with ulysses, the head part widened to every head first); a
+ * missing all_reduce or a head part never widened is CP051. */
+Test(backward, cross_attention_programs_prove_and_faults)
 {
-    cpc_plan *p = plan_full("ring", 2, "none", 128, 4, 2, "", ", kv: {tokens: 48}");
+    struct {
+        const char *v;
+        cpc_variant var;
+        int P, R, U, H, Hkv;
+        const char *par;
+    } rows[] = {
+        {"none", CPC_VARIANT_NONE, 1, 1, 1, 4, 2, ""},
+        {"ring", CPC_VARIANT_RING, 4, 4, 1, 4, 2, ""},
+        {"ulysses", CPC_VARIANT_ULYSSES, 4, 1, 4, 4, 2, ""},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 4, 1, 4, 6, 2, ""},
+        {"unified", CPC_VARIANT_UNIFIED, 4, 2, 2, 4, 1, ", ring_degree: 2, ulysses_degree: 2"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        cpc_plan *p = plan_full(rows[i].v, rows[i].P, "none", 128, rows[i].H, rows[i].Hkv, rows[i].par,
+                                ", kv: {tokens: 40}");
+        cpc_program *prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+        find_top(prog, CPC_OP_ALL_REDUCE, CPC_ROLE_DK);
+        cpc_status *st = cpc_verify_backward(prog);
+        cr_expect(st == NULL, "row %zu %s: %s", i, rows[i].v, st ? st->message : "");
+        cpc_status_free(st);
+        cpc_program_free(prog);
+        if (rows[i].P > 1) {
+            /* each rank keeps its own rows' part: the other ranks' pairs are missing */
+            prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+            cpc_op *ar = find_top(prog, CPC_OP_ALL_REDUCE, CPC_ROLE_DK);
+            ar->kind = CPC_OP_COPY;
+            ar->group = CPC_GROUP_NONE;
+            expect_cp051(prog, "contribute 0 times");
+            cpc_program_free(prog);
+        }
+        if (rows[i].U > 1) {
+            /* the head part widened into the wrong buffer role: refused */
+            prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+            cpc_op *cp = find_top(prog, CPC_OP_COPY, CPC_ROLE_DV);
+            cp->in[0] = cpc_program_find_buffer(prog, "v_part");
+            expect_cp051(prog, "another role");
+            cpc_program_free(prog);
+        }
+        cpc_plan_free(p);
+    }
+}
+
+/* What still cannot train: a Lua schedule script (it replaces the forward
+ * and returns no backward program): CP060 naming what trains. */
+Test(backward, lua_script_is_cp060)
+{
+    cpc_plan *p = plan_full("ring", 2, "none", 128, 4, 2, "", "");
+    p->schedule.script = strdup("ring.lua");
+    cr_assert_not_null(p->schedule.script);
     cpc_program *prog = NULL;
     cpc_status *st = cpc_schedule_build_backward(p, CPC_VARIANT_RING, 2, 1, &prog);
-    cr_assert(st && st->rule == CPC_RULE_TRAIN && strstr(st->message, "cross-attention") &&
+    cr_assert(st && st->rule == CPC_RULE_TRAIN && strstr(st->message, "Lua schedule script") &&
                   strstr(st->message, "ulysses_anything"),
               "%s", st ? st->message : "accepted");
     cr_assert_null(prog);

@@ -55,6 +55,10 @@ static const cpc_op_info op_table[] = {
                                "as many outputs as inputs (1..8): ALL dk/dv in, BLOCK out",
                                CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
                                CPC_COST_COLLECTIVE, 2},
+    [CPC_OP_ALL_REDUCE] = {"all_reduce", 1, MAXB, 1, MAXB, true,
+                           "as many outputs as inputs (1..8): KV dk/dv, summed over the world",
+                           CPC_GROUP_WORLD, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                           CPC_COST_COLLECTIVE, 2},
 };
 #undef MAXB
 _Static_assert(COUNT_OF(op_table) == CPC_OP__COUNT, "every cpc_op_kind needs a table entry");
@@ -505,6 +509,10 @@ static void apply_tags(const walker *w, const cpc_exec_op *x)
         for (int i = 0; i < op->n_out; i++)
             t[op->out[i]] = (int)x->c.r;
         break;
+    case CPC_OP_ALL_REDUCE:
+        for (int i = 0; i < op->n_in && i < op->n_out; i++)
+            t[op->out[i]] = t[op->in[i]];
+        break;
     default:
         break;
     }
@@ -695,6 +703,17 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
                     bc->recvd += msg_bytes(prog, op->in[i], u, cpc_layout_block_tokens(L, r));
                 }
         break;
+    case CPC_OP_ALL_REDUCE: {
+        int64_t P = L->P, p = c->p, S = L->Skv;
+        for (int i = 0; i < op->n_in; i++)
+            for (int64_t j = 0; j < P; j++)
+                if (j != p) {
+                    int64_t mine = msg_bytes(prog, op->in[i], u, cpc_split_len(S, P, p));
+                    bc->sent += msg_bytes(prog, op->in[i], u, cpc_split_len(S, P, j)) + mine;
+                    bc->recvd += mine + msg_bytes(prog, op->in[i], u, cpc_split_len(S, P, j));
+                }
+        break;
+    }
     default:
         break;
     }

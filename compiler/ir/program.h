@@ -64,6 +64,9 @@
  * reduce_     in[0] ALL        out[0] BLOCK(r)   group ring: member r gets the fp32 SUM over B*T_j*h*D*4 summed
  *   scatter   (DK/DV, fp32)    (same role)       the members of their block-r slice (the   over j != r (block j's
  *                                                all-gather ring's dK/dV, BACKWARD.md 3.2) slice to member j)
+ * all_reduce  in[0] KV DK/DV   out[0] (same      group world: the fp32 SUM over every rank  2 x (P-1)/P x B*Skv*h*D*4
+ *             fp32, ALL heads  layout and role)  (cross-attention dK/dV, BACKWARD.md 3.7;   (reduce-scatter of Skv
+ *                                                reduce-scatter + all-gather of Skv chunks) chunks + all-gather)
  *
  * BACKWARD ROLES (training, BACKWARD.md): DO (the output gradient `dout`,
  * plan dtype, query heads, shaped as Q), DQ (fp32, query heads, shaped as
@@ -141,6 +144,14 @@
  *   (blocks 0..R-1 in ring order, DK/DV fp32), out = BLOCK of the same role,
  *   content tag r: the sum over every member of its in's block-r slice.
  *   Member r sends member j its block-j slice.
+ *  all_reduce (group world; backward programs): in and out KV-layout
+ *   DK/DV with ALL heads: every rank ends with the sum over all ranks (the
+ *   unsplit K/V's gradient of cross-attention: each rank's part holds its
+ *   own query rows' contributions).  Token chunk j of the Skv tokens
+ *   (tensor_split over P) is summed on rank j, then all-gathered.
+ *  copy of a gradient (DQ/DK/DV) from PART heads into ALL heads (backward,
+ *   cross-attention with ulysses): the output is zeroed and this member's
+ *   heads placed, so that a world all_reduce then assembles every head.
  *  attn_bwd on ALL K/V (the all-gather ring backward): `block` names the
  *   slice read, and DK/DV (ALL too) get that slice's gradient in place.
  *  copy: same rows.  Converts by role: ACC (fp32) -> O (dtype) or same
@@ -210,6 +221,7 @@ typedef enum cpc_op_kind {
     CPC_OP_DELTA,       /* backward (BACKWARD.md 2): delta = rowsum(dout * out) */
     CPC_OP_ATTN_BWD,    /* backward: dq, dk, dv += the block's gradients */
     CPC_OP_REDUCE_SCATTER, /* backward: sum over the ring group, each member keeps its block */
+    CPC_OP_ALL_REDUCE,  /* backward: sum over the world (cross-attention dK/dV) */
     CPC_OP__COUNT
 } cpc_op_kind;
 
@@ -402,9 +414,10 @@ int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank);
  * program (one layer): send/recv (the messages' content sizes, by content
  * tag), all_to_all (the parts that go to / come from the other members) and
  * all_gather (sent: its own block x (R-1), as a ring all-gather forwards;
- * received: the other members' blocks) and reduce_scatter (sent: block j's
- * slice to each member j != r; received: R-1 slices of block r).  Either
- * pointer may be NULL.
+ * received: the other members' blocks), reduce_scatter (sent: block j's
+ * slice to each member j != r; received: R-1 slices of block r) and
+ * all_reduce (sent: Skv chunk j to each rank j != p, then its own chunk to
+ * every other rank; received alike).  Either pointer may be NULL.
  * Errors: those of cpc_program_walk. */
 cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *sent,
                                    int64_t *recvd);

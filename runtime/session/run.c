@@ -406,14 +406,16 @@ static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transpo
     int64_t T = cpc_layout_shard_tokens(L, p);
     size_t es = (size_t)cpc_dtype_size(L->dtype);
     size_t nq = (size_t)(L->B * T) * (size_t)L->H * (size_t)L->D;
-    size_t nkv = (size_t)(L->B * T) * (size_t)L->Hkv * (size_t)L->D;
+    /* cross-attention: K/V, dK and dV are whole ([B, Skv, Hkv, D]) on every rank */
+    int64_t Tkv = L->cross ? L->Skv : T;
+    size_t nkv = (size_t)(L->B * Tkv) * (size_t)L->Hkv * (size_t)L->D;
     /* The saved LSE in the layout the forward computed it in (ulysses: ring
      * block x this member's heads), as the backward program takes it. */
     size_t nl = cpc_exec_input_bytes(ex, CPC_ROLE_LSE) / sizeof(float);
     int mr = cpc_exec_max_runs(fwd);
     dout = malloc(nq * es + 1);
     lse = malloc(nl * sizeof *lse + 1);
-    g = malloc(nq * sizeof *g + 1);
+    g = malloc((nq > nkv ? nq : nkv) * sizeof *g + 1);
     lr = malloc((size_t)(mr > 0 ? mr : 1) * sizeof *lr);
     if (!dout || !lse || !g || !lr) {
         st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the backward pass", p);
@@ -446,10 +448,12 @@ static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transpo
     struct { cpc_buf_role role; float *dst; int h; } gr[3] = {
         {CPC_ROLE_DQ, x->dq, L->H}, {CPC_ROLE_DK, x->dk, L->Hkv}, {CPC_ROLE_DV, x->dv, L->Hkv}};
     for (int i = 0; i < 3; i++) {
-        size_t n = (size_t)(L->B * T) * (size_t)gr[i].h * (size_t)L->D;
-        if ((st = cpc_exec_read_grad(ex, gr[i].role, g, n * sizeof *g)))
+        bool whole = i > 0 && L->cross; /* identical on every rank: rank 0's is kept */
+        size_t n = (size_t)(L->B * (whole ? Tkv : T)) * (size_t)gr[i].h * (size_t)L->D;
+        if ((st = cpc_exec_read_grad(ex, gr[i].role, whole ? (p == 0 ? gr[i].dst : g) : g, n * sizeof *g)))
             goto done;
-        scatter_rows(gr[i].dst, g, L->B, L->S, (int64_t)gr[i].h * L->D * (int64_t)sizeof(float), runs, n_runs);
+        if (!whole)
+            scatter_rows(gr[i].dst, g, L->B, L->S, (int64_t)gr[i].h * L->D * (int64_t)sizeof(float), runs, n_runs);
     }
 done:
     if (st)
@@ -1805,7 +1809,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     }
     if (job->bwd) {
         size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
-        size_t nkv = (size_t)(L->B * L->S) * (size_t)L->Hkv * (size_t)L->D;
+        size_t nkv = (size_t)(L->B * L->Skv) * (size_t)L->Hkv * (size_t)L->D;
         x.dq = calloc(nq + 1, sizeof *x.dq);
         x.dk = calloc(nkv + 1, sizeof *x.dk);
         x.dv = calloc(nkv + 1, sizeof *x.dv);
