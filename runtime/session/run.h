@@ -8,7 +8,8 @@
  * the compiler's own pipeline, cpc_compile_file (compile.h) up to
  * CPC_UNTIL_VERIFY, exactly what `cpc --check` runs: load -> validate and
  * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
- * -> price the final program.  A training plan is refused with CP060.
+ * -> price the final program.  A training plan also gets its backward
+ * program (schedule_bwd.h), proved (verify_bwd.h); CP060 where none exists.
  *
  * Backend (--backend, SPEC section 5):
  *   cpu   the CPU backend (backend.h); --attention auto or cpu.
@@ -80,8 +81,8 @@ typedef struct cpc_job {
  * n_sets --set overrides (YAML only).  Returns the diagnostics chain
  * (warnings and/or errors; caller frees).  On error *out is NULL.  Errors:
  * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
- * CP060 (class CPC_E_PLAN) for a training plan whose variant has no
- * backward program yet (schedule_bwd.h says which train); cprun maps every plan
+ * CP060 (class CPC_E_PLAN) for a training plan that has no backward program
+ * (a Lua schedule script; schedule_bwd.h says what trains); cprun maps every plan
  * rejection to exit status 2. */
 cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);
 
