@@ -23,13 +23,13 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # plan NAME VARIANT WORLD DTYPE MASK H HKV TOKENS [PARALLEL_EXTRA [INPUT_EXTRA]]
-# ($EXTRA: more top-level YAML lines)
+# ($EXTRA: more top-level YAML lines; $BATCH: batch, default 2)
 plan() {
   cat >"$tmp/$1.yaml" <<EOF2
 version: 1
 name: $1
 model: {heads: $6, kv_heads: $7, head_dim: 32, dtype: $4}
-input: {batch: 2, tokens: $8, mask: $5, mode: training${10:-}}
+input: {batch: ${BATCH:-2}, tokens: $8, mask: $5, mode: training${10:-}}
 cluster: {world_size: $3, device: cpu}
 parallel: {variant: $2${9:-}}
 ${EXTRA:-}
@@ -126,6 +126,11 @@ train cross-uly4-bf16-repl  ulysses 4 bf16 none            4 2 256 "" ", kv: {to
 train cross-ua4-fp32        ulysses_anything 4 fp32 none   6 2 250 "" ", kv: {tokens: 77}"
 train cross-uni2x2-padding  unified 4 fp32 key_padding     4 1 256 ", ring_degree: 2, ulysses_degree: 2" \
   ", kv: {tokens: 64}"
+# batch 1 (the executor's unstaged all-to-all paths, shared staging)
+BATCH=1 train b1-uly4-bf16-repl ulysses 4 bf16 causal 4 2 256
+BATCH=1 EXTRA="schedule: {rotate: allgather}" train b1-uni2x2-ag-mqa unified 4 fp32 none 4 1 256 \
+  ", ring_degree: 2, ulysses_degree: 2"
+BATCH=1 train b1-cross-ua4 ulysses_anything 4 fp32 none 6 2 250 "" ", kv: {tokens: 50}"
 # what still cannot train: a Lua schedule script (no backward program):
 # CP060 naming what trains
 EXTRA="schedule: {script: $PWD/lua/examples/no_overlap.lua}" plan refuse-script ring 2 fp32 none 4 2 256
