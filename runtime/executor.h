@@ -32,6 +32,14 @@
  * SWAP exchanges the two buffers' memory (no copy); buffers connected by
  * swaps are allocated at the largest capacity among them.
  *
+ * BACKWARD COLLECTIVES (program.h): the reducing all_to_all, reduce_scatter
+ * (ring) and all_reduce (world) run on the transport's all_to_all_v and
+ * all_gather_v (every transport has them, on every group) and sum in fp32
+ * with the backend's optional add_strided: a backend without it refuses
+ * those ops (CPC_E_UNSUPPORTED, naming the backend).  Their pack/unpack space
+ * is part of the staging (both sides at once for reduce_scatter and
+ * all_reduce, whatever the batch).
+ *
  * ERRORS name the rank and the op: "rank 3: ops[4] all_to_all: ..." and in
  * loops "rank 1: ops[2].body[3] (s=2) recv: ..." (indices 1-based, as in
  * cpc's diagnostics and Lua's plan.ops).  When an op fails the
