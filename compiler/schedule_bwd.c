@@ -145,23 +145,27 @@ static void build_cross(bb *b, const cpc_layout *L)
     int lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_INPUT);
     int k = buf(b, "k", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
     int v = buf(b, "v", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
-    int qa = q, da = dout, oa = o, ka = k, va = v;
+    int qa = q, da = dout, ka = k, va = v, dshard = -1;
+    int delta = buf(b, "delta", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
     if (uly) {
         qa = buf(b, "q_seq", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
         da = buf(b, "do_seq", CPC_ROLE_DO, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-        oa = buf(b, "o_seq", CPC_ROLE_O, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        dshard = buf(b, "delta_shard", CPC_ROLE_LSE, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_NONE);
         ka = buf(b, "k_part", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
         va = buf(b, "v_part", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
     }
-    int delta = buf(b, "delta", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
     int dq = buf(b, uly ? "dq_seq" : "dq", CPC_ROLE_DQ, qt, qh, uly ? CPC_IO_NONE : CPC_IO_OUTPUT);
     int dk_p = buf(b, "dk_part", CPC_ROLE_DK, CPC_TOK_KV, qh, CPC_IO_NONE);
     int dv_p = buf(b, "dv_part", CPC_ROLE_DV, CPC_TOK_KV, qh, CPC_IO_NONE);
     cpc_op *op;
+    op = add(b, top, ntop, CPC_OP_DELTA, NULL);
+    int dl_in[2] = {dout, o};
+    bufs(op, true, 2, dl_in);
+    bufs(op, false, 1, uly ? &dshard : &delta);
     if (uly) {
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, q, qa, false);
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, dout, da, false);
-        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, o, oa, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, dshard, delta, false);
         int cp[2][2] = {{k, ka}, {v, va}};
         for (int i = 0; i < 2; i++) {
             op = add(b, top, ntop, CPC_OP_COPY, NULL);
@@ -169,10 +173,6 @@ static void build_cross(bb *b, const cpc_layout *L)
             bufs(op, false, 1, &cp[i][1]);
         }
     }
-    op = add(b, top, ntop, CPC_OP_DELTA, NULL);
-    int dl_in[2] = {da, oa};
-    bufs(op, true, 2, dl_in);
-    bufs(op, false, 1, &delta);
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
     bufs(op, false, 1, &dq);
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
@@ -253,13 +253,13 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
     int o = buf(b, "out", CPC_ROLE_O, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
     /* The forward's final LSE, in the layout the forward computed it in. */
     int lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_INPUT);
-    int k = -1, v = -1, qa = q, da = dout, oa = o;
+    int k = -1, v = -1, qa = q, da = dout, dshard = -1;
     if (uly) {
         k = buf(b, "k", CPC_ROLE_K, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
         v = buf(b, "v", CPC_ROLE_V, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
         qa = buf(b, "q_seq", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
         da = buf(b, "do_seq", CPC_ROLE_DO, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-        oa = buf(b, "o_seq", CPC_ROLE_O, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        dshard = buf(b, "delta_shard", CPC_ROLE_LSE, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_NONE);
     }
     int k_cur = buf(b, "k_cur", CPC_ROLE_K, CPC_TOK_BLOCK, qh, uly ? CPC_IO_NONE : CPC_IO_INPUT);
     int v_cur = buf(b, "v_cur", CPC_ROLE_V, CPC_TOK_BLOCK, qh, uly ? CPC_IO_NONE : CPC_IO_INPUT);
@@ -269,10 +269,15 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
     int dv_cur = buf(b, "dv_cur", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, gio);
 
     if (uly) {
-        /* Re-exchanged (the forward's q/k/v_seq are not kept): 5 all-to-alls. */
+        /* Re-exchanged (the forward's q/k/v_seq are not kept); delta is
+         * computed on the shard and moved (D x fewer bytes than `out`). */
+        cpc_op *d = add(b, top, ntop, CPC_OP_DELTA, NULL);
+        int dl[2] = {dout, o};
+        bufs(d, true, 2, dl);
+        bufs(d, false, 1, &dshard);
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, q, qa, false);
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, dout, da, false);
-        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, o, oa, false);
+        a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, dshard, delta, false);
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, k, k_cur, false);
         a2a(b, top, ntop, CPC_A2A_SEQ_TO_HEADS, v, v_cur, false);
     }
@@ -294,10 +299,12 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
             bufs(op, false, 1, &ag[i][1]);
         }
     }
-    op = add(b, top, ntop, CPC_OP_DELTA, NULL);
-    int dl_in[2] = {da, oa};
-    bufs(op, true, 2, dl_in);
-    bufs(op, false, 1, &delta);
+    if (!uly) {
+        op = add(b, top, ntop, CPC_OP_DELTA, NULL);
+        int dl_in[2] = {dout, o};
+        bufs(op, true, 2, dl_in);
+        bufs(op, false, 1, &delta);
+    }
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
     bufs(op, false, 1, &dq);
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);

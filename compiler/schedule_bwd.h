@@ -20,10 +20,12 @@
  * BLOCK r when U == 1; KV, whole and identical on every rank, for
  * cross-attention), all fp32; the caller converts to the plan dtype.
  *
- * THE PROGRAMS (qa/da/oa/k_cur/v_cur: the attention layout; with U == 1 the
- * inputs themselves, with U > 1 the results of seq_to_heads all-to-alls of
- * q, dout, out, k, v: the forward's q/k/v_seq are not kept, re-exchanged):
- *   delta     in=da,oa out=delta            (rowsum(dout * out), after the a2a)
+ * THE PROGRAMS (qa/da/k_cur/v_cur/delta: the attention layout; with U == 1
+ * the inputs themselves, with U > 1 the results of seq_to_heads all-to-alls
+ * of q, dout, k, v and of delta: the forward's q/k/v_seq are not kept but
+ * re-exchanged, delta is computed on the shard and moved, D x fewer bytes
+ * than `out`):
+ *   delta     in=dout,out out=delta(_shard) (rowsum(dout * out), on the shard)
  *   init_acc  dq ; init_acc dk, dv
  *   R == 1:   attn_bwd in=qa,k_cur,v_cur,da,lse,delta out=dq,dk_cur,dv_cur
  *   P2P ring (R > 1, BACKWARD.md 3.1 non-lagged):
@@ -49,7 +51,7 @@
  * Bytes sent per rank (e = dtype size): P2P ring K/V (R-1) x 2 x T_blk Hkv D e
  * + dK/dV R x 2 x T_blk Hkv D x 4; all-gather ring K/V (R-1) x 2 x T_blk Hkv D e
  * + dK/dV (R-1) x 2 x T_blk Hkv D x 4; ulysses: the all-to-alls of q, dout,
- * out, k, v (plan dtype) and of dq, dk, dv (fp32); cross: all_reduce 2 x
+ * k, v (plan dtype), delta (fp32, no D) and of dq, dk, dv (fp32); cross: all_reduce 2 x
  * (P-1)/P x Skv Hkv D x 4 per tensor.
  *
  * Ownership: *out is a new program (cpc_program_free).  Errors: CPC_E_PLAN

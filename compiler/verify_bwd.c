@@ -168,8 +168,8 @@ static cpc_status *run_a2a(vb *V, int r)
                      cpc_a2a_dir_name(op->dir), full->name, part->name);
     if (op->reduce && (s2h || !is_grad(bi->role)))
         return vfail(p0, x0, "reduce=sum applies to heads_to_seq of dq/dk/dv only");
-    if (bi->role == CPC_ROLE_LSE)
-        return vfail(p0, x0, "all_to_all of an LSE-role buffer is not executable");
+    if (bi->role == CPC_ROLE_LSE && !s2h)
+        return vfail(p0, x0, "heads_to_seq of an LSE-role buffer is not executable");
     for (int j = 0; j < U; j++) {
         int p = r * U + j;
         slot *si = S(V, p, in);

@@ -133,8 +133,10 @@ static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const
                          cpc_group_name(op->group));
     int in = op->in[0], out = op->out[0];
     const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
-    if (bi->role == CPC_ROLE_LSE || bo->role == CPC_ROLE_LSE)
-        return cpc_error(CPC_E_INTERNAL, "all_to_all of an LSE buffer is not supported");
+    if ((bi->role == CPC_ROLE_LSE) != (bo->role == CPC_ROLE_LSE) ||
+        (bi->role == CPC_ROLE_LSE && op->dir != CPC_A2A_SEQ_TO_HEADS))
+        return cpc_error(CPC_E_INTERNAL, "all_to_all of an LSE-layout buffer: seq_to_heads between two LSE "
+                                         "buffers only ('%s', '%s')", bi->name, bo->name);
     if (cpc_buffer_elem_size(prog, in) != cpc_buffer_elem_size(prog, out))
         return cpc_error(CPC_E_INTERNAL, "all_to_all between buffers of different element types ('%s', '%s')",
                          bi->name, bo->name);
@@ -152,7 +154,8 @@ static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const
     if (prog->buffers[full].tokens != CPC_TOK_SHARD || prog->buffers[part].tokens != CPC_TOK_BLOCK)
         return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must be SHARD and '%s' BLOCK",
                          cpc_a2a_dir_name(op->dir), prog->buffers[full].name, prog->buffers[part].name);
-    int64_t row = (int64_t)L->B * L->D * cpc_buffer_elem_size(prog, in);
+    /* bytes per (token, head): [B, T, h, D] buffers D elements, LSE ([B, h, T]) one */
+    int64_t row = (int64_t)L->B * (bi->role == CPC_ROLE_LSE ? 1 : L->D) * cpc_buffer_elem_size(prog, in);
     int U = L->U;
     int64_t Tu = cpc_layout_shard_tokens(L, (int)c->p);
     int uo, un;
@@ -278,8 +281,11 @@ static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
         /* B == 1: the SEQ_TO_HEADS receive and the HEADS_TO_SEQ send go
          * straight between the buffer and the transport (each member's part
          * is a contiguous token range). */
-        bool need_send = !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
-        bool need_recv = !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
+        bool lse = s->prog->buffers[op->in[0]].role == CPC_ROLE_LSE;
+        bool need_send = lse || !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
+        bool need_recv = lse || !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
+        if (lse)
+            s->two_sided = true; /* [B, h, T]: a member's part is not contiguous in the output */
         if (need_send && st > s->send)
             s->send = st;
         if (need_recv && rt > s->recv)
@@ -1092,6 +1098,47 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     int64_t Tblk = cpc_layout_block_tokens(L, (int)r);
     if (buf_pending(ex, in) || buf_pending(ex, out))
         return errf("'%s' or '%s' has a send/recv not yet waited for", bname(ex, in), bname(ex, out));
+    if (prog->buffers[in].role == CPC_ROLE_LSE) {
+        /* seq_to_heads of an LSE-layout buffer (the backward's delta):
+         * in [B, H, Tu] -> out [B, hu, Tblk]; member j gets [B, h_j, Tu],
+         * member j's [B, hu, Tj] lands at token offset tok_j of every row. */
+        int hin = geom_of(prog, &ex->c, in, (int)ex->c.p).hn;
+        int uo, un;
+        cpc_buffer_heads(prog, out, u, &uo, &un);
+        ex->bufs[out].tag = (int)r;
+        geom go = cur_geom(ex, out);
+        if ((st = check_fits(ex, out, go.bytes)))
+            return st;
+        if (stot > ex->stage_send_cap || rtot > ex->stage_recv_cap)
+            return errf("staging space too small (%zu > %zu or %zu > %zu)", stot, ex->stage_send_cap, rtot,
+                        ex->stage_recv_cap);
+        for (int j = 0; j < U; j++) {
+            int jo, jn;
+            cpc_buffer_heads(prog, out, j, &jo, &jn);
+            if (jn > 0 && Tu > 0 &&
+                (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + sd[j],
+                                               (const char *)ex->bufs[in].ptr + (int64_t)jo * Tu * 4, 4, B, 1, 1,
+                                               jn * Tu, jn * Tu, 0, 0, hin * Tu, 0, 0)))
+                return st;
+        }
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
+                                             rc, rd)))
+            return st;
+        int64_t tok = 0;
+        for (int j = 0; j < U; j++) {
+            int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
+            if (Tj > 0 && un > 0 &&
+                (st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + tok * 4,
+                                               (const char *)ex->stage_recv + rd[j], 4, B, un, 1, Tj, un * Tblk,
+                                               Tblk, 0, un * Tj, Tj, 0)))
+                return st;
+            tok += Tj;
+        }
+        for (int j = 0; j < U; j++)
+            if (j != u)
+                *sent += (int64_t)sc[j];
+        return NULL;
+    }
     if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
         /* in [B, Tu, Hin, D] -> out [B, Tblk, hu, D]. */
         geom gi = geom_of(prog, &ex->c, in, (int)ex->c.p);

@@ -276,12 +276,19 @@ Test(backward, head_part_faults_are_cp051)
     expect_cp051(prog, "never reaches");
     cpc_program_free(prog);
 
-    /* 6. delta from dout's rows against the forward's out in another layout
-     * (the shard, not the all-to-all'd block) */
+    /* 6. delta from the all-to-all'd dout (head part) against the shard's
+     * out: another layout */
     prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
     cpc_op *d = find_top(prog, CPC_OP_DELTA, -1);
-    d->in[1] = cpc_program_find_buffer(prog, "out");
+    d->in[0] = cpc_program_find_buffer(prog, "do_seq");
     expect_cp051(prog, "same rows");
+    cpc_program_free(prog);
+    /* ... and delta never moved to the head part: read before written */
+    prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
+    for (int i = 0; i < prog->n_ops; i++)
+        if (prog->ops[i].kind == CPC_OP_ALL_TO_ALL && prog->buffers[prog->ops[i].in[0]].role == CPC_ROLE_LSE)
+            never(&prog->ops[i]);
+    expect_cp051(prog, "no delta op computed it");
     cpc_program_free(prog);
     cpc_plan_free(p);
 

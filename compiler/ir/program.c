@@ -671,7 +671,7 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
             int off, hj, hu;
             heads_of(L, bf->role, CPC_HEADS_PART, j, &off, &hj);
             heads_of(L, bf->role, CPC_HEADS_PART, u, &off, &hu);
-            int64_t per_tok = (int64_t)L->B * L->D * e;
+            int64_t per_tok = (int64_t)L->B * (bf->role == CPC_ROLE_LSE ? 1 : L->D) * e;
             if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
                 int64_t mine = cpc_buffer_rows(prog, b, c, x->tags[b]);
                 int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;

@@ -130,6 +130,8 @@
  *     heads PART(j), placed at those heads.  In a forward program only
  *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back); a backward
  *     program sends DQ, and DK/DV with `reduce` when K/V heads are shared.
+ *   LSE-layout buffers ([B, h, T]; the backward's delta) go SEQ_TO_HEADS
+ *     only, with the same parts: member j gets [B, h_j, T_u].
  *   HEADS_TO_SEQ with `reduce` (backward programs only; DQ/DK/DV roles, fp32):
  *     the receiver zeroes its output and ADDS every member's part instead of
  *     placing it, so a head held by several members (K/V heads replicated
