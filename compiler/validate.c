@@ -1485,24 +1485,6 @@ static bool tp_heads_ok(const cpc_plan *p, int T)
     return T >= 1 && H % T == 0 && Hkv >= 1 && (Hkv % T == 0 || T % Hkv == 0);
 }
 
-bool cpc_plan_sub(const cpc_plan *p, int C, int T, cpc_plan *q)
-{
-    int P = world(p);
-    if (C < 1 || T < 1 || P % C || (P / C) % T || p->input.batch % C || !tp_heads_ok(p, T))
-        return false;
-    int g = gpus_per_node(p);
-    int Hkv = p->model.kv_heads;
-    *q = *p;
-    q->cluster.world_size = P / C / T;
-    q->input.batch = p->input.batch / C;
-    q->model.heads = p->model.heads / T;
-    q->model.kv_heads = Hkv % T == 0 ? Hkv / T : 1;
-    q->cluster.gpus_per_node = g / T >= 1 ? g / T : 1;
-    q->parallel.cfg_degree = C;
-    q->parallel.tp_degree = T;
-    return true;
-}
-
 /* C or T as written: omitted -> 1; CPC_DEGREE_AUTO stays. */
 static int axis_of(const cpc_plan *p, bool tp)
 {

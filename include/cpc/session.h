@@ -93,7 +93,9 @@ cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, 
 /* Frees a job.  NULL is ignored. */
 void cpc_job_close(cpc_job *job);
 
-/* The job's selected variant ("ring", ...) and mesh. */
+/* The job's selected variant ("ring", ...) and mesh.  The world size is
+ * C*T*R*U: with parallel.cfg_degree C x tp_degree T > 1, C*T groups of
+ * R x U ranks (SPEC section 1, "All four axes"). */
 const char *cpc_job_variant(const cpc_job *job);
 int cpc_job_ring_degree(const cpc_job *job);
 int cpc_job_ulysses_degree(const cpc_job *job);

@@ -95,8 +95,13 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
                           out->entries[e].ulysses_degree == c->ulysses_degree);
         if (dup)
             continue;
+        /* the candidate's outer axes (validate.h THE OUTER AXES): its C*T
+         * groups of R x U ranks run (run.h), on a shallow copy of the plan */
+        cpc_plan cp = *plan;
+        cp.parallel.cfg_degree = c->cfg_degree >= 1 ? c->cfg_degree : 1;
+        cp.parallel.tp_degree = c->tp_degree >= 1 ? c->tp_degree : 1;
         cpc_job *job = NULL;
-        st = cpc_job_from_plan(plan, c->variant, c->ring_degree, c->ulysses_degree, &job);
+        st = cpc_job_from_plan(&cp, c->variant, c->ring_degree, c->ulysses_degree, &job);
         if (has_error(st)) {
             cpc_job_free(job);
             break;

@@ -131,6 +131,9 @@ BATCH=1 train b1-uly4-bf16-repl ulysses 4 bf16 causal 4 2 256
 BATCH=1 EXTRA="schedule: {rotate: allgather}" train b1-uni2x2-ag-mqa unified 4 fp32 none 4 1 256 \
   ", ring_degree: 2, ulysses_degree: 2"
 BATCH=1 train b1-cross-ua4 ulysses_anything 4 fp32 none 6 2 250 "" ", kv: {tokens: 50}"
+# the outer axes (cfg_degree x tp_degree): the backward per (c, t) group
+train ax-uly-c2t2    ulysses 8 fp32 causal 8 2 256 ", ring_degree: 1, ulysses_degree: 2, cfg_degree: 2, tp_degree: 2"
+train ax-cross-t4    ring 8 fp32 none 8 2 256 ", ring_degree: 2, cfg_degree: 1, tp_degree: 4" ", kv: {tokens: 64}"
 # what still cannot train: a Lua schedule script (no backward program):
 # CP060 naming what trains
 EXTRA="schedule: {script: $PWD/lua/examples/no_overlap.lua}" plan refuse-script ring 2 fp32 none 4 2 256
