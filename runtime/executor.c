@@ -428,6 +428,24 @@ cpc_status *cpc_exec_print_memory(FILE *out, const cpc_program *prog, int rank)
 
 /* ---- create / destroy -------------------------------------------------------------- */
 
+/* The first op that sums in fp32 through the backend's add_strided (the
+ * reducing all_to_all, reduce_scatter, all_reduce), or NULL. */
+static const cpc_op *find_summing_op(const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if (op->kind == CPC_OP_LOOP) {
+            const cpc_op *b = find_summing_op(op->body, op->n_body);
+            if (b)
+                return b;
+        } else if ((op->kind == CPC_OP_ALL_TO_ALL && op->reduce) || op->kind == CPC_OP_REDUCE_SCATTER ||
+                   op->kind == CPC_OP_ALL_REDUCE) {
+            return op;
+        }
+    }
+    return NULL;
+}
+
 /* Finds the final LSE buffer: out[1] of the last merge, else of the last attn. */
 static void find_lse(const cpc_op *ops, int n, int *merge_lse, int *attn_lse)
 {
@@ -480,6 +498,12 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     if (cfg->rank < 0 || cfg->rank >= prog->layout.P)
         return cpc_error(CPC_E_INTERNAL, "executor: rank %d outside the program's %d ranks",
                          cfg->rank, prog->layout.P);
+    const cpc_op *sum_op = find_summing_op(prog->ops, prog->n_ops);
+    if (sum_op && !cfg->backend->vt->add_strided)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "rank %d: the %s backend has no fp32 accumulate (add_strided), which the program's %s%s "
+                         "needs (it sums gradients of several ranks)", cfg->rank, cpc_backend_name(cfg->backend),
+                         cpc_op_kind_name(sum_op->kind), sum_op->kind == CPC_OP_ALL_TO_ALL ? " reduce=sum" : "");
     cpc_exec *ex = calloc(1, sizeof *ex);
     if (!ex)
         return cpc_error(CPC_E_NOMEM, "executor: out of memory");

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cost.h"
+#include "executor.h"
 #include "plan_load.h"
 #include "schedule.h"
 #include "schedule_bwd.h"
@@ -507,4 +509,44 @@ Test(backward, cost_prices_backward_programs)
         cpc_program_free(bwd);
         cpc_plan_free(p);
     }
+}
+
+/* A backend without add_strided (the CUDA backend today) cannot run a
+ * program that sums gradients: the executor refuses it at creation, naming
+ * the op, before any communication. */
+Test(backward, executor_refuses_summing_ops_without_add_strided)
+{
+    cpc_backend *cpu = NULL;
+    cr_assert_null(cpc_cpu_backend_create(&cpu));
+    cpc_backend_vtable vt = *cpu->vt;
+    vt.add_strided = NULL;
+    cpc_backend fake = {&vt, cpu->ctx};
+    struct {
+        const char *v;
+        cpc_variant var;
+        int P, R, U;
+        const char *extra, *needle;
+    } rows[] = {
+        {"ulysses", CPC_VARIANT_ULYSSES, 4, 1, 4, "", "all_to_all reduce=sum"},
+        {"ring", CPC_VARIANT_RING, 2, 2, 1, ", kv: {tokens: 40}", "all_reduce"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        cpc_plan *p = plan_full(rows[i].v, rows[i].P, "none", 128, 4, 2, "", rows[i].extra);
+        cpc_program *prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
+        cpc_exec_config cfg = {.prog = prog, .rank = 0, .backend = &fake};
+        cpc_exec *ex = NULL;
+        cpc_status *st = cpc_exec_create(&cfg, &ex);
+        cr_assert(st && st->code == CPC_E_UNSUPPORTED && strstr(st->message, rows[i].needle) &&
+                      strstr(st->message, "add_strided"),
+                  "%s", st ? st->message : "accepted");
+        cr_assert_null(ex);
+        cpc_status_free(st);
+        /* the real CPU backend has it */
+        cfg.backend = cpu;
+        cr_assert_null(cpc_exec_create(&cfg, &ex));
+        cpc_exec_destroy(ex);
+        cpc_program_free(prog);
+        cpc_plan_free(p);
+    }
+    cpc_backend_destroy(cpu);
 }
