@@ -677,6 +677,14 @@ static cpc_status *price_loop(pricer *pr, const cpc_op *op)
 /* init_acc: writes its buffers (memory-bound) */
 static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
 {
+    if (op->block) { /* a gradient accumulator made for a ring block (backward) */
+        int64_t b = 0;
+        cpc_status *st = eval(pr, op->block, &b);
+        if (st)
+            return st;
+        for (int i = 0; i < op->n_out; i++)
+            pr->tag[op->out[i]] = (int)b;
+    }
     for (int i = 0; i < op->n_in; i++)
         compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
     for (int i = 0; i < op->n_out; i++)
@@ -729,7 +737,7 @@ static cpc_status *price_memory(pricer *pr, const cpc_op *op)
     for (int i = 0; i < op->n_in; i++)
         bytes += buf_bytes(pr, op->in[i]);
     for (int i = 0; i < op->n_out; i++)
-        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE ? 2 : 1);
+        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE || op->kind == CPC_OP_ADD ? 2 : 1);
     compute(pr, mem_time(pr, bytes));
     if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
         pr->tag[op->out[0]] = pr->tag[op->in[0]];
@@ -932,6 +940,7 @@ static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
     [CPC_OP_DELTA] = price_memory,
     [CPC_OP_REDUCE_SCATTER] = price_reduce_scatter,
     [CPC_OP_ALL_REDUCE] = price_all_reduce,
+    [CPC_OP_ADD] = price_memory,
 };
 _Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
 

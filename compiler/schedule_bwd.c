@@ -305,11 +305,17 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         bufs(op, true, 2, dl_in);
         bufs(op, false, 1, &delta);
     }
+    /* BACKWARD.md 3.1 lagged (overlap: the default): each step's dK/dV goes
+     * into a fresh pair, the travelling accumulator is added once it has
+     * arrived, so its transfer overlaps the step's attn_bwd */
+    const bool lagged = R > 1 && !gather && plan->schedule.overlap;
     op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
     bufs(op, false, 1, &dq);
-    op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
-    int dkv[2] = {gather ? dk_all : dk_cur, gather ? dv_all : dv_cur};
-    bufs(op, false, 2, dkv);
+    if (!lagged) {
+        op = add(b, top, ntop, CPC_OP_INIT_ACC, NULL);
+        int dkv[2] = {gather ? dk_all : dk_cur, gather ? dv_all : dv_cur};
+        bufs(op, false, 2, dkv);
+    }
     int ai[6] = {qa, k_cur, v_cur, da, lse, delta}, ao[3] = {dq, dk_cur, dv_cur};
     if (gather) {
         /* BACKWARD.md 3.2: K/V gathered again (the forward's are not kept),
@@ -338,6 +344,60 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         op = add(b, top, ntop, CPC_OP_ATTN_BWD, NULL);
         bufs(op, true, 6, ai);
         bufs(op, false, 3, ao);
+    } else if (lagged) {
+        /* dk_cur/dv_cur receive the travelling accumulators (the last one:
+         * this rank's block, complete); dk_blk/dv_blk: this step's part,
+         * swapped into dk_out/dv_out to travel on */
+        int k_nxt = buf(b, "k_nxt", CPC_ROLE_K, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int v_nxt = buf(b, "v_nxt", CPC_ROLE_V, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int dk_blk = buf(b, "dk_blk", CPC_ROLE_DK, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int dv_blk = buf(b, "dv_blk", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int dk_out = buf(b, "dk_out", CPC_ROLE_DK, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        int dv_out = buf(b, "dv_out", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+        cpc_op *loop = add(b, top, ntop, CPC_OP_LOOP, NULL);
+        if (loop) {
+            setx(b, &loop->count, "R");
+            cpc_op **bo = &loop->body;
+            int *bn = &loop->n_body;
+            const char *more = "s<R-1", *after = "s>0";
+            p2p(b, bo, bn, true, 0, more, k_cur, v_cur, NULL);
+            p2p(b, bo, bn, false, 0, more, k_nxt, v_nxt, "(r-s-1)%R");
+            p2p(b, bo, bn, false, 1, after, dk_cur, dv_cur, "(r-s)%R");
+            op = add(b, bo, bn, CPC_OP_INIT_ACC, NULL);
+            int blk[2] = {dk_blk, dv_blk};
+            bufs(op, false, 2, blk);
+            if (op)
+                setx(b, &op->block, "(r-s)%R");
+            op = add(b, bo, bn, CPC_OP_ATTN_BWD, NULL);
+            int li[6] = {qa, k_cur, v_cur, da, lse, delta}, lo[3] = {dq, dk_blk, dv_blk};
+            bufs(op, true, 6, li);
+            bufs(op, false, 3, lo);
+            if ((op = add(b, bo, bn, CPC_OP_WAIT, after)))
+                op->tag = 1;
+            int ad[2][2] = {{dk_cur, dk_blk}, {dv_cur, dv_blk}};
+            for (int i = 0; i < 2; i++) {
+                op = add(b, bo, bn, CPC_OP_ADD, after);
+                bufs(op, true, 1, &ad[i][0]);
+                bufs(op, false, 1, &ad[i][1]);
+            }
+            int sw[2][2] = {{dk_blk, dk_out}, {dv_blk, dv_out}};
+            for (int i = 0; i < 2; i++) {
+                op = add(b, bo, bn, CPC_OP_SWAP, NULL);
+                bufs(op, true, 2, sw[i]);
+            }
+            p2p(b, bo, bn, true, 1, NULL, dk_out, dv_out, NULL);
+            if ((op = add(b, bo, bn, CPC_OP_WAIT, more)))
+                op->tag = 0;
+            int kv[2][2] = {{k_cur, k_nxt}, {v_cur, v_nxt}};
+            for (int i = 0; i < 2; i++) {
+                op = add(b, bo, bn, CPC_OP_SWAP, more);
+                bufs(op, true, 2, kv[i]);
+            }
+        }
+        /* home: the accumulator of this rank's block, all R contributions */
+        p2p(b, top, ntop, false, 1, NULL, dk_cur, dv_cur, "r");
+        if ((op = add(b, top, ntop, CPC_OP_WAIT, NULL)))
+            op->tag = 1;
     } else {
         int k_nxt = buf(b, "k_nxt", CPC_ROLE_K, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
         int v_nxt = buf(b, "v_nxt", CPC_ROLE_V, CPC_TOK_BLOCK, qh, CPC_IO_NONE);

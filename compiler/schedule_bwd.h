@@ -28,10 +28,21 @@
  *   delta     in=dout,out out=delta(_shard) (rowsum(dout * out), on the shard)
  *   init_acc  dq ; init_acc dk, dv
  *   R == 1:   attn_bwd in=qa,k_cur,v_cur,da,lse,delta out=dq,dk_cur,dv_cur
- *   P2P ring (R > 1, BACKWARD.md 3.1 non-lagged):
+ *   P2P ring (R > 1), schedule.overlap true (the default): BACKWARD.md 3.1
+ *   lagged, the accumulator's transfer overlaps the step's attn_bwd:
  *     loop count=R
  *       send ring (r+1)%R k_cur,v_cur tag=0 when=s<R-1 ; recv k_nxt,v_nxt block=(r-s-1)%R
- *       attn_bwd ... out=dq,dk_cur,dv_cur
+ *       recv (r-1)%R dk_cur,dv_cur block=(r-s)%R tag=1 when=s>0   (the travelling accumulator)
+ *       init_acc dk_blk,dv_blk block=(r-s)%R                      (this step's part)
+ *       attn_bwd ... out=dq,dk_blk,dv_blk
+ *       wait 1 when=s>0 ; add dk_cur -> dk_blk, dv_cur -> dv_blk when=s>0
+ *       swap dk_blk,dk_out ; swap dv_blk,dv_out ; send (r+1)%R dk_out,dv_out tag=1
+ *       wait 0 when=s<R-1 ; swap k, v (s<R-1)
+ *     end
+ *     recv (r-1)%R dk_cur,dv_cur block=r tag=1 ; wait 1   (home: block r, all R contributions)
+ *   schedule.overlap false: the non-lagged form (one pair, received into):
+ *     loop count=R
+ *       send/recv K/V as above ; attn_bwd ... out=dq,dk_cur,dv_cur
  *       send ring (r+1)%R dk_cur,dv_cur tag=1 ; recv dk_nxt,dv_nxt block=(r-s-1)%R tag=1
  *       wait 0 ; wait 1 ; swap k, v (s<R-1), dk, dv
  *     end                                   (dk_cur/dv_cur: block r, all R contributions)

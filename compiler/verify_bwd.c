@@ -421,8 +421,38 @@ static int advance(vb *V, int p)
                 slot *sl = S(V, p, b);
                 memset(sl->cnt, 0, cnt_bytes(V));
                 sl->written = true;
+                if (op->block) {
+                    /* made the accumulator of ring block `block` */
+                    if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
+                        V->err = vfail(p, x, "init_acc block=%lld of '%s': a ring block's accumulator (BLOCK, "
+                                             "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
+                        return -1;
+                    }
+                    sl->tag = (int)x->block;
+                }
             }
             break;
+        case CPC_OP_ADD: {
+            int a = op->in[0], b = op->out[0];
+            slot *sa = S(V, p, a), *sb = S(V, p, b);
+            if (op->n_in != 1 || op->n_out != 1 || !is_grad(role(V, a)) || role(V, a) != role(V, b) ||
+                !same_layout(V, a, b)) {
+                V->err = vfail(p, x, "add: '%s' and '%s' must be gradients of one role and layout", bn(V, a), bn(V, b));
+                return -1;
+            }
+            if (!sa->written || !sb->written) {
+                V->err = vfail(p, x, "adds '%s' into '%s' before both hold a value", bn(V, a), bn(V, b));
+                return -1;
+            }
+            if (sa->tag != sb->tag) {
+                V->err = vfail(p, x, "adds the gradient of block %d ('%s') to that of block %d ('%s')", sa->tag,
+                               bn(V, a), sb->tag, bn(V, b));
+                return -1;
+            }
+            for (size_t i = 0; i < cnt_bytes(V); i++)
+                sat_add(&sb->cnt[i], sa->cnt[i]);
+            break;
+        }
         case CPC_OP_ATTN_BWD: {
             static const cpc_buf_role want_in[6] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_DO, CPC_ROLE_LSE,
                                                     CPC_ROLE_LSE};

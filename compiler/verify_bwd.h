@@ -45,8 +45,8 @@
  * send/recv and its wait.
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
- * init_acc, attn_bwd, send, recv, wait, swap, loop, all_to_all, all_gather,
- * reduce_scatter, all_reduce, copy}, world sizes over 256, an abstract state
+ * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
+ * all_gather, reduce_scatter, all_reduce, copy}, world sizes over 256, an abstract state
  * over 2^28 cells (ranks x gradient buffers x R x key units x heads).
  * Errors: CPC_E_PLAN rule CPC_RULE_VERIFY (51) naming the rank and the op;
  * CPC_E_NOMEM.  Thread-safe (no shared state).

@@ -439,7 +439,7 @@ static const cpc_op *find_summing_op(const cpc_op *ops, int n)
             if (b)
                 return b;
         } else if ((op->kind == CPC_OP_ALL_TO_ALL && op->reduce) || op->kind == CPC_OP_REDUCE_SCATTER ||
-                   op->kind == CPC_OP_ALL_REDUCE) {
+                   op->kind == CPC_OP_ALL_REDUCE || op->kind == CPC_OP_ADD) {
             return op;
         }
     }
@@ -700,14 +700,27 @@ static bool is_grad(cpc_buf_role r)
     return r == CPC_ROLE_DQ || r == CPC_ROLE_DK || r == CPC_ROLE_DV;
 }
 
-static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op)
+static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
 {
     if (op->n_out >= 1 && is_grad(ex->prog->buffers[op->out[0]].role)) {
-        /* Gradient accumulators (backward): zero the whole capacity; tags unchanged. */
+        /* Gradient accumulators (backward): zero the whole capacity; with a
+         * `block`, they become that ring block's accumulators (tag). */
+        int64_t blk = -1;
+        if (op->block) {
+            cpc_status *st = cpc_expr_eval(op->block, c, &blk);
+            if (st)
+                return st;
+            if (blk < 0 || blk >= ex->L->R)
+                return errf("block %lld outside 0..%d", (long long)blk, ex->L->R - 1);
+        }
         for (int i = 0; i < op->n_out; i++) {
             int b = op->out[i];
             if (!is_grad(ex->prog->buffers[b].role))
                 return errf("'%s': init_acc of gradients takes only dq/dk/dv buffers", bname(ex, b));
+            if (buf_pending(ex, b))
+                return errf("'%s' has a send/recv not yet waited for", bname(ex, b));
+            if (blk >= 0)
+                ex->bufs[b].tag = (int)blk;
             cpc_status *st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[b].cap / 4, NULL, 0);
             if (st)
                 return st;
@@ -957,6 +970,25 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op, const cpc_coords 
     a.kv_runs = ex->kvruns;
     ex->cur.attn_flops += 2.5 * 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
     return cpc_backend_attn_bwd(ex->cfg.backend, &a);
+}
+
+/* add in=a out=b: b += a (fp32 gradients of the same rows, heads and block). */
+static cpc_status *op_add(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need(op, 1, 1);
+    if (st)
+        return st;
+    int a = op->in[0], b = op->out[0];
+    const cpc_buffer *ba = &ex->prog->buffers[a], *bb = &ex->prog->buffers[b];
+    geom ga = cur_geom(ex, a), gb = cur_geom(ex, b);
+    if (!is_grad(ba->role) || ba->role != bb->role || ba->tokens != bb->tokens || ga.T != gb.T || ga.hn != gb.hn ||
+        ga.hoff != gb.hoff || ex->bufs[a].tag != ex->bufs[b].tag)
+        return errf("add: '%s' (block %d) and '%s' (block %d) must be gradients of one role, rows and heads",
+                    ba->name, ex->bufs[a].tag, bb->name, ex->bufs[b].tag);
+    if (buf_pending(ex, a) || buf_pending(ex, b))
+        return errf("'%s' or '%s' has a send/recv not yet waited for", ba->name, bb->name);
+    return cpc_backend_add_strided(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[a].ptr, 1, 1, 1, ga.elems, 0, 0, 0,
+                                   0, 0, 0);
 }
 
 static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
@@ -1698,7 +1730,8 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
             ex->unflushed = true;
         switch (op->kind) {
-        case CPC_OP_INIT_ACC: st = op_init_acc(ex, op); break;
+        case CPC_OP_INIT_ACC: st = op_init_acc(ex, op, &c); break;
+        case CPC_OP_ADD: st = op_add(ex, op); break;
         case CPC_OP_ATTN: st = op_attn(ex, op, &c); break;
         case CPC_OP_MERGE: st = op_merge(ex, op); break;
         case CPC_OP_SEND: st = op_send(ex, op, &c, &sent); break;

@@ -120,7 +120,7 @@ cpc_status *cpc_exec_print_memory(FILE *out, const cpc_program *prog, int rank);
 /* Creates the executor and allocates every buffer (backend alloc).  Errors:
  * CPC_E_INTERNAL (bad program or rank), CPC_E_NOMEM, backend errors,
  * CPC_E_UNSUPPORTED when the program sums gradients (reducing all_to_all,
- * reduce_scatter, all_reduce) and the backend has no add_strided. */
+ * reduce_scatter, all_reduce, add) and the backend has no add_strided. */
 cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out);
 
 /* Binds the host tensor of role `role` (CPC_ROLE_Q, K or V; backward

@@ -37,8 +37,10 @@ static cpc_plan *plan_of(const char *variant, int world, const char *mask, int t
     return p;
 }
 
+/* The non-lagged P2P ring (schedule.overlap false: the ops[3] loop below). */
 static cpc_program *build(cpc_plan *p, cpc_variant v, int R)
 {
+    p->schedule.overlap = false;
     cpc_program *prog = NULL;
     cpc_status *st = cpc_schedule_build_backward(p, v, R, 1, &prog);
     cr_assert(st == NULL, "build: %s", st ? st->message : "");
@@ -549,4 +551,77 @@ Test(backward, executor_refuses_summing_ops_without_add_strided)
         cpc_plan_free(p);
     }
     cpc_backend_destroy(cpu);
+}
+
+/* The body op of the loop of `prog` of kind k whose first output (or input,
+ * for sends) has role `role` (-1: any), the n-th such (0-based). */
+static cpc_op *body_op(cpc_program *prog, cpc_op_kind k, int role, int nth)
+{
+    cpc_op *loop = find_top(prog, CPC_OP_LOOP, -1);
+    for (int i = 0; i < loop->n_body; i++) {
+        cpc_op *op = &loop->body[i];
+        int b = op->n_out > 0 ? op->out[0] : op->n_in > 0 ? op->in[0] : -1;
+        if (op->kind == k && (role < 0 || (b >= 0 && (int)prog->buffers[b].role == role)) && nth-- == 0)
+            return op;
+    }
+    cr_assert_fail("no %s in the loop", cpc_op_kind_name(k));
+    return NULL;
+}
+
+/* BACKWARD.md 3.1 lagged (overlap, the default): each step's dK/dV in a
+ * fresh pair (init_acc block=(r-s)%R), the travelling accumulator added
+ * after it arrived, sent on; the last hop brings each block home.  Proves
+ * for R = 2..8, causal and not; planted faults are CP051. */
+Test(backward, lagged_ring_proves_and_faults)
+{
+    int Rs[] = {2, 3, 4, 8};
+    for (int i = 0; i < 4; i++)
+        for (int m = 0; m < 2; m++) {
+            cpc_plan *p = plan_of("ring", Rs[i], m ? "causal" : "none", 96 * Rs[i]);
+            cpc_program *prog = build_ru(p, CPC_VARIANT_RING, Rs[i], 1);
+            find_top(prog, CPC_OP_LOOP, -1);
+            body_op(prog, CPC_OP_ADD, CPC_ROLE_DK, 0);
+            cpc_status *st = cpc_verify_backward(prog);
+            cr_expect(st == NULL, "R=%d: %s", Rs[i], st ? st->message : "");
+            cpc_status_free(st);
+            cpc_program_free(prog);
+            cpc_plan_free(p);
+        }
+    cpc_plan *p = plan_of("ring", 4, "causal", 256);
+    /* the travelling accumulator never added: its contributions are lost */
+    cpc_program *prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
+    never(body_op(prog, CPC_OP_ADD, CPC_ROLE_DV, 0));
+    expect_cp051(prog, "contribute 0 times");
+    cpc_program_free(prog);
+    /* the fresh pair made for the wrong block: K/V and dK/dV disagree */
+    prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
+    cpc_op *ia = body_op(prog, CPC_OP_INIT_ACC, CPC_ROLE_DK, 0);
+    cpc_expr_free(ia->block);
+    cr_assert(cpc_expr_parse("r", CPC_NO_SPAN, &ia->block) == NULL);
+    expect_cp051(prog, "#14265");
+    cpc_program_free(prog);
+    /* diffusers #14265: attn_bwd keeps reading block r while the rotation runs */
+    prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
+    int k0 = cpc_program_add_buffer(prog, "k0", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_ALL, CPC_IO_INPUT);
+    int v0 = cpc_program_add_buffer(prog, "v0", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_ALL, CPC_IO_INPUT);
+    cr_assert(k0 >= 0 && v0 >= 0);
+    cpc_op *ab = body_op(prog, CPC_OP_ATTN_BWD, -1, 0);
+    ab->in[1] = k0;
+    ab->in[2] = v0;
+    expect_cp051(prog, "#14265");
+    cpc_program_free(prog);
+    /* ... and K/V that never rotate: what is sent is not what is declared */
+    prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
+    never(body_op(prog, CPC_OP_SWAP, CPC_ROLE_K, 0));
+    never(body_op(prog, CPC_OP_SWAP, CPC_ROLE_V, 0));
+    expect_cp051(prog, "declares block");
+    cpc_program_free(prog);
+    /* the accumulator's recv declares the next block */
+    prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
+    cpc_op *rv = body_op(prog, CPC_OP_RECV, CPC_ROLE_DK, 0);
+    cpc_expr_free(rv->block);
+    cr_assert(cpc_expr_parse("(r-s-1)%R", CPC_NO_SPAN, &rv->block) == NULL);
+    expect_cp051(prog, "declares block");
+    cpc_program_free(prog);
+    cpc_plan_free(p);
 }

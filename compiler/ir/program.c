@@ -55,6 +55,8 @@ static const cpc_op_info op_table[] = {
                                "as many outputs as inputs (1..8): ALL dk/dv in, BLOCK out",
                                CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
                                CPC_COST_COLLECTIVE, 2},
+    [CPC_OP_ADD] = {"add", 1, 1, 1, 1, false, "1 input and 1 output (out += in, fp32 gradients)",
+                    CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_MEMORY, 1},
     [CPC_OP_ALL_REDUCE] = {"all_reduce", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8): KV dk/dv, summed over the world",
                            CPC_GROUP_WORLD, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
@@ -512,6 +514,15 @@ static void apply_tags(const walker *w, const cpc_exec_op *x)
     case CPC_OP_ALL_REDUCE:
         for (int i = 0; i < op->n_in && i < op->n_out; i++)
             t[op->out[i]] = t[op->in[i]];
+        break;
+    case CPC_OP_INIT_ACC:
+        /* a gradient accumulator made for ring block `block` (backward) */
+        if (op->block)
+            for (int i = 0; i < op->n_out; i++) {
+                cpc_buf_role ro = w->prog->buffers[op->out[i]].role;
+                if (ro == CPC_ROLE_DQ || ro == CPC_ROLE_DK || ro == CPC_ROLE_DV)
+                    t[op->out[i]] = (int)x->block;
+            }
         break;
     default:
         break;

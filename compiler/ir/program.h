@@ -64,6 +64,8 @@
  * reduce_     in[0] ALL        out[0] BLOCK(r)   group ring: member r gets the fp32 SUM over B*T_j*h*D*4 summed
  *   scatter   (DK/DV, fp32)    (same role)       the members of their block-r slice (the   over j != r (block j's
  *                                                all-gather ring's dK/dV, BACKWARD.md 3.2) slice to member j)
+ * add         in[0] DQ/DK/DV   out[0] (same      out += in, fp32, same rows, heads and      0
+ *                              role, read too)   content tag (BACKWARD.md 3.1, lagged)
  * all_reduce  in[0] KV DK/DV   out[0] (same      group world: the fp32 SUM over every rank  2 x (P-1)/P x B*Skv*h*D*4
  *             fp32, ALL heads  layout and role)  (cross-attention dK/dV, BACKWARD.md 3.7;   (reduce-scatter of Skv
  *                                                reduce-scatter + all-gather of Skv chunks) chunks + all-gather)
@@ -75,7 +77,9 @@
  * LSE (the forward's final LSE, [B, h, T] fp32) and DO; OUTPUT buffers of
  * roles DQ, DK, DV are read back as the gradients (fp32; SHARD, or with
  * U == 1 BLOCK whose content must be block r == shard r).  init_acc on DQ/DK/DV
- * buffers zeroes them (n_out = 1..3, no LSE operand).  Content tags: attn_bwd
+ * buffers zeroes them (n_out = 1..3, no LSE operand); with a `block`
+ * expression it also makes them the accumulators of that ring block (their
+ * content tag, BLOCK buffers: the lagged ring's fresh dK/dV of each step).  Content tags: attn_bwd
  * gives out[0] (DQ) Q's tag and leaves DK/DV's tags unchanged (they must equal
  * K's: an accumulator is only ever added to from its own block, the check
  * that catches diffusers #14265); delta gives its output in[0]'s tag.
@@ -176,7 +180,8 @@
  *  buffers CPC_TAG_NONE.  Updates: all_to_all SEQ_TO_HEADS -> out r,
  *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> in's tag; attn -> outs
  *  get Q's tag; merge -> outs get in[0]'s tag; swap exchanges; init_acc,
- *  all_gather and the rest leave tags unchanged; reduce_scatter -> out r.
+ *  all_gather and the rest leave tags unchanged; reduce_scatter -> out r;
+ *  init_acc of DQ/DK/DV with `block` -> its outputs `block`.
  *
  *  Op spans: span.file is borrowed, not owned (it points to a string that
  *  outlives the program, e.g. the plan's file or the script path);
@@ -224,6 +229,7 @@ typedef enum cpc_op_kind {
     CPC_OP_ATTN_BWD,    /* backward: dq, dk, dv += the block's gradients */
     CPC_OP_REDUCE_SCATTER, /* backward: sum over the ring group, each member keeps its block */
     CPC_OP_ALL_REDUCE,  /* backward: sum over the world (cross-attention dK/dV) */
+    CPC_OP_ADD,         /* backward: out[0] += in[0] (the lagged ring's dK/dV accumulator) */
     CPC_OP__COUNT
 } cpc_op_kind;
 

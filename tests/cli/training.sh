@@ -57,6 +57,11 @@ train ring4-fp32-causal ring 4 fp32 causal      4 2 256
 train ring4-bf16-gqa    ring 4 bf16 none        6 2 256
 train ring4-fp16-causal ring 4 fp16 causal      4 4 256
 train ring4-padding     ring 4 fp32 key_padding 4 2 256
+# schedule.overlap false: the non-lagged P2P ring (the accumulator received
+# and added into directly; the default overlap true is the lagged form)
+EXTRA="schedule: {overlap: false}" train ring4-nolag-bf16-causal ring 4 bf16 causal 4 2 256
+EXTRA="schedule: {overlap: false}" train uni2x2-nolag-fp32-mqa unified 4 fp32 none 4 1 256 \
+  ", ring_degree: 2, ulysses_degree: 2"
 # EasyContext #47: zigzag backward at 3000 tokens over 4 ranks (2999: CP023)
 train zigzag-3000       ring 4 fp32 causal      2 1 3000
 # all-gather rotation (BACKWARD.md 3.2: K/V gathered, dK/dV reduce-scattered)
