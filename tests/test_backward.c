@@ -625,3 +625,34 @@ Test(backward, lagged_ring_proves_and_faults)
     cpc_program_free(prog);
     cpc_plan_free(p);
 }
+
+/* The cost model sees the lagged ring's overlap: the dK/dV transfer hides
+ * behind the next step's attn_bwd, so the lagged program is priced faster
+ * than the non-lagged one (same bytes). */
+Test(backward, cost_lagged_ring_hides_the_accumulator_transfer)
+{
+    const char *text = "version: 1\nname: t\nmodel: {heads: 24, kv_heads: 24, head_dim: 128, dtype: bf16}\n"
+                       "input: {batch: 1, tokens: 32768, mask: causal, mode: training}\n"
+                       "cluster: {world_size: 8, device: h100-sxm}\nparallel: {variant: ring}\n";
+    cpc_plan *p = NULL;
+    cpc_status *st = cpc_plan_load_string(text, strlen(text), "t.yaml", NULL, 0, &p);
+    cr_assert(p != NULL, "plan: %s", st ? st->message : "?");
+    cpc_status_free(st);
+    cpc_device_profile dev;
+    cr_assert_null(cpc_plan_device(p, &dev));
+    cpc_prediction pr[2];
+    for (int i = 0; i < 2; i++) {
+        p->schedule.overlap = i == 0;
+        cpc_program *prog = build_ru(p, CPC_VARIANT_RING, 8, 1);
+        cr_assert_null(cpc_verify_backward(prog));
+        st = cpc_price_program(p, prog, &dev, &pr[i]);
+        cr_assert_null(st, "%s", st ? st->message : "");
+        cpc_program_free(prog);
+    }
+    cr_log_info("ring 8 backward, S 32768 causal bf16 on h100-sxm: lagged %.3f ms, non-lagged %.3f ms per layer",
+                pr[0].ms_per_layer, pr[1].ms_per_layer);
+    cr_expect_eq(pr[0].bytes_sent_per_rank, pr[1].bytes_sent_per_rank);
+    cr_expect(pr[0].ms_per_layer < pr[1].ms_per_layer, "lagged %g ms, non-lagged %g ms", pr[0].ms_per_layer,
+              pr[1].ms_per_layer);
+    cpc_plan_free(p);
+}
