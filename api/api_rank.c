@@ -33,6 +33,10 @@ struct cpc_rank {
     cpc_exec *ex;
     cpc_exec *bex;                   /* the backward program's (training artifacts), or NULL */
     float *gbuf;                     /* fp32 gradient of the largest of dq, dk, dv */
+    float *saved_lse;                /* the last forward's LSE in the layout the backward
+                                        program takes (cpc_rank_backward with lse NULL) */
+    size_t saved_lse_bytes;
+    bool lse_in_shard_layout;        /* the backward takes the LSE as [B, H, T] (U = 1) */
     size_t esz;                      /* element size of the plan's dtype */
     int ndim[CPC_TENSOR__COUNT];
     int64_t shape[CPC_TENSOR__COUNT][4];
@@ -74,6 +78,7 @@ void cpc_rank_destroy(cpc_rank *r)
     cpc_exec_destroy(r->bex);
     cpc_exec_destroy(r->ex);
     free(r->gbuf);
+    free(r->saved_lse);
     if (r->t)
         cpc_transport_destroy(r->t);
     if (r->be)
@@ -183,10 +188,10 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         bcfg.prog = a->backward;
         if ((st = cpc_exec_create(&bcfg, &r->bex)))
             goto fail;
-        const int bin[6][2] = {{CPC_TENSOR_Q, CPC_ROLE_Q},     {CPC_TENSOR_K, CPC_ROLE_K},
+        const int bin[5][2] = {{CPC_TENSOR_Q, CPC_ROLE_Q},     {CPC_TENSOR_K, CPC_ROLE_K},
                                {CPC_TENSOR_V, CPC_ROLE_V},     {CPC_TENSOR_OUT, CPC_ROLE_O},
-                               {CPC_TENSOR_DOUT, CPC_ROLE_DO}, {CPC_TENSOR_LSE, CPC_ROLE_LSE}};
-        for (int i = 0; i < 6; i++) {
+                               {CPC_TENSOR_DOUT, CPC_ROLE_DO}};
+        for (int i = 0; i < 5; i++) {
             size_t want = cpc_exec_input_bytes(r->bex, (cpc_buf_role)bin[i][1]);
             if (want != r->bytes[bin[i][0]]) {
                 st = cpc_error(CPC_E_INTERNAL, "rank %d: backward input %s is %zu bytes, shape says %zu", p,
@@ -194,9 +199,15 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
                 goto fail;
             }
         }
+        /* the saved LSE: in the layout the forward computed it in (ulysses
+         * and unified: ring block x this member's heads), which is the
+         * caller's [B, H, T] only with U = 1 */
+        r->saved_lse_bytes = cpc_exec_input_bytes(r->bex, CPC_ROLE_LSE);
+        r->lse_in_shard_layout = L->U == 1 && r->saved_lse_bytes == r->bytes[CPC_TENSOR_LSE];
         size_t g = r->bytes[CPC_TENSOR_DQ] > r->bytes[CPC_TENSOR_DK] ? r->bytes[CPC_TENSOR_DQ]
                                                                       : r->bytes[CPC_TENSOR_DK];
-        if (!(r->gbuf = malloc(g / r->esz * sizeof(float) + sizeof(float)))) {
+        r->saved_lse = malloc(r->saved_lse_bytes + sizeof(float));
+        if (!r->saved_lse || !(r->gbuf = malloc(g / r->esz * sizeof(float) + sizeof(float)))) {
             st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the gradients", p);
             goto fail;
         }
@@ -543,8 +554,23 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
     for (int i = 0; i < NIN; i++)
         if ((st = check_tensor(r, in_role[i], in[i], dt, false, &contig[in_role[i]])))
             return st;
-    if ((st = check_tensor(r, CPC_TENSOR_LSE, lse, CPC_DTYPE_FP32, false, &contig[CPC_TENSOR_LSE])))
+    /* lse: NULL (the last forward's), the saved LSE (1-D, cpc_rank_saved_lse) or,
+     * with U = 1, the forward's [B, H, T] */
+    bool lse_saved = lse && lse->ndim == 1;
+    if (lse_saved) {
+        if (lse->dtype != CPC_DTYPE_FP32 || !lse->data ||
+            lse->shape[0] != (int64_t)(r->saved_lse_bytes / sizeof(float)) ||
+            (lse->shape[0] > 1 && lse->strides[0] != 0 && lse->strides[0] != 1))
+            return cpc_error(CPC_E_USAGE, "rank %d: a 1-D lse is the saved LSE: f32, %lld contiguous elements "
+                                          "(cpc_rank_saved_lse)", r->p,
+                             (long long)(r->saved_lse_bytes / sizeof(float)));
+    } else if (lse && !r->lse_in_shard_layout) {
+        return cpc_error(CPC_E_USAGE, "rank %d: variant %s keeps the LSE in the Ulysses head layout: pass the "
+                                      "saved LSE (cpc_rank_saved_lse) or NULL", r->p,
+                         cpc_variant_name(r->a->program->layout.variant));
+    } else if (lse && (st = check_tensor(r, CPC_TENSOR_LSE, lse, CPC_DTYPE_FP32, false, &contig[CPC_TENSOR_LSE]))) {
         return st;
+    }
     for (int i = 0; i < 3; i++) {
         cpc_dtype want = gr[i] && gr[i]->dtype == CPC_DTYPE_FP32 ? CPC_DTYPE_FP32 : dt;
         if ((st = check_tensor(r, g_role[i], gr[i], want, true, &contig[g_role[i]])))
@@ -572,13 +598,23 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
         if ((st = cpc_exec_bind_input(r->bex, in_exec[i], src, r->bytes[role])))
             return st;
     }
-    {
+    if (lse_saved) {
+        if ((st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, lse->data, r->saved_lse_bytes)))
+            return st;
+    } else if (lse) {
         const void *src = lse->data;
         if (!contig[CPC_TENSOR_LSE]) {
             strided_copy(lse, r->shape[CPC_TENSOR_LSE], 3, 4, r->stage[CPC_TENSOR_LSE], true);
             src = r->stage[CPC_TENSOR_LSE];
         }
         if ((st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, src, r->bytes[CPC_TENSOR_LSE])))
+            return st;
+    } else {
+        /* the LSE the forward executor holds from this rank's last forward */
+        int h_off = 0, h_n = 0, n_runs = 0;
+        if ((st = cpc_exec_lse_into(r->ex, r->saved_lse, r->saved_lse_bytes, &h_off, &h_n, r->lse_runs,
+                                    r->max_runs, &n_runs)) ||
+            (st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, r->saved_lse, r->saved_lse_bytes)))
             return st;
     }
     if (r->mask) {
@@ -612,4 +648,23 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
         }
     }
     return NULL;
+}
+
+int64_t cpc_rank_saved_lse_elements(const cpc_rank *r)
+{
+    return r && r->bex ? (int64_t)(r->saved_lse_bytes / sizeof(float)) : 0;
+}
+
+cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n)
+{
+    if (!r || !dst)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_saved_lse: rank and dst must not be NULL");
+    if (!r->bex)
+        return cpc_error(CPC_E_UNSUPPORTED, "rank %d: the artifact has no backward program (its plan's "
+                                            "input.mode is not training)", r->p);
+    if (n != cpc_rank_saved_lse_elements(r))
+        return cpc_error(CPC_E_USAGE, "rank %d: the saved LSE has %lld elements, %lld given", r->p,
+                         (long long)cpc_rank_saved_lse_elements(r), (long long)n);
+    int h_off = 0, h_n = 0, n_runs = 0;
+    return cpc_exec_lse_into(r->ex, dst, r->saved_lse_bytes, &h_off, &h_n, r->lse_runs, r->max_runs, &n_runs);
 }

@@ -173,10 +173,23 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
         sc->priced = true;
     }
     /* SPEC section 10: a training plan compiles, proves and prices its
-     * backward program too (CP060 where the variant has none) */
+     * backward program too (CP060 for a Lua schedule script) */
     if (c->plan->input.mode == CPC_MODE_TRAINING) {
-        cpc_status *bst = cpc_schedule_build_backward(sp, cand->variant, cand->ring_degree,
-                                                      cand->ulysses_degree, &c->backward);
+        cpc_status *bst;
+        if (c->script_applied) {
+            /* a script's schedule() replaced the forward (--lua; the plan's
+             * schedule.script is refused at pricing already): scripts
+             * return no backward program to pair with it */
+            bst = cpc_diag(CPC_E_PLAN, CPC_RULE_TRAIN, CPC_SEV_ERROR, schedule_span(c->plan),
+                           "training: the Lua schedule script %s replaced the forward program, and scripts "
+                           "return no backward program yet",
+                           c->script_path ? c->script_path : "");
+            cpc_status_set_hint(bst, "drop the script to train with the built-in schedule, or use "
+                                     "input.mode: inference for the forward pass");
+        } else {
+            bst = cpc_schedule_build_backward(sp, cand->variant, cand->ring_degree, cand->ulysses_degree,
+                                              &c->backward);
+        }
         if (!bst)
             bst = cpc_verify_backward(c->backward);
         if (!add(c, place_schedule_diags(bst, c->plan)))

@@ -703,6 +703,14 @@ static cpc_status *price_loop(pricer *pr, const cpc_op *op)
 /* init_acc: writes its buffers (memory-bound) */
 static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
 {
+    if (op->block) { /* a gradient accumulator made for a ring block (backward) */
+        int64_t b = 0;
+        cpc_status *st = eval(pr, op->block, &b);
+        if (st)
+            return st;
+        for (int i = 0; i < op->n_out; i++)
+            pr->tag[op->out[i]] = (int)b;
+    }
     for (int i = 0; i < op->n_in; i++)
         compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
     for (int i = 0; i < op->n_out; i++)
@@ -758,7 +766,7 @@ static cpc_status *price_memory(pricer *pr, const cpc_op *op)
     for (int i = 0; i < op->n_in; i++)
         bytes += buf_bytes(pr, op->in[i]);
     for (int i = 0; i < op->n_out; i++)
-        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE ? 2 : 1);
+        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE || op->kind == CPC_OP_ADD ? 2 : 1);
     compute(pr, mem_time(pr, bytes));
     if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
         pr->tag[op->out[0]] = pr->tag[op->in[0]];
@@ -878,6 +886,61 @@ static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* reduce_scatter (backward, all-gather ring): block j's fp32 slice to each
+ * member j over the ring link, plus pack and the sum of R parts */
+static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t all = buf_bytes(pr, op->in[i]);
+        int64_t tot = buf_tokens(pr, op->in[i]);
+        int64_t per_tok = all / (tot > 0 ? tot : 1);
+        int r = (int)pr->c.r;
+        int64_t out = cpc_layout_block_tokens(L, r) * per_tok;
+        int64_t bytes = all - cpc_layout_block_tokens(L, r) * per_tok;
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + (lat * (L->R - 1) + (double)bytes / bw) * pr->comm_scale +
+                                  (mem_time(pr, all) + mem_time(pr, out * L->R)) * pr->compute_scale;
+        pr->sent += bytes;
+        pr->tag[op->out[i]] = r;
+        if (all > pr->stage_send)
+            pr->stage_send = all;
+        if (out * L->R > pr->stage_recv)
+            pr->stage_recv = out * L->R;
+    }
+    return NULL;
+}
+
+/* all_reduce (backward, cross-attention dK/dV): reduce-scatter of Skv
+ * chunks then all-gather over the world link, plus pack and sum */
+static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t all = buf_bytes(pr, op->in[i]);
+        int64_t tot = buf_tokens(pr, op->in[i]);
+        int64_t per_tok = all / (tot > 0 ? tot : 1);
+        int64_t mine = cpc_split_len(L->Skv, L->P, pr->c.p) * per_tok;
+        int64_t bytes = (all - mine) + mine * (L->P - 1);
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_WORLD, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + (2.0 * lat * (L->P - 1) + (double)bytes / bw) * pr->comm_scale +
+                                  (2.0 * mem_time(pr, all) + mem_time(pr, mine * L->P)) * pr->compute_scale;
+        pr->sent += bytes;
+        pr->tag[op->out[i]] = pr->tag[op->in[i]];
+        if (all > pr->stage_send)
+            pr->stage_send = all;
+        if (all > pr->stage_recv)
+            pr->stage_recv = all;
+        if (mine * L->P > pr->stage_recv)
+            pr->stage_recv = mine * L->P;
+    }
+    return NULL;
+}
+
 /* barrier: one latency of its group */
 static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
 {
@@ -904,6 +967,9 @@ static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
     [CPC_OP_BARRIER] = price_barrier,
     [CPC_OP_ATTN_BWD] = price_attn,
     [CPC_OP_DELTA] = price_memory,
+    [CPC_OP_REDUCE_SCATTER] = price_reduce_scatter,
+    [CPC_OP_ALL_REDUCE] = price_all_reduce,
+    [CPC_OP_ADD] = price_memory,
 };
 _Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
 

@@ -780,12 +780,18 @@ static void *train_thread(void *arg)
     }
     cpc_tensor tm = {pb->mask, CPC_DTYPE_U8, 2, {pb->B, pb->S}, {0}};
     const cpc_tensor *m = pb->mask ? &tm : NULL;
+    /* Ulysses/unified keep the LSE in the head layout: saved (cpc_rank_saved_lse) */
+    bool uly = cpc_artifact_ulysses_degree(j->a) > 1;
+    int64_t ns = cpc_rank_saved_lse_elements(r);
+    float *saved = malloc((size_t)ns * sizeof *saved + 4);
+    cpc_tensor tsv = {saved, CPC_DTYPE_FP32, 1, {ns}, {0}};
     long before = 0;
     for (int it = 0; it < j->iters; it++) {
         if (it == 1)
             before = n_allocs;
-        if ((st = cpc_rank_forward(r, &tq, &tk, &tv, m, &to, &tl)) ||
-            (st = cpc_rank_backward(r, &tq, &tk, &tv, m, &to, &tl, &tdo, &tdq, &tdk, &tdv))) {
+        if ((st = cpc_rank_forward(r, &tq, &tk, &tv, m, &to, uly ? NULL : &tl)) ||
+            (uly && (st = cpc_rank_saved_lse(r, saved, ns))) ||
+            (st = cpc_rank_backward(r, &tq, &tk, &tv, m, &to, uly ? &tsv : &tl, &tdo, &tdq, &tdk, &tdv))) {
             snprintf(j->err, sizeof j->err, "iteration %d: %s", it, cpc_status_message(st));
             cpc_status_free(st);
             goto done;
@@ -817,7 +823,7 @@ static void *train_thread(void *arg)
     }
 done:
     cpc_rank_destroy(r);
-    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dqf), free(dk), free(dv);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dqf), free(dk), free(dv), free(saved);
     return NULL;
 }
 
@@ -875,6 +881,9 @@ Test(api, backward_matches_float64_on_thread_ranks)
         {"ring", 4, "fp32", "causal", 6, 2, true},
         {"ring", 4, "bf16", "causal", 4, 1, false},
         {"ring", 4, "bf16", "none", 4, 2, true},
+        {"ulysses", 4, "fp32", "causal", 8, 2, false},   /* K/V heads split */
+        {"ulysses", 4, "bf16", "none", 4, 1, true},      /* MQA: the K/V head shared */
+        {"unified", 4, "fp32", "causal", 4, 2, false},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         cpc_dtype dt = strcmp(cs[i].dtype, "bf16") == 0 ? CPC_DTYPE_BF16 : CPC_DTYPE_FP32;
@@ -968,9 +977,11 @@ Test(api, backward_refusals_leave_outputs_untouched)
     memcpy(overlap.strides, s4, sizeof s4);
     cpc_tensor nul = gq;
     nul.data = NULL;
+    float saved_small[4];
+    cpc_tensor bad_saved = {.data = saved_small, .dtype = CPC_DTYPE_FP32, .ndim = 1, .shape = {4}};
     const cpc_tensor *args[][6] = {
         {&o, &l, &d, &bad_shape, &gk, &gv}, {&o, &l, &d, &gq, &bad_dtype, &gv}, {&o, &l, &bad_dout, &gq, &gk, &gv},
-        {&o, &bad_lse, &d, &gq, &gk, &gv},  {&o, NULL, &d, &gq, &gk, &gv},     {&o, &l, &d, &gq, &gk, &overlap},
+        {&o, &bad_lse, &d, &gq, &gk, &gv},  {&o, &bad_saved, &d, &gq, &gk, &gv}, {&o, &l, &d, &gq, &gk, &overlap},
         {&o, &l, &d, &nul, &gk, &gv},       {&o, &l, NULL, &gq, &gk, &gv},
     };
     for (size_t c = 0; c < sizeof args / sizeof *args; c++) {
@@ -998,6 +1009,19 @@ Test(api, backward_refusals_leave_outputs_untouched)
         num += (dk[i] - pb.dk[i]) * (dk[i] - pb.dk[i]) + (dv[i] - pb.dv[i]) * (dv[i] - pb.dv[i]),
             den += pb.dk[i] * pb.dk[i] + pb.dv[i] * pb.dv[i];
     cr_expect_lt(sqrt(num / den), 1e-5);
+    /* the same gradients from the saved LSE (1-D) and from lse NULL (the last forward's) */
+    int64_t ns = cpc_rank_saved_lse_elements(r);
+    cr_assert_eq(ns, 4 * 32);
+    float *saved = malloc((size_t)ns * sizeof *saved), *dq2 = malloc(nq * 4);
+    cr_assert_null(cpc_rank_saved_lse(r, saved, ns));
+    cpc_tensor ts = {.data = saved, .dtype = CPC_DTYPE_FP32, .ndim = 1, .shape = {ns}};
+    cpc_tensor gq2 = tensor4(dq2, 1, 32, 4, 16);
+    cr_assert_null(cpc_rank_backward(r, &q, &k, &v, NULL, &o, &ts, &d, &gq2, &gk, &gv));
+    cr_expect(memcmp(dq, dq2, nq * 4) == 0, "saved LSE: other dq");
+    memset(dq2, 0, nq * 4);
+    cr_assert_null(cpc_rank_backward(r, &q, &k, &v, NULL, &o, NULL, &d, &gq2, &gk, &gv));
+    cr_expect(memcmp(dq, dq2, nq * 4) == 0, "lse NULL: other dq");
+    free(saved), free(dq2);
     free(out), free(lse), free(dq), free(dk), free(dv);
     free_train_problem(&pb);
     cpc_rank_destroy(r);

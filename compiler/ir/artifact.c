@@ -669,6 +669,8 @@ static void em_ops(emitter *m, const cpc_program *prog, const cpc_op *ops, int n
             kv_str(m, "group", cpc_group_name(op->group));
         if (op->kind == CPC_OP_ALL_TO_ALL || op->dir != CPC_A2A_SEQ_TO_HEADS)
             kv_str(m, "dir", cpc_a2a_dir_name(op->dir));
+        if (op->reduce) /* backward all_to_all (program.h) */
+            kv_str(m, "reduce", "sum");
         em_expr(m, "peer", op->peer);
         em_bufs(m, prog, "in", op->in, op->n_in);
         em_bufs(m, prog, "out", op->out, op->n_out);
@@ -1183,9 +1185,15 @@ static int get_span(reader *r, const yaml_node_t *map, const char *what, cpc_spa
     return 0;
 }
 
+/* all_to_all `reduce` (program.h): the only value is "sum". */
+static int reduce_parse(const char *s)
+{
+    return strcmp(s, "sum") == 0 ? 1 : -1;
+}
+
 static int read_ops(reader *r, const yaml_node_t *seq, const char *where, int depth, cpc_op **ops, int *n)
 {
-    static const char *const keys[] = {"kind", "group", "dir", "peer", "in", "out", "block",
+    static const char *const keys[] = {"kind", "group", "dir", "reduce", "peer", "in", "out", "block",
                                        "count", "tag", "when", "span", "body"};
     if (!seq || seq->type != YAML_SEQUENCE_NODE)
         return rfail(r, seq, "%s must be a list of ops", where);
@@ -1209,8 +1217,12 @@ static int read_ops(reader *r, const yaml_node_t *seq, const char *where, int de
             return -1;
         if (get(r, m, "dir") && get_enum(r, m, what, "dir", cpc_a2a_dir_parse, &dir))
             return -1;
+        int red = 0;
+        if (get(r, m, "reduce") && get_enum(r, m, what, "reduce", reduce_parse, &red))
+            return -1;
         op->group = (cpc_group)g;
         op->dir = (cpc_a2a_dir)dir;
+        op->reduce = red == 1;
         if (get_expr(r, m, what, "peer", &op->peer) || get_expr(r, m, what, "block", &op->block) ||
             get_expr(r, m, what, "count", &op->count) || get_expr(r, m, what, "when", &op->when))
             return -1;

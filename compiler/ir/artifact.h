@@ -38,7 +38,9 @@
  *     ops:                             one mapping per op: kind, then only
  *       - {kind: init_acc, out: [acc, lse]}     the fields that are set:
  *       - kind: loop                   group (not none), dir (all_to_all),
- *         count: R                     peer, in, out (buffer names), block,
+ *         count: R                     reduce ("sum": a backward all_to_all
+ *                                      that sums shared heads, program.h),
+ *                                      peer, in, out (buffer names), block,
  *         body: [...]                  count, tag (send/recv/wait, or when
  *                                      non-zero), when, span ("file:line:col"
  *                                      when the op has one), body (loops)

@@ -165,9 +165,14 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
  * (the artifact's backward program, proven; ring: K/V blocks rotate and
  * each block's dK/dV accumulator travels home in fp32).
  *   in:  q, k, v, mask: as passed to the cpc_rank_forward whose output this
- *        is; out: that forward's output shard [B, T, H, D] and lse its LSE
- *        F32 [B, H, T] (cpc_rank_forward's lse argument: keep both from the
- *        forward); dout [B, T, H, D].  q, k, v, out, dout in the plan's dtype.
+ *        is; out: that forward's output shard [B, T, H, D]; lse: that
+ *        forward's LSE, either as saved by cpc_rank_saved_lse right after it
+ *        (F32, 1-D, cpc_rank_saved_lse_elements: any variant), or for
+ *        ulysses_degree 1 as cpc_rank_forward's lse output F32 [B, H, T], or
+ *        NULL: the LSE of this rank's LAST forward (only right when no other
+ *        forward ran on this rank since: one rank per layer, or backward
+ *        before the next forward); dout [B, T, H, D].  q, k, v, out, dout in
+ *        the plan's dtype.
  *   out: dq [B, T, H, D], dk and dv [B, T, Hkv, D] (cpc_artifact_shard_shape
  *        with CPC_TENSOR_DQ/DK/DV), each either in the plan's dtype (rounded
  *        once from the fp32 accumulators) or CPC_DTYPE_FP32 (the accumulators
@@ -185,6 +190,17 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
                               const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                               const cpc_tensor *lse, const cpc_tensor *dout, const cpc_tensor *dq,
                               const cpc_tensor *dk, const cpc_tensor *dv);
+
+/* The saved state of a training forward that cpc_rank_backward needs besides
+ * out: the LSE in the layout the forward computed it in (ulysses and
+ * unified: the ring block's tokens x this member's heads; else [B, H, T]).
+ * cpc_rank_saved_lse_elements: its size in floats (0 for an artifact that
+ * does not train).  cpc_rank_saved_lse copies the LSE of this rank's last
+ * cpc_rank_forward into dst (n floats; call it after the forward, before
+ * the next one).  Not collective, allocates nothing.  Errors: CPC_E_USAGE
+ * (NULL, n not the size), CPC_E_UNSUPPORTED (no backward program). */
+int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
+cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
  * communicators).  NULL is ignored. */

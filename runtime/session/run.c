@@ -489,37 +489,57 @@ static void add_grad_box(run_ctx *x, float *global, const float *part, int64_t n
     pthread_mutex_unlock(&grad_mu);
 }
 
+/* The K/V tokens of world rank w's dK/dV shards: its shard's, or the whole
+ * Skv for cross-attention (whole on every rank of a group after the
+ * all_reduce). */
+static int64_t grad_kv_tokens(const run_ctx *x, int q)
+{
+    return x->L->cross ? x->L->Skv : cpc_layout_shard_tokens(x->L, q);
+}
+
 /* Bytes of world rank w's gradient blob (TAG_GRAD): its n_iter backward
- * times and bytes sent (doubles), then its dq, dk, dv shards (fp32,
- * [B, T, H or Hkv, D] of its group's program). */
+ * times and bytes sent (doubles), then its dq, dk, dv shards (fp32, dq
+ * [B, T, H, D], dk and dv [B, T or Skv, Hkv, D] of its group's program). */
 static size_t grad_blob_bytes(const run_ctx *x, int w)
 {
     const cpc_layout *L = x->L;
-    size_t T = (size_t)cpc_layout_shard_tokens(L, cpc_placement_rank(&x->pl, w).q);
+    int q = cpc_placement_rank(&x->pl, w).q;
+    size_t T = (size_t)cpc_layout_shard_tokens(L, q), Tkv = (size_t)grad_kv_tokens(x, q);
     return (size_t)(x->n_iter + 1) * sizeof(double) +
-           (size_t)L->B * T * (size_t)(L->H + 2 * L->Hkv) * (size_t)L->D * sizeof(float);
+           (size_t)L->B * (T * (size_t)L->H + 2 * Tkv * (size_t)L->Hkv) * (size_t)L->D * sizeof(float);
 }
 
 /* One rank's gradient shards (dq, dk, dv back to back, fp32, as in
- * grad_blob_bytes) into the global [B, S, H or Hkv, D] gradients: its batch
- * items and heads (placement.h).  K/V heads replicated over T/Hkv ranks (Hkv
- * < T) have one dK/dV part per rank: they are summed (GQA; mutex: threads of
- * one process). */
+ * grad_blob_bytes) into the global [B, S or Skv, H or Hkv, D] gradients:
+ * its batch items and heads (placement.h).  K/V heads replicated over
+ * T/Hkv ranks (Hkv < T) have one dK/dV part per rank: they are summed
+ * (GQA; mutex: threads of one process).  Cross-attention dK/dV are whole
+ * and identical on every rank of a group after the all_reduce: group rank
+ * 0's are kept. */
 static void scatter_grads(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
-                          int n_runs, int64_t T)
+                          int n_runs)
 {
     const cpc_layout *L = x->L;
+    int64_t T = cpc_layout_shard_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
     struct { float *dst; int h, gh, h0; } gr[3] = {
         {x->dq, L->H, x->G.H, rp->h0}, {x->dk, L->Hkv, x->G.Hkv, rp->hkv0}, {x->dv, L->Hkv, x->G.Hkv, rp->hkv0}};
     int64_t es = (int64_t)sizeof(float);
     for (int i = 0; i < 3; i++) {
-        if (i > 0 && x->pl.T > x->G.Hkv)
-            add_grad_box(x, gr[i].dst, g, L->B, L->S, (int64_t)gr[i].gh * L->D, rp->b0,
-                         (int64_t)gr[i].h0 * L->D, (int64_t)gr[i].h * L->D, runs, n_runs);
-        else
-            cpc_scatter_box(gr[i].dst, g, L->B, L->S, (int64_t)gr[i].gh * L->D * es, rp->b0,
-                            (int64_t)gr[i].h0 * L->D * es, (int64_t)gr[i].h * L->D * es, runs, n_runs);
-        g += (size_t)(L->B * T) * (size_t)gr[i].h * (size_t)L->D;
+        bool whole = i > 0 && L->cross;
+        size_t n = (size_t)(L->B * (whole ? Tkv : T)) * (size_t)gr[i].h * (size_t)L->D;
+        if (!(whole && rp->q != 0)) {
+            cpc_run kv_run = {0, L->Skv};
+            const cpc_run *gruns = whole ? &kv_run : runs;
+            int gn = whole ? 1 : n_runs;
+            int64_t gS = whole ? L->Skv : L->S;
+            if (i > 0 && x->pl.T > x->G.Hkv)
+                add_grad_box(x, gr[i].dst, g, L->B, gS, (int64_t)gr[i].gh * L->D, rp->b0,
+                             (int64_t)gr[i].h0 * L->D, (int64_t)gr[i].h * L->D, gruns, gn);
+            else
+                cpc_scatter_box(gr[i].dst, g, L->B, gS, (int64_t)gr[i].gh * L->D * es, rp->b0,
+                                (int64_t)gr[i].h0 * L->D * es, (int64_t)gr[i].h * L->D * es, gruns, gn);
+        }
+        g += n;
     }
 }
 
@@ -534,7 +554,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
                                    cpc_exec *ex, const cpc_run *runs, int n_runs)
 {
     const cpc_layout *L = x->L;
-    int64_t T = cpc_layout_shard_tokens(L, rp->q);
+    int64_t T = cpc_layout_shard_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
     size_t nb = grad_blob_bytes(x, p);
     char *blob = malloc(nb);
     if (!blob)
@@ -544,17 +564,18 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
     hd[x->n_iter] = (double)x->bwd_bytes[p];
     float *g = (float *)(hd + x->n_iter + 1);
     cpc_buf_role role[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
-    int h[3] = {L->H, L->Hkv, L->Hkv};
+    size_t ne[3] = {(size_t)(L->B * T) * (size_t)L->H * (size_t)L->D,
+                    (size_t)(L->B * Tkv) * (size_t)L->Hkv * (size_t)L->D,
+                    (size_t)(L->B * Tkv) * (size_t)L->Hkv * (size_t)L->D};
     cpc_status *st = NULL;
     float *gi = g;
     for (int i = 0; i < 3 && !st; i++) {
-        size_t n = (size_t)(L->B * T) * (size_t)h[i] * (size_t)L->D;
-        st = cpc_exec_read_grad(ex, role[i], gi, n * sizeof *gi);
-        gi += n;
+        st = cpc_exec_read_grad(ex, role[i], gi, ne[i] * sizeof *gi);
+        gi += ne[i];
     }
     if (st || !x->mpi || p == 0) {
         if (!st)
-            scatter_grads(x, rp, g, runs, n_runs, T);
+            scatter_grads(x, rp, g, runs, n_runs);
         free(blob);
         if (st || !x->mpi)
             return st;
@@ -577,8 +598,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
                 memcpy(x->bwd_ms + (size_t)w * (size_t)x->n_iter, wd, (size_t)x->n_iter * sizeof(double));
                 x->bwd_bytes[w] = (int64_t)wd[x->n_iter];
                 int nw = cpc_layout_shard_runs(L, wp.q, qr, max_runs);
-                scatter_grads(x, &wp, (const float *)(wd + x->n_iter + 1), qr, nw,
-                              cpc_layout_shard_tokens(L, wp.q));
+                scatter_grads(x, &wp, (const float *)(wd + x->n_iter + 1), qr, nw);
             }
             free(buf);
         }
@@ -612,8 +632,12 @@ static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cp
     int64_t T = cpc_layout_shard_tokens(L, rp->q);
     size_t es = (size_t)cpc_dtype_size(L->dtype);
     size_t nq = (size_t)(L->B * T) * (size_t)L->H * (size_t)L->D;
-    size_t nkv = (size_t)(L->B * T) * (size_t)L->Hkv * (size_t)L->D;
-    size_t nl = (size_t)(L->B * T) * (size_t)L->H;
+    /* cross-attention: K/V, dK and dV are whole ([B, Skv, Hkv, D]) on every rank */
+    int64_t Tkv = L->cross ? L->Skv : T;
+    size_t nkv = (size_t)(L->B * Tkv) * (size_t)L->Hkv * (size_t)L->D;
+    /* The saved LSE in the layout the forward computed it in (ulysses: ring
+     * block x this member's heads), as the backward program takes it. */
+    size_t nl = cpc_exec_input_bytes(ex, CPC_ROLE_LSE) / sizeof(float);
     int mr = cpc_exec_max_runs(fwd);
     dout = malloc(nq * es + 1);
     lse = malloc(nl * sizeof *lse + 1);
@@ -626,11 +650,6 @@ static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cp
     if ((st = make_dout(x, rp, runs, n_runs, dout)) ||
         (st = cpc_exec_lse_into(fwd, lse, nl * sizeof *lse, &ho, &hn, lr, mr, &nr)))
         goto done;
-    if (ho != 0 || hn != L->H) {
-        st = cpc_error(CPC_E_INTERNAL, "rank %d: the forward's LSE holds heads [%d, %d), the backward needs all %d",
-                       p, ho, ho + hn, L->H);
-        goto done;
-    }
     if ((st = cpc_exec_bind_input(ex, CPC_ROLE_Q, inbuf[0], nq * es)) ||
         (st = cpc_exec_bind_input(ex, CPC_ROLE_K, inbuf[1], nkv * es)) ||
         (st = cpc_exec_bind_input(ex, CPC_ROLE_V, inbuf[2], nkv * es)) ||
@@ -1437,10 +1456,10 @@ static cpc_status *backward_memory(run_ctx *x, int first, int last, int my_rank,
             cpc_exec_memory_free(&m);
         }
         int64_t T = cpc_layout_shard_tokens(L, q);
-        b += L->B * T * L->H * (L->D * es + 4) + L->B * T * (L->H + 2 * L->Hkv) * L->D * 4;
+        b += L->B * T * L->H * (L->D * es + 4) + (int64_t)grad_blob_bytes(x, w);
     }
     if (my_rank == 0) {
-        int64_t ng = (int64_t)G->B * G->S * (G->H + 2 * G->Hkv) * G->D;
+        int64_t ng = (int64_t)G->B * (G->S * G->H + 2 * G->Skv * G->Hkv) * G->D;
         b += ng * 4;
         if (x->opt->output_path)
             b += ng * es;
@@ -1555,8 +1574,8 @@ static cpc_status *make_mask(run_ctx *x)
 }
 
 /* --output: `out` (plan dtype), `lse` with --lse, and for training plans
- * `dq`, `dk`, `dv` (SPEC section 10: global BSHD, the fp32 gradients
- * rounded to the plan dtype once, here). */
+ * `dq`, `dk`, `dv` (SPEC section 10: global BSHD, dk/dv [B, Skv, Hkv, D],
+ * the fp32 gradients rounded to the plan dtype once, here). */
 static cpc_status *write_output(run_ctx *x)
 {
     const cpc_layout *L = &x->G; /* the whole problem */
@@ -1574,16 +1593,17 @@ static cpc_status *write_output(run_ctx *x)
         static const char *const name[3] = {"dq", "dk", "dv"};
         const float *src[3] = {x->dq, x->dk, x->dv};
         int h[3] = {L->H, L->Hkv, L->Hkv};
+        int64_t tok[3] = {L->S, L->Skv, L->Skv};
         size_t es = (size_t)cpc_dtype_size(L->dtype);
         for (int i = 0; i < 3 && !st; i++) {
-            size_t ne = (size_t)(L->B * L->S) * (size_t)h[i] * (size_t)L->D;
+            size_t ne = (size_t)(L->B * tok[i]) * (size_t)h[i] * (size_t)L->D;
             if (!(g[i] = malloc(ne * es + 1))) {
                 st = cpc_error(CPC_E_NOMEM, "out of memory for the output gradients");
                 break;
             }
             cpc_from_f32_n(g[i], L->dtype, src[i], ne);
             o[n++] = (cpc_st_out){.name = name[i], .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
-                                  .shape = {L->B, L->S, h[i], L->D}, .data = g[i]};
+                                  .shape = {L->B, tok[i], h[i], L->D}, .data = g[i]};
         }
     }
     if (!st)
@@ -2182,9 +2202,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     }
     x.mpi = use_mpi;
     if (job->bwd) {
-        /* the whole problem's gradients, on rank 0 (backward_gather) */
+        /* the whole problem's gradients (cross-attention: dK/dV [B, Skv, Hkv,
+         * D]), on rank 0 (backward_gather) */
         size_t nq = my_rank == 0 ? (size_t)x.G.B * (size_t)x.G.S * (size_t)x.G.H * (size_t)x.G.D : 0;
-        size_t nkv = my_rank == 0 ? (size_t)x.G.B * (size_t)x.G.S * (size_t)x.G.Hkv * (size_t)x.G.D : 0;
+        size_t nkv = my_rank == 0 ? (size_t)x.G.B * (size_t)x.G.Skv * (size_t)x.G.Hkv * (size_t)x.G.D : 0;
         x.dq = calloc(nq + 1, sizeof *x.dq);
         x.dk = calloc(nkv + 1, sizeof *x.dk);
         x.dv = calloc(nkv + 1, sizeof *x.dv);

@@ -9,8 +9,8 @@
  * memory by the compiler's own pipeline, cpc_compile_file (compile.h) up to
  * CPC_UNTIL_VERIFY, exactly what `cpc --check` runs: load -> validate and
  * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
- * -> price the final program (-> training: backward schedule, proof, price;
- * CP060 where the variant has no backward program).
+ * -> price the final program (-> training: backward schedule (schedule_bwd.h),
+ * proof (verify_bwd.h), price; CP060 for a Lua schedule script).
  *
  * The outer axes (SPEC section 1, "All four axes"; placement.h): with
  * cfg_degree C x tp_degree T > 1 the job's world is P = C*T*R*U ranks;
@@ -24,7 +24,7 @@
  * the results travel to world rank 0 over a second endpoint of the job's
  * whole world (P x 1), which gathers the global out and LSE, checks the
  * whole problem against the float64 reference and writes the outputs.
- * Training plans (none, ring) run the backward per group; dK/dV of K/V
+ * Training plans (every variant) run the backward per group; dK/dV of K/V
  * heads replicated over tensor-parallel ranks (Hkv < T) are summed.  The
  * NCCL transport refuses C*T > 1 (CPC_E_UNSUPPORTED).
  *
@@ -111,8 +111,8 @@ typedef struct cpc_job {
  * n_sets --set overrides (YAML only).  Returns the diagnostics chain
  * (warnings and/or errors; caller frees).  On error *out is NULL.  Errors:
  * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
- * CP060 (class CPC_E_PLAN) for a training plan whose variant has no
- * backward program yet (schedule_bwd.h says which train); cprun maps every plan
+ * CP060 (class CPC_E_PLAN) for a training plan that has no backward program
+ * (a Lua schedule script; schedule_bwd.h says what trains); cprun maps every plan
  * rejection to exit status 2.  An artifact of a training plan without a
  * backward_schedule is CPC_E_INPUT ("recompile the plan with cpc"). */
 cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);

@@ -2,8 +2,8 @@
 # Training plans through the compiler and the artifact (SPEC sections 3, 4, 10;
 # issue 16): `cpc` writes a training plan's backward program into the .cplan
 # (backward_schedule, artifact_version 2), `cprun` trains from it (proving it
-# again, not rebuilding it) with the same gradients as from the YAML; variant auto
-# picks a candidate that trains (the others are CP060);
+# again, not rebuilding it) with the same gradients as from the YAML; every trainable
+# candidate's backward is priced; a Lua schedule script is CP060;
 # `cpc --check --format json` gives predicted.ms_backward_per_layer, `--explain`
 # the backward columns; the predicted backward bytes are what cprun sends; a
 # tampered backward program (reading the next step's K/V) is refused with CP051
@@ -72,19 +72,25 @@ grep -E '^\* ring +4x1 +ok .* [0-9]+\.[0-9]{3} +[0-9.]+ [KM]iB$' "$tmp/explain.o
 "$CPC" --explain "$tmp/t.yaml" --set input.mode=inference | grep -q 'bwd ms/layer' &&
     fail "an inference plan has backward columns"
 
-# variant auto picks a candidate that trains: those without a backward program are
-# CP060 in --explain (ulysses is the fastest forward here), a plan asking for one is
-# rejected with CP060 naming what trains
+# variant auto: every candidate that trains has its backward priced (--explain), the
+# selected one's in the JSON; a Lua schedule script has no backward program: CP060, for
+# the plan's schedule.script (every candidate) and for --lua
 "$CPC" --check --format json "$tmp/t.yaml" --set parallel.variant=auto >"$tmp/auto.json" 2>"$tmp/auto.err" ||
     fail "auto training: $(cat "$tmp/auto.err")"
-python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["selected"]; assert s["variant"] in ("ring", "none"), s' \
-    "$tmp/auto.json" || fail "auto selected a variant that does not train: $(cat "$tmp/auto.json")"
-"$CPC" --explain "$tmp/t.yaml" --set parallel.variant=auto | grep -E '^  ulysses +1x4 +CP060' >/dev/null ||
-    fail "--explain: ulysses is not CP060 for training"
-"$CPC" --check "$tmp/t.yaml" --set parallel.variant=unified >/dev/null 2>"$tmp/uni.err"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["predicted"]; assert p["ms_backward_per_layer"] > 0, p' \
+    "$tmp/auto.json" || fail "auto: no backward prediction: $(cat "$tmp/auto.json")"
+"$CPC" --explain "$tmp/t.yaml" --set parallel.variant=auto | grep -E '^[ *] ulysses +1x4 +ok .* [0-9]+\.[0-9]{3} +[0-9.]+ [KM]iB$' \
+    >/dev/null || fail "--explain: ulysses has no backward prediction"
+printf 'function schedule(plan)\n  return plan.ops\nend\n' >"$tmp/s.lua"
+sed 's/^parallel: .*/parallel: {variant: ring}\nschedule: {script: s.lua}/' "$tmp/t.yaml" >"$tmp/scripted.yaml"
+"$CPC" --check "$tmp/scripted.yaml" >/dev/null 2>"$tmp/scr.err"
 rc=$?
-[ $rc -eq 1 ] && grep -q 'error\[CP060\].*variants none and ring' "$tmp/uni.err" ||
-    fail "unified training: exit $rc, expected 1 with CP060: $(cat "$tmp/uni.err")"
+[ $rc -eq 1 ] && grep -q 'error\[CP060\].*Lua schedule script' "$tmp/scr.err" ||
+    fail "training with schedule.script: exit $rc, expected 1 with CP060: $(cat "$tmp/scr.err")"
+"$CPC" --check "$tmp/t.yaml" --lua "$tmp/s.lua" >/dev/null 2>"$tmp/lua.err"
+rc=$?
+[ $rc -eq 1 ] && grep -q 'error\[CP060\].*Lua schedule script' "$tmp/lua.err" ||
+    fail "training with --lua: exit $rc, expected 1 with CP060: $(cat "$tmp/lua.err")"
 
 # rewrite FILE FROM TO OUT: edit the artifact and fix its content hash
 rewrite() {

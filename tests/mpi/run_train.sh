@@ -3,8 +3,9 @@
 # one process per rank (the MPI transport), runs the forward and the backward,
 # gathers dq, dk, dv to rank 0 (blobs on the world group) and checks them against
 # the float64 reference:
-#  1. none (-np 1) and ring at -np 2, 4 (fp32, bf16, fp16; causal zigzag, GQA, MQA,
-#     key padding): exit 0, the JSON report's "backward" check passes, transport mpi;
+#  1. none (-np 1), ring at -np 2, 4, ulysses and unified at 4, ulysses_anything at 3
+#     (fp32, bf16, fp16; causal zigzag, GQA with shared K/V heads, MQA, key padding, an
+#     uneven split): exit 0, the JSON report's "backward" check passes, transport mpi;
 #  2. rank 0's --output (out, dq, dk, dv in the plan dtype, global BSHD) is byte for
 #     byte the local transport's (every rank a thread of one process), and holds
 #     dq [B,S,H,D], dk and dv [B,S,Hkv,D] in the plan dtype;
@@ -102,6 +103,9 @@ train ring2-bf16-mqa     ring 2 bf16 causal      4 1 128
 train ring4-bf16-gqa     ring 4 bf16 causal      4 2 256
 train ring4-fp16         ring 4 fp16 none        4 4 128
 train ring4-padding      ring 4 fp32 key_padding 4 2 128
+train ulysses4-bf16      ulysses 4 bf16 causal   8 2 128
+train unified4-fp32      unified 4 fp32 none     4 2 128
+train ulysses_any3-fp32  ulysses_anything 3 fp32 none 4 1 129
 
 # the outer axes: cfg_degree 2 x tp_degree 2 x ring 2 (8 processes; Hkv 1 < T 2: each
 # tp rank's dK/dV part of the replicated K/V head is summed on rank 0)
