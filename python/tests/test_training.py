@@ -60,7 +60,8 @@ def ref_grads(q, k, v, dout, mask, causal):
 TDT = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CASES = [("none", 1, "fp32", "causal"), ("ring", 2, "fp32", "none"),
          ("ring", 4, "fp32", "causal"), ("ring", 4, "fp32", "key_padding"),
-         ("ring", 4, "bf16", "causal")]
+         ("ring", 4, "bf16", "causal"), ("ulysses", 4, "fp32", "causal"),
+         ("ulysses", 2, "bf16", "none"), ("unified", 4, "fp32", "causal")]
 
 
 @pytest.mark.parametrize("variant,P,dtype,mask", CASES,
@@ -109,8 +110,10 @@ def test_autograd_local_world_global_tensors():
     rq, rk, rv = ref_grads(q, k, v, dout, None, True)
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
     with cpc.LocalWorld(a) as w:
-        out, lse = w(q, k, v, return_lse=True)
-        assert out.grad_fn is not None and not lse.requires_grad
+        out = w(q, k, v)
+        assert out.grad_fn is not None
+        with pytest.raises(cpc.UsageError, match="return_lse"):
+            w(q, k, v, return_lse=True)
         (out * dout).sum().backward()
     for got, ref in ((q.grad, rq), (k.grad, rk), (v.grad, rv)):
         assert rel_err(got.double().numpy(), ref.numpy()) < 1e-5
@@ -221,3 +224,23 @@ def test_autograd_outer_axes(axes, Hkv):
         (w(q, k, v) * dout).sum().backward()
     for got, ref in ((q.grad, rq), (k.grad, rk), (v.grad, rv)):
         assert rel_err(got.double().numpy(), ref.numpy()) < 1e-5
+
+
+def test_backward_saved_lse_ulysses_numpy():
+    """ulysses keeps the LSE in the head layout: backward with each rank's saved LSE
+    (Attention.saved_lse, 1-D) or None (the last forward's) gives the same gradients."""
+    a = train_plan("ulysses", 4, H=8, Hkv=2, mask="none")
+    q, k, v, dout, _ = inputs(a, 9, torch.float32)
+    rq, rk, rv = ref_grads(q, k, v, dout, None, False)
+    nq, nk, nv, nd = (x.numpy() for x in (q, k, v, dout))
+    with cpc.LocalWorld(a) as w:
+        with pytest.raises(cpc.UnsupportedError):
+            w(nq, nk, nv, return_lse=True)   # the forward cannot return a ulysses LSE
+        out = w(nq, nk, nv)
+        g1 = w.backward(nq, nk, nv, out, None, nd)
+        saved = [w.rank(r).saved_lse() for r in range(a.world_size)]
+        assert saved[0].ndim == 1 and saved[0].dtype == np.float32
+        g2 = w.backward(nq, nk, nv, out, saved, nd)
+    for x, y, ref in zip(g1, g2, (rq, rk, rv)):
+        assert np.array_equal(x, y)
+        assert rel_err(x, ref.numpy()) < 1e-5

@@ -155,7 +155,8 @@ def _records_grad(artifact, q, k, v):
 def _function():
     """cpc's torch.autograd.Function (made on first use: torch is optional), for an
     Attention (one rank) or a LocalWorld (global tensors, every rank a thread).
-    forward: their forward, keeping out and the LSE; backward: their backward with the
+    forward: their forward, keeping out and the saved LSE (cpc_rank_saved_lse: the
+    layout the backward takes, for every variant); backward: their backward with the
     incoming gradient of out (cpc_rank_backward, collective over the world)."""
     global _autograd_function
     if _autograd_function is not None:
@@ -166,22 +167,33 @@ def _function():
         @staticmethod
         def forward(ctx, att, mask, q, k, v):
             with torch.no_grad():
-                out, lse = att._forward(q, k, v, mask, None, None, True)
-            ctx.att, ctx.mask = att, mask
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.mark_non_differentiable(lse)
-            return out, lse
+                out, saved = att._train_forward(q, k, v, mask)
+            ctx.att, ctx.mask, ctx.saved = att, mask, saved
+            ctx.save_for_backward(q, k, v, out)
+            return out
 
         @staticmethod
-        def backward(ctx, dout, _dlse):
-            q, k, v, out, lse = ctx.saved_tensors
-            if dout is None:
-                dout = torch.zeros_like(out)
-            dq, dk, dv = ctx.att.backward(q, k, v, out, lse, dout, mask=ctx.mask)
+        def backward(ctx, dout):
+            q, k, v, out = ctx.saved_tensors
+            dq, dk, dv = ctx.att._train_backward(q, k, v, out, ctx.saved, dout.contiguous(),
+                                                 ctx.mask)
             return None, None, dq, dk, dv
 
     _autograd_function = AttentionFunction
     return AttentionFunction
+
+
+def _run_threads(P, run, errs):
+    """run(r) for r in 1..P-1 in threads and r = 0 here; re-raises the first error."""
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(1, P)]
+    for t in threads:
+        t.start()
+    run(0)
+    for t in threads:
+        t.join()
+    for e in errs:
+        if e is not None:
+            raise e
 
 
 def _options(backend, device, timeout_s):
@@ -246,9 +258,32 @@ class LocalWorld:
         require grad: recorded by autograd (one Function for the whole world; its
         backward runs every rank's backward in threads, LocalWorld.backward)."""
         if _records_grad(self.artifact, q, k, v):
-            o, l = _function().apply(self, mask, q, k, v)
-            return (o, l) if return_lse else o
+            if return_lse:
+                raise UsageError("return_lse with autograd: call the world without grad for the "
+                                 "LSE", code="usage")
+            return _function().apply(self, mask, q, k, v)
         return self._forward(q, k, v, mask, None, None, return_lse)
+
+    def _train_forward(self, q, k, v, mask):
+        """(global out, [each rank's saved LSE]) for the autograd Function."""
+        a = self.artifact
+        P = a.world_size
+        res, errs = [None] * P, [None] * P
+
+        def run(r):
+            try:
+                att = self._ranks[r]
+                o = att._forward(a.shard(q, r, "q"), a.shard(k, r, "k"), a.shard(v, r, "v"),
+                                 None if mask is None else a.shard(mask, r, "mask"), None, None,
+                                 False)
+                res[r] = (o, att.saved_lse(like=o))
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs[r] = e
+        _run_threads(P, run, errs)
+        return a.gather([x[0] for x in res], "out"), [x[1] for x in res]
+
+    def _train_backward(self, q, k, v, out, saved, dout, mask):
+        return self.backward(q, k, v, out, saved, dout, mask=mask)
 
     def _forward(self, q, k, v, mask, out, lse, return_lse):
         if out is not None or lse is not None:
@@ -284,7 +319,9 @@ class LocalWorld:
     def backward(self, q, k, v, out, lse, dout, mask=None, grad_dtype=None):
         """The backward on GLOBAL tensors (out and lse as `world(q, k, v,
         return_lse=True)` returned them, dout like out): every rank in its own thread
-        (Attention.backward), the global (dq, dk, dv) gathered."""
+        (Attention.backward), the global (dq, dk, dv) gathered.  lse may also be None
+        (each rank's last forward's LSE: ulysses and unified, whose forward cannot
+        return it) or a list of each rank's saved LSE (Attention.saved_lse)."""
         a = self.artifact
         P = a.world_size
         res = [None] * P
@@ -292,9 +329,11 @@ class LocalWorld:
 
         def run(r):
             try:
+                lr = (None if lse is None else lse[r] if isinstance(lse, (list, tuple))
+                      else a.shard(lse, r, "lse"))
                 res[r] = self._ranks[r].backward(
                     a.shard(q, r, "q"), a.shard(k, r, "k"), a.shard(v, r, "v"),
-                    a.shard(out, r, "out"), a.shard(lse, r, "lse"), a.shard(dout, r, "dout"),
+                    a.shard(out, r, "out"), lr, a.shard(dout, r, "dout"),
                     mask=None if mask is None else a.shard(mask, r, "mask"),
                     grad_dtype=grad_dtype)
             except BaseException as e:  # noqa: BLE001 - re-raised below
@@ -465,11 +504,10 @@ class Attention:
         if self._ptr is None:
             raise UsageError("this rank is closed", code="usage")
         if _records_grad(self.artifact, q, k, v):
-            if out is not None or lse is not None:
-                raise UsageError("out= / lse= cannot be given when autograd records the "
-                                 "call (outputs are new tensors)", code="usage")
-            o, l = _function().apply(self, mask, q, k, v)
-            return (o, l) if return_lse else o
+            if out is not None or lse is not None or return_lse:
+                raise UsageError("out= / lse= / return_lse cannot be given when autograd records "
+                                 "the call (call without grad for the LSE)", code="usage")
+            return _function().apply(self, mask, q, k, v)
         return self._forward(q, k, v, mask, out, lse, return_lse)
 
     def _forward(self, q, k, v, mask, out, lse, return_lse):
@@ -546,7 +584,11 @@ class Attention:
         if any(_kind(x.keep) != kind for x in views.values()):
             raise UsageError("q, k, v, out and dout must all be numpy arrays or all torch "
                              "tensors", code="usage")
-        vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk_)
+        vl = None
+        if lse is not None:
+            n1 = self._L.cpc_rank_saved_lse_elements(self._ptr)
+            one_d = len(getattr(lse, "shape", ())) == 1
+            vl = _view(lse, "lse", N.DTYPE_FP32, (n1,) if one_d else self._shapes["lse"], dk_)
         vm = None
         if a.key_padding:
             if mask is None:
@@ -568,10 +610,33 @@ class Attention:
         st = self._L.cpc_rank_backward(
             self._ptr, *(ctypes.byref(views[n].t) for n in ("q", "k", "v")),
             None if vm is None else ctypes.byref(vm.t), ctypes.byref(views["out"].t),
-            ctypes.byref(vl.t), ctypes.byref(views["dout"].t),
+            None if vl is None else ctypes.byref(vl.t), ctypes.byref(views["dout"].t),
             *(ctypes.byref(vg.t) for _, vg in grads))
         _check(self._L, st)
         return tuple(g for g, _ in grads)
+
+    def saved_lse(self, like=None):
+        """The LSE of this rank's last forward as the backward takes it (1-D float32,
+        any variant; cpc_rank_saved_lse): keep it with out to call backward(..., lse=
+        saved) later, after other forwards on this rank.  like: an array whose type
+        (numpy or torch, device) the result takes (default numpy)."""
+        n = self._L.cpc_rank_saved_lse_elements(self._ptr)
+        if like is not None and _kind(like) == "torch":
+            buf = _torch().empty(n, dtype=_torch().float32)
+            ptr = buf.data_ptr()
+        else:
+            import numpy as np
+            buf = np.empty(n, dtype=np.float32)
+            ptr = buf.ctypes.data
+        _check(self._L, self._L.cpc_rank_saved_lse(self._ptr, ctypes.c_void_p(ptr), n))
+        return buf
+
+    def _train_forward(self, q, k, v, mask):
+        out = self._forward(q, k, v, mask, None, None, False)
+        return out, self.saved_lse(like=out)
+
+    def _train_backward(self, q, k, v, out, saved, dout, mask):
+        return self.backward(q, k, v, out, saved, dout, mask=mask)
 
     def _shapes_of(self, role):
         if role not in self._shapes:

@@ -130,6 +130,8 @@ _DECLS = {
                               ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),
                               ctypes.POINTER(Tensor), ctypes.POINTER(Tensor)]),
     "cpc_rank_backward": (_P, [_P] + [ctypes.POINTER(Tensor)] * 10),
+    "cpc_rank_saved_lse_elements": (ctypes.c_int64, [_P]),
+    "cpc_rank_saved_lse": (_P, [_P, ctypes.c_void_p, ctypes.c_int64]),
     "cpc_rank_destroy": (None, [_P]),
 }
 
