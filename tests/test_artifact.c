@@ -815,7 +815,7 @@ Test(artifact, backward_program_refusals)
     /* an inference plan with a backward_schedule */
     expect_input_error(edit_and_read(t, len, "mode: training", "mode: inference"), "not mode: training");
     /* backward ops name the backward program's buffers */
-    expect_input_error(edit_and_read(t, len, "out: [dq, dk_cur, dv_cur]}", "out: [dq, dk_cur, dv_bogus]}"),
+    expect_input_error(edit_and_read(t, len, "out: [dq, dk_blk, dv_blk]}", "out: [dq, dk_blk, dv_bogus]}"),
                        "unknown buffer 'dv_bogus'");
     /* a backward that reads the K/V arriving for the next step (diffusers
      * #14265 in reverse) reads back, and its proof fails (CP051) */
