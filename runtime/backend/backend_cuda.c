@@ -17,6 +17,8 @@ typedef struct cuda_ctx {
     int n_libs;
     cudaKernel_t k_copy, k_copy_f32, k_merge, k_init, k_from_f32, k_to_f32, k_attn_tc,
         k_attn_rowwarp, k_attn_mma;
+    /* the backward (kernels/attention_bwd.cu); NULL when the artifact predates it */
+    cudaKernel_t k_bwd_delta, k_bwd_delta_f32, k_bwd_dkdv, k_bwd_dq;
     const char *attn_kernel;   /* "mma", "wmma" or "rowwarp": the generated kernel used */
     long long *pos;      /* device scratch for q/kv positions */
     size_t pos_cap;      /* elements */
@@ -433,6 +435,167 @@ static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
     return attn_nvrtc(c, a);
 }
 
+/* ---- the backward (kernels/attention_bwd.cu) ------------------------------------ */
+
+/* Tile geometry of cpc_attn_bwd_dkdv / cpc_attn_bwd_dq: mirrors BWD_BM,
+ * BWD_NT and BWD_SMEM_BYTES of kernels/attention_bwd.cu. */
+static int bwd_tile(int D) { return D <= 64 ? 64 : 32; }
+static unsigned bwd_threads(int D) { return D > 128 ? 256u : 128u; }
+static size_t bwd_smem_bytes(int D)
+{
+    size_t bm = (size_t)bwd_tile(D), bn = bm, ld = (size_t)D + 1, sld = bn + 1;
+    size_t floats = 2 * bn * ld + 2 * bm * ld + 2 * bm * sld + 2 * bm;
+    return (floats * 4 + 7) / 8 * 8 + 8 * (bm + bn);
+}
+
+/* The refusals of the backward contract (backend.h, cpc_attn_bwd_args), as
+ * the CPU backend's (attention_bwd_cpu.c), plus the kernels' specialisation;
+ * checked on the host before anything is launched or written. */
+static cpc_status *check_bwd_args(const cuda_ctx *c, const cpc_attn_bwd_args *a)
+{
+    if (!a)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: no arguments");
+    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
+        a->group != c->spec.gqa)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: kernels built for %s head_dim %d causal %d group %d, "
+                         "called with %s %d causal %d group %d",
+                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim, c->spec.causal,
+                         c->spec.gqa, cpc_dtype_name(a->dtype), a->d, a->causal, a->group);
+    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->q_head_off < 0 ||
+        a->kv_head_off < 0)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d "
+                         "q_head_off=%d kv_head_off=%d)",
+                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv,
+                         a->q_head_off, a->kv_head_off);
+    if (a->compute_delta && a->out_dtype != CPC_DTYPE_FP32 && a->out_dtype != c->spec.dtype)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: out in %s: the kernels read fp32 or the plan's %s",
+                         (int)a->out_dtype >= 0 && a->out_dtype < CPC_DTYPE__COUNT
+                             ? cpc_dtype_name(a->out_dtype) : "an unknown dtype",
+                         cpc_dtype_name(c->spec.dtype));
+    if (a->hq > 0) {
+        int first = a->q_head_off / a->group - a->kv_head_off;
+        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
+        if (first < 0 || last >= a->hkv)
+            return cpc_error(CPC_E_INTERNAL,
+                             "CUDA attn_bwd: query heads [%d, %d) with group %d need K/V heads "
+                             "[%d, %d], but this block holds K/V heads [%d, %d)",
+                             a->q_head_off, a->q_head_off + a->hq, a->group,
+                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
+                             a->kv_head_off, a->kv_head_off + a->hkv);
+    }
+    const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
+    if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
+        (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
+                      (a->dkv_bstride && a->dkv_bstride < kvblk))))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: gradient batch strides (dq %lld, dk/dv %lld elements) "
+                         "smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->dq_bstride, (long long)a->dkv_bstride, (long long)qblk,
+                         (long long)kvblk);
+    if (a->B > 1 && (a->q_bstride < qblk || a->dout_bstride < qblk ||
+                     (a->compute_delta && a->out_bstride < qblk) || a->kv_bstride < kvblk))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: batch strides (q %lld, dout %lld, out %lld, kv %lld "
+                         "elements) smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->q_bstride, (long long)a->dout_bstride,
+                         (long long)a->out_bstride, (long long)a->kv_bstride, (long long)qblk,
+                         (long long)kvblk);
+    const bool rows = a->B > 0 && a->sq > 0 && a->hq > 0;
+    if (rows && (!a->dout || !a->delta || (a->compute_delta && !a->out)))
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: dout and delta (and out, to compute "
+                                         "delta) are required");
+    if (rows && a->skv > 0 &&
+        (!a->q || !a->k || !a->v || !a->lse || !a->dq || !a->dk || !a->dv))
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: q, k, v, lse, dq, dk and dv are required");
+    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
+        a->n_q_runs < 0 || a->n_kv_runs < 0)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: bad run lists");
+    if (!rows || a->skv == 0)
+        return NULL;
+    if (!runs_cover(a->q_runs, a->n_q_runs, a->sq, 0, false))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: query runs do not cover the %lld query rows",
+                         (long long)a->sq);
+    if (!runs_cover(a->kv_runs, a->n_kv_runs, a->skv, a->mask_len, a->kv_mask != NULL))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: key runs do not cover the %lld key rows%s",
+                         (long long)a->skv,
+                         a->kv_mask ? ", or a key position lies outside the key padding mask" : "");
+    return NULL;
+}
+
+/* delta (when asked), then dK/dV and dQ, all on the compute stream (in
+ * order): see kernels/attention_bwd.cu for the design. */
+static cpc_status *b_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
+{
+    cuda_ctx *c = C(be);
+    cpc_status *st = check_bwd_args(c, a);
+    if (st)
+        return st;
+    if (a->B == 0 || a->sq == 0 || a->hq == 0)
+        return NULL;
+    int B = a->B, hq = a->hq, hkv = a->hkv, qoff = a->q_head_off, kvoff = a->kv_head_off;
+    long long sq = a->sq, skv = a->skv;
+    const long long qblk = sq * hq * a->d, kvblk = skv * hkv * a->d;
+    long long qbs = a->q_bstride, kvbs = a->kv_bstride, dobs = a->dout_bstride;
+    long long obs = a->out_bstride;
+    long long dqbs = a->dq_bstride ? a->dq_bstride : qblk;
+    long long dkvbs = a->dkv_bstride ? a->dkv_bstride : kvblk;
+    const void *q = a->q, *k = a->k, *v = a->v, *dout = a->dout, *out = a->out;
+    const float *lse = a->lse;
+    float *delta = a->delta, *dq = a->dq, *dk = a->dk, *dv = a->dv;
+    if (a->compute_delta) {
+        void *dargs[] = {&dout, &out, &delta, &B, &sq, &hq, &dobs, &obs};
+        cudaKernel_t kd = a->out_dtype == CPC_DTYPE_FP32 ? c->k_bwd_delta_f32 : c->k_bwd_delta;
+        long long rows = (long long)B * sq * hq;
+        if ((st = launch(c, kd, grid_for(rows * 32, 256, c->sm_count), 1, 1, 256, 0, dargs,
+                         "attn_bwd delta")))
+            return st;
+    }
+    if (skv == 0)
+        return NULL; /* no key: no gradient */
+    long long *qpos = NULL, *kvpos = NULL;
+    if (a->causal || a->kv_mask) {
+        size_t need = (size_t)(sq + skv);
+        if (need > c->pos_cap) {
+            /* the previous launches may still read the old positions */
+            CK(cudaStreamSynchronize(c->compute), "attn_bwd positions");
+            if (c->pos)
+                cudaFree(c->pos);
+            c->pos = NULL;
+            c->pos_cap = 0;
+            CK(cudaMalloc((void **)&c->pos, need * sizeof(long long)), "cudaMalloc positions");
+            c->pos_cap = need;
+        }
+        if ((st = upload_positions(c, a->q_runs, a->n_q_runs, sq, 0, &qpos)) ||
+            (st = upload_positions(c, a->kv_runs, a->n_kv_runs, skv, sq, &kvpos)))
+            return st;
+    }
+    float scale = a->scale;
+    const unsigned char *mask = a->kv_mask;
+    long long mlen = a->mask_len;
+    void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq, &dk, &dv, &B, &sq, &skv, &hq, &hkv,
+                    &qoff, &kvoff, &qbs, &kvbs, &dobs, &dqbs, &dkvbs, &scale, &qpos, &kvpos,
+                    &mask, &mlen};
+    const int D = a->d, tile = bwd_tile(D);
+    const size_t smem = bwd_smem_bytes(D);
+    const unsigned nt = bwd_threads(D);
+    CK(cudaKernelSetAttributeForDevice(c->k_bwd_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem, c->device),
+       "set attn_bwd shared memory");
+    CK(cudaKernelSetAttributeForDevice(c->k_bwd_dq, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem, c->device),
+       "set attn_bwd shared memory");
+    if ((st = launch(c, c->k_bwd_dkdv, (unsigned)((skv + tile - 1) / tile), (unsigned)hkv,
+                     (unsigned)B, nt, smem, args, "attn_bwd dK/dV")))
+        return st;
+    return launch(c, c->k_bwd_dq, (unsigned)((sq + tile - 1) / tile), (unsigned)hq, (unsigned)B, nt,
+                  smem, args, "attn_bwd dQ");
+}
+
 static cpc_status *b_merge(cpc_backend *be, const cpc_merge_args *m)
 {
     cuda_ctx *c = C(be);
@@ -526,21 +689,18 @@ static void b_destroy(cpc_backend *be)
     free(be);
 }
 
-static const cpc_backend_vtable cuda_vt = {
-    .name = "cuda",
-    .alloc = b_alloc,
-    .free = b_free,
-    .upload = b_upload,
-    .download = b_download,
-    .copy = b_copy,
-    .attn = b_attn,
-    .merge = b_merge,
-    .init_acc = b_init_acc,
-    .convert = b_convert,
-    .copy_strided = b_copy_strided,
-    .sync = b_sync,
-    .destroy = b_destroy,
-};
+/* Two tables: cuda_vt_bwd when the artifact has the backward module
+ * (attn_bwd set), cuda_vt otherwise (attn_bwd NULL: training refuses). */
+#define CUDA_VT_METHODS                                                                        \
+    .name = "cuda", .alloc = b_alloc, .free = b_free, .upload = b_upload,                      \
+    .download = b_download, .copy = b_copy, .attn = b_attn, .merge = b_merge,                  \
+    .init_acc = b_init_acc, .convert = b_convert, .copy_strided = b_copy_strided,              \
+    .sync = b_sync, .destroy = b_destroy
+static const cpc_backend_vtable cuda_vt = {CUDA_VT_METHODS};
+static const cpc_backend_vtable cuda_vt_bwd = {CUDA_VT_METHODS, .attn_bwd = b_attn_bwd};
+#undef CUDA_VT_METHODS
+
+static bool is_cuda(const cpc_backend *be) { return be && (be->vt == &cuda_vt || be->vt == &cuda_vt_bwd); }
 
 static cpc_status *get_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *out, bool optional)
 {
@@ -627,6 +787,11 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
             if (!st) st = get_kernel(lib, "cpc_flash_attn_mma", &c->k_attn_mma, true);
             if (!st) st = get_kernel(lib, "cpc_flash_attn_tc", &c->k_attn_tc, true);
             if (!st) st = get_kernel(lib, "cpc_attn_rowwarp", &c->k_attn_rowwarp, false);
+        } else if (strcmp(kernels[i].name, "attention_bwd") == 0) {
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_delta", &c->k_bwd_delta, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_delta_f32", &c->k_bwd_delta_f32, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dkdv", &c->k_bwd_dkdv, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dq", &c->k_bwd_dq, false);
         }
     }
     /* Which generated attention kernel serves (CPC_NVRTC_ATTN overrides). */
@@ -640,6 +805,8 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
         b_destroy(be);
         return st;
     }
+    if (c->k_bwd_dkdv)
+        be->vt = &cuda_vt_bwd; /* the backward module is loaded: attn_bwd */
     *out = be;
     return NULL;
 }
@@ -663,7 +830,7 @@ int cpc_cuda_attention_parse(const char *s)
 
 cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention mode)
 {
-    if (!be || be->vt != &cuda_vt)
+    if (!is_cuda(be))
         return cpc_error(CPC_E_USAGE, "attention mode: not a CUDA backend");
     if (mode < 0 || mode >= CPC_CUDA_ATTN__COUNT)
         return cpc_error(CPC_E_USAGE, "attention mode %d out of range", (int)mode);
@@ -686,7 +853,7 @@ cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention m
 
 cpc_status *cpc_cuda_backend_set_nvrtc_kernel(cpc_backend *be, const char *name)
 {
-    if (!be || be->vt != &cuda_vt)
+    if (!is_cuda(be))
         return cpc_error(CPC_E_USAGE, "not a CUDA backend");
     return pick_nvrtc_kernel(C(be), name ? name : "");
 }
@@ -694,7 +861,7 @@ cpc_status *cpc_cuda_backend_set_nvrtc_kernel(cpc_backend *be, const char *name)
 void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, bool reset)
 {
     memset(out, 0, sizeof *out);
-    if (!be || be->vt != &cuda_vt)
+    if (!is_cuda(be))
         return;
     cuda_ctx *c = C(be);
     out->mode = c->attn_mode;
