@@ -19,6 +19,9 @@ typedef struct cuda_ctx {
         k_attn_rowwarp, k_attn_mma;
     /* the backward (kernels/attention_bwd.cu); NULL when the artifact predates it */
     cudaKernel_t k_bwd_delta, k_bwd_delta_f32, k_bwd_dkdv, k_bwd_dq;
+    /* its tensor-core pair (bf16/fp16, head_dim % 16 == 0, <= 128), NULL otherwise */
+    cudaKernel_t k_bwd_dkdv_mma, k_bwd_dq_mma;
+    const char *bwd_kernel;    /* "mma" or "simt": the backward kernels used */
     const char *attn_kernel;   /* "mma", "wmma" or "rowwarp": the generated kernel used */
     long long *pos;      /* device scratch for q/kv positions */
     size_t pos_cap;      /* elements */
@@ -448,6 +451,23 @@ static size_t bwd_smem_bytes(int D)
     return (floats * 4 + 7) / 8 * 8 + 8 * (bm + bn);
 }
 
+/* Shared memory of cpc_attn_bwd_dkdv_mma / cpc_attn_bwd_dq_mma: mirrors
+ * BWD_MMA_KV_SMEM / BWD_MMA_Q_SMEM (64 keys, 32-row query steps; 64 query
+ * rows, key steps of 64 (D <= 64) or 32; pitch D + 8; transposed tiles
+ * pitch rows + 8). */
+static size_t bwd_mma_kv_smem(int D)
+{
+    size_t ld = (size_t)D + 8, bn = 64, bm = 32, tld = bm + 8;
+    size_t halfs = 2 * bn * ld + 2 * bm * ld + 2 * (size_t)D * tld;
+    return (halfs * 2 + 2 * bm * 4 + 7) / 8 * 8 + 8 * (bm + bn);
+}
+static size_t bwd_mma_q_smem(int D)
+{
+    size_t ld = (size_t)D + 8, bm = 64, bn = D <= 64 ? 64 : 32, tld = bn + 8;
+    size_t halfs = 2 * bm * ld + 2 * bn * ld + (size_t)D * tld;
+    return (halfs * 2 + 2 * bm * 4 + 7) / 8 * 8 + 8 * (bm + bn);
+}
+
 /* The refusals of the backward contract (backend.h, cpc_attn_bwd_args), as
  * the CPU backend's (attention_bwd_cpu.c), plus the kernels' specialisation;
  * checked on the host before anything is launched or written. */
@@ -580,7 +600,22 @@ static cpc_status *b_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
     void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq, &dk, &dv, &B, &sq, &skv, &hq, &hkv,
                     &qoff, &kvoff, &qbs, &kvbs, &dobs, &dqbs, &dkvbs, &scale, &qpos, &kvpos,
                     &mask, &mlen};
-    const int D = a->d, tile = bwd_tile(D);
+    const int D = a->d;
+    if (c->k_bwd_dkdv_mma && strcmp(c->bwd_kernel, "mma") == 0) {
+        const size_t skv_mem = bwd_mma_kv_smem(D), sq_mem = bwd_mma_q_smem(D);
+        CK(cudaKernelSetAttributeForDevice(c->k_bwd_dkdv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)skv_mem, c->device),
+           "set attn_bwd shared memory");
+        CK(cudaKernelSetAttributeForDevice(c->k_bwd_dq_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)sq_mem, c->device),
+           "set attn_bwd shared memory");
+        if ((st = launch(c, c->k_bwd_dkdv_mma, (unsigned)((skv + 63) / 64), (unsigned)hkv, (unsigned)B,
+                         128, skv_mem, args, "attn_bwd dK/dV (mma.sync)")))
+            return st;
+        return launch(c, c->k_bwd_dq_mma, (unsigned)((sq + 63) / 64), (unsigned)hq, (unsigned)B, 128,
+                      sq_mem, args, "attn_bwd dQ (mma.sync)");
+    }
+    const int tile = bwd_tile(D);
     const size_t smem = bwd_smem_bytes(D);
     const unsigned nt = bwd_threads(D);
     CK(cudaKernelSetAttributeForDevice(c->k_bwd_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -792,6 +827,8 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
             if (!st) st = get_kernel(lib, "cpc_attn_bwd_delta_f32", &c->k_bwd_delta_f32, false);
             if (!st) st = get_kernel(lib, "cpc_attn_bwd_dkdv", &c->k_bwd_dkdv, false);
             if (!st) st = get_kernel(lib, "cpc_attn_bwd_dq", &c->k_bwd_dq, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dkdv_mma", &c->k_bwd_dkdv_mma, true);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dq_mma", &c->k_bwd_dq_mma, true);
         }
     }
     /* Which generated attention kernel serves (CPC_NVRTC_ATTN overrides). */
@@ -799,6 +836,18 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
     const char *want = getenv("CPC_NVRTC_ATTN");
     if (!st && want && *want && (st = pick_nvrtc_kernel(c, want)))
         cpc_status_prefix(st, "CPC_NVRTC_ATTN");
+    /* Which backward kernels serve (CPC_NVRTC_ATTN_BWD=mma|simt overrides). */
+    c->bwd_kernel = c->k_bwd_dkdv_mma && c->k_bwd_dq_mma ? "mma" : "simt";
+    const char *want_bwd = getenv("CPC_NVRTC_ATTN_BWD");
+    if (!st && want_bwd && *want_bwd) {
+        if (strcmp(want_bwd, "simt") == 0)
+            c->bwd_kernel = "simt";
+        else if (strcmp(want_bwd, "mma") != 0 || strcmp(c->bwd_kernel, "mma") != 0)
+            st = cpc_error(CPC_E_USAGE,
+                           "CPC_NVRTC_ATTN_BWD: '%s' is not a backward kernel of this plan (mma: "
+                           "bf16/fp16 with head_dim %% 16 == 0 and <= 128; simt: any)",
+                           want_bwd);
+    }
     if (!st && (!c->k_merge || !c->k_attn_rowwarp))
         st = cpc_error(CPC_E_INPUT, "the artifact lacks the 'memory' or 'attention' kernel module");
     if (st) {
@@ -872,6 +921,7 @@ void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, b
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", c->fallback_why);
     out->cudnn_version = cpc_cudnn_version();
     out->nvrtc_kernel = c->attn_kernel;
+    out->bwd_kernel = c->k_bwd_dkdv ? c->bwd_kernel : NULL;
     if (reset) {
         c->n_cudnn = c->n_nvrtc = c->n_fallback = 0;
         c->fallback_why[0] = 0;
