@@ -876,13 +876,16 @@ static void bwd_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t see
         fail_st(S, what, "device buffers", st);
         goto out;
     }
+    /* the key padding mask: on the device, or (pad 1) the host mask the executor
+     * passes (backend_cuda.h: copied to the device per call) */
+    const uint8_t *kvm = tc->pad == 1 ? pmask : (const uint8_t *)dm;
     /* the forward over the view's keys: out (fp32) and the row's full lse */
     cpc_attn_args fa = {
         .B = B, .sq = sq, .skv = skv_all, .hq = nqh, .hkv = hkv, .d = D, .group = group,
         .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt, .q = dq_, .k = dk_, .v = dv_,
         .q_bstride = qbs, .kv_bstride = kvbs_all, .o = dO, .lse = dL, .scale = scale,
         .causal = tc->causal, .q_runs = qruns, .n_q_runs = nqr, .kv_runs = kruns_all,
-        .n_kv_runs = nkr_all, .kv_mask = dm, .mask_len = dm ? Skvg : 0};
+        .n_kv_runs = nkr_all, .kv_mask = kvm, .mask_len = kvm ? Skvg : 0};
     if ((st = cpc_backend_attn(be, &fa)) || (st = dev_sync(be)) ||
         (st = cpc_backend_download(be, o, dO, sizeof(float) * no)) ||
         (st = cpc_backend_download(be, lse, dL, sizeof(float) * nl))) {
@@ -923,7 +926,7 @@ static void bwd_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t see
             .kv_bstride = kvbs_all, .dout_bstride = qbs, .out_dtype = out_dt,
             .out_bstride = out_bs, .lse = dL, .delta = dDelta, .dq = dgq, .dq_bstride = dqbs,
             .dkv_bstride = dkvbs, .scale = scale, .causal = tc->causal, .q_runs = qruns,
-            .n_q_runs = nqr, .kv_mask = dm, .mask_len = dm ? Skvg : 0};
+            .n_q_runs = nqr, .kv_mask = kvm, .mask_len = kvm ? Skvg : 0};
         if (nblk > 1) { /* delta alone first (a schedule's `delta` op) */
             cpc_attn_bwd_args a = base;
             a.skv = 0;

@@ -60,6 +60,8 @@
  *            gradient tolerance (fp32 1e-5, fp16 2e-3, bf16 2e-2; out_tol
  *            overrides), no NaN/Inf.  With opts.repeat the whole backward
  *            runs twice (perturbed): the gradients must be bitwise equal.
+ *            Cases with pad 1 pass the key padding mask as host memory (what
+ *            the executor passes), the others as a device buffer.
  *            A backend without attn_bwd fails this check (skip it instead).
  *  BAD_ARGS  the refusals of the contract: CPC_E_INTERNAL for query heads
  *            whose K/V heads are not in the block, runs that do not cover

@@ -25,6 +25,8 @@ typedef struct cuda_ctx {
     const char *attn_kernel;   /* "mma", "wmma" or "rowwarp": the generated kernel used */
     long long *pos;      /* device scratch for q/kv positions */
     size_t pos_cap;      /* elements */
+    unsigned char *mask_dev; /* device copy of a host key padding mask (device_mask) */
+    size_t mask_cap;         /* bytes */
     int sm_count;
     /* Attention path (cpc_cuda_backend_set_attention) and what served. */
     cpc_cuda_attention attn_mode;
@@ -148,6 +150,41 @@ static cpc_status *upload_positions(cuda_ctx *c, const cpc_run *runs, int n, lon
     return NULL;
 }
 
+/* The key padding mask as the kernels read it: a pointer the device can
+ * dereference.  The executor passes the caller's host mask ([B, mask_len] u8,
+ * executor.h); pageable host memory is copied into a device scratch (on the
+ * compute stream, synchronised: the mask is small), device, managed and
+ * host-registered memory is used in place. */
+static cpc_status *device_mask(cuda_ctx *c, const unsigned char *mask, size_t bytes,
+                               const unsigned char **out)
+{
+    *out = mask;
+    if (!mask || bytes == 0)
+        return NULL;
+    struct cudaPointerAttributes at;
+    cudaError_t e = cudaPointerGetAttributes(&at, mask);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* older runtimes: unknown host pointer */
+        at.type = cudaMemoryTypeUnregistered;
+    }
+    if (at.type != cudaMemoryTypeUnregistered)
+        return NULL;
+    if (bytes > c->mask_cap) {
+        CK(cudaStreamSynchronize(c->compute), "key padding mask");
+        if (c->mask_dev)
+            cudaFree(c->mask_dev);
+        c->mask_dev = NULL;
+        c->mask_cap = 0;
+        CK(cudaMalloc((void **)&c->mask_dev, bytes), "cudaMalloc key padding mask");
+        c->mask_cap = bytes;
+    }
+    CK(cudaMemcpyAsync(c->mask_dev, mask, bytes, cudaMemcpyHostToDevice, c->compute),
+       "upload key padding mask");
+    CK(cudaStreamSynchronize(c->compute), "upload key padding mask");
+    *out = c->mask_dev;
+    return NULL;
+}
+
 static size_t tc_smem_bytes(int D)
 {
     int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, sld = (bn > D ? bn : D) + 4;
@@ -208,7 +245,10 @@ static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
     float scale = a->scale;
     const void *q = a->q, *k = a->k, *v = a->v;
     float *o = a->o, *lse = a->lse;
-    const unsigned char *mask = a->kv_mask;
+    const unsigned char *mask = NULL;
+    cpc_status *mst = device_mask(c, a->kv_mask, (size_t)a->B * (size_t)a->mask_len, &mask);
+    if (mst)
+        return mst;
     void *args[] = {&q, &k, &v, &o, &lse, &B, &sq, &skv, &hq, &hkv, &qoff, &kvoff,
                     &qbs, &kvbs, &scale, &qpos, &kvpos, &mask, &mlen};
     if (c->k_attn_mma && strcmp(c->attn_kernel, "mma") == 0) {
@@ -595,7 +635,9 @@ static cpc_status *b_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
             return st;
     }
     float scale = a->scale;
-    const unsigned char *mask = a->kv_mask;
+    const unsigned char *mask = NULL;
+    if ((st = device_mask(c, a->kv_mask, (size_t)a->B * (size_t)a->mask_len, &mask)))
+        return st;
     long long mlen = a->mask_len;
     void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq, &dk, &dv, &B, &sq, &skv, &hq, &hkv,
                     &qoff, &kvoff, &qbs, &kvbs, &dobs, &dqbs, &dkvbs, &scale, &qpos, &kvpos,
@@ -714,6 +756,8 @@ static void b_destroy(cpc_backend *be)
             cudaFree(c->o16);
         if (c->neginf)
             cudaFree(c->neginf);
+        if (c->mask_dev)
+            cudaFree(c->mask_dev);
         cpc_cudnn_sdpa_destroy(c->sdpa);
         for (int i = 0; i < c->n_libs; i++)
             cudaLibraryUnload(c->libs[i]);

@@ -12,7 +12,9 @@
  * Its refusals are the CPU backend's (CPC_E_INTERNAL, nothing launched), plus
  * a block whose dtype, head_dim, causal flag or group differs from the
  * kernels' specialisation, or whose saved out is neither fp32 nor the plan
- * dtype.  The key padding mask and every tensor must be device-accessible.
+ * dtype.  Tensors are device memory; the key padding mask (attn and
+ * attn_bwd) may be the caller's pageable host mask, which is then copied to a
+ * device scratch on every call (B x mask_len bytes, synchronised).
  *
  * Built only with the CUDA toolkit (CPC_HAVE_CUDA).  Without a GPU or driver,
  * cpc_cuda_device_count returns CPC_E_UNSUPPORTED ("no CUDA driver": cudart
