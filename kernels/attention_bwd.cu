@@ -474,12 +474,27 @@ __device__ __forceinline__ unsigned bwd_ld2(const CPC_DTYPE *p)  // two adjacent
     return *reinterpret_cast<const unsigned *>(p);
 }
 
-// Rows [r0, r0 + rows) of head column `col` of a BSHD tensor into smem
-// (pitch BMMA_LD, plan dtype), zero past `limit`.
+// Rows [r0, r0 + rows) of one head of a BSHD tensor (src: its first
+// element) into smem (pitch BMMA_LD, plan dtype), zero past `limit`; 16-byte
+// vectors when src and the row stride are 16-byte aligned (uniform per block:
+// BMMA_LD * 2 bytes and the tile offsets are multiples of 16).
 __device__ __forceinline__ void bmma_stage(CPC_DTYPE *dst, const CPC_DTYPE *src, long long row_stride,
                                            long long r0, int rows, long long limit)
 {
     const int D = CPC_HEAD_DIM;
+    const bool vec =
+        ((reinterpret_cast<unsigned long long>(src) | (unsigned long long)(row_stride * 2)) & 15) == 0;
+    if (vec) {
+        const int per_row = D / 8;
+        for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
+            int r = i / per_row, c = (i % per_row) * 8;
+            int4 val = {0, 0, 0, 0};
+            if (r0 + r < limit)
+                val = *reinterpret_cast<const int4 *>(src + (r0 + r) * row_stride + c);
+            *reinterpret_cast<int4 *>(dst + r * BMMA_LD + c) = val;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
         int r = i / D, c = i % D;
         dst[r * BMMA_LD + c] = r0 + r < limit ? src[(r0 + r) * row_stride + c] : (CPC_DTYPE)0.0f;
