@@ -161,11 +161,20 @@ cpc_status *cpc_compilation_print_schedule(const cpc_compilation *c, FILE *out, 
 {
     if (!c || !c->c.program)
         return cpc_error(CPC_E_USAGE, "no schedule: the plan was not scheduled");
-    int P = c->c.program->layout.P;
+    int RU = c->c.program->layout.P;
+    int C = cpc_plan_cfg_degree(c->c.plan), T = cpc_plan_tp_degree(c->c.plan);
+    int P = RU * C * T;
     if (rank >= 0 && rank >= P) {
         if (P == 1)
             return cpc_error(CPC_E_USAGE, "--rank %d: the plan has only rank 0", rank);
         return cpc_error(CPC_E_USAGE, "--rank %d: the plan has ranks 0..%d", rank, P - 1);
+    }
+    if (rank >= 0 && C * T > 1) {
+        /* world rank ((c*R + r)*U + u)*T + t is rank r*U + u of group (c, t) */
+        int q = rank / T % RU;
+        fprintf(out, "# world rank %d: rank %d of group (c %d, t %d) (cfg_degree %d x tp_degree %d)\n", rank, q,
+                rank / T / RU, rank % T, C, T);
+        rank = q;
     }
     return cpc_program_print(out, c->c.program, rank);
 }

@@ -192,9 +192,39 @@ cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out)
 /* ---- queries ------------------------------------------------------------------ */
 
 static const cpc_layout *layout_of(const cpc_artifact *a) { return &a->program->layout; }
+static int axes_of(const cpc_artifact *a) { return cpc_plan_cfg_degree(a->plan) * cpc_plan_tp_degree(a->plan); }
+/* World rank -> its rank in its (c, t) group's program (compiler.h THE OUTER AXES). */
+static int group_rank_of(const cpc_artifact *a, int rank)
+{
+    return rank / cpc_plan_tp_degree(a->plan) % layout_of(a)->P;
+}
 
 const char *cpc_artifact_variant(const cpc_artifact *a) { return cpc_variant_name(layout_of(a)->variant); }
-int cpc_artifact_world_size(const cpc_artifact *a) { return layout_of(a)->P; }
+int cpc_artifact_world_size(const cpc_artifact *a) { return layout_of(a)->P * axes_of(a); }
+int cpc_artifact_cfg_degree(const cpc_artifact *a) { return cpc_plan_cfg_degree(a->plan); }
+int cpc_artifact_tp_degree(const cpc_artifact *a) { return cpc_plan_tp_degree(a->plan); }
+
+cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_slice *out)
+{
+    const cpc_layout *L = layout_of(a);
+    int P = cpc_artifact_world_size(a);
+    if (rank < 0 || rank >= P)
+        return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
+    int T = cpc_plan_tp_degree(a->plan);
+    int H = a->plan->model.heads, Hkv = a->plan->model.kv_heads;
+    memset(out, 0, sizeof *out);
+    out->t = rank % T;
+    out->group_rank = group_rank_of(a, rank);
+    out->c = rank / T / L->P;
+    out->group = out->c * T + out->t;
+    out->batch_len = L->B;
+    out->batch_start = (int64_t)out->c * L->B;
+    out->head_len = L->H;
+    out->head_start = (int64_t)out->t * L->H;
+    out->kv_head_len = L->Hkv;
+    out->kv_head_start = out->head_start / (H / Hkv);
+    return NULL;
+}
 int cpc_artifact_ring_degree(const cpc_artifact *a) { return layout_of(a)->R; }
 int cpc_artifact_ulysses_degree(const cpc_artifact *a) { return layout_of(a)->U; }
 cpc_dtype cpc_artifact_dtype(const cpc_artifact *a) { return layout_of(a)->dtype; }
@@ -207,15 +237,15 @@ void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens, 
 {
     const cpc_layout *L = layout_of(a);
     if (batch)
-        *batch = L->B;
+        *batch = a->plan->input.batch;
     if (tokens)
         *tokens = L->S;
     if (kv_tokens)
         *kv_tokens = L->Skv;
     if (heads)
-        *heads = L->H;
+        *heads = a->plan->model.heads;
     if (kv_heads)
-        *kv_heads = L->Hkv;
+        *kv_heads = a->plan->model.kv_heads;
     if (head_dim)
         *head_dim = L->D;
 }
@@ -224,9 +254,10 @@ cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor
                                      int *ndim, int64_t shape[4])
 {
     const cpc_layout *L = layout_of(a);
-    if (rank < 0 || rank >= L->P)
-        return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, L->P);
-    int64_t T = cpc_layout_shard_tokens(L, rank);
+    int P = cpc_artifact_world_size(a);
+    if (rank < 0 || rank >= P)
+        return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
+    int64_t T = cpc_layout_shard_tokens(L, group_rank_of(a, rank));
     memset(shape, 0, 4 * sizeof *shape);
     switch (role) {
     case CPC_TENSOR_Q:
@@ -256,13 +287,14 @@ cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_r
                                     int *n)
 {
     const cpc_layout *L = layout_of(a);
-    if (rank < 0 || rank >= L->P)
-        return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, L->P);
+    int P = cpc_artifact_world_size(a);
+    if (rank < 0 || rank >= P)
+        return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
     int cap = cpc_layout_max_shard_runs(L);
     cpc_run *tmp = calloc((size_t)cap, sizeof *tmp);
     if (!tmp)
         return cpc_error(CPC_E_NOMEM, "out of memory");
-    int k = cpc_layout_shard_runs(L, rank, tmp, cap);
+    int k = cpc_layout_shard_runs(L, group_rank_of(a, rank), tmp, cap);
     for (int i = 0; i < k && i < max; i++)
         runs[i].start = tmp[i].start, runs[i].len = tmp[i].len;
     *n = k;

@@ -103,7 +103,14 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     r->p = p;
     r->t = t;
     const cpc_layout *L = &a->program->layout;
-    r->P = L->P;
+    r->P = cpc_artifact_world_size(a);
+    /* the program's rank: p's rank in its (c, t) group (compiler.h THE OUTER AXES) */
+    cpc_rank_slice sl;
+    cpc_status *sst = cpc_artifact_rank_slice(a, p, &sl);
+    if (sst) {
+        cpc_rank_destroy(r);
+        return sst;
+    }
     cpc_status *st = NULL;
     if (opts->backend == CPC_BACKEND_CUDA) {
         st = cpc_error(CPC_E_UNSUPPORTED,
@@ -141,7 +148,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         }
     }
     double scale = a->plan->model.scale > 0 ? a->plan->model.scale : 1.0 / sqrt((double)L->D);
-    cpc_exec_config cfg = {.prog = a->program, .rank = p, .backend = r->be, .transport = t,
+    cpc_exec_config cfg = {.prog = a->program, .rank = sl.group_rank, .backend = r->be, .transport = t,
                            .scale = scale, .kv_mask = r->mask, .record_events = false};
     if ((st = cpc_exec_create(&cfg, &r->ex)))
         goto fail;
@@ -187,13 +194,17 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     *out = NULL;
     if (!a || !w)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: artifact and world must not be NULL");
-    int P = a->program->layout.P;
+    int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
     double timeout = opts ? opts->timeout_s : 600.0;
     cpc_local_world_set_timeout(w, timeout < 0 ? 0 : timeout == 0 ? 600.0 : timeout);
     cpc_transport *t = NULL;
-    cpc_status *st = cpc_local_endpoint_create(w, rank, &t);
+    /* with cfg_degree x tp_degree > 1, `w` is rank's group's world (rank.h) */
+    cpc_rank_slice sl;
+    cpc_status *st = cpc_artifact_rank_slice(a, rank, &sl);
+    if (!st)
+        st = cpc_local_endpoint_create(w, sl.group_rank, &t);
     if (st)
         return st;
     return rank_finish(a, rank, t, opts, out);
@@ -210,10 +221,32 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
 #ifdef CPC_HAVE_MPI
     cpc_transport *t = NULL;
     const cpc_layout *L = &a->program->layout;
-    cpc_status *st = cpc_transport_mpi_create_comm(mpi_comm, L->R, L->U, &t);
+    if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) == 1) {
+        cpc_status *st = cpc_transport_mpi_create_comm(mpi_comm, L->R, L->U, &t);
+        if (st)
+            return st;
+        return rank_finish(a, cpc_transport_group_rank(t, CPC_GROUP_WORLD), t, opts, out);
+    }
+    /* the outer axes (rank.h): the caller's communicator is the whole world;
+     * this rank's group is split from it (color c*T + t, key its group rank) */
+    int p = 0, size = 0, P = cpc_artifact_world_size(a);
+    cpc_status *st = mpi_comm ? cpc_mpi_comm_rank_size(mpi_comm, &p, &size)
+                              : cpc_error(CPC_E_USAGE, "mpi transport: no communicator (NULL)");
     if (st)
         return st;
-    return rank_finish(a, cpc_transport_group_rank(t, CPC_GROUP_WORLD), t, opts, out);
+    if (size != P) {
+        st = cpc_error(CPC_E_USAGE,
+                       "the communicator has %d processes, the artifact's world is %d (cfg_degree %d x "
+                       "tp_degree %d x ring_degree %d x ulysses_degree %d)", size, P, cpc_artifact_cfg_degree(a),
+                       cpc_artifact_tp_degree(a), L->R, L->U);
+        cpc_status_set_hint(st, "pass a communicator of %d processes", P);
+        return st;
+    }
+    cpc_rank_slice sl;
+    if ((st = cpc_artifact_rank_slice(a, p, &sl)) ||
+        (st = cpc_transport_mpi_create_split(mpi_comm, sl.group, sl.group_rank, L->R, L->U, &t)))
+        return st;
+    return rank_finish(a, p, t, opts, out);
 #else
     (void)mpi_comm;
     (void)opts;

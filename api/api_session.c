@@ -126,7 +126,11 @@ void cpc_job_close(cpc_job *job) { cpc_job_free(job); }
 const char *cpc_job_variant(const cpc_job *job) { return cpc_variant_name(job->prog->layout.variant); }
 int cpc_job_ring_degree(const cpc_job *job) { return job->prog->layout.R; }
 int cpc_job_ulysses_degree(const cpc_job *job) { return job->prog->layout.U; }
-int cpc_job_world_size(const cpc_job *job) { return job->prog->layout.P; }
+int cpc_job_world_size(const cpc_job *job)
+{
+    /* with cfg_degree x tp_degree > 1, C*T groups run the R x U program */
+    return job->prog->layout.P * cpc_plan_cfg_degree(job->plan) * cpc_plan_tp_degree(job->plan);
+}
 
 cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes)
 {

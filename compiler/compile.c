@@ -220,12 +220,6 @@ cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
     *out = NULL;
     if (!c->program || !c->plan)
         return cpc_error(CPC_E_INTERNAL, "nothing compiled to make an artifact of");
-    if (c->plan->parallel.cfg_degree > 1 || c->plan->parallel.tp_degree > 1)
-        return cpc_error(CPC_E_UNSUPPORTED,
-                         "%s: cfg_degree %d x tp_degree %d: the artifact format does not record the cfg and "
-                         "tensor-parallel axes yet; `cpc --check`, `--explain` and `cprun PLAN.yaml` handle them",
-                         c->plan->file ? c->plan->file : "plan", c->plan->parallel.cfg_degree,
-                         c->plan->parallel.tp_degree);
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_create(c->plan, c->program, &a);
     for (int i = 0; !st && i < c->n_kernels; i++)

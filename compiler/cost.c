@@ -42,6 +42,12 @@
  *            dense GEMM: OpenBLAS SGEMM ~90 GFLOP/s single thread
  *            (platform-notes.md).  The earlier preset (60 GFLOP/s, no core
  *            sharing, no attention IO term) was 3-5x optimistic here.
+ *            The softmax per score (attn_softmax_gps, cost.h): 0.9 G scores/s
+ *            per rank, and the FLOP rate with it 73 GFLOP/s bf16 (the
+ *            three-block fit of cprun --calibrate gave 1.125x the two-block
+ *            rate and 0.87 G scores/s in CPU time under load; the two-block
+ *            figure alone priced head_dim 8 3.1x optimistic, CPU time, while
+ *            head_dim 128 stays where it was).
  *  WHOLE STEP figures (cost.h):
  *  gemm_tflops = 0.72 x the dense bf16 tensor peak with FP32 accumulation:
  *            H100 SXM 989 (datasheet) -> 712, H200 the same silicon -> 712,
@@ -59,6 +65,20 @@
  *            host) and is what pins these two figures; the same host drives
  *            every GPU preset.  `cluster.profile` may set them to 0 for a
  *            compiled (CUDA graph) deployment.
+ *  TP (tp_degree > 1, cost.h WHOLE STEP): the all-reduces use the alpha-beta
+ *            cost of the ring all-reduce, 2 (T-1) alpha + 2 (T-1)/T n beta
+ *            (Thakur, Rabenseifner, Gropp, "Optimization of collective
+ *            communication operations in MPICH", IJHPCA 2005; NCCL's ring,
+ *            whose bus bandwidth nccl-tests reports as algBW x 2 (T-1)/T),
+ *            with the preset's intra_latency_us and intra_gbps (the NCCL bus
+ *            figures above); the unsplit work is counted, not measured: per
+ *            sub-block (attention, MLP) a norm (read + write), the adaLN
+ *            modulation (read + write) and the gated residual add (two reads,
+ *            one write) = 7 hidden-sized passes, 14 per block, at mem_gbps;
+ *            the GEMM roofline is Williams, Waterman, Patterson, "Roofline",
+ *            CACM 52(4) 2009, with gemm_tflops and mem_gbps as its roof.
+ *            context-parallelism.md has no TP or CFG-parallel measurement to
+ *            check these against (section 5 quotes xDiT's Ulysses figures only).
  *  rtx4090 intra_gbps 12: GeForce boards have no P2P, so NCCL collectives go
  *            through host shared memory (~12 GB/s bus bandwidth on PCIe Gen4).
  * op_overhead_us: ~5 us per kernel launch plus framework dispatch on GPUs
@@ -73,16 +93,16 @@
 #define HOST_OP_US 225.0
 static const cpc_device_profile presets[] = {
     {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0,
-     GEMM_H100, HOST_LAYER_US, HOST_OP_US},
+     GEMM_H100, HOST_LAYER_US, HOST_OP_US, 0},
     {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0, 0, 0,
-     GEMM_H200, HOST_LAYER_US, HOST_OP_US},
+     GEMM_H200, HOST_LAYER_US, HOST_OP_US, 0},
     {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0,
-     GEMM_A100, HOST_LAYER_US, HOST_OP_US},
+     GEMM_A100, HOST_LAYER_US, HOST_OP_US, 0},
     {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0, 0, 0,
-     GEMM_L20, HOST_LAYER_US, HOST_OP_US},
+     GEMM_L20, HOST_LAYER_US, HOST_OP_US, 0},
     {"rtx4090", 100.0, 40.0, 900.0, 12.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0,
-     GEMM_4090, HOST_LAYER_US, HOST_OP_US},
-    {"cpu", 0.065, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0},
+     GEMM_4090, HOST_LAYER_US, HOST_OP_US, 0},
+    {"cpu", 0.073, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0, 0.9},
 };
 
 const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
@@ -111,7 +131,7 @@ static const profile_field profile_fields[] = {
     PF(attn_tflops), PF(attn_tflops_fp32), PF(mem_gbps), PF(intra_gbps),
     PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
     PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us), PF(cores), PF(attn_io_gbps),
-    PF(gemm_tflops), PF(host_layer_us), PF(host_op_us),
+    PF(gemm_tflops), PF(host_layer_us), PF(host_op_us), PF(attn_softmax_gps),
 };
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
@@ -231,7 +251,7 @@ void cpc_measure_key(const cpc_plan *plan, char *buf, size_t n)
              plan->model.heads, plan->model.kv_heads, plan->model.head_dim,
              cpc_dtype_name(plan->model.dtype), cpc_mask_name(plan->input.mask),
              plan->input.mode == CPC_MODE_TRAINING ? "training" : "inference",
-             plan->cluster.world_size, plan->parallel.cfg_degree, plan->parallel.tp_degree,
+             plan->cluster.world_size, cpc_plan_cfg_degree(plan), cpc_plan_tp_degree(plan),
              plan->schedule.overlap ? 1 : 0, cpc_rotate_name(plan->schedule.rotate));
 }
 
@@ -268,6 +288,11 @@ static cpc_status *meas_field(meas_entry *e, const char *k, const char *v, cpc_s
             return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, sp,
                             "device profile: measured key too long or with quotes");
         snprintf(e->m.key, sizeof e->m.key, "%s", v);
+        /* profiles tuned before the outer axes ran wrote an unset degree
+         * as 0: the same problem as C = T = 1 (cpc_measure_key now) */
+        char *ct = strstr(e->m.key, " C=0 T=0 ");
+        if (ct)
+            memcpy(ct, " C=1 T=1 ", 9);
         e->has_key = true;
     } else if (strcmp(k, "variant") == 0) {
         int var = cpc_variant_parse(v);
@@ -677,6 +702,14 @@ static cpc_status *price_loop(pricer *pr, const cpc_op *op)
 /* init_acc: writes its buffers (memory-bound) */
 static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
 {
+    if (op->block) { /* a gradient accumulator made for a ring block (backward) */
+        int64_t b = 0;
+        cpc_status *st = eval(pr, op->block, &b);
+        if (st)
+            return st;
+        for (int i = 0; i < op->n_out; i++)
+            pr->tag[op->out[i]] = (int)b;
+    }
     for (int i = 0; i < op->n_in; i++)
         compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
     for (int i = 0; i < op->n_out; i++)
@@ -717,6 +750,9 @@ static cpc_status *price_attn(pricer *pr, const cpc_op *op)
                                        (double)tq * hq * (L->D + 1) * 4.0);
         io_s = mult * bytes / (pr->dev->attn_io_gbps * 1e9);
     }
+    if (pr->dev->attn_softmax_gps > 0) /* the softmax of every visible score (cost.h) */
+        io_s += mult * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) /
+                (pr->dev->attn_softmax_gps * 1e9);
     compute(pr, flops / rate + io_s);
     return NULL;
 }
@@ -729,7 +765,7 @@ static cpc_status *price_memory(pricer *pr, const cpc_op *op)
     for (int i = 0; i < op->n_in; i++)
         bytes += buf_bytes(pr, op->in[i]);
     for (int i = 0; i < op->n_out; i++)
-        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE ? 2 : 1);
+        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE || op->kind == CPC_OP_ADD ? 2 : 1);
     compute(pr, mem_time(pr, bytes));
     if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
         pr->tag[op->out[0]] = pr->tag[op->in[0]];
@@ -849,6 +885,61 @@ static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* reduce_scatter (backward, all-gather ring): block j's fp32 slice to each
+ * member j over the ring link, plus pack and the sum of R parts */
+static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t all = buf_bytes(pr, op->in[i]);
+        int64_t tot = buf_tokens(pr, op->in[i]);
+        int64_t per_tok = all / (tot > 0 ? tot : 1);
+        int r = (int)pr->c.r;
+        int64_t out = cpc_layout_block_tokens(L, r) * per_tok;
+        int64_t bytes = all - cpc_layout_block_tokens(L, r) * per_tok;
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + (lat * (L->R - 1) + (double)bytes / bw) * pr->comm_scale +
+                                  (mem_time(pr, all) + mem_time(pr, out * L->R)) * pr->compute_scale;
+        pr->sent += bytes;
+        pr->tag[op->out[i]] = r;
+        if (all > pr->stage_send)
+            pr->stage_send = all;
+        if (out * L->R > pr->stage_recv)
+            pr->stage_recv = out * L->R;
+    }
+    return NULL;
+}
+
+/* all_reduce (backward, cross-attention dK/dV): reduce-scatter of Skv
+ * chunks then all-gather over the world link, plus pack and sum */
+static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
+{
+    const cpc_layout *L = pr->L;
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t all = buf_bytes(pr, op->in[i]);
+        int64_t tot = buf_tokens(pr, op->in[i]);
+        int64_t per_tok = all / (tot > 0 ? tot : 1);
+        int64_t mine = cpc_split_len(L->Skv, L->P, pr->c.p) * per_tok;
+        int64_t bytes = (all - mine) + mine * (L->P - 1);
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_WORLD, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm = start + (2.0 * lat * (L->P - 1) + (double)bytes / bw) * pr->comm_scale +
+                                  (2.0 * mem_time(pr, all) + mem_time(pr, mine * L->P)) * pr->compute_scale;
+        pr->sent += bytes;
+        pr->tag[op->out[i]] = pr->tag[op->in[i]];
+        if (all > pr->stage_send)
+            pr->stage_send = all;
+        if (all > pr->stage_recv)
+            pr->stage_recv = all;
+        if (mine * L->P > pr->stage_recv)
+            pr->stage_recv = mine * L->P;
+    }
+    return NULL;
+}
+
 /* barrier: one latency of its group */
 static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
 {
@@ -875,6 +966,9 @@ static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
     [CPC_OP_BARRIER] = price_barrier,
     [CPC_OP_ATTN_BWD] = price_attn,
     [CPC_OP_DELTA] = price_memory,
+    [CPC_OP_REDUCE_SCATTER] = price_reduce_scatter,
+    [CPC_OP_ALL_REDUCE] = price_all_reduce,
+    [CPC_OP_ADD] = price_memory,
 };
 _Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
 
@@ -942,6 +1036,29 @@ double cpc_weights_per_token(const cpc_plan *plan)
     return w < (double)plan->model.parameters ? w : (double)plan->model.parameters;
 }
 
+/* Roofline time factor of a transformer block's GEMMs (cost.h WHOLE STEP,
+ * GEMM ROOFLINE): sum over the four GEMM families of
+ * max(FLOPs / gemm, bytes / mem) over their FLOPs / gemm; >= 1. */
+double cpc_gemm_roofline_factor(double tokens, double hidden, int T, double elem_bytes,
+                                double gemm_flops_s, double mem_bytes_s)
+{
+    if (!(tokens > 0) || !(hidden > 0) || T < 1 || !(gemm_flops_s > 0) || !(mem_bytes_s > 0))
+        return 1.0;
+    double h = hidden, M = tokens;
+    /* {K, N} per rank: QKV (h, 3h/T), out projection (h/T, h), MLP up (h, 4h/T),
+     * MLP down (4h/T, h) */
+    const double kn[4][2] = {{h, 3 * h / T}, {h / T, h}, {h, 4 * h / T}, {4 * h / T, h}};
+    double ideal = 0, real = 0;
+    for (int i = 0; i < 4; i++) {
+        double K = kn[i][0], N = kn[i][1];
+        double c = 2.0 * M * N * K / gemm_flops_s;
+        double m = elem_bytes * (M * K + K * N + M * N) / mem_bytes_s;
+        ideal += c;
+        real += c > m ? c : m;
+    }
+    return ideal > 0 ? real / ideal : 1.0;
+}
+
 /* The whole forward step (cost.h WHOLE STEP).  `plan` is the plan one
  * (R x U) group prices: with cfg/tp degrees resolved, its batch is B / C and
  * its heads H / T (parallel.cfg_degree / tp_degree say C and T). */
@@ -959,20 +1076,37 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
     double gemm = (dev->gemm_tflops > 0 ? dev->gemm_tflops : dev->attn_tflops) * 1e12;
     if (plan->model.dtype == CPC_DTYPE_FP32 && dev->attn_tflops > 0)
         gemm *= dev->attn_tflops_fp32 / dev->attn_tflops;
-    double dense = 2.0 * W * tokens / T / gemm;
+    double es = cpc_dtype_size(plan->model.dtype);
+    double mem = (dev->mem_gbps > 0 ? dev->mem_gbps : 1) * 1e9;
+    double roof = cpc_gemm_roofline_factor(tokens, hidden, T, es, gemm, mem);
+    double dense = 2.0 * W * tokens / T / gemm * roof;
+    double tp = 0, tp_host_ops = 0;
     if (T > 1) {
         /* Megatron-style: an all-reduce after attention's output projection
-         * and one after the MLP, per layer; TP is the innermost axis, so a
-         * TP group spans nodes only when T > gpus_per_node */
-        double lat = dev->intra_latency_us * 1e-6;   /* TP groups sit inside a node */
-        double gbps = dev->intra_gbps * 1e9;
-        double bytes = tokens * hidden * cpc_dtype_size(plan->model.dtype);
-        dense += layers * 2.0 * (2.0 * (T - 1) * lat + bytes * 2.0 * (T - 1) / T / (gbps > 0 ? gbps : 1e9));
+         * and one after the MLP's down projection, per block, each of
+         * tokens x hidden (ring all-reduce: 2 (T-1) latency steps + bytes x
+         * 2 (T-1) / T at the bus bandwidth), each a kernel launch on the
+         * device and a collective call on the host; TP is the innermost
+         * axis, so a TP group sits inside a node (T <= gpus_per_node) */
+        double lat = dev->intra_latency_us * 1e-6;
+        double gbps = dev->intra_gbps > 0 ? dev->intra_gbps * 1e9 : 1e9;
+        double bytes = tokens * hidden * es;
+        double ar = 2.0 * (T - 1) * lat + bytes * 2.0 * (T - 1) / T / gbps + dev->op_overhead_us * 1e-6;
+        /* the block's norms, modulation and gated residual adds act on the
+         * whole hidden state of every token on every TP rank: 14 x hidden
+         * elements read or written per token per block; at T = 1 that work
+         * is inside the GEMM efficiency and divided like the GEMMs, so TP
+         * brings back (1 - 1/T) of it */
+        double repl = tokens * 14.0 * hidden * es * (1.0 - 1.0 / T) / mem;
+        tp = layers * (2.0 * ar + repl);
+        tp_host_ops = 2.0;
     }
-    dense *= scale;
+    dense = (dense + tp) * scale;
     double device = dense + out->ms_per_forward * 1e-3;
-    double host = layers * (dev->host_layer_us + out->host_ops_per_layer * dev->host_op_us) * 1e-6;
+    double host = layers * (dev->host_layer_us + (out->host_ops_per_layer + tp_host_ops) * dev->host_op_us) * 1e-6;
     out->dense_ms_per_step = dense * 1e3;
+    out->tp_ms_per_step = tp * scale * 1e3;
+    out->gemm_roofline = roof;
     out->device_ms_per_step = device * 1e3;
     out->host_ms_per_step = host * 1e3;
     out->ms_per_step = (device > host ? device : host) * 1e3;

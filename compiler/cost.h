@@ -9,7 +9,10 @@
  *     causal mask counts only visible pairs, from the global positions of the
  *     runs), at the device's attention rate (fp32: its fp32 rate), plus, when
  *     the profile has attn_io_gbps (calibrated CPUs), the block's Q, K, V
- *     (plan dtype) and O, LSE (fp32) bytes at that rate;
+ *     (plan dtype) and O, LSE (fp32) bytes at that rate, and, when it has
+ *     attn_softmax_gps (calibrated CPUs), B x visible pairs x heads score
+ *     elements at that rate (the softmax's cost does not scale with D: at
+ *     head_dim 8 it is most of the kernel's time, at 128 about a fifth);
  *   - init_acc, merge, copy, pack: bytes touched / memory bandwidth;
  *   - send/recv: latency + bytes / link bandwidth, on a communication stream
  *     that runs beside the compute stream; `wait` joins them, so ring
@@ -54,17 +57,40 @@
  *            dual-stream block (FLUX, SD3, HunyuanVideo) a token passes
  *            through one stream's weights only; FLUX.1-dev: 11.9e9 weights,
  *            6.45e9 per token);
- *   tp     = with T > 1, 2 all-reduces per layer of tokens x hidden
- *            (ring all-reduce: 2 (T-1) latency steps + bytes x 2 (T-1) / T at
- *            the bus bandwidth);
+ *            times the GEMM ROOFLINE factor below (1 unless a GEMM is
+ *            memory-bound);
+ *   tp     = with T > 1, per layer: 2 all-reduces (after attention's output
+ *            projection and after the MLP's down projection) of
+ *            tokens x hidden x dtype bytes, each a ring all-reduce (2 (T-1)
+ *            latency steps + bytes x 2 (T-1) / T at the intra-node bus
+ *            bandwidth intra_gbps) plus one kernel launch (op_overhead_us);
+ *            plus the work TP does not split: a block's norms, adaLN
+ *            modulation and gated residual adds read or write 14 x hidden
+ *            elements per token on every TP rank, which at T = 1 is inside
+ *            the GEMM efficiency and divided like the GEMMs, so TP adds
+ *            (1 - 1/T) x tokens x 14 x hidden x dtype bytes / mem_gbps;
+ *            on the host, each all-reduce is one more collective call
+ *            (host_op_us), 2 per layer;
  *   attn   = ms_per_layer x layers (the op program, as above);
  *   device = (dense + tp) x core sharing + attn;
- *   host   = layers x (host_layer_us + host ops x host_op_us): kernels are
- *            launched asynchronously, so the step takes
+ *   host   = layers x (host_layer_us + (host ops + TP all-reduces) x
+ *            host_op_us): kernels are launched asynchronously, so the step takes
  *   ms_per_step = max(device, host)  (fast GPUs in eager frameworks are
  *            host-bound: 4 x H100 run FLUX.1-dev at the host's pace);
  *   ms_per_image = ms_per_step x input.steps.
  * CFG groups (C) never talk during a step: each prices its own batch slice.
+ *
+ * GEMM ROOFLINE (Williams, Waterman, Patterson, "Roofline", CACM 2009): a
+ * block's GEMMs per rank, M = tokens rows, are QKV (K = h, N = 3h/T), the
+ * output projection (h/T, h), MLP up (h, 4h/T) and down (4h/T, h); each
+ * takes max(2MNK / gemm rate, dtype bytes x (MK + KN + MN) / mem_gbps).
+ * The factor is their total over the compute-bound total.  A GEMM falls
+ * under the ridge (gemm_tflops / mem_gbps FLOP per byte: ~240 on h100-sxm,
+ * ~110 on l20) when its intensity MNK / (MK + KN + MN), roughly its
+ * narrowest dimension, does: many TP ranks (h/T small) or few tokens per
+ * rank.  DiT shapes at 8 ranks stay compute-bound (FLUX.1-dev, T = 8: the
+ * 384-wide slices have intensity ~320), so there TP's cost is its
+ * all-reduces, their launches and the unsplit work, not its GEMMs.
  *
  * Device figures are public numbers, each with its source in cost.c; a
  * profile written by `cprun --calibrate` (cluster.profile) overrides them.
@@ -122,7 +148,15 @@ typedef struct cpc_device_profile {
     double host_op_us;         /* host time to issue one op of the attention program in that
                                   framework (a collective with its reshapes, an attention call
                                   with its LSE, one LSE-merge update: ~10-20 PyTorch calls), us;
-                                  a merge is two (output and LSE) */
+                                  a merge is two (output and LSE); a TP all-reduce is one */
+    double attn_softmax_gps;   /* CPU only (calibrated): score elements per second (G/s) of the
+                                  attention kernel's softmax (the max, exp and sums of every
+                                  visible (query, key, head) score), a cost that does not
+                                  scale with head_dim: each attn op also costs
+                                  B x visible pairs x heads / this rate, so a small head_dim
+                                  is not priced at the big-head_dim FLOP rate.  0 = no
+                                  separate term (GPU presets: the attention rate is measured
+                                  at head_dim 128 with its softmax) */
 } cpc_device_profile;
 
 /* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).
@@ -203,6 +237,13 @@ bool cpc_plan_profile_path(const cpc_plan *plan, char *buf, size_t n);
 
 /* Weights a token passes through (see WHOLE STEP); 0 without model.parameters. */
 double cpc_weights_per_token(const cpc_plan *plan);
+
+/* The GEMM ROOFLINE factor (>= 1; 1 for non-positive inputs) of one
+ * transformer block of hidden size `hidden` split over T tensor-parallel
+ * ranks, `tokens` rows per rank, elements of `elem_bytes`, at
+ * gemm_flops_s FLOP/s and mem_bytes_s bytes/s. */
+double cpc_gemm_roofline_factor(double tokens, double hidden, int T, double elem_bytes,
+                                double gemm_flops_s, double mem_bytes_s);
 
 /* How much slower one rank's work gets because the ranks of a node share
  * cores (>= 1): with dev->cores > 0, max(1, ranks per node / cores) (ranks

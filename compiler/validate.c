@@ -423,13 +423,13 @@ static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, 
         }
     }
 
-    /* CP018: anything variants are forward only. */
-    if (is_anything(v) && p->input.mode == CPC_MODE_TRAINING) {
-        e = ERR(18, vspan(p, "input.mode"),
-                "%s: inference only, but mode is training (as in diffusers: no backward pass)", vn);
-        note_variant(e, p, o, v);
-        cpc_status_append(&errs, e);
-    }
+    /* CP018 (a variant that cannot run a backward pass) is not raised for
+     * any variant any more: diffusers marks both anything variants inference
+     * only, but cpc's backward programs (compiler/schedule_bwd.h) handle
+     * their uneven splits (messages sized by content tag, the reducing
+     * all-to-all for K/V heads shared by uneven head parts) and are proved
+     * (verify_bwd.h); docs/BACKWARD.md 3.9.  What still cannot train
+     * (cross-attention) is CP060 from cpc_backward_supported. */
     /* CP019: ring_anything needs no mask. */
     if (v == CPC_VARIANT_RING_ANYTHING && p->input.mask != CPC_MASK_NONE) {
         e = ERR(19, vspan(p, "input.mask"), "ring_anything: needs mask none, got mask %s (diffusers: attn_mask "
@@ -1483,24 +1483,6 @@ static bool tp_heads_ok(const cpc_plan *p, int T)
 {
     int H = p->model.heads, Hkv = p->model.kv_heads;
     return T >= 1 && H % T == 0 && Hkv >= 1 && (Hkv % T == 0 || T % Hkv == 0);
-}
-
-bool cpc_plan_sub(const cpc_plan *p, int C, int T, cpc_plan *q)
-{
-    int P = world(p);
-    if (C < 1 || T < 1 || P % C || (P / C) % T || p->input.batch % C || !tp_heads_ok(p, T))
-        return false;
-    int g = gpus_per_node(p);
-    int Hkv = p->model.kv_heads;
-    *q = *p;
-    q->cluster.world_size = P / C / T;
-    q->input.batch = p->input.batch / C;
-    q->model.heads = p->model.heads / T;
-    q->model.kv_heads = Hkv % T == 0 ? Hkv / T : 1;
-    q->cluster.gpus_per_node = g / T >= 1 ? g / T : 1;
-    q->parallel.cfg_degree = C;
-    q->parallel.tp_degree = T;
-    return true;
 }
 
 /* C or T as written: omitted -> 1; CPC_DEGREE_AUTO stays. */

@@ -91,13 +91,16 @@
  *
  * THE OUTER AXES (SPEC section 1, "All four axes").  parallel.cfg_degree C
  * and tp_degree T, each N or auto.  A (C, T, R, U) candidate is C*T
- * independent R x U problems, each the plan cut by cpc_plan_sub (batch
+ * independent R x U problems, each the plan cut by cpc_plan_sub (plan.h; batch
  * B/C, heads H/T): they share no data and no traffic, so everything above
  * (inference, derived degrees, candidates, rules, hints, selection) runs on
  * that sub-plan unchanged, and each candidate records its C and T.
  * Messages then speak of the sub-plan's world (P/(C*T)) except CP003,
  * which states C*T*R*U, and hints, whose world sizes are the user's.
  * With C = T = 1 (the default) nothing differs from a ring x ulysses plan.
+ * The compiler schedules the selected candidate's sub-plan, the artifact
+ * records C and T (artifact.h), and cprun places the C*T groups
+ * (runtime/session/placement.h).
  * Axis rules, stage 2, checked first for the values written: CP003
  * (C*T does not divide world_size), CP005 (batch % C), CP006 (H % T, or
  * Hkv % T with T % Hkv); each hint offers another value of the axis (or a
@@ -201,19 +204,6 @@ void cpc_derive_degrees(const cpc_plan *plan, cpc_variant variant, int *ring_deg
 /* The SPEC tie rule over `n` candidates (see SELECTION above); returns the
  * index of the chosen one, -1 when none is ok. */
 int cpc_select_best(const cpc_candidate *cands, int n);
-
-/* The sub-problem one (c, t) group of a (C, T, R, U) split solves (SPEC
- * section 1, "All four axes"): a shallow copy of `plan` (it shares the
- * plan's strings, segments and key spans: do not free it, and let the plan
- * outlive it) with world_size P/(C*T), batch B/C, heads H/T, kv_heads
- * Hkv/T (1 when Hkv < T: each K/V head is replicated to the T/Hkv ranks
- * that use it), gpus_per_node max(1, gpus_per_node/T) (TP is the innermost
- * axis: a Ulysses group's ranks are T apart) and parallel.cfg_degree = C,
- * tp_degree = T (the cost model's whole step reads T back: cost.h).
- * Returns false, leaving *sub unchanged, when (C, T) breaks CP003 (C*T
- * does not divide P), CP005 (B % C) or CP006 (H % T; Hkv neither divisible
- * by T nor a divisor of it). */
-bool cpc_plan_sub(const cpc_plan *plan, int cfg_degree, int tp_degree, cpc_plan *sub);
 
 /* Frees what `sel` owns and resets it (n_candidates 0, selected -1).
  * NULL is ignored. */

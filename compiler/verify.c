@@ -2110,7 +2110,8 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
         const cpc_op *o = &prog->ops[i];
         for (int j = -1; j < (o->kind == CPC_OP_LOOP ? o->n_body : 0); j++) {
             cpc_op_kind k = j < 0 ? o->kind : o->body[j].kind;
-            if (k == CPC_OP_DELTA || k == CPC_OP_ATTN_BWD)
+            if (k == CPC_OP_DELTA || k == CPC_OP_ATTN_BWD || k == CPC_OP_REDUCE_SCATTER || k == CPC_OP_ALL_REDUCE ||
+                k == CPC_OP_ADD)
                 return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, j < 0 ? o->span : o->body[j].span,
                                 "ops[%d]: %s is a backward (training) op: a forward program may not use it "
                                 "(backward programs are proved by cpc_verify_backward)",

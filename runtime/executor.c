@@ -37,7 +37,7 @@ struct cpc_exec {
     int n_pend, cap_pend;
     cpc_run *qruns, *kvruns;
     int max_runs;
-    size_t *a2a;              /* 4 * U: send counts/displs, recv counts/displs */
+    size_t *a2a;              /* 4 * P: send counts/displs, recv counts/displs */
     size_t *ag;               /* 2 * R: all-gather counts/displs */
     cpc_exec_event *ev;
     int n_ev, cap_ev;
@@ -133,11 +133,19 @@ static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const
                          cpc_group_name(op->group));
     int in = op->in[0], out = op->out[0];
     const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
-    if (bi->role == CPC_ROLE_LSE || bo->role == CPC_ROLE_LSE)
-        return cpc_error(CPC_E_INTERNAL, "all_to_all of an LSE buffer is not supported");
+    if ((bi->role == CPC_ROLE_LSE) != (bo->role == CPC_ROLE_LSE) ||
+        (bi->role == CPC_ROLE_LSE && op->dir != CPC_A2A_SEQ_TO_HEADS))
+        return cpc_error(CPC_E_INTERNAL, "all_to_all of an LSE-layout buffer: seq_to_heads between two LSE "
+                                         "buffers only ('%s', '%s')", bi->name, bo->name);
     if (cpc_buffer_elem_size(prog, in) != cpc_buffer_elem_size(prog, out))
         return cpc_error(CPC_E_INTERNAL, "all_to_all between buffers of different element types ('%s', '%s')",
                          bi->name, bo->name);
+    if (op->reduce) {
+        bool grad = bi->role == CPC_ROLE_DQ || bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV;
+        if (op->dir != CPC_A2A_HEADS_TO_SEQ || !grad || bo->role != bi->role)
+            return cpc_error(CPC_E_INTERNAL, "all_to_all reduce=sum: only heads_to_seq of a dq/dk/dv buffer "
+                                             "into one of the same role ('%s' -> '%s')", bi->name, bo->name);
+    }
     int part = op->dir == CPC_A2A_SEQ_TO_HEADS ? out : in;
     int full = op->dir == CPC_A2A_SEQ_TO_HEADS ? in : out;
     if (prog->buffers[part].heads != CPC_HEADS_PART || prog->buffers[full].heads != CPC_HEADS_ALL)
@@ -146,7 +154,8 @@ static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const
     if (prog->buffers[full].tokens != CPC_TOK_SHARD || prog->buffers[part].tokens != CPC_TOK_BLOCK)
         return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must be SHARD and '%s' BLOCK",
                          cpc_a2a_dir_name(op->dir), prog->buffers[full].name, prog->buffers[part].name);
-    int64_t row = (int64_t)L->B * L->D * cpc_buffer_elem_size(prog, in);
+    /* bytes per (token, head): [B, T, h, D] buffers D elements, LSE ([B, h, T]) one */
+    int64_t row = (int64_t)L->B * (bi->role == CPC_ROLE_LSE ? 1 : L->D) * cpc_buffer_elem_size(prog, in);
     int U = L->U;
     int64_t Tu = cpc_layout_shard_tokens(L, (int)c->p);
     int uo, un;
@@ -204,6 +213,7 @@ typedef struct stage_ctx {
     cpc_coords c;
     size_t *tmp;      /* 4 * U */
     size_t send, recv;
+    bool two_sided;   /* a reduce_scatter stages both sides at once */
 } stage_ctx;
 
 /* Staging space for every all_to_all of the program (whether or not its
@@ -216,6 +226,42 @@ static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
             cpc_status *e = stage_ops(s, op->body, op->n_body);
             if (e)
                 return e;
+            continue;
+        }
+        if (op->kind == CPC_OP_ALL_REDUCE) {
+            /* pack chunks (the whole input); receive P parts of this rank's
+             * chunk, later the P chunks of the all-gather */
+            for (int k = 0; k < op->n_in; k++) {
+                if (op->in[k] < 0 || op->in[k] >= s->prog->n_buffers)
+                    return cpc_error(CPC_E_INTERNAL, "ops: all_reduce with bad buffers");
+                const cpc_layout *L = &s->prog->layout;
+                geom g = geom_of(s->prog, &s->c, op->in[k], -1);
+                size_t per_tok = g.T > 0 ? g.bytes / (size_t)g.T : 0;
+                size_t parts = per_tok * (size_t)cpc_split_len(g.T, L->P, s->c.p) * (size_t)L->P;
+                s->two_sided = true;
+                if (g.bytes > s->send)
+                    s->send = g.bytes;
+                if (g.bytes > s->recv)
+                    s->recv = g.bytes;
+                if (parts > s->recv)
+                    s->recv = parts;
+            }
+            continue;
+        }
+        if (op->kind == CPC_OP_REDUCE_SCATTER) {
+            /* pack every slice (the whole ALL input), receive R slices of block r */
+            for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+                s->two_sided = true;
+            if (op->in[k] < 0 || op->in[k] >= s->prog->n_buffers || op->out[k] < 0 ||
+                    op->out[k] >= s->prog->n_buffers)
+                    return cpc_error(CPC_E_INTERNAL, "ops: reduce_scatter with bad buffers");
+                size_t in_b = geom_of(s->prog, &s->c, op->in[k], -1).bytes;
+                size_t out_b = geom_of(s->prog, &s->c, op->out[k], (int)s->c.r).bytes * (size_t)s->prog->layout.R;
+                if (in_b > s->send)
+                    s->send = in_b;
+                if (out_b > s->recv)
+                    s->recv = out_b;
+            }
             continue;
         }
         if (op->kind != CPC_OP_ALL_TO_ALL)
@@ -235,8 +281,11 @@ static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
         /* B == 1: the SEQ_TO_HEADS receive and the HEADS_TO_SEQ send go
          * straight between the buffer and the transport (each member's part
          * is a contiguous token range). */
-        bool need_send = !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
-        bool need_recv = !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
+        bool lse = s->prog->buffers[op->in[0]].role == CPC_ROLE_LSE;
+        bool need_send = lse || !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
+        bool need_recv = lse || !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
+        if (lse)
+            s->two_sided = true; /* [B, h, T]: a member's part is not contiguous in the output */
         if (need_send && st > s->send)
             s->send = st;
         if (need_recv && rt > s->recv)
@@ -288,7 +337,7 @@ static cpc_status *plan_memory(const cpc_program *prog, int rank, int64_t *caps,
     free(tmp);
     if (st)
         return st;
-    if (prog->layout.B == 1) {
+    if (prog->layout.B == 1 && !s.two_sided) {
         /* Each all_to_all then stages only one side: one space serves both. */
         *ssend = s.send > s.recv ? s.send : s.recv;
         *srecv = 0;
@@ -379,6 +428,24 @@ cpc_status *cpc_exec_print_memory(FILE *out, const cpc_program *prog, int rank)
 
 /* ---- create / destroy -------------------------------------------------------------- */
 
+/* The first op that sums in fp32 through the backend's add_strided (the
+ * reducing all_to_all, reduce_scatter, all_reduce), or NULL. */
+static const cpc_op *find_summing_op(const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if (op->kind == CPC_OP_LOOP) {
+            const cpc_op *b = find_summing_op(op->body, op->n_body);
+            if (b)
+                return b;
+        } else if ((op->kind == CPC_OP_ALL_TO_ALL && op->reduce) || op->kind == CPC_OP_REDUCE_SCATTER ||
+                   op->kind == CPC_OP_ALL_REDUCE || op->kind == CPC_OP_ADD) {
+            return op;
+        }
+    }
+    return NULL;
+}
+
 /* Finds the final LSE buffer: out[1] of the last merge, else of the last attn. */
 static void find_lse(const cpc_op *ops, int n, int *merge_lse, int *attn_lse)
 {
@@ -431,6 +498,12 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     if (cfg->rank < 0 || cfg->rank >= prog->layout.P)
         return cpc_error(CPC_E_INTERNAL, "executor: rank %d outside the program's %d ranks",
                          cfg->rank, prog->layout.P);
+    const cpc_op *sum_op = find_summing_op(prog->ops, prog->n_ops);
+    if (sum_op && !cfg->backend->vt->add_strided)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "rank %d: the %s backend has no fp32 accumulate (add_strided), which the program's %s%s "
+                         "needs (it sums gradients of several ranks)", cfg->rank, cpc_backend_name(cfg->backend),
+                         cpc_op_kind_name(sum_op->kind), sum_op->kind == CPC_OP_ALL_TO_ALL ? " reduce=sum" : "");
     cpc_exec *ex = calloc(1, sizeof *ex);
     if (!ex)
         return cpc_error(CPC_E_NOMEM, "executor: out of memory");
@@ -450,7 +523,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     ex->max_runs = L->R * cpc_layout_max_block_runs(L) + 2;
     ex->qruns = malloc((size_t)ex->max_runs * sizeof *ex->qruns);
     ex->kvruns = malloc((size_t)ex->max_runs * sizeof *ex->kvruns);
-    ex->a2a = malloc((size_t)(4 * L->U) * sizeof *ex->a2a);
+    ex->a2a = malloc((size_t)(4 * L->P) * sizeof *ex->a2a); /* ulysses all_to_all, ring reduce_scatter */
     ex->ag = malloc((size_t)(2 * L->R) * sizeof *ex->ag);
     if (!caps || !ex->bufs || !ex->allocs || !ex->qruns || !ex->kvruns || !ex->a2a || !ex->ag) {
         st = cpc_error(CPC_E_NOMEM, "executor: out of memory");
@@ -480,11 +553,14 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
                                cfg->rank, bf->name, cpc_buf_role_name(bf->role));
                 goto fail;
             }
-            bool ok = bf->heads == CPC_HEADS_ALL &&
-                      (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
-                       (bf->tokens == CPC_TOK_BLOCK && L->U == 1));
+            /* A backward program's saved LSE stays in the layout the forward
+             * computed it in: with ulysses, ring block r x this member's heads. */
+            bool lse_seq = bf->role == CPC_ROLE_LSE && bf->tokens == CPC_TOK_BLOCK && L->U > 1;
+            bool ok = lse_seq || (bf->heads == CPC_HEADS_ALL &&
+                                  (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
+                                   (bf->tokens == CPC_TOK_BLOCK && L->U == 1)));
             if (!ok) {
-                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' must hold ALL heads of a SHARD (or KV) layout, not %s/%s",
+                st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' must hold ALL heads of a SHARD (or KV) layout (a saved LSE: also BLOCK), not %s/%s",
                                cfg->rank, bf->name, cpc_buf_tokens_name(bf->tokens),
                                cpc_buf_heads_name(bf->heads));
                 goto fail;
@@ -504,7 +580,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
         goto fail;
     ex->stage_send_cap = ss;
     ex->stage_recv_cap = sr;
-    if (prog->layout.B == 1) {
+    if (prog->layout.B == 1 && sr == 0) {
         ex->stage_recv = ex->stage_send;
         ex->stage_recv_cap = ss;
     }
@@ -624,14 +700,27 @@ static bool is_grad(cpc_buf_role r)
     return r == CPC_ROLE_DQ || r == CPC_ROLE_DK || r == CPC_ROLE_DV;
 }
 
-static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op)
+static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
 {
     if (op->n_out >= 1 && is_grad(ex->prog->buffers[op->out[0]].role)) {
-        /* Gradient accumulators (backward): zero the whole capacity; tags unchanged. */
+        /* Gradient accumulators (backward): zero the whole capacity; with a
+         * `block`, they become that ring block's accumulators (tag). */
+        int64_t blk = -1;
+        if (op->block) {
+            cpc_status *st = cpc_expr_eval(op->block, c, &blk);
+            if (st)
+                return st;
+            if (blk < 0 || blk >= ex->L->R)
+                return errf("block %lld outside 0..%d", (long long)blk, ex->L->R - 1);
+        }
         for (int i = 0; i < op->n_out; i++) {
             int b = op->out[i];
             if (!is_grad(ex->prog->buffers[b].role))
                 return errf("'%s': init_acc of gradients takes only dq/dk/dv buffers", bname(ex, b));
+            if (buf_pending(ex, b))
+                return errf("'%s' has a send/recv not yet waited for", bname(ex, b));
+            if (blk >= 0)
+                ex->bufs[b].tag = (int)blk;
             cpc_status *st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[b].cap / 4, NULL, 0);
             if (st)
                 return st;
@@ -805,7 +894,7 @@ static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op)
 }
 
 /* attn_bwd in=q,k,v,dout,lse,delta out=dq,dk,dv (+=). */
-static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
+static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
 {
     cpc_status *st = need(op, 6, 3);
     if (st)
@@ -814,8 +903,19 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
     const cpc_layout *L = ex->L;
     int q = op->in[0], k = op->in[1], v = op->in[2], d = op->in[3], l = op->in[4], dl = op->in[5];
     int dq = op->out[0], dk = op->out[1], dv = op->out[2];
-    if (prog->buffers[k].tokens == CPC_TOK_ALL)
-        return errf("attn_bwd on gathered (ALL) K/V is not supported yet");
+    bool all = prog->buffers[k].tokens == CPC_TOK_ALL;
+    if (all != (prog->buffers[v].tokens == CPC_TOK_ALL) || all != (prog->buffers[dk].tokens == CPC_TOK_ALL) ||
+        all != (prog->buffers[dv].tokens == CPC_TOK_ALL))
+        return errf("K, V, dK and dV must all be gathered (ALL) or none");
+    int64_t bi = -1;
+    if (all) {
+        if (!op->block)
+            return errf("attn_bwd on gathered K/V needs a block");
+        if ((st = cpc_expr_eval(op->block, c, &bi)))
+            return st;
+        if (bi < 0 || bi >= L->R)
+            return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
+    }
     int kt = ex->bufs[k].tag;
     if (prog->buffers[k].tokens == CPC_TOK_BLOCK &&
         (ex->bufs[v].tag != kt || ex->bufs[dk].tag != kt || ex->bufs[dv].tag != kt))
@@ -830,6 +930,11 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
                     (long long)gq.T, gq.hn);
     if (gdk.T != gk.T || gdk.hn != gk.hn || gdq.es != 4 || gdk.es != 4)
         return errf("dK '%s' does not match K '%s', or a gradient is not fp32", bname(ex, dk), bname(ex, k));
+    if (gq.hn > 0 && (gq.hoff / L->group < gk.hoff || (gq.hoff + gq.hn - 1) / L->group >= gk.hoff + gk.hn ||
+                      gdk.hoff != gk.hoff))
+        return errf("query heads [%d, %d) need K/V heads [%d, %d], '%s' holds [%d, %d) (dK '%s' [%d, %d))", gq.hoff,
+                    gq.hoff + gq.hn, gq.hoff / L->group, (gq.hoff + gq.hn - 1) / L->group + 1, bname(ex, k),
+                    gk.hoff, gk.hoff + gk.hn, bname(ex, dk), gdk.hoff, gdk.hoff + gdk.hn);
     if ((st = check_fits(ex, dq, gdq.bytes)) || (st = check_fits(ex, dk, gdk.bytes)) ||
         (st = check_fits(ex, dv, gdk.bytes)))
         return st;
@@ -849,10 +954,41 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op)
     a.v = ex->bufs[v].ptr;
     a.dk = ex->bufs[dk].ptr;
     a.dv = ex->bufs[dv].ptr;
-    a.n_kv_runs = runs_of(prog, &ex->c, k, kt, ex->kvruns, ex->max_runs);
+    if (all) {
+        /* block bi's slice of the gathered K/V and of dK/dV, in place */
+        int64_t off = cpc_layout_block_offset(L, (int)bi) * gk.hn * L->D;
+        a.skv = cpc_layout_block_tokens(L, (int)bi);
+        a.k = (const char *)ex->bufs[k].ptr + off * gk.es;
+        a.v = (const char *)ex->bufs[v].ptr + off * gk.es;
+        a.dk = (float *)ex->bufs[dk].ptr + off;
+        a.dv = (float *)ex->bufs[dv].ptr + off;
+        a.dkv_bstride = a.kv_bstride;
+        a.n_kv_runs = cpc_layout_block_runs(L, (int)bi, ex->kvruns, ex->max_runs);
+    } else {
+        a.n_kv_runs = runs_of(prog, &ex->c, k, kt, ex->kvruns, ex->max_runs);
+    }
     a.kv_runs = ex->kvruns;
     ex->cur.attn_flops += 2.5 * 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
     return cpc_backend_attn_bwd(ex->cfg.backend, &a);
+}
+
+/* add in=a out=b: b += a (fp32 gradients of the same rows, heads and block). */
+static cpc_status *op_add(cpc_exec *ex, const cpc_op *op)
+{
+    cpc_status *st = need(op, 1, 1);
+    if (st)
+        return st;
+    int a = op->in[0], b = op->out[0];
+    const cpc_buffer *ba = &ex->prog->buffers[a], *bb = &ex->prog->buffers[b];
+    geom ga = cur_geom(ex, a), gb = cur_geom(ex, b);
+    if (!is_grad(ba->role) || ba->role != bb->role || ba->tokens != bb->tokens || ga.T != gb.T || ga.hn != gb.hn ||
+        ga.hoff != gb.hoff || ex->bufs[a].tag != ex->bufs[b].tag)
+        return errf("add: '%s' (block %d) and '%s' (block %d) must be gradients of one role, rows and heads",
+                    ba->name, ex->bufs[a].tag, bb->name, ex->bufs[b].tag);
+    if (buf_pending(ex, a) || buf_pending(ex, b))
+        return errf("'%s' or '%s' has a send/recv not yet waited for", ba->name, bb->name);
+    return cpc_backend_add_strided(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[a].ptr, 1, 1, 1, ga.elems, 0, 0, 0,
+                                   0, 0, 0);
 }
 
 static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
@@ -1018,6 +1154,47 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     int64_t Tblk = cpc_layout_block_tokens(L, (int)r);
     if (buf_pending(ex, in) || buf_pending(ex, out))
         return errf("'%s' or '%s' has a send/recv not yet waited for", bname(ex, in), bname(ex, out));
+    if (prog->buffers[in].role == CPC_ROLE_LSE) {
+        /* seq_to_heads of an LSE-layout buffer (the backward's delta):
+         * in [B, H, Tu] -> out [B, hu, Tblk]; member j gets [B, h_j, Tu],
+         * member j's [B, hu, Tj] lands at token offset tok_j of every row. */
+        int hin = geom_of(prog, &ex->c, in, (int)ex->c.p).hn;
+        int uo, un;
+        cpc_buffer_heads(prog, out, u, &uo, &un);
+        ex->bufs[out].tag = (int)r;
+        geom go = cur_geom(ex, out);
+        if ((st = check_fits(ex, out, go.bytes)))
+            return st;
+        if (stot > ex->stage_send_cap || rtot > ex->stage_recv_cap)
+            return errf("staging space too small (%zu > %zu or %zu > %zu)", stot, ex->stage_send_cap, rtot,
+                        ex->stage_recv_cap);
+        for (int j = 0; j < U; j++) {
+            int jo, jn;
+            cpc_buffer_heads(prog, out, j, &jo, &jn);
+            if (jn > 0 && Tu > 0 &&
+                (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + sd[j],
+                                               (const char *)ex->bufs[in].ptr + (int64_t)jo * Tu * 4, 4, B, 1, 1,
+                                               jn * Tu, jn * Tu, 0, 0, hin * Tu, 0, 0)))
+                return st;
+        }
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
+                                             rc, rd)))
+            return st;
+        int64_t tok = 0;
+        for (int j = 0; j < U; j++) {
+            int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
+            if (Tj > 0 && un > 0 &&
+                (st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + tok * 4,
+                                               (const char *)ex->stage_recv + rd[j], 4, B, un, 1, Tj, un * Tblk,
+                                               Tblk, 0, un * Tj, Tj, 0)))
+                return st;
+            tok += Tj;
+        }
+        for (int j = 0; j < U; j++)
+            if (j != u)
+                *sent += (int64_t)sc[j];
+        return NULL;
+    }
     if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
         /* in [B, Tu, Hin, D] -> out [B, Tblk, hu, D]. */
         geom gi = geom_of(prog, &ex->c, in, (int)ex->c.p);
@@ -1108,18 +1285,39 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         if (rtot > ex->stage_recv_cap)
             return errf("staging space too small (%zu > %zu)", rtot, ex->stage_recv_cap);
         recvp = ex->stage_recv;
+        if (!op->reduce) {
+            /* Members' head parts must not overlap: a head held by two
+             * members (shared K/V heads) would keep only one part. */
+            int prev_end = 0;
+            for (int j = 0; j < U; j++) {
+                int jo, jn;
+                cpc_buffer_heads(prog, in, j, &jo, &jn);
+                if (jn > 0 && jo < prev_end)
+                    return errf("'%s': head %d is held by two ulysses members: its parts must be summed "
+                                "(all_to_all reduce=sum)", bname(ex, in), jo);
+                if (jn > 0)
+                    prev_end = jo + jn;
+            }
+        }
         if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, sendp, sc, sd,
                                                       recvp, rc, rd)))
+            return st;
+        if (op->reduce && (st = cpc_backend_init_acc(be, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
             return st;
         for (int j = 0; j < U; j++) {
             int jo, jn;
             cpc_buffer_heads(prog, in, j, &jo, &jn);
             if (jn == 0 || Tu == 0)
                 continue;
-            if ((st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
-                                           (const char *)ex->stage_recv + rd[j], (size_t)es, B, Tu,
-                                           1, jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D,
-                                           jn * D, 0)))
+            if (op->reduce)
+                st = cpc_backend_add_strided(be, (float *)ex->bufs[out].ptr + (int64_t)jo * D,
+                                             (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                             B, Tu, 1, jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D, jn * D, 0);
+            else
+                st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + (int64_t)jo * D * es,
+                                              (const char *)ex->stage_recv + rd[j], (size_t)es, B, Tu, 1,
+                                              jn * D, Tu * hout * D, hout * D, 0, Tu * jn * D, jn * D, 0);
+            if (st)
                 return st;
         }
         ex->bufs[out].tag = (int)ex->c.p;
@@ -1177,6 +1375,158 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     return NULL;
 }
 
+/* reduce_scatter (ring): block j's slice of each ALL input to member j, the
+ * R slices of block r summed (fp32) into the BLOCK output (tag r). */
+static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if ((st = need(op, 1, 1)))
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    if (op->group != CPC_GROUP_RING)
+        return errf("reduce_scatter over the %s group is not supported (ring only)", cpc_group_name(op->group));
+    cpc_backend *be = ex->cfg.backend;
+    int R = L->R, r = (int)ex->c.r;
+    size_t *sc = ex->a2a, *sd = sc + R, *rc = sd + R, *rd = rc + R;
+    for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+        int in = op->in[k], out = op->out[k];
+        const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+        bool grad = bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV || bi->role == CPC_ROLE_DQ;
+        if (!grad || bo->role != bi->role || bi->tokens != CPC_TOK_ALL || bo->tokens != CPC_TOK_BLOCK)
+            return errf("reduce_scatter: '%s' must be a gathered (ALL) gradient and '%s' a ring block of the "
+                        "same role", bi->name, bo->name);
+        if (buf_pending(ex, in) || buf_pending(ex, out))
+            return errf("'%s' or '%s' has a send/recv not yet waited for", bi->name, bo->name);
+        geom gi = geom_of(prog, &ex->c, in, -1);
+        ex->bufs[out].tag = r;
+        geom go = cur_geom(ex, out);
+        if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != 4 || go.es != 4)
+            return errf("'%s' and '%s' differ in heads, or are not fp32", bi->name, bo->name);
+        if ((st = check_fits(ex, out, go.bytes)))
+            return st;
+        int64_t row = (int64_t)gi.hn * L->D; /* floats per token */
+        int64_t Tr = cpc_layout_block_tokens(L, r);
+        size_t so = 0, ro = 0;
+        for (int j = 0; j < R; j++) {
+            int64_t Tj = cpc_layout_block_tokens(L, j);
+            sc[j] = (size_t)(L->B * Tj * row) * 4;
+            sd[j] = so;
+            rc[j] = (size_t)(L->B * Tr * row) * 4;
+            rd[j] = ro;
+            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
+                                                         (const char *)ex->bufs[in].ptr +
+                                                             cpc_layout_block_offset(L, j) * row * 4,
+                                                         4, L->B, 1, 1, Tj * row, Tj * row, 0, 0, gi.T * row, 0, 0)))
+                return st;
+            so += sc[j];
+            ro += rc[j];
+        }
+        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap)
+            return errf("staging space too small (%zu > %zu or %zu > %zu)", so, ex->stage_send_cap, ro,
+                        ex->stage_recv_cap);
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
+                                             rc, rd)))
+            return st;
+        if ((st = cpc_backend_init_acc(be, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
+            return st;
+        for (int j = 0; j < R; j++)
+            if (Tr > 0 && (st = cpc_backend_add_strided(be, ex->bufs[out].ptr,
+                                                        (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                                        1, 1, 1, L->B * Tr * row, 0, 0, 0, 0, 0, 0)))
+                return st;
+        for (int j = 0; j < R; j++)
+            if (j != r)
+                *sent += (int64_t)sc[j];
+    }
+    return NULL;
+}
+
+/* all_reduce (world; cross-attention dK/dV): chunk j of the KV tokens
+ * (tensor_split over P) of every rank's part is summed on rank j (all_to_all_v
+ * + fp32 sum), then the summed chunks are all-gathered into the output. */
+static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = need_transport(ex);
+    if (st)
+        return st;
+    if ((st = need(op, 1, 1)))
+        return st;
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    if (op->group != CPC_GROUP_WORLD)
+        return errf("all_reduce over the %s group is not supported (world only)", cpc_group_name(op->group));
+    cpc_backend *be = ex->cfg.backend;
+    int P = L->P, p = (int)ex->c.p;
+    size_t *sc = ex->a2a, *sd = sc + P, *rc = sd + P, *rd = rc + P;
+    for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+        int in = op->in[k], out = op->out[k];
+        const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
+        bool grad = bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV || bi->role == CPC_ROLE_DQ;
+        if (!grad || bo->role != bi->role || bi->tokens != CPC_TOK_KV || bo->tokens != CPC_TOK_KV ||
+            bi->heads != CPC_HEADS_ALL || bo->heads != CPC_HEADS_ALL)
+            return errf("all_reduce: '%s' and '%s' must be cross-attention (KV) gradients of one role with "
+                        "every head", bi->name, bo->name);
+        if (buf_pending(ex, in) || buf_pending(ex, out))
+            return errf("'%s' or '%s' has a send/recv not yet waited for", bi->name, bo->name);
+        geom g = geom_of(prog, &ex->c, in, -1);
+        if ((st = check_fits(ex, out, g.bytes)))
+            return st;
+        int64_t row = (int64_t)g.hn * L->D; /* floats per token */
+        int64_t Tp = cpc_split_len(g.T, P, p);
+        size_t so = 0, ro = 0;
+        for (int j = 0; j < P; j++) {
+            int64_t Tj = cpc_split_len(g.T, P, j), oj = cpc_split_off(g.T, P, j);
+            sc[j] = (size_t)(L->B * Tj * row) * 4;
+            sd[j] = so;
+            rc[j] = (size_t)(L->B * Tp * row) * 4;
+            rd[j] = ro;
+            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
+                                                         (const char *)ex->bufs[in].ptr + oj * row * 4, 4, L->B,
+                                                         1, 1, Tj * row, Tj * row, 0, 0, g.T * row, 0, 0)))
+                return st;
+            so += sc[j];
+            ro += rc[j];
+        }
+        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap || g.bytes > ex->stage_recv_cap)
+            return errf("staging space too small");
+        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
+                                             rc, rd)))
+            return st;
+        /* the sum of chunk p, in the send staging (its packed parts are sent) */
+        float *sum = ex->stage_send;
+        size_t n = (size_t)(L->B * Tp * row);
+        if ((st = cpc_backend_init_acc(be, sum, n, NULL, 0)))
+            return st;
+        for (int j = 0; j < P && n > 0; j++)
+            if ((st = cpc_backend_add_strided(be, sum, (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                              1, 1, 1, (int64_t)n, 0, 0, 0, 0, 0, 0)))
+                return st;
+        size_t off = 0;
+        for (int j = 0; j < P; j++) {
+            sc[j] = (size_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4;
+            sd[j] = off;
+            off += sc[j];
+        }
+        if ((st = cpc_transport_all_gather_v(ex->cfg.transport, op->group, sum, n * 4, ex->stage_recv, sc, sd)))
+            return st;
+        for (int j = 0; j < P; j++) {
+            int64_t Tj = cpc_split_len(g.T, P, j), oj = cpc_split_off(g.T, P, j);
+            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->bufs[out].ptr + oj * row * 4,
+                                                         (const char *)ex->stage_recv + sd[j], 4, L->B, 1, 1,
+                                                         Tj * row, g.T * row, 0, 0, Tj * row, 0, 0)))
+                return st;
+        }
+        ex->bufs[out].tag = ex->bufs[in].tag;
+        for (int j = 0; j < P; j++)
+            if (j != p)
+                *sent += (int64_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4 + (int64_t)n * 4;
+    }
+    return NULL;
+}
+
 static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
 {
     cpc_status *st = need(op, 1, 1);
@@ -1202,6 +1552,19 @@ static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
     bool lse_in = bi->role == CPC_ROLE_LSE, lse_out = bo->role == CPC_ROLE_LSE;
     if (lse_in != lse_out)
         return errf("cannot copy between an LSE buffer and a %s buffer", lse_in ? bo->name : bi->name);
+    bool grad = bi->role == CPC_ROLE_DQ || bi->role == CPC_ROLE_DK || bi->role == CPC_ROLE_DV;
+    if (grad && bo->role == bi->role && gi.es == 4 && go.es == 4 && !lse_in && go.hoff <= gi.hoff &&
+        gi.hoff + gi.hn <= go.hoff + go.hn && go.hn > gi.hn) {
+        /* a gradient's head part into every head: zeros elsewhere (then summed
+         * over the world by all_reduce) */
+        if ((st = check_fits(ex, out, go.bytes)) ||
+            (st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
+            return st;
+        int64_t D = L->D;
+        return cpc_backend_copy_strided(ex->cfg.backend, (float *)ex->bufs[out].ptr + (gi.hoff - go.hoff) * D,
+                                        ex->bufs[in].ptr, 4, L->B, gi.T, 1, gi.hn * D, gi.T * go.hn * D, go.hn * D,
+                                        0, gi.T * gi.hn * D, gi.hn * D, 0);
+    }
     if (go.hoff < gi.hoff || go.hoff + go.hn > gi.hoff + gi.hn)
         return errf("'%s' heads [%d, %d) are not all in '%s' heads [%d, %d)", bo->name, go.hoff,
                     go.hoff + go.hn, bi->name, gi.hoff, gi.hoff + gi.hn);
@@ -1367,7 +1730,8 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
             ex->unflushed = true;
         switch (op->kind) {
-        case CPC_OP_INIT_ACC: st = op_init_acc(ex, op); break;
+        case CPC_OP_INIT_ACC: st = op_init_acc(ex, op, &c); break;
+        case CPC_OP_ADD: st = op_add(ex, op); break;
         case CPC_OP_ATTN: st = op_attn(ex, op, &c); break;
         case CPC_OP_MERGE: st = op_merge(ex, op); break;
         case CPC_OP_SEND: st = op_send(ex, op, &c, &sent); break;
@@ -1379,7 +1743,9 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         case CPC_OP_COPY: st = op_copy(ex, op); break;
         case CPC_OP_BARRIER: st = op_barrier(ex, op); break;
         case CPC_OP_DELTA: st = op_delta(ex, op); break;
-        case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op); break;
+        case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op, &c); break;
+        case CPC_OP_REDUCE_SCATTER: st = op_reduce_scatter(ex, op, &sent); break;
+        case CPC_OP_ALL_REDUCE: st = op_all_reduce(ex, op, &sent); break;
         default: st = errf("op kind not executable"); break;
         }
         double t1 = cpc_exec_now_us();
@@ -1529,7 +1895,7 @@ cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, siz
         if (bf->io != CPC_IO_OUTPUT || bf->role != role)
             continue;
         bool own = bf->heads == CPC_HEADS_ALL &&
-                   (bf->tokens == CPC_TOK_SHARD ||
+                   (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
                     (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->bufs[b].tag == (int)ex->c.r));
         if (!own)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",

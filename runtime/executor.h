@@ -32,6 +32,14 @@
  * SWAP exchanges the two buffers' memory (no copy); buffers connected by
  * swaps are allocated at the largest capacity among them.
  *
+ * BACKWARD COLLECTIVES (program.h): the reducing all_to_all, reduce_scatter
+ * (ring) and all_reduce (world) run on the transport's all_to_all_v and
+ * all_gather_v (every transport has them, on every group) and sum in fp32
+ * with the backend's optional add_strided: a backend without it refuses
+ * those ops (CPC_E_UNSUPPORTED, naming the backend).  Their pack/unpack space
+ * is part of the staging (both sides at once for reduce_scatter and
+ * all_reduce, whatever the batch).
+ *
  * ERRORS name the rank and the op: "rank 3: ops[4] all_to_all: ..." and in
  * loops "rank 1: ops[2].body[3] (s=2) recv: ..." (indices 1-based, as in
  * cpc's diagnostics and Lua's plan.ops).  When an op fails the
@@ -110,7 +118,9 @@ void cpc_exec_memory_free(cpc_exec_memory *m);
 cpc_status *cpc_exec_print_memory(FILE *out, const cpc_program *prog, int rank);
 
 /* Creates the executor and allocates every buffer (backend alloc).  Errors:
- * CPC_E_INTERNAL (bad program or rank), CPC_E_NOMEM, backend errors. */
+ * CPC_E_INTERNAL (bad program or rank), CPC_E_NOMEM, backend errors,
+ * CPC_E_UNSUPPORTED when the program sums gradients (reducing all_to_all,
+ * reduce_scatter, all_reduce, add) and the backend has no add_strided. */
 cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out);
 
 /* Binds the host tensor of role `role` (CPC_ROLE_Q, K or V; backward
@@ -173,7 +183,8 @@ double cpc_exec_now_us(void);
 
 /* Backward programs (schedule_bwd.h): downloads the fp32 gradient of role
  * CPC_ROLE_DQ ([B, T, H, D]), CPC_ROLE_DK or CPC_ROLE_DV ([B, T, Hkv, D]) of
- * this rank's shard (T = shard_tokens(p)) from the OUTPUT buffer of that role
+ * this rank's shard (T = shard_tokens(p); cross-attention dk/dv: the whole
+ * [B, Skv, Hkv, D], the same on every rank) from the OUTPUT buffer of that role
  * into host (`bytes` must be its exact size).  Inputs of a backward program
  * are bound with cpc_exec_bind_input by role: Q, K, V (shards), DO (dout
  * shard, plan dtype, as Q), O (the forward's out shard) and LSE (the forward's

@@ -1601,6 +1601,59 @@ out:
     free(ones);
 }
 
+/* ---- add_strided ------------------------------------------------------------------------ */
+
+/* fp32 dst += src with copy_strided's geometry: a strided [2, 5, 3, 7] block
+ * (gaps between rows, heads and batches that must stay untouched) and one
+ * long contiguous row; bitwise against the host's fp32 sums. */
+static void check_add(suite *S, cpc_backend *be, uint64_t seed, const char *what)
+{
+    if (!be->vt->add_strided) {
+        fail(S, what, "the backend has no add_strided");
+        return;
+    }
+    for (int shape = 0; shape < 2; shape++) {
+        int64_t nb = 2, nt = 5, nh = 3, inner = 7, dhs = 9, dts = 3 * 9 + 2, dbs = 5 * dts + 3;
+        int64_t shs = 8, sts = 3 * 8 + 1, sbs = 5 * sts + 5;
+        if (shape == 1) {
+            nb = nt = nh = 1;
+            inner = 1000;
+            dhs = dts = dbs = shs = sts = sbs = 0;
+        }
+        size_t nd = shape ? (size_t)inner : (size_t)(nb * dbs), ns = shape ? (size_t)inner : (size_t)(nb * sbs);
+        float *hd = test_xmalloc(nd * 4), *hs = test_xmalloc(ns * 4), *want = test_xmalloc(nd * 4),
+              *got = test_xmalloc(nd * 4);
+        for (size_t i = 0; i < nd; i++)
+            hd[i] = want[i] = (float)test_normal_at(seed, 40 + (uint64_t)shape, i);
+        for (size_t i = 0; i < ns; i++)
+            hs[i] = (float)test_normal_at(seed, 42 + (uint64_t)shape, i);
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t t = 0; t < nt; t++)
+                for (int64_t h = 0; h < nh; h++)
+                    for (int64_t e = 0; e < inner; e++)
+                        want[b * dbs + t * dts + h * dhs + e] += hs[b * sbs + t * sts + h * shs + e];
+        void *dd = NULL, *ds = NULL;
+        cpc_status *st;
+        if ((st = dev_put(be, hd, nd * 4, &dd)) || (st = dev_put(be, hs, ns * 4, &ds)) ||
+            (st = cpc_backend_add_strided(be, dd, ds, nb, nt, nh, inner, dbs, dts, dhs, sbs, sts, shs)) ||
+            (st = dev_sync(be)) || (st = cpc_backend_download(be, got, dd, nd * 4)))
+            fail_st(S, what, "add_strided", st);
+        else if (memcmp(got, want, nd * 4) != 0) {
+            size_t k = 0;
+            while (k < nd && ubits(got[k]) == ubits(want[k]))
+                k++;
+            fail(S, what, "add_strided (%s): element %zu is %g, want %g (the sums, and nothing else)",
+                 shape ? "one long row" : "strided block", k, (double)got[k], (double)want[k]);
+        }
+        dev_free(be, dd);
+        dev_free(be, ds);
+        free(hd);
+        free(hs);
+        free(want);
+        free(got);
+    }
+}
+
 /* ---- the driver ------------------------------------------------------------------------- */
 
 static bool prefix(const char *name, const char *p) { return !p || !*p || strncmp(name, p, strlen(p)) == 0; }
@@ -1687,7 +1740,7 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
     }
     /* the other methods, once per dtype on a backend made for it */
     unsigned mem_checks = checks & (CPC_BC_MERGE | CPC_BC_INIT | CPC_BC_CONVERT | CPC_BC_COPY |
-                                    CPC_BC_MEMORY);
+                                    CPC_BC_MEMORY | CPC_BC_ADD);
     bool want_mem = mem_checks && (!only || !*only || prefix("methods", only));
     for (int t = 0; want_mem && t < 3; t++) {
         cpc_dtype dt = dorder[t];
@@ -1726,6 +1779,11 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
             check_convert(&S, b, dt, seed, (checks & CPC_BC_CONVERT_16_16) != 0, w);
             S.rep.checks_run++;
         }
+        if (mem_checks & CPC_BC_ADD) {
+            snprintf(w, sizeof w, "%s: add_strided", what);
+            check_add(&S, b, seed, w);
+            S.rep.checks_run++;
+        }
         if (mem_checks & CPC_BC_COPY) {
             snprintf(w, sizeof w, "%s: copy_strided", what);
             for (int al = 0; al < 2; al++) {
@@ -1737,7 +1795,7 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
         }
         cpc_backend_destroy(b);
         if (S.log)
-            fprintf(S.log, "conformance %s: %s (memory, init_acc, merge, convert, copy_strided): %s  %.2f s\n",
+            fprintf(S.log, "conformance %s: %s (memory, init_acc, merge, convert, copy_strided, add_strided): %s  %.2f s\n",
                     be->name, what, S.fails == before ? "ok" : "FAIL", now_s() - t1);
     }
     if ((checks & CPC_BC_BAD_ARGS) && (!only || !*only || prefix("bad_args", only))) {

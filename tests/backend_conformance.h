@@ -37,6 +37,9 @@
  *  COPY      copy_strided: select tokens and heads out of a larger tensor,
  *            scatter them back (the rest untouched), unaligned pointers and
  *            odd inner sizes, fully contiguous, 2- and 4-byte elements.
+ *  ADD       add_strided: fp32 dst += src over a strided block (the gaps
+ *            untouched) and over one long row, bitwise against host sums; a
+ *            backend without add_strided fails it.
  *  MEMORY    alloc (0 bytes gives unique pointers), upload, copy, download,
  *            sync.
  *  BWD       attn_bwd (backend.h, cpc_attn_bwd_args) on every case of the
@@ -107,7 +110,8 @@ enum {
     CPC_BC_MEMORY = 1u << 6,
     CPC_BC_BAD_ARGS = 1u << 7,
     CPC_BC_BWD = 1u << 8,
-    CPC_BC_ALL = (1u << 9) - 1,
+    CPC_BC_ADD = 1u << 9,
+    CPC_BC_ALL = (1u << 10) - 1,
 };
 
 /* Case flags. */

@@ -504,3 +504,145 @@ Test(api, compile_diagnostics_are_values_with_positions)
     cr_expect_eq(cpc_status_code(st), CPC_E_IO);
     cpc_status_free(st);
 }
+
+/* ---- the outer axes (cpc/rank.h THE OUTER AXES) ---------------------------------- */
+
+/* Rank `rank`'s box of a global [B, S, h, D] array: its batch items, token
+ * runs and heads [h0, h0 + nh). */
+static float *box_of(const cpc_artifact *a, int rank, const float *g, int S, int h, int D, int64_t b0,
+                     int64_t nb, int64_t h0, int64_t nh, int64_t *T)
+{
+    cpc_token_run runs[64];
+    int n = 0;
+    cr_assert_null(cpc_artifact_shard_runs(a, rank, runs, 64, &n));
+    int64_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += runs[i].len;
+    float *s = malloc((size_t)(nb * t * nh * D) * 4 + 4);
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t o = 0;
+        for (int i = 0; i < n; i++)
+            for (int64_t j = 0; j < runs[i].len; j++, o++)
+                memcpy(&s[((size_t)(b * t + o) * nh) * D],
+                       &g[(((size_t)(b0 + b) * S + runs[i].start + j) * h + h0) * D], (size_t)(nh * D) * 4);
+    }
+    *T = t;
+    return s;
+}
+
+typedef struct axes_job {
+    const cpc_artifact *a;
+    cpc_local_world *w;   /* the world of this rank's group */
+    int rank;
+    const problem *pb;
+    double num, den;      /* squared error and norm of this rank's rows */
+    char err[512];
+} axes_job;
+
+static void *axes_thread(void *arg)
+{
+    axes_job *j = arg;
+    const problem *pb = j->pb;
+    cpc_rank_slice sl;
+    cpc_rank *r = NULL;
+    cpc_status *st = cpc_artifact_rank_slice(j->a, j->rank, &sl);
+    if (!st)
+        st = cpc_rank_create_local(j->a, j->w, j->rank, NULL, &r);
+    if (st) {
+        snprintf(j->err, sizeof j->err, "create: %s", cpc_status_message(st));
+        cpc_status_free(st);
+        return NULL;
+    }
+    int64_t T = 0, nb = sl.batch_len, nh = sl.head_len, nk = sl.kv_head_len;
+    float *q = box_of(j->a, j->rank, pb->q, pb->S, pb->H, pb->D, sl.batch_start, nb, sl.head_start, nh, &T);
+    float *k = box_of(j->a, j->rank, pb->k, pb->S, pb->Hkv, pb->D, sl.batch_start, nb, sl.kv_head_start, nk, &T);
+    float *v = box_of(j->a, j->rank, pb->v, pb->S, pb->Hkv, pb->D, sl.batch_start, nb, sl.kv_head_start, nk, &T);
+    float *out = malloc((size_t)(nb * T * nh * pb->D) * 4 + 4);
+    cpc_tensor tq = tensor4(q, nb, T, nh, pb->D), tk = tensor4(k, nb, T, nk, pb->D),
+               tv = tensor4(v, nb, T, nk, pb->D), to = tensor4(out, nb, T, nh, pb->D);
+    st = cpc_rank_forward(r, &tq, &tk, &tv, NULL, &to, NULL);
+    if (st) {
+        snprintf(j->err, sizeof j->err, "forward: %s", cpc_status_message(st));
+        cpc_status_free(st);
+    } else {
+        cpc_token_run runs[64];
+        int n = 0;
+        cpc_status_free(cpc_artifact_shard_runs(j->a, j->rank, runs, 64, &n));
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t o = 0;
+            for (int i = 0; i < n; i++)
+                for (int64_t t = 0; t < runs[i].len; t++, o++)
+                    for (int64_t e = 0; e < nh * pb->D; e++) {
+                        double got = out[(size_t)((b * T + o) * nh * pb->D + e)];
+                        double rf = pb->ref[(((size_t)(sl.batch_start + b) * pb->S + runs[i].start + t) * pb->H +
+                                             sl.head_start) * pb->D + e];
+                        j->num += isfinite(got) ? (got - rf) * (got - rf) : INFINITY;
+                        j->den += rf * rf;
+                    }
+        }
+    }
+    cpc_rank_destroy(r);
+    free(q), free(k), free(v), free(out);
+    return NULL;
+}
+
+Test(api, cfg_and_tp_axes_ranks_take_their_batch_and_head_slices)
+{
+    /* C x T x R x U = 2 x 2 x 2 x 1 with kv_heads 2 (split), and 1 x 4 x 1 x 2
+     * with kv_heads 2 < T (each K/V head replicated to two TP ranks) */
+    struct { const char *par; int C, T, P, B, Hkv; bool causal; } cs[] = {
+        {"{variant: ring, ring_degree: 2, cfg_degree: 2, tp_degree: 2}", 2, 2, 8, 2, 2, true},
+        {"{variant: ulysses, ulysses_degree: 2, tp_degree: 4}", 1, 4, 8, 1, 2, false},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof yaml,
+                 "version: 1\nname: axes\nmodel: {heads: 8, kv_heads: %d, head_dim: 16, dtype: fp32}\n"
+                 "input: {batch: %d, tokens: 64, mask: %s}\ncluster: {world_size: %d, device: cpu}\n"
+                 "parallel: %s\n", cs[i].Hkv, cs[i].B, cs[i].causal ? "causal" : "none", cs[i].P, cs[i].par);
+        cpc_artifact *a = compile_ok(yaml, NULL, 0);
+        cr_assert_eq(cpc_artifact_world_size(a), cs[i].P);
+        cr_assert_eq(cpc_artifact_cfg_degree(a), cs[i].C);
+        cr_assert_eq(cpc_artifact_tp_degree(a), cs[i].T);
+        int64_t B, H, Hkv;
+        cpc_artifact_shape(a, &B, NULL, NULL, &H, &Hkv, NULL);
+        cr_assert(B == cs[i].B && H == 8 && Hkv == cs[i].Hkv, "global shape %lld %lld %lld", (long long)B,
+                  (long long)H, (long long)Hkv);
+        cpc_rank_slice sl;
+        cr_assert_null(cpc_artifact_rank_slice(a, cs[i].P - 1, &sl)); /* the last rank: c = C-1, t = T-1 */
+        cr_assert(sl.c == cs[i].C - 1 && sl.t == cs[i].T - 1 && sl.head_start == 8 - 8 / cs[i].T);
+        cpc_status *bad = cpc_artifact_rank_slice(a, cs[i].P, &sl);
+        cr_assert_not_null(bad);
+        cpc_status_free(bad);
+        problem pb;
+        make_problem(&pb, cs[i].B, 64, 8, cs[i].Hkv, 16, cs[i].causal);
+        int G = cs[i].C * cs[i].T, P = cs[i].P;
+        cpc_local_world **w = calloc((size_t)G, sizeof *w);
+        for (int g = 0; g < G; g++)
+            cr_assert_null(cpc_local_world_new(a, &w[g]));
+        axes_job *jobs = calloc((size_t)P, sizeof *jobs);
+        pthread_t *th = calloc((size_t)P, sizeof *th);
+        for (int p = 0; p < P; p++) {
+            cr_assert_null(cpc_artifact_rank_slice(a, p, &sl));
+            jobs[p] = (axes_job){.a = a, .w = w[sl.group], .rank = p, .pb = &pb};
+            pthread_create(&th[p], NULL, axes_thread, &jobs[p]);
+        }
+        double num = 0, den = 0;
+        for (int p = 0; p < P; p++) {
+            pthread_join(th[p], NULL);
+            cr_assert_eq(jobs[p].err[0], 0, "rank %d: %s", p, jobs[p].err);
+            num += jobs[p].num, den += jobs[p].den;
+        }
+        /* every rank's rows together are the whole output, once */
+        double all = 0;
+        for (size_t e = 0; e < (size_t)cs[i].B * 64 * 8 * 16; e++)
+            all += pb.ref[e] * pb.ref[e];
+        cr_expect_lt(fabs(den - all), 1e-9 * all, "rows covered %g of %g", den, all);
+        cr_expect_lt(sqrt(num / den), 1e-5, "case %zu: rel err %g", i, sqrt(num / den));
+        for (int g = 0; g < G; g++)
+            cpc_local_world_free(w[g]);
+        free(w), free(jobs), free(th);
+        free_problem(&pb);
+        cpc_artifact_free(a);
+    }
+}

@@ -1,8 +1,9 @@
 /*
  * test_artifact.c - the .cplan artifact (compiler/ir/artifact.h): round trips
  * for every variant (program text, resolved plan, kernels, predictions,
- * spans), refusal of another artifact_version, of a hash mismatch after any
- * one-byte edit, of truncated and garbage files.
+ * spans) and for cfg_degree x tp_degree plans (the mesh's axes), refusal
+ * of another artifact_version, of a hash mismatch after any one-byte edit,
+ * of truncated and garbage files.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -662,4 +663,78 @@ Test(artifact, io_errors)
     free(mem);
     free(t);
     cpc_artifact_free(a);
+}
+
+/* ---- the outer axes (plan.h cpc_plan_sub, SPEC section 1 "All four axes") ---------- */
+
+/* A cfg_degree x tp_degree plan: the resolved plan keeps C and T, the mesh
+ * records them with the whole world, the program is the (c, t) sub-plan's
+ * R x U program; reading lays it out on the sub-plan again and it proves. */
+Test(artifact, round_trip_cfg_tp_axes)
+{
+    const char *yaml = "version: 1\nname: axes\n"
+                       "model: {heads: 8, kv_heads: 2, head_dim: 8, dtype: bf16}\n"
+                       "input: {batch: 4, tokens: 64, mask: causal}\n"
+                       "cluster: {world_size: 32}\n"
+                       "parallel: {variant: unified, ring_degree: 2, ulysses_degree: 2, cfg_degree: 2, "
+                       "tp_degree: 4}\n";
+    cpc_plan *plan = load(yaml);
+    cpc_plan sub;
+    cr_assert(cpc_plan_sub(plan, 2, 4, &sub));
+    cr_assert_eq(sub.cluster.world_size, 4);
+    cr_assert_eq(sub.input.batch, 2);
+    cr_assert_eq(sub.model.heads, 2);
+    cr_assert_eq(sub.model.kv_heads, 1); /* Hkv 2 < T 4: one replicated K/V head per rank */
+    cr_assert(!cpc_plan_sub(plan, 3, 1, &sub));
+    cr_assert(cpc_plan_sub(plan, 2, 4, &sub));
+    cpc_program *prog = NULL;
+    cpc_status *st = cpc_schedule_build(&sub, CPC_VARIANT_UNIFIED, 2, 2, &prog);
+    if (st)
+        fail_status("schedule", st);
+    cpc_artifact *a = NULL;
+    if ((st = cpc_artifact_create(plan, prog, &a)))
+        fail_status("create", st);
+    cpc_program_free(prog);
+    cpc_plan_free(plan);
+    size_t len;
+    char *t = to_text(a, &len);
+    cr_assert(strstr(t, "    cfg_degree: 2\n    tp_degree: 4\n"), "%s", t);
+    cr_assert(strstr(t, "  ulysses_degree: 2\n  cfg_degree: 2\n  tp_degree: 4\n  world_size: 32\n"
+                        "  rank_rule: p = ((c * ring_degree + r) * ulysses_degree + u) * tp_degree + t\n"),
+              "%s", t);
+    cpc_artifact *b = NULL;
+    if ((st = cpc_artifact_read_string(t, len, "axes.cplan", &b)))
+        fail_status("read", st);
+    cr_assert_eq(b->plan->parallel.cfg_degree, 2);
+    cr_assert_eq(b->plan->parallel.tp_degree, 4);
+    cr_assert_eq(b->plan->cluster.world_size, 32);
+    cr_assert_eq(b->program->layout.P, 4);
+    cr_assert_eq(b->program->layout.B, 2);
+    cr_assert_eq(b->program->layout.H, 2);
+    cr_assert_eq(b->program->layout.Hkv, 1);
+    char *t1 = print_text(a->program, -1), *t2 = print_text(b->program, -1);
+    cr_assert_str_eq(t1, t2);
+    free(t1);
+    free(t2);
+    if ((st = cpc_verify(b->program)))
+        fail_status("verify after read", st);
+    size_t l2;
+    char *x2 = to_text(b, &l2);
+    cr_assert_eq(len, l2);
+    cr_assert_eq(memcmp(t, x2, len), 0);
+    free(x2);
+    /* a mesh that contradicts the plan's axes, or the rule of the other mesh */
+    expect_input_error(edit_and_read(t, len, "  cfg_degree: 2\n  tp_degree: 4\n  world_size",
+                                     "  cfg_degree: 4\n  tp_degree: 2\n  world_size"),
+                       "contradicts the plan");
+    expect_input_error(edit_and_read(t, len, "  cfg_degree: 2\n  tp_degree: 4\n  world_size: 32",
+                                     "  world_size: 32"),
+                       "is not the one this build uses ('p = r * ulysses_degree + u')");
+    expect_input_error(edit_and_read(t, len, "rank_rule: p = ((c", "rank_rule: p = ((x"), "rank_rule");
+    /* axes that do not cut the plan (batch 4 over cfg_degree 8) */
+    expect_input_error(edit_and_read(t, len, "    cfg_degree: 2\n    tp_degree: 4\n", "    cfg_degree: 8\n    tp_degree: 1\n"),
+                       "contradicts the plan");
+    free(t);
+    cpc_artifact_free(a);
+    cpc_artifact_free(b);
 }

@@ -56,6 +56,21 @@ Test(calibrate, quick_profile_is_complete)
     /* the figures are the measurements, converted as calibrate.h says */
     cr_expect_float_eq(d->attn_tflops, c.attn_gflops_bf16 * 1e-3 / c.wall_factor, 1e-12);
     cr_expect(c.wall_factor >= 1.0);
+    /* every op's fixed cost: the executor's per op, on a program of a few ops */
+    cr_expect(c.exec_ops >= 2 && positive(c.exec_op_us) && c.exec_op_us < 1e4, "executor %d ops, %g us per op",
+              c.exec_ops, c.exec_op_us);
+    cr_expect_float_eq(d->op_overhead_us, c.exec_op_us * c.wall_factor, 1e-12);
+    /* the dense GEMM rate of the whole step, and no separate host on a CPU */
+    cr_expect(positive(c.gemm_gflops) && c.gemm_gflops < 1e4, "gemm %g GFLOP/s", c.gemm_gflops);
+    cr_expect_float_eq(d->gemm_tflops, c.gemm_gflops * 1e-3 / c.wall_factor, 1e-12);
+    cr_expect_eq(d->host_layer_us, 0);
+    cr_expect_eq(d->host_op_us, 0);
+    /* the softmax term: fitted (>= 0), in the profile per wall second */
+    cr_expect(isfinite(d->attn_softmax_gps) && d->attn_softmax_gps >= 0, "softmax %g", d->attn_softmax_gps);
+    cr_expect_float_eq(d->attn_softmax_gps, c.attn_softmax_gps_bf16 / c.wall_factor, 1e-12);
+    cr_expect(c.attn_narrow_cpu_ms_bf16 > 0 && c.attn_narrow_cpu_ms_bf16 < c.attn_cpu_ms_bf16,
+              "the narrow block (head_dim 16: %g ms) must cost less than the big one (%g ms)",
+              c.attn_narrow_cpu_ms_bf16, c.attn_cpu_ms_bf16);
     cr_expect(c.attn_cpu_ms_bf16 > c.attn_small_cpu_ms_bf16,
               "the big block (%g ms) must cost more than the small one (%g ms)",
               c.attn_cpu_ms_bf16, c.attn_small_cpu_ms_bf16);
@@ -85,6 +100,10 @@ static void expect_same(const cpc_device_profile *a, const cpc_device_profile *b
     SAME(op_overhead_us);
     SAME(cores);
     SAME(attn_io_gbps);
+    SAME(attn_softmax_gps);
+    SAME(gemm_tflops);
+    SAME(host_layer_us);
+    SAME(host_op_us);
 #undef SAME
     cr_expect_str_eq(a->name, b->name);
 }
@@ -212,4 +231,63 @@ Test(calibrate, core_sharing_model)
     d.cores = 1.6;
     cr_expect_float_eq(cpc_core_sharing(plan, &d), 2.5, 1e-12);
     cpc_plan_free(plan);
+}
+
+/* The whole step uses the calibrated GEMM rate: a profile whose gemm_tflops
+ * is halved doubles the dense part of the step prediction (model.parameters;
+ * the CPU has no separate host, so the step is the device time), and the
+ * step grows by exactly that much. */
+Test(calibrate, gemm_rate_scales_the_step)
+{
+    cpc_calibration c = quick_calibration();
+    char dir[] = "/tmp/cpc_calibrate_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char prof[256], prof2[256], plan[256], plan2[256];
+    snprintf(prof, sizeof prof, "%s/machine.yaml", dir);
+    snprintf(prof2, sizeof prof2, "%s/slow_gemm.yaml", dir);
+    snprintf(plan, sizeof plan, "%s/plan.yaml", dir);
+    snprintf(plan2, sizeof plan2, "%s/plan_slow.yaml", dir);
+    cr_assert_null(cpc_profile_write(prof, &c.profile));
+    cpc_device_profile slow;
+    memset(&slow, 0, sizeof slow);
+    cr_assert_null(cpc_profile_read(prof, &slow));
+    slow.gemm_tflops *= 0.5;
+    cr_assert_null(cpc_profile_write(prof2, &slow));
+    const char *body = "model: {heads: 8, head_dim: 64, dtype: bf16, layers: 4, parameters: 50000000}\n"
+                       "input: {tokens: 1024, steps: 10}\n"
+                       "parallel: {variant: ulysses}\n";
+    char text[1024];
+    snprintf(text, sizeof text, "version: 1\n%scluster: {world_size: 4, device: cpu, profile: machine.yaml}\n", body);
+    write_file(plan, text);
+    snprintf(text, sizeof text, "version: 1\n%scluster: {world_size: 4, device: cpu, profile: slow_gemm.yaml}\n", body);
+    write_file(plan2, text);
+    cpc_compile_opts o = {.until = CPC_UNTIL_VERIFY};
+    cpc_compiled a, b;
+    cr_assert(cpc_compile_file(plan, &o, &a));
+    cr_assert(cpc_compile_file(plan2, &o, &b));
+    cr_assert_gt(a.pred.dense_ms_per_step, 0);
+    cr_log_info("calibrated: dense %.3f ms of a %.3f ms step; half the GEMM rate: dense %.3f, step %.3f",
+                a.pred.dense_ms_per_step, a.pred.ms_per_step, b.pred.dense_ms_per_step, b.pred.ms_per_step);
+    /* 6 significant digits in the profile file */
+    cr_expect(fabs(b.pred.dense_ms_per_step / a.pred.dense_ms_per_step - 2.0) < 1e-5, "dense x%g",
+              b.pred.dense_ms_per_step / a.pred.dense_ms_per_step);
+    double grew = b.pred.ms_per_step - a.pred.ms_per_step;
+    cr_expect(fabs(grew - a.pred.dense_ms_per_step) < 1e-5 * b.pred.ms_per_step,
+              "the step grew by %g ms, the dense part was %g ms", grew, a.pred.dense_ms_per_step);
+    cr_expect_float_eq(a.pred.ms_per_image, 10 * a.pred.ms_per_step, 1e-9 * a.pred.ms_per_image);
+    /* the dense work by hand: 2 x weights x tokens per rank at the calibrated
+     * rate, times the cores' sharing (4 ranks) */
+    cpc_plan *p = NULL;
+    cpc_status *st = cpc_plan_load_file(plan, NULL, 0, &p);
+    cr_assert(p);
+    cpc_status_free(st);
+    double W = cpc_weights_per_token(p);
+    double want = 2.0 * W * 1024 / 4 / (a.device.gemm_tflops * 1e12) * cpc_core_sharing(p, &a.device) * 1e3;
+    cr_expect(fabs(a.pred.dense_ms_per_step - want) < 1e-9 * want, "dense %g ms, by hand %g ms",
+              a.pred.dense_ms_per_step, want);
+    cpc_plan_free(p);
+    cpc_compiled_free(&a);
+    cpc_compiled_free(&b);
+    unlink(prof), unlink(prof2), unlink(plan), unlink(plan2);
+    rmdir(dir);
 }

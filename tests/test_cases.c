@@ -197,6 +197,11 @@ static const struct plan_row {
     {"sd3.5-large.yaml", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 4096 + 333, 38, 64, 38},
     {"qwenimage-1024.yaml", CPC_VARIANT_ULYSSES, 1, 4, 512 + 4096, 24, 128, 60},
     {"ltx-video.yaml", CPC_VARIANT_ULYSSES, 1, 4, 7392, 32, 64, 28},
+    /* batch 2 over 8 GPUs, every axis auto; unpriced here (the tie order:
+     * ulysses over all 8 ranks), the priced choice is test_cost's
+     * axes_plans_pick_the_fastest */
+    {"flux1-dev-8gpu-axes.yaml", CPC_VARIANT_ULYSSES, 1, 8, 512 + 4096, 24, 128, 57},
+    {"wan2.1-14b-720p-8gpu-axes.yaml", CPC_VARIANT_ULYSSES, 1, 8, 75600, 40, 128, 40},
 };
 
 Test(plans, every_plan_is_accepted)

@@ -306,3 +306,139 @@ Test(cost, whole_step_fields)
     cr_assert_float_eq(cpc_weights_per_token(plan), 12.0 * 3072 * 3072 * 57, 1);
     cpc_plan_free(plan);
 }
+
+/* TP is priced physically (cost.h WHOLE STEP, tp): per block two ring
+ * all-reduces of tokens x hidden, each with its latency steps and a launch,
+ * the unsplit work (1 - 1/T) x 14 x hidden bytes per token, and two more
+ * host calls per block.  FLUX.1-dev at 1024^2, B = 2, 8 ranks, T = 8: the
+ * figures recomputed by hand. */
+Test(cost, tp_all_reduces_by_hand)
+{
+    const char *sets[] = {"cluster.world_size=8", "input.batch=2", "model.parameters=11901408320",
+                          "parallel.variant=none"};
+    cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 4);
+    cpc_plan sub;
+    cr_assert(cpc_plan_sub(plan, 1, 8, &sub));
+    cr_assert_eq(sub.model.heads, 3);
+    cpc_prediction p = price(&sub, CPC_VARIANT_NONE, 1, 1);
+    cpc_device_profile d;
+    cr_assert(cpc_device_preset("h100-sxm", &d));
+    double tokens = 2.0 * 4608, h = 3072, T = 8, layers = 57;
+    double bytes = tokens * h * 2;
+    double ar = 2 * (T - 1) * d.intra_latency_us * 1e-6 + bytes * 2 * (T - 1) / T / (d.intra_gbps * 1e9) +
+                d.op_overhead_us * 1e-6;
+    double repl = tokens * 14 * h * 2 * (1 - 1 / T) / (d.mem_gbps * 1e9);
+    double tp_ms = layers * (2 * ar + repl) * 1e3;
+    cr_log_info("TP 8: all-reduces + unsplit work %.2f ms per step (by hand %.2f), dense %.2f, "
+                "device %.2f, host %.2f, step %.2f", p.tp_ms_per_step, tp_ms, p.dense_ms_per_step,
+                p.device_ms_per_step, p.host_ms_per_step, p.ms_per_step);
+    cr_expect_float_eq(p.tp_ms_per_step, tp_ms, 1e-9 * tp_ms);
+    cr_expect_float_eq(p.gemm_roofline, 1.0, 1e-12, "FLUX at T = 8 stays compute-bound");
+    double gemm_ms = 2.0 * cpc_weights_per_token(plan) * tokens / T / (d.gemm_tflops * 1e12) * 1e3;
+    cr_expect_float_eq(p.dense_ms_per_step, gemm_ms + tp_ms, 1e-9 * p.dense_ms_per_step);
+    double host_ms = layers * (d.host_layer_us + (p.host_ops_per_layer + 2) * d.host_op_us) * 1e-3;
+    cr_expect_float_eq(p.host_ms_per_step, host_ms, 1e-9 * host_ms);
+    /* the same plan without TP has none of it */
+    cpc_plan one;
+    cr_assert(cpc_plan_sub(plan, 1, 1, &one));
+    one.parallel.variant = CPC_VARIANT_ULYSSES;
+    cpc_prediction u = price(&one, CPC_VARIANT_ULYSSES, 1, 8);
+    cr_expect_eq(u.tp_ms_per_step, 0);
+    cpc_plan_free(plan);
+}
+
+/* Where the host does not hide it (a compiled deployment: host costs 0, or
+ * PCIe boards), Ulysses over 8 ranks beats TP 8 on FLUX.1-dev B = 2: TP moves
+ * the whole activation twice per block, Ulysses a quarter of it per layer. */
+Test(cost, tp_loses_to_ulysses_when_device_bound)
+{
+    const char *devs[] = {"l20", "h100-sxm"};
+    for (int i = 0; i < 2; i++) {
+        char dev[64];
+        snprintf(dev, sizeof dev, "cluster.device=%s", devs[i]);
+        const char *sets[] = {"cluster.world_size=8", "input.batch=2", "model.parameters=11901408320",
+                              "parallel.variant=none", dev};
+        cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 5);
+        cpc_plan sub, one;
+        cr_assert(cpc_plan_sub(plan, 1, 8, &sub));
+        cr_assert(cpc_plan_sub(plan, 1, 1, &one));
+        cpc_prediction t = price(&sub, CPC_VARIANT_NONE, 1, 1);
+        cpc_prediction u = price(&one, CPC_VARIANT_ULYSSES, 1, 8);
+        cr_log_info("%s: device ms/step TP 8 %.2f, ulysses 1x8 %.2f", devs[i], t.device_ms_per_step,
+                    u.device_ms_per_step);
+        cr_expect_gt(t.device_ms_per_step, 1.5 * u.device_ms_per_step, "%s", devs[i]);
+        if (i == 0)
+            cr_expect_gt(t.ms_per_step, u.ms_per_step, "l20 is device-bound");
+        cpc_plan_free(plan);
+    }
+}
+
+/* The GEMM roofline: 1 for DiT shapes, > 1 once a slice or the token count
+ * gets narrow, growing as it narrows. */
+Test(cost, gemm_roofline_narrow)
+{
+    double g = 712e12, m = 3000e9;
+    cr_expect_float_eq(cpc_gemm_roofline_factor(4608, 3072, 1, 2, g, m), 1.0, 1e-12);
+    cr_expect_float_eq(cpc_gemm_roofline_factor(9216, 3072, 8, 2, g, m), 1.0, 1e-12);
+    double f32 = cpc_gemm_roofline_factor(9216, 3072, 32, 2, g, m);
+    double f64 = cpc_gemm_roofline_factor(9216, 3072, 64, 2, g, m);
+    double few = cpc_gemm_roofline_factor(64, 3072, 1, 2, g, m);
+    cr_log_info("roofline: T 32 %.3f, T 64 %.3f, 64 tokens %.3f", f32, f64, few);
+    cr_expect_gt(f32, 1.0);
+    cr_expect_gt(f64, f32);
+    cr_expect_gt(few, 2.0);
+    /* 64 tokens: every GEMM is memory-bound, its time the bytes over the bandwidth */
+    double h = 3072, M = 64, bytes = 0, flops = 0;
+    const double kn[4][2] = {{h, 3 * h}, {h, h}, {h, 4 * h}, {4 * h, h}};
+    for (int i = 0; i < 4; i++) {
+        bytes += 2 * (M * kn[i][0] + kn[i][0] * kn[i][1] + M * kn[i][1]);
+        flops += 2 * M * kn[i][0] * kn[i][1];
+    }
+    cr_expect_float_eq(few, (bytes / m) / (flops / g), 1e-9 * few);
+}
+
+/* The 8-GPU plans with every axis auto: every valid (C, T, R, U) is priced
+ * for the whole step, and auto picks the fastest (the SPEC tie rule: within
+ * 2%, less memory first).  On h100-sxm (eager PyTorch, host-bound) FLUX
+ * picks TP 8; Wan 720p, device-bound, picks CFG 2 x ring 4, and TP 8 is its
+ * slowest split. */
+static void axes_pick(const char *path, int want_C, int want_T, cpc_variant want_v)
+{
+    cpc_plan *plan = load(path, NULL, 0);
+    cpc_selection sel;
+    cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+    cr_assert_not(cpc_status_has_error(st), "%s", path);
+    cr_assert_geq(sel.selected, 0);
+    const cpc_candidate *s = &sel.candidates[sel.selected];
+    double best = 0, worst = 0;
+    int n_ok = 0, worst_T = 0;
+    for (int i = 0; i < sel.n_candidates; i++) {
+        const cpc_candidate *c = &sel.candidates[i];
+        if (!c->ok)
+            continue;
+        n_ok++;
+        cr_assert_gt(c->predicted_ms_per_step, 0, "every split priced for the whole step");
+        if (!best || c->predicted_ms_per_step < best)
+            best = c->predicted_ms_per_step;
+        if (c->predicted_ms_per_step > worst)
+            worst = c->predicted_ms_per_step, worst_T = c->tp_degree;
+    }
+    cr_log_info("%s: %d valid splits, selected C %d T %d %s %dx%d at %.2f ms/step (fastest %.2f, slowest %.2f with T %d)",
+                path, n_ok, s->cfg_degree, s->tp_degree, cpc_variant_name(s->variant), s->ring_degree,
+                s->ulysses_degree, s->predicted_ms_per_step, best, worst, worst_T);
+    cr_expect_eq(n_ok, 26, "%s: every valid split of 8 ranks over batch 2", path);
+    cr_expect_leq(s->predicted_ms_per_step, 1.02 * best, "%s: auto picks the fastest", path);
+    cr_expect(s->cfg_degree == want_C && s->tp_degree == want_T && s->variant == want_v,
+              "%s: selected C %d T %d %s", path, s->cfg_degree, s->tp_degree, cpc_variant_name(s->variant));
+    if (want_T == 1)
+        cr_expect_eq(worst_T, 8, "%s: TP 8 is the slowest split", path);
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
+    cpc_plan_free(plan);
+}
+
+Test(cost, axes_plans_pick_the_fastest)
+{
+    axes_pick("plans/flux1-dev-8gpu-axes.yaml", 1, 8, CPC_VARIANT_NONE);
+    axes_pick("plans/wan2.1-14b-720p-8gpu-axes.yaml", 2, 1, CPC_VARIANT_RING);
+}

@@ -309,3 +309,64 @@ Test(safetensors, rng_shards_are_slices_of_the_global_tensor)
     cr_assert_neq(cpc_rng_normal(7, CPC_RNG_Q, 5), cpc_rng_normal(7, CPC_RNG_K, 5));
     cr_assert_neq(cpc_rng_normal(7, CPC_RNG_Q, 5), cpc_rng_normal(8, CPC_RNG_Q, 5));
 }
+
+/* The outer axes (runtime/session/placement.h): a rank's box of batch items,
+ * token runs and heads, made by the generator or read from a file, is the
+ * same elements of the whole tensor (same bits, converted or not); a box
+ * outside the tensor is refused. */
+Test(safetensors, boxes_are_slices_of_the_global_tensor)
+{
+    int B = 4, S = 11, H = 6, D = 3;
+    cpc_run all = {0, S}, runs[2] = {{2, 3}, {8, 2}};
+    int64_t b0 = 1, nb = 2, h0 = 2, nh = 3, T = 5;
+    cpc_dtype dts[3] = {CPC_DTYPE_FP32, CPC_DTYPE_BF16, CPC_DTYPE_FP16};
+    for (int d = 0; d < 3; d++) {
+        int es = cpc_dtype_size(dts[d]);
+        char *whole = malloc((size_t)(B * S * H * D * es));
+        char *box = malloc((size_t)(nb * T * nh * D * es));
+        cpc_rng_fill_runs(whole, dts[d], 9, CPC_RNG_V, B, S, H, D, &all, 1);
+        cpc_rng_fill_box(box, dts[d], 9, CPC_RNG_V, S, H, D, b0, nb, h0, nh, runs, 2);
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t t = 0;
+            for (int r = 0; r < 2; r++)
+                for (int64_t s = runs[r].start; s < runs[r].start + runs[r].len; s++, t++)
+                    cr_assert_eq(memcmp(box + ((b * T + t) * nh * D) * es,
+                                        whole + (((b0 + b) * S + s) * H * D + h0 * D) * es, (size_t)(nh * D * es)),
+                                 0, "dtype %d batch %lld token %lld", d, (long long)b, (long long)s);
+        }
+        free(whole);
+        free(box);
+    }
+    /* the same box read from a file (fp32 on disk, read as fp32 and as bf16) */
+    float *whole = malloc((size_t)(B * S * H * D) * sizeof(float));
+    cpc_rng_fill_runs(whole, CPC_DTYPE_FP32, 9, CPC_RNG_Q, B, S, H, D, &all, 1);
+    char *path = tmpname();
+    cpc_st_out o = {.name = "q", .dtype = CPC_ST_F32, .ndim = 4, .shape = {B, S, H, D}, .data = whole};
+    cpc_status *st = cpc_st_write(path, &o, 1, NULL, NULL, 0);
+    cr_assert_null(st, "%s", st ? st->message : "");
+    cpc_st_file *f = NULL;
+    cr_assert_null(cpc_st_open(path, &f));
+    const cpc_st_tensor *t = cpc_st_find(f, "q");
+    cr_assert_not_null(t);
+    float got[2 * 5 * 3 * 3];
+    uint16_t gotb[2 * 5 * 3 * 3], want_b[2 * 5 * 3 * 3];
+    cr_assert_null(cpc_st_read_box(f, t, b0, nb, h0 * D, nh * D, runs, 2, CPC_DTYPE_FP32, got));
+    cr_assert_null(cpc_st_read_box(f, t, b0, nb, h0 * D, nh * D, runs, 2, CPC_DTYPE_BF16, gotb));
+    float want[2 * 5 * 3 * 3];
+    cpc_rng_fill_box(want, CPC_DTYPE_FP32, 9, CPC_RNG_Q, S, H, D, b0, nb, h0, nh, runs, 2);
+    cpc_rng_fill_box(want_b, CPC_DTYPE_BF16, 9, CPC_RNG_Q, S, H, D, b0, nb, h0, nh, runs, 2);
+    cr_assert_eq(memcmp(got, want, sizeof got), 0);
+    cr_assert_eq(memcmp(gotb, want_b, sizeof gotb), 0);
+    st = cpc_st_read_box(f, t, 3, 2, 0, H * D, runs, 2, CPC_DTYPE_FP32, got);
+    cr_assert_not_null(st);
+    cr_assert_eq(st->code, CPC_E_INPUT);
+    cr_assert(strstr(st->message, "batch [3, 5)"), "%s", st->message);
+    cpc_status_free(st);
+    st = cpc_st_read_box(f, t, 0, 1, 5 * D, 2 * D, runs, 2, CPC_DTYPE_FP32, got);
+    cr_assert_not_null(st);
+    cpc_status_free(st);
+    cpc_st_close(f);
+    unlink(path);
+    free(path);
+    free(whole);
+}

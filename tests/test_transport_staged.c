@@ -372,10 +372,13 @@ static cpc_plan *mk_plan(int H, int Hkv, int D, cpc_dtype dt, int64_t s0, int64_
 
 /* device = false: options.staged (host staging); true: options.device_transport
  * (device-to-device copies, transport_device.h) - both on the CPU backend. */
-static void wrapped_job(bool device, cpc_variant v, int R, int U, cpc_dtype dt, int Hkv,
-                        int64_t s0, int64_t s1)
+static void axes_job(bool device, cpc_variant v, int C, int T, int R, int U, cpc_dtype dt, int Hkv,
+                     int64_t s0, int64_t s1)
 {
-    cpc_plan *plan = mk_plan(6, Hkv, 32, dt, s0, s1, R * U);
+    cpc_plan *plan = mk_plan(6, Hkv, 32, dt, s0, s1, C * T * R * U);
+    plan->input.batch = C;
+    plan->parallel.cfg_degree = C;
+    plan->parallel.tp_degree = T;
     plan->parallel.variant = v;
     plan->parallel.variant_given = true;
     plan->parallel.ring_degree = R;
@@ -418,6 +421,12 @@ static void wrapped_job(bool device, cpc_variant v, int R, int U, cpc_dtype dt, 
     cpc_plan_free(plan);
 }
 
+static void wrapped_job(bool device, cpc_variant v, int R, int U, cpc_dtype dt, int Hkv,
+                        int64_t s0, int64_t s1)
+{
+    axes_job(device, v, 1, 1, R, U, dt, Hkv, s0, s1);
+}
+
 static void staged_job(cpc_variant v, int R, int U, cpc_dtype dt, int Hkv, int64_t s0, int64_t s1)
 {
     wrapped_job(false, v, R, U, dt, Hkv, s0, s1);
@@ -433,3 +442,9 @@ Test(transport_staged, job_unified) { staged_job(CPC_VARIANT_UNIFIED, 2, 2, CPC_
 Test(transport_staged, job_device_ring_anything) { wrapped_job(true, CPC_VARIANT_RING_ANYTHING, 4, 1, CPC_DTYPE_BF16, 3, 21, 111); }
 Test(transport_staged, job_device_ulysses_anything) { wrapped_job(true, CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, CPC_DTYPE_FP32, 3, 21, 111); }
 Test(transport_staged, job_device_unified) { wrapped_job(true, CPC_VARIANT_UNIFIED, 2, 2, CPC_DTYPE_FP16, 6, 24, 112); }
+
+/* cfg_degree x tp_degree > 1 (runtime/session/placement.h): every (c, t) group's
+ * world copies with its own slots of the device-copy table; staged and
+ * device-to-device runs are bit-identical to the plain local one. */
+Test(transport_staged, job_axes_staged_ring_anything) { axes_job(false, CPC_VARIANT_RING_ANYTHING, 2, 3, 4, 1, CPC_DTYPE_BF16, 3, 21, 111); }
+Test(transport_staged, job_axes_device_unified) { axes_job(true, CPC_VARIANT_UNIFIED, 2, 3, 2, 2, CPC_DTYPE_FP16, 6, 24, 112); }

@@ -578,9 +578,12 @@ static const char USAGE[] =
     "                         are split at commas) and print the table (one --sweep\n"
     "                         per run; '-' selected: the point is rejected); exit status 0\n"
     "                         when a value is valid, 1 when every value is rejected,\n"
-    "                         2 or 3 when a value meets a usage, I/O or internal error\n"
+    "                         2 or 3 when a value meets a usage, I/O or internal error;\n"
+    "                         with cfg_degree/tp_degree splits (auto) also every valid\n"
+    "                         (C, T, R, U) per value, fastest first, '*' selected\n"
     "  --plot FILE.svg        with --sweep: draw predicted time and memory per variant\n"
-    "                         against the swept value (gnuplot)\n"
+    "                         (per C x T family with cfg/tp splits) against the swept\n"
+    "                         value, the selected candidate ringed (gnuplot)\n"
     "  --version, --help\n"
     "exit status: 0 ok (warnings allowed), 1 plan rejected, 2 usage or I/O error,\n"
     "             3 internal error; with several files, the worst\n";
@@ -781,6 +784,86 @@ static const char *const SWEEP_VARIANTS[] = {"ulysses", "unified", "ring", "ulys
                                             "ring_anything"};
 #define N_SWEEP_VARIANTS 5
 
+/* Does the job list splits over the outer axes (cfg_degree or tp_degree > 1)? */
+static bool job_has_axes(const job *j)
+{
+    for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++)
+        if (j->cands[i].cfg_degree > 1 || j->cands[i].tp_degree > 1)
+            return true;
+    return false;
+}
+
+/* A series of a sweep's plot: a variant (variant mode), or a (C, T) family
+ * (four-axis mode: a sweep whose points list cfg/tp splits), whose point is
+ * the family's fastest valid (C, T, R, U) candidate. */
+#define MAX_SERIES 16
+typedef struct sweep_series {
+    const char *variant;   /* variant mode; NULL for a (C, T) family */
+    int C, T;
+    char name[32];         /* the legend: "ulysses", "C 2 x T 1" */
+} sweep_series;
+
+/* The candidate a series shows at one point: its best valid one, else its
+ * first (rejected) one, or NULL (the family does not exist at that point). */
+static const cpc_candidate_info *series_pick(const job *j, const sweep_series *s)
+{
+    if (s->variant)
+        return sweep_pick(j, s->variant);
+    const cpc_candidate_info *best = NULL, *first = NULL;
+    for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++) {
+        const cpc_candidate_info *c = &j->cands[i];
+        if (c->cfg_degree != s->C || c->tp_degree != s->T)
+            continue;
+        if (!first)
+            first = c;
+        if (c->ok && c->priced && (!best || sweep_time(c) < sweep_time(best)))
+            best = c;
+    }
+    return best ? best : first;
+}
+
+/* The series of a sweep: the five variants, or, when any point splits over
+ * the outer axes, every (C, T) family some point has (C, then T, ascending;
+ * at most MAX_SERIES).  Returns the count. */
+static int sweep_series_of(const job *jobs, int n, sweep_series *out)
+{
+    bool axes = false;
+    for (int i = 0; i < n && !axes; i++)
+        axes = job_has_axes(&jobs[i]);
+    int ns = 0;
+    if (!axes) {
+        for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
+            out[ns] = (sweep_series){.variant = SWEEP_VARIANTS[v]};
+            snprintf(out[ns].name, sizeof out[ns].name, "%s", SWEEP_VARIANTS[v]);
+            ns++;
+        }
+        return ns;
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; cpc_compilation_validated(jobs[i].c) && k < jobs[i].n_cands; k++) {
+            int C = jobs[i].cands[k].cfg_degree, T = jobs[i].cands[k].tp_degree;
+            int at = 0;
+            while (at < ns && (out[at].C < C || (out[at].C == C && out[at].T < T)))
+                at++;
+            if ((at < ns && out[at].C == C && out[at].T == T) || ns == MAX_SERIES)
+                continue;
+            memmove(&out[at + 1], &out[at], (size_t)(ns - at) * sizeof *out);
+            out[at] = (sweep_series){.variant = NULL, .C = C, .T = T};
+            snprintf(out[at].name, sizeof out[at].name, "C %d x T %d", C, T);
+            ns++;
+        }
+    return ns;
+}
+
+/* The x shift of series k of ns (coinciding series stay apart): the five
+ * variants at -0.08 .. 0.08, families spread over -0.16 .. 0.16. */
+static double series_shift(int k, int ns, bool families)
+{
+    if (!families)
+        return -0.08 + 0.04 * k;
+    return ns > 1 ? -0.16 + 0.32 * k / (ns - 1) : 0.0;
+}
+
 /* Writes s as a gnuplot single-quoted string: no escapes are interpreted
  * inside one, and a ' is written as ''.  Callers refuse control characters
  * first (a newline would end the command). */
@@ -903,21 +986,24 @@ static void show_fd(int fd)
 
 /* Writes the gnuplot script; only blocks with points to draw are plotted
  * (so gnuplot has no "no valid points" to warn about).  Three panels:
- * predicted time, memory per rank (one series per variant, each shifted a
- * little along x and drawn with its own line and point type, so series that
- * coincide, such as ring and ring_anything, stay visible side by side; the
- * selected candidate of each point ringed in black) and, below them, the
- * rule codes of rejected points, one row per variant, off the data.  The
- * title is the plan's name. */
+ * predicted time, memory per rank (one series per variant, or per (C, T)
+ * family in a four-axis sweep, each shifted a little along x and drawn with
+ * its own line, dash and point type, so series that coincide, such as ring
+ * and ring_anything, stay visible side by side; the selected candidate of
+ * each point ringed in black) and, below them, the rule codes of rejected
+ * points, one row per series, off the data.  The title is the plan's name. */
 static void plot_script(FILE *g, const char *dat, const char *name, const char *key, char **values, int n,
-                        const bool *any_ok, const bool *any_bad, bool any_sel, bool step)
+                        const sweep_series *ser, int ns, bool families, const bool *any_ok,
+                        const bool *any_bad, bool any_sel, bool step)
 {
-    fprintf(g, "set terminal svg size 900,860 dynamic noenhanced font 'sans,11'\n");
+    fprintf(g, "set terminal svg size 900,%d dynamic noenhanced font 'sans,11'\n", families ? 960 : 860);
     fprintf(g, "set datafile missing 'NaN'\nset key outside right top Left reverse\nset grid\n");
     fprintf(g, "set multiplot title ");
     gp_quote(g, name);
     fprintf(g, " . ': predicted %s vs ' . ", step ? "per step" : "per layer");
     gp_quote(g, key);
+    if (families)
+        fprintf(g, " . ' (each C x T family: its fastest R x U)'");
     fprintf(g, "\nset offsets 0.3,0.3,0,0\nset xrange [-0.5:%d.5]\nset xtics (", n - 1);
     for (int i = 0; i < n; i++) {
         fprintf(g, "%s", i ? ", " : "");
@@ -925,11 +1011,14 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
         fprintf(g, " %d", i);
     }
     fprintf(g, ")\nset lmargin 18\nset rmargin 24\n");
-    static const char *const colors[] = {"#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"};
-    static const int points[] = {7, 5, 9, 6, 8};   /* filled for the three, open for the anything ones */
-    static const double shift[] = {-0.08, -0.04, 0.0, 0.04, 0.08};
+    /* the variants keep their colours and points (filled for the three,
+     * open for the anything ones); families cycle through ten of each */
+    static const char *const colors[] = {"#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e",
+                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    static const int points[] = {7, 5, 9, 6, 8, 11, 13, 4, 10, 12};
     /* panel heights (screen fractions): time, memory, codes */
-    static const double orig[] = {0.54, 0.2, 0.0}, size[] = {0.4, 0.34, 0.2};
+    const double orig[] = {families ? 0.6 : 0.54, families ? 0.3 : 0.2, 0.0};
+    const double size[] = {families ? 0.36 : 0.4, families ? 0.3 : 0.34, families ? 0.3 : 0.2};
     for (int panel = 0; panel < 3; panel++) {
         fprintf(g, "set origin 0,%g\nset size 1,%g\n", orig[panel], size[panel]);
         if (panel == 0)
@@ -939,15 +1028,15 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
         if (panel < 2) {
             fprintf(g, "plot ");
             const char *sep = "";
-            for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
+            for (int v = 0; v < ns; v++) {
                 if (!any_ok[v])
                     continue;
                 fprintf(g, "%s", sep);
                 gp_quote(g, dat);
-                fprintf(g, " index %d using ($1%+g):%d with linespoints lw 2 ps 1.2 lc rgb '%s' pt %d dt %d "
-                           "title '%s'",
-                        v, shift[v], panel ? 4 : 3, colors[v], points[v], v + 1,
-                        SWEEP_VARIANTS[v]);
+                fprintf(g, " index %d using ($1%+g):%d with linespoints lw 2 ps 1.2 lc rgb '%s' pt %d dt %d title ",
+                        v, series_shift(v, ns, families), panel ? 4 : 3, colors[v % 10], points[v % 10],
+                        v % 5 + 1);
+                gp_quote(g, ser[v].name);
                 sep = ", ";
             }
             if (any_sel) {
@@ -955,7 +1044,7 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
                 gp_quote(g, dat);
                 fprintf(g, " index %d using ($1+$5):%d with points pt 6 ps 2.6 lw 2 lc rgb 'black' "
                            "title 'selected'",
-                        N_SWEEP_VARIANTS, panel ? 4 : 3);
+                        ns, panel ? 4 : 3);
                 sep = ", ";
             }
             if (!sep[0]) /* nothing valid: an empty frame keeps the layout */
@@ -963,7 +1052,7 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
             fprintf(g, "\n");
             continue;
         }
-        /* the codes: y = variant row, labels only, no data above */
+        /* the codes: y = series row, labels only, no data above */
         fprintf(g, "set format x '%%g'\nset xtics (");
         for (int i = 0; i < n; i++) {
             fprintf(g, "%s", i ? ", " : "");
@@ -972,18 +1061,21 @@ static void plot_script(FILE *g, const char *dat, const char *name, const char *
         }
         fprintf(g, ")\nset xlabel ");
         gp_quote(g, key);
-        fprintf(g, "\nset ylabel 'rejected'\nset yrange [-0.7:%d.7]\nunset grid\nset ytics (", N_SWEEP_VARIANTS - 1);
-        for (int v = 0; v < N_SWEEP_VARIANTS; v++)
-            fprintf(g, "%s'%s' %d", v ? ", " : "", SWEEP_VARIANTS[v], N_SWEEP_VARIANTS - 1 - v);
+        fprintf(g, "\nset ylabel 'rejected'\nset yrange [-0.7:%d.7]\nunset grid\nset ytics (", ns - 1);
+        for (int v = 0; v < ns; v++) {
+            fprintf(g, "%s", v ? ", " : "");
+            gp_quote(g, ser[v].name);
+            fprintf(g, " %d", ns - 1 - v);
+        }
         fprintf(g, ")\nplot ");
         const char *sep = "";
-        for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
+        for (int v = 0; v < ns; v++) {
             if (!any_bad[v])
                 continue;
             fprintf(g, "%s", sep);
             gp_quote(g, dat);
             fprintf(g, " index %d using 1:($5 == 0 ? %d : NaN):6 with labels font ',9' tc rgb '%s' notitle", v,
-                    N_SWEEP_VARIANTS - 1 - v, colors[v]);
+                    ns - 1 - v, colors[v % 10]);
             sep = ", ";
         }
         if (!sep[0])
@@ -1035,18 +1127,23 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
         fprintf(stderr, "cpc: error: --plot: cannot write a temporary file: %s\n", strerror(errno));
         return 2;
     }
-    /* one block per variant: index, value label, ms/layer, GiB, ok, rejecting
+    /* one block per series: index, value label, ms, GiB, ok, rejecting
      * codes; which blocks have valid and which rejected points */
-    bool any_ok[N_SWEEP_VARIANTS] = {0}, any_bad[N_SWEEP_VARIANTS] = {0};
-    for (int v = 0; v < N_SWEEP_VARIANTS; v++) {
-        fprintf(f, "# %s\n", SWEEP_VARIANTS[v]);
+    sweep_series ser[MAX_SERIES];
+    int ns = sweep_series_of(jobs, n, ser);
+    bool families = ns > 0 && !ser[0].variant;
+    bool any_ok[MAX_SERIES] = {0}, any_bad[MAX_SERIES] = {0};
+    for (int v = 0; v < ns; v++) {
+        fprintf(f, "# %s\n", ser[v].name);
         for (int i = 0; i < n; i++) {
-            const cpc_candidate_info *c = sweep_pick(&jobs[i], SWEEP_VARIANTS[v]);
+            const cpc_candidate_info *c = series_pick(&jobs[i], &ser[v]);
             char codes[64] = "-";
             if (c && !c->ok)
                 codes_of(c, codes, sizeof codes);
-            else if (!c)
+            else if (!c && (!families || !cpc_compilation_validated(jobs[i].c)))
                 point_code(&jobs[i], codes, sizeof codes);
+            else if (!c) /* a family this point does not have (P not divisible) */
+                continue;
             bool ok = c && c->ok && c->priced;
             fprintf(f, "%d ", i);
             gp_data_label(f, values[i]);
@@ -1060,20 +1157,22 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
         }
         fprintf(f, "\n\n");
     }
-    /* the selected candidate of each point: x shift of its variant's series */
+    /* the selected candidate of each point: x shift of its series */
     bool any_sel = false, step = false;
     fprintf(f, "# selected\n");
     for (int i = 0; i < n; i++) {
         const cpc_candidate_info *c = selected(&jobs[i]);
         int v = 0;
-        while (c && v < N_SWEEP_VARIANTS && strcmp(SWEEP_VARIANTS[v], c->variant) != 0)
+        while (c && v < ns &&
+               (families ? (ser[v].C != c->cfg_degree || ser[v].T != c->tp_degree)
+                         : strcmp(ser[v].variant, c->variant) != 0))
             v++;
-        if (!c || v == N_SWEEP_VARIANTS || !c->priced || sweep_pick(&jobs[i], c->variant) != c)
+        if (!c || v == ns || !c->priced || (!families && sweep_pick(&jobs[i], c->variant) != c))
             continue;
-        static const double sh[] = {-0.08, -0.04, 0.0, 0.04, 0.08};
         fprintf(f, "%d ", i);
         gp_data_label(f, values[i]);
-        fprintf(f, " %.6g %.6g %g\n", sweep_time(c), (double)c->memory_bytes_per_rank / 1073741824.0, sh[v]);
+        fprintf(f, " %.6g %.6g %g\n", sweep_time(c), (double)c->memory_bytes_per_rank / 1073741824.0,
+                series_shift(v, ns, families));
         any_sel = true;
         step = step || c->ms_per_step > 0;
     }
@@ -1138,7 +1237,7 @@ static int plot_sweep(const options *o, plot_out *po, const char *key, char **va
     FILE *g = fdopen(pfd[1], "w");
     if (g) {
         pfd[1] = -1;
-        plot_script(g, dat, plot_name, key, values, n, any_ok, any_bad, any_sel, step);
+        plot_script(g, dat, plot_name, key, values, n, ser, ns, families, any_ok, any_bad, any_sel, step);
         fed = !ferror(g);
         fed = fclose(g) == 0 && fed;
     } else {
@@ -1176,6 +1275,47 @@ done:
     if (rc == 0)
         fprintf(stderr, "cpc: wrote %s\n", o->plot);
     return rc;
+}
+
+/* A four-axis sweep's second table: at each point every valid (C, T, R, U)
+ * split, fastest first, the selected one marked '*'. */
+static void print_sweep_splits(job *jobs, int n, const char *key, char **values, bool step)
+{
+    for (int i = 0; i < n; i++) {
+        const job *j = &jobs[i];
+        int nv = 0;
+        for (int k = 0; cpc_compilation_validated(j->c) && k < j->n_cands; k++)
+            nv += j->cands[k].ok && j->cands[k].priced;
+        printf("\n%s=%s: %d valid split%s (C x T, variant, R x U; fastest first, * selected)\n", key,
+               values[i], nv, nv == 1 ? "" : "s");
+        if (nv == 0)
+            continue;
+        printf("  %-7s  %-17s %-7s %12s %12s\n", "C x T", "variant", "R x U", step ? "ms/step" : "ms/layer",
+               "memory/rank");
+        const cpc_candidate_info *sel = selected(j);
+        bool *done = calloc((size_t)j->n_cands, sizeof *done);
+        if (!done)
+            return;
+        for (int r = 0; r < nv; r++) {
+            int b = -1;
+            for (int k = 0; k < j->n_cands; k++) {
+                const cpc_candidate_info *c = &j->cands[k];
+                if (!done[k] && c->ok && c->priced && (b < 0 || sweep_time(c) < sweep_time(&j->cands[b])))
+                    b = k;
+            }
+            if (b < 0)
+                break;
+            done[b] = true;
+            const cpc_candidate_info *c = &j->cands[b];
+            char ct[32], ru[32], mem[32];
+            snprintf(ct, sizeof ct, "%dx%d", c->cfg_degree, c->tp_degree);
+            snprintf(ru, sizeof ru, "%dx%d", c->ring_degree, c->ulysses_degree);
+            fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
+            printf("%c %-7s  %-17s %-7s %12.3f %12s\n", c == sel ? '*' : ' ', ct, c->variant, ru, sweep_time(c),
+                   mem);
+        }
+        free(done);
+    }
 }
 
 static int run_sweep(options *o)
@@ -1284,8 +1424,12 @@ static int run_sweep(options *o)
         bool step = false;
         for (int i = 0; i < n && !step; i++)
             step = cpc_compilation_parameters(jobs[i].c) > 0;
-        printf("%s: sweep of %s (ms per %s / memory per rank, or the rule that rejects)\n",
-               o->files[0], key, step ? "step" : "layer");
+        bool axes = false;
+        for (int i = 0; i < n && !axes; i++)
+            axes = job_has_axes(&jobs[i]);
+        printf("%s: sweep of %s (ms per %s / memory per rank, or the rule that rejects%s)\n",
+               o->files[0], key, step ? "step" : "layer",
+               axes ? "; each variant's best over every C x T split" : "");
         int kw = (int)strlen(key) > 12 ? (int)strlen(key) : 12;
         printf("%-*s", kw, key);
         for (int v = 0; v < N_SWEEP_VARIANTS; v++)
@@ -1311,11 +1455,16 @@ static int run_sweep(options *o)
                 printf(" %-22s", cell);
             }
             const cpc_candidate_info *s = selected(&jobs[i]);
-            if (s)
+            if (s && axes)
+                printf(" %s %dx%d, C x T %dx%d\n", s->variant, s->ring_degree, s->ulysses_degree,
+                       s->cfg_degree, s->tp_degree);
+            else if (s)
                 printf(" %s %dx%d\n", s->variant, s->ring_degree, s->ulysses_degree);
             else
                 printf(" -\n"); /* rejected ("none" is a variant's name) */
         }
+        if (axes)
+            print_sweep_splits(jobs, n, key, values, step);
     }
     flush_stdout();
     bool plotted = false;

@@ -31,6 +31,8 @@
 #define MAX_OP_DEPTH 9 /* loops nested up to 8 (program.c's walk) + the top level */
 
 static const char *const RANK_RULE = "p = r * ulysses_degree + u";
+/* With cfg_degree C or tp_degree T > 1 (SPEC section 1, "All four axes"). */
+static const char *const RANK_RULE_AXES = "p = ((c * ring_degree + r) * ulysses_degree + u) * tp_degree + t";
 
 /* ==== emitting =============================================================== */
 
@@ -286,6 +288,10 @@ cpc_status *cpc_plan_resolved_yaml(const cpc_plan *plan, cpc_variant variant, in
     kv_bool(&m, "ulysses_anything", variant == CPC_VARIANT_ULYSSES_ANYTHING);
     kv_bool(&m, "ring_anything", variant == CPC_VARIANT_RING_ANYTHING);
     kv_str(&m, "fallback", cpc_fallback_name(plan->parallel.fallback));
+    if (cpc_plan_cfg_degree(plan) * cpc_plan_tp_degree(plan) > 1) {
+        kv_int(&m, "cfg_degree", cpc_plan_cfg_degree(plan));
+        kv_int(&m, "tp_degree", cpc_plan_tp_degree(plan));
+    }
     em_map_end(&m);
 
     em_plain(&m, "schedule");
@@ -377,6 +383,19 @@ static bool layouts_equal(const cpc_layout *a, const cpc_layout *b)
     return true;
 }
 
+/* The plan the program is laid out on: the plan itself, or with cfg_degree
+ * or tp_degree > 1 one (c, t) group's sub-plan (plan.h cpc_plan_sub).
+ * False when the axes do not cut the plan. */
+static bool plan_for_layout(const cpc_plan *plan, cpc_plan *sub)
+{
+    int C = cpc_plan_cfg_degree(plan), T = cpc_plan_tp_degree(plan);
+    if (C * T == 1) {
+        *sub = *plan;
+        return true;
+    }
+    return cpc_plan_sub(plan, C, T, sub);
+}
+
 cpc_status *cpc_artifact_create(const cpc_plan *plan, const cpc_program *prog, cpc_artifact **out)
 {
     *out = NULL;
@@ -397,9 +416,13 @@ cpc_status *cpc_artifact_create(const cpc_plan *plan, const cpc_program *prog, c
     cpc_status *st = cpc_plan_resolved_yaml(plan, L->variant, L->R, L->U, &a->plan_text, &len);
     if (!st)
         st = load_plan_text(a->plan_text, len, a->plan_file, CPC_E_INTERNAL, "artifact", &a->plan);
+    cpc_plan sub;
+    if (!st && !plan_for_layout(a->plan, &sub))
+        st = cpc_error(CPC_E_INTERNAL, "artifact: cfg_degree %d x tp_degree %d does not cut the resolved plan",
+                       a->plan->parallel.cfg_degree, a->plan->parallel.tp_degree);
     if (!st) {
         cpc_layout L2;
-        st = cpc_layout_init(&L2, a->plan, L->variant, L->R, L->U);
+        st = cpc_layout_init(&L2, &sub, L->variant, L->R, L->U);
         if (!st && !layouts_equal(&L2, L))
             st = cpc_error(CPC_E_INTERNAL,
                            "artifact: the resolved plan does not give the program's layout (%s %dx%d)",
@@ -623,6 +646,8 @@ static void em_ops(emitter *m, const cpc_program *prog, const cpc_op *ops, int n
             kv_str(m, "group", cpc_group_name(op->group));
         if (op->kind == CPC_OP_ALL_TO_ALL || op->dir != CPC_A2A_SEQ_TO_HEADS)
             kv_str(m, "dir", cpc_a2a_dir_name(op->dir));
+        if (op->reduce) /* backward all_to_all (program.h) */
+            kv_str(m, "reduce", "sum");
         em_expr(m, "peer", op->peer);
         em_bufs(m, prog, "in", op->in, op->n_in);
         em_bufs(m, prog, "out", op->out, op->n_out);
@@ -704,8 +729,13 @@ cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len)
     kv_str(&m, "variant", cpc_variant_name(L->variant));
     kv_int(&m, "ring_degree", L->R);
     kv_int(&m, "ulysses_degree", L->U);
-    kv_int(&m, "world_size", L->P);
-    kv_str(&m, "rank_rule", RANK_RULE);
+    int C = a->plan ? cpc_plan_cfg_degree(a->plan) : 1, T = a->plan ? cpc_plan_tp_degree(a->plan) : 1;
+    if (C * T > 1) {
+        kv_int(&m, "cfg_degree", C);
+        kv_int(&m, "tp_degree", T);
+    }
+    kv_int(&m, "world_size", (int64_t)L->P * C * T);
+    kv_str(&m, "rank_rule", C * T > 1 ? RANK_RULE_AXES : RANK_RULE);
     em_map_end(&m);
 
     em_plain(&m, "schedule");
@@ -1122,9 +1152,15 @@ static int get_span(reader *r, const yaml_node_t *map, const char *what, cpc_spa
     return 0;
 }
 
+/* all_to_all `reduce` (program.h): the only value is "sum". */
+static int reduce_parse(const char *s)
+{
+    return strcmp(s, "sum") == 0 ? 1 : -1;
+}
+
 static int read_ops(reader *r, const yaml_node_t *seq, const char *where, int depth, cpc_op **ops, int *n)
 {
-    static const char *const keys[] = {"kind", "group", "dir", "peer", "in", "out", "block",
+    static const char *const keys[] = {"kind", "group", "dir", "reduce", "peer", "in", "out", "block",
                                        "count", "tag", "when", "span", "body"};
     if (!seq || seq->type != YAML_SEQUENCE_NODE)
         return rfail(r, seq, "%s must be a list of ops", where);
@@ -1148,8 +1184,12 @@ static int read_ops(reader *r, const yaml_node_t *seq, const char *where, int de
             return -1;
         if (get(r, m, "dir") && get_enum(r, m, what, "dir", cpc_a2a_dir_parse, &dir))
             return -1;
+        int red = 0;
+        if (get(r, m, "reduce") && get_enum(r, m, what, "reduce", reduce_parse, &red))
+            return -1;
         op->group = (cpc_group)g;
         op->dir = (cpc_a2a_dir)dir;
+        op->reduce = red == 1;
         if (get_expr(r, m, what, "peer", &op->peer) || get_expr(r, m, what, "block", &op->block) ||
             get_expr(r, m, what, "count", &op->count) || get_expr(r, m, what, "when", &op->when))
             return -1;
@@ -1454,29 +1494,42 @@ static int read_doc(reader *r, const char *text, size_t len)
         return -1;
     }
     yaml_node_t *mesh = need(r, root, "artifact", "mesh");
-    static const char *const mkeys[] = {"variant", "ring_degree", "ulysses_degree", "world_size", "rank_rule"};
+    static const char *const mkeys[] = {"variant",   "ring_degree", "ulysses_degree", "cfg_degree",
+                                        "tp_degree", "world_size",  "rank_rule"};
     int variant;
-    int64_t R, U, P;
+    int64_t R, U, P, C = 1, T = 1;
     const char *rule;
-    if (!mesh || check_keys(r, mesh, "mesh", mkeys, 5) ||
+    if (!mesh || check_keys(r, mesh, "mesh", mkeys, 7) ||
+        (get(r, mesh, "cfg_degree") && get_int(r, mesh, "mesh", "cfg_degree", 1, 1 << 20, &C)) ||
+        (get(r, mesh, "tp_degree") && get_int(r, mesh, "mesh", "tp_degree", 1, 1 << 20, &T)) ||
         get_enum(r, mesh, "mesh", "variant", cpc_variant_parse, &variant) ||
         get_int(r, mesh, "mesh", "ring_degree", 1, 1 << 20, &R) ||
         get_int(r, mesh, "mesh", "ulysses_degree", 1, 1 << 20, &U) ||
         get_int(r, mesh, "mesh", "world_size", 1, 1 << 20, &P) || get_str(r, mesh, "mesh", "rank_rule", &rule))
         return -1;
-    if (strcmp(rule, RANK_RULE) != 0)
+    const char *want_rule = C * T > 1 ? RANK_RULE_AXES : RANK_RULE;
+    if (strcmp(rule, want_rule) != 0)
         return rfail(r, get(r, mesh, "rank_rule"), "mesh.rank_rule '%s' is not the one this build uses ('%s')", rule,
-                     RANK_RULE);
-    if (R * U != P || P != a->plan->cluster.world_size || variant == CPC_VARIANT_AUTO ||
+                     want_rule);
+    if (C * T * R * U != P || P != a->plan->cluster.world_size || variant == CPC_VARIANT_AUTO ||
         variant != (int)a->plan->parallel.variant || R != a->plan->parallel.ring_degree ||
-        U != a->plan->parallel.ulysses_degree)
+        U != a->plan->parallel.ulysses_degree || C != cpc_plan_cfg_degree(a->plan) ||
+        T != cpc_plan_tp_degree(a->plan))
         return rfail(r, mesh,
-                     "the mesh (%s, ring_degree %" PRId64 ", ulysses_degree %" PRId64 ", world_size %" PRId64
-                     ") contradicts the plan (%s, %d x %d, world_size %d)",
-                     cpc_variant_name((cpc_variant)variant), R, U, P, cpc_variant_name(a->plan->parallel.variant),
-                     a->plan->parallel.ring_degree, a->plan->parallel.ulysses_degree, a->plan->cluster.world_size);
+                     "the mesh (%s, ring_degree %" PRId64 ", ulysses_degree %" PRId64 ", cfg_degree %" PRId64
+                     ", tp_degree %" PRId64 ", world_size %" PRId64
+                     ") contradicts the plan (%s, %d x %d, cfg_degree %d, tp_degree %d, world_size %d)",
+                     cpc_variant_name((cpc_variant)variant), R, U, C, T, P,
+                     cpc_variant_name(a->plan->parallel.variant), a->plan->parallel.ring_degree,
+                     a->plan->parallel.ulysses_degree, cpc_plan_cfg_degree(a->plan), cpc_plan_tp_degree(a->plan),
+                     a->plan->cluster.world_size);
+    cpc_plan sub;
+    if (!plan_for_layout(a->plan, &sub))
+        return rfail(r, mesh, "mesh: cfg_degree %" PRId64 " x tp_degree %" PRId64 " does not cut the plan "
+                     "(batch %d, heads %d, kv_heads %d, world_size %d)", C, T, a->plan->input.batch,
+                     a->plan->model.heads, a->plan->model.kv_heads, a->plan->cluster.world_size);
     cpc_layout L;
-    st = cpc_layout_init(&L, a->plan, (cpc_variant)variant, (int)R, (int)U);
+    st = cpc_layout_init(&L, &sub, (cpc_variant)variant, (int)R, (int)U);
     if (st) {
         rfail(r, mesh, "mesh: %s", st->message);
         cpc_status_free(st);

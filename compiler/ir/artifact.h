@@ -21,6 +21,15 @@
  *     ulysses_degree: 2
  *     world_size: 4
  *     rank_rule: p = r * ulysses_degree + u   (ring outer, ulysses inner)
+ *   with parallel.cfg_degree C or tp_degree T > 1 (SPEC section 1, "All
+ *   four axes"), the resolved plan writes both degrees (after fallback),
+ *   the mesh adds `cfg_degree: C` and `tp_degree: T` after ulysses_degree,
+ *   world_size is C*T*R*U and the rank rule is
+ *     p = ((c * ring_degree + r) * ulysses_degree + u) * tp_degree + t
+ *   and the schedule is one (c, t) group's R x U program, laid out on the
+ *   plan's sub-plan (plan.h cpc_plan_sub): every group runs it on its own
+ *   batch items and heads.  With C = T = 1 neither key is written (the
+ *   bytes are those of an artifact without the axes).
  *   schedule:                          exactly the cpc_program (program.h):
  *     overlap: true
  *     rotate: p2p
@@ -28,7 +37,9 @@
  *     ops:                             one mapping per op: kind, then only
  *       - {kind: init_acc, out: [acc, lse]}     the fields that are set:
  *       - kind: loop                   group (not none), dir (all_to_all),
- *         count: R                     peer, in, out (buffer names), block,
+ *         count: R                     reduce ("sum": a backward all_to_all
+ *                                      that sums shared heads, program.h),
+ *                                      peer, in, out (buffer names), block,
  *         body: [...]                  count, tag (send/recv/wait, or when
  *                                      non-zero), when, span ("file:line:col"
  *                                      when the op has one), body (loops)
@@ -53,7 +64,9 @@
  * byte (or truncation) changes it.
  *
  * READING refuses, with CPC_E_INPUT and a message naming the file (and the
- * line:col of the offending node where there is one): a file that is not one
+ * line:col of the offending node where there is one; a mesh whose axes,
+ * world size or rank rule contradict the plan's is refused like any other
+ * contradiction): a file that is not one
  * YAML document or not a mapping ("not a cpc artifact"), an artifact_version
  * other than CPC_ARTIFACT_VERSION (checked first: "artifact version 2, this
  * cprun reads version 1: recompile the plan with this cpc"), a missing or

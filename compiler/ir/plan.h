@@ -143,6 +143,28 @@ typedef struct cpc_plan {
  * the nearest present parent ("model"), then to {file, 0, 0}. */
 cpc_span cpc_plan_span(const cpc_plan *plan, const char *key, bool value);
 
+/* The sub-problem one (c, t) group of a (C, T, R, U) split solves (SPEC
+ * section 1, "All four axes"): a shallow copy of `plan` (it shares the
+ * plan's strings, segments and key spans: do not free it, and let the plan
+ * outlive it) with world_size P/(C*T), batch B/C, heads H/T, kv_heads
+ * Hkv/T (1 when Hkv < T: each K/V head is replicated to the T/Hkv ranks
+ * that use it), gpus_per_node max(1, gpus_per_node/T) (gpus_per_node
+ * omitted: min(P, 8) first; TP is the innermost axis: a Ulysses group's
+ * ranks are T apart) and parallel.cfg_degree = C, tp_degree = T (the cost
+ * model's whole step reads T back: cost.h).  The validator cuts every (C, T)
+ * candidate with it (validate.h THE OUTER AXES), the compiler schedules
+ * the selected one's sub-plan, the artifact reader lays out the program of
+ * a C*T artifact with it (artifact.h) and cprun places ranks on it.
+ * Returns false, leaving *sub unchanged, when (C, T) breaks CP003 (C*T
+ * does not divide P), CP005 (B % C) or CP006 (H % T; Hkv neither divisible
+ * by T nor a divisor of it).  Thread-safety: a pure function. */
+bool cpc_plan_sub(const cpc_plan *plan, int cfg_degree, int tp_degree, cpc_plan *sub);
+
+/* The plan's cfg_degree and tp_degree as numbers >= 1 (omitted, and the
+ * `auto` of an unresolved plan, count as 1). */
+int cpc_plan_cfg_degree(const cpc_plan *plan);
+int cpc_plan_tp_degree(const cpc_plan *plan);
+
 /* Frees a plan and everything it owns.  NULL is ignored. */
 void cpc_plan_free(cpc_plan *plan);
 

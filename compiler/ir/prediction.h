@@ -29,6 +29,10 @@ typedef struct cpc_prediction {
     double device_ms_per_step;      /* dense + attention forward */
     double host_ms_per_step;        /* the framework's host time */
     double host_ops_per_layer;      /* attention-program ops the host issues per layer */
+    double tp_ms_per_step;          /* part of dense_ms_per_step: TP all-reduces, their launches
+                                       and the work TP does not split (0 when tp_degree is 1) */
+    double gemm_roofline;           /* GEMM time / the time at the GEMM rate (>= 1: the
+                                       roofline's memory-bound share; 0 without model.parameters) */
 } cpc_prediction;
 
 #endif

@@ -51,6 +51,16 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_ATTN_BWD] = {"attn_bwd", 6, 6, 3, 3, false,
                          "6 inputs (q, k, v, dout, lse, delta) and 3 outputs (dq, dk, dv)",
                          CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_ATTN, 1},
+    [CPC_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, MAXB, 1, MAXB, true,
+                               "as many outputs as inputs (1..8): ALL dk/dv in, BLOCK out",
+                               CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                               CPC_COST_COLLECTIVE, 2},
+    [CPC_OP_ADD] = {"add", 1, 1, 1, 1, false, "1 input and 1 output (out += in, fp32 gradients)",
+                    CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_MEMORY, 1},
+    [CPC_OP_ALL_REDUCE] = {"all_reduce", 1, MAXB, 1, MAXB, true,
+                           "as many outputs as inputs (1..8): KV dk/dv, summed over the world",
+                           CPC_GROUP_WORLD, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                           CPC_COST_COLLECTIVE, 2},
 };
 #undef MAXB
 _Static_assert(COUNT_OF(op_table) == CPC_OP__COUNT, "every cpc_op_kind needs a table entry");
@@ -497,6 +507,23 @@ static void apply_tags(const walker *w, const cpc_exec_op *x)
         if (op->n_out > 0)
             t[op->out[0]] = (int)(op->dir == CPC_A2A_SEQ_TO_HEADS ? x->c.r : x->c.p);
         break;
+    case CPC_OP_REDUCE_SCATTER:
+        for (int i = 0; i < op->n_out; i++)
+            t[op->out[i]] = (int)x->c.r;
+        break;
+    case CPC_OP_ALL_REDUCE:
+        for (int i = 0; i < op->n_in && i < op->n_out; i++)
+            t[op->out[i]] = t[op->in[i]];
+        break;
+    case CPC_OP_INIT_ACC:
+        /* a gradient accumulator made for ring block `block` (backward) */
+        if (op->block)
+            for (int i = 0; i < op->n_out; i++) {
+                cpc_buf_role ro = w->prog->buffers[op->out[i]].role;
+                if (ro == CPC_ROLE_DQ || ro == CPC_ROLE_DK || ro == CPC_ROLE_DV)
+                    t[op->out[i]] = (int)x->block;
+            }
+        break;
     default:
         break;
     }
@@ -655,7 +682,7 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
             int off, hj, hu;
             heads_of(L, bf->role, CPC_HEADS_PART, j, &off, &hj);
             heads_of(L, bf->role, CPC_HEADS_PART, u, &off, &hu);
-            int64_t per_tok = (int64_t)L->B * L->D * e;
+            int64_t per_tok = (int64_t)L->B * (bf->role == CPC_ROLE_LSE ? 1 : L->D) * e;
             if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
                 int64_t mine = cpc_buffer_rows(prog, b, c, x->tags[b]);
                 int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
@@ -676,6 +703,26 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
         for (int j = 0; j < L->R; j++)
             if (j != r)
                 bc->recvd += msg_bytes(prog, b, u, cpc_layout_block_tokens(L, j));
+        break;
+    }
+    case CPC_OP_REDUCE_SCATTER:
+        /* block j's slice to member j; block r's slice from every other member */
+        for (int i = 0; i < op->n_in; i++)
+            for (int j = 0; j < L->R; j++)
+                if (j != r) {
+                    bc->sent += msg_bytes(prog, op->in[i], u, cpc_layout_block_tokens(L, j));
+                    bc->recvd += msg_bytes(prog, op->in[i], u, cpc_layout_block_tokens(L, r));
+                }
+        break;
+    case CPC_OP_ALL_REDUCE: {
+        int64_t P = L->P, p = c->p, S = L->Skv;
+        for (int i = 0; i < op->n_in; i++)
+            for (int64_t j = 0; j < P; j++)
+                if (j != p) {
+                    int64_t mine = msg_bytes(prog, op->in[i], u, cpc_split_len(S, P, p));
+                    bc->sent += msg_bytes(prog, op->in[i], u, cpc_split_len(S, P, j)) + mine;
+                    bc->recvd += mine + msg_bytes(prog, op->in[i], u, cpc_split_len(S, P, j));
+                }
         break;
     }
     default:
@@ -756,7 +803,7 @@ static void print_op_spmd(FILE *out, const cpc_program *prog, const cpc_op *op, 
     if (op->group != CPC_GROUP_NONE)
         fprintf(out, " group=%s", cpc_group_name(op->group));
     if (op->kind == CPC_OP_ALL_TO_ALL)
-        fprintf(out, " dir=%s", cpc_a2a_dir_name(op->dir));
+        fprintf(out, " dir=%s%s", cpc_a2a_dir_name(op->dir), op->reduce ? " reduce=sum" : "");
     if (op->peer)
         fprintf(out, " peer=%s", cpc_expr_text(op->peer));
     print_bufs(out, prog, "in", op->in, op->n_in);
@@ -792,7 +839,7 @@ static cpc_status *print_exec(void *vctx, const cpc_exec_op *x)
     if (op->group != CPC_GROUP_NONE)
         fprintf(out, " group=%s", cpc_group_name(op->group));
     if (op->kind == CPC_OP_ALL_TO_ALL)
-        fprintf(out, " dir=%s", cpc_a2a_dir_name(op->dir));
+        fprintf(out, " dir=%s%s", cpc_a2a_dir_name(op->dir), op->reduce ? " reduce=sum" : "");
     if (op->peer)
         fprintf(out, " peer=%lld", (long long)x->peer);
     print_bufs(out, prog, "in", op->in, op->n_in);

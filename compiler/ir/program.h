@@ -61,6 +61,14 @@
  * attn_bwd    in = Q, K, V,    out = DQ, DK, DV  the block backward (backend.h attn_bwd):    0
  *             DO, LSE, DELTA                     dq += dS K, dk += dS^T Q, dv += P^T dout
  *                                                (+=, fp32), with the SAVED whole-row lse
+ * reduce_     in[0] ALL        out[0] BLOCK(r)   group ring: member r gets the fp32 SUM over B*T_j*h*D*4 summed
+ *   scatter   (DK/DV, fp32)    (same role)       the members of their block-r slice (the   over j != r (block j's
+ *                                                all-gather ring's dK/dV, BACKWARD.md 3.2) slice to member j)
+ * add         in[0] DQ/DK/DV   out[0] (same      out += in, fp32, same rows, heads and      0
+ *                              role, read too)   content tag (BACKWARD.md 3.1, lagged)
+ * all_reduce  in[0] KV DK/DV   out[0] (same      group world: the fp32 SUM over every rank  2 x (P-1)/P x B*Skv*h*D*4
+ *             fp32, ALL heads  layout and role)  (cross-attention dK/dV, BACKWARD.md 3.7;   (reduce-scatter of Skv
+ *                                                reduce-scatter + all-gather of Skv chunks) chunks + all-gather)
  *
  * BACKWARD ROLES (training, BACKWARD.md): DO (the output gradient `dout`,
  * plan dtype, query heads, shaped as Q), DQ (fp32, query heads, shaped as
@@ -69,7 +77,9 @@
  * LSE (the forward's final LSE, [B, h, T] fp32) and DO; OUTPUT buffers of
  * roles DQ, DK, DV are read back as the gradients (fp32; SHARD, or with
  * U == 1 BLOCK whose content must be block r == shard r).  init_acc on DQ/DK/DV
- * buffers zeroes them (n_out = 1..3, no LSE operand).  Content tags: attn_bwd
+ * buffers zeroes them (n_out = 1..3, no LSE operand); with a `block`
+ * expression it also makes them the accumulators of that ring block (their
+ * content tag, BLOCK buffers: the lagged ring's fresh dK/dV of each step).  Content tags: attn_bwd
  * gives out[0] (DQ) Q's tag and leaves DK/DV's tags unchanged (they must equal
  * K's: an accumulator is only ever added to from its own block, the check
  * that catches diffusers #14265); delta gives its output in[0]'s tag.
@@ -121,11 +131,35 @@
  *   HEADS_TO_SEQ: the inverse: in = BLOCK (tag r) rows, PART heads; out =
  *     SHARD rows, ALL heads.  Member u sends member j the rows of shard
  *     r*U+j x its heads PART(u); receives from j its own shard's rows x
- *     heads PART(j), placed at those heads.  With replicated K/V heads only
- *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back).
+ *     heads PART(j), placed at those heads.  In a forward program only
+ *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back); a backward
+ *     program sends DQ, and DK/DV with `reduce` when K/V heads are shared.
+ *   LSE-layout buffers ([B, h, T]; the backward's delta) go SEQ_TO_HEADS
+ *     only, with the same parts: member j gets [B, h_j, T_u].
+ *   HEADS_TO_SEQ with `reduce` (backward programs only; DQ/DK/DV roles, fp32):
+ *     the receiver zeroes its output and ADDS every member's part instead of
+ *     placing it, so a head held by several members (K/V heads replicated
+ *     when U > Hkv or the query heads of one K/V head straddle two members:
+ *     ulysses_anything) ends with the SUM of their partial gradients.
+ *     Without it such a head ends with one member's part only (the verifier
+ *     refuses that: coverage).  Parts are placed in member order.
  *  all_gather (group ring, member r): in = BLOCK (tag r) or, with U == 1, a
  *   SHARD/BLOCK input (shard r == block r); out = ALL: member j's block at
  *   cpc_layout_block_offset(j).
+ *  reduce_scatter (group ring, member r; backward programs): in = ALL
+ *   (blocks 0..R-1 in ring order, DK/DV fp32), out = BLOCK of the same role,
+ *   content tag r: the sum over every member of its in's block-r slice.
+ *   Member r sends member j its block-j slice.
+ *  all_reduce (group world; backward programs): in and out KV-layout
+ *   DK/DV with ALL heads: every rank ends with the sum over all ranks (the
+ *   unsplit K/V's gradient of cross-attention: each rank's part holds its
+ *   own query rows' contributions).  Token chunk j of the Skv tokens
+ *   (tensor_split over P) is summed on rank j, then all-gathered.
+ *  copy of a gradient (DQ/DK/DV) from PART heads into ALL heads (backward,
+ *   cross-attention with ulysses): the output is zeroed and this member's
+ *   heads placed, so that a world all_reduce then assembles every head.
+ *  attn_bwd on ALL K/V (the all-gather ring backward): `block` names the
+ *   slice read, and DK/DV (ALL too) get that slice's gradient in place.
  *  copy: same rows.  Converts by role: ACC (fp32) -> O (dtype) or same
  *   type; when in has ALL heads and out has PART heads, it selects this
  *   member's heads (cpc_buffer_heads(out, u)): the cross-attention ulysses
@@ -146,7 +180,8 @@
  *  buffers CPC_TAG_NONE.  Updates: all_to_all SEQ_TO_HEADS -> out r,
  *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> in's tag; attn -> outs
  *  get Q's tag; merge -> outs get in[0]'s tag; swap exchanges; init_acc,
- *  all_gather and the rest leave tags unchanged.
+ *  all_gather and the rest leave tags unchanged; reduce_scatter -> out r;
+ *  init_acc of DQ/DK/DV with `block` -> its outputs `block`.
  *
  *  Op spans: span.file is borrowed, not owned (it points to a string that
  *  outlives the program, e.g. the plan's file or the script path);
@@ -192,6 +227,9 @@ typedef enum cpc_op_kind {
     CPC_OP_BARRIER,
     CPC_OP_DELTA,       /* backward (BACKWARD.md 2): delta = rowsum(dout * out) */
     CPC_OP_ATTN_BWD,    /* backward: dq, dk, dv += the block's gradients */
+    CPC_OP_REDUCE_SCATTER, /* backward: sum over the ring group, each member keeps its block */
+    CPC_OP_ALL_REDUCE,  /* backward: sum over the world (cross-attention dK/dV) */
+    CPC_OP_ADD,         /* backward: out[0] += in[0] (the lagged ring's dK/dV accumulator) */
     CPC_OP__COUNT
 } cpc_op_kind;
 
@@ -287,6 +325,10 @@ typedef struct cpc_op {
     cpc_expr *when;              /* optional predicate (NULL = always) */
     cpc_expr *count;             /* loop: iterations */
     cpc_a2a_dir dir;             /* all_to_all */
+    bool reduce;                 /* all_to_all HEADS_TO_SEQ of DK/DV (backward): the
+                                    receiver SUMS (fp32) the parts of a head it gets
+                                    from several members (K/V heads replicated across
+                                    members); printed " reduce=sum" */
     int tag;                     /* send/recv/wait: request tag, >= 0 */
     int n_body;                  /* loop */
     struct cpc_op *body;         /* loop: owned array */
@@ -380,7 +422,10 @@ int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank);
  * program (one layer): send/recv (the messages' content sizes, by content
  * tag), all_to_all (the parts that go to / come from the other members) and
  * all_gather (sent: its own block x (R-1), as a ring all-gather forwards;
- * received: the other members' blocks).  Either pointer may be NULL.
+ * received: the other members' blocks), reduce_scatter (sent: block j's
+ * slice to each member j != r; received: R-1 slices of block r) and
+ * all_reduce (sent: Skv chunk j to each rank j != p, then its own chunk to
+ * every other rank; received alike).  Either pointer may be NULL.
  * Errors: those of cpc_program_walk. */
 cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *sent,
                                    int64_t *recvd);

@@ -143,9 +143,11 @@ const char *cpc_compilation_script_path(const cpc_compilation *c);
 const char *cpc_compilation_profile_path(const cpc_compilation *c);
 
 /* Prints the schedule in its stable text form (rank < 0: the SPMD program;
- * else rank `rank`'s program, loops unrolled) to `out`.  Errors: CPC_E_USAGE
- * (rank out of range: "--rank N: the plan has ranks 0..P-1"; nothing was
- * scheduled), CPC_E_IO. */
+ * else rank `rank`'s program, loops unrolled) to `out`.  With cfg_degree x
+ * tp_degree > 1 `rank` is a world rank (0..C*T*R*U-1): the program printed
+ * is that of its rank in its (c, t) group, after a comment line naming both.
+ * Errors: CPC_E_USAGE (rank out of range: "--rank N: the plan has ranks
+ * 0..P-1"; nothing was scheduled), CPC_E_IO. */
 cpc_status *cpc_compilation_print_schedule(const cpc_compilation *c, FILE *out, int rank);
 
 /* The number of generated kernel modules (0: none, e.g. without the CUDA

@@ -86,15 +86,44 @@ void cpc_artifact_free(cpc_artifact *a);
  * "ulysses_anything", "ring_anything".  Static string. */
 const char *cpc_artifact_variant(const cpc_artifact *a);
 
-/* Mesh: world size P = ring_degree * ulysses_degree. */
+/* Mesh: world size P = cfg_degree * tp_degree * ring_degree * ulysses_degree
+ * (cfg_degree and tp_degree are 1 unless the plan sets them).
+ *
+ * THE OUTER AXES (SPEC section 1, "All four axes").  With cfg_degree C or
+ * tp_degree T > 1 the artifact's program is one (c, t) GROUP's R x U
+ * program: world rank p = ((c*R + r)*U + u)*T + t holds batch items
+ * [c*B/C, (c+1)*B/C), query heads [t*H/T, (t+1)*H/T) and the K/V heads
+ * those use (cpc_artifact_rank_slice), and talks only to the R*U ranks of
+ * its group.  Every function below that takes a rank takes the WORLD rank
+ * (0 <= rank < P); shapes and runs are then those of its slice. */
 int cpc_artifact_world_size(const cpc_artifact *a);
 int cpc_artifact_ring_degree(const cpc_artifact *a);
 int cpc_artifact_ulysses_degree(const cpc_artifact *a);
+int cpc_artifact_cfg_degree(const cpc_artifact *a);
+int cpc_artifact_tp_degree(const cpc_artifact *a);
+
+/* Where world rank `rank` sits on the outer axes and which slice of the
+ * global tensors it holds (all starts and lengths are global indices). */
+typedef struct cpc_rank_slice {
+    int c, t;                         /* cfg and tensor-parallel coordinates */
+    int group;                        /* c * tp_degree + t */
+    int group_rank;                   /* r * ulysses_degree + u: its rank in the group */
+    int64_t batch_start, batch_len;   /* [c*B/C, (c+1)*B/C) */
+    int64_t head_start, head_len;     /* query heads [t*H/T, (t+1)*H/T) */
+    int64_t kv_head_start, kv_head_len; /* K/V heads: [t*Hkv/T, ...) when T divides
+                                         Hkv, else the one head its queries use
+                                         (replicated over T/Hkv ranks) */
+} cpc_rank_slice;
+
+/* Fills *out for world rank `rank`.  Errors: CPC_E_USAGE (rank out of
+ * range). */
+cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_slice *out);
 
 /* The plan's element type for q, k, v and out. */
 cpc_dtype cpc_artifact_dtype(const cpc_artifact *a);
 
-/* Global attention shape: batch B, query tokens S, key/value tokens Skv
+/* Global attention shape (the whole problem, every cfg group's batch items
+ * and every head): batch B, query tokens S, key/value tokens Skv
  * (= S for self-attention), query heads H, key/value heads Hkv, head_dim D.
  * Any output may be NULL. */
 void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens,

@@ -16,6 +16,19 @@
  *   - cpc_rank_create_nccl:  the caller's ncclComm_t and cudaStream_t.
  * Flat rank p has mesh coordinates r = p / U (ring), u = p % U (Ulysses).
  *
+ * THE OUTER AXES.  An artifact with cfg_degree C or tp_degree T > 1 (SPEC
+ * section 1; compiler.h THE OUTER AXES) has a world of P = C*T*R*U ranks:
+ * world rank p = ((c*R + r)*U + u)*T + t runs the R x U program of its
+ * (c, t) group on its slice (cpc_artifact_rank_slice: batch items
+ * [c*B/C, (c+1)*B/C), query heads [t*H/T, (t+1)*H/T) and their K/V heads),
+ * and every rank API function takes the world rank.  The caller passes
+ * that slice's shards (cpc_artifact_shard_shape, cpc_artifact_shard_runs)
+ * and gets that slice's output.  MPI: the caller's communicator is the
+ * whole world (size P); each rank's group communicator is split from it
+ * (color c*T + t).  Local: a world from cpc_local_world_new is ONE group's
+ * R x U world: make C*T of them and create rank p in the world of its
+ * group (cpc_rank_slice.group); forwards are collective per group.
+ *
  * Each cpc_rank_forward computes softmax(q k^T * scale) v (scale: the plan's
  * model.scale, default 1/sqrt(head_dim); masks as the plan says) for this rank's
  * shard of the global sequence, exactly as the whole attention would give it
@@ -77,25 +90,29 @@ typedef struct cpc_rank_options {
 /* Defaults: as documented per field. */
 void cpc_rank_options_init(cpc_rank_options *o);
 
-/* Makes an in-process world of cpc_artifact_world_size(a) thread ranks.
- * The world is borrowed by its ranks; free it after them.  Errors:
- * CPC_E_NOMEM. */
+/* Makes an in-process world of ring_degree x ulysses_degree thread ranks:
+ * the whole world, or with cfg_degree x tp_degree > 1 one (c, t) group's
+ * (see THE OUTER AXES).  The world is borrowed by its ranks; free it after
+ * them.  Errors: CPC_E_NOMEM. */
 cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
 
 /* Frees a local world (every rank of it destroyed first).  NULL is ignored. */
 void cpc_local_world_free(cpc_local_world *w);
 
-/* Rank `rank` (0 <= rank < world size) of a local world.  `a` and `w` are
- * borrowed and must outlive the rank.  opts may be NULL.  Errors:
+/* Rank `rank` (0 <= rank < world size) of a local world (with the outer
+ * axes: the world of rank's group, joined as its group rank).  `a` and `w`
+ * are borrowed and must outlive the rank.  opts may be NULL.  Errors:
  * CPC_E_USAGE (rank out of range, world of another size, backend CUDA
- * unavailable is CPC_E_UNSUPPORTED), CPC_E_NOMEM. */
+ * unavailable is CPC_E_UNSUPPORTED), CPC_E_INTERNAL (the world already has
+ * that group rank: two groups given one world), CPC_E_NOMEM. */
 cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank of an MPI communicator.  `mpi_comm` points to the
  * caller's MPI_Comm handle (e.g. &comm; mpi4py: MPI._addressof(comm)); its
  * size must be the world size, and this process is the rank of its
- * communicator rank.  MPI must be initialised with at least
+ * communicator rank (with the outer axes its group's communicator is split
+ * from it: see THE OUTER AXES).  MPI must be initialised with at least
  * MPI_THREAD_SERIALIZED.  COLLECTIVE over the communicator.  Errors:
  * CPC_E_UNSUPPORTED (libcpc built without MPI), CPC_E_USAGE (size
  * mismatch: every process fails alike), CPC_E_RUNTIME (MPI errors). */
@@ -109,7 +126,7 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
 cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
-/* The rank's flat index and the world size. */
+/* The rank's flat index (world rank) and the world size (C*T*R*U). */
 int cpc_rank_index(const cpc_rank *r);
 int cpc_rank_world_size(const cpc_rank *r);
 

@@ -84,7 +84,8 @@ void cpc_job_options_init(cpc_job_options *o);
  * plan YAML with n_sets "KEY=VALUE" overrides, compiled up to the proof.
  * *out: the job (free with cpc_job_close); warnings go to *diagnostics
  * (may be NULL; caller frees).  Errors (*out NULL): CPC_E_IO, CPC_E_PLAN
- * (rule violations with positions; CP060 for a training plan), CPC_E_INPUT
+ * (rule violations with positions; CP060 for a training plan that cannot
+ * train: a Lua schedule script, compiler/schedule_bwd.h), CPC_E_INPUT
  * (a malformed artifact), CPC_E_USAGE (--set on an artifact), CPC_E_NOMEM. */
 cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
                          cpc_status **diagnostics);
@@ -92,7 +93,9 @@ cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, 
 /* Frees a job.  NULL is ignored. */
 void cpc_job_close(cpc_job *job);
 
-/* The job's selected variant ("ring", ...) and mesh. */
+/* The job's selected variant ("ring", ...) and mesh.  The world size is
+ * C*T*R*U: with parallel.cfg_degree C x tp_degree T > 1, C*T groups of
+ * R x U ranks (SPEC section 1, "All four axes"). */
 const char *cpc_job_variant(const cpc_job *job);
 int cpc_job_ring_degree(const cpc_job *job);
 int cpc_job_ulysses_degree(const cpc_job *job);

@@ -40,6 +40,21 @@ for variant, image in (("ring", 64), ("ulysses", 64), ("ulysses_anything", 61),
             with cpc.LocalWorld(a) as w:
                 expect(np.array_equal(a.gather(outs), w(q, k, v)), f"{variant}: mpi != local")
 
+# the outer axes (cfg_degree / tp_degree = P, variant none): each process its batch
+# items or heads; each group's communicator is split from the caller's
+for axis, batch in (("cfg_degree", P), ("tp_degree", 1)):
+    a = cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16, "dtype": "fp32"},
+                     "input": {"batch": batch, "tokens": 40, "mask": "causal"},
+                     "cluster": {"world_size": P}, "parallel": {"variant": "none", axis: P}})
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((batch, 40, 4, 16)).astype(np.float32) for _ in range(3))
+    with cpc.Attention(a, comm=comm) as att:
+        out = att(a.shard(q, me), a.shard(k, me, "k"), a.shard(v, me, "v"))
+        outs = comm.gather(out, root=0)
+        if me == 0:
+            with cpc.LocalWorld(a) as w:
+                expect(np.array_equal(a.gather(outs), w(q, k, v)), f"{axis}: mpi != local")
+
 # a communicator of the wrong size: every process gets the same exception
 a = cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16},
                  "input": {"tokens": 16 * (P + 1)}, "cluster": {"world_size": P + 1},

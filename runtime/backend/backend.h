@@ -171,6 +171,14 @@ typedef struct cpc_backend_vtable {
      * when the backend has no backward kernel (training plans then refuse
      * to run on it). */
     cpc_status *(*attn_bwd)(cpc_backend *be, const cpc_attn_bwd_args *a);
+    /* Optional (NULL: the reducing all-to-all of a backward program refuses
+     * to run on the backend).  fp32 strided accumulate with copy_strided's
+     * geometry: dst[...] += src[...] (strides in floats).  Sums the partial
+     * dK/dV of K/V heads that several ulysses members hold (program.h
+     * all_to_all `reduce`).  dst and src must not overlap. */
+    cpc_status *(*add_strided)(cpc_backend *be, float *dst, const float *src, int64_t nb, int64_t nt,
+                               int64_t nh, int64_t inner, int64_t dbs, int64_t dts, int64_t dhs,
+                               int64_t sbs, int64_t sts, int64_t shs);
     /* Waits for queued work (CPU: no-op).  May be NULL. */
     cpc_status *(*sync)(cpc_backend *be);
     void (*destroy)(cpc_backend *be);
@@ -217,6 +225,16 @@ static inline cpc_status *cpc_backend_attn_bwd(cpc_backend *be, const cpc_attn_b
     if (!be->vt->attn_bwd)
         return cpc_error(CPC_E_UNSUPPORTED, "the %s backend has no attention backward", be->vt->name);
     return be->vt->attn_bwd(be, a);
+}
+static inline cpc_status *cpc_backend_add_strided(cpc_backend *be, float *dst, const float *src, int64_t nb,
+                                                  int64_t nt, int64_t nh, int64_t inner, int64_t dbs,
+                                                  int64_t dts, int64_t dhs, int64_t sbs, int64_t sts,
+                                                  int64_t shs)
+{
+    if (!be->vt->add_strided)
+        return cpc_error(CPC_E_UNSUPPORTED, "the %s backend has no fp32 accumulate (needed to sum the "
+                                            "dK/dV of K/V heads shared by ulysses members)", be->vt->name);
+    return be->vt->add_strided(be, dst, src, nb, nt, nh, inner, dbs, dts, dhs, sbs, sts, shs);
 }
 static inline cpc_status *cpc_backend_sync(cpc_backend *be)
 { return be->vt->sync ? be->vt->sync(be) : NULL; }

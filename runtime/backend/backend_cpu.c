@@ -622,6 +622,28 @@ static void cpu_destroy(cpc_backend *be)
     free(be);
 }
 
+static cpc_status *cpu_add_strided(cpc_backend *be, float *dst, const float *src, int64_t nb, int64_t nt,
+                                   int64_t nh, int64_t inner, int64_t dbs, int64_t dts, int64_t dhs,
+                                   int64_t sbs, int64_t sts, int64_t shs)
+{
+    (void)be;
+    if (nb < 0 || nt < 0 || nh < 0 || inner < 0)
+        return cpc_error(CPC_E_INTERNAL, "add_strided: bad sizes");
+    if (nb == 0 || nt == 0 || nh == 0 || inner == 0)
+        return NULL;
+    if (!dst || !src)
+        return cpc_error(CPC_E_INTERNAL, "add_strided: NULL buffer");
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t t = 0; t < nt; t++)
+            for (int64_t h = 0; h < nh; h++) {
+                float *d = dst + b * dbs + t * dts + h * dhs;
+                const float *s = src + b * sbs + t * sts + h * shs;
+                for (int64_t i = 0; i < inner; i++)
+                    d[i] += s[i];
+            }
+    return NULL;
+}
+
 static const cpc_backend_vtable cpu_vtable = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -635,6 +657,7 @@ static const cpc_backend_vtable cpu_vtable = {
     .convert = cpu_convert,
     .copy_strided = cpu_copy_strided,
     .attn_bwd = cpu_attn_bwd,
+    .add_strided = cpu_add_strided,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
 };

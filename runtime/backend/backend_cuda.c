@@ -15,6 +15,8 @@ typedef struct cuda_ctx {
     cudaStream_t compute;
     cudaLibrary_t libs[4];
     int n_libs;
+    cpc_backend_vtable vt;     /* this backend's methods: the optional ones its modules serve */
+    cudaKernel_t k_add_f32;    /* fp32 add_strided; NULL when the artifact predates it */
     cudaKernel_t k_copy, k_copy_f32, k_merge, k_init, k_from_f32, k_to_f32, k_attn_tc,
         k_attn_rowwarp, k_attn_mma;
     /* the backward (kernels/attention_bwd.cu); NULL when the artifact predates it */
@@ -737,6 +739,24 @@ static cpc_status *b_copy_strided(cpc_backend *be, void *dst, const void *src, s
     return launch(c, k, g, 1, 1, 128, 0, args, "copy_strided");
 }
 
+static cpc_status *b_add_strided(cpc_backend *be, float *dst, const float *src, int64_t nb,
+                                 int64_t nt, int64_t nh, int64_t inner, int64_t dbs, int64_t dts,
+                                 int64_t dhs, int64_t sbs, int64_t sts, int64_t shs)
+{
+    cuda_ctx *c = C(be);
+    if (nb < 0 || nt < 0 || nh < 0 || inner < 0)
+        return cpc_error(CPC_E_INTERNAL, "CUDA add_strided: bad sizes");
+    if (nb == 0 || nt == 0 || nh == 0 || inner == 0)
+        return NULL;
+    if (!dst || !src)
+        return cpc_error(CPC_E_INTERNAL, "CUDA add_strided: NULL buffer");
+    long long a0 = nb, a1 = nt, a2 = nh, a3 = inner, a4 = dbs, a5 = dts, a6 = dhs, a7 = sbs,
+              a8 = sts, a9 = shs;
+    void *args[] = {&dst, &src, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9};
+    return launch(c, c->k_add_f32, grid_for(nb * nt * nh * inner, 256, c->sm_count), 1, 1, 256, 0,
+                  args, "add_strided");
+}
+
 static cpc_status *b_sync(cpc_backend *be)
 {
     CK(cudaStreamSynchronize(C(be)->compute), "stream synchronize");
@@ -768,18 +788,17 @@ static void b_destroy(cpc_backend *be)
     free(be);
 }
 
-/* Two tables: cuda_vt_bwd when the artifact has the backward module
- * (attn_bwd set), cuda_vt otherwise (attn_bwd NULL: training refuses). */
-#define CUDA_VT_METHODS                                                                        \
-    .name = "cuda", .alloc = b_alloc, .free = b_free, .upload = b_upload,                      \
-    .download = b_download, .copy = b_copy, .attn = b_attn, .merge = b_merge,                  \
-    .init_acc = b_init_acc, .convert = b_convert, .copy_strided = b_copy_strided,              \
-    .sync = b_sync, .destroy = b_destroy
-static const cpc_backend_vtable cuda_vt = {CUDA_VT_METHODS};
-static const cpc_backend_vtable cuda_vt_bwd = {CUDA_VT_METHODS, .attn_bwd = b_attn_bwd};
-#undef CUDA_VT_METHODS
+/* The methods every CUDA backend has; each instance copies them into its
+ * context and adds the optional ones its kernel modules serve: attn_bwd with
+ * the backward module, add_strided with memory.cu's cpc_add_strided_f32
+ * (artifacts written before either lack them: training then refuses). */
+static const cpc_backend_vtable cuda_vt = {
+    .name = "cuda", .alloc = b_alloc, .free = b_free, .upload = b_upload,
+    .download = b_download, .copy = b_copy, .attn = b_attn, .merge = b_merge,
+    .init_acc = b_init_acc, .convert = b_convert, .copy_strided = b_copy_strided,
+    .sync = b_sync, .destroy = b_destroy};
 
-static bool is_cuda(const cpc_backend *be) { return be && (be->vt == &cuda_vt || be->vt == &cuda_vt_bwd); }
+static bool is_cuda(const cpc_backend *be) { return be && be->vt && be->vt->destroy == b_destroy; }
 
 static cpc_status *get_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *out, bool optional)
 {
@@ -812,7 +831,8 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
         free(c);
         return &cpc_status_oom;
     }
-    be->vt = &cuda_vt;
+    c->vt = cuda_vt;
+    be->vt = &c->vt;
     be->ctx = c;
     c->device = device;
     c->spec = *spec;
@@ -862,6 +882,7 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
             if (!st) st = get_kernel(lib, "cpc_init_acc", &c->k_init, false);
             if (!st) st = get_kernel(lib, "cpc_convert_from_f32", &c->k_from_f32, false);
             if (!st) st = get_kernel(lib, "cpc_convert_to_f32", &c->k_to_f32, false);
+            if (!st) st = get_kernel(lib, "cpc_add_strided_f32", &c->k_add_f32, true);
         } else if (strcmp(kernels[i].name, "attention") == 0) {
             if (!st) st = get_kernel(lib, "cpc_flash_attn_mma", &c->k_attn_mma, true);
             if (!st) st = get_kernel(lib, "cpc_flash_attn_tc", &c->k_attn_tc, true);
@@ -899,7 +920,9 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
         return st;
     }
     if (c->k_bwd_dkdv)
-        be->vt = &cuda_vt_bwd; /* the backward module is loaded: attn_bwd */
+        c->vt.attn_bwd = b_attn_bwd; /* the backward module is loaded */
+    if (c->k_add_f32)
+        c->vt.add_strided = b_add_strided;
     *out = be;
     return NULL;
 }

@@ -40,8 +40,13 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r)
             r->causal ? ", causal" : "");
     if (r->Skv != r->S)
         fprintf(out, "             cross-attention: %lld key/value tokens\n", (long long)r->Skv);
-    fprintf(out, "variant:     %s, mesh %d x %d (ring x ulysses), %d rank%s\n", r->variant,
-            r->ring_degree, r->ulysses_degree, r->ranks, r->ranks == 1 ? "" : "s");
+    if (r->cfg_degree * r->tp_degree > 1)
+        fprintf(out, "variant:     %s, mesh %d x %d x %d x %d (cfg x tp x ring x ulysses: %d groups of %d x %d), "
+                     "%d rank%s\n", r->variant, r->cfg_degree, r->tp_degree, r->ring_degree, r->ulysses_degree,
+                r->cfg_degree * r->tp_degree, r->ring_degree, r->ulysses_degree, r->ranks, r->ranks == 1 ? "" : "s");
+    else
+        fprintf(out, "variant:     %s, mesh %d x %d (ring x ulysses), %d rank%s\n", r->variant,
+                r->ring_degree, r->ulysses_degree, r->ranks, r->ranks == 1 ? "" : "s");
     fprintf(out, "backend:     %s (attention %s), transport %s\n", r->backend, r->attention,
             r->transport);
     fprintf(out, "input:       %s\n", r->input);
@@ -117,6 +122,10 @@ char *cpc_report_json(const cpc_run_report *r)
     cJSON_AddStringToObject(o, "variant", r->variant);
     cJSON_AddNumberToObject(o, "ring_degree", r->ring_degree);
     cJSON_AddNumberToObject(o, "ulysses_degree", r->ulysses_degree);
+    if (r->cfg_degree * r->tp_degree > 1) {
+        cJSON_AddNumberToObject(o, "cfg_degree", r->cfg_degree);
+        cJSON_AddNumberToObject(o, "tp_degree", r->tp_degree);
+    }
     cJSON_AddNumberToObject(o, "ranks", r->ranks);
     cJSON_AddStringToObject(o, "backend", r->backend);
     cJSON_AddStringToObject(o, "transport", r->transport);

@@ -6,7 +6,8 @@
  *   {"ok", "variant", "ring_degree", "ulysses_degree", "ranks", "backend",
  *    "transport", "attention", "ms_per_iter", "tflops", "bytes_sent_per_rank",
  *    "peak_memory_bytes_per_rank", "check": {"max_abs_err", "rel_err", "pass"}
- *    or null}
+ *    or null}, and with cfg_degree x tp_degree > 1 also "cfg_degree" and
+ *    "tp_degree" (after "ulysses_degree"; "ranks" is then C*T*R*U)
  * bytes_sent_per_rank and peak_memory_bytes_per_rank are the maximum over
  * ranks (as cpc's `predicted` figures), bytes per iteration (one layer).
  * peak_memory_bytes_per_rank is what the executor allocates (buffers and
@@ -34,6 +35,7 @@ typedef struct cpc_run_report {
     char plan_name[128];
     char variant[32];
     int ring_degree, ulysses_degree, ranks;
+    int cfg_degree, tp_degree;      /* the outer axes (placement.h); 0 or 1: none */
     char backend[16], transport[16];
     char attention[320];            /* what served the blocks: "cpu", "cudnn", "nvrtc",
                                        "cudnn+nvrtc fallback (N of M blocks: reason)" */

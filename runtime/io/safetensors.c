@@ -469,8 +469,9 @@ static cpc_status *overflow_error(const cpc_st_file *f, const cpc_st_tensor *t, 
     return st;
 }
 
-cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const cpc_run *runs,
-                             int n_runs, cpc_dtype dtype, void *dst)
+cpc_status *cpc_st_read_box(const cpc_st_file *f, const cpc_st_tensor *t, int64_t b0, int64_t nb,
+                            int64_t col0, int64_t ncol, const cpc_run *runs, int n_runs,
+                            cpc_dtype dtype, void *dst)
 {
     if (t->dtype != CPC_ST_F32 && t->dtype != CPC_ST_F16 && t->dtype != CPC_ST_BF16)
         return cpc_error(CPC_E_INPUT, "%s: tensor '%s': dtype %s is not a float type", f->path,
@@ -481,6 +482,10 @@ cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const
     int64_t B = t->shape[0], S = t->shape[1], row = 1;
     for (int i = 2; i < t->ndim; i++)
         row *= t->shape[i];
+    if (b0 < 0 || nb < 0 || b0 + nb > B || col0 < 0 || ncol < 0 || col0 + ncol > row)
+        return cpc_error(CPC_E_INPUT, "%s: tensor '%s': batch [%lld, %lld), row elements [%lld, %lld) outside "
+                         "[0, %lld) x [0, %lld)", f->path, t->name, (long long)b0, (long long)(b0 + nb),
+                         (long long)col0, (long long)(col0 + ncol), (long long)B, (long long)row);
     int64_t T = 0;
     for (int i = 0; i < n_runs; i++) {
         if (runs[i].start < 0 || runs[i].len < 0 || runs[i].start + runs[i].len > S)
@@ -503,22 +508,28 @@ cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const
     cpc_status *st = NULL;
     char what[128];
     snprintf(what, sizeof what, "tensor '%s'", t->name);
-    for (int64_t b = 0; b < B && !st; b++) {
+    /* whole rows: one stretch per run; a column box: one stretch per token */
+    bool whole = col0 == 0 && ncol == row;
+    for (int64_t b = 0; b < nb && !st; b++) {
         int64_t tok = 0;
         for (int i = 0; i < n_runs && !st; i++) {
-            int64_t n = runs[i].len * row;
-            uint64_t off = t->offset + (uint64_t)((b * S + runs[i].start) * row) * (uint64_t)fes;
-            char *d = (char *)dst + ((b * T + tok) * row) * des;
-            if (same) {
-                st = pread_all(f, d, (size_t)(n * fes), off, what);
-            } else {
-                for (int64_t k = 0; k < n && !st; k += chunk_elems) {
-                    int64_t m = n - k < chunk_elems ? n - k : chunk_elems;
-                    st = pread_all(f, tmp, (size_t)(m * fes), off + (uint64_t)(k * fes), what);
-                    for (int64_t j = 0; j < m && !st; j++) {
-                        float xv = load_f(t->dtype, tmp, j);
-                        if (!store_f(dtype, d, k + j, xv))
-                            st = overflow_error(f, t, (b * S + runs[i].start) * row + k + j, xv, dtype);
+            int64_t pieces = whole ? 1 : runs[i].len, len = whole ? runs[i].len * ncol : ncol;
+            for (int64_t pc = 0; pc < pieces && !st; pc++) {
+                int64_t n = len;
+                int64_t gfirst = ((b0 + b) * S + runs[i].start + pc) * row + col0; /* global element */
+                uint64_t off = t->offset + (uint64_t)gfirst * (uint64_t)fes;
+                char *d = (char *)dst + ((b * T + tok + pc) * ncol) * des;
+                if (same) {
+                    st = pread_all(f, d, (size_t)(n * fes), off, what);
+                } else {
+                    for (int64_t k = 0; k < n && !st; k += chunk_elems) {
+                        int64_t m = n - k < chunk_elems ? n - k : chunk_elems;
+                        st = pread_all(f, tmp, (size_t)(m * fes), off + (uint64_t)(k * fes), what);
+                        for (int64_t j = 0; j < m && !st; j++) {
+                            float xv = load_f(t->dtype, tmp, j);
+                            if (!store_f(dtype, d, k + j, xv))
+                                st = overflow_error(f, t, gfirst + k + j, xv, dtype);
+                        }
                     }
                 }
             }
@@ -527,6 +538,18 @@ cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const
     }
     free(tmp);
     return st;
+}
+
+cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const cpc_run *runs,
+                             int n_runs, cpc_dtype dtype, void *dst)
+{
+    if (t->ndim < 2)
+        return cpc_error(CPC_E_INPUT, "%s: tensor '%s' needs at least 2 dimensions", f->path,
+                         t->name);
+    int64_t row = 1;
+    for (int i = 2; i < t->ndim; i++)
+        row *= t->shape[i];
+    return cpc_st_read_box(f, t, 0, t->shape[0], 0, row, runs, n_runs, dtype, dst);
 }
 
 cpc_status *cpc_st_read_mask(const cpc_st_file *f, const cpc_st_tensor *t, uint8_t *dst)

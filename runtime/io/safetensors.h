@@ -82,6 +82,14 @@ cpc_status *cpc_st_expect(const cpc_st_file *f, const char *name, int ndim, cons
  * CPC_E_IO (read error), CPC_E_NOMEM. */
 cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const cpc_run *runs,
                              int n_runs, cpc_dtype dtype, void *dst);
+/* The same for a box (the outer axes, placement.h): batch items [b0, b0 +
+ * nb) and, of each token row, elements [col0, col0 + ncol) (heads
+ * [h0, h0 + nh) of a BSHD tensor: col0 = h0*D, ncol = nh*D); dst is
+ * [nb, T, ncol].  cpc_st_read_runs is the box of every batch item and the
+ * whole row.  Errors as above, also for a box outside the tensor. */
+cpc_status *cpc_st_read_box(const cpc_st_file *f, const cpc_st_tensor *t, int64_t b0, int64_t nb,
+                            int64_t col0, int64_t ncol, const cpc_run *runs, int n_runs,
+                            cpc_dtype dtype, void *dst);
 
 /* Reads a U8/BOOL tensor whole into dst (nbytes bytes), each element
  * normalised to 0/1.  Errors as above. */

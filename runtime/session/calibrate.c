@@ -1,6 +1,7 @@
 /* calibrate.c - see calibrate.h */
 #include "calibrate.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -13,6 +14,8 @@
 #include "backend.h"
 #include "dtype.h"
 #include "executor.h"
+#include "plan_load.h"
+#include "schedule.h"
 #include "rng.h"
 #include "transport_local.h"
 
@@ -34,12 +37,17 @@ typedef struct cal_sizes {
     size_t p2p_big;     /* bytes of the large ping-pong message */
     int p2p_small_reps; /* round trips of the small message */
     size_t coll_bytes;  /* collectives: bytes per member pair */
+    int D_narrow;       /* the narrow block: S x S tokens, H heads, this head_dim (the
+                           softmax's share grows as head_dim shrinks) */
+    int gemm_m, gemm_k, gemm_n; /* the dense GEMM: [m tokens, k] x [k, n], fp32 */
 } cal_sizes;
 
 /* The big block lasts ~30 ms on one core (~8 ms --quick): several scheduler
  * time slices, so that the ranks running it at once really share the cores. */
-static const cal_sizes full_sizes = {1024, 8, 128, 128, 32, 9, 1024, 8, 0.05, 8u << 20, 200, 1u << 20};
-static const cal_sizes quick_sizes = {1024, 2, 128, 128, 8, 3, 256, 8, 0.01, 1u << 20, 50, 128u << 10};
+static const cal_sizes full_sizes = {1024, 8, 128, 128, 32, 9, 1024, 8, 0.05, 8u << 20, 200, 1u << 20,
+                                     16, 512, 1024, 1024};
+static const cal_sizes quick_sizes = {1024, 2, 128, 128, 8, 3, 256, 8, 0.01, 1u << 20, 50, 128u << 10,
+                                      16, 256, 512, 512};
 
 /* Tags of the calibration's point-to-point messages. */
 enum { TAG_PING = 7101, TAG_PONG = 7102 };
@@ -145,31 +153,36 @@ static double block_bytes(const attn_block *b)
            (double)b->a.sq * b->a.hq * (b->a.d + 1) * 4.0;
 }
 
-/* Median CPU time (ms) of `reps` calls of blocks a and b, alternately, after
- * one untimed warm-up call of each. */
-static cpc_status *time_attn_pair(cpc_backend *be, attn_block *a, attn_block *b, int reps,
-                                  double *ms_a, double *ms_b)
+/* Median CPU time (ms) of `reps` calls of each of the n blocks, alternately
+ * (so that all see the same conditions), after one untimed warm-up call of
+ * each. */
+static cpc_status *time_attn_blocks(cpc_backend *be, attn_block *const *blk, int n, int reps, double *ms)
 {
-    double ta[64], tb[64];
+    double t[4][64];
     if (reps > 64)
         reps = 64;
-    cpc_status *st = cpc_backend_attn(be, &a->a);
-    if (!st)
-        st = cpc_backend_attn(be, &b->a);
-    for (int i = 0; i < reps && !st; i++) {
-        double t0 = cpu_ms();
-        st = cpc_backend_attn(be, &a->a);
-        double t1 = cpu_ms();
-        if (!st)
-            st = cpc_backend_attn(be, &b->a);
-        ta[i] = t1 - t0;
-        tb[i] = cpu_ms() - t1;
-    }
+    if (n > 4)
+        n = 4;
+    cpc_status *st = NULL;
+    for (int b = 0; b < n && !st; b++)
+        st = cpc_backend_attn(be, &blk[b]->a);
+    for (int i = 0; i < reps && !st; i++)
+        for (int b = 0; b < n && !st; b++) {
+            double t0 = cpu_ms();
+            st = cpc_backend_attn(be, &blk[b]->a);
+            t[b][i] = cpu_ms() - t0;
+        }
     if (st)
         return st;
-    *ms_a = median(ta, reps);
-    *ms_b = median(tb, reps);
+    for (int b = 0; b < n; b++)
+        ms[b] = median(t[b], reps);
     return NULL;
+}
+
+/* Score elements of a block (B x sq x skv x heads): the softmax's work. */
+static double block_scores(const attn_block *b)
+{
+    return (double)b->a.sq * (double)b->a.skv * b->a.hq;
 }
 
 /* Fits t = flops / rate + bytes / io over a big and a small block (times in
@@ -190,6 +203,134 @@ static void fit_attn(const attn_block *big, double t_big, const attn_block *smal
     }
     *gflops = 1.0 / x / 1e9;
     *io_gbps = y > 0 ? 1.0 / y / 1e9 : 0;
+}
+
+/* Fits t = flops / rate + bytes / io + scores / softmax over three blocks
+ * (big, small, narrow; times in ms) by Cramer's rule: *gflops, *io_gbps,
+ * *softmax_gps (G score elements per second).  When noise makes a term
+ * non-positive, falls back to fit_attn over the big and small blocks
+ * (softmax 0). */
+static void fit_attn3(attn_block *const *blk, const double *t_ms, double *gflops, double *io_gbps,
+                      double *softmax_gps)
+{
+    double A[3][3], t[3];
+    for (int i = 0; i < 3; i++) {
+        A[i][0] = block_flops(blk[i]);
+        A[i][1] = block_bytes(blk[i]);
+        A[i][2] = block_scores(blk[i]);
+        t[i] = t_ms[i] * 1e-3;
+    }
+#define DET3(m) ((m)[0][0] * ((m)[1][1] * (m)[2][2] - (m)[1][2] * (m)[2][1]) -               \
+                 (m)[0][1] * ((m)[1][0] * (m)[2][2] - (m)[1][2] * (m)[2][0]) +               \
+                 (m)[0][2] * ((m)[1][0] * (m)[2][1] - (m)[1][1] * (m)[2][0]))
+    double det = DET3(A), sol[3];
+    for (int c = 0; c < 3; c++) {
+        double M[3][3];
+        memcpy(M, A, sizeof M);
+        for (int i = 0; i < 3; i++)
+            M[i][c] = t[i];
+        sol[c] = det != 0 ? DET3(M) / det : 0;
+    }
+#undef DET3
+    if (sol[0] > 0 && sol[1] > 0 && sol[2] > 0) {
+        *gflops = 1.0 / sol[0] / 1e9;
+        *io_gbps = 1.0 / sol[1] / 1e9;
+        *softmax_gps = 1.0 / sol[2] / 1e9;
+        return;
+    }
+    fit_attn(blk[0], t_ms[0], blk[1], t_ms[1], gflops, io_gbps);
+    *softmax_gps = 0;
+}
+
+/* Median CPU time (ms) of an OpenBLAS SGEMM [m, k] x [k, n] (one thread, as
+ * in a rank), and its rate in GFLOP/s per CPU second. */
+static cpc_status *time_gemm(const cal_sizes *z, double *ms, double *gflops)
+{
+    size_t m = (size_t)z->gemm_m, k = (size_t)z->gemm_k, n = (size_t)z->gemm_n;
+    float *a = malloc(m * k * sizeof(float)), *b = malloc(k * n * sizeof(float));
+    float *c = malloc(m * n * sizeof(float));
+    if (!a || !b || !c) {
+        free(a), free(b), free(c);
+        return cpc_error(CPC_E_NOMEM, "calibrate: out of memory for the GEMM");
+    }
+    cpc_rng_fill(a, CPC_DTYPE_FP32, 3, CPC_RNG_Q, 0, (int64_t)(m * k));
+    cpc_rng_fill(b, CPC_DTYPE_FP32, 3, CPC_RNG_K, 0, (int64_t)(k * n));
+    double t[64];
+    int reps = z->reps < 64 ? z->reps : 64;
+    for (int i = -1; i < reps; i++) { /* i = -1: warm-up */
+        double t0 = cpu_ms();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b,
+                    (int)n, 0.0f, c, (int)n);
+        if (i >= 0)
+            t[i] = cpu_ms() - t0;
+    }
+    *ms = median(t, reps);
+    *gflops = *ms > 0 ? 2.0 * (double)m * (double)n * (double)k / (*ms * 1e-3) / 1e9 : 0;
+    free(a), free(b), free(c);
+    return NULL;
+}
+
+/* The executor's own cost per op (what cprun pays per op beyond its work):
+ * a one-rank program of the smallest shape (variant none, one token, one
+ * head, head_dim D) run `runs` times through the executor with the CPU
+ * backend; *us = median CPU time per run / ops executed per run. */
+static cpc_status *time_executor(const cal_sizes *z, cpc_backend *be, int runs, double *us, int *ops)
+{
+    char text[256];
+    snprintf(text, sizeof text,
+             "version: 1\nmodel: {heads: 1, head_dim: %d, dtype: bf16}\ninput: {tokens: 1}\n"
+             "cluster: {world_size: 1, device: cpu}\nparallel: {variant: none}\n",
+             z->D);
+    cpc_plan *plan = NULL;
+    cpc_program *prog = NULL;
+    cpc_exec *ex = NULL, *ex_ev = NULL;
+    void *in[3] = {NULL, NULL, NULL};
+    double t[64];
+    if (runs > 64)
+        runs = 64;
+    cpc_status *st = cpc_plan_load_string(text, strlen(text), "calibrate.yaml", NULL, 0, &plan);
+    if (!cpc_status_has_error(st)) {
+        cpc_status_free(st);
+        st = cpc_schedule_build(plan, CPC_VARIANT_NONE, 1, 1, &prog);
+    }
+    cpc_exec_config cfg = {.prog = prog, .rank = 0, .backend = be, .transport = NULL, .scale = 0,
+                           .kv_mask = NULL, .record_events = false};
+    cpc_exec_config cfg_ev = cfg;
+    cfg_ev.record_events = true;
+    if (!st && !(st = cpc_exec_create(&cfg, &ex)))
+        st = cpc_exec_create(&cfg_ev, &ex_ev);
+    const cpc_buf_role roles[3] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V};
+    for (int r = 0; r < 3 && !st; r++) {
+        size_t n = cpc_exec_input_bytes(ex, roles[r]);
+        if (!(in[r] = calloc(n > 0 ? n : 1, 1)))
+            st = cpc_error(CPC_E_NOMEM, "calibrate: out of memory");
+        else if (!(st = cpc_exec_bind_input(ex, roles[r], in[r], n)))
+            st = cpc_exec_bind_input(ex_ev, roles[r], in[r], n);
+    }
+    cpc_exec_stats s;
+    if (!st && !(st = cpc_exec_reset(ex_ev)) && !(st = cpc_exec_run(ex_ev, &s)))
+        *ops = s.n_events;
+    for (int i = -1; i < runs && !st; i++) { /* i = -1: warm-up */
+        if ((st = cpc_exec_reset(ex)))
+            break;
+        double t0 = cpu_ms();
+        st = cpc_exec_run(ex, NULL);
+        if (i >= 0)
+            t[i] = cpu_ms() - t0;
+    }
+    if (!st)
+        *us = *ops > 0 ? median(t, runs) * 1e3 / *ops : 0;
+    if (ex)
+        cpc_exec_destroy(ex);
+    if (ex_ev)
+        cpc_exec_destroy(ex_ev);
+    for (int r = 0; r < 3; r++)
+        free(in[r]);
+    cpc_program_free(prog);
+    cpc_plan_free(plan);
+    if (st)
+        cpc_status_prefix(st, "calibrate: the executor's cost per op");
+    return st;
 }
 
 /* ---- single-rank measurements ------------------------------------------------------ */
@@ -286,33 +427,44 @@ out:
 static cpc_status *single_rank(const cal_sizes *z, FILE *log, cpc_calibration *c)
 {
     cpc_backend *be = NULL;
-    attn_block blk[4] = {{0}}, tiny = {0};
+    attn_block blk[6] = {{0}}, tiny = {0};
     float *m_acc = NULL;
     cpc_status *st = cpc_cpu_backend_create(&be);
     if (st)
         return st;
-    /* attention: a big and a small block per dtype (same bytes, 8x fewer FLOPs) */
+    /* attention: a big, a small (same bytes, 8x fewer FLOPs) and a narrow
+     * block (the big one's scores at head_dim D_narrow) per dtype */
     for (int d = 0; d < 2 && !st; d++) {
         cpc_dtype dt = d == 0 ? CPC_DTYPE_BF16 : CPC_DTYPE_FP32;
-        if (!(st = block_make(&blk[2 * d], z->S, z->S, z->H, z->D, dt)))
-            st = block_make(&blk[2 * d + 1], z->S_small, z->S_small, z->H_small, z->D, dt);
+        if (!(st = block_make(&blk[3 * d], z->S, z->S, z->H, z->D, dt)) &&
+            !(st = block_make(&blk[3 * d + 1], z->S_small, z->S_small, z->H_small, z->D, dt)))
+            st = block_make(&blk[3 * d + 2], z->S, z->S, z->H, z->D_narrow, dt);
     }
     if (st || (st = block_make(&tiny, 1, 1, 1, z->D, CPC_DTYPE_BF16)))
         goto out;
     for (int d = 0; d < 2; d++) {
-        double *big = d == 0 ? &c->attn_cpu_ms_bf16 : &c->attn_cpu_ms_fp32;
-        double *small = d == 0 ? &c->attn_small_cpu_ms_bf16 : &c->attn_small_cpu_ms_fp32;
-        if ((st = time_attn_pair(be, &blk[2 * d], &blk[2 * d + 1], z->reps, big, small)))
+        double ms[3];
+        attn_block *three[3] = {&blk[3 * d], &blk[3 * d + 1], &blk[3 * d + 2]};
+        if ((st = time_attn_blocks(be, three, 3, z->reps, ms)))
             goto out;
-        fit_attn(&blk[2 * d], *big, &blk[2 * d + 1], *small,
-                 d == 0 ? &c->attn_gflops_bf16 : &c->attn_gflops_fp32,
-                 d == 0 ? &c->attn_io_gbps_bf16 : &c->attn_io_gbps_fp32);
-        logf_(log, "attention %s, one rank, CPU time: %lldx%lld x %d heads x D %d %.2f ms, %lldx%lld x %d heads %.2f ms -> %.2f GFLOP/s + IO at %.2f GB/s",
-              d == 0 ? "bf16" : "fp32", (long long)z->S, (long long)z->S, z->H, z->D, *big,
-              (long long)z->S_small, (long long)z->S_small, z->H_small, *small,
+        *(d == 0 ? &c->attn_cpu_ms_bf16 : &c->attn_cpu_ms_fp32) = ms[0];
+        *(d == 0 ? &c->attn_small_cpu_ms_bf16 : &c->attn_small_cpu_ms_fp32) = ms[1];
+        *(d == 0 ? &c->attn_narrow_cpu_ms_bf16 : &c->attn_narrow_cpu_ms_fp32) = ms[2];
+        fit_attn3(three, ms, d == 0 ? &c->attn_gflops_bf16 : &c->attn_gflops_fp32,
+                  d == 0 ? &c->attn_io_gbps_bf16 : &c->attn_io_gbps_fp32,
+                  d == 0 ? &c->attn_softmax_gps_bf16 : &c->attn_softmax_gps_fp32);
+        logf_(log, "attention %s, one rank, CPU time: %lldx%lld x %d heads x D %d %.2f ms, %lldx%lld x %d heads %.2f ms, "
+                   "D %d %.2f ms -> %.2f GFLOP/s + IO at %.2f GB/s + softmax at %.3f G scores/s",
+              d == 0 ? "bf16" : "fp32", (long long)z->S, (long long)z->S, z->H, z->D, ms[0],
+              (long long)z->S_small, (long long)z->S_small, z->H_small, ms[1], z->D_narrow, ms[2],
               d == 0 ? c->attn_gflops_bf16 : c->attn_gflops_fp32,
-              d == 0 ? c->attn_io_gbps_bf16 : c->attn_io_gbps_fp32);
+              d == 0 ? c->attn_io_gbps_bf16 : c->attn_io_gbps_fp32,
+              d == 0 ? c->attn_softmax_gps_bf16 : c->attn_softmax_gps_fp32);
     }
+    if ((st = time_gemm(z, &c->gemm_cpu_ms, &c->gemm_gflops)))
+        goto out;
+    logf_(log, "dense GEMM (OpenBLAS SGEMM, one thread), CPU time: [%d x %d] x [%d x %d] %.2f ms -> %.2f GFLOP/s",
+          z->gemm_m, z->gemm_k, z->gemm_k, z->gemm_n, c->gemm_cpu_ms, c->gemm_gflops);
     m_acc = malloc(4 * (size_t)z->D * sizeof(float));
     if (!m_acc) {
         st = cpc_error(CPC_E_NOMEM, "calibrate: out of memory");
@@ -326,8 +478,11 @@ static cpc_status *single_rank(const cal_sizes *z, FILE *log, cpc_calibration *c
     if ((st = time_tiny(be, &tiny, NULL, false, 7, 200, &c->tiny_attn_us)) ||
         (st = time_tiny(be, NULL, &m, true, 7, 200, &c->tiny_merge_us)))
         goto out;
-    logf_(log, "fixed cost per op, CPU time: minimal attn %.2f us, minimal merge %.2f us",
-          c->tiny_attn_us, c->tiny_merge_us);
+    if ((st = time_executor(z, be, 31, &c->exec_op_us, &c->exec_ops)))
+        goto out;
+    logf_(log, "fixed cost per op, CPU time: minimal attn %.2f us, minimal merge %.2f us; through the "
+               "executor (a one-token program of %d ops): %.2f us per op",
+          c->tiny_attn_us, c->tiny_merge_us, c->exec_ops, c->exec_op_us);
     if ((st = time_mem(be, MEM_MERGE, z, &c->merge_gbps)) ||
         (st = time_mem(be, MEM_CONVERT, z, &c->convert_gbps)) ||
         (st = time_mem(be, MEM_STRIDED, z, &c->strided_gbps)))
@@ -337,7 +492,7 @@ static cpc_status *single_rank(const cal_sizes *z, FILE *log, cpc_calibration *c
           c->strided_gbps);
 out:
     free(m_acc);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         block_free(&blk[i]);
     block_free(&tiny);
     cpc_backend_destroy(be);
@@ -618,8 +773,16 @@ static void build_profile(const cal_ctx *x, cpc_calibration *c)
     d->attn_tflops = c->attn_gflops_bf16 * 1e-3 / w;
     d->attn_tflops_fp32 = c->attn_gflops_fp32 * 1e-3 / w;
     d->attn_io_gbps = c->attn_io_gbps_bf16 / w;
+    d->attn_softmax_gps = c->attn_softmax_gps_bf16 / w;
+    /* the dense work of a whole step (model.parameters) at the SGEMM rate;
+     * on a CPU the host is the device: no separate host time */
+    d->gemm_tflops = c->gemm_gflops * 1e-3 / w;
+    d->host_layer_us = 0;
+    d->host_op_us = 0;
     d->mem_gbps = 3.0 / (1.0 / c->merge_gbps + 1.0 / c->convert_gbps + 1.0 / c->strided_gbps) / w;
-    d->op_overhead_us = 0.5 * (c->tiny_attn_us + c->tiny_merge_us) * w;
+    /* what every op pays: the executor's cost per op (its dispatch and the
+     * smallest backend calls), else the smallest calls alone */
+    d->op_overhead_us = (c->exec_op_us > 0 ? c->exec_op_us : 0.5 * (c->tiny_attn_us + c->tiny_merge_us)) * w;
     d->ranks_per_core = share;
     d->cores = P / share;
 

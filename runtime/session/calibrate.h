@@ -18,8 +18,28 @@
  *     cost.c charges them): the CPU kernel widens and gathers every block, so
  *     a ring's many small blocks cost more per FLOP than one big block.  When
  *     noise makes a term negative, io is left 0 (the rate takes it all).
- *   - op_overhead_us: a minimal attn and a minimal merge call (one row, one
- *     key): what every compute op pays whatever its size.
+ *   - attn_softmax_gps: a third, narrow block (the big one at head_dim 16)
+ *     joins the fit, time = FLOPs / rate + bytes / io + scores / softmax
+ *     (scores = sq x skv x heads): the kernel's max, exp and sums cost the
+ *     same per score whatever head_dim, so at head_dim 8 they are most of
+ *     its time and at 128 about a fifth; a plan priced at the head_dim-128
+ *     FLOP rate alone was 2-4x optimistic at head_dim 8-16 (measured on
+ *     this project's machines: 1.6 ns per score + 0.054 ns per score and
+ *     unit of head_dim, CPU time).  When noise makes a term non-positive,
+ *     the two-block fit above is kept (softmax 0).
+ *   - gemm_tflops: an OpenBLAS SGEMM of a transformer block's shape
+ *     ([512 tokens x 1024] x [1024 x 1024]; --quick: 256 x 512 x 512), one
+ *     thread as in a rank: the rate of the whole step's dense work
+ *     (model.parameters, cost.h WHOLE STEP).  host_layer_us and host_op_us
+ *     are 0: on a CPU the ranks issue their own work, there is no separate
+ *     host to wait for; what each op costs beyond its work is op_overhead_us
+ *     (below).
+ *   - op_overhead_us: what every compute op pays whatever its size: the
+ *     executor's CPU time per op running a one-rank program of the smallest
+ *     shape (variant none, one token, one head: init_acc, attn, copy ...
+ *     through cpc_exec_run, as cprun runs them); the minimal attn and merge
+ *     calls alone (one row, one key) are logged beside it (and used if the
+ *     executor's figure is missing).
  *   - mem_gbps: the memory-bound ops merge, convert (fp32 -> bf16, the final
  *     `copy acc -> out`) and copy_strided (an all-to-all head pack) on 4 MiB
  *     buffers (--quick: 1 MiB), each in the bytes the cost model charges for
@@ -91,6 +111,14 @@ typedef struct cpc_calibration {
     double attn_cpu_ms_bf16, attn_small_cpu_ms_bf16, attn_cpu_ms_fp32, attn_small_cpu_ms_fp32;
     double attn_gflops_bf16, attn_gflops_fp32;   /* fitted, per CPU second */
     double attn_io_gbps_bf16, attn_io_gbps_fp32; /* fitted, per CPU second (0: no fit) */
+    /* (added for the softmax term and the whole step; at the end of the
+     * per-rank figures) */
+    double attn_narrow_cpu_ms_bf16, attn_narrow_cpu_ms_fp32; /* the narrow block, CPU time */
+    double attn_softmax_gps_bf16, attn_softmax_gps_fp32;     /* fitted, G scores per CPU second
+                                                                (0: no fit) */
+    double gemm_cpu_ms, gemm_gflops;  /* the SGEMM: CPU time (ms), GFLOP/s per CPU second */
+    double exec_op_us;                /* the executor's CPU time per op (a one-token program) */
+    int exec_ops;                     /*   and the ops that program runs */
     double attn_ms_bf16;         /* the big bf16 block, one rank alone, wall time */
     double wall_factor;          /* its wall time / its CPU time (>= 1) */
     double attn_shared_ms;       /* the slowest of P ranks running it at once, wall time */

@@ -63,21 +63,33 @@ void cpc_rng_fill(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, ui
         store(dst, dtype, i, cpc_rng_normal(seed, stream, first + (uint64_t)i));
 }
 
-void cpc_rng_fill_runs(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, int B,
-                       int64_t S, int64_t H, int64_t D, const cpc_run *runs, int n_runs)
+void cpc_rng_fill_box(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, int64_t S,
+                      int64_t H, int64_t D, int64_t b0, int64_t nb, int64_t h0, int64_t nh,
+                      const cpc_run *runs, int n_runs)
 {
-    int64_t row = H * D;
+    int64_t row = H * D, srow = nh * D;
     int esize = cpc_dtype_size(dtype);
     int64_t T = 0;
     for (int i = 0; i < n_runs; i++)
         T += runs[i].len;
-    for (int b = 0; b < B; b++) {
+    for (int64_t b = 0; b < nb; b++) {
         int64_t t = 0;
         for (int i = 0; i < n_runs; i++) {
-            char *d = (char *)dst + (((int64_t)b * T + t) * row) * esize;
-            uint64_t first = (uint64_t)(((int64_t)b * S + runs[i].start) * row);
-            cpc_rng_fill(d, dtype, seed, stream, first, runs[i].len * row);
+            char *d = (char *)dst + ((b * T + t) * srow) * esize;
+            uint64_t first = (uint64_t)(((b0 + b) * S + runs[i].start) * row + h0 * D);
+            if (srow == row) { /* whole rows: one stretch per run */
+                cpc_rng_fill(d, dtype, seed, stream, first, runs[i].len * row);
+            } else {
+                for (int64_t k = 0; k < runs[i].len; k++)
+                    cpc_rng_fill(d + k * srow * esize, dtype, seed, stream, first + (uint64_t)(k * row), srow);
+            }
             t += runs[i].len;
         }
     }
+}
+
+void cpc_rng_fill_runs(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, int B,
+                       int64_t S, int64_t H, int64_t D, const cpc_run *runs, int n_runs)
+{
+    cpc_rng_fill_box(dst, dtype, seed, stream, S, H, D, 0, B, 0, H, runs, n_runs);
 }

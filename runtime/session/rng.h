@@ -37,4 +37,14 @@ void cpc_rng_fill(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, ui
 void cpc_rng_fill_runs(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, int B,
                        int64_t S, int64_t H, int64_t D, const cpc_run *runs, int n_runs);
 
+/* The same for a box of the global tensor [*, S, H, D] (the outer axes,
+ * placement.h): dst is [nb, T, nh, D] holding batch items [b0, b0 + nb),
+ * the tokens of `runs` and heads [h0, h0 + nh); every element is the one
+ * the global tensor holds at that index (Philox counter = its global
+ * index), whoever makes it.  cpc_rng_fill_runs is the box b0 = 0, nb = B,
+ * h0 = 0, nh = H. */
+void cpc_rng_fill_box(void *dst, cpc_dtype dtype, uint64_t seed, uint32_t stream, int64_t S,
+                      int64_t H, int64_t D, int64_t b0, int64_t nb, int64_t h0, int64_t nh,
+                      const cpc_run *runs, int n_runs);
+
 #endif

@@ -20,6 +20,7 @@
 #include "dtype.h"
 #include "executor.h"
 #include "memlimit.h"
+#include "placement.h"
 #include "reference.h"
 #include "rng.h"
 #include "safetensors.h"
@@ -103,6 +104,17 @@ static bool has_error(const cpc_status *st)
     return cpc_status_has_error(st);
 }
 
+/* The plan the job's programs are laid out on: the plan itself, or with
+ * cfg_degree x tp_degree > 1 one (c, t) group's sub-plan (plan.h), in *buf.
+ * NULL when the axes do not cut the plan. */
+static const cpc_plan *job_program_plan(const cpc_job *job, cpc_plan *buf)
+{
+    int C = cpc_plan_cfg_degree(job->plan), T = cpc_plan_tp_degree(job->plan);
+    if (C * T == 1)
+        return job->plan;
+    return cpc_plan_sub(job->plan, C, T, buf) ? buf : NULL;
+}
+
 cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int ring_degree,
                               int ulysses_degree, cpc_job **out)
 {
@@ -112,7 +124,14 @@ cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int rin
         return cpc_error(CPC_E_NOMEM, "out of memory");
     job->plan = (cpc_plan *)plan;
     job->plan_borrowed = true;
-    cpc_status *st = cpc_schedule_build(plan, variant, ring_degree, ulysses_degree, &job->prog);
+    cpc_plan sub;
+    const cpc_plan *pp = job_program_plan(job, &sub); /* cfg_degree x tp_degree: a group's */
+    if (!pp) {
+        cpc_job_free(job);
+        return cpc_error(CPC_E_INTERNAL, "cfg_degree %d x tp_degree %d does not cut the plan",
+                         plan->parallel.cfg_degree, plan->parallel.tp_degree);
+    }
+    cpc_status *st = cpc_schedule_build(pp, variant, ring_degree, ulysses_degree, &job->prog);
     if (!st)
         st = cpc_verify(job->prog);
     if (has_error(st)) {
@@ -176,20 +195,14 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
             return diags;
         }
     }
-    if (job->plan->parallel.cfg_degree > 1 || job->plan->parallel.tp_degree > 1) {
-        /* The program is one (c, t) group's R x U program (validate.h THE
-         * OUTER AXES); placing C*T groups, slicing their inputs and gathering
-         * their outputs is not done yet: refused rather than run on one group. */
-        cpc_status *st = cpc_diag(CPC_E_UNSUPPORTED, 0, CPC_SEV_ERROR,
-                                  cpc_plan_span(job->plan, job->plan->parallel.cfg_degree > 1 ? "parallel.cfg_degree"
-                                                                                              : "parallel.tp_degree",
-                                                true),
-                                  "cprun: cfg_degree %d x tp_degree %d: the plan is validated, scheduled, verified "
-                                  "and priced (cpc --check / --explain), but cprun does not run the cfg and "
-                                  "tensor-parallel axes yet",
-                                  job->plan->parallel.cfg_degree, job->plan->parallel.tp_degree);
-        cpc_status_set_hint(st, "parallel.cfg_degree: 1, parallel.tp_degree: 1 to run the ring x ulysses split");
-        cpc_status_append(&diags, st);
+    /* cfg_degree x tp_degree > 1: the program is one (c, t) group's R x U
+     * program, laid out on the plan's sub-plan (placement.h); every group
+     * runs it on its own slice.  The backward is built on that sub-plan too. */
+    cpc_plan sub_plan;
+    const cpc_plan *pp = job_program_plan(job, &sub_plan);
+    if (!pp) {
+        cpc_status_append(&diags, cpc_error(CPC_E_INTERNAL, "%s: cfg_degree %d x tp_degree %d does not cut the plan",
+                                            path, job->plan->parallel.cfg_degree, job->plan->parallel.tp_degree));
         cpc_job_free(job);
         return diags;
     }
@@ -197,7 +210,7 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
         /* SPEC section 10: the backward program, built from the forward's
          * layout and proved (verify_bwd.h); CP060 where none exists yet. */
         const cpc_layout *L = &job->prog->layout;
-        cpc_status *st = cpc_schedule_build_backward(job->plan, L->variant, L->R, L->U, &job->bwd);
+        cpc_status *st = cpc_schedule_build_backward(pp, L->variant, L->R, L->U, &job->bwd);
         if (!st)
             st = cpc_verify_backward(job->bwd);
         if (st) {
@@ -214,9 +227,17 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
 {
     const cpc_layout *L = &job->prog->layout;
-    fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d rank%s\n",
-            job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
-            L->P, L->P == 1 ? "" : "s");
+    int C = cpc_plan_cfg_degree(job->plan), T = cpc_plan_tp_degree(job->plan);
+    if (C * T > 1) /* the outer axes (placement.h): every group's ranks are like these */
+        fprintf(out, "plan %s: variant %s, mesh %d x %d x %d x %d (cfg x tp x ring x ulysses), %d ranks: "
+                     "%d groups of the %d ranks below (world rank ((c*R + r)*U + u)*T + t is rank r*U + u "
+                     "of group (c, t))\n",
+                job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), C, T, L->R, L->U,
+                C * T * L->P, C * T, L->P);
+    else
+        fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d rank%s\n",
+                job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
+                L->P, L->P == 1 ? "" : "s");
     int64_t peak = 0;
     int peak_rank = 0;
     for (int p = 0; p < L->P; p++) {
@@ -275,7 +296,10 @@ typedef struct rank_out {
 typedef struct run_ctx {
     const cpc_job *job;
     const cpc_run_options *opt;
-    const cpc_layout *L;
+    const cpc_layout *L;      /* the program's: one (c, t) group's R x U problem */
+    cpc_placement pl;         /* the outer axes (placement.h); C = T = 1: L's world alone */
+    cpc_layout G;             /* the whole problem (global B, H, Hkv, P): the global
+                                 tensors, the check, the outputs, the report */
     double scale;
     int n_iter;
     bool trace;
@@ -294,7 +318,12 @@ typedef struct run_ctx {
     int64_t *bwd_bytes;       /* [P] of the last iteration */
     const cpc_st_tensor *tdo; /* --input's `dout`, or NULL (random from the seed) */
     /* local transport */
-    cpc_local_world *world;
+    cpc_local_world *world;   /* the ranks' world; with C*T > 1 the job's P x 1
+                                 world of the result collection, and: */
+    cpc_local_world **sub_worlds; /* [C*T] each group's R x U world (the programs') */
+    cpc_transport **job_tr;   /* [P] each rank's endpoint of `world` (C*T > 1) */
+    cpc_transport *mpi_job_t; /* MPI with C*T > 1: this process's endpoint of the
+                                 job's world (the result collection) */
     cpc_backend **bes;        /* [P] when the world copies device to device
                                  (transport_device.h): rank p's backend */
     cpc_transport **tr;       /* [P] */
@@ -333,7 +362,11 @@ static void long_run_notice(run_ctx *x, int my_rank)
             return;
     }
     cpc_prediction pred;
-    if ((st = cpc_price_program(plan, job->prog, &dev, &pred))) {
+    cpc_plan sub;
+    const cpc_plan *pp = job_program_plan(job, &sub);
+    if (!pp)
+        return;
+    if ((st = cpc_price_program(pp, job->prog, &dev, &pred))) {
         cpc_status_free(st);
         return;
     }
@@ -344,7 +377,7 @@ static void long_run_notice(run_ctx *x, int my_rank)
         if (rows > (double)x->L->S)
             rows = (double)x->L->S;
         double keys = plan->input.has_kv ? (double)plan->input.kv_tokens : (double)x->L->S;
-        ref_s = (double)x->L->B * x->L->H * rows * keys * 4.0 * x->L->D / 1e9;
+        ref_s = (double)x->G.B * x->G.H * rows * keys * 4.0 * x->G.D / 1e9;
     }
     x->t_start_us = cpc_exec_now_us();
     if (run_s + ref_s <= 60.0 || my_rank != 0)
@@ -373,59 +406,90 @@ static void rank_out_free(rank_out *r)
 
 #define RNG_DOUT 4u /* rng stream of the random `dout` (q, k, v, mask are 0..3) */
 
-/* This rank's dout shard [B, T, H, D] (plan dtype) for the token runs. */
-static cpc_status *make_dout(run_ctx *x, const cpc_run *runs, int n_runs, void *dst)
+/* This rank's dout shard [B, T, H, D] (plan dtype) for the token runs: the
+ * batch items and heads of `rp` (placement.h), or the whole global tensor's
+ * when rp is NULL. */
+static cpc_status *make_dout(run_ctx *x, const cpc_rank_place *rp, const cpc_run *runs, int n_runs,
+                             void *dst)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *G = &x->G;
+    int64_t b0 = rp ? rp->b0 : 0, nb = rp ? x->L->B : G->B;
+    int64_t h0 = rp ? rp->h0 : 0, nh = rp ? x->L->H : G->H;
     if (x->tdo)
-        return cpc_st_read_runs(x->in, x->tdo, runs, n_runs, L->dtype, dst);
-    cpc_rng_fill_runs(dst, L->dtype, x->opt->seed, RNG_DOUT, L->B, L->S, L->H, L->D, runs, n_runs);
+        return cpc_st_read_box(x->in, x->tdo, b0, nb, h0 * G->D, nh * G->D, runs, n_runs, G->dtype, dst);
+    cpc_rng_fill_box(dst, G->dtype, x->opt->seed, RNG_DOUT, G->S, G->H, G->D, b0, nb, h0, nh, runs, n_runs);
     return NULL;
 }
 
-static void scatter_rows(void *global, const void *shard, int64_t B, int64_t S, int64_t rowbytes,
-                         const cpc_run *runs, int n_runs);
+static pthread_mutex_t grad_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Adds shard rows [nb, T, n] (fp32) into the global [*, S, row] gradient at
+ * batch b0 and elements [col0, col0 + n) of the row (K/V heads replicated
+ * to several tensor-parallel ranks: each contributes its part of dK, dV). */
+static void add_grad_box(run_ctx *x, float *global, const float *part, int64_t nb, int64_t S, int64_t row,
+                         int64_t b0, int64_t col0, int64_t n, const cpc_run *runs, int n_runs)
+{
+    (void)x;
+    int64_t T = 0;
+    for (int i = 0; i < n_runs; i++)
+        T += runs[i].len;
+    pthread_mutex_lock(&grad_mu);
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t t = 0;
+        for (int i = 0; i < n_runs; i++) {
+            for (int64_t k = 0; k < runs[i].len; k++) {
+                float *d = global + ((b0 + b) * S + runs[i].start + k) * row + col0;
+                const float *s = part + (b * T + t + k) * n;
+                for (int64_t j = 0; j < n; j++)
+                    d[j] += s[j];
+            }
+            t += runs[i].len;
+        }
+    }
+    pthread_mutex_unlock(&grad_mu);
+}
 
 /* SPEC section 10: the backward pass of rank p after its forward (`fwd` has
  * run: its out shard is `out`, its final LSE is read from it), n_iter times,
  * then its dq, dk, dv shards into the global fp32 gradients (local ranks are
  * threads of this process: disjoint rows, no message needed). */
-static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transport *t, cpc_exec *fwd,
-                                 void *const *inbuf, const void *out, const cpc_run *runs, int n_runs)
+static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cpc_backend *be,
+                                 cpc_transport *t, cpc_exec *fwd, void *const *inbuf, const void *out,
+                                 const cpc_run *runs, int n_runs)
 {
     const cpc_layout *L = x->L;
     cpc_exec *ex = NULL;
     void *dout = NULL;
     float *lse = NULL, *g = NULL;
     cpc_run *lr = NULL;
-    cpc_exec_config cfg = {.prog = x->job->bwd, .rank = p, .backend = be, .transport = t,
-                           .scale = x->scale, .kv_mask = x->mask, .record_events = false};
+    cpc_exec_config cfg = {.prog = x->job->bwd, .rank = rp->q, .backend = be, .transport = t,
+                           .scale = x->scale, .kv_mask = x->mask ? x->mask + (size_t)rp->b0 * (size_t)L->Skv : NULL,
+                           .record_events = false};
     cpc_status *st = cpc_exec_create(&cfg, &ex);
     if (st)
         goto done;
-    int64_t T = cpc_layout_shard_tokens(L, p);
+    int64_t T = cpc_layout_shard_tokens(L, rp->q);
     size_t es = (size_t)cpc_dtype_size(L->dtype);
     size_t nq = (size_t)(L->B * T) * (size_t)L->H * (size_t)L->D;
-    size_t nkv = (size_t)(L->B * T) * (size_t)L->Hkv * (size_t)L->D;
-    size_t nl = (size_t)(L->B * T) * (size_t)L->H;
+    /* cross-attention: K/V, dK and dV are whole ([B, Skv, Hkv, D]) on every rank */
+    int64_t Tkv = L->cross ? L->Skv : T;
+    size_t nkv = (size_t)(L->B * Tkv) * (size_t)L->Hkv * (size_t)L->D;
+    /* The saved LSE in the layout the forward computed it in (ulysses: ring
+     * block x this member's heads), as the backward program takes it. */
+    size_t nl = cpc_exec_input_bytes(ex, CPC_ROLE_LSE) / sizeof(float);
     int mr = cpc_exec_max_runs(fwd);
     dout = malloc(nq * es + 1);
     lse = malloc(nl * sizeof *lse + 1);
-    g = malloc(nq * sizeof *g + 1);
+    g = malloc((nq > nkv ? nq : nkv) * sizeof *g + 1);
     lr = malloc((size_t)(mr > 0 ? mr : 1) * sizeof *lr);
     if (!dout || !lse || !g || !lr) {
         st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the backward pass", p);
         goto done;
     }
     int ho = 0, hn = 0, nr = 0;
-    if ((st = make_dout(x, runs, n_runs, dout)) ||
+    if ((st = make_dout(x, rp, runs, n_runs, dout)) ||
         (st = cpc_exec_lse_into(fwd, lse, nl * sizeof *lse, &ho, &hn, lr, mr, &nr)))
         goto done;
-    if (ho != 0 || hn != L->H) {
-        st = cpc_error(CPC_E_INTERNAL, "rank %d: the forward's LSE holds heads [%d, %d), the backward needs all %d",
-                       p, ho, ho + hn, L->H);
-        goto done;
-    }
     if ((st = cpc_exec_bind_input(ex, CPC_ROLE_Q, inbuf[0], nq * es)) ||
         (st = cpc_exec_bind_input(ex, CPC_ROLE_K, inbuf[1], nkv * es)) ||
         (st = cpc_exec_bind_input(ex, CPC_ROLE_V, inbuf[2], nkv * es)) ||
@@ -446,13 +510,34 @@ static cpc_status *rank_backward(run_ctx *x, int p, cpc_backend *be, cpc_transpo
         x->bwd_ms[(size_t)p * (size_t)x->n_iter + (size_t)it] = s.ms;
         x->bwd_bytes[p] = s.bytes_sent;
     }
-    struct { cpc_buf_role role; float *dst; int h; } gr[3] = {
-        {CPC_ROLE_DQ, x->dq, L->H}, {CPC_ROLE_DK, x->dk, L->Hkv}, {CPC_ROLE_DV, x->dv, L->Hkv}};
+    /* the global gradients are [B, S, H or Hkv, D]: this rank's batch items
+     * and heads (placement.h).  K/V heads replicated over T/Hkv ranks (Hkv <
+     * T) have one dK/dV part per rank: they are summed (GQA), after the
+     * forward's ranks are done with the write (mutex: threads of one process) */
+    struct { cpc_buf_role role; float *dst; int h, gh, h0; } gr[3] = {
+        {CPC_ROLE_DQ, x->dq, L->H, x->G.H, rp->h0},
+        {CPC_ROLE_DK, x->dk, L->Hkv, x->G.Hkv, rp->hkv0},
+        {CPC_ROLE_DV, x->dv, L->Hkv, x->G.Hkv, rp->hkv0}};
     for (int i = 0; i < 3; i++) {
-        size_t n = (size_t)(L->B * T) * (size_t)gr[i].h * (size_t)L->D;
+        /* cross-attention dK/dV: whole ([B, Skv, Hkv, D]) and identical on
+         * every rank of a group after the all_reduce: group rank 0's is kept */
+        bool whole = i > 0 && L->cross;
+        size_t n = (size_t)(L->B * (whole ? Tkv : T)) * (size_t)gr[i].h * (size_t)L->D;
         if ((st = cpc_exec_read_grad(ex, gr[i].role, g, n * sizeof *g)))
             goto done;
-        scatter_rows(gr[i].dst, g, L->B, L->S, (int64_t)gr[i].h * L->D * (int64_t)sizeof(float), runs, n_runs);
+        if (whole && rp->q != 0)
+            continue;
+        cpc_run kv_run = {0, L->Skv};
+        const cpc_run *gruns = whole ? &kv_run : runs;
+        int gn = whole ? 1 : n_runs;
+        int64_t gS = whole ? L->Skv : L->S;
+        int64_t es = (int64_t)sizeof(float);
+        if (i > 0 && x->pl.T > x->G.Hkv)
+            add_grad_box(x, gr[i].dst, g, L->B, gS, (int64_t)gr[i].gh * L->D, rp->b0,
+                         (int64_t)gr[i].h0 * L->D, (int64_t)gr[i].h * L->D, gruns, gn);
+        else
+            cpc_scatter_box(gr[i].dst, g, L->B, gS, (int64_t)gr[i].gh * L->D * es, rp->b0,
+                            (int64_t)gr[i].h0 * L->D * es, (int64_t)gr[i].h * L->D * es, gruns, gn);
     }
 done:
     if (st)
@@ -465,18 +550,24 @@ done:
     return st;
 }
 
-/* Fills this rank's tensor of `role` ([B, T, h, D] for the token runs). */
-static cpc_status *make_input(run_ctx *x, int role, const cpc_run *runs, int n_runs, void *dst)
+/* Fills this rank's tensor of `role` ([B, T, h, D] for the token runs):
+ * the batch items and (K/V) heads of `rp` (placement.h), or the whole global
+ * tensor's when rp is NULL. */
+static cpc_status *make_input(run_ctx *x, int role, const cpc_rank_place *rp, const cpc_run *runs,
+                              int n_runs, void *dst)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *G = &x->G;
     bool kv = role != CPC_RNG_Q;
-    int64_t S = kv ? L->Skv : L->S;
-    int h = kv ? L->Hkv : L->H;
+    int64_t S = kv ? G->Skv : G->S;
+    int64_t H = kv ? G->Hkv : G->H;
+    int64_t b0 = rp ? rp->b0 : 0, nb = rp ? x->L->B : G->B;
+    int64_t h0 = rp ? (kv ? rp->hkv0 : rp->h0) : 0;
+    int64_t nh = rp ? (kv ? x->L->Hkv : x->L->H) : H;
     if (x->in) {
         const cpc_st_tensor *t = role == CPC_RNG_Q ? x->tq : role == CPC_RNG_K ? x->tk : x->tv;
-        return cpc_st_read_runs(x->in, t, runs, n_runs, L->dtype, dst);
+        return cpc_st_read_box(x->in, t, b0, nb, h0 * G->D, nh * G->D, runs, n_runs, G->dtype, dst);
     }
-    cpc_rng_fill_runs(dst, L->dtype, x->opt->seed, (uint32_t)role, L->B, S, h, L->D, runs, n_runs);
+    cpc_rng_fill_box(dst, G->dtype, x->opt->seed, (uint32_t)role, S, H, G->D, b0, nb, h0, nh, runs, n_runs);
     return NULL;
 }
 
@@ -524,24 +615,6 @@ static cpc_status *recv_blob(cpc_transport *t, int from, int tag, void **p, size
     *p = buf;
     *n = (size_t)sz;
     return NULL;
-}
-
-/* Scatters shard rows [B, T, h, rowel] of the global positions `runs` into a
- * global [B, S, h, rowel] tensor. */
-static void scatter_rows(void *global, const void *shard, int64_t B, int64_t S, int64_t rowbytes,
-                         const cpc_run *runs, int n_runs)
-{
-    int64_t T = 0;
-    for (int i = 0; i < n_runs; i++)
-        T += runs[i].len;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t t = 0;
-        for (int i = 0; i < n_runs; i++) {
-            memcpy((char *)global + (b * S + runs[i].start) * rowbytes,
-                   (const char *)shard + (b * T + t) * rowbytes, (size_t)(runs[i].len * rowbytes));
-            t += runs[i].len;
-        }
-    }
 }
 
 /* LSE of one rank: [B, hn, T] for heads [ho, ho+hn) and runs -> global [B, H, S]. */
@@ -670,8 +743,8 @@ static cpc_status *mkdir_p(const char *dir)
     return NULL;
 }
 
-static cpc_status *write_shard(run_ctx *x, int p, const void *out, const cpc_run *runs, int n_runs,
-                               int64_t T)
+static cpc_status *write_shard(run_ctx *x, int p, const cpc_rank_place *rp, const void *out,
+                               const cpc_run *runs, int n_runs, int64_t T)
 {
     const cpc_layout *L = x->L;
     char path[4096];
@@ -684,12 +757,17 @@ static cpc_status *write_shard(run_ctx *x, int p, const void *out, const cpc_run
                               (long long)runs[i].start, (long long)runs[i].len);
     char rank_s[16], ws[16];
     snprintf(rank_s, sizeof rank_s, "%d", p);
-    snprintf(ws, sizeof ws, "%d", L->P);
-    const char *keys[] = {"rank", "world_size", "tokens"};
-    const char *vals[] = {rank_s, ws, tok};
+    snprintf(ws, sizeof ws, "%d", x->pl.P);
+    /* with cfg_degree x tp_degree > 1 the shard is also a slice of the batch
+     * and of the heads: "start:len" of each (placement.h) */
+    char bs[48], hs[48];
+    snprintf(bs, sizeof bs, "%d:%d", rp->b0, L->B);
+    snprintf(hs, sizeof hs, "%d:%d", rp->h0, L->H);
+    const char *keys[] = {"rank", "world_size", "tokens", "batch", "heads"};
+    const char *vals[] = {rank_s, ws, tok, bs, hs};
     cpc_st_out o = {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
                     .shape = {L->B, T, L->H, L->D}, .data = out};
-    return cpc_st_write(path, &o, 1, keys, vals, 3);
+    return cpc_st_write(path, &o, 1, keys, vals, x->pl.C * x->pl.T > 1 ? 5 : 3);
 }
 
 /* This rank's backend: the CPU backend, or a CUDA backend on its GPU with
@@ -743,7 +821,15 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
 {
     cpc_transport *t = *tp;
     const cpc_layout *L = x->L;
+    /* p is the world rank; q its rank in its (c, t) group's program */
+    const cpc_rank_place rp = cpc_placement_rank(&x->pl, p);
+    const int q = rp.q;
+    const cpc_layout *G = &x->G;
     const cpc_run_options *opt = x->opt;
+    /* The results (statistics, output shard, LSE, events) are host memory:
+     * they travel over the unstaged endpoint (owned by the staged one), or
+     * with C*T > 1 over the job world's endpoint (x->job_tr, x->mpi_job_t). */
+    cpc_transport *host_t = x->job_tr ? x->job_tr[p] : x->mpi_job_t ? x->mpi_job_t : t;
     cpc_backend *be = NULL;
     cpc_exec *ex = NULL;
     void *inbuf[3] = {NULL, NULL, NULL};
@@ -764,12 +850,10 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     st = make_backend(x, p, &be);
     if (st)
         goto done;
-    /* The results (statistics, output shard, LSE, events) are host memory:
-     * they travel over the unstaged endpoint (owned by the staged one). */
-    cpc_transport *host_t = t;
     if (x->bes) {
-        /* virtual ranks in one process: device to device */
-        x->bes[p] = be;
+        /* virtual ranks in one process: device to device (each group's
+         * world copies with its own slice of x->bes, indexed by q) */
+        x->bes[rp.group * x->pl.RU + q] = be;
         cpc_transport *dev = NULL;
         if ((st = cpc_transport_device_create(t, be, &dev)))
             goto done;
@@ -781,8 +865,10 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             goto done;
         *tp = t = staged;
     }
-    cpc_exec_config cfg = {.prog = x->job->prog, .rank = p, .backend = be, .transport = t,
-                           .scale = x->scale, .kv_mask = x->mask, .record_events = x->trace};
+    cpc_exec_config cfg = {.prog = x->job->prog, .rank = q, .backend = be, .transport = t,
+                           .scale = x->scale,
+                           .kv_mask = x->mask ? x->mask + (size_t)rp.b0 * (size_t)L->Skv : NULL,
+                           .record_events = x->trace};
     if ((st = cpc_exec_create(&cfg, &ex)))
         goto done;
     int max_runs = cpc_layout_max_shard_runs(L) + 1;
@@ -791,8 +877,8 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         st = cpc_error(CPC_E_NOMEM, "out of memory");
         goto done;
     }
-    int n_runs = cpc_layout_shard_runs(L, p, runs, max_runs);
-    int64_t T = cpc_layout_shard_tokens(L, p);
+    int n_runs = cpc_layout_shard_runs(L, q, runs, max_runs);
+    int64_t T = cpc_layout_shard_tokens(L, q);
     for (int role = 0; role < 3; role++) {
         cpc_buf_role br = role == 0 ? CPC_ROLE_Q : role == 1 ? CPC_ROLE_K : CPC_ROLE_V;
         size_t n = cpc_exec_input_bytes(ex, br);
@@ -806,9 +892,9 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         }
         cpc_run whole = {0, L->Skv};
         if (role > 0 && L->cross)
-            st = make_input(x, role, &whole, 1, inbuf[role]);
+            st = make_input(x, role, &rp, &whole, 1, inbuf[role]);
         else
-            st = make_input(x, role, runs, n_runs, inbuf[role]);
+            st = make_input(x, role, &rp, runs, n_runs, inbuf[role]);
         if (!st)
             st = cpc_exec_bind_input(ex, br, inbuf[role], n);
         if (st) {
@@ -882,33 +968,40 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     int lse_ho = 0, lse_hn = 0, lse_nr = 0;
     if (opt->write_lse && (st = cpc_exec_read_lse(ex, &lse, &lse_ho, &lse_hn, &lse_runs, &lse_nr)))
         goto done;
-    if (opt->output_shards_dir && (st = write_shard(x, p, shard, runs, n_runs, T)))
+    if (opt->output_shards_dir && (st = write_shard(x, p, &rp, shard, runs, n_runs, T)))
         goto done;
-    if (x->job->bwd && (st = rank_backward(x, p, be, t, ex, inbuf, shard, runs, n_runs)))
+    if (x->job->bwd && (st = rank_backward(x, p, &rp, be, t, ex, inbuf, shard, runs, n_runs)))
         goto done;
     size_t rowb = (size_t)L->H * (size_t)L->D * (size_t)cpc_dtype_size(L->dtype);
+    /* the gathered output is the whole problem's [B, S, H, D]: a shard's
+     * rows are its group's batch items and heads (placement.h) */
+    size_t grow = (size_t)G->H * (size_t)G->D * (size_t)cpc_dtype_size(L->dtype);
     if (p == 0) {
         rank_out *r0 = &x->res[0];
         *r0 = mine;
         memset(&mine, 0, sizeof mine);
-        scatter_rows(x->out, shard, L->B, L->S, (int64_t)rowb, runs, n_runs);
+        cpc_scatter_box(x->out, shard, L->B, L->S, (int64_t)grow, rp.b0,
+                        (int64_t)rp.h0 * (int64_t)(rowb / (size_t)L->H), (int64_t)rowb, runs, n_runs);
         if (x->lse && lse)
-            scatter_lse(x->lse, lse, L->B, L->H, L->S, lse_ho, lse_hn, lse_runs, lse_nr);
+            scatter_lse(x->lse + (size_t)rp.b0 * (size_t)G->H * (size_t)L->S, lse, L->B, G->H, L->S,
+                        rp.h0 + lse_ho, lse_hn, lse_runs, lse_nr);
         cpc_run *qr = malloc((size_t)max_runs * sizeof *qr);
         void *buf = NULL;
         if (!qr) {
             st = cpc_error(CPC_E_NOMEM, "out of memory");
             goto done;
         }
-        for (int q = 1; q < L->P && !st; q++) {
-            rank_out *rq = &x->res[q];
+        for (int w = 1; w < x->pl.P && !st; w++) {
+            /* world rank w, rank q of its group (c, t) */
+            const cpc_rank_place wp = cpc_placement_rank(&x->pl, w);
+            rank_out *rq = &x->res[w];
             size_t n;
-            if ((st = recv_blob(host_t, q, TAG_STATS, &buf, &n)))
+            if ((st = recv_blob(host_t, w, TAG_STATS, &buf, &n)))
                 break;
             size_t want = (size_t)(3 * x->n_iter + 2) * sizeof(double) + sizeof(attn_count);
             if (n != want) {
                 free(buf);
-                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of statistics, %zu expected", q, n, want);
+                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of statistics, %zu expected", w, n, want);
                 break;
             }
             double *d = buf;
@@ -929,26 +1022,27 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             rq->attn.reason[sizeof rq->attn.reason - 1] = 0;
             free(buf);
             buf = NULL;
-            if ((st = recv_blob(host_t, q, TAG_OUT, &buf, &n)))
+            if ((st = recv_blob(host_t, w, TAG_OUT, &buf, &n)))
                 break;
-            int nq = cpc_layout_shard_runs(L, q, qr, max_runs);
-            int64_t Tq = cpc_layout_shard_tokens(L, q);
+            int nq = cpc_layout_shard_runs(L, wp.q, qr, max_runs);
+            int64_t Tq = cpc_layout_shard_tokens(L, wp.q);
             if (n != (size_t)(L->B * Tq) * rowb) {
                 free(buf);
-                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of output, %zu expected", q, n,
+                st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of output, %zu expected", w, n,
                                (size_t)(L->B * Tq) * rowb);
                 break;
             }
-            scatter_rows(x->out, buf, L->B, L->S, (int64_t)rowb, qr, nq);
+            cpc_scatter_box(x->out, buf, L->B, L->S, (int64_t)grow, wp.b0,
+                            (int64_t)wp.h0 * (int64_t)(rowb / (size_t)L->H), (int64_t)rowb, qr, nq);
             free(buf);
             buf = NULL;
             if (opt->write_lse) {
-                if ((st = recv_blob(host_t, q, TAG_LSE, &buf, &n)))
+                if ((st = recv_blob(host_t, w, TAG_LSE, &buf, &n)))
                     break;
                 int32_t *hd = buf;
                 if (n < 3 * sizeof(int32_t)) {
                     free(buf);
-                    st = cpc_error(CPC_E_RUNTIME, "rank %d sent a malformed LSE", q);
+                    st = cpc_error(CPC_E_RUNTIME, "rank %d sent a malformed LSE", w);
                     break;
                 }
                 int ho = hd[0], hn = hd[1], nr = hd[2];
@@ -964,16 +1058,17 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
                 if (!sane || n != 4 * sizeof(int32_t) + (size_t)nr * sizeof(cpc_run) +
                                      (size_t)(L->B * hn * Tl) * sizeof(float)) {
                     free(buf);
-                    st = cpc_error(CPC_E_RUNTIME, "rank %d sent a malformed LSE", q);
+                    st = cpc_error(CPC_E_RUNTIME, "rank %d sent a malformed LSE", w);
                     break;
                 }
                 if (x->lse)
-                    scatter_lse(x->lse, lv, L->B, L->H, L->S, ho, hn, rr, nr);
+                    scatter_lse(x->lse + (size_t)wp.b0 * (size_t)G->H * (size_t)L->S, lv, L->B, G->H, L->S,
+                                wp.h0 + ho, hn, rr, nr);
                 free(buf);
                 buf = NULL;
             }
             if (x->trace) {
-                if ((st = recv_blob(host_t, q, TAG_EVENTS, &buf, &n)))
+                if ((st = recv_blob(host_t, w, TAG_EVENTS, &buf, &n)))
                     break;
                 size_t one = sizeof(cpc_exec_event) + sizeof(int);
                 rq->n_ev = (int)(n / one);
@@ -1043,6 +1138,9 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
 done:
     if (st && t) {
         char *msg = cpc_status_format("cprun", st);
+        /* C*T > 1: the job world first (it names the world rank), then the group's */
+        if (host_t && host_t != t)
+            cpc_transport_abort(host_t, msg ? msg : st->message);
         cpc_transport_abort(t, msg ? msg : st->message);
         free(msg);
     }
@@ -1055,7 +1153,7 @@ done:
         free(inbuf[i]);
     cpc_exec_destroy(ex);
     if (x->bes)
-        x->bes[p] = NULL;
+        x->bes[rp.group * x->pl.RU + q] = NULL;
     if (be)
         cpc_backend_destroy(be);
     return st;
@@ -1092,7 +1190,7 @@ static double median(const double *v, int n)
  * gathered output) is scanned for NaN and Inf, not only the compared rows. */
 static void scan_nonfinite(const run_ctx *x, cpc_run_report *rep)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *L = &x->G; /* the whole problem */
     size_t n = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
     int64_t first = -1;
     rep->n_nan = rep->n_inf = 0;
@@ -1119,7 +1217,7 @@ static void scan_nonfinite(const run_ctx *x, cpc_run_report *rep)
 /* The float64 reference check on rank 0's gathered output. */
 static cpc_status *run_check(run_ctx *x, cpc_run_report *rep)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *L = &x->G; /* the whole problem */
     const cpc_run_options *opt = x->opt;
     size_t es = (size_t)cpc_dtype_size(L->dtype);
     size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
@@ -1134,8 +1232,8 @@ static cpc_status *run_check(run_ctx *x, cpc_run_report *rep)
         goto done;
     }
     cpc_run wq = {0, L->S}, wk = {0, L->Skv};
-    if ((st = make_input(x, CPC_RNG_Q, &wq, 1, q)) || (st = make_input(x, CPC_RNG_K, &wk, 1, k)) ||
-        (st = make_input(x, CPC_RNG_V, &wk, 1, v)))
+    if ((st = make_input(x, CPC_RNG_Q, NULL, &wq, 1, q)) || (st = make_input(x, CPC_RNG_K, NULL, &wk, 1, k)) ||
+        (st = make_input(x, CPC_RNG_V, NULL, &wk, 1, v)))
         goto done;
     cpc_ref_problem pb = {.B = L->B, .S = L->S, .Skv = L->Skv, .H = L->H, .Hkv = L->Hkv,
                           .D = L->D, .dtype = L->dtype, .q = q, .k = k, .v = v,
@@ -1215,9 +1313,11 @@ static cpc_status *check_memory(run_ctx *x, bool mpi, int my_rank)
     const cpc_layout *L = x->L;
     const cpc_run_options *opt = x->opt;
     int64_t es = cpc_dtype_size(L->dtype);
-    int first = mpi ? my_rank : 0, last = mpi ? my_rank : L->P - 1;
+    const cpc_layout *G = &x->G; /* the whole problem: rank 0's gathered tensors */
+    int first = mpi ? my_rank : 0, last = mpi ? my_rank : x->pl.P - 1;
     int64_t buf = 0, max_shard = 0;
-    for (int p = first; p <= last; p++) {
+    for (int w = first; w <= last; w++) {
+        int p = cpc_placement_rank(&x->pl, w).q; /* its rank in its group's program */
         if (!x->cuda) { /* the CUDA backend's buffers are device memory */
             cpc_exec_memory m;
             cpc_status *st = cpc_exec_memory_plan(x->job->prog, p, &m);
@@ -1236,20 +1336,20 @@ static cpc_status *check_memory(run_ctx *x, bool mpi, int my_rank)
             max_shard = shard;
     }
     if (my_rank == 0) {
-        int64_t nq = L->B * L->S * L->H * L->D, nkv = L->B * L->Skv * L->Hkv * L->D;
+        int64_t nq = (int64_t)G->B * G->S * G->H * G->D, nkv = (int64_t)G->B * G->Skv * G->Hkv * G->D;
         buf += nq * es + max_shard; /* the gathered output, one received shard */
         if (opt->write_lse)
-            buf += L->B * L->H * L->S * 4;
+            buf += (int64_t)G->B * G->H * G->S * 4;
         if (opt->check) {
             buf += (nq + 2 * nkv) * es; /* the global inputs */
             double full = 4.0 * (double)nq * (double)L->Skv;
             double limit = opt->check_full_flops == 0 ? 4e9 : opt->check_full_flops;
             int64_t per = opt->check_rows > 0 ? opt->check_rows : 64;
-            buf += limit > 0 && full <= limit ? 2 * nq * 8 : 3 * L->B * L->H * per * L->D * 8;
+            buf += limit > 0 && full <= limit ? 2 * nq * 8 : 3 * (int64_t)G->B * G->H * per * G->D * 8;
         }
     }
     if (L->cross || x->job->plan->input.mask == CPC_MASK_KEY_PADDING)
-        buf += L->B * L->Skv;
+        buf += (int64_t)G->B * G->Skv;
     int64_t threads = last - first + 1;
     char what[160];
     const char *name = x->job->plan->name ? x->job->plan->name : "the plan";
@@ -1264,7 +1364,7 @@ static cpc_status *check_memory(run_ctx *x, bool mpi, int my_rank)
 /* Opens --input and checks the tensors against the plan. */
 static cpc_status *open_input(run_ctx *x)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *L = &x->G; /* the whole problem */
     cpc_status *st = cpc_st_open(x->opt->input_path, &x->in);
     if (st)
         return st;
@@ -1283,7 +1383,7 @@ static cpc_status *open_input(run_ctx *x)
  * (each key is padding with probability ~16%: its normal sample > 1). */
 static cpc_status *make_mask(run_ctx *x)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *L = &x->G; /* the whole problem */
     size_t n = (size_t)(L->B * L->Skv);
     x->mask = malloc(n ? n : 1);
     if (!x->mask)
@@ -1303,7 +1403,7 @@ static cpc_status *make_mask(run_ctx *x)
 
 static cpc_status *write_output(run_ctx *x)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *L = &x->G; /* the whole problem */
     cpc_st_out o[2] = {
         {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
          .shape = {L->B, L->S, L->H, L->D}, .data = x->out},
@@ -1577,7 +1677,7 @@ static cpc_status *root_cause(run_ctx *x, int P)
  * same rounded inputs.  Tolerances: fp32 and fp16 as for `out`, bf16 2e-2. */
 static cpc_status *backward_report(run_ctx *x, cpc_run_report *rep)
 {
-    const cpc_layout *L = x->L;
+    const cpc_layout *L = &x->G; /* the whole problem */
     const cpc_run_options *opt = x->opt;
     int P = L->P, W = opt->warmup, I = opt->iters;
     double *it = calloc((size_t)I + 1, sizeof *it);
@@ -1608,8 +1708,8 @@ static cpc_status *backward_report(run_ctx *x, cpc_run_report *rep)
         goto done;
     }
     cpc_run wq = {0, L->S}, wk = {0, L->Skv};
-    if ((st = make_input(x, CPC_RNG_Q, &wq, 1, q)) || (st = make_input(x, CPC_RNG_K, &wk, 1, k)) ||
-        (st = make_input(x, CPC_RNG_V, &wk, 1, v)) || (st = make_dout(x, &wq, 1, dout)))
+    if ((st = make_input(x, CPC_RNG_Q, NULL, &wq, 1, q)) || (st = make_input(x, CPC_RNG_K, NULL, &wk, 1, k)) ||
+        (st = make_input(x, CPC_RNG_V, NULL, &wk, 1, v)) || (st = make_dout(x, NULL, &wq, 1, dout)))
         goto done;
     cpc_ref_problem pb = {.B = L->B, .S = L->S, .Skv = L->Skv, .H = L->H, .Hkv = L->Hkv,
                           .D = L->D, .dtype = L->dtype, .q = q, .k = k, .v = v,
@@ -1646,6 +1746,74 @@ done:
     return st;
 }
 
+/* cpc_job_run, local transport: the ranks' worlds.  C = T = 1: one R x U
+ * world (x->world).  C*T > 1 (placement.h): one R x U world per (c, t) group
+ * for the programs (x->sub_worlds) and the job's P x 1 world for the result
+ * collection (x->world; a failing rank aborts both of its worlds).  With
+ * device copies every world copies with x->bes: a group's world with its
+ * own R*U slots, indexed by q. */
+static cpc_status *open_local_worlds(run_ctx *x, bool device_copies)
+{
+    const cpc_run_options *opt = x->opt;
+    double lim = opt->timeout_s == 0 ? CPC_LOCAL_TIMEOUT_S : opt->timeout_s;
+    int P = x->pl.P, n_groups = x->pl.C * x->pl.T;
+    cpc_status *st;
+    if (device_copies && !(x->bes = calloc((size_t)P, sizeof *x->bes)))
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    if (n_groups == 1) {
+        if ((st = cpc_local_world_create(x->L->R, x->L->U, &x->world)))
+            return st;
+        cpc_local_world_set_timeout(x->world, lim);
+        if (device_copies)
+            cpc_local_world_set_copy(x->world, cpc_device_copy, x->bes);
+        return NULL;
+    }
+    if ((st = cpc_local_world_create(P, 1, &x->world)))
+        return st;
+    cpc_local_world_set_timeout(x->world, lim);
+    x->sub_worlds = calloc((size_t)n_groups, sizeof *x->sub_worlds);
+    x->job_tr = calloc((size_t)P, sizeof *x->job_tr);
+    if (!x->sub_worlds || !x->job_tr)
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    for (int g = 0; g < n_groups; g++) {
+        if ((st = cpc_local_world_create(x->L->R, x->L->U, &x->sub_worlds[g])))
+            return st;
+        cpc_local_world_set_timeout(x->sub_worlds[g], lim);
+        if (device_copies)
+            cpc_local_world_set_copy(x->sub_worlds[g], cpc_device_copy, x->bes + (size_t)g * (size_t)x->pl.RU);
+    }
+    return NULL;
+}
+
+/* World rank p's endpoints: x->tr[p] (its program's world) and, with
+ * C*T > 1, x->job_tr[p] (the job's world). */
+static cpc_status *open_local_endpoints(run_ctx *x, int p)
+{
+    if (!x->sub_worlds)
+        return cpc_local_endpoint_create(x->world, p, &x->tr[p]);
+    cpc_rank_place rp = cpc_placement_rank(&x->pl, p);
+    cpc_status *st = cpc_local_endpoint_create(x->sub_worlds[rp.group], rp.q, &x->tr[p]);
+    if (!st)
+        st = cpc_local_endpoint_create(x->world, p, &x->job_tr[p]);
+    return st;
+}
+
+/* Frees the job-world endpoints and the group worlds (after x->tr's
+ * endpoints; x->world is the caller's). */
+static void close_local_worlds(run_ctx *x)
+{
+    if (x->job_tr)
+        for (int p = 0; p < x->pl.P; p++)
+            cpc_transport_destroy(x->job_tr[p]);
+    free(x->job_tr);
+    x->job_tr = NULL;
+    if (x->sub_worlds)
+        for (int g = 0; g < x->pl.C * x->pl.T; g++)
+            cpc_local_world_destroy(x->sub_worlds[g]);
+    free(x->sub_worlds);
+    x->sub_worlds = NULL;
+}
+
 /* cpc_job_run, step 2 (MPI jobs): this process's endpoint, NCCL or MPI, its
  * world rank and its GPU (local rank mod visible GPUs), and the MPI stall
  * limit.  Collective; every rank fails alike.  Errors: those of
@@ -1667,9 +1835,24 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
     } else
 #endif
     {
-        /* Every rank fails alike here (world size check), none is left waiting. */
-        if ((st = cpc_transport_mpi_create(L->R, L->U, mpi_t)))
+        if (x->pl.C * x->pl.T > 1) {
+            /* The outer axes (placement.h): the job's world (P x 1, the result
+             * collection), then this rank's group: MPI_COMM_WORLD split by
+             * c*T + t, ordered by q = r*U + u.  Every rank fails alike. */
+            if ((st = cpc_transport_mpi_create(x->pl.P, 1, &x->mpi_job_t))) {
+                cpc_status_add_note(st, CPC_NO_SPAN,
+                                    "the job's world is cfg_degree %d x tp_degree %d x ring_degree %d x "
+                                    "ulysses_degree %d = %d ranks", x->pl.C, x->pl.T, L->R, L->U, x->pl.P);
+                return st;
+            }
+            int wr = cpc_transport_group_rank(x->mpi_job_t, CPC_GROUP_WORLD);
+            cpc_rank_place rp = cpc_placement_rank(&x->pl, wr);
+            if ((st = cpc_transport_mpi_create_split(NULL, rp.group, rp.q, L->R, L->U, mpi_t)))
+                return st;
+        } else if ((st = cpc_transport_mpi_create(L->R, L->U, mpi_t))) {
+            /* Every rank fails alike here (world size check), none is left waiting. */
             return st;
+        }
         /* the stall limit of every MPI wait (transport_mpi.h) */
         double lim = opt->timeout_s < 0 ? 0
                      : opt->timeout_s > 0 ? opt->timeout_s
@@ -1678,7 +1861,7 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
         if (opt->log)
             fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
                     opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
-        *my_rank = cpc_transport_group_rank(*mpi_t, CPC_GROUP_WORLD);
+        *my_rank = cpc_transport_group_rank(x->mpi_job_t ? x->mpi_job_t : *mpi_t, CPC_GROUP_WORLD);
         /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
          * Every rank calls cpc_mpi_local_rank (it may be collective). */
         if (x->cuda) {
@@ -1755,6 +1938,13 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     x.opt = &opt;
     x.L = L;
     x.mpi_device = -1;
+    /* The outer axes (placement.h): C*T groups of L->P ranks, world P. */
+    cpc_status *pst = cpc_placement_init(&x.pl, job->plan, L);
+    if (pst)
+        return pst;
+    x.G = cpc_placement_global_layout(&x.pl, L);
+    P = x.pl.P;
+    const bool axes = x.pl.C * x.pl.T > 1;
     /* Backend (auto: cuda when a GPU and driver are present, else cpu). */
     cpc_status *bst = resolve_backend(&x, &opt, use_nccl ? "--transport nccl" : NULL);
     if (bst)
@@ -1769,6 +1959,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
      * device (transport_device.h) unless staging through host memory was
      * asked for. */
     bool device_copies = !use_mpi && ((x.cuda && !opt.staged) || opt.device_transport);
+    if (use_nccl && axes)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "--transport nccl: cfg_degree %d x tp_degree %d runs over the mpi and local transports "
+                         "only for now (the NCCL endpoint has no group split yet)", x.pl.C, x.pl.T);
     if (use_nccl) {
         /* NCCL (runtime/transport/transport_nccl.h): one process per rank, GPU = local
          * rank mod visible GPUs, bootstrapped over MPI; device buffers go
@@ -1813,8 +2007,9 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         goto setup_failed;
     }
     if (job->bwd) {
-        size_t nq = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D;
-        size_t nkv = (size_t)(L->B * L->S) * (size_t)L->Hkv * (size_t)L->D;
+        /* the whole problem's gradients (cross-attention: dK/dV [B, Skv, Hkv, D]) */
+        size_t nq = (size_t)x.G.B * (size_t)x.G.S * (size_t)x.G.H * (size_t)x.G.D;
+        size_t nkv = (size_t)x.G.B * (size_t)x.G.Skv * (size_t)x.G.Hkv * (size_t)x.G.D;
         x.dq = calloc(nq + 1, sizeof *x.dq);
         x.dk = calloc(nkv + 1, sizeof *x.dk);
         x.dv = calloc(nkv + 1, sizeof *x.dv);
@@ -1833,17 +2028,18 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         goto setup_failed;
     }
     if (my_rank == 0) {
-        size_t ob = (size_t)(L->B * L->S) * (size_t)L->H * (size_t)L->D *
-                    (size_t)cpc_dtype_size(L->dtype);
+        const cpc_layout *G = &x.G; /* the gathered tensors are the whole problem's */
+        size_t ob = (size_t)(G->B * G->S) * (size_t)G->H * (size_t)G->D *
+                    (size_t)cpc_dtype_size(G->dtype);
         x.out = malloc(ob ? ob : 1);
         if (opt.write_lse)
-            x.lse = malloc((size_t)(L->B * L->S) * (size_t)L->H * sizeof(float) + 1);
+            x.lse = malloc((size_t)(G->B * G->S) * (size_t)G->H * sizeof(float) + 1);
         if (!x.out || (opt.write_lse && !x.lse)) {
             st = cpc_error(CPC_E_NOMEM, "out of memory for the gathered output");
             goto setup_failed;
         }
         if (x.lse)
-            for (size_t i = 0; i < (size_t)(L->B * L->S) * (size_t)L->H; i++)
+            for (size_t i = 0; i < (size_t)(G->B * G->S) * (size_t)G->H; i++)
                 x.lse[i] = -INFINITY;
     }
     if (opt.log)
@@ -1858,6 +2054,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
                 : x.n_gpus < P ? " (rank r on GPU r mod visible GPUs: virtual ranks)"
                 : " (rank r on GPU r)",
                 opt.warmup, opt.iters, opt.iters == 1 ? "" : "s");
+    if (opt.log && axes && my_rank == 0)
+        fprintf(opt.log, "cprun: cfg_degree %d x tp_degree %d: %d groups of %d ranks, each batch %d of %d and "
+                         "heads %d of %d (kv_heads %d of %d); rank p = ((c*R + r)*U + u)*T + t\n",
+                x.pl.C, x.pl.T, x.pl.C * x.pl.T, L->P, L->B, x.pl.B, L->H, x.pl.H, L->Hkv, x.pl.Hkv);
     if (opt.log && job->priced && my_rank == 0)
         fprintf(opt.log, "cprun: cost model predicts %.3f ms per layer (compute %.3f ms, exposed communication %.3f ms)\n",
                 job->pred.ms_per_layer, job->pred.compute_ms_per_layer, job->pred.comm_ms_per_layer);
@@ -1874,16 +2074,8 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             goto out;
         }
     } else {
-        if ((st = cpc_local_world_create(L->R, L->U, &x.world)))
+        if ((st = open_local_worlds(&x, device_copies)))
             goto out;
-        cpc_local_world_set_timeout(x.world, opt.timeout_s == 0 ? CPC_LOCAL_TIMEOUT_S : opt.timeout_s);
-        if (device_copies) {
-            if (!(x.bes = calloc((size_t)P, sizeof *x.bes))) {
-                st = cpc_error(CPC_E_NOMEM, "out of memory");
-                goto out;
-            }
-            cpc_local_world_set_copy(x.world, cpc_device_copy, x.bes);
-        }
         x.tr = calloc((size_t)P, sizeof *x.tr);
         pthread_t *th = calloc((size_t)P, sizeof *th);
         thread_arg *ta = calloc((size_t)P, sizeof *ta);
@@ -1896,13 +2088,15 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             goto out;
         }
         for (int p = 0; p < P && !st; p++)
-            st = cpc_local_endpoint_create(x.world, p, &x.tr[p]);
+            st = open_local_endpoints(&x, p);
         for (int p = 0; p < P && !st; p++) {
             ta[p] = (thread_arg){&x, p};
             int e = pthread_create(&th[p], NULL, rank_thread, &ta[p]);
             if (e) {
                 st = cpc_error(CPC_E_RUNTIME, "cannot start the thread of rank %d: %s", p, strerror(e));
                 cpc_local_world_abort(x.world, -1, st->message);
+                for (int g = 0; x.sub_worlds && g < x.pl.C * x.pl.T; g++)
+                    cpc_local_world_abort(x.sub_worlds[g], -1, st->message);
             } else {
                 started[p] = true;
             }
@@ -1927,6 +2121,8 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     snprintf(rep->variant, sizeof rep->variant, "%s", cpc_variant_name(L->variant));
     rep->ring_degree = L->R;
     rep->ulysses_degree = L->U;
+    rep->cfg_degree = x.pl.C;
+    rep->tp_degree = x.pl.T;
     rep->ranks = P;
     snprintf(rep->backend, sizeof rep->backend, "%s", x.cuda ? "cuda" : "cpu");
     attention_text(rep->attention, sizeof rep->attention, &x, P);
@@ -1941,11 +2137,11 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         snprintf(rep->input, sizeof rep->input, "%s", opt.input_path);
     else
         snprintf(rep->input, sizeof rep->input, "random normal, seed %llu", (unsigned long long)opt.seed);
-    rep->B = L->B;
+    rep->B = x.G.B;
     rep->S = L->S;
     rep->Skv = L->Skv;
-    rep->H = L->H;
-    rep->Hkv = L->Hkv;
+    rep->H = x.G.H;
+    rep->Hkv = x.G.Hkv;
     rep->D = L->D;
     rep->causal = L->causal;
     rep->warmup = opt.warmup;
@@ -1985,7 +2181,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         if (x.res[p].peak > rep->peak_memory_bytes_per_rank)
             rep->peak_memory_bytes_per_rank = x.res[p].peak;
     }
-    rep->flops = 4.0 * (double)L->B * (double)L->S * (double)L->Skv * L->H * L->D;
+    rep->flops = 4.0 * (double)x.G.B * (double)L->S * (double)L->Skv * x.G.H * L->D;
     if (L->causal)
         rep->flops *= 0.5;
     rep->tflops = rep->ms_per_iter > 0 ? rep->flops / (rep->ms_per_iter * 1e-3) / 1e12 : 0;
@@ -2039,11 +2235,14 @@ out:
             if (x.tr[p])
                 cpc_transport_destroy(x.tr[p]);
     free(x.tr);
+    close_local_worlds(&x);
     free(x.st);
     free(x.bes);
     cpc_local_world_destroy(x.world);
     if (mpi_t)
         cpc_transport_destroy(mpi_t);
+    if (x.mpi_job_t) /* after the group's endpoint: it may finalise MPI */
+        cpc_transport_destroy(x.mpi_job_t);
 #ifdef CPC_HAVE_MPI
     if (use_nccl)
         cpc_mpi_finalize(); /* NCCL's bootstrap left MPI initialised (also on failure) */

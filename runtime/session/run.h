@@ -8,7 +8,24 @@
  * the compiler's own pipeline, cpc_compile_file (compile.h) up to
  * CPC_UNTIL_VERIFY, exactly what `cpc --check` runs: load -> validate and
  * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
- * -> price the final program.  A training plan is refused with CP060.
+ * -> price the final program.  A training plan also gets its backward
+ * program (schedule_bwd.h), proved (verify_bwd.h); CP060 where none exists.
+ *
+ * The outer axes (SPEC section 1, "All four axes"; placement.h): with
+ * cfg_degree C x tp_degree T > 1 the job's world is P = C*T*R*U ranks;
+ * world rank p = ((c*R + r)*U + u)*T + t runs the R x U program (laid out
+ * on the plan's (c, t) sub-plan, plan.h cpc_plan_sub) as its group rank
+ * q = r*U + u, on batch items [c*B/C, (c+1)*B/C), query heads
+ * [t*H/T, (t+1)*H/T) and their K/V heads (random inputs: the same global
+ * tensors as any other split; --input: that box of the file; the mask:
+ * those batch rows).  Each group has its own transport (a local world per
+ * group; under MPI a communicator split from MPI_COMM_WORLD by c*T + t);
+ * the results travel to world rank 0 over a second endpoint of the job's
+ * whole world (P x 1), which gathers the global out and LSE, checks the
+ * whole problem against the float64 reference and writes the outputs.
+ * Training plans (every variant) run the backward per group; dK/dV of K/V
+ * heads replicated over tensor-parallel ranks (Hkv < T) are summed.  The
+ * NCCL transport refuses C*T > 1 (CPC_E_UNSUPPORTED).
  *
  * Backend (--backend, SPEC section 5):
  *   cpu   the CPU backend (backend.h); --attention auto or cpu.
@@ -80,13 +97,14 @@ typedef struct cpc_job {
  * n_sets --set overrides (YAML only).  Returns the diagnostics chain
  * (warnings and/or errors; caller frees).  On error *out is NULL.  Errors:
  * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
- * CP060 (class CPC_E_PLAN) for a training plan whose variant has no
- * backward program yet (schedule_bwd.h says which train); cprun maps every plan
+ * CP060 (class CPC_E_PLAN) for a training plan that has no backward program
+ * (a Lua schedule script; schedule_bwd.h says what trains); cprun maps every plan
  * rejection to exit status 2. */
 cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, cpc_job **out);
 
 /* Builds a job from an in-memory plan (borrowed: it must outlive the job)
- * for the candidate (variant, R, U): schedule + verify, no validation.
+ * for the candidate (variant, R, U): schedule + verify, no validation (with
+ * cfg_degree x tp_degree > 1, of the plan's (c, t) sub-plan).
  * For tests and embedders.  Errors: those of cpc_schedule_build and
  * cpc_verify. */
 cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int ring_degree,

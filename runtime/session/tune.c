@@ -88,15 +88,30 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
         if (!c->ok)
             continue;
         /* the plan's own candidate may appear twice (validate.h): measure once */
+        int C = c->cfg_degree >= 1 ? c->cfg_degree : 1, T = c->tp_degree >= 1 ? c->tp_degree : 1;
         bool dup = false;
         for (int e = 0; e < out->n_entries; e++)
             dup = dup || (out->entries[e].variant == c->variant &&
                           out->entries[e].ring_degree == c->ring_degree &&
-                          out->entries[e].ulysses_degree == c->ulysses_degree);
+                          out->entries[e].ulysses_degree == c->ulysses_degree &&
+                          out->entries[e].cfg_degree == C && out->entries[e].tp_degree == T);
         if (dup)
             continue;
+        /* the candidate's outer axes (validate.h THE OUTER AXES): its C*T
+         * groups of R x U ranks run (run.h), on a shallow copy of the plan.
+         * Its measurement is keyed by the (c, t) sub-plan, the problem the
+         * cost model prices for this candidate (cpc_cost_price_candidate
+         * gets cpc_plan_sub's plan): (C, T) pairs with the same R x U are
+         * different problems (batch B/C, heads H/T). */
+        cpc_plan cp = *plan, sub;
+        cp.parallel.cfg_degree = C;
+        cp.parallel.tp_degree = T;
+        if (!cpc_plan_sub(&cp, C, T, &sub)) {
+            st = cpc_error(CPC_E_INTERNAL, "--tune: cfg_degree %d x tp_degree %d does not split the plan", C, T);
+            break;
+        }
         cpc_job *job = NULL;
-        st = cpc_job_from_plan(plan, c->variant, c->ring_degree, c->ulysses_degree, &job);
+        st = cpc_job_from_plan(&cp, c->variant, c->ring_degree, c->ulysses_degree, &job);
         if (has_error(st)) {
             cpc_job_free(job);
             break;
@@ -128,17 +143,19 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
             e->variant = c->variant;
             e->ring_degree = c->ring_degree;
             e->ulysses_degree = c->ulysses_degree;
+            e->cfg_degree = C;
+            e->tp_degree = T;
             e->ms_per_layer = rep.ms_per_iter;
             e->predicted_ms_per_layer = c->predicted_ms_per_layer;
             cpc_measurement m = {.variant = c->variant, .ring_degree = c->ring_degree,
                                  .ulysses_degree = c->ulysses_degree,
                                  .ms_per_layer = rep.ms_per_iter > 0 ? rep.ms_per_iter : 1e-6};
-            snprintf(m.key, sizeof m.key, "%s", out->key);
+            cpc_measure_key(&sub, m.key, sizeof m.key);
             snprintf(m.backend, sizeof m.backend, "%s", out->backend);
             st = cpc_measurements_put(&out->measured, &m);
             if (opt->log)
-                fprintf(opt->log, "  %-17s %5dx%-5d %10.3f ms per layer measured (predicted %.3f)\n",
-                        cpc_variant_name(c->variant), c->ring_degree, c->ulysses_degree,
+                fprintf(opt->log, "  %-17s %5dx%-5d cfg %d x tp %d %10.3f ms per layer measured (predicted %.3f)\n",
+                        cpc_variant_name(c->variant), c->ring_degree, c->ulysses_degree, C, T,
                         rep.ms_per_iter, c->predicted_ms_per_layer);
         }
         cpc_run_report_free(&rep);

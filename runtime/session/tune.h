@@ -46,6 +46,7 @@ typedef struct cpc_tune_options {
 typedef struct cpc_tune_entry {
     cpc_variant variant;
     int ring_degree, ulysses_degree;
+    int cfg_degree, tp_degree;     /* the candidate's outer axes (1 when unsplit) */
     double ms_per_layer;           /* measured */
     double predicted_ms_per_layer; /* the cost model's (without measurements) */
 } cpc_tune_entry;

@@ -786,6 +786,41 @@ cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int
     return create_on(base, true, ring_degree, ulysses_degree, out);
 }
 
+cpc_status *cpc_mpi_comm_rank_size(const void *comm, int *rank, int *size)
+{
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return cpc_error(CPC_E_USAGE, "mpi transport: MPI is %s", finalized ? "already finalised" : "not initialised");
+    MPI_Comm base = comm ? *(const MPI_Comm *)comm : MPI_COMM_WORLD;
+    if (base == MPI_COMM_NULL)
+        return cpc_error(CPC_E_USAGE, "mpi transport: the communicator is MPI_COMM_NULL");
+    MPI_Comm_rank(base, rank);
+    MPI_Comm_size(base, size);
+    return NULL;
+}
+
+cpc_status *cpc_transport_mpi_create_split(const void *comm, int color, int key, int ring_degree,
+                                           int ulysses_degree, cpc_transport **out)
+{
+    *out = NULL;
+    int wr = 0, ws = 0;
+    cpc_status *st0 = cpc_mpi_comm_rank_size(comm, &wr, &ws);
+    if (st0)
+        return st0;
+    MPI_Comm base = comm ? *(const MPI_Comm *)comm : MPI_COMM_WORLD;
+    MPI_Comm sub = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(base, color, key, &sub);
+    if (rc != MPI_SUCCESS)
+        return mpi_status(rc, "rank %d: MPI_Comm_split (group %d)", wr, color);
+    cpc_status *st = cpc_transport_mpi_create_comm(&sub, ring_degree, ulysses_degree, out);
+    MPI_Comm_free(&sub); /* create_comm duplicated it */
+    if (st)
+        cpc_status_prefix(st, "world rank %d, group %d", wr, color);
+    return st;
+}
+
 static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
                              cpc_transport **out)
 {

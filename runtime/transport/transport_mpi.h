@@ -137,6 +137,22 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree,
  * CPC_E_RUNTIME (MPI errors), CPC_E_NOMEM. */
 cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int ulysses_degree,
                                           cpc_transport **out);
+/* The endpoint of one group of an outer-axes job (cfg_degree x tp_degree
+ * > 1: cprun, placement.h; libcpc's rank API): `comm` (pointer to an
+ * MPI_Comm; NULL: MPI_COMM_WORLD) split by `color` (the group, c*T + t) and
+ * ordered by `key` (the rank in the group's program, r*U + u), then as
+ * cpc_transport_mpi_create_comm on that communicator (ring_degree x
+ * ulysses_degree must be the group's size).  MPI must be initialised (the
+ * job's world endpoint, cpc_transport_mpi_create, does it first); destroy
+ * never finalises it.  Collective over `comm`.  Errors: those of
+ * cpc_transport_mpi_create_comm, CPC_E_RUNTIME when the split fails. */
+cpc_status *cpc_transport_mpi_create_split(const void *comm, int color, int key, int ring_degree,
+                                           int ulysses_degree, cpc_transport **out);
+
+/* This process's rank in `comm` (pointer to an MPI_Comm; NULL:
+ * MPI_COMM_WORLD) and its size.  Errors: CPC_E_USAGE (MPI not initialised
+ * or finalised, MPI_COMM_NULL). */
+cpc_status *cpc_mpi_comm_rank_size(const void *comm, int *rank, int *size);
 
 /* TESTING ONLY.  Lowers the limits of the large-count paths so that tests can
  * exercise them with small messages: a point-to-point message or collective

@@ -156,8 +156,10 @@ run no-plan 2
 run missing-plan 2 "$tmp/does-not-exist.yaml"
 run rejected 2 plans/flux1-dev-1008.yaml --set parallel.variant=ulysses
 has rejected.err "CP011"
-run training 2 "$tmp/small.yaml" --set input.mode=training
-has training.err "CP060"
+run training 0 "$tmp/small.yaml" --set input.mode=training --iters 1 --warmup 0
+has training.out "^bwd check:   PASS"
+run training-script 2 "$tmp/small.yaml" --set input.mode=training --set "schedule.script=$PWD/lua/examples/no_overlap.lua"
+has training-script.err "CP060"
 
 # ---- backends (SPEC section 5): auto picks cuda only with a GPU and driver --------------------
 run auto 0 "$tmp/small.yaml" --backend auto --iters 1 --warmup 0 --format json --verbose

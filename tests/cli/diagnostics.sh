@@ -43,12 +43,12 @@ golden cp010-unified-1008 1 --check tests/cases/seed-flux-1008-unified.yaml
 golden cp003-below-world  1 --check tests/cases/degrees-below-world.yaml
 golden cp013-unified-2    1 --check tests/cases/unified-world2.yaml
 golden cp012-gqa          1 --check tests/cases/gqa28-7-ulysses2.yaml
-golden cp018-training     1 --check tests/cases/ring-anything-training.yaml
+golden cp018-lifted       0 --check tests/cases/ring-anything-training.yaml
 golden cp019-causal       1 --check tests/cases/ring-anything-causal.yaml
 golden cp001-no-parallel  1 --check tests/cases/no-parallelism.yaml
 golden cp022-causal-segs  1 --check --set input.mask=causal plans/flux1-dev-1024.yaml
 golden fallback-warning   0 --check tests/cases/fallback-ulysses-1008.yaml
-golden auto-all-fail      1 --check --set input.mode=training --set parallel.variant=auto plans/flux1-dev-1008.yaml
+golden auto-all-fail      1 --check --set input.mask=causal --set parallel.variant=auto plans/flux1-dev-1008.yaml
 
 # the summary goes to stdout, not stderr
 grep -q '^tests/cases/fallback-ulysses-1008.yaml: ok: ulysses_anything 1x4' "$tmp/fallback-warning.out" \

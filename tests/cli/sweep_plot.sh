@@ -133,6 +133,34 @@ has gp-step.out "ms per step / memory per rank"
 grep -q "o.svg" "$tmp/script.gp" && fail "gp-ok: the output file name is in gnuplot's script"
 grep -q "set output" "$tmp/script.gp" && fail "gp-ok: the script sets an output"
 
+# ---- four axes: a plan whose points split over cfg_degree / tp_degree -------------------------
+# the table's selected column names C x T; every valid (C, T, R, U) is listed per point,
+# fastest first, the selected one marked; the plot has one series per (C, T) family,
+# shifted apart, the selected ringed, the rule panel one row per family
+AXES=$(pwd)/plans/flux1-dev-8gpu-axes.yaml
+PATH="$tmp/bin-ok:$PATH" t axes 0 "$CPC" --sweep cluster.world_size=2,4,8 "$AXES" --set cluster.device=l20 --plot "$tmp/a.svg"
+grep -Eq '^8 .* C x T [0-9]+x[0-9]+$' "$tmp/axes.out" || fail "axes: no C x T in the selected column"
+has axes.out "cluster.world_size=8: 26 valid splits"
+python3 - "$tmp/axes.out" <<'EOF' || fail "axes: the per-point listing is not every valid split, fastest first, one selected"
+import re, sys
+blocks = open(sys.argv[1]).read().split("\ncluster.world_size=")[1:]
+assert len(blocks) == 3, len(blocks)
+for b in blocks:
+    rows = [l for l in b.splitlines()[2:] if l.strip()]
+    n = int(re.search(r": (\d+) valid split", b).group(1))
+    assert len(rows) == n, (n, rows)
+    times = [float(l[2:].split()[3]) for l in rows]
+    assert times == sorted(times), times
+    assert sum(l.startswith("*") for l in rows) == 1, rows
+EOF
+for fam in 'C 1 x T 1' 'C 1 x T 8' 'C 2 x T 4'; do
+  grep -qF "title '$fam'" "$tmp/script.gp" || fail "axes: no series '$fam' in the plot"
+done
+grep -q "title 'selected'" "$tmp/script.gp" || fail "axes: no 'selected' series"
+grep -q "using (\$1-0.16):3" "$tmp/script.gp" && grep -q "using (\$1+0.16):3" "$tmp/script.gp" \
+  || fail "axes: the families are not shifted apart"
+grep -qF "'flux1-dev-8gpu-axes' . ': predicted per step vs '" "$tmp/script.gp" || fail "axes: title is not the plan's name"
+
 # ---- the target checked before the sweep ----------------------------------------------------
 t plot-nodir 2 "$CPC" --sweep cluster.world_size=2,4 "$PLAN" --plot "$tmp/nodir/x.svg"
 has plot-nodir.err "cannot create: No such file or directory"

@@ -107,6 +107,32 @@ grep -q "B=9 other shape" "$tmp/prof.yaml" || fail "re-tuning dropped an unrelat
 "$CPC" --check "$tmp/tuned.yaml" >/dev/null 2>"$tmp/bad.err" && fail "cpc accepted a malformed measurement"
 grep -q "prof.yaml" "$tmp/bad.err" || fail "the malformed measurement's diagnostic does not name the file"
 
+# ---- the outer axes: every (C, T, R, U) candidate is measured and its measurement used ----
+cat >"$tmp/axes.yaml" <<'PLAN'
+version: 1
+model: {heads: 8, head_dim: 16, dtype: fp32}
+input: {batch: 2, tokens: 128}
+cluster: {world_size: 4, device: cpu}
+parallel: {variant: auto, cfg_degree: auto, tp_degree: auto}
+PLAN
+sed 's/device: cpu}/device: cpu, profile: axes_prof.yaml}/' "$tmp/axes.yaml" >"$tmp/axes_tuned.yaml"
+"$CPRUN" --tune "$tmp/axes.yaml" --iters 1 --profile-out "$tmp/axes_prof.yaml" >/dev/null 2>"$tmp/axes.err" \
+  || { fail "cprun --tune on a four-axis plan failed"; cat "$tmp/axes.err" >&2; }
+"$CPC" --explain --format json "$tmp/axes_tuned.yaml" >"$tmp/axes.json" 2>/dev/null \
+  || fail "cpc --explain with the four-axis profile failed"
+python3 - "$tmp/axes.json" "$tmp/axes_prof.yaml" <<'PY' || fail "four-axis candidates are not all measured"
+import json, sys
+d = json.load(open(sys.argv[1]))
+ok = [c for c in d["candidates"] if c["ok"]]
+# (C, T) pairs that share R x U (ulysses 1x2 under cfg 2 and under tp 2) are different problems
+pairs = {(c.get("cfg_degree", 1), c.get("tp_degree", 1)) for c in ok}
+assert len(pairs) >= 4, pairs
+missing = [c for c in ok if "measured_ms_per_layer" not in c]
+assert not missing, missing
+n = sum(1 for l in open(sys.argv[2]) if l.strip().startswith("- {key:"))
+assert n == len(ok), (n, len(ok))
+PY
+
 # ---- misuse --------------------------------------------------------------------------------
 "$CPRUN" --tune >/dev/null 2>&1; [ $? -eq 2 ] || fail "--tune without a plan should exit 2"
 "$CPRUN" --tune --calibrate "$tmp/plan.yaml" >/dev/null 2>&1; [ $? -eq 2 ] || fail "--tune --calibrate should exit 2"

@@ -164,11 +164,16 @@ class LocalWorld:
     def __init__(self, artifact, backend="auto", device=None, timeout_s=None):
         L = N.lib()
         self.artifact = artifact
-        w = ctypes.c_void_p()
-        _check(L, L.cpc_local_world_new(artifact._ptr, ctypes.byref(w)))
-        self._ptr, self._L = w.value, L
+        # With cfg_degree x tp_degree > 1 every (c, t) group has its own R x U world
+        # (libcpc's rank.h, THE OUTER AXES); rank r joins the world of its group.
+        self._L = L
+        self._ptrs = []
         self._ranks = []
         try:
+            for _ in range(artifact.cfg_degree * artifact.tp_degree):
+                w = ctypes.c_void_p()
+                _check(L, L.cpc_local_world_new(artifact._ptr, ctypes.byref(w)))
+                self._ptrs.append(w.value)
             for r in range(artifact.world_size):
                 self._ranks.append(Attention(artifact, rank=r, world=self, backend=backend,
                                              device=device, timeout_s=timeout_s))
@@ -178,6 +183,17 @@ class LocalWorld:
 
     def rank(self, r):
         return self._ranks[r]
+
+    @property
+    def _ptr(self):
+        return self._ptrs[0] if self._ptrs else None
+
+    def _world_of(self, rank):
+        """The world of rank `rank`'s (c, t) group: c = rank // (P / C), t = rank % T."""
+        a = self.artifact
+        C, T = a.cfg_degree, a.tp_degree
+        c, t = rank // (a.world_size // C), rank % T
+        return self._ptrs[c * T + t]
 
     def __len__(self):
         return len(self._ranks)
@@ -214,9 +230,10 @@ class LocalWorld:
         for r in self._ranks:
             r.close()
         self._ranks = []
-        ptr, self._ptr = self._ptr, None
-        if ptr:
-            self._L.cpc_local_world_free(ptr)
+        ptrs, self._ptrs = self._ptrs, []
+        for ptr in ptrs:
+            if ptr:
+                self._L.cpc_local_world_free(ptr)
 
     def __enter__(self):
         return self
@@ -281,7 +298,8 @@ class Attention:
             size, crank = comm.Get_size(), comm.Get_rank()
             if size != artifact.world_size:
                 raise UsageError(f"the communicator has {size} processes but the plan's "
-                                 f"world_size is {artifact.world_size} (R x U = "
+                                 f"world_size is {artifact.world_size} (C x T x R x U = "
+                                 f"{artifact.cfg_degree} x {artifact.tp_degree} x "
                                  f"{artifact.ring_degree} x {artifact.ulysses_degree})",
                                  code="usage")
             if rank is not None and rank != crank:
@@ -318,7 +336,8 @@ class Attention:
                 wptr = w.value
                 rank = 0 if rank is None else rank
             else:
-                wptr = world._ptr
+                wptr = world._world_of(rank) if isinstance(rank, int) and \
+                    0 <= rank < artifact.world_size else world._ptr
                 self._world = world
             if not isinstance(rank, int) or not 0 <= rank < artifact.world_size:
                 raise UsageError(f"rank {rank!r} is out of range: the world has "
