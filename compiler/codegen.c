@@ -141,18 +141,20 @@ cpc_status *cpc_codegen_sources(const cpc_kernel_spec *spec, const char *arch,
         spec->dtype < 0 || spec->dtype >= CPC_DTYPE__COUNT)
         return cpc_error(CPC_E_INTERNAL, "codegen: invalid kernel spec (head_dim %d, gqa %d)",
                          spec->head_dim, spec->gqa);
-    cpc_kernel *k = calloc(2, sizeof *k);
+    cpc_kernel *k = calloc(CPC_CODEGEN_MODULES, sizeof *k);
     if (!k)
         return &cpc_status_oom;
     cpc_status *st = make_kernel(&k[0], "memory", arch, spec, cpc_kernel_memory_cu);
     if (!st)
         st = make_kernel(&k[1], "attention", arch, spec, cpc_kernel_attention_cu);
+    if (!st)
+        st = make_kernel(&k[2], "attention_bwd", arch, spec, cpc_kernel_attention_bwd_cu);
     if (st) {
-        cpc_kernels_free(k, 2);
+        cpc_kernels_free(k, CPC_CODEGEN_MODULES);
         return st;
     }
     *out = k;
-    *n = 2;
+    *n = CPC_CODEGEN_MODULES;
     return NULL;
 }
 

@@ -35,8 +35,17 @@
 /* Spec of a plan: its dtype, head_dim, mask and GQA ratio. */
 cpc_kernel_spec cpc_kernel_spec_of(const cpc_plan *plan);
 
+/* The modules generated for every plan, in this order: "memory"
+ * (kernels/memory.cu: copies, LSE merge, init, conversions), "attention"
+ * (kernels/attention.cu: the forward kernels) and "attention_bwd"
+ * (kernels/attention_bwd.cu: the backward kernels of attn_bwd).  An artifact
+ * written before the backward module existed holds the first two; its
+ * CUDA backend then has no attn_bwd. */
+#define CPC_CODEGEN_MODULES 3
+
 /* Generates the modules' sources for `spec` and `arch` ("sm_90"): writes a
- * malloc'd array of *n kernels to *out (free with cpc_kernels_free).
+ * malloc'd array of *n = CPC_CODEGEN_MODULES kernels to *out (free with
+ * cpc_kernels_free).
  * Errors: CPC_E_USAGE for a malformed arch or one this NVRTC cannot target
  * ("--arch sm_10: not supported by this NVRTC (supported: sm_75, ...)"),
  * CPC_E_NOMEM. */

@@ -131,3 +131,22 @@ extern "C" __global__ void cpc_convert_to_f32(float *dst, const CPC_DTYPE *src, 
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = cpc_to_f32(src[i]);
 }
+
+// fp32 strided accumulate (backend.h add_strided): for b < nb, t < nt, h < nh,
+// i < inner: dst[b*dbs + t*dts + h*dhs + i] += src[b*sbs + t*sts + h*shs + i]
+// (strides in floats; dst and src do not overlap).  One thread per element,
+// grid-stride over all nb*nt*nh*inner of them, so a single long row (the
+// executor's plain sums) spreads over the whole grid.
+extern "C" __global__ void cpc_add_strided_f32(float *dst, const float *src, long long nb,
+                                               long long nt, long long nh, long long inner,
+                                               long long dbs, long long dts, long long dhs,
+                                               long long sbs, long long sts, long long shs)
+{
+    const long long total = nb * nt * nh * inner;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        long long row = e / inner, i = e % inner;
+        long long h = row % nh, t = (row / nh) % nt, b = row / (nh * nt);
+        dst[b * dbs + t * dts + h * dhs + i] += src[b * sbs + t * sts + h * shs + i];
+    }
+}

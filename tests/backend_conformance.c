@@ -156,6 +156,55 @@ const cpc_bc_case *cpc_bc_cases(int *n)
     return CASES;
 }
 
+/* ---- the backward case matrix (BWD) -----------------------------------------------------
+ *
+ * The features of cpc_attn_bwd_args, each in a small case the emulator runs
+ * (dtypes, head_dim 1..256 across the CUDA kernel's 64- and 32-row tiles,
+ * GQA with a head subset, causal zigzag runs split into ring blocks, key
+ * padding with empty rows, cross-attention, batch strides, accumulation,
+ * out in the plan dtype, a delta-only call), plus LARGE ones for fast
+ * backends. */
+
+#define L CPC_BC_LARGE
+static const cpc_bc_case BWD_CASES[] = {
+    {.name = "bwd_d64_cross_strides", .B = 2, .S = 37, .Skv = 53, .H = 3, .Hkv = 3, .D = 64, .extra = 2, .slack = 3},
+    {.name = "bwd_d16_causal", .B = 1, .S = 20, .Skv = 20, .H = 2, .Hkv = 2, .D = 16, .causal = true},
+    {.name = "bwd_d256_causal", .B = 1, .S = 21, .Skv = 21, .H = 1, .Hkv = 1, .D = 256, .causal = true},
+    {.name = "bwd_d40_cross_gqa", .B = 1, .S = 9, .Skv = 70, .H = 2, .Hkv = 1, .D = 40},
+    {.name = "bwd_d3_many_tiles", .dtypes = F32, .B = 1, .S = 70, .Skv = 130, .H = 1, .Hkv = 1, .D = 3},
+    {.name = "bwd_tiny_d1", .B = 1, .S = 1, .Skv = 1, .H = 1, .Hkv = 1, .D = 1},
+    {.name = "bwd_gqa_28_7_heads", .dtypes = BF16 | F32, .B = 1, .S = 20, .Skv = 24, .H = 28, .Hkv = 7, .D = 16,
+     .qh0 = 10, .nqh = 7, .causal = true, .slack = 2},
+    {.name = "bwd_mqa_heads", .dtypes = FP16, .B = 2, .S = 17, .Skv = 17, .H = 8, .Hkv = 1, .D = 32, .qh0 = 3,
+     .nqh = 4, .causal = true, .extra = 1},
+    /* rank 0 of a zigzag ring of P = 4: keys in 4 blocks (rotated), padding, empty rows */
+    {.name = "bwd_ring_zigzag_keypad", .B = 2, .S = 48, .Skv = 48, .H = 2, .Hkv = 1, .D = 32, .causal = true,
+     .qr = {{0, 6}, {42, 6}}, .nqr = 2,
+     .kr = {{6, 6}, {36, 6}, {12, 6}, {30, 6}, {18, 6}, {24, 6}, {0, 6}, {42, 6}}, .nkr = 8,
+     .nblk = 4, .pad = 3, .extra = 1},
+    {.name = "bwd_keypad_last_batch_empty", .B = 2, .S = 11, .Skv = 30, .H = 1, .Hkv = 1, .D = 16, .pad = 2,
+     .extra = 2},
+    {.name = "bwd_zigzag_pos_gqa_keypad", .dtypes = F32, .B = 2, .H = 6, .Hkv = 2, .D = 128, .causal = true,
+     .qh0 = 3, .nqh = 3, .pos = CPC_BC_POS_ZIGZAG, .sq = 30, .skv = 44, .pad = 2},
+    {.name = "bwd_d80_strided_keypad", .dtypes = FP16, .B = 1, .H = 1, .Hkv = 1, .D = 80, .causal = true,
+     .pos = CPC_BC_POS_STRIDED, .sq = 40, .skv = 70, .pad = 1},
+    {.name = "bwd_prior_out_dtype_split", .B = 2, .S = 24, .Skv = 24, .H = 2, .Hkv = 2, .D = 32, .nblk = 2,
+     .prior = true, .out_dtype = true, .extra = 1},
+    {.name = "bwd_logits_10", .dtypes = F32, .B = 1, .S = 30, .Skv = 50, .H = 1, .Hkv = 1, .D = 32, .amp = 10.0},
+    /* tile-crossing shapes for fast backends */
+    {.name = "bwd_large_causal_300", .B = 1, .S = 300, .Skv = 300, .H = 2, .Hkv = 1, .D = 64, .causal = true,
+     .extra = 1, .flags = L},
+    {.name = "bwd_large_cross_d128", .B = 2, .S = 150, .Skv = 230, .H = 2, .Hkv = 2, .D = 128, .pad = 1,
+     .nblk = 3, .flags = L},
+};
+#undef L
+
+const cpc_bc_case *cpc_bc_bwd_cases(int *n)
+{
+    *n = (int)(sizeof BWD_CASES / sizeof BWD_CASES[0]);
+    return BWD_CASES;
+}
+
 /* ---- the suite ------------------------------------------------------------------- */
 
 typedef struct suite {
@@ -692,6 +741,398 @@ out:
     free(vw.kpos);
 }
 
+/* ---- the backward ------------------------------------------------------------------ */
+
+/* Uploads float host data to a new device buffer of n floats. */
+static cpc_status *dev_put_f32(cpc_backend *be, const float *host, size_t n, void **out)
+{
+    return dev_put(be, host, sizeof(float) * n, out);
+}
+
+/* SPEC section 10: gradients as `out` (fp32 1e-5, fp16 2e-3), bf16 2e-2. */
+static double grad_tolerance(cpc_dtype dt)
+{
+    return dt == CPC_DTYPE_BF16 ? 2e-2 : cpc_check_tolerance(dt);
+}
+
+/* The backward of one (case, dtype): the harness of the BWD comment in
+ * backend_conformance.h.  With `run` 1 the second pass is perturbed and its
+ * gradients must equal the first's bitwise. */
+static void bwd_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t seed)
+{
+    char what[160];
+    snprintf(what, sizeof what, "attn_bwd %s %s (case seed %llu)", tc->name, cpc_dtype_name(dt),
+             (unsigned long long)seed);
+    double t0 = now_s();
+    view vw;
+    make_view(tc, &vw);
+    const int B = tc->B, H = tc->H, Hkv = tc->Hkv, D = tc->D, group = H / Hkv;
+    const int64_t Sg = vw.S, Skvg = vw.Skv, sq = vw.sq, skv_all = vw.skv;
+    const int nqh = tc->nqh ? tc->nqh : H, qh0 = tc->nqh ? tc->qh0 : 0;
+    const int nblk = tc->nblk > 1 ? tc->nblk : 1;
+    const size_t es = test_esz(dt);
+    const float scale = (float)(1.0 / sqrt((double)D));
+
+    void *q = test_rand_tensor(dt, (size_t)B * Sg * H * D, seed, 1, tc->amp > 0 ? tc->amp : 1.0);
+    void *k = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 2, 1.0);
+    void *v = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 3, 1.0);
+    void *dout = test_rand_tensor(dt, (size_t)B * Sg * H * D, seed, 5, 1.0);
+    uint8_t *pmask = NULL;
+    if (tc->pad) {
+        pmask = test_xmalloc((size_t)B * Skvg);
+        for (int b = 0; b < B; b++)
+            for (int64_t j = 0; j < Skvg; j++) {
+                uint8_t on = (test_bits_at(seed, 4, (uint64_t)b * Skvg + j) & 3u) != 0;
+                if (tc->pad == 2 && b == B - 1)
+                    on = 0;
+                if (tc->pad == 3 && j < 5)
+                    on = 0;
+                pmask[(size_t)b * Skvg + j] = on;
+            }
+    }
+    int kv_need0 = qh0 / group, kv_need1 = (qh0 + nqh - 1) / group + 1;
+    int kv_off = kv_need0 > 0 ? kv_need0 - 1 : 0;
+    int kv_end = kv_need1 < Hkv ? kv_need1 + 1 : Hkv;
+    int hkv = kv_end - kv_off;
+
+    /* local q and dout: `extra` poison rows and `slack` poison elements per batch */
+    const int64_t qbs = (sq + tc->extra) * nqh * D + tc->slack;
+    void *ql = test_xmalloc(es * (size_t)(B * qbs)), *dol = test_xmalloc(es * (size_t)(B * qbs));
+    fill_nan(ql, dt, (size_t)(B * qbs));
+    fill_nan(dol, dt, (size_t)(B * qbs));
+    for (int b = 0; b < B; b++)
+        for (int64_t i = 0; i < sq; i++) {
+            size_t src = (((size_t)b * Sg + vw.qpos[i]) * H + qh0) * D * es;
+            size_t dst = ((size_t)b * qbs + (size_t)i * nqh * D) * es;
+            memcpy((char *)ql + dst, (char *)q + src, es * (size_t)nqh * D);
+            memcpy((char *)dol + dst, (char *)dout + src, es * (size_t)nqh * D);
+        }
+    /* local K/V of keys [j0, j1) of the view */
+    const int64_t kvbs_all = (skv_all + tc->extra) * hkv * D + tc->slack;
+    const size_t kvn_all = (size_t)(B * kvbs_all);
+    void *kl = test_xmalloc(es * kvn_all), *vl = test_xmalloc(es * kvn_all);
+    fill_nan(kl, dt, kvn_all);
+    fill_nan(vl, dt, kvn_all);
+    for (int b = 0; b < B; b++)
+        for (int64_t j = 0; j < skv_all; j++) {
+            size_t src = (((size_t)b * Skvg + vw.kpos[j]) * Hkv + kv_off) * D * es;
+            size_t dst = ((size_t)b * kvbs_all + (size_t)j * hkv * D) * es;
+            memcpy((char *)kl + dst, (char *)k + src, es * (size_t)hkv * D);
+            memcpy((char *)vl + dst, (char *)v + src, es * (size_t)hkv * D);
+        }
+    cpc_run *qruns = NULL, *kruns_all = NULL;
+    int nqr = 0, nkr_all = 0;
+    qruns = to_runs(vw.qpos, sq, &nqr);
+    kruns_all = to_runs(vw.kpos, skv_all, &nkr_all);
+
+    /* gradients with sentinel rows per batch, prior values when asked */
+    const int64_t dqbs = (sq + tc->extra) * nqh * D, dkvbs = (skv_all + tc->extra) * hkv * D;
+    const size_t ndq = (size_t)B * dqbs, ndkv = (size_t)B * dkvbs;
+    const size_t no = (size_t)B * sq * nqh * D, nl = (size_t)B * nqh * sq;
+    const float sentinel = 12345.0f;
+    float *pq = test_xmalloc(sizeof(float) * ndq), *pk = test_xmalloc(sizeof(float) * ndkv);
+    float *pv = test_xmalloc(sizeof(float) * ndkv);
+    float *gq[2] = {test_xmalloc(sizeof(float) * ndq), test_xmalloc(sizeof(float) * ndq)};
+    float *gk[2] = {test_xmalloc(sizeof(float) * ndkv), test_xmalloc(sizeof(float) * ndkv)};
+    float *gv[2] = {test_xmalloc(sizeof(float) * ndkv), test_xmalloc(sizeof(float) * ndkv)};
+    for (size_t i = 0; i < ndq; i++)
+        pq[i] = (int64_t)(i % (size_t)dqbs) >= sq * nqh * D ? sentinel
+                : tc->prior ? (float)(0.01 * test_normal_at(seed, 6, i)) : 0.0f;
+    for (size_t i = 0; i < ndkv; i++) {
+        bool gap = (int64_t)(i % (size_t)dkvbs) >= skv_all * hkv * D;
+        pk[i] = gap ? sentinel : tc->prior ? (float)(0.01 * test_normal_at(seed, 7, i)) : 0.0f;
+        pv[i] = gap ? sentinel : tc->prior ? (float)(0.01 * test_normal_at(seed, 8, i)) : 0.0f;
+    }
+    float *o = test_xmalloc(sizeof(float) * no), *lse = test_xmalloc(sizeof(float) * nl);
+    float *nanbuf = test_xmalloc(sizeof(float) * (no > nl ? no : nl));
+    fill_f32(nanbuf, no > nl ? no : nl, NAN);
+    void *o_plan = NULL;
+    double *rq = NULL, *rk = NULL, *rv = NULL, *got = NULL, *ref = NULL;
+    uint8_t *rmask = NULL;
+    void *rdout = NULL;
+
+    cpc_kernel_spec spec = {dt, D, tc->causal, group};
+    cpc_backend *be = NULL;
+    void *dq_ = NULL, *ddo = NULL, *dk_ = NULL, *dv_ = NULL, *dm = NULL, *dO = NULL, *dL = NULL,
+         *dOut = NULL, *dDelta = NULL, *dgq = NULL, *dgk = NULL, *dgv = NULL;
+    cpc_status *st = make_backend(S, &spec, &be);
+    if (st) {
+        fail_st(S, what, "create backend", st);
+        goto out;
+    }
+    if (!cpc_backend_has_attn_bwd(be)) {
+        fail(S, what, "the backend has no attn_bwd");
+        goto out;
+    }
+    if ((st = dev_put(be, ql, es * (size_t)(B * qbs), &dq_)) ||
+        (st = dev_put(be, dol, es * (size_t)(B * qbs), &ddo)) ||
+        (st = dev_put(be, kl, es * kvn_all, &dk_)) || (st = dev_put(be, vl, es * kvn_all, &dv_)) ||
+        (pmask && (st = dev_put(be, pmask, (size_t)B * Skvg, &dm))) ||
+        (st = dev_put_f32(be, nanbuf, no, &dO)) || (st = dev_put_f32(be, nanbuf, nl, &dL)) ||
+        (st = dev_put_f32(be, nanbuf, nl, &dDelta)) ||
+        (st = dev_put(be, NULL, sizeof(float) * ndq, &dgq)) ||
+        (st = dev_put(be, NULL, sizeof(float) * ndkv, &dgk)) ||
+        (st = dev_put(be, NULL, sizeof(float) * ndkv, &dgv))) {
+        fail_st(S, what, "device buffers", st);
+        goto out;
+    }
+    /* the key padding mask: on the device, or (pad 1) the host mask the executor
+     * passes (backend_cuda.h: copied to the device per call) */
+    const uint8_t *kvm = tc->pad == 1 ? pmask : (const uint8_t *)dm;
+    /* the forward over the view's keys: out (fp32) and the row's full lse */
+    cpc_attn_args fa = {
+        .B = B, .sq = sq, .skv = skv_all, .hq = nqh, .hkv = hkv, .d = D, .group = group,
+        .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt, .q = dq_, .k = dk_, .v = dv_,
+        .q_bstride = qbs, .kv_bstride = kvbs_all, .o = dO, .lse = dL, .scale = scale,
+        .causal = tc->causal, .q_runs = qruns, .n_q_runs = nqr, .kv_runs = kruns_all,
+        .n_kv_runs = nkr_all, .kv_mask = kvm, .mask_len = kvm ? Skvg : 0};
+    if ((st = cpc_backend_attn(be, &fa)) || (st = dev_sync(be)) ||
+        (st = cpc_backend_download(be, o, dO, sizeof(float) * no)) ||
+        (st = cpc_backend_download(be, lse, dL, sizeof(float) * nl))) {
+        fail_st(S, what, "forward", st);
+        goto out;
+    }
+    const void *outp = dO;
+    cpc_dtype out_dt = CPC_DTYPE_FP32;
+    int64_t out_bs = (int64_t)sq * nqh * D;
+    if (tc->out_dtype) {
+        out_dt = dt;
+        out_bs = qbs;
+        o_plan = test_xmalloc(es * (size_t)(B * qbs));
+        fill_nan(o_plan, dt, (size_t)(B * qbs));
+        const size_t ob = (size_t)sq * nqh * D;
+        for (int b = 0; b < B; b++)
+            cpc_from_f32_n((char *)o_plan + (size_t)b * qbs * es, dt, o + (size_t)b * ob, ob);
+        if ((st = dev_put(be, o_plan, es * (size_t)(B * qbs), &dOut))) {
+            fail_st(S, what, "device buffers", st);
+            goto out;
+        }
+        outp = dOut;
+    }
+    const int passes = S->o->repeat ? 2 : 1;
+    for (int pass = 0; pass < passes; pass++) {
+        if (pass == 1 && S->be->perturb)
+            S->be->perturb(S->be->ctx, 1);
+        if ((st = cpc_backend_upload(be, dgq, pq, sizeof(float) * ndq)) ||
+            (st = cpc_backend_upload(be, dgk, pk, sizeof(float) * ndkv)) ||
+            (st = cpc_backend_upload(be, dgv, pv, sizeof(float) * ndkv)) ||
+            (st = cpc_backend_upload(be, dDelta, nanbuf, sizeof(float) * nl))) {
+            fail_st(S, what, "upload", st);
+            goto out;
+        }
+        const cpc_attn_bwd_args base = {
+            .B = B, .sq = sq, .hq = nqh, .hkv = hkv, .d = D, .group = group, .q_head_off = qh0,
+            .kv_head_off = kv_off, .dtype = dt, .q = dq_, .dout = ddo, .q_bstride = qbs,
+            .kv_bstride = kvbs_all, .dout_bstride = qbs, .out_dtype = out_dt,
+            .out_bstride = out_bs, .lse = dL, .delta = dDelta, .dq = dgq, .dq_bstride = dqbs,
+            .dkv_bstride = dkvbs, .scale = scale, .causal = tc->causal, .q_runs = qruns,
+            .n_q_runs = nqr, .kv_mask = kvm, .mask_len = kvm ? Skvg : 0};
+        if (nblk > 1) { /* delta alone first (a schedule's `delta` op) */
+            cpc_attn_bwd_args a = base;
+            a.skv = 0;
+            a.out = outp;
+            a.compute_delta = true;
+            if ((st = cpc_backend_attn_bwd(be, &a))) {
+                fail_st(S, what, "attn_bwd (delta only, skv = 0)", st);
+                goto out;
+            }
+        }
+        for (int blk = 0; blk < nblk; blk++) {
+            int bi = (blk + 1) % nblk; /* rotated, as a ring rank sees the blocks */
+            int64_t j0 = skv_all * bi / nblk, j1 = skv_all * (bi + 1) / nblk;
+            int nkr = 0;
+            cpc_run *kr = to_runs(vw.kpos + j0, j1 - j0, &nkr);
+            cpc_attn_bwd_args a = base;
+            a.skv = j1 - j0;
+            a.k = (const char *)dk_ + (size_t)j0 * hkv * D * es;
+            a.v = (const char *)dv_ + (size_t)j0 * hkv * D * es;
+            a.dk = (float *)dgk + (size_t)j0 * hkv * D;
+            a.dv = (float *)dgv + (size_t)j0 * hkv * D;
+            a.kv_runs = kr;
+            a.n_kv_runs = nkr;
+            a.compute_delta = nblk == 1;
+            a.out = nblk == 1 ? outp : NULL;
+            st = cpc_backend_attn_bwd(be, &a);
+            free(kr);
+            if (st) {
+                cpc_status_prefix(st, "block %d of %d", bi, nblk);
+                fail_st(S, what, "attn_bwd", st);
+                goto out;
+            }
+        }
+        if ((st = dev_sync(be)) || (st = cpc_backend_download(be, gq[pass], dgq, sizeof(float) * ndq)) ||
+            (st = cpc_backend_download(be, gk[pass], dgk, sizeof(float) * ndkv)) ||
+            (st = cpc_backend_download(be, gv[pass], dgv, sizeof(float) * ndkv))) {
+            fail_st(S, what, "download", st);
+            goto out;
+        }
+        if (pass == 1 && S->be->perturb)
+            S->be->perturb(S->be->ctx, 0);
+    }
+    if (passes == 2 && (memcmp(gq[0], gq[1], sizeof(float) * ndq) != 0 ||
+                        memcmp(gk[0], gk[1], sizeof(float) * ndkv) != 0 ||
+                        memcmp(gv[0], gv[1], sizeof(float) * ndkv) != 0))
+        fail(S, what, "a second backward (perturbed: %s) gives different bits (a race, or a "
+                      "result that depends on the thread order)",
+             S->be->perturb ? "yes" : "no");
+
+    /* the reference: keys restricted to the view, dout zero outside the view */
+    rmask = calloc((size_t)B * Skvg, 1);
+    for (int b = 0; b < B; b++)
+        for (int64_t j = 0; j < skv_all; j++) {
+            size_t id = (size_t)b * Skvg + vw.kpos[j];
+            rmask[id] = pmask ? pmask[id] : 1;
+        }
+    rdout = calloc((size_t)B * Sg * H * D, es);
+    for (int b = 0; b < B; b++)
+        for (int64_t i = 0; i < sq; i++) {
+            size_t off = (((size_t)b * Sg + vw.qpos[i]) * H + qh0) * D * es;
+            memcpy((char *)rdout + off, (char *)dout + off, es * (size_t)nqh * D);
+        }
+    rq = test_xmalloc(sizeof(double) * (size_t)B * Sg * H * D);
+    rk = test_xmalloc(sizeof(double) * (size_t)B * Skvg * Hkv * D);
+    rv = test_xmalloc(sizeof(double) * (size_t)B * Skvg * Hkv * D);
+    cpc_ref_problem p = {.B = B, .S = Sg, .Skv = Skvg, .H = H, .Hkv = Hkv, .D = D, .dtype = dt,
+                         .q = q, .k = k, .v = v, .scale = scale, .causal = tc->causal,
+                         .kv_mask = rmask};
+    if ((st = cpc_reference_attention_bwd(&p, rdout, rq, rk, rv))) {
+        fail_st(S, what, "the reference backward", st);
+        goto out;
+    }
+    const float *g_q = gq[0], *g_k = gk[0], *g_v = gv[0];
+    size_t nmax = ndq > ndkv ? ndq : ndkv;
+    got = test_xmalloc(sizeof(double) * nmax);
+    ref = test_xmalloc(sizeof(double) * nmax);
+    double tol = S->o->out_tol > 0 ? S->o->out_tol : grad_tolerance(dt);
+    /* delta from an out rounded to the plan dtype carries that rounding: the
+     * SPEC's gradient tolerance at least, whatever the backend's own */
+    if (tc->out_dtype && tol < grad_tolerance(dt))
+        tol = grad_tolerance(dt);
+    cpc_compare_result cr[3];
+    int64_t empty = 0, bad = 0;
+    size_t n = 0;
+    cpc_compare_init(&cr[0]);
+    for (int b = 0; b < B; b++)
+        for (int64_t i = 0; i < sq; i++)
+            for (int h = 0; h < nqh; h++) {
+                size_t li = (size_t)b * dqbs + ((size_t)i * nqh + (size_t)h) * D;
+                size_t gi = (((size_t)b * Sg + (size_t)vw.qpos[i]) * H + (size_t)(qh0 + h)) * D;
+                bool is_empty = lse[((size_t)b * nqh + h) * sq + (size_t)i] == -INFINITY;
+                empty += is_empty;
+                for (int e = 0; e < D; e++) {
+                    if (is_empty && g_q[li + e] != pq[li + e] && bad++ < 3)
+                        fail(S, what, "row (b=%d h=%d pos=%lld) sees no key: dq must be unchanged, "
+                                      "got %g (prior %g)",
+                             b, qh0 + h, (long long)vw.qpos[i], (double)g_q[li + e], (double)pq[li + e]);
+                    got[n] = (double)g_q[li + e] - (double)pq[li + e];
+                    ref[n++] = rq[gi + e];
+                }
+            }
+    cpc_compare_add_f64(&cr[0], got, ref, (int64_t)n);
+    for (int w = 1; w < 3; w++) {
+        const float *g = w == 1 ? g_k : g_v, *pr = w == 1 ? pk : pv;
+        const double *r = w == 1 ? rk : rv;
+        n = 0;
+        for (int b = 0; b < B; b++)
+            for (int64_t j = 0; j < skv_all; j++)
+                for (int kh = 0; kh < hkv; kh++) {
+                    size_t li = (size_t)b * dkvbs + ((size_t)j * hkv + (size_t)kh) * D;
+                    size_t gi = (((size_t)b * Skvg + (size_t)vw.kpos[j]) * Hkv + (size_t)(kv_off + kh)) * D;
+                    int gh = kv_off + kh;
+                    bool used = (gh + 1) * group > qh0 && gh * group < qh0 + nqh;
+                    for (int e = 0; e < D; e++) {
+                        if (!used && memcmp(&g[li + e], &pr[li + e], 4) != 0 && bad++ < 3)
+                            fail(S, what, "K/V head %d is used by no query head of the call: %s "
+                                          "must be untouched",
+                                 gh, w == 1 ? "dk" : "dv");
+                        got[n] = (double)g[li + e] - (double)pr[li + e];
+                        ref[n++] = r[gi + e];
+                    }
+                }
+        cpc_compare_init(&cr[w]);
+        cpc_compare_add_f64(&cr[w], got, ref, (int64_t)n);
+    }
+    for (size_t i = 0; i < ndq; i++)
+        if ((int64_t)(i % (size_t)dqbs) >= sq * nqh * D && g_q[i] != sentinel && bad++ < 3)
+            fail(S, what, "dq written between batches (element %zu)", i);
+    for (size_t i = 0; i < ndkv; i++)
+        if ((int64_t)(i % (size_t)dkvbs) >= skv_all * hkv * D &&
+            (g_k[i] != sentinel || g_v[i] != sentinel) && bad++ < 3)
+            fail(S, what, "dk/dv written between batches (element %zu)", i);
+    static const char *const gname[3] = {"dq", "dk", "dv"};
+    for (int w = 0; w < 3; w++) {
+        cpc_compare_finish(&cr[w], tol);
+        /* a gradient that vanishes in exact arithmetic (one visible key: dS = 0)
+         * has no meaningful relative error: there the absolute error must be at
+         * the fp32 rounding level of its O(1) terms */
+        if (cr[w].n > 0 && sqrt(cr[w].sum_sq_ref / (double)cr[w].n) < 1e-6 &&
+            cr[w].max_abs_err <= 1e-5)
+            cr[w].pass = cr[w].n_nan == 0 && cr[w].n_inf == 0;
+        if (cr[w].n_nan || cr[w].n_inf)
+            fail(S, what, "NaN/Inf in %s: %lld NaN, %lld Inf, first at element %lld", gname[w],
+                 (long long)cr[w].n_nan, (long long)cr[w].n_inf, (long long)cr[w].first_bad);
+        else if (!cr[w].pass)
+            fail(S, what, "%s rel err %.3e > %.0e (max abs %.3e; B=%d S=%lld Skv=%lld H=%d "
+                          "Hkv=%d D=%d causal %d pad %d nblk %d)",
+                 gname[w], cr[w].rel_err, tol, cr[w].max_abs_err, B, (long long)Sg,
+                 (long long)Skvg, H, Hkv, D, tc->causal, tc->pad, nblk);
+    }
+    if (S->log)
+        fprintf(S->log,
+                "conformance %s: attn_bwd %-36s %s: dq %.2e dk %.2e dv %.2e (tol %.0e, empty "
+                "rows %lld)  %.2f s\n",
+                S->be->name, tc->name, cpc_dtype_name(dt), cr[0].rel_err, cr[1].rel_err,
+                cr[2].rel_err, tol, (long long)empty, now_s() - t0);
+out:
+    if (be) {
+        dev_free(be, dq_);
+        dev_free(be, ddo);
+        dev_free(be, dk_);
+        dev_free(be, dv_);
+        dev_free(be, dm);
+        dev_free(be, dO);
+        dev_free(be, dL);
+        dev_free(be, dOut);
+        dev_free(be, dDelta);
+        dev_free(be, dgq);
+        dev_free(be, dgk);
+        dev_free(be, dgv);
+        cpc_backend_destroy(be);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(pmask);
+    free(ql);
+    free(dol);
+    free(kl);
+    free(vl);
+    free(qruns);
+    free(kruns_all);
+    free(pq);
+    free(pk);
+    free(pv);
+    for (int i = 0; i < 2; i++) {
+        free(gq[i]);
+        free(gk[i]);
+        free(gv[i]);
+    }
+    free(o);
+    free(lse);
+    free(nanbuf);
+    free(o_plan);
+    free(rq);
+    free(rk);
+    free(rv);
+    free(got);
+    free(ref);
+    free(rmask);
+    free(rdout);
+    free(vw.qpos);
+    free(vw.kpos);
+}
+
 /* ---- merge ----------------------------------------------------------------------- */
 
 static void check_merge(suite *S, cpc_backend *be, int D, uint64_t seed, const char *what)
@@ -1160,6 +1601,59 @@ out:
     free(ones);
 }
 
+/* ---- add_strided ------------------------------------------------------------------------ */
+
+/* fp32 dst += src with copy_strided's geometry: a strided [2, 5, 3, 7] block
+ * (gaps between rows, heads and batches that must stay untouched) and one
+ * long contiguous row; bitwise against the host's fp32 sums. */
+static void check_add(suite *S, cpc_backend *be, uint64_t seed, const char *what)
+{
+    if (!be->vt->add_strided) {
+        fail(S, what, "the backend has no add_strided");
+        return;
+    }
+    for (int shape = 0; shape < 2; shape++) {
+        int64_t nb = 2, nt = 5, nh = 3, inner = 7, dhs = 9, dts = 3 * 9 + 2, dbs = 5 * dts + 3;
+        int64_t shs = 8, sts = 3 * 8 + 1, sbs = 5 * sts + 5;
+        if (shape == 1) {
+            nb = nt = nh = 1;
+            inner = 1000;
+            dhs = dts = dbs = shs = sts = sbs = 0;
+        }
+        size_t nd = shape ? (size_t)inner : (size_t)(nb * dbs), ns = shape ? (size_t)inner : (size_t)(nb * sbs);
+        float *hd = test_xmalloc(nd * 4), *hs = test_xmalloc(ns * 4), *want = test_xmalloc(nd * 4),
+              *got = test_xmalloc(nd * 4);
+        for (size_t i = 0; i < nd; i++)
+            hd[i] = want[i] = (float)test_normal_at(seed, 40 + (uint64_t)shape, i);
+        for (size_t i = 0; i < ns; i++)
+            hs[i] = (float)test_normal_at(seed, 42 + (uint64_t)shape, i);
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t t = 0; t < nt; t++)
+                for (int64_t h = 0; h < nh; h++)
+                    for (int64_t e = 0; e < inner; e++)
+                        want[b * dbs + t * dts + h * dhs + e] += hs[b * sbs + t * sts + h * shs + e];
+        void *dd = NULL, *ds = NULL;
+        cpc_status *st;
+        if ((st = dev_put(be, hd, nd * 4, &dd)) || (st = dev_put(be, hs, ns * 4, &ds)) ||
+            (st = cpc_backend_add_strided(be, dd, ds, nb, nt, nh, inner, dbs, dts, dhs, sbs, sts, shs)) ||
+            (st = dev_sync(be)) || (st = cpc_backend_download(be, got, dd, nd * 4)))
+            fail_st(S, what, "add_strided", st);
+        else if (memcmp(got, want, nd * 4) != 0) {
+            size_t k = 0;
+            while (k < nd && ubits(got[k]) == ubits(want[k]))
+                k++;
+            fail(S, what, "add_strided (%s): element %zu is %g, want %g (the sums, and nothing else)",
+                 shape ? "one long row" : "strided block", k, (double)got[k], (double)want[k]);
+        }
+        dev_free(be, dd);
+        dev_free(be, ds);
+        free(hd);
+        free(hs);
+        free(want);
+        free(got);
+    }
+}
+
 /* ---- the driver ------------------------------------------------------------------------- */
 
 static bool prefix(const char *name, const char *p) { return !p || !*p || strncmp(name, p, strlen(p)) == 0; }
@@ -1219,9 +1713,34 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
             }
         }
     }
+    if (checks & CPC_BC_BWD) {
+        int n = 0;
+        const cpc_bc_case *cs = cpc_bc_bwd_cases(&n);
+        for (int ci = 0; ci < n; ci++) {
+            const cpc_bc_case *c = &cs[ci];
+            if (!prefix(c->name, only) || (c->flags & S.o->exclude_flags))
+                continue;
+            unsigned dts = (c->dtypes ? c->dtypes : dts_all) & dts_run;
+            for (int t = 0; t < 3; t++) {
+                cpc_dtype dt = dorder[t];
+                if (!(dts & (1u << dt)))
+                    continue;
+                const char *why = be->skip_case ? be->skip_case(be->ctx, c, dt) : NULL;
+                if (why) {
+                    S.rep.cases_skipped++;
+                    if (S.log)
+                        fprintf(S.log, "conformance %s: attn_bwd %-36s %s: SKIP: %s\n", be->name,
+                                c->name, cpc_dtype_name(dt), why);
+                    continue;
+                }
+                bwd_case(&S, c, dt, mix(S.seed ^ mix(0x5eedull + (uint64_t)ci * 3 + (uint64_t)t)));
+                S.rep.cases_run++;
+            }
+        }
+    }
     /* the other methods, once per dtype on a backend made for it */
     unsigned mem_checks = checks & (CPC_BC_MERGE | CPC_BC_INIT | CPC_BC_CONVERT | CPC_BC_COPY |
-                                    CPC_BC_MEMORY);
+                                    CPC_BC_MEMORY | CPC_BC_ADD);
     bool want_mem = mem_checks && (!only || !*only || prefix("methods", only));
     for (int t = 0; want_mem && t < 3; t++) {
         cpc_dtype dt = dorder[t];
@@ -1260,6 +1779,11 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
             check_convert(&S, b, dt, seed, (checks & CPC_BC_CONVERT_16_16) != 0, w);
             S.rep.checks_run++;
         }
+        if (mem_checks & CPC_BC_ADD) {
+            snprintf(w, sizeof w, "%s: add_strided", what);
+            check_add(&S, b, seed, w);
+            S.rep.checks_run++;
+        }
         if (mem_checks & CPC_BC_COPY) {
             snprintf(w, sizeof w, "%s: copy_strided", what);
             for (int al = 0; al < 2; al++) {
@@ -1271,7 +1795,7 @@ cpc_status *cpc_backend_conformance(const cpc_bc_backend *be, const cpc_bc_opts 
         }
         cpc_backend_destroy(b);
         if (S.log)
-            fprintf(S.log, "conformance %s: %s (memory, init_acc, merge, convert, copy_strided): %s  %.2f s\n",
+            fprintf(S.log, "conformance %s: %s (memory, init_acc, merge, convert, copy_strided, add_strided): %s  %.2f s\n",
                     be->name, what, S.fails == before ? "ok" : "FAIL", now_s() - t1);
     }
     if ((checks & CPC_BC_BAD_ARGS) && (!only || !*only || prefix("bad_args", only))) {

@@ -37,8 +37,35 @@
  *  COPY      copy_strided: select tokens and heads out of a larger tensor,
  *            scatter them back (the rest untouched), unaligned pointers and
  *            odd inner sizes, fully contiguous, 2- and 4-byte elements.
+ *  ADD       add_strided: fp32 dst += src over a strided block (the gaps
+ *            untouched) and over one long row, bitwise against host sums; a
+ *            backend without add_strided fails it.
  *  MEMORY    alloc (0 bytes gives unique pointers), upload, copy, download,
  *            sync.
+ *  BWD       attn_bwd (backend.h, cpc_attn_bwd_args) on every case of the
+ *            backward matrix (cpc_bc_bwd_cases), for each of its dtypes: the
+ *            same global problem and view as ATTN plus dout [B,S,H,D]; the
+ *            backend's own forward over the view's keys gives out (fp32, or
+ *            converted to the plan dtype with the case's out_dtype) and the
+ *            row's LSE (natural log: a forward/backward mismatch of the LSE
+ *            base shows here), then the backward runs over the keys split
+ *            into nblk blocks (rotated order; with nblk > 1 delta comes from a
+ *            delta-only call, skv = 0, else from the first block), each
+ *            block's dk/dv written in place into the view's gradient
+ *            (dkv_bstride), dq/dk/dv accumulated (+=) onto prior values when
+ *            the case says so.  Gradient buffers have `extra` sentinel rows
+ *            per batch (must survive: batch strides), the K/V heads of the
+ *            block that no query head of the view uses must stay untouched,
+ *            rows that see no key must leave dq unchanged.  Compared with the
+ *            float64 reference backward (cpc_reference_attention_bwd) with the
+ *            keys restricted to the view and dout zeroed outside the view's
+ *            rows and heads: relative error of dq, dk, dv (each) <= the SPEC
+ *            gradient tolerance (fp32 1e-5, fp16 2e-3, bf16 2e-2; out_tol
+ *            overrides), no NaN/Inf.  With opts.repeat the whole backward
+ *            runs twice (perturbed): the gradients must be bitwise equal.
+ *            Cases with pad 1 pass the key padding mask as host memory (what
+ *            the executor passes), the others as a device buffer.
+ *            A backend without attn_bwd fails this check (skip it instead).
  *  BAD_ARGS  the refusals of the contract: CPC_E_INTERNAL for query heads
  *            whose K/V heads are not in the block, runs that do not cover
  *            the rows, a key position outside the key padding mask, a batch
@@ -82,7 +109,9 @@ enum {
     CPC_BC_COPY = 1u << 5,
     CPC_BC_MEMORY = 1u << 6,
     CPC_BC_BAD_ARGS = 1u << 7,
-    CPC_BC_ALL = (1u << 8) - 1,
+    CPC_BC_BWD = 1u << 8,
+    CPC_BC_ADD = 1u << 9,
+    CPC_BC_ALL = (1u << 10) - 1,
 };
 
 /* Case flags. */
@@ -129,10 +158,17 @@ typedef struct cpc_bc_case {
     bool nan_q;           /* a NaN planted in q of one row (batch 0, head qh0) */
     int64_t min_empty;    /* at least this many compared rows see no key */
     unsigned flags;       /* CPC_BC_LARGE */
+    /* BWD cases only: */
+    bool prior;           /* dq/dk/dv start with random values (+= checked) */
+    bool out_dtype;       /* the saved out in the plan dtype (as training keeps it), else fp32 */
 } cpc_bc_case;
 
-/* The case matrix (static storage). */
+/* The case matrix of ATTN (static storage). */
 const cpc_bc_case *cpc_bc_cases(int *n);
+
+/* The case matrix of BWD (static storage; nan_q and min_empty unused:
+ * rows that see no key are counted and checked wherever they occur). */
+const cpc_bc_case *cpc_bc_bwd_cases(int *n);
 
 /* The backend under test, made per case: `create` gets the kernel
  * specialisation the case needs (dtype, head_dim, causal, gqa = H / Hkv; the

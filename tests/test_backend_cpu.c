@@ -76,7 +76,14 @@ Test(conformance, attention_case_matrix, .timeout = 900)
 
 Test(conformance, methods_and_refused_arguments)
 {
-    conformance(CPC_BC_ALL & ~CPC_BC_ATTN, NULL, 0);
+    conformance(CPC_BC_ALL & ~(CPC_BC_ATTN | CPC_BC_BWD), NULL, 0);
+}
+
+/* attn_bwd on the backward case matrix (the same one the CUDA backend runs
+ * on the emulator), at 1e-5 (fp32 compute on rounded inputs). */
+Test(conformance, backward_case_matrix, .timeout = 900)
+{
+    conformance(CPC_BC_BWD, NULL, 0);
 }
 
 /* The full causal block under other tile sizes (diagonal tiles with increasing

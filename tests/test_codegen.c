@@ -76,7 +76,8 @@ static void check_spec(const cpc_kernel_spec *spec, const char *what)
     int n = 0;
     cpc_status *st = cpc_codegen_sources(spec, "sm_90", &k, &n);
     cr_assert_null(st);
-    cr_assert_eq(n, 2);
+    cr_assert_eq(n, CPC_CODEGEN_MODULES);
+    cr_expect_str_eq(k[2].name, "attention_bwd");
     for (int i = 0; i < n; i++) {
         cr_assert(strstr(k[i].source, "#define CPC_HEAD_DIM"), "specialisation prepended");
         st = cpc_codegen_report(&k[i]);
@@ -143,9 +144,11 @@ Test(codegen, dtype_headdim_matrix)
     if (!cpc_codegen_available())
         cr_skip_test("built without the CUDA toolkit");
     setenv("CPC_CACHE_DIR", "/tmp/cpc-test-cache", 1);
-    const int dims[] = {64, 128, 40, 256};
+    /* 64 / 128 / 256: each tile and thread count of the backward kernels
+     * (kernels/attention_bwd.cu), 40 and 80 the odd head_dims */
+    const int dims[] = {64, 128, 40, 256, 80};
     for (int t = 0; t < 3; t++)
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
             cpc_kernel_spec s = {(cpc_dtype)t, dims[i], i == 1, i == 2 ? 4 : 1};
             char what[64];
             snprintf(what, sizeof what, "%s d=%d causal=%d", cpc_dtype_name(s.dtype), s.head_dim,

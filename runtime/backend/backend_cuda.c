@@ -15,11 +15,20 @@ typedef struct cuda_ctx {
     cudaStream_t compute;
     cudaLibrary_t libs[4];
     int n_libs;
+    cpc_backend_vtable vt;     /* this backend's methods: the optional ones its modules serve */
+    cudaKernel_t k_add_f32;    /* fp32 add_strided; NULL when the artifact predates it */
     cudaKernel_t k_copy, k_copy_f32, k_merge, k_init, k_from_f32, k_to_f32, k_attn_tc,
         k_attn_rowwarp, k_attn_mma;
+    /* the backward (kernels/attention_bwd.cu); NULL when the artifact predates it */
+    cudaKernel_t k_bwd_delta, k_bwd_delta_f32, k_bwd_dkdv, k_bwd_dq;
+    /* its tensor-core pair (bf16/fp16, head_dim % 16 == 0, <= 128), NULL otherwise */
+    cudaKernel_t k_bwd_dkdv_mma, k_bwd_dq_mma;
+    const char *bwd_kernel;    /* "mma" or "simt": the backward kernels used */
     const char *attn_kernel;   /* "mma", "wmma" or "rowwarp": the generated kernel used */
     long long *pos;      /* device scratch for q/kv positions */
     size_t pos_cap;      /* elements */
+    unsigned char *mask_dev; /* device copy of a host key padding mask (device_mask) */
+    size_t mask_cap;         /* bytes */
     int sm_count;
     /* Attention path (cpc_cuda_backend_set_attention) and what served. */
     cpc_cuda_attention attn_mode;
@@ -143,6 +152,41 @@ static cpc_status *upload_positions(cuda_ctx *c, const cpc_run *runs, int n, lon
     return NULL;
 }
 
+/* The key padding mask as the kernels read it: a pointer the device can
+ * dereference.  The executor passes the caller's host mask ([B, mask_len] u8,
+ * executor.h); pageable host memory is copied into a device scratch (on the
+ * compute stream, synchronised: the mask is small), device, managed and
+ * host-registered memory is used in place. */
+static cpc_status *device_mask(cuda_ctx *c, const unsigned char *mask, size_t bytes,
+                               const unsigned char **out)
+{
+    *out = mask;
+    if (!mask || bytes == 0)
+        return NULL;
+    struct cudaPointerAttributes at;
+    cudaError_t e = cudaPointerGetAttributes(&at, mask);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* older runtimes: unknown host pointer */
+        at.type = cudaMemoryTypeUnregistered;
+    }
+    if (at.type != cudaMemoryTypeUnregistered)
+        return NULL;
+    if (bytes > c->mask_cap) {
+        CK(cudaStreamSynchronize(c->compute), "key padding mask");
+        if (c->mask_dev)
+            cudaFree(c->mask_dev);
+        c->mask_dev = NULL;
+        c->mask_cap = 0;
+        CK(cudaMalloc((void **)&c->mask_dev, bytes), "cudaMalloc key padding mask");
+        c->mask_cap = bytes;
+    }
+    CK(cudaMemcpyAsync(c->mask_dev, mask, bytes, cudaMemcpyHostToDevice, c->compute),
+       "upload key padding mask");
+    CK(cudaStreamSynchronize(c->compute), "upload key padding mask");
+    *out = c->mask_dev;
+    return NULL;
+}
+
 static size_t tc_smem_bytes(int D)
 {
     int bm = 64, bn = D > 128 ? 32 : 64, ld = D + 8, sld = (bn > D ? bn : D) + 4;
@@ -203,7 +247,10 @@ static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
     float scale = a->scale;
     const void *q = a->q, *k = a->k, *v = a->v;
     float *o = a->o, *lse = a->lse;
-    const unsigned char *mask = a->kv_mask;
+    const unsigned char *mask = NULL;
+    cpc_status *mst = device_mask(c, a->kv_mask, (size_t)a->B * (size_t)a->mask_len, &mask);
+    if (mst)
+        return mst;
     void *args[] = {&q, &k, &v, &o, &lse, &B, &sq, &skv, &hq, &hkv, &qoff, &kvoff,
                     &qbs, &kvbs, &scale, &qpos, &kvpos, &mask, &mlen};
     if (c->k_attn_mma && strcmp(c->attn_kernel, "mma") == 0) {
@@ -433,6 +480,201 @@ static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
     return attn_nvrtc(c, a);
 }
 
+/* ---- the backward (kernels/attention_bwd.cu) ------------------------------------ */
+
+/* Tile geometry of cpc_attn_bwd_dkdv / cpc_attn_bwd_dq: mirrors BWD_BM,
+ * BWD_NT and BWD_SMEM_BYTES of kernels/attention_bwd.cu. */
+static int bwd_tile(int D) { return D <= 64 ? 64 : 32; }
+static unsigned bwd_threads(int D) { return D > 128 ? 256u : 128u; }
+static size_t bwd_smem_bytes(int D)
+{
+    size_t bm = (size_t)bwd_tile(D), bn = bm, ld = (size_t)D + 1, sld = bn + 1;
+    size_t floats = 2 * bn * ld + 2 * bm * ld + 2 * bm * sld + 2 * bm;
+    return (floats * 4 + 7) / 8 * 8 + 8 * (bm + bn);
+}
+
+/* Shared memory of cpc_attn_bwd_dkdv_mma / cpc_attn_bwd_dq_mma: mirrors
+ * BWD_MMA_KV_SMEM / BWD_MMA_Q_SMEM (64 keys, 32-row query steps; 64 query
+ * rows, key steps of 64 (D <= 64) or 32; pitch D + 8; transposed tiles
+ * pitch rows + 8). */
+static size_t bwd_mma_kv_smem(int D)
+{
+    size_t ld = (size_t)D + 8, bn = 64, bm = 32, tld = bm + 8;
+    size_t halfs = 2 * bn * ld + 2 * bm * ld + 2 * (size_t)D * tld;
+    return (halfs * 2 + 2 * bm * 4 + 7) / 8 * 8 + 8 * (bm + bn);
+}
+static size_t bwd_mma_q_smem(int D)
+{
+    size_t ld = (size_t)D + 8, bm = 64, bn = D <= 64 ? 64 : 32, tld = bn + 8;
+    size_t halfs = 2 * bm * ld + 2 * bn * ld + (size_t)D * tld;
+    return (halfs * 2 + 2 * bm * 4 + 7) / 8 * 8 + 8 * (bm + bn);
+}
+
+/* The refusals of the backward contract (backend.h, cpc_attn_bwd_args), as
+ * the CPU backend's (attention_bwd_cpu.c), plus the kernels' specialisation;
+ * checked on the host before anything is launched or written. */
+static cpc_status *check_bwd_args(const cuda_ctx *c, const cpc_attn_bwd_args *a)
+{
+    if (!a)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: no arguments");
+    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
+        a->group != c->spec.gqa)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: kernels built for %s head_dim %d causal %d group %d, "
+                         "called with %s %d causal %d group %d",
+                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim, c->spec.causal,
+                         c->spec.gqa, cpc_dtype_name(a->dtype), a->d, a->causal, a->group);
+    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->q_head_off < 0 ||
+        a->kv_head_off < 0)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d "
+                         "q_head_off=%d kv_head_off=%d)",
+                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv,
+                         a->q_head_off, a->kv_head_off);
+    if (a->compute_delta && a->out_dtype != CPC_DTYPE_FP32 && a->out_dtype != c->spec.dtype)
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: out in %s: the kernels read fp32 or the plan's %s",
+                         (int)a->out_dtype >= 0 && a->out_dtype < CPC_DTYPE__COUNT
+                             ? cpc_dtype_name(a->out_dtype) : "an unknown dtype",
+                         cpc_dtype_name(c->spec.dtype));
+    if (a->hq > 0) {
+        int first = a->q_head_off / a->group - a->kv_head_off;
+        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
+        if (first < 0 || last >= a->hkv)
+            return cpc_error(CPC_E_INTERNAL,
+                             "CUDA attn_bwd: query heads [%d, %d) with group %d need K/V heads "
+                             "[%d, %d], but this block holds K/V heads [%d, %d)",
+                             a->q_head_off, a->q_head_off + a->hq, a->group,
+                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
+                             a->kv_head_off, a->kv_head_off + a->hkv);
+    }
+    const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
+    if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
+        (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
+                      (a->dkv_bstride && a->dkv_bstride < kvblk))))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: gradient batch strides (dq %lld, dk/dv %lld elements) "
+                         "smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->dq_bstride, (long long)a->dkv_bstride, (long long)qblk,
+                         (long long)kvblk);
+    if (a->B > 1 && (a->q_bstride < qblk || a->dout_bstride < qblk ||
+                     (a->compute_delta && a->out_bstride < qblk) || a->kv_bstride < kvblk))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: batch strides (q %lld, dout %lld, out %lld, kv %lld "
+                         "elements) smaller than a batch's block (q %lld, kv %lld)",
+                         (long long)a->q_bstride, (long long)a->dout_bstride,
+                         (long long)a->out_bstride, (long long)a->kv_bstride, (long long)qblk,
+                         (long long)kvblk);
+    const bool rows = a->B > 0 && a->sq > 0 && a->hq > 0;
+    if (rows && (!a->dout || !a->delta || (a->compute_delta && !a->out)))
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: dout and delta (and out, to compute "
+                                         "delta) are required");
+    if (rows && a->skv > 0 &&
+        (!a->q || !a->k || !a->v || !a->lse || !a->dq || !a->dk || !a->dv))
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: q, k, v, lse, dq, dk and dv are required");
+    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
+        a->n_q_runs < 0 || a->n_kv_runs < 0)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: bad run lists");
+    if (!rows || a->skv == 0)
+        return NULL;
+    if (!runs_cover(a->q_runs, a->n_q_runs, a->sq, 0, false))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: query runs do not cover the %lld query rows",
+                         (long long)a->sq);
+    if (!runs_cover(a->kv_runs, a->n_kv_runs, a->skv, a->mask_len, a->kv_mask != NULL))
+        return cpc_error(CPC_E_INTERNAL,
+                         "CUDA attn_bwd: key runs do not cover the %lld key rows%s",
+                         (long long)a->skv,
+                         a->kv_mask ? ", or a key position lies outside the key padding mask" : "");
+    return NULL;
+}
+
+/* delta (when asked), then dK/dV and dQ, all on the compute stream (in
+ * order): see kernels/attention_bwd.cu for the design. */
+static cpc_status *b_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
+{
+    cuda_ctx *c = C(be);
+    cpc_status *st = check_bwd_args(c, a);
+    if (st)
+        return st;
+    if (a->B == 0 || a->sq == 0 || a->hq == 0)
+        return NULL;
+    int B = a->B, hq = a->hq, hkv = a->hkv, qoff = a->q_head_off, kvoff = a->kv_head_off;
+    long long sq = a->sq, skv = a->skv;
+    const long long qblk = sq * hq * a->d, kvblk = skv * hkv * a->d;
+    long long qbs = a->q_bstride, kvbs = a->kv_bstride, dobs = a->dout_bstride;
+    long long obs = a->out_bstride;
+    long long dqbs = a->dq_bstride ? a->dq_bstride : qblk;
+    long long dkvbs = a->dkv_bstride ? a->dkv_bstride : kvblk;
+    const void *q = a->q, *k = a->k, *v = a->v, *dout = a->dout, *out = a->out;
+    const float *lse = a->lse;
+    float *delta = a->delta, *dq = a->dq, *dk = a->dk, *dv = a->dv;
+    if (a->compute_delta) {
+        void *dargs[] = {&dout, &out, &delta, &B, &sq, &hq, &dobs, &obs};
+        cudaKernel_t kd = a->out_dtype == CPC_DTYPE_FP32 ? c->k_bwd_delta_f32 : c->k_bwd_delta;
+        long long rows = (long long)B * sq * hq;
+        if ((st = launch(c, kd, grid_for(rows * 32, 256, c->sm_count), 1, 1, 256, 0, dargs,
+                         "attn_bwd delta")))
+            return st;
+    }
+    if (skv == 0)
+        return NULL; /* no key: no gradient */
+    long long *qpos = NULL, *kvpos = NULL;
+    if (a->causal || a->kv_mask) {
+        size_t need = (size_t)(sq + skv);
+        if (need > c->pos_cap) {
+            /* the previous launches may still read the old positions */
+            CK(cudaStreamSynchronize(c->compute), "attn_bwd positions");
+            if (c->pos)
+                cudaFree(c->pos);
+            c->pos = NULL;
+            c->pos_cap = 0;
+            CK(cudaMalloc((void **)&c->pos, need * sizeof(long long)), "cudaMalloc positions");
+            c->pos_cap = need;
+        }
+        if ((st = upload_positions(c, a->q_runs, a->n_q_runs, sq, 0, &qpos)) ||
+            (st = upload_positions(c, a->kv_runs, a->n_kv_runs, skv, sq, &kvpos)))
+            return st;
+    }
+    float scale = a->scale;
+    const unsigned char *mask = NULL;
+    if ((st = device_mask(c, a->kv_mask, (size_t)a->B * (size_t)a->mask_len, &mask)))
+        return st;
+    long long mlen = a->mask_len;
+    void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq, &dk, &dv, &B, &sq, &skv, &hq, &hkv,
+                    &qoff, &kvoff, &qbs, &kvbs, &dobs, &dqbs, &dkvbs, &scale, &qpos, &kvpos,
+                    &mask, &mlen};
+    const int D = a->d;
+    if (c->k_bwd_dkdv_mma && strcmp(c->bwd_kernel, "mma") == 0) {
+        const size_t skv_mem = bwd_mma_kv_smem(D), sq_mem = bwd_mma_q_smem(D);
+        CK(cudaKernelSetAttributeForDevice(c->k_bwd_dkdv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)skv_mem, c->device),
+           "set attn_bwd shared memory");
+        CK(cudaKernelSetAttributeForDevice(c->k_bwd_dq_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)sq_mem, c->device),
+           "set attn_bwd shared memory");
+        if ((st = launch(c, c->k_bwd_dkdv_mma, (unsigned)((skv + 63) / 64), (unsigned)hkv, (unsigned)B,
+                         128, skv_mem, args, "attn_bwd dK/dV (mma.sync)")))
+            return st;
+        return launch(c, c->k_bwd_dq_mma, (unsigned)((sq + 63) / 64), (unsigned)hq, (unsigned)B, 128,
+                      sq_mem, args, "attn_bwd dQ (mma.sync)");
+    }
+    const int tile = bwd_tile(D);
+    const size_t smem = bwd_smem_bytes(D);
+    const unsigned nt = bwd_threads(D);
+    CK(cudaKernelSetAttributeForDevice(c->k_bwd_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem, c->device),
+       "set attn_bwd shared memory");
+    CK(cudaKernelSetAttributeForDevice(c->k_bwd_dq, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem, c->device),
+       "set attn_bwd shared memory");
+    if ((st = launch(c, c->k_bwd_dkdv, (unsigned)((skv + tile - 1) / tile), (unsigned)hkv,
+                     (unsigned)B, nt, smem, args, "attn_bwd dK/dV")))
+        return st;
+    return launch(c, c->k_bwd_dq, (unsigned)((sq + tile - 1) / tile), (unsigned)hq, (unsigned)B, nt,
+                  smem, args, "attn_bwd dQ");
+}
+
 static cpc_status *b_merge(cpc_backend *be, const cpc_merge_args *m)
 {
     cuda_ctx *c = C(be);
@@ -497,6 +739,24 @@ static cpc_status *b_copy_strided(cpc_backend *be, void *dst, const void *src, s
     return launch(c, k, g, 1, 1, 128, 0, args, "copy_strided");
 }
 
+static cpc_status *b_add_strided(cpc_backend *be, float *dst, const float *src, int64_t nb,
+                                 int64_t nt, int64_t nh, int64_t inner, int64_t dbs, int64_t dts,
+                                 int64_t dhs, int64_t sbs, int64_t sts, int64_t shs)
+{
+    cuda_ctx *c = C(be);
+    if (nb < 0 || nt < 0 || nh < 0 || inner < 0)
+        return cpc_error(CPC_E_INTERNAL, "CUDA add_strided: bad sizes");
+    if (nb == 0 || nt == 0 || nh == 0 || inner == 0)
+        return NULL;
+    if (!dst || !src)
+        return cpc_error(CPC_E_INTERNAL, "CUDA add_strided: NULL buffer");
+    long long a0 = nb, a1 = nt, a2 = nh, a3 = inner, a4 = dbs, a5 = dts, a6 = dhs, a7 = sbs,
+              a8 = sts, a9 = shs;
+    void *args[] = {&dst, &src, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9};
+    return launch(c, c->k_add_f32, grid_for(nb * nt * nh * inner, 256, c->sm_count), 1, 1, 256, 0,
+                  args, "add_strided");
+}
+
 static cpc_status *b_sync(cpc_backend *be)
 {
     CK(cudaStreamSynchronize(C(be)->compute), "stream synchronize");
@@ -516,6 +776,8 @@ static void b_destroy(cpc_backend *be)
             cudaFree(c->o16);
         if (c->neginf)
             cudaFree(c->neginf);
+        if (c->mask_dev)
+            cudaFree(c->mask_dev);
         cpc_cudnn_sdpa_destroy(c->sdpa);
         for (int i = 0; i < c->n_libs; i++)
             cudaLibraryUnload(c->libs[i]);
@@ -526,21 +788,17 @@ static void b_destroy(cpc_backend *be)
     free(be);
 }
 
+/* The methods every CUDA backend has; each instance copies them into its
+ * context and adds the optional ones its kernel modules serve: attn_bwd with
+ * the backward module, add_strided with memory.cu's cpc_add_strided_f32
+ * (artifacts written before either lack them: training then refuses). */
 static const cpc_backend_vtable cuda_vt = {
-    .name = "cuda",
-    .alloc = b_alloc,
-    .free = b_free,
-    .upload = b_upload,
-    .download = b_download,
-    .copy = b_copy,
-    .attn = b_attn,
-    .merge = b_merge,
-    .init_acc = b_init_acc,
-    .convert = b_convert,
-    .copy_strided = b_copy_strided,
-    .sync = b_sync,
-    .destroy = b_destroy,
-};
+    .name = "cuda", .alloc = b_alloc, .free = b_free, .upload = b_upload,
+    .download = b_download, .copy = b_copy, .attn = b_attn, .merge = b_merge,
+    .init_acc = b_init_acc, .convert = b_convert, .copy_strided = b_copy_strided,
+    .sync = b_sync, .destroy = b_destroy};
+
+static bool is_cuda(const cpc_backend *be) { return be && be->vt && be->vt->destroy == b_destroy; }
 
 static cpc_status *get_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *out, bool optional)
 {
@@ -573,7 +831,8 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
         free(c);
         return &cpc_status_oom;
     }
-    be->vt = &cuda_vt;
+    c->vt = cuda_vt;
+    be->vt = &c->vt;
     be->ctx = c;
     c->device = device;
     c->spec = *spec;
@@ -623,10 +882,18 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
             if (!st) st = get_kernel(lib, "cpc_init_acc", &c->k_init, false);
             if (!st) st = get_kernel(lib, "cpc_convert_from_f32", &c->k_from_f32, false);
             if (!st) st = get_kernel(lib, "cpc_convert_to_f32", &c->k_to_f32, false);
+            if (!st) st = get_kernel(lib, "cpc_add_strided_f32", &c->k_add_f32, true);
         } else if (strcmp(kernels[i].name, "attention") == 0) {
             if (!st) st = get_kernel(lib, "cpc_flash_attn_mma", &c->k_attn_mma, true);
             if (!st) st = get_kernel(lib, "cpc_flash_attn_tc", &c->k_attn_tc, true);
             if (!st) st = get_kernel(lib, "cpc_attn_rowwarp", &c->k_attn_rowwarp, false);
+        } else if (strcmp(kernels[i].name, "attention_bwd") == 0) {
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_delta", &c->k_bwd_delta, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_delta_f32", &c->k_bwd_delta_f32, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dkdv", &c->k_bwd_dkdv, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dq", &c->k_bwd_dq, false);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dkdv_mma", &c->k_bwd_dkdv_mma, true);
+            if (!st) st = get_kernel(lib, "cpc_attn_bwd_dq_mma", &c->k_bwd_dq_mma, true);
         }
     }
     /* Which generated attention kernel serves (CPC_NVRTC_ATTN overrides). */
@@ -634,12 +901,28 @@ cpc_status *cpc_cuda_backend_create(int device, const cpc_kernel_spec *spec,
     const char *want = getenv("CPC_NVRTC_ATTN");
     if (!st && want && *want && (st = pick_nvrtc_kernel(c, want)))
         cpc_status_prefix(st, "CPC_NVRTC_ATTN");
+    /* Which backward kernels serve (CPC_NVRTC_ATTN_BWD=mma|simt overrides). */
+    c->bwd_kernel = c->k_bwd_dkdv_mma && c->k_bwd_dq_mma ? "mma" : "simt";
+    const char *want_bwd = getenv("CPC_NVRTC_ATTN_BWD");
+    if (!st && want_bwd && *want_bwd) {
+        if (strcmp(want_bwd, "simt") == 0)
+            c->bwd_kernel = "simt";
+        else if (strcmp(want_bwd, "mma") != 0 || strcmp(c->bwd_kernel, "mma") != 0)
+            st = cpc_error(CPC_E_USAGE,
+                           "CPC_NVRTC_ATTN_BWD: '%s' is not a backward kernel of this plan (mma: "
+                           "bf16/fp16 with head_dim %% 16 == 0 and <= 128; simt: any)",
+                           want_bwd);
+    }
     if (!st && (!c->k_merge || !c->k_attn_rowwarp))
         st = cpc_error(CPC_E_INPUT, "the artifact lacks the 'memory' or 'attention' kernel module");
     if (st) {
         b_destroy(be);
         return st;
     }
+    if (c->k_bwd_dkdv)
+        c->vt.attn_bwd = b_attn_bwd; /* the backward module is loaded */
+    if (c->k_add_f32)
+        c->vt.add_strided = b_add_strided;
     *out = be;
     return NULL;
 }
@@ -663,7 +946,7 @@ int cpc_cuda_attention_parse(const char *s)
 
 cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention mode)
 {
-    if (!be || be->vt != &cuda_vt)
+    if (!is_cuda(be))
         return cpc_error(CPC_E_USAGE, "attention mode: not a CUDA backend");
     if (mode < 0 || mode >= CPC_CUDA_ATTN__COUNT)
         return cpc_error(CPC_E_USAGE, "attention mode %d out of range", (int)mode);
@@ -686,7 +969,7 @@ cpc_status *cpc_cuda_backend_set_attention(cpc_backend *be, cpc_cuda_attention m
 
 cpc_status *cpc_cuda_backend_set_nvrtc_kernel(cpc_backend *be, const char *name)
 {
-    if (!be || be->vt != &cuda_vt)
+    if (!is_cuda(be))
         return cpc_error(CPC_E_USAGE, "not a CUDA backend");
     return pick_nvrtc_kernel(C(be), name ? name : "");
 }
@@ -694,7 +977,7 @@ cpc_status *cpc_cuda_backend_set_nvrtc_kernel(cpc_backend *be, const char *name)
 void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, bool reset)
 {
     memset(out, 0, sizeof *out);
-    if (!be || be->vt != &cuda_vt)
+    if (!is_cuda(be))
         return;
     cuda_ctx *c = C(be);
     out->mode = c->attn_mode;
@@ -705,6 +988,7 @@ void cpc_cuda_backend_attention_info(cpc_backend *be, cpc_cuda_attn_info *out, b
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", c->fallback_why);
     out->cudnn_version = cpc_cudnn_version();
     out->nvrtc_kernel = c->attn_kernel;
+    out->bwd_kernel = c->k_bwd_dkdv ? c->bwd_kernel : NULL;
     if (reset) {
         c->n_cudnn = c->n_nvrtc = c->n_fallback = 0;
         c->fallback_why[0] = 0;

@@ -4,6 +4,18 @@
  * blocks, LSE merge, pack/unpack, conversion; a compute stream and a
  * communication stream with events between them.
  *
+ * attn_bwd (backend.h cpc_attn_bwd_args) runs the generated backward kernels
+ * of the artifact's "attention_bwd" module (kernels/attention_bwd.cu: delta,
+ * then dK/dV and dQ as two deterministic kernels without atomics, on the
+ * compute stream; docs/BACKWARD.md section 1.5); a backend made from an
+ * artifact without that module has attn_bwd NULL (cpc_backend_has_attn_bwd).
+ * Its refusals are the CPU backend's (CPC_E_INTERNAL, nothing launched), plus
+ * a block whose dtype, head_dim, causal flag or group differs from the
+ * kernels' specialisation, or whose saved out is neither fp32 nor the plan
+ * dtype.  Tensors are device memory; the key padding mask (attn and
+ * attn_bwd) may be the caller's pageable host mask, which is then copied to a
+ * device scratch on every call (B x mask_len bytes, synchronised).
+ *
  * Built only with the CUDA toolkit (CPC_HAVE_CUDA).  Without a GPU or driver,
  * cpc_cuda_device_count returns CPC_E_UNSUPPORTED ("no CUDA driver": cudart
  * reports cudaErrorInsufficientDriver), the cue for `--backend auto` to fall
@@ -81,6 +93,12 @@ typedef struct cpc_cuda_attn_info {
                                    "rowwarp" (any dtype); the environment variable
                                    CPC_NVRTC_ATTN=mma|wmma|rowwarp overrides the choice at
                                    backend creation.  Static string. */
+    const char *bwd_kernel;     /* the generated backward kernels of attn_bwd: "mma"
+                                   (mma.sync, bf16/fp16 with head_dim % 16 == 0 and <= 128)
+                                   or "simt" (fp32 FMAs, any dtype and head_dim); the
+                                   environment variable CPC_NVRTC_ATTN_BWD=mma|simt overrides
+                                   the choice at backend creation.  NULL: the artifact has no
+                                   backward module (attn_bwd is then NULL).  Static string. */
 } cpc_cuda_attn_info;
 
 /* Fills *out (zeroed when `be` is not a CUDA backend); reset=true then

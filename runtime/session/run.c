@@ -2194,10 +2194,16 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0)))
         goto setup_failed;
 
-    if (job->bwd && (use_nccl || x.cuda)) {
+    /* the CUDA backend trains with the generated backward kernels
+     * (kernels/attention_bwd.cu), which an older artifact lacks */
+    bool cuda_bwd = false;
+    for (int i = 0; x.cuda && i < x.n_kernels; i++)
+        cuda_bwd = cuda_bwd || strcmp(x.kernels[i].name, "attention_bwd") == 0;
+    if (job->bwd && (use_nccl || (x.cuda && !cuda_bwd))) {
         st = cpc_error(CPC_E_UNSUPPORTED,
-                       "training plans run on the cpu backend with the local or mpi transport for now (%s has "
-                       "no backward pass yet)", use_nccl ? "the nccl transport" : "the cuda backend");
+                       "training plans run with the local or mpi transport for now (%s)",
+                       use_nccl ? "the nccl transport has no backward pass yet"
+                                : "the cuda backend: the artifact predates the backward kernels; compile it again");
         goto setup_failed;
     }
     x.mpi = use_mpi;

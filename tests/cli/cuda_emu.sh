@@ -13,6 +13,9 @@
 #   padding, cross-attention; the wmma and row-per-warp kernels (CPC_NVRTC_ATTN) besides
 #   the default mma.sync one; two plans with the threads of a block in reverse order;
 #   the gathered out and LSE (--lse) equal the CPU backend's; mpirun --transport mpi;
+#   training plans (ring 2 and 4 (lagged: add_strided): causal zigzag, GQA, key padding,
+#   fp32/bf16/fp16; ulysses 4 with a replicated K/V head (reducing all-to-all)) with
+#   the backward on the generated backward kernels, dq/dk/dv checked;
 #   2 and 4 emulated GPUs (rank r on GPU r mod 2, and one GPU per rank);
 #   --attention auto where cuDNN cannot work (no driver): the generated kernel serves and
 #   the report says why cuDNN did not; --attention cudnn is then status 3.
@@ -87,13 +90,24 @@ plan uneven-ua-4 ulysses_anything 4 fp16 6 6 64 none "segments: [{name: text, to
 plan keypad-unified-4 unified 4 bf16 4 4 64 key_padding "tokens: 192"
 plan small-ring-4-bf16 ring 4 bf16 4 4 64 none "tokens: 64"
 plan cross-unified-4 unified 4 bf16 4 4 64 none "tokens: 256" "kv: {tokens: 96}"
+# training (mode: training): forward, then the backward on the generated backward kernels
+# (kernels/attention_bwd.cu); dq/dk/dv checked against the float64 reference backward
+# (specs shared with the plans above where possible: each new one costs NVRTC and module builds)
+TRAIN=(train-ring-4-fp32-causal train-ring-2-bf16-causal train-ring-2-bf16-gqa4 train-ring-4-fp16-keypad
+       train-ulysses-4-bf16-mqa)
+plan train-ring-4-fp32-causal ring 4 fp32 4 4 64 causal "batch: 2" "tokens: 64" "mode: training"
+plan train-ring-2-bf16-causal ring 2 bf16 4 4 128 causal "tokens: 64" "mode: training"
+plan train-ring-2-bf16-gqa4 ring 2 bf16 8 2 64 none "tokens: 64" "mode: training"
+plan train-ring-4-fp16-keypad ring 4 fp16 4 4 64 key_padding "tokens: 64" "mode: training"
+# ulysses 4 over one K/V head: every member holds it, its dK/dV parts are summed (add_strided)
+plan train-ulysses-4-bf16-mqa ulysses 4 bf16 4 1 64 none "tokens: 64" "mode: training"
 
 # ---- compile (cpc, NVRTC PTX into the artifact) and build the emulator modules ----------
 for p in "${PLANS[@]}"; do
   t "cpc-$p" 0 "$CPC" "$tmp/$p.yaml" -o "$tmp/$p.cplan"
 done
 # ptxas' report per function is recorded in the artifact and summarised by cpc
-has cpc-ring-2-bf16.out "kernels for sm_90: 2 modules,"
+has cpc-ring-2-bf16.out "kernels for sm_90: 3 modules,"
 # (spills are test_codegen's business: it allows only the known ones)
 has cpc-ring-2-bf16.out "; attention: cpc_flash_attn_mma, [0-9]* registers"
 grep -q '{function: cpc_flash_attn_mma, registers: [0-9]*, stack_bytes: [0-9]*, spill_store_bytes: [0-9]*, spill_load_bytes: [0-9]*}' \
@@ -117,6 +131,20 @@ for p in "${PLANS[@]}"; do
   emu "run-$p" 0 "$tmp/$p.cplan" --backend cuda --attention nvrtc --iters 1 --warmup 0 --format json
   EXPECT+=("run-$p nvrtc $(grep -o 'world_size: [0-9]*' "$tmp/$p.yaml" | cut -d' ' -f2)")
 done
+# The training runs' backward: dq, dk, dv within the SPEC's gradient tolerance.
+python3 - "$tmp" "${TRAIN[@]}" <<'EOF' || fail "training on the cuda backend: backward not checked or failed"
+import json, sys
+tmp, bad = sys.argv[1], 0
+for name in sys.argv[2:]:
+    try:
+        b = json.load(open(f"{tmp}/run-{name}.out"))["backward"]
+        c = b["check"]
+        assert c["pass"] is True, c
+        print(f"cuda_emu.sh: {name}: backward {b['ms_per_iter']:.1f} ms, check {c}")
+    except Exception as e:
+        print(f"FAIL: {name}: {e!r}", file=sys.stderr); bad += 1
+sys.exit(1 if bad else 0)
+EOF
 # Two warm-up + iterations: buffers reused across iterations on the device.
 emu iters-ring-4 0 "$tmp/ring-4-bf16.cplan" --backend cuda --attention nvrtc --iters 2 --warmup 1 --format json
 EXPECT+=("iters-ring-4 nvrtc 4")

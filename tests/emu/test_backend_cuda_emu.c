@@ -25,6 +25,11 @@
  *  wmma     the cases the wmma kernel serves (bf16/fp16, head_dim % 16 == 0);
  *  rowwarp  the bf16/fp16 cases of the former emulator table (fp32 and
  *           head_dim % 16 != 0 already run it in the default variant).
+ * backward: the backward case matrix (CPC_BC_BWD) on attn_bwd, the
+ *           generated backward kernels (mma.sync for bf16/fp16 with head_dim
+ *           % 16 == 0 and <= 128, SIMT otherwise), with the default forward;
+ *           backward_simt forces the SIMT kernels (CPC_NVRTC_ATTN_BWD=simt) on
+ *           the bf16/fp16 cases the default runs on mma.sync.
  * The NaN-in-q cases run on every variant (a NaN row must come out NaN, never
  * as an empty row).  Skipped: bf16 <-> fp16 conversion (the backend has no
  * kernel for it).
@@ -183,7 +188,29 @@ Test(cuda_emu, default_kernels_case_matrix)
 Test(cuda_emu, methods_and_refused_arguments)
 {
     variant v = {0};
-    run(&v, CPC_BC_ALL & ~CPC_BC_ATTN);
+    run(&v, CPC_BC_ALL & ~(CPC_BC_ATTN | CPC_BC_BWD));
+}
+
+/* attn_bwd (kernels/attention_bwd.cu) on the backward case matrix, each
+ * backward twice (the second in reverse thread order: bitwise equal), the
+ * saved out and LSE from the default forward kernel. */
+Test(cuda_emu, backward_case_matrix)
+{
+    variant v = {0};
+    run(&v, CPC_BC_BWD);
+}
+
+/* The SIMT backward kernels on the bf16/fp16 cases the default variant runs
+ * on mma.sync (fp32 and other head_dims run SIMT there already). */
+Test(cuda_emu, backward_simt_kernels)
+{
+    static const char *const names[] = {"bwd_d64_cross_strides", "bwd_d16_causal",
+                                        "bwd_ring_zigzag_keypad", "bwd_mqa_heads",
+                                        "bwd_prior_out_dtype_split", NULL};
+    variant v = {.names = names};
+    setenv("CPC_NVRTC_ATTN_BWD", "simt", 1);
+    run(&v, CPC_BC_BWD);
+    unsetenv("CPC_NVRTC_ATTN_BWD");
 }
 
 Test(cuda_emu, wmma_kernel)
