@@ -1114,13 +1114,23 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
     out->ms_per_image = plan->input.steps > 0 ? out->ms_per_step * plan->input.steps : 0;
 }
 
+/* Ranks of the WHOLE job on one node.  `plan` may be the (c, t) sub-plan
+ * of the outer axes (cpc_plan_sub: world_size P/(C*T), gpus_per_node g/T):
+ * its C*T groups run at once on the same nodes, so the ranks that share a
+ * node's cores are min(C*T*world_size, g), not the group's. */
+static double job_ranks_per_node(const cpc_plan *plan)
+{
+    int C = cpc_plan_cfg_degree(plan), T = cpc_plan_tp_degree(plan);
+    double whole = (double)plan->cluster.world_size * C * T;
+    double g = plan->cluster.gpus_per_node > 0 ? (double)plan->cluster.gpus_per_node * T : whole;
+    return g < whole ? g : whole;
+}
+
 double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev)
 {
     if (dev->cores > 0) {
-        int64_t per_node = plan->cluster.world_size;
-        if (plan->cluster.gpus_per_node > 0 && plan->cluster.gpus_per_node < per_node)
-            per_node = plan->cluster.gpus_per_node;
-        return (double)per_node > dev->cores ? (double)per_node / dev->cores : 1.0;
+        double per_node = job_ranks_per_node(plan);
+        return per_node > dev->cores ? per_node / dev->cores : 1.0;
     }
     return dev->ranks_per_core > 1 ? dev->ranks_per_core : 1.0;
 }
@@ -1175,12 +1185,13 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
             free(ranks), free(tags), free(ra), free(rb);
             return st;
         }
-        double per_node = (double)L->P;
-        if (plan->cluster.gpus_per_node > 0 && plan->cluster.gpus_per_node < L->P)
-            per_node = plan->cluster.gpus_per_node;
-        double cores = dev->cores, nodes = (double)L->P / per_node;
+        /* every (c, t) group runs this program on its own slice at once:
+         * the job's compute is C*T times this group's, over the job's nodes */
+        double ct = (double)cpc_plan_cfg_degree(plan) * cpc_plan_tp_degree(plan);
+        double per_node = job_ranks_per_node(plan);
+        double cores = dev->cores, nodes = (double)L->P * ct / per_node;
         if (busiest > 0 && cores > 0) {
-            double s2 = (sum / nodes / cores) / busiest;
+            double s2 = (sum * ct / nodes / cores) / busiest;
             if (s2 < 1.0)
                 s2 = 1.0;
             if (s2 < scale)

@@ -247,8 +247,10 @@ double cpc_gemm_roofline_factor(double tokens, double hidden, int T, double elem
 
 /* How much slower one rank's work gets because the ranks of a node share
  * cores (>= 1): with dev->cores > 0, max(1, ranks per node / cores) (ranks
- * per node = min(cluster.world_size, gpus_per_node)); else
- * max(1, dev->ranks_per_core); 1 for GPUs. */
+ * per node = min(cluster.world_size, gpus_per_node) of the WHOLE job: for a
+ * (c, t) sub-plan (plan.h cpc_plan_sub) its C*T groups share the node, so
+ * C*T*world_size and T*gpus_per_node); else max(1, dev->ranks_per_core);
+ * 1 for GPUs. */
 double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev);
 
 /* Prices `prog` for `plan` on `dev`.  Ranks: all when P <= 4096, else a

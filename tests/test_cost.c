@@ -442,3 +442,32 @@ Test(cost, axes_plans_pick_the_fastest)
     axes_pick("plans/flux1-dev-8gpu-axes.yaml", 1, 8, CPC_VARIANT_NONE);
     axes_pick("plans/wan2.1-14b-720p-8gpu-axes.yaml", 2, 1, CPC_VARIANT_RING);
 }
+
+/* Ranks that share cores (cpu device, `cores`): the C*T groups of the outer
+ * axes run at the same time on the same cores, so a (c, t) sub-plan is
+ * priced with the whole job's ranks per node.  cfg 2 x tp 2 of `none` on 4
+ * ranks is 4 single-rank problems at once: at `cores` c each is slower by
+ * 4/c than the same sub-problem alone (predicted 2.4x too fast before:
+ * bench/predict_vs_measured.sh, cfg2-tp2-none). */
+Test(cost, outer_axes_share_the_cores)
+{
+    const char *sets[] = {"cluster.world_size=4", "cluster.device=cpu", "input.batch=2",
+                          "parallel.variant=none"};
+    cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 4);
+    cpc_device_profile d;
+    cr_assert(cpc_device_preset("cpu", &d));
+    cr_assert(d.cores > 1 && d.cores < 4, "the cpu preset shares cores (%g)", d.cores);
+    cpc_plan sub, alone;
+    cr_assert(cpc_plan_sub(plan, 2, 2, &sub));
+    alone = sub;
+    alone.parallel.cfg_degree = alone.parallel.tp_degree = 1; /* one rank by itself */
+    cpc_prediction ps = price(&sub, CPC_VARIANT_NONE, 1, 1);
+    cpc_prediction pa = price(&alone, CPC_VARIANT_NONE, 1, 1);
+    double ratio = ps.ms_per_layer / pa.ms_per_layer;
+    cr_log_info("cfg 2 x tp 2 on 4 ranks: %.3f ms, the group alone %.3f ms, ratio %.3f (4 / cores %.3f)",
+                ps.ms_per_layer, pa.ms_per_layer, ratio, 4 / d.cores);
+    cr_expect_float_eq(ratio, 4 / d.cores, 1e-6 * ratio);
+    cr_expect_float_eq(cpc_core_sharing(&sub, &d), 4 / d.cores, 1e-12);
+    cr_expect_float_eq(cpc_core_sharing(&alone, &d), 1.0, 1e-12);
+    cpc_plan_free(plan);
+}
