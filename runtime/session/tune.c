@@ -7,6 +7,9 @@
 #include "compile.h"
 #include "report.h"
 #include "run.h"
+#ifdef CPC_HAVE_MPI
+#include "transport_mpi.h"
+#endif
 
 static bool ends_with(const char *s, const char *suf)
 {
@@ -83,6 +86,19 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
         fprintf(opt->log, "cprun --tune: %d valid candidate%s of %s (%s backend, %d warmup + %d "
                           "timed iterations each)\n  key: %s\n",
                 n_ok, n_ok == 1 ? "" : "s", path, out->backend, warmup, iters, out->key);
+#ifdef CPC_HAVE_MPI
+    /* Under a launcher every candidate is one MPI job of this process: MPI
+     * is initialised once here and kept alive between them (a job's end
+     * finalises the MPI it initialised, and MPI cannot start twice). */
+    bool held = false;
+    if (!st && cpc_mpi_launched() && !(opt->transport && strcmp(opt->transport, "local") == 0)) {
+        st = cpc_mpi_init(NULL, NULL);
+        if (!st) {
+            cpc_mpi_hold(true);
+            held = true;
+        }
+    }
+#endif
     for (int i = 0; i < sel->n_candidates && !st; i++) {
         const cpc_candidate *c = &sel->candidates[i];
         if (!c->ok)
@@ -160,6 +176,12 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
         }
         cpc_run_report_free(&rep);
     }
+#ifdef CPC_HAVE_MPI
+    if (held) {
+        cpc_mpi_hold(false);
+        cpc_mpi_finalize();
+    }
+#endif
     cpc_compiled_free(&cc);
     return st;
 }

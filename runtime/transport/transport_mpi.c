@@ -156,8 +156,17 @@ cpc_status *cpc_mpi_init(int *world_rank, int *world_size)
     return NULL;
 }
 
+static bool g_cpc_mpi_held; /* cpc_mpi_hold(true): nobody finalises */
+
+void cpc_mpi_hold(bool hold)
+{
+    g_cpc_mpi_held = hold;
+}
+
 void cpc_mpi_finalize(void)
 {
+    if (g_cpc_mpi_held)
+        return;
     if (g_cpc_initialised_mpi && mpi_is_live())
         MPI_Finalize();
     g_cpc_initialised_mpi = false;
@@ -716,7 +725,7 @@ static void m_destroy(cpc_transport *t)
     mpi_ctx *c = ctx_of(t);
     if (mpi_is_live()) {
         free_groups(c);
-        if (c->owns_mpi)
+        if (c->owns_mpi && !g_cpc_mpi_held)
             MPI_Finalize();
     }
     free(c);

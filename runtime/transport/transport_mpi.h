@@ -97,10 +97,19 @@ int cpc_mpi_local_rank(void);
  * before any transport exists. */
 cpc_status *cpc_mpi_init(int *world_rank, int *world_size);
 
-/* Calls MPI_Finalize if cpc_mpi_init initialised MPI and it is not yet
- * finalised; otherwise does nothing.  Every MPI transport must have been
- * destroyed first.  Collective over MPI_COMM_WORLD (as MPI_Finalize). */
+/* Calls MPI_Finalize if cpc_mpi_init initialised MPI, it is not yet
+ * finalised and no cpc_mpi_hold is in force; otherwise does nothing.  Every
+ * MPI transport must have been destroyed first.  Collective over
+ * MPI_COMM_WORLD (as MPI_Finalize). */
 void cpc_mpi_finalize(void);
+
+/* Keeps MPI alive across several jobs of one process (cprun --tune runs one
+ * job per candidate, and a job's end finalises the MPI it initialised):
+ * cpc_mpi_hold(true) after cpc_mpi_init makes cpc_mpi_finalize and the
+ * transports' destroy leave MPI initialised; cpc_mpi_hold(false) ends that,
+ * and the caller then calls cpc_mpi_finalize.  Not thread-safe (main
+ * thread, no transport alive while it changes). */
+void cpc_mpi_hold(bool hold);
 
 /* Ends the whole job: prints "cprun: rank P: aborting: WHY" to stderr
  * (P = world rank, or "?" before MPI_Init), flushes stdout and stderr, and

@@ -170,6 +170,22 @@ else
     printf 'run_cprun: %-42s ok: exit 2 in %d ms\n' "-np 4 truncated --input" "$ms"
 fi
 
+# ---- --tune under mpirun: every candidate is one MPI job of the same processes -----------
+# (MPI is initialised once and kept alive between candidates: a job's end used
+# to finalise it, and the second candidate failed "MPI is already finalized")
+cat >"$tmp/tune.yaml" <<'PLAN'
+version: 1
+model: {heads: 4, head_dim: 16, dtype: fp32}
+input: {batch: 2, tokens: 128}
+cluster: {world_size: 4, device: cpu}
+parallel: {variant: auto, cfg_degree: auto, tp_degree: auto}
+PLAN
+mpi 4 "$tmp/tune.yaml" --tune --iters 1 --profile-out "$tmp/tuned.yaml"
+n_meas=$(grep -c 'key:' "$tmp/tuned.yaml" 2>/dev/null)
+if [ $rc -ne 0 ] || [ "${n_meas:-0}" -lt 10 ]; then
+    failed "--tune under mpirun -np 4: exit $rc, ${n_meas:-0} measurements (want every valid candidate, >= 10)"
+fi
+
 printf 'run_cprun: %d mpirun runs in %d ms: %s\n' "$runs" "$(ms_since "$t_start")" \
     "$([ $status -eq 0 ] && echo ok || echo FAILED)"
 exit $status
