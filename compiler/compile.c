@@ -173,7 +173,7 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
         sc->priced = true;
     }
     /* SPEC section 10: a training plan compiles, proves and prices its
-     * backward program too (CP060 for a Lua schedule script) */
+     * backward program too (CP018 for a Lua schedule script) */
     if (c->plan->input.mode == CPC_MODE_TRAINING) {
         cpc_status *bst;
         if (c->script_applied) {

@@ -56,7 +56,7 @@ typedef struct cpc_compiled {
     cpc_program *backward;        /* mode: training: the backward program
                                      (schedule_bwd.h) of the selected candidate,
                                      proven (cpc_verify_backward); else NULL.  A
-                                     candidate without one is CP060 */
+                                     candidate without one is CP018 */
     cpc_prediction bwd_pred;      /* the backward program priced (cost.h: attn_bwd
                                      2.5 x the forward's FLOPs, its messages) */
     bool bwd_priced;

@@ -1306,7 +1306,7 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     cand->bwd_priced = false;
     if (plan->input.mode == CPC_MODE_TRAINING) {
         /* SPEC section 10: a training candidate needs a backward program (else
-         * it is rejected with CP060, so that `auto` picks one that trains) and
+         * it is rejected with CP018, so that `auto` picks one that trains) and
          * is priced with it */
         cpc_status *ns = cpc_backward_supported(plan, cand->variant, cand->ring_degree, cand->ulysses_degree);
         if (ns) {

@@ -271,7 +271,7 @@ double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, boo
  * device memory is rejected with CP040 (the numbers and a hint: more ranks,
  * or a variant with less memory).  A `mode: training` candidate without a
  * backward program (cpc_backward_supported, schedule_bwd.h) is rejected with
- * CP060, so `auto` selects one that trains; the others get their backward
+ * CP018, so `auto` selects one that trains; the others get their backward
  * program priced too (bwd_priced: attn_bwd at 2.5x the forward's FLOPs, its
  * K/V and fp32 dK/dV messages).  `ctx` is unused (NULL).  Returns a status
  * only for internal failures (schedule or pricing errors). */

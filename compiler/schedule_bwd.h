@@ -8,7 +8,7 @@
  * (U == 1), ulysses, ulysses_anything (R == 1), unified (R x U); P2P or
  * all-gather rotation (schedule.rotate); self- and cross-attention; causal
  * zigzag, GQA/MQA, key padding, uneven splits (messages sized by content
- * tag), fp32/bf16/fp16.  Refused with CP060: a plan whose forward comes from
+ * tag), fp32/bf16/fp16.  Refused with CP018: a plan whose forward comes from
  * a Lua schedule script (scripts return no backward program yet).
  *
  * INPUTS (what the runtime binds, executor.h): q, dout, out (the forward's
@@ -76,9 +76,9 @@
 #include "program.h"
 #include "status.h"
 
-#define CPC_RULE_TRAIN 60
+#define CPC_RULE_TRAIN 18
 
-/* NULL when (variant, R, U) of `plan` has a backward program; else the CP060
+/* NULL when (variant, R, U) of `plan` has a backward program; else the CP018
  * refusal naming what trains (the same check cpc_schedule_build_backward
  * makes first): today only a plan with schedule.script (or an unresolved
  * variant) is refused. */

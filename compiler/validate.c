@@ -429,7 +429,7 @@ static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, 
      * their uneven splits (messages sized by content tag, the reducing
      * all-to-all for K/V heads shared by uneven head parts) and are proved
      * (verify_bwd.h); docs/BACKWARD.md 3.9.  What still cannot train
-     * (cross-attention) is CP060 from cpc_backward_supported. */
+     * (cross-attention) is CP018 from cpc_backward_supported. */
     /* CP019: ring_anything needs no mask. */
     if (v == CPC_VARIANT_RING_ANYTHING && p->input.mask != CPC_MASK_NONE) {
         e = ERR(19, vspan(p, "input.mask"), "ring_anything: needs mask none, got mask %s (diffusers: attn_mask "

@@ -18,7 +18,7 @@
  *   3. shapes:    CP010-CP012, CP018-CP024, CP030 (per candidate) and the
  *                 CP031 warning (once per plan).
  *   4. resources: CP040 and whatever a price callback rejects (see below).
- * CP040, CP050, CP051 and CP060 belong to later stages (cost model, Lua,
+ * CP040, CP050, CP051 and CP018 belong to later stages (cost model, Lua,
  * verifier, cprun); a price callback may add CP040.
  *
  * VARIANT INFERENCE (SPEC section 1, as diffusers does).  With `variant:`

@@ -366,7 +366,7 @@ static const char *at_line_col(const char *t, int line, int col)
     return p ? p + col - 1 : NULL;
 }
 
-/* Diagnostics about the plan of an artifact (cprun's CP060, ...) point into
+/* Diagnostics about the plan of an artifact (cprun's CP018, ...) point into
  * the artifact file, where the embedded plan's text is. */
 Test(artifact, plan_spans_point_into_the_artifact)
 {

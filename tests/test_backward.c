@@ -6,7 +6,7 @@
  * the anything variants (head parts, shared K/V heads) prove, and planted
  * faults in them (a missing reduce, a dropped or reversed inverse
  * all-to-all, a dropped head part, a deadlocked all-to-all, K/V reuse) are
- * CP051; yunchang #149; cross-attention is CP060; the forward verifier
+ * CP051; yunchang #149; cross-attention is CP018; the forward verifier
  * refuses backward ops. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -374,7 +374,7 @@ Test(backward, cross_attention_programs_prove_and_faults)
 }
 
 /* What still cannot train: a Lua schedule script (it replaces the forward
- * and returns no backward program): CP060 naming what trains. */
+ * and returns no backward program): CP018 naming what trains. */
 Test(backward, lua_script_is_cp060)
 {
     cpc_plan *p = plan_full("ring", 2, "none", 128, 4, 2, "", "");

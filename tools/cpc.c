@@ -338,7 +338,7 @@ static void print_explain_text(const job *j)
         printf(" %10s", "measured");
     printf(" %11s %12s %12s", "ms/forward", "memory/rank", "sent/rank");
     if (bwd)
-        printf(" %12s %13s", "bwd ms/layer", "bwd sent/rank");
+        printf(" %13s %14s", "bwd ms/layer", "bwd sent/rank");
     if (step)
         printf(" %10s", "ms/step");
     if (image)
@@ -375,7 +375,7 @@ static void print_explain_text(const job *j)
                 snprintf(bm, sizeof bm, "%.3f", c->ms_backward_per_layer);
                 fmt_bytes(bs, sizeof bs, c, c->backward_bytes_sent_per_rank);
             }
-            printf(" %12s %13s", bm, bs);
+            printf(" %13s %14s", bm, bs);
         }
         if (step) {
             char ms[32];

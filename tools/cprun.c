@@ -5,7 +5,7 @@
  *
  * Exit status: 0 ok; 1 check failed; 2 usage or input error (bad option,
  * unreadable file, bad tensors, a plan cpc would reject, a training plan:
- * CP060, contradicting options such as --attention cudnn with --backend
+ * CP018, contradicting options such as --attention cudnn with --backend
  * cpu); 3 runtime failure (device, collective, out of memory, a feature this
  * build or machine lacks: --backend cuda without the CUDA toolkit or
  * without a GPU and driver, --transport nccl).  Diagnostics go to stderr,

@@ -1441,7 +1441,7 @@ static int check_hash(reader *r, const char *text, size_t len, const yaml_node_t
 }
 
 /* The plan's spans point into the embedded plan text; later diagnostics about
- * it (cprun's CP060, ...) must point where that text is: the artifact file,
+ * it (cprun's CP018, ...) must point where that text is: the artifact file,
  * at the block scalar's lines (the content starts on the line after `plan: |`,
  * indented by the emitter's indentation).  plan->file stays the original
  * plan's path (relative paths in the plan are resolved against it). */

@@ -102,7 +102,7 @@ typedef struct cpc_candidate_info {
                                      The candidate uses C*T*R*U ranks */
     /* mode: training (SPEC section 10): the candidate's backward program
      * priced (the selected one's is also proven; a candidate without a
-     * backward program has backward_priced false and is CP060 if selected) */
+     * backward program has backward_priced false and is CP018 if selected) */
     bool backward_priced;
     double ms_backward_per_layer;           /* predicted backward time per layer, ms */
     int64_t backward_bytes_sent_per_rank;   /* per layer, max over ranks, bytes */

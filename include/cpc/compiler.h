@@ -72,8 +72,7 @@ cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *na
 /* Reads a .cplan file and PROVES its program again (an artifact is never run
  * unproven; a training plan's backward program too).  A version 1 artifact
  * (before the backward program was stored) is CPC_E_INPUT: recompile.  Errors: CPC_E_IO, CPC_E_INPUT (malformed or tampered file:
- * hash mismatch), CPC_E_PLAN (CP051: the program is wrong, CP060: a newer
- * format). *out as above. */
+ * hash mismatch), CPC_E_PLAN (CP051: the program is wrong). *out as above. */
 cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
 
 /* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO. */

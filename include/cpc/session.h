@@ -84,7 +84,7 @@ void cpc_job_options_init(cpc_job_options *o);
  * plan YAML with n_sets "KEY=VALUE" overrides, compiled up to the proof.
  * *out: the job (free with cpc_job_close); warnings go to *diagnostics
  * (may be NULL; caller frees).  Errors (*out NULL): CPC_E_IO, CPC_E_PLAN
- * (rule violations with positions; CP060 for a training plan that cannot
+ * (rule violations with positions; CP018 for a training plan that cannot
  * train: a Lua schedule script, compiler/schedule_bwd.h), CPC_E_INPUT
  * (a malformed artifact), CPC_E_USAGE (--set on an artifact), CPC_E_NOMEM. */
 cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,

@@ -158,6 +158,7 @@ char *cpc_report_json(const cpc_run_report *r)
                     if (g) {
                         cJSON_AddItemToObject(g, "max_abs_err", num(r->bwd_max_abs_err[i]));
                         cJSON_AddItemToObject(g, "rel_err", num(r->bwd_rel_err[i]));
+                        cJSON_AddItemToObject(g, "rel_err_fp32", num(r->bwd_rel_err_fp32[i]));
                     }
                 }
                 if (c) {

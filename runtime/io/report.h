@@ -74,8 +74,13 @@ typedef struct cpc_run_report {
     double bwd_flops, bwd_tflops;   /* 2.5 x the forward's FLOPs (halved if causal) */
     int64_t bwd_bytes_sent_per_rank;
     bool bwd_checked, bwd_pass;
-    double bwd_rel_err[3];          /* dq, dk, dv vs the float64 reference gradients */
+    /* dq, dk, dv as the run returns them (--output, libcpc: rounded once to
+     * the plan dtype from the fp32 accumulators) vs the float64 reference
+     * gradients; the pass/fail check is on these */
+    double bwd_rel_err[3];
     double bwd_max_abs_err[3];
+    double bwd_rel_err_fp32[3];     /* the fp32 accumulators before that rounding
+                                       (what grows with the world size, if anything) */
     double bwd_tolerance;           /* fp32 1e-5, fp16 as `out`, bf16 2e-2 */
 } cpc_run_report;
 

@@ -10,7 +10,7 @@
  * CPC_UNTIL_VERIFY, exactly what `cpc --check` runs: load -> validate and
  * price (cost.h) -> Lua choose -> schedule -> Lua schedule -> verify (CP051)
  * -> price the final program (-> training: backward schedule (schedule_bwd.h),
- * proof (verify_bwd.h), price; CP060 for a Lua schedule script).
+ * proof (verify_bwd.h), price; CP018 for a Lua schedule script).
  *
  * The outer axes (SPEC section 1, "All four axes"; placement.h): with
  * cfg_degree C x tp_degree T > 1 the job's world is P = C*T*R*U ranks;
@@ -111,7 +111,7 @@ typedef struct cpc_job {
  * n_sets --set overrides (YAML only).  Returns the diagnostics chain
  * (warnings and/or errors; caller frees).  On error *out is NULL.  Errors:
  * those of the compiler stages (CPC_E_PLAN with CP codes, CPC_E_IO, ...),
- * CP060 (class CPC_E_PLAN) for a training plan that has no backward program
+ * CP018 (class CPC_E_PLAN) for a training plan that has no backward program
  * (a Lua schedule script; schedule_bwd.h says what trains); cprun maps every plan
  * rejection to exit status 2.  An artifact of a training plan without a
  * backward_schedule is CPC_E_INPUT ("recompile the plan with cpc"). */

@@ -55,12 +55,9 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
     cpc_status_free(diags); /* warnings: `cpc --check` reports them */
     const cpc_plan *plan = cc.plan;
     cpc_status *st = NULL;
-    if (plan->input.mode == CPC_MODE_TRAINING) {
-        st = cpc_diag(CPC_E_PLAN, 60, CPC_SEV_ERROR, cpc_plan_span(plan, "input.mode", true),
-                      "cprun --tune: a training plan cannot run (cprun runs inference only)");
-        cpc_compiled_free(&cc);
-        return st;
-    }
+    /* a training plan: every candidate runs forward and backward; the
+     * forward's time is measured, as `auto` chooses training candidates by
+     * the forward's time (validate.h) */
     /* the plan's profile without cluster.memory_gb, with its measurements */
     const char *dev = plan->cluster.device ? plan->cluster.device : "h100-sxm";
     if (!cpc_device_preset(dev, &out->profile)) {

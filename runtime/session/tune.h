@@ -64,7 +64,7 @@ typedef struct cpc_tune_result {
 /* Tunes the plan YAML at `path` (see above) and fills *out (zeroed first;
  * free with cpc_tune_result_free, also after errors).  Errors: the plan's
  * diagnostics when it does not load or validate (CPC_E_PLAN, CPC_E_IO; the
- * returned chain may also hold warnings), CP060 for a training plan,
+ * returned chain may also hold warnings), CP018 for a training plan,
  * CPC_E_USAGE (an artifact: tuning needs the plan YAML; bad options),
  * CPC_E_PLAN when no candidate is valid, and those of cpc_job_from_plan /
  * cpc_job_run for a candidate (the message names it).  Under MPI only world

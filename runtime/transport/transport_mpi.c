@@ -763,11 +763,16 @@ static cpc_status *setup_group(mpi_ctx *c, cpc_group g, MPI_Comm comm)
 }
 
 static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
-                             cpc_transport **out);
+                             const char *mesh, cpc_transport **out);
 
 cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree, cpc_transport **out)
 {
-    return create_on(MPI_COMM_WORLD, false, ring_degree, ulysses_degree, out);
+    return create_on(MPI_COMM_WORLD, false, ring_degree, ulysses_degree, NULL, out);
+}
+
+cpc_status *cpc_transport_mpi_create_world(int world_size, const char *mesh, cpc_transport **out)
+{
+    return create_on(MPI_COMM_WORLD, false, world_size, 1, mesh, out);
 }
 
 cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int ulysses_degree,
@@ -792,7 +797,7 @@ cpc_status *cpc_transport_mpi_create_comm(const void *comm, int ring_degree, int
         return cpc_error(CPC_E_UNSUPPORTED,
                          "mpi transport: MPI was initialised with thread level %d; cpc needs at "
                          "least MPI_THREAD_SERIALIZED (MPI_Init_thread)", provided);
-    return create_on(base, true, ring_degree, ulysses_degree, out);
+    return create_on(base, true, ring_degree, ulysses_degree, NULL, out);
 }
 
 cpc_status *cpc_mpi_comm_rank_size(const void *comm, int *rank, int *size)
@@ -831,7 +836,7 @@ cpc_status *cpc_transport_mpi_create_split(const void *comm, int color, int key,
 }
 
 static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
-                             cpc_transport **out)
+                             const char *mesh, cpc_transport **out)
 {
     *out = NULL;
     if (ring_degree < 1 || ulysses_degree < 1)
@@ -849,10 +854,15 @@ static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, i
     MPI_Comm_size(base, &world_size);
     int want = ring_degree * ulysses_degree;
     if (world_size != want) {
-        st = cpc_error(CPC_E_USAGE,
-                       "mpi transport: the plan's mesh needs world_size %d (ring_degree %d x "
-                       "ulysses_degree %d) but the job has %d MPI processes",
-                       want, ring_degree, ulysses_degree, world_size);
+        if (mesh)
+            st = cpc_error(CPC_E_USAGE,
+                           "mpi transport: the plan's mesh needs world_size %d (%s) but the job has "
+                           "%d MPI processes", want, mesh, world_size);
+        else
+            st = cpc_error(CPC_E_USAGE,
+                           "mpi transport: the plan's mesh needs world_size %d (ring_degree %d x "
+                           "ulysses_degree %d) but the job has %d MPI processes",
+                           want, ring_degree, ulysses_degree, world_size);
         if (caller_comm)
             cpc_status_set_hint(st, "pass a communicator of %d processes", want);
         else

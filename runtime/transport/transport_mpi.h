@@ -134,6 +134,12 @@ void cpc_mpi_abort(int exit_code, const char *why) __attribute__((noreturn));
 cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree,
                                      cpc_transport **out);
 
+/* As cpc_transport_mpi_create(world_size, 1, out) (the world group of a job
+ * whose mesh is not R x U: the outer axes' C*T*R*U ranks, placement.h), the
+ * size mismatch message naming the mesh as `mesh` (e.g. "cfg_degree 2 x
+ * tp_degree 2 x ring_degree 1 x ulysses_degree 2"; borrowed for the call). */
+cpc_status *cpc_transport_mpi_create_world(int world_size, const char *mesh, cpc_transport **out);
+
 /* As cpc_transport_mpi_create, over the caller's communicator instead of
  * MPI_COMM_WORLD (libcpc's cpc_rank_create_mpi): `comm` points to an
  * MPI_Comm handle (void * so that callers need no mpi.h); flat rank p is the

@@ -234,8 +234,9 @@ if [ $have_mpi = 1 ]; then
     >"$tmp/np.out" 2>"$tmp/np.err"
   rc=$?
   [ $rc -eq 2 ] || fail "-np 4 for 8 ranks: exit $rc, 2 expected"
-  grep -q "cfg_degree 2 x tp_degree 1 x ring_degree 2 x ulysses_degree 2 = 8 ranks" "$tmp/np.err" ||
-    fail "-np 4: no C*T*R*U note: $(head -3 "$tmp/np.err")"
+  grep -q "needs world_size 8 (cfg_degree 2 x tp_degree 1 x ring_degree 2 x ulysses_degree 2) but the job has 4" "$tmp/np.err" ||
+    fail "-np 4: the message does not name C*T*R*U: $(head -3 "$tmp/np.err")"
+  grep -q "ring_degree 8" "$tmp/np.err" && fail "-np 4: the message names the job's world as a ring of 8"
 fi
 
 # ---- 4: training (local) ---------------------------------------------------------------

@@ -159,7 +159,7 @@ has rejected.err "CP011"
 run training 0 "$tmp/small.yaml" --set input.mode=training --iters 1 --warmup 0
 has training.out "^bwd check:   PASS"
 run training-script 2 "$tmp/small.yaml" --set input.mode=training --set "schedule.script=$PWD/lua/examples/no_overlap.lua"
-has training-script.err "CP060"
+has training-script.err "CP018"
 
 # ---- backends (SPEC section 5): auto picks cuda only with a GPU and driver --------------------
 run auto 0 "$tmp/small.yaml" --backend auto --iters 1 --warmup 0 --format json --verbose

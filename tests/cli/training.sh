@@ -10,7 +10,7 @@
 # yunchang #149: exactly one dq, dk, dv per rank, each checked (the report's
 # three errors, all finite and within tolerance, over every rank's shard);
 # cross-attention (dK/dV summed over the world); a Lua schedule script is
-# CP060 naming what trains.  Runs from the repository root; binaries in
+# CP018 naming what trains.  Runs from the repository root; binaries in
 # $CPC_BUILD_DIR.
 set -u
 cd "$(dirname "$0")/../.."
@@ -140,12 +140,12 @@ BATCH=1 train b1-cross-ua4 ulysses_anything 4 fp32 none 6 2 250 "" ", kv: {token
 train ax-uly-c2t2    ulysses 8 fp32 causal 8 2 256 ", ring_degree: 1, ulysses_degree: 2, cfg_degree: 2, tp_degree: 2"
 train ax-cross-t4    ring 8 fp32 none 8 2 256 ", ring_degree: 2, cfg_degree: 1, tp_degree: 4" ", kv: {tokens: 64}"
 # what still cannot train: a Lua schedule script (no backward program):
-# CP060 naming what trains
+# CP018 naming what trains
 EXTRA="schedule: {script: $PWD/lua/examples/no_overlap.lua}" plan refuse-script ring 2 fp32 none 4 2 256
 "$CPRUN" "$tmp/refuse-script.yaml" >"$tmp/r.out" 2>"$tmp/r.err"
 rc=$?
-[ $rc -eq 2 ] && grep -q CP060 "$tmp/r.err" && grep -q "ulysses_anything, unified" "$tmp/r.err" ||
-  fail "scripted schedule training: expected CP060 naming what trains, exit $rc: $(cat "$tmp/r.err")"
+[ $rc -eq 2 ] && grep -q CP018 "$tmp/r.err" && grep -q "ulysses_anything, unified" "$tmp/r.err" ||
+  fail "scripted schedule training: expected CP018 naming what trains, exit $rc: $(cat "$tmp/r.err")"
 # ring_anything keeps CP019 for masks
 plan ra-causal ring_anything 4 fp32 causal 4 4 256
 "$CPRUN" "$tmp/ra-causal.yaml" >"$tmp/r.out" 2>"$tmp/r.err"

@@ -3,7 +3,7 @@
 # issue 16): `cpc` writes a training plan's backward program into the .cplan
 # (backward_schedule, artifact_version 2), `cprun` trains from it (proving it
 # again, not rebuilding it) with the same gradients as from the YAML; every trainable
-# candidate's backward is priced; a Lua schedule script is CP060;
+# candidate's backward is priced; a Lua schedule script is CP018;
 # `cpc --check --format json` gives predicted.ms_backward_per_layer, `--explain`
 # the backward columns; the predicted backward bytes are what cprun sends; a
 # tampered backward program (reading the next step's K/V) is refused with CP051
@@ -73,7 +73,7 @@ grep -E '^\* ring +4x1 +ok .* [0-9]+\.[0-9]{3} +[0-9.]+ [KM]iB$' "$tmp/explain.o
     fail "an inference plan has backward columns"
 
 # variant auto: every candidate that trains has its backward priced (--explain), the
-# selected one's in the JSON; a Lua schedule script has no backward program: CP060, for
+# selected one's in the JSON; a Lua schedule script has no backward program: CP018, for
 # the plan's schedule.script (every candidate) and for --lua
 "$CPC" --check --format json "$tmp/t.yaml" --set parallel.variant=auto >"$tmp/auto.json" 2>"$tmp/auto.err" ||
     fail "auto training: $(cat "$tmp/auto.err")"
@@ -85,12 +85,12 @@ printf 'function schedule(plan)\n  return plan.ops\nend\n' >"$tmp/s.lua"
 sed 's/^parallel: .*/parallel: {variant: ring}\nschedule: {script: s.lua}/' "$tmp/t.yaml" >"$tmp/scripted.yaml"
 "$CPC" --check "$tmp/scripted.yaml" >/dev/null 2>"$tmp/scr.err"
 rc=$?
-[ $rc -eq 1 ] && grep -q 'error\[CP060\].*Lua schedule script' "$tmp/scr.err" ||
-    fail "training with schedule.script: exit $rc, expected 1 with CP060: $(cat "$tmp/scr.err")"
+[ $rc -eq 1 ] && grep -q 'error\[CP018\].*Lua schedule script' "$tmp/scr.err" ||
+    fail "training with schedule.script: exit $rc, expected 1 with CP018: $(cat "$tmp/scr.err")"
 "$CPC" --check "$tmp/t.yaml" --lua "$tmp/s.lua" >/dev/null 2>"$tmp/lua.err"
 rc=$?
-[ $rc -eq 1 ] && grep -q 'error\[CP060\].*Lua schedule script' "$tmp/lua.err" ||
-    fail "training with --lua: exit $rc, expected 1 with CP060: $(cat "$tmp/lua.err")"
+[ $rc -eq 1 ] && grep -q 'error\[CP018\].*Lua schedule script' "$tmp/lua.err" ||
+    fail "training with --lua: exit $rc, expected 1 with CP018: $(cat "$tmp/lua.err")"
 
 # rewrite FILE FROM TO OUT: edit the artifact and fix its content hash
 rewrite() {

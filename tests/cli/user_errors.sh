@@ -7,7 +7,7 @@
 #   cpc --arch that this NVRTC cannot target (sm_10, sm_80a): a usage error
 #     (2) naming the supported archs (with NVRTC; skipped without it).
 #   cprun --format json: a usage error (even before --format), a missing
-#     file, a rejected plan, a training plan that cannot train (CP060: a
+#     file, a rejected plan, a training plan that cannot train (CP018: a
 #     Lua schedule script), an unwritable output, a runtime failure (--backend cuda without a GPU): stdout is still one
 #     JSON object with the SPEC section 5 keys (null where unknown), "ok":
 #     false and "error": {"code", "message"}; the exit status is unchanged.
@@ -103,7 +103,7 @@ jf json-no-plan     2 usage --format json
 jf json-missing     2 io "$tmp/no-such.yaml" --format json
 jf json-rejected    2 CP0 "$tmp/small.yaml" --set input.tokens=126 --format json
 has json-rejected.err "CP010"
-jf json-training    2 CP060 "$tmp/small.yaml" --set input.mode=training --set "schedule.script=$PWD/lua/examples/no_overlap.lua" --format json
+jf json-training    2 CP018 "$tmp/small.yaml" --set input.mode=training --set "schedule.script=$PWD/lua/examples/no_overlap.lua" --format json
 jf json-output      2 io "$tmp/small.yaml" --output "$tmp/nodir/o.safetensors" --format json
 sed 's/world_size: 4/world_size: 8/' "$tmp/small.cplan" >"$tmp/tampered.cplan"
 jf json-tampered    2 input "$tmp/tampered.cplan" --format json
