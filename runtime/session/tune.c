@@ -81,8 +81,12 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
     }
     if (!st && opt->log)
         fprintf(opt->log, "cprun --tune: %d valid candidate%s of %s (%s backend, %d warmup + %d "
-                          "timed iterations each)\n  key: %s\n",
-                n_ok, n_ok == 1 ? "" : "s", path, out->backend, warmup, iters, out->key);
+                          "timed iterations each)\n  key: %s%s\n",
+                n_ok, n_ok == 1 ? "" : "s", path, out->backend, warmup, iters, out->key,
+                plan->parallel.cfg_degree == CPC_DEGREE_AUTO || plan->parallel.tp_degree == CPC_DEGREE_AUTO ||
+                        cpc_plan_cfg_degree(plan) > 1 || cpc_plan_tp_degree(plan) > 1
+                    ? " (C = T = 1; a cfg/tp split's entry is keyed by its (c, t) sub-problem)"
+                    : "");
 #ifdef CPC_HAVE_MPI
     /* Under a launcher every candidate is one MPI job of this process: MPI
      * is initialised once here and kept alive between them (a job's end
