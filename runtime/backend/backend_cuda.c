@@ -401,8 +401,48 @@ static bool runs_cover(const cpc_run *runs, int n_runs, int64_t n, int64_t mask_
  * every one is checked on the host before anything is launched or written
  * (the kernels are specialised on dtype, head_dim, causal and group, so a
  * block that differs from the backend's kernels is refused too). */
+/* The K/V heads the query heads [q_head_off, q_head_off + hq) of GQA group
+ * `group` read must lie in this block's [kv_head_off, kv_head_off + hkv)
+ * (forward and backward alike; `what` names the call in the message). */
+static cpc_status *check_heads(const char *what, int q_head_off, int hq, int group, int kv_head_off,
+                               int hkv)
+{
+    if (hq <= 0)
+        return NULL;
+    int first = q_head_off / group - kv_head_off;
+    int last = (q_head_off + hq - 1) / group - kv_head_off;
+    if (first < 0 || last >= hkv)
+        return cpc_error(CPC_E_INTERNAL,
+                         "%s: query heads [%d, %d) with group %d need K/V heads [%d, %d], but this "
+                         "block holds K/V heads [%d, %d)",
+                         what, q_head_off, q_head_off + hq, group, q_head_off / group,
+                         (q_head_off + hq - 1) / group, kv_head_off, kv_head_off + hkv);
+    return NULL;
+}
+
+/* The run lists are well formed, and when `cover` they cover the sq query
+ * rows and the skv key rows (key positions inside the padding mask). */
+static cpc_status *check_runs(const char *what, const cpc_run *q_runs, int n_q_runs, int64_t sq,
+                              const cpc_run *kv_runs, int n_kv_runs, int64_t skv, int64_t mask_len,
+                              bool has_mask, bool cover)
+{
+    if ((n_q_runs > 0 && !q_runs) || (n_kv_runs > 0 && !kv_runs) || n_q_runs < 0 || n_kv_runs < 0)
+        return cpc_error(CPC_E_INTERNAL, "%s: bad run lists", what);
+    if (!cover)
+        return NULL;
+    if (!runs_cover(q_runs, n_q_runs, sq, 0, false))
+        return cpc_error(CPC_E_INTERNAL, "%s: query runs do not cover the %lld query rows", what,
+                         (long long)sq);
+    if (!runs_cover(kv_runs, n_kv_runs, skv, mask_len, has_mask))
+        return cpc_error(CPC_E_INTERNAL, "%s: key runs do not cover the %lld key rows%s", what,
+                         (long long)skv,
+                         has_mask ? ", or a key position lies outside the key padding mask" : "");
+    return NULL;
+}
+
 static cpc_status *check_args(const cuda_ctx *c, const cpc_attn_args *a)
 {
+    cpc_status *st;
     if (!a)
         return cpc_error(CPC_E_INTERNAL, "CUDA attention: no arguments");
     if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
@@ -419,17 +459,8 @@ static cpc_status *check_args(const cuda_ctx *c, const cpc_attn_args *a)
                          "q_head_off=%d kv_head_off=%d)",
                          a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv,
                          a->q_head_off, a->kv_head_off);
-    if (a->hq > 0) {
-        int first = a->q_head_off / a->group - a->kv_head_off;
-        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
-        if (first < 0 || last >= a->hkv)
-            return cpc_error(CPC_E_INTERNAL,
-                             "CUDA attention: query heads [%d, %d) with group %d need K/V heads "
-                             "[%d, %d], but this block holds K/V heads [%d, %d)",
-                             a->q_head_off, a->q_head_off + a->hq, a->group,
-                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
-                             a->kv_head_off, a->kv_head_off + a->hkv);
-    }
+    if ((st = check_heads("CUDA attention", a->q_head_off, a->hq, a->group, a->kv_head_off, a->hkv)))
+        return st;
     if (a->B > 1 && (a->q_bstride < a->sq * a->hq * a->d || a->kv_bstride < a->skv * a->hkv * a->d))
         return cpc_error(CPC_E_INTERNAL,
                          "CUDA attention: batch strides (q %lld, kv %lld elements) smaller than "
@@ -441,21 +472,8 @@ static cpc_status *check_args(const cuda_ctx *c, const cpc_attn_args *a)
         return cpc_error(CPC_E_INTERNAL, "CUDA attention: q, o and lse are required");
     if (work && a->skv > 0 && (!a->k || !a->v))
         return cpc_error(CPC_E_INTERNAL, "CUDA attention: k and v are required");
-    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
-        a->n_q_runs < 0 || a->n_kv_runs < 0)
-        return cpc_error(CPC_E_INTERNAL, "CUDA attention: bad run lists");
-    if (!work)
-        return NULL;
-    if (!runs_cover(a->q_runs, a->n_q_runs, a->sq, 0, false))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attention: query runs do not cover the %lld query rows",
-                         (long long)a->sq);
-    if (!runs_cover(a->kv_runs, a->n_kv_runs, a->skv, a->mask_len, a->kv_mask != NULL))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attention: key runs do not cover the %lld key rows%s",
-                         (long long)a->skv,
-                         a->kv_mask ? ", or a key position lies outside the key padding mask" : "");
-    return NULL;
+    return check_runs("CUDA attention", a->q_runs, a->n_q_runs, a->sq, a->kv_runs, a->n_kv_runs,
+                      a->skv, a->mask_len, a->kv_mask != NULL, work);
 }
 
 static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
@@ -515,6 +533,7 @@ static size_t bwd_mma_q_smem(int D)
  * checked on the host before anything is launched or written. */
 static cpc_status *check_bwd_args(const cuda_ctx *c, const cpc_attn_bwd_args *a)
 {
+    cpc_status *st;
     if (!a)
         return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: no arguments");
     if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
@@ -537,17 +556,8 @@ static cpc_status *check_bwd_args(const cuda_ctx *c, const cpc_attn_bwd_args *a)
                          (int)a->out_dtype >= 0 && a->out_dtype < CPC_DTYPE__COUNT
                              ? cpc_dtype_name(a->out_dtype) : "an unknown dtype",
                          cpc_dtype_name(c->spec.dtype));
-    if (a->hq > 0) {
-        int first = a->q_head_off / a->group - a->kv_head_off;
-        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
-        if (first < 0 || last >= a->hkv)
-            return cpc_error(CPC_E_INTERNAL,
-                             "CUDA attn_bwd: query heads [%d, %d) with group %d need K/V heads "
-                             "[%d, %d], but this block holds K/V heads [%d, %d)",
-                             a->q_head_off, a->q_head_off + a->hq, a->group,
-                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
-                             a->kv_head_off, a->kv_head_off + a->hkv);
-    }
+    if ((st = check_heads("CUDA attn_bwd", a->q_head_off, a->hq, a->group, a->kv_head_off, a->hkv)))
+        return st;
     const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
     if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
         (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
@@ -572,21 +582,8 @@ static cpc_status *check_bwd_args(const cuda_ctx *c, const cpc_attn_bwd_args *a)
     if (rows && a->skv > 0 &&
         (!a->q || !a->k || !a->v || !a->lse || !a->dq || !a->dk || !a->dv))
         return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: q, k, v, lse, dq, dk and dv are required");
-    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
-        a->n_q_runs < 0 || a->n_kv_runs < 0)
-        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: bad run lists");
-    if (!rows || a->skv == 0)
-        return NULL;
-    if (!runs_cover(a->q_runs, a->n_q_runs, a->sq, 0, false))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: query runs do not cover the %lld query rows",
-                         (long long)a->sq);
-    if (!runs_cover(a->kv_runs, a->n_kv_runs, a->skv, a->mask_len, a->kv_mask != NULL))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: key runs do not cover the %lld key rows%s",
-                         (long long)a->skv,
-                         a->kv_mask ? ", or a key position lies outside the key padding mask" : "");
-    return NULL;
+    return check_runs("CUDA attn_bwd", a->q_runs, a->n_q_runs, a->sq, a->kv_runs, a->n_kv_runs,
+                      a->skv, a->mask_len, a->kv_mask != NULL, rows && a->skv > 0);
 }
 
 /* delta (when asked), then dK/dV and dQ, all on the compute stream (in
