@@ -157,17 +157,31 @@ typedef struct cpc_device_profile {
                                   is not priced at the big-head_dim FLOP rate.  0 = no
                                   separate term (GPU presets: the attention rate is measured
                                   at head_dim 128 with its softmax) */
+    double peak_tflops;        /* dense BF16/FP16 tensor peak (FP32 accumulate), TFLOP/s;
+                                  0 = unknown (CPU) */
+    double sms;                /* streaming multiprocessors (GEMM wave quantisation); 0 = n/a */
+    double arch;               /* compute capability x 10 (80 Ampere, 89 Ada, 90 Hopper,
+                                  100 Blackwell); 0 = not a GPU (no kernel-family factors) */
 } cpc_device_profile;
 
-/* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).
- * Returns false when unknown. */
+/* Finds a preset by name (SPEC section 1: h100-sxm, h100-pcie, h800, h200, h20,
+ * a100-sxm, a100-pcie, a800, l20, l40, l40s, rtx4090, b200, cpu; the figures and
+ * their sources are in cost.c).  The preset alone, before the plan's runtime
+ * (cpc_plan_device applies that).  Returns false when unknown. */
 bool cpc_device_preset(const char *name, cpc_device_profile *out);
+/* ATTENTION KERNELS (cost.h): the factor on a GPU preset's attn_tflops (the
+ * FlashAttention-2-class rate at head_dim 128) for kernel `k` on compute
+ * capability `arch` (x 10) at `head_dim`. */
+double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim);
+
 /* Names of the presets, NULL-terminated. */
 extern const char *const cpc_device_preset_names[];
 
-/* The profile a plan asks for: its preset, overridden by cluster.profile
- * (a YAML file written by `cprun --calibrate`, path relative to the plan
- * file) and by cluster.memory_gb.  Errors: CPC_E_IO (unreadable profile),
+/* The profile a plan asks for: its preset with the plan's runtime applied
+ * (ATTENTION KERNELS: attn_tflops for runtime.attention_kernel; HOST:
+ * host_layer_us and host_op_us for runtime.framework), overridden by
+ * cluster.profile (a YAML file written by `cprun --calibrate`, path relative
+ * to the plan file) and by cluster.memory_gb.  Errors: CPC_E_IO (unreadable profile),
  * CPC_E_PLAN rule 103 (unknown device, bad profile field). */
 cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out);
 
