@@ -1408,6 +1408,60 @@ double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev)
     return dev->ranks_per_core > 1 ? dev->ranks_per_core : 1.0;
 }
 
+/* MEMORY of the deployment (cost.h): on a GPU with model.parameters, the
+ * transformer's weights (replicated by the CP and CFG axes, split by TP), a
+ * block's live activations and, after the denoising loop, the VAE decode's
+ * peak (its weights and one tile's activations) are added to the attention
+ * program's buffers: memory = weights + max(activations + buffers, VAE) +
+ * workspace + reserved. */
+static void deployment_memory(const cpc_plan *plan, const cpc_device_profile *dev, cpc_prediction *out)
+{
+    if (dev->arch <= 0 || plan->model.parameters <= 0)
+        return;
+    int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+    double es = cpc_dtype_size(plan->model.dtype);
+    double h = model_hidden(plan);
+    double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
+    double M = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double r = plan->model.mlp_ratio > 0 ? plan->model.mlp_ratio : 4.0;
+    double g = plan->model.mlp_gated ? 2.0 : 1.0;
+    double act = plan->model.active_experts > 0 ? plan->model.active_experts : 1;
+    double weights = (double)plan->model.parameters * es / T;
+    /* the residual stream, its normalised copy, the attention output and the
+     * gated sum (4 x hidden, whole on every TP rank), and the split Q, K, V,
+     * attention output and the MLP's inner activations (and gate) */
+    double acts = M * h * es * (4.0 + (4.0 + (g + 1.0) * r * act) / T);
+    double vae = 0;
+    if (plan->runtime.vae && plan->input.steps > 0) {
+        double c = plan->runtime.vae_channels > 0 ? plan->runtime.vae_channels : 128;
+        for (int i = 0; i < plan->input.n_segments; i++) {
+            const cpc_segment *s = &plan->input.segments[i];
+            if (s->kind == CPC_SEG_TOKENS || s->pixels <= 0)
+                continue;
+            bool video = s->kind == CPC_SEG_VIDEO;
+            /* decoder weights: ~84M (2-D, c = 128) / ~250M (3-D) x (c / 128)^2;
+             * activations: four full-width (c) maps of one tile, tiles of at most
+             * 1024 x 1024 pixels (x 17 frames for video: diffusers' tiled decode) */
+            double w = (video ? 250e6 : 84e6) * (c / 128.0) * (c / 128.0) * 2.0;
+            double px = (double)s->pixels / (s->frames > 1 ? (double)s->frames : 1.0);
+            if (px > 1024.0 * 1024.0)
+                px = 1024.0 * 1024.0;
+            if (video)
+                px *= s->frames < 17 ? (double)s->frames : 17.0;
+            double need = w + 4.0 * px * c * 2.0;
+            if (need > vae)
+                vae = need;
+        }
+    }
+    double rest = (double)out->memory_bytes_per_rank; /* buffers + workspace + reserved */
+    double work = acts + (double)out->buffer_bytes_per_rank;
+    double total = rest - (double)out->buffer_bytes_per_rank + weights + (work > vae ? work : vae);
+    out->weights_bytes_per_rank = (int64_t)weights;
+    out->activation_bytes_per_rank = (int64_t)acts;
+    out->vae_bytes_per_rank = (int64_t)vae;
+    out->memory_bytes_per_rank = (int64_t)total;
+}
+
 cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                               const cpc_device_profile *dev, cpc_prediction *out)
 {
@@ -1530,6 +1584,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
         int ranks = plan->cluster.world_size * cpc_plan_cfg_degree(plan) * cpc_plan_tp_degree(plan);
         price_pipeline(plan, dev, ranks, out);
     }
+    deployment_memory(plan, dev, out);
+    out->fits = (double)out->memory_bytes_per_rank <= dev->memory_gb * 1073741824.0;
     return NULL;
 }
 
@@ -1611,19 +1667,48 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
         cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,
                                  cpc_plan_span(plan, "cluster.world_size", true),
                                  "%s %dx%d: predicted memory per rank %.2f GiB (buffers %.2f GiB + "
-                                 "reserved %.2f GiB) exceeds the device's %.2f GiB",
+                                 "weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB) exceeds "
+                                 "the device's %.2f GiB",
                                  cpc_variant_name(cand->variant), cand->ring_degree,
                                  cand->ulysses_degree, gib,
                                  (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                                 (double)pred.weights_bytes_per_rank / 1073741824.0,
+                                 (double)pred.activation_bytes_per_rank / 1073741824.0,
                                  plan->cluster.reserved_gb, dev.memory_gb);
         double dev_bytes = dev.memory_gb * 1073741824.0;
         double reserved = plan->cluster.reserved_gb * 1073741824.0;
         bool ring_like = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING ||
                          cand->variant == CPC_VARIANT_UNIFIED;
+        /* the deployment's weights (MEMORY): a TP degree that splits them
+         * enough, checked against the same sum with the weights / T' (the
+         * activations would shrink too: the check is conservative) */
+        int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+        int H = plan->model.heads * T;
+        int tp_hint = 0;
+        double tp_mem = 0;
+        for (int t2 = 2 * T; pred.weights_bytes_per_rank > 0 && t2 <= 64 && !tp_hint; t2 *= 2) {
+            if (H % t2 != 0)
+                continue;
+            double m2 = (double)pred.memory_bytes_per_rank -
+                        (double)pred.weights_bytes_per_rank * (1.0 - (double)T / t2);
+            if (m2 <= dev_bytes)
+                tp_hint = t2, tp_mem = m2;
+        }
         if (reserved >= dev_bytes)
             cpc_status_set_hint(e, "cluster.reserved_gb (%.2f GiB) alone exceeds the device memory: "
                                    "lower it, or use a device with more memory (cluster.memory_gb)",
                                 plan->cluster.reserved_gb);
+        else if (tp_hint)
+            cpc_status_set_hint(e, "parallel.tp_degree: %d (the weights, %.2f GiB per rank, split %d ways: "
+                                   "at most %.2f GiB per rank, within the device's %.2f GiB; world_size "
+                                   "= cfg_degree x tp_degree x ring_degree x ulysses_degree)",
+                                tp_hint, (double)pred.weights_bytes_per_rank / 1073741824.0, tp_hint,
+                                tp_mem / 1073741824.0, dev.memory_gb);
+        else if (pred.weights_bytes_per_rank > 0 &&
+                 (double)pred.weights_bytes_per_rank >= 0.5 * dev_bytes)
+            cpc_status_set_hint(e, "the weights alone take %.2f GiB per rank: a device with more memory "
+                                   "(cluster.memory_gb), FP8 weights, or CPU offload (not priced by cpc)",
+                                (double)pred.weights_bytes_per_rank / 1073741824.0);
         else if (ring_like && plan->schedule.rotate == CPC_ROTATE_ALLGATHER)
             cpc_status_set_hint(e, "schedule.rotate: p2p (O(S/P) K/V memory instead of the whole "
                                    "K/V), more ranks (cluster.world_size) or less cluster.reserved_gb");
