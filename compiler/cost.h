@@ -249,6 +249,11 @@ const char *cpc_measure_backend(const cpc_plan *plan);
 bool cpc_plan_profile_path(const cpc_plan *plan, char *buf, size_t n);
 
 
+/* Dual-stream (MMDiT) blocks of the plan's model: model.dual_stream_layers,
+ * else, without structure keys, estimated from the weights per block (cost.h
+ * HOST); 0 without model.parameters.  Not necessarily an integer. */
+double cpc_dual_stream_layers(const cpc_plan *plan);
+
 /* Weights a token passes through (see WHOLE STEP); 0 without model.parameters. */
 double cpc_weights_per_token(const cpc_plan *plan);
 
