@@ -51,8 +51,9 @@
  *   600) ~230; B200 (NVLink5 1800) ~720; PCIe Gen4 x16 boards with P2P (A100 PCIe,
  *   L20, L40, L40S) 32 (the link's 32 GB/s per direction: a collective drives
  *   both directions of every board's link at once through the PCIe switch); H100
- *   PCIe (Gen5 x16) ~40; RTX 4090 (no P2P on GeForce: staged through host
- *   memory) ~12.
+ *   PCIe (Gen5 x16) ~40; RTX 4090 (no P2P on GeForce: NCCL's shared-memory
+ *   transport stages every chunk through host memory, both directions of each
+ *   Gen4 x16 link in use) ~16.
  * intra_p2p_gbps: one send/recv pair: ~40% of the link each way on NVLink parts
  *   (H100 ~150, H800/A800 ~70, A100 ~100, B200 ~300); one PCIe Gen4 P2P copy
  *   ~22 (a single DMA stream), 12 without P2P.
@@ -98,7 +99,7 @@ static const cpc_device_profile presets[] = {
     DEV("l20", 119.5, 59.8, 92, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
     DEV("l40", 181.05, 90.5, 142, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
     DEV("l40s", 362.05, 91.6, 142, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
-    DEV("rtx4090", 165.2, 82.6, 128, 89, 0.90, 0.60, 1008, 12, 12, 12, 15, 25, 24),
+    DEV("rtx4090", 165.2, 82.6, 128, 89, 0.90, 0.60, 1008, 16, 12, 12, 15, 25, 24),
     DEV("b200", 2250.0, 80, 148, 100, 0.70, 0.30, 8000, 720, 300, 47, 10, 20, 180),
     {.name = "cpu", .attn_tflops = 0.073, .attn_tflops_fp32 = 0.068, .mem_gbps = 18.0,
      .intra_gbps = 5.5, .intra_p2p_gbps = 15.0, .inter_gbps = 1.0, .intra_latency_us = 25.0,
