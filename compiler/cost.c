@@ -1198,6 +1198,8 @@ static void host_costs(cpc_framework f, double *layer_us, double *op_us)
     switch (f) {
     case CPC_FRAMEWORK_COMPILED: *layer_us = 40, *op_us = 10; break;
     case CPC_FRAMEWORK_SGLANG: *layer_us = 500, *op_us = 120; break;
+    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 820, *op_us = 225; break;
+    case CPC_FRAMEWORK_XDIT: *layer_us = 1940, *op_us = 50; break;
     default: *layer_us = 1410, *op_us = 110; break;
     }
 }

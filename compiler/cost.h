@@ -105,19 +105,23 @@
  *   norm/RoPE kernels) 14 + 8; compiled (torch.compile fuses the elementwise
  *   chains) 10 + 4.
  *
- * HOST: per transformer block of an eager framework (diffusers, xdit): ~100
- *   kernels, each a Python call through PyTorch's dispatcher (~14 us): 1410 us,
- *   x 1.6 for a dual-stream block (its second stream's norms, modulation and
- *   projections); per op of the attention program (a collective with its
- *   reshapes and wait, an attention call with its LSE, an LSE-merge update) 110
- *   us; TP adds 2 all-reduce calls and ~6 tensor-parallel dispatches per block.
- *   sglang 500 / 120 us, compiled (CUDA graphs) 40 / 10 us.  The per-block and
- *   per-op figures are pinned by the host-bound FLUX.1-dev rows on 4 x H100
- *   (the seeds' diffusers table, xDiT's flux.md, cache-dit's H100 table: the
- *   GPUs finish a step in ~50 ms and wait for the host); the same figures hold
- *   for every GPU (the host is not the GPU).  Without model.dual_stream_layers
- *   (and structure keys) the dual-stream share is estimated from the weights
- *   per block (cpc_dual_stream_layers).
+ * HOST: per transformer block of eager PyTorch (runtime.framework eager, the
+ *   default): ~100 kernels, each a Python call through PyTorch's dispatcher
+ *   (~14 us): 1410 us, x 1.6 for a dual-stream block (its second stream's
+ *   norms, modulation and projections); per op of the attention program (a
+ *   collective with its reshapes and wait, an attention call with its LSE, an
+ *   LSE-merge update) 110 us; TP adds 2 all-reduce calls and ~6
+ *   tensor-parallel dispatches per block.  These are pinned by the host-bound
+ *   FLUX.1-dev rows on 4 x H100, where the GPUs finish a step in ~50 ms and
+ *   wait for the host: the seeds' diffusers table (ulysses 133, all-gather ring
+ *   262 ms per step: diffusers 820 us per block, 225 us per op), xDiT's flux.md
+ *   (ulysses 150, p2p ring 180 ms: xdit 1940 us per block, 50 us per op: its
+ *   blocks run through more Python wrappers, its ring steps through fewer
+ *   calls) and cache-dit's H100 table; eager sits between them.  sglang 500 /
+ *   120 us, compiled (CUDA graphs) 40 / 10 us.  The same figures hold for every
+ *   GPU (the host is not the GPU).  Without model.dual_stream_layers (and
+ *   structure keys) the dual-stream share is estimated from the weights per
+ *   block (cpc_dual_stream_layers).
  *
  * PIPELINE (with input.steps, on GPUs; inside ms_per_image, once per image or
  *   video): the text encoder (runtime.text_encoder_parameters, default T5-XXL's

@@ -251,8 +251,9 @@ static double seed_predict(const seed_cell *c)
     snprintf(dev, sizeof dev, "cluster.device=%s", c->device);
     snprintf(path, sizeof path, "plans/flux1-dev-%d.yaml", c->res);
     const char *sets[] = {dev, "schedule.rotate=allgather", "schedule.overlap=false",
-                          "model.parameters=11901408320", "input.steps=50", "cluster.memory_gb=80"};
-    cpc_plan *plan = load(path, sets, 6);
+                          "model.parameters=11901408320", "input.steps=50", "cluster.memory_gb=80",
+                          "runtime.framework=diffusers"};
+    cpc_plan *plan = load(path, sets, 7);
     cpc_prediction p = price(plan, c->v, c->R, c->U);
     cr_assert_gt(p.ms_per_step, 0, "whole step priced");
     /* per image: 50 steps + the text encoder and the VAE decode (cost.h PIPELINE) */

@@ -49,6 +49,7 @@ static const char *const rotate_names[CPC_ROTATE__COUNT] = {
 _Static_assert(sizeof rotate_names / sizeof rotate_names[0] == CPC_ROTATE__COUNT, "rotate names");
 
 static const char *const framework_names[CPC_FRAMEWORK__COUNT] = {
+    [CPC_FRAMEWORK_EAGER] = "eager",
     [CPC_FRAMEWORK_DIFFUSERS] = "diffusers",
     [CPC_FRAMEWORK_XDIT] = "xdit",
     [CPC_FRAMEWORK_SGLANG] = "sglang",

@@ -83,8 +83,9 @@ enum { CPC_SEG_TOKENS = 0, CPC_SEG_IMAGE = 1, CPC_SEG_VIDEO = 2 };
 
 /* runtime.framework (SPEC section 1; cost.h HOST and MEMORY-BOUND WORK). */
 typedef enum cpc_framework {
-    CPC_FRAMEWORK_DIFFUSERS = 0, /* eager PyTorch (the default) */
-    CPC_FRAMEWORK_XDIT,          /* eager PyTorch (xDiT wraps diffusers' models) */
+    CPC_FRAMEWORK_EAGER = 0,     /* eager PyTorch, framework not named (the default) */
+    CPC_FRAMEWORK_DIFFUSERS,     /* eager PyTorch: diffusers' own context parallelism */
+    CPC_FRAMEWORK_XDIT,          /* eager PyTorch: xDiT (yunchang's USP) */
     CPC_FRAMEWORK_SGLANG,        /* eager with fused norm/RoPE/activation kernels */
     CPC_FRAMEWORK_COMPILED,      /* torch.compile / CUDA graphs */
     CPC_FRAMEWORK__COUNT
@@ -169,7 +170,7 @@ typedef struct cpc_plan {
     } parallel;
 
     struct {
-        cpc_framework framework;   /* default diffusers */
+        cpc_framework framework;   /* default eager */
         cpc_attn_kernel attention_kernel; /* default sdpa */
         int64_t text_encoder_parameters; /* -1 = not given (the default of cost.h PIPELINE) */
         bool vae;                  /* price the VAE decode (default true: `vae: auto`) */
