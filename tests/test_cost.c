@@ -535,3 +535,103 @@ Test(cost, cp040_weights_hint_fits)
     cpc_selection_free(&sel);
     cpc_plan_free(plan);
 }
+
+/* The whole step's plan keys (SPEC section 1: model structure, runtime):
+ * loaded as written, defaults when absent, errors with their rule. */
+static cpc_status *load_text(const char *text, cpc_plan **plan)
+{
+    return cpc_plan_load_string(text, strlen(text), "keys.yaml", NULL, 0, plan);
+}
+
+Test(cost, structure_and_runtime_keys)
+{
+    const char *base = "version: 1\n"
+                       "input: {segments: [{name: text, tokens: 512}, {name: video, video: {frames: 81, "
+                       "height: 720, width: 1280}}], steps: 50}\n"
+                       "cluster: {world_size: 8, device: h20}\n";
+    char text[2048];
+    snprintf(text, sizeof text,
+             "%smodel: {heads: 40, head_dim: 128, layers: 40, parameters: 14288491584, hidden: 5120, "
+             "mlp_ratio: 2.7, mlp_gated: false, cross_attention_tokens: 512, experts: 8, active_experts: 2, "
+             "dual_stream_layers: 4}\n"
+             "runtime: {framework: xdit, attention_kernel: fa3, text_encoder_parameters: 0, vae: none, "
+             "vae_channels: 96, vae_parallel: true}\n", base);
+    cpc_plan *p = NULL;
+    cpc_status *st = load_text(text, &p);
+    cr_assert(p && !cpc_status_has_error(st));
+    cr_expect_eq(p->model.hidden, 5120);
+    cr_expect_float_eq(p->model.mlp_ratio, 2.7, 1e-12);
+    cr_expect_eq(p->model.cross_attention_tokens, 512);
+    cr_expect(p->model.experts == 8 && p->model.active_experts == 2 && p->model.dual_stream_layers == 4);
+    cr_expect(p->model.structure_given);
+    cr_expect_eq(p->runtime.framework, CPC_FRAMEWORK_XDIT);
+    cr_expect_eq(p->runtime.attention_kernel, CPC_KERNEL_FA3);
+    cr_expect(p->runtime.text_encoder_parameters == 0 && !p->runtime.vae && p->runtime.vae_parallel);
+    cr_expect_eq(p->runtime.vae_channels, 96);
+    /* the video segment remembers its pixels (the VAE decode's output) */
+    cr_expect_eq(p->input.segments[1].kind, CPC_SEG_VIDEO);
+    cr_expect_eq(p->input.segments[1].pixels, (int64_t)81 * 720 * 1280);
+    /* structure: 4 h^2 + 2 h^2 (cross Q, O) + 2 active x 2 x 2.7 h^2 per token per block */
+    double h = 5120;
+    cr_expect_float_eq(cpc_weights_per_token(p), (6.0 + 2 * 2 * 2.7) * h * h * 40, 1);
+    cr_expect_eq(cpc_dual_stream_layers(p), 4);
+    cpc_device_profile d, base_d;
+    cr_assert_null(cpc_plan_device(p, &d));
+    cr_assert(cpc_device_preset("h20", &base_d));
+    cr_expect_float_eq(d.attn_tflops, base_d.attn_tflops * 1.8, 1e-9, "fa3 on Hopper");
+    cpc_status_free(st);
+    cpc_plan_free(p);
+
+    /* defaults */
+    snprintf(text, sizeof text, "%smodel: {heads: 40, head_dim: 128, layers: 40, parameters: 14288491584}\n", base);
+    st = load_text(text, &p);
+    cr_assert(p && !cpc_status_has_error(st));
+    cr_expect(!p->model.structure_given && p->runtime.framework == CPC_FRAMEWORK_EAGER &&
+              p->runtime.attention_kernel == CPC_KERNEL_SDPA && p->runtime.text_encoder_parameters == -1 &&
+              p->runtime.vae && !p->runtime.vae_parallel);
+    /* a generic block: min(parameters / layers, 12 h^2) per token */
+    cr_expect_float_eq(cpc_weights_per_token(p), 12.0 * h * h * 40, 1);
+    cpc_status_free(st);
+    cpc_plan_free(p);
+
+    /* errors: unknown framework (CP103), active > experts (CP103), unknown runtime key (CP101) */
+    const char *bad[][2] = {
+        {"model: {heads: 40, head_dim: 128}\nruntime: {framework: tensorrt}\n", "103"},
+        {"model: {heads: 40, head_dim: 128, experts: 2, active_experts: 3}\n", "103"},
+        {"model: {heads: 40, head_dim: 128, layers: 4, dual_stream_layers: 5}\n", "103"},
+        {"model: {heads: 40, head_dim: 128}\nruntime: {kernel: fa3}\n", "101"},
+        {"model: {heads: 40, head_dim: 128, mlp_ratio: 0}\n", "103"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(text, sizeof text, "%s%s", base, bad[i][0]);
+        p = NULL;
+        st = load_text(text, &p);
+        int want = atoi(bad[i][1]), found = 0;
+        for (const cpc_status *e = st; e; e = e->next)
+            found |= e->rule == want;
+        cr_expect(found, "case %zu: CP%d expected", i, want);
+        cpc_status_free(st);
+        cpc_plan_free(p);
+    }
+}
+
+/* Every preset the SPEC names exists, with its figures positive, and the GPU
+ * ones with the fields the physical model needs. */
+Test(cost, presets_complete)
+{
+    const char *want[] = {"h100-sxm", "h100-pcie", "h800", "h200", "h20", "a100-sxm", "a100-pcie",
+                          "a800", "l20", "l40", "l40s", "rtx4090", "b200", "cpu"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        cpc_device_profile d;
+        cr_assert(cpc_device_preset(want[i], &d), "%s", want[i]);
+        cr_expect(d.attn_tflops > 0 && d.mem_gbps > 0 && d.intra_gbps > 0 && d.memory_gb > 0 &&
+                  d.gemm_tflops > 0, "%s", want[i]);
+        if (strcmp(want[i], "cpu") != 0)
+            cr_expect(d.peak_tflops > 0 && d.sms > 0 && d.arch >= 80 && d.gemm_tflops < d.peak_tflops &&
+                      d.attn_tflops < d.peak_tflops, "%s", want[i]);
+    }
+    int n = 0;
+    while (cpc_device_preset_names[n])
+        n++;
+    cr_expect_eq(n, (int)(sizeof want / sizeof want[0]));
+}
