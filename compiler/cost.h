@@ -46,7 +46,9 @@
  * 128 x 128 fp32 scores x 2 + 4 x 128 x head_dim fp32 = 131072 + 2048 * D
  * bytes (147456 for D = 8, 393216 for D = 128).  cprun's CPU backend does
  * not allocate it (nor reserved_gb, memory the rest of the model holds), so
- * its figure is lower by exactly that much.
+ * its figure is lower by exactly that much.  With model.parameters on a GPU
+ * preset the deployment's weights, activations and VAE decode are added too
+ * (MEMORY below; buffer_bytes_per_rank stays the program's own).
  *
  * WHOLE STEP (model.parameters).  Per rank of a (C, T, R, U) split, M = tokens
  * per rank = B/C x S/(R*U), h = model.hidden (default heads x head_dim), layers =

@@ -17,7 +17,9 @@ typedef struct cpc_prediction {
     double compute_ms_per_layer;    /* attention + memory-bound ops, max over ranks */
     double comm_ms_per_layer;       /* communication not hidden, max over ranks */
     int64_t memory_bytes_per_rank;  /* peak over ranks: cprun's peak_memory_bytes_per_rank
-                                       + attention workspace + reserved_gb (see above) */
+                                       + attention workspace + reserved_gb (see above); with
+                                       model.parameters on a GPU also the deployment's weights,
+                                       activations and VAE decode (cost.h MEMORY) */
     int64_t buffer_bytes_per_rank;  /* peak over ranks, buffers and all-to-all staging */
     int64_t bytes_sent_per_rank;    /* per layer, max over ranks */
     double flops_per_layer;         /* total over ranks */
