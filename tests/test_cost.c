@@ -635,3 +635,34 @@ Test(cost, presets_complete)
         n++;
     cr_expect_eq(n, (int)(sizeof want / sizeof want[0]));
 }
+
+/* HOST and ATTENTION KERNELS: FLUX.1-dev on 4 x H100 is host-bound in eager
+ * PyTorch (the device waits: exposed host time > 0) and device-bound once
+ * compiled (host time hidden, < 2% of the step); fa3 cuts the attention time
+ * by its factor; the parts add up to the step in every case. */
+Test(cost, framework_and_kernel)
+{
+    const char *fws[] = {"runtime.framework=eager", "runtime.framework=compiled"};
+    cpc_prediction p[2];
+    for (int i = 0; i < 2; i++) {
+        const char *sets[] = {"model.parameters=11901408320", "parallel.variant=ulysses", fws[i]};
+        cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 3);
+        p[i] = price(plan, CPC_VARIANT_ULYSSES, 1, 4);
+        double sum = p[i].gemm_ms_per_step + p[i].attn_ms_per_step + p[i].memory_ms_per_step +
+                     p[i].comm_ms_per_step + p[i].host_exposed_ms_per_step;
+        cr_expect_float_eq(sum, p[i].ms_per_step, 1e-9 * p[i].ms_per_step);
+        cpc_plan_free(plan);
+    }
+    cr_log_info("eager: step %.1f (host exposed %.1f); compiled: step %.1f (host exposed %.1f)",
+                p[0].ms_per_step, p[0].host_exposed_ms_per_step, p[1].ms_per_step,
+                p[1].host_exposed_ms_per_step);
+    cr_expect_gt(p[0].host_exposed_ms_per_step, 0.3 * p[0].ms_per_step, "eager on H100 is host-bound");
+    cr_expect_lt(p[1].host_exposed_ms_per_step, 0.02 * p[1].ms_per_step, "compiled hides the host");
+    cr_expect_lt(p[1].memory_ms_per_step, p[0].memory_ms_per_step, "compiled fuses elementwise work");
+    const char *k3[] = {"model.parameters=11901408320", "parallel.variant=ulysses", "runtime.attention_kernel=fa3"};
+    cpc_plan *plan = load("plans/flux1-dev-1024.yaml", k3, 3);
+    cpc_prediction f3 = price(plan, CPC_VARIANT_ULYSSES, 1, 4);
+    cr_expect_float_eq(f3.attn_ms_per_step * 1.8, p[0].attn_ms_per_step, 0.02 * p[0].attn_ms_per_step,
+                       "fa3 %.2f vs sdpa %.2f ms", f3.attn_ms_per_step, p[0].attn_ms_per_step);
+    cpc_plan_free(plan);
+}
