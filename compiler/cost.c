@@ -1235,7 +1235,7 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         gemm *= dev->attn_tflops_fp32 / dev->attn_tflops;
     double es = cpc_dtype_size(plan->model.dtype);
     double mem = (dev->mem_gbps > 0 ? dev->mem_gbps : 1) * 1e9;
-    double dense, roof = 1, mem_s = 0, gemm_flops = 0;
+    double dense, roof = 1, mem_s = 0, gemm_flops = 0, cross_s = 0;
     if (dev->arch > 0) {
         /* GPU: every GEMM of a block by its shape (GEMM EFFICIENCY) */
         double h = hidden, M = tokens;
@@ -1247,17 +1247,17 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         double t = 0, f = 0;
         t += gemm_time(dev, M, 3 * h / T, h, es, gemm, mem, &f);         /* QKV */
         t += gemm_time(dev, M, h, h / T, es, gemm, mem, &f);             /* out projection */
-        double tm = gemm_time(dev, Me, g * r * h / T, h, es, gemm, mem, &f) + /* MLP up (+gate) */
-                    gemm_time(dev, Me, h, r * h / T, es, gemm, mem, &f);      /* MLP down */
+        double fm = 0;
+        double tm = gemm_time(dev, Me, g * r * h / T, h, es, gemm, mem, &fm) + /* MLP up (+gate) */
+                    gemm_time(dev, Me, h, r * h / T, es, gemm, mem, &fm);      /* MLP down */
         t += tm * ne;
+        f += fm * ne;
         if (plan->model.cross_attention_tokens > 0) {
             double Mt = (double)plan->input.batch * (double)plan->model.cross_attention_tokens;
             t += gemm_time(dev, M, h / T, h, es, gemm, mem, &f);         /* cross Q */
             t += gemm_time(dev, M, h, h / T, es, gemm, mem, &f);         /* cross O */
             t += gemm_time(dev, Mt, 2 * h / T, h, es, gemm, mem, &f);    /* text K, V */
         }
-        /* f counts the experts' FLOPs once per expert: the block's FLOPs at the
-         * large-GEMM rate, for the efficiency figure */
         double scale_w = 1.0;
         if (!plan->model.structure_given) {
             /* a generic block (4 h^2 + 8 h^2 per token) scaled to the weights a
@@ -1276,9 +1276,10 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         mem_passes(plan->runtime.framework, &repl, &split);
         double passes = repl + (split + (g + 1.0) * r * act) / T;
         mem_s = layers * M * passes * h * es / mem;
-        if (plan->model.cross_attention_tokens > 0) /* cross-attention scores over the text */
-            attn_s_per_layer += 4.0 * M * (double)plan->model.cross_attention_tokens * h / T /
-                                (dev->attn_tflops * 1e12 * 0.7);
+        if (plan->model.cross_attention_tokens > 0) { /* cross-attention over the text */
+            double lt = (double)plan->model.cross_attention_tokens;
+            cross_s = layers * 4.0 * M * lt * h / T / (dev->attn_tflops * 1e12 * lt / (lt + 256.0));
+        }
     } else {
         roof = cpc_gemm_roofline_factor(tokens, hidden, T, es, gemm, mem);
         dense = 2.0 * W * tokens / T / gemm * roof;
@@ -1327,7 +1328,7 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
     if (comm_exposed > prog_other)
         comm_exposed = prog_other;
     double dense_all = (dense + tp + mem_s) * scale;
-    double device = dense_all + prog;
+    double device = dense_all + prog + cross_s * scale;
     out->dense_ms_per_step = dense_all * 1e3;
     out->tp_ms_per_step = tp * scale * 1e3;
     out->gemm_roofline = roof;
@@ -1340,7 +1341,7 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
                                 : (device > host ? device : host);
     out->ms_per_step = step * 1e3;
     out->gemm_ms_per_step = dense * scale * 1e3;
-    out->attn_ms_per_step = attn_total * 1e3;
+    out->attn_ms_per_step = (attn_total + cross_s * scale) * 1e3;
     out->memory_ms_per_step = (mem_s * scale + (prog_other - comm_exposed)) * 1e3;
     out->comm_ms_per_step = (tp_comm * scale + comm_exposed) * 1e3;
     if (dev->arch <= 0) /* the CPU path's unsplit TP work sits in tp */
