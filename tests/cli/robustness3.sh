@@ -103,6 +103,59 @@ for inp in ill300 ill100; do
   done
 done
 
+# ---- hangs: FIFO outputs --------------------------------------------------------------------
+# a FIFO with no reader: refused within seconds (exit 2), never a writer blocked in open()
+mkfifo "$tmp/ofifo"
+F=(timeout -k 2 20)
+s0=$(date +%s)
+t fifo-output 2 "${F[@]}" "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --output "$tmp/ofifo"
+has fifo-output.err "ofifo: write failed: a FIFO (named pipe) with no reader"
+t fifo-trace 2 "${F[@]}" "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --trace "$tmp/ofifo"
+has fifo-trace.err "ofifo: cannot write the trace: a FIFO (named pipe) with no reader"
+t fifo-cpc 2 "${F[@]}" "$CPC" --no-kernels "$tmp/p.yaml" -o "$tmp/ofifo"
+has fifo-cpc.err "ofifo: cannot write the artifact: a FIFO (named pipe) with no reader"
+t fifo-profile 2 "${F[@]}" "$CPRUN" --calibrate --quick --profile-out "$tmp/ofifo"
+has fifo-profile.err "ofifo: cannot write the profile: a FIFO (named pipe) with no reader"
+[ -p "$tmp/ofifo" ] || fail "fifo: the FIFO was replaced"
+el=$(( $(date +%s) - s0 ))
+echo "robustness3.sh: four FIFO outputs without a reader refused in $el s"
+# variant: a reader that goes away after 100 bytes: a write error (exit 2), not death by
+# SIGPIPE (141); and a reader that stays gets the whole file
+( head -c 100 "$tmp/ofifo" >/dev/null ) &
+t fifo-gone 2 "${F[@]}" "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --set input.tokens=4096 --output "$tmp/ofifo"
+has fifo-gone.err "ofifo: write failed: Broken pipe"
+wait
+( timeout 20 cat "$tmp/ofifo" >"$tmp/fifo.data" ) &
+t fifo-reader 0 "${F[@]}" "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --output "$tmp/ofifo"
+wait
+[ "$(wc -c <"$tmp/fifo.data")" -gt 131072 ] || fail "fifo-reader: the output did not go through the FIFO"
+
+# ---- half-finished: stale temporary files ---------------------------------------------------
+# SIGKILL (no handler runs) in the middle of --output leaves o.safetensors.tmpXXXXXX; the
+# next run that writes o.safetensors removes it (once it is 1 s old and nobody holds it),
+# and leaves a live writer's temporary file and other files alone
+mkdir "$tmp/k"
+: >"$tmp/k/o.safetensors.tmpABCDEF"; : >"$tmp/k/other.tmpABCDEF"; : >"$tmp/k/o.safetensors.tmp12"
+python3 -c 'import fcntl, sys, time
+f = open(sys.argv[1], "w"); fcntl.flock(f, fcntl.LOCK_EX); time.sleep(8)' "$tmp/k/o.safetensors.tmpLIVE01" &
+lockpid=$!
+"$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --no-check --set input.tokens=8192 --output "$tmp/k/o.safetensors" >/dev/null 2>&1 &
+pid=$!
+killed=0
+for i in $(seq 1 4000); do
+  ls "$tmp/k" | grep -q '^o\.safetensors\.tmp[^AL1]' && { kill -KILL $pid 2>/dev/null; killed=1; break; }
+  kill -0 $pid 2>/dev/null || break
+done
+wait $pid 2>/dev/null
+[ $killed = 1 ] && ! ls "$tmp/k" | grep -q '^o\.safetensors\.tmp[^AL1]' && killed=0
+echo "robustness3.sh: SIGKILL left a temporary file: $killed (the planted one is there either way)"
+sleep 1.2
+t stale 0 "${T[@]}" "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --output "$tmp/k/o.safetensors"
+left=$(ls -A "$tmp/k" | sort | tr '\n' ' ')
+[ "$left" = "o.safetensors o.safetensors.tmp12 o.safetensors.tmpLIVE01 other.tmpABCDEF " ] \
+  || fail "stale: the directory holds '$left'"
+kill $lockpid 2>/dev/null; wait $lockpid 2>/dev/null
+
 if [ "$fails" -ne 0 ]; then
   echo "robustness3.sh: $fails failure(s)" >&2
   exit 1
