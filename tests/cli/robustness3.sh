@@ -208,6 +208,36 @@ t fifo-reader 0 "${F[@]}" "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --output "$tmp/ofif
 wait
 [ "$(wc -c <"$tmp/fifo.data")" -gt 131072 ] || fail "fifo-reader: the output did not go through the FIFO"
 
+# ---- hangs: ulimit -v / -d and OpenBLAS --------------------------------------------------------
+# OpenBLAS starts worker threads at load time; under ulimit -v 380-480 MB their buffers could not
+# be mapped, they retried forever and exit() joined them: `cprun --version` never ended.  cprun
+# now re-executes itself with OPENBLAS_NUM_THREADS=1 under a finite limit.  (ASan reserves
+# terabytes of address space: the ulimit -v checks need a build without it.)
+if [ "$( (ulimit -v 1000000; "$CPRUN" --version >/dev/null 2>&1; echo $?) 2>/dev/null)" = 0 ]; then
+  for kb in 380000 420000 450000 480000; do
+    ( ulimit -v $kb; exec timeout -k 2 15 "$CPRUN" --version ) >"$tmp/ver.out" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || fail "ulimit -v $kb: cprun --version exited $rc"
+  done
+  # variant: a run under the same limits ends (refused with exit 3 or run to the end), never hangs
+  for kb in 400000 480000; do
+    ( ulimit -v $kb; exec timeout -k 2 30 "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" --set cluster.world_size=2 ) \
+      >"$tmp/vrun.out" 2>"$tmp/vrun.err"
+    rc=$?
+    [ $rc -eq 0 ] || [ $rc -eq 3 ] || { fail "ulimit -v $kb: a run exited $rc"; sed 's/^/    /' "$tmp/vrun.err" >&2; }
+  done
+  # ulimit -d (RLIMIT_DATA, which also covers OpenBLAS's private mappings): refused up front
+  ( ulimit -d 150000; exec timeout -k 2 30 "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" ) >"$tmp/dlim.out" 2>"$tmp/dlim.err"
+  rc=$?
+  [ $rc -eq 3 ] || { fail "ulimit -d 150000: exit $rc, expected 3"; sed 's/^/    /' "$tmp/dlim.err" >&2; }
+  has dlim.err "not enough data space: .*RLIMIT_DATA, ulimit -d"
+  ( ulimit -d 150000; exec timeout -k 2 15 "$CPRUN" --version ) >/dev/null 2>&1 || fail "ulimit -d 150000: cprun --version failed"
+  ( ulimit -d 3000000; exec timeout -k 2 30 "$CPRUN" "$tmp/p.yaml" "${RUN[@]}" ) >/dev/null 2>"$tmp/dok.err" \
+    || { fail "ulimit -d 3000000: the run failed"; sed 's/^/    /' "$tmp/dok.err" >&2; }
+else
+  echo "robustness3.sh: this build cannot start under ulimit -v (ASan): the ulimit checks skipped"
+fi
+
 # ---- half-finished: stale temporary files ---------------------------------------------------
 # SIGKILL (no handler runs) in the middle of --output leaves o.safetensors.tmpXXXXXX; the
 # next run that writes o.safetensors removes it (once it is 1 s old and nobody holds it),
