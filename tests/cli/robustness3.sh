@@ -238,6 +238,40 @@ else
   echo "robustness3.sh: this build cannot start under ulimit -v (ASan): the ulimit checks skipped"
 fi
 
+# ---- hangs: the Lua time limit where no VM instruction runs -------------------------------------
+# 150 load() of an 18 MB chunk (the parser runs no VM instruction: the count hook never fired;
+# 52-110 s against the 1 s limit); variants: load() from a reader function giving 8 MB pieces,
+# and s:upper() of a 10 MB string 2000 times (C work between two hook calls)
+cat >"$tmp/load.lua" <<'EOF'
+local chunk = "return 1 --" .. string.rep("x", 18 * 1024 * 1024)
+function schedule(plan)
+  for i = 1, 150 do local f = load(chunk) end
+end
+EOF
+cat >"$tmp/reader.lua" <<'EOF'
+local piece = "--" .. string.rep("y", 8 * 1024 * 1024) .. "\n"
+function schedule(plan)
+  for i = 1, 50 do
+    local n = 0
+    local f = load(function() n = n + 1; if n <= 3 then return piece end end)
+  end
+end
+EOF
+cat >"$tmp/upper.lua" <<'EOF'
+local big = string.rep("ab", 5 * 1024 * 1024)
+function schedule(plan)
+  for i = 1, 2000 do local u = big:upper() end
+end
+EOF
+for f in load reader upper; do
+  s0=$(date +%s%N)
+  t "lua-$f" 1 timeout -k 2 60 "$CPC" --check --lua "$tmp/$f.lua" "$tmp/p.yaml"
+  ms=$(( ($(date +%s%N) - s0) / 1000000 ))
+  has "lua-$f.err" "$f.lua:[0-9]*:[0-9]*: error\[CP050\]: Lua script was stopped in schedule(): time limit of 1.00 s exceeded"
+  echo "robustness3.sh: Lua $f stopped after $ms ms"
+  [ $ms -le 4000 ] || fail "lua-$f: took $ms ms against a 1 s limit"
+done
+
 # ---- half-finished: stale temporary files ---------------------------------------------------
 # SIGKILL (no handler runs) in the middle of --output leaves o.safetensors.tmpXXXXXX; the
 # next run that writes o.safetensors removes it (once it is 1 s old and nobody holds it),
