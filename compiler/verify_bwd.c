@@ -28,15 +28,31 @@ typedef struct rank_ops {
 typedef struct slot {
     int tag;
     bool written;   /* init_acc'd / delta written / received / input */
+    cpc_content src; /* provenance: what it holds (program.h cpc_content) */
     uint8_t *cnt;   /* [R * NK * nh] (query block, key unit, query head), D* roles only */
 } slot;
 
-typedef struct msg {
-    int src, dst, tag, n;
-    slot part[CPC_OP_MAX_BUFS];
-    cpc_buf_role role[CPC_OP_MAX_BUFS];
-    struct msg *next;
-} msg;
+/* One posted point-to-point request (one buffer of a send or recv op, as the
+ * executor posts them), from its post to the wait that completes it.  Sends
+ * and recvs match buffer by buffer in FIFO order per (sender, receiver,
+ * group, tag), as MPI and the local transport do. */
+typedef struct req {
+    struct req *qnext;     /* next in its unmatched queue */
+    const xop *x;          /* the op that posted it */
+    int p, peer;           /* poster and its partner (flat ranks) */
+    cpc_group group;
+    int tag, buf, slot;    /* program buffer; memory slot (swaps move names, not slots) */
+    cpc_buf_role role;
+    bool send, matched;
+    slot snap;             /* send: its content at the post; recv: what arrives once matched */
+} req;
+
+typedef struct rank_reqs {
+    req **v;               /* posted, not yet completed by a wait */
+    int n, cap;
+    req *sq, *sq_tail;     /* sends to this rank no recv matched yet */
+    req *rq, *rq_tail;     /* recvs posted by this rank no send matched yet */
+} rank_reqs;
 
 typedef struct vb {
     const cpc_program *prog;
@@ -46,7 +62,7 @@ typedef struct vb {
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
     int *pc;
-    msg *head, *tail;
+    rank_reqs *rr; /* [P] */
     cpc_status *err;
 } vb;
 
@@ -223,6 +239,7 @@ static cpc_status *run_a2a(vb *V, int r)
         slot *so = S(V, p, out);
         so->written = true;
         so->tag = s2h ? r : p;
+        so->src = S(V, p, in)->src;
         if (tmp && so->cnt)
             memcpy(so->cnt, tmp + (size_t)j * cnt_bytes(V), cnt_bytes(V));
         V->pc[p]++;
@@ -276,6 +293,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
             slot *so = S(V, r * U + u, out);
             so->written = true;
             so->tag = ag ? CPC_TAG_NONE : r;
+            so->src = S(V, r * U + u, in)->src;
             if (tmp && so->cnt)
                 memcpy(so->cnt, tmp + (size_t)r * cnt_bytes(V), cnt_bytes(V));
         }
@@ -317,6 +335,7 @@ static cpc_status *run_all_reduce(vb *V)
             slot *so = S(V, p, out);
             so->written = true;
             so->tag = CPC_TAG_NONE;
+            so->src = CPC_CONTENT_GRAD;
             memcpy(so->cnt, sum, cnt_bytes(V));
         }
         free(sum);
@@ -331,7 +350,224 @@ static bool same_layout(const vb *V, int a, int b)
     return BF(V, a)->tokens == BF(V, b)->tokens && BF(V, a)->heads == BF(V, b)->heads;
 }
 
-/* Runs rank p until it blocks on a recv or reaches a collective (returns 0),
+static const char *access_word(cpc_access a)
+{
+    return a == CPC_ACCESS_READ ? "reads" : a == CPC_ACCESS_WRITE ? "writes" : a == CPC_ACCESS_REBIND ? "swaps"
+                                                                                                   : "accumulates into";
+}
+
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT): an op may
+ * read a buffer whose send is in flight, nothing else; it may not touch a
+ * buffer whose recv is in flight.  Returns the failure or NULL. */
+static cpc_status *check_in_flight(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    rank_reqs *rq = &V->rr[p];
+    if (!info || rq->n == 0)
+        return NULL;
+    for (int side = 0; side < 2; side++) {
+        cpc_access acc = side ? info->out_access : info->in_access;
+        int n = side ? op->n_out : op->n_in;
+        const int *bufs = side ? op->out : op->in;
+        for (int i = 0; acc != CPC_ACCESS_NONE && i < n; i++) {
+            int sl = V->map[p * V->nb + bufs[i]];
+            for (int j = 0; j < rq->n; j++) {
+                const req *q = rq->v[j];
+                if (q->slot != sl || (q->send && acc == CPC_ACCESS_READ))
+                    continue;
+                return vfail(p, x,
+                             "%s '%s' while its %s (tag %d, posted by %s) is in flight: a non-blocking %s's "
+                             "buffer may not be %s before the wait that completes it",
+                             access_word(acc), bn(V, bufs[i]), q->send ? "send" : "recv", q->tag,
+                             cpc_op_kind_name(q->x->op->kind), q->send ? "send" : "recv",
+                             q->send ? "written" : "read or written");
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The op table's content rule: in[i] must hold in_content[i] (by
+ * provenance: the delta op's output is not the saved LSE). */
+static cpc_status *check_content(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    for (int i = 0; info && i < op->n_in && i < CPC_OP_MAX_BUFS; i++) {
+        cpc_content want = (cpc_content)info->in_content[i];
+        if (want == CPC_CONTENT_NONE)
+            continue;
+        const slot *sl = S(V, p, op->in[i]);
+        if (!sl->written)
+            return vfail(p, x, "reads '%s' (input %d) before it is written%s", bn(V, op->in[i]), i + 1,
+                         want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
+        if (sl->src != want)
+            return vfail(p, x, "input %d '%s' holds %s, %s expected (operands are identified by what made "
+                               "them, not by role)",
+                         i + 1, bn(V, op->in[i]), cpc_content_name(sl->src), cpc_content_name(want));
+    }
+    return NULL;
+}
+
+static cpc_status *push_req(vb *V, int p, req *q)
+{
+    rank_reqs *rq = &V->rr[p];
+    if (rq->n == rq->cap) {
+        int nc = rq->cap ? 2 * rq->cap : 8;
+        req **v = realloc(rq->v, (size_t)nc * sizeof *v);
+        if (!v)
+            return &cpc_status_oom;
+        rq->v = v;
+        rq->cap = nc;
+    }
+    rq->v[rq->n++] = q;
+    return NULL;
+}
+
+/* Takes from queue (*head, *tail) the first request whose sender is `from`
+ * on (group, tag) (a send queue holds sends, whose poster is the sender; a
+ * recv queue recvs, whose peer is); NULL when none. */
+static req *take(req **head, req **tail, int from, cpc_group g, int tag)
+{
+    req *prev = NULL;
+    for (req *q = *head; q; prev = q, q = q->qnext)
+        if ((q->send ? q->p : q->peer) == from && q->group == g && q->tag == tag) {
+            if (prev)
+                prev->qnext = q->qnext;
+            else
+                *head = q->qnext;
+            if (*tail == q)
+                *tail = prev;
+            q->qnext = NULL;
+            return q;
+        }
+    return NULL;
+}
+
+static void enqueue(req **head, req **tail, req *q)
+{
+    if (*tail)
+        (*tail)->qnext = q;
+    else
+        *head = q;
+    *tail = q;
+}
+
+/* Send s meets recv r: what arrives is s's snapshot; its role and block must
+ * be what r declares. */
+static cpc_status *match(vb *V, req *s, req *r)
+{
+    s->matched = r->matched = true;
+    r->snap = s->snap;
+    s->snap.cnt = NULL;
+    if (s->role != r->role)
+        return vfail(r->p, r->x,
+                     "'%s' (role %s) is matched on (%s group, tag %d) with rank %d's send of '%s' (role %s): "
+                     "messages match by (group, peer, tag) in posting order",
+                     bn(V, r->buf), cpc_buf_role_name(r->role), cpc_group_name(r->group), r->tag, s->p,
+                     bn(V, s->buf), cpc_buf_role_name(s->role));
+    if (V->prog->buffers[r->buf].tokens == CPC_TOK_BLOCK && r->x->op->block && r->snap.tag != (int)r->x->block)
+        return vfail(r->p, r->x, "declares block %lld for '%s' but rank %d sends block %d", (long long)r->x->block,
+                     bn(V, r->buf), s->p, r->snap.tag);
+    return NULL;
+}
+
+static cpc_status *post_send(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    int dst = flat_of(V, p, op->group, x->peer);
+    for (int i = 0; i < op->n_in; i++) {
+        slot *sl = S(V, p, op->in[i]);
+        if (!sl->written)
+            return vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
+        req *q = calloc(1, sizeof *q);
+        if (!q)
+            return &cpc_status_oom;
+        *q = (req){.x = x, .p = p, .peer = dst, .group = op->group, .tag = op->tag, .buf = op->in[i],
+                   .slot = V->map[p * V->nb + op->in[i]], .role = role(V, op->in[i]), .send = true, .snap = *sl};
+        q->snap.cnt = NULL;
+        cpc_status *st = push_req(V, p, q);
+        if (st) {
+            free(q);
+            return st;
+        }
+        if (sl->cnt) {
+            if (!(q->snap.cnt = malloc(cnt_bytes(V))))
+                return &cpc_status_oom;
+            memcpy(q->snap.cnt, sl->cnt, cnt_bytes(V));
+        }
+        rank_reqs *d = &V->rr[dst];
+        req *r = take(&d->rq, &d->rq_tail, p, op->group, op->tag);
+        if (r) {
+            if ((st = match(V, q, r)))
+                return st;
+        } else
+            enqueue(&d->sq, &d->sq_tail, q);
+    }
+    return NULL;
+}
+
+static cpc_status *post_recv(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    int src = flat_of(V, p, op->group, x->peer);
+    for (int i = 0; i < op->n_out; i++) {
+        req *q = calloc(1, sizeof *q);
+        if (!q)
+            return &cpc_status_oom;
+        *q = (req){.x = x, .p = p, .peer = src, .group = op->group, .tag = op->tag, .buf = op->out[i],
+                   .slot = V->map[p * V->nb + op->out[i]], .role = role(V, op->out[i])};
+        cpc_status *st = push_req(V, p, q);
+        if (st) {
+            free(q);
+            return st;
+        }
+        rank_reqs *me = &V->rr[p];
+        req *s = take(&me->sq, &me->sq_tail, src, op->group, op->tag);
+        if (s) {
+            if ((st = match(V, s, q)))
+                return st;
+        } else
+            enqueue(&me->rq, &me->rq_tail, q);
+    }
+    return NULL;
+}
+
+/* wait: 1 when every request of its tag is matched (then completed: a recv's
+ * buffer takes what arrived), 0 when one is not yet (the rank blocks:
+ * rendezvous, a send completes only once its recv is posted). */
+static int do_wait(vb *V, int p, const xop *x)
+{
+    rank_reqs *rq = &V->rr[p];
+    for (int j = 0; j < rq->n; j++)
+        if (rq->v[j]->tag == x->op->tag && !rq->v[j]->matched)
+            return 0;
+    int k = 0;
+    for (int j = 0; j < rq->n; j++) {
+        req *q = rq->v[j];
+        if (q->tag != x->op->tag) {
+            rq->v[k++] = q;
+            continue;
+        }
+        if (!q->send) {
+            slot *sl = &V->slots[q->slot];
+            sl->tag = q->snap.tag;
+            sl->written = true;
+            sl->src = q->snap.src;
+            if (sl->cnt && q->snap.cnt)
+                memcpy(sl->cnt, q->snap.cnt, cnt_bytes(V));
+            else if (sl->cnt)
+                memset(sl->cnt, 0, cnt_bytes(V));
+        }
+        free(q->snap.cnt);
+        free(q);
+    }
+    rq->n = k;
+    return 1;
+}
+
+/* Runs rank p until it blocks on a wait or reaches a collective (returns 0),
  * ends (1) or fails (-1). */
 static int advance(vb *V, int p)
 {
@@ -341,8 +577,14 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
+        /* the op table's rules, for every op: lifetimes of in-flight
+         * buffers, then the content each operand must hold */
+        if ((V->err = check_in_flight(V, p, x)) || (V->err = check_content(V, p, x)))
+            return -1;
         switch (op->kind) {
         case CPC_OP_WAIT:
+            if (!do_wait(V, p, x))
+                return 0; /* blocked until the peers post */
             break;
         case CPC_OP_ALL_TO_ALL:
             if (op->group != CPC_GROUP_ULYSSES) {
@@ -376,6 +618,7 @@ static int advance(vb *V, int p)
                 }
                 so->written = true;
                 so->tag = si->tag;
+                so->src = si->src;
                 if (si->cnt && so->cnt) {
                     /* a head part keeps its own heads' pairs, zeros elsewhere */
                     for (int qk = 0; qk < V->R * V->NK; qk++)
@@ -408,6 +651,7 @@ static int advance(vb *V, int p)
             }
             d->tag = a->tag;
             d->written = true;
+            d->src = CPC_CONTENT_DELTA;
             break;
         }
         case CPC_OP_INIT_ACC:
@@ -421,6 +665,7 @@ static int advance(vb *V, int p)
                 slot *sl = S(V, p, b);
                 memset(sl->cnt, 0, cnt_bytes(V));
                 sl->written = true;
+                sl->src = CPC_CONTENT_GRAD;
                 if (op->block) {
                     /* made the accumulator of ring block `block` */
                     if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
@@ -573,94 +818,14 @@ static int advance(vb *V, int p)
             V->map[p * V->nb + b] = t;
             break;
         }
-        case CPC_OP_SEND: {
-            if (op->group != CPC_GROUP_RING && op->group != CPC_GROUP_WORLD) {
-                V->err = vfail(p, x, "backward sends run over the ring (or world) group");
+        case CPC_OP_SEND:
+            if ((V->err = post_send(V, p, x)))
                 return -1;
-            }
-            msg *m = calloc(1, sizeof *m);
-            if (!m) {
-                V->err = &cpc_status_oom;
-                return -1;
-            }
-            m->src = p;
-            m->dst = flat_of(V, p, op->group, x->peer);
-            m->tag = op->tag;
-            m->n = op->n_in;
-            for (int i = 0; i < op->n_in; i++) {
-                slot *sl = S(V, p, op->in[i]);
-                if (!sl->written) {
-                    for (int j = 0; j < i; j++)
-                        free(m->part[j].cnt);
-                    free(m);
-                    V->err = vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
-                    return -1;
-                }
-                m->part[i] = *sl;
-                m->role[i] = role(V, op->in[i]);
-                m->part[i].cnt = NULL;
-                if (sl->cnt) {
-                    m->part[i].cnt = malloc(cnt_bytes(V));
-                    if (!m->part[i].cnt) {
-                        V->err = &cpc_status_oom;
-                        for (int j = 0; j < i; j++)
-                            free(m->part[j].cnt);
-                        free(m);
-                        return -1;
-                    }
-                    memcpy(m->part[i].cnt, sl->cnt, cnt_bytes(V));
-                }
-            }
-            if (V->tail)
-                V->tail->next = m;
-            else
-                V->head = m;
-            V->tail = m;
             break;
-        }
-        case CPC_OP_RECV: {
-            int src = flat_of(V, p, op->group, x->peer);
-            msg *prev = NULL, *m = V->head;
-            while (m && !(m->dst == p && m->src == src && m->tag == op->tag)) {
-                prev = m;
-                m = m->next;
-            }
-            if (!m)
-                return 0; /* blocked */
-            if (prev)
-                prev->next = m->next;
-            else
-                V->head = m->next;
-            if (V->tail == m)
-                V->tail = prev;
-            cpc_status *st = NULL;
-            if (m->n != op->n_out)
-                st = vfail(p, x, "receives %d buffers, rank %d sent %d (tag %d)", op->n_out, m->src, m->n, m->tag);
-            for (int i = 0; !st && i < op->n_out; i++) {
-                int b = op->out[i];
-                if (m->role[i] != role(V, b))
-                    st = vfail(p, x, "'%s' (role %s) receives a %s buffer from rank %d", bn(V, b),
-                               cpc_buf_role_name(role(V, b)), cpc_buf_role_name(m->role[i]), m->src);
-                else if (m->part[i].tag != (int)x->block)
-                    st = vfail(p, x, "declares block %lld for '%s' but rank %d sends block %d", (long long)x->block,
-                               bn(V, b), m->src, m->part[i].tag);
-                else {
-                    slot *sl = S(V, p, b);
-                    sl->tag = m->part[i].tag;
-                    sl->written = true;
-                    if (sl->cnt && m->part[i].cnt)
-                        memcpy(sl->cnt, m->part[i].cnt, cnt_bytes(V));
-                }
-            }
-            for (int i = 0; i < m->n; i++)
-                free(m->part[i].cnt);
-            free(m);
-            if (st) {
-                V->err = st;
+        case CPC_OP_RECV:
+            if ((V->err = post_recv(V, p, x)))
                 return -1;
-            }
             break;
-        }
         default:
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
@@ -770,8 +935,9 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
     V.slots = calloc(ns, sizeof *V.slots);
     V.map = calloc(ns, sizeof *V.map);
     V.pc = calloc((size_t)V.P, sizeof *V.pc);
+    V.rr = calloc((size_t)V.P, sizeof *V.rr);
     cpc_status *st = NULL;
-    if (!V.ro || !V.slots || !V.map || !V.pc) {
+    if (!V.ro || !V.slots || !V.map || !V.pc || !V.rr) {
         st = &cpc_status_oom;
         goto done;
     }
@@ -786,6 +952,7 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
             V.map[p * V.nb + b] = p * V.nb + b;
             sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
+            sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
             if (B->tokens == CPC_TOK_KV && !L->cross) {
                 st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
@@ -878,28 +1045,45 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
                                    x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses"
                                    : x->op->kind == CPC_OP_ALL_REDUCE ? "world" : "ring",
                                    cpc_op_kind_name(x->op->kind));
-                    else
-                        st = vfail(p, x, "waits forever: no rank sends what this recv expects (peer %lld, tag %d)",
-                                   (long long)x->peer, x->op->tag);
+                    else {
+                        const req *q = NULL;
+                        for (int j = 0; j < V.rr[p].n && !q; j++)
+                            if (V.rr[p].v[j]->tag == x->op->tag && !V.rr[p].v[j]->matched)
+                                q = V.rr[p].v[j];
+                        st = q ? vfail(p, x,
+                                       "waits forever: its %s of '%s' (%s group, tag %d) %s rank %d is never "
+                                       "matched: that rank posts no %s for it before it blocks itself (a wait "
+                                       "completes only once the peer has posted: rendezvous)",
+                                       q->send ? "send" : "recv", bn(&V, q->buf), cpc_group_name(q->group), q->tag,
+                                       q->send ? "to" : "from", q->peer, q->send ? "matching recv" : "matching send")
+                               : vfail(p, x, "waits forever");
+                    }
                     break;
                 }
             goto done;
         }
     }
-    if (V.head) {
-        st = vfail(V.head->src, NULL, "a message to rank %d (tag %d) is never received", V.head->dst, V.head->tag);
-        goto done;
-    }
+    /* every request completed by a wait (a send never received is still posted) */
+    for (int p = 0; p < V.P; p++)
+        if (V.rr[p].n) {
+            const req *q = V.rr[p].v[0];
+            st = vfail(p, q->x, "its %s of '%s' (tag %d, %s rank %d) is %s and never completed by a wait",
+                       q->send ? "send" : "recv", bn(&V, q->buf), q->tag, q->send ? "to" : "from", q->peer,
+                       q->matched ? "matched" : "never matched");
+            goto done;
+        }
     for (int p = 0; p < V.P && !st; p++)
         st = final_checks(&V, p);
 done:
-    while (V.head) {
-        msg *m = V.head;
-        V.head = m->next;
-        for (int i = 0; i < m->n; i++)
-            free(m->part[i].cnt);
-        free(m);
-    }
+    if (V.rr)
+        for (int p = 0; p < V.P; p++) {
+            for (int j = 0; j < V.rr[p].n; j++) {
+                free(V.rr[p].v[j]->snap.cnt);
+                free(V.rr[p].v[j]);
+            }
+            free(V.rr[p].v);
+        }
+    free(V.rr);
     if (V.slots)
         for (size_t i = 0; i < ns; i++)
             free(V.slots[i].cnt);

@@ -285,7 +285,7 @@ Test(backward, head_part_faults_are_cp051)
     prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
     cpc_op *d = find_top(prog, CPC_OP_DELTA, -1);
     d->in[0] = cpc_program_find_buffer(prog, "do_seq");
-    expect_cp051(prog, "same rows");
+    expect_cp051(prog, "before it is written"); /* do_seq is made after the delta */
     cpc_program_free(prog);
     /* ... and delta never moved to the head part: read before written */
     prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
@@ -614,7 +614,7 @@ Test(backward, lagged_ring_proves_and_faults)
     prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
     never(body_op(prog, CPC_OP_SWAP, CPC_ROLE_K, 0));
     never(body_op(prog, CPC_OP_SWAP, CPC_ROLE_V, 0));
-    expect_cp051(prog, "declares block");
+    expect_cp051(prog, "#14265"); /* step 1 reads the K/V of step 0 */
     cpc_program_free(prog);
     /* the accumulator's recv declares the next block */
     prog = build_ru(p, CPC_VARIANT_RING, 4, 1);
