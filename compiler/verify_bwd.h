@@ -71,7 +71,20 @@
 
 #include "program.h"
 #include "status.h"
+#include "verify.h"
+
+typedef struct cpc_verify_bwd_stats {
+    cpc_verify_mode mode;  /* CPC_VERIFY_SYMBOLIC (the symmetric domain), _FULL (every rank), _REFUSED */
+    int ranks;             /* ranks the proof covers (P when it succeeds) */
+    int64_t work;          /* units spent (op instances collected + contribution runs added) */
+} cpc_verify_bwd_stats;
 
 cpc_status *cpc_verify_backward(const cpc_program *prog);
+/* As cpc_verify_backward, with options (NULL: defaults; `method` as for
+ * cpc_verify_ex: AUTO, SYMBOLIC_ONLY = the symmetric domain or CP051,
+ * ENUMERATE = every rank or CP051; full_limit is not used) and statistics
+ * (NULL allowed; filled also on failure). */
+cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opts *opts,
+                                   cpc_verify_bwd_stats *stats);
 
 #endif
