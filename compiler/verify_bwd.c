@@ -75,6 +75,7 @@ typedef struct vb {
     int nsim;                      /* simulated ranks: P, or U (sym) */
     int64_t work;                  /* units spent (verify_bwd.h THE BOUND) */
     bool over;                     /* a run list outgrew VB_MAX_RUNS (sym: not decided) */
+    bool bound_hit;                /* the work passed VB_WORK_MAX: refused */
     int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
@@ -161,6 +162,18 @@ static int flat_of(const vb *V, int p, cpc_group g, int64_t peer)
 
 /* ---- contribution sets (cset) ------------------------------------------------ */
 
+/* The failure of an operation that returned false: the prover's bound
+ * (CP051), or out of memory. */
+static cpc_status *cs_err(const vb *V)
+{
+    if (V->bound_hit)
+        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
+                        "backward program: proving it takes more than %lld units of work (the prover's bound, "
+                        "verify_bwd.h)",
+                        (long long)VB_WORK_MAX);
+    return &cpc_status_oom;
+}
+
 static int32_t md32(int64_t x, int64_t m)
 {
     int64_t r = x % m;
@@ -190,6 +203,19 @@ static void cs_free(cset *c)
  * (heads equal).  Returns true when joined (y updated). */
 static bool cs_join(const vb *V, run *y, const run *x)
 {
+    /* the same blocks, adjacent heads: one run with both head ranges */
+    if (y->q0 == x->q0 && y->k0 == x->k0 && y->len == x->len &&
+        (y->len == 1 || (y->dq == x->dq && y->dk == x->dk))) {
+        if (y->h0 + y->hn == x->h0) {
+            y->hn += x->hn;
+            return true;
+        }
+        if (x->h0 + x->hn == y->h0) {
+            y->h0 = x->h0;
+            y->hn += x->hn;
+            return true;
+        }
+    }
     if (y->h0 != x->h0 || y->hn != x->hn)
         return false;
     int32_t dq, dk;
@@ -238,7 +264,10 @@ static bool cs_add_run(vb *V, cset *c, run x)
 {
     if (x.len <= 0 || x.hn <= 0)
         return true;
-    V->work++;
+    if (++V->work > VB_WORK_MAX) {
+        V->bound_hit = true;
+        return false;
+    }
     for (int i = c->n - 1; i >= 0 && i >= c->n - 4; i--)
         if (cs_join(V, &c->v[i], &x))
             return true;
@@ -308,6 +337,16 @@ static void held_heads(const vb *V, int b, int u, int *lo, int *hi)
         *hi = V->nh;
 }
 
+typedef struct hrange {
+    int lo, hi, j;
+} hrange;
+
+static int cmp_hrange(const void *a, const void *b)
+{
+    const hrange *x = a, *y = b;
+    return x->lo != y->lo ? (x->lo > y->lo) - (x->lo < y->lo) : (x->j > y->j) - (x->j < y->j);
+}
+
 /* Executes the all_to_all every member of ulysses group r has reached
  * (SPMD: the same op on every member).  Returns NULL or the failure. */
 static cpc_status *run_a2a(vb *V, int r)
@@ -345,22 +384,34 @@ static cpc_status *run_a2a(vb *V, int r)
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
     if (!s2h && is_grad(bi->role) && !op->reduce) {
-        /* A head held by two members keeps one part: refused here. */
-        for (int h = 0; h < V->nh; h++) {
-            int first = -1;
-            for (int j = 0; j < U; j++) {
-                int lo, hi;
-                held_heads(V, in, j, &lo, &hi);
-                if (h >= lo && h < hi) {
-                    if (first >= 0)
-                        return vfail(p0, x0,
-                                     "'%s': query head %d's gradient is held by members %d and %d: their parts "
-                                     "must be summed (all_to_all reduce=sum), not placed",
-                                     bi->name, h, first, j);
-                    first = j;
-                }
+        /* A head held by two members keeps one part: refused here (the
+         * members' head ranges, swept in order of their first head). */
+        hrange *hr = malloc((size_t)U * sizeof *hr);
+        if (!hr)
+            return &cpc_status_oom;
+        for (int j = 0; j < U; j++) {
+            held_heads(V, in, j, &hr[j].lo, &hr[j].hi);
+            hr[j].j = j;
+        }
+        qsort(hr, (size_t)U, sizeof *hr, cmp_hrange);
+        int end = 0, who = -1;
+        for (int j = 0; j < U; j++) {
+            if (hr[j].hi <= hr[j].lo)
+                continue;
+            if (who >= 0 && hr[j].lo < end) {
+                int h = hr[j].lo, a = who < hr[j].j ? who : hr[j].j, b = who < hr[j].j ? hr[j].j : who;
+                free(hr);
+                return vfail(p0, x0,
+                             "'%s': query head %d's gradient is held by members %d and %d: their parts "
+                             "must be summed (all_to_all reduce=sum), not placed",
+                             bi->name, h, a, b);
+            }
+            if (hr[j].hi > end) {
+                end = hr[j].hi;
+                who = hr[j].j;
             }
         }
+        free(hr);
     }
     /* Outputs, computed from the inputs before any is written: every
      * member gets the sum over the members of the heads each holds (placed
@@ -371,7 +422,7 @@ static cpc_status *run_a2a(vb *V, int r)
         held_heads(V, in, u, &lo, &hi);
         if (!cs_add_set(V, &tmp, &S(V, r * U + u, in)->cnt, lo, hi)) {
             cs_free(&tmp);
-            return &cpc_status_oom;
+            return cs_err(V);
         }
     }
     for (int j = 0; j < U; j++) {
@@ -382,7 +433,7 @@ static cpc_status *run_a2a(vb *V, int r)
         so->src = S(V, p, in)->src;
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
             cs_free(&tmp);
-            return &cpc_status_oom;
+            return cs_err(V);
         }
         V->pc[p]++;
     }
@@ -422,7 +473,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
          * elements of their sets with key block r */
         cset *outs = NULL;
         if (!ag && (nm < 1 || !(outs = calloc((size_t)(unsigned)nm, sizeof *outs))))
-            return &cpc_status_oom;
+            return cs_err(V);
         bool oom = false;
         for (int m = 0; !ag && m < nm && !oom; m++) {
             const cset *c = &S(V, m * U + u, in)->cnt;
@@ -460,7 +511,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
             cs_free(&outs[r]);
         free(outs);
         if (oom)
-            return &cpc_status_oom;
+            return cs_err(V);
     }
     for (int r = 0; r < nm; r++)
         V->pc[r * U + u]++;
@@ -517,7 +568,7 @@ static cpc_status *run_all_reduce(vb *V)
         }
         cs_free(&sum);
         if (oom)
-            return &cpc_status_oom;
+            return cs_err(V);
     }
     for (int p = 0; p < V->nsim; p++)
         V->pc[p]++;
@@ -596,7 +647,7 @@ static cpc_status *push_req(vb *V, int p, req *q)
         int nc = rq->cap ? 2 * rq->cap : 8;
         req **v = realloc(rq->v, (size_t)nc * sizeof *v);
         if (!v)
-            return &cpc_status_oom;
+            return cs_err(V);
         rq->v = v;
         rq->cap = nc;
     }
@@ -694,7 +745,7 @@ static cpc_status *post_send(vb *V, int p, const xop *x)
             return vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
         req *q = calloc(1, sizeof *q);
         if (!q)
-            return &cpc_status_oom;
+            return cs_err(V);
         *q = (req){.x = x, .p = p, .peer = dst, .group = op->group, .tag = op->tag, .buf = op->in[i],
                    .slot = V->map[p * V->nb + op->in[i]], .role = role(V, op->in[i]), .send = true, .snap = *sl};
         q->snap.cnt = (cset){0};
@@ -704,7 +755,7 @@ static cpc_status *post_send(vb *V, int p, const xop *x)
             return st;
         }
         if (sl->grad && !cs_copy(V, &q->snap.cnt, &sl->cnt))
-            return &cpc_status_oom;
+            return cs_err(V);
         rank_reqs *d = &V->rr[rot ? p : dst];
         req *r = take(V, &d->rq, &d->rq_tail, rot ? dst : p, op->group, op->tag, rot);
         if (r) {
@@ -727,7 +778,7 @@ static cpc_status *post_recv(vb *V, int p, const xop *x)
     for (int i = 0; i < op->n_out; i++) {
         req *q = calloc(1, sizeof *q);
         if (!q)
-            return &cpc_status_oom;
+            return cs_err(V);
         *q = (req){.x = x, .p = p, .peer = src, .group = op->group, .tag = op->tag, .buf = op->out[i],
                    .slot = V->map[p * V->nb + op->out[i]], .role = role(V, op->out[i])};
         cpc_status *st = push_req(V, p, q);
@@ -770,7 +821,7 @@ static int do_wait(vb *V, int p, const xop *x)
             sl->written = true;
             sl->src = q->snap.src;
             if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
-                V->err = &cpc_status_oom;
+                V->err = cs_err(V);
                 return -1;
             }
         }
@@ -843,7 +894,7 @@ static int advance(vb *V, int p)
                     held_heads(V, b, u, &lb, &hb);
                     cs_clear(&so->cnt);
                     if (!cs_add_set(V, &so->cnt, &si->cnt, la > lb ? la : lb, ha < hb ? ha : hb)) {
-                        V->err = &cpc_status_oom;
+                        V->err = cs_err(V);
                         return -1;
                     }
                 }
@@ -915,7 +966,7 @@ static int advance(vb *V, int p)
                 return -1;
             }
             if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
-                V->err = &cpc_status_oom;
+                V->err = cs_err(V);
                 return -1;
             }
             break;
@@ -1021,7 +1072,7 @@ static int advance(vb *V, int p)
             }
             run one = {qb, kb, 1, qo, qn, 0, 0};
             if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
-                V->err = &cpc_status_oom;
+                V->err = cs_err(V);
                 return -1;
             }
             dq->tag = q->tag;
@@ -1054,6 +1105,12 @@ static int advance(vb *V, int p)
         V->pc[p]++;
     }
     return 1;
+}
+
+static int cmp_free_heads(const void *a, const void *b)
+{
+    const hrange *x = a, *y = b;
+    return x->j != y->j ? (x->j > y->j) - (x->j < y->j) : (x->lo > y->lo) - (x->lo < y->lo);
 }
 
 static cpc_status *final_checks(vb *V, int p)
@@ -1094,43 +1151,69 @@ static cpc_status *final_checks(vb *V, int p)
             return vfail(p, NULL, "OUTPUT '%s' ends holding %s %d, not this rank's own %d", B->name,
                          isq ? "rows of shard" : "the gradient of block", sl->tag, p);
         /* exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross
-         * dK/dV every (q, 0, h).  Elements are counted over the free
-         * coordinate; the first one counted twice or outside stops it. */
+         * dK/dV every (q, 0, h).  Each element of a run is an interval of
+         * heads at one free coordinate (k for DQ, q otherwise); sorted, the
+         * intervals of every free coordinate must tile [0, nh). */
         int nfree = isq ? V->NK : V->R;
-        uint8_t *c = calloc((size_t)nfree * (size_t)V->nh, 1);
-        if (!c)
+        int64_t ne = 0;
+        for (int i = 0; i < sl->cnt.n; i++)
+            ne += sl->cnt.v[i].len;
+        if (ne > (int64_t)nfree * V->nh)
+            return vfail(p, NULL, "OUTPUT '%s': %lld contributions for %lld (query block, key block, head) triples: "
+                                  "some pairs contribute 2 times or more",
+                         B->name, (long long)ne, (long long)nfree * V->nh);
+        hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
+        if (!e)
             return &cpc_status_oom;
+        int64_t k = 0;
         cpc_status *bad = NULL;
         for (int i = 0; i < sl->cnt.n && !bad; i++) {
             const run *x = &sl->cnt.v[i];
             for (int t = 0; t < x->len && !bad; t++) {
                 int qb = md32((int64_t)x->q0 + (int64_t)t * x->dq, V->R);
                 int kb = md32((int64_t)x->k0 + (int64_t)t * x->dk, V->NK);
-                for (int h = x->h0; h < x->h0 + x->hn && !bad; h++) {
-                    bool in = isq ? qb == r : kvout ? kb == 0 : kb == r;
-                    int f = isq ? kb : qb;
-                    if (in && ++c[(size_t)f * (size_t)V->nh + (size_t)h] == 1)
-                        continue;
+                bool in = isq ? qb == r : kvout ? kb == 0 : kb == r;
+                if (!in) {
                     char hs[48] = "";
                     if (V->nh > 1)
-                        snprintf(hs, sizeof hs, ", query head %d", h);
+                        snprintf(hs, sizeof hs, ", query head %d", x->h0);
                     bad = vfail(p, NULL,
-                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute %s, expected %d",
-                                B->name, qb, kb, hs, in ? "2 times or more" : "at least once", in ? 1 : 0);
+                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute at least once, "
+                                "expected 0 (the gradient of another rank's rows or block)",
+                                B->name, qb, kb, hs);
+                    break;
                 }
+                /* j holds the free coordinate, lo/hi the heads */
+                e[k++] = (hrange){x->h0, x->h0 + x->hn, isq ? kb : qb};
             }
         }
-        for (int f = 0; f < nfree && !bad; f++)
-            for (int h = 0; h < V->nh && !bad; h++)
-                if (!c[(size_t)f * (size_t)V->nh + (size_t)h]) {
+        if (!bad)
+            qsort(e, (size_t)k, sizeof *e, cmp_free_heads);
+        int64_t i = 0;
+        for (int f = 0; f < nfree && !bad; f++) {
+            int h = 0;
+            for (; i < k && e[i].j == f && !bad; i++) {
+                if (e[i].lo != h) {
+                    int at = e[i].lo < h ? e[i].lo : h;
                     char hs[48] = "";
                     if (V->nh > 1)
-                        snprintf(hs, sizeof hs, ", query head %d", h);
+                        snprintf(hs, sizeof hs, ", query head %d", at);
                     bad = vfail(p, NULL,
-                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute 0 times, expected 1",
-                                B->name, isq ? r : kvout ? f : f, isq ? f : kvout ? 0 : r, hs);
+                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute %s, expected 1",
+                                B->name, isq ? r : f, isq ? f : kvout ? 0 : r, hs,
+                                e[i].lo < h ? "2 times or more" : "0 times");
                 }
-        free(c);
+                h = e[i].hi > h ? e[i].hi : h;
+            }
+            if (!bad && h != V->nh) {
+                char hs[48] = "";
+                if (V->nh > 1)
+                    snprintf(hs, sizeof hs, ", query head %d", h);
+                bad = vfail(p, NULL, "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute 0 times, expected 1",
+                            B->name, isq ? r : f, isq ? f : kvout ? 0 : r, hs);
+            }
+        }
+        free(e);
         if (bad)
             return bad;
     }
@@ -1301,7 +1384,7 @@ static cpc_status *prove(vb *V)
     V->pc = calloc((size_t)V->nsim, sizeof *V->pc);
     V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
     if (!V->ro || !V->slots || !V->map || !V->pc || !V->rr)
-        return &cpc_status_oom;
+        return cs_err(V);
     cpc_status *st = NULL;
     for (int b = 0; b < V->nb && !st; b++)
         if (prog->buffers[b].io == CPC_IO_INPUT)
