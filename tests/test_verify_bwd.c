@@ -221,3 +221,217 @@ Test(verify_bwd, request_never_waited)
     const char *e[] = {"  - {kind: wait, tag: 1}\n", "", NULL};
     expect_cp051(e, "final wait dropped", "wait");
 }
+
+/* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
+
+#include "test_random.h"
+
+static cpc_program *bwd_program(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
+                                const char *mask, const char *rotate)
+{
+    char y[768];
+    snprintf(y, sizeof y,
+             "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 8, dtype: fp32}\n"
+             "input: {batch: 1, tokens: %d, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
+             "parallel: {variant: %s, ring_degree: %d, ulysses_degree: %d}\nschedule: {rotate: %s}\n",
+             H, Hkv, tokens, mask, R * U, variant, R, U, rotate);
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
+    if (cpc_status_has_error(st) || !plan)
+        fail_status("plan", st);
+    cpc_status_free(st);
+    cpc_program *prog = NULL;
+    if ((st = cpc_schedule_build_backward(plan, v, R, U, &prog)))
+        fail_status("schedule", st);
+    cpc_plan_free(plan);
+    return prog;
+}
+
+/* Every backward program the compiler builds is proven at 65536 ranks by the
+ * symmetric domain, well under a second (bench_verify --backward has the
+ * table); a program whose guards single out a rank leaves the class: at 4
+ * ranks it is enumerated, at 1024 it is refused with CP051 saying why. */
+Test(verify_bwd, symmetric_domain_at_65536_ranks)
+{
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H;
+        const char *rotate;
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 65536, 1, 4, "p2p"},
+        {"ring", CPC_VARIANT_RING, 65536, 1, 4, "allgather"},
+        {"unified", CPC_VARIANT_UNIFIED, 256, 256, 256, "p2p"},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 65536, 65536, "p2p"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].H,
+                                     2 * rows[i].R * rows[i].U, "causal", rows[i].rotate);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        cr_expect_null(st, "%s %dx%d: %s", rows[i].name, rows[i].R, rows[i].U, st ? st->message : "");
+        cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "%s: mode %d", rows[i].name, (int)stats.mode);
+        cr_expect(sec < 10.0, "%s %dx%d: %.2f s", rows[i].name, rows[i].R, rows[i].U, sec);
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+    /* a guard reading p: outside the class */
+    for (int k = 0; k < 2; k++) {
+        int R = k ? 1024 : 4;
+        cpc_program *p = bwd_program("ring", CPC_VARIANT_RING, R, 1, 4, 4, 2 * R, "none", "p2p");
+        cpc_op *last = &p->ops[p->n_ops - 1];
+        cr_assert_null(cpc_expr_parse("p>=0", CPC_NO_SPAN, &last->when));
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        if (!k) {
+            cr_expect_null(st, "%s", st ? st->message : "");
+            cr_expect_eq(stats.mode, CPC_VERIFY_FULL);
+        } else {
+            cr_assert_not_null(st);
+            cr_expect(strstr(st->message, "reads r or p") && strstr(st->message, "limited to 256"), "%s",
+                      st->message);
+        }
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+}
+
+/* Random mutations of the backward programs of every variant (operands,
+ * tags, groups, peers, blocks, guards, dropped and reordered ops): the
+ * symmetric domain and the enumeration of every rank agree on every mutant
+ * (proven by both or refused by both).  CPC_VERIFY_BWD_ROUNDS sets the
+ * count (default 400). */
+static cpc_expr *expr_of(const char *t)
+{
+    cpc_expr *e = NULL;
+    cr_assert_null(cpc_expr_parse(t, CPC_NO_SPAN, &e), "%s", t);
+    return e;
+}
+
+static uint32_t rnd(uint64_t seed, int round, uint32_t *i, int n)
+{
+    return test_bits_at(seed, (uint32_t)round, (*i)++) % (uint32_t)n;
+}
+
+static void mutate(cpc_program *p, uint64_t seed, int round)
+{
+    uint32_t i = 0;
+#define RND(n) rnd(seed, round, &i, (int)(n))
+    /* a random op (top level or in a loop body) */
+    cpc_op *ops = p->ops;
+    int n = p->n_ops;
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP && RND(2)) {
+            ops = p->ops[j].body;
+            n = p->ops[j].n_body;
+            break;
+        }
+    if (n == 0)
+        return;
+    int j = (int)RND(n);
+    cpc_op *op = &ops[j];
+    static const char *const peers[] = {"(r+1)%R", "(r-1)%R", "(r+2)%R", "r", "(r+s)%R", "(u+1)%U", "0"};
+    static const char *const blocks[] = {"(r-s)%R", "(r-s-1)%R", "r", "(r+1)%R", "(r-s+1)%R", "0"};
+    static const char *const whens[] = {"0", "s>0", "s<R-1", "s==1", "u==0", "p!=1", "1"};
+    switch (RND(8)) {
+    case 0:
+        if (op->n_in > 0) {
+            int at = (int)RND(op->n_in);
+            op->in[at] = (int)RND(p->n_buffers);
+        } else if (op->n_out > 0) {
+            int at = (int)RND(op->n_out);
+            op->out[at] = (int)RND(p->n_buffers);
+        }
+        break;
+    case 1: op->tag = (int)RND(3); break;
+    case 2:
+        if (op->group != CPC_GROUP_NONE)
+            op->group = (cpc_group)(1 + RND(3));
+        break;
+    case 3:
+        if (op->peer) {
+            cpc_expr_free(op->peer);
+            op->peer = expr_of(peers[RND(7)]);
+        }
+        break;
+    case 4:
+        if (op->block) {
+            cpc_expr_free(op->block);
+            op->block = expr_of(blocks[RND(6)]);
+        }
+        break;
+    case 5:
+        cpc_expr_free(op->when);
+        op->when = expr_of(whens[RND(7)]);
+        break;
+    case 6:
+        if (j + 1 < n) {
+            cpc_op t = ops[j];
+            ops[j] = ops[j + 1];
+            ops[j + 1] = t;
+        }
+        break;
+    default:
+        if (op->kind == CPC_OP_ALL_TO_ALL)
+            op->reduce = !op->reduce;
+        else if (op->n_in >= 2) {
+            int t = op->in[0];
+            op->in[0] = op->in[op->n_in - 1];
+            op->in[op->n_in - 1] = t;
+        }
+        break;
+    }
+#undef RND
+}
+
+Test(verify_bwd, domains_agree_on_mutants)
+{
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H, Hkv, tokens;
+        const char *rotate;
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 64, "p2p"},
+        {"ring", CPC_VARIANT_RING, 5, 1, 4, 2, 80, "p2p"},
+        {"ring", CPC_VARIANT_RING, 3, 1, 4, 4, 48, "allgather"},
+        {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 64, "p2p"},
+        {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 4, 96, "allgather"},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 2, 64, "p2p"},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 1, 4, 2, 50, "p2p"},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p"},
+    };
+    const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
+    int rounds = env ? atoi(env) : 400;
+    uint64_t seed = test_seed();
+    int sym_used = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        size_t i = (size_t)k % (sizeof rows / sizeof rows[0]);
+        cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                                     rows[i].tokens, k % 2 ? "causal" : "none", rows[i].rotate);
+        int nm = 1 + k % 3;
+        for (int m = 0; m < nm; m++)
+            mutate(p, seed, k * 4 + m);
+        cpc_verify_bwd_stats sa, se;
+        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+        cr_assert_eq(a == NULL, e == NULL,
+                     "seed %llu round %d (%s %dx%d): the domains disagree: %s (mode %d) / enumeration: %s",
+                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, a ? a->message : "proven",
+                     (int)sa.mode, e ? e->message : "proven");
+        sym_used += sa.mode == CPC_VERIFY_SYMBOLIC || (a && se.mode == CPC_VERIFY_REFUSED && sa.work > 0);
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_status_free(e);
+        cpc_program_free(p);
+    }
+    cr_expect(refused > rounds / 4 && refused < rounds, "seed %llu: %d of %d mutants refused",
+              (unsigned long long)seed, refused, rounds);
+    cr_expect(sym_used > rounds / 4, "seed %llu: the symmetric domain decided only %d of %d", (unsigned long long)seed,
+              sym_used, rounds);
+}
