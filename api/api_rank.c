@@ -10,6 +10,8 @@
  * and run (tests/test_api.c counts allocations).
  */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,17 +54,44 @@ struct cpc_rank {
 
 void cpc_rank_options_init(cpc_rank_options *o)
 {
+    if (!o)
+        return;
     memset(o, 0, sizeof *o);
     o->backend = CPC_BACKEND_AUTO;
     o->device = -1;
-    o->timeout_s = 600.0;
+    o->timeout_s = CPC_RANK_DEFAULT_TIMEOUT_S;
+}
+
+/* "plan 'NAME' (ring 2 x 1, fp32, batch 1, 32 tokens, heads 4/4, head_dim 16)":
+ * how a refusal names an artifact. */
+static void artifact_label(const cpc_artifact *a, char *buf, size_t n)
+{
+    const cpc_layout *L = &a->program->layout;
+    snprintf(buf, n, "plan '%s' (%s %d x %d, %s, batch %d, %lld tokens, heads %d/%d, head_dim %d%s)",
+             a->plan->name ? a->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
+             cpc_dtype_name(L->dtype), L->B, (long long)L->S, L->H, L->Hkv, L->D,
+             L->cross ? ", cross-attention" : "");
 }
 
 cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out)
 {
+    if (out)
+        *out = NULL;
     if (!a || !out)
         return cpc_error(CPC_E_USAGE, "cpc_local_world_new: artifact and out must not be NULL");
-    return cpc_local_world_create(a->program->layout.R, a->program->layout.U, out);
+    cpc_status *st = cpc_local_world_create(a->program->layout.R, a->program->layout.U, out);
+    if (st)
+        return st;
+    /* the world belongs to this artifact (or an identical one: the same
+     * resolved plan gives the same program): cpc_rank_create_local checks */
+    char label[512];
+    artifact_label(a, label, sizeof label);
+    if (!cpc_local_world_set_owner(*out, a->plan_text ? a->plan_text : "", label)) {
+        cpc_local_world_destroy(*out);
+        *out = NULL;
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    }
+    return NULL;
 }
 
 void cpc_local_world_free(cpc_local_world *w)
@@ -230,6 +259,30 @@ fail:
     return st;
 }
 
+/* Options out of range are usage errors before anything is made. */
+static cpc_status *check_options(const cpc_rank_options *o, const char *fn)
+{
+    if (!o)
+        return NULL;
+    if ((unsigned)o->backend > CPC_BACKEND_CUDA)
+        return cpc_error(CPC_E_USAGE, "%s: unknown backend %d (expected CPC_BACKEND_AUTO, _CPU or _CUDA)",
+                         fn, (int)o->backend);
+    if (o->device < -1)
+        return cpc_error(CPC_E_USAGE, "%s: device %d: expected -1 (the current device) or a device "
+                                      "index", fn, o->device);
+    if (isnan(o->timeout_s))
+        return cpc_error(CPC_E_USAGE, "%s: timeout_s is NaN", fn);
+    return NULL;
+}
+
+/* The stall limit of options `o` in seconds: 0 (wait forever) for < 0, the
+ * default for 0 or no options. */
+static double stall_limit(const cpc_rank_options *o)
+{
+    double t = o ? o->timeout_s : 0;
+    return t < 0 ? 0 : t == 0 ? CPC_RANK_DEFAULT_TIMEOUT_S : t;
+}
+
 cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out)
 {
@@ -238,11 +291,25 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     *out = NULL;
     if (!a || !w)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: artifact and world must not be NULL");
+    cpc_status *ost = check_options(opts, "cpc_rank_create_local");
+    if (ost)
+        return ost;
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
-    double timeout = opts ? opts->timeout_s : 600.0;
-    cpc_local_world_set_timeout(w, timeout < 0 ? 0 : timeout == 0 ? 600.0 : timeout);
+    /* a world made for another artifact: its ranks would run other programs
+     * on other shapes (and compute garbage) */
+    const char *tag = NULL, *wlabel = NULL;
+    cpc_local_world_owner(w, &tag, &wlabel);
+    if (tag && strcmp(tag, a->plan_text ? a->plan_text : "") != 0) {
+        char mine[512];
+        artifact_label(a, mine, sizeof mine);
+        cpc_status *e = cpc_error(CPC_E_USAGE, "rank %d: the local world was made for %s, this rank's "
+                                               "artifact is %s", rank, wlabel ? wlabel : "another artifact", mine);
+        cpc_status_set_hint(e, "make every rank of a world from the artifact given to cpc_local_world_new");
+        return e;
+    }
+    cpc_local_world_set_timeout(w, stall_limit(opts));
     cpc_transport *t = NULL;
     /* with cfg_degree x tp_degree > 1, `w` is rank's group's world (rank.h) */
     cpc_rank_slice sl;
@@ -262,7 +329,14 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     *out = NULL;
     if (!a)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: artifact must not be NULL");
+    cpc_status *ost = check_options(opts, "cpc_rank_create_mpi");
+    if (ost)
+        return ost;
 #ifdef CPC_HAVE_MPI
+    /* the stall limit of every MPI wait of this process (transport_mpi.h):
+     * a peer that failed or stopped ends this rank's call with
+     * CPC_E_RUNTIME ("stalled") within it, then the job is aborted */
+    cpc_transport_mpi_set_timeout(stall_limit(opts));
     cpc_transport *t = NULL;
     const cpc_layout *L = &a->program->layout;
     if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) == 1) {
@@ -301,19 +375,27 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
 cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
-    (void)a, (void)nccl_comm, (void)cuda_stream, (void)opts;
-    if (out)
-        *out = NULL;
+    (void)nccl_comm, (void)cuda_stream;
+    if (!out)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: out must not be NULL");
+    *out = NULL;
+    if (!a)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: artifact must not be NULL");
+    cpc_status *ost = check_options(opts, "cpc_rank_create_nccl");
+    if (ost)
+        return ost;
     return cpc_error(CPC_E_UNSUPPORTED,
                      "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
                      "available in this release (the rank API runs on the CPU backend; cprun "
                      "--backend cuda --transport nccl runs the GPU path)");
 }
 
-int cpc_rank_index(const cpc_rank *r) { return r->p; }
-int cpc_rank_world_size(const cpc_rank *r) { return r->P; }
+int cpc_rank_index(const cpc_rank *r) { return r ? r->p : -1; }
+int cpc_rank_world_size(const cpc_rank *r) { return r ? r->P : 0; }
 int64_t cpc_rank_allocated_bytes(const cpc_rank *r)
 {
+    if (!r)
+        return 0;
     int64_t n = cpc_exec_allocated_bytes(r->ex);
     for (int i = 0; i < CPC_TENSOR__COUNT; i++)
         if (r->stage[i])
@@ -349,6 +431,23 @@ static cpc_status *check_tensor(const cpc_rank *r, int role, const cpc_tensor *t
     if (t->ndim != nd)
         return cpc_error(CPC_E_USAGE, "rank %d: tensor %s has %d dimensions, expected %d", r->p,
                          role_name(role), t->ndim, nd);
+    /* the farthest element's offset, in bytes, must be addressable */
+    int64_t reach = 0;
+    const int64_t es = role == CPC_TENSOR_MASK ? 1 : t->dtype == CPC_DTYPE_FP32 ? 4 : 2;
+    for (int i = 0; i < nd; i++) {
+        int64_t step = 0;
+        if (shape[i] > 1 && t->strides[i] > 0 &&
+            (__builtin_mul_overflow(t->strides[i], shape[i] - 1, &step) ||
+             __builtin_add_overflow(reach, step, &reach)))
+            reach = -1;
+        if (reach < 0)
+            break;
+    }
+    int64_t reach_bytes = 0;
+    if (reach < 0 || __builtin_mul_overflow(reach, es, &reach_bytes) ||
+        __builtin_add_overflow(reach_bytes, es, &reach_bytes) || (uint64_t)reach_bytes > PTRDIFF_MAX)
+        return cpc_error(CPC_E_USAGE, "rank %d: tensor %s: its strides overflow (the last element "
+                                      "lies beyond any address)", r->p, role_name(role));
     for (int i = 0; i < nd; i++)
         if (t->shape[i] != shape[i]) {
             char got[96] = "", exp[96] = "";
@@ -653,6 +752,16 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
 int64_t cpc_rank_saved_lse_elements(const cpc_rank *r)
 {
     return r && r->bex ? (int64_t)(r->saved_lse_bytes / sizeof(float)) : 0;
+}
+
+cpc_status *cpc_rank_abort(cpc_rank *r, const char *why)
+{
+    if (!r)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_abort: rank is NULL");
+    char msg[512];
+    snprintf(msg, sizeof msg, "rank %d: aborted by the caller: %s", r->p, why && *why ? why : "(no reason given)");
+    cpc_transport_abort(r->t, msg); /* MPI: does not return */
+    return NULL;
 }
 
 cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n)

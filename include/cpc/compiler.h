@@ -75,14 +75,21 @@ cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *na
  * hash mismatch), CPC_E_PLAN (CP051: the program is wrong). *out as above. */
 cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
 
-/* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO. */
+/* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO,
+ * CPC_E_USAGE (path or a NULL). */
 cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
 
 /* Frees an artifact.  NULL is ignored.  Every rank made from it must have
  * been destroyed first. */
 void cpc_artifact_free(cpc_artifact *a);
 
-/* The selected variant: "none", "ring", "ulysses", "unified",
+/* The queries below take an artifact from cpc_compile_plan_* or
+ * cpc_artifact_load.  A NULL artifact is never dereferenced: the functions
+ * that return a status return CPC_E_USAGE, the others 0 (counts, degrees,
+ * world size), false, NULL (the variant), CPC_DTYPE__COUNT (the dtype) or
+ * zeros (cpc_artifact_shape's outputs).
+ *
+ * The selected variant: "none", "ring", "ulysses", "unified",
  * "ulysses_anything", "ring_anything".  Static string. */
 const char *cpc_artifact_variant(const cpc_artifact *a);
 
@@ -116,7 +123,7 @@ typedef struct cpc_rank_slice {
 } cpc_rank_slice;
 
 /* Fills *out for world rank `rank`.  Errors: CPC_E_USAGE (rank out of
- * range). */
+ * range, a NULL argument). */
 cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_slice *out);
 
 /* The plan's element type for q, k, v and out. */
@@ -151,14 +158,15 @@ bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double
  * [B, Skv]): *ndim and shape[0..ndim).  q, out, dout and dq: [B, T, H, D]
  * with T the rank's tokens; k, v, dk and dv: the same tokens and Hkv heads,
  * or the whole [B, Skv, Hkv, D] for cross-attention.
- * Errors: CPC_E_USAGE (rank out of range, role unknown). */
+ * Errors: CPC_E_USAGE (rank out of range, role unknown, a NULL argument). */
 cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
                                      int *ndim, int64_t shape[4]);
 
 /* The global token positions rank `rank`'s shard holds, in shard order:
  * writes at most `max` runs to runs[] and the number of runs in *n (which may
  * exceed max: call again with a larger array).  Covers q, out (and k, v for
- * self-attention).  Errors: CPC_E_USAGE (rank out of range). */
+ * self-attention).  Errors: CPC_E_USAGE (rank out of range, max < 0, a NULL
+ * artifact or n, runs NULL with max > 0). */
 cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_run *runs,
                                     int max, int *n);
 

@@ -50,14 +50,22 @@
  * cpc_rank_backward allocate nothing (tests/test_api.c counts allocations);
  * outputs go to caller memory.
  *
- * Errors: wrong shapes, strides or element types are refused (CPC_E_USAGE)
- * before anything is read or written and leave the rank usable.  A forward
- * that fails while running (a peer failed, a wait timed out) returns the
- * error naming the rank and the op, and aborts the transport so that the
- * other ranks fail instead of hanging: a local world then stays failed (make
- * a new one); under MPI the abort is MPI_Abort on the communicator, the only
- * way MPI offers to release ranks blocked in a collective, which ends the
- * job with exit status 3.
+ * Errors: wrong shapes, strides (also strides whose extent overflows) or
+ * element types are refused (CPC_E_USAGE) before anything is read or
+ * written and leave the rank usable.  A NULL handle is never dereferenced
+ * (functions returning a status give CPC_E_USAGE, the others -1, 0 or
+ * nothing as documented).  A forward that fails while running (a peer
+ * failed, a wait exceeded the stall limit, cpc_rank_options.timeout_s)
+ * returns the error naming the rank and the op, and aborts the transport
+ * so that the other ranks fail instead of hanging: a local world then stays
+ * failed (make a new one); under MPI the abort is MPI_Abort on the
+ * communicator, the only way MPI offers to release ranks blocked in a
+ * collective, which ends the job with exit status 3.
+ *
+ * An error OUTSIDE libcpc (the caller's own check failed on one rank while
+ * its peers are already inside a forward) leaves those peers waiting: they
+ * fail at the stall limit.  To end them at once, call cpc_rank_abort on the
+ * failing rank (Python: cpc.abort, or Attention.abort).
  *
  * Thread-safety: a rank is used by one thread at a time; different ranks may
  * run in different threads (that is what a local world is for).
@@ -86,24 +94,41 @@ typedef enum cpc_backend_kind {
     CPC_BACKEND_CUDA,       /* device memory; generated kernels / cuDNN */
 } cpc_backend_kind;
 
-/* Rank options; fill with cpc_rank_options_init, then change fields. */
+/* The stall limit of a rank's waits when cpc_rank_options.timeout_s is 0
+ * (seconds). */
+#define CPC_RANK_DEFAULT_TIMEOUT_S 600.0
+
+/* Rank options; fill with cpc_rank_options_init, then change fields.  Out
+ * of range values (a backend not below, device < -1, timeout_s NaN) make
+ * cpc_rank_create_* fail with CPC_E_USAGE. */
 typedef struct cpc_rank_options {
     cpc_backend_kind backend;  /* default CPC_BACKEND_AUTO */
     int device;                /* CUDA device of this rank; -1 (default): the
                                   current device */
-    double timeout_s;          /* local worlds: a wait longer than this fails
-                                  the forward on every rank (0: the default,
-                                  600 s; < 0: never).  The world keeps the last
-                                  value set by any of its ranks. */
+    double timeout_s;          /* THE STALL LIMIT: a wait of this rank's
+                                  forward or backward (a send, receive or
+                                  collective) that lasts longer fails the call
+                                  (CPC_E_RUNTIME "stalled", naming the op and
+                                  the peer) and aborts the world: a peer that
+                                  failed or never came ends this rank's call
+                                  within the limit instead of hanging it.
+                                  0: CPC_RANK_DEFAULT_TIMEOUT_S (600 s), the
+                                  default; < 0: wait forever.  Local worlds
+                                  keep the last value set by any of their
+                                  ranks; under MPI it is the limit of every
+                                  MPI wait of the process (the last rank
+                                  created sets it). */
 } cpc_rank_options;
 
-/* Defaults: as documented per field. */
+/* Defaults: as documented per field.  NULL is ignored. */
 void cpc_rank_options_init(cpc_rank_options *o);
 
 /* Makes an in-process world of ring_degree x ulysses_degree thread ranks:
  * the whole world, or with cfg_degree x tp_degree > 1 one (c, t) group's
  * (see THE OUTER AXES).  The world is borrowed by its ranks; free it after
- * them.  Errors: CPC_E_NOMEM. */
+ * them.  The world belongs to `a`: ranks of another artifact (other than
+ * an identical one: the same resolved plan) are refused.  Errors:
+ * CPC_E_USAGE (NULL), CPC_E_NOMEM. */
 cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
 
 /* Frees a local world (every rank of it destroyed first).  NULL is ignored. */
@@ -113,8 +138,9 @@ void cpc_local_world_free(cpc_local_world *w);
  * axes: the world of rank's group, joined as its group rank).  `a` and `w`
  * are borrowed and must outlive the rank.  opts may be NULL.  Errors:
  * CPC_E_USAGE (rank out of range, world of another size, backend CUDA
- * unavailable is CPC_E_UNSUPPORTED), CPC_E_INTERNAL (the world already has
- * that group rank: two groups given one world), CPC_E_NOMEM. */
+ * unavailable is CPC_E_UNSUPPORTED, a world made by cpc_local_world_new for
+ * another artifact names both), CPC_E_INTERNAL (the world already has that
+ * group rank: two groups given one world), CPC_E_NOMEM. */
 cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out);
 
@@ -136,12 +162,13 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
 cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
-/* The rank's flat index (world rank) and the world size (C*T*R*U). */
+/* The rank's flat index (world rank) and the world size (C*T*R*U); -1 and
+ * 0 for NULL. */
 int cpc_rank_index(const cpc_rank *r);
 int cpc_rank_world_size(const cpc_rank *r);
 
 /* Bytes this rank allocated at creation (its peak memory; nothing is
- * allocated later). */
+ * allocated later); 0 for NULL. */
 int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
 
 /* One attention forward.  q, k, v: this rank's shards (cpc_artifact_shard_shape
@@ -201,6 +228,15 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
  * (NULL, n not the size), CPC_E_UNSUPPORTED (no backward program). */
 int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
 cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
+
+/* Ends rank r's world after an error the caller had outside libcpc, so
+ * that no peer waits for this rank until the stall limit: a local world is
+ * aborted (every rank's pending and later calls fail with CPC_E_RUNTIME
+ * naming `why`; make a new world); an MPI or NCCL rank prints "cprun: rank
+ * P: aborting: rank P: aborted by the caller: WHY" to stderr and calls
+ * MPI_Abort (exit status 3 for every process of the job): it does NOT
+ * return.  Not collective; any thread.  Errors: CPC_E_USAGE (r NULL). */
+cpc_status *cpc_rank_abort(cpc_rank *r, const char *why);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
  * communicators).  NULL is ignored. */

@@ -77,7 +77,11 @@ typedef struct cpc_job_options {
     void *before_abort_ctx;
 } cpc_job_options;
 
-/* cprun's defaults (see each field). */
+/* cprun's defaults (see each field).  NULL is ignored.
+ *
+ * NULL handles: no function below dereferences a NULL job, options or
+ * report; those that return a status give CPC_E_USAGE, the queries 0,
+ * false or NULL, the printers print nothing. */
 void cpc_job_options_init(cpc_job_options *o);
 
 /* Opens `path`: a .cplan (read and proven again; `sets` must be empty) or a

@@ -93,8 +93,9 @@ const char *cpc_code_name(cpc_code code);
 
 /* One diagnostic (neither its notes nor the rest of its chain) as
  * compiler-style text ("file:line:col: error[CP011]: message; hint: ...");
- * without a position the prefix is "PROG: ".  Malloc'd; the caller
- * frees it with free().  NULL when out of memory. */
+ * without a position the prefix is "PROG: " (PROG NULL: "cpc").  For st
+ * NULL (no error) the text is "PROG: ok".  Malloc'd; the caller frees it
+ * with free().  NULL when out of memory. */
 char *cpc_status_format(const char *prog, const cpc_status *st);
 
 /* Prints every diagnostic of the chain as cpc_status_format does, one per

@@ -260,6 +260,8 @@ static cpc_status *dry_run_backward(const cpc_job *job, FILE *out, int max_ranks
 
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
 {
+    if (!job || !out)
+        return cpc_error(CPC_E_USAGE, "cpc_job_dry_run: job and out must not be NULL");
     const cpc_layout *L = &job->prog->layout;
     int C = cpc_plan_cfg_degree(job->plan), T = cpc_plan_tp_degree(job->plan);
     if (C * T > 1) /* the outer axes (placement.h): every group's ranks are like these */

@@ -21,6 +21,27 @@ _mpi_ranks = []
 _atexit_registered = False
 
 
+def abort(reason="aborted by the caller"):
+    """Ends the MPI job cleanly after an error on this process (e.g. in an except
+    clause, or from sys.excepthook): libcpc prints "rank P: aborted by the caller:
+    REASON" and calls MPI_Abort, so the peers blocked in a cpc forward or backward
+    end at once (exit status 3) instead of at the stall limit (Attention's
+    timeout_s, default 600 s).  Does not return while an MPI rank is alive; without
+    one (no MPI rank in this process) it raises cpc.UsageError.
+
+        try:
+            out = att(q, k, v)
+        except cpc.Error as e:
+            cpc.abort(str(e))
+    """
+    for ref in list(_mpi_ranks):
+        att = ref()
+        if att is not None and att._ptr is not None:
+            att.abort(reason)
+    raise UsageError("cpc.abort: this process has no MPI rank (a LocalWorld rank is "
+                     "aborted with Attention.abort)", code="usage")
+
+
 def _destroy_mpi_ranks():
     for ref in list(_mpi_ranks):
         att = ref()
@@ -383,7 +404,11 @@ class Attention:
     rank is libcpc's MPI rank on that communicator's handle (cpc duplicates it; its
     traffic never uses the caller's communicator).  rank: defaults to comm's rank (0
     without comm).  world: a cpc.LocalWorld (rank threads; LocalWorld makes these).
-    backend: "auto" (CPU unless NCCL), "cpu" or "cuda" (CUDA tensors).
+    backend: "auto" (CPU unless NCCL), "cpu" or "cuda" (CUDA tensors).  timeout_s:
+    the stall limit in seconds (default 600; negative: none): a wait of a forward or
+    backward longer than that (a peer failed or never called) raises
+    cpc.RuntimeError (under MPI the job is then aborted); after an error of your own
+    on one rank, cpc.abort(reason) / att.abort(reason) ends the peers at once.
 
     A call takes this rank's shards (numpy arrays or torch tensors, BSHD, the plan's
     dtype; numpy bf16 as uint16 bit patterns) and returns the output shard of the
@@ -642,6 +667,17 @@ class Attention:
         if role not in self._shapes:
             self._shapes[role] = self.artifact.shard_shape(self.rank, role)
         return self._shapes[role]
+
+    def abort(self, reason="aborted by the caller"):
+        """Ends this rank's world after an error outside cpc, so that no peer waits
+        for this rank until the stall limit (timeout_s): a local world is failed
+        (every rank's pending and later calls raise cpc.RuntimeError naming `reason`);
+        an MPI rank prints the reason and calls MPI_Abort, ending every process of the
+        job with exit status 3 (it does not return).  cpc.abort does this for every
+        live MPI rank of the process; see also the stall limit (timeout_s)."""
+        if self._ptr is None:
+            raise UsageError("this rank is closed", code="usage")
+        _check(self._L, self._L.cpc_rank_abort(self._ptr, str(reason).encode()))
 
     def close(self):
         """Destroys the rank (collective for an MPI rank)."""

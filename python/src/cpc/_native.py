@@ -132,6 +132,7 @@ _DECLS = {
     "cpc_rank_backward": (_P, [_P] + [ctypes.POINTER(Tensor)] * 10),
     "cpc_rank_saved_lse_elements": (ctypes.c_int64, [_P]),
     "cpc_rank_saved_lse": (_P, [_P, ctypes.c_void_p, ctypes.c_int64]),
+    "cpc_rank_abort": (_P, [_P, ctypes.c_char_p]),
     "cpc_rank_destroy": (None, [_P]),
 }
 
