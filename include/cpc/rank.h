@@ -91,7 +91,12 @@ typedef struct cpc_local_world cpc_local_world;
 typedef enum cpc_backend_kind {
     CPC_BACKEND_AUTO = 0,   /* CUDA for the NCCL transport, else CPU */
     CPC_BACKEND_CPU,        /* host memory; OpenBLAS; any transport but NCCL */
-    CPC_BACKEND_CUDA,       /* device memory; generated kernels / cuDNN */
+    CPC_BACKEND_CUDA,       /* device memory; the artifact's generated kernels:
+                               every tensor passed is the caller's
+                               CONTIGUOUS device memory (on the rank's
+                               device), bound as it is (no host copy);
+                               transports other than NCCL move the rank's
+                               buffers through host memory (staged) */
 } cpc_backend_kind;
 
 /* The stall limit of a rank's waits when cpc_rank_options.timeout_s is 0
@@ -118,6 +123,13 @@ typedef struct cpc_rank_options {
                                   ranks; under MPI it is the limit of every
                                   MPI wait of the process (the last rank
                                   created sets it). */
+    void *cuda_stream;         /* CUDA backend: the caller's cudaStream_t
+                                  (NULL, the default: the legacy default
+                                  stream).  Every forward and backward first
+                                  waits until the work queued on it is done
+                                  (so it reads what the caller's kernels
+                                  wrote) and returns with its outputs
+                                  complete on the device. */
 } cpc_rank_options;
 
 /* Defaults: as documented per field.  NULL is ignored. */
@@ -178,8 +190,8 @@ int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
  * natural-log LSE of this rank's rows (only for variants whose last merge
  * leaves the LSE in the output's layout: none, ring, ring_anything; others
  * give CPC_E_UNSUPPORTED before running).  Inputs may be strided (see
- * cpc_tensor); the CPU backend takes host memory, the CUDA backend device
- * memory.  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
+ * cpc_tensor); the CPU backend takes host memory, the CUDA backend
+ * contiguous device memory (a strided device tensor is CPC_E_USAGE).  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
  * dtype or NULL data; nothing done), CPC_E_RUNTIME (a rank or the transport
  * failed; names the rank and op), CPC_E_UNSUPPORTED. */
 cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
@@ -205,8 +217,8 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
  *        once from the fp32 accumulators) or CPC_DTYPE_FP32 (the accumulators
  *        themselves); OVERWRITTEN, not accumulated.  GQA: dk/dv of a K/V head
  *        sum its query heads.
- * Tensors may be strided (outputs must not overlap themselves); host memory
- * (CPU backend).  Collective: every rank of the world calls it, after its
+ * Tensors may be strided (outputs must not overlap themselves) on the CPU
+ * backend (host memory); the CUDA backend takes contiguous device memory.  Collective: every rank of the world calls it, after its
  * forward, for the same layer in the same order.  Thread-safety as the
  * forward (one thread per rank at a time).  Allocates nothing.
  * Errors: CPC_E_UNSUPPORTED when the artifact has no backward program
@@ -223,8 +235,8 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
  * unified: the ring block's tokens x this member's heads; else [B, H, T]).
  * cpc_rank_saved_lse_elements: its size in floats (0 for an artifact that
  * does not train).  cpc_rank_saved_lse copies the LSE of this rank's last
- * cpc_rank_forward into dst (n floats; call it after the forward, before
- * the next one).  Not collective, allocates nothing.  Errors: CPC_E_USAGE
+ * cpc_rank_forward into dst (n floats: host memory, device memory for a
+ * CUDA rank; call it after the forward, before the next one).  Not collective, allocates nothing.  Errors: CPC_E_USAGE
  * (NULL, n not the size), CPC_E_UNSUPPORTED (no backward program). */
 int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
 cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
