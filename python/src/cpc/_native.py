@@ -58,7 +58,8 @@ BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA}
 class RankOptions(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int),
                 ("device", ctypes.c_int),
-                ("timeout_s", ctypes.c_double)]
+                ("timeout_s", ctypes.c_double),
+                ("cuda_stream", ctypes.c_void_p)]
 
 
 # ---- status.h ------------------------------------------------------------------
