@@ -317,6 +317,12 @@ static cpc_artifact *plan_for(int H, int Hkv, int D, int B, int text, int image,
 Test(api, version_and_features)
 {
     cr_assert_str_eq(cpc_version(), CPC_VERSION);
+    /* cpc/version.h: the numbers of the string, and their code */
+    char v[32];
+    snprintf(v, sizeof v, "%d.%d.%d", CPC_VERSION_MAJOR, CPC_VERSION_MINOR, CPC_VERSION_PATCH);
+    cr_assert_str_eq(cpc_version(), v);
+    cr_assert_eq(CPC_VERSION_CODE, CPC_VERSION_MAJOR * 10000 + CPC_VERSION_MINOR * 100 + CPC_VERSION_PATCH);
+    cr_assert(CPC_VERSION_AT_LEAST(0, 0, 1) && !CPC_VERSION_AT_LEAST(CPC_VERSION_MAJOR + 1, 0, 0));
     cr_assert(cpc_have_mpi() || !cpc_have_mpi());
 }
 

@@ -73,6 +73,8 @@
 #ifndef CPC_PUBLIC_RANK_H
 #define CPC_PUBLIC_RANK_H
 
+#include "cpc/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,7 +135,7 @@ typedef struct cpc_rank_options {
 } cpc_rank_options;
 
 /* Defaults: as documented per field.  NULL is ignored. */
-void cpc_rank_options_init(cpc_rank_options *o);
+CPC_API void cpc_rank_options_init(cpc_rank_options *o);
 
 /* Makes an in-process world of ring_degree x ulysses_degree thread ranks:
  * the whole world, or with cfg_degree x tp_degree > 1 one (c, t) group's
@@ -141,10 +143,10 @@ void cpc_rank_options_init(cpc_rank_options *o);
  * them.  The world belongs to `a`: ranks of another artifact (other than
  * an identical one: the same resolved plan) are refused.  Errors:
  * CPC_E_USAGE (NULL), CPC_E_NOMEM. */
-cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
+CPC_API cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
 
 /* Frees a local world (every rank of it destroyed first).  NULL is ignored. */
-void cpc_local_world_free(cpc_local_world *w);
+CPC_API void cpc_local_world_free(cpc_local_world *w);
 
 /* Rank `rank` (0 <= rank < world size) of a local world (with the outer
  * axes: the world of rank's group, joined as its group rank).  `a` and `w`
@@ -153,7 +155,7 @@ void cpc_local_world_free(cpc_local_world *w);
  * unavailable is CPC_E_UNSUPPORTED, a world made by cpc_local_world_new for
  * another artifact names both), CPC_E_INTERNAL (the world already has that
  * group rank: two groups given one world), CPC_E_NOMEM. */
-cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
+CPC_API cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank of an MPI communicator.  `mpi_comm` points to the
@@ -164,24 +166,24 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
  * MPI_THREAD_SERIALIZED.  COLLECTIVE over the communicator.  Errors:
  * CPC_E_UNSUPPORTED (libcpc built without MPI), CPC_E_USAGE (size
  * mismatch: every process fails alike), CPC_E_RUNTIME (MPI errors). */
-cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
+CPC_API cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
  * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward
  * is ordered on.  Errors: CPC_E_UNSUPPORTED when libcpc was built without
  * CUDA/NCCL or no GPU is usable. */
-cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
+CPC_API cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
 /* The rank's flat index (world rank) and the world size (C*T*R*U); -1 and
  * 0 for NULL. */
-int cpc_rank_index(const cpc_rank *r);
-int cpc_rank_world_size(const cpc_rank *r);
+CPC_API int cpc_rank_index(const cpc_rank *r);
+CPC_API int cpc_rank_world_size(const cpc_rank *r);
 
 /* Bytes this rank allocated at creation (its peak memory; nothing is
  * allocated later); 0 for NULL. */
-int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
+CPC_API int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
 
 /* One attention forward.  q, k, v: this rank's shards (cpc_artifact_shard_shape
  * gives their shapes; element type the plan's dtype).  mask: U8 [B, Skv] for
@@ -194,7 +196,7 @@ int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
  * contiguous device memory (a strided device tensor is CPC_E_USAGE).  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
  * dtype or NULL data; nothing done), CPC_E_RUNTIME (a rank or the transport
  * failed; names the rank and op), CPC_E_UNSUPPORTED. */
-cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+CPC_API cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
                              const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                              const cpc_tensor *lse);
 
@@ -225,7 +227,7 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
  * (an inference plan: compile it with input.mode: training); CPC_E_USAGE
  * for a missing, NULL, mis-shaped or mis-typed tensor (nothing is read or
  * written, the rank stays usable); CPC_E_RUNTIME as the forward. */
-cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+CPC_API cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
                               const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                               const cpc_tensor *lse, const cpc_tensor *dout, const cpc_tensor *dq,
                               const cpc_tensor *dk, const cpc_tensor *dv);
@@ -238,8 +240,8 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
  * cpc_rank_forward into dst (n floats: host memory, device memory for a
  * CUDA rank; call it after the forward, before the next one).  Not collective, allocates nothing.  Errors: CPC_E_USAGE
  * (NULL, n not the size), CPC_E_UNSUPPORTED (no backward program). */
-int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
-cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
+CPC_API int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
+CPC_API cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
 
 /* Ends rank r's world after an error the caller had outside libcpc, so
  * that no peer waits for this rank until the stall limit: a local world is
@@ -248,11 +250,11 @@ cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
  * P: aborting: rank P: aborted by the caller: WHY" to stderr and calls
  * MPI_Abort (exit status 3 for every process of the job): it does NOT
  * return.  Not collective; any thread.  Errors: CPC_E_USAGE (r NULL). */
-cpc_status *cpc_rank_abort(cpc_rank *r, const char *why);
+CPC_API cpc_status *cpc_rank_abort(cpc_rank *r, const char *why);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
  * communicators).  NULL is ignored. */
-void cpc_rank_destroy(cpc_rank *r);
+CPC_API void cpc_rank_destroy(cpc_rank *r);
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,7 @@ class _View:
     """A cpc_tensor over an array's memory, the array kept alive; `copied` says whether
     the memory is a copy (layout cpc cannot take: negative, zero or unaligned strides)."""
 
-    __slots__ = ("t", "keep", "copied")
+    __slots__ = ("t", "keep", "copied", "readonly")
 
 
 def _torch():
@@ -64,6 +64,8 @@ def _kind(x):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         return "torch"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cuda_array"
     import numpy as np
     if isinstance(x, np.ndarray):
         return "numpy"
@@ -74,19 +76,82 @@ def _strides_ok(shape, strides):
     return all(n == 1 or s > 0 for n, s in zip(shape, strides))
 
 
+# __cuda_array_interface__ typestrs per cpc dtype (bf16: its bit patterns, as numpy has
+# no bfloat16: "<u2", or the opaque "<V2")
+_CAI_TYPES = {N.DTYPE_FP32: ("<f4",), N.DTYPE_FP16: ("<f2",), N.DTYPE_BF16: ("<u2", "<V2"),
+              N.DTYPE_U8: ("|u1", "|b1", "<u1")}
+
+
+def _contiguous_strides(shape):
+    st, n = [], 1
+    for d in reversed(shape):
+        st.append(n)
+        n *= d
+    return list(reversed(st))
+
+
+def _cuda_array_view(x, name, dtype_code, want_shape):
+    """(pointer, element strides, readonly) of an object with __cuda_array_interface__
+    (version 2 or 3: CuPy, Numba, PyTorch, ...): device memory for the CUDA backend,
+    which takes it contiguous and as it is (no copy)."""
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    if shape != tuple(want_shape):
+        raise UsageError(f"{name}: shape {shape}, this rank's shard is {tuple(want_shape)}",
+                         code="usage")
+    ts = cai["typestr"]
+    if ts not in _CAI_TYPES[dtype_code]:
+        want = N.DTYPE_NAMES[dtype_code]
+        raise UsageError(f"{name}: __cuda_array_interface__ typestr {ts!r}, the plan's dtype "
+                         f"{want} is {' or '.join(repr(t) for t in _CAI_TYPES[dtype_code])}",
+                         code="usage")
+    isz = int(ts[2:])
+    strides = cai.get("strides")
+    if strides is None:
+        strides = _contiguous_strides(shape)
+    else:
+        if any(s % isz for s in strides):
+            raise UsageError(f"{name}: strides {tuple(strides)} are not whole elements",
+                             code="usage")
+        strides = [s // isz for s in strides]
+    if any(n > 1 and s != c for n, s, c in zip(shape, strides, _contiguous_strides(shape))):
+        raise UsageError(f"{name}: the CUDA backend takes contiguous device arrays (strides "
+                         f"{tuple(strides)} elements)", code="usage")
+    ptr, readonly = cai["data"]
+    return int(ptr or 0), strides, bool(readonly)
+
+
 def _view(x, name, dtype_code, want_shape, device_kind):
     """(_View) for array x as role `name`; raises cpc.UsageError for a wrong type,
     dtype, shape or device."""
     v = _View()
     v.copied = False
+    v.readonly = False
     kind = _kind(x)
     if kind is None and hasattr(x, "__dlpack__"):
         import numpy as np
         x = np.from_dlpack(x)
         kind = "numpy"
     if kind is None:
-        raise UsageError(f"{name}: expected a numpy array or a torch tensor, got "
-                         f"{type(x).__name__}", code="usage")
+        raise UsageError(f"{name}: expected a numpy array or a torch tensor (or a device "
+                         f"array with __cuda_array_interface__), got {type(x).__name__}",
+                         code="usage")
+    if kind == "cuda_array":
+        if device_kind != "cuda":
+            raise UsageError(f"{name}: a device array (__cuda_array_interface__), but this "
+                             "rank's backend takes host memory (cpc.Attention(..., "
+                             "backend='cuda') for device arrays)", code="usage")
+        ptr, strides, readonly = _cuda_array_view(x, name, dtype_code, want_shape)
+        v.readonly = readonly
+        t = N.Tensor()
+        t.data = ptr
+        t.dtype = dtype_code
+        t.ndim = len(want_shape)
+        for i, n in enumerate(want_shape):
+            t.shape[i] = n
+            t.strides[i] = strides[i]
+        v.t, v.keep = t, x
+        return v
     if tuple(x.shape) != tuple(want_shape):
         raise UsageError(f"{name}: shape {tuple(x.shape)}, this rank's shard is "
                          f"{tuple(want_shape)}", code="usage")
@@ -153,7 +218,11 @@ def _dtype_name_torch(dt):
             "torch.float32": "fp32"}.get(str(dt), str(dt))
 
 
-def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False):
+def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False, what="out"):
+    if kind == "cuda_array":
+        raise UsageError(f"device arrays (__cuda_array_interface__): pass {what}= (a writable "
+                         f"device array of shape {tuple(shape)}); cpc allocates only torch and "
+                         "numpy outputs", code="usage")
     if kind == "torch":
         torch = _torch()
         dt = torch.float32 if lse else getattr(torch, _TORCH_DTYPES[plan_dtype])
@@ -217,7 +286,7 @@ def _run_threads(P, run, errs):
             raise e
 
 
-def _options(backend, device, timeout_s):
+def _options(backend, device, timeout_s, stream=None):
     L = N.lib()
     if backend not in N.BACKENDS:
         raise UsageError(f"backend {backend!r}: one of auto, cpu, cuda", code="usage")
@@ -228,6 +297,10 @@ def _options(backend, device, timeout_s):
         o.device = int(device)
     if timeout_s is not None:
         o.timeout_s = float(timeout_s)
+    if stream is not None:
+        # a cudaStream_t handle: an int, or a torch.cuda.Stream / CuPy stream
+        h = getattr(stream, "cuda_stream", getattr(stream, "ptr", stream))
+        o.cuda_stream = int(h) or None
     return o
 
 
@@ -404,7 +477,12 @@ class Attention:
     rank is libcpc's MPI rank on that communicator's handle (cpc duplicates it; its
     traffic never uses the caller's communicator).  rank: defaults to comm's rank (0
     without comm).  world: a cpc.LocalWorld (rank threads; LocalWorld makes these).
-    backend: "auto" (CPU unless NCCL), "cpu" or "cuda" (CUDA tensors).  timeout_s:
+    backend: "auto" (CPU unless NCCL), "cpu" or "cuda": then the tensors are device
+    memory, contiguous: torch CUDA tensors (outputs allocated by torch on their
+    device; torch's current stream is synchronised first), or any object with
+    __cuda_array_interface__ (CuPy, Numba, ...; pass out= / lse= / dq= ... as device
+    arrays: cpc allocates no device memory itself); stream: the cudaStream_t (an int or
+    an object with .cuda_stream) cpc waits on before reading them.  timeout_s:
     the stall limit in seconds (default 600; negative: none): a wait of a forward or
     backward longer than that (a peer failed or never called) raises
     cpc.RuntimeError (under MPI the job is then aborted); after an error of your own
@@ -421,7 +499,7 @@ class Attention:
     MPI ranks."""
 
     def __init__(self, artifact, rank=None, comm=None, backend="auto", *, world=None,
-                 device=None, timeout_s=None):
+                 device=None, timeout_s=None, stream=None):
         L = N.lib()
         self.artifact = artifact
         self._L = L
@@ -430,7 +508,7 @@ class Attention:
         self._comm = comm
         self.last_copies = []
         self.device_kind = "cuda" if backend == "cuda" else "cpu"
-        opts = _options(backend, device, timeout_s)
+        opts = _options(backend, device, timeout_s, stream)
         out = ctypes.c_void_p()
         if comm is not None and world is not None:
             raise UsageError("pass comm or world, not both", code="usage")
@@ -563,14 +641,17 @@ class Attention:
         vl = None
         if return_lse or lse is not None:
             if lse is None:
-                lse = _empty_like_kind(kind, vq.keep, self._shapes["lse"], a.dtype, lse=True)
+                lse = _empty_like_kind(kind, vq.keep, self._shapes["lse"], a.dtype, lse=True,
+                                       what="lse")
             vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk)
+        if vo.readonly or (vl is not None and vl.readonly):
+            raise UsageError("out / lse: a read-only device array", code="usage")
         if vo.copied or (vl is not None and vl.copied):
             raise UsageError("out / lse must be writable in place (positive strides)",
                              code="usage")
         self.last_copies = [n for n, x in (("q", vq), ("k", vk), ("v", vv), ("mask", vm))
                             if x is not None and x.copied]
-        if dk == "cuda":
+        if dk == "cuda" and kind == "torch":
             torch = _torch()
             torch.cuda.current_stream(vq.keep.device).synchronize()
         st = self._L.cpc_rank_forward(self._ptr, ctypes.byref(vq.t), ctypes.byref(vk.t),
@@ -626,12 +707,18 @@ class Attention:
         grads = []
         for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
             if g is None:
-                g = _empty_like_kind(kind, views["q"].keep, self._shapes_of(name), gname)
+                g = _empty_like_kind(kind, views["q"].keep, self._shapes_of(name), gname,
+                                     what=name)
             vg = _view(g, name, gcode, self._shapes_of(name), dk_)
+            if vg.readonly:
+                raise UsageError(f"{name}: a read-only device array", code="usage")
             if vg.copied:
                 raise UsageError(f"{name} must be writable in place (positive strides)",
                                  code="usage")
             grads.append((g, vg))
+        if dk_ == "cuda" and kind == "torch":
+            torch = _torch()
+            torch.cuda.current_stream(views["q"].keep.device).synchronize()
         st = self._L.cpc_rank_backward(
             self._ptr, *(ctypes.byref(views[n].t) for n in ("q", "k", "v")),
             None if vm is None else ctypes.byref(vm.t), ctypes.byref(views["out"].t),
@@ -640,14 +727,23 @@ class Attention:
         _check(self._L, st)
         return tuple(g for g, _ in grads)
 
-    def saved_lse(self, like=None):
+    def saved_lse(self, like=None, out=None):
         """The LSE of this rank's last forward as the backward takes it (1-D float32,
         any variant; cpc_rank_saved_lse): keep it with out to call backward(..., lse=
         saved) later, after other forwards on this rank.  like: an array whose type
-        (numpy or torch, device) the result takes (default numpy)."""
+        (numpy or torch, device) the result takes (default numpy; a CUDA rank: torch
+        on the like's device).  out: a float32 array of that many elements to write
+        instead (a device array for a CUDA rank)."""
         n = self._L.cpc_rank_saved_lse_elements(self._ptr)
+        if out is not None:
+            v = _view(out, "saved lse", N.DTYPE_FP32, (n,), self.device_kind)
+            _check(self._L, self._L.cpc_rank_saved_lse(self._ptr, ctypes.c_void_p(v.t.data), n))
+            return out
+        if self.device_kind == "cuda" and (like is None or _kind(like) != "torch"):
+            raise UsageError("saved_lse on a CUDA rank: pass like= (a torch CUDA tensor) or "
+                             "out= (a device array)", code="usage")
         if like is not None and _kind(like) == "torch":
-            buf = _torch().empty(n, dtype=_torch().float32)
+            buf = _torch().empty(n, dtype=_torch().float32, device=like.device)
             ptr = buf.data_ptr()
         else:
             import numpy as np
