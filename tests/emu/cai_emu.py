@@ -1,5 +1,6 @@
 """cpc.Attention(..., backend="cuda") on device arrays that expose
-__cuda_array_interface__, forward and backward, on the CPU emulator of CUDA.
+__cuda_array_interface__ (and the same memory through DLPack, kDLCUDA), forward and
+backward, on the CPU emulator of CUDA.
 
 Run by tests/cli/cuda_emu.sh with the fake CUDA runtime first on LD_LIBRARY_PATH
 (libcpc and this script's ctypes both bind libcudart.so.13 to it), CPC_LIBRARY the
@@ -57,6 +58,49 @@ class DevArray:
 
     def __del__(self):
         cudart.cudaFree(self.ptr)
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_DLTENSOR = b"dltensor"
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class DLPackOnly:
+    """A DevArray seen only through DLPack (kDLCUDA, device 0): as JAX arrays are."""
+
+    def __init__(self, d):
+        self.d, self._keep = d, []
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        shape = (ctypes.c_int64 * len(self.d.shape))(*self.d.shape)
+        mt = _DLManagedTensor()
+        mt.dl_tensor.data = self.d.ptr
+        mt.dl_tensor.device_type, mt.dl_tensor.device_id = 2, 0
+        mt.dl_tensor.ndim = len(self.d.shape)
+        mt.dl_tensor.dtype = _DLDataType(2, self.d.dtype.itemsize * 8, 1)
+        mt.dl_tensor.shape = shape
+        self._keep.append((mt, shape))
+        return _capsule_new(ctypes.addressof(mt), _DLTENSOR, None)
 
 
 def reference(q, k, v, dout, causal):
@@ -125,6 +169,11 @@ def main():
                 res = att(dq_, dk_, dv_, out=o, lse=lse)
                 assert res[0] is o and res[1] is lse
                 outs[r], lses[r] = o.get(), lse.get()
+                # the same forward on DLPack views of the same memory: the same bits
+                o2 = DevArray(att.shard_shape("out"), np.float32)
+                att(DLPackOnly(dq_), DLPackOnly(dk_), DLPackOnly(dv_), out=DLPackOnly(o2))
+                if not np.array_equal(o2.get(), outs[r]):
+                    fails.append(f"rank {r}: the DLPack forward differs")
                 gq = DevArray(att.shard_shape("q"), np.float32)
                 gk, gv = (DevArray(att.shard_shape("k"), np.float32) for _ in range(2))
                 got = att.backward(dq_, dk_, dv_, o, None, dd, dq=gq, dk=gk, dv=gv)

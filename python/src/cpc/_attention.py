@@ -53,11 +53,25 @@ class _View:
     """A cpc_tensor over an array's memory, the array kept alive; `copied` says whether
     the memory is a copy (layout cpc cannot take: negative, zero or unaligned strides)."""
 
-    __slots__ = ("t", "keep", "copied", "readonly")
+    __slots__ = ("t", "keep", "copied", "readonly", "capsule")
 
 
 def _torch():
     return sys.modules.get("torch")
+
+
+def _dlpack_device(x):
+    """(device_type, device_id) of a DLPack producer, or None."""
+    f = getattr(x, "__dlpack_device__", None)
+    if f is None:
+        return None
+    try:
+        return tuple(int(v) for v in f())
+    except Exception:  # noqa: BLE001 - not a usable producer
+        return None
+
+
+_KDLCUDA, _KDLCUDA_MANAGED = 2, 13
 
 
 def _kind(x):
@@ -66,6 +80,9 @@ def _kind(x):
         return "torch"
     if hasattr(x, "__cuda_array_interface__"):
         return "cuda_array"
+    dev = _dlpack_device(x) if hasattr(x, "__dlpack__") else None
+    if dev is not None and dev[0] in (_KDLCUDA, _KDLCUDA_MANAGED):
+        return "dlpack_cuda"
     import numpy as np
     if isinstance(x, np.ndarray):
         return "numpy"
@@ -80,6 +97,56 @@ def _strides_ok(shape, strides):
 # no bfloat16: "<u2", or the opaque "<V2")
 _CAI_TYPES = {N.DTYPE_FP32: ("<f4",), N.DTYPE_FP16: ("<f2",), N.DTYPE_BF16: ("<u2", "<V2"),
               N.DTYPE_U8: ("|u1", "|b1", "<u1")}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+# DLPack (code, bits) per cpc dtype: float, bfloat (or its bits as uint16), uint8/bool masks
+_DL_TYPES = {N.DTYPE_FP32: ((2, 32),), N.DTYPE_FP16: ((2, 16),), N.DTYPE_BF16: ((4, 16), (1, 16)),
+             N.DTYPE_U8: ((1, 8), (6, 8))}
+
+
+def _dlpack_view(x, name, dtype_code, want_shape):
+    """(pointer, element strides, capsule) of a DLPack producer of CUDA memory (JAX,
+    CuPy, ...): the capsule is only read (not consumed, so its deleter runs when it is
+    collected); keep it alive while the pointer is used."""
+    capsule = x.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    addr = get(capsule, b"dltensor")
+    t = ctypes.cast(addr, ctypes.POINTER(_DLManagedTensor)).contents.dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if shape != tuple(want_shape):
+        raise UsageError(f"{name}: shape {shape}, this rank's shard is {tuple(want_shape)}",
+                         code="usage")
+    code = (t.dtype.code, t.dtype.bits)
+    if t.dtype.lanes != 1 or code not in _DL_TYPES[dtype_code]:
+        raise UsageError(f"{name}: DLPack dtype (code {code[0]}, {code[1]} bits, "
+                         f"{t.dtype.lanes} lanes), the plan's dtype is "
+                         f"{N.DTYPE_NAMES[dtype_code]}", code="usage")
+    strides = ([t.strides[i] for i in range(t.ndim)] if t.strides
+               else _contiguous_strides(shape))
+    if any(n > 1 and s != c for n, s, c in zip(shape, strides, _contiguous_strides(shape))):
+        raise UsageError(f"{name}: the CUDA backend takes contiguous device arrays (strides "
+                         f"{tuple(strides)} elements)", code="usage")
+    return (t.data or 0) + t.byte_offset, strides, capsule
 
 
 def _contiguous_strides(shape):
@@ -127,6 +194,7 @@ def _view(x, name, dtype_code, want_shape, device_kind):
     v = _View()
     v.copied = False
     v.readonly = False
+    v.capsule = None
     kind = _kind(x)
     if kind is None and hasattr(x, "__dlpack__"):
         import numpy as np
@@ -136,12 +204,17 @@ def _view(x, name, dtype_code, want_shape, device_kind):
         raise UsageError(f"{name}: expected a numpy array or a torch tensor (or a device "
                          f"array with __cuda_array_interface__), got {type(x).__name__}",
                          code="usage")
-    if kind == "cuda_array":
+    if kind in ("cuda_array", "dlpack_cuda"):
         if device_kind != "cuda":
-            raise UsageError(f"{name}: a device array (__cuda_array_interface__), but this "
-                             "rank's backend takes host memory (cpc.Attention(..., "
+            raise UsageError(f"{name}: a device array ("
+                             f"{'__cuda_array_interface__' if kind == 'cuda_array' else 'DLPack'}"
+                             "), but this rank's backend takes host memory (cpc.Attention(..., "
                              "backend='cuda') for device arrays)", code="usage")
-        ptr, strides, readonly = _cuda_array_view(x, name, dtype_code, want_shape)
+        if kind == "cuda_array":
+            ptr, strides, readonly = _cuda_array_view(x, name, dtype_code, want_shape)
+        else:  # the capsule is kept with the view: the pointer is valid while it lives
+            ptr, strides, v.capsule = _dlpack_view(x, name, dtype_code, want_shape)
+            readonly = False
         v.readonly = readonly
         t = N.Tensor()
         t.data = ptr
@@ -219,8 +292,8 @@ def _dtype_name_torch(dt):
 
 
 def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False, what="out"):
-    if kind == "cuda_array":
-        raise UsageError(f"device arrays (__cuda_array_interface__): pass {what}= (a writable "
+    if kind in ("cuda_array", "dlpack_cuda"):
+        raise UsageError(f"device arrays (__cuda_array_interface__, DLPack): pass {what}= (a writable "
                          f"device array of shape {tuple(shape)}); cpc allocates only torch and "
                          "numpy outputs", code="usage")
     if kind == "torch":
