@@ -247,7 +247,8 @@ def _view(x, name, dtype_code, want_shape, device_kind):
                              f"takes {'device' if device_kind == 'cuda' else 'host'} memory "
                              "(cpc.Attention(..., backend='cuda') for CUDA tensors)",
                              code="usage")
-        if not _strides_ok(x.shape, x.stride()):
+        if not _strides_ok(x.shape, x.stride()) or (is_cuda and not x.is_contiguous()):
+            # (the CUDA backend binds device tensors as they are: contiguous ones)
             x = x.contiguous()
             v.copied = True
         ptr, strides = x.data_ptr(), list(x.stride())
