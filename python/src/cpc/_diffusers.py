@@ -240,7 +240,7 @@ def parallel_section(parallel_config):
 def from_diffusers(parallel_config, transformer_config, height=None, width=None,
                    num_frames=None, world_size=None, text_tokens=None, *, batch=1,
                    dtype="bf16", attention=None, device=None, vae_scale=None,
-                   vae_temporal=None, name=None, steps=None):
+                   vae_temporal=None, name=None, steps=None, tokens=None, mode=None):
     """A cpc plan dict for a diffusers model under a diffusers context-parallel
     configuration.
 
@@ -260,6 +260,12 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
       "self" (video only: Wan, LTX; their default) or "cross" (Wan/LTX: queries the
       video, keys/values the whole text, not split).
     vae_scale, vae_temporal: override the VAE's compression (default per model).
+    tokens: the image/video token count as the transformer sees it (after the VAE and
+      the patching), instead of height/width/num_frames (cpc.diffusers.parallelize
+      passes the count it reads from the transformer's inputs).
+    mode: "inference" (default) or "training" (input.mode: a forward and a backward
+      program; autograd through cpc.Attention).
+    steps: denoising steps per image/video (input.steps: whole-image predictions).
     Raises ValueError for a configuration cpc cannot honour, naming the field."""
     if isinstance(transformer_config, dict):      # diffusers' FrozenDict is a dict too
         cfg = dict(transformer_config)
@@ -278,14 +284,26 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         raise ValueError(f"world_size {world_size} != ring_degree x ulysses_degree = {P}: "
                          "cpc plans exactly the context-parallel group (idle ranks are an "
                          "error, CP003); pass the world size of the context-parallel group "
-                         "(the CFG and tensor-parallel axes, parallel.cfg_degree and tp_degree, "
-                         "are not available in this release)")
-    if height is None or width is None:
-        raise ValueError(f"{cls}: height and width (pixels) are required")
+                         "(for more ranks, split the batch or the heads first: the plan's "
+                         "parallel.cfg_degree and parallel.tp_degree axes)")
+    if mode not in (None, "inference", "training"):
+        raise ValueError(f"mode={mode!r}: 'inference' or 'training'")
+    if tokens is not None:
+        tokens = _int(tokens, "tokens")
+        if tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {tokens}")
+        if height is not None or width is not None or num_frames is not None:
+            raise ValueError("pass tokens= or height/width/num_frames, not both")
+        height = width = 0
+    elif height is None or width is None:
+        raise ValueError(f"{cls}: height and width (pixels) are required (or tokens=, the "
+                         "image/video token count the transformer sees)")
     height, width = _int(height, "height"), _int(width, "width")
     vs = m.vae if vae_scale is None else _int(vae_scale, "vae_scale")
     vt = m.vae_t if vae_temporal is None else _int(vae_temporal, "vae_temporal")
-    if m.kind == "video":
+    if tokens is not None:
+        pass
+    elif m.kind == "video":
         if num_frames is None:
             raise ValueError(f"{cls} is a video model: num_frames is required")
         num_frames = _int(num_frames, "num_frames")
@@ -312,7 +330,9 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     if text < 1:
         raise ValueError(f"text_tokens must be >= 1, got {text}")
 
-    if m.kind == "image":
+    if tokens is not None:
+        seg = {"name": m.kind, "tokens": tokens}
+    elif m.kind == "image":
         seg = {"name": "image", "image": {"height": height, "width": width, "vae_scale": vs,
                                           "patch": m.patch}}
     else:
@@ -336,9 +356,12 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         inp["kv"] = {"tokens": text}
     if steps is not None:
         inp["steps"] = _int(steps, "steps")
+    if mode == "training":
+        inp["mode"] = "training"
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype {dtype!r}: bf16, fp16 or fp32")
-    size = f"{width}x{height}" + (f"x{num_frames}f" if m.kind == "video" else "")
+    size = (f"{tokens}tok" if tokens is not None else
+            f"{width}x{height}" + (f"x{num_frames}f" if m.kind == "video" else ""))
     plan = {
         "version": 1,
         "name": name or f"{m.family}-{size}-{par['variant']}"
