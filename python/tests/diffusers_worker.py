@@ -94,7 +94,7 @@ def main():
     if t.torchrun:
         import torch.distributed as dist
         dist.init_process_group("gloo")
-        comm = dist.group.WORLD
+        comm = None          # as a diffusers user would: the launcher's default group
         rank = dist.get_rank()
     else:
         from mpi4py import MPI

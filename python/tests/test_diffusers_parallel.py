@@ -80,12 +80,12 @@ def _env():
     return env
 
 
-def _launch(cmd, cases, tmp_path, tag):
+def _launch(cmd, cases, tmp_path, tag, extra=()):
     f = tmp_path / f"cases-{tag}.txt"
     f.write_text("".join(f"{opts} --name {name}\n" for name, opts in cases.items()))
     out = tmp_path / f"out-{tag}"
     out.mkdir()
-    p = subprocess.run(cmd + [str(WORKER), "--cases", str(f), "--out", str(out)],
+    p = subprocess.run(cmd + [str(WORKER), "--cases", str(f), "--out", str(out), *extra],
                        capture_output=True, text=True, timeout=600, env=_env())
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     res = {}
@@ -149,10 +149,10 @@ def test_mpirun_4(results, name):
     _check(name, results[4].get(name), 4)
 
 
-@pytest.mark.skip(reason="torch.distributed transport: in progress")
 def test_torchrun(tmp_path):
     """torch.distributed (gloo) as comm, launched by torchrun as diffusers users do."""
     res = _launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--master-port", "29533"], CASES_TORCHRUN, tmp_path, "tr")
+                   "--master-port", "29533"], CASES_TORCHRUN, tmp_path, "tr",
+                  extra=["--torchrun"])
     for name in CASES_TORCHRUN:
         _check(name, res.get(name), 2)

@@ -49,6 +49,17 @@ def _kind(x):
     return None
 
 
+def _is_torch_group(comm):
+    torch = _torch()
+    if torch is None:
+        return False
+    try:
+        import torch.distributed as dist
+        return isinstance(comm, dist.ProcessGroup)
+    except (ImportError, AttributeError):
+        return False
+
+
 def _strides_ok(shape, strides):
     return all(n == 1 or s > 0 for n, s in zip(shape, strides))
 
@@ -403,13 +414,27 @@ class Attention:
         self._ptr = None
         self._own_world = None
         self._comm = comm
+        self._p2p = None
         self.last_copies = []
         self.device_kind = "cuda" if backend == "cuda" else "cpu"
         opts = _options(backend, device, timeout_s)
         out = ctypes.c_void_p()
         if comm is not None and world is not None:
             raise UsageError("pass comm or world, not both", code="usage")
-        if comm is not None:
+        if comm is not None and _is_torch_group(comm):
+            # a torch.distributed ProcessGroup (torchrun): its point-to-point ops carry
+            # cpc's traffic (libcpc's callback transport, cpc/_torchdist.py)
+            from ._torchdist import create_rank
+            if backend == "cuda":
+                raise UsageError("a torch.distributed group carries host memory only here "
+                                 "(backend='cpu')", code="usage")
+            ptr, self._p2p, crank = create_rank(artifact, comm, opts)
+            if rank is not None and rank != crank:
+                L.cpc_rank_destroy(ptr)
+                raise UsageError(f"rank {rank} given, but this process is rank {crank} of "
+                                 "the group", code="usage")
+            self.transport, self.rank, self._ptr = "torch.distributed", crank, ptr
+        elif comm is not None:
             self.transport = "mpi"
             try:
                 from mpi4py import MPI

@@ -131,8 +131,9 @@ class _TorchComm:
         self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=self.group)
 
     def attention(self, artifact, backend, timeout_s):
-        from ._torchdist import TorchGroupAttention
-        return TorchGroupAttention(artifact, self, backend=backend, timeout_s=timeout_s)
+        from ._attention import Attention
+        group = self.group if self.group is not None else self.dist.group.WORLD
+        return Attention(artifact, comm=group, backend=backend, timeout_s=timeout_s)
 
 
 class _SelfComm:
@@ -161,6 +162,13 @@ def _make_comm(comm):
                 return _TorchComm(None)
         except ImportError:
             pass
+        import os
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "TORCHELASTIC_RUN_ID" in \
+                os.environ or "LOCAL_WORLD_SIZE" in os.environ and \
+                "OMPI_COMM_WORLD_SIZE" not in os.environ:
+            raise UsageError("launched by torchrun but torch.distributed is not initialised",
+                             code="usage", hint="call torch.distributed.init_process_group("
+                             "'gloo') (CPU) before cpc.diffusers.parallelize, or pass comm=")
         try:
             from mpi4py import MPI
             return _MPIComm(MPI.COMM_WORLD)
