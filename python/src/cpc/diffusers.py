@@ -40,6 +40,7 @@ import contextvars
 import functools
 import inspect
 import sys
+import time
 
 from . import _diffusers as _D
 from ._errors import PlanError, UnsupportedError, UsageError
@@ -340,6 +341,7 @@ class _Parallel:
         self.tokens_fn, self.kind = _MODELS[self.cls]
         self.last_plan = None
         self.calls = 0              # attention calls answered by cpc (all shapes)
+        self.attention_s = 0.0      # wall seconds inside those calls (forward)
 
     # -- plans --------------------------------------------------------------------
     def _plan(self, attention, tokens, text, batch, dtype, mode):
@@ -624,12 +626,15 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
                          code="usage")
+    t0 = time.perf_counter()
     if _DTYPES.get(str(q.dtype)) != st.dtype:
         torch = _torch()
         want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[st.dtype]
-        out = att(q.to(want), k.to(want), v.to(want))
-        return out.to(q.dtype)
-    return att(q, k, v)
+        out = att(q.to(want), k.to(want), v.to(want)).to(q.dtype)
+    else:
+        out = att(q, k, v)
+    par.attention_s += time.perf_counter() - t0
+    return out
 
 
 _SCALE = None
