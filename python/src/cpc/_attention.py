@@ -89,10 +89,13 @@ def _view(x, name, dtype_code, want_shape, device_kind):
         else:
             want = getattr(torch, _TORCH_DTYPES[N.DTYPE_NAMES[dtype_code]])
             if x.dtype != want:
+                alt = _dtype_name_torch(x.dtype)
+                alt = (f" or compile the plan with model.dtype {alt}"
+                       if alt in ("bf16", "fp16", "fp32") else
+                       " (cpc runs bf16, fp16 and fp32)")
                 raise UsageError(f"{name}: dtype {x.dtype}, the plan's dtype is "
                                  f"{N.DTYPE_NAMES[dtype_code]} ({want}): convert it with "
-                                 f".to({want}) or compile the plan with model.dtype "
-                                 f"{_dtype_name_torch(x.dtype)}", code="usage")
+                                 f".to({want}){alt}", code="usage")
         is_cuda = x.device.type == "cuda"
         if is_cuda != (device_kind == "cuda"):
             raise UsageError(f"{name}: a {x.device.type} tensor, but this rank's backend "
@@ -157,10 +160,19 @@ _autograd_function = None
 
 def _records_grad(artifact, q, k, v):
     """Whether a call on q, k, v is recorded by torch autograd (a training artifact,
-    grad mode on, one of them a tensor that requires grad)."""
+    grad mode on, one of them a tensor that requires grad).  An inference artifact
+    given such tensors raises cpc.UsageError: its output would silently carry no
+    gradient."""
     torch = _torch()
-    return (artifact.trains and torch is not None and torch.is_grad_enabled()
-            and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)))
+    wants = (torch is not None and torch.is_grad_enabled()
+             and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)))
+    if wants and not artifact.trains:
+        raise UsageError("q/k/v require grad but this artifact does not train (its plan's "
+                         "input.mode is inference): the output would carry no gradient",
+                         code="usage", hint="compile the plan with input.mode: training "
+                         "(cpc.from_diffusers(..., mode='training')), or call under "
+                         "torch.no_grad() / on detached tensors")
+    return wants and artifact.trains
 
 
 def _function():

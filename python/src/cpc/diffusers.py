@@ -678,37 +678,9 @@ def _install_attention(par, model):
     return n
 
 
-# ---- hints in diffusers' words -----------------------------------------------------------
-
-_FIELD_WORDS = [
-    ("parallel.variant: ulysses_anything", "ContextParallelConfig(ulysses_anything=True)"),
-    ("parallel.variant: ring_anything", "ContextParallelConfig(ring_anything=True)"),
-    ("variant ulysses_anything", "ulysses_anything=True"),
-    ("variant ring_anything", "ring_anything=True"),
-    ("parallel.ulysses_degree", "ContextParallelConfig.ulysses_degree"),
-    ("parallel.ring_degree", "ContextParallelConfig.ring_degree"),
-    ("ulysses_degree", "ulysses_degree"),
-    ("model.heads", "the transformer's num_attention_heads"),
-    ("cluster.world_size", "the number of processes (ring_degree x ulysses_degree)"),
-]
-
-
-def _in_diffusers_words(text):
-    if not text:
-        return text
-    for a, b in _FIELD_WORDS:
-        if a in text and a != b:
-            text = text.replace(a, f"{a} ({b})")
-    return text
-
-
 def _diffusers_hints(e, plan, parallel_config):
-    """A PlanError whose messages and hints also name the diffusers fields."""
-    for d in e.diagnostics:
-        d.hint = _in_diffusers_words(d.hint)
-        d.message = _in_diffusers_words(d.message)
-    e.message = _in_diffusers_words(e.message)
-    e.hint = _in_diffusers_words(e.hint)
+    """A PlanError of a from_diffusers plan (its diagnostics already name the
+    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it."""
     e.plan = plan
     return e
 
