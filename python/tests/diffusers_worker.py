@@ -23,6 +23,15 @@ def tiny_flux(heads):
                                   axes_dims_rope=(4, 6, 6))
 
 
+def tiny_flux2(heads):
+    from diffusers import Flux2Transformer2DModel
+    return Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                   num_single_layers=1, attention_head_dim=16,
+                                   num_attention_heads=heads, joint_attention_dim=32,
+                                   timestep_guidance_channels=32, guidance_embeds=False,
+                                   axes_dims_rope=(4, 4, 4, 4))
+
+
 def tiny_wan(heads):
     from diffusers import WanTransformer3DModel
     return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads,
@@ -36,6 +45,16 @@ def inputs(model, a, torch, dtype):
     g = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     B = a.batch
+    if a.model == "flux2":
+        N, T = a.tokens, a.text
+        ids_img = torch.zeros(B, N, 4)
+        ids_img[..., 1] = torch.arange(N) // 5
+        ids_img[..., 2] = torch.arange(N) % 5
+        ids_txt = torch.zeros(B, T, 4)
+        ids_txt[..., 3] = torch.arange(T)
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    timestep=torch.full((B,), 0.5).to(dtype), img_ids=ids_img,
+                    txt_ids=ids_txt, return_dict=False)
     if a.model == "flux":
         N, T = a.tokens, a.text
         ids_img = torch.zeros(N, 3)
@@ -56,7 +75,7 @@ def rel(x, ref):
 
 def parser():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["flux", "wan"], default="flux")
+    p.add_argument("--model", choices=["flux", "flux2", "wan"], default="flux")
     p.add_argument("--ring", type=int, default=1)
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--anything", action="store_true")
@@ -118,7 +137,7 @@ def one(a, torch, comm, rank):
     import cpc.diffusers
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     torch.manual_seed(0)
-    model = (tiny_flux if a.model == "flux" else tiny_wan)(a.heads).to(dtype)
+    model = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan}[a.model](a.heads).to(dtype)
     if not a.train:
         model.eval()
     x = inputs(model, a, torch, dtype)

@@ -2,7 +2,8 @@
 
 Needs torch >= 2, diffusers and mpi4py (scripts/torch_venv.sh builds that venv;
 scripts/test_torch.sh runs this file in it); skipped elsewhere (Debian's torch 1.13
-cannot import diffusers).  Tiny random FluxTransformer2DModel / WanTransformer3DModel
+cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel and
+WanTransformer3DModel
 (seeded: the same weights on every rank), even and odd token counts, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
 (gloo) run: each parallelized output (and, training, the input gradient and every
@@ -42,6 +43,9 @@ CASES_2 = {
     "flux-ulysses-train-fp32": "--model flux --ulysses 2 --train --batch 2",
     "flux-ring_anything-odd-train-fp32": "--model flux --ring 2 --anything --tokens 23 "
                                          "--text 5 --train",
+    "flux2-ring-bf16": "--model flux2 --ring 2 --dtype bf16",
+    "flux2-ulysses_anything-odd-train-fp32": "--model flux2 --ulysses 2 --anything "
+                                             "--tokens 25 --text 7 --train",
     "wan-ulysses-fp32": "--model wan --ulysses 2",
     "wan-ring-bf16": "--model wan --ring 2 --dtype bf16",
     "wan-ring_anything-odd-fp32": "--model wan --ring 2 --anything --frames 3 --height 6 "
@@ -59,6 +63,7 @@ CASES_4 = {
     "flux-ulysses_anything-odd-fp32": "--model flux --ulysses 4 --anything --heads 6 "
                                       "--tokens 27 --text 7",
     "flux-unified-train-fp32": "--model flux --ring 2 --ulysses 2 --train",
+    "flux2-unified-fp32": "--model flux2 --ring 2 --ulysses 2",
     "wan-ulysses-fp32": "--model wan --ulysses 4 --frames 4",
     "wan-ring_anything-odd-bf16": "--model wan --ring 4 --anything --frames 5 --height 6 "
                                   "--width 6 --dtype bf16",

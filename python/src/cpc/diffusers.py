@@ -218,6 +218,15 @@ def _tokens_flux(model, cfg, get):
     return hs.shape[0], hs.shape[1], text
 
 
+def _tokens_flux2(model, cfg, get):
+    if get("kv_cache") is not None or (get("num_ref_tokens") or 0) > 0:
+        raise UnsupportedError("Flux2Transformer2DModel with reference tokens or a KV cache: "
+                               "its reference tokens attend only to themselves (a second "
+                               "attention per layer), which cpc.diffusers does not route yet",
+                               code="unsupported")
+    return _tokens_flux(model, cfg, get)
+
+
 def _tokens_wan(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if hs is None or hs.dim() != 5:
@@ -236,6 +245,7 @@ def _tokens_wan(model, cfg, get):
 #               the main segment's attention kind for from_diffusers)
 _MODELS = {
     "FluxTransformer2DModel": (_tokens_flux, "joint"),
+    "Flux2Transformer2DModel": (_tokens_flux2, "joint"),
     "WanTransformer3DModel": (_tokens_wan, "self"),
 }
 _TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask")
