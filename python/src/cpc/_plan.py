@@ -117,6 +117,17 @@ class CheckResult:
         return f"CheckResult({self.as_dict()!r})"
 
 
+def _from_diffusers(plan, warnings, err):
+    """A plan made by from_diffusers: its diagnostics also name the ContextParallelConfig
+    fields (the user wrote ulysses_anything=True, not parallel.variant)."""
+    from ._diffusers import DiffusersPlan, translate_diagnostics
+    if not isinstance(plan, DiffusersPlan):
+        return
+    translate_diagnostics(warnings or [])
+    if err is not None:
+        translate_diagnostics(getattr(err, "diagnostics", []))
+
+
 def check(plan, set=None, *, lua=None, name=None):
     """Validates a plan as `cpc --check` does (no kernels, no artifact kept).
 
@@ -127,6 +138,7 @@ def check(plan, set=None, *, lua=None, name=None):
     kind, payload, nm = _source(plan, name)
     art, warnings, err, text = _compile(plan, set=set, lua=lua, name=name)
     file = payload if kind == "file" else nm
+    _from_diffusers(plan, warnings, err)
     if err is not None:
         if isinstance(err, PlanError):
             return CheckResult(file, False, None, None, err.diagnostics, text)
@@ -143,6 +155,7 @@ def compile(plan, set=None, *, kernels=False, arch=None, lua=None, name=None):  
     rejected plan."""
     art, warnings, err, text = _compile(plan, set=set, kernels=kernels, arch=arch, lua=lua,
                                         name=name)
+    _from_diffusers(plan, warnings, err)
     if err is not None:
         raise err
     return Artifact(art, warnings, text)
