@@ -457,8 +457,11 @@ cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc
     if (rank < 0 || rank >= L->R * L->U)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: rank %d out of range (world %d)",
                          rank, L->R * L->U);
+    if (!cb)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: callbacks must not be NULL");
+    const cpc_transport_p2p_fns fns = {cb->user, cb->isend, cb->irecv, cb->wait};
     cpc_transport *t = NULL;
-    cpc_status *st = cpc_transport_callback_create(cb, rank, L->R, L->U, &t);
+    cpc_status *st = cpc_transport_callback_create(&fns, rank, L->R, L->U, &t);
     if (st)
         return st;
     return rank_finish(a, rank, t, opts, out);
