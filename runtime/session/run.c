@@ -2056,6 +2056,13 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
     } else
 #endif
     {
+        /* the stall limit of every MPI wait (transport_mpi.h), set before
+         * MPI_Init: it also bounds the MPI calls that cannot poll (init,
+         * communicator setup, finalize: the transport's watchdog) */
+        double lim = opt->timeout_s < 0 ? 0
+                     : opt->timeout_s > 0 ? opt->timeout_s
+                                         : cpc_run_default_timeout(x->job, opt, true);
+        cpc_transport_mpi_set_timeout(lim);
         if (x->pl.C * x->pl.T > 1) {
             /* The outer axes (placement.h): the job's world (P x 1, the result
              * collection), then this rank's group: MPI_COMM_WORLD split by
@@ -2073,11 +2080,6 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
             /* Every rank fails alike here (world size check), none is left waiting. */
             return st;
         }
-        /* the stall limit of every MPI wait (transport_mpi.h) */
-        double lim = opt->timeout_s < 0 ? 0
-                     : opt->timeout_s > 0 ? opt->timeout_s
-                                         : cpc_run_default_timeout(x->job, opt, true);
-        cpc_transport_mpi_set_timeout(lim);
         if (opt->log)
             fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
                     opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
