@@ -140,6 +140,16 @@ cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candi
         .ms_backward_per_layer = k->bwd_priced ? k->predicted_ms_backward_per_layer : 0,
         .backward_bytes_sent_per_rank = k->bwd_priced ? k->bwd_bytes_sent_per_rank : 0,
         .backward_memory_bytes_per_rank = k->bwd_priced ? k->bwd_memory_bytes_per_rank : 0,
+        .gemm_ms_per_step = k->priced ? k->pred.gemm_ms_per_step : 0,
+        .attn_ms_per_step = k->priced ? k->pred.attn_ms_per_step : 0,
+        .memory_ms_per_step = k->priced ? k->pred.memory_ms_per_step : 0,
+        .comm_ms_per_step = k->priced ? k->pred.comm_ms_per_step : 0,
+        .host_ms_per_step = k->priced ? k->pred.host_exposed_ms_per_step : 0,
+        .text_encoder_ms = k->priced ? k->pred.text_encoder_ms : 0,
+        .vae_decode_ms = k->priced ? k->pred.vae_decode_ms : 0,
+        .weights_bytes_per_rank = k->priced ? k->pred.weights_bytes_per_rank : 0,
+        .activation_bytes_per_rank = k->priced ? k->pred.activation_bytes_per_rank : 0,
+        .vae_bytes_per_rank = k->priced ? k->pred.vae_bytes_per_rank : 0,
     };
     memcpy(info, &v, sizeof v < size ? sizeof v : size);
     return NULL;
@@ -229,7 +239,9 @@ cpc_status *cpc_compilation_artifact(const cpc_compilation *c, cpc_artifact **ou
     if (!out)
         return cpc_error(CPC_E_USAGE, "cpc_compilation_artifact: out must not be NULL");
     *out = NULL;
-    if (!c || !cpc_compilation_ok(c))
+    if (!c)
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_artifact: the compilation is NULL");
+    if (!cpc_compilation_ok(c))
         return cpc_error(CPC_E_INTERNAL, "no artifact: the plan was not compiled");
     return cpc_compiled_to_artifact(&c->c, out);
 }
@@ -238,7 +250,9 @@ cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path)
 {
     if (!path)
         return cpc_error(CPC_E_USAGE, "cpc_compilation_write: path must not be NULL");
-    if (!c || !cpc_compilation_ok(c))
+    if (!c)
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_write: the compilation is NULL");
+    if (!cpc_compilation_ok(c))
         return cpc_error(CPC_E_INTERNAL, "no artifact: the plan was not compiled");
     return cpc_compiled_write(&c->c, path);
 }
@@ -277,6 +291,8 @@ cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t b
 {
     if (!f)
         return cpc_error(CPC_E_USAGE, "cpc_atomic_file_write: no file");
+    if (bytes && !data)
+        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_write: data is NULL (%zu bytes)", bytes);
     if (bytes && fwrite(data, 1, bytes, f->of.f) != bytes)
         return cpc_error(CPC_E_IO, "%s: write failed: %s", f->of.path, strerror(errno));
     return NULL;

@@ -1944,7 +1944,15 @@ static bool loops_read_s(const cpc_op *ops, int n)
     return false;
 }
 
-/* Op instances the simulator visits on the rank with coordinates *c: every
+/* What one visit of op costs (verify.h THE PROVER'S BOUND): 1, plus one
+ * for every 8 expression nodes it evaluates (`when`, `peer`, `block`). */
+static int64_t op_weight(const cpc_op *op)
+{
+    return 1 + (cpc_expr_size(op->when) + cpc_expr_size(op->peer) + cpc_expr_size(op->block)) / 8;
+}
+
+/* Op instances the simulator visits on the rank with coordinates *c,
+ * weighted by op_weight: every
  * op of a list it walks costs one visit (its `when` is evaluated there), and
  * a loop's body is walked `count` times only when the loop's own `when`
  * holds: what executes, not what is written (a loop behind a false guard
@@ -1953,8 +1961,8 @@ static int64_t visits(const cpc_op *ops, int n, const cpc_coords *c, int depth, 
 {
     int64_t total = 0;
     for (int i = 0; i < n && total <= cap; i++) {
-        total = sat_add(total, 1);
         const cpc_op *op = &ops[i];
+        total = sat_add(total, op_weight(op));
         if (op->kind != CPC_OP_LOOP || op->n_body <= 0 || !op->body || !op->count || depth >= MAX_DEPTH)
             continue;
         int64_t w = 1, cnt = 0;

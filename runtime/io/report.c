@@ -34,6 +34,8 @@ static void human(char *buf, size_t n, double b)
 
 void cpc_report_print_text(FILE *out, const cpc_run_report *r)
 {
+    if (!out || !r)
+        return;
     char a[32], b[32];
     fprintf(out, "plan:        %s (B=%lld, S=%lld, H=%d, Hkv=%d, D=%d, %s%s)\n", r->plan_name,
             (long long)r->B, (long long)r->S, r->H, r->Hkv, r->D, r->dtype,
@@ -185,6 +187,8 @@ char *cpc_report_json(const cpc_run_report *r)
 
 cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r)
 {
+    if (!out || !r)
+        return cpc_error(CPC_E_USAGE, "cpc_report_print_json: out and report must not be NULL");
     char *s = cpc_report_json(r);
     if (!s)
         return cpc_error(CPC_E_NOMEM, "report: out of memory");

@@ -12,8 +12,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "dtype.h"
 #include "fileio.h"
-#include "backend.h"
 
 static const struct {
     const char *name;
