@@ -640,9 +640,14 @@ static cpc_status *check_content(vb *V, int p, const xop *x)
     return NULL;
 }
 
+#define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
+
 static cpc_status *push_req(vb *V, int p, req *q)
 {
     rank_reqs *rq = &V->rr[p];
+    if (rq->n >= VB_MAX_PENDING)
+        return vfail(p, q->x, "more than %d requests in flight on one rank (the prover's bound, verify_bwd.h)",
+                     VB_MAX_PENDING);
     if (rq->n == rq->cap) {
         int nc = rq->cap ? 2 * rq->cap : 8;
         req **v = realloc(rq->v, (size_t)nc * sizeof *v);

@@ -29,46 +29,36 @@
  * set by all_to_all (to r), recv (to its `block` expression), copy/swap
  * (carried along) and, for INPUT buffers with U == 1, starts as r.
  *
- * OP KINDS (one line per kind: reads, writes, communication, bytes moved per
- * rank; e = element size of the dtype, h = heads of the buffer, T its tokens)
- *
- * kind        reads            writes            comm / semantics                       bytes sent
- * ----------  ---------------  ----------------  -------------------------------------  ----------------------
- * loop        -                -                 body runs `count` times, s = 0..count-1  sum of body
- * init_acc    -                in[0] ACC,         ACC = 0, LSE = -inf                      0
- *                              in[1] LSE (out)
- * attn        in[0] Q, in[1] K, out[0] ACC-like  softmax(Q K^T * scale [+mask]) V for the  0
- *             in[2] V          out[1] LSE        K/V block (ALL layout: block `block`),
- *                                                fp32 out + LSE (natural log)
- * merge       in[0] O blk,     out[0] ACC,       LSE merge in fp32:                       0
- *             in[1] LSE blk    out[1] LSE        lse=log(e^a+e^b), out=sum w_i out_i
- * send        in[0..n)         -                 non-blocking send to group member `peer`  sum B*T*h*D*e
- *                                                of `group`; completes at `wait tag`
- * recv        -                out[0..n)         non-blocking receive from `peer`; the    0 (recv'd: same)
- *                                                content becomes ring block `block`
- * wait        -                -                 completes every send/recv with `tag`   0
- * swap        in[0], in[1]     in[0], in[1]      exchange the two buffers (no copy)        0
- * all_to_all  in[0]            out[0]            group ulysses. dir SEQ_TO_HEADS:         B*T*h*D*e*(U-1)/U approx
- *                                                SHARD/ALL heads -> BLOCK(r)/PART heads;  (exact: sizes of the
- *                                                HEADS_TO_SEQ: the inverse               other members' parts)
- * all_gather  in[0] BLOCK      out[0] ALL        group ring; gathers every member's block  B*T*h*D*e*(R-1)
- * copy        in[0]            out[0]            out = in, converting ACC(fp32)->O dtype,   0
- *                                                or selecting PART heads of a KV/ALL input
- * barrier     -                -                 group barrier                             0
- *
- * delta       in[0] DO,        out[0] LSE-role   delta = rowsum(dout * out) per (row, head),  0
- *             in[1] O          (delta)           fp32; same rows/heads as dout
- * attn_bwd    in = Q, K, V,    out = DQ, DK, DV  the block backward (backend.h attn_bwd):    0
- *             DO, LSE, DELTA                     dq += dS K, dk += dS^T Q, dv += P^T dout
- *                                                (+=, fp32), with the SAVED whole-row lse
- * reduce_     in[0] ALL        out[0] BLOCK(r)   group ring: member r gets the fp32 SUM over B*T_j*h*D*4 summed
- *   scatter   (DK/DV, fp32)    (same role)       the members of their block-r slice (the   over j != r (block j's
- *                                                all-gather ring's dK/dV, BACKWARD.md 3.2) slice to member j)
- * add         in[0] DQ/DK/DV   out[0] (same      out += in, fp32, same rows, heads and      0
- *                              role, read too)   content tag (BACKWARD.md 3.1, lagged)
- * all_reduce  in[0] KV DK/DV   out[0] (same      group world: the fp32 SUM over every rank  2 x (P-1)/P x B*Skv*h*D*4
- *             fp32, ALL heads  layout and role)  (cross-attention dK/dV, BACKWARD.md 3.7;   (reduce-scatter of Skv
- *                                                reduce-scatter + all-gather of Skv chunks) chunks + all-gather)
+ * OP KINDS, one line each.  Everything a reader needs about a kind as data
+ * (arity, group, operand access, the content each operand must hold and
+ * the content outputs get, how it matches its partners, how long it holds
+ * its buffers, its cost rule) is in THE OP TABLE below (cpc_op_info_of), the
+ * one place every reader takes it from; the details follow under SEMANTICS.
+ *   loop           runs its body `count` times, s = 0..count-1.
+ *   init_acc       zeroes out[]: (ACC, LSE) = (0, -inf), or DQ/DK/DV = 0 (with
+ *                  `block`: the accumulators of that ring block).
+ *   attn           (out[0] fp32, out[1] LSE) = softmax(q k^T scale [+mask]) v over
+ *                  the K/V block(s) read.
+ *   merge          (out[0], out[1]) accumulate the block result (in[0], in[1]):
+ *                  lse = log(e^a + e^b), out = sum of w_i out_i (fp32).
+ *   send           posts a non-blocking send of in[0..n) to member `peer` of
+ *                  `group`; the buffers stay in flight until `wait tag`.
+ *   recv           posts a non-blocking recv of out[0..n) from `peer`; their
+ *                  content becomes ring block `block`; in flight until `wait tag`.
+ *   wait           completes this rank's requests with `tag`.
+ *   swap           exchanges the memory of in[0] and in[1] (tags move with it).
+ *   all_to_all     ulysses group: shard x all heads <-> ring block r x head part
+ *                  (`dir`; `reduce`: parts of a shared head summed).
+ *   all_gather     ring group: every member's block r into one ALL buffer.
+ *   copy           out[i] = in[i] (ACC -> O dtype, or a head part selected/placed).
+ *   barrier        waits for every member of `group`.
+ *   delta          out[0] = rowsum(dout * out) per (row, head), fp32.
+ *   attn_bwd       (dq, dk, dv) += the block backward of (q, k, v, dout, the saved
+ *                  LSE, delta), fp32.
+ *   reduce_scatter ring group: member r gets the sum of every member's block-r slice.
+ *   add            out[0] += in[0] (fp32 gradients of one block).
+ *   all_reduce     world group: every rank gets the sum over all ranks (fp32).
+ * Bytes each op sends: cpc_program_bytes_sent below.
  *
  * BACKWARD ROLES (training, BACKWARD.md): DO (the output gradient `dout`,
  * plan dtype, query heads, shaped as Q), DQ (fp32, query heads, shaped as
@@ -94,11 +84,10 @@
  * cpc_program_free releases everything.  Thread-safety: immutable after
  * construction; the runtime reads it from every rank thread.
  *
- * PRECISE SEMANTICS (added by the scheduler's implementer, program.c and
- * schedule.c; additive: the table above stays true).
+ * SEMANTICS (the details of the lines above).
  *
  *  Operand slots.  init_acc has n_in = 0, n_out = 2: out[0] ACC, out[1] LSE
- *  (the table's "in[0] ACC, in[1] LSE (out)" means these out slots).  attn:
+ *  (or 1..3 gradients).  attn:
  *  in = {Q, K, V}, out = {ACC-role partial (fp32), LSE}.  merge: in = {ACC
  *  partial, LSE partial}, out = {ACC, LSE}, read and written (acc, lse <-
  *  merge(acc, lse, in)).  swap: n_in = 2, n_out = 0.  send: in[0..n) are n
@@ -404,7 +393,7 @@ typedef struct cpc_program {
  * Return the new index, or -1 on OOM. */
 int cpc_program_add_buffer(cpc_program *prog, const char *name, cpc_buf_role role,
                            cpc_buf_tokens tokens, cpc_buf_heads heads, cpc_buf_io io);
-/* (also -1, added: when `name` is empty, not [A-Za-z0-9_] only, longer than
+/* (also -1 when `name` is empty, not [A-Za-z0-9_] only, longer than
  * CPC_BUF_NAME_MAX-1, or already used, or an enum value is out of range) */
 /* Index of the buffer called `name`, -1 if none. */
 int cpc_program_find_buffer(const cpc_program *prog, const char *name);
@@ -431,7 +420,7 @@ int cpc_buffer_elem_size(const cpc_program *prog, int b);
 /* Coordinates of flat rank p (s = 0). */
 cpc_coords cpc_program_coords(const cpc_program *prog, int p);
 
-/* ---- additions (program.c): constructor, per-rank walk, byte counts ---- */
+/* ---- constructor, per-rank walk, byte counts ---- */
 
 #define CPC_TAG_NONE (-1)
 #define CPC_LOOP_MAX (1 << 20)   /* largest loop count a walk accepts */
@@ -488,8 +477,8 @@ cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *s
 /* Stable text form (what --dump-schedule prints).  rank < 0: the SPMD
  * program with expressions; rank >= 0: that rank's program with expressions
  * evaluated and loops unrolled.  Returns a status on evaluation errors. */
-/* (added: the format is specified under "Text form" above; rank >= P is
- * CPC_E_USAGE; with rank >= 0 nothing is printed when the walk fails.) */
+/* The format is specified under "Text form" above; rank >= P is
+ * CPC_E_USAGE; with rank >= 0 nothing is printed when the walk fails. */
 cpc_status *cpc_program_print(FILE *out, const cpc_program *prog, int rank);
 
 #endif
