@@ -847,8 +847,14 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
-        /* the op table's rules, for every op: lifetimes of in-flight
-         * buffers, then the content each operand must hold */
+        /* the op table's rules, for every op: the kinds a backward program
+         * may use, lifetimes of in-flight buffers, then the content each
+         * operand must hold */
+        const cpc_op_info *info = cpc_op_info_of(op->kind);
+        if (!info || !(info->flags & CPC_OPF_BWD)) {
+            V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
+            return -1;
+        }
         if ((V->err = check_in_flight(V, p, x)) || (V->err = check_content(V, p, x)))
             return -1;
         switch (op->kind) {

@@ -248,6 +248,8 @@ enum {
     CPC_OPF_BODY = 1 << 5,       /* has a body and a count (loop) */
     CPC_OPF_COMM_TIME = 1 << 6,  /* its time is communication (waits included) */
     CPC_OPF_READS_OUT = 1 << 7,  /* reads its outputs too (merge accumulates) */
+    CPC_OPF_FWD = 1 << 8,        /* may appear in a forward program (cpc_verify) */
+    CPC_OPF_BWD = 1 << 9,        /* may appear in a backward program (cpc_verify_backward) */
 };
 
 /* Which cost-model rule prices an op (compiler/cost.c). */
