@@ -100,21 +100,44 @@ static cpc_status *collect(void *ctx, const cpc_exec_op *x)
     return NULL;
 }
 
-static cpc_status *vfail(int p, const xop *x, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static cpc_status *vfail(int p, const xop *x, const char *fmt, ...)
+/* ops[i].body[j] (1-based, as the forward verifier and Lua scripts name
+ * ops) of op `op` in ops[0..n), into buf; false when it is not there. */
+static bool op_path(const cpc_op *ops, int n, const cpc_op *op, const char *prefix, char *buf, size_t len)
 {
-    char m[512];
+    for (int i = 0; i < n; i++) {
+        char here[96];
+        snprintf(here, sizeof here, "%s%s[%d]", prefix, *prefix ? ".body" : "ops", i + 1);
+        if (&ops[i] == op) {
+            snprintf(buf, len, "%s", here);
+            return true;
+        }
+        if (ops[i].kind == CPC_OP_LOOP && op_path(ops[i].body, ops[i].n_body, op, here, buf, len))
+            return true;
+    }
+    return false;
+}
+
+static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+{
+    char m[512], path[128] = "";
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
+    if (x && op_path(prog->ops, prog->n_ops, x->op, "", path, sizeof path - 1))
+        strcat(path, " ");
     if (x && x->s >= 0)
         return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: rank %d, %s (step %lld): %s", p, cpc_op_kind_name(x->op->kind),
+                        "backward program: rank %d, %s%s (step %lld): %s", p, path, cpc_op_kind_name(x->op->kind),
                         (long long)x->s, m);
     return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x ? x->op->span : CPC_NO_SPAN,
-                    "backward program: rank %d%s%s: %s", p, x ? ", " : "", x ? cpc_op_kind_name(x->op->kind) : "", m);
+                    "backward program: rank %d%s%s%s: %s", p, x ? ", " : "", path, x ? cpc_op_kind_name(x->op->kind) : "",
+                    m);
 }
+/* Every caller has the prover's state as V. */
+#define vfail(...) vfail_(V->prog, __VA_ARGS__)
 
 static bool is_grad(cpc_buf_role r)
 {
