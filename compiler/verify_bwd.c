@@ -755,6 +755,13 @@ static cpc_status *match(vb *V, req *s, req *r, int64_t e)
                      "messages match by (group, peer, tag) in posting order",
                      bn(V, r->buf), cpc_buf_role_name(r->role), cpc_group_name(r->group), r->tag,
                      V->sym ? "its peer's" : "a", bn(V, s->buf), cpc_buf_role_name(s->role));
+    const cpc_buffer *bs = &V->prog->buffers[s->buf], *br = &V->prog->buffers[r->buf];
+    if (bs->tokens != br->tokens || bs->heads != br->heads)
+        return vfail(r->p, r->x,
+                     "'%s' (%s/%s) receives '%s' (%s/%s): a message lands only in a buffer of the layout "
+                     "it was sent from (its size would differ)",
+                     br->name, cpc_buf_tokens_name(br->tokens), cpc_buf_heads_name(br->heads), bs->name,
+                     cpc_buf_tokens_name(bs->tokens), cpc_buf_heads_name(bs->heads));
     if (V->prog->buffers[r->buf].tokens == CPC_TOK_BLOCK && r->x->op->block && r->snap.tag != (int)r->x->block)
         return vfail(r->p, r->x, "declares block %lld for '%s' but its peer sends block %d", (long long)r->x->block,
                      bn(V, r->buf), r->snap.tag);
