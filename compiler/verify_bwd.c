@@ -139,6 +139,14 @@ static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const ch
 /* Every caller has the prover's state as V. */
 #define vfail(...) vfail_(V->prog, __VA_ARGS__)
 
+/* The op table's tag rule for out[i] of x on simulated rank p. */
+static int out_tag(const vb *V, int p, const xop *x, int i, int in0, int ini, int old)
+{
+    cpc_coords c = cpc_program_coords(V->prog, p);
+    c.s = x->s > 0 ? x->s : 0;
+    return cpc_op_out_tag(V->prog, x->op, i, &c, x->block, in0, ini, old);
+}
+
 static bool is_grad(cpc_buf_role r)
 {
     return r == CPC_ROLE_DQ || r == CPC_ROLE_DK || r == CPC_ROLE_DV;
@@ -926,7 +934,7 @@ static int advance(vb *V, int p)
                     return -1;
                 }
                 so->written = true;
-                so->tag = si->tag;
+                so->tag = out_tag(V, p, x, i, S(V, p, op->in[0])->tag, si->tag, so->tag);
                 so->src = si->src;
                 if (si->grad && so->grad && si != so) {
                     /* a head part keeps its own heads' pairs, nothing elsewhere */
@@ -961,7 +969,7 @@ static int advance(vb *V, int p)
                                "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
                 return -1;
             }
-            d->tag = a->tag;
+            d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
             d->written = true;
             d->src = CPC_CONTENT_DELTA;
             break;
@@ -985,7 +993,7 @@ static int advance(vb *V, int p)
                                              "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
                         return -1;
                     }
-                    sl->tag = (int)x->block;
+                    sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
                 }
             }
             break;
@@ -1116,7 +1124,7 @@ static int advance(vb *V, int p)
                 V->err = cs_err(V);
                 return -1;
             }
-            dq->tag = q->tag;
+            dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
             break;
         }
         case CPC_OP_SWAP: {

@@ -167,7 +167,7 @@
  *  block, what the query side holds; INPUT BLOCK buffers exist only with
  *  U == 1, where block r == shard r); SHARD buffers are p; ALL and KV
  *  buffers CPC_TAG_NONE.  Updates: all_to_all SEQ_TO_HEADS -> out r,
- *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> in's tag; attn -> outs
+ *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> out[i] gets in[i]'s tag; attn -> outs
  *  get Q's tag; merge -> outs get in[0]'s tag; swap exchanges; init_acc,
  *  all_gather and the rest leave tags unchanged; reduce_scatter -> out r;
  *  init_acc of DQ/DK/DV with `block` -> its outputs `block`.
@@ -306,6 +306,20 @@ typedef enum cpc_lifetime {
                                recv buffer neither read nor written (nor swapped) */
 } cpc_lifetime;
 
+/* How an op sets the content tags of its outputs (the rules under "Content
+ * tags" below; cpc_op_out_tag applies them). */
+typedef enum cpc_tag_rule {
+    CPC_TAGR_KEEP = 0,       /* outputs keep their tags */
+    CPC_TAGR_FROM_IN0,       /* every output gets in[0]'s tag (attn, merge, delta: the query rows) */
+    CPC_TAGR_FIRST_FROM_IN0, /* out[0] gets in[0]'s tag, the others keep theirs (attn_bwd: DQ gets
+                                Q's, DK/DV keep the block they accumulate) */
+    CPC_TAGR_PAIRED,         /* out[i] gets in[i]'s tag (copy, all_reduce) */
+    CPC_TAGR_BLOCK,          /* outputs get the op's `block` (recv; init_acc of gradients with one) */
+    CPC_TAGR_RING_INDEX,     /* outputs get r (reduce_scatter: this member's block) */
+    CPC_TAGR_A2A,            /* seq_to_heads: r (ring block r); heads_to_seq: p (shard p) */
+    CPC_TAGR_EXCHANGE,       /* swap: in[0] and in[1] exchange theirs */
+} cpc_tag_rule;
+
 typedef struct cpc_op_info {
     const char *name;        /* as printed in the text form and seen by Lua */
     int min_in, max_in;      /* input buffers (CPC_OP_MAX_BUFS at most) */
@@ -323,6 +337,7 @@ typedef struct cpc_op_info {
     signed char out_content[CPC_OP_MAX_BUFS]; /* what out[i] holds after (NONE: carried from in[i]) */
     cpc_match match;
     cpc_lifetime life;
+    cpc_tag_rule tags;
 } cpc_op_info;
 
 /* The table entry of `k`, or NULL for a value outside the enum.  Static data;
@@ -453,6 +468,14 @@ typedef cpc_status *(*cpc_walk_fn)(void *ctx, const cpc_exec_op *x);
  * block outside 0..R-1, loop count outside 0..CPC_LOOP_MAX, loops nested
  * deeper than 8.  Thread-safe (no shared state). */
 cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, void *ctx);
+
+/* The content tag out[i] of `op` gets by the table's tag rule, on the rank
+ * with coordinates c: `block` is the op's evaluated `block` (-1 if none),
+ * in_tag0 / in_tag_i the tags of in[0] and in[i] (CPC_TAG_NONE if absent),
+ * old the tag out[i] had.  CPC_TAGR_EXCHANGE (swap: no outputs) returns old.
+ * Pure; thread-safe. */
+int cpc_op_out_tag(const cpc_program *prog, const cpc_op *op, int i, const cpc_coords *c, int64_t block, int in_tag0,
+                   int in_tag_i, int old);
 
 /* Rows (tokens) of buffer b's content with content tag `tag` on the rank
  * with coordinates c: SHARD shard_tokens(p), BLOCK block_tokens(tag) (the
