@@ -543,6 +543,8 @@ Test(executor, paired_ops_run_every_pair)
                 b = &p->ops[i];
         }
     cr_assert(a && b && a != b, "the allgather ring has two all_gathers");
+    int64_t sent0 = -1, sent1 = -2;
+    cr_assert_null(cpc_program_bytes_sent(p, 1, &sent0, NULL));
     a->in[1] = b->in[0];
     a->out[1] = b->out[0];
     a->n_in = a->n_out = 2;
@@ -550,6 +552,9 @@ Test(executor, paired_ops_run_every_pair)
     cr_assert_null(cpc_expr_parse("0", CPC_NO_SPAN, &b->when));
     cpc_status *st = cpc_verify(p);
     cr_assert_null(st, "the two-pair all_gather program: %s", st ? st->message : "");
+    /* the byte count (cost model, cprun's report) counts both pairs too */
+    cr_assert_null(cpc_program_bytes_sent(p, 1, &sent1, NULL));
+    cr_assert_eq(sent0, sent1, "bytes sent: two ops %lld, one two-pair op %lld", (long long)sent0, (long long)sent1);
     cpc_run_options o;
     cpc_run_options_default(&o);
     o.warmup = 0;

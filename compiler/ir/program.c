@@ -713,44 +713,43 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
             bc->recvd += msg_bytes(prog, b, u, cpc_buffer_rows(prog, b, c, (int)x->block));
         }
         break;
-    case CPC_OP_ALL_TO_ALL: {
-        if (op->n_in < 1)
-            break;
-        int b = op->in[0];
-        const cpc_buffer *bf = &prog->buffers[b];
-        int64_t e = cpc_buffer_elem_size(prog, b);
-        for (int j = 0; j < L->U; j++) {
-            if (j == u)
-                continue;
-            cpc_coords cj = *c;
-            cj.u = j;
-            cj.p = (int64_t)r * L->U + j;
-            int off, hj, hu;
-            heads_of(L, bf->role, CPC_HEADS_PART, j, &off, &hj);
-            heads_of(L, bf->role, CPC_HEADS_PART, u, &off, &hu);
-            int64_t per_tok = (int64_t)L->B * (bf->role == CPC_ROLE_LSE ? 1 : L->D) * e;
-            if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
-                int64_t mine = cpc_buffer_rows(prog, b, c, x->tags[b]);
-                int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
-                bc->sent += mine * hj * per_tok;
-                bc->recvd += theirs * hu * per_tok;
-            } else {
-                bc->sent += cpc_layout_shard_tokens(L, (int)cj.p) * hu * per_tok;
-                bc->recvd += cpc_layout_shard_tokens(L, (int)c->p) * hj * per_tok;
+    case CPC_OP_ALL_TO_ALL:
+        /* every pair (same_in_out), as the executor runs them */
+        for (int k = 0; k < op->n_in; k++) {
+            int b = op->in[k];
+            const cpc_buffer *bf = &prog->buffers[b];
+            int64_t e = cpc_buffer_elem_size(prog, b);
+            for (int j = 0; j < L->U; j++) {
+                if (j == u)
+                    continue;
+                cpc_coords cj = *c;
+                cj.u = j;
+                cj.p = (int64_t)r * L->U + j;
+                int off, hj, hu;
+                heads_of(L, bf->role, CPC_HEADS_PART, j, &off, &hj);
+                heads_of(L, bf->role, CPC_HEADS_PART, u, &off, &hu);
+                int64_t per_tok = (int64_t)L->B * (bf->role == CPC_ROLE_LSE ? 1 : L->D) * e;
+                if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
+                    int64_t mine = cpc_buffer_rows(prog, b, c, x->tags[b]);
+                    int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
+                    bc->sent += mine * hj * per_tok;
+                    bc->recvd += theirs * hu * per_tok;
+                } else {
+                    bc->sent += cpc_layout_shard_tokens(L, (int)cj.p) * hu * per_tok;
+                    bc->recvd += cpc_layout_shard_tokens(L, (int)c->p) * hj * per_tok;
+                }
             }
         }
         break;
-    }
-    case CPC_OP_ALL_GATHER: {
-        if (op->n_in < 1)
-            break;
-        int b = op->in[0];
-        bc->sent += (int64_t)(L->R - 1) * msg_bytes(prog, b, u, cpc_buffer_rows(prog, b, c, x->tags[b]));
-        for (int j = 0; j < L->R; j++)
-            if (j != r)
-                bc->recvd += msg_bytes(prog, b, u, cpc_layout_block_tokens(L, j));
+    case CPC_OP_ALL_GATHER:
+        for (int k = 0; k < op->n_in; k++) {
+            int b = op->in[k];
+            bc->sent += (int64_t)(L->R - 1) * msg_bytes(prog, b, u, cpc_buffer_rows(prog, b, c, x->tags[b]));
+            for (int j = 0; j < L->R; j++)
+                if (j != r)
+                    bc->recvd += msg_bytes(prog, b, u, cpc_layout_block_tokens(L, j));
+        }
         break;
-    }
     case CPC_OP_REDUCE_SCATTER:
         /* block j's slice to member j; block r's slice from every other member */
         for (int i = 0; i < op->n_in; i++)
