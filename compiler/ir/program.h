@@ -233,12 +233,15 @@ typedef enum cpc_a2a_dir { CPC_A2A_SEQ_TO_HEADS = 0, CPC_A2A_HEADS_TO_SEQ, CPC_A
 #define CPC_OP_MAX_BUFS 8
 
 /* THE OP TABLE (as Lua's lopcodes): what every layer needs to know about an
- * op kind, in one place, and read from here by every reader: the verifier
- * (arity, groups, required fields: verify.c's shape checks; operand access,
- * content, matching and lifetimes: the backward prover, verify_bwd.c), the
- * executor (its pending-request guard reads `in_access`/`out_access`, its
- * event classes CPC_OPF_COMM_TIME), the Lua layer (names, fields), the cost
- * model (host launches; `cost` names the rule of cost.c's price table). */
+ * op kind, in one place, and read from here by every reader: the provers
+ * (arity, groups, required fields: verify.c's shape checks; which kinds a
+ * forward / backward program may use: CPC_OPF_FWD/BWD; operand access,
+ * content, matching, lifetimes and tag rules: the backward prover,
+ * verify_bwd.c), the per-rank walk (tag rules: cpc_op_out_tag), the
+ * executor (its pending-request guard reads `in_access`/`out_access`; paired
+ * ops run pair by pair by `same_in_out`; event classes CPC_OPF_COMM_TIME),
+ * the Lua layer (names, fields), the cost model (host launches; `cost` names
+ * the rule of cost.c's price table, which still dispatches by kind). */
 enum {
     CPC_OPF_GROUP = 1 << 0,      /* runs over a group (ring, ulysses or world) */
     CPC_OPF_COLLECTIVE = 1 << 1, /* every member of the group takes part */
