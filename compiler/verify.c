@@ -1537,7 +1537,10 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
     default:
-        fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
+        if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
+            fail(C, rk->p, nd, step, "op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
+        else
+            fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
         return RES_ERR;
     }
 }
@@ -2096,6 +2099,28 @@ static int init_ranks(ctx *C)
     return 0;
 }
 
+/* The first backward-only op of ops[0..n) at any loop depth, with its path
+ * ("ops[2].body[1].body[3]", 1-based as in the diagnostics) in where; NULL
+ * when there is none. */
+static const cpc_op *find_backward_op(const cpc_op *ops, int n, char *where, size_t cap, size_t len)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *o = &ops[i];
+        int w = snprintf(where + len, cap - len, len ? ".body[%d]" : "ops[%d]", i + 1);
+        size_t l2 = w > 0 && (size_t)w < cap - len ? len + (size_t)w : len;
+        const cpc_op_info *ki = cpc_op_info_of(o->kind);
+        if (ki && !(ki->flags & CPC_OPF_FWD)) /* the op table: not a forward kind */
+            return o;
+        if (o->kind == CPC_OP_LOOP && o->body) {
+            const cpc_op *b = find_backward_op(o->body, o->n_body, where, cap, l2);
+            if (b)
+                return b;
+        }
+        where[len] = 0;
+    }
+    return NULL;
+}
+
 cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_stats *stats)
 {
     cpc_verify_stats dummy;
@@ -2114,17 +2139,16 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
                          L->P);
     /* Backward ops (training) are proved by cpc_verify_backward (verify_bwd.h);
      * in a forward program they are refused before either prover runs. */
-    for (int i = 0; i < prog->n_ops; i++) {
-        const cpc_op *o = &prog->ops[i];
-        for (int j = -1; j < (o->kind == CPC_OP_LOOP ? o->n_body : 0); j++) {
-            cpc_op_kind k = j < 0 ? o->kind : o->body[j].kind;
-            const cpc_op_info *ki = cpc_op_info_of(k);
-            if (ki && !(ki->flags & CPC_OPF_FWD))
-                return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, j < 0 ? o->span : o->body[j].span,
-                                "ops[%d]: %s is a backward (training) op: a forward program may not use it "
-                                "(backward programs are proved by cpc_verify_backward)",
-                                i + 1, cpc_op_kind_name(k));
-        }
+    {
+        /* at any loop depth (issue 23: an `add` two loops deep reached the
+         * simulation as "unknown op kind 16") */
+        char where[256];
+        const cpc_op *b = find_backward_op(prog->ops, prog->n_ops, where, sizeof where, 0);
+        if (b)
+            return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, b->span,
+                            "%s: %s is a backward (training) op: a forward program may not use it "
+                            "(backward programs are proved by cpc_verify_backward)",
+                            where, cpc_op_kind_name(b->kind));
     }
     ctx C;
     memset(&C, 0, sizeof C);

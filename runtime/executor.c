@@ -33,6 +33,8 @@ struct cpc_exec {
     size_t stage_send_cap, stage_recv_cap;
     int64_t allocated;
     const void *inputs[CPC_ROLE__COUNT];
+    bool device_io;             /* cpc_exec_set_device_io: bound inputs and read
+                                   destinations are memory of the backend */
     size_t input_bytes[CPC_ROLE__COUNT];
     pending *pend;
     int n_pend, cap_pend;
@@ -625,10 +627,25 @@ cpc_status *cpc_exec_bind_input(cpc_exec *ex, cpc_buf_role role, const void *hos
     return NULL;
 }
 
+void cpc_exec_set_device_io(cpc_exec *ex, bool on) { ex->device_io = on; }
+
+/* The caller's memory <-> a buffer: host memory through upload/download, or
+ * with device_io memory of the backend through its copy. */
+static cpc_status *xfer_in(cpc_exec *ex, void *buf, const void *src, size_t n)
+{
+    return ex->device_io ? cpc_backend_copy(ex->cfg.backend, buf, src, n)
+                         : cpc_backend_upload(ex->cfg.backend, buf, src, n);
+}
+
+static cpc_status *xfer_out(cpc_exec *ex, void *dst, const void *buf, size_t n)
+{
+    return ex->device_io ? cpc_backend_copy(ex->cfg.backend, dst, buf, n)
+                         : cpc_backend_download(ex->cfg.backend, dst, buf, n);
+}
+
 cpc_status *cpc_exec_reset(cpc_exec *ex)
 {
     const cpc_program *prog = ex->prog;
-    cpc_backend *be = ex->cfg.backend;
     for (int b = 0; b < prog->n_buffers; b++) {
         const cpc_buffer *bf = &prog->buffers[b];
         ex->bufs[b].tag = (int)ex->c.r;
@@ -641,7 +658,7 @@ cpc_status *cpc_exec_reset(cpc_exec *ex)
         if (n > ex->bufs[b].cap)
             return cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' is too small (%zu > %zu)",
                              ex->cfg.rank, bf->name, n, ex->bufs[b].cap);
-        cpc_status *st = cpc_backend_upload(be, ex->bufs[b].ptr, ex->inputs[bf->role], n);
+        cpc_status *st = xfer_in(ex, ex->bufs[b].ptr, ex->inputs[bf->role], n);
         if (st) {
             cpc_status_prefix(st, "rank %d: uploading input '%s'", ex->cfg.rank, bf->name);
             return st;
@@ -1858,7 +1875,7 @@ cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
     if (bytes != n)
         return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
                          n, bytes);
-    return cpc_backend_download(ex->cfg.backend, host, ex->bufs[b].ptr, n);
+    return xfer_out(ex, host, ex->bufs[b].ptr, n);
 }
 
 cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
@@ -1909,7 +1926,7 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     *n_runs = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, runs, ex->max_runs);
     *h_off = g.hoff;
     *h_n = g.hn;
-    return cpc_backend_download(ex->cfg.backend, dst, ex->bufs[b].ptr, g.bytes);
+    return xfer_out(ex, dst, ex->bufs[b].ptr, g.bytes);
 }
 
 int cpc_exec_max_runs(const cpc_exec *ex)
@@ -1934,7 +1951,7 @@ cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, siz
         if (bytes != g.bytes)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
                              bf->name, g.bytes, bytes);
-        return cpc_backend_download(ex->cfg.backend, host, ex->bufs[b].ptr, bytes);
+        return xfer_out(ex, host, ex->bufs[b].ptr, bytes);
     }
     return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
                      cpc_buf_role_name(role));
