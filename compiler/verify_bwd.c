@@ -1467,6 +1467,7 @@ static cpc_status *prove(vb *V)
     const int nrm = V->sym ? 1 : V->R; /* ring members simulated per ring group */
     for (;;) {
         bool all = true, moved = false;
+        V->work += V->nsim; /* a round visits every simulated rank */
         if (V->work > VB_WORK_MAX)
             return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
                             "backward program: proving it takes more than %lld units of work (the prover's "

@@ -56,7 +56,8 @@
  *   mutants of every variant are proven by both or refused by both).
  *
  * THE BOUND.  At most 2^24 op instances are simulated (all simulated ranks
- * together), 2^27 contribution runs added (both about a second) and 4096
+ * together), 2^27 units of work done (a contribution run added, or a
+ * simulated rank visited by a round of the scheduler; about a second) and 4096
  * requests in flight on one rank (the checks scan them); a
  * program that needs more is refused with CP051 saying so, before the work
  * is done.  Memory: O(simulated ranks x (buffers + instances)).  A program
