@@ -1117,6 +1117,15 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     cr_expect(st && strstr(cpc_status_message(st), "77"), "%s", cpc_status_message(st));
     cpc_status_free(st);
     cr_expect_null(r);
+    /* the CUDA backend on an artifact without kernels (or a libcpc without CUDA) */
+    cpc_rank_options_init(&o);
+    o.backend = CPC_BACKEND_CUDA;
+    st = cpc_rank_create_local(a, w, 0, &o, &r);
+    cr_expect_eq(cpc_status_code(st), CPC_E_UNSUPPORTED, "%s", cpc_status_message(st));
+    cr_expect(st && (strstr(cpc_status_message(st), "kernels") || strstr(cpc_status_message(st), "CUDA")),
+              "%s", cpc_status_message(st));
+    cpc_status_free(st);
+    cr_expect_null(r);
     cpc_rank_options_init(&o);
     o.device = -7;
     expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "device -7");
