@@ -140,6 +140,16 @@ cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candi
         .ms_backward_per_layer = k->bwd_priced ? k->predicted_ms_backward_per_layer : 0,
         .backward_bytes_sent_per_rank = k->bwd_priced ? k->bwd_bytes_sent_per_rank : 0,
         .backward_memory_bytes_per_rank = k->bwd_priced ? k->bwd_memory_bytes_per_rank : 0,
+        .gemm_ms_per_step = k->priced ? k->pred.gemm_ms_per_step : 0,
+        .attn_ms_per_step = k->priced ? k->pred.attn_ms_per_step : 0,
+        .memory_ms_per_step = k->priced ? k->pred.memory_ms_per_step : 0,
+        .comm_ms_per_step = k->priced ? k->pred.comm_ms_per_step : 0,
+        .host_ms_per_step = k->priced ? k->pred.host_exposed_ms_per_step : 0,
+        .text_encoder_ms = k->priced ? k->pred.text_encoder_ms : 0,
+        .vae_decode_ms = k->priced ? k->pred.vae_decode_ms : 0,
+        .weights_bytes_per_rank = k->priced ? k->pred.weights_bytes_per_rank : 0,
+        .activation_bytes_per_rank = k->priced ? k->pred.activation_bytes_per_rank : 0,
+        .vae_bytes_per_rank = k->priced ? k->pred.vae_bytes_per_rank : 0,
     };
     memcpy(info, &v, sizeof v < size ? sizeof v : size);
     return NULL;

@@ -202,7 +202,25 @@ char *cpc_run_report_failure(const cpc_run_report *r)
         return NULL;
     char *s = NULL;
     int n;
-    if (r->n_nan || r->n_inf)
+    int64_t bn = 0;
+    for (int i = 0; i < 3; i++)
+        bn += r->bwd_n_nan[i] + r->bwd_n_inf[i];
+    if ((!r->checked || r->pass) && r->bwd_checked && !r->bwd_pass) {
+        /* only the backward failed: quote its figures, not the forward's */
+        if (bn)
+            n = asprintf(&s,
+                         "the gradients have non-finite values (NaN/Inf: dq %lld/%lld, dk %lld/%lld, "
+                         "dv %lld/%lld; a NaN or Inf in dout or the inputs reaches them)",
+                         (long long)r->bwd_n_nan[0], (long long)r->bwd_n_inf[0],
+                         (long long)r->bwd_n_nan[1], (long long)r->bwd_n_inf[1],
+                         (long long)r->bwd_n_nan[2], (long long)r->bwd_n_inf[2]);
+        else
+            n = asprintf(&s,
+                         "backward relative error dq %.3e, dk %.3e, dv %.3e exceeds the %s "
+                         "tolerance %.2e",
+                         r->bwd_rel_err[0], r->bwd_rel_err[1], r->bwd_rel_err[2], r->dtype,
+                         r->bwd_tolerance);
+    } else if (r->n_nan || r->n_inf)
         n = asprintf(&s,
                      "the output has %lld NaN and %lld Inf values (first at out[%lld, %lld, %lld, "
                      "%lld]; relative error of the finite values %.3e)",

@@ -170,6 +170,7 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
         sc->bytes_sent_per_rank = c->pred.bytes_sent_per_rank;
         sc->predicted_ms_per_step = c->pred.ms_per_step;
         sc->predicted_ms_per_image = c->pred.ms_per_image;
+        sc->pred = c->pred;
         sc->priced = true;
     }
     /* SPEC section 10: a training plan compiles, proves and prices its

@@ -13,27 +13,60 @@
 #include <yaml.h>
 
 /* ---- device presets ----------------------------------------------------------
- * Sources (public figures; see ../shared/reference/context-parallelism.md):
- *  h100-sxm: attention 640 TFLOP/s bf16 (FlashAttention-3 paper, ~640-648
- *            forward, hdim 128); fp32 without TF32: 67 TFLOP/s FP32 peak x ~0.5;
- *            HBM3 3.35 TB/s (NVIDIA H100 SXM datasheet), ~90% achievable;
- *            NVLink4 450 GB/s each way; NCCL all-to-all / all-gather bus
- *            bandwidth ~360 GB/s on 8 x H100 NVSwitch (nccl-tests); send/recv
- *            ~150 GB/s (80-260 GB/s observed); InfiniBand NDR 400 Gb/s ~47 GB/s
- *            per NIC; 80 GB.
- *  h200:     cuDNN SDPA 654/669/642/613 TFLOP/s at S=4k/8k/16k/32k (cudnn-frontend
- *            benchmark results) -> 640; HBM3e 4.8 TB/s (4.0-4.3 measured);
- *            NVLink as H100; 141 GB.
- *  a100-sxm: FlashAttention-2 forward up to ~230 TFLOP/s (FA2 paper, 73% of 312);
- *            FP32 19.5 TFLOP/s peak; HBM2e 2.0 TB/s; NVLink3 300 GB/s each way,
- *            NCCL bus ~230 GB/s; HDR IB 200 Gb/s ~24 GB/s; 80 GB.
- *  l20:      FP16 tensor 119.5 TFLOP/s dense (NVIDIA L20 datasheet), attention
- *            ~60% -> 70; GDDR6 864 GB/s; PCIe Gen4 x16 without NVLink ~22 GB/s
- *            achieved per direction; 48 GB.
- *  rtx4090:  FP16 tensor with FP32 accumulate 165 TFLOP/s dense (Ada whitepaper),
- *            attention ~60% -> 100; GDDR6X 1008 GB/s; PCIe Gen4 x16 ~22 GB/s, no
- *            P2P on GeForce (staged through host: ~12 GB/s); 24 GB (the seed's
- *            table used 48 GB boards: set cluster.memory_gb: 48).
+ * Every figure is a public number or derived from one by a rule stated here; the
+ * same rules hold for every preset (nothing is fitted to one table).
+ *
+ * peak_tflops: dense BF16/FP16 tensor peak with FP32 accumulation (no sparsity),
+ *   from the vendor datasheets / whitepapers:
+ *   H100 SXM 989.4, H100 PCIe 756, H800 SXM 989.4 (H100 silicon, NVLink cut to
+ *   400 GB/s), H200 989.4, H20 148, A100 SXM/PCIe 312, A800 SXM 312, L20 119.5,
+ *   L40 181.05, L40S 362.05, RTX 4090 165.2 (Ada whitepaper, FP32 accumulate),
+ *   B200 2250 (HGX B200 per GPU).
+ * attn_tflops_fp32 (fp32 plans, no TF32): half the FP32 (non-tensor) peak: H100 SXM/
+ *   H800/H200 67, H100 PCIe 51, H20 44, A100/A800 19.5, L20 59.8, L40 90.5, L40S 91.6,
+ *   RTX 4090 82.6, B200 80 TFLOP/s (datasheets).
+ * sms: streaming multiprocessors (the same sources): H100 SXM/H800/H200 132,
+ *   H100 PCIe 114, H20 78, A100/A800 108, L20 92, L40/L40S 142, RTX 4090 128,
+ *   B200 148.  arch: compute capability x 10.
+ * gemm_tflops: the large-GEMM rate cuBLAS sustains = peak x the architecture's
+ *   sustained fraction: Hopper 0.75 (cuBLAS BF16 8k^3 ~740 TFLOP/s on H100 SXM
+ *   under its 700 W limit), Ampere 0.85 (~265 of 312), Ada 0.80, H20 0.90 (its
+ *   peak is a capped clock: GEMMs run at the cap), Blackwell 0.70.  Shapes then
+ *   lower it (cost.h GEMM EFFICIENCY: wave quantisation, short K, the roofline).
+ * attn_tflops: FlashAttention-2-class forward (what PyTorch SDPA's flash backend
+ *   runs), head_dim 128, long sequences: A100 ~225 (FlashAttention-2 paper, Dao
+ *   2023: up to 73% of 312) -> 0.70 x peak on Ampere; Ada 0.60 x peak (FA2 on
+ *   RTX 4090 ~100 of 165, on L20 ~70 of 119.5; SageAttention paper's FA2
+ *   baselines); H100 ~350 (FlashAttention-3 paper, Shah et al. 2024, FA2 forward
+ *   hdim 128: 324-370 TFLOP/s at 2k-16k) -> 0.35 x peak on Hopper (FA2 cannot use
+ *   wgmma); H20 0.60 x its capped peak (the cap, not the instruction mix, bounds
+ *   it); B200 0.30 x peak (FA2's mma.sync path on Blackwell).  Other kernels:
+ *   ATTENTION KERNELS in cost.h.
+ * mem_gbps: datasheet HBM/GDDR bandwidth x 0.9 (what streaming kernels reach):
+ *   H100 SXM/H800 3350, H100 PCIe 2000, H200 4800, H20 4000, A100 SXM/A800 2039,
+ *   A100 PCIe 1935, L20/L40/L40S 864, RTX 4090 1008, B200 8000.
+ * intra_gbps: NCCL all-to-all / all-gather bus bandwidth inside a node
+ *   (nccl-tests busBW): NVSwitch H100/H200/H20 (NVLink4 900 GB/s bidirectional)
+ *   ~360; H800 and A800 (NVLink 400 GB/s bidirectional) ~160; A100 SXM (NVLink3
+ *   600) ~230; B200 (NVLink5 1800) ~720; PCIe Gen4 x16 boards with P2P (A100 PCIe,
+ *   L20, L40, L40S) 32 (the link's 32 GB/s per direction: a collective drives
+ *   both directions of every board's link at once through the PCIe switch); H100
+ *   PCIe (Gen5 x16) ~40; RTX 4090 (no P2P on GeForce: NCCL's shared-memory
+ *   transport stages every chunk through host memory, both directions of each
+ *   Gen4 x16 link in use) ~16.
+ * intra_p2p_gbps: one send/recv pair: ~40% of the link each way on NVLink parts
+ *   (H100 ~150, H800/A800 ~70, A100 ~100, B200 ~300); one PCIe Gen4 P2P copy
+ *   ~22 (a single DMA stream), 12 without P2P.
+ * inter_gbps: InfiniBand NDR 400 Gb/s ~47 GB/s per GPU (Hopper/Blackwell), HDR
+ *   200 Gb/s ~24 GB/s (Ampere), 100 Gb/s Ethernet ~12 GB/s (PCIe boards).
+ * latencies: NCCL intra-node ~10 us (NVLink) / 15 us (PCIe), inter-node 20-25 us.
+ * memory_gb: datasheet (H100 80, H200 141, H20 96, A100/A800 80, L20/L40/L40S 48,
+ *   RTX 4090 24, B200 180).
+ * op_overhead_us: ~5 us per kernel launch and framework dispatch on GPUs (CUDA
+ *   launch latency 2-5 us); 0.4 us on the CPU.
+ * host_layer_us / host_op_us (eager PyTorch host time per transformer block and
+ *   per op of the attention program): cost.h HOST; they belong to the framework,
+ *   not the GPU, and are set from runtime.framework (cost.c host_costs).
  *  cpu:      this project's CI machines (2 cores shared by the rank threads), as
  *            `cprun --calibrate` measured them (full mode, 4 ranks): attention
  *            65 GFLOP/s bf16 (68 fp32) per rank plus its Q/K/V/O IO at 4 GB/s,
@@ -41,73 +74,43 @@
  *            15 GB/s, 25 us per message, 0.4 us per op, 1.7 effective cores
  *            shared by the ranks (cores: 4 ranks ran 2.4x slower than one);
  *            dense GEMM: OpenBLAS SGEMM ~90 GFLOP/s single thread
- *            (platform-notes.md).  The earlier preset (60 GFLOP/s, no core
- *            sharing, no attention IO term) was 3-5x optimistic here.
- *            The softmax per score (attn_softmax_gps, cost.h): 0.9 G scores/s
- *            per rank, and the FLOP rate with it 73 GFLOP/s bf16 (the
- *            three-block fit of cprun --calibrate gave 1.125x the two-block
- *            rate and 0.87 G scores/s in CPU time under load; the two-block
- *            figure alone priced head_dim 8 3.1x optimistic, CPU time, while
- *            head_dim 128 stays where it was).
- *  WHOLE STEP figures (cost.h):
- *  gemm_tflops = 0.72 x the dense bf16 tensor peak with FP32 accumulation:
- *            H100 SXM 989 (datasheet) -> 712, H200 the same silicon -> 712,
- *            A100 312 -> 225, L20 119.5 (datasheet) -> 86, RTX 4090 165.2
- *            (Ada whitepaper, FP32 accumulate) -> 119.  0.72 is what cuBLAS
- *            reaches on a DiT's GEMMs with ~1-5k token rows per rank (large
- *            square GEMMs reach 0.75-0.8).
- *  host_layer_us = 990, host_op_us = 225: eager PyTorch (diffusers), where
- *            each transformer block issues ~100 kernels through Python
- *            dispatch (~10 us each) and each op of the attention program is
- *            ~15-20 PyTorch calls (a funcol collective with its reshapes and
- *            wait, an attention call returning its LSE, an fp32 LSE-merge
- *            update).  The seeds' 4 x H100 table is the one host-bound case
- *            (the GPUs finish a FLUX.1-dev step in ~45 ms and wait for the
- *            host) and is what pins these two figures; the same host drives
- *            every GPU preset.  `cluster.profile` may set them to 0 for a
- *            compiled (CUDA graph) deployment.
- *  TP (tp_degree > 1, cost.h WHOLE STEP): the all-reduces use the alpha-beta
- *            cost of the ring all-reduce, 2 (T-1) alpha + 2 (T-1)/T n beta
- *            (Thakur, Rabenseifner, Gropp, "Optimization of collective
- *            communication operations in MPICH", IJHPCA 2005; NCCL's ring,
- *            whose bus bandwidth nccl-tests reports as algBW x 2 (T-1)/T),
- *            with the preset's intra_latency_us and intra_gbps (the NCCL bus
- *            figures above); the unsplit work is counted, not measured: per
- *            sub-block (attention, MLP) a norm (read + write), the adaLN
- *            modulation (read + write) and the gated residual add (two reads,
- *            one write) = 7 hidden-sized passes, 14 per block, at mem_gbps;
- *            the GEMM roofline is Williams, Waterman, Patterson, "Roofline",
- *            CACM 52(4) 2009, with gemm_tflops and mem_gbps as its roof.
- *            context-parallelism.md has no TP or CFG-parallel measurement to
- *            check these against (section 5 quotes xDiT's Ulysses figures only).
- *  rtx4090 intra_gbps 12: GeForce boards have no P2P, so NCCL collectives go
- *            through host shared memory (~12 GB/s bus bandwidth on PCIe Gen4).
- * op_overhead_us: ~5 us per kernel launch plus framework dispatch on GPUs
- * (CUDA launch latency is 2-5 us); 1 us on the CPU.
+ *            (platform-notes.md).  The softmax per score (attn_softmax_gps,
+ *            cost.h): 0.9 G scores/s per rank, and the FLOP rate with it 73
+ *            GFLOP/s bf16.
+ *  TP all-reduces: the alpha-beta cost of the ring all-reduce, 2 (T-1) alpha +
+ *            2 (T-1)/T n beta (Thakur, Rabenseifner, Gropp, IJHPCA 2005; NCCL's
+ *            ring, whose bus bandwidth nccl-tests reports as algBW x 2 (T-1)/T).
  */
-#define GEMM_H100 712.0
-#define GEMM_H200 712.0
-#define GEMM_A100 225.0
-#define GEMM_L20 86.0
-#define GEMM_4090 119.0
-#define HOST_LAYER_US 990.0
-#define HOST_OP_US 225.0
+#define DEV(nm, peak, f32, sms_, arch_, geff, aeff, memg, intra, p2p, inter, lat, ilat, gb)         \
+    {.name = nm, .attn_tflops = (peak) * (aeff), .attn_tflops_fp32 = (f32) * 0.5,                \
+     .mem_gbps = (memg) * 0.9, .intra_gbps = intra, .intra_p2p_gbps = p2p, .inter_gbps = inter,  \
+     .intra_latency_us = lat, .inter_latency_us = ilat, .memory_gb = gb, .op_overhead_us = 5.0,  \
+     .gemm_tflops = (peak) * (geff), .host_layer_us = 0, .host_op_us = 0,                         \
+     .peak_tflops = peak, .sms = sms_, .arch = arch_}
 static const cpc_device_profile presets[] = {
-    {"h100-sxm", 640.0, 33.0, 3000.0, 360.0, 150.0, 47.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0,
-     GEMM_H100, HOST_LAYER_US, HOST_OP_US, 0},
-    {"h200", 640.0, 33.0, 4100.0, 360.0, 150.0, 47.0, 10.0, 20.0, 141.0, 0, 5.0, 0, 0,
-     GEMM_H200, HOST_LAYER_US, HOST_OP_US, 0},
-    {"a100-sxm", 230.0, 10.0, 1800.0, 230.0, 100.0, 24.0, 10.0, 20.0, 80.0, 0, 5.0, 0, 0,
-     GEMM_A100, HOST_LAYER_US, HOST_OP_US, 0},
-    {"l20", 70.0, 30.0, 780.0, 22.0, 22.0, 12.0, 15.0, 25.0, 48.0, 0, 5.0, 0, 0,
-     GEMM_L20, HOST_LAYER_US, HOST_OP_US, 0},
-    {"rtx4090", 100.0, 40.0, 900.0, 12.0, 12.0, 12.0, 15.0, 25.0, 24.0, 0, 5.0, 0, 0,
-     GEMM_4090, HOST_LAYER_US, HOST_OP_US, 0},
-    {"cpu", 0.073, 0.068, 18.0, 5.5, 15.0, 1.0, 25.0, 50.0, 16.0, 0, 0.4, 1.7, 4.0, 0.09, 0, 0, 0.9},
+    DEV("h100-sxm", 989.4, 67, 132, 90, 0.75, 0.30, 3350, 360, 150, 47, 10, 20, 80),
+    DEV("h100-pcie", 756.0, 51, 114, 90, 0.75, 0.30, 2000, 40, 40, 47, 15, 20, 80),
+    DEV("h800", 989.4, 67, 132, 90, 0.75, 0.30, 3350, 160, 70, 47, 10, 20, 80),
+    DEV("h200", 989.4, 67, 132, 90, 0.75, 0.30, 4800, 360, 150, 47, 10, 20, 141),
+    DEV("h20", 148.0, 44, 78, 90, 0.90, 0.60, 4000, 360, 150, 47, 10, 20, 96),
+    DEV("a100-sxm", 312.0, 19.5, 108, 80, 0.75, 0.62, 2039, 230, 100, 24, 10, 20, 80),
+    DEV("a100-pcie", 312.0, 19.5, 108, 80, 0.75, 0.62, 1935, 32, 22, 24, 15, 25, 80),
+    DEV("a800", 312.0, 19.5, 108, 80, 0.75, 0.62, 2039, 160, 70, 24, 10, 20, 80),
+    DEV("l20", 119.5, 59.8, 92, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
+    DEV("l40", 181.05, 90.5, 142, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
+    DEV("l40s", 362.05, 91.6, 142, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
+    DEV("rtx4090", 165.2, 82.6, 128, 89, 0.90, 0.60, 1008, 16, 12, 12, 15, 25, 24),
+    DEV("b200", 2250.0, 80, 148, 100, 0.70, 0.30, 8000, 720, 300, 47, 10, 20, 180),
+    {.name = "cpu", .attn_tflops = 0.073, .attn_tflops_fp32 = 0.068, .mem_gbps = 18.0,
+     .intra_gbps = 5.5, .intra_p2p_gbps = 15.0, .inter_gbps = 1.0, .intra_latency_us = 25.0,
+     .inter_latency_us = 50.0, .memory_gb = 16.0, .op_overhead_us = 0.4, .cores = 1.7,
+     .attn_io_gbps = 4.0, .gemm_tflops = 0.09, .attn_softmax_gps = 0.9},
 };
+#undef DEV
 
-const char *const cpc_device_preset_names[] = {"h100-sxm", "h200", "a100-sxm", "l20",
-                                               "rtx4090", "cpu", NULL};
+const char *const cpc_device_preset_names[] = {
+    "h100-sxm", "h100-pcie", "h800", "h200", "h20", "a100-sxm", "a100-pcie", "a800", "l20",
+    "l40", "l40s", "rtx4090", "b200", "cpu", NULL};
 
 bool cpc_device_preset(const char *name, cpc_device_profile *out)
 {
@@ -133,6 +136,7 @@ static const profile_field profile_fields[] = {
     PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
     PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us), PF(cores), PF(attn_io_gbps),
     PF(gemm_tflops), PF(host_layer_us), PF(host_op_us), PF(attn_softmax_gps),
+    PF(peak_tflops), PF(sms), PF(arch),
 };
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
@@ -486,13 +490,43 @@ cpc_status *cpc_profile_read(const char *path, cpc_device_profile *out)
     return cpc_profile_read_measured(path, out, NULL);
 }
 
+static void host_costs(cpc_framework f, double *layer_us, double *op_us);
+
+double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim)
+{
+    double f = 1.0;
+    switch (k) {
+    case CPC_KERNEL_FA3: f = arch >= 90 && arch < 100 ? 1.8 : 1.0; break;
+    case CPC_KERNEL_CUDNN: f = arch >= 100 ? 2.5 : arch >= 90 ? 1.6 : 1.0; break;
+    case CPC_KERNEL_SAGE: f = arch >= 89 && arch < 90 ? 2.0 : 1.6; break;
+    default: break;
+    }
+    if (head_dim <= 32)
+        f *= 0.6;
+    else if (head_dim <= 64)
+        f *= 0.8;
+    return f;
+}
+
 static cpc_status *plan_device(const cpc_plan *plan, cpc_device_profile *out,
                                cpc_measurements *m)
 {
     const char *dev = plan->cluster.device ? plan->cluster.device : "h100-sxm";
-    if (!cpc_device_preset(dev, out))
+    if (!cpc_device_preset(dev, out)) {
+        char names[256] = "";
+        size_t o = 0;
+        for (int i = 0; cpc_device_preset_names[i] && o < sizeof names - 20; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "",
+                                  cpc_device_preset_names[i]);
         return cpc_diag(CPC_E_PLAN, 103, CPC_SEV_ERROR, cpc_plan_span(plan, "cluster.device", true),
-                        "unknown device '%s' (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu)", dev);
+                        "unknown device '%s' (%s)", dev, names);
+    }
+    if (out->arch > 0) {
+        /* the plan's runtime on a GPU preset (cost.h ATTENTION KERNELS, HOST) */
+        out->attn_tflops *= cpc_attn_kernel_factor(plan->runtime.attention_kernel, out->arch,
+                                                   plan->model.head_dim);
+        host_costs(plan->runtime.framework, &out->host_layer_us, &out->host_op_us);
+    }
     char path[4096];
     if (cpc_plan_profile_path(plan, path, sizeof path)) {
         cpc_status *st = cpc_profile_read_measured(path, out, m);
@@ -508,6 +542,10 @@ cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out)
 {
     return plan_device(plan, out, NULL);
 }
+
+/* T5-XXL's encoder (google/t5-v1_1-xxl encoder weights, as FLUX, SD3, CogVideoX and
+ * PixArt load it): the text encoder of cost.h PIPELINE when the plan names none. */
+#define CPC_TEXT_ENCODER_DEFAULT INT64_C(4762310656)
 
 /* ---- pricing -------------------------------------------------------------------- */
 
@@ -558,6 +596,7 @@ typedef struct {
     int64_t stage_send, stage_recv; /* all-to-all staging the executor allocates */
     double comm_scale;    /* the same on a CPU device with `cores` (copies use the cores), else 1 */
     double host_ops;      /* ops the serving framework's host issues (WHOLE STEP) */
+    double attn_busy;     /* seconds of attn / attn_bwd ops (part of comp_busy) */
 } pricer;
 
 static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coords *c)
@@ -672,7 +711,7 @@ static cpc_status *price_loop(pricer *pr, const cpc_op *op)
         /* first `edge` steps exactly, the middle extrapolated from their
          * average, the last `edge` steps exactly (see cost.h) */
         double t0c = pr->t_comp, t0m = pr->t_comm, b0 = pr->comp_busy, f0 = pr->flops,
-               h0 = pr->host_ops;
+               h0 = pr->host_ops, a0 = pr->attn_busy;
         int64_t s0 = pr->sent;
         for (int64_t s = 0; s < edge && !st; s++) {
             pr->c.s = s;
@@ -690,6 +729,7 @@ static cpc_status *price_loop(pricer *pr, const cpc_op *op)
         pr->comp_busy += (pr->comp_busy - b0) * k;
         pr->flops += (pr->flops - f0) * k;
         pr->host_ops += (pr->host_ops - h0) * k;
+        pr->attn_busy += (pr->attn_busy - a0) * k;
         pr->sent += (int64_t)((double)(pr->sent - s0) * k);
         for (int64_t s = n - edge; s < n && !st; s++) {
             pr->c.s = s;
@@ -754,7 +794,20 @@ static cpc_status *price_attn(pricer *pr, const cpc_op *op)
     if (pr->dev->attn_softmax_gps > 0) /* the softmax of every visible score (cost.h) */
         io_s += mult * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) /
                 (pr->dev->attn_softmax_gps * 1e9);
+    if (pr->dev->arch > 0) {
+        /* GPU kernels (cost.h ATTENTION KERNELS): each query tile streams the
+         * block's keys; its prologue, epilogue and softmax rescaling cost
+         * about as much as 256 keys, so short key blocks (ring steps, short
+         * sequences) run at keys / (keys + 256) of the long-sequence rate */
+        double tk = 0;
+        for (int i = 0; i < nk; i++)
+            tk += (double)pr->runs_b[i].len;
+        if (tk > 0)
+            rate *= tk / (tk + 256.0);
+    }
+    double before = pr->comp_busy;
     compute(pr, flops / rate + io_s);
+    pr->attn_busy += pr->comp_busy - before;
     return NULL;
 }
 
@@ -1026,17 +1079,6 @@ static int pick_ranks(const cpc_layout *L, int *out, int max)
     return n;
 }
 
-double cpc_weights_per_token(const cpc_plan *plan)
-{
-    if (plan->model.parameters <= 0)
-        return 0;
-    int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
-    double hidden = (double)plan->model.heads * T * plan->model.head_dim;
-    double layers = plan->model.layers > 0 ? plan->model.layers : 1;
-    double w = 12.0 * hidden * hidden * layers;
-    return w < (double)plan->model.parameters ? w : (double)plan->model.parameters;
-}
-
 /* Roofline time factor of a transformer block's GEMMs (cost.h WHOLE STEP,
  * GEMM ROOFLINE): sum over the four GEMM families of
  * max(FLOPs / gemm, bytes / mem) over their FLOPs / gemm; >= 1. */
@@ -1060,18 +1102,132 @@ double cpc_gemm_roofline_factor(double tokens, double hidden, int T, double elem
     return ideal > 0 ? real / ideal : 1.0;
 }
 
+/* The model's width (cost.h WHOLE STEP): model.hidden, else heads x T x head_dim
+ * (`plan` may be a TP sub-plan, whose heads are H / T). */
+static double model_hidden(const cpc_plan *plan)
+{
+    if (plan->model.hidden > 0)
+        return (double)plan->model.hidden;
+    int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+    return (double)plan->model.heads * T * plan->model.head_dim;
+}
+
+/* Per-token weights of one block from the structure keys (cost.h WHOLE STEP). */
+static double block_weights_structured(const cpc_plan *plan, double h)
+{
+    double r = plan->model.mlp_ratio > 0 ? plan->model.mlp_ratio : 4.0;
+    double act = plan->model.active_experts > 0 ? plan->model.active_experts : 1;
+    double w = 4.0 * h * h + act * (plan->model.mlp_gated ? 3.0 : 2.0) * r * h * h;
+    if (plan->model.cross_attention_tokens > 0)
+        w += 2.0 * h * h;
+    return w;
+}
+
+double cpc_weights_per_token(const cpc_plan *plan)
+{
+    if (plan->model.parameters <= 0)
+        return 0;
+    double hidden = model_hidden(plan);
+    double layers = plan->model.layers > 0 ? plan->model.layers : 1;
+    if (plan->model.structure_given)
+        return block_weights_structured(plan, hidden) * layers;
+    double w = 12.0 * hidden * hidden * layers;
+    return w < (double)plan->model.parameters ? w : (double)plan->model.parameters;
+}
+
+double cpc_dual_stream_layers(const cpc_plan *plan)
+{
+    if (plan->model.dual_stream_layers > 0 || plan->model.structure_given || plan->model.parameters <= 0)
+        return plan->model.dual_stream_layers;
+    /* from the weights per block: a single-stream block holds ~15 h^2 (QKV,
+     * output and a 4x MLP 12 h^2, adaLN modulation 3 h^2), a dual-stream one
+     * ~36 h^2 (both streams' 12 h^2 and 6 h^2 modulation), so a fraction
+     * x = (parameters / layers / h^2 - 15) / 21 of the blocks is dual-stream
+     * (FLUX.1: 0.33, 19 of 57; QwenImage: 1; Wan, CogVideoX: 0) */
+    double h = model_hidden(plan);
+    double layers = plan->model.layers > 0 ? plan->model.layers : 1;
+    double x = ((double)plan->model.parameters / layers / (h * h) - 15.0) / 21.0;
+    if (x < 0)
+        x = 0;
+    if (x > 1)
+        x = 1;
+    return x * layers;
+}
+
+/* GEMM EFFICIENCY (cost.h): the fraction of gemm_tflops one GEMM of M x N x K
+ * reaches.  Wave quantisation: the output is cut into tiles, the tiles run in
+ * waves of one tile per SM, and the last wave is partly idle; cuBLAS picks the
+ * tile that loses least (large tiles run fastest: on Hopper/Blackwell 128x256
+ * at 1.0, 128x128 at 0.95, 64x128 at 0.85; on Ampere/Ada 128x128 at 1.0,
+ * 128x64 at 0.92, 64x64 at 0.8 of the large-GEMM rate).  Short K: each tile's
+ * prologue and epilogue cost about as much as 64 steps of K, so K / (K + 64). */
+static double gemm_shape_eff(const cpc_device_profile *dev, double M, double N, double K)
+{
+    static const double hop[3][3] = {{128, 256, 1.0}, {128, 128, 0.95}, {64, 128, 0.85}};
+    static const double amp[3][3] = {{128, 128, 1.0}, {128, 64, 0.92}, {64, 64, 0.80}};
+    const double(*t)[3] = dev->arch >= 90 ? hop : amp;
+    double sms = dev->sms > 0 ? dev->sms : 1, best = 0;
+    for (int i = 0; i < 3; i++) {
+        double tiles = ceil(M / t[i][0]) * ceil(N / t[i][1]);
+        double waves = ceil(tiles / sms);
+        double e = tiles / (waves * sms) * t[i][2];
+        if (e > best)
+            best = e;
+    }
+    return best * K / (K + 64.0);
+}
+
+/* One GEMM's time, s: max of its FLOPs at the shape's rate and its bytes at the
+ * memory bandwidth (the roofline). */
+static double gemm_time(const cpc_device_profile *dev, double M, double N, double K, double es,
+                        double rate, double mem, double *flops)
+{
+    if (!(M > 0) || !(N > 0) || !(K > 0))
+        return 0;
+    double f = 2.0 * M * N * K;
+    *flops += f;
+    double c = f / (rate * gemm_shape_eff(dev, M, N, K));
+    double m = es * (M * K + K * N + M * N) / mem;
+    return c > m ? c : m;
+}
+
+/* HOST (cost.h): host time per transformer block and per op of the attention
+ * program, by runtime.framework. */
+static void host_costs(cpc_framework f, double *layer_us, double *op_us)
+{
+    switch (f) {
+    case CPC_FRAMEWORK_COMPILED: *layer_us = 40, *op_us = 10; break;
+    case CPC_FRAMEWORK_SGLANG: *layer_us = 500, *op_us = 120; break;
+    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 820, *op_us = 225; break;
+    case CPC_FRAMEWORK_XDIT: *layer_us = 1940, *op_us = 50; break;
+    default: *layer_us = 1410, *op_us = 110; break;
+    }
+}
+
+/* MEMORY-BOUND WORK (cost.h): hidden-sized element passes (reads + writes) per
+ * token per block that TP does not split (norms, modulation, gated residuals)
+ * and that it splits (q/k norms, RoPE, attention layout copies), by framework. */
+static void mem_passes(cpc_framework f, double *repl, double *split)
+{
+    switch (f) {
+    case CPC_FRAMEWORK_COMPILED: *repl = 10, *split = 4; break;
+    case CPC_FRAMEWORK_SGLANG: *repl = 14, *split = 8; break;
+    default: *repl = 20, *split = 30; break;
+    }
+}
+
 /* The whole forward step (cost.h WHOLE STEP).  `plan` is the plan one
  * (R x U) group prices: with cfg/tp degrees resolved, its batch is B / C and
  * its heads H / T (parallel.cfg_degree / tp_degree say C and T). */
 static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, double scale,
-                       cpc_prediction *out)
+                       double attn_s_per_layer, cpc_prediction *out)
 {
     double W = cpc_weights_per_token(plan);
     if (W <= 0)
         return;
     int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
     double layers = plan->model.layers > 0 ? plan->model.layers : 1;
-    double hidden = (double)plan->model.heads * T * plan->model.head_dim;
+    double hidden = model_hidden(plan);
     double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
     double tokens = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
     double gemm = (dev->gemm_tflops > 0 ? dev->gemm_tflops : dev->attn_tflops) * 1e12;
@@ -1079,9 +1235,57 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         gemm *= dev->attn_tflops_fp32 / dev->attn_tflops;
     double es = cpc_dtype_size(plan->model.dtype);
     double mem = (dev->mem_gbps > 0 ? dev->mem_gbps : 1) * 1e9;
-    double roof = cpc_gemm_roofline_factor(tokens, hidden, T, es, gemm, mem);
-    double dense = 2.0 * W * tokens / T / gemm * roof;
-    double tp = 0, tp_host_ops = 0;
+    double dense, roof = 1, mem_s = 0, gemm_flops = 0, cross_s = 0;
+    if (dev->arch > 0) {
+        /* GPU: every GEMM of a block by its shape (GEMM EFFICIENCY) */
+        double h = hidden, M = tokens;
+        double r = plan->model.mlp_ratio > 0 ? plan->model.mlp_ratio : 4.0;
+        double g = plan->model.mlp_gated ? 2.0 : 1.0;
+        double ne = plan->model.experts > 0 ? plan->model.experts : 1;
+        double act = plan->model.active_experts > 0 ? plan->model.active_experts : 1;
+        double Me = M * act / ne; /* rows per expert */
+        double t = 0, f = 0;
+        t += gemm_time(dev, M, 3 * h / T, h, es, gemm, mem, &f);         /* QKV */
+        t += gemm_time(dev, M, h, h / T, es, gemm, mem, &f);             /* out projection */
+        double fm = 0;
+        double tm = gemm_time(dev, Me, g * r * h / T, h, es, gemm, mem, &fm) + /* MLP up (+gate) */
+                    gemm_time(dev, Me, h, r * h / T, es, gemm, mem, &fm);      /* MLP down */
+        t += tm * ne;
+        f += fm * ne;
+        if (plan->model.cross_attention_tokens > 0) {
+            double Mt = (double)plan->input.batch * (double)plan->model.cross_attention_tokens;
+            t += gemm_time(dev, M, h / T, h, es, gemm, mem, &f);         /* cross Q */
+            t += gemm_time(dev, M, h, h / T, es, gemm, mem, &f);         /* cross O */
+            t += gemm_time(dev, Mt, 2 * h / T, h, es, gemm, mem, &f);    /* text K, V */
+        }
+        double scale_w = 1.0;
+        if (!plan->model.structure_given) {
+            /* a generic block (4 h^2 + 8 h^2 per token) scaled to the weights a
+             * token passes through (min(parameters / layers, 12 h^2)) */
+            double nominal = 12.0 * h * h;
+            scale_w = (W / layers) / nominal;
+        }
+        dense = t * scale_w * layers;
+        gemm_flops = f * scale_w * layers;
+        out->gemm_efficiency = dense > 0 && dev->peak_tflops > 0
+                                   ? gemm_flops / dense / (dev->peak_tflops * 1e12) : 0;
+        /* memory-bound work of the block: element passes over the hidden state,
+         * plus the MLP activation (reads and writes its inner width; a gated one
+         * reads two) */
+        double repl = 0, split = 0;
+        mem_passes(plan->runtime.framework, &repl, &split);
+        double passes = repl + (split + (g + 1.0) * r * act) / T;
+        mem_s = layers * M * passes * h * es / mem;
+        if (plan->model.cross_attention_tokens > 0) { /* cross-attention over the text */
+            double lt = (double)plan->model.cross_attention_tokens;
+            cross_s = layers * 4.0 * M * lt * h / T / (dev->attn_tflops * 1e12 * lt / (lt + 256.0));
+        }
+    } else {
+        roof = cpc_gemm_roofline_factor(tokens, hidden, T, es, gemm, mem);
+        dense = 2.0 * W * tokens / T / gemm * roof;
+        gemm_flops = 2.0 * W * tokens / T;
+    }
+    double tp = 0, tp_host_ops = 0, tp_comm = 0;
     if (T > 1) {
         /* Megatron-style: an all-reduce after attention's output projection
          * and one after the MLP's down projection, per block, each of
@@ -1093,25 +1297,121 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         double gbps = dev->intra_gbps > 0 ? dev->intra_gbps * 1e9 : 1e9;
         double bytes = tokens * hidden * es;
         double ar = 2.0 * (T - 1) * lat + bytes * 2.0 * (T - 1) / T / gbps + dev->op_overhead_us * 1e-6;
-        /* the block's norms, modulation and gated residual adds act on the
-         * whole hidden state of every token on every TP rank: 14 x hidden
-         * elements read or written per token per block; at T = 1 that work
-         * is inside the GEMM efficiency and divided like the GEMMs, so TP
-         * brings back (1 - 1/T) of it */
-        double repl = tokens * 14.0 * hidden * es * (1.0 - 1.0 / T) / mem;
-        tp = layers * (2.0 * ar + repl);
-        tp_host_ops = 2.0;
+        tp_comm = layers * 2.0 * ar;
+        if (dev->arch <= 0) {
+            /* the block's norms, modulation and gated residual adds act on the
+             * whole hidden state of every token on every TP rank: 14 x hidden
+             * elements read or written per token per block; at T = 1 that work
+             * is inside the GEMM efficiency and divided like the GEMMs, so TP
+             * brings back (1 - 1/T) of it */
+            double repl = tokens * 14.0 * hidden * es * (1.0 - 1.0 / T) / mem;
+            tp = tp_comm + layers * repl;
+        } else {
+            tp = tp_comm; /* the unsplit work is in mem_s (repl passes) */
+        }
+        /* host: the two all-reduce calls, and in an eager framework the
+         * sharded projections' tensor-parallel dispatch (DTensor / the TP
+         * plan's hooks redistribute QKV, out, MLP up and down: ~6 more
+         * PyTorch calls per block) */
+        tp_host_ops = 2.0 + (dev->arch > 0 && plan->runtime.framework != CPC_FRAMEWORK_COMPILED ? 6.0 : 0.0);
     }
-    dense = (dense + tp) * scale;
-    double device = dense + out->ms_per_forward * 1e-3;
-    double host = layers * (dev->host_layer_us + (out->host_ops_per_layer + tp_host_ops) * dev->host_op_us) * 1e-6;
-    out->dense_ms_per_step = dense * 1e3;
+    double host_layer = dev->host_layer_us, host_op = dev->host_op_us;
+    double dual = cpc_dual_stream_layers(plan);
+    double host = (layers * (host_layer + (out->host_ops_per_layer + tp_host_ops) * host_op) +
+                   dual * 0.6 * host_layer) * 1e-6;
+    double attn_total = attn_s_per_layer * layers;            /* already core-scaled */
+    double prog = out->ms_per_forward * 1e-3;                 /* attention program, whole */
+    double prog_other = prog - attn_total;                    /* its merges, packs, exposed comm */
+    if (prog_other < 0)
+        prog_other = 0;
+    double comm_exposed = out->comm_ms_per_layer * 1e-3 * layers;
+    if (comm_exposed > prog_other)
+        comm_exposed = prog_other;
+    double dense_all = (dense + tp + mem_s) * scale;
+    double device = dense_all + prog + cross_s * scale;
+    out->dense_ms_per_step = dense_all * 1e3;
     out->tp_ms_per_step = tp * scale * 1e3;
     out->gemm_roofline = roof;
     out->device_ms_per_step = device * 1e3;
     out->host_ms_per_step = host * 1e3;
-    out->ms_per_step = (device > host ? device : host) * 1e3;
+    /* the host issues asynchronously: the step is the slower of the two, and
+     * where they are close the device also waits for the host's slower
+     * stretches (a smooth maximum, the 4-norm: equal times cost 1.19x one) */
+    double step = dev->arch > 0 ? sqrt(sqrt(device * device * device * device + host * host * host * host))
+                                : (device > host ? device : host);
+    out->ms_per_step = step * 1e3;
+    out->gemm_ms_per_step = dense * scale * 1e3;
+    out->attn_ms_per_step = (attn_total + cross_s * scale) * 1e3;
+    out->memory_ms_per_step = (mem_s * scale + (prog_other - comm_exposed)) * 1e3;
+    out->comm_ms_per_step = (tp_comm * scale + comm_exposed) * 1e3;
+    if (dev->arch <= 0) /* the CPU path's unsplit TP work sits in tp */
+        out->memory_ms_per_step += (tp - tp_comm) * scale * 1e3;
+    out->host_exposed_ms_per_step = (step - device) * 1e3;
     out->ms_per_image = plan->input.steps > 0 ? out->ms_per_step * plan->input.steps : 0;
+}
+
+/* PIPELINE (cost.h): the text encoder and the VAE decode, once per image or
+ * video, on one GPU (the VAE over the ranks with runtime.vae_parallel). */
+static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, int ranks,
+                           cpc_prediction *out)
+{
+    if (dev->arch <= 0 || plan->input.steps <= 0 || plan->model.parameters <= 0)
+        return;
+    double gemm = (dev->gemm_tflops > 0 ? dev->gemm_tflops : dev->attn_tflops) * 1e12;
+    double mem = (dev->mem_gbps > 0 ? dev->mem_gbps : 1) * 1e9;
+    double es = 2.0; /* encoders and VAEs run in bf16/fp16 */
+    /* text encoder: 2 x parameters FLOPs per prompt token (every prompt of the
+     * batch: the negative prompt of CFG too), its weights read once, and its
+     * blocks' eager dispatch (24 blocks, as T5-XXL's encoder) */
+    int64_t te = plan->runtime.text_encoder_parameters;
+    if (te < 0)
+        te = CPC_TEXT_ENCODER_DEFAULT;
+    if (te > 0) {
+        double lt = 0;
+        for (int i = 0; i < plan->input.n_segments; i++)
+            if (plan->input.segments[i].kind == CPC_SEG_TOKENS && strstr(plan->input.segments[i].name, "text"))
+                lt += (double)plan->input.segments[i].tokens;
+        if (lt <= 0)
+            lt = plan->model.cross_attention_tokens > 0 ? (double)plan->model.cross_attention_tokens : 512;
+        double rows = lt * (plan->input.batch > 0 ? plan->input.batch : 1);
+        double dev_s = 2.0 * (double)te * rows / (gemm * gemm_shape_eff(dev, rows, 4096, 4096)) +
+                       (double)te * es / mem;
+        double host_s = 24.0 * dev->host_layer_us * 1e-6;
+        out->text_encoder_ms = (dev_s > host_s ? dev_s : host_s) * 1e3;
+    }
+    /* VAE decode of the image/video segments' pixels (one image or video: input.batch
+     * counts the CFG passes).  A decoder of base width c has four levels of width
+     * c, 2c, 4c, 4c at 1, 1/4, 1/16, 1/64 of the output pixels, each three
+     * res-blocks of two 3x3 convolutions, and an upsampling convolution at the
+     * finer level after each of the lower three: 2-D (FLUX, SD, QwenImage image
+     * VAEs) ~512 c^2 FLOPs per output pixel (c = 128: 8.4 MFLOP); a causal 3-D
+     * video decoder (HunyuanVideo, CogVideoX, Mochi, Wan: 3x3x3 kernels, the
+     * lower two levels at 1/4 and 1/2 of the frames) ~1300 c^2 (c = 128: 21
+     * MFLOP).  Image decoders run at half the GEMM rate (cuDNN implicit-GEMM
+     * convolutions between GroupNorm/SiLU); video decoders at the FP32 rate
+     * (attn_tflops_fp32: their reference code and diffusers decode 3-D VAEs in
+     * float32, and cuDNN's 3-D convolutions there run without tensor cores).
+     * Each convolution's activation is also normalised, activated, read and
+     * written (~6 passes): ~152 c x element bytes per output pixel. */
+    if (plan->runtime.vae) {
+        double c = plan->runtime.vae_channels > 0 ? plan->runtime.vae_channels : 128;
+        double t = 0;
+        for (int i = 0; i < plan->input.n_segments; i++) {
+            const cpc_segment *s = &plan->input.segments[i];
+            if (s->kind == CPC_SEG_TOKENS || s->pixels <= 0)
+                continue;
+            double px = (double)s->pixels;
+            bool video = s->kind == CPC_SEG_VIDEO;
+            double rate = (video ? 0.25 : 0.5) * gemm;
+            double eb = es;
+            t += px * (video ? 1300.0 : 512.0) * c * c / rate + px * 152.0 * c * eb / mem;
+        }
+        if (t > 0) {
+            double split = plan->runtime.vae_parallel && ranks > 1 ? ranks : 1;
+            out->vae_decode_ms = t / split * 1e3;
+        }
+    }
+    out->ms_per_image += out->text_encoder_ms + out->vae_decode_ms;
 }
 
 /* Ranks of the WHOLE job on one node.  `plan` may be the (c, t) sub-plan
@@ -1135,6 +1435,60 @@ double cpc_core_sharing(const cpc_plan *plan, const cpc_device_profile *dev)
     return dev->ranks_per_core > 1 ? dev->ranks_per_core : 1.0;
 }
 
+/* MEMORY of the deployment (cost.h): on a GPU with model.parameters, the
+ * transformer's weights (replicated by the CP and CFG axes, split by TP), a
+ * block's live activations and, after the denoising loop, the VAE decode's
+ * peak (its weights and one tile's activations) are added to the attention
+ * program's buffers: memory = weights + max(activations + buffers, VAE) +
+ * workspace + reserved. */
+static void deployment_memory(const cpc_plan *plan, const cpc_device_profile *dev, cpc_prediction *out)
+{
+    if (dev->arch <= 0 || plan->model.parameters <= 0)
+        return;
+    int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+    double es = cpc_dtype_size(plan->model.dtype);
+    double h = model_hidden(plan);
+    double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
+    double M = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double r = plan->model.mlp_ratio > 0 ? plan->model.mlp_ratio : 4.0;
+    double g = plan->model.mlp_gated ? 2.0 : 1.0;
+    double act = plan->model.active_experts > 0 ? plan->model.active_experts : 1;
+    double weights = (double)plan->model.parameters * es / T;
+    /* the residual stream, its normalised copy, the attention output and the
+     * gated sum (4 x hidden, whole on every TP rank), and the split Q, K, V,
+     * attention output and the MLP's inner activations (and gate) */
+    double acts = M * h * es * (4.0 + (4.0 + (g + 1.0) * r * act) / T);
+    double vae = 0;
+    if (plan->runtime.vae && plan->input.steps > 0) {
+        double c = plan->runtime.vae_channels > 0 ? plan->runtime.vae_channels : 128;
+        for (int i = 0; i < plan->input.n_segments; i++) {
+            const cpc_segment *s = &plan->input.segments[i];
+            if (s->kind == CPC_SEG_TOKENS || s->pixels <= 0)
+                continue;
+            bool video = s->kind == CPC_SEG_VIDEO;
+            /* decoder weights: ~84M (2-D, c = 128) / ~250M (3-D) x (c / 128)^2;
+             * activations: four full-width (c) maps of one tile, tiles of at most
+             * 1024 x 1024 pixels (x 17 frames for video: diffusers' tiled decode) */
+            double w = (video ? 250e6 : 84e6) * (c / 128.0) * (c / 128.0) * 2.0;
+            double px = (double)s->pixels / (s->frames > 1 ? (double)s->frames : 1.0);
+            if (px > 1024.0 * 1024.0)
+                px = 1024.0 * 1024.0;
+            if (video)
+                px *= s->frames < 17 ? (double)s->frames : 17.0;
+            double need = w + 4.0 * px * c * 2.0;
+            if (need > vae)
+                vae = need;
+        }
+    }
+    double rest = (double)out->memory_bytes_per_rank; /* buffers + workspace + reserved */
+    double work = acts + (double)out->buffer_bytes_per_rank;
+    double total = rest - (double)out->buffer_bytes_per_rank + weights + (work > vae ? work : vae);
+    out->weights_bytes_per_rank = (int64_t)weights;
+    out->activation_bytes_per_rank = (int64_t)acts;
+    out->vae_bytes_per_rank = (int64_t)vae;
+    out->memory_bytes_per_rank = (int64_t)total;
+}
+
 cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                               const cpc_device_profile *dev, cpc_prediction *out)
 {
@@ -1156,7 +1510,7 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     }
     int n_ranks = pick_ranks(L, ranks, max_ranks);
     cpc_status *st = NULL;
-    double worst_t = 0, worst_comp = 0, worst_comm = 0, worst_host = 0;
+    double worst_t = 0, worst_comp = 0, worst_comm = 0, worst_host = 0, worst_attn = 0;
     int64_t worst_mem = 0, worst_sent = 0;
     double flops = 0;
     double scale = cpc_core_sharing(plan, dev);
@@ -1229,6 +1583,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
             worst_sent = pr.sent;
         if (pr.host_ops > worst_host)
             worst_host = pr.host_ops;
+        if (pr.attn_busy > worst_attn)
+            worst_attn = pr.attn_busy;
         flops += pr.flops;
     }
     free(ranks), free(tags), free(ra), free(rb);
@@ -1250,7 +1606,13 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     out->flops_per_layer = flops;
     out->fits = (double)out->memory_bytes_per_rank <= dev->memory_gb * 1073741824.0;
     out->host_ops_per_layer = worst_host;
-    price_step(plan, dev, scale, out);
+    price_step(plan, dev, scale, worst_attn, out);
+    {
+        int ranks = plan->cluster.world_size * cpc_plan_cfg_degree(plan) * cpc_plan_tp_degree(plan);
+        price_pipeline(plan, dev, ranks, out);
+    }
+    deployment_memory(plan, dev, out);
+    out->fits = (double)out->memory_bytes_per_rank <= dev->memory_gb * 1073741824.0;
     return NULL;
 }
 
@@ -1302,6 +1664,7 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     cand->bytes_sent_per_rank = pred.bytes_sent_per_rank;
     cand->predicted_ms_per_step = pred.ms_per_step;
     cand->predicted_ms_per_image = pred.ms_per_image;
+    cand->pred = pred;
     cand->priced = true;
     cand->bwd_priced = false;
     if (plan->input.mode == CPC_MODE_TRAINING) {
@@ -1331,19 +1694,48 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
         cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,
                                  cpc_plan_span(plan, "cluster.world_size", true),
                                  "%s %dx%d: predicted memory per rank %.2f GiB (buffers %.2f GiB + "
-                                 "reserved %.2f GiB) exceeds the device's %.2f GiB",
+                                 "weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB) exceeds "
+                                 "the device's %.2f GiB",
                                  cpc_variant_name(cand->variant), cand->ring_degree,
                                  cand->ulysses_degree, gib,
                                  (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                                 (double)pred.weights_bytes_per_rank / 1073741824.0,
+                                 (double)pred.activation_bytes_per_rank / 1073741824.0,
                                  plan->cluster.reserved_gb, dev.memory_gb);
         double dev_bytes = dev.memory_gb * 1073741824.0;
         double reserved = plan->cluster.reserved_gb * 1073741824.0;
         bool ring_like = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING ||
                          cand->variant == CPC_VARIANT_UNIFIED;
+        /* the deployment's weights (MEMORY): a TP degree that splits them
+         * enough, checked against the same sum with the weights / T' (the
+         * activations would shrink too: the check is conservative) */
+        int T = plan->parallel.tp_degree > 0 ? plan->parallel.tp_degree : 1;
+        int H = plan->model.heads * T;
+        int tp_hint = 0;
+        double tp_mem = 0;
+        for (int t2 = 2 * T; pred.weights_bytes_per_rank > 0 && t2 <= 64 && !tp_hint; t2 *= 2) {
+            if (H % t2 != 0)
+                continue;
+            double m2 = (double)pred.memory_bytes_per_rank -
+                        (double)pred.weights_bytes_per_rank * (1.0 - (double)T / t2);
+            if (m2 <= dev_bytes)
+                tp_hint = t2, tp_mem = m2;
+        }
         if (reserved >= dev_bytes)
             cpc_status_set_hint(e, "cluster.reserved_gb (%.2f GiB) alone exceeds the device memory: "
                                    "lower it, or use a device with more memory (cluster.memory_gb)",
                                 plan->cluster.reserved_gb);
+        else if (tp_hint)
+            cpc_status_set_hint(e, "parallel.tp_degree: %d (the weights, %.2f GiB per rank, split %d ways: "
+                                   "at most %.2f GiB per rank, within the device's %.2f GiB; world_size "
+                                   "= cfg_degree x tp_degree x ring_degree x ulysses_degree)",
+                                tp_hint, (double)pred.weights_bytes_per_rank / 1073741824.0, tp_hint,
+                                tp_mem / 1073741824.0, dev.memory_gb);
+        else if (pred.weights_bytes_per_rank > 0 &&
+                 (double)pred.weights_bytes_per_rank >= 0.5 * dev_bytes)
+            cpc_status_set_hint(e, "the weights alone take %.2f GiB per rank: a device with more memory "
+                                   "(cluster.memory_gb), FP8 weights, or CPU offload (not priced by cpc)",
+                                (double)pred.weights_bytes_per_rank / 1073741824.0);
         else if (ring_like && plan->schedule.rotate == CPC_ROTATE_ALLGATHER)
             cpc_status_set_hint(e, "schedule.rotate: p2p (O(S/P) K/V memory instead of the whole "
                                    "K/V), more ranks (cluster.world_size) or less cluster.reserved_gb");

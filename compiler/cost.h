@@ -46,51 +46,119 @@
  * 128 x 128 fp32 scores x 2 + 4 x 128 x head_dim fp32 = 131072 + 2048 * D
  * bytes (147456 for D = 8, 393216 for D = 128).  cprun's CPU backend does
  * not allocate it (nor reserved_gb, memory the rest of the model holds), so
- * its figure is lower by exactly that much.
+ * its figure is lower by exactly that much.  With model.parameters on a GPU
+ * preset the deployment's weights, activations and VAE decode are added too
+ * (MEMORY below; buffer_bytes_per_rank stays the program's own).
  *
- * WHOLE STEP (model.parameters).  Per rank of a (C, T, R, U) split:
- *   dense  = 2 FLOP x W x tokens / T at gemm_tflops, tokens = B/C x S/(R*U) and
- *            W = the weights a token passes through = min(model.parameters,
- *            12 x hidden^2 x layers), hidden = H x D (a transformer block's
- *            Q, K, V, O projections 4 h^2 and a 4x MLP 8 h^2: adaLN
- *            modulation weights act once per sample, not per token, and in a
- *            dual-stream block (FLUX, SD3, HunyuanVideo) a token passes
- *            through one stream's weights only; FLUX.1-dev: 11.9e9 weights,
- *            6.45e9 per token);
- *            times the GEMM ROOFLINE factor below (1 unless a GEMM is
- *            memory-bound);
- *   tp     = with T > 1, per layer: 2 all-reduces (after attention's output
- *            projection and after the MLP's down projection) of
- *            tokens x hidden x dtype bytes, each a ring all-reduce (2 (T-1)
- *            latency steps + bytes x 2 (T-1) / T at the intra-node bus
- *            bandwidth intra_gbps) plus one kernel launch (op_overhead_us);
- *            plus the work TP does not split: a block's norms, adaLN
- *            modulation and gated residual adds read or write 14 x hidden
- *            elements per token on every TP rank, which at T = 1 is inside
- *            the GEMM efficiency and divided like the GEMMs, so TP adds
- *            (1 - 1/T) x tokens x 14 x hidden x dtype bytes / mem_gbps;
- *            on the host, each all-reduce is one more collective call
- *            (host_op_us), 2 per layer;
- *   attn   = ms_per_layer x layers (the op program, as above);
- *   device = (dense + tp) x core sharing + attn;
- *   host   = layers x (host_layer_us + (host ops + TP all-reduces) x
- *            host_op_us): kernels are launched asynchronously, so the step takes
- *   ms_per_step = max(device, host)  (fast GPUs in eager frameworks are
- *            host-bound: 4 x H100 run FLUX.1-dev at the host's pace);
- *   ms_per_image = ms_per_step x input.steps.
+ * WHOLE STEP (model.parameters).  Per rank of a (C, T, R, U) split, M = tokens
+ * per rank = B/C x S/(R*U), h = model.hidden (default heads x head_dim), layers =
+ * model.layers.  On a GPU preset (arch > 0) every term below is physical, the
+ * same for every model and table; on the CPU (arch 0: cpc's own runtime) the
+ * dense work is 2 x W x M / T at gemm_tflops x the GEMM ROOFLINE factor.
+ *   gemm   = per block, each GEMM at its shape: QKV (M x 3h/T x h), output
+ *            projection (M x h x h/T), MLP up (M x g r h/T x h, g = 2 when
+ *            model.mlp_gated) and down (M x h x r h/T), r = model.mlp_ratio
+ *            (4); with model.cross_attention_tokens Lt also cross Q and O and the
+ *            text's K, V (B Lt rows); MoE: each of model.experts sees M x
+ *            active_experts / experts rows.  Without structure keys the block's
+ *            GEMMs are scaled to min(parameters / layers, 12 h^2) weights per
+ *            token (cpc_weights_per_token).  Each GEMM takes max(2MNK / (
+ *            gemm_tflops x GEMM EFFICIENCY), element bytes x (MK + KN + MN) /
+ *            mem_gbps) (the roofline: Williams, Waterman, Patterson, CACM 2009).
+ *   GEMM EFFICIENCY = the best of a few tile shapes of its wave quantisation
+ *            (tiles / (waves x SMs), the tile's own rate) x K / (K + 64) (each
+ *            tile's prologue/epilogue ~64 steps of K): narrow TP slices and
+ *            few tokens per rank run below the large-GEMM rate.
+ *   attn   = the op program's attn ops (their FLOPs at attn_tflops, set for
+ *            runtime.attention_kernel and head_dim: ATTENTION KERNELS, times
+ *            keys / (keys + 256) for a block of `keys` keys: short ring steps
+ *            run below the long-sequence rate) + cross-attention scores.
+ *   memory-bound = element passes over the hidden state per token per block at
+ *            mem_gbps, by framework (MEMORY-BOUND WORK), plus the MLP
+ *            activation ((g + 1) r h per token), plus the program's merges,
+ *            copies and all-to-all packs.
+ *   comm   = the program's communication not hidden by its compute, plus TP's
+ *            two ring all-reduces per block of M x h (2 (T-1) latencies +
+ *            bytes x 2 (T-1)/T at intra_gbps, and a launch each).
+ *   device = gemm + attn + memory-bound + comm (x core sharing on the CPU).
+ *   host   = layers x host_layer_us x (1 + 0.6 x dual-stream share) + layers x
+ *            (program ops + TP calls) x host_op_us (HOST).
+ *   ms_per_step = (device^4 + host^4)^(1/4) on GPUs: kernels are issued
+ *            asynchronously, so the slower side sets the pace, and where the two
+ *            are close the device also waits on the host's slower stretches
+ *            (equal times cost 1.19x); max(device, host) on the CPU.  The part
+ *            above the device time is the exposed host time.
+ *   ms_per_image = steps x ms_per_step + PIPELINE.
  * CFG groups (C) never talk during a step: each prices its own batch slice.
  *
- * GEMM ROOFLINE (Williams, Waterman, Patterson, "Roofline", CACM 2009): a
- * block's GEMMs per rank, M = tokens rows, are QKV (K = h, N = 3h/T), the
- * output projection (h/T, h), MLP up (h, 4h/T) and down (4h/T, h); each
- * takes max(2MNK / gemm rate, dtype bytes x (MK + KN + MN) / mem_gbps).
- * The factor is their total over the compute-bound total.  A GEMM falls
- * under the ridge (gemm_tflops / mem_gbps FLOP per byte: ~240 on h100-sxm,
- * ~110 on l20) when its intensity MNK / (MK + KN + MN), roughly its
- * narrowest dimension, does: many TP ranks (h/T small) or few tokens per
- * rank.  DiT shapes at 8 ranks stay compute-bound (FLUX.1-dev, T = 8: the
- * 384-wide slices have intensity ~320), so there TP's cost is its
- * all-reduces, their launches and the unsplit work, not its GEMMs.
+ * ATTENTION KERNELS (cpc_attn_kernel_factor): a GPU preset's attn_tflops is the
+ *   FlashAttention-2-class forward rate at head_dim 128 (runtime.attention_kernel
+ *   sdpa, the default, and fa2); fa3 x 1.8 on Hopper (FlashAttention-3 paper:
+ *   ~600-660 vs FA2's ~330-370 TFLOP/s at head_dim 128); cudnn x 1.6 on Hopper,
+ *   x 2.5 on Blackwell, x 1 elsewhere; sage x 2 on Ada (SageAttention paper: ~2.1x
+ *   FlashAttention-2 on RTX 4090), x 1.6 elsewhere; head_dim <= 64 x 0.8,
+ *   <= 32 x 0.6 (FlashAttention-2 paper: head_dim 64 runs at ~0.8-0.85 of 128).
+ *
+ * MEMORY-BOUND WORK: element passes (reads + writes of hidden-sized rows) per
+ *   token per block, counted from an eager DiT block (diffusers, xdit): two
+ *   norms with modulation (2 x 6), q/k RMSNorm (2 x 6), RoPE on q and k (2 x 6),
+ *   head-layout copies (6), two gated residual adds (2 x 4): 20 that TP does not
+ *   split (norms, modulation, residuals) and 30 that it does; sglang (fused
+ *   norm/RoPE kernels) 14 + 8; compiled (torch.compile fuses the elementwise
+ *   chains) 10 + 4.
+ *
+ * HOST: per transformer block of eager PyTorch (runtime.framework eager, the
+ *   default): ~100 kernels, each a Python call through PyTorch's dispatcher
+ *   (~14 us): 1410 us, x 1.6 for a dual-stream block (its second stream's
+ *   norms, modulation and projections); per op of the attention program (a
+ *   collective with its reshapes and wait, an attention call with its LSE, an
+ *   LSE-merge update) 110 us; TP adds 2 all-reduce calls and ~6
+ *   tensor-parallel dispatches per block.  These are pinned by the host-bound
+ *   FLUX.1-dev rows on 4 x H100, where the GPUs finish a step in ~50 ms and
+ *   wait for the host: the seeds' diffusers table (ulysses 133, all-gather ring
+ *   262 ms per step: diffusers 820 us per block, 225 us per op), xDiT's flux.md
+ *   (ulysses 150, p2p ring 180 ms: xdit 1940 us per block, 50 us per op: its
+ *   blocks run through more Python wrappers, its ring steps through fewer
+ *   calls) and cache-dit's H100 table; eager sits between them.  sglang 500 /
+ *   120 us, compiled (CUDA graphs) 40 / 10 us.  The same figures hold for every
+ *   GPU (the host is not the GPU).  Without model.dual_stream_layers (and
+ *   structure keys) the dual-stream share is estimated from the weights per
+ *   block (cpc_dual_stream_layers).
+ *
+ * PIPELINE (with input.steps, on GPUs; inside ms_per_image, once per image or
+ *   video): the text encoder (runtime.text_encoder_parameters, default T5-XXL's
+ *   encoder 4.76e9): 2 x weights FLOPs per prompt token (the batch's prompts,
+ *   the text segment's tokens or cross_attention_tokens, else 512) at the GEMM
+ *   rate + its weights read once, at least 24 eager blocks of host time; the VAE
+ *   decode of the image/video segments' pixels (runtime.vae: auto) by a decoder
+ *   of base width c = runtime.vae_channels (128): ~512 c^2 FLOPs per output
+ *   pixel for an image decoder, ~1300 c^2 for a causal video decoder (cost.c
+ *   counts the convolutions), at half (image) or a quarter (video: 3-D
+ *   convolutions of narrow channels) of the GEMM rate, plus ~152 c x 2 bytes
+ *   per pixel of normalisation and activation at mem_gbps; over the ranks with
+ *   runtime.vae_parallel.
+ *
+ * MEMORY of the deployment (with model.parameters, on GPUs; inside
+ *   memory_bytes_per_rank): weights = parameters x dtype bytes / T (CP and CFG
+ *   replicate them); a block's activations M x h x dtype x (4 + (4 + (g + 1) r x
+ *   active_experts) / T); after the steps, the VAE decode (its weights ~84M /
+ *   250M x (c/128)^2 and four c-wide maps of a tile of at most 1024 x 1024
+ *   pixels (x 17 frames)); memory = weights + max(activations + the program's
+ *   buffers, VAE) + workspace + reserved_gb.  The text encoder is not counted
+ *   (pipelines offload or free it after encoding).  CP040's hint proposes the
+ *   smallest tp_degree whose split weights fit (checked by the same sum).
+ *
+ * CALIBRATION: bench/published.sh compares the model with 32 published
+ * timings of other projects (bench/published/, README.md there) and
+ * tests/cli/published.sh holds its metrics to floors.  The figures above are
+ * global (per device from datasheets, per framework from the eager block's
+ * anatomy, the host figures from the host-bound rows); nothing is per table
+ * or per plan.
+ *
+ * GEMM ROOFLINE (CPU path, cpc_gemm_roofline_factor): a block's GEMMs per rank
+ * (QKV, output projection, MLP up and down, a 4x MLP) each take max(2MNK /
+ * gemm rate, dtype bytes x (MK + KN + MN) / mem_gbps); the factor is their
+ * total over the compute-bound total.
  *
  * Device figures are public numbers, each with its source in cost.c; a
  * profile written by `cprun --calibrate` (cluster.profile) overrides them.
@@ -157,17 +225,31 @@ typedef struct cpc_device_profile {
                                   is not priced at the big-head_dim FLOP rate.  0 = no
                                   separate term (GPU presets: the attention rate is measured
                                   at head_dim 128 with its softmax) */
+    double peak_tflops;        /* dense BF16/FP16 tensor peak (FP32 accumulate), TFLOP/s;
+                                  0 = unknown (CPU) */
+    double sms;                /* streaming multiprocessors (GEMM wave quantisation); 0 = n/a */
+    double arch;               /* compute capability x 10 (80 Ampere, 89 Ada, 90 Hopper,
+                                  100 Blackwell); 0 = not a GPU (no kernel-family factors) */
 } cpc_device_profile;
 
-/* Finds a preset by name (h100-sxm, h200, a100-sxm, l20, rtx4090, cpu).
- * Returns false when unknown. */
+/* Finds a preset by name (SPEC section 1: h100-sxm, h100-pcie, h800, h200, h20,
+ * a100-sxm, a100-pcie, a800, l20, l40, l40s, rtx4090, b200, cpu; the figures and
+ * their sources are in cost.c).  The preset alone, before the plan's runtime
+ * (cpc_plan_device applies that).  Returns false when unknown. */
 bool cpc_device_preset(const char *name, cpc_device_profile *out);
+/* ATTENTION KERNELS (cost.h): the factor on a GPU preset's attn_tflops (the
+ * FlashAttention-2-class rate at head_dim 128) for kernel `k` on compute
+ * capability `arch` (x 10) at `head_dim`. */
+double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim);
+
 /* Names of the presets, NULL-terminated. */
 extern const char *const cpc_device_preset_names[];
 
-/* The profile a plan asks for: its preset, overridden by cluster.profile
- * (a YAML file written by `cprun --calibrate`, path relative to the plan
- * file) and by cluster.memory_gb.  Errors: CPC_E_IO (unreadable profile),
+/* The profile a plan asks for: its preset with the plan's runtime applied
+ * (ATTENTION KERNELS: attn_tflops for runtime.attention_kernel; HOST:
+ * host_layer_us and host_op_us for runtime.framework), overridden by
+ * cluster.profile (a YAML file written by `cprun --calibrate`, path relative
+ * to the plan file) and by cluster.memory_gb.  Errors: CPC_E_IO (unreadable profile),
  * CPC_E_PLAN rule 103 (unknown device, bad profile field). */
 cpc_status *cpc_plan_device(const cpc_plan *plan, cpc_device_profile *out);
 
@@ -234,6 +316,11 @@ const char *cpc_measure_backend(const cpc_plan *plan);
  * the plan file's directory) into buf; false when the plan names none. */
 bool cpc_plan_profile_path(const cpc_plan *plan, char *buf, size_t n);
 
+
+/* Dual-stream (MMDiT) blocks of the plan's model: model.dual_stream_layers,
+ * else, without structure keys, estimated from the weights per block (cost.h
+ * HOST); 0 without model.parameters.  Not necessarily an integer. */
+double cpc_dual_stream_layers(const cpc_plan *plan);
 
 /* Weights a token passes through (see WHOLE STEP); 0 without model.parameters. */
 double cpc_weights_per_token(const cpc_plan *plan);

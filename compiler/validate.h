@@ -127,6 +127,7 @@
 #include <stdint.h>
 
 #include "plan.h"
+#include "prediction.h"
 #include "status.h"
 
 /* One (variant, degrees) the compiler could run. */
@@ -162,6 +163,9 @@ typedef struct cpc_candidate {
     double predicted_ms_backward_per_layer;
     int64_t bwd_bytes_sent_per_rank;   /* per layer, max over ranks */
     int64_t bwd_memory_bytes_per_rank; /* peak over ranks */
+    /* The cost model's whole prediction (its step breakdown, pipeline and
+     * memory parts; prediction.h), set with `priced`. */
+    cpc_prediction pred;
 } cpc_candidate;
 
 typedef struct cpc_selection {

@@ -340,7 +340,7 @@ static void print_explain_text(const job *j)
     if (bwd)
         printf(" %13s %14s", "bwd ms/layer", "bwd sent/rank");
     if (step)
-        printf(" %10s", "ms/step");
+        printf(" %10s %8s %8s %8s %8s %8s", "ms/step", "gemm", "attn", "membound", "comm", "host");
     if (image)
         printf(" %11s", "ms/image");
     printf("\n");
@@ -378,9 +378,13 @@ static void print_explain_text(const job *j)
             printf(" %13s %14s", bm, bs);
         }
         if (step) {
-            char ms[32];
+            char ms[32], part[5][32];
             snprintf(ms, sizeof ms, c->priced ? "%.2f" : "-", c->ms_per_step);
-            printf(" %10s", ms);
+            const double v[5] = {c->gemm_ms_per_step, c->attn_ms_per_step, c->memory_ms_per_step,
+                                 c->comm_ms_per_step, c->host_ms_per_step};
+            for (int k = 0; k < 5; k++)
+                snprintf(part[k], sizeof part[k], c->priced ? "%.1f" : "-", v[k]);
+            printf(" %10s %8s %8s %8s %8s %8s", ms, part[0], part[1], part[2], part[3], part[4]);
         }
         if (image) {
             char mi[32];
@@ -432,9 +436,12 @@ static void print_summary_text(const job *j)
                    c->ms_backward_per_layer, bm, bs);
         }
         if (c->ms_per_step > 0) {
-            printf("  whole step: %.2f ms per forward step", c->ms_per_step);
+            printf("  whole step: %.2f ms per forward step (gemm %.1f, attention %.1f, memory-bound "
+                   "%.1f, comm %.1f, host %.1f)", c->ms_per_step, c->gemm_ms_per_step,
+                   c->attn_ms_per_step, c->memory_ms_per_step, c->comm_ms_per_step, c->host_ms_per_step);
             if (c->ms_per_image > 0)
-                printf(", %.1f ms per image (%d steps)", c->ms_per_image, cpc_compilation_steps(j->c));
+                printf(", %.1f ms per image (%d steps + text encoder %.1f + VAE decode %.1f)",
+                       c->ms_per_image, cpc_compilation_steps(j->c), c->text_encoder_ms, c->vae_decode_ms);
             printf("\n");
         }
     }
@@ -492,6 +499,21 @@ static cJSON *json_predicted(const cpc_candidate_info *c)
         cJSON_AddNumberToObject(o, "ms_per_step", c->ms_per_step);
     if (c->ms_per_image > 0)
         cJSON_AddNumberToObject(o, "ms_per_image", c->ms_per_image);
+    if (c->ms_per_step > 0) { /* SPEC section 3: the step's parts, ms per step */
+        cJSON *b = cJSON_AddObjectToObject(o, "step_breakdown");
+        cJSON_AddNumberToObject(b, "gemm_ms", c->gemm_ms_per_step);
+        cJSON_AddNumberToObject(b, "attention_ms", c->attn_ms_per_step);
+        cJSON_AddNumberToObject(b, "memory_bound_ms", c->memory_ms_per_step);
+        cJSON_AddNumberToObject(b, "comm_ms", c->comm_ms_per_step);
+        cJSON_AddNumberToObject(b, "host_ms", c->host_ms_per_step);
+        if (c->ms_per_image > 0) {
+            cJSON_AddNumberToObject(o, "text_encoder_ms", c->text_encoder_ms);
+            cJSON_AddNumberToObject(o, "vae_decode_ms", c->vae_decode_ms);
+        }
+        cJSON_AddNumberToObject(o, "weights_bytes_per_rank", (double)c->weights_bytes_per_rank);
+        cJSON_AddNumberToObject(o, "activation_bytes_per_rank", (double)c->activation_bytes_per_rank);
+        cJSON_AddNumberToObject(o, "vae_bytes_per_rank", (double)c->vae_bytes_per_rank);
+    }
     if (c->backward_priced) { /* mode: training (SPEC section 3) */
         cJSON_AddNumberToObject(o, "ms_backward_per_layer", c->ms_backward_per_layer);
         cJSON_AddNumberToObject(o, "backward_bytes_sent_per_rank", (double)c->backward_bytes_sent_per_rank);

@@ -48,6 +48,18 @@ static const char *const rotate_names[CPC_ROTATE__COUNT] = {
 };
 _Static_assert(sizeof rotate_names / sizeof rotate_names[0] == CPC_ROTATE__COUNT, "rotate names");
 
+static const char *const framework_names[CPC_FRAMEWORK__COUNT] = {
+    [CPC_FRAMEWORK_EAGER] = "eager",
+    [CPC_FRAMEWORK_DIFFUSERS] = "diffusers",
+    [CPC_FRAMEWORK_XDIT] = "xdit",
+    [CPC_FRAMEWORK_SGLANG] = "sglang",
+    [CPC_FRAMEWORK_COMPILED] = "compiled",
+};
+static const char *const attn_kernel_names[CPC_KERNEL__COUNT] = {
+    [CPC_KERNEL_SDPA] = "sdpa", [CPC_KERNEL_FA2] = "fa2", [CPC_KERNEL_FA3] = "fa3",
+    [CPC_KERNEL_CUDNN] = "cudnn", [CPC_KERNEL_SAGE] = "sage",
+};
+
 static const char *name_of(const char *const *names, int n, int v)
 {
     return (v >= 0 && v < n && names[v]) ? names[v] : "?";
@@ -73,6 +85,16 @@ TABLE(mask, cpc_mask, mask_names, CPC_MASK__COUNT)
 TABLE(mode, cpc_mode, mode_names, CPC_MODE__COUNT)
 TABLE(fallback, cpc_fallback, fallback_names, CPC_FALLBACK__COUNT)
 TABLE(rotate, cpc_rotate, rotate_names, CPC_ROTATE__COUNT)
+
+const char *cpc_framework_name(cpc_framework f)
+{
+    return (int)f >= 0 && f < CPC_FRAMEWORK__COUNT ? framework_names[f] : NULL;
+}
+
+const char *cpc_attn_kernel_name(cpc_attn_kernel k)
+{
+    return (int)k >= 0 && k < CPC_KERNEL__COUNT ? attn_kernel_names[k] : NULL;
+}
 
 int cpc_dtype_size(cpc_dtype d)
 {

@@ -63,6 +63,10 @@ int cpc_dtype_size(cpc_dtype d);
 typedef struct cpc_segment {
     char *name;          /* owned; "tokens" for the `tokens:` shorthand */
     int64_t tokens;      /* >= 1, <= 2^31-1 */
+    int kind;            /* CPC_SEG_TOKENS, CPC_SEG_IMAGE or CPC_SEG_VIDEO: how it was given */
+    int64_t frames;      /* video: frames as written (pixel frames); image: 1; tokens: 0 */
+    int64_t pixels;      /* image: height x width; video: frames x height x width (the
+                            VAE decoder's output, cost.h PIPELINE); tokens: 0 */
     cpc_span span;       /* the segment's mapping (or the shorthand key) */
 } cpc_segment;
 
@@ -73,6 +77,33 @@ typedef struct cpc_plan_key_span {
     cpc_span key_span;   /* where the key is written */
     cpc_span value_span; /* where its value starts */
 } cpc_plan_key_span;
+
+/* How a segment was given (cpc_segment.kind). */
+enum { CPC_SEG_TOKENS = 0, CPC_SEG_IMAGE = 1, CPC_SEG_VIDEO = 2 };
+
+/* runtime.framework (SPEC section 1; cost.h HOST and MEMORY-BOUND WORK). */
+typedef enum cpc_framework {
+    CPC_FRAMEWORK_EAGER = 0,     /* eager PyTorch, framework not named (the default) */
+    CPC_FRAMEWORK_DIFFUSERS,     /* eager PyTorch: diffusers' own context parallelism */
+    CPC_FRAMEWORK_XDIT,          /* eager PyTorch: xDiT (yunchang's USP) */
+    CPC_FRAMEWORK_SGLANG,        /* eager with fused norm/RoPE/activation kernels */
+    CPC_FRAMEWORK_COMPILED,      /* torch.compile / CUDA graphs */
+    CPC_FRAMEWORK__COUNT
+} cpc_framework;
+
+/* runtime.attention_kernel (cost.h ATTENTION KERNELS). */
+typedef enum cpc_attn_kernel {
+    CPC_KERNEL_SDPA = 0, /* PyTorch SDPA (its flash backend: FlashAttention-2 class); default */
+    CPC_KERNEL_FA2,
+    CPC_KERNEL_FA3,      /* Hopper only; elsewhere priced as FA2 */
+    CPC_KERNEL_CUDNN,
+    CPC_KERNEL_SAGE,     /* SageAttention (INT8 Q K^T) */
+    CPC_KERNEL__COUNT
+} cpc_attn_kernel;
+
+/* Names ("diffusers", "fa3", ...), NULL out of range. */
+const char *cpc_framework_name(cpc_framework f);
+const char *cpc_attn_kernel_name(cpc_attn_kernel k);
 
 /* parallel.cfg_degree / tp_degree: `auto` */
 #define CPC_DEGREE_AUTO (-(1 << 30))
@@ -92,6 +123,16 @@ typedef struct cpc_plan {
         bool scale_given;
         int64_t parameters; /* transformer weights (count), 0 = not given: then the
                                cost model prices attention only, not the whole step */
+        /* Structure (all optional; cost.h WHOLE STEP says how each is priced): */
+        int64_t hidden;     /* model width, 0 = heads x head_dim */
+        double mlp_ratio;   /* MLP inner width / hidden, 0 = not given (4) */
+        bool mlp_gated;     /* SwiGLU/GEGLU: up, gate and down matrices */
+        int dual_stream_layers;      /* of `layers`, dual-stream (MMDiT) blocks; 0 */
+        int64_t cross_attention_tokens; /* text tokens each block cross-attends to, 0 = none */
+        int experts;        /* MoE experts per block, 0 = not given (1) */
+        int active_experts; /* experts per token, 0 = not given (1) */
+        bool structure_given; /* any of mlp_ratio, mlp_gated, cross_attention_tokens,
+                                 experts, active_experts was written */
     } model;
 
     struct {
@@ -127,6 +168,15 @@ typedef struct cpc_plan {
                                       written (< 1 is CP002 in the validator) */
         int tp_degree;             /* T: the same */
     } parallel;
+
+    struct {
+        cpc_framework framework;   /* default eager */
+        cpc_attn_kernel attention_kernel; /* default sdpa */
+        int64_t text_encoder_parameters; /* -1 = not given (the default of cost.h PIPELINE) */
+        bool vae;                  /* price the VAE decode (default true: `vae: auto`) */
+        int vae_channels;          /* 0 = not given (128) */
+        bool vae_parallel;         /* default false */
+    } runtime;
 
     struct {
         bool overlap;              /* default true */

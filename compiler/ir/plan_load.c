@@ -28,9 +28,13 @@ enum { ABSENT = 0, OK = 1, BAD = 2 };
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static const char *const K_TOP[] = {"version", "name", "model", "input", "cluster", "parallel",
-                                    "schedule"};
+                                    "schedule", "runtime"};
 static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", "layers", "scale",
-                                      "parameters"};
+                                      "parameters", "hidden", "mlp_ratio", "mlp_gated",
+                                      "dual_stream_layers", "cross_attention_tokens", "experts",
+                                      "active_experts"};
+static const char *const K_RUNTIME[] = {"framework", "attention_kernel", "text_encoder_parameters",
+                                        "vae", "vae_channels", "vae_parallel"};
 static const char *const K_INPUT[] = {"batch", "segments", "tokens", "image",
                                       "video", "mask",     "kv",     "mode",
                                       "steps"};
@@ -58,7 +62,9 @@ static const struct {
 };
 
 /* Device presets of the cost model (SPEC section 1). */
-static const char *const DEVICES[] = {"h100-sxm", "h200", "a100-sxm", "l20", "rtx4090", "cpu"};
+static const char *const DEVICES[] = {"h100-sxm", "h100-pcie", "h800", "h200", "h20", "a100-sxm",
+                                      "a100-pcie", "a800", "l20", "l40", "l40s", "rtx4090",
+                                      "b200", "cpu"}; /* cost.c presets */
 
 /* ======================================================================== */
 /* diagnostics                                                              */
@@ -628,7 +634,7 @@ static int dim(ld *L, const cpc_ynode *m, const char *path, const char *key, boo
 
 /* image: {height, width, vae_scale: 8, patch: 2} -> tokens.  `at` is the
  * span of the `image` key. */
-static bool image_tokens(ld *L, const fld *img, int64_t *tokens)
+static bool image_tokens(ld *L, const fld *img, int64_t *tokens, int64_t *pixels)
 {
     if (img->v->kind != CPC_YNODE_MAPPING) {
         type_error(L, img, "a mapping {height, width, vae_scale, patch}");
@@ -665,12 +671,13 @@ static bool image_tokens(ld *L, const fld *img, int64_t *tokens)
     if (!tokens_ok(L, t, img->v->span, p))
         return false;
     *tokens = t;
+    *pixels = h <= INT64_MAX / w ? h * w : INT64_MAX;
     return true;
 }
 
 /* video: {frames, height, width, vae_scale: 8, vae_temporal: 4,
  * patch: [pt, ph, pw] = [1, 2, 2]} -> tokens. */
-static bool video_tokens(ld *L, const fld *vid, int64_t *tokens)
+static bool video_tokens(ld *L, const fld *vid, int64_t *tokens, int64_t *frames, int64_t *pixels)
 {
     if (vid->v->kind != CPC_YNODE_MAPPING) {
         type_error(L, vid, "a mapping {frames, height, width, vae_scale, vae_temporal, patch}");
@@ -752,6 +759,9 @@ static bool video_tokens(ld *L, const fld *vid, int64_t *tokens)
     if (!tokens_ok(L, t, vid->v->span, p))
         return false;
     *tokens = t;
+    *frames = fr;
+    double px = (double)fr * (double)h * (double)w;
+    *pixels = px < 9e18 ? (int64_t)px : INT64_MAX;
     return true;
 }
 
@@ -761,7 +771,16 @@ static bool plain_tokens(ld *L, const fld *f, int64_t *tokens)
     return want_int(L, f, 1, MAX_TOKENS, tokens) == OK;
 }
 
+static bool add_segment_px(ld *L, const char *name, int64_t tokens, cpc_span sp, int kind,
+                           int64_t frames, int64_t pixels);
 static bool add_segment(ld *L, const char *name, int64_t tokens, cpc_span sp)
+{
+    return add_segment_px(L, name, tokens, sp, CPC_SEG_TOKENS, 0, 0);
+}
+
+/* A segment with what it was given as (an image or video: its output pixels). */
+static bool add_segment_px(ld *L, const char *name, int64_t tokens, cpc_span sp, int kind,
+                           int64_t frames, int64_t pixels)
 {
     cpc_plan *p = L->plan;
     if (!p->input.segments) {
@@ -778,6 +797,9 @@ static bool add_segment(ld *L, const char *name, int64_t tokens, cpc_span sp)
     if (!s->name)
         return false;
     s->tokens = tokens;
+    s->kind = kind;
+    s->frames = frames;
+    s->pixels = pixels;
     s->span = pspan(L, sp);
     p->input.n_segments++;
     return true;
@@ -845,7 +867,32 @@ static void load_model(ld *L, const cpc_ynode *root, cpc_span root_at)
         p->model.layers = (int)v;
     if (get_int(L, m, "model", "parameters", 1, (int64_t)1 << 50, &v, NULL) == OK)
         p->model.parameters = v;
+    if (get_int(L, m, "model", "hidden", 1, (int64_t)1 << 24, &v, NULL) == OK)
+        p->model.hidden = v;
     double d = 0;
+    bool b = false;
+    if (get_float(L, m, "model", "mlp_ratio", 0.0, true, 1024.0, &d) == OK)
+        p->model.mlp_ratio = d, p->model.structure_given = true;
+    if (get_bool(L, m, "model", "mlp_gated", &b, NULL) == OK)
+        p->model.mlp_gated = b, p->model.structure_given = true;
+    fld fds;
+    if (get_int(L, m, "model", "dual_stream_layers", 0, MAX_COUNT, &v, &fds) == OK) {
+        p->model.dual_stream_layers = (int)v;
+        if (v > p->model.layers)
+            err(L, 103, fds.v->span, "model.dual_stream_layers: %lld is more than model.layers (%d)",
+                (long long)v, p->model.layers);
+    }
+    if (get_int(L, m, "model", "cross_attention_tokens", 0, MAX_TOKENS, &v, NULL) == OK)
+        p->model.cross_attention_tokens = v, p->model.structure_given = true;
+    if (get_int(L, m, "model", "experts", 1, 1 << 16, &v, NULL) == OK)
+        p->model.experts = (int)v, p->model.structure_given = true;
+    fld fae;
+    if (get_int(L, m, "model", "active_experts", 1, 1 << 16, &v, &fae) == OK) {
+        p->model.active_experts = (int)v, p->model.structure_given = true;
+        if (v > (p->model.experts > 0 ? p->model.experts : 1))
+            err(L, 103, fae.v->span, "model.active_experts: %lld is more than model.experts (%d)",
+                (long long)v, p->model.experts > 0 ? p->model.experts : 1);
+    }
     if (get_float(L, m, "model", "scale", 0.0, true, 1e30, &d) == OK) {
         p->model.scale = d;
         p->model.scale_given = true;
@@ -883,12 +930,13 @@ static void load_segment(ld *L, const cpc_ynode *m, const char *path, int index)
     }
     if (given > 1 || !name)
         return;
-    int64_t t = 0;
+    int64_t t = 0, px = 0, fr = 0;
     bool ok = which == 0 ? plain_tokens(L, &f[0], &t)
-            : which == 1 ? image_tokens(L, &f[1], &t)
-                         : video_tokens(L, &f[2], &t);
+            : which == 1 ? image_tokens(L, &f[1], &t, &px)
+                         : video_tokens(L, &f[2], &t, &fr, &px);
     if (ok)
-        add_segment(L, name, t, m->span);
+        add_segment_px(L, name, t, m->span, which == 0 ? CPC_SEG_TOKENS : which == 1 ? CPC_SEG_IMAGE : CPC_SEG_VIDEO,
+                       which == 1 ? 1 : fr, px);
 }
 
 static void load_input(ld *L, const cpc_ynode *root, cpc_span root_at)
@@ -929,13 +977,13 @@ static void load_input(ld *L, const cpc_ynode *root, cpc_span root_at)
                 "the input needs tokens (input.tokens, input.image, input.video or "
                 "input.segments)");
     } else if (given == 1) {
-        int64_t t = 0;
+        int64_t t = 0, px = 0, fr = 0;
         if (which == 0 && plain_tokens(L, &f[0], &t))
             add_segment(L, "tokens", t, f[0].k->span);
-        else if (which == 1 && image_tokens(L, &f[1], &t))
-            add_segment(L, "image", t, f[1].k->span);
-        else if (which == 2 && video_tokens(L, &f[2], &t))
-            add_segment(L, "video", t, f[2].k->span);
+        else if (which == 1 && image_tokens(L, &f[1], &t, &px))
+            add_segment_px(L, "image", t, f[1].k->span, CPC_SEG_IMAGE, 1, px);
+        else if (which == 2 && video_tokens(L, &f[2], &t, &fr, &px))
+            add_segment_px(L, "video", t, f[2].k->span, CPC_SEG_VIDEO, fr, px);
         else if (which == 3) {
             const cpc_ynode *s = f[3].v;
             if (s->kind != CPC_YNODE_SEQUENCE) {
@@ -1133,6 +1181,39 @@ static void load_parallel(ld *L, const cpc_ynode *root)
     }
 }
 
+/* runtime: what the deployment runs (cost.h HOST, ATTENTION KERNELS, PIPELINE). */
+static void load_runtime(ld *L, const cpc_ynode *root)
+{
+    cpc_plan *p = L->plan;
+    bool present;
+    const cpc_ynode *m = get_map(L, root, "", "runtime", &present, NULL);
+    if (!m)
+        return;
+    check_keys(L, m, "runtime", K_RUNTIME, N(K_RUNTIME));
+    const char *fn[CPC_FRAMEWORK__COUNT];
+    for (int i = 0; i < CPC_FRAMEWORK__COUNT; i++)
+        fn[i] = cpc_framework_name((cpc_framework)i);
+    int e = 0;
+    if (get_enum(L, m, "runtime", "framework", fn, CPC_FRAMEWORK__COUNT, &e, NULL) == OK)
+        p->runtime.framework = (cpc_framework)e;
+    const char *kn[CPC_KERNEL__COUNT];
+    for (int i = 0; i < CPC_KERNEL__COUNT; i++)
+        kn[i] = cpc_attn_kernel_name((cpc_attn_kernel)i);
+    if (get_enum(L, m, "runtime", "attention_kernel", kn, CPC_KERNEL__COUNT, &e, NULL) == OK)
+        p->runtime.attention_kernel = (cpc_attn_kernel)e;
+    int64_t v = 0;
+    if (get_int(L, m, "runtime", "text_encoder_parameters", 0, (int64_t)1 << 50, &v, NULL) == OK)
+        p->runtime.text_encoder_parameters = v;
+    static const char *const vn[] = {"none", "auto"};
+    if (get_enum(L, m, "runtime", "vae", vn, 2, &e, NULL) == OK)
+        p->runtime.vae = e == 1;
+    if (get_int(L, m, "runtime", "vae_channels", 1, 4096, &v, NULL) == OK)
+        p->runtime.vae_channels = (int)v;
+    bool b = false;
+    if (get_bool(L, m, "runtime", "vae_parallel", &b, NULL) == OK)
+        p->runtime.vae_parallel = b;
+}
+
 static void load_schedule(ld *L, const cpc_ynode *root)
 {
     cpc_plan *p = L->plan;
@@ -1204,6 +1285,7 @@ static void load_root(ld *L, const cpc_ynode *root)
     load_cluster(L, root, top);
     load_parallel(L, root);
     load_schedule(L, root);
+    load_runtime(L, root);
 }
 
 /* ======================================================================== */
@@ -1534,6 +1616,8 @@ static cpc_plan *new_plan(const char *file)
     p->parallel.fallback = CPC_FALLBACK_STRICT;
     p->schedule.overlap = true;
     p->schedule.rotate = CPC_ROTATE_P2P;
+    p->runtime.text_encoder_parameters = -1;
+    p->runtime.vae = true;
     return p;
 }
 

@@ -109,6 +109,25 @@ typedef struct cpc_candidate_info {
     double ms_backward_per_layer;           /* predicted backward time per layer, ms */
     int64_t backward_bytes_sent_per_rank;   /* per layer, max over ranks, bytes */
     int64_t backward_memory_bytes_per_rank; /* the backward program's peak over ranks */
+    /* The whole step broken down (model.parameters; each ms per step, 0 without
+     * it; they add up to ms_per_step): the blocks' GEMMs, the attention kernels,
+     * memory-bound work (norms, modulation, RoPE, activations, residuals, the
+     * attention program's merges and packs), communication not hidden, and host
+     * time the device waits for (eager dispatch slower than the device) */
+    double gemm_ms_per_step;
+    double attn_ms_per_step;
+    double memory_ms_per_step;
+    double comm_ms_per_step;
+    double host_ms_per_step;      /* exposed host time */
+    /* The pipeline's once-per-image parts inside ms_per_image (input.steps): the
+     * text encoder and the VAE decode, ms (0 when not priced) */
+    double text_encoder_ms;
+    double vae_decode_ms;
+    /* Memory per rank inside memory_bytes_per_rank: the transformer's weights
+     * (split by tp_degree only), a block's activations, the VAE decode's peak */
+    int64_t weights_bytes_per_rank;
+    int64_t activation_bytes_per_rank;
+    int64_t vae_bytes_per_rank;
 } cpc_candidate_info;
 
 /* The number of candidates (0 unless validated). */

@@ -146,8 +146,10 @@ CPC_API bool cpc_run_report_ok(const cpc_run_report *r);
 
 /* Why the check failed, one line ("the output has 3 NaN and 0 Inf values
  * (first at out[0, 12, 3, 7]) ...", "relative error 2.1e-03 exceeds the
- * bf16 tolerance 1.00e-02"), or NULL when it passed.  Malloc'd; caller
- * frees with free(). */
+ * bf16 tolerance 1.00e-02"; when only the backward check failed, the
+ * backward's figures: "backward relative error dq ..., dk ..., dv ..." or
+ * "the gradients have non-finite values (NaN/Inf: dq n/m, ...)"), or NULL
+ * when it passed.  Malloc'd; caller frees with free(). */
 CPC_API char *cpc_run_report_failure(const cpc_run_report *r);
 
 /* The human-readable report (SPEC section 5). */

@@ -103,9 +103,17 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r)
                 r->bwd_ms_per_iter, r->bwd_tflops, r->ms_per_iter > 0 ? r->bwd_ms_per_iter / r->ms_per_iter : 0.0,
                 (long long)r->bwd_bytes_sent_per_rank);
         if (r->bwd_checked)
-            fprintf(out, "bwd check:   %s: rel_err dq %.3e, dk %.3e, dv %.3e (tolerance %.0e) vs float64 reference\n",
+        {
+            fprintf(out, "bwd check:   %s: rel_err dq %.3e, dk %.3e, dv %.3e (tolerance %.0e) vs float64 reference",
                     r->bwd_pass ? "PASS" : "FAIL", r->bwd_rel_err[0], r->bwd_rel_err[1], r->bwd_rel_err[2],
                     r->bwd_tolerance);
+            static const char *const gn[3] = {"dq", "dk", "dv"};
+            for (int i = 0; i < 3; i++)
+                if (r->bwd_n_nan[i] || r->bwd_n_inf[i])
+                    fprintf(out, "; %s has %lld NaN and %lld Inf", gn[i], (long long)r->bwd_n_nan[i],
+                            (long long)r->bwd_n_inf[i]);
+            fprintf(out, "\n");
+        }
     }
 }
 

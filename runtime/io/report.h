@@ -82,6 +82,8 @@ typedef struct cpc_run_report {
     double bwd_rel_err_fp32[3];     /* the fp32 accumulators before that rounding
                                        (what grows with the world size, if anything) */
     double bwd_tolerance;           /* fp32 1e-5, fp16 as `out`, bf16 2e-2 */
+    int64_t bwd_n_nan[3], bwd_n_inf[3]; /* non-finite dq, dk, dv elements (a NaN in
+                                       dout or the inputs reaches them) */
 } cpc_run_report;
 
 /* Frees the arrays a report owns (the struct itself is the caller's). */

@@ -1917,6 +1917,8 @@ static cpc_status *backward_report(run_ctx *x, cpc_run_report *rep)
         }
         rep->bwd_rel_err[i] = cr.rel_err;
         rep->bwd_max_abs_err[i] = cr.max_abs_err;
+        rep->bwd_n_nan[i] = cr.n_nan;
+        rep->bwd_n_inf[i] = cr.n_inf;
         rep->bwd_pass = rep->bwd_pass && cr.pass;
     }
     if (st)

@@ -26,7 +26,7 @@ bad=$(git ls-files '*.c' '*.h' | xargs grep -n '#include "\.\./' 2>/dev/null)
 bad=$(grep -h '#include' include/cpc/*.h | grep -v -E '#include <(stdbool|stddef|stdint|stdio)\.h>|#include "cpc/[a-z_]+\.h"')
 [ -z "$bad" ] || fail "public headers include more than <cpc/...> and libc: $bad"
 # the tools are users of the public API: <cpc/...>, the C library / POSIX and cJSON only
-libc='assert|ctype|errno|fcntl|float|getopt|inttypes|limits|math|signal|spawn|stdarg|stdbool|stddef|stdint|stdio|stdlib|string|strings|time|unistd|sys/(stat|types|wait|time)'
+libc='assert|ctype|errno|fcntl|float|getopt|inttypes|limits|math|signal|spawn|stdarg|stdbool|stddef|stdint|stdio|stdlib|string|strings|time|unistd|sys/(stat|types|wait|time|resource)'
 bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include' tools/*.c | grep -v -E "#[[:space:]]*include <(($libc)\.h|cpc/[a-z_]+\.h|cjson/cJSON\.h)>")
 [ -z "$bad" ] || fail "tools include more than <cpc/...>, libc/POSIX and <cjson/cJSON.h>: $bad"
 

@@ -188,9 +188,12 @@ def _cuda_array_view(x, name, dtype_code, want_shape):
     return int(ptr or 0), strides, bool(readonly)
 
 
-def _view(x, name, dtype_code, want_shape, device_kind):
+def _view(x, name, dtype_code, want_shape, device_kind, writable=False):
     """(_View) for array x as role `name`; raises cpc.UsageError for a wrong type,
-    dtype, shape or device."""
+    dtype, shape or device, and (writable: an output cpc writes) for a read-only
+    numpy array (flags.writeable False: a read-only np.memmap, np.frombuffer of
+    bytes, a broadcast view), which would otherwise be written through or crash
+    the interpreter (SPEC 9)."""
     v = _View()
     v.copied = False
     v.readonly = False
@@ -228,6 +231,11 @@ def _view(x, name, dtype_code, want_shape, device_kind):
     if tuple(x.shape) != tuple(want_shape):
         raise UsageError(f"{name}: shape {tuple(x.shape)}, this rank's shard is "
                          f"{tuple(want_shape)}", code="usage")
+    if writable and kind == "numpy" and not x.flags.writeable:
+        raise UsageError(f"{name}: the array is read-only (flags.writeable is False, e.g. "
+                         "a read-only np.memmap, np.frombuffer of bytes or a broadcast "
+                         "view); cpc writes its output there: pass a writable array",
+                         code="usage")
     if kind == "torch":
         torch = _torch()
         if dtype_code == N.DTYPE_U8:
@@ -711,13 +719,13 @@ class Attention:
                              "input.mask: key_padding in the plan)", code="usage")
         if out is None:
             out = _empty_like_kind(kind, vq.keep, self._shapes["out"], a.dtype)
-        vo = _view(out, "out", self._code, self._shapes["out"], dk)
+        vo = _view(out, "out", self._code, self._shapes["out"], dk, writable=True)
         vl = None
         if return_lse or lse is not None:
             if lse is None:
                 lse = _empty_like_kind(kind, vq.keep, self._shapes["lse"], a.dtype, lse=True,
                                        what="lse")
-            vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk)
+            vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk, writable=True)
         if vo.readonly or (vl is not None and vl.readonly):
             raise UsageError("out / lse: a read-only device array", code="usage")
         if vo.copied or (vl is not None and vl.copied):
@@ -783,7 +791,7 @@ class Attention:
             if g is None:
                 g = _empty_like_kind(kind, views["q"].keep, self._shapes_of(name), gname,
                                      what=name)
-            vg = _view(g, name, gcode, self._shapes_of(name), dk_)
+            vg = _view(g, name, gcode, self._shapes_of(name), dk_, writable=True)
             if vg.readonly:
                 raise UsageError(f"{name}: a read-only device array", code="usage")
             if vg.copied:
