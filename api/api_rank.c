@@ -481,8 +481,8 @@ cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *c
         return ost;
     return cpc_error(CPC_E_UNSUPPORTED,
                      "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
-                     "available in this release (the rank API runs on the CPU backend; cprun "
-                     "--backend cuda --transport nccl runs the GPU path)");
+                     "available in this release (GPU ranks of an MPI job: cpc_rank_create_mpi "
+                     "with CPC_BACKEND_CUDA; cprun --backend cuda --transport nccl runs NCCL)");
 }
 
 int cpc_rank_index(const cpc_rank *r) { return r ? r->p : -1; }

@@ -202,10 +202,13 @@ typedef struct cpc_p2p_callbacks {
 CPC_API cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
                                               const cpc_rank_options *opts, cpc_rank **out);
 
-/* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
- * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward
- * is ordered on.  Errors: CPC_E_UNSUPPORTED when libcpc was built without
- * CUDA/NCCL or no GPU is usable. */
+/* RESERVED: this process's rank over the caller's NCCL communicator
+ * (`nccl_comm` an ncclComm_t of world size ranks, `cuda_stream` the
+ * cudaStream_t the forward is ordered on).  Not available in this release:
+ * always CPC_E_UNSUPPORTED (after CPC_E_USAGE for NULL arguments or bad
+ * options).  GPU ranks of an MPI job: cpc_rank_create_mpi with
+ * CPC_BACKEND_CUDA (the caller's device tensors and stream; cpc's traffic
+ * over MPI, staged through host memory). */
 CPC_API cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
