@@ -1229,11 +1229,11 @@ static double gemm_time(const cpc_device_profile *dev, double M, double N, doubl
 static void host_costs(cpc_framework f, double *layer_us, double *op_us)
 {
     switch (f) {
-    case CPC_FRAMEWORK_COMPILED: *layer_us = 40, *op_us = 10; break;
-    case CPC_FRAMEWORK_SGLANG: *layer_us = 500, *op_us = 120; break;
-    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 820, *op_us = 225; break;
-    case CPC_FRAMEWORK_XDIT: *layer_us = 1940, *op_us = 50; break;
-    default: *layer_us = 1410, *op_us = 110; break;
+    case CPC_FRAMEWORK_COMPILED: *layer_us = 46, *op_us = 10; break;
+    case CPC_FRAMEWORK_SGLANG: *layer_us = 581, *op_us = 120; break;
+    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 952, *op_us = 225; break;
+    case CPC_FRAMEWORK_XDIT: *layer_us = 2253, *op_us = 50; break;
+    default: *layer_us = 1637, *op_us = 110; break;
     }
 }
 
@@ -1351,7 +1351,7 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
     double host_layer = dev->host_layer_us, host_op = dev->host_op_us;
     double dual = cpc_dual_stream_layers(plan);
     double host = (layers * (host_layer + (out->host_ops_per_layer + tp_host_ops) * host_op) +
-                   dual * 0.6 * host_layer) * 1e-6;
+                   dual * 0.1 * host_layer) * 1e-6;
     /* classifier-free guidance run as two transformer calls per step
      * (runtime.cfg: sequential, the default; HOST): an even group batch is
      * dispatched twice, each call half the rows (the device work is the same) */
