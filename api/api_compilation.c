@@ -239,7 +239,9 @@ cpc_status *cpc_compilation_artifact(const cpc_compilation *c, cpc_artifact **ou
     if (!out)
         return cpc_error(CPC_E_USAGE, "cpc_compilation_artifact: out must not be NULL");
     *out = NULL;
-    if (!c || !cpc_compilation_ok(c))
+    if (!c)
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_artifact: the compilation is NULL");
+    if (!cpc_compilation_ok(c))
         return cpc_error(CPC_E_INTERNAL, "no artifact: the plan was not compiled");
     return cpc_compiled_to_artifact(&c->c, out);
 }
@@ -248,7 +250,9 @@ cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path)
 {
     if (!path)
         return cpc_error(CPC_E_USAGE, "cpc_compilation_write: path must not be NULL");
-    if (!c || !cpc_compilation_ok(c))
+    if (!c)
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_write: the compilation is NULL");
+    if (!cpc_compilation_ok(c))
         return cpc_error(CPC_E_INTERNAL, "no artifact: the plan was not compiled");
     return cpc_compiled_write(&c->c, path);
 }
@@ -287,6 +291,8 @@ cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t b
 {
     if (!f)
         return cpc_error(CPC_E_USAGE, "cpc_atomic_file_write: no file");
+    if (bytes && !data)
+        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_write: data is NULL (%zu bytes)", bytes);
     if (bytes && fwrite(data, 1, bytes, f->of.f) != bytes)
         return cpc_error(CPC_E_IO, "%s: write failed: %s", f->of.path, strerror(errno));
     return NULL;

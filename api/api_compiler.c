@@ -202,13 +202,21 @@ static int group_rank_of(const cpc_artifact *a, int rank)
     return rank / cpc_plan_tp_degree(a->plan) % layout_of(a)->P;
 }
 
-const char *cpc_artifact_variant(const cpc_artifact *a) { return cpc_variant_name(layout_of(a)->variant); }
-int cpc_artifact_world_size(const cpc_artifact *a) { return layout_of(a)->P * axes_of(a); }
-int cpc_artifact_cfg_degree(const cpc_artifact *a) { return cpc_plan_cfg_degree(a->plan); }
-int cpc_artifact_tp_degree(const cpc_artifact *a) { return cpc_plan_tp_degree(a->plan); }
+/* A NULL artifact: the queries answer 0, false, NULL or CPC_DTYPE__COUNT
+ * (compiler.h), the functions that return a status CPC_E_USAGE. */
+const char *cpc_artifact_variant(const cpc_artifact *a) { return a ? cpc_variant_name(layout_of(a)->variant) : NULL; }
+int cpc_artifact_world_size(const cpc_artifact *a) { return a ? layout_of(a)->P * axes_of(a) : 0; }
+int cpc_artifact_cfg_degree(const cpc_artifact *a) { return a ? cpc_plan_cfg_degree(a->plan) : 0; }
+int cpc_artifact_tp_degree(const cpc_artifact *a) { return a ? cpc_plan_tp_degree(a->plan) : 0; }
+
+static cpc_status *null_artifact(const char *fn) { return cpc_error(CPC_E_USAGE, "%s: the artifact is NULL", fn); }
 
 cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_slice *out)
 {
+    if (!a)
+        return null_artifact("cpc_artifact_rank_slice");
+    if (!out)
+        return cpc_error(CPC_E_USAGE, "cpc_artifact_rank_slice: out must not be NULL");
     const cpc_layout *L = layout_of(a);
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
@@ -228,17 +236,24 @@ cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_sl
     out->kv_head_start = out->head_start / (H / Hkv);
     return NULL;
 }
-int cpc_artifact_ring_degree(const cpc_artifact *a) { return layout_of(a)->R; }
-int cpc_artifact_ulysses_degree(const cpc_artifact *a) { return layout_of(a)->U; }
-cpc_dtype cpc_artifact_dtype(const cpc_artifact *a) { return layout_of(a)->dtype; }
-bool cpc_artifact_causal(const cpc_artifact *a) { return layout_of(a)->causal; }
-bool cpc_artifact_key_padding(const cpc_artifact *a) { return a->plan->input.mask == CPC_MASK_KEY_PADDING; }
-bool cpc_artifact_cross_attention(const cpc_artifact *a) { return layout_of(a)->cross; }
+int cpc_artifact_ring_degree(const cpc_artifact *a) { return a ? layout_of(a)->R : 0; }
+int cpc_artifact_ulysses_degree(const cpc_artifact *a) { return a ? layout_of(a)->U : 0; }
+cpc_dtype cpc_artifact_dtype(const cpc_artifact *a) { return a ? layout_of(a)->dtype : CPC_DTYPE__COUNT; }
+bool cpc_artifact_causal(const cpc_artifact *a) { return a && layout_of(a)->causal; }
+bool cpc_artifact_key_padding(const cpc_artifact *a) { return a && a->plan->input.mask == CPC_MASK_KEY_PADDING; }
+bool cpc_artifact_cross_attention(const cpc_artifact *a) { return a && layout_of(a)->cross; }
 bool cpc_artifact_trains(const cpc_artifact *a) { return a && a->backward; }
 
 void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens, int64_t *kv_tokens,
                         int64_t *heads, int64_t *kv_heads, int64_t *head_dim)
 {
+    int64_t *all[6] = {batch, tokens, kv_tokens, heads, kv_heads, head_dim};
+    if (!a) {
+        for (int i = 0; i < 6; i++)
+            if (all[i])
+                *all[i] = 0;
+        return;
+    }
     const cpc_layout *L = layout_of(a);
     if (batch)
         *batch = a->plan->input.batch;
@@ -257,6 +272,10 @@ void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens, 
 cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
                                      int *ndim, int64_t shape[4])
 {
+    if (!a)
+        return null_artifact("cpc_artifact_shard_shape");
+    if (!ndim || !shape)
+        return cpc_error(CPC_E_USAGE, "cpc_artifact_shard_shape: ndim and shape must not be NULL");
     const cpc_layout *L = layout_of(a);
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
@@ -294,6 +313,11 @@ cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor
 cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_run *runs, int max,
                                     int *n)
 {
+    if (!a)
+        return null_artifact("cpc_artifact_shard_runs");
+    if (!n || (max > 0 && !runs) || max < 0)
+        return cpc_error(CPC_E_USAGE, "cpc_artifact_shard_runs: n must not be NULL, and runs must hold "
+                                      "max >= 0 runs (max %d)", max);
     const cpc_layout *L = layout_of(a);
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)

@@ -1,6 +1,10 @@
 /*
- * api_rank.c - include/cpc/rank.h: one rank of an artifact over the runtime
- * layer (executor.h, backend.h, transport_*.h).
+ * api_rank.c - include/cpc/rank.h: a thin facade over the rank runtime
+ * (runtime/rank.h: backend, endpoint and wrappers, executors, stall limit),
+ * which cprun's job layer drives too.  What is here is the public contract:
+ * argument checks, the caller's tensors (strided host tensors gathered into
+ * staging, device tensors of the CUDA backend bound as they are), the
+ * caller's stream, and the refusals.
  *
  * Memory: everything is allocated in cpc_rank_create_* (the executor's
  * buffers through the backend, staging space for strided tensors, the key
@@ -10,31 +14,38 @@
  * and run (tests/test_api.c counts allocations).
  */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpc/cpc.h"
 
 #include "artifact.h"
-#include "backend.h"
+#include "codegen.h"
 #include "dtype.h"
-#include "executor.h"
+#include "rank.h"
 #include "status.h"
 #include "transport_local.h"
-#ifdef CPC_HAVE_MPI
 #include "transport_mpi.h"
-#endif
 
 struct cpc_rank {
     const cpc_artifact *a;
     int p, P;
-    cpc_backend *be;
-    cpc_transport *t;
-    cpc_exec *ex;
-    cpc_exec *bex;                   /* the backward program's (training artifacts), or NULL */
-    float *gbuf;                     /* fp32 gradient of the largest of dq, dk, dv */
+    cpc_rt_rank *rt;                 /* the rank runtime: backend, endpoint, executors */
+    cpc_backend *be;                 /* rt's */
+    cpc_transport *t;                /* rt's */
+    cpc_exec *ex;                    /* rt's forward executor */
+    cpc_exec *bex;                   /* rt's backward executor (training artifacts), or NULL */
+    bool device;                     /* CUDA backend: the caller's tensors are device memory */
+    void *stream;                    /* the caller's cudaStream_t (CUDA), or NULL */
+    cpc_kernel *kernels;             /* CUDA: the artifact's modules (strings borrowed) */
+    cpc_kernel_spec spec;
+    float *gbuf;                     /* fp32 gradient of the largest of dq, dk, dv (device
+                                        memory for a CUDA rank) */
     float *saved_lse;                /* the last forward's LSE in the layout the backward
-                                        program takes (cpc_rank_backward with lse NULL) */
+                                        program takes (cpc_rank_backward with lse NULL;
+                                        device memory for a CUDA rank) */
     size_t saved_lse_bytes;
     bool lse_in_shard_layout;        /* the backward takes the LSE as [B, H, T] (U = 1) */
     size_t esz;                      /* element size of the plan's dtype */
@@ -52,17 +63,44 @@ struct cpc_rank {
 
 void cpc_rank_options_init(cpc_rank_options *o)
 {
+    if (!o)
+        return;
     memset(o, 0, sizeof *o);
     o->backend = CPC_BACKEND_AUTO;
     o->device = -1;
-    o->timeout_s = 600.0;
+    o->timeout_s = CPC_RANK_DEFAULT_TIMEOUT_S;
+}
+
+/* "plan 'NAME' (ring 2 x 1, fp32, batch 1, 32 tokens, heads 4/4, head_dim 16)":
+ * how a refusal names an artifact. */
+static void artifact_label(const cpc_artifact *a, char *buf, size_t n)
+{
+    const cpc_layout *L = &a->program->layout;
+    snprintf(buf, n, "plan '%s' (%s %d x %d, %s, batch %d, %lld tokens, heads %d/%d, head_dim %d%s)",
+             a->plan->name ? a->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
+             cpc_dtype_name(L->dtype), L->B, (long long)L->S, L->H, L->Hkv, L->D,
+             L->cross ? ", cross-attention" : "");
 }
 
 cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out)
 {
+    if (out)
+        *out = NULL;
     if (!a || !out)
         return cpc_error(CPC_E_USAGE, "cpc_local_world_new: artifact and out must not be NULL");
-    return cpc_local_world_create(a->program->layout.R, a->program->layout.U, out);
+    cpc_status *st = cpc_local_world_create(a->program->layout.R, a->program->layout.U, out);
+    if (st)
+        return st;
+    /* the world belongs to this artifact (or an identical one: the same
+     * resolved plan gives the same program): cpc_rank_create_local checks */
+    char label[512];
+    artifact_label(a, label, sizeof label);
+    if (!cpc_local_world_set_owner(*out, a->plan_text ? a->plan_text : "", label)) {
+        cpc_local_world_destroy(*out);
+        *out = NULL;
+        return cpc_error(CPC_E_NOMEM, "out of memory");
+    }
+    return NULL;
 }
 
 void cpc_local_world_free(cpc_local_world *w)
@@ -75,14 +113,17 @@ void cpc_rank_destroy(cpc_rank *r)
 {
     if (!r)
         return;
-    cpc_exec_destroy(r->bex);
-    cpc_exec_destroy(r->ex);
-    free(r->gbuf);
-    free(r->saved_lse);
-    if (r->t)
-        cpc_transport_destroy(r->t);
-    if (r->be)
-        cpc_backend_destroy(r->be);
+    if (r->device) {
+        if (r->gbuf)
+            cpc_backend_free(r->be, r->gbuf);
+        if (r->saved_lse)
+            cpc_backend_free(r->be, r->saved_lse);
+    } else {
+        free(r->gbuf);
+        free(r->saved_lse);
+    }
+    cpc_rt_rank_destroy(r->rt);
+    free(r->kernels);
     for (int i = 0; i < CPC_TENSOR__COUNT; i++)
         free(r->stage[i]);
     free(r->mask);
@@ -96,7 +137,22 @@ static size_t elem_size(cpc_dtype d)
     return d == CPC_DTYPE_FP32 ? 4 : d == CPC_DTYPE_U8 ? 1 : 2;
 }
 
-/* Everything after the transport: backend, executor, staging. Takes t. */
+/* Memory of the rank's tensors: host memory, or the CUDA backend's. */
+static void *rank_alloc(cpc_rank *r, size_t bytes)
+{
+    if (!r->device)
+        return malloc(bytes);
+    void *p = NULL;
+    cpc_status *st = cpc_backend_alloc(r->be, bytes, &p);
+    if (st) {
+        cpc_status_free(st);
+        return NULL;
+    }
+    return p;
+}
+
+/* Everything after the transport: the rank runtime (backend, endpoint,
+ * executors), staging. Takes t. */
 static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
                                const cpc_rank_options *opts, cpc_rank **out)
 {
@@ -113,27 +169,75 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     }
     r->a = a;
     r->p = p;
-    r->t = t;
     const cpc_layout *L = &a->program->layout;
     r->P = cpc_artifact_world_size(a);
     /* the program's rank: p's rank in its (c, t) group (compiler.h THE OUTER AXES) */
     cpc_rank_slice sl;
     cpc_status *sst = cpc_artifact_rank_slice(a, p, &sl);
     if (sst) {
+        if (t)
+            cpc_transport_destroy(t);
         cpc_rank_destroy(r);
         return sst;
     }
     cpc_status *st = NULL;
+    /* the backend: CPU (auto), or CUDA on the caller's device buffers and
+     * stream with the artifact's kernels */
+    cpc_rt_rank_config rc = {.prog = a->program, .bwd = a->backward, .rank = sl.group_rank,
+                             .scale = a->plan->model.scale > 0 ? a->plan->model.scale : 1.0 / sqrt((double)L->D),
+                             .backend = CPC_RT_BACKEND_CPU, .transport = t, .wrap = CPC_RT_WRAP_AUTO};
     if (opts->backend == CPC_BACKEND_CUDA) {
-        st = cpc_error(CPC_E_UNSUPPORTED,
-                       "rank %d: the rank API runs on the CPU backend only in this release "
-                       "(device tensors are not bound yet); cprun --backend cuda runs the "
-                       "CUDA path", p);
-        goto fail;
+        if (!cpc_rt_backend_get(CPC_RT_BACKEND_CUDA)) {
+            st = cpc_error(CPC_E_UNSUPPORTED, "rank %d: backend cuda: this libcpc was built without the "
+                                              "CUDA toolkit", p);
+            goto fail;
+        }
+        bool have = a->n_kernels > 0;
+        for (int i = 0; have && i < a->n_kernels; i++)
+            have = a->kernels[i].ptx && a->kernels[i].ptx[0];
+        if (!have) {
+            st = cpc_error(CPC_E_UNSUPPORTED, "rank %d: backend cuda: the artifact has no compiled kernels "
+                                              "(compiled with --no-kernels or without CUDA)", p);
+            cpc_status_set_hint(st, "compile the plan with a libcpc built with the CUDA toolkit");
+            goto fail;
+        }
+        if (!(r->kernels = calloc((size_t)a->n_kernels, sizeof *r->kernels))) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < a->n_kernels; i++) /* borrowed: the artifact outlives the rank */
+            r->kernels[i] = (cpc_kernel){.name = a->kernels[i].name, .arch = a->kernels[i].arch,
+                                         .source = a->kernels[i].source, .ptx = a->kernels[i].ptx};
+        r->spec = cpc_kernel_spec_of(a->plan);
+        rc.backend = CPC_RT_BACKEND_CUDA;
+        rc.backend_params = (cpc_rt_backend_params){.device = opts->device, .spec = &r->spec,
+                                                    .kernels = r->kernels, .n_kernels = a->n_kernels};
+        r->device = true;
+        r->stream = opts->cuda_stream;
+    } else {
+        cpc_cpu_backend_single_thread_blas();
     }
-    cpc_cpu_backend_single_thread_blas();
-    if ((st = cpc_cpu_backend_create(&r->be)))
+    if (cpc_artifact_key_padding(a)) {
+        size_t mb = (size_t)L->B * (size_t)L->Skv;
+        if (!(r->mask = calloc(mb ? mb : 1, 1))) {
+            st = cpc_error(CPC_E_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    rc.kv_mask = r->mask;
+    t = NULL; /* the runtime's from here on */
+    if ((st = cpc_rt_rank_create(&rc, &r->rt)))
         goto fail;
+    r->be = r->rt->be;
+    r->t = r->rt->t;
+    r->ex = r->rt->ex;
+    r->bex = r->rt->bex;
+    if (r->device) {
+        /* the caller's tensors are device memory: bound and read as they are */
+        cpc_exec_set_device_io(r->ex, true);
+        if (r->bex)
+            cpc_exec_set_device_io(r->bex, true);
+    }
     r->esz = elem_size(L->dtype);
     for (int role = 0; role < CPC_TENSOR__COUNT; role++) {
         if ((st = cpc_artifact_shard_shape(a, p, (cpc_tensor_role)role, &r->ndim[role],
@@ -148,24 +252,14 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
             continue;
         if (role >= CPC_TENSOR_DOUT && !a->backward)
             continue; /* the backward's tensors: training artifacts only */
+        if (r->device)
+            continue; /* device tensors are bound as they are (contiguous) */
         r->stage[role] = malloc(r->bytes[role] ? r->bytes[role] : 1);
         if (!r->stage[role]) {
             st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for staging", p);
             goto fail;
         }
     }
-    if (cpc_artifact_key_padding(a)) {
-        r->mask = calloc(r->bytes[CPC_TENSOR_MASK] ? r->bytes[CPC_TENSOR_MASK] : 1, 1);
-        if (!r->mask) {
-            st = cpc_error(CPC_E_NOMEM, "out of memory");
-            goto fail;
-        }
-    }
-    double scale = a->plan->model.scale > 0 ? a->plan->model.scale : 1.0 / sqrt((double)L->D);
-    cpc_exec_config cfg = {.prog = a->program, .rank = sl.group_rank, .backend = r->be, .transport = t,
-                           .scale = scale, .kv_mask = r->mask, .record_events = false};
-    if ((st = cpc_exec_create(&cfg, &r->ex)))
-        goto fail;
     /* The executor's input sizes must be the shapes we promise. */
     const int in_roles[3][2] = {{CPC_TENSOR_Q, CPC_ROLE_Q}, {CPC_TENSOR_K, CPC_ROLE_K},
                                 {CPC_TENSOR_V, CPC_ROLE_V}};
@@ -183,11 +277,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         goto fail;
     }
     if (a->backward) {
-        /* the backward program: same backend, transport and mask */
-        cpc_exec_config bcfg = cfg;
-        bcfg.prog = a->backward;
-        if ((st = cpc_exec_create(&bcfg, &r->bex)))
-            goto fail;
+        /* the backward program (the runtime made it): same backend, transport and mask */
         const int bin[5][2] = {{CPC_TENSOR_Q, CPC_ROLE_Q},     {CPC_TENSOR_K, CPC_ROLE_K},
                                {CPC_TENSOR_V, CPC_ROLE_V},     {CPC_TENSOR_OUT, CPC_ROLE_O},
                                {CPC_TENSOR_DOUT, CPC_ROLE_DO}};
@@ -206,8 +296,8 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         r->lse_in_shard_layout = L->U == 1 && r->saved_lse_bytes == r->bytes[CPC_TENSOR_LSE];
         size_t g = r->bytes[CPC_TENSOR_DQ] > r->bytes[CPC_TENSOR_DK] ? r->bytes[CPC_TENSOR_DQ]
                                                                       : r->bytes[CPC_TENSOR_DK];
-        r->saved_lse = malloc(r->saved_lse_bytes + sizeof(float));
-        if (!r->saved_lse || !(r->gbuf = malloc(g / r->esz * sizeof(float) + sizeof(float)))) {
+        r->saved_lse = rank_alloc(r, r->saved_lse_bytes + sizeof(float));
+        if (!r->saved_lse || !(r->gbuf = rank_alloc(r, g / r->esz * sizeof(float) + sizeof(float)))) {
             st = cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the gradients", p);
             goto fail;
         }
@@ -226,8 +316,34 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     *out = r;
     return NULL;
 fail:
+    if (t)
+        cpc_transport_destroy(t);
     cpc_rank_destroy(r);
     return st;
+}
+
+/* Options out of range are usage errors before anything is made. */
+static cpc_status *check_options(const cpc_rank_options *o, const char *fn)
+{
+    if (!o)
+        return NULL;
+    if ((unsigned)o->backend > CPC_BACKEND_CUDA)
+        return cpc_error(CPC_E_USAGE, "%s: unknown backend %d (expected CPC_BACKEND_AUTO, _CPU or _CUDA)",
+                         fn, (int)o->backend);
+    if (o->device < -1)
+        return cpc_error(CPC_E_USAGE, "%s: device %d: expected -1 (the current device) or a device "
+                                      "index", fn, o->device);
+    if (isnan(o->timeout_s))
+        return cpc_error(CPC_E_USAGE, "%s: timeout_s is NaN", fn);
+    return NULL;
+}
+
+/* The stall limit of options `o` in seconds: 0 (wait forever) for < 0, the
+ * default for 0 or no options. */
+static double stall_limit(const cpc_rank_options *o)
+{
+    double t = o ? o->timeout_s : 0;
+    return t < 0 ? 0 : t == 0 ? CPC_RANK_DEFAULT_TIMEOUT_S : t;
 }
 
 cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
@@ -238,18 +354,35 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     *out = NULL;
     if (!a || !w)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: artifact and world must not be NULL");
+    cpc_status *ost = check_options(opts, "cpc_rank_create_local");
+    if (ost)
+        return ost;
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
-    double timeout = opts ? opts->timeout_s : 600.0;
-    cpc_local_world_set_timeout(w, timeout < 0 ? 0 : timeout == 0 ? 600.0 : timeout);
-    cpc_transport *t = NULL;
+    /* a world made for another artifact: its ranks would run other programs
+     * on other shapes (and compute garbage) */
+    const char *tag = NULL, *wlabel = NULL;
+    cpc_local_world_owner(w, &tag, &wlabel);
+    if (tag && strcmp(tag, a->plan_text ? a->plan_text : "") != 0) {
+        char mine[512];
+        artifact_label(a, mine, sizeof mine);
+        cpc_status *e = cpc_error(CPC_E_USAGE, "rank %d: the local world was made for %s, this rank's "
+                                               "artifact is %s", rank, wlabel ? wlabel : "another artifact", mine);
+        cpc_status_set_hint(e, "make every rank of a world from the artifact given to cpc_local_world_new");
+        return e;
+    }
+    cpc_local_world_set_timeout(w, stall_limit(opts));
     /* with cfg_degree x tp_degree > 1, `w` is rank's group's world (rank.h) */
     cpc_rank_slice sl;
     cpc_status *st = cpc_artifact_rank_slice(a, rank, &sl);
-    if (!st)
-        st = cpc_local_endpoint_create(w, sl.group_rank, &t);
     if (st)
+        return st;
+    const cpc_rt_transport_entry *te = cpc_rt_transport_get(CPC_RT_TRANSPORT_LOCAL);
+    cpc_rt_transport_params tp = {.ring_degree = a->program->layout.R,
+                                  .ulysses_degree = a->program->layout.U, .world = w, .rank = sl.group_rank};
+    cpc_transport *t = NULL;
+    if ((st = te->create(&tp, &t)))
         return st;
     return rank_finish(a, rank, t, opts, out);
 }
@@ -262,21 +395,31 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     *out = NULL;
     if (!a)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: artifact must not be NULL");
-#ifdef CPC_HAVE_MPI
-    cpc_transport *t = NULL;
+    cpc_status *ost = check_options(opts, "cpc_rank_create_mpi");
+    if (ost)
+        return ost;
+    const cpc_rt_transport_entry *te = cpc_rt_transport_get(CPC_RT_TRANSPORT_MPI);
+    if (!te)
+        return cpc_error(CPC_E_UNSUPPORTED, "libcpc was built without MPI");
+    if (!mpi_comm)
+        return cpc_error(CPC_E_USAGE, "mpi transport: no communicator (NULL)");
+    /* the stall limit of every MPI wait of this process (transport_mpi.h):
+     * a peer that failed or stopped ends this rank's call with
+     * CPC_E_RUNTIME ("stalled") within it, then the job is aborted */
+    te->set_stall_limit(stall_limit(opts));
     const cpc_layout *L = &a->program->layout;
+    cpc_rt_transport_params tp = {.ring_degree = L->R, .ulysses_degree = L->U, .comm = mpi_comm};
+    cpc_transport *t = NULL;
+    cpc_status *st = NULL;
     if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) == 1) {
-        cpc_status *st = cpc_transport_mpi_create_comm(mpi_comm, L->R, L->U, &t);
-        if (st)
+        if ((st = te->create(&tp, &t)))
             return st;
         return rank_finish(a, cpc_transport_group_rank(t, CPC_GROUP_WORLD), t, opts, out);
     }
     /* the outer axes (rank.h): the caller's communicator is the whole world;
      * this rank's group is split from it (color c*T + t, key its group rank) */
     int p = 0, size = 0, P = cpc_artifact_world_size(a);
-    cpc_status *st = mpi_comm ? cpc_mpi_comm_rank_size(mpi_comm, &p, &size)
-                              : cpc_error(CPC_E_USAGE, "mpi transport: no communicator (NULL)");
-    if (st)
+    if ((st = te->comm_rank_size(mpi_comm, &p, &size)))
         return st;
     if (size != P) {
         st = cpc_error(CPC_E_USAGE,
@@ -287,33 +430,40 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
         return st;
     }
     cpc_rank_slice sl;
-    if ((st = cpc_artifact_rank_slice(a, p, &sl)) ||
-        (st = cpc_transport_mpi_create_split(mpi_comm, sl.group, sl.group_rank, L->R, L->U, &t)))
+    if ((st = cpc_artifact_rank_slice(a, p, &sl)))
+        return st;
+    tp.split = true;
+    tp.group = sl.group;
+    tp.rank = sl.group_rank;
+    if ((st = te->create(&tp, &t)))
         return st;
     return rank_finish(a, p, t, opts, out);
-#else
-    (void)mpi_comm;
-    (void)opts;
-    return cpc_error(CPC_E_UNSUPPORTED, "libcpc was built without MPI");
-#endif
 }
 
 cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
-    (void)a, (void)nccl_comm, (void)cuda_stream, (void)opts;
-    if (out)
-        *out = NULL;
+    (void)nccl_comm, (void)cuda_stream;
+    if (!out)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: out must not be NULL");
+    *out = NULL;
+    if (!a)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: artifact must not be NULL");
+    cpc_status *ost = check_options(opts, "cpc_rank_create_nccl");
+    if (ost)
+        return ost;
     return cpc_error(CPC_E_UNSUPPORTED,
                      "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
                      "available in this release (the rank API runs on the CPU backend; cprun "
                      "--backend cuda --transport nccl runs the GPU path)");
 }
 
-int cpc_rank_index(const cpc_rank *r) { return r->p; }
-int cpc_rank_world_size(const cpc_rank *r) { return r->P; }
+int cpc_rank_index(const cpc_rank *r) { return r ? r->p : -1; }
+int cpc_rank_world_size(const cpc_rank *r) { return r ? r->P : 0; }
 int64_t cpc_rank_allocated_bytes(const cpc_rank *r)
 {
+    if (!r)
+        return 0;
     int64_t n = cpc_exec_allocated_bytes(r->ex);
     for (int i = 0; i < CPC_TENSOR__COUNT; i++)
         if (r->stage[i])
@@ -349,6 +499,23 @@ static cpc_status *check_tensor(const cpc_rank *r, int role, const cpc_tensor *t
     if (t->ndim != nd)
         return cpc_error(CPC_E_USAGE, "rank %d: tensor %s has %d dimensions, expected %d", r->p,
                          role_name(role), t->ndim, nd);
+    /* the farthest element's offset, in bytes, must be addressable */
+    int64_t reach = 0;
+    const int64_t es = role == CPC_TENSOR_MASK ? 1 : t->dtype == CPC_DTYPE_FP32 ? 4 : 2;
+    for (int i = 0; i < nd; i++) {
+        int64_t step = 0;
+        if (shape[i] > 1 && t->strides[i] > 0 &&
+            (__builtin_mul_overflow(t->strides[i], shape[i] - 1, &step) ||
+             __builtin_add_overflow(reach, step, &reach)))
+            reach = -1;
+        if (reach < 0)
+            break;
+    }
+    int64_t reach_bytes = 0;
+    if (reach < 0 || __builtin_mul_overflow(reach, es, &reach_bytes) ||
+        __builtin_add_overflow(reach_bytes, es, &reach_bytes) || (uint64_t)reach_bytes > PTRDIFF_MAX)
+        return cpc_error(CPC_E_USAGE, "rank %d: tensor %s: its strides overflow (the last element "
+                                      "lies beyond any address)", r->p, role_name(role));
     for (int i = 0; i < nd; i++)
         if (t->shape[i] != shape[i]) {
             char got[96] = "", exp[96] = "";
@@ -439,6 +606,38 @@ static void strided_copy(const cpc_tensor *t, const int64_t *shape, int nd, size
             }
 }
 
+/* A CUDA rank binds the caller's device tensors as they are: each passed
+ * tensor must be contiguous (the CPU gathers strided ones into staging). */
+static cpc_status *device_contiguous(const cpc_rank *r, const cpc_tensor *const *ts, const int *roles, int n,
+                                     const bool *contig)
+{
+    for (int i = 0; r->device && i < n; i++)
+        if (ts[i] && !contig[roles[i]])
+            return cpc_error(CPC_E_USAGE, "rank %d: tensor %s: the CUDA backend takes contiguous device "
+                                          "tensors (row-major, BSHD)", r->p, role_name(roles[i]));
+    return NULL;
+}
+
+/* The caller's key padding mask into the host copy the backend reads. */
+static cpc_status *stage_mask(cpc_rank *r, const cpc_tensor *mask, bool contig)
+{
+    if (r->device)
+        return cpc_backend_download(r->be, r->mask, mask->data, r->bytes[CPC_TENSOR_MASK]);
+    if (contig)
+        memcpy(r->mask, mask->data, r->bytes[CPC_TENSOR_MASK]);
+    else
+        strided_copy(mask, r->shape[CPC_TENSOR_MASK], 2, 1, r->mask, true);
+    return NULL;
+}
+
+/* Before a run reads the caller's tensors: the work the caller queued on
+ * its stream is done (CUDA). */
+static cpc_status *wait_caller(cpc_rank *r)
+{
+    const cpc_rt_backend_entry *be = r->rt->backend;
+    return r->device && be->wait_stream ? be->wait_stream(r->stream) : NULL;
+}
+
 cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
                              const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                              const cpc_tensor *lse)
@@ -477,6 +676,13 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
                                &contig[CPC_TENSOR_LSE])))
             return st;
     }
+    {
+        const cpc_tensor *all[6] = {q, k, v, out, mask, lse};
+        const int roles[6] = {CPC_TENSOR_Q, CPC_TENSOR_K, CPC_TENSOR_V, CPC_TENSOR_OUT, CPC_TENSOR_MASK,
+                              CPC_TENSOR_LSE};
+        if ((st = device_contiguous(r, all, roles, 6, contig)))
+            return st;
+    }
 
     /* inputs: bind contiguous caller memory directly, gather strided ones */
     static const cpc_buf_role exec_role[3] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V};
@@ -489,15 +695,9 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
         if ((st = cpc_exec_bind_input(r->ex, exec_role[i], src, r->bytes[i])))
             return st;
     }
-    if (r->mask) {
-        if (contig[CPC_TENSOR_MASK])
-            memcpy(r->mask, mask->data, r->bytes[CPC_TENSOR_MASK]);
-        else
-            strided_copy(mask, r->shape[CPC_TENSOR_MASK], 2, 1, r->mask, true);
-    }
-    if ((st = cpc_exec_reset(r->ex)))
+    if ((st = wait_caller(r)) || (r->mask && (st = stage_mask(r, mask, contig[CPC_TENSOR_MASK]))))
         return st;
-    if ((st = cpc_exec_run(r->ex, NULL)))
+    if ((st = cpc_rt_rank_run(r->rt, r->ex, false, NULL)))
         return st;
 
     void *odst = contig[CPC_TENSOR_OUT] ? out->data : r->stage[CPC_TENSOR_OUT];
@@ -586,6 +786,15 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
         return cpc_error(CPC_E_USAGE, "rank %d: a mask was passed but the plan's mask is %s", r->p,
                          cpc_mask_name(r->a->plan->input.mask));
     }
+    if (r->device) {
+        if (lse_saved)
+            contig[CPC_TENSOR_LSE] = true; /* checked above: contiguous */
+        const cpc_tensor *all[10] = {q, k, v, out, dout, dq, dk, dv, mask, lse};
+        const int roles[10] = {CPC_TENSOR_Q, CPC_TENSOR_K, CPC_TENSOR_V, CPC_TENSOR_OUT, CPC_TENSOR_DOUT,
+                               CPC_TENSOR_DQ, CPC_TENSOR_DK, CPC_TENSOR_DV, CPC_TENSOR_MASK, CPC_TENSOR_LSE};
+        if ((st = device_contiguous(r, all, roles, 10, contig)))
+            return st;
+    }
 
     /* inputs: contiguous caller memory bound directly, strided gathered */
     for (int i = 0; i < NIN; i++) {
@@ -617,15 +826,9 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
             (st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, r->saved_lse, r->saved_lse_bytes)))
             return st;
     }
-    if (r->mask) {
-        if (contig[CPC_TENSOR_MASK])
-            memcpy(r->mask, mask->data, r->bytes[CPC_TENSOR_MASK]);
-        else
-            strided_copy(mask, r->shape[CPC_TENSOR_MASK], 2, 1, r->mask, true);
-    }
-    if ((st = cpc_exec_reset(r->bex)))
+    if ((st = wait_caller(r)) || (r->mask && (st = stage_mask(r, mask, contig[CPC_TENSOR_MASK]))))
         return st;
-    if ((st = cpc_exec_run(r->bex, NULL)))
+    if ((st = cpc_rt_rank_run(r->rt, r->bex, false, NULL)))
         return st;
 
     /* gradients: fp32 accumulators -> the caller's dtype and strides */
@@ -640,6 +843,11 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
         if (f32) {
             if (!contig[role])
                 strided_copy(t, r->shape[role], 4, sizeof(float), g, false);
+        } else if (r->device) { /* contiguous: checked above */
+            if ((st = cpc_backend_convert(r->be, t->data, dt, g, CPC_DTYPE_FP32, n)))
+                return st;
+            if (r->be->vt->sync && (st = cpc_backend_sync(r->be)))
+                return st;
         } else if (contig[role]) {
             cpc_from_f32_n(t->data, dt, g, n);
         } else {
@@ -653,6 +861,16 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
 int64_t cpc_rank_saved_lse_elements(const cpc_rank *r)
 {
     return r && r->bex ? (int64_t)(r->saved_lse_bytes / sizeof(float)) : 0;
+}
+
+cpc_status *cpc_rank_abort(cpc_rank *r, const char *why)
+{
+    if (!r)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_abort: rank is NULL");
+    char msg[512];
+    snprintf(msg, sizeof msg, "rank %d: aborted by the caller: %s", r->p, why && *why ? why : "(no reason given)");
+    cpc_rt_rank_abort(r->rt, msg); /* MPI: does not return */
+    return NULL;
 }
 
 cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n)

@@ -19,6 +19,8 @@
 
 void cpc_job_options_init(cpc_job_options *o)
 {
+    if (!o)
+        return;
     cpc_run_options d;
     cpc_run_options_default(&d);
     memset(o, 0, sizeof *o);
@@ -123,17 +125,21 @@ cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, 
 }
 
 void cpc_job_close(cpc_job *job) { cpc_job_free(job); }
-const char *cpc_job_variant(const cpc_job *job) { return cpc_variant_name(job->prog->layout.variant); }
-int cpc_job_ring_degree(const cpc_job *job) { return job->prog->layout.R; }
-int cpc_job_ulysses_degree(const cpc_job *job) { return job->prog->layout.U; }
+const char *cpc_job_variant(const cpc_job *job) { return job ? cpc_variant_name(job->prog->layout.variant) : NULL; }
+int cpc_job_ring_degree(const cpc_job *job) { return job ? job->prog->layout.R : 0; }
+int cpc_job_ulysses_degree(const cpc_job *job) { return job ? job->prog->layout.U : 0; }
 int cpc_job_world_size(const cpc_job *job)
 {
+    if (!job)
+        return 0;
     /* with cfg_degree x tp_degree > 1, C*T groups run the R x U program */
     return job->prog->layout.P * cpc_plan_cfg_degree(job->plan) * cpc_plan_tp_degree(job->plan);
 }
 
 cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes)
 {
+    if (!job || !bytes)
+        return cpc_error(CPC_E_USAGE, "cpc_job_peak_memory: job and bytes must not be NULL");
     *bytes = 0;
     for (int p = 0; p < job->prog->layout.P; p++) {
         cpc_exec_memory m;
@@ -149,6 +155,8 @@ cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes)
 
 cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path)
 {
+    if (!o)
+        return cpc_error(CPC_E_USAGE, "cpc_job_check_outputs: options must not be NULL");
     cpc_run_options r;
     cpc_status *st = to_run_options(o, &r);
     return st ? st : cpc_run_check_outputs(&r, plan_path);
@@ -160,6 +168,13 @@ cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_ru
     if (!report)
         return cpc_error(CPC_E_USAGE, "cpc_job_execute: report must not be NULL");
     *report = NULL;
+    if (!job)
+        return cpc_error(CPC_E_USAGE, "cpc_job_execute: job must not be NULL");
+    cpc_job_options defaults;
+    if (!o) {
+        cpc_job_options_init(&defaults);
+        o = &defaults;
+    }
     cpc_run_options r;
     cpc_status *st = to_run_options(o, &r);
     if (st)
@@ -187,7 +202,25 @@ char *cpc_run_report_failure(const cpc_run_report *r)
         return NULL;
     char *s = NULL;
     int n;
-    if (r->n_nan || r->n_inf)
+    int64_t bn = 0;
+    for (int i = 0; i < 3; i++)
+        bn += r->bwd_n_nan[i] + r->bwd_n_inf[i];
+    if ((!r->checked || r->pass) && r->bwd_checked && !r->bwd_pass) {
+        /* only the backward failed: quote its figures, not the forward's */
+        if (bn)
+            n = asprintf(&s,
+                         "the gradients have non-finite values (NaN/Inf: dq %lld/%lld, dk %lld/%lld, "
+                         "dv %lld/%lld; a NaN or Inf in dout or the inputs reaches them)",
+                         (long long)r->bwd_n_nan[0], (long long)r->bwd_n_inf[0],
+                         (long long)r->bwd_n_nan[1], (long long)r->bwd_n_inf[1],
+                         (long long)r->bwd_n_nan[2], (long long)r->bwd_n_inf[2]);
+        else
+            n = asprintf(&s,
+                         "backward relative error dq %.3e, dk %.3e, dv %.3e exceeds the %s "
+                         "tolerance %.2e",
+                         r->bwd_rel_err[0], r->bwd_rel_err[1], r->bwd_rel_err[2], r->dtype,
+                         r->bwd_tolerance);
+    } else if (r->n_nan || r->n_inf)
         n = asprintf(&s,
                      "the output has %lld NaN and %lld Inf values (first at out[%lld, %lld, %lld, "
                      "%lld]; relative error of the finite values %.3e)",

@@ -16,7 +16,11 @@
  * plan limit; 3P + 7 tokens);
  * ulysses U = P with P heads.  head_dim 8, fp32, no mask.
  *
- * Usage: bench_verify [iters]        exit status 1 when a program is not proved.
+ * With --backward: the same plans in mode: training, and their backward
+ * programs (cpc_schedule_build_backward) proved by cpc_verify_backward_ex
+ * (S = the symmetric domain, E = enumeration of every rank).
+ *
+ * Usage: bench_verify [iters] [--backward]   exit status 1 when a program is not proved.
  */
 #include <math.h>
 #include <stdio.h>
@@ -27,7 +31,11 @@
 #include "plan_load.h"
 #include "program.h"
 #include "schedule.h"
+#include "schedule_bwd.h"
 #include "verify.h"
+#include "verify_bwd.h"
+
+static int backward; /* --backward */
 
 static double now(void)
 {
@@ -62,9 +70,9 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     }
     char yaml[512];
     snprintf(yaml, sizeof yaml,
-             "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput: {tokens: %lld}\n"
+             "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput: {tokens: %lld%s}\n"
              "cluster: {world_size: %d}\nschedule: {rotate: %s, overlap: true}\n",
-             H, S, P, rotate);
+             H, S, backward ? ", mode: training" : "", P, rotate);
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "bench.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st) || !plan) {
@@ -74,7 +82,7 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     }
     cpc_status_free(st);
     cpc_program *prog = NULL;
-    st = cpc_schedule_build(plan, v, R, U, &prog);
+    st = backward ? cpc_schedule_build_backward(plan, v, R, U, &prog) : cpc_schedule_build(plan, v, R, U, &prog);
     cpc_plan_free(plan);
     if (st) {
         cpc_status_print(stderr, "bench_verify", st);
@@ -86,7 +94,13 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
 
 int main(int argc, char **argv)
 {
-    int iters = argc > 1 ? atoi(argv[1]) : 5;
+    int iters = 5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backward") == 0)
+            backward = 1;
+        else
+            iters = atoi(argv[i]);
+    }
     if (iters < 1)
         iters = 1;
     static const int sizes[] = {4, 64, 1024, 16384, 65536};
@@ -101,7 +115,8 @@ int main(int argc, char **argv)
         {CPC_VARIANT_ULYSSES_ANYTHING, "p2p"}, {CPC_VARIANT_ULYSSES, "p2p"},
     };
     int bad = 0;
-    printf("proof time (ms, best of %d; S = symbolic, E = enumeration)\n", iters);
+    printf("%s proof time (ms, best of %d; S = symbolic, E = enumeration)\n", backward ? "backward" : "forward",
+           iters);
     printf("%-26s", "variant");
     for (int i = 0; i < NS; i++)
         printf(" %12d", sizes[i]);
@@ -121,10 +136,15 @@ int main(int argc, char **argv)
             }
             double best = 1e9;
             cpc_verify_stats stats;
+            cpc_verify_bwd_stats bstats;
             cpc_status *st = NULL;
             for (int k = 0; k < iters; k++) {
                 double t0 = now();
-                st = cpc_verify_ex(p, NULL, &stats);
+                if (backward) {
+                    st = cpc_verify_backward_ex(p, NULL, &bstats);
+                    stats.mode = bstats.mode;
+                } else
+                    st = cpc_verify_ex(p, NULL, &stats);
                 double dt = now() - t0;
                 if (dt < best)
                     best = dt;

@@ -68,6 +68,8 @@ struct cpc_lua_script {
     size_t printed;
     const char *what;       /* "schedule()", "choose()", "the main chunk" */
     int load_status;        /* status of loading the main chunk (syntax errors) */
+    unsigned alloc_ticks;   /* allocations since the last clock check */
+    bool in_load;           /* inside load(): the parser runs no VM instruction */
 };
 
 static double now_s(void)
@@ -76,6 +78,8 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+
+static void count_hook(lua_State *L, lua_Debug *ar);
 
 static cpc_lua_script *script_of(lua_State *L)
 {
@@ -120,6 +124,24 @@ static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     if (nsize > old) {
         size_t limit = s->lim.memory_bytes + (s->breach != BREACH_NONE ? MEM_SLACK : 0);
         size_t grow = nsize - old;
+        /* The deadline, also where no VM instruction runs for long: C
+         * functions that build big strings (s:upper() of 60 MB a few hundred
+         * times between two hook calls) and load() parsing a huge chunk (150
+         * loads of 18 MB took 52-110 s against a 1 s limit).  Checked on every
+         * allocation of 64 KiB or more and every 256th one. */
+        if (s->deadline > 0 && s->breach == BREACH_NONE && (grow >= ((size_t)64 << 10) || ++s->alloc_ticks >= 256)) {
+            s->alloc_ticks = 0;
+            if (now_s() > s->deadline) {
+                s->breach = BREACH_TIME;
+                note_refusal_line(s);
+                /* the next VM instruction raises (lua_sethook may be called
+                 * at any time, even from a signal handler) */
+                if (s->L)
+                    lua_sethook(s->L, count_hook, LUA_MASKCOUNT, 1);
+            }
+        }
+        if (s->breach == BREACH_TIME && s->in_load)
+            return NULL; /* stop the parser now; sb_load raises the breach */
         if (s->used + grow > limit || s->used + grow < s->used) {
             note_refusal_line(s);
             return NULL;
@@ -255,7 +277,21 @@ static int sb_load(lua_State *L)
     lua_replace(L, 3);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
+    /* the parser runs no VM instruction, so the count hook cannot see it: the
+     * deadline is checked before, by the allocator while it parses (which
+     * then refuses everything), and after */
+    cpc_lua_script *s = script_of(L);
+    if (s->breach == BREACH_NONE && s->deadline > 0 && now_s() > s->deadline)
+        s->breach = BREACH_TIME;
+    if (s->breach != BREACH_NONE)
+        raise_breach(L, s, s->short_src, s->last_line);
+    s->in_load = true;
     lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    s->in_load = false;
+    if (s->breach == BREACH_NONE && s->deadline > 0 && now_s() > s->deadline)
+        s->breach = BREACH_TIME;
+    if (s->breach != BREACH_NONE)
+        raise_breach(L, s, s->short_src, s->last_line);
     return lua_gettop(L);
 }
 
@@ -750,6 +786,8 @@ static cpc_status *protected_run(cpc_lua_script *s, lua_CFunction fn, void *ud, 
     s->instr = 0;
     s->deadline = now_s() + s->lim.seconds;
     s->host_oom = false;
+    s->in_load = false;
+    s->alloc_ticks = 0;
     lua_settop(L, 0);
     lua_pushcfunction(L, msg_handler);
     lua_pushcfunction(L, fn);

@@ -111,7 +111,12 @@
  *   - a memory cap enforced by a custom lua_Alloc (default 64 MiB);
  *   - an instruction budget and a wall-clock deadline checked by a count hook
  *     every CPC_LUA_HOOK_EVERY VM instructions (defaults 200 million and
- *     1.0 s, per call);
+ *     1.0 s, per call); the deadline is also checked by the allocator (every
+ *     allocation of 64 KiB or more, every 256th otherwise: C functions that
+ *     build big strings between two hook calls) and around and inside load()
+ *     (the parser runs no VM instruction; past the deadline the allocator
+ *     refuses it everything), so a call ends within about one C function's
+ *     work of its deadline;
  *   - C library functions that could loop for long without running a VM
  *     instruction are guarded: string.rep (empty results), pattern functions
  *     (string.find/match/gmatch/gsub refuse a subject/pattern pair whose

@@ -1537,7 +1537,10 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
     default:
-        fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
+        if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
+            fail(C, rk->p, nd, step, "op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
+        else
+            fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
         return RES_ERR;
     }
 }
@@ -1941,7 +1944,15 @@ static bool loops_read_s(const cpc_op *ops, int n)
     return false;
 }
 
-/* Op instances the simulator visits on the rank with coordinates *c: every
+/* What one visit of op costs (verify.h THE PROVER'S BOUND): 1, plus one
+ * for every 8 expression nodes it evaluates (`when`, `peer`, `block`). */
+static int64_t op_weight(const cpc_op *op)
+{
+    return 1 + (cpc_expr_size(op->when) + cpc_expr_size(op->peer) + cpc_expr_size(op->block)) / 8;
+}
+
+/* Op instances the simulator visits on the rank with coordinates *c,
+ * weighted by op_weight: every
  * op of a list it walks costs one visit (its `when` is evaluated there), and
  * a loop's body is walked `count` times only when the loop's own `when`
  * holds: what executes, not what is written (a loop behind a false guard
@@ -1950,8 +1961,8 @@ static int64_t visits(const cpc_op *ops, int n, const cpc_coords *c, int depth, 
 {
     int64_t total = 0;
     for (int i = 0; i < n && total <= cap; i++) {
-        total = sat_add(total, 1);
         const cpc_op *op = &ops[i];
+        total = sat_add(total, op_weight(op));
         if (op->kind != CPC_OP_LOOP || op->n_body <= 0 || !op->body || !op->count || depth >= MAX_DEPTH)
             continue;
         int64_t w = 1, cnt = 0;
@@ -2088,6 +2099,29 @@ static int init_ranks(ctx *C)
     return 0;
 }
 
+/* The first backward-only op of ops[0..n) at any loop depth, with its path
+ * ("ops[2].body[1].body[3]", 1-based as in the diagnostics) in where; NULL
+ * when there is none. */
+static const cpc_op *find_backward_op(const cpc_op *ops, int n, char *where, size_t cap, size_t len)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *o = &ops[i];
+        int w = snprintf(where + len, cap - len, len ? ".body[%d]" : "ops[%d]", i + 1);
+        size_t l2 = w > 0 && (size_t)w < cap - len ? len + (size_t)w : len;
+        cpc_op_kind k = o->kind;
+        if (k == CPC_OP_DELTA || k == CPC_OP_ATTN_BWD || k == CPC_OP_REDUCE_SCATTER || k == CPC_OP_ALL_REDUCE ||
+            k == CPC_OP_ADD)
+            return o;
+        if (k == CPC_OP_LOOP && o->body) {
+            const cpc_op *b = find_backward_op(o->body, o->n_body, where, cap, l2);
+            if (b)
+                return b;
+        }
+        where[len] = 0;
+    }
+    return NULL;
+}
+
 cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_stats *stats)
 {
     cpc_verify_stats dummy;
@@ -2106,17 +2140,16 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
                          L->P);
     /* Backward ops (training) are proved by cpc_verify_backward (verify_bwd.h);
      * in a forward program they are refused before either prover runs. */
-    for (int i = 0; i < prog->n_ops; i++) {
-        const cpc_op *o = &prog->ops[i];
-        for (int j = -1; j < (o->kind == CPC_OP_LOOP ? o->n_body : 0); j++) {
-            cpc_op_kind k = j < 0 ? o->kind : o->body[j].kind;
-            if (k == CPC_OP_DELTA || k == CPC_OP_ATTN_BWD || k == CPC_OP_REDUCE_SCATTER || k == CPC_OP_ALL_REDUCE ||
-                k == CPC_OP_ADD)
-                return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, j < 0 ? o->span : o->body[j].span,
-                                "ops[%d]: %s is a backward (training) op: a forward program may not use it "
-                                "(backward programs are proved by cpc_verify_backward)",
-                                i + 1, cpc_op_kind_name(k));
-        }
+    {
+        /* at any loop depth (issue 23: an `add` two loops deep reached the
+         * simulation as "unknown op kind 16") */
+        char where[256];
+        const cpc_op *b = find_backward_op(prog->ops, prog->n_ops, where, sizeof where, 0);
+        if (b)
+            return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, b->span,
+                            "%s: %s is a backward (training) op: a forward program may not use it "
+                            "(backward programs are proved by cpc_verify_backward)",
+                            where, cpc_op_kind_name(b->kind));
     }
     ctx C;
     memset(&C, 0, sizeof C);

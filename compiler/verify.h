@@ -175,6 +175,30 @@
  * instances (every rank, loops unrolled, guards evaluated) an enumeration may
  * visit; about 3 s. */
 #define CPC_VERIFY_DEFAULT_FULL_LIMIT ((int64_t)16000000)
+/* THE PROVER'S BOUND.  Neither proof runs unbounded: work is counted in
+ * units (one op interpreted, or one expression node evaluated), and a
+ * program whose proof would take more is refused with CP051 saying which
+ * op and why, before the work is done.
+ *   - Symbolic proof: every loop's steps are cut into phases (at most 2 x 32
+ *     interval ends per `when` of its body, or every step of a loop of at
+ *     most 64 steps); each phase runs the body at most FIX_TRIES + 2 = 10
+ *     times and evaluates every `when` twice, so a loop costs
+ *     phases x (10 x body ops + 2 x its `when`s' nodes); the sum over loops
+ *     is bounded by CPC_VERIFY_WORK_MAX (2^26 units: about 0.4 s, 64 MiB at
+ *     most for the cut list).  Beyond it the program is outside the symbolic
+ *     class (then enumerated if that fits, else refused).
+ *   - Enumeration: the op instances every rank executes, each weighted
+ *     1 + (nodes of its `when`, `peer` and `block`) / 8, are counted before
+ *     the simulation (the count stops just past the limit) and must fit
+ *     full_limit (default 16e6, about 3 s); the simulation itself stops at 4
+ *     x that many instances.  Memory O(P x buffers) plus the messages in
+ *     flight, P <= CPC_VERIFY_MAX_RANKS.
+ *   - The backward prover (verify_bwd.h) has its own bound, in the same
+ *     units.
+ * cprun and cpc_artifact_load call cpc_verify with the defaults: the same
+ * bound as cpc. */
+#define CPC_VERIFY_WORK_MAX ((int64_t)1 << 26)
+
 /* Largest world an enumeration simulates (larger ones are proved
  * symbolically or refused). */
 #define CPC_VERIFY_MAX_RANKS 65536

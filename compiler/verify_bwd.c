@@ -9,6 +9,7 @@
 #include "verify.h"
 
 #define VB_MAX_P 256
+#define VB_WORK_MAX ((int64_t)1 << 27) /* contribution runs added, all ranks together */
 
 typedef struct xop {
     const cpc_op *op;
@@ -20,33 +21,67 @@ typedef struct rank_ops {
     int n, cap;
 } rank_ops;
 
-/* Pair counts saturate here (any count above 1 is already an error). */
-#define VB_CNT_MAX 255
-/* Largest abstract state (count cells over all ranks and gradient buffers). */
-#define VB_MAX_CELLS ((int64_t)1 << 28)
+
+/* The gradient contributions an accumulator holds: a multiset of (query
+ * block, key unit, query head) triples, as runs {(q0 + i*dq, k0 + i*dk) :
+ * 0 <= i < len} (q mod R, k mod NK) x heads [h0, h0 + hn).  A ring's
+ * accumulator grows by one block a step, so its runs stay few whatever R
+ * (what lets the symmetric domain prove 65536 ranks); duplicates are runs
+ * that overlap, found when the OUTPUT is checked. */
+typedef struct run {
+    int32_t q0, k0, len, h0, hn;
+    int32_t dq, dk;
+} run;
+
+typedef struct cset {
+    run *v;
+    int n, cap;
+} cset;
 
 typedef struct slot {
     int tag;
     bool written;   /* init_acc'd / delta written / received / input */
-    uint8_t *cnt;   /* [R * NK * nh] (query block, key unit, query head), D* roles only */
+    cpc_content src; /* provenance: what it holds (program.h cpc_content) */
+    bool grad;      /* a D* role: `cnt` is meaningful */
+    cset cnt;
 } slot;
 
-typedef struct msg {
-    int src, dst, tag, n;
-    slot part[CPC_OP_MAX_BUFS];
-    cpc_buf_role role[CPC_OP_MAX_BUFS];
-    struct msg *next;
-} msg;
+/* One posted point-to-point request (one buffer of a send or recv op, as the
+ * executor posts them), from its post to the wait that completes it.  Sends
+ * and recvs match buffer by buffer in FIFO order per (sender, receiver,
+ * group, tag), as MPI and the local transport do. */
+typedef struct req {
+    struct req *qnext;     /* next in its unmatched queue */
+    const xop *x;          /* the op that posted it */
+    int p, peer;           /* poster and its partner (flat ranks) */
+    cpc_group group;
+    int tag, buf, slot;    /* program buffer; memory slot (swaps move names, not slots) */
+    cpc_buf_role role;
+    bool send, matched;
+    slot snap;             /* send: its content at the post; recv: what arrives once matched */
+} req;
+
+typedef struct rank_reqs {
+    req **v;               /* posted, not yet completed by a wait */
+    int n, cap;
+    req *sq, *sq_tail;     /* sends to this rank no recv matched yet */
+    req *rq, *rq_tail;     /* recvs posted by this rank no send matched yet */
+} rank_reqs;
 
 typedef struct vb {
     const cpc_program *prog;
-    int P, R, U, nb, nh, npairs;   /* nh: query-head units (H with U > 1, else 1) */
+    int P, R, U, nb, nh;           /* nh: query-head units (H with U > 1, else 1) */
+    bool sym;                      /* the symmetric domain: ranks (0, u) simulated, ring by rotation */
+    int nsim;                      /* simulated ranks: P, or U (sym) */
+    int64_t work;                  /* units spent (verify_bwd.h THE BOUND) */
+    bool over;                     /* a run list outgrew VB_MAX_RUNS (sym: not decided) */
+    bool bound_hit;                /* the work passed VB_WORK_MAX: refused */
     int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
     int *pc;
-    msg *head, *tail;
+    rank_reqs *rr; /* [P] */
     cpc_status *err;
 } vb;
 
@@ -111,10 +146,6 @@ static const cpc_buffer *BF(const vb *V, int b)
     return &V->prog->buffers[b];
 }
 
-static size_t cnt_bytes(const vb *V)
-{
-    return (size_t)V->npairs;
-}
 
 /* Flat rank of member `peer` of rank p's group g. */
 static int flat_of(const vb *V, int p, cpc_group g, int64_t peer)
@@ -127,22 +158,193 @@ static int flat_of(const vb *V, int p, cpc_group g, int64_t peer)
     return (int)peer;
 }
 
-/* Does buffer b (on ulysses member u) hold query-head unit h?  DQ: its query
- * heads; DK/DV: the query heads whose K/V head it holds. */
-static bool holds_unit(const vb *V, int b, int u, int h)
+
+
+/* ---- contribution sets (cset) ------------------------------------------------ */
+
+/* The failure of an operation that returned false: the prover's bound
+ * (CP051), or out of memory. */
+static cpc_status *cs_err(const vb *V)
 {
-    if (V->nh == 1)
-        return true;
-    int off, n;
-    cpc_buffer_heads(V->prog, b, u, &off, &n);
-    int kh = is_kvr(role(V, b)) ? h / V->prog->layout.group : h;
-    return kh >= off && kh < off + n;
+    if (V->bound_hit)
+        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
+                        "backward program: proving it takes more than %lld units of work (the prover's bound, "
+                        "verify_bwd.h)",
+                        (long long)VB_WORK_MAX);
+    return &cpc_status_oom;
 }
 
-static void sat_add(uint8_t *c, int v)
+static int32_t md32(int64_t x, int64_t m)
 {
-    int x = *c + v;
-    *c = (uint8_t)(x > VB_CNT_MAX ? VB_CNT_MAX : x);
+    int64_t r = x % m;
+    return (int32_t)(r < 0 ? r + m : r);
+}
+
+/* x - y as the representative of smallest magnitude mod m. */
+static int32_t diff_mod(int64_t x, int64_t y, int64_t m)
+{
+    int32_t d = md32(x - y, m);
+    return d > m / 2 ? (int32_t)(d - m) : d;
+}
+
+static void cs_clear(cset *c)
+{
+    c->n = 0;
+}
+
+static void cs_free(cset *c)
+{
+    free(c->v);
+    c->v = NULL;
+    c->n = c->cap = 0;
+}
+
+/* Joins run x onto run y when one continues the other with one step
+ * (heads equal).  Returns true when joined (y updated). */
+static bool cs_join(const vb *V, run *y, const run *x)
+{
+    /* the same blocks, adjacent heads: one run with both head ranges */
+    if (y->q0 == x->q0 && y->k0 == x->k0 && y->len == x->len &&
+        (y->len == 1 || (y->dq == x->dq && y->dk == x->dk))) {
+        if (y->h0 + y->hn == x->h0) {
+            y->hn += x->hn;
+            return true;
+        }
+        if (x->h0 + x->hn == y->h0) {
+            y->h0 = x->h0;
+            y->hn += x->hn;
+            return true;
+        }
+    }
+    if (y->h0 != x->h0 || y->hn != x->hn)
+        return false;
+    int32_t dq, dk;
+    if (y->len >= 2 && x->len >= 2) {
+        if (y->dq != x->dq || y->dk != x->dk)
+            return false;
+        dq = y->dq;
+        dk = y->dk;
+    } else if (y->len >= 2) {
+        dq = y->dq;
+        dk = y->dk;
+    } else if (x->len >= 2) {
+        dq = x->dq;
+        dk = x->dk;
+    } else {
+        dq = diff_mod(x->q0, y->q0, V->R);
+        dk = diff_mod(x->k0, y->k0, V->NK);
+        if ((dq == 0 && dk == 0) || dq < -2 || dq > 2 || dk < -2 || dk > 2)
+            return false;
+    }
+    /* y then x */
+    if (md32((int64_t)y->q0 + (int64_t)y->len * dq, V->R) == x->q0 &&
+        md32((int64_t)y->k0 + (int64_t)y->len * dk, V->NK) == x->k0) {
+        y->len += x->len;
+        y->dq = dq;
+        y->dk = dk;
+        return true;
+    }
+    /* x then y */
+    if (md32((int64_t)x->q0 + (int64_t)x->len * dq, V->R) == y->q0 &&
+        md32((int64_t)x->k0 + (int64_t)x->len * dk, V->NK) == y->k0) {
+        y->q0 = x->q0;
+        y->k0 = x->k0;
+        y->len += x->len;
+        y->dq = dq;
+        y->dk = dk;
+        return true;
+    }
+    return false;
+}
+
+#define VB_MAX_RUNS 4096 /* runs per set in the symmetric domain (beyond: not decided) */
+
+/* Adds run x (a multiset union).  False on OOM. */
+static bool cs_add_run(vb *V, cset *c, run x)
+{
+    if (x.len <= 0 || x.hn <= 0)
+        return true;
+    if (++V->work > VB_WORK_MAX) {
+        V->bound_hit = true;
+        return false;
+    }
+    for (int i = c->n - 1; i >= 0 && i >= c->n - 4; i--)
+        if (cs_join(V, &c->v[i], &x))
+            return true;
+    if (c->n == c->cap) {
+        int nc = c->cap ? 2 * c->cap : 4;
+        run *v = realloc(c->v, (size_t)nc * sizeof *v);
+        if (!v)
+            return false;
+        c->v = v;
+        c->cap = nc;
+    }
+    if (c->n >= VB_MAX_RUNS)
+        V->over = true;
+    c->v[c->n++] = x;
+    return true;
+}
+
+/* dst += src restricted to query heads [lo, hi) (all: 0, nh). */
+static bool cs_add_set(vb *V, cset *dst, const cset *src, int lo, int hi)
+{
+    int n = src->n; /* dst may be src */
+    for (int i = 0; i < n; i++) {
+        run x = src->v[i];
+        int a = x.h0 > lo ? x.h0 : lo, b = x.h0 + x.hn < hi ? x.h0 + x.hn : hi;
+        if (b <= a)
+            continue;
+        x.h0 = a;
+        x.hn = b - a;
+        if (!cs_add_run(V, dst, x))
+            return false;
+    }
+    return true;
+}
+
+static bool cs_copy(vb *V, cset *dst, const cset *src)
+{
+    if (dst == src)
+        return true;
+    cs_clear(dst);
+    return cs_add_set(V, dst, src, 0, V->nh);
+}
+
+/* The set seen from rank r + e (symmetric domain: every ring index + e). */
+static void cs_rotate(const vb *V, cset *c, int64_t e)
+{
+    for (int i = 0; i < c->n; i++) {
+        c->v[i].q0 = md32((int64_t)c->v[i].q0 + e, V->R);
+        if (V->NK == V->R)
+            c->v[i].k0 = md32((int64_t)c->v[i].k0 + e, V->NK);
+    }
+}
+
+/* The query heads buffer b holds on ulysses member u, as [*lo, *hi). */
+static void held_heads(const vb *V, int b, int u, int *lo, int *hi)
+{
+    if (V->nh == 1) {
+        *lo = 0;
+        *hi = 1;
+        return;
+    }
+    int off, n;
+    cpc_buffer_heads(V->prog, b, u, &off, &n);
+    int g = is_kvr(role(V, b)) ? V->prog->layout.group : 1;
+    *lo = off * g;
+    *hi = (off + n) * g;
+    if (*hi > V->nh)
+        *hi = V->nh;
+}
+
+typedef struct hrange {
+    int lo, hi, j;
+} hrange;
+
+static int cmp_hrange(const void *a, const void *b)
+{
+    const hrange *x = a, *y = b;
+    return x->lo != y->lo ? (x->lo > y->lo) - (x->lo < y->lo) : (x->j > y->j) - (x->j < y->j);
 }
 
 /* Executes the all_to_all every member of ulysses group r has reached
@@ -182,40 +384,45 @@ static cpc_status *run_a2a(vb *V, int r)
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
     if (!s2h && is_grad(bi->role) && !op->reduce) {
-        /* A head held by two members keeps one part: refused here. */
-        for (int h = 0; h < V->nh; h++) {
-            int first = -1;
-            for (int j = 0; j < U; j++)
-                if (holds_unit(V, in, j, h)) {
-                    if (first >= 0)
-                        return vfail(p0, x0,
-                                     "'%s': query head %d's gradient is held by members %d and %d: their parts "
-                                     "must be summed (all_to_all reduce=sum), not placed",
-                                     bi->name, h, first, j);
-                    first = j;
-                }
+        /* A head held by two members keeps one part: refused here (the
+         * members' head ranges, swept in order of their first head). */
+        hrange *hr = malloc((size_t)U * sizeof *hr);
+        if (!hr)
+            return &cpc_status_oom;
+        for (int j = 0; j < U; j++) {
+            held_heads(V, in, j, &hr[j].lo, &hr[j].hi);
+            hr[j].j = j;
         }
-    }
-    /* Outputs, computed from the inputs before any is written (in may alias
-     * nothing: different buffers). */
-    uint8_t *tmp = NULL;
-    if (is_grad(bi->role) && !(tmp = calloc((size_t)U * cnt_bytes(V), 1)))
-        return &cpc_status_oom;
-    for (int j = 0; tmp && j < U; j++) {
-        uint8_t *o = tmp + (size_t)j * cnt_bytes(V);
-        for (int u = 0; u < U; u++) {
-            const uint8_t *c = S(V, r * U + u, in)->cnt;
-            for (int h = 0; h < V->nh; h++) {
-                if (!holds_unit(V, in, u, h))
-                    continue;
-                for (int qk = 0; qk < V->R * V->NK; qk++) {
-                    size_t i = (size_t)qk * (size_t)V->nh + (size_t)h;
-                    if (op->reduce)
-                        sat_add(&o[i], c[i]);
-                    else
-                        o[i] = c[i];
-                }
+        qsort(hr, (size_t)U, sizeof *hr, cmp_hrange);
+        int end = 0, who = -1;
+        for (int j = 0; j < U; j++) {
+            if (hr[j].hi <= hr[j].lo)
+                continue;
+            if (who >= 0 && hr[j].lo < end) {
+                int h = hr[j].lo, a = who < hr[j].j ? who : hr[j].j, b = who < hr[j].j ? hr[j].j : who;
+                free(hr);
+                return vfail(p0, x0,
+                             "'%s': query head %d's gradient is held by members %d and %d: their parts "
+                             "must be summed (all_to_all reduce=sum), not placed",
+                             bi->name, h, a, b);
             }
+            if (hr[j].hi > end) {
+                end = hr[j].hi;
+                who = hr[j].j;
+            }
+        }
+        free(hr);
+    }
+    /* Outputs, computed from the inputs before any is written: every
+     * member gets the sum over the members of the heads each holds (placed
+     * when no two hold one head, checked above; summed with reduce). */
+    cset tmp = {0};
+    for (int u = 0; is_grad(bi->role) && u < U; u++) {
+        int lo, hi;
+        held_heads(V, in, u, &lo, &hi);
+        if (!cs_add_set(V, &tmp, &S(V, r * U + u, in)->cnt, lo, hi)) {
+            cs_free(&tmp);
+            return cs_err(V);
         }
     }
     for (int j = 0; j < U; j++) {
@@ -223,19 +430,23 @@ static cpc_status *run_a2a(vb *V, int r)
         slot *so = S(V, p, out);
         so->written = true;
         so->tag = s2h ? r : p;
-        if (tmp && so->cnt)
-            memcpy(so->cnt, tmp + (size_t)j * cnt_bytes(V), cnt_bytes(V));
+        so->src = S(V, p, in)->src;
+        if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
+            cs_free(&tmp);
+            return cs_err(V);
+        }
         V->pc[p]++;
     }
-    free(tmp);
+    cs_free(&tmp);
     return NULL;
 }
 
 /* Executes the all_gather or reduce_scatter every member of ring group u
- * has reached. */
+ * has reached (symmetric domain: member (0, u) stands for all: the others
+ * are its rotations). */
 static cpc_status *run_ring_coll(vb *V, int u)
 {
-    const int U = V->U, R = V->R;
+    const int U = V->U, R = V->R, nm = V->sym ? 1 : R;
     const xop *x0 = &V->ro[u].v[V->pc[u]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
@@ -251,43 +462,67 @@ static cpc_status *run_ring_coll(vb *V, int u)
         if (!ok)
             return vfail(u, x0, ag ? "all_gather takes a K/V ring block to a gathered (ALL) buffer"
                                    : "reduce_scatter takes a gathered (ALL) dq/dk/dv to a ring block");
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < nm; r++) {
             int p = r * U + u;
             slot *si = S(V, p, in);
             if (!si->written || (ag && si->tag != r))
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
                              ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
         }
-        uint8_t *tmp = NULL;
-        if (!ag && (R < 1 || !(tmp = calloc((size_t)(unsigned)R, cnt_bytes(V)))))
-            return &cpc_status_oom;
-        for (int r = 0; !ag && r < R; r++) {
-            uint8_t *o = tmp + (size_t)r * cnt_bytes(V);
-            for (int m = 0; m < R; m++) {
-                const uint8_t *c = S(V, m * U + u, in)->cnt;
-                for (int qb = 0; qb < R; qb++)
-                    for (int h = 0; h < V->nh; h++) {
-                        size_t i = ((size_t)qb * (size_t)V->NK + (size_t)r) * (size_t)V->nh + (size_t)h;
-                        sat_add(&o[i], c[i]);
-                    }
+        /* reduce_scatter: member r gets the sum over the members m of the
+         * elements of their sets with key block r */
+        cset *outs = NULL;
+        if (!ag && (nm < 1 || !(outs = calloc((size_t)(unsigned)nm, sizeof *outs))))
+            return cs_err(V);
+        bool oom = false;
+        for (int m = 0; !ag && m < nm && !oom; m++) {
+            const cset *c = &S(V, m * U + u, in)->cnt;
+            for (int i = 0; i < c->n && !oom; i++) {
+                run x = c->v[i];
+                if (V->sym) {
+                    /* seen from the owner of each element's key block k: (q - k, 0) */
+                    run y = {md32((int64_t)x.q0 - x.k0, R), 0, x.len, x.h0, x.hn, x.dq - x.dk, 0};
+                    if (y.len > 1 && y.dq == 0)
+                        for (int t = 0; t < x.len && !oom; t++) {
+                            y.len = 1;
+                            oom = !cs_add_run(V, &outs[0], y);
+                        }
+                    else
+                        oom = !cs_add_run(V, &outs[0], y);
+                    continue;
+                }
+                for (int t = 0; t < x.len && !oom; t++) {
+                    run y = {md32((int64_t)x.q0 + (int64_t)t * x.dq, R), md32((int64_t)x.k0 + (int64_t)t * x.dk, V->NK),
+                             1, x.h0, x.hn, 0, 0};
+                    if (y.k0 < nm)
+                        oom = !cs_add_run(V, &outs[y.k0], y);
+                }
             }
         }
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < nm && !oom; r++) {
             slot *so = S(V, r * U + u, out);
             so->written = true;
             so->tag = ag ? CPC_TAG_NONE : r;
-            if (tmp && so->cnt)
-                memcpy(so->cnt, tmp + (size_t)r * cnt_bytes(V), cnt_bytes(V));
+            so->src = S(V, r * U + u, in)->src;
+            if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[r]))
+                oom = true;
         }
-        free(tmp);
+        for (int r = 0; outs && r < nm; r++)
+            cs_free(&outs[r]);
+        free(outs);
+        if (oom)
+            return cs_err(V);
     }
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < nm; r++)
         V->pc[r * U + u]++;
     return NULL;
 }
 
 /* Executes the all_reduce every rank has reached: the sum of every rank's
- * pairs, on every rank. */
+ * contributions, on every rank (symmetric domain: the sum over the ring of
+ * the rotations of each member's set; each element (q, k) of member u then
+ * counts once for every query block q, and must be the cross-attention's
+ * single key unit). */
 static cpc_status *run_all_reduce(vb *V)
 {
     const xop *x0 = &V->ro[0].v[V->pc[0]];
@@ -301,27 +536,41 @@ static cpc_status *run_all_reduce(vb *V)
             bi->heads != CPC_HEADS_ALL || bo->heads != CPC_HEADS_ALL)
             return vfail(0, x0, "all_reduce takes cross-attention dk/dv with every head ('%s' -> '%s')", bi->name,
                          bo->name);
-        uint8_t *sum = calloc(1, cnt_bytes(V));
-        if (!sum)
-            return &cpc_status_oom;
-        for (int p = 0; p < V->P; p++) {
+        cset sum = {0};
+        bool oom = false;
+        for (int p = 0; p < V->nsim && !oom; p++) {
             slot *si = S(V, p, in);
             if (!si->written) {
-                free(sum);
+                cs_free(&sum);
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
             }
-            for (size_t i = 0; i < cnt_bytes(V); i++)
-                sat_add(&sum[i], si->cnt[i]);
+            if (!V->sym) {
+                oom = !cs_add_set(V, &sum, &si->cnt, 0, V->nh);
+                continue;
+            }
+            for (int i = 0; i < si->cnt.n && !oom; i++) {
+                run x = si->cnt.v[i];
+                if (V->NK != 1) {
+                    V->over = true;
+                    break;
+                }
+                /* every rotation of x: each query block x.len times */
+                for (int t = 0; t < x.len && !oom; t++)
+                    oom = !cs_add_run(V, &sum, (run){0, 0, V->R, x.h0, x.hn, 1, 0});
+            }
         }
-        for (int p = 0; p < V->P; p++) {
+        for (int p = 0; p < V->nsim && !oom; p++) {
             slot *so = S(V, p, out);
             so->written = true;
             so->tag = CPC_TAG_NONE;
-            memcpy(so->cnt, sum, cnt_bytes(V));
+            so->src = CPC_CONTENT_GRAD;
+            oom = !cs_copy(V, &so->cnt, &sum);
         }
-        free(sum);
+        cs_free(&sum);
+        if (oom)
+            return cs_err(V);
     }
-    for (int p = 0; p < V->P; p++)
+    for (int p = 0; p < V->nsim; p++)
         V->pc[p]++;
     return NULL;
 }
@@ -331,7 +580,259 @@ static bool same_layout(const vb *V, int a, int b)
     return BF(V, a)->tokens == BF(V, b)->tokens && BF(V, a)->heads == BF(V, b)->heads;
 }
 
-/* Runs rank p until it blocks on a recv or reaches a collective (returns 0),
+static const char *access_word(cpc_access a)
+{
+    return a == CPC_ACCESS_READ ? "reads" : a == CPC_ACCESS_WRITE ? "writes" : a == CPC_ACCESS_REBIND ? "swaps"
+                                                                                                   : "accumulates into";
+}
+
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT): an op may
+ * read a buffer whose send is in flight, nothing else; it may not touch a
+ * buffer whose recv is in flight.  Returns the failure or NULL. */
+static cpc_status *check_in_flight(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    rank_reqs *rq = &V->rr[p];
+    if (!info || rq->n == 0)
+        return NULL;
+    for (int side = 0; side < 2; side++) {
+        cpc_access acc = side ? info->out_access : info->in_access;
+        int n = side ? op->n_out : op->n_in;
+        const int *bufs = side ? op->out : op->in;
+        for (int i = 0; acc != CPC_ACCESS_NONE && i < n; i++) {
+            int sl = V->map[p * V->nb + bufs[i]];
+            for (int j = 0; j < rq->n; j++) {
+                const req *q = rq->v[j];
+                if (q->slot != sl || (q->send && acc == CPC_ACCESS_READ))
+                    continue;
+                return vfail(p, x,
+                             "%s '%s' while its %s (tag %d, posted by %s) is in flight: a non-blocking %s's "
+                             "buffer may not be %s before the wait that completes it",
+                             access_word(acc), bn(V, bufs[i]), q->send ? "send" : "recv", q->tag,
+                             cpc_op_kind_name(q->x->op->kind), q->send ? "send" : "recv",
+                             q->send ? "written" : "read or written");
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The op table's content rule: in[i] must hold in_content[i] (by
+ * provenance: the delta op's output is not the saved LSE). */
+static cpc_status *check_content(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    for (int i = 0; info && i < op->n_in && i < CPC_OP_MAX_BUFS; i++) {
+        cpc_content want = (cpc_content)info->in_content[i];
+        if (want == CPC_CONTENT_NONE)
+            continue;
+        const slot *sl = S(V, p, op->in[i]);
+        if (!sl->written)
+            return vfail(p, x, "reads '%s' (input %d) before it is written%s", bn(V, op->in[i]), i + 1,
+                         want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
+        if (sl->src != want)
+            return vfail(p, x, "input %d '%s' holds %s, %s expected (operands are identified by what made "
+                               "them, not by role)",
+                         i + 1, bn(V, op->in[i]), cpc_content_name(sl->src), cpc_content_name(want));
+    }
+    return NULL;
+}
+
+static cpc_status *push_req(vb *V, int p, req *q)
+{
+    rank_reqs *rq = &V->rr[p];
+    if (rq->n == rq->cap) {
+        int nc = rq->cap ? 2 * rq->cap : 8;
+        req **v = realloc(rq->v, (size_t)nc * sizeof *v);
+        if (!v)
+            return cs_err(V);
+        rq->v = v;
+        rq->cap = nc;
+    }
+    rq->v[rq->n++] = q;
+    return NULL;
+}
+
+/* Takes from queue (*head, *tail) the first request whose sender is `from`
+ * on (group, tag) (a send queue holds sends, whose poster is the sender; a
+ * recv queue recvs, whose peer is).  Symmetric domain, ring messages: `from`
+ * is the rotation offset (a send's offset to its receiver; a recv's, from
+ * its sender, negated).  NULL when none. */
+static req *take(const vb *V, req **head, req **tail, int from, cpc_group g, int tag, bool rot)
+{
+    req *prev = NULL;
+    for (req *q = *head; q; prev = q, q = q->qnext) {
+        int who = rot ? (q->send ? q->peer : md32(-(int64_t)q->peer, V->R)) : (q->send ? q->p : q->peer);
+        if (who == from && q->group == g && q->tag == tag) {
+            if (prev)
+                prev->qnext = q->qnext;
+            else
+                *head = q->qnext;
+            if (*tail == q)
+                *tail = prev;
+            q->qnext = NULL;
+            return q;
+        }
+    }
+    return NULL;
+}
+
+static void enqueue(req **head, req **tail, req *q)
+{
+    if (*tail)
+        (*tail)->qnext = q;
+    else
+        *head = q;
+    *tail = q;
+}
+
+/* Symmetric domain: is this message between ring rotations of one member
+ * (ring group, or the world when U == 1)? */
+static bool rotated(const vb *V, cpc_group g)
+{
+    return V->sym && (g == CPC_GROUP_RING || (g == CPC_GROUP_WORLD && V->U == 1));
+}
+
+/* Content tag `tag` of a buffer with token layout t, seen from the rank e
+ * ring positions further (symmetric domain). */
+static int rotate_tag(const vb *V, cpc_buf_tokens t, int tag, int64_t e)
+{
+    if (tag == CPC_TAG_NONE)
+        return tag;
+    if (t == CPC_TOK_BLOCK)
+        return md32((int64_t)tag + e, V->R);
+    if (t == CPC_TOK_SHARD)
+        return md32((int64_t)tag + e * V->U, V->P);
+    return tag;
+}
+
+/* Send s meets recv r: what arrives is s's snapshot (symmetric domain:
+ * rotated by the sender's offset e); its role and block must be what r
+ * declares. */
+static cpc_status *match(vb *V, req *s, req *r, int64_t e)
+{
+    s->matched = r->matched = true;
+    cs_free(&r->snap.cnt);
+    r->snap = s->snap;
+    s->snap.cnt = (cset){0};
+    if (e) {
+        r->snap.tag = rotate_tag(V, V->prog->buffers[s->buf].tokens, r->snap.tag, e);
+        cs_rotate(V, &r->snap.cnt, e);
+    }
+    if (s->role != r->role)
+        return vfail(r->p, r->x,
+                     "'%s' (role %s) is matched on (%s group, tag %d) with %s send of '%s' (role %s): "
+                     "messages match by (group, peer, tag) in posting order",
+                     bn(V, r->buf), cpc_buf_role_name(r->role), cpc_group_name(r->group), r->tag,
+                     V->sym ? "its peer's" : "a", bn(V, s->buf), cpc_buf_role_name(s->role));
+    if (V->prog->buffers[r->buf].tokens == CPC_TOK_BLOCK && r->x->op->block && r->snap.tag != (int)r->x->block)
+        return vfail(r->p, r->x, "declares block %lld for '%s' but its peer sends block %d", (long long)r->x->block,
+                     bn(V, r->buf), r->snap.tag);
+    return NULL;
+}
+
+static cpc_status *post_send(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    bool rot = rotated(V, op->group);
+    /* the receiver; rotated: the offset to it */
+    int dst = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
+    for (int i = 0; i < op->n_in; i++) {
+        slot *sl = S(V, p, op->in[i]);
+        if (!sl->written)
+            return vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
+        req *q = calloc(1, sizeof *q);
+        if (!q)
+            return cs_err(V);
+        *q = (req){.x = x, .p = p, .peer = dst, .group = op->group, .tag = op->tag, .buf = op->in[i],
+                   .slot = V->map[p * V->nb + op->in[i]], .role = role(V, op->in[i]), .send = true, .snap = *sl};
+        q->snap.cnt = (cset){0};
+        cpc_status *st = push_req(V, p, q);
+        if (st) {
+            free(q);
+            return st;
+        }
+        if (sl->grad && !cs_copy(V, &q->snap.cnt, &sl->cnt))
+            return cs_err(V);
+        rank_reqs *d = &V->rr[rot ? p : dst];
+        req *r = take(V, &d->rq, &d->rq_tail, rot ? dst : p, op->group, op->tag, rot);
+        if (r) {
+            /* rotated: the recv is this member's own, from offset -dst;
+             * what it gets is this send seen from rank r - dst */
+            if ((st = match(V, q, r, rot ? -(int64_t)dst : 0)))
+                return st;
+        } else
+            enqueue(&d->sq, &d->sq_tail, q);
+    }
+    return NULL;
+}
+
+static cpc_status *post_recv(vb *V, int p, const xop *x)
+{
+    const cpc_op *op = x->op;
+    bool rot = rotated(V, op->group);
+    /* the sender; rotated: its ring offset e (the sender is rank r + e) */
+    int src = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
+    for (int i = 0; i < op->n_out; i++) {
+        req *q = calloc(1, sizeof *q);
+        if (!q)
+            return cs_err(V);
+        *q = (req){.x = x, .p = p, .peer = src, .group = op->group, .tag = op->tag, .buf = op->out[i],
+                   .slot = V->map[p * V->nb + op->out[i]], .role = role(V, op->out[i])};
+        cpc_status *st = push_req(V, p, q);
+        if (st) {
+            free(q);
+            return st;
+        }
+        rank_reqs *me = &V->rr[p];
+        /* rotated: rank r + e's send to r is its send at offset -e, which is
+         * this member's own send at offset -e, rotated by e */
+        req *s = take(V, &me->sq, &me->sq_tail, rot ? md32(-(int64_t)src, V->R) : src, op->group, op->tag, rot);
+        if (s) {
+            if ((st = match(V, s, q, rot ? src : 0)))
+                return st;
+        } else
+            enqueue(&me->rq, &me->rq_tail, q);
+    }
+    return NULL;
+}
+
+/* wait: 1 when every request of its tag is matched (then completed: a recv's
+ * buffer takes what arrived), 0 when one is not yet (the rank blocks:
+ * rendezvous, a send completes only once its recv is posted). */
+static int do_wait(vb *V, int p, const xop *x)
+{
+    rank_reqs *rq = &V->rr[p];
+    for (int j = 0; j < rq->n; j++)
+        if (rq->v[j]->tag == x->op->tag && !rq->v[j]->matched)
+            return 0;
+    int k = 0;
+    for (int j = 0; j < rq->n; j++) {
+        req *q = rq->v[j];
+        if (q->tag != x->op->tag) {
+            rq->v[k++] = q;
+            continue;
+        }
+        if (!q->send) {
+            slot *sl = &V->slots[q->slot];
+            sl->tag = q->snap.tag;
+            sl->written = true;
+            sl->src = q->snap.src;
+            if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
+                V->err = cs_err(V);
+                return -1;
+            }
+        }
+        cs_free(&q->snap.cnt);
+        free(q);
+    }
+    rq->n = k;
+    return 1;
+}
+
+/* Runs rank p until it blocks on a wait or reaches a collective (returns 0),
  * ends (1) or fails (-1). */
 static int advance(vb *V, int p)
 {
@@ -341,8 +842,17 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
+        /* the op table's rules, for every op: lifetimes of in-flight
+         * buffers, then the content each operand must hold */
+        if ((V->err = check_in_flight(V, p, x)) || (V->err = check_content(V, p, x)))
+            return -1;
         switch (op->kind) {
         case CPC_OP_WAIT:
+        {
+            int w = do_wait(V, p, x);
+            if (w <= 0)
+                return w; /* 0: blocked until the peers post */
+        }
             break;
         case CPC_OP_ALL_TO_ALL:
             if (op->group != CPC_GROUP_ULYSSES) {
@@ -376,13 +886,17 @@ static int advance(vb *V, int p)
                 }
                 so->written = true;
                 so->tag = si->tag;
-                if (si->cnt && so->cnt) {
-                    /* a head part keeps its own heads' pairs, zeros elsewhere */
-                    for (int qk = 0; qk < V->R * V->NK; qk++)
-                        for (int h = 0; h < V->nh; h++) {
-                            size_t j = (size_t)qk * (size_t)V->nh + (size_t)h;
-                            so->cnt[j] = holds_unit(V, a, u, h) && holds_unit(V, b, u, h) ? si->cnt[j] : 0;
-                        }
+                so->src = si->src;
+                if (si->grad && so->grad && si != so) {
+                    /* a head part keeps its own heads' pairs, nothing elsewhere */
+                    int la, ha, lb, hb;
+                    held_heads(V, a, u, &la, &ha);
+                    held_heads(V, b, u, &lb, &hb);
+                    cs_clear(&so->cnt);
+                    if (!cs_add_set(V, &so->cnt, &si->cnt, la > lb ? la : lb, ha < hb ? ha : hb)) {
+                        V->err = cs_err(V);
+                        return -1;
+                    }
                 }
             }
             break;
@@ -408,6 +922,7 @@ static int advance(vb *V, int p)
             }
             d->tag = a->tag;
             d->written = true;
+            d->src = CPC_CONTENT_DELTA;
             break;
         }
         case CPC_OP_INIT_ACC:
@@ -419,8 +934,9 @@ static int advance(vb *V, int p)
                     return -1;
                 }
                 slot *sl = S(V, p, b);
-                memset(sl->cnt, 0, cnt_bytes(V));
+                cs_clear(&sl->cnt);
                 sl->written = true;
+                sl->src = CPC_CONTENT_GRAD;
                 if (op->block) {
                     /* made the accumulator of ring block `block` */
                     if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
@@ -449,8 +965,10 @@ static int advance(vb *V, int p)
                                bn(V, a), sb->tag, bn(V, b));
                 return -1;
             }
-            for (size_t i = 0; i < cnt_bytes(V); i++)
-                sat_add(&sb->cnt[i], sa->cnt[i]);
+            if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
+                V->err = cs_err(V);
+                return -1;
+            }
             break;
         }
         case CPC_OP_ATTN_BWD: {
@@ -552,11 +1070,10 @@ static int advance(vb *V, int p)
                                qo + qn, ko, ko + kn);
                 return -1;
             }
-            for (int h = qo; h < qo + qn; h++) {
-                size_t i = ((size_t)qb * (size_t)V->NK + (size_t)kb) * (size_t)V->nh + (size_t)h;
-                sat_add(&dq->cnt[i], 1);
-                sat_add(&dk->cnt[i], 1);
-                sat_add(&dv->cnt[i], 1);
+            run one = {qb, kb, 1, qo, qn, 0, 0};
+            if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
+                V->err = cs_err(V);
+                return -1;
             }
             dq->tag = q->tag;
             break;
@@ -573,94 +1090,14 @@ static int advance(vb *V, int p)
             V->map[p * V->nb + b] = t;
             break;
         }
-        case CPC_OP_SEND: {
-            if (op->group != CPC_GROUP_RING && op->group != CPC_GROUP_WORLD) {
-                V->err = vfail(p, x, "backward sends run over the ring (or world) group");
+        case CPC_OP_SEND:
+            if ((V->err = post_send(V, p, x)))
                 return -1;
-            }
-            msg *m = calloc(1, sizeof *m);
-            if (!m) {
-                V->err = &cpc_status_oom;
-                return -1;
-            }
-            m->src = p;
-            m->dst = flat_of(V, p, op->group, x->peer);
-            m->tag = op->tag;
-            m->n = op->n_in;
-            for (int i = 0; i < op->n_in; i++) {
-                slot *sl = S(V, p, op->in[i]);
-                if (!sl->written) {
-                    for (int j = 0; j < i; j++)
-                        free(m->part[j].cnt);
-                    free(m);
-                    V->err = vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
-                    return -1;
-                }
-                m->part[i] = *sl;
-                m->role[i] = role(V, op->in[i]);
-                m->part[i].cnt = NULL;
-                if (sl->cnt) {
-                    m->part[i].cnt = malloc(cnt_bytes(V));
-                    if (!m->part[i].cnt) {
-                        V->err = &cpc_status_oom;
-                        for (int j = 0; j < i; j++)
-                            free(m->part[j].cnt);
-                        free(m);
-                        return -1;
-                    }
-                    memcpy(m->part[i].cnt, sl->cnt, cnt_bytes(V));
-                }
-            }
-            if (V->tail)
-                V->tail->next = m;
-            else
-                V->head = m;
-            V->tail = m;
             break;
-        }
-        case CPC_OP_RECV: {
-            int src = flat_of(V, p, op->group, x->peer);
-            msg *prev = NULL, *m = V->head;
-            while (m && !(m->dst == p && m->src == src && m->tag == op->tag)) {
-                prev = m;
-                m = m->next;
-            }
-            if (!m)
-                return 0; /* blocked */
-            if (prev)
-                prev->next = m->next;
-            else
-                V->head = m->next;
-            if (V->tail == m)
-                V->tail = prev;
-            cpc_status *st = NULL;
-            if (m->n != op->n_out)
-                st = vfail(p, x, "receives %d buffers, rank %d sent %d (tag %d)", op->n_out, m->src, m->n, m->tag);
-            for (int i = 0; !st && i < op->n_out; i++) {
-                int b = op->out[i];
-                if (m->role[i] != role(V, b))
-                    st = vfail(p, x, "'%s' (role %s) receives a %s buffer from rank %d", bn(V, b),
-                               cpc_buf_role_name(role(V, b)), cpc_buf_role_name(m->role[i]), m->src);
-                else if (m->part[i].tag != (int)x->block)
-                    st = vfail(p, x, "declares block %lld for '%s' but rank %d sends block %d", (long long)x->block,
-                               bn(V, b), m->src, m->part[i].tag);
-                else {
-                    slot *sl = S(V, p, b);
-                    sl->tag = m->part[i].tag;
-                    sl->written = true;
-                    if (sl->cnt && m->part[i].cnt)
-                        memcpy(sl->cnt, m->part[i].cnt, cnt_bytes(V));
-                }
-            }
-            for (int i = 0; i < m->n; i++)
-                free(m->part[i].cnt);
-            free(m);
-            if (st) {
-                V->err = st;
+        case CPC_OP_RECV:
+            if ((V->err = post_recv(V, p, x)))
                 return -1;
-            }
             break;
-        }
         default:
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
@@ -668,6 +1105,12 @@ static int advance(vb *V, int p)
         V->pc[p]++;
     }
     return 1;
+}
+
+static int cmp_free_heads(const void *a, const void *b)
+{
+    const hrange *x = a, *y = b;
+    return x->j != y->j ? (x->j > y->j) - (x->j < y->j) : (x->lo > y->lo) - (x->lo < y->lo);
 }
 
 static cpc_status *final_checks(vb *V, int p)
@@ -707,21 +1150,72 @@ static cpc_status *final_checks(vb *V, int p)
         if (!kvout && sl->tag != p)
             return vfail(p, NULL, "OUTPUT '%s' ends holding %s %d, not this rank's own %d", B->name,
                          isq ? "rows of shard" : "the gradient of block", sl->tag, p);
-        for (int qb = 0; qb < V->R; qb++)
-            for (int kb = 0; kb < V->NK; kb++)
-                for (int h = 0; h < V->nh; h++) {
-                    int c = sl->cnt[((size_t)qb * (size_t)V->NK + (size_t)kb) * (size_t)V->nh + (size_t)h];
-                    int want = isq ? (qb == r) : kvout ? 1 : (kb == r);
-                    if (c != want) {
-                        char hs[48] = "";
-                        if (V->nh > 1)
-                            snprintf(hs, sizeof hs, ", query head %d", h);
-                        return vfail(p, NULL,
-                                     "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute %d "
-                                     "time%s, expected %d",
-                                     B->name, qb, kb, hs, c, c == 1 ? "" : "s", want);
-                    }
+        /* exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross
+         * dK/dV every (q, 0, h).  Each element of a run is an interval of
+         * heads at one free coordinate (k for DQ, q otherwise); sorted, the
+         * intervals of every free coordinate must tile [0, nh). */
+        int nfree = isq ? V->NK : V->R;
+        int64_t ne = 0;
+        for (int i = 0; i < sl->cnt.n; i++)
+            ne += sl->cnt.v[i].len;
+        if (ne > (int64_t)nfree * V->nh)
+            return vfail(p, NULL, "OUTPUT '%s': %lld contributions for %lld (query block, key block, head) triples: "
+                                  "some pairs contribute 2 times or more",
+                         B->name, (long long)ne, (long long)nfree * V->nh);
+        hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
+        if (!e)
+            return &cpc_status_oom;
+        int64_t k = 0;
+        cpc_status *bad = NULL;
+        for (int i = 0; i < sl->cnt.n && !bad; i++) {
+            const run *x = &sl->cnt.v[i];
+            for (int t = 0; t < x->len && !bad; t++) {
+                int qb = md32((int64_t)x->q0 + (int64_t)t * x->dq, V->R);
+                int kb = md32((int64_t)x->k0 + (int64_t)t * x->dk, V->NK);
+                bool in = isq ? qb == r : kvout ? kb == 0 : kb == r;
+                if (!in) {
+                    char hs[48] = "";
+                    if (V->nh > 1)
+                        snprintf(hs, sizeof hs, ", query head %d", x->h0);
+                    bad = vfail(p, NULL,
+                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute at least once, "
+                                "expected 0 (the gradient of another rank's rows or block)",
+                                B->name, qb, kb, hs);
+                    break;
                 }
+                /* j holds the free coordinate, lo/hi the heads */
+                e[k++] = (hrange){x->h0, x->h0 + x->hn, isq ? kb : qb};
+            }
+        }
+        if (!bad)
+            qsort(e, (size_t)k, sizeof *e, cmp_free_heads);
+        int64_t i = 0;
+        for (int f = 0; f < nfree && !bad; f++) {
+            int h = 0;
+            for (; i < k && e[i].j == f && !bad; i++) {
+                if (e[i].lo != h) {
+                    int at = e[i].lo < h ? e[i].lo : h;
+                    char hs[48] = "";
+                    if (V->nh > 1)
+                        snprintf(hs, sizeof hs, ", query head %d", at);
+                    bad = vfail(p, NULL,
+                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute %s, expected 1",
+                                B->name, isq ? r : f, isq ? f : kvout ? 0 : r, hs,
+                                e[i].lo < h ? "2 times or more" : "0 times");
+                }
+                h = e[i].hi > h ? e[i].hi : h;
+            }
+            if (!bad && h != V->nh) {
+                char hs[48] = "";
+                if (V->nh > 1)
+                    snprintf(hs, sizeof hs, ", query head %d", h);
+                bad = vfail(p, NULL, "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute 0 times, expected 1",
+                            B->name, isq ? r : f, isq ? f : kvout ? 0 : r, hs);
+            }
+        }
+        free(e);
+        if (bad)
+            return bad;
     }
     return NULL;
 }
@@ -746,105 +1240,224 @@ static cpc_status *check_input(const vb *V, const cpc_buffer *B)
                  cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
 }
 
-cpc_status *cpc_verify_backward(const cpc_program *prog)
+/* ---- the symmetric domain's class ------------------------------------------------ */
+
+/* Does the subtree at node i read the rank (r or p)? */
+static bool reads_rank(const cpc_expr *e, int i)
 {
-    if (!prog)
-        return cpc_error(CPC_E_INTERNAL, "verify_backward: no program");
-    const cpc_layout *L = &prog->layout;
-    if (L->P > VB_MAX_P || L->P != L->R * L->U)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                        "backward program: %d ranks: enumeration is limited to %d ranks", L->P, VB_MAX_P);
-    vb V = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .nb = prog->n_buffers, .nh = L->U > 1 ? L->H : 1};
-    V.NK = L->cross ? 1 : L->R;
-    V.npairs = V.R * V.NK * V.nh;
-    int ngrad = 0;
-    for (int b = 0; b < V.nb; b++)
-        ngrad += is_grad(prog->buffers[b].role);
-    if ((int64_t)V.P * ngrad * V.npairs > VB_MAX_CELLS)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                        "backward program: %d ranks x %d gradient buffers x %d (query block, key block, head) "
-                        "pairs: more than the enumeration's %lld cells",
-                        V.P, ngrad, V.npairs, (long long)VB_MAX_CELLS);
-    size_t ns = (size_t)V.P * (size_t)(V.nb > 0 ? V.nb : 1);
-    V.ro = calloc((size_t)V.P, sizeof *V.ro);
-    V.slots = calloc(ns, sizeof *V.slots);
-    V.map = calloc(ns, sizeof *V.map);
-    V.pc = calloc((size_t)V.P, sizeof *V.pc);
-    cpc_status *st = NULL;
-    if (!V.ro || !V.slots || !V.map || !V.pc) {
-        st = &cpc_status_oom;
-        goto done;
+    cpc_expr_node n;
+    if (!cpc_expr_node_at(e, i, &n))
+        return true;
+    if (n.kind == CPC_EX_VAR)
+        return n.var == 'r' || n.var == 'p';
+    return (n.a >= 0 && reads_rank(e, n.a)) || (n.b >= 0 && reads_rank(e, n.b));
+}
+
+/* Is the subtree at node i `r + g`: the rank once, with coefficient +1,
+ * through + and - only, g free of r and p (p is r when U == 1)? */
+static bool unit_chain(const vb *V, const cpc_expr *e, int i)
+{
+    cpc_expr_node n;
+    if (!cpc_expr_node_at(e, i, &n))
+        return false;
+    if (n.kind == CPC_EX_VAR)
+        return n.var == 'r' || (n.var == 'p' && V->U == 1);
+    if (n.kind == CPC_EX_ADD) {
+        bool ra = reads_rank(e, n.a), rb = reads_rank(e, n.b);
+        return ra != rb && unit_chain(V, e, ra ? n.a : n.b);
     }
-    for (int b = 0; b < V.nb && !st; b++)
+    if (n.kind == CPC_EX_SUB)
+        return !reads_rank(e, n.b) && unit_chain(V, e, n.a);
+    return false;
+}
+
+/* The forms a ring peer or block may take in the symmetric domain: 1 for
+ * (r + g) % R, 2 for r + g (g must then be 0, checked when evaluated), 0
+ * for anything else.  Then the value on rank r is the value on rank 0 plus
+ * r (mod R): the program commutes with rotations of the ring. */
+static int unit_form(const vb *V, const cpc_expr *e)
+{
+    cpc_expr_node n, m;
+    if (!e || !cpc_expr_node_at(e, cpc_expr_root(e), &n))
+        return 0;
+    if (n.kind == CPC_EX_MOD && cpc_expr_node_at(e, n.b, &m) &&
+        ((m.kind == CPC_EX_VAR && (m.var == 'R' || (m.var == 'P' && V->U == 1))) ||
+         (m.kind == CPC_EX_NUM && m.val == V->R)))
+        return unit_chain(V, e, n.a) ? 1 : 0;
+    return unit_chain(V, e, cpc_expr_root(e)) ? 2 : 0;
+}
+
+/* Is the program in the symmetric class?  NULL if so, else why not (for
+ * the CP051 when the world is too large to enumerate). */
+static const char *sym_class(const vb *V, const cpc_op *ops, int n, int depth, const cpc_op **at)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        *at = op;
+        if ((op->when && (cpc_expr_uses(op->when, 'r') || cpc_expr_uses(op->when, 'p'))) ||
+            (op->count && (cpc_expr_uses(op->count, 'r') || cpc_expr_uses(op->count, 'p'))))
+            return "its `when` or `count` reads r or p: the ranks do not all run the same ops";
+        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) {
+            bool ring = op->group == CPC_GROUP_RING || (op->group == CPC_GROUP_WORLD && V->U == 1);
+            if (ring ? !unit_form(V, op->peer)
+                     : op->group != CPC_GROUP_ULYSSES || !op->peer || cpc_expr_uses(op->peer, 'r') ||
+                           cpc_expr_uses(op->peer, 'p'))
+                return "its peer is not (r + g) % R in the ring group (g not reading r or p), or a ulysses "
+                       "member that does not read r or p";
+        }
+        if (op->block && !unit_form(V, op->block))
+            return "its block is not (r + g) % R (g not reading r or p)";
+        if (op->kind == CPC_OP_LOOP) {
+            if (depth >= 8)
+                return "loops nest deeper than 8";
+            const char *why = sym_class(V, op->body, op->n_body, depth + 1, at);
+            if (why)
+                return why;
+        }
+    }
+    return NULL;
+}
+
+/* Symmetric domain: what the rank (0, u) evaluated for a peer or block must
+ * hold on every ring position: v(R-1) = v(0) + R - 1 (mod R), evaluating
+ * (so that no rank's evaluation fails: the chain is monotone in r), and for
+ * the unreduced form r + g, g = 0. */
+static cpc_status *sym_eval_check(const vb *V, const cpc_exec_op *x, const cpc_expr *e, int64_t v0)
+{
+    if (!e)
+        return NULL;
+    cpc_coords c = x->c;
+    c.r = V->R - 1;
+    c.p = (int64_t)(V->R - 1) * V->U + c.u;
+    int64_t v1;
+    cpc_status *st = cpc_expr_eval(e, &c, &v1);
+    if (st)
+        return st;
+    int f = unit_form(V, e);
+    if ((f == 2 && v0 != 0) || md32(v1 - v0, V->R) != md32(V->R - 1, V->R))
+        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
+                        "backward program: %s: `%s` is %lld on rank 0 and %lld on rank %d: not a rotation of "
+                        "the ring",
+                        cpc_op_kind_name(x->op->kind), cpc_expr_text(e), (long long)v0, (long long)v1, V->R - 1);
+    return NULL;
+}
+
+typedef struct collect_ctx {
+    vb *V;
+    rank_ops *ro;
+} collect_ctx;
+
+#define VB_MAX_INSTANCES ((int64_t)1 << 24) /* op instances simulated, all ranks together */
+
+static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
+{
+    collect_ctx *cc = ctx;
+    vb *V = cc->V;
+    if (++V->work > VB_MAX_INSTANCES)
+        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
+                        "backward program: more than %lld op instances to simulate (the prover's bound, "
+                        "verify_bwd.h)",
+                        (long long)VB_MAX_INSTANCES);
+    if (V->sym) {
+        cpc_status *st = NULL;
+        if ((x->op->kind == CPC_OP_SEND || x->op->kind == CPC_OP_RECV) && rotated(V, x->op->group))
+            st = sym_eval_check(V, x, x->op->peer, x->peer);
+        if (!st && x->op->block)
+            st = sym_eval_check(V, x, x->op->block, x->block);
+        if (st)
+            return st;
+    }
+    return collect(cc->ro, x);
+}
+
+/* The INPUT buffers, the initial state of every simulated rank and its op
+ * instances; then the ranks run round-robin (blocking waits, collectives
+ * when every member is there) until all end or none can move. */
+static cpc_status *prove(vb *V)
+{
+    const cpc_program *prog = V->prog;
+    const cpc_layout *L = &prog->layout;
+    size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
+    V->ro = calloc((size_t)V->nsim, sizeof *V->ro);
+    V->slots = calloc(ns, sizeof *V->slots);
+    V->map = calloc(ns, sizeof *V->map);
+    V->pc = calloc((size_t)V->nsim, sizeof *V->pc);
+    V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
+    if (!V->ro || !V->slots || !V->map || !V->pc || !V->rr)
+        return cs_err(V);
+    cpc_status *st = NULL;
+    for (int b = 0; b < V->nb && !st; b++)
         if (prog->buffers[b].io == CPC_IO_INPUT)
-            st = check_input(&V, &prog->buffers[b]);
-    for (int p = 0; p < V.P && !st; p++) {
+            st = check_input(V, &prog->buffers[b]);
+    for (int p = 0; p < V->nsim && !st; p++) {
         cpc_coords c = cpc_program_coords(prog, p);
-        for (int b = 0; b < V.nb; b++) {
+        for (int b = 0; b < V->nb; b++) {
             const cpc_buffer *B = &prog->buffers[b];
-            slot *sl = &V.slots[p * V.nb + b];
-            V.map[p * V.nb + b] = p * V.nb + b;
+            slot *sl = &V->slots[p * V->nb + b];
+            V->map[p * V->nb + b] = p * V->nb + b;
             sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
+            sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
+            sl->grad = is_grad(B->role);
             if (B->tokens == CPC_TOK_KV && !L->cross) {
                 st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
                 break;
             }
-            if (is_grad(B->role) && !(sl->cnt = calloc(cnt_bytes(&V), 1))) {
-                st = &cpc_status_oom;
-                break;
-            }
         }
+        collect_ctx cc = {V, &V->ro[p]};
         if (!st)
-            st = cpc_program_walk(prog, p, collect, &V.ro[p]);
+            st = cpc_program_walk(prog, p, collect_checked, &cc);
     }
     if (st)
-        goto done;
+        return st;
     /* Round-robin until every rank ends; an all_to_all fires when every
      * member of its ulysses group has reached it; a round without progress
      * is a deadlock. */
+    const int ngr = V->sym ? 1 : V->R; /* ulysses groups simulated */
+    const int nrm = V->sym ? 1 : V->R; /* ring members simulated per ring group */
     for (;;) {
         bool all = true, moved = false;
-        for (int p = 0; p < V.P; p++) {
-            int before = V.pc[p];
-            int r = advance(&V, p);
-            if (r < 0) {
-                st = V.err;
-                goto done;
-            }
+        if (V->work > VB_WORK_MAX)
+            return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
+                            "backward program: proving it takes more than %lld units of work (the prover's "
+                            "bound, verify_bwd.h)",
+                            (long long)VB_WORK_MAX);
+        for (int p = 0; p < V->nsim; p++) {
+            int before = V->pc[p];
+            int r = advance(V, p);
+            if (r < 0)
+                return V->err;
             if (r == 0)
                 all = false;
-            if (V.pc[p] != before)
+            if (V->pc[p] != before)
                 moved = true;
         }
         if (all)
             break;
         /* ulysses groups (all_to_all), then ring groups (all_gather, reduce_scatter) */
         for (int gk = 0; gk < 2; gk++) {
-            int ng = gk == 0 ? V.R : V.U, nm = gk == 0 ? V.U : V.R;
+            int ng = gk == 0 ? ngr : V->U, nm = gk == 0 ? V->U : nrm;
             for (int g = 0; g < ng; g++) {
                 bool ready = true;
                 const cpc_op *op0 = NULL;
                 for (int j = 0; j < nm && ready; j++) {
-                    int p = gk == 0 ? g * V.U + j : j * V.U + g;
-                    cpc_op_kind k = V.pc[p] < V.ro[p].n ? V.ro[p].v[V.pc[p]].op->kind : CPC_OP__COUNT;
+                    int p = gk == 0 ? g * V->U + j : j * V->U + g;
+                    cpc_op_kind k = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op->kind : CPC_OP__COUNT;
                     bool here = gk == 0 ? k == CPC_OP_ALL_TO_ALL : (k == CPC_OP_ALL_GATHER || k == CPC_OP_REDUCE_SCATTER);
                     if (!here) {
                         ready = false;
                         break;
                     }
-                    const cpc_op *op = V.ro[p].v[V.pc[p]].op;
-                    if (op0 && op != op0) {
-                        st = vfail(p, &V.ro[p].v[V.pc[p]], "members of its %s group reach different collective "
-                                                           "ops", gk == 0 ? "ulysses" : "ring");
-                        goto done;
-                    }
+                    const cpc_op *op = V->ro[p].v[V->pc[p]].op;
+                    if (op0 && op != op0)
+                        return vfail(p, &V->ro[p].v[V->pc[p]], "members of its %s group reach different collective ops",
+                                     gk == 0 ? "ulysses" : "ring");
                     op0 = op;
                 }
                 if (ready) {
-                    if ((st = gk == 0 ? run_a2a(&V, g) : run_ring_coll(&V, g)))
-                        goto done;
+                    if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
+                        return st;
                     moved = true;
                 }
             }
@@ -852,63 +1465,141 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
         {
             /* the world group (all_reduce) */
             bool ready = true;
-            for (int p = 0; p < V.P && ready; p++) {
-                if (V.pc[p] >= V.ro[p].n || V.ro[p].v[V.pc[p]].op->kind != CPC_OP_ALL_REDUCE) {
+            for (int p = 0; p < V->nsim && ready; p++) {
+                if (V->pc[p] >= V->ro[p].n || V->ro[p].v[V->pc[p]].op->kind != CPC_OP_ALL_REDUCE) {
                     ready = false;
                     break;
                 }
-                if (V.ro[p].v[V.pc[p]].op != V.ro[0].v[V.pc[0]].op) {
-                    st = vfail(p, &V.ro[p].v[V.pc[p]], "ranks reach different all_reduce ops");
-                    goto done;
-                }
+                if (V->ro[p].v[V->pc[p]].op != V->ro[0].v[V->pc[0]].op)
+                    return vfail(p, &V->ro[p].v[V->pc[p]], "ranks reach different all_reduce ops");
             }
             if (ready) {
-                if ((st = run_all_reduce(&V)))
-                    goto done;
+                if ((st = run_all_reduce(V)))
+                    return st;
                 moved = true;
             }
         }
         if (!moved) {
-            for (int p = 0; p < V.P; p++)
-                if (V.pc[p] < V.ro[p].n) {
-                    const xop *x = &V.ro[p].v[V.pc[p]];
+            for (int p = 0; p < V->nsim; p++)
+                if (V->pc[p] < V->ro[p].n) {
+                    const xop *x = &V->ro[p].v[V->pc[p]];
                     if (x->op->kind == CPC_OP_ALL_TO_ALL || x->op->kind == CPC_OP_ALL_GATHER ||
                         x->op->kind == CPC_OP_REDUCE_SCATTER || x->op->kind == CPC_OP_ALL_REDUCE)
-                        st = vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
-                                   x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses"
-                                   : x->op->kind == CPC_OP_ALL_REDUCE ? "world" : "ring",
-                                   cpc_op_kind_name(x->op->kind));
-                    else
-                        st = vfail(p, x, "waits forever: no rank sends what this recv expects (peer %lld, tag %d)",
-                                   (long long)x->peer, x->op->tag);
-                    break;
+                        return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
+                                     x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses"
+                                     : x->op->kind == CPC_OP_ALL_REDUCE ? "world" : "ring",
+                                     cpc_op_kind_name(x->op->kind));
+                    const req *q = NULL;
+                    for (int j = 0; j < V->rr[p].n && !q; j++)
+                        if (V->rr[p].v[j]->tag == x->op->tag && !V->rr[p].v[j]->matched)
+                            q = V->rr[p].v[j];
+                    if (!q)
+                        return vfail(p, x, "waits forever");
+                    return vfail(p, x,
+                                 "waits forever: its %s of '%s' (%s group, tag %d) is never matched: the peer "
+                                 "posts no matching %s before it blocks itself (a wait completes only once the "
+                                 "peer has posted: rendezvous)",
+                                 q->send ? "send" : "recv", bn(V, q->buf), cpc_group_name(q->group), q->tag,
+                                 q->send ? "recv" : "send");
                 }
-            goto done;
+            return vfail(0, NULL, "no rank can progress");
         }
     }
-    if (V.head) {
-        st = vfail(V.head->src, NULL, "a message to rank %d (tag %d) is never received", V.head->dst, V.head->tag);
-        goto done;
-    }
-    for (int p = 0; p < V.P && !st; p++)
-        st = final_checks(&V, p);
-done:
-    while (V.head) {
-        msg *m = V.head;
-        V.head = m->next;
-        for (int i = 0; i < m->n; i++)
-            free(m->part[i].cnt);
-        free(m);
-    }
-    if (V.slots)
+    /* every request completed by a wait (a send never received is still posted) */
+    for (int p = 0; p < V->nsim; p++)
+        if (V->rr[p].n) {
+            const req *q = V->rr[p].v[0];
+            return vfail(p, q->x, "its %s of '%s' (tag %d) is %s and never completed by a wait",
+                         q->send ? "send" : "recv", bn(V, q->buf), q->tag, q->matched ? "matched" : "never matched");
+        }
+    if (V->over)
+        return NULL; /* the caller decides: not proven */
+    for (int p = 0; p < V->nsim && !st; p++)
+        st = final_checks(V, p);
+    return st;
+}
+
+static void vb_free(vb *V)
+{
+    size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
+    if (V->rr)
+        for (int p = 0; p < V->nsim; p++) {
+            for (int j = 0; j < V->rr[p].n; j++) {
+                cs_free(&V->rr[p].v[j]->snap.cnt);
+                free(V->rr[p].v[j]);
+            }
+            free(V->rr[p].v);
+        }
+    if (V->slots)
         for (size_t i = 0; i < ns; i++)
-            free(V.slots[i].cnt);
-    if (V.ro)
-        for (int p = 0; p < V.P; p++)
-            free(V.ro[p].v);
-    free(V.ro);
-    free(V.slots);
-    free(V.map);
-    free(V.pc);
+            cs_free(&V->slots[i].cnt);
+    if (V->ro)
+        for (int p = 0; p < V->nsim; p++)
+            free(V->ro[p].v);
+    free(V->rr);
+    free(V->ro);
+    free(V->slots);
+    free(V->map);
+    free(V->pc);
+}
+
+cpc_status *cpc_verify_backward(const cpc_program *prog)
+{
+    return cpc_verify_backward_ex(prog, NULL, NULL);
+}
+
+cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats)
+{
+    cpc_verify_method method = opts ? opts->method : CPC_VERIFY_AUTO;
+    cpc_verify_bwd_stats dummy;
+    if (!stats)
+        stats = &dummy;
+    memset(stats, 0, sizeof *stats);
+    if (!prog)
+        return cpc_error(CPC_E_INTERNAL, "verify_backward: no program");
+    const cpc_layout *L = &prog->layout;
+    if (L->P != L->R * L->U || L->R < 1 || L->U < 1)
+        return cpc_error(CPC_E_INTERNAL, "verify_backward: program layout is not initialised");
+    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .nb = prog->n_buffers, .nh = L->U > 1 ? L->H : 1};
+    base.NK = L->cross ? 1 : L->R;
+    /* 1. the symmetric domain (any world size) when the program commutes
+     * with rotations of the ring */
+    const cpc_op *at = NULL;
+    const char *why = method == CPC_VERIFY_ENUMERATE ? "enumeration asked for"
+                                                    : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
+    cpc_status *st = NULL;
+    if (!why) {
+        vb V = base;
+        V.sym = true;
+        V.nsim = V.U;
+        st = prove(&V);
+        stats->work = V.work;
+        bool over = V.over && !st;
+        vb_free(&V);
+        if (!over) {
+            stats->mode = st ? CPC_VERIFY_REFUSED : CPC_VERIFY_SYMBOLIC;
+            stats->ranks = st ? 0 : L->P;
+            return st;
+        }
+        cpc_status_free(st);
+        st = NULL;
+        why = "its gradient sets do not stay a few runs of blocks";
+        at = NULL;
+    }
+    /* 2. enumeration of every rank, within the bound */
+    if (L->P > VB_MAX_P || method == CPC_VERIFY_SYMBOLIC_ONLY) {
+        stats->mode = CPC_VERIFY_REFUSED;
+        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, at ? at->span : CPC_NO_SPAN,
+                        "backward program: %d ranks: it cannot be proven: the symmetric proof does not apply (%s%s%s) "
+                        "and enumeration is limited to %d ranks",
+                        L->P, at ? cpc_op_kind_name(at->kind) : "", at ? ": " : "", why, VB_MAX_P);
+    }
+    vb V = base;
+    V.nsim = V.P;
+    st = prove(&V);
+    stats->work = V.work;
+    stats->mode = st ? CPC_VERIFY_REFUSED : CPC_VERIFY_FULL;
+    stats->ranks = st ? 0 : L->P;
+    vb_free(&V);
     return st;
 }

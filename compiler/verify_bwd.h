@@ -8,10 +8,16 @@
  * unit: the ring block of the K/V rows, or all of K/V for cross-attention;
  * query head: every head separately when U > 1, all heads as one unit when
  * U == 1; a K/V head's dK/dV collects the query heads of its group).
- * Messages carry that state from sender to receiver in FIFO order per
- * (sender, receiver, tag); collectives (all_to_all over a ulysses group,
- * all_gather and reduce_scatter over a ring group, all_reduce over the
- * world) fire when every member of the group has reached the same op.
+ * Point-to-point requests are modelled as the executor posts them: one per
+ * buffer of a send or recv, non-blocking, matched in FIFO order per
+ * (sender, receiver, GROUP, tag) as MPI and the local transport match them
+ * (the op table's CPC_MATCH_SEND/RECV); a send carries a snapshot of its
+ * buffer's state, which the recv's buffer takes at the `wait` that
+ * completes it; a wait blocks until each of its requests is matched
+ * (rendezvous: a send completes only once its recv is posted).  Collectives
+ * (all_to_all over a ulysses group, all_gather and reduce_scatter over a
+ * ring group, all_reduce over the world) fire when every member of the
+ * group has reached the same op.
  *
  * WHAT IS PROVED, for every rank p = r*U + u:
  *   1. Coverage: the OUTPUT DQ buffer holds shard p's rows (SHARD p, or
@@ -36,13 +42,22 @@
  *      every member's ring block r; a gradient's heads_to_seq where two
  *      members hold the same head without reduce=sum is refused (one part
  *      would be lost); reduce sums, in member order, the parts of each head.
- *   4. Matching: every recv takes the next message of its (peer, tag), with
- *      the buffer roles it declares and the content its `block` says; every
- *      message sent is received; no rank waits forever on a recv or on a
- *      collective some member never reaches (reported, naming the op).
- * NOT proved (left to the forward verifier's rules, which these program
- * shapes obey by construction): the non-blocking hazards between a
- * send/recv and its wait.
+ *   4. Matching: every recv buffer takes the next message of its (group,
+ *      peer, tag), with the role it declares and the content its `block`
+ *      says; every request is matched and completed by a wait; no rank
+ *      waits forever on a wait (its partner posted only after that partner
+ *      blocks) or on a collective some member never reaches (reported,
+ *      naming the op and the unmatched request).
+ *   5. Non-blocking lifetimes (the op table's CPC_LIFE_UNTIL_WAIT and
+ *      operand access columns): between a send's post and its wait its
+ *      buffer is only read (never written, accumulated into or swapped);
+ *      a recv's buffer is not touched at all until its wait.
+ *   6. Provenance (the op table's in_content column): each operand holds
+ *      what the op needs by where it came from, not by role: attn_bwd reads
+ *      q, k, v, dout, the forward's saved LSE and the delta that the `delta`
+ *      op made (both role lse), in that order; delta reads dout and out;
+ *      add, reduce_scatter and all_reduce read gradients.  Content moves
+ *      with copies, messages and collectives.
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
@@ -56,7 +71,20 @@
 
 #include "program.h"
 #include "status.h"
+#include "verify.h"
+
+typedef struct cpc_verify_bwd_stats {
+    cpc_verify_mode mode;  /* CPC_VERIFY_SYMBOLIC (the symmetric domain), _FULL (every rank), _REFUSED */
+    int ranks;             /* ranks the proof covers (P when it succeeds) */
+    int64_t work;          /* units spent (op instances collected + contribution runs added) */
+} cpc_verify_bwd_stats;
 
 cpc_status *cpc_verify_backward(const cpc_program *prog);
+/* As cpc_verify_backward, with options (NULL: defaults; `method` as for
+ * cpc_verify_ex: AUTO, SYMBOLIC_ONLY = the symmetric domain or CP051,
+ * ENUMERATE = every rank or CP051; full_limit is not used) and statistics
+ * (NULL allowed; filled also on failure). */
+cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opts *opts,
+                                   cpc_verify_bwd_stats *stats);
 
 #endif

@@ -125,6 +125,7 @@ typedef struct sctx {
     int result;       /* 0, CPC_SYM_ERROR, CPC_SYM_UNDECIDED, CPC_SYM_NOMEM */
     cpc_status *diag;
     cpc_sym_stats stats;
+    int64_t work;       /* the bound's units spent so far (verify.h THE PROVER'S BOUND) */
 } sctx;
 
 /* ---- arithmetic ------------------------------------------------------------- */
@@ -1843,6 +1844,12 @@ static int run_body(sctx *C, const snode *loop, const bool *active)
     return 0;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 static int run_loop(sctx *C, const snode *nd)
 {
     const cpc_op *op = nd->op;
@@ -1902,13 +1909,27 @@ static int run_loop(sctx *C, const snode *nd)
     if (every_step) /* cut at every step */
         for (int64_t k = 1; k < N; k++)
             cuts[ncut++] = k;
-    /* sort, unique */
-    for (int i = 1; i < ncut; i++)
-        for (int j = i; j > 0 && cuts[j] < cuts[j - 1]; j--) {
-            int64_t t = cuts[j];
-            cuts[j] = cuts[j - 1];
-            cuts[j - 1] = t;
+    qsort(cuts, (size_t)ncut, sizeof *cuts, cmp_i64);
+    {
+        /* the bound (verify.h THE PROVER'S BOUND): each phase runs the body
+         * at most FIX_TRIES + 2 times and evaluates every `when` twice */
+        int64_t phases = 0, per = 0;
+        for (int i = 0; i + 1 < ncut; i++)
+            phases += cuts[i + 1] > cuts[i];
+        for (int i = 0; i < nb; i++)
+            per += (FIX_TRIES + 2) + 2 * (int64_t)cpc_expr_size(nd->body[i].op->when);
+        int64_t w = phases > 0 && per > (CPC_VERIFY_WORK_MAX - C->work) / phases ? CPC_VERIFY_WORK_MAX + 1
+                                                                                  : C->work + phases * per;
+        if (w > CPC_VERIFY_WORK_MAX) {
+            sund(C, nd,
+                 "the `when`s of its %d body ops cut its %" PRId64 " steps into %" PRId64 " phases: proving it "
+                 "would take more than the prover's bound of %" PRId64 " units of work (phases x (body ops x %d + "
+                 "2 x `when` nodes))",
+                 nb, N, phases, (int64_t)CPC_VERIFY_WORK_MAX, FIX_TRIES + 2);
+            goto out;
         }
+        C->work = w;
+    }
     for (int p = 0; p + 1 < ncut && !C->result; p++) {
         int64_t lo = cuts[p], hi = cuts[p + 1];
         if (hi <= lo)

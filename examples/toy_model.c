@@ -7,10 +7,21 @@
  *
  *   mpirun -np 4 ./toy_model           exit 0 when the outputs match (fp32 1e-5)
  *   mpirun -np 2 ./toy_model --variant ring
+ *   mpirun -np 2 ./toy_model --backend cuda
+ *
+ * --backend cuda: the distributed attention runs on the CUDA backend (the
+ * plan compiled with its kernels, NVRTC): q, k, v and out live in device
+ * memory the example allocates (cudaMalloc), the rank is created with
+ * CPC_BACKEND_CUDA on the example's stream, GPU = local rank mod visible
+ * GPUs; the one-rank reference stays on the CPU.  The CUDA runtime is
+ * opened at run time (dlopen libcudart.so.13), so the example builds
+ * without the CUDA toolkit (tests/cli/cuda_emu.sh runs it on the CPU
+ * emulator of CUDA).
  *
  * Uses only <cpc/cpc.h> (build: `pkg-config --cflags --libs cpc`, or CMake
  * find_package(cpc) -> cpc::cpc; see examples/CMakeLists.txt).
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -66,23 +77,85 @@ static void matmul(const float *x, const float *W, float *y, long T)
         }
 }
 
-/* Runs the model on this rank's tokens x[T, DM] (in place). */
-static void model(cpc_rank *r, float *x, long T, float *const W[LAYERS][4])
+/* The few CUDA runtime calls --backend cuda needs, opened at run time. */
+static struct {
+    int (*malloc_)(void **p, size_t n);
+    int (*free_)(void *p);
+    int (*memcpy_)(void *dst, const void *src, size_t n, int kind); /* 1: H2D, 2: D2H */
+    int (*set_device)(int d);
+    int (*device_count)(int *n);
+    int (*stream_create)(void **s);
+    int (*stream_destroy)(void *s);
+    void *stream;
+} cu;
+
+static void cuda_open(int local_rank)
 {
-    float *q = malloc(sizeof(float) * T * DM), *k = malloc(sizeof(float) * T * DM);
-    float *v = malloc(sizeof(float) * T * DM), *o = malloc(sizeof(float) * T * DM);
-    float *y = malloc(sizeof(float) * T * DM);
-    cpc_tensor tq = {q, CPC_DTYPE_FP32, 4, {B, T, H, D}, {0}}, tk = tq, tv = tq, to = tq;
-    tk.data = k, tv.data = v, to.data = o;
+    void *h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        fprintf(stderr, "toy_model: --backend cuda: cannot open the CUDA runtime: %s\n", dlerror());
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    *(void **)&cu.malloc_ = dlsym(h, "cudaMalloc");
+    *(void **)&cu.free_ = dlsym(h, "cudaFree");
+    *(void **)&cu.memcpy_ = dlsym(h, "cudaMemcpy");
+    *(void **)&cu.set_device = dlsym(h, "cudaSetDevice");
+    *(void **)&cu.device_count = dlsym(h, "cudaGetDeviceCount");
+    *(void **)&cu.stream_create = dlsym(h, "cudaStreamCreate");
+    *(void **)&cu.stream_destroy = dlsym(h, "cudaStreamDestroy");
+    int n = 0;
+    if (!cu.malloc_ || !cu.free_ || !cu.memcpy_ || !cu.set_device || !cu.device_count ||
+        !cu.stream_create || !cu.stream_destroy || cu.device_count(&n) != 0 || n < 1 ||
+        cu.set_device(local_rank % n) != 0 || cu.stream_create(&cu.stream) != 0) {
+        fprintf(stderr, "toy_model: --backend cuda: no usable CUDA device\n");
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+}
+
+static void *dev_alloc(size_t n)
+{
+    void *p = NULL;
+    if (cu.malloc_(&p, n) != 0) {
+        fprintf(stderr, "toy_model: cudaMalloc(%zu) failed\n", n);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    return p;
+}
+
+static void dev_copy(void *dst, const void *src, size_t n, int kind)
+{
+    if (cu.memcpy_(dst, src, n, kind) != 0) {
+        fprintf(stderr, "toy_model: cudaMemcpy failed\n");
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+}
+
+/* Runs the model on this rank's tokens x[T, DM] (in place); `cuda`: the
+ * attention's tensors are device memory (the projections stay on the host). */
+static void model(cpc_rank *r, float *x, long T, float *const W[LAYERS][4], bool cuda)
+{
+    size_t nb = sizeof(float) * (size_t)(T ? T : 1) * DM;
+    float *q = malloc(nb), *k = malloc(nb), *v = malloc(nb), *o = malloc(nb), *y = malloc(nb);
+    void *dq = cuda ? dev_alloc(nb) : q, *dk = cuda ? dev_alloc(nb) : k;
+    void *dv = cuda ? dev_alloc(nb) : v, *dout = cuda ? dev_alloc(nb) : o;
+    cpc_tensor tq = {dq, CPC_DTYPE_FP32, 4, {B, T, H, D}, {0}}, tk = tq, tv = tq, to = tq;
+    tk.data = dk, tv.data = dv, to.data = dout;
     for (int l = 0; l < LAYERS; l++) {
         matmul(x, W[l][0], q, T);
         matmul(x, W[l][1], k, T);
         matmul(x, W[l][2], v, T);
+        if (cuda) {
+            dev_copy(dq, q, nb, 1), dev_copy(dk, k, nb, 1), dev_copy(dv, v, nb, 1);
+        }
         CHECK(cpc_rank_forward(r, &tq, &tk, &tv, NULL, &to, NULL)); /* [B, T, H, D] */
+        if (cuda)
+            dev_copy(o, dout, nb, 2);
         matmul(o, W[l][3], y, T);
         for (long i = 0; i < T * DM; i++)
             x[i] += y[i]; /* residual */
     }
+    if (cuda)
+        cu.free_(dq), cu.free_(dk), cu.free_(dv), cu.free_(dout);
     free(q), free(k), free(v), free(o), free(y);
 }
 
@@ -112,9 +185,22 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *variant = "auto";
-    for (int i = 1; i + 1 < argc; i++)
+    bool cuda = false;
+    for (int i = 1; i + 1 < argc; i++) {
         if (strcmp(argv[i], "--variant") == 0)
             variant = argv[i + 1];
+        if (strcmp(argv[i], "--backend") == 0)
+            cuda = strcmp(argv[i + 1], "cuda") == 0;
+    }
+    if (cuda) {
+        /* GPU = local rank (node-local communicator) mod visible GPUs */
+        MPI_Comm node;
+        int local = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_free(&node);
+        cuda_open(local);
+    }
 
     /* The plan for this many processes: --set cluster.world_size=N. */
     char set_world[64], set_variant[64];
@@ -125,12 +211,13 @@ int main(int argc, char **argv)
     cpc_compile_options_init(&opts);
     opts.sets = sets;
     opts.n_sets = 2;
+    opts.kernels = cuda; /* the CUDA backend runs the plan's generated kernels */
     cpc_artifact *a = NULL;
     CHECK(cpc_compile_plan_string(PLAN, 0, "toy-model.yaml", &opts, &a, NULL));
     if (rank == 0)
-        printf("libcpc %s: %s on %d ranks (ring_degree %d, ulysses_degree %d)\n", cpc_version(),
+        printf("libcpc %s: %s on %d ranks (ring_degree %d, ulysses_degree %d), %s backend\n", cpc_version(),
                cpc_artifact_variant(a), size, cpc_artifact_ring_degree(a),
-               cpc_artifact_ulysses_degree(a));
+               cpc_artifact_ulysses_degree(a), cuda ? "cuda" : "cpu");
 
     float *W[LAYERS][4];
     for (int l = 0; l < LAYERS; l++)
@@ -144,10 +231,16 @@ int main(int argc, char **argv)
     MPI_Comm comm;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     cpc_rank *r = NULL;
-    CHECK(cpc_rank_create_mpi(a, &comm, NULL, &r));
+    cpc_rank_options ro;
+    cpc_rank_options_init(&ro);
+    if (cuda) {
+        ro.backend = CPC_BACKEND_CUDA;
+        ro.cuda_stream = cu.stream;
+    }
+    CHECK(cpc_rank_create_mpi(a, &comm, &ro, &r));
     long T = 0;
     float *x = shard_input(a, rank, &T);
-    model(r, x, T, W);
+    model(r, x, T, W, cuda);
     cpc_rank_destroy(r);
 
     /* gather every rank's rows (with their global positions) to rank 0 */
@@ -193,7 +286,7 @@ int main(int argc, char **argv)
         CHECK(cpc_rank_create_local(a1, w, 0, NULL, &r1));
         long T1 = 0;
         float *x1 = shard_input(a1, 0, &T1);
-        model(r1, x1, T1, W);
+        model(r1, x1, T1, W, false);
         double num = 0, den = 0;
         for (long i = 0; i < T1 * DM; i++) {
             double d = (double)dist[i] - x1[i];
@@ -216,6 +309,8 @@ int main(int argc, char **argv)
             free(W[l][m]);
     free(x);
     cpc_artifact_free(a);
+    if (cuda)
+        cu.stream_destroy(cu.stream);
     MPI_Finalize();
     return status;
 }

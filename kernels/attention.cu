@@ -620,6 +620,8 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
     // l == 0: no visible key (o = 0, lse = -inf); l NaN: a NaN score (lse NaN;
     // o is NaN already: the NaN p reached oacc through P V).
     const float inv0 = l_r0 > 0.0f ? 1.0f / l_r0 : 0.0f, inv1 = l_r1 > 0.0f ? 1.0f / l_r1 : 0.0f;
+    // lse = m ln2 + log2(l) ln2 rounded once (fmaf): m is ~|logit| log2(e), and
+    // (m + log2 l) * ln2 rounded twice, which the LSE merge of a ring amplifies.
     const float ln2 = 0.6931471805599453f;
     // Rows g and g + 8 written by two explicit blocks: a loop over the two rows
     // made ptxas use 216 instead of 168 registers at head_dim 256.
@@ -631,7 +633,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
             dst[j * 8 + 1] = oacc[j][1] * inv0;
         }
         if (t == 0)
-            lse[((long long)b * hq + h) * sq + row0] = l_r0 == 0.0f ? -INFINITY : (m_r0 + log2f(l_r0)) * ln2;
+            lse[((long long)b * hq + h) * sq + row0] = l_r0 == 0.0f ? -INFINITY : fmaf(m_r0, ln2, log2f(l_r0) * ln2);
     }
     if (row1 < sq) {
         float *dst = o + ((long long)b * sq * hq + row1 * hq + h) * D + 2 * t;
@@ -641,7 +643,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
             dst[j * 8 + 1] = oacc[j][3] * inv1;
         }
         if (t == 0)
-            lse[((long long)b * hq + h) * sq + row1] = l_r1 == 0.0f ? -INFINITY : (m_r1 + log2f(l_r1)) * ln2;
+            lse[((long long)b * hq + h) * sq + row1] = l_r1 == 0.0f ? -INFINITY : fmaf(m_r1, ln2, log2f(l_r1) * ln2);
     }
 }
 #endif

@@ -94,7 +94,11 @@ extern "C" __global__ void cpc_merge_lse(float *acc, float *acc_lse, const float
         float m = a > c ? a : c;
         if (m == -INFINITY)
             continue;
-        float ea = __expf(a - m), ec = __expf(c - m);
+        // Weights from the difference of the two LSEs only (the larger gets
+        // e^0 = 1 exactly), so they sum to 1 whatever the rounding of the new
+        // LSE; precise expf/log1pf (the fast intrinsics lose digits when |LSE|
+        // is large, e.g. ill-conditioned fp32 logits).
+        float ea = a == m ? 1.0f : expf(a - m), ec = c == m ? 1.0f : expf(c - m);
         float inv = 1.0f / (ea + ec);
         float wa = ea * inv, wc = ec * inv;
         float *ar = acc + row * D;
@@ -103,7 +107,7 @@ extern "C" __global__ void cpc_merge_lse(float *acc, float *acc_lse, const float
             ar[i] = wa * ar[i] + wc * orow[i];
         __syncwarp();  // every lane has read acc_lse[li] before lane 0 overwrites it
         if (lane == 0)
-            acc_lse[li] = m + __logf(ea + ec);
+            acc_lse[li] = m + log1pf(a == m ? ec : ea);
     }
 }
 

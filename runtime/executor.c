@@ -18,6 +18,7 @@ typedef struct pending {
     cpc_request *req;
     int tag;
     int buf;          /* program buffer the request reads or writes */
+    bool send;        /* a send (its buffer may still be read) or a recv */
 } pending;
 
 struct cpc_exec {
@@ -32,6 +33,8 @@ struct cpc_exec {
     size_t stage_send_cap, stage_recv_cap;
     int64_t allocated;
     const void *inputs[CPC_ROLE__COUNT];
+    bool device_io;             /* cpc_exec_set_device_io: bound inputs and read
+                                   destinations are memory of the backend */
     size_t input_bytes[CPC_ROLE__COUNT];
     pending *pend;
     int n_pend, cap_pend;
@@ -624,10 +627,25 @@ cpc_status *cpc_exec_bind_input(cpc_exec *ex, cpc_buf_role role, const void *hos
     return NULL;
 }
 
+void cpc_exec_set_device_io(cpc_exec *ex, bool on) { ex->device_io = on; }
+
+/* The caller's memory <-> a buffer: host memory through upload/download, or
+ * with device_io memory of the backend through its copy. */
+static cpc_status *xfer_in(cpc_exec *ex, void *buf, const void *src, size_t n)
+{
+    return ex->device_io ? cpc_backend_copy(ex->cfg.backend, buf, src, n)
+                         : cpc_backend_upload(ex->cfg.backend, buf, src, n);
+}
+
+static cpc_status *xfer_out(cpc_exec *ex, void *dst, const void *buf, size_t n)
+{
+    return ex->device_io ? cpc_backend_copy(ex->cfg.backend, dst, buf, n)
+                         : cpc_backend_download(ex->cfg.backend, dst, buf, n);
+}
+
 cpc_status *cpc_exec_reset(cpc_exec *ex)
 {
     const cpc_program *prog = ex->prog;
-    cpc_backend *be = ex->cfg.backend;
     for (int b = 0; b < prog->n_buffers; b++) {
         const cpc_buffer *bf = &prog->buffers[b];
         ex->bufs[b].tag = (int)ex->c.r;
@@ -640,7 +658,7 @@ cpc_status *cpc_exec_reset(cpc_exec *ex)
         if (n > ex->bufs[b].cap)
             return cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' is too small (%zu > %zu)",
                              ex->cfg.rank, bf->name, n, ex->bufs[b].cap);
-        cpc_status *st = cpc_backend_upload(be, ex->bufs[b].ptr, ex->inputs[bf->role], n);
+        cpc_status *st = xfer_in(ex, ex->bufs[b].ptr, ex->inputs[bf->role], n);
         if (st) {
             cpc_status_prefix(st, "rank %d: uploading input '%s'", ex->cfg.rank, bf->name);
             return st;
@@ -679,12 +697,36 @@ static cpc_status *check_fits(const cpc_exec *ex, int b, size_t bytes)
     return NULL;
 }
 
-static bool buf_pending(const cpc_exec *ex, int b)
+/* The pending-request guard, for every op that touches a buffer (program.h
+ * CPC_LIFE_UNTIL_WAIT): by the op table's operand access, a buffer with a
+ * send in flight may be read (sent again, attended), nothing else; a buffer
+ * with a recv in flight may not be touched at all, until the wait. */
+static cpc_status *guard_pending(const cpc_exec *ex, const cpc_op *op)
 {
-    for (int i = 0; i < ex->n_pend; i++)
-        if (ex->pend[i].buf == b)
-            return true;
-    return false;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info || ex->n_pend == 0)
+        return NULL;
+    for (int side = 0; side < 2; side++) {
+        cpc_access acc = side ? info->out_access : info->in_access;
+        int n = side ? op->n_out : op->n_in;
+        const int *bufs = side ? op->out : op->in;
+        if (acc == CPC_ACCESS_NONE)
+            continue;
+        for (int i = 0; i < n && i < CPC_OP_MAX_BUFS; i++)
+            for (int j = 0; j < ex->n_pend; j++) {
+                const pending *pe = &ex->pend[j];
+                if (pe->buf != bufs[i] || (pe->send && acc == CPC_ACCESS_READ))
+                    continue;
+                return errf("'%s' is %s while its %s (tag %d) is in flight (before the wait that completes it)",
+                            bname(ex, bufs[i]),
+                            acc == CPC_ACCESS_READ    ? "read"
+                            : acc == CPC_ACCESS_WRITE ? "written"
+                            : acc == CPC_ACCESS_REBIND ? "swapped"
+                                                       : "accumulated into",
+                            pe->send ? "send" : "recv", pe->tag);
+            }
+    }
+    return NULL;
 }
 
 static cpc_status *need(const cpc_op *op, int n_in, int n_out)
@@ -717,8 +759,6 @@ static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op, const cpc_coords 
             int b = op->out[i];
             if (!is_grad(ex->prog->buffers[b].role))
                 return errf("'%s': init_acc of gradients takes only dq/dk/dv buffers", bname(ex, b));
-            if (buf_pending(ex, b))
-                return errf("'%s' has a send/recv not yet waited for", bname(ex, b));
             if (blk >= 0)
                 ex->bufs[b].tag = (int)blk;
             cpc_status *st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[b].cap / 4, NULL, 0);
@@ -985,8 +1025,6 @@ static cpc_status *op_add(cpc_exec *ex, const cpc_op *op)
         ga.hoff != gb.hoff || ex->bufs[a].tag != ex->bufs[b].tag)
         return errf("add: '%s' (block %d) and '%s' (block %d) must be gradients of one role, rows and heads",
                     ba->name, ex->bufs[a].tag, bb->name, ex->bufs[b].tag);
-    if (buf_pending(ex, a) || buf_pending(ex, b))
-        return errf("'%s' or '%s' has a send/recv not yet waited for", ba->name, bb->name);
     return cpc_backend_add_strided(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[a].ptr, 1, 1, 1, ga.elems, 0, 0, 0,
                                    0, 0, 0);
 }
@@ -1014,7 +1052,7 @@ static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
     return cpc_backend_merge(ex->cfg.backend, &m);
 }
 
-static cpc_status *push_pending(cpc_exec *ex, cpc_request *req, int tag, int buf)
+static cpc_status *push_pending(cpc_exec *ex, cpc_request *req, int tag, int buf, bool send)
 {
     if (ex->n_pend == ex->cap_pend) {
         int nc = ex->cap_pend ? 2 * ex->cap_pend : 16;
@@ -1024,7 +1062,7 @@ static cpc_status *push_pending(cpc_exec *ex, cpc_request *req, int tag, int buf
         ex->pend = p;
         ex->cap_pend = nc;
     }
-    ex->pend[ex->n_pend++] = (pending){req, tag, buf};
+    ex->pend[ex->n_pend++] = (pending){req, tag, buf, send};
     return NULL;
 }
 
@@ -1053,7 +1091,7 @@ static cpc_status *op_send(cpc_exec *ex, const cpc_op *op, const cpc_coords *c, 
         cpc_request *req = NULL;
         if ((st = cpc_transport_isend(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
             return st;
-        if ((st = push_pending(ex, req, op->tag, b)))
+        if ((st = push_pending(ex, req, op->tag, b, true)))
             return st;
         if (peer != me)
             *sent += (int64_t)g.bytes;
@@ -1091,7 +1129,7 @@ static cpc_status *op_recv(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
         cpc_request *req = NULL;
         if ((st = cpc_transport_irecv(t, op->group, (int)peer, ex->bufs[b].ptr, g.bytes, op->tag, &req)))
             return st;
-        if ((st = push_pending(ex, req, op->tag, b)))
+        if ((st = push_pending(ex, req, op->tag, b, false)))
             return st;
     }
     return NULL;
@@ -1121,8 +1159,6 @@ static cpc_status *op_swap(cpc_exec *ex, const cpc_op *op)
     if (op->n_in < 2)
         return errf("needs two buffers");
     int a = op->in[0], b = op->in[1];
-    if (buf_pending(ex, a) || buf_pending(ex, b))
-        return errf("'%s' or '%s' has a send/recv not yet waited for", bname(ex, a), bname(ex, b));
     xbuf t = ex->bufs[a];
     ex->bufs[a] = ex->bufs[b];
     ex->bufs[b] = t;
@@ -1152,8 +1188,6 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     void *recvp;
     int64_t Tu = cpc_layout_shard_tokens(L, (int)ex->c.p);
     int64_t Tblk = cpc_layout_block_tokens(L, (int)r);
-    if (buf_pending(ex, in) || buf_pending(ex, out))
-        return errf("'%s' or '%s' has a send/recv not yet waited for", bname(ex, in), bname(ex, out));
     if (prog->buffers[in].role == CPC_ROLE_LSE) {
         /* seq_to_heads of an LSE-layout buffer (the backward's delta):
          * in [B, H, Tu] -> out [B, hu, Tblk]; member j gets [B, h_j, Tu],
@@ -1398,8 +1432,6 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
         if (!grad || bo->role != bi->role || bi->tokens != CPC_TOK_ALL || bo->tokens != CPC_TOK_BLOCK)
             return errf("reduce_scatter: '%s' must be a gathered (ALL) gradient and '%s' a ring block of the "
                         "same role", bi->name, bo->name);
-        if (buf_pending(ex, in) || buf_pending(ex, out))
-            return errf("'%s' or '%s' has a send/recv not yet waited for", bi->name, bo->name);
         geom gi = geom_of(prog, &ex->c, in, -1);
         ex->bufs[out].tag = r;
         geom go = cur_geom(ex, out);
@@ -1469,8 +1501,6 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             bi->heads != CPC_HEADS_ALL || bo->heads != CPC_HEADS_ALL)
             return errf("all_reduce: '%s' and '%s' must be cross-attention (KV) gradients of one role with "
                         "every head", bi->name, bo->name);
-        if (buf_pending(ex, in) || buf_pending(ex, out))
-            return errf("'%s' or '%s' has a send/recv not yet waited for", bi->name, bo->name);
         geom g = geom_of(prog, &ex->c, in, -1);
         if ((st = check_fits(ex, out, g.bytes)))
             return st;
@@ -1729,6 +1759,8 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         int64_t sent = 0;
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
             ex->unflushed = true;
+        if ((st = guard_pending(ex, op)))
+            goto fail;
         switch (op->kind) {
         case CPC_OP_INIT_ACC: st = op_init_acc(ex, op, &c); break;
         case CPC_OP_ADD: st = op_add(ex, op); break;
@@ -1828,7 +1860,7 @@ cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
     if (bytes != n)
         return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
                          n, bytes);
-    return cpc_backend_download(ex->cfg.backend, host, ex->bufs[b].ptr, n);
+    return xfer_out(ex, host, ex->bufs[b].ptr, n);
 }
 
 cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
@@ -1879,7 +1911,7 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     *n_runs = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, runs, ex->max_runs);
     *h_off = g.hoff;
     *h_n = g.hn;
-    return cpc_backend_download(ex->cfg.backend, dst, ex->bufs[b].ptr, g.bytes);
+    return xfer_out(ex, dst, ex->bufs[b].ptr, g.bytes);
 }
 
 int cpc_exec_max_runs(const cpc_exec *ex)
@@ -1904,7 +1936,7 @@ cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, siz
         if (bytes != g.bytes)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
                              bf->name, g.bytes, bytes);
-        return cpc_backend_download(ex->cfg.backend, host, ex->bufs[b].ptr, bytes);
+        return xfer_out(ex, host, ex->bufs[b].ptr, bytes);
     }
     return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
                      cpc_buf_role_name(role));

@@ -132,6 +132,15 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out);
  * `bytes` is not the expected size (both named). */
 cpc_status *cpc_exec_bind_input(cpc_exec *ex, cpc_buf_role role, const void *host, size_t bytes);
 
+/* Device I/O: with `on`, the memory given to cpc_exec_bind_input is memory
+ * of the executor's backend (a device pointer of the CUDA backend), copied
+ * into the buffers at reset with the backend's copy, and the destinations of
+ * cpc_exec_read_output, cpc_exec_lse_into and cpc_exec_read_grad are too
+ * (cpc_exec_read_lse always downloads).  Off (the default): host memory,
+ * uploaded and downloaded.  The caller's device memory must not be in use by
+ * other work (the rank API synchronises with the caller's stream first). */
+void cpc_exec_set_device_io(cpc_exec *ex, bool on);
+
 /* Expected byte size of the bound tensor of `role` (0 when no INPUT buffer
  * has that role). */
 size_t cpc_exec_input_bytes(const cpc_exec *ex, cpc_buf_role role);

@@ -98,12 +98,17 @@ static int64_t cgroup_room(void)
 void cpc_mem_room_read(cpc_mem_room *r)
 {
     memset(r, 0, sizeof *r);
-    r->vm_free = r->vm_limit = r->phys_free = -1;
+    r->vm_free = r->vm_limit = r->phys_free = r->data_free = r->data_limit = -1;
     struct rlimit rl;
     if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
         r->vm_limit = (int64_t)rl.rlim_cur;
         int64_t vm = proc_kb("/proc/self/status", "VmSize");
         r->vm_free = vm >= 0 && r->vm_limit > vm ? r->vm_limit - vm : vm >= 0 ? 0 : r->vm_limit;
+    }
+    if (getrlimit(RLIMIT_DATA, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        r->data_limit = (int64_t)rl.rlim_cur;
+        int64_t vd = proc_kb("/proc/self/status", "VmData");
+        r->data_free = vd >= 0 && r->data_limit > vd ? r->data_limit - vd : vd >= 0 ? 0 : r->data_limit;
     }
     int64_t cg = cgroup_room();
     if (cg >= 0) {
@@ -138,6 +143,11 @@ cpc_status *cpc_mem_check(const char *what, int64_t need_vm, int64_t need_rss)
                        "%s: not enough address space: the run needs about %.0f MiB more, but the limit "
                        "(RLIMIT_AS, ulimit -v: %.0f MiB) leaves %.0f MiB; refusing to start",
                        what, mib(need_vm), mib(r.vm_limit), mib(r.vm_free));
+    else if (r.data_free >= 0 && need_vm > r.data_free)
+        st = cpc_error(CPC_E_NOMEM,
+                       "%s: not enough data space: the run needs about %.0f MiB more, but the limit "
+                       "(RLIMIT_DATA, ulimit -d: %.0f MiB) leaves %.0f MiB; refusing to start",
+                       what, mib(need_vm), mib(r.data_limit), mib(r.data_free));
     else if (r.phys_free >= 0 && need_rss > r.phys_free)
         st = cpc_error(CPC_E_NOMEM,
                        "%s: not enough memory: the run needs about %.0f MiB, but %s leaves %.0f MiB; "
@@ -153,10 +163,14 @@ cpc_status *cpc_mem_probe(int64_t bytes)
 {
     if (bytes <= 0)
         return NULL;
-    void *p = mmap(NULL, (size_t)bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* writable and private, as OpenBLAS maps its buffer: counted against
+     * RLIMIT_DATA as well as RLIMIT_AS (nothing is touched or committed) */
+    void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (p == MAP_FAILED)
         return cpc_error(CPC_E_NOMEM,
-                         "not enough address space for the rank's BLAS work buffer and stack (%.0f MiB): %s",
+                         "not enough address space for the rank's BLAS work buffer and stack (%.0f MiB): %s "
+                         "(ulimit -v / ulimit -d)",
                          mib(bytes), strerror(errno));
     munmap(p, (size_t)bytes);
     return NULL;

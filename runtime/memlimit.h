@@ -4,8 +4,10 @@
  * OpenBLAS work-buffer allocation that fails is retried forever, so a run
  * that cannot fit must be refused before it starts, with exit status 3).
  *
- * Three limits are read: RLIMIT_AS (virtual address space, `ulimit -v`)
- * minus the process's current VmSize; the cgroup v2 (or v1) memory limit
+ * Four limits are read: RLIMIT_AS (virtual address space, `ulimit -v`)
+ * minus the process's current VmSize; RLIMIT_DATA (`ulimit -d`, which
+ * covers private writable mappings such as OpenBLAS's buffers) minus
+ * VmData, compared with the same virtual need; the cgroup v2 (or v1) memory limit
  * minus its current usage; and MemAvailable of /proc/meminfo.  Virtual
  * address space is compared with the virtual need (buffers plus, per rank
  * thread, CPC_RANK_VM_BYTES of stack, malloc arena and BLAS work buffer),
@@ -34,6 +36,8 @@ typedef struct cpc_mem_room {
     int64_t vm_limit;       /* RLIMIT_AS; -1: none */
     int64_t phys_free;      /* least of cgroup room, MemAvailable, CPC_MEM_LIMIT_BYTES; -1: unknown */
     const char *phys_what;  /* which of them: "the cgroup memory limit", ... */
+    int64_t data_free;      /* RLIMIT_DATA - VmData; -1: no limit */
+    int64_t data_limit;     /* RLIMIT_DATA; -1: none */
 } cpc_mem_room;
 
 /* Reads the limits now. */
@@ -50,5 +54,6 @@ cpc_status *cpc_mem_check(const char *what, int64_t need_vm, int64_t need_rss);
  * call, whose work buffer would otherwise be retried forever.  Errors:
  * CPC_E_NOMEM naming the size. */
 cpc_status *cpc_mem_probe(int64_t bytes);
+
 
 #endif

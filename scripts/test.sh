@@ -1,35 +1,64 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine (run as root; installs what
-# is missing): release build + ctest, the suite again under ASan+UBSan, and a
-# bounded libFuzzer run over the plan loader and validator.
+# is missing): release build + every ctest, the Python suite, the suite again
+# under ASan+UBSan (sampled in the default tier), an -O3 build of the GPU pack's
+# programs, and a bounded libFuzzer run over the plan loader and validator.
+#   CPC_TEST_TIER=default|full      default: the ASan pass runs every test except the
+#                                   heavy end-to-end ones (ASAN_HEAVY below), plus two
+#                                   of those chosen by the commit (a rotating sample,
+#                                   so successive commits cover them all); full: every
+#                                   test under ASan too (about 35 more minutes)
 #   CPC_FUZZ_SECONDS (default 60)   fuzzing time; 0 skips fuzzing
 #   CPC_SKIP_ASAN=1                 skip the sanitizer pass
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$SECONDS
+phase() { echo "== $* (at $((SECONDS - t0)) s) =="; }
 ./scripts/setup.sh
 jobs=$(nproc)
 status=0
+tier=${CPC_TEST_TIER:-default}
+case "$tier" in default|full) ;; *) echo "CPC_TEST_TIER must be default or full, not '$tier'" >&2; exit 2;; esac
+# The end-to-end tests that take minutes under ASan (each runs cprun or the CUDA
+# emulator dozens of times; the release pass runs them all).
+ASAN_HEAVY=(cli_axes cli_cprun cli_training cli_training_growth cli_cuda_emu
+            cli_robustness test_backend_cuda_emu mpi_cprun mpi_train)
 
-echo "== build (release) =="
+phase "build (release)"
 BUILD_DIR=build ./scripts/build.sh
-echo "== ctest (release) =="
+phase "ctest (release)"
 (cd build && ctest --output-on-failure -j"$jobs") || status=1
 
-echo "== python package (fresh venv, pip install ./python, pytest) =="
+phase "python package (fresh venv, pip install ./python, pytest)"
 BUILD_DIR=build ./scripts/test_python.sh || status=1
 
 if [ "${CPC_SKIP_ASAN:-0}" != 1 ]; then
-  echo "== build (ASan+UBSan) =="
+  phase "build (ASan+UBSan)"
   BUILD_DIR=build-asan BUILD_TYPE=Debug ./scripts/build.sh -DCPC_SANITIZE=ON
-  echo "== ctest (ASan+UBSan) =="
+  asan_args=()
+  if [ "$tier" = default ]; then
+    # Rotate the sample by the commit: two heavy tests per run, all of them
+    # within ceil(${#ASAN_HEAVY[@]}/2) successive commits.
+    seed=$(( 0x$( (git rev-parse --short=6 HEAD 2>/dev/null || echo 0) | tr -cd '0-9a-f' | head -c6) + 0 ))
+    n=${#ASAN_HEAVY[@]}
+    pick1=${ASAN_HEAVY[$(( seed % n ))]}
+    pick2=${ASAN_HEAVY[$(( (seed + 1) % n ))]}
+    skip=()
+    for t in "${ASAN_HEAVY[@]}"; do
+      [ "$t" = "$pick1" ] || [ "$t" = "$pick2" ] || skip+=("$t")
+    done
+    asan_args=(-E "^($(IFS='|'; echo "${skip[*]}"))\$")
+    echo "ASan sample: every test but the heavy ones, plus $pick1 and $pick2 (CPC_TEST_TIER=full runs all)"
+  fi
+  phase "ctest (ASan+UBSan, tier $tier)"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     ctest --output-on-failure -j"$jobs") || status=1
+     ctest --output-on-failure -j"$jobs" "${asan_args[@]}") || status=1
 fi
 
 # The GPU pack (tests/gpu/pack.sh) is an optimised Release build: -O3 brings
 # warnings (-Werror) that the other builds do not see.  Build its programs.
-echo "== build (Release, -O3: the GPU pack's programs) =="
+phase "build (Release, -O3: the GPU pack's programs)"
 o3_targets="--target cpc --target cprun"
 if cmake -S . -B build-o3 -DCMAKE_BUILD_TYPE=Release >/dev/null; then
   cmake --build build-o3 --target help 2>/dev/null | grep -q gpu_check && o3_targets+=" --target gpu_check"
@@ -45,7 +74,7 @@ fi
 
 secs=${CPC_FUZZ_SECONDS:-60}
 if [ "$secs" != 0 ] && ls tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
-  echo "== fuzz (${secs}s per target) =="
+  phase "fuzz (${secs}s per target)"
   cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
     -DCPC_FUZZ=ON -DCPC_WERROR=OFF >/dev/null
   targets=$(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/\.c$//')
@@ -66,5 +95,6 @@ if [ "$secs" != 0 ] && ls tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
   done
 fi
 
+phase "done"
 if [ $status -eq 0 ]; then echo "cpc test suite: all passed"; else echo "cpc test suite: FAILED"; fi
 exit $status

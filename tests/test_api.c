@@ -317,6 +317,12 @@ static cpc_artifact *plan_for(int H, int Hkv, int D, int B, int text, int image,
 Test(api, version_and_features)
 {
     cr_assert_str_eq(cpc_version(), CPC_VERSION);
+    /* cpc/version.h: the numbers of the string, and their code */
+    char v[32];
+    snprintf(v, sizeof v, "%d.%d.%d", CPC_VERSION_MAJOR, CPC_VERSION_MINOR, CPC_VERSION_PATCH);
+    cr_assert_str_eq(cpc_version(), v);
+    cr_assert_eq(CPC_VERSION_CODE, CPC_VERSION_MAJOR * 10000 + CPC_VERSION_MINOR * 100 + CPC_VERSION_PATCH);
+    cr_assert(CPC_VERSION_AT_LEAST(0, 0, 1) && !CPC_VERSION_AT_LEAST(CPC_VERSION_MAJOR + 1, 0, 0));
     cr_assert(cpc_have_mpi() || !cpc_have_mpi());
 }
 
@@ -1027,4 +1033,219 @@ Test(api, backward_refusals_leave_outputs_untouched)
     cpc_rank_destroy(r);
     cpc_local_world_free(w);
     cpc_artifact_free(a);
+}
+
+/* ---- robustness: NULL handles, out-of-range enums, overflowing sizes (issue 22) ---- */
+
+static void expect_usage(cpc_status *st, const char *what)
+{
+    cr_expect_eq(cpc_status_code(st), CPC_E_USAGE, "%s: code %d (%s)", what, (int)cpc_status_code(st),
+                 cpc_status_message(st) ? cpc_status_message(st) : "OK");
+    cpc_status_free(st);
+}
+
+Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
+{
+    /* status.h */
+    char *s = cpc_status_format(NULL, NULL);
+    cr_assert_not_null(s);
+    cr_expect_str_eq(s, "cpc: ok");
+    free(s);
+    cpc_status_print(stderr, NULL, NULL);
+    cr_expect_eq(cpc_status_exit_code(NULL), 0);
+    cr_expect_str_eq(cpc_code_name((cpc_code)77), "?");
+    /* compiler.h: a NULL artifact */
+    cr_expect_null(cpc_artifact_variant(NULL));
+    cr_expect_eq(cpc_artifact_world_size(NULL), 0);
+    cr_expect_eq(cpc_artifact_ring_degree(NULL), 0);
+    cr_expect_eq(cpc_artifact_ulysses_degree(NULL), 0);
+    cr_expect_eq(cpc_artifact_cfg_degree(NULL), 0);
+    cr_expect_eq(cpc_artifact_tp_degree(NULL), 0);
+    cr_expect_eq(cpc_artifact_dtype(NULL), CPC_DTYPE__COUNT);
+    cr_expect(!cpc_artifact_causal(NULL) && !cpc_artifact_key_padding(NULL) &&
+              !cpc_artifact_cross_attention(NULL) && !cpc_artifact_trains(NULL));
+    int64_t sh[6] = {9, 9, 9, 9, 9, 9};
+    cpc_artifact_shape(NULL, &sh[0], &sh[1], &sh[2], &sh[3], &sh[4], &sh[5]);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(sh[i], 0);
+    double val = 0;
+    cr_expect(!cpc_artifact_get_prediction(NULL, "ms_per_layer", &val));
+    cpc_rank_slice sl;
+    int nd = 0, nr = 0;
+    int64_t shape[4];
+    cpc_token_run runs[4];
+    expect_usage(cpc_artifact_rank_slice(NULL, 0, &sl), "rank_slice");
+    expect_usage(cpc_artifact_shard_shape(NULL, 0, CPC_TENSOR_Q, &nd, shape), "shard_shape");
+    expect_usage(cpc_artifact_shard_runs(NULL, 0, runs, 4, &nr), "shard_runs");
+    expect_usage(cpc_artifact_write("/tmp/never.cplan", NULL), "artifact_write");
+    expect_usage(cpc_artifact_load(NULL, NULL), "artifact_load");
+    cpc_artifact_free(NULL);
+    /* rank.h: NULL ranks and worlds */
+    cr_expect_eq(cpc_rank_index(NULL), -1);
+    cr_expect_eq(cpc_rank_world_size(NULL), 0);
+    cr_expect_eq(cpc_rank_allocated_bytes(NULL), 0);
+    cr_expect_eq(cpc_rank_saved_lse_elements(NULL), 0);
+    expect_usage(cpc_rank_forward(NULL, NULL, NULL, NULL, NULL, NULL, NULL), "forward");
+    expect_usage(cpc_rank_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+                 "backward");
+    expect_usage(cpc_rank_saved_lse(NULL, NULL, 0), "saved_lse");
+    expect_usage(cpc_rank_abort(NULL, "x"), "abort");
+    cpc_rank_destroy(NULL);
+    cpc_local_world_free(NULL);
+    cpc_rank_options_init(NULL);
+    cpc_local_world *w = NULL;
+    cpc_rank *r = NULL;
+    expect_usage(cpc_local_world_new(NULL, &w), "world_new");
+    expect_usage(cpc_rank_create_local(NULL, NULL, 0, NULL, &r), "create_local");
+    cr_expect_null(r);
+    expect_usage(cpc_rank_create_mpi(NULL, NULL, NULL, &r), "create_mpi");
+    expect_usage(cpc_rank_create_nccl(NULL, NULL, NULL, NULL, &r), "create_nccl");
+    /* out-of-range enums and options on a real artifact */
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
+    expect_usage(cpc_artifact_shard_shape(a, 0, (cpc_tensor_role)77, &nd, shape), "role 77");
+    expect_usage(cpc_artifact_shard_shape(a, 0, (cpc_tensor_role)-1, &nd, shape), "role -1");
+    expect_usage(cpc_artifact_shard_shape(a, 0, CPC_TENSOR_Q, NULL, shape), "ndim NULL");
+    expect_usage(cpc_artifact_shard_runs(a, 0, runs, -1, &nr), "max -1");
+    expect_usage(cpc_artifact_rank_slice(a, 0, NULL), "slice out NULL");
+    cr_assert_null(cpc_local_world_new(a, &w));
+    cpc_rank_options o;
+    cpc_rank_options_init(&o);
+    o.backend = (cpc_backend_kind)77;
+    cpc_status *st = cpc_rank_create_local(a, w, 0, &o, &r);
+    cr_expect_eq(cpc_status_code(st), CPC_E_USAGE);
+    cr_expect(st && strstr(cpc_status_message(st), "77"), "%s", cpc_status_message(st));
+    cpc_status_free(st);
+    cr_expect_null(r);
+    cpc_rank_options_init(&o);
+    o.device = -7;
+    expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "device -7");
+    cpc_rank_options_init(&o);
+    o.timeout_s = NAN;
+    expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "timeout NaN");
+    expect_usage(cpc_rank_create_local(a, w, 0, NULL, NULL), "out NULL");
+    /* session.h: a NULL job and report */
+    cr_expect_null(cpc_job_variant(NULL));
+    cr_expect_eq(cpc_job_ring_degree(NULL), 0);
+    cr_expect_eq(cpc_job_ulysses_degree(NULL), 0);
+    cr_expect_eq(cpc_job_world_size(NULL), 0);
+    int64_t bytes = 5;
+    expect_usage(cpc_job_peak_memory(NULL, &bytes), "peak_memory");
+    expect_usage(cpc_job_dry_run(NULL, stderr, 1), "dry_run");
+    cpc_run_report *rep = NULL;
+    expect_usage(cpc_job_execute(NULL, NULL, &rep, NULL), "execute");
+    expect_usage(cpc_job_check_outputs(NULL, NULL), "check_outputs");
+    cpc_job_options jo;
+    cpc_job_options_init(&jo);
+    jo.backend = (cpc_backend_kind)77;
+    expect_usage(cpc_job_check_outputs(&jo, NULL), "job backend 77");
+    expect_usage(cpc_calibrate_profile(true, 2, (cpc_transport_kind)77, NULL, NULL, NULL), "calibrate 77");
+    cr_expect(!cpc_run_report_ok(NULL));
+    cr_expect_null(cpc_run_report_failure(NULL));
+    cpc_report_print_text(stderr, NULL);
+    expect_usage(cpc_report_print_json(stderr, NULL), "print_json");
+    cpc_run_report_destroy(NULL);
+    cpc_job_close(NULL);
+    cpc_local_world_free(w);
+    cpc_artifact_free(a);
+}
+
+Test(api, overflowing_strides_and_sizes_are_refused)
+{
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
+    cpc_local_world *w = NULL;
+    cr_assert_null(cpc_local_world_new(a, &w));
+    cpc_rank *r = NULL;
+    cr_assert_null(cpc_rank_create_local(a, w, 0, NULL, &r));
+    problem pb;
+    make_problem(&pb, 1, 16, 4, 4, 16, false);
+    float *out = malloc(16 * 4 * 16 * 4);
+    cpc_tensor q = tensor4(pb.q, 1, 16, 4, 16), k = tensor4(pb.k, 1, 16, 4, 16),
+               v = tensor4(pb.v, 1, 16, 4, 16), o = tensor4(out, 1, 16, 4, 16);
+    const int64_t huge = (int64_t)1 << 62;
+    /* an input stride of 2^62 elements: its extent overflows any address
+     * (dimension 0 has one element: its stride is never used) */
+    const int64_t contig[4] = {16 * 4 * 16, 4 * 16, 16, 1};
+    memcpy(q.strides, contig, sizeof contig);
+    memcpy(o.strides, contig, sizeof contig);
+    for (int d = 1; d < 4; d++) {
+        cpc_tensor bad = q;
+        bad.strides[d] = huge;
+        cpc_status *st = cpc_rank_forward(r, &bad, &k, &v, NULL, &o, NULL);
+        cr_expect_eq(cpc_status_code(st), CPC_E_USAGE, "dim %d: %s", d, cpc_status_message(st));
+        cr_expect(st && strstr(cpc_status_message(st), "overflow"), "%s", cpc_status_message(st));
+        cpc_status_free(st);
+        cpc_tensor bado = o;
+        bado.strides[d] = huge;
+        expect_usage(cpc_rank_forward(r, &q, &k, &v, NULL, &bado, NULL), "out stride 2^62");
+    }
+    /* strides whose sum overflows although each product fits */
+    cpc_tensor sum = q;
+    int64_t s4[4] = {huge / 4, huge / 8, huge / 64, 1};
+    memcpy(sum.strides, s4, sizeof s4);
+    expect_usage(cpc_rank_forward(r, &sum, &k, &v, NULL, &o, NULL), "stride sum");
+    /* ndim and dtype out of range */
+    cpc_tensor nd = q;
+    nd.ndim = 77;
+    expect_usage(cpc_rank_forward(r, &nd, &k, &v, NULL, &o, NULL), "ndim 77");
+    nd.ndim = -1;
+    expect_usage(cpc_rank_forward(r, &nd, &k, &v, NULL, &o, NULL), "ndim -1");
+    cpc_tensor dt = q;
+    dt.dtype = (cpc_dtype)77;
+    expect_usage(cpc_rank_forward(r, &dt, &k, &v, NULL, &o, NULL), "dtype 77");
+    /* still usable and right */
+    cr_assert_null(cpc_rank_forward(r, &q, &k, &v, NULL, &o, NULL));
+    double num = 0, den = 0;
+    for (int i = 0; i < 16 * 4 * 16; i++)
+        num += (out[i] - pb.ref[i]) * (out[i] - pb.ref[i]), den += pb.ref[i] * pb.ref[i];
+    cr_expect_lt(sqrt(num / den), 1e-5);
+    free(out);
+    free_problem(&pb);
+    cpc_rank_destroy(r);
+    cpc_local_world_free(w);
+    cpc_artifact_free(a);
+}
+
+/* Two artifacts of the same world size (2) but other shapes: a rank of one in
+ * the other's world is refused, naming both (it computed garbage with OK). */
+Test(api, a_rank_from_another_artifact_is_refused_by_the_world)
+{
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 2, "ring", NULL, 0);
+    cpc_artifact *b = plan_for(2, 2, 16, 1, 8, 24, "none", 2, "ulysses", NULL, 0);
+    cr_assert_eq(cpc_artifact_world_size(a), cpc_artifact_world_size(b));
+    cpc_local_world *w = NULL;
+    cr_assert_null(cpc_local_world_new(a, &w));
+    cpc_rank *r = NULL;
+    cpc_status *st = cpc_rank_create_local(b, w, 1, NULL, &r);
+    cr_expect_eq(cpc_status_code(st), CPC_E_USAGE);
+    const char *m = cpc_status_message(st);
+    cr_expect(m && strstr(m, "ring") && strstr(m, "ulysses"), "%s", m);
+    cpc_status_free(st);
+    cr_expect_null(r);
+    /* the world's own artifact, and an identical copy of it (same plan), are accepted */
+    cpc_artifact *a2 = plan_for(4, 4, 16, 1, 8, 8, "none", 2, "ring", NULL, 0);
+    cpc_rank *r0 = NULL, *r1 = NULL;
+    cr_expect_null(cpc_rank_create_local(a, w, 0, NULL, &r0));
+    cr_expect_null(cpc_rank_create_local(a2, w, 1, NULL, &r1));
+    cpc_rank_destroy(r0);
+    cpc_rank_destroy(r1);
+    cpc_local_world_free(w);
+    cpc_artifact_free(a);
+    cpc_artifact_free(a2);
+    cpc_artifact_free(b);
+}
+
+Test(api, null_compilations_and_files_are_usage_errors)
+{
+    cpc_artifact *a = NULL;
+    expect_usage(cpc_compilation_artifact(NULL, &a), "compilation_artifact");
+    expect_usage(cpc_compilation_write(NULL, "/tmp/x.cplan"), "compilation_write");
+    cpc_candidate_info info;
+    expect_usage(cpc_compilation_candidate(NULL, 0, &info, sizeof info), "candidate");
+    cr_expect_eq(cpc_compilation_count(NULL, CPC_SEV_ERROR), 0);
+    cr_expect(!cpc_compilation_ok(NULL));
+    cpc_compilation_free(NULL);
+    expect_usage(cpc_atomic_file_write(NULL, "x", 1), "atomic write");
+    expect_usage(cpc_atomic_file_commit(NULL), "atomic commit");
+    cpc_atomic_file_discard(NULL);
+    expect_usage(cpc_write_file_atomic(NULL, "x", 1), "write_file_atomic");
 }

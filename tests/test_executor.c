@@ -487,6 +487,38 @@ Test(executor, deadlock_times_out_instead_of_hanging)
     cpc_plan_free(plan);
 }
 
+/* The pending-request guard (program.h CPC_LIFE_UNTIL_WAIT), read from the op
+ * table for every op: an attn reading the K block whose recv is still in
+ * flight is refused by the executor (a program that slipped past a proof
+ * still cannot read a half-received buffer). */
+Test(executor, in_flight_buffers_are_guarded)
+{
+    tcase c = {.v = CPC_VARIANT_RING, .R = 2, .U = 1, .H = 2, .D = 16, .dt = CPC_DTYPE_FP32,
+               .nseg = 1, .seg = {32}, .overlap = true};
+    cpc_plan *plan = mk_plan(&c);
+    cpc_job *job = NULL;
+    cpc_status_free(cpc_job_from_plan(plan, c.v, 2, 1, &job));
+    cr_assert_not_null(job);
+    cpc_op *recv = find_op(job->prog->ops, job->prog->n_ops, CPC_OP_RECV);
+    cpc_op *attn = find_op(job->prog->ops, job->prog->n_ops, CPC_OP_ATTN);
+    cr_assert(recv && attn && recv < attn, "the ring loop posts its recv before the attention");
+    attn->in[1] = recv->out[0];
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = 20;
+    cpc_run_report rep;
+    cpc_status *st = cpc_job_run(job, &o, &rep, NULL);
+    cr_assert_not_null(st, "an attention reading an in-flight recv buffer ran");
+    cr_assert(strstr(st->message, "in flight") != NULL && strstr(st->message, "recv") != NULL, "message: %s",
+              st->message);
+    cpc_status_free(st);
+    cpc_run_report_free(&rep);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+}
+
 /* ---- the executor API directly: memory plan and buffers ----------------------------- */
 
 Test(executor, memory_plan_matches_allocation)

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -532,8 +533,33 @@ static int cprun_main(int argc, char **argv, const char **sets)
     return rc;
 }
 
+/* Issue 23: OpenBLAS (pthread build) starts its worker threads when the
+ * library is loaded, before main(); under a finite RLIMIT_AS / RLIMIT_DATA
+ * (ulimit -v / -d) a worker whose buffer cannot be mapped retries forever,
+ * and exit() joins it: even `cprun --version` never ended.  So, first thing
+ * in main(): when such a limit is set and OPENBLAS_NUM_THREADS is not 1,
+ * set OPENBLAS_NUM_THREADS=1 (ranks run BLAS on one thread anyway) and
+ * CPC_BLAS_REEXEC=1 and re-execute /proc/self/exe with the same argv, so
+ * that no worker thread exists.  Nothing happens without a limit, after the
+ * re-exec, or when exec fails. */
+static void blas_single_thread_reexec(char **argv)
+{
+    if (!argv || !argv[0] || getenv("CPC_BLAS_REEXEC"))
+        return; /* already done: never a loop */
+    const char *e = getenv("OPENBLAS_NUM_THREADS");
+    if (e && strcmp(e, "1") == 0)
+        return;
+    struct rlimit as, ds;
+    bool limited = (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) ||
+                   (getrlimit(RLIMIT_DATA, &ds) == 0 && ds.rlim_cur != RLIM_INFINITY);
+    if (!limited || setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0 || setenv("CPC_BLAS_REEXEC", "1", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv)
 {
+    blas_single_thread_reexec(argv);
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     if (!sets) {
         fprintf(stderr, "cprun: error: out of memory\n");

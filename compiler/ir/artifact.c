@@ -871,6 +871,8 @@ cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a)
 {
     if (!path || !*path)
         return cpc_error(CPC_E_USAGE, "artifact: no output path");
+    if (!a || !a->plan || !a->program)
+        return cpc_error(CPC_E_USAGE, "%s: no artifact to write (NULL)", path);
     /* fileio.h: a regular file (or a link's target) is replaced atomically
      * (temporary file, fsync, rename); a device or FIFO is written through;
      * a directory or anything else is refused.  Checked before the text is

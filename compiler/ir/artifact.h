@@ -204,7 +204,7 @@ cpc_status *cpc_artifact_set_prediction(cpc_artifact *a, const char *name, doubl
  * ms_per_image only when positive (priced: model.parameters, input.steps). */
 cpc_status *cpc_artifact_set_predictions(cpc_artifact *a, const cpc_prediction *p);
 /* Looks a prediction up; false when absent. */
-bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
+CPC_API bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
 
 /* Serialises the artifact (format above, hash filled in).  *text is
  * malloc'd and NUL-terminated (caller frees), *len its length.  Also
@@ -222,7 +222,7 @@ cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len);
  * ("PATH: cannot write the artifact: REASON", also for a short write or a
  * failed fsync/close/rename). */
 cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a);
-cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
+CPC_API cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
 
 /* Reads and checks an artifact (see READING).  On success *out is owned
  * by the caller (cpc_artifact_free); on error *out = NULL. */
@@ -233,6 +233,6 @@ cpc_status *cpc_artifact_read_string(const char *text, size_t len, const char *n
                                      cpc_artifact **out);
 
 /* Frees an artifact and everything it owns.  NULL is ignored. */
-void cpc_artifact_free(cpc_artifact *a);
+CPC_API void cpc_artifact_free(cpc_artifact *a);
 
 #endif

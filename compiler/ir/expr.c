@@ -664,6 +664,11 @@ int cpc_expr_root(const cpc_expr *e)
     return e ? e->root : -1;
 }
 
+int cpc_expr_size(const cpc_expr *e)
+{
+    return e ? e->n : 0;
+}
+
 bool cpc_expr_node_at(const cpc_expr *e, int i, cpc_expr_node *out)
 {
     if (!e || !out || i < 0 || i >= e->n)

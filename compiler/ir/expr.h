@@ -97,6 +97,9 @@ typedef struct cpc_expr_node {
 
 /* Index of the root node; -1 for NULL. */
 int cpc_expr_root(const cpc_expr *e);
+/* Number of nodes of e (what one evaluation visits at most); 0 for NULL.
+ * At most about EXPR_MAX_TEXT / 2 (the text is 4096 characters at most). */
+int cpc_expr_size(const cpc_expr *e);
 /* Node i of e into *out; false when e is NULL or i is out of range. */
 bool cpc_expr_node_at(const cpc_expr *e, int i, cpc_expr_node *out);
 

@@ -9,7 +9,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- temporary files removed on SIGINT / SIGTERM / SIGHUP ------------------------- */
@@ -75,6 +78,8 @@ static void unregister_tmp(int slot)
 
 /* ---- writing ------------------------------------------------------------------- */
 
+enum { FIFO_WAIT_MS = 2000, STALE_MIN_AGE_S = 1 };
+
 static cpc_status *werr(const char *path, const char *verb, int e)
 {
     return cpc_error(CPC_E_IO, "%s: %s: %s", path, verb, strerror(e ? e : EIO));
@@ -113,6 +118,44 @@ static char *link_target(const char *path)
     return out;
 }
 
+/* Removes TARGET.tmpXXXXXX files that a killed writer (SIGKILL, a crash, a
+ * power cut) left next to target: a temporary file is stale when no process
+ * holds its flock (a live writer holds it from creation to rename) and it is
+ * older than STALE_MIN_AGE_S seconds (the lock is taken just after
+ * mkostemp).  Best effort: errors are ignored. */
+static void remove_stale_tmp(const char *target)
+{
+    char *d = dir_of(target);
+    if (!d)
+        return;
+    const char *slash = strrchr(target, '/');
+    const char *base = slash ? slash + 1 : target;
+    size_t bl = strlen(base);
+    DIR *dir = opendir(d);
+    if (!dir) {
+        free(d);
+        return;
+    }
+    time_t now = time(NULL);
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        const char *n = de->d_name;
+        if (strlen(n) != bl + 10 || strncmp(n, base, bl) != 0 || strncmp(n + bl, ".tmp", 4) != 0)
+            continue;
+        int dfd = dirfd(dir);
+        int fd = openat(dfd, n, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+            continue;
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && now - sb.st_mtime >= STALE_MIN_AGE_S &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0)
+            (void)unlinkat(dfd, n, 0);
+        close(fd);
+    }
+    closedir(dir);
+    free(d);
+}
+
 cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
 {
     memset(o, 0, sizeof *o);
@@ -140,14 +183,44 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         return cpc_error(CPC_E_IO, "%s: %s: is a directory", path, verb);
     }
     if (exists && (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode))) {
-        /* a device or FIFO: written through (a FIFO blocks until a reader
-         * comes, as any writer of a FIFO does) */
-        FILE *f = fopen(target, "wb");
+        /* a device or FIFO: written through.  A FIFO is opened without
+         * blocking: with no reader open() fails (ENXIO) at once, retried for
+         * FIFO_WAIT_MS, then refused (never a writer blocked forever). */
+        int fd = -1;
+        for (int waited = 0;; waited += 20) {
+            fd = open(target, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+            if (fd >= 0 || errno != ENXIO || !S_ISFIFO(sb.st_mode) || waited >= FIFO_WAIT_MS)
+                break;
+            struct timespec ts = {0, 20 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (fd < 0) {
+            int e = errno;
+            free(target);
+            if (e == ENXIO && S_ISFIFO(sb.st_mode))
+                return cpc_error(CPC_E_IO,
+                                 "%s: %s: a FIFO (named pipe) with no reader (waited %d s); start "
+                                 "the reader first",
+                                 path, verb, FIFO_WAIT_MS / 1000);
+            return werr(path, verb, e);
+        }
+        int fl = fcntl(fd, F_GETFL);
+        FILE *f = NULL;
+        if (fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0)
+            f = fdopen(fd, "wb");
         if (!f) {
             int e = errno;
+            close(fd);
             free(target);
             return werr(path, verb, e);
         }
+        /* a reader that goes away makes write() fail with EPIPE (an error
+         * here, exit 2) instead of killing the process with SIGPIPE: the
+         * signal is blocked in this thread until commit/discard */
+        sigset_t pipe_set;
+        sigemptyset(&pipe_set);
+        sigaddset(&pipe_set, SIGPIPE);
+        o->pipe_blocked = pthread_sigmask(SIG_BLOCK, &pipe_set, &o->sig_saved) == 0;
         o->f = f;
         o->target = target;
         o->path = strdup(path);
@@ -181,6 +254,7 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         return &cpc_status_oom;
     }
     snprintf(tmp, tl + 16, "%s.tmpXXXXXX", target);
+    remove_stale_tmp(target);
     /* The temporary file is created and registered for the cleanup handler
      * with the cleanup signals blocked: a signal that arrives in between is
      * delivered after registration, so it never leaves the file behind. */
@@ -191,8 +265,12 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         sigaddset(&block, cleanup_signals[i]);
     pthread_sigmask(SIG_BLOCK, &block, &saved);
     int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd >= 0)
+    if (fd >= 0) {
         o->slot = register_tmp(tmp);
+        /* held until the rename: tells a live temporary file from a stale
+         * one (remove_stale_tmp) */
+        (void)flock(fd, LOCK_EX | LOCK_NB);
+    }
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
     if (fd < 0) {
         int e = errno;
@@ -224,6 +302,18 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
 
 static void release(cpc_outfile *o)
 {
+    if (o->pipe_blocked) {
+        /* drop a SIGPIPE raised by our writes (the write already failed with
+         * EPIPE), then unblock it */
+        sigset_t pipe_set, pend;
+        sigemptyset(&pipe_set);
+        sigaddset(&pipe_set, SIGPIPE);
+        if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE)) {
+            struct timespec zero = {0, 0};
+            (void)sigtimedwait(&pipe_set, NULL, &zero);
+        }
+        pthread_sigmask(SIG_SETMASK, &o->sig_saved, NULL);
+    }
     unregister_tmp(o->slot);
     free(o->path);
     free(o->target);
@@ -256,13 +346,20 @@ cpc_status *cpc_outfile_commit(cpc_outfile *o)
     /* a device or FIFO cannot be synced (EINVAL/EROFS are no failure) */
     if (!e && o->tmp && fsync(fileno(o->f)) != 0 && errno != EINVAL && errno != EROFS)
         e = errno;
+    /* renamed before the close: the temporary file's lock (remove_stale_tmp)
+     * is held until it has its final name */
+    bool renamed = false;
+    if (!e && o->tmp) {
+        if (fchmod(fileno(o->f), (mode_t)o->mode) != 0 || rename(o->tmp, o->target) != 0)
+            e = errno;
+        else
+            renamed = true;
+    }
     if (fclose(o->f) != 0 && !e)
         e = errno ? errno : EIO;
     o->f = NULL;
-    if (!e && o->tmp) {
-        if (chmod(o->tmp, (mode_t)o->mode) != 0 || rename(o->tmp, o->target) != 0)
-            e = errno;
-        else {
+    if (renamed) {
+        {
             /* the rename itself is durable once the directory is synced */
             char *d = dir_of(o->target);
             int dfd = d ? open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;

@@ -18,7 +18,17 @@
  * gets 0666 & ~umask); a symbolic link: the same in the directory of the
  * file it points to, so the link stays a link; a character device or FIFO
  * (/dev/null, /dev/full, /dev/stdout on a pipe): written through, nothing
- * renamed; a directory or anything else: refused.
+ * renamed; a directory or anything else: refused.  A FIFO is opened without
+ * blocking: when no reader has it open within 2 s, cpc_outfile_open fails
+ * ("a FIFO (named pipe) with no reader") instead of blocking forever; while
+ * a FIFO or device is open, SIGPIPE is blocked in the opening thread, so a
+ * reader that goes away is a write error (EPIPE), not the death of the
+ * process (write from the thread that opened it).
+ *
+ * Stale temporary files: a writer holds an flock on its temporary file from
+ * creation to rename; cpc_outfile_open removes PATH.tmpXXXXXX files next to
+ * the target that nobody holds and that are at least 1 s old (left by a
+ * writer killed with SIGKILL, which no handler can catch).
  *
  * Reading (cpc_open_read): opens with O_NONBLOCK, so that a FIFO without a
  * writer does not block open() forever, then checks what it opened: a
@@ -35,6 +45,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <signal.h>
 #include <stdio.h>
 
 #include "status.h"
@@ -47,6 +58,8 @@ typedef struct cpc_outfile {
     const char *verb; /* for messages */
     int slot;         /* signal-cleanup registration, -1 none */
     int mode;         /* permissions given to the file */
+    bool pipe_blocked; /* SIGPIPE blocked in this thread until commit/discard */
+    sigset_t sig_saved; /* the thread's signal mask before that */
 } cpc_outfile;
 
 /* Opens `path` for writing as above.  `verb` (a string literal) starts the

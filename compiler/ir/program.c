@@ -12,56 +12,95 @@
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-/* The op table (program.h): one entry per kind. */
+/* The op table (program.h): one entry per kind.  Columns: name, arity,
+ * operands in words, group, flags, cost rule, host launches; then operand
+ * access (in, out), required input content, output content, matching rule
+ * and lifetime. */
 #define MAXB CPC_OP_MAX_BUFS
+#define R_ CPC_ACCESS_READ
+#define W_ CPC_ACCESS_WRITE
+#define A_ CPC_ACCESS_ACCUMULATE
+#define N_ CPC_ACCESS_NONE
+#define CQ CPC_CONTENT_Q
+#define CK CPC_CONTENT_K
+#define CV CPC_CONTENT_V
+#define CO CPC_CONTENT_OUT
+#define CL CPC_CONTENT_LSE
+#define CD CPC_CONTENT_DOUT
+#define CE CPC_CONTENT_DELTA
+#define CG CPC_CONTENT_GRAD
 static const cpc_op_info op_table[] = {
     [CPC_OP_LOOP] = {"loop", 0, 0, 0, 0, false, "no buffers (a count and a body)", CPC_GROUP_NONE,
-                     CPC_OPF_BODY, CPC_COST_NONE, 0},
+                     CPC_OPF_BODY, CPC_COST_NONE, 0, N_, N_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP},
+    /* init_acc: outputs zeroed (ACC, with LSE -inf; or gradients): their content is
+     * set by role (OUT/LSE, or GRAD), not carried */
     [CPC_OP_INIT_ACC] = {"init_acc", 0, MAXB, 0, MAXB, false, "an accumulator and its LSE (2 buffers)",
-                         CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
+                         CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1, N_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP},
     [CPC_OP_ATTN] = {"attn", 3, 3, 2, 2, false, "3 inputs (q, k, v) and 2 outputs (o, lse)",
-                     CPC_GROUP_NONE, 0, CPC_COST_ATTN, 1},
+                     CPC_GROUP_NONE, 0, CPC_COST_ATTN, 1, R_, W_, {CQ, CK, CV}, {CO, CL}, CPC_MATCH_NONE,
+                     CPC_LIFE_OP},
     [CPC_OP_MERGE] = {"merge", 2, 2, 2, 2, false,
                       "2 inputs (o, lse of a block) and 2 outputs (acc, lse)", CPC_GROUP_NONE,
-                      CPC_OPF_READS_OUT, CPC_COST_MEMORY, 2},
+                      CPC_OPF_READS_OUT, CPC_COST_MEMORY, 2, R_, A_, {CO, CL}, {CO, CL}, CPC_MATCH_NONE,
+                      CPC_LIFE_OP},
     [CPC_OP_SEND] = {"send", 1, MAXB, 0, 0, false, "1..8 inputs and no output", CPC_GROUP_NONE,
-                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME, CPC_COST_P2P, 1},
+                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME, CPC_COST_P2P, 1, R_, N_,
+                     {0}, {0}, CPC_MATCH_SEND, CPC_LIFE_UNTIL_WAIT},
     [CPC_OP_RECV] = {"recv", 0, 0, 1, MAXB, false, "1..8 outputs and no input", CPC_GROUP_NONE,
                      CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_BLOCK | CPC_OPF_COMM_TIME,
-                     CPC_COST_P2P, 0},
+                     CPC_COST_P2P, 0, N_, W_, {0}, {0}, CPC_MATCH_RECV, CPC_LIFE_UNTIL_WAIT},
     [CPC_OP_WAIT] = {"wait", 0, 0, 0, 0, false, "no buffers (a tag)", CPC_GROUP_NONE,
-                     CPC_OPF_TAG | CPC_OPF_COMM_TIME, CPC_COST_NONE, 0},
+                     CPC_OPF_TAG | CPC_OPF_COMM_TIME, CPC_COST_NONE, 0, N_, N_, {0}, {0}, CPC_MATCH_COMPLETE,
+                     CPC_LIFE_OP},
     [CPC_OP_SWAP] = {"swap", 2, 2, 0, 0, false, "2 different buffers (in[0], in[1]) and no output",
-                     CPC_GROUP_NONE, 0, CPC_COST_NONE, 0},
+                     CPC_GROUP_NONE, 0, CPC_COST_NONE, 0, CPC_ACCESS_REBIND, N_, {0}, {0}, CPC_MATCH_NONE,
+                     CPC_LIFE_OP},
     [CPC_OP_ALL_TO_ALL] = {"all_to_all", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8)", CPC_GROUP_ULYSSES,
                            CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                           CPC_COST_COLLECTIVE, 1},
+                           CPC_COST_COLLECTIVE, 1, R_, W_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
     [CPC_OP_ALL_GATHER] = {"all_gather", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8)", CPC_GROUP_RING,
                            CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                           CPC_COST_COLLECTIVE, 1},
+                           CPC_COST_COLLECTIVE, 1, R_, W_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
     [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..8)",
-                     CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
+                     CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1, R_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP},
     [CPC_OP_BARRIER] = {"barrier", 0, 0, 0, 0, false, "no buffers", CPC_GROUP_NONE,
                         CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                        CPC_COST_COLLECTIVE, 1},
+                        CPC_COST_COLLECTIVE, 1, N_, N_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
     [CPC_OP_DELTA] = {"delta", 2, 2, 1, 1, false, "2 inputs (dout, out) and 1 output (delta)",
-                      CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1},
+                      CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1, R_, W_, {CD, CO}, {CE}, CPC_MATCH_NONE,
+                      CPC_LIFE_OP},
     [CPC_OP_ATTN_BWD] = {"attn_bwd", 6, 6, 3, 3, false,
                          "6 inputs (q, k, v, dout, lse, delta) and 3 outputs (dq, dk, dv)",
-                         CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_ATTN, 1},
+                         CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_ATTN, 1, R_, A_, {CQ, CK, CV, CD, CL, CE},
+                         {CG, CG, CG}, CPC_MATCH_NONE, CPC_LIFE_OP},
     [CPC_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, MAXB, 1, MAXB, true,
                                "as many outputs as inputs (1..8): ALL dk/dv in, BLOCK out",
                                CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                               CPC_COST_COLLECTIVE, 2},
+                               CPC_COST_COLLECTIVE, 2, R_, W_, {CG, CG, CG, CG, CG, CG, CG, CG},
+                               {CG, CG, CG, CG, CG, CG, CG, CG}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
     [CPC_OP_ADD] = {"add", 1, 1, 1, 1, false, "1 input and 1 output (out += in, fp32 gradients)",
-                    CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_MEMORY, 1},
+                    CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_MEMORY, 1, R_, A_, {CG}, {CG}, CPC_MATCH_NONE,
+                    CPC_LIFE_OP},
     [CPC_OP_ALL_REDUCE] = {"all_reduce", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8): KV dk/dv, summed over the world",
                            CPC_GROUP_WORLD, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                           CPC_COST_COLLECTIVE, 2},
+                           CPC_COST_COLLECTIVE, 2, R_, W_, {CG, CG, CG, CG, CG, CG, CG, CG},
+                           {CG, CG, CG, CG, CG, CG, CG, CG}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
 };
+#undef R_
+#undef W_
+#undef A_
+#undef N_
+#undef CQ
+#undef CK
+#undef CV
+#undef CO
+#undef CL
+#undef CD
+#undef CE
+#undef CG
 #undef MAXB
 _Static_assert(COUNT_OF(op_table) == CPC_OP__COUNT, "every cpc_op_kind needs a table entry");
 _Static_assert(CPC_OP_MAX_BUFS >= 6, "attn_bwd has 6 inputs");
@@ -105,6 +144,21 @@ static const char *const dir_names[] = {
 };
 _Static_assert(COUNT_OF(dir_names) == CPC_A2A__COUNT, "every cpc_a2a_dir needs a name");
 
+static const char *const content_names[] = {
+    [CPC_CONTENT_NONE] = "nothing", [CPC_CONTENT_Q] = "q", [CPC_CONTENT_K] = "k", [CPC_CONTENT_V] = "v",
+    [CPC_CONTENT_OUT] = "attention output", [CPC_CONTENT_LSE] = "LSE", [CPC_CONTENT_DOUT] = "dout",
+    [CPC_CONTENT_DELTA] = "delta (the delta op's output)", [CPC_CONTENT_GRAD] = "a gradient",
+};
+_Static_assert(COUNT_OF(content_names) == CPC_CONTENT__COUNT, "every cpc_content needs a name");
+
+static const cpc_content role_content[] = {
+    [CPC_ROLE_Q] = CPC_CONTENT_Q, [CPC_ROLE_K] = CPC_CONTENT_K, [CPC_ROLE_V] = CPC_CONTENT_V,
+    [CPC_ROLE_O] = CPC_CONTENT_OUT, [CPC_ROLE_ACC] = CPC_CONTENT_OUT, [CPC_ROLE_LSE] = CPC_CONTENT_LSE,
+    [CPC_ROLE_DO] = CPC_CONTENT_DOUT, [CPC_ROLE_DQ] = CPC_CONTENT_GRAD, [CPC_ROLE_DK] = CPC_CONTENT_GRAD,
+    [CPC_ROLE_DV] = CPC_CONTENT_GRAD,
+};
+_Static_assert(COUNT_OF(role_content) == CPC_ROLE__COUNT, "every cpc_buf_role needs a content");
+
 static const char *name_of(const char *const *tab, int n, int v)
 {
     return (v >= 0 && v < n) ? tab[v] : "?";
@@ -131,6 +185,11 @@ const char *cpc_buf_tokens_name(cpc_buf_tokens t) { return name_of(tokens_names,
 const char *cpc_buf_heads_name(cpc_buf_heads h) { return name_of(heads_names, CPC_HEADS__COUNT, h); }
 const char *cpc_buf_io_name(cpc_buf_io io) { return name_of(io_names, CPC_IO__COUNT, io); }
 const char *cpc_a2a_dir_name(cpc_a2a_dir d) { return name_of(dir_names, CPC_A2A__COUNT, d); }
+const char *cpc_content_name(cpc_content c) { return name_of(content_names, CPC_CONTENT__COUNT, c); }
+cpc_content cpc_content_of_role(cpc_buf_role r)
+{
+    return (int)r >= 0 && r < CPC_ROLE__COUNT ? role_content[r] : CPC_CONTENT_NONE;
+}
 int cpc_op_kind_parse(const char *s)
 {
     for (int k = 0; s && k < CPC_OP__COUNT; k++)

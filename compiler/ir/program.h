@@ -241,12 +241,15 @@ typedef enum cpc_buf_heads { CPC_HEADS_ALL = 0, CPC_HEADS_PART, CPC_HEADS__COUNT
 typedef enum cpc_buf_io { CPC_IO_NONE = 0, CPC_IO_INPUT, CPC_IO_OUTPUT, CPC_IO__COUNT } cpc_buf_io;
 typedef enum cpc_a2a_dir { CPC_A2A_SEQ_TO_HEADS = 0, CPC_A2A_HEADS_TO_SEQ, CPC_A2A__COUNT } cpc_a2a_dir;
 
+#define CPC_OP_MAX_BUFS 8
+
 /* THE OP TABLE (as Lua's lopcodes): what every layer needs to know about an
- * op kind, in one place.  The verifier checks arity, groups and the fields an
- * op needs from it; the Lua layer reads and validates scripts' ops with it;
- * the executor files each op's time as compute or communication by it; the
- * cost model counts the host's launches by it (its rule per kind stays in
- * cost.c: cpc_op_info.cost names it). */
+ * op kind, in one place, and read from here by every reader: the verifier
+ * (arity, groups, required fields: verify.c's shape checks; operand access,
+ * content, matching and lifetimes: the backward prover, verify_bwd.c), the
+ * executor (its pending-request guard reads `in_access`/`out_access`, its
+ * event classes CPC_OPF_COMM_TIME), the Lua layer (names, fields), the cost
+ * model (host launches; `cost` names the rule of cost.c's price table). */
 enum {
     CPC_OPF_GROUP = 1 << 0,      /* runs over a group (ring, ulysses or world) */
     CPC_OPF_COLLECTIVE = 1 << 1, /* every member of the group takes part */
@@ -267,6 +270,51 @@ typedef enum cpc_op_cost {
     CPC_COST_COLLECTIVE, /* a collective over its group */
 } cpc_op_cost;
 
+/* How an op uses the buffers of its in[] or out[] slots. */
+typedef enum cpc_access {
+    CPC_ACCESS_NONE = 0,
+    CPC_ACCESS_READ,        /* read, not written */
+    CPC_ACCESS_WRITE,       /* overwritten; the old content is not read */
+    CPC_ACCESS_ACCUMULATE,  /* read and written: out += ... (merge, attn_bwd, add) */
+    CPC_ACCESS_REBIND,      /* the name is bound to other memory (swap) */
+} cpc_access;
+
+/* What a buffer holds, by provenance (where it came from), not by role: the
+ * LSE the forward saved and the delta the `delta` op made are both role LSE
+ * but different contents.  An INPUT buffer holds cpc_content_of_role(role);
+ * an op's outputs hold its out_content (CPC_CONTENT_NONE there: what the
+ * input in the same slot held, carried: copy, send/recv, collectives). */
+typedef enum cpc_content {
+    CPC_CONTENT_NONE = 0,   /* nothing yet (in a table slot: no requirement) */
+    CPC_CONTENT_Q,
+    CPC_CONTENT_K,
+    CPC_CONTENT_V,
+    CPC_CONTENT_OUT,        /* attention output (attn, merge; the forward's `out`) */
+    CPC_CONTENT_LSE,        /* attention LSE (attn, merge; the forward's saved LSE) */
+    CPC_CONTENT_DOUT,       /* the output gradient */
+    CPC_CONTENT_DELTA,      /* rowsum(dout * out): the delta op's output */
+    CPC_CONTENT_GRAD,       /* a gradient accumulator (dq, dk, dv) */
+    CPC_CONTENT__COUNT
+} cpc_content;
+
+/* How a communicating op meets its partners. */
+typedef enum cpc_match {
+    CPC_MATCH_NONE = 0,     /* local */
+    CPC_MATCH_SEND,         /* point to point: rank a's k-th send to b on (group, tag) meets */
+    CPC_MATCH_RECV,         /*   b's k-th recv from a on (group, tag), buffer by buffer (MPI) */
+    CPC_MATCH_COMPLETE,     /* wait: completes this rank's requests with its tag; blocks until
+                               each is matched (rendezvous, the conservative semantics) */
+    CPC_MATCH_COLLECTIVE,   /* every member of the group reaches the same op */
+} cpc_match;
+
+/* How long an op uses its buffers. */
+typedef enum cpc_lifetime {
+    CPC_LIFE_OP = 0,        /* until the op returns */
+    CPC_LIFE_UNTIL_WAIT,    /* non-blocking: in flight until the wait with the op's tag; an
+                               in-flight send buffer may be read, not written; an in-flight
+                               recv buffer neither read nor written (nor swapped) */
+} cpc_lifetime;
+
 typedef struct cpc_op_info {
     const char *name;        /* as printed in the text form and seen by Lua */
     int min_in, max_in;      /* input buffers (CPC_OP_MAX_BUFS at most) */
@@ -279,6 +327,11 @@ typedef struct cpc_op_info {
     cpc_op_cost cost;
     int host_launches;       /* kernels / calls the host issues for it (cost.h:
                                 the framework's host time) */
+    cpc_access in_access, out_access;   /* every in[] slot / every out[] slot */
+    signed char in_content[CPC_OP_MAX_BUFS];  /* what in[i] must hold (NONE: anything its role allows) */
+    signed char out_content[CPC_OP_MAX_BUFS]; /* what out[i] holds after (NONE: carried from in[i]) */
+    cpc_match match;
+    cpc_lifetime life;
 } cpc_op_info;
 
 /* The table entry of `k`, or NULL for a value outside the enum.  Static data;
@@ -294,6 +347,9 @@ const char *cpc_buf_tokens_name(cpc_buf_tokens t);
 const char *cpc_buf_heads_name(cpc_buf_heads h);
 const char *cpc_buf_io_name(cpc_buf_io io);
 const char *cpc_a2a_dir_name(cpc_a2a_dir d);
+const char *cpc_content_name(cpc_content c);   /* "q", "the saved lse", "delta", ... */
+/* What an INPUT buffer of role r holds (ACC and O: OUT; DQ/DK/DV: GRAD). */
+cpc_content cpc_content_of_role(cpc_buf_role r);
 int cpc_op_kind_parse(const char *s);
 int cpc_group_parse(const char *s);
 int cpc_buf_role_parse(const char *s);
@@ -303,7 +359,6 @@ int cpc_buf_io_parse(const char *s);
 int cpc_a2a_dir_parse(const char *s);
 
 #define CPC_BUF_NAME_MAX 32
-#define CPC_OP_MAX_BUFS 8
 
 typedef struct cpc_buffer {
     char name[CPC_BUF_NAME_MAX];

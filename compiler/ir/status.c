@@ -235,6 +235,10 @@ static const char *sev_name(cpc_severity s)
 
 char *cpc_status_format(const char *prog, const cpc_status *st)
 {
+    if (!st) { /* OK: "PROG: ok" */
+        char *s = NULL;
+        return asprintf(&s, "%s: ok", prog ? prog : "cpc") < 0 ? NULL : s;
+    }
     char where[512];
     if (st->span.file && st->span.line > 0)
         snprintf(where, sizeof where, "%s:%d:%d", st->span.file, st->span.line,

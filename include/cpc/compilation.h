@@ -18,6 +18,8 @@
 #ifndef CPC_PUBLIC_COMPILATION_H
 #define CPC_PUBLIC_COMPILATION_H
 
+#include "cpc/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,26 +54,26 @@ typedef enum cpc_compile_stage {
  * that reports an error ends the pipeline.  *out: the compilation (free with
  * cpc_compilation_free).  Errors (*out NULL): CPC_E_USAGE (NULL arguments,
  * unknown stage), CPC_E_NOMEM. */
-cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
+CPC_API cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
                                 cpc_compile_stage until, cpc_compilation **out);
 
 /* Frees a compilation.  NULL is ignored. */
-void cpc_compilation_free(cpc_compilation *c);
+CPC_API void cpc_compilation_free(cpc_compilation *c);
 
 /* Every diagnostic (errors, warnings, notes; each may have notes of its
  * own: cpc_status_notes) in the order the stages reported them, or NULL. */
-const cpc_status *cpc_compilation_diagnostics(const cpc_compilation *c);
+CPC_API const cpc_status *cpc_compilation_diagnostics(const cpc_compilation *c);
 
 /* The number of diagnostics of severity `sev` (notes attached to a
  * diagnostic are not counted). */
-int cpc_compilation_count(const cpc_compilation *c, cpc_severity sev);
+CPC_API int cpc_compilation_count(const cpc_compilation *c, cpc_severity sev);
 
 /* No error diagnostic: every stage up to `until` ran. */
-bool cpc_compilation_ok(const cpc_compilation *c);
+CPC_API bool cpc_compilation_ok(const cpc_compilation *c);
 
 /* The plan was loaded and validated: the candidates below exist (also when
  * every one is rejected). */
-bool cpc_compilation_validated(const cpc_compilation *c);
+CPC_API bool cpc_compilation_validated(const cpc_compilation *c);
 
 /* One candidate (a variant at degrees R x U), as validation and the cost
  * model left it.  Fields may be added at the end: callers pass
@@ -129,44 +131,44 @@ typedef struct cpc_candidate_info {
 } cpc_candidate_info;
 
 /* The number of candidates (0 unless validated). */
-int cpc_compilation_n_candidates(const cpc_compilation *c);
+CPC_API int cpc_compilation_n_candidates(const cpc_compilation *c);
 
 /* Fills *info (`size` = sizeof *info as the caller knows it; fields past it
  * are not written) with candidate `i` (SPEC tie order).  Errors:
  * CPC_E_USAGE (i out of range, size too small). */
-cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candidate_info *info,
+CPC_API cpc_status *cpc_compilation_candidate(const cpc_compilation *c, int i, cpc_candidate_info *info,
                                       size_t size);
 
 /* The index of the selected candidate, or -1 (none, or an error diagnostic). */
-int cpc_compilation_selected(const cpc_compilation *c);
+CPC_API int cpc_compilation_selected(const cpc_compilation *c);
 
 /* The variant the plan asks for after inference ("auto", "ring", ...;
  * static), or NULL when inference failed or the plan was not validated. */
-const char *cpc_compilation_requested_variant(const cpc_compilation *c);
+CPC_API const char *cpc_compilation_requested_variant(const cpc_compilation *c);
 
 /* The plan's own variant was rejected and `auto` replaced it (fallback). */
-bool cpc_compilation_fell_back(const cpc_compilation *c);
+CPC_API bool cpc_compilation_fell_back(const cpc_compilation *c);
 
 /* The device the predictions are for (the profile's name), or "" when the
  * plan's device has no name. */
-const char *cpc_compilation_device_name(const cpc_compilation *c);
+CPC_API const char *cpc_compilation_device_name(const cpc_compilation *c);
 
 /* The plan's `name`, or NULL (no name, or not loaded). */
-const char *cpc_compilation_plan_name(const cpc_compilation *c);
+CPC_API const char *cpc_compilation_plan_name(const cpc_compilation *c);
 
 /* model.layers (1 when the plan was not loaded), model.parameters (0: not
  * given) and input.steps (0: not given). */
-int cpc_compilation_layers(const cpc_compilation *c);
-int64_t cpc_compilation_parameters(const cpc_compilation *c);
-int cpc_compilation_steps(const cpc_compilation *c);
+CPC_API int cpc_compilation_layers(const cpc_compilation *c);
+CPC_API int64_t cpc_compilation_parameters(const cpc_compilation *c);
+CPC_API int cpc_compilation_steps(const cpc_compilation *c);
 
 /* The Lua schedule script the pipeline applied (--lua or the plan's
  * schedule.script, resolved), or NULL. */
-const char *cpc_compilation_script_path(const cpc_compilation *c);
+CPC_API const char *cpc_compilation_script_path(const cpc_compilation *c);
 
 /* The device profile file (cluster.profile resolved against the plan's
  * directory, as the cost model reads it), or NULL when the plan names none. */
-const char *cpc_compilation_profile_path(const cpc_compilation *c);
+CPC_API const char *cpc_compilation_profile_path(const cpc_compilation *c);
 
 /* Prints the schedule in its stable text form (rank < 0: the SPMD program;
  * else rank `rank`'s program, loops unrolled) to `out`.  With cfg_degree x
@@ -174,15 +176,15 @@ const char *cpc_compilation_profile_path(const cpc_compilation *c);
  * is that of its rank in its (c, t) group, after a comment line naming both.
  * Errors: CPC_E_USAGE (rank out of range: "--rank N: the plan has ranks
  * 0..P-1"; nothing was scheduled), CPC_E_IO. */
-cpc_status *cpc_compilation_print_schedule(const cpc_compilation *c, FILE *out, int rank);
+CPC_API cpc_status *cpc_compilation_print_schedule(const cpc_compilation *c, FILE *out, int rank);
 
 /* The number of generated kernel modules (0: none, e.g. without the CUDA
  * toolkit or below CPC_STAGE_CODEGEN). */
-int cpc_compilation_n_kernels(const cpc_compilation *c);
+CPC_API int cpc_compilation_n_kernels(const cpc_compilation *c);
 
 /* Writes the generated CUDA sources into directory `dir` (atomically, one
  * file per module).  Errors: CPC_E_IO. */
-cpc_status *cpc_compilation_emit_kernels(const cpc_compilation *c, const char *dir);
+CPC_API cpc_status *cpc_compilation_emit_kernels(const cpc_compilation *c, const char *dir);
 
 /* What ptxas reported for the compiled kernels.  Fields may be added at the
  * end: callers pass sizeof(cpc_kernel_summary). */
@@ -197,20 +199,20 @@ typedef struct cpc_kernel_summary {
 
 /* Fills *s; returns false (and leaves *s alone) when no kernel was compiled
  * to PTX. */
-bool cpc_compilation_kernel_summary(const cpc_compilation *c, cpc_kernel_summary *s, size_t size);
+CPC_API bool cpc_compilation_kernel_summary(const cpc_compilation *c, cpc_kernel_summary *s, size_t size);
 
 /* The artifact (SPEC section 4) made from an ok compilation, in memory
  * (caller frees with cpc_artifact_free) or written to `path` (atomically).
  * Errors: CPC_E_INTERNAL (nothing was scheduled), CPC_E_IO, CPC_E_NOMEM. */
-cpc_status *cpc_compilation_artifact(const cpc_compilation *c, cpc_artifact **out);
-cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path);
+CPC_API cpc_status *cpc_compilation_artifact(const cpc_compilation *c, cpc_artifact **out);
+CPC_API cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path);
 
 /* ---- statuses and atomic files for tools ------------------------------------- */
 
 /* A new error status of class `code` with `message` (copied): for a tool's
  * own errors alongside libcpc's.  Caller frees with cpc_status_free.  Never
  * NULL (out of memory: the static out-of-memory status). */
-cpc_status *cpc_status_new(cpc_code code, const char *message);
+CPC_API cpc_status *cpc_status_new(cpc_code code, const char *message);
 
 /* Opaque: a file being written atomically. */
 typedef struct cpc_atomic_file cpc_atomic_file;
@@ -220,23 +222,23 @@ typedef struct cpc_atomic_file cpc_atomic_file;
  * a character device or FIFO is written through; a directory is refused.
  * `verb` (a string literal, "cannot create") starts the error message after
  * "PATH: ".  Errors: CPC_E_IO, CPC_E_NOMEM. */
-cpc_status *cpc_atomic_file_open(const char *path, const char *verb, cpc_atomic_file **out);
+CPC_API cpc_status *cpc_atomic_file_open(const char *path, const char *verb, cpc_atomic_file **out);
 
 /* Writes `bytes` bytes of `data` at the end of the file.  Errors: CPC_E_IO
  * ("PATH: write failed: REASON"; the file stays open: discard it). */
-cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t bytes);
+CPC_API cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t bytes);
 
 /* Flushes, fsyncs and puts the file in place; frees f in any case.  On
  * error the target is left as it was.  Errors: CPC_E_IO. */
-cpc_status *cpc_atomic_file_commit(cpc_atomic_file *f);
+CPC_API cpc_status *cpc_atomic_file_commit(cpc_atomic_file *f);
 
 /* Drops the temporary file, leaving the target as it was; frees f.  NULL
  * is ignored. */
-void cpc_atomic_file_discard(cpc_atomic_file *f);
+CPC_API void cpc_atomic_file_discard(cpc_atomic_file *f);
 
 /* Writes `bytes` bytes of `data` to `path` atomically (open + write +
  * commit above).  Errors: CPC_E_IO. */
-cpc_status *cpc_write_file_atomic(const char *path, const void *data, size_t bytes);
+CPC_API cpc_status *cpc_write_file_atomic(const char *path, const void *data, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,8 @@
 #ifndef CPC_PUBLIC_COMPILER_H
 #define CPC_PUBLIC_COMPILER_H
 
+#include "cpc/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,21 +53,21 @@ typedef struct cpc_compile_options {
 } cpc_compile_options;
 
 /* Defaults: no overrides, no script, no kernels. */
-void cpc_compile_options_init(cpc_compile_options *o);
+CPC_API void cpc_compile_options_init(cpc_compile_options *o);
 
 /* Compiles the plan file `path` (YAML).  On success *out is a new artifact
  * (caller frees with cpc_artifact_free).  opts may be NULL (defaults),
  * diagnostics may be NULL (warnings are then dropped).  Errors (*out NULL):
  * CPC_E_IO (unreadable file), CPC_E_PLAN (rule violations, with positions),
  * CPC_E_UNSUPPORTED / CPC_E_INTERNAL (NVRTC), CPC_E_NOMEM. */
-cpc_status *cpc_compile_plan_file(const char *path, const cpc_compile_options *opts,
+CPC_API cpc_status *cpc_compile_plan_file(const char *path, const cpc_compile_options *opts,
                                   cpc_artifact **out, cpc_status **diagnostics);
 
 /* As cpc_compile_plan_file, for plan text in memory: `yaml` holds `len` bytes
  * (or is NUL-terminated when len is 0); `name` is the file name used in
  * diagnostics (NULL: "<string>") and the directory relative paths
  * (schedule.script, cluster.profile) are resolved against (none for NULL). */
-cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *name,
+CPC_API cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *name,
                                     const cpc_compile_options *opts, cpc_artifact **out,
                                     cpc_status **diagnostics);
 
@@ -73,18 +75,25 @@ cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *na
  * unproven; a training plan's backward program too).  A version 1 artifact
  * (before the backward program was stored) is CPC_E_INPUT: recompile.  Errors: CPC_E_IO, CPC_E_INPUT (malformed or tampered file:
  * hash mismatch), CPC_E_PLAN (CP051: the program is wrong). *out as above. */
-cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
+CPC_API cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
 
-/* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO. */
-cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
+/* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO,
+ * CPC_E_USAGE (path or a NULL). */
+CPC_API cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
 
 /* Frees an artifact.  NULL is ignored.  Every rank made from it must have
  * been destroyed first. */
-void cpc_artifact_free(cpc_artifact *a);
+CPC_API void cpc_artifact_free(cpc_artifact *a);
 
-/* The selected variant: "none", "ring", "ulysses", "unified",
+/* The queries below take an artifact from cpc_compile_plan_* or
+ * cpc_artifact_load.  A NULL artifact is never dereferenced: the functions
+ * that return a status return CPC_E_USAGE, the others 0 (counts, degrees,
+ * world size), false, NULL (the variant), CPC_DTYPE__COUNT (the dtype) or
+ * zeros (cpc_artifact_shape's outputs).
+ *
+ * The selected variant: "none", "ring", "ulysses", "unified",
  * "ulysses_anything", "ring_anything".  Static string. */
-const char *cpc_artifact_variant(const cpc_artifact *a);
+CPC_API const char *cpc_artifact_variant(const cpc_artifact *a);
 
 /* Mesh: world size P = cfg_degree * tp_degree * ring_degree * ulysses_degree
  * (cfg_degree and tp_degree are 1 unless the plan sets them).
@@ -96,11 +105,11 @@ const char *cpc_artifact_variant(const cpc_artifact *a);
  * those use (cpc_artifact_rank_slice), and talks only to the R*U ranks of
  * its group.  Every function below that takes a rank takes the WORLD rank
  * (0 <= rank < P); shapes and runs are then those of its slice. */
-int cpc_artifact_world_size(const cpc_artifact *a);
-int cpc_artifact_ring_degree(const cpc_artifact *a);
-int cpc_artifact_ulysses_degree(const cpc_artifact *a);
-int cpc_artifact_cfg_degree(const cpc_artifact *a);
-int cpc_artifact_tp_degree(const cpc_artifact *a);
+CPC_API int cpc_artifact_world_size(const cpc_artifact *a);
+CPC_API int cpc_artifact_ring_degree(const cpc_artifact *a);
+CPC_API int cpc_artifact_ulysses_degree(const cpc_artifact *a);
+CPC_API int cpc_artifact_cfg_degree(const cpc_artifact *a);
+CPC_API int cpc_artifact_tp_degree(const cpc_artifact *a);
 
 /* Where world rank `rank` sits on the outer axes and which slice of the
  * global tensors it holds (all starts and lengths are global indices). */
@@ -116,50 +125,51 @@ typedef struct cpc_rank_slice {
 } cpc_rank_slice;
 
 /* Fills *out for world rank `rank`.  Errors: CPC_E_USAGE (rank out of
- * range). */
-cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_slice *out);
+ * range, a NULL argument). */
+CPC_API cpc_status *cpc_artifact_rank_slice(const cpc_artifact *a, int rank, cpc_rank_slice *out);
 
 /* The plan's element type for q, k, v and out. */
-cpc_dtype cpc_artifact_dtype(const cpc_artifact *a);
+CPC_API cpc_dtype cpc_artifact_dtype(const cpc_artifact *a);
 
 /* Global attention shape (the whole problem, every cfg group's batch items
  * and every head): batch B, query tokens S, key/value tokens Skv
  * (= S for self-attention), query heads H, key/value heads Hkv, head_dim D.
  * Any output may be NULL. */
-void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens,
+CPC_API void cpc_artifact_shape(const cpc_artifact *a, int64_t *batch, int64_t *tokens,
                         int64_t *kv_tokens, int64_t *heads, int64_t *kv_heads,
                         int64_t *head_dim);
 
 /* Whether the plan's mask is causal / key padding (a mask tensor is then
  * passed to every forward), and whether K/V come from a separate unsplit
  * sequence (cross-attention: input.kv). */
-bool cpc_artifact_causal(const cpc_artifact *a);
-bool cpc_artifact_key_padding(const cpc_artifact *a);
-bool cpc_artifact_cross_attention(const cpc_artifact *a);
+CPC_API bool cpc_artifact_causal(const cpc_artifact *a);
+CPC_API bool cpc_artifact_key_padding(const cpc_artifact *a);
+CPC_API bool cpc_artifact_cross_attention(const cpc_artifact *a);
 
 /* Whether the artifact holds a proven backward program (a `mode: training`
  * plan compiled by this libcpc): cpc_rank_backward runs only then. */
-bool cpc_artifact_trains(const cpc_artifact *a);
+CPC_API bool cpc_artifact_trains(const cpc_artifact *a);
 
 /* The prediction `name` (a key of SPEC section 3's "predicted": ms_per_layer,
  * ms_per_forward, memory_bytes_per_rank, bytes_sent_per_rank, ...) in
  * *value.  Returns false when the artifact has no such prediction. */
-bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
+CPC_API bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name, double *value);
 
 /* The shape of rank `rank`'s shard of tensor `role` as passed to
  * cpc_rank_forward and cpc_rank_backward (BSHD; LSE [B, H, T]; mask
  * [B, Skv]): *ndim and shape[0..ndim).  q, out, dout and dq: [B, T, H, D]
  * with T the rank's tokens; k, v, dk and dv: the same tokens and Hkv heads,
  * or the whole [B, Skv, Hkv, D] for cross-attention.
- * Errors: CPC_E_USAGE (rank out of range, role unknown). */
-cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
+ * Errors: CPC_E_USAGE (rank out of range, role unknown, a NULL argument). */
+CPC_API cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
                                      int *ndim, int64_t shape[4]);
 
 /* The global token positions rank `rank`'s shard holds, in shard order:
  * writes at most `max` runs to runs[] and the number of runs in *n (which may
  * exceed max: call again with a larger array).  Covers q, out (and k, v for
- * self-attention).  Errors: CPC_E_USAGE (rank out of range). */
-cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_run *runs,
+ * self-attention).  Errors: CPC_E_USAGE (rank out of range, max < 0, a NULL
+ * artifact or n, runs NULL with max > 0). */
+CPC_API cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_run *runs,
                                     int max, int *n);
 
 #ifdef __cplusplus

@@ -20,28 +20,32 @@
 #ifndef CPC_PUBLIC_CPC_H
 #define CPC_PUBLIC_CPC_H
 
+#include "cpc/export.h"
+
 #include "cpc/compilation.h"
 #include "cpc/compiler.h"
 #include "cpc/rank.h"
 #include "cpc/session.h"
 #include "cpc/status.h"
 #include "cpc/types.h"
+#include "cpc/version.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The library version, "MAJOR.MINOR.PATCH" (what `cpc --version` prints).
- * Static string; thread-safe. */
-const char *cpc_version(void);
+/* The library version, "MAJOR.MINOR.PATCH" (what `cpc --version` prints):
+ * the linked library's, where cpc/version.h's CPC_VERSION_MAJOR/MINOR/PATCH
+ * are the headers' (compiled in).  Static string; thread-safe. */
+CPC_API const char *cpc_version(void);
 
 /* Whether this build of libcpc has MPI, CUDA (NVRTC and the runtime), NCCL
  * and cuDNN support; a feature that is absent answers CPC_E_UNSUPPORTED
  * when used. */
-bool cpc_have_mpi(void);
-bool cpc_have_cuda(void);
-bool cpc_have_nccl(void);
-bool cpc_have_cudnn(void);
+CPC_API bool cpc_have_mpi(void);
+CPC_API bool cpc_have_cuda(void);
+CPC_API bool cpc_have_nccl(void);
+CPC_API bool cpc_have_cudnn(void);
 
 #ifdef __cplusplus
 }

@@ -50,20 +50,30 @@
  * cpc_rank_backward allocate nothing (tests/test_api.c counts allocations);
  * outputs go to caller memory.
  *
- * Errors: wrong shapes, strides or element types are refused (CPC_E_USAGE)
- * before anything is read or written and leave the rank usable.  A forward
- * that fails while running (a peer failed, a wait timed out) returns the
- * error naming the rank and the op, and aborts the transport so that the
- * other ranks fail instead of hanging: a local world then stays failed (make
- * a new one); under MPI the abort is MPI_Abort on the communicator, the only
- * way MPI offers to release ranks blocked in a collective, which ends the
- * job with exit status 3.
+ * Errors: wrong shapes, strides (also strides whose extent overflows) or
+ * element types are refused (CPC_E_USAGE) before anything is read or
+ * written and leave the rank usable.  A NULL handle is never dereferenced
+ * (functions returning a status give CPC_E_USAGE, the others -1, 0 or
+ * nothing as documented).  A forward that fails while running (a peer
+ * failed, a wait exceeded the stall limit, cpc_rank_options.timeout_s)
+ * returns the error naming the rank and the op, and aborts the transport
+ * so that the other ranks fail instead of hanging: a local world then stays
+ * failed (make a new one); under MPI the abort is MPI_Abort on the
+ * communicator, the only way MPI offers to release ranks blocked in a
+ * collective, which ends the job with exit status 3.
+ *
+ * An error OUTSIDE libcpc (the caller's own check failed on one rank while
+ * its peers are already inside a forward) leaves those peers waiting: they
+ * fail at the stall limit.  To end them at once, call cpc_rank_abort on the
+ * failing rank (Python: cpc.abort, or Attention.abort).
  *
  * Thread-safety: a rank is used by one thread at a time; different ranks may
  * run in different threads (that is what a local world is for).
  */
 #ifndef CPC_PUBLIC_RANK_H
 #define CPC_PUBLIC_RANK_H
+
+#include "cpc/export.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -83,39 +93,69 @@ typedef struct cpc_local_world cpc_local_world;
 typedef enum cpc_backend_kind {
     CPC_BACKEND_AUTO = 0,   /* CUDA for the NCCL transport, else CPU */
     CPC_BACKEND_CPU,        /* host memory; OpenBLAS; any transport but NCCL */
-    CPC_BACKEND_CUDA,       /* device memory; generated kernels / cuDNN */
+    CPC_BACKEND_CUDA,       /* device memory; the artifact's generated kernels:
+                               every tensor passed is the caller's
+                               CONTIGUOUS device memory (on the rank's
+                               device), bound as it is (no host copy);
+                               transports other than NCCL move the rank's
+                               buffers through host memory (staged) */
 } cpc_backend_kind;
 
-/* Rank options; fill with cpc_rank_options_init, then change fields. */
+/* The stall limit of a rank's waits when cpc_rank_options.timeout_s is 0
+ * (seconds). */
+#define CPC_RANK_DEFAULT_TIMEOUT_S 600.0
+
+/* Rank options; fill with cpc_rank_options_init, then change fields.  Out
+ * of range values (a backend not below, device < -1, timeout_s NaN) make
+ * cpc_rank_create_* fail with CPC_E_USAGE. */
 typedef struct cpc_rank_options {
     cpc_backend_kind backend;  /* default CPC_BACKEND_AUTO */
     int device;                /* CUDA device of this rank; -1 (default): the
                                   current device */
-    double timeout_s;          /* local worlds: a wait longer than this fails
-                                  the forward on every rank (0: the default,
-                                  600 s; < 0: never).  The world keeps the last
-                                  value set by any of its ranks. */
+    double timeout_s;          /* THE STALL LIMIT: a wait of this rank's
+                                  forward or backward (a send, receive or
+                                  collective) that lasts longer fails the call
+                                  (CPC_E_RUNTIME "stalled", naming the op and
+                                  the peer) and aborts the world: a peer that
+                                  failed or never came ends this rank's call
+                                  within the limit instead of hanging it.
+                                  0: CPC_RANK_DEFAULT_TIMEOUT_S (600 s), the
+                                  default; < 0: wait forever.  Local worlds
+                                  keep the last value set by any of their
+                                  ranks; under MPI it is the limit of every
+                                  MPI wait of the process (the last rank
+                                  created sets it). */
+    void *cuda_stream;         /* CUDA backend: the caller's cudaStream_t
+                                  (NULL, the default: the legacy default
+                                  stream).  Every forward and backward first
+                                  waits until the work queued on it is done
+                                  (so it reads what the caller's kernels
+                                  wrote) and returns with its outputs
+                                  complete on the device. */
 } cpc_rank_options;
 
-/* Defaults: as documented per field. */
-void cpc_rank_options_init(cpc_rank_options *o);
+/* Defaults: as documented per field.  NULL is ignored. */
+CPC_API void cpc_rank_options_init(cpc_rank_options *o);
 
 /* Makes an in-process world of ring_degree x ulysses_degree thread ranks:
  * the whole world, or with cfg_degree x tp_degree > 1 one (c, t) group's
  * (see THE OUTER AXES).  The world is borrowed by its ranks; free it after
- * them.  Errors: CPC_E_NOMEM. */
-cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
+ * them.  The world belongs to `a`: ranks of another artifact (other than
+ * an identical one: the same resolved plan) are refused.  Errors:
+ * CPC_E_USAGE (NULL), CPC_E_NOMEM. */
+CPC_API cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out);
 
 /* Frees a local world (every rank of it destroyed first).  NULL is ignored. */
-void cpc_local_world_free(cpc_local_world *w);
+CPC_API void cpc_local_world_free(cpc_local_world *w);
 
 /* Rank `rank` (0 <= rank < world size) of a local world (with the outer
  * axes: the world of rank's group, joined as its group rank).  `a` and `w`
  * are borrowed and must outlive the rank.  opts may be NULL.  Errors:
  * CPC_E_USAGE (rank out of range, world of another size, backend CUDA
- * unavailable is CPC_E_UNSUPPORTED), CPC_E_INTERNAL (the world already has
- * that group rank: two groups given one world), CPC_E_NOMEM. */
-cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
+ * unavailable is CPC_E_UNSUPPORTED, a world made by cpc_local_world_new for
+ * another artifact names both), CPC_E_INTERNAL (the world already has that
+ * group rank: two groups given one world), CPC_E_NOMEM. */
+CPC_API cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank of an MPI communicator.  `mpi_comm` points to the
@@ -126,23 +166,24 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
  * MPI_THREAD_SERIALIZED.  COLLECTIVE over the communicator.  Errors:
  * CPC_E_UNSUPPORTED (libcpc built without MPI), CPC_E_USAGE (size
  * mismatch: every process fails alike), CPC_E_RUNTIME (MPI errors). */
-cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
+CPC_API cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
  * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward
  * is ordered on.  Errors: CPC_E_UNSUPPORTED when libcpc was built without
  * CUDA/NCCL or no GPU is usable. */
-cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
+CPC_API cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
-/* The rank's flat index (world rank) and the world size (C*T*R*U). */
-int cpc_rank_index(const cpc_rank *r);
-int cpc_rank_world_size(const cpc_rank *r);
+/* The rank's flat index (world rank) and the world size (C*T*R*U); -1 and
+ * 0 for NULL. */
+CPC_API int cpc_rank_index(const cpc_rank *r);
+CPC_API int cpc_rank_world_size(const cpc_rank *r);
 
 /* Bytes this rank allocated at creation (its peak memory; nothing is
- * allocated later). */
-int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
+ * allocated later); 0 for NULL. */
+CPC_API int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
 
 /* One attention forward.  q, k, v: this rank's shards (cpc_artifact_shard_shape
  * gives their shapes; element type the plan's dtype).  mask: U8 [B, Skv] for
@@ -151,11 +192,11 @@ int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
  * natural-log LSE of this rank's rows (only for variants whose last merge
  * leaves the LSE in the output's layout: none, ring, ring_anything; others
  * give CPC_E_UNSUPPORTED before running).  Inputs may be strided (see
- * cpc_tensor); the CPU backend takes host memory, the CUDA backend device
- * memory.  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
+ * cpc_tensor); the CPU backend takes host memory, the CUDA backend
+ * contiguous device memory (a strided device tensor is CPC_E_USAGE).  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
  * dtype or NULL data; nothing done), CPC_E_RUNTIME (a rank or the transport
  * failed; names the rank and op), CPC_E_UNSUPPORTED. */
-cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+CPC_API cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
                              const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                              const cpc_tensor *lse);
 
@@ -178,15 +219,15 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
  *        once from the fp32 accumulators) or CPC_DTYPE_FP32 (the accumulators
  *        themselves); OVERWRITTEN, not accumulated.  GQA: dk/dv of a K/V head
  *        sum its query heads.
- * Tensors may be strided (outputs must not overlap themselves); host memory
- * (CPU backend).  Collective: every rank of the world calls it, after its
+ * Tensors may be strided (outputs must not overlap themselves) on the CPU
+ * backend (host memory); the CUDA backend takes contiguous device memory.  Collective: every rank of the world calls it, after its
  * forward, for the same layer in the same order.  Thread-safety as the
  * forward (one thread per rank at a time).  Allocates nothing.
  * Errors: CPC_E_UNSUPPORTED when the artifact has no backward program
  * (an inference plan: compile it with input.mode: training); CPC_E_USAGE
  * for a missing, NULL, mis-shaped or mis-typed tensor (nothing is read or
  * written, the rank stays usable); CPC_E_RUNTIME as the forward. */
-cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
+CPC_API cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
                               const cpc_tensor *v, const cpc_tensor *mask, const cpc_tensor *out,
                               const cpc_tensor *lse, const cpc_tensor *dout, const cpc_tensor *dq,
                               const cpc_tensor *dk, const cpc_tensor *dv);
@@ -196,15 +237,24 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
  * unified: the ring block's tokens x this member's heads; else [B, H, T]).
  * cpc_rank_saved_lse_elements: its size in floats (0 for an artifact that
  * does not train).  cpc_rank_saved_lse copies the LSE of this rank's last
- * cpc_rank_forward into dst (n floats; call it after the forward, before
- * the next one).  Not collective, allocates nothing.  Errors: CPC_E_USAGE
+ * cpc_rank_forward into dst (n floats: host memory, device memory for a
+ * CUDA rank; call it after the forward, before the next one).  Not collective, allocates nothing.  Errors: CPC_E_USAGE
  * (NULL, n not the size), CPC_E_UNSUPPORTED (no backward program). */
-int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
-cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
+CPC_API int64_t cpc_rank_saved_lse_elements(const cpc_rank *r);
+CPC_API cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
+
+/* Ends rank r's world after an error the caller had outside libcpc, so
+ * that no peer waits for this rank until the stall limit: a local world is
+ * aborted (every rank's pending and later calls fail with CPC_E_RUNTIME
+ * naming `why`; make a new world); an MPI or NCCL rank prints "cprun: rank
+ * P: aborting: rank P: aborted by the caller: WHY" to stderr and calls
+ * MPI_Abort (exit status 3 for every process of the job): it does NOT
+ * return.  Not collective; any thread.  Errors: CPC_E_USAGE (r NULL). */
+CPC_API cpc_status *cpc_rank_abort(cpc_rank *r, const char *why);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
  * communicators).  NULL is ignored. */
-void cpc_rank_destroy(cpc_rank *r);
+CPC_API void cpc_rank_destroy(cpc_rank *r);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,8 @@
 #ifndef CPC_PUBLIC_SESSION_H
 #define CPC_PUBLIC_SESSION_H
 
+#include "cpc/export.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,8 +79,12 @@ typedef struct cpc_job_options {
     void *before_abort_ctx;
 } cpc_job_options;
 
-/* cprun's defaults (see each field). */
-void cpc_job_options_init(cpc_job_options *o);
+/* cprun's defaults (see each field).  NULL is ignored.
+ *
+ * NULL handles: no function below dereferences a NULL job, options or
+ * report; those that return a status give CPC_E_USAGE, the queries 0,
+ * false or NULL, the printers print nothing. */
+CPC_API void cpc_job_options_init(cpc_job_options *o);
 
 /* Opens `path`: a .cplan (read and proven again; `sets` must be empty) or a
  * plan YAML with n_sets "KEY=VALUE" overrides, compiled up to the proof.
@@ -87,40 +93,40 @@ void cpc_job_options_init(cpc_job_options *o);
  * (rule violations with positions; CP018 for a training plan that cannot
  * train: a Lua schedule script, compiler/schedule_bwd.h), CPC_E_INPUT
  * (a malformed artifact), CPC_E_USAGE (--set on an artifact), CPC_E_NOMEM. */
-cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
+CPC_API cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
                          cpc_status **diagnostics);
 
 /* Frees a job.  NULL is ignored. */
-void cpc_job_close(cpc_job *job);
+CPC_API void cpc_job_close(cpc_job *job);
 
 /* The job's selected variant ("ring", ...) and mesh.  The world size is
  * C*T*R*U: with parallel.cfg_degree C x tp_degree T > 1, C*T groups of
  * R x U ranks (SPEC section 1, "All four axes"). */
-const char *cpc_job_variant(const cpc_job *job);
-int cpc_job_ring_degree(const cpc_job *job);
-int cpc_job_ulysses_degree(const cpc_job *job);
-int cpc_job_world_size(const cpc_job *job);
+CPC_API const char *cpc_job_variant(const cpc_job *job);
+CPC_API int cpc_job_ring_degree(const cpc_job *job);
+CPC_API int cpc_job_ulysses_degree(const cpc_job *job);
+CPC_API int cpc_job_world_size(const cpc_job *job);
 
 /* The largest memory any rank allocates (bytes: the schedule's buffers and
  * the all-to-all staging), computed without allocating.  Errors:
  * CPC_E_INTERNAL, CPC_E_NOMEM. */
-cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes);
+CPC_API cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes);
 
 /* Prints the selected variant, then every rank's buffers and peak memory
  * (at most `max_ranks` ranks in full, then a summary line): cprun
  * --dry-run.  Allocates no buffer. */
-cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
+CPC_API cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
 
 /* Checks, before anything runs, that the files the run will write can be
  * written (output_path, trace_path, output_shards_dir) and that none of them
  * is an input (`plan_path` may be NULL).  Creates and changes nothing.
  * Errors: CPC_E_IO naming the option and the path. */
-cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path);
+CPC_API cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path);
 
 /* Checks that `path` can be written as the file of option `what`
  * ("--profile-out", ...): an existing file writable and not a directory, a
  * new one in a writable directory.  Errors: CPC_E_IO. */
-cpc_status *cpc_check_writable_file(const char *what, const char *path);
+CPC_API cpc_status *cpc_check_writable_file(const char *what, const char *path);
 
 /* Runs the job: every rank, warmup + iters iterations, gather, check,
  * report.  On success *report is the report (free with
@@ -132,24 +138,26 @@ cpc_status *cpc_check_writable_file(const char *what, const char *path);
  * (a backend or transport this build or machine lacks; memory limits that
  * the run would exceed), CPC_E_INPUT, CPC_E_IO, CPC_E_RUNTIME (a rank
  * failed or stalled: names the rank and the op), CPC_E_NOMEM. */
-cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_run_report **report,
+CPC_API cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_run_report **report,
                             bool *is_root);
 
 /* Whether the run completed and its check passed (or was off). */
-bool cpc_run_report_ok(const cpc_run_report *r);
+CPC_API bool cpc_run_report_ok(const cpc_run_report *r);
 
 /* Why the check failed, one line ("the output has 3 NaN and 0 Inf values
  * (first at out[0, 12, 3, 7]) ...", "relative error 2.1e-03 exceeds the
- * bf16 tolerance 1.00e-02"), or NULL when it passed.  Malloc'd; caller
- * frees with free(). */
-char *cpc_run_report_failure(const cpc_run_report *r);
+ * bf16 tolerance 1.00e-02"; when only the backward check failed, the
+ * backward's figures: "backward relative error dq ..., dk ..., dv ..." or
+ * "the gradients have non-finite values (NaN/Inf: dq n/m, ...)"), or NULL
+ * when it passed.  Malloc'd; caller frees with free(). */
+CPC_API char *cpc_run_report_failure(const cpc_run_report *r);
 
 /* The human-readable report (SPEC section 5). */
-void cpc_report_print_text(FILE *out, const cpc_run_report *r);
+CPC_API void cpc_report_print_text(FILE *out, const cpc_run_report *r);
 
 /* The JSON report (SPEC section 5: one object, its exact keys) and a
  * newline.  Errors: CPC_E_NOMEM, CPC_E_IO (the stream failed). */
-cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
+CPC_API cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
 
 /* The JSON object cprun prints when there is no report (a rejected plan, a
  * usage or input error, a runtime failure): the report's keys with what is
@@ -157,11 +165,11 @@ cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
  * "error": {"code", "class", "message", "exit_status"} from the first error
  * of `err` (NULL: class "usage" with `message`).  Malloc'd (caller frees);
  * NULL on OOM. */
-char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+CPC_API char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
                               const cpc_status *err, const char *message, int exit_status);
 
 /* Frees a report.  NULL is ignored. */
-void cpc_run_report_destroy(cpc_run_report *r);
+CPC_API void cpc_run_report_destroy(cpc_run_report *r);
 
 /* cprun --calibrate: measures this machine with the CPU backend (attention
  * rate, memory, copy and collective bandwidth and latency, how ranks share
@@ -172,7 +180,7 @@ void cpc_run_report_destroy(cpc_run_report *r);
  * Under MPI only world rank 0 writes (*is_root, may be NULL).  Errors:
  * CPC_E_USAGE, CPC_E_UNSUPPORTED (NCCL, MPI not built or one process),
  * CPC_E_RUNTIME, CPC_E_IO, CPC_E_NOMEM. */
-cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind transport, FILE *log,
+CPC_API cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind transport, FILE *log,
                                   const char *out_path, bool *is_root);
 
 /* cprun --tune: runs every candidate of the plan YAML at `path` (with
@@ -197,7 +205,7 @@ cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_kind tran
  * CPC_E_USAGE (an artifact, bad options), the run errors of
  * cpc_job_execute naming the candidate, CPC_E_IO (the profile write),
  * CPC_E_NOMEM. */
-cpc_status *cpc_tune_profile(const char *path, const char *const *sets, int n_sets, int warmup,
+CPC_API cpc_status *cpc_tune_profile(const char *path, const char *const *sets, int n_sets, int warmup,
                              int iters, cpc_transport_kind transport, double timeout_s, FILE *log,
                              const char *out_path, char **written_path, bool *is_root);
 

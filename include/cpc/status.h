@@ -21,6 +21,8 @@
 #ifndef CPC_PUBLIC_STATUS_H
 #define CPC_PUBLIC_STATUS_H
 
+#include "cpc/export.h"
+
 #include <stdio.h>
 
 #ifdef __cplusplus
@@ -53,54 +55,55 @@ typedef enum cpc_severity {
 typedef struct cpc_status cpc_status;
 
 /* The error class.  NULL (OK) gives CPC_OK. */
-cpc_code cpc_status_code(const cpc_status *st);
+CPC_API cpc_code cpc_status_code(const cpc_status *st);
 
 /* Severity of one diagnostic (an error returned by a call is CPC_SEV_ERROR). */
-cpc_severity cpc_status_severity(const cpc_status *st);
+CPC_API cpc_severity cpc_status_severity(const cpc_status *st);
 
 /* The message (never NULL for a non-NULL status; borrowed, valid while st
  * lives).  NULL for NULL. */
-const char *cpc_status_message(const cpc_status *st);
+CPC_API const char *cpc_status_message(const cpc_status *st);
 
 /* The rule number (11 for CP011), 0 when none. */
-int cpc_status_rule(const cpc_status *st);
+CPC_API int cpc_status_rule(const cpc_status *st);
 
 /* The hint ("variant ulysses_anything runs this plan"), or NULL.  Borrowed. */
-const char *cpc_status_hint(const cpc_status *st);
+CPC_API const char *cpc_status_hint(const cpc_status *st);
 
 /* Where in a plan the diagnostic points: file (borrowed, NULL when it is not
  * about a plan position), line and column (1-based; 0 when unknown).  Any
  * output pointer may be NULL. */
-void cpc_status_position(const cpc_status *st, const char **file, int *line, int *column);
+CPC_API void cpc_status_position(const cpc_status *st, const char **file, int *line, int *column);
 
 /* The next status of a chain, or NULL.  Borrowed. */
-const cpc_status *cpc_status_next(const cpc_status *st);
+CPC_API const cpc_status *cpc_status_next(const cpc_status *st);
 
 /* The first note attached to a diagnostic (a chain of CPC_SEV_NOTE statuses,
  * walk it with cpc_status_next), or NULL.  Borrowed. */
-const cpc_status *cpc_status_notes(const cpc_status *st);
+CPC_API const cpc_status *cpc_status_notes(const cpc_status *st);
 
 /* Frees a status and its whole chain.  NULL is ignored. */
-void cpc_status_free(cpc_status *st);
+CPC_API void cpc_status_free(cpc_status *st);
 
 /* Exit status a tool gives for this status (worst over the chain; SPEC
  * section 3): 0 for NULL or warnings only, 1 plan/check, 2 usage/io/input,
  * 3 runtime/internal/memory/unsupported. */
-int cpc_status_exit_code(const cpc_status *st);
+CPC_API int cpc_status_exit_code(const cpc_status *st);
 
 /* "plan", "usage", ... for a code. Static string. */
-const char *cpc_code_name(cpc_code code);
+CPC_API const char *cpc_code_name(cpc_code code);
 
 /* One diagnostic (neither its notes nor the rest of its chain) as
  * compiler-style text ("file:line:col: error[CP011]: message; hint: ...");
- * without a position the prefix is "PROG: ".  Malloc'd; the caller
- * frees it with free().  NULL when out of memory. */
-char *cpc_status_format(const char *prog, const cpc_status *st);
+ * without a position the prefix is "PROG: " (PROG NULL: "cpc").  For st
+ * NULL (no error) the text is "PROG: ok".  Malloc'd; the caller frees it
+ * with free().  NULL when out of memory. */
+CPC_API char *cpc_status_format(const char *prog, const cpc_status *st);
 
 /* Prints every diagnostic of the chain as cpc_status_format does, one per
  * line, each followed by its notes ("...: note: ..."), to `out` (nothing for
  * NULL). */
-void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
+CPC_API void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
 
 #ifdef __cplusplus
 }

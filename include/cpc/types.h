@@ -9,6 +9,8 @@
 #ifndef CPC_PUBLIC_TYPES_H
 #define CPC_PUBLIC_TYPES_H
 
+#include "cpc/export.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus

@@ -206,3 +206,45 @@ def test_cfg_and_tp_axes(rng):
     q, k, v = qkv(g, rng)
     with cpc.LocalWorld(g) as w:
         assert rel_err(w(q, k, v), attention_ref(q, k, v, causal=True)[0]) < 1e-5
+
+
+def test_stall_limit_and_abort_end_a_waiting_peer(rng):
+    """A peer that never calls ends this rank's forward at the stall limit (timeout_s);
+    Attention.abort on the peer ends it at once (issue 22: the job hung forever)."""
+    import threading
+    import time
+    a = plan("ring", 2)
+    q, k, v = qkv(a, rng)
+    with cpc.LocalWorld(a, timeout_s=1.0) as w:
+        r0 = w.rank(0)
+        t0 = time.monotonic()
+        with pytest.raises(cpc.RuntimeError, match="stall|waited|timed out|timeout"):
+            r0(a.shard(q, 0), a.shard(k, 0, "k"), a.shard(v, 0, "v"))
+        assert time.monotonic() - t0 < 30
+    with cpc.LocalWorld(a, timeout_s=600) as w:
+        errs = []
+
+        def rank0():
+            try:
+                w.rank(0)(a.shard(q, 0), a.shard(k, 0, "k"), a.shard(v, 0, "v"))
+                errs.append(None)
+            except cpc.Error as e:
+                errs.append(e)
+
+        th = threading.Thread(target=rank0)
+        t0 = time.monotonic()
+        th.start()
+        time.sleep(0.2)
+        w.rank(1).abort("bad input on rank 1")
+        th.join(30)
+        assert not th.is_alive() and time.monotonic() - t0 < 30
+        assert isinstance(errs[0], cpc.RuntimeError) and "bad input on rank 1" in str(errs[0])
+    with pytest.raises(cpc.UsageError):
+        cpc.abort("no MPI rank here")
+
+
+def test_a_rank_of_another_artifact_is_refused():
+    a, b = plan("ring", 2), plan("ulysses", 2)
+    with cpc.LocalWorld(a) as w:
+        with pytest.raises(cpc.UsageError, match="ring.*ulysses|ulysses.*ring"):
+            cpc.Attention(b, rank=1, world=w)

@@ -43,3 +43,21 @@ def test_example_distributed(n, dtype):
     rc, out = mpirun(n, EXAMPLE, "--dtype", dtype)
     assert rc == 0 and "PASS" in out, out
     assert f"{n} process(es)" in out
+
+
+@pytest.mark.parametrize("mode", ["abort", "stall"])
+def test_an_error_on_one_process_ends_the_job(mode):
+    """issue 22: a process that raises before the forward while its peer is inside it
+    left the job hanging forever.  cpc.abort ends it at once; without it the peer's
+    forward fails at the stall limit (timeout_s 2 s) and the job is aborted."""
+    import time
+    t0 = time.monotonic()
+    rc, out = mpirun(2, HERE / "mpi_abort_worker.py", mode, timeout=120)
+    took = time.monotonic() - t0
+    assert rc != 0, out
+    assert "the forward returned" not in out, out
+    if mode == "abort":
+        assert "aborted by the caller" in out, out
+    else:
+        assert "stalled" in out, out
+    assert took < 60, (took, out)

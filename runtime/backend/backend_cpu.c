@@ -17,7 +17,11 @@
  *         O = O 2^(m-m') + P V            (cblas_sgemm, TQ x D x TK, beta 1)
  *     and finally O /= l, LSE = (m + log2 l) ln 2; a row with l = 0 (no
  *     visible key) keeps O = 0 and gets LSE = -inf.
- *   O is accumulated in place in the caller's fp32 output.
+ *   O is accumulated in place in the caller's fp32 output.  When skv * max|v|
+ *   of a K/V head reaches 2^120 (finite bf16/fp32 values near FLT_MAX), V is
+ *   scaled by a power of two 2^-(e-1) (max|v| = f 2^e) before P V and the
+ *   final O /= l multiplies by 2^(e-1) again: the accumulator never exceeds
+ *   2 skv, so a finite true result never reads as Inf (cpu_v_scale).
  *
  * The backward (attn_bwd) is in attention_bwd_cpu.c; the pieces both use
  * (2^x, scratch, positions from runs) are in cpu_kernels.h.
@@ -45,6 +49,8 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+
+#define LN2_D 0.69314718055994530942
 #include "dtype.h"
 
 typedef float (*row_max_fn)(const float *s, int64_t n);
@@ -251,7 +257,31 @@ static cpc_status *check_args(const cpc_attn_args *a)
     return NULL;
 }
 
-/* Key-tile descriptors, 4 int64 per tile. */
+/* Whether P V must be accumulated scaled: the accumulator of a row is at most
+ * l * max|v| <= skv * max|v| (every p <= 1), which overflows fp32 for finite v
+ * near FLT_MAX (bf16/fp32 inputs).  When skv * max|v| >= 2^120, *vs = 2^-(e-1)
+ * with max|v| = f 2^e, f in [0.5, 1) (so max|v| vs < 2 and the accumulator
+ * stays below 2 skv), *vinv = 2^(e-1) <= 2^127, and true is returned; else
+ * 1, 1, false.  An Inf or NaN in v is left to propagate (no scaling).  V has
+ * skv rows of d floats, row stride ldv. */
+static bool cpu_v_scale(const float *V, int64_t ldv, int64_t skv, int d, float *vs, float *vinv)
+{
+    float vmax = 0.0f;
+    for (int64_t j = 0; j < skv; j++)
+        for (int e = 0; e < d; e++) {
+            float x = fabsf(V[j * ldv + e]);
+            vmax = x > vmax ? x : vmax;
+        }
+    *vs = *vinv = 1.0f;
+    if (!isfinite(vmax) || (double)vmax * (double)skv < 0x1p120)
+        return false;
+    int ex;
+    (void)frexpf(vmax, &ex);
+    *vs = ldexpf(1.0f, -(ex - 1));
+    *vinv = ldexpf(1.0f, ex - 1);
+    return true;
+}
+
 
 static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
 {
@@ -326,7 +356,7 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
             if (!cpu_gqa_heads(a->kv_head_off, kvl, a->group, a->q_head_off, hq, &h0, &h1))
                 continue;
             const float *K, *V;
-            int64_t ldk;
+            int64_t ldk, ldv;
             if (conv) {
                 for (int64_t j = 0; j < skv; j++) {
                     size_t off = ((size_t)j * (size_t)ldkv_in + (size_t)kvl * d) * es;
@@ -335,11 +365,26 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                 }
                 K = c->kbuf;
                 V = c->vbuf;
-                ldk = d;
+                ldk = ldv = d;
             } else {
                 K = (const float *)kb + (size_t)kvl * d;
                 V = (const float *)vb + (size_t)kvl * d;
-                ldk = ldkv_in;
+                ldk = ldv = ldkv_in;
+            }
+            /* P V is accumulated in units of vinv = 1/vs (a power of two) when
+             * skv * max|v| could overflow fp32 (finite v up to FLT_MAX) */
+            float vs = 1.0f, vinv = 1.0f;
+            if (cpu_v_scale(V, ldv, skv, d, &vs, &vinv)) {
+                if (!conv) {
+                    if ((st = GROW(c, vbuf, sizeof(float) * (size_t)skv * d)))
+                        return st;
+                    for (int64_t j = 0; j < skv; j++)
+                        memcpy(c->vbuf + j * d, V + j * ldv, sizeof(float) * (size_t)d);
+                    V = c->vbuf;
+                    ldv = d;
+                }
+                for (size_t i = 0; i < (size_t)skv * (size_t)d; i++)
+                    c->vbuf[i] *= vs;
             }
             for (int h = h0; h < h1; h++) {
                 for (int64_t i0 = 0; i0 < sq; i0 += tq) {
@@ -418,17 +463,19 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                         }
                         if (any)
                             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br - r0, d,
-                                        bcx, 1.0f, S + (size_t)r0 * tk, tk, V + (size_t)j0 * ldk,
-                                        (int)ldk, 1.0f, O + (size_t)r0 * ldo, (int)ldo);
+                                        bcx, 1.0f, S + (size_t)r0 * tk, tk, V + (size_t)j0 * ldv,
+                                        (int)ldv, 1.0f, O + (size_t)r0 * ldo, (int)ldo);
                     }
                     for (int r = 0; r < br; r++) {
                         float *orow = O + (size_t)r * ldo;
                         float lse;
                         if (L[r] > 0.0f || L[r] != L[r]) { /* a NaN input propagates */
-                            float inv = 1.0f / L[r];
+                            float inv = vinv / L[r]; /* L >= 1: exact power-of-two vinv */
                             for (int e = 0; e < d; e++)
                                 orow[e] *= inv;
-                            lse = (M[r] + log2f(L[r])) * LN2_F;
+                            /* one rounding (M is ~|logit|, log2 L at most 63:
+                             * in fp32 the sum and the product round twice) */
+                            lse = (float)(((double)M[r] + log2((double)L[r])) * LN2_D);
                         } else {
                             memset(orow, 0, sizeof(float) * d);
                             lse = -INFINITY;
@@ -473,12 +520,27 @@ static cpc_status *cpu_merge(cpc_backend *be, const cpc_merge_args *mg)
                     mg->acc_lse[li] = lb;
                     continue;
                 }
-                float mx = la > lb ? la : lb, mn = la > lb ? lb : la;
-                float lnew = mx + log1pf(expf(mn - mx));
-                float wa = expf(la - lnew), wb = expf(lb - lnew);
+                /* The weights come from the difference la - lb alone (exact when
+                 * the two are close, where it matters), in float64: wa = 1/(1 +
+                 * e^(lb-la)), wb = 1 - wa sum to 1; going through the rounded
+                 * new LSE (e^(la - lnew)) would scale the row by up to half an
+                 * ulp of the LSE (|LSE| ~ 1e5 for ill-conditioned logits:
+                 * 4e-3). */
+                double dl = (double)lb - (double)la, wa, wb, lnew;
+                if (dl <= 0) {
+                    double e = exp(dl);
+                    wa = 1.0 / (1.0 + e);
+                    wb = e * wa;
+                    lnew = (double)la + log1p(e);
+                } else {
+                    double e = exp(-dl);
+                    wb = 1.0 / (1.0 + e);
+                    wa = e * wb;
+                    lnew = (double)lb + log1p(e);
+                }
                 for (int e = 0; e < d; e++)
-                    acc[e] = wa * acc[e] + wb * o[e];
-                mg->acc_lse[li] = lnew;
+                    acc[e] = (float)(wa * (double)acc[e] + wb * (double)o[e]);
+                mg->acc_lse[li] = (float)lnew;
             }
     return NULL;
 }

@@ -34,6 +34,8 @@ static void human(char *buf, size_t n, double b)
 
 void cpc_report_print_text(FILE *out, const cpc_run_report *r)
 {
+    if (!out || !r)
+        return;
     char a[32], b[32];
     fprintf(out, "plan:        %s (B=%lld, S=%lld, H=%d, Hkv=%d, D=%d, %s%s)\n", r->plan_name,
             (long long)r->B, (long long)r->S, r->H, r->Hkv, r->D, r->dtype,
@@ -101,9 +103,17 @@ void cpc_report_print_text(FILE *out, const cpc_run_report *r)
                 r->bwd_ms_per_iter, r->bwd_tflops, r->ms_per_iter > 0 ? r->bwd_ms_per_iter / r->ms_per_iter : 0.0,
                 (long long)r->bwd_bytes_sent_per_rank);
         if (r->bwd_checked)
-            fprintf(out, "bwd check:   %s: rel_err dq %.3e, dk %.3e, dv %.3e (tolerance %.0e) vs float64 reference\n",
+        {
+            fprintf(out, "bwd check:   %s: rel_err dq %.3e, dk %.3e, dv %.3e (tolerance %.0e) vs float64 reference",
                     r->bwd_pass ? "PASS" : "FAIL", r->bwd_rel_err[0], r->bwd_rel_err[1], r->bwd_rel_err[2],
                     r->bwd_tolerance);
+            static const char *const gn[3] = {"dq", "dk", "dv"};
+            for (int i = 0; i < 3; i++)
+                if (r->bwd_n_nan[i] || r->bwd_n_inf[i])
+                    fprintf(out, "; %s has %lld NaN and %lld Inf", gn[i], (long long)r->bwd_n_nan[i],
+                            (long long)r->bwd_n_inf[i]);
+            fprintf(out, "\n");
+        }
     }
 }
 
@@ -177,6 +187,8 @@ char *cpc_report_json(const cpc_run_report *r)
 
 cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r)
 {
+    if (!out || !r)
+        return cpc_error(CPC_E_USAGE, "cpc_report_print_json: out and report must not be NULL");
     char *s = cpc_report_json(r);
     if (!s)
         return cpc_error(CPC_E_NOMEM, "report: out of memory");

@@ -82,13 +82,15 @@ typedef struct cpc_run_report {
     double bwd_rel_err_fp32[3];     /* the fp32 accumulators before that rounding
                                        (what grows with the world size, if anything) */
     double bwd_tolerance;           /* fp32 1e-5, fp16 as `out`, bf16 2e-2 */
+    int64_t bwd_n_nan[3], bwd_n_inf[3]; /* non-finite dq, dk, dv elements (a NaN in
+                                       dout or the inputs reaches them) */
 } cpc_run_report;
 
 /* Frees the arrays a report owns (the struct itself is the caller's). */
 void cpc_run_report_free(cpc_run_report *r);
 
 /* Writes the human-readable report. */
-void cpc_report_print_text(FILE *out, const cpc_run_report *r);
+CPC_API void cpc_report_print_text(FILE *out, const cpc_run_report *r);
 
 /* The JSON object (exact keys above) as a malloc'd string (caller frees),
  * NULL on OOM. */
@@ -96,7 +98,7 @@ char *cpc_report_json(const cpc_run_report *r);
 
 /* Writes cpc_report_json + newline.  Errors: CPC_E_NOMEM (CPC_E_IO when
  * the stream reports a write error). */
-cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
+CPC_API cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
 
 /* The one JSON object cprun --format json prints when there is no report
  * (a rejected plan, a usage or input error, a runtime failure), so stdout
@@ -109,7 +111,7 @@ cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
  *             "exit_status": exit_status}.
  * `err` is the diagnostics chain (its first error is used; NULL: class
  * "usage" with `message`).  Malloc'd string (caller frees), NULL on OOM. */
-char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+CPC_API char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
                               const cpc_status *err, const char *message, int exit_status);
 
 #endif

@@ -12,8 +12,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "dtype.h"
 #include "fileio.h"
-#include "backend.h"
 
 static const struct {
     const char *name;
@@ -446,7 +446,9 @@ static bool store_f(cpc_dtype d, void *dst, int64_t i, float x)
     return !isfinite(x) || (h & 0x7fffu) != 0x7c00u;
 }
 
-/* "tensor 'v' element [0, 5, 2, 7] = 1e+38 rounds to Inf in fp16" */
+/* "tensor 'v' element [0, 5, 2, 7] = 1e+38 rounds to Inf in fp16", or for
+ * an element that is Inf in the file "tensor 'v' element [...] is Inf" (both
+ * CPC_E_INPUT, exit status 2: SPEC section 5). */
 static cpc_status *overflow_error(const cpc_st_file *f, const cpc_st_tensor *t, int64_t flat,
                                   float x, cpc_dtype dtype)
 {
@@ -461,6 +463,9 @@ static cpc_status *overflow_error(const cpc_st_file *f, const cpc_st_tensor *t, 
     idx[0] = 0;
     for (int i = 0; i < t->ndim && k + 24 < sizeof idx; i++)
         k += (size_t)snprintf(idx + k, sizeof idx - k, "%s%lld", i ? ", " : "", (long long)pos[i]);
+    if (isinf(x)) /* already Inf in the file: no rounding to blame */
+        return cpc_error(CPC_E_INPUT, "%s: tensor '%s' element [%s] is %s: inputs must be finite",
+                         f->path, t->name, idx, x > 0 ? "Inf" : "-Inf");
     cpc_status *st = cpc_error(CPC_E_INPUT,
                                "%s: tensor '%s' element [%s] = %g rounds to Inf in the plan's dtype %s (largest finite value %g)",
                                f->path, t->name, idx, (double)x, cpc_dtype_name(dtype),
@@ -521,13 +526,16 @@ cpc_status *cpc_st_read_box(const cpc_st_file *f, const cpc_st_tensor *t, int64_
                 char *d = (char *)dst + ((b * T + tok + pc) * ncol) * des;
                 if (same) {
                     st = pread_all(f, d, (size_t)(n * fes), off, what);
+                    for (int64_t j = 0; j < n && !st; j++) /* an Inf input: SPEC 5 */
+                        if (isinf(load_f(t->dtype, d, j)))
+                            st = overflow_error(f, t, gfirst + j, load_f(t->dtype, d, j), dtype);
                 } else {
                     for (int64_t k = 0; k < n && !st; k += chunk_elems) {
                         int64_t m = n - k < chunk_elems ? n - k : chunk_elems;
                         st = pread_all(f, tmp, (size_t)(m * fes), off + (uint64_t)(k * fes), what);
                         for (int64_t j = 0; j < m && !st; j++) {
                             float xv = load_f(t->dtype, tmp, j);
-                            if (!store_f(dtype, d, k + j, xv))
+                            if (isinf(xv) || !store_f(dtype, d, k + j, xv))
                                 st = overflow_error(f, t, gfirst + k + j, xv, dtype);
                         }
                     }

@@ -78,8 +78,10 @@ cpc_status *cpc_st_expect(const cpc_st_file *f, const char *name, int ndim, cons
  * `row` = product of dims 2.. elements): dst is [B, T, ...] with T = sum of
  * run lengths, the runs (global token positions) in order for each batch,
  * converted to `dtype` (bf16/fp16 as uint16 bit patterns; round to nearest
- * even).  Errors: CPC_E_INPUT (run outside [0, S), not a float tensor),
- * CPC_E_IO (read error), CPC_E_NOMEM. */
+ * even).  Errors: CPC_E_INPUT (run outside [0, S), not a float tensor, an
+ * element that is +-Inf in the file or rounds to Inf in `dtype`, naming the
+ * tensor and the element's index; NaN is read as it is), CPC_E_IO (read
+ * error), CPC_E_NOMEM. */
 cpc_status *cpc_st_read_runs(const cpc_st_file *f, const cpc_st_tensor *t, const cpc_run *runs,
                              int n_runs, cpc_dtype dtype, void *dst);
 /* The same for a box (the outer axes, placement.h): batch items [b0, b0 +

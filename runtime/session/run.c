@@ -25,9 +25,9 @@
 #include "rng.h"
 #include "safetensors.h"
 #include "trace.h"
+#include "rank.h"
 #include "transport_local.h"
 #include "transport_device.h"
-#include "transport_staged.h"
 #include "transport_nccl.h"
 #include "codegen.h"
 
@@ -260,6 +260,8 @@ static cpc_status *dry_run_backward(const cpc_job *job, FILE *out, int max_ranks
 
 cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
 {
+    if (!job || !out)
+        return cpc_error(CPC_E_USAGE, "cpc_job_dry_run: job and out must not be NULL");
     const cpc_layout *L = &job->prog->layout;
     int C = cpc_plan_cfg_degree(job->plan), T = cpc_plan_tp_degree(job->plan);
     if (C * T > 1) /* the outer axes (placement.h): every group's ranks are like these */
@@ -369,12 +371,13 @@ typedef struct run_ctx {
     bool cuda;
     int n_gpus;               /* visible GPUs */
     int mpi_device;           /* MPI: this process's GPU; -1: rank mod n_gpus */
-    int attn_mode;            /* cpc_cuda_attention */
+    const char *attn_mode;    /* --attention for the CUDA backend: "auto", "cudnn", "nvrtc" */
     cpc_kernel_spec spec;     /* of the plan */
     cpc_kernel *kernels;      /* [n_kernels] */
     int n_kernels;
     bool kernels_owned;       /* compiled here (cpc_kernels_free); else the
                                  array borrows the artifact's strings */
+    char tname[16];           /* rank 0's endpoint as wrapped ("local+staged", ...) */
 } run_ctx;
 
 /* Long runs tell the user (SPEC section 5): the cost model's time for this
@@ -614,21 +617,16 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
  * (`fwd` has run: its out shard is `out`, its final LSE is read from it),
  * n_iter times on the endpoint `t`, then its dq, dk, dv shards into the
  * global fp32 gradients on rank 0 (backward_gather, over `host_t`). */
-static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cpc_backend *be,
-                                 cpc_transport *t, cpc_transport *host_t, cpc_exec *fwd,
-                                 void *const *inbuf, const void *out, const cpc_run *runs, int n_runs)
+static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cpc_rt_rank *rk,
+                                 cpc_transport *host_t, void *const *inbuf, const void *out,
+                                 const cpc_run *runs, int n_runs)
 {
     const cpc_layout *L = x->L;
-    cpc_exec *ex = NULL;
+    cpc_exec *ex = rk->bex, *fwd = rk->ex;
     void *dout = NULL;
     float *lse = NULL;
     cpc_run *lr = NULL;
-    cpc_exec_config cfg = {.prog = x->job->bwd, .rank = rp->q, .backend = be, .transport = t,
-                           .scale = x->scale, .kv_mask = x->mask ? x->mask + (size_t)rp->b0 * (size_t)L->Skv : NULL,
-                           .record_events = false};
-    cpc_status *st = cpc_exec_create(&cfg, &ex);
-    if (st)
-        goto done;
+    cpc_status *st = NULL;
     int64_t T = cpc_layout_shard_tokens(L, rp->q);
     size_t es = (size_t)cpc_dtype_size(L->dtype);
     size_t nq = (size_t)(L->B * T) * (size_t)L->H * (size_t)L->D;
@@ -658,15 +656,11 @@ static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cp
         (st = cpc_exec_bind_input(ex, CPC_ROLE_LSE, lse, nl * sizeof *lse)))
         goto done;
     for (int it = 0; it < x->n_iter; it++) {
-        if ((st = cpc_exec_reset(ex)))
-            goto done;
-        if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD))) {
-            cpc_status_prefix(st, "rank %d: barrier before backward iteration %d", p, it);
+        cpc_exec_stats s;
+        if ((st = cpc_rt_rank_run(rk, ex, true, &s))) {
+            cpc_status_prefix(st, "iteration %d", it);
             goto done;
         }
-        cpc_exec_stats s;
-        if ((st = cpc_exec_run(ex, &s)))
-            goto done;
         x->bwd_ms[(size_t)p * (size_t)x->n_iter + (size_t)it] = s.ms;
         x->bwd_bytes[p] = s.bytes_sent;
     }
@@ -674,7 +668,6 @@ static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cp
 done:
     if (st)
         cpc_status_prefix(st, "backward");
-    cpc_exec_destroy(ex);
     free(dout);
     free(lse);
     free(lr);
@@ -901,29 +894,15 @@ static cpc_status *write_shard(run_ctx *x, int p, const cpc_rank_place *rp, cons
     return cpc_st_write(path, &o, 1, keys, vals, x->pl.C * x->pl.T > 1 ? 5 : 3);
 }
 
-/* This rank's backend: the CPU backend, or a CUDA backend on its GPU with
- * the attention path of --attention. */
-static cpc_status *make_backend(run_ctx *x, int p, cpc_backend **be)
+/* What this rank's backend is made from (rank.h): the CPU backend, or a
+ * CUDA backend on its GPU with the kernels and the attention path of
+ * --attention. */
+static cpc_rt_backend_params backend_params(const run_ctx *x, int p)
 {
-    *be = NULL;
-    if (!x->cuda)
-        return cpc_cpu_backend_create(be);
-#ifdef CPC_HAVE_CUDA
-    int dev = x->mpi_device >= 0 ? x->mpi_device : p % x->n_gpus;
-    cpc_status *st = cpc_cuda_backend_create(dev, &x->spec, x->kernels, x->n_kernels, be);
-    if (!st && x->attn_mode != CPC_CUDA_ATTN_AUTO)
-        st = cpc_cuda_backend_set_attention(*be, (cpc_cuda_attention)x->attn_mode);
-    if (st) {
-        if (*be)
-            cpc_backend_destroy(*be);
-        *be = NULL;
-        cpc_status_prefix(st, "rank %d: CUDA backend on GPU %d", p, dev);
-    }
-    return st;
-#else
-    (void)p;
-    return cpc_error(CPC_E_UNSUPPORTED, "this build of cprun has no CUDA backend");
-#endif
+    cpc_rt_backend_params bp = {.device = x->mpi_device >= 0 ? x->mpi_device : x->n_gpus > 0 ? p % x->n_gpus : 0,
+                                .spec = &x->spec, .kernels = x->kernels, .n_kernels = x->n_kernels,
+                                .attention = x->attn_mode};
+    return bp;
 }
 
 /* What served this rank's attention blocks (CUDA backend). */
@@ -945,12 +924,14 @@ static void count_attention(run_ctx *x, cpc_backend *be, attn_count *out)
 #endif
 }
 
-/* The whole life of one rank.  Returns its status; rank 0 fills x->res,
- * x->out and x->lse.  *tp is the rank's endpoint; with the CUDA backend it is
- * replaced by a staged endpoint that owns it (the caller destroys *tp). */
-static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
+/* The whole life of one rank of the job: the rank runtime (rank.h) made on
+ * endpoint *tp (taken: *tp is NULL once the rank owns it), its inputs,
+ * warmup + iterations, the backward, and the result collection.  Returns
+ * its status; rank 0 fills x->res, x->out and x->lse.  `tname` receives the
+ * wrapped endpoint's name ("local+staged", ...). */
+static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname, size_t tname_n)
 {
-    cpc_transport *t = *tp;
+    cpc_transport *t = *tp, *const raw_t = *tp;
     const cpc_layout *L = x->L;
     /* p is the world rank; q its rank in its (c, t) group's program */
     const cpc_rank_place rp = cpc_placement_rank(&x->pl, p);
@@ -961,7 +942,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
      * they travel over the unstaged endpoint (owned by the staged one), or
      * with C*T > 1 over the job world's endpoint (x->job_tr, x->mpi_job_t). */
     cpc_transport *host_t = x->job_tr ? x->job_tr[p] : x->mpi_job_t ? x->mpi_job_t : t;
-    cpc_backend *be = NULL;
+    cpc_rt_rank *rk = NULL;
     cpc_exec *ex = NULL;
     void *inbuf[3] = {NULL, NULL, NULL};
     void *shard = NULL;
@@ -969,8 +950,6 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     cpc_run *lse_runs = NULL;
     cpc_run *runs = NULL;
     rank_out mine = {0};
-    /* ===== CUDA HOOK: the rank's backend (make_backend); device buffers
-     * travel through the staged transport. ===== */
     /* the address space for this rank's BLAS work buffer, before BLAS asks
      * for it: OpenBLAS retries a failed allocation forever (memlimit.h) */
     cpc_status *st = x->cuda ? NULL : cpc_mem_probe(CPC_RANK_VM_BYTES - ((int64_t)8 << 20));
@@ -978,30 +957,26 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         cpc_status_prefix(st, "rank %d", p);
         goto done;
     }
-    st = make_backend(x, p, &be);
-    if (st)
+    /* the rank: backend, endpoint (virtual ranks in one process: device to
+     * device, each group's world copying with its own slice of x->bes,
+     * indexed by q; the CUDA backend or --staged: through host memory; NCCL
+     * takes device buffers itself), forward and backward executors */
+    const cpc_rt_transport_entry *te = cpc_rt_transport_find(t->vt->name);
+    cpc_rt_rank_config rc = {
+        .prog = x->job->prog, .bwd = x->job->bwd, .rank = q, .scale = x->scale,
+        .kv_mask = x->mask ? x->mask + (size_t)rp.b0 * (size_t)L->Skv : NULL, .record_events = x->trace,
+        .backend = x->cuda ? CPC_RT_BACKEND_CUDA : CPC_RT_BACKEND_CPU, .backend_params = backend_params(x, p),
+        .transport = t,
+        .wrap = x->bes ? CPC_RT_WRAP_DEVICE
+                : (x->cuda || opt->staged) && !(te && te->device_memory) ? CPC_RT_WRAP_STAGED
+                : CPC_RT_WRAP_NONE,
+        .publish = x->bes ? &x->bes[rp.group * x->pl.RU + q] : NULL, .abort_prefix = "cprun"};
+    *tp = NULL; /* the rank's from here on, also on failure */
+    if ((st = cpc_rt_rank_create(&rc, &rk)))
         goto done;
-    if (x->bes) {
-        /* virtual ranks in one process: device to device (each group's
-         * world copies with its own slice of x->bes, indexed by q) */
-        x->bes[rp.group * x->pl.RU + q] = be;
-        cpc_transport *dev = NULL;
-        if ((st = cpc_transport_device_create(t, be, &dev)))
-            goto done;
-        *tp = t = dev;
-    } else if ((x->cuda || opt->staged) && strcmp(t->vt->name, "nccl") != 0) {
-        /* NCCL takes device buffers itself: never staged */
-        cpc_transport *staged = NULL;
-        if ((st = cpc_transport_staged_create(t, be, &staged)))
-            goto done;
-        *tp = t = staged;
-    }
-    cpc_exec_config cfg = {.prog = x->job->prog, .rank = q, .backend = be, .transport = t,
-                           .scale = x->scale,
-                           .kv_mask = x->mask ? x->mask + (size_t)rp.b0 * (size_t)L->Skv : NULL,
-                           .record_events = x->trace};
-    if ((st = cpc_exec_create(&cfg, &ex)))
-        goto done;
+    t = rk->t;
+    ex = rk->ex;
+    snprintf(tname, tname_n, "%s", t->vt->name ? t->vt->name : "");
     int max_runs = cpc_layout_max_shard_runs(L) + 1;
     runs = malloc((size_t)max_runs * sizeof *runs);
     if (!runs) {
@@ -1042,25 +1017,10 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
     }
     mine.peak = cpc_exec_allocated_bytes(ex);
     for (int it = 0; it < x->n_iter; it++) {
-        if ((st = cpc_exec_reset(ex)))
-            goto done;
-        if ((st = cpc_transport_barrier(t, CPC_GROUP_WORLD))) {
-            cpc_status_prefix(st, "rank %d: barrier before iteration %d", p, it);
-            goto done;
-        }
         cpc_exec_stats s;
-        double t0 = cpc_exec_now_us();
-        if ((st = cpc_exec_run(ex, &s)))
+        if ((st = cpc_rt_rank_run(rk, ex, true, &s))) {
+            cpc_status_prefix(st, "iteration %d", it);
             goto done;
-        if (be->vt->sync) { /* a device backend: its queued work belongs to the
-                               iteration, the time runs until it is done */
-            if ((st = cpc_backend_sync(be))) {
-                cpc_status_prefix(st, "rank %d: iteration %d: device sync", p, it);
-                goto done;
-            }
-            double wall = (cpc_exec_now_us() - t0) / 1000.0;
-            if (wall > s.ms)
-                s.ms = wall;
         }
         mine.iter_ms[it] = s.ms;
         if (x->progress && p == 0) {
@@ -1087,7 +1047,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
             }
         }
     }
-    count_attention(x, be, &mine.attn);
+    count_attention(x, rk->be, &mine.attn);
     size_t ob = cpc_exec_output_bytes(ex);
     shard = malloc(ob ? ob : 1);
     if (!shard) {
@@ -1101,7 +1061,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         goto done;
     if (opt->output_shards_dir && (st = write_shard(x, p, &rp, shard, runs, n_runs, T)))
         goto done;
-    if (x->job->bwd && (st = rank_backward(x, p, &rp, be, t, host_t, ex, inbuf, shard, runs, n_runs)))
+    if (x->job->bwd && (st = rank_backward(x, p, &rp, rk, host_t, inbuf, shard, runs, n_runs)))
         goto done;
     size_t rowb = (size_t)L->H * (size_t)L->D * (size_t)cpc_dtype_size(L->dtype);
     /* the gathered output is the whole problem's [B, S, H, D]: a shard's
@@ -1267,12 +1227,23 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp)
         }
     }
 done:
-    if (st && t) {
+    if (st && rk) {
         char *msg = cpc_status_format("cprun", st);
         /* C*T > 1: the job world first (it names the world rank), then the group's */
-        if (host_t && host_t != t)
+        if (host_t && host_t != raw_t)
             cpc_transport_abort(host_t, msg ? msg : st->message);
-        cpc_transport_abort(t, msg ? msg : st->message);
+        cpc_transport_abort(rk->t, msg ? msg : st->message);
+        free(msg);
+    } else if (st && host_t && host_t != raw_t) {
+        /* no rank: its endpoint is aborted (creation failed) or still the
+         * caller's (*tp, aborted below); the job world's is this rank's */
+        char *msg = cpc_status_format("cprun", st);
+        cpc_transport_abort(host_t, msg ? msg : st->message);
+        free(msg);
+    }
+    if (st && *tp) {
+        char *msg = cpc_status_format("cprun", st);
+        cpc_transport_abort(*tp, msg ? msg : st->message);
         free(msg);
     }
     rank_out_free(&mine);
@@ -1282,18 +1253,17 @@ done:
     free(runs);
     for (int i = 0; i < 3; i++)
         free(inbuf[i]);
-    cpc_exec_destroy(ex);
-    if (x->bes)
-        x->bes[rp.group * x->pl.RU + q] = NULL;
-    if (be)
-        cpc_backend_destroy(be);
+    cpc_rt_rank_destroy(rk);
     return st;
 }
 
 static void *rank_thread(void *arg)
 {
     thread_arg *a = arg;
-    a->ctx->st[a->rank] = rank_main(a->ctx, a->rank, &a->ctx->tr[a->rank]);
+    char tname[16] = "";
+    a->ctx->st[a->rank] = rank_main(a->ctx, a->rank, &a->ctx->tr[a->rank], tname, sizeof tname);
+    if (a->rank == 0)
+        snprintf(a->ctx->tname, sizeof a->ctx->tname, "%s", tname);
     return NULL;
 }
 
@@ -1637,7 +1607,8 @@ static cpc_status *artifact_kernels(const cpc_job *job)
 }
 
 /* Resolves --backend and --attention (names already known to be valid):
- * x->cuda, x->n_gpus, x->attn_mode.  Contradictions are CPC_E_USAGE; a CUDA
+ * x->cuda, x->n_gpus, x->attn_mode (the backend registry of rank.h says
+ * whether this build and machine have a CUDA device).  Contradictions are CPC_E_USAGE; a CUDA
  * backend that cannot be had (no CUDA in this build, no driver or GPU) is
  * CPC_E_UNSUPPORTED naming the CUDA error.  `need_cuda_for` names an option
  * that needs the CUDA backend even when --backend is auto (NULL: none). */
@@ -1684,19 +1655,26 @@ static cpc_status *resolve_backend(run_ctx *x, const cpc_run_options *opt, const
         cpc_status_free(kst);
         return NULL;
     }
-#ifdef CPC_HAVE_CUDA
+    const cpc_rt_backend_entry *cuda = cpc_rt_backend_get(CPC_RT_BACKEND_CUDA);
+    if (!cuda) {
+        if (why)
+            return cpc_error(CPC_E_UNSUPPORTED,
+                             "%s: this cprun was built without the CUDA toolkit, so it has no CUDA backend; use --backend cpu",
+                             why);
+        if (opt->log)
+            fprintf(opt->log, "cprun: --backend auto: built without CUDA: running on the CPU backend\n");
+        return NULL;
+    }
     int n = 0;
-    cpc_status *st = cpc_cuda_device_count(&n);
+    cpc_status *st = cuda->available(&n);
     if (!st) {
         x->cuda = true;
         x->n_gpus = n;
-        x->attn_mode = cpc_cuda_attention_parse(a);
-        if (x->attn_mode < 0)
-            x->attn_mode = CPC_CUDA_ATTN_AUTO;
+        x->attn_mode = is(a, "cudnn") || is(a, "nvrtc") ? a : "auto";
         if (opt->log)
             fprintf(opt->log, "cprun: backend cuda%s: %d visible GPU%s, attention %s\n",
                     is(b, "auto") ? " (--backend auto found a CUDA device)" : "", n, n == 1 ? "" : "s",
-                    cpc_cuda_attention_name((cpc_cuda_attention)x->attn_mode));
+                    x->attn_mode);
         return NULL;
     }
     if (why) {
@@ -1708,15 +1686,6 @@ static cpc_status *resolve_backend(run_ctx *x, const cpc_run_options *opt, const
         fprintf(opt->log, "cprun: --backend auto: %s: running on the CPU backend\n", st->message);
     cpc_status_free(st);
     return NULL;
-#else
-    if (why)
-        return cpc_error(CPC_E_UNSUPPORTED,
-                         "%s: this cprun was built without the CUDA toolkit, so it has no CUDA backend; use --backend cpu",
-                         why);
-    if (opt->log)
-        fprintf(opt->log, "cprun: --backend auto: built without CUDA: running on the CPU backend\n");
-    return NULL;
-#endif
 }
 
 /* The kernels of the CUDA backend: the artifact's (a .cplan), or generated
@@ -1948,6 +1917,8 @@ static cpc_status *backward_report(run_ctx *x, cpc_run_report *rep)
         }
         rep->bwd_rel_err[i] = cr.rel_err;
         rep->bwd_max_abs_err[i] = cr.max_abs_err;
+        rep->bwd_n_nan[i] = cr.n_nan;
+        rep->bwd_n_inf[i] = cr.n_inf;
         rep->bwd_pass = rep->bwd_pass && cr.pass;
     }
     if (st)
@@ -2008,12 +1979,17 @@ static cpc_status *open_local_worlds(run_ctx *x, bool device_copies)
  * C*T > 1, x->job_tr[p] (the job's world). */
 static cpc_status *open_local_endpoints(run_ctx *x, int p)
 {
+    const cpc_rt_transport_entry *te = cpc_rt_transport_get(CPC_RT_TRANSPORT_LOCAL);
+    cpc_rt_transport_params tp = {.ring_degree = x->L->R, .ulysses_degree = x->L->U, .world = x->world, .rank = p};
     if (!x->sub_worlds)
-        return cpc_local_endpoint_create(x->world, p, &x->tr[p]);
+        return te->create(&tp, &x->tr[p]);
     cpc_rank_place rp = cpc_placement_rank(&x->pl, p);
-    cpc_status *st = cpc_local_endpoint_create(x->sub_worlds[rp.group], rp.q, &x->tr[p]);
+    cpc_rt_transport_params gp = tp;
+    gp.world = x->sub_worlds[rp.group];
+    gp.rank = rp.q;
+    cpc_status *st = te->create(&gp, &x->tr[p]);
     if (!st)
-        st = cpc_local_endpoint_create(x->world, p, &x->job_tr[p]);
+        st = te->create(&tp, &x->job_tr[p]);
     return st;
 }
 
@@ -2042,53 +2018,54 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
 {
     cpc_status *st = NULL;
     const cpc_layout *L = x->L;
-    (void)use_nccl, (void)L, (void)opt, (void)mpi_t, (void)my_rank; /* builds without MPI */
-#ifdef CPC_HAVE_MPI
-#ifdef CPC_HAVE_NCCL
+    /* the transports of this build (rank.h's registry) */
+    const cpc_rt_transport_entry *te = cpc_rt_transport_get(use_nccl ? CPC_RT_TRANSPORT_NCCL : CPC_RT_TRANSPORT_MPI);
+    if (!te)
+        return cpc_error(CPC_E_UNSUPPORTED, "--transport %s: this build has no %s", use_nccl ? "nccl" : "mpi",
+                         use_nccl ? "NCCL (or no MPI)" : "MPI support");
+    cpc_rt_transport_params tp = {.ring_degree = L->R, .ulysses_degree = L->U, .device = -1};
     if (use_nccl) {
         /* no GPU: "no CUDA device: ..." on every rank alike */
-        if ((st = cpc_transport_nccl_create(L->R, L->U, -1, mpi_t)))
+        if ((st = te->create(&tp, mpi_t)))
             return st;
         *my_rank = cpc_transport_group_rank(*mpi_t, CPC_GROUP_WORLD);
-        x->mpi_device = cpc_transport_nccl_device(*mpi_t);
-    } else
-#endif
-    {
-        if (x->pl.C * x->pl.T > 1) {
-            /* The outer axes (placement.h): the job's world (P x 1, the result
-             * collection), then this rank's group: MPI_COMM_WORLD split by
-             * c*T + t, ordered by q = r*U + u.  Every rank fails alike. */
-            char mesh[160];
-            snprintf(mesh, sizeof mesh, "cfg_degree %d x tp_degree %d x ring_degree %d x ulysses_degree %d",
-                     x->pl.C, x->pl.T, L->R, L->U);
-            if ((st = cpc_transport_mpi_create_world(x->pl.P, mesh, &x->mpi_job_t)))
-                return st;
-            int wr = cpc_transport_group_rank(x->mpi_job_t, CPC_GROUP_WORLD);
-            cpc_rank_place rp = cpc_placement_rank(&x->pl, wr);
-            if ((st = cpc_transport_mpi_create_split(NULL, rp.group, rp.q, L->R, L->U, mpi_t)))
-                return st;
-        } else if ((st = cpc_transport_mpi_create(L->R, L->U, mpi_t))) {
-            /* Every rank fails alike here (world size check), none is left waiting. */
-            return st;
-        }
-        /* the stall limit of every MPI wait (transport_mpi.h) */
-        double lim = opt->timeout_s < 0 ? 0
-                     : opt->timeout_s > 0 ? opt->timeout_s
-                                         : cpc_run_default_timeout(x->job, opt, true);
-        cpc_transport_mpi_set_timeout(lim);
-        if (opt->log)
-            fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
-                    opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
-        *my_rank = cpc_transport_group_rank(x->mpi_job_t ? x->mpi_job_t : *mpi_t, CPC_GROUP_WORLD);
-        /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
-         * Every rank calls cpc_mpi_local_rank (it may be collective). */
-        if (x->cuda) {
-            int lr = cpc_mpi_local_rank();
-            x->mpi_device = (lr >= 0 ? lr : *my_rank) % x->n_gpus;
-        }
+        x->mpi_device = te->device_of(*mpi_t);
+        return NULL;
     }
-#endif
-    (void)st;
+    if (x->pl.C * x->pl.T > 1) {
+        /* The outer axes (placement.h): the job's world (P x 1, the result
+         * collection), then this rank's group: MPI_COMM_WORLD split by
+         * c*T + t, ordered by q = r*U + u.  Every rank fails alike. */
+        char mesh[160];
+        snprintf(mesh, sizeof mesh, "cfg_degree %d x tp_degree %d x ring_degree %d x ulysses_degree %d",
+                 x->pl.C, x->pl.T, L->R, L->U);
+        cpc_rt_transport_params jp = {.job_world = true, .world_size = x->pl.P, .mesh = mesh};
+        if ((st = te->create(&jp, &x->mpi_job_t)))
+            return st;
+        int wr = cpc_transport_group_rank(x->mpi_job_t, CPC_GROUP_WORLD);
+        cpc_rank_place rp = cpc_placement_rank(&x->pl, wr);
+        tp.split = true;
+        tp.group = rp.group;
+        tp.rank = rp.q;
+    }
+    /* Every rank fails alike here (world size check), none is left waiting. */
+    if ((st = te->create(&tp, mpi_t)))
+        return st;
+    /* the stall limit of every MPI wait (transport_mpi.h) */
+    double lim = opt->timeout_s < 0 ? 0
+                 : opt->timeout_s > 0 ? opt->timeout_s
+                                     : cpc_run_default_timeout(x->job, opt, true);
+    te->set_stall_limit(lim);
+    if (opt->log)
+        fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
+                opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
+    *my_rank = cpc_transport_group_rank(x->mpi_job_t ? x->mpi_job_t : *mpi_t, CPC_GROUP_WORLD);
+    /* Placement: GPU = local rank (SPEC section 5), mod visible GPUs.
+     * Every rank calls local_rank (it may be collective). */
+    if (x->cuda) {
+        int lr = te->local_rank();
+        x->mpi_device = (lr >= 0 ? lr : *my_rank) % x->n_gpus;
+    }
     return NULL;
 }
 
@@ -2119,16 +2096,13 @@ static cpc_status *resolve_options(cpc_run_options *opt, const cpc_job *job, boo
     } else if (strcmp(opt->transport, "mpi") == 0) {
         *use_mpi = true;
     } else if (strcmp(opt->transport, "auto") == 0) {
-#ifdef CPC_HAVE_MPI
-        *use_mpi = cpc_mpi_launched();
-#endif
+        const cpc_rt_transport_entry *te = cpc_rt_transport_get(CPC_RT_TRANSPORT_MPI);
+        *use_mpi = te && te->available();
     } else if (strcmp(opt->transport, "local") != 0) {
         return cpc_error(CPC_E_USAGE, "--transport %s: expected auto, local, mpi or nccl", opt->transport);
     }
-#ifndef CPC_HAVE_MPI
-    if (*use_mpi)
+    if (*use_mpi && !cpc_rt_transport_get(CPC_RT_TRANSPORT_MPI))
         return cpc_error(CPC_E_UNSUPPORTED, "--transport mpi: this build of cprun has no MPI support");
-#endif
     if (opt->iters < 1)
         return cpc_error(CPC_E_USAGE, "--iters must be at least 1");
     if (opt->warmup < 0)
@@ -2167,12 +2141,11 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     cpc_status *bst = resolve_backend(&x, &opt, use_nccl ? "--transport nccl" : NULL);
     if (bst)
         return bst;
-#if defined(CPC_HAVE_NCCL) && defined(CPC_HAVE_MPI)
     /* SPEC section 5: --transport auto under mpirun/srun with the cuda
-     * backend is nccl. */
-    if (use_mpi && x.cuda && strcmp(opt.transport, "auto") == 0)
+     * backend is nccl (when this build has it). */
+    const bool have_nccl = cpc_rt_transport_get(CPC_RT_TRANSPORT_NCCL) != NULL;
+    if (use_mpi && x.cuda && strcmp(opt.transport, "auto") == 0 && have_nccl)
         use_nccl = true;
-#endif
     /* Ranks that are threads of this process: device buffers move device to
      * device (transport_device.h) unless staging through host memory was
      * asked for. */
@@ -2185,11 +2158,9 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         /* NCCL (runtime/transport/transport_nccl.h): one process per rank, GPU = local
          * rank mod visible GPUs, bootstrapped over MPI; device buffers go
          * straight to NCCL (no staging). */
-#if defined(CPC_HAVE_NCCL) && defined(CPC_HAVE_MPI)
+        if (!have_nccl)
+            return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl: this build has no NCCL (or no MPI)");
         use_mpi = true;
-#else
-        return cpc_error(CPC_E_UNSUPPORTED, "--transport nccl: this build has no NCCL (or no MPI)");
-#endif
     }
     x.scale = job->plan->model.scale > 0 ? job->plan->model.scale : 1.0 / sqrt((double)L->D);
     x.n_iter = opt.warmup + opt.iters;
@@ -2283,7 +2254,7 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
                 job->pred.ms_per_layer, job->pred.compute_ms_per_layer, job->pred.comm_ms_per_layer);
     long_run_notice(&x, my_rank);
     if (use_mpi) {
-        x.st[my_rank] = rank_main(&x, my_rank, &mpi_t);
+        x.st[my_rank] = rank_main(&x, my_rank, &mpi_t, x.tname, sizeof x.tname);
         st = x.st[my_rank];
         x.st[my_rank] = NULL;
         if (st)
@@ -2348,9 +2319,8 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     attention_text(rep->attention, sizeof rep->attention, &x, P);
     {
         /* The endpoint's own name: "local", "mpi", or "local+staged" ... */
-        const cpc_transport *t0 = use_mpi ? mpi_t : x.tr ? x.tr[0] : NULL;
         snprintf(rep->transport, sizeof rep->transport, "%s",
-                 t0 && t0->vt->name ? t0->vt->name : use_mpi ? "mpi" : "local");
+                 x.tname[0] ? x.tname : use_mpi ? "mpi" : "local");
     }
     snprintf(rep->dtype, sizeof rep->dtype, "%s", cpc_dtype_name(L->dtype));
     if (opt.input_path)

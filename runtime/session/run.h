@@ -132,7 +132,7 @@ void cpc_job_free(cpc_job *job);
 /* cprun --dry-run: prints the selected variant, then every rank's buffers and
  * peak memory (at most `max_ranks` ranks in full, then a summary line);
  * for a training plan the backward program's too.  Allocates no buffer. */
-cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
+CPC_API cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
 
 typedef struct cpc_run_options {
     const char *backend;         /* "auto" (default), "cpu", "cuda" */
@@ -199,7 +199,7 @@ cpc_status *cpc_run_check_outputs(const cpc_run_options *opt, const char *plan_p
 
 /* Checks that `path` can be written as the file of option `what`
  * ("--output", "--profile-out", ...) as above.  Errors: CPC_E_IO. */
-cpc_status *cpc_check_writable_file(const char *what, const char *path);
+CPC_API cpc_status *cpc_check_writable_file(const char *what, const char *path);
 
 /* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_free
  * also after errors).  Returns NULL when the run completed (rep->ok tells

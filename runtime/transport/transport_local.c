@@ -72,6 +72,7 @@ struct cpc_local_world {
     bool *has_endpoint;    /* P */
     cpc_local_copy_fn copy_fn;  /* NULL: memmove */
     void *copy_ctx;
+    char *owner_tag, *owner_label; /* cpc_local_world_set_owner, or NULL */
 };
 
 typedef struct endpoint {
@@ -167,6 +168,29 @@ static void free_queue(cpc_request *q)
     }
 }
 
+bool cpc_local_world_set_owner(cpc_local_world *w, const char *tag, const char *label)
+{
+    free(w->owner_tag);
+    free(w->owner_label);
+    w->owner_tag = tag ? strdup(tag) : NULL;
+    w->owner_label = label ? strdup(label) : NULL;
+    if ((tag && !w->owner_tag) || (label && !w->owner_label)) {
+        free(w->owner_tag);
+        free(w->owner_label);
+        w->owner_tag = w->owner_label = NULL;
+        return false;
+    }
+    return true;
+}
+
+void cpc_local_world_owner(const cpc_local_world *w, const char **tag, const char **label)
+{
+    if (tag)
+        *tag = w->owner_tag;
+    if (label)
+        *label = w->owner_label;
+}
+
 void cpc_local_world_destroy(cpc_local_world *w)
 {
     if (!w)
@@ -184,6 +208,8 @@ void cpc_local_world_destroy(cpc_local_world *w)
     free(w->uly);
     free(w->has_endpoint);
     free(w->abort_why);
+    free(w->owner_tag);
+    free(w->owner_label);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);

@@ -64,6 +64,16 @@ typedef cpc_status *(*cpc_local_copy_fn)(void *ctx, int copier, void *dst, const
  * (transport_device.h).  Call before ranks start; ctx is borrowed. */
 void cpc_local_world_set_copy(cpc_local_world *w, cpc_local_copy_fn fn, void *ctx);
 
+/* The world's owner: an opaque identity `tag` (e.g. the resolved plan text
+ * of the artifact the world was made for) and a human `label` naming it;
+ * both copied.  Setting it again replaces them.  Returns false when out of
+ * memory (the world then has no owner).  cpc_local_world_owner gives them
+ * back (borrowed, valid until the world is destroyed or the owner set
+ * again; NULL when none was set).  The transport does not use them: the
+ * rank API refuses a rank whose artifact is not the world's owner. */
+bool cpc_local_world_set_owner(cpc_local_world *w, const char *tag, const char *label);
+void cpc_local_world_owner(const cpc_local_world *w, const char **tag, const char **label);
+
 /* Creates rank `rank`'s endpoint (0 <= rank < P).  Each rank gets exactly one
  * endpoint; release it with cpc_transport_destroy(t) (pending requests are freed).
  * Errors: CPC_E_INTERNAL (bad rank, endpoint exists), CPC_E_NOMEM. */

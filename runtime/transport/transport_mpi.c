@@ -291,10 +291,11 @@ static cpc_status *stall_status(int world_rank, const char *fmt, ...)
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     cpc_status *st = cpc_error(CPC_E_RUNTIME,
-                               "rank %d: stalled: waited %.3g s in %s (the stall limit, --timeout): "
+                               "rank %d: stalled: waited %.3g s in %s (the stall limit: cprun --timeout, "
+                               "cpc_rank_options.timeout_s): "
                                "a peer stopped, hangs or is far behind",
                                world_rank, g_stall_s, what);
-    cpc_status_set_hint(st, "raise --timeout SECONDS if the peers are only slow");
+    cpc_status_set_hint(st, "raise the limit (cprun --timeout SECONDS, timeout_s in libcpc) if the peers are only slow");
     return st;
 }
 

@@ -18,7 +18,11 @@
 #   the backward on the generated backward kernels, dq/dk/dv checked;
 #   2 and 4 emulated GPUs (rank r on GPU r mod 2, and one GPU per rank);
 #   --attention auto where cuDNN cannot work (no driver): the generated kernel serves and
-#   the report says why cuDNN did not; --attention cudnn is then status 3.
+#   the report says why cuDNN did not; --attention cudnn is then status 3;
+#   the library (issue 22): cpc_rank_* with CPC_BACKEND_CUDA on device tensors, forward
+#   and backward (tests/emu/rank_cuda_emu.c), examples/toy_model --backend cuda under
+#   mpirun, and Python's cpc.Attention(backend="cuda") on __cuda_array_interface__
+#   device arrays (tests/emu/cai_emu.py).
 # Without the fake (no GPU, no driver) --backend cuda is status 3, and with
 # CPC_EMU_DEVICES=0 the fake itself reports no device (3).
 # Skipped (exit 0) only when cprun is built without the CUDA toolkit; when cprun links
@@ -223,6 +227,35 @@ has nodev.err "no CUDA-capable device"
 if [ ! -e /usr/lib/x86_64-linux-gnu/libcuda.so.1 ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
   t nofake 3 "$CPRUN" "$tmp/ring-2-fp32.cplan" --backend cuda --iters 1 --warmup 0
   has nofake.err "CUDA"
+fi
+
+# ---- the library on the CUDA backend (issue 22): cpc_rank_* on the caller's device
+# tensors and stream, forward and backward; examples/toy_model --backend cuda under
+# mpirun; Python's cpc.Attention(backend="cuda") on __cuda_array_interface__ arrays.
+RANKEMU="$FAKE/rank_cuda_emu"
+if [ -x "$RANKEMU" ]; then
+  for p in train-ring-4-fp32-causal train-ring-2-bf16-gqa4 train-ulysses-4-bf16-mqa unified-4-bf16; do
+    t "rank-$p" 0 env LD_LIBRARY_PATH="$FAKE_ABS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      CPC_EMU_MODULES="$MODS" "$RANKEMU" "$tmp/$p.cplan"
+    has "rank-$p.out" "CUDA ranks"
+  done
+  has rank-train-ring-4-fp32-causal.out "backward dq"
+else
+  fail "$RANKEMU not built (target rank_cuda_emu)"
+fi
+if command -v mpirun >/dev/null && [ -x "$B/toy_model" ]; then
+  t toy-cuda 0 env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+    timeout -k 5 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x ASAN_OPTIONS \
+    -x LD_LIBRARY_PATH="$FAKE_ABS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" -x CPC_EMU_MODULES="$MODS" \
+    -x OPENBLAS_NUM_THREADS=1 -x CPC_CACHE_DIR "$B/toy_model" --backend cuda
+  has toy-cuda.out "cuda backend"
+  has toy-cuda.out "PASS"
+fi
+LIBCPC=$(ls "$(cd "$B" && pwd)"/libcpc.so.*.* 2>/dev/null | head -1)
+if [ -n "$LIBCPC" ] && /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+  t cai 0 env LD_LIBRARY_PATH="$FAKE_ABS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CPC_EMU_MODULES="$MODS" \
+    CPC_LIBRARY="$LIBCPC" PYTHONPATH="$PWD/python/src" /usr/bin/python3 tests/emu/cai_emu.py
+  has cai.out "device arrays"
 fi
 T2=$SECONDS
 

@@ -26,7 +26,7 @@ bad=$(git ls-files '*.c' '*.h' | xargs grep -n '#include "\.\./' 2>/dev/null)
 bad=$(grep -h '#include' include/cpc/*.h | grep -v -E '#include <(stdbool|stddef|stdint|stdio)\.h>|#include "cpc/[a-z_]+\.h"')
 [ -z "$bad" ] || fail "public headers include more than <cpc/...> and libc: $bad"
 # the tools are users of the public API: <cpc/...>, the C library / POSIX and cJSON only
-libc='assert|ctype|errno|fcntl|float|getopt|inttypes|limits|math|signal|spawn|stdarg|stdbool|stddef|stdint|stdio|stdlib|string|strings|time|unistd|sys/(stat|types|wait|time)'
+libc='assert|ctype|errno|fcntl|float|getopt|inttypes|limits|math|signal|spawn|stdarg|stdbool|stddef|stdint|stdio|stdlib|string|strings|time|unistd|sys/(stat|types|wait|time|resource)'
 bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include' tools/*.c | grep -v -E "#[[:space:]]*include <(($libc)\.h|cpc/[a-z_]+\.h|cjson/cJSON\.h)>")
 [ -z "$bad" ] || fail "tools include more than <cpc/...>, libc/POSIX and <cjson/cJSON.h>: $bad"
 
@@ -44,8 +44,12 @@ if [ -n "$so" ]; then
   [ "$soname" = "libcpc.so.0" ] || fail "soname is '$soname', expected libcpc.so.0"
   # exported symbols: exactly the declared functions
   nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | sed 's/@.*//' | sort >"$tmp/exported"
-  grep -h -o -E '^[a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/*.h | grep -o -E 'cpc_[a-z0-9_]+\($' |
+  # every public function is declared CPC_API (include/cpc/export.h; the layers are
+  # compiled with -fvisibility=hidden, so that is what exports it)
+  grep -h -o -E '^CPC_API [a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/*.h | grep -o -E 'cpc_[a-z0-9_]+\($' |
     tr -d '(' | sort -u >"$tmp/declared"
+  bare=$(grep -Hn -E '^[a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/*.h | grep -v ':typedef ')
+  [ -z "$bare" ] || fail "public functions declared without CPC_API: $bare"
   n_exp=$(wc -l <"$tmp/exported")
   grep -v '^cpc_' "$tmp/exported" >"$tmp/foreign" && fail "non-cpc_ symbols exported: $(head -5 "$tmp/foreign" | tr '\n' ' ')"
   diff "$tmp/declared" "$tmp/exported" >"$tmp/symdiff" || fail "exported != declared: $(cat "$tmp/symdiff" | tr '\n' ' ')"

@@ -30,6 +30,14 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
   target_include_directories(cpc_fake_cudart SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
   target_link_libraries(cpc_fake_cudart PRIVATE cpc_emu PkgConfig::CRYPTO Threads::Threads)
 
+  # The public rank API on the CUDA backend (caller's device tensors and stream),
+  # run by tests/cli/cuda_emu.sh on the fake runtime: emu-cudart/rank_cuda_emu PLAN.cplan
+  add_executable(rank_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/rank_cuda_emu.c)
+  set_target_properties(rank_cuda_emu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
+  target_include_directories(rank_cuda_emu SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+  target_link_libraries(rank_cuda_emu PRIVATE cpc_internal Threads::Threads)
+  add_dependencies(rank_cuda_emu cpc_fake_cudart)
+
   add_executable(cpc_emu_prepare ${CMAKE_CURRENT_LIST_DIR}/prepare.c)
   set_target_properties(cpc_emu_prepare PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
   target_link_libraries(cpc_emu_prepare PRIVATE cpc_internal cpc_emu)

@@ -3,6 +3,10 @@
 # what the GPU machine needs to run them into PACK_DIR (default build-gpu/pack, an ignored path):
 #   gpu_check            the device check (tests/gpu/gpu_check.c)
 #   cprun                the runtime (tools/cprun.c), run by run.sh with --backend cuda
+#   rank_cuda_emu, lib-train-ring2.cplan
+#                        the public rank API on the CUDA backend (tests/emu/rank_cuda_emu.c:
+#                        caller-owned device tensors and stream, forward and backward), with
+#                        a small training plan compiled here for $CPC_GPU_ARCH
 #   flux1-dev-1008-ulysses_anything.cplan, flux1-dev-1008-ring_anything.cplan
 #                        plans/flux1-dev-1008.yaml (4 ranks) compiled by cpc with the kernels'
 #                        PTX for $CPC_GPU_ARCH, and the plan YAML itself (cprun compiles it there)
@@ -35,15 +39,15 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release > "$build/pack-cmake.log
   { cat "$build/pack-cmake.log"; exit 1; }
 grep -q "CUDA toolkit found" "$build/pack-cmake.log" ||
   { echo "pack.sh: no CUDA toolkit under /usr/local/cuda: gpu_check cannot be built" >&2; exit 1; }
-cmake --build "$build" --target gpu_check cprun cpc -j2
+cmake --build "$build" --target gpu_check cprun cpc rank_cuda_emu -j2
 
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/cuda-fallback" "$out/cache"
-for bin in gpu_check cprun; do
+for bin in gpu_check cprun emu-cudart/rank_cuda_emu; do
   cp "$build/$bin" "$out/"
-  strip --strip-debug "$out/$bin" 2>/dev/null || true
+  strip --strip-debug "$out/$(basename "$bin")" 2>/dev/null || true
 done
-{ ldd "$build/gpu_check"; ldd "$build/cprun"; } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+{ ldd "$build/gpu_check"; ldd "$build/cprun"; ldd "$build/emu-cudart/rank_cuda_emu"; } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
   sort -u | while read -r name path; do
   case "$name" in
     libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libgcc_s.so.*|libstdc++.so.*) ;;
@@ -77,6 +81,18 @@ for cfg in "ulysses|--set parallel.variant=ulysses" "none|--set cluster.world_si
   LD_LIBRARY_PATH="$out/lib" "$out/cprun" "$a" --dry-run > /dev/null ||
     { echo "pack.sh: cprun cannot load $a" >&2; exit 1; }
 done
+
+# The library on the CUDA backend: a ring 2 fp32 causal GQA training plan (run.sh runs
+# rank_cuda_emu on it: 2 thread ranks on GPU 0).
+cat > "$out/lib-train-ring2.yaml" <<'YAML'
+version: 1
+name: lib-train-ring2
+model: {heads: 4, kv_heads: 2, head_dim: 64, dtype: fp32}
+input: {tokens: 256, mask: causal, mode: training}
+cluster: {world_size: 2, device: cpu}
+parallel: {variant: ring}
+YAML
+CPC_CACHE_DIR="$out/cache" "$build/cpc" "$out/lib-train-ring2.yaml" --arch "$arch" -o "$out/lib-train-ring2.cplan"
 
 size=$(du -sb "$out" | cut -f1)
 echo "pack.sh: $out: $(ls "$out" | tr '\n' ' ')"

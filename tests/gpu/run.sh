@@ -114,6 +114,16 @@ for r in "${runs[@]}"; do
   echo "$name|$crc|$logdir/cprun_$tag.json|$logdir/cprun_$tag.err" >> "$logdir/cprun_rows.txt"
 done
 
+# The public rank API on the CUDA backend (libcpc as a library: device tensors and the
+# caller's stream, forward and backward, checked against float64; tests/emu/rank_cuda_emu.c).
+if [ -x "$pack/rank_cuda_emu" ] && [ -f "$pack/lib-train-ring2.cplan" ]; then
+  echo "== libcpc rank API, CUDA backend: rank_cuda_emu lib-train-ring2.cplan =="
+  timeout 120 "$pack/rank_cuda_emu" "$pack/lib-train-ring2.cplan" 2>&1 | tee "$logdir/rank_cuda.log"
+  lrc=${PIPESTATUS[0]}
+  echo "run.sh: rank_cuda_emu exited $lrc"
+  worst $lrc
+fi
+
 # The final table: gpu_check's rows (its own format), then cprun's in the same columns.
 echo
 echo "==== final table ===="

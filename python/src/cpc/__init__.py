@@ -17,12 +17,12 @@ from ._errors import (Diagnostic, Error, FileError, InputError, NoMemoryError, P
                       RuntimeError, UnsupportedError, UsageError)
 from ._diffusers import from_diffusers
 from ._plan import Artifact, CheckResult, check, compile, load, plan_to_yaml
-from ._attention import Attention, LocalWorld
+from ._attention import Attention, LocalWorld, abort
 from ._bf16 import from_bf16, to_bf16
 
 __version__ = "0.1.0"
 
-__all__ = ["Artifact", "Attention", "CheckResult", "Diagnostic", "Error", "FileError",
+__all__ = ["Artifact", "Attention", "abort", "CheckResult", "Diagnostic", "Error", "FileError",
            "InputError", "LocalWorld", "NoMemoryError", "PlanError", "RuntimeError",
            "UnsupportedError", "UsageError", "check", "compile", "features", "from_bf16",
            "from_diffusers", "library_path", "library_version", "load", "plan_to_yaml",

@@ -21,6 +21,27 @@ _mpi_ranks = []
 _atexit_registered = False
 
 
+def abort(reason="aborted by the caller"):
+    """Ends the MPI job cleanly after an error on this process (e.g. in an except
+    clause, or from sys.excepthook): libcpc prints "rank P: aborted by the caller:
+    REASON" and calls MPI_Abort, so the peers blocked in a cpc forward or backward
+    end at once (exit status 3) instead of at the stall limit (Attention's
+    timeout_s, default 600 s).  Does not return while an MPI rank is alive; without
+    one (no MPI rank in this process) it raises cpc.UsageError.
+
+        try:
+            out = att(q, k, v)
+        except cpc.Error as e:
+            cpc.abort(str(e))
+    """
+    for ref in list(_mpi_ranks):
+        att = ref()
+        if att is not None and att._ptr is not None:
+            att.abort(reason)
+    raise UsageError("cpc.abort: this process has no MPI rank (a LocalWorld rank is "
+                     "aborted with Attention.abort)", code="usage")
+
+
 def _destroy_mpi_ranks():
     for ref in list(_mpi_ranks):
         att = ref()
@@ -32,17 +53,36 @@ class _View:
     """A cpc_tensor over an array's memory, the array kept alive; `copied` says whether
     the memory is a copy (layout cpc cannot take: negative, zero or unaligned strides)."""
 
-    __slots__ = ("t", "keep", "copied")
+    __slots__ = ("t", "keep", "copied", "readonly", "capsule")
 
 
 def _torch():
     return sys.modules.get("torch")
 
 
+def _dlpack_device(x):
+    """(device_type, device_id) of a DLPack producer, or None."""
+    f = getattr(x, "__dlpack_device__", None)
+    if f is None:
+        return None
+    try:
+        return tuple(int(v) for v in f())
+    except Exception:  # noqa: BLE001 - not a usable producer
+        return None
+
+
+_KDLCUDA, _KDLCUDA_MANAGED = 2, 13
+
+
 def _kind(x):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         return "torch"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cuda_array"
+    dev = _dlpack_device(x) if hasattr(x, "__dlpack__") else None
+    if dev is not None and dev[0] in (_KDLCUDA, _KDLCUDA_MANAGED):
+        return "dlpack_cuda"
     import numpy as np
     if isinstance(x, np.ndarray):
         return "numpy"
@@ -53,22 +93,149 @@ def _strides_ok(shape, strides):
     return all(n == 1 or s > 0 for n, s in zip(shape, strides))
 
 
-def _view(x, name, dtype_code, want_shape, device_kind):
+# __cuda_array_interface__ typestrs per cpc dtype (bf16: its bit patterns, as numpy has
+# no bfloat16: "<u2", or the opaque "<V2")
+_CAI_TYPES = {N.DTYPE_FP32: ("<f4",), N.DTYPE_FP16: ("<f2",), N.DTYPE_BF16: ("<u2", "<V2"),
+              N.DTYPE_U8: ("|u1", "|b1", "<u1")}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+# DLPack (code, bits) per cpc dtype: float, bfloat (or its bits as uint16), uint8/bool masks
+_DL_TYPES = {N.DTYPE_FP32: ((2, 32),), N.DTYPE_FP16: ((2, 16),), N.DTYPE_BF16: ((4, 16), (1, 16)),
+             N.DTYPE_U8: ((1, 8), (6, 8))}
+
+
+def _dlpack_view(x, name, dtype_code, want_shape):
+    """(pointer, element strides, capsule) of a DLPack producer of CUDA memory (JAX,
+    CuPy, ...): the capsule is only read (not consumed, so its deleter runs when it is
+    collected); keep it alive while the pointer is used."""
+    capsule = x.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    addr = get(capsule, b"dltensor")
+    t = ctypes.cast(addr, ctypes.POINTER(_DLManagedTensor)).contents.dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if shape != tuple(want_shape):
+        raise UsageError(f"{name}: shape {shape}, this rank's shard is {tuple(want_shape)}",
+                         code="usage")
+    code = (t.dtype.code, t.dtype.bits)
+    if t.dtype.lanes != 1 or code not in _DL_TYPES[dtype_code]:
+        raise UsageError(f"{name}: DLPack dtype (code {code[0]}, {code[1]} bits, "
+                         f"{t.dtype.lanes} lanes), the plan's dtype is "
+                         f"{N.DTYPE_NAMES[dtype_code]}", code="usage")
+    strides = ([t.strides[i] for i in range(t.ndim)] if t.strides
+               else _contiguous_strides(shape))
+    if any(n > 1 and s != c for n, s, c in zip(shape, strides, _contiguous_strides(shape))):
+        raise UsageError(f"{name}: the CUDA backend takes contiguous device arrays (strides "
+                         f"{tuple(strides)} elements)", code="usage")
+    return (t.data or 0) + t.byte_offset, strides, capsule
+
+
+def _contiguous_strides(shape):
+    st, n = [], 1
+    for d in reversed(shape):
+        st.append(n)
+        n *= d
+    return list(reversed(st))
+
+
+def _cuda_array_view(x, name, dtype_code, want_shape):
+    """(pointer, element strides, readonly) of an object with __cuda_array_interface__
+    (version 2 or 3: CuPy, Numba, PyTorch, ...): device memory for the CUDA backend,
+    which takes it contiguous and as it is (no copy)."""
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    if shape != tuple(want_shape):
+        raise UsageError(f"{name}: shape {shape}, this rank's shard is {tuple(want_shape)}",
+                         code="usage")
+    ts = cai["typestr"]
+    if ts not in _CAI_TYPES[dtype_code]:
+        want = N.DTYPE_NAMES[dtype_code]
+        raise UsageError(f"{name}: __cuda_array_interface__ typestr {ts!r}, the plan's dtype "
+                         f"{want} is {' or '.join(repr(t) for t in _CAI_TYPES[dtype_code])}",
+                         code="usage")
+    isz = int(ts[2:])
+    strides = cai.get("strides")
+    if strides is None:
+        strides = _contiguous_strides(shape)
+    else:
+        if any(s % isz for s in strides):
+            raise UsageError(f"{name}: strides {tuple(strides)} are not whole elements",
+                             code="usage")
+        strides = [s // isz for s in strides]
+    if any(n > 1 and s != c for n, s, c in zip(shape, strides, _contiguous_strides(shape))):
+        raise UsageError(f"{name}: the CUDA backend takes contiguous device arrays (strides "
+                         f"{tuple(strides)} elements)", code="usage")
+    ptr, readonly = cai["data"]
+    return int(ptr or 0), strides, bool(readonly)
+
+
+def _view(x, name, dtype_code, want_shape, device_kind, writable=False):
     """(_View) for array x as role `name`; raises cpc.UsageError for a wrong type,
-    dtype, shape or device."""
+    dtype, shape or device, and (writable: an output cpc writes) for a read-only
+    numpy array (flags.writeable False: a read-only np.memmap, np.frombuffer of
+    bytes, a broadcast view), which would otherwise be written through or crash
+    the interpreter (SPEC 9)."""
     v = _View()
     v.copied = False
+    v.readonly = False
+    v.capsule = None
     kind = _kind(x)
     if kind is None and hasattr(x, "__dlpack__"):
         import numpy as np
         x = np.from_dlpack(x)
         kind = "numpy"
     if kind is None:
-        raise UsageError(f"{name}: expected a numpy array or a torch tensor, got "
-                         f"{type(x).__name__}", code="usage")
+        raise UsageError(f"{name}: expected a numpy array or a torch tensor (or a device "
+                         f"array with __cuda_array_interface__), got {type(x).__name__}",
+                         code="usage")
+    if kind in ("cuda_array", "dlpack_cuda"):
+        if device_kind != "cuda":
+            raise UsageError(f"{name}: a device array ("
+                             f"{'__cuda_array_interface__' if kind == 'cuda_array' else 'DLPack'}"
+                             "), but this rank's backend takes host memory (cpc.Attention(..., "
+                             "backend='cuda') for device arrays)", code="usage")
+        if kind == "cuda_array":
+            ptr, strides, readonly = _cuda_array_view(x, name, dtype_code, want_shape)
+        else:  # the capsule is kept with the view: the pointer is valid while it lives
+            ptr, strides, v.capsule = _dlpack_view(x, name, dtype_code, want_shape)
+            readonly = False
+        v.readonly = readonly
+        t = N.Tensor()
+        t.data = ptr
+        t.dtype = dtype_code
+        t.ndim = len(want_shape)
+        for i, n in enumerate(want_shape):
+            t.shape[i] = n
+            t.strides[i] = strides[i]
+        v.t, v.keep = t, x
+        return v
     if tuple(x.shape) != tuple(want_shape):
         raise UsageError(f"{name}: shape {tuple(x.shape)}, this rank's shard is "
                          f"{tuple(want_shape)}", code="usage")
+    if writable and kind == "numpy" and not x.flags.writeable:
+        raise UsageError(f"{name}: the array is read-only (flags.writeable is False, e.g. "
+                         "a read-only np.memmap, np.frombuffer of bytes or a broadcast "
+                         "view); cpc writes its output there: pass a writable array",
+                         code="usage")
     if kind == "torch":
         torch = _torch()
         if dtype_code == N.DTYPE_U8:
@@ -88,7 +255,8 @@ def _view(x, name, dtype_code, want_shape, device_kind):
                              f"takes {'device' if device_kind == 'cuda' else 'host'} memory "
                              "(cpc.Attention(..., backend='cuda') for CUDA tensors)",
                              code="usage")
-        if not _strides_ok(x.shape, x.stride()):
+        if not _strides_ok(x.shape, x.stride()) or (is_cuda and not x.is_contiguous()):
+            # (the CUDA backend binds device tensors as they are: contiguous ones)
             x = x.contiguous()
             v.copied = True
         ptr, strides = x.data_ptr(), list(x.stride())
@@ -132,7 +300,11 @@ def _dtype_name_torch(dt):
             "torch.float32": "fp32"}.get(str(dt), str(dt))
 
 
-def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False):
+def _empty_like_kind(kind, ref, shape, plan_dtype, lse=False, what="out"):
+    if kind in ("cuda_array", "dlpack_cuda"):
+        raise UsageError(f"device arrays (__cuda_array_interface__, DLPack): pass {what}= (a writable "
+                         f"device array of shape {tuple(shape)}); cpc allocates only torch and "
+                         "numpy outputs", code="usage")
     if kind == "torch":
         torch = _torch()
         dt = torch.float32 if lse else getattr(torch, _TORCH_DTYPES[plan_dtype])
@@ -196,7 +368,7 @@ def _run_threads(P, run, errs):
             raise e
 
 
-def _options(backend, device, timeout_s):
+def _options(backend, device, timeout_s, stream=None):
     L = N.lib()
     if backend not in N.BACKENDS:
         raise UsageError(f"backend {backend!r}: one of auto, cpu, cuda", code="usage")
@@ -207,6 +379,10 @@ def _options(backend, device, timeout_s):
         o.device = int(device)
     if timeout_s is not None:
         o.timeout_s = float(timeout_s)
+    if stream is not None:
+        # a cudaStream_t handle: an int, or a torch.cuda.Stream / CuPy stream
+        h = getattr(stream, "cuda_stream", getattr(stream, "ptr", stream))
+        o.cuda_stream = int(h) or None
     return o
 
 
@@ -383,7 +559,16 @@ class Attention:
     rank is libcpc's MPI rank on that communicator's handle (cpc duplicates it; its
     traffic never uses the caller's communicator).  rank: defaults to comm's rank (0
     without comm).  world: a cpc.LocalWorld (rank threads; LocalWorld makes these).
-    backend: "auto" (CPU unless NCCL), "cpu" or "cuda" (CUDA tensors).
+    backend: "auto" (CPU unless NCCL), "cpu" or "cuda": then the tensors are device
+    memory, contiguous: torch CUDA tensors (outputs allocated by torch on their
+    device; torch's current stream is synchronised first), or any object with
+    __cuda_array_interface__ (CuPy, Numba, ...; pass out= / lse= / dq= ... as device
+    arrays: cpc allocates no device memory itself); stream: the cudaStream_t (an int or
+    an object with .cuda_stream) cpc waits on before reading them.  timeout_s:
+    the stall limit in seconds (default 600; negative: none): a wait of a forward or
+    backward longer than that (a peer failed or never called) raises
+    cpc.RuntimeError (under MPI the job is then aborted); after an error of your own
+    on one rank, cpc.abort(reason) / att.abort(reason) ends the peers at once.
 
     A call takes this rank's shards (numpy arrays or torch tensors, BSHD, the plan's
     dtype; numpy bf16 as uint16 bit patterns) and returns the output shard of the
@@ -396,7 +581,7 @@ class Attention:
     MPI ranks."""
 
     def __init__(self, artifact, rank=None, comm=None, backend="auto", *, world=None,
-                 device=None, timeout_s=None):
+                 device=None, timeout_s=None, stream=None):
         L = N.lib()
         self.artifact = artifact
         self._L = L
@@ -405,7 +590,7 @@ class Attention:
         self._comm = comm
         self.last_copies = []
         self.device_kind = "cuda" if backend == "cuda" else "cpu"
-        opts = _options(backend, device, timeout_s)
+        opts = _options(backend, device, timeout_s, stream)
         out = ctypes.c_void_p()
         if comm is not None and world is not None:
             raise UsageError("pass comm or world, not both", code="usage")
@@ -534,18 +719,21 @@ class Attention:
                              "input.mask: key_padding in the plan)", code="usage")
         if out is None:
             out = _empty_like_kind(kind, vq.keep, self._shapes["out"], a.dtype)
-        vo = _view(out, "out", self._code, self._shapes["out"], dk)
+        vo = _view(out, "out", self._code, self._shapes["out"], dk, writable=True)
         vl = None
         if return_lse or lse is not None:
             if lse is None:
-                lse = _empty_like_kind(kind, vq.keep, self._shapes["lse"], a.dtype, lse=True)
-            vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk)
+                lse = _empty_like_kind(kind, vq.keep, self._shapes["lse"], a.dtype, lse=True,
+                                       what="lse")
+            vl = _view(lse, "lse", N.DTYPE_FP32, self._shapes["lse"], dk, writable=True)
+        if vo.readonly or (vl is not None and vl.readonly):
+            raise UsageError("out / lse: a read-only device array", code="usage")
         if vo.copied or (vl is not None and vl.copied):
             raise UsageError("out / lse must be writable in place (positive strides)",
                              code="usage")
         self.last_copies = [n for n, x in (("q", vq), ("k", vk), ("v", vv), ("mask", vm))
                             if x is not None and x.copied]
-        if dk == "cuda":
+        if dk == "cuda" and kind == "torch":
             torch = _torch()
             torch.cuda.current_stream(vq.keep.device).synchronize()
         st = self._L.cpc_rank_forward(self._ptr, ctypes.byref(vq.t), ctypes.byref(vk.t),
@@ -601,12 +789,18 @@ class Attention:
         grads = []
         for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
             if g is None:
-                g = _empty_like_kind(kind, views["q"].keep, self._shapes_of(name), gname)
-            vg = _view(g, name, gcode, self._shapes_of(name), dk_)
+                g = _empty_like_kind(kind, views["q"].keep, self._shapes_of(name), gname,
+                                     what=name)
+            vg = _view(g, name, gcode, self._shapes_of(name), dk_, writable=True)
+            if vg.readonly:
+                raise UsageError(f"{name}: a read-only device array", code="usage")
             if vg.copied:
                 raise UsageError(f"{name} must be writable in place (positive strides)",
                                  code="usage")
             grads.append((g, vg))
+        if dk_ == "cuda" and kind == "torch":
+            torch = _torch()
+            torch.cuda.current_stream(views["q"].keep.device).synchronize()
         st = self._L.cpc_rank_backward(
             self._ptr, *(ctypes.byref(views[n].t) for n in ("q", "k", "v")),
             None if vm is None else ctypes.byref(vm.t), ctypes.byref(views["out"].t),
@@ -615,14 +809,23 @@ class Attention:
         _check(self._L, st)
         return tuple(g for g, _ in grads)
 
-    def saved_lse(self, like=None):
+    def saved_lse(self, like=None, out=None):
         """The LSE of this rank's last forward as the backward takes it (1-D float32,
         any variant; cpc_rank_saved_lse): keep it with out to call backward(..., lse=
         saved) later, after other forwards on this rank.  like: an array whose type
-        (numpy or torch, device) the result takes (default numpy)."""
+        (numpy or torch, device) the result takes (default numpy; a CUDA rank: torch
+        on the like's device).  out: a float32 array of that many elements to write
+        instead (a device array for a CUDA rank)."""
         n = self._L.cpc_rank_saved_lse_elements(self._ptr)
+        if out is not None:
+            v = _view(out, "saved lse", N.DTYPE_FP32, (n,), self.device_kind)
+            _check(self._L, self._L.cpc_rank_saved_lse(self._ptr, ctypes.c_void_p(v.t.data), n))
+            return out
+        if self.device_kind == "cuda" and (like is None or _kind(like) != "torch"):
+            raise UsageError("saved_lse on a CUDA rank: pass like= (a torch CUDA tensor) or "
+                             "out= (a device array)", code="usage")
         if like is not None and _kind(like) == "torch":
-            buf = _torch().empty(n, dtype=_torch().float32)
+            buf = _torch().empty(n, dtype=_torch().float32, device=like.device)
             ptr = buf.data_ptr()
         else:
             import numpy as np
@@ -642,6 +845,17 @@ class Attention:
         if role not in self._shapes:
             self._shapes[role] = self.artifact.shard_shape(self.rank, role)
         return self._shapes[role]
+
+    def abort(self, reason="aborted by the caller"):
+        """Ends this rank's world after an error outside cpc, so that no peer waits
+        for this rank until the stall limit (timeout_s): a local world is failed
+        (every rank's pending and later calls raise cpc.RuntimeError naming `reason`);
+        an MPI rank prints the reason and calls MPI_Abort, ending every process of the
+        job with exit status 3 (it does not return).  cpc.abort does this for every
+        live MPI rank of the process; see also the stall limit (timeout_s)."""
+        if self._ptr is None:
+            raise UsageError("this rank is closed", code="usage")
+        _check(self._L, self._L.cpc_rank_abort(self._ptr, str(reason).encode()))
 
     def close(self):
         """Destroys the rank (collective for an MPI rank)."""

@@ -8,6 +8,8 @@ its sources."""
 import math
 import warnings
 
+from . import _validate
+
 _CP_FIELDS = ("ring_degree", "ulysses_degree", "convert_to_fp32", "rotate_method",
               "ulysses_anything", "ring_anything", "mesh")
 
@@ -269,6 +271,7 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         raise ValueError("transformer_config must be the model's config.json as a dict, "
                          f"not {type(transformer_config).__name__}")
     cls = _class_of(cfg)
+    _validate.from_diffusers_args(parallel_config, cfg, locals())
     if cls not in _FAMILIES:
         raise ValueError(f"transformer {cls!r} is not supported; supported: "
                          + ", ".join(sorted(_FAMILIES)))

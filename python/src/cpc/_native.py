@@ -58,7 +58,8 @@ BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA}
 class RankOptions(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int),
                 ("device", ctypes.c_int),
-                ("timeout_s", ctypes.c_double)]
+                ("timeout_s", ctypes.c_double),
+                ("cuda_stream", ctypes.c_void_p)]
 
 
 # ---- status.h ------------------------------------------------------------------
@@ -132,6 +133,7 @@ _DECLS = {
     "cpc_rank_backward": (_P, [_P] + [ctypes.POINTER(Tensor)] * 10),
     "cpc_rank_saved_lse_elements": (ctypes.c_int64, [_P]),
     "cpc_rank_saved_lse": (_P, [_P, ctypes.c_void_p, ctypes.c_int64]),
+    "cpc_rank_abort": (_P, [_P, ctypes.c_char_p]),
     "cpc_rank_destroy": (None, [_P]),
 }
 

@@ -1,0 +1,437 @@
+/*
+ * test_verify_bwd.c - tampered backward programs (issue 21): a ring-4
+ * training plan is compiled, its artifact's backward_schedule edited as an
+ * attacker would (the content hash recomputed, so the reader accepts it),
+ * and cpc_artifact_load (what cprun and cpc.load use) must refuse it with
+ * CP051 before anything runs, for every class of fault the prover checks:
+ * messages matched by group as well as (peer, tag); an in-flight buffer
+ * accumulated into, written or read before its wait; operands by
+ * provenance (the saved LSE and the delta op's output swapped); a wait on a
+ * send whose recv is posted only after it (a deadlock under rendezvous);
+ * a request never waited for.  The untampered artifact loads.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "artifact.h"
+#include "cpc/compiler.h"
+#include "plan_load.h"
+#include "program.h"
+#include "schedule.h"
+#include "schedule_bwd.h"
+#include "verify.h"
+#include "verify_bwd.h"
+
+static void fail_status(const char *what, cpc_status *st)
+{
+    char *m = cpc_status_format("t", st);
+    cr_assert_fail("%s: %s", what, m ? m : "?");
+}
+
+/* The text of a ring-P training artifact (as cpc writes it). */
+static char *training_text(int P, size_t *len)
+{
+    char y[512];
+    snprintf(y, sizeof y,
+             "version: 1\nname: train\nmodel: {heads: 4, kv_heads: 2, head_dim: 8, dtype: bf16}\n"
+             "input: {batch: 2, tokens: 64, mask: causal, mode: training}\ncluster: {world_size: %d}\n",
+             P);
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
+    if (cpc_status_has_error(st))
+        fail_status("plan", st);
+    cpc_status_free(st);
+    cpc_program *prog = NULL, *bwd = NULL;
+    st = cpc_schedule_build(plan, CPC_VARIANT_RING, P, 1, &prog);
+    if (!st)
+        st = cpc_schedule_build_backward(plan, CPC_VARIANT_RING, P, 1, &bwd);
+    if (st)
+        fail_status("schedule", st);
+    cpc_artifact *a = NULL;
+    if ((st = cpc_artifact_create(plan, prog, &a)) || (st = cpc_artifact_set_backward(a, bwd)))
+        fail_status("create", st);
+    char *t = NULL;
+    if ((st = cpc_artifact_to_string(a, &t, len)))
+        fail_status("to_string", st);
+    cpc_artifact_free(a);
+    cpc_program_free(prog);
+    cpc_program_free(bwd);
+    cpc_plan_free(plan);
+    return t;
+}
+
+/* Replaces the first occurrence of `from` in *t's backward_schedule by `to`
+ * (realloc'd). */
+static void replace(char **t, const char *from, const char *to)
+{
+    char *bwd = strstr(*t, "\nbackward_schedule:\n");
+    cr_assert_not_null(bwd);
+    char *at = strstr(bwd, from);
+    cr_assert_not_null(at, "tamper: '%s' is not in the artifact", from);
+    size_t pre = (size_t)(at - *t), fl = strlen(from), tl = strlen(to), n = strlen(*t);
+    char *x = malloc(n - fl + tl + 1);
+    memcpy(x, *t, pre);
+    memcpy(x + pre, to, tl);
+    memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
+    free(*t);
+    *t = x;
+}
+
+/* Recomputes the content hash of an edited text (as a careful hand editor would). */
+static void rehash(char *t)
+{
+    char *h = strstr(t, "content_hash: sha256:");
+    cr_assert_not_null(h);
+    h += strlen("content_hash: sha256:");
+    memset(h, '0', 64);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    cr_assert_eq(EVP_Digest(t, strlen(t), md, &n, EVP_sha256(), NULL), 1);
+    for (unsigned i = 0; i < 32; i++) {
+        char two[3];
+        snprintf(two, sizeof two, "%02x", md[i]);
+        memcpy(h + 2 * i, two, 2);
+    }
+}
+
+/* Applies the edits (pairs from, to; NULL-terminated) to a ring-4 training
+ * artifact, rehashes, writes it and loads it with cpc_artifact_load. */
+static cpc_status *load_tampered(const char *const *edits)
+{
+    size_t len;
+    char *t = training_text(4, &len);
+    for (int i = 0; edits[i]; i += 2)
+        replace(&t, edits[i], edits[i + 1]);
+    rehash(t);
+    char path[] = "/tmp/cpc_test_verify_bwd_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(t, f);
+    fclose(f);
+    free(t);
+    cpc_artifact *a = NULL;
+    cpc_status *st = cpc_artifact_load(path, &a);
+    unlink(path);
+    if (!st)
+        cpc_artifact_free(a);
+    return st;
+}
+
+static void expect_cp051(const char *const *edits, const char *what, const char *needle)
+{
+    cpc_status *st = load_tampered(edits);
+    cr_assert(cpc_status_has_error(st), "%s: the tampered backward program was accepted", what);
+    cr_assert_eq(st->rule, 51, "%s: rule %d, CP051 expected: %s", what, st->rule, st->message);
+    cr_assert(strstr(st->message, needle), "%s: '%s' not in: %s", what, needle, st->message);
+    cpc_status_free(st);
+}
+
+/* Lines of the ring-4 backward program (compiler/schedule_bwd.c, lagged p2p ring). */
+#define SEND_KV "    - {kind: send, group: ring, peer: (r+1)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n"
+#define WAIT_KV "    - {kind: wait, tag: 0, when: s<R-1}\n"
+#define WAIT_DKV "    - {kind: wait, tag: 1, when: s>0}\n"
+#define ATTN_BWD "    - {kind: attn_bwd, in: [q, k_cur, v_cur, dout, lse, delta], out: [dq, dk_blk, dv_blk]}\n"
+#define ADD_DV "    - {kind: add, in: [dv_cur], out: [dv_blk], when: s>0}\n"
+#define SEND_DKV "    - {kind: send, group: ring, peer: (r+1)%R, in: [dk_out, dv_out], tag: 1}\n"
+#define RECV_DKV "    - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: (r-s)%R, tag: 1, when: s>0}\n"
+#define RECV_DKV_END "  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: r, tag: 1}\n"
+
+Test(verify_bwd, untampered_loads)
+{
+    const char *none[] = {NULL};
+    cpc_status *st = load_tampered(none);
+    cr_assert_null(st, "%s", st ? st->message : "");
+}
+
+/* dK sent in the world group and dV in the ring group with one tag: the
+ * transports match by group, so the ring recv of dK takes dV. */
+Test(verify_bwd, groups_are_part_of_matching)
+{
+    const char *e[] = {
+        SEND_DKV,
+        "    - {kind: send, group: world, peer: (r+1)%R, in: [dk_out], tag: 1}\n"
+        "    - {kind: send, group: ring, peer: (r+1)%R, in: [dv_out], tag: 1}\n",
+        RECV_DKV,
+        "    - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur], block: (r-s)%R, tag: 1, when: s>0}\n"
+        "    - {kind: recv, group: world, peer: (r-1)%R, out: [dv_cur], block: (r-s)%R, tag: 1, when: s>0}\n",
+        RECV_DKV_END,
+        "  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur], block: r, tag: 1}\n"
+        "  - {kind: recv, group: world, peer: (r-1)%R, out: [dv_cur], block: r, tag: 1}\n",
+        NULL};
+    expect_cp051(e, "dK/dV in different groups", "dv");
+}
+
+/* attn_bwd adds into dk_out/dv_out after their send is posted, before its wait. */
+Test(verify_bwd, in_flight_send_buffer_accumulated)
+{
+    const char *e[] = {ATTN_BWD, "",
+                       SEND_DKV,
+                       SEND_DKV "    - {kind: attn_bwd, in: [q, k_cur, v_cur, dout, lse, delta], out: [dq, dk_out, dv_out]}\n",
+                       NULL};
+    expect_cp051(e, "accumulate into an in-flight send", "in flight");
+}
+
+/* the received dK/dV are added before the wait that completes their recv */
+Test(verify_bwd, in_flight_recv_buffer_read)
+{
+    const char *e[] = {WAIT_DKV, "", ADD_DV, ADD_DV WAIT_DKV, NULL};
+    expect_cp051(e, "read an in-flight recv", "in flight");
+}
+
+/* the dK/dV accumulators are re-initialised while their send is in flight
+ * (the swaps dropped and dk_blk sent directly) */
+Test(verify_bwd, in_flight_send_buffer_written)
+{
+    const char *e[] = {"    - {kind: swap, in: [dk_blk, dk_out]}\n", "",
+                       "    - {kind: swap, in: [dv_blk, dv_out]}\n", "",
+                       SEND_DKV, "    - {kind: send, group: ring, peer: (r+1)%R, in: [dk_blk, dv_blk], tag: 1}\n",
+                       NULL};
+    expect_cp051(e, "write an in-flight send", "in flight");
+}
+
+/* LSE and delta are both role lse: swapped, the gradients are off by 10^3 */
+Test(verify_bwd, lse_delta_by_provenance)
+{
+    const char *e[] = {"in: [q, k_cur, v_cur, dout, lse, delta]", "in: [q, k_cur, v_cur, dout, delta, lse]", NULL};
+    expect_cp051(e, "LSE/delta swapped", "delta");
+    /* a delta computed from the wrong operands (out twice) */
+    const char *e2[] = {"{kind: delta, in: [dout, out], out: [delta]}", "{kind: delta, in: [out, dout], out: [delta]}",
+                        NULL};
+    expect_cp051(e2, "delta operands swapped", "delta");
+}
+
+/* a wait on the K/V send before the matching recv is posted: every rank
+ * blocks there (rendezvous) */
+Test(verify_bwd, wait_before_recv_posted_deadlocks)
+{
+    const char *e[] = {WAIT_KV, "", SEND_KV, SEND_KV WAIT_KV, NULL};
+    expect_cp051(e, "wait before the recv is posted", "forever");
+}
+
+/* a request never completed by a wait */
+Test(verify_bwd, request_never_waited)
+{
+    const char *e[] = {"  - {kind: wait, tag: 1}\n", "", NULL};
+    expect_cp051(e, "final wait dropped", "wait");
+}
+
+/* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
+
+#include "test_random.h"
+
+static cpc_program *bwd_program(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
+                                const char *mask, const char *rotate)
+{
+    char y[768];
+    snprintf(y, sizeof y,
+             "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 8, dtype: fp32}\n"
+             "input: {batch: 1, tokens: %d, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
+             "parallel: {variant: %s, ring_degree: %d, ulysses_degree: %d}\nschedule: {rotate: %s}\n",
+             H, Hkv, tokens, mask, R * U, variant, R, U, rotate);
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
+    if (cpc_status_has_error(st) || !plan)
+        fail_status("plan", st);
+    cpc_status_free(st);
+    cpc_program *prog = NULL;
+    if ((st = cpc_schedule_build_backward(plan, v, R, U, &prog)))
+        fail_status("schedule", st);
+    cpc_plan_free(plan);
+    return prog;
+}
+
+/* Every backward program the compiler builds is proven at 65536 ranks by the
+ * symmetric domain, well under a second (bench_verify --backward has the
+ * table); a program whose guards single out a rank leaves the class: at 4
+ * ranks it is enumerated, at 1024 it is refused with CP051 saying why. */
+Test(verify_bwd, symmetric_domain_at_65536_ranks)
+{
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H;
+        const char *rotate;
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 65536, 1, 4, "p2p"},
+        {"ring", CPC_VARIANT_RING, 65536, 1, 4, "allgather"},
+        {"unified", CPC_VARIANT_UNIFIED, 256, 256, 256, "p2p"},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 65536, 65536, "p2p"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].H,
+                                     2 * rows[i].R * rows[i].U, "causal", rows[i].rotate);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        cr_expect_null(st, "%s %dx%d: %s", rows[i].name, rows[i].R, rows[i].U, st ? st->message : "");
+        cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "%s: mode %d", rows[i].name, (int)stats.mode);
+        cr_expect(sec < 10.0, "%s %dx%d: %.2f s", rows[i].name, rows[i].R, rows[i].U, sec);
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+    /* a guard reading p: outside the class */
+    for (int k = 0; k < 2; k++) {
+        int R = k ? 1024 : 4;
+        cpc_program *p = bwd_program("ring", CPC_VARIANT_RING, R, 1, 4, 4, 2 * R, "none", "p2p");
+        cpc_op *last = &p->ops[p->n_ops - 1];
+        cr_assert_null(cpc_expr_parse("p>=0", CPC_NO_SPAN, &last->when));
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        if (!k) {
+            cr_expect_null(st, "%s", st ? st->message : "");
+            cr_expect_eq(stats.mode, CPC_VERIFY_FULL);
+        } else {
+            cr_assert_not_null(st);
+            cr_expect(strstr(st->message, "reads r or p") && strstr(st->message, "limited to 256"), "%s",
+                      st->message);
+        }
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+}
+
+/* Random mutations of the backward programs of every variant (operands,
+ * tags, groups, peers, blocks, guards, dropped and reordered ops): the
+ * symmetric domain and the enumeration of every rank agree on every mutant
+ * (proven by both or refused by both).  CPC_VERIFY_BWD_ROUNDS sets the
+ * count (default 400). */
+static cpc_expr *expr_of(const char *t)
+{
+    cpc_expr *e = NULL;
+    cr_assert_null(cpc_expr_parse(t, CPC_NO_SPAN, &e), "%s", t);
+    return e;
+}
+
+static uint32_t rnd(uint64_t seed, int round, uint32_t *i, int n)
+{
+    return test_bits_at(seed, (uint32_t)round, (*i)++) % (uint32_t)n;
+}
+
+static void mutate(cpc_program *p, uint64_t seed, int round)
+{
+    uint32_t i = 0;
+#define RND(n) rnd(seed, round, &i, (int)(n))
+    /* a random op (top level or in a loop body) */
+    cpc_op *ops = p->ops;
+    int n = p->n_ops;
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP && RND(2)) {
+            ops = p->ops[j].body;
+            n = p->ops[j].n_body;
+            break;
+        }
+    if (n == 0)
+        return;
+    int j = (int)RND(n);
+    cpc_op *op = &ops[j];
+    static const char *const peers[] = {"(r+1)%R", "(r-1)%R", "(r+2)%R", "r", "(r+s)%R", "(u+1)%U", "0"};
+    static const char *const blocks[] = {"(r-s)%R", "(r-s-1)%R", "r", "(r+1)%R", "(r-s+1)%R", "0"};
+    static const char *const whens[] = {"0", "s>0", "s<R-1", "s==1", "u==0", "p!=1", "1"};
+    switch (RND(8)) {
+    case 0:
+        if (op->n_in > 0) {
+            int at = (int)RND(op->n_in);
+            op->in[at] = (int)RND(p->n_buffers);
+        } else if (op->n_out > 0) {
+            int at = (int)RND(op->n_out);
+            op->out[at] = (int)RND(p->n_buffers);
+        }
+        break;
+    case 1: op->tag = (int)RND(3); break;
+    case 2:
+        if (op->group != CPC_GROUP_NONE)
+            op->group = (cpc_group)(1 + RND(3));
+        break;
+    case 3:
+        if (op->peer) {
+            cpc_expr_free(op->peer);
+            op->peer = expr_of(peers[RND(7)]);
+        }
+        break;
+    case 4:
+        if (op->block) {
+            cpc_expr_free(op->block);
+            op->block = expr_of(blocks[RND(6)]);
+        }
+        break;
+    case 5:
+        cpc_expr_free(op->when);
+        op->when = expr_of(whens[RND(7)]);
+        break;
+    case 6:
+        if (j + 1 < n) {
+            cpc_op t = ops[j];
+            ops[j] = ops[j + 1];
+            ops[j + 1] = t;
+        }
+        break;
+    default:
+        if (op->kind == CPC_OP_ALL_TO_ALL)
+            op->reduce = !op->reduce;
+        else if (op->n_in >= 2) {
+            int t = op->in[0];
+            op->in[0] = op->in[op->n_in - 1];
+            op->in[op->n_in - 1] = t;
+        }
+        break;
+    }
+#undef RND
+}
+
+Test(verify_bwd, domains_agree_on_mutants)
+{
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H, Hkv, tokens;
+        const char *rotate;
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 64, "p2p"},
+        {"ring", CPC_VARIANT_RING, 5, 1, 4, 2, 80, "p2p"},
+        {"ring", CPC_VARIANT_RING, 3, 1, 4, 4, 48, "allgather"},
+        {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 64, "p2p"},
+        {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 4, 96, "allgather"},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 2, 64, "p2p"},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 1, 4, 2, 50, "p2p"},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p"},
+    };
+    const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
+    int rounds = env ? atoi(env) : 400;
+    uint64_t seed = test_seed();
+    int sym_used = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        size_t i = (size_t)k % (sizeof rows / sizeof rows[0]);
+        cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                                     rows[i].tokens, k % 2 ? "causal" : "none", rows[i].rotate);
+        int nm = 1 + k % 3;
+        for (int m = 0; m < nm; m++)
+            mutate(p, seed, k * 4 + m);
+        cpc_verify_bwd_stats sa, se;
+        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+        cr_assert_eq(a == NULL, e == NULL,
+                     "seed %llu round %d (%s %dx%d): the domains disagree: %s (mode %d) / enumeration: %s",
+                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, a ? a->message : "proven",
+                     (int)sa.mode, e ? e->message : "proven");
+        sym_used += sa.mode == CPC_VERIFY_SYMBOLIC || (a && se.mode == CPC_VERIFY_REFUSED && sa.work > 0);
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_status_free(e);
+        cpc_program_free(p);
+    }
+    cr_expect(refused > rounds / 4 && refused < rounds, "seed %llu: %d of %d mutants refused",
+              (unsigned long long)seed, refused, rounds);
+    cr_expect(sym_used > rounds / 4, "seed %llu: the symmetric domain decided only %d of %d", (unsigned long long)seed,
+              sym_used, rounds);
+}
