@@ -1349,6 +1349,8 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         tp_host_ops = 2.0 + (dev->arch > 0 && plan->runtime.framework != CPC_FRAMEWORK_COMPILED ? 6.0 : 0.0);
     }
     double host_layer = dev->host_layer_us, host_op = dev->host_op_us;
+    /* a dual-stream block costs 1.1 x a single-stream one on the host (HOST:
+     * cache-dit's H100 FLUX.1-dev and Qwen-Image rows) */
     double dual = cpc_dual_stream_layers(plan);
     double host = (layers * (host_layer + (out->host_ops_per_layer + tp_host_ops) * host_op) +
                    dual * 0.1 * host_layer) * 1e-6;
