@@ -1225,7 +1225,8 @@ static double gemm_time(const cpc_device_profile *dev, double M, double N, doubl
 }
 
 /* HOST (cost.h): host time per transformer block and per op of the attention
- * program, by runtime.framework. */
+ * program, by runtime.framework.  The per-block figures hold FLUX.1-dev's
+ * host-bound totals (cost.h HOST) over its 57 + 0.1 x 19 block-equivalents. */
 static void host_costs(cpc_framework f, double *layer_us, double *op_us)
 {
     switch (f) {
