@@ -30,18 +30,24 @@
  *   B200 148.  arch: compute capability x 10.
  * gemm_tflops: the large-GEMM rate cuBLAS sustains = peak x the architecture's
  *   sustained fraction: Hopper 0.75 (cuBLAS BF16 8k^3 ~740 TFLOP/s on H100 SXM
- *   under its 700 W limit), Ampere 0.85 (~265 of 312), Ada 0.80, H20 0.90 (its
- *   peak is a capped clock: GEMMs run at the cap), Blackwell 0.70.  Shapes then
- *   lower it (cost.h GEMM EFFICIENCY: wave quantisation, short K, the roofline).
+ *   under its 700 W limit); Ampere 0.75 (cuBLAS reaches ~0.85, ~265 of 312, on
+ *   8k^3; with 0.85 the A100/A800 rows of bench/published/ come out ~10% fast
+ *   (checked in issue 20's second pass: within-25% drops from 91% to 78% with
+ *   the best-case figures below), so the DiT shapes' ~0.75 is used); Ada 0.90
+ *   (its 165/119.5 TFLOP/s peaks are the FP32-accumulate figures, which cuBLAS
+ *   nearly reaches); H20 0.90 (its peak is a capped clock: GEMMs run at the
+ *   cap), Blackwell 0.70.  Shapes then lower it (cost.h GEMM EFFICIENCY: wave
+ *   quantisation, short K, the roofline).
  * attn_tflops: FlashAttention-2-class forward (what PyTorch SDPA's flash backend
- *   runs), head_dim 128, long sequences: A100 ~225 (FlashAttention-2 paper, Dao
- *   2023: up to 73% of 312) -> 0.70 x peak on Ampere; Ada 0.60 x peak (FA2 on
- *   RTX 4090 ~100 of 165, on L20 ~70 of 119.5; SageAttention paper's FA2
- *   baselines); H100 ~350 (FlashAttention-3 paper, Shah et al. 2024, FA2 forward
- *   hdim 128: 324-370 TFLOP/s at 2k-16k) -> 0.35 x peak on Hopper (FA2 cannot use
- *   wgmma); H20 0.60 x its capped peak (the cap, not the instruction mix, bounds
- *   it); B200 0.30 x peak (FA2's mma.sync path on Blackwell).  Other kernels:
- *   ATTENTION KERNELS in cost.h.
+ *   runs), head_dim 128: Ampere 0.62 x peak (~193 of 312; the FlashAttention-2
+ *   paper, Dao 2023, reaches up to 73% at its best lengths, the DiT rows run
+ *   below it); Ada 0.60 x peak (FA2 on RTX 4090 ~100 of 165, on L20 ~70 of
+ *   119.5; SageAttention paper's FA2 baselines); Hopper 0.30 x peak (~297; the
+ *   FlashAttention-3 paper, Shah et al. 2024, has FA2's forward at hdim 128 at
+ *   324-370 TFLOP/s for 2k-16k tokens, FA2 cannot use wgmma; 0.35 puts the H100
+ *   rows ~5-10% fast); H20 0.60 x its capped peak (the cap, not the
+ *   instruction mix, bounds it); B200 0.30 x peak (FA2's mma.sync path on
+ *   Blackwell).  Other kernels: ATTENTION KERNELS in cost.h.
  * mem_gbps: datasheet HBM/GDDR bandwidth x 0.9 (what streaming kernels reach):
  *   H100 SXM/H800 3350, H100 PCIe 2000, H200 4800, H20 4000, A100 SXM/A800 2039,
  *   A100 PCIe 1935, L20/L40/L40S 864, RTX 4090 1008, B200 8000.
