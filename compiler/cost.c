@@ -44,8 +44,8 @@
  *   below it); Ada 0.60 x peak (FA2 on RTX 4090 ~100 of 165, on L20 ~70 of
  *   119.5; SageAttention paper's FA2 baselines); Hopper 0.30 x peak (~297; the
  *   FlashAttention-3 paper, Shah et al. 2024, has FA2's forward at hdim 128 at
- *   324-370 TFLOP/s for 2k-16k tokens, FA2 cannot use wgmma; 0.35 puts the H100
- *   rows ~5-10% fast); H20 0.60 x its capped peak (the cap, not the
+ *   324-370 TFLOP/s for 2k-16k tokens, FA2 cannot use wgmma; 0.35 puts the
+ *   attention-bound H100 rows, Wan2.1 and HunyuanVideo, ~12% fast); H20 0.60 x its capped peak (the cap, not the
  *   instruction mix, bounds it); B200 0.30 x peak (FA2's mma.sync path on
  *   Blackwell).  Other kernels: ATTENTION KERNELS in cost.h.
  * mem_gbps: datasheet HBM/GDDR bandwidth x 0.9 (what streaming kernels reach):
