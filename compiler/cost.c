@@ -1436,11 +1436,18 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
      * video decoder (HunyuanVideo, CogVideoX, Mochi, Wan: 3x3x3 kernels, the
      * lower two levels at 1/4 and 1/2 of the frames) ~1300 c^2 (c = 128: 21
      * MFLOP).  Image decoders run at half the GEMM rate (cuDNN implicit-GEMM
-     * convolutions between GroupNorm/SiLU); video decoders at the FP32 rate
-     * (attn_tflops_fp32: their reference code and diffusers decode 3-D VAEs in
-     * float32, and cuDNN's 3-D convolutions there run without tensor cores).
+     * convolutions between GroupNorm/SiLU); video decoders at a quarter of it
+     * (3-D convolutions over narrow channels; a check: Wan2.2-TI2V-5B's VAE
+     * decodes 832x480x81 on an RTX 4090 in 19.8 s, utensils/mold issue #802, and
+     * this formula gives ~19.7 s; HunyuanVideo's decodes 848x480x77 on an H200
+     * in 5.7 s tiled, sgl-project/sglang PR #36012, ~3.9 s untiled here).
      * Each convolution's activation is also normalised, activated, read and
-     * written (~6 passes): ~152 c x element bytes per output pixel. */
+     * written (~6 passes): ~152 c x element bytes per output pixel.  With
+     * runtime.vae_tiling a frame larger than one tile (256^2 output pixels for a
+     * video decoder, 512^2 for an image decoder: diffusers' tile_sample_min
+     * defaults) is decoded in tiles that overlap by a quarter on each side
+     * (tile / stride = 4/3 per dimension, diffusers' defaults), so (4/3)^2 of
+     * its pixels are computed. */
     if (plan->runtime.vae) {
         double c = plan->runtime.vae_channels > 0 ? plan->runtime.vae_channels : 128;
         double t = 0;
@@ -1450,6 +1457,9 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
                 continue;
             double px = (double)s->pixels;
             bool video = s->kind == CPC_SEG_VIDEO;
+            double frame = px / (double)(s->frames > 0 ? s->frames : 1);
+            if (plan->runtime.vae_tiling && frame > (video ? 256.0 * 256.0 : 512.0 * 512.0))
+                px *= 16.0 / 9.0;
             double rate = (video ? 0.25 : 0.5) * gemm;
             double eb = es;
             t += px * (video ? 1300.0 : 512.0) * c * c / rate + px * 152.0 * c * eb / mem;
