@@ -1,6 +1,7 @@
 /* run.c - see run.h */
 #include "run.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -367,6 +368,9 @@ typedef struct run_ctx {
                                  (transport_device.h): rank p's backend */
     cpc_transport **tr;       /* [P] */
     cpc_status **st;          /* [P] */
+    cpc_outfile *shard_of;    /* [P] --output-shards written but not yet renamed
+                                 (issue 23: the set is committed all or nothing,
+                                 shards_finish) */
     /* backend cuda */
     bool cuda;
     int n_gpus;               /* visible GPUs */
@@ -891,7 +895,53 @@ static cpc_status *write_shard(run_ctx *x, int p, const cpc_rank_place *rp, cons
     const char *vals[] = {rank_s, ws, tok, bs, hs};
     cpc_st_out o = {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
                     .shape = {L->B, T, L->H, L->D}, .data = out};
-    return cpc_st_write(path, &o, 1, keys, vals, x->pl.C * x->pl.T > 1 ? 5 : 3);
+    return cpc_st_write_staged(path, &o, 1, keys, vals, x->pl.C * x->pl.T > 1 ? 5 : 3,
+                               &x->shard_of[p]);
+}
+
+/* --output-shards, all or nothing (issue 23: a disk that filled left the new
+ * run's shards beside the previous run's).  Every rank's shard is written
+ * and fsync'ed under its temporary name (write_shard); when every rank of
+ * the job succeeded (`ok`: local ranks joined without error, or MPI ranks
+ * past a barrier after their writes) they are renamed into place, and shards
+ * of a previous run with more ranks (rankK.safetensors, K >= P) are removed
+ * (`remove_extra`: rank 0 or the local driver), so the directory holds one
+ * set; else every temporary file is removed and the previous set stays. */
+static cpc_status *shards_finish(run_ctx *x, bool ok, bool remove_extra)
+{
+    if (!x->shard_of)
+        return NULL;
+    cpc_status *st = NULL;
+    int P = x->pl.P;
+    for (int p = 0; p < P; p++) {
+        if (!x->shard_of[p].f)
+            continue;
+        if (ok && !st)
+            st = cpc_outfile_commit(&x->shard_of[p]);
+        else
+            cpc_outfile_discard(&x->shard_of[p]);
+    }
+    free(x->shard_of);
+    x->shard_of = NULL;
+    if (ok && !st && remove_extra) {
+        const char *d = x->opt->output_shards_dir;
+        DIR *dir = opendir(d);
+        struct dirent *de;
+        while (dir && (de = readdir(dir))) {
+            int k = -1;
+            char canon[64];
+            if (sscanf(de->d_name, "rank%d.safetensors", &k) == 1 && k >= P &&
+                snprintf(canon, sizeof canon, "rank%d.safetensors", k) > 0 &&
+                strcmp(canon, de->d_name) == 0) {
+                char path[4096];
+                snprintf(path, sizeof path, "%s/%s", d, de->d_name);
+                (void)unlink(path);
+            }
+        }
+        if (dir)
+            closedir(dir);
+    }
+    return st;
 }
 
 /* What this rank's backend is made from (rank.h): the CPU backend, or a
@@ -2032,6 +2082,13 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
         x->mpi_device = te->device_of(*mpi_t);
         return NULL;
     }
+    /* the stall limit of every MPI wait (transport_mpi.h), set before MPI_Init:
+     * it also bounds the MPI calls that cannot poll (init, communicator setup,
+     * finalize: the transport's watchdog, issue 23) */
+    double lim = opt->timeout_s < 0 ? 0
+                 : opt->timeout_s > 0 ? opt->timeout_s
+                                     : cpc_run_default_timeout(x->job, opt, true);
+    te->set_stall_limit(lim);
     if (x->pl.C * x->pl.T > 1) {
         /* The outer axes (placement.h): the job's world (P x 1, the result
          * collection), then this rank's group: MPI_COMM_WORLD split by
@@ -2051,11 +2108,6 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
     /* Every rank fails alike here (world size check), none is left waiting. */
     if ((st = te->create(&tp, mpi_t)))
         return st;
-    /* the stall limit of every MPI wait (transport_mpi.h) */
-    double lim = opt->timeout_s < 0 ? 0
-                 : opt->timeout_s > 0 ? opt->timeout_s
-                                     : cpc_run_default_timeout(x->job, opt, true);
-    te->set_stall_limit(lim);
     if (opt->log)
         fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
                 opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
@@ -2180,6 +2232,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         goto setup_failed;
     if (opt.output_shards_dir && (st = mkdir_p(opt.output_shards_dir)))
         goto setup_failed;
+    if (opt.output_shards_dir && !(x.shard_of = calloc((size_t)P, sizeof *x.shard_of))) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto setup_failed;
+    }
     if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0)))
         goto setup_failed;
 
@@ -2257,6 +2313,16 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         x.st[my_rank] = rank_main(&x, my_rank, &mpi_t, x.tname, sizeof x.tname);
         st = x.st[my_rank];
         x.st[my_rank] = NULL;
+        if (!st && x.shard_of) {
+            /* every rank's shard is written before any is renamed */
+            cpc_transport *wt = x.mpi_job_t ? x.mpi_job_t : mpi_t;
+            st = cpc_transport_barrier(wt, CPC_GROUP_WORLD);
+            cpc_status *fs = shards_finish(&x, !st, my_rank == 0);
+            if (!st)
+                st = fs;
+            else
+                cpc_status_free(fs);
+        }
         if (st)
             goto out;
         if (my_rank != 0) {
@@ -2303,6 +2369,11 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             st = rc;
         else
             cpc_status_free(rc);
+        cpc_status *fs = shards_finish(&x, !st, true);
+        if (!st)
+            st = fs;
+        else
+            cpc_status_free(fs);
         if (st)
             goto out;
     }
@@ -2416,6 +2487,7 @@ setup_failed:
     }
 #endif
 out:
+    cpc_status_free(shards_finish(&x, false, false)); /* a failed run: nothing renamed */
     if (x.res)
         for (int p = 0; p < P; p++)
             rank_out_free(&x.res[p]);
