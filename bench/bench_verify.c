@@ -159,7 +159,8 @@ int main(int argc, char **argv)
             } else {
                 t[i] = best * 1e3;
                 printf(" %10.3f %c", t[i], stats.mode == CPC_VERIFY_SYMBOLIC ? 'S' : 'E');
-                if (stats.mode != CPC_VERIFY_SYMBOLIC || t[i] >= 100.0)
+                /* goals: forward < 100 ms (issue 13); backward < 1 s (issue 21) */
+                if (stats.mode != CPC_VERIFY_SYMBOLIC || t[i] >= (backward ? 1000.0 : 100.0))
                     bad++;
             }
             cpc_program_free(p);
@@ -171,6 +172,7 @@ int main(int argc, char **argv)
             printf(" %10s\n", "-");
     }
     if (bad)
-        fprintf(stderr, "bench_verify: %d entries not proved symbolically in < 100 ms\n", bad);
+        fprintf(stderr, "bench_verify: %d entries not proved symbolically in < %s\n", bad,
+                backward ? "1 s" : "100 ms");
     return bad ? 1 : 0;
 }

@@ -368,7 +368,7 @@ static const char *misfit(const ctx *C, const rank_st *rk, int b, const aval *v,
         return NULL;
     if (src_of_role(B->role) != v->src) {
         snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
-                 src_names[v->src]);
+                 src_names_of(v->src));
         return buf;
     }
     if (v->tlo != TOK_UNSET) {
@@ -718,7 +718,7 @@ static int match_pair(ctx *C, int sid, int rid)
         }
         if (misfit(C, rr, rb, in, why, sizeof why)) {
             fail(C, r->rank, r->on, r->step, "what rank %d sends (%s of %s from %s, %s) does not fit: %s",
-                 s->rank, src_names[in->src], tok_desc(C, in->tlo, in->thi, t1, sizeof t1),
+                 s->rank, src_names_of(in->src), tok_desc(C, in->tlo, in->thi, t1, sizeof t1),
                  buf_name(C, s->bufs[j]), op_desc(s->on, s->step, t2, sizeof t2), why);
             return -1;
         }
@@ -1064,7 +1064,7 @@ static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     for (int j = 0; j < 3; j++)
         if (in3[j]->src != want[j]) {
             fail(C, rk->p, nd, step, "input %d (%s) holds %s data, not %s", j, buf_name(C, op->in[j]),
-                 src_names[in3[j]->src], src_names[want[j]]);
+                 src_names_of(in3[j]->src), src_names_of(want[j]));
             return RES_ERR;
         }
     if (K->tlo != V->tlo || K->thi != V->thi || K->hoff != V->hoff || K->hn != V->hn) {
@@ -1324,7 +1324,7 @@ static void coll_sig(const ctx *C, const rank_st *rk, char *buf, size_t n)
     if (op->kind == CPC_OP_ALL_TO_ALL)
         k += snprintf(buf + k, n - (size_t)k, " %s", cpc_a2a_dir_name(op->dir));
     for (int j = 0; j < op->n_in && (size_t)k < n; j++)
-        k += snprintf(buf + k, n - (size_t)k, "%s%s data of %s", j ? ", " : " of ", src_names[rk->v[op->in[j]].src],
+        k += snprintf(buf + k, n - (size_t)k, "%s%s data of %s", j ? ", " : " of ", src_names_of(rk->v[op->in[j]].src),
                       buf_name(C, op->in[j]));
 }
 
@@ -1570,7 +1570,7 @@ static int finish_rank(ctx *C, rank_st *rk)
             return fail(C, rk->p, NULL, 0, "the OUTPUT buffer %s is never written", B->name);
         if (!src_is_attn(v->src))
             return fail(C, rk->p, w, v->wstep, "the OUTPUT buffer %s ends holding %s data, not the attention output",
-                        B->name, src_names[v->src]);
+                        B->name, src_names_of(v->src));
         if (v->tlo != rk->p || v->thi != rk->p + 1 || v->hoff != 0 || v->hn != C->L->H)
             return fail(C, rk->p, w, v->wstep,
                         "the OUTPUT buffer %s ends holding %s with %s, not this rank's shard with all %d heads "
@@ -2108,11 +2108,10 @@ static const cpc_op *find_backward_op(const cpc_op *ops, int n, char *where, siz
         const cpc_op *o = &ops[i];
         int w = snprintf(where + len, cap - len, len ? ".body[%d]" : "ops[%d]", i + 1);
         size_t l2 = w > 0 && (size_t)w < cap - len ? len + (size_t)w : len;
-        cpc_op_kind k = o->kind;
-        if (k == CPC_OP_DELTA || k == CPC_OP_ATTN_BWD || k == CPC_OP_REDUCE_SCATTER || k == CPC_OP_ALL_REDUCE ||
-            k == CPC_OP_ADD)
+        const cpc_op_info *ki = cpc_op_info_of(o->kind);
+        if (ki && !(ki->flags & CPC_OPF_FWD)) /* the op table: not a forward kind */
             return o;
-        if (k == CPC_OP_LOOP && o->body) {
+        if (o->kind == CPC_OP_LOOP && o->body) {
             const cpc_op *b = find_backward_op(o->body, o->n_body, where, cap, l2);
             if (b)
                 return b;

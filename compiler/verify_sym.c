@@ -699,7 +699,7 @@ static int fits(const sctx *C, int b, const sval *v, char *buf, size_t n)
         return ALWAYS;
     if (src_of_role(B->role) != v->src) {
         snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
-                 src_names[v->src]);
+                 src_names_of(v->src));
         return NEVER;
     }
     if (v->tok != T_UNSET) {
@@ -1353,7 +1353,7 @@ static int match_pair(sctx *C, int sid, int rid)
         int f = fits(C, rb, &in, why, sizeof why);
         if (f == NEVER)
             return serr(C, rq->on, "what ring member r-%" PRId64 " sends (%s from %s) does not fit: %s", sq->d,
-                        src_names[in.src], bname(C, sq->bufs[j]), why);
+                        src_names_of(in.src), bname(C, sq->bufs[j]), why);
         if (f == MIXED)
             return sund(C, rq->on, "cannot decide for every rank whether %s", why);
         if (cpc_buffer_elem_size(C->prog, sq->bufs[j]) != cpc_buffer_elem_size(C->prog, rb))
@@ -1509,8 +1509,8 @@ static int exec_attn(sctx *C, const snode *nd)
     const sval *in3[3] = {Q, K, V};
     for (int j = 0; j < 3; j++)
         if (in3[j]->src != want[j])
-            return serr(C, nd, "input %d (%s) holds %s data, not %s", j, bname(C, op->in[j]), src_names[in3[j]->src],
-                        src_names[want[j]]);
+            return serr(C, nd, "input %d (%s) holds %s data, not %s", j, bname(C, op->in[j]), src_names_of(in3[j]->src),
+                        src_names_of(want[j]));
     int ts = tok_same(C, K, V), hs = heads_same(C, SRC_K, K->heads, V->heads);
     if (ts == NEVER || hs == NEVER)
         return serr(C, nd, "k (%s) and v (%s) do not hold the same block", bname(C, op->in[1]), bname(C, op->in[2]));
@@ -2091,7 +2091,7 @@ static int finish(sctx *C)
             return serr(C, NULL, "the OUTPUT buffer %s is never written", B->name);
         if (!src_is_attn(v->src))
             return serr(C, v->wop, "the OUTPUT buffer %s ends holding %s data, not the attention output", B->name,
-                        src_names[v->src]);
+                        src_names_of(v->src));
         int t = tok_is_own(C, v), h = heads_same(C, v->src, v->heads, HD_ALL);
         if (t == NEVER || h == NEVER)
             return serr(C, v->wop, "the OUTPUT buffer %s ends holding other rows or heads than this rank's shard with "

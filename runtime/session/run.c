@@ -29,29 +29,10 @@
 #include "rank.h"
 #include "transport_local.h"
 #include "transport_device.h"
-#include "transport_nccl.h"
 #include "codegen.h"
 
-/* ===== CUDA HOOK =====================================================================
- * backend cuda (runtime/backend/backend_cuda.c, built with the CUDA toolkit:
- * CPC_HAVE_CUDA): one cpc_cuda_backend_create() per rank on GPU
- * rank mod (visible GPUs) (MPI: local rank mod visible GPUs), kernels from
- * the artifact or compiled here with NVRTC, every endpoint wrapped by the
- * staged transport (transport_staged.h: device buffers through host memory). */
-#ifdef CPC_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "backend_cuda.h"
-#endif
-
-
-/* ===== MPI HOOK =====================================================================
- * transport mpi (runtime/transport/transport_mpi.c, built when CMake finds MPI): this
- * process is one rank; cpc_transport_mpi_create() gives its endpoint. */
-#ifdef CPC_HAVE_MPI
-#include "transport_mpi.h"
-#endif
-/* ==================================================================================== */
+/* Backends and transports (CUDA, MPI, NCCL: what this build has) come from the
+ * registries of the rank runtime (rank.h); this file names none of them. */
 
 /* Tags of the result collection on the world group (after the program). */
 enum { TAG_STATS = 30001, TAG_OUT = 30002, TAG_LSE = 30003, TAG_EVENTS = 30004, TAG_GRAD = 30005 };
@@ -956,22 +937,18 @@ static cpc_rt_backend_params backend_params(const run_ctx *x, int p)
 }
 
 /* What served this rank's attention blocks (CUDA backend). */
-static void count_attention(run_ctx *x, cpc_backend *be, attn_count *out)
+static void count_attention(const cpc_rt_rank *rk, attn_count *out)
 {
     memset(out, 0, sizeof *out);
-#ifdef CPC_HAVE_CUDA
-    if (x->cuda && be) {
-        cpc_cuda_attn_info in;
-        cpc_cuda_backend_attention_info(be, &in, false);
-        out->cudnn_blocks = (double)in.cudnn_blocks;
-        out->nvrtc_blocks = (double)in.nvrtc_blocks;
-        out->fallback_blocks = (double)in.fallback_blocks;
-        snprintf(out->reason, sizeof out->reason, "%s", in.fallback_reason);
-    }
-#else
-    (void)x;
-    (void)be;
-#endif
+    if (!rk->backend->attention_report)
+        return;
+    cpc_rt_attention_report r;
+    memset(&r, 0, sizeof r);
+    rk->backend->attention_report(rk->be, &r);
+    out->cudnn_blocks = r.cudnn_blocks;
+    out->nvrtc_blocks = r.nvrtc_blocks;
+    out->fallback_blocks = r.fallback_blocks;
+    snprintf(out->reason, sizeof out->reason, "%s", r.reason);
 }
 
 /* The whole life of one rank of the job: the rank runtime (rank.h) made on
@@ -1097,7 +1074,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname,
             }
         }
     }
-    count_attention(x, rk->be, &mine.attn);
+    count_attention(rk, &mine.attn);
     size_t ob = cpc_exec_output_bytes(ex);
     shard = malloc(ob ? ob : 1);
     if (!shard) {
@@ -1767,17 +1744,9 @@ static cpc_status *prepare_kernels(run_ctx *x, int device)
         return NULL;
     }
     char arch[16] = "sm_90";
-#ifdef CPC_HAVE_CUDA
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-        major > 0)
-        snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
-    else
-        (void)cudaGetLastError();
-#else
-    (void)device;
-#endif
+    const cpc_rt_backend_entry *cuda = cpc_rt_backend_get(CPC_RT_BACKEND_CUDA);
+    if (cuda && cuda->device_arch)
+        (void)cuda->device_arch(device, arch, sizeof arch); /* else sm_90 */
     double t0 = cpc_exec_now_us();
     cpc_kernel *k = NULL;
     int nk = 0;
@@ -2062,7 +2031,7 @@ static void close_local_worlds(run_ctx *x)
 /* cpc_job_run, step 2 (MPI jobs): this process's endpoint, NCCL or MPI, its
  * world rank and its GPU (local rank mod visible GPUs), and the MPI stall
  * limit.  Collective; every rank fails alike.  Errors: those of
- * cpc_transport_nccl_create / cpc_transport_mpi_create. */
+ * the transport registry's create (rank.h). */
 static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, bool use_nccl,
                                      cpc_transport **mpi_t, int *my_rank)
 {
@@ -2475,17 +2444,19 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     rep->ok = (!rep->checked || rep->pass) && (!rep->bwd_checked || rep->bwd_pass);
     goto out;
 setup_failed:
-#ifdef CPC_HAVE_MPI
     if (mpi_t) {
         /* "cprun: rank P: aborting: ...", every rank ends with this status
          * (2 for an input error, 3 for a runtime one). */
+        const cpc_rt_transport_entry *me =
+            cpc_rt_transport_get(use_nccl ? CPC_RT_TRANSPORT_NCCL : CPC_RT_TRANSPORT_MPI);
         char *msg = cpc_status_format("cprun", st);
         int code = cpc_status_exit_code(st);
         if (opt.before_abort)
             opt.before_abort(opt.before_abort_ctx, st, code ? code : 3);
-        cpc_mpi_abort(code ? code : 3, msg ? msg : st->message);
+        if (me && me->abort_job)
+            me->abort_job(code ? code : 3, msg ? msg : st->message);
+        free(msg);
     }
-#endif
 out:
     cpc_status_free(shards_finish(&x, false, false)); /* a failed run: nothing renamed */
     if (x.res)
@@ -2505,10 +2476,12 @@ out:
         cpc_transport_destroy(mpi_t);
     if (x.mpi_job_t) /* after the group's endpoint: it may finalise MPI */
         cpc_transport_destroy(x.mpi_job_t);
-#ifdef CPC_HAVE_MPI
-    if (use_nccl)
-        cpc_mpi_finalize(); /* NCCL's bootstrap left MPI initialised (also on failure) */
-#endif
+    if (use_nccl) {
+        /* NCCL's bootstrap left MPI initialised (also on failure) */
+        const cpc_rt_transport_entry *ne = cpc_rt_transport_get(CPC_RT_TRANSPORT_NCCL);
+        if (ne && ne->finalize)
+            ne->finalize();
+    }
     cpc_st_close(x.in);
     free_kernels(&x);
     free(x.mask);
