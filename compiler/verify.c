@@ -1089,7 +1089,7 @@ static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         if (rd(C, rk, nd, step, op->in[j]))
             return RES_ERR;
     const aval *Q = &rk->v[op->in[0]], *K = &rk->v[op->in[1]], *V = &rk->v[op->in[2]];
-    static const int want[3] = {SRC_Q, SRC_K, SRC_V};
+    const signed char *want = cpc_op_info_of(CPC_OP_ATTN)->in_content; /* q, k, v: the op table */
     const aval *in3[3] = {Q, K, V};
     for (int j = 0; j < 3; j++)
         if (in3[j]->src != want[j]) {
@@ -1194,7 +1194,8 @@ static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     }
     aval *A = &rk->v[op->in[0]], *AL = &rk->v[op->in[1]];
     aval *Acc = &rk->v[op->out[0]], *AccL = &rk->v[op->out[1]];
-    if (A->src != SRC_O || AL->src != SRC_LSE || A->stamp != AL->stamp) {
+    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
+    if (A->src != mc[0] || AL->src != mc[1] || A->stamp != AL->stamp) {
         fail(C, rk->p, nd, step, "inputs %s and %s are not the output and LSE of one attention block",
              buf_name(C, op->in[0]), buf_name(C, op->in[1]));
         return RES_ERR;

@@ -1534,7 +1534,7 @@ static int exec_attn(sctx *C, const snode *nd)
         if (rd(C, nd, op->in[j]))
             return -1;
     const sval *Q = &s->v[op->in[0]], *K = &s->v[op->in[1]], *V = &s->v[op->in[2]];
-    static const int want[3] = {SRC_Q, SRC_K, SRC_V};
+    const signed char *want = cpc_op_info_of(CPC_OP_ATTN)->in_content; /* q, k, v: the op table */
     const sval *in3[3] = {Q, K, V};
     for (int j = 0; j < 3; j++)
         if (in3[j]->src != want[j])
@@ -1630,7 +1630,8 @@ static int exec_merge(sctx *C, const snode *nd)
     }
     sval *A = &s->v[op->in[0]], *AL = &s->v[op->in[1]];
     sval *Acc = &s->v[op->out[0]], *AccL = &s->v[op->out[1]];
-    if (A->src != SRC_O || AL->src != SRC_LSE || A->stamp != AL->stamp)
+    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
+    if (A->src != mc[0] || AL->src != mc[1] || A->stamp != AL->stamp)
         return serr(C, nd, "inputs %s and %s are not the output and LSE of one attention block", bname(C, op->in[0]),
                     bname(C, op->in[1]));
     if (Acc->src != SRC_O || AccL->src != SRC_LSE || Acc->stamp != AccL->stamp)
