@@ -26,6 +26,7 @@
 #include "dtype.h"
 #include "rank.h"
 #include "status.h"
+#include "transport_callback.h"
 #include "transport_local.h"
 #include "transport_mpi.h"
 
@@ -440,6 +441,32 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     return rank_finish(a, p, t, opts, out);
 }
 
+cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
+                                      const cpc_rank_options *opts, cpc_rank **out)
+{
+    if (!out)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: out must not be NULL");
+    *out = NULL;
+    if (!a)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: artifact must not be NULL");
+    if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) != 1)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "cpc_rank_create_callbacks: cfg_degree x tp_degree must be 1 (the outer "
+                         "axes run over MPI or local worlds)");
+    const cpc_layout *L = &a->program->layout;
+    if (rank < 0 || rank >= L->R * L->U)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: rank %d out of range (world %d)",
+                         rank, L->R * L->U);
+    if (!cb)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: callbacks must not be NULL");
+    const cpc_transport_p2p_fns fns = {cb->user, cb->isend, cb->irecv, cb->wait};
+    cpc_transport *t = NULL;
+    cpc_status *st = cpc_transport_callback_create(&fns, rank, L->R, L->U, &t);
+    if (st)
+        return st;
+    return rank_finish(a, rank, t, opts, out);
+}
+
 cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
@@ -454,8 +481,8 @@ cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *c
         return ost;
     return cpc_error(CPC_E_UNSUPPORTED,
                      "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
-                     "available in this release (the rank API runs on the CPU backend; cprun "
-                     "--backend cuda --transport nccl runs the GPU path)");
+                     "available in this release (GPU ranks of an MPI job: cpc_rank_create_mpi "
+                     "with CPC_BACKEND_CUDA; cprun --backend cuda --transport nccl runs NCCL)");
 }
 
 int cpc_rank_index(const cpc_rank *r) { return r ? r->p : -1; }

@@ -758,6 +758,37 @@ static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* LINEAR ATTENTION (cost.h): model.attention: linear (Sana's ReLU linear
+ * attention, diffusers SanaLinearAttnProcessor2_0): per head, K^T V over the
+ * block's keys (2 x keys x D x D FLOPs) and Q (K^T V) over its queries (2 x
+ * queries x D x D), in float32 (the processor casts q, k, v to float32 before
+ * its two matmuls), at the FP32 rate; and its element passes: ReLU on q and k,
+ * the float32 casts, V padded with a row of ones (the normaliser), the
+ * division and the cast back: ~4 float32 reads or writes of every element of
+ * Q, K, V and O, at mem_gbps.  The slower of the two (skinny D-wide matmuls
+ * are memory-bound at D = 32). */
+static cpc_status *price_linear_attn(pricer *pr, const cpc_op *op, double mult, int64_t block,
+                                     int nq, int nk)
+{
+    (void)block;
+    const cpc_layout *L = pr->L;
+    double tq = 0, tk = 0;
+    for (int i = 0; i < nq; i++)
+        tq += (double)pr->runs_a[i].len;
+    for (int i = 0; i < nk; i++)
+        tk += (double)pr->runs_b[i].len;
+    double hq = buf_heads(pr, op->in[0], (int)pr->c.u);
+    double flops = mult * 2.0 * L->B * (tq + tk) * hq * L->D * L->D;
+    double rate = pr->dev->attn_tflops_fp32 > 0 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops;
+    double bytes = mult * 4.0 * 4.0 * L->B * hq * L->D * (2.0 * tq + 2.0 * tk);
+    double c = flops / (rate * 1e12), m = mem_time(pr, (int64_t)bytes);
+    pr->flops += flops;
+    double before = pr->comp_busy;
+    compute(pr, c > m ? c : m);
+    pr->attn_busy += pr->comp_busy - before;
+    return NULL;
+}
+
 /* attn / attn_bwd: FLOPs of the visible (query, key) pairs at the attention
  * rate, plus the block's I/O (the backward: 2.5 x the forward's, BACKWARD.md) */
 static cpc_status *price_attn(pricer *pr, const cpc_op *op)
@@ -772,6 +803,8 @@ static cpc_status *price_attn(pricer *pr, const cpc_op *op)
         return st;
     int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
     int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
+    if (pr->plan->model.linear_attention)
+        return price_linear_attn(pr, op, mult, block, nq, nk);
     double pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
     double flops = mult * 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
     double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
@@ -1192,15 +1225,16 @@ static double gemm_time(const cpc_device_profile *dev, double M, double N, doubl
 }
 
 /* HOST (cost.h): host time per transformer block and per op of the attention
- * program, by runtime.framework. */
+ * program, by runtime.framework.  The per-block figures hold FLUX.1-dev's
+ * host-bound totals (cost.h HOST) over its 57 + 0.1 x 19 block-equivalents. */
 static void host_costs(cpc_framework f, double *layer_us, double *op_us)
 {
     switch (f) {
-    case CPC_FRAMEWORK_COMPILED: *layer_us = 40, *op_us = 10; break;
-    case CPC_FRAMEWORK_SGLANG: *layer_us = 500, *op_us = 120; break;
-    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 820, *op_us = 225; break;
-    case CPC_FRAMEWORK_XDIT: *layer_us = 1940, *op_us = 50; break;
-    default: *layer_us = 1410, *op_us = 110; break;
+    case CPC_FRAMEWORK_COMPILED: *layer_us = 46, *op_us = 10; break;
+    case CPC_FRAMEWORK_SGLANG: *layer_us = 581, *op_us = 120; break;
+    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 952, *op_us = 225; break;
+    case CPC_FRAMEWORK_XDIT: *layer_us = 2253, *op_us = 50; break;
+    default: *layer_us = 1637, *op_us = 110; break;
     }
 }
 
@@ -1316,9 +1350,17 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         tp_host_ops = 2.0 + (dev->arch > 0 && plan->runtime.framework != CPC_FRAMEWORK_COMPILED ? 6.0 : 0.0);
     }
     double host_layer = dev->host_layer_us, host_op = dev->host_op_us;
+    /* a dual-stream block costs 1.1 x a single-stream one on the host (HOST:
+     * cache-dit's H100 FLUX.1-dev and Qwen-Image rows) */
     double dual = cpc_dual_stream_layers(plan);
     double host = (layers * (host_layer + (out->host_ops_per_layer + tp_host_ops) * host_op) +
-                   dual * 0.6 * host_layer) * 1e-6;
+                   dual * 0.1 * host_layer) * 1e-6;
+    /* classifier-free guidance run as two transformer calls per step
+     * (runtime.cfg: sequential, the default; HOST): an even group batch is
+     * dispatched twice, each call half the rows (the device work is the same) */
+    int B = plan->input.batch > 0 ? plan->input.batch : 1;
+    if (!plan->runtime.cfg_batched && B >= 2 && B % 2 == 0)
+        host *= 2.0;
     double attn_total = attn_s_per_layer * layers;            /* already core-scaled */
     double prog = out->ms_per_forward * 1e-3;                 /* attention program, whole */
     double prog_other = prog - attn_total;                    /* its merges, packs, exposed comm */

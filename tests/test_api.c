@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cpc/cpc.h"
@@ -1116,6 +1117,15 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     cr_expect(st && strstr(cpc_status_message(st), "77"), "%s", cpc_status_message(st));
     cpc_status_free(st);
     cr_expect_null(r);
+    /* the CUDA backend on an artifact without kernels (or a libcpc without CUDA) */
+    cpc_rank_options_init(&o);
+    o.backend = CPC_BACKEND_CUDA;
+    st = cpc_rank_create_local(a, w, 0, &o, &r);
+    cr_expect_eq(cpc_status_code(st), CPC_E_UNSUPPORTED, "%s", cpc_status_message(st));
+    cr_expect(st && (strstr(cpc_status_message(st), "kernels") || strstr(cpc_status_message(st), "CUDA")),
+              "%s", cpc_status_message(st));
+    cpc_status_free(st);
+    cr_expect_null(r);
     cpc_rank_options_init(&o);
     o.device = -7;
     expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "device -7");
@@ -1248,4 +1258,70 @@ Test(api, null_compilations_and_files_are_usage_errors)
     expect_usage(cpc_atomic_file_commit(NULL), "atomic commit");
     cpc_atomic_file_discard(NULL);
     expect_usage(cpc_write_file_atomic(NULL, "x", 1), "write_file_atomic");
+}
+
+/* The stall limit and cpc_rank_abort on a local world (issue 22): a peer that never
+ * calls ends this rank's forward with an error at the limit; aborting the peer ends it
+ * at once, naming the reason. */
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+typedef struct lone_fwd {
+    cpc_rank *r;
+    float *buf;
+    int64_t T;
+    cpc_status *st;
+    double seconds;
+} lone_fwd;
+
+static void *lone_forward(void *arg)
+{
+    lone_fwd *f = arg;
+    cpc_tensor t = tensor4(f->buf, 1, f->T, 4, 16);
+    double t0 = now_ms();
+    f->st = cpc_rank_forward(f->r, &t, &t, &t, NULL, &t, NULL);
+    f->seconds = (now_ms() - t0) / 1000.0;
+    return NULL;
+}
+
+Test(api, the_stall_limit_and_abort_end_a_waiting_rank)
+{
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 24, "none", 2, "ring", NULL, 0);
+    int nd = 0;
+    int64_t shape[4];
+    cr_assert_null(cpc_artifact_shard_shape(a, 0, CPC_TENSOR_Q, &nd, shape));
+    float *buf = calloc((size_t)(shape[1] * 4 * 16), sizeof *buf);
+    for (int mode = 0; mode < 2; mode++) {
+        cpc_local_world *w = NULL;
+        cr_assert_null(cpc_local_world_new(a, &w));
+        cpc_rank_options o;
+        cpc_rank_options_init(&o);
+        o.timeout_s = mode == 0 ? 0.5 : 600;
+        cpc_rank *r0 = NULL, *r1 = NULL;
+        cr_assert_null(cpc_rank_create_local(a, w, 0, &o, &r0));
+        cr_assert_null(cpc_rank_create_local(a, w, 1, &o, &r1));
+        lone_fwd f = {.r = r0, .buf = buf, .T = shape[1]};
+        pthread_t th;
+        pthread_create(&th, NULL, lone_forward, &f);
+        if (mode == 1) {
+            usleep(200 * 1000);
+            cr_assert_null(cpc_rank_abort(r1, "the caller's own error on rank 1"));
+        }
+        pthread_join(th, NULL);
+        cr_expect_eq(cpc_status_code(f.st), CPC_E_RUNTIME, "mode %d: %s", mode, cpc_status_message(f.st));
+        if (mode == 1)
+            cr_expect(f.st && strstr(cpc_status_message(f.st), "the caller's own error on rank 1"), "%s",
+                      cpc_status_message(f.st));
+        cr_expect_lt(f.seconds, 20.0, "mode %d: the waiting rank took %.1f s", mode, f.seconds);
+        cpc_status_free(f.st);
+        cpc_rank_destroy(r0);
+        cpc_rank_destroy(r1);
+        cpc_local_world_free(w);
+    }
+    free(buf);
+    cpc_artifact_free(a);
 }

@@ -351,9 +351,15 @@ Test(cost, tp_all_reduces_by_hand)
     /* FLUX.1-dev: 19 of its 57 blocks are dual-stream, estimated from its weights per block */
     double dual = cpc_dual_stream_layers(&sub);
     cr_expect(dual > 18 && dual < 20, "dual-stream blocks %g", dual);
-    double host_ms = (layers * (d.host_layer_us + (p.host_ops_per_layer + 8) * d.host_op_us) +
-                      dual * 0.6 * d.host_layer_us) * 1e-3;
+    /* B = 2 is the two CFG passes, run as two transformer calls (runtime.cfg:
+     * sequential, the default): the host dispatches every block twice */
+    double host_ms = 2.0 * (layers * (d.host_layer_us + (p.host_ops_per_layer + 8) * d.host_op_us) +
+                            dual * 0.1 * d.host_layer_us) * 1e-3;
     cr_expect_float_eq(p.host_ms_per_step, host_ms, 1e-9 * host_ms);
+    sub.runtime.cfg_batched = true; /* one call of both passes: half the host time */
+    cpc_prediction pb = price(&sub, CPC_VARIANT_NONE, 1, 1);
+    cr_expect_float_eq(pb.host_ms_per_step, host_ms / 2, 1e-9 * host_ms);
+    cr_expect_float_eq(pb.device_ms_per_step, p.device_ms_per_step, 1e-9 * p.device_ms_per_step);
     /* the same plan without TP has none of it */
     cpc_plan one;
     cr_assert(cpc_plan_sub(plan, 1, 1, &one));
@@ -555,7 +561,7 @@ Test(cost, structure_and_runtime_keys)
              "mlp_ratio: 2.7, mlp_gated: false, cross_attention_tokens: 512, experts: 8, active_experts: 2, "
              "dual_stream_layers: 4}\n"
              "runtime: {framework: xdit, attention_kernel: fa3, text_encoder_parameters: 0, vae: none, "
-             "vae_channels: 96, vae_parallel: true}\n", base);
+             "vae_channels: 96, vae_parallel: true, cfg: batched}\n", base);
     cpc_plan *p = NULL;
     cpc_status *st = load_text(text, &p);
     cr_assert(p && !cpc_status_has_error(st));
@@ -566,7 +572,8 @@ Test(cost, structure_and_runtime_keys)
     cr_expect(p->model.structure_given);
     cr_expect_eq(p->runtime.framework, CPC_FRAMEWORK_XDIT);
     cr_expect_eq(p->runtime.attention_kernel, CPC_KERNEL_FA3);
-    cr_expect(p->runtime.text_encoder_parameters == 0 && !p->runtime.vae && p->runtime.vae_parallel);
+    cr_expect(p->runtime.text_encoder_parameters == 0 && !p->runtime.vae && p->runtime.vae_parallel &&
+              p->runtime.cfg_batched);
     cr_expect_eq(p->runtime.vae_channels, 96);
     /* the video segment remembers its pixels (the VAE decode's output) */
     cr_expect_eq(p->input.segments[1].kind, CPC_SEG_VIDEO);
@@ -588,7 +595,8 @@ Test(cost, structure_and_runtime_keys)
     cr_assert(p && !cpc_status_has_error(st));
     cr_expect(!p->model.structure_given && p->runtime.framework == CPC_FRAMEWORK_EAGER &&
               p->runtime.attention_kernel == CPC_KERNEL_SDPA && p->runtime.text_encoder_parameters == -1 &&
-              p->runtime.vae && !p->runtime.vae_parallel);
+              p->runtime.vae && !p->runtime.vae_parallel && !p->runtime.cfg_batched &&
+              !p->model.linear_attention);
     /* a generic block: min(parameters / layers, 12 h^2) per token */
     cr_expect_float_eq(cpc_weights_per_token(p), 12.0 * h * h * 40, 1);
     cpc_status_free(st);
@@ -601,6 +609,8 @@ Test(cost, structure_and_runtime_keys)
         {"model: {heads: 40, head_dim: 128, layers: 4, dual_stream_layers: 5}\n", "103"},
         {"model: {heads: 40, head_dim: 128}\nruntime: {kernel: fa3}\n", "101"},
         {"model: {heads: 40, head_dim: 128, mlp_ratio: 0}\n", "103"},
+        {"model: {heads: 40, head_dim: 128}\nruntime: {cfg: parallel}\n", "103"},
+        {"model: {heads: 40, head_dim: 128, attention: sparse}\n", "103"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(text, sizeof text, "%s%s", base, bad[i][0]);
@@ -613,6 +623,41 @@ Test(cost, structure_and_runtime_keys)
         cpc_status_free(st);
         cpc_plan_free(p);
     }
+}
+
+/* model.attention: linear (cost.h LINEAR ATTENTION): Sana 1600M at 4096^2
+ * (16384 tokens, 70 heads x 32) on one A100 prices each block's attention as
+ * two float32 D x D products per head (K^T V over the keys, Q (K^T V) over the
+ * queries) or their element passes, whichever is slower, recomputed here by
+ * hand (memory-bound here); the dense part is the same as with softmax
+ * attention, which costs over 10x more at this length (S / D = 512). */
+Test(cost, linear_attention_by_hand)
+{
+    const char *text = "version: 1\n"
+                       "model: {heads: 70, head_dim: 32, layers: 20, parameters: 1604462752, attention: linear}\n"
+                       "input: {segments: [{name: image, image: {height: 4096, width: 4096, vae_scale: 32, "
+                       "patch: 1}}], steps: 20}\n"
+                       "cluster: {world_size: 1, device: a100-sxm}\n"
+                       "parallel: {variant: none}\n";
+    cpc_plan *p = NULL;
+    cpc_status *st = load_text(text, &p);
+    cr_assert(p && !cpc_status_has_error(st));
+    cr_expect(p->model.linear_attention);
+    cpc_prediction lin = price(p, CPC_VARIANT_NONE, 1, 1);
+    cpc_device_profile d;
+    cr_assert_null(cpc_plan_device(p, &d));
+    double S = 16384, H = 70, D = 32, layers = 20;
+    double flops_s = 2.0 * (S + S) * H * D * D / (d.attn_tflops_fp32 * 1e12);
+    double bytes_s = 16.0 * H * D * (2 * S + 2 * S) / (d.mem_gbps * 1e9);
+    double by_hand = layers * ((flops_s > bytes_s ? flops_s : bytes_s) + d.op_overhead_us * 1e-6) * 1e3;
+    cr_log_info("linear attention %.3f ms per step (by hand %.3f)", lin.attn_ms_per_step, by_hand);
+    cr_expect_float_eq(lin.attn_ms_per_step, by_hand, 1e-9 * by_hand);
+    p->model.linear_attention = false;
+    cpc_prediction soft = price(p, CPC_VARIANT_NONE, 1, 1);
+    cr_expect_gt(soft.attn_ms_per_step, 10 * lin.attn_ms_per_step);
+    cr_expect_float_eq(soft.gemm_ms_per_step, lin.gemm_ms_per_step, 1e-9 * lin.gemm_ms_per_step);
+    cpc_status_free(st);
+    cpc_plan_free(p);
 }
 
 /* Every preset the SPEC names exists, with its figures positive, and the GPU

@@ -615,6 +615,29 @@ cpc_status *cpc_artifact_set_predictions(cpc_artifact *a, const cpc_prediction *
     cpc_status *st = p->ms_per_step > 0 ? cpc_artifact_set_prediction(a, "ms_per_step", p->ms_per_step) : NULL;
     if (!st && p->ms_per_image > 0)
         st = cpc_artifact_set_prediction(a, "ms_per_image", p->ms_per_image);
+    if (st || p->ms_per_step <= 0)
+        return st;
+    /* the step's parts and the deployment's memory (SPEC section 3's
+     * step_breakdown and memory keys), named as `cpc --format json` names them */
+    const struct {
+        const char *k;
+        double v;
+        bool per_image;
+    } w[] = {
+        {"gemm_ms", p->gemm_ms_per_step, false},
+        {"attention_ms", p->attn_ms_per_step, false},
+        {"memory_bound_ms", p->memory_ms_per_step, false},
+        {"comm_ms", p->comm_ms_per_step, false},
+        {"host_ms", p->host_exposed_ms_per_step, false},
+        {"text_encoder_ms", p->text_encoder_ms, true},
+        {"vae_decode_ms", p->vae_decode_ms, true},
+        {"weights_bytes_per_rank", (double)p->weights_bytes_per_rank, false},
+        {"activation_bytes_per_rank", (double)p->activation_bytes_per_rank, false},
+        {"vae_bytes_per_rank", (double)p->vae_bytes_per_rank, false},
+    };
+    for (size_t i = 0; !st && i < sizeof w / sizeof w[0]; i++)
+        if (!w[i].per_image || p->ms_per_image > 0)
+            st = cpc_artifact_set_prediction(a, w[i].k, w[i].v);
     return st;
 }
 

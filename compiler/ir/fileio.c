@@ -322,6 +322,19 @@ static void release(cpc_outfile *o)
     o->slot = -1;
 }
 
+cpc_status *cpc_outfile_prepare(cpc_outfile *o)
+{
+    if (!o->f)
+        return cpc_error(CPC_E_INTERNAL, "cpc_outfile_prepare: no open file");
+    int e = 0;
+    errno = 0;
+    if (fflush(o->f) != 0 || ferror(o->f))
+        e = errno ? errno : EIO;
+    if (!e && o->tmp && fsync(fileno(o->f)) != 0 && errno != EINVAL && errno != EROFS)
+        e = errno;
+    return e ? werr(o->path, o->verb, e) : NULL;
+}
+
 void cpc_outfile_discard(cpc_outfile *o)
 {
     if (!o || (!o->f && !o->path))

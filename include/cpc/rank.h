@@ -169,10 +169,46 @@ CPC_API cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world
 CPC_API cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out);
 
-/* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
- * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward
- * is ordered on.  Errors: CPC_E_UNSUPPORTED when libcpc was built without
- * CUDA/NCCL or no GPU is usable. */
+/* Point-to-point functions of the caller's own communication library, which
+ * then carries the rank's traffic (cpc_rank_create_callbacks): e.g.
+ * torch.distributed's send/recv over a gloo process group under torchrun,
+ * where no MPI world exists.  Peers are WORLD ranks (0 .. world size - 1);
+ * `buf` is host memory of `bytes` bytes (never 0: empty messages are not
+ * sent), valid until the matching wait returns; `tag` is in [0, 2^23):
+ * messages of one (sender, receiver, tag) must be matched in the order they
+ * were posted (MPI's non-overtaking rule).  isend / irecv start a transfer
+ * and store a handle of the caller's choosing in *handle; wait(handle)
+ * completes it (the receive's bytes are in buf then).  Each returns 0 on
+ * success, any other value on failure (cpc reports it as CPC_E_RUNTIME with
+ * the op, the peer and the value, and fails the rank's later calls).  The
+ * functions are called from the thread that called cpc_rank_forward /
+ * cpc_rank_backward, one at a time per rank.  `user` is passed back
+ * unchanged. */
+typedef struct cpc_p2p_callbacks {
+    void *user;
+    int (*isend)(void *user, int peer, const void *buf, size_t bytes, int tag, int64_t *handle);
+    int (*irecv)(void *user, int peer, void *buf, size_t bytes, int tag, int64_t *handle);
+    int (*wait)(void *user, int64_t handle);
+} cpc_p2p_callbacks;
+
+/* World rank `rank` of the artifact whose messages (ring rotations,
+ * all-to-alls, all-gathers, barriers: all built from point-to-point
+ * messages, runtime/transport/transport_callback.h) go through `cb` (copied;
+ * cb->user is borrowed and must outlive the rank).  Every rank of the world
+ * makes its rank this way, with callbacks that reach the others.  Only
+ * cfg_degree x tp_degree = 1 artifacts.  Not collective (nothing is sent at
+ * creation).  Errors: CPC_E_USAGE (NULL callbacks, rank out of range),
+ * CPC_E_UNSUPPORTED (outer axes), CPC_E_NOMEM. */
+CPC_API cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
+                                              const cpc_rank_options *opts, cpc_rank **out);
+
+/* RESERVED: this process's rank over the caller's NCCL communicator
+ * (`nccl_comm` an ncclComm_t of world size ranks, `cuda_stream` the
+ * cudaStream_t the forward is ordered on).  Not available in this release:
+ * always CPC_E_UNSUPPORTED (after CPC_E_USAGE for NULL arguments or bad
+ * options).  GPU ranks of an MPI job: cpc_rank_create_mpi with
+ * CPC_BACKEND_CUDA (the caller's device tensors and stream; cpc's traffic
+ * over MPI, staged through host memory). */
 CPC_API cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 

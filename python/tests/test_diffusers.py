@@ -84,9 +84,11 @@ def test_models(name, par, kw, tokens, order, mask, H, D, layers):
         (H, D, layers)
     R, U = par.get("ring_degree", 1), par.get("ulysses_degree", 1)
     assert plan["cluster"]["world_size"] == R * U
-    assert (plan["parallel"]["ring_degree"], plan["parallel"]["ulysses_degree"]) == (R, U)
+    # degrees pinned only for unified (else they follow from the variant and world_size)
+    assert ("ring_degree" in plan["parallel"]) == (R > 1 and U > 1)
     # cpc counts the tokens from the image/video segments as the pipelines do.
     a = cpc.compile(plan)
+    assert (a.ring_degree, a.ulysses_degree) == (R, U)
     assert a.tokens == tokens
     assert (a.heads, a.head_dim, a.world_size) == (H, D, R * U)
     assert a.key_padding == (mask == "key_padding")
@@ -114,7 +116,9 @@ def test_same_as_the_repository_plans(plan_file, name, par, kw):
     """The plan from the diffusers configuration is the one written by hand in plans/:
     same selection and the same predictions (the hand-written plans use p2p rotation;
     diffusers' rotate_method is allgather)."""
-    mine = cpc.check(cpc.from_diffusers(par, config(name), **kw))
+    # parameters=False: the hand-written plans have no model.parameters (from_diffusers
+    # counts them where diffusers imports: whole-step predictions would be added)
+    mine = cpc.check(cpc.from_diffusers(par, config(name), parameters=False, **kw))
     theirs = cpc.check(REPO / "plans" / plan_file, set={"schedule.rotate": "allgather"})
     assert mine.ok and theirs.ok, (mine.diagnostics, theirs.diagnostics)
     assert mine.selected == theirs.selected
@@ -222,3 +226,99 @@ def test_rejected_configuration_reports_rule():
     d = [x for x in r.diagnostics if x.severity == "error"][0]
     assert d.code == "CP011" and "3969" in d.message and "ulysses_anything" in d.hint
     assert d.file == "<dict>" and d.line and d.column
+
+
+# The classes added for issue 24.  Configs: the classes' own defaults in diffusers 0.42.1
+# (their __init__ signatures), which are the published models' (FLUX.2-dev, HunyuanVideo-1.5
+# 480p i2v, Mochi 1 preview, SkyReels-V2 1.3B-like, Z-Image-Turbo).
+NEW_MODELS = [
+    ({"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 128,
+      "num_layers": 8, "num_single_layers": 48, "attention_head_dim": 128,
+      "num_attention_heads": 48, "joint_attention_dim": 15360, "mlp_ratio": 3.0,
+      "timestep_guidance_channels": 256, "guidance_embeds": True},
+     dict(height=1024, width=1024), 512 + 4096, ["text", "image"], "none", 48, 128, 56),
+    ({"_class_name": "HunyuanVideo15Transformer3DModel", "num_attention_heads": 16,
+      "attention_head_dim": 128, "num_layers": 54, "patch_size": 1, "patch_size_t": 1},
+     dict(height=480, width=848, num_frames=121), 31 * 30 * 53 + 1985, ["video", "text"],
+     "key_padding", 16, 128, 54),
+    ({"_class_name": "MochiTransformer3DModel", "patch_size": 2, "num_attention_heads": 24,
+      "attention_head_dim": 128, "num_layers": 48, "max_sequence_length": 256,
+      "activation_fn": "swiglu"},
+     dict(height=480, width=848, num_frames=163), 28 * 30 * 53 + 256, ["video", "text"],
+     "key_padding", 24, 128, 48),
+    ({"_class_name": "SkyReelsV2Transformer3DModel", "patch_size": [1, 2, 2],
+      "num_attention_heads": 12, "attention_head_dim": 128, "num_layers": 30,
+      "ffn_dim": 8960},
+     dict(height=544, width=960, num_frames=97), 25 * 34 * 60, ["video"], "none", 12, 128,
+     30),
+    ({"_class_name": "ZImageTransformer2DModel", "all_patch_size": [2], "dim": 3840,
+      "n_layers": 30, "n_heads": 30, "n_kv_heads": 30},
+     dict(height=1024, width=1024), 4096 + 512, ["image", "text"], "key_padding", 30, 128,
+     30),
+]
+
+
+@pytest.mark.parametrize("cfg,kw,tokens,order,mask,H,D,layers", NEW_MODELS)
+def test_more_models(cfg, kw, tokens, order, mask, H, D, layers):
+    """Tokens, text position, mask, heads and layers as the models' diffusers code has
+    them: FLUX.2 packs 2x2 (VAE 8) with Mistral text first; HunyuanVideo-1.5 VAE 16x4,
+    text = Qwen2.5-VL 1000 + byT5 256 + SigLIP 729 after the video; Mochi VAE 8x6,
+    patch 2, text 256 after the video; SkyReels-V2 as Wan (text in cross-attention);
+    Z-Image [image, caption 512]."""
+    plan = cpc.from_diffusers({"ulysses_degree": 2, "ulysses_anything": True}, cfg,
+                              parameters=False, **kw)
+    assert [s["name"] for s in plan["input"]["segments"]] == order
+    assert plan["input"]["mask"] == mask
+    assert (plan["model"]["heads"], plan["model"]["head_dim"], plan["model"]["layers"]) == \
+        (H, D, layers)
+    assert cpc.compile(plan).tokens == tokens
+
+
+def test_reference_images_and_mode():
+    qwen = config("qwen-image")
+    one = cpc.from_diffusers({"ring_degree": 2}, qwen, height=1024, width=1024)
+    edit = cpc.from_diffusers({"ring_degree": 2}, qwen, height=1024, width=1024,
+                              reference_images=1)
+    assert cpc.compile(edit).tokens - 512 == 2 * (cpc.compile(one).tokens - 512)
+    tr = cpc.from_diffusers({"ring_degree": 2}, qwen, height=1024, width=1024,
+                            mode="training")
+    assert tr["input"]["mode"] == "training" and cpc.compile(tr).trains
+    with pytest.raises(ValueError, match="mode"):
+        cpc.from_diffusers({"ring_degree": 2}, qwen, height=1024, width=1024, mode="train")
+    t = cpc.from_diffusers({"ring_degree": 2}, config("flux1-dev"), tokens=4096)
+    assert cpc.compile(t).tokens == 4096 + 512
+
+
+def test_hints_name_the_diffusers_fields():
+    bad = cpc.from_diffusers({"ulysses_degree": 4}, config("flux1-dev"), height=1008,
+                             width=1008)
+    r = cpc.check(bad)
+    assert not r.ok
+    hints = " ".join(d.hint or "" for d in r.diagnostics)
+    assert "ulysses_anything=True" in hints
+    # a plain dict (not from from_diffusers) keeps cpc's own words
+    r2 = cpc.check(dict(bad))
+    assert "ulysses_anything=True" not in " ".join(d.hint or "" for d in r2.diagnostics)
+
+
+def test_unpinned_degrees_sweep():
+    """Degrees follow the variant and world_size (not pinned): --set world_size works."""
+    plan = cpc.from_diffusers({"ulysses_degree": 2}, config("flux1-dev"), height=1024,
+                              width=1024)
+    assert plan["parallel"] == {"variant": "ulysses"}
+    r = cpc.check(plan, set={"cluster.world_size": 8})
+    assert r.ok and r.ulysses_degree == 8, r.diagnostics
+
+
+def test_parameters_from_the_models_code():
+    """model.parameters counted from diffusers' own class (meta device) where diffusers
+    imports; FLUX.1-dev's is its published 11,901,408,320."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "accelerator"):
+        pytest.skip("diffusers needs torch >= 2")
+    pytest.importorskip("diffusers")
+    plan = cpc.from_diffusers({"ring_degree": 2}, config("flux1-dev"), height=1024,
+                              width=1024, steps=28)
+    assert plan["model"]["parameters"] == 11901408320
+    r = cpc.check(plan)
+    assert r.ok and "ms_per_step" in r.predicted, r.predicted

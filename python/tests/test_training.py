@@ -159,8 +159,12 @@ def test_refusals():
         out, lse = att(q, k, v, return_lse=True)
         with pytest.raises(cpc.UnsupportedError, match="input.mode: training"):
             att.backward(q, k, v, out, lse, dout)
-        # an inference artifact does not record autograd
-        assert att(q.clone().requires_grad_(), k, v).grad_fn is None
+        # an inference artifact refuses inputs that require grad (their gradient would
+        # silently be lost); without grad mode it runs
+        with pytest.raises(cpc.UsageError, match="does not train"):
+            att(q.clone().requires_grad_(), k, v)
+        with torch.no_grad():
+            assert att(q.clone().requires_grad_(), k, v).grad_fn is None
     a = train_plan("none", 1)
     with cpc.Attention(a) as att:
         out, lse = att(q, k, v, return_lse=True)

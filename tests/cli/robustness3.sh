@@ -19,7 +19,7 @@ CPC="$B/cpc"
 CPRUN="$B/cprun"
 [ -x "$CPC" ] && [ -x "$CPRUN" ] || { echo "robustness3.sh: $CPC or $CPRUN not built" >&2; exit 1; }
 tmp=$(mktemp -d)
-trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+trap 'umount "$tmp/mnt" 2>/dev/null; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 export CPC_CACHE_DIR="$tmp/cache" OPENBLAS_NUM_THREADS=1
 fails=0
 . tests/cli/lib/harness.sh  # fail, has, t
@@ -297,6 +297,53 @@ left=$(ls -A "$tmp/k" | sort | tr '\n' ' ')
 [ "$left" = "o.safetensors o.safetensors.tmp12 o.safetensors.tmpLIVE01 other.tmpABCDEF " ] \
   || fail "stale: the directory holds '$left'"
 kill $lockpid 2>/dev/null; wait $lockpid 2>/dev/null
+
+# ---- half-finished sets: --output-shards all or nothing ------------------------------------------
+# a disk that fills in the middle of the set: the previous set stays whole (every shard the
+# previous run's), no temporary file left.  A small tmpfs when this user may mount one, else
+# the same through ulimit -f with shards of different sizes (ring_anything: 34/33/33 tokens).
+cat >"$tmp/sh.yaml" <<'EOF'
+version: 1
+name: sh
+model: {heads: 8, head_dim: 64, dtype: fp32}
+input: {tokens: 99}
+cluster: {world_size: 3, device: cpu}
+parallel: {variant: ring_anything}
+EOF
+same_set() { # DIR PREV: every rank*.safetensors in DIR equals PREV's
+  local f ok=0
+  for f in "$2"/rank*.safetensors; do cmp -s "$f" "$1/$(basename "$f")" || ok=1; done
+  [ "$(ls "$1" | grep -c '^rank')" = "$(ls "$2" | grep -c '^rank')" ] || ok=1
+  return $ok
+}
+mkdir -p "$tmp/mnt"
+if mount -t tmpfs -o size=500k tmpfs "$tmp/mnt" 2>/dev/null; then
+  t shards-prev 0 "${T[@]}" "$CPRUN" "$tmp/sh.yaml" "${RUN[@]}" --output-shards "$tmp/mnt/s"
+  cp -r "$tmp/mnt/s" "$tmp/s.prev"
+  # 85 tokens per rank: 3 x 170 KiB; one shard at a time fits (the round-two code then left
+  # two new shards beside an old one), the whole new set beside the previous one does not
+  t shards-full 2 "${T[@]}" "$CPRUN" "$tmp/sh.yaml" "${RUN[@]}" --set input.tokens=255 --output-shards "$tmp/mnt/s"
+  has shards-full.err "No space left on device"
+  same_set "$tmp/mnt/s" "$tmp/s.prev" || fail "shards-full (tmpfs): the set is no longer the previous one: $(ls -l "$tmp/mnt/s")"
+  ls -A "$tmp/mnt/s" | grep -q tmp && fail "shards-full (tmpfs): temporary files left: $(ls -A "$tmp/mnt/s")"
+  umount "$tmp/mnt"
+  echo "robustness3.sh: --output-shards on a full tmpfs: the previous set kept"
+else
+  echo "robustness3.sh: cannot mount a tmpfs here: the full-disk set check uses ulimit -f only"
+fi
+t shards-prev2 0 "${T[@]}" "$CPRUN" "$tmp/sh.yaml" "${RUN[@]}" --set input.tokens=100 --output-shards "$tmp/s2" --seed 1
+rm -rf "$tmp/s2.prev"; cp -r "$tmp/s2" "$tmp/s2.prev"
+# rank 0's shard (34 tokens, 68 KiB + header) is over 67 KiB, ranks 1 and 2 (66 KiB + header) under
+( trap '' XFSZ; ulimit -f 67; exec "$CPRUN" "$tmp/sh.yaml" "${RUN[@]}" --set input.tokens=100 --output-shards "$tmp/s2" --seed 2 ) \
+  >"$tmp/shards-fsz.out" 2>"$tmp/shards-fsz.err"
+rc=$?
+[ $rc -eq 2 ] || fail "shards-fsz: exit $rc, expected 2"
+same_set "$tmp/s2" "$tmp/s2.prev" || fail "shards-fsz: the set mixes runs: $(ls -l "$tmp/s2")"
+ls -A "$tmp/s2" | grep -q tmp && fail "shards-fsz: temporary files left: $(ls -A "$tmp/s2")"
+# variant: a set of 4 shards replaced by a set of 2: the directory holds the new set only
+t shards-4 0 "${T[@]}" "$CPRUN" "$tmp/sh.yaml" "${RUN[@]}" --set cluster.world_size=4 --set input.tokens=100 --output-shards "$tmp/s3"
+t shards-2 0 "${T[@]}" "$CPRUN" "$tmp/sh.yaml" "${RUN[@]}" --set cluster.world_size=2 --set input.tokens=100 --output-shards "$tmp/s3"
+[ "$(ls "$tmp/s3" | tr '\n' ' ')" = "rank0.safetensors rank1.safetensors " ] || fail "shards-2: the directory holds $(ls "$tmp/s3" | tr '\n' ' ')"
 
 if [ "$fails" -ne 0 ]; then
   echo "robustness3.sh: $fails failure(s)" >&2

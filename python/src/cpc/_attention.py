@@ -89,6 +89,17 @@ def _kind(x):
     return None
 
 
+def _is_torch_group(comm):
+    torch = _torch()
+    if torch is None:
+        return False
+    try:
+        import torch.distributed as dist
+        return isinstance(comm, dist.ProcessGroup)
+    except (ImportError, AttributeError):
+        return False
+
+
 def _strides_ok(shape, strides):
     return all(n == 1 or s > 0 for n, s in zip(shape, strides))
 
@@ -245,10 +256,13 @@ def _view(x, name, dtype_code, want_shape, device_kind, writable=False):
         else:
             want = getattr(torch, _TORCH_DTYPES[N.DTYPE_NAMES[dtype_code]])
             if x.dtype != want:
+                alt = _dtype_name_torch(x.dtype)
+                alt = (f" or compile the plan with model.dtype {alt}"
+                       if alt in ("bf16", "fp16", "fp32") else
+                       " (cpc runs bf16, fp16 and fp32)")
                 raise UsageError(f"{name}: dtype {x.dtype}, the plan's dtype is "
                                  f"{N.DTYPE_NAMES[dtype_code]} ({want}): convert it with "
-                                 f".to({want}) or compile the plan with model.dtype "
-                                 f"{_dtype_name_torch(x.dtype)}", code="usage")
+                                 f".to({want}){alt}", code="usage")
         is_cuda = x.device.type == "cuda"
         if is_cuda != (device_kind == "cuda"):
             raise UsageError(f"{name}: a {x.device.type} tensor, but this rank's backend "
@@ -318,10 +332,19 @@ _autograd_function = None
 
 def _records_grad(artifact, q, k, v):
     """Whether a call on q, k, v is recorded by torch autograd (a training artifact,
-    grad mode on, one of them a tensor that requires grad)."""
+    grad mode on, one of them a tensor that requires grad).  An inference artifact
+    given such tensors raises cpc.UsageError: its output would silently carry no
+    gradient."""
     torch = _torch()
-    return (artifact.trains and torch is not None and torch.is_grad_enabled()
-            and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)))
+    wants = (torch is not None and torch.is_grad_enabled()
+             and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)))
+    if wants and not artifact.trains:
+        raise UsageError("q/k/v require grad but this artifact does not train (its plan's "
+                         "input.mode is inference): the output would carry no gradient",
+                         code="usage", hint="compile the plan with input.mode: training "
+                         "(cpc.from_diffusers(..., mode='training')), or call under "
+                         "torch.no_grad() / on detached tensors")
+    return wants and artifact.trains
 
 
 def _function():
@@ -588,13 +611,27 @@ class Attention:
         self._ptr = None
         self._own_world = None
         self._comm = comm
+        self._p2p = None
         self.last_copies = []
         self.device_kind = "cuda" if backend == "cuda" else "cpu"
         opts = _options(backend, device, timeout_s, stream)
         out = ctypes.c_void_p()
         if comm is not None and world is not None:
             raise UsageError("pass comm or world, not both", code="usage")
-        if comm is not None:
+        if comm is not None and _is_torch_group(comm):
+            # a torch.distributed ProcessGroup (torchrun): its point-to-point ops carry
+            # cpc's traffic (libcpc's callback transport, cpc/_torchdist.py)
+            from ._torchdist import create_rank
+            if backend == "cuda":
+                raise UsageError("a torch.distributed group carries host memory only here "
+                                 "(backend='cpu')", code="usage")
+            ptr, self._p2p, crank = create_rank(artifact, comm, opts)
+            if rank is not None and rank != crank:
+                L.cpc_rank_destroy(ptr)
+                raise UsageError(f"rank {rank} given, but this process is rank {crank} of "
+                                 "the group", code="usage")
+            self.transport, self.rank, self._ptr = "torch.distributed", crank, ptr
+        elif comm is not None:
             self.transport = "mpi"
             try:
                 from mpi4py import MPI

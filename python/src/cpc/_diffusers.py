@@ -57,6 +57,8 @@ def _class_of(cfg):
         return name
     # No _class_name (a config dict written by hand): recognise the families by keys.
     keys = set(cfg)
+    if {"num_single_layers", "timestep_guidance_channels"} <= keys:
+        return "Flux2Transformer2DModel"
     if {"num_single_layers", "joint_attention_dim"} <= keys and "guidance_embeds" in keys:
         return "FluxTransformer2DModel"
     if {"num_single_layers", "num_refiner_layers"} <= keys:
@@ -133,6 +135,58 @@ def _ltx(cfg):
                   128, "cross", "none", cross_text=128)
 
 
+def _flux2(cfg):
+    # FLUX.2: as FLUX.1 (Flux2Pipeline packs 2x2 latent patches: in_channels 128 = 32 x 4;
+    # VAE 8); Mistral text (max_sequence_length 512) first in the joint attention
+    # (Flux2AttnProcessor: cat([encoder_query, query])).
+    p = _int(_get(cfg, "patch_size", 1), "patch_size")
+    return _Model("flux2", "image", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"),
+                  _get(cfg, "num_layers") + _get(cfg, "num_single_layers", 0), 2 * p, 8, None,
+                  512, "first", "none")
+
+
+def _hunyuan15(cfg):
+    # HunyuanVideo-1.5: [video, text]; the text is Qwen2.5-VL (tokenizer_max_length 1000) +
+    # byT5 glyphs (256) + SigLIP image tokens (vision_num_semantic_tokens 729, zeros and
+    # masked for text-to-video), with a key mask; VAE 16 x 4, patch [patch_size_t, p, p].
+    return _Model("hunyuanvideo1.5", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg), 16, 4,
+                  1000 + 256 + 729, "last", "key_padding")
+
+
+def _mochi(cfg):
+    # Mochi 1: MochiAttnProcessor2_0 concatenates [video, valid text]; text 256
+    # (max_sequence_length) after the video, padding masked; VAE 8 x 6; patch 1 x p x p.
+    p = _int(_get(cfg, "patch_size", 2), "patch_size")
+    return _Model("mochi", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), [1, p, p], 8, 6,
+                  _get(cfg, "max_sequence_length", 256), "last", "key_padding")
+
+
+def _skyreels(cfg):
+    # SkyReels-V2: Wan's architecture (self-attention over the video, umT5 text 512 in the
+    # cross-attention); VAE 8 x 4.
+    return _Model("skyreels-v2", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg), 8, 4,
+                  512, "cross", "none", cross_text=512)
+
+
+def _zimage(cfg):
+    # Z-Image: one stream over [image, caption] (the basic, non-omni order), the caption
+    # (max_sequence_length 512) padded and masked; VAE 8, patch all_patch_size[0];
+    # heads n_heads, head_dim dim / n_heads; n_layers joint blocks (its refiners attend
+    # within the image or the caption alone).
+    heads = _int(_get(cfg, "n_heads"), "n_heads")
+    dim = _int(_get(cfg, "dim"), "dim")
+    if dim % heads:
+        raise ValueError(f"dim {dim} is not a multiple of n_heads {heads}")
+    p = _get(cfg, "all_patch_size", [2])
+    p = _int(p[0] if isinstance(p, (list, tuple)) else p, "all_patch_size")
+    return _Model("z-image", "image", heads, dim // heads, _get(cfg, "n_layers"), p, 8, None,
+                  512, "last", "key_padding")
+
+
 _FAMILIES = {
     "FluxTransformer2DModel": _flux,
     "QwenImageTransformer2DModel": _qwen,
@@ -141,6 +195,11 @@ _FAMILIES = {
     "HunyuanVideoTransformer3DModel": _hunyuan,
     "WanTransformer3DModel": _wan,
     "LTXVideoTransformer3DModel": _ltx,
+    "Flux2Transformer2DModel": _flux2,
+    "HunyuanVideo15Transformer3DModel": _hunyuan15,
+    "MochiTransformer3DModel": _mochi,
+    "SkyReelsV2Transformer3DModel": _skyreels,
+    "ZImageTransformer2DModel": _zimage,
 }
 
 
@@ -242,7 +301,8 @@ def parallel_section(parallel_config):
 def from_diffusers(parallel_config, transformer_config, height=None, width=None,
                    num_frames=None, world_size=None, text_tokens=None, *, batch=1,
                    dtype="bf16", attention=None, device=None, vae_scale=None,
-                   vae_temporal=None, name=None, steps=None):
+                   vae_temporal=None, name=None, steps=None, tokens=None, mode=None,
+                   reference_images=0, parameters=None):
     """A cpc plan dict for a diffusers model under a diffusers context-parallel
     configuration.
 
@@ -262,6 +322,22 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
       "self" (video only: Wan, LTX; their default) or "cross" (Wan/LTX: queries the
       video, keys/values the whole text, not split).
     vae_scale, vae_temporal: override the VAE's compression (default per model).
+    tokens: the image/video token count as the transformer sees it (after the VAE and
+      the patching), instead of height/width/num_frames (cpc.diffusers.parallelize
+      passes the count it reads from the transformer's inputs).
+    mode: "inference" (default) or "training" (input.mode: a forward and a backward
+      program; autograd through cpc.Attention).
+    steps: denoising steps per image/video (input.steps: whole-image predictions).
+    reference_images: image models: how many reference images of the generation size
+      join the image tokens (Qwen-Image-Edit: 1; FLUX.2 with reference images: their
+      count), i.e. the image segment holds (1 + reference_images) images' tokens.
+    parameters: model.parameters (the transformer's weight count, for whole-step
+      predictions): None = counted from the model's own code when diffusers (torch >= 2)
+      is importable (the model built from the config on torch's "meta" device: no
+      memory, ~0.1 s), else left out; an int = that; False = left out.
+    The plan pins ring_degree and ulysses_degree only for unified (both > 1); for the
+    other variants the degrees follow from the variant and cluster.world_size, so
+    `cpc --sweep` / `--set cluster.world_size=N` can vary them.
     Raises ValueError for a configuration cpc cannot honour, naming the field."""
     if isinstance(transformer_config, dict):      # diffusers' FrozenDict is a dict too
         cfg = dict(transformer_config)
@@ -281,14 +357,26 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         raise ValueError(f"world_size {world_size} != ring_degree x ulysses_degree = {P}: "
                          "cpc plans exactly the context-parallel group (idle ranks are an "
                          "error, CP003); pass the world size of the context-parallel group "
-                         "(the CFG and tensor-parallel axes, parallel.cfg_degree and tp_degree, "
-                         "are not available in this release)")
-    if height is None or width is None:
-        raise ValueError(f"{cls}: height and width (pixels) are required")
+                         "(for more ranks, split the batch or the heads first: the plan's "
+                         "parallel.cfg_degree and parallel.tp_degree axes)")
+    if mode not in (None, "inference", "training"):
+        raise ValueError(f"mode={mode!r}: 'inference' or 'training'")
+    if tokens is not None:
+        tokens = _int(tokens, "tokens")
+        if tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {tokens}")
+        if height is not None or width is not None or num_frames is not None:
+            raise ValueError("pass tokens= or height/width/num_frames, not both")
+        height = width = 0
+    elif height is None or width is None:
+        raise ValueError(f"{cls}: height and width (pixels) are required (or tokens=, the "
+                         "image/video token count the transformer sees)")
     height, width = _int(height, "height"), _int(width, "width")
     vs = m.vae if vae_scale is None else _int(vae_scale, "vae_scale")
     vt = m.vae_t if vae_temporal is None else _int(vae_temporal, "vae_temporal")
-    if m.kind == "video":
+    if tokens is not None:
+        pass
+    elif m.kind == "video":
         if num_frames is None:
             raise ValueError(f"{cls} is a video model: num_frames is required")
         num_frames = _int(num_frames, "num_frames")
@@ -315,7 +403,15 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     if text < 1:
         raise ValueError(f"text_tokens must be >= 1, got {text}")
 
-    if m.kind == "image":
+    reference_images = _int(reference_images, "reference_images")
+    if reference_images < 0 or (reference_images and m.kind != "image"):
+        raise ValueError("reference_images: a count >= 0, for image models")
+    if tokens is not None:
+        seg = {"name": m.kind, "tokens": tokens * (1 + reference_images)}
+    elif m.kind == "image" and reference_images:
+        one = (height // vs // m.patch) * (width // vs // m.patch)
+        seg = {"name": "image", "tokens": one * (1 + reference_images)}
+    elif m.kind == "image":
         seg = {"name": "image", "image": {"height": height, "width": width, "vae_scale": vs,
                                           "patch": m.patch}}
     else:
@@ -339,9 +435,12 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         inp["kv"] = {"tokens": text}
     if steps is not None:
         inp["steps"] = _int(steps, "steps")
+    if mode == "training":
+        inp["mode"] = "training"
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype {dtype!r}: bf16, fp16 or fp32")
-    size = f"{width}x{height}" + (f"x{num_frames}f" if m.kind == "video" else "")
+    size = (f"{tokens}tok" if tokens is not None else
+            f"{width}x{height}" + (f"x{num_frames}f" if m.kind == "video" else ""))
     plan = {
         "version": 1,
         "name": name or f"{m.family}-{size}-{par['variant']}"
@@ -355,8 +454,149 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         "cluster": {"world_size": P},
         "parallel": par,
     }
+    if par["variant"] not in ("unified", "none"):
+        # the variant and world_size determine the degrees: left to cpc, so that a sweep
+        # or --set cluster.world_size can change them (CP105 otherwise)
+        plan["parallel"] = {"variant": par["variant"]}
+    if parameters is None:
+        parameters = _count_parameters(cls, cfg)
+    if parameters:
+        plan["model"]["parameters"] = _int(parameters, "parameters")
+    plan["model"].update(_structure(cls, cfg, m))
     if device is not None:
         plan["cluster"]["device"] = device
     if sched:
         plan["schedule"] = sched
-    return plan
+    return DiffusersPlan(plan, parallel_fields=_parallel_fields(parallel_config))
+
+
+class DiffusersPlan(dict):
+    """A plan dict made by from_diffusers (a plain dict otherwise).  cpc.check /
+    cpc.compile see it and add the ContextParallelConfig field to the hints that speak
+    of plan keys (e.g. "variant ulysses_anything" -> ulysses_anything=True)."""
+
+    def __init__(self, plan, parallel_fields=None):
+        super().__init__(plan)
+        self.parallel_fields = parallel_fields
+
+
+_PARAM_CACHE = {}
+
+
+def _count_parameters(cls, cfg):
+    """The transformer's weight count from diffusers' own class, built on torch's meta
+    device (no memory); None when diffusers / torch >= 2 cannot be imported or the
+    build fails."""
+    import json as _json
+    import sys
+    key = (cls, _json.dumps(cfg, sort_keys=True, default=str))
+    if key in _PARAM_CACHE:
+        return _PARAM_CACHE[key]
+    n = None
+    try:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            import torch
+        if hasattr(torch, "accelerator"):
+            import diffusers
+            model_cls = getattr(diffusers, cls, None)
+            if model_cls is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with torch.device("meta"):
+                        model = model_cls.from_config(
+                            {k: v for k, v in cfg.items() if not k.startswith("_")})
+                n = int(sum(p.numel() for p in model.parameters()))
+    except Exception:  # noqa: BLE001 - no diffusers here, or a config it cannot build
+        n = None
+    _PARAM_CACHE[key] = n
+    return n
+
+
+_STRUCTURE_OK = None
+
+
+def _structure_keys_accepted():
+    """Whether this libcpc's plan schema has the model-structure keys (model.hidden,
+    mlp_ratio, ...: the cost model's whole-step structure); False without libcpc."""
+    global _STRUCTURE_OK
+    if _STRUCTURE_OK is None:
+        try:
+            from ._plan import check
+            r = check({"version": 1, "model": {"heads": 1, "head_dim": 8, "hidden": 8},
+                       "input": {"tokens": 8}, "cluster": {"world_size": 1},
+                       "parallel": {"variant": "none"}})
+            _STRUCTURE_OK = bool(r.ok)
+        except Exception:  # noqa: BLE001 - no libcpc: leave the keys out
+            _STRUCTURE_OK = False
+    return _STRUCTURE_OK
+
+
+def _structure(cls, cfg, m):
+    """model.hidden / mlp_ratio / mlp_gated / dual_stream_layers / cross_attention_tokens
+    from the config where it says them (/work/notes/model-keys.md: the keys the cost
+    model prices the whole step with); left out when this libcpc does not know them."""
+    if not _structure_keys_accepted():
+        return {}
+    out = {}
+    hidden = m.heads * m.head_dim
+    for k in ("inner_dim", "hidden_size", "dim"):
+        if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool) and cfg[k] > 0:
+            hidden = cfg[k]
+            break
+    out["hidden"] = int(hidden)
+    if isinstance(cfg.get("mlp_ratio"), (int, float)) and cfg["mlp_ratio"] > 0:
+        out["mlp_ratio"] = float(cfg["mlp_ratio"])
+    elif isinstance(cfg.get("ffn_dim"), int) and cfg["ffn_dim"] > 0:
+        out["mlp_ratio"] = cfg["ffn_dim"] / hidden
+    act = str(cfg.get("activation_fn", ""))
+    if "geglu" in act or "swiglu" in act:
+        out["mlp_gated"] = True
+    if cls in ("FluxTransformer2DModel", "Flux2Transformer2DModel",
+               "HunyuanVideoTransformer3DModel"):
+        out["dual_stream_layers"] = int(cfg.get("num_layers", 0))
+    elif cls in ("SD3Transformer2DModel", "QwenImageTransformer2DModel",
+                 "MochiTransformer3DModel"):
+        out["dual_stream_layers"] = int(m.layers)
+    if m.cross_text:
+        out["cross_attention_tokens"] = int(m.cross_text)
+    return out
+
+
+# ---- hints in diffusers' words ------------------------------------------------------
+
+_VARIANT_WORDS = {"ulysses_anything": "ulysses_anything=True",
+                  "ring_anything": "ring_anything=True",
+                  "ring": "ring_degree > 1 alone", "ulysses": "ulysses_degree > 1 alone",
+                  "unified": "ring_degree > 1 and ulysses_degree > 1"}
+
+
+def diffusers_words(text):
+    """A diagnostic's text with the ContextParallelConfig field next to each plan key it
+    names ("variant ulysses_anything" -> "... (ulysses_anything=True)")."""
+    import re
+    if not text:
+        return text
+
+    def variant(mt):
+        v = mt.group(2)
+        w = _VARIANT_WORDS.get(v)
+        return f"{mt.group(0)} ({w})" if w else mt.group(0)
+
+    text = re.sub(r"(parallel\.variant:?|variant) (ulysses_anything|ring_anything|unified|"
+                  r"ring|ulysses)\b(?! \()", variant, text)
+    text = re.sub(r"\bor (ring_anything|ulysses_anything)\b(?! \()", r"or \1 (\1=True)", text)
+    text = re.sub(r"parallel\.(ring|ulysses)_degree:? (\d+)", r"\1_degree=\2", text)
+    text = re.sub(r"\bmodel\.heads\b", "model.heads (the transformer's num_attention_heads)",
+                  text)
+    text = re.sub(r"\bcluster\.world_size\b",
+                  "cluster.world_size (the number of processes: ring_degree x ulysses_degree)",
+                  text)
+    return text
+
+
+def translate_diagnostics(diags):
+    for d in diags:
+        d.message = diffusers_words(d.message)
+        d.hint = diffusers_words(d.hint)
+    return diags

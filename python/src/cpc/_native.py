@@ -72,6 +72,20 @@ _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I64P = ctypes.POINTER(ctypes.c_int64)
 
+# rank.h: cpc_p2p_callbacks (cpc_rank_create_callbacks)
+P2P_SEND = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                            ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
+P2P_RECV = P2P_SEND
+P2P_WAIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
+
+
+class P2PCallbacks(ctypes.Structure):
+    _fields_ = [("user", ctypes.c_void_p),
+                ("isend", P2P_SEND),
+                ("irecv", P2P_RECV),
+                ("wait", P2P_WAIT)]
+
+
 # name: (restype, argtypes)
 _DECLS = {
     # cpc.h
@@ -123,6 +137,8 @@ _DECLS = {
     "cpc_local_world_free": (None, [_P]),
     "cpc_rank_create_local": (_P, [_P, _P, ctypes.c_int, ctypes.POINTER(RankOptions), _PP]),
     "cpc_rank_create_mpi": (_P, [_P, _P, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_create_callbacks": (_P, [_P, ctypes.c_int, ctypes.POINTER(P2PCallbacks),
+                                       ctypes.POINTER(RankOptions), _PP]),
     "cpc_rank_create_nccl": (_P, [_P, _P, _P, ctypes.POINTER(RankOptions), _PP]),
     "cpc_rank_index": (ctypes.c_int, [_P]),
     "cpc_rank_world_size": (ctypes.c_int, [_P]),

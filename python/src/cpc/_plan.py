@@ -11,7 +11,14 @@ PREDICTIONS = ("ms_per_layer", "ms_per_forward", "memory_bytes_per_rank",
                "bytes_sent_per_rank", "ms_per_step", "ms_per_image", "ms_backward_per_layer",
                "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank")
 _INT_PREDICTIONS = ("memory_bytes_per_rank", "bytes_sent_per_rank",
-                    "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank")
+                    "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank",
+                    "weights_bytes_per_rank", "activation_bytes_per_rank",
+                    "vae_bytes_per_rank")
+# with model.parameters: the step's parts (SPEC section 3's "step_breakdown", ms per
+# step), the pipeline's once-per-image parts and the deployment's memory per rank
+STEP_BREAKDOWN = ("gemm_ms", "attention_ms", "memory_bound_ms", "comm_ms", "host_ms")
+_DEPLOYMENT = ("text_encoder_ms", "vae_decode_ms", "weights_bytes_per_rank",
+               "activation_bytes_per_rank", "vae_bytes_per_rank")
 
 
 def plan_to_yaml(plan):
@@ -110,6 +117,17 @@ class CheckResult:
         return f"CheckResult({self.as_dict()!r})"
 
 
+def _from_diffusers(plan, warnings, err):
+    """A plan made by from_diffusers: its diagnostics also name the ContextParallelConfig
+    fields (the user wrote ulysses_anything=True, not parallel.variant)."""
+    from ._diffusers import DiffusersPlan, translate_diagnostics
+    if not isinstance(plan, DiffusersPlan):
+        return
+    translate_diagnostics(warnings or [])
+    if err is not None:
+        translate_diagnostics(getattr(err, "diagnostics", []))
+
+
 def check(plan, set=None, *, lua=None, name=None):
     """Validates a plan as `cpc --check` does (no kernels, no artifact kept).
 
@@ -120,6 +138,7 @@ def check(plan, set=None, *, lua=None, name=None):
     kind, payload, nm = _source(plan, name)
     art, warnings, err, text = _compile(plan, set=set, lua=lua, name=name)
     file = payload if kind == "file" else nm
+    _from_diffusers(plan, warnings, err)
     if err is not None:
         if isinstance(err, PlanError):
             return CheckResult(file, False, None, None, err.diagnostics, text)
@@ -136,6 +155,7 @@ def compile(plan, set=None, *, kernels=False, arch=None, lua=None, name=None):  
     rejected plan."""
     art, warnings, err, text = _compile(plan, set=set, kernels=kernels, arch=arch, lua=lua,
                                         name=name)
+    _from_diffusers(plan, warnings, err)
     if err is not None:
         raise err
     return Artifact(art, warnings, text)
@@ -213,9 +233,15 @@ class Artifact:
         """The cost model's predictions (SPEC section 3's "predicted")."""
         out = {}
         d = ctypes.c_double()
-        for name in PREDICTIONS:
+        for name in PREDICTIONS + _DEPLOYMENT:
             if self._L.cpc_artifact_get_prediction(self._ptr, name.encode(), ctypes.byref(d)):
                 out[name] = int(round(d.value)) if name in _INT_PREDICTIONS else d.value
+        parts = {}
+        for name in STEP_BREAKDOWN:
+            if self._L.cpc_artifact_get_prediction(self._ptr, name.encode(), ctypes.byref(d)):
+                parts[name] = d.value
+        if parts:
+            out["step_breakdown"] = parts
         return out
 
     def save(self, path):

@@ -1,0 +1,775 @@
+"""cpc.diffusers: run a diffusers transformer's attention through cpc, with one call.
+
+    import cpc.diffusers
+    cpc.diffusers.parallelize(transformer, ContextParallelConfig(ulysses_degree=2))
+    out = transformer(**inputs)          # every rank: the full inputs in, the full output out
+
+What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
+
+- The transformer's inputs are split over the ranks where the model's own `_cp_plan`
+  says (diffusers' metadata: which module inputs/outputs carry the sequence, on which
+  dimension), but into cpc's layout for the plan: each split tensor is cut at the global
+  token positions of this rank's shard of its segment (`Artifact.shard_runs`), so text and
+  image/video segments, uneven (`*_anything`) splits included, land where cpc expects them.
+  The output named by `_cp_plan`'s ContextParallelOutput is gathered back (an all-gather
+  over `comm`; its backward takes this rank's rows, as diffusers' does).
+- Every attention processor of the model keeps its projections, norms and RoPE; only its
+  call to diffusers' `dispatch_attention_fn` is answered by `cpc.Attention` (joint or
+  self-attention: the plan's main artifact; a cross-attention module, `is_cross_attention`
+  as in Wan: a `kv:` plan whose K/V are the whole text, held by every rank).
+- The plan is `cpc.from_diffusers(parallel_config, transformer.config, tokens=...,
+  text_tokens=..., batch=..., dtype=..., mode=...)` for the shapes of the first call; it is
+  compiled (proven) in a pre-hook of the transformer before any layer runs: a plan cpc
+  refuses raises `cpc.PlanError` on every rank at the same point (no collective has
+  started, so nothing hangs), its hints naming the ContextParallelConfig field.  Plans
+  and their ranks are cached per (shapes, dtype, mode).  Every call first all-gathers the
+  input shapes (a few bytes): ranks called with different shapes all raise
+  `cpc.UsageError` instead of hanging.
+- mode: "training" when autograd records the call (grad mode on and a parameter or an
+  input requires grad), else "inference".  Training runs autograd through the whole
+  model (cpc's backward is collective, run by every rank's own backward()); each rank's
+  parameter gradients are then the sum over ITS tokens: `allreduce_grads(transformer)`
+  sums them over `comm` (what DDP / FSDP over the context-parallel group does).
+
+comm: an mpi4py communicator (libcpc's MPI transport on it), a torch.distributed process
+group (torchrun), or None: torch.distributed's default group when it is initialised, else
+mpi4py's COMM_WORLD when mpi4py is installed, else a world of one process.
+"""
+
+import contextvars
+import functools
+import inspect
+import sys
+import time
+
+from . import _diffusers as _D
+from ._errors import PlanError, UnsupportedError, UsageError
+
+__all__ = ["parallelize", "unparallelize", "allreduce_grads", "is_parallelized"]
+
+# The attention module whose processor is running (set by the processor wrapper, read by
+# the dispatch_attention_fn replacement).
+_CURRENT = contextvars.ContextVar("cpc_diffusers_attention", default=None)
+_WRAPPED_CLASSES = {}        # processor class -> its cpc subclass
+_PATCHED_MODULES = {}        # module name -> the original dispatch_attention_fn
+
+
+def _torch():
+    import torch
+    return torch
+
+
+# ---- communicators ------------------------------------------------------------------
+
+class _MPIComm:
+    kind = "mpi"
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def allgather_obj(self, obj):
+        return self.comm.allgather(obj)
+
+    def allgather_rows(self, x, counts):
+        """x: [n_r, ...] contiguous torch tensor on this rank; counts: every rank's n_r.
+        Returns [sum(counts), ...] (rank order)."""
+        torch = _torch()
+        from mpi4py import MPI
+        import numpy as np
+        row = x[0].numel() * x.element_size() if x.shape[0] else \
+            int(np.prod(x.shape[1:])) * x.element_size()
+        send = x.contiguous().view(torch.uint8).reshape(-1).numpy() if x.numel() else \
+            np.empty(0, np.uint8)
+        total = sum(counts)
+        recv = np.empty(total * row, np.uint8)
+        cnt = [c * row for c in counts]
+        displs = [sum(cnt[:i]) for i in range(len(cnt))]
+        self.comm.Allgatherv([send, MPI.BYTE], [recv, (cnt, displs), MPI.BYTE])
+        return torch.from_numpy(recv).view(x.dtype).reshape((total,) + tuple(x.shape[1:]))
+
+    def allreduce_(self, t):
+        from mpi4py import MPI
+        torch = _torch()
+        if t.dtype in (torch.float32, torch.float64):
+            buf = t.detach().contiguous().numpy()
+            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            t.copy_(torch.from_numpy(buf))
+        else:                                   # bf16 / fp16: sum in float32
+            buf = t.detach().float().contiguous().numpy()
+            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            t.copy_(torch.from_numpy(buf).to(t.dtype))
+
+    def attention(self, artifact, backend, timeout_s):
+        from ._attention import Attention
+        return Attention(artifact, comm=self.comm, backend=backend, timeout_s=timeout_s)
+
+
+class _TorchComm:
+    kind = "torch"
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def allgather_obj(self, obj):
+        out = [None] * self.size
+        self.dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def allgather_rows(self, x, counts):
+        torch = _torch()
+        m = max(counts)
+        pad = torch.zeros((m,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        pad[:x.shape[0]] = x
+        outs = [torch.empty_like(pad) for _ in range(self.size)]
+        self.dist.all_gather(outs, pad, group=self.group)
+        return torch.cat([o[:c] for o, c in zip(outs, counts)], 0)
+
+    def allreduce_(self, t):
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=self.group)
+
+    def attention(self, artifact, backend, timeout_s):
+        from ._attention import Attention
+        group = self.group if self.group is not None else self.dist.group.WORLD
+        return Attention(artifact, comm=group, backend=backend, timeout_s=timeout_s)
+
+
+class _SelfComm:
+    kind = "self"
+    rank, size = 0, 1
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def allgather_rows(self, x, counts):
+        return x
+
+    def allreduce_(self, t):
+        pass
+
+    def attention(self, artifact, backend, timeout_s):
+        from ._attention import Attention
+        return Attention(artifact, backend=backend, timeout_s=timeout_s)
+
+
+def _make_comm(comm):
+    if comm is None:
+        try:
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized():
+                return _TorchComm(None)
+        except ImportError:
+            pass
+        import os
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "TORCHELASTIC_RUN_ID" in \
+                os.environ or "LOCAL_WORLD_SIZE" in os.environ and \
+                "OMPI_COMM_WORLD_SIZE" not in os.environ:
+            raise UsageError("launched by torchrun but torch.distributed is not initialised",
+                             code="usage", hint="call torch.distributed.init_process_group("
+                             "'gloo') (CPU) before cpc.diffusers.parallelize, or pass comm=")
+        try:
+            from mpi4py import MPI
+            return _MPIComm(MPI.COMM_WORLD)
+        except ImportError:
+            return _SelfComm()
+    try:
+        from mpi4py import MPI
+        if isinstance(comm, MPI.Comm):
+            return _MPIComm(comm)
+    except ImportError:
+        pass
+    try:
+        import torch.distributed as dist
+        if isinstance(comm, dist.ProcessGroup):
+            return _TorchComm(comm)
+    except (ImportError, AttributeError):
+        pass
+    raise UsageError(f"comm must be an mpi4py communicator, a torch.distributed "
+                     f"ProcessGroup or None, not {type(comm).__name__}", code="usage")
+
+
+# ---- the model's facts: segments and their token counts from the inputs ----------------
+
+def _shape(x):
+    return tuple(x.shape) if hasattr(x, "shape") else None
+
+
+def _arg(sig, name, args, kwargs):
+    if name in kwargs:
+        return kwargs[name]
+    params = list(sig.parameters)[1:] if list(sig.parameters)[:1] == ["self"] else \
+        list(sig.parameters)
+    if name in params:
+        i = params.index(name)
+        if i < len(args):
+            return args[i]
+    return None
+
+
+def _tokens_flux(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 3:
+        raise UsageError("FluxTransformer2DModel: hidden_states must be [B, tokens, C] (the "
+                         "pipeline's packed latents)", code="usage")
+    text = ehs.shape[1] if ehs is not None else None
+    return hs.shape[0], hs.shape[1], text
+
+
+def _tokens_flux2(model, cfg, get):
+    if get("kv_cache") is not None or (get("num_ref_tokens") or 0) > 0:
+        raise UnsupportedError("Flux2Transformer2DModel with reference tokens or a KV cache: "
+                               "its reference tokens attend only to themselves (a second "
+                               "attention per layer), which cpc.diffusers does not route yet",
+                               code="unsupported")
+    return _tokens_flux(model, cfg, get)
+
+
+def _tokens_wan(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("WanTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    pt, ph, pw = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % ph or W % pw:
+        raise UsageError(f"WanTransformer3DModel: latent {F}x{H}x{W} is not a multiple of "
+                         f"patch_size {pt}x{ph}x{pw}", code="usage")
+    text = ehs.shape[1] if ehs is not None else None
+    return B, (F // pt) * (H // ph) * (W // pw), text
+
+
+# class name -> (tokens from inputs, segment of each split input name: "text" or "main",
+#               the main segment's attention kind for from_diffusers)
+_MODELS = {
+    "FluxTransformer2DModel": (_tokens_flux, "joint"),
+    "Flux2Transformer2DModel": (_tokens_flux2, "joint"),
+    "WanTransformer3DModel": (_tokens_wan, "self"),
+}
+_TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask")
+
+
+# ---- the per-shape state ------------------------------------------------------------
+
+class _Layout:
+    """Where this rank's tokens of each segment are: index tensors into the segment."""
+
+    def __init__(self, artifact, segments, P, rank):
+        torch = _torch()
+        self.P = P
+        self.pos = {}        # (segment, rank) -> list of positions inside the segment
+        off = 0
+        bounds = []
+        for name, n in segments:
+            bounds.append((name, off, n))
+            off += n
+        for r in range(P):
+            runs = artifact.shard_runs(r)
+            for name, o, n in bounds:
+                ps = []
+                for s, ln in runs:
+                    a, b = max(s, o), min(s + ln, o + n)
+                    if a < b:
+                        ps.extend(range(a - o, b - o))
+                self.pos[(name, r)] = ps
+        self.rank = rank
+        self.index = {name: torch.tensor(self.pos[(name, rank)], dtype=torch.long)
+                      for name, _, _ in bounds}
+        self.counts = {name: [len(self.pos[(name, r)]) for r in range(P)]
+                       for name, _, _ in bounds}
+        self.order = {name: torch.tensor([p for r in range(P) for p in self.pos[(name, r)]],
+                                         dtype=torch.long) for name, _, _ in bounds}
+        self.total = {name: n for name, _, n in bounds}
+
+    def split(self, x, seg, dim):
+        idx = self.index[seg]
+        if x.shape[dim] != self.total[seg]:
+            raise UsageError(f"cannot split a tensor of shape {tuple(x.shape)} on dim {dim}: "
+                             f"the {seg} segment has {self.total[seg]} tokens", code="usage")
+        n = len(idx)
+        if n and int(idx[-1]) - int(idx[0]) == n - 1:      # one run: a view
+            return x.narrow(dim, int(idx[0]), n)
+        return x.index_select(dim, idx.to(x.device))
+
+
+def _gather_fn():
+    torch = _torch()
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, state, seg, dim):
+            ctx.state, ctx.seg, ctx.dim = state, seg, dim
+            lay = state.layout
+            xm = x.detach().movedim(dim, 0).contiguous()
+            allrows = state.comm.allgather_rows(xm, lay.counts[seg])
+            full = torch.empty_like(allrows)
+            full[lay.order[seg].to(full.device)] = allrows
+            return full.movedim(0, dim).contiguous()
+
+        @staticmethod
+        def backward(ctx, g):
+            lay = ctx.state.layout
+            return (g.index_select(ctx.dim, lay.index[ctx.seg].to(g.device)), None, None,
+                    None)
+
+    return Gather
+
+
+class _Shape:
+    """One (shapes, dtype, mode) of the model: its plans, artifacts, ranks, layout."""
+
+    def __init__(self, par, key, tokens, text, batch, dtype, mode):
+        self.key, self.tokens, self.text, self.batch = key, tokens, text, batch
+        self.dtype, self.mode = dtype, mode
+        self.main = None           # (artifact, attention)
+        self.cross = {}            # kv tokens -> (artifact, attention)
+        self.layout = None
+        self.comm = par.comm
+
+
+_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+class _Parallel:
+    """The state parallelize() attaches to a transformer (transformer._cpc)."""
+
+    def __init__(self, model, parallel_config, comm, backend, timeout_s, plan_kw):
+        self.model = model
+        self.cls = type(model).__name__
+        self.cfg = dict(model.config)
+        self.cfg.setdefault("_class_name", self.cls)
+        self.parallel_config = parallel_config
+        self.comm = comm
+        self.backend, self.timeout_s, self.plan_kw = backend, timeout_s, plan_kw
+        self.shapes = {}
+        self.current = None
+        self.handles = []
+        self.sites = {}             # id(attention module) -> "main" | "cross"
+        self.sig = inspect.signature(type(model).forward)
+        self.tokens_fn, self.kind = _MODELS[self.cls]
+        self.last_plan = None
+        self.calls = 0              # attention calls answered by cpc (all shapes)
+        self.attention_s = 0.0      # wall seconds inside those calls (forward)
+
+    # -- plans --------------------------------------------------------------------
+    def _plan(self, attention, tokens, text, batch, dtype, mode):
+        return _D.from_diffusers(self.parallel_config, self.cfg, tokens=tokens,
+                                 text_tokens=text, batch=batch, dtype=dtype,
+                                 attention=attention, mode=mode,
+                                 name=f"{self.cls}-{attention}", **self.plan_kw)
+
+    def _compile(self, plan):
+        from ._plan import compile as cpc_compile
+        try:
+            return cpc_compile(plan)
+        except PlanError as e:
+            raise _diffusers_hints(e, plan, self.parallel_config) from None
+
+    def _state(self, tokens, text, batch, dtype, mode):
+        key = (tokens, text, batch, dtype, mode)
+        st = self.shapes.get(key)
+        if st is not None:
+            return st
+        st = _Shape(self, key, tokens, text, batch, dtype, mode)
+        if self.kind == "joint":
+            if text is None:
+                raise UsageError(f"{self.cls}: encoder_hidden_states is required (joint "
+                                 "attention over text and image tokens)", code="usage")
+            plan = self._plan("joint", tokens, text, batch, dtype, mode)
+        else:
+            plan = self._plan("self", tokens, None, batch, dtype, mode)
+        self.last_plan = plan
+        art = self._compile(plan)
+        if art.world_size != self.comm.size:
+            raise UsageError(
+                f"the plan needs {art.world_size} processes (ring_degree x ulysses_degree) "
+                f"but the communicator has {self.comm.size}", code="usage",
+                hint=f"launch {art.world_size} processes (mpirun -np {art.world_size} ... or "
+                     f"torchrun --nproc-per-node {art.world_size} ...), or change the "
+                     "ContextParallelConfig's ring_degree / ulysses_degree")
+        segs = [(s["name"], _seg_tokens(s, tokens)) for s in plan["input"]["segments"]]
+        st.layout = _Layout(art, segs, self.comm.size, self.comm.rank)
+        st.segments = segs
+        st.main = (art, self.comm.attention(art, self.backend, self.timeout_s))
+        if self.kind == "self" and text is not None and any(
+                v == "cross" for v in self.sites.values()):
+            st.cross[text] = self._cross(tokens, text, batch, dtype, mode)
+        self.shapes[key] = st
+        return st
+
+    def _cross(self, tokens, kv, batch, dtype, mode):
+        plan = self._plan("cross", tokens, kv, batch, dtype, mode)
+        art = self._compile(plan)
+        return art, self.comm.attention(art, self.backend, self.timeout_s)
+
+    # -- hooks ----------------------------------------------------------------------
+    def pre_forward(self, module, args, kwargs):
+        torch = _torch()
+
+        def get(name):
+            return _arg(self.sig, name, args, kwargs)
+
+        batch, tokens, text = self.tokens_fn(module, self.cfg, get)
+        dtype = _DTYPES.get(str(module.dtype))
+        if dtype is None:
+            raise UsageError(f"{self.cls} is {module.dtype}: cpc runs bf16, fp16 or fp32 "
+                             "(transformer.to(torch.bfloat16))", code="usage")
+        records = torch.is_grad_enabled() and (
+            any(p.requires_grad for p in module.parameters()) or
+            any(isinstance(a, torch.Tensor) and a.requires_grad
+                for a in list(args) + list(kwargs.values())))
+        mode = "training" if records else "inference"
+        key = (tokens, text, batch, dtype, mode)
+        keys = self.comm.allgather_obj(key)
+        if any(k != key for k in keys):
+            raise UsageError(f"ranks called {self.cls} with different shapes/modes: "
+                             + "; ".join(f"rank {r}: tokens {k[0]}, text {k[1]}, batch "
+                                         f"{k[2]}, {k[3]}, {k[4]}"
+                                         for r, k in enumerate(keys)),
+                             code="usage", hint="every rank passes the full, same-shaped "
+                             "inputs (as with diffusers' enable_parallelism)")
+        self.current = self._state(tokens, text, batch, dtype, mode)
+        return None
+
+    def post_forward(self, module, args, kwargs, output):
+        self.current = None
+        return None
+
+
+def _seg_tokens(seg, tokens):
+    if "tokens" in seg:
+        return seg["tokens"]
+    return tokens
+
+
+# ---- _cp_plan: split / gather hooks ----------------------------------------------------
+
+def _segment_of(name):
+    return "text" if isinstance(name, str) and name in _TEXT_NAMES else "main"
+
+
+def _install_cp_plan(par, model):
+    torch = _torch()
+    plan = getattr(type(model), "_cp_plan", None)
+    if not plan:
+        raise UnsupportedError(f"{par.cls} has no _cp_plan (diffusers' context-parallel "
+                               "metadata): cpc.diffusers cannot tell which inputs carry the "
+                               "sequence", code="unsupported")
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+    Gather = _gather_fn()
+
+    def seg_name(state, which):
+        if which == "text":
+            return "text"
+        return [n for n, _ in state.segments if n != "text"][0]
+
+    def do_split(x, cpi, which):
+        st = par.current
+        if st is None or not isinstance(x, torch.Tensor):
+            return x
+        if cpi.expected_dims is not None and x.dim() != cpi.expected_dims:
+            return x
+        seg = seg_name(st, which)
+        if seg not in st.layout.index:
+            return x
+        return st.layout.split(x, seg, cpi.split_dim)
+
+    def do_gather(x, cpo):
+        st = par.current
+        if st is None or not isinstance(x, torch.Tensor):
+            return x
+        if cpo.expected_dims is not None and x.dim() != cpo.expected_dims:
+            return x
+        if st.layout.P == 1:
+            return x
+        return Gather.apply(x, st, seg_name(st, "main"), cpo.gather_dim)
+
+    for module_id, entry in plan.items():
+        mods = _find_modules(model, module_id)
+        for m in mods:
+            if isinstance(entry, dict):
+                ins = {k: v for k, v in entry.items()
+                       if isinstance(v, ContextParallelInput) and not v.split_output
+                       or isinstance(v, (list, tuple))}
+                outs = {k: v for k, v in entry.items()
+                        if isinstance(v, ContextParallelInput) and v.split_output}
+                if ins:
+                    sig = inspect.signature(type(m).forward)
+                    params = [p for p in sig.parameters][1:]
+
+                    def pre(mod, args, kwargs, ins=ins, params=params):
+                        args = list(args)
+                        for name, cpi in ins.items():
+                            if name in kwargs:
+                                v = kwargs[name]
+                            elif isinstance(name, str) and name in params and \
+                                    params.index(name) < len(args):
+                                v = args[params.index(name)]
+                            else:
+                                continue
+                            if isinstance(v, (list, tuple)):
+                                v = type(v)(do_split(x, c, _segment_of(name))
+                                            for x, c in zip(v, cpi))
+                            else:
+                                v = do_split(v, cpi, _segment_of(name))
+                            if name in kwargs:
+                                kwargs[name] = v
+                            else:
+                                args[params.index(name)] = v
+                        return tuple(args), kwargs
+                    h = m.register_forward_pre_hook(pre, with_kwargs=True)
+                    par.handles.append(h)
+                if outs:
+                    def post(mod, args, output, outs=outs):
+                        single = isinstance(output, torch.Tensor)
+                        lst = [output] if single else list(output)
+                        for i, cpi in outs.items():
+                            lst[i] = do_split(lst[i], cpi, "main")
+                        return lst[0] if single else type(output)(lst)
+                    par.handles.append(m.register_forward_hook(post))
+            else:
+                cpos = [entry] if isinstance(entry, ContextParallelOutput) else list(entry)
+
+                def gpost(mod, args, output, cpos=cpos):
+                    single = isinstance(output, torch.Tensor)
+                    lst = [output] if single else list(output)
+                    for i, cpo in enumerate(cpos):
+                        if cpo is not None:
+                            lst[i] = do_gather(lst[i], cpo)
+                    return lst[0] if single else type(output)(lst)
+                par.handles.append(m.register_forward_hook(gpost))
+
+
+def _find_modules(model, name):
+    if name == "":
+        return [model]
+    mods = [model]
+    for atom in name.split("."):
+        nxt = []
+        for m in mods:
+            if atom == "*":
+                nxt.extend(list(m))
+            else:
+                nxt.append(getattr(m, atom) if not atom.isdigit() else m[int(atom)])
+        mods = nxt
+    return mods
+
+
+# ---- attention: processors and dispatch_attention_fn ------------------------------------
+
+def _wrapped_class(cls):
+    sub = _WRAPPED_CLASSES.get(cls)
+    if sub is not None:
+        return sub
+    orig = cls.__call__
+
+    @functools.wraps(orig)
+    def __call__(self, attn, *args, **kwargs):
+        tok = _CURRENT.set(attn)
+        try:
+            return orig(self, attn, *args, **kwargs)
+        finally:
+            _CURRENT.reset(tok)
+
+    sub = type(cls.__name__, (cls,), {"__call__": __call__, "_cpc_original_class": cls,
+                                      "__module__": cls.__module__})
+    _WRAPPED_CLASSES[cls] = sub
+    return sub
+
+
+def _patch_dispatch(modname):
+    if modname in _PATCHED_MODULES:
+        return
+    mod = sys.modules[modname]
+    orig = getattr(mod, "dispatch_attention_fn", None)
+    if orig is None:
+        raise UnsupportedError(f"{modname} does not call diffusers' dispatch_attention_fn: "
+                               "its attention cannot be routed through cpc", code="unsupported")
+
+    @functools.wraps(orig)
+    def dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, enable_gqa=False, attention_kwargs=None, *, backend=None,
+                 parallel_config=None):
+        attn = _CURRENT.get()
+        par = getattr(attn, "_cpc_parallel", None) if attn is not None else None
+        if par is None or par.current is None:
+            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                        attention_kwargs=attention_kwargs, backend=backend,
+                        parallel_config=parallel_config)
+        return _cpc_attention(par, attn, query, key, value, attn_mask, dropout_p, is_causal,
+                              scale)
+
+    _PATCHED_MODULES[modname] = orig
+    mod.dispatch_attention_fn = dispatch
+
+
+def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
+    st = par.current
+    par.calls += 1
+    if attn_mask is not None:
+        raise UnsupportedError(f"{par.cls}: an attention mask reached the attention; cpc's "
+                               "plan for this model has none", code="unsupported")
+    if dropout_p or is_causal:
+        raise UnsupportedError("dropout / causal attention through cpc.diffusers is not "
+                               "supported", code="unsupported")
+    D = q.shape[-1]
+    if scale is not None and abs(scale - D ** -0.5) > 1e-12 * D ** -0.5:
+        raise UnsupportedError(f"softmax scale {scale} (cpc.diffusers runs 1/sqrt(head_dim))",
+                               code="unsupported")
+    if par.sites.get(id(attn)) == "cross":
+        n = k.shape[1]
+        if n not in st.cross:
+            st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode)
+        att = st.cross[n][1]
+        if st.mode == "training" and par.comm.size > 1:
+            # cpc returns the whole dK/dV of the replicated text on every rank (the sum
+            # over all ranks' queries, docs/BACKWARD.md 3.7); the text's projections ran
+            # on every rank, so each rank keeps 1/P of it: the parameter gradients summed
+            # over the ranks (allreduce_grads) are then the single-process ones.  P is a
+            # power of two or not: the scaling is one rounding at most.
+            k, v = _scale_grad(k, 1.0 / par.comm.size), _scale_grad(v, 1.0 / par.comm.size)
+    else:
+        att = st.main[1]
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
+                         code="usage")
+    t0 = time.perf_counter()
+    if _DTYPES.get(str(q.dtype)) != st.dtype:
+        torch = _torch()
+        want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[st.dtype]
+        out = att(q.to(want), k.to(want), v.to(want)).to(q.dtype)
+    else:
+        out = att(q, k, v)
+    par.attention_s += time.perf_counter() - t0
+    return out
+
+
+_SCALE = None
+
+
+def _scale_grad(x, f):
+    """x in the forward; the incoming gradient times f in the backward."""
+    global _SCALE
+    if _SCALE is None:
+        torch = _torch()
+
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, f):
+                ctx.f = f
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * ctx.f, None
+        _SCALE = Scale
+    return _SCALE.apply(x, f) if x.requires_grad else x
+
+
+def _install_attention(par, model):
+    n = 0
+    for name, m in model.named_modules():
+        proc = getattr(m, "processor", None)
+        if proc is None or not callable(proc):
+            continue
+        cls = type(proc)
+        if getattr(cls, "_cpc_original_class", None) is None:
+            _patch_dispatch(cls.__module__)
+            proc.__class__ = _wrapped_class(cls)
+        m._cpc_parallel = par
+        par.sites[id(m)] = "cross" if getattr(m, "is_cross_attention", False) else "main"
+        n += 1
+    if n == 0:
+        raise UnsupportedError(f"{par.cls} has no attention module with a processor",
+                               code="unsupported")
+    return n
+
+
+def _diffusers_hints(e, plan, parallel_config):
+    """A PlanError of a from_diffusers plan (its diagnostics already name the
+    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it."""
+    e.plan = plan
+    return e
+
+
+# ---- public API ---------------------------------------------------------------------------
+
+def parallelize(transformer, parallel_config, comm=None, *, backend="auto", timeout_s=None,
+                **plan_kw):
+    """Parallelize a diffusers transformer's attention with cpc (see the module doc).
+
+    transformer: a diffusers model with `_cp_plan` (FluxTransformer2DModel,
+      WanTransformer3DModel).  parallel_config: diffusers' ContextParallelConfig (or
+      ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
+      communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
+      backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
+      (device=, steps=, ...).
+
+    Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
+    full output.  Errors: cpc.UnsupportedError (a model without _cp_plan, or whose
+    processors do not call dispatch_attention_fn), ValueError (a ContextParallelConfig
+    cpc cannot honour, at once); at the first call: cpc.PlanError / cpc.UsageError on every
+    rank before any layer runs.  Returns the transformer."""
+    cls = type(transformer).__name__
+    if cls not in _MODELS:
+        raise UnsupportedError(f"cpc.diffusers.parallelize: {cls} is not supported yet; "
+                               f"supported: {', '.join(sorted(_MODELS))}", code="unsupported")
+    if getattr(transformer, "_cpc", None) is not None:
+        raise UsageError("this transformer is already parallelized (unparallelize first)",
+                         code="usage")
+    _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
+    c = _make_comm(comm)
+    par = _Parallel(transformer, parallel_config, c, backend, timeout_s, plan_kw)
+    # the shape pre-hook first: torch runs a module's pre-hooks in registration order and
+    # _cp_plan's root entry (FLUX) splits the inputs in another pre-hook of the model
+    par.handles.append(transformer.register_forward_pre_hook(par.pre_forward,
+                                                             with_kwargs=True))
+    try:
+        _install_attention(par, transformer)
+        _install_cp_plan(par, transformer)
+    except BaseException:
+        transformer._cpc = par
+        unparallelize(transformer)
+        raise
+    par.handles.append(transformer.register_forward_hook(par.post_forward, with_kwargs=True))
+    transformer._cpc = par
+    return transformer
+
+
+def is_parallelized(transformer):
+    return getattr(transformer, "_cpc", None) is not None
+
+
+def unparallelize(transformer):
+    """Removes parallelize's hooks and closes its cpc ranks (collective)."""
+    par = getattr(transformer, "_cpc", None)
+    if par is None:
+        return transformer
+    for h in par.handles:
+        h.remove()
+    for m in transformer.modules():
+        proc = getattr(m, "processor", None)
+        orig = getattr(type(proc), "_cpc_original_class", None)
+        if orig is not None:
+            proc.__class__ = orig
+        if hasattr(m, "_cpc_parallel"):
+            del m._cpc_parallel
+    for st in par.shapes.values():
+        for _, att in [st.main] + list(st.cross.values()):
+            att.close()
+    transformer._cpc = None
+    return transformer
+
+
+def allreduce_grads(transformer, comm=None):
+    """Sums every parameter's .grad over the parallelized transformer's communicator
+    (each rank's gradient covers its own tokens; the sum is the single-process gradient).
+    Collective."""
+    par = getattr(transformer, "_cpc", None)
+    c = par.comm if par is not None and comm is None else _make_comm(comm)
+    for p in transformer.parameters():
+        if p.grad is not None:
+            c.allreduce_(p.grad)

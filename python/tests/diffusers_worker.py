@@ -1,0 +1,203 @@
+"""One process of a cpc.diffusers.parallelize check (run under mpirun or torchrun by
+test_diffusers_parallel.py): a tiny random diffusers model, the same on every rank (seeded),
+run once as is (the single-process reference) and once parallelized; rank 0 prints one
+JSON line with the relative errors (output; with --train also the summed parameter
+gradients and the input gradient).
+
+    mpirun -np 2 python diffusers_worker.py --model flux --ulysses 2 --tokens 24 --text 7
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def tiny_flux(heads):
+    from diffusers import FluxTransformer2DModel
+    return FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                  num_single_layers=1, attention_head_dim=16,
+                                  num_attention_heads=heads, joint_attention_dim=32,
+                                  pooled_projection_dim=32, guidance_embeds=False,
+                                  axes_dims_rope=(4, 6, 6))
+
+
+def tiny_flux2(heads):
+    from diffusers import Flux2Transformer2DModel
+    return Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                   num_single_layers=1, attention_head_dim=16,
+                                   num_attention_heads=heads, joint_attention_dim=32,
+                                   timestep_guidance_channels=32, guidance_embeds=False,
+                                   axes_dims_rope=(4, 4, 4, 4))
+
+
+def tiny_wan(heads):
+    from diffusers import WanTransformer3DModel
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads,
+                                 attention_head_dim=16, in_channels=4, out_channels=4,
+                                 text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
+                                 cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                 rope_max_seq_len=64)
+
+
+def inputs(model, a, torch, dtype):
+    g = torch.Generator().manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    B = a.batch
+    if a.model == "flux2":
+        N, T = a.tokens, a.text
+        ids_img = torch.zeros(B, N, 4)
+        ids_img[..., 1] = torch.arange(N) // 5
+        ids_img[..., 2] = torch.arange(N) % 5
+        ids_txt = torch.zeros(B, T, 4)
+        ids_txt[..., 3] = torch.arange(T)
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    timestep=torch.full((B,), 0.5).to(dtype), img_ids=ids_img,
+                    txt_ids=ids_txt, return_dict=False)
+    if a.model == "flux":
+        N, T = a.tokens, a.text
+        ids_img = torch.zeros(N, 3)
+        ids_img[:, 1] = torch.arange(N) // 5
+        ids_img[:, 2] = torch.arange(N) % 5
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    pooled_projections=r(B, 32), timestep=torch.full((B,), 0.5).to(dtype),
+                    img_ids=ids_img, txt_ids=torch.zeros(T, 3), return_dict=False)
+    F, H, W = a.frames, a.height, a.width
+    return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                timestep=torch.full((B,), 500.0), return_dict=False)
+
+
+def rel(x, ref):
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / max(float(ref.norm()), 1e-300))
+
+
+def parser():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=["flux", "flux2", "wan"], default="flux")
+    p.add_argument("--ring", type=int, default=1)
+    p.add_argument("--ulysses", type=int, default=1)
+    p.add_argument("--anything", action="store_true")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--text", type=int, default=8)
+    p.add_argument("--frames", type=int, default=3)
+    p.add_argument("--height", type=int, default=4)
+    p.add_argument("--width", type=int, default=6)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--train", action="store_true")
+    p.add_argument("--expect-error", default=None, help="a cpc error class name")
+    p.add_argument("--name", default=None)
+    return p
+
+
+def main():
+    top = argparse.ArgumentParser()
+    top.add_argument("--torchrun", action="store_true", help="comm: torch.distributed gloo")
+    top.add_argument("--cases", default=None,
+                     help="a file with one case per line (this script's case options)")
+    top.add_argument("--out", default=None,
+                     help="a folder: each rank appends its JSON lines to rank<r>.jsonl "
+                          "there (ranks' stdout lines may interleave)")
+    t, rest = top.parse_known_args()
+    cases = ([parser().parse_args(line.split()) for line in open(t.cases)
+              if line.strip() and not line.startswith("#")]
+             if t.cases else [parser().parse_args(rest)])
+
+    import torch
+    torch.set_num_threads(1)
+    import diffusers
+    diffusers.utils.logging.set_verbosity_error()
+    if t.torchrun:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        comm = None          # as a diffusers user would: the launcher's default group
+        rank = dist.get_rank()
+    else:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+    for a in cases:
+        res = one(a, torch, comm, rank)
+        res["name"] = a.name
+        if rank == 0 or "error" in res:
+            line = json.dumps(res)
+            if t.out:
+                with open(os.path.join(t.out, f"rank{rank}.jsonl"), "a") as f:
+                    f.write(line + "\n")
+            else:
+                print(line, flush=True)
+    return 0
+
+
+def one(a, torch, comm, rank):
+    import cpc
+    import cpc.diffusers
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    torch.manual_seed(0)
+    model = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan}[a.model](a.heads).to(dtype)
+    if not a.train:
+        model.eval()
+    x = inputs(model, a, torch, dtype)
+    w = torch.randn(1, generator=torch.Generator().manual_seed(3))
+
+    def run():
+        xi = dict(x)
+        if a.train:
+            xi["hidden_states"] = x["hidden_states"].clone().requires_grad_()
+            model.zero_grad()
+            out = model(**xi)[0]
+            g = torch.Generator().manual_seed(11)
+            wt = torch.randn(out.shape, generator=g).to(out.dtype)
+            (out.float() * wt.float()).sum().backward()
+            return out.detach(), xi["hidden_states"].grad, {
+                n: p.grad.detach().clone() for n, p in model.named_parameters()
+                if p.grad is not None}
+        with torch.no_grad():
+            return model(**xi)[0], None, None
+
+    ref, ref_dx, ref_g = run()
+    pc = {"ring_degree": a.ring, "ulysses_degree": a.ulysses}
+    if a.anything:
+        pc["ulysses_anything" if a.ulysses > 1 else "ring_anything"] = True
+    try:
+        cpc.diffusers.parallelize(model, pc, comm=comm)
+        t0 = time.perf_counter()
+        out, dx, grads = run()
+        dt = time.perf_counter() - t0
+    except cpc.Error as e:
+        if a.expect_error and type(e).__name__ == a.expect_error:
+            cpc.diffusers.unparallelize(model)
+            return {"rank": rank, "error": type(e).__name__, "message": str(e),
+                    "hint": getattr(e, "hint", None)}
+        raise
+    res = {"rank": rank, "out": rel(out, ref), "shape": list(out.shape), "s": dt,
+           "variant": model._cpc.current is None and
+           next(iter(model._cpc.shapes.values())).main[0].variant,
+           "cpc_calls": model._cpc.calls}
+    if a.train:
+        cpc.diffusers.allreduce_grads(model)
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        model._cpc.comm.allreduce_(dx)         # each rank's input gradient: its tokens
+        # A parameter whose exact gradient is 0 (a key bias: softmax does not see it) has a
+        # reference of pure rounding noise: errors are relative to the largest gradient
+        # norm over the parameters of the same kind then, not to their own.
+        top = max(float(g.double().norm()) for g in ref_g.values())
+        errs = {n: float((g.double() - ref_g[n].double()).norm()) /
+                max(float(ref_g[n].double().norm()), 1e-3 * top) for n, g in grads.items()}
+        res["top5"] = sorted(((e, n, float(ref_g[n].norm())) for n, e in errs.items()),
+                             reverse=True)[:40] if os.environ.get("CPC_DEBUG") else None
+        res["grad_max"] = max(errs.values())
+        res["grad_worst"] = max(errs, key=errs.get)
+        res["n_grads"] = len(errs)
+        res["dx"] = rel(dx, ref_dx)
+    cpc.diffusers.unparallelize(model)
+    return res
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

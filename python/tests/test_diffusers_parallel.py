@@ -1,0 +1,163 @@
+"""cpc.diffusers.parallelize on real diffusers models (the torch-2 tier).
+
+Needs torch >= 2, diffusers and mpi4py (scripts/torch_venv.sh builds that venv;
+scripts/test_torch.sh runs this file in it); skipped elsewhere (Debian's torch 1.13
+cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel and
+WanTransformer3DModel
+(seeded: the same weights on every rank), even and odd token counts, fp32 and bf16,
+every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
+(gloo) run: each parallelized output (and, training, the input gradient and every
+parameter's gradient summed over the ranks) against the same model in one process.
+All cases of a process count run in ONE mpirun (diffusers_worker.py --cases), to keep
+the tier at about a minute."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch, "accelerator"):
+    pytest.skip("diffusers needs torch >= 2 (scripts/test_torch.sh)", allow_module_level=True)
+pytest.importorskip("diffusers")
+pytest.importorskip("mpi4py")
+
+WORKER = HERE / "diffusers_worker.py"
+MPIRUN = shutil.which("mpirun")
+
+# name: (worker options, expected variant)
+CASES_2 = {
+    "flux-ulysses-fp32": "--model flux --ulysses 2",
+    "flux-ring-fp32": "--model flux --ring 2",
+    "flux-ring-bf16": "--model flux --ring 2 --dtype bf16",
+    "flux-ulysses-bf16": "--model flux --ulysses 2 --dtype bf16",
+    "flux-ulysses_anything-odd-fp32": "--model flux --ulysses 2 --anything --heads 3 "
+                                      "--tokens 25 --text 7",
+    "flux-ring_anything-odd-bf16": "--model flux --ring 2 --anything --tokens 25 --text 7 "
+                                   "--dtype bf16",
+    "flux-ulysses-train-fp32": "--model flux --ulysses 2 --train --batch 2",
+    "flux-ring_anything-odd-train-fp32": "--model flux --ring 2 --anything --tokens 23 "
+                                         "--text 5 --train",
+    "flux2-ring-bf16": "--model flux2 --ring 2 --dtype bf16",
+    "flux2-ulysses_anything-odd-train-fp32": "--model flux2 --ulysses 2 --anything "
+                                             "--tokens 25 --text 7 --train",
+    "wan-ulysses-fp32": "--model wan --ulysses 2",
+    "wan-ring-bf16": "--model wan --ring 2 --dtype bf16",
+    "wan-ring_anything-odd-fp32": "--model wan --ring 2 --anything --frames 3 --height 6 "
+                                  "--width 6",
+    "wan-ulysses_anything-odd-bf16": "--model wan --ulysses 2 --anything --heads 3 "
+                                     "--frames 3 --height 6 --width 6 --dtype bf16",
+    "wan-ring-train-fp32": "--model wan --ring 2 --train",
+    "wan-ulysses-train-bf16": "--model wan --ulysses 2 --train --dtype bf16",
+    "flux-ring-odd-refused": "--model flux --ring 2 --tokens 25 --text 7 "
+                             "--expect-error PlanError",
+}
+CASES_4 = {
+    "flux-unified-fp32": "--model flux --ring 2 --ulysses 2",
+    "flux-ring-bf16": "--model flux --ring 4 --dtype bf16",
+    "flux-ulysses_anything-odd-fp32": "--model flux --ulysses 4 --anything --heads 6 "
+                                      "--tokens 27 --text 7",
+    "flux-unified-train-fp32": "--model flux --ring 2 --ulysses 2 --train",
+    "flux2-unified-fp32": "--model flux2 --ring 2 --ulysses 2",
+    "wan-ulysses-fp32": "--model wan --ulysses 4 --frames 4",
+    "wan-ring_anything-odd-bf16": "--model wan --ring 4 --anything --frames 5 --height 6 "
+                                  "--width 6 --dtype bf16",
+    "wan-unified-train-fp32": "--model wan --ring 2 --ulysses 2 --frames 4 --train",
+    "wan-ulysses-odd-refused": "--model wan --ulysses 4 --frames 5 --height 6 --width 6 "
+                               "--expect-error PlanError",
+}
+CASES_TORCHRUN = {
+    "flux-ulysses-fp32": "--model flux --ulysses 2",
+    "wan-ring_anything-odd-train-fp32": "--model wan --ring 2 --anything --frames 3 "
+                                        "--height 6 --width 6 --train",
+}
+
+
+def _env():
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _launch(cmd, cases, tmp_path, tag, extra=()):
+    f = tmp_path / f"cases-{tag}.txt"
+    f.write_text("".join(f"{opts} --name {name}\n" for name, opts in cases.items()))
+    out = tmp_path / f"out-{tag}"
+    out.mkdir()
+    p = subprocess.run(cmd + [str(WORKER), "--cases", str(f), "--out", str(out), *extra],
+                       capture_output=True, text=True, timeout=600, env=_env())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    res = {}
+    for fr in sorted(out.glob("rank*.jsonl")):
+        for line in fr.read_text().splitlines():
+            d = json.loads(line)
+            res.setdefault(d["name"], []).append(d)
+    return res
+
+
+def _mpirun(n):
+    if MPIRUN is None:
+        pytest.skip("no mpirun")
+    return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(n),
+            "-x", "PYTHONPATH", "-x", "CPC_LIBRARY", "-x", "OPENBLAS_NUM_THREADS",
+            "-x", "OMP_NUM_THREADS", sys.executable]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dp")
+    return {2: _launch(_mpirun(2), CASES_2, tmp, 2), 4: _launch(_mpirun(4), CASES_4, tmp, 4)}
+
+
+def _check(name, runs, nproc):
+    assert runs, f"{name}: no result"
+    d = runs[0]
+    opts = {**CASES_2, **CASES_4, **CASES_TORCHRUN}
+    if "--expect-error" in (CASES_2.get(name, "") if nproc == 2 else CASES_4.get(name, "")):
+        # every rank raised the same error before any collective (no hang)
+        assert len(runs) == nproc, runs
+        assert all(r["error"] == "PlanError" for r in runs)
+        assert all("CP01" in r["message"] and "_anything=True" in r["message"] for r in runs)
+        return
+    assert "error" not in d, d
+    bf16 = "bf16" in name
+    # fp32: cpc's attention vs torch's SDPA differ by rounding only; bf16: the attention
+    # output is rounded to bf16 at different points (cpc: once; SDPA: its own blocking)
+    tol = 2e-2 if bf16 else 2e-6
+    assert d["out"] < tol, d
+    # every attention of the model went through cpc (flux 2 layers, wan 2 x (self+cross))
+    per_forward = 2 if name.startswith("flux") else 4
+    assert d["cpc_calls"] == per_forward, d
+    want = {"ring": "ring", "ulysses": "ulysses", "unified": "unified",
+            "ring_anything": "ring_anything", "ulysses_anything": "ulysses_anything"}
+    assert d["variant"] == want[name.split("-")[1]], d
+    if "train" in name:
+        gtol = 1e-1 if bf16 else 2e-5
+        assert d["grad_max"] < gtol, d
+        assert d["dx"] < (2e-2 if bf16 else 2e-6), d
+    assert opts
+
+
+@pytest.mark.parametrize("name", list(CASES_2))
+def test_mpirun_2(results, name):
+    _check(name, results[2].get(name), 2)
+
+
+@pytest.mark.parametrize("name", list(CASES_4))
+def test_mpirun_4(results, name):
+    _check(name, results[4].get(name), 4)
+
+
+def test_torchrun(tmp_path):
+    """torch.distributed (gloo) as comm, launched by torchrun as diffusers users do."""
+    res = _launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                   "--master-port", "29533"], CASES_TORCHRUN, tmp_path, "tr",
+                  extra=["--torchrun"])
+    for name in CASES_TORCHRUN:
+        _check(name, res.get(name), 2)
