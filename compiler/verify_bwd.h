@@ -89,8 +89,8 @@
  *      members hold the same head without reduce=sum is refused (one part
  *      would be lost); reduce sums, in member order, the parts of each head.
  *   4. Matching: every recv buffer takes the next message of its (group,
- *      peer, tag), with the role it declares and the content its `block`
- *      says; every request is matched and completed by a wait; no rank
+ *      peer, tag), with the role and layout (tokens, heads) it declares and
+ *      the content its `block` says; every request is matched and completed by a wait; no rank
  *      waits forever on a wait (its partner posted only after that partner
  *      blocks) or on a collective some member never reaches (reported,
  *      naming the op and the unmatched request).
