@@ -30,18 +30,24 @@
  *   B200 148.  arch: compute capability x 10.
  * gemm_tflops: the large-GEMM rate cuBLAS sustains = peak x the architecture's
  *   sustained fraction: Hopper 0.75 (cuBLAS BF16 8k^3 ~740 TFLOP/s on H100 SXM
- *   under its 700 W limit), Ampere 0.85 (~265 of 312), Ada 0.80, H20 0.90 (its
- *   peak is a capped clock: GEMMs run at the cap), Blackwell 0.70.  Shapes then
- *   lower it (cost.h GEMM EFFICIENCY: wave quantisation, short K, the roofline).
+ *   under its 700 W limit); Ampere 0.75 (cuBLAS reaches ~0.85, ~265 of 312, on
+ *   8k^3; with 0.85 the A100/A800 rows of bench/published/ come out ~10% fast
+ *   (checked in issue 20's second pass: within-25% drops from 91% to 78% with
+ *   the best-case figures below), so the DiT shapes' ~0.75 is used); Ada 0.90
+ *   (its 165/119.5 TFLOP/s peaks are the FP32-accumulate figures, which cuBLAS
+ *   nearly reaches); H20 0.90 (its peak is a capped clock: GEMMs run at the
+ *   cap), Blackwell 0.70.  Shapes then lower it (cost.h GEMM EFFICIENCY: wave
+ *   quantisation, short K, the roofline).
  * attn_tflops: FlashAttention-2-class forward (what PyTorch SDPA's flash backend
- *   runs), head_dim 128, long sequences: A100 ~225 (FlashAttention-2 paper, Dao
- *   2023: up to 73% of 312) -> 0.70 x peak on Ampere; Ada 0.60 x peak (FA2 on
- *   RTX 4090 ~100 of 165, on L20 ~70 of 119.5; SageAttention paper's FA2
- *   baselines); H100 ~350 (FlashAttention-3 paper, Shah et al. 2024, FA2 forward
- *   hdim 128: 324-370 TFLOP/s at 2k-16k) -> 0.35 x peak on Hopper (FA2 cannot use
- *   wgmma); H20 0.60 x its capped peak (the cap, not the instruction mix, bounds
- *   it); B200 0.30 x peak (FA2's mma.sync path on Blackwell).  Other kernels:
- *   ATTENTION KERNELS in cost.h.
+ *   runs), head_dim 128: Ampere 0.62 x peak (~193 of 312; the FlashAttention-2
+ *   paper, Dao 2023, reaches up to 73% at its best lengths, the DiT rows run
+ *   below it); Ada 0.60 x peak (FA2 on RTX 4090 ~100 of 165, on L20 ~70 of
+ *   119.5; SageAttention paper's FA2 baselines); Hopper 0.30 x peak (~297; the
+ *   FlashAttention-3 paper, Shah et al. 2024, has FA2's forward at hdim 128 at
+ *   324-370 TFLOP/s for 2k-16k tokens, FA2 cannot use wgmma; 0.35 puts the
+ *   attention-bound H100 rows, Wan2.1 and HunyuanVideo, ~12% fast); H20 0.60 x its capped peak (the cap, not the
+ *   instruction mix, bounds it); B200 0.30 x peak (FA2's mma.sync path on
+ *   Blackwell).  Other kernels: ATTENTION KERNELS in cost.h.
  * mem_gbps: datasheet HBM/GDDR bandwidth x 0.9 (what streaming kernels reach):
  *   H100 SXM/H800 3350, H100 PCIe 2000, H200 4800, H20 4000, A100 SXM/A800 2039,
  *   A100 PCIe 1935, L20/L40/L40S 864, RTX 4090 1008, B200 8000.
@@ -1430,11 +1436,18 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
      * video decoder (HunyuanVideo, CogVideoX, Mochi, Wan: 3x3x3 kernels, the
      * lower two levels at 1/4 and 1/2 of the frames) ~1300 c^2 (c = 128: 21
      * MFLOP).  Image decoders run at half the GEMM rate (cuDNN implicit-GEMM
-     * convolutions between GroupNorm/SiLU); video decoders at the FP32 rate
-     * (attn_tflops_fp32: their reference code and diffusers decode 3-D VAEs in
-     * float32, and cuDNN's 3-D convolutions there run without tensor cores).
+     * convolutions between GroupNorm/SiLU); video decoders at a quarter of it
+     * (3-D convolutions over narrow channels; a check: Wan2.2-TI2V-5B's VAE
+     * decodes 832x480x81 on an RTX 4090 in 19.8 s, utensils/mold issue #802, and
+     * this formula gives ~19.7 s; HunyuanVideo's decodes 848x480x77 on an H200
+     * in 5.7 s tiled, sgl-project/sglang PR #36012, ~3.9 s untiled here).
      * Each convolution's activation is also normalised, activated, read and
-     * written (~6 passes): ~152 c x element bytes per output pixel. */
+     * written (~6 passes): ~152 c x element bytes per output pixel.  With
+     * runtime.vae_tiling a frame larger than one tile (256^2 output pixels for a
+     * video decoder, 512^2 for an image decoder: diffusers' tile_sample_min
+     * defaults) is decoded in tiles that overlap by a quarter on each side
+     * (tile / stride = 4/3 per dimension, diffusers' defaults), so (4/3)^2 of
+     * its pixels are computed. */
     if (plan->runtime.vae) {
         double c = plan->runtime.vae_channels > 0 ? plan->runtime.vae_channels : 128;
         double t = 0;
@@ -1444,6 +1457,9 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
                 continue;
             double px = (double)s->pixels;
             bool video = s->kind == CPC_SEG_VIDEO;
+            double frame = px / (double)(s->frames > 0 ? s->frames : 1);
+            if (plan->runtime.vae_tiling && frame > (video ? 256.0 * 256.0 : 512.0 * 512.0))
+                px *= 16.0 / 9.0;
             double rate = (video ? 0.25 : 0.5) * gemm;
             double eb = es;
             t += px * (video ? 1300.0 : 512.0) * c * c / rate + px * 152.0 * c * eb / mem;

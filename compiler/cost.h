@@ -158,7 +158,10 @@
  *   counts the convolutions), at half (image) or a quarter (video: 3-D
  *   convolutions of narrow channels) of the GEMM rate, plus ~152 c x 2 bytes
  *   per pixel of normalisation and activation at mem_gbps; over the ranks with
- *   runtime.vae_parallel.
+ *   runtime.vae_parallel; with runtime.vae_tiling a frame larger than one tile
+ *   (256^2 pixels for a video decoder, 512^2 for an image one) costs (4/3)^2 of
+ *   its pixels (tiles overlapping by a quarter on each side, diffusers'
+ *   defaults).
  *
  * MEMORY of the deployment (with model.parameters, on GPUs; inside
  *   memory_bytes_per_rank): weights = parameters x dtype bytes / T (CP and CFG

@@ -561,7 +561,7 @@ Test(cost, structure_and_runtime_keys)
              "mlp_ratio: 2.7, mlp_gated: false, cross_attention_tokens: 512, experts: 8, active_experts: 2, "
              "dual_stream_layers: 4}\n"
              "runtime: {framework: xdit, attention_kernel: fa3, text_encoder_parameters: 0, vae: none, "
-             "vae_channels: 96, vae_parallel: true, cfg: batched}\n", base);
+             "vae_channels: 96, vae_parallel: true, vae_tiling: true, cfg: batched}\n", base);
     cpc_plan *p = NULL;
     cpc_status *st = load_text(text, &p);
     cr_assert(p && !cpc_status_has_error(st));
@@ -573,7 +573,7 @@ Test(cost, structure_and_runtime_keys)
     cr_expect_eq(p->runtime.framework, CPC_FRAMEWORK_XDIT);
     cr_expect_eq(p->runtime.attention_kernel, CPC_KERNEL_FA3);
     cr_expect(p->runtime.text_encoder_parameters == 0 && !p->runtime.vae && p->runtime.vae_parallel &&
-              p->runtime.cfg_batched);
+              p->runtime.vae_tiling && p->runtime.cfg_batched);
     cr_expect_eq(p->runtime.vae_channels, 96);
     /* the video segment remembers its pixels (the VAE decode's output) */
     cr_expect_eq(p->input.segments[1].kind, CPC_SEG_VIDEO);
@@ -595,7 +595,7 @@ Test(cost, structure_and_runtime_keys)
     cr_assert(p && !cpc_status_has_error(st));
     cr_expect(!p->model.structure_given && p->runtime.framework == CPC_FRAMEWORK_EAGER &&
               p->runtime.attention_kernel == CPC_KERNEL_SDPA && p->runtime.text_encoder_parameters == -1 &&
-              p->runtime.vae && !p->runtime.vae_parallel && !p->runtime.cfg_batched &&
+              p->runtime.vae && !p->runtime.vae_parallel && !p->runtime.vae_tiling && !p->runtime.cfg_batched &&
               !p->model.linear_attention);
     /* a generic block: min(parameters / layers, 12 h^2) per token */
     cr_expect_float_eq(cpc_weights_per_token(p), 12.0 * h * h * 40, 1);
@@ -658,6 +658,41 @@ Test(cost, linear_attention_by_hand)
     cr_expect_float_eq(soft.gemm_ms_per_step, lin.gemm_ms_per_step, 1e-9 * lin.gemm_ms_per_step);
     cpc_status_free(st);
     cpc_plan_free(p);
+}
+
+/* runtime.vae_tiling (cost.h PIPELINE): a 720p video decoded in tiles that
+ * overlap by a quarter on each side computes (4/3)^2 of its pixels, so the
+ * VAE decode costs 16/9 of the untiled one; a video whose frames fit one
+ * 256^2 tile costs the same either way. */
+Test(cost, vae_tiling_overlap)
+{
+    const char *sizes[][2] = {{"720", "1280"}, {"256", "256"}};
+    for (int i = 0; i < 2; i++) {
+        double ms[2];
+        for (int tiled = 0; tiled < 2; tiled++) {
+            char text[1024];
+            snprintf(text, sizeof text,
+                     "version: 1\n"
+                     "model: {heads: 40, head_dim: 128, layers: 40, parameters: 14288491584}\n"
+                     "input: {segments: [{name: video, video: {frames: 81, height: %s, width: %s}}], "
+                     "steps: 50}\n"
+                     "cluster: {world_size: 1, device: h100-sxm}\n"
+                     "parallel: {variant: none}\n"
+                     "runtime: {vae_tiling: %s}\n",
+                     sizes[i][0], sizes[i][1], tiled ? "true" : "false");
+            cpc_plan *p = NULL;
+            cpc_status *st = load_text(text, &p);
+            cr_assert(p && !cpc_status_has_error(st));
+            cpc_prediction pr = price(p, CPC_VARIANT_NONE, 1, 1);
+            ms[tiled] = pr.vae_decode_ms;
+            cpc_status_free(st);
+            cpc_plan_free(p);
+        }
+        double want = i == 0 ? 16.0 / 9.0 : 1.0;
+        cr_expect(ms[0] > 0);
+        cr_expect_float_eq(ms[1] / ms[0], want, 1e-9, "%sx%s: %g / %g", sizes[i][0], sizes[i][1], ms[1],
+                           ms[0]);
+    }
 }
 
 /* Every preset the SPEC names exists, with its figures positive, and the GPU

@@ -180,6 +180,8 @@ typedef struct cpc_plan {
         bool vae;                  /* price the VAE decode (default true: `vae: auto`) */
         int vae_channels;          /* 0 = not given (128) */
         bool vae_parallel;         /* default false */
+        bool vae_tiling;           /* default false: the decode runs in overlapping tiles
+                                      (cost.h PIPELINE) */
         bool cfg_batched;          /* runtime.cfg: batched (true) | sequential (false,
                                       the default): how the step runs the two CFG passes
                                       of an even group batch (cost.h HOST) */

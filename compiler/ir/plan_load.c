@@ -34,7 +34,7 @@ static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", 
                                       "dual_stream_layers", "cross_attention_tokens", "experts",
                                       "active_experts", "attention"};
 static const char *const K_RUNTIME[] = {"framework", "attention_kernel", "text_encoder_parameters",
-                                        "vae", "vae_channels", "vae_parallel", "cfg"};
+                                        "vae", "vae_channels", "vae_parallel", "vae_tiling", "cfg"};
 static const char *const K_INPUT[] = {"batch", "segments", "tokens", "image",
                                       "video", "mask",     "kv",     "mode",
                                       "steps"};
@@ -1215,6 +1215,8 @@ static void load_runtime(ld *L, const cpc_ynode *root)
     bool b = false;
     if (get_bool(L, m, "runtime", "vae_parallel", &b, NULL) == OK)
         p->runtime.vae_parallel = b;
+    if (get_bool(L, m, "runtime", "vae_tiling", &b, NULL) == OK)
+        p->runtime.vae_tiling = b;
     static const char *const cn[] = {"sequential", "batched"};
     if (get_enum(L, m, "runtime", "cfg", cn, 2, &e, NULL) == OK)
         p->runtime.cfg_batched = e == 1;
