@@ -1394,7 +1394,7 @@ typedef struct collect_ctx {
     rank_ops *ro;
 } collect_ctx;
 
-#define VB_MAX_INSTANCES ((int64_t)1 << 24) /* op instances simulated, all ranks together */
+#define VB_MAX_INSTANCES ((int64_t)1 << 23) /* op instances simulated, all ranks together */
 
 static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
 {
