@@ -746,17 +746,10 @@ static cpc_status *price_loop(pricer *pr, const cpc_op *op)
     return st;
 }
 
-/* init_acc: writes its buffers (memory-bound) */
+/* init_acc: writes its buffers (memory-bound; their new content, tags set
+ * by the table's rule before the op is priced: price_op) */
 static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
 {
-    if (op->block) { /* a gradient accumulator made for a ring block (backward) */
-        int64_t b = 0;
-        cpc_status *st = eval(pr, op->block, &b);
-        if (st)
-            return st;
-        for (int i = 0; i < op->n_out; i++)
-            pr->tag[op->out[i]] = (int)b;
-    }
     for (int i = 0; i < op->n_in; i++)
         compute(pr, mem_time(pr, buf_bytes(pr, op->in[i])));
     for (int i = 0; i < op->n_out; i++)
@@ -850,18 +843,18 @@ static cpc_status *price_attn(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
-/* delta / merge / copy: bytes read and written at the memory bandwidth (a
- * merge reads its outputs too) */
+/* delta / merge / copy / add: bytes read and written at the memory bandwidth
+ * (an op that reads its outputs too, CPC_OPF_READS_OUT: merge, add, counts
+ * them twice); every buffer pair of a copy */
 static cpc_status *price_memory(pricer *pr, const cpc_op *op)
 {
     int64_t bytes = 0;
+    bool reads_out = (cpc_op_info_of(op->kind)->flags & CPC_OPF_READS_OUT) != 0;
     for (int i = 0; i < op->n_in; i++)
         bytes += buf_bytes(pr, op->in[i]);
     for (int i = 0; i < op->n_out; i++)
-        bytes += buf_bytes(pr, op->out[i]) * (op->kind == CPC_OP_MERGE || op->kind == CPC_OP_ADD ? 2 : 1);
+        bytes += buf_bytes(pr, op->out[i]) * (reads_out ? 2 : 1);
     compute(pr, mem_time(pr, bytes));
-    if (op->kind == CPC_OP_COPY && op->n_in > 0 && op->n_out > 0)
-        pr->tag[op->out[0]] = pr->tag[op->in[0]];
     return NULL;
 }
 
@@ -882,18 +875,6 @@ static cpc_status *price_send(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
-/* recv: the content tag of what arrives */
-static cpc_status *price_recv(pricer *pr, const cpc_op *op)
-{
-    cpc_status *st = NULL;
-    int64_t block = 0;
-    if (op->block && (st = eval(pr, op->block, &block)))
-        return st;
-    for (int i = 0; i < op->n_out; i++)
-        pr->tag[op->out[i]] = (int)block;
-    return NULL;
-}
-
 /* wait: compute waits for the tag's messages */
 static cpc_status *price_wait(pricer *pr, const cpc_op *op)
 {
@@ -903,52 +884,38 @@ static cpc_status *price_wait(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
-/* swap: exchanges content tags */
-static cpc_status *price_swap(pricer *pr, const cpc_op *op)
-{
-    if (op->n_in >= 2) {
-        int a = op->in[0], b = op->in[1];
-        int tmp = pr->tag[a];
-        pr->tag[a] = pr->tag[b];
-        pr->tag[b] = tmp;
-    }
-    return NULL;
-}
-
 /* all_to_all: the bytes this member sends over the ulysses link, plus
- * pack/unpack */
+ * pack/unpack, for every buffer pair (one exchange per pair, as the executor
+ * runs them) */
 static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
 {
     const cpc_layout *L = pr->L;
-    if (op->n_in < 1 || op->n_out < 1)
-        return NULL;
-    int b = op->in[0];
-    const cpc_buffer *B = &pr->prog->buffers[b];
-    int64_t per_head = (int64_t)L->B * (B->role == CPC_ROLE_LSE ? 1 : L->D) *
-                       cpc_buffer_elem_size(pr->prog, b);
-    int64_t bytes = 0;
-    for (int j = 0; j < L->U; j++) {
-        if (j == pr->c.u)
-            continue;
-        if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
-            bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, op->out[0], j) * per_head;
-        else
-            bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
-                     buf_heads(pr, b, (int)pr->c.u) * per_head;
-    }
-    double lat;
-    double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
-    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-    /* pack + unpack touch the whole buffer twice */
-    double t = start + (lat + (double)bytes / bw) * pr->comm_scale + pr->dev->op_overhead_us * 2e-6 +
-               2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
-    pr->t_comp = pr->t_comm = t;
-    pr->sent += bytes;
-    pr->tag[op->out[0]] = op->dir == CPC_A2A_SEQ_TO_HEADS ? (int)pr->c.r : -1;
-    /* the executor's pack/unpack space (runtime/executor.c): with B == 1
-     * seq_to_heads stages only its send side, heads_to_seq its receive */
-    {
-        int64_t in_b = buf_bytes(pr, b), out_b = buf_bytes(pr, op->out[0]);
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int b = op->in[i], o = op->out[i];
+        const cpc_buffer *B = &pr->prog->buffers[b];
+        int64_t per_head = (int64_t)L->B * (B->role == CPC_ROLE_LSE ? 1 : L->D) *
+                           cpc_buffer_elem_size(pr->prog, b);
+        int64_t bytes = 0;
+        for (int j = 0; j < L->U; j++) {
+            if (j == pr->c.u)
+                continue;
+            if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
+                bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, o, j) * per_head;
+            else
+                bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
+                         buf_heads(pr, b, (int)pr->c.u) * per_head;
+        }
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        /* pack + unpack touch the whole buffer twice */
+        double t = start + (lat + (double)bytes / bw) * pr->comm_scale + pr->dev->op_overhead_us * 2e-6 +
+                   2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
+        pr->t_comp = pr->t_comm = t;
+        pr->sent += bytes;
+        /* the executor's pack/unpack space (runtime/executor.c): with B == 1
+         * seq_to_heads stages only its send side, heads_to_seq its receive */
+        int64_t in_b = buf_bytes(pr, b), out_b = buf_bytes(pr, o);
         bool b1 = L->B == 1;
         if (!(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ) && in_b > pr->stage_send)
             pr->stage_send = in_b;
@@ -958,23 +925,23 @@ static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
-/* all_gather: the other blocks over the ring link */
+/* all_gather: the other blocks over the ring link, for every buffer pair */
 static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
 {
     const cpc_layout *L = pr->L;
-    if (op->n_in < 1)
-        return NULL;
-    int64_t own = buf_bytes(pr, op->in[0]);
-    int64_t per_tok = own / (buf_tokens(pr, op->in[0]) > 0 ? buf_tokens(pr, op->in[0]) : 1);
-    int64_t total = 0;
-    for (int j = 0; j < L->R; j++)
-        total += cpc_layout_block_tokens(L, j) * per_tok;
-    double lat;
-    double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
-    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-    pr->t_comp = pr->t_comm =
-        start + (lat * (L->R - 1) + (double)(total - own) / bw) * pr->comm_scale;
-    pr->sent += own * (L->R - 1);
+    for (int i = 0; i < op->n_in && i < op->n_out; i++) {
+        int64_t own = buf_bytes(pr, op->in[i]);
+        int64_t per_tok = own / (buf_tokens(pr, op->in[i]) > 0 ? buf_tokens(pr, op->in[i]) : 1);
+        int64_t total = 0;
+        for (int j = 0; j < L->R; j++)
+            total += cpc_layout_block_tokens(L, j) * per_tok;
+        double lat;
+        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
+        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+        pr->t_comp = pr->t_comm =
+            start + (lat * (L->R - 1) + (double)(total - own) / bw) * pr->comm_scale;
+        pr->sent += own * (L->R - 1);
+    }
     return NULL;
 }
 
@@ -996,7 +963,6 @@ static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
         pr->t_comp = pr->t_comm = start + (lat * (L->R - 1) + (double)bytes / bw) * pr->comm_scale +
                                   (mem_time(pr, all) + mem_time(pr, out * L->R)) * pr->compute_scale;
         pr->sent += bytes;
-        pr->tag[op->out[i]] = r;
         if (all > pr->stage_send)
             pr->stage_send = all;
         if (out * L->R > pr->stage_recv)
@@ -1022,7 +988,6 @@ static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
         pr->t_comp = pr->t_comm = start + (2.0 * lat * (L->P - 1) + (double)bytes / bw) * pr->comm_scale +
                                   (2.0 * mem_time(pr, all) + mem_time(pr, mine * L->P)) * pr->compute_scale;
         pr->sent += bytes;
-        pr->tag[op->out[i]] = pr->tag[op->in[i]];
         if (all > pr->stage_send)
             pr->stage_send = all;
         if (all > pr->stage_recv)
@@ -1043,41 +1008,72 @@ static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
-/* The cost hook of every op kind (the op table in program.h names its rule). */
-static cpc_status *(*const price_fn[])(pricer *pr, const cpc_op *op) = {
-    [CPC_OP_LOOP] = price_loop,
-    [CPC_OP_INIT_ACC] = price_init_acc,
-    [CPC_OP_ATTN] = price_attn,
-    [CPC_OP_MERGE] = price_memory,
-    [CPC_OP_SEND] = price_send,
-    [CPC_OP_RECV] = price_recv,
-    [CPC_OP_WAIT] = price_wait,
-    [CPC_OP_SWAP] = price_swap,
-    [CPC_OP_ALL_TO_ALL] = price_all_to_all,
-    [CPC_OP_ALL_GATHER] = price_all_gather,
-    [CPC_OP_COPY] = price_memory,
-    [CPC_OP_BARRIER] = price_barrier,
-    [CPC_OP_ATTN_BWD] = price_attn,
-    [CPC_OP_DELTA] = price_memory,
-    [CPC_OP_REDUCE_SCATTER] = price_reduce_scatter,
-    [CPC_OP_ALL_REDUCE] = price_all_reduce,
-    [CPC_OP_ADD] = price_memory,
-};
-_Static_assert(sizeof price_fn / sizeof price_fn[0] == CPC_OP__COUNT, "every op kind needs a cost hook");
+/* The op table's tag rule (cpc_op_out_tag), applied to the pricer's content
+ * tags before the op is priced: an op's outputs are priced at their new
+ * content (init_acc's block accumulators, a copy's rows). */
+static cpc_status *price_tags(pricer *pr, const cpc_op *op, const cpc_op_info *info)
+{
+    int *t = pr->tag;
+    if (info->tags == CPC_TAGR_EXCHANGE) {
+        if (op->n_in >= 2) {
+            int a = t[op->in[0]];
+            t[op->in[0]] = t[op->in[1]];
+            t[op->in[1]] = a;
+        }
+        return NULL;
+    }
+    if (info->tags == CPC_TAGR_KEEP)
+        return NULL;
+    int64_t block = -1;
+    cpc_status *st;
+    if (op->block && (st = eval(pr, op->block, &block)))
+        return st;
+    int in0 = op->n_in > 0 ? t[op->in[0]] : CPC_TAG_NONE;
+    int nt[CPC_OP_MAX_BUFS];
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        nt[i] = cpc_op_out_tag(pr->prog, op, i, &pr->c, block, in0, i < op->n_in ? t[op->in[i]] : CPC_TAG_NONE,
+                               t[op->out[i]]);
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        t[op->out[i]] = nt[i];
+    return NULL;
+}
 
+/* One op: its `when`, the host's launches and tags from the op table, then
+ * the table's price rule (cpc_op_info.cost; cost.c keeps no table of its
+ * own). */
 static cpc_status *price_op(pricer *pr, const cpc_op *op)
 {
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info)
+        return NULL;
+    cpc_status *st;
     if (op->when) {
         int64_t w = 0;
-        cpc_status *st = eval(pr, op->when, &w);
-        if (st)
+        if ((st = eval(pr, op->when, &w)))
             return st;
         if (!w)
             return NULL;
     }
     /* the host's launches per op (op table: a merge is the output and the LSE update) */
-    pr->host_ops += cpc_op_info_of(op->kind)->host_launches;
-    return (int)op->kind >= 0 && op->kind < CPC_OP__COUNT ? price_fn[op->kind](pr, op) : NULL;
+    pr->host_ops += info->host_launches;
+    if ((st = price_tags(pr, op, info)))
+        return st;
+    switch (info->cost) {
+    case CPC_COST_NONE: return NULL;
+    case CPC_COST_LOOP: return price_loop(pr, op);
+    case CPC_COST_INIT: return price_init_acc(pr, op);
+    case CPC_COST_ATTN: return price_attn(pr, op);
+    case CPC_COST_MEMORY: return price_memory(pr, op);
+    case CPC_COST_SEND: return price_send(pr, op);
+    case CPC_COST_WAIT: return price_wait(pr, op);
+    case CPC_COST_ALL_TO_ALL: return price_all_to_all(pr, op);
+    case CPC_COST_ALL_GATHER: return price_all_gather(pr, op);
+    case CPC_COST_REDUCE_SCATTER: return price_reduce_scatter(pr, op);
+    case CPC_COST_ALL_REDUCE: return price_all_reduce(pr, op);
+    case CPC_COST_BARRIER: return price_barrier(pr, op);
+    case CPC_COST__COUNT: break;
+    }
+    return NULL;
 }
 
 static cpc_status *price_ops(pricer *pr, const cpc_op *ops, int n)

@@ -729,6 +729,43 @@ static cpc_status *guard_pending(const cpc_exec *ex, const cpc_op *op)
     return NULL;
 }
 
+/* Content tags (which ring block a BLOCK buffer holds) by the op table's
+ * tag rule (cpc_op_out_tag; program.h "Content tags"), set before the op
+ * runs: the op reads and writes its outputs at their new content's geometry
+ * (a recv's block, attn's query rows, ...).  The per-op code sets no tag
+ * itself (one exception, op_copy: SHARD p carried into a BLOCK buffer is
+ * block r when U == 1, the same content).  An evaluation error of `block` is
+ * the op's error. */
+static cpc_status *apply_tags(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
+{
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info || info->tags == CPC_TAGR_KEEP)
+        return NULL;
+    xbuf *t = ex->bufs;
+    if (info->tags == CPC_TAGR_EXCHANGE) {
+        if (op->n_in >= 2) {
+            int a = t[op->in[0]].tag;
+            t[op->in[0]].tag = t[op->in[1]].tag;
+            t[op->in[1]].tag = a;
+        }
+        return NULL;
+    }
+    int64_t block = -1;
+    if (op->block) {
+        cpc_status *st = cpc_expr_eval(op->block, c, &block);
+        if (st)
+            return st;
+    }
+    int in0 = op->n_in > 0 ? t[op->in[0]].tag : CPC_TAG_NONE;
+    int nt[CPC_OP_MAX_BUFS];
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        nt[i] = cpc_op_out_tag(ex->prog, op, i, c, block, in0, i < op->n_in ? t[op->in[i]].tag : CPC_TAG_NONE,
+                               t[op->out[i]].tag);
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        t[op->out[i]].tag = nt[i];
+    return NULL;
+}
+
 static cpc_status *need(const cpc_op *op, int n_in, int n_out)
 {
     if (op->n_in < n_in || op->n_out < n_out)
@@ -759,8 +796,6 @@ static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op, const cpc_coords 
             int b = op->out[i];
             if (!is_grad(ex->prog->buffers[b].role))
                 return errf("'%s': init_acc of gradients takes only dq/dk/dv buffers", bname(ex, b));
-            if (blk >= 0)
-                ex->bufs[b].tag = (int)blk;
             cpc_status *st = cpc_backend_init_acc(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[b].cap / 4, NULL, 0);
             if (st)
                 return st;
@@ -777,18 +812,15 @@ static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op, const cpc_coords 
     } else {
         return errf("needs an ACC and an LSE buffer");
     }
-    ex->bufs[acc].tag = (int)ex->c.r;
-    ex->bufs[lse].tag = (int)ex->c.r;
+    /* The accumulator's rows are whatever the first merge brings (its tag:
+     * the table's rule, KEEP here, then merge's FROM_IN0): zero the whole
+     * capacity, as the provers take an initialised accumulator to fit any
+     * rows. */
     geom ga = cur_geom(ex, acc), gl = cur_geom(ex, lse);
     if (ga.es != 4 || gl.es != 4)
         return errf("'%s' and '%s' must be fp32 (ACC/LSE roles)", bname(ex, acc), bname(ex, lse));
-    cpc_status *st = check_fits(ex, acc, ga.bytes);
-    if (!st)
-        st = check_fits(ex, lse, gl.bytes);
-    if (st)
-        return st;
-    return cpc_backend_init_acc(ex->cfg.backend, ex->bufs[acc].ptr, (size_t)ga.elems,
-                                         ex->bufs[lse].ptr, (size_t)gl.elems);
+    return cpc_backend_init_acc(ex->cfg.backend, ex->bufs[acc].ptr, ex->bufs[acc].cap / 4,
+                                ex->bufs[lse].ptr, ex->bufs[lse].cap / 4);
 }
 
 static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
@@ -861,8 +893,6 @@ static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
         return errf("query heads [%d, %d) need K/V heads [%d, %d], '%s' holds [%d, %d)", gq.hoff,
                     gq.hoff + gq.hn, gq.hoff / L->group, (gq.hoff + gq.hn - 1) / L->group,
                     bname(ex, k), gk.hoff, gk.hoff + gk.hn);
-    ex->bufs[o].tag = ex->bufs[q].tag;
-    ex->bufs[lse].tag = ex->bufs[q].tag;
     geom go = cur_geom(ex, o), gl = cur_geom(ex, lse);
     if (go.es != 4 || gl.es != 4)
         return errf("outputs '%s' and '%s' must be fp32", bname(ex, o), bname(ex, lse));
@@ -906,7 +936,6 @@ static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op)
         return st;
     int d = op->in[0], o = op->in[1], dl = op->out[0];
     geom gd = cur_geom(ex, d), go = cur_geom(ex, o);
-    ex->bufs[dl].tag = ex->bufs[d].tag;
     geom gl = cur_geom(ex, dl);
     if (gd.T != go.T || gd.hn != go.hn || gl.T != gd.T || gl.hn != gd.hn || gl.es != 4)
         return errf("dout '%s', out '%s' and delta '%s' must hold the same rows and heads", bname(ex, d),
@@ -962,7 +991,6 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op, const cpc_coords 
         return errf("K '%s' holds block %d but V/dK/dV hold blocks %d/%d/%d", bname(ex, k), kt,
                     ex->bufs[v].tag, ex->bufs[dk].tag, ex->bufs[dv].tag);
     geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gd = cur_geom(ex, d);
-    ex->bufs[dq].tag = ex->bufs[q].tag;
     geom gdq = cur_geom(ex, dq), gdk = cur_geom(ex, dk), gl = cur_geom(ex, l), gdl = cur_geom(ex, dl);
     if (gd.T != gq.T || gdq.T != gq.T || gl.T != gq.T || gdl.T != gq.T || gd.hn != gq.hn || gdq.hn != gq.hn ||
         gl.hn != gq.hn || gdl.hn != gq.hn)
@@ -1036,8 +1064,6 @@ static cpc_status *op_merge(cpc_exec *ex, const cpc_op *op)
         return st;
     int o = op->in[0], l = op->in[1], acc = op->out[0], al = op->out[1];
     geom go = cur_geom(ex, o), gl = cur_geom(ex, l);
-    ex->bufs[acc].tag = ex->bufs[o].tag;
-    ex->bufs[al].tag = ex->bufs[o].tag;
     geom ga = cur_geom(ex, acc), gal = cur_geom(ex, al);
     if (go.es != 4 || gl.es != 4 || ga.es != 4 || gal.es != 4)
         return errf("merge operands must be fp32");
@@ -1118,11 +1144,8 @@ static cpc_status *op_recv(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
     cpc_transport *t = ex->cfg.transport;
     for (int i = 0; i < op->n_out; i++) {
         int b = op->out[i];
-        if (ex->prog->buffers[b].tokens == CPC_TOK_BLOCK) {
-            if (blk < 0)
-                return errf("recv into BLOCK buffer '%s' without a block", bname(ex, b));
-            ex->bufs[b].tag = (int)blk;
-        }
+        if (ex->prog->buffers[b].tokens == CPC_TOK_BLOCK && blk < 0)
+            return errf("recv into BLOCK buffer '%s' without a block", bname(ex, b));
         geom g = cur_geom(ex, b);
         if ((st = check_fits(ex, b, g.bytes)))
             return st;
@@ -1159,9 +1182,13 @@ static cpc_status *op_swap(cpc_exec *ex, const cpc_op *op)
     if (op->n_in < 2)
         return errf("needs two buffers");
     int a = op->in[0], b = op->in[1];
-    xbuf t = ex->bufs[a];
-    ex->bufs[a] = ex->bufs[b];
-    ex->bufs[b] = t;
+    /* the memory; the tags were exchanged by the table's rule (apply_tags) */
+    void *p = ex->bufs[a].ptr;
+    size_t cap = ex->bufs[a].cap;
+    ex->bufs[a].ptr = ex->bufs[b].ptr;
+    ex->bufs[a].cap = ex->bufs[b].cap;
+    ex->bufs[b].ptr = p;
+    ex->bufs[b].cap = cap;
     return NULL;
 }
 
@@ -1195,7 +1222,6 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         int hin = geom_of(prog, &ex->c, in, (int)ex->c.p).hn;
         int uo, un;
         cpc_buffer_heads(prog, out, u, &uo, &un);
-        ex->bufs[out].tag = (int)r;
         geom go = cur_geom(ex, out);
         if ((st = check_fits(ex, out, go.bytes)))
             return st;
@@ -1235,7 +1261,6 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         int hin = gi.hn;
         int uo, un;
         cpc_buffer_heads(prog, out, u, &uo, &un);
-        ex->bufs[out].tag = (int)r;
         geom go = cur_geom(ex, out);
         if ((st = check_fits(ex, out, go.bytes)))
             return st;
@@ -1354,7 +1379,6 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             if (st)
                 return st;
         }
-        ex->bufs[out].tag = (int)ex->c.p;
     }
     for (int j = 0; j < U; j++)
         if (j != u)
@@ -1405,7 +1429,6 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
             return st;
         *sent += Tr * rowb * (R - 1);
     }
-    ex->bufs[out].tag = CPC_TAG_NONE;
     return NULL;
 }
 
@@ -1433,7 +1456,6 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
             return errf("reduce_scatter: '%s' must be a gathered (ALL) gradient and '%s' a ring block of the "
                         "same role", bi->name, bo->name);
         geom gi = geom_of(prog, &ex->c, in, -1);
-        ex->bufs[out].tag = r;
         geom go = cur_geom(ex, out);
         if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != 4 || go.es != 4)
             return errf("'%s' and '%s' differ in heads, or are not fp32", bi->name, bo->name);
@@ -1549,7 +1571,6 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
                                                          Tj * row, g.T * row, 0, 0, Tj * row, 0, 0)))
                 return st;
         }
-        ex->bufs[out].tag = ex->bufs[in].tag;
         for (int j = 0; j < P; j++)
             if (j != p)
                 *sent += (int64_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4 + (int64_t)n * 4;
@@ -1567,7 +1588,6 @@ static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
     int in = op->in[0], out = op->out[0];
     const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
     geom gi = cur_geom(ex, in);
-    ex->bufs[out].tag = ex->bufs[in].tag;
     geom go = cur_geom(ex, out);
     if (bo->tokens != bi->tokens && go.T != gi.T) {
         /* SHARD p == BLOCK r when U == 1: the tag must say so. */
@@ -1760,6 +1780,8 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
             ex->unflushed = true;
         if ((st = guard_pending(ex, op)))
+            goto fail;
+        if ((st = apply_tags(ex, op, &c)))
             goto fail;
         switch (op->kind) {
         case CPC_OP_INIT_ACC: st = op_init_acc(ex, op, &c); break;

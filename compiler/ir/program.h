@@ -240,8 +240,9 @@ typedef enum cpc_a2a_dir { CPC_A2A_SEQ_TO_HEADS = 0, CPC_A2A_HEADS_TO_SEQ, CPC_A
  * verify_bwd.c), the per-rank walk (tag rules: cpc_op_out_tag), the
  * executor (its pending-request guard reads `in_access`/`out_access`; paired
  * ops run pair by pair by `same_in_out`; event classes CPC_OPF_COMM_TIME),
- * the Lua layer (names, fields), the cost model (host launches; `cost` names
- * the rule of cost.c's price table, which still dispatches by kind). */
+ * the Lua layer (names, fields), the cost model (host launches; the price
+ * rule `cost`, on which cost.c dispatches; the tag rule for its content
+ * tags). */
 enum {
     CPC_OPF_GROUP = 1 << 0,      /* runs over a group (ring, ulysses or world) */
     CPC_OPF_COLLECTIVE = 1 << 1, /* every member of the group takes part */
@@ -255,13 +256,26 @@ enum {
     CPC_OPF_BWD = 1 << 9,        /* may appear in a backward program (cpc_verify_backward) */
 };
 
-/* Which cost-model rule prices an op (compiler/cost.c). */
+/* THE PRICE COLUMN: which cost-model rule prices an op.  compiler/cost.c has
+ * one function per rule and dispatches on this column only (it keeps no
+ * table of its own); the rules are described there (cost.h: the model). */
 typedef enum cpc_op_cost {
-    CPC_COST_NONE = 0,   /* control: no time of its own (loop, wait, swap) */
-    CPC_COST_ATTN,       /* attention FLOPs and I/O */
-    CPC_COST_MEMORY,     /* memory-bound: bytes read and written */
-    CPC_COST_P2P,        /* one message over a link */
-    CPC_COST_COLLECTIVE, /* a collective over its group */
+    CPC_COST_NONE = 0,       /* no time of its own: swap (only the tags move), recv (posting; the
+                                message's time is its sender's) */
+    CPC_COST_LOOP,           /* its body, step by step (long loops extrapolated, cost.h) */
+    CPC_COST_INIT,           /* writes its outputs at memory bandwidth */
+    CPC_COST_ATTN,           /* attention FLOPs of the visible pairs and the block's I/O (attn_bwd:
+                                the backward's multiple) */
+    CPC_COST_MEMORY,         /* bytes of every input and output at memory bandwidth (outputs
+                                twice with CPC_OPF_READS_OUT) */
+    CPC_COST_SEND,           /* one message on its group's link; completes at its tag's wait */
+    CPC_COST_WAIT,           /* compute waits for the tag's messages */
+    CPC_COST_ALL_TO_ALL,     /* every pair's parts to / from the other ulysses members, plus pack */
+    CPC_COST_ALL_GATHER,     /* every pair's other ring blocks over the ring link */
+    CPC_COST_REDUCE_SCATTER, /* every pair: block slices over the ring link, plus the sum */
+    CPC_COST_ALL_REDUCE,     /* every pair: reduce-scatter + all-gather over the world link */
+    CPC_COST_BARRIER,        /* one latency of its group */
+    CPC_COST__COUNT
 } cpc_op_cost;
 
 /* How an op uses the buffers of its in[] or out[] slots. */
@@ -332,7 +346,7 @@ typedef struct cpc_op_info {
     cpc_group group;         /* the group the op must run over; CPC_GROUP_NONE: any
                                 (with CPC_OPF_GROUP) or none */
     unsigned flags;          /* CPC_OPF_* */
-    cpc_op_cost cost;
+    cpc_op_cost cost;        /* the price rule (cost.c dispatches on it) */
     int host_launches;       /* kernels / calls the host issues for it (cost.h:
                                 the framework's host time) */
     cpc_access in_access, out_access;   /* every in[] slot / every out[] slot */
