@@ -746,3 +746,56 @@ Test(cost, framework_and_kernel)
                        "fa3 %.2f vs sdpa %.2f ms", f3.attn_ms_per_step, p[0].attn_ms_per_step);
     cpc_plan_free(plan);
 }
+
+/* Folds every run of consecutive top-level ops of `kind` (same group and
+ * direction) into one multi-pair op (the table's same_in_out ops take 1..8
+ * pairs); returns how many ops were folded away. */
+static int fold_pairs(cpc_program *prog, cpc_op_kind kind)
+{
+    int folded = 0;
+    for (int i = 0; i + 1 < prog->n_ops;) {
+        cpc_op *a = &prog->ops[i], *b = &prog->ops[i + 1];
+        if (a->kind == kind && b->kind == kind && a->dir == b->dir && a->group == b->group && !a->when &&
+            !b->when && a->n_in + b->n_in <= CPC_OP_MAX_BUFS && a->reduce == b->reduce) {
+            for (int k = 0; k < b->n_in; k++) {
+                a->in[a->n_in++] = b->in[k];
+                a->out[a->n_out++] = b->out[k];
+            }
+            memmove(b, b + 1, (size_t)(prog->n_ops - i - 2) * sizeof *b);
+            prog->n_ops--;
+            folded++;
+        } else {
+            i++;
+        }
+    }
+    return folded;
+}
+
+/* The price of a multi-pair all_gather / all_to_all is that of its pairs as
+ * single ops (cost.c priced only pair 0 of them before: a two-pair
+ * all_gather sent half its bytes). */
+Test(cost, every_pair_of_a_collective_is_priced)
+{
+    const char *sets[] = {"cluster.device=l20", "schedule.rotate=allgather"};
+    cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 2);
+    cpc_device_profile dev;
+    cr_assert_null(cpc_plan_device(plan, &dev));
+    struct { cpc_variant v; int R, U; cpc_op_kind kind; } cases[] = {
+        {CPC_VARIANT_RING, 4, 1, CPC_OP_ALL_GATHER},
+        {CPC_VARIANT_ULYSSES, 1, 4, CPC_OP_ALL_TO_ALL},
+    };
+    for (int c = 0; c < 2; c++) {
+        cpc_program *prog = NULL;
+        cr_assert_null(cpc_schedule_build(plan, cases[c].v, cases[c].R, cases[c].U, &prog));
+        cpc_prediction one, many;
+        cr_assert_null(cpc_price_program(plan, prog, &dev, &one));
+        int folded = fold_pairs(prog, cases[c].kind);
+        cr_assert_gt(folded, 0, "case %d: nothing to fold", c);
+        cr_assert_null(cpc_price_program(plan, prog, &dev, &many));
+        cr_expect_eq(one.bytes_sent_per_rank, many.bytes_sent_per_rank, "case %d: %lld vs %lld bytes", c,
+                     (long long)one.bytes_sent_per_rank, (long long)many.bytes_sent_per_rank);
+        cr_expect_gt(many.bytes_sent_per_rank, 0);
+        cpc_program_free(prog);
+    }
+    cpc_plan_free(plan);
+}
