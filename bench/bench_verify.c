@@ -20,7 +20,11 @@
  * programs (cpc_schedule_build_backward) proved by cpc_verify_backward_ex
  * (S = the symmetric domain, E = enumeration of every rank).
  *
- * Usage: bench_verify [iters] [--backward]   exit status 1 when a program is not proved.
+ * With --sizes A,B,...: those world sizes instead (at most 8; e.g. --sizes 1048576 for the
+ * forward's 2^20-rank check: ulysses rows cannot be built there, heads <= 65536).
+ *
+ * Usage: bench_verify [iters] [--backward] [--sizes A,B,...]   exit status 1 when a program is
+ * not proved.
  */
 #include <math.h>
 #include <stdio.h>
@@ -95,16 +99,30 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
 int main(int argc, char **argv)
 {
     int iters = 5;
+    int sizes[8] = {4, 64, 1024, 16384, 65536};
+    int NS = 5;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backward") == 0)
+        if (strcmp(argv[i], "--backward") == 0) {
             backward = 1;
-        else
+        } else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
+            NS = 0;
+            for (char *p = argv[++i]; *p && NS < 8;) {
+                int v = (int)strtol(p, &p, 10);
+                if (v > 0)
+                    sizes[NS++] = v;
+                if (*p)
+                    p++;
+            }
+            if (NS == 0) {
+                fprintf(stderr, "bench_verify: --sizes needs world sizes\n");
+                return 2;
+            }
+        } else {
             iters = atoi(argv[i]);
+        }
     }
     if (iters < 1)
         iters = 1;
-    static const int sizes[] = {4, 64, 1024, 16384, 65536};
-    enum { NS = sizeof sizes / sizeof sizes[0] };
     struct {
         cpc_variant v;
         const char *rotate;
@@ -125,7 +143,7 @@ int main(int argc, char **argv)
         char name[64];
         snprintf(name, sizeof name, "%s (%s)", cpc_variant_name(rows[r].v), rows[r].rotate);
         printf("%-26s", name);
-        double t[NS];
+        double t[8];
         for (int i = 0; i < NS; i++) {
             t[i] = -1;
             cpc_program *p = build(rows[r].v, sizes[i], rows[r].rotate);
@@ -166,7 +184,7 @@ int main(int argc, char **argv)
             cpc_program_free(p);
             fflush(stdout);
         }
-        if (t[1] > 0 && t[4] > 0)
+        if (NS == 5 && t[1] > 0 && t[4] > 0)
             printf(" %10.2f\n", t[4] / t[1]);
         else
             printf(" %10s\n", "-");
