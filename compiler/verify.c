@@ -533,72 +533,77 @@ static int find_pending_send(ctx *C, rank_st *rk, int b)
     return -1;
 }
 
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
- * used with access `acc`: a buffer with a recv in flight may not be used at
- * all, one with a send in flight only read, before the wait. */
-static int in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b, cpc_access acc)
-{
+/* The shared rules (verify_common.h) over this domain: one rank's values and
+ * requests. */
+typedef struct rank_dom {
+    ctx *C;
+    rank_st *rk;
     char ob[256];
-    if (acc == CPC_ACCESS_NONE)
-        return 0;
-    const char *verb = acc == CPC_ACCESS_READ    ? "reads"
-                       : acc == CPC_ACCESS_WRITE ? "writes"
-                       : acc == CPC_ACCESS_REBIND ? "swaps"
-                                                  : "accumulates into";
-    if (rk->rpend[b] >= 0) {
-        req *q = &C->reqs[rk->rpend[b]];
-        return fail(C, rk->p, nd, step,
-                    "%s %s while the recv into it (%s, tag %d, from rank %d) is not complete: "
-                    "no `wait tag %d` between them",
-                    verb, buf_name(C, b), op_desc(q->on, q->step, ob, sizeof ob), q->tag, q->peer, q->tag);
-    }
-    if (acc != CPC_ACCESS_READ && rk->nsend[b] > 0) {
-        int id = find_pending_send(C, rk, b);
-        const req *q = id >= 0 ? &C->reqs[id] : NULL;
-        return fail(C, rk->p, nd, step,
-                    "%s %s while a send from it (%s, tag %d, to rank %d) is in flight: "
-                    "no `wait tag %d` between them",
-                    acc == CPC_ACCESS_WRITE ? "overwrites" : verb, buf_name(C, b),
-                    q ? op_desc(q->on, q->step, ob, sizeof ob) : "?", q ? q->tag : -1, q ? q->peer : -1,
-                    q ? q->tag : -1);
-    }
-    return 0;
+} rank_dom;
+
+static const char *dom_name(void *self, int b) { return buf_name(((rank_dom *)self)->C, b); }
+static bool dom_written(void *self, int b) { return ((rank_dom *)self)->rk->v[b].written != 0; }
+static int dom_content(void *self, int b) { return ((rank_dom *)self)->rk->v[b].src; }
+
+static bool dom_recv_on(void *self, int b, vc_req *out)
+{
+    rank_dom *d = self;
+    if (d->rk->rpend[b] < 0)
+        return false;
+    const req *q = &d->C->reqs[d->rk->rpend[b]];
+    *out = (vc_req){op_desc(q->on, q->step, d->ob, sizeof d->ob), q->tag, q->peer};
+    return true;
 }
 
-/* The lifetime rule for every operand of the op at nd, by the op table's
- * access columns (before the op's own checks). */
+static bool dom_send_on(void *self, int b, vc_req *out)
+{
+    rank_dom *d = self;
+    if (d->rk->nsend[b] <= 0)
+        return false;
+    int id = find_pending_send(d->C, d->rk, b);
+    const req *q = id >= 0 ? &d->C->reqs[id] : NULL;
+    *out = q ? (vc_req){op_desc(q->on, q->step, d->ob, sizeof d->ob), q->tag, q->peer} : (vc_req){NULL, -1, -1};
+    return true;
+}
+
+#define RANK_DOM(C, rk)                                                                                    \
+    rank_dom dd_ = {(C), (rk), ""};                                                                        \
+    const vc_domain dom = {&dd_, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on}
+
+/* The lifetime rule for every operand of the op at nd (before its own checks). */
 static int operands_in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
-    const cpc_op *op = nd->op;
-    const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (!info)
-        return 0;
-    for (int j = 0; j < op->n_in; j++)
-        if (in_flight(C, rk, nd, step, op->in[j], info->in_access))
-            return -1;
-    for (int j = 0; j < op->n_out; j++)
-        if (in_flight(C, rk, nd, step, op->out[j], info->out_access))
-            return -1;
+    char m[640];
+    RANK_DOM(C, rk);
+    return vc_operands_in_flight(&dom, nd->op, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
+}
+
+/* The read rule for buffer b (marks its attention output used). */
+static int rd(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
+{
+    char m[640];
+    RANK_DOM(C, rk);
+    if (vc_read(&dom, b, CPC_CONTENT_NONE, m, sizeof m))
+        return fail(C, rk->p, nd, step, "%s", m);
+    rk->v[b].fresh = 0;
     return 0;
 }
 
-/* Checks that buffer b may be read now. */
-static int rd(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
+/* The content rule (the op table's in_content) for the op at nd. */
+static int contents(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
-    if (in_flight(C, rk, nd, step, b, CPC_ACCESS_READ))
-        return -1;
-    if (!rk->v[b].written)
-        return fail(C, rk->p, nd, step, "reads %s before it is written", buf_name(C, b));
-    rk->v[b].fresh = 0;
-    return 0;
+    char m[640];
+    RANK_DOM(C, rk);
+    return vc_contents(&dom, nd->op, 0, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
 }
 
 /* Checks that buffer b may be overwritten now. */
 static int wr_check(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
 {
-    char ob[256];
-    if (in_flight(C, rk, nd, step, b, CPC_ACCESS_WRITE))
-        return -1;
+    char ob[256], m[640];
+    RANK_DOM(C, rk);
+    if (vc_in_flight(&dom, b, CPC_ACCESS_WRITE, m, sizeof m))
+        return fail(C, rk->p, nd, step, "%s", m);
     const aval *old = &rk->v[b];
     if (old->written && old->fresh) {
         return fail(C, rk->p, nd, step,
@@ -1088,15 +1093,9 @@ static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     for (int j = 0; j < 3; j++)
         if (rd(C, rk, nd, step, op->in[j]))
             return RES_ERR;
+    if (contents(C, rk, nd, step))
+        return RES_ERR;
     const aval *Q = &rk->v[op->in[0]], *K = &rk->v[op->in[1]], *V = &rk->v[op->in[2]];
-    const signed char *want = cpc_op_info_of(CPC_OP_ATTN)->in_content; /* q, k, v: the op table */
-    const aval *in3[3] = {Q, K, V};
-    for (int j = 0; j < 3; j++)
-        if (in3[j]->src != want[j]) {
-            fail(C, rk->p, nd, step, "input %d (%s) holds %s data, not %s", j, buf_name(C, op->in[j]),
-                 src_names_of(in3[j]->src), src_names_of(want[j]));
-            return RES_ERR;
-        }
     if (K->tlo != V->tlo || K->thi != V->thi || K->hoff != V->hoff || K->hn != V->hn) {
         fail(C, rk->p, nd, step, "k (%s: %s, %s) and v (%s: %s, %s) do not hold the same block",
              buf_name(C, op->in[1]), tok_desc(C, K->tlo, K->thi, t1, sizeof t1),

@@ -1,5 +1,6 @@
 /* verify_bwd.c - enumeration prover of backward programs; see verify_bwd.h. */
 #include "verify_bwd.h"
+#include "verify_common.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -611,63 +612,44 @@ static bool same_layout(const vb *V, int a, int b)
     return BF(V, a)->tokens == BF(V, b)->tokens && BF(V, a)->heads == BF(V, b)->heads;
 }
 
-static const char *access_word(cpc_access a)
-{
-    return a == CPC_ACCESS_READ ? "reads" : a == CPC_ACCESS_WRITE ? "writes" : a == CPC_ACCESS_REBIND ? "swaps"
-                                                                                                   : "accumulates into";
-}
+/* The shared rules (verify_common.h) over this domain: rank p's slots and
+ * requests (requests hold memory slots: a swap moves names, not slots). */
+typedef struct bwd_dom {
+    vb *V;
+    int p;
+} bwd_dom;
 
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT): an op may
- * read a buffer whose send is in flight, nothing else; it may not touch a
- * buffer whose recv is in flight.  Returns the failure or NULL. */
-static cpc_status *check_in_flight(vb *V, int p, const xop *x)
+static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
+static bool dom_written(void *self, int b) { return S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->written; }
+static int dom_content(void *self, int b) { return (int)S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->src; }
+
+static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 {
-    const cpc_op *op = x->op;
-    const cpc_op_info *info = cpc_op_info_of(op->kind);
-    rank_reqs *rq = &V->rr[p];
-    if (!info || rq->n == 0)
-        return NULL;
-    for (int side = 0; side < 2; side++) {
-        cpc_access acc = side ? info->out_access : info->in_access;
-        int n = side ? op->n_out : op->n_in;
-        const int *bufs = side ? op->out : op->in;
-        for (int i = 0; acc != CPC_ACCESS_NONE && i < n; i++) {
-            int sl = V->map[p * V->nb + bufs[i]];
-            for (int j = 0; j < rq->n; j++) {
-                const req *q = rq->v[j];
-                if (q->slot != sl || (q->send && acc == CPC_ACCESS_READ))
-                    continue;
-                return vfail(p, x,
-                             "%s '%s' while its %s (tag %d, posted by %s) is in flight: a non-blocking %s's "
-                             "buffer may not be %s before the wait that completes it",
-                             access_word(acc), bn(V, bufs[i]), q->send ? "send" : "recv", q->tag,
-                             cpc_op_kind_name(q->x->op->kind), q->send ? "send" : "recv",
-                             q->send ? "written" : "read or written");
-            }
+    const rank_reqs *rq = &d->V->rr[d->p];
+    int sl = d->V->map[d->p * d->V->nb + b];
+    for (int j = 0; j < rq->n; j++) {
+        const req *q = rq->v[j];
+        if (q->slot == sl && q->send == send) {
+            *out = (vc_req){cpc_op_kind_name(q->x->op->kind), q->tag, q->peer};
+            return true;
         }
     }
-    return NULL;
+    return false;
 }
 
-/* The op table's content rule: in[i] must hold in_content[i] (by
- * provenance: the delta op's output is not the saved LSE). */
-static cpc_status *check_content(vb *V, int p, const xop *x)
+static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, false, out); }
+static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
+
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
+ * operand, then its content rule (in[i] holds in_content[i], by provenance:
+ * the delta op's output is not the saved LSE).  Returns the failure or NULL. */
+static cpc_status *check_operands(vb *V, int p, const xop *x)
 {
-    const cpc_op *op = x->op;
-    const cpc_op_info *info = cpc_op_info_of(op->kind);
-    for (int i = 0; info && i < op->n_in && i < CPC_OP_MAX_BUFS; i++) {
-        cpc_content want = (cpc_content)info->in_content[i];
-        if (want == CPC_CONTENT_NONE)
-            continue;
-        const slot *sl = S(V, p, op->in[i]);
-        if (!sl->written)
-            return vfail(p, x, "reads '%s' (input %d) before it is written%s", bn(V, op->in[i]), i + 1,
-                         want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
-        if (sl->src != want)
-            return vfail(p, x, "input %d '%s' holds %s, %s expected (operands are identified by what made "
-                               "them, not by role)",
-                         i + 1, bn(V, op->in[i]), cpc_content_name(sl->src), cpc_content_name(want));
-    }
+    bwd_dom dd = {V, p};
+    const vc_domain dom = {&dd, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on};
+    char m[640];
+    if ((V->rr[p].n > 0 && vc_operands_in_flight(&dom, x->op, m, sizeof m)) || vc_contents(&dom, x->op, 1, m, sizeof m))
+        return vfail(p, x, "%s", m);
     return NULL;
 }
 
@@ -893,7 +875,7 @@ static int advance(vb *V, int p)
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
-        if ((V->err = check_in_flight(V, p, x)) || (V->err = check_content(V, p, x)))
+        if ((V->err = check_operands(V, p, x)))
             return -1;
         /* communication, by the table's matching rule and lifetime */
         switch (info->match) {

@@ -1078,61 +1078,81 @@ static void fold_decl(sctx *C)
 
 /* ---- buffer access -------------------------------------------------------------------------- */
 
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
- * used with access `acc` (the same rule as verify.c's in_flight). */
-static int in_flight(sctx *C, const snode *nd, int b, cpc_access acc)
+/* The shared rules (verify_common.h) over this domain: the symbolic rank's
+ * values and requests (no one peer rank: the peer is an offset). */
+typedef struct sym_dom {
+    sctx *C;
+    char ob[256];
+} sym_dom;
+
+static const char *dom_name(void *self, int b) { return bname(((sym_dom *)self)->C, b); }
+static bool dom_written(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].written != 0; }
+static int dom_content(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].src; }
+
+static bool dom_recv_on(void *self, int b, vc_req *out)
 {
-    sst *s = C->st;
-    if (acc == CPC_ACCESS_NONE)
-        return 0;
-    const char *verb = acc == CPC_ACCESS_READ    ? "reads"
-                       : acc == CPC_ACCESS_WRITE ? "writes"
-                       : acc == CPC_ACCESS_REBIND ? "swaps"
-                                                  : "accumulates into";
-    if (s->rpend[b] >= 0) {
-        char ob[256];
-        const sreq *q = &s->req[s->rpend[b]];
-        return serr(C, nd, "%s %s while the recv into it (%s, tag %d) is not complete: no `wait tag %d` between them",
-                    verb, bname(C, b), op_desc(C, q->on, ob, sizeof ob), q->tag, q->tag);
-    }
-    if (acc != CPC_ACCESS_READ && s->nsend[b] > 0)
-        return serr(C, nd, "%s %s while a send from it is in flight: no `wait` between them",
-                    acc == CPC_ACCESS_WRITE ? "overwrites" : verb, bname(C, b));
-    return 0;
+    sym_dom *d = self;
+    sst *s = d->C->st;
+    if (s->rpend[b] < 0)
+        return false;
+    const sreq *q = &s->req[s->rpend[b]];
+    *out = (vc_req){op_desc(d->C, q->on, d->ob, sizeof d->ob), q->tag, -1};
+    return true;
 }
+
+static bool dom_send_on(void *self, int b, vc_req *out)
+{
+    sym_dom *d = self;
+    sst *s = d->C->st;
+    if (s->nsend[b] <= 0)
+        return false;
+    *out = (vc_req){NULL, -1, -1};
+    for (int i = 0; i < s->nreq; i++) {
+        const sreq *q = &s->req[i];
+        for (int j = 0; q->is_send && !q->done && j < q->nb; j++)
+            if (q->bufs[j] == b) {
+                *out = (vc_req){op_desc(d->C, q->on, d->ob, sizeof d->ob), q->tag, -1};
+                return true;
+            }
+    }
+    return true;
+}
+
+#define SYM_DOM(C)                                                                                         \
+    sym_dom dd_ = {(C), ""};                                                                               \
+    const vc_domain dom = {&dd_, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on}
 
 static int operands_in_flight(sctx *C, const snode *nd)
 {
-    const cpc_op *op = nd->op;
-    const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (!info)
-        return 0;
-    for (int j = 0; j < op->n_in; j++)
-        if (in_flight(C, nd, op->in[j], info->in_access))
-            return -1;
-    for (int j = 0; j < op->n_out; j++)
-        if (in_flight(C, nd, op->out[j], info->out_access))
-            return -1;
-    return 0;
+    char m[640];
+    SYM_DOM(C);
+    return vc_operands_in_flight(&dom, nd->op, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
 }
 
 static int rd(sctx *C, const snode *nd, int b)
 {
-    sst *s = C->st;
-    if (in_flight(C, nd, b, CPC_ACCESS_READ))
-        return -1;
-    if (!s->v[b].written)
-        return serr(C, nd, "reads %s before it is written", bname(C, b));
-    s->v[b].fresh = 0;
+    char m[640];
+    SYM_DOM(C);
+    if (vc_read(&dom, b, CPC_CONTENT_NONE, m, sizeof m))
+        return serr(C, nd, "%s", m);
+    C->st->v[b].fresh = 0;
     return 0;
+}
+
+static int contents(sctx *C, const snode *nd)
+{
+    char m[640];
+    SYM_DOM(C);
+    return vc_contents(&dom, nd->op, 0, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
 }
 
 static int wr_check(sctx *C, const snode *nd, int b)
 {
     sst *s = C->st;
-    char ob[256];
-    if (in_flight(C, nd, b, CPC_ACCESS_WRITE))
-        return -1;
+    char ob[256], m[640];
+    SYM_DOM(C);
+    if (vc_in_flight(&dom, b, CPC_ACCESS_WRITE, m, sizeof m))
+        return serr(C, nd, "%s", m);
     const sval *old = &s->v[b];
     if (old->written && old->fresh)
         return serr(C, nd,
@@ -1533,13 +1553,9 @@ static int exec_attn(sctx *C, const snode *nd)
     for (int j = 0; j < 3; j++)
         if (rd(C, nd, op->in[j]))
             return -1;
+    if (contents(C, nd))
+        return -1;
     const sval *Q = &s->v[op->in[0]], *K = &s->v[op->in[1]], *V = &s->v[op->in[2]];
-    const signed char *want = cpc_op_info_of(CPC_OP_ATTN)->in_content; /* q, k, v: the op table */
-    const sval *in3[3] = {Q, K, V};
-    for (int j = 0; j < 3; j++)
-        if (in3[j]->src != want[j])
-            return serr(C, nd, "input %d (%s) holds %s data, not %s", j, bname(C, op->in[j]), src_names_of(in3[j]->src),
-                        src_names_of(want[j]));
     int ts = tok_same(C, K, V), hs = heads_same(C, SRC_K, K->heads, V->heads);
     if (ts == NEVER || hs == NEVER)
         return serr(C, nd, "k (%s) and v (%s) do not hold the same block", bname(C, op->in[1]), bname(C, op->in[2]));
