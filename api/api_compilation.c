@@ -11,6 +11,7 @@
 
 #include "cpc/cpc.h"
 
+#include "api_options.h"
 #include "codegen.h"
 #include "compile.h"
 #include "fileio.h"
@@ -50,10 +51,12 @@ cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opt
     if ((unsigned)until > CPC_STAGE_CODEGEN)
         return cpc_error(CPC_E_USAGE, "cpc_compilation_run: unknown stage %d", (int)until);
     cpc_compile_options d;
-    if (!opts) {
-        cpc_compile_options_init(&d);
-        opts = &d;
-    }
+    cpc_compile_options_init(&d, sizeof d);
+    cpc_status *ost = cpc_api_read_options(&d, sizeof d, CPC_COMPILE_OPTIONS_SIZE_V1, opts,
+                                           "cpc_compilation_run", "cpc_compile_options");
+    if (ost)
+        return ost;
+    opts = &d;
     cpc_compilation *c = calloc(1, sizeof *c);
     if (!c)
         return cpc_error(CPC_E_NOMEM, "out of memory");

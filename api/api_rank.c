@@ -21,6 +21,7 @@
 
 #include "cpc/cpc.h"
 
+#include "api_options.h"
 #include "artifact.h"
 #include "codegen.h"
 #include "dtype.h"
@@ -62,14 +63,11 @@ struct cpc_rank {
     int n_shard_runs;
 };
 
-void cpc_rank_options_init(cpc_rank_options *o)
+void cpc_rank_options_init(cpc_rank_options *o, size_t size)
 {
-    if (!o)
-        return;
-    memset(o, 0, sizeof *o);
-    o->backend = CPC_BACKEND_AUTO;
-    o->device = -1;
-    o->timeout_s = CPC_RANK_DEFAULT_TIMEOUT_S;
+    cpc_rank_options d = {.size = sizeof d, .backend = CPC_BACKEND_AUTO, .device = -1,
+                          .timeout_s = CPC_RANK_DEFAULT_TIMEOUT_S};
+    cpc_api_init_options(o, size, &d, sizeof d);
 }
 
 /* "plan 'NAME' (ring 2 x 1, fp32, batch 1, 32 tokens, heads 4/4, head_dim 16)":
@@ -157,11 +155,7 @@ static void *rank_alloc(cpc_rank *r, size_t bytes)
 static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
                                const cpc_rank_options *opts, cpc_rank **out)
 {
-    cpc_rank_options d;
-    if (!opts) {
-        cpc_rank_options_init(&d);
-        opts = &d;
-    }
+    /* opts: read and checked by read_options (this libcpc's struct, whole) */
     cpc_rank *r = calloc(1, sizeof *r);
     if (!r) {
         if (t)
@@ -323,11 +317,16 @@ fail:
     return st;
 }
 
-/* Options out of range are usage errors before anything is made. */
-static cpc_status *check_options(const cpc_rank_options *o, const char *fn)
+/* The caller's options (NULL: defaults) read into *o (this libcpc's struct:
+ * api_options.h, the size rule) and checked: a bad size and values out of
+ * range are usage errors before anything is made. */
+static cpc_status *read_options(const cpc_rank_options *caller, cpc_rank_options *o, const char *fn)
 {
-    if (!o)
-        return NULL;
+    cpc_rank_options_init(o, sizeof *o);
+    cpc_status *st = cpc_api_read_options(o, sizeof *o, CPC_RANK_OPTIONS_SIZE_V1, caller, fn,
+                                          "cpc_rank_options");
+    if (st)
+        return st;
     if ((unsigned)o->backend > CPC_BACKEND_CUDA)
         return cpc_error(CPC_E_USAGE, "%s: unknown backend %d (expected CPC_BACKEND_AUTO, _CPU or _CUDA)",
                          fn, (int)o->backend);
@@ -336,6 +335,9 @@ static cpc_status *check_options(const cpc_rank_options *o, const char *fn)
                                       "index", fn, o->device);
     if (isnan(o->timeout_s))
         return cpc_error(CPC_E_USAGE, "%s: timeout_s is NaN", fn);
+    if (o->cuda_stream && o->backend != CPC_BACKEND_CUDA)
+        return cpc_error(CPC_E_USAGE, "%s: cuda_stream is set but the backend is not "
+                                      "CPC_BACKEND_CUDA (a CPU rank has no stream)", fn);
     return NULL;
 }
 
@@ -355,9 +357,11 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     *out = NULL;
     if (!a || !w)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: artifact and world must not be NULL");
-    cpc_status *ost = check_options(opts, "cpc_rank_create_local");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_local");
     if (ost)
         return ost;
+    opts = &o;
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
@@ -396,9 +400,11 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     *out = NULL;
     if (!a)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: artifact must not be NULL");
-    cpc_status *ost = check_options(opts, "cpc_rank_create_mpi");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_mpi");
     if (ost)
         return ost;
+    opts = &o;
     const cpc_rt_transport_entry *te = cpc_rt_transport_get(CPC_RT_TRANSPORT_MPI);
     if (!te)
         return cpc_error(CPC_E_UNSUPPORTED, "libcpc was built without MPI");
@@ -459,7 +465,18 @@ cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc
                          rank, L->R * L->U);
     if (!cb)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: callbacks must not be NULL");
-    const cpc_transport_p2p_fns fns = {cb->user, cb->isend, cb->irecv, cb->wait};
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_callbacks");
+    if (ost)
+        return ost;
+    opts = &o;
+    cpc_p2p_callbacks c = {.size = sizeof c};
+    if ((ost = cpc_api_read_options(&c, sizeof c, CPC_P2P_CALLBACKS_SIZE_V1, cb,
+                                    "cpc_rank_create_callbacks", "cpc_p2p_callbacks")))
+        return ost;
+    if (!c.isend || !c.irecv || !c.wait)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: isend, irecv and wait must not be NULL");
+    const cpc_transport_p2p_fns fns = {c.user, c.isend, c.irecv, c.wait};
     cpc_transport *t = NULL;
     cpc_status *st = cpc_transport_callback_create(&fns, rank, L->R, L->U, &t);
     if (st)
@@ -476,9 +493,11 @@ cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *c
     *out = NULL;
     if (!a)
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: artifact must not be NULL");
-    cpc_status *ost = check_options(opts, "cpc_rank_create_nccl");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_nccl");
     if (ost)
         return ost;
+    opts = &o;
     return cpc_error(CPC_E_UNSUPPORTED,
                      "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
                      "available in this release (GPU ranks of an MPI job: cpc_rank_create_mpi "

@@ -9,6 +9,7 @@
 
 #include "cpc/session.h"
 
+#include "api_options.h"
 #include "calibrate.h"
 #include "cost.h"
 #include "executor.h"
@@ -17,23 +18,16 @@
 #include "status.h"
 #include "tune.h"
 
-void cpc_job_options_init(cpc_job_options *o)
+void cpc_job_options_init(cpc_job_options *o, size_t size)
 {
-    if (!o)
-        return;
     cpc_run_options d;
     cpc_run_options_default(&d);
-    memset(o, 0, sizeof *o);
-    o->backend = CPC_BACKEND_AUTO;
-    o->attention = CPC_ATTENTION_AUTO;
-    o->transport = CPC_TRANSPORT_AUTO;
-    o->seed = d.seed;
-    o->check = d.check;
-    o->check_rows = d.check_rows;
-    o->check_full_flops = d.check_full_flops;
-    o->warmup = d.warmup;
-    o->iters = d.iters;
-    o->timeout_s = d.timeout_s;
+    cpc_job_options j = {.size = sizeof j, .backend = CPC_BACKEND_AUTO,
+                         .attention = CPC_ATTENTION_AUTO, .transport = CPC_TRANSPORT_AUTO,
+                         .seed = d.seed, .check = d.check, .check_rows = d.check_rows,
+                         .check_full_flops = d.check_full_flops, .warmup = d.warmup,
+                         .iters = d.iters, .timeout_s = d.timeout_s};
+    cpc_api_init_options(o, size, &j, sizeof j);
 }
 
 static const char *backend_str(cpc_backend_kind k)
@@ -53,10 +47,19 @@ static const char *transport_str(cpc_transport_kind k)
     return (unsigned)k < 4 ? n[k] : "?";
 }
 
-/* The session's options for public ones; unknown enum values are usage errors. */
-static cpc_status *to_run_options(const cpc_job_options *o, cpc_run_options *r)
+/* The session's options for the caller's public ones (NULL: defaults; read
+ * by the size rule, api_options.h); a bad size and unknown enum values are
+ * usage errors. */
+static cpc_status *to_run_options(const cpc_job_options *caller, cpc_run_options *r, const char *fn)
 {
     cpc_run_options_default(r);
+    cpc_job_options j;
+    cpc_job_options_init(&j, sizeof j);
+    cpc_status *st = cpc_api_read_options(&j, sizeof j, CPC_JOB_OPTIONS_SIZE_V1, caller, fn,
+                                          "cpc_job_options");
+    if (st)
+        return st;
+    const cpc_job_options *o = &j;
     if ((unsigned)o->backend > CPC_BACKEND_CUDA)
         return cpc_error(CPC_E_USAGE, "unknown backend %d", (int)o->backend);
     if ((unsigned)o->attention > CPC_ATTENTION_NVRTC)
@@ -158,7 +161,7 @@ cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_pat
     if (!o)
         return cpc_error(CPC_E_USAGE, "cpc_job_check_outputs: options must not be NULL");
     cpc_run_options r;
-    cpc_status *st = to_run_options(o, &r);
+    cpc_status *st = to_run_options(o, &r, "cpc_job_check_outputs");
     return st ? st : cpc_run_check_outputs(&r, plan_path);
 }
 
@@ -170,13 +173,8 @@ cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_ru
     *report = NULL;
     if (!job)
         return cpc_error(CPC_E_USAGE, "cpc_job_execute: job must not be NULL");
-    cpc_job_options defaults;
-    if (!o) {
-        cpc_job_options_init(&defaults);
-        o = &defaults;
-    }
     cpc_run_options r;
-    cpc_status *st = to_run_options(o, &r);
+    cpc_status *st = to_run_options(o, &r, "cpc_job_execute");
     if (st)
         return st;
     cpc_run_report *rep = calloc(1, sizeof *rep);

@@ -208,7 +208,7 @@ int main(int argc, char **argv)
     snprintf(set_variant, sizeof set_variant, "parallel.variant=%s", variant);
     const char *sets[] = {set_world, set_variant};
     cpc_compile_options opts;
-    cpc_compile_options_init(&opts);
+    cpc_compile_options_init(&opts, sizeof opts);
     opts.sets = sets;
     opts.n_sets = 2;
     opts.kernels = cuda; /* the CUDA backend runs the plan's generated kernels */
@@ -232,7 +232,7 @@ int main(int argc, char **argv)
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     cpc_rank *r = NULL;
     cpc_rank_options ro;
-    cpc_rank_options_init(&ro);
+    cpc_rank_options_init(&ro, sizeof ro);
     if (cuda) {
         ro.backend = CPC_BACKEND_CUDA;
         ro.cuda_stream = cu.stream;
@@ -275,7 +275,7 @@ int main(int argc, char **argv)
         /* the same model on one rank */
         const char *one[] = {"cluster.world_size=1", "parallel.variant=none"};
         cpc_compile_options o1;
-        cpc_compile_options_init(&o1);
+        cpc_compile_options_init(&o1, sizeof o1);
         o1.sets = one;
         o1.n_sets = 2;
         cpc_artifact *a1 = NULL;

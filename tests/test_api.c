@@ -83,7 +83,7 @@ static double nrand(void)
 static cpc_artifact *compile_ok(const char *yaml, const char *const *sets, int n_sets)
 {
     cpc_compile_options o;
-    cpc_compile_options_init(&o);
+    cpc_compile_options_init(&o, sizeof o);
     o.sets = sets;
     o.n_sets = n_sets;
     cpc_artifact *a = NULL;
@@ -339,7 +339,7 @@ Test(api, every_variant_matches_float64_on_4_thread_ranks)
                 continue; /* CP022 family: not a causal variant */
             int text = any ? 13 : 16, image = any ? 38 : 48, H = any ? 6 : 8;
             cpc_compile_options o;
-            cpc_compile_options_init(&o);
+            cpc_compile_options_init(&o, sizeof o);
             char yaml[1024];
             snprintf(yaml, sizeof yaml, PLAN_FMT, H, H, 16, 2, text, image,
                      causal ? "causal" : "none", 4, variants[i]);
@@ -1093,7 +1093,7 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     expect_usage(cpc_rank_abort(NULL, "x"), "abort");
     cpc_rank_destroy(NULL);
     cpc_local_world_free(NULL);
-    cpc_rank_options_init(NULL);
+    cpc_rank_options_init(NULL, sizeof(cpc_rank_options));
     cpc_local_world *w = NULL;
     cpc_rank *r = NULL;
     expect_usage(cpc_local_world_new(NULL, &w), "world_new");
@@ -1110,7 +1110,7 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     expect_usage(cpc_artifact_rank_slice(a, 0, NULL), "slice out NULL");
     cr_assert_null(cpc_local_world_new(a, &w));
     cpc_rank_options o;
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.backend = (cpc_backend_kind)77;
     cpc_status *st = cpc_rank_create_local(a, w, 0, &o, &r);
     cr_expect_eq(cpc_status_code(st), CPC_E_USAGE);
@@ -1118,7 +1118,7 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     cpc_status_free(st);
     cr_expect_null(r);
     /* the CUDA backend on an artifact without kernels (or a libcpc without CUDA) */
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.backend = CPC_BACKEND_CUDA;
     st = cpc_rank_create_local(a, w, 0, &o, &r);
     cr_expect_eq(cpc_status_code(st), CPC_E_UNSUPPORTED, "%s", cpc_status_message(st));
@@ -1126,10 +1126,10 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
               "%s", cpc_status_message(st));
     cpc_status_free(st);
     cr_expect_null(r);
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.device = -7;
     expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "device -7");
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.timeout_s = NAN;
     expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "timeout NaN");
     expect_usage(cpc_rank_create_local(a, w, 0, NULL, NULL), "out NULL");
@@ -1145,7 +1145,7 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     expect_usage(cpc_job_execute(NULL, NULL, &rep, NULL), "execute");
     expect_usage(cpc_job_check_outputs(NULL, NULL), "check_outputs");
     cpc_job_options jo;
-    cpc_job_options_init(&jo);
+    cpc_job_options_init(&jo, sizeof jo);
     jo.backend = (cpc_backend_kind)77;
     expect_usage(cpc_job_check_outputs(&jo, NULL), "job backend 77");
     expect_usage(cpc_calibrate_profile(true, 2, (cpc_transport_kind)77, NULL, NULL, NULL), "calibrate 77");
@@ -1156,6 +1156,81 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     cpc_run_report_destroy(NULL);
     cpc_job_close(NULL);
     cpc_local_world_free(w);
+    cpc_artifact_free(a);
+}
+
+/* compiler.h THE SIZE MEMBER: every input options struct begins with its size,
+ * set by its init function; libcpc refuses 0 or a size below the struct's
+ * first version, reads a smaller (older) struct with defaults past it, and a
+ * larger (newer) one only when its unknown tail is zero. */
+Test(api, options_structs_begin_with_their_size)
+{
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
+    cr_assert_eq(cpc_artifact_world_size(a), 1);
+    cpc_local_world *w = NULL;
+    cr_assert_null(cpc_local_world_new(a, &w));
+    cpc_rank *r = NULL;
+    cpc_rank_options o;
+    /* init writes only `size` bytes (an older caller's struct) and sets size */
+    memset(&o, 0xab, sizeof o);
+    cpc_rank_options_init(&o, CPC_RANK_OPTIONS_SIZE_V1);
+    cr_expect_eq(o.size, CPC_RANK_OPTIONS_SIZE_V1);
+    cr_expect_eq(o.device, -1);
+    const unsigned char *tail = (const unsigned char *)&o + CPC_RANK_OPTIONS_SIZE_V1;
+    for (size_t i = 0; i < sizeof o - CPC_RANK_OPTIONS_SIZE_V1; i++)
+        cr_expect_eq(tail[i], 0xab, "init wrote byte %zu past the caller's size", i);
+    /* ... and the library reads no more: cuda_stream (past V1) is garbage
+     * here, and would be refused on a CPU rank if it were read */
+    o.backend = CPC_BACKEND_CPU;
+    cr_expect_null(cpc_rank_create_local(a, w, 0, &o, &r), "an older, smaller struct is accepted");
+    cr_expect_not_null(r);
+    cpc_rank_destroy(r);
+    r = NULL;
+    cpc_rank_options_init(&o, sizeof o);
+    o.backend = CPC_BACKEND_CPU;
+    o.cuda_stream = (void *)0x1;
+    expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "cuda_stream on a CPU rank");
+    /* never initialised, too small */
+    cpc_rank_options_init(&o, sizeof o);
+    for (size_t bad = 0; bad < CPC_RANK_OPTIONS_SIZE_V1; bad += 4) {
+        o.size = bad;
+        cpc_status *st = cpc_rank_create_local(a, w, 0, &o, &r);
+        cr_expect_eq(cpc_status_code(st), CPC_E_USAGE, "size %zu", bad);
+        cr_expect(st && strstr(cpc_status_message(st), "cpc_rank_options.size"), "%s",
+                  cpc_status_message(st));
+        cpc_status_free(st);
+        cr_expect_null(r);
+    }
+    /* a newer caller's larger struct: its unknown tail must be zero */
+    struct { cpc_rank_options o; unsigned char more[24]; } big;
+    memset(&big, 0, sizeof big);
+    cpc_rank_options_init(&big.o, sizeof big);
+    cr_expect_eq(big.o.size, sizeof big);
+    cr_expect_null(cpc_rank_create_local(a, w, 0, &big.o, &r), "a zero tail is accepted");
+    cpc_rank_destroy(r);
+    r = NULL;
+    big.more[5] = 1;
+    expect_usage(cpc_rank_create_local(a, w, 0, &big.o, &r), "a set tail");
+    cpc_local_world_free(w);
+    /* the other input structs */
+    cpc_compile_options co;
+    cpc_compile_options_init(&co, sizeof co);
+    cr_expect_eq(co.size, sizeof co);
+    co.size = 0;
+    cpc_artifact *b = NULL;
+    expect_usage(cpc_compile_plan_string("version: 1\n", 0, NULL, &co, &b, NULL), "compile size 0");
+    cr_expect_null(b);
+    cpc_compilation *c = NULL;
+    expect_usage(cpc_compilation_run("/nonexistent.yaml", &co, CPC_STAGE_VALIDATE, &c), "compilation size 0");
+    cpc_job_options jo;
+    cpc_job_options_init(&jo, sizeof jo);
+    cr_expect_eq(jo.size, sizeof jo);
+    cr_expect_eq(jo.iters, 5);
+    jo.size = sizeof jo - 1;
+    expect_usage(cpc_job_check_outputs(&jo, NULL), "job options one byte short");
+    cpc_p2p_callbacks cb = {0};
+    expect_usage(cpc_rank_create_callbacks(a, 0, &cb, NULL, &r), "callbacks size 0");
+    cr_expect_null(r);
     cpc_artifact_free(a);
 }
 
@@ -1299,7 +1374,7 @@ Test(api, the_stall_limit_and_abort_end_a_waiting_rank)
         cpc_local_world *w = NULL;
         cr_assert_null(cpc_local_world_new(a, &w));
         cpc_rank_options o;
-        cpc_rank_options_init(&o);
+        cpc_rank_options_init(&o, sizeof o);
         o.timeout_s = mode == 0 ? 0.5 : 600;
         cpc_rank *r0 = NULL, *r1 = NULL;
         cr_assert_null(cpc_rank_create_local(a, w, 0, &o, &r0));

@@ -212,7 +212,7 @@ static void run_pipeline(job *j)
     /* --dump-schedule alone is an inspection: no kernels, no artifact */
     bool dump_only = o->dump_schedule && !o->emit_kernels && !j->output;
     cpc_compile_options co;
-    cpc_compile_options_init(&co);
+    cpc_compile_options_init(&co, sizeof co);
     co.sets = j->sets;
     co.n_sets = j->n_sets;
     co.lua = o->lua;

@@ -305,7 +305,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
         {NULL, 0, NULL, 0},
     };
     cpc_job_options opt;
-    cpc_job_options_init(&opt);
+    cpc_job_options_init(&opt, sizeof opt);
     bool json = false, dry = false, calibrate = false, quick = false, tune = false;
     bool warmup_given = false, iters_given = false;
     const char *profile_out = NULL;

@@ -105,10 +105,14 @@ typedef enum cpc_backend_kind {
  * (seconds). */
 #define CPC_RANK_DEFAULT_TIMEOUT_S 600.0
 
-/* Rank options; fill with cpc_rank_options_init, then change fields.  Out
- * of range values (a backend not below, device < -1, timeout_s NaN) make
- * cpc_rank_create_* fail with CPC_E_USAGE. */
+/* Rank options; fill with cpc_rank_options_init(&o, sizeof o), then change
+ * fields.  Out of range values (a backend not below, device < -1,
+ * timeout_s NaN, a cuda_stream on a CPU rank) make cpc_rank_create_* fail
+ * with CPC_E_USAGE.  `size` as compiler.h's THE SIZE MEMBER says; first
+ * version: the fields through timeout_s (CPC_RANK_OPTIONS_SIZE_V1: a caller
+ * of that size gets cuda_stream NULL). */
 typedef struct cpc_rank_options {
+    size_t size;               /* sizeof(cpc_rank_options) of the caller */
     cpc_backend_kind backend;  /* default CPC_BACKEND_AUTO */
     int device;                /* CUDA device of this rank; -1 (default): the
                                   current device */
@@ -134,8 +138,14 @@ typedef struct cpc_rank_options {
                                   complete on the device. */
 } cpc_rank_options;
 
-/* Defaults: as documented per field.  NULL is ignored. */
-CPC_API void cpc_rank_options_init(cpc_rank_options *o);
+/* The smallest size a libcpc accepts: the struct's first version. */
+#define CPC_RANK_OPTIONS_SIZE_V1 (offsetof(cpc_rank_options, timeout_s) + sizeof(double))
+
+/* Fills the first `size` bytes of *o (size = sizeof *o as the caller knows
+ * it) with the defaults documented per field and sets o->size = size (a
+ * larger struct than this libcpc's gets its tail zeroed).  o NULL or
+ * size < sizeof(size_t): nothing. */
+CPC_API void cpc_rank_options_init(cpc_rank_options *o, size_t size);
 
 /* Makes an in-process world of ring_degree x ulysses_degree thread ranks:
  * the whole world, or with cfg_degree x tp_degree > 1 one (c, t) group's
@@ -185,11 +195,17 @@ CPC_API cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_c
  * cpc_rank_backward, one at a time per rank.  `user` is passed back
  * unchanged. */
 typedef struct cpc_p2p_callbacks {
+    size_t size;   /* sizeof(cpc_p2p_callbacks) of the caller (compiler.h THE
+                      SIZE MEMBER; no init function: set it and the other
+                      fields, e.g. {.size = sizeof cb, ...}); first version:
+                      the whole struct (CPC_P2P_CALLBACKS_SIZE_V1) */
     void *user;
     int (*isend)(void *user, int peer, const void *buf, size_t bytes, int tag, int64_t *handle);
     int (*irecv)(void *user, int peer, void *buf, size_t bytes, int tag, int64_t *handle);
     int (*wait)(void *user, int64_t handle);
 } cpc_p2p_callbacks;
+
+#define CPC_P2P_CALLBACKS_SIZE_V1 (offsetof(cpc_p2p_callbacks, wait) + sizeof(void (*)(void)))
 
 /* World rank `rank` of the artifact whose messages (ring rotations,
  * all-to-alls, all-gathers, barriers: all built from point-to-point

@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "cpc/rank.h"
@@ -49,9 +50,12 @@ typedef enum cpc_transport_kind {
     CPC_TRANSPORT_NCCL,       /* CUDA backend, one process per GPU */
 } cpc_transport_kind;
 
-/* Run options; fill with cpc_job_options_init (cprun's defaults), then
+/* Run options; fill with cpc_job_options_init(&o, sizeof o) (cprun's defaults), then
  * change fields.  Strings are borrowed for the call. */
 typedef struct cpc_job_options {
+    size_t size;                   /* sizeof(cpc_job_options) of the caller (compiler.h
+                                      THE SIZE MEMBER); first version: the whole struct
+                                      (CPC_JOB_OPTIONS_SIZE_V1) */
     cpc_backend_kind backend;      /* default AUTO: CUDA when built with it and a GPU is
                                       usable, else CPU */
     cpc_attention_kind attention;  /* default AUTO */
@@ -79,12 +83,17 @@ typedef struct cpc_job_options {
     void *before_abort_ctx;
 } cpc_job_options;
 
-/* cprun's defaults (see each field).  NULL is ignored.
+#define CPC_JOB_OPTIONS_SIZE_V1 (offsetof(cpc_job_options, before_abort_ctx) + sizeof(void *))
+
+/* cprun's defaults (see each field) in the first `size` bytes of *o (size =
+ * sizeof *o as the caller knows it; a larger struct than this libcpc's gets
+ * its tail zeroed), and o->size = size.  o NULL or size < sizeof(size_t):
+ * nothing.
  *
  * NULL handles: no function below dereferences a NULL job, options or
  * report; those that return a status give CPC_E_USAGE, the queries 0,
  * false or NULL, the printers print nothing. */
-CPC_API void cpc_job_options_init(cpc_job_options *o);
+CPC_API void cpc_job_options_init(cpc_job_options *o, size_t size);
 
 /* Opens `path`: a .cplan (read and proven again; `sets` must be empty) or a
  * plan YAML with n_sets "KEY=VALUE" overrides, compiled up to the proof.

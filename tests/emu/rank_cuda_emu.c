@@ -128,7 +128,7 @@ static void *rank_thread(void *arg)
         return NULL;
     }
     cpc_rank_options o;
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.backend = CPC_BACKEND_CUDA;
     o.device = 0;
     o.cuda_stream = stream;

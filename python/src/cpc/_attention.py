@@ -396,7 +396,7 @@ def _options(backend, device, timeout_s, stream=None):
     if backend not in N.BACKENDS:
         raise UsageError(f"backend {backend!r}: one of auto, cpu, cuda", code="usage")
     o = N.RankOptions()
-    L.cpc_rank_options_init(ctypes.byref(o))
+    L.cpc_rank_options_init(ctypes.byref(o), ctypes.sizeof(o))
     o.backend = N.BACKENDS[backend]
     if device is not None:
         o.device = int(device)

@@ -42,9 +42,21 @@ class TokenRun(ctypes.Structure):
 
 
 # ---- compiler.h / rank.h option structs ---------------------------------------
+# Each begins with `size` (compiler.h THE SIZE MEMBER): sizeof the struct as this
+# mirror knows it; the init functions take it (init(byref(o), sizeof(o))) and set it,
+# and libcpc refuses 0 or a too-small size (CPC_E_USAGE).  The layouts are checked
+# against the headers by python/tests/test_native.py.
 
-class CompileOptions(ctypes.Structure):
-    _fields_ = [("sets", ctypes.POINTER(ctypes.c_char_p)),
+
+class _Sized(ctypes.Structure):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.size = ctypes.sizeof(self)
+
+
+class CompileOptions(_Sized):
+    _fields_ = [("size", ctypes.c_size_t),
+                ("sets", ctypes.POINTER(ctypes.c_char_p)),
                 ("n_sets", ctypes.c_int),
                 ("lua", ctypes.c_char_p),
                 ("kernels", ctypes.c_bool),
@@ -55,8 +67,9 @@ BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA}
 
 
-class RankOptions(ctypes.Structure):
-    _fields_ = [("backend", ctypes.c_int),
+class RankOptions(_Sized):
+    _fields_ = [("size", ctypes.c_size_t),
+                ("backend", ctypes.c_int),
                 ("device", ctypes.c_int),
                 ("timeout_s", ctypes.c_double),
                 ("cuda_stream", ctypes.c_void_p)]
@@ -79,8 +92,9 @@ P2P_RECV = P2P_SEND
 P2P_WAIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
 
 
-class P2PCallbacks(ctypes.Structure):
-    _fields_ = [("user", ctypes.c_void_p),
+class P2PCallbacks(_Sized):
+    _fields_ = [("size", ctypes.c_size_t),
+                ("user", ctypes.c_void_p),
                 ("isend", P2P_SEND),
                 ("irecv", P2P_RECV),
                 ("wait", P2P_WAIT)]
@@ -108,7 +122,7 @@ _DECLS = {
     "cpc_status_exit_code": (ctypes.c_int, [_P]),
     "cpc_status_print": (None, [_P, ctypes.c_char_p, _P]),
     # compiler.h
-    "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions)]),
+    "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions), ctypes.c_size_t]),
     "cpc_compile_plan_file": (_P, [ctypes.c_char_p, ctypes.POINTER(CompileOptions), _PP, _PP]),
     "cpc_compile_plan_string": (_P, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                      ctypes.POINTER(CompileOptions), _PP, _PP]),
@@ -132,7 +146,7 @@ _DECLS = {
     "cpc_artifact_shard_runs": (_P, [_P, ctypes.c_int, ctypes.POINTER(TokenRun), ctypes.c_int,
                                      ctypes.POINTER(ctypes.c_int)]),
     # rank.h
-    "cpc_rank_options_init": (None, [ctypes.POINTER(RankOptions)]),
+    "cpc_rank_options_init": (None, [ctypes.POINTER(RankOptions), ctypes.c_size_t]),
     "cpc_local_world_new": (_P, [_P, _PP]),
     "cpc_local_world_free": (None, [_P]),
     "cpc_rank_create_local": (_P, [_P, _P, ctypes.c_int, ctypes.POINTER(RankOptions), _PP]),
