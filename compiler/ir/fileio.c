@@ -228,6 +228,8 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         if (!o->path) {
             fclose(f);
             free(target);
+            if (o->pipe_blocked)
+                pthread_sigmask(SIG_SETMASK, &o->sig_saved, NULL);
             memset(o, 0, sizeof *o);
             o->slot = -1;
             return &cpc_status_oom;

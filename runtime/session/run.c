@@ -184,6 +184,16 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
             return diags;
         }
     }
+    if (job->plan->model.linear_attention) {
+        /* priced only (cost.h): the backends run softmax attention */
+        cpc_status_append(&diags, cpc_error(CPC_E_INPUT,
+                                            "%s: model.attention is linear: cpc prices linear attention "
+                                            "(cpc --check, --explain) but runs softmax attention only; "
+                                            "drop the key to run softmax attention",
+                                            path));
+        cpc_job_free(job);
+        return diags;
+    }
     /* cfg_degree x tp_degree > 1: the program is one (c, t) group's R x U
      * program, laid out on the plan's sub-plan (placement.h); every group
      * runs it on its own slice (the compiler built the backward on that
