@@ -40,20 +40,20 @@ static char *resolve_profile(const cpc_plan *plan)
     return out;
 }
 
-cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
+cpc_status *cpc_compilation_new(const char *path, const cpc_compile_options *opts,
                                 cpc_compile_stage until, cpc_compilation **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_compilation_run: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_new: out must not be NULL");
     *out = NULL;
     if (!path)
-        return cpc_error(CPC_E_USAGE, "cpc_compilation_run: path must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_new: path must not be NULL");
     if ((unsigned)until > CPC_STAGE_CODEGEN)
-        return cpc_error(CPC_E_USAGE, "cpc_compilation_run: unknown stage %d", (int)until);
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_new: unknown stage %d", (int)until);
     cpc_compile_options d;
     cpc_compile_options_init(&d, sizeof d);
     cpc_status *ost = cpc_api_read_options(&d, sizeof d, CPC_COMPILE_OPTIONS_SIZE_V1, opts,
-                                           "cpc_compilation_run", "cpc_compile_options");
+                                           "cpc_compilation_new", "cpc_compile_options");
     if (ost)
         return ost;
     opts = &d;

@@ -6,7 +6,7 @@
  * staging, device tensors of the CUDA backend bound as they are), the
  * caller's stream, and the refusals.
  *
- * Memory: everything is allocated in cpc_rank_create_* (the executor's
+ * Memory: everything is allocated in cpc_rank_new_* (the executor's
  * buffers through the backend, staging space for strided tensors, the key
  * padding mask, the LSE runs; for a training artifact the backward
  * executor on the same backend and transport, dout/dq/dk/dv staging and an
@@ -91,7 +91,7 @@ cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out)
     if (st)
         return st;
     /* the world belongs to this artifact (or an identical one: the same
-     * resolved plan gives the same program): cpc_rank_create_local checks */
+     * resolved plan gives the same program): cpc_rank_new_local checks */
     char label[512];
     artifact_label(a, label, sizeof label);
     if (!cpc_local_world_set_owner(*out, a->plan_text ? a->plan_text : "", label)) {
@@ -108,7 +108,7 @@ void cpc_local_world_free(cpc_local_world *w)
         cpc_local_world_destroy(w);
 }
 
-void cpc_rank_destroy(cpc_rank *r)
+void cpc_rank_free(cpc_rank *r)
 {
     if (!r)
         return;
@@ -172,7 +172,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     if (sst) {
         if (t)
             cpc_transport_destroy(t);
-        cpc_rank_destroy(r);
+        cpc_rank_free(r);
         return sst;
     }
     cpc_status *st = NULL;
@@ -313,7 +313,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
 fail:
     if (t)
         cpc_transport_destroy(t);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     return st;
 }
 
@@ -349,16 +349,16 @@ static double stall_limit(const cpc_rank_options *o)
     return t < 0 ? 0 : t == 0 ? CPC_RANK_DEFAULT_TIMEOUT_S : t;
 }
 
-cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
+cpc_status *cpc_rank_new_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_local: out must not be NULL");
     *out = NULL;
     if (!a || !w)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: artifact and world must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_local: artifact and world must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_local");
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_local");
     if (ost)
         return ost;
     opts = &o;
@@ -392,16 +392,16 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     return rank_finish(a, rank, t, opts, out);
 }
 
-cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
+cpc_status *cpc_rank_new_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_mpi: out must not be NULL");
     *out = NULL;
     if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: artifact must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_mpi: artifact must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_mpi");
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_mpi");
     if (ost)
         return ost;
     opts = &o;
@@ -447,35 +447,35 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     return rank_finish(a, p, t, opts, out);
 }
 
-cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
+cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
                                       const cpc_rank_options *opts, cpc_rank **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: out must not be NULL");
     *out = NULL;
     if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: artifact must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: artifact must not be NULL");
     if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) != 1)
         return cpc_error(CPC_E_UNSUPPORTED,
-                         "cpc_rank_create_callbacks: cfg_degree x tp_degree must be 1 (the outer "
+                         "cpc_rank_new_callbacks: cfg_degree x tp_degree must be 1 (the outer "
                          "axes run over MPI or local worlds)");
     const cpc_layout *L = &a->program->layout;
     if (rank < 0 || rank >= L->R * L->U)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: rank %d out of range (world %d)",
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: rank %d out of range (world %d)",
                          rank, L->R * L->U);
     if (!cb)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: callbacks must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: callbacks must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_callbacks");
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_callbacks");
     if (ost)
         return ost;
     opts = &o;
     cpc_p2p_callbacks c = {.size = sizeof c};
     if ((ost = cpc_api_read_options(&c, sizeof c, CPC_P2P_CALLBACKS_SIZE_V1, cb,
-                                    "cpc_rank_create_callbacks", "cpc_p2p_callbacks")))
+                                    "cpc_rank_new_callbacks", "cpc_p2p_callbacks")))
         return ost;
     if (!c.isend || !c.irecv || !c.wait)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: isend, irecv and wait must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: isend, irecv and wait must not be NULL");
     const cpc_transport_p2p_fns fns = {c.user, c.isend, c.irecv, c.wait};
     cpc_transport *t = NULL;
     cpc_status *st = cpc_transport_callback_create(&fns, rank, L->R, L->U, &t);
@@ -484,23 +484,23 @@ cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc
     return rank_finish(a, rank, t, opts, out);
 }
 
-cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
+cpc_status *cpc_rank_new_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
     (void)nccl_comm, (void)cuda_stream;
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: out must not be NULL");
     *out = NULL;
     if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: artifact must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: artifact must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_create_nccl");
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_nccl");
     if (ost)
         return ost;
     opts = &o;
     return cpc_error(CPC_E_UNSUPPORTED,
-                     "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
-                     "available in this release (GPU ranks of an MPI job: cpc_rank_create_mpi "
+                     "cpc_rank_new_nccl: ranks over a caller's NCCL communicator are not "
+                     "available in this release (GPU ranks of an MPI job: cpc_rank_new_mpi "
                      "with CPC_BACKEND_CUDA; cprun --backend cuda --transport nccl runs NCCL)");
 }
 

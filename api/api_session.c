@@ -109,13 +109,13 @@ static cpc_status *split(cpc_status *all, cpc_status **diagnostics)
     return errors;
 }
 
-cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
+cpc_status *cpc_job_new(const char *path, const char *const *sets, int n_sets, cpc_job **out,
                          cpc_status **diagnostics)
 {
     if (diagnostics)
         *diagnostics = NULL;
     if (!out || !path)
-        return cpc_error(CPC_E_USAGE, "cpc_job_open: path and out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_job_new: path and out must not be NULL");
     *out = NULL;
     cpc_job *job = NULL;
     cpc_status *errors = split(cpc_job_load(path, sets, n_sets, &job), diagnostics);
@@ -127,7 +127,6 @@ cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, 
     return NULL;
 }
 
-void cpc_job_close(cpc_job *job) { cpc_job_free(job); }
 const char *cpc_job_variant(const cpc_job *job) { return job ? cpc_variant_name(job->prog->layout.variant) : NULL; }
 int cpc_job_ring_degree(const cpc_job *job) { return job ? job->prog->layout.R : 0; }
 int cpc_job_ulysses_degree(const cpc_job *job) { return job ? job->prog->layout.U : 0; }
@@ -185,7 +184,7 @@ cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_ru
     if (is_root)
         *is_root = root;
     if (st || !root) {
-        cpc_run_report_destroy(rep);
+        cpc_run_report_free(rep);
         return st;
     }
     *report = rep;
@@ -231,11 +230,11 @@ char *cpc_run_report_failure(const cpc_run_report *r)
     return n < 0 ? NULL : s;
 }
 
-void cpc_run_report_destroy(cpc_run_report *r)
+void cpc_run_report_free(cpc_run_report *r)
 {
     if (!r)
         return;
-    cpc_run_report_free(r);
+    cpc_run_report_clear(r);
     free(r);
 }
 

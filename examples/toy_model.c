@@ -46,7 +46,7 @@ static const char *PLAN =
     do {                                                                               \
         cpc_status *st_ = (call);                                                      \
         if (st_) {                                                                     \
-            cpc_status_print(stderr, "toy_model", st_);                                \
+            cpc_status_print(st_, stderr, "toy_model");                                \
             cpc_status_free(st_);                                                      \
             MPI_Abort(MPI_COMM_WORLD, 3);                                              \
         }                                                                              \
@@ -237,11 +237,11 @@ int main(int argc, char **argv)
         ro.backend = CPC_BACKEND_CUDA;
         ro.cuda_stream = cu.stream;
     }
-    CHECK(cpc_rank_create_mpi(a, &comm, &ro, &r));
+    CHECK(cpc_rank_new_mpi(a, &comm, &ro, &r));
     long T = 0;
     float *x = shard_input(a, rank, &T);
     model(r, x, T, W, cuda);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
 
     /* gather every rank's rows (with their global positions) to rank 0 */
     cpc_token_run runs[16];
@@ -283,7 +283,7 @@ int main(int argc, char **argv)
         cpc_local_world *w = NULL;
         CHECK(cpc_local_world_new(a1, &w));
         cpc_rank *r1 = NULL;
-        CHECK(cpc_rank_create_local(a1, w, 0, NULL, &r1));
+        CHECK(cpc_rank_new_local(a1, w, 0, NULL, &r1));
         long T1 = 0;
         float *x1 = shard_input(a1, 0, &T1);
         model(r1, x1, T1, W, false);
@@ -297,7 +297,7 @@ int main(int argc, char **argv)
         printf("%d ranks vs 1 rank: relative error %.3g (fp32 limit 1e-5): %s\n", size, rel,
                ok ? "PASS" : "FAIL");
         status = ok ? 0 : 1;
-        cpc_rank_destroy(r1);
+        cpc_rank_free(r1);
         cpc_local_world_free(w);
         cpc_artifact_free(a1);
         free(x1), free(dist), free(all), free(counts), free(displs);

@@ -54,7 +54,7 @@ typedef enum cpc_compile_stage {
  * that reports an error ends the pipeline.  *out: the compilation (free with
  * cpc_compilation_free).  Errors (*out NULL): CPC_E_USAGE (NULL arguments,
  * unknown stage), CPC_E_NOMEM. */
-CPC_API cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
+CPC_API cpc_status *cpc_compilation_new(const char *path, const cpc_compile_options *opts,
                                 cpc_compile_stage until, cpc_compilation **out);
 
 /* Frees a compilation.  NULL is ignored. */
@@ -239,6 +239,11 @@ CPC_API void cpc_atomic_file_discard(cpc_atomic_file *f);
 /* Writes `bytes` bytes of `data` to `path` atomically (open + write +
  * commit above).  Errors: CPC_E_IO. */
 CPC_API cpc_status *cpc_write_file_atomic(const char *path, const void *data, size_t bytes);
+
+/* DEPRECATED NAMES (rank.h): source compatibility only. */
+#ifndef CPC_NO_DEPRECATED
+#define cpc_compilation_run cpc_compilation_new
+#endif
 
 #ifdef __cplusplus
 }

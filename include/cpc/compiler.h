@@ -97,7 +97,7 @@ CPC_API cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
 
 /* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO,
  * CPC_E_USAGE (path or a NULL). */
-CPC_API cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
+CPC_API cpc_status *cpc_artifact_write(cpc_artifact *a, const char *path);
 
 /* Frees an artifact.  NULL is ignored.  Every rank made from it must have
  * been destroyed first. */

@@ -98,12 +98,12 @@ CPC_API const char *cpc_code_name(cpc_code code);
  * without a position the prefix is "PROG: " (PROG NULL: "cpc").  For st
  * NULL (no error) the text is "PROG: ok".  Malloc'd; the caller frees it
  * with free().  NULL when out of memory. */
-CPC_API char *cpc_status_format(const char *prog, const cpc_status *st);
+CPC_API char *cpc_status_format(const cpc_status *st, const char *prog);
 
 /* Prints every diagnostic of the chain as cpc_status_format does, one per
  * line, each followed by its notes ("...: note: ..."), to `out` (nothing for
  * NULL). */
-CPC_API void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
+CPC_API void cpc_status_print(const cpc_status *st, FILE *out, const char *prog);
 
 #ifdef __cplusplus
 }

@@ -85,7 +85,7 @@ _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I64P = ctypes.POINTER(ctypes.c_int64)
 
-# rank.h: cpc_p2p_callbacks (cpc_rank_create_callbacks)
+# rank.h: cpc_p2p_callbacks (cpc_rank_new_callbacks)
 P2P_SEND = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                             ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
 P2P_RECV = P2P_SEND
@@ -120,14 +120,14 @@ _DECLS = {
     "cpc_status_notes": (_P, [_P]),
     "cpc_status_free": (None, [_P]),
     "cpc_status_exit_code": (ctypes.c_int, [_P]),
-    "cpc_status_print": (None, [_P, ctypes.c_char_p, _P]),
+    "cpc_status_print": (None, [_P, _P, ctypes.c_char_p]),
     # compiler.h
     "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions), ctypes.c_size_t]),
     "cpc_compile_plan_file": (_P, [ctypes.c_char_p, ctypes.POINTER(CompileOptions), _PP, _PP]),
     "cpc_compile_plan_string": (_P, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                      ctypes.POINTER(CompileOptions), _PP, _PP]),
     "cpc_artifact_load": (_P, [ctypes.c_char_p, _PP]),
-    "cpc_artifact_write": (_P, [ctypes.c_char_p, _P]),
+    "cpc_artifact_write": (_P, [_P, ctypes.c_char_p]),
     "cpc_artifact_free": (None, [_P]),
     "cpc_artifact_variant": (ctypes.c_char_p, [_P]),
     "cpc_artifact_world_size": (ctypes.c_int, [_P]),
@@ -149,11 +149,11 @@ _DECLS = {
     "cpc_rank_options_init": (None, [ctypes.POINTER(RankOptions), ctypes.c_size_t]),
     "cpc_local_world_new": (_P, [_P, _PP]),
     "cpc_local_world_free": (None, [_P]),
-    "cpc_rank_create_local": (_P, [_P, _P, ctypes.c_int, ctypes.POINTER(RankOptions), _PP]),
-    "cpc_rank_create_mpi": (_P, [_P, _P, ctypes.POINTER(RankOptions), _PP]),
-    "cpc_rank_create_callbacks": (_P, [_P, ctypes.c_int, ctypes.POINTER(P2PCallbacks),
+    "cpc_rank_new_local": (_P, [_P, _P, ctypes.c_int, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_new_mpi": (_P, [_P, _P, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_new_callbacks": (_P, [_P, ctypes.c_int, ctypes.POINTER(P2PCallbacks),
                                        ctypes.POINTER(RankOptions), _PP]),
-    "cpc_rank_create_nccl": (_P, [_P, _P, _P, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_new_nccl": (_P, [_P, _P, _P, ctypes.POINTER(RankOptions), _PP]),
     "cpc_rank_index": (ctypes.c_int, [_P]),
     "cpc_rank_world_size": (ctypes.c_int, [_P]),
     "cpc_rank_allocated_bytes": (ctypes.c_int64, [_P]),
@@ -164,7 +164,7 @@ _DECLS = {
     "cpc_rank_saved_lse_elements": (ctypes.c_int64, [_P]),
     "cpc_rank_saved_lse": (_P, [_P, ctypes.c_void_p, ctypes.c_int64]),
     "cpc_rank_abort": (_P, [_P, ctypes.c_char_p]),
-    "cpc_rank_destroy": (None, [_P]),
+    "cpc_rank_free": (None, [_P]),
 }
 
 _lock = threading.Lock()

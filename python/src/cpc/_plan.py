@@ -246,7 +246,7 @@ class Artifact:
 
     def save(self, path):
         """Writes the artifact as a .cplan file (the same format `cpc -o` writes)."""
-        _check(self._L, self._L.cpc_artifact_write(os.fsencode(os.fspath(path)), self._ptr))
+        _check(self._L, self._L.cpc_artifact_write(self._ptr, os.fsencode(os.fspath(path))))
 
     def _rank_ok(self, rank):
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
