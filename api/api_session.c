@@ -10,6 +10,7 @@
 #include "cpc/session.h"
 
 #include "api_options.h"
+#include "api_session.h"
 #include "calibrate.h"
 #include "cost.h"
 #include "executor.h"
@@ -50,7 +51,7 @@ static const char *transport_str(cpc_transport_kind k)
 /* The session's options for the caller's public ones (NULL: defaults; read
  * by the size rule, api_options.h); a bad size and unknown enum values are
  * usage errors. */
-static cpc_status *to_run_options(const cpc_job_options *caller, cpc_run_options *r, const char *fn)
+cpc_status *cpc_api_job_run_options(const cpc_job_options *caller, cpc_run_options *r, const char *fn)
 {
     cpc_run_options_default(r);
     cpc_job_options j;
@@ -155,15 +156,6 @@ cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes)
     return NULL;
 }
 
-cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path)
-{
-    if (!o)
-        return cpc_error(CPC_E_USAGE, "cpc_job_check_outputs: options must not be NULL");
-    cpc_run_options r;
-    cpc_status *st = to_run_options(o, &r, "cpc_job_check_outputs");
-    return st ? st : cpc_run_check_outputs(&r, plan_path);
-}
-
 cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_run_report **report,
                             bool *is_root)
 {
@@ -173,7 +165,7 @@ cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_ru
     if (!job)
         return cpc_error(CPC_E_USAGE, "cpc_job_execute: job must not be NULL");
     cpc_run_options r;
-    cpc_status *st = to_run_options(o, &r, "cpc_job_execute");
+    cpc_status *st = cpc_api_job_run_options(o, &r, "cpc_job_execute");
     if (st)
         return st;
     cpc_run_report *rep = calloc(1, sizeof *rep);

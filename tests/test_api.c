@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cpc/cpc.h"
+#include "cpc/tool.h"
 
 /* ---- allocation counter ---------------------------------------------------------- */
 extern void *__libc_malloc(size_t);

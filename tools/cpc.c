@@ -37,6 +37,7 @@
 #include <cjson/cJSON.h>
 
 #include <cpc/cpc.h>
+#include <cpc/tool.h>
 
 typedef enum out_format { FORMAT_TEXT = 0, FORMAT_JSON } out_format;
 

@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include <cpc/cpc.h>
+#include <cpc/tool.h>
 
 static void usage(FILE *f)
 {

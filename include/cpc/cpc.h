@@ -10,9 +10,12 @@
  *                   communicator or an in-process world; attention forward
  *                   on caller buffers with no allocation per call
  *   cpc/compilation.h  the pipeline's whole result as `cpc` shows it:
- *                   diagnostics, candidates, schedule, kernels; atomic writes
+ *                   diagnostics, candidates, schedule, kernels
  *   cpc/session.h   the whole job as cprun runs it (every rank, inputs,
  *                   check, report), and machine calibration
+ *   (cpc/tool.h     NOT part of libcpc: the tools' policy, exit statuses,
+ *                   atomic files, --option checks; static cpc_tool, not
+ *                   installed, not included here)
  *
  * Conventions of every header:
  *   - one lifecycle vocabulary: an object is made by cpc_X_new (or by the

@@ -126,17 +126,6 @@ CPC_API cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes);
  * --dry-run.  Allocates no buffer. */
 CPC_API cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
 
-/* Checks, before anything runs, that the files the run will write can be
- * written (output_path, trace_path, output_shards_dir) and that none of them
- * is an input (`plan_path` may be NULL).  Creates and changes nothing.
- * Errors: CPC_E_IO naming the option and the path. */
-CPC_API cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path);
-
-/* Checks that `path` can be written as the file of option `what`
- * ("--profile-out", ...): an existing file writable and not a directory, a
- * new one in a writable directory.  Errors: CPC_E_IO. */
-CPC_API cpc_status *cpc_check_writable_file(const char *what, const char *path);
-
 /* Runs the job: every rank, warmup + iters iterations, gather, check,
  * report.  On success *report is the report (free with
  * cpc_run_report_free); it exists also when the check failed
@@ -167,15 +156,6 @@ CPC_API void cpc_run_report_print_text(const cpc_run_report *r, FILE *out);
 /* The JSON report (SPEC section 5: one object, its exact keys) and a
  * newline.  Errors: CPC_E_NOMEM, CPC_E_IO (the stream failed). */
 CPC_API cpc_status *cpc_run_report_print_json(const cpc_run_report *r, FILE *out);
-
-/* The JSON object cprun prints when there is no report (a rejected plan, a
- * usage or input error, a runtime failure): the report's keys with what is
- * known (variant NULL, degrees and ranks <= 0: null), "ok": false and
- * "error": {"code", "class", "message", "exit_status"} from the first error
- * of `err` (NULL: class "usage" with `message`).  Malloc'd (caller frees);
- * NULL on OOM. */
-CPC_API char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
-                              const cpc_status *err, const char *message, int exit_status);
 
 /* Frees a report.  NULL is ignored. */
 CPC_API void cpc_run_report_free(cpc_run_report *r);

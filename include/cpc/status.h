@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Error classes; the class, not the message, decides a tool's exit status
- * (cpc_status_exit_code). */
+ * (the tools' mapping, cpc/tool.h cpc_status_exit_code: not in libcpc.so). */
 typedef enum cpc_code {
     CPC_OK = 0,
     CPC_E_PLAN,        /* plan rejected by a rule (a CP code is set): exit 1 */
@@ -84,11 +84,6 @@ CPC_API const cpc_status *cpc_status_notes(const cpc_status *st);
 
 /* Frees a status and its whole chain.  NULL is ignored. */
 CPC_API void cpc_status_free(cpc_status *st);
-
-/* Exit status a tool gives for this status (worst over the chain; SPEC
- * section 3): 0 for NULL or warnings only, 1 plan/check, 2 usage/io/input,
- * 3 runtime/internal/memory/unsupported. */
-CPC_API int cpc_status_exit_code(const cpc_status *st);
 
 /* "plan", "usage", ... for a code. Static string. */
 CPC_API const char *cpc_code_name(cpc_code code);

@@ -111,7 +111,7 @@ CPC_API cpc_status *cpc_run_report_print_json(const cpc_run_report *r, FILE *out
  *             "exit_status": exit_status}.
  * `err` is the diagnostics chain (its first error is used; NULL: class
  * "usage" with `message`).  Malloc'd string (caller frees), NULL on OOM. */
-CPC_API char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
                               const cpc_status *err, const char *message, int exit_status);
 
 #endif

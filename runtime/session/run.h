@@ -199,7 +199,7 @@ cpc_status *cpc_run_check_outputs(const cpc_run_options *opt, const char *plan_p
 
 /* Checks that `path` can be written as the file of option `what`
  * ("--output", "--profile-out", ...) as above.  Errors: CPC_E_IO. */
-CPC_API cpc_status *cpc_check_writable_file(const char *what, const char *path);
+cpc_status *cpc_check_writable_file(const char *what, const char *path);
 
 /* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_clear
  * also after errors).  Returns NULL when the run completed (rep->ok tells

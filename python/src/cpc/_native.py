@@ -119,7 +119,6 @@ _DECLS = {
     "cpc_status_next": (_P, [_P]),
     "cpc_status_notes": (_P, [_P]),
     "cpc_status_free": (None, [_P]),
-    "cpc_status_exit_code": (ctypes.c_int, [_P]),
     "cpc_status_print": (None, [_P, _P, ctypes.c_char_p]),
     # compiler.h
     "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions), ctypes.c_size_t]),
