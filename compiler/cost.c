@@ -1749,17 +1749,31 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     }
     if (!pred.fits) {
         double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;
+        /* the parts named add up to the total (MEMORY: the VAE decode runs after
+         * the transformer, so its peak replaces buffers + activations when
+         * larger; the fixed attention workspace, under 1 MiB, is left out) */
+        double work = (double)pred.buffer_bytes_per_rank + (double)pred.activation_bytes_per_rank;
+        char parts[256];
+        if ((double)pred.vae_bytes_per_rank > work)
+            snprintf(parts, sizeof parts,
+                     "weights %.2f GiB + VAE decode %.2f GiB (its peak, above the transformer's "
+                     "buffers %.2f GiB + activations %.2f GiB) + reserved %.2f GiB",
+                     (double)pred.weights_bytes_per_rank / 1073741824.0,
+                     (double)pred.vae_bytes_per_rank / 1073741824.0,
+                     (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                     (double)pred.activation_bytes_per_rank / 1073741824.0, plan->cluster.reserved_gb);
+        else
+            snprintf(parts, sizeof parts,
+                     "buffers %.2f GiB + weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB",
+                     (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                     (double)pred.weights_bytes_per_rank / 1073741824.0,
+                     (double)pred.activation_bytes_per_rank / 1073741824.0, plan->cluster.reserved_gb);
         cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,
                                  cpc_plan_span(plan, "cluster.world_size", true),
-                                 "%s %dx%d: predicted memory per rank %.2f GiB (buffers %.2f GiB + "
-                                 "weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB) exceeds "
+                                 "%s %dx%d: predicted memory per rank %.2f GiB (%s) exceeds "
                                  "the device's %.2f GiB",
                                  cpc_variant_name(cand->variant), cand->ring_degree,
-                                 cand->ulysses_degree, gib,
-                                 (double)pred.buffer_bytes_per_rank / 1073741824.0,
-                                 (double)pred.weights_bytes_per_rank / 1073741824.0,
-                                 (double)pred.activation_bytes_per_rank / 1073741824.0,
-                                 plan->cluster.reserved_gb, dev.memory_gb);
+                                 cand->ulysses_degree, gib, parts, dev.memory_gb);
         double dev_bytes = dev.memory_gb * 1073741824.0;
         double reserved = plan->cluster.reserved_gb * 1073741824.0;
         bool ring_like = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING ||

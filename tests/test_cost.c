@@ -542,6 +542,75 @@ Test(cost, cp040_weights_hint_fits)
     cpc_plan_free(plan);
 }
 
+/* The GiB figures at the top level of a CP040 message's parenthesis (its parts;
+ * a nested parenthesis only explains one) and the total before it. */
+static double cp040_parts(const char *msg, double *total)
+{
+    const char *p = strstr(msg, "predicted memory per rank ");
+    cr_assert(p, "%s", msg);
+    p += strlen("predicted memory per rank ");
+    *total = strtod(p, NULL);
+    p = strchr(p, '(');
+    cr_assert(p, "%s", msg);
+    double sum = 0;
+    int depth = 0;
+    for (; *p; p++) {
+        if (*p == '(')
+            depth++;
+        else if (*p == ')' && --depth == 0)
+            break;
+        else if (depth == 1 && *p >= '0' && *p <= '9' && p[-1] == ' ') {
+            char *end;
+            double x = strtod(p, &end);
+            if (strncmp(end, " GiB", 4) == 0)
+                sum += x;
+            p = end - 1;
+        }
+    }
+    return sum;
+}
+
+/* CP040's parts add up to its total: with the VAE decode the larger phase, the
+ * message names it (it replaces buffers + activations in MEMORY), as a new user
+ * found: "53.32 GiB (buffers 0.08 + weights 22.17 + activations 0.11 + reserved
+ * 30.00)" added up to 52.36. */
+Test(cost, cp040_parts_add_up)
+{
+    const char *vae[] = {"cluster.device=l20", "cluster.reserved_gb=30", "parallel.tp_degree=1",
+                         "parallel.cfg_degree=1", "parallel.variant=ulysses"};
+    const char *big[] = {"model.parameters=40000000000", "cluster.device=l20", "parallel.variant=ulysses",
+                         "input.steps=28"};
+    const char *plans[] = {"plans/flux1-dev-8gpu-axes.yaml", "plans/flux1-dev-1024.yaml"};
+    const char *const *sets[] = {vae, big};
+    int nsets[] = {5, 4};
+    bool saw_vae = false;
+    for (int c = 0; c < 2; c++) {
+        cpc_plan *plan = load(plans[c], sets[c], nsets[c]);
+        cpc_selection sel;
+        cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        int n40 = 0;
+        for (int i = 0; i < sel.n_candidates; i++)
+            for (const cpc_status *d = sel.candidates[i].errors; d; d = d->next) {
+                if (d->rule != 40)
+                    continue;
+                n40++;
+                double total, sum = cp040_parts(cpc_status_message(d), &total);
+                cr_expect(fabs(sum - total) <= 0.02, "parts %.2f vs total %.2f: %s", sum, total,
+                          cpc_status_message(d));
+                const cpc_prediction *pr = &sel.candidates[i].pred;
+                if (pr->vae_bytes_per_rank > pr->buffer_bytes_per_rank + pr->activation_bytes_per_rank) {
+                    saw_vae = true;
+                    cr_expect(strstr(cpc_status_message(d), "VAE decode"), "%s", cpc_status_message(d));
+                }
+            }
+        cr_expect_gt(n40, 0, "case %d: CP040 expected", c);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+    }
+    cr_expect(saw_vae, "a case where the VAE decode is the larger phase");
+}
+
 /* The whole step's plan keys (SPEC section 1: model structure, runtime):
  * loaded as written, defaults when absent, errors with their rule. */
 static cpc_status *load_text(const char *text, cpc_plan **plan)
