@@ -611,6 +611,66 @@ Test(cost, cp040_parts_add_up)
     cr_expect(saw_vae, "a case where the VAE decode is the larger phase");
 }
 
+/* CP040's tp_degree hint applied as written validates, also when the plan states
+ * its ring or Ulysses degree (world_size = C*T*R*U: the hint then names the degree
+ * that gives up the ranks; `parallel.tp_degree: 2` alone on ulysses_degree 8 of 8
+ * ranks was CP003, found by a new user). */
+Test(cost, cp040_hint_applied_validates)
+{
+    static const char *const cases[][3] = {
+        {"parallel.variant=ulysses", "parallel.ulysses_degree=8", NULL},
+        {"parallel.variant=ring", "parallel.ring_degree=8", NULL},
+        {"parallel.variant=unified", "parallel.ring_degree=2", "parallel.ulysses_degree=4"},
+        {"parallel.variant=unified", "parallel.ring_degree=2", NULL},
+        {"parallel.variant=ulysses_anything", "parallel.ulysses_degree=8", NULL},
+        {"parallel.variant=auto", NULL, NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *sets[12] = {"cluster.device=l20", "cluster.reserved_gb=30", "parallel.tp_degree=1",
+                                "parallel.cfg_degree=1"};
+        int n = 4;
+        for (int j = 0; j < 3 && cases[c][j]; j++)
+            sets[n++] = cases[c][j];
+        cpc_plan *plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
+        cpc_selection sel;
+        cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        char hint[256] = "";
+        for (const cpc_status *d = st; d && !hint[0]; d = d->next) /* what cpc reports */
+            if (d->rule == 40 && cpc_status_hint(d))
+                snprintf(hint, sizeof hint, "%s", cpc_status_hint(d));
+        for (int i = 0; i < sel.n_candidates && !hint[0]; i++)
+            for (const cpc_status *d = sel.candidates[i].errors; d && !hint[0]; d = d->next)
+                if (d->rule == 40 && cpc_status_hint(d))
+                    snprintf(hint, sizeof hint, "%s", cpc_status_hint(d));
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+        cr_assert(strncmp(hint, "parallel.tp_degree: ", 20) == 0, "case %zu: hint '%s'", c, hint);
+        /* "k1: v1, k2: v2 (why...)" -> --set k1=v1 --set k2=v2 */
+        char keys[8][64];
+        int nk = 0;
+        char *end = strstr(hint, " (");
+        cr_assert(end);
+        *end = 0;
+        for (char *tok = strtok(hint, ","); tok && nk < 8; tok = strtok(NULL, ",")) {
+            while (*tok == ' ')
+                tok++;
+            char *colon = strstr(tok, ": ");
+            cr_assert(colon, "hint key '%s'", tok);
+            snprintf(keys[nk], sizeof keys[nk], "%.*s=%s", (int)(colon - tok), tok, colon + 2);
+            sets[n++] = keys[nk++];
+        }
+        plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
+        st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        if (cpc_status_has_error(st))
+            cpc_status_print(stderr, "hint applied", st);
+        cr_expect_not(cpc_status_has_error(st), "case %zu: the hint applied is rejected", c);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+    }
+}
+
 /* The whole step's plan keys (SPEC section 1: model structure, runtime):
  * loaded as written, defaults when absent, errors with their rule. */
 static cpc_status *load_text(const char *text, cpc_plan **plan)
