@@ -640,6 +640,28 @@ static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, false, out); }
 static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
 
+/* Whether an operand of op (used at all) has a request in flight on its slot:
+ * the hot path's filter (one scan), before the shared rule decides. */
+static bool touches_request(vb *V, int p, const cpc_op *op)
+{
+    const rank_reqs *rq = &V->rr[p];
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info || rq->n == 0)
+        return false;
+    for (int side = 0; side < 2; side++) {
+        cpc_access acc = side ? info->out_access : info->in_access;
+        int n = side ? op->n_out : op->n_in;
+        const int *bufs = side ? op->out : op->in;
+        for (int i = 0; acc != CPC_ACCESS_NONE && i < n; i++) {
+            int sl = V->map[p * V->nb + bufs[i]];
+            for (int j = 0; j < rq->n; j++)
+                if (rq->v[j]->slot == sl)
+                    return true;
+        }
+    }
+    return false;
+}
+
 /* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
  * operand, then its content rule (in[i] holds in_content[i], by provenance:
  * the delta op's output is not the saved LSE).  Returns the failure or NULL. */
@@ -648,7 +670,8 @@ static cpc_status *check_operands(vb *V, int p, const xop *x)
     bwd_dom dd = {V, p};
     const vc_domain dom = {&dd, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on};
     char m[640];
-    if ((V->rr[p].n > 0 && vc_operands_in_flight(&dom, x->op, m, sizeof m)) || vc_contents(&dom, x->op, 1, m, sizeof m))
+    if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
+        vc_contents(&dom, x->op, 1, m, sizeof m))
         return vfail(p, x, "%s", m);
     return NULL;
 }

@@ -89,8 +89,11 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
         cpc_content want = (cpc_content)info->in_content[i];
         if (want == CPC_CONTENT_NONE)
             continue;
-        if (vc_read(d, op->in[i], want, msg, n))
+        if (!d->written(d->self, op->in[i])) {
+            snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, op->in[i]),
+                     want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
             return msg;
+        }
         int got = d->content(d->self, op->in[i]);
         if (got != (int)want) {
             snprintf(msg, n, "input %d (%s) holds %s data, not %s (operands are identified by what made them, "

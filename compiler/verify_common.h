@@ -75,9 +75,10 @@ const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *ms
  * read (`want` DELTA names the missing delta op). */
 const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n);
 
-/* The content rule: every input slot of op with a table in_content holds
- * that content (by provenance: the delta op's output is not the saved LSE),
- * read by vc_read first.  `base` is how input slots are numbered in the
+/* The content rule: every input slot of op with a table in_content is
+ * written and holds that content (by provenance: the delta op's output is not
+ * the saved LSE).  The lifetime rule is vc_operands_in_flight's, which every
+ * prover runs before an op's own checks.  `base` is how input slots are numbered in the
  * message (0 or 1). */
 const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n);
 
