@@ -566,9 +566,21 @@ static bool dom_send_on(void *self, int b, vc_req *out)
     return true;
 }
 
+static int dom_stamp(void *self, int b) { return ((rank_dom *)self)->rk->v[b].stamp; }
+static bool dom_fresh(void *self, int b) { return ((rank_dom *)self)->rk->v[b].fresh != 0; }
+static bool dom_merged(void *self, int b) { return ((rank_dom *)self)->rk->v[b].merged != 0; }
+
+static const char *dom_writer(void *self, int b)
+{
+    rank_dom *d = self;
+    const aval *v = &d->rk->v[b];
+    return op_desc(v->wop, v->wstep, d->ob, sizeof d->ob);
+}
+
 #define RANK_DOM(C, rk)                                                                                    \
     rank_dom dd_ = {(C), (rk), ""};                                                                        \
-    const vc_domain dom = {&dd_, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on}
+    const vc_domain dom = {&dd_,         dom_name,      dom_written, dom_content, dom_recv_on, dom_send_on, \
+                           dom_stamp,    dom_fresh,     dom_merged,  dom_writer}
 
 /* The lifetime rule for every operand of the op at nd (before its own checks). */
 static int operands_in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
@@ -597,21 +609,12 @@ static int contents(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     return vc_contents(&dom, nd->op, 0, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
 }
 
-/* Checks that buffer b may be overwritten now. */
+/* The overwrite rule for buffer b. */
 static int wr_check(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
 {
-    char ob[256], m[640];
+    char m[640];
     RANK_DOM(C, rk);
-    if (vc_in_flight(&dom, b, CPC_ACCESS_WRITE, m, sizeof m))
-        return fail(C, rk->p, nd, step, "%s", m);
-    const aval *old = &rk->v[b];
-    if (old->written && old->fresh) {
-        return fail(C, rk->p, nd, step,
-                    "overwrites the attention output in %s (written by %s) before any op used it: "
-                    "a block attended twice, or a merge missing",
-                    buf_name(C, b), op_desc(old->wop, old->wstep, ob, sizeof ob));
-    }
-    return 0;
+    return vc_write(&dom, b, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
 }
 
 /* Stores v (moved: the caller's copy is cleared) into buffer b. */
@@ -1181,39 +1184,19 @@ static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     for (int j = 0; j < 2; j++)
         if (rd(C, rk, nd, step, op->in[j]))
             return RES_ERR;
-    for (int j = 0; j < 2; j++) {
-        int b = op->out[j];
-        if (rk->rpend[b] < 0 && !rk->v[b].written) {
-            fail(C, rk->p, nd, step, "merges into %s, which is not initialised (no init_acc or attn before)",
-                 buf_name(C, b));
+    {
+        char m[640];
+        RANK_DOM(C, rk);
+        if (vc_merge(&dom, op, m, sizeof m)) {
+            fail(C, rk->p, nd, step, "%s", m);
             return RES_ERR;
         }
-        if (rd(C, rk, nd, step, b))
-            return RES_ERR;
     }
+    for (int j = 0; j < 2; j++)
+        if (rd(C, rk, nd, step, op->out[j]))
+            return RES_ERR;
     aval *A = &rk->v[op->in[0]], *AL = &rk->v[op->in[1]];
     aval *Acc = &rk->v[op->out[0]], *AccL = &rk->v[op->out[1]];
-    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
-    if (A->src != mc[0] || AL->src != mc[1] || A->stamp != AL->stamp) {
-        fail(C, rk->p, nd, step, "inputs %s and %s are not the output and LSE of one attention block",
-             buf_name(C, op->in[0]), buf_name(C, op->in[1]));
-        return RES_ERR;
-    }
-    if (Acc->src != SRC_O || AccL->src != SRC_LSE || Acc->stamp != AccL->stamp) {
-        fail(C, rk->p, nd, step, "outputs %s and %s are not one accumulator and its LSE",
-             buf_name(C, op->out[0]), buf_name(C, op->out[1]));
-        return RES_ERR;
-    }
-    if (op->in[0] == op->out[0] || A->stamp == Acc->stamp) {
-        fail(C, rk->p, nd, step, "merges %s into itself", buf_name(C, op->out[0]));
-        return RES_ERR;
-    }
-    if (A->merged) {
-        fail(C, rk->p, nd, step,
-             "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last merge",
-             buf_name(C, op->in[0]), op_desc(A->wop, A->wstep, ob, sizeof ob));
-        return RES_ERR;
-    }
     if (Acc->tlo != TOK_UNSET && (Acc->tlo != A->tlo || Acc->thi != A->thi)) {
         fail(C, rk->p, nd, step, "the accumulator %s holds query rows of %s, the attention output %s",
              buf_name(C, op->out[0]), tok_desc(C, Acc->tlo, Acc->thi, t1, sizeof t1),

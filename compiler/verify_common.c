@@ -105,3 +105,56 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
     }
     return NULL;
 }
+
+const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
+{
+    if (vc_in_flight(d, b, CPC_ACCESS_WRITE, msg, n))
+        return msg;
+    if (d->written(d->self, b) && d->fresh(d->self, b)) {
+        snprintf(msg, n,
+                 "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
+                 "twice, or a merge missing",
+                 d->name(d->self, b), d->writer(d->self, b));
+        return msg;
+    }
+    return NULL;
+}
+
+const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    vc_req q;
+    for (int j = 0; j < 2; j++) {
+        int b = op->out[j];
+        if (!d->recv_on(d->self, b, &q) && !d->written(d->self, b)) {
+            snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
+                     d->name(d->self, b));
+            return msg;
+        }
+    }
+    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
+    int a = op->in[0], al = op->in[1], acc = op->out[0], accl = op->out[1];
+    if (d->content(d->self, a) != mc[0] || d->content(d->self, al) != mc[1] ||
+        d->stamp(d->self, a) != d->stamp(d->self, al)) {
+        snprintf(msg, n, "inputs %s and %s are not the output and LSE of one attention block", d->name(d->self, a),
+                 d->name(d->self, al));
+        return msg;
+    }
+    if (d->content(d->self, acc) != CPC_CONTENT_OUT || d->content(d->self, accl) != CPC_CONTENT_LSE ||
+        d->stamp(d->self, acc) != d->stamp(d->self, accl)) {
+        snprintf(msg, n, "outputs %s and %s are not one accumulator and its LSE", d->name(d->self, acc),
+                 d->name(d->self, accl));
+        return msg;
+    }
+    if (a == acc || d->stamp(d->self, a) == d->stamp(d->self, acc)) {
+        snprintf(msg, n, "merges %s into itself", d->name(d->self, acc));
+        return msg;
+    }
+    if (d->merged(d->self, a)) {
+        snprintf(msg, n,
+                 "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last "
+                 "merge",
+                 d->name(d->self, a), d->writer(d->self, a));
+        return msg;
+    }
+    return NULL;
+}

@@ -59,6 +59,11 @@ typedef struct vc_domain {
     int (*content)(void *self, int b);                   /* what b holds (cpc_content) */
     bool (*recv_on)(void *self, int b, vc_req *q);       /* a recv into b is in flight: *q */
     bool (*send_on)(void *self, int b, vc_req *q);       /* a send from b is in flight: *q */
+    /* Forward attention results (NULL in a domain without attn/merge: backward): */
+    int (*stamp)(void *self, int b);      /* identity of the attention output / accumulator pair */
+    bool (*fresh)(void *self, int b);     /* an attention output no op has read yet */
+    bool (*merged)(void *self, int b);    /* an attention output already merged */
+    const char *(*writer)(void *self, int b); /* the op that last wrote b, in words */
 } vc_domain;
 
 /* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
@@ -81,5 +86,14 @@ const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size
  * prover runs before an op's own checks.  `base` is how input slots are numbered in the
  * message (0 or 1). */
 const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n);
+
+/* The overwrite rule (forward): b is not in flight, and does not hold an
+ * attention output no op has read (a block attended twice, a merge missing). */
+const char *vc_write(const vc_domain *d, int b, char *msg, size_t n);
+
+/* The merge's provenance rules (forward): its outputs are initialised (or
+ * arriving), in[0], in[1] are the output and LSE of one attention block not
+ * merged yet, out[0], out[1] one accumulator and its LSE, not the input. */
+const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 
 #endif

@@ -1118,9 +1118,20 @@ static bool dom_send_on(void *self, int b, vc_req *out)
     return true;
 }
 
+static int dom_stamp(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].stamp; }
+static bool dom_fresh(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].fresh != 0; }
+static bool dom_merged(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].merged != 0; }
+
+static const char *dom_writer(void *self, int b)
+{
+    sym_dom *d = self;
+    return op_desc(d->C, d->C->st->v[b].wop, d->ob, sizeof d->ob);
+}
+
 #define SYM_DOM(C)                                                                                         \
     sym_dom dd_ = {(C), ""};                                                                               \
-    const vc_domain dom = {&dd_, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on}
+    const vc_domain dom = {&dd_,      dom_name,  dom_written, dom_content, dom_recv_on, dom_send_on,       \
+                           dom_stamp, dom_fresh, dom_merged,  dom_writer}
 
 static int operands_in_flight(sctx *C, const snode *nd)
 {
@@ -1148,18 +1159,9 @@ static int contents(sctx *C, const snode *nd)
 
 static int wr_check(sctx *C, const snode *nd, int b)
 {
-    sst *s = C->st;
-    char ob[256], m[640];
+    char m[640];
     SYM_DOM(C);
-    if (vc_in_flight(&dom, b, CPC_ACCESS_WRITE, m, sizeof m))
-        return serr(C, nd, "%s", m);
-    const sval *old = &s->v[b];
-    if (old->written && old->fresh)
-        return serr(C, nd,
-                    "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
-                    "twice, or a merge missing",
-                    bname(C, b), op_desc(C, old->wop, ob, sizeof ob));
-    return 0;
+    return vc_write(&dom, b, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
 }
 
 static int store(sctx *C, const snode *nd, int b, sval *v)
@@ -1637,29 +1639,17 @@ static int exec_merge(sctx *C, const snode *nd)
     for (int j = 0; j < 2; j++)
         if (rd(C, nd, op->in[j]))
             return -1;
-    for (int j = 0; j < 2; j++) {
-        int b = op->out[j];
-        if (s->rpend[b] < 0 && !s->v[b].written)
-            return serr(C, nd, "merges into %s, which is not initialised (no init_acc or attn before)", bname(C, b));
-        if (rd(C, nd, b))
-            return -1;
+    {
+        char m[640];
+        SYM_DOM(C);
+        if (vc_merge(&dom, op, m, sizeof m))
+            return serr(C, nd, "%s", m);
     }
+    for (int j = 0; j < 2; j++)
+        if (rd(C, nd, op->out[j]))
+            return -1;
     sval *A = &s->v[op->in[0]], *AL = &s->v[op->in[1]];
     sval *Acc = &s->v[op->out[0]], *AccL = &s->v[op->out[1]];
-    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
-    if (A->src != mc[0] || AL->src != mc[1] || A->stamp != AL->stamp)
-        return serr(C, nd, "inputs %s and %s are not the output and LSE of one attention block", bname(C, op->in[0]),
-                    bname(C, op->in[1]));
-    if (Acc->src != SRC_O || AccL->src != SRC_LSE || Acc->stamp != AccL->stamp)
-        return serr(C, nd, "outputs %s and %s are not one accumulator and its LSE", bname(C, op->out[0]),
-                    bname(C, op->out[1]));
-    if (op->in[0] == op->out[0] || A->stamp == Acc->stamp)
-        return serr(C, nd, "merges %s into itself", bname(C, op->out[0]));
-    if (A->merged)
-        return serr(C, nd,
-                    "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last "
-                    "merge",
-                    bname(C, op->in[0]), op_desc(C, A->wop, ob, sizeof ob));
     if (Acc->tok != T_UNSET) {
         int t = tok_same(C, Acc, A);
         if (t == NEVER)
