@@ -1295,27 +1295,9 @@ static int exec_copy(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 static int exec_swap(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
     const cpc_op *op = nd->op;
-    char ob[256], why[512];
+    char why[512];
     int b[2] = {op->in[0], op->in[1]};
-    for (int j = 0; j < 2; j++) {
-        if (rk->rpend[b[j]] >= 0) {
-            req *q = &C->reqs[rk->rpend[b[j]]];
-            fail(C, rk->p, nd, step,
-                 "swaps %s while the recv into it (%s, tag %d, from rank %d) is not complete: "
-                 "no `wait tag %d` between them",
-                 buf_name(C, b[j]), op_desc(q->on, q->step, ob, sizeof ob), q->tag, q->peer, q->tag);
-            return RES_ERR;
-        }
-        if (rk->nsend[b[j]] > 0) {
-            int id = find_pending_send(C, rk, b[j]);
-            const req *q = id >= 0 ? &C->reqs[id] : NULL;
-            fail(C, rk->p, nd, step,
-                 "swaps %s while a send from it (%s, tag %d) is in flight: no `wait tag %d` between them",
-                 buf_name(C, b[j]), q ? op_desc(q->on, q->step, ob, sizeof ob) : "?", q ? q->tag : -1,
-                 q ? q->tag : -1);
-            return RES_ERR;
-        }
-    }
+    /* in flight: the lifetime rule (REBIND) already ran (operands_in_flight) */
     aval t = rk->v[b[0]];
     rk->v[b[0]] = rk->v[b[1]];
     rk->v[b[1]] = t;

@@ -1747,13 +1747,7 @@ static int exec_swap(sctx *C, const snode *nd)
     sst *s = C->st;
     char why[512];
     int b[2] = {op->in[0], op->in[1]};
-    for (int j = 0; j < 2; j++) {
-        if (s->rpend[b[j]] >= 0)
-            return serr(C, nd, "swaps %s while the recv into it is not complete: no `wait tag %d` between them",
-                        bname(C, b[j]), s->req[s->rpend[b[j]]].tag);
-        if (s->nsend[b[j]] > 0)
-            return serr(C, nd, "swaps %s while a send from it is in flight: no `wait` between them", bname(C, b[j]));
-    }
+    /* in flight: the lifetime rule (REBIND) already ran (operands_in_flight) */
     sval t = s->v[b[0]];
     s->v[b[0]] = s->v[b[1]];
     s->v[b[1]] = t;
