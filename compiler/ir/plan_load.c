@@ -876,8 +876,15 @@ static void load_model(ld *L, const cpc_ynode *root, cpc_span root_at)
     if (get_bool(L, m, "model", "mlp_gated", &b, NULL) == OK)
         p->model.mlp_gated = b, p->model.structure_given = true;
     static const char *const an[] = {"softmax", "linear"};
-    if (get_enum(L, m, "model", "attention", an, 2, &e, NULL) == OK)
+    fld fat;
+    if (get_enum(L, m, "model", "attention", an, 2, &e, &fat) == OK) {
         p->model.linear_attention = e == 1;
+        /* said at --check time, not first at `cpc -o` / cprun (compile.c refuses it) */
+        if (e == 1)
+            warn(L, fat.v->span,
+                 "model.attention: linear is priced only: cpc's kernels compute softmax attention, "
+                 "so `cpc -o` and cprun refuse this plan");
+    }
     fld fds;
     if (get_int(L, m, "model", "dual_stream_layers", 0, MAX_COUNT, &v, &fds) == OK) {
         p->model.dual_stream_layers = (int)v;

@@ -146,6 +146,8 @@ grep -q "1 ranks" "$tmp/dry-one.out" "$tmp/run-one.out" && fail "'1 ranks' print
 # cpc -o and cprun refuse it (exit 2) and no artifact is written
 sed 's/dtype: fp32}/dtype: fp32, attention: linear}/' "$tmp/small.yaml" >"$tmp/linear.yaml"
 t linear-check 0 "$CPC" --check "$tmp/linear.yaml"
+# ... and --check says so already, at the key (a warning: exit 0)
+has linear-check.err "linear.yaml:3:[0-9]*: warning: model.attention: linear is priced only"
 t linear-compile 2 "$CPC" "$tmp/linear.yaml" -o "$tmp/linear.cplan"
 has linear-compile.err "runs softmax attention only"
 [ -e "$tmp/linear.cplan" ] && fail "an artifact was written for a linear-attention plan"
