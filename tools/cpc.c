@@ -424,10 +424,11 @@ static void print_summary_text(const job *j)
         char mem[32], sent[32];
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("  predicted on %s: %.3f ms per layer, %.3f ms per forward (%d layers), "
+        int layers = cpc_compilation_layers(j->c);
+        printf("  predicted on %s: %.3f ms per layer, %.3f ms per forward (%d layer%s), "
                "%s per rank, %s sent per rank per layer\n",
                cpc_compilation_device_name(j->c)[0] ? cpc_compilation_device_name(j->c) : "the plan's device",
-               c->ms_per_layer, c->ms_per_forward, cpc_compilation_layers(j->c), mem, sent);
+               c->ms_per_layer, c->ms_per_forward, layers, layers == 1 ? "" : "s", mem, sent);
         if (c->backward_priced) {
             char bs[32], bm[32];
             fmt_bytes(bs, sizeof bs, c, c->backward_bytes_sent_per_rank);

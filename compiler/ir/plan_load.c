@@ -1263,6 +1263,45 @@ static char *file_stem(const char *file)
     return strndup(b, n);
 }
 
+/* The keys that only the whole-step cost model reads (cost.h WHOLE STEP) do
+ * nothing without model.parameters: one warning, at the first of them, names
+ * every one present (runtime.attention_kernel and model.attention also price
+ * attention alone, so they are not among them). */
+static void warn_whole_step_keys(ld *L, const cpc_ynode *root)
+{
+    static const char *const keys[][2] = {
+        {"model", "hidden"},        {"model", "mlp_ratio"},
+        {"model", "mlp_gated"},     {"model", "dual_stream_layers"},
+        {"model", "cross_attention_tokens"}, {"model", "experts"},
+        {"model", "active_experts"}, {"input", "steps"},
+        {"runtime", "framework"},   {"runtime", "text_encoder_parameters"},
+        {"runtime", "vae"},         {"runtime", "vae_channels"},
+        {"runtime", "vae_parallel"}, {"runtime", "vae_tiling"},
+        {"runtime", "cfg"},
+    };
+    if (L->plan->model.parameters > 0 || !root || root->kind != CPC_YNODE_MAPPING)
+        return;
+    char names[512] = "";
+    size_t o = 0;
+    int n = 0;
+    cpc_span first = {0};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        fld fs, fk;
+        if (!field(root, "", keys[i][0], &fs) || !fs.v || fs.v->kind != CPC_YNODE_MAPPING ||
+            !field(fs.v, keys[i][0], keys[i][1], &fk))
+            continue;
+        if (n++ == 0)
+            first = fk.k->span;
+        if (o < sizeof names - 64)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", n > 1 ? ", " : "", fk.path);
+    }
+    if (n > 0)
+        warn(L, first,
+             "%s %s no effect without model.parameters: cpc then predicts attention alone, not "
+             "the whole step (set model.parameters, the transformer's weight count)",
+             names, n > 1 ? "have" : "has");
+}
+
 static void load_root(ld *L, const cpc_ynode *root)
 {
     cpc_plan *p = L->plan;
@@ -1301,6 +1340,7 @@ static void load_root(ld *L, const cpc_ynode *root)
     load_parallel(L, root);
     load_schedule(L, root);
     load_runtime(L, root);
+    warn_whole_step_keys(L, root);
 }
 
 /* ======================================================================== */
