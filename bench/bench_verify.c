@@ -76,7 +76,7 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "bench.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st) || !plan) {
-        cpc_status_print(stderr, "bench_verify", st);
+        cpc_status_print(st, stderr, "bench_verify");
         cpc_status_free(st);
         return NULL;
     }
@@ -85,7 +85,7 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     st = backward ? cpc_schedule_build_backward(plan, v, R, U, &prog) : cpc_schedule_build(plan, v, R, U, &prog);
     cpc_plan_free(plan);
     if (st) {
-        cpc_status_print(stderr, "bench_verify", st);
+        cpc_status_print(st, stderr, "bench_verify");
         cpc_status_free(st);
         return NULL;
     }

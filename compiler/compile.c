@@ -298,7 +298,7 @@ cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_compiled_to_artifact(c, &a);
     if (!st)
-        st = cpc_artifact_write(path, a);
+        st = cpc_artifact_write(a, path);
     cpc_artifact_free(a);
     return st;
 }

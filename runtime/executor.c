@@ -1837,7 +1837,7 @@ cpc_status *cpc_exec_run(cpc_exec *ex, cpc_exec_stats *stats)
     ex->cur.events = ex->cfg.record_events ? ex->ev : NULL;
     if (st) {
         if (ex->cfg.transport) {
-            char *msg = cpc_status_format("cprun", st);
+            char *msg = cpc_status_format(st, "cprun");
             cpc_transport_abort(ex->cfg.transport, msg ? msg : st->message);
             free(msg);
         }

@@ -278,7 +278,7 @@ cpc_status *cpc_rt_rank_create(const cpc_rt_rank_config *cfg, cpc_rt_rank **out)
     return NULL;
 fail:
     if (cfg->abort_prefix && r->t) {
-        char *msg = cpc_status_format(cfg->abort_prefix, st);
+        char *msg = cpc_status_format(st, cfg->abort_prefix);
         cpc_transport_abort(r->t, msg ? msg : st->message); /* MPI: does not return */
         free(msg);
     }

@@ -194,7 +194,7 @@ typedef struct cpc_rt_rank_config {
                                        after creation, cleared at destroy), or NULL */
     const char *abort_prefix;       /* non-NULL: a failed creation aborts the
                                        endpoint before destroying it, with
-                                       cpc_status_format(abort_prefix, error) (so
+                                       cpc_status_format(error, abort_prefix) (so
                                        that the peers fail: cprun); NULL: it is
                                        only destroyed (the library: a failed
                                        create is an error value, peers fail at

@@ -16,7 +16,7 @@ static cpc_plan *load(const char *path, const char *const *sets, int n)
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_file(path, sets, n, &plan);
     if (cpc_status_has_error(st))
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert(plan, "load %s", path);
     cpc_status_free(st);
     return plan;
@@ -30,7 +30,7 @@ static cpc_prediction price(const cpc_plan *plan, cpc_variant v, int R, int U)
     cpc_program *prog = NULL;
     st = cpc_schedule_build(plan, v, R, U, &prog);
     if (st)
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert_null(st);
     cpc_prediction pr;
     st = cpc_price_program(plan, prog, &dev, &pr);

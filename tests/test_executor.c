@@ -139,7 +139,7 @@ static void run_ok(const tcase *c)
 {
     cpc_run_report rep;
     run_case(c, &rep, NULL);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
 }
 
 static const cpc_dtype DTYPES[3] = {CPC_DTYPE_FP32, CPC_DTYPE_BF16, CPC_DTYPE_FP16};
@@ -336,8 +336,8 @@ Test(executor, error_does_not_grow_with_world_size)
     cr_assert(r8.rel_err <= 1.5 * r1.rel_err,
               "seed %llu: error grows with world size: P=1 rel_err %.3e, P=8 rel_err %.3e",
               (unsigned long long)o.seed, r1.rel_err, r8.rel_err);
-    cpc_run_report_free(&r1);
-    cpc_run_report_free(&r8);
+    cpc_run_report_clear(&r1);
+    cpc_run_report_clear(&r8);
     cpc_job_free(j1);
     cpc_job_free(j8);
     cpc_plan_free(p1);
@@ -404,8 +404,8 @@ Test(executor, inputs_do_not_depend_on_world_size)
     fclose(f2);
     unlink(fa);
     unlink(fb);
-    cpc_run_report_free(&ra);
-    cpc_run_report_free(&rb);
+    cpc_run_report_clear(&ra);
+    cpc_run_report_clear(&rb);
     cpc_job_free(ja);
     cpc_job_free(jb);
     cpc_plan_free(pa);
@@ -457,7 +457,7 @@ Test(executor, failing_rank_is_named_and_others_stop)
     cr_assert(strstr(st->message, "ops[") != NULL, "message: %s", st->message);
     cr_assert_eq(cpc_status_exit_code(st), 3, "a failing op is a runtime failure (exit 3)");
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -485,7 +485,7 @@ Test(executor, deadlock_times_out_instead_of_hanging)
               "message: %s", st->message);
     cr_assert(strstr(st->message, "rank ") != NULL, "message: %s", st->message);
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -517,7 +517,7 @@ Test(executor, in_flight_buffers_are_guarded)
     cr_assert(strstr(st->message, "in flight") != NULL && strstr(st->message, "recv") != NULL, "message: %s",
               st->message);
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -571,7 +571,7 @@ Test(executor, in_flight_guard_covers_attn_bwd)
     cr_assert_not_null(st, "attn_bwd into an in-flight send buffer ran");
     cr_assert(strstr(st->message, "in flight") && strstr(st->message, "accumulated into"), "%s", st->message);
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -620,7 +620,7 @@ Test(executor, paired_ops_run_every_pair)
     st = cpc_job_run(job, &o, &rep, NULL);
     cr_assert_null(st, "%s", st ? st->message : "");
     cr_assert(rep.checked && rep.pass && rep.rel_err > 0, "rel_err %.3e", rep.rel_err);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -764,7 +764,7 @@ static void check_lse(const tcase *c)
     free(q);
     free(k);
     free(v);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }

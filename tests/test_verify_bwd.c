@@ -30,7 +30,7 @@
 
 static void fail_status(const char *what, cpc_status *st)
 {
-    char *m = cpc_status_format("t", st);
+    char *m = cpc_status_format(st, "t");
     cr_assert_fail("%s: %s", what, m ? m : "?");
 }
 

@@ -363,7 +363,7 @@ static cpc_status *load_plan_text(const char *text, size_t len, const char *file
     cpc_status *st = cpc_error(code, "%s: the resolved plan does not load", what);
     for (cpc_status *d = diag; d; d = d->next)
         if (d->severity == CPC_SEV_ERROR) {
-            char *f = cpc_status_format("plan", d);
+            char *f = cpc_status_format(d, "plan");
             cpc_status_add_note(st, d->span, "%s", f ? f : d->message);
             free(f);
         }
@@ -890,7 +890,7 @@ cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a)
     return NULL;
 }
 
-cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a)
+cpc_status *cpc_artifact_write(cpc_artifact *a, const char *path)
 {
     if (!path || !*path)
         return cpc_error(CPC_E_USAGE, "artifact: no output path");

@@ -1265,7 +1265,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname,
     }
 done:
     if (st && rk) {
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         /* C*T > 1: the job world first (it names the world rank), then the group's */
         if (host_t && host_t != raw_t)
             cpc_transport_abort(host_t, msg ? msg : st->message);
@@ -1274,12 +1274,12 @@ done:
     } else if (st && host_t && host_t != raw_t) {
         /* no rank: its endpoint is aborted (creation failed) or still the
          * caller's (*tp, aborted below); the job world's is this rank's */
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         cpc_transport_abort(host_t, msg ? msg : st->message);
         free(msg);
     }
     if (st && *tp) {
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         cpc_transport_abort(*tp, msg ? msg : st->message);
         free(msg);
     }
@@ -2459,7 +2459,7 @@ setup_failed:
          * (2 for an input error, 3 for a runtime one). */
         const cpc_rt_transport_entry *me =
             cpc_rt_transport_get(use_nccl ? CPC_RT_TRANSPORT_NCCL : CPC_RT_TRANSPORT_MPI);
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         int code = cpc_status_exit_code(st);
         if (opt.before_abort)
             opt.before_abort(opt.before_abort_ctx, st, code ? code : 3);

@@ -141,7 +141,7 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree,
 cpc_status *cpc_transport_mpi_create_world(int world_size, const char *mesh, cpc_transport **out);
 
 /* As cpc_transport_mpi_create, over the caller's communicator instead of
- * MPI_COMM_WORLD (libcpc's cpc_rank_create_mpi): `comm` points to an
+ * MPI_COMM_WORLD (libcpc's cpc_rank_new_mpi): `comm` points to an
  * MPI_Comm handle (void * so that callers need no mpi.h); flat rank p is the
  * process's rank in it.  The communicator is duplicated (cpc never sends on
  * the caller's own) and is borrowed only during the call.  MPI must already

@@ -168,7 +168,7 @@ static void run(const variant *v, unsigned checks)
     cpc_bc_report rep;
     cpc_status *st = cpc_backend_conformance(&be, &o, &rep);
     if (st)
-        cpc_status_print(stderr, "test_backend_cuda_emu", st);
+        cpc_status_print(st, stderr, "test_backend_cuda_emu");
     cr_assert_null(st, "%d conformance failures (seed %llu; CPC_TEST_SEED=%llu replays)",
                    cpc_status_count(st, CPC_SEV_ERROR), (unsigned long long)rep.seed,
                    (unsigned long long)rep.seed);

@@ -62,7 +62,7 @@ def _compile(plan, set=None, kernels=False, arch=None, lua=None, name=None):
     sets = [] if set is None else [f"{k}={_set_value(v)}" for k, v in dict(set).items()]
     arr = (ctypes.c_char_p * max(1, len(sets)))(*[s.encode() for s in sets])
     o = N.CompileOptions()
-    L.cpc_compile_options_init(ctypes.byref(o))
+    L.cpc_compile_options_init(ctypes.byref(o), ctypes.sizeof(o))
     o.sets = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)) if sets else None
     o.n_sets = len(sets)
     o.lua = os.fsencode(lua) if lua else None
@@ -246,7 +246,7 @@ class Artifact:
 
     def save(self, path):
         """Writes the artifact as a .cplan file (the same format `cpc -o` writes)."""
-        _check(self._L, self._L.cpc_artifact_write(os.fsencode(os.fspath(path)), self._ptr))
+        _check(self._L, self._L.cpc_artifact_write(self._ptr, os.fsencode(os.fspath(path))))
 
     def _rank_ok(self, rank):
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
