@@ -1263,17 +1263,16 @@ static char *file_stem(const char *file)
     return strndup(b, n);
 }
 
-/* The keys that only the whole-step cost model reads (cost.h WHOLE STEP) do
- * nothing without model.parameters: one warning, at the first of them, names
- * every one present (runtime.attention_kernel and model.attention also price
- * attention alone, so they are not among them). */
+/* input.steps and the runtime keys are read by the whole-step cost model only
+ * (cost.h WHOLE STEP): without model.parameters they change nothing, so one
+ * warning, at the first of them, names every one present.  (runtime.
+ * attention_kernel also prices attention alone, so it is not among them; the
+ * model structure keys are as inert, but they describe the model, and
+ * cpc.from_diffusers writes them whether or not it could count the weights.) */
 static void warn_whole_step_keys(ld *L, const cpc_ynode *root)
 {
     static const char *const keys[][2] = {
-        {"model", "hidden"},        {"model", "mlp_ratio"},
-        {"model", "mlp_gated"},     {"model", "dual_stream_layers"},
-        {"model", "cross_attention_tokens"}, {"model", "experts"},
-        {"model", "active_experts"}, {"input", "steps"},
+        {"input", "steps"},
         {"runtime", "framework"},   {"runtime", "text_encoder_parameters"},
         {"runtime", "vae"},         {"runtime", "vae_channels"},
         {"runtime", "vae_parallel"}, {"runtime", "vae_tiling"},

@@ -127,13 +127,14 @@ has explain-one.out "one.yaml: 1 candidate,"
 t check-one 0 "$CPC" --check "$tmp/one.yaml"
 has check-one.out "ms per forward (1 layer),"
 
-# keys only the whole-step model reads, without model.parameters: one warning naming
-# them, at the first (the plan is still valid: exit 0)
+# input.steps and runtime keys (read by the whole-step model only) without
+# model.parameters: one warning naming them, at the first (the plan is still valid: exit 0)
 sed 's/dtype: fp32}/dtype: fp32, mlp_ratio: 3}/; s/tokens: 64}/tokens: 64, steps: 20}/' \
   "$tmp/one.yaml" >"$tmp/inert.yaml"
 printf 'runtime: {framework: compiled}\n' >>"$tmp/inert.yaml"
 t inert 0 "$CPC" --check "$tmp/inert.yaml"
-has inert.err "inert.yaml:3:[0-9]*: warning: model.mlp_ratio, input.steps, runtime.framework have no effect without model.parameters"
+has inert.err "inert.yaml:4:[0-9]*: warning: input.steps, runtime.framework have no effect without model.parameters"
+grep -q "mlp_ratio" "$tmp/inert.err" && fail "inert: model structure keys named (they describe the model)"
 has inert.out "1 warning"
 t inert-params 0 "$CPC" --check "$tmp/inert.yaml" --set model.parameters=1000000
 grep -q "no effect" "$tmp/inert-params.err" && fail "inert-key warning with model.parameters"
