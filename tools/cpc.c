@@ -394,6 +394,27 @@ static void print_explain_text(const job *j)
         }
         printf("\n");
     }
+    /* what each rule code in the verdict column means here: the first rejected
+     * candidate's message per code (a new user met "CP010" with no word of why) */
+    int shown[64], n_shown = 0;
+    for (int i = 0; i < j->n_cands; i++) {
+        if (j->cands[i].ok)
+            continue;
+        for (const cpc_status *e = j->cands[i].errors; e; e = cpc_status_next(e)) {
+            int rule = cpc_status_rule(e);
+            if (cpc_status_severity(e) != CPC_SEV_ERROR || !rule)
+                continue;
+            bool seen = false;
+            for (int k = 0; k < n_shown && !seen; k++)
+                seen = shown[k] == rule;
+            if (seen || n_shown == (int)(sizeof shown / sizeof shown[0]))
+                continue;
+            shown[n_shown++] = rule;
+            char rb[8];
+            rule_str(rule, rb);
+            printf("%s  %s: %s\n", n_shown == 1 ? "\n" : "", rb, cpc_status_message(e));
+        }
+    }
 }
 
 static void print_summary_text(const job *j)
