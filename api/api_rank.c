@@ -458,7 +458,14 @@ cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc
         return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: rank %d out of range (world %d)",
                          rank, L->R * L->U);
     cpc_transport *t = NULL;
-    cpc_status *st = cpc_transport_callback_create(cb, rank, L->R, L->U, &t);
+    cpc_transport_callbacks tcb = {0};
+    if (cb) {
+        tcb.user = cb->user;
+        tcb.isend = cb->isend;
+        tcb.irecv = cb->irecv;
+        tcb.wait = cb->wait;
+    }
+    cpc_status *st = cpc_transport_callback_create(cb ? &tcb : NULL, rank, L->R, L->U, &t);
     if (st)
         return st;
     return rank_finish(a, rank, t, opts, out);

@@ -199,8 +199,9 @@ typedef struct cpc_p2p_callbacks {
  * cfg_degree x tp_degree = 1 artifacts.  Not collective (nothing is sent at
  * creation).  Errors: CPC_E_USAGE (NULL callbacks, rank out of range),
  * CPC_E_UNSUPPORTED (outer axes), CPC_E_NOMEM. */
-cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
-                                      const cpc_rank_options *opts, cpc_rank **out);
+CPC_API cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank,
+                                              const cpc_p2p_callbacks *cb,
+                                              const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
  * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward

@@ -30,14 +30,28 @@
 #ifndef CPC_TRANSPORT_CALLBACK_H
 #define CPC_TRANSPORT_CALLBACK_H
 
-#include "cpc/rank.h"
+#include <stddef.h>
+#include <stdint.h>
+
 #include "transport.h"
+
+/* The caller's point-to-point functions (the public cpc_p2p_callbacks of
+ * include/cpc/rank.h, field for field; api/ copies one into the other, the
+ * runtime layer does not include the public API).  Peers are world ranks;
+ * each function returns 0 on success. */
+typedef struct cpc_transport_callbacks {
+    void *user;
+    int (*isend)(void *user, int peer, const void *buf, size_t bytes, int tag, int64_t *handle);
+    int (*irecv)(void *user, int peer, void *buf, size_t bytes, int tag, int64_t *handle);
+    int (*wait)(void *user, int64_t handle);
+} cpc_transport_callbacks;
 
 /* An endpoint for world rank `rank` of an R x U mesh whose traffic goes
  * through `cb` (copied; cb->user is borrowed and must outlive the
  * endpoint).  Errors: CPC_E_USAGE (NULL callbacks, rank out of range),
  * CPC_E_NOMEM. */
-cpc_status *cpc_transport_callback_create(const cpc_p2p_callbacks *cb, int rank, int ring_degree,
-                                          int ulysses_degree, cpc_transport **out);
+cpc_status *cpc_transport_callback_create(const cpc_transport_callbacks *cb, int rank,
+                                          int ring_degree, int ulysses_degree,
+                                          cpc_transport **out);
 
 #endif
