@@ -11,6 +11,7 @@
 
 #include "cpc/cpc.h"
 
+#include "api_options.h"
 #include "codegen.h"
 #include "compile.h"
 #include "fileio.h"
@@ -39,21 +40,23 @@ static char *resolve_profile(const cpc_plan *plan)
     return out;
 }
 
-cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
+cpc_status *cpc_compilation_new(const char *path, const cpc_compile_options *opts,
                                 cpc_compile_stage until, cpc_compilation **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_compilation_run: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_new: out must not be NULL");
     *out = NULL;
     if (!path)
-        return cpc_error(CPC_E_USAGE, "cpc_compilation_run: path must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_new: path must not be NULL");
     if ((unsigned)until > CPC_STAGE_CODEGEN)
-        return cpc_error(CPC_E_USAGE, "cpc_compilation_run: unknown stage %d", (int)until);
+        return cpc_error(CPC_E_USAGE, "cpc_compilation_new: unknown stage %d", (int)until);
     cpc_compile_options d;
-    if (!opts) {
-        cpc_compile_options_init(&d);
-        opts = &d;
-    }
+    cpc_compile_options_init(&d, sizeof d);
+    cpc_status *ost = cpc_api_read_options(&d, sizeof d, CPC_COMPILE_OPTIONS_SIZE_V1, opts,
+                                           "cpc_compilation_new", "cpc_compile_options");
+    if (ost)
+        return ost;
+    opts = &d;
     cpc_compilation *c = calloc(1, sizeof *c);
     if (!c)
         return cpc_error(CPC_E_NOMEM, "out of memory");
@@ -255,69 +258,4 @@ cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path)
     if (!cpc_compilation_ok(c))
         return cpc_error(CPC_E_INTERNAL, "no artifact: the plan was not compiled");
     return cpc_compiled_write(&c->c, path);
-}
-
-/* ---- statuses and atomic files ------------------------------------------------ */
-
-cpc_status *cpc_status_new(cpc_code code, const char *message)
-{
-    return cpc_error(code, "%s", message ? message : "");
-}
-
-struct cpc_atomic_file {
-    cpc_outfile of;
-};
-
-cpc_status *cpc_atomic_file_open(const char *path, const char *verb, cpc_atomic_file **out)
-{
-    if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_open: out must not be NULL");
-    *out = NULL;
-    if (!path)
-        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_open: path must not be NULL");
-    cpc_atomic_file *f = calloc(1, sizeof *f);
-    if (!f)
-        return cpc_error(CPC_E_NOMEM, "out of memory");
-    cpc_status *st = cpc_outfile_open(&f->of, path, verb ? verb : "cannot create");
-    if (st) {
-        free(f);
-        return st;
-    }
-    *out = f;
-    return NULL;
-}
-
-cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t bytes)
-{
-    if (!f)
-        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_write: no file");
-    if (bytes && !data)
-        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_write: data is NULL (%zu bytes)", bytes);
-    if (bytes && fwrite(data, 1, bytes, f->of.f) != bytes)
-        return cpc_error(CPC_E_IO, "%s: write failed: %s", f->of.path, strerror(errno));
-    return NULL;
-}
-
-cpc_status *cpc_atomic_file_commit(cpc_atomic_file *f)
-{
-    if (!f)
-        return cpc_error(CPC_E_USAGE, "cpc_atomic_file_commit: no file");
-    cpc_status *st = cpc_outfile_commit(&f->of);
-    free(f);
-    return st;
-}
-
-void cpc_atomic_file_discard(cpc_atomic_file *f)
-{
-    if (!f)
-        return;
-    cpc_outfile_discard(&f->of);
-    free(f);
-}
-
-cpc_status *cpc_write_file_atomic(const char *path, const void *data, size_t bytes)
-{
-    if (!path || (!data && bytes))
-        return cpc_error(CPC_E_USAGE, "cpc_write_file_atomic: path and data must not be NULL");
-    return cpc_write_file(path, "cannot write", data, bytes);
 }

@@ -12,6 +12,7 @@
 
 #include "artifact.h"
 #include "compile.h"
+#include "api_options.h"
 #include "status.h"
 #include "verify.h"
 #include "verify_bwd.h"
@@ -76,9 +77,10 @@ bool cpc_have_cudnn(void)
 
 /* ---- compile ------------------------------------------------------------------ */
 
-void cpc_compile_options_init(cpc_compile_options *o)
+void cpc_compile_options_init(cpc_compile_options *o, size_t size)
 {
-    memset(o, 0, sizeof *o);
+    cpc_compile_options d = {.size = sizeof d};
+    cpc_api_init_options(o, size, &d, sizeof d);
 }
 
 /* Splits c->diags into the error chain (returned) and the rest (*diagnostics,
@@ -119,13 +121,18 @@ static cpc_status *finish(bool ok, cpc_compiled *c, cpc_artifact **out, cpc_stat
     return st;
 }
 
-static void internal_opts(const cpc_compile_options *opts, cpc_compile_opts *o)
+/* The compiler's options for the caller's (NULL: defaults); a bad size is
+ * CPC_E_USAGE (compiler.h THE SIZE MEMBER). */
+static cpc_status *internal_opts(const cpc_compile_options *caller, cpc_compile_opts *o,
+                                 const char *fn)
 {
     cpc_compile_options d;
-    if (!opts) {
-        cpc_compile_options_init(&d);
-        opts = &d;
-    }
+    cpc_compile_options_init(&d, sizeof d);
+    cpc_status *st = cpc_api_read_options(&d, sizeof d, CPC_COMPILE_OPTIONS_SIZE_V1, caller, fn,
+                                          "cpc_compile_options");
+    if (st)
+        return st;
+    const cpc_compile_options *opts = &d;
     memset(o, 0, sizeof *o);
     o->sets = opts->sets;
     o->n_sets = opts->n_sets;
@@ -133,6 +140,7 @@ static void internal_opts(const cpc_compile_options *opts, cpc_compile_opts *o)
     o->arch = opts->arch;
     o->kernels = opts->kernels;
     o->until = opts->kernels ? CPC_UNTIL_CODEGEN : CPC_UNTIL_VERIFY;
+    return NULL;
 }
 
 cpc_status *cpc_compile_plan_file(const char *path, const cpc_compile_options *opts,
@@ -145,7 +153,9 @@ cpc_status *cpc_compile_plan_file(const char *path, const cpc_compile_options *o
     if (!path || !out)
         return cpc_error(CPC_E_USAGE, "cpc_compile_plan_file: path and out must not be NULL");
     cpc_compile_opts o;
-    internal_opts(opts, &o);
+    cpc_status *ost = internal_opts(opts, &o, "cpc_compile_plan_file");
+    if (ost)
+        return ost;
     cpc_compiled c;
     bool ok = cpc_compile_file(path, &o, &c);
     return finish(ok, &c, out, diagnostics);
@@ -162,7 +172,9 @@ cpc_status *cpc_compile_plan_string(const char *yaml, size_t len, const char *na
     if (!yaml || !out)
         return cpc_error(CPC_E_USAGE, "cpc_compile_plan_string: yaml and out must not be NULL");
     cpc_compile_opts o;
-    internal_opts(opts, &o);
+    cpc_status *ost = internal_opts(opts, &o, "cpc_compile_plan_string");
+    if (ost)
+        return ost;
     cpc_compiled c;
     bool ok = cpc_compile_string(yaml, len ? len : strlen(yaml), name, &o, &c);
     return finish(ok, &c, out, diagnostics);

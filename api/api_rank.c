@@ -6,7 +6,7 @@
  * staging, device tensors of the CUDA backend bound as they are), the
  * caller's stream, and the refusals.
  *
- * Memory: everything is allocated in cpc_rank_create_* (the executor's
+ * Memory: everything is allocated in cpc_rank_new_* (the executor's
  * buffers through the backend, staging space for strided tensors, the key
  * padding mask, the LSE runs; for a training artifact the backward
  * executor on the same backend and transport, dout/dq/dk/dv staging and an
@@ -21,6 +21,7 @@
 
 #include "cpc/cpc.h"
 
+#include "api_options.h"
 #include "artifact.h"
 #include "codegen.h"
 #include "dtype.h"
@@ -62,14 +63,11 @@ struct cpc_rank {
     int n_shard_runs;
 };
 
-void cpc_rank_options_init(cpc_rank_options *o)
+void cpc_rank_options_init(cpc_rank_options *o, size_t size)
 {
-    if (!o)
-        return;
-    memset(o, 0, sizeof *o);
-    o->backend = CPC_BACKEND_AUTO;
-    o->device = -1;
-    o->timeout_s = CPC_RANK_DEFAULT_TIMEOUT_S;
+    cpc_rank_options d = {.size = sizeof d, .backend = CPC_BACKEND_AUTO, .device = -1,
+                          .timeout_s = CPC_RANK_DEFAULT_TIMEOUT_S};
+    cpc_api_init_options(o, size, &d, sizeof d);
 }
 
 /* "plan 'NAME' (ring 2 x 1, fp32, batch 1, 32 tokens, heads 4/4, head_dim 16)":
@@ -93,7 +91,7 @@ cpc_status *cpc_local_world_new(const cpc_artifact *a, cpc_local_world **out)
     if (st)
         return st;
     /* the world belongs to this artifact (or an identical one: the same
-     * resolved plan gives the same program): cpc_rank_create_local checks */
+     * resolved plan gives the same program): cpc_rank_new_local checks */
     char label[512];
     artifact_label(a, label, sizeof label);
     if (!cpc_local_world_set_owner(*out, a->plan_text ? a->plan_text : "", label)) {
@@ -110,7 +108,7 @@ void cpc_local_world_free(cpc_local_world *w)
         cpc_local_world_destroy(w);
 }
 
-void cpc_rank_destroy(cpc_rank *r)
+void cpc_rank_free(cpc_rank *r)
 {
     if (!r)
         return;
@@ -157,11 +155,7 @@ static void *rank_alloc(cpc_rank *r, size_t bytes)
 static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
                                const cpc_rank_options *opts, cpc_rank **out)
 {
-    cpc_rank_options d;
-    if (!opts) {
-        cpc_rank_options_init(&d);
-        opts = &d;
-    }
+    /* opts: read and checked by read_options (this libcpc's struct, whole) */
     cpc_rank *r = calloc(1, sizeof *r);
     if (!r) {
         if (t)
@@ -178,7 +172,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     if (sst) {
         if (t)
             cpc_transport_destroy(t);
-        cpc_rank_destroy(r);
+        cpc_rank_free(r);
         return sst;
     }
     cpc_status *st = NULL;
@@ -319,15 +313,20 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
 fail:
     if (t)
         cpc_transport_destroy(t);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     return st;
 }
 
-/* Options out of range are usage errors before anything is made. */
-static cpc_status *check_options(const cpc_rank_options *o, const char *fn)
+/* The caller's options (NULL: defaults) read into *o (this libcpc's struct:
+ * api_options.h, the size rule) and checked: a bad size and values out of
+ * range are usage errors before anything is made. */
+static cpc_status *read_options(const cpc_rank_options *caller, cpc_rank_options *o, const char *fn)
 {
-    if (!o)
-        return NULL;
+    cpc_rank_options_init(o, sizeof *o);
+    cpc_status *st = cpc_api_read_options(o, sizeof *o, CPC_RANK_OPTIONS_SIZE_V1, caller, fn,
+                                          "cpc_rank_options");
+    if (st)
+        return st;
     if ((unsigned)o->backend > CPC_BACKEND_CUDA)
         return cpc_error(CPC_E_USAGE, "%s: unknown backend %d (expected CPC_BACKEND_AUTO, _CPU or _CUDA)",
                          fn, (int)o->backend);
@@ -336,6 +335,9 @@ static cpc_status *check_options(const cpc_rank_options *o, const char *fn)
                                       "index", fn, o->device);
     if (isnan(o->timeout_s))
         return cpc_error(CPC_E_USAGE, "%s: timeout_s is NaN", fn);
+    if (o->cuda_stream && o->backend != CPC_BACKEND_CUDA)
+        return cpc_error(CPC_E_USAGE, "%s: cuda_stream is set but the backend is not "
+                                      "CPC_BACKEND_CUDA (a CPU rank has no stream)", fn);
     return NULL;
 }
 
@@ -347,17 +349,19 @@ static double stall_limit(const cpc_rank_options *o)
     return t < 0 ? 0 : t == 0 ? CPC_RANK_DEFAULT_TIMEOUT_S : t;
 }
 
-cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
+cpc_status *cpc_rank_new_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_local: out must not be NULL");
     *out = NULL;
     if (!a || !w)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_local: artifact and world must not be NULL");
-    cpc_status *ost = check_options(opts, "cpc_rank_create_local");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_local: artifact and world must not be NULL");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_local");
     if (ost)
         return ost;
+    opts = &o;
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
@@ -388,17 +392,19 @@ cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int
     return rank_finish(a, rank, t, opts, out);
 }
 
-cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
+cpc_status *cpc_rank_new_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_mpi: out must not be NULL");
     *out = NULL;
     if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_mpi: artifact must not be NULL");
-    cpc_status *ost = check_options(opts, "cpc_rank_create_mpi");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_mpi: artifact must not be NULL");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_mpi");
     if (ost)
         return ost;
+    opts = &o;
     const cpc_rt_transport_entry *te = cpc_rt_transport_get(CPC_RT_TRANSPORT_MPI);
     if (!te)
         return cpc_error(CPC_E_UNSUPPORTED, "libcpc was built without MPI");
@@ -441,52 +447,61 @@ cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
     return rank_finish(a, p, t, opts, out);
 }
 
-cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
+cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
                                       const cpc_rank_options *opts, cpc_rank **out)
 {
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: out must not be NULL");
     *out = NULL;
     if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: artifact must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: artifact must not be NULL");
     if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) != 1)
         return cpc_error(CPC_E_UNSUPPORTED,
-                         "cpc_rank_create_callbacks: cfg_degree x tp_degree must be 1 (the outer "
+                         "cpc_rank_new_callbacks: cfg_degree x tp_degree must be 1 (the outer "
                          "axes run over MPI or local worlds)");
     const cpc_layout *L = &a->program->layout;
     if (rank < 0 || rank >= L->R * L->U)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_callbacks: rank %d out of range (world %d)",
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: rank %d out of range (world %d)",
                          rank, L->R * L->U);
+    if (!cb)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: callbacks must not be NULL");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_callbacks");
+    if (ost)
+        return ost;
+    opts = &o;
+    cpc_p2p_callbacks c = {.size = sizeof c};
+    if ((ost = cpc_api_read_options(&c, sizeof c, CPC_P2P_CALLBACKS_SIZE_V1, cb,
+                                    "cpc_rank_new_callbacks", "cpc_p2p_callbacks")))
+        return ost;
+    if (!c.isend || !c.irecv || !c.wait)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: isend, irecv and wait must not be NULL");
+    const cpc_transport_p2p_fns fns = {c.user, c.isend, c.irecv, c.wait};
     cpc_transport *t = NULL;
-    cpc_transport_callbacks tcb = {0};
-    if (cb) {
-        tcb.user = cb->user;
-        tcb.isend = cb->isend;
-        tcb.irecv = cb->irecv;
-        tcb.wait = cb->wait;
-    }
-    cpc_status *st = cpc_transport_callback_create(cb ? &tcb : NULL, rank, L->R, L->U, &t);
+    cpc_status *st = cpc_transport_callback_create(&fns, rank, L->R, L->U, &t);
     if (st)
         return st;
     return rank_finish(a, rank, t, opts, out);
 }
 
-cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
+cpc_status *cpc_rank_new_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
     (void)nccl_comm, (void)cuda_stream;
     if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: out must not be NULL");
     *out = NULL;
     if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_create_nccl: artifact must not be NULL");
-    cpc_status *ost = check_options(opts, "cpc_rank_create_nccl");
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: artifact must not be NULL");
+    cpc_rank_options o;
+    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_nccl");
     if (ost)
         return ost;
+    opts = &o;
     return cpc_error(CPC_E_UNSUPPORTED,
-                     "cpc_rank_create_nccl: ranks over a caller's NCCL communicator are not "
-                     "available in this release (the rank API runs on the CPU backend; cprun "
-                     "--backend cuda --transport nccl runs the GPU path)");
+                     "cpc_rank_new_nccl: ranks over a caller's NCCL communicator are not "
+                     "available in this release (GPU ranks of an MPI job: cpc_rank_new_mpi "
+                     "with CPC_BACKEND_CUDA; cprun --backend cuda --transport nccl runs NCCL)");
 }
 
 int cpc_rank_index(const cpc_rank *r) { return r ? r->p : -1; }

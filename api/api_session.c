@@ -9,6 +9,8 @@
 
 #include "cpc/session.h"
 
+#include "api_options.h"
+#include "api_session.h"
 #include "calibrate.h"
 #include "cost.h"
 #include "executor.h"
@@ -17,23 +19,16 @@
 #include "status.h"
 #include "tune.h"
 
-void cpc_job_options_init(cpc_job_options *o)
+void cpc_job_options_init(cpc_job_options *o, size_t size)
 {
-    if (!o)
-        return;
     cpc_run_options d;
     cpc_run_options_default(&d);
-    memset(o, 0, sizeof *o);
-    o->backend = CPC_BACKEND_AUTO;
-    o->attention = CPC_ATTENTION_AUTO;
-    o->transport = CPC_TRANSPORT_AUTO;
-    o->seed = d.seed;
-    o->check = d.check;
-    o->check_rows = d.check_rows;
-    o->check_full_flops = d.check_full_flops;
-    o->warmup = d.warmup;
-    o->iters = d.iters;
-    o->timeout_s = d.timeout_s;
+    cpc_job_options j = {.size = sizeof j, .backend = CPC_BACKEND_AUTO,
+                         .attention = CPC_ATTENTION_AUTO, .transport = CPC_TRANSPORT_AUTO,
+                         .seed = d.seed, .check = d.check, .check_rows = d.check_rows,
+                         .check_full_flops = d.check_full_flops, .warmup = d.warmup,
+                         .iters = d.iters, .timeout_s = d.timeout_s};
+    cpc_api_init_options(o, size, &j, sizeof j);
 }
 
 static const char *backend_str(cpc_backend_kind k)
@@ -53,10 +48,19 @@ static const char *transport_str(cpc_transport_kind k)
     return (unsigned)k < 4 ? n[k] : "?";
 }
 
-/* The session's options for public ones; unknown enum values are usage errors. */
-static cpc_status *to_run_options(const cpc_job_options *o, cpc_run_options *r)
+/* The session's options for the caller's public ones (NULL: defaults; read
+ * by the size rule, api_options.h); a bad size and unknown enum values are
+ * usage errors. */
+cpc_status *cpc_api_job_run_options(const cpc_job_options *caller, cpc_run_options *r, const char *fn)
 {
     cpc_run_options_default(r);
+    cpc_job_options j;
+    cpc_job_options_init(&j, sizeof j);
+    cpc_status *st = cpc_api_read_options(&j, sizeof j, CPC_JOB_OPTIONS_SIZE_V1, caller, fn,
+                                          "cpc_job_options");
+    if (st)
+        return st;
+    const cpc_job_options *o = &j;
     if ((unsigned)o->backend > CPC_BACKEND_CUDA)
         return cpc_error(CPC_E_USAGE, "unknown backend %d", (int)o->backend);
     if ((unsigned)o->attention > CPC_ATTENTION_NVRTC)
@@ -106,13 +110,13 @@ static cpc_status *split(cpc_status *all, cpc_status **diagnostics)
     return errors;
 }
 
-cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
+cpc_status *cpc_job_new(const char *path, const char *const *sets, int n_sets, cpc_job **out,
                          cpc_status **diagnostics)
 {
     if (diagnostics)
         *diagnostics = NULL;
     if (!out || !path)
-        return cpc_error(CPC_E_USAGE, "cpc_job_open: path and out must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_job_new: path and out must not be NULL");
     *out = NULL;
     cpc_job *job = NULL;
     cpc_status *errors = split(cpc_job_load(path, sets, n_sets, &job), diagnostics);
@@ -124,7 +128,6 @@ cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, 
     return NULL;
 }
 
-void cpc_job_close(cpc_job *job) { cpc_job_free(job); }
 const char *cpc_job_variant(const cpc_job *job) { return job ? cpc_variant_name(job->prog->layout.variant) : NULL; }
 int cpc_job_ring_degree(const cpc_job *job) { return job ? job->prog->layout.R : 0; }
 int cpc_job_ulysses_degree(const cpc_job *job) { return job ? job->prog->layout.U : 0; }
@@ -153,15 +156,6 @@ cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes)
     return NULL;
 }
 
-cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path)
-{
-    if (!o)
-        return cpc_error(CPC_E_USAGE, "cpc_job_check_outputs: options must not be NULL");
-    cpc_run_options r;
-    cpc_status *st = to_run_options(o, &r);
-    return st ? st : cpc_run_check_outputs(&r, plan_path);
-}
-
 cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_run_report **report,
                             bool *is_root)
 {
@@ -170,13 +164,8 @@ cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_ru
     *report = NULL;
     if (!job)
         return cpc_error(CPC_E_USAGE, "cpc_job_execute: job must not be NULL");
-    cpc_job_options defaults;
-    if (!o) {
-        cpc_job_options_init(&defaults);
-        o = &defaults;
-    }
     cpc_run_options r;
-    cpc_status *st = to_run_options(o, &r);
+    cpc_status *st = cpc_api_job_run_options(o, &r, "cpc_job_execute");
     if (st)
         return st;
     cpc_run_report *rep = calloc(1, sizeof *rep);
@@ -187,7 +176,7 @@ cpc_status *cpc_job_execute(const cpc_job *job, const cpc_job_options *o, cpc_ru
     if (is_root)
         *is_root = root;
     if (st || !root) {
-        cpc_run_report_destroy(rep);
+        cpc_run_report_free(rep);
         return st;
     }
     *report = rep;
@@ -233,11 +222,11 @@ char *cpc_run_report_failure(const cpc_run_report *r)
     return n < 0 ? NULL : s;
 }
 
-void cpc_run_report_destroy(cpc_run_report *r)
+void cpc_run_report_free(cpc_run_report *r)
 {
     if (!r)
         return;
-    cpc_run_report_free(r);
+    cpc_run_report_clear(r);
     free(r);
 }
 

@@ -112,7 +112,7 @@ static attn_run bench_attn(cpc_backend *be, int64_t S, int H, int Hkv, int D, cp
         cpc_status *st = cpc_backend_attn(be, &a);
         double t = now() - t0;
         if (st) {
-            cpc_status_print(stderr, "bench_attention", st);
+            cpc_status_print(st, stderr, "bench_attention");
             exit(3);
         }
         if (i > 0 && t < best)
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
     cpc_backend *be = NULL;
     cpc_status *st = cpc_cpu_backend_create(&be);
     if (st) {
-        cpc_status_print(stderr, "bench_attention", st);
+        cpc_status_print(st, stderr, "bench_attention");
         return 3;
     }
     printf("attention B=1 S=%lld D=%d non-causal, tiles %dx%d, best of %d:\n", (long long)S, D,

@@ -73,7 +73,7 @@ static void *rand_dt(cpc_dtype dt, size_t n)
 static void check(cpc_status *st)
 {
     if (st) {
-        cpc_status_print(stderr, "bench_attention_bwd", st);
+        cpc_status_print(st, stderr, "bench_attention_bwd");
         exit(3);
     }
 }

@@ -76,7 +76,7 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "bench.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st) || !plan) {
-        cpc_status_print(stderr, "bench_verify", st);
+        cpc_status_print(st, stderr, "bench_verify");
         cpc_status_free(st);
         return NULL;
     }
@@ -85,7 +85,7 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     st = backward ? cpc_schedule_build_backward(plan, v, R, U, &prog) : cpc_schedule_build(plan, v, R, U, &prog);
     cpc_plan_free(plan);
     if (st) {
-        cpc_status_print(stderr, "bench_verify", st);
+        cpc_status_print(st, stderr, "bench_verify");
         cpc_status_free(st);
         return NULL;
     }
@@ -159,7 +159,8 @@ int main(int argc, char **argv)
             } else {
                 t[i] = best * 1e3;
                 printf(" %10.3f %c", t[i], stats.mode == CPC_VERIFY_SYMBOLIC ? 'S' : 'E');
-                if (stats.mode != CPC_VERIFY_SYMBOLIC || t[i] >= 100.0)
+                /* goals: forward < 100 ms (issue 13); backward < 1 s (issue 21) */
+                if (stats.mode != CPC_VERIFY_SYMBOLIC || t[i] >= (backward ? 1000.0 : 100.0))
                     bad++;
             }
             cpc_program_free(p);
@@ -171,6 +172,7 @@ int main(int argc, char **argv)
             printf(" %10s\n", "-");
     }
     if (bad)
-        fprintf(stderr, "bench_verify: %d entries not proved symbolically in < 100 ms\n", bad);
+        fprintf(stderr, "bench_verify: %d entries not proved symbolically in < %s\n", bad,
+                backward ? "1 s" : "100 ms");
     return bad ? 1 : 0;
 }

@@ -83,7 +83,8 @@ bool cpc_compile_string(const char *text, size_t len, const char *name, const cp
  * backward_compute_ms_per_layer, backward_comm_ms_per_layer,
  * backward_bytes_sent_per_rank, backward_memory_bytes_per_rank) as a new artifact
  * (caller frees with cpc_artifact_free).  Errors: CPC_E_INTERNAL when
- * nothing was scheduled, CPC_E_NOMEM. */
+ * nothing was scheduled, CPC_E_INPUT for a plan with model.attention:
+ * linear (priced only: the runtime runs softmax attention), CPC_E_NOMEM. */
 cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out);
 
 /* The selected candidate, or NULL. */

@@ -30,18 +30,24 @@
  *   B200 148.  arch: compute capability x 10.
  * gemm_tflops: the large-GEMM rate cuBLAS sustains = peak x the architecture's
  *   sustained fraction: Hopper 0.75 (cuBLAS BF16 8k^3 ~740 TFLOP/s on H100 SXM
- *   under its 700 W limit), Ampere 0.85 (~265 of 312), Ada 0.80, H20 0.90 (its
- *   peak is a capped clock: GEMMs run at the cap), Blackwell 0.70.  Shapes then
- *   lower it (cost.h GEMM EFFICIENCY: wave quantisation, short K, the roofline).
+ *   under its 700 W limit); Ampere 0.75 (cuBLAS reaches ~0.85, ~265 of 312, on
+ *   8k^3; with 0.85 the A100/A800 rows of bench/published/ come out ~10% fast
+ *   (checked in issue 20's second pass: within-25% drops from 91% to 78% with
+ *   the best-case figures below), so the DiT shapes' ~0.75 is used); Ada 0.90
+ *   (its 165/119.5 TFLOP/s peaks are the FP32-accumulate figures, which cuBLAS
+ *   nearly reaches); H20 0.90 (its peak is a capped clock: GEMMs run at the
+ *   cap), Blackwell 0.70.  Shapes then lower it (cost.h GEMM EFFICIENCY: wave
+ *   quantisation, short K, the roofline).
  * attn_tflops: FlashAttention-2-class forward (what PyTorch SDPA's flash backend
- *   runs), head_dim 128, long sequences: A100 ~225 (FlashAttention-2 paper, Dao
- *   2023: up to 73% of 312) -> 0.70 x peak on Ampere; Ada 0.60 x peak (FA2 on
- *   RTX 4090 ~100 of 165, on L20 ~70 of 119.5; SageAttention paper's FA2
- *   baselines); H100 ~350 (FlashAttention-3 paper, Shah et al. 2024, FA2 forward
- *   hdim 128: 324-370 TFLOP/s at 2k-16k) -> 0.35 x peak on Hopper (FA2 cannot use
- *   wgmma); H20 0.60 x its capped peak (the cap, not the instruction mix, bounds
- *   it); B200 0.30 x peak (FA2's mma.sync path on Blackwell).  Other kernels:
- *   ATTENTION KERNELS in cost.h.
+ *   runs), head_dim 128: Ampere 0.62 x peak (~193 of 312; the FlashAttention-2
+ *   paper, Dao 2023, reaches up to 73% at its best lengths, the DiT rows run
+ *   below it); Ada 0.60 x peak (FA2 on RTX 4090 ~100 of 165, on L20 ~70 of
+ *   119.5; SageAttention paper's FA2 baselines); Hopper 0.30 x peak (~297; the
+ *   FlashAttention-3 paper, Shah et al. 2024, has FA2's forward at hdim 128 at
+ *   324-370 TFLOP/s for 2k-16k tokens, FA2 cannot use wgmma; 0.35 puts the
+ *   attention-bound H100 rows, Wan2.1 and HunyuanVideo, ~12% fast); H20 0.60 x its capped peak (the cap, not the
+ *   instruction mix, bounds it); B200 0.30 x peak (FA2's mma.sync path on
+ *   Blackwell).  Other kernels: ATTENTION KERNELS in cost.h.
  * mem_gbps: datasheet HBM/GDDR bandwidth x 0.9 (what streaming kernels reach):
  *   H100 SXM/H800 3350, H100 PCIe 2000, H200 4800, H20 4000, A100 SXM/A800 2039,
  *   A100 PCIe 1935, L20/L40/L40S 864, RTX 4090 1008, B200 8000.
@@ -758,6 +764,37 @@ static cpc_status *price_init_acc(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* LINEAR ATTENTION (cost.h): model.attention: linear (Sana's ReLU linear
+ * attention, diffusers SanaLinearAttnProcessor2_0): per head, K^T V over the
+ * block's keys (2 x keys x D x D FLOPs) and Q (K^T V) over its queries (2 x
+ * queries x D x D), in float32 (the processor casts q, k, v to float32 before
+ * its two matmuls), at the FP32 rate; and its element passes: ReLU on q and k,
+ * the float32 casts, V padded with a row of ones (the normaliser), the
+ * division and the cast back: ~4 float32 reads or writes of every element of
+ * Q, K, V and O, at mem_gbps.  The slower of the two (skinny D-wide matmuls
+ * are memory-bound at D = 32). */
+static cpc_status *price_linear_attn(pricer *pr, const cpc_op *op, double mult, int64_t block,
+                                     int nq, int nk)
+{
+    (void)block;
+    const cpc_layout *L = pr->L;
+    double tq = 0, tk = 0;
+    for (int i = 0; i < nq; i++)
+        tq += (double)pr->runs_a[i].len;
+    for (int i = 0; i < nk; i++)
+        tk += (double)pr->runs_b[i].len;
+    double hq = buf_heads(pr, op->in[0], (int)pr->c.u);
+    double flops = mult * 2.0 * L->B * (tq + tk) * hq * L->D * L->D;
+    double rate = pr->dev->attn_tflops_fp32 > 0 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops;
+    double bytes = mult * 4.0 * 4.0 * L->B * hq * L->D * (2.0 * tq + 2.0 * tk);
+    double c = flops / (rate * 1e12), m = mem_time(pr, (int64_t)bytes);
+    pr->flops += flops;
+    double before = pr->comp_busy;
+    compute(pr, c > m ? c : m);
+    pr->attn_busy += pr->comp_busy - before;
+    return NULL;
+}
+
 /* attn / attn_bwd: FLOPs of the visible (query, key) pairs at the attention
  * rate, plus the block's I/O (the backward: 2.5 x the forward's, BACKWARD.md) */
 static cpc_status *price_attn(pricer *pr, const cpc_op *op)
@@ -772,6 +809,8 @@ static cpc_status *price_attn(pricer *pr, const cpc_op *op)
         return st;
     int nq = buf_runs(pr, op->in[0], 0, pr->runs_a);
     int nk = buf_runs(pr, op->in[1], (int)block, pr->runs_b);
+    if (pr->plan->model.linear_attention)
+        return price_linear_attn(pr, op, mult, block, nq, nk);
     double pairs = cpc_visible_pairs(pr->runs_a, nq, pr->runs_b, nk, L->causal);
     double flops = mult * 4.0 * L->B * pairs * buf_heads(pr, op->in[0], (int)pr->c.u) * L->D;
     double rate = (L->dtype == CPC_DTYPE_FP32 ? pr->dev->attn_tflops_fp32 : pr->dev->attn_tflops) * 1e12;
@@ -1192,15 +1231,16 @@ static double gemm_time(const cpc_device_profile *dev, double M, double N, doubl
 }
 
 /* HOST (cost.h): host time per transformer block and per op of the attention
- * program, by runtime.framework. */
+ * program, by runtime.framework.  The per-block figures hold FLUX.1-dev's
+ * host-bound totals (cost.h HOST) over its 57 + 0.1 x 19 block-equivalents. */
 static void host_costs(cpc_framework f, double *layer_us, double *op_us)
 {
     switch (f) {
-    case CPC_FRAMEWORK_COMPILED: *layer_us = 40, *op_us = 10; break;
-    case CPC_FRAMEWORK_SGLANG: *layer_us = 500, *op_us = 120; break;
-    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 820, *op_us = 225; break;
-    case CPC_FRAMEWORK_XDIT: *layer_us = 1940, *op_us = 50; break;
-    default: *layer_us = 1410, *op_us = 110; break;
+    case CPC_FRAMEWORK_COMPILED: *layer_us = 46, *op_us = 10; break;
+    case CPC_FRAMEWORK_SGLANG: *layer_us = 581, *op_us = 120; break;
+    case CPC_FRAMEWORK_DIFFUSERS: *layer_us = 952, *op_us = 225; break;
+    case CPC_FRAMEWORK_XDIT: *layer_us = 2253, *op_us = 50; break;
+    default: *layer_us = 1637, *op_us = 110; break;
     }
 }
 
@@ -1316,9 +1356,17 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
         tp_host_ops = 2.0 + (dev->arch > 0 && plan->runtime.framework != CPC_FRAMEWORK_COMPILED ? 6.0 : 0.0);
     }
     double host_layer = dev->host_layer_us, host_op = dev->host_op_us;
+    /* a dual-stream block costs 1.1 x a single-stream one on the host (HOST:
+     * cache-dit's H100 FLUX.1-dev and Qwen-Image rows) */
     double dual = cpc_dual_stream_layers(plan);
     double host = (layers * (host_layer + (out->host_ops_per_layer + tp_host_ops) * host_op) +
-                   dual * 0.6 * host_layer) * 1e-6;
+                   dual * 0.1 * host_layer) * 1e-6;
+    /* classifier-free guidance run as two transformer calls per step
+     * (runtime.cfg: sequential, the default; HOST): an even group batch is
+     * dispatched twice, each call half the rows (the device work is the same) */
+    int B = plan->input.batch > 0 ? plan->input.batch : 1;
+    if (!plan->runtime.cfg_batched && B >= 2 && B % 2 == 0)
+        host *= 2.0;
     double attn_total = attn_s_per_layer * layers;            /* already core-scaled */
     double prog = out->ms_per_forward * 1e-3;                 /* attention program, whole */
     double prog_other = prog - attn_total;                    /* its merges, packs, exposed comm */
@@ -1388,11 +1436,18 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
      * video decoder (HunyuanVideo, CogVideoX, Mochi, Wan: 3x3x3 kernels, the
      * lower two levels at 1/4 and 1/2 of the frames) ~1300 c^2 (c = 128: 21
      * MFLOP).  Image decoders run at half the GEMM rate (cuDNN implicit-GEMM
-     * convolutions between GroupNorm/SiLU); video decoders at the FP32 rate
-     * (attn_tflops_fp32: their reference code and diffusers decode 3-D VAEs in
-     * float32, and cuDNN's 3-D convolutions there run without tensor cores).
+     * convolutions between GroupNorm/SiLU); video decoders at a quarter of it
+     * (3-D convolutions over narrow channels; a check: Wan2.2-TI2V-5B's VAE
+     * decodes 832x480x81 on an RTX 4090 in 19.8 s, utensils/mold issue #802, and
+     * this formula gives ~19.7 s; HunyuanVideo's decodes 848x480x77 on an H200
+     * in 5.7 s tiled, sgl-project/sglang PR #36012, ~3.9 s untiled here).
      * Each convolution's activation is also normalised, activated, read and
-     * written (~6 passes): ~152 c x element bytes per output pixel. */
+     * written (~6 passes): ~152 c x element bytes per output pixel.  With
+     * runtime.vae_tiling a frame larger than one tile (256^2 output pixels for a
+     * video decoder, 512^2 for an image decoder: diffusers' tile_sample_min
+     * defaults) is decoded in tiles that overlap by a quarter on each side
+     * (tile / stride = 4/3 per dimension, diffusers' defaults), so (4/3)^2 of
+     * its pixels are computed. */
     if (plan->runtime.vae) {
         double c = plan->runtime.vae_channels > 0 ? plan->runtime.vae_channels : 128;
         double t = 0;
@@ -1402,6 +1457,9 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
                 continue;
             double px = (double)s->pixels;
             bool video = s->kind == CPC_SEG_VIDEO;
+            double frame = px / (double)(s->frames > 0 ? s->frames : 1);
+            if (plan->runtime.vae_tiling && frame > (video ? 256.0 * 256.0 : 512.0 * 512.0))
+                px *= 16.0 / 9.0;
             double rate = (video ? 0.25 : 0.5) * gemm;
             double eb = es;
             t += px * (video ? 1300.0 : 512.0) * c * c / rate + px * 152.0 * c * eb / mem;
@@ -1691,17 +1749,31 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     }
     if (!pred.fits) {
         double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;
+        /* the parts named add up to the total (MEMORY: the VAE decode runs after
+         * the transformer, so its peak replaces buffers + activations when
+         * larger; the fixed attention workspace, under 1 MiB, is left out) */
+        double work = (double)pred.buffer_bytes_per_rank + (double)pred.activation_bytes_per_rank;
+        char parts[256];
+        if ((double)pred.vae_bytes_per_rank > work)
+            snprintf(parts, sizeof parts,
+                     "weights %.2f GiB + VAE decode %.2f GiB (its peak, above the transformer's "
+                     "buffers %.2f GiB + activations %.2f GiB) + reserved %.2f GiB",
+                     (double)pred.weights_bytes_per_rank / 1073741824.0,
+                     (double)pred.vae_bytes_per_rank / 1073741824.0,
+                     (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                     (double)pred.activation_bytes_per_rank / 1073741824.0, plan->cluster.reserved_gb);
+        else
+            snprintf(parts, sizeof parts,
+                     "buffers %.2f GiB + weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB",
+                     (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                     (double)pred.weights_bytes_per_rank / 1073741824.0,
+                     (double)pred.activation_bytes_per_rank / 1073741824.0, plan->cluster.reserved_gb);
         cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,
                                  cpc_plan_span(plan, "cluster.world_size", true),
-                                 "%s %dx%d: predicted memory per rank %.2f GiB (buffers %.2f GiB + "
-                                 "weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB) exceeds "
+                                 "%s %dx%d: predicted memory per rank %.2f GiB (%s) exceeds "
                                  "the device's %.2f GiB",
                                  cpc_variant_name(cand->variant), cand->ring_degree,
-                                 cand->ulysses_degree, gib,
-                                 (double)pred.buffer_bytes_per_rank / 1073741824.0,
-                                 (double)pred.weights_bytes_per_rank / 1073741824.0,
-                                 (double)pred.activation_bytes_per_rank / 1073741824.0,
-                                 plan->cluster.reserved_gb, dev.memory_gb);
+                                 cand->ulysses_degree, gib, parts, dev.memory_gb);
         double dev_bytes = dev.memory_gb * 1073741824.0;
         double reserved = plan->cluster.reserved_gb * 1073741824.0;
         bool ring_like = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING ||
@@ -1713,23 +1785,48 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
         int H = plan->model.heads * T;
         int tp_hint = 0;
         double tp_mem = 0;
+        /* world_size stays C*T*R*U: the ranks tp_degree takes come out of the
+         * candidate's R or U, and a degree the plan states is named in the hint
+         * with its new value (else applying tp_degree alone is CP003) */
+        char tp_keys[96] = "";
+        bool unified = cand->variant == CPC_VARIANT_UNIFIED;
+        bool ring_only = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING;
         for (int t2 = 2 * T; pred.weights_bytes_per_rank > 0 && t2 <= 64 && !tp_hint; t2 *= 2) {
             if (H % t2 != 0)
                 continue;
             double m2 = (double)pred.memory_bytes_per_rank -
                         (double)pred.weights_bytes_per_rank * (1.0 - (double)T / t2);
-            if (m2 <= dev_bytes)
+            if (m2 > dev_bytes)
+                continue;
+            int f = t2 / T;
+            for (int take_u = 1; take_u >= 0 && !tp_hint; take_u--) {
+                int R2 = cand->ring_degree, U2 = cand->ulysses_degree;
+                if (take_u ? U2 % f != 0 : R2 % f != 0)
+                    continue;
+                if (take_u)
+                    U2 /= f;
+                else
+                    R2 /= f;
+                if (R2 * U2 < 2 || (unified && (R2 < 2 || U2 < 2)) || (ring_only && U2 != 1) ||
+                    (!unified && !ring_only && R2 != 1))
+                    continue;
+                int n = 0;
+                if (plan->parallel.ring_degree > 0 && plan->parallel.ring_degree != R2)
+                    n += snprintf(tp_keys + n, sizeof tp_keys - n, ", parallel.ring_degree: %d", R2);
+                if (plan->parallel.ulysses_degree > 0 && plan->parallel.ulysses_degree != U2)
+                    snprintf(tp_keys + n, sizeof tp_keys - n, ", parallel.ulysses_degree: %d", U2);
                 tp_hint = t2, tp_mem = m2;
+            }
         }
         if (reserved >= dev_bytes)
             cpc_status_set_hint(e, "cluster.reserved_gb (%.2f GiB) alone exceeds the device memory: "
                                    "lower it, or use a device with more memory (cluster.memory_gb)",
                                 plan->cluster.reserved_gb);
         else if (tp_hint)
-            cpc_status_set_hint(e, "parallel.tp_degree: %d (the weights, %.2f GiB per rank, split %d ways: "
+            cpc_status_set_hint(e, "parallel.tp_degree: %d%s (the weights, %.2f GiB per rank, split %d ways: "
                                    "at most %.2f GiB per rank, within the device's %.2f GiB; world_size "
                                    "= cfg_degree x tp_degree x ring_degree x ulysses_degree)",
-                                tp_hint, (double)pred.weights_bytes_per_rank / 1073741824.0, tp_hint,
+                                tp_hint, tp_keys, (double)pred.weights_bytes_per_rank / 1073741824.0, tp_hint,
                                 tp_mem / 1073741824.0, dev.memory_gb);
         else if (pred.weights_bytes_per_rank > 0 &&
                  (double)pred.weights_bytes_per_rank >= 0.5 * dev_bytes)

@@ -69,7 +69,8 @@
  *            (tiles / (waves x SMs), the tile's own rate) x K / (K + 64) (each
  *            tile's prologue/epilogue ~64 steps of K): narrow TP slices and
  *            few tokens per rank run below the large-GEMM rate.
- *   attn   = the op program's attn ops (their FLOPs at attn_tflops, set for
+ *   attn   = the op program's attn ops (LINEAR ATTENTION with model.attention:
+ *            linear; else their FLOPs at attn_tflops, set for
  *            runtime.attention_kernel and head_dim: ATTENTION KERNELS, times
  *            keys / (keys + 256) for a block of `keys` keys: short ring steps
  *            run below the long-sequence rate) + cross-attention scores.
@@ -81,8 +82,9 @@
  *            two ring all-reduces per block of M x h (2 (T-1) latencies +
  *            bytes x 2 (T-1)/T at intra_gbps, and a launch each).
  *   device = gemm + attn + memory-bound + comm (x core sharing on the CPU).
- *   host   = layers x host_layer_us x (1 + 0.6 x dual-stream share) + layers x
- *            (program ops + TP calls) x host_op_us (HOST).
+ *   host   = layers x host_layer_us x (1 + 0.1 x dual-stream share) + layers x
+ *            (program ops + TP calls) x host_op_us (HOST), x 2 for sequential
+ *            CFG calls (runtime.cfg).
  *   ms_per_step = (device^4 + host^4)^(1/4) on GPUs: kernels are issued
  *            asynchronously, so the slower side sets the pace, and where the two
  *            are close the device also waits on the host's slower stretches
@@ -99,6 +101,15 @@
  *   FlashAttention-2 on RTX 4090), x 1.6 elsewhere; head_dim <= 64 x 0.8,
  *   <= 32 x 0.6 (FlashAttention-2 paper: head_dim 64 runs at ~0.8-0.85 of 128).
  *
+ * LINEAR ATTENTION (model.attention: linear; Sana's ReLU linear attention,
+ *   diffusers SanaLinearAttnProcessor2_0): each attention op of the program
+ *   costs, per head, K^T V over its keys and Q (K^T V) over its queries, 2 x
+ *   (queries + keys) x D^2 FLOPs at the FP32 rate (the processor casts q, k, v
+ *   to float32), or its element passes (ReLU, casts, V padded with ones for
+ *   the normaliser, the division: ~4 float32 reads or writes of each element
+ *   of Q, K, V and O) at mem_gbps, whichever is slower.  The program's
+ *   communication is priced as written.
+ *
  * MEMORY-BOUND WORK: element passes (reads + writes of hidden-sized rows) per
  *   token per block, counted from an eager DiT block (diffusers, xdit): two
  *   norms with modulation (2 x 6), q/k RMSNorm (2 x 6), RoPE on q and k (2 x 6),
@@ -109,18 +120,29 @@
  *
  * HOST: per transformer block of eager PyTorch (runtime.framework eager, the
  *   default): ~100 kernels, each a Python call through PyTorch's dispatcher
- *   (~14 us): 1410 us, x 1.6 for a dual-stream block (its second stream's
- *   norms, modulation and projections); per op of the attention program (a
+ *   (~16 us): 1637 us, x 1.1 for a dual-stream block; per op of the attention
+ *   program (a
  *   collective with its reshapes and wait, an attention call with its LSE, an
  *   LSE-merge update) 110 us; TP adds 2 all-reduce calls and ~6
- *   tensor-parallel dispatches per block.  These are pinned by the host-bound
+ *   tensor-parallel dispatches per block.  With runtime.cfg: sequential (the
+ *   default) an even batch per CFG group is the two guidance passes run as two
+ *   transformer calls (diffusers' and vLLM-Omni's QwenImage pipelines, the Wan
+ *   pipelines): the host time doubles, the device work does not change;
+ *   runtime.cfg: batched (CogVideoX, Mochi: torch.cat([latents] * 2)) is one
+ *   call.  These are pinned by the host-bound
  *   FLUX.1-dev rows on 4 x H100, where the GPUs finish a step in ~50 ms and
  *   wait for the host: the seeds' diffusers table (ulysses 133, all-gather ring
- *   262 ms per step: diffusers 820 us per block, 225 us per op), xDiT's flux.md
- *   (ulysses 150, p2p ring 180 ms: xdit 1940 us per block, 50 us per op: its
+ *   262 ms per step: diffusers 952 us per block, 225 us per op), xDiT's flux.md
+ *   (ulysses 150, p2p ring 180 ms: xdit 2253 us per block, 50 us per op: its
  *   blocks run through more Python wrappers, its ring steps through fewer
- *   calls) and cache-dit's H100 table; eager sits between them.  sglang 500 /
- *   120 us, compiled (CUDA graphs) 40 / 10 us.  The same figures hold for every
+ *   calls) and cache-dit's H100 table; eager sits between them.  sglang 581 /
+ *   120 us, compiled (CUDA graphs) 46 / 10 us.  The dual-stream factor: cache-dit's
+ *   H100 table (docs/benchmark/NVIDIA_GPU.md, commit 18152db6) has FLUX.1-dev (19
+ *   of 57 blocks dual-stream, 121 ms per step) and Qwen-Image (60 of 60, two CFG
+ *   calls: 256 ms per step) both host-bound at Ulysses 2, which puts a
+ *   dual-stream block within ~10% of a single-stream one (more kernels per
+ *   block, but fewer Python wrappers per kernel); the per-block figures above
+ *   keep FLUX.1-dev's pinned totals (57 + 0.1 x 19 blocks).  The same figures hold for every
  *   GPU (the host is not the GPU).  Without model.dual_stream_layers (and
  *   structure keys) the dual-stream share is estimated from the weights per
  *   block (cpc_dual_stream_layers).
@@ -136,7 +158,10 @@
  *   counts the convolutions), at half (image) or a quarter (video: 3-D
  *   convolutions of narrow channels) of the GEMM rate, plus ~152 c x 2 bytes
  *   per pixel of normalisation and activation at mem_gbps; over the ranks with
- *   runtime.vae_parallel.
+ *   runtime.vae_parallel; with runtime.vae_tiling a frame larger than one tile
+ *   (256^2 pixels for a video decoder, 512^2 for an image one) costs (4/3)^2 of
+ *   its pixels (tiles overlapping by a quarter on each side, diffusers'
+ *   defaults).
  *
  * MEMORY of the deployment (with model.parameters, on GPUs; inside
  *   memory_bytes_per_rank): weights = parameters x dtype bytes / T (CP and CFG

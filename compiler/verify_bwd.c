@@ -100,20 +100,51 @@ static cpc_status *collect(void *ctx, const cpc_exec_op *x)
     return NULL;
 }
 
-static cpc_status *vfail(int p, const xop *x, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static cpc_status *vfail(int p, const xop *x, const char *fmt, ...)
+/* ops[i].body[j] (1-based, as the forward verifier and Lua scripts name
+ * ops) of op `op` in ops[0..n), into buf; false when it is not there. */
+static bool op_path(const cpc_op *ops, int n, const cpc_op *op, const char *prefix, char *buf, size_t len)
 {
-    char m[512];
+    for (int i = 0; i < n; i++) {
+        char here[96];
+        snprintf(here, sizeof here, "%s%s[%d]", prefix, *prefix ? ".body" : "ops", i + 1);
+        if (&ops[i] == op) {
+            snprintf(buf, len, "%s", here);
+            return true;
+        }
+        if (ops[i].kind == CPC_OP_LOOP && op_path(ops[i].body, ops[i].n_body, op, here, buf, len))
+            return true;
+    }
+    return false;
+}
+
+static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+{
+    char m[512], path[128] = "";
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
+    if (x && op_path(prog->ops, prog->n_ops, x->op, "", path, sizeof path - 1))
+        strcat(path, " ");
     if (x && x->s >= 0)
         return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: rank %d, %s (step %lld): %s", p, cpc_op_kind_name(x->op->kind),
+                        "backward program: rank %d, %s%s (step %lld): %s", p, path, cpc_op_kind_name(x->op->kind),
                         (long long)x->s, m);
     return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x ? x->op->span : CPC_NO_SPAN,
-                    "backward program: rank %d%s%s: %s", p, x ? ", " : "", x ? cpc_op_kind_name(x->op->kind) : "", m);
+                    "backward program: rank %d%s%s%s: %s", p, x ? ", " : "", path, x ? cpc_op_kind_name(x->op->kind) : "",
+                    m);
+}
+/* Every caller has the prover's state as V. */
+#define vfail(...) vfail_(V->prog, __VA_ARGS__)
+
+/* The op table's tag rule for out[i] of x on simulated rank p. */
+static int out_tag(const vb *V, int p, const xop *x, int i, int in0, int ini, int old)
+{
+    cpc_coords c = cpc_program_coords(V->prog, p);
+    c.s = x->s > 0 ? x->s : 0;
+    return cpc_op_out_tag(V->prog, x->op, i, &c, x->block, in0, ini, old);
 }
 
 static bool is_grad(cpc_buf_role r)
@@ -640,9 +671,14 @@ static cpc_status *check_content(vb *V, int p, const xop *x)
     return NULL;
 }
 
+#define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
+
 static cpc_status *push_req(vb *V, int p, req *q)
 {
     rank_reqs *rq = &V->rr[p];
+    if (rq->n >= VB_MAX_PENDING)
+        return vfail(p, q->x, "more than %d requests in flight on one rank (the prover's bound, verify_bwd.h)",
+                     VB_MAX_PENDING);
     if (rq->n == rq->cap) {
         int nc = rq->cap ? 2 * rq->cap : 8;
         req **v = realloc(rq->v, (size_t)nc * sizeof *v);
@@ -727,6 +763,13 @@ static cpc_status *match(vb *V, req *s, req *r, int64_t e)
                      "messages match by (group, peer, tag) in posting order",
                      bn(V, r->buf), cpc_buf_role_name(r->role), cpc_group_name(r->group), r->tag,
                      V->sym ? "its peer's" : "a", bn(V, s->buf), cpc_buf_role_name(s->role));
+    const cpc_buffer *bs = &V->prog->buffers[s->buf], *br = &V->prog->buffers[r->buf];
+    if (bs->tokens != br->tokens || bs->heads != br->heads)
+        return vfail(r->p, r->x,
+                     "'%s' (%s/%s) receives '%s' (%s/%s): a message lands only in a buffer of the layout "
+                     "it was sent from (its size would differ)",
+                     br->name, cpc_buf_tokens_name(br->tokens), cpc_buf_heads_name(br->heads), bs->name,
+                     cpc_buf_tokens_name(bs->tokens), cpc_buf_heads_name(bs->heads));
     if (V->prog->buffers[r->buf].tokens == CPC_TOK_BLOCK && r->x->op->block && r->snap.tag != (int)r->x->block)
         return vfail(r->p, r->x, "declares block %lld for '%s' but its peer sends block %d", (long long)r->x->block,
                      bn(V, r->buf), r->snap.tag);
@@ -842,30 +885,46 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
-        /* the op table's rules, for every op: lifetimes of in-flight
-         * buffers, then the content each operand must hold */
+        /* the op table's rules, for every op: the kinds a backward program
+         * may use, lifetimes of in-flight buffers, then the content each
+         * operand must hold */
+        const cpc_op_info *info = cpc_op_info_of(op->kind);
+        if (!info || !(info->flags & CPC_OPF_BWD)) {
+            V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
+            return -1;
+        }
         if ((V->err = check_in_flight(V, p, x)) || (V->err = check_content(V, p, x)))
             return -1;
-        switch (op->kind) {
-        case CPC_OP_WAIT:
-        {
+        /* communication, by the table's matching rule and lifetime */
+        switch (info->match) {
+        case CPC_MATCH_COMPLETE: {
             int w = do_wait(V, p, x);
             if (w <= 0)
                 return w; /* 0: blocked until the peers post */
+            V->pc[p]++;
+            continue;
         }
+        case CPC_MATCH_SEND:
+        case CPC_MATCH_RECV:
+            if (info->life != CPC_LIFE_UNTIL_WAIT) {
+                V->err = vfail(p, x, "a point-to-point op must be non-blocking (the op table)");
+                return -1;
+            }
+            if ((V->err = info->match == CPC_MATCH_SEND ? post_send(V, p, x) : post_recv(V, p, x)))
+                return -1;
+            V->pc[p]++;
+            continue;
+        case CPC_MATCH_COLLECTIVE:
+            if (info->group != CPC_GROUP_NONE && op->group != info->group) {
+                V->err = vfail(p, x, "%s runs over the %s group", cpc_op_kind_name(op->kind),
+                               cpc_group_name(info->group));
+                return -1;
+            }
+            return 0; /* fired by run_a2a / run_ring_coll / run_all_reduce once every member is here */
+        default:
             break;
-        case CPC_OP_ALL_TO_ALL:
-            if (op->group != CPC_GROUP_ULYSSES) {
-                V->err = vfail(p, x, "all_to_all runs over the ulysses group");
-                return -1;
-            }
-            return 0; /* fired by run_a2a once every member is here */
-        case CPC_OP_ALL_REDUCE:
-            if (op->group != CPC_GROUP_WORLD) {
-                V->err = vfail(p, x, "all_reduce runs over the world group");
-                return -1;
-            }
-            return 0; /* fired by run_all_reduce once every rank is here */
+        }
+        switch (op->kind) {
         case CPC_OP_COPY:
             for (int i = 0; i < op->n_in; i++) {
                 int a = op->in[i], b = op->out[i];
@@ -885,7 +944,7 @@ static int advance(vb *V, int p)
                     return -1;
                 }
                 so->written = true;
-                so->tag = si->tag;
+                so->tag = out_tag(V, p, x, i, S(V, p, op->in[0])->tag, si->tag, so->tag);
                 so->src = si->src;
                 if (si->grad && so->grad && si != so) {
                     /* a head part keeps its own heads' pairs, nothing elsewhere */
@@ -900,13 +959,6 @@ static int advance(vb *V, int p)
                 }
             }
             break;
-        case CPC_OP_ALL_GATHER:
-        case CPC_OP_REDUCE_SCATTER:
-            if (op->group != CPC_GROUP_RING) {
-                V->err = vfail(p, x, "%s runs over the ring group", cpc_op_kind_name(op->kind));
-                return -1;
-            }
-            return 0; /* fired by run_ring_coll once every member is here */
         case CPC_OP_DELTA: {
             if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
                 role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
@@ -920,9 +972,8 @@ static int advance(vb *V, int p)
                                "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
                 return -1;
             }
-            d->tag = a->tag;
+            d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
             d->written = true;
-            d->src = CPC_CONTENT_DELTA;
             break;
         }
         case CPC_OP_INIT_ACC:
@@ -944,7 +995,7 @@ static int advance(vb *V, int p)
                                              "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
                         return -1;
                     }
-                    sl->tag = (int)x->block;
+                    sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
                 }
             }
             break;
@@ -1075,7 +1126,7 @@ static int advance(vb *V, int p)
                 V->err = cs_err(V);
                 return -1;
             }
-            dq->tag = q->tag;
+            dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
             break;
         }
         case CPC_OP_SWAP: {
@@ -1090,18 +1141,14 @@ static int advance(vb *V, int p)
             V->map[p * V->nb + b] = t;
             break;
         }
-        case CPC_OP_SEND:
-            if ((V->err = post_send(V, p, x)))
-                return -1;
-            break;
-        case CPC_OP_RECV:
-            if ((V->err = post_recv(V, p, x)))
-                return -1;
-            break;
         default:
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
+        /* the table's output content (NONE: carried, set above) */
+        for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+            if (info->out_content[i] != CPC_CONTENT_NONE)
+                S(V, p, op->out[i])->src = (cpc_content)info->out_content[i];
         V->pc[p]++;
     }
     return 1;
@@ -1347,7 +1394,7 @@ typedef struct collect_ctx {
     rank_ops *ro;
 } collect_ctx;
 
-#define VB_MAX_INSTANCES ((int64_t)1 << 24) /* op instances simulated, all ranks together */
+#define VB_MAX_INSTANCES ((int64_t)1 << 23) /* op instances simulated, all ranks together */
 
 static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
 {
@@ -1418,6 +1465,7 @@ static cpc_status *prove(vb *V)
     const int nrm = V->sym ? 1 : V->R; /* ring members simulated per ring group */
     for (;;) {
         bool all = true, moved = false;
+        V->work += V->nsim; /* a round visits every simulated rank */
         if (V->work > VB_WORK_MAX)
             return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
                             "backward program: proving it takes more than %lld units of work (the prover's "

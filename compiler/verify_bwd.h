@@ -1,23 +1,70 @@
 /*
  * verify_bwd.h - proves a backward (training) op program (schedule_bwd.h,
- * BACKWARD.md section 2 "verification obligations") by enumeration: every
- * rank's program is unrolled (cpc_program_walk) and all ranks are simulated
- * together on an abstract state in which each DQ/DK/DV accumulator holds
- * the multiset of (query block, key unit, query head) triples added into it
- * (query block: the ring block of the query rows, = shard p when U == 1; key
- * unit: the ring block of the K/V rows, or all of K/V for cross-attention;
- * query head: every head separately when U > 1, all heads as one unit when
- * U == 1; a K/V head's dK/dV collects the query heads of its group).
+ * BACKWARD.md section 2 "verification obligations").
+ *
+ * ONE STEP SEMANTICS, TWO DOMAINS.  advance() (verify_bwd.c) executes one op
+ * of one rank on an abstract state: per buffer its content tag, whether it
+ * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
+ * multiset of (query block, key unit, query head) triples added into it
+ * (query block: the ring block of the query rows, = shard p when U == 1;
+ * key unit: the ring block of the K/V rows, or all of K/V for
+ * cross-attention; query head: every head separately when U > 1, all heads
+ * as one unit when U == 1; a K/V head's dK/dV collects the query heads of
+ * its group), kept as runs of blocks (a ring's accumulator grows by one
+ * block a step: a few runs whatever R).  The operand rules come from the op
+ * table (program.h): access (read / write / accumulate / rebind), required
+ * content, lifetime (non-blocking until the wait), matching rule.
  * Point-to-point requests are modelled as the executor posts them: one per
  * buffer of a send or recv, non-blocking, matched in FIFO order per
- * (sender, receiver, GROUP, tag) as MPI and the local transport match them
- * (the op table's CPC_MATCH_SEND/RECV); a send carries a snapshot of its
- * buffer's state, which the recv's buffer takes at the `wait` that
- * completes it; a wait blocks until each of its requests is matched
- * (rendezvous: a send completes only once its recv is posted).  Collectives
- * (all_to_all over a ulysses group, all_gather and reduce_scatter over a
- * ring group, all_reduce over the world) fire when every member of the
- * group has reached the same op.
+ * (sender, receiver, GROUP, tag) as MPI and the local transport match them;
+ * a send carries a snapshot of its buffer's state, which the recv's buffer
+ * takes at the `wait` that completes it; a wait blocks until each of its
+ * requests is matched (rendezvous: a send completes only once its recv is
+ * posted).  Collectives (all_to_all over a ulysses group, all_gather and
+ * reduce_scatter over a ring group, all_reduce over the world) fire when
+ * every member of the group has reached the same op.  The ranks run
+ * round-robin; a round in which none moves is a deadlock.  The same
+ * advance() runs in two domains:
+ *
+ *   SYMMETRIC (any world size; tried first).  The class: no `when` or loop
+ *   `count` reads r or p (u may be read); every ring-group (with U == 1 also
+ *   world-group) peer and every `block` is `(r + g) % R` or `r + g` (g = 0),
+ *   r appearing once through + and - and g not reading r or p; ulysses-group
+ *   peers do not read r or p.  Then the program commutes with the rotations
+ *   of the ring (rank (r, u) -> (r + e, u)): every rank runs the same ops,
+ *   and rank (r, u)'s state is rank (0, u)'s with every ring index + r.  Only
+ *   the U ranks (0, u) are simulated.  A ring message rank (0, u) receives
+ *   from rank (e, u) is rank (e, u)'s k-th send to it, i.e. the rotation by
+ *   e of rank (0, u)'s own k-th send at offset -e: matching pairs the
+ *   member's own sends at offset d with its own recvs from offset -d, in
+ *   posting order (the same FIFO rule), and the content arrives rotated by
+ *   e.  Progress: every rank passes the program's positions in the same
+ *   order, so a wait whose partner post comes later on every rank blocks
+ *   every rank (a deadlock, reported), and one whose partners are posted
+ *   earlier completes (induction on positions, docs/VERIFY.md).  Ulysses
+ *   collectives run among the simulated members; ring collectives by the
+ *   rotation rule (all_gather: member r's block r; reduce_scatter: element
+ *   (q, k) of a member's set goes to the owner of block k, seen from it as
+ *   (q - k, 0)); all_reduce sums every rotation.  Evaluation: each peer and
+ *   block is also evaluated on rank R-1 (value + R - 1 mod R required; the
+ *   chain r + g is monotone in r, so no rank between fails).  Cost:
+ *   U x (op instances of one rank), independent of R: 65536 ranks in 0.03 to
+ *   0.5 s (bench_verify --backward; docs/VERIFY.md has the table).
+ *
+ *   ENUMERATION (P <= 256).  Every rank is simulated; the reference the
+ *   symmetric domain is checked against (tests/test_verify_bwd.c: random
+ *   mutants of every variant are proven by both or refused by both).
+ *
+ * THE BOUND.  At most 2^23 op instances are simulated (all simulated ranks
+ * together), 2^27 units of work done (a contribution run added, or a
+ * simulated rank visited by a round of the scheduler; about a second) and 4096
+ * requests in flight on one rank (the checks scan them); a
+ * program that needs more is refused with CP051 saying so, before the work
+ * is done.  Memory: O(simulated ranks x buffers), 32 bytes per instance (256
+ * MiB at most) and 28 bytes per contribution run kept.  A program outside
+ * the symmetric class with more than 256 ranks is refused with a
+ * CP051 naming the op and the reason.  cprun and cpc_artifact_load call
+ * cpc_verify_backward: the same bound.
  *
  * WHAT IS PROVED, for every rank p = r*U + u:
  *   1. Coverage: the OUTPUT DQ buffer holds shard p's rows (SHARD p, or
@@ -43,8 +90,8 @@
  *      members hold the same head without reduce=sum is refused (one part
  *      would be lost); reduce sums, in member order, the parts of each head.
  *   4. Matching: every recv buffer takes the next message of its (group,
- *      peer, tag), with the role it declares and the content its `block`
- *      says; every request is matched and completed by a wait; no rank
+ *      peer, tag), with the role and layout (tokens, heads) it declares and
+ *      the content its `block` says; every request is matched and completed by a wait; no rank
  *      waits forever on a wait (its partner posted only after that partner
  *      blocks) or on a collective some member never reaches (reported,
  *      naming the op and the unmatched request).
@@ -61,8 +108,8 @@
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
- * all_gather, reduce_scatter, all_reduce, copy}, world sizes over 256, an abstract state
- * over 2^28 cells (ranks x gradient buffers x R x key units x heads).
+ * all_gather, reduce_scatter, all_reduce, copy}; world sizes over 256
+ * outside the symmetric class; programs over the bound.
  * Errors: CPC_E_PLAN rule CPC_RULE_VERIFY (51) naming the rank and the op;
  * CPC_E_NOMEM.  Thread-safe (no shared state).
  */

@@ -1,8 +1,9 @@
 /*
- * verify_common.h - what the two provers of the verify stage share (the
- * per-rank simulator in verify.c and the symbolic one in verify_sym.c, which
- * follows it check by check): the sources a buffer's content can come from.
- * Internal to the verify stage; static functions of enums only.
+ * verify_common.h - what the two forward provers of the verify stage share
+ * (the per-rank simulator in verify.c and the symbolic one in verify_sym.c,
+ * which follows it check by check): the sources a buffer's content can come
+ * from, which are the op table's contents (program.h cpc_content; the
+ * backward prover uses the same enum).  Internal to the verify stage.
  */
 #ifndef CPC_VERIFY_COMMON_H
 #define CPC_VERIFY_COMMON_H
@@ -12,21 +13,22 @@
 #include "program.h"
 
 /* Where a buffer's content came from: an input tensor, or attention results. */
-enum { SRC_NONE = 0, SRC_Q, SRC_K, SRC_V, SRC_O, SRC_LSE };
-static const char *const src_names[] = {"nothing", "q", "k", "v", "attention output", "LSE"};
+enum {
+    SRC_NONE = CPC_CONTENT_NONE,
+    SRC_Q = CPC_CONTENT_Q,
+    SRC_K = CPC_CONTENT_K,
+    SRC_V = CPC_CONTENT_V,
+    SRC_O = CPC_CONTENT_OUT,
+    SRC_LSE = CPC_CONTENT_LSE,
+};
+#define src_names_of(s) cpc_content_name((cpc_content)(s))
 
-/* The source an INPUT buffer of role r holds (O and ACC: attention output). */
+/* The source an INPUT buffer of role r holds in a forward program (O and
+ * ACC: attention output; backward roles: nothing). */
 static inline int src_of_role(cpc_buf_role r)
 {
-    switch (r) {
-    case CPC_ROLE_Q: return SRC_Q;
-    case CPC_ROLE_K: return SRC_K;
-    case CPC_ROLE_V: return SRC_V;
-    case CPC_ROLE_O:
-    case CPC_ROLE_ACC: return SRC_O;
-    case CPC_ROLE_LSE: return SRC_LSE;
-    default: return SRC_NONE;
-    }
+    cpc_content c = cpc_content_of_role(r);
+    return c <= CPC_CONTENT_LSE ? (int)c : SRC_NONE;
 }
 
 static inline bool src_is_kv(int s) { return s == SRC_K || s == SRC_V; }

@@ -46,7 +46,7 @@ static const char *PLAN =
     do {                                                                               \
         cpc_status *st_ = (call);                                                      \
         if (st_) {                                                                     \
-            cpc_status_print(stderr, "toy_model", st_);                                \
+            cpc_status_print(st_, stderr, "toy_model");                                \
             cpc_status_free(st_);                                                      \
             MPI_Abort(MPI_COMM_WORLD, 3);                                              \
         }                                                                              \
@@ -208,7 +208,7 @@ int main(int argc, char **argv)
     snprintf(set_variant, sizeof set_variant, "parallel.variant=%s", variant);
     const char *sets[] = {set_world, set_variant};
     cpc_compile_options opts;
-    cpc_compile_options_init(&opts);
+    cpc_compile_options_init(&opts, sizeof opts);
     opts.sets = sets;
     opts.n_sets = 2;
     opts.kernels = cuda; /* the CUDA backend runs the plan's generated kernels */
@@ -232,16 +232,16 @@ int main(int argc, char **argv)
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     cpc_rank *r = NULL;
     cpc_rank_options ro;
-    cpc_rank_options_init(&ro);
+    cpc_rank_options_init(&ro, sizeof ro);
     if (cuda) {
         ro.backend = CPC_BACKEND_CUDA;
         ro.cuda_stream = cu.stream;
     }
-    CHECK(cpc_rank_create_mpi(a, &comm, &ro, &r));
+    CHECK(cpc_rank_new_mpi(a, &comm, &ro, &r));
     long T = 0;
     float *x = shard_input(a, rank, &T);
     model(r, x, T, W, cuda);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
 
     /* gather every rank's rows (with their global positions) to rank 0 */
     cpc_token_run runs[16];
@@ -275,7 +275,7 @@ int main(int argc, char **argv)
         /* the same model on one rank */
         const char *one[] = {"cluster.world_size=1", "parallel.variant=none"};
         cpc_compile_options o1;
-        cpc_compile_options_init(&o1);
+        cpc_compile_options_init(&o1, sizeof o1);
         o1.sets = one;
         o1.n_sets = 2;
         cpc_artifact *a1 = NULL;
@@ -283,7 +283,7 @@ int main(int argc, char **argv)
         cpc_local_world *w = NULL;
         CHECK(cpc_local_world_new(a1, &w));
         cpc_rank *r1 = NULL;
-        CHECK(cpc_rank_create_local(a1, w, 0, NULL, &r1));
+        CHECK(cpc_rank_new_local(a1, w, 0, NULL, &r1));
         long T1 = 0;
         float *x1 = shard_input(a1, 0, &T1);
         model(r1, x1, T1, W, false);
@@ -297,7 +297,7 @@ int main(int argc, char **argv)
         printf("%d ranks vs 1 rank: relative error %.3g (fp32 limit 1e-5): %s\n", size, rel,
                ok ? "PASS" : "FAIL");
         status = ok ? 0 : 1;
-        cpc_rank_destroy(r1);
+        cpc_rank_free(r1);
         cpc_local_world_free(w);
         cpc_artifact_free(a1);
         free(x1), free(dist), free(all), free(counts), free(displs);

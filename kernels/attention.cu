@@ -39,6 +39,10 @@
 #endif
 #include <mma.h>
 
+// 2^80: above it a value of V is accumulated scaled (P V of finite bf16/fp32
+// values near FLT_MAX overflows fp32 otherwise; see cpc_attn_rowwarp).
+#define CPC_V_BIG 1.2089258196146292e+24f
+
 // Dynamic shared memory; the CPU emulator of the tests (tests/emu) defines
 // its own version of this macro.
 #ifndef CPC_DYNAMIC_SMEM
@@ -63,6 +67,31 @@ __device__ __forceinline__ bool cpc_key_masked(long long qp, long long kp, int b
     if (kv_mask && (kp < 0 || kp >= mask_len || kv_mask[(long long)b * mask_len + kp] == 0))
         return true;
     return false;
+}
+
+// The V scale of a block (bf16 only; issue 23): with finite bf16 V near
+// FLT_MAX, P V overflows fp32 inside the tensor-core sums although the
+// output (a weighted mean) is finite.  Every tile, the block's largest |v|
+// (warp maxima in s_vmax[4], read after the staging barrier) decides the
+// exponent vex >= 0 of the block: V is used as V 2^-vex (the staged tile
+// scaled in place), the accumulators are rescaled when vex grows, and the
+// output is multiplied by 2^vex at the end.  vex stays 0 (no scaling, no
+// extra pass) unless some |v| > 2^80.  Returns the new vex (uniform).
+__device__ __forceinline__ int cpc_v_tile_exp(const float *s_vmax, int vex)
+{
+    float vmax = fmaxf(fmaxf(s_vmax[0], s_vmax[1]), fmaxf(s_vmax[2], s_vmax[3]));
+    int need = vmax > CPC_V_BIG && vmax < INFINITY ? ilogbf(vmax) - 80 : 0;
+    return need > vex ? need : vex;
+}
+
+// Warp maximum of x into s_vmax[warp] (lane 0 writes).
+__device__ __forceinline__ void cpc_warp_vmax(float x, float *s_vmax)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+    if ((threadIdx.x & 31) == 0)
+        s_vmax[threadIdx.x / 32] = x;
 }
 
 // The parameters of every attention kernel (one argument array in
@@ -104,6 +133,13 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
     int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
     const CPC_DTYPE *qr = q + b * q_bstride + (row * hq + h) * (long long)D;
     float qv[CPC_RW_PER_LANE], acc[CPC_RW_PER_LANE];
+    // acc[] is in units of 2^ex: 0 unless one of this lane's columns met
+    // |v| > 2^80 (finite bf16/fp32 values near FLT_MAX: sum p v over the keys
+    // would overflow fp32 although the result, a weighted mean, is finite).
+    // Each output column depends on its own column of V only, so every lane
+    // keeps its own exponent (no communication); one per lane, not one per
+    // column: an array of CPC_RW_PER_LANE exponents spilled at head_dim 128.
+    int ex = 0;
 #pragma unroll
     for (int i = 0; i < CPC_RW_PER_LANE; i++) {
         int d = lane + 32 * i;
@@ -135,8 +171,21 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
 #pragma unroll
         for (int i = 0; i < CPC_RW_PER_LANE; i++) {
             int d = lane + 32 * i;
-            if (d < D)
-                acc[i] = acc[i] * alpha + p * cpc_load_f32(vr[d]);
+            if (d < D) {
+                float vv = cpc_load_f32(vr[d]);
+                if (ex == 0 && !(fabsf(vv) > CPC_V_BIG && fabsf(vv) < INFINITY)) {
+                    acc[i] = acc[i] * alpha + p * vv;
+                } else {
+                    int need = fabsf(vv) > CPC_V_BIG && fabsf(vv) < INFINITY ? ilogbf(vv) - 80 : 0;
+                    if (need > ex) {
+#pragma unroll
+                        for (int j = 0; j < CPC_RW_PER_LANE; j++)
+                            acc[j] = ldexpf(acc[j], ex - need);
+                        ex = need;
+                    }
+                    acc[i] = acc[i] * alpha + p * ldexpf(vv, -ex);
+                }
+            }
         }
         m = m_new;
     }
@@ -146,7 +195,7 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
     for (int i = 0; i < CPC_RW_PER_LANE; i++) {
         int d = lane + 32 * i;
         if (d < D)
-            orow[d] = acc[i] * inv;
+            orow[d] = ex ? ldexpf(acc[i] * inv, ex) : acc[i] * inv;
     }
     if (lane == 0)
         lse[((long long)b * hq + h) * sq + row] = l == 0.0f ? -INFINITY : m + __logf(l);
@@ -208,6 +257,10 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
     long long grow = m0 + warp * 16 + my_row;
     long long qp = grow < sq ? (q_pos ? q_pos[grow] : grow) : -1;
     float m = -INFINITY, l = 0.0f;
+    int vex = 0;  // V used as V 2^-vex (cpc_v_tile_exp; bf16 only)
+#if CPC_DTYPE_ID == 0
+    __shared__ float s_vmax[4];
+#endif
 
     for (long long n0 = 0; n0 < skv; n0 += TC_BN) {
 #if CPC_CAUSAL
@@ -220,15 +273,42 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
             continue;  // uniform across the block: every thread computed the same kmin
 #endif
         __syncthreads();
+        float tvmax = 0.0f;
         for (int i = threadIdx.x; i < TC_BN * D; i += blockDim.x) {
             int r = i / D, c = i % D;
             long long n = n0 + r;
             bool in = n < skv;
             long long off = b * kv_bstride + n * kv_row_stride + (long long)kvh * D + c;
             Ks[r * TC_LD + c] = in ? k[off] : (CPC_DTYPE)0.0f;
-            Vs[r * TC_LD + c] = in ? v[off] : (CPC_DTYPE)0.0f;
+            CPC_DTYPE vv = in ? v[off] : (CPC_DTYPE)0.0f;
+            Vs[r * TC_LD + c] = vv;
+#if CPC_DTYPE_ID == 0
+            tvmax = fmaxf(tvmax, fabsf(cpc_load_f32(vv)));
+#endif
         }
+#if CPC_DTYPE_ID == 0
+        cpc_warp_vmax(tvmax, s_vmax);
+#else
+        (void)tvmax;
+#endif
         __syncthreads();
+        float vr = 1.0f;  // rescale of the O accumulator this tile (vex grew)
+#if CPC_DTYPE_ID == 0
+        {
+            int nv = cpc_v_tile_exp(s_vmax, vex);  // uniform across the block
+            if (nv != vex) {
+                vr = ldexpf(1.0f, vex - nv);
+                vex = nv;
+            }
+            if (vex > 0) {
+                for (int i = threadIdx.x; i < TC_BN * D; i += blockDim.x) {
+                    CPC_DTYPE *e = Vs + (i / D) * TC_LD + i % D;
+                    *e = (CPC_DTYPE)ldexpf(cpc_load_f32(*e), -vex);
+                }
+                __syncthreads();
+            }
+        }
+#endif
 
         // S = Q_w K^T  (16 x TC_BN) into Sb.
         for (int j = 0; j < TC_BN / 16; j++) {
@@ -293,8 +373,9 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
         __syncwarp();
         float *orow = Os + my_row * TC_OLD + half * (D / 2);
         const float *pv = Sb + my_row * TC_SLD + half * (D / 2);
+        const float ar = alpha * vr;
         for (int c = 0; c < D / 2; c++)
-            orow[c] = orow[c] * alpha + pv[c];
+            orow[c] = orow[c] * ar + pv[c];
         __syncwarp();
     }
 
@@ -303,7 +384,7 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
         float *dst = o + ((long long)b * sq * hq + grow * hq + h) * D + half * (D / 2);
         const float *orow = Os + my_row * TC_OLD + half * (D / 2);
         for (int c = 0; c < D / 2; c++)
-            dst[c] = orow[c] * inv;
+            dst[c] = vex ? ldexpf(orow[c] * inv, vex) : orow[c] * inv;
         if (half == 0)
             lse[((long long)b * hq + h) * sq + grow] = l == 0.0f ? -INFINITY : m + __logf(l);
     }
@@ -392,10 +473,13 @@ __device__ __forceinline__ void cpc_stage(CPC_DTYPE *dst, const CPC_DTYPE *src, 
 // Stages keys [n0, n0 + MMA_BN) x D of V transposed: Vt[d * MMA_VLD + key],
 // zero past `limit`.  Consecutive threads take consecutive keys of the same 8
 // head-dim columns, so the 2-byte shared stores of a warp hit distinct banks.
-__device__ __forceinline__ void cpc_stage_vt(CPC_DTYPE *vt, const CPC_DTYPE *src, long long row_stride,
-                                             long long n0, long long limit, bool vec)
+// Returns the largest |v| this thread staged (bf16 only: fp16 cannot
+// overflow P V; 0 there), for the tile's V scale (cpc_v_tile_scale).
+__device__ __forceinline__ float cpc_stage_vt(CPC_DTYPE *vt, const CPC_DTYPE *src, long long row_stride,
+                                              long long n0, long long limit, bool vec)
 {
     const int D = CPC_HEAD_DIM;
+    float vmax = 0.0f;
     for (int i = threadIdx.x; i < MMA_BN * (D / 8); i += blockDim.x) {
         int r = i % MMA_BN, c = (i / MMA_BN) * 8;
         const CPC_DTYPE *g = src + (n0 + r) * row_stride + c;
@@ -406,14 +490,24 @@ __device__ __forceinline__ void cpc_stage_vt(CPC_DTYPE *vt, const CPC_DTYPE *src
                 val = *reinterpret_cast<const int4 *>(g);
             const CPC_DTYPE *e = reinterpret_cast<const CPC_DTYPE *>(&val);
 #pragma unroll
-            for (int k = 0; k < 8; k++)
+            for (int k = 0; k < 8; k++) {
                 vt[(c + k) * MMA_VLD + r] = e[k];
+#if CPC_DTYPE_ID == 0
+                vmax = fmaxf(vmax, fabsf(cpc_load_f32(e[k])));
+#endif
+            }
         } else {
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                vt[(c + k) * MMA_VLD + r] = in ? g[k] : (CPC_DTYPE)0.0f;
+            for (int k = 0; k < 8; k++) {
+                CPC_DTYPE x = in ? g[k] : (CPC_DTYPE)0.0f;
+                vt[(c + k) * MMA_VLD + r] = x;
+#if CPC_DTYPE_ID == 0
+                vmax = fmaxf(vmax, fabsf(cpc_load_f32(x)));
+#endif
+            }
         }
     }
+    return vmax;
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -487,6 +581,10 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
     float m_r0 = -INFINITY, m_r1 = -INFINITY, l_r0 = 0.0f, l_r1 = 0.0f;
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
     const bool has_pos = kv_pos != 0;
+    int vex = 0;  // V used as V 2^-vex (cpc_v_tile_exp; bf16 only)
+#if CPC_DTYPE_ID == 0
+    __shared__ float s_vmax[4];
+#endif
 
     for (long long n0 = 0; n0 < skv; n0 += MMA_BN) {
         __syncthreads();  // previous tile fully consumed (and Q / s_qmax staged)
@@ -506,12 +604,40 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
             continue;  // uniform: no key of the tile is visible to any row of the block
 #endif
         cpc_stage(Ks, kb, kv_row_stride, n0, MMA_BN, skv, kvvec);
-        cpc_stage_vt(Vt, vb, kv_row_stride, n0, skv, kvvec);
+        float tvmax = cpc_stage_vt(Vt, vb, kv_row_stride, n0, skv, kvvec);
+#if CPC_DTYPE_ID == 0
+        cpc_warp_vmax(tvmax, s_vmax);
+#else
+        (void)tvmax;
+#endif
         if ((int)threadIdx.x < MMA_BN) {
             long long n = n0 + threadIdx.x;
             kpos_s[threadIdx.x] = n < skv ? (has_pos ? kv_pos[n] : n) : -1;
         }
         __syncthreads();
+#if CPC_DTYPE_ID == 0
+        {
+            int nv = cpc_v_tile_exp(s_vmax, vex);  // uniform across the block
+            if (nv != vex) {
+                float r = ldexpf(1.0f, vex - nv);
+#pragma unroll
+                for (int j = 0; j < NT_O; j++) {
+                    oacc[j][0] *= r;
+                    oacc[j][1] *= r;
+                    oacc[j][2] *= r;
+                    oacc[j][3] *= r;
+                }
+                vex = nv;
+            }
+            if (vex > 0) {
+                for (int i = threadIdx.x; i < D * MMA_BN; i += blockDim.x) {
+                    CPC_DTYPE *e = Vt + (i / MMA_BN) * MMA_VLD + i % MMA_BN;
+                    *e = (CPC_DTYPE)ldexpf(cpc_load_f32(*e), -vex);
+                }
+                __syncthreads();
+            }
+        }
+#endif
 #if CPC_CAUSAL
         if (kmin > wmax)
             continue;  // uniform in the warp: every key is after every row of the warp
@@ -629,8 +755,8 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
         float *dst = o + ((long long)b * sq * hq + row0 * hq + h) * D + 2 * t;
 #pragma unroll
         for (int j = 0; j < NT_O; j++) {
-            dst[j * 8] = oacc[j][0] * inv0;
-            dst[j * 8 + 1] = oacc[j][1] * inv0;
+            dst[j * 8] = vex ? ldexpf(oacc[j][0] * inv0, vex) : oacc[j][0] * inv0;
+            dst[j * 8 + 1] = vex ? ldexpf(oacc[j][1] * inv0, vex) : oacc[j][1] * inv0;
         }
         if (t == 0)
             lse[((long long)b * hq + h) * sq + row0] = l_r0 == 0.0f ? -INFINITY : fmaf(m_r0, ln2, log2f(l_r0) * ln2);
@@ -639,8 +765,8 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
         float *dst = o + ((long long)b * sq * hq + row1 * hq + h) * D + 2 * t;
 #pragma unroll
         for (int j = 0; j < NT_O; j++) {
-            dst[j * 8] = oacc[j][2] * inv1;
-            dst[j * 8 + 1] = oacc[j][3] * inv1;
+            dst[j * 8] = vex ? ldexpf(oacc[j][2] * inv1, vex) : oacc[j][2] * inv1;
+            dst[j * 8 + 1] = vex ? ldexpf(oacc[j][3] * inv1, vex) : oacc[j][3] * inv1;
         }
         if (t == 0)
             lse[((long long)b * hq + h) * sq + row1] = l_r1 == 0.0f ? -INFINITY : fmaf(m_r1, ln2, log2f(l_r1) * ln2);

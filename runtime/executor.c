@@ -1770,9 +1770,24 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         case CPC_OP_RECV: st = op_recv(ex, op, &c); break;
         case CPC_OP_WAIT: st = op_wait(ex, op); break;
         case CPC_OP_SWAP: st = op_swap(ex, op); break;
-        case CPC_OP_ALL_TO_ALL: st = op_all_to_all(ex, op, &sent); break;
-        case CPC_OP_ALL_GATHER: st = op_all_gather(ex, op, &sent); break;
-        case CPC_OP_COPY: st = op_copy(ex, op); break;
+        case CPC_OP_ALL_TO_ALL:
+        case CPC_OP_ALL_GATHER:
+        case CPC_OP_COPY:
+            /* paired ops (the table's same_in_out): pair by pair, in order on
+             * every rank (the collectives' calls match up) */
+            for (int k = 0; k < op->n_in && k < op->n_out && !st; k++) {
+                cpc_op one = *op;
+                one.n_in = one.n_out = 1;
+                one.in[0] = op->in[k];
+                one.out[0] = op->out[k];
+                st = op->kind == CPC_OP_COPY         ? op_copy(ex, &one)
+                     : op->kind == CPC_OP_ALL_GATHER ? op_all_gather(ex, &one, &sent)
+                                                     : op_all_to_all(ex, &one, &sent);
+            }
+            if (!st && (op->n_in < 1 || op->n_in != op->n_out))
+                st = errf("needs as many outputs as inputs (1..%d), has %d and %d", CPC_OP_MAX_BUFS, op->n_in,
+                          op->n_out);
+            break;
         case CPC_OP_BARRIER: st = op_barrier(ex, op); break;
         case CPC_OP_DELTA: st = op_delta(ex, op); break;
         case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op, &c); break;
@@ -1822,7 +1837,7 @@ cpc_status *cpc_exec_run(cpc_exec *ex, cpc_exec_stats *stats)
     ex->cur.events = ex->cfg.record_events ? ex->ev : NULL;
     if (st) {
         if (ex->cfg.transport) {
-            char *msg = cpc_status_format("cprun", st);
+            char *msg = cpc_status_format(st, "cprun");
             cpc_transport_abort(ex->cfg.transport, msg ? msg : st->message);
             free(msg);
         }

@@ -2,6 +2,7 @@
  * backends and transports this build has: the registries below. */
 #include "rank.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,29 @@ static cpc_status *cuda_create(const cpc_rt_backend_params *p, cpc_backend **out
     return st;
 }
 
+static bool cuda_device_arch(int device, char *arch, size_t n)
+{
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+        major > 0) {
+        snprintf(arch, n, "sm_%d%d", major, minor);
+        return true;
+    }
+    (void)cudaGetLastError();
+    return false;
+}
+
+static void cuda_attention_report(cpc_backend *be, cpc_rt_attention_report *out)
+{
+    cpc_cuda_attn_info in;
+    cpc_cuda_backend_attention_info(be, &in, false);
+    out->cudnn_blocks = (double)in.cudnn_blocks;
+    out->nvrtc_blocks = (double)in.nvrtc_blocks;
+    out->fallback_blocks = (double)in.fallback_blocks;
+    snprintf(out->reason, sizeof out->reason, "%s", in.fallback_reason);
+}
+
 static cpc_status *cuda_wait_stream(void *stream)
 {
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
@@ -80,9 +104,10 @@ static cpc_status *cuda_wait_stream(void *stream)
 #endif
 
 static const cpc_rt_backend_entry backends[] = {
-    {CPC_RT_BACKEND_CPU, "cpu", false, cpu_available, cpu_create, NULL},
+    {CPC_RT_BACKEND_CPU, "cpu", false, cpu_available, cpu_create, NULL, NULL, NULL},
 #ifdef CPC_HAVE_CUDA
-    {CPC_RT_BACKEND_CUDA, "cuda", true, cuda_available, cuda_create, cuda_wait_stream},
+    {CPC_RT_BACKEND_CUDA, "cuda", true, cuda_available, cuda_create, cuda_wait_stream, cuda_device_arch,
+     cuda_attention_report},
 #endif
 };
 enum { N_BACKENDS = sizeof backends / sizeof *backends };
@@ -141,14 +166,15 @@ static cpc_status *nccl_create(const cpc_rt_transport_params *p, cpc_transport *
 #endif
 
 static const cpc_rt_transport_entry transports[] = {
-    {CPC_RT_TRANSPORT_LOCAL, "local", false, always, local_create, NULL, NULL, NULL, NULL},
+    {CPC_RT_TRANSPORT_LOCAL, "local", false, always, local_create, NULL, NULL, NULL, NULL, NULL, NULL},
 #ifdef CPC_HAVE_MPI
     {CPC_RT_TRANSPORT_MPI, "mpi", false, mpi_available, mpi_create, cpc_transport_mpi_set_timeout,
-     cpc_mpi_comm_rank_size, NULL, cpc_mpi_local_rank},
+     cpc_mpi_comm_rank_size, NULL, cpc_mpi_local_rank, cpc_mpi_abort, NULL},
 #endif
 #if defined(CPC_HAVE_NCCL) && defined(CPC_HAVE_MPI)
     {CPC_RT_TRANSPORT_NCCL, "nccl", true, mpi_available, nccl_create, cpc_transport_mpi_set_timeout,
-     cpc_mpi_comm_rank_size, cpc_transport_nccl_device, cpc_mpi_local_rank},
+     cpc_mpi_comm_rank_size, cpc_transport_nccl_device, cpc_mpi_local_rank, cpc_mpi_abort,
+     cpc_mpi_finalize},
 #endif
 };
 enum { N_TRANSPORTS = sizeof transports / sizeof *transports };
@@ -252,7 +278,7 @@ cpc_status *cpc_rt_rank_create(const cpc_rt_rank_config *cfg, cpc_rt_rank **out)
     return NULL;
 fail:
     if (cfg->abort_prefix && r->t) {
-        char *msg = cpc_status_format(cfg->abort_prefix, st);
+        char *msg = cpc_status_format(st, cfg->abort_prefix);
         cpc_transport_abort(r->t, msg ? msg : st->message); /* MPI: does not return */
         free(msg);
     }

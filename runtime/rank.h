@@ -62,6 +62,13 @@ typedef struct cpc_rt_backend_params {
                                        "cudnn" or "nvrtc" (backend_cuda.h) */
 } cpc_rt_backend_params;
 
+/* What served a backend's attention blocks since it was made (the report's
+ * "attention" field): zeros and "" for a backend with one path. */
+typedef struct cpc_rt_attention_report {
+    double cudnn_blocks, nvrtc_blocks, fallback_blocks;
+    char reason[256];               /* the first fallback reason, "" when none */
+} cpc_rt_attention_report;
+
 typedef struct cpc_rt_backend_entry {
     cpc_rt_backend_kind kind;
     const char *name;               /* "cpu", "cuda" */
@@ -76,6 +83,12 @@ typedef struct cpc_rt_backend_entry {
      * done, so that a run reads what the caller's kernels wrote.  NULL for
      * host backends. */
     cpc_status *(*wait_stream)(void *stream);
+    /* Device backends: the kernels' compile target of device `device`
+     * ("sm_90"), written to arch[0..n); false (arch unchanged) when it cannot
+     * be read.  NULL for host backends. */
+    bool (*device_arch)(int device, char *arch, size_t n);
+    /* Fills *out for a backend made by create (NULL: nothing to report). */
+    void (*attention_report)(cpc_backend *be, cpc_rt_attention_report *out);
 } cpc_rt_backend_entry;
 
 /* The entry of `kind`, or NULL when this build lacks it (or kind is out of
@@ -137,6 +150,14 @@ typedef struct cpc_rt_transport_entry {
      * may be collective: every process calls it), -1 when unknown; NULL for
      * in-process transports. */
     int (*local_rank)(void);
+    /* Ends the whole job at once with `exit_code` after printing `why`
+     * (MPI_Abort); does not return.  NULL for in-process transports (their
+     * worlds are aborted through an endpoint). */
+    void (*abort_job)(int exit_code, const char *why);
+    /* Releases what creating an endpoint left initialised for the process
+     * (NCCL's MPI bootstrap: MPI_Finalize when cpc initialised MPI); NULL:
+     * nothing. */
+    void (*finalize)(void);
 } cpc_rt_transport_entry;
 
 const cpc_rt_transport_entry *cpc_rt_transport_get(cpc_rt_transport_kind kind);
@@ -173,7 +194,7 @@ typedef struct cpc_rt_rank_config {
                                        after creation, cleared at destroy), or NULL */
     const char *abort_prefix;       /* non-NULL: a failed creation aborts the
                                        endpoint before destroying it, with
-                                       cpc_status_format(abort_prefix, error) (so
+                                       cpc_status_format(error, abort_prefix) (so
                                        that the peers fail: cprun); NULL: it is
                                        only destroyed (the library: a failed
                                        create is an error value, peers fail at

@@ -32,6 +32,9 @@ phase "ctest (release)"
 phase "python package (fresh venv, pip install ./python, pytest)"
 BUILD_DIR=build ./scripts/test_python.sh || status=1
 
+phase "torch-2 tier (real diffusers models through cpc.diffusers.parallelize)"
+BUILD_DIR=build ./scripts/test_torch.sh || status=1
+
 if [ "${CPC_SKIP_ASAN:-0}" != 1 ]; then
   phase "build (ASan+UBSan)"
   BUILD_DIR=build-asan BUILD_TYPE=Debug ./scripts/build.sh -DCPC_SANITIZE=ON

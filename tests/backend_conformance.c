@@ -56,6 +56,11 @@ static const cpc_bc_case CASES[] = {
     {.name = "emu_bf16_d256_causal_zigzag", .dtypes = BF16, .B = 1, .H = 1, .Hkv = 1, .D = 256, .causal = true,
      .pos = CPC_BC_POS_ZIGZAG, .sq = 80, .skv = 100},
     {.name = "emu_fp32_d64", .dtypes = F32, .B = 2, .S = 37, .Skv = 53, .H = 3, .Hkv = 3, .D = 64, .slack = 5},
+    /* ---- finite v near FLT_MAX (issue 23): P V accumulated scaled, the output is the
+     * finite weighted mean (it used to be Inf): one block, and merged blocks with GQA ---- */
+    {.name = "big_v", .dtypes = F32 | BF16, .B = 1, .S = 64, .Skv = 300, .H = 2, .Hkv = 2, .D = 64, .vamp = 5e37},
+    {.name = "big_v_merged_gqa_d32", .dtypes = F32 | BF16, .B = 1, .S = 40, .Skv = 200, .H = 4, .Hkv = 2, .D = 32,
+     .vamp = 5e37, .nblk = 3},
     {.name = "emu_fp32_d128_causal_zigzag_gqa_mask", .dtypes = F32, .B = 2, .H = 6, .Hkv = 2, .D = 128, .causal = true,
      .qh0 = 3, .nqh = 3, .pos = CPC_BC_POS_ZIGZAG, .sq = 30, .skv = 44, .pad = 2},
     {.name = "emu_bf16_d40", .dtypes = BF16, .B = 1, .S = 33, .Skv = 70, .H = 2, .Hkv = 2, .D = 40},
@@ -430,7 +435,7 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
     /* global tensors */
     void *q = test_rand_tensor(dt, (size_t)B * Sg * H * D, seed, 1, tc->amp > 0 ? tc->amp : 1.0);
     void *k = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 2, 1.0);
-    void *v = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 3, 1.0);
+    void *v = test_rand_tensor(dt, (size_t)B * Skvg * Hkv * D, seed, 3, tc->vamp > 0 ? tc->vamp : 1.0);
     int64_t nan_i = -1;
     if (tc->nan_q) {
         nan_i = (sq > 3 ? 3 : 0) / step * step;

@@ -153,6 +153,8 @@ typedef struct cpc_bc_case {
     int extra;            /* poison rows per batch in the local q/k/v */
     int slack;            /* poison elements per batch on top (unaligned strides) */
     double amp;           /* q amplitude (0 -> 1); scores ~ amp * N(0, 1) */
+    double vamp;          /* v amplitude (0 -> 1); 5e37: finite bf16/fp32 values
+                             whose P V overflows fp32 unless scaled (issue 23) */
     int nblk;             /* > 1: keys split into blocks, merged */
     int row_step;         /* compare every row_step-th query row (0 -> 1) */
     bool nan_q;           /* a NaN planted in q of one row (batch 0, head qh0) */

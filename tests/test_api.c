@@ -16,9 +16,11 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cpc/cpc.h"
+#include "cpc/tool.h"
 
 /* ---- allocation counter ---------------------------------------------------------- */
 extern void *__libc_malloc(size_t);
@@ -82,14 +84,14 @@ static double nrand(void)
 static cpc_artifact *compile_ok(const char *yaml, const char *const *sets, int n_sets)
 {
     cpc_compile_options o;
-    cpc_compile_options_init(&o);
+    cpc_compile_options_init(&o, sizeof o);
     o.sets = sets;
     o.n_sets = n_sets;
     cpc_artifact *a = NULL;
     cpc_status *diags = NULL;
     cpc_status *st = cpc_compile_plan_string(yaml, 0, "api.yaml", &o, &a, &diags);
     if (st)
-        cpc_status_print(stderr, "test_api", st);
+        cpc_status_print(st, stderr, "test_api");
     cr_assert_null(st, "compile failed: %s", cpc_status_message(st));
     cr_assert_not_null(a);
     cpc_status_free(diags);
@@ -205,7 +207,7 @@ static void *rank_thread(void *arg)
     rank_job *j = arg;
     const problem *pb = j->pb;
     cpc_rank *r = NULL;
-    cpc_status *st = cpc_rank_create_local(j->a, j->w, j->rank, NULL, &r);
+    cpc_status *st = cpc_rank_new_local(j->a, j->w, j->rank, NULL, &r);
     if (st) {
         snprintf(j->err, sizeof j->err, "create: %s", cpc_status_message(st));
         cpc_status_free(st);
@@ -272,7 +274,7 @@ static void *rank_thread(void *arg)
         j->max_rel = sqrt(num / den);
     }
 done:
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     free(q), free(k), free(v), free(out), free(qf), free(of);
     return NULL;
 }
@@ -338,7 +340,7 @@ Test(api, every_variant_matches_float64_on_4_thread_ranks)
                 continue; /* CP022 family: not a causal variant */
             int text = any ? 13 : 16, image = any ? 38 : 48, H = any ? 6 : 8;
             cpc_compile_options o;
-            cpc_compile_options_init(&o);
+            cpc_compile_options_init(&o, sizeof o);
             char yaml[1024];
             snprintf(yaml, sizeof yaml, PLAN_FMT, H, H, 16, 2, text, image,
                      causal ? "causal" : "none", 4, variants[i]);
@@ -403,7 +405,7 @@ Test(api, bad_arguments_are_refused_before_anything_is_written)
     cpc_local_world *w = NULL;
     cr_assert_null(cpc_local_world_new(a, &w));
     cpc_rank *r = NULL;
-    cr_assert_null(cpc_rank_create_local(a, w, 0, NULL, &r));
+    cr_assert_null(cpc_rank_new_local(a, w, 0, NULL, &r));
     problem pb;
     make_problem(&pb, 1, 16, 4, 4, 16, false);
     float *out = malloc(16 * 4 * 16 * 4);
@@ -446,7 +448,7 @@ Test(api, bad_arguments_are_refused_before_anything_is_written)
         cr_expect(isfinite(lse[i]) && lse[i] > -50 && lse[i] < 50);
     free(out);
     free_problem(&pb);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     cpc_local_world_free(w);
     cpc_artifact_free(a);
 }
@@ -498,7 +500,7 @@ Test(api, compile_diagnostics_are_values_with_positions)
     int fd = mkstemps(path, 6);
     cr_assert_geq(fd, 0);
     close(fd);
-    cr_assert_null(cpc_artifact_write(path, a));
+    cr_assert_null(cpc_artifact_write(a, path));
     cpc_artifact *b = NULL;
     cr_assert_null(cpc_artifact_load(path, &b));
     cr_expect_str_eq(cpc_artifact_variant(b), "ulysses_anything");
@@ -553,7 +555,7 @@ static void *axes_thread(void *arg)
     cpc_rank *r = NULL;
     cpc_status *st = cpc_artifact_rank_slice(j->a, j->rank, &sl);
     if (!st)
-        st = cpc_rank_create_local(j->a, j->w, j->rank, NULL, &r);
+        st = cpc_rank_new_local(j->a, j->w, j->rank, NULL, &r);
     if (st) {
         snprintf(j->err, sizeof j->err, "create: %s", cpc_status_message(st));
         cpc_status_free(st);
@@ -587,7 +589,7 @@ static void *axes_thread(void *arg)
                     }
         }
     }
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     free(q), free(k), free(v), free(out);
     return NULL;
 }
@@ -756,7 +758,7 @@ static void *train_thread(void *arg)
     train_job *j = arg;
     const train_problem *pb = j->pb;
     cpc_rank *r = NULL;
-    cpc_status *st = cpc_rank_create_local(j->a, j->w, j->rank, NULL, &r);
+    cpc_status *st = cpc_rank_new_local(j->a, j->w, j->rank, NULL, &r);
     if (st) {
         snprintf(j->err, sizeof j->err, "create: %s", cpc_status_message(st));
         cpc_status_free(st);
@@ -828,7 +830,7 @@ static void *train_thread(void *arg)
         }
     }
 done:
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dqf), free(dk), free(dv), free(saved);
     return NULL;
 }
@@ -942,7 +944,7 @@ Test(api, backward_refusals_leave_outputs_untouched)
     cpc_local_world *w = NULL;
     cr_assert_null(cpc_local_world_new(inf, &w));
     cpc_rank *r = NULL;
-    cr_assert_null(cpc_rank_create_local(inf, w, 0, NULL, &r));
+    cr_assert_null(cpc_rank_new_local(inf, w, 0, NULL, &r));
     float buf[4 * 16 * 16];
     cpc_tensor t = tensor4(buf, 1, 16, 4, 16);
     cpc_tensor tl = {.data = buf, .dtype = CPC_DTYPE_FP32, .ndim = 3, .shape = {1, 4, 16}};
@@ -950,7 +952,7 @@ Test(api, backward_refusals_leave_outputs_untouched)
     cr_assert_eq(cpc_status_code(st), CPC_E_UNSUPPORTED);
     cr_expect(strstr(cpc_status_message(st), "input.mode: training"), "%s", cpc_status_message(st));
     cpc_status_free(st);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     cpc_local_world_free(w);
     cpc_artifact_free(inf);
 
@@ -959,7 +961,7 @@ Test(api, backward_refusals_leave_outputs_untouched)
     train_problem pb;
     make_train_problem(&pb, CPC_DTYPE_FP32, 1, 32, 4, 2, 16, "none");
     cr_assert_null(cpc_local_world_new(a, &w));
-    cr_assert_null(cpc_rank_create_local(a, w, 0, NULL, &r));
+    cr_assert_null(cpc_rank_new_local(a, w, 0, NULL, &r));
     size_t nq = 32 * 4 * 16, nk = 32 * 2 * 16;
     float *out = malloc(nq * 4), *lse = malloc(4 * 32 * 4);
     float *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
@@ -1030,7 +1032,7 @@ Test(api, backward_refusals_leave_outputs_untouched)
     free(saved), free(dq2);
     free(out), free(lse), free(dq), free(dk), free(dv);
     free_train_problem(&pb);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     cpc_local_world_free(w);
     cpc_artifact_free(a);
 }
@@ -1051,7 +1053,7 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     cr_assert_not_null(s);
     cr_expect_str_eq(s, "cpc: ok");
     free(s);
-    cpc_status_print(stderr, NULL, NULL);
+    cpc_status_print(NULL, stderr, NULL);
     cr_expect_eq(cpc_status_exit_code(NULL), 0);
     cr_expect_str_eq(cpc_code_name((cpc_code)77), "?");
     /* compiler.h: a NULL artifact */
@@ -1077,7 +1079,7 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     expect_usage(cpc_artifact_rank_slice(NULL, 0, &sl), "rank_slice");
     expect_usage(cpc_artifact_shard_shape(NULL, 0, CPC_TENSOR_Q, &nd, shape), "shard_shape");
     expect_usage(cpc_artifact_shard_runs(NULL, 0, runs, 4, &nr), "shard_runs");
-    expect_usage(cpc_artifact_write("/tmp/never.cplan", NULL), "artifact_write");
+    expect_usage(cpc_artifact_write(NULL, "/tmp/never.cplan"), "artifact_write");
     expect_usage(cpc_artifact_load(NULL, NULL), "artifact_load");
     cpc_artifact_free(NULL);
     /* rank.h: NULL ranks and worlds */
@@ -1090,16 +1092,16 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
                  "backward");
     expect_usage(cpc_rank_saved_lse(NULL, NULL, 0), "saved_lse");
     expect_usage(cpc_rank_abort(NULL, "x"), "abort");
-    cpc_rank_destroy(NULL);
+    cpc_rank_free(NULL);
     cpc_local_world_free(NULL);
-    cpc_rank_options_init(NULL);
+    cpc_rank_options_init(NULL, sizeof(cpc_rank_options));
     cpc_local_world *w = NULL;
     cpc_rank *r = NULL;
     expect_usage(cpc_local_world_new(NULL, &w), "world_new");
-    expect_usage(cpc_rank_create_local(NULL, NULL, 0, NULL, &r), "create_local");
+    expect_usage(cpc_rank_new_local(NULL, NULL, 0, NULL, &r), "create_local");
     cr_expect_null(r);
-    expect_usage(cpc_rank_create_mpi(NULL, NULL, NULL, &r), "create_mpi");
-    expect_usage(cpc_rank_create_nccl(NULL, NULL, NULL, NULL, &r), "create_nccl");
+    expect_usage(cpc_rank_new_mpi(NULL, NULL, NULL, &r), "create_mpi");
+    expect_usage(cpc_rank_new_nccl(NULL, NULL, NULL, NULL, &r), "create_nccl");
     /* out-of-range enums and options on a real artifact */
     cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
     expect_usage(cpc_artifact_shard_shape(a, 0, (cpc_tensor_role)77, &nd, shape), "role 77");
@@ -1109,20 +1111,29 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     expect_usage(cpc_artifact_rank_slice(a, 0, NULL), "slice out NULL");
     cr_assert_null(cpc_local_world_new(a, &w));
     cpc_rank_options o;
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.backend = (cpc_backend_kind)77;
-    cpc_status *st = cpc_rank_create_local(a, w, 0, &o, &r);
+    cpc_status *st = cpc_rank_new_local(a, w, 0, &o, &r);
     cr_expect_eq(cpc_status_code(st), CPC_E_USAGE);
     cr_expect(st && strstr(cpc_status_message(st), "77"), "%s", cpc_status_message(st));
     cpc_status_free(st);
     cr_expect_null(r);
-    cpc_rank_options_init(&o);
+    /* the CUDA backend on an artifact without kernels (or a libcpc without CUDA) */
+    cpc_rank_options_init(&o, sizeof o);
+    o.backend = CPC_BACKEND_CUDA;
+    st = cpc_rank_new_local(a, w, 0, &o, &r);
+    cr_expect_eq(cpc_status_code(st), CPC_E_UNSUPPORTED, "%s", cpc_status_message(st));
+    cr_expect(st && (strstr(cpc_status_message(st), "kernels") || strstr(cpc_status_message(st), "CUDA")),
+              "%s", cpc_status_message(st));
+    cpc_status_free(st);
+    cr_expect_null(r);
+    cpc_rank_options_init(&o, sizeof o);
     o.device = -7;
-    expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "device -7");
-    cpc_rank_options_init(&o);
+    expect_usage(cpc_rank_new_local(a, w, 0, &o, &r), "device -7");
+    cpc_rank_options_init(&o, sizeof o);
     o.timeout_s = NAN;
-    expect_usage(cpc_rank_create_local(a, w, 0, &o, &r), "timeout NaN");
-    expect_usage(cpc_rank_create_local(a, w, 0, NULL, NULL), "out NULL");
+    expect_usage(cpc_rank_new_local(a, w, 0, &o, &r), "timeout NaN");
+    expect_usage(cpc_rank_new_local(a, w, 0, NULL, NULL), "out NULL");
     /* session.h: a NULL job and report */
     cr_expect_null(cpc_job_variant(NULL));
     cr_expect_eq(cpc_job_ring_degree(NULL), 0);
@@ -1135,17 +1146,92 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     expect_usage(cpc_job_execute(NULL, NULL, &rep, NULL), "execute");
     expect_usage(cpc_job_check_outputs(NULL, NULL), "check_outputs");
     cpc_job_options jo;
-    cpc_job_options_init(&jo);
+    cpc_job_options_init(&jo, sizeof jo);
     jo.backend = (cpc_backend_kind)77;
     expect_usage(cpc_job_check_outputs(&jo, NULL), "job backend 77");
     expect_usage(cpc_calibrate_profile(true, 2, (cpc_transport_kind)77, NULL, NULL, NULL), "calibrate 77");
     cr_expect(!cpc_run_report_ok(NULL));
     cr_expect_null(cpc_run_report_failure(NULL));
-    cpc_report_print_text(stderr, NULL);
-    expect_usage(cpc_report_print_json(stderr, NULL), "print_json");
-    cpc_run_report_destroy(NULL);
-    cpc_job_close(NULL);
+    cpc_run_report_print_text(NULL, stderr);
+    expect_usage(cpc_run_report_print_json(NULL, stderr), "print_json");
+    cpc_run_report_free(NULL);
+    cpc_job_free(NULL);
     cpc_local_world_free(w);
+    cpc_artifact_free(a);
+}
+
+/* compiler.h THE SIZE MEMBER: every input options struct begins with its size,
+ * set by its init function; libcpc refuses 0 or a size below the struct's
+ * first version, reads a smaller (older) struct with defaults past it, and a
+ * larger (newer) one only when its unknown tail is zero. */
+Test(api, options_structs_begin_with_their_size)
+{
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
+    cr_assert_eq(cpc_artifact_world_size(a), 1);
+    cpc_local_world *w = NULL;
+    cr_assert_null(cpc_local_world_new(a, &w));
+    cpc_rank *r = NULL;
+    cpc_rank_options o;
+    /* init writes only `size` bytes (an older caller's struct) and sets size */
+    memset(&o, 0xab, sizeof o);
+    cpc_rank_options_init(&o, CPC_RANK_OPTIONS_SIZE_V1);
+    cr_expect_eq(o.size, CPC_RANK_OPTIONS_SIZE_V1);
+    cr_expect_eq(o.device, -1);
+    const unsigned char *tail = (const unsigned char *)&o + CPC_RANK_OPTIONS_SIZE_V1;
+    for (size_t i = 0; i < sizeof o - CPC_RANK_OPTIONS_SIZE_V1; i++)
+        cr_expect_eq(tail[i], 0xab, "init wrote byte %zu past the caller's size", i);
+    /* ... and the library reads no more: cuda_stream (past V1) is garbage
+     * here, and would be refused on a CPU rank if it were read */
+    o.backend = CPC_BACKEND_CPU;
+    cr_expect_null(cpc_rank_new_local(a, w, 0, &o, &r), "an older, smaller struct is accepted");
+    cr_expect_not_null(r);
+    cpc_rank_free(r);
+    r = NULL;
+    cpc_rank_options_init(&o, sizeof o);
+    o.backend = CPC_BACKEND_CPU;
+    o.cuda_stream = (void *)0x1;
+    expect_usage(cpc_rank_new_local(a, w, 0, &o, &r), "cuda_stream on a CPU rank");
+    /* never initialised, too small */
+    cpc_rank_options_init(&o, sizeof o);
+    for (size_t bad = 0; bad < CPC_RANK_OPTIONS_SIZE_V1; bad += 4) {
+        o.size = bad;
+        cpc_status *st = cpc_rank_new_local(a, w, 0, &o, &r);
+        cr_expect_eq(cpc_status_code(st), CPC_E_USAGE, "size %zu", bad);
+        cr_expect(st && strstr(cpc_status_message(st), "cpc_rank_options.size"), "%s",
+                  cpc_status_message(st));
+        cpc_status_free(st);
+        cr_expect_null(r);
+    }
+    /* a newer caller's larger struct: its unknown tail must be zero */
+    struct { cpc_rank_options o; unsigned char more[24]; } big;
+    memset(&big, 0, sizeof big);
+    cpc_rank_options_init(&big.o, sizeof big);
+    cr_expect_eq(big.o.size, sizeof big);
+    cr_expect_null(cpc_rank_new_local(a, w, 0, &big.o, &r), "a zero tail is accepted");
+    cpc_rank_free(r);
+    r = NULL;
+    big.more[5] = 1;
+    expect_usage(cpc_rank_new_local(a, w, 0, &big.o, &r), "a set tail");
+    cpc_local_world_free(w);
+    /* the other input structs */
+    cpc_compile_options co;
+    cpc_compile_options_init(&co, sizeof co);
+    cr_expect_eq(co.size, sizeof co);
+    co.size = 0;
+    cpc_artifact *b = NULL;
+    expect_usage(cpc_compile_plan_string("version: 1\n", 0, NULL, &co, &b, NULL), "compile size 0");
+    cr_expect_null(b);
+    cpc_compilation *c = NULL;
+    expect_usage(cpc_compilation_new("/nonexistent.yaml", &co, CPC_STAGE_VALIDATE, &c), "compilation size 0");
+    cpc_job_options jo;
+    cpc_job_options_init(&jo, sizeof jo);
+    cr_expect_eq(jo.size, sizeof jo);
+    cr_expect_eq(jo.iters, 5);
+    jo.size = sizeof jo - 1;
+    expect_usage(cpc_job_check_outputs(&jo, NULL), "job options one byte short");
+    cpc_p2p_callbacks cb = {0};
+    expect_usage(cpc_rank_new_callbacks(a, 0, &cb, NULL, &r), "callbacks size 0");
+    cr_expect_null(r);
     cpc_artifact_free(a);
 }
 
@@ -1155,7 +1241,7 @@ Test(api, overflowing_strides_and_sizes_are_refused)
     cpc_local_world *w = NULL;
     cr_assert_null(cpc_local_world_new(a, &w));
     cpc_rank *r = NULL;
-    cr_assert_null(cpc_rank_create_local(a, w, 0, NULL, &r));
+    cr_assert_null(cpc_rank_new_local(a, w, 0, NULL, &r));
     problem pb;
     make_problem(&pb, 1, 16, 4, 4, 16, false);
     float *out = malloc(16 * 4 * 16 * 4);
@@ -1200,7 +1286,7 @@ Test(api, overflowing_strides_and_sizes_are_refused)
     cr_expect_lt(sqrt(num / den), 1e-5);
     free(out);
     free_problem(&pb);
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     cpc_local_world_free(w);
     cpc_artifact_free(a);
 }
@@ -1215,7 +1301,7 @@ Test(api, a_rank_from_another_artifact_is_refused_by_the_world)
     cpc_local_world *w = NULL;
     cr_assert_null(cpc_local_world_new(a, &w));
     cpc_rank *r = NULL;
-    cpc_status *st = cpc_rank_create_local(b, w, 1, NULL, &r);
+    cpc_status *st = cpc_rank_new_local(b, w, 1, NULL, &r);
     cr_expect_eq(cpc_status_code(st), CPC_E_USAGE);
     const char *m = cpc_status_message(st);
     cr_expect(m && strstr(m, "ring") && strstr(m, "ulysses"), "%s", m);
@@ -1224,10 +1310,10 @@ Test(api, a_rank_from_another_artifact_is_refused_by_the_world)
     /* the world's own artifact, and an identical copy of it (same plan), are accepted */
     cpc_artifact *a2 = plan_for(4, 4, 16, 1, 8, 8, "none", 2, "ring", NULL, 0);
     cpc_rank *r0 = NULL, *r1 = NULL;
-    cr_expect_null(cpc_rank_create_local(a, w, 0, NULL, &r0));
-    cr_expect_null(cpc_rank_create_local(a2, w, 1, NULL, &r1));
-    cpc_rank_destroy(r0);
-    cpc_rank_destroy(r1);
+    cr_expect_null(cpc_rank_new_local(a, w, 0, NULL, &r0));
+    cr_expect_null(cpc_rank_new_local(a2, w, 1, NULL, &r1));
+    cpc_rank_free(r0);
+    cpc_rank_free(r1);
     cpc_local_world_free(w);
     cpc_artifact_free(a);
     cpc_artifact_free(a2);
@@ -1248,4 +1334,70 @@ Test(api, null_compilations_and_files_are_usage_errors)
     expect_usage(cpc_atomic_file_commit(NULL), "atomic commit");
     cpc_atomic_file_discard(NULL);
     expect_usage(cpc_write_file_atomic(NULL, "x", 1), "write_file_atomic");
+}
+
+/* The stall limit and cpc_rank_abort on a local world (issue 22): a peer that never
+ * calls ends this rank's forward with an error at the limit; aborting the peer ends it
+ * at once, naming the reason. */
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+typedef struct lone_fwd {
+    cpc_rank *r;
+    float *buf;
+    int64_t T;
+    cpc_status *st;
+    double seconds;
+} lone_fwd;
+
+static void *lone_forward(void *arg)
+{
+    lone_fwd *f = arg;
+    cpc_tensor t = tensor4(f->buf, 1, f->T, 4, 16);
+    double t0 = now_ms();
+    f->st = cpc_rank_forward(f->r, &t, &t, &t, NULL, &t, NULL);
+    f->seconds = (now_ms() - t0) / 1000.0;
+    return NULL;
+}
+
+Test(api, the_stall_limit_and_abort_end_a_waiting_rank)
+{
+    cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 24, "none", 2, "ring", NULL, 0);
+    int nd = 0;
+    int64_t shape[4];
+    cr_assert_null(cpc_artifact_shard_shape(a, 0, CPC_TENSOR_Q, &nd, shape));
+    float *buf = calloc((size_t)(shape[1] * 4 * 16), sizeof *buf);
+    for (int mode = 0; mode < 2; mode++) {
+        cpc_local_world *w = NULL;
+        cr_assert_null(cpc_local_world_new(a, &w));
+        cpc_rank_options o;
+        cpc_rank_options_init(&o, sizeof o);
+        o.timeout_s = mode == 0 ? 0.5 : 600;
+        cpc_rank *r0 = NULL, *r1 = NULL;
+        cr_assert_null(cpc_rank_new_local(a, w, 0, &o, &r0));
+        cr_assert_null(cpc_rank_new_local(a, w, 1, &o, &r1));
+        lone_fwd f = {.r = r0, .buf = buf, .T = shape[1]};
+        pthread_t th;
+        pthread_create(&th, NULL, lone_forward, &f);
+        if (mode == 1) {
+            usleep(200 * 1000);
+            cr_assert_null(cpc_rank_abort(r1, "the caller's own error on rank 1"));
+        }
+        pthread_join(th, NULL);
+        cr_expect_eq(cpc_status_code(f.st), CPC_E_RUNTIME, "mode %d: %s", mode, cpc_status_message(f.st));
+        if (mode == 1)
+            cr_expect(f.st && strstr(cpc_status_message(f.st), "the caller's own error on rank 1"), "%s",
+                      cpc_status_message(f.st));
+        cr_expect_lt(f.seconds, 20.0, "mode %d: the waiting rank took %.1f s", mode, f.seconds);
+        cpc_status_free(f.st);
+        cpc_rank_free(r0);
+        cpc_rank_free(r1);
+        cpc_local_world_free(w);
+    }
+    free(buf);
+    cpc_artifact_free(a);
 }

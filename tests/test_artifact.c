@@ -45,7 +45,7 @@ static cpc_plan *load(const char *yaml)
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "plans/t.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st)) {
-        char *m = cpc_status_format("t", st);
+        char *m = cpc_status_format(st, "t");
         cr_assert_fail("plan load failed: %s", m ? m : "?");
     }
     cpc_status_free(st);
@@ -67,7 +67,7 @@ static char *print_text(const cpc_program *prog, int rank)
 
 static void fail_status(const char *what, cpc_status *st)
 {
-    char *m = cpc_status_format("t", st);
+    char *m = cpc_status_format(st, "t");
     for (cpc_status *n = st ? st->notes : NULL; n; n = n->next)
         fprintf(stderr, "note: %s\n", n->message);
     cr_assert_fail("%s: %s", what, m ? m : "?");
@@ -145,7 +145,7 @@ static void round_trip(const char *yaml, cpc_variant v, int R, int U)
     cpc_artifact *a = make(yaml, v, R, U);
     char path[128];
     snprintf(path, sizeof path, "%s/x.cplan", tmpdir);
-    cpc_status *st = cpc_artifact_write(path, a);
+    cpc_status *st = cpc_artifact_write(a, path);
     if (st)
         fail_status("write", st);
     cr_assert_eq(strncmp(a->content_hash, "sha256:", 7), 0);
@@ -651,7 +651,7 @@ Test(artifact, io_errors)
     cpc_artifact *a = make(y, CPC_VARIANT_RING, 2, 1);
     free(y);
     snprintf(path, sizeof path, "%s/no/such/dir/x.cplan", tmpdir);
-    st = cpc_artifact_write(path, a);
+    st = cpc_artifact_write(a, path);
     cr_assert_not_null(st);
     cr_assert_eq(st->code, CPC_E_IO);
     cpc_status_free(st);

@@ -299,7 +299,7 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
             .kv_mask = pmask, .mask_len = pmask ? Skv : 0};
         st = cpc_backend_attn_bwd(be, &a);
         if (st)
-            cpc_status_print(stderr, "test", st);
+            cpc_status_print(st, stderr, "test");
         cr_assert_null(st, "attn_bwd failed (seed %llu)", (unsigned long long)seed);
         free(kl);
         free(vl);

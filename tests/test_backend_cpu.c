@@ -55,7 +55,7 @@ static void conformance(unsigned checks, const char *only, unsigned dtypes)
     cpc_bc_report rep;
     cpc_status *st = cpc_backend_conformance(&CPU, &o, &rep);
     if (st)
-        cpc_status_print(stderr, "test_backend_cpu", st);
+        cpc_status_print(st, stderr, "test_backend_cpu");
     cr_assert_null(st, "%d conformance failures (seed %llu; CPC_TEST_SEED=%llu replays)",
                    cpc_status_count(st, CPC_SEV_ERROR), (unsigned long long)rep.seed,
                    (unsigned long long)rep.seed);

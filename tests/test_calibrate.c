@@ -24,7 +24,7 @@ static cpc_calibration quick_calibration(void)
     cpc_calibration c;
     cpc_status *st = cpc_calibrate(&o, &c, NULL);
     if (st)
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert_null(st);
     return c;
 }
@@ -122,7 +122,7 @@ static double predicted_ms(const char *plan_path, cpc_device_profile *dev)
     cpc_compiled c;
     bool ok = cpc_compile_file(plan_path, &o, &c);
     if (!ok)
-        cpc_status_print(stderr, "test", c.diags);
+        cpc_status_print(c.diags, stderr, "test");
     cr_assert(ok && c.priced, "%s does not compile", plan_path);
     *dev = c.device;
     double ms = c.pred.ms_per_layer;

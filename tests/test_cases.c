@@ -72,7 +72,7 @@ static char *describe(const cpc_status *st)
     FILE *f = open_memstream(&out, &n);
     if (!f)
         return NULL;
-    cpc_status_print(f, "cpc", st);
+    cpc_status_print(st, f, "cpc");
     fclose(f);
     return out;
 }
@@ -245,7 +245,7 @@ Test(plans, spec_example_diagnostic)
     cpc_selection sel;
     cpc_status *st = load_and_validate("plans/flux1-dev-1008.yaml", sets, 1, &sel, NULL);
     cr_assert_not_null(st);
-    char *line = cpc_status_format("cpc", st);
+    char *line = cpc_status_format(st, "cpc");
     cr_expect_str_eq(line, "plans/flux1-dev-1008.yaml:9:7: error[CP011]: ulysses: segment 'image' has 3969 tokens, "
                            "not divisible by ulysses_degree 4 (3969 = 4*992 + 1); hint: variant ulysses_anything "
                            "or ring_anything runs this plan");

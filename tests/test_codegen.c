@@ -82,7 +82,7 @@ static void check_spec(const cpc_kernel_spec *spec, const char *what)
         cr_assert(strstr(k[i].source, "#define CPC_HEAD_DIM"), "specialisation prepended");
         st = cpc_codegen_report(&k[i]);
         if (st)
-            cpc_status_print(stderr, "test_codegen", st);
+            cpc_status_print(st, stderr, "test_codegen");
         cr_assert_null(st, "%s: module %s compiles", what, k[i].name);
         cr_expect(!k[i].log || !strstr(k[i].log, "warning"), "%s: %s: NVRTC warning:\n%s", what,
                   k[i].name, k[i].log);

@@ -16,7 +16,7 @@ static cpc_plan *load(const char *path, const char *const *sets, int n)
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_file(path, sets, n, &plan);
     if (cpc_status_has_error(st))
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert(plan, "load %s", path);
     cpc_status_free(st);
     return plan;
@@ -30,7 +30,7 @@ static cpc_prediction price(const cpc_plan *plan, cpc_variant v, int R, int U)
     cpc_program *prog = NULL;
     st = cpc_schedule_build(plan, v, R, U, &prog);
     if (st)
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert_null(st);
     cpc_prediction pr;
     st = cpc_price_program(plan, prog, &dev, &pr);
@@ -351,9 +351,15 @@ Test(cost, tp_all_reduces_by_hand)
     /* FLUX.1-dev: 19 of its 57 blocks are dual-stream, estimated from its weights per block */
     double dual = cpc_dual_stream_layers(&sub);
     cr_expect(dual > 18 && dual < 20, "dual-stream blocks %g", dual);
-    double host_ms = (layers * (d.host_layer_us + (p.host_ops_per_layer + 8) * d.host_op_us) +
-                      dual * 0.6 * d.host_layer_us) * 1e-3;
+    /* B = 2 is the two CFG passes, run as two transformer calls (runtime.cfg:
+     * sequential, the default): the host dispatches every block twice */
+    double host_ms = 2.0 * (layers * (d.host_layer_us + (p.host_ops_per_layer + 8) * d.host_op_us) +
+                            dual * 0.1 * d.host_layer_us) * 1e-3;
     cr_expect_float_eq(p.host_ms_per_step, host_ms, 1e-9 * host_ms);
+    sub.runtime.cfg_batched = true; /* one call of both passes: half the host time */
+    cpc_prediction pb = price(&sub, CPC_VARIANT_NONE, 1, 1);
+    cr_expect_float_eq(pb.host_ms_per_step, host_ms / 2, 1e-9 * host_ms);
+    cr_expect_float_eq(pb.device_ms_per_step, p.device_ms_per_step, 1e-9 * p.device_ms_per_step);
     /* the same plan without TP has none of it */
     cpc_plan one;
     cr_assert(cpc_plan_sub(plan, 1, 1, &one));
@@ -536,6 +542,135 @@ Test(cost, cp040_weights_hint_fits)
     cpc_plan_free(plan);
 }
 
+/* The GiB figures at the top level of a CP040 message's parenthesis (its parts;
+ * a nested parenthesis only explains one) and the total before it. */
+static double cp040_parts(const char *msg, double *total)
+{
+    const char *p = strstr(msg, "predicted memory per rank ");
+    cr_assert(p, "%s", msg);
+    p += strlen("predicted memory per rank ");
+    *total = strtod(p, NULL);
+    p = strchr(p, '(');
+    cr_assert(p, "%s", msg);
+    double sum = 0;
+    int depth = 0;
+    for (; *p; p++) {
+        if (*p == '(')
+            depth++;
+        else if (*p == ')' && --depth == 0)
+            break;
+        else if (depth == 1 && *p >= '0' && *p <= '9' && p[-1] == ' ') {
+            char *end;
+            double x = strtod(p, &end);
+            if (strncmp(end, " GiB", 4) == 0)
+                sum += x;
+            p = end - 1;
+        }
+    }
+    return sum;
+}
+
+/* CP040's parts add up to its total: with the VAE decode the larger phase, the
+ * message names it (it replaces buffers + activations in MEMORY), as a new user
+ * found: "53.32 GiB (buffers 0.08 + weights 22.17 + activations 0.11 + reserved
+ * 30.00)" added up to 52.36. */
+Test(cost, cp040_parts_add_up)
+{
+    const char *vae[] = {"cluster.device=l20", "cluster.reserved_gb=30", "parallel.tp_degree=1",
+                         "parallel.cfg_degree=1", "parallel.variant=ulysses"};
+    const char *big[] = {"model.parameters=40000000000", "cluster.device=l20", "parallel.variant=ulysses",
+                         "input.steps=28"};
+    const char *plans[] = {"plans/flux1-dev-8gpu-axes.yaml", "plans/flux1-dev-1024.yaml"};
+    const char *const *sets[] = {vae, big};
+    int nsets[] = {5, 4};
+    bool saw_vae = false;
+    for (int c = 0; c < 2; c++) {
+        cpc_plan *plan = load(plans[c], sets[c], nsets[c]);
+        cpc_selection sel;
+        cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        int n40 = 0;
+        for (int i = 0; i < sel.n_candidates; i++)
+            for (const cpc_status *d = sel.candidates[i].errors; d; d = d->next) {
+                if (d->rule != 40)
+                    continue;
+                n40++;
+                double total, sum = cp040_parts(cpc_status_message(d), &total);
+                cr_expect(fabs(sum - total) <= 0.02, "parts %.2f vs total %.2f: %s", sum, total,
+                          cpc_status_message(d));
+                const cpc_prediction *pr = &sel.candidates[i].pred;
+                if (pr->vae_bytes_per_rank > pr->buffer_bytes_per_rank + pr->activation_bytes_per_rank) {
+                    saw_vae = true;
+                    cr_expect(strstr(cpc_status_message(d), "VAE decode"), "%s", cpc_status_message(d));
+                }
+            }
+        cr_expect_gt(n40, 0, "case %d: CP040 expected", c);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+    }
+    cr_expect(saw_vae, "a case where the VAE decode is the larger phase");
+}
+
+/* CP040's tp_degree hint applied as written validates, also when the plan states
+ * its ring or Ulysses degree (world_size = C*T*R*U: the hint then names the degree
+ * that gives up the ranks; `parallel.tp_degree: 2` alone on ulysses_degree 8 of 8
+ * ranks was CP003, found by a new user). */
+Test(cost, cp040_hint_applied_validates)
+{
+    static const char *const cases[][3] = {
+        {"parallel.variant=ulysses", "parallel.ulysses_degree=8", NULL},
+        {"parallel.variant=ring", "parallel.ring_degree=8", NULL},
+        {"parallel.variant=unified", "parallel.ring_degree=2", "parallel.ulysses_degree=4"},
+        {"parallel.variant=unified", "parallel.ring_degree=2", NULL},
+        {"parallel.variant=ulysses_anything", "parallel.ulysses_degree=8", NULL},
+        {"parallel.variant=auto", NULL, NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *sets[12] = {"cluster.device=l20", "cluster.reserved_gb=30", "parallel.tp_degree=1",
+                                "parallel.cfg_degree=1"};
+        int n = 4;
+        for (int j = 0; j < 3 && cases[c][j]; j++)
+            sets[n++] = cases[c][j];
+        cpc_plan *plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
+        cpc_selection sel;
+        cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        char hint[256] = "";
+        for (const cpc_status *d = st; d && !hint[0]; d = d->next) /* what cpc reports */
+            if (d->rule == 40 && cpc_status_hint(d))
+                snprintf(hint, sizeof hint, "%s", cpc_status_hint(d));
+        for (int i = 0; i < sel.n_candidates && !hint[0]; i++)
+            for (const cpc_status *d = sel.candidates[i].errors; d && !hint[0]; d = d->next)
+                if (d->rule == 40 && cpc_status_hint(d))
+                    snprintf(hint, sizeof hint, "%s", cpc_status_hint(d));
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+        cr_assert(strncmp(hint, "parallel.tp_degree: ", 20) == 0, "case %zu: hint '%s'", c, hint);
+        /* "k1: v1, k2: v2 (why...)" -> --set k1=v1 --set k2=v2 */
+        char keys[8][64];
+        int nk = 0;
+        char *end = strstr(hint, " (");
+        cr_assert(end);
+        *end = 0;
+        for (char *tok = strtok(hint, ","); tok && nk < 8; tok = strtok(NULL, ",")) {
+            while (*tok == ' ')
+                tok++;
+            char *colon = strstr(tok, ": ");
+            cr_assert(colon, "hint key '%s'", tok);
+            snprintf(keys[nk], sizeof keys[nk], "%.*s=%s", (int)(colon - tok), tok, colon + 2);
+            sets[n++] = keys[nk++];
+        }
+        plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
+        st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        if (cpc_status_has_error(st))
+            cpc_status_print(st, stderr, "hint applied");
+        cr_expect_not(cpc_status_has_error(st), "case %zu: the hint applied is rejected", c);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+    }
+}
+
 /* The whole step's plan keys (SPEC section 1: model structure, runtime):
  * loaded as written, defaults when absent, errors with their rule. */
 static cpc_status *load_text(const char *text, cpc_plan **plan)
@@ -555,7 +690,7 @@ Test(cost, structure_and_runtime_keys)
              "mlp_ratio: 2.7, mlp_gated: false, cross_attention_tokens: 512, experts: 8, active_experts: 2, "
              "dual_stream_layers: 4}\n"
              "runtime: {framework: xdit, attention_kernel: fa3, text_encoder_parameters: 0, vae: none, "
-             "vae_channels: 96, vae_parallel: true}\n", base);
+             "vae_channels: 96, vae_parallel: true, vae_tiling: true, cfg: batched}\n", base);
     cpc_plan *p = NULL;
     cpc_status *st = load_text(text, &p);
     cr_assert(p && !cpc_status_has_error(st));
@@ -566,7 +701,8 @@ Test(cost, structure_and_runtime_keys)
     cr_expect(p->model.structure_given);
     cr_expect_eq(p->runtime.framework, CPC_FRAMEWORK_XDIT);
     cr_expect_eq(p->runtime.attention_kernel, CPC_KERNEL_FA3);
-    cr_expect(p->runtime.text_encoder_parameters == 0 && !p->runtime.vae && p->runtime.vae_parallel);
+    cr_expect(p->runtime.text_encoder_parameters == 0 && !p->runtime.vae && p->runtime.vae_parallel &&
+              p->runtime.vae_tiling && p->runtime.cfg_batched);
     cr_expect_eq(p->runtime.vae_channels, 96);
     /* the video segment remembers its pixels (the VAE decode's output) */
     cr_expect_eq(p->input.segments[1].kind, CPC_SEG_VIDEO);
@@ -588,7 +724,8 @@ Test(cost, structure_and_runtime_keys)
     cr_assert(p && !cpc_status_has_error(st));
     cr_expect(!p->model.structure_given && p->runtime.framework == CPC_FRAMEWORK_EAGER &&
               p->runtime.attention_kernel == CPC_KERNEL_SDPA && p->runtime.text_encoder_parameters == -1 &&
-              p->runtime.vae && !p->runtime.vae_parallel);
+              p->runtime.vae && !p->runtime.vae_parallel && !p->runtime.vae_tiling && !p->runtime.cfg_batched &&
+              !p->model.linear_attention);
     /* a generic block: min(parameters / layers, 12 h^2) per token */
     cr_expect_float_eq(cpc_weights_per_token(p), 12.0 * h * h * 40, 1);
     cpc_status_free(st);
@@ -601,6 +738,8 @@ Test(cost, structure_and_runtime_keys)
         {"model: {heads: 40, head_dim: 128, layers: 4, dual_stream_layers: 5}\n", "103"},
         {"model: {heads: 40, head_dim: 128}\nruntime: {kernel: fa3}\n", "101"},
         {"model: {heads: 40, head_dim: 128, mlp_ratio: 0}\n", "103"},
+        {"model: {heads: 40, head_dim: 128}\nruntime: {cfg: parallel}\n", "103"},
+        {"model: {heads: 40, head_dim: 128, attention: sparse}\n", "103"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(text, sizeof text, "%s%s", base, bad[i][0]);
@@ -612,6 +751,76 @@ Test(cost, structure_and_runtime_keys)
         cr_expect(found, "case %zu: CP%d expected", i, want);
         cpc_status_free(st);
         cpc_plan_free(p);
+    }
+}
+
+/* model.attention: linear (cost.h LINEAR ATTENTION): Sana 1600M at 4096^2
+ * (16384 tokens, 70 heads x 32) on one A100 prices each block's attention as
+ * two float32 D x D products per head (K^T V over the keys, Q (K^T V) over the
+ * queries) or their element passes, whichever is slower, recomputed here by
+ * hand (memory-bound here); the dense part is the same as with softmax
+ * attention, which costs over 10x more at this length (S / D = 512). */
+Test(cost, linear_attention_by_hand)
+{
+    const char *text = "version: 1\n"
+                       "model: {heads: 70, head_dim: 32, layers: 20, parameters: 1604462752, attention: linear}\n"
+                       "input: {segments: [{name: image, image: {height: 4096, width: 4096, vae_scale: 32, "
+                       "patch: 1}}], steps: 20}\n"
+                       "cluster: {world_size: 1, device: a100-sxm}\n"
+                       "parallel: {variant: none}\n";
+    cpc_plan *p = NULL;
+    cpc_status *st = load_text(text, &p);
+    cr_assert(p && !cpc_status_has_error(st));
+    cr_expect(p->model.linear_attention);
+    cpc_prediction lin = price(p, CPC_VARIANT_NONE, 1, 1);
+    cpc_device_profile d;
+    cr_assert_null(cpc_plan_device(p, &d));
+    double S = 16384, H = 70, D = 32, layers = 20;
+    double flops_s = 2.0 * (S + S) * H * D * D / (d.attn_tflops_fp32 * 1e12);
+    double bytes_s = 16.0 * H * D * (2 * S + 2 * S) / (d.mem_gbps * 1e9);
+    double by_hand = layers * ((flops_s > bytes_s ? flops_s : bytes_s) + d.op_overhead_us * 1e-6) * 1e3;
+    cr_log_info("linear attention %.3f ms per step (by hand %.3f)", lin.attn_ms_per_step, by_hand);
+    cr_expect_float_eq(lin.attn_ms_per_step, by_hand, 1e-9 * by_hand);
+    p->model.linear_attention = false;
+    cpc_prediction soft = price(p, CPC_VARIANT_NONE, 1, 1);
+    cr_expect_gt(soft.attn_ms_per_step, 10 * lin.attn_ms_per_step);
+    cr_expect_float_eq(soft.gemm_ms_per_step, lin.gemm_ms_per_step, 1e-9 * lin.gemm_ms_per_step);
+    cpc_status_free(st);
+    cpc_plan_free(p);
+}
+
+/* runtime.vae_tiling (cost.h PIPELINE): a 720p video decoded in tiles that
+ * overlap by a quarter on each side computes (4/3)^2 of its pixels, so the
+ * VAE decode costs 16/9 of the untiled one; a video whose frames fit one
+ * 256^2 tile costs the same either way. */
+Test(cost, vae_tiling_overlap)
+{
+    const char *sizes[][2] = {{"720", "1280"}, {"256", "256"}};
+    for (int i = 0; i < 2; i++) {
+        double ms[2];
+        for (int tiled = 0; tiled < 2; tiled++) {
+            char text[1024];
+            snprintf(text, sizeof text,
+                     "version: 1\n"
+                     "model: {heads: 40, head_dim: 128, layers: 40, parameters: 14288491584}\n"
+                     "input: {segments: [{name: video, video: {frames: 81, height: %s, width: %s}}], "
+                     "steps: 50}\n"
+                     "cluster: {world_size: 1, device: h100-sxm}\n"
+                     "parallel: {variant: none}\n"
+                     "runtime: {vae_tiling: %s}\n",
+                     sizes[i][0], sizes[i][1], tiled ? "true" : "false");
+            cpc_plan *p = NULL;
+            cpc_status *st = load_text(text, &p);
+            cr_assert(p && !cpc_status_has_error(st));
+            cpc_prediction pr = price(p, CPC_VARIANT_NONE, 1, 1);
+            ms[tiled] = pr.vae_decode_ms;
+            cpc_status_free(st);
+            cpc_plan_free(p);
+        }
+        double want = i == 0 ? 16.0 / 9.0 : 1.0;
+        cr_expect(ms[0] > 0);
+        cr_expect_float_eq(ms[1] / ms[0], want, 1e-9, "%sx%s: %g / %g", sizes[i][0], sizes[i][1], ms[1],
+                           ms[0]);
     }
 }
 

@@ -17,8 +17,11 @@
 #include <unistd.h>
 
 #include "expr.h"
+#include "plan_load.h"
+#include "schedule_bwd.h"
 #include "program.h"
 #include "executor.h"
+#include "verify.h"
 #include "reference.h"
 #include "rng.h"
 #include "run.h"
@@ -136,7 +139,7 @@ static void run_ok(const tcase *c)
 {
     cpc_run_report rep;
     run_case(c, &rep, NULL);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
 }
 
 static const cpc_dtype DTYPES[3] = {CPC_DTYPE_FP32, CPC_DTYPE_BF16, CPC_DTYPE_FP16};
@@ -333,8 +336,8 @@ Test(executor, error_does_not_grow_with_world_size)
     cr_assert(r8.rel_err <= 1.5 * r1.rel_err,
               "seed %llu: error grows with world size: P=1 rel_err %.3e, P=8 rel_err %.3e",
               (unsigned long long)o.seed, r1.rel_err, r8.rel_err);
-    cpc_run_report_free(&r1);
-    cpc_run_report_free(&r8);
+    cpc_run_report_clear(&r1);
+    cpc_run_report_clear(&r8);
     cpc_job_free(j1);
     cpc_job_free(j8);
     cpc_plan_free(p1);
@@ -401,8 +404,8 @@ Test(executor, inputs_do_not_depend_on_world_size)
     fclose(f2);
     unlink(fa);
     unlink(fb);
-    cpc_run_report_free(&ra);
-    cpc_run_report_free(&rb);
+    cpc_run_report_clear(&ra);
+    cpc_run_report_clear(&rb);
     cpc_job_free(ja);
     cpc_job_free(jb);
     cpc_plan_free(pa);
@@ -454,7 +457,7 @@ Test(executor, failing_rank_is_named_and_others_stop)
     cr_assert(strstr(st->message, "ops[") != NULL, "message: %s", st->message);
     cr_assert_eq(cpc_status_exit_code(st), 3, "a failing op is a runtime failure (exit 3)");
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -482,7 +485,7 @@ Test(executor, deadlock_times_out_instead_of_hanging)
               "message: %s", st->message);
     cr_assert(strstr(st->message, "rank ") != NULL, "message: %s", st->message);
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -514,7 +517,110 @@ Test(executor, in_flight_buffers_are_guarded)
     cr_assert(strstr(st->message, "in flight") != NULL && strstr(st->message, "recv") != NULL, "message: %s",
               st->message);
     cpc_status_free(st);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+}
+
+/* The same guard on a backward program that slipped past its proof (edited
+ * after cpc_job_from_plan proved it): attn_bwd accumulating into dk_out/dv_out
+ * while their send is in flight (issue 21: rel_err 0.78-0.92, varying run to
+ * run) is refused by the executor. */
+Test(executor, in_flight_guard_covers_attn_bwd)
+{
+    const char *y = "version: 1\nname: t\nmodel: {heads: 2, head_dim: 16, dtype: fp32}\n"
+                    "input: {batch: 1, tokens: 64, mode: training}\ncluster: {world_size: 4, device: cpu}\n"
+                    "parallel: {variant: ring}\n";
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
+    cr_assert(plan && !cpc_status_has_error(st), "%s", st ? st->message : "");
+    cpc_status_free(st);
+    cpc_job *job = NULL;
+    st = cpc_job_from_plan(plan, CPC_VARIANT_RING, 4, 1, &job);
+    cr_assert(job && !cpc_status_has_error(st), "%s", st ? st->message : "");
+    cpc_status_free(st);
+    if (!job->bwd) /* the library's job_from_plan leaves the backward to the caller */
+        cr_assert_null(cpc_schedule_build_backward(plan, CPC_VARIANT_RING, 4, 1, &job->bwd));
+    cpc_program *b = job->bwd;
+    cpc_op *loop = NULL;
+    for (int i = 0; i < b->n_ops; i++)
+        if (b->ops[i].kind == CPC_OP_LOOP)
+            loop = &b->ops[i];
+    cr_assert_not_null(loop);
+    int ia = -1, is = -1;
+    for (int i = 0; i < loop->n_body; i++) {
+        if (loop->body[i].kind == CPC_OP_ATTN_BWD)
+            ia = i;
+        if (loop->body[i].kind == CPC_OP_SEND && b->buffers[loop->body[i].in[0]].role == CPC_ROLE_DK)
+            is = i;
+    }
+    cr_assert(ia >= 0 && is > ia, "the lagged ring sends dK after its attn_bwd");
+    /* attn_bwd moved right after the send, into the buffers being sent */
+    cpc_op ab = loop->body[ia];
+    memmove(&loop->body[ia], &loop->body[ia + 1], (size_t)(is - ia) * sizeof ab);
+    ab.out[1] = loop->body[is - 1].in[0];
+    ab.out[2] = loop->body[is - 1].in[1];
+    loop->body[is] = ab;
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = 20;
+    cpc_run_report rep;
+    st = cpc_job_run(job, &o, &rep, NULL);
+    cr_assert_not_null(st, "attn_bwd into an in-flight send buffer ran");
+    cr_assert(strstr(st->message, "in flight") && strstr(st->message, "accumulated into"), "%s", st->message);
+    cpc_status_free(st);
+    cpc_run_report_clear(&rep);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+}
+
+/* Paired ops run every pair (the op table's same_in_out: copy, all_to_all and
+ * all_gather take 1..8 pairs; the executor ran only the first, so a proven
+ * program gathering k and v in one op left v_all unfilled).  The allgather
+ * ring's two all_gathers merged into one two-pair op: still proven, and the
+ * run matches the float64 reference. */
+Test(executor, paired_ops_run_every_pair)
+{
+    tcase c = {.v = CPC_VARIANT_RING, .R = 4, .U = 1, .H = 2, .D = 16, .dt = CPC_DTYPE_FP32,
+               .nseg = 1, .seg = {64}, .overlap = true, .rotate = CPC_ROTATE_ALLGATHER};
+    cpc_plan *plan = mk_plan(&c);
+    cpc_job *job = NULL;
+    cpc_status_free(cpc_job_from_plan(plan, c.v, 4, 1, &job));
+    cr_assert_not_null(job);
+    cpc_program *p = job->prog;
+    cpc_op *a = NULL, *b = NULL;
+    for (int i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == CPC_OP_ALL_GATHER) {
+            if (!a)
+                a = &p->ops[i];
+            else if (!b)
+                b = &p->ops[i];
+        }
+    cr_assert(a && b && a != b, "the allgather ring has two all_gathers");
+    int64_t sent0 = -1, sent1 = -2;
+    cr_assert_null(cpc_program_bytes_sent(p, 1, &sent0, NULL));
+    a->in[1] = b->in[0];
+    a->out[1] = b->out[0];
+    a->n_in = a->n_out = 2;
+    cpc_expr_free(b->when);
+    cr_assert_null(cpc_expr_parse("0", CPC_NO_SPAN, &b->when));
+    cpc_status *st = cpc_verify(p);
+    cr_assert_null(st, "the two-pair all_gather program: %s", st ? st->message : "");
+    /* the byte count (cost model, cprun's report) counts both pairs too */
+    cr_assert_null(cpc_program_bytes_sent(p, 1, &sent1, NULL));
+    cr_assert_eq(sent0, sent1, "bytes sent: two ops %lld, one two-pair op %lld", (long long)sent0, (long long)sent1);
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = 60;
+    cpc_run_report rep;
+    st = cpc_job_run(job, &o, &rep, NULL);
+    cr_assert_null(st, "%s", st ? st->message : "");
+    cr_assert(rep.checked && rep.pass && rep.rel_err > 0, "rel_err %.3e", rep.rel_err);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }
@@ -658,7 +764,7 @@ static void check_lse(const tcase *c)
     free(q);
     free(k);
     free(v);
-    cpc_run_report_free(&rep);
+    cpc_run_report_clear(&rep);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }

@@ -122,7 +122,7 @@ static void fx_free(fixture *f)
 static void expect_err(cpc_status *st, int rule, const char *file, int line, const char *needle)
 {
     cr_assert_not_null(st, "expected CP%03d, got success", rule);
-    char *txt = cpc_status_format("test", st);
+    char *txt = cpc_status_format(st, "test");
     cr_assert_eq(st->code, CPC_E_PLAN, "class %s: %s", cpc_code_name(st->code), txt);
     cr_assert_eq(st->severity, CPC_SEV_ERROR, "%s", txt);
     cr_assert_eq(st->rule, rule, "rule %d, expected %d: %s", st->rule, rule, txt);
@@ -417,7 +417,7 @@ Test(lua_view, plan_fields_and_round_trip)
         "end\n";
     cpc_lua_script *s = open_text("view.lua", text);
     cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
-    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
     char *after = text_of(f.prog, -1);
     cr_assert_str_eq(after, f.before, "a copy of the program must come back identical");
     free(after);
@@ -435,7 +435,7 @@ Test(lua_view, unchanged_ops_keep_their_spans_changed_ops_get_the_script_line)
         "end\n";
     cpc_lua_script *s = open_text("spans.lua", text);
     cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
-    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
     cr_assert_eq(f.prog->n_ops, 5);
     cr_assert_eq(f.prog->ops[0].kind, CPC_OP_BARRIER);
     cr_assert_eq(f.prog->ops[0].group, CPC_GROUP_WORLD);
@@ -494,7 +494,7 @@ Test(lua_prelude, find_walk_and_eval)
         "end\n";
     cpc_lua_script *s = open_text("find.lua", text);
     cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
-    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
     cpc_lua_close(s);
     fx_free(&f);
 }
@@ -577,7 +577,7 @@ Test(lua_prelude, swap_only_when_legal)
         "end\n";
     cpc_lua_script *s = open_text("swap.lua", ok);
     cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
-    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
     char *after = text_of(f.prog, -1);
     cr_assert_str_eq(after, f.before);
     free(after);
@@ -606,7 +606,7 @@ Test(lua_prelude, insert_barrier_verifies)
                                                  "  cpc.insert_barrier(plan.ops, #plan.ops + 1)\n"
                                                  "end\n");
     cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
-    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
     cr_assert_eq(f.prog->ops[1].body[2].kind, CPC_OP_BARRIER);
     cr_assert_eq(f.prog->ops[1].body[2].group, CPC_GROUP_RING);
     cr_assert_eq(f.prog->ops[f.prog->n_ops - 1].kind, CPC_OP_BARRIER);
@@ -855,7 +855,7 @@ Test(lua_errors, pairs_does_not_hand_out_the_config)
                                   "  assert(os == op, 'pairs(op) hands out the backing table')\n"
                                   "end\n");
     cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
-    cr_assert_null(st, "%s", st ? cpc_status_format("t", st) : "");
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
     cpc_lua_close(s);
     fx_free(&f);
 }

@@ -37,7 +37,7 @@ static cpc_plan *load_ok_sets(const char *text, const char *const *sets, int n, 
     cpc_plan *p = NULL;
     cpc_status *st = load_n(text, sets, n, &p);
     if (cpc_status_has_error(st))
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert_not(cpc_status_has_error(st), "unexpected errors for:\n%s", text);
     cr_assert_not_null(p);
     if (warnings)
@@ -62,7 +62,7 @@ static int load_fails_sets(const char *text, const char *const *sets, int n, int
     cr_assert_null(p, "a plan with errors must not be returned");
     const cpc_status *d = find_rule(st, rule);
     if (!d)
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert_not_null(d, "expected CP%03d for:\n%s", rule, text);
     cr_assert_eq(d->code, CPC_E_PLAN);
     cr_assert_not_null(d->span.file);
@@ -979,7 +979,7 @@ Test(plan_load, case_files)
             }
         } else {
             if (cpc_status_has_error(st))
-                cpc_status_print(stderr, "test", st);
+                cpc_status_print(st, stderr, "test");
             cr_assert_not(cpc_status_has_error(st), "%s must load (its verdict is %s %s)", file,
                           verdict, detail);
             cr_assert_not_null(p);
@@ -1022,7 +1022,7 @@ Test(plan_load, case_file_positions)
             cr_assert_eq(st->notes->span.line, want[i].note_line);
             cr_assert_eq(st->notes->span.col, want[i].note_col);
         }
-        char *s = cpc_status_format("cpc", st);
+        char *s = cpc_status_format(st, "cpc");
         char prefix[1100];
         snprintf(prefix, sizeof prefix, "%s:%d:%d: error[CP%03d]: ", cpath, want[i].line,
                  want[i].col, want[i].rule);

@@ -116,7 +116,7 @@ static cpc_status *wrap_callback(void *ctx, int rank, cpc_transport *inner, cpc_
         return &cpc_status_oom;
     o->local = inner;
     o->fail_after = m->fail_after;
-    cpc_transport_callbacks cb = {.user = o, .isend = cb_isend, .irecv = cb_irecv, .wait = cb_wait};
+    cpc_transport_p2p_fns cb = {.user = o, .isend = cb_isend, .irecv = cb_irecv, .wait = cb_wait};
     cpc_status *st = cpc_transport_callback_create(&cb, rank, m->R, m->U, &o->cb);
     if (st) {
         free(o);
@@ -186,11 +186,11 @@ Test(transport_callback, failing_callback_is_an_error)
 Test(transport_callback, bad_arguments)
 {
     cpc_transport *t = NULL;
-    cpc_transport_callbacks none = {0};
+    cpc_transport_p2p_fns none = {0};
     cpc_status *st = cpc_transport_callback_create(&none, 0, 1, 1, &t);
     cr_expect(st && st->code == CPC_E_USAGE && !t);
     cpc_status_free(st);
-    cpc_transport_callbacks cb = {.user = NULL, .isend = cb_isend, .irecv = cb_irecv, .wait = cb_wait};
+    cpc_transport_p2p_fns cb = {.user = NULL, .isend = cb_isend, .irecv = cb_irecv, .wait = cb_wait};
     st = cpc_transport_callback_create(&cb, 4, 2, 2, &t);
     cr_expect(st && st->code == CPC_E_USAGE && !t);
     cpc_status_free(st);

@@ -198,7 +198,7 @@ static void expect_pass(int R, int U)
 {
     cpc_status *st = run_suite(R, U, M_NONE, &full_opts);
     if (st)
-        cpc_status_print(stderr, "test_transport_conformance_local", st);
+        cpc_status_print(st, stderr, "test_transport_conformance_local");
     cr_expect_null(st, "local transport failed the conformance suite on mesh %d x %d "
                        "(first: %s)", R, U, st ? st->message : "");
     cpc_status_free(st);

@@ -355,7 +355,7 @@ static void run_suite(cpc_transport *t, int R, int U, int wr, const char *name, 
     };
     cpc_status *st = cpc_transport_conformance(t, R, U, wr / U, wr % U, &o);
     if (st) {
-        char *msg = cpc_status_format("conformance", st);
+        char *msg = cpc_status_format(st, "conformance");
         cpc_status_free(st);
         cr_expect(false, "%s %dx%d rank %d: %s", name, R, U, wr, msg ? msg : "?");
         free(msg);

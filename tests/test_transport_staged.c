@@ -58,7 +58,7 @@ static void conformance(int R, int U)
     for (int p = 0; p < P; p++)
         cpc_backend_destroy(bes[p]);
     if (all)
-        cpc_status_print(stderr, "test_transport_staged", all);
+        cpc_status_print(all, stderr, "test_transport_staged");
     cr_expect_null(all, "staged transport failed the conformance suite on mesh %d x %d: %s", R, U,
                    all ? all->message : "");
     cpc_status_free(all);
@@ -415,8 +415,8 @@ static void axes_job(bool device, cpc_variant v, int C, int T, int R, int U, cpc
               "%s: staged %.17g / %.17g, unstaged %.17g / %.17g", cpc_variant_name(v), a.rel_err,
               a.max_abs_err, b.rel_err, b.max_abs_err);
     cr_expect_eq(a.bytes_sent_per_rank, b.bytes_sent_per_rank);
-    cpc_run_report_free(&a);
-    cpc_run_report_free(&b);
+    cpc_run_report_clear(&a);
+    cpc_run_report_clear(&b);
     cpc_job_free(job);
     cpc_plan_free(plan);
 }

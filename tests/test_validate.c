@@ -1030,7 +1030,7 @@ Test(spans, error_at_segment_note_at_world_size)
     cr_assert_not_null(st->notes);
     cr_expect_eq(st->notes->span.line, 13);
     cr_expect(strstr(st->notes->message, "world_size 4") != NULL, "%s", st->notes->message);
-    char *line = cpc_status_format("cpc", st);
+    char *line = cpc_status_format(st, "cpc");
     cr_expect_str_eq(line, "t.yaml:9:7: error[CP011]: ulysses: segment 'image' has 3969 tokens, not divisible by "
                            "ulysses_degree 4 (3969 = 4*992 + 1); hint: variant ulysses_anything or ring_anything "
                            "runs this plan");

@@ -23,7 +23,7 @@ static cpc_plan *load(const char *yaml)
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "t.yaml", NULL, 0, &plan);
     if (st && cpc_status_has_error(st)) {
-        char *m = cpc_status_format("t", st);
+        char *m = cpc_status_format(st, "t");
         cr_assert_fail("plan load failed: %s", m ? m : "?");
     }
     cpc_status_free(st);
@@ -56,7 +56,7 @@ static cpc_program *build_text(const char *yaml, cpc_variant v, int R, int U)
     cpc_program *prog = NULL;
     cpc_status *st = cpc_schedule_build(plan, v, R, U, &prog);
     if (st) {
-        char *m = cpc_status_format("t", st);
+        char *m = cpc_status_format(st, "t");
         cr_assert_fail("schedule failed: %s", m ? m : "?");
     }
     cpc_plan_free(plan);
@@ -86,7 +86,7 @@ static void expect_ok(const cpc_program *prog, const char *what)
     cpc_verify_stats stats;
     cpc_status *st = cpc_verify_ex(prog, NULL, &stats);
     if (st) {
-        char *m = cpc_status_format("cpc", st);
+        char *m = cpc_status_format(st, "cpc");
         for (cpc_status *n = st->notes; n; n = n->next)
             fprintf(stderr, "  note: %s\n", n->message);
         cr_assert_fail("%s: verification failed: %s", what, m ? m : "?");
@@ -112,13 +112,13 @@ static void expect_ok(const cpc_program *prog, const char *what)
 static void expect_cp051(cpc_status *st, const char *a, const char *b, const char *c)
 {
     cr_assert_not_null(st, "expected CP051, verification passed");
-    char *m = cpc_status_format("cpc", st);
+    char *m = cpc_status_format(st, "cpc");
     cr_assert_eq(st->code, CPC_E_PLAN, "%s", m);
     cr_assert_eq(st->rule, CPC_RULE_VERIFY, "%s", m);
     cr_assert_eq(st->severity, CPC_SEV_ERROR, "%s", m);
     cr_assert(strstr(m, "CP051"), "%s", m);
     if (getenv("CPC_TEST_VERBOSE"))
-        cpc_status_print(stderr, "cpc", st);
+        cpc_status_print(st, stderr, "cpc");
     const char *want[3] = {a, b, c};
     for (int i = 0; i < 3; i++)
         if (want[i])

@@ -30,7 +30,7 @@
 
 static void fail_status(const char *what, cpc_status *st)
 {
-    char *m = cpc_status_format("t", st);
+    char *m = cpc_status_format(st, "t");
     cr_assert_fail("%s: %s", what, m ? m : "?");
 }
 
@@ -434,4 +434,39 @@ Test(verify_bwd, domains_agree_on_mutants)
               (unsigned long long)seed, refused, rounds);
     cr_expect(sym_used > rounds / 4, "seed %llu: the symmetric domain decided only %d of %d", (unsigned long long)seed,
               sym_used, rounds);
+}
+
+/* More tampers, one per rule the prover checks (verify_bwd.h WHAT IS
+ * PROVED), each refused on load with the reason. */
+Test(verify_bwd, every_rule_has_a_tamper)
+{
+    struct {
+        const char *what, *needle;
+        const char *e[7];
+    } cases[] = {
+        {"the accumulator's recv declares the next block", "declares block",
+         {RECV_DKV, "    - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: (r-s-1)%R, tag: 1, when: s>0}\n", NULL}},
+        {"no delta op", "no delta op computed it", {"  - {kind: delta, in: [dout, out], out: [delta]}\n", "", NULL}},
+        {"attn_bwd twice", "2 times or more", {ATTN_BWD, ATTN_BWD ATTN_BWD, NULL}},
+        {"K/V of the next step, still in flight", "in flight",
+         {"in: [q, k_cur, v_cur, dout, lse, delta]", "in: [q, k_nxt, v_nxt, dout, lse, delta]", NULL}},
+        {"the fresh dK/dV made for the wrong block (diffusers #14265)", "#14265",
+         {"{kind: init_acc, out: [dk_blk, dv_blk], block: (r-s)%R}", "{kind: init_acc, out: [dk_blk, dv_blk], block: r}",
+          NULL}},
+        {"the K/V peer off by one", "never matched",
+         {SEND_KV, "    - {kind: send, group: ring, peer: (r+2)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n", NULL}},
+        {"the accumulator's last recv posted after the wait that needs it", "waits forever",
+         {RECV_DKV_END, "", "  - {kind: wait, tag: 1}\n", "  - {kind: wait, tag: 1}\n  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: r, tag: 1}\n  - {kind: wait, tag: 1}\n", NULL}},
+        {"K/V swapped while their recv is in flight", "in flight",
+         {WAIT_KV, "", "    - {kind: swap, in: [v_cur, v_nxt], when: s<R-1}\n",
+          "    - {kind: swap, in: [v_cur, v_nxt], when: s<R-1}\n" WAIT_KV, NULL}},
+        {"a K block received into a dK buffer", "role",
+         {"out: [k_nxt, v_nxt]", "out: [dk_blk, v_nxt]", NULL}},
+        {"dq accumulated from dout's slot", "holds",
+         {"in: [q, k_cur, v_cur, dout, lse, delta]", "in: [q, k_cur, v_cur, out, lse, delta]", NULL}},
+        {"two OUTPUT dq (yunchang #149)", "exactly one",
+         {"{name: dk_out, role: dk, tokens: block, heads: all, io: none}", "{name: dk_out, role: dk, tokens: block, heads: all, io: output}", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_cp051(cases[i].e, cases[i].what, cases[i].needle);
 }

@@ -22,7 +22,7 @@ static cpc_ytree *parse_ok(const char *text)
     cpc_ytree *t = NULL;
     cpc_status *st = parse(text, &t);
     if (st)
-        cpc_status_print(stderr, "test", st);
+        cpc_status_print(st, stderr, "test");
     cr_assert_null(st, "unexpected diagnostics for: %s", text);
     cr_assert_not_null(t);
     return t;

@@ -99,7 +99,7 @@ static cpc_status *fatal(suite *S, cpc_status *st, const char *call)
 {
     cpc_status_prefix(st, "conformance %s: rank %d (r=%d, u=%d): %s: %s", S->name, S->p, S->r,
                       S->u, cpc_conf_check_name(S->check), call);
-    char *why = cpc_status_format("conformance", st);
+    char *why = cpc_status_format(st, "conformance");
     cpc_transport_abort(S->t, why ? why : st->message);
     free(why);
     return st;
@@ -233,7 +233,7 @@ static cpc_status *check_groups(suite *S)
          * no other rank waits for this one. */
         cpc_status *st = cpc_error(CPC_E_CHECK, "conformance %s: rank %d: wrong groups; "
                                                 "remaining checks not run", S->name, S->p);
-        char *why = cpc_status_format("conformance", st);
+        char *why = cpc_status_format(st, "conformance");
         cpc_transport_abort(t, why ? why : st->message);
         free(why);
         return st;

@@ -37,6 +37,7 @@
 #include <cjson/cJSON.h>
 
 #include <cpc/cpc.h>
+#include <cpc/tool.h>
 
 typedef enum out_format { FORMAT_TEXT = 0, FORMAT_JSON } out_format;
 
@@ -103,8 +104,8 @@ static int job_count(const job *j, cpc_severity sev)
 /* Prints every diagnostic of the job, as one chain. */
 static void job_print_diags(const job *j)
 {
-    cpc_status_print(stderr, "cpc", cpc_compilation_diagnostics(j->c));
-    cpc_status_print(stderr, "cpc", j->err);
+    cpc_status_print(cpc_compilation_diagnostics(j->c), stderr, "cpc");
+    cpc_status_print(j->err, stderr, "cpc");
 }
 
 static void job_free(job *j)
@@ -212,7 +213,7 @@ static void run_pipeline(job *j)
     /* --dump-schedule alone is an inspection: no kernels, no artifact */
     bool dump_only = o->dump_schedule && !o->emit_kernels && !j->output;
     cpc_compile_options co;
-    cpc_compile_options_init(&co);
+    cpc_compile_options_init(&co, sizeof co);
     co.sets = j->sets;
     co.n_sets = j->n_sets;
     co.lua = o->lua;
@@ -221,7 +222,7 @@ static void run_pipeline(job *j)
     cpc_compile_stage until = o->sweep ? CPC_STAGE_VALIDATE
                               : dry || dump_only ? CPC_STAGE_VERIFY
                                                  : CPC_STAGE_CODEGEN;
-    cpc_status *st = cpc_compilation_run(j->file, &co, until, &j->c);
+    cpc_status *st = cpc_compilation_new(j->file, &co, until, &j->c);
     if (!st)
         st = load_candidates(j);
     if (st) {

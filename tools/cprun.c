@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include <cpc/cpc.h>
+#include <cpc/tool.h>
 
 static void usage(FILE *f)
 {
@@ -194,7 +195,7 @@ static int run_calibrate(bool quick, int ranks, cpc_transport_kind transport, co
         /* before measuring: a path that cannot be written fails now */
         cpc_status *wst = cpc_check_writable_file("--profile-out", out);
         if (wst) {
-            cpc_status_print(stderr, "cprun", wst);
+            cpc_status_print(wst, stderr, "cprun");
             cpc_status_free(wst);
             return 2;
         }
@@ -203,7 +204,7 @@ static int run_calibrate(bool quick, int ranks, cpc_transport_kind transport, co
     /* written atomically: a failed write leaves the previous profile */
     cpc_status *st = cpc_calibrate_profile(quick, ranks, transport, stderr, out ? out : "-", &root);
     if (st) {
-        cpc_status_print(stderr, "cprun", st);
+        cpc_status_print(st, stderr, "cprun");
         int rc = exit_of(st);
         cpc_status_free(st);
         return rc ? rc : 3;
@@ -227,7 +228,7 @@ static int run_tune(const char *path, const char **sets, int n_sets, int warmup,
         /* before measuring: a path that cannot be written fails now */
         cpc_status *wst = cpc_check_writable_file("--profile-out", out);
         if (wst) {
-            cpc_status_print(stderr, "cprun", wst);
+            cpc_status_print(wst, stderr, "cprun");
             cpc_status_free(wst);
             return 2;
         }
@@ -237,7 +238,7 @@ static int run_tune(const char *path, const char **sets, int n_sets, int warmup,
     cpc_status *st = cpc_tune_profile(path, sets, n_sets, warmup, iters, transport, timeout_s,
                                       stderr, out, &written, &root);
     if (st) {
-        cpc_status_print(stderr, "cprun", st);
+        cpc_status_print(st, stderr, "cprun");
         int rc = exit_of(st);
         cpc_status_free(st);
         free(written);
@@ -305,7 +306,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
         {NULL, 0, NULL, 0},
     };
     cpc_job_options opt;
-    cpc_job_options_init(&opt);
+    cpc_job_options_init(&opt, sizeof opt);
     bool json = false, dry = false, calibrate = false, quick = false, tune = false;
     bool warmup_given = false, iters_given = false;
     const char *profile_out = NULL;
@@ -443,7 +444,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
     if (!dry) {
         cpc_status *ost = cpc_job_check_outputs(&opt, path);
         if (ost) {
-            cpc_status_print(stderr, "cprun", ost);
+            cpc_status_print(ost, stderr, "cprun");
             int e = exit_of(ost);
             json_failure(NULL, ost, NULL, e ? e : 2);
             cpc_status_free(ost);
@@ -453,11 +454,11 @@ static int cprun_main(int argc, char **argv, const char **sets)
 
     cpc_job *job = NULL;
     cpc_status *diags = NULL;
-    cpc_status *err = cpc_job_open(path, sets, n_sets, &job, &diags);
-    cpc_status_print(stderr, "cprun", diags);
+    cpc_status *err = cpc_job_new(path, sets, n_sets, &job, &diags);
+    cpc_status_print(diags, stderr, "cprun");
     cpc_status_free(diags);
     if (err) {
-        cpc_status_print(stderr, "cprun", err);
+        cpc_status_print(err, stderr, "cprun");
         int e = exit_of(err);
         json_failure(NULL, err, path, e ? e : 2);
         cpc_status_free(err);
@@ -470,7 +471,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
             int64_t peak = 0;
             cpc_status *st = cpc_job_peak_memory(job, &peak);
             if (st) {
-                cpc_status_print(stderr, "cprun", st);
+                cpc_status_print(st, stderr, "cprun");
                 rc = exit_of(st);
                 json_failure(job, st, NULL, rc);
                 cpc_status_free(st);
@@ -492,12 +493,12 @@ static int cprun_main(int argc, char **argv, const char **sets)
         } else {
             cpc_status *st = cpc_job_dry_run(job, stdout, 64);
             if (st) {
-                cpc_status_print(stderr, "cprun", st);
+                cpc_status_print(st, stderr, "cprun");
                 rc = exit_of(st);
                 cpc_status_free(st);
             }
         }
-        cpc_job_close(job);
+        cpc_job_free(job);
         return rc;
     }
 
@@ -508,7 +509,7 @@ static int cprun_main(int argc, char **argv, const char **sets)
     cpc_status *st = cpc_job_execute(job, &opt, &rep, &root);
     int rc;
     if (st) {
-        cpc_status_print(stderr, "cprun", st);
+        cpc_status_print(st, stderr, "cprun");
         rc = exit_of(st);
         json_failure(job, st, NULL, rc ? rc : 3);
         cpc_status_free(st);
@@ -516,11 +517,11 @@ static int cprun_main(int argc, char **argv, const char **sets)
         rc = 0;
     } else {
         if (json) {
-            cpc_status *e = cpc_report_print_json(stdout, rep);
+            cpc_status *e = cpc_run_report_print_json(rep, stdout);
             g_json_printed = true;
             cpc_status_free(e); /* a write error: finish_stdout reports it */
         } else {
-            cpc_report_print_text(stdout, rep);
+            cpc_run_report_print_text(rep, stdout);
         }
         rc = cpc_run_report_ok(rep) ? 0 : 1;
         char *why = cpc_run_report_failure(rep);
@@ -528,8 +529,8 @@ static int cprun_main(int argc, char **argv, const char **sets)
             fprintf(stderr, "cprun: error: check failed: %s\n", why);
         free(why);
     }
-    cpc_run_report_destroy(rep);
-    cpc_job_close(job);
+    cpc_run_report_free(rep);
+    cpc_job_free(job);
     return rc;
 }
 

@@ -363,7 +363,7 @@ static cpc_status *load_plan_text(const char *text, size_t len, const char *file
     cpc_status *st = cpc_error(code, "%s: the resolved plan does not load", what);
     for (cpc_status *d = diag; d; d = d->next)
         if (d->severity == CPC_SEV_ERROR) {
-            char *f = cpc_status_format("plan", d);
+            char *f = cpc_status_format(d, "plan");
             cpc_status_add_note(st, d->span, "%s", f ? f : d->message);
             free(f);
         }
@@ -615,6 +615,29 @@ cpc_status *cpc_artifact_set_predictions(cpc_artifact *a, const cpc_prediction *
     cpc_status *st = p->ms_per_step > 0 ? cpc_artifact_set_prediction(a, "ms_per_step", p->ms_per_step) : NULL;
     if (!st && p->ms_per_image > 0)
         st = cpc_artifact_set_prediction(a, "ms_per_image", p->ms_per_image);
+    if (st || p->ms_per_step <= 0)
+        return st;
+    /* the step's parts and the deployment's memory (SPEC section 3's
+     * step_breakdown and memory keys), named as `cpc --format json` names them */
+    const struct {
+        const char *k;
+        double v;
+        bool per_image;
+    } w[] = {
+        {"gemm_ms", p->gemm_ms_per_step, false},
+        {"attention_ms", p->attn_ms_per_step, false},
+        {"memory_bound_ms", p->memory_ms_per_step, false},
+        {"comm_ms", p->comm_ms_per_step, false},
+        {"host_ms", p->host_exposed_ms_per_step, false},
+        {"text_encoder_ms", p->text_encoder_ms, true},
+        {"vae_decode_ms", p->vae_decode_ms, true},
+        {"weights_bytes_per_rank", (double)p->weights_bytes_per_rank, false},
+        {"activation_bytes_per_rank", (double)p->activation_bytes_per_rank, false},
+        {"vae_bytes_per_rank", (double)p->vae_bytes_per_rank, false},
+    };
+    for (size_t i = 0; !st && i < sizeof w / sizeof w[0]; i++)
+        if (!w[i].per_image || p->ms_per_image > 0)
+            st = cpc_artifact_set_prediction(a, w[i].k, w[i].v);
     return st;
 }
 
@@ -867,7 +890,7 @@ cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a)
     return NULL;
 }
 
-cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a)
+cpc_status *cpc_artifact_write(cpc_artifact *a, const char *path)
 {
     if (!path || !*path)
         return cpc_error(CPC_E_USAGE, "artifact: no output path");

@@ -222,7 +222,7 @@ cpc_status *cpc_artifact_to_string(cpc_artifact *a, char **text, size_t *len);
  * ("PATH: cannot write the artifact: REASON", also for a short write or a
  * failed fsync/close/rename). */
 cpc_status *cpc_artifact_write_file(FILE *f, cpc_artifact *a);
-CPC_API cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
+CPC_API cpc_status *cpc_artifact_write(cpc_artifact *a, const char *path);
 
 /* Reads and checks an artifact (see READING).  On success *out is owned
  * by the caller (cpc_artifact_free); on error *out = NULL. */

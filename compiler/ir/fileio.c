@@ -228,6 +228,8 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
         if (!o->path) {
             fclose(f);
             free(target);
+            if (o->pipe_blocked)
+                pthread_sigmask(SIG_SETMASK, &o->sig_saved, NULL);
             memset(o, 0, sizeof *o);
             o->slot = -1;
             return &cpc_status_oom;
@@ -320,6 +322,19 @@ static void release(cpc_outfile *o)
     free(o->tmp);
     memset(o, 0, sizeof *o);
     o->slot = -1;
+}
+
+cpc_status *cpc_outfile_prepare(cpc_outfile *o)
+{
+    if (!o->f)
+        return cpc_error(CPC_E_INTERNAL, "cpc_outfile_prepare: no open file");
+    int e = 0;
+    errno = 0;
+    if (fflush(o->f) != 0 || ferror(o->f))
+        e = errno ? errno : EIO;
+    if (!e && o->tmp && fsync(fileno(o->f)) != 0 && errno != EINVAL && errno != EROFS)
+        e = errno;
+    return e ? werr(o->path, o->verb, e) : NULL;
 }
 
 void cpc_outfile_discard(cpc_outfile *o)

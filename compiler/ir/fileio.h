@@ -72,6 +72,11 @@ cpc_status *cpc_outfile_open(cpc_outfile *o, const char *path, const char *verb)
  * left as it was.  Always releases *o. */
 cpc_status *cpc_outfile_commit(cpc_outfile *o);
 
+/* Flushes and fsyncs what was written (the temporary file stays open and
+ * unrenamed): after it, a commit can only fail in the rename.  For sets of
+ * files made all or nothing (prepare every file, then commit every file).
+ * Errors as commit's; the caller then discards. */
+cpc_status *cpc_outfile_prepare(cpc_outfile *o);
 /* Closes and removes the temporary file without touching the target.
  * Safe on a cleared or already released *o. */
 void cpc_outfile_discard(cpc_outfile *o);

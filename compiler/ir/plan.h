@@ -131,6 +131,10 @@ typedef struct cpc_plan {
         int64_t cross_attention_tokens; /* text tokens each block cross-attends to, 0 = none */
         int experts;        /* MoE experts per block, 0 = not given (1) */
         int active_experts; /* experts per token, 0 = not given (1) */
+        bool linear_attention; /* model.attention: linear (ReLU linear attention, as
+                                  Sana's); default softmax.  A cost-model key: cost.h
+                                  LINEAR ATTENTION prices it; cpc's kernels compute
+                                  softmax attention */
         bool structure_given; /* any of mlp_ratio, mlp_gated, cross_attention_tokens,
                                  experts, active_experts was written */
     } model;
@@ -176,6 +180,11 @@ typedef struct cpc_plan {
         bool vae;                  /* price the VAE decode (default true: `vae: auto`) */
         int vae_channels;          /* 0 = not given (128) */
         bool vae_parallel;         /* default false */
+        bool vae_tiling;           /* default false: the decode runs in overlapping tiles
+                                      (cost.h PIPELINE) */
+        bool cfg_batched;          /* runtime.cfg: batched (true) | sequential (false,
+                                      the default): how the step runs the two CFG passes
+                                      of an even group batch (cost.h HOST) */
     } runtime;
 
     struct {

@@ -32,9 +32,9 @@ static const char *const K_TOP[] = {"version", "name", "model", "input", "cluste
 static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", "layers", "scale",
                                       "parameters", "hidden", "mlp_ratio", "mlp_gated",
                                       "dual_stream_layers", "cross_attention_tokens", "experts",
-                                      "active_experts"};
+                                      "active_experts", "attention"};
 static const char *const K_RUNTIME[] = {"framework", "attention_kernel", "text_encoder_parameters",
-                                        "vae", "vae_channels", "vae_parallel"};
+                                        "vae", "vae_channels", "vae_parallel", "vae_tiling", "cfg"};
 static const char *const K_INPUT[] = {"batch", "segments", "tokens", "image",
                                       "video", "mask",     "kv",     "mode",
                                       "steps"};
@@ -875,6 +875,9 @@ static void load_model(ld *L, const cpc_ynode *root, cpc_span root_at)
         p->model.mlp_ratio = d, p->model.structure_given = true;
     if (get_bool(L, m, "model", "mlp_gated", &b, NULL) == OK)
         p->model.mlp_gated = b, p->model.structure_given = true;
+    static const char *const an[] = {"softmax", "linear"};
+    if (get_enum(L, m, "model", "attention", an, 2, &e, NULL) == OK)
+        p->model.linear_attention = e == 1;
     fld fds;
     if (get_int(L, m, "model", "dual_stream_layers", 0, MAX_COUNT, &v, &fds) == OK) {
         p->model.dual_stream_layers = (int)v;
@@ -1212,6 +1215,11 @@ static void load_runtime(ld *L, const cpc_ynode *root)
     bool b = false;
     if (get_bool(L, m, "runtime", "vae_parallel", &b, NULL) == OK)
         p->runtime.vae_parallel = b;
+    if (get_bool(L, m, "runtime", "vae_tiling", &b, NULL) == OK)
+        p->runtime.vae_tiling = b;
+    static const char *const cn[] = {"sequential", "batched"};
+    if (get_enum(L, m, "runtime", "cfg", cn, 2, &e, NULL) == OK)
+        p->runtime.cfg_batched = e == 1;
 }
 
 static void load_schedule(ld *L, const cpc_ynode *root)

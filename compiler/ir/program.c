@@ -31,63 +31,63 @@
 #define CG CPC_CONTENT_GRAD
 static const cpc_op_info op_table[] = {
     [CPC_OP_LOOP] = {"loop", 0, 0, 0, 0, false, "no buffers (a count and a body)", CPC_GROUP_NONE,
-                     CPC_OPF_BODY, CPC_COST_NONE, 0, N_, N_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP},
+                     CPC_OPF_BODY | CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_NONE, 0, N_, N_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_KEEP},
     /* init_acc: outputs zeroed (ACC, with LSE -inf; or gradients): their content is
      * set by role (OUT/LSE, or GRAD), not carried */
     [CPC_OP_INIT_ACC] = {"init_acc", 0, MAXB, 0, MAXB, false, "an accumulator and its LSE (2 buffers)",
-                         CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1, N_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP},
+                         CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_MEMORY, 1, N_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_BLOCK},
     [CPC_OP_ATTN] = {"attn", 3, 3, 2, 2, false, "3 inputs (q, k, v) and 2 outputs (o, lse)",
-                     CPC_GROUP_NONE, 0, CPC_COST_ATTN, 1, R_, W_, {CQ, CK, CV}, {CO, CL}, CPC_MATCH_NONE,
-                     CPC_LIFE_OP},
+                     CPC_GROUP_NONE, CPC_OPF_FWD, CPC_COST_ATTN, 1, R_, W_, {CQ, CK, CV}, {CO, CL}, CPC_MATCH_NONE,
+                     CPC_LIFE_OP, CPC_TAGR_FROM_IN0},
     [CPC_OP_MERGE] = {"merge", 2, 2, 2, 2, false,
                       "2 inputs (o, lse of a block) and 2 outputs (acc, lse)", CPC_GROUP_NONE,
-                      CPC_OPF_READS_OUT, CPC_COST_MEMORY, 2, R_, A_, {CO, CL}, {CO, CL}, CPC_MATCH_NONE,
-                      CPC_LIFE_OP},
+                      CPC_OPF_READS_OUT | CPC_OPF_FWD, CPC_COST_MEMORY, 2, R_, A_, {CO, CL}, {CO, CL}, CPC_MATCH_NONE,
+                      CPC_LIFE_OP, CPC_TAGR_FROM_IN0},
     [CPC_OP_SEND] = {"send", 1, MAXB, 0, 0, false, "1..8 inputs and no output", CPC_GROUP_NONE,
-                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME, CPC_COST_P2P, 1, R_, N_,
-                     {0}, {0}, CPC_MATCH_SEND, CPC_LIFE_UNTIL_WAIT},
+                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_P2P, 1, R_, N_,
+                     {0}, {0}, CPC_MATCH_SEND, CPC_LIFE_UNTIL_WAIT, CPC_TAGR_KEEP},
     [CPC_OP_RECV] = {"recv", 0, 0, 1, MAXB, false, "1..8 outputs and no input", CPC_GROUP_NONE,
-                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_BLOCK | CPC_OPF_COMM_TIME,
-                     CPC_COST_P2P, 0, N_, W_, {0}, {0}, CPC_MATCH_RECV, CPC_LIFE_UNTIL_WAIT},
+                     CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_BLOCK | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD,
+                     CPC_COST_P2P, 0, N_, W_, {0}, {0}, CPC_MATCH_RECV, CPC_LIFE_UNTIL_WAIT, CPC_TAGR_BLOCK},
     [CPC_OP_WAIT] = {"wait", 0, 0, 0, 0, false, "no buffers (a tag)", CPC_GROUP_NONE,
-                     CPC_OPF_TAG | CPC_OPF_COMM_TIME, CPC_COST_NONE, 0, N_, N_, {0}, {0}, CPC_MATCH_COMPLETE,
-                     CPC_LIFE_OP},
+                     CPC_OPF_TAG | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_NONE, 0, N_, N_, {0}, {0}, CPC_MATCH_COMPLETE,
+                     CPC_LIFE_OP, CPC_TAGR_KEEP},
     [CPC_OP_SWAP] = {"swap", 2, 2, 0, 0, false, "2 different buffers (in[0], in[1]) and no output",
-                     CPC_GROUP_NONE, 0, CPC_COST_NONE, 0, CPC_ACCESS_REBIND, N_, {0}, {0}, CPC_MATCH_NONE,
-                     CPC_LIFE_OP},
+                     CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_NONE, 0, CPC_ACCESS_REBIND, N_, {0}, {0}, CPC_MATCH_NONE,
+                     CPC_LIFE_OP, CPC_TAGR_EXCHANGE},
     [CPC_OP_ALL_TO_ALL] = {"all_to_all", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8)", CPC_GROUP_ULYSSES,
-                           CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                           CPC_COST_COLLECTIVE, 1, R_, W_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
+                           CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD,
+                           CPC_COST_COLLECTIVE, 1, R_, W_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_A2A},
     [CPC_OP_ALL_GATHER] = {"all_gather", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8)", CPC_GROUP_RING,
-                           CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                           CPC_COST_COLLECTIVE, 1, R_, W_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
+                           CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD,
+                           CPC_COST_COLLECTIVE, 1, R_, W_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_KEEP},
     [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..8)",
-                     CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1, R_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP},
+                     CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_PAIRED},
     [CPC_OP_BARRIER] = {"barrier", 0, 0, 0, 0, false, "no buffers", CPC_GROUP_NONE,
-                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
-                        CPC_COST_COLLECTIVE, 1, N_, N_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
+                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD,
+                        CPC_COST_COLLECTIVE, 1, N_, N_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_KEEP},
     [CPC_OP_DELTA] = {"delta", 2, 2, 1, 1, false, "2 inputs (dout, out) and 1 output (delta)",
-                      CPC_GROUP_NONE, 0, CPC_COST_MEMORY, 1, R_, W_, {CD, CO}, {CE}, CPC_MATCH_NONE,
-                      CPC_LIFE_OP},
+                      CPC_GROUP_NONE, CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, W_, {CD, CO}, {CE}, CPC_MATCH_NONE,
+                      CPC_LIFE_OP, CPC_TAGR_FROM_IN0},
     [CPC_OP_ATTN_BWD] = {"attn_bwd", 6, 6, 3, 3, false,
                          "6 inputs (q, k, v, dout, lse, delta) and 3 outputs (dq, dk, dv)",
-                         CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_ATTN, 1, R_, A_, {CQ, CK, CV, CD, CL, CE},
-                         {CG, CG, CG}, CPC_MATCH_NONE, CPC_LIFE_OP},
+                         CPC_GROUP_NONE, CPC_OPF_READS_OUT | CPC_OPF_BWD, CPC_COST_ATTN, 1, R_, A_, {CQ, CK, CV, CD, CL, CE},
+                         {CG, CG, CG}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_FIRST_FROM_IN0},
     [CPC_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, MAXB, 1, MAXB, true,
                                "as many outputs as inputs (1..8): ALL dk/dv in, BLOCK out",
-                               CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                               CPC_GROUP_RING, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_BWD,
                                CPC_COST_COLLECTIVE, 2, R_, W_, {CG, CG, CG, CG, CG, CG, CG, CG},
-                               {CG, CG, CG, CG, CG, CG, CG, CG}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
+                               {CG, CG, CG, CG, CG, CG, CG, CG}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_RING_INDEX},
     [CPC_OP_ADD] = {"add", 1, 1, 1, 1, false, "1 input and 1 output (out += in, fp32 gradients)",
-                    CPC_GROUP_NONE, CPC_OPF_READS_OUT, CPC_COST_MEMORY, 1, R_, A_, {CG}, {CG}, CPC_MATCH_NONE,
-                    CPC_LIFE_OP},
+                    CPC_GROUP_NONE, CPC_OPF_READS_OUT | CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, A_, {CG}, {CG}, CPC_MATCH_NONE,
+                    CPC_LIFE_OP, CPC_TAGR_KEEP},
     [CPC_OP_ALL_REDUCE] = {"all_reduce", 1, MAXB, 1, MAXB, true,
                            "as many outputs as inputs (1..8): KV dk/dv, summed over the world",
-                           CPC_GROUP_WORLD, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME,
+                           CPC_GROUP_WORLD, CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_BWD,
                            CPC_COST_COLLECTIVE, 2, R_, W_, {CG, CG, CG, CG, CG, CG, CG, CG},
-                           {CG, CG, CG, CG, CG, CG, CG, CG}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP},
+                           {CG, CG, CG, CG, CG, CG, CG, CG}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_PAIRED},
 };
 #undef R_
 #undef W_
@@ -530,62 +530,49 @@ static cpc_status *check_operands(const cpc_program *prog, const cpc_op *op, con
     return NULL;
 }
 
+int cpc_op_out_tag(const cpc_program *prog, const cpc_op *op, int i, const cpc_coords *c, int64_t block, int in_tag0,
+                   int in_tag_i, int old)
+{
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    switch (info ? info->tags : CPC_TAGR_KEEP) {
+    case CPC_TAGR_FROM_IN0: return in_tag0;
+    case CPC_TAGR_FIRST_FROM_IN0: return i == 0 ? in_tag0 : old;
+    case CPC_TAGR_PAIRED: return in_tag_i;
+    case CPC_TAGR_BLOCK: {
+        if (op->kind == CPC_OP_RECV)
+            return (int)block;
+        /* init_acc: gradient accumulators made for ring block `block` (backward) */
+        cpc_buf_role ro = prog->buffers[op->out[i]].role;
+        bool grad = ro == CPC_ROLE_DQ || ro == CPC_ROLE_DK || ro == CPC_ROLE_DV;
+        return op->block && grad ? (int)block : old;
+    }
+    case CPC_TAGR_RING_INDEX: return (int)c->r;
+    case CPC_TAGR_A2A: return (int)(op->dir == CPC_A2A_SEQ_TO_HEADS ? c->r : c->p);
+    default: return old;
+    }
+}
+
+/* The op table's tag rule, applied to the walk's tags. */
 static void apply_tags(const walker *w, const cpc_exec_op *x)
 {
     const cpc_op *op = x->op;
     int *t = w->tags;
-    switch (op->kind) {
-    case CPC_OP_ATTN_BWD: /* DQ gets Q's tag; DK/DV keep theirs (must equal K's) */
-        if (op->n_in > 0 && op->n_out > 0)
-            t[op->out[0]] = t[op->in[0]];
-        break;
-    case CPC_OP_DELTA:
-    case CPC_OP_ATTN:
-    case CPC_OP_MERGE: {
-        int v = op->n_in > 0 ? t[op->in[0]] : CPC_TAG_NONE;
-        for (int i = 0; i < op->n_out; i++)
-            t[op->out[i]] = v;
-        break;
-    }
-    case CPC_OP_RECV:
-        for (int i = 0; i < op->n_out; i++)
-            t[op->out[i]] = (int)x->block;
-        break;
-    case CPC_OP_COPY:
-        if (op->n_in > 0 && op->n_out > 0)
-            t[op->out[0]] = t[op->in[0]];
-        break;
-    case CPC_OP_SWAP:
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (info && info->tags == CPC_TAGR_EXCHANGE) {
         if (op->n_in >= 2) {
             int a = t[op->in[0]];
             t[op->in[0]] = t[op->in[1]];
             t[op->in[1]] = a;
         }
-        break;
-    case CPC_OP_ALL_TO_ALL:
-        if (op->n_out > 0)
-            t[op->out[0]] = (int)(op->dir == CPC_A2A_SEQ_TO_HEADS ? x->c.r : x->c.p);
-        break;
-    case CPC_OP_REDUCE_SCATTER:
-        for (int i = 0; i < op->n_out; i++)
-            t[op->out[i]] = (int)x->c.r;
-        break;
-    case CPC_OP_ALL_REDUCE:
-        for (int i = 0; i < op->n_in && i < op->n_out; i++)
-            t[op->out[i]] = t[op->in[i]];
-        break;
-    case CPC_OP_INIT_ACC:
-        /* a gradient accumulator made for ring block `block` (backward) */
-        if (op->block)
-            for (int i = 0; i < op->n_out; i++) {
-                cpc_buf_role ro = w->prog->buffers[op->out[i]].role;
-                if (ro == CPC_ROLE_DQ || ro == CPC_ROLE_DK || ro == CPC_ROLE_DV)
-                    t[op->out[i]] = (int)x->block;
-            }
-        break;
-    default:
-        break;
+        return;
     }
+    int in0 = op->n_in > 0 ? t[op->in[0]] : CPC_TAG_NONE;
+    int nt[CPC_OP_MAX_BUFS];
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        nt[i] = cpc_op_out_tag(w->prog, op, i, &x->c, x->block, in0, i < op->n_in ? t[op->in[i]] : CPC_TAG_NONE,
+                               t[op->out[i]]);
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        t[op->out[i]] = nt[i];
 }
 
 static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, int depth)
@@ -726,44 +713,43 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
             bc->recvd += msg_bytes(prog, b, u, cpc_buffer_rows(prog, b, c, (int)x->block));
         }
         break;
-    case CPC_OP_ALL_TO_ALL: {
-        if (op->n_in < 1)
-            break;
-        int b = op->in[0];
-        const cpc_buffer *bf = &prog->buffers[b];
-        int64_t e = cpc_buffer_elem_size(prog, b);
-        for (int j = 0; j < L->U; j++) {
-            if (j == u)
-                continue;
-            cpc_coords cj = *c;
-            cj.u = j;
-            cj.p = (int64_t)r * L->U + j;
-            int off, hj, hu;
-            heads_of(L, bf->role, CPC_HEADS_PART, j, &off, &hj);
-            heads_of(L, bf->role, CPC_HEADS_PART, u, &off, &hu);
-            int64_t per_tok = (int64_t)L->B * (bf->role == CPC_ROLE_LSE ? 1 : L->D) * e;
-            if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
-                int64_t mine = cpc_buffer_rows(prog, b, c, x->tags[b]);
-                int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
-                bc->sent += mine * hj * per_tok;
-                bc->recvd += theirs * hu * per_tok;
-            } else {
-                bc->sent += cpc_layout_shard_tokens(L, (int)cj.p) * hu * per_tok;
-                bc->recvd += cpc_layout_shard_tokens(L, (int)c->p) * hj * per_tok;
+    case CPC_OP_ALL_TO_ALL:
+        /* every pair (same_in_out), as the executor runs them */
+        for (int k = 0; k < op->n_in; k++) {
+            int b = op->in[k];
+            const cpc_buffer *bf = &prog->buffers[b];
+            int64_t e = cpc_buffer_elem_size(prog, b);
+            for (int j = 0; j < L->U; j++) {
+                if (j == u)
+                    continue;
+                cpc_coords cj = *c;
+                cj.u = j;
+                cj.p = (int64_t)r * L->U + j;
+                int off, hj, hu;
+                heads_of(L, bf->role, CPC_HEADS_PART, j, &off, &hj);
+                heads_of(L, bf->role, CPC_HEADS_PART, u, &off, &hu);
+                int64_t per_tok = (int64_t)L->B * (bf->role == CPC_ROLE_LSE ? 1 : L->D) * e;
+                if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
+                    int64_t mine = cpc_buffer_rows(prog, b, c, x->tags[b]);
+                    int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
+                    bc->sent += mine * hj * per_tok;
+                    bc->recvd += theirs * hu * per_tok;
+                } else {
+                    bc->sent += cpc_layout_shard_tokens(L, (int)cj.p) * hu * per_tok;
+                    bc->recvd += cpc_layout_shard_tokens(L, (int)c->p) * hj * per_tok;
+                }
             }
         }
         break;
-    }
-    case CPC_OP_ALL_GATHER: {
-        if (op->n_in < 1)
-            break;
-        int b = op->in[0];
-        bc->sent += (int64_t)(L->R - 1) * msg_bytes(prog, b, u, cpc_buffer_rows(prog, b, c, x->tags[b]));
-        for (int j = 0; j < L->R; j++)
-            if (j != r)
-                bc->recvd += msg_bytes(prog, b, u, cpc_layout_block_tokens(L, j));
+    case CPC_OP_ALL_GATHER:
+        for (int k = 0; k < op->n_in; k++) {
+            int b = op->in[k];
+            bc->sent += (int64_t)(L->R - 1) * msg_bytes(prog, b, u, cpc_buffer_rows(prog, b, c, x->tags[b]));
+            for (int j = 0; j < L->R; j++)
+                if (j != r)
+                    bc->recvd += msg_bytes(prog, b, u, cpc_layout_block_tokens(L, j));
+        }
         break;
-    }
     case CPC_OP_REDUCE_SCATTER:
         /* block j's slice to member j; block r's slice from every other member */
         for (int i = 0; i < op->n_in; i++)

@@ -29,46 +29,36 @@
  * set by all_to_all (to r), recv (to its `block` expression), copy/swap
  * (carried along) and, for INPUT buffers with U == 1, starts as r.
  *
- * OP KINDS (one line per kind: reads, writes, communication, bytes moved per
- * rank; e = element size of the dtype, h = heads of the buffer, T its tokens)
- *
- * kind        reads            writes            comm / semantics                       bytes sent
- * ----------  ---------------  ----------------  -------------------------------------  ----------------------
- * loop        -                -                 body runs `count` times, s = 0..count-1  sum of body
- * init_acc    -                in[0] ACC,         ACC = 0, LSE = -inf                      0
- *                              in[1] LSE (out)
- * attn        in[0] Q, in[1] K, out[0] ACC-like  softmax(Q K^T * scale [+mask]) V for the  0
- *             in[2] V          out[1] LSE        K/V block (ALL layout: block `block`),
- *                                                fp32 out + LSE (natural log)
- * merge       in[0] O blk,     out[0] ACC,       LSE merge in fp32:                       0
- *             in[1] LSE blk    out[1] LSE        lse=log(e^a+e^b), out=sum w_i out_i
- * send        in[0..n)         -                 non-blocking send to group member `peer`  sum B*T*h*D*e
- *                                                of `group`; completes at `wait tag`
- * recv        -                out[0..n)         non-blocking receive from `peer`; the    0 (recv'd: same)
- *                                                content becomes ring block `block`
- * wait        -                -                 completes every send/recv with `tag`   0
- * swap        in[0], in[1]     in[0], in[1]      exchange the two buffers (no copy)        0
- * all_to_all  in[0]            out[0]            group ulysses. dir SEQ_TO_HEADS:         B*T*h*D*e*(U-1)/U approx
- *                                                SHARD/ALL heads -> BLOCK(r)/PART heads;  (exact: sizes of the
- *                                                HEADS_TO_SEQ: the inverse               other members' parts)
- * all_gather  in[0] BLOCK      out[0] ALL        group ring; gathers every member's block  B*T*h*D*e*(R-1)
- * copy        in[0]            out[0]            out = in, converting ACC(fp32)->O dtype,   0
- *                                                or selecting PART heads of a KV/ALL input
- * barrier     -                -                 group barrier                             0
- *
- * delta       in[0] DO,        out[0] LSE-role   delta = rowsum(dout * out) per (row, head),  0
- *             in[1] O          (delta)           fp32; same rows/heads as dout
- * attn_bwd    in = Q, K, V,    out = DQ, DK, DV  the block backward (backend.h attn_bwd):    0
- *             DO, LSE, DELTA                     dq += dS K, dk += dS^T Q, dv += P^T dout
- *                                                (+=, fp32), with the SAVED whole-row lse
- * reduce_     in[0] ALL        out[0] BLOCK(r)   group ring: member r gets the fp32 SUM over B*T_j*h*D*4 summed
- *   scatter   (DK/DV, fp32)    (same role)       the members of their block-r slice (the   over j != r (block j's
- *                                                all-gather ring's dK/dV, BACKWARD.md 3.2) slice to member j)
- * add         in[0] DQ/DK/DV   out[0] (same      out += in, fp32, same rows, heads and      0
- *                              role, read too)   content tag (BACKWARD.md 3.1, lagged)
- * all_reduce  in[0] KV DK/DV   out[0] (same      group world: the fp32 SUM over every rank  2 x (P-1)/P x B*Skv*h*D*4
- *             fp32, ALL heads  layout and role)  (cross-attention dK/dV, BACKWARD.md 3.7;   (reduce-scatter of Skv
- *                                                reduce-scatter + all-gather of Skv chunks) chunks + all-gather)
+ * OP KINDS, one line each.  Everything a reader needs about a kind as data
+ * (arity, group, operand access, the content each operand must hold and
+ * the content outputs get, how it matches its partners, how long it holds
+ * its buffers, its cost rule) is in THE OP TABLE below (cpc_op_info_of), the
+ * one place every reader takes it from; the details follow under SEMANTICS.
+ *   loop           runs its body `count` times, s = 0..count-1.
+ *   init_acc       zeroes out[]: (ACC, LSE) = (0, -inf), or DQ/DK/DV = 0 (with
+ *                  `block`: the accumulators of that ring block).
+ *   attn           (out[0] fp32, out[1] LSE) = softmax(q k^T scale [+mask]) v over
+ *                  the K/V block(s) read.
+ *   merge          (out[0], out[1]) accumulate the block result (in[0], in[1]):
+ *                  lse = log(e^a + e^b), out = sum of w_i out_i (fp32).
+ *   send           posts a non-blocking send of in[0..n) to member `peer` of
+ *                  `group`; the buffers stay in flight until `wait tag`.
+ *   recv           posts a non-blocking recv of out[0..n) from `peer`; their
+ *                  content becomes ring block `block`; in flight until `wait tag`.
+ *   wait           completes this rank's requests with `tag`.
+ *   swap           exchanges the memory of in[0] and in[1] (tags move with it).
+ *   all_to_all     ulysses group: shard x all heads <-> ring block r x head part
+ *                  (`dir`; `reduce`: parts of a shared head summed).
+ *   all_gather     ring group: every member's block r into one ALL buffer.
+ *   copy           out[i] = in[i] (ACC -> O dtype, or a head part selected/placed).
+ *   barrier        waits for every member of `group`.
+ *   delta          out[0] = rowsum(dout * out) per (row, head), fp32.
+ *   attn_bwd       (dq, dk, dv) += the block backward of (q, k, v, dout, the saved
+ *                  LSE, delta), fp32.
+ *   reduce_scatter ring group: member r gets the sum of every member's block-r slice.
+ *   add            out[0] += in[0] (fp32 gradients of one block).
+ *   all_reduce     world group: every rank gets the sum over all ranks (fp32).
+ * Bytes each op sends: cpc_program_bytes_sent below.
  *
  * BACKWARD ROLES (training, BACKWARD.md): DO (the output gradient `dout`,
  * plan dtype, query heads, shaped as Q), DQ (fp32, query heads, shaped as
@@ -94,11 +84,10 @@
  * cpc_program_free releases everything.  Thread-safety: immutable after
  * construction; the runtime reads it from every rank thread.
  *
- * PRECISE SEMANTICS (added by the scheduler's implementer, program.c and
- * schedule.c; additive: the table above stays true).
+ * SEMANTICS (the details of the lines above).
  *
  *  Operand slots.  init_acc has n_in = 0, n_out = 2: out[0] ACC, out[1] LSE
- *  (the table's "in[0] ACC, in[1] LSE (out)" means these out slots).  attn:
+ *  (or 1..3 gradients).  attn:
  *  in = {Q, K, V}, out = {ACC-role partial (fp32), LSE}.  merge: in = {ACC
  *  partial, LSE partial}, out = {ACC, LSE}, read and written (acc, lse <-
  *  merge(acc, lse, in)).  swap: n_in = 2, n_out = 0.  send: in[0..n) are n
@@ -178,7 +167,7 @@
  *  block, what the query side holds; INPUT BLOCK buffers exist only with
  *  U == 1, where block r == shard r); SHARD buffers are p; ALL and KV
  *  buffers CPC_TAG_NONE.  Updates: all_to_all SEQ_TO_HEADS -> out r,
- *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> in's tag; attn -> outs
+ *  HEADS_TO_SEQ -> out p; recv -> `block`; copy -> out[i] gets in[i]'s tag; attn -> outs
  *  get Q's tag; merge -> outs get in[0]'s tag; swap exchanges; init_acc,
  *  all_gather and the rest leave tags unchanged; reduce_scatter -> out r;
  *  init_acc of DQ/DK/DV with `block` -> its outputs `block`.
@@ -244,12 +233,15 @@ typedef enum cpc_a2a_dir { CPC_A2A_SEQ_TO_HEADS = 0, CPC_A2A_HEADS_TO_SEQ, CPC_A
 #define CPC_OP_MAX_BUFS 8
 
 /* THE OP TABLE (as Lua's lopcodes): what every layer needs to know about an
- * op kind, in one place, and read from here by every reader: the verifier
- * (arity, groups, required fields: verify.c's shape checks; operand access,
- * content, matching and lifetimes: the backward prover, verify_bwd.c), the
- * executor (its pending-request guard reads `in_access`/`out_access`, its
- * event classes CPC_OPF_COMM_TIME), the Lua layer (names, fields), the cost
- * model (host launches; `cost` names the rule of cost.c's price table). */
+ * op kind, in one place, and read from here by every reader: the provers
+ * (arity, groups, required fields: verify.c's shape checks; which kinds a
+ * forward / backward program may use: CPC_OPF_FWD/BWD; operand access,
+ * content, matching, lifetimes and tag rules: the backward prover,
+ * verify_bwd.c), the per-rank walk (tag rules: cpc_op_out_tag), the
+ * executor (its pending-request guard reads `in_access`/`out_access`; paired
+ * ops run pair by pair by `same_in_out`; event classes CPC_OPF_COMM_TIME),
+ * the Lua layer (names, fields), the cost model (host launches; `cost` names
+ * the rule of cost.c's price table, which still dispatches by kind). */
 enum {
     CPC_OPF_GROUP = 1 << 0,      /* runs over a group (ring, ulysses or world) */
     CPC_OPF_COLLECTIVE = 1 << 1, /* every member of the group takes part */
@@ -259,6 +251,8 @@ enum {
     CPC_OPF_BODY = 1 << 5,       /* has a body and a count (loop) */
     CPC_OPF_COMM_TIME = 1 << 6,  /* its time is communication (waits included) */
     CPC_OPF_READS_OUT = 1 << 7,  /* reads its outputs too (merge accumulates) */
+    CPC_OPF_FWD = 1 << 8,        /* may appear in a forward program (cpc_verify) */
+    CPC_OPF_BWD = 1 << 9,        /* may appear in a backward program (cpc_verify_backward) */
 };
 
 /* Which cost-model rule prices an op (compiler/cost.c). */
@@ -315,6 +309,20 @@ typedef enum cpc_lifetime {
                                recv buffer neither read nor written (nor swapped) */
 } cpc_lifetime;
 
+/* How an op sets the content tags of its outputs (the rules under "Content
+ * tags" below; cpc_op_out_tag applies them). */
+typedef enum cpc_tag_rule {
+    CPC_TAGR_KEEP = 0,       /* outputs keep their tags */
+    CPC_TAGR_FROM_IN0,       /* every output gets in[0]'s tag (attn, merge, delta: the query rows) */
+    CPC_TAGR_FIRST_FROM_IN0, /* out[0] gets in[0]'s tag, the others keep theirs (attn_bwd: DQ gets
+                                Q's, DK/DV keep the block they accumulate) */
+    CPC_TAGR_PAIRED,         /* out[i] gets in[i]'s tag (copy, all_reduce) */
+    CPC_TAGR_BLOCK,          /* outputs get the op's `block` (recv; init_acc of gradients with one) */
+    CPC_TAGR_RING_INDEX,     /* outputs get r (reduce_scatter: this member's block) */
+    CPC_TAGR_A2A,            /* seq_to_heads: r (ring block r); heads_to_seq: p (shard p) */
+    CPC_TAGR_EXCHANGE,       /* swap: in[0] and in[1] exchange theirs */
+} cpc_tag_rule;
+
 typedef struct cpc_op_info {
     const char *name;        /* as printed in the text form and seen by Lua */
     int min_in, max_in;      /* input buffers (CPC_OP_MAX_BUFS at most) */
@@ -332,6 +340,7 @@ typedef struct cpc_op_info {
     signed char out_content[CPC_OP_MAX_BUFS]; /* what out[i] holds after (NONE: carried from in[i]) */
     cpc_match match;
     cpc_lifetime life;
+    cpc_tag_rule tags;
 } cpc_op_info;
 
 /* The table entry of `k`, or NULL for a value outside the enum.  Static data;
@@ -404,7 +413,7 @@ typedef struct cpc_program {
  * Return the new index, or -1 on OOM. */
 int cpc_program_add_buffer(cpc_program *prog, const char *name, cpc_buf_role role,
                            cpc_buf_tokens tokens, cpc_buf_heads heads, cpc_buf_io io);
-/* (also -1, added: when `name` is empty, not [A-Za-z0-9_] only, longer than
+/* (also -1 when `name` is empty, not [A-Za-z0-9_] only, longer than
  * CPC_BUF_NAME_MAX-1, or already used, or an enum value is out of range) */
 /* Index of the buffer called `name`, -1 if none. */
 int cpc_program_find_buffer(const cpc_program *prog, const char *name);
@@ -431,7 +440,7 @@ int cpc_buffer_elem_size(const cpc_program *prog, int b);
 /* Coordinates of flat rank p (s = 0). */
 cpc_coords cpc_program_coords(const cpc_program *prog, int p);
 
-/* ---- additions (program.c): constructor, per-rank walk, byte counts ---- */
+/* ---- constructor, per-rank walk, byte counts ---- */
 
 #define CPC_TAG_NONE (-1)
 #define CPC_LOOP_MAX (1 << 20)   /* largest loop count a walk accepts */
@@ -463,6 +472,14 @@ typedef cpc_status *(*cpc_walk_fn)(void *ctx, const cpc_exec_op *x);
  * deeper than 8.  Thread-safe (no shared state). */
 cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, void *ctx);
 
+/* The content tag out[i] of `op` gets by the table's tag rule, on the rank
+ * with coordinates c: `block` is the op's evaluated `block` (-1 if none),
+ * in_tag0 / in_tag_i the tags of in[0] and in[i] (CPC_TAG_NONE if absent),
+ * old the tag out[i] had.  CPC_TAGR_EXCHANGE (swap: no outputs) returns old.
+ * Pure; thread-safe. */
+int cpc_op_out_tag(const cpc_program *prog, const cpc_op *op, int i, const cpc_coords *c, int64_t block, int in_tag0,
+                   int in_tag_i, int old);
+
 /* Rows (tokens) of buffer b's content with content tag `tag` on the rank
  * with coordinates c: SHARD shard_tokens(p), BLOCK block_tokens(tag) (the
  * largest block when tag is CPC_TAG_NONE), ALL S, KV Skv. */
@@ -488,8 +505,8 @@ cpc_status *cpc_program_bytes_sent(const cpc_program *prog, int rank, int64_t *s
 /* Stable text form (what --dump-schedule prints).  rank < 0: the SPMD
  * program with expressions; rank >= 0: that rank's program with expressions
  * evaluated and loops unrolled.  Returns a status on evaluation errors. */
-/* (added: the format is specified under "Text form" above; rank >= P is
- * CPC_E_USAGE; with rank >= 0 nothing is printed when the walk fails.) */
+/* The format is specified under "Text form" above; rank >= P is
+ * CPC_E_USAGE; with rank >= 0 nothing is printed when the walk fails. */
 cpc_status *cpc_program_print(FILE *out, const cpc_program *prog, int rank);
 
 #endif

@@ -233,7 +233,7 @@ static const char *sev_name(cpc_severity s)
     return s == CPC_SEV_ERROR ? "error" : s == CPC_SEV_WARNING ? "warning" : "note";
 }
 
-char *cpc_status_format(const char *prog, const cpc_status *st)
+char *cpc_status_format(const cpc_status *st, const char *prog)
 {
     if (!st) { /* OK: "PROG: ok" */
         char *s = NULL;
@@ -256,14 +256,14 @@ char *cpc_status_format(const char *prog, const cpc_status *st)
     return n < 0 ? NULL : s;
 }
 
-void cpc_status_print(FILE *out, const char *prog, const cpc_status *st)
+void cpc_status_print(const cpc_status *st, FILE *out, const char *prog)
 {
     for (; st; st = st->next) {
-        char *s = cpc_status_format(prog, st);
+        char *s = cpc_status_format(st, prog);
         fprintf(out, "%s\n", s ? s : st->message);
         free(s);
         for (const cpc_status *n = st->notes; n; n = n->next) {
-            char *ns = cpc_status_format(prog, n);
+            char *ns = cpc_status_format(n, prog);
             fprintf(out, "%s\n", ns ? ns : n->message);
             free(ns);
         }

@@ -111,11 +111,11 @@ const char *cpc_code_name(cpc_code code);
  *   file:line:col: error[CP011]: message; hint: ...
  *   file:line:col: note: ...
  * Without a span the "file:line:col: " prefix is "cpc: " (`prog`). */
-void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
+void cpc_status_print(const cpc_status *st, FILE *out, const char *prog);
 
 /* Formats one diagnostic (not its chain) as above into a malloc'd string
  * (caller frees).  Returns NULL on OOM. */
-char *cpc_status_format(const char *prog, const cpc_status *st);
+char *cpc_status_format(const cpc_status *st, const char *prog);
 
 /* Formats the rule as "CP011" into buf (size >= 8); "" when rule == 0. */
 const char *cpc_rule_str(int rule, char buf[8]);

@@ -54,7 +54,7 @@ typedef enum cpc_compile_stage {
  * that reports an error ends the pipeline.  *out: the compilation (free with
  * cpc_compilation_free).  Errors (*out NULL): CPC_E_USAGE (NULL arguments,
  * unknown stage), CPC_E_NOMEM. */
-CPC_API cpc_status *cpc_compilation_run(const char *path, const cpc_compile_options *opts,
+CPC_API cpc_status *cpc_compilation_new(const char *path, const cpc_compile_options *opts,
                                 cpc_compile_stage until, cpc_compilation **out);
 
 /* Frees a compilation.  NULL is ignored. */
@@ -207,38 +207,10 @@ CPC_API bool cpc_compilation_kernel_summary(const cpc_compilation *c, cpc_kernel
 CPC_API cpc_status *cpc_compilation_artifact(const cpc_compilation *c, cpc_artifact **out);
 CPC_API cpc_status *cpc_compilation_write(const cpc_compilation *c, const char *path);
 
-/* ---- statuses and atomic files for tools ------------------------------------- */
-
-/* A new error status of class `code` with `message` (copied): for a tool's
- * own errors alongside libcpc's.  Caller frees with cpc_status_free.  Never
- * NULL (out of memory: the static out-of-memory status). */
-CPC_API cpc_status *cpc_status_new(cpc_code code, const char *message);
-
-/* Opaque: a file being written atomically. */
-typedef struct cpc_atomic_file cpc_atomic_file;
-
-/* Opens `path` for an atomic write: a temporary file beside it (renamed over
- * it by commit; removed if the process dies of SIGINT, SIGTERM or SIGHUP);
- * a character device or FIFO is written through; a directory is refused.
- * `verb` (a string literal, "cannot create") starts the error message after
- * "PATH: ".  Errors: CPC_E_IO, CPC_E_NOMEM. */
-CPC_API cpc_status *cpc_atomic_file_open(const char *path, const char *verb, cpc_atomic_file **out);
-
-/* Writes `bytes` bytes of `data` at the end of the file.  Errors: CPC_E_IO
- * ("PATH: write failed: REASON"; the file stays open: discard it). */
-CPC_API cpc_status *cpc_atomic_file_write(cpc_atomic_file *f, const void *data, size_t bytes);
-
-/* Flushes, fsyncs and puts the file in place; frees f in any case.  On
- * error the target is left as it was.  Errors: CPC_E_IO. */
-CPC_API cpc_status *cpc_atomic_file_commit(cpc_atomic_file *f);
-
-/* Drops the temporary file, leaving the target as it was; frees f.  NULL
- * is ignored. */
-CPC_API void cpc_atomic_file_discard(cpc_atomic_file *f);
-
-/* Writes `bytes` bytes of `data` to `path` atomically (open + write +
- * commit above).  Errors: CPC_E_IO. */
-CPC_API cpc_status *cpc_write_file_atomic(const char *path, const void *data, size_t bytes);
+/* DEPRECATED NAMES (rank.h): source compatibility only. */
+#ifndef CPC_NO_DEPRECATED
+#define cpc_compilation_run cpc_compilation_new
+#endif
 
 #ifdef __cplusplus
 }

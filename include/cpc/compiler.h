@@ -39,8 +39,20 @@ extern "C" {
 /* Opaque: a compiled, proven plan (a .cplan in memory). */
 typedef struct cpc_artifact cpc_artifact;
 
-/* Compile options; fill with cpc_compile_options_init, then change fields. */
+/* Compile options; fill with cpc_compile_options_init(&o, sizeof o), then
+ * change fields.  THE SIZE MEMBER (every input options struct of libcpc
+ * begins with one, as ncclConfig_t does): `size` is sizeof the struct as the
+ * CALLER was compiled, set by the init function; it lets a later libcpc add
+ * fields at the end.  A libcpc reading options checks it: 0 or smaller than
+ * the struct's first version is CPC_E_USAGE (options never initialised);
+ * smaller than this header's struct (a caller built against an older
+ * header) is accepted, the fields past `size` taking their defaults; larger
+ * (a newer header than the library) is accepted only when every byte past
+ * the library's struct is zero (as Linux's copy_struct_from_user for
+ * openat2/clone3), otherwise CPC_E_USAGE.  First version: this struct
+ * whole (CPC_COMPILE_OPTIONS_SIZE_V1). */
 typedef struct cpc_compile_options {
+    size_t size;              /* sizeof(cpc_compile_options) of the caller */
     const char *const *sets;  /* "KEY=VALUE" overrides as `cpc --set` (dotted keys,
                                  [N] indices), applied in order; borrowed */
     int n_sets;
@@ -52,8 +64,14 @@ typedef struct cpc_compile_options {
     const char *arch;         /* NVRTC target, NULL = "sm_90" */
 } cpc_compile_options;
 
-/* Defaults: no overrides, no script, no kernels. */
-CPC_API void cpc_compile_options_init(cpc_compile_options *o);
+/* The smallest size a libcpc accepts: the struct's first version. */
+#define CPC_COMPILE_OPTIONS_SIZE_V1 (offsetof(cpc_compile_options, arch) + sizeof(const char *))
+
+/* Fills the first `size` bytes of *o (size = sizeof *o as the caller knows
+ * the struct) with the defaults (no overrides, no script, no kernels) and
+ * sets o->size = size; a caller with a larger struct than this libcpc's gets
+ * the unknown tail zeroed.  o NULL or size < sizeof(size_t): nothing. */
+CPC_API void cpc_compile_options_init(cpc_compile_options *o, size_t size);
 
 /* Compiles the plan file `path` (YAML).  On success *out is a new artifact
  * (caller frees with cpc_artifact_free).  opts may be NULL (defaults),
@@ -79,7 +97,7 @@ CPC_API cpc_status *cpc_artifact_load(const char *path, cpc_artifact **out);
 
 /* Writes the artifact to `path` (.cplan, SPEC section 4).  Errors: CPC_E_IO,
  * CPC_E_USAGE (path or a NULL). */
-CPC_API cpc_status *cpc_artifact_write(const char *path, cpc_artifact *a);
+CPC_API cpc_status *cpc_artifact_write(cpc_artifact *a, const char *path);
 
 /* Frees an artifact.  NULL is ignored.  Every rank made from it must have
  * been destroyed first. */

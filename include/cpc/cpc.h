@@ -10,9 +10,24 @@
  *                   communicator or an in-process world; attention forward
  *                   on caller buffers with no allocation per call
  *   cpc/compilation.h  the pipeline's whole result as `cpc` shows it:
- *                   diagnostics, candidates, schedule, kernels; atomic writes
+ *                   diagnostics, candidates, schedule, kernels
  *   cpc/session.h   the whole job as cprun runs it (every rank, inputs,
  *                   check, report), and machine calibration
+ *   (cpc/tool.h     NOT part of libcpc: the tools' policy, exit statuses,
+ *                   atomic files, --option checks; static cpc_tool, not
+ *                   installed, not included here)
+ *
+ * Conventions of every header:
+ *   - one lifecycle vocabulary: an object is made by cpc_X_new (or by the
+ *     verbs that name how: cpc_compile_plan_*, cpc_artifact_load) and freed
+ *     by cpc_X_free (NULL ignored); options structs are filled by
+ *     cpc_X_options_init(&o, sizeof o);
+ *   - subject first: a function on an object takes that object as its first
+ *     argument (cpc_artifact_write(a, path), cpc_status_print(st, out,
+ *     prog), cpc_run_report_print_json(r, out));
+ *   - input structs begin with `size` (compiler.h THE SIZE MEMBER);
+ *   - the names before these conventions are deprecated macros (rank.h
+ *     DEPRECATED NAMES; CPC_NO_DEPRECATED drops them).
  *
  * Link: `pkg-config --cflags --libs cpc`, or CMake `find_package(cpc)` and
  * target `cpc::cpc`.  Only `cpc_` symbols are exported.

@@ -5,15 +5,15 @@
  * The embedding unit is ONE RANK.  The caller owns the processes, the
  * communicator, the stream and every tensor; libcpc borrows them.  A rank is
  * made from a proven artifact and a transport the caller supplies:
- *   - cpc_rank_create_mpi:   the caller's MPI communicator (size = world
+ *   - cpc_rank_new_mpi:   the caller's MPI communicator (size = world
  *                            size; cpc duplicates it and splits its ring and
  *                            Ulysses groups from the duplicate: the caller's
  *                            communicator is never used for cpc's traffic);
- *   - cpc_rank_create_local: a rank that is a thread of this process, in a
+ *   - cpc_rank_new_local: a rank that is a thread of this process, in a
  *                            world made with cpc_local_world_new (one thread
  *                            per rank; every rank of the world must call
  *                            cpc_rank_forward for each layer);
- *   - cpc_rank_create_nccl:  the caller's ncclComm_t and cudaStream_t.
+ *   - cpc_rank_new_nccl:  the caller's ncclComm_t and cudaStream_t.
  * Flat rank p has mesh coordinates r = p / U (ring), u = p % U (Ulysses).
  *
  * THE OUTER AXES.  An artifact with cfg_degree C or tp_degree T > 1 (SPEC
@@ -43,7 +43,7 @@
  * ranks and each returns a PARTIAL dk/dv (its query heads only): the caller
  * sums them (as it reduces any replicated parameter's gradient).
  *
- * Memory: cpc_rank_create allocates every internal buffer (the schedule's
+ * Memory: cpc_rank_new_* allocates every internal buffer (the schedule's
  * buffers, all-to-all staging, space to gather strided inputs; for a
  * training plan also the backward program's buffers and an fp32 gradient
  * buffer) from sizes the artifact states.  cpc_rank_forward and
@@ -105,10 +105,14 @@ typedef enum cpc_backend_kind {
  * (seconds). */
 #define CPC_RANK_DEFAULT_TIMEOUT_S 600.0
 
-/* Rank options; fill with cpc_rank_options_init, then change fields.  Out
- * of range values (a backend not below, device < -1, timeout_s NaN) make
- * cpc_rank_create_* fail with CPC_E_USAGE. */
+/* Rank options; fill with cpc_rank_options_init(&o, sizeof o), then change
+ * fields.  Out of range values (a backend not below, device < -1,
+ * timeout_s NaN, a cuda_stream on a CPU rank) make cpc_rank_new_* fail
+ * with CPC_E_USAGE.  `size` as compiler.h's THE SIZE MEMBER says; first
+ * version: the fields through timeout_s (CPC_RANK_OPTIONS_SIZE_V1: a caller
+ * of that size gets cuda_stream NULL). */
 typedef struct cpc_rank_options {
+    size_t size;               /* sizeof(cpc_rank_options) of the caller */
     cpc_backend_kind backend;  /* default CPC_BACKEND_AUTO */
     int device;                /* CUDA device of this rank; -1 (default): the
                                   current device */
@@ -134,8 +138,14 @@ typedef struct cpc_rank_options {
                                   complete on the device. */
 } cpc_rank_options;
 
-/* Defaults: as documented per field.  NULL is ignored. */
-CPC_API void cpc_rank_options_init(cpc_rank_options *o);
+/* The smallest size a libcpc accepts: the struct's first version. */
+#define CPC_RANK_OPTIONS_SIZE_V1 (offsetof(cpc_rank_options, timeout_s) + sizeof(double))
+
+/* Fills the first `size` bytes of *o (size = sizeof *o as the caller knows
+ * it) with the defaults documented per field and sets o->size = size (a
+ * larger struct than this libcpc's gets its tail zeroed).  o NULL or
+ * size < sizeof(size_t): nothing. */
+CPC_API void cpc_rank_options_init(cpc_rank_options *o, size_t size);
 
 /* Makes an in-process world of ring_degree x ulysses_degree thread ranks:
  * the whole world, or with cfg_degree x tp_degree > 1 one (c, t) group's
@@ -155,7 +165,7 @@ CPC_API void cpc_local_world_free(cpc_local_world *w);
  * unavailable is CPC_E_UNSUPPORTED, a world made by cpc_local_world_new for
  * another artifact names both), CPC_E_INTERNAL (the world already has that
  * group rank: two groups given one world), CPC_E_NOMEM. */
-CPC_API cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world *w, int rank,
+CPC_API cpc_status *cpc_rank_new_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out);
 
 /* This process's rank of an MPI communicator.  `mpi_comm` points to the
@@ -166,11 +176,11 @@ CPC_API cpc_status *cpc_rank_create_local(const cpc_artifact *a, cpc_local_world
  * MPI_THREAD_SERIALIZED.  COLLECTIVE over the communicator.  Errors:
  * CPC_E_UNSUPPORTED (libcpc built without MPI), CPC_E_USAGE (size
  * mismatch: every process fails alike), CPC_E_RUNTIME (MPI errors). */
-CPC_API cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_comm,
+CPC_API cpc_status *cpc_rank_new_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out);
 
 /* Point-to-point functions of the caller's own communication library, which
- * then carries the rank's traffic (cpc_rank_create_callbacks): e.g.
+ * then carries the rank's traffic (cpc_rank_new_callbacks): e.g.
  * torch.distributed's send/recv over a gloo process group under torchrun,
  * where no MPI world exists.  Peers are WORLD ranks (0 .. world size - 1);
  * `buf` is host memory of `bytes` bytes (never 0: empty messages are not
@@ -185,11 +195,17 @@ CPC_API cpc_status *cpc_rank_create_mpi(const cpc_artifact *a, const void *mpi_c
  * cpc_rank_backward, one at a time per rank.  `user` is passed back
  * unchanged. */
 typedef struct cpc_p2p_callbacks {
+    size_t size;   /* sizeof(cpc_p2p_callbacks) of the caller (compiler.h THE
+                      SIZE MEMBER; no init function: set it and the other
+                      fields, e.g. {.size = sizeof cb, ...}); first version:
+                      the whole struct (CPC_P2P_CALLBACKS_SIZE_V1) */
     void *user;
     int (*isend)(void *user, int peer, const void *buf, size_t bytes, int tag, int64_t *handle);
     int (*irecv)(void *user, int peer, void *buf, size_t bytes, int tag, int64_t *handle);
     int (*wait)(void *user, int64_t handle);
 } cpc_p2p_callbacks;
+
+#define CPC_P2P_CALLBACKS_SIZE_V1 (offsetof(cpc_p2p_callbacks, wait) + sizeof(void (*)(void)))
 
 /* World rank `rank` of the artifact whose messages (ring rotations,
  * all-to-alls, all-gathers, barriers: all built from point-to-point
@@ -199,15 +215,17 @@ typedef struct cpc_p2p_callbacks {
  * cfg_degree x tp_degree = 1 artifacts.  Not collective (nothing is sent at
  * creation).  Errors: CPC_E_USAGE (NULL callbacks, rank out of range),
  * CPC_E_UNSUPPORTED (outer axes), CPC_E_NOMEM. */
-CPC_API cpc_status *cpc_rank_create_callbacks(const cpc_artifact *a, int rank,
-                                              const cpc_p2p_callbacks *cb,
+CPC_API cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
                                               const cpc_rank_options *opts, cpc_rank **out);
 
-/* This process's rank over the caller's NCCL communicator: `nccl_comm` is an
- * ncclComm_t of world size ranks, `cuda_stream` the cudaStream_t the forward
- * is ordered on.  Errors: CPC_E_UNSUPPORTED when libcpc was built without
- * CUDA/NCCL or no GPU is usable. */
-CPC_API cpc_status *cpc_rank_create_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
+/* RESERVED: this process's rank over the caller's NCCL communicator
+ * (`nccl_comm` an ncclComm_t of world size ranks, `cuda_stream` the
+ * cudaStream_t the forward is ordered on).  Not available in this release:
+ * always CPC_E_UNSUPPORTED (after CPC_E_USAGE for NULL arguments or bad
+ * options).  GPU ranks of an MPI job: cpc_rank_new_mpi with
+ * CPC_BACKEND_CUDA (the caller's device tensors and stream; cpc's traffic
+ * over MPI, staged through host memory). */
+CPC_API cpc_status *cpc_rank_new_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
 /* The rank's flat index (world rank) and the world size (C*T*R*U); -1 and
@@ -288,7 +306,19 @@ CPC_API cpc_status *cpc_rank_abort(cpc_rank *r, const char *why);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
  * communicators).  NULL is ignored. */
-CPC_API void cpc_rank_destroy(cpc_rank *r);
+CPC_API void cpc_rank_free(cpc_rank *r);
+
+/* DEPRECATED NAMES (before 0.x's one lifecycle vocabulary: every object is
+ * made by a *_new (or compile/load) function and freed by its *_free).  Kept
+ * as macros for source compatibility only (no symbols); define
+ * CPC_NO_DEPRECATED to drop them.  They will be removed. */
+#ifndef CPC_NO_DEPRECATED
+#define cpc_rank_create_local cpc_rank_new_local
+#define cpc_rank_create_mpi cpc_rank_new_mpi
+#define cpc_rank_create_callbacks cpc_rank_new_callbacks
+#define cpc_rank_create_nccl cpc_rank_new_nccl
+#define cpc_rank_destroy cpc_rank_free
+#endif
 
 #ifdef __cplusplus
 }

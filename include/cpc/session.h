@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "cpc/rank.h"
@@ -49,9 +50,12 @@ typedef enum cpc_transport_kind {
     CPC_TRANSPORT_NCCL,       /* CUDA backend, one process per GPU */
 } cpc_transport_kind;
 
-/* Run options; fill with cpc_job_options_init (cprun's defaults), then
+/* Run options; fill with cpc_job_options_init(&o, sizeof o) (cprun's defaults), then
  * change fields.  Strings are borrowed for the call. */
 typedef struct cpc_job_options {
+    size_t size;                   /* sizeof(cpc_job_options) of the caller (compiler.h
+                                      THE SIZE MEMBER); first version: the whole struct
+                                      (CPC_JOB_OPTIONS_SIZE_V1) */
     cpc_backend_kind backend;      /* default AUTO: CUDA when built with it and a GPU is
                                       usable, else CPU */
     cpc_attention_kind attention;  /* default AUTO */
@@ -79,25 +83,30 @@ typedef struct cpc_job_options {
     void *before_abort_ctx;
 } cpc_job_options;
 
-/* cprun's defaults (see each field).  NULL is ignored.
+#define CPC_JOB_OPTIONS_SIZE_V1 (offsetof(cpc_job_options, before_abort_ctx) + sizeof(void *))
+
+/* cprun's defaults (see each field) in the first `size` bytes of *o (size =
+ * sizeof *o as the caller knows it; a larger struct than this libcpc's gets
+ * its tail zeroed), and o->size = size.  o NULL or size < sizeof(size_t):
+ * nothing.
  *
  * NULL handles: no function below dereferences a NULL job, options or
  * report; those that return a status give CPC_E_USAGE, the queries 0,
  * false or NULL, the printers print nothing. */
-CPC_API void cpc_job_options_init(cpc_job_options *o);
+CPC_API void cpc_job_options_init(cpc_job_options *o, size_t size);
 
-/* Opens `path`: a .cplan (read and proven again; `sets` must be empty) or a
+/* Makes a job from `path`: a .cplan (read and proven again; `sets` must be empty) or a
  * plan YAML with n_sets "KEY=VALUE" overrides, compiled up to the proof.
- * *out: the job (free with cpc_job_close); warnings go to *diagnostics
+ * *out: the job (free with cpc_job_free); warnings go to *diagnostics
  * (may be NULL; caller frees).  Errors (*out NULL): CPC_E_IO, CPC_E_PLAN
  * (rule violations with positions; CP018 for a training plan that cannot
  * train: a Lua schedule script, compiler/schedule_bwd.h), CPC_E_INPUT
  * (a malformed artifact), CPC_E_USAGE (--set on an artifact), CPC_E_NOMEM. */
-CPC_API cpc_status *cpc_job_open(const char *path, const char *const *sets, int n_sets, cpc_job **out,
+CPC_API cpc_status *cpc_job_new(const char *path, const char *const *sets, int n_sets, cpc_job **out,
                          cpc_status **diagnostics);
 
 /* Frees a job.  NULL is ignored. */
-CPC_API void cpc_job_close(cpc_job *job);
+CPC_API void cpc_job_free(cpc_job *job);
 
 /* The job's selected variant ("ring", ...) and mesh.  The world size is
  * C*T*R*U: with parallel.cfg_degree C x tp_degree T > 1, C*T groups of
@@ -117,20 +126,9 @@ CPC_API cpc_status *cpc_job_peak_memory(const cpc_job *job, int64_t *bytes);
  * --dry-run.  Allocates no buffer. */
 CPC_API cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks);
 
-/* Checks, before anything runs, that the files the run will write can be
- * written (output_path, trace_path, output_shards_dir) and that none of them
- * is an input (`plan_path` may be NULL).  Creates and changes nothing.
- * Errors: CPC_E_IO naming the option and the path. */
-CPC_API cpc_status *cpc_job_check_outputs(const cpc_job_options *o, const char *plan_path);
-
-/* Checks that `path` can be written as the file of option `what`
- * ("--profile-out", ...): an existing file writable and not a directory, a
- * new one in a writable directory.  Errors: CPC_E_IO. */
-CPC_API cpc_status *cpc_check_writable_file(const char *what, const char *path);
-
 /* Runs the job: every rank, warmup + iters iterations, gather, check,
  * report.  On success *report is the report (free with
- * cpc_run_report_destroy); it exists also when the check failed
+ * cpc_run_report_free); it exists also when the check failed
  * (cpc_run_report_ok false).  Under MPI only world rank 0 gets a report
  * (*report NULL elsewhere; *is_root, may be NULL, says which).  Outputs are
  * written atomically (a temporary file renamed when complete).  Errors
@@ -153,23 +151,14 @@ CPC_API bool cpc_run_report_ok(const cpc_run_report *r);
 CPC_API char *cpc_run_report_failure(const cpc_run_report *r);
 
 /* The human-readable report (SPEC section 5). */
-CPC_API void cpc_report_print_text(FILE *out, const cpc_run_report *r);
+CPC_API void cpc_run_report_print_text(const cpc_run_report *r, FILE *out);
 
 /* The JSON report (SPEC section 5: one object, its exact keys) and a
  * newline.  Errors: CPC_E_NOMEM, CPC_E_IO (the stream failed). */
-CPC_API cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
-
-/* The JSON object cprun prints when there is no report (a rejected plan, a
- * usage or input error, a runtime failure): the report's keys with what is
- * known (variant NULL, degrees and ranks <= 0: null), "ok": false and
- * "error": {"code", "class", "message", "exit_status"} from the first error
- * of `err` (NULL: class "usage" with `message`).  Malloc'd (caller frees);
- * NULL on OOM. */
-CPC_API char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
-                              const cpc_status *err, const char *message, int exit_status);
+CPC_API cpc_status *cpc_run_report_print_json(const cpc_run_report *r, FILE *out);
 
 /* Frees a report.  NULL is ignored. */
-CPC_API void cpc_run_report_destroy(cpc_run_report *r);
+CPC_API void cpc_run_report_free(cpc_run_report *r);
 
 /* cprun --calibrate: measures this machine with the CPU backend (attention
  * rate, memory, copy and collective bandwidth and latency, how ranks share
@@ -208,6 +197,15 @@ CPC_API cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_k
 CPC_API cpc_status *cpc_tune_profile(const char *path, const char *const *sets, int n_sets, int warmup,
                              int iters, cpc_transport_kind transport, double timeout_s, FILE *log,
                              const char *out_path, char **written_path, bool *is_root);
+
+/* DEPRECATED NAMES (rank.h): source compatibility only. */
+#ifndef CPC_NO_DEPRECATED
+#define cpc_job_open cpc_job_new
+#define cpc_job_close cpc_job_free
+#define cpc_run_report_destroy cpc_run_report_free
+#define cpc_report_print_text(out, r) cpc_run_report_print_text((r), (out))
+#define cpc_report_print_json(out, r) cpc_run_report_print_json((r), (out))
+#endif
 
 #ifdef __cplusplus
 }

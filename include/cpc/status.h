@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Error classes; the class, not the message, decides a tool's exit status
- * (cpc_status_exit_code). */
+ * (the tools' mapping, cpc/tool.h cpc_status_exit_code: not in libcpc.so). */
 typedef enum cpc_code {
     CPC_OK = 0,
     CPC_E_PLAN,        /* plan rejected by a rule (a CP code is set): exit 1 */
@@ -85,11 +85,6 @@ CPC_API const cpc_status *cpc_status_notes(const cpc_status *st);
 /* Frees a status and its whole chain.  NULL is ignored. */
 CPC_API void cpc_status_free(cpc_status *st);
 
-/* Exit status a tool gives for this status (worst over the chain; SPEC
- * section 3): 0 for NULL or warnings only, 1 plan/check, 2 usage/io/input,
- * 3 runtime/internal/memory/unsupported. */
-CPC_API int cpc_status_exit_code(const cpc_status *st);
-
 /* "plan", "usage", ... for a code. Static string. */
 CPC_API const char *cpc_code_name(cpc_code code);
 
@@ -98,12 +93,12 @@ CPC_API const char *cpc_code_name(cpc_code code);
  * without a position the prefix is "PROG: " (PROG NULL: "cpc").  For st
  * NULL (no error) the text is "PROG: ok".  Malloc'd; the caller frees it
  * with free().  NULL when out of memory. */
-CPC_API char *cpc_status_format(const char *prog, const cpc_status *st);
+CPC_API char *cpc_status_format(const cpc_status *st, const char *prog);
 
 /* Prints every diagnostic of the chain as cpc_status_format does, one per
  * line, each followed by its notes ("...: note: ..."), to `out` (nothing for
  * NULL). */
-CPC_API void cpc_status_print(FILE *out, const char *prog, const cpc_status *st);
+CPC_API void cpc_status_print(const cpc_status *st, FILE *out, const char *prog);
 
 #ifdef __cplusplus
 }

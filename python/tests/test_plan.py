@@ -82,7 +82,18 @@ def test_same_json_as_cpc_check(plan, sets):
     if theirs["predicted"] is None:
         assert mine["predicted"] is None
     else:
-        assert mine["predicted"] == pytest.approx(theirs["predicted"], rel=1e-9)
+        assert _flat(mine["predicted"]) == pytest.approx(_flat(theirs["predicted"]), rel=1e-9)
+
+
+def _flat(d, prefix=""):
+    """A nested dict (the prediction's step_breakdown) as one flat dict for approx."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, prefix + k + "."))
+        else:
+            out[prefix + k] = v
+    return out
 
 
 def test_set_values_and_usage_errors(tmp_path):

@@ -149,6 +149,5 @@ def test_from_diffusers_garbage_video():
     # what stays accepted: integral floats, numpy bools
     p = cpc.from_diffusers({"ring_degree": 2, "ring_anything": np.bool_(False)},
                            dict(wan, num_layers=40.0), 832, 480, 81)
-    # (ring: the degree follows from world_size; from_diffusers pins it only for unified)
-    assert p["parallel"] == {"variant": "ring"} and p["cluster"]["world_size"] == 2
+    assert p["parallel"]["variant"] == "ring" and p["cluster"]["world_size"] == 2
     assert p["model"]["layers"] == 40

@@ -6,7 +6,7 @@
 
 #include <cjson/cJSON.h>
 
-void cpc_run_report_free(cpc_run_report *r)
+void cpc_run_report_clear(cpc_run_report *r)
 {
     if (!r)
         return;
@@ -32,7 +32,7 @@ static void human(char *buf, size_t n, double b)
         snprintf(buf, n, "%.0f B", b);
 }
 
-void cpc_report_print_text(FILE *out, const cpc_run_report *r)
+void cpc_run_report_print_text(const cpc_run_report *r, FILE *out)
 {
     if (!out || !r)
         return;
@@ -185,10 +185,10 @@ char *cpc_report_json(const cpc_run_report *r)
     return s;
 }
 
-cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r)
+cpc_status *cpc_run_report_print_json(const cpc_run_report *r, FILE *out)
 {
     if (!out || !r)
-        return cpc_error(CPC_E_USAGE, "cpc_report_print_json: out and report must not be NULL");
+        return cpc_error(CPC_E_USAGE, "cpc_run_report_print_json: report and out must not be NULL");
     char *s = cpc_report_json(r);
     if (!s)
         return cpc_error(CPC_E_NOMEM, "report: out of memory");
@@ -230,7 +230,7 @@ char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_
             cpc_rule_str(first->rule, rb);
         cJSON_AddStringToObject(e, "code", rb[0] ? rb : cls);
         cJSON_AddStringToObject(e, "class", cls);
-        char *m = first ? cpc_status_format("cprun", first) : NULL;
+        char *m = first ? cpc_status_format(first, "cprun") : NULL;
         cJSON_AddStringToObject(e, "message", m ? m : first ? first->message : message ? message : "error");
         free(m);
         cJSON_AddNumberToObject(e, "exit_status", exit_status);

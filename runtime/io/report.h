@@ -87,10 +87,10 @@ typedef struct cpc_run_report {
 } cpc_run_report;
 
 /* Frees the arrays a report owns (the struct itself is the caller's). */
-void cpc_run_report_free(cpc_run_report *r);
+void cpc_run_report_clear(cpc_run_report *r);
 
 /* Writes the human-readable report. */
-CPC_API void cpc_report_print_text(FILE *out, const cpc_run_report *r);
+CPC_API void cpc_run_report_print_text(const cpc_run_report *r, FILE *out);
 
 /* The JSON object (exact keys above) as a malloc'd string (caller frees),
  * NULL on OOM. */
@@ -98,7 +98,7 @@ char *cpc_report_json(const cpc_run_report *r);
 
 /* Writes cpc_report_json + newline.  Errors: CPC_E_NOMEM (CPC_E_IO when
  * the stream reports a write error). */
-CPC_API cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
+CPC_API cpc_status *cpc_run_report_print_json(const cpc_run_report *r, FILE *out);
 
 /* The one JSON object cprun --format json prints when there is no report
  * (a rejected plan, a usage or input error, a runtime failure), so stdout
@@ -111,7 +111,7 @@ CPC_API cpc_status *cpc_report_print_json(FILE *out, const cpc_run_report *r);
  *             "exit_status": exit_status}.
  * `err` is the diagnostics chain (its first error is used; NULL: class
  * "usage" with `message`).  Malloc'd string (caller frees), NULL on OOM. */
-CPC_API char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
+char *cpc_report_failure_json(const char *variant, int ring_degree, int ulysses_degree, int ranks,
                               const cpc_status *err, const char *message, int exit_status);
 
 #endif

@@ -593,8 +593,31 @@ static cpc_status *write_all(int fd, const void *p, size_t n, const char *path)
     return NULL;
 }
 
+static cpc_status *st_write(const char *path, const cpc_st_out *ts, int n, const char *const *meta_keys,
+                            const char *const *meta_vals, int n_meta, cpc_outfile *staged);
+
 cpc_status *cpc_st_write(const char *path, const cpc_st_out *ts, int n, const char *const *meta_keys,
                          const char *const *meta_vals, int n_meta)
+{
+    return st_write(path, ts, n, meta_keys, meta_vals, n_meta, NULL);
+}
+
+cpc_status *cpc_st_write_staged(const char *path, const cpc_st_out *ts, int n,
+                                const char *const *meta_keys, const char *const *meta_vals, int n_meta,
+                                cpc_outfile *staged)
+{
+    memset(staged, 0, sizeof *staged);
+    staged->slot = -1;
+    cpc_status *st = st_write(path, ts, n, meta_keys, meta_vals, n_meta, staged);
+    if (!st)
+        st = cpc_outfile_prepare(staged);
+    if (st)
+        cpc_outfile_discard(staged);
+    return st;
+}
+
+static cpc_status *st_write(const char *path, const cpc_st_out *ts, int n, const char *const *meta_keys,
+                            const char *const *meta_vals, int n_meta, cpc_outfile *staged)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root)
@@ -661,6 +684,8 @@ cpc_status *cpc_st_write(const char *path, const cpc_st_out *ts, int n, const ch
             st = write_all(fd, ts[i].data, (size_t)sizes[i], path);
         if (st)
             cpc_outfile_discard(&of);
+        else if (staged)
+            *staged = of; /* the caller commits or discards */
         else
             st = cpc_outfile_commit(&of);
     }

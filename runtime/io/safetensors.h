@@ -25,6 +25,7 @@
 
 #include "layout.h"
 #include "plan.h"
+#include "fileio.h"
 #include "status.h"
 
 #define CPC_ST_MAX_DIMS 8
@@ -111,6 +112,16 @@ typedef struct cpc_st_out {
  * with spaces to a multiple of 8 bytes.  Errors: CPC_E_IO naming the path. */
 cpc_status *cpc_st_write(const char *path, const cpc_st_out *ts, int n, const char *const *meta_keys,
                          const char *const *meta_vals, int n_meta);
+
+/* The same, staged (issue 23: --output-shards all or nothing): the file is
+ * written to its temporary name (fileio.h), flushed and fsync'ed
+ * (cpc_outfile_prepare), and left in *staged for the caller to
+ * cpc_outfile_commit (rename over `path`) once every part of a set is
+ * written, or cpc_outfile_discard.  On error *staged is released and
+ * nothing remains. */
+cpc_status *cpc_st_write_staged(const char *path, const cpc_st_out *ts, int n,
+                                const char *const *meta_keys, const char *const *meta_vals, int n_meta,
+                                cpc_outfile *staged);
 
 /* Safetensors dtype for a plan dtype ("BF16" ...). */
 cpc_st_dtype cpc_st_from_dtype(cpc_dtype d);

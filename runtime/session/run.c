@@ -1,6 +1,7 @@
 /* run.c - see run.h */
 #include "run.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -28,29 +29,10 @@
 #include "rank.h"
 #include "transport_local.h"
 #include "transport_device.h"
-#include "transport_nccl.h"
 #include "codegen.h"
 
-/* ===== CUDA HOOK =====================================================================
- * backend cuda (runtime/backend/backend_cuda.c, built with the CUDA toolkit:
- * CPC_HAVE_CUDA): one cpc_cuda_backend_create() per rank on GPU
- * rank mod (visible GPUs) (MPI: local rank mod visible GPUs), kernels from
- * the artifact or compiled here with NVRTC, every endpoint wrapped by the
- * staged transport (transport_staged.h: device buffers through host memory). */
-#ifdef CPC_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "backend_cuda.h"
-#endif
-
-
-/* ===== MPI HOOK =====================================================================
- * transport mpi (runtime/transport/transport_mpi.c, built when CMake finds MPI): this
- * process is one rank; cpc_transport_mpi_create() gives its endpoint. */
-#ifdef CPC_HAVE_MPI
-#include "transport_mpi.h"
-#endif
-/* ==================================================================================== */
+/* Backends and transports (CUDA, MPI, NCCL: what this build has) come from the
+ * registries of the rank runtime (rank.h); this file names none of them. */
 
 /* Tags of the result collection on the world group (after the program). */
 enum { TAG_STATS = 30001, TAG_OUT = 30002, TAG_LSE = 30003, TAG_EVENTS = 30004, TAG_GRAD = 30005 };
@@ -201,6 +183,16 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
             cpc_job_free(job);
             return diags;
         }
+    }
+    if (job->plan->model.linear_attention) {
+        /* priced only (cost.h): the backends run softmax attention */
+        cpc_status_append(&diags, cpc_error(CPC_E_INPUT,
+                                            "%s: model.attention is linear: cpc prices linear attention "
+                                            "(cpc --check, --explain) but runs softmax attention only; "
+                                            "drop the key to run softmax attention",
+                                            path));
+        cpc_job_free(job);
+        return diags;
     }
     /* cfg_degree x tp_degree > 1: the program is one (c, t) group's R x U
      * program, laid out on the plan's sub-plan (placement.h); every group
@@ -367,6 +359,9 @@ typedef struct run_ctx {
                                  (transport_device.h): rank p's backend */
     cpc_transport **tr;       /* [P] */
     cpc_status **st;          /* [P] */
+    cpc_outfile *shard_of;    /* [P] --output-shards written but not yet renamed
+                                 (issue 23: the set is committed all or nothing,
+                                 shards_finish) */
     /* backend cuda */
     bool cuda;
     int n_gpus;               /* visible GPUs */
@@ -891,7 +886,53 @@ static cpc_status *write_shard(run_ctx *x, int p, const cpc_rank_place *rp, cons
     const char *vals[] = {rank_s, ws, tok, bs, hs};
     cpc_st_out o = {.name = "out", .dtype = cpc_st_from_dtype(L->dtype), .ndim = 4,
                     .shape = {L->B, T, L->H, L->D}, .data = out};
-    return cpc_st_write(path, &o, 1, keys, vals, x->pl.C * x->pl.T > 1 ? 5 : 3);
+    return cpc_st_write_staged(path, &o, 1, keys, vals, x->pl.C * x->pl.T > 1 ? 5 : 3,
+                               &x->shard_of[p]);
+}
+
+/* --output-shards, all or nothing (issue 23: a disk that filled left the new
+ * run's shards beside the previous run's).  Every rank's shard is written
+ * and fsync'ed under its temporary name (write_shard); when every rank of
+ * the job succeeded (`ok`: local ranks joined without error, or MPI ranks
+ * past a barrier after their writes) they are renamed into place, and shards
+ * of a previous run with more ranks (rankK.safetensors, K >= P) are removed
+ * (`remove_extra`: rank 0 or the local driver), so the directory holds one
+ * set; else every temporary file is removed and the previous set stays. */
+static cpc_status *shards_finish(run_ctx *x, bool ok, bool remove_extra)
+{
+    if (!x->shard_of)
+        return NULL;
+    cpc_status *st = NULL;
+    int P = x->pl.P;
+    for (int p = 0; p < P; p++) {
+        if (!x->shard_of[p].f)
+            continue;
+        if (ok && !st)
+            st = cpc_outfile_commit(&x->shard_of[p]);
+        else
+            cpc_outfile_discard(&x->shard_of[p]);
+    }
+    free(x->shard_of);
+    x->shard_of = NULL;
+    if (ok && !st && remove_extra) {
+        const char *d = x->opt->output_shards_dir;
+        DIR *dir = opendir(d);
+        struct dirent *de;
+        while (dir && (de = readdir(dir))) {
+            int k = -1;
+            char canon[64];
+            if (sscanf(de->d_name, "rank%d.safetensors", &k) == 1 && k >= P &&
+                snprintf(canon, sizeof canon, "rank%d.safetensors", k) > 0 &&
+                strcmp(canon, de->d_name) == 0) {
+                char path[4096];
+                snprintf(path, sizeof path, "%s/%s", d, de->d_name);
+                (void)unlink(path);
+            }
+        }
+        if (dir)
+            closedir(dir);
+    }
+    return st;
 }
 
 /* What this rank's backend is made from (rank.h): the CPU backend, or a
@@ -906,22 +947,18 @@ static cpc_rt_backend_params backend_params(const run_ctx *x, int p)
 }
 
 /* What served this rank's attention blocks (CUDA backend). */
-static void count_attention(run_ctx *x, cpc_backend *be, attn_count *out)
+static void count_attention(const cpc_rt_rank *rk, attn_count *out)
 {
     memset(out, 0, sizeof *out);
-#ifdef CPC_HAVE_CUDA
-    if (x->cuda && be) {
-        cpc_cuda_attn_info in;
-        cpc_cuda_backend_attention_info(be, &in, false);
-        out->cudnn_blocks = (double)in.cudnn_blocks;
-        out->nvrtc_blocks = (double)in.nvrtc_blocks;
-        out->fallback_blocks = (double)in.fallback_blocks;
-        snprintf(out->reason, sizeof out->reason, "%s", in.fallback_reason);
-    }
-#else
-    (void)x;
-    (void)be;
-#endif
+    if (!rk->backend->attention_report)
+        return;
+    cpc_rt_attention_report r;
+    memset(&r, 0, sizeof r);
+    rk->backend->attention_report(rk->be, &r);
+    out->cudnn_blocks = r.cudnn_blocks;
+    out->nvrtc_blocks = r.nvrtc_blocks;
+    out->fallback_blocks = r.fallback_blocks;
+    snprintf(out->reason, sizeof out->reason, "%s", r.reason);
 }
 
 /* The whole life of one rank of the job: the rank runtime (rank.h) made on
@@ -1047,7 +1084,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname,
             }
         }
     }
-    count_attention(x, rk->be, &mine.attn);
+    count_attention(rk, &mine.attn);
     size_t ob = cpc_exec_output_bytes(ex);
     shard = malloc(ob ? ob : 1);
     if (!shard) {
@@ -1228,7 +1265,7 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname,
     }
 done:
     if (st && rk) {
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         /* C*T > 1: the job world first (it names the world rank), then the group's */
         if (host_t && host_t != raw_t)
             cpc_transport_abort(host_t, msg ? msg : st->message);
@@ -1237,12 +1274,12 @@ done:
     } else if (st && host_t && host_t != raw_t) {
         /* no rank: its endpoint is aborted (creation failed) or still the
          * caller's (*tp, aborted below); the job world's is this rank's */
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         cpc_transport_abort(host_t, msg ? msg : st->message);
         free(msg);
     }
     if (st && *tp) {
-        char *msg = cpc_status_format("cprun", st);
+        char *msg = cpc_status_format(st, "cprun");
         cpc_transport_abort(*tp, msg ? msg : st->message);
         free(msg);
     }
@@ -1717,17 +1754,9 @@ static cpc_status *prepare_kernels(run_ctx *x, int device)
         return NULL;
     }
     char arch[16] = "sm_90";
-#ifdef CPC_HAVE_CUDA
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-        major > 0)
-        snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
-    else
-        (void)cudaGetLastError();
-#else
-    (void)device;
-#endif
+    const cpc_rt_backend_entry *cuda = cpc_rt_backend_get(CPC_RT_BACKEND_CUDA);
+    if (cuda && cuda->device_arch)
+        (void)cuda->device_arch(device, arch, sizeof arch); /* else sm_90 */
     double t0 = cpc_exec_now_us();
     cpc_kernel *k = NULL;
     int nk = 0;
@@ -2012,7 +2041,7 @@ static void close_local_worlds(run_ctx *x)
 /* cpc_job_run, step 2 (MPI jobs): this process's endpoint, NCCL or MPI, its
  * world rank and its GPU (local rank mod visible GPUs), and the MPI stall
  * limit.  Collective; every rank fails alike.  Errors: those of
- * cpc_transport_nccl_create / cpc_transport_mpi_create. */
+ * the transport registry's create (rank.h). */
 static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, bool use_nccl,
                                      cpc_transport **mpi_t, int *my_rank)
 {
@@ -2032,6 +2061,13 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
         x->mpi_device = te->device_of(*mpi_t);
         return NULL;
     }
+    /* the stall limit of every MPI wait (transport_mpi.h), set before MPI_Init:
+     * it also bounds the MPI calls that cannot poll (init, communicator setup,
+     * finalize: the transport's watchdog, issue 23) */
+    double lim = opt->timeout_s < 0 ? 0
+                 : opt->timeout_s > 0 ? opt->timeout_s
+                                     : cpc_run_default_timeout(x->job, opt, true);
+    te->set_stall_limit(lim);
     if (x->pl.C * x->pl.T > 1) {
         /* The outer axes (placement.h): the job's world (P x 1, the result
          * collection), then this rank's group: MPI_COMM_WORLD split by
@@ -2051,11 +2087,6 @@ static cpc_status *open_mpi_endpoint(run_ctx *x, const cpc_run_options *opt, boo
     /* Every rank fails alike here (world size check), none is left waiting. */
     if ((st = te->create(&tp, mpi_t)))
         return st;
-    /* the stall limit of every MPI wait (transport_mpi.h) */
-    double lim = opt->timeout_s < 0 ? 0
-                 : opt->timeout_s > 0 ? opt->timeout_s
-                                     : cpc_run_default_timeout(x->job, opt, true);
-    te->set_stall_limit(lim);
     if (opt->log)
         fprintf(opt->log, "cprun: MPI stall limit %.0f s per wait%s\n", lim,
                 opt->timeout_s > 0 ? " (--timeout)" : opt->timeout_s < 0 ? " (none)" : " (default)");
@@ -2180,6 +2211,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         goto setup_failed;
     if (opt.output_shards_dir && (st = mkdir_p(opt.output_shards_dir)))
         goto setup_failed;
+    if (opt.output_shards_dir && !(x.shard_of = calloc((size_t)P, sizeof *x.shard_of))) {
+        st = cpc_error(CPC_E_NOMEM, "out of memory");
+        goto setup_failed;
+    }
     if (x.cuda && (st = prepare_kernels(&x, x.mpi_device >= 0 ? x.mpi_device : 0)))
         goto setup_failed;
 
@@ -2257,6 +2292,16 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
         x.st[my_rank] = rank_main(&x, my_rank, &mpi_t, x.tname, sizeof x.tname);
         st = x.st[my_rank];
         x.st[my_rank] = NULL;
+        if (!st && x.shard_of) {
+            /* every rank's shard is written before any is renamed */
+            cpc_transport *wt = x.mpi_job_t ? x.mpi_job_t : mpi_t;
+            st = cpc_transport_barrier(wt, CPC_GROUP_WORLD);
+            cpc_status *fs = shards_finish(&x, !st, my_rank == 0);
+            if (!st)
+                st = fs;
+            else
+                cpc_status_free(fs);
+        }
         if (st)
             goto out;
         if (my_rank != 0) {
@@ -2303,6 +2348,11 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
             st = rc;
         else
             cpc_status_free(rc);
+        cpc_status *fs = shards_finish(&x, !st, true);
+        if (!st)
+            st = fs;
+        else
+            cpc_status_free(fs);
         if (st)
             goto out;
     }
@@ -2404,18 +2454,21 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     rep->ok = (!rep->checked || rep->pass) && (!rep->bwd_checked || rep->bwd_pass);
     goto out;
 setup_failed:
-#ifdef CPC_HAVE_MPI
     if (mpi_t) {
         /* "cprun: rank P: aborting: ...", every rank ends with this status
          * (2 for an input error, 3 for a runtime one). */
-        char *msg = cpc_status_format("cprun", st);
+        const cpc_rt_transport_entry *me =
+            cpc_rt_transport_get(use_nccl ? CPC_RT_TRANSPORT_NCCL : CPC_RT_TRANSPORT_MPI);
+        char *msg = cpc_status_format(st, "cprun");
         int code = cpc_status_exit_code(st);
         if (opt.before_abort)
             opt.before_abort(opt.before_abort_ctx, st, code ? code : 3);
-        cpc_mpi_abort(code ? code : 3, msg ? msg : st->message);
+        if (me && me->abort_job)
+            me->abort_job(code ? code : 3, msg ? msg : st->message);
+        free(msg);
     }
-#endif
 out:
+    cpc_status_free(shards_finish(&x, false, false)); /* a failed run: nothing renamed */
     if (x.res)
         for (int p = 0; p < P; p++)
             rank_out_free(&x.res[p]);
@@ -2433,10 +2486,12 @@ out:
         cpc_transport_destroy(mpi_t);
     if (x.mpi_job_t) /* after the group's endpoint: it may finalise MPI */
         cpc_transport_destroy(x.mpi_job_t);
-#ifdef CPC_HAVE_MPI
-    if (use_nccl)
-        cpc_mpi_finalize(); /* NCCL's bootstrap left MPI initialised (also on failure) */
-#endif
+    if (use_nccl) {
+        /* NCCL's bootstrap left MPI initialised (also on failure) */
+        const cpc_rt_transport_entry *ne = cpc_rt_transport_get(CPC_RT_TRANSPORT_NCCL);
+        if (ne && ne->finalize)
+            ne->finalize();
+    }
     cpc_st_close(x.in);
     free_kernels(&x);
     free(x.mask);

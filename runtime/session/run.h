@@ -127,7 +127,7 @@ cpc_status *cpc_job_from_plan(const cpc_plan *plan, cpc_variant variant, int rin
 
 /* Frees a job from cpc_job_load / cpc_job_from_plan and all it owns.  NULL is
  * ignored. */
-void cpc_job_free(cpc_job *job);
+CPC_API void cpc_job_free(cpc_job *job);
 
 /* cprun --dry-run: prints the selected variant, then every rank's buffers and
  * peak memory (at most `max_ranks` ranks in full, then a summary line);
@@ -199,9 +199,9 @@ cpc_status *cpc_run_check_outputs(const cpc_run_options *opt, const char *plan_p
 
 /* Checks that `path` can be written as the file of option `what`
  * ("--output", "--profile-out", ...) as above.  Errors: CPC_E_IO. */
-CPC_API cpc_status *cpc_check_writable_file(const char *what, const char *path);
+cpc_status *cpc_check_writable_file(const char *what, const char *path);
 
-/* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_free
+/* Runs the job and fills `rep` (zeroed first; free with cpc_run_report_clear
  * also after errors).  Returns NULL when the run completed (rep->ok tells
  * whether the check passed), or an error: CPC_E_USAGE (bad option value,
  * or options that contradict each other: --attention cudnn/nvrtc or

@@ -150,7 +150,7 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
         if (st) {
             cpc_status_prefix(st, "--tune: %s %dx%d", cpc_variant_name(c->variant),
                               c->ring_degree, c->ulysses_degree);
-            cpc_run_report_free(&rep);
+            cpc_run_report_clear(&rep);
             break;
         }
         if (is_root)
@@ -175,7 +175,7 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
                         cpc_variant_name(c->variant), c->ring_degree, c->ulysses_degree, C, T,
                         rep.ms_per_iter, c->predicted_ms_per_layer);
         }
-        cpc_run_report_free(&rep);
+        cpc_run_report_clear(&rep);
     }
 #ifdef CPC_HAVE_MPI
     if (held) {

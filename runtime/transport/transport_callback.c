@@ -12,7 +12,7 @@
 
 typedef struct cb_ctx {
     cpc_transport base;
-    cpc_transport_callbacks cb;
+    cpc_transport_p2p_fns cb;
     int p, R, U;
     bool aborted;
     char why[160];
@@ -287,9 +287,8 @@ static const cpc_transport_vtable cb_vtable = {
     .flush = NULL,
 };
 
-cpc_status *cpc_transport_callback_create(const cpc_transport_callbacks *cb, int rank,
-                                          int ring_degree, int ulysses_degree,
-                                          cpc_transport **out)
+cpc_status *cpc_transport_callback_create(const cpc_transport_p2p_fns *cb, int rank, int ring_degree,
+                                          int ulysses_degree, cpc_transport **out)
 {
     *out = NULL;
     if (!cb || !cb->isend || !cb->irecv || !cb->wait)

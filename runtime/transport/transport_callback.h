@@ -1,6 +1,7 @@
 /*
  * transport_callback.h - a transport whose bytes are moved by the caller's own
- * point-to-point functions (cpc_p2p_callbacks, include/cpc/rank.h): e.g. a
+ * point-to-point functions (cpc_transport_p2p_fns below; the public API's
+ * cpc_p2p_callbacks, include/cpc/rank.h, is converted into it by api/): e.g. a
  * Python process under torchrun whose torch.distributed process group (gloo)
  * carries cpc's traffic.
  *
@@ -35,23 +36,24 @@
 
 #include "transport.h"
 
-/* The caller's point-to-point functions (the public cpc_p2p_callbacks of
- * include/cpc/rank.h, field for field; api/ copies one into the other, the
- * runtime layer does not include the public API).  Peers are world ranks;
- * each function returns 0 on success. */
-typedef struct cpc_transport_callbacks {
+/* The caller's point-to-point functions (the runtime layer's own copy of the
+ * public cpc_p2p_callbacks: the runtime does not see include/cpc).  Peers are
+ * WORLD ranks; `buf` is host memory of `bytes` (> 0) bytes, valid until the
+ * matching wait returns; isend/irecv store a handle of the caller's choosing
+ * in *handle, wait(handle) completes it; each returns 0 on success, nonzero
+ * on failure.  `user` is passed back unchanged. */
+typedef struct cpc_transport_p2p_fns {
     void *user;
     int (*isend)(void *user, int peer, const void *buf, size_t bytes, int tag, int64_t *handle);
     int (*irecv)(void *user, int peer, void *buf, size_t bytes, int tag, int64_t *handle);
     int (*wait)(void *user, int64_t handle);
-} cpc_transport_callbacks;
+} cpc_transport_p2p_fns;
 
 /* An endpoint for world rank `rank` of an R x U mesh whose traffic goes
  * through `cb` (copied; cb->user is borrowed and must outlive the
  * endpoint).  Errors: CPC_E_USAGE (NULL callbacks, rank out of range),
  * CPC_E_NOMEM. */
-cpc_status *cpc_transport_callback_create(const cpc_transport_callbacks *cb, int rank,
-                                          int ring_degree, int ulysses_degree,
-                                          cpc_transport **out);
+cpc_status *cpc_transport_callback_create(const cpc_transport_p2p_fns *cb, int rank, int ring_degree,
+                                          int ulysses_degree, cpc_transport **out);
 
 #endif

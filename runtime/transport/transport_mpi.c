@@ -2,12 +2,15 @@
 #include "transport_mpi.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <mpi.h>
 
@@ -31,6 +34,10 @@ static int env_int(const char *name)
         return -1;
     return (int)x;
 }
+
+static bool wd_arm(const char *what, int world_rank, double extra);
+static void wd_disarm(bool armed);
+static void finalize_watched(void);
 
 bool cpc_mpi_launched(void)
 {
@@ -69,9 +76,10 @@ int cpc_mpi_local_rank(void)
     if (!mpi_is_live())
         return -1;
     MPI_Comm node = MPI_COMM_NULL;
-    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
-                            &node) != MPI_SUCCESS ||
-        node == MPI_COMM_NULL)
+    bool w = wd_arm("MPI_Comm_split_type (the node's ranks)", -1, 0);
+    int src = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    wd_disarm(w);
+    if (src != MPI_SUCCESS || node == MPI_COMM_NULL)
         return -1;
     int r = -1;
     if (MPI_Comm_rank(node, &r) != MPI_SUCCESS)
@@ -132,7 +140,7 @@ static cpc_status *ensure_mpi(bool *did_init)
         cpc_status_set_hint(st, "use an MPI library built with thread support "
                                 "(Open MPI gives MPI_THREAD_MULTIPLE)");
         if (*did_init) {
-            MPI_Finalize();
+            finalize_watched();
             *did_init = false;
         }
         return st;
@@ -143,7 +151,9 @@ static cpc_status *ensure_mpi(bool *did_init)
 cpc_status *cpc_mpi_init(int *world_rank, int *world_size)
 {
     bool did = false;
+    bool w = wd_arm("MPI_Init_thread (every rank starts the job together)", -1, 0);
     cpc_status *st = ensure_mpi(&did);
+    wd_disarm(w);
     if (st)
         return st;
     if (did)
@@ -168,7 +178,7 @@ void cpc_mpi_finalize(void)
     if (g_cpc_mpi_held)
         return;
     if (g_cpc_initialised_mpi && mpi_is_live())
-        MPI_Finalize();
+        finalize_watched();
     g_cpc_initialised_mpi = false;
 }
 
@@ -241,6 +251,121 @@ static double mono_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- watchdog: the MPI calls that cannot poll (issue 23) -------------------
+ * MPI_Init_thread, the communicator setup (MPI_Comm_dup / split) and
+ * MPI_Finalize block inside MPI until every rank takes part: a rank stopped
+ * (SIGSTOP) before MPI_Init completes, or after the run while rank 0 checks,
+ * hung the job forever.  While such a call runs, a watchdog thread waits
+ * with a deadline; when it passes, it prints "rank N: stalled: WHAT did not
+ * complete within S s" to stderr and ends the process with status 3 (the
+ * launcher then ends the job).  The limit is the stall limit but at least
+ * WD_MIN_S (MPI startup itself can take seconds on a loaded machine); a
+ * rank other than 0 in MPI_Finalize also allows 10 x that, at least
+ * WD_CHECK_MIN_S, for rank 0's check of the result, which it waits for
+ * there.  No stall limit (0): no watchdog. */
+#define WD_MIN_S 10.0
+#define WD_CHECK_MIN_S 60.0
+
+static pthread_mutex_t g_wd_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_wd_cv;
+static bool g_wd_started, g_wd_armed;
+static double g_wd_deadline, g_wd_limit;
+static int g_wd_rank = -1;
+static char g_wd_what[160];
+
+static void *wd_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_wd_mu);
+    for (;;) {
+        while (!g_wd_armed)
+            pthread_cond_wait(&g_wd_cv, &g_wd_mu);
+        double left = g_wd_deadline - mono_s();
+        if (left <= 0) {
+            char rank[32] = "";
+            if (g_wd_rank >= 0)
+                snprintf(rank, sizeof rank, "rank %d: ", g_wd_rank);
+            fprintf(stderr,
+                    "cpc: error: %sstalled: %s did not complete within %.3g s (the stall limit, "
+                    "--timeout; at least %.0f s here): another rank is stopped or gone; ending "
+                    "this rank with status 3\n",
+                    rank, g_wd_what, g_wd_limit, WD_MIN_S);
+            fflush(stderr);
+            _exit(3);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 1.0 ? left : 1.0);
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&g_wd_cv, &g_wd_mu, &ts);
+    }
+    return NULL;
+}
+
+/* Arms the watchdog for `what` with `extra` seconds beyond the limit; false
+ * (nothing armed) without a stall limit or when the thread cannot start. */
+static bool wd_arm(const char *what, int world_rank, double extra)
+{
+    if (g_stall_s <= 0)
+        return false;
+    pthread_mutex_lock(&g_wd_mu);
+    if (!g_wd_started) {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&g_wd_cv, &ca);
+        pthread_condattr_destroy(&ca);
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_t th;
+        g_wd_started = pthread_create(&th, &at, wd_main, NULL) == 0;
+        pthread_attr_destroy(&at);
+        if (!g_wd_started) {
+            pthread_mutex_unlock(&g_wd_mu);
+            return false;
+        }
+    }
+    g_wd_limit = (g_stall_s > WD_MIN_S ? g_stall_s : WD_MIN_S) + extra;
+    g_wd_deadline = mono_s() + g_wd_limit;
+    g_wd_rank = world_rank >= 0 ? world_rank
+                : env_int("OMPI_COMM_WORLD_RANK") >= 0 ? env_int("OMPI_COMM_WORLD_RANK")
+                : env_int("PMIX_RANK") >= 0 ? env_int("PMIX_RANK")
+                : env_int("PMI_RANK") >= 0 ? env_int("PMI_RANK") : env_int("SLURM_PROCID");
+    snprintf(g_wd_what, sizeof g_wd_what, "%s", what);
+    g_wd_armed = true;
+    pthread_cond_signal(&g_wd_cv);
+    pthread_mutex_unlock(&g_wd_mu);
+    return true;
+}
+
+static void wd_disarm(bool armed)
+{
+    if (!armed)
+        return;
+    pthread_mutex_lock(&g_wd_mu);
+    g_wd_armed = false;
+    pthread_mutex_unlock(&g_wd_mu);
+}
+
+/* MPI_Finalize under the watchdog (rank 0 checks the result while the others
+ * wait here: they allow it more time, see above). */
+static void finalize_watched(void)
+{
+    int wr = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    /* tests/mpi/run_stall.sh: a rank stopped after the run, deterministically */
+    int stop = env_int("CPC_TEST_SIGSTOP_BEFORE_FINALIZE");
+    if (stop >= 0 && stop == wr)
+        raise(SIGSTOP);
+    double base = g_stall_s > WD_MIN_S ? g_stall_s : WD_MIN_S;
+    double extra = wr == 0 ? 0 : (10 * base > WD_CHECK_MIN_S ? 10 * base : WD_CHECK_MIN_S);
+    bool w = wd_arm("MPI_Finalize (every rank ends the job together)", wr, extra);
+    MPI_Finalize();
+    wd_disarm(w);
 }
 
 /* Completes n requests (MPI_Waitall without a limit).  With a limit, polls
@@ -727,7 +852,7 @@ static void m_destroy(cpc_transport *t)
     if (mpi_is_live()) {
         free_groups(c);
         if (c->owns_mpi && !g_cpc_mpi_held)
-            MPI_Finalize();
+            finalize_watched();
     }
     free(c);
 }
@@ -836,8 +961,29 @@ cpc_status *cpc_transport_mpi_create_split(const void *comm, int color, int key,
     return st;
 }
 
+static cpc_status *create_on_inner(MPI_Comm base, bool caller_comm, int ring_degree,
+                                   int ulysses_degree, const char *mesh, cpc_transport **out);
+
+/* create_on_inner under the watchdog: MPI_Init_thread and the communicators'
+ * setup block until every rank takes part. */
 static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, int ulysses_degree,
                              const char *mesh, cpc_transport **out)
+{
+    bool w = wd_arm(caller_comm ? "setting up the communicators (MPI_Comm_dup / MPI_Comm_split)"
+                                : "MPI_Init_thread and the communicators' setup (every rank starts "
+                                  "the job together)",
+                    -1, 0);
+    /* tests/mpi/run_stall.sh: a rank stopped before MPI_Init, deterministically */
+    int stop = env_int("CPC_TEST_SIGSTOP_BEFORE_INIT");
+    if (stop >= 0 && !caller_comm && stop == env_int("OMPI_COMM_WORLD_RANK"))
+        raise(SIGSTOP);
+    cpc_status *st = create_on_inner(base, caller_comm, ring_degree, ulysses_degree, mesh, out);
+    wd_disarm(w);
+    return st;
+}
+
+static cpc_status *create_on_inner(MPI_Comm base, bool caller_comm, int ring_degree,
+                                   int ulysses_degree, const char *mesh, cpc_transport **out)
 {
     *out = NULL;
     if (ring_degree < 1 || ulysses_degree < 1)
@@ -871,13 +1017,13 @@ static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, i
                                     "without a launcher with --transport local",
                                 want, want, want);
         if (did_init)
-            MPI_Finalize();
+            finalize_watched();
         return st;
     }
     mpi_ctx *c = calloc(1, sizeof *c);
     if (!c) {
         if (did_init)
-            MPI_Finalize();
+            finalize_watched();
         return &cpc_status_oom;
     }
     for (int g = 0; g < CPC_GROUP__COUNT; g++)
@@ -937,7 +1083,7 @@ static cpc_status *create_on(MPI_Comm base, bool caller_comm, int ring_degree, i
 fail:
     free_groups(c);
     if (did_init)
-        MPI_Finalize();
+        finalize_watched();
     free(c);
     return st;
 }

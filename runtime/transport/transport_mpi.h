@@ -141,7 +141,7 @@ cpc_status *cpc_transport_mpi_create(int ring_degree, int ulysses_degree,
 cpc_status *cpc_transport_mpi_create_world(int world_size, const char *mesh, cpc_transport **out);
 
 /* As cpc_transport_mpi_create, over the caller's communicator instead of
- * MPI_COMM_WORLD (libcpc's cpc_rank_create_mpi): `comm` points to an
+ * MPI_COMM_WORLD (libcpc's cpc_rank_new_mpi): `comm` points to an
  * MPI_Comm handle (void * so that callers need no mpi.h); flat rank p is the
  * process's rank in it.  The communicator is duplicated (cpc never sends on
  * the caller's own) and is borrowed only during the call.  MPI must already
@@ -187,7 +187,16 @@ void cpc_transport_mpi_set_limits(size_t int_limit, size_t chunk_bytes);
  * MPI_Test (tightly for 10 ms, then sleeping up to 1 ms between polls).
  * 0 (the default): no limit, MPI_Wait.  cprun sets --timeout, or its
  * default (run.h).  Not thread-safe against concurrent waits (set it
- * before the endpoint is used). */
+ * before the endpoint is used).
+ * The MPI calls that cannot poll run under a watchdog thread with the same
+ * limit, but at least 10 s (issue 23): MPI_Init_thread and the
+ * communicators' setup (cpc_mpi_init, the endpoint constructors), the
+ * node split of cpc_mpi_local_rank, and MPI_Finalize (endpoint destroy,
+ * cpc_mpi_finalize; ranks other than 0 allow 10 x the limit more there, at
+ * least 60 s, for rank 0's check of the result).  Past it the process prints "cpc: error: rank N:
+ * stalled: WHAT did not complete within S s ..." and exits with status 3
+ * (_exit: the call cannot be unwound), and the launcher ends the job.  Set
+ * the limit before MPI is initialised for init to be covered. */
 void cpc_transport_mpi_set_timeout(double seconds);
 double cpc_transport_mpi_timeout(void);
 

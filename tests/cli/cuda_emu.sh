@@ -257,6 +257,8 @@ if [ -n "$LIBCPC" ] && /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
     CPC_LIBRARY="$LIBCPC" PYTHONPATH="$PWD/python/src" /usr/bin/python3 tests/emu/cai_emu.py
   has cai.out "device arrays"
 fi
+grep -h "rank_cuda_emu: \|ranks vs 1 rank\|cai_emu: " "$tmp"/rank-*.out "$tmp"/toy-cuda.out "$tmp"/cai.out \
+  2>/dev/null | sed "s|$tmp/||; s/^/cuda_emu.sh: library: /"
 T2=$SECONDS
 
 python3 - "$tmp" "${EXPECT[@]}" <<'EOF' || fail "cuda reports not as expected (see above)"

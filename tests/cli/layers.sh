@@ -17,6 +17,8 @@
 #                                             to cut)
 #      session   runtime/session              everything above
 #      api       api                          everything, include/cpc
+#      tool      tool                         everything, include/cpc (cpc/tool.h: the
+#                                             static cpc_tool library, not in libcpc.so)
 #      tools     tools, examples              <cpc/...> and system headers only
 # 2. No hand-declared internal function: a file-scope prototype of a cpc_ function in a
 #    .c file (layers, tools, examples) must be defined in that same file (a forward
@@ -37,7 +39,7 @@ check_tree() {
   declare -A home
   local d l f h
   for d in compiler/ir:ir compiler:compiler runtime:runtime runtime/backend:runtime \
-           runtime/transport:runtime runtime/io:io runtime/session:session api:api; do
+           runtime/transport:runtime runtime/io:io runtime/session:session api:api tool:tool; do
     l=${d#*:}; d=${d%%:*}
     for f in "$root/$d"/*.h; do [ -e "$f" ] && home[$(basename "$f")]=$l; done
   done
@@ -50,10 +52,11 @@ check_tree() {
     [io]="ir io"
     [session]="ir compiler runtime io session"
     [api]="ir compiler runtime io session api"
+    [tool]="ir compiler runtime io session api tool"
   )
   local out
   for d in compiler/ir:ir compiler:compiler runtime:runtime runtime/backend:runtime \
-           runtime/transport:runtime runtime/io:io runtime/session:session api:api tools:tools examples:tools; do
+           runtime/transport:runtime runtime/io:io runtime/session:session api:api tool:tool tools:tools examples:tools; do
     l=${d#*:}; d=${d%%:*}
     for f in "$root/$d"/*.c "$root/$d"/*.h; do
       [ -e "$f" ] || continue
@@ -73,7 +76,7 @@ check_tree() {
         fi
         case "$inc" in \<*) continue ;; esac   # system and library headers
         if [[ "$name" == cpc/* ]]; then
-          if [ "$l" != api ] && [ "$name" != cpc/types.h ] && [ "$name" != cpc/status.h ] &&
+          if [ "$l" != api ] && [ "$l" != tool ] && [ "$name" != cpc/types.h ] && [ "$name" != cpc/status.h ] &&
              [ "$name" != cpc/export.h ]; then
             echo "layers: $rel:$n: layer $l includes the public API header $name (only api/ and the tools may)"; bad=1
           fi
@@ -108,7 +111,7 @@ check_tree() {
 if [ "${1:-}" != --quick ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  cp -r compiler runtime api tools examples "$tmp"/ 2>/dev/null
+  cp -r compiler runtime api tool tools examples "$tmp"/ 2>/dev/null
   mkdir -p "$tmp/include" && cp -r include/cpc "$tmp/include/"
   # a runtime file includes the compiler's verifier; a tool declares an internal function
   sed -i '0,/#include "rank.h"/s//#include "rank.h"\n#include "verify.h"/' "$tmp/runtime/rank.c"

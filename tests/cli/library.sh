@@ -48,12 +48,22 @@ if [ -n "$so" ]; then
   # compiled with -fvisibility=hidden, so that is what exports it)
   grep -h -o -E '^CPC_API [a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/*.h | grep -o -E 'cpc_[a-z0-9_]+\($' |
     tr -d '(' | sort -u >"$tmp/declared"
-  bare=$(grep -Hn -E '^[a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/*.h | grep -v ':typedef ')
+  bare=$(grep -Hn -E '^[a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/*.h | grep -v ':typedef ' |
+         grep -v '^include/cpc/tool.h:')
   [ -z "$bare" ] || fail "public functions declared without CPC_API: $bare"
   n_exp=$(wc -l <"$tmp/exported")
   grep -v '^cpc_' "$tmp/exported" >"$tmp/foreign" && fail "non-cpc_ symbols exported: $(head -5 "$tmp/foreign" | tr '\n' ' ')"
   diff "$tmp/declared" "$tmp/exported" >"$tmp/symdiff" || fail "exported != declared: $(cat "$tmp/symdiff" | tr '\n' ' ')"
-  echo "library.sh: $n_exp symbols exported, all declared in include/cpc"
+  # the tooling layer (cpc/tool.h: exit statuses, atomic files, --option checks) is
+  # the programs' policy: none of it is exported, and its header is not installed
+  grep -h -o -E '^[a-z].*[ *](cpc_[a-z0-9_]+)\(' include/cpc/tool.h | grep -o -E 'cpc_[a-z0-9_]+\($' |
+    tr -d '(' | sort -u >"$tmp/tool"
+  [ "$(wc -l <"$tmp/tool")" -ge 10 ] || fail "cpc/tool.h declares $(wc -l <"$tmp/tool") functions, expected the 10 of the tooling layer"
+  leaked=$(comm -12 "$tmp/tool" "$tmp/exported" | tr '\n' ' ')
+  [ -z "$leaked" ] || fail "libcpc.so exports tool-layer functions (cpc/tool.h): $leaked"
+  [ -e "$prefix/include/cpc/tool.h" ] && fail "install: cpc/tool.h (the tooling layer) is installed"
+  grep -q '#include.*cpc/tool.h' include/cpc/*.h && fail "a public header includes the tooling layer (cpc/tool.h)"
+  echo "library.sh: $n_exp symbols exported, all declared in include/cpc; none of tool.h's $(wc -l <"$tmp/tool")"
 fi
 
 # ---- out of tree: find_package(cpc) and pkg-config ----------------------------------

@@ -14,8 +14,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 B="${CPC_BUILD_DIR:-build}"
-FLOOR_WITHIN25=84
-FLOOR_LOTO=80
+FLOOR_WITHIN25=91
+FLOOR_LOTO=91
 MAX_BAD_ORDERS=1
 out=$(CPC_BUILD_DIR="$B" bash bench/published.sh) || { echo "FAIL: bench/published.sh failed"; echo "$out"; exit 1; }
 line=$(printf '%s\n' "$out" | grep '^summary:')

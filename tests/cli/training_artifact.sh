@@ -113,6 +113,51 @@ rewrite "$tmp/t.cplan" "in: [q, k_cur, v_cur, dout, lse, delta]" "in: [q, k_nxt,
 rc=$?
 [ $rc -eq 2 ] && grep -q 'CP051' "$tmp/bad.err" || fail "tampered backward: exit $rc, expected 2 with CP051: $(cat "$tmp/bad.err")"
 
+# 4b. the tamper classes of issue 21, edited in backward_schedule only (the forward program
+# has lines alike), refused with CP051 before anything runs even with --no-check: dK and dV
+# sent in two groups with one tag (the transports match by group: they would arrive
+# swapped), attn_bwd accumulating into dk_out/dv_out while their send is in flight, the
+# saved LSE and delta swapped (both role lse), a wait on the K/V send before the recv is
+# posted (every rank would block)
+rewrite_bwd() {
+    python3 - "$@" <<'PY'
+import hashlib, re, sys
+src, out = sys.argv[1], sys.argv[2]
+t = open(src).read()
+a = t.index("\nbackward_schedule:\n")
+head, bwd = t[:a], t[a:]
+for frm, to in zip(sys.argv[3::2], sys.argv[4::2]):
+    frm, to = frm.replace("\\n", "\n"), to.replace("\\n", "\n")
+    assert frm in bwd, frm
+    bwd = bwd.replace(frm, to, 1)
+t = head + bwd
+t = re.sub(r"(?m)^content_hash: sha256:[0-9a-f]{64}$", "content_hash: sha256:" + "0" * 64, t)
+h = hashlib.sha256(t.encode()).hexdigest()
+t = t.replace("content_hash: sha256:" + "0" * 64, "content_hash: sha256:" + h, 1)
+open(out, "w").write(t)
+PY
+}
+SEND_DKV='    - {kind: send, group: ring, peer: (r+1)%R, in: [dk_out, dv_out], tag: 1}\n'
+RECV_DKV='    - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: (r-s)%R, tag: 1, when: s>0}\n'
+RECV_END='  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: r, tag: 1}\n'
+ATTN_BWD='    - {kind: attn_bwd, in: [q, k_cur, v_cur, dout, lse, delta], out: [dq, dk_blk, dv_blk]}\n'
+SEND_KV='    - {kind: send, group: ring, peer: (r+1)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n'
+WAIT_KV='    - {kind: wait, tag: 0, when: s<R-1}\n'
+rewrite_bwd "$tmp/t.cplan" "$tmp/groups.cplan" \
+    "$SEND_DKV" '    - {kind: send, group: world, peer: (r+1)%R, in: [dk_out], tag: 1}\n    - {kind: send, group: ring, peer: (r+1)%R, in: [dv_out], tag: 1}\n' \
+    "$RECV_DKV" '    - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur], block: (r-s)%R, tag: 1, when: s>0}\n    - {kind: recv, group: world, peer: (r-1)%R, out: [dv_cur], block: (r-s)%R, tag: 1, when: s>0}\n' \
+    "$RECV_END" '  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur], block: r, tag: 1}\n  - {kind: recv, group: world, peer: (r-1)%R, out: [dv_cur], block: r, tag: 1}\n'
+rewrite_bwd "$tmp/t.cplan" "$tmp/inflight.cplan" "$ATTN_BWD" "" \
+    "$SEND_DKV" "$SEND_DKV"'    - {kind: attn_bwd, in: [q, k_cur, v_cur, dout, lse, delta], out: [dq, dk_out, dv_out]}\n'
+rewrite_bwd "$tmp/t.cplan" "$tmp/lse.cplan" "in: [q, k_cur, v_cur, dout, lse, delta]" "in: [q, k_cur, v_cur, dout, delta, lse]"
+rewrite_bwd "$tmp/t.cplan" "$tmp/deadlock.cplan" "$WAIT_KV" "" "$SEND_KV" "$SEND_KV$WAIT_KV"
+for c in groups inflight lse deadlock; do
+    "$CPRUN" "$tmp/$c.cplan" --iters 1 --warmup 0 --no-check --output "$tmp/$c.st" >"$tmp/$c.out" 2>"$tmp/$c.err"
+    rc=$?
+    [ $rc -eq 2 ] && grep -q 'CP051' "$tmp/$c.err" && [ ! -e "$tmp/$c.st" ] ||
+        fail "tampered backward ($c): exit $rc, expected 2 with CP051 and no output: $(cat "$tmp/$c.err")"
+done
+
 # 5. a training artifact without backward_schedule; a version 1 artifact
 python3 - "$tmp/t.cplan" "$tmp/nobwd.cplan" <<'PY'
 import sys

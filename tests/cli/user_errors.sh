@@ -142,6 +142,16 @@ t profile-dir 2 "$CPC" --check "$tmp/prof.yaml"
 has profile-dir.err "profdir"
 grep -q "1 ranks" "$tmp/dry-one.out" "$tmp/run-one.out" && fail "'1 ranks' printed"
 
+# model.attention: linear is priced (cpc --check) but never run as softmax:
+# cpc -o and cprun refuse it (exit 2) and no artifact is written
+sed 's/dtype: fp32}/dtype: fp32, attention: linear}/' "$tmp/small.yaml" >"$tmp/linear.yaml"
+t linear-check 0 "$CPC" --check "$tmp/linear.yaml"
+t linear-compile 2 "$CPC" "$tmp/linear.yaml" -o "$tmp/linear.cplan"
+has linear-compile.err "runs softmax attention only"
+[ -e "$tmp/linear.cplan" ] && fail "an artifact was written for a linear-attention plan"
+t linear-run 2 "$CPRUN" "$tmp/linear.yaml" --iters 1 --warmup 0
+has linear-run.err "model.attention is linear"
+
 if [ "$fails" -ne 0 ]; then
   echo "user_errors.sh: $fails failure(s)" >&2
   exit 1

@@ -128,11 +128,11 @@ static void *rank_thread(void *arg)
         return NULL;
     }
     cpc_rank_options o;
-    cpc_rank_options_init(&o);
+    cpc_rank_options_init(&o, sizeof o);
     o.backend = CPC_BACKEND_CUDA;
     o.device = 0;
     o.cuda_stream = stream;
-    TRY(cpc_rank_create_local(a, W->w, j->rank, &o, &r));
+    TRY(cpc_rank_new_local(a, W->w, j->rank, &o, &r));
     cpc_token_run runs[64];
     int nr = 0;
     TRY(cpc_artifact_shard_runs(a, j->rank, runs, 64, &nr));
@@ -219,7 +219,7 @@ static void *rank_thread(void *arg)
 done:
     if (j->err[0] && r)
         cpc_rank_abort(r, j->err); /* the peers fail instead of waiting */
-    cpc_rank_destroy(r);
+    cpc_rank_free(r);
     void *ds[] = {dq, dk, dv, dout, dl, dd, dgq, dgk, dgv, dgq_p};
     for (size_t i = 0; i < sizeof ds / sizeof *ds; i++)
         if (ds[i])
@@ -249,7 +249,7 @@ int main(int argc, char **argv)
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_load(argv[1], &a);
     if (st) {
-        cpc_status_print(stderr, "rank_cuda_emu", st);
+        cpc_status_print(st, stderr, "rank_cuda_emu");
         return 1;
     }
     world W = {.a = a, .dt = cpc_artifact_dtype(a)};
@@ -279,7 +279,7 @@ int main(int argc, char **argv)
     W.dq = calloc(nq, 4), W.dk = calloc(nk, 4), W.dv = calloc(nk, 4), W.dq_p = calloc(nq, 4);
     int P = cpc_artifact_world_size(a);
     if ((st = cpc_local_world_new(a, &W.w))) {
-        cpc_status_print(stderr, "rank_cuda_emu", st);
+        cpc_status_print(st, stderr, "rank_cuda_emu");
         return 1;
     }
     job *jobs = calloc((size_t)P, sizeof *jobs);

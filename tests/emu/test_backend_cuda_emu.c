@@ -168,7 +168,7 @@ static void run(const variant *v, unsigned checks)
     cpc_bc_report rep;
     cpc_status *st = cpc_backend_conformance(&be, &o, &rep);
     if (st)
-        cpc_status_print(stderr, "test_backend_cuda_emu", st);
+        cpc_status_print(st, stderr, "test_backend_cuda_emu");
     cr_assert_null(st, "%d conformance failures (seed %llu; CPC_TEST_SEED=%llu replays)",
                    cpc_status_count(st, CPC_SEV_ERROR), (unsigned long long)rep.seed,
                    (unsigned long long)rep.seed);
@@ -219,7 +219,7 @@ Test(cuda_emu, wmma_kernel)
         "emu_bf16_d128_flux_block", "emu_fp16_d64_causal_zigzag_gqa",
         "emu_bf16_d256_head_offsets_mask", "emu_fp16_d80_causal_strided_mask",
         "small_d16_causal", "small_keypad_empty_rows", "small_merge_ring_zigzag", "nan_in_q",
-        "nan_in_q_gqa_causal", "nan_in_q_causal_merge", NULL};
+        "nan_in_q_gqa_causal", "nan_in_q_causal_merge", "big_v", "big_v_merged_gqa_d32", NULL};
     variant v = {.kernel = "wmma", .names = names};
     run(&v, CPC_BC_ATTN);
 }
@@ -228,7 +228,7 @@ Test(cuda_emu, rowwarp_kernel)
 {
     static const char *const names[] = {"small_d256_causal", "emu_bf16_d40", "small_gqa_28_7",
                                         "small_zigzag_unified_diag", "nan_in_q", "nan_in_q_gqa_causal",
-                                        "nan_in_q_causal_merge", NULL};
+                                        "nan_in_q_causal_merge", "big_v", "big_v_merged_gqa_d32", NULL};
     variant v = {.kernel = "rowwarp", .names = names};
     run(&v, CPC_BC_ATTN);
 }

@@ -1278,7 +1278,7 @@ static int precompile(void)
         if (!st)
             st = compile_spec(&spec, &k, &nk);
         if (st) {
-            cpc_status_print(stderr, "gpu_check", st);
+            cpc_status_print(st, stderr, "gpu_check");
             cpc_status_free(st);
             bad++;
             continue;
@@ -1294,7 +1294,7 @@ static int precompile(void)
     int nk = 0;
     cpc_status *st = compile_spec(&ps, &k, &nk);
     if (st) {
-        cpc_status_print(stderr, "gpu_check", st);
+        cpc_status_print(st, stderr, "gpu_check");
         cpc_status_free(st);
         bad++;
     }

@@ -71,7 +71,7 @@ static int report(int rank, cpc_status *st)
         return 0;
     char prog[32];
     snprintf(prog, sizeof prog, "mpi_conformance[%d]", rank);
-    cpc_status_print(stderr, prog, st);
+    cpc_status_print(st, stderr, prog);
     cpc_status_free(st);
     return 1;
 }
@@ -207,7 +207,7 @@ int main(int argc, char **argv)
             fails++;
         } else if (rank == 0) {
             printf("mesh mismatch diagnostic: ");
-            cpc_status_print(stdout, "cprun", st);
+            cpc_status_print(st, stdout, "cprun");
         }
         cpc_status_free(st);
         st = cpc_transport_mpi_create(0, size, &t);

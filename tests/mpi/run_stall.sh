@@ -6,6 +6,8 @@
 # rank and the op it waits in.  Both directions (rank 1 stopped: rank 0
 # waits; rank 0 stopped: rank 1 waits), and the default limit is reported.
 # Each mpirun has 60 s (a hang is a failure, not a stuck test).
+# Issue 23 adds the job's edges (a rank stopped before MPI_Init, or after the run
+# before MPI_Finalize): the watchdog ends them with status 3 (see below).
 #   usage: run_stall.sh CPRUN [MPIRUN]
 set -u
 cprun=${1:?usage: run_stall.sh CPRUN [MPIRUN]}
@@ -48,6 +50,52 @@ for stop in 1 0; do
     sed 's/^/  | /' "$tmp/err" | head -12
   fi
 done
+
+# Issue 23: the edges of the job, where MPI calls cannot poll (the transport's watchdog,
+# at least 10 s): a rank stopped before MPI_Init (the issue: SIGSTOP 0.4 s after launch; here
+# the wrapper stops the rank before it execs cprun, which is always before MPI_Init), the
+# same from inside cpc just before MPI_Init (both directions), and a rank stopped after the
+# run, before MPI_Finalize, while rank 0 checks and then finalizes.  Each must end with
+# status 3 within 40 s and name the waiting rank and the call.
+cat >"$tmp/stop0.sh" <<EOS
+#!/bin/sh
+if [ "\${OMPI_COMM_WORLD_RANK:-\${PMIX_RANK:-}}" = "\$STOP_RANK" ]; then
+  kill -STOP \$\$
+fi
+exec "$cprun" "\$@"
+EOS
+chmod +x "$tmp/stop0.sh"
+edge() { # NAME WAITER PATTERN MPIRUN-ARGS... : exit 3 within 40 s, rank WAITER names PATTERN
+  local name=$1 waiter=$2 pat=$3; shift 3
+  local t0=$(date +%s%N)
+  timeout -k 5 90 "$mpirun" --allow-run-as-root --oversubscribe "$@" \
+    --set cluster.world_size=2 --iters 1 --warmup 0 --timeout 2 >"$tmp/out" 2>"$tmp/err"
+  local rc=$? ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "run_stall: $name: exit $rc after $ms ms"
+  if [ $rc -ne 3 ] || [ $ms -gt 40000 ]; then
+    echo "run_stall: FAILED: $name: exit $rc after $ms ms, expected 3 within 40 s"; status=1
+  fi
+  if ! grep -q "rank $waiter: stalled: $pat.* did not complete within" "$tmp/err"; then
+    echo "run_stall: FAILED: $name: no message naming rank $waiter and $pat"; status=1
+    sed 's/^/  | /' "$tmp/err" | head -8
+  fi
+}
+edge "rank 1 stopped at launch" 0 "MPI_Init_thread" -x STOP_RANK=1 -np 2 "$tmp/stop0.sh" "$plan"
+edge "rank 0 stopped before MPI_Init" 1 "MPI_Init_thread" -x CPC_TEST_SIGSTOP_BEFORE_INIT=0 -np 2 "$cprun" "$plan"
+edge "rank 1 stopped after the run" 0 "MPI_Finalize" -x CPC_TEST_SIGSTOP_BEFORE_FINALIZE=1 -np 2 "$cprun" "$plan"
+
+# ulimit -d inside the ranks (OpenBLAS's buffer retried forever, ended only by the stall
+# limit): refused before the run on every rank, status 3, within seconds
+t0=$(date +%s%N)
+( ulimit -d 150000; exec timeout -k 5 60 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$cprun" "$plan" \
+    --set cluster.world_size=2 --iters 1 --warmup 0 ) >"$tmp/out" 2>"$tmp/err"
+rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "run_stall: ulimit -d 150000: exit $rc after $ms ms"
+if [ $rc -ne 3 ] || ! grep -q "not enough data space: .*RLIMIT_DATA, ulimit -d" "$tmp/err"; then
+  echo "run_stall: FAILED: ulimit -d: exit $rc, expected 3 with the RLIMIT_DATA refusal"; status=1
+  sed 's/^/  | /' "$tmp/err" | head -8
+fi
 
 # without --timeout the limit is the default (README: max(300 s, 20 x predicted))
 timeout -k 5 60 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$cprun" "$plan" \

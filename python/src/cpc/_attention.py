@@ -396,7 +396,7 @@ def _options(backend, device, timeout_s, stream=None):
     if backend not in N.BACKENDS:
         raise UsageError(f"backend {backend!r}: one of auto, cpu, cuda", code="usage")
     o = N.RankOptions()
-    L.cpc_rank_options_init(ctypes.byref(o))
+    L.cpc_rank_options_init(ctypes.byref(o), ctypes.sizeof(o))
     o.backend = N.BACKENDS[backend]
     if device is not None:
         o.device = int(device)
@@ -627,7 +627,7 @@ class Attention:
                                  "(backend='cpu')", code="usage")
             ptr, self._p2p, crank = create_rank(artifact, comm, opts)
             if rank is not None and rank != crank:
-                L.cpc_rank_destroy(ptr)
+                L.cpc_rank_free(ptr)
                 raise UsageError(f"rank {rank} given, but this process is rank {crank} of "
                                  "the group", code="usage")
             self.transport, self.rank, self._ptr = "torch.distributed", crank, ptr
@@ -661,7 +661,7 @@ class Attention:
                                        "MPI", code="unsupported")
             self.rank = crank
             handle = ctypes.c_void_p(MPI._addressof(comm))
-            _check(L, L.cpc_rank_create_mpi(artifact._ptr, handle, ctypes.byref(opts),
+            _check(L, L.cpc_rank_new_mpi(artifact._ptr, handle, ctypes.byref(opts),
                                             ctypes.byref(out)))
             self._ptr = out.value
             global _atexit_registered
@@ -689,7 +689,7 @@ class Attention:
                 raise UsageError(f"rank {rank!r} is out of range: the world has "
                                  f"{artifact.world_size} ranks", code="usage")
             self.rank = rank
-            st = L.cpc_rank_create_local(artifact._ptr, wptr, rank, ctypes.byref(opts),
+            st = L.cpc_rank_new_local(artifact._ptr, wptr, rank, ctypes.byref(opts),
                                          ctypes.byref(out))
             if st and self._own_world:
                 L.cpc_local_world_free(self._own_world)
@@ -898,7 +898,7 @@ class Attention:
         """Destroys the rank (collective for an MPI rank)."""
         ptr, self._ptr = self._ptr, None
         if ptr:
-            self._L.cpc_rank_destroy(ptr)
+            self._L.cpc_rank_free(ptr)
         w, self._own_world = self._own_world, None
         if w:
             self._L.cpc_local_world_free(w)

@@ -42,9 +42,21 @@ class TokenRun(ctypes.Structure):
 
 
 # ---- compiler.h / rank.h option structs ---------------------------------------
+# Each begins with `size` (compiler.h THE SIZE MEMBER): sizeof the struct as this
+# mirror knows it; the init functions take it (init(byref(o), sizeof(o))) and set it,
+# and libcpc refuses 0 or a too-small size (CPC_E_USAGE).  The layouts are checked
+# against the headers by python/tests/test_native.py.
 
-class CompileOptions(ctypes.Structure):
-    _fields_ = [("sets", ctypes.POINTER(ctypes.c_char_p)),
+
+class _Sized(ctypes.Structure):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.size = ctypes.sizeof(self)
+
+
+class CompileOptions(_Sized):
+    _fields_ = [("size", ctypes.c_size_t),
+                ("sets", ctypes.POINTER(ctypes.c_char_p)),
                 ("n_sets", ctypes.c_int),
                 ("lua", ctypes.c_char_p),
                 ("kernels", ctypes.c_bool),
@@ -55,8 +67,9 @@ BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA}
 
 
-class RankOptions(ctypes.Structure):
-    _fields_ = [("backend", ctypes.c_int),
+class RankOptions(_Sized):
+    _fields_ = [("size", ctypes.c_size_t),
+                ("backend", ctypes.c_int),
                 ("device", ctypes.c_int),
                 ("timeout_s", ctypes.c_double),
                 ("cuda_stream", ctypes.c_void_p)]
@@ -72,15 +85,16 @@ _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I64P = ctypes.POINTER(ctypes.c_int64)
 
-# rank.h: cpc_p2p_callbacks (cpc_rank_create_callbacks)
+# rank.h: cpc_p2p_callbacks (cpc_rank_new_callbacks)
 P2P_SEND = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                             ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
 P2P_RECV = P2P_SEND
 P2P_WAIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
 
 
-class P2PCallbacks(ctypes.Structure):
-    _fields_ = [("user", ctypes.c_void_p),
+class P2PCallbacks(_Sized):
+    _fields_ = [("size", ctypes.c_size_t),
+                ("user", ctypes.c_void_p),
                 ("isend", P2P_SEND),
                 ("irecv", P2P_RECV),
                 ("wait", P2P_WAIT)]
@@ -105,15 +119,14 @@ _DECLS = {
     "cpc_status_next": (_P, [_P]),
     "cpc_status_notes": (_P, [_P]),
     "cpc_status_free": (None, [_P]),
-    "cpc_status_exit_code": (ctypes.c_int, [_P]),
-    "cpc_status_print": (None, [_P, ctypes.c_char_p, _P]),
+    "cpc_status_print": (None, [_P, _P, ctypes.c_char_p]),
     # compiler.h
-    "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions)]),
+    "cpc_compile_options_init": (None, [ctypes.POINTER(CompileOptions), ctypes.c_size_t]),
     "cpc_compile_plan_file": (_P, [ctypes.c_char_p, ctypes.POINTER(CompileOptions), _PP, _PP]),
     "cpc_compile_plan_string": (_P, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                      ctypes.POINTER(CompileOptions), _PP, _PP]),
     "cpc_artifact_load": (_P, [ctypes.c_char_p, _PP]),
-    "cpc_artifact_write": (_P, [ctypes.c_char_p, _P]),
+    "cpc_artifact_write": (_P, [_P, ctypes.c_char_p]),
     "cpc_artifact_free": (None, [_P]),
     "cpc_artifact_variant": (ctypes.c_char_p, [_P]),
     "cpc_artifact_world_size": (ctypes.c_int, [_P]),
@@ -132,14 +145,14 @@ _DECLS = {
     "cpc_artifact_shard_runs": (_P, [_P, ctypes.c_int, ctypes.POINTER(TokenRun), ctypes.c_int,
                                      ctypes.POINTER(ctypes.c_int)]),
     # rank.h
-    "cpc_rank_options_init": (None, [ctypes.POINTER(RankOptions)]),
+    "cpc_rank_options_init": (None, [ctypes.POINTER(RankOptions), ctypes.c_size_t]),
     "cpc_local_world_new": (_P, [_P, _PP]),
     "cpc_local_world_free": (None, [_P]),
-    "cpc_rank_create_local": (_P, [_P, _P, ctypes.c_int, ctypes.POINTER(RankOptions), _PP]),
-    "cpc_rank_create_mpi": (_P, [_P, _P, ctypes.POINTER(RankOptions), _PP]),
-    "cpc_rank_create_callbacks": (_P, [_P, ctypes.c_int, ctypes.POINTER(P2PCallbacks),
+    "cpc_rank_new_local": (_P, [_P, _P, ctypes.c_int, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_new_mpi": (_P, [_P, _P, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_new_callbacks": (_P, [_P, ctypes.c_int, ctypes.POINTER(P2PCallbacks),
                                        ctypes.POINTER(RankOptions), _PP]),
-    "cpc_rank_create_nccl": (_P, [_P, _P, _P, ctypes.POINTER(RankOptions), _PP]),
+    "cpc_rank_new_nccl": (_P, [_P, _P, _P, ctypes.POINTER(RankOptions), _PP]),
     "cpc_rank_index": (ctypes.c_int, [_P]),
     "cpc_rank_world_size": (ctypes.c_int, [_P]),
     "cpc_rank_allocated_bytes": (ctypes.c_int64, [_P]),
@@ -150,7 +163,7 @@ _DECLS = {
     "cpc_rank_saved_lse_elements": (ctypes.c_int64, [_P]),
     "cpc_rank_saved_lse": (_P, [_P, ctypes.c_void_p, ctypes.c_int64]),
     "cpc_rank_abort": (_P, [_P, ctypes.c_char_p]),
-    "cpc_rank_destroy": (None, [_P]),
+    "cpc_rank_free": (None, [_P]),
 }
 
 _lock = threading.Lock()

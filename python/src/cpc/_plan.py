@@ -11,7 +11,14 @@ PREDICTIONS = ("ms_per_layer", "ms_per_forward", "memory_bytes_per_rank",
                "bytes_sent_per_rank", "ms_per_step", "ms_per_image", "ms_backward_per_layer",
                "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank")
 _INT_PREDICTIONS = ("memory_bytes_per_rank", "bytes_sent_per_rank",
-                    "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank")
+                    "backward_bytes_sent_per_rank", "backward_memory_bytes_per_rank",
+                    "weights_bytes_per_rank", "activation_bytes_per_rank",
+                    "vae_bytes_per_rank")
+# with model.parameters: the step's parts (SPEC section 3's "step_breakdown", ms per
+# step), the pipeline's once-per-image parts and the deployment's memory per rank
+STEP_BREAKDOWN = ("gemm_ms", "attention_ms", "memory_bound_ms", "comm_ms", "host_ms")
+_DEPLOYMENT = ("text_encoder_ms", "vae_decode_ms", "weights_bytes_per_rank",
+               "activation_bytes_per_rank", "vae_bytes_per_rank")
 
 
 def plan_to_yaml(plan):
@@ -55,7 +62,7 @@ def _compile(plan, set=None, kernels=False, arch=None, lua=None, name=None):
     sets = [] if set is None else [f"{k}={_set_value(v)}" for k, v in dict(set).items()]
     arr = (ctypes.c_char_p * max(1, len(sets)))(*[s.encode() for s in sets])
     o = N.CompileOptions()
-    L.cpc_compile_options_init(ctypes.byref(o))
+    L.cpc_compile_options_init(ctypes.byref(o), ctypes.sizeof(o))
     o.sets = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)) if sets else None
     o.n_sets = len(sets)
     o.lua = os.fsencode(lua) if lua else None
@@ -226,14 +233,20 @@ class Artifact:
         """The cost model's predictions (SPEC section 3's "predicted")."""
         out = {}
         d = ctypes.c_double()
-        for name in PREDICTIONS:
+        for name in PREDICTIONS + _DEPLOYMENT:
             if self._L.cpc_artifact_get_prediction(self._ptr, name.encode(), ctypes.byref(d)):
                 out[name] = int(round(d.value)) if name in _INT_PREDICTIONS else d.value
+        parts = {}
+        for name in STEP_BREAKDOWN:
+            if self._L.cpc_artifact_get_prediction(self._ptr, name.encode(), ctypes.byref(d)):
+                parts[name] = d.value
+        if parts:
+            out["step_breakdown"] = parts
         return out
 
     def save(self, path):
         """Writes the artifact as a .cplan file (the same format `cpc -o` writes)."""
-        _check(self._L, self._L.cpc_artifact_write(os.fsencode(os.fspath(path)), self._ptr))
+        _check(self._L, self._L.cpc_artifact_write(self._ptr, os.fsencode(os.fspath(path))))
 
     def _rank_ok(self, rank):
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:

@@ -1,6 +1,6 @@
 """cpc ranks whose traffic a torch.distributed process group carries (torchrun, gloo).
 
-libcpc's callback transport (cpc_rank_create_callbacks, include/cpc/rank.h) builds every
+libcpc's callback transport (cpc_rank_new_callbacks, include/cpc/rank.h) builds every
 message cpc sends (ring rotations, all-to-alls, all-gathers, barriers) from three
 functions given here: isend / irecv / wait on torch.distributed's point-to-point ops over
 the group, on tensors that view libcpc's own buffers (torch.frombuffer: no copies).
@@ -88,6 +88,6 @@ def create_rank(artifact, group, opts):
     L = N.lib()
     from ._errors import check as _check
     out = ctypes.c_void_p()
-    _check(L, L.cpc_rank_create_callbacks(artifact._ptr, rank, ctypes.byref(p2p.cb),
+    _check(L, L.cpc_rank_new_callbacks(artifact._ptr, rank, ctypes.byref(p2p.cb),
                                           ctypes.byref(opts), ctypes.byref(out)))
     return out.value, p2p, rank
