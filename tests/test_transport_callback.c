@@ -154,7 +154,7 @@ static void expect_pass(int R, int U)
 {
     cpc_status *st = run(R, U, 0);
     if (st)
-        cpc_status_print(stderr, "test_transport_callback", st);
+        cpc_status_print(st, stderr, "test_transport_callback");
     cr_expect_null(st, "callback transport failed the conformance suite on mesh %d x %d (first: %s)",
                    R, U, st ? st->message : "");
     cpc_status_free(st);
