@@ -12,9 +12,7 @@
 #      compiler  compiler                     ir, compiler (+ its generated headers)
 #      runtime   runtime, runtime/backend,    ir, runtime
 #                runtime/transport
-#      io        runtime/io                   ir, io, and runtime's executor.h (the trace
-#                                             records executor events: the one edge left
-#                                             to cut)
+#      io        runtime/io                   ir, io (the trace's events: ir's event.h)
 #      session   runtime/session              everything above
 #      api       api                          everything, include/cpc
 #      tool      tool                         everything, include/cpc (cpc/tool.h: the
@@ -86,7 +84,7 @@ check_tree() {
         if [ -z "$h" ]; then
           echo "layers: $rel:$n: $inc is no header of a layer"; bad=1; continue
         fi
-        if [[ " ${may[$l]} " != *" $h "* ]] && ! { [ "$l" = io ] && [ "$name" = executor.h ]; }; then
+        if [[ " ${may[$l]} " != *" $h "* ]]; then
           echo "layers: $rel:$n: layer $l includes $name of layer $h (it may use: ${may[$l]})"; bad=1
         fi
       done < <(grep -n -E '^[[:space:]]*#[[:space:]]*include' "$f" | sed -E 's/^([0-9]+):/\1:/')
