@@ -1749,17 +1749,31 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
     }
     if (!pred.fits) {
         double gib = (double)pred.memory_bytes_per_rank / 1073741824.0;
+        /* the parts named add up to the total (MEMORY: the VAE decode runs after
+         * the transformer, so its peak replaces buffers + activations when
+         * larger; the fixed attention workspace, under 1 MiB, is left out) */
+        double work = (double)pred.buffer_bytes_per_rank + (double)pred.activation_bytes_per_rank;
+        char parts[256];
+        if ((double)pred.vae_bytes_per_rank > work)
+            snprintf(parts, sizeof parts,
+                     "weights %.2f GiB + VAE decode %.2f GiB (its peak, above the transformer's "
+                     "buffers %.2f GiB + activations %.2f GiB) + reserved %.2f GiB",
+                     (double)pred.weights_bytes_per_rank / 1073741824.0,
+                     (double)pred.vae_bytes_per_rank / 1073741824.0,
+                     (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                     (double)pred.activation_bytes_per_rank / 1073741824.0, plan->cluster.reserved_gb);
+        else
+            snprintf(parts, sizeof parts,
+                     "buffers %.2f GiB + weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB",
+                     (double)pred.buffer_bytes_per_rank / 1073741824.0,
+                     (double)pred.weights_bytes_per_rank / 1073741824.0,
+                     (double)pred.activation_bytes_per_rank / 1073741824.0, plan->cluster.reserved_gb);
         cpc_status *e = cpc_diag(CPC_E_PLAN, 40, CPC_SEV_ERROR,
                                  cpc_plan_span(plan, "cluster.world_size", true),
-                                 "%s %dx%d: predicted memory per rank %.2f GiB (buffers %.2f GiB + "
-                                 "weights %.2f GiB + activations %.2f GiB + reserved %.2f GiB) exceeds "
+                                 "%s %dx%d: predicted memory per rank %.2f GiB (%s) exceeds "
                                  "the device's %.2f GiB",
                                  cpc_variant_name(cand->variant), cand->ring_degree,
-                                 cand->ulysses_degree, gib,
-                                 (double)pred.buffer_bytes_per_rank / 1073741824.0,
-                                 (double)pred.weights_bytes_per_rank / 1073741824.0,
-                                 (double)pred.activation_bytes_per_rank / 1073741824.0,
-                                 plan->cluster.reserved_gb, dev.memory_gb);
+                                 cand->ulysses_degree, gib, parts, dev.memory_gb);
         double dev_bytes = dev.memory_gb * 1073741824.0;
         double reserved = plan->cluster.reserved_gb * 1073741824.0;
         bool ring_like = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING ||
@@ -1771,23 +1785,48 @@ cpc_status *cpc_cost_price_candidate(void *ctx, const cpc_plan *plan, cpc_candid
         int H = plan->model.heads * T;
         int tp_hint = 0;
         double tp_mem = 0;
+        /* world_size stays C*T*R*U: the ranks tp_degree takes come out of the
+         * candidate's R or U, and a degree the plan states is named in the hint
+         * with its new value (else applying tp_degree alone is CP003) */
+        char tp_keys[96] = "";
+        bool unified = cand->variant == CPC_VARIANT_UNIFIED;
+        bool ring_only = cand->variant == CPC_VARIANT_RING || cand->variant == CPC_VARIANT_RING_ANYTHING;
         for (int t2 = 2 * T; pred.weights_bytes_per_rank > 0 && t2 <= 64 && !tp_hint; t2 *= 2) {
             if (H % t2 != 0)
                 continue;
             double m2 = (double)pred.memory_bytes_per_rank -
                         (double)pred.weights_bytes_per_rank * (1.0 - (double)T / t2);
-            if (m2 <= dev_bytes)
+            if (m2 > dev_bytes)
+                continue;
+            int f = t2 / T;
+            for (int take_u = 1; take_u >= 0 && !tp_hint; take_u--) {
+                int R2 = cand->ring_degree, U2 = cand->ulysses_degree;
+                if (take_u ? U2 % f != 0 : R2 % f != 0)
+                    continue;
+                if (take_u)
+                    U2 /= f;
+                else
+                    R2 /= f;
+                if (R2 * U2 < 2 || (unified && (R2 < 2 || U2 < 2)) || (ring_only && U2 != 1) ||
+                    (!unified && !ring_only && R2 != 1))
+                    continue;
+                int n = 0;
+                if (plan->parallel.ring_degree > 0 && plan->parallel.ring_degree != R2)
+                    n += snprintf(tp_keys + n, sizeof tp_keys - n, ", parallel.ring_degree: %d", R2);
+                if (plan->parallel.ulysses_degree > 0 && plan->parallel.ulysses_degree != U2)
+                    snprintf(tp_keys + n, sizeof tp_keys - n, ", parallel.ulysses_degree: %d", U2);
                 tp_hint = t2, tp_mem = m2;
+            }
         }
         if (reserved >= dev_bytes)
             cpc_status_set_hint(e, "cluster.reserved_gb (%.2f GiB) alone exceeds the device memory: "
                                    "lower it, or use a device with more memory (cluster.memory_gb)",
                                 plan->cluster.reserved_gb);
         else if (tp_hint)
-            cpc_status_set_hint(e, "parallel.tp_degree: %d (the weights, %.2f GiB per rank, split %d ways: "
+            cpc_status_set_hint(e, "parallel.tp_degree: %d%s (the weights, %.2f GiB per rank, split %d ways: "
                                    "at most %.2f GiB per rank, within the device's %.2f GiB; world_size "
                                    "= cfg_degree x tp_degree x ring_degree x ulysses_degree)",
-                                tp_hint, (double)pred.weights_bytes_per_rank / 1073741824.0, tp_hint,
+                                tp_hint, tp_keys, (double)pred.weights_bytes_per_rank / 1073741824.0, tp_hint,
                                 tp_mem / 1073741824.0, dev.memory_gb);
         else if (pred.weights_bytes_per_rank > 0 &&
                  (double)pred.weights_bytes_per_rank >= 0.5 * dev_bytes)

@@ -533,17 +533,60 @@ static int find_pending_send(ctx *C, rank_st *rk, int b)
     return -1;
 }
 
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
+ * used with access `acc`: a buffer with a recv in flight may not be used at
+ * all, one with a send in flight only read, before the wait. */
+static int in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b, cpc_access acc)
+{
+    char ob[256];
+    if (acc == CPC_ACCESS_NONE)
+        return 0;
+    const char *verb = acc == CPC_ACCESS_READ    ? "reads"
+                       : acc == CPC_ACCESS_WRITE ? "writes"
+                       : acc == CPC_ACCESS_REBIND ? "swaps"
+                                                  : "accumulates into";
+    if (rk->rpend[b] >= 0) {
+        req *q = &C->reqs[rk->rpend[b]];
+        return fail(C, rk->p, nd, step,
+                    "%s %s while the recv into it (%s, tag %d, from rank %d) is not complete: "
+                    "no `wait tag %d` between them",
+                    verb, buf_name(C, b), op_desc(q->on, q->step, ob, sizeof ob), q->tag, q->peer, q->tag);
+    }
+    if (acc != CPC_ACCESS_READ && rk->nsend[b] > 0) {
+        int id = find_pending_send(C, rk, b);
+        const req *q = id >= 0 ? &C->reqs[id] : NULL;
+        return fail(C, rk->p, nd, step,
+                    "%s %s while a send from it (%s, tag %d, to rank %d) is in flight: "
+                    "no `wait tag %d` between them",
+                    acc == CPC_ACCESS_WRITE ? "overwrites" : verb, buf_name(C, b),
+                    q ? op_desc(q->on, q->step, ob, sizeof ob) : "?", q ? q->tag : -1, q ? q->peer : -1,
+                    q ? q->tag : -1);
+    }
+    return 0;
+}
+
+/* The lifetime rule for every operand of the op at nd, by the op table's
+ * access columns (before the op's own checks). */
+static int operands_in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    const cpc_op *op = nd->op;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info)
+        return 0;
+    for (int j = 0; j < op->n_in; j++)
+        if (in_flight(C, rk, nd, step, op->in[j], info->in_access))
+            return -1;
+    for (int j = 0; j < op->n_out; j++)
+        if (in_flight(C, rk, nd, step, op->out[j], info->out_access))
+            return -1;
+    return 0;
+}
+
 /* Checks that buffer b may be read now. */
 static int rd(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
 {
-    if (rk->rpend[b] >= 0) {
-        req *q = &C->reqs[rk->rpend[b]];
-        char ob[256];
-        return fail(C, rk->p, nd, step,
-                    "reads %s while the recv into it (%s, tag %d, from rank %d) is not complete: "
-                    "no `wait tag %d` between them",
-                    buf_name(C, b), op_desc(q->on, q->step, ob, sizeof ob), q->tag, q->peer, q->tag);
-    }
+    if (in_flight(C, rk, nd, step, b, CPC_ACCESS_READ))
+        return -1;
     if (!rk->v[b].written)
         return fail(C, rk->p, nd, step, "reads %s before it is written", buf_name(C, b));
     rk->v[b].fresh = 0;
@@ -554,21 +597,8 @@ static int rd(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
 static int wr_check(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
 {
     char ob[256];
-    if (rk->rpend[b] >= 0) {
-        req *q = &C->reqs[rk->rpend[b]];
-        return fail(C, rk->p, nd, step,
-                    "writes %s while the recv into it (%s, tag %d) is not complete", buf_name(C, b),
-                    op_desc(q->on, q->step, ob, sizeof ob), q->tag);
-    }
-    if (rk->nsend[b] > 0) {
-        int id = find_pending_send(C, rk, b);
-        const req *q = id >= 0 ? &C->reqs[id] : NULL;
-        return fail(C, rk->p, nd, step,
-                    "overwrites %s while a send from it (%s, tag %d, to rank %d) is in flight: "
-                    "no `wait tag %d` between them",
-                    buf_name(C, b), q ? op_desc(q->on, q->step, ob, sizeof ob) : "?", q ? q->tag : -1,
-                    q ? q->peer : -1, q ? q->tag : -1);
-    }
+    if (in_flight(C, rk, nd, step, b, CPC_ACCESS_WRITE))
+        return -1;
     const aval *old = &rk->v[b];
     if (old->written && old->fresh) {
         return fail(C, rk->p, nd, step,
@@ -1059,7 +1089,7 @@ static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         if (rd(C, rk, nd, step, op->in[j]))
             return RES_ERR;
     const aval *Q = &rk->v[op->in[0]], *K = &rk->v[op->in[1]], *V = &rk->v[op->in[2]];
-    static const int want[3] = {SRC_Q, SRC_K, SRC_V};
+    const signed char *want = cpc_op_info_of(CPC_OP_ATTN)->in_content; /* q, k, v: the op table */
     const aval *in3[3] = {Q, K, V};
     for (int j = 0; j < 3; j++)
         if (in3[j]->src != want[j]) {
@@ -1164,7 +1194,8 @@ static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     }
     aval *A = &rk->v[op->in[0]], *AL = &rk->v[op->in[1]];
     aval *Acc = &rk->v[op->out[0]], *AccL = &rk->v[op->out[1]];
-    if (A->src != SRC_O || AL->src != SRC_LSE || A->stamp != AL->stamp) {
+    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
+    if (A->src != mc[0] || AL->src != mc[1] || A->stamp != AL->stamp) {
         fail(C, rk->p, nd, step, "inputs %s and %s are not the output and LSE of one attention block",
              buf_name(C, op->in[0]), buf_name(C, op->in[1]));
         return RES_ERR;
@@ -1525,6 +1556,12 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         f->count = count;
         return RES_PUSHED;
     }
+    default:
+        break;
+    }
+    if (operands_in_flight(C, rk, nd, step))
+        return RES_ERR;
+    switch (op->kind) {
     case CPC_OP_INIT_ACC: return exec_init_acc(C, rk, nd, step);
     case CPC_OP_ATTN: return exec_attn(C, rk, nd, step);
     case CPC_OP_MERGE: return exec_merge(C, rk, nd, step);

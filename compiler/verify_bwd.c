@@ -895,26 +895,36 @@ static int advance(vb *V, int p)
         }
         if ((V->err = check_in_flight(V, p, x)) || (V->err = check_content(V, p, x)))
             return -1;
-        switch (op->kind) {
-        case CPC_OP_WAIT:
-        {
+        /* communication, by the table's matching rule and lifetime */
+        switch (info->match) {
+        case CPC_MATCH_COMPLETE: {
             int w = do_wait(V, p, x);
             if (w <= 0)
                 return w; /* 0: blocked until the peers post */
+            V->pc[p]++;
+            continue;
         }
+        case CPC_MATCH_SEND:
+        case CPC_MATCH_RECV:
+            if (info->life != CPC_LIFE_UNTIL_WAIT) {
+                V->err = vfail(p, x, "a point-to-point op must be non-blocking (the op table)");
+                return -1;
+            }
+            if ((V->err = info->match == CPC_MATCH_SEND ? post_send(V, p, x) : post_recv(V, p, x)))
+                return -1;
+            V->pc[p]++;
+            continue;
+        case CPC_MATCH_COLLECTIVE:
+            if (info->group != CPC_GROUP_NONE && op->group != info->group) {
+                V->err = vfail(p, x, "%s runs over the %s group", cpc_op_kind_name(op->kind),
+                               cpc_group_name(info->group));
+                return -1;
+            }
+            return 0; /* fired by run_a2a / run_ring_coll / run_all_reduce once every member is here */
+        default:
             break;
-        case CPC_OP_ALL_TO_ALL:
-            if (op->group != CPC_GROUP_ULYSSES) {
-                V->err = vfail(p, x, "all_to_all runs over the ulysses group");
-                return -1;
-            }
-            return 0; /* fired by run_a2a once every member is here */
-        case CPC_OP_ALL_REDUCE:
-            if (op->group != CPC_GROUP_WORLD) {
-                V->err = vfail(p, x, "all_reduce runs over the world group");
-                return -1;
-            }
-            return 0; /* fired by run_all_reduce once every rank is here */
+        }
+        switch (op->kind) {
         case CPC_OP_COPY:
             for (int i = 0; i < op->n_in; i++) {
                 int a = op->in[i], b = op->out[i];
@@ -949,13 +959,6 @@ static int advance(vb *V, int p)
                 }
             }
             break;
-        case CPC_OP_ALL_GATHER:
-        case CPC_OP_REDUCE_SCATTER:
-            if (op->group != CPC_GROUP_RING) {
-                V->err = vfail(p, x, "%s runs over the ring group", cpc_op_kind_name(op->kind));
-                return -1;
-            }
-            return 0; /* fired by run_ring_coll once every member is here */
         case CPC_OP_DELTA: {
             if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
                 role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
@@ -971,7 +974,6 @@ static int advance(vb *V, int p)
             }
             d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
             d->written = true;
-            d->src = CPC_CONTENT_DELTA;
             break;
         }
         case CPC_OP_INIT_ACC:
@@ -1139,18 +1141,14 @@ static int advance(vb *V, int p)
             V->map[p * V->nb + b] = t;
             break;
         }
-        case CPC_OP_SEND:
-            if ((V->err = post_send(V, p, x)))
-                return -1;
-            break;
-        case CPC_OP_RECV:
-            if ((V->err = post_recv(V, p, x)))
-                return -1;
-            break;
         default:
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
+        /* the table's output content (NONE: carried, set above) */
+        for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+            if (info->out_content[i] != CPC_CONTENT_NONE)
+                S(V, p, op->out[i])->src = (cpc_content)info->out_content[i];
         V->pc[p]++;
     }
     return 1;
@@ -1396,7 +1394,7 @@ typedef struct collect_ctx {
     rank_ops *ro;
 } collect_ctx;
 
-#define VB_MAX_INSTANCES ((int64_t)1 << 24) /* op instances simulated, all ranks together */
+#define VB_MAX_INSTANCES ((int64_t)1 << 23) /* op instances simulated, all ranks together */
 
 static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
 {

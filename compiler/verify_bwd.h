@@ -55,13 +55,14 @@
  *   symmetric domain is checked against (tests/test_verify_bwd.c: random
  *   mutants of every variant are proven by both or refused by both).
  *
- * THE BOUND.  At most 2^24 op instances are simulated (all simulated ranks
+ * THE BOUND.  At most 2^23 op instances are simulated (all simulated ranks
  * together), 2^27 units of work done (a contribution run added, or a
  * simulated rank visited by a round of the scheduler; about a second) and 4096
  * requests in flight on one rank (the checks scan them); a
  * program that needs more is refused with CP051 saying so, before the work
- * is done.  Memory: O(simulated ranks x (buffers + instances)).  A program
- * outside the symmetric class with more than 256 ranks is refused with a
+ * is done.  Memory: O(simulated ranks x buffers), 32 bytes per instance (256
+ * MiB at most) and 28 bytes per contribution run kept.  A program outside
+ * the symmetric class with more than 256 ranks is refused with a
  * CP051 naming the op and the reason.  cprun and cpc_artifact_load call
  * cpc_verify_backward: the same bound.
  *
@@ -89,8 +90,8 @@
  *      members hold the same head without reduce=sum is refused (one part
  *      would be lost); reduce sums, in member order, the parts of each head.
  *   4. Matching: every recv buffer takes the next message of its (group,
- *      peer, tag), with the role it declares and the content its `block`
- *      says; every request is matched and completed by a wait; no rank
+ *      peer, tag), with the role and layout (tokens, heads) it declares and
+ *      the content its `block` says; every request is matched and completed by a wait; no rank
  *      waits forever on a wait (its partner posted only after that partner
  *      blocks) or on a collective some member never reaches (reported,
  *      naming the op and the unmatched request).

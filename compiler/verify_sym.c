@@ -1078,15 +1078,49 @@ static void fold_decl(sctx *C)
 
 /* ---- buffer access -------------------------------------------------------------------------- */
 
-static int rd(sctx *C, const snode *nd, int b)
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
+ * used with access `acc` (the same rule as verify.c's in_flight). */
+static int in_flight(sctx *C, const snode *nd, int b, cpc_access acc)
 {
     sst *s = C->st;
+    if (acc == CPC_ACCESS_NONE)
+        return 0;
+    const char *verb = acc == CPC_ACCESS_READ    ? "reads"
+                       : acc == CPC_ACCESS_WRITE ? "writes"
+                       : acc == CPC_ACCESS_REBIND ? "swaps"
+                                                  : "accumulates into";
     if (s->rpend[b] >= 0) {
         char ob[256];
         const sreq *q = &s->req[s->rpend[b]];
-        return serr(C, nd, "reads %s while the recv into it (%s, tag %d) is not complete: no `wait tag %d` between them",
-                    bname(C, b), op_desc(C, q->on, ob, sizeof ob), q->tag, q->tag);
+        return serr(C, nd, "%s %s while the recv into it (%s, tag %d) is not complete: no `wait tag %d` between them",
+                    verb, bname(C, b), op_desc(C, q->on, ob, sizeof ob), q->tag, q->tag);
     }
+    if (acc != CPC_ACCESS_READ && s->nsend[b] > 0)
+        return serr(C, nd, "%s %s while a send from it is in flight: no `wait` between them",
+                    acc == CPC_ACCESS_WRITE ? "overwrites" : verb, bname(C, b));
+    return 0;
+}
+
+static int operands_in_flight(sctx *C, const snode *nd)
+{
+    const cpc_op *op = nd->op;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info)
+        return 0;
+    for (int j = 0; j < op->n_in; j++)
+        if (in_flight(C, nd, op->in[j], info->in_access))
+            return -1;
+    for (int j = 0; j < op->n_out; j++)
+        if (in_flight(C, nd, op->out[j], info->out_access))
+            return -1;
+    return 0;
+}
+
+static int rd(sctx *C, const snode *nd, int b)
+{
+    sst *s = C->st;
+    if (in_flight(C, nd, b, CPC_ACCESS_READ))
+        return -1;
     if (!s->v[b].written)
         return serr(C, nd, "reads %s before it is written", bname(C, b));
     s->v[b].fresh = 0;
@@ -1097,13 +1131,8 @@ static int wr_check(sctx *C, const snode *nd, int b)
 {
     sst *s = C->st;
     char ob[256];
-    if (s->rpend[b] >= 0) {
-        const sreq *q = &s->req[s->rpend[b]];
-        return serr(C, nd, "writes %s while the recv into it (%s, tag %d) is not complete", bname(C, b),
-                    op_desc(C, q->on, ob, sizeof ob), q->tag);
-    }
-    if (s->nsend[b] > 0)
-        return serr(C, nd, "overwrites %s while a send from it is in flight: no `wait` between them", bname(C, b));
+    if (in_flight(C, nd, b, CPC_ACCESS_WRITE))
+        return -1;
     const sval *old = &s->v[b];
     if (old->written && old->fresh)
         return serr(C, nd,
@@ -1505,7 +1534,7 @@ static int exec_attn(sctx *C, const snode *nd)
         if (rd(C, nd, op->in[j]))
             return -1;
     const sval *Q = &s->v[op->in[0]], *K = &s->v[op->in[1]], *V = &s->v[op->in[2]];
-    static const int want[3] = {SRC_Q, SRC_K, SRC_V};
+    const signed char *want = cpc_op_info_of(CPC_OP_ATTN)->in_content; /* q, k, v: the op table */
     const sval *in3[3] = {Q, K, V};
     for (int j = 0; j < 3; j++)
         if (in3[j]->src != want[j])
@@ -1601,7 +1630,8 @@ static int exec_merge(sctx *C, const snode *nd)
     }
     sval *A = &s->v[op->in[0]], *AL = &s->v[op->in[1]];
     sval *Acc = &s->v[op->out[0]], *AccL = &s->v[op->out[1]];
-    if (A->src != SRC_O || AL->src != SRC_LSE || A->stamp != AL->stamp)
+    const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
+    if (A->src != mc[0] || AL->src != mc[1] || A->stamp != AL->stamp)
         return serr(C, nd, "inputs %s and %s are not the output and LSE of one attention block", bname(C, op->in[0]),
                     bname(C, op->in[1]));
     if (Acc->src != SRC_O || AccL->src != SRC_LSE || Acc->stamp != AccL->stamp)
@@ -1800,6 +1830,8 @@ static int exec_collective(sctx *C, const snode *nd)
 static int exec_op(sctx *C, const snode *nd)
 {
     C->stats.op_instances++;
+    if (nd->op->kind != CPC_OP_WAIT && operands_in_flight(C, nd))
+        return -1;
     switch (nd->op->kind) {
     case CPC_OP_INIT_ACC: return exec_init_acc(C, nd);
     case CPC_OP_ATTN: return exec_attn(C, nd);

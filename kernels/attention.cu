@@ -133,18 +133,18 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
     int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
     const CPC_DTYPE *qr = q + b * q_bstride + (row * hq + h) * (long long)D;
     float qv[CPC_RW_PER_LANE], acc[CPC_RW_PER_LANE];
-    // acc[i] is in units of 2^ex[i]: 0 unless this column met |v| > 2^80
-    // (finite bf16/fp32 values near FLT_MAX: sum p v over the keys would
-    // overflow fp32 although the result, a weighted mean, is finite).  Each
-    // output column depends on its own column of V only, so every lane keeps
-    // its own exponents (no communication).
-    int ex[CPC_RW_PER_LANE];
+    // acc[] is in units of 2^ex: 0 unless one of this lane's columns met
+    // |v| > 2^80 (finite bf16/fp32 values near FLT_MAX: sum p v over the keys
+    // would overflow fp32 although the result, a weighted mean, is finite).
+    // Each output column depends on its own column of V only, so every lane
+    // keeps its own exponent (no communication); one per lane, not one per
+    // column: an array of CPC_RW_PER_LANE exponents spilled at head_dim 128.
+    int ex = 0;
 #pragma unroll
     for (int i = 0; i < CPC_RW_PER_LANE; i++) {
         int d = lane + 32 * i;
         qv[i] = d < D ? cpc_load_f32(qr[d]) * scale : 0.0f;
         acc[i] = 0.0f;
-        ex[i] = 0;
     }
     long long qp = q_pos ? q_pos[row] : row;
     float m = -INFINITY, l = 0.0f;
@@ -173,15 +173,17 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
             int d = lane + 32 * i;
             if (d < D) {
                 float vv = cpc_load_f32(vr[d]);
-                if (ex[i] == 0 && !(fabsf(vv) > CPC_V_BIG && fabsf(vv) < INFINITY)) {
+                if (ex == 0 && !(fabsf(vv) > CPC_V_BIG && fabsf(vv) < INFINITY)) {
                     acc[i] = acc[i] * alpha + p * vv;
                 } else {
                     int need = fabsf(vv) > CPC_V_BIG && fabsf(vv) < INFINITY ? ilogbf(vv) - 80 : 0;
-                    if (need > ex[i]) {
-                        acc[i] = ldexpf(acc[i], ex[i] - need);
-                        ex[i] = need;
+                    if (need > ex) {
+#pragma unroll
+                        for (int j = 0; j < CPC_RW_PER_LANE; j++)
+                            acc[j] = ldexpf(acc[j], ex - need);
+                        ex = need;
                     }
-                    acc[i] = acc[i] * alpha + p * ldexpf(vv, -ex[i]);
+                    acc[i] = acc[i] * alpha + p * ldexpf(vv, -ex);
                 }
             }
         }
@@ -193,7 +195,7 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
     for (int i = 0; i < CPC_RW_PER_LANE; i++) {
         int d = lane + 32 * i;
         if (d < D)
-            orow[d] = ex[i] ? ldexpf(acc[i] * inv, ex[i]) : acc[i] * inv;
+            orow[d] = ex ? ldexpf(acc[i] * inv, ex) : acc[i] * inv;
     }
     if (lane == 0)
         lse[((long long)b * hq + h) * sq + row] = l == 0.0f ? -INFINITY : m + __logf(l);

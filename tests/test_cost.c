@@ -542,6 +542,135 @@ Test(cost, cp040_weights_hint_fits)
     cpc_plan_free(plan);
 }
 
+/* The GiB figures at the top level of a CP040 message's parenthesis (its parts;
+ * a nested parenthesis only explains one) and the total before it. */
+static double cp040_parts(const char *msg, double *total)
+{
+    const char *p = strstr(msg, "predicted memory per rank ");
+    cr_assert(p, "%s", msg);
+    p += strlen("predicted memory per rank ");
+    *total = strtod(p, NULL);
+    p = strchr(p, '(');
+    cr_assert(p, "%s", msg);
+    double sum = 0;
+    int depth = 0;
+    for (; *p; p++) {
+        if (*p == '(')
+            depth++;
+        else if (*p == ')' && --depth == 0)
+            break;
+        else if (depth == 1 && *p >= '0' && *p <= '9' && p[-1] == ' ') {
+            char *end;
+            double x = strtod(p, &end);
+            if (strncmp(end, " GiB", 4) == 0)
+                sum += x;
+            p = end - 1;
+        }
+    }
+    return sum;
+}
+
+/* CP040's parts add up to its total: with the VAE decode the larger phase, the
+ * message names it (it replaces buffers + activations in MEMORY), as a new user
+ * found: "53.32 GiB (buffers 0.08 + weights 22.17 + activations 0.11 + reserved
+ * 30.00)" added up to 52.36. */
+Test(cost, cp040_parts_add_up)
+{
+    const char *vae[] = {"cluster.device=l20", "cluster.reserved_gb=30", "parallel.tp_degree=1",
+                         "parallel.cfg_degree=1", "parallel.variant=ulysses"};
+    const char *big[] = {"model.parameters=40000000000", "cluster.device=l20", "parallel.variant=ulysses",
+                         "input.steps=28"};
+    const char *plans[] = {"plans/flux1-dev-8gpu-axes.yaml", "plans/flux1-dev-1024.yaml"};
+    const char *const *sets[] = {vae, big};
+    int nsets[] = {5, 4};
+    bool saw_vae = false;
+    for (int c = 0; c < 2; c++) {
+        cpc_plan *plan = load(plans[c], sets[c], nsets[c]);
+        cpc_selection sel;
+        cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        int n40 = 0;
+        for (int i = 0; i < sel.n_candidates; i++)
+            for (const cpc_status *d = sel.candidates[i].errors; d; d = d->next) {
+                if (d->rule != 40)
+                    continue;
+                n40++;
+                double total, sum = cp040_parts(cpc_status_message(d), &total);
+                cr_expect(fabs(sum - total) <= 0.02, "parts %.2f vs total %.2f: %s", sum, total,
+                          cpc_status_message(d));
+                const cpc_prediction *pr = &sel.candidates[i].pred;
+                if (pr->vae_bytes_per_rank > pr->buffer_bytes_per_rank + pr->activation_bytes_per_rank) {
+                    saw_vae = true;
+                    cr_expect(strstr(cpc_status_message(d), "VAE decode"), "%s", cpc_status_message(d));
+                }
+            }
+        cr_expect_gt(n40, 0, "case %d: CP040 expected", c);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+    }
+    cr_expect(saw_vae, "a case where the VAE decode is the larger phase");
+}
+
+/* CP040's tp_degree hint applied as written validates, also when the plan states
+ * its ring or Ulysses degree (world_size = C*T*R*U: the hint then names the degree
+ * that gives up the ranks; `parallel.tp_degree: 2` alone on ulysses_degree 8 of 8
+ * ranks was CP003, found by a new user). */
+Test(cost, cp040_hint_applied_validates)
+{
+    static const char *const cases[][3] = {
+        {"parallel.variant=ulysses", "parallel.ulysses_degree=8", NULL},
+        {"parallel.variant=ring", "parallel.ring_degree=8", NULL},
+        {"parallel.variant=unified", "parallel.ring_degree=2", "parallel.ulysses_degree=4"},
+        {"parallel.variant=unified", "parallel.ring_degree=2", NULL},
+        {"parallel.variant=ulysses_anything", "parallel.ulysses_degree=8", NULL},
+        {"parallel.variant=auto", NULL, NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *sets[12] = {"cluster.device=l20", "cluster.reserved_gb=30", "parallel.tp_degree=1",
+                                "parallel.cfg_degree=1"};
+        int n = 4;
+        for (int j = 0; j < 3 && cases[c][j]; j++)
+            sets[n++] = cases[c][j];
+        cpc_plan *plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
+        cpc_selection sel;
+        cpc_status *st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        char hint[256] = "";
+        for (const cpc_status *d = st; d && !hint[0]; d = d->next) /* what cpc reports */
+            if (d->rule == 40 && cpc_status_hint(d))
+                snprintf(hint, sizeof hint, "%s", cpc_status_hint(d));
+        for (int i = 0; i < sel.n_candidates && !hint[0]; i++)
+            for (const cpc_status *d = sel.candidates[i].errors; d && !hint[0]; d = d->next)
+                if (d->rule == 40 && cpc_status_hint(d))
+                    snprintf(hint, sizeof hint, "%s", cpc_status_hint(d));
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+        cr_assert(strncmp(hint, "parallel.tp_degree: ", 20) == 0, "case %zu: hint '%s'", c, hint);
+        /* "k1: v1, k2: v2 (why...)" -> --set k1=v1 --set k2=v2 */
+        char keys[8][64];
+        int nk = 0;
+        char *end = strstr(hint, " (");
+        cr_assert(end);
+        *end = 0;
+        for (char *tok = strtok(hint, ","); tok && nk < 8; tok = strtok(NULL, ",")) {
+            while (*tok == ' ')
+                tok++;
+            char *colon = strstr(tok, ": ");
+            cr_assert(colon, "hint key '%s'", tok);
+            snprintf(keys[nk], sizeof keys[nk], "%.*s=%s", (int)(colon - tok), tok, colon + 2);
+            sets[n++] = keys[nk++];
+        }
+        plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
+        st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
+        if (cpc_status_has_error(st))
+            cpc_status_print(stderr, "hint applied", st);
+        cr_expect_not(cpc_status_has_error(st), "case %zu: the hint applied is rejected", c);
+        cpc_status_free(st);
+        cpc_selection_free(&sel);
+        cpc_plan_free(plan);
+    }
+}
+
 /* The whole step's plan keys (SPEC section 1: model structure, runtime):
  * loaded as written, defaults when absent, errors with their rule. */
 static cpc_status *load_text(const char *text, cpc_plan **plan)

@@ -56,6 +56,13 @@ class Error(Exception):
         self.message, self.code, self.rule, self.hint = message, code, rule, hint
         self.diagnostics = list(diagnostics)
 
+    def __str__(self):
+        # the message, then the hint as cpc prints it (a traceback shows str(e): a hint
+        # kept only in .hint would never reach a user who does not catch the error)
+        if self.hint and self.hint not in self.message:
+            return f"{self.message}; hint: {self.hint}"
+        return self.message
+
 
 class PlanError(Error):
     """A plan rejected by one or more rules; .diagnostics holds every violation (with
@@ -78,7 +85,7 @@ class FileError(Error, OSError):
     """An unreadable or unwritable file."""
 
     def __str__(self):
-        return self.message
+        return Error.__str__(self)  # not OSError's "[Errno ...]" form
 
 
 class RuntimeError(Error, builtins.RuntimeError):  # noqa: A001 - cpc.RuntimeError by SPEC
