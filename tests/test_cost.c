@@ -663,7 +663,7 @@ Test(cost, cp040_hint_applied_validates)
         plan = load("plans/flux1-dev-8gpu-axes.yaml", sets, n);
         st = cpc_validate_priced(plan, cpc_cost_price_candidate, NULL, &sel);
         if (cpc_status_has_error(st))
-            cpc_status_print(stderr, "hint applied", st);
+            cpc_status_print(st, stderr, "hint applied");
         cr_expect_not(cpc_status_has_error(st), "case %zu: the hint applied is rejected", c);
         cpc_status_free(st);
         cpc_selection_free(&sel);
