@@ -114,11 +114,14 @@ if [ "${1:-}" != --quick ]; then
   # a runtime file includes the compiler's verifier; a tool declares an internal function
   sed -i '0,/#include "rank.h"/s//#include "rank.h"\n#include "verify.h"/' "$tmp/runtime/rank.c"
   printf 'cpc_status *cpc_verify(const void *prog);\n' >>"$tmp/tools/cprun.c"
+  # io reaches back into the runtime (the edge cut in issue 22: the trace's events are ir's)
+  sed -i '0,/#include "trace.h"/s//#include "trace.h"\n#include "executor.h"/' "$tmp/runtime/io/trace.c"
   out=$(check_tree "$tmp")
   grep -q 'runtime/rank.c:.*layer runtime includes verify.h of layer compiler' <<<"$out" &&
-    grep -q 'tools/cprun.c:.*cpc_verify is declared by hand' <<<"$out" || {
+    grep -q 'tools/cprun.c:.*cpc_verify is declared by hand' <<<"$out" &&
+    grep -q 'runtime/io/trace.c:.*layer io includes executor.h of layer runtime' <<<"$out" || {
     echo "layers.sh: --self-test: the check missed an injected violation:"; echo "$out"; exit 1; }
-  echo "layers.sh: self-test: both injected violations caught"
+  echo "layers.sh: self-test: all three injected violations caught"
 fi
 if ! out=$(check_tree "$ROOT"); then
   echo "$out" >&2
