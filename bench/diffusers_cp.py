@@ -1,7 +1,7 @@
 """cpc.diffusers.parallelize vs diffusers' own enable_parallelism, in one run.
 
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OPENBLAS_NUM_THREADS=1 \\
-        -x PYTHONPATH=python/src -x CPC_LIBRARY=build/libcpc.so.0 \\
+        -x PYTHONPATH=python/src -x CPC_LIBRARY=build/libcpc.so.0.2 \\
         ~/.cache/cpc/torch-venv/bin/python bench/diffusers_cp.py --model flux --ulysses 2
 
 Every process builds the same random model (seeded) three times: one stays as is (the

@@ -44,6 +44,9 @@ for a in "$@"; do
     case "$a" in
     --strict) strict=1 ;;
     --runtime) runtime=1 ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "published.sh: unknown option $a (usage: bench/published.sh [--strict] [--runtime] [DIR]; --help)" >&2
+        exit 2 ;;
     *) DIR="$a" ;;
     esac
 done
@@ -193,6 +196,13 @@ print("\nsummary: accepted %d/%d, geomean %.3f, within25 %.0f%%, orders %d/%d, a
       % (len(ok), len(rows), gm, 100 * share, n_pairs - bad_pairs, n_pairs, n_auto - bad_auto, n_auto,
          100 * loo_share))
 if strict:
-    bad = (failed or not (0.9 <= gm <= 1.1) or share < 0.9 or bad_pairs or loo_share < 0.8 or bad_auto)
-    sys.exit(1 if bad else 0)
+    why = [w for w, bad in [("%d plan(s) rejected" % len(failed), failed),
+                            ("geomean %.3f outside 0.9-1.1" % gm, not (0.9 <= gm <= 1.1)),
+                            ("within25 %.0f%% < 90%%" % (100 * share), share < 0.9),
+                            ("%d order(s) wrong" % bad_pairs, bad_pairs),
+                            ("loto35 %.0f%% < 80%%" % (100 * loo_share), loo_share < 0.8),
+                            ("%d auto group(s) miss" % bad_auto, bad_auto)] if bad]
+    if why:
+        print("strict: FAIL: " + "; ".join(why))
+    sys.exit(1 if why else 0)
 EOF

@@ -107,7 +107,9 @@ static bool op_path(const cpc_op *ops, int n, const cpc_op *op, const char *pref
 {
     for (int i = 0; i < n; i++) {
         char here[96];
-        snprintf(here, sizeof here, "%s%s[%d]", prefix, *prefix ? ".body" : "ops", i + 1);
+        int w = snprintf(here, sizeof here, "%s%s[%d]", prefix, *prefix ? ".body" : "ops", i + 1);
+        if (w < 0 || (size_t)w >= sizeof here)
+            return false; /* nested too deep to name: the caller says "an op" */
         if (&ops[i] == op) {
             snprintf(buf, len, "%s", here);
             return true;

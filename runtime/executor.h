@@ -56,6 +56,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "event.h"
 #include "program.h"
 #include "status.h"
 #include "backend.h"
@@ -75,16 +76,7 @@ typedef struct cpc_exec_config {
     bool record_events;        /* keep one event per executed op (for traces) */
 } cpc_exec_config;
 
-typedef enum cpc_exec_event_cat { CPC_EV_COMPUTE = 0, CPC_EV_COMM } cpc_exec_event_cat;
-
-/* One executed op (leaf ops only; loops are expanded). */
-typedef struct cpc_exec_event {
-    char name[48];             /* "attn q,k,v" ... */
-    cpc_exec_event_cat cat;
-    int step;                  /* s of the innermost loop, -1 outside loops */
-    double t0_us, t1_us;       /* CLOCK_MONOTONIC, microseconds */
-    int64_t bytes;             /* bytes this rank sent in the op */
-} cpc_exec_event;
+/* cpc_exec_event (one executed op) is ir's event.h: the trace (io) reads it. */
 
 typedef struct cpc_exec_stats {
     double t0_us, t1_us;       /* CLOCK_MONOTONIC, microseconds, of the whole run */

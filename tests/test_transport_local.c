@@ -261,7 +261,7 @@ Test(transport_local, timeout_names_who_waits_for_what)
     int who;
     const char *why;
     cr_assert(cpc_local_world_aborted(j.w, &who, &why));
-    cr_assert(strstr(why, "timeout") != NULL, "%s", why);
+    cr_assert(strstr(why, "stalled: ") != NULL && strstr(why, "timeout") != NULL, "%s", why);
     cr_assert(strstr(why, "recv from") != NULL || strstr(why, "barrier") != NULL, "%s", why);
     end_world(&j, 2);
 }

@@ -303,6 +303,39 @@ static void fmt_bytes(char *buf, size_t n, const cpc_candidate_info *c, int64_t 
         snprintf(buf, n, "%.1f MiB", (double)v / (double)(1 << 20));
 }
 
+/* The rule codes already explained below a table (print_explain_text,
+ * run_sweep). */
+typedef struct code_legend {
+    int shown[64];
+    int n;
+} code_legend;
+
+/* Prints, for each rule code of rejected candidate c not yet in `l`, one line
+ * "  CPnnn: MESSAGE" (" (KEY=VALUE)" after the code when key is given); the
+ * first line of a legend is preceded by an empty line. */
+static void explain_codes(code_legend *l, const cpc_candidate_info *c, const char *key, const char *value)
+{
+    if (!c || c->ok)
+        return;
+    for (const cpc_status *e = c->errors; e; e = cpc_status_next(e)) {
+        int rule = cpc_status_rule(e);
+        if (cpc_status_severity(e) != CPC_SEV_ERROR || !rule)
+            continue;
+        bool seen = false;
+        for (int k = 0; k < l->n && !seen; k++)
+            seen = l->shown[k] == rule;
+        if (seen || l->n == (int)(sizeof l->shown / sizeof l->shown[0]))
+            continue;
+        l->shown[l->n++] = rule;
+        char rb[8];
+        rule_str(rule, rb);
+        if (key)
+            printf("%s  %s (%s=%s): %s\n", l->n == 1 ? "\n" : "", rb, key, value, cpc_status_message(e));
+        else
+            printf("%s  %s: %s\n", l->n == 1 ? "\n" : "", rb, cpc_status_message(e));
+    }
+}
+
 static void print_explain_text(const job *j)
 {
     printf("%s: %d candidate%s", j->file, j->n_cands, j->n_cands == 1 ? "" : "s");
@@ -394,6 +427,11 @@ static void print_explain_text(const job *j)
         }
         printf("\n");
     }
+    /* what each rule code in the verdict column means here: the first rejected
+     * candidate's message per code (a new user met "CP010" with no word of why) */
+    code_legend legend = {0};
+    for (int i = 0; i < j->n_cands; i++)
+        explain_codes(&legend, &j->cands[i], NULL, NULL);
 }
 
 static void print_summary_text(const job *j)
@@ -425,10 +463,11 @@ static void print_summary_text(const job *j)
         char mem[32], sent[32];
         fmt_bytes(mem, sizeof mem, c, c->memory_bytes_per_rank);
         fmt_bytes(sent, sizeof sent, c, c->bytes_sent_per_rank);
-        printf("  predicted on %s: %.3f ms per layer, %.3f ms per forward (%d layers), "
+        int layers = cpc_compilation_layers(j->c);
+        printf("  predicted on %s: %.3f ms per layer, %.3f ms per forward (%d layer%s), "
                "%s per rank, %s sent per rank per layer\n",
                cpc_compilation_device_name(j->c)[0] ? cpc_compilation_device_name(j->c) : "the plan's device",
-               c->ms_per_layer, c->ms_per_forward, cpc_compilation_layers(j->c), mem, sent);
+               c->ms_per_layer, c->ms_per_forward, layers, layers == 1 ? "" : "s", mem, sent);
         if (c->backward_priced) {
             char bs[32], bm[32];
             fmt_bytes(bs, sizeof bs, c, c->backward_bytes_sent_per_rank);
@@ -1511,6 +1550,11 @@ static int run_sweep(options *o)
             else
                 printf(" -\n"); /* rejected ("none" is a variant's name) */
         }
+        /* each rule code of the table's cells, once, with the first point's message */
+        code_legend legend = {0};
+        for (int i = 0; i < n; i++)
+            for (int v = 0; v < N_SWEEP_VARIANTS; v++)
+                explain_codes(&legend, sweep_pick(&jobs[i], SWEEP_VARIANTS[v]), key, values[i]);
         if (axes)
             print_sweep_splits(jobs, n, key, values, step);
     }

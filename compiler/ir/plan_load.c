@@ -876,8 +876,15 @@ static void load_model(ld *L, const cpc_ynode *root, cpc_span root_at)
     if (get_bool(L, m, "model", "mlp_gated", &b, NULL) == OK)
         p->model.mlp_gated = b, p->model.structure_given = true;
     static const char *const an[] = {"softmax", "linear"};
-    if (get_enum(L, m, "model", "attention", an, 2, &e, NULL) == OK)
+    fld fat;
+    if (get_enum(L, m, "model", "attention", an, 2, &e, &fat) == OK) {
         p->model.linear_attention = e == 1;
+        /* said at --check time, not first at `cpc -o` / cprun (compile.c refuses it) */
+        if (e == 1)
+            warn(L, fat.v->span,
+                 "model.attention: linear is priced only: cpc's kernels compute softmax attention, "
+                 "so `cpc -o` and cprun refuse this plan");
+    }
     fld fds;
     if (get_int(L, m, "model", "dual_stream_layers", 0, MAX_COUNT, &v, &fds) == OK) {
         p->model.dual_stream_layers = (int)v;
@@ -1256,6 +1263,44 @@ static char *file_stem(const char *file)
     return strndup(b, n);
 }
 
+/* input.steps and the runtime keys are read by the whole-step cost model only
+ * (cost.h WHOLE STEP): without model.parameters they change nothing, so one
+ * warning, at the first of them, names every one present.  (runtime.
+ * attention_kernel also prices attention alone, so it is not among them; the
+ * model structure keys are as inert, but they describe the model, and
+ * cpc.from_diffusers writes them whether or not it could count the weights.) */
+static void warn_whole_step_keys(ld *L, const cpc_ynode *root)
+{
+    static const char *const keys[][2] = {
+        {"input", "steps"},
+        {"runtime", "framework"},   {"runtime", "text_encoder_parameters"},
+        {"runtime", "vae"},         {"runtime", "vae_channels"},
+        {"runtime", "vae_parallel"}, {"runtime", "vae_tiling"},
+        {"runtime", "cfg"},
+    };
+    if (L->plan->model.parameters > 0 || !root || root->kind != CPC_YNODE_MAPPING)
+        return;
+    char names[512] = "";
+    size_t o = 0;
+    int n = 0;
+    cpc_span first = {0};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        fld fs, fk;
+        if (!field(root, "", keys[i][0], &fs) || !fs.v || fs.v->kind != CPC_YNODE_MAPPING ||
+            !field(fs.v, keys[i][0], keys[i][1], &fk))
+            continue;
+        if (n++ == 0)
+            first = fk.k->span;
+        if (o < sizeof names - 64)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", n > 1 ? ", " : "", fk.path);
+    }
+    if (n > 0)
+        warn(L, first,
+             "%s %s no effect without model.parameters: cpc then predicts attention alone, not "
+             "the whole step (set model.parameters, the transformer's weight count)",
+             names, n > 1 ? "have" : "has");
+}
+
 static void load_root(ld *L, const cpc_ynode *root)
 {
     cpc_plan *p = L->plan;
@@ -1294,6 +1339,7 @@ static void load_root(ld *L, const cpc_ynode *root)
     load_parallel(L, root);
     load_schedule(L, root);
     load_runtime(L, root);
+    warn_whole_step_keys(L, root);
 }
 
 /* ======================================================================== */

@@ -29,19 +29,21 @@
 extern "C" {
 #endif
 
-/* Error classes; the class, not the message, decides a tool's exit status
- * (the tools' mapping, cpc/tool.h cpc_status_exit_code: not in libcpc.so). */
+/* Error classes: callers branch on the class, never on the message.  (The
+ * cpc and cprun programs map classes to exit statuses: 1 plan/check, 2
+ * usage/io/input, 3 the rest; that policy is the tooling layer's, cpc/tool.h
+ * cpc_status_exit_code, not part of libcpc.) */
 typedef enum cpc_code {
     CPC_OK = 0,
-    CPC_E_PLAN,        /* plan rejected by a rule (a CP code is set): exit 1 */
-    CPC_E_CHECK,       /* numerical check failed: exit 1 */
-    CPC_E_USAGE,       /* bad option or argument (wrong shape, stride, ...): exit 2 */
-    CPC_E_IO,          /* unreadable / unwritable file: exit 2 */
-    CPC_E_INPUT,       /* bad input tensors or artifact: exit 2 */
-    CPC_E_NOMEM,       /* out of host memory: exit 3 */
-    CPC_E_INTERNAL,    /* a cpc bug, or NVRTC rejecting generated code: exit 3 */
-    CPC_E_RUNTIME,     /* device, collective or transport failure: exit 3 */
-    CPC_E_UNSUPPORTED, /* not available in this build or on this machine: exit 3 */
+    CPC_E_PLAN,        /* plan rejected by a rule (a CP code is set) */
+    CPC_E_CHECK,       /* numerical check failed */
+    CPC_E_USAGE,       /* bad option or argument (wrong shape, stride, size, ...) */
+    CPC_E_IO,          /* unreadable / unwritable file */
+    CPC_E_INPUT,       /* bad input tensors or artifact */
+    CPC_E_NOMEM,       /* out of host memory */
+    CPC_E_INTERNAL,    /* a cpc bug, or NVRTC rejecting generated code */
+    CPC_E_RUNTIME,     /* device, collective or transport failure */
+    CPC_E_UNSUPPORTED, /* not available in this build or on this machine */
     CPC_CODE__COUNT
 } cpc_code;
 

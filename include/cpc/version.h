@@ -8,15 +8,19 @@
  * SONAME, cpcConfigVersion.cmake, cpc.pc and cpc_version()'s string).
  *
  * CPC_VERSION_CODE orders versions: MAJOR * 10000 + MINOR * 100 + PATCH
- * (CPC_VERSION_AT_LEAST(0, 1, 0) for feature tests).  Within one MAJOR
- * version the ABI only grows: functions are added, options structs gain
- * fields at their end.
+ * (CPC_VERSION_AT_LEAST(0, 2, 0) for feature tests).  From 1.0 on, within
+ * one MAJOR version the ABI only grows: functions are added, options structs
+ * gain fields at their end (the soname is libcpc.so.MAJOR).  Before 1.0 each
+ * MINOR version may change the ABI, so the soname carries both numbers
+ * (libcpc.so.0.2): 0.2 renamed the lifecycle functions (new/free), put the
+ * subject first and gave every options struct a leading `size`, so a program
+ * built against 0.1 does not load 0.2 by mistake.
  */
 #ifndef CPC_PUBLIC_VERSION_H
 #define CPC_PUBLIC_VERSION_H
 
 #define CPC_VERSION_MAJOR 0
-#define CPC_VERSION_MINOR 1
+#define CPC_VERSION_MINOR 2
 #define CPC_VERSION_PATCH 0
 
 #define CPC_VERSION_CODE (CPC_VERSION_MAJOR * 10000 + CPC_VERSION_MINOR * 100 + CPC_VERSION_PATCH)

@@ -13,8 +13,8 @@
 #ifndef CPC_TRACE_H
 #define CPC_TRACE_H
 
+#include "event.h"
 #include "status.h"
-#include "executor.h"
 
 /* The events of one rank (several iterations may be concatenated; `iter`
  * gives each event's iteration, or is NULL). */

@@ -284,8 +284,9 @@ static bool cond_wait_locked(cpc_local_world *w, const struct timespec *dl, int 
     int rc = pthread_cond_timedwait(&w->cv, &w->mu, dl);
     if (rc == ETIMEDOUT) {
         char msg[512];
-        snprintf(msg, sizeof msg, "timeout: rank %d waited %.1f s for %s", me, w->timeout_s,
-                 what);
+        /* "stalled", as the MPI transport and cpc/rank.h (timeout_s) say it */
+        snprintf(msg, sizeof msg, "stalled: rank %d waited %.1f s for %s (the stall limit: "
+                 "timeout_s, cprun --timeout)", me, w->timeout_s, what);
         abort_locked(w, me, msg);
         return false;
     }

@@ -132,6 +132,10 @@ PY
 expect_status explain 0 --explain tests/cases/auto-1008.yaml
 grep -Eq '^\* ulysses_anything +1x4 +ok' "$tmp/explain.out" || fail "explain: selected row missing"
 grep -Eq '^  ulysses +1x4 +CP011' "$tmp/explain.out" || fail "explain: rejected row missing"
+# each code of the verdict column is explained once, below the table
+grep -q "^  CP011: ulysses: segment 'image' has 3969 tokens" "$tmp/explain.out" || fail "explain: CP011 not explained"
+[ "$(grep -c '^  CP0[0-9]*: ' "$tmp/explain.out")" -eq "$(grep -o 'CP0[0-9]*' "$tmp/explain.out" | sort -u | wc -l)" ] ||
+  fail "explain: one line per rule code expected"
 [ "$(grep -c '^[ *] [a-z_]* ' "$tmp/explain.out")" -eq 6 ] || fail "explain: header + 5 candidates expected"
 
 # ---- the outer axes: cfg_degree x tp_degree (SPEC section 1, "All four axes") -----------

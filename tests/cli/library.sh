@@ -41,7 +41,7 @@ so=$(ls "$prefix"/lib/libcpc.so.*.*.* 2>/dev/null | head -1)
 [ -n "$so" ] || fail "install: no versioned libcpc.so"
 if [ -n "$so" ]; then
   soname=$(objdump -p "$so" | awk '/SONAME/ {print $2}')
-  [ "$soname" = "libcpc.so.0" ] || fail "soname is '$soname', expected libcpc.so.0"
+  [ "$soname" = "libcpc.so.0.2" ] || fail "soname is '$soname', expected libcpc.so.0.2"
   # exported symbols: exactly the declared functions
   nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | sed 's/@.*//' | sort >"$tmp/exported"
   # every public function is declared CPC_API (include/cpc/export.h; the layers are
@@ -72,7 +72,8 @@ t cmake_configure 0 cmake -S examples -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$prefix"
 t cmake_build 0 cmake --build "$tmp/ex"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 t pkgconfig 0 pkg-config --modversion cpc
-has pkgconfig.out "0.1.0"
+ver=$(awk '/^#define CPC_VERSION_(MAJOR|MINOR|PATCH) /{printf "%s%s", sep, $3; sep="."}' include/cpc/version.h)
+has pkgconfig.out "^$ver\$"
 t pc_shared 0 mpicc $san -o "$tmp/toy_pc" examples/toy_model.c $(pkg-config --cflags --libs cpc) -lm \
   -Wl,-rpath,"$prefix/lib"
 t pc_static 0 mpicc $san -o "$tmp/toy_static" examples/toy_model.c $(pkg-config --cflags cpc) \

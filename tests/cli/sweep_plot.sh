@@ -33,6 +33,9 @@ cp "$PLAN" "$tmp/plan.yaml"
 # ---- exit statuses -----------------------------------------------------------------------
 t valid       0 "$CPC" --sweep cluster.world_size=2,4,8 "$PLAN"
 t mixed       0 "$CPC" --sweep cluster.world_size=3,4 "$PLAN"
+# each rule code in the table's cells is explained once below it, with its point
+grep -q "^  CP010 (cluster.world_size=3): ring: " "$tmp/mixed.out" || fail "mixed: CP010 not explained"
+[ "$(grep -c '^  CP010 ' "$tmp/mixed.out")" -eq 1 ] || fail "mixed: CP010 explained more than once"
 t all-reject  1 "$CPC" --sweep cluster.world_size=3,5 "$PLAN"
 t no-key      1 "$CPC" --sweep cluster.no_such_key=1,2 "$PLAN"
 has no-key.err "CP101"

@@ -124,6 +124,20 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ok"] and 
 # ---- messages --------------------------------------------------------------------------------------
 t explain-one 0 "$CPC" --explain "$tmp/one.yaml"
 has explain-one.out "one.yaml: 1 candidate,"
+t check-one 0 "$CPC" --check "$tmp/one.yaml"
+has check-one.out "ms per forward (1 layer),"
+
+# input.steps and runtime keys (read by the whole-step model only) without
+# model.parameters: one warning naming them, at the first (the plan is still valid: exit 0)
+sed 's/dtype: fp32}/dtype: fp32, mlp_ratio: 3}/; s/tokens: 64}/tokens: 64, steps: 20}/' \
+  "$tmp/one.yaml" >"$tmp/inert.yaml"
+printf 'runtime: {framework: compiled}\n' >>"$tmp/inert.yaml"
+t inert 0 "$CPC" --check "$tmp/inert.yaml"
+has inert.err "inert.yaml:4:[0-9]*: warning: input.steps, runtime.framework have no effect without model.parameters"
+grep -q "mlp_ratio" "$tmp/inert.err" && fail "inert: model structure keys named (they describe the model)"
+has inert.out "1 warning"
+t inert-params 0 "$CPC" --check "$tmp/inert.yaml" --set model.parameters=1000000
+grep -q "no effect" "$tmp/inert-params.err" && fail "inert-key warning with model.parameters"
 t explain-five 0 "$CPC" --explain --set parallel.variant=ulysses "$tmp/small.yaml"
 has explain-five.out "small.yaml: 5 candidates,"
 t rank-past 2 "$CPC" --check --dump-schedule --rank 4 "$tmp/small.yaml"
@@ -146,6 +160,8 @@ grep -q "1 ranks" "$tmp/dry-one.out" "$tmp/run-one.out" && fail "'1 ranks' print
 # cpc -o and cprun refuse it (exit 2) and no artifact is written
 sed 's/dtype: fp32}/dtype: fp32, attention: linear}/' "$tmp/small.yaml" >"$tmp/linear.yaml"
 t linear-check 0 "$CPC" --check "$tmp/linear.yaml"
+# ... and --check says so already, at the key (a warning: exit 0)
+has linear-check.err "linear.yaml:3:[0-9]*: warning: model.attention: linear is priced only"
 t linear-compile 2 "$CPC" "$tmp/linear.yaml" -o "$tmp/linear.cplan"
 has linear-compile.err "runs softmax attention only"
 [ -e "$tmp/linear.cplan" ] && fail "an artifact was written for a linear-attention plan"

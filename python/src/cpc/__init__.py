@@ -20,7 +20,7 @@ from ._plan import Artifact, CheckResult, check, compile, load, plan_to_yaml
 from ._attention import Attention, LocalWorld, abort
 from ._bf16 import from_bf16, to_bf16
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Artifact", "Attention", "abort", "CheckResult", "Diagnostic", "Error", "FileError",
            "InputError", "LocalWorld", "NoMemoryError", "PlanError", "RuntimeError",

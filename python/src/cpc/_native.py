@@ -6,7 +6,7 @@ a machine without the library's dependencies; a library that cannot be loaded is
 reported by the call that needed it (``cpc.UnsupportedError``).
 
 Which library: ``$CPC_LIBRARY`` (a path) when set, else the copy that
-``pip install`` bundled in ``cpc/_lib/``, else the system's ``libcpc.so.0`` /
+``pip install`` bundled in ``cpc/_lib/``, else the system's ``libcpc.so.0.2`` /
 ``libcpc.so``.  Every declaration below mirrors a header; ``tests/test_native.py``
 checks the struct layouts against the C compiler's view (offsetof / sizeof).
 """
@@ -190,7 +190,7 @@ def _candidates():
         return [env]
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
     bundled = sorted(glob.glob(os.path.join(here, "libcpc.so*")), key=len)
-    return bundled + ["libcpc.so.0", "libcpc.so"]
+    return bundled + ["libcpc.so.0.2", "libcpc.so"]
 
 
 def library_path():
