@@ -1013,28 +1013,11 @@ static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
  * content (init_acc's block accumulators, a copy's rows). */
 static cpc_status *price_tags(pricer *pr, const cpc_op *op, const cpc_op_info *info)
 {
-    int *t = pr->tag;
-    if (info->tags == CPC_TAGR_EXCHANGE) {
-        if (op->n_in >= 2) {
-            int a = t[op->in[0]];
-            t[op->in[0]] = t[op->in[1]];
-            t[op->in[1]] = a;
-        }
-        return NULL;
-    }
-    if (info->tags == CPC_TAGR_KEEP)
-        return NULL;
     int64_t block = -1;
     cpc_status *st;
-    if (op->block && (st = eval(pr, op->block, &block)))
+    if (info->tags != CPC_TAGR_KEEP && op->block && (st = eval(pr, op->block, &block)))
         return st;
-    int in0 = op->n_in > 0 ? t[op->in[0]] : CPC_TAG_NONE;
-    int nt[CPC_OP_MAX_BUFS];
-    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
-        nt[i] = cpc_op_out_tag(pr->prog, op, i, &pr->c, block, in0, i < op->n_in ? t[op->in[i]] : CPC_TAG_NONE,
-                               t[op->out[i]]);
-    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
-        t[op->out[i]] = nt[i];
+    cpc_op_apply_tags(pr->prog, op, &pr->c, block, pr->tag);
     return NULL;
 }
 

@@ -552,13 +552,12 @@ int cpc_op_out_tag(const cpc_program *prog, const cpc_op *op, int i, const cpc_c
     }
 }
 
-/* The op table's tag rule, applied to the walk's tags. */
-static void apply_tags(const walker *w, const cpc_exec_op *x)
+void cpc_op_apply_tags(const cpc_program *prog, const cpc_op *op, const cpc_coords *c, int64_t block, int *t)
 {
-    const cpc_op *op = x->op;
-    int *t = w->tags;
     const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (info && info->tags == CPC_TAGR_EXCHANGE) {
+    if (!info || info->tags == CPC_TAGR_KEEP)
+        return;
+    if (info->tags == CPC_TAGR_EXCHANGE) {
         if (op->n_in >= 2) {
             int a = t[op->in[0]];
             t[op->in[0]] = t[op->in[1]];
@@ -569,10 +568,15 @@ static void apply_tags(const walker *w, const cpc_exec_op *x)
     int in0 = op->n_in > 0 ? t[op->in[0]] : CPC_TAG_NONE;
     int nt[CPC_OP_MAX_BUFS];
     for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
-        nt[i] = cpc_op_out_tag(w->prog, op, i, &x->c, x->block, in0, i < op->n_in ? t[op->in[i]] : CPC_TAG_NONE,
-                               t[op->out[i]]);
+        nt[i] = cpc_op_out_tag(prog, op, i, c, block, in0, i < op->n_in ? t[op->in[i]] : CPC_TAG_NONE, t[op->out[i]]);
     for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
         t[op->out[i]] = nt[i];
+}
+
+/* The op table's tag rule, applied to the walk's tags. */
+static void apply_tags(const walker *w, const cpc_exec_op *x)
+{
+    cpc_op_apply_tags(w->prog, x->op, &x->c, x->block, w->tags);
 }
 
 static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, int depth)

@@ -494,6 +494,14 @@ cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, 
 int cpc_op_out_tag(const cpc_program *prog, const cpc_op *op, int i, const cpc_coords *c, int64_t block, int in_tag0,
                    int in_tag_i, int old);
 
+/* Applies op's tag rule to tags[] (one content tag per buffer of prog,
+ * updated in place): every output by cpc_op_out_tag, computed from the tags
+ * before the op; swap (CPC_TAGR_EXCHANGE) exchanges in[0]'s and in[1]'s.
+ * `block` as for cpc_op_out_tag.  The one application the per-rank walk and
+ * the cost model share (the executor applies cpc_op_out_tag to its own
+ * buffer records).  Pure apart from tags; thread-safe. */
+void cpc_op_apply_tags(const cpc_program *prog, const cpc_op *op, const cpc_coords *c, int64_t block, int *tags);
+
 /* Rows (tokens) of buffer b's content with content tag `tag` on the rank
  * with coordinates c: SHARD shard_tokens(p), BLOCK block_tokens(tag) (the
  * largest block when tag is CPC_TAG_NONE), ALL S, KV Skv. */
