@@ -11,7 +11,6 @@
 typedef struct xbuf {
     void *ptr;
     size_t cap;       /* bytes allocated behind ptr */
-    int tag;          /* BLOCK content: ring block index */
 } xbuf;
 
 typedef struct pending {
@@ -28,6 +27,8 @@ struct cpc_exec {
     cpc_coords c;
     float scale;
     xbuf *bufs;
+    int *tags;        /* per buffer: its content tag (BLOCK: which ring block), by the op
+                         table's tag rule (cpc_op_apply_tags) */
     void **allocs;            /* what to free (one per buffer, before swaps) */
     void *stage_send, *stage_recv;
     size_t stage_send_cap, stage_recv_cap;
@@ -483,6 +484,7 @@ void cpc_exec_destroy(cpc_exec *ex)
         cpc_backend_free(be, ex->stage_recv);
     free(ex->allocs);
     free(ex->bufs);
+    free(ex->tags);
     free(ex->pend);
     free(ex->qruns);
     free(ex->kvruns);
@@ -522,13 +524,14 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     cpc_status *st = NULL;
     int64_t *caps = calloc((size_t)(nb > 0 ? nb : 1), sizeof *caps);
     ex->bufs = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->bufs);
+    ex->tags = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->tags);
     ex->allocs = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->allocs);
     ex->max_runs = L->R * cpc_layout_max_block_runs(L) + 2;
     ex->qruns = malloc((size_t)ex->max_runs * sizeof *ex->qruns);
     ex->kvruns = malloc((size_t)ex->max_runs * sizeof *ex->kvruns);
     ex->a2a = malloc((size_t)(4 * L->P) * sizeof *ex->a2a); /* ulysses all_to_all, ring reduce_scatter */
     ex->ag = malloc((size_t)(2 * L->R) * sizeof *ex->ag);
-    if (!caps || !ex->bufs || !ex->allocs || !ex->qruns || !ex->kvruns || !ex->a2a || !ex->ag) {
+    if (!caps || !ex->bufs || !ex->tags || !ex->allocs || !ex->qruns || !ex->kvruns || !ex->a2a || !ex->ag) {
         st = cpc_error(CPC_E_NOMEM, "executor: out of memory");
         goto fail;
     }
@@ -545,7 +548,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
         }
         ex->bufs[b].ptr = ex->allocs[b];
         ex->bufs[b].cap = (size_t)caps[b];
-        ex->bufs[b].tag = (int)ex->c.r;
+        ex->tags[b] = (int)ex->c.r;
         ex->allocated += caps[b];
         if (bf->io == CPC_IO_OUTPUT && bf->role == CPC_ROLE_O && ex->out_buf < 0)
             ex->out_buf = b;
@@ -648,7 +651,7 @@ cpc_status *cpc_exec_reset(cpc_exec *ex)
     const cpc_program *prog = ex->prog;
     for (int b = 0; b < prog->n_buffers; b++) {
         const cpc_buffer *bf = &prog->buffers[b];
-        ex->bufs[b].tag = (int)ex->c.r;
+        ex->tags[b] = (int)ex->c.r;
         if (bf->io != CPC_IO_INPUT)
             continue;
         if (!ex->inputs[bf->role])
@@ -686,7 +689,7 @@ static const char *bname(const cpc_exec *ex, int b)
 
 static geom cur_geom(const cpc_exec *ex, int b)
 {
-    return geom_of(ex->prog, &ex->c, b, ex->bufs[b].tag);
+    return geom_of(ex->prog, &ex->c, b, ex->tags[b]);
 }
 
 static cpc_status *check_fits(const cpc_exec *ex, int b, size_t bytes)
@@ -730,7 +733,7 @@ static cpc_status *guard_pending(const cpc_exec *ex, const cpc_op *op)
 }
 
 /* Content tags (which ring block a BLOCK buffer holds) by the op table's
- * tag rule (cpc_op_out_tag; program.h "Content tags"), set before the op
+ * tag rule (cpc_op_apply_tags; program.h "Content tags"), set before the op
  * runs: the op reads and writes its outputs at their new content's geometry
  * (a recv's block, attn's query rows, ...).  The per-op code sets no tag
  * itself (one exception, op_copy: SHARD p carried into a BLOCK buffer is
@@ -741,28 +744,13 @@ static cpc_status *apply_tags(cpc_exec *ex, const cpc_op *op, const cpc_coords *
     const cpc_op_info *info = cpc_op_info_of(op->kind);
     if (!info || info->tags == CPC_TAGR_KEEP)
         return NULL;
-    xbuf *t = ex->bufs;
-    if (info->tags == CPC_TAGR_EXCHANGE) {
-        if (op->n_in >= 2) {
-            int a = t[op->in[0]].tag;
-            t[op->in[0]].tag = t[op->in[1]].tag;
-            t[op->in[1]].tag = a;
-        }
-        return NULL;
-    }
     int64_t block = -1;
-    if (op->block) {
+    if (op->block && info->tags != CPC_TAGR_EXCHANGE) {
         cpc_status *st = cpc_expr_eval(op->block, c, &block);
         if (st)
             return st;
     }
-    int in0 = op->n_in > 0 ? t[op->in[0]].tag : CPC_TAG_NONE;
-    int nt[CPC_OP_MAX_BUFS];
-    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
-        nt[i] = cpc_op_out_tag(ex->prog, op, i, c, block, in0, i < op->n_in ? t[op->in[i]].tag : CPC_TAG_NONE,
-                               t[op->out[i]].tag);
-    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
-        t[op->out[i]].tag = nt[i];
+    cpc_op_apply_tags(ex->prog, op, c, block, ex->tags);
     return NULL;
 }
 
@@ -834,9 +822,9 @@ static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
     geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gv = cur_geom(ex, v);
     if (prog->buffers[k].tokens != prog->buffers[v].tokens || gk.hn != gv.hn || gk.hoff != gv.hoff)
         return errf("K '%s' and V '%s' have different layouts", bname(ex, k), bname(ex, v));
-    if (prog->buffers[k].tokens == CPC_TOK_BLOCK && ex->bufs[k].tag != ex->bufs[v].tag)
+    if (prog->buffers[k].tokens == CPC_TOK_BLOCK && ex->tags[k] != ex->tags[v])
         return errf("K '%s' holds block %d but V '%s' holds block %d", bname(ex, k),
-                    ex->bufs[k].tag, bname(ex, v), ex->bufs[v].tag);
+                    ex->tags[k], bname(ex, v), ex->tags[v]);
     if (gq.es != cpc_dtype_size(L->dtype) || gk.es != gq.es)
         return errf("Q/K/V buffers must be in the plan's dtype");
     cpc_attn_args a;
@@ -854,7 +842,7 @@ static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
     a.q_head_off = gq.hoff;
     a.q = ex->bufs[q].ptr;
     a.q_bstride = gq.T * gq.hn * L->D;
-    a.n_q_runs = runs_of(prog, &ex->c, q, ex->bufs[q].tag, ex->qruns, ex->max_runs);
+    a.n_q_runs = runs_of(prog, &ex->c, q, ex->tags[q], ex->qruns, ex->max_runs);
     a.q_runs = ex->qruns;
     a.hkv = gk.hn;
     a.kv_head_off = gk.hoff;
@@ -876,15 +864,15 @@ static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
             int64_t bi;
             if ((st = cpc_expr_eval(op->block, c, &bi)))
                 return st;
-            if (bi != ex->bufs[k].tag)
+            if (bi != ex->tags[k])
                 return errf("reads block %lld but '%s' holds block %d", (long long)bi,
-                            bname(ex, k), ex->bufs[k].tag);
+                            bname(ex, k), ex->tags[k]);
         }
         a.skv = gk.T;
         a.k = ex->bufs[k].ptr;
         a.v = ex->bufs[v].ptr;
         a.kv_bstride = gk.T * rowb;
-        a.n_kv_runs = runs_of(prog, &ex->c, k, ex->bufs[k].tag, ex->kvruns, ex->max_runs);
+        a.n_kv_runs = runs_of(prog, &ex->c, k, ex->tags[k], ex->kvruns, ex->max_runs);
     }
     a.kv_runs = ex->kvruns;
     /* GQA: the K/V heads this rank holds must cover those its query heads use. */
@@ -924,7 +912,7 @@ static void bwd_query_side(cpc_exec *ex, cpc_attn_bwd_args *a, int q)
     a->hq = gq.hn;
     a->q_head_off = gq.hoff;
     a->q_bstride = a->dout_bstride = a->out_bstride = gq.T * gq.hn * L->D;
-    a->n_q_runs = runs_of(ex->prog, &ex->c, q, ex->bufs[q].tag, ex->qruns, ex->max_runs);
+    a->n_q_runs = runs_of(ex->prog, &ex->c, q, ex->tags[q], ex->qruns, ex->max_runs);
     a->q_runs = ex->qruns;
 }
 
@@ -985,11 +973,11 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op, const cpc_coords 
         if (bi < 0 || bi >= L->R)
             return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
     }
-    int kt = ex->bufs[k].tag;
+    int kt = ex->tags[k];
     if (prog->buffers[k].tokens == CPC_TOK_BLOCK &&
-        (ex->bufs[v].tag != kt || ex->bufs[dk].tag != kt || ex->bufs[dv].tag != kt))
+        (ex->tags[v] != kt || ex->tags[dk] != kt || ex->tags[dv] != kt))
         return errf("K '%s' holds block %d but V/dK/dV hold blocks %d/%d/%d", bname(ex, k), kt,
-                    ex->bufs[v].tag, ex->bufs[dk].tag, ex->bufs[dv].tag);
+                    ex->tags[v], ex->tags[dk], ex->tags[dv]);
     geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gd = cur_geom(ex, d);
     geom gdq = cur_geom(ex, dq), gdk = cur_geom(ex, dk), gl = cur_geom(ex, l), gdl = cur_geom(ex, dl);
     if (gd.T != gq.T || gdq.T != gq.T || gl.T != gq.T || gdl.T != gq.T || gd.hn != gq.hn || gdq.hn != gq.hn ||
@@ -1050,9 +1038,9 @@ static cpc_status *op_add(cpc_exec *ex, const cpc_op *op)
     const cpc_buffer *ba = &ex->prog->buffers[a], *bb = &ex->prog->buffers[b];
     geom ga = cur_geom(ex, a), gb = cur_geom(ex, b);
     if (!is_grad(ba->role) || ba->role != bb->role || ba->tokens != bb->tokens || ga.T != gb.T || ga.hn != gb.hn ||
-        ga.hoff != gb.hoff || ex->bufs[a].tag != ex->bufs[b].tag)
+        ga.hoff != gb.hoff || ex->tags[a] != ex->tags[b])
         return errf("add: '%s' (block %d) and '%s' (block %d) must be gradients of one role, rows and heads",
-                    ba->name, ex->bufs[a].tag, bb->name, ex->bufs[b].tag);
+                    ba->name, ex->tags[a], bb->name, ex->tags[b]);
     return cpc_backend_add_strided(ex->cfg.backend, ex->bufs[b].ptr, ex->bufs[a].ptr, 1, 1, 1, ga.elems, 0, 0, 0,
                                    0, 0, 0);
 }
@@ -1183,12 +1171,9 @@ static cpc_status *op_swap(cpc_exec *ex, const cpc_op *op)
         return errf("needs two buffers");
     int a = op->in[0], b = op->in[1];
     /* the memory; the tags were exchanged by the table's rule (apply_tags) */
-    void *p = ex->bufs[a].ptr;
-    size_t cap = ex->bufs[a].cap;
-    ex->bufs[a].ptr = ex->bufs[b].ptr;
-    ex->bufs[a].cap = ex->bufs[b].cap;
-    ex->bufs[b].ptr = p;
-    ex->bufs[b].cap = cap;
+    xbuf t = ex->bufs[a];
+    ex->bufs[a] = ex->bufs[b];
+    ex->bufs[b] = t;
     return NULL;
 }
 
@@ -1309,9 +1294,9 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         }
     } else {
         /* in [B, Tblk, hu, D] (block r) -> out [B, Tu, Hout, D]. */
-        if (ex->bufs[in].tag != (int)r)
+        if (ex->tags[in] != (int)r)
             return errf("'%s' holds block %d, not this rank's block %lld", bname(ex, in),
-                        ex->bufs[in].tag, (long long)r);
+                        ex->tags[in], (long long)r);
         int uo, un;
         cpc_buffer_heads(prog, in, u, &uo, &un);
         geom go = geom_of(prog, &ex->c, out, (int)ex->c.p);
@@ -1406,8 +1391,8 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     if (!in_ok)
         return errf("input '%s' must hold this rank's ring block", bi->name);
     int r = (int)ex->c.r;
-    if (bi->tokens == CPC_TOK_BLOCK && ex->bufs[in].tag != r)
-        return errf("'%s' holds block %d, not this rank's block %d", bi->name, ex->bufs[in].tag, r);
+    if (bi->tokens == CPC_TOK_BLOCK && ex->tags[in] != r)
+        return errf("'%s' holds block %d, not this rank's block %d", bi->name, ex->tags[in], r);
     geom gi = cur_geom(ex, in), go = geom_of(prog, &ex->c, out, -1);
     if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != go.es || bi->role == CPC_ROLE_LSE)
         return errf("'%s' and '%s' differ in heads or element type", bi->name, bo->name);
@@ -1592,7 +1577,7 @@ static cpc_status *op_copy(cpc_exec *ex, const cpc_op *op)
     if (bo->tokens != bi->tokens && go.T != gi.T) {
         /* SHARD p == BLOCK r when U == 1: the tag must say so. */
         if (bo->tokens == CPC_TOK_BLOCK && bi->tokens == CPC_TOK_SHARD && L->U == 1) {
-            ex->bufs[out].tag = (int)ex->c.r;
+            ex->tags[out] = (int)ex->c.r;
             go = cur_geom(ex, out);
         }
     }
@@ -1888,7 +1873,7 @@ cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
     const cpc_buffer *bf = &ex->prog->buffers[b];
     bool ok = bf->heads == CPC_HEADS_ALL && bf->role == CPC_ROLE_O &&
               (bf->tokens == CPC_TOK_SHARD ||
-               (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->bufs[b].tag == (int)ex->c.r));
+               (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
     if (!ok)
         return cpc_error(CPC_E_INTERNAL, "rank %d: output buffer '%s' (%s/%s, role %s) does not hold this rank's shard with every head",
                          ex->cfg.rank, bf->name, cpc_buf_tokens_name(bf->tokens),
@@ -1917,7 +1902,7 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
         free(h);
         return cpc_error(CPC_E_NOMEM, "out of memory");
     }
-    int n = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, rr, ex->max_runs);
+    int n = runs_of(ex->prog, &ex->c, b, ex->tags[b], rr, ex->max_runs);
     cpc_status *st = cpc_backend_download(ex->cfg.backend, h, ex->bufs[b].ptr, g.bytes);
     if (st) {
         free(rr);
@@ -1945,7 +1930,7 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     if (bytes != g.bytes)
         return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
                          (size_t)g.bytes, bytes);
-    *n_runs = runs_of(ex->prog, &ex->c, b, ex->bufs[b].tag, runs, ex->max_runs);
+    *n_runs = runs_of(ex->prog, &ex->c, b, ex->tags[b], runs, ex->max_runs);
     *h_off = g.hoff;
     *h_n = g.hn;
     return xfer_out(ex, dst, ex->bufs[b].ptr, g.bytes);
@@ -1965,10 +1950,10 @@ cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, siz
             continue;
         bool own = bf->heads == CPC_HEADS_ALL &&
                    (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
-                    (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->bufs[b].tag == (int)ex->c.r));
+                    (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
         if (!own)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",
-                             ex->cfg.rank, bf->name, ex->bufs[b].tag);
+                             ex->cfg.rank, bf->name, ex->tags[b]);
         geom g = cur_geom(ex, b);
         if (bytes != g.bytes)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
