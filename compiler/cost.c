@@ -884,6 +884,19 @@ static cpc_status *price_wait(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* the NCCL point-to-point chunk an all-to-all part is pipelined in: NCCL's
+ * defaults NCCL_P2P_NVL_CHUNKSIZE 512 KiB over NVLink, NCCL_P2P_PCI_CHUNKSIZE
+ * and NCCL_P2P_NET_CHUNKSIZE 128 KiB over PCIe and the network (src/init.cc);
+ * NVLink parts are the presets with an intra-node bus >= 100 GB/s; 0 for
+ * profiles without a GPU architecture (the CPU transport) */
+static double a2a_chunk_bytes(const pricer *pr)
+{
+    if (pr->dev->arch <= 0)
+        return 0.0;
+    bool inter = spans_nodes(pr->L, pr->plan->cluster.gpus_per_node, CPC_GROUP_ULYSSES, &pr->c);
+    return (inter || pr->dev->intra_gbps < 100) ? 131072.0 : 524288.0;
+}
+
 /* all_to_all: the bytes this member sends over the ulysses link, plus
  * pack/unpack, for every buffer pair (one exchange per pair, as the executor
  * runs them) */
@@ -909,8 +922,13 @@ static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
         double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
         double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
         /* pack + unpack touch the whole buffer twice */
-        double t = start + (lat + (double)bytes / bw) * pr->comm_scale + pr->dev->op_overhead_us * 2e-6 +
-                   2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
+        /* each peer's part is sent in NCCL chunks through a pipeline: the first
+         * chunk's time is not hidden, so a part of m bytes costs (m + chunk) / bw
+         * (cost.h; GPU presets only, the calibrated CPU transport has no chunks) */
+        double peer = L->U > 1 ? (double)bytes / (L->U - 1) : 0.0;
+        double fill = peer > 0 ? a2a_chunk_bytes(pr) / peer : 0.0;
+        double t = start + (lat + (double)bytes / bw * (1.0 + fill)) * pr->comm_scale +
+                   pr->dev->op_overhead_us * 2e-6 + 2.0 * mem_time(pr, buf_bytes(pr, b)) * pr->compute_scale;
         pr->t_comp = pr->t_comm = t;
         pr->sent += bytes;
         /* the executor's pack/unpack space (runtime/executor.c): with B == 1

@@ -18,7 +18,11 @@
  *     that runs beside the compute stream; `wait` joins them, so ring
  *     transfers overlap the attention of the same step (schedule.overlap);
  *   - all_to_all: latency + bytes sent to the other members / bus bandwidth
- *     (all peers are served at once); all_gather: latency * (W-1) (ring
+ *     (all peers are served at once), on GPU profiles each peer's part of m
+ *     bytes priced as m + one NCCL chunk (512 KiB over NVLink, 128 KiB over
+ *     PCIe and networks: NCCL's P2P chunk defaults; the pipeline's first chunk
+ *     is not hidden), so small parts (high Ulysses degrees, short sequences)
+ *     reach less of the bus bandwidth; all_gather: latency * (W-1) (ring
  *     algorithm steps) + bytes received / bus bandwidth (nccl-tests'
  *     bus-bandwidth convention: busBW = algBW * (n-1)/n for both);
  *   - every compute op also pays a fixed op_overhead_us (kernel launch and
