@@ -43,14 +43,9 @@ EOF
 python3 - "$tmp" <<'EOF'
 import json, struct, random, sys, os
 d = sys.argv[1]
-def write(path, tensors):
-    hdr, blobs, off = {}, [], 0
-    for name, dt, shape, vals in tensors:
-        b = struct.pack("<%df" % len(vals), *vals)
-        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
-        blobs.append(b); off += len(b)
-    j = json.dumps(hdr).encode(); j += b" " * (-len(j) % 8)
-    open(os.path.join(d, path), "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+sys.path.insert(0, "tests/cli/lib")
+from st import write as _write
+write = lambda path, tensors: _write(d, path, tensors)
 S, H, D = 96, 4, 16
 n = S * H * D
 sh = [1, S, H, D]

@@ -56,15 +56,9 @@ EOF
 python3 - "$tmp" <<'EOF'
 import json, struct, random, sys, os
 d = sys.argv[1]
-def write(path, tensors):
-    hdr, blobs, off = {}, [], 0
-    for name, dt, shape, vals in tensors:
-        fmt = {"F32": "f", "F16": "e"}.get(dt)
-        b = struct.pack("<%d%s" % (len(vals), fmt), *vals) if fmt else bytes(vals)
-        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
-        blobs.append(b); off += len(b)
-    j = json.dumps(hdr).encode(); j += b" " * (-len(j) % 8)
-    open(os.path.join(d, path), "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+sys.path.insert(0, "tests/cli/lib")
+from st import write as _write
+write = lambda path, tensors: _write(d, path, tensors)
 S, H, D = 256, 4, 64
 n = S * H * D
 sh = [1, S, H, D]
@@ -135,13 +129,9 @@ EOF
 python3 - "$tmp" <<'EOF'
 import json, struct, random, sys, os
 d = sys.argv[1]
-def write(path, tensors):
-    hdr, blobs, off = {}, [], 0
-    for name, dt, shape, raw in tensors:
-        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw); off += len(raw)
-    j = json.dumps(hdr).encode(); j += b" " * (-len(j) % 8)
-    open(os.path.join(d, path), "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+sys.path.insert(0, "tests/cli/lib")
+from st import write as _write
+write = lambda path, tensors: _write(d, path, tensors)
 random.seed(9)
 S, H, D = 64, 2, 16
 n = S * H * D; sh = [1, S, H, D]
