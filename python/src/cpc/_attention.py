@@ -230,15 +230,7 @@ def _view(x, name, dtype_code, want_shape, device_kind, writable=False):
             ptr, strides, v.capsule = _dlpack_view(x, name, dtype_code, want_shape)
             readonly = False
         v.readonly = readonly
-        t = N.Tensor()
-        t.data = ptr
-        t.dtype = dtype_code
-        t.ndim = len(want_shape)
-        for i, n in enumerate(want_shape):
-            t.shape[i] = n
-            t.strides[i] = strides[i]
-        v.t, v.keep = t, x
-        return v
+        return _bind(v, x, ptr, strides, dtype_code, want_shape)
     if tuple(x.shape) != tuple(want_shape):
         raise UsageError(f"{name}: shape {tuple(x.shape)}, this rank's shard is "
                          f"{tuple(want_shape)}", code="usage")
@@ -298,6 +290,12 @@ def _view(x, name, dtype_code, want_shape, device_kind, writable=False):
             x = np.ascontiguousarray(x)
             v.copied = True
         ptr, strides = x.ctypes.data, [s // isz for s in x.strides]
+    return _bind(v, x, ptr, strides, dtype_code, want_shape)
+
+
+def _bind(v, x, ptr, strides, dtype_code, want_shape):
+    """v with its cpc_tensor (pointer, dtype, shape, element strides) filled and x
+    kept alive with it; returns v."""
     t = N.Tensor()
     t.data = ptr
     t.dtype = dtype_code
