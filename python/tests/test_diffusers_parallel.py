@@ -161,3 +161,17 @@ def test_torchrun(tmp_path):
                   extra=["--torchrun"])
     for name in CASES_TORCHRUN:
         _check(name, res.get(name), 2)
+
+
+def test_torch_imports_after_a_cpc_call():
+    """libcpc and torch both need libnccl.so.2 and the loader serves one per soname: with
+    the system's older NCCL loaded by libcpc first, `import torch` after a cpc call failed
+    with `undefined symbol: ncclCommResume` (cpc now loads the NCCL wheel first)."""
+    code = ("import cpc\n"
+            f"assert cpc.check({str(HERE.parent.parent / 'plans' / 'flux1-dev-1008.yaml')!r}).ok\n"
+            "import torch\n"
+            "print('ok', torch.zeros(3).sum().item())\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0 and "ok 0.0" in r.stdout, r.stderr[-2000:]

@@ -206,6 +206,29 @@ def lib_or_none():
         return None
 
 
+def _prefer_pip_nccl():
+    """Where PyTorch's NCCL wheel (nvidia-nccl-*, package nvidia.nccl) is installed, load
+    its libnccl.so.2 globally before libcpc: libcpc needs libnccl.so.2 too, and the
+    dynamic loader serves one library per soname, so whichever loads first serves both.
+    Loaded first, the system's older NCCL left torch's libtorch_cuda without symbols it
+    needs (`undefined symbol: ncclCommResume` at `import torch` after a cpc call); the
+    wheel's NCCL is the newer one and keeps NCCL's backward-compatible ABI for libcpc.
+    Nothing happens without the wheel or when it cannot be loaded."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        so = os.path.join(folder, "lib", "libnccl.so.2")
+        if os.path.exists(so):
+            try:
+                ctypes.CDLL(so, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass
+            return
+
+
 def lib():
     """The loaded libcpc (ctypes.CDLL with declarations), loading it on first use.
     Raises cpc.UnsupportedError naming every path tried when it cannot be loaded."""
@@ -216,6 +239,7 @@ def lib():
         if _lib is not None:
             return _lib
         errors = []
+        _prefer_pip_nccl()
         for path in _candidates():
             try:
                 # RTLD_GLOBAL: libcpc's MPI is then the same Open MPI instance as mpi4py's
