@@ -299,15 +299,27 @@ static cpc_status *check_ring(suite *S)
             fill(sbuf, sb, seed_of(CPC_CONF_RING, g, i, dst, tag));
             memset(rbuf, SENTINEL, rb + 16);
             cpc_request *rq = NULL, *sq = NULL;
-            CALL(S, cpc_transport_irecv(t, g, src, rbuf, rb, tag, &rq));
-            CALL(S, cpc_transport_isend(t, g, dst, sbuf, sb, tag, &sq));
+            /* as CALL, freeing the buffers first (a transport that fails, e.g. the
+             * callback transport's failure injection, ends the suite here) */
+#define CALL_FREEING(expr)                                                                    \
+    do {                                                                                      \
+        cpc_status *st_ = (expr);                                                             \
+        if (st_) {                                                                            \
+            free(sbuf);                                                                       \
+            free(rbuf);                                                                       \
+            return fatal(S, st_, #expr);                                                      \
+        }                                                                                     \
+    } while (0)
+            CALL_FREEING(cpc_transport_irecv(t, g, src, rbuf, rb, tag, &rq));
+            CALL_FREEING(cpc_transport_isend(t, g, dst, sbuf, sb, tag, &sq));
             if (s % 2) {
-                CALL(S, cpc_transport_wait(t, sq));
-                CALL(S, cpc_transport_wait(t, rq));
+                CALL_FREEING(cpc_transport_wait(t, sq));
+                CALL_FREEING(cpc_transport_wait(t, rq));
             } else {
-                CALL(S, cpc_transport_wait(t, rq));
-                CALL(S, cpc_transport_wait(t, sq));
+                CALL_FREEING(cpc_transport_wait(t, rq));
+                CALL_FREEING(cpc_transport_wait(t, sq));
             }
+#undef CALL_FREEING
             char what[128];
             snprintf(what, sizeof what, "%s group shift %d: recv from member %d tag %d",
                      gname(g), s, src, tag);

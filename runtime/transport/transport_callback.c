@@ -10,14 +10,6 @@
 
 #define WIRE_SPAN (1 << 20)
 
-typedef struct cb_ctx {
-    cpc_transport base;
-    cpc_transport_p2p_fns cb;
-    int p, R, U;
-    bool aborted;
-    char why[160];
-} cb_ctx;
-
 struct cpc_request {
     int64_t handle;
     bool done;       /* nothing to wait for (0 bytes) */
@@ -25,7 +17,37 @@ struct cpc_request {
     int peer;        /* world rank */
     size_t bytes;
     int tag;
+    struct cpc_request *prev, *next; /* the endpoint's requests not yet waited for */
 };
+
+typedef struct cb_ctx {
+    cpc_transport base;
+    cpc_transport_p2p_fns cb;
+    int p, R, U;
+    bool aborted;
+    char why[160];
+    struct cpc_request *live; /* posted, not waited for: freed by destroy when a failed
+                                 job abandons them */
+} cb_ctx;
+
+static void link_req(struct cb_ctx *c, struct cpc_request *r)
+{
+    r->prev = NULL;
+    r->next = c->live;
+    if (c->live)
+        c->live->prev = r;
+    c->live = r;
+}
+
+static void unlink_req(struct cb_ctx *c, struct cpc_request *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+}
 
 static cb_ctx *ctx_of(cpc_transport *t) { return (cb_ctx *)t->ctx; }
 
@@ -124,6 +146,7 @@ static cpc_status *p2p(cpc_transport *t, bool is_recv, cpc_group g, int peer, vo
         snprintf(c->why, sizeof c->why, "rank %d: %s failed", c->p, op);
         return st;
     }
+    link_req(c, r);
     *req = r;
     return NULL;
 }
@@ -152,6 +175,7 @@ static cpc_status *c_wait(cpc_transport *t, cpc_request *r)
         c->aborted = true;
         snprintf(c->why, sizeof c->why, "rank %d: a wait failed", c->p);
     }
+    unlink_req(c, r);
     free(r);
     return st;
 }
@@ -269,7 +293,13 @@ static void c_abort(cpc_transport *t, const char *why)
 
 static void c_destroy(cpc_transport *t)
 {
-    free(ctx_of(t));
+    cb_ctx *c = ctx_of(t);
+    while (c->live) { /* abandoned by a failed job: nothing waits for them any more */
+        struct cpc_request *r = c->live;
+        c->live = r->next;
+        free(r);
+    }
+    free(c);
 }
 
 static const cpc_transport_vtable cb_vtable = {
