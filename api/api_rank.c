@@ -341,6 +341,24 @@ static cpc_status *read_options(const cpc_rank_options *caller, cpc_rank_options
     return NULL;
 }
 
+/* The start every cpc_rank_new_* shares: *out cleared, the handles checked
+ * (args_ok false: CPC_E_USAGE "FN: ARGS must not be NULL") and the caller's
+ * options read into *o (read_options). */
+static cpc_status *rank_begin(const char *fn, const cpc_artifact *a, bool args_ok, const char *args,
+                              cpc_rank **out, const cpc_rank_options *caller, cpc_rank_options *o)
+{
+    if (!out)
+        return cpc_error(CPC_E_USAGE, "%s: out must not be NULL", fn);
+    *out = NULL;
+    if (!args_ok)
+        return cpc_error(CPC_E_USAGE, "%s: %s must not be NULL", fn, args);
+    if (a->plan && a->plan->model.linear_attention)
+        return cpc_error(CPC_E_INPUT, "%s: the plan's model.attention is linear: cpc prices linear "
+                         "attention but runs softmax attention only; drop the key to run softmax "
+                         "attention", fn);
+    return read_options(caller, o, fn);
+}
+
 /* The stall limit of options `o` in seconds: 0 (wait forever) for < 0, the
  * default for 0 or no options. */
 static double stall_limit(const cpc_rank_options *o)
@@ -352,13 +370,8 @@ static double stall_limit(const cpc_rank_options *o)
 cpc_status *cpc_rank_new_local(const cpc_artifact *a, cpc_local_world *w, int rank,
                                   const cpc_rank_options *opts, cpc_rank **out)
 {
-    if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_local: out must not be NULL");
-    *out = NULL;
-    if (!a || !w)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_local: artifact and world must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_local");
+    cpc_status *ost = rank_begin("cpc_rank_new_local", a, a && w, "artifact and world", out, opts, &o);
     if (ost)
         return ost;
     opts = &o;
@@ -395,13 +408,8 @@ cpc_status *cpc_rank_new_local(const cpc_artifact *a, cpc_local_world *w, int ra
 cpc_status *cpc_rank_new_mpi(const cpc_artifact *a, const void *mpi_comm,
                                 const cpc_rank_options *opts, cpc_rank **out)
 {
-    if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_mpi: out must not be NULL");
-    *out = NULL;
-    if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_mpi: artifact must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_mpi");
+    cpc_status *ost = rank_begin("cpc_rank_new_mpi", a, a != NULL, "artifact", out, opts, &o);
     if (ost)
         return ost;
     opts = &o;
@@ -450,11 +458,11 @@ cpc_status *cpc_rank_new_mpi(const cpc_artifact *a, const void *mpi_comm,
 cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
                                       const cpc_rank_options *opts, cpc_rank **out)
 {
-    if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: out must not be NULL");
-    *out = NULL;
-    if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: artifact must not be NULL");
+    cpc_rank_options o;
+    cpc_status *ost = rank_begin("cpc_rank_new_callbacks", a, a && cb, "artifact and callbacks", out, opts, &o);
+    if (ost)
+        return ost;
+    opts = &o;
     if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) != 1)
         return cpc_error(CPC_E_UNSUPPORTED,
                          "cpc_rank_new_callbacks: cfg_degree x tp_degree must be 1 (the outer "
@@ -463,13 +471,6 @@ cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2
     if (rank < 0 || rank >= L->R * L->U)
         return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: rank %d out of range (world %d)",
                          rank, L->R * L->U);
-    if (!cb)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_callbacks: callbacks must not be NULL");
-    cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_callbacks");
-    if (ost)
-        return ost;
-    opts = &o;
     cpc_p2p_callbacks c = {.size = sizeof c};
     if ((ost = cpc_api_read_options(&c, sizeof c, CPC_P2P_CALLBACKS_SIZE_V1, cb,
                                     "cpc_rank_new_callbacks", "cpc_p2p_callbacks")))
@@ -488,13 +489,8 @@ cpc_status *cpc_rank_new_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
     (void)nccl_comm, (void)cuda_stream;
-    if (!out)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: out must not be NULL");
-    *out = NULL;
-    if (!a)
-        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: artifact must not be NULL");
     cpc_rank_options o;
-    cpc_status *ost = read_options(opts, &o, "cpc_rank_new_nccl");
+    cpc_status *ost = rank_begin("cpc_rank_new_nccl", a, a != NULL, "artifact", out, opts, &o);
     if (ost)
         return ost;
     opts = &o;

@@ -254,12 +254,6 @@ cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
     *out = NULL;
     if (!c->program || !c->plan)
         return cpc_error(CPC_E_INTERNAL, "nothing compiled to make an artifact of");
-    if (c->plan->model.linear_attention)
-        return cpc_error(CPC_E_INPUT,
-                         "%s: model.attention is linear: cpc prices linear attention (cpc --check, "
-                         "--explain) but runs softmax attention only, so an artifact would compute "
-                         "another function; drop the key to run softmax attention",
-                         c->plan->file ? c->plan->file : "plan");
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_create(c->plan, c->program, &a);
     for (int i = 0; !st && i < c->n_kernels; i++)
@@ -295,6 +289,12 @@ cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out)
 
 cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path)
 {
+    if (c->plan && c->plan->model.linear_attention)
+        return cpc_error(CPC_E_INPUT,
+                         "%s: model.attention is linear: cpc prices linear attention (cpc --check, "
+                         "--explain) but runs softmax attention only, so an artifact would compute "
+                         "another function; drop the key to run softmax attention",
+                         c->plan->file ? c->plan->file : "plan");
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_compiled_to_artifact(c, &a);
     if (!st)

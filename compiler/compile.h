@@ -83,14 +83,17 @@ bool cpc_compile_string(const char *text, size_t len, const char *name, const cp
  * backward_compute_ms_per_layer, backward_comm_ms_per_layer,
  * backward_bytes_sent_per_rank, backward_memory_bytes_per_rank) as a new artifact
  * (caller frees with cpc_artifact_free).  Errors: CPC_E_INTERNAL when
- * nothing was scheduled, CPC_E_INPUT for a plan with model.attention:
- * linear (priced only: the runtime runs softmax attention), CPC_E_NOMEM. */
+ * nothing was scheduled, CPC_E_NOMEM.  (An artifact of a plan with
+ * model.attention: linear is made, for its predictions, but is not written
+ * by cpc_compiled_write nor run by cprun or a rank: the runtime runs
+ * softmax attention.) */
 cpc_status *cpc_compiled_to_artifact(const cpc_compiled *c, cpc_artifact **out);
 
 /* The selected candidate, or NULL. */
 const cpc_candidate *cpc_compiled_selected(const cpc_compiled *c);
 
-/* Writes the artifact (SPEC section 4) to `path`. */
+/* Writes the artifact (SPEC section 4) to `path`.  Errors: CPC_E_INPUT for a
+ * plan with model.attention: linear (priced only), and cpc_artifact_write's. */
 cpc_status *cpc_compiled_write(const cpc_compiled *c, const char *path);
 
 /* Frees everything `c` owns and zeroes it (not `c` itself, usually on the

@@ -428,6 +428,18 @@ static cpc_op *find_op(cpc_op *ops, int n, cpc_op_kind k)
     return NULL;
 }
 
+/* One checked iteration of `job` (no warmup) under a stall limit of timeout_s
+ * seconds; the report goes to *rep (clear it with cpc_run_report_clear). */
+static cpc_status *run_once(cpc_job *job, double timeout_s, cpc_run_report *rep)
+{
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = timeout_s;
+    return cpc_job_run(job, &o, rep, NULL);
+}
+
 Test(executor, failing_rank_is_named_and_others_stop)
 {
     tcase c = {.v = CPC_VARIANT_RING, .R = 4, .U = 1, .H = 4, .D = 16, .dt = CPC_DTYPE_FP32,
@@ -444,13 +456,8 @@ Test(executor, failing_rank_is_named_and_others_stop)
     cr_assert_null(st);
     cpc_expr_free(recv->peer);
     recv->peer = e;
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 20;
     cpc_run_report rep;
-    st = cpc_job_run(job, &o, &rep, NULL);
+    st = run_once(job, 20, &rep);
     cr_assert_not_null(st, "the broken program ran");
     cr_assert(strstr(st->message, "rank 2:") != NULL, "message: %s", st->message);
     cr_assert(strstr(st->message, "recv") != NULL, "message: %s", st->message);
@@ -473,13 +480,8 @@ Test(executor, deadlock_times_out_instead_of_hanging)
     cpc_op *send = find_op(job->prog->ops, job->prog->n_ops, CPC_OP_SEND);
     cr_assert_not_null(send);
     send->tag += 7; /* nobody receives this tag; the recv never completes */
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 0.5;
     cpc_run_report rep;
-    cpc_status *st = cpc_job_run(job, &o, &rep, NULL);
+    cpc_status *st = run_once(job, 0.5, &rep);
     cr_assert_not_null(st);
     cr_assert(strstr(st->message, "timeout") != NULL || strstr(st->message, "never waited") != NULL,
               "message: %s", st->message);
@@ -506,13 +508,8 @@ Test(executor, in_flight_buffers_are_guarded)
     cpc_op *attn = find_op(job->prog->ops, job->prog->n_ops, CPC_OP_ATTN);
     cr_assert(recv && attn && recv < attn, "the ring loop posts its recv before the attention");
     attn->in[1] = recv->out[0];
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 20;
     cpc_run_report rep;
-    cpc_status *st = cpc_job_run(job, &o, &rep, NULL);
+    cpc_status *st = run_once(job, 20, &rep);
     cr_assert_not_null(st, "an attention reading an in-flight recv buffer ran");
     cr_assert(strstr(st->message, "in flight") != NULL && strstr(st->message, "recv") != NULL, "message: %s",
               st->message);
@@ -561,13 +558,8 @@ Test(executor, in_flight_guard_covers_attn_bwd)
     ab.out[1] = loop->body[is - 1].in[0];
     ab.out[2] = loop->body[is - 1].in[1];
     loop->body[is] = ab;
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 20;
     cpc_run_report rep;
-    st = cpc_job_run(job, &o, &rep, NULL);
+    st = run_once(job, 20, &rep);
     cr_assert_not_null(st, "attn_bwd into an in-flight send buffer ran");
     cr_assert(strstr(st->message, "in flight") && strstr(st->message, "accumulated into"), "%s", st->message);
     cpc_status_free(st);
@@ -611,13 +603,8 @@ Test(executor, paired_ops_run_every_pair)
     /* the byte count (cost model, cprun's report) counts both pairs too */
     cr_assert_null(cpc_program_bytes_sent(p, 1, &sent1, NULL));
     cr_assert_eq(sent0, sent1, "bytes sent: two ops %lld, one two-pair op %lld", (long long)sent0, (long long)sent1);
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 60;
     cpc_run_report rep;
-    st = cpc_job_run(job, &o, &rep, NULL);
+    st = run_once(job, 60, &rep);
     cr_assert_null(st, "%s", st ? st->message : "");
     cr_assert(rep.checked && rep.pass && rep.rel_err > 0, "rel_err %.3e", rep.rel_err);
     cpc_run_report_clear(&rep);

@@ -244,6 +244,8 @@ cpc_status *cpc_plan_resolved_yaml(const cpc_plan *plan, cpc_variant variant, in
     kv_str(&m, "dtype", cpc_dtype_name(plan->model.dtype));
     kv_int(&m, "layers", plan->model.layers);
     kv_double(&m, "scale", plan->model.scale);
+    if (plan->model.linear_attention) /* kept, so that no rank runs it as softmax */
+        kv_str(&m, "attention", "linear");
     em_map_end(&m);
 
     em_plain(&m, "input");

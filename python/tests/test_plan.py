@@ -156,3 +156,19 @@ def test_shards_and_runs():
     assert np.array_equal(a.gather(shards, "q"), x)
     with pytest.raises(cpc.UsageError):
         a.gather(shards[:3])
+
+
+def test_linear_attention_is_priced_not_run():
+    """model.attention: linear is a cost-model key: cpc.check prices it (as `cpc --check`),
+    an artifact is made for its predictions, but no rank runs it as softmax attention."""
+    plan = {"version": 1, "model": {"heads": 8, "head_dim": 32, "dtype": "fp32",
+                                    "attention": "linear"},
+            "input": {"tokens": 256}, "cluster": {"world_size": 2, "device": "cpu"},
+            "parallel": {"variant": "ulysses"}}
+    r = cpc.check(plan)
+    assert r.ok and r.predicted["ms_per_layer"] > 0
+    soft = cpc.check(dict(plan, model=dict(plan["model"], attention="softmax")))
+    assert soft.predicted["ms_per_layer"] != r.predicted["ms_per_layer"]
+    a = cpc.compile(plan)
+    with pytest.raises(cpc.InputError, match="model.attention is linear"):
+        cpc.LocalWorld(a)
