@@ -68,6 +68,9 @@ typedef struct cpc_segment {
     int64_t pixels;      /* image: height x width; video: frames x height x width (the
                             VAE decoder's output, cost.h PIPELINE); tokens: 0 */
     cpc_span span;       /* the segment's mapping (or the shorthand key) */
+    bool replicate;      /* `split: replicate`: held whole by every rank, never divided
+                            by any degree; its queries run on every rank (layout.h
+                            REPLICATED SEGMENTS); default false (`split: shard`) */
 } cpc_segment;
 
 /* Source positions of keys, recorded by the loader for diagnostics.  `key`

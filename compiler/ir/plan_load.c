@@ -44,7 +44,7 @@ static const char *const K_PARALLEL[] = {"variant",          "ring_degree",   "u
                                          "ulysses_anything", "ring_anything", "fallback",
                                          "cfg_degree",       "tp_degree"};
 static const char *const K_SCHEDULE[] = {"overlap", "rotate", "script"};
-static const char *const K_SEGMENT[] = {"name", "tokens", "image", "video"};
+static const char *const K_SEGMENT[] = {"name", "tokens", "image", "video", "split"};
 static const char *const K_IMAGE[] = {"height", "width", "vae_scale", "patch"};
 static const char *const K_VIDEO[] = {"frames", "height", "width", "vae_scale", "vae_temporal",
                                       "patch"};
@@ -938,6 +938,10 @@ static void load_segment(ld *L, const cpc_ynode *m, const char *path, int index)
         err(L, 104, m->span, "%s: a segment needs one of 'tokens', 'image' or 'video'", path);
         return;
     }
+    /* split: shard (default) | replicate (SPEC section 1: held whole by every rank) */
+    static const char *const splits[] = {"shard", "replicate"};
+    int split = 0;
+    (void)get_enum(L, m, path, "split", splits, 2, &split, NULL);
     if (given > 1 || !name)
         return;
     int64_t t = 0, px = 0, fr = 0;
@@ -945,8 +949,9 @@ static void load_segment(ld *L, const cpc_ynode *m, const char *path, int index)
             : which == 1 ? image_tokens(L, &f[1], &t, &px)
                          : video_tokens(L, &f[2], &t, &fr, &px);
     if (ok)
-        add_segment_px(L, name, t, m->span, which == 0 ? CPC_SEG_TOKENS : which == 1 ? CPC_SEG_IMAGE : CPC_SEG_VIDEO,
-                       which == 1 ? 1 : fr, px);
+    if (ok && add_segment_px(L, name, t, m->span, which == 0 ? CPC_SEG_TOKENS : which == 1 ? CPC_SEG_IMAGE : CPC_SEG_VIDEO,
+                             which == 1 ? 1 : fr, px))
+        L->plan->input.segments[L->plan->input.n_segments - 1].replicate = split == 1;
 }
 
 static void load_input(ld *L, const cpc_ynode *root, cpc_span root_at)
