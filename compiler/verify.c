@@ -28,7 +28,8 @@
 #include <string.h>
 
 #define MAX_DEPTH 8        /* loop nesting accepted (as cpc_program_walk) */
-#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence */
+#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence, or the replicated segments'
+                              rows (layout.h) */
 #define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
 #define MATCH_NONE (-1)
 #define MATCH_PHANTOM (-2) /* matched by a rank outside the simulated set */
@@ -306,7 +307,7 @@ static int64_t unit_max(const ctx *C, int u)
 static int64_t units_tokens(const ctx *C, int lo, int hi)
 {
     if (lo == TOK_KV)
-        return C->L->Skv;
+        return cpc_layout_kv_rows(C->L);
     if (lo < 0)
         return 0;
     if (lo == 0 && hi == C->P)
@@ -322,7 +323,9 @@ static int64_t units_tokens(const ctx *C, int lo, int hi)
 /* Words for a token range. */
 static const char *tok_desc(const ctx *C, int lo, int hi, char *buf, size_t n)
 {
-    if (lo == TOK_KV)
+    if (lo == TOK_KV && C->L->rep)
+        snprintf(buf, n, "the replicated segments (%" PRId64 " tokens)", C->L->Srep);
+    else if (lo == TOK_KV)
         snprintf(buf, n, "the cross-attention K/V sequence (%" PRId64 " tokens)", C->L->Skv);
     else if (lo == TOK_UNSET)
         snprintf(buf, n, "no tokens yet");
@@ -452,9 +455,17 @@ static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, a
              bname);
         return -1;
     }
-    if (v->tlo == TOK_KV)
+    if (v->tlo == TOK_KV && !C->L->rep)
         return fail(C, rk->p, nd, step, "%s has cross-attention K/V as its query rows", bname);
-    if (C->L->cross) {
+    if (C->L->rep) {
+        /* replicated segments: every query row (sharded or replicated) meets
+         * the replicated keys exactly once, then every shard below */
+        if (v->kvcov != 1) {
+            fail(C, rk->p, nd, step, "%s: query rows of %s (%s) never met the keys/values of the replicated "
+                 "segments", bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1));
+            return -1;
+        }
+    } else if (C->L->cross) {
         if (v->kvcov != 1 || v->ncov != 0) {
             fail(C, rk->p, nd, step, "%s: query rows of %s (%s) %s", bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1),
                  heads_desc(v->hoff, v->hn, h1, sizeof h1),
@@ -465,7 +476,7 @@ static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, a
         v->final = 1;
         return 0;
     }
-    if (v->kvcov != 0)
+    if (v->kvcov != 0 && !C->L->rep)
         return fail(C, rk->p, nd, step, "%s mixes cross-attention and self-attention keys", bname);
     /* Required units: all of [0, P), or with a causal mask the prefix of
      * units whose first token is at or before the last query row (unit_min
@@ -1106,7 +1117,7 @@ static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
              tok_desc(C, V->tlo, V->thi, t2, sizeof t2), heads_desc(V->hoff, V->hn, h2, sizeof h2));
         return RES_ERR;
     }
-    if (Q->tlo < 0) {
+    if (Q->tlo < 0 && !(Q->tlo == TOK_KV && C->L->rep)) {
         fail(C, rk->p, nd, step, "query input %s holds %s", buf_name(C, op->in[0]),
              tok_desc(C, Q->tlo, Q->thi, t1, sizeof t1));
         return RES_ERR;
@@ -1213,8 +1224,9 @@ static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         if (wr_check(C, rk, nd, step, op->out[j]))
             return RES_ERR;
     if (Acc->kvcov + A->kvcov > 1) {
-        fail(C, rk->p, nd, step, "query rows of %s meet the cross-attention keys/values twice (%s, from %s)",
-             tok_desc(C, A->tlo, A->thi, t1, sizeof t1), buf_name(C, op->in[0]),
+        fail(C, rk->p, nd, step, "query rows of %s meet the %s keys/values twice (%s, from %s)",
+             tok_desc(C, A->tlo, A->thi, t1, sizeof t1), C->L->rep ? "replicated segments'" : "cross-attention",
+             buf_name(C, op->in[0]),
              op_desc(A->wop, A->wstep, ob, sizeof ob));
         return RES_ERR;
     }
@@ -1376,8 +1388,10 @@ static int run_collective(ctx *C, int *members, int n)
                 int po, pn;
                 part_heads(C, in->src, u, &po, &pn);
                 bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
-                bool tok_ok = s2h ? (in->tlo == rk->p && in->thi == rk->p + 1)
-                                  : (in->tlo == r * C->U && in->thi == (r + 1) * C->U);
+                bool kvrep = !s2h && C->L->rep && C->prog->buffers[op->in[j]].tokens == CPC_TOK_KV;
+                bool tok_ok = kvrep ? in->tlo == TOK_KV
+                            : s2h   ? (in->tlo == rk->p && in->thi == rk->p + 1)
+                                    : (in->tlo == r * C->U && in->thi == (r + 1) * C->U);
                 bool head_ok = s2h ? (in->hoff == 0 && in->hn == heads_total(C, in->src))
                                    : (in->hoff == po && in->hn == pn);
                 if (!tok_ok || !head_ok) {
@@ -1431,6 +1445,12 @@ static int run_collective(ctx *C, int *members, int n)
                     o->tlo = (int32_t)rk->c.r * C->U;
                     o->thi = o->tlo + C->U;
                     part_heads(C, in->src, (int)rk->c.u, &o->hoff, &o->hn);
+                } else if (in->tlo == TOK_KV) {
+                    /* replicated rows: every member's heads, whole on every rank */
+                    o->tlo = o->thi = TOK_KV;
+                    o->hoff = 0;
+                    o->hn = heads_total(C, in->src);
+                    o->kvcov = in->kvcov;
                 } else {
                     o->tlo = rk->p;
                     o->thi = rk->p + 1;
@@ -1572,9 +1592,11 @@ static int finish_rank(ctx *C, rank_st *rk)
         if (!src_is_attn(v->src))
             return fail(C, rk->p, w, v->wstep, "the OUTPUT buffer %s ends holding %s data, not the attention output",
                         B->name, src_names_of(v->src));
-        if (v->tlo != rk->p || v->thi != rk->p + 1 || v->hoff != 0 || v->hn != C->L->H)
+        bool want_kv = B->tokens == CPC_TOK_KV;
+        if ((want_kv ? v->tlo != TOK_KV : (v->tlo != rk->p || v->thi != rk->p + 1)) || v->hoff != 0 ||
+            v->hn != C->L->H)
             return fail(C, rk->p, w, v->wstep,
-                        "the OUTPUT buffer %s ends holding %s with %s, not this rank's shard with all %d heads "
+                        "the OUTPUT buffer %s ends holding %s with %s, not this rank's shard (or replicated rows) with all %d heads "
                         "(last written by %s)",
                         B->name, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1),
                         C->L->H, op_desc(w, v->wstep, ob, sizeof ob));
@@ -1893,7 +1915,8 @@ static int check_buffers(ctx *C)
         if (B->io == CPC_IO_INPUT) {
             bool ok = B->role == CPC_ROLE_Q || B->role == CPC_ROLE_K || B->role == CPC_ROLE_V;
             bool tok = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && C->U == 1) ||
-                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role));
+                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role)) ||
+                       (B->tokens == CPC_TOK_KV && C->L->rep && B->heads == CPC_HEADS_ALL);
             if (!ok || !tok)
                 return fail(C, -1, NULL, 0,
                             "INPUT buffer %s (role %s, tokens %s) cannot be filled from q/k/v: inputs are q, k "
@@ -1902,18 +1925,24 @@ static int check_buffers(ctx *C)
                             B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens));
         }
         if (B->io == CPC_IO_OUTPUT) {
-            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) || B->tokens != CPC_TOK_SHARD ||
-                B->heads != CPC_HEADS_ALL)
+            bool rep_out = C->L->rep && B->role == CPC_ROLE_O && B->tokens == CPC_TOK_KV;
+            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) ||
+                (B->tokens != CPC_TOK_SHARD && !rep_out) || B->heads != CPC_HEADS_ALL)
                 return fail(C, -1, NULL, 0,
                             "OUTPUT buffer %s (role %s, tokens %s, heads %s) must be an o or lse shard with all heads",
                             B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens),
                             cpc_buf_heads_name(B->heads));
         }
-        if (B->tokens == CPC_TOK_KV && !C->L->cross)
-            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention",
-                        B->name);
+        if (B->tokens == CPC_TOK_KV && !C->L->cross && !C->L->rep)
+            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention "
+                        "nor replicated segment", B->name);
     }
-    bool has_out = false;
+    bool has_out = false, has_rep_out = false;
+    for (int b = 0; b < P->n_buffers; b++)
+        has_rep_out |= P->buffers[b].io == CPC_IO_OUTPUT && P->buffers[b].tokens == CPC_TOK_KV;
+    if (C->L->rep && !has_rep_out)
+        return fail(C, -1, NULL, 0, "the program has no OUTPUT buffer of the replicated segments' rows "
+                    "(kv layout): every rank returns their whole output");
     for (int b = 0; b < P->n_buffers; b++)
         has_out |= P->buffers[b].io == CPC_IO_OUTPUT;
     if (!has_out)
