@@ -623,6 +623,18 @@ static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coo
     return false;
 }
 
+/* Tokens each of RU ranks runs the model's dense layers on: its share of
+ * the sharded segments plus every replicated segment whole (layout.h: the
+ * replicated text's projections and MLP run on every rank, as in xDiT). */
+static double rank_tokens(const cpc_plan *plan, double RU)
+{
+    double rep = 0;
+    for (int i = 0; i < plan->input.n_segments; i++)
+        if (plan->input.segments[i].replicate)
+            rep += (double)plan->input.segments[i].tokens;
+    return ((double)plan->input.total_tokens - rep) / RU + rep;
+}
+
 /* Tokens held by buffer b now (its content). */
 static int64_t buf_tokens(const pricer *pr, int b)
 {
@@ -633,7 +645,7 @@ static int64_t buf_tokens(const pricer *pr, int b)
     case CPC_TOK_BLOCK: return cpc_layout_block_tokens(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r);
     case CPC_TOK_ALL: return L->R == 1 ? cpc_layout_block_tokens(L, 0)
                                        : cpc_layout_block_offset(L, L->R - 1) + cpc_layout_block_tokens(L, L->R - 1);
-    case CPC_TOK_KV: return L->Skv;
+    case CPC_TOK_KV: return cpc_layout_kv_rows(L); /* cross-attention K/V, or replicated rows */
     default: return 0;
     }
 }
@@ -663,9 +675,7 @@ static int buf_runs(const pricer *pr, int b, int block, cpc_run *out)
     case CPC_TOK_BLOCK:
         return cpc_layout_block_runs(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r, out, pr->max_runs);
     case CPC_TOK_ALL: return cpc_layout_block_runs(L, block, out, pr->max_runs);
-    case CPC_TOK_KV:
-        out[0] = (cpc_run){0, L->Skv};
-        return 1;
+    case CPC_TOK_KV: return cpc_layout_kv_runs(L, out, pr->max_runs);
     default: return 0;
     }
 }
@@ -914,6 +924,8 @@ static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
                 continue;
             if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
                 bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, o, j) * per_head;
+            else if (B->tokens == CPC_TOK_KV) /* replicated rows: this member's heads to all */
+                bytes += cpc_layout_kv_rows(L) * buf_heads(pr, b, (int)pr->c.u) * per_head;
             else
                 bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
                          buf_heads(pr, b, (int)pr->c.u) * per_head;
@@ -1266,7 +1278,7 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
     double layers = plan->model.layers > 0 ? plan->model.layers : 1;
     double hidden = model_hidden(plan);
     double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
-    double tokens = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double tokens = (double)plan->input.batch * rank_tokens(plan, RU);
     double gemm = (dev->gemm_tflops > 0 ? dev->gemm_tflops : dev->attn_tflops) * 1e12;
     if (plan->model.dtype == CPC_DTYPE_FP32 && dev->attn_tflops > 0)
         gemm *= dev->attn_tflops_fp32 / dev->attn_tflops;
@@ -1504,7 +1516,7 @@ static void deployment_memory(const cpc_plan *plan, const cpc_device_profile *de
     double es = cpc_dtype_size(plan->model.dtype);
     double h = model_hidden(plan);
     double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
-    double M = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double M = (double)plan->input.batch * rank_tokens(plan, RU);
     double r = plan->model.mlp_ratio > 0 ? plan->model.mlp_ratio : 4.0;
     double g = plan->model.mlp_gated ? 2.0 : 1.0;
     double act = plan->model.active_experts > 0 ? plan->model.active_experts : 1;
@@ -1552,6 +1564,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     int max_runs = cpc_layout_max_block_runs(L);
     if (max_runs < cpc_layout_max_shard_runs(L))
         max_runs = cpc_layout_max_shard_runs(L);
+    if (max_runs < L->n_rep)
+        max_runs = L->n_rep;
     if (max_runs < 1)
         max_runs = 1;
     int max_ranks = L->P <= CPC_PRICE_ALL_RANKS ? L->P : CPC_PRICE_MAX_SAMPLE;
