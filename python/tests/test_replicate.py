@@ -118,3 +118,41 @@ def test_refusals_name_the_rule():
                    "cluster": {"world_size": 6},
                    "parallel": {"variant": "unified", "ring_degree": 2, "ulysses_degree": 3}})
     assert r.ok, r.diagnostics
+
+
+def test_from_diffusers_replicate_text_cogvideox_world_6():
+    """The issue's case: CogVideoX's 226 text tokens on ring 2 x ulysses 3 (world 6) were
+    CP010; with replicate_text=True (xDiT's layout) the plan checks and runs."""
+    from conftest import config
+    cfg = config("cogvideox-5b")
+    pc = {"ring_degree": 2, "ulysses_degree": 3}
+    r = cpc.check(cpc.from_diffusers(pc, cfg, height=480, width=720, num_frames=49))
+    assert not r.ok and r.diagnostics[0].code == "CP010"
+    assert "replicate_text=True" in r.diagnostics[0].hint
+    p = cpc.from_diffusers(pc, cfg, height=480, width=720, num_frames=49, replicate_text=True)
+    assert p["input"]["segments"][0] == {"name": "text", "tokens": 226, "split": "replicate"}
+    r = cpc.check(p)
+    assert r.ok, r.diagnostics
+    assert (r.selected["variant"], r.selected["ring_degree"], r.selected["ulysses_degree"]) == \
+        ("unified", 2, 3)
+    # the same layout, small enough to run here: 226 text + 24 video tokens, 48 heads
+    a = cpc.compile(cpc.from_diffusers(pc, cfg, tokens=24, text_tokens=226, dtype="fp32",
+                                       replicate_text=True))
+    assert a.world_size == 6 and a.shard_shape(5, "q")[1] == 226 + 4
+    rng = np.random.default_rng()
+    q, k, v = qkv(a, rng)
+    with cpc.LocalWorld(a) as w:
+        out = w(q, k, v)
+    assert rel_err(out, attention_ref(q, k, v)[0]) < 1e-5
+
+
+def test_from_diffusers_replicate_text_arguments():
+    from conftest import config
+    with pytest.raises(ValueError, match="replicate_text"):
+        cpc.from_diffusers({"ring_degree": 2}, config("flux1-dev"), height=256, width=256,
+                           replicate_text="yes")
+    # Wan: no joint text (self-attention) or the text already whole (cross): no effect
+    for att in ("self", "cross"):
+        p = cpc.from_diffusers({"ulysses_degree": 2}, config("wan2.1-t2v-1.3b"), height=480,
+                               width=832, num_frames=81, attention=att, replicate_text=True)
+        assert all("split" not in s for s in p["input"]["segments"])
