@@ -50,6 +50,7 @@ struct cpc_exec {
     int out_rep_buf;          /* replicated segments: the OUTPUT buffer of their rows (KV
                                  layout), -1 if none */
     int lse_buf;              /* the final LSE buffer, -1 if none */
+    int lse_rep_buf;          /* replicated segments: the final LSE of their rows, -1 if none */
     bool unflushed;           /* send/recv posted since the last transport flush */
 };
 
@@ -478,15 +479,23 @@ static const cpc_op *find_summing_op(const cpc_op *ops, int n)
 }
 
 /* Finds the final LSE buffer: out[1] of the last merge, else of the last attn. */
-static void find_lse(const cpc_op *ops, int n, int *merge_lse, int *attn_lse)
+/* The last LSE a merge / an attn writes (the final one), of the sharded rows
+ * (`kv` false) or of the replicated segments' rows (KV layout, `kv` true). */
+static void find_lse(const cpc_program *prog, const cpc_op *ops, int n, bool kv, int *merge_lse,
+                     int *attn_lse)
 {
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
-        if (op->kind == CPC_OP_LOOP)
-            find_lse(op->body, op->n_body, merge_lse, attn_lse);
-        else if (op->kind == CPC_OP_MERGE && op->n_out >= 2)
+        if (op->kind == CPC_OP_LOOP) {
+            find_lse(prog, op->body, op->n_body, kv, merge_lse, attn_lse);
+            continue;
+        }
+        if ((op->kind != CPC_OP_MERGE && op->kind != CPC_OP_ATTN) || op->n_out < 2 || op->out[1] < 0 ||
+            op->out[1] >= prog->n_buffers || (prog->buffers[op->out[1]].tokens == CPC_TOK_KV) != kv)
+            continue;
+        if (op->kind == CPC_OP_MERGE)
             *merge_lse = op->out[1];
-        else if (op->kind == CPC_OP_ATTN && op->n_out >= 2)
+        else
             *attn_lse = op->out[1];
     }
 }
@@ -547,6 +556,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     ex->out_buf = -1;
     ex->out_rep_buf = -1;
     ex->lse_buf = -1;
+    ex->lse_rep_buf = -1;
     int nb = prog->n_buffers;
     const cpc_layout *L = ex->L;
     cpc_status *st = NULL;
@@ -625,8 +635,13 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     }
     ex->allocated += (int64_t)(ss + sr);
     int ml = -1, al = -1;
-    find_lse(prog->ops, prog->n_ops, &ml, &al);
+    find_lse(prog, prog->ops, prog->n_ops, false, &ml, &al);
     ex->lse_buf = ml >= 0 ? ml : al;
+    if (L->rep) {
+        ml = al = -1;
+        find_lse(prog, prog->ops, prog->n_ops, true, &ml, &al);
+        ex->lse_rep_buf = ml >= 0 ? ml : al;
+    }
     free(caps);
     *out = ex;
     return NULL;
@@ -1974,21 +1989,40 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
     *n_runs = 0;
     if (ex->lse_buf < 0)
         return cpc_error(CPC_E_INTERNAL, "rank %d: the program computes no LSE", ex->cfg.rank);
-    int b = ex->lse_buf;
+    int b = ex->lse_buf, b2 = ex->lse_rep_buf;
     geom g = cur_geom(ex, b);
+    geom g2 = b2 >= 0 ? cur_geom(ex, b2) : (geom){0};
+    if (b2 >= 0 && (g2.hoff != g.hoff || g2.hn != g.hn))
+        b2 = -1; /* not the same heads: the sharded rows' LSE only */
     cpc_run *rr = malloc((size_t)ex->max_runs * sizeof *rr);
-    float *h = malloc(g.bytes ? g.bytes : 1);
-    if (!rr || !h) {
+    float *h = malloc(g.bytes + (b2 >= 0 ? g2.bytes : 0) + 1);
+    float *h2 = b2 >= 0 ? malloc(g2.bytes + 1) : NULL;
+    if (!rr || !h || (b2 >= 0 && !h2)) {
         free(rr);
         free(h);
+        free(h2);
         return cpc_error(CPC_E_NOMEM, "out of memory");
     }
     int n = runs_of(ex->prog, &ex->c, b, ex->tags[b], rr, ex->max_runs);
     cpc_status *st = cpc_backend_download(ex->cfg.backend, h, ex->bufs[b].ptr, g.bytes);
+    if (!st && b2 >= 0)
+        st = cpc_backend_download(ex->cfg.backend, h2, ex->bufs[b2].ptr, g2.bytes);
     if (st) {
         free(rr);
         free(h);
+        free(h2);
         return st;
+    }
+    if (b2 >= 0) {
+        /* replicated segments: their rows follow the sharded rows in every
+         * [batch, head] row of the LSE, and their runs follow in the run list */
+        int64_t T1 = g.T, T2 = g2.T, rows = (int64_t)ex->L->B * g.hn;
+        for (int64_t i = rows - 1; i >= 0; i--) {
+            memmove(h + i * (T1 + T2), h + i * T1, (size_t)T1 * sizeof *h);
+            memcpy(h + i * (T1 + T2) + T1, h2 + i * T2, (size_t)T2 * sizeof *h);
+        }
+        n += runs_of(ex->prog, &ex->c, b2, ex->tags[b2], rr + n, ex->max_runs - n);
+        free(h2);
     }
     *lse = h;
     *runs = rr;

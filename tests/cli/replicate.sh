@@ -16,6 +16,8 @@
 #  3. a .cplan written by cpc runs (proved again on load) with the YAML
 #     run's output; --output-shards holds each rank's own tokens (its shard
 #     plus the whole text);
+#  3b. --input with --lse: out and the LSE of every row (replicated ones too)
+#     against a float64 reference computed by the script;
 #  4. refusals: training (CP018), every segment replicated (CP027), a bad
 #     `split:` value (CP103 at file:line:col), all exit 1.
 # Small shapes; CI runs on 2 cores.  Runs from the repository root; binaries
@@ -178,6 +180,69 @@ for p in range(6):
     assert worst < 1e-5, (p, worst)
 print("--output-shards: every rank holds the whole text and its image shard (text across ranks within %.1e)" % worst)
 PY
+
+# ---- 3b: --input and --lse: out and the LSE of every row (replicated rows included)
+# against a float64 reference computed here (pure Python: no numpy needed) -------------------
+python3 - "$tmp/in.st" <<'PY'
+import json, random, struct, sys, array
+random.seed()
+B, S, H, D = 1, 31, 6, 16
+hdr, data, off = {}, b"", 0
+for n in ("q", "k", "v"):
+    a = array.array("f", (random.gauss(0, 1) for _ in range(B * S * H * D)))
+    b = a.tobytes()
+    hdr[n] = {"dtype": "F32", "shape": [B, S, H, D], "data_offsets": [off, off + len(b)]}
+    data += b
+    off += len(b)
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)
+PY
+lsecheck() {
+  python3 - "$tmp/in.st" "$1" <<'PY'
+import json, math, struct, sys, array
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, t in h.items():
+        if k == "__metadata__":
+            continue
+        s, e = t["data_offsets"]
+        a = array.array("f")
+        a.frombytes(b[8 + n + s:8 + n + e])
+        out[k] = (t["shape"], a)
+    return out
+i, o = load(sys.argv[1]), load(sys.argv[2])
+(B, S, H, D), q = i["q"]
+k, v = i["k"][1], i["v"][1]
+out, lse = o["out"][1], o["lse"][1]
+assert o["lse"][0] == [B, H, S], o["lse"][0]
+sc = 1 / math.sqrt(D)
+worst_o = worst_l = 0.0
+for h in range(H):
+    for s in range(S):
+        x = [sum(q[(s * H + h) * D + d] * k[(t * H + h) * D + d] for d in range(D)) * sc for t in range(S)]
+        m = max(x)
+        w = [math.exp(y - m) for y in x]
+        z = sum(w)
+        worst_l = max(worst_l, abs(lse[h * S + s] - (m + math.log(z))))
+        for d in range(D):
+            ref = sum(w[t] * v[(t * H + h) * D + d] for t in range(S)) / z
+            worst_o = max(worst_o, abs(out[(s * H + h) * D + d] - ref))
+print("out max|err| %.2e, lse max|err| %.2e" % (worst_o, worst_l))
+assert worst_o < 1e-5 and worst_l < 1e-5, (worst_o, worst_l)
+PY
+}
+plan lse-ring ring 2 7 24;              plan lse-uly ulysses_anything 3 6 25
+plan lse-uni unified 4 7 24 ", ring_degree: 2, ulysses_degree: 2"
+for n in lse-ring lse-uly lse-uni; do
+  "$CPRUN" "$tmp/$n.yaml" --input "$tmp/in.st" --lse --output "$tmp/$n.st" --iters 1 --warmup 0 \
+    >"$tmp/$n.out" 2>&1 || { fail "$n: cprun --input --lse: $(cat "$tmp/$n.out")"; continue; }
+  lsecheck "$tmp/$n.st" >"$tmp/$n.chk" 2>&1 || fail "$n: $(cat "$tmp/$n.chk")"
+  printf '%-16s %s\n' "$n" "$(cat "$tmp/$n.chk")"
+done
 
 # ---- 4: refusals --------------------------------------------------------------------------
 plan train ring 2 8 24 "" 6 fp32 "" 1 "
