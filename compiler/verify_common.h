@@ -19,6 +19,8 @@
 #define CPC_VERIFY_COMMON_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "program.h"
 
@@ -51,7 +53,46 @@ typedef struct vc_req {
     int peer;        /* the rank at the other end; -1 where the domain has no one rank */
 } vc_req;
 
-/* A prover's domain, as the shared rules see it. */
+/* Three-valued answers: a concrete domain (one rank) always answers YES or
+ * NO; the symbolic one (every rank and step at once) answers UNDECIDED when
+ * the answer differs between ranks or steps, or it cannot tell.  The step
+ * functions below return VC_YES (the op ran), VC_NO (a fault: the message
+ * says which), VC_UNDECIDED (outside the domain's class: the message says
+ * why; the caller enumerates or refuses) or VC_OOM. */
+typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3 } vc_tri;
+
+/* YES if both are, NO if either is, else UNDECIDED. */
+static inline vc_tri vc_and(vc_tri a, vc_tri b)
+{
+    return a == VC_NO || b == VC_NO ? VC_NO : a == VC_YES && b == VC_YES ? VC_YES : VC_UNDECIDED;
+}
+
+/* The part of an abstract value every forward domain shares; each domain's
+ * value type begins with these fields (VC_VAL_FIELDS in an anonymous union
+ * with a vc_val `h`), so the step reads and sets them directly.  Geometry
+ * (tokens, heads, keys met) is the domain's own representation, reached
+ * only through the callbacks. */
+#define VC_VAL_FIELDS                                                                                      \
+    uint8_t written; /* holds something */                                                                \
+    uint8_t src;     /* what: SRC_* (cpc_content) */                                                      \
+    uint8_t final;   /* attention result whose coverage was proved complete */                            \
+    uint8_t assumed; /* came from a rank outside the simulated set */                                    \
+    uint8_t fresh;   /* attention block output not read by any op yet */                                  \
+    uint8_t merged;  /* attention block output already merged */                                         \
+    int32_t stamp;   /* identity of an attention output / accumulator pair */                             \
+    int32_t kvcov    /* cross-attention: times the K/V sequence was merged */
+typedef struct vc_val {
+    VC_VAL_FIELDS;
+} vc_val;
+
+/* Token classes and head classes the step names (what a buffer layout or a
+ * collective produces).  VC_T_BLOCK is the rank's own ring block r. */
+enum { VC_T_UNSET = 0, VC_T_OWN, VC_T_BLOCK, VC_T_ALL, VC_T_KV };
+enum { VC_H_ALL = 0, VC_H_PART, VC_H_BUF, VC_H_LIKE };
+
+/* A prover's domain, as the shared rules and the step see it.  Callbacks
+ * may report a fault themselves (with their own location and notes) and
+ * return VC_NO with an empty message: the step then stops. */
 typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
@@ -59,11 +100,44 @@ typedef struct vc_domain {
     int (*content)(void *self, int b);                   /* what b holds (cpc_content) */
     bool (*recv_on)(void *self, int b, vc_req *q);       /* a recv into b is in flight: *q */
     bool (*send_on)(void *self, int b, vc_req *q);       /* a send from b is in flight: *q */
-    /* Forward attention results (NULL in a domain without attn/merge: backward): */
-    int (*stamp)(void *self, int b);      /* identity of the attention output / accumulator pair */
-    bool (*fresh)(void *self, int b);     /* an attention output no op has read yet */
-    bool (*merged)(void *self, int b);    /* an attention output already merged */
-    const char *(*writer)(void *self, int b); /* the op that last wrote b, in words */
+    /* The forward geometry (NULL in a domain without attn/merge: backward). */
+    const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
+    vc_val *(*val)(void *self, int b);                   /* buffer b's value */
+    vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
+    bool (*copy)(void *self, vc_val *dst, const vc_val *src); /* dst := src; false: out of memory */
+    /* v fits buffer b (role, token layout, heads); NO/UNDECIDED: why. */
+    vc_tri (*fits)(void *self, int b, const vc_val *v, char *why, size_t n);
+    void (*put)(void *self, int b, vc_val *v);           /* moves v into b (v emptied); writer: the op */
+    void (*exchange)(void *self, int a, int b);          /* swaps the values of a and b */
+    int32_t (*new_stamp)(void *self);
+    /* v's tokens := class tok (VC_T_*), heads := all, the rank's part (of
+     * v's head space), buffer b's, or like's. */
+    void (*shape)(void *self, vc_val *v, int tok, int heads, int b, const vc_val *like);
+    vc_tri (*tok_is)(void *self, const vc_val *v, int tok);
+    vc_tri (*heads_are)(void *self, const vc_val *v, int heads);
+    vc_tri (*same_tokens)(void *self, const vc_val *x, const vc_val *y);
+    vc_tri (*same_heads)(void *self, const vc_val *x, const vc_val *y);
+    const char *(*words)(void *self, const vc_val *v, char *buf, size_t n); /* tokens and heads */
+    bool (*has_keys)(void *self, const vc_val *v);       /* some key block was met */
+    /* attn: o := query rows of Q met with the keys of K (or ring block op->block
+     * of K); the GQA rule.  NO / UNDECIDED: why (whole message). */
+    vc_tri (*attn_keys)(void *self, const cpc_op *op, const vc_val *Q, const vc_val *K, vc_val *o, char *why,
+                        size_t n);
+    /* merge: acc's keys := acc's U a's, rows := a's.  NO: the keys met twice,
+     * in words ("the keys/values of ..."); UNDECIDED: why. */
+    vc_tri (*merge_keys)(void *self, vc_val *acc, const vc_val *a, char *why, size_t n);
+    /* copy: v's heads := buffer b's, a selection of v's. NO / UNDECIDED: why. */
+    vc_tri (*select_heads)(void *self, vc_val *v, int b, int from, char *why, size_t n);
+    /* coverage: v's keys are every key its rows need (attention of one
+     * sequence, some key met).  NO / UNDECIDED: why (after "NAME "). */
+    vc_tri (*covered)(void *self, const vc_val *v, const char *name, char *why, size_t n);
+    /* a recv's declared block: v (what arrives) is it; YES may normalise v
+     * to the declared form.  `rq` is the domain's request.  words: the
+     * declared block. */
+    vc_tri (*declared)(void *self, vc_val *v, const void *rq, char *words, size_t n);
+    const cpc_program *prog;
+    bool cross;     /* cross-attention (the layout's) */
+    bool p2p_attn;  /* attention results may travel point to point */
 } vc_domain;
 
 /* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
@@ -95,5 +169,38 @@ const char *vc_write(const vc_domain *d, int b, char *msg, size_t n);
  * arriving), in[0], in[1] are the output and LSE of one attention block not
  * merged yet, out[0], out[1] one accumulator and its LSE, not the input. */
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+
+
+/* THE STEP: one implementation of the forward ops over the domain.  Each
+ * returns VC_YES when the op ran, else the fault or the reason it is
+ * undecided in msg (n bytes; empty when a callback reported it itself).
+ * The lifetime rule (vc_operands_in_flight) runs before every op, in the
+ * caller; matching requests to peers, waits and collectives' rendezvous are
+ * the domain's (they are where the domains differ: channels of concrete
+ * ranks, or offsets of the one generic rank). */
+vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* vc_read; marks b's output used */
+vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits, then put */
+/* Attention result v covers every key its rows need (marks it final). */
+vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n);
+vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+/* send/recv before posting: what is sent is read (and complete, if
+ * attention), what is received may be overwritten, no buffer named twice. */
+vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+/* A matched message, on the receiver's domain: `from` names the sender
+ * ("rank 3", "ring member r-1"), `sop` its op; snap[j] is what arrives in
+ * rbufs[j] (the sender's value in the receiver's terms); rq: the recv. */
+vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
+                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n);
+/* A collective reached by every member, on one member's domain: its inputs
+ * (vc_coll_inputs, after vc_rd of each at arrival), then its outputs. */
+vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+/* The end of the program: OUTPUT buffer b holds the rank's shard with all
+ * heads and a complete attention. */
+vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 
 #endif

@@ -267,7 +267,7 @@ Test(verify_sym, planted_faults_at_65536)
     cpc_program_free(p);
     p = ring_prog(65536, "p2p", true);
     set_expr(&body_op(top_op(p, CPC_OP_LOOP, 0), CPC_OP_RECV, 0)->block, "(r-s)%R");
-    expect_cp051(cpc_verify(p), "declares the ring block", "recv (step 0)", NULL);
+    expect_cp051(cpc_verify(p), "declares that ring block", "recv (step 0)", NULL);
     cpc_program_free(p);
     /* a block attended twice (allgather: block (r+min(s,1))%R is not affine: refused) */
     p = ring_prog(65536, "allgather", true);
