@@ -38,13 +38,7 @@ enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
 
 /* ---- abstract values ------------------------------------------------------ */
 
-typedef struct opnode {
-    const cpc_op *op;
-    char *path;
-    bool in_loop;
-    struct opnode *body;
-    int n_body;
-} opnode;
+typedef vc_node opnode;
 
 typedef struct aval {
     union {
@@ -346,13 +340,6 @@ static const char *misfit(const ctx *C, const rank_st *rk, int b, const aval *v,
 {
     const cpc_buffer *B = &C->prog->buffers[b];
     char t1[160], h1[48], h2[48];
-    if (!v->written)
-        return NULL;
-    if (src_of_role(B->role) != v->src) {
-        snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
-                 src_names_of(v->src));
-        return buf;
-    }
     if (v->tlo != TOK_UNSET) {
         bool ok;
         switch (B->tokens) {
@@ -749,37 +736,18 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
                                                                                                         : VC_NO;
 }
 
-#define RANK_DOM_AT(C, rk, nd, step)                                                                       \
-    rank_dom dd_ = {(C), (rk), (nd), (step), ""};                                                          \
-    const vc_domain dom = {.self = &dd_,                                                                   \
-                           .name = dom_name,                                                               \
-                           .written = dom_written,                                                         \
-                           .content = dom_content,                                                         \
-                           .recv_on = dom_recv_on,                                                         \
-                           .send_on = dom_send_on,                                                         \
-                           .writer = dom_writer,                                                           \
-                           .val = dom_val,                                                                 \
-                           .tmp = dom_tmp,                                                                 \
-                           .copy = dom_copy,                                                               \
-                           .fits = dom_fits,                                                               \
-                           .put = dom_put,                                                                 \
-                           .exchange = dom_exchange,                                                       \
-                           .new_stamp = dom_new_stamp,                                                     \
-                           .shape = dom_shape,                                                             \
-                           .tok_is = dom_tok_is,                                                           \
-                           .heads_are = dom_heads_are,                                                     \
-                           .same_tokens = dom_same_tokens,                                                 \
-                           .same_heads = dom_same_heads,                                                   \
-                           .words = dom_words,                                                             \
-                           .has_keys = dom_has_keys,                                                       \
-                           .attn_keys = dom_attn_keys,                                                     \
-                           .merge_keys = dom_merge_keys,                                                   \
-                           .select_heads = dom_select_heads,                                               \
-                           .covered = dom_covered,                                                         \
-                           .declared = dom_declared,                                                       \
-                           .prog = (C)->prog,                                                              \
-                           .cross = (C)->L->cross,                                                         \
-                           .p2p_attn = true}
+static const vc_domain rank_ops = {
+    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
+    .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
+    .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
+    .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = true};
+
+#define RANK_DOM_AT(C, rk, nd, step)                                                                              \
+    rank_dom dd_ = {(C), (rk), (nd), (step), ""};                                                                 \
+    vc_domain dom = rank_ops;                                                                                     \
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
 
 /* A step's answer as this rank's result: a fault (the domain always
  * decides) at the op nd. */
@@ -792,21 +760,6 @@ static int res(ctx *C, rank_st *rk, const opnode *nd, int64_t step, vc_tri t, co
     return fail(C, rk->p, nd, step, "%s", m[0] ? m : "fault (no message)");
 }
 
-#define STEP(call)                                                                                         \
-    do {                                                                                                   \
-        char m[1024] = "";                                                                                 \
-        RANK_DOM_AT(C, rk, nd, step);                                                                      \
-        vc_tri t_ = (call);                                                                                \
-        return res(C, rk, nd, step, t_, m) ? RES_ERR : RES_NEXT;                                           \
-    } while (0)
-
-/* The lifetime rule for every operand of the op at nd (before its own checks). */
-static int operands_in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    char m[640];
-    RANK_DOM_AT(C, rk, nd, step);
-    return vc_operands_in_flight(&dom, nd->op, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
-}
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -1062,14 +1015,8 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             return RES_ERR;
         }
     }
-    int nb = is_send ? op->n_in : op->n_out;
+    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
     const int *bufs = is_send ? op->in : op->out;
-    {
-        char m[1024] = "";
-        RANK_DOM_AT(C, rk, nd, step);
-        if (res(C, rk, nd, step, vc_post_operands(&dom, op, m, sizeof m), m))
-            return RES_ERR;
-    }
     int id = req_new(C);
     if (id < 0)
         return oom(C), RES_ERR;
@@ -1197,31 +1144,6 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     }
     rk->nopen = k;
     return RES_NEXT;
-}
-
-static int exec_init_acc(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    STEP(vc_init_acc(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    STEP(vc_attn(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    STEP(vc_merge_op(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_copy(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    STEP(vc_copy(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_swap(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    STEP(vc_swap(&dom, nd->op, m, sizeof m));
 }
 
 /* ---- collectives -------------------------------------------------------------------- */
@@ -1376,26 +1298,20 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     default:
         break;
     }
-    if (operands_in_flight(C, rk, nd, step))
-        return RES_ERR;
+    {
+        char m[1024] = "";
+        RANK_DOM_AT(C, rk, nd, step);
+        if (res(C, rk, nd, step, vc_step(&dom, op, m, sizeof m), m))
+            return RES_ERR;
+    }
     switch (op->kind) {
-    case CPC_OP_INIT_ACC: return exec_init_acc(C, rk, nd, step);
-    case CPC_OP_ATTN: return exec_attn(C, rk, nd, step);
-    case CPC_OP_MERGE: return exec_merge(C, rk, nd, step);
     case CPC_OP_SEND:
     case CPC_OP_RECV: return exec_send_recv(C, rk, nd, step);
     case CPC_OP_WAIT: return exec_wait(C, rk, nd, step);
-    case CPC_OP_SWAP: return exec_swap(C, rk, nd, step);
-    case CPC_OP_COPY: return exec_copy(C, rk, nd, step);
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
-    default:
-        if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
-            fail(C, rk->p, nd, step, "op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
-        else
-            fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
-        return RES_ERR;
+    default: return RES_NEXT;
     }
 }
 
@@ -1669,59 +1585,22 @@ static int check_op_shape(ctx *C, const opnode *nd)
     return 0;
 }
 
-static void free_nodes(opnode *nodes, int n)
+/* The static shape of every op, in program order (loops nested at most
+ * MAX_DEPTH deep). */
+static int check_nodes(ctx *C, const opnode *nodes, int n, int depth)
 {
-    if (!nodes)
-        return;
     for (int i = 0; i < n; i++) {
-        free(nodes[i].path);
-        free_nodes(nodes[i].body, nodes[i].n_body);
-    }
-    free(nodes);
-}
-
-static opnode *build_nodes(ctx *C, const cpc_op *ops, int n, const char *prefix, int depth, bool *bad)
-{
-    if (n <= 0)
-        return NULL;
-    opnode *nodes = calloc((size_t)n, sizeof(opnode));
-    if (!nodes) {
-        *bad = true;
-        oom(C);
-        return NULL;
-    }
-    for (int i = 0; i < n && !*bad; i++) {
-        opnode *nd = &nodes[i];
-        nd->op = &ops[i];
-        nd->in_loop = depth > 0;
-        size_t len = strlen(prefix) + 32;
-        nd->path = malloc(len);
-        if (!nd->path) {
-            *bad = true;
-            oom(C);
-            break;
-        }
-        /* 1-based, as Lua scripts index plan.ops (SPEC section 6) */
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
-        if (check_op_shape(C, nd)) {
-            *bad = true;
-            break;
-        }
-        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0) {
-            if (depth >= MAX_DEPTH) {
-                fail(C, -1, nd, 0, "loops nested deeper than %d", MAX_DEPTH);
-                *bad = true;
-                break;
-            }
-            nd->body = build_nodes(C, ops[i].body, ops[i].n_body, nd->path, depth + 1, bad);
-            nd->n_body = nd->body ? ops[i].n_body : 0;
+        const opnode *nd = &nodes[i];
+        if (check_op_shape(C, nd))
+            return -1;
+        if (nd->op->kind == CPC_OP_LOOP && nd->op->n_body > 0) {
+            if (depth >= MAX_DEPTH)
+                return fail(C, -1, nd, 0, "loops nested deeper than %d", MAX_DEPTH);
+            if (check_nodes(C, nd->body, nd->n_body, depth + 1))
+                return -1;
         }
     }
-    if (*bad) {
-        free_nodes(nodes, n);
-        return NULL;
-    }
-    return nodes;
+    return 0;
 }
 
 static int check_buffers(ctx *C)
@@ -1877,7 +1756,7 @@ static void ctx_free(ctx *C)
         free(C->arrived[g]);
         free(C->need[g]);
     }
-    free_nodes(C->root, C->n_root);
+    vc_nodes_free(C->root, C->n_root);
 }
 
 /* Every rank is simulated (the enumeration); the sim_of indirection and the
@@ -2012,8 +1891,12 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     cpc_status *out = NULL;
     bool bad = false;
     if (check_buffers(&C) == 0) {
-        C.root = build_nodes(&C, prog->ops, prog->n_ops, "", 0, &bad);
+        C.root = vc_nodes(prog->ops, prog->n_ops, MAX_DEPTH, &bad);
         C.n_root = C.root ? prog->n_ops : 0;
+        if (bad)
+            oom(&C);
+        else
+            check_nodes(&C, C.root, C.n_root, 0);
     }
     if (C.err || C.oom)
         goto done;

@@ -2,6 +2,7 @@
 #include "verify_common.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ST(d, b) (d->val(d->self, b)->stamp)
@@ -163,6 +164,49 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return NULL;
 }
 
+/* ---- the op tree -------------------------------------------------------------------------- */
+
+void vc_nodes_free(vc_node *nodes, int n)
+{
+    for (int i = 0; nodes && i < n; i++) {
+        free(nodes[i].path);
+        vc_nodes_free(nodes[i].body, nodes[i].n_body);
+    }
+    free(nodes);
+}
+
+static vc_node *nodes_at(const cpc_op *ops, int n, const char *prefix, int depth, int max_depth, bool *oom)
+{
+    vc_node *nodes = n > 0 ? calloc((size_t)n, sizeof(vc_node)) : NULL;
+    *oom |= n > 0 && !nodes;
+    for (int i = 0; nodes && i < n && !*oom; i++) {
+        vc_node *nd = &nodes[i];
+        nd->op = &ops[i];
+        nd->in_loop = depth > 0;
+        size_t len = strlen(prefix) + 32;
+        if (!(nd->path = malloc(len))) {
+            *oom = true;
+            break;
+        }
+        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
+        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0 && ops[i].body && depth < max_depth) {
+            nd->body = nodes_at(ops[i].body, ops[i].n_body, nd->path, depth + 1, max_depth, oom);
+            nd->n_body = nd->body ? ops[i].n_body : 0;
+        }
+    }
+    if (*oom) {
+        vc_nodes_free(nodes, n);
+        return NULL;
+    }
+    return nodes;
+}
+
+vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom)
+{
+    *oom = false;
+    return nodes_at(ops, n, "", 0, max_depth, oom);
+}
+
 /* ---- the step ------------------------------------------------------------------------------- */
 
 #define SELF d->self
@@ -180,6 +224,19 @@ vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n)
     return VC_YES;
 }
 
+/* v may live in buffer b: its role holds v's content, then the domain's
+ * token and head layout. */
+static vc_tri fits(const vc_domain *d, int b, const vc_val *v, char *msg, size_t n)
+{
+    const cpc_buffer *B = &d->prog->buffers[b];
+    if (!v->written)
+        return VC_YES;
+    if (src_of_role(B->role) != v->src)
+        return FAULT("buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
+                     src_names_of(v->src));
+    return d->fits(SELF, b, v, msg, n);
+}
+
 static vc_tri wr(const vc_domain *d, int b, char *msg, size_t n)
 {
     return vc_write(d, b, msg, n) ? VC_NO : VC_YES;
@@ -187,7 +244,7 @@ static vc_tri wr(const vc_domain *d, int b, char *msg, size_t n)
 
 vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n)
 {
-    vc_tri t = v->written ? d->fits(SELF, b, v, msg, n) : VC_YES;
+    vc_tri t = fits(d, b, v, msg, n);
     if (t != VC_YES)
         return t;
     d->put(SELF, b, v);
@@ -390,7 +447,7 @@ vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     d->exchange(SELF, op->in[0], op->in[1]);
     for (int j = 0; j < 2; j++) {
         vc_val *v = d->val(SELF, op->in[j]);
-        vc_tri t = v->written ? d->fits(SELF, op->in[j], v, why, sizeof why) : VC_YES;
+        vc_tri t = fits(d, op->in[j], v, why, sizeof why);
         if (t != VC_YES)
             return NOT_YES(t, "%safter the swap, %s", t == VC_NO ? "" : "cannot decide for every rank whether, ", why);
     }
@@ -442,7 +499,7 @@ vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs,
             if (t != VC_YES)
                 return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
         }
-        vc_tri t = d->fits(SELF, rb, in, why, sizeof why);
+        vc_tri t = fits(d, rb, in, why, sizeof why);
         if (t == VC_NO)
             return FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from, src_names_of(in->src),
                          W(in, w1), NM(sbufs[j]), sop, why);
@@ -533,4 +590,27 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
                           "by %s)",
                        t == VC_NO ? "" : "cannot decide for every rank whether ", NM(b), W(v, w1), d->writer(SELF, b));
     return vc_complete(d, v, NM(b), msg, n);
+}
+
+vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    if (vc_operands_in_flight(d, op, msg, n))
+        return VC_NO;
+    switch (op->kind) {
+    case CPC_OP_INIT_ACC: return vc_init_acc(d, op, msg, n);
+    case CPC_OP_ATTN: return vc_attn(d, op, msg, n);
+    case CPC_OP_MERGE: return vc_merge_op(d, op, msg, n);
+    case CPC_OP_COPY: return vc_copy(d, op, msg, n);
+    case CPC_OP_SWAP: return vc_swap(d, op, msg, n);
+    case CPC_OP_SEND:
+    case CPC_OP_RECV: return vc_post_operands(d, op, msg, n);
+    case CPC_OP_WAIT:
+    case CPC_OP_ALL_TO_ALL:
+    case CPC_OP_ALL_GATHER:
+    case CPC_OP_BARRIER: return VC_YES; /* the domain's: matching, completion, rendezvous */
+    default:
+        if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
+            return FAULT("op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
+        return FAULT("unknown op kind %d", (int)op->kind);
+    }
 }

@@ -53,6 +53,21 @@ typedef struct vc_req {
     int peer;        /* the rank at the other end; -1 where the domain has no one rank */
 } vc_req;
 
+/* An op of the program with its index path ("ops[3].body[1]": 1-based, as
+ * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
+typedef struct vc_node {
+    const cpc_op *op;
+    char *path;
+    bool in_loop;
+    struct vc_node *body;
+    int n_body;
+} vc_node;
+
+/* The tree of ops[0..n) with loop bodies down to max_depth levels (a loop at
+ * that depth keeps no body).  NULL when n <= 0 or out of memory (*oom). */
+vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom);
+void vc_nodes_free(vc_node *nodes, int n);
+
 /* Three-valued answers: a concrete domain (one rank) always answers YES or
  * NO; the symbolic one (every rank and step at once) answers UNDECIDED when
  * the answer differs between ranks or steps, or it cannot tell.  The step
@@ -178,6 +193,11 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
  * caller; matching requests to peers, waits and collectives' rendezvous are
  * the domain's (they are where the domains differ: channels of concrete
  * ranks, or offsets of the one generic rank). */
+/* One op: the lifetime rule for its operands (vc_operands_in_flight), then
+ * the local ops (init_acc, attn, merge, copy, swap) whole, send/recv's
+ * checks before posting (vc_post_operands); wait and the collectives are
+ * then the domain's.  A kind outside the forward ops is a fault. */
+vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* vc_read; marks b's output used */
 vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits, then put */
 /* Attention result v covers every key its rows need (marks it final). */

@@ -70,13 +70,7 @@ typedef struct piece {
     bnd lo, hi;
 } piece;
 
-typedef struct snode {
-    const cpc_op *op;
-    char *path;
-    bool in_loop;
-    struct snode *body;
-    int n_body;
-} snode;
+typedef vc_node snode;
 
 typedef struct sval {
     union {
@@ -700,13 +694,6 @@ static int fits(const sctx *C, int b, const sval *v, char *buf, size_t n)
 {
     const cpc_buffer *B = &C->prog->buffers[b];
     char t1[160];
-    if (!v->written)
-        return ALWAYS;
-    if (src_of_role(B->role) != v->src) {
-        snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
-                 src_names_of(v->src));
-        return NEVER;
-    }
     if (v->tok != T_UNSET) {
         int ok;
         switch (B->tokens) {
@@ -1406,37 +1393,18 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
     return (vc_tri)same;
 }
 
-#define SYM_DOM_AT(C, nd)                                                                                  \
-    sym_dom dd_ = {(C), (nd), ""};                                                                         \
-    const vc_domain dom = {.self = &dd_,                                                                   \
-                           .name = dom_name,                                                               \
-                           .written = dom_written,                                                         \
-                           .content = dom_content,                                                         \
-                           .recv_on = dom_recv_on,                                                         \
-                           .send_on = dom_send_on,                                                         \
-                           .writer = dom_writer,                                                           \
-                           .val = dom_val,                                                                 \
-                           .tmp = dom_tmp,                                                                 \
-                           .copy = dom_copy,                                                               \
-                           .fits = dom_fits,                                                               \
-                           .put = dom_put,                                                                 \
-                           .exchange = dom_exchange,                                                       \
-                           .new_stamp = dom_new_stamp,                                                     \
-                           .shape = dom_shape,                                                             \
-                           .tok_is = dom_tok_is,                                                           \
-                           .heads_are = dom_heads_are,                                                     \
-                           .same_tokens = dom_same_tokens,                                                 \
-                           .same_heads = dom_same_heads,                                                   \
-                           .words = dom_words,                                                             \
-                           .has_keys = dom_has_keys,                                                       \
-                           .attn_keys = dom_attn_keys,                                                     \
-                           .merge_keys = dom_merge_keys,                                                   \
-                           .select_heads = dom_select_heads,                                               \
-                           .covered = dom_covered,                                                         \
-                           .declared = dom_declared,                                                       \
-                           .prog = (C)->prog,                                                              \
-                           .cross = (C)->L->cross,                                                         \
-                           .p2p_attn = false}
+static const vc_domain sym_ops = {
+    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
+    .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
+    .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
+    .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = false};
+
+#define SYM_DOM_AT(C, nd)                                                                                         \
+    sym_dom dd_ = {(C), (nd), ""};                                                                                \
+    vc_domain dom = sym_ops;                                                                                      \
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
 
 /* A step's answer as the proof's result at the op nd. */
 static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
@@ -1449,19 +1417,6 @@ static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
     }
 }
 
-#define SSTEP(call)                                                                                        \
-    do {                                                                                                   \
-        char m[1024] = "";                                                                                 \
-        SYM_DOM_AT(C, nd);                                                                                 \
-        return sres(C, nd, (call), m);                                                                     \
-    } while (0)
-
-static int operands_in_flight(sctx *C, const snode *nd)
-{
-    char m[640];
-    SYM_DOM_AT(C, nd);
-    return vc_operands_in_flight(&dom, nd->op, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
-}
 
 /* ---- expressions of ops ----------------------------------------------------------------------- */
 
@@ -1627,14 +1582,8 @@ static int exec_send_recv(sctx *C, const snode *nd)
     aff decl = {0, 0, 0};
     if (!is_send && eval_block(C, nd, op->block, &decl))
         return -1;
-    int nb = is_send ? op->n_in : op->n_out;
+    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
     const int *bufs = is_send ? op->in : op->out;
-    {
-        char m[1024] = "";
-        SYM_DOM_AT(C, nd);
-        if (sres(C, nd, vc_post_operands(&dom, op, m, sizeof m), m))
-            return -1;
-    }
     if (s->nreq == MAXREQ)
         return sund(C, nd, "more than %d requests in flight", MAXREQ);
     int id = s->nreq++;
@@ -1705,31 +1654,6 @@ static int exec_wait(sctx *C, const snode *nd)
 
 /* ---- ops ------------------------------------------------------------------------------------------ */
 
-static int exec_init_acc(sctx *C, const snode *nd)
-{
-    SSTEP(vc_init_acc(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_attn(sctx *C, const snode *nd)
-{
-    SSTEP(vc_attn(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_merge(sctx *C, const snode *nd)
-{
-    SSTEP(vc_merge_op(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_copy(sctx *C, const snode *nd)
-{
-    SSTEP(vc_copy(&dom, nd->op, m, sizeof m));
-}
-
-static int exec_swap(sctx *C, const snode *nd)
-{
-    SSTEP(vc_swap(&dom, nd->op, m, sizeof m));
-}
-
 /* Every member of the group reaches this op at the same point (the guards do
  * not depend on the rank), so the collective runs; its inputs are checked
  * on the generic member. */
@@ -1749,21 +1673,20 @@ static int exec_collective(sctx *C, const snode *nd)
 static int exec_op(sctx *C, const snode *nd)
 {
     C->stats.op_instances++;
-    if (nd->op->kind != CPC_OP_WAIT && operands_in_flight(C, nd))
-        return -1;
+    {
+        char m[1024] = "";
+        SYM_DOM_AT(C, nd);
+        if (sres(C, nd, vc_step(&dom, nd->op, m, sizeof m), m))
+            return -1;
+    }
     switch (nd->op->kind) {
-    case CPC_OP_INIT_ACC: return exec_init_acc(C, nd);
-    case CPC_OP_ATTN: return exec_attn(C, nd);
-    case CPC_OP_MERGE: return exec_merge(C, nd);
     case CPC_OP_SEND:
     case CPC_OP_RECV: return exec_send_recv(C, nd);
     case CPC_OP_WAIT: return exec_wait(C, nd);
-    case CPC_OP_SWAP: return exec_swap(C, nd);
-    case CPC_OP_COPY: return exec_copy(C, nd);
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return exec_collective(C, nd);
-    default: return sund(C, nd, "unknown op kind");
+    default: return 0;
     }
 }
 
@@ -1976,49 +1899,6 @@ out:
 
 /* ---- driver ------------------------------------------------------------------------------------------- */
 
-static void free_nodes(snode *nodes, int n)
-{
-    if (!nodes)
-        return;
-    for (int i = 0; i < n; i++) {
-        free(nodes[i].path);
-        free_nodes(nodes[i].body, nodes[i].n_body);
-    }
-    free(nodes);
-}
-
-static snode *build_nodes(const cpc_op *ops, int n, const char *prefix, int depth, bool *bad)
-{
-    if (n <= 0)
-        return NULL;
-    snode *nodes = calloc((size_t)n, sizeof(snode));
-    if (!nodes) {
-        *bad = true;
-        return NULL;
-    }
-    for (int i = 0; i < n && !*bad; i++) {
-        snode *nd = &nodes[i];
-        nd->op = &ops[i];
-        nd->in_loop = depth > 0;
-        size_t len = strlen(prefix) + 32;
-        nd->path = malloc(len);
-        if (!nd->path) {
-            *bad = true;
-            break;
-        }
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
-        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0 && depth < MAX_DEPTH) {
-            nd->body = build_nodes(ops[i].body, ops[i].n_body, nd->path, depth + 1, bad);
-            nd->n_body = nd->body ? ops[i].n_body : 0;
-        }
-    }
-    if (*bad) {
-        free_nodes(nodes, n);
-        return NULL;
-    }
-    return nodes;
-}
-
 static int finish(sctx *C)
 {
     sst *s = C->st;
@@ -2066,7 +1946,7 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
     }
     heads_classes(&C);
     bool bad = false;
-    C.root = build_nodes(prog->ops, prog->n_ops, "", 0, &bad);
+    C.root = vc_nodes(prog->ops, prog->n_ops, MAX_DEPTH, &bad);
     C.n_root = C.root ? prog->n_ops : 0;
     C.st = sst_new(C.nb);
     if (bad || !C.st || (prog->n_ops > 0 && !C.root)) {
@@ -2103,7 +1983,7 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
     if (!C.result)
         finish(&C);
 done:
-    free_nodes(C.root, C.n_root);
+    vc_nodes_free(C.root, C.n_root);
     sst_free(C.st);
     if (stats)
         *stats = C.stats;
