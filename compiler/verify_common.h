@@ -6,12 +6,33 @@
  * - The sources a buffer's content can come from: the op table's contents
  *   (program.h cpc_content), by provenance.
  * - THE SHARED RULES (verify_common.c), written once over a domain
- *   interface (vc_domain: what a buffer holds and what is in flight on it,
- *   on one concrete rank or on the symbolic rank): the op table's lifetime
- *   rule for every operand by its access column (CPC_LIFE_UNTIL_WAIT), the
- *   read-before-write rule and the content rule (in_content).  Each prover
- *   supplies its domain's answers and turns a violation's text into its
- *   CP051 (with its own location: rank and step, or the symbolic op).
+ *   interface (vc_domain: what a buffer holds and what is in flight on it):
+ *   the op table's lifetime rule for every operand by its access column
+ *   (CPC_LIFE_UNTIL_WAIT), the read-before-write rule and the content rule
+ *   (in_content).  All three provers use them.
+ * - THE STEP (verify_common.c vc_step and the vc_* op functions): the
+ *   meaning of every forward op, written once: init_acc, attn (K and V one
+ *   block, query rows set, GQA heads, the keys met), merge (provenance,
+ *   accumulator rows and heads, keys met twice), copy (head selection,
+ *   coverage of what leaves an accumulator), swap, send/recv (operands
+ *   before posting; a matched message buffer by buffer: declared block,
+ *   layout, element size), collectives (what each member's input must hold,
+ *   what each output then holds), coverage (vc_complete) and the OUTPUT
+ *   buffers at the end.  It asks its domain three-valued questions (vc_tri:
+ *   YES / NO / UNDECIDED: same tokens, same heads, tokens of a class, heads
+ *   of a class, fits a buffer, the keys of a merge disjoint, coverage
+ *   complete, the declared block arrives) and has it build values (shape,
+ *   attn_keys, merge_keys, select_heads).  Two domains implement it: one
+ *   concrete rank of the enumeration (verify.c: always YES or NO) and the
+ *   symbolic rank (verify_sym.c: answers for every rank and loop step at
+ *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
+ *   the program to enumeration, or to CP051 beyond its bound).  What stays
+ *   per domain is what differs in kind: the values' representation, how
+ *   requests find their peers (channels between concrete ranks, or offsets
+ *   of the one generic rank), blocking and rendezvous, and loops (unrolled
+ *   per rank, or induction on the step).  One fault thus gets one message
+ *   from both (tests/test_verify_sym.c one_step_gives_one_message).
+ *   The backward prover (verify_bwd.c) shares the rules, not yet the step.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
