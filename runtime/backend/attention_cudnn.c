@@ -59,7 +59,7 @@ static cpc_status *add_part(cpc_sdpa_split *sp, cpc_sdpa_part_kind kind, int64_t
     return NULL;
 }
 
-cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
+cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_problem *a, cpc_sdpa_split *sp)
 {
     memset(sp, 0, sizeof *sp);
     if (a->dtype != CPC_DTYPE_BF16 && a->dtype != CPC_DTYPE_FP16)
@@ -160,7 +160,7 @@ cpc_status *cpc_cudnn_sdpa_create(int device, cpc_cudnn_sdpa **out)
                      "cudnn_version.h older than 9.13.1)");
 }
 
-cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
+cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_problem *a,
                                const cpc_sdpa_split *split, void *o, float *lse, void *stream)
 {
     (void)s, (void)a, (void)split, (void)o, (void)lse, (void)stream;
@@ -581,7 +581,7 @@ static bool dnn_refused(cudnnStatus_t s)
            (int)s / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000;
 }
 
-cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
+cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_problem *a,
                                const cpc_sdpa_split *split, void *o, float *lse, void *stream)
 {
     cpc_sdpa_split local;
