@@ -1450,11 +1450,14 @@ out:
 enum { BA_D = 64 };
 
 typedef struct bad_bufs {
-    void *q, *k, *v, *o, *lse, *mask;
+    void *q, *k, *v, *o, *lse, *mask, *delta, *dq, *dk, *dv;
 } bad_bufs;
 
 /* Runs `a` and checks: refused with CPC_E_INTERNAL (want_error) or accepted,
- * and o/lse (n_o, n_l elements, filled with 7 before) untouched when refused. */
+ * and o/lse (n_o, n_l elements, filled with 7 before) untouched when refused.
+ * Then, on a backend with a backward, the backward of the same problem
+ * (attn_problem.h: one check for both directions): refused or accepted
+ * alike, with the forward's message. */
 static void bad_call(suite *S, cpc_backend *be, const bad_bufs *bb, const cpc_attn_args *a,
                      bool want_error, const char *name)
 {
@@ -1474,6 +1477,22 @@ static void bad_call(suite *S, cpc_backend *be, const bad_bufs *bb, const cpc_at
     st = cpc_backend_attn(be, a);
     if (!st)
         st = dev_sync(be);
+    char fwd_msg[512] = "";
+    if (st)
+        snprintf(fwd_msg, sizeof fwd_msg, "%s", st->message);
+    if (cpc_backend_has_attn_bwd(be)) {
+        cpc_attn_bwd_args g = {.p = a->p, .dout = bb->q, .dout_bstride = a->p.q_bstride, .lse = bb->lse,
+                               .delta = bb->delta, .dq = bb->dq, .dk = bb->dk, .dv = bb->dv};
+        cpc_status *sb = cpc_backend_attn_bwd(be, &g);
+        if (!sb)
+            sb = dev_sync(be);
+        if ((sb != NULL) != want_error)
+            fail(S, w, "the backward of the problem is %s, the forward %s", sb ? "refused" : "accepted",
+                 want_error ? "refuses it" : "accepts it");
+        else if (sb && strcmp(sb->message, fwd_msg) != 0)
+            fail(S, w, "the backward refuses it with \"%s\", the forward with \"%s\"", sb->message, fwd_msg);
+        cpc_status_free(sb);
+    }
     if (want_error) {
         if (!st) {
             fail(S, w, "accepted; the contract refuses it (CPC_E_INTERNAL)");
@@ -1523,7 +1542,11 @@ static void check_bad_args(suite *S)
         (st = dev_put(be, ones, sizeof(float) * NO, &bb.v)) ||
         (st = dev_put(be, NULL, sizeof(float) * NO, &bb.o)) ||
         (st = dev_put(be, NULL, sizeof(float) * NL, &bb.lse)) ||
-        (st = dev_put(be, mk, sizeof mk, &bb.mask))) {
+        (st = dev_put(be, mk, sizeof mk, &bb.mask)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NL, &bb.delta)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NO, &bb.dq)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NO, &bb.dk)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NO, &bb.dv))) {
         fail_st(S, what, "device buffers", st);
         goto out;
     }
@@ -1602,6 +1625,10 @@ out:
     dev_free(be, bb.o);
     dev_free(be, bb.lse);
     dev_free(be, bb.mask);
+    dev_free(be, bb.delta);
+    dev_free(be, bb.dq);
+    dev_free(be, bb.dk);
+    dev_free(be, bb.dv);
     cpc_backend_destroy(be);
     free(ones);
 }

@@ -95,9 +95,10 @@ typedef struct cpc_sdpa_split {
  * for each query run (a->q_runs, global positions), every row of the run
  * must see the same number L of keys - the keys of a->kv_runs (sorted,
  * disjoint) at positions <= the row's - so the run is FULL with nkv = L, or
- * EMPTY when L = 0; adjacent runs alike are merged.  The sums of the runs'
- * lengths must be sq and skv.
- * Errors: CPC_E_UNSUPPORTED naming the reason (see the file comment). */
+ * EMPTY when L = 0; adjacent runs alike are merged.
+ * Errors: the status of cpc_attn_problem_check (CPC_E_INTERNAL) for a
+ * problem that fails it; CPC_E_UNSUPPORTED naming the reason cuDNN cannot
+ * serve a valid one (see the file comment). */
 cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_problem *a, cpc_sdpa_split *out);
 
 /* cuDNN's version at run time (cudnnGetVersion, e.g. 91900), 0 without cuDNN. */
