@@ -17,6 +17,8 @@
 #     `parallel: {variant: auto, cfg_degree: auto, tp_degree: auto}`) against the published
 #     fastest (ok when the pick is the published fastest or one published within 5% of it;
 #     a pick outside the table is reported as such: nothing published refutes or confirms it);
+#   - the geometric mean by device, by project and by unit (a GPU, a framework or the pipeline
+#     parts off as a whole);
 #   - leave-one-table-out: the model's one global figure a forecaster could refit, a common
 #     scale, is refit on every other table (the geometric mean of their ratios) and the
 #     left-out table predicted with it; the share within 35%.
@@ -138,6 +140,19 @@ share = within / len(rows) if rows else 0
 print()
 print("accepted %d/%d; geometric mean predicted/published %.3f; within 25%%: %d/%d (%.0f%%)"
       % (len(ok), len(rows), gm, within, len(rows), 100 * share))
+
+# systematic errors: the geometric mean by device, by project (the plan id's first field) and
+# by unit, to see whether a GPU, a framework or the pipeline parts are off as a whole
+def by(label, keyf):
+    g = {}
+    for r in ok:
+        g.setdefault(keyf(r), []).append(math.log(r["ratio"]))
+    print("by %s: %s" % (label, ", ".join("%s %.3f (%d)" % (k, math.exp(sum(v) / len(v)), len(v))
+                                          for k, v in sorted(g.items()))))
+print()
+by("device", lambda r: r["dev"])
+by("project", lambda r: r["id"].split("_")[0])
+by("unit", lambda r: r["unit"])
 
 # orders per table
 tables = {}
