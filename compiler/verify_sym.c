@@ -1404,7 +1404,7 @@ static const vc_domain sym_ops = {
 #define SYM_DOM_AT(C, nd)                                                                                         \
     sym_dom dd_ = {(C), (nd), ""};                                                                                \
     vc_domain dom = sym_ops;                                                                                      \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
 
 /* A step's answer as the proof's result at the op nd. */
 static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
@@ -1942,12 +1942,6 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
     if (C.P <= 1) {
         /* one rank: enumeration is the proof */
         sund(&C, NULL, "a world of one rank is enumerated");
-        goto done;
-    }
-    if (C.L->rep) {
-        /* replicated segments (layout.h): their query rows and the kv layout
-         * as queries are outside the symbolic class; enumeration proves them */
-        sund(&C, NULL, "replicated segments (`split: replicate`) are proven by enumeration");
         goto done;
     }
     heads_classes(&C);

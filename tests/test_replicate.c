@@ -193,17 +193,33 @@ static cpc_program *build(int text, int image, cpc_variant v, int R, int U, cons
     return prog;
 }
 
+/* Proved by the default method (the symbolic proof), and by the enumeration
+ * of every rank as well. */
 static void expect_ok(const cpc_program *prog, const char *what)
 {
     cpc_verify_stats stats;
     cpc_status *st = cpc_verify_ex(prog, NULL, &stats);
     cr_assert_null(st, "%s: %s", what, st ? st->message : "");
-    cr_assert_eq(stats.mode, CPC_VERIFY_FULL, "%s", what);
+    cr_assert_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "%s: not proved symbolically", what);
     cr_assert_eq(stats.ranks, prog->layout.P, "%s", what);
+    cpc_verify_opts en = {.method = CPC_VERIFY_ENUMERATE};
+    st = cpc_verify_ex(prog, &en, &stats);
+    cr_assert_null(st, "%s: enumeration: %s", what, st ? st->message : "");
+    cr_assert_eq(stats.mode, CPC_VERIFY_FULL, "%s", what);
 }
 
+/* CP051 from the default method, and from each method on its own (the
+ * symbolic proof may only refuse or say it cannot decide). */
 static void expect_fault(cpc_program *prog, const char *a, const char *b)
 {
+    cpc_verify_opts en = {.method = CPC_VERIFY_ENUMERATE}, sy = {.method = CPC_VERIFY_SYMBOLIC_ONLY};
+    cpc_verify_stats stats;
+    cpc_status *s2 = cpc_verify_ex(prog, &en, &stats);
+    cr_assert_not_null(s2, "the enumeration proved a planted fault");
+    cpc_status_free(s2);
+    s2 = cpc_verify_ex(prog, &sy, &stats);
+    cr_assert_not_null(s2, "the symbolic proof proved a planted fault");
+    cpc_status_free(s2);
     cpc_status *st = cpc_verify(prog);
     cr_assert_not_null(st, "expected CP051, the program was proved");
     cr_assert_eq(st->rule, CPC_RULE_VERIFY, "%s", st->message);
