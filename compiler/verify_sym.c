@@ -676,7 +676,7 @@ static const char *tok_words(const sctx *C, const sval *v, char *buf, size_t n)
     case T_UNSET: snprintf(buf, n, "no tokens yet"); break;
     case T_OWN: snprintf(buf, n, "its own shard"); break;
     case T_ALL: snprintf(buf, n, "all %" PRId64 " tokens (every ring block)", C->L->S); break;
-    case T_KV: snprintf(buf, n, "the cross-attention K/V sequence"); break;
+    case T_KV: snprintf(buf, n, C->L->rep ? "the replicated segments" : "the cross-attention K/V sequence"); break;
     case T_OTHER: snprintf(buf, n, "another rank's shard"); break;
     default:
         if (C->in_loop && v->blk.b)
