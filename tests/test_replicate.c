@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "layout.h"
 #include "plan_load.h"
@@ -361,4 +362,59 @@ Test(replicate, replicated_key_set_or_ring_step_dropped_is_refused)
     p->buffers[o].io = CPC_IO_NONE;
     expect_fault(p, "replicated segments' rows", NULL);
     cpc_program_free(p);
+}
+
+/* Random plans: 2..4 segments of 1..40 tokens, each replicated or not (at
+ * least one sharded), random heads and world; every candidate the rules
+ * accept is scheduled and proved by both methods. */
+Test(replicate, random_plans_are_proved)
+{
+    unsigned seed = (unsigned)time(NULL);
+    cr_log_info("seed %u", seed);
+    srand(seed);
+    static const cpc_variant vs[] = {CPC_VARIANT_RING, CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED,
+                                     CPC_VARIANT_RING_ANYTHING, CPC_VARIANT_ULYSSES_ANYTHING};
+    int proved = 0;
+    for (int it = 0; it < 60; it++) {
+        int nseg = 2 + rand() % 3, P = 2 + rand() % 5, H = 1 + rand() % 8;
+        char segs[512] = "";
+        size_t o = 0;
+        bool sharded = false;
+        for (int i = 0; i < nseg; i++) {
+            bool rep = (rand() % 2) && (sharded || i + 1 < nseg);
+            sharded |= !rep;
+            o += (size_t)snprintf(segs + o, sizeof segs - o, "    - {name: s%d, tokens: %d%s}\n", i,
+                                  1 + rand() % 40, rep ? ", split: replicate" : "");
+        }
+        char yaml[1024];
+        snprintf(yaml, sizeof yaml,
+                 "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput:\n  segments:\n%s"
+                 "cluster: {world_size: %d}\n",
+                 H, segs, P);
+        cpc_plan *p = load(yaml);
+        for (size_t k = 0; k < sizeof vs / sizeof *vs; k++) {
+            int R = vs[k] == CPC_VARIANT_ULYSSES || vs[k] == CPC_VARIANT_ULYSSES_ANYTHING ? 1 : P;
+            int U = P / R;
+            if (vs[k] == CPC_VARIANT_UNIFIED) {
+                if (P != 4 && P != 6)
+                    continue;
+                R = 2, U = P / 2;
+            }
+            cpc_status *st = cpc_check_candidate(p, vs[k], R, U);
+            if (st) {
+                cpc_status_free(st);
+                continue;
+            }
+            cpc_program *prog = NULL;
+            st = cpc_schedule_build(p, vs[k], R, U, &prog);
+            cr_assert_null(st, "%s", st ? st->message : "");
+            char what[1200];
+            snprintf(what, sizeof what, "%s %dx%d:\n%s", cpc_variant_name(vs[k]), R, U, yaml);
+            expect_ok(prog, what);
+            cpc_program_free(prog);
+            proved++;
+        }
+        cpc_plan_free(p);
+    }
+    cr_assert_gt(proved, 20, "only %d candidates were valid", proved);
 }

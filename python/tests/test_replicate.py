@@ -156,3 +156,32 @@ def test_from_diffusers_replicate_text_arguments():
         p = cpc.from_diffusers({"ulysses_degree": 2}, config("wan2.1-t2v-1.3b"), height=480,
                                width=832, num_frames=81, attention=att, replicate_text=True)
         assert all("split" not in s for s in p["input"]["segments"])
+
+
+def test_random_layouts_against_float64():
+    """Random segment lists (each replicated or not, at least one sharded), random
+    lengths, heads and variant: every plan the rules accept matches float64."""
+    rng = np.random.default_rng()
+    ran = 0
+    for _ in range(12):
+        nseg = int(rng.integers(2, 5))
+        reps = [bool(rng.integers(0, 2)) for _ in range(nseg)]
+        if all(reps):
+            reps[int(rng.integers(0, nseg))] = False
+        segs = [{"name": f"s{i}", "tokens": int(rng.integers(1, 30)),
+                 **({"split": "replicate"} if r else {})} for i, r in enumerate(reps)]
+        variant, P = [("ring_anything", 3), ("ulysses_anything", 2), ("ring_anything", 2),
+                      ("ulysses_anything", 4)][int(rng.integers(0, 4))]
+        H = int(rng.integers(P if "ulysses" in variant else 1, 7))
+        plan = {"version": 1, "model": {"heads": H, "head_dim": 8, "dtype": "fp32"},
+                "input": {"segments": segs}, "cluster": {"world_size": P},
+                "parallel": {"variant": variant}}
+        if not cpc.check(plan).ok:
+            continue
+        a = cpc.compile(plan)
+        q, k, v = qkv(a, rng)
+        with cpc.LocalWorld(a) as w:
+            out = w(q, k, v)
+        assert rel_err(out, attention_ref(q, k, v)[0]) < 1e-5, plan
+        ran += 1
+    assert ran >= 3
