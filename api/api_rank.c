@@ -297,7 +297,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
             goto fail;
         }
     }
-    r->lse_supported = L->U == 1 && !L->rep;
+    r->lse_supported = L->U == 1;
     r->max_runs = cpc_exec_max_runs(r->ex);
     r->lse_runs = calloc((size_t)(r->max_runs > 0 ? r->max_runs : 1), sizeof *r->lse_runs);
     int cap = cpc_layout_max_rank_runs(L);
@@ -708,10 +708,6 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
                          cpc_mask_name(r->a->plan->input.mask));
     }
     if (lse) {
-        if (!r->lse_supported && r->a->program->layout.rep)
-            return cpc_error(CPC_E_UNSUPPORTED,
-                             "rank %d: the plan has replicated segments (`split: replicate`): the LSE "
-                             "of their rows is not returned; call without lse", r->p);
         if (!r->lse_supported)
             return cpc_error(CPC_E_UNSUPPORTED,
                              "rank %d: variant %s leaves the LSE in the Ulysses head layout, not "

@@ -1979,6 +1979,54 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
     return NULL;
 }
 
+/* Replicated segments: the LSE in the rank's own token order, [B, h, T]
+ * with T the rank's tokens (its shard's rows and the replicated rows, each
+ * at its place: layout.h rank runs), when both final LSEs hold every head
+ * (ulysses_degree 1).  Row by row, so that nothing is allocated. */
+static cpc_status *lse_rank_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off, int *h_n, cpc_run *runs,
+                                 int max_runs, int *n_runs)
+{
+    const cpc_layout *L = ex->L;
+    int bs[2] = {ex->lse_buf, ex->lse_rep_buf};
+    geom g = cur_geom(ex, bs[0]), g2 = cur_geom(ex, bs[1]);
+    if (g.hoff != 0 || g.hn != L->H || g2.hoff != 0 || g2.hn != L->H)
+        return cpc_error(CPC_E_UNSUPPORTED, "rank %d: the LSE is in the Ulysses head layout", ex->cfg.rank);
+    int64_t T = cpc_layout_rank_tokens(L, (int)ex->c.p), rows = (int64_t)L->B * g.hn;
+    if (bytes != (size_t)(rows * T) * sizeof(float))
+        return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
+                         (size_t)(rows * T) * sizeof(float), bytes);
+    if (max_runs < cpc_layout_max_rank_runs(L))
+        return cpc_error(CPC_E_INTERNAL, "rank %d: LSE runs need %d entries, %d given", ex->cfg.rank,
+                         cpc_layout_max_rank_runs(L), max_runs);
+    for (int k = 0; k < 2; k++) {
+        int b = bs[k];
+        geom gb = k ? g2 : g;
+        int n = runs_of(ex->prog, &ex->c, b, ex->tags[b], ex->qruns, ex->max_runs);
+        int64_t t = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t ro = cpc_layout_rank_offset(L, (int)ex->c.p, ex->qruns[i].start);
+            if (ro < 0)
+                return cpc_error(CPC_E_INTERNAL, "rank %d: LSE rows not this rank's", ex->cfg.rank);
+            const float *src = (const float *)ex->bufs[b].ptr + t;
+            size_t nb = (size_t)ex->qruns[i].len * sizeof(float);
+            cpc_status *st = NULL;
+            if (ex->device_io)
+                st = cpc_backend_copy_strided(ex->cfg.backend, dst + ro, src, sizeof(float), rows, 1, 1,
+                                              ex->qruns[i].len, T, 0, 0, gb.T, 0, 0);
+            else
+                for (int64_t r = 0; r < rows && !st; r++)
+                    st = cpc_backend_download(ex->cfg.backend, dst + r * T + ro, src + r * gb.T, nb);
+            if (st)
+                return st;
+            t += ex->qruns[i].len;
+        }
+    }
+    *n_runs = cpc_layout_rank_runs(L, (int)ex->c.p, runs, max_runs);
+    *h_off = 0;
+    *h_n = g.hn;
+    return NULL;
+}
+
 cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off, int *h_n,
                               cpc_run *runs, int max_runs, int *n_runs)
 {
@@ -1989,6 +2037,8 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     if (max_runs < ex->max_runs)
         return cpc_error(CPC_E_INTERNAL, "rank %d: LSE runs need %d entries, %d given",
                          ex->cfg.rank, ex->max_runs, max_runs);
+    if (ex->L->rep && ex->lse_rep_buf >= 0)
+        return lse_rank_into(ex, dst, bytes, h_off, h_n, runs, max_runs, n_runs);
     if (bytes != g.bytes)
         return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
                          (size_t)g.bytes, bytes);

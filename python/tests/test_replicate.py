@@ -2,7 +2,7 @@
 cpc.compile accepts them, Artifact.shard / gather / token_index give every rank the
 whole replicated segment plus its shard of the others, and cpc.LocalWorld runs every
 variant against the float64 reference on fresh random inputs (even and odd lengths,
-batch 2, GQA, key padding); the LSE of replicated rows is refused with a reason."""
+batch 2, GQA, key padding), with the LSE of every row for the ring variants."""
 
 import numpy as np
 import pytest
@@ -90,12 +90,22 @@ def test_shard_gather_token_index():
     assert np.array_equal(g[:, 0], q[:, 0]) and np.array_equal(g[:, 1], q[:, 1] + 2.0)
 
 
-def test_lse_of_replicated_rows_is_refused():
-    a = plan("ring", 2, text=8, image=24)
+def test_lse_of_every_row():
+    """ring variants: the LSE of the rank's own rows (replicated ones included), as
+    out; ulysses keeps its LSE in the head layout: refused with the reason."""
     rng = np.random.default_rng()
+    for variant, P, text, image in (("ring", 2, 8, 24), ("ring_anything", 3, 7, 25)):
+        a = plan(variant, P, text=text, image=image, tail=2)
+        q, k, v = qkv(a, rng)
+        ref, lse_ref = attention_ref(q, k, v)
+        with cpc.LocalWorld(a) as w:
+            out, lse = w(q, k, v, return_lse=True)
+        assert rel_err(out, ref) < 1e-5
+        assert lse.shape == lse_ref.shape and np.abs(lse - lse_ref).max() < 1e-4
+    a = plan("ulysses", 2)
     q, k, v = qkv(a, rng)
     with cpc.LocalWorld(a) as w:
-        with pytest.raises(cpc.Error, match="replicated"):
+        with pytest.raises(cpc.Error, match="LSE"):
             w(q, k, v, return_lse=True)
 
 
