@@ -104,11 +104,21 @@
  *   x 2.5 on Blackwell, x 1 elsewhere; sage x 2 on Ada (SageAttention paper: ~2.1x
  *   FlashAttention-2 on RTX 4090), x 1.6 elsewhere; head_dim <= 64 x 0.8,
  *   <= 32 x 0.6 (FlashAttention-2 paper: head_dim 64 runs at ~0.8-0.85 of 128).
- *   No kernel runs above a ceiling of the dense peak (cpc_attn_ceiling): 0.75
- *   (the FlashAttention-3 paper's best FP16 forward, 740 of H100's 989 TFLOP/s),
- *   1.0 for sage (its INT8 Q K^T at twice the FP16 rate): a factor that would
- *   pass it is capped there (H20: fa3 x 1.8 of its 0.6 x peak would be 1.08 x
- *   peak; a power-capped part cannot run FA3 faster than its peak).
+ *   No kernel runs above its ceiling (cpc_attn_ceiling): per score and head
+ *   the two matmuls at the dense peak (4 x head_dim FLOPs; sage's Q K^T at
+ *   twice it, INT8) and one exponential on the special-function units, 16 a
+ *   clock per SM (CUDA C++ Programming Guide, throughput of exp2f), one after
+ *   the other: 4 D / (4 D / peak + 1 / (SMs x 16 x clock)).  On H100 at D 128
+ *   that is 676 TFLOP/s (0.68 x peak), at D 256 803 and at D 64 514: the
+ *   FlashAttention-3 paper (Shah et al. 2024) measures ~650, ~750 and ~500,
+ *   and names the exponential as the limit (989 TFLOP/s of matmul against
+ *   3.9 T exponentials/s).  Parts whose tensor rate is low beside their SFUs
+ *   (Ada: L20 0.94 x peak, RTX 4090 0.94; the power-capped H20 0.90) allow
+ *   nearly their peak; A100 0.80.  It binds where a kernel factor would pass
+ *   it: fa3 (x 1.8) on the H20 (0.6 x peak for FA2-class kernels) stops at
+ *   0.90 x peak.  Blackwell (arch >= 100) has none: FlashAttention-4 and
+ *   cuDNN compute part of the exponentials on the FMA units (a polynomial),
+ *   past the SFU limit.
  *
  * ATTENTION GRID: not modelled.  Wave quantisation of the kernel's grid (B x
  *   heads x ceil(queries / 128) tiles over the SMs) was tried in issue 20's
@@ -272,6 +282,9 @@ typedef struct cpc_device_profile {
     double sms;                /* streaming multiprocessors (GEMM wave quantisation); 0 = n/a */
     double arch;               /* compute capability x 10 (80 Ampere, 89 Ada, 90 Hopper,
                                   100 Blackwell); 0 = not a GPU (no kernel-family factors) */
+    double clock_ghz;          /* boost clock, GHz: with sms, the SFU exponential rate of the
+                                  attention ceiling (cpc_attn_ceiling); 0 = unknown (no
+                                  ceiling) */
 } cpc_device_profile;
 
 /* Finds a preset by name (SPEC section 1: h100-sxm, h100-pcie, h800, h200, h20,
@@ -284,9 +297,12 @@ bool cpc_device_preset(const char *name, cpc_device_profile *out);
  * capability `arch` (x 10) at `head_dim`. */
 double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim);
 
-/* The ceiling of the attention rate for kernel `k` as a fraction of the
- * dense BF16/FP16 peak (cost.h ATTENTION KERNELS): 0.75 (1.0 for sage). */
-double cpc_attn_ceiling(cpc_attn_kernel k);
+/* The ceiling of the attention forward rate, TFLOP/s, for kernel `k` at
+ * `head_dim` on `dev` (cost.h ATTENTION KERNELS: the two matmuls at the dense
+ * peak and one exponential per score on the SFUs, SMs x 16 x clock_ghz a
+ * second).  0 (no ceiling) where it does not apply: not a GPU, Blackwell
+ * (arch >= 100), or peak_tflops, sms, clock_ghz or head_dim not positive. */
+double cpc_attn_ceiling(const cpc_device_profile *dev, cpc_attn_kernel k, int head_dim);
 
 /* Names of the presets, NULL-terminated. */
 extern const char *const cpc_device_preset_names[];
