@@ -530,16 +530,15 @@ double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim)
 double cpc_attn_ceiling(const cpc_device_profile *dev, cpc_attn_kernel k, int head_dim)
 {
     if (!dev || dev->arch <= 0 || dev->arch >= 100 || !(dev->peak_tflops > 0) || !(dev->sms > 0) ||
-        !(dev->clock_ghz > 0) || head_dim <= 0)
+        !(dev->clock_ghz > 0) || head_dim <= 0 || k == CPC_KERNEL_SAGE)
         return 0.0;
     /* per visible (query, key) score and head: Q K^T and P V, 2 x head_dim
-     * FLOPs each, at the dense peak (sage: Q K^T in INT8 at twice it), and one
-     * exponential on the SFU, 16 a clock per SM (CUDA C++ Programming Guide,
-     * arithmetic instruction throughput, compute capability 5.x-9.0) */
+     * FLOPs each, at the dense peak, and one exponential on the SFU, 16 a
+     * clock per SM (CUDA C++ Programming Guide, arithmetic instruction
+     * throughput, compute capability 5.x-9.0) */
     double d = head_dim, peak = dev->peak_tflops * 1e12;
     double exp_rate = dev->sms * 16.0 * dev->clock_ghz * 1e9;
-    double qk = 2.0 * d / (k == CPC_KERNEL_SAGE ? 2.0 * peak : peak);
-    double t = qk + 2.0 * d / peak + 1.0 / exp_rate;
+    double t = 4.0 * d / peak + 1.0 / exp_rate;
     return 4.0 * d / t / 1e12;
 }
 

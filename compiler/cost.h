@@ -105,8 +105,8 @@
  *   FlashAttention-2 on RTX 4090), x 1.6 elsewhere; head_dim <= 64 x 0.8,
  *   <= 32 x 0.6 (FlashAttention-2 paper: head_dim 64 runs at ~0.8-0.85 of 128).
  *   No kernel runs above its ceiling (cpc_attn_ceiling): per score and head
- *   the two matmuls at the dense peak (4 x head_dim FLOPs; sage's Q K^T at
- *   twice it, INT8) and one exponential on the special-function units, 16 a
+ *   the two matmuls at the dense peak (4 x head_dim FLOPs) and one exponential
+ *   on the special-function units, 16 a
  *   clock per SM (CUDA C++ Programming Guide, throughput of exp2f), one after
  *   the other: 4 D / (4 D / peak + 1 / (SMs x 16 x clock)).  On H100 at D 128
  *   that is 676 TFLOP/s (0.68 x peak), at D 256 803 and at D 64 514: the
@@ -116,9 +116,11 @@
  *   (Ada: L20 0.94 x peak, RTX 4090 0.94; the power-capped H20 0.90) allow
  *   nearly their peak; A100 0.80.  It binds where a kernel factor would pass
  *   it: fa3 (x 1.8) on the H20 (0.6 x peak for FA2-class kernels) stops at
- *   0.90 x peak.  Blackwell (arch >= 100) has none: FlashAttention-4 and
- *   cuDNN compute part of the exponentials on the FMA units (a polynomial),
- *   past the SFU limit.
+ *   0.90 x peak.  None for sage (INT8 Q K^T, and a P V whose accumulator
+ *   and type differ from the FP16/FP32-accumulate peak the ceiling is built
+ *   on) nor on Blackwell (arch >= 100: FlashAttention-4 and cuDNN compute
+ *   part of the exponentials on the FMA units, a polynomial, past the SFU
+ *   limit).
  *
  * ATTENTION GRID: not modelled.  Wave quantisation of the kernel's grid (B x
  *   heads x ceil(queries / 128) tiles over the SMs) was tried in issue 20's
@@ -301,7 +303,8 @@ double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim);
  * `head_dim` on `dev` (cost.h ATTENTION KERNELS: the two matmuls at the dense
  * peak and one exponential per score on the SFUs, SMs x 16 x clock_ghz a
  * second).  0 (no ceiling) where it does not apply: not a GPU, Blackwell
- * (arch >= 100), or peak_tflops, sms, clock_ghz or head_dim not positive. */
+ * (arch >= 100), k sage, or peak_tflops, sms, clock_ghz or head_dim not
+ * positive. */
 double cpc_attn_ceiling(const cpc_device_profile *dev, cpc_attn_kernel k, int head_dim);
 
 /* Names of the presets, NULL-terminated. */

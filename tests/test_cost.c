@@ -885,7 +885,7 @@ Test(cost, framework_and_kernel)
  * here by hand; on H100 it reproduces the FlashAttention-3 paper's measured
  * rates within ~10% (hdim 64 / 128 / 256: ~500 / ~650 / ~750 TFLOP/s); a kernel
  * factor never lifts the rate above it (fa3 on the H20), while kernels below
- * it keep their factor (fa3 on H100, sage on A100); Blackwell has none. */
+ * it keep their factor (fa3 on H100); sage (A100) and Blackwell have none. */
 Test(cost, attention_kernel_ceiling)
 {
     cpc_device_profile h100, h20;
@@ -900,10 +900,10 @@ Test(cost, attention_kernel_ceiling)
         cr_expect(got > fa3_paper[i] && got < 1.12 * fa3_paper[i], "H100 D %d: %.0f TFLOP/s vs the paper's ~%.0f",
                   dims[i], got, fa3_paper[i]);
     }
-    /* sage: Q K^T at twice the peak */
+    /* H20 by hand; none for sage (INT8 Q K^T: another instruction mix) */
     double d = 128, e20 = 78 * 16 * 1.98e9;
-    cr_expect_float_eq(cpc_attn_ceiling(&h20, CPC_KERNEL_SAGE, 128),
-                       4 * d / (2 * d / 296e12 + 2 * d / 148e12 + 1 / e20) / 1e12, 1e-6);
+    cr_expect_float_eq(cpc_attn_ceiling(&h20, CPC_KERNEL_FA3, 128), 4 * d / (4 * d / 148e12 + 1 / e20) / 1e12, 1e-6);
+    cr_expect_eq(cpc_attn_ceiling(&h20, CPC_KERNEL_SAGE, 128), 0.0);
     cpc_device_profile b200;
     cr_assert(cpc_device_preset("b200", &b200));
     cr_expect_eq(cpc_attn_ceiling(&b200, CPC_KERNEL_CUDNN, 128), 0.0, "no ceiling on Blackwell");
