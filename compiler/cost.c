@@ -1490,6 +1490,14 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
                 px *= 16.0 / 9.0;
             double rate = (video ? 0.25 : 0.5) * gemm;
             double eb = es;
+            if (plan->runtime.vae_dtype == CPC_DTYPE_FP32) {
+                /* an FP32 VAE (Wan's WanVAE: dtype torch.float): its
+                 * convolutions run in TF32 (cuDNN's default in PyTorch), half
+                 * the BF16 tensor rate on A100/H100/Ada datasheets, and its
+                 * activations are 4 bytes */
+                rate *= 0.5;
+                eb = 4.0;
+            }
             t += px * (video ? 1300.0 : 512.0) * c * c / rate + px * 152.0 * c * eb / mem;
         }
         if (t > 0) {

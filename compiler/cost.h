@@ -190,7 +190,11 @@
  *   runtime.vae_parallel; with runtime.vae_tiling a frame larger than one tile
  *   (256^2 pixels for a video decoder, 512^2 for an image one) costs (4/3)^2 of
  *   its pixels (tiles overlapping by a quarter on each side, diffusers'
- *   defaults).
+ *   defaults); with runtime.vae_dtype: fp32 (Wan's VAE decodes in float32:
+ *   wan/modules/vae.py WanVAE dtype torch.float) the convolutions run in TF32
+ *   (PyTorch's default for cuDNN convolutions), half the BF16 tensor rate
+ *   (A100 156 of 312, H100 495 of 989, L40 90.5 of 181 TFLOP/s dense:
+ *   datasheets), and the activations take 4 bytes.
  *
  * MEMORY of the deployment (with model.parameters, on GPUs; inside
  *   memory_bytes_per_rank): weights = parameters x dtype bytes / T (CP and CFG

@@ -828,6 +828,56 @@ Test(cost, vae_tiling_overlap)
     }
 }
 
+/* runtime.vae_dtype (cost.h PIPELINE): an fp32 VAE decode (Wan's) runs its
+ * convolutions at half the rate (TF32) and moves 4-byte activations, so it
+ * costs exactly twice the bf16 one; fp16 costs the same as bf16; the default
+ * is bf16; a type that is not a dtype is refused; the transformer's step is
+ * unchanged. */
+Test(cost, vae_dtype_fp32)
+{
+    const char *types[] = {"", "bf16", "fp16", "fp32"};
+    double vae[4], step[4];
+    for (int i = 0; i < 4; i++) {
+        char text[1024], rt[64] = "";
+        if (types[i][0])
+            snprintf(rt, sizeof rt, "runtime: {vae_dtype: %s}\n", types[i]);
+        snprintf(text, sizeof text,
+                 "version: 1\n"
+                 "model: {heads: 40, head_dim: 128, layers: 40, parameters: 14288491584}\n"
+                 "input: {segments: [{name: video, video: {frames: 81, height: 480, width: 832}}], "
+                 "steps: 50}\n"
+                 "cluster: {world_size: 1, device: a100-sxm}\n"
+                 "parallel: {variant: none}\n%s",
+                 rt);
+        cpc_plan *p = NULL;
+        cpc_status *st = load_text(text, &p);
+        cr_assert(p && !cpc_status_has_error(st), "%s", types[i]);
+        cr_expect_eq(p->runtime.vae_dtype, i == 3 ? CPC_DTYPE_FP32 : i == 2 ? CPC_DTYPE_FP16 : CPC_DTYPE_BF16);
+        cpc_prediction pr = price(p, CPC_VARIANT_NONE, 1, 1);
+        vae[i] = pr.vae_decode_ms;
+        step[i] = pr.ms_per_step;
+        cpc_status_free(st);
+        cpc_plan_free(p);
+    }
+    cr_expect(vae[0] > 0);
+    cr_expect_float_eq(vae[1], vae[0], 1e-12 * vae[0]);
+    cr_expect_float_eq(vae[2], vae[0], 1e-12 * vae[0]);
+    cr_expect_float_eq(vae[3] / vae[0], 2.0, 1e-9, "fp32 %g vs bf16 %g ms", vae[3], vae[0]);
+    cr_expect_float_eq(step[3], step[0], 1e-12 * step[0]);
+    cpc_plan *p = NULL;
+    cpc_status *st = load_text("version: 1\n"
+                               "model: {heads: 40, head_dim: 128, layers: 40, parameters: 14288491584}\n"
+                               "input: {segments: [{name: video, video: {frames: 81, height: 480, width: 832}}], "
+                               "steps: 50}\n"
+                               "cluster: {world_size: 1, device: a100-sxm}\n"
+                               "parallel: {variant: none}\n"
+                               "runtime: {vae_dtype: int8}\n",
+                               &p);
+    cr_expect(cpc_status_has_error(st), "vae_dtype int8 is refused");
+    cpc_status_free(st);
+    cpc_plan_free(p);
+}
+
 /* Every preset the SPEC names exists, with its figures positive, and the GPU
  * ones with the fields the physical model needs. */
 Test(cost, presets_complete)
