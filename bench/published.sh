@@ -32,7 +32,7 @@
 # holds for the calibration set; it holds the holdout with it) every row uses the defaults,
 # as a plan that does not say gets.
 #
-# --set holdout runs the same over bench/published-holdout/ (an out-of-sample set: 28 published
+# --set holdout runs the same over bench/published-holdout/ (an out-of-sample set: 35 published
 # timings of other models, GPUs and tables, written before cpc's predictions for them were looked
 # at; no figure of the model is set from them; its README.md says where each comes from);
 # --set calibration (the default) over bench/published/.
