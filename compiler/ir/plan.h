@@ -185,6 +185,9 @@ typedef struct cpc_plan {
         bool vae_parallel;         /* default false */
         bool vae_tiling;           /* default false: the decode runs in overlapping tiles
                                       (cost.h PIPELINE) */
+        cpc_dtype vae_dtype;       /* the VAE decode's element type, default bf16 (fp32:
+                                      TF32 convolutions and 4-byte activations, cost.h
+                                      PIPELINE) */
         bool cfg_batched;          /* runtime.cfg: batched (true) | sequential (false,
                                       the default): how the step runs the two CFG passes
                                       of an even group batch (cost.h HOST) */

@@ -34,7 +34,8 @@ static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", 
                                       "dual_stream_layers", "cross_attention_tokens", "experts",
                                       "active_experts", "attention"};
 static const char *const K_RUNTIME[] = {"framework", "attention_kernel", "text_encoder_parameters",
-                                        "vae", "vae_channels", "vae_parallel", "vae_tiling", "cfg"};
+                                        "vae", "vae_channels", "vae_parallel", "vae_tiling", "cfg",
+                                        "vae_dtype"};
 static const char *const K_INPUT[] = {"batch", "segments", "tokens", "image",
                                       "video", "mask",     "kv",     "mode",
                                       "steps"};
@@ -1232,6 +1233,11 @@ static void load_runtime(ld *L, const cpc_ynode *root)
     static const char *const cn[] = {"sequential", "batched"};
     if (get_enum(L, m, "runtime", "cfg", cn, 2, &e, NULL) == OK)
         p->runtime.cfg_batched = e == 1;
+    const char *dn[CPC_DTYPE__COUNT];
+    for (int i = 0; i < CPC_DTYPE__COUNT; i++)
+        dn[i] = cpc_dtype_name((cpc_dtype)i);
+    if (get_enum(L, m, "runtime", "vae_dtype", dn, CPC_DTYPE__COUNT, &e, NULL) == OK)
+        p->runtime.vae_dtype = (cpc_dtype)e;
 }
 
 static void load_schedule(ld *L, const cpc_ynode *root)
@@ -1281,7 +1287,7 @@ static void warn_whole_step_keys(ld *L, const cpc_ynode *root)
         {"runtime", "framework"},   {"runtime", "text_encoder_parameters"},
         {"runtime", "vae"},         {"runtime", "vae_channels"},
         {"runtime", "vae_parallel"}, {"runtime", "vae_tiling"},
-        {"runtime", "cfg"},
+        {"runtime", "cfg"},         {"runtime", "vae_dtype"},
     };
     if (L->plan->model.parameters > 0 || !root || root->kind != CPC_YNODE_MAPPING)
         return;
