@@ -107,7 +107,7 @@
  *  set -> that block's slice of the ALL buffer; ALL with `block` NULL -> all
  *  of it; SHARD -> the shard (world size 1, ulysses/ring never use it); KV ->
  *  all Skv positions.  Masks (causal, key padding) are applied by global
- *  positions of these rows (backend.h cpc_attn_args.q_runs/kv_runs).
+ *  positions of these rows (attn_problem.h cpc_attn_problem.q_runs/kv_runs).
  *
  *  Heads.  PART heads of a Q/O/ACC/LSE buffer on ulysses member u are
  *  cpc_layout_q_heads(u); of a K/V buffer cpc_layout_kv_heads(u) (GQA: the
