@@ -927,9 +927,10 @@ static int advance(vb *V, int p)
             V->pc[p]++;
             continue;
         case CPC_MATCH_COLLECTIVE:
-            if (info->group != CPC_GROUP_NONE && op->group != info->group) {
+            if ((info->group != CPC_GROUP_NONE && op->group != info->group) ||
+                (op->group != CPC_GROUP_RING && op->group != CPC_GROUP_ULYSSES && op->group != CPC_GROUP_WORLD)) {
                 V->err = vfail(p, x, "%s runs over the %s group", cpc_op_kind_name(op->kind),
-                               cpc_group_name(info->group));
+                               info->group != CPC_GROUP_NONE ? cpc_group_name(info->group) : "ring, ulysses or world");
                 return -1;
             }
             return 0; /* fired by run_a2a / run_ring_coll / run_all_reduce once every member is here */
@@ -1503,8 +1504,10 @@ static cpc_status *prove(vb *V)
                 const cpc_op *op0 = NULL;
                 for (int j = 0; j < nm && ready; j++) {
                     int p = gk == 0 ? g * V->U + j : j * V->U + g;
-                    cpc_op_kind k = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op->kind : CPC_OP__COUNT;
+                    const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
+                    cpc_op_kind k = at ? at->kind : CPC_OP__COUNT;
                     bool here = gk == 0 ? k == CPC_OP_ALL_TO_ALL : (k == CPC_OP_ALL_GATHER || k == CPC_OP_REDUCE_SCATTER);
+                    here |= k == CPC_OP_BARRIER && at->group == (gk == 0 ? CPC_GROUP_ULYSSES : CPC_GROUP_RING);
                     if (!here) {
                         ready = false;
                         break;
@@ -1516,7 +1519,10 @@ static cpc_status *prove(vb *V)
                     op0 = op;
                 }
                 if (ready) {
-                    if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
+                    if (op0->kind == CPC_OP_BARRIER) /* no data: every member passes */
+                        for (int j = 0; j < nm; j++)
+                            V->pc[gk == 0 ? g * V->U + j : j * V->U + g]++;
+                    else if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
                         return st;
                     moved = true;
                 }
@@ -1526,15 +1532,19 @@ static cpc_status *prove(vb *V)
             /* the world group (all_reduce) */
             bool ready = true;
             for (int p = 0; p < V->nsim && ready; p++) {
-                if (V->pc[p] >= V->ro[p].n || V->ro[p].v[V->pc[p]].op->kind != CPC_OP_ALL_REDUCE) {
+                const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
+                if (!at || (at->kind != CPC_OP_ALL_REDUCE && !(at->kind == CPC_OP_BARRIER && at->group == CPC_GROUP_WORLD))) {
                     ready = false;
                     break;
                 }
-                if (V->ro[p].v[V->pc[p]].op != V->ro[0].v[V->pc[0]].op)
-                    return vfail(p, &V->ro[p].v[V->pc[p]], "ranks reach different all_reduce ops");
+                if (at != V->ro[0].v[V->pc[0]].op)
+                    return vfail(p, &V->ro[p].v[V->pc[p]], "ranks reach different %s ops", cpc_op_kind_name(at->kind));
             }
             if (ready) {
-                if ((st = run_all_reduce(V)))
+                if (V->ro[0].v[V->pc[0]].op->kind == CPC_OP_BARRIER)
+                    for (int p = 0; p < V->nsim; p++)
+                        V->pc[p]++;
+                else if ((st = run_all_reduce(V)))
                     return st;
                 moved = true;
             }
@@ -1543,12 +1553,9 @@ static cpc_status *prove(vb *V)
             for (int p = 0; p < V->nsim; p++)
                 if (V->pc[p] < V->ro[p].n) {
                     const xop *x = &V->ro[p].v[V->pc[p]];
-                    if (x->op->kind == CPC_OP_ALL_TO_ALL || x->op->kind == CPC_OP_ALL_GATHER ||
-                        x->op->kind == CPC_OP_REDUCE_SCATTER || x->op->kind == CPC_OP_ALL_REDUCE)
+                    if (cpc_op_info_of(x->op->kind)->match == CPC_MATCH_COLLECTIVE)
                         return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
-                                     x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses"
-                                     : x->op->kind == CPC_OP_ALL_REDUCE ? "world" : "ring",
-                                     cpc_op_kind_name(x->op->kind));
+                                     cpc_group_name(x->op->group), cpc_op_kind_name(x->op->kind));
                     const req *q = NULL;
                     for (int j = 0; j < V->rr[p].n && !q; j++)
                         if (V->rr[p].v[j]->tag == x->op->tag && !V->rr[p].v[j]->matched)

@@ -438,6 +438,24 @@ Test(verify_bwd, domains_agree_on_mutants)
 
 /* More tampers, one per rule the prover checks (verify_bwd.h WHAT IS
  * PROVED), each refused on load with the reason. */
+/* barrier is a forward op the backward step takes too (a collective without
+ * data over its group): proven in the ring group inside the loop and in the
+ * world group at the top (the symmetric domain: 4 ranks, and the world
+ * sizes of symmetric_domain_at_65536 by the same rule); on some ranks only,
+ * the others never arrive: refused. */
+Test(verify_bwd, barrier_in_a_backward_program)
+{
+    const char *ok[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ring}\n",
+                        "  - {kind: delta, in: [dout, out], out: [delta]}\n",
+                        "  - {kind: delta, in: [dout, out], out: [delta]}\n  - {kind: barrier, group: world}\n", NULL};
+    cpc_status *st = load_tampered(ok);
+    cr_assert_null(st, "%s", st ? st->message : "");
+    const char *some[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ring, when: r==0}\n", NULL};
+    expect_cp051(some, "a barrier rank 0 alone reaches", "waits forever");
+    const char *nogroup[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ulysses}\n    - {kind: barrier}\n", NULL};
+    expect_cp051(nogroup, "a barrier without a group", "group");
+}
+
 Test(verify_bwd, every_rule_has_a_tamper)
 {
     struct {

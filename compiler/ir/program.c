@@ -66,7 +66,7 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..8)",
                      CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_PAIRED},
     [CPC_OP_BARRIER] = {"barrier", 0, 0, 0, 0, false, "no buffers", CPC_GROUP_NONE,
-                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD,
+                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD,
                         CPC_COST_BARRIER, 1, N_, N_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_KEEP},
     [CPC_OP_DELTA] = {"delta", 2, 2, 1, 1, false, "2 inputs (dout, out) and 1 output (delta)",
                       CPC_GROUP_NONE, CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, W_, {CD, CO}, {CE}, CPC_MATCH_NONE,

@@ -158,6 +158,13 @@ for c in groups inflight lse deadlock; do
         fail "tampered backward ($c): exit $rc, expected 2 with CP051 and no output: $(cat "$tmp/$c.err")"
 done
 
+# 4c. barrier, a forward op, in the backward program: proven and run, the same gradients
+rewrite_bwd "$tmp/t.cplan" "$tmp/barrier.cplan" "$ATTN_BWD" "$ATTN_BWD"'    - {kind: barrier, group: ring}\n' \
+    '  - {kind: delta, in: [dout, out], out: [delta]}\n' '  - {kind: delta, in: [dout, out], out: [delta]}\n  - {kind: barrier, group: world}\n'
+"$CPRUN" "$tmp/barrier.cplan" --iters 1 --warmup 0 --format json --output "$tmp/barrier.st" >"$tmp/barrier.json" \
+    2>"$tmp/barrier.err" || fail "backward with barriers: $(cat "$tmp/barrier.err")"
+cmp -s "$tmp/a.st" "$tmp/barrier.st" || fail "backward with barriers: other gradients than without"
+
 # 5. a training artifact without backward_schedule; a version 1 artifact
 python3 - "$tmp/t.cplan" "$tmp/nobwd.cplan" <<'PY'
 import sys
