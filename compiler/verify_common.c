@@ -378,11 +378,8 @@ vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     if (Acc->kvcov + A->kvcov > 1)
         return FAULT("query rows of %s meet the cross-attention keys/values twice (%s, from %s)", W(A, w1),
                      NM(op->in[0]), d->writer(SELF, op->in[0]));
-    vc_val *acc = d->tmp(SELF, 0);
-    if (!d->copy(SELF, acc, Acc))
-        return VC_OOM;
     why[0] = 0;
-    t = d->merge_keys(SELF, acc, A, why, sizeof why);
+    t = d->merge_keys(SELF, Acc, A, why, sizeof why); /* in place: a fault ends the proof */
     if (t == VC_NO) {
         snprintf(ob, sizeof ob, "%s", d->writer(SELF, op->in[0]));
         return FAULT("query rows of %s meet %s twice: the attention output in %s (from %s) repeats a block already "
@@ -394,18 +391,18 @@ vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
                      NM(op->in[0]), NM(op->out[0]), why);
     if (t != VC_YES)
         return t;
-    acc->kvcov += A->kvcov;
-    acc->final = 0;
-    acc->fresh = 0;
+    Acc->kvcov += A->kvcov;
+    Acc->final = 0;
+    Acc->fresh = 0;
     int32_t lstamp = AccL->stamp;
     vc_val *accl = d->tmp(SELF, 1);
-    if (!d->copy(SELF, accl, acc))
+    if (!d->copy(SELF, accl, Acc))
         return VC_OOM;
     accl->src = SRC_LSE;
     accl->stamp = lstamp;
     A->merged = AL->merged = 1;
     A->fresh = AL->fresh = 0;
-    d->put(SELF, op->out[0], acc);
+    d->put(SELF, op->out[0], Acc); /* (its own value: the writer only) */
     d->put(SELF, op->out[1], accl);
     return VC_YES;
 }
@@ -482,35 +479,35 @@ vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t 
     return VC_YES;
 }
 
-vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
-                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n)
+vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const int *rbufs, vc_val *const *snap,
+                 const void *rq, char *msg, size_t n)
 {
-    char w1[200], blk[100], why[512];
+    char w1[200], blk[100], why[512], from[64], sop[256];
+#define SENDER() d->sender(SELF, rq, from, sizeof from, sop, sizeof sop)
     if (nbs != nbr)
-        return FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
+        return SENDER(), FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
     for (int j = 0; j < nbs; j++) {
         vc_val *in = snap[j];
         int rb = rbufs[j];
-        if (rq) {
-            vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
-            if (t == VC_NO)
-                return FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
-                             W(in, w1), NM(sbufs[j]), sop);
-            if (t != VC_YES)
-                return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
-        }
-        vc_tri t = fits(d, rb, in, why, sizeof why);
+        vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
         if (t == VC_NO)
-            return FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from, src_names_of(in->src),
-                         W(in, w1), NM(sbufs[j]), sop, why);
+            return SENDER(), FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
+                                   W(in, w1), NM(sbufs[j]), sop);
+        if (t != VC_YES)
+            return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
+        t = fits(d, rb, in, why, sizeof why);
+        if (t == VC_NO)
+            return SENDER(), FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from,
+                                   src_names_of(in->src), W(in, w1), NM(sbufs[j]), sop, why);
         if (t != VC_YES)
             return UNDEC("cannot decide for every rank whether %s", why);
         int es = cpc_buffer_elem_size(d->prog, sbufs[j]), er = cpc_buffer_elem_size(d->prog, rb);
         if (es != er)
-            return FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)", er, NM(rb),
-                         from, es, NM(sbufs[j]), sop);
+            return SENDER(), FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)",
+                                   er, NM(rb), from, es, NM(sbufs[j]), sop);
     }
     return VC_YES;
+#undef SENDER
 }
 
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)

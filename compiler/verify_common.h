@@ -143,7 +143,8 @@ typedef struct vc_domain {
     bool (*copy)(void *self, vc_val *dst, const vc_val *src); /* dst := src; false: out of memory */
     /* v fits buffer b (role, token layout, heads); NO/UNDECIDED: why. */
     vc_tri (*fits)(void *self, int b, const vc_val *v, char *why, size_t n);
-    void (*put)(void *self, int b, vc_val *v);           /* moves v into b (v emptied); writer: the op */
+    void (*put)(void *self, int b, vc_val *v);           /* moves v into b (v emptied; v may be b's own
+                                                            value: then only the writer is set); writer: the op */
     void (*exchange)(void *self, int a, int b);          /* swaps the values of a and b */
     int32_t (*new_stamp)(void *self);
     /* v's tokens := class tok (VC_T_*), heads := all, the rank's part (of
@@ -159,7 +160,8 @@ typedef struct vc_domain {
      * of K); the GQA rule.  NO / UNDECIDED: why (whole message). */
     vc_tri (*attn_keys)(void *self, const cpc_op *op, const vc_val *Q, const vc_val *K, vc_val *o, char *why,
                         size_t n);
-    /* merge: acc's keys := acc's U a's, rows := a's.  NO: the keys met twice,
+    /* merge: acc's keys := acc's U a's, rows := a's (in place; acc may be
+     * left changed when it fails).  NO: the keys met twice,
      * in words ("the keys/values of ..."); UNDECIDED: why. */
     vc_tri (*merge_keys)(void *self, vc_val *acc, const vc_val *a, char *why, size_t n);
     /* copy: v's heads := buffer b's, a selection of v's. NO / UNDECIDED: why. */
@@ -171,6 +173,9 @@ typedef struct vc_domain {
      * to the declared form.  `rq` is the domain's request.  words: the
      * declared block. */
     vc_tri (*declared)(void *self, vc_val *v, const void *rq, char *words, size_t n);
+    /* the sender of recv rq's message, in words ("rank 3", "ring member
+     * r-1"), and its op */
+    void (*sender)(void *self, const void *rq, char *who, size_t nw, char *op, size_t no);
     const cpc_program *prog;
     bool cross;     /* cross-attention (the layout's) */
     bool p2p_attn;  /* attention results may travel point to point */
@@ -231,11 +236,11 @@ vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 /* send/recv before posting: what is sent is read (and complete, if
  * attention), what is received may be overwritten, no buffer named twice. */
 vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-/* A matched message, on the receiver's domain: `from` names the sender
- * ("rank 3", "ring member r-1"), `sop` its op; snap[j] is what arrives in
- * rbufs[j] (the sender's value in the receiver's terms); rq: the recv. */
-vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
-                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n);
+/* A matched message, on the receiver's domain: snap[j] is what arrives in
+ * rbufs[j] (the sender's value in the receiver's terms); rq is the recv,
+ * its sender named by the domain's `sender` (only when a check fails). */
+vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const int *rbufs, vc_val *const *snap,
+                 const void *rq, char *msg, size_t n);
 /* A collective reached by every member, on one member's domain: its inputs
  * (vc_coll_inputs, after vc_rd of each at arrival), then its outputs. */
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
