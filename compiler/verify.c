@@ -494,8 +494,6 @@ typedef struct rank_dom {
 #define CAV(v) ((const aval *)(v))
 
 static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
-static bool dom_written(void *self, int b) { return RD(self)->rk->v[b].written != 0; }
-static int dom_content(void *self, int b) { return RD(self)->rk->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -748,7 +746,7 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
 }
 
 static const vc_domain rank_ops = {
-    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,

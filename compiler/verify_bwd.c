@@ -40,9 +40,14 @@ typedef struct cset {
 } cset;
 
 typedef struct slot {
+    union {
+        vc_val h; /* the fields every domain shares (verify_common.h): written (init_acc'd, delta
+                     written, received, input) and src (provenance: program.h cpc_content) */
+        struct {
+            VC_VAL_FIELDS;
+        };
+    };
     int tag;
-    bool written;   /* init_acc'd / delta written / received / input */
-    cpc_content src; /* provenance: what it holds (program.h cpc_content) */
     bool grad;      /* a D* role: `cnt` is meaningful */
     cset cnt;
 } slot;
@@ -622,8 +627,7 @@ typedef struct bwd_dom {
 } bwd_dom;
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
-static bool dom_written(void *self, int b) { return S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->written; }
-static int dom_content(void *self, int b) { return (int)S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->src; }
+static vc_val *dom_val(void *self, int b) { return &S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->h; }
 
 static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 {
@@ -670,12 +674,7 @@ static bool touches_request(vb *V, int p, const cpc_op *op)
 static cpc_status *check_operands(vb *V, int p, const xop *x)
 {
     bwd_dom dd = {V, p};
-    const vc_domain dom = {.self = &dd,
-                           .name = dom_name,
-                           .written = dom_written,
-                           .content = dom_content,
-                           .recv_on = dom_recv_on,
-                           .send_on = dom_send_on};
+    const vc_domain dom = {.self = &dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on, .send_on = dom_send_on};
     char m[640];
     if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
         vc_contents(&dom, x->op, 1, m, sizeof m))

@@ -1086,8 +1086,6 @@ typedef struct sym_dom {
 #define CSV(v) ((const sval *)(v))
 
 static const char *dom_name(void *self, int b) { return bname(SD(self)->C, b); }
-static bool dom_written(void *self, int b) { return SD(self)->C->st->v[b].written != 0; }
-static int dom_content(void *self, int b) { return SD(self)->C->st->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -1405,7 +1403,7 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
 }
 
 static const vc_domain sym_ops = {
-    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
