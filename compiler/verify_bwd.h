@@ -2,7 +2,11 @@
  * verify_bwd.h - proves a backward (training) op program (schedule_bwd.h,
  * BACKWARD.md section 2 "verification obligations").
  *
- * ONE STEP SEMANTICS, TWO DOMAINS.  advance() (verify_bwd.c) executes one op
+ * ONE STEP SEMANTICS, TWO DOMAINS.  (Not yet the forward provers' step,
+ * verify_common.h: this prover shares with it the operand rules (lifetime,
+ * read-before-write, provenance) and the value header (vc_val: written,
+ * content), not the ops' meaning; attn and merge are not in its class.)
+ * advance() (verify_bwd.c) executes one op
  * of one rank on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
  * multiset of (query block, key unit, query head) triples added into it
@@ -21,8 +25,9 @@
  * takes at the `wait` that completes it; a wait blocks until each of its
  * requests is matched (rendezvous: a send completes only once its recv is
  * posted).  Collectives (all_to_all over a ulysses group, all_gather and
- * reduce_scatter over a ring group, all_reduce over the world) fire when
- * every member of the group has reached the same op.  The ranks run
+ * reduce_scatter over a ring group, all_reduce over the world, barrier over
+ * the group it names: no data) fire when every member of the group has
+ * reached the same op.  The ranks run
  * round-robin; a round in which none moves is a deadlock.  The same
  * advance() runs in two domains:
  *
@@ -108,7 +113,8 @@
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
- * all_gather, reduce_scatter, all_reduce, copy}; world sizes over 256
+ * all_gather, reduce_scatter, all_reduce, copy, barrier} (the op table's
+ * CPC_OPF_BWD); a collective without a ring, ulysses or world group; world sizes over 256
  * outside the symmetric class; programs over the bound.
  * Errors: CPC_E_PLAN rule CPC_RULE_VERIFY (51) naming the rank and the op;
  * CPC_E_NOMEM.  Thread-safe (no shared state).
