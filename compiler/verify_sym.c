@@ -1149,6 +1149,7 @@ static void dom_put(void *self, int b, vc_val *v)
     sval *x = SV(v);
     x->wop = d->nd;
     x->touched = 1;
+    canon(d->C, x); /* (values are made canonical: shape, arrivals, inputs) */
     if (x == &d->C->st->v[b])
         return;
     d->C->st->v[b] = *x;
