@@ -130,8 +130,7 @@ static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
     return NULL;
 }
 
-/* The merge's provenance rules (vc_step's merge). */
-static const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     vc_req q;
     for (int j = 0; j < 2; j++) {

@@ -191,6 +191,11 @@ const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *ms
  * the saved LSE).  `base` is how input slots are numbered in the message (0
  * or 1). */
 const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n);
+/* The merge's provenance rules: its outputs are initialised (or arriving),
+ * in[0], in[1] the output and LSE of one attention block (one stamp) not
+ * merged yet, out[0], out[1] one accumulator pair (one stamp), not the
+ * input.  Needs the domain's val and writer. */
+const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 
 /* THE STEP.  Each returns VC_YES when the op ran, else VC_NO (a fault),
  * VC_UNDECIDED (outside the domain's class) or VC_OOM, with the message in
