@@ -4,8 +4,8 @@
  *
  * ONE STEP SEMANTICS, TWO DOMAINS.  (Not yet the forward provers' step,
  * verify_common.h: this prover shares with it the operand rules (lifetime,
- * read-before-write, provenance) and the value header (vc_val: written,
- * content), not the ops' meaning; attn and merge are not in its class.)
+ * read-before-write, provenance), merge's provenance rule (vc_merge) and the
+ * value header (vc_val), not the ops' code.)
  * advance() (verify_bwd.c) executes one op
  * of one rank on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
@@ -111,10 +111,20 @@
  *      add, reduce_scatter and all_reduce read gradients.  Content moves
  *      with copies, messages and collectives.
  *
+ *   7. Forward ops in a backward program: barrier (a collective without
+ *      data); attn, merge and a forward init_acc (acc, lse) recompute
+ *      attention (e.g. the LSE instead of reading the saved one): K/V ring
+ *      blocks, q a shard (U == 1) or a ring block, no causal mask, no
+ *      cross-attention.  Its (query block, key block, head) pairs are kept
+ *      as runs like gradients; where delta or attn_bwd reads a recomputed
+ *      result, every pair of its rows and heads is there exactly once; it
+ *      stays on its rank (sending, gathering or copying it is refused).
+ *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
- * all_gather, reduce_scatter, all_reduce, copy, barrier} (the op table's
- * CPC_OPF_BWD); a collective without a ring, ulysses or world group; world sizes over 256
+ * all_gather, reduce_scatter, all_reduce, copy, barrier, attn, merge} (the
+ * op table's CPC_OPF_BWD) and recomputation outside the class of 7; a
+ * collective without a ring, ulysses or world group; world sizes over 256
  * outside the symmetric class; programs over the bound.
  * Errors: CPC_E_PLAN rule CPC_RULE_VERIFY (51) naming the rank and the op;
  * CPC_E_NOMEM.  Thread-safe (no shared state).
