@@ -497,8 +497,6 @@ typedef struct rank_dom {
 #define CAV(v) ((const aval *)(v))
 
 static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
-static bool dom_written(void *self, int b) { return RD(self)->rk->v[b].written != 0; }
-static int dom_content(void *self, int b) { return RD(self)->rk->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -554,6 +552,8 @@ static void dom_put(void *self, int b, vc_val *v)
     aval *a = AV(v);
     a->wop = d->nd;
     a->wstep = d->step;
+    if (a == &d->rk->v[b])
+        return;
     aval_free(&d->rk->v[b]);
     d->rk->v[b] = *a;
     memset(a, 0, sizeof *a);
@@ -734,21 +734,39 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 {
     const req *r = rq;
     int U = RD(self)->C->U;
+    if (r->block < 0 || (CAV(v)->tlo == (int)r->block * U && CAV(v)->thi == (int)r->block * U + U))
+        return VC_YES;
     snprintf(words, n, "ring block %" PRId64, r->block);
-    return r->block < 0 || (CAV(v)->tlo == (int)r->block * U && CAV(v)->thi == (int)r->block * U + U) ? VC_YES
-                                                                                                        : VC_NO;
+    return VC_NO;
+}
+
+static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
+{
+    ctx *C = RD(self)->C;
+    const req *s = &C->reqs[((const req *)rq)->match];
+    snprintf(who, nw, "rank %d", s->rank);
+    op_desc(s->on, s->step, op, no);
 }
 
 static const vc_domain rank_ops = {
-    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
     .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
-    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = true};
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
+    .sender = dom_sender, .p2p_attn = true};
+
+/* dom: the domain of rank rk at the op nd (step), on the stack (ob is not
+ * cleared: it is written before it is read). */
+static inline void rank_dom_at(rank_dom *d, ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    d->C = C, d->rk = rk, d->nd = nd, d->step = step;
+}
 
 #define RANK_DOM_AT(C, rk, nd, step)                                                                              \
-    rank_dom dd_ = {(C), (rk), (nd), (step), ""};                                                                 \
+    rank_dom dd_;                                                                                                 \
+    rank_dom_at(&dd_, (C), (rk), (nd), (step));                                                                   \
     vc_domain dom = rank_ops;                                                                                     \
     dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
 
@@ -867,7 +885,8 @@ static int match_pair(ctx *C, int sid, int rid)
     r->match = sid;
     C->st.messages++;
     rank_st *rr = &C->rk[C->sim_of[r->rank]];
-    char ob[256], from[32], m[1024] = "";
+    char m[1024];
+    m[0] = 0;
     vc_val *snap[CPC_OP_MAX_BUFS];
     for (int j = 0; j < s->nb; j++) {
         aval_free(&r->snap[j]);
@@ -875,10 +894,8 @@ static int match_pair(ctx *C, int sid, int rid)
         memset(&s->snap[j], 0, sizeof s->snap[j]);
         snap[j] = &r->snap[j].h;
     }
-    snprintf(from, sizeof from, "rank %d", s->rank);
     RANK_DOM_AT(C, rr, r->on, r->step);
-    vc_tri t = vc_arrive(&dom, from, op_desc(s->on, s->step, ob, sizeof ob), s->nb, s->bufs, r->nb, r->bufs, snap, r,
-                         m, sizeof m);
+    vc_tri t = vc_arrive(&dom, s->nb, s->bufs, r->nb, r->bufs, snap, r, m, sizeof m);
     return res(C, rr, r->on, r->step, t, m);
 }
 
@@ -1134,7 +1151,8 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
                 }
                 v.written = 1;
                 v.fresh = 0;
-                char m[640] = "";
+                char m[640];
+                m[0] = 0;
                 RANK_DOM_AT(C, rk, q->on, q->step);
                 vc_tri t = vc_store(&dom, b, &v.h, m, sizeof m);
                 aval_free(&v);
@@ -1205,7 +1223,8 @@ static int run_collective(ctx *C, int *members, int n)
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
         const cpc_op *op = rk->bnode->op;
-        char msg[1024] = "";
+        char msg[1024];
+        msg[0] = 0;
         RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
         if (res(C, rk, rk->bnode, rk->bstep, vc_coll_inputs(&dom, op, msg, sizeof msg), msg))
             return -1;
@@ -1220,7 +1239,8 @@ static int run_collective(ctx *C, int *members, int n)
     }
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
-        char msg[1024] = "";
+        char msg[1024];
+        msg[0] = 0;
         RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
         if (res(C, rk, rk->bnode, rk->bstep, vc_coll_outputs(&dom, rk->bnode->op, msg, sizeof msg), msg))
             return -1;
@@ -1239,7 +1259,8 @@ static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
     const cpc_op *op = nd->op;
     {
-        char m[640] = "";
+        char m[640];
+        m[0] = 0;
         RANK_DOM_AT(C, rk, nd, step);
         for (int j = 0; j < op->n_in; j++)
             if (res(C, rk, nd, step, vc_rd(&dom, op->in[j], m, sizeof m), m))
@@ -1302,7 +1323,8 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         break;
     }
     {
-        char m[1024] = "";
+        char m[1024];
+        m[0] = 0;
         RANK_DOM_AT(C, rk, nd, step);
         if (res(C, rk, nd, step, vc_step(&dom, op, m, sizeof m), m))
             return RES_ERR;
@@ -1338,7 +1360,8 @@ static int finish_rank(ctx *C, rank_st *rk)
             continue;
         aval *v = &rk->v[b];
         const opnode *w = v->written ? v->wop : NULL;
-        char m[1024] = "";
+        char m[1024];
+        m[0] = 0;
         RANK_DOM_AT(C, rk, w, v->wstep);
         if (res(C, rk, w, v->wstep, vc_output(&dom, b, m, sizeof m), m))
             return -1;

@@ -1,4 +1,4 @@
-/* verify_common.c - the provers' shared rules (verify_common.h). */
+/* verify_common.c - the provers' shared rules, the op tree and the forward step (verify_common.h). */
 #include "verify_common.h"
 
 #include <stdio.h>
@@ -39,7 +39,8 @@ static const char *wait_words(const vc_req *q, char *buf, size_t n)
     return buf;
 }
 
-const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
+/* The lifetime rule for buffer b used with access acc. */
+static const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
 {
     if (acc == CPC_ACCESS_NONE)
         return NULL;
@@ -75,11 +76,13 @@ const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *ms
     return NULL;
 }
 
-const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
+/* The read rule: b is not in flight as a recv, and written before it is
+ * read (`want` DELTA names the missing delta op). */
+static const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_READ, msg, n))
         return msg;
-    if (!d->written(d->self, b)) {
+    if (!d->val(d->self, b)->written) {
         snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, b),
                  want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
         return msg;
@@ -94,12 +97,12 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
         cpc_content want = (cpc_content)info->in_content[i];
         if (want == CPC_CONTENT_NONE)
             continue;
-        if (!d->written(d->self, op->in[i])) {
+        if (!d->val(d->self, op->in[i])->written) {
             snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, op->in[i]),
                      want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
             return msg;
         }
-        int got = d->content(d->self, op->in[i]);
+        int got = d->val(d->self, op->in[i])->src;
         if (got != (int)want) {
             snprintf(msg, n, "input %d (%s) holds %s data, not %s (operands are identified by what made them, "
                              "not by role)",
@@ -111,11 +114,13 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
     return NULL;
 }
 
-const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
+/* The overwrite rule (forward): b is not in flight, and does not hold an
+ * attention output no op has read (a block attended twice, a merge missing). */
+static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_WRITE, msg, n))
         return msg;
-    if (d->written(d->self, b) && d->val(d->self, b)->fresh) {
+    if (d->val(d->self, b)->written && d->val(d->self, b)->fresh) {
         snprintf(msg, n,
                  "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
                  "twice, or a merge missing",
@@ -130,7 +135,7 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     vc_req q;
     for (int j = 0; j < 2; j++) {
         int b = op->out[j];
-        if (!d->recv_on(d->self, b, &q) && !d->written(d->self, b)) {
+        if (!d->recv_on(d->self, b, &q) && !d->val(d->self, b)->written) {
             snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
                      d->name(d->self, b));
             return msg;
@@ -138,13 +143,13 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     }
     const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
     int a = op->in[0], al = op->in[1], acc = op->out[0], accl = op->out[1];
-    if (d->content(d->self, a) != mc[0] || d->content(d->self, al) != mc[1] ||
+    if (d->val(d->self, a)->src != mc[0] || d->val(d->self, al)->src != mc[1] ||
         ST(d, a) != ST(d, al)) {
         snprintf(msg, n, "inputs %s and %s are not the output and LSE of one attention block", d->name(d->self, a),
                  d->name(d->self, al));
         return msg;
     }
-    if (d->content(d->self, acc) != CPC_CONTENT_OUT || d->content(d->self, accl) != CPC_CONTENT_LSE ||
+    if (d->val(d->self, acc)->src != CPC_CONTENT_OUT || d->val(d->self, accl)->src != CPC_CONTENT_LSE ||
         ST(d, acc) != ST(d, accl)) {
         snprintf(msg, n, "outputs %s and %s are not one accumulator and its LSE", d->name(d->self, acc),
                  d->name(d->self, accl));
@@ -251,7 +256,8 @@ vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n)
+/* Coverage: attention result v covers every key its rows need (marks it final). */
+static vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n)
 {
     char w[200], why[600];
     if (!src_is_attn(v->src) || v->final || v->assumed)
@@ -291,7 +297,8 @@ static int tok_of_layout(cpc_buf_tokens tk)
     return tk == CPC_TOK_SHARD ? VC_T_OWN : tk == CPC_TOK_ALL ? VC_T_ALL : VC_T_UNSET;
 }
 
-vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* init_acc: an accumulator pair, rows by its buffer layout (or unset until the first merge). */
+static vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     const int *bufs = op->n_out >= 2 ? op->out : op->in;
     for (int j = 0; j < 2; j++)
@@ -312,7 +319,8 @@ vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* attn: K and V one block, query rows set, GQA heads; outputs the rows of q met with the keys of k. */
+static vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     char w1[200], w2[200];
     for (int j = 0; j < 3; j++)
@@ -349,7 +357,8 @@ vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return t == VC_YES ? vc_store(d, op->out[1], ol, msg, n) : t;
 }
 
-vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* merge: the provenance rules, the accumulator's rows and heads those of the output, no key met twice. */
+static vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     char w1[200], w2[200], ob[256], why[300];
     for (int j = 0; j < 2; j++)
@@ -381,11 +390,8 @@ vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     if (Acc->kvcov + A->kvcov > 1)
         return FAULT("query rows of %s meet the %s keys/values twice (%s, from %s)", W(A, w1),
                      d->rep ? "replicated segments'" : "cross-attention", NM(op->in[0]), d->writer(SELF, op->in[0]));
-    vc_val *acc = d->tmp(SELF, 0);
-    if (!d->copy(SELF, acc, Acc))
-        return VC_OOM;
     why[0] = 0;
-    t = d->merge_keys(SELF, acc, A, why, sizeof why);
+    t = d->merge_keys(SELF, Acc, A, why, sizeof why); /* in place: a fault ends the proof */
     if (t == VC_NO) {
         snprintf(ob, sizeof ob, "%s", d->writer(SELF, op->in[0]));
         return FAULT("query rows of %s meet %s twice: the attention output in %s (from %s) repeats a block already "
@@ -397,23 +403,24 @@ vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
                      NM(op->in[0]), NM(op->out[0]), why);
     if (t != VC_YES)
         return t;
-    acc->kvcov += A->kvcov;
-    acc->final = 0;
-    acc->fresh = 0;
+    Acc->kvcov += A->kvcov;
+    Acc->final = 0;
+    Acc->fresh = 0;
     int32_t lstamp = AccL->stamp;
     vc_val *accl = d->tmp(SELF, 1);
-    if (!d->copy(SELF, accl, acc))
+    if (!d->copy(SELF, accl, Acc))
         return VC_OOM;
     accl->src = SRC_LSE;
     accl->stamp = lstamp;
     A->merged = AL->merged = 1;
     A->fresh = AL->fresh = 0;
-    d->put(SELF, op->out[0], acc);
+    d->put(SELF, op->out[0], Acc); /* (its own value: the writer only) */
     d->put(SELF, op->out[1], accl);
     return VC_YES;
 }
 
-vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* copy: every pair; heads selected; an attention result leaving for O / OUTPUT must be complete. */
+static vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     for (int j = 0; j < op->n_in; j++) {
         int bi = op->in[j], bo = op->out[j];
@@ -443,7 +450,8 @@ vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* swap: each value must fit the other buffer. */
+static vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     char why[512];
     /* in flight: the lifetime rule (REBIND) already ran (vc_operands_in_flight) */
@@ -457,7 +465,8 @@ vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* send/recv before posting. */
+static vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     bool is_send = op->kind == CPC_OP_SEND;
     int nb = is_send ? op->n_in : op->n_out;
@@ -485,35 +494,35 @@ vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t 
     return VC_YES;
 }
 
-vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
-                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n)
+vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const int *rbufs, vc_val *const *snap,
+                 const void *rq, char *msg, size_t n)
 {
-    char w1[200], blk[100], why[512];
+    char w1[200], blk[100], why[512], from[64], sop[256];
+#define SENDER() d->sender(SELF, rq, from, sizeof from, sop, sizeof sop)
     if (nbs != nbr)
-        return FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
+        return SENDER(), FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
     for (int j = 0; j < nbs; j++) {
         vc_val *in = snap[j];
         int rb = rbufs[j];
-        if (rq) {
-            vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
-            if (t == VC_NO)
-                return FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
-                             W(in, w1), NM(sbufs[j]), sop);
-            if (t != VC_YES)
-                return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
-        }
-        vc_tri t = fits(d, rb, in, why, sizeof why);
+        vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
         if (t == VC_NO)
-            return FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from, src_names_of(in->src),
-                         W(in, w1), NM(sbufs[j]), sop, why);
+            return SENDER(), FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
+                                   W(in, w1), NM(sbufs[j]), sop);
+        if (t != VC_YES)
+            return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
+        t = fits(d, rb, in, why, sizeof why);
+        if (t == VC_NO)
+            return SENDER(), FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from,
+                                   src_names_of(in->src), W(in, w1), NM(sbufs[j]), sop, why);
         if (t != VC_YES)
             return UNDEC("cannot decide for every rank whether %s", why);
         int es = cpc_buffer_elem_size(d->prog, sbufs[j]), er = cpc_buffer_elem_size(d->prog, rb);
         if (es != er)
-            return FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)", er, NM(rb),
-                         from, es, NM(sbufs[j]), sop);
+            return SENDER(), FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)",
+                                   er, NM(rb), from, es, NM(sbufs[j]), sop);
     }
     return VC_YES;
+#undef SENDER
 }
 
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
