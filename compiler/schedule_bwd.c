@@ -113,12 +113,6 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
          * replaces the forward has no backward program to pair with it */
         why = "a Lua schedule script replaces the forward program, and scripts return no backward program yet";
         key = "schedule.script";
-    } else {
-        for (int i = 0; i < plan->input.n_segments && !why; i++)
-            if (plan->input.segments[i].replicate) {
-                why = "replicated segments (`split: replicate`) have no backward program yet";
-                key = "input.segments";
-            }
     }
     if (!why)
         return NULL;
@@ -135,6 +129,130 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
         cpc_status_set_hint(st, "drop schedule.script to train with the built-in schedule, or use input.mode: "
                                 "inference for the forward pass");
     return st;
+}
+
+/* Replicated segments (layout.h "REPLICATED SEGMENTS"; SPEC section 10):
+ * their rows are one logical tensor held whole by every rank.  Each (query,
+ * key) pair meets the gradients exactly once in the world:
+ *   (sharded q, replicated k): on every rank, its own query rows; the
+ *     replicated K/V's part is summed over the world (all_reduce);
+ *   (replicated q, sharded block k): on every rank with its OWN block only
+ *     (the forward met every block on every ring rank), added into that
+ *     block's dK/dV once it is home; the replicated dQ is summed over the world;
+ *   (replicated q, replicated k): on ring rank 0 only (`when r==0`: each
+ *     ulysses member of it for its heads).
+ * With ulysses each member works on its heads (PART copies); the parts go to
+ * every head (zeros elsewhere) before the world sum, which thus also
+ * gathers the heads. */
+typedef struct repb {
+    int q, k, v, dout, o, lse, delta; /* KV rows, the heads used here */
+    int dq, dk, dv;                   /* KV accumulators (this rank's part) */
+    int dk_b, dv_b;                   /* BLOCK r: the replicated queries' part of the own block */
+} repb;
+
+static int rep_copy(bb *b, cpc_op **ops, int *n, int in, const char *name, cpc_buf_role role)
+{
+    int out = buf(b, name, role, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+    cpc_op *op = add(b, ops, n, CPC_OP_COPY, NULL);
+    bufs(op, true, 1, &in);
+    bufs(op, false, 1, &out);
+    return out;
+}
+
+/* Inputs, delta and accumulators of the replicated rows, and every block
+ * that is local before the key blocks move: (sharded q = qa/da/lse/delta,
+ * replicated k), (replicated q, own block k_own/v_own), (replicated q,
+ * replicated k) on ring rank 0.  dq must be initialized already. */
+static void rep_pre(bb *b, cpc_op **ops, int *n, const cpc_layout *L, repb *x, int qa, int da, int lse,
+                    int delta, int dq, int k_own, int v_own)
+{
+    const bool uly = L->U > 1;
+    const cpc_buf_heads qh = uly ? CPC_HEADS_PART : CPC_HEADS_ALL;
+    x->q = buf(b, "q_rep", CPC_ROLE_Q, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    x->k = buf(b, "k_rep", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    x->v = buf(b, "v_rep", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    x->dout = buf(b, "dout_rep", CPC_ROLE_DO, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    x->o = buf(b, "out_rep", CPC_ROLE_O, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+    x->lse = buf(b, "lse_rep", CPC_ROLE_LSE, CPC_TOK_KV, qh, CPC_IO_INPUT);
+    if (uly) {
+        x->q = rep_copy(b, ops, n, x->q, "q_rep_part", CPC_ROLE_Q);
+        x->k = rep_copy(b, ops, n, x->k, "k_rep_part", CPC_ROLE_K);
+        x->v = rep_copy(b, ops, n, x->v, "v_rep_part", CPC_ROLE_V);
+        x->dout = rep_copy(b, ops, n, x->dout, "dout_rep_part", CPC_ROLE_DO);
+        x->o = rep_copy(b, ops, n, x->o, "out_rep_part", CPC_ROLE_O);
+    }
+    x->delta = buf(b, "delta_rep", CPC_ROLE_LSE, CPC_TOK_KV, qh, CPC_IO_NONE);
+    x->dq = buf(b, "dq_rep_acc", CPC_ROLE_DQ, CPC_TOK_KV, qh, CPC_IO_NONE);
+    x->dk = buf(b, "dk_rep_acc", CPC_ROLE_DK, CPC_TOK_KV, qh, CPC_IO_NONE);
+    x->dv = buf(b, "dv_rep_acc", CPC_ROLE_DV, CPC_TOK_KV, qh, CPC_IO_NONE);
+    x->dk_b = buf(b, "dk_rep_blk", CPC_ROLE_DK, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+    x->dv_b = buf(b, "dv_rep_blk", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
+    cpc_op *op = add(b, ops, n, CPC_OP_DELTA, NULL);
+    int dl[2] = {x->dout, x->o};
+    bufs(op, true, 2, dl);
+    bufs(op, false, 1, &x->delta);
+    op = add(b, ops, n, CPC_OP_INIT_ACC, NULL);
+    bufs(op, false, 1, &x->dq);
+    op = add(b, ops, n, CPC_OP_INIT_ACC, NULL);
+    int kv[2] = {x->dk, x->dv};
+    bufs(op, false, 2, kv);
+    op = add(b, ops, n, CPC_OP_INIT_ACC, NULL);
+    int kb[2] = {x->dk_b, x->dv_b};
+    bufs(op, false, 2, kb);
+    if (op)
+        setx(b, &op->block, "r");
+    /* (sharded q, replicated k) */
+    op = add(b, ops, n, CPC_OP_ATTN_BWD, NULL);
+    int a1[6] = {qa, x->k, x->v, da, lse, delta}, o1[3] = {dq, x->dk, x->dv};
+    bufs(op, true, 6, a1);
+    bufs(op, false, 3, o1);
+    /* (replicated q, own block) */
+    op = add(b, ops, n, CPC_OP_ATTN_BWD, NULL);
+    int a2[6] = {x->q, k_own, v_own, x->dout, x->lse, x->delta}, o2[3] = {x->dq, x->dk_b, x->dv_b};
+    bufs(op, true, 6, a2);
+    bufs(op, false, 3, o2);
+    /* (replicated q, replicated k): once, on ring rank 0 */
+    op = add(b, ops, n, CPC_OP_ATTN_BWD, "r==0");
+    int a3[6] = {x->q, x->k, x->v, x->dout, x->lse, x->delta}, o3[3] = {x->dq, x->dk, x->dv};
+    bufs(op, true, 6, a3);
+    bufs(op, false, 3, o3);
+}
+
+/* After the key blocks: the own block's dK/dV (dk_home/dv_home, complete)
+ * takes the replicated queries' part; the replicated rows' gradients are
+ * summed over the world into the OUTPUT dq_rep/dk_rep/dv_rep (KV, every
+ * head). */
+static void rep_post(bb *b, cpc_op **ops, int *n, const cpc_layout *L, const repb *x, int dk_home, int dv_home)
+{
+    const bool uly = L->U > 1;
+    int ad[2][2] = {{x->dk_b, dk_home}, {x->dv_b, dv_home}};
+    cpc_op *op;
+    for (int i = 0; i < 2; i++) {
+        op = add(b, ops, n, CPC_OP_ADD, NULL);
+        bufs(op, true, 1, &ad[i][0]);
+        bufs(op, false, 1, &ad[i][1]);
+    }
+    static const char *const fn[3] = {"dq_rep_full", "dk_rep_full", "dv_rep_full"};
+    static const char *const on[3] = {"dq_rep", "dk_rep", "dv_rep"};
+    static const cpc_buf_role rl[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
+    int acc[3] = {x->dq, x->dk, x->dv};
+    for (int i = 0; i < 3; i++) {
+        int src = acc[i];
+        if (uly) {
+            /* this member's heads into every head (zeros elsewhere) */
+            int full = buf(b, fn[i], rl[i], CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_NONE);
+            op = add(b, ops, n, CPC_OP_COPY, NULL);
+            bufs(op, true, 1, &src);
+            bufs(op, false, 1, &full);
+            src = full;
+        }
+        int out = buf(b, on[i], rl[i], CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+        op = add(b, ops, n, CPC_OP_ALL_REDUCE, NULL);
+        if (op)
+            op->group = CPC_GROUP_WORLD;
+        bufs(op, true, 1, &src);
+        bufs(op, false, 1, &out);
+    }
 }
 
 /* BACKWARD.md 3.7: cross-attention (K/V whole on every rank).  One local
@@ -326,6 +444,9 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         int dkv[2] = {gather ? dk_all : dk_cur, gather ? dv_all : dv_cur};
         bufs(op, false, 2, dkv);
     }
+    repb x = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    if (L.rep)
+        rep_pre(b, top, ntop, &L, &x, qa, da, lse, delta, dq, k_cur, v_cur);
     int ai[6] = {qa, k_cur, v_cur, da, lse, delta}, ao[3] = {dq, dk_cur, dv_cur};
     if (gather) {
         /* BACKWARD.md 3.2: K/V gathered again (the forward's are not kept),
@@ -437,6 +558,8 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
             }
         }
     }
+    if (L.rep)
+        rep_post(b, top, ntop, &L, &x, dk_cur, dv_cur);
     if (uly) {
         /* Gradients back to the sequence layout; dK/dV of a K/V head held by
          * several members are summed (fp32) on the way (BACKWARD.md 3.4). */

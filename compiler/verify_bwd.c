@@ -84,7 +84,10 @@ typedef struct vb {
     int64_t work;                  /* units spent (verify_bwd.h THE BOUND) */
     bool over;                     /* a run list outgrew VB_MAX_RUNS (sym: not decided) */
     bool bound_hit;                /* the work passed VB_WORK_MAX: refused */
-    int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V) */
+    int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V); with
+                                      replicated segments R + 1 (unit R: the replicated keys) */
+    int NQ;                        /* query blocks: R, or R + 1 with replicated segments (block R: the
+                                      replicated rows, held whole by every rank) */
     int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
@@ -273,13 +276,13 @@ static bool cs_join(const vb *V, run *y, const run *x)
         dq = x->dq;
         dk = x->dk;
     } else {
-        dq = diff_mod(x->q0, y->q0, V->R);
+        dq = diff_mod(x->q0, y->q0, V->NQ);
         dk = diff_mod(x->k0, y->k0, V->NK);
         if ((dq == 0 && dk == 0) || dq < -2 || dq > 2 || dk < -2 || dk > 2)
             return false;
     }
     /* y then x */
-    if (md32((int64_t)y->q0 + (int64_t)y->len * dq, V->R) == x->q0 &&
+    if (md32((int64_t)y->q0 + (int64_t)y->len * dq, V->NQ) == x->q0 &&
         md32((int64_t)y->k0 + (int64_t)y->len * dk, V->NK) == x->k0) {
         y->len += x->len;
         y->dq = dq;
@@ -287,7 +290,7 @@ static bool cs_join(const vb *V, run *y, const run *x)
         return true;
     }
     /* x then y */
-    if (md32((int64_t)x->q0 + (int64_t)x->len * dq, V->R) == y->q0 &&
+    if (md32((int64_t)x->q0 + (int64_t)x->len * dq, V->NQ) == y->q0 &&
         md32((int64_t)x->k0 + (int64_t)x->len * dk, V->NK) == y->k0) {
         y->q0 = x->q0;
         y->k0 = x->k0;
@@ -541,7 +544,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
                     continue;
                 }
                 for (int t = 0; t < x.len && !oom; t++) {
-                    run y = {md32((int64_t)x.q0 + (int64_t)t * x.dq, R), md32((int64_t)x.k0 + (int64_t)t * x.dk, V->NK),
+                    run y = {md32((int64_t)x.q0 + (int64_t)t * x.dq, V->NQ), md32((int64_t)x.k0 + (int64_t)t * x.dk, V->NK),
                              1, x.h0, x.hn, 0, 0};
                     if (y.k0 < nm)
                         oom = !cs_add_run(V, &outs[y.k0], y);
@@ -584,7 +587,8 @@ static cpc_status *run_all_reduce(vb *V)
         const cpc_buffer *bi = BF(V, in), *bo = BF(V, out);
         if (!is_grad(bi->role) || bi->role != bo->role || bi->tokens != CPC_TOK_KV || bo->tokens != CPC_TOK_KV ||
             bi->heads != CPC_HEADS_ALL || bo->heads != CPC_HEADS_ALL)
-            return vfail(0, x0, "all_reduce takes cross-attention dk/dv with every head ('%s' -> '%s')", bi->name,
+            return vfail(0, x0, "all_reduce takes cross-attention dk/dv (or replicated segments' gradients) with every "
+                                "head ('%s' -> '%s')", bi->name,
                          bo->name);
         cset sum = {0};
         bool oom = false;
@@ -720,7 +724,7 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
     for (int i = 0; i < sl->cnt.n && !bad; i++) {
         const run *x0 = &sl->cnt.v[i];
         for (int t = 0; t < x0->len && !bad; t++) {
-            int qb = md32((int64_t)x0->q0 + (int64_t)t * x0->dq, V->R);
+            int qb = md32((int64_t)x0->q0 + (int64_t)t * x0->dq, V->NQ);
             int kb = md32((int64_t)x0->k0 + (int64_t)t * x0->dk, V->NK);
             for (int h = x0->h0; h < x0->h0 + x0->hn && !bad; h++) {
                 if (qb != sl->tag || h < lo || h >= hi)
@@ -1179,8 +1183,10 @@ static int advance(vb *V, int p)
                 }
             bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
             bool kkv = BF(V, op->in[1])->tokens == CPC_TOK_KV;
+            const bool rep = V->prog->layout.rep;
             if (kkv) {
-                /* cross-attention: all of K/V, one key unit */
+                /* cross-attention: all of K/V, one key unit; replicated
+                 * segments: their keys, key unit R */
             } else if (kall) {
                 /* gathered K/V: the op's `block` is what it reads, and dK/dV
                  * (gathered too, same layout) get that slice */
@@ -1197,17 +1203,18 @@ static int advance(vb *V, int p)
                 return -1;
             }
             cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
-            int kb = kkv ? 0 : kall ? (int)x->block : k->tag;
-            if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) || (kkv != (V->NK == 1 && V->prog->layout.cross)) ||
-                (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
+            int kb = kkv ? (rep ? V->R : 0) : kall ? (int)x->block : k->tag;
+            if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) ||
+                (kkv && !rep && !(V->NK == 1 && V->prog->layout.cross)) ||
+                (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK && !(rep && qt == CPC_TOK_KV)) ||
                 (qt == CPC_TOK_SHARD && V->U != 1)) {
                 V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
                                      "or gathered (the class this prover handles)");
                 return -1;
             }
             /* Query rows as a ring block: with U == 1 shard p is block p. */
-            int qb = q->tag;
-            if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->R) {
+            int qb = qt == CPC_TOK_KV ? V->R : q->tag;
+            if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->NQ) {
                 V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
                 return -1;
             }
@@ -1336,7 +1343,8 @@ static cpc_status *final_checks(vb *V, int p)
 {
     const cpc_program *prog = V->prog;
     const int r = p / V->U;
-    int have[3] = {0, 0, 0};
+    int have[3] = {0, 0, 0}, have_rep[3] = {0, 0, 0};
+    const cpc_layout *L = &prog->layout;
     for (int b = 0; b < V->nb; b++) {
         const cpc_buffer *B = &prog->buffers[b];
         if (B->io != CPC_IO_OUTPUT)
@@ -1345,11 +1353,14 @@ static cpc_status *final_checks(vb *V, int p)
             return vfail(p, NULL, "OUTPUT buffer '%s' has role %s (dq, dk or dv expected)", B->name,
                          cpc_buf_role_name(B->role));
         have[B->role - CPC_ROLE_DQ]++;
+        if (L->rep && B->tokens == CPC_TOK_KV)
+            have_rep[B->role - CPC_ROLE_DQ]++;
     }
     for (int i = 0; i < 3; i++)
-        if (have[i] != 1)
-            return vfail(p, NULL, "%d OUTPUT buffers of role %s (exactly one expected: yunchang #149)", have[i],
-                         cpc_buf_role_name((cpc_buf_role)(CPC_ROLE_DQ + i)));
+        if (have[i] != (L->rep ? 2 : 1) || (L->rep && have_rep[i] != 1))
+            return vfail(p, NULL, "%d OUTPUT buffers of role %s (exactly one expected%s: yunchang #149)", have[i],
+                         cpc_buf_role_name((cpc_buf_role)(CPC_ROLE_DQ + i)),
+                         L->rep ? ", and one of the replicated segments' rows (kv layout)" : "");
     for (int b = 0; b < V->nb; b++) {
         const cpc_buffer *B = &prog->buffers[b];
         if (B->io != CPC_IO_OUTPUT)
@@ -1359,21 +1370,25 @@ static cpc_status *final_checks(vb *V, int p)
         /* This rank's shard with every head: SHARD p, or with U == 1 BLOCK p;
          * cross-attention dK/dV: all of K/V (KV), the same on every rank. */
         bool kvout = B->tokens == CPC_TOK_KV && !isq && V->prog->layout.cross;
-        bool shard = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1) || kvout;
+        /* replicated segments: their rows' gradients, whole (KV) on every
+         * rank: query block R (dq) or key unit R (dk, dv) */
+        bool repout = B->tokens == CPC_TOK_KV && L->rep;
+        const int own = repout ? V->R : kvout ? 0 : r;
+        bool shard = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1) || kvout || repout;
         if (B->heads != CPC_HEADS_ALL || !shard)
             return vfail(p, NULL, "OUTPUT '%s' (%s/%s) is not a shard with every head (a head part or a ring "
                                   "block never went back to the sequence layout)",
                          B->name, cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
         if (!sl->written)
             return vfail(p, NULL, "OUTPUT '%s' is never written", B->name);
-        if (!kvout && sl->tag != p)
+        if (!kvout && !repout && sl->tag != p)
             return vfail(p, NULL, "OUTPUT '%s' ends holding %s %d, not this rank's own %d", B->name,
                          isq ? "rows of shard" : "the gradient of block", sl->tag, p);
         /* exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross
          * dK/dV every (q, 0, h).  Each element of a run is an interval of
          * heads at one free coordinate (k for DQ, q otherwise); sorted, the
          * intervals of every free coordinate must tile [0, nh). */
-        int nfree = isq ? V->NK : V->R;
+        int nfree = isq ? V->NK : V->NQ;
         int64_t ne = 0;
         for (int i = 0; i < sl->cnt.n; i++)
             ne += sl->cnt.v[i].len;
@@ -1389,9 +1404,9 @@ static cpc_status *final_checks(vb *V, int p)
         for (int i = 0; i < sl->cnt.n && !bad; i++) {
             const run *x = &sl->cnt.v[i];
             for (int t = 0; t < x->len && !bad; t++) {
-                int qb = md32((int64_t)x->q0 + (int64_t)t * x->dq, V->R);
+                int qb = md32((int64_t)x->q0 + (int64_t)t * x->dq, V->NQ);
                 int kb = md32((int64_t)x->k0 + (int64_t)t * x->dk, V->NK);
-                bool in = isq ? qb == r : kvout ? kb == 0 : kb == r;
+                bool in = isq ? qb == own : kb == own;
                 if (!in) {
                     char hs[48] = "";
                     if (V->nh > 1)
@@ -1419,7 +1434,7 @@ static cpc_status *final_checks(vb *V, int p)
                         snprintf(hs, sizeof hs, ", query head %d", at);
                     bad = vfail(p, NULL,
                                 "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute %s, expected 1",
-                                B->name, isq ? r : f, isq ? f : kvout ? 0 : r, hs,
+                                B->name, isq ? own : f, isq ? f : own, hs,
                                 e[i].lo < h ? "2 times or more" : "0 times");
                 }
                 h = e[i].hi > h ? e[i].hi : h;
@@ -1429,7 +1444,7 @@ static cpc_status *final_checks(vb *V, int p)
                 if (V->nh > 1)
                     snprintf(hs, sizeof hs, ", query head %d", h);
                 bad = vfail(p, NULL, "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute 0 times, expected 1",
-                            B->name, isq ? r : f, isq ? f : kvout ? 0 : r, hs);
+                            B->name, isq ? own : f, isq ? f : own, hs);
             }
         }
         free(e);
@@ -1445,9 +1460,13 @@ static cpc_status *final_checks(vb *V, int p)
 static cpc_status *check_input(const vb *V, const cpc_buffer *B)
 {
     bool ok;
+    const bool rep = V->prog->layout.rep && B->tokens == CPC_TOK_KV;
     if (B->role == CPC_ROLE_LSE)
-        ok = V->U == 1 ? B->tokens == CPC_TOK_SHARD && B->heads == CPC_HEADS_ALL
-                       : B->tokens == CPC_TOK_BLOCK && B->heads == CPC_HEADS_PART;
+        ok = V->U == 1 ? (B->tokens == CPC_TOK_SHARD || rep) && B->heads == CPC_HEADS_ALL
+                       : (B->tokens == CPC_TOK_BLOCK || rep) && B->heads == CPC_HEADS_PART;
+    else if (rep) /* replicated segments' rows, whole */
+        ok = (B->role == CPC_ROLE_Q || B->role == CPC_ROLE_K || B->role == CPC_ROLE_V || B->role == CPC_ROLE_DO ||
+              B->role == CPC_ROLE_O) && B->heads == CPC_HEADS_ALL;
     else
         ok = (B->role == CPC_ROLE_Q || is_kvr(B->role) || B->role == CPC_ROLE_DO || B->role == CPC_ROLE_O) &&
              !is_grad(B->role) && B->heads == CPC_HEADS_ALL &&
@@ -1618,7 +1637,7 @@ static cpc_status *prove(vb *V)
             sl->written = B->io == CPC_IO_INPUT;
             sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
             sl->grad = is_grad(B->role);
-            if (B->tokens == CPC_TOK_KV && !L->cross) {
+            if (B->tokens == CPC_TOK_KV && !L->cross && !L->rep) {
                 st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
                 break;
@@ -1787,12 +1806,14 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
     if (L->P != L->R * L->U || L->R < 1 || L->U < 1)
         return cpc_error(CPC_E_INTERNAL, "verify_backward: program layout is not initialised");
     vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .nb = prog->n_buffers, .nh = L->U > 1 ? L->H : 1};
-    base.NK = L->cross ? 1 : L->R;
+    base.NK = L->cross ? 1 : L->R + (L->rep ? 1 : 0);
+    base.NQ = L->R + (L->rep ? 1 : 0);
     /* 1. the symmetric domain (any world size) when the program commutes
      * with rotations of the ring */
     const cpc_op *at = NULL;
     const char *why = method == CPC_VERIFY_ENUMERATE ? "enumeration asked for"
-                                                    : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
+                      : L->rep ? "replicated segments: their block (r, r) is owned by ring rank 0"
+                               : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
     cpc_status *st = NULL;
     if (!why) {
         vb V = base;

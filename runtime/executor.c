@@ -129,7 +129,20 @@ static int runs_of(const cpc_program *prog, const cpc_coords *c, int b, int tag,
  * role and heads. */
 static bool rank_io(const cpc_exec *ex, cpc_buf_role r)
 {
-    return ex->L->rep && (r == CPC_ROLE_Q || r == CPC_ROLE_K || r == CPC_ROLE_V || r == CPC_ROLE_O);
+    return ex->L->rep && (r == CPC_ROLE_Q || r == CPC_ROLE_K || r == CPC_ROLE_V || r == CPC_ROLE_O ||
+                          r == CPC_ROLE_DO || r == CPC_ROLE_DQ || r == CPC_ROLE_DK || r == CPC_ROLE_DV);
+}
+
+/* A backward program's saved LSE with replicated segments: two INPUT
+ * buffers (the sharded rows' and the replicated rows', both in the layout
+ * the forward computed them in).  The caller's LSE is, with U == 1, the
+ * rank's own rows in order ([B, H, T], T the rank's tokens: layout.h rank
+ * runs, as cpc_exec_lse_into gives it); with U > 1 the two buffers back to
+ * back (the sharded rows' first).  rep_lse: whether buffer b is filled so. */
+static bool rep_lse(const cpc_exec *ex, int b)
+{
+    const cpc_buffer *bf = &ex->prog->buffers[b];
+    return ex->L->rep && bf->io == CPC_IO_INPUT && bf->role == CPC_ROLE_LSE;
 }
 
 static size_t rank_bytes(const cpc_exec *ex, int b)
@@ -602,7 +615,8 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
             }
             /* A backward program's saved LSE stays in the layout the forward
              * computed it in: with ulysses, ring block r x this member's heads. */
-            bool lse_seq = bf->role == CPC_ROLE_LSE && bf->tokens == CPC_TOK_BLOCK && L->U > 1;
+            bool lse_seq = bf->role == CPC_ROLE_LSE && L->U > 1 &&
+                           (bf->tokens == CPC_TOK_BLOCK || (bf->tokens == CPC_TOK_KV && L->rep));
             bool ok = lse_seq || (bf->heads == CPC_HEADS_ALL &&
                                   (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
                                    (bf->tokens == CPC_TOK_BLOCK && L->U == 1)));
@@ -615,6 +629,11 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
             size_t want = geom_of(prog, &ex->c, b, (int)ex->c.r).bytes;
             if (rank_io(ex, bf->role))
                 want = rank_bytes(ex, b);
+            if (rep_lse(ex, b)) {
+                /* the sharded rows' and the replicated rows' LSE, one input */
+                ex->input_bytes[bf->role] += want;
+                continue;
+            }
             if (ex->input_bytes[bf->role] && ex->input_bytes[bf->role] != want) {
                 st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffers of role %s disagree in size",
                                cfg->rank, cpc_buf_role_name(bf->role));
@@ -724,6 +743,42 @@ static cpc_status *xfer_rank_rows(cpc_exec *ex, int b, void *host, const void *c
     return NULL;
 }
 
+/* Uploads the saved LSE's buffer b (rep_lse) from the caller's `host`. */
+static cpc_status *upload_rep_lse(cpc_exec *ex, int b, const float *host)
+{
+    const cpc_layout *L = ex->L;
+    const cpc_program *prog = ex->prog;
+    geom g = geom_of(prog, &ex->c, b, ex->tags[b]);
+    if (g.bytes > ex->bufs[b].cap)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: buffer '%s' is too small", ex->cfg.rank, prog->buffers[b].name);
+    if (L->U > 1) {
+        /* back to back: the sharded rows' buffer, then the replicated rows' */
+        size_t off = 0;
+        if (prog->buffers[b].tokens == CPC_TOK_KV)
+            for (int i = 0; i < prog->n_buffers; i++)
+                if (i != b && rep_lse(ex, i) && prog->buffers[i].tokens != CPC_TOK_KV)
+                    off = geom_of(prog, &ex->c, i, ex->tags[i]).bytes;
+        return xfer_in(ex, ex->bufs[b].ptr, (const char *)host + off, g.bytes);
+    }
+    /* U == 1: [B, H, T] in the rank's token order; this buffer's rows */
+    int64_t T = cpc_layout_rank_tokens(L, (int)ex->c.p), rows = (int64_t)L->B * g.hn;
+    int n = runs_of(prog, &ex->c, b, ex->tags[b], ex->qruns, ex->max_runs);
+    int64_t t = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t ro = cpc_layout_rank_offset(L, (int)ex->c.p, ex->qruns[i].start);
+        if (ro < 0 || ro + ex->qruns[i].len > T)
+            return cpc_error(CPC_E_INTERNAL, "rank %d: LSE rows not this rank's", ex->cfg.rank);
+        for (int64_t r = 0; r < rows; r++) {
+            cpc_status *st = xfer_in(ex, (float *)ex->bufs[b].ptr + r * g.T + t, host + r * T + ro,
+                                     (size_t)ex->qruns[i].len * sizeof(float));
+            if (st)
+                return st;
+        }
+        t += ex->qruns[i].len;
+    }
+    return NULL;
+}
+
 cpc_status *cpc_exec_reset(cpc_exec *ex)
 {
     const cpc_program *prog = ex->prog;
@@ -736,6 +791,14 @@ cpc_status *cpc_exec_reset(cpc_exec *ex)
             return cpc_error(CPC_E_INPUT, "rank %d: input %s is not bound", ex->cfg.rank,
                              cpc_buf_role_name(bf->role));
         size_t n = ex->input_bytes[bf->role];
+        if (rep_lse(ex, b)) {
+            cpc_status *st = upload_rep_lse(ex, b, ex->inputs[bf->role]);
+            if (st) {
+                cpc_status_prefix(st, "rank %d: uploading input '%s'", ex->cfg.rank, bf->name);
+                return st;
+            }
+            continue;
+        }
         if (!rank_io(ex, bf->role) && n > ex->bufs[b].cap)
             return cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' is too small (%zu > %zu)",
                              ex->cfg.rank, bf->name, n, ex->bufs[b].cap);
@@ -2037,6 +2100,19 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     if (max_runs < ex->max_runs)
         return cpc_error(CPC_E_INTERNAL, "rank %d: LSE runs need %d entries, %d given",
                          ex->cfg.rank, ex->max_runs, max_runs);
+    if (ex->L->rep && ex->lse_rep_buf >= 0 && ex->L->U > 1) {
+        /* the saved LSE a backward program takes (rep_lse): both final
+         * LSEs back to back, in the head layout */
+        geom g2 = cur_geom(ex, ex->lse_rep_buf);
+        if (bytes != g.bytes + g2.bytes)
+            return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
+                             (size_t)(g.bytes + g2.bytes), bytes);
+        *n_runs = runs_of(ex->prog, &ex->c, b, ex->tags[b], runs, ex->max_runs);
+        *h_off = g.hoff;
+        *h_n = g.hn;
+        cpc_status *st = xfer_out(ex, dst, ex->bufs[b].ptr, g.bytes);
+        return st ? st : xfer_out(ex, (char *)dst + g.bytes, ex->bufs[ex->lse_rep_buf].ptr, g2.bytes);
+    }
     if (ex->L->rep && ex->lse_rep_buf >= 0)
         return lse_rank_into(ex, dst, bytes, h_off, h_n, runs, max_runs, n_runs);
     if (bytes != g.bytes)
@@ -2067,6 +2143,25 @@ cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, siz
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",
                              ex->cfg.rank, bf->name, ex->tags[b]);
         geom g = cur_geom(ex, b);
+        if (rank_io(ex, role)) {
+            /* replicated segments: the rank's own tokens, the shard's rows
+             * (this buffer) and the replicated rows' (KV), each at its place */
+            if (bf->tokens == CPC_TOK_KV)
+                continue;
+            int rb = -1;
+            for (int i = 0; i < prog->n_buffers && rb < 0; i++)
+                if (prog->buffers[i].io == CPC_IO_OUTPUT && prog->buffers[i].role == role &&
+                    prog->buffers[i].tokens == CPC_TOK_KV && prog->buffers[i].heads == CPC_HEADS_ALL)
+                    rb = i;
+            if (rb < 0)
+                return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT %s of the replicated "
+                                                 "segments' rows", ex->cfg.rank, cpc_buf_role_name(role));
+            if (bytes != rank_bytes(ex, b))
+                return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
+                                 bf->name, rank_bytes(ex, b), bytes);
+            cpc_status *st = xfer_rank_rows(ex, b, host, NULL, false);
+            return st ? st : xfer_rank_rows(ex, rb, host, NULL, false);
+        }
         if (bytes != g.bytes)
             return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
                              bf->name, g.bytes, bytes);

@@ -492,7 +492,7 @@ static void add_grad_box(run_ctx *x, float *global, const float *part, int64_t n
  * all_reduce). */
 static int64_t grad_kv_tokens(const run_ctx *x, int q)
 {
-    return x->L->cross ? x->L->Skv : cpc_layout_shard_tokens(x->L, q);
+    return x->L->cross ? x->L->Skv : cpc_layout_rank_tokens(x->L, q);
 }
 
 /* Bytes of world rank w's gradient blob (TAG_GRAD): its n_iter backward
@@ -502,7 +502,7 @@ static size_t grad_blob_bytes(const run_ctx *x, int w)
 {
     const cpc_layout *L = x->L;
     int q = cpc_placement_rank(&x->pl, w).q;
-    size_t T = (size_t)cpc_layout_shard_tokens(L, q), Tkv = (size_t)grad_kv_tokens(x, q);
+    size_t T = (size_t)cpc_layout_rank_tokens(L, q), Tkv = (size_t)grad_kv_tokens(x, q);
     return (size_t)(x->n_iter + 1) * sizeof(double) +
            (size_t)L->B * (T * (size_t)L->H + 2 * Tkv * (size_t)L->Hkv) * (size_t)L->D * sizeof(float);
 }
@@ -514,11 +514,53 @@ static size_t grad_blob_bytes(const run_ctx *x, int w)
  * (GQA; mutex: threads of one process).  Cross-attention dK/dV are whole
  * and identical on every rank of a group after the all_reduce: group rank
  * 0's are kept. */
+static void scatter_grads_rows(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
+                               int n_runs, int64_t T, int64_t Tkv);
+
 static void scatter_grads(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
                           int n_runs)
 {
     const cpc_layout *L = x->L;
-    int64_t T = cpc_layout_shard_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
+    int64_t T = cpc_layout_rank_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
+    if (L->rep && rp->q != 0) {
+        /* replicated segments: their rows' gradients are whole (and the
+         * same) on every rank of a group: group rank 0's are kept, the
+         * others give their shard's rows only */
+        int max_runs = cpc_layout_max_shard_runs(L) + 1;
+        int64_t Ts = cpc_layout_shard_tokens(L, rp->q);
+        size_t row[3] = {(size_t)L->H * (size_t)L->D, (size_t)L->Hkv * (size_t)L->D, (size_t)L->Hkv * (size_t)L->D};
+        cpc_run *sr = malloc((size_t)max_runs * sizeof *sr);
+        float *c = malloc((size_t)(L->B * Ts) * (row[0] + 2 * row[1]) * sizeof *c + 1);
+        if (sr && c) {
+            int ns = cpc_layout_shard_runs(L, rp->q, sr, max_runs);
+            const float *src = g;
+            float *dst = c;
+            for (int i = 0; i < 3; i++) {
+                for (int64_t b = 0; b < L->B; b++) {
+                    int64_t t = 0;
+                    for (int j = 0; j < ns; j++) {
+                        int64_t ro = cpc_layout_rank_offset(L, rp->q, sr[j].start);
+                        memcpy(dst + (size_t)(b * Ts + t) * row[i], src + (size_t)(b * T + ro) * row[i],
+                               (size_t)sr[j].len * row[i] * sizeof *c);
+                        t += sr[j].len;
+                    }
+                }
+                src += (size_t)(L->B * T) * row[i];
+                dst += (size_t)(L->B * Ts) * row[i];
+            }
+            scatter_grads_rows(x, rp, c, sr, ns, Ts, Ts);
+        }
+        free(sr);
+        free(c);
+        return;
+    }
+    scatter_grads_rows(x, rp, g, runs, n_runs, T, Tkv);
+}
+
+static void scatter_grads_rows(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
+                               int n_runs, int64_t T, int64_t Tkv)
+{
+    const cpc_layout *L = x->L;
     struct { float *dst; int h, gh, h0; } gr[3] = {
         {x->dq, L->H, x->G.H, rp->h0}, {x->dk, L->Hkv, x->G.Hkv, rp->hkv0}, {x->dv, L->Hkv, x->G.Hkv, rp->hkv0}};
     int64_t es = (int64_t)sizeof(float);
@@ -552,7 +594,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
                                    cpc_exec *ex, const cpc_run *runs, int n_runs)
 {
     const cpc_layout *L = x->L;
-    int64_t T = cpc_layout_shard_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
+    int64_t T = cpc_layout_rank_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
     size_t nb = grad_blob_bytes(x, p);
     char *blob = malloc(nb);
     if (!blob)
@@ -578,7 +620,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
         if (st || !x->mpi)
             return st;
         /* MPI world rank 0: every other rank's blob, in world-rank order */
-        int max_runs = cpc_layout_max_shard_runs(L) + 1;
+        int max_runs = cpc_layout_max_rank_runs(L) + 1;
         cpc_run *qr = malloc((size_t)max_runs * sizeof *qr);
         if (!qr)
             return cpc_error(CPC_E_NOMEM, "out of memory");
@@ -595,7 +637,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
                 const double *wd = buf;
                 memcpy(x->bwd_ms + (size_t)w * (size_t)x->n_iter, wd, (size_t)x->n_iter * sizeof(double));
                 x->bwd_bytes[w] = (int64_t)wd[x->n_iter];
-                int nw = cpc_layout_shard_runs(L, wp.q, qr, max_runs);
+                int nw = cpc_layout_rank_runs(L, wp.q, qr, max_runs);
                 scatter_grads(x, &wp, (const float *)(wd + x->n_iter + 1), qr, nw);
             }
             free(buf);
@@ -622,7 +664,7 @@ static cpc_status *rank_backward(run_ctx *x, int p, const cpc_rank_place *rp, cp
     float *lse = NULL;
     cpc_run *lr = NULL;
     cpc_status *st = NULL;
-    int64_t T = cpc_layout_shard_tokens(L, rp->q);
+    int64_t T = cpc_layout_rank_tokens(L, rp->q); /* its shard (and replicated segments) */
     size_t es = (size_t)cpc_dtype_size(L->dtype);
     size_t nq = (size_t)(L->B * T) * (size_t)L->H * (size_t)L->D;
     /* cross-attention: K/V, dK and dV are whole ([B, Skv, Hkv, D]) on every rank */
