@@ -18,8 +18,10 @@
 #include "plan_load.h"
 #include "program.h"
 #include "schedule.h"
+#include "schedule_bwd.h"
 #include "validate.h"
 #include "verify.h"
+#include "verify_bwd.h"
 
 static cpc_status *load_st(const char *yaml, cpc_plan **out)
 {
@@ -417,4 +419,86 @@ Test(replicate, random_plans_are_proved)
         cpc_plan_free(p);
     }
     cr_assert_gt(proved, 20, "only %d candidates were valid", proved);
+}
+
+/* ---- training (the backward program, SPEC section 10) ------------------------------ */
+
+static cpc_program *build_bwd(int text, int image, cpc_variant v, int R, int U, const char *rotate, bool overlap)
+{
+    char extra[160];
+    snprintf(extra, sizeof extra, "  mode: training\nschedule: {rotate: %s, overlap: %s}\n", rotate,
+             overlap ? "true" : "false");
+    char *t = text_of(6, text, image, true, R * U, extra);
+    cpc_plan *plan = load(t);
+    free(t);
+    cpc_program *prog = NULL;
+    cpc_status *st = cpc_schedule_build_backward(plan, v, R, U, &prog);
+    cr_assert_null(st, "backward schedule: %s", st ? st->message : "");
+    cpc_plan_free(plan);
+    return prog;
+}
+
+/* The (replicated q, replicated k) attn_bwd: the one guarded `r==0`. */
+static cpc_op *rep_rep_op(cpc_program *p)
+{
+    for (int i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == CPC_OP_ATTN_BWD && p->ops[i].when)
+            return &p->ops[i];
+    return NULL;
+}
+
+/* Every variant's backward program with a replicated text is proved (every
+ * rank enumerated: the (replicated q, replicated k) block is owned by ring
+ * rank 0, outside the symmetric class); planted faults are CP051: that
+ * block's gradient counted on every rank (its guard dropped), the
+ * replicated queries' part of the own block never added (the add dropped),
+ * the replicated rows' dQ not summed over the world (all_reduce -> copy). */
+Test(replicate, backward_every_variant_is_proved_and_faults_refused)
+{
+    struct { cpc_variant v; int R, U, text, image; const char *rotate; bool overlap; } rows[] = {
+        {CPC_VARIANT_RING, 2, 1, 8, 24, "p2p", true},           {CPC_VARIANT_RING, 3, 1, 7, 27, "p2p", false},
+        {CPC_VARIANT_RING, 3, 1, 7, 27, "allgather", true},     {CPC_VARIANT_RING_ANYTHING, 3, 1, 5, 26, "p2p", true},
+        {CPC_VARIANT_ULYSSES, 1, 2, 7, 24, "p2p", true},        {CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 25, "p2p", true},
+        {CPC_VARIANT_UNIFIED, 2, 3, 226, 24, "p2p", true},      {CPC_VARIANT_UNIFIED, 2, 2, 7, 24, "allgather", true},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        cpc_program *p = build_bwd(rows[i].text, rows[i].image, rows[i].v, rows[i].R, rows[i].U, rows[i].rotate,
+                                   rows[i].overlap);
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        cr_assert_null(st, "row %zu: %s", i, st ? st->message : "");
+        cr_assert_eq(stats.mode, CPC_VERIFY_FULL, "row %zu", i);
+        cr_assert_eq(stats.ranks, p->layout.P, "row %zu", i);
+        /* the replicated block's gradients on every rank */
+        cpc_op *rr = rep_rep_op(p);
+        cr_assert_not_null(rr);
+        cpc_expr *w = rr->when;
+        rr->when = NULL;
+        st = cpc_verify_backward_ex(p, NULL, &stats);
+        if (rows[i].R > 1) { /* with R == 1 every rank is ring rank 0: each member's heads once */
+            cr_assert_not_null(st, "row %zu: the replicated block counted on every rank was proved", i);
+            cr_assert_eq(st->rule, CPC_RULE_VERIFY);
+            cr_assert(strstr(st->message, "2 times or more"), "row %zu: %s", i, st->message);
+        } else {
+            cr_assert_null(st, "row %zu: %s", i, st ? st->message : "");
+        }
+        cpc_status_free(st);
+        rr->when = w;
+        /* the own block's part from the replicated queries dropped (the last add of dK) */
+        int at = -1;
+        for (int k = 0; k < p->n_ops; k++)
+            if (p->ops[k].kind == CPC_OP_ADD && strcmp(p->buffers[p->ops[k].in[0]].name, "dk_rep_blk") == 0)
+                at = k;
+        cr_assert(at >= 0);
+        cpc_op keep = p->ops[at];
+        p->ops[at].kind = CPC_OP_BARRIER;
+        p->ops[at].n_in = p->ops[at].n_out = 0;
+        p->ops[at].group = CPC_GROUP_WORLD;
+        st = cpc_verify_backward_ex(p, NULL, &stats);
+        cr_assert_not_null(st, "row %zu: a dropped own-block add was proved", i);
+        cr_assert(strstr(st->message, "0 times"), "row %zu: %s", i, st->message);
+        cpc_status_free(st);
+        p->ops[at] = keep;
+        cpc_program_free(p);
+    }
 }
