@@ -697,9 +697,10 @@ static cpc_status *check_operands(vb *V, int p, const xop *x)
 }
 
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
- * be complete: every (query block, key unit, query head) pair of its rows
- * and the heads its buffer holds exactly once, nothing else (no causal
- * mask: checked at the attn). */
+ * be complete: every (query block, key block, query head) pair of its rows
+ * and the heads its buffer holds exactly once, nothing else; with a causal
+ * mask the key blocks entirely above the diagonal may be missing (each at
+ * most once; vc_units_needed). */
 static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
 {
     const slot *sl = S(V, p, b);
@@ -734,7 +735,8 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
             }
         }
     }
-    for (int64_t c = 0; c < cells && !bad && nhh > 0; c++)
+    int U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
+    for (int64_t c = 0; c < (int64_t)need * nhh && !bad && nhh > 0; c++)
         if (!cnt[c])
             bad = vfail(p, x, "reads '%s', a recomputed attention result that is incomplete: its query rows never "
                               "met the keys of block %lld (query head %lld)",
@@ -1236,11 +1238,11 @@ static int advance(vb *V, int p)
             int qi = op->in[0], ki = op->in[1], vi = op->in[2];
             slot *q = S(V, p, qi), *k = S(V, p, ki), *v = S(V, p, vi);
             cpc_buf_tokens qt = BF(V, qi)->tokens;
-            if (prog->layout.causal || prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
+            if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
                 !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
                 V->err = vfail(p, x, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
-                                     "(ulysses_degree 1) or a ring block, no causal mask and no cross-attention "
-                                     "(the backward prover's class)");
+                                     "(ulysses_degree 1) or a ring block, and no cross-attention (the backward "
+                                     "prover's class)");
                 return -1;
             }
             if (!same_layout(V, ki, vi) || k->tag != v->tag) {

@@ -180,6 +180,12 @@ typedef struct vc_domain {
     bool p2p_attn;  /* attention results may travel point to point */
 } vc_domain;
 
+/* The key units (shards) query rows of units [lo, hi) must meet: all P, or
+ * with a causal mask the prefix [0, n) of units whose first token is at or
+ * before the rows' last one (blocks entirely above the diagonal may be
+ * skipped, or attended once). */
+int vc_units_needed(const cpc_layout *L, int lo, int hi);
+
 /* THE SHARED RULES.  Each returns NULL when the rule holds, else the
  * violation in msg (n bytes). */
 /* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
