@@ -28,7 +28,8 @@
 #include <string.h>
 
 #define MAX_DEPTH 8        /* loop nesting accepted (as cpc_program_walk) */
-#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence */
+#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence, or the replicated
+                              segments' rows (layout.h) */
 #define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
 #define MATCH_NONE (-1)
 #define MATCH_PHANTOM (-2) /* matched by a rank outside the simulated set */
@@ -263,7 +264,9 @@ static const char *buf_name(const ctx *C, int b)
 /* Words for a token range. */
 static const char *tok_desc(const ctx *C, int lo, int hi, char *buf, size_t n)
 {
-    if (lo == TOK_KV)
+    if (lo == TOK_KV && C->L->rep)
+        snprintf(buf, n, "the replicated segments (%" PRId64 " tokens)", C->L->Srep);
+    else if (lo == TOK_KV)
         snprintf(buf, n, "the cross-attention K/V sequence (%" PRId64 " tokens)", C->L->Skv);
     else if (lo == TOK_UNSET)
         snprintf(buf, n, "no tokens yet");
@@ -711,7 +714,7 @@ static inline void rank_dom_at(rank_dom *d, ctx *C, rank_st *rk, const opnode *n
     rank_dom dd_;                                                                                                 \
     rank_dom_at(&dd_, (C), (rk), (nd), (step));                                                                   \
     vc_domain dom = rank_ops;                                                                                     \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
 
 /* A step's answer as this rank's result: a fault (the domain always
  * decides) at the op nd. */
@@ -1584,7 +1587,8 @@ static int check_buffers(ctx *C)
         if (B->io == CPC_IO_INPUT) {
             bool ok = B->role == CPC_ROLE_Q || B->role == CPC_ROLE_K || B->role == CPC_ROLE_V;
             bool tok = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && C->U == 1) ||
-                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role));
+                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role)) ||
+                       (B->tokens == CPC_TOK_KV && C->L->rep && B->heads == CPC_HEADS_ALL);
             if (!ok || !tok)
                 return fail(C, -1, NULL, 0,
                             "INPUT buffer %s (role %s, tokens %s) cannot be filled from q/k/v: inputs are q, k "
@@ -1593,18 +1597,24 @@ static int check_buffers(ctx *C)
                             B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens));
         }
         if (B->io == CPC_IO_OUTPUT) {
-            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) || B->tokens != CPC_TOK_SHARD ||
-                B->heads != CPC_HEADS_ALL)
+            bool rep_out = C->L->rep && B->role == CPC_ROLE_O && B->tokens == CPC_TOK_KV;
+            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) ||
+                (B->tokens != CPC_TOK_SHARD && !rep_out) || B->heads != CPC_HEADS_ALL)
                 return fail(C, -1, NULL, 0,
                             "OUTPUT buffer %s (role %s, tokens %s, heads %s) must be an o or lse shard with all heads",
                             B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens),
                             cpc_buf_heads_name(B->heads));
         }
-        if (B->tokens == CPC_TOK_KV && !C->L->cross)
-            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention",
-                        B->name);
+        if (B->tokens == CPC_TOK_KV && !C->L->cross && !C->L->rep)
+            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention "
+                        "nor replicated segment", B->name);
     }
-    bool has_out = false;
+    bool has_out = false, has_rep_out = false;
+    for (int b = 0; b < P->n_buffers; b++)
+        has_rep_out |= P->buffers[b].io == CPC_IO_OUTPUT && P->buffers[b].tokens == CPC_TOK_KV;
+    if (C->L->rep && !has_rep_out)
+        return fail(C, -1, NULL, 0, "the program has no OUTPUT buffer of the replicated segments' rows "
+                    "(kv layout): every rank returns their whole output");
     for (int b = 0; b < P->n_buffers; b++)
         has_out |= P->buffers[b].io == CPC_IO_OUTPUT;
     if (!has_out)

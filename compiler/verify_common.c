@@ -322,9 +322,12 @@ static vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char 
     bool keys = d->has_keys(SELF, v);
     if (d->tok_is(SELF, v, VC_T_UNSET) == VC_YES || (!keys && v->kvcov == 0))
         return FAULT("%s holds no attention result: no attention block was merged into it", name);
-    if (d->tok_is(SELF, v, VC_T_KV) == VC_YES)
+    if (!d->rep && d->tok_is(SELF, v, VC_T_KV) == VC_YES)
         return FAULT("%s has cross-attention K/V as its query rows", name);
-    if (d->cross) {
+    if (d->rep) {
+        if (v->kvcov != 1)
+            return FAULT("%s: query rows of %s never met the keys/values of the replicated segments", name, W(v, w));
+    } else if (d->cross) {
         if (v->kvcov != 1 || keys)
             return FAULT("%s: query rows of %s %s", name, W(v, w),
                          v->kvcov == 0 ? "never met the cross-attention keys/values"
@@ -332,7 +335,7 @@ static vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char 
         v->final = 1;
         return VC_YES;
     }
-    if (v->kvcov != 0)
+    if (v->kvcov != 0 && !d->rep)
         return FAULT("%s mixes cross-attention and self-attention keys", name);
     why[0] = 0;
     vc_tri t = d->covered(SELF, v, name, why, sizeof why);
@@ -390,7 +393,7 @@ static vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     if (t != VC_YES)
         return UNDEC("cannot decide for every rank that k (%s) and v (%s) hold the same block", NM(op->in[1]),
                      NM(op->in[2]));
-    if (d->tok_is(SELF, Q, VC_T_UNSET) == VC_YES || d->tok_is(SELF, Q, VC_T_KV) == VC_YES)
+    if (d->tok_is(SELF, Q, VC_T_UNSET) == VC_YES || (!d->rep && d->tok_is(SELF, Q, VC_T_KV) == VC_YES))
         return FAULT("query input %s holds %s", NM(op->in[0]), W(Q, w1));
     vc_val *o = d->tmp(SELF, 0);
     t = d->attn_keys(SELF, op, Q, K, o, msg, n);
@@ -442,8 +445,8 @@ static vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_
         if (wr(d, op->out[j], msg, n) != VC_YES)
             return VC_NO;
     if (Acc->kvcov + A->kvcov > 1)
-        return FAULT("query rows of %s meet the cross-attention keys/values twice (%s, from %s)", W(A, w1),
-                     NM(op->in[0]), d->writer(SELF, op->in[0]));
+        return FAULT("query rows of %s meet the %s keys/values twice (%s, from %s)", W(A, w1),
+                     d->rep ? "replicated segments'" : "cross-attention", NM(op->in[0]), d->writer(SELF, op->in[0]));
     why[0] = 0;
     t = d->merge_keys(SELF, Acc, A, why, sizeof why); /* in place: a fault ends the proof */
     if (t == VC_NO) {
@@ -589,7 +592,14 @@ vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         vc_tri t = src_is_attn(in->src) ? vc_complete(d, in, NM(op->in[j]), msg, n) : VC_YES;
         if (t != VC_YES)
             return t;
-        if (op->kind == CPC_OP_ALL_TO_ALL) {
+        if (op->kind == CPC_OP_ALL_TO_ALL && !(op->dir == CPC_A2A_SEQ_TO_HEADS) && d->rep &&
+            d->prog->buffers[op->in[j]].tokens == CPC_TOK_KV) {
+            /* heads_to_seq of replicated rows: every member's head part, whole rows */
+            t = vc_and(d->tok_is(SELF, in, VC_T_KV), d->heads_are(SELF, in, VC_H_PART));
+            if (t != VC_YES)
+                return NOT_YES(t, "all_to_all heads_to_seq of replicated rows needs them with the rank's head part in "
+                               "%s, which holds %s%s", NM(op->in[j]), W(in, w1), t == VC_NO ? "" : " on some ranks only");
+        } else if (op->kind == CPC_OP_ALL_TO_ALL) {
             bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
             t = vc_and(d->tok_is(SELF, in, s2h ? VC_T_OWN : VC_T_BLOCK),
                        d->heads_are(SELF, in, s2h ? VC_H_ALL : VC_H_PART));
@@ -624,6 +634,8 @@ vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n
         o->assumed = in->assumed;
         if (op->kind == CPC_OP_ALL_TO_ALL && op->dir == CPC_A2A_SEQ_TO_HEADS)
             d->shape(SELF, o, VC_T_BLOCK, VC_H_PART, -1, NULL);
+        else if (op->kind == CPC_OP_ALL_TO_ALL && d->rep && d->prog->buffers[op->in[j]].tokens == CPC_TOK_KV)
+            d->shape(SELF, o, VC_T_KV, VC_H_ALL, -1, NULL); /* replicated rows, every head */
         else if (op->kind == CPC_OP_ALL_TO_ALL)
             d->shape(SELF, o, VC_T_OWN, VC_H_ALL, -1, NULL);
         else
@@ -650,9 +662,10 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
     if (!src_is_attn(v->src))
         return FAULT("the OUTPUT buffer %s ends holding %s data, not the attention output", NM(b),
                      src_names_of(v->src));
-    vc_tri t = vc_and(d->tok_is(SELF, v, VC_T_OWN), d->heads_are(SELF, v, VC_H_ALL));
+    bool kv = d->rep && d->prog->buffers[b].tokens == CPC_TOK_KV; /* the replicated rows' output */
+    vc_tri t = vc_and(d->tok_is(SELF, v, kv ? VC_T_KV : VC_T_OWN), d->heads_are(SELF, v, VC_H_ALL));
     if (t != VC_YES)
-        return NOT_YES(t, "%sthe OUTPUT buffer %s ends holding %s, not this rank's shard with all heads (last written "
+        return NOT_YES(t, "%sthe OUTPUT buffer %s ends holding %s, not this rank's shard (or replicated rows) with all heads (last written "
                           "by %s)",
                        t == VC_NO ? "" : "cannot decide for every rank whether ", NM(b), W(v, w1), d->writer(SELF, b));
     return vc_complete(d, v, NM(b), msg, n);

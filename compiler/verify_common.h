@@ -177,6 +177,9 @@ typedef struct vc_domain {
     void (*sender)(void *self, const void *rq, char *who, size_t nw, char *op, size_t no);
     const cpc_program *prog;
     bool cross;     /* cross-attention (the layout's) */
+    bool rep;       /* replicated segments (layout.h): the kv layout holds their rows, which
+                       are query rows too; every query meets their keys once (kvcov 1) and
+                       every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
 } vc_domain;
 

@@ -676,7 +676,7 @@ static const char *tok_words(const sctx *C, const sval *v, char *buf, size_t n)
     case T_UNSET: snprintf(buf, n, "no tokens yet"); break;
     case T_OWN: snprintf(buf, n, "its own shard"); break;
     case T_ALL: snprintf(buf, n, "all %" PRId64 " tokens (every ring block)", C->L->S); break;
-    case T_KV: snprintf(buf, n, "the cross-attention K/V sequence"); break;
+    case T_KV: snprintf(buf, n, C->L->rep ? "the replicated segments" : "the cross-attention K/V sequence"); break;
     case T_OTHER: snprintf(buf, n, "another rank's shard"); break;
     default:
         if (C->in_loop && v->blk.b)
@@ -1421,7 +1421,7 @@ static inline void sym_dom_at(sym_dom *d, sctx *C, const snode *nd)
     sym_dom dd_;                                                                                                  \
     sym_dom_at(&dd_, (C), (nd));                                                                                  \
     vc_domain dom = sym_ops;                                                                                      \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
 
 /* A step's answer as the proof's result at the op nd. */
 static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)

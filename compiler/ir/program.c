@@ -437,7 +437,7 @@ int64_t cpc_buffer_rows(const cpc_program *prog, int b, const cpc_coords *c, int
     case CPC_TOK_ALL:
         return cpc_layout_block_offset(L, L->R);
     case CPC_TOK_KV:
-        return L->Skv;
+        return cpc_layout_kv_rows(L);
     default:
         return 0;
     }
@@ -738,6 +738,10 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
                     int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
                     bc->sent += mine * hj * per_tok;
                     bc->recvd += theirs * hu * per_tok;
+                } else if (bf->tokens == CPC_TOK_KV) {
+                    /* replicated rows: every member's heads to every member */
+                    bc->sent += cpc_layout_kv_rows(L) * hu * per_tok;
+                    bc->recvd += cpc_layout_kv_rows(L) * hj * per_tok;
                 } else {
                     bc->sent += cpc_layout_shard_tokens(L, (int)cj.p) * hu * per_tok;
                     bc->recvd += cpc_layout_shard_tokens(L, (int)c->p) * hj * per_tok;

@@ -88,6 +88,8 @@ def parser():
     p.add_argument("--width", type=int, default=6)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--train", action="store_true")
+    p.add_argument("--replicate-text", action="store_true",
+                   help="parallelize(..., replicate_text=True): the text whole on every rank")
     p.add_argument("--expect-error", default=None, help="a cpc error class name")
     p.add_argument("--name", default=None)
     return p
@@ -163,7 +165,8 @@ def one(a, torch, comm, rank):
     if a.anything:
         pc["ulysses_anything" if a.ulysses > 1 else "ring_anything"] = True
     try:
-        cpc.diffusers.parallelize(model, pc, comm=comm)
+        kw = {"replicate_text": True} if a.replicate_text else {}
+        cpc.diffusers.parallelize(model, pc, comm=comm, **kw)
         t0 = time.perf_counter()
         out, dx, grads = run()
         dt = time.perf_counter() - t0

@@ -43,6 +43,10 @@ CASES_2 = {
     "flux-ulysses-train-fp32": "--model flux --ulysses 2 --train --batch 2",
     "flux-ring_anything-odd-train-fp32": "--model flux --ring 2 --anything --tokens 23 "
                                          "--text 5 --train",
+    # replicate_text=True (xDiT's layout): 7 text tokens whole on every rank, not split
+    "flux-ring-replicate-odd-fp32": "--model flux --ring 2 --replicate-text --text 7",
+    "flux-ulysses-replicate-odd-bf16": "--model flux --ulysses 2 --replicate-text --text 7 "
+                                       "--dtype bf16",
     "flux2-ring-bf16": "--model flux2 --ring 2 --dtype bf16",
     "flux2-ulysses_anything-odd-train-fp32": "--model flux2 --ulysses 2 --anything "
                                              "--tokens 25 --text 7 --train",
@@ -64,6 +68,8 @@ CASES_4 = {
                                       "--tokens 27 --text 7",
     "flux-unified-train-fp32": "--model flux --ring 2 --ulysses 2 --train",
     "flux2-unified-fp32": "--model flux2 --ring 2 --ulysses 2",
+    "flux-unified-replicate-odd-fp32": "--model flux --ring 2 --ulysses 2 --replicate-text "
+                                       "--text 7",
     "wan-ulysses-fp32": "--model wan --ulysses 4 --frames 4",
     "wan-ring_anything-odd-bf16": "--model wan --ring 4 --anything --frames 5 --height 6 "
                                   "--width 6 --dtype bf16",
