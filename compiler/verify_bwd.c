@@ -703,8 +703,8 @@ static cpc_status *check_operands(vb *V, int p, const xop *x)
  * most once; vc_units_needed). */
 static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
 {
-    const slot *sl = S(V, p, b);
-    if (!sl->fwd)
+    slot *sl = S(V, p, b);
+    if (!sl->fwd || sl->final) /* final: proved complete since it was last written (the loop reads it R times) */
         return NULL;
     int lo, hi;
     held_heads(V, b, p % V->U, &lo, &hi);
@@ -742,6 +742,8 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
                               "met the keys of block %lld (query head %lld)",
                         bn(V, b), (long long)(c / nhh), (long long)(lo + c % nhh));
     free(cnt);
+    if (!bad)
+        sl->final = 1;
     return bad;
 }
 
@@ -1071,6 +1073,7 @@ static int advance(vb *V, int p)
                     cs_clear(&sl->cnt);
                     sl->written = true;
                     sl->fwd = true;
+                    sl->final = 0;
                     sl->src = i == 0 ? CPC_CONTENT_OUT : CPC_CONTENT_LSE;
                     sl->stamp = stamp;
                     sl->merged = 0;
@@ -1275,6 +1278,7 @@ static int advance(vb *V, int p)
                 }
                 o->written = true;
                 o->fwd = true;
+                o->final = 0;
                 o->tag = q->tag;
                 o->stamp = stamp;
                 o->merged = 0;
@@ -1296,6 +1300,7 @@ static int advance(vb *V, int p)
                 return -1;
             }
             a->merged = al->merged = 1;
+            acc->final = accl->final = 0;
             keep_fwd = true;
             break;
         }
