@@ -32,8 +32,9 @@
  *   of the one generic rank), blocking and rendezvous, and loops (unrolled
  *   per rank, or induction on the step).  One fault thus gets one message
  *   from both (tests/test_verify_sym.c one_step_gives_one_message).
- *   The backward prover (verify_bwd.c) shares the rules (and vc_merge's
- *   provenance rule for the attention it may recompute), not yet the step.
+ *   The backward prover (verify_bwd.c) shares the rules (and, for the
+ *   attention it may recompute, vc_merge's provenance rule and the causal
+ *   skip vc_units_needed), not yet the step.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
