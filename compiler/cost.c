@@ -604,14 +604,71 @@ static double causal_pairs(int64_t q0, int64_t q1, int64_t k0, int64_t k1)
     return total;
 }
 
+/* Key runs sorted by start and disjoint (what layouts give): the fast path
+ * of cpc_visible_pairs can binary-search them. */
+static bool runs_sorted_disjoint(const cpc_run *k, int nk)
+{
+    for (int j = 1; j < nk; j++)
+        if (k[j].start < k[j - 1].start + k[j - 1].len)
+            return false;
+    return true;
+}
+
+/* First index j in [0, nk) with k[j].start + k[j].len > x (nk if none); k
+ * sorted and disjoint, so the ends are increasing. */
+static int first_run_ending_after(const cpc_run *k, int nk, int64_t x)
+{
+    int lo = 0, hi = nk;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (k[mid].start + k[mid].len > x)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal)
 {
     double total = 0;
-    for (int i = 0; i < nq; i++)
+    if (!causal) {
+        double tq = 0, tk = 0;
+        for (int i = 0; i < nq; i++)
+            tq += (double)q[i].len;
         for (int j = 0; j < nk; j++)
-            total += causal ? causal_pairs(q[i].start, q[i].start + q[i].len, k[j].start,
-                                           k[j].start + k[j].len)
-                            : (double)q[i].len * (double)k[j].len;
+            tk += (double)k[j].len;
+        return tq * tk;
+    }
+    if ((int64_t)nq * nk <= 4096 || !runs_sorted_disjoint(k, nk)) {
+        for (int i = 0; i < nq; i++)
+            for (int j = 0; j < nk; j++)
+                total += causal_pairs(q[i].start, q[i].start + q[i].len, k[j].start, k[j].start + k[j].len);
+        return total;
+    }
+    /* Causal over many runs (a Ulysses rank holds U runs of the sequence):
+     * for a query run [q0, q1), key runs that end at or before q0 + 1 are
+     * seen whole by every row (a prefix sum), runs that start at or after q1
+     * not at all, and only the runs in between need the closed form, so the
+     * cost is O((nq + overlaps) log nk), not O(nq * nk). */
+    double prefix = 0; /* keys in runs [0, done) */
+    int done = 0;
+    for (int i = 0; i < nq; i++) {
+        int64_t q0 = q[i].start, q1 = q[i].start + q[i].len;
+        if (q1 <= q0)
+            continue;
+        int whole = first_run_ending_after(k, nk, q0 + 1); /* runs [0, whole) end <= q0 + 1 */
+        /* prefix sum of [0, whole): move `done` there (query runs need not be sorted) */
+        if (whole >= done)
+            for (; done < whole; done++)
+                prefix += (double)k[done].len;
+        else
+            for (; done > whole; done--)
+                prefix -= (double)k[done - 1].len;
+        total += (double)(q1 - q0) * prefix;
+        for (int j = whole; j < nk && k[j].start < q1; j++)
+            total += causal_pairs(q0, q1, k[j].start, k[j].start + k[j].len);
+    }
     return total;
 }
 

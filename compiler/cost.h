@@ -420,8 +420,11 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                               const cpc_device_profile *dev, cpc_prediction *out);
 
 /* Visible (query, key) pairs of a block: sum over pairs of runs of the number
- * of (i, j) with j <= i when causal, else nq * nk.  Closed form per pair of
- * runs (O(nq * nk)), in double: S^2 exceeds int64 beyond ~3e9 tokens. */
+ * of (i, j) with j <= i when causal, else (sum of q lengths) x (sum of k
+ * lengths).  Causal: a closed form per pair of runs that overlap; key runs
+ * sorted and disjoint (as layouts give) are binary-searched, so the time is
+ * O((nq + overlapping pairs) log nk), else O(nq * nk).  In double: S^2
+ * exceeds int64 beyond ~3e9 tokens.  Pure; thread-safe. */
 double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal);
 
 /* The price callback for cpc_validate_priced (validate.h): builds the

@@ -261,41 +261,6 @@ static const char *buf_name(const ctx *C, int b)
     return C->prog->buffers[b].name;
 }
 
-/* Smallest / largest global token position of shard unit u. */
-static int64_t unit_min(const ctx *C, int u)
-{
-    const cpc_layout *L = C->L;
-    if (L->zigzag)
-        return (int64_t)u * (L->S / (2 * (int64_t)L->P));
-    int64_t best = INT64_MAX;
-    for (int j = 0; j < L->n_seg; j++)
-        if (cpc_split_len(L->seg_len[j], L->P, u) > 0) {
-            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u);
-            if (x < best)
-                best = x;
-        }
-    return best;
-}
-
-static int64_t unit_max(const ctx *C, int u)
-{
-    const cpc_layout *L = C->L;
-    if (L->zigzag) {
-        int64_t c = L->S / (2 * (int64_t)L->P);
-        return (int64_t)(2 * L->P - 1 - u) * c + c - 1;
-    }
-    int64_t best = -1;
-    for (int j = 0; j < L->n_seg; j++) {
-        int64_t len = cpc_split_len(L->seg_len[j], L->P, u);
-        if (len > 0) {
-            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u) + len - 1;
-            if (x > best)
-                best = x;
-        }
-    }
-    return best;
-}
-
 /* Words for a token range. */
 static const char *tok_desc(const ctx *C, int lo, int hi, char *buf, size_t n)
 {
@@ -418,27 +383,8 @@ static int cov_union(aval *dst, const aval *add)
 static vc_tri covered_at(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const aval *v, const char *bname)
 {
     char t1[160], t2[160], h1[48];
-    /* Required units: all of [0, P), or with a causal mask the prefix of
-     * units whose first token is at or before the last query row (unit_min
-     * is nondecreasing in the unit index). */
-    int need = C->P;
-    if (C->L->causal) {
-        int64_t qmax = -1;
-        for (int u = v->tlo; u < v->thi; u++) {
-            int64_t m = unit_max(C, u);
-            if (m > qmax)
-                qmax = m;
-        }
-        int lo = 0, hi = C->P; /* first unit with unit_min > qmax */
-        while (lo < hi) {
-            int mid = lo + (hi - lo) / 2;
-            if (unit_min(C, mid) <= qmax)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        need = lo;
-    }
+    /* Required units (vc_units_needed): all, or with a causal mask a prefix. */
+    int need = vc_units_needed(C->L, v->tlo, v->thi);
     int missing = -1; /* the first unit not covered */
     if (v->ncov == 0 || v->cov[0] > 0)
         missing = 0;

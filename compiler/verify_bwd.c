@@ -701,13 +701,14 @@ static cpc_status *check_operands(vb *V, int p, const xop *x)
 }
 
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
- * be complete: every (query block, key unit, query head) pair of its rows
- * and the heads its buffer holds exactly once, nothing else (no causal
- * mask: checked at the attn). */
+ * be complete: every (query block, key block, query head) pair of its rows
+ * and the heads its buffer holds exactly once, nothing else; with a causal
+ * mask the key blocks entirely above the diagonal may be missing (each at
+ * most once; vc_units_needed). */
 static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
 {
-    const slot *sl = S(V, p, b);
-    if (!sl->fwd)
+    slot *sl = S(V, p, b);
+    if (!sl->fwd || sl->final) /* final: proved complete since it was last written (the loop reads it R times) */
         return NULL;
     int lo, hi;
     held_heads(V, b, p % V->U, &lo, &hi);
@@ -738,12 +739,15 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
             }
         }
     }
-    for (int64_t c = 0; c < cells && !bad && nhh > 0; c++)
+    int U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
+    for (int64_t c = 0; c < (int64_t)need * nhh && !bad && nhh > 0; c++)
         if (!cnt[c])
             bad = vfail(p, x, "reads '%s', a recomputed attention result that is incomplete: its query rows never "
                               "met the keys of block %lld (query head %lld)",
                         bn(V, b), (long long)(c / nhh), (long long)(lo + c % nhh));
     free(cnt);
+    if (!bad)
+        sl->final = 1;
     return bad;
 }
 
@@ -1073,6 +1077,7 @@ static int advance(vb *V, int p)
                     cs_clear(&sl->cnt);
                     sl->written = true;
                     sl->fwd = true;
+                    sl->final = 0;
                     sl->src = i == 0 ? CPC_CONTENT_OUT : CPC_CONTENT_LSE;
                     sl->stamp = stamp;
                     sl->merged = 0;
@@ -1243,11 +1248,11 @@ static int advance(vb *V, int p)
             int qi = op->in[0], ki = op->in[1], vi = op->in[2];
             slot *q = S(V, p, qi), *k = S(V, p, ki), *v = S(V, p, vi);
             cpc_buf_tokens qt = BF(V, qi)->tokens;
-            if (prog->layout.causal || prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
+            if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
                 !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
                 V->err = vfail(p, x, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
-                                     "(ulysses_degree 1) or a ring block, no causal mask and no cross-attention "
-                                     "(the backward prover's class)");
+                                     "(ulysses_degree 1) or a ring block, and no cross-attention (the backward "
+                                     "prover's class)");
                 return -1;
             }
             if (!same_layout(V, ki, vi) || k->tag != v->tag) {
@@ -1280,6 +1285,7 @@ static int advance(vb *V, int p)
                 }
                 o->written = true;
                 o->fwd = true;
+                o->final = 0;
                 o->tag = q->tag;
                 o->stamp = stamp;
                 o->merged = 0;
@@ -1301,6 +1307,7 @@ static int advance(vb *V, int p)
                 return -1;
             }
             a->merged = al->merged = 1;
+            acc->final = accl->final = 0;
             keep_fwd = true;
             break;
         }

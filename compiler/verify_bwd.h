@@ -114,11 +114,13 @@
  *   7. Forward ops in a backward program: barrier (a collective without
  *      data); attn, merge and a forward init_acc (acc, lse) recompute
  *      attention (e.g. the LSE instead of reading the saved one): K/V ring
- *      blocks, q a shard (U == 1) or a ring block, no causal mask, no
- *      cross-attention.  Its (query block, key block, head) pairs are kept
- *      as runs like gradients; where delta or attn_bwd reads a recomputed
- *      result, every pair of its rows and heads is there exactly once; it
- *      stays on its rank (sending, gathering or copying it is refused).
+ *      blocks, q a shard (U == 1) or a ring block, no cross-attention.  Its
+ *      (query block, key block, head) pairs are kept as runs like
+ *      gradients; where delta or attn_bwd reads a recomputed result, every
+ *      pair of its rows and heads is there exactly once (with a causal mask
+ *      the key blocks entirely above the diagonal may be missing:
+ *      vc_units_needed); it stays on its rank (sending, gathering or copying
+ *      it is refused).
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,

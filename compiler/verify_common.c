@@ -2,6 +2,7 @@
 #include "verify_common.h"
 
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,6 +168,62 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         return msg;
     }
     return NULL;
+}
+
+/* ---- coverage under a causal mask ------------------------------------------------------------ */
+
+/* Smallest / largest global token position of shard unit u (flat rank u's shard). */
+static int64_t unit_min(const cpc_layout *L, int u)
+{
+    if (L->zigzag)
+        return (int64_t)u * (L->S / (2 * (int64_t)L->P));
+    int64_t best = INT64_MAX;
+    for (int j = 0; j < L->n_seg; j++)
+        if (cpc_split_len(L->seg_len[j], L->P, u) > 0) {
+            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u);
+            if (x < best)
+                best = x;
+        }
+    return best;
+}
+
+static int64_t unit_max(const cpc_layout *L, int u)
+{
+    if (L->zigzag) {
+        int64_t c = L->S / (2 * (int64_t)L->P);
+        return (int64_t)(2 * L->P - 1 - u) * c + c - 1;
+    }
+    int64_t best = -1;
+    for (int j = 0; j < L->n_seg; j++) {
+        int64_t len = cpc_split_len(L->seg_len[j], L->P, u);
+        if (len > 0) {
+            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u) + len - 1;
+            if (x > best)
+                best = x;
+        }
+    }
+    return best;
+}
+
+int vc_units_needed(const cpc_layout *L, int lo, int hi)
+{
+    if (!L->causal)
+        return L->P;
+    int64_t qmax = -1;
+    for (int u = lo; u < hi; u++) {
+        int64_t m = unit_max(L, u);
+        if (m > qmax)
+            qmax = m;
+    }
+    int a = 0, b = L->P; /* the first unit with unit_min > qmax (unit_min is nondecreasing) */
+    while (a < b) {
+        int mid = a + (b - a) / 2;
+        if (unit_min(L, mid) <= qmax)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a;
 }
 
 /* ---- the op tree -------------------------------------------------------------------------- */

@@ -32,8 +32,9 @@
  *   of the one generic rank), blocking and rendezvous, and loops (unrolled
  *   per rank, or induction on the step).  One fault thus gets one message
  *   from both (tests/test_verify_sym.c one_step_gives_one_message).
- *   The backward prover (verify_bwd.c) shares the rules (and vc_merge's
- *   provenance rule for the attention it may recompute), not yet the step.
+ *   The backward prover (verify_bwd.c) shares the rules (and, for the
+ *   attention it may recompute, vc_merge's provenance rule and the causal
+ *   skip vc_units_needed), not yet the step.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
@@ -182,6 +183,12 @@ typedef struct vc_domain {
                        every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
 } vc_domain;
+
+/* The key units (shards) query rows of units [lo, hi) must meet: all P, or
+ * with a causal mask the prefix [0, n) of units whose first token is at or
+ * before the rows' last one (blocks entirely above the diagonal may be
+ * skipped, or attended once). */
+int vc_units_needed(const cpc_layout *L, int lo, int hi);
 
 /* THE SHARED RULES.  Each returns NULL when the rule holds, else the
  * violation in msg (n bytes). */

@@ -51,6 +51,63 @@ Test(cost, visible_pairs)
     cr_assert_eq(cpc_visible_pairs(&q, 1, &k3, 1, true), 1 + 2); /* q2:{2} q3:{2,3} */
 }
 
+/* Many runs (a Ulysses rank's U shards; the binary-searched path): the
+ * causal count equals a direct count of every (query, key) pair, for random
+ * disjoint key runs (sorted, and shuffled: the O(nq * nk) path) and random
+ * query runs in any order; non-causal is the product of the totals. */
+Test(cost, visible_pairs_of_many_runs_count_every_pair)
+{
+    enum { S = 1500, NR = 120 };
+    static unsigned char isk[S];
+    unsigned seed = 12345u;
+    for (int trial = 0; trial < 6; trial++) {
+        cpc_run k[NR], q[NR];
+        int nk = 0, nq = 0;
+        int64_t pos = 0;
+        memset(isk, 0, sizeof isk);
+        while (nk < NR && pos < S) { /* disjoint, sorted: gaps and runs of 1..20 */
+            seed = seed * 1103515245u + 12345u;
+            int64_t gap = (seed >> 16) % 4, len = 1 + (seed >> 8) % 20;
+            if (pos + gap + len > S)
+                break;
+            k[nk].start = pos + gap;
+            k[nk].len = len;
+            for (int64_t x = pos + gap; x < pos + gap + len; x++)
+                isk[x] = 1;
+            pos += gap + len;
+            nk++;
+        }
+        while (nq < NR) { /* query runs anywhere, overlapping one another is fine */
+            seed = seed * 1103515245u + 12345u;
+            int64_t st = (seed >> 16) % S, len = 1 + (seed >> 4) % 30;
+            if (st + len > S)
+                len = S - st;
+            q[nq].start = st;
+            q[nq].len = len;
+            nq++;
+        }
+        double want = 0, tq = 0, tk = 0;
+        for (int i = 0; i < nq; i++) {
+            tq += (double)q[i].len;
+            for (int64_t x = q[i].start; x < q[i].start + q[i].len; x++)
+                for (int64_t y = 0; y <= x; y++)
+                    want += isk[y];
+        }
+        for (int j = 0; j < nk; j++)
+            tk += (double)k[j].len;
+        cr_assert_gt((double)nq * nk, 4096.0);
+        cr_assert_eq(cpc_visible_pairs(q, nq, k, nk, true), want, "trial %d: %.0f vs %.0f", trial,
+                     cpc_visible_pairs(q, nq, k, nk, true), want);
+        cr_assert_eq(cpc_visible_pairs(q, nq, k, nk, false), tq * tk);
+        for (int j = nk - 1; j > 0; j--) { /* shuffled keys: the general path */
+            seed = seed * 1103515245u + 12345u;
+            int r = (int)((seed >> 16) % (unsigned)(j + 1));
+            cpc_run t = k[j]; k[j] = k[r]; k[r] = t;
+        }
+        cr_assert_eq(cpc_visible_pairs(q, nq, k, nk, true), want);
+    }
+}
+
 /* The seed's tables: with all-gather rotation (diffusers), FLUX.1-dev 1024^2 on 4 GPUs
  * is ulysses < unified < ring on h100-sxm, l20 and rtx4090; ulysses_anything within 5%
  * of ulysses. */

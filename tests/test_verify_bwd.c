@@ -464,8 +464,9 @@ Test(verify_bwd, barrier_in_a_backward_program)
 /* attn and merge are forward ops the backward step takes too: a backward
  * program that recomputes the LSE (a whole ring pass of attn + merge, K/V
  * back in place after R rotations) instead of reading the saved one is
- * proven; the recomputed result must be complete and exactly once where
- * delta or attn_bwd read it, and stays on its rank. */
+ * proven, without a mask and under a causal one; the recomputed result must
+ * be complete and exactly once where delta or attn_bwd read it, and stays
+ * on its rank. */
 #define RECOMPUTE_BUFS                                                                                      \
     "  - {name: dv_out, role: dv, tokens: block, heads: all, io: none}\n"                                   \
     "  - {name: o_blk, role: acc, tokens: shard, heads: all, io: none}\n"                                   \
@@ -491,6 +492,8 @@ Test(verify_bwd, attention_recomputed_in_a_backward_program)
                         "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL};
     cpc_status *st = load_tampered_masked("none", ok);
     cr_assert_null(st, "%s", st ? st->message : "");
+    st = load_tampered_masked("causal", ok);
+    cr_assert_null(st, "causal: %s", st ? st->message : "");
     struct {
         const char *what, *needle, *mask;
         const char *e[9];
@@ -515,9 +518,11 @@ Test(verify_bwd, attention_recomputed_in_a_backward_program)
                                           "    - {kind: recv, group: ring, peer: (r-1)%R, out: [o_blk], block: (r-1)%R, tag: 3}\n"
                                           "    - {kind: wait, tag: 3}\n"),
           READS_LSE, "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
-        {"recomputed under a causal mask", "causal", "causal",
-         {DV_OUT, RECOMPUTE_BUFS, DELTA, RECOMPUTE_LOOP("R", ATTN_MERGE), READS_LSE,
-          "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
+        {"a block skipped under a causal mask (zigzag shards: every block is needed)", "incomplete", "causal",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA,
+          RECOMPUTE_LOOP("R", "    - {kind: attn, in: [q, k_cur, v_cur], out: [o_blk, lse_blk], when: s>0}\n"
+                              "    - {kind: merge, in: [o_blk, lse_blk], out: [racc, rlse], when: s>0}\n"),
+          READS_LSE, "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         st = load_tampered_masked(bad[i].mask, bad[i].e);
