@@ -962,6 +962,55 @@ Test(api, backward_matches_float64_on_thread_ranks)
     }
 }
 
+/* Replicated segments (SPEC section 10): every rank gives the same dout for
+ * the replicated text and gets, for its own tokens, its shard's gradients and
+ * the whole (world-summed) gradients of the text; every rank's copy is
+ * compared with the float64 reference (train_thread: the rank's own runs). */
+Test(api, backward_with_a_replicated_text_matches_float64)
+{
+    struct { const char *variant; int P, text, image, H, Hkv; const char *dtype, *mask, *degrees; bool plan_dt; } cs[] = {
+        {"ring", 2, 7, 24, 4, 2, "fp32", "none", "", false},
+        {"ring_anything", 3, 5, 25, 4, 4, "fp32", "none", "", true},
+        {"ulysses", 2, 7, 24, 4, 2, "fp32", "none", "", false},
+        {"ulysses_anything", 3, 6, 25, 6, 6, "fp32", "key_padding", "", true},
+        {"unified", 4, 9, 24, 4, 4, "fp32", "none", ", ring_degree: 2, ulysses_degree: 2", false},
+        {"unified", 4, 9, 24, 4, 2, "bf16", "none", ", ring_degree: 2, ulysses_degree: 2", true},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof yaml,
+                 "version: 1\nmodel: {heads: %d, kv_heads: %d, head_dim: 16, dtype: %s}\n"
+                 "input:\n  batch: 2\n  mode: training\n  mask: %s\n  segments:\n"
+                 "    - {name: text, tokens: %d, split: replicate}\n"
+                 "    - {name: image, tokens: %d}\n"
+                 "cluster: {world_size: %d, device: cpu}\nparallel: {variant: %s%s}\n",
+                 cs[i].H, cs[i].Hkv, cs[i].dtype, cs[i].mask, cs[i].text, cs[i].image, cs[i].P, cs[i].variant,
+                 cs[i].degrees);
+        cpc_artifact *a = compile_ok(yaml, NULL, 0);
+        cr_assert(cpc_artifact_trains(a));
+        cpc_dtype dt = strcmp(cs[i].dtype, "bf16") == 0 ? CPC_DTYPE_BF16 : CPC_DTYPE_FP32;
+        train_problem pb;
+        make_train_problem(&pb, dt, 2, cs[i].text + cs[i].image, cs[i].H, cs[i].Hkv, 16, cs[i].mask);
+        double rel[3];
+        long allocs = -1;
+        if (CAN_COUNT)
+            atomic_store(&counting, 1);
+        train_world(a, &pb, cs[i].plan_dt, 2, rel, &allocs);
+        atomic_store(&counting, 0);
+        double tol = dt == CPC_DTYPE_BF16 ? 2e-2 : 1e-5;
+        for (int g = 0; g < 3; g++) {
+            cr_expect_lt(rel[g], tol, "%s %s: d%c rel err %g", cs[i].variant, cs[i].dtype, "qkv"[g], rel[g]);
+            cr_expect_gt(rel[g], 0.0);
+        }
+        if (CAN_COUNT)
+            cr_expect_eq(allocs, 0, "%s: %ld allocations after the first step", cs[i].variant, allocs);
+        fprintf(stderr, "api backward replicated text %s P=%d %s: dq %.2e dk %.2e dv %.2e\n", cs[i].variant,
+                cs[i].P, cs[i].dtype, rel[0], rel[1], rel[2]);
+        free_train_problem(&pb);
+        cpc_artifact_free(a);
+    }
+}
+
 Test(api, no_allocation_after_the_first_backward)
 {
     if (!CAN_COUNT)
