@@ -116,12 +116,16 @@ def test_refusals_name_the_rule():
                                             {"name": "image", "tokens": 24,
                                              "split": "replicate"}]},
                      "cluster": {"world_size": 2}, "parallel": {"variant": "ring"}})
-    with pytest.raises(cpc.PlanError, match="CP018"):
-        cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16},
-                     "input": {"mode": "training",
-                               "segments": [{"name": "text", "tokens": 8, "split": "replicate"},
-                                            {"name": "image", "tokens": 24}]},
-                     "cluster": {"world_size": 2}, "parallel": {"variant": "ring"}})
+    def training(P):
+        return {"version": 1, "model": {"heads": 4, "head_dim": 16},
+                "input": {"mode": "training",
+                          "segments": [{"name": "text", "tokens": 8, "split": "replicate"},
+                                       {"name": "image", "tokens": 2 * P}]},
+                "cluster": {"world_size": P}, "parallel": {"variant": "ring"}}
+    assert cpc.compile(training(2)).trains  # was CP018: training runs (SPEC section 10)
+    # the backward prover enumerates every rank of a replicated plan: 256 at most
+    with pytest.raises(cpc.PlanError, match="CP051.*256"):
+        cpc.compile(training(512))
     r = cpc.check({"version": 1, "model": {"heads": 48, "head_dim": 64},
                    "input": {"segments": [{"name": "text", "tokens": 226, "split": "replicate"},
                                           {"name": "video", "tokens": 17550}]},
@@ -195,3 +199,83 @@ def test_random_layouts_against_float64():
         assert rel_err(out, attention_ref(q, k, v)[0]) < 1e-5, plan
         ran += 1
     assert ran >= 3
+
+
+# ---- training (SPEC section 10): the replicated rows' gradients ------------------------
+
+TRAIN_CASES = [("ring", 2, 7, 24, {}), ("ring_anything", 3, 5, 25, {}), ("ulysses", 2, 7, 24, {}),
+               ("ulysses_anything", 3, 6, 25, {}), ("unified", 4, 9, 24, {"R": 2, "U": 2})]
+
+
+def train_plan(variant, P, *, text, image, R=None, U=None, dtype="fp32", H=4, Hkv=2, mask="none"):
+    p = {"version": 1, "model": {"heads": H, "kv_heads": Hkv, "head_dim": 16, "dtype": dtype},
+         "input": {"batch": 2, "mode": "training", "mask": mask,
+                   "segments": [{"name": "text", "tokens": text, "split": "replicate"},
+                                {"name": "image", "tokens": image}]},
+         "cluster": {"world_size": P}, "parallel": {"variant": variant}}
+    if R:
+        p["parallel"].update(ring_degree=R, ulysses_degree=U)
+    return cpc.compile(p)
+
+
+def torch_ref_grads(torch, q, k, v, dout):
+    """dq, dk, dv of float64 attention (GQA by repeat) by torch autograd."""
+    q, k, v = (x.double().clone().requires_grad_() for x in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    kk, vv = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bshd,bthd->bhst", q, kk) / np.sqrt(q.shape[-1])
+    out = torch.einsum("bhst,bthd->bshd", torch.softmax(s, dim=-1), vv)
+    (out * dout.double()).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("variant,P,text,image,kw", TRAIN_CASES,
+                         ids=[f"{c[0]}{c[1]}-text{c[2]}" for c in TRAIN_CASES])
+def test_autograd_with_replicated_text_matches_float64(variant, P, text, image, kw):
+    """Per-rank threads: each rank's out = att(q, k, v) on its own tokens (its shard and
+    the whole text) that require grad, (out * dout).sum().backward() with the same dout
+    rows for the text on every rank; every rank's .grad of the text is the whole
+    (world-summed) gradient: each rank's gathered copy against float64 autograd; and the
+    global LocalWorld autograd Function."""
+    torch = pytest.importorskip("torch")
+    import threading
+    a = train_plan(variant, P, text=text, image=image, **kw)
+    assert a.trains
+    g = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    B, S, H, Hkv, D = a.batch, a.tokens, a.heads, a.kv_heads, a.head_dim
+    q, dout = (torch.randn(B, S, H, D, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, S, Hkv, D, generator=g) for _ in range(2))
+    refs = torch_ref_grads(torch, q, k, v, dout)
+    grads, errs = [None] * P, [None] * P
+    with cpc.LocalWorld(a) as w:
+        def run(r):
+            try:
+                qs, ks, vs = (a.shard(x, r, n).requires_grad_() for x, n in
+                              ((q, "q"), (k, "k"), (v, "v")))
+                out = w.rank(r)(qs, ks, vs)
+                (out * a.shard(dout, r, "dout")).sum().backward()
+                grads[r] = (qs.grad, ks.grad, vs.grad)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs[r] = e
+        th = [threading.Thread(target=run, args=(r,)) for r in range(P)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        for e in errs:
+            if e is not None:
+                raise e
+        for i, name in enumerate(("dq", "dk", "dv")):
+            got = a.gather([gr[i] for gr in grads], name)  # text rows: rank 0's copy
+            e = rel_err(got.double().numpy(), refs[i].numpy())
+            assert 0 < e < 1e-5, (name, e)
+            for r in range(P):  # every rank's copy of the text (its first rows)
+                assert a.shard_runs(r)[0][0] == 0
+                e = rel_err(grads[r][i][:, :text].double().numpy(), refs[i][:, :text].numpy())
+                assert 0 < e < 1e-5, (name, r, e)
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        out = w(qg, kg, vg)
+        assert out.grad_fn is not None
+        (out * dout).sum().backward()
+    for got, ref in ((qg.grad, refs[0]), (kg.grad, refs[1]), (vg.grad, refs[2])):
+        assert 0 < rel_err(got.double().numpy(), ref.numpy()) < 1e-5
