@@ -45,6 +45,15 @@ CASES_2 = {
                                          "--text 5 --train",
     # replicate_text=True (xDiT's layout): 7 text tokens whole on every rank, not split
     "flux-ring-replicate-odd-fp32": "--model flux --ring 2 --replicate-text --text 7",
+    # replicate_text training: the text's gradients 1/P per rank (cpc.diffusers), the
+    # parameter gradients summed by allreduce_grads equal the single-process ones
+    "flux-ring-replicate-odd-train-fp32": "--model flux --ring 2 --replicate-text --text 7 "
+                                          "--train",
+    "flux-ulysses-replicate-odd-train-bf16": "--model flux --ulysses 2 --replicate-text "
+                                             "--text 7 --train --dtype bf16",
+    "flux-ring_anything-replicate-odd-train-fp32": "--model flux --ring 2 --anything "
+                                                   "--tokens 23 --replicate-text --text 5 "
+                                                   "--train",
     "flux-ulysses-replicate-odd-bf16": "--model flux --ulysses 2 --replicate-text --text 7 "
                                        "--dtype bf16",
     "flux2-ring-bf16": "--model flux2 --ring 2 --dtype bf16",
@@ -70,6 +79,8 @@ CASES_4 = {
     "flux2-unified-fp32": "--model flux2 --ring 2 --ulysses 2",
     "flux-unified-replicate-odd-fp32": "--model flux --ring 2 --ulysses 2 --replicate-text "
                                        "--text 7",
+    "flux-unified-replicate-odd-train-fp32": "--model flux --ring 2 --ulysses 2 "
+                                             "--replicate-text --text 7 --train",
     "wan-ulysses-fp32": "--model wan --ulysses 4 --frames 4",
     "wan-ring_anything-odd-bf16": "--model wan --ring 4 --anything --frames 5 --height 6 "
                                   "--width 6 --dtype bf16",

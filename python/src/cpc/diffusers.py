@@ -311,8 +311,12 @@ def _gather_fn():
         @staticmethod
         def backward(ctx, g):
             lay = ctx.state.layout
-            return (g.index_select(ctx.dim, lay.index[ctx.seg].to(g.device)), None, None,
-                    None)
+            gi = g.index_select(ctx.dim, lay.index[ctx.seg].to(g.device))
+            if lay.P > 1 and all(c == lay.total[ctx.seg] for c in lay.counts[ctx.seg]):
+                # a replicated segment: every rank holds it whole, so each keeps 1/P of
+                # its gradient (see _cpc_attention)
+                gi = gi * (1.0 / lay.P)
+            return gi, None, None, None
 
     return Gather
 
@@ -392,6 +396,20 @@ class _Parallel:
         segs = [(s["name"], _seg_tokens(s, tokens)) for s in plan["input"]["segments"]]
         st.layout = _Layout(art, segs, self.comm.size, self.comm.rank)
         st.segments = segs
+        # replicated segments (replicate_text=True): their rows among this rank's own
+        # tokens (the attention's q/k/v/out rows), for the training scaling in
+        # _cpc_attention
+        st.rep_rows = None
+        rep = [(o, n) for (o, n), sd in zip(_bounds(segs), plan["input"]["segments"])
+               if sd.get("split") == "replicate"]
+        if rep and self.comm.size > 1:
+            rows, t = [], 0
+            for s0, n in art.shard_runs(self.comm.rank):
+                for g in range(s0, s0 + n):
+                    if any(o <= g < o + m for o, m in rep):
+                        rows.append(t)
+                    t += 1
+            st.rep_rows = torch_long(rows)
         st.main = (art, self.comm.attention(art, self.backend, self.timeout_s))
         if self.kind == "self" and text is not None and any(
                 v == "cross" for v in self.sites.values()):
@@ -436,6 +454,19 @@ class _Parallel:
     def post_forward(self, module, args, kwargs, output):
         self.current = None
         return None
+
+
+def _bounds(segs):
+    """(offset, tokens) of each (name, tokens) segment in global order."""
+    out, off = [], 0
+    for _, n in segs:
+        out.append((off, n))
+        off += n
+    return out
+
+
+def torch_long(xs):
+    return _torch().tensor(xs, dtype=_torch().long)
 
 
 def _seg_tokens(seg, tokens):
@@ -633,6 +664,16 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
             k, v = _scale_grad(k, 1.0 / par.comm.size), _scale_grad(v, 1.0 / par.comm.size)
     else:
         att = st.main[1]
+    rep = st.mode == "training" and par.comm.size > 1 and getattr(st, "rep_rows", None) is not None
+    if rep:
+        # replicated text (SPEC section 10): every rank holds the text and ran its
+        # projections, so each rank's text gradients are 1/P of the single-process ones
+        # (allreduce_grads sums them back).  cpc's backward takes the text's dout equal
+        # on every rank and returns the whole text gradient on every rank: the incoming
+        # dout of the text rows is multiplied by P (1/P of it on every rank -> the whole),
+        # and the text rows' dq/dk/dv by 1/P on the way out.
+        P = par.comm.size
+        q, k, v = (_scale_rows(x, st.rep_rows, 1.0 / P) for x in (q, k, v))
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
                          code="usage")
@@ -644,6 +685,8 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
     else:
         out = att(q, k, v)
     par.attention_s += time.perf_counter() - t0
+    if rep:
+        out = _scale_rows(out, st.rep_rows, float(P))
     return out
 
 
@@ -667,6 +710,32 @@ def _scale_grad(x, f):
                 return g * ctx.f, None
         _SCALE = Scale
     return _SCALE.apply(x, f) if x.requires_grad else x
+
+
+_SCALE_ROWS = None
+
+
+def _scale_rows(x, rows, f):
+    """x ([B, T, ...]) in the forward; in the backward the incoming gradient with its
+    rows `rows` (dim 1) times f."""
+    global _SCALE_ROWS
+    if _SCALE_ROWS is None:
+        torch = _torch()
+
+        class ScaleRows(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, rows, f):
+                ctx.rows, ctx.f = rows, f
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                g = g.clone()
+                idx = ctx.rows.to(g.device)
+                g.index_copy_(1, idx, g.index_select(1, idx) * ctx.f)
+                return g, None, None
+        _SCALE_ROWS = ScaleRows
+    return _SCALE_ROWS.apply(x, rows, f) if x.requires_grad else x
 
 
 def _install_attention(par, model):
