@@ -5,8 +5,11 @@
  * CP027), the schedules of every variant proved by the verifier, and
  * planted faults in them: replicated keys met twice, a replicated key set
  * or a ring step of the replicated queries dropped, the replicated rows'
- * output missing.  The numbers themselves (every variant against the
- * float64 reference) are tests/cli/replicate.sh's.
+ * output missing; the backward programs (training) of every variant proved,
+ * with planted faults (the replicated block's gradient on every ring rank, the
+ * replicated queries' part of the own block dropped).  The numbers themselves
+ * (every variant against the float64 reference) are tests/cli/replicate.sh's
+ * and tests/cli/replicate_training.sh's.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
