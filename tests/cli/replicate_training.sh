@@ -7,7 +7,8 @@
 # random inputs (a new seed per case), for every variant (ring,
 # ring_anything, ulysses, ulysses_anything, unified), p2p and all-gather
 # rotation, overlap on and off, even and odd lengths, GQA bf16, batch 2, key
-# padding, a replicated segment after the sharded one; and cpc --check
+# padding, a replicated segment after the sharded one, cfg and tp axes (a K/V
+# head shared by tp ranks), one process per rank under mpirun; and cpc --check
 # proves the backward program (CP051 otherwise).  Small shapes; seconds.
 set -u
 cd "$(dirname "$0")/../.."
@@ -67,6 +68,20 @@ plan gqa ring 2 8 24 "" 4 bf16 ", kv_heads: 2" 2;         case_ gqa
 plan keypad ulysses 2 7 24 "" 4 fp32 "" 1 "
   mask: key_padding";                                     case_ keypad
 plan after unified 4 6 28 ", ring_degree: 2, ulysses_degree: 2" 4 fp32 "" 1 "" after; case_ after
+plan tp ulysses 4 7 24 ", tp_degree: 2" 8 fp32 ", kv_heads: 1";   case_ tp   # K/V head over 2 tp ranks
+plan cfg ring 4 7 24 ", cfg_degree: 2" 4 fp32 "" 2;              case_ cfg
+
+# one process per rank (mpirun), where cprun has MPI: the same gradients check
+if command -v mpirun >/dev/null 2>&1 &&
+  ! "$CPRUN" "$tmp/ring2.yaml" --transport mpi --iters 1 2>&1 | grep -q "no MPI support"; then
+  for n in unified tp; do
+    ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe \
+      -x ASAN_OPTIONS -np 4 "$CPRUN" "$tmp/$n.yaml" --iters 1 --warmup 0 --seed "$seed" >"$tmp/$n.mout" 2>&1 ||
+      { fail "$n: mpirun: $(tail -5 "$tmp/$n.mout")"; continue; }
+    grep -q "^bwd check: *PASS" "$tmp/$n.mout" || { fail "$n: mpirun: $(grep check "$tmp/$n.mout")"; continue; }
+    printf '%-14s %s\n' "$n-mpi" "$(grep '^bwd check' "$tmp/$n.mout" | sed 's/bwd check: *//')"
+  done
+fi
 
 echo "replicate_training.sh: $(( ($(date +%s%N) - t_start) / 1000000 )) ms"
 [ $fails -eq 0 ] || { echo "replicate_training.sh: $fails failure(s)" >&2; exit 1; }
