@@ -279,3 +279,25 @@ def test_autograd_with_replicated_text_matches_float64(variant, P, text, image, 
         (out * dout).sum().backward()
     for got, ref in ((qg.grad, refs[0]), (kg.grad, refs[1]), (vg.grad, refs[2])):
         assert 0 < rel_err(got.double().numpy(), ref.numpy()) < 1e-5
+
+
+def test_autograd_replicated_text_tp_shared_kv_head():
+    """tp 2 with one K/V head (each tp rank holds a partial dK/dV of it) and the text
+    replicated over the ulysses group: gather adds the text rows once per group."""
+    torch = pytest.importorskip("torch")
+    p = {"version": 1, "model": {"heads": 8, "kv_heads": 1, "head_dim": 16, "dtype": "fp32"},
+         "input": {"batch": 1, "mode": "training",
+                   "segments": [{"name": "text", "tokens": 7, "split": "replicate"},
+                                {"name": "image", "tokens": 24}]},
+         "cluster": {"world_size": 4}, "parallel": {"variant": "ulysses", "tp_degree": 2}}
+    a = cpc.compile(p)
+    g = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    q, dout = (torch.randn(1, 31, 8, 16, generator=g) for _ in range(2))
+    k, v = (torch.randn(1, 31, 1, 16, generator=g) for _ in range(2))
+    refs = torch_ref_grads(torch, q, k, v, dout)
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    with cpc.LocalWorld(a) as w:
+        out = w(qg, kg, vg)
+        (out * dout).sum().backward()
+    for got, ref in ((qg.grad, refs[0]), (kg.grad, refs[1]), (vg.grad, refs[2])):
+        assert 0 < rel_err(got.double().numpy(), ref.numpy()) < 1e-5

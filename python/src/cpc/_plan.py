@@ -357,7 +357,8 @@ class Artifact:
         For dk / dv with K/V heads replicated over
         tensor-parallel ranks (kv_heads < tp_degree) each rank holds a partial gradient
         of its K/V head (its query heads only): the parts are summed (in float32, then
-        rounded to the shards' dtype once)."""
+        rounded to the shards' dtype once); the rows of a replicated segment, which
+        every rank of a context-parallel group holds, are added once per group."""
         shards = list(shards)
         if len(shards) != self.world_size:
             raise UsageError(f"gather needs {self.world_size} shards (one per rank), got "
@@ -390,6 +391,14 @@ class Artifact:
             g = xp.empty(shape, dtype=x0.dtype, device=x0.device)
         else:
             g = xp.empty(shape, dtype=x0.dtype)
+        # summed parts with replicated segments: every rank of a context-parallel group
+        # holds their rows (the same gradient): only the group's rank 0 adds them
+        rep = set()
+        T = self.tp_degree
+        G = self.world_size // (self.cfg_degree * T)
+        if summed and G > 1:
+            held = [{t for s, n in self.shard_runs(r) for t in range(s, s + n)} for r in (0, T)]
+            rep = held[0] & held[1]
         # last rank first, so that rows several ranks hold (replicated segments)
         # end with rank 0's copy
         for p, sh in reversed(list(enumerate(shards))):
@@ -399,8 +408,23 @@ class Artifact:
                                  f"plan says {tuple(want)}", code="usage")
             tax, hax, hs, bs = self._layout(p, role)
             runs = self.shard_runs(p) if tax is not None else [(0, sh.shape[1])]
-            off = 0
-            for s, n in runs:
+            if rep and tax is not None and (p // T) % G:
+                # (global start, length, row in the shard) of the rows it adds
+                parts, off = [], 0
+                for s, n in runs:
+                    for t in range(s, s + n):
+                        if t not in rep:
+                            if parts and parts[-1][0] + parts[-1][1] == t:
+                                parts[-1][1] += 1
+                            else:
+                                parts.append([t, 1, off + t - s])
+                    off += n
+            else:
+                parts, off = [], 0
+                for s, n in runs:
+                    parts.append([s, n, off])
+                    off += n
+            for s, n, off in parts:
                 dst = [bs, slice(None), slice(None), slice(None)][:len(shape)]
                 src = [slice(None)] * len(shape)
                 if hax is not None:
@@ -412,7 +436,6 @@ class Artifact:
                     g[tuple(dst)] += f32(sh[tuple(src)])
                 else:
                     g[tuple(dst)] = sh[tuple(src)]
-                off += n
         if summed:
             if kind == "torch":
                 return g.to(x0.dtype)
