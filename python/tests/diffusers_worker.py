@@ -41,6 +41,64 @@ def tiny_wan(heads):
                                  rope_max_seq_len=64)
 
 
+def tiny_qwen(heads):
+    from diffusers import QwenImageTransformer2DModel
+    return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
+                                       num_layers=2, attention_head_dim=16,
+                                       num_attention_heads=heads, joint_attention_dim=32,
+                                       axes_dims_rope=(4, 6, 6))
+
+
+def tiny_hunyuan(heads):
+    from diffusers import HunyuanVideoTransformer3DModel
+    return HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4,
+                                          num_attention_heads=heads, attention_head_dim=16,
+                                          num_layers=1, num_single_layers=1,
+                                          num_refiner_layers=1, patch_size=2, patch_size_t=1,
+                                          guidance_embeds=False, text_embed_dim=32,
+                                          pooled_projection_dim=32, rope_axes_dim=(4, 6, 6))
+
+
+def tiny_cogvideox(heads):
+    from diffusers import CogVideoXTransformer3DModel
+    return CogVideoXTransformer3DModel(num_attention_heads=heads, attention_head_dim=16,
+                                       in_channels=4, out_channels=4, time_embed_dim=32,
+                                       text_embed_dim=32, num_layers=2, sample_width=8,
+                                       sample_height=8, sample_frames=9, patch_size=2,
+                                       max_text_seq_length=8,
+                                       use_rotary_positional_embeddings=True)
+
+
+def tiny_sd3(heads):
+    from diffusers import SD3Transformer2DModel
+    return SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                 attention_head_dim=16, num_attention_heads=heads,
+                                 joint_attention_dim=32, caption_projection_dim=16 * heads,
+                                 pooled_projection_dim=32, out_channels=4,
+                                 pos_embed_max_size=16)
+
+
+def tiny_ltx(heads):
+    from diffusers import LTXVideoTransformer3DModel
+    return LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=heads,
+                                      attention_head_dim=16, cross_attention_dim=16 * heads,
+                                      num_layers=2, caption_channels=32)
+
+
+MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_qwen,
+          "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
+          "ltx": tiny_ltx}
+
+
+def text_mask(a, torch):
+    """[B, T] 1/0: the last --pad text tokens are padding (batch element b: pad + b)."""
+    m = torch.ones(a.batch, a.text, dtype=torch.long)
+    for b in range(a.batch):
+        if a.pad + b:
+            m[b, a.text - a.pad - b:] = 0
+    return m
+
+
 def inputs(model, a, torch, dtype):
     g = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
@@ -64,6 +122,35 @@ def inputs(model, a, torch, dtype):
                     pooled_projections=r(B, 32), timestep=torch.full((B,), 0.5).to(dtype),
                     img_ids=ids_img, txt_ids=torch.zeros(T, 3), return_dict=False)
     F, H, W = a.frames, a.height, a.width
+    if a.model == "qwen":
+        N, T = a.tokens, a.text
+        h = {24: (4, 6), 25: (5, 5), 23: (1, 23), 27: (3, 9)}.get(N, (1, N))
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    encoder_hidden_states_mask=text_mask(a, torch) if a.pad >= 0 else None,
+                    timestep=torch.full((B,), 0.5).to(dtype), img_shapes=[[(1, *h)]] * B,
+                    return_dict=False)
+    if a.model == "hunyuan":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    encoder_attention_mask=text_mask(a, torch), pooled_projections=r(B, 32),
+                    return_dict=False)
+    if a.model == "cogvideox":
+        S = F * (H // 2) * (W // 2)
+        g2 = torch.Generator().manual_seed(5)
+        ang = torch.rand(S, 16, generator=g2) * 6.3
+        return dict(hidden_states=r(B, F, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
+                    return_dict=False)
+    if a.model == "sd3":
+        return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    pooled_projections=r(B, 32), timestep=torch.full((B,), 500.0),
+                    return_dict=False)
+    if a.model == "ltx":
+        return dict(hidden_states=r(B, F * H * W, 8), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch), num_frames=F, height=H,
+                    width=W, return_dict=False)
     return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
                 timestep=torch.full((B,), 500.0), return_dict=False)
 
@@ -75,7 +162,7 @@ def rel(x, ref):
 
 def parser():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["flux", "flux2", "wan"], default="flux")
+    p.add_argument("--model", choices=sorted(MODELS), default="flux")
     p.add_argument("--ring", type=int, default=1)
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--anything", action="store_true")
@@ -87,6 +174,9 @@ def parser():
     p.add_argument("--height", type=int, default=4)
     p.add_argument("--width", type=int, default=6)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--pad", type=int, default=0,
+                   help="text padding tokens (masked) for models with a text mask; "
+                        "-1: no mask passed")
     p.add_argument("--train", action="store_true")
     p.add_argument("--expect-error", default=None, help="a cpc error class name")
     p.add_argument("--name", default=None)
@@ -137,7 +227,7 @@ def one(a, torch, comm, rank):
     import cpc.diffusers
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     torch.manual_seed(0)
-    model = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan}[a.model](a.heads).to(dtype)
+    model = MODELS[a.model](a.heads).to(dtype)
     if not a.train:
         model.eval()
     x = inputs(model, a, torch, dtype)
@@ -176,7 +266,8 @@ def one(a, torch, comm, rank):
     res = {"rank": rank, "out": rel(out, ref), "shape": list(out.shape), "s": dt,
            "variant": model._cpc.current is None and
            next(iter(model._cpc.shapes.values())).main[0].variant,
-           "cpc_calls": model._cpc.calls}
+           "cpc_calls": model._cpc.calls,
+           "masks": sorted({k[5] for k in model._cpc.shapes})}
     if a.train:
         cpc.diffusers.allreduce_grads(model)
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

@@ -2,9 +2,11 @@
 
 Needs torch >= 2, diffusers and mpi4py (scripts/torch_venv.sh builds that venv;
 scripts/test_torch.sh runs this file in it); skipped elsewhere (Debian's torch 1.13
-cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel and
-WanTransformer3DModel
-(seeded: the same weights on every rank), even and odd token counts, fp32 and bf16,
+cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel,
+WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
+CogVideoXTransformer3DModel, SD3Transformer2DModel and LTXVideoTransformer3DModel
+(seeded: the same weights on every rank), even and odd token counts, padded (masked)
+text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
 (gloo) run: each parallelized output (and, training, the input gradient and every
 parameter's gradient summed over the ranks) against the same model in one process.
@@ -56,6 +58,25 @@ CASES_2 = {
     "wan-ulysses-train-bf16": "--model wan --ulysses 2 --train --dtype bf16",
     "flux-ring-odd-refused": "--model flux --ring 2 --tokens 25 --text 7 "
                              "--expect-error PlanError",
+    # QwenImage: its own _cp_plan (pos_embed output 1 = the text RoPE); the text key mask
+    "qwen-ulysses-mask-fp32": "--model qwen --ulysses 2 --pad 2",
+    "qwen-ring_anything-odd-bf16": "--model qwen --ring 2 --anything --tokens 25 --text 7 "
+                                   "--pad -1 --dtype bf16",
+    "qwen-ulysses-mask-train-fp32": "--model qwen --ulysses 2 --pad 3 --train --batch 2",
+    # HunyuanVideo: cpc's split plan ([video, text], the refiner on the whole text)
+    "hunyuan-ring-mask-fp32": "--model hunyuan --ring 2 --pad 2",
+    "hunyuan-ring_anything-mask-refused": "--model hunyuan --ring 2 --anything --pad 2 "
+                                          "--frames 3 --height 6 --width 6 "
+                                          "--expect-error PlanError",
+    # CogVideoX, SD3: processors that call torch's SDPA themselves
+    "cogvideox-ulysses-train-fp32": "--model cogvideox --ulysses 2 --frames 2 --train",
+    "sd3-ulysses-bf16": "--model sd3 --ulysses 2 --dtype bf16",
+    "sd3-ring_anything-odd-fp32": "--model sd3 --ring 2 --anything --height 6 --width 6 "
+                                  "--text 7",
+    # LTX-Video: video self-attention + a masked text cross-attention (kv plan)
+    "ltx-ulysses_anything-odd-mask-train-fp32": "--model ltx --ulysses 2 --anything --heads 3 "
+                                                "--frames 3 --height 5 --width 5 --pad 1 "
+                                                "--train",
 }
 CASES_4 = {
     "flux-unified-fp32": "--model flux --ring 2 --ulysses 2",
@@ -70,12 +91,30 @@ CASES_4 = {
     "wan-unified-train-fp32": "--model wan --ring 2 --ulysses 2 --frames 4 --train",
     "wan-ulysses-odd-refused": "--model wan --ulysses 4 --frames 5 --height 6 --width 6 "
                                "--expect-error PlanError",
+    "qwen-unified-mask-bf16": "--model qwen --ring 2 --ulysses 2 --pad 2 --dtype bf16",
+    "hunyuan-ulysses-mask-fp32": "--model hunyuan --ulysses 4 --pad 3 --frames 2",
+    "cogvideox-ring-fp32": "--model cogvideox --ring 4 --frames 2",
+    # CogVideoX's joint text must divide (xDiT's replicated text is not in this build)
+    "cogvideox-ulysses-text-refused": "--model cogvideox --ulysses 4 --frames 2 --text 6 "
+                                      "--expect-error PlanError",
+    "sd3-unified-fp32": "--model sd3 --ring 2 --ulysses 2 --height 8 --width 4",
+    "ltx-unified-mask-fp32": "--model ltx --ring 2 --ulysses 2 --pad 1",
 }
 CASES_TORCHRUN = {
     "flux-ulysses-fp32": "--model flux --ulysses 2",
     "wan-ring_anything-odd-train-fp32": "--model wan --ring 2 --anything --frames 3 "
                                         "--height 6 --width 6 --train",
+    "qwen-ring-mask-fp32": "--model qwen --ring 2 --pad 2",
+    "hunyuan-ulysses-mask-fp32": "--model hunyuan --ulysses 2 --pad 1",
+    "cogvideox-ulysses-fp32": "--model cogvideox --ulysses 2 --frames 2",
+    "sd3-ring-fp32": "--model sd3 --ring 2",
+    "ltx-ulysses-mask-fp32": "--model ltx --ulysses 2 --pad 2",
 }
+
+# attention calls per forward: the tiny models' layers (x2 where a layer has a text
+# cross-attention as well)
+CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
+         "ltx": 4}
 
 
 def _env():
@@ -131,9 +170,12 @@ def _check(name, runs, nproc):
     # output is rounded to bf16 at different points (cpc: once; SDPA: its own blocking)
     tol = 2e-2 if bf16 else 2e-6
     assert d["out"] < tol, d
-    # every attention of the model went through cpc (flux 2 layers, wan 2 x (self+cross))
-    per_forward = 2 if name.startswith("flux") else 4
-    assert d["cpc_calls"] == per_forward, d
+    # every attention of the model went through cpc
+    assert d["cpc_calls"] == CALLS[name.split("-")[0]], d
+    # a padded text reached cpc as a key mask (joint: [0]; LTX's cross-attention: [1])
+    if "-mask" in name:
+        want_masks = [[False, True]] if name.startswith("ltx") else [[True, False]]
+        assert d["masks"] == want_masks, d
     want = {"ring": "ring", "ulysses": "ulysses", "unified": "unified",
             "ring_anything": "ring_anything", "ulysses_anything": "ulysses_anything"}
     assert d["variant"] == want[name.split("-")[1]], d

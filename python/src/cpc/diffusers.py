@@ -51,7 +51,7 @@ __all__ = ["parallelize", "unparallelize", "allreduce_grads", "is_parallelized"]
 # the dispatch_attention_fn replacement).
 _CURRENT = contextvars.ContextVar("cpc_diffusers_attention", default=None)
 _WRAPPED_CLASSES = {}        # processor class -> its cpc subclass
-_PATCHED_MODULES = {}        # module name -> the original dispatch_attention_fn
+_PATCHED_MODULES = {}        # module name -> (its dispatch_attention_fn, its F) originals
 
 
 def _torch():
@@ -241,14 +241,207 @@ def _tokens_wan(model, cfg, get):
     return B, (F // pt) * (H // ph) * (W // pw), text
 
 
-# class name -> (tokens from inputs, segment of each split input name: "text" or "main",
-#               the main segment's attention kind for from_diffusers)
+def _tokens_qwen(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 3:
+        raise UsageError("QwenImageTransformer2DModel: hidden_states must be [B, tokens, C] "
+                         "(the pipeline's packed latents)", code="usage")
+    if ehs is None:
+        raise UsageError("QwenImageTransformer2DModel: encoder_hidden_states is required",
+                         code="usage")
+    return hs.shape[0], hs.shape[1], ehs.shape[1]
+
+
+def _tokens_image_bchw(model, cfg, get):
+    """SD3: hidden_states [B, C, H, W] latents, patchified by the model (patch_size)."""
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 4:
+        raise UsageError(f"{type(model).__name__}: hidden_states must be [B, C, H, W]",
+                         code="usage")
+    p = cfg["patch_size"]
+    B, _, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"{type(model).__name__}: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    return B, (H // p) * (W // p), ehs.shape[1] if ehs is not None else None
+
+
+def _tokens_hunyuan(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("HunyuanVideoTransformer3DModel: hidden_states must be "
+                         "[B, C, F, H, W]", code="usage")
+    pt, p = cfg["patch_size_t"], cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % p or W % p:
+        raise UsageError(f"HunyuanVideoTransformer3DModel: latent {F}x{H}x{W} is not a "
+                         f"multiple of the patch {pt}x{p}x{p}", code="usage")
+    return B, (F // pt) * (H // p) * (W // p), ehs.shape[1] if ehs is not None else None
+
+
+def _tokens_cogvideox(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("CogVideoXTransformer3DModel: hidden_states must be "
+                         "[B, F, C, H, W]", code="usage")
+    p, pt = cfg["patch_size"], cfg.get("patch_size_t") or 1
+    B, F, _, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"CogVideoXTransformer3DModel: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    if ehs is None:
+        raise UsageError("CogVideoXTransformer3DModel: encoder_hidden_states is required",
+                         code="usage")
+    return B, -(-F // pt) * (H // p) * (W // p), ehs.shape[1]
+
+
+def _tokens_ltx(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 3:
+        raise UsageError("LTXVideoTransformer3DModel: hidden_states must be [B, tokens, C] "
+                         "(the pipeline's packed latents)", code="usage")
+    return hs.shape[0], hs.shape[1], ehs.shape[1] if ehs is not None else None
+
+
+def _mask_qwen(get, B, tokens, text):
+    """QwenDoubleStreamAttnProcessor2_0: keys = [text (encoder_hidden_states_mask), image
+    (all)]; the mask's True/nonzero = the key takes part (compute_text_seq_len_from_mask)."""
+    m = get("encoder_hidden_states_mask")
+    if m is None:
+        return None, None
+    torch = _torch()
+    return torch.cat([m.to(torch.bool), torch.ones(B, tokens, dtype=torch.bool,
+                                                   device=m.device)], 1), None
+
+
+def _mask_hunyuan(get, B, tokens, text):
+    """HunyuanVideoTransformer3DModel.forward: keys = [video (all), text]; text key j takes
+    part iff j < encoder_attention_mask[b].sum() (the model counts the valid tokens and
+    masks every position after video + that count)."""
+    m = get("encoder_attention_mask")
+    if m is None:
+        return None, None
+    torch = _torch()
+    n = m.sum(dim=1, dtype=torch.int)
+    txt = torch.arange(text, device=m.device)[None, :] < n[:, None]
+    return torch.cat([torch.ones(B, tokens, dtype=torch.bool, device=m.device), txt], 1), None
+
+
+def _mask_ltx(get, B, tokens, text):
+    """LTXVideoTransformer3DModel: the cross-attention's keys are the whole text,
+    encoder_attention_mask [B, T] (1 = valid; the model turns it into a -10000 bias)."""
+    m = get("encoder_attention_mask")
+    if m is None or m.dim() != 2:
+        return None, None
+    return None, m != 0
+
+
+def _plan_blocks(text_first_block, rope=None, rope_dim=0, root=None):
+    """A _cp_plan for a model diffusers gives none (or whose text cpc places otherwise):
+    the image/video and text hidden states split at the first block's inputs, RoPE
+    split where given, proj_out gathered."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def cpi(dims, dim=1, out=False):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=out)
+    plan = {text_first_block: {"hidden_states": cpi(3), "encoder_hidden_states": cpi(3)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+    if rope is not None:
+        plan[rope] = {0: cpi(2, rope_dim, True), 1: cpi(2, rope_dim, True)}
+    if root:
+        plan[""] = root()
+    return plan
+
+
+def _plan_hunyuan():
+    # the token refiner (context_embedder) runs on the whole text before the blocks
+    return _plan_blocks("transformer_blocks.0", rope="rope")
+
+
+def _plan_cogvideox():
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    def root():
+        c = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
+        return {"image_rotary_emb": [c, c]}
+    return _plan_blocks("transformer_blocks.0", root=root)
+
+
+def _plan_sd3():
+    return _plan_blocks("transformer_blocks.0")
+
+
+def _plan_ltx():
+    # diffusers' own LTX _cp_plan also splits the text (its cross-attention gathers it
+    # again); cpc keeps the text whole on every rank (a `kv:` plan): only the video and
+    # its RoPE are split
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def cpi(out=False):
+        return ContextParallelInput(split_dim=1, expected_dims=3, split_output=out)
+    return {"": {"hidden_states": cpi()}, "rope": {0: cpi(True), 1: cpi(True)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _blocks_only(name):
+    """The attention modules of the transformer blocks (not a text refiner's)."""
+    return name.startswith(("transformer_blocks.", "single_transformer_blocks."))
+
+
+def _check_hunyuan(model):
+    if model.config.get("image_condition_type") == "token_replace":
+        raise UnsupportedError("HunyuanVideoTransformer3DModel with image_condition_type "
+                               "'token_replace' (HunyuanVideo-I2V): its first-frame tokens "
+                               "are modulated by position, which cpc.diffusers does not "
+                               "split yet", code="unsupported")
+
+
+def _check_sd3(model):
+    if model.config.get("dual_attention_layers"):
+        raise UnsupportedError("SD3Transformer2DModel with dual_attention_layers (SD3.5 "
+                               "Medium): its second, image-only attention is not routed "
+                               "through cpc yet", code="unsupported")
+
+
+class _Spec:
+    """What parallelize needs to know of one transformer class.
+
+    tokens(model, cfg, get) -> (batch, image/video tokens, text tokens or None);
+    kind: "joint" (text and image in one attention) or "self" (video self-attention, the
+    text in a cross-attention: the processor is given encoder_hidden_states);
+    cp_plan: None (the class's own _cp_plan) or a function returning one (same format);
+    text_outputs: split outputs {(module id, index)} that are text (QwenImage's pos_embed
+    output 1: the text RoPE); key_mask(get, batch, tokens, text) -> (joint/self key mask
+    [B, S] in the plan's segment order, cross key mask [B, T]), bool, None where all keys
+    take part: the model's own masks at the attention are then replaced by it (cpc's
+    `mask: key_padding`); sites(name): which attention modules run through cpc (default
+    all); check(model): refuses configurations not routed."""
+
+    def __init__(self, tokens, kind, cp_plan=None, text_outputs=(), key_mask=None,
+                 sites=None, check=None):
+        self.tokens, self.kind, self.cp_plan = tokens, kind, cp_plan
+        self.text_outputs = set(text_outputs)
+        self.key_mask, self.sites, self.check = key_mask, sites, check
+
+
 _MODELS = {
-    "FluxTransformer2DModel": (_tokens_flux, "joint"),
-    "Flux2Transformer2DModel": (_tokens_flux2, "joint"),
-    "WanTransformer3DModel": (_tokens_wan, "self"),
+    "FluxTransformer2DModel": _Spec(_tokens_flux, "joint"),
+    "Flux2Transformer2DModel": _Spec(_tokens_flux2, "joint"),
+    "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
+    "QwenImageTransformer2DModel": _Spec(_tokens_qwen, "joint",
+                                         text_outputs={("pos_embed", 1)},
+                                         key_mask=_mask_qwen),
+    "HunyuanVideoTransformer3DModel": _Spec(_tokens_hunyuan, "joint", cp_plan=_plan_hunyuan,
+                                            key_mask=_mask_hunyuan, sites=_blocks_only,
+                                            check=_check_hunyuan),
+    "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
+    "SD3Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_sd3,
+                                   check=_check_sd3),
+    "LTXVideoTransformer3DModel": _Spec(_tokens_ltx, "self", cp_plan=_plan_ltx,
+                                        key_mask=_mask_ltx),
 }
-_TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask")
+_TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
+               "encoder_hidden_states_mask")
 
 
 # ---- the per-shape state ------------------------------------------------------------
@@ -348,16 +541,19 @@ class _Parallel:
         self.handles = []
         self.sites = {}             # id(attention module) -> "main" | "cross"
         self.sig = inspect.signature(type(model).forward)
-        self.tokens_fn, self.kind = _MODELS[self.cls]
+        self.spec = _MODELS[self.cls]
+        self.tokens_fn, self.kind = self.spec.tokens, self.spec.kind
+        self.masks = (None, None)   # this call's key masks (joint/self, cross), global
+        self._mask_shards = {}      # this call's key masks as this rank's shards
         self.last_plan = None
         self.calls = 0              # attention calls answered by cpc (all shapes)
         self.attention_s = 0.0      # wall seconds inside those calls (forward)
 
     # -- plans --------------------------------------------------------------------
-    def _plan(self, attention, tokens, text, batch, dtype, mode):
+    def _plan(self, attention, tokens, text, batch, dtype, mode, mask="none"):
         return _D.from_diffusers(self.parallel_config, self.cfg, tokens=tokens,
                                  text_tokens=text, batch=batch, dtype=dtype,
-                                 attention=attention, mode=mode,
+                                 attention=attention, mode=mode, mask=mask,
                                  name=f"{self.cls}-{attention}", **self.plan_kw)
 
     def _compile(self, plan):
@@ -367,19 +563,21 @@ class _Parallel:
         except PlanError as e:
             raise _diffusers_hints(e, plan, self.parallel_config) from None
 
-    def _state(self, tokens, text, batch, dtype, mode):
-        key = (tokens, text, batch, dtype, mode)
+    def _state(self, tokens, text, batch, dtype, mode, masked=(False, False)):
+        key = (tokens, text, batch, dtype, mode, masked)
         st = self.shapes.get(key)
         if st is not None:
             return st
         st = _Shape(self, key, tokens, text, batch, dtype, mode)
+        st.cross_mask = "key_padding" if masked[1] else "none"
+        mask = "key_padding" if masked[0] else "none"
         if self.kind == "joint":
             if text is None:
                 raise UsageError(f"{self.cls}: encoder_hidden_states is required (joint "
                                  "attention over text and image tokens)", code="usage")
-            plan = self._plan("joint", tokens, text, batch, dtype, mode)
+            plan = self._plan("joint", tokens, text, batch, dtype, mode, mask)
         else:
-            plan = self._plan("self", tokens, None, batch, dtype, mode)
+            plan = self._plan("self", tokens, None, batch, dtype, mode, mask)
         self.last_plan = plan
         art = self._compile(plan)
         if art.world_size != self.comm.size:
@@ -395,12 +593,12 @@ class _Parallel:
         st.main = (art, self.comm.attention(art, self.backend, self.timeout_s))
         if self.kind == "self" and text is not None and any(
                 v == "cross" for v in self.sites.values()):
-            st.cross[text] = self._cross(tokens, text, batch, dtype, mode)
+            st.cross[text] = self._cross(tokens, text, batch, dtype, mode, st.cross_mask)
         self.shapes[key] = st
         return st
 
-    def _cross(self, tokens, kv, batch, dtype, mode):
-        plan = self._plan("cross", tokens, kv, batch, dtype, mode)
+    def _cross(self, tokens, kv, batch, dtype, mode, mask="none"):
+        plan = self._plan("cross", tokens, kv, batch, dtype, mode, mask)
         art = self._compile(plan)
         return art, self.comm.attention(art, self.backend, self.timeout_s)
 
@@ -421,7 +619,13 @@ class _Parallel:
             any(isinstance(a, torch.Tensor) and a.requires_grad
                 for a in list(args) + list(kwargs.values())))
         mode = "training" if records else "inference"
-        key = (tokens, text, batch, dtype, mode)
+        masks = (None, None)
+        if self.spec.key_mask is not None:
+            masks = self.spec.key_mask(get, batch, tokens, text)
+            # a mask where every key takes part is no mask (so ring_anything, CP019, runs)
+            masks = tuple(None if m is None or bool(m.all()) else m for m in masks)
+        masked = (masks[0] is not None, masks[1] is not None)
+        key = (tokens, text, batch, dtype, mode, masked)
         keys = self.comm.allgather_obj(key)
         if any(k != key for k in keys):
             raise UsageError(f"ranks called {self.cls} with different shapes/modes: "
@@ -430,12 +634,30 @@ class _Parallel:
                                          for r, k in enumerate(keys)),
                              code="usage", hint="every rank passes the full, same-shaped "
                              "inputs (as with diffusers' enable_parallelism)")
-        self.current = self._state(tokens, text, batch, dtype, mode)
+        self.current = self._state(tokens, text, batch, dtype, mode, masked)
+        self.masks, self._mask_shards = masks, {}
         return None
 
     def post_forward(self, module, args, kwargs, output):
         self.current = None
+        self.masks, self._mask_shards = (None, None), {}
         return None
+
+    def mask_shard(self, which, art):
+        """This call's key mask (which: 0 joint/self, 1 cross) as this rank's shard for
+        `art` (uint8 [B, S_r]), or None when the plan has no key mask."""
+        if not art.key_padding:
+            return None
+        m = self._mask_shards.get(which)
+        if m is None:
+            torch = _torch()
+            g = self.masks[which]
+            if g is None:
+                raise UsageError(f"{self.cls}: the plan has a key mask but this call has none",
+                                 code="usage")
+            m = art.shard(g.to(torch.uint8).cpu().contiguous(), self.comm.rank, "mask")
+            self._mask_shards[which] = m
+        return m
 
 
 def _seg_tokens(seg, tokens):
@@ -452,7 +674,8 @@ def _segment_of(name):
 
 def _install_cp_plan(par, model):
     torch = _torch()
-    plan = getattr(type(model), "_cp_plan", None)
+    plan = par.spec.cp_plan() if par.spec.cp_plan is not None else \
+        getattr(type(model), "_cp_plan", None)
     if not plan:
         raise UnsupportedError(f"{par.cls} has no _cp_plan (diffusers' context-parallel "
                                "metadata): cpc.diffusers cannot tell which inputs carry the "
@@ -522,11 +745,13 @@ def _install_cp_plan(par, model):
                     h = m.register_forward_pre_hook(pre, with_kwargs=True)
                     par.handles.append(h)
                 if outs:
-                    def post(mod, args, output, outs=outs):
+                    def post(mod, args, output, outs=outs, module_id=module_id):
                         single = isinstance(output, torch.Tensor)
                         lst = [output] if single else list(output)
                         for i, cpi in outs.items():
-                            lst[i] = do_split(lst[i], cpi, "main")
+                            lst[i] = do_split(lst[i], cpi,
+                                              "text" if (module_id, i) in
+                                              par.spec.text_outputs else "main")
                         return lst[0] if single else type(output)(lst)
                     par.handles.append(m.register_forward_hook(post))
             else:
@@ -564,10 +789,17 @@ def _wrapped_class(cls):
     if sub is not None:
         return sub
     orig = cls.__call__
+    params = list(inspect.signature(orig).parameters)[2:]   # after self, attn
 
     @functools.wraps(orig)
     def __call__(self, attn, *args, **kwargs):
-        tok = _CURRENT.set(attn)
+        # a self-attention model's processor given encoder_hidden_states is its text
+        # cross-attention (Wan attn2, LTX attn2)
+        ehs = kwargs.get("encoder_hidden_states")
+        if ehs is None and "encoder_hidden_states" in params and \
+                params.index("encoder_hidden_states") < len(args):
+            ehs = args[params.index("encoder_hidden_states")]
+        tok = _CURRENT.set((attn, ehs is not None))
         try:
             return orig(self, attn, *args, **kwargs)
         finally:
@@ -579,39 +811,92 @@ def _wrapped_class(cls):
     return sub
 
 
+def _running():
+    """(attention module, par, is the processor's text cross-attention) of the processor
+    running now, when its model is parallelized and inside a forward; else None."""
+    cur = _CURRENT.get()
+    if cur is None:
+        return None
+    attn, has_ehs = cur
+    par = getattr(attn, "_cpc_parallel", None)
+    if par is None or par.current is None:
+        return None
+    return attn, par, has_ehs
+
+
+class _FunctionalProxy:
+    """torch.nn.functional as a processor module sees it (its `F`): every name is
+    torch's, except scaled_dot_product_attention, which a parallelized model's processor
+    (CogVideoX, SD3, ... in diffusers' attention_processor.py call torch's SDPA directly)
+    gets answered by cpc; every other caller gets torch's."""
+
+    def __init__(self, F):
+        self._F = F
+
+    def __getattr__(self, name):
+        return getattr(self._F, name)
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, **kw):
+        run = _running()
+        if run is None:
+            return self._F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=scale, **kw)
+        if kw.get("enable_gqa"):
+            raise UnsupportedError("SDPA with enable_gqa through cpc.diffusers",
+                                   code="unsupported")
+        attn, par, has_ehs = run
+        # SDPA's [B, H, S, D] <-> cpc's [B, S, H, D] (views: cpc takes strided tensors)
+        out = _cpc_attention(par, attn, query.transpose(1, 2), key.transpose(1, 2),
+                             value.transpose(1, 2), attn_mask, dropout_p, is_causal, scale,
+                             has_ehs)
+        return out.transpose(1, 2)
+
+
 def _patch_dispatch(modname):
+    """Routes the attention of processor module `modname` through cpc: its
+    dispatch_attention_fn and (where it calls torch's SDPA itself) its `F`."""
     if modname in _PATCHED_MODULES:
         return
     mod = sys.modules[modname]
     orig = getattr(mod, "dispatch_attention_fn", None)
-    if orig is None:
-        raise UnsupportedError(f"{modname} does not call diffusers' dispatch_attention_fn: "
-                               "its attention cannot be routed through cpc", code="unsupported")
+    F = getattr(mod, "F", None)
+    torch = _torch()
+    has_f = F is torch.nn.functional
+    if orig is None and not has_f:
+        raise UnsupportedError(f"{modname} calls neither diffusers' dispatch_attention_fn "
+                               "nor torch's scaled_dot_product_attention (as F): its "
+                               "attention cannot be routed through cpc", code="unsupported")
+    if orig is not None:
+        @functools.wraps(orig)
+        def dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                     scale=None, enable_gqa=False, attention_kwargs=None, *, backend=None,
+                     parallel_config=None):
+            run = _running()
+            if run is None:
+                return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            attention_kwargs=attention_kwargs, backend=backend,
+                            parallel_config=parallel_config)
+            attn, par, has_ehs = run
+            return _cpc_attention(par, attn, query, key, value, attn_mask, dropout_p,
+                                  is_causal, scale, has_ehs)
+        mod.dispatch_attention_fn = dispatch
+    if has_f:
+        mod.F = _FunctionalProxy(F)
+    _PATCHED_MODULES[modname] = (orig, F if has_f else None)
 
-    @functools.wraps(orig)
-    def dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                 scale=None, enable_gqa=False, attention_kwargs=None, *, backend=None,
-                 parallel_config=None):
-        attn = _CURRENT.get()
-        par = getattr(attn, "_cpc_parallel", None) if attn is not None else None
-        if par is None or par.current is None:
-            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                        attention_kwargs=attention_kwargs, backend=backend,
-                        parallel_config=parallel_config)
-        return _cpc_attention(par, attn, query, key, value, attn_mask, dropout_p, is_causal,
-                              scale)
 
-    _PATCHED_MODULES[modname] = orig
-    mod.dispatch_attention_fn = dispatch
-
-
-def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
+def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
+                   has_ehs=False):
     st = par.current
     par.calls += 1
-    if attn_mask is not None:
+    if attn_mask is not None and par.spec.key_mask is None:
         raise UnsupportedError(f"{par.cls}: an attention mask reached the attention; cpc's "
                                "plan for this model has none", code="unsupported")
+    # a model with key_mask: its own mask at the attention (built from this rank's tokens,
+    # or a bias) is replaced by the call's key mask, sharded as cpc's plan holds the keys
     if dropout_p or is_causal:
         raise UnsupportedError("dropout / causal attention through cpc.diffusers is not "
                                "supported", code="unsupported")
@@ -619,11 +904,14 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
     if scale is not None and abs(scale - D ** -0.5) > 1e-12 * D ** -0.5:
         raise UnsupportedError(f"softmax scale {scale} (cpc.diffusers runs 1/sqrt(head_dim))",
                                code="unsupported")
-    if par.sites.get(id(attn)) == "cross":
+    cross = par.sites.get(id(attn)) == "cross" or (par.kind == "self" and has_ehs)
+    if cross:
         n = k.shape[1]
         if n not in st.cross:
-            st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode)
-        att = st.cross[n][1]
+            st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode,
+                                     st.cross_mask)
+        art, att = st.cross[n]
+        mask = par.mask_shard(1, art)
         if st.mode == "training" and par.comm.size > 1:
             # cpc returns the whole dK/dV of the replicated text on every rank (the sum
             # over all ranks' queries, docs/BACKWARD.md 3.7); the text's projections ran
@@ -632,7 +920,8 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
             # power of two or not: the scaling is one rounding at most.
             k, v = _scale_grad(k, 1.0 / par.comm.size), _scale_grad(v, 1.0 / par.comm.size)
     else:
-        att = st.main[1]
+        art, att = st.main
+        mask = par.mask_shard(0, art)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
                          code="usage")
@@ -640,9 +929,9 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
     if _DTYPES.get(str(q.dtype)) != st.dtype:
         torch = _torch()
         want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[st.dtype]
-        out = att(q.to(want), k.to(want), v.to(want)).to(q.dtype)
+        out = att(q.to(want), k.to(want), v.to(want), mask=mask).to(q.dtype)
     else:
-        out = att(q, k, v)
+        out = att(q, k, v, mask=mask)
     par.attention_s += time.perf_counter() - t0
     return out
 
@@ -674,6 +963,8 @@ def _install_attention(par, model):
     for name, m in model.named_modules():
         proc = getattr(m, "processor", None)
         if proc is None or not callable(proc):
+            continue
+        if par.spec.sites is not None and not par.spec.sites(name):
             continue
         cls = type(proc)
         if getattr(cls, "_cpc_original_class", None) is None:
@@ -721,6 +1012,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
         raise UsageError("this transformer is already parallelized (unparallelize first)",
                          code="usage")
     _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
+    if _MODELS[cls].check is not None:
+        _MODELS[cls].check(transformer)
     c = _make_comm(comm)
     par = _Parallel(transformer, parallel_config, c, backend, timeout_s, plan_kw)
     # the shape pre-hook first: torch runs a module's pre-hooks in registration order and
