@@ -78,6 +78,17 @@ def tiny_sd3(heads):
                                  pos_embed_max_size=16)
 
 
+def tiny_sd35m(heads):
+    """SD3.5 Medium's structure: dual attention (an image-only attn2) in block 0."""
+    from diffusers import SD3Transformer2DModel
+    return SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                 attention_head_dim=16, num_attention_heads=heads,
+                                 joint_attention_dim=32, caption_projection_dim=16 * heads,
+                                 pooled_projection_dim=32, out_channels=4,
+                                 pos_embed_max_size=16, dual_attention_layers=(0,),
+                                 qk_norm="rms_norm")
+
+
 def tiny_ltx(heads):
     from diffusers import LTXVideoTransformer3DModel
     return LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=heads,
@@ -85,9 +96,28 @@ def tiny_ltx(heads):
                                       num_layers=2, caption_channels=32)
 
 
+def tiny_hunyuan15(heads):
+    from diffusers import HunyuanVideo15Transformer3DModel
+    return HunyuanVideo15Transformer3DModel(in_channels=4, out_channels=4,
+                                            num_attention_heads=heads, attention_head_dim=16,
+                                            num_layers=2, num_refiner_layers=1,
+                                            patch_size=2, patch_size_t=1, text_embed_dim=32,
+                                            text_embed_2_dim=16, image_embed_dim=16,
+                                            rope_axes_dim=(4, 6, 6), target_size=64)
+
+
+def tiny_mochi(heads):
+    from diffusers import MochiTransformer3DModel
+    return MochiTransformer3DModel(patch_size=2, num_attention_heads=heads,
+                                   attention_head_dim=16, num_layers=2,
+                                   pooled_projection_dim=16, in_channels=4, text_embed_dim=32,
+                                   time_embed_dim=16, max_sequence_length=16)
+
+
 MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_qwen,
           "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
-          "ltx": tiny_ltx}
+          "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
+          "hunyuan15": tiny_hunyuan15}
 
 
 def text_mask(a, torch):
@@ -142,10 +172,24 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
                     return_dict=False)
-    if a.model == "sd3":
+    if a.model in ("sd3", "sd35m"):
         return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
                     pooled_projections=r(B, 32), timestep=torch.full((B,), 500.0),
                     return_dict=False)
+    if a.model == "hunyuan15":
+        # text: Qwen (a.text, --pad padded), byT5 (3, 1 padded), SigLIP image tokens (4;
+        # zeros: text-to-video, all masked)
+        m2 = torch.ones(B, 3, dtype=torch.long)
+        m2[:, 2:] = 0
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    encoder_attention_mask=text_mask(a, torch),
+                    encoder_hidden_states_2=r(B, 3, 16), encoder_attention_mask_2=m2,
+                    image_embeds=torch.zeros(B, 4, 16, dtype=dtype), return_dict=False)
+    if a.model == "mochi":
+        return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch), return_dict=False)
     if a.model == "ltx":
         return dict(hidden_states=r(B, F * H * W, 8), encoder_hidden_states=r(B, a.text, 32),
                     timestep=torch.full((B,), 500.0),

@@ -4,7 +4,8 @@ Needs torch >= 2, diffusers and mpi4py (scripts/torch_venv.sh builds that venv;
 scripts/test_torch.sh runs this file in it); skipped elsewhere (Debian's torch 1.13
 cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel,
 WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
-CogVideoXTransformer3DModel, SD3Transformer2DModel and LTXVideoTransformer3DModel
+CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
+MochiTransformer3DModel and HunyuanVideo15Transformer3DModel
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -77,6 +78,12 @@ CASES_2 = {
     "ltx-ulysses_anything-odd-mask-train-fp32": "--model ltx --ulysses 2 --anything --heads 3 "
                                                 "--frames 3 --height 5 --width 5 --pad 1 "
                                                 "--train",
+    # Mochi: one attention call per batch element (batch 2: both rows of the key mask)
+    "mochi-ring-mask-train-fp32": "--model mochi --ring 2 --pad 1 --batch 2 --train",
+    # SD3.5 Medium's structure: an image-only attention (attn2) next to the joint one
+    "sd35m-ring-train-fp32": "--model sd35m --ring 2 --train",
+    # HunyuanVideo-1.5: text = Qwen + byT5 + SigLIP, reordered valid-first by the model
+    "hunyuan15-ring-mask-fp32": "--model hunyuan15 --ring 2 --pad 2 --text 7 --batch 2",
 }
 CASES_4 = {
     "flux-unified-fp32": "--model flux --ring 2 --ulysses 2",
@@ -99,6 +106,12 @@ CASES_4 = {
                                       "--expect-error PlanError",
     "sd3-unified-fp32": "--model sd3 --ring 2 --ulysses 2 --height 8 --width 4",
     "ltx-unified-mask-fp32": "--model ltx --ring 2 --ulysses 2 --pad 1",
+    "mochi-unified-mask-fp32": "--model mochi --ring 2 --ulysses 2 --pad 2 --batch 2 "
+                               "--frames 2",
+    "hunyuan15-ulysses_anything-odd-mask-fp32": "--model hunyuan15 --ulysses 4 --anything "
+                                                "--pad 1",
+    "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
+                                       "--width 6 --text 7",
 }
 CASES_TORCHRUN = {
     "flux-ulysses-fp32": "--model flux --ulysses 2",
@@ -109,12 +122,14 @@ CASES_TORCHRUN = {
     "cogvideox-ulysses-fp32": "--model cogvideox --ulysses 2 --frames 2",
     "sd3-ring-fp32": "--model sd3 --ring 2",
     "ltx-ulysses-mask-fp32": "--model ltx --ulysses 2 --pad 2",
+    "mochi-ulysses-mask-bf16": "--model mochi --ulysses 2 --pad 2 --dtype bf16",
+    "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
 }
 
 # attention calls per forward: the tiny models' layers (x2 where a layer has a text
-# cross-attention as well)
+# cross-attention as well; Mochi: x batch, one call per batch element)
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
-         "ltx": 4}
+         "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2}
 
 
 def _env():
@@ -171,7 +186,8 @@ def _check(name, runs, nproc):
     tol = 2e-2 if bf16 else 2e-6
     assert d["out"] < tol, d
     # every attention of the model went through cpc
-    assert d["cpc_calls"] == CALLS[name.split("-")[0]], d
+    family = name.split("-")[0]
+    assert d["cpc_calls"] == CALLS[family] * (d["shape"][0] if family == "mochi" else 1), d
     # a padded text reached cpc as a key mask (joint: [0]; LTX's cross-attention: [1])
     if "-mask" in name:
         want_masks = [[False, True]] if name.startswith("ltx") else [[True, False]]

@@ -8,15 +8,20 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
 
 - The transformer's inputs are split over the ranks where the model's own `_cp_plan`
   says (diffusers' metadata: which module inputs/outputs carry the sequence, on which
-  dimension), but into cpc's layout for the plan: each split tensor is cut at the global
+  dimension; for classes diffusers gives none, or whose text cpc keeps whole, a plan of
+  the same format in _MODELS), but into cpc's layout for the plan: each split tensor is cut at the global
   token positions of this rank's shard of its segment (`Artifact.shard_runs`), so text and
   image/video segments, uneven (`*_anything`) splits included, land where cpc expects them.
   The output named by `_cp_plan`'s ContextParallelOutput is gathered back (an all-gather
   over `comm`; its backward takes this rank's rows, as diffusers' does).
 - Every attention processor of the model keeps its projections, norms and RoPE; only its
-  call to diffusers' `dispatch_attention_fn` is answered by `cpc.Attention` (joint or
-  self-attention: the plan's main artifact; a cross-attention module, `is_cross_attention`
-  as in Wan: a `kv:` plan whose K/V are the whole text, held by every rank).
+  call to diffusers' `dispatch_attention_fn` (or to torch's scaled_dot_product_attention,
+  for processors that call it themselves: CogVideoX, SD3) is answered by `cpc.Attention`
+  (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
+  `is_cross_attention` or a self-attention model's processor given encoder_hidden_states:
+  a `kv:` plan whose K/V are the whole text, held by every rank).  A text padding mask
+  (QwenImage, HunyuanVideo, LTX's cross-attention) is read from the call's full inputs and
+  given to cpc as `mask: key_padding` (this rank's shard).
 - The plan is `cpc.from_diffusers(parallel_config, transformer.config, tokens=...,
   text_tokens=..., batch=..., dtype=..., mode=...)` for the shapes of the first call; it is
   compiled (proven) in a pre-hook of the transformer before any layer runs: a plan cpc
@@ -383,6 +388,110 @@ def _plan_ltx():
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
+def _tokens_hunyuan15(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("HunyuanVideo15Transformer3DModel: hidden_states must be "
+                         "[B, C, F, H, W]", code="usage")
+    pt, p = cfg["patch_size_t"], cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % p or W % p:
+        raise UsageError(f"HunyuanVideo15Transformer3DModel: latent {F}x{H}x{W} is not a "
+                         f"multiple of the patch {pt}x{p}x{p}", code="usage")
+    parts = [get("encoder_hidden_states"), get("encoder_hidden_states_2"),
+             get("image_embeds")]
+    if any(x is None for x in parts):
+        raise UsageError("HunyuanVideo15Transformer3DModel: encoder_hidden_states, "
+                         "encoder_hidden_states_2 and image_embeds are required",
+                         code="usage")
+    return B, (F // pt) * (H // p) * (W // p), sum(x.shape[1] for x in parts)
+
+
+def _mask_hunyuan15(get, B, tokens, text):
+    """HunyuanVideo15Transformer3DModel.forward puts each sample's valid text first (SigLIP
+    image tokens: all valid, or none when image_embeds are all zero (text-to-video); byT5;
+    Qwen), the padding after; its processor masks the padded tokens as keys AND queries.
+    cpc masks them as keys: a padded row's own output differs, but no other token sees it
+    (masked keys in every layer; the output is the video's)."""
+    torch = _torch()
+    m1, m2 = get("encoder_attention_mask"), get("encoder_attention_mask_2")
+    img = get("image_embeds")
+    n = m1.to(torch.bool).sum(1) + m2.to(torch.bool).sum(1)
+    if not bool(torch.all(img == 0)):
+        n = n + img.shape[1]
+    txt = torch.arange(text, device=m1.device)[None, :] < n[:, None]
+    return torch.cat([torch.ones(B, tokens, dtype=torch.bool, device=m1.device), txt], 1), None
+
+
+def _plan_hunyuan15():
+    from diffusers.models._modeling_parallel import ContextParallelInput
+    plan = _plan_blocks("transformer_blocks.0", rope="rope")
+    # the processor builds its (local) mask from it; cpc's key mask replaces that mask
+    plan["transformer_blocks.*"] = {"encoder_attention_mask": ContextParallelInput(
+        split_dim=1, expected_dims=2, split_output=False)}
+    return plan
+
+
+def _tokens_mochi(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("MochiTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    p = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"MochiTransformer3DModel: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    if ehs is None:
+        raise UsageError("MochiTransformer3DModel: encoder_hidden_states is required",
+                         code="usage")
+    return B, F * (H // p) * (W // p), ehs.shape[1]
+
+
+def _mask_mochi(get, B, tokens, text):
+    """MochiAttnProcessor2_0 attends, per batch element, over [video, the valid text
+    tokens] and gives the padded text rows zeros.  With the valid tokens first (the
+    tokenizer pads on the right) that is [video, text] with the padding as masked keys:
+    the padded rows' outputs then differ, but no other token ever sees them (masked keys
+    in every layer; the output is the video's), so the model's output and gradients are
+    the same.  A mask with a hole (valid tokens after padding) would reorder the text
+    stream in diffusers' processor: refused."""
+    m = get("encoder_attention_mask")
+    if m is None:
+        raise UsageError("MochiTransformer3DModel: encoder_attention_mask is required",
+                         code="usage")
+    torch = _torch()
+    m = m.to(torch.bool)
+    n = m.sum(dim=1)
+    if bool((m != (torch.arange(text, device=m.device)[None, :] < n[:, None])).any()):
+        raise UnsupportedError("MochiTransformer3DModel: an encoder_attention_mask whose "
+                               "valid tokens are not all first (its processor would move "
+                               "them): cpc.diffusers needs right-padded text",
+                               code="unsupported")
+    return torch.cat([torch.ones(B, tokens, dtype=torch.bool, device=m.device), m], 1), None
+
+
+def _args_mochi(args, kwargs):
+    """The processor's own selection of the valid text is disabled (every local text token
+    is kept): cpc masks the padding as keys instead (_mask_mochi)."""
+    torch = _torch()
+    ehs = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
+    ones = torch.ones(ehs.shape[:2], dtype=torch.bool, device=ehs.device)
+    if "attention_mask" in kwargs or len(args) < 3:
+        kwargs["attention_mask"] = ones
+    else:
+        args = args[:2] + (ones,) + args[3:]
+    return args, kwargs
+
+
+def _plan_mochi():
+    from diffusers.models._modeling_parallel import ContextParallelInput
+    c = ContextParallelInput(split_dim=0, expected_dims=3, split_output=True)
+    plan = _plan_blocks("transformer_blocks.0")
+    plan["rope"] = {0: c, 1: c}
+    return plan
+
+
 def _blocks_only(name):
     """The attention modules of the transformer blocks (not a text refiner's)."""
     return name.startswith(("transformer_blocks.", "single_transformer_blocks."))
@@ -394,13 +503,6 @@ def _check_hunyuan(model):
                                "'token_replace' (HunyuanVideo-I2V): its first-frame tokens "
                                "are modulated by position, which cpc.diffusers does not "
                                "split yet", code="unsupported")
-
-
-def _check_sd3(model):
-    if model.config.get("dual_attention_layers"):
-        raise UnsupportedError("SD3Transformer2DModel with dual_attention_layers (SD3.5 "
-                               "Medium): its second, image-only attention is not routed "
-                               "through cpc yet", code="unsupported")
 
 
 class _Spec:
@@ -415,13 +517,22 @@ class _Spec:
     [B, S] in the plan's segment order, cross key mask [B, T]), bool, None where all keys
     take part: the model's own masks at the attention are then replaced by it (cpc's
     `mask: key_padding`); sites(name): which attention modules run through cpc (default
-    all); check(model): refuses configurations not routed."""
+    all); check(model): refuses configurations not routed; per_sample: the processor
+    attends each batch element in its own call (Mochi): the plan's batch is 1 and the
+    b-th call of one processor call is element b; proc_args(args, kwargs) -> (args,
+    kwargs): the processor's arguments while cpc answers (Mochi: no text selection);
+    image_self: a joint model's processor called without encoder_hidden_states is an
+    image-only self-attention (SD3.5 Medium's attn2): a plan of the image segment alone,
+    used where it holds every rank's image tokens where the joint plan does."""
 
     def __init__(self, tokens, kind, cp_plan=None, text_outputs=(), key_mask=None,
-                 sites=None, check=None):
+                 sites=None, check=None, per_sample=False, proc_args=None,
+                 image_self=False):
         self.tokens, self.kind, self.cp_plan = tokens, kind, cp_plan
         self.text_outputs = set(text_outputs)
         self.key_mask, self.sites, self.check = key_mask, sites, check
+        self.per_sample, self.proc_args = per_sample, proc_args
+        self.image_self = image_self
 
 
 _MODELS = {
@@ -436,9 +547,15 @@ _MODELS = {
                                             check=_check_hunyuan),
     "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
     "SD3Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_sd3,
-                                   check=_check_sd3),
+                                   image_self=True),
     "LTXVideoTransformer3DModel": _Spec(_tokens_ltx, "self", cp_plan=_plan_ltx,
                                         key_mask=_mask_ltx),
+    "HunyuanVideo15Transformer3DModel": _Spec(_tokens_hunyuan15, "joint",
+                                              cp_plan=_plan_hunyuan15,
+                                              key_mask=_mask_hunyuan15, sites=_blocks_only),
+    "MochiTransformer3DModel": _Spec(_tokens_mochi, "joint", cp_plan=_plan_mochi,
+                                     key_mask=_mask_mochi, per_sample=True,
+                                     proc_args=_args_mochi),
 }
 _TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
                "encoder_hidden_states_mask")
@@ -518,6 +635,8 @@ class _Shape:
         self.dtype, self.mode = dtype, mode
         self.main = None           # (artifact, attention)
         self.cross = {}            # kv tokens -> (artifact, attention)
+        self.image_self = None     # (artifact, attention): a joint model's image-only one
+        self.plan = None
         self.layout = None
         self.comm = par.comm
 
@@ -578,7 +697,7 @@ class _Parallel:
             plan = self._plan("joint", tokens, text, batch, dtype, mode, mask)
         else:
             plan = self._plan("self", tokens, None, batch, dtype, mode, mask)
-        self.last_plan = plan
+        self.last_plan = st.plan = plan
         art = self._compile(plan)
         if art.world_size != self.comm.size:
             raise UsageError(
@@ -596,6 +715,33 @@ class _Parallel:
             st.cross[text] = self._cross(tokens, text, batch, dtype, mode, st.cross_mask)
         self.shapes[key] = st
         return st
+
+    def image_self(self, st):
+        """(artifact, attention) of the image-only self-attention of a joint model at
+        shape st: the joint plan without its text segment.  Its layout must put every
+        rank's image tokens where the joint plan does (the hidden states are split once,
+        for the joint plan): else UnsupportedError."""
+        if st.image_self is not None:
+            return st.image_self
+        import copy
+        p = copy.deepcopy(dict(st.plan))
+        p["input"]["segments"] = [s for s in p["input"]["segments"] if s["name"] != "text"]
+        p["input"]["mask"] = "none"
+        p["name"] = p["name"] + "-image-self"
+        p = _D.DiffusersPlan(p, parallel_fields=getattr(st.plan, "parallel_fields", None))
+        art = self._compile(p)
+        seg = p["input"]["segments"][0]["name"]
+        for r in range(self.comm.size):
+            mine = [t for a, n in art.shard_runs(r) for t in range(a, a + n)]
+            if mine != st.layout.pos[(seg, r)]:
+                raise UnsupportedError(
+                    f"{self.cls}: its image-only attention (dual attention) needs the "
+                    f"{seg} tokens of each rank to be the same in the joint and the "
+                    f"image-only plan; at this shape ({st.tokens} {seg} + {st.text} text "
+                    f"tokens, variant {art.variant}) rank {r} differs", code="unsupported",
+                    hint="a token count that divides by the degrees (no *_anything)")
+        st.image_self = (art, self.comm.attention(art, self.backend, self.timeout_s))
+        return st.image_self
 
     def _cross(self, tokens, kv, batch, dtype, mode, mask="none"):
         plan = self._plan("cross", tokens, kv, batch, dtype, mode, mask)
@@ -625,6 +771,8 @@ class _Parallel:
             # a mask where every key takes part is no mask (so ring_anything, CP019, runs)
             masks = tuple(None if m is None or bool(m.all()) else m for m in masks)
         masked = (masks[0] is not None, masks[1] is not None)
+        if self.spec.per_sample:
+            batch = 1               # one attention call per batch element
         key = (tokens, text, batch, dtype, mode, masked)
         keys = self.comm.allgather_obj(key)
         if any(k != key for k in keys):
@@ -643,20 +791,23 @@ class _Parallel:
         self.masks, self._mask_shards = (None, None), {}
         return None
 
-    def mask_shard(self, which, art):
-        """This call's key mask (which: 0 joint/self, 1 cross) as this rank's shard for
-        `art` (uint8 [B, S_r]), or None when the plan has no key mask."""
+    def mask_shard(self, which, art, row=None):
+        """This call's key mask (which: 0 joint/self, 1 cross; row: one batch element, for
+        per_sample models) as this rank's shard for `art` (uint8 [B, S_r]), or None when
+        the plan has no key mask."""
         if not art.key_padding:
             return None
-        m = self._mask_shards.get(which)
+        m = self._mask_shards.get((which, row))
         if m is None:
             torch = _torch()
             g = self.masks[which]
             if g is None:
                 raise UsageError(f"{self.cls}: the plan has a key mask but this call has none",
                                  code="usage")
+            if row is not None:
+                g = g[row:row + 1]
             m = art.shard(g.to(torch.uint8).cpu().contiguous(), self.comm.rank, "mask")
-            self._mask_shards[which] = m
+            self._mask_shards[(which, row)] = m
         return m
 
 
@@ -799,7 +950,10 @@ def _wrapped_class(cls):
         if ehs is None and "encoder_hidden_states" in params and \
                 params.index("encoder_hidden_states") < len(args):
             ehs = args[params.index("encoder_hidden_states")]
-        tok = _CURRENT.set((attn, ehs is not None))
+        par = getattr(attn, "_cpc_parallel", None)
+        if par is not None and par.current is not None and par.spec.proc_args is not None:
+            args, kwargs = par.spec.proc_args(args, kwargs)
+        tok = _CURRENT.set((attn, ehs is not None, [0]))
         try:
             return orig(self, attn, *args, **kwargs)
         finally:
@@ -817,11 +971,15 @@ def _running():
     cur = _CURRENT.get()
     if cur is None:
         return None
-    attn, has_ehs = cur
+    attn, has_ehs, count = cur
     par = getattr(attn, "_cpc_parallel", None)
     if par is None or par.current is None:
         return None
-    return attn, par, has_ehs
+    if par.spec.per_sample:
+        row = count[0]
+        count[0] += 1
+        return attn, par, (has_ehs, row)
+    return attn, par, (has_ehs, None)
 
 
 class _FunctionalProxy:
@@ -889,7 +1047,8 @@ def _patch_dispatch(modname):
 
 
 def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
-                   has_ehs=False):
+                   has_ehs=(False, None)):
+    has_ehs, row = has_ehs
     st = par.current
     par.calls += 1
     if attn_mask is not None and par.spec.key_mask is None:
@@ -911,7 +1070,7 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
             st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode,
                                      st.cross_mask)
         art, att = st.cross[n]
-        mask = par.mask_shard(1, art)
+        mask = par.mask_shard(1, art, row)
         if st.mode == "training" and par.comm.size > 1:
             # cpc returns the whole dK/dV of the replicated text on every rank (the sum
             # over all ranks' queries, docs/BACKWARD.md 3.7); the text's projections ran
@@ -919,9 +1078,12 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
             # over the ranks (allreduce_grads) are then the single-process ones.  P is a
             # power of two or not: the scaling is one rounding at most.
             k, v = _scale_grad(k, 1.0 / par.comm.size), _scale_grad(v, 1.0 / par.comm.size)
+    elif par.kind == "joint" and not has_ehs and par.spec.image_self:
+        art, att = par.image_self(st)
+        mask = None
     else:
         art, att = st.main
-        mask = par.mask_shard(0, art)
+        mask = par.mask_shard(0, art, row)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
                          code="usage")
@@ -992,16 +1154,21 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
                 **plan_kw):
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
-    transformer: a diffusers model with `_cp_plan` (FluxTransformer2DModel,
-      WanTransformer3DModel).  parallel_config: diffusers' ContextParallelConfig (or
+    transformer: FluxTransformer2DModel, Flux2Transformer2DModel, WanTransformer3DModel,
+      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
+      CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
+      MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
+      split and routed).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
       backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
       (device=, steps=, ...).
 
     Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
-    full output.  Errors: cpc.UnsupportedError (a model without _cp_plan, or whose
-    processors do not call dispatch_attention_fn), ValueError (a ContextParallelConfig
+    full output.  Errors: cpc.UnsupportedError (another class, or a configuration of
+    these that is not routed: FLUX.2 reference tokens, HunyuanVideo-I2V token replace,
+    SD3.5 Medium's image-only attention at a shape whose image split differs from the
+    joint one's), ValueError (a ContextParallelConfig
     cpc cannot honour, at once); at the first call: cpc.PlanError / cpc.UsageError on every
     rank before any layer runs.  Returns the transformer."""
     cls = type(transformer).__name__
@@ -1051,7 +1218,8 @@ def unparallelize(transformer):
         if hasattr(m, "_cpc_parallel"):
             del m._cpc_parallel
     for st in par.shapes.values():
-        for _, att in [st.main] + list(st.cross.values()):
+        for _, att in [st.main] + list(st.cross.values()) + \
+                ([st.image_self] if st.image_self else []):
             att.close()
     transformer._cpc = None
     return transformer
