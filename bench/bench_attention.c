@@ -101,11 +101,11 @@ static attn_run bench_attn(cpc_backend *be, int64_t S, int H, int Hkv, int D, cp
     cpc_from_f32_n(k, dt, kf, nkv);
     cpc_from_f32_n(v, dt, vf, nkv);
     cpc_run run = {0, S};
-    cpc_attn_args a = {.B = 1, .sq = S, .skv = S, .hq = H, .hkv = Hkv, .d = D,
-                       .group = H / Hkv, .dtype = dt, .q = q, .k = k, .v = v,
-                       .q_bstride = (int64_t)nq, .kv_bstride = (int64_t)nkv, .o = o, .lse = lse,
-                       .scale = 1.0f / sqrtf((float)D), .causal = causal,
-                       .q_runs = &run, .n_q_runs = 1, .kv_runs = &run, .n_kv_runs = 1};
+    cpc_attn_args a = {.p.B = 1, .p.sq = S, .p.skv = S, .p.hq = H, .p.hkv = Hkv, .p.d = D,
+                       .p.group = H / Hkv, .p.dtype = dt, .p.q = q, .p.k = k, .p.v = v,
+                       .p.q_bstride = (int64_t)nq, .p.kv_bstride = (int64_t)nkv, .o = o, .lse = lse,
+                       .p.scale = 1.0f / sqrtf((float)D), .p.causal = causal,
+                       .p.q_runs = &run, .p.n_q_runs = 1, .p.kv_runs = &run, .p.n_kv_runs = 1};
     double best = 1e30;
     for (int i = 0; i < iters + 1; i++) {
         double t0 = now();

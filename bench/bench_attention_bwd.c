@@ -93,19 +93,19 @@ static pair bench_pair(cpc_backend *be, int64_t S, int H, int Hkv, int D, cpc_dt
     float *dq = xmalloc(sizeof(float) * nq), *dk = xmalloc(sizeof(float) * nkv);
     float *dv = xmalloc(sizeof(float) * nkv);
     cpc_run run = {0, S};
-    cpc_attn_args a = {.B = 1, .sq = S, .skv = S, .hq = H, .hkv = Hkv, .d = D,
-                       .group = H / Hkv, .dtype = dt, .q = q, .k = k, .v = v,
-                       .q_bstride = (int64_t)nq, .kv_bstride = (int64_t)nkv, .o = o, .lse = lse,
-                       .scale = 1.0f / sqrtf((float)D), .causal = causal,
-                       .q_runs = &run, .n_q_runs = 1, .kv_runs = &run, .n_kv_runs = 1};
-    cpc_attn_bwd_args g = {.B = 1, .sq = S, .skv = S, .hq = H, .hkv = Hkv, .d = D,
-                           .group = H / Hkv, .dtype = dt, .q = q, .k = k, .v = v,
-                           .dout = dout, .q_bstride = (int64_t)nq, .kv_bstride = (int64_t)nkv,
+    cpc_attn_args a = {.p.B = 1, .p.sq = S, .p.skv = S, .p.hq = H, .p.hkv = Hkv, .p.d = D,
+                       .p.group = H / Hkv, .p.dtype = dt, .p.q = q, .p.k = k, .p.v = v,
+                       .p.q_bstride = (int64_t)nq, .p.kv_bstride = (int64_t)nkv, .o = o, .lse = lse,
+                       .p.scale = 1.0f / sqrtf((float)D), .p.causal = causal,
+                       .p.q_runs = &run, .p.n_q_runs = 1, .p.kv_runs = &run, .p.n_kv_runs = 1};
+    cpc_attn_bwd_args g = {.p.B = 1, .p.sq = S, .p.skv = S, .p.hq = H, .p.hkv = Hkv, .p.d = D,
+                           .p.group = H / Hkv, .p.dtype = dt, .p.q = q, .p.k = k, .p.v = v,
+                           .dout = dout, .p.q_bstride = (int64_t)nq, .p.kv_bstride = (int64_t)nkv,
                            .dout_bstride = (int64_t)nq, .out = o, .out_dtype = CPC_DTYPE_FP32,
                            .out_bstride = (int64_t)nq, .lse = lse, .delta = delta,
                            .compute_delta = true, .dq = dq, .dk = dk, .dv = dv,
-                           .scale = 1.0f / sqrtf((float)D), .causal = causal,
-                           .q_runs = &run, .n_q_runs = 1, .kv_runs = &run, .n_kv_runs = 1};
+                           .p.scale = 1.0f / sqrtf((float)D), .p.causal = causal,
+                           .p.q_runs = &run, .p.n_q_runs = 1, .p.kv_runs = &run, .p.n_kv_runs = 1};
     double bf = 1e30, bb = 1e30;
     for (int i = 0; i < iters + 1; i++) { /* interleaved: both see the same machine load */
         double t0 = now();

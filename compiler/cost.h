@@ -104,6 +104,19 @@
  *   x 2.5 on Blackwell, x 1 elsewhere; sage x 2 on Ada (SageAttention paper: ~2.1x
  *   FlashAttention-2 on RTX 4090), x 1.6 elsewhere; head_dim <= 64 x 0.8,
  *   <= 32 x 0.6 (FlashAttention-2 paper: head_dim 64 runs at ~0.8-0.85 of 128).
+ *   No kernel runs above a ceiling of the dense peak (cpc_attn_ceiling): 0.75
+ *   (the FlashAttention-3 paper's best FP16 forward, 740 of H100's 989 TFLOP/s),
+ *   1.0 for sage (its INT8 Q K^T at twice the FP16 rate): a factor that would
+ *   pass it is capped there (H20: fa3 x 1.8 of its 0.6 x peak would be 1.08 x
+ *   peak; a power-capped part cannot run FA3 faster than its peak).
+ *
+ * ATTENTION GRID: not modelled.  Wave quantisation of the kernel's grid (B x
+ *   heads x ceil(queries / 128) tiles over the SMs) was tried in issue 20's
+ *   fourth pass and left out: as a hard wave model it moves the Hopper
+ *   Ulysses-8 rows only 3-8% and puts the FLUX rows on L20 (216 tiles on 92
+ *   SMs) 12% slower than published (bench/published.sh within 25%: 91% ->
+ *   88%); the rate figures above are measured on real shapes and already
+ *   carry the average tail loss.
  *
  * LINEAR ATTENTION (model.attention: linear; Sana's ReLU linear attention,
  *   diffusers SanaLinearAttnProcessor2_0): each attention op of the program
@@ -270,6 +283,10 @@ bool cpc_device_preset(const char *name, cpc_device_profile *out);
  * FlashAttention-2-class rate at head_dim 128) for kernel `k` on compute
  * capability `arch` (x 10) at `head_dim`. */
 double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim);
+
+/* The ceiling of the attention rate for kernel `k` as a fraction of the
+ * dense BF16/FP16 peak (cost.h ATTENTION KERNELS): 0.75 (1.0 for sage). */
+double cpc_attn_ceiling(cpc_attn_kernel k);
 
 /* Names of the presets, NULL-terminated. */
 extern const char *const cpc_device_preset_names[];

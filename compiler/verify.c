@@ -38,25 +38,17 @@ enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
 
 /* ---- abstract values ------------------------------------------------------ */
 
-typedef struct opnode {
-    const cpc_op *op;
-    char *path;
-    bool in_loop;
-    struct opnode *body;
-    int n_body;
-} opnode;
+typedef vc_node opnode;
 
 typedef struct aval {
-    uint8_t written;
-    uint8_t src;      /* SRC_* */
-    uint8_t final;    /* attention result whose coverage was proved complete */
-    uint8_t assumed;  /* came from a rank outside the simulated set */
-    uint8_t fresh;    /* attention block output not read by any op yet */
-    uint8_t merged;   /* attention block output already merged */
+    union {
+        vc_val h; /* the fields every domain shares (verify_common.h) */
+        struct {
+            VC_VAL_FIELDS;
+        };
+    };
     int32_t tlo, thi; /* shard units [tlo, thi), or TOK_KV / TOK_UNSET */
     int32_t hoff, hn; /* heads (query-head space for q/o/lse, K/V-head space for k/v) */
-    int32_t stamp;    /* identity of an attention output / accumulator pair */
-    int32_t kvcov;    /* cross-attention: times the K/V sequence was merged */
     int32_t ncov, capcov;
     int32_t *cov;     /* merged key units: ncov sorted disjoint [lo, hi) pairs */
     const opnode *wop; /* last writer */
@@ -162,6 +154,7 @@ typedef struct ctx {
     int64_t instances, cap_instances;
     bool capped;
     cpc_verify_stats st;
+    aval tmp[CPC_OP_MAX_BUFS]; /* the step's scratch values */
 } ctx;
 
 /* ---- diagnostics ------------------------------------------------------------ */
@@ -302,23 +295,6 @@ static int64_t unit_max(const ctx *C, int u)
     return best;
 }
 
-/* Tokens held by units [lo, hi) (or the K/V sequence). */
-static int64_t units_tokens(const ctx *C, int lo, int hi)
-{
-    if (lo == TOK_KV)
-        return C->L->Skv;
-    if (lo < 0)
-        return 0;
-    if (lo == 0 && hi == C->P)
-        return C->L->S;
-    if (hi - lo == C->U && lo % C->U == 0)
-        return cpc_layout_block_tokens(C->L, lo / C->U);
-    int64_t t = 0;
-    for (int u = lo; u < hi; u++)
-        t += cpc_layout_shard_tokens(C->L, u);
-    return t;
-}
-
 /* Words for a token range. */
 static const char *tok_desc(const ctx *C, int lo, int hi, char *buf, size_t n)
 {
@@ -364,13 +340,6 @@ static const char *misfit(const ctx *C, const rank_st *rk, int b, const aval *v,
 {
     const cpc_buffer *B = &C->prog->buffers[b];
     char t1[160], h1[48], h2[48];
-    if (!v->written)
-        return NULL;
-    if (src_of_role(B->role) != v->src) {
-        snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
-                 src_names_of(v->src));
-        return buf;
-    }
     if (v->tlo != TOK_UNSET) {
         bool ok;
         switch (B->tokens) {
@@ -440,33 +409,12 @@ static int cov_union(aval *dst, const aval *add)
     return overlap;
 }
 
-/* Proves that attention result v (in buffer `bname`) covers every key its
- * query rows need; marks it final. */
-static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, aval *v, const char *bname)
+/* The block part of coverage (the step's vc_complete ran the rest): v's
+ * keys are every unit its query rows need.  Reports the fault itself (with a
+ * note on the missing shard's block). */
+static vc_tri covered_at(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const aval *v, const char *bname)
 {
     char t1[160], t2[160], h1[48];
-    if (!src_is_attn(v->src) || v->final || v->assumed)
-        return 0;
-    if (v->tlo == TOK_UNSET || (v->ncov == 0 && v->kvcov == 0)) {
-        fail(C, rk->p, nd, step, "%s holds no attention result: no attention block was merged into it",
-             bname);
-        return -1;
-    }
-    if (v->tlo == TOK_KV)
-        return fail(C, rk->p, nd, step, "%s has cross-attention K/V as its query rows", bname);
-    if (C->L->cross) {
-        if (v->kvcov != 1 || v->ncov != 0) {
-            fail(C, rk->p, nd, step, "%s: query rows of %s (%s) %s", bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1),
-                 heads_desc(v->hoff, v->hn, h1, sizeof h1),
-                 v->kvcov == 0 ? "never met the cross-attention keys/values"
-                               : "met self-attention keys instead of the cross-attention keys/values");
-            return -1;
-        }
-        v->final = 1;
-        return 0;
-    }
-    if (v->kvcov != 0)
-        return fail(C, rk->p, nd, step, "%s mixes cross-attention and self-attention keys", bname);
     /* Required units: all of [0, P), or with a causal mask the prefix of
      * units whose first token is at or before the last query row (unit_min
      * is nondecreasing in the unit index). */
@@ -493,29 +441,24 @@ static int check_complete(ctx *C, rank_st *rk, const opnode *nd, int64_t step, a
         missing = 0;
     else if (v->cov[1] < need)
         missing = v->cov[1];
-    if (missing >= 0 && missing < need) {
-        int nmiss = 0;
-        /* count every missing unit below need */
-        int prev = 0;
-        for (int i = 0; i < v->ncov && prev < need; i++) {
-            int a = v->cov[2 * i];
-            nmiss += (a < need ? a : need) - prev;
-            prev = v->cov[2 * i + 1];
-        }
-        if (prev < need)
-            nmiss += need - prev;
-        fail(C, rk->p, nd, step,
-             "%s is incomplete: query rows of %s (%s) never met the keys/values of %s; %d of %d "
-             "shards of keys %s missing (a ring step dropped or a block skipped?)",
-             bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1),
-             tok_desc(C, missing, missing + 1, t2, sizeof t2), nmiss,
-             need, nmiss == 1 ? "is" : "are");
-        if (C->err && C->U > 1)
-            note(C, -1, NULL, 0, "the missing shard %d belongs to ring block %d", missing, missing / C->U);
-        return -1;
+    if (missing < 0 || missing >= need)
+        return VC_YES;
+    int nmiss = 0, prev = 0; /* every missing unit below need */
+    for (int i = 0; i < v->ncov && prev < need; i++) {
+        int a = v->cov[2 * i];
+        nmiss += (a < need ? a : need) - prev;
+        prev = v->cov[2 * i + 1];
     }
-    v->final = 1;
-    return 0;
+    if (prev < need)
+        nmiss += need - prev;
+    fail(C, rk->p, nd, step,
+         "%s is incomplete: query rows of %s (%s) never met the keys/values of %s; %d of %d "
+         "shards of keys %s missing (a ring step dropped or a block skipped?)",
+         bname, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1),
+         tok_desc(C, missing, missing + 1, t2, sizeof t2), nmiss, need, nmiss == 1 ? "is" : "are");
+    if (C->err && C->U > 1)
+        note(C, -1, NULL, 0, "the missing shard %d belongs to ring block %d", missing, missing / C->U);
+    return VC_NO;
 }
 
 /* ---- buffer access ----------------------------------------------------------------- */
@@ -533,17 +476,26 @@ static int find_pending_send(ctx *C, rank_st *rk, int b)
     return -1;
 }
 
-/* The shared rules (verify_common.h) over this domain: one rank's values and
- * requests. */
+static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_expr *e, const char *what,
+                int64_t *out);
+
+/* The domain of the step (verify_common.h) on one concrete rank: every
+ * answer is YES or NO. */
 typedef struct rank_dom {
     ctx *C;
     rank_st *rk;
+    const opnode *nd; /* the op being run (writer of what it stores) */
+    int64_t step;
     char ob[256];
 } rank_dom;
 
-static const char *dom_name(void *self, int b) { return buf_name(((rank_dom *)self)->C, b); }
-static bool dom_written(void *self, int b) { return ((rank_dom *)self)->rk->v[b].written != 0; }
-static int dom_content(void *self, int b) { return ((rank_dom *)self)->rk->v[b].src; }
+#define RD(self) ((rank_dom *)(self))
+#define AV(v) ((aval *)(v))
+#define CAV(v) ((const aval *)(v))
+
+static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
+static bool dom_written(void *self, int b) { return RD(self)->rk->v[b].written != 0; }
+static int dom_content(void *self, int b) { return RD(self)->rk->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -566,10 +518,6 @@ static bool dom_send_on(void *self, int b, vc_req *out)
     return true;
 }
 
-static int dom_stamp(void *self, int b) { return ((rank_dom *)self)->rk->v[b].stamp; }
-static bool dom_fresh(void *self, int b) { return ((rank_dom *)self)->rk->v[b].fresh != 0; }
-static bool dom_merged(void *self, int b) { return ((rank_dom *)self)->rk->v[b].merged != 0; }
-
 static const char *dom_writer(void *self, int b)
 {
     rank_dom *d = self;
@@ -577,59 +525,241 @@ static const char *dom_writer(void *self, int b)
     return op_desc(v->wop, v->wstep, d->ob, sizeof d->ob);
 }
 
-#define RANK_DOM(C, rk)                                                                                    \
-    rank_dom dd_ = {(C), (rk), ""};                                                                        \
-    const vc_domain dom = {&dd_,         dom_name,      dom_written, dom_content, dom_recv_on, dom_send_on, \
-                           dom_stamp,    dom_fresh,     dom_merged,  dom_writer}
+static vc_val *dom_val(void *self, int b) { return &RD(self)->rk->v[b].h; }
 
-/* The lifetime rule for every operand of the op at nd (before its own checks). */
-static int operands_in_flight(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+static vc_val *dom_tmp(void *self, int j)
 {
-    char m[640];
-    RANK_DOM(C, rk);
-    return vc_operands_in_flight(&dom, nd->op, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
+    aval *v = &RD(self)->C->tmp[j];
+    aval_free(v);
+    return &v->h;
 }
 
-/* The read rule for buffer b (marks its attention output used). */
-static int rd(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
+static bool dom_copy(void *self, vc_val *dst, const vc_val *src)
 {
-    char m[640];
-    RANK_DOM(C, rk);
-    if (vc_read(&dom, b, CPC_CONTENT_NONE, m, sizeof m))
-        return fail(C, rk->p, nd, step, "%s", m);
-    rk->v[b].fresh = 0;
-    return 0;
+    (void)self;
+    return aval_copy(AV(dst), CAV(src));
 }
 
-/* The content rule (the op table's in_content) for the op at nd. */
-static int contents(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+static vc_tri dom_fits(void *self, int b, const vc_val *v, char *why, size_t n)
 {
-    char m[640];
-    RANK_DOM(C, rk);
-    return vc_contents(&dom, nd->op, 0, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
+    return misfit(RD(self)->C, RD(self)->rk, b, CAV(v), why, n) ? VC_NO : VC_YES;
 }
 
-/* The overwrite rule for buffer b. */
-static int wr_check(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b)
+static void dom_put(void *self, int b, vc_val *v)
 {
-    char m[640];
-    RANK_DOM(C, rk);
-    return vc_write(&dom, b, m, sizeof m) ? fail(C, rk->p, nd, step, "%s", m) : 0;
+    rank_dom *d = self;
+    aval *a = AV(v);
+    a->wop = d->nd;
+    a->wstep = d->step;
+    aval_free(&d->rk->v[b]);
+    d->rk->v[b] = *a;
+    memset(a, 0, sizeof *a);
 }
 
-/* Stores v (moved: the caller's copy is cleared) into buffer b. */
-static int store(ctx *C, rank_st *rk, const opnode *nd, int64_t step, int b, aval *v)
+static void dom_exchange(void *self, int a, int b)
 {
-    char why[512];
-    if (misfit(C, rk, b, v, why, sizeof why))
-        return fail(C, rk->p, nd, step, "%s", why);
-    v->wop = nd;
-    v->wstep = step;
-    aval_free(&rk->v[b]);
-    rk->v[b] = *v;
-    memset(v, 0, sizeof *v);
-    return 0;
+    aval *v = RD(self)->rk->v, t = v[a];
+    v[a] = v[b];
+    v[b] = t;
 }
+
+static int32_t dom_new_stamp(void *self) { return RD(self)->rk->next_stamp++; }
+
+/* Units of token class tok on rank rk. */
+static void tok_units(const ctx *C, const rank_st *rk, int tok, int32_t *lo, int32_t *hi)
+{
+    switch (tok) {
+    case VC_T_OWN: *lo = rk->p; *hi = rk->p + 1; break;
+    case VC_T_BLOCK: *lo = (int32_t)rk->c.r * C->U; *hi = *lo + C->U; break;
+    case VC_T_ALL: *lo = 0; *hi = C->P; break;
+    case VC_T_KV: *lo = *hi = TOK_KV; break;
+    default: *lo = *hi = TOK_UNSET; break;
+    }
+}
+
+/* Heads of class h (VC_H_ALL / VC_H_PART) of data src on rank rk. */
+static void head_range(const ctx *C, const rank_st *rk, int src, int h, int *off, int *n)
+{
+    if (h == VC_H_PART) {
+        part_heads(C, src, (int)rk->c.u, off, n);
+    } else {
+        *off = 0;
+        *n = heads_total(C, src);
+    }
+}
+
+static void dom_shape(void *self, vc_val *v, int tok, int heads, int b, const vc_val *like)
+{
+    rank_dom *d = self;
+    aval *a = AV(v);
+    tok_units(d->C, d->rk, tok, &a->tlo, &a->thi);
+    if (heads == VC_H_BUF)
+        buf_heads(d->C, b, (int)d->rk->c.u, &a->hoff, &a->hn);
+    else if (heads == VC_H_LIKE)
+        a->hoff = CAV(like)->hoff, a->hn = CAV(like)->hn;
+    else
+        head_range(d->C, d->rk, a->src, heads, &a->hoff, &a->hn);
+}
+
+static vc_tri dom_tok_is(void *self, const vc_val *v, int tok)
+{
+    int32_t lo, hi;
+    tok_units(RD(self)->C, RD(self)->rk, tok, &lo, &hi);
+    return CAV(v)->tlo == lo && (lo < 0 || CAV(v)->thi == hi) ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_heads_are(void *self, const vc_val *v, int h)
+{
+    int off, n;
+    head_range(RD(self)->C, RD(self)->rk, v->src, h, &off, &n);
+    return CAV(v)->hoff == off && CAV(v)->hn == n ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_same_tokens(void *self, const vc_val *x, const vc_val *y)
+{
+    (void)self;
+    return CAV(x)->tlo == CAV(y)->tlo && CAV(x)->thi == CAV(y)->thi ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_same_heads(void *self, const vc_val *x, const vc_val *y)
+{
+    (void)self;
+    return CAV(x)->hoff == CAV(y)->hoff && CAV(x)->hn == CAV(y)->hn ? VC_YES : VC_NO;
+}
+
+static const char *dom_words(void *self, const vc_val *v, char *buf, size_t n)
+{
+    char t[160], h[48];
+    snprintf(buf, n, "%s, %s", tok_desc(RD(self)->C, CAV(v)->tlo, CAV(v)->thi, t, sizeof t),
+             heads_desc(CAV(v)->hoff, CAV(v)->hn, h, sizeof h));
+    return buf;
+}
+
+static bool dom_has_keys(void *self, const vc_val *v)
+{
+    (void)self;
+    return CAV(v)->ncov > 0;
+}
+
+static vc_tri dom_attn_keys(void *self, const cpc_op *op, const vc_val *q, const vc_val *k, vc_val *o, char *why,
+                            size_t n)
+{
+    rank_dom *d = self;
+    ctx *C = d->C;
+    const aval *Q = CAV(q), *K = CAV(k);
+    char t1[160], h1[48], h2[48];
+    int klo = K->tlo, khi = K->thi;
+    if (op->block && C->prog->buffers[op->in[1]].tokens == CPC_TOK_ALL) {
+        int64_t blk;
+        if (eval(C, d->rk, d->nd, d->step, op->block, "block", &blk))
+            return VC_NO;
+        if (blk < 0 || blk >= C->R)
+            return snprintf(why, n, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", blk,
+                            cpc_expr_text(op->block), C->R - 1), VC_NO;
+        if (klo != 0 || khi != C->P)
+            return snprintf(why, n, "reads ring block %" PRId64 " of %s, which holds %s", blk, buf_name(C, op->in[1]),
+                            tok_desc(C, klo, khi, t1, sizeof t1)), VC_NO;
+        klo = (int)blk * C->U;
+        khi = klo + C->U;
+    }
+    /* GQA: query head h uses K/V head h / group. */
+    int g = C->L->group;
+    int need_lo = Q->hoff / g, need_hi = Q->hn > 0 ? (Q->hoff + Q->hn - 1) / g + 1 : need_lo;
+    if (need_lo < K->hoff || need_hi > K->hoff + K->hn)
+        return snprintf(why, n, "query %s need K/V heads [%d, %d), but %s holds K/V %s",
+                        heads_desc(Q->hoff, Q->hn, h1, sizeof h1), need_lo, need_hi, buf_name(C, op->in[1]),
+                        heads_desc(K->hoff, K->hn, h2, sizeof h2)), VC_NO;
+    aval *a = AV(o);
+    a->tlo = Q->tlo;
+    a->thi = Q->thi;
+    a->hoff = Q->hoff;
+    a->hn = Q->hn;
+    if (klo == TOK_KV) {
+        a->kvcov = 1;
+        return VC_YES;
+    }
+    a->cov = malloc(2 * sizeof(int32_t));
+    if (!a->cov)
+        return VC_OOM;
+    a->cov[0] = klo;
+    a->cov[1] = khi;
+    a->ncov = a->capcov = 1;
+    return VC_YES;
+}
+
+static vc_tri dom_merge_keys(void *self, vc_val *acc, const vc_val *av, char *why, size_t n)
+{
+    ctx *C = RD(self)->C;
+    aval *Acc = AV(acc);
+    const aval *A = CAV(av);
+    char t1[160];
+    int ov = cov_union(Acc, A);
+    if (ov == -2)
+        return VC_OOM;
+    if (ov >= 0)
+        return snprintf(why, n, "the keys/values of %s", tok_desc(C, ov, ov + 1, t1, sizeof t1)), VC_NO;
+    Acc->tlo = A->tlo;
+    Acc->thi = A->thi;
+    return VC_YES;
+}
+
+static vc_tri dom_select_heads(void *self, vc_val *v, int bo, int bi, char *why, size_t n)
+{
+    rank_dom *d = self;
+    aval *a = AV(v);
+    char h1[48], h2[48];
+    int off, hn;
+    buf_heads(d->C, bo, (int)d->rk->c.u, &off, &hn);
+    if (off == a->hoff && hn == a->hn)
+        return VC_YES;
+    if (off < a->hoff || off + hn > a->hoff + a->hn)
+        return snprintf(why, n, "cannot select %s of %s from %s, which holds %s", heads_desc(off, hn, h1, sizeof h1),
+                        buf_name(d->C, bo), buf_name(d->C, bi), heads_desc(a->hoff, a->hn, h2, sizeof h2)), VC_NO;
+    a->hoff = off;
+    a->hn = hn;
+    return VC_YES;
+}
+
+static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
+{
+    rank_dom *d = self;
+    (void)why, (void)n;
+    return covered_at(d->C, d->rk, d->nd, d->step, CAV(v), name);
+}
+
+static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, size_t n)
+{
+    const req *r = rq;
+    int U = RD(self)->C->U;
+    snprintf(words, n, "ring block %" PRId64, r->block);
+    return r->block < 0 || (CAV(v)->tlo == (int)r->block * U && CAV(v)->thi == (int)r->block * U + U) ? VC_YES
+                                                                                                        : VC_NO;
+}
+
+static const vc_domain rank_ops = {
+    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
+    .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
+    .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
+    .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = true};
+
+#define RANK_DOM_AT(C, rk, nd, step)                                                                              \
+    rank_dom dd_ = {(C), (rk), (nd), (step), ""};                                                                 \
+    vc_domain dom = rank_ops;                                                                                     \
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+
+/* A step's answer as this rank's result: a fault (the domain always
+ * decides) at the op nd. */
+static int res(ctx *C, rank_st *rk, const opnode *nd, int64_t step, vc_tri t, const char *m)
+{
+    if (t == VC_YES)
+        return 0;
+    if (t == VC_OOM)
+        return oom(C);
+    return fail(C, rk->p, nd, step, "%s", m[0] ? m : "fault (no message)");
+}
+
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -734,47 +864,19 @@ static int match_pair(ctx *C, int sid, int rid)
     r->match = sid;
     C->st.messages++;
     rank_st *rr = &C->rk[C->sim_of[r->rank]];
-    char ob[256], t1[160], t2[160], why[512];
-    if (s->nb != r->nb) {
-        fail(C, r->rank, r->on, r->step, "receives %d buffer(s) from rank %d, which sends %d (%s)", r->nb,
-             s->rank, s->nb, op_desc(s->on, s->step, ob, sizeof ob));
-        return -1;
-    }
-    int64_t sbytes = 0, rbytes = 0;
+    char ob[256], from[32], m[1024] = "";
+    vc_val *snap[CPC_OP_MAX_BUFS];
     for (int j = 0; j < s->nb; j++) {
-        aval *in = &s->snap[j];
-        int rb = r->bufs[j];
-        if (r->block >= 0) {
-            int lo = (int)r->block * C->U, hi = lo + C->U;
-            if (in->tlo != lo || in->thi != hi) {
-                fail(C, r->rank, r->on, r->step,
-                     "declares that ring block %" PRId64 " arrives in %s, but rank %d sends %s from %s (%s)",
-                     r->block, buf_name(C, rb), s->rank, tok_desc(C, in->tlo, in->thi, t1, sizeof t1),
-                     buf_name(C, s->bufs[j]), op_desc(s->on, s->step, ob, sizeof ob));
-                return -1;
-            }
-        }
-        if (misfit(C, rr, rb, in, why, sizeof why)) {
-            fail(C, r->rank, r->on, r->step, "what rank %d sends (%s of %s from %s, %s) does not fit: %s",
-                 s->rank, src_names_of(in->src), tok_desc(C, in->tlo, in->thi, t1, sizeof t1),
-                 buf_name(C, s->bufs[j]), op_desc(s->on, s->step, t2, sizeof t2), why);
-            return -1;
-        }
-        int64_t e = (int64_t)C->L->B * units_tokens(C, in->tlo, in->thi) * C->L->D;
-        sbytes += e * in->hn * cpc_buffer_elem_size(C->prog, s->bufs[j]);
-        int off, hn;
-        buf_heads(C, rb, (int)rr->c.u, &off, &hn);
-        rbytes += e * hn * cpc_buffer_elem_size(C->prog, rb);
         aval_free(&r->snap[j]);
-        r->snap[j] = *in;          /* move */
-        memset(in, 0, sizeof *in);
+        r->snap[j] = s->snap[j]; /* move */
+        memset(&s->snap[j], 0, sizeof s->snap[j]);
+        snap[j] = &r->snap[j].h;
     }
-    if (sbytes != rbytes) {
-        fail(C, r->rank, r->on, r->step, "expects %" PRId64 " bytes but rank %d sends %" PRId64 " (%s)", rbytes,
-             s->rank, sbytes, op_desc(s->on, s->step, ob, sizeof ob));
-        return -1;
-    }
-    return 0;
+    snprintf(from, sizeof from, "rank %d", s->rank);
+    RANK_DOM_AT(C, rr, r->on, r->step);
+    vc_tri t = vc_arrive(&dom, from, op_desc(s->on, s->step, ob, sizeof ob), s->nb, s->bufs, r->nb, r->bufs, snap, r,
+                         m, sizeof m);
+    return res(C, rr, r->on, r->step, t, m);
 }
 
 /* Posts request id: matches it against its channel. */
@@ -913,24 +1015,8 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             return RES_ERR;
         }
     }
-    int nb = is_send ? op->n_in : op->n_out;
+    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
     const int *bufs = is_send ? op->in : op->out;
-    for (int j = 0; j < nb; j++) {
-        if (is_send) {
-            if (rd(C, rk, nd, step, bufs[j]))
-                return RES_ERR;
-            if (src_is_attn(rk->v[bufs[j]].src) &&
-                check_complete(C, rk, nd, step, &rk->v[bufs[j]], buf_name(C, bufs[j])))
-                return RES_ERR;
-        } else if (wr_check(C, rk, nd, step, bufs[j])) {
-            return RES_ERR;
-        }
-        for (int k = 0; k < j; k++)
-            if (bufs[k] == bufs[j]) {
-                fail(C, rk->p, nd, step, "names buffer %s twice", buf_name(C, bufs[j]));
-                return RES_ERR;
-            }
-    }
     int id = req_new(C);
     if (id < 0)
         return oom(C), RES_ERR;
@@ -1045,267 +1131,18 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
                 }
                 v.written = 1;
                 v.fresh = 0;
-                if (store(C, rk, q->on, q->step, b, &v)) {
-                    aval_free(&v);
+                char m[640] = "";
+                RANK_DOM_AT(C, rk, q->on, q->step);
+                vc_tri t = vc_store(&dom, b, &v.h, m, sizeof m);
+                aval_free(&v);
+                if (res(C, rk, q->on, q->step, t, m))
                     return RES_ERR;
-                }
             }
         }
         q->done = true;
         maybe_release(C, id);
     }
     rk->nopen = k;
-    return RES_NEXT;
-}
-
-static int exec_init_acc(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    const cpc_op *op = nd->op;
-    const int *bufs = op->n_out >= 2 ? op->out : op->in;
-    for (int j = 0; j < 2; j++)
-        if (wr_check(C, rk, nd, step, bufs[j]))
-            return RES_ERR;
-    int32_t stamp = rk->next_stamp++;
-    for (int j = 0; j < 2; j++) {
-        int b = bufs[j];
-        const cpc_buffer *B = &C->prog->buffers[b];
-        aval v;
-        memset(&v, 0, sizeof v);
-        v.written = 1;
-        v.src = j == 0 ? SRC_O : SRC_LSE;
-        v.stamp = stamp;
-        switch (B->tokens) {
-        case CPC_TOK_SHARD: v.tlo = rk->p; v.thi = rk->p + 1; break;
-        case CPC_TOK_ALL: v.tlo = 0; v.thi = C->P; break;
-        default: v.tlo = v.thi = TOK_UNSET; break;
-        }
-        int off, n;
-        buf_heads(C, b, (int)rk->c.u, &off, &n);
-        v.hoff = off;
-        v.hn = n;
-        if (store(C, rk, nd, step, b, &v))
-            return RES_ERR;
-    }
-    return RES_NEXT;
-}
-
-static int exec_attn(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    const cpc_op *op = nd->op;
-    char t1[160], t2[160], h1[48], h2[48];
-    for (int j = 0; j < 3; j++)
-        if (rd(C, rk, nd, step, op->in[j]))
-            return RES_ERR;
-    if (contents(C, rk, nd, step))
-        return RES_ERR;
-    const aval *Q = &rk->v[op->in[0]], *K = &rk->v[op->in[1]], *V = &rk->v[op->in[2]];
-    if (K->tlo != V->tlo || K->thi != V->thi || K->hoff != V->hoff || K->hn != V->hn) {
-        fail(C, rk->p, nd, step, "k (%s: %s, %s) and v (%s: %s, %s) do not hold the same block",
-             buf_name(C, op->in[1]), tok_desc(C, K->tlo, K->thi, t1, sizeof t1),
-             heads_desc(K->hoff, K->hn, h1, sizeof h1), buf_name(C, op->in[2]),
-             tok_desc(C, V->tlo, V->thi, t2, sizeof t2), heads_desc(V->hoff, V->hn, h2, sizeof h2));
-        return RES_ERR;
-    }
-    if (Q->tlo < 0) {
-        fail(C, rk->p, nd, step, "query input %s holds %s", buf_name(C, op->in[0]),
-             tok_desc(C, Q->tlo, Q->thi, t1, sizeof t1));
-        return RES_ERR;
-    }
-    int klo = K->tlo, khi = K->thi;
-    bool all_buf = C->prog->buffers[op->in[1]].tokens == CPC_TOK_ALL;
-    if (op->block && all_buf) {
-        int64_t blk;
-        if (eval(C, rk, nd, step, op->block, "block", &blk))
-            return RES_ERR;
-        if (blk < 0 || blk >= C->R) {
-            fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", blk,
-                 cpc_expr_text(op->block), C->R - 1);
-            return RES_ERR;
-        }
-        if (klo != 0 || khi != C->P) {
-            fail(C, rk->p, nd, step, "reads ring block %" PRId64 " of %s, which holds %s", blk,
-                 buf_name(C, op->in[1]), tok_desc(C, klo, khi, t1, sizeof t1));
-            return RES_ERR;
-        }
-        klo = (int)blk * C->U;
-        khi = klo + C->U;
-    }
-    /* GQA: query head h uses K/V head h / group. */
-    int g = C->L->group;
-    int need_lo = Q->hoff / g, need_hi = Q->hn > 0 ? (Q->hoff + Q->hn - 1) / g + 1 : need_lo;
-    if (need_lo < K->hoff || need_hi > K->hoff + K->hn) {
-        fail(C, rk->p, nd, step, "query %s need K/V heads [%d, %d), but %s holds K/V %s",
-             heads_desc(Q->hoff, Q->hn, h1, sizeof h1), need_lo, need_hi, buf_name(C, op->in[1]),
-             heads_desc(K->hoff, K->hn, h2, sizeof h2));
-        return RES_ERR;
-    }
-    for (int j = 0; j < 2; j++)
-        if (wr_check(C, rk, nd, step, op->out[j]))
-            return RES_ERR;
-    int32_t stamp = rk->next_stamp++;
-    aval o[2];
-    memset(o, 0, sizeof o);
-    for (int j = 0; j < 2; j++) {
-        o[j].written = 1;
-        o[j].src = j == 0 ? SRC_O : SRC_LSE;
-        o[j].fresh = 1;
-        o[j].tlo = Q->tlo;
-        o[j].thi = Q->thi;
-        o[j].hoff = Q->hoff;
-        o[j].hn = Q->hn;
-        o[j].stamp = stamp;
-        if (klo == TOK_KV) {
-            o[j].kvcov = 1;
-        } else {
-            o[j].cov = malloc(2 * sizeof(int32_t));
-            if (!o[j].cov) {
-                aval_free(&o[0]);
-                return oom(C), RES_ERR;
-            }
-            o[j].cov[0] = klo;
-            o[j].cov[1] = khi;
-            o[j].ncov = o[j].capcov = 1;
-        }
-    }
-    rk->v[op->in[0]].fresh = rk->v[op->in[1]].fresh = rk->v[op->in[2]].fresh = 0;
-    for (int j = 0; j < 2; j++)
-        if (store(C, rk, nd, step, op->out[j], &o[j])) {
-            aval_free(&o[0]);
-            aval_free(&o[1]);
-            return RES_ERR;
-        }
-    return RES_NEXT;
-}
-
-static int exec_merge(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    const cpc_op *op = nd->op;
-    char ob[256], t1[160], t2[160], h1[48], h2[48];
-    for (int j = 0; j < 2; j++)
-        if (rd(C, rk, nd, step, op->in[j]))
-            return RES_ERR;
-    {
-        char m[640];
-        RANK_DOM(C, rk);
-        if (vc_merge(&dom, op, m, sizeof m)) {
-            fail(C, rk->p, nd, step, "%s", m);
-            return RES_ERR;
-        }
-    }
-    for (int j = 0; j < 2; j++)
-        if (rd(C, rk, nd, step, op->out[j]))
-            return RES_ERR;
-    aval *A = &rk->v[op->in[0]], *AL = &rk->v[op->in[1]];
-    aval *Acc = &rk->v[op->out[0]], *AccL = &rk->v[op->out[1]];
-    if (Acc->tlo != TOK_UNSET && (Acc->tlo != A->tlo || Acc->thi != A->thi)) {
-        fail(C, rk->p, nd, step, "the accumulator %s holds query rows of %s, the attention output %s",
-             buf_name(C, op->out[0]), tok_desc(C, Acc->tlo, Acc->thi, t1, sizeof t1),
-             tok_desc(C, A->tlo, A->thi, t2, sizeof t2));
-        return RES_ERR;
-    }
-    if (Acc->hoff != A->hoff || Acc->hn != A->hn) {
-        fail(C, rk->p, nd, step, "the accumulator %s holds query %s, the attention output %s",
-             buf_name(C, op->out[0]), heads_desc(Acc->hoff, Acc->hn, h1, sizeof h1),
-             heads_desc(A->hoff, A->hn, h2, sizeof h2));
-        return RES_ERR;
-    }
-    for (int j = 0; j < 2; j++)
-        if (wr_check(C, rk, nd, step, op->out[j]))
-            return RES_ERR;
-    if (Acc->kvcov + A->kvcov > 1) {
-        fail(C, rk->p, nd, step, "query rows of %s meet the cross-attention keys/values twice (%s, from %s)",
-             tok_desc(C, A->tlo, A->thi, t1, sizeof t1), buf_name(C, op->in[0]),
-             op_desc(A->wop, A->wstep, ob, sizeof ob));
-        return RES_ERR;
-    }
-    int ov = cov_union(Acc, A);
-    if (ov == -2)
-        return oom(C), RES_ERR;
-    if (ov >= 0) {
-        fail(C, rk->p, nd, step,
-             "query rows of %s (%s) meet the keys/values of %s twice: the attention output in %s "
-             "(from %s) repeats a block already merged into %s",
-             tok_desc(C, A->tlo, A->thi, t1, sizeof t1), heads_desc(A->hoff, A->hn, h1, sizeof h1),
-             tok_desc(C, ov, ov + 1, t2, sizeof t2), buf_name(C, op->in[0]),
-             op_desc(A->wop, A->wstep, ob, sizeof ob), buf_name(C, op->out[0]));
-        return RES_ERR;
-    }
-    Acc->kvcov += A->kvcov;
-    Acc->tlo = A->tlo;
-    Acc->thi = A->thi;
-    Acc->final = 0;
-    Acc->fresh = 0;
-    Acc->wop = nd;
-    Acc->wstep = step;
-    int32_t stamp = AccL->stamp;
-    if (!aval_copy(AccL, Acc))
-        return oom(C), RES_ERR;
-    AccL->src = SRC_LSE;
-    AccL->stamp = stamp;
-    A->merged = AL->merged = 1;
-    A->fresh = AL->fresh = 0;
-    return RES_NEXT;
-}
-
-static int exec_copy(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    const cpc_op *op = nd->op;
-    char h1[48], h2[48];
-    int n = op->n_in;
-    for (int j = 0; j < n; j++) {
-        int bi = op->in[j], bo = op->out[j];
-        if (rd(C, rk, nd, step, bi))
-            return RES_ERR;
-        aval v;
-        memset(&v, 0, sizeof v);
-        if (!aval_copy(&v, &rk->v[bi]))
-            return oom(C), RES_ERR;
-        rk->v[bi].fresh = 0;
-        v.fresh = 0;
-        v.merged = 0;
-        int off, hn;
-        buf_heads(C, bo, (int)rk->c.u, &off, &hn);
-        if (off != v.hoff || hn != v.hn) {
-            if (off < v.hoff || off + hn > v.hoff + v.hn) {
-                fail(C, rk->p, nd, step, "cannot select %s of %s from %s, which holds %s",
-                     heads_desc(off, hn, h1, sizeof h1), buf_name(C, bo), buf_name(C, bi),
-                     heads_desc(v.hoff, v.hn, h2, sizeof h2));
-                aval_free(&v);
-                return RES_ERR;
-            }
-            v.hoff = off;
-            v.hn = hn;
-        }
-        const cpc_buffer *BO = &C->prog->buffers[bo];
-        if (src_is_attn(v.src) && (BO->role == CPC_ROLE_O || BO->io == CPC_IO_OUTPUT)) {
-            if (check_complete(C, rk, nd, step, &rk->v[bi], buf_name(C, bi))) {
-                aval_free(&v);
-                return RES_ERR;
-            }
-            v.final = 1;
-        }
-        if (wr_check(C, rk, nd, step, bo) || store(C, rk, nd, step, bo, &v)) {
-            aval_free(&v);
-            return RES_ERR;
-        }
-    }
-    return RES_NEXT;
-}
-
-static int exec_swap(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
-{
-    const cpc_op *op = nd->op;
-    char why[512];
-    int b[2] = {op->in[0], op->in[1]};
-    /* in flight: the lifetime rule (REBIND) already ran (operands_in_flight) */
-    aval t = rk->v[b[0]];
-    rk->v[b[0]] = rk->v[b[1]];
-    rk->v[b[1]] = t;
-    for (int j = 0; j < 2; j++)
-        if (misfit(C, rk, b[j], &rk->v[b[j]], why, sizeof why)) {
-            fail(C, rk->p, nd, step, "after the swap, %s", why);
-            return RES_ERR;
-        }
     return RES_NEXT;
 }
 
@@ -1345,7 +1182,7 @@ static bool coll_same(const ctx *C, const rank_st *a, const rank_st *b)
 static int run_collective(ctx *C, int *members, int n)
 {
     rank_st *first = &C->rk[members[0]];
-    char s1[256], s2[256], ob[256], t1[160], h1[48], h2[48];
+    char s1[256], s2[256], ob[256], h1[48], h2[48];
     for (int m = 1; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
         if (!coll_same(C, first, rk)) {
@@ -1362,94 +1199,28 @@ static int run_collective(ctx *C, int *members, int n)
     C->st.collectives++;
     if (op0->kind == CPC_OP_BARRIER)
         goto advance;
-    /* Heads of ring members must agree (all_gather concatenates blocks). */
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
-        const opnode *nd = rk->bnode;
-        const cpc_op *op = nd->op;
-        for (int j = 0; j < op->n_in; j++) {
-            aval *in = &rk->v[op->in[j]];
-            int r = (int)rk->c.r, u = (int)rk->c.u;
-            if (src_is_attn(in->src) && check_complete(C, rk, nd, rk->bstep, in, buf_name(C, op->in[j])))
-                return -1;
-            if (op->kind == CPC_OP_ALL_TO_ALL) {
-                int po, pn;
-                part_heads(C, in->src, u, &po, &pn);
-                bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
-                bool tok_ok = s2h ? (in->tlo == rk->p && in->thi == rk->p + 1)
-                                  : (in->tlo == r * C->U && in->thi == (r + 1) * C->U);
-                bool head_ok = s2h ? (in->hoff == 0 && in->hn == heads_total(C, in->src))
-                                   : (in->hoff == po && in->hn == pn);
-                if (!tok_ok || !head_ok) {
-                    fail(C, rk->p, nd, rk->bstep,
-                         "all_to_all %s needs %s with %s in %s, which holds %s with %s", cpc_a2a_dir_name(op->dir),
-                         s2h ? "the rank's own shard" : "its ring block", 
-                         s2h ? "all heads" : "the rank's head part", buf_name(C, op->in[j]),
-                         tok_desc(C, in->tlo, in->thi, t1, sizeof t1), heads_desc(in->hoff, in->hn, h1, sizeof h1));
-                    if (C->err)
-                        note(C, -1, NULL, 0, "expected %s with %s",
-                             s2h ? tok_desc(C, rk->p, rk->p + 1, s1, sizeof s1)
-                                 : tok_desc(C, r * C->U, (r + 1) * C->U, s1, sizeof s1),
-                             s2h ? heads_desc(0, heads_total(C, in->src), h2, sizeof h2)
-                                 : heads_desc(po, pn, h2, sizeof h2));
-                    return -1;
-                }
-            } else { /* all_gather */
-                const aval *f0 = &first->v[first->bnode->op->in[j]];
-                if (in->tlo != r * C->U || in->thi != (r + 1) * C->U) {
-                    fail(C, rk->p, nd, rk->bstep,
-                         "all_gather needs ring block %d (this member's) in %s, which holds %s", r,
-                         buf_name(C, op->in[j]), tok_desc(C, in->tlo, in->thi, t1, sizeof t1));
-                    return -1;
-                }
-                if (in->hoff != f0->hoff || in->hn != f0->hn) {
-                    fail(C, rk->p, nd, rk->bstep, "all_gather: %s holds %s, rank %d's %s", buf_name(C, op->in[j]),
-                         heads_desc(in->hoff, in->hn, h1, sizeof h1), first->p,
-                         heads_desc(f0->hoff, f0->hn, h2, sizeof h2));
-                    return -1;
-                }
-            }
+        const cpc_op *op = rk->bnode->op;
+        char msg[1024] = "";
+        RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
+        if (res(C, rk, rk->bnode, rk->bstep, vc_coll_inputs(&dom, op, msg, sizeof msg), msg))
+            return -1;
+        /* all_gather concatenates blocks: the heads of its members agree */
+        for (int j = 0; op->kind == CPC_OP_ALL_GATHER && j < op->n_in; j++) {
+            const aval *in = &rk->v[op->in[j]], *f0 = &first->v[first->bnode->op->in[j]];
+            if (in->hoff != f0->hoff || in->hn != f0->hn)
+                return fail(C, rk->p, rk->bnode, rk->bstep, "all_gather: %s holds %s, rank %d's %s",
+                            buf_name(C, op->in[j]), heads_desc(in->hoff, in->hn, h1, sizeof h1), first->p,
+                            heads_desc(f0->hoff, f0->hn, h2, sizeof h2));
         }
     }
-    /* Outputs. */
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
-        const opnode *nd = rk->bnode;
-        const cpc_op *op = nd->op;
-        aval outv[CPC_OP_MAX_BUFS];
-        memset(outv, 0, sizeof outv);
-        int nio = op->n_in > CPC_OP_MAX_BUFS ? CPC_OP_MAX_BUFS : op->n_in; /* checked statically */
-        for (int j = 0; j < nio; j++) {
-            const aval *in = &rk->v[op->in[j]];
-            aval *o = &outv[j];
-            o->written = 1;
-            o->src = in->src;
-            o->final = in->final;
-            o->assumed = in->assumed;
-            if (op->kind == CPC_OP_ALL_TO_ALL) {
-                if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
-                    o->tlo = (int32_t)rk->c.r * C->U;
-                    o->thi = o->tlo + C->U;
-                    part_heads(C, in->src, (int)rk->c.u, &o->hoff, &o->hn);
-                } else {
-                    o->tlo = rk->p;
-                    o->thi = rk->p + 1;
-                    o->hoff = 0;
-                    o->hn = heads_total(C, in->src);
-                }
-            } else {
-                o->tlo = 0;
-                o->thi = C->P;
-                o->hoff = in->hoff;
-                o->hn = in->hn;
-            }
-        }
-        for (int j = 0; j < op->n_in; j++)
-            rk->v[op->in[j]].fresh = 0;
-        for (int j = 0; j < nio && j < op->n_out; j++) {
-            if (wr_check(C, rk, nd, rk->bstep, op->out[j]) || store(C, rk, nd, rk->bstep, op->out[j], &outv[j]))
-                return -1;
-        }
+        char msg[1024] = "";
+        RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
+        if (res(C, rk, rk->bnode, rk->bstep, vc_coll_outputs(&dom, rk->bnode->op, msg, sizeof msg), msg))
+            return -1;
     }
 advance:
     for (int m = 0; m < n; m++) {
@@ -1464,9 +1235,13 @@ advance:
 static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
     const cpc_op *op = nd->op;
-    for (int j = 0; j < op->n_in; j++)
-        if (rd(C, rk, nd, step, op->in[j]))
-            return RES_ERR;
+    {
+        char m[640] = "";
+        RANK_DOM_AT(C, rk, nd, step);
+        for (int j = 0; j < op->n_in; j++)
+            if (res(C, rk, nd, step, vc_rd(&dom, op->in[j], m, sizeof m), m))
+                return RES_ERR;
+    }
     int g = op->group;
     int inst = group_inst(rk, g);
     rk->state = ST_COLL;
@@ -1523,26 +1298,20 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     default:
         break;
     }
-    if (operands_in_flight(C, rk, nd, step))
-        return RES_ERR;
+    {
+        char m[1024] = "";
+        RANK_DOM_AT(C, rk, nd, step);
+        if (res(C, rk, nd, step, vc_step(&dom, op, m, sizeof m), m))
+            return RES_ERR;
+    }
     switch (op->kind) {
-    case CPC_OP_INIT_ACC: return exec_init_acc(C, rk, nd, step);
-    case CPC_OP_ATTN: return exec_attn(C, rk, nd, step);
-    case CPC_OP_MERGE: return exec_merge(C, rk, nd, step);
     case CPC_OP_SEND:
     case CPC_OP_RECV: return exec_send_recv(C, rk, nd, step);
     case CPC_OP_WAIT: return exec_wait(C, rk, nd, step);
-    case CPC_OP_SWAP: return exec_swap(C, rk, nd, step);
-    case CPC_OP_COPY: return exec_copy(C, rk, nd, step);
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
-    default:
-        if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
-            fail(C, rk->p, nd, step, "op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
-        else
-            fail(C, rk->p, nd, step, "unknown op kind %d", (int)op->kind);
-        return RES_ERR;
+    default: return RES_NEXT;
     }
 }
 
@@ -1550,7 +1319,6 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
  * holds the rank's shard with all heads and a complete attention. */
 static int finish_rank(ctx *C, rank_st *rk)
 {
-    char ob[256], t1[160], h1[48];
     for (int i = 0; i < rk->nopen; i++) {
         req *q = &C->reqs[rk->open[i]];
         if (q->match == MATCH_NONE)
@@ -1567,18 +1335,9 @@ static int finish_rank(ctx *C, rank_st *rk)
             continue;
         aval *v = &rk->v[b];
         const opnode *w = v->written ? v->wop : NULL;
-        if (!v->written)
-            return fail(C, rk->p, NULL, 0, "the OUTPUT buffer %s is never written", B->name);
-        if (!src_is_attn(v->src))
-            return fail(C, rk->p, w, v->wstep, "the OUTPUT buffer %s ends holding %s data, not the attention output",
-                        B->name, src_names_of(v->src));
-        if (v->tlo != rk->p || v->thi != rk->p + 1 || v->hoff != 0 || v->hn != C->L->H)
-            return fail(C, rk->p, w, v->wstep,
-                        "the OUTPUT buffer %s ends holding %s with %s, not this rank's shard with all %d heads "
-                        "(last written by %s)",
-                        B->name, tok_desc(C, v->tlo, v->thi, t1, sizeof t1), heads_desc(v->hoff, v->hn, h1, sizeof h1),
-                        C->L->H, op_desc(w, v->wstep, ob, sizeof ob));
-        if (check_complete(C, rk, w, v->wstep, v, B->name))
+        char m[1024] = "";
+        RANK_DOM_AT(C, rk, w, v->wstep);
+        if (res(C, rk, w, v->wstep, vc_output(&dom, b, m, sizeof m), m))
             return -1;
     }
     return 0;
@@ -1826,59 +1585,22 @@ static int check_op_shape(ctx *C, const opnode *nd)
     return 0;
 }
 
-static void free_nodes(opnode *nodes, int n)
+/* The static shape of every op, in program order (loops nested at most
+ * MAX_DEPTH deep). */
+static int check_nodes(ctx *C, const opnode *nodes, int n, int depth)
 {
-    if (!nodes)
-        return;
     for (int i = 0; i < n; i++) {
-        free(nodes[i].path);
-        free_nodes(nodes[i].body, nodes[i].n_body);
-    }
-    free(nodes);
-}
-
-static opnode *build_nodes(ctx *C, const cpc_op *ops, int n, const char *prefix, int depth, bool *bad)
-{
-    if (n <= 0)
-        return NULL;
-    opnode *nodes = calloc((size_t)n, sizeof(opnode));
-    if (!nodes) {
-        *bad = true;
-        oom(C);
-        return NULL;
-    }
-    for (int i = 0; i < n && !*bad; i++) {
-        opnode *nd = &nodes[i];
-        nd->op = &ops[i];
-        nd->in_loop = depth > 0;
-        size_t len = strlen(prefix) + 32;
-        nd->path = malloc(len);
-        if (!nd->path) {
-            *bad = true;
-            oom(C);
-            break;
-        }
-        /* 1-based, as Lua scripts index plan.ops (SPEC section 6) */
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
-        if (check_op_shape(C, nd)) {
-            *bad = true;
-            break;
-        }
-        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0) {
-            if (depth >= MAX_DEPTH) {
-                fail(C, -1, nd, 0, "loops nested deeper than %d", MAX_DEPTH);
-                *bad = true;
-                break;
-            }
-            nd->body = build_nodes(C, ops[i].body, ops[i].n_body, nd->path, depth + 1, bad);
-            nd->n_body = nd->body ? ops[i].n_body : 0;
+        const opnode *nd = &nodes[i];
+        if (check_op_shape(C, nd))
+            return -1;
+        if (nd->op->kind == CPC_OP_LOOP && nd->op->n_body > 0) {
+            if (depth >= MAX_DEPTH)
+                return fail(C, -1, nd, 0, "loops nested deeper than %d", MAX_DEPTH);
+            if (check_nodes(C, nd->body, nd->n_body, depth + 1))
+                return -1;
         }
     }
-    if (*bad) {
-        free_nodes(nodes, n);
-        return NULL;
-    }
-    return nodes;
+    return 0;
 }
 
 static int check_buffers(ctx *C)
@@ -2026,13 +1748,15 @@ static void ctx_free(ctx *C)
                     aval_free(&C->reqs[i].snap[j]);
     free(C->reqs);
     free(C->ch);
+    for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+        aval_free(&C->tmp[j]);
     free(C->queue);
     free(C->sim_of);
     for (int g = 0; g < CPC_GROUP__COUNT; g++) {
         free(C->arrived[g]);
         free(C->need[g]);
     }
-    free_nodes(C->root, C->n_root);
+    vc_nodes_free(C->root, C->n_root);
 }
 
 /* Every rank is simulated (the enumeration); the sim_of indirection and the
@@ -2167,8 +1891,12 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     cpc_status *out = NULL;
     bool bad = false;
     if (check_buffers(&C) == 0) {
-        C.root = build_nodes(&C, prog->ops, prog->n_ops, "", 0, &bad);
+        C.root = vc_nodes(prog->ops, prog->n_ops, MAX_DEPTH, &bad);
         C.n_root = C.root ? prog->n_ops : 0;
+        if (bad)
+            oom(&C);
+        else
+            check_nodes(&C, C.root, C.n_root, 0);
     }
     if (C.err || C.oom)
         goto done;

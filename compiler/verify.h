@@ -23,8 +23,9 @@
  *      attn reads must include every K/V head its query heads use.
  *   2. Matching: every send meets a recv on its peer with the same
  *      (group, tag), in FIFO order per (sender, receiver, group, tag) as MPI
- *      and NCCL match them, with equal byte counts and the content the recv
- *      declares (its `block`); the received buffer's role, token layout and
+ *      and NCCL match them, buffer by buffer with equal element sizes and
+ *      the content the recv declares (its `block`); the received buffer's
+ *      role, token layout and
  *      heads accept what arrives.  Collectives: the members of each group
  *      reach the same collective (kind, direction, data role, element size)
  *      in the same order, and each member's input is what the collective
@@ -78,6 +79,11 @@
  *   A fault the symbolic proof finds is reported as is when enumeration is
  *   too large; otherwise the enumeration runs and gives its diagnostics
  *   (rank, step, wait cycles), which are the finer ones.
+ *   Steps 1 and 2 run ONE STEP (verify_common.h "THE STEP": each forward
+ *   op's meaning written once) over two domains: the symbolic rank and one
+ *   concrete rank of the enumeration.  The domains differ only in how
+ *   values are represented and answered (three-valued for the symbolic
+ *   one), how requests find their peers, and how loops are covered.
  *
  * ENUMERATION (METHOD).  An abstract interpretation of the SPMD program on
  * every rank: the ranks run as coroutines with blocking semantics (a rank
@@ -105,8 +111,9 @@
  * group with peer (r + d) mod R, d a constant: a rotation of the ring; (c)
  * ring block indices are (a*r + b*s + c) mod R with a in {0, 1}; (d) loops
  * are top-level (a nested loop may exist but must not run).  Then:
- *   - One GENERIC rank is interpreted with the same checks as the
- *     enumeration, its values being functions of the symbols r, u (and s):
+ *   - One GENERIC rank is interpreted by the same step as the enumeration
+ *     (the same checks, written once), its values being functions of the
+ *     symbols r, u (and s):
  *     tokens (own shard, ring block (a*r+b*s+c) mod R, all, K/V, another
  *     rank's shard), heads (all, or the member's part: whether the part is
  *     all heads is decided once over the members), the merged key blocks as

@@ -670,7 +670,12 @@ static bool touches_request(vb *V, int p, const cpc_op *op)
 static cpc_status *check_operands(vb *V, int p, const xop *x)
 {
     bwd_dom dd = {V, p};
-    const vc_domain dom = {&dd, dom_name, dom_written, dom_content, dom_recv_on, dom_send_on, NULL, NULL, NULL, NULL};
+    const vc_domain dom = {.self = &dd,
+                           .name = dom_name,
+                           .written = dom_written,
+                           .content = dom_content,
+                           .recv_on = dom_recv_on,
+                           .send_on = dom_send_on};
     char m[640];
     if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
         vc_contents(&dom, x->op, 1, m, sizeof m))

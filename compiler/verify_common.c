@@ -2,6 +2,11 @@
 #include "verify_common.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ST(d, b) (d->val(d->self, b)->stamp)
+#define NM(b) d->name(d->self, b)
 
 static const char *verb_of(cpc_access acc)
 {
@@ -110,7 +115,7 @@ const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_WRITE, msg, n))
         return msg;
-    if (d->written(d->self, b) && d->fresh(d->self, b)) {
+    if (d->written(d->self, b) && d->val(d->self, b)->fresh) {
         snprintf(msg, n,
                  "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
                  "twice, or a merge missing",
@@ -134,22 +139,22 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
     int a = op->in[0], al = op->in[1], acc = op->out[0], accl = op->out[1];
     if (d->content(d->self, a) != mc[0] || d->content(d->self, al) != mc[1] ||
-        d->stamp(d->self, a) != d->stamp(d->self, al)) {
+        ST(d, a) != ST(d, al)) {
         snprintf(msg, n, "inputs %s and %s are not the output and LSE of one attention block", d->name(d->self, a),
                  d->name(d->self, al));
         return msg;
     }
     if (d->content(d->self, acc) != CPC_CONTENT_OUT || d->content(d->self, accl) != CPC_CONTENT_LSE ||
-        d->stamp(d->self, acc) != d->stamp(d->self, accl)) {
+        ST(d, acc) != ST(d, accl)) {
         snprintf(msg, n, "outputs %s and %s are not one accumulator and its LSE", d->name(d->self, acc),
                  d->name(d->self, accl));
         return msg;
     }
-    if (a == acc || d->stamp(d->self, a) == d->stamp(d->self, acc)) {
+    if (a == acc || ST(d, a) == ST(d, acc)) {
         snprintf(msg, n, "merges %s into itself", d->name(d->self, acc));
         return msg;
     }
-    if (d->merged(d->self, a)) {
+    if (d->val(d->self, a)->merged) {
         snprintf(msg, n,
                  "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last "
                  "merge",
@@ -157,4 +162,455 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         return msg;
     }
     return NULL;
+}
+
+/* ---- the op tree -------------------------------------------------------------------------- */
+
+void vc_nodes_free(vc_node *nodes, int n)
+{
+    for (int i = 0; nodes && i < n; i++) {
+        free(nodes[i].path);
+        vc_nodes_free(nodes[i].body, nodes[i].n_body);
+    }
+    free(nodes);
+}
+
+static vc_node *nodes_at(const cpc_op *ops, int n, const char *prefix, int depth, int max_depth, bool *oom)
+{
+    vc_node *nodes = n > 0 ? calloc((size_t)n, sizeof(vc_node)) : NULL;
+    *oom |= n > 0 && !nodes;
+    for (int i = 0; nodes && i < n && !*oom; i++) {
+        vc_node *nd = &nodes[i];
+        nd->op = &ops[i];
+        nd->in_loop = depth > 0;
+        size_t len = strlen(prefix) + 32;
+        if (!(nd->path = malloc(len))) {
+            *oom = true;
+            break;
+        }
+        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
+        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0 && ops[i].body && depth < max_depth) {
+            nd->body = nodes_at(ops[i].body, ops[i].n_body, nd->path, depth + 1, max_depth, oom);
+            nd->n_body = nd->body ? ops[i].n_body : 0;
+        }
+    }
+    if (*oom) {
+        vc_nodes_free(nodes, n);
+        return NULL;
+    }
+    return nodes;
+}
+
+vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom)
+{
+    *oom = false;
+    return nodes_at(ops, n, "", 0, max_depth, oom);
+}
+
+/* ---- the step ------------------------------------------------------------------------------- */
+
+#define SELF d->self
+#define FAULT(...) (snprintf(msg, n, __VA_ARGS__), VC_NO)
+#define UNDEC(...) (snprintf(msg, n, __VA_ARGS__), VC_UNDECIDED)
+/* A three-valued answer t that is not YES: its message, a fault or undecided. */
+#define NOT_YES(t, ...) (snprintf(msg, n, __VA_ARGS__), (t))
+#define W(v, buf) d->words(SELF, (v), (buf), sizeof(buf))
+
+vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n)
+{
+    if (vc_read(d, b, CPC_CONTENT_NONE, msg, n))
+        return VC_NO;
+    d->val(SELF, b)->fresh = 0;
+    return VC_YES;
+}
+
+/* v may live in buffer b: its role holds v's content, then the domain's
+ * token and head layout. */
+static vc_tri fits(const vc_domain *d, int b, const vc_val *v, char *msg, size_t n)
+{
+    const cpc_buffer *B = &d->prog->buffers[b];
+    if (!v->written)
+        return VC_YES;
+    if (src_of_role(B->role) != v->src)
+        return FAULT("buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
+                     src_names_of(v->src));
+    return d->fits(SELF, b, v, msg, n);
+}
+
+static vc_tri wr(const vc_domain *d, int b, char *msg, size_t n)
+{
+    return vc_write(d, b, msg, n) ? VC_NO : VC_YES;
+}
+
+vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n)
+{
+    vc_tri t = fits(d, b, v, msg, n);
+    if (t != VC_YES)
+        return t;
+    d->put(SELF, b, v);
+    return VC_YES;
+}
+
+vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n)
+{
+    char w[200], why[600];
+    if (!src_is_attn(v->src) || v->final || v->assumed)
+        return VC_YES;
+    bool keys = d->has_keys(SELF, v);
+    if (d->tok_is(SELF, v, VC_T_UNSET) == VC_YES || (!keys && v->kvcov == 0))
+        return FAULT("%s holds no attention result: no attention block was merged into it", name);
+    if (d->tok_is(SELF, v, VC_T_KV) == VC_YES)
+        return FAULT("%s has cross-attention K/V as its query rows", name);
+    if (d->cross) {
+        if (v->kvcov != 1 || keys)
+            return FAULT("%s: query rows of %s %s", name, W(v, w),
+                         v->kvcov == 0 ? "never met the cross-attention keys/values"
+                                       : "met self-attention keys instead of the cross-attention keys/values");
+        v->final = 1;
+        return VC_YES;
+    }
+    if (v->kvcov != 0)
+        return FAULT("%s mixes cross-attention and self-attention keys", name);
+    why[0] = 0;
+    vc_tri t = d->covered(SELF, v, name, why, sizeof why);
+    if (t == VC_YES)
+        v->final = 1;
+    else if (why[0])
+        snprintf(msg, n, "%s %s", name, why);
+    else
+        msg[0] = 0;
+    return t;
+}
+
+/* Token class of buffer layout tk for an accumulator being initialised. */
+static int tok_of_layout(cpc_buf_tokens tk)
+{
+    return tk == CPC_TOK_SHARD ? VC_T_OWN : tk == CPC_TOK_ALL ? VC_T_ALL : VC_T_UNSET;
+}
+
+vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    const int *bufs = op->n_out >= 2 ? op->out : op->in;
+    for (int j = 0; j < 2; j++)
+        if (wr(d, bufs[j], msg, n) != VC_YES)
+            return VC_NO;
+    int32_t stamp = d->new_stamp(SELF);
+    for (int j = 0; j < 2; j++) {
+        int b = bufs[j];
+        vc_val *v = d->tmp(SELF, 0);
+        v->written = 1;
+        v->src = j == 0 ? SRC_O : SRC_LSE;
+        v->stamp = stamp;
+        d->shape(SELF, v, tok_of_layout(d->prog->buffers[b].tokens), VC_H_BUF, b, NULL);
+        vc_tri t = vc_store(d, b, v, msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    return VC_YES;
+}
+
+vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    char w1[200], w2[200];
+    for (int j = 0; j < 3; j++)
+        if (vc_rd(d, op->in[j], msg, n) != VC_YES)
+            return VC_NO;
+    if (vc_contents(d, op, 0, msg, n))
+        return VC_NO;
+    const vc_val *Q = d->val(SELF, op->in[0]), *K = d->val(SELF, op->in[1]), *V = d->val(SELF, op->in[2]);
+    vc_tri t = vc_and(d->same_tokens(SELF, K, V), d->same_heads(SELF, K, V));
+    if (t == VC_NO)
+        return FAULT("k (%s: %s) and v (%s: %s) do not hold the same block", NM(op->in[1]), W(K, w1), NM(op->in[2]),
+                     W(V, w2));
+    if (t != VC_YES)
+        return UNDEC("cannot decide for every rank that k (%s) and v (%s) hold the same block", NM(op->in[1]),
+                     NM(op->in[2]));
+    if (d->tok_is(SELF, Q, VC_T_UNSET) == VC_YES || d->tok_is(SELF, Q, VC_T_KV) == VC_YES)
+        return FAULT("query input %s holds %s", NM(op->in[0]), W(Q, w1));
+    vc_val *o = d->tmp(SELF, 0);
+    t = d->attn_keys(SELF, op, Q, K, o, msg, n);
+    if (t != VC_YES)
+        return t;
+    for (int j = 0; j < 2; j++)
+        if (wr(d, op->out[j], msg, n) != VC_YES)
+            return VC_NO;
+    o->written = 1;
+    o->src = SRC_O;
+    o->fresh = 1;
+    o->stamp = d->new_stamp(SELF);
+    vc_val *ol = d->tmp(SELF, 1);
+    if (!d->copy(SELF, ol, o))
+        return VC_OOM;
+    ol->src = SRC_LSE;
+    t = vc_store(d, op->out[0], o, msg, n);
+    return t == VC_YES ? vc_store(d, op->out[1], ol, msg, n) : t;
+}
+
+vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    char w1[200], w2[200], ob[256], why[300];
+    for (int j = 0; j < 2; j++)
+        if (vc_rd(d, op->in[j], msg, n) != VC_YES)
+            return VC_NO;
+    if (vc_merge(d, op, msg, n))
+        return VC_NO;
+    for (int j = 0; j < 2; j++)
+        if (vc_rd(d, op->out[j], msg, n) != VC_YES)
+            return VC_NO;
+    vc_val *A = d->val(SELF, op->in[0]), *AL = d->val(SELF, op->in[1]);
+    vc_val *Acc = d->val(SELF, op->out[0]), *AccL = d->val(SELF, op->out[1]);
+    vc_tri t = d->tok_is(SELF, Acc, VC_T_UNSET) == VC_YES ? VC_YES : d->same_tokens(SELF, Acc, A);
+    const char *what = "query rows";
+    if (t == VC_YES) {
+        t = d->same_heads(SELF, Acc, A);
+        what = "query heads";
+    }
+    if (t == VC_NO)
+        return FAULT("the accumulator %s (%s) and the attention output %s (%s) hold other %s", NM(op->out[0]),
+                     W(Acc, w1), NM(op->in[0]), W(A, w2), what);
+    if (t != VC_YES)
+        return UNDEC("cannot decide for every rank that the accumulator %s and the attention output %s hold the same "
+                     "%s",
+                     NM(op->out[0]), NM(op->in[0]), what);
+    for (int j = 0; j < 2; j++)
+        if (wr(d, op->out[j], msg, n) != VC_YES)
+            return VC_NO;
+    if (Acc->kvcov + A->kvcov > 1)
+        return FAULT("query rows of %s meet the cross-attention keys/values twice (%s, from %s)", W(A, w1),
+                     NM(op->in[0]), d->writer(SELF, op->in[0]));
+    vc_val *acc = d->tmp(SELF, 0);
+    if (!d->copy(SELF, acc, Acc))
+        return VC_OOM;
+    why[0] = 0;
+    t = d->merge_keys(SELF, acc, A, why, sizeof why);
+    if (t == VC_NO) {
+        snprintf(ob, sizeof ob, "%s", d->writer(SELF, op->in[0]));
+        return FAULT("query rows of %s meet %s twice: the attention output in %s (from %s) repeats a block already "
+                     "merged into %s",
+                     W(A, w1), why, NM(op->in[0]), ob, NM(op->out[0]));
+    }
+    if (t == VC_UNDECIDED)
+        return UNDEC("cannot decide for every rank and step that the block merged from %s is new in %s: %s",
+                     NM(op->in[0]), NM(op->out[0]), why);
+    if (t != VC_YES)
+        return t;
+    acc->kvcov += A->kvcov;
+    acc->final = 0;
+    acc->fresh = 0;
+    int32_t lstamp = AccL->stamp;
+    vc_val *accl = d->tmp(SELF, 1);
+    if (!d->copy(SELF, accl, acc))
+        return VC_OOM;
+    accl->src = SRC_LSE;
+    accl->stamp = lstamp;
+    A->merged = AL->merged = 1;
+    A->fresh = AL->fresh = 0;
+    d->put(SELF, op->out[0], acc);
+    d->put(SELF, op->out[1], accl);
+    return VC_YES;
+}
+
+vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    for (int j = 0; j < op->n_in; j++) {
+        int bi = op->in[j], bo = op->out[j];
+        if (vc_rd(d, bi, msg, n) != VC_YES)
+            return VC_NO;
+        vc_val *v = d->tmp(SELF, 0);
+        if (!d->copy(SELF, v, d->val(SELF, bi)))
+            return VC_OOM;
+        v->fresh = 0;
+        v->merged = 0;
+        vc_tri t = d->select_heads(SELF, v, bo, bi, msg, n);
+        if (t != VC_YES)
+            return t;
+        const cpc_buffer *BO = &d->prog->buffers[bo];
+        if (src_is_attn(v->src) && (BO->role == CPC_ROLE_O || BO->io == CPC_IO_OUTPUT)) {
+            t = vc_complete(d, d->val(SELF, bi), NM(bi), msg, n);
+            if (t != VC_YES)
+                return t;
+            v->final = 1;
+        }
+        if (wr(d, bo, msg, n) != VC_YES)
+            return VC_NO;
+        t = vc_store(d, bo, v, msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    return VC_YES;
+}
+
+vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    char why[512];
+    /* in flight: the lifetime rule (REBIND) already ran (vc_operands_in_flight) */
+    d->exchange(SELF, op->in[0], op->in[1]);
+    for (int j = 0; j < 2; j++) {
+        vc_val *v = d->val(SELF, op->in[j]);
+        vc_tri t = fits(d, op->in[j], v, why, sizeof why);
+        if (t != VC_YES)
+            return NOT_YES(t, "%safter the swap, %s", t == VC_NO ? "" : "cannot decide for every rank whether, ", why);
+    }
+    return VC_YES;
+}
+
+vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    bool is_send = op->kind == CPC_OP_SEND;
+    int nb = is_send ? op->n_in : op->n_out;
+    const int *bufs = is_send ? op->in : op->out;
+    for (int j = 0; j < nb; j++) {
+        if (is_send) {
+            if (vc_rd(d, bufs[j], msg, n) != VC_YES)
+                return VC_NO;
+            vc_val *v = d->val(SELF, bufs[j]);
+            if (src_is_attn(v->src)) {
+                if (!d->p2p_attn)
+                    return UNDEC("sends attention data (only q, k and v travel point to point in the symbolic "
+                                 "proof)");
+                vc_tri t = vc_complete(d, v, NM(bufs[j]), msg, n);
+                if (t != VC_YES)
+                    return t;
+            }
+        } else if (wr(d, bufs[j], msg, n) != VC_YES) {
+            return VC_NO;
+        }
+        for (int k = 0; k < j; k++)
+            if (bufs[k] == bufs[j])
+                return FAULT("names buffer %s twice", NM(bufs[j]));
+    }
+    return VC_YES;
+}
+
+vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
+                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n)
+{
+    char w1[200], blk[100], why[512];
+    if (nbs != nbr)
+        return FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
+    for (int j = 0; j < nbs; j++) {
+        vc_val *in = snap[j];
+        int rb = rbufs[j];
+        if (rq) {
+            vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
+            if (t == VC_NO)
+                return FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
+                             W(in, w1), NM(sbufs[j]), sop);
+            if (t != VC_YES)
+                return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
+        }
+        vc_tri t = fits(d, rb, in, why, sizeof why);
+        if (t == VC_NO)
+            return FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from, src_names_of(in->src),
+                         W(in, w1), NM(sbufs[j]), sop, why);
+        if (t != VC_YES)
+            return UNDEC("cannot decide for every rank whether %s", why);
+        int es = cpc_buffer_elem_size(d->prog, sbufs[j]), er = cpc_buffer_elem_size(d->prog, rb);
+        if (es != er)
+            return FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)", er, NM(rb),
+                         from, es, NM(sbufs[j]), sop);
+    }
+    return VC_YES;
+}
+
+vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    char w1[200];
+    if (op->kind == CPC_OP_BARRIER)
+        return VC_YES;
+    for (int j = 0; j < op->n_in; j++) {
+        vc_val *in = d->val(SELF, op->in[j]);
+        vc_tri t = src_is_attn(in->src) ? vc_complete(d, in, NM(op->in[j]), msg, n) : VC_YES;
+        if (t != VC_YES)
+            return t;
+        if (op->kind == CPC_OP_ALL_TO_ALL) {
+            bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
+            t = vc_and(d->tok_is(SELF, in, s2h ? VC_T_OWN : VC_T_BLOCK),
+                       d->heads_are(SELF, in, s2h ? VC_H_ALL : VC_H_PART));
+            if (t != VC_YES)
+                return NOT_YES(t, "all_to_all %s needs %s with %s in %s, which holds %s%s", cpc_a2a_dir_name(op->dir),
+                               s2h ? "the rank's own shard" : "its ring block", s2h ? "all heads" : "the rank's head part",
+                               NM(op->in[j]), W(in, w1), t == VC_NO ? "" : " on some ranks only");
+        } else {
+            t = d->tok_is(SELF, in, VC_T_BLOCK);
+            if (t != VC_YES)
+                return NOT_YES(t, "all_gather needs this member's ring block in %s, which holds %s%s", NM(op->in[j]),
+                               W(in, w1), t == VC_NO ? "" : " on some ranks only");
+        }
+    }
+    return VC_YES;
+}
+
+vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    if (op->kind == CPC_OP_BARRIER)
+        return VC_YES;
+    int nio = op->n_in < op->n_out ? op->n_in : op->n_out;
+    if (nio > CPC_OP_MAX_BUFS)
+        nio = CPC_OP_MAX_BUFS; /* checked statically */
+    vc_val *outv[CPC_OP_MAX_BUFS];
+    for (int j = 0; j < nio; j++) {
+        const vc_val *in = d->val(SELF, op->in[j]);
+        vc_val *o = outv[j] = d->tmp(SELF, j);
+        o->written = 1;
+        o->src = in->src;
+        o->final = in->final;
+        o->assumed = in->assumed;
+        if (op->kind == CPC_OP_ALL_TO_ALL && op->dir == CPC_A2A_SEQ_TO_HEADS)
+            d->shape(SELF, o, VC_T_BLOCK, VC_H_PART, -1, NULL);
+        else if (op->kind == CPC_OP_ALL_TO_ALL)
+            d->shape(SELF, o, VC_T_OWN, VC_H_ALL, -1, NULL);
+        else
+            d->shape(SELF, o, VC_T_ALL, VC_H_LIKE, -1, in);
+    }
+    for (int j = 0; j < op->n_in; j++)
+        d->val(SELF, op->in[j])->fresh = 0;
+    for (int j = 0; j < nio; j++) {
+        if (wr(d, op->out[j], msg, n) != VC_YES)
+            return VC_NO;
+        vc_tri t = vc_store(d, op->out[j], outv[j], msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    return VC_YES;
+}
+
+vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
+{
+    char w1[200];
+    vc_val *v = d->val(SELF, b);
+    if (!v->written)
+        return FAULT("the OUTPUT buffer %s is never written", NM(b));
+    if (!src_is_attn(v->src))
+        return FAULT("the OUTPUT buffer %s ends holding %s data, not the attention output", NM(b),
+                     src_names_of(v->src));
+    vc_tri t = vc_and(d->tok_is(SELF, v, VC_T_OWN), d->heads_are(SELF, v, VC_H_ALL));
+    if (t != VC_YES)
+        return NOT_YES(t, "%sthe OUTPUT buffer %s ends holding %s, not this rank's shard with all heads (last written "
+                          "by %s)",
+                       t == VC_NO ? "" : "cannot decide for every rank whether ", NM(b), W(v, w1), d->writer(SELF, b));
+    return vc_complete(d, v, NM(b), msg, n);
+}
+
+vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    if (vc_operands_in_flight(d, op, msg, n))
+        return VC_NO;
+    switch (op->kind) {
+    case CPC_OP_INIT_ACC: return vc_init_acc(d, op, msg, n);
+    case CPC_OP_ATTN: return vc_attn(d, op, msg, n);
+    case CPC_OP_MERGE: return vc_merge_op(d, op, msg, n);
+    case CPC_OP_COPY: return vc_copy(d, op, msg, n);
+    case CPC_OP_SWAP: return vc_swap(d, op, msg, n);
+    case CPC_OP_SEND:
+    case CPC_OP_RECV: return vc_post_operands(d, op, msg, n);
+    case CPC_OP_WAIT:
+    case CPC_OP_ALL_TO_ALL:
+    case CPC_OP_ALL_GATHER:
+    case CPC_OP_BARRIER: return VC_YES; /* the domain's: matching, completion, rendezvous */
+    default:
+        if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
+            return FAULT("op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
+        return FAULT("unknown op kind %d", (int)op->kind);
+    }
 }

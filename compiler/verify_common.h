@@ -6,12 +6,33 @@
  * - The sources a buffer's content can come from: the op table's contents
  *   (program.h cpc_content), by provenance.
  * - THE SHARED RULES (verify_common.c), written once over a domain
- *   interface (vc_domain: what a buffer holds and what is in flight on it,
- *   on one concrete rank or on the symbolic rank): the op table's lifetime
- *   rule for every operand by its access column (CPC_LIFE_UNTIL_WAIT), the
- *   read-before-write rule and the content rule (in_content).  Each prover
- *   supplies its domain's answers and turns a violation's text into its
- *   CP051 (with its own location: rank and step, or the symbolic op).
+ *   interface (vc_domain: what a buffer holds and what is in flight on it):
+ *   the op table's lifetime rule for every operand by its access column
+ *   (CPC_LIFE_UNTIL_WAIT), the read-before-write rule and the content rule
+ *   (in_content).  All three provers use them.
+ * - THE STEP (verify_common.c vc_step and the vc_* op functions): the
+ *   meaning of every forward op, written once: init_acc, attn (K and V one
+ *   block, query rows set, GQA heads, the keys met), merge (provenance,
+ *   accumulator rows and heads, keys met twice), copy (head selection,
+ *   coverage of what leaves an accumulator), swap, send/recv (operands
+ *   before posting; a matched message buffer by buffer: declared block,
+ *   layout, element size), collectives (what each member's input must hold,
+ *   what each output then holds), coverage (vc_complete) and the OUTPUT
+ *   buffers at the end.  It asks its domain three-valued questions (vc_tri:
+ *   YES / NO / UNDECIDED: same tokens, same heads, tokens of a class, heads
+ *   of a class, fits a buffer, the keys of a merge disjoint, coverage
+ *   complete, the declared block arrives) and has it build values (shape,
+ *   attn_keys, merge_keys, select_heads).  Two domains implement it: one
+ *   concrete rank of the enumeration (verify.c: always YES or NO) and the
+ *   symbolic rank (verify_sym.c: answers for every rank and loop step at
+ *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
+ *   the program to enumeration, or to CP051 beyond its bound).  What stays
+ *   per domain is what differs in kind: the values' representation, how
+ *   requests find their peers (channels between concrete ranks, or offsets
+ *   of the one generic rank), blocking and rendezvous, and loops (unrolled
+ *   per rank, or induction on the step).  One fault thus gets one message
+ *   from both (tests/test_verify_sym.c one_step_gives_one_message).
+ *   The backward prover (verify_bwd.c) shares the rules, not yet the step.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
@@ -19,6 +40,8 @@
 #define CPC_VERIFY_COMMON_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "program.h"
 
@@ -51,7 +74,61 @@ typedef struct vc_req {
     int peer;        /* the rank at the other end; -1 where the domain has no one rank */
 } vc_req;
 
-/* A prover's domain, as the shared rules see it. */
+/* An op of the program with its index path ("ops[3].body[1]": 1-based, as
+ * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
+typedef struct vc_node {
+    const cpc_op *op;
+    char *path;
+    bool in_loop;
+    struct vc_node *body;
+    int n_body;
+} vc_node;
+
+/* The tree of ops[0..n) with loop bodies down to max_depth levels (a loop at
+ * that depth keeps no body).  NULL when n <= 0 or out of memory (*oom). */
+vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom);
+void vc_nodes_free(vc_node *nodes, int n);
+
+/* Three-valued answers: a concrete domain (one rank) always answers YES or
+ * NO; the symbolic one (every rank and step at once) answers UNDECIDED when
+ * the answer differs between ranks or steps, or it cannot tell.  The step
+ * functions below return VC_YES (the op ran), VC_NO (a fault: the message
+ * says which), VC_UNDECIDED (outside the domain's class: the message says
+ * why; the caller enumerates or refuses) or VC_OOM. */
+typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3 } vc_tri;
+
+/* YES if both are, NO if either is, else UNDECIDED. */
+static inline vc_tri vc_and(vc_tri a, vc_tri b)
+{
+    return a == VC_NO || b == VC_NO ? VC_NO : a == VC_YES && b == VC_YES ? VC_YES : VC_UNDECIDED;
+}
+
+/* The part of an abstract value every forward domain shares; each domain's
+ * value type begins with these fields (VC_VAL_FIELDS in an anonymous union
+ * with a vc_val `h`), so the step reads and sets them directly.  Geometry
+ * (tokens, heads, keys met) is the domain's own representation, reached
+ * only through the callbacks. */
+#define VC_VAL_FIELDS                                                                                      \
+    uint8_t written; /* holds something */                                                                \
+    uint8_t src;     /* what: SRC_* (cpc_content) */                                                      \
+    uint8_t final;   /* attention result whose coverage was proved complete */                            \
+    uint8_t assumed; /* came from a rank outside the simulated set */                                    \
+    uint8_t fresh;   /* attention block output not read by any op yet */                                  \
+    uint8_t merged;  /* attention block output already merged */                                         \
+    int32_t stamp;   /* identity of an attention output / accumulator pair */                             \
+    int32_t kvcov    /* cross-attention: times the K/V sequence was merged */
+typedef struct vc_val {
+    VC_VAL_FIELDS;
+} vc_val;
+
+/* Token classes and head classes the step names (what a buffer layout or a
+ * collective produces).  VC_T_BLOCK is the rank's own ring block r. */
+enum { VC_T_UNSET = 0, VC_T_OWN, VC_T_BLOCK, VC_T_ALL, VC_T_KV };
+enum { VC_H_ALL = 0, VC_H_PART, VC_H_BUF, VC_H_LIKE };
+
+/* A prover's domain, as the shared rules and the step see it.  Callbacks
+ * may report a fault themselves (with their own location and notes) and
+ * return VC_NO with an empty message: the step then stops. */
 typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
@@ -59,11 +136,44 @@ typedef struct vc_domain {
     int (*content)(void *self, int b);                   /* what b holds (cpc_content) */
     bool (*recv_on)(void *self, int b, vc_req *q);       /* a recv into b is in flight: *q */
     bool (*send_on)(void *self, int b, vc_req *q);       /* a send from b is in flight: *q */
-    /* Forward attention results (NULL in a domain without attn/merge: backward): */
-    int (*stamp)(void *self, int b);      /* identity of the attention output / accumulator pair */
-    bool (*fresh)(void *self, int b);     /* an attention output no op has read yet */
-    bool (*merged)(void *self, int b);    /* an attention output already merged */
-    const char *(*writer)(void *self, int b); /* the op that last wrote b, in words */
+    /* The forward geometry (NULL in a domain without attn/merge: backward). */
+    const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
+    vc_val *(*val)(void *self, int b);                   /* buffer b's value */
+    vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
+    bool (*copy)(void *self, vc_val *dst, const vc_val *src); /* dst := src; false: out of memory */
+    /* v fits buffer b (role, token layout, heads); NO/UNDECIDED: why. */
+    vc_tri (*fits)(void *self, int b, const vc_val *v, char *why, size_t n);
+    void (*put)(void *self, int b, vc_val *v);           /* moves v into b (v emptied); writer: the op */
+    void (*exchange)(void *self, int a, int b);          /* swaps the values of a and b */
+    int32_t (*new_stamp)(void *self);
+    /* v's tokens := class tok (VC_T_*), heads := all, the rank's part (of
+     * v's head space), buffer b's, or like's. */
+    void (*shape)(void *self, vc_val *v, int tok, int heads, int b, const vc_val *like);
+    vc_tri (*tok_is)(void *self, const vc_val *v, int tok);
+    vc_tri (*heads_are)(void *self, const vc_val *v, int heads);
+    vc_tri (*same_tokens)(void *self, const vc_val *x, const vc_val *y);
+    vc_tri (*same_heads)(void *self, const vc_val *x, const vc_val *y);
+    const char *(*words)(void *self, const vc_val *v, char *buf, size_t n); /* tokens and heads */
+    bool (*has_keys)(void *self, const vc_val *v);       /* some key block was met */
+    /* attn: o := query rows of Q met with the keys of K (or ring block op->block
+     * of K); the GQA rule.  NO / UNDECIDED: why (whole message). */
+    vc_tri (*attn_keys)(void *self, const cpc_op *op, const vc_val *Q, const vc_val *K, vc_val *o, char *why,
+                        size_t n);
+    /* merge: acc's keys := acc's U a's, rows := a's.  NO: the keys met twice,
+     * in words ("the keys/values of ..."); UNDECIDED: why. */
+    vc_tri (*merge_keys)(void *self, vc_val *acc, const vc_val *a, char *why, size_t n);
+    /* copy: v's heads := buffer b's, a selection of v's. NO / UNDECIDED: why. */
+    vc_tri (*select_heads)(void *self, vc_val *v, int b, int from, char *why, size_t n);
+    /* coverage: v's keys are every key its rows need (attention of one
+     * sequence, some key met).  NO / UNDECIDED: why (after "NAME "). */
+    vc_tri (*covered)(void *self, const vc_val *v, const char *name, char *why, size_t n);
+    /* a recv's declared block: v (what arrives) is it; YES may normalise v
+     * to the declared form.  `rq` is the domain's request.  words: the
+     * declared block. */
+    vc_tri (*declared)(void *self, vc_val *v, const void *rq, char *words, size_t n);
+    const cpc_program *prog;
+    bool cross;     /* cross-attention (the layout's) */
+    bool p2p_attn;  /* attention results may travel point to point */
 } vc_domain;
 
 /* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
@@ -95,5 +205,43 @@ const char *vc_write(const vc_domain *d, int b, char *msg, size_t n);
  * arriving), in[0], in[1] are the output and LSE of one attention block not
  * merged yet, out[0], out[1] one accumulator and its LSE, not the input. */
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+
+
+/* THE STEP: one implementation of the forward ops over the domain.  Each
+ * returns VC_YES when the op ran, else the fault or the reason it is
+ * undecided in msg (n bytes; empty when a callback reported it itself).
+ * The lifetime rule (vc_operands_in_flight) runs before every op, in the
+ * caller; matching requests to peers, waits and collectives' rendezvous are
+ * the domain's (they are where the domains differ: channels of concrete
+ * ranks, or offsets of the one generic rank). */
+/* One op: the lifetime rule for its operands (vc_operands_in_flight), then
+ * the local ops (init_acc, attn, merge, copy, swap) whole, send/recv's
+ * checks before posting (vc_post_operands); wait and the collectives are
+ * then the domain's.  A kind outside the forward ops is a fault. */
+vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* vc_read; marks b's output used */
+vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits, then put */
+/* Attention result v covers every key its rows need (marks it final). */
+vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n);
+vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+/* send/recv before posting: what is sent is read (and complete, if
+ * attention), what is received may be overwritten, no buffer named twice. */
+vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+/* A matched message, on the receiver's domain: `from` names the sender
+ * ("rank 3", "ring member r-1"), `sop` its op; snap[j] is what arrives in
+ * rbufs[j] (the sender's value in the receiver's terms); rq: the recv. */
+vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
+                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n);
+/* A collective reached by every member, on one member's domain: its inputs
+ * (vc_coll_inputs, after vc_rd of each at arrival), then its outputs. */
+vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
+/* The end of the program: OUTPUT buffer b holds the rank's shard with all
+ * heads and a complete attention. */
+vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 
 #endif

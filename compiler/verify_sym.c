@@ -70,20 +70,18 @@ typedef struct piece {
     bnd lo, hi;
 } piece;
 
-typedef struct snode {
-    const cpc_op *op;
-    char *path;
-    bool in_loop;
-    struct snode *body;
-    int n_body;
-} snode;
+typedef vc_node snode;
 
 typedef struct sval {
-    uint8_t written, src, final, fresh, merged, touched;
+    union {
+        vc_val h; /* the fields every domain shares (verify_common.h) */
+        struct {
+            VC_VAL_FIELDS;
+        };
+    };
+    uint8_t touched;
     uint8_t tok, heads;
     aff blk;          /* T_BLOCK */
-    int32_t stamp;
-    int32_t kvcov;
     int npc;
     piece pc[MAXPC];
     const snode *wop;
@@ -126,6 +124,7 @@ typedef struct sctx {
     cpc_status *diag;
     cpc_sym_stats stats;
     int64_t work;       /* the bound's units spent so far (verify.h THE PROVER'S BOUND) */
+    sval tmp[CPC_OP_MAX_BUFS]; /* the step's scratch values */
 } sctx;
 
 /* ---- arithmetic ------------------------------------------------------------- */
@@ -695,13 +694,6 @@ static int fits(const sctx *C, int b, const sval *v, char *buf, size_t n)
 {
     const cpc_buffer *B = &C->prog->buffers[b];
     char t1[160];
-    if (!v->written)
-        return ALWAYS;
-    if (src_of_role(B->role) != v->src) {
-        snprintf(buf, n, "buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
-                 src_names_of(v->src));
-        return NEVER;
-    }
     if (v->tok != T_UNSET) {
         int ok;
         switch (B->tokens) {
@@ -1078,16 +1070,24 @@ static void fold_decl(sctx *C)
 
 /* ---- buffer access -------------------------------------------------------------------------- */
 
-/* The shared rules (verify_common.h) over this domain: the symbolic rank's
- * values and requests (no one peer rank: the peer is an offset). */
+static int eval_block(sctx *C, const snode *nd, const cpc_expr *e, aff *out);
+
+/* The domain of the step (verify_common.h) on the symbolic rank: answers
+ * hold for every rank and every step the run stands for, or are UNDECIDED
+ * (the peer is an offset, not one rank). */
 typedef struct sym_dom {
     sctx *C;
+    const snode *nd; /* the op being run */
     char ob[256];
 } sym_dom;
 
-static const char *dom_name(void *self, int b) { return bname(((sym_dom *)self)->C, b); }
-static bool dom_written(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].written != 0; }
-static int dom_content(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].src; }
+#define SD(self) ((sym_dom *)(self))
+#define SV(v) ((sval *)(v))
+#define CSV(v) ((const sval *)(v))
+
+static const char *dom_name(void *self, int b) { return bname(SD(self)->C, b); }
+static bool dom_written(void *self, int b) { return SD(self)->C->st->v[b].written != 0; }
+static int dom_content(void *self, int b) { return SD(self)->C->st->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -1118,86 +1118,210 @@ static bool dom_send_on(void *self, int b, vc_req *out)
     return true;
 }
 
-static int dom_stamp(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].stamp; }
-static bool dom_fresh(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].fresh != 0; }
-static bool dom_merged(void *self, int b) { return ((sym_dom *)self)->C->st->v[b].merged != 0; }
-
 static const char *dom_writer(void *self, int b)
 {
     sym_dom *d = self;
     return op_desc(d->C, d->C->st->v[b].wop, d->ob, sizeof d->ob);
 }
 
-#define SYM_DOM(C)                                                                                         \
-    sym_dom dd_ = {(C), ""};                                                                               \
-    const vc_domain dom = {&dd_,      dom_name,  dom_written, dom_content, dom_recv_on, dom_send_on,       \
-                           dom_stamp, dom_fresh, dom_merged,  dom_writer}
+static vc_val *dom_val(void *self, int b) { return &SD(self)->C->st->v[b].h; }
 
-static int operands_in_flight(sctx *C, const snode *nd)
+static vc_val *dom_tmp(void *self, int j)
 {
-    char m[640];
-    SYM_DOM(C);
-    return vc_operands_in_flight(&dom, nd->op, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
+    sval *v = &SD(self)->C->tmp[j];
+    *v = sv_zero();
+    return &v->h;
 }
 
-static int rd(sctx *C, const snode *nd, int b)
+static bool dom_copy(void *self, vc_val *dst, const vc_val *src)
 {
-    char m[640];
-    SYM_DOM(C);
-    if (vc_read(&dom, b, CPC_CONTENT_NONE, m, sizeof m))
-        return serr(C, nd, "%s", m);
-    C->st->v[b].fresh = 0;
-    return 0;
+    (void)self;
+    *SV(dst) = *CSV(src);
+    return true;
 }
 
-static int contents(sctx *C, const snode *nd)
+static vc_tri dom_fits(void *self, int b, const vc_val *v, char *why, size_t n)
 {
-    char m[640];
-    SYM_DOM(C);
-    return vc_contents(&dom, nd->op, 0, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
+    return (vc_tri)fits(SD(self)->C, b, CSV(v), why, n); /* NEVER, ALWAYS, MIXED = VC_NO, VC_YES, VC_UNDECIDED */
 }
 
-static int wr_check(sctx *C, const snode *nd, int b)
+static void dom_put(void *self, int b, vc_val *v)
 {
-    char m[640];
-    SYM_DOM(C);
-    return vc_write(&dom, b, m, sizeof m) ? serr(C, nd, "%s", m) : 0;
+    sym_dom *d = self;
+    sval *x = SV(v);
+    x->wop = d->nd;
+    x->touched = 1;
+    d->C->st->v[b] = *x;
+    *x = sv_zero();
 }
 
-static int store(sctx *C, const snode *nd, int b, sval *v)
+static void dom_exchange(void *self, int a, int b)
 {
-    char why[512];
-    canon(C, v);
-    int f = fits(C, b, v, why, sizeof why);
-    if (f == NEVER)
-        return serr(C, nd, "%s", why);
-    if (f == MIXED)
-        return sund(C, nd, "cannot decide for every rank whether %s", why);
-    v->wop = nd;
-    v->touched = 1;
-    C->st->v[b] = *v;
-    return 0;
+    sval *v = SD(self)->C->st->v, t = v[a];
+    v[a] = v[b];
+    v[b] = t;
+    v[a].touched = v[b].touched = 1;
 }
 
-/* Proves that attention result v covers every key its query rows need. */
-static int complete(sctx *C, const snode *nd, sval *v, const char *name)
+static int32_t dom_new_stamp(void *self) { return SD(self)->C->st->next_stamp++; }
+
+static void dom_shape(void *self, vc_val *v, int tok, int heads, int b, const vc_val *like)
 {
-    if (!src_is_attn(v->src) || v->final)
-        return 0;
-    if (v->tok == T_UNSET || (v->npc == 0 && v->kvcov == 0))
-        return serr(C, nd, "%s holds no attention result: no attention block was merged into it", name);
-    if (v->tok == T_KV)
-        return serr(C, nd, "%s has cross-attention K/V as its query rows", name);
-    if (C->L->cross) {
-        if (v->kvcov != 1 || v->npc != 0)
-            return serr(C, nd, "%s: its query rows %s", name,
-                        v->kvcov == 0 ? "never met the cross-attention keys/values"
-                                      : "met self-attention keys instead of the cross-attention keys/values");
-        v->final = 1;
-        return 0;
+    sctx *C = SD(self)->C;
+    sval *x = SV(v);
+    static const uint8_t toks[] = {[VC_T_UNSET] = T_UNSET, [VC_T_OWN] = T_OWN, [VC_T_BLOCK] = T_BLOCK,
+                                   [VC_T_ALL] = T_ALL, [VC_T_KV] = T_KV};
+    x->tok = toks[tok];
+    if (tok == VC_T_BLOCK)
+        x->blk = aff_norm(C, 1, 0, 0);
+    x->heads = (uint8_t)(heads == VC_H_BUF    ? buf_heads(C, b)
+                         : heads == VC_H_LIKE ? CSV(like)->heads
+                         : heads == VC_H_PART ? HD_PART
+                                              : HD_ALL);
+    canon(C, x);
+}
+
+static vc_tri dom_tok_is(void *self, const vc_val *v, int tok)
+{
+    sctx *C = SD(self)->C;
+    const sval *x = CSV(v);
+    switch (tok) {
+    case VC_T_OWN: return (vc_tri)tok_is_own(C, x);
+    case VC_T_ALL: return (vc_tri)tok_is_all(C, x);
+    case VC_T_BLOCK: return x->tok == T_BLOCK ? (vc_tri)aff_same(C, x->blk, aff_norm(C, 1, 0, 0)) : VC_NO;
+    case VC_T_KV: return x->tok == T_KV ? VC_YES : VC_NO;
+    default: return x->tok == T_UNSET ? VC_YES : VC_NO;
     }
-    if (v->kvcov != 0)
-        return serr(C, nd, "%s mixes cross-attention and self-attention keys", name);
+}
+
+static vc_tri dom_heads_are(void *self, const vc_val *v, int h)
+{
+    return (vc_tri)heads_same(SD(self)->C, v->src, CSV(v)->heads, h == VC_H_PART ? HD_PART : HD_ALL);
+}
+
+static vc_tri dom_same_tokens(void *self, const vc_val *x, const vc_val *y)
+{
+    return (vc_tri)tok_same(SD(self)->C, CSV(x), CSV(y));
+}
+
+static vc_tri dom_same_heads(void *self, const vc_val *x, const vc_val *y)
+{
+    return (vc_tri)heads_same(SD(self)->C, x->src, CSV(x)->heads, CSV(y)->heads);
+}
+
+static const char *dom_words(void *self, const vc_val *v, char *buf, size_t n)
+{
+    char t[160];
+    snprintf(buf, n, "%s, %s", tok_words(SD(self)->C, CSV(v), t, sizeof t),
+             CSV(v)->heads == HD_PART ? "the member's part of the heads" : "all heads");
+    return buf;
+}
+
+static bool dom_has_keys(void *self, const vc_val *v)
+{
+    (void)self;
+    return CSV(v)->npc > 0;
+}
+
+static vc_tri dom_attn_keys(void *self, const cpc_op *op, const vc_val *q, const vc_val *k, vc_val *o, char *why,
+                            size_t n)
+{
+    sym_dom *d = self;
+    sctx *C = d->C;
+    const sval *Q = CSV(q), *K = CSV(k);
+    piece np;
+    memset(&np, 0, sizeof np);
+    bool kv = false;
+    np.lo = (bnd){0, C->in_loop};
+    np.hi = (bnd){1, C->in_loop};
+    if (op->block && C->prog->buffers[op->in[1]].tokens == CPC_TOK_ALL) {
+        aff blk;
+        if (eval_block(C, d->nd, op->block, &blk))
+            return VC_NO;
+        int a = tok_is_all(C, K);
+        if (a != ALWAYS)
+            return snprintf(why, n, a == NEVER ? "reads a ring block of %s, which does not hold every block"
+                                               : "cannot decide for every rank that %s holds every block",
+                            bname(C, op->in[1])),
+                   (vc_tri)a;
+        np.kind = PC_BLK;
+        np.f = blk;
+    } else {
+        switch (K->tok) {
+        case T_KV: kv = true; break;
+        case T_BLOCK: np.kind = PC_BLK; np.f = K->blk; break;
+        case T_ALL: np.kind = PC_ALL; break;
+        case T_OWN: np.kind = PC_OWN; break;
+        default: return snprintf(why, n, "attends keys of another rank's shard"), VC_UNDECIDED;
+        }
+    }
+    /* GQA: the K/V heads the query heads use */
+    if (K->heads == HD_PART && Q->heads == HD_ALL && C->kvclass != HC_ALL)
+        return snprintf(why, n, "query heads (all) need every K/V head; %s holds %s", bname(C, op->in[1]),
+                        C->kvclass == HC_NONE ? "the member's part" : "all of them only on some members"),
+               C->kvclass == HC_NONE ? VC_NO : VC_UNDECIDED;
+    sval *x = SV(o);
+    x->tok = Q->tok;
+    x->blk = Q->blk;
+    x->heads = Q->heads;
+    if (kv) {
+        x->kvcov = 1;
+    } else {
+        x->npc = 1;
+        x->pc[0] = np;
+        x->pc[0].grew = 1;
+    }
+    return VC_YES;
+}
+
+static vc_tri dom_merge_keys(void *self, vc_val *accv, const vc_val *av, char *why, size_t n)
+{
+    sctx *C = SD(self)->C;
+    sval *acc = SV(accv);
+    const sval *A = CSV(av);
+    int npc = acc->npc;
+    for (int i = 0; i < A->npc; i++)
+        for (int k = 0; k < npc; k++) {
+            int dj = disjoint(C, &A->pc[i], &acc->pc[k]);
+            if (dj == DJ_OVERLAP)
+                return snprintf(why, n, "some keys/values"), VC_NO;
+            if (dj == DJ_UNK)
+                return snprintf(why, n, "the blocks do not follow one rule"), VC_UNDECIDED;
+        }
+    for (int i = 0; i < A->npc; i++)
+        if (!pieces_add(C, acc, &A->pc[i]))
+            return snprintf(why, n, "more than %d separate runs of blocks", MAXPC), VC_UNDECIDED;
+    acc->tok = A->tok;
+    acc->blk = A->blk;
+    return VC_YES;
+}
+
+static vc_tri dom_select_heads(void *self, vc_val *v, int bo, int bi, char *why, size_t n)
+{
+    sctx *C = SD(self)->C;
+    sval *x = SV(v);
+    int oh = buf_heads(C, bo);
+    int same = heads_same(C, x->src, oh, x->heads);
+    if (same == ALWAYS)
+        return VC_YES;
+    if (!(oh == HD_PART && x->heads == HD_ALL)) /* selecting the member's part of all heads always works */
+        return same == NEVER ? (snprintf(why, n, "cannot select all heads of %s from %s, which holds the member's part",
+                                         bname(C, bo), bname(C, bi)),
+                                VC_NO)
+                             : (snprintf(why, n, "cannot decide for every member the heads %s selects", bname(C, bo)),
+                                VC_UNDECIDED);
+    x->heads = (uint8_t)oh;
+    return VC_YES;
+}
+
+/* The block part of coverage (the step's vc_complete ran the rest); reports
+ * a fault or an undecided case itself. */
+static vc_tri dom_covered(void *self, const vc_val *vv, const char *name, char *why, size_t wn)
+{
+    sctx *C = SD(self)->C;
+    const snode *nd = SD(self)->nd;
+    const sval *v = CSV(vv);
+    (void)why, (void)wn;
     cyc cs[MAXPC];
     int n = 0;
     int64_t total = 0;
@@ -1206,7 +1330,7 @@ static int complete(sctx *C, const snode *nd, sval *v, const char *name)
         const piece *p = &v->pc[i];
         int64_t lo, hi;
         if (!bnd_at(C, p->lo, &lo) || !bnd_at(C, p->hi, &hi))
-            return sund(C, nd, "the keys merged into %s follow the loop step", name);
+            return sund(C, nd, "the keys merged into %s follow the loop step", name), VC_UNDECIDED;
         if (hi <= lo)
             continue;
         if (p->kind == PC_ALL) {
@@ -1214,37 +1338,32 @@ static int complete(sctx *C, const snode *nd, sval *v, const char *name)
             continue;
         }
         if (p->kind == PC_OWN)
-            return sund(C, nd, "%s holds keys of single shards, not of whole ring blocks", name);
+            return sund(C, nd, "%s holds keys of single shards, not of whole ring blocks", name), VC_UNDECIDED;
         int r = piece_cyc(C, p, lo, hi, &cs[n]);
         if (r == CY_DUP)
-            return serr(C, nd, "the query rows of %s meet some keys/values twice", name);
+            return serr(C, nd, "the query rows of %s meet some keys/values twice", name), VC_NO;
         if (r != CY_OK)
-            return sund(C, nd, "the blocks merged into %s are not a run of consecutive blocks", name);
+            return sund(C, nd, "the blocks merged into %s are not a run of consecutive blocks", name), VC_UNDECIDED;
         if (n > 0 && cs[n].a != cs[0].a)
-            return sund(C, nd, "the blocks merged into %s mix blocks fixed and blocks relative to the rank", name);
+            return sund(C, nd, "the blocks merged into %s mix blocks fixed and blocks relative to the rank", name),
+                   VC_UNDECIDED;
         total += cs[n].len;
         n++;
     }
-    if (all) {
-        if (n > 0)
-            return serr(C, nd, "the query rows of %s meet some keys/values twice", name);
-        v->final = 1;
-        return 0;
-    }
+    if (all)
+        return n > 0 ? (serr(C, nd, "the query rows of %s meet some keys/values twice", name), VC_NO) : VC_YES;
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
             if (cyc_overlap(C, &cs[i], &cs[j]))
-                return serr(C, nd, "the query rows of %s meet some keys/values twice", name);
-    if (total == C->R) {
-        v->final = 1;
-        return 0;
-    }
+                return serr(C, nd, "the query rows of %s meet some keys/values twice", name), VC_NO;
+    if (total == C->R)
+        return VC_YES;
     if (C->L->causal && !C->L->zigzag)
         return sund(C, nd, "%s misses some blocks; with a causal mask and contiguous shards which blocks may "
                            "be skipped depends on the rank",
-                    name);
-    /* the first block rank 0 misses */
-    int64_t miss = -1;
+                    name),
+               VC_UNDECIDED;
+    int64_t miss = -1; /* the first block rank 0 misses */
     for (int64_t x = 0; x < C->R && miss < 0; x++) {
         bool in = false;
         for (int i = 0; i < n && !in; i++)
@@ -1252,12 +1371,52 @@ static int complete(sctx *C, const snode *nd, sval *v, const char *name)
         if (!in)
             miss = x;
     }
-    return serr(C, nd,
-                "%s is incomplete: its query rows never met the keys/values of ring block %" PRId64
-                " (on rank 0; %" PRId64 " of %" PRId64 " blocks missing on every rank: a ring step dropped or a "
-                "block skipped?)",
-                name, miss, C->R - total, C->R);
+    serr(C, nd,
+         "%s is incomplete: its query rows never met the keys/values of ring block %" PRId64
+         " (on rank 0; %" PRId64 " of %" PRId64 " blocks missing on every rank: a ring step dropped or a "
+         "block skipped?)",
+         name, miss, C->R - total, C->R);
+    return VC_NO;
 }
+
+static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, size_t n)
+{
+    sctx *C = SD(self)->C;
+    const sreq *r = rq;
+    sval *x = SV(v), decl = sv_zero();
+    decl.tok = T_BLOCK;
+    decl.blk = r->decl;
+    tok_words(C, &decl, words, n);
+    int same = x->tok == T_BLOCK ? aff_same(C, x->blk, r->decl) : NEVER;
+    if (same == ALWAYS)
+        x->blk = r->decl; /* equal on every rank and step; the declared form follows s */
+    return (vc_tri)same;
+}
+
+static const vc_domain sym_ops = {
+    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
+    .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
+    .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
+    .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = false};
+
+#define SYM_DOM_AT(C, nd)                                                                                         \
+    sym_dom dd_ = {(C), (nd), ""};                                                                                \
+    vc_domain dom = sym_ops;                                                                                      \
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+
+/* A step's answer as the proof's result at the op nd. */
+static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
+{
+    switch (t) {
+    case VC_YES: return 0;
+    case VC_OOM: return snomem(C);
+    case VC_UNDECIDED: return sund(C, nd, "%s", m[0] ? m : "undecided");
+    default: return serr(C, nd, "%s", m[0] ? m : "fault (no message)");
+    }
+}
+
 
 /* ---- expressions of ops ----------------------------------------------------------------------- */
 
@@ -1382,39 +1541,20 @@ static int match_pair(sctx *C, int sid, int rid)
     sq->matched = rq->matched = true;
     sq->partner = rid;
     rq->partner = sid;
-    char ob[256], why[512], t1[160];
-    if (sq->nb != rq->nb)
-        return serr(C, rq->on, "receives %d buffer(s) from ring member r-%" PRId64 ", which sends %d (%s)", rq->nb,
-                    sq->d, sq->nb, op_desc(C, sq->on, ob, sizeof ob));
+    char ob[256], from[64], m[1024] = "";
+    vc_val *snap[CPC_OP_MAX_BUFS];
     for (int j = 0; j < sq->nb; j++) {
-        sval in = sq->snap[j];
-        translate(C, &in, sq->d);
-        canon(C, &in);
-        int rb = rq->bufs[j];
-        int same = in.tok == T_BLOCK ? aff_same(C, in.blk, rq->decl) : NEVER;
-        if (same == NEVER)
-            return serr(C, rq->on, "declares the ring block that arrives in %s, but ring member r-%" PRId64
-                                   " sends %s from %s (%s)",
-                        bname(C, rb), sq->d, tok_words(C, &in, t1, sizeof t1), bname(C, sq->bufs[j]),
-                        op_desc(C, sq->on, ob, sizeof ob));
-        if (same == MIXED)
-            return sund(C, rq->on, "cannot decide for every rank that the block declared arrives in %s",
-                        bname(C, rb));
-        in.blk = rq->decl; /* equal on every rank and step; the declared form follows s */
-        int f = fits(C, rb, &in, why, sizeof why);
-        if (f == NEVER)
-            return serr(C, rq->on, "what ring member r-%" PRId64 " sends (%s from %s) does not fit: %s", sq->d,
-                        src_names_of(in.src), bname(C, sq->bufs[j]), why);
-        if (f == MIXED)
-            return sund(C, rq->on, "cannot decide for every rank whether %s", why);
-        if (cpc_buffer_elem_size(C->prog, sq->bufs[j]) != cpc_buffer_elem_size(C->prog, rb))
-            return serr(C, rq->on, "expects elements of %d bytes in %s but ring member r-%" PRId64
-                                   " sends %d-byte elements from %s",
-                        cpc_buffer_elem_size(C->prog, rb), bname(C, rb), sq->d,
-                        cpc_buffer_elem_size(C->prog, sq->bufs[j]), bname(C, sq->bufs[j]));
-        rq->snap[j] = in;
+        rq->snap[j] = sq->snap[j];
+        translate(C, &rq->snap[j], sq->d);
+        canon(C, &rq->snap[j]);
+        snap[j] = &rq->snap[j].h;
     }
-    return 0;
+    snprintf(from, sizeof from, "ring member r-%" PRId64, sq->d);
+    SYM_DOM_AT(C, rq->on);
+    return sres(C, rq->on,
+                vc_arrive(&dom, from, op_desc(C, sq->on, ob, sizeof ob), sq->nb, sq->bufs, rq->nb, rq->bufs, snap, rq, m,
+                          sizeof m),
+                m);
 }
 
 static int post(sctx *C, int id)
@@ -1442,21 +1582,8 @@ static int exec_send_recv(sctx *C, const snode *nd)
     aff decl = {0, 0, 0};
     if (!is_send && eval_block(C, nd, op->block, &decl))
         return -1;
-    int nb = is_send ? op->n_in : op->n_out;
+    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
     const int *bufs = is_send ? op->in : op->out;
-    for (int j = 0; j < nb; j++) {
-        if (is_send) {
-            if (rd(C, nd, bufs[j]))
-                return -1;
-            if (src_is_attn(s->v[bufs[j]].src))
-                return sund(C, nd, "sends attention data (only q, k and v travel point to point in the symbolic proof)");
-        } else if (wr_check(C, nd, bufs[j])) {
-            return -1;
-        }
-        for (int k = 0; k < j; k++)
-            if (bufs[k] == bufs[j])
-                return serr(C, nd, "names buffer %s twice", bname(C, bufs[j]));
-    }
     if (s->nreq == MAXREQ)
         return sund(C, nd, "more than %d requests in flight", MAXREQ);
     int id = s->nreq++;
@@ -1513,7 +1640,9 @@ static int exec_wait(sctx *C, const snode *nd)
                 sval v = q->snap[j];
                 v.written = 1;
                 v.fresh = 0;
-                if (store(C, q->on, b, &v))
+                char m[640] = "";
+                SYM_DOM_AT(C, q->on);
+                if (sres(C, q->on, vc_store(&dom, b, &v.h, m, sizeof m), m))
                     return -1;
             }
         }
@@ -1525,326 +1654,39 @@ static int exec_wait(sctx *C, const snode *nd)
 
 /* ---- ops ------------------------------------------------------------------------------------------ */
 
-static int exec_init_acc(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    const int *bufs = op->n_out >= 2 ? op->out : op->in;
-    for (int j = 0; j < 2; j++)
-        if (wr_check(C, nd, bufs[j]))
-            return -1;
-    int32_t stamp = C->st->next_stamp++;
-    for (int j = 0; j < 2; j++) {
-        int b = bufs[j];
-        const cpc_buffer *B = &C->prog->buffers[b];
-        sval v = sv_zero();
-        v.written = 1;
-        v.src = j == 0 ? SRC_O : SRC_LSE;
-        v.stamp = stamp;
-        v.tok = B->tokens == CPC_TOK_SHARD ? T_OWN : B->tokens == CPC_TOK_ALL ? T_ALL : T_UNSET;
-        v.heads = (uint8_t)buf_heads(C, b);
-        if (store(C, nd, b, &v))
-            return -1;
-    }
-    return 0;
-}
-
-static int exec_attn(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    sst *s = C->st;
-    for (int j = 0; j < 3; j++)
-        if (rd(C, nd, op->in[j]))
-            return -1;
-    if (contents(C, nd))
-        return -1;
-    const sval *Q = &s->v[op->in[0]], *K = &s->v[op->in[1]], *V = &s->v[op->in[2]];
-    int ts = tok_same(C, K, V), hs = heads_same(C, SRC_K, K->heads, V->heads);
-    if (ts == NEVER || hs == NEVER)
-        return serr(C, nd, "k (%s) and v (%s) do not hold the same block", bname(C, op->in[1]), bname(C, op->in[2]));
-    if (ts == MIXED || hs == MIXED)
-        return sund(C, nd, "cannot decide for every rank that k and v hold the same block");
-    if (Q->tok == T_UNSET || Q->tok == T_KV)
-        return serr(C, nd, "query input %s holds %s", bname(C, op->in[0]),
-                    Q->tok == T_KV ? "the cross-attention K/V sequence" : "no tokens yet");
-    piece np;
-    memset(&np, 0, sizeof np);
-    bool kv = false;
-    np.lo = (bnd){0, C->in_loop};
-    np.hi = (bnd){1, C->in_loop};
-    bool all_buf = C->prog->buffers[op->in[1]].tokens == CPC_TOK_ALL;
-    if (op->block && all_buf) {
-        aff blk;
-        if (eval_block(C, nd, op->block, &blk))
-            return -1;
-        int a = tok_is_all(C, K);
-        if (a == NEVER)
-            return serr(C, nd, "reads a ring block of %s, which does not hold every block", bname(C, op->in[1]));
-        if (a == MIXED)
-            return sund(C, nd, "cannot decide for every rank that %s holds every block", bname(C, op->in[1]));
-        np.kind = PC_BLK;
-        np.f = blk;
-    } else {
-        switch (K->tok) {
-        case T_KV: kv = true; break;
-        case T_BLOCK: np.kind = PC_BLK; np.f = K->blk; break;
-        case T_ALL: np.kind = PC_ALL; break;
-        case T_OWN: np.kind = PC_OWN; break;
-        default:
-            return sund(C, nd, "attends keys of another rank's shard");
-        }
-    }
-    /* GQA: the K/V heads the query heads use */
-    if (K->heads == HD_PART && Q->heads == HD_ALL) {
-        if (C->kvclass == HC_NONE)
-            return serr(C, nd, "query heads (all) need every K/V head, but %s holds the member's part",
-                        bname(C, op->in[1]));
-        if (C->kvclass == HC_MIXED)
-            return sund(C, nd, "query heads (all) need every K/V head; %s holds all of them only on some members",
-                        bname(C, op->in[1]));
-    }
-    for (int j = 0; j < 2; j++)
-        if (wr_check(C, nd, op->out[j]))
-            return -1;
-    int32_t stamp = s->next_stamp++;
-    sval o[2];
-    for (int j = 0; j < 2; j++) {
-        o[j] = sv_zero();
-        o[j].written = 1;
-        o[j].src = j == 0 ? SRC_O : SRC_LSE;
-        o[j].fresh = 1;
-        o[j].tok = Q->tok;
-        o[j].blk = Q->blk;
-        o[j].heads = Q->heads;
-        o[j].stamp = stamp;
-        if (kv)
-            o[j].kvcov = 1;
-        else {
-            o[j].npc = 1;
-            o[j].pc[0] = np;
-            o[j].pc[0].grew = 1;
-        }
-    }
-    s->v[op->in[0]].fresh = s->v[op->in[1]].fresh = s->v[op->in[2]].fresh = 0;
-    for (int j = 0; j < 2; j++)
-        if (store(C, nd, op->out[j], &o[j]))
-            return -1;
-    return 0;
-}
-
-static int exec_merge(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    sst *s = C->st;
-    char ob[256];
-    for (int j = 0; j < 2; j++)
-        if (rd(C, nd, op->in[j]))
-            return -1;
-    {
-        char m[640];
-        SYM_DOM(C);
-        if (vc_merge(&dom, op, m, sizeof m))
-            return serr(C, nd, "%s", m);
-    }
-    for (int j = 0; j < 2; j++)
-        if (rd(C, nd, op->out[j]))
-            return -1;
-    sval *A = &s->v[op->in[0]], *AL = &s->v[op->in[1]];
-    sval *Acc = &s->v[op->out[0]], *AccL = &s->v[op->out[1]];
-    if (Acc->tok != T_UNSET) {
-        int t = tok_same(C, Acc, A);
-        if (t == NEVER)
-            return serr(C, nd, "the accumulator %s holds other query rows than the attention output %s",
-                        bname(C, op->out[0]), bname(C, op->in[0]));
-        if (t == MIXED)
-            return sund(C, nd, "cannot decide for every rank that %s and %s hold the same query rows",
-                        bname(C, op->out[0]), bname(C, op->in[0]));
-    }
-    int h = heads_same(C, SRC_O, Acc->heads, A->heads);
-    if (h == NEVER)
-        return serr(C, nd, "the accumulator %s holds other query heads than the attention output %s",
-                    bname(C, op->out[0]), bname(C, op->in[0]));
-    if (h == MIXED)
-        return sund(C, nd, "cannot decide for every member that %s and %s hold the same heads", bname(C, op->out[0]),
-                    bname(C, op->in[0]));
-    for (int j = 0; j < 2; j++)
-        if (wr_check(C, nd, op->out[j]))
-            return -1;
-    if (Acc->kvcov + A->kvcov > 1)
-        return serr(C, nd, "query rows meet the cross-attention keys/values twice (%s, from %s)", bname(C, op->in[0]),
-                    op_desc(C, A->wop, ob, sizeof ob));
-    for (int i = 0; i < A->npc; i++)
-        for (int k = 0; k < Acc->npc; k++) {
-            int dj = disjoint(C, &A->pc[i], &Acc->pc[k]);
-            if (dj == DJ_OVERLAP)
-                return serr(C, nd,
-                            "query rows meet some keys/values twice: the attention output in %s (from %s) repeats a "
-                            "block already merged into %s",
-                            bname(C, op->in[0]), op_desc(C, A->wop, ob, sizeof ob), bname(C, op->out[0]));
-            if (dj == DJ_UNK)
-                return sund(C, nd, "cannot decide for every rank and step that the block merged from %s is new in %s",
-                            bname(C, op->in[0]), bname(C, op->out[0]));
-        }
-    sval acc = *Acc;
-    for (int i = 0; i < A->npc; i++)
-        if (!pieces_add(C, &acc, &A->pc[i]))
-            return sund(C, nd, "more than %d separate runs of blocks merged into %s", MAXPC, bname(C, op->out[0]));
-    acc.kvcov += A->kvcov;
-    acc.tok = A->tok;
-    acc.blk = A->blk;
-    acc.final = 0;
-    acc.fresh = 0;
-    acc.wop = nd;
-    acc.touched = 1;
-    int32_t lstamp = AccL->stamp;
-    *Acc = acc;
-    *AccL = acc;
-    AccL->src = SRC_LSE;
-    AccL->stamp = lstamp;
-    A->merged = AL->merged = 1;
-    A->fresh = AL->fresh = 0;
-    return 0;
-}
-
-static int exec_copy(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    sst *s = C->st;
-    for (int j = 0; j < op->n_in; j++) {
-        int bi = op->in[j], bo = op->out[j];
-        if (rd(C, nd, bi))
-            return -1;
-        sval v = s->v[bi];
-        s->v[bi].fresh = 0;
-        v.fresh = 0;
-        v.merged = 0;
-        int oh = buf_heads(C, bo);
-        int same = heads_same(C, v.src, oh, v.heads);
-        if (same != ALWAYS) {
-            /* selecting the member's part of all heads always works */
-            if (!(oh == HD_PART && v.heads == HD_ALL)) {
-                if (same == NEVER)
-                    return serr(C, nd, "cannot select all heads of %s from %s, which holds the member's part",
-                                bname(C, bo), bname(C, bi));
-                return sund(C, nd, "cannot decide for every member the heads %s selects", bname(C, bo));
-            }
-            v.heads = (uint8_t)oh;
-        }
-        const cpc_buffer *BO = &C->prog->buffers[bo];
-        if (src_is_attn(v.src) && (BO->role == CPC_ROLE_O || BO->io == CPC_IO_OUTPUT)) {
-            if (complete(C, nd, &s->v[bi], bname(C, bi)))
-                return -1;
-            v.final = 1;
-        }
-        if (wr_check(C, nd, bo) || store(C, nd, bo, &v))
-            return -1;
-    }
-    return 0;
-}
-
-static int exec_swap(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    sst *s = C->st;
-    char why[512];
-    int b[2] = {op->in[0], op->in[1]};
-    /* in flight: the lifetime rule (REBIND) already ran (operands_in_flight) */
-    sval t = s->v[b[0]];
-    s->v[b[0]] = s->v[b[1]];
-    s->v[b[1]] = t;
-    for (int j = 0; j < 2; j++) {
-        s->v[b[j]].touched = 1;
-        int f = fits(C, b[j], &s->v[b[j]], why, sizeof why);
-        if (f == NEVER)
-            return serr(C, nd, "after the swap, %s", why);
-        if (f == MIXED)
-            return sund(C, nd, "cannot decide for every rank whether, after the swap, %s", why);
-    }
-    return 0;
-}
-
 /* Every member of the group reaches this op at the same point (the guards do
  * not depend on the rank), so the collective runs; its inputs are checked
  * on the generic member. */
 static int exec_collective(sctx *C, const snode *nd)
 {
     const cpc_op *op = nd->op;
-    sst *s = C->st;
+    char m[1024] = "";
+    SYM_DOM_AT(C, nd);
     for (int j = 0; j < op->n_in; j++)
-        if (rd(C, nd, op->in[j]))
+        if (sres(C, nd, vc_rd(&dom, op->in[j], m, sizeof m), m))
             return -1;
-    if (op->kind == CPC_OP_BARRIER)
-        return 0;
-    for (int j = 0; j < op->n_in; j++) {
-        sval *in = &s->v[op->in[j]];
-        if (src_is_attn(in->src) && complete(C, nd, in, bname(C, op->in[j])))
-            return -1;
-        if (op->kind == CPC_OP_ALL_TO_ALL) {
-            bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
-            int t = s2h ? tok_is_own(C, in)
-                        : (in->tok == T_BLOCK ? aff_same(C, in->blk, aff_norm(C, 1, 0, 0)) : NEVER);
-            int h = heads_same(C, in->src, in->heads, s2h ? HD_ALL : HD_PART);
-            if (t == NEVER || h == NEVER)
-                return serr(C, nd, "all_to_all %s needs %s with %s in %s", cpc_a2a_dir_name(op->dir),
-                            s2h ? "the rank's own shard" : "its ring block", s2h ? "all heads" : "the rank's head part",
-                            bname(C, op->in[j]));
-            if (t == MIXED || h == MIXED)
-                return sund(C, nd, "cannot decide for every rank what %s holds", bname(C, op->in[j]));
-        } else {
-            int t = in->tok == T_BLOCK ? aff_same(C, in->blk, aff_norm(C, 1, 0, 0)) : NEVER;
-            if (t == NEVER)
-                return serr(C, nd, "all_gather needs ring block r (this member's) in %s", bname(C, op->in[j]));
-            if (t == MIXED)
-                return sund(C, nd, "cannot decide for every rank that %s holds ring block r", bname(C, op->in[j]));
-        }
-    }
-    sval outv[CPC_OP_MAX_BUFS];
-    for (int j = 0; j < op->n_in; j++) {
-        const sval *in = &s->v[op->in[j]];
-        sval *o = &outv[j];
-        *o = sv_zero();
-        o->written = 1;
-        o->src = in->src;
-        o->final = in->final;
-        if (op->kind == CPC_OP_ALL_TO_ALL) {
-            if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
-                o->tok = T_BLOCK;
-                o->blk = aff_norm(C, 1, 0, 0);
-                o->heads = HD_PART;
-            } else {
-                o->tok = T_OWN;
-                o->heads = HD_ALL;
-            }
-        } else {
-            o->tok = T_ALL;
-            o->heads = in->heads;
-        }
-    }
-    for (int j = 0; j < op->n_in; j++)
-        s->v[op->in[j]].fresh = 0;
-    for (int j = 0; j < op->n_in && j < op->n_out; j++)
-        if (wr_check(C, nd, op->out[j]) || store(C, nd, op->out[j], &outv[j]))
-            return -1;
-    return 0;
+    if (sres(C, nd, vc_coll_inputs(&dom, op, m, sizeof m), m))
+        return -1;
+    return sres(C, nd, vc_coll_outputs(&dom, op, m, sizeof m), m);
 }
 
 static int exec_op(sctx *C, const snode *nd)
 {
     C->stats.op_instances++;
-    if (nd->op->kind != CPC_OP_WAIT && operands_in_flight(C, nd))
-        return -1;
+    {
+        char m[1024] = "";
+        SYM_DOM_AT(C, nd);
+        if (sres(C, nd, vc_step(&dom, nd->op, m, sizeof m), m))
+            return -1;
+    }
     switch (nd->op->kind) {
-    case CPC_OP_INIT_ACC: return exec_init_acc(C, nd);
-    case CPC_OP_ATTN: return exec_attn(C, nd);
-    case CPC_OP_MERGE: return exec_merge(C, nd);
     case CPC_OP_SEND:
     case CPC_OP_RECV: return exec_send_recv(C, nd);
     case CPC_OP_WAIT: return exec_wait(C, nd);
-    case CPC_OP_SWAP: return exec_swap(C, nd);
-    case CPC_OP_COPY: return exec_copy(C, nd);
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return exec_collective(C, nd);
-    default: return sund(C, nd, "unknown op kind");
+    default: return 0;
     }
 }
 
@@ -2057,49 +1899,6 @@ out:
 
 /* ---- driver ------------------------------------------------------------------------------------------- */
 
-static void free_nodes(snode *nodes, int n)
-{
-    if (!nodes)
-        return;
-    for (int i = 0; i < n; i++) {
-        free(nodes[i].path);
-        free_nodes(nodes[i].body, nodes[i].n_body);
-    }
-    free(nodes);
-}
-
-static snode *build_nodes(const cpc_op *ops, int n, const char *prefix, int depth, bool *bad)
-{
-    if (n <= 0)
-        return NULL;
-    snode *nodes = calloc((size_t)n, sizeof(snode));
-    if (!nodes) {
-        *bad = true;
-        return NULL;
-    }
-    for (int i = 0; i < n && !*bad; i++) {
-        snode *nd = &nodes[i];
-        nd->op = &ops[i];
-        nd->in_loop = depth > 0;
-        size_t len = strlen(prefix) + 32;
-        nd->path = malloc(len);
-        if (!nd->path) {
-            *bad = true;
-            break;
-        }
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
-        if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0 && depth < MAX_DEPTH) {
-            nd->body = build_nodes(ops[i].body, ops[i].n_body, nd->path, depth + 1, bad);
-            nd->n_body = nd->body ? ops[i].n_body : 0;
-        }
-    }
-    if (*bad) {
-        free_nodes(nodes, n);
-        return NULL;
-    }
-    return nodes;
-}
-
 static int finish(sctx *C)
 {
     sst *s = C->st;
@@ -2118,20 +1917,10 @@ static int finish(sctx *C)
         const cpc_buffer *B = &C->prog->buffers[b];
         if (B->io != CPC_IO_OUTPUT)
             continue;
-        sval *v = &s->v[b];
-        if (!v->written)
-            return serr(C, NULL, "the OUTPUT buffer %s is never written", B->name);
-        if (!src_is_attn(v->src))
-            return serr(C, v->wop, "the OUTPUT buffer %s ends holding %s data, not the attention output", B->name,
-                        src_names_of(v->src));
-        int t = tok_is_own(C, v), h = heads_same(C, v->src, v->heads, HD_ALL);
-        if (t == NEVER || h == NEVER)
-            return serr(C, v->wop, "the OUTPUT buffer %s ends holding other rows or heads than this rank's shard with "
-                                   "all %d heads",
-                        B->name, C->L->H);
-        if (t == MIXED || h == MIXED)
-            return sund(C, v->wop, "cannot decide for every rank what the OUTPUT buffer %s holds", B->name);
-        if (complete(C, v->wop, v, B->name))
+        const snode *w = s->v[b].written ? s->v[b].wop : NULL;
+        char m[1024] = "";
+        SYM_DOM_AT(C, w);
+        if (sres(C, w, vc_output(&dom, b, m, sizeof m), m))
             return -1;
     }
     return 0;
@@ -2157,7 +1946,7 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
     }
     heads_classes(&C);
     bool bad = false;
-    C.root = build_nodes(prog->ops, prog->n_ops, "", 0, &bad);
+    C.root = vc_nodes(prog->ops, prog->n_ops, MAX_DEPTH, &bad);
     C.n_root = C.root ? prog->n_ops : 0;
     C.st = sst_new(C.nb);
     if (bad || !C.st || (prog->n_ops > 0 && !C.root)) {
@@ -2194,7 +1983,7 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
     if (!C.result)
         finish(&C);
 done:
-    free_nodes(C.root, C.n_root);
+    vc_nodes_free(C.root, C.n_root);
     sst_free(C.st);
     if (stats)
         *stats = C.stats;

@@ -8,9 +8,9 @@
  * blocks present, loop depth), which it may therefore assume.
  *
  * The argument for soundness is in verify.h's header comment and in
- * docs/VERIFY.md; the implementation (verify_sym.c) follows the concrete
- * simulator of verify.c check by check, on values that are functions of the
- * rank (r, u) and of the loop step s.
+ * docs/VERIFY.md; verify_sym.c is the symbolic domain of the one step of
+ * verify_common.h (the enumeration's verify.c is the concrete one), on
+ * values that are functions of the rank (r, u) and of the loop step s.
  *
  * Thread-safety: pure function of an immutable program; no global state.
  */

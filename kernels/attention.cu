@@ -31,43 +31,15 @@
 //  cpc_attn_rowwarp  : any dtype and D (fp32 without TF32, to meet 1e-5):
 //      one warp per query row, lanes split D, online softmax per key.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+// The shared device pieces (element loads, key padding and causal lookups,
+// tensor-core fragments, staging) are kernels/attn_common.cu, prepended by
+// compiler/codegen.c.
 
-#ifndef INFINITY  // NVRTC has no <math.h>
-#define INFINITY __int_as_float(0x7f800000)
-#endif
 #include <mma.h>
 
 // 2^80: above it a value of V is accumulated scaled (P V of finite bf16/fp32
 // values near FLT_MAX overflows fp32 otherwise; see cpc_attn_rowwarp).
 #define CPC_V_BIG 1.2089258196146292e+24f
-
-// Dynamic shared memory; the CPU emulator of the tests (tests/emu) defines
-// its own version of this macro.
-#ifndef CPC_DYNAMIC_SMEM
-#define CPC_DYNAMIC_SMEM(type, name) extern __shared__ __align__(128) type name[]
-#endif
-
-#ifndef CPC_HEAD_DIM
-#error "CPC_HEAD_DIM must be defined by the code generator"
-#endif
-
-__device__ __forceinline__ float cpc_load_f32(float x) { return x; }
-__device__ __forceinline__ float cpc_load_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float cpc_load_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-__device__ __forceinline__ bool cpc_key_masked(long long qp, long long kp, int b,
-                                               const unsigned char *kv_mask, long long mask_len)
-{
-#if CPC_CAUSAL
-    if (kp > qp)
-        return true;
-#endif
-    if (kv_mask && (kp < 0 || kp >= mask_len || kv_mask[(long long)b * mask_len + kp] == 0))
-        return true;
-    return false;
-}
 
 // The V scale of a block (bf16 only; issue 23): with finite bf16 V near
 // FLT_MAX, P V overflows fp32 inside the tensor-core sums although the
@@ -273,7 +245,9 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
             continue;  // uniform across the block: every thread computed the same kmin
 #endif
         __syncthreads();
+#if CPC_DTYPE_ID == 0
         float tvmax = 0.0f;
+#endif
         for (int i = threadIdx.x; i < TC_BN * D; i += blockDim.x) {
             int r = i / D, c = i % D;
             long long n = n0 + r;
@@ -288,8 +262,6 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
         }
 #if CPC_DTYPE_ID == 0
         cpc_warp_vmax(tvmax, s_vmax);
-#else
-        (void)tvmax;
 #endif
         __syncthreads();
         float vr = 1.0f;  // rescale of the O accumulator this tile (vex grew)
@@ -420,56 +392,6 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
 #define MMA_VLD (MMA_BN + 8)
 #define MMA_Q_IN_REGS (CPC_HEAD_DIM <= 128)
 
-#ifdef CPC_EMU
-#define cpc_mma16816(d, a, b) cpc_emu_mma_m16n8k16<CPC_DTYPE>(d, a, b)
-#else
-__device__ __forceinline__ void cpc_mma16816(float *d, const unsigned *a, const unsigned *b)
-{
-#if CPC_DTYPE_ID == 0
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#endif
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
-
-__device__ __forceinline__ unsigned short cpc_bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
-__device__ __forceinline__ unsigned short cpc_bits(__half x) { return __half_as_ushort(x); }
-__device__ __forceinline__ unsigned cpc_pack2(CPC_DTYPE lo, CPC_DTYPE hi)
-{
-    return (unsigned)cpc_bits(lo) | ((unsigned)cpc_bits(hi) << 16);
-}
-__device__ __forceinline__ unsigned cpc_ld2(const CPC_DTYPE *p)  // two adjacent elements
-{
-    return *reinterpret_cast<const unsigned *>(p);
-}
-
-// Stages rows [r0, r0 + rows) x D of a BSHD tensor into smem (pitch MMA_LD),
-// zero past `limit`; 16-byte vectors when `vec`.
-__device__ __forceinline__ void cpc_stage(CPC_DTYPE *dst, const CPC_DTYPE *src, long long row_stride,
-                                          long long r0, int rows, long long limit, bool vec)
-{
-    const int D = CPC_HEAD_DIM;
-    if (vec) {
-        const int per_row = D / 8;
-        for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
-            int r = i / per_row, c = (i % per_row) * 8;
-            int4 val = {0, 0, 0, 0};
-            if (r0 + r < limit)
-                val = *reinterpret_cast<const int4 *>(src + (r0 + r) * row_stride + c);
-            *reinterpret_cast<int4 *>(dst + r * MMA_LD + c) = val;
-        }
-    } else {
-        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
-            int r = i / D, c = i % D;
-            dst[r * MMA_LD + c] = r0 + r < limit ? src[(r0 + r) * row_stride + c] : (CPC_DTYPE)0.0f;
-        }
-    }
-}
-
 // Stages keys [n0, n0 + MMA_BN) x D of V transposed: Vt[d * MMA_VLD + key],
 // zero past `limit`.  Consecutive threads take consecutive keys of the same 8
 // head-dim columns, so the 2-byte shared stores of a warp hit distinct banks.
@@ -536,7 +458,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
     const bool kvvec = ((reinterpret_cast<unsigned long long>(kb) | reinterpret_cast<unsigned long long>(vb) |
                          (unsigned long long)(kv_row_stride * 2)) & 15) == 0;
 
-    cpc_stage(Qs, qb, q_row_stride, m0, MMA_BM, sq, qvec);
+    cpc_stage(Qs, MMA_LD, qb, q_row_stride, m0, MMA_BM, sq, qvec);
 #if CPC_CAUSAL
     if (threadIdx.x == 0)
         s_qmax = cpc_max_pos(q_pos, m0, MMA_BM, sq);
@@ -603,7 +525,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
         if (kmin > s_qmax)
             continue;  // uniform: no key of the tile is visible to any row of the block
 #endif
-        cpc_stage(Ks, kb, kv_row_stride, n0, MMA_BN, skv, kvvec);
+        cpc_stage(Ks, MMA_LD, kb, kv_row_stride, n0, MMA_BN, skv, kvvec);
         float tvmax = cpc_stage_vt(Vt, vb, kv_row_stride, n0, skv, kvvec);
 #if CPC_DTYPE_ID == 0
         cpc_warp_vmax(tvmax, s_vmax);

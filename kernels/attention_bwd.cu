@@ -51,20 +51,9 @@
 // Dynamic shared memory: bwd_smem_bytes() in runtime/backend/backend_cuda.c
 // mirrors BWD_SMEM_BYTES below.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#ifndef INFINITY  // NVRTC has no <math.h>
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-
-#ifndef CPC_DYNAMIC_SMEM
-#define CPC_DYNAMIC_SMEM(type, name) extern __shared__ __align__(128) type name[]
-#endif
-
-#ifndef CPC_HEAD_DIM
-#error "CPC_HEAD_DIM must be defined by the code generator"
-#endif
+// The shared device pieces (element loads, key padding and causal lookups,
+// tensor-core fragments, staging) are kernels/attn_common.cu, prepended by
+// compiler/codegen.c.
 
 #define BWD_D CPC_HEAD_DIM
 #define BWD_BM (CPC_HEAD_DIM <= 64 ? 64 : 32)
@@ -79,10 +68,6 @@
 // then (8-byte aligned) query positions [BM] and key positions [BN] (int64).
 #define BWD_SMEM_FLOATS (2 * BWD_BN * BWD_LD + 2 * BWD_BM * BWD_LD + 2 * BWD_BM * BWD_SLD + 2 * BWD_BM)
 #define BWD_SMEM_BYTES (((BWD_SMEM_FLOATS * 4 + 7) / 8) * 8 + 8 * (BWD_BM + BWD_BN))
-
-__device__ __forceinline__ float bwd_f32(float x) { return x; }
-__device__ __forceinline__ float bwd_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float bwd_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // ---------------------------------------------------------------------------
 // delta[b, h, i] = sum_e dout[b, i, h, e] * out[b, i, h, e] (fp32 sum, one
@@ -104,7 +89,7 @@ __device__ void bwd_delta(const CPC_DTYPE *__restrict__ dout, const TO *__restri
         const TO *orow = out + b * out_bstride + (i * hq + h) * (long long)D;
         float s = 0.0f;
         for (int e = lane; e < D; e += 32)
-            s += bwd_f32(dr[e]) * bwd_f32(orow[e]);
+            s += cpc_load_f32(dr[e]) * cpc_load_f32(orow[e]);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
             s += __shfl_xor_sync(0xffffffffu, s, off);
@@ -173,7 +158,7 @@ __device__ __forceinline__ void bwd_stage(float *dst, const CPC_DTYPE *src, long
     const int D = BWD_D;
     for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
         int r = i / D, c = i % D;
-        dst[r * BWD_LD + c] = r0 + r < limit ? bwd_f32(src[(r0 + r) * row_stride + c]) : 0.0f;
+        dst[r * BWD_LD + c] = r0 + r < limit ? cpc_load_f32(src[(r0 + r) * row_stride + c]) : 0.0f;
     }
 }
 
@@ -217,15 +202,8 @@ __device__ __forceinline__ void bwd_stage_keys(const bwd_smem &s, const CPC_DTYP
     const long long rs = (long long)hkv * D;
     bwd_stage(s.Ks, k + b * kv_bstride + (long long)kvh * D, rs, n0, BWD_BN, skv);
     bwd_stage(s.Vs, v + b * kv_bstride + (long long)kvh * D, rs, n0, BWD_BN, skv);
-    for (int j = threadIdx.x; j < BWD_BN; j += blockDim.x) {
-        long long n = n0 + j, p = -1;
-        if (n < skv) {
-            p = kv_pos ? kv_pos[n] : n;
-            if (kv_mask && (p < 0 || p >= mask_len || kv_mask[b * mask_len + p] == 0))
-                p = -1;
-        }
-        s.kp[j] = p;
-    }
+    for (int j = threadIdx.x; j < BWD_BN; j += blockDim.x)
+        s.kp[j] = cpc_key_pos(n0 + j, skv, b, kv_pos, kv_mask, mask_len);
 }
 
 // S and dP of the staged tiles, then P (into Ps, when `want_p`) and dS:
@@ -447,58 +425,16 @@ extern "C" __global__ void __launch_bounds__(BWD_NT, 1) cpc_attn_bwd_dq(CPC_ATTN
 #define BMMA_Q_POS ((BMMA_Q_HALFS * 2 + 2 * BMMA_Q_BM * 4 + 7) / 8 * 8)
 #define BWD_MMA_Q_SMEM (BMMA_Q_POS + 8 * (BMMA_Q_BM + BMMA_Q_BN))
 
-#ifdef CPC_EMU
-#define bwd_mma16816(d, a, b) cpc_emu_mma_m16n8k16<CPC_DTYPE>(d, a, b)
-#else
-__device__ __forceinline__ void bwd_mma16816(float *d, const unsigned *a, const unsigned *b)
-{
-#if CPC_DTYPE_ID == 0
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#endif
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
-
-__device__ __forceinline__ unsigned short bwd_bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
-__device__ __forceinline__ unsigned short bwd_bits(__half x) { return __half_as_ushort(x); }
-__device__ __forceinline__ unsigned bwd_pack2(float lo, float hi)
-{
-    return (unsigned)bwd_bits((CPC_DTYPE)lo) | ((unsigned)bwd_bits((CPC_DTYPE)hi) << 16);
-}
-__device__ __forceinline__ unsigned bwd_ld2(const CPC_DTYPE *p)  // two adjacent elements
-{
-    return *reinterpret_cast<const unsigned *>(p);
-}
-
 // Rows [r0, r0 + rows) of one head of a BSHD tensor (src: its first
-// element) into smem (pitch BMMA_LD, plan dtype), zero past `limit`; 16-byte
-// vectors when src and the row stride are 16-byte aligned (uniform per block:
-// BMMA_LD * 2 bytes and the tile offsets are multiples of 16).
+// element) into smem (pitch BMMA_LD, plan dtype), zero past `limit`
+// (cpc_stage); 16-byte vectors when src and the row stride are 16-byte
+// aligned (uniform per block: BMMA_LD * 2 bytes and the tile offsets are
+// multiples of 16).
 __device__ __forceinline__ void bmma_stage(CPC_DTYPE *dst, const CPC_DTYPE *src, long long row_stride,
                                            long long r0, int rows, long long limit)
 {
-    const int D = CPC_HEAD_DIM;
-    const bool vec =
-        ((reinterpret_cast<unsigned long long>(src) | (unsigned long long)(row_stride * 2)) & 15) == 0;
-    if (vec) {
-        const int per_row = D / 8;
-        for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
-            int r = i / per_row, c = (i % per_row) * 8;
-            int4 val = {0, 0, 0, 0};
-            if (r0 + r < limit)
-                val = *reinterpret_cast<const int4 *>(src + (r0 + r) * row_stride + c);
-            *reinterpret_cast<int4 *>(dst + r * BMMA_LD + c) = val;
-        }
-        return;
-    }
-    for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
-        int r = i / D, c = i % D;
-        dst[r * BMMA_LD + c] = r0 + r < limit ? src[(r0 + r) * row_stride + c] : (CPC_DTYPE)0.0f;
-    }
+    cpc_stage(dst, BMMA_LD, src, row_stride, r0, rows, limit,
+              ((reinterpret_cast<unsigned long long>(src) | (unsigned long long)(row_stride * 2)) & 15) == 0);
 }
 
 // dst[d * tld + r] = src[r * BMMA_LD + d] for r < rows (smem to smem).
@@ -539,15 +475,8 @@ __device__ __forceinline__ void bmma_keys(long long *kps, long long b, long long
                                           int n, const long long *kv_pos,
                                           const unsigned char *kv_mask, long long mask_len)
 {
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        long long nn = n0 + j, p = -1;
-        if (nn < skv) {
-            p = kv_pos ? kv_pos[nn] : nn;
-            if (kv_mask && (p < 0 || p >= mask_len || kv_mask[b * mask_len + p] == 0))
-                p = -1;
-        }
-        kps[j] = p;
-    }
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        kps[j] = cpc_key_pos(n0 + j, skv, b, kv_pos, kv_mask, mask_len);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dkdv_mma(CPC_ATTN_BWD_PARAMS)
@@ -629,18 +558,18 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dkdv_mma(CPC_A
                     dpt[j][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                unsigned ka[4] = {bwd_ld2(kw + kk * 16), bwd_ld2(kw + 8 * BMMA_LD + kk * 16),
-                                  bwd_ld2(kw + kk * 16 + 8), bwd_ld2(kw + 8 * BMMA_LD + kk * 16 + 8)};
-                unsigned va[4] = {bwd_ld2(vw + kk * 16), bwd_ld2(vw + 8 * BMMA_LD + kk * 16),
-                                  bwd_ld2(vw + kk * 16 + 8), bwd_ld2(vw + 8 * BMMA_LD + kk * 16 + 8)};
+                unsigned ka[4] = {cpc_ld2(kw + kk * 16), cpc_ld2(kw + 8 * BMMA_LD + kk * 16),
+                                  cpc_ld2(kw + kk * 16 + 8), cpc_ld2(kw + 8 * BMMA_LD + kk * 16 + 8)};
+                unsigned va[4] = {cpc_ld2(vw + kk * 16), cpc_ld2(vw + 8 * BMMA_LD + kk * 16),
+                                  cpc_ld2(vw + kk * 16 + 8), cpc_ld2(vw + 8 * BMMA_LD + kk * 16 + 8)};
 #pragma unroll
                 for (int j = 0; j < NTQ; j++) {
                     const CPC_DTYPE *qr = Qs + (j * 8 + g) * BMMA_LD + kk * 16 + 2 * t;
                     const CPC_DTYPE *dr = dOs + (j * 8 + g) * BMMA_LD + kk * 16 + 2 * t;
-                    unsigned qb[2] = {bwd_ld2(qr), bwd_ld2(qr + 8)};
-                    unsigned db[2] = {bwd_ld2(dr), bwd_ld2(dr + 8)};
-                    bwd_mma16816(st[j], ka, qb);
-                    bwd_mma16816(dpt[j], va, db);
+                    unsigned qb[2] = {cpc_ld2(qr), cpc_ld2(qr + 8)};
+                    unsigned db[2] = {cpc_ld2(dr), cpc_ld2(dr + 8)};
+                    cpc_mma16816(st[j], ka, qb);
+                    cpc_mma16816(dpt[j], va, db);
                 }
             }
             // P^T, dS^T (rows = keys g / g + 8, cols = queries), packed as A fragments
@@ -659,10 +588,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dkdv_mma(CPC_A
                     p[e] = masked ? 0.0f : exp2f(st[j][e] * scale_log2 - ms[col]);
                     ds[e] = p[e] * (dpt[j][e] - dls[col]);
                 }
-                pa[j / 2][(j & 1) * 2 + 0] = bwd_pack2(p[0], p[1]);
-                pa[j / 2][(j & 1) * 2 + 1] = bwd_pack2(p[2], p[3]);
-                sa[j / 2][(j & 1) * 2 + 0] = bwd_pack2(ds[0], ds[1]);
-                sa[j / 2][(j & 1) * 2 + 1] = bwd_pack2(ds[2], ds[3]);
+                pa[j / 2][(j & 1) * 2 + 0] = cpc_pack2((CPC_DTYPE)p[0], (CPC_DTYPE)p[1]);
+                pa[j / 2][(j & 1) * 2 + 1] = cpc_pack2((CPC_DTYPE)p[2], (CPC_DTYPE)p[3]);
+                sa[j / 2][(j & 1) * 2 + 0] = cpc_pack2((CPC_DTYPE)ds[0], (CPC_DTYPE)ds[1]);
+                sa[j / 2][(j & 1) * 2 + 1] = cpc_pack2((CPC_DTYPE)ds[2], (CPC_DTYPE)ds[3]);
             }
             // dV += P^T dO, dK += dS^T Q (B operands from the transposed tiles)
 #pragma unroll
@@ -671,10 +600,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dkdv_mma(CPC_A
                 for (int j = 0; j < NTD; j++) {
                     const CPC_DTYPE *dc = dOt + (j * 8 + g) * BMMA_KV_TLD + kk * 16 + 2 * t;
                     const CPC_DTYPE *qc = Qt + (j * 8 + g) * BMMA_KV_TLD + kk * 16 + 2 * t;
-                    unsigned db[2] = {bwd_ld2(dc), bwd_ld2(dc + 8)};
-                    unsigned qb[2] = {bwd_ld2(qc), bwd_ld2(qc + 8)};
-                    bwd_mma16816(adv[j], pa[kk], db);
-                    bwd_mma16816(adk[j], sa[kk], qb);
+                    unsigned db[2] = {cpc_ld2(dc), cpc_ld2(dc + 8)};
+                    unsigned qb[2] = {cpc_ld2(qc), cpc_ld2(qc + 8)};
+                    cpc_mma16816(adv[j], pa[kk], db);
+                    cpc_mma16816(adk[j], sa[kk], qb);
                 }
             }
         }
@@ -776,18 +705,18 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dq_mma(CPC_ATT
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-            unsigned qa[4] = {bwd_ld2(qw + kk * 16), bwd_ld2(qw + 8 * BMMA_LD + kk * 16),
-                              bwd_ld2(qw + kk * 16 + 8), bwd_ld2(qw + 8 * BMMA_LD + kk * 16 + 8)};
-            unsigned da[4] = {bwd_ld2(dw + kk * 16), bwd_ld2(dw + 8 * BMMA_LD + kk * 16),
-                              bwd_ld2(dw + kk * 16 + 8), bwd_ld2(dw + 8 * BMMA_LD + kk * 16 + 8)};
+            unsigned qa[4] = {cpc_ld2(qw + kk * 16), cpc_ld2(qw + 8 * BMMA_LD + kk * 16),
+                              cpc_ld2(qw + kk * 16 + 8), cpc_ld2(qw + 8 * BMMA_LD + kk * 16 + 8)};
+            unsigned da[4] = {cpc_ld2(dw + kk * 16), cpc_ld2(dw + 8 * BMMA_LD + kk * 16),
+                              cpc_ld2(dw + kk * 16 + 8), cpc_ld2(dw + 8 * BMMA_LD + kk * 16 + 8)};
 #pragma unroll
             for (int j = 0; j < NTK; j++) {
                 const CPC_DTYPE *kr = Ks + (j * 8 + g) * BMMA_LD + kk * 16 + 2 * t;
                 const CPC_DTYPE *vr = Vs + (j * 8 + g) * BMMA_LD + kk * 16 + 2 * t;
-                unsigned kb[2] = {bwd_ld2(kr), bwd_ld2(kr + 8)};
-                unsigned vb[2] = {bwd_ld2(vr), bwd_ld2(vr + 8)};
-                bwd_mma16816(s[j], qa, kb);
-                bwd_mma16816(dp[j], da, vb);
+                unsigned kb[2] = {cpc_ld2(kr), cpc_ld2(kr + 8)};
+                unsigned vb[2] = {cpc_ld2(vr), cpc_ld2(vr + 8)};
+                cpc_mma16816(s[j], qa, kb);
+                cpc_mma16816(dp[j], da, vb);
             }
         }
         // dS (rows g / g + 8, cols = keys), packed as A fragments
@@ -806,8 +735,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dq_mma(CPC_ATT
                 float p = masked ? 0.0f : exp2f(s[j][e] * scale_log2 - (e < 2 ? m_0 : m_1));
                 ds[e] = p * (dp[j][e] - (e < 2 ? dl_0 : dl_1));
             }
-            sa[j / 2][(j & 1) * 2 + 0] = bwd_pack2(ds[0], ds[1]);
-            sa[j / 2][(j & 1) * 2 + 1] = bwd_pack2(ds[2], ds[3]);
+            sa[j / 2][(j & 1) * 2 + 0] = cpc_pack2((CPC_DTYPE)ds[0], (CPC_DTYPE)ds[1]);
+            sa[j / 2][(j & 1) * 2 + 1] = cpc_pack2((CPC_DTYPE)ds[2], (CPC_DTYPE)ds[3]);
         }
         // dQ += dS K (B operand from the transposed K tile)
 #pragma unroll
@@ -815,8 +744,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dq_mma(CPC_ATT
 #pragma unroll
             for (int j = 0; j < NTD; j++) {
                 const CPC_DTYPE *kc = Kt + (j * 8 + g) * BMMA_Q_TLD + kk * 16 + 2 * t;
-                unsigned kb[2] = {bwd_ld2(kc), bwd_ld2(kc + 8)};
-                bwd_mma16816(adq[j], sa[kk], kb);
+                unsigned kb[2] = {cpc_ld2(kc), cpc_ld2(kc + 8)};
+                cpc_mma16816(adq[j], sa[kk], kb);
             }
         }
     }

@@ -811,113 +811,99 @@ static cpc_status *op_init_acc(cpc_exec *ex, const cpc_op *op, const cpc_coords 
                                 ex->bufs[lse].ptr, ex->bufs[lse].cap / 4);
 }
 
+/* The attention problem (attn_problem.h) of an attn, attn_bwd or delta op:
+ * the query side from buffer q (rows, heads, runs, the plan's geometry and
+ * key padding); with k >= 0 the key side from k and v: block op->block of
+ * gathered (ALL) K/V read in place, *kv_off its first element (0 otherwise).
+ * The checks here are those that name the program's buffers (K and V of
+ * one layout and block, the plan's dtype); the problem's own geometry is
+ * checked once, by the backend (cpc_attn_problem_check). */
+static cpc_status *attn_problem(cpc_exec *ex, const cpc_op *op, const cpc_coords *c, int q, int k, int v,
+                                cpc_attn_problem *p, int64_t *kv_off)
+{
+    const cpc_program *prog = ex->prog;
+    const cpc_layout *L = ex->L;
+    geom gq = cur_geom(ex, q);
+    memset(p, 0, sizeof *p);
+    *kv_off = 0;
+    p->B = L->B;
+    p->d = L->D;
+    p->group = L->group;
+    p->dtype = L->dtype;
+    p->scale = ex->scale;
+    p->causal = L->causal;
+    p->kv_mask = ex->cfg.kv_mask;
+    p->mask_len = L->Skv;
+    p->sq = gq.T;
+    p->hq = gq.hn;
+    p->q_head_off = gq.hoff;
+    p->q = ex->bufs[q].ptr;
+    p->q_bstride = gq.T * gq.hn * L->D;
+    p->n_q_runs = runs_of(prog, &ex->c, q, ex->tags[q], ex->qruns, ex->max_runs);
+    p->q_runs = ex->qruns;
+    p->kv_runs = ex->kvruns;
+    if (k < 0) { /* no key (delta): every K/V head, no rows */
+        p->hkv = L->Hkv;
+        return NULL;
+    }
+    geom gk = cur_geom(ex, k), gv = cur_geom(ex, v);
+    if (prog->buffers[k].tokens != prog->buffers[v].tokens || gk.hn != gv.hn || gk.hoff != gv.hoff)
+        return errf("K '%s' and V '%s' have different layouts", bname(ex, k), bname(ex, v));
+    if (prog->buffers[k].tokens == CPC_TOK_BLOCK && ex->tags[k] != ex->tags[v])
+        return errf("K '%s' holds block %d but V '%s' holds block %d", bname(ex, k), ex->tags[k],
+                    bname(ex, v), ex->tags[v]);
+    if (gq.es != cpc_dtype_size(L->dtype) || gk.es != gq.es)
+        return errf("Q/K/V buffers must be in the plan's dtype");
+    p->hkv = gk.hn;
+    p->kv_head_off = gk.hoff;
+    p->skv = gk.T;
+    p->kv_bstride = gk.T * gk.hn * L->D;
+    int64_t bi = -1;
+    cpc_status *st;
+    if (op->block && (st = cpc_expr_eval(op->block, c, &bi)))
+        return st;
+    if (op->block && prog->buffers[k].tokens == CPC_TOK_ALL) {
+        if (bi < 0 || bi >= L->R)
+            return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
+        *kv_off = cpc_layout_block_offset(L, (int)bi) * gk.hn * L->D;
+        p->skv = cpc_layout_block_tokens(L, (int)bi);
+        p->n_kv_runs = cpc_layout_block_runs(L, (int)bi, ex->kvruns, ex->max_runs);
+    } else {
+        if (op->block && prog->buffers[k].tokens == CPC_TOK_BLOCK && bi != ex->tags[k])
+            return errf("reads block %lld but '%s' holds block %d", (long long)bi, bname(ex, k), ex->tags[k]);
+        p->n_kv_runs = runs_of(prog, &ex->c, k, ex->tags[k], ex->kvruns, ex->max_runs);
+    }
+    p->k = (const char *)ex->bufs[k].ptr + *kv_off * gk.es;
+    p->v = (const char *)ex->bufs[v].ptr + *kv_off * gk.es;
+    return NULL;
+}
+
 static cpc_status *op_attn(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
 {
     cpc_status *st = need(op, 3, 2);
     if (st)
         return st;
-    const cpc_program *prog = ex->prog;
-    const cpc_layout *L = ex->L;
     int q = op->in[0], k = op->in[1], v = op->in[2], o = op->out[0], lse = op->out[1];
-    geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gv = cur_geom(ex, v);
-    if (prog->buffers[k].tokens != prog->buffers[v].tokens || gk.hn != gv.hn || gk.hoff != gv.hoff)
-        return errf("K '%s' and V '%s' have different layouts", bname(ex, k), bname(ex, v));
-    if (prog->buffers[k].tokens == CPC_TOK_BLOCK && ex->tags[k] != ex->tags[v])
-        return errf("K '%s' holds block %d but V '%s' holds block %d", bname(ex, k),
-                    ex->tags[k], bname(ex, v), ex->tags[v]);
-    if (gq.es != cpc_dtype_size(L->dtype) || gk.es != gq.es)
-        return errf("Q/K/V buffers must be in the plan's dtype");
-    cpc_attn_args a;
-    memset(&a, 0, sizeof a);
-    a.B = L->B;
-    a.d = L->D;
-    a.group = L->group;
-    a.dtype = L->dtype;
-    a.scale = ex->scale;
-    a.causal = L->causal;
-    a.kv_mask = ex->cfg.kv_mask;
-    a.mask_len = L->Skv;
-    a.sq = gq.T;
-    a.hq = gq.hn;
-    a.q_head_off = gq.hoff;
-    a.q = ex->bufs[q].ptr;
-    a.q_bstride = gq.T * gq.hn * L->D;
-    a.n_q_runs = runs_of(prog, &ex->c, q, ex->tags[q], ex->qruns, ex->max_runs);
-    a.q_runs = ex->qruns;
-    a.hkv = gk.hn;
-    a.kv_head_off = gk.hoff;
-    int64_t rowb = (int64_t)gk.hn * L->D;
-    if (prog->buffers[k].tokens == CPC_TOK_ALL && op->block) {
-        int64_t bi;
-        if ((st = cpc_expr_eval(op->block, c, &bi)))
-            return st;
-        if (bi < 0 || bi >= L->R)
-            return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
-        int64_t off = cpc_layout_block_offset(L, (int)bi);
-        a.skv = cpc_layout_block_tokens(L, (int)bi);
-        a.k = (const char *)ex->bufs[k].ptr + off * rowb * gk.es;
-        a.v = (const char *)ex->bufs[v].ptr + off * rowb * gk.es;
-        a.kv_bstride = gk.T * rowb;
-        a.n_kv_runs = cpc_layout_block_runs(L, (int)bi, ex->kvruns, ex->max_runs);
-    } else {
-        if (op->block && prog->buffers[k].tokens == CPC_TOK_BLOCK) {
-            int64_t bi;
-            if ((st = cpc_expr_eval(op->block, c, &bi)))
-                return st;
-            if (bi != ex->tags[k])
-                return errf("reads block %lld but '%s' holds block %d", (long long)bi,
-                            bname(ex, k), ex->tags[k]);
-        }
-        a.skv = gk.T;
-        a.k = ex->bufs[k].ptr;
-        a.v = ex->bufs[v].ptr;
-        a.kv_bstride = gk.T * rowb;
-        a.n_kv_runs = runs_of(prog, &ex->c, k, ex->tags[k], ex->kvruns, ex->max_runs);
-    }
-    a.kv_runs = ex->kvruns;
-    /* GQA: the K/V heads this rank holds must cover those its query heads use. */
-    if (gq.hn > 0 && (gq.hoff / L->group < gk.hoff ||
-                      (gq.hoff + gq.hn - 1) / L->group >= gk.hoff + gk.hn))
-        return errf("query heads [%d, %d) need K/V heads [%d, %d], '%s' holds [%d, %d)", gq.hoff,
-                    gq.hoff + gq.hn, gq.hoff / L->group, (gq.hoff + gq.hn - 1) / L->group,
-                    bname(ex, k), gk.hoff, gk.hoff + gk.hn);
+    cpc_attn_args a = {0};
+    int64_t kv_off;
+    if ((st = attn_problem(ex, op, c, q, k, v, &a.p, &kv_off)))
+        return st;
     geom go = cur_geom(ex, o), gl = cur_geom(ex, lse);
     if (go.es != 4 || gl.es != 4)
         return errf("outputs '%s' and '%s' must be fp32", bname(ex, o), bname(ex, lse));
-    if (go.hn != gq.hn || go.T != gq.T || gl.hn != gq.hn)
+    if (go.hn != a.p.hq || go.T != a.p.sq || gl.hn != a.p.hq)
         return errf("output '%s' (%lld tokens, %d heads) does not match Q '%s' (%lld tokens, %d heads)",
-                    bname(ex, o), (long long)go.T, go.hn, bname(ex, q), (long long)gq.T, gq.hn);
+                    bname(ex, o), (long long)go.T, go.hn, bname(ex, q), (long long)a.p.sq, a.p.hq);
     if ((st = check_fits(ex, o, go.bytes)) || (st = check_fits(ex, lse, gl.bytes)))
         return st;
     a.o = ex->bufs[o].ptr;
     a.lse = ex->bufs[lse].ptr;
-    ex->cur.attn_flops += 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
+    ex->cur.attn_flops += 4.0 * (double)a.p.B * (double)a.p.sq * (double)a.p.skv * a.p.hq * a.p.d;
     return cpc_backend_attn(ex->cfg.backend, &a);
 }
 
-/* Fills the query side of backward args from buffer q (rows, heads, runs). */
-static void bwd_query_side(cpc_exec *ex, cpc_attn_bwd_args *a, int q)
-{
-    const cpc_layout *L = ex->L;
-    geom gq = cur_geom(ex, q);
-    a->B = L->B;
-    a->d = L->D;
-    a->group = L->group;
-    a->dtype = L->dtype;
-    a->scale = ex->scale;
-    a->causal = L->causal;
-    a->kv_mask = ex->cfg.kv_mask;
-    a->mask_len = L->Skv;
-    a->sq = gq.T;
-    a->hq = gq.hn;
-    a->q_head_off = gq.hoff;
-    a->q_bstride = a->dout_bstride = a->out_bstride = gq.T * gq.hn * L->D;
-    a->n_q_runs = runs_of(ex->prog, &ex->c, q, ex->tags[q], ex->qruns, ex->max_runs);
-    a->q_runs = ex->qruns;
-}
-
 /* delta in=dout,out out=delta: the block backward with no key (backend.h). */
-static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op)
+static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op, const cpc_coords *c)
 {
     cpc_status *st = need(op, 2, 1);
     if (st)
@@ -930,23 +916,16 @@ static cpc_status *op_delta(cpc_exec *ex, const cpc_op *op)
                     bname(ex, o), bname(ex, dl));
     if ((st = check_fits(ex, dl, gl.bytes)))
         return st;
-    cpc_attn_bwd_args a;
-    memset(&a, 0, sizeof a);
-    bwd_query_side(ex, &a, d);
+    cpc_attn_bwd_args a = {0};
+    int64_t kv_off;
+    if ((st = attn_problem(ex, op, c, d, -1, -1, &a.p, &kv_off)))
+        return st;
     a.dout = ex->bufs[d].ptr;
+    a.dout_bstride = a.out_bstride = a.p.q_bstride;
     a.out = ex->bufs[o].ptr;
     a.out_dtype = go.es == 4 ? CPC_DTYPE_FP32 : ex->L->dtype;
     a.delta = ex->bufs[dl].ptr;
     a.compute_delta = true;
-    a.skv = 0;
-    a.hkv = ex->L->Hkv;
-    /* Nothing is accumulated with skv = 0; the kernel still wants pointers. */
-    a.q = a.dout;
-    a.k = a.v = a.dout;
-    a.lse = ex->bufs[dl].ptr;
-    a.dq = a.dk = a.dv = ex->bufs[dl].ptr;
-    a.n_kv_runs = 0;
-    a.kv_runs = ex->kvruns;
     return cpc_backend_attn_bwd(ex->cfg.backend, &a);
 }
 
@@ -957,74 +936,42 @@ static cpc_status *op_attn_bwd(cpc_exec *ex, const cpc_op *op, const cpc_coords 
     if (st)
         return st;
     const cpc_program *prog = ex->prog;
-    const cpc_layout *L = ex->L;
     int q = op->in[0], k = op->in[1], v = op->in[2], d = op->in[3], l = op->in[4], dl = op->in[5];
     int dq = op->out[0], dk = op->out[1], dv = op->out[2];
     bool all = prog->buffers[k].tokens == CPC_TOK_ALL;
-    if (all != (prog->buffers[v].tokens == CPC_TOK_ALL) || all != (prog->buffers[dk].tokens == CPC_TOK_ALL) ||
-        all != (prog->buffers[dv].tokens == CPC_TOK_ALL))
+    if (all != (prog->buffers[dk].tokens == CPC_TOK_ALL) || all != (prog->buffers[dv].tokens == CPC_TOK_ALL))
         return errf("K, V, dK and dV must all be gathered (ALL) or none");
-    int64_t bi = -1;
-    if (all) {
-        if (!op->block)
-            return errf("attn_bwd on gathered K/V needs a block");
-        if ((st = cpc_expr_eval(op->block, c, &bi)))
-            return st;
-        if (bi < 0 || bi >= L->R)
-            return errf("block %lld outside 0..%d", (long long)bi, L->R - 1);
-    }
+    if (all && !op->block)
+        return errf("attn_bwd on gathered K/V needs a block");
     int kt = ex->tags[k];
-    if (prog->buffers[k].tokens == CPC_TOK_BLOCK &&
-        (ex->tags[v] != kt || ex->tags[dk] != kt || ex->tags[dv] != kt))
-        return errf("K '%s' holds block %d but V/dK/dV hold blocks %d/%d/%d", bname(ex, k), kt,
-                    ex->tags[v], ex->tags[dk], ex->tags[dv]);
+    if (prog->buffers[k].tokens == CPC_TOK_BLOCK && (ex->tags[dk] != kt || ex->tags[dv] != kt))
+        return errf("K '%s' holds block %d but dK/dV hold blocks %d/%d", bname(ex, k), kt, ex->tags[dk],
+                    ex->tags[dv]);
+    cpc_attn_bwd_args a = {0};
+    int64_t kv_off;
+    if ((st = attn_problem(ex, op, c, q, k, v, &a.p, &kv_off)))
+        return st;
     geom gq = cur_geom(ex, q), gk = cur_geom(ex, k), gd = cur_geom(ex, d);
     geom gdq = cur_geom(ex, dq), gdk = cur_geom(ex, dk), gl = cur_geom(ex, l), gdl = cur_geom(ex, dl);
     if (gd.T != gq.T || gdq.T != gq.T || gl.T != gq.T || gdl.T != gq.T || gd.hn != gq.hn || gdq.hn != gq.hn ||
         gl.hn != gq.hn || gdl.hn != gq.hn)
         return errf("dout/lse/delta/dq do not match Q '%s' (%lld tokens, %d heads)", bname(ex, q),
                     (long long)gq.T, gq.hn);
-    if (gdk.T != gk.T || gdk.hn != gk.hn || gdq.es != 4 || gdk.es != 4)
+    if (gdk.T != gk.T || gdk.hn != gk.hn || gdk.hoff != gk.hoff || gdq.es != 4 || gdk.es != 4)
         return errf("dK '%s' does not match K '%s', or a gradient is not fp32", bname(ex, dk), bname(ex, k));
-    if (gq.hn > 0 && (gq.hoff / L->group < gk.hoff || (gq.hoff + gq.hn - 1) / L->group >= gk.hoff + gk.hn ||
-                      gdk.hoff != gk.hoff))
-        return errf("query heads [%d, %d) need K/V heads [%d, %d], '%s' holds [%d, %d) (dK '%s' [%d, %d))", gq.hoff,
-                    gq.hoff + gq.hn, gq.hoff / L->group, (gq.hoff + gq.hn - 1) / L->group + 1, bname(ex, k),
-                    gk.hoff, gk.hoff + gk.hn, bname(ex, dk), gdk.hoff, gdk.hoff + gdk.hn);
     if ((st = check_fits(ex, dq, gdq.bytes)) || (st = check_fits(ex, dk, gdk.bytes)) ||
         (st = check_fits(ex, dv, gdk.bytes)))
         return st;
-    cpc_attn_bwd_args a;
-    memset(&a, 0, sizeof a);
-    bwd_query_side(ex, &a, q);
-    a.q = ex->bufs[q].ptr;
     a.dout = ex->bufs[d].ptr;
+    a.dout_bstride = a.out_bstride = a.p.q_bstride;
     a.lse = ex->bufs[l].ptr;
     a.delta = ex->bufs[dl].ptr;
     a.dq = ex->bufs[dq].ptr;
-    a.hkv = gk.hn;
-    a.kv_head_off = gk.hoff;
-    a.skv = gk.T;
-    a.kv_bstride = gk.T * gk.hn * L->D;
-    a.k = ex->bufs[k].ptr;
-    a.v = ex->bufs[v].ptr;
-    a.dk = ex->bufs[dk].ptr;
-    a.dv = ex->bufs[dv].ptr;
-    if (all) {
-        /* block bi's slice of the gathered K/V and of dK/dV, in place */
-        int64_t off = cpc_layout_block_offset(L, (int)bi) * gk.hn * L->D;
-        a.skv = cpc_layout_block_tokens(L, (int)bi);
-        a.k = (const char *)ex->bufs[k].ptr + off * gk.es;
-        a.v = (const char *)ex->bufs[v].ptr + off * gk.es;
-        a.dk = (float *)ex->bufs[dk].ptr + off;
-        a.dv = (float *)ex->bufs[dv].ptr + off;
-        a.dkv_bstride = a.kv_bstride;
-        a.n_kv_runs = cpc_layout_block_runs(L, (int)bi, ex->kvruns, ex->max_runs);
-    } else {
-        a.n_kv_runs = runs_of(prog, &ex->c, k, kt, ex->kvruns, ex->max_runs);
-    }
-    a.kv_runs = ex->kvruns;
-    ex->cur.attn_flops += 2.5 * 4.0 * (double)L->B * (double)a.sq * (double)a.skv * a.hq * L->D;
+    a.dk = (float *)ex->bufs[dk].ptr + kv_off;
+    a.dv = (float *)ex->bufs[dv].ptr + kv_off;
+    if (all) /* block bi's slice of the gathered dK/dV, in place */
+        a.dkv_bstride = a.p.kv_bstride;
+    ex->cur.attn_flops += 2.5 * 4.0 * (double)a.p.B * (double)a.p.sq * (double)a.p.skv * a.p.hq * a.p.d;
     return cpc_backend_attn_bwd(ex->cfg.backend, &a);
 }
 
@@ -1796,7 +1743,7 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
                           op->n_out);
             break;
         case CPC_OP_BARRIER: st = op_barrier(ex, op); break;
-        case CPC_OP_DELTA: st = op_delta(ex, op); break;
+        case CPC_OP_DELTA: st = op_delta(ex, op, &c); break;
         case CPC_OP_ATTN_BWD: st = op_attn_bwd(ex, op, &c); break;
         case CPC_OP_REDUCE_SCATTER: st = op_reduce_scatter(ex, op, &sent); break;
         case CPC_OP_ALL_REDUCE: st = op_all_reduce(ex, op, &sent); break;

@@ -533,12 +533,12 @@ static void attn_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t se
                 !(st = cpc_backend_upload(be, o_t, nanbuf, sizeof(float) * no)) &&
                 !(st = cpc_backend_upload(be, l_t, nanbuf, sizeof(float) * nl))) {
                 cpc_attn_args a = {
-                    .B = B, .sq = sq, .skv = skv, .hq = nqh, .hkv = hkv, .d = D, .group = group,
-                    .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt,
-                    .q = dq, .k = dk, .v = dv, .q_bstride = qbs, .kv_bstride = kvbs,
-                    .o = o_t, .lse = l_t, .scale = scale, .causal = tc->causal,
-                    .q_runs = qruns, .n_q_runs = nqr, .kv_runs = kr, .n_kv_runs = nkr,
-                    .kv_mask = dm, .mask_len = dm ? Skvg : 0,
+                    .p.B = B, .p.sq = sq, .p.skv = skv, .p.hq = nqh, .p.hkv = hkv, .p.d = D, .p.group = group,
+                    .p.q_head_off = qh0, .p.kv_head_off = kv_off, .p.dtype = dt,
+                    .p.q = dq, .p.k = dk, .p.v = dv, .p.q_bstride = qbs, .p.kv_bstride = kvbs,
+                    .o = o_t, .lse = l_t, .p.scale = scale, .p.causal = tc->causal,
+                    .p.q_runs = qruns, .p.n_q_runs = nqr, .p.kv_runs = kr, .p.n_kv_runs = nkr,
+                    .p.kv_mask = dm, .p.mask_len = dm ? Skvg : 0,
                 };
                 st = cpc_backend_attn(be, &a);
                 if (st)
@@ -886,11 +886,11 @@ static void bwd_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t see
     const uint8_t *kvm = tc->pad == 1 ? pmask : (const uint8_t *)dm;
     /* the forward over the view's keys: out (fp32) and the row's full lse */
     cpc_attn_args fa = {
-        .B = B, .sq = sq, .skv = skv_all, .hq = nqh, .hkv = hkv, .d = D, .group = group,
-        .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt, .q = dq_, .k = dk_, .v = dv_,
-        .q_bstride = qbs, .kv_bstride = kvbs_all, .o = dO, .lse = dL, .scale = scale,
-        .causal = tc->causal, .q_runs = qruns, .n_q_runs = nqr, .kv_runs = kruns_all,
-        .n_kv_runs = nkr_all, .kv_mask = kvm, .mask_len = kvm ? Skvg : 0};
+        .p.B = B, .p.sq = sq, .p.skv = skv_all, .p.hq = nqh, .p.hkv = hkv, .p.d = D, .p.group = group,
+        .p.q_head_off = qh0, .p.kv_head_off = kv_off, .p.dtype = dt, .p.q = dq_, .p.k = dk_, .p.v = dv_,
+        .p.q_bstride = qbs, .p.kv_bstride = kvbs_all, .o = dO, .lse = dL, .p.scale = scale,
+        .p.causal = tc->causal, .p.q_runs = qruns, .p.n_q_runs = nqr, .p.kv_runs = kruns_all,
+        .p.n_kv_runs = nkr_all, .p.kv_mask = kvm, .p.mask_len = kvm ? Skvg : 0};
     if ((st = cpc_backend_attn(be, &fa)) || (st = dev_sync(be)) ||
         (st = cpc_backend_download(be, o, dO, sizeof(float) * no)) ||
         (st = cpc_backend_download(be, lse, dL, sizeof(float) * nl))) {
@@ -926,15 +926,15 @@ static void bwd_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t see
             goto out;
         }
         const cpc_attn_bwd_args base = {
-            .B = B, .sq = sq, .hq = nqh, .hkv = hkv, .d = D, .group = group, .q_head_off = qh0,
-            .kv_head_off = kv_off, .dtype = dt, .q = dq_, .dout = ddo, .q_bstride = qbs,
-            .kv_bstride = kvbs_all, .dout_bstride = qbs, .out_dtype = out_dt,
+            .p.B = B, .p.sq = sq, .p.hq = nqh, .p.hkv = hkv, .p.d = D, .p.group = group, .p.q_head_off = qh0,
+            .p.kv_head_off = kv_off, .p.dtype = dt, .p.q = dq_, .dout = ddo, .p.q_bstride = qbs,
+            .p.kv_bstride = kvbs_all, .dout_bstride = qbs, .out_dtype = out_dt,
             .out_bstride = out_bs, .lse = dL, .delta = dDelta, .dq = dgq, .dq_bstride = dqbs,
-            .dkv_bstride = dkvbs, .scale = scale, .causal = tc->causal, .q_runs = qruns,
-            .n_q_runs = nqr, .kv_mask = kvm, .mask_len = kvm ? Skvg : 0};
+            .dkv_bstride = dkvbs, .p.scale = scale, .p.causal = tc->causal, .p.q_runs = qruns,
+            .p.n_q_runs = nqr, .p.kv_mask = kvm, .p.mask_len = kvm ? Skvg : 0};
         if (nblk > 1) { /* delta alone first (a schedule's `delta` op) */
             cpc_attn_bwd_args a = base;
-            a.skv = 0;
+            a.p.skv = 0;
             a.out = outp;
             a.compute_delta = true;
             if ((st = cpc_backend_attn_bwd(be, &a))) {
@@ -948,13 +948,13 @@ static void bwd_case(suite *S, const cpc_bc_case *tc, cpc_dtype dt, uint64_t see
             int nkr = 0;
             cpc_run *kr = to_runs(vw.kpos + j0, j1 - j0, &nkr);
             cpc_attn_bwd_args a = base;
-            a.skv = j1 - j0;
-            a.k = (const char *)dk_ + (size_t)j0 * hkv * D * es;
-            a.v = (const char *)dv_ + (size_t)j0 * hkv * D * es;
+            a.p.skv = j1 - j0;
+            a.p.k = (const char *)dk_ + (size_t)j0 * hkv * D * es;
+            a.p.v = (const char *)dv_ + (size_t)j0 * hkv * D * es;
             a.dk = (float *)dgk + (size_t)j0 * hkv * D;
             a.dv = (float *)dgv + (size_t)j0 * hkv * D;
-            a.kv_runs = kr;
-            a.n_kv_runs = nkr;
+            a.p.kv_runs = kr;
+            a.p.n_kv_runs = nkr;
             a.compute_delta = nblk == 1;
             a.out = nblk == 1 ? outp : NULL;
             st = cpc_backend_attn_bwd(be, &a);
@@ -1450,11 +1450,14 @@ out:
 enum { BA_D = 64 };
 
 typedef struct bad_bufs {
-    void *q, *k, *v, *o, *lse, *mask;
+    void *q, *k, *v, *o, *lse, *mask, *delta, *dq, *dk, *dv;
 } bad_bufs;
 
 /* Runs `a` and checks: refused with CPC_E_INTERNAL (want_error) or accepted,
- * and o/lse (n_o, n_l elements, filled with 7 before) untouched when refused. */
+ * and o/lse (n_o, n_l elements, filled with 7 before) untouched when refused.
+ * Then, on a backend with a backward, the backward of the same problem
+ * (attn_problem.h: one check for both directions): refused or accepted
+ * alike, with the forward's message. */
 static void bad_call(suite *S, cpc_backend *be, const bad_bufs *bb, const cpc_attn_args *a,
                      bool want_error, const char *name)
 {
@@ -1474,6 +1477,22 @@ static void bad_call(suite *S, cpc_backend *be, const bad_bufs *bb, const cpc_at
     st = cpc_backend_attn(be, a);
     if (!st)
         st = dev_sync(be);
+    char fwd_msg[512] = "";
+    if (st)
+        snprintf(fwd_msg, sizeof fwd_msg, "%s", st->message);
+    if (cpc_backend_has_attn_bwd(be)) {
+        cpc_attn_bwd_args g = {.p = a->p, .dout = bb->q, .dout_bstride = a->p.q_bstride, .lse = bb->lse,
+                               .delta = bb->delta, .dq = bb->dq, .dk = bb->dk, .dv = bb->dv};
+        cpc_status *sb = cpc_backend_attn_bwd(be, &g);
+        if (!sb)
+            sb = dev_sync(be);
+        if ((sb != NULL) != want_error)
+            fail(S, w, "the backward of the problem is %s, the forward %s", sb ? "refused" : "accepted",
+                 want_error ? "refuses it" : "accepts it");
+        else if (sb && strcmp(sb->message, fwd_msg) != 0)
+            fail(S, w, "the backward refuses it with \"%s\", the forward with \"%s\"", sb->message, fwd_msg);
+        cpc_status_free(sb);
+    }
     if (want_error) {
         if (!st) {
             fail(S, w, "accepted; the contract refuses it (CPC_E_INTERNAL)");
@@ -1523,57 +1542,61 @@ static void check_bad_args(suite *S)
         (st = dev_put(be, ones, sizeof(float) * NO, &bb.v)) ||
         (st = dev_put(be, NULL, sizeof(float) * NO, &bb.o)) ||
         (st = dev_put(be, NULL, sizeof(float) * NL, &bb.lse)) ||
-        (st = dev_put(be, mk, sizeof mk, &bb.mask))) {
+        (st = dev_put(be, mk, sizeof mk, &bb.mask)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NL, &bb.delta)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NO, &bb.dq)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NO, &bb.dk)) ||
+        (st = dev_put(be, NULL, sizeof(float) * NO, &bb.dv))) {
         fail_st(S, what, "device buffers", st);
         goto out;
     }
     /* a valid base: B=1, sq=skv=2, query heads [0,2) of group 2 -> K/V head 0 */
-    const cpc_attn_args base = {.B = 1, .sq = 2, .skv = 2, .hq = 2, .hkv = 1, .d = BA_D, .group = 2,
-                                .dtype = CPC_DTYPE_FP32, .q = bb.q, .k = bb.k, .v = bb.v,
-                                .q_bstride = 2 * 2 * BA_D, .kv_bstride = 2 * BA_D, .o = bb.o,
-                                .lse = bb.lse, .scale = 0.125f, .causal = true};
+    const cpc_attn_args base = {.p.B = 1, .p.sq = 2, .p.skv = 2, .p.hq = 2, .p.hkv = 1, .p.d = BA_D, .p.group = 2,
+                                .p.dtype = CPC_DTYPE_FP32, .p.q = bb.q, .p.k = bb.k, .p.v = bb.v,
+                                .p.q_bstride = 2 * 2 * BA_D, .p.kv_bstride = 2 * BA_D, .o = bb.o,
+                                .lse = bb.lse, .p.scale = 0.125f, .p.causal = true};
     bad_call(S, be, &bb, &base, false, "valid_base");
     cpc_attn_args a;
     /* query heads [0, 4) with group 2 need K/V heads 0..1, the block holds one */
-    a = base, a.hq = 4;
+    a = base, a.p.hq = 4;
     bad_call(S, be, &bb, &a, true, "kv_heads_not_in_block");
     /* query heads [2, 4) need K/V head 1; the block holds head 0 only */
-    a = base, a.q_head_off = 2;
+    a = base, a.p.q_head_off = 2;
     bad_call(S, be, &bb, &a, true, "kv_head_offset_wrong");
     /* query runs that do not cover the rows (5 positions for 2 rows), and too few */
     cpc_run r5 = {0, 5}, r1 = {0, 1};
-    a = base, a.q_runs = &r5, a.n_q_runs = 1;
+    a = base, a.p.q_runs = &r5, a.p.n_q_runs = 1;
     bad_call(S, be, &bb, &a, true, "q_runs_longer_than_rows");
-    a = base, a.kv_runs = &r1, a.n_kv_runs = 1;
+    a = base, a.p.kv_runs = &r1, a.p.n_kv_runs = 1;
     bad_call(S, be, &bb, &a, true, "kv_runs_shorter_than_rows");
     /* a key position beyond the key padding mask */
     cpc_run kr = {1, 2};
-    a = base, a.kv_runs = &kr, a.n_kv_runs = 1, a.kv_mask = bb.mask, a.mask_len = 2;
+    a = base, a.p.kv_runs = &kr, a.p.n_kv_runs = 1, a.p.kv_mask = bb.mask, a.p.mask_len = 2;
     bad_call(S, be, &bb, &a, true, "key_position_outside_mask");
     /* batch strides smaller than a batch's block */
-    a = base, a.B = 2, a.q_bstride = 2 * BA_D;
+    a = base, a.p.B = 2, a.p.q_bstride = 2 * BA_D;
     bad_call(S, be, &bb, &a, true, "q_batch_stride_too_small");
-    a = base, a.B = 2, a.q_bstride = 2 * 2 * BA_D, a.kv_bstride = BA_D;
+    a = base, a.p.B = 2, a.p.q_bstride = 2 * 2 * BA_D, a.p.kv_bstride = BA_D;
     bad_call(S, be, &bb, &a, true, "kv_batch_stride_too_small");
     /* negative sizes, group 0 */
-    a = base, a.sq = -1;
+    a = base, a.p.sq = -1;
     bad_call(S, be, &bb, &a, true, "negative_sq");
-    a = base, a.B = -1;
+    a = base, a.p.B = -1;
     bad_call(S, be, &bb, &a, true, "negative_B");
-    a = base, a.group = 0;
+    a = base, a.p.group = 0;
     bad_call(S, be, &bb, &a, true, "group_0");
     /* no q with rows to compute; run counts without runs */
-    a = base, a.q = NULL;
+    a = base, a.p.q = NULL;
     bad_call(S, be, &bb, &a, true, "null_q");
-    a = base, a.n_q_runs = 1;
+    a = base, a.p.n_q_runs = 1;
     bad_call(S, be, &bb, &a, true, "run_count_without_runs");
     /* not errors: nothing to do */
-    a = base, a.sq = 0;
+    a = base, a.p.sq = 0;
     bad_call(S, be, &bb, &a, false, "sq_0");
-    a = base, a.B = 0;
+    a = base, a.p.B = 0;
     bad_call(S, be, &bb, &a, false, "B_0");
     /* no key at all: every row o = 0, lse = -inf */
-    a = base, a.skv = 0, a.k = NULL, a.v = NULL;
+    a = base, a.p.skv = 0, a.p.k = NULL, a.p.v = NULL;
     bad_call(S, be, &bb, &a, false, "skv_0");
     {
         float o[2 * 2 * BA_D], l[4];
@@ -1602,6 +1625,10 @@ out:
     dev_free(be, bb.o);
     dev_free(be, bb.lse);
     dev_free(be, bb.mask);
+    dev_free(be, bb.delta);
+    dev_free(be, bb.dq);
+    dev_free(be, bb.dk);
+    dev_free(be, bb.dv);
     cpc_backend_destroy(be);
     free(ones);
 }

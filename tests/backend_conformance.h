@@ -73,7 +73,9 @@
  *            NULL q with work to do, run counts without runs; the outputs
  *            are left untouched.  And the edge cases that are not errors:
  *            skv = 0 (every row o = 0, lse = -inf), sq = 0 and B = 0
- *            (nothing written).
+ *            (nothing written).  On a backend with attn_bwd, the backward
+ *            of each problem is refused or accepted alike, with the
+ *            forward's message (one cpc_attn_problem_check).
  *
  * Seeds: one base seed per call (opts->seed, else CPC_TEST_SEED, else the
  * clock), from which every case derives its own; every diagnostic names the

@@ -224,11 +224,11 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
         int64_t kvbs;
         MAKE_KV(kl, vl, 0, skv, kvbs);
         cpc_attn_args fa = {
-            .B = B, .sq = sq, .skv = skv, .hq = nqh, .hkv = hkv, .d = D, .group = group,
-            .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt, .q = ql, .k = kl, .v = vl,
-            .q_bstride = qbs, .kv_bstride = kvbs, .o = o, .lse = lse, .scale = scale,
-            .causal = tc.causal, .q_runs = tc.qr, .n_q_runs = tc.nqr, .kv_runs = tc.kr,
-            .n_kv_runs = tc.nkr, .kv_mask = pmask, .mask_len = pmask ? Skv : 0};
+            .p.B = B, .p.sq = sq, .p.skv = skv, .p.hq = nqh, .p.hkv = hkv, .p.d = D, .p.group = group,
+            .p.q_head_off = qh0, .p.kv_head_off = kv_off, .p.dtype = dt, .p.q = ql, .p.k = kl, .p.v = vl,
+            .p.q_bstride = qbs, .p.kv_bstride = kvbs, .o = o, .lse = lse, .p.scale = scale,
+            .p.causal = tc.causal, .p.q_runs = tc.qr, .p.n_q_runs = tc.nqr, .p.kv_runs = tc.kr,
+            .p.n_kv_runs = tc.nkr, .p.kv_mask = pmask, .p.mask_len = pmask ? Skv : 0};
         st = cpc_backend_attn(be, &fa);
         cr_assert_null(st, "forward failed (seed %llu)", (unsigned long long)seed);
         free(kl);
@@ -286,17 +286,17 @@ static bres run_bwd(const bcase *tc0, uint64_t seed)
         /* contiguous (stride 0) only when the block is the whole, gapless buffer */
         const bool whole = tc.nblk == 1 && tc.extra == 0;
         cpc_attn_bwd_args a = {
-            .B = B, .sq = sq, .skv = bn, .hq = nqh, .hkv = hkv, .d = D, .group = group,
-            .q_head_off = qh0, .kv_head_off = kv_off, .dtype = dt,
-            .q = ql, .k = kl, .v = vl, .dout = dol,
-            .q_bstride = qbs, .kv_bstride = kvbs, .dout_bstride = qbs,
+            .p.B = B, .p.sq = sq, .p.skv = bn, .p.hq = nqh, .p.hkv = hkv, .p.d = D, .p.group = group,
+            .p.q_head_off = qh0, .p.kv_head_off = kv_off, .p.dtype = dt,
+            .p.q = ql, .p.k = kl, .p.v = vl, .dout = dol,
+            .p.q_bstride = qbs, .p.kv_bstride = kvbs, .dout_bstride = qbs,
             .out = blk == 0 ? outp : NULL, .out_dtype = out_dt, .out_bstride = out_bs,
             .lse = lse, .delta = delta, .compute_delta = blk == 0,
             .dq = dq, .dk = dk + (size_t)j0 * hkv * D, .dv = dv + (size_t)j0 * hkv * D,
             .dq_bstride = whole ? 0 : dqbs, .dkv_bstride = whole ? 0 : dkvbs,
-            .scale = scale, .causal = tc.causal,
-            .q_runs = tc.qr, .n_q_runs = tc.nqr, .kv_runs = kr, .n_kv_runs = nkr,
-            .kv_mask = pmask, .mask_len = pmask ? Skv : 0};
+            .p.scale = scale, .p.causal = tc.causal,
+            .p.q_runs = tc.qr, .p.n_q_runs = tc.nqr, .p.kv_runs = kr, .p.n_kv_runs = nkr,
+            .p.kv_mask = pmask, .p.mask_len = pmask ? Skv : 0};
         st = cpc_backend_attn_bwd(be, &a);
         if (st)
             cpc_status_print(st, stderr, "test");
@@ -764,17 +764,17 @@ Test(attn_bwd, finite_differences)
         float *delta = malloc(sizeof(float) * (size_t)S * H);
         float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float));
         float *dv = calloc(nk, sizeof(float));
-        cpc_attn_args fa = {.B = 1, .sq = S, .skv = Skv, .hq = H, .hkv = Hkv, .d = D,
-                            .group = H / Hkv, .dtype = CPC_DTYPE_FP32, .q = qf, .k = kf,
-                            .v = vf, .o = o, .lse = lse, .scale = scale, .causal = causal,
-                            .kv_mask = mask, .mask_len = Skv};
+        cpc_attn_args fa = {.p.B = 1, .p.sq = S, .p.skv = Skv, .p.hq = H, .p.hkv = Hkv, .p.d = D,
+                            .p.group = H / Hkv, .p.dtype = CPC_DTYPE_FP32, .p.q = qf, .p.k = kf,
+                            .p.v = vf, .o = o, .lse = lse, .p.scale = scale, .p.causal = causal,
+                            .p.kv_mask = mask, .p.mask_len = Skv};
         cr_assert_null(cpc_backend_attn(be, &fa));
-        cpc_attn_bwd_args ba = {.B = 1, .sq = S, .skv = Skv, .hq = H, .hkv = Hkv, .d = D,
-                                .group = H / Hkv, .dtype = CPC_DTYPE_FP32, .q = qf, .k = kf,
-                                .v = vf, .dout = df, .out = o, .out_dtype = CPC_DTYPE_FP32,
+        cpc_attn_bwd_args ba = {.p.B = 1, .p.sq = S, .p.skv = Skv, .p.hq = H, .p.hkv = Hkv, .p.d = D,
+                                .p.group = H / Hkv, .p.dtype = CPC_DTYPE_FP32, .p.q = qf, .p.k = kf,
+                                .p.v = vf, .dout = df, .out = o, .out_dtype = CPC_DTYPE_FP32,
                                 .lse = lse, .delta = delta, .compute_delta = true, .dq = dq,
-                                .dk = dk, .dv = dv, .scale = scale, .causal = causal,
-                                .kv_mask = mask, .mask_len = Skv};
+                                .dk = dk, .dv = dv, .p.scale = scale, .p.causal = causal,
+                                .p.kv_mask = mask, .p.mask_len = Skv};
         cr_assert_null(cpc_backend_attn_bwd(be, &ba));
         cpc_backend_destroy(be);
         /* the reference, too */
@@ -841,11 +841,11 @@ Test(attn_bwd, refused_arguments)
     cpc_backend *be = make_backend(NULL);
     float q[2 * 4] = {0}, k[2 * 4] = {0}, v[2 * 4] = {0}, dout[2 * 4] = {0}, o[2 * 4] = {0};
     float lse[2] = {0}, delta[2] = {0}, dq[8] = {0}, dk[8] = {0}, dv[8] = {0};
-    cpc_attn_bwd_args good = {.B = 1, .sq = 2, .skv = 2, .hq = 1, .hkv = 1, .d = 4,
-                              .group = 1, .dtype = CPC_DTYPE_FP32, .q = q, .k = k, .v = v,
+    cpc_attn_bwd_args good = {.p.B = 1, .p.sq = 2, .p.skv = 2, .p.hq = 1, .p.hkv = 1, .p.d = 4,
+                              .p.group = 1, .p.dtype = CPC_DTYPE_FP32, .p.q = q, .p.k = k, .p.v = v,
                               .dout = dout, .out = o, .out_dtype = CPC_DTYPE_FP32, .lse = lse,
                               .delta = delta, .compute_delta = true, .dq = dq, .dk = dk,
-                              .dv = dv, .scale = 0.5f};
+                              .dv = dv, .p.scale = 0.5f};
     cpc_status *st = cpc_backend_attn_bwd(be, &good);
     cr_assert_null(st);
     cpc_attn_bwd_args a = good;
@@ -860,27 +860,27 @@ Test(attn_bwd, refused_arguments)
     cr_assert_not_null(st, "compute_delta without out refused");
     cpc_status_free(st);
     a = good;
-    a.hq = 2;
-    a.group = 1;
+    a.p.hq = 2;
+    a.p.group = 1;
     st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "query heads needing a K/V head the block lacks refused");
     cpc_status_free(st);
     a = good;
     cpc_run r = {0, 3};
-    a.q_runs = &r;
-    a.n_q_runs = 1;
+    a.p.q_runs = &r;
+    a.p.n_q_runs = 1;
     st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "runs that do not cover the rows refused");
     cpc_status_free(st);
     a = good;
-    a.B = 2;
-    a.q_bstride = a.dout_bstride = a.out_bstride = a.kv_bstride = 8;
+    a.p.B = 2;
+    a.p.q_bstride = a.dout_bstride = a.out_bstride = a.p.kv_bstride = 8;
     a.dkv_bstride = 4; /* smaller than a batch's 2 x 4 */
     st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "a gradient batch stride smaller than the block refused");
     cpc_status_free(st);
     a = good;
-    a.dtype = (cpc_dtype)99;
+    a.p.dtype = (cpc_dtype)99;
     st = cpc_backend_attn_bwd(be, &a);
     cr_assert_not_null(st, "unknown dtype refused");
     cpc_status_free(st);
@@ -889,7 +889,7 @@ Test(attn_bwd, refused_arguments)
     cpc_status_free(st);
     /* no key: delta still written, gradients unchanged */
     a = good;
-    a.skv = 0;
+    a.p.skv = 0;
     delta[0] = delta[1] = NAN;
     st = cpc_backend_attn_bwd(be, &a);
     cr_assert_null(st);

@@ -173,17 +173,19 @@ static cpc_attn_args block(cpc_dtype dt, int d, int hq, int hkv, int group, int 
 {
     cpc_attn_args a;
     memset(&a, 0, sizeof a);
-    a.B = 1;
-    a.sq = 64;
-    a.skv = 64;
-    a.hq = hq;
-    a.hkv = hkv;
-    a.d = d;
-    a.group = group;
-    a.q_head_off = qoff;
-    a.kv_head_off = kvoff;
-    a.dtype = dt;
-    a.scale = 0.125f;
+    a.p.B = 1;
+    a.p.sq = 64;
+    a.p.skv = 64;
+    a.p.hq = hq;
+    a.p.hkv = hkv;
+    a.p.d = d;
+    a.p.group = group;
+    a.p.q_head_off = qoff;
+    a.p.kv_head_off = kvoff;
+    a.p.dtype = dt;
+    a.p.scale = 0.125f;
+    static const char data[1]; /* split reads no element, but a problem has its inputs */
+    a.p.q = a.p.k = a.p.v = data;
     return a;
 }
 
@@ -191,7 +193,7 @@ Test(cudnn_split, plain_block_is_one_part)
 {
     cpc_attn_args a = block(CPC_DTYPE_BF16, 128, 8, 8, 1, 0, 0);
     cpc_sdpa_split sp;
-    cpc_status *st = cpc_cudnn_sdpa_split(&a, &sp);
+    cpc_status *st = cpc_cudnn_sdpa_split(&a.p, &sp);
     cr_assert_null(st, "%s", st ? st->message : "");
     cr_assert_eq(sp.n_parts, 1);
     cr_assert_eq(sp.parts[0].kind, CPC_SDPA_PART_FULL);
@@ -215,15 +217,15 @@ Test(cudnn_split, refusals_name_the_reason)
     cases[1].word = "head_dim 100";
     cases[2].a = block(CPC_DTYPE_FP16, 64, 8, 8, 1, 0, 0);
     static const uint8_t mask[64] = {1};
-    cases[2].a.kv_mask = mask;
-    cases[2].a.mask_len = 64;
+    cases[2].a.p.kv_mask = mask;
+    cases[2].a.p.mask_len = 64;
     cases[2].word = "key padding";
     /* GQA ratio 4, query heads [2, 6) straddle K/V heads 0 and 1 partially. */
     cases[3].a = block(CPC_DTYPE_BF16, 64, 4, 2, 4, 2, 0);
     cases[3].word = "GQA";
     for (int i = 0; i < 4; i++) {
         cpc_sdpa_split sp;
-        cpc_status *st = cpc_cudnn_sdpa_split(&cases[i].a, &sp);
+        cpc_status *st = cpc_cudnn_sdpa_split(&cases[i].a.p, &sp);
         cr_assert_not_null(st, "case %d accepted", i);
         cr_assert_eq(st->code, CPC_E_UNSUPPORTED);
         cr_assert(strstr(st->message, cases[i].word) != NULL, "case %d: %s", i, st->message);
@@ -236,33 +238,35 @@ Test(cudnn_split, gqa_head_ranges)
     cpc_sdpa_split sp;
     /* H=8, Hkv=2 (ratio 4), all heads on one rank. */
     cpc_attn_args a = block(CPC_DTYPE_BF16, 64, 8, 2, 4, 0, 0);
-    cr_assert_null(cpc_cudnn_sdpa_split(&a, &sp));
+    cr_assert_null(cpc_cudnn_sdpa_split(&a.p, &sp));
     cr_assert_eq(sp.ratio, 4);
     cr_assert_eq(sp.hkv, 2);
     cr_assert_eq(sp.kv_head0, 0);
     /* Ulysses U=2: member 1 holds query heads [4, 8) and K/V head [1, 2). */
     a = block(CPC_DTYPE_BF16, 64, 4, 1, 4, 4, 1);
-    cr_assert_null(cpc_cudnn_sdpa_split(&a, &sp));
+    cr_assert_null(cpc_cudnn_sdpa_split(&a.p, &sp));
     cr_assert_eq(sp.ratio, 4);
     cr_assert_eq(sp.hkv, 1);
     cr_assert_eq(sp.kv_head0, 0);
     /* U=4 > Hkv=2 (replication): member 1 holds query heads [2, 4), K/V head 0. */
     a = block(CPC_DTYPE_BF16, 64, 2, 1, 4, 2, 0);
-    cr_assert_null(cpc_cudnn_sdpa_split(&a, &sp));
+    cr_assert_null(cpc_cudnn_sdpa_split(&a.p, &sp));
     cr_assert_eq(sp.ratio, 2);
     cr_assert_eq(sp.hkv, 1);
     cr_assert_eq(sp.kv_head0, 0);
     /* The K/V buffer holds all 4 K/V heads, query heads [4, 8) of ratio 2 use [2, 4). */
     a = block(CPC_DTYPE_BF16, 64, 4, 4, 2, 4, 0);
-    cr_assert_null(cpc_cudnn_sdpa_split(&a, &sp));
+    cr_assert_null(cpc_cudnn_sdpa_split(&a.p, &sp));
     cr_assert_eq(sp.ratio, 2);
     cr_assert_eq(sp.hkv, 2);
     cr_assert_eq(sp.kv_head0, 2);
-    /* ... but a buffer holding K/V heads [3, 4) cannot serve them. */
+    /* ... but a buffer holding K/V heads [3, 4) cannot serve them: not a valid
+     * problem at all (cpc_attn_problem_check's refusal, as every backend's) */
     a = block(CPC_DTYPE_BF16, 64, 4, 1, 2, 4, 3);
-    cpc_status *st = cpc_cudnn_sdpa_split(&a, &sp);
+    cpc_status *st = cpc_cudnn_sdpa_split(&a.p, &sp);
     cr_assert_not_null(st);
-    cr_assert_eq(st->code, CPC_E_UNSUPPORTED);
+    cr_assert_eq(st->code, CPC_E_INTERNAL);
+    cr_assert(strstr(st->message, "need K/V heads") != NULL, "%s", st->message);
     cpc_status_free(st);
 }
 
@@ -271,13 +275,13 @@ Test(cudnn_split, causal_zigzag_steps)
 {
     cpc_run r0[2] = {{0, 4}, {12, 4}}, r1[1] = {{4, 8}};
     cpc_attn_args a = block(CPC_DTYPE_BF16, 64, 2, 2, 1, 0, 0);
-    a.causal = true;
-    a.sq = 8;
-    a.skv = 8;
+    a.p.causal = true;
+    a.p.sq = 8;
+    a.p.skv = 8;
     cpc_sdpa_split sp;
     /* Rank 0 with block 1: chunk 0 sees nothing, chunk 3 sees all 8 keys. */
-    a.q_runs = r0, a.n_q_runs = 2, a.kv_runs = r1, a.n_kv_runs = 1;
-    cpc_status *st = cpc_cudnn_sdpa_split(&a, &sp);
+    a.p.q_runs = r0, a.p.n_q_runs = 2, a.p.kv_runs = r1, a.p.n_kv_runs = 1;
+    cpc_status *st = cpc_cudnn_sdpa_split(&a.p, &sp);
     cr_assert_null(st, "%s", st ? st->message : "");
     cr_assert_eq(sp.n_parts, 2);
     cr_assert_eq(sp.parts[0].kind, CPC_SDPA_PART_EMPTY);
@@ -288,24 +292,24 @@ Test(cudnn_split, causal_zigzag_steps)
     cr_assert_eq(sp.parts[1].rows, 4);
     cr_assert_eq(sp.parts[1].nkv, 8);
     /* Rank 1 with block 0: chunks 1, 2 see chunk 0 (the first 4 key rows) only. */
-    a.q_runs = r1, a.n_q_runs = 1, a.kv_runs = r0, a.n_kv_runs = 2;
-    st = cpc_cudnn_sdpa_split(&a, &sp);
+    a.p.q_runs = r1, a.p.n_q_runs = 1, a.p.kv_runs = r0, a.p.n_kv_runs = 2;
+    st = cpc_cudnn_sdpa_split(&a.p, &sp);
     cr_assert_null(st, "%s", st ? st->message : "");
     cr_assert_eq(sp.n_parts, 1);
     cr_assert_eq(sp.parts[0].kind, CPC_SDPA_PART_FULL);
     cr_assert_eq(sp.parts[0].rows, 8);
     cr_assert_eq(sp.parts[0].nkv, 4);
     /* The diagonal steps are refused. */
-    a.q_runs = r0, a.n_q_runs = 2, a.kv_runs = r0, a.n_kv_runs = 2;
-    st = cpc_cudnn_sdpa_split(&a, &sp);
+    a.p.q_runs = r0, a.p.n_q_runs = 2, a.p.kv_runs = r0, a.p.n_kv_runs = 2;
+    st = cpc_cudnn_sdpa_split(&a.p, &sp);
     cr_assert_not_null(st);
     cr_assert_eq(st->code, CPC_E_UNSUPPORTED);
     cr_assert(strstr(st->message, "diagonal") != NULL, "%s", st->message);
     cpc_status_free(st);
     /* Runs that do not cover the rows are refused. */
-    a.q_runs = r1, a.n_q_runs = 1, a.kv_runs = r1, a.n_kv_runs = 1;
-    a.sq = 9;
-    st = cpc_cudnn_sdpa_split(&a, &sp);
+    a.p.q_runs = r1, a.p.n_q_runs = 1, a.p.kv_runs = r1, a.p.n_kv_runs = 1;
+    a.p.sq = 9;
+    st = cpc_cudnn_sdpa_split(&a.p, &sp);
     cr_assert_not_null(st);
     cpc_status_free(st);
 }
@@ -346,16 +350,16 @@ Test(cudnn_split, causal_random_runs_match_brute_force)
         if (nq == 0 || nk == 0)
             continue;
         cpc_attn_args a = block(CPC_DTYPE_BF16, 64, 1, 1, 1, 0, 0);
-        a.causal = true;
-        a.sq = 0;
-        a.skv = 0;
+        a.p.causal = true;
+        a.p.sq = 0;
+        a.p.skv = 0;
         for (int i = 0; i < nq; i++)
-            a.sq += qr[i].len;
+            a.p.sq += qr[i].len;
         for (int i = 0; i < nk; i++)
-            a.skv += kr[i].len;
-        a.q_runs = qr, a.n_q_runs = nq, a.kv_runs = kr, a.n_kv_runs = nk;
+            a.p.skv += kr[i].len;
+        a.p.q_runs = qr, a.p.n_q_runs = nq, a.p.kv_runs = kr, a.p.n_kv_runs = nk;
         cpc_sdpa_split sp;
-        cpc_status *st = cpc_cudnn_sdpa_split(&a, &sp);
+        cpc_status *st = cpc_cudnn_sdpa_split(&a.p, &sp);
         /* Brute force: visible keys of each query row (a prefix of the key rows). */
         int64_t vis[NPOS * 8];
         int64_t row = 0;
@@ -401,7 +405,7 @@ Test(cudnn_split, causal_random_runs_match_brute_force)
             }
             covered += p->rows;
         }
-        cr_assert_eq(covered, a.sq);
+        cr_assert_eq(covered, a.p.sq);
     }
     cr_assert_gt(accepted, 50, "seed %llu: only %d accepted", (unsigned long long)seed, accepted);
     cr_assert_gt(refused, 50, "seed %llu: only %d refused", (unsigned long long)seed, refused);
@@ -458,15 +462,15 @@ static void gpu_block(const gpu_case *gc)
     for (int step = 0; step < 2; step++) {
         cpc_attn_args a;
         memset(&a, 0, sizeof a);
-        a.B = B, a.sq = sq, a.skv = skv, a.hq = gc->hq, a.hkv = gc->hkv, a.d = gc->d;
-        a.group = gc->group, a.dtype = gc->dt, a.q_bstride = sq * gc->hq * gc->d;
-        a.kv_bstride = skv * gc->hkv * gc->d, a.scale = 1.0f / sqrtf((float)gc->d);
-        a.causal = gc->causal;
-        a.q_runs = qr, a.n_q_runs = 2;
-        a.kv_runs = step == 0 ? k12 : qr, a.n_kv_runs = step == 0 ? 1 : 2;
-        a.mask_len = 192;
+        a.p.B = B, a.p.sq = sq, a.p.skv = skv, a.p.hq = gc->hq, a.p.hkv = gc->hkv, a.p.d = gc->d;
+        a.p.group = gc->group, a.p.dtype = gc->dt, a.p.q_bstride = sq * gc->hq * gc->d;
+        a.p.kv_bstride = skv * gc->hkv * gc->d, a.p.scale = 1.0f / sqrtf((float)gc->d);
+        a.p.causal = gc->causal;
+        a.p.q_runs = qr, a.p.n_q_runs = 2;
+        a.p.kv_runs = step == 0 ? k12 : qr, a.p.n_kv_runs = step == 0 ? 1 : 2;
+        a.p.mask_len = 192;
         /* CPU */
-        a.q = q, a.k = kk, a.v = v, a.o = o_ref, a.lse = l_ref, a.kv_mask = gc->mask ? mask : NULL;
+        a.p.q = q, a.p.k = kk, a.p.v = v, a.o = o_ref, a.lse = l_ref, a.p.kv_mask = gc->mask ? mask : NULL;
         cr_assert_null(cpc_backend_attn(cpu, &a));
         /* GPU */
         void *dq, *dk, *dv, *dm = NULL;
@@ -483,7 +487,7 @@ static void gpu_block(const gpu_case *gc)
             cr_assert_null(cpc_backend_alloc(gpu, (size_t)B * 192, &dm));
             cr_assert_null(cpc_backend_upload(gpu, dm, mask, (size_t)B * 192));
         }
-        a.q = dq, a.k = dk, a.v = dv, a.o = dob, a.lse = dl, a.kv_mask = dm;
+        a.p.q = dq, a.p.k = dk, a.p.v = dv, a.o = dob, a.lse = dl, a.p.kv_mask = dm;
         st = cpc_backend_attn(gpu, &a);
         cr_assert_null(st, "attn: %s", st ? st->message : "");
         cr_assert_null(cpc_backend_download(gpu, o_got, dob, nq * 4));

@@ -714,7 +714,11 @@ Test(cost, structure_and_runtime_keys)
     cpc_device_profile d, base_d;
     cr_assert_null(cpc_plan_device(p, &d));
     cr_assert(cpc_device_preset("h20", &base_d));
-    cr_expect_float_eq(d.attn_tflops, base_d.attn_tflops * 1.8, 1e-9, "fa3 on Hopper");
+    /* fa3 on Hopper (x 1.8), held to the ceiling on the power-capped H20 */
+    double want = base_d.attn_tflops * 1.8;
+    if (want > cpc_attn_ceiling(CPC_KERNEL_FA3) * base_d.peak_tflops)
+        want = cpc_attn_ceiling(CPC_KERNEL_FA3) * base_d.peak_tflops;
+    cr_expect_float_eq(d.attn_tflops, want, 1e-9, "fa3 on Hopper");
     cpc_status_free(st);
     cpc_plan_free(p);
 
@@ -874,6 +878,40 @@ Test(cost, framework_and_kernel)
     cr_expect_float_eq(f3.attn_ms_per_step * 1.8, p[0].attn_ms_per_step, 0.02 * p[0].attn_ms_per_step,
                        "fa3 %.2f vs sdpa %.2f ms", f3.attn_ms_per_step, p[0].attn_ms_per_step);
     cpc_plan_free(plan);
+}
+
+/* ATTENTION KERNELS ceiling: a kernel factor never lifts the attention rate
+ * above cpc_attn_ceiling x the dense peak.  H20 (0.6 x its capped peak for
+ * FA2-class kernels): fa3 (x 1.8) and cudnn (x 1.6) stop at 0.75 x peak;
+ * H100 (0.30 x peak): fa3 is below the ceiling and keeps its full factor;
+ * sage on A100 (0.62 x 1.6 = 0.99 x peak) is below its own ceiling (1.0). */
+Test(cost, attention_kernel_ceiling)
+{
+    struct {
+        const char *dev, *kernel;
+        double want_frac; /* attn_tflops / peak_tflops */
+    } cases[] = {
+        {"h20", "fa3", 0.75},
+        {"h20", "cudnn", 0.75},
+        {"h20", "sdpa", 0.60},
+        {"h100-sxm", "fa3", 0.30 * 1.8},
+        {"a100-sxm", "sage", 0.62 * 1.6},
+    };
+    cr_expect_float_eq(cpc_attn_ceiling(CPC_KERNEL_FA3), 0.75, 1e-12);
+    cr_expect_float_eq(cpc_attn_ceiling(CPC_KERNEL_SAGE), 1.0, 1e-12);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dev[64], k[64];
+        snprintf(dev, sizeof dev, "cluster.device=%s", cases[i].dev);
+        snprintf(k, sizeof k, "runtime.attention_kernel=%s", cases[i].kernel);
+        const char *sets[] = {"model.parameters=11901408320", dev, k};
+        cpc_plan *plan = load("plans/flux1-dev-1024.yaml", sets, 3);
+        cpc_device_profile d;
+        cr_assert_null(cpc_plan_device(plan, &d));
+        cr_expect_float_eq(d.attn_tflops / d.peak_tflops, cases[i].want_frac, 1e-9, "%s %s: %.4f of peak",
+                           cases[i].dev, cases[i].kernel, d.attn_tflops / d.peak_tflops);
+        cr_expect_leq(d.attn_tflops, cpc_attn_ceiling(plan->runtime.attention_kernel) * d.peak_tflops * (1 + 1e-12));
+        cpc_plan_free(plan);
+    }
 }
 
 /* Folds every run of consecutive top-level ops of `kind` (same group and

@@ -48,9 +48,9 @@ static void run_attn(const char *isa, cpc_dtype dt, const void *q, const void *k
         unsetenv("CPC_CPU_ISA");
     cpc_backend *be = NULL;
     cr_assert_null(cpc_cpu_backend_create(&be));
-    cpc_attn_args a = {.B = 1, .sq = sq, .skv = skv, .hq = 1, .hkv = 1, .d = d, .group = 1,
-                       .dtype = dt, .q = q, .k = k, .v = v, .o = o, .lse = lse,
-                       .scale = 1.0f / sqrtf((float)d)};
+    cpc_attn_args a = {.p.B = 1, .p.sq = sq, .p.skv = skv, .p.hq = 1, .p.hkv = 1, .p.d = d, .p.group = 1,
+                       .p.dtype = dt, .p.q = q, .p.k = k, .p.v = v, .o = o, .lse = lse,
+                       .p.scale = 1.0f / sqrtf((float)d)};
     cpc_status *st = cpc_backend_attn(be, &a);
     cr_assert_null(st, "%s", st ? st->message : "");
     cpc_backend_destroy(be);

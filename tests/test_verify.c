@@ -419,6 +419,41 @@ static cpc_program *hand_ring(int R, int64_t S, bool causal)
     return p;
 }
 
+/* Messages land buffer by buffer (the executor posts one request per
+ * buffer): every buffer's element size must match, not only the message's
+ * total.  Ring of two in bf16: after the ring, each rank sends its complete
+ * accumulator (fp32) and its output (bf16) to the next; the receiver takes
+ * them in that order (proved) or swapped (the same total bytes: refused). */
+static cpc_program *send_results(bool swapped)
+{
+    cpc_program *p = hand_ring(2, 16, false);
+    p->layout.dtype = CPC_DTYPE_BF16;
+    cpc_program_add_buffer(p, "acc2", CPC_ROLE_ACC, CPC_TOK_BLOCK, CPC_HEADS_ALL, CPC_IO_NONE);
+    cpc_program_add_buffer(p, "o2", CPC_ROLE_O, CPC_TOK_BLOCK, CPC_HEADS_ALL, CPC_IO_NONE);
+    cpc_op *op = hop(&p->ops, &p->n_ops, p, CPC_OP_SEND, CPC_GROUP_RING, "acc,out", NULL);
+    set_expr(&op->peer, "(r+1)%R");
+    op->tag = 5;
+    op = hop(&p->ops, &p->n_ops, p, CPC_OP_RECV, CPC_GROUP_RING, NULL, swapped ? "o2,acc2" : "acc2,o2");
+    set_expr(&op->peer, "(r-1)%R");
+    set_expr(&op->block, "(r-1)%R");
+    op->tag = 5;
+    op = hop(&p->ops, &p->n_ops, p, CPC_OP_WAIT, CPC_GROUP_NONE, NULL, NULL);
+    op->tag = 5;
+    return p;
+}
+
+Test(verify, messages_match_buffer_by_buffer)
+{
+    cpc_program *p = send_results(false);
+    cr_assert_eq(cpc_buffer_elem_size(p, bufi(p, "acc")), 4);
+    cr_assert_eq(cpc_buffer_elem_size(p, bufi(p, "out")), 2);
+    expect_ok(p, "accumulator and output, in order");
+    cpc_program_free(p);
+    p = send_results(true);
+    expect_cp051(cpc_verify(p), "expects elements of 2 bytes in o2", "sends 4-byte elements from acc", NULL);
+    cpc_program_free(p);
+}
+
 Test(verify, hand_ring_passes)
 {
     for (int R = 1; R <= 5; R++) {

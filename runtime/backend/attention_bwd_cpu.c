@@ -72,14 +72,8 @@ struct cpc_cpu_bwd {
     float *dp;     size_t dp_cap;    /* [tq, tk] dP, then dS */
     float *m;      size_t m_cap;     /* [sq] lse * log2 e (+inf: empty row) */
     float *row;    size_t row_cap;   /* [2 d] delta's rows */
-    float *bias;   size_t bias_cap;  /* [skv] 0 or -inf (key padding) */
-    int64_t *qpos; size_t qpos_cap;  /* [sq] global positions of the query rows */
-    int64_t *kpos; size_t kpos_cap;  /* [skv] of the key rows */
-    int64_t *kt;   size_t kt_cap;    /* per key tile: min, max, increasing, masked */
-    int64_t *qt;   size_t qt_cap;    /* per query tile: min, max, increasing */
+    cpc_attn_tiling tiles;           /* positions, tiles and key padding (attn_problem.h) */
 };
-
-enum { QT_MIN = 0, QT_MAX, QT_INC, QT_N };
 
 /* ---- the fused P / dS pass ------------------------------------------------------ */
 
@@ -194,98 +188,35 @@ void cpc_cpu_attn_bwd_free(cpc_cpu_bwd *c)
     free(c->dp);
     free(c->m);
     free(c->row);
-    free(c->bias);
-    free(c->qpos);
-    free(c->kpos);
-    free(c->kt);
-    free(c->qt);
+    cpc_attn_tiling_free(&c->tiles);
     free(c);
 }
 
 /* ---- arguments ---------------------------------------------------------------------- */
 
-static bool dtype_ok(cpc_dtype t) { return (int)t >= 0 && t < CPC_DTYPE__COUNT; }
 static size_t dt_size(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4u : 2u; }
-
-static cpc_status *check_bwd_args(const cpc_attn_bwd_args *a)
-{
-    if (!a)
-        return cpc_error(CPC_E_INTERNAL, "attn_bwd: no arguments");
-    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->d < 1 ||
-        a->group < 1 || a->q_head_off < 0 || a->kv_head_off < 0)
-        return cpc_error(CPC_E_INTERNAL,
-                         "attn_bwd: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d d=%d "
-                         "group=%d q_head_off=%d kv_head_off=%d)",
-                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv, a->d,
-                         a->group, a->q_head_off, a->kv_head_off);
-    if (!dtype_ok(a->dtype) || (a->compute_delta && !dtype_ok(a->out_dtype)))
-        return cpc_error(CPC_E_INTERNAL, "attn_bwd: unknown dtype (%d, out %d)", (int)a->dtype,
-                         (int)a->out_dtype);
-    if ((int64_t)a->hq * a->d > 0x7fffffff || (int64_t)a->hkv * a->d > 0x7fffffff)
-        return cpc_error(CPC_E_INTERNAL,
-                         "attn_bwd: heads * head_dim exceeds the BLAS index range");
-    if (a->hq > 0) {
-        int first = a->q_head_off / a->group - a->kv_head_off;
-        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
-        if (first < 0 || last >= a->hkv)
-            return cpc_error(CPC_E_INTERNAL,
-                             "attn_bwd: query heads [%d, %d) with group %d need K/V heads "
-                             "[%d, %d], but this block holds K/V heads [%d, %d)",
-                             a->q_head_off, a->q_head_off + a->hq, a->group,
-                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
-                             a->kv_head_off, a->kv_head_off + a->hkv);
-    }
-    const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
-    if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
-        (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
-                      (a->dkv_bstride && a->dkv_bstride < kvblk))))
-        return cpc_error(CPC_E_INTERNAL,
-                         "attn_bwd: gradient batch strides (dq %lld, dk/dv %lld elements) "
-                         "smaller than a batch's block (q %lld, kv %lld)",
-                         (long long)a->dq_bstride, (long long)a->dkv_bstride, (long long)qblk,
-                         (long long)kvblk);
-    if (a->B > 1 && (a->q_bstride < qblk || a->dout_bstride < qblk ||
-                     (a->compute_delta && a->out_bstride < qblk) ||
-                     a->kv_bstride < a->skv * a->hkv * a->d))
-        return cpc_error(CPC_E_INTERNAL,
-                         "attn_bwd: batch strides (q %lld, dout %lld, out %lld, kv %lld "
-                         "elements) smaller than a batch's block (q %lld, kv %lld)",
-                         (long long)a->q_bstride, (long long)a->dout_bstride,
-                         (long long)a->out_bstride, (long long)a->kv_bstride, (long long)qblk,
-                         (long long)(a->skv * a->hkv * a->d));
-    const bool rows = a->B > 0 && a->sq > 0 && a->hq > 0;
-    if (rows && (!a->dout || !a->delta || (a->compute_delta && !a->out)))
-        return cpc_error(CPC_E_INTERNAL, "attn_bwd: dout and delta (and out, to compute "
-                                         "delta) are required");
-    if (rows && a->skv > 0 &&
-        (!a->q || !a->k || !a->v || !a->lse || !a->dq || !a->dk || !a->dv))
-        return cpc_error(CPC_E_INTERNAL, "attn_bwd: q, k, v, lse, dq, dk and dv are required");
-    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
-        a->n_q_runs < 0 || a->n_kv_runs < 0)
-        return cpc_error(CPC_E_INTERNAL, "attn_bwd: bad run lists");
-    return NULL;
-}
 
 #define BGROW(c, field, bytes) grow((void **)&(c)->field, &(c)->field##_cap, (bytes))
 
 /* delta[b, h, i] = sum_e dout[b, i, h, e] * out[b, i, h, e], in double. */
 static void compute_delta(cpc_cpu_bwd *c, const cpc_attn_bwd_args *a)
 {
-    const int d = a->d, hq = a->hq;
-    const size_t es = dt_size(a->dtype), eo = dt_size(a->out_dtype);
+    const cpc_attn_problem *p = &a->p;
+    const int d = p->d, hq = p->hq;
+    const size_t es = dt_size(p->dtype), eo = dt_size(a->out_dtype);
     float *dr = c->row, *orow = c->row + d;
-    for (int b = 0; b < a->B; b++)
-        for (int64_t i = 0; i < a->sq; i++)
+    for (int b = 0; b < p->B; b++)
+        for (int64_t i = 0; i < p->sq; i++)
             for (int h = 0; h < hq; h++) {
                 size_t e0 = ((size_t)i * hq + (size_t)h) * (size_t)d;
                 cpc_to_f32_n(dr, (const char *)a->dout + ((size_t)b * a->dout_bstride + e0) * es,
-                             a->dtype, (size_t)d);
+                             p->dtype, (size_t)d);
                 cpc_to_f32_n(orow, (const char *)a->out + ((size_t)b * a->out_bstride + e0) * eo,
                              a->out_dtype, (size_t)d);
                 double acc = 0.0;
                 for (int e = 0; e < d; e++)
                     acc += (double)dr[e] * (double)orow[e];
-                a->delta[((size_t)b * hq + (size_t)h) * a->sq + (size_t)i] = (float)acc;
+                a->delta[((size_t)b * hq + (size_t)h) * p->sq + (size_t)i] = (float)acc;
             }
 }
 
@@ -294,14 +225,15 @@ static void compute_delta(cpc_cpu_bwd *c, const cpc_attn_bwd_args *a)
 
 cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
 {
-    cpc_status *st = check_bwd_args(a);
+    cpc_status *st = cpc_attn_bwd_args_check(a);
     if (st)
         return st;
     if (!state)
         return cpc_error(CPC_E_INTERNAL, "attn_bwd: no scratch state");
-    const int64_t sq = a->sq, skv = a->skv;
-    const int hq = a->hq, hkv = a->hkv, d = a->d, B = a->B;
-    if (B == 0 || sq == 0 || hq == 0)
+    const cpc_attn_problem *p = &a->p;
+    const int64_t sq = p->sq, skv = p->skv;
+    const int hq = p->hq, hkv = p->hkv, d = p->d, B = p->B;
+    if (!cpc_attn_problem_has_rows(p))
         return NULL;
     cpc_cpu_bwd *c = NULL;
     if ((st = bwd_state(state, &c)))
@@ -315,9 +247,9 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
         return NULL; /* no key: no gradient */
 
     const int tq = c->tq, tk = c->tk;
-    const size_t es = dt_size(a->dtype);
-    const int64_t n_kt = (skv + tk - 1) / tk, n_qt = (sq + tq - 1) / tq;
+    const size_t es = dt_size(p->dtype);
     const size_t qd = (size_t)sq * d, kd = (size_t)skv * d;
+    cpc_attn_tiling *T = &c->tiles;
     if ((st = BGROW(c, qb, sizeof(float) * qd)) || (st = BGROW(c, dob, sizeof(float) * qd)) ||
         (st = BGROW(c, dqb, sizeof(float) * qd)) || (st = BGROW(c, kb, sizeof(float) * kd)) ||
         (st = BGROW(c, vb, sizeof(float) * kd)) || (st = BGROW(c, dkb, sizeof(float) * kd)) ||
@@ -325,52 +257,29 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
         (st = BGROW(c, s, sizeof(float) * (size_t)tq * tk)) ||
         (st = BGROW(c, dp, sizeof(float) * (size_t)tq * tk)) ||
         (st = BGROW(c, m, sizeof(float) * (size_t)sq)) ||
-        (st = BGROW(c, qpos, sizeof(int64_t) * (size_t)sq)) ||
-        (st = BGROW(c, kpos, sizeof(int64_t) * (size_t)skv)) ||
-        (st = BGROW(c, kt, sizeof(int64_t) * KT_N * (size_t)n_kt)) ||
-        (st = BGROW(c, qt, sizeof(int64_t) * QT_N * (size_t)n_qt)) ||
-        (a->kv_mask && (st = BGROW(c, bias, sizeof(float) * (size_t)skv))))
+        (st = cpc_attn_tiling_prepare(T, p, tq, tk)))
         return st;
-    if (!fill_positions(c->qpos, sq, a->q_runs, a->n_q_runs))
-        return cpc_error(CPC_E_INTERNAL,
-                         "attn_bwd: query runs do not cover the %lld query rows", (long long)sq);
-    if (!fill_positions(c->kpos, skv, a->kv_runs, a->n_kv_runs))
-        return cpc_error(CPC_E_INTERNAL, "attn_bwd: key runs do not cover the %lld key rows",
-                         (long long)skv);
-    if (a->kv_mask)
-        for (int64_t j = 0; j < skv; j++)
-            if (c->kpos[j] < 0 || c->kpos[j] >= a->mask_len)
-                return cpc_error(CPC_E_INTERNAL,
-                                 "attn_bwd: key position %lld outside the key padding mask "
-                                 "(length %lld)",
-                                 (long long)c->kpos[j], (long long)a->mask_len);
-    cpu_tile_desc(c->kpos, skv, tk, c->kt, KT_N);
-    cpu_tile_desc(c->qpos, sq, tq, c->qt, QT_N);
-    for (int64_t t = 0; t < n_kt; t++)
-        c->kt[t * KT_N + KT_MASKED] = 0;
 
-    const float qscale = a->scale * LOG2E_F;
+    const float qscale = p->scale * LOG2E_F;
     const int64_t ldq = (int64_t)hq * d, ldkv = (int64_t)hkv * d;
     const int64_t dq_bs = a->dq_bstride ? a->dq_bstride : sq * ldq;
     const int64_t dkv_bs = a->dkv_bstride ? a->dkv_bstride : skv * ldkv;
     float *S = c->s, *DP = c->dp;
 
     for (int b = 0; b < B; b++) {
-        const char *qsrc = (const char *)a->q + (size_t)b * (size_t)a->q_bstride * es;
+        const char *qsrc = (const char *)p->q + (size_t)b * (size_t)p->q_bstride * es;
         const char *dosrc = (const char *)a->dout + (size_t)b * (size_t)a->dout_bstride * es;
-        const char *ksrc = (const char *)a->k + (size_t)b * (size_t)a->kv_bstride * es;
-        const char *vsrc = (const char *)a->v + (size_t)b * (size_t)a->kv_bstride * es;
-        if (a->kv_mask)
-            cpu_key_padding(a->kv_mask + (size_t)b * (size_t)a->mask_len, c->kpos, skv, tk, c->bias,
-                            c->kt);
+        const char *ksrc = (const char *)p->k + (size_t)b * (size_t)p->kv_bstride * es;
+        const char *vsrc = (const char *)p->v + (size_t)b * (size_t)p->kv_bstride * es;
+        cpc_attn_tiling_batch(T, p, b);
         for (int kvl = 0; kvl < hkv; kvl++) {
             int h0, h1;
-            if (!cpu_gqa_heads(a->kv_head_off, kvl, a->group, a->q_head_off, hq, &h0, &h1))
+            if (!cpc_attn_q_heads(p, kvl, &h0, &h1))
                 continue; /* no query head of this call uses it: dk/dv untouched */
             for (int64_t j = 0; j < skv; j++) {
                 size_t off = ((size_t)j * (size_t)ldkv + (size_t)kvl * d) * es;
-                cpc_to_f32_n(c->kb + j * d, ksrc + off, a->dtype, (size_t)d);
-                cpc_to_f32_n(c->vb + j * d, vsrc + off, a->dtype, (size_t)d);
+                cpc_to_f32_n(c->kb + j * d, ksrc + off, p->dtype, (size_t)d);
+                cpc_to_f32_n(c->vb + j * d, vsrc + off, p->dtype, (size_t)d);
             }
             memset(c->dkb, 0, sizeof(float) * kd);
             memset(c->dvb, 0, sizeof(float) * kd);
@@ -387,34 +296,17 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
                     continue; /* no row of this head saw a key */
                 for (int64_t i = 0; i < sq; i++) {
                     size_t off = ((size_t)i * (size_t)ldq + (size_t)h * d) * es;
-                    cpc_to_f32_scaled_n(c->qb + i * d, qsrc + off, a->dtype, (size_t)d, qscale);
-                    cpc_to_f32_n(c->dob + i * d, dosrc + off, a->dtype, (size_t)d);
+                    cpc_to_f32_scaled_n(c->qb + i * d, qsrc + off, p->dtype, (size_t)d, qscale);
+                    cpc_to_f32_n(c->dob + i * d, dosrc + off, p->dtype, (size_t)d);
                 }
                 memset(c->dqb, 0, sizeof(float) * qd);
-                for (int64_t qi = 0; qi < n_qt; qi++) {
-                    const int64_t i0 = qi * tq;
-                    const int br = (int)(sq - i0 < tq ? sq - i0 : tq);
-                    const int64_t *qt = c->qt + qi * QT_N;
-                    const int64_t qmin = qt[QT_MIN], qmax = qt[QT_MAX];
-                    const bool qinc = qt[QT_INC] != 0;
-                    for (int64_t t = 0; t < n_kt; t++) {
-                        const int64_t *kt = c->kt + t * KT_N;
-                        const int64_t j0 = t * tk;
-                        const int bc = (int)(skv - j0 < tk ? skv - j0 : tk);
-                        if (a->causal && kt[KT_MIN] > qmax)
-                            continue; /* no row sees any key of this tile */
-                        if (kt[KT_MASKED] == bc)
-                            continue; /* every key padded out */
-                        const bool diag = a->causal && kt[KT_MAX] > qmin;
-                        const bool pad = kt[KT_MASKED] > 0;
-                        int r0 = 0, bcx = bc;
-                        if (diag) {
-                            if (kt[KT_INC])
-                                bcx = count_le(c->kpos + j0, bc, qmax);
-                            if (qinc)
-                                r0 = count_lt(c->qpos + i0, br, kt[KT_MIN]);
-                        }
-                        const int nr = br - r0;
+                for (int64_t qi = 0; qi < T->n_qt; qi++) {
+                    for (int64_t kj = 0; kj < T->n_kt; kj++) {
+                        cpc_attn_tile tl;
+                        if (!cpc_attn_tile_pair(T, p, qi, kj, &tl))
+                            continue;
+                        const int64_t i0 = tl.i0, j0 = tl.j0;
+                        const int r0 = tl.r0, br = tl.br, bcx = tl.bcx, nr = br - r0;
                         const float *Qt = c->qb + (size_t)(i0 + r0) * d;
                         const float *dOt = c->dob + (size_t)(i0 + r0) * d;
                         float *St = S + (size_t)r0 * tk, *DPt = DP + (size_t)r0 * tk;
@@ -424,17 +316,15 @@ cpc_status *cpc_cpu_attn_bwd(cpc_cpu_bwd **state, const cpc_attn_bwd_args *a)
                                     dOt, d, c->vb + (size_t)j0 * d, d, 0.0f, DPt, tk);
                         for (int r = r0; r < br; r++) {
                             float *sr = S + (size_t)r * tk;
-                            cpu_mask_row(sr, bcx, diag, kt[KT_INC], c->kpos + j0, c->qpos[i0 + r],
-                                         pad ? c->bias + j0 : NULL);
-                            c->fused(sr, DP + (size_t)r * tk, bcx, c->m[i0 + r],
-                                     delta[i0 + r]);
+                            cpc_attn_mask_row(T, &tl, r, sr);
+                            c->fused(sr, DP + (size_t)r * tk, bcx, c->m[i0 + r], delta[i0 + r]);
                         }
                         /* dV += P^T dO */
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bcx, d, nr, 1.0f, St,
                                     tk, dOt, d, 1.0f, c->dvb + (size_t)j0 * d, d);
                         /* dQ += scale dS K */
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, d, bcx,
-                                    a->scale, DPt, tk, c->kb + (size_t)j0 * d, d, 1.0f,
+                                    p->scale, DPt, tk, c->kb + (size_t)j0 * d, d, 1.0f,
                                     c->dqb + (size_t)(i0 + r0) * d, d);
                         /* dK += scale dS^T Q = ln 2 dS^T Q' */
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bcx, d, nr, LN2_F,

@@ -59,9 +59,12 @@ static cpc_status *add_part(cpc_sdpa_split *sp, cpc_sdpa_part_kind kind, int64_t
     return NULL;
 }
 
-cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
+cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_problem *a, cpc_sdpa_split *sp)
 {
     memset(sp, 0, sizeof *sp);
+    cpc_status *st = cpc_attn_problem_check(a);
+    if (st)
+        return st;
     if (a->dtype != CPC_DTYPE_BF16 && a->dtype != CPC_DTYPE_FP16)
         return cpc_error(CPC_E_UNSUPPORTED, "cuDNN SDPA: %s is not supported (bf16/fp16 only)",
                          cpc_dtype_name(a->dtype));
@@ -70,10 +73,8 @@ cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
                          "cuDNN SDPA: head_dim %d is not a multiple of 8 in 8..256", a->d);
     if (a->kv_mask)
         return cpc_error(CPC_E_UNSUPPORTED, "cuDNN SDPA: key padding masks are not supported");
-    if (a->B < 1 || a->hq < 1 || a->hkv < 1 || a->sq < 0 || a->skv < 0 || a->group < 1)
-        return cpc_error(CPC_E_UNSUPPORTED,
-                         "cuDNN SDPA: empty or malformed block (B %d, hq %d, hkv %d, sq %lld, skv %lld)",
-                         a->B, a->hq, a->hkv, (long long)a->sq, (long long)a->skv);
+    if (a->B < 1 || a->hq < 1)
+        return cpc_error(CPC_E_UNSUPPORTED, "cuDNN SDPA: empty block (B %d, hq %d)", a->B, a->hq);
     /* GQA: local query head h uses local K/V head (q_head_off + h) / group -
      * kv_head_off; cuDNN needs h / ratio + kv_head0. */
     int g = a->group, first = a->q_head_off / g, last = (a->q_head_off + a->hq - 1) / g;
@@ -88,13 +89,7 @@ cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
                          a->q_head_off, a->q_head_off + a->hq, g);
     }
     sp->hkv = a->hq / sp->ratio;
-    sp->kv_head0 = first - a->kv_head_off;
-    if (sp->kv_head0 < 0 || sp->kv_head0 + sp->hkv > a->hkv)
-        return cpc_error(CPC_E_UNSUPPORTED,
-                         "cuDNN SDPA: query heads [%d, %d) need K/V heads [%d, %d), the block holds "
-                         "[%d, %d)",
-                         a->q_head_off, a->q_head_off + a->hq, first, last + 1, a->kv_head_off,
-                         a->kv_head_off + a->hkv);
+    sp->kv_head0 = first - a->kv_head_off; /* inside the block: cpc_attn_problem_check */
     if (a->sq == 0)
         return NULL;
     if (a->skv == 0)
@@ -102,10 +97,9 @@ cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
     if (!a->causal)
         return add_part(sp, CPC_SDPA_PART_FULL, 0, a->sq, a->skv);
 
-    /* Causal: positions come from the runs. */
-    int64_t nq = 0, nk = 0, prev_end = INT64_MIN;
-    for (int i = 0; i < a->n_q_runs; i++)
-        nq += a->q_runs[i].len > 0 ? a->q_runs[i].len : 0;
+    /* Causal: positions come from the runs (they cover the rows:
+     * cpc_attn_problem_check). */
+    int64_t prev_end = INT64_MIN;
     for (int i = 0; i < a->n_kv_runs; i++) {
         const cpc_run *r = &a->kv_runs[i];
         if (r->len <= 0)
@@ -114,13 +108,7 @@ cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
             return cpc_error(CPC_E_UNSUPPORTED,
                              "cuDNN SDPA: causal block whose key runs are not in increasing order");
         prev_end = r->start + r->len;
-        nk += r->len;
     }
-    if (nq != a->sq || nk != a->skv)
-        return cpc_error(CPC_E_UNSUPPORTED,
-                         "cuDNN SDPA: causal block whose runs cover %lld query and %lld key rows, "
-                         "not %lld and %lld",
-                         (long long)nq, (long long)nk, (long long)a->sq, (long long)a->skv);
     int64_t row = 0;
     for (int i = 0; i < a->n_q_runs; i++) {
         const cpc_run *r = &a->q_runs[i];
@@ -128,7 +116,6 @@ cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *sp)
             continue;
         int64_t lf = visible_keys(a->kv_runs, a->n_kv_runs, r->start);
         int64_t ll = visible_keys(a->kv_runs, a->n_kv_runs, r->start + r->len - 1);
-        cpc_status *st;
         if (ll == 0)
             st = add_part(sp, CPC_SDPA_PART_EMPTY, row, r->len, 0);
         else if (lf == ll)
@@ -160,7 +147,7 @@ cpc_status *cpc_cudnn_sdpa_create(int device, cpc_cudnn_sdpa **out)
                      "cudnn_version.h older than 9.13.1)");
 }
 
-cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
+cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_problem *a,
                                const cpc_sdpa_split *split, void *o, float *lse, void *stream)
 {
     (void)s, (void)a, (void)split, (void)o, (void)lse, (void)stream;
@@ -581,7 +568,7 @@ static bool dnn_refused(cudnnStatus_t s)
            (int)s / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000;
 }
 
-cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
+cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_problem *a,
                                const cpc_sdpa_split *split, void *o, float *lse, void *stream)
 {
     cpc_sdpa_split local;

@@ -2,7 +2,7 @@
  * attention_cudnn.h - attention blocks on cuDNN's fused SDPA forward
  * operation, for the CUDA backend (backend_cuda.c, --attention auto|cudnn).
  *
- * The block is described by backend.h's cpc_attn_args (BSHD tensors, batch
+ * The block is described by attn_problem.h's cpc_attn_problem (BSHD tensors, batch
  * strides in elements, LSE [B, H, S] fp32 natural log).  cuDNN is driven
  * through its C BACKEND API (cudnn_graph.h), no frontend:
  *
@@ -95,10 +95,11 @@ typedef struct cpc_sdpa_split {
  * for each query run (a->q_runs, global positions), every row of the run
  * must see the same number L of keys - the keys of a->kv_runs (sorted,
  * disjoint) at positions <= the row's - so the run is FULL with nkv = L, or
- * EMPTY when L = 0; adjacent runs alike are merged.  The sums of the runs'
- * lengths must be sq and skv.
- * Errors: CPC_E_UNSUPPORTED naming the reason (see the file comment). */
-cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_args *a, cpc_sdpa_split *out);
+ * EMPTY when L = 0; adjacent runs alike are merged.
+ * Errors: the status of cpc_attn_problem_check (CPC_E_INTERNAL) for a
+ * problem that fails it; CPC_E_UNSUPPORTED naming the reason cuDNN cannot
+ * serve a valid one (see the file comment). */
+cpc_status *cpc_cudnn_sdpa_split(const cpc_attn_problem *a, cpc_sdpa_split *out);
 
 /* cuDNN's version at run time (cudnnGetVersion, e.g. 91900), 0 without cuDNN. */
 size_t cpc_cudnn_version(void);
@@ -113,11 +114,11 @@ cpc_status *cpc_cudnn_sdpa_create(int device, cpc_cudnn_sdpa **out);
 /* Runs the FULL parts of `split` (from cpc_cudnn_sdpa_split(a); NULL: split
  * here, and a block with an EMPTY part is CPC_E_UNSUPPORTED) on `stream` (a
  * cudaStream_t, NULL = the legacy default stream), asynchronously:
- *   o   [B, sq, hq, d] in a->dtype, contiguous (NOT a->o, which is fp32): the
+ *   o   [B, sq, hq, d] in a->dtype, contiguous (NOT the forward's fp32 o): the
  *       output rows of FULL parts;
  *   lse [B, hq, sq] fp32 (natural log) rows of FULL parts, or NULL: no
  *       statistics (a cheaper plan; the ring merge needs them).
- * Rows of EMPTY parts are not touched.  a->o and a->lse are ignored.
+ * Rows of EMPTY parts are not touched.
  * Device buffers must stay valid until the stream reaches this work; the
  * workspace is owned by `s` (grown with cudaMalloc as plans need it).
  * Errors: CPC_E_UNSUPPORTED when a plan cannot be built for a part (cached:
@@ -126,7 +127,7 @@ cpc_status *cpc_cudnn_sdpa_create(int device, cpc_cudnn_sdpa **out);
  * execution (bad parameter / not supported: nothing was queued for that
  * part; earlier parts may have written o and lse); CPC_E_RUNTIME when cuDNN
  * or CUDA fails otherwise; CPC_E_NOMEM.  Makes s's device current. */
-cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_args *a,
+cpc_status *cpc_cudnn_sdpa_run(cpc_cudnn_sdpa *s, const cpc_attn_problem *a,
                                const cpc_sdpa_split *split, void *o, float *lse, void *stream);
 
 /* Number of plans built (successfully) so far by `s`, and cached refusals. */

@@ -19,39 +19,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attn_problem.h"
 #include "layout.h"
 #include "plan.h"
 #include "status.h"
 
-/* One attention block: o = softmax(q k^T * scale + mask) v, lse = log sum exp
- * of the (scaled, masked) scores.  Query head h (0 <= h < hq) is global head
- * q_head_off + h and uses K/V global head (q_head_off + h) / group, i.e. local
- * K/V head (q_head_off + h) / group - kv_head_off (GQA).
- *
- * Masks: with `causal`, query at global position i sees keys at positions
- * j <= i; positions come from the runs (q rows are the concatenation of
- * q_runs, K/V rows of kv_runs).  With `kv_mask` (key padding, [B, mask_len]
- * u8, indexed by global key position, 1 = the key takes part), masked keys
- * are excluded.  A row that sees no key gets o = 0 and lse = -inf (never
- * NaN). */
+/* One attention block forward: o = softmax(q k^T * scale + mask) v and lse
+ * = log sum exp of the (scaled, masked) scores, for the problem p
+ * (attn_problem.h: shapes, heads, positions, causal and key padding).  A row
+ * that sees no key gets o = 0 and lse = -inf (never NaN). */
 typedef struct cpc_attn_args {
-    int B;
-    int64_t sq, skv;          /* query rows and key rows of this block */
-    int hq, hkv, d;           /* local heads and head_dim */
-    int group;                /* GQA ratio H / Hkv (global) */
-    int q_head_off, kv_head_off;
-    cpc_dtype dtype;          /* of q, k, v */
-    const void *q;            /* [B, sq, hq, d], batch stride q_bstride elems */
-    const void *k, *v;        /* [B, skv, hkv, d], batch stride kv_bstride */
-    int64_t q_bstride, kv_bstride;
+    cpc_attn_problem p;       /* the block (q, k, v read) */
     float *o;                 /* [B, sq, hq, d] fp32, contiguous (written) */
-    float *lse;               /* [B, hq, sq] fp32, contiguous (written) */
-    float scale;
-    bool causal;
-    const cpc_run *q_runs;  int n_q_runs;
-    const cpc_run *kv_runs; int n_kv_runs;
-    const uint8_t *kv_mask;   /* NULL or [B, mask_len] */
-    int64_t mask_len;
+    float *lse;               /* [B, hq, sq] fp32, contiguous, natural log (written) */
 } cpc_attn_args;
 
 /* The backward of one attention block (FlashAttention-2, Dao 2023,
@@ -65,14 +45,11 @@ typedef struct cpc_attn_args {
  *   dQ      += dS K * scale
  *   dK      += dS^T Q * scale
  *
- * Shapes, heads, masks and positions are those of cpc_attn_args (the same
- * fields mean the same thing): q and dout [B, sq, hq, d], k and v [B, skv,
- * hkv, d], query head h (0 <= h < hq) is global head q_head_off + h and uses
- * local K/V head (q_head_off + h) / group - kv_head_off; causal by global
- * positions from the runs; key padding by kv_mask.  dk/dv of a K/V head are
- * summed over the query heads of its group that this call sees (q_head_off
- * .. q_head_off + hq - 1); K/V heads of the block that none of them uses
- * are left untouched.
+ * The problem p is the forward's (the same fields mean the same thing);
+ * dout is [B, sq, hq, d] in p.dtype.  dk/dv of a K/V head are summed over
+ * the query heads of its group that this call sees (q_head_off .. q_head_off
+ * + hq - 1); K/V heads of the block that none of them uses are left
+ * untouched.
  *
  * Splitting the keys.  lse must be the LSE of the row over ALL the keys the
  * row attends to (the whole ring, not this block): then P of this block is
@@ -89,7 +66,7 @@ typedef struct cpc_attn_args {
  * nothing (P = 0; their dq is not changed).  NaN in any input propagates to
  * the gradients it reaches (never silently dropped).
  *
- * Element types: q, k, v, dout in `dtype` (bf16/fp16 widened to fp32); out
+ * Element types: q, k, v, dout in p.dtype (bf16/fp16 widened to fp32); out
  * in `out_dtype` (the plan dtype when the saved output is the O buffer, fp32
  * when it is the fp32 ACC); dq, dk, dv, lse, delta fp32.  Computation in fp32.
  *
@@ -98,21 +75,11 @@ typedef struct cpc_attn_args {
  * (0: the block's own size, i.e. contiguous; a larger stride lets a block
  * write its slice of an all-gathered [B, S, hkv, d] gradient in place);
  * elements between batches are not touched.  The caller zeroes them
- * (init_acc with n_lse = 0) before the first block.
- *
- * Errors: CPC_E_INTERNAL for inconsistent arguments (as attn, plus a missing
- * dout/lse/delta/dq/dk/dv, or out when compute_delta), CPC_E_NOMEM. */
+ * (init_acc with n_lse = 0) before the first block. */
 typedef struct cpc_attn_bwd_args {
-    int B;
-    int64_t sq, skv;          /* query rows and key rows of this block */
-    int hq, hkv, d;           /* local heads and head_dim */
-    int group;                /* GQA ratio H / Hkv (global) */
-    int q_head_off, kv_head_off;
-    cpc_dtype dtype;          /* of q, k, v, dout */
-    const void *q;            /* [B, sq, hq, d], batch stride q_bstride elems */
-    const void *k, *v;        /* [B, skv, hkv, d], batch stride kv_bstride */
-    const void *dout;         /* [B, sq, hq, d], batch stride dout_bstride */
-    int64_t q_bstride, kv_bstride, dout_bstride;
+    cpc_attn_problem p;       /* the block (q, k, v read) */
+    const void *dout;         /* [B, sq, hq, d] in p.dtype, batch stride dout_bstride */
+    int64_t dout_bstride;
     const void *out;          /* [B, sq, hq, d] in out_dtype, batch stride out_bstride;
                                  read only with compute_delta */
     cpc_dtype out_dtype;
@@ -123,13 +90,18 @@ typedef struct cpc_attn_bwd_args {
     float *dq;                /* [B, sq, hq, d] fp32, += ; batch stride dq_bstride */
     float *dk, *dv;           /* [B, skv, hkv, d] fp32, += ; batch stride dkv_bstride */
     int64_t dq_bstride, dkv_bstride; /* elements; 0 = contiguous */
-    float scale;
-    bool causal;
-    const cpc_run *q_runs;  int n_q_runs;
-    const cpc_run *kv_runs; int n_kv_runs;
-    const uint8_t *kv_mask;   /* NULL or [B, mask_len] */
-    int64_t mask_len;
 } cpc_attn_bwd_args;
+
+/* The checks of each direction, used by every backend before it reads or
+ * writes anything: cpc_attn_problem_check on a->p (its message unchanged),
+ * then the direction's own pointers and strides (with rows: o and lse;
+ * backward: dout and delta, out and a known out_dtype with compute_delta,
+ * dout/out batch strides >= a batch's block when B > 1, dq/dkv strides 0 or
+ * >= a batch's block, and with keys lse, dq, dk, dv).  NULL when valid;
+ * CPC_E_INTERNAL otherwise ("attention: ..." for the problem, "attention
+ * forward: ..." / "attention backward: ..." for the rest).  Thread-safe. */
+cpc_status *cpc_attn_args_check(const cpc_attn_args *a);
+cpc_status *cpc_attn_bwd_args_check(const cpc_attn_bwd_args *a);
 
 /* acc/acc_lse <- LSE merge of (acc, acc_lse) and (o, lse), in fp32:
  * lse' = log(e^a + e^b), acc' = e^(a-lse') acc + e^(b-lse') o.  Rows with

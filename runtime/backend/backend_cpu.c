@@ -65,12 +65,9 @@ typedef struct cpu_ctx {
     float *s;      size_t s_cap;     /* [tq, tk] scores / probabilities */
     float *kbuf;   size_t kbuf_cap;  /* [skv, d] fp32 K of one head (16-bit inputs) */
     float *vbuf;   size_t vbuf_cap;  /* [skv, d] fp32 V of one head */
-    float *bias;   size_t bias_cap;  /* [skv] 0 or -inf (key padding) */
     float *m;      size_t m_cap;     /* [tq] running max (log2 units) */
     float *l;      size_t l_cap;     /* [tq] running sum */
-    int64_t *qpos; size_t qpos_cap;  /* [sq] global positions of query rows */
-    int64_t *kpos; size_t kpos_cap;  /* [skv] global positions of key rows */
-    int64_t *kt;   size_t kt_cap;    /* per key tile: min, max, increasing, masked count */
+    cpc_attn_tiling tiles;           /* positions, tiles and key padding (attn_problem.h) */
     cpc_cpu_bwd *bwd;                /* the backward's scratch (attention_bwd_cpu.c) */
 } cpu_ctx;
 
@@ -211,52 +208,6 @@ __attribute__((target("avx512f"))) static float row_exp_avx512(float *s, int64_t
 
 static size_t dt_size(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4u : 2u; }
 
-static cpc_status *check_args(const cpc_attn_args *a)
-{
-    if (!a)
-        return cpc_error(CPC_E_INTERNAL, "attn: no arguments");
-    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->d < 1 ||
-        a->group < 1 || a->q_head_off < 0 || a->kv_head_off < 0)
-        return cpc_error(CPC_E_INTERNAL,
-                         "attn: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d d=%d group=%d "
-                         "q_head_off=%d kv_head_off=%d)",
-                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv, a->d,
-                         a->group, a->q_head_off, a->kv_head_off);
-    if ((int)a->dtype < 0 || a->dtype >= CPC_DTYPE__COUNT)
-        return cpc_error(CPC_E_INTERNAL, "attn: unknown dtype %d", (int)a->dtype);
-    if ((int64_t)a->hq * a->d > 0x7fffffff || (int64_t)a->hkv * a->d > 0x7fffffff)
-        return cpc_error(CPC_E_INTERNAL, "attn: heads * head_dim exceeds the BLAS index range");
-    if (a->hq > 0) {
-        int first = a->q_head_off / a->group - a->kv_head_off;
-        int last = (a->q_head_off + a->hq - 1) / a->group - a->kv_head_off;
-        if (first < 0 || last >= a->hkv)
-            return cpc_error(CPC_E_INTERNAL,
-                             "attn: query heads [%d, %d) with group %d need K/V heads [%d, %d], "
-                             "but this block holds K/V heads [%d, %d)",
-                             a->q_head_off, a->q_head_off + a->hq, a->group,
-                             a->q_head_off / a->group, (a->q_head_off + a->hq - 1) / a->group,
-                             a->kv_head_off, a->kv_head_off + a->hkv);
-    }
-    if (a->B > 1) {
-        if (a->q_bstride < a->sq * a->hq * a->d || a->kv_bstride < a->skv * a->hkv * a->d)
-            return cpc_error(CPC_E_INTERNAL,
-                             "attn: batch strides (q %lld, kv %lld elements) smaller than a "
-                             "batch's block (q %lld, kv %lld)",
-                             (long long)a->q_bstride, (long long)a->kv_bstride,
-                             (long long)(a->sq * a->hq * a->d),
-                             (long long)(a->skv * a->hkv * a->d));
-    }
-    bool work = a->B > 0 && a->sq > 0 && a->hq > 0;
-    if (work && (!a->q || !a->o))
-        return cpc_error(CPC_E_INTERNAL, "attn: q and o are required");
-    if (work && a->skv > 0 && (!a->k || !a->v))
-        return cpc_error(CPC_E_INTERNAL, "attn: k and v are required");
-    if ((a->n_q_runs > 0 && !a->q_runs) || (a->n_kv_runs > 0 && !a->kv_runs) ||
-        a->n_q_runs < 0 || a->n_kv_runs < 0)
-        return cpc_error(CPC_E_INTERNAL, "attn: bad run lists");
-    return NULL;
-}
-
 /* Whether P V must be accumulated scaled: the accumulator of a row is at most
  * l * max|v| <= skv * max|v| (every p <= 1), which overflows fp32 for finite v
  * near FLT_MAX (bf16/fp32 inputs).  When skv * max|v| >= 2^120, *vs = 2^-(e-1)
@@ -286,82 +237,58 @@ static bool cpu_v_scale(const float *V, int64_t ldv, int64_t skv, int d, float *
 static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
 {
     cpu_ctx *c = be->ctx;
-    cpc_status *st = check_args(a);
+    cpc_status *st = cpc_attn_args_check(a);
     if (st)
         return st;
-    const int64_t sq = a->sq, skv = a->skv;
-    const int hq = a->hq, hkv = a->hkv, d = a->d, B = a->B;
-    if (B == 0 || sq == 0 || hq == 0)
+    const cpc_attn_problem *p = &a->p;
+    const int64_t sq = p->sq, skv = p->skv;
+    const int hq = p->hq, hkv = p->hkv, d = p->d, B = p->B;
+    if (!cpc_attn_problem_has_rows(p))
         return NULL;
     const int64_t ldo = (int64_t)hq * d;
     if (skv == 0) { /* no key: every row sees nothing */
         memset(a->o, 0, sizeof(float) * (size_t)B * (size_t)sq * (size_t)ldo);
-        if (a->lse)
-            for (size_t i = 0; i < (size_t)B * (size_t)hq * (size_t)sq; i++)
-                a->lse[i] = -INFINITY;
+        for (size_t i = 0; i < (size_t)B * (size_t)hq * (size_t)sq; i++)
+            a->lse[i] = -INFINITY;
         return NULL;
     }
     const int tq = c->tq, tk = c->tk;
-    const size_t es = dt_size(a->dtype);
+    const size_t es = dt_size(p->dtype);
     /* fp32 K/V are read in place when their rows are contiguous (one K/V head);
      * otherwise copied per head: OpenBLAS packs K and V tiles again for every query
      * tile, and packing from rows strided by Hkv*D (a page apart) costs TLB misses. */
-    const bool conv = a->dtype != CPC_DTYPE_FP32 || hkv > 1;
-    const int64_t n_kt = (skv + tk - 1) / tk;
+    const bool conv = p->dtype != CPC_DTYPE_FP32 || hkv > 1;
+    cpc_attn_tiling *T = &c->tiles;
 
     if ((st = GROW(c, qt, sizeof(float) * (size_t)tq * d)) ||
         (st = GROW(c, s, sizeof(float) * (size_t)tq * tk)) ||
         (st = GROW(c, m, sizeof(float) * (size_t)tq)) ||
         (st = GROW(c, l, sizeof(float) * (size_t)tq)) ||
-        (st = GROW(c, qpos, sizeof(int64_t) * (size_t)sq)) ||
-        (st = GROW(c, kpos, sizeof(int64_t) * (size_t)skv)) ||
-        (st = GROW(c, kt, sizeof(int64_t) * KT_N * (size_t)n_kt)) ||
-        (a->kv_mask && (st = GROW(c, bias, sizeof(float) * (size_t)skv))) ||
         (conv && (st = GROW(c, kbuf, sizeof(float) * (size_t)skv * d))) ||
-        (conv && (st = GROW(c, vbuf, sizeof(float) * (size_t)skv * d))))
+        (conv && (st = GROW(c, vbuf, sizeof(float) * (size_t)skv * d))) ||
+        (st = cpc_attn_tiling_prepare(T, p, tq, tk)))
         return st;
 
-    if (!fill_positions(c->qpos, sq, a->q_runs, a->n_q_runs))
-        return cpc_error(CPC_E_INTERNAL, "attn: query runs do not cover the %lld query rows",
-                         (long long)sq);
-    if (!fill_positions(c->kpos, skv, a->kv_runs, a->n_kv_runs))
-        return cpc_error(CPC_E_INTERNAL, "attn: key runs do not cover the %lld key rows",
-                         (long long)skv);
-    if (a->kv_mask)
-        for (int64_t j = 0; j < skv; j++)
-            if (c->kpos[j] < 0 || c->kpos[j] >= a->mask_len)
-                return cpc_error(CPC_E_INTERNAL,
-                                 "attn: key position %lld outside the key padding mask "
-                                 "(length %lld)",
-                                 (long long)c->kpos[j], (long long)a->mask_len);
-
-    /* Key tiles: position range and whether positions increase. */
-    cpu_tile_desc(c->kpos, skv, tk, c->kt, KT_N);
-    for (int64_t t = 0; t < n_kt; t++)
-        c->kt[t * KT_N + KT_MASKED] = 0;
-
-    const float qscale = a->scale * LOG2E_F;
+    const float qscale = p->scale * LOG2E_F;
     const int64_t ldq = (int64_t)hq * d, ldkv_in = (int64_t)hkv * d;
     float *S = c->s, *M = c->m, *L = c->l;
 
     for (int b = 0; b < B; b++) {
-        const char *qb = (const char *)a->q + (size_t)b * (size_t)a->q_bstride * es;
-        const char *kb = (const char *)a->k + (size_t)b * (size_t)a->kv_bstride * es;
-        const char *vb = (const char *)a->v + (size_t)b * (size_t)a->kv_bstride * es;
-        if (a->kv_mask)
-            cpu_key_padding(a->kv_mask + (size_t)b * (size_t)a->mask_len, c->kpos, skv, tk, c->bias,
-                            c->kt);
+        const char *qb = (const char *)p->q + (size_t)b * (size_t)p->q_bstride * es;
+        const char *kb = (const char *)p->k + (size_t)b * (size_t)p->kv_bstride * es;
+        const char *vb = (const char *)p->v + (size_t)b * (size_t)p->kv_bstride * es;
+        cpc_attn_tiling_batch(T, p, b);
         for (int kvl = 0; kvl < hkv; kvl++) {
             int h0, h1; /* local query heads using this K/V head */
-            if (!cpu_gqa_heads(a->kv_head_off, kvl, a->group, a->q_head_off, hq, &h0, &h1))
+            if (!cpc_attn_q_heads(p, kvl, &h0, &h1))
                 continue;
             const float *K, *V;
             int64_t ldk, ldv;
             if (conv) {
                 for (int64_t j = 0; j < skv; j++) {
                     size_t off = ((size_t)j * (size_t)ldkv_in + (size_t)kvl * d) * es;
-                    cpc_to_f32_n(c->kbuf + j * d, kb + off, a->dtype, (size_t)d);
-                    cpc_to_f32_n(c->vbuf + j * d, vb + off, a->dtype, (size_t)d);
+                    cpc_to_f32_n(c->kbuf + j * d, kb + off, p->dtype, (size_t)d);
+                    cpc_to_f32_n(c->vbuf + j * d, vb + off, p->dtype, (size_t)d);
                 }
                 K = c->kbuf;
                 V = c->vbuf;
@@ -387,53 +314,31 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                     c->vbuf[i] *= vs;
             }
             for (int h = h0; h < h1; h++) {
-                for (int64_t i0 = 0; i0 < sq; i0 += tq) {
+                for (int64_t qi = 0; qi < T->n_qt; qi++) {
+                    const int64_t i0 = qi * tq;
                     const int br = (int)(sq - i0 < tq ? sq - i0 : tq);
                     float *O = a->o + ((size_t)b * sq + (size_t)i0) * ldo + (size_t)h * d;
-                    int64_t qmin = c->qpos[i0], qmax = c->qpos[i0];
-                    bool qinc = true; /* query positions increase inside the tile */
                     for (int r = 0; r < br; r++) {
                         const char *src = qb + ((size_t)(i0 + r) * ldq + (size_t)h * d) * es;
-                        cpc_to_f32_scaled_n(c->qt + (size_t)r * d, src, a->dtype, (size_t)d,
+                        cpc_to_f32_scaled_n(c->qt + (size_t)r * d, src, p->dtype, (size_t)d,
                                             qscale);
                         memset(O + (size_t)r * ldo, 0, sizeof(float) * d);
                         M[r] = -INFINITY;
                         L[r] = 0.0f;
-                        int64_t p = c->qpos[i0 + r];
-                        qmin = p < qmin ? p : qmin;
-                        qmax = p > qmax ? p : qmax;
-                        if (r > 0 && p < c->qpos[i0 + r - 1])
-                            qinc = false;
                     }
-                    for (int64_t t = 0; t < n_kt; t++) {
-                        const int64_t *kt = c->kt + t * KT_N;
-                        const int64_t j0 = t * tk;
-                        const int bc = (int)(skv - j0 < tk ? skv - j0 : tk);
-                        if (a->causal && kt[KT_MIN] > qmax)
-                            continue; /* no row sees any key of this tile */
-                        if (kt[KT_MASKED] == bc)
-                            continue; /* every key padded out */
-                        const bool diag = a->causal && kt[KT_MAX] > qmin;
-                        const bool pad = kt[KT_MASKED] > 0;
-                        /* On a tile that straddles the diagonal, trim the products to
-                         * the keys some row sees (increasing key positions: a prefix)
-                         * and to the rows that see some key (increasing query
-                         * positions: a suffix). */
-                        int r0 = 0, bcx = bc;
-                        if (diag) {
-                            if (kt[KT_INC])
-                                bcx = count_le(c->kpos + j0, bc, qmax);
-                            if (qinc)
-                                r0 = count_lt(c->qpos + i0, br, kt[KT_MIN]);
-                        }
+                    for (int64_t kj = 0; kj < T->n_kt; kj++) {
+                        cpc_attn_tile tl;
+                        if (!cpc_attn_tile_pair(T, p, qi, kj, &tl))
+                            continue;
+                        const int64_t j0 = tl.j0;
+                        const int r0 = tl.r0, bcx = tl.bcx;
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br - r0, bcx, d,
                                     1.0f, c->qt + (size_t)r0 * d, d, K + (size_t)j0 * ldk,
                                     (int)ldk, 0.0f, S + (size_t)r0 * tk, tk);
                         bool any = false;
                         for (int r = r0; r < br; r++) {
                             float *sr = S + (size_t)r * tk;
-                            cpu_mask_row(sr, bcx, diag, kt[KT_INC], c->kpos + j0, c->qpos[i0 + r],
-                                         pad ? c->bias + j0 : NULL);
+                            cpc_attn_mask_row(T, &tl, r, sr);
                             float mx = c->row_max(sr, bcx);
                             if (mx != mx) { /* a NaN score: the row is NaN */
                                 M[r] = L[r] = NAN;
@@ -480,8 +385,7 @@ static cpc_status *cpu_attn(cpc_backend *be, const cpc_attn_args *a)
                             memset(orow, 0, sizeof(float) * d);
                             lse = -INFINITY;
                         }
-                        if (a->lse)
-                            a->lse[((size_t)b * hq + (size_t)h) * sq + (size_t)(i0 + r)] = lse;
+                        a->lse[((size_t)b * hq + (size_t)h) * sq + (size_t)(i0 + r)] = lse;
                     }
                 }
             }
@@ -672,12 +576,9 @@ static void cpu_destroy(cpc_backend *be)
         free(c->s);
         free(c->kbuf);
         free(c->vbuf);
-        free(c->bias);
         free(c->m);
         free(c->l);
-        free(c->qpos);
-        free(c->kpos);
-        free(c->kt);
+        cpc_attn_tiling_free(&c->tiles);
         cpc_cpu_attn_bwd_free(c->bwd);
         free(c);
     }

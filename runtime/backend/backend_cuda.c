@@ -128,27 +128,36 @@ static unsigned grid_for(long long n, unsigned block, int sms)
 
 static int dsize(cpc_dtype t) { return t == CPC_DTYPE_FP32 ? 4 : 2; }
 
-/* Device positions for the runs (q rows then kv rows). */
-static cpc_status *upload_positions(cuda_ctx *c, const cpc_run *runs, int n, long long total,
-                                    long long offset, long long **dev)
+/* Device positions of the problem's rows (attn_problem.h): query rows at
+ * c->pos[0..sq), key rows at c->pos[sq..sq+skv) (grown on demand; the
+ * launches still queued may read the old array, so a growth synchronises). */
+static cpc_status *upload_positions(cuda_ctx *c, const cpc_attn_problem *p, long long **qpos,
+                                    long long **kvpos)
 {
-    long long *host = malloc(sizeof(long long) * (size_t)(total > 0 ? total : 1));
+    size_t need = (size_t)(p->sq + p->skv);
+    if (need > c->pos_cap) {
+        CK(cudaStreamSynchronize(c->compute), "attention positions");
+        if (c->pos)
+            cudaFree(c->pos);
+        c->pos = NULL;
+        c->pos_cap = 0;
+        CK(cudaMalloc((void **)&c->pos, need * sizeof(long long)), "cudaMalloc positions");
+        c->pos_cap = need;
+    }
+    _Static_assert(sizeof(long long) == sizeof(int64_t), "positions are 64-bit");
+    int64_t *host = malloc(sizeof(int64_t) * (need > 0 ? need : 1));
     if (!host)
         return &cpc_status_oom;
-    long long i = 0;
-    for (int r = 0; r < n && i < total; r++)
-        for (long long t = 0; t < runs[r].len && i < total; t++)
-            host[i++] = runs[r].start + t;
-    for (; i < total; i++)
-        host[i] = i; /* runs shorter than the rows: identity */
-    cudaError_t e = cudaMemcpyAsync(c->pos + offset, host, sizeof(long long) * (size_t)total,
-                                    cudaMemcpyHostToDevice, c->compute);
+    cpc_attn_positions(p->q_runs, p->n_q_runs, p->sq, host);
+    cpc_attn_positions(p->kv_runs, p->n_kv_runs, p->skv, host + p->sq);
+    cudaError_t e = cudaMemcpyAsync(c->pos, host, sizeof(int64_t) * need, cudaMemcpyHostToDevice, c->compute);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(c->compute);
     free(host);
     if (e != cudaSuccess)
         return cuda_err(e, "upload positions");
-    *dev = c->pos + offset;
+    *qpos = c->pos;
+    *kvpos = c->pos + p->sq;
     return NULL;
 }
 
@@ -223,38 +232,27 @@ static size_t mma_smem_bytes(int D)
 /* The generated attention kernel (any block). */
 static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
 {
+    const cpc_attn_problem *p = &a->p;
     long long *qpos = NULL, *kvpos = NULL;
-    bool need_pos = a->causal || a->kv_mask;
-    if (need_pos) {
-        size_t need = (size_t)(a->sq + a->skv);
-        if (need > c->pos_cap) {
-            if (c->pos)
-                cudaFree(c->pos);
-            c->pos = NULL;
-            c->pos_cap = 0;
-            CK(cudaMalloc((void **)&c->pos, need * sizeof(long long)), "cudaMalloc positions");
-            c->pos_cap = need;
-        }
-        cpc_status *st = upload_positions(c, a->q_runs, a->n_q_runs, a->sq, 0, &qpos);
-        if (!st)
-            st = upload_positions(c, a->kv_runs, a->n_kv_runs, a->skv, a->sq, &kvpos);
+    if (p->causal || p->kv_mask) {
+        cpc_status *st = upload_positions(c, p, &qpos, &kvpos);
         if (st)
             return st;
     }
-    int B = a->B, hq = a->hq, hkv = a->hkv, qoff = a->q_head_off, kvoff = a->kv_head_off;
-    long long sq = a->sq, skv = a->skv, qbs = a->q_bstride, kvbs = a->kv_bstride;
-    long long mlen = a->mask_len;
-    float scale = a->scale;
-    const void *q = a->q, *k = a->k, *v = a->v;
+    int B = p->B, hq = p->hq, hkv = p->hkv, qoff = p->q_head_off, kvoff = p->kv_head_off;
+    long long sq = p->sq, skv = p->skv, qbs = p->q_bstride, kvbs = p->kv_bstride;
+    long long mlen = p->mask_len;
+    float scale = p->scale;
+    const void *q = p->q, *k = p->k, *v = p->v;
     float *o = a->o, *lse = a->lse;
     const unsigned char *mask = NULL;
-    cpc_status *mst = device_mask(c, a->kv_mask, (size_t)a->B * (size_t)a->mask_len, &mask);
+    cpc_status *mst = device_mask(c, p->kv_mask, (size_t)p->B * (size_t)p->mask_len, &mask);
     if (mst)
         return mst;
     void *args[] = {&q, &k, &v, &o, &lse, &B, &sq, &skv, &hq, &hkv, &qoff, &kvoff,
                     &qbs, &kvbs, &scale, &qpos, &kvpos, &mask, &mlen};
     if (c->k_attn_mma && strcmp(c->attn_kernel, "mma") == 0) {
-        size_t smem = mma_smem_bytes(a->d);
+        size_t smem = mma_smem_bytes(p->d);
         CK(cudaKernelSetAttributeForDevice(c->k_attn_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem, c->device),
            "set attention shared memory");
@@ -262,7 +260,7 @@ static cpc_status *attn_nvrtc(cuda_ctx *c, const cpc_attn_args *a)
                       smem, args, "attention (mma.sync)");
     }
     if (c->k_attn_tc && strcmp(c->attn_kernel, "rowwarp") != 0) {
-        size_t smem = tc_smem_bytes(a->d);
+        size_t smem = tc_smem_bytes(p->d);
         CK(cudaKernelSetAttributeForDevice(c->k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem, c->device),
            "set attention shared memory");
@@ -301,9 +299,10 @@ static cpc_status *grow(cuda_ctx *c, void **buf, size_t *cap, size_t bytes, cons
  * device failures while running are errors. */
 static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
 {
+    const cpc_attn_problem *pr = &a->p;
     *served = false;
     cpc_sdpa_split sp;
-    cpc_status *st = cpc_cudnn_sdpa_split(a, &sp);
+    cpc_status *st = cpc_cudnn_sdpa_split(pr, &sp);
     if (st) {
         note_fallback(c, st->message);
         cpc_status_free(st);
@@ -323,12 +322,12 @@ static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
             return NULL;
         }
     }
-    int64_t es = cpc_dtype_size(a->dtype);
-    int64_t row_elems = (int64_t)a->hq * a->d;
-    size_t o_elems = (size_t)((int64_t)a->B * a->sq * row_elems);
+    int64_t es = cpc_dtype_size(pr->dtype);
+    int64_t row_elems = (int64_t)pr->hq * pr->d;
+    size_t o_elems = (size_t)((int64_t)pr->B * pr->sq * row_elems);
     if ((st = grow(c, &c->o16, &c->o16_cap, o_elems * (size_t)es, "cuDNN output scratch")))
         return st;
-    st = cpc_cudnn_sdpa_run(c->sdpa, a, &sp, c->o16, a->lse, c->compute);
+    st = cpc_cudnn_sdpa_run(c->sdpa, pr, &sp, c->o16, a->lse, c->compute);
     if (st) {
         if (st->code != CPC_E_UNSUPPORTED)
             return st;
@@ -341,9 +340,9 @@ static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
         const cpc_sdpa_part *p = &sp.parts[i];
         if (p->kind != CPC_SDPA_PART_EMPTY || p->rows <= 0)
             continue;
-        size_t pitch = (size_t)(a->sq * row_elems * es), width = (size_t)(p->rows * row_elems * es);
+        size_t pitch = (size_t)(pr->sq * row_elems * es), width = (size_t)(p->rows * row_elems * es);
         CK(cudaMemset2DAsync((char *)c->o16 + p->row0 * row_elems * es, pitch, 0, width,
-                             (size_t)a->B, c->compute),
+                             (size_t)pr->B, c->compute),
            "cuDNN: zero the rows that see no key");
         size_t need = (size_t)p->rows * sizeof(float);
         if (need > c->neginf_bytes) {
@@ -358,8 +357,8 @@ static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
         }
         float *dst = a->lse + p->row0;
         const void *src = c->neginf;
-        long long nb = a->B, nt = a->hq, nh = 1, inner = p->rows, dbs = (long long)a->hq * a->sq,
-                  dts = a->sq, dhs = 0, sbs = 0, sts = 0, shs = 0;
+        long long nb = pr->B, nt = pr->hq, nh = 1, inner = p->rows, dbs = (long long)pr->hq * pr->sq,
+                  dts = pr->sq, dhs = 0, sbs = 0, sts = 0, shs = 0;
         void *cargs[] = {&dst, &src, &nb, &nt, &nh, &inner, &dbs, &dts, &dhs, &sbs, &sts, &shs};
         long long rows = nb * nt;
         unsigned g = (unsigned)(rows < (long long)c->sm_count * 64 ? rows : (long long)c->sm_count * 64);
@@ -378,111 +377,29 @@ static cpc_status *attn_cudnn(cuda_ctx *c, const cpc_attn_args *a, bool *served)
     return NULL;
 }
 
-/* Positions of runs (none: 0..n-1) must add up to exactly n rows; with a key
- * padding mask every key position must lie inside it. */
-static bool runs_cover(const cpc_run *runs, int n_runs, int64_t n, int64_t mask_len,
-                       bool check_mask)
+/* The kernels are specialised on dtype, head_dim, causal and group: a
+ * problem that differs from the backend's kernels is refused (after
+ * cpc_attn_args_check / cpc_attn_bwd_args_check, the checks every backend
+ * makes, before anything is launched or written). */
+static cpc_status *check_spec(const cuda_ctx *c, const cpc_attn_problem *p)
 {
-    if (!runs || n_runs == 0)
-        return !check_mask || n <= mask_len;
-    int64_t c = 0;
-    for (int r = 0; r < n_runs; r++) {
-        if (runs[r].len < 0 || c + runs[r].len > n)
-            return false;
-        if (check_mask && runs[r].len > 0 &&
-            (runs[r].start < 0 || runs[r].start + runs[r].len > mask_len))
-            return false;
-        c += runs[r].len;
-    }
-    return c == n;
-}
-
-/* The refusals of the attention contract (backend.h), as the CPU backend's:
- * every one is checked on the host before anything is launched or written
- * (the kernels are specialised on dtype, head_dim, causal and group, so a
- * block that differs from the backend's kernels is refused too). */
-/* The K/V heads the query heads [q_head_off, q_head_off + hq) of GQA group
- * `group` read must lie in this block's [kv_head_off, kv_head_off + hkv)
- * (forward and backward alike; `what` names the call in the message). */
-static cpc_status *check_heads(const char *what, int q_head_off, int hq, int group, int kv_head_off,
-                               int hkv)
-{
-    if (hq <= 0)
-        return NULL;
-    int first = q_head_off / group - kv_head_off;
-    int last = (q_head_off + hq - 1) / group - kv_head_off;
-    if (first < 0 || last >= hkv)
-        return cpc_error(CPC_E_INTERNAL,
-                         "%s: query heads [%d, %d) with group %d need K/V heads [%d, %d], but this "
-                         "block holds K/V heads [%d, %d)",
-                         what, q_head_off, q_head_off + hq, group, q_head_off / group,
-                         (q_head_off + hq - 1) / group, kv_head_off, kv_head_off + hkv);
-    return NULL;
-}
-
-/* The run lists are well formed, and when `cover` they cover the sq query
- * rows and the skv key rows (key positions inside the padding mask). */
-static cpc_status *check_runs(const char *what, const cpc_run *q_runs, int n_q_runs, int64_t sq,
-                              const cpc_run *kv_runs, int n_kv_runs, int64_t skv, int64_t mask_len,
-                              bool has_mask, bool cover)
-{
-    if ((n_q_runs > 0 && !q_runs) || (n_kv_runs > 0 && !kv_runs) || n_q_runs < 0 || n_kv_runs < 0)
-        return cpc_error(CPC_E_INTERNAL, "%s: bad run lists", what);
-    if (!cover)
-        return NULL;
-    if (!runs_cover(q_runs, n_q_runs, sq, 0, false))
-        return cpc_error(CPC_E_INTERNAL, "%s: query runs do not cover the %lld query rows", what,
-                         (long long)sq);
-    if (!runs_cover(kv_runs, n_kv_runs, skv, mask_len, has_mask))
-        return cpc_error(CPC_E_INTERNAL, "%s: key runs do not cover the %lld key rows%s", what,
-                         (long long)skv,
-                         has_mask ? ", or a key position lies outside the key padding mask" : "");
-    return NULL;
-}
-
-static cpc_status *check_args(const cuda_ctx *c, const cpc_attn_args *a)
-{
-    cpc_status *st;
-    if (!a)
-        return cpc_error(CPC_E_INTERNAL, "CUDA attention: no arguments");
-    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
-        a->group != c->spec.gqa)
+    if (p->d != c->spec.head_dim || p->dtype != c->spec.dtype || p->causal != c->spec.causal ||
+        p->group != c->spec.gqa)
         return cpc_error(CPC_E_INTERNAL,
                          "CUDA attention: kernels built for %s head_dim %d causal %d group %d, "
                          "called with %s %d causal %d group %d",
-                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim, c->spec.causal,
-                         c->spec.gqa, cpc_dtype_name(a->dtype), a->d, a->causal, a->group);
-    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->q_head_off < 0 ||
-        a->kv_head_off < 0)
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attention: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d "
-                         "q_head_off=%d kv_head_off=%d)",
-                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv,
-                         a->q_head_off, a->kv_head_off);
-    if ((st = check_heads("CUDA attention", a->q_head_off, a->hq, a->group, a->kv_head_off, a->hkv)))
-        return st;
-    if (a->B > 1 && (a->q_bstride < a->sq * a->hq * a->d || a->kv_bstride < a->skv * a->hkv * a->d))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attention: batch strides (q %lld, kv %lld elements) smaller than "
-                         "a batch's block (q %lld, kv %lld)",
-                         (long long)a->q_bstride, (long long)a->kv_bstride,
-                         (long long)(a->sq * a->hq * a->d), (long long)(a->skv * a->hkv * a->d));
-    bool work = a->B > 0 && a->sq > 0 && a->hq > 0;
-    if (work && (!a->q || !a->o || !a->lse))
-        return cpc_error(CPC_E_INTERNAL, "CUDA attention: q, o and lse are required");
-    if (work && a->skv > 0 && (!a->k || !a->v))
-        return cpc_error(CPC_E_INTERNAL, "CUDA attention: k and v are required");
-    return check_runs("CUDA attention", a->q_runs, a->n_q_runs, a->sq, a->kv_runs, a->n_kv_runs,
-                      a->skv, a->mask_len, a->kv_mask != NULL, work);
+                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim, c->spec.causal, c->spec.gqa,
+                         cpc_dtype_name(p->dtype), p->d, p->causal, p->group);
+    return NULL;
 }
 
 static cpc_status *b_attn(cpc_backend *be, const cpc_attn_args *a)
 {
     cuda_ctx *c = C(be);
-    cpc_status *st0 = check_args(c, a);
-    if (st0)
+    cpc_status *st0 = cpc_attn_args_check(a);
+    if (st0 || (st0 = check_spec(c, &a->p)))
         return st0;
-    if (a->B == 0 || a->sq == 0 || a->hq == 0)
+    if (!cpc_attn_problem_has_rows(&a->p))
         return NULL;
     if (c->attn_mode != CPC_CUDA_ATTN_NVRTC) {
         bool served = false;
@@ -528,82 +445,28 @@ static size_t bwd_mma_q_smem(int D)
     return (halfs * 2 + 2 * bm * 4 + 7) / 8 * 8 + 8 * (bm + bn);
 }
 
-/* The refusals of the backward contract (backend.h, cpc_attn_bwd_args), as
- * the CPU backend's (attention_bwd_cpu.c), plus the kernels' specialisation;
- * checked on the host before anything is launched or written. */
-static cpc_status *check_bwd_args(const cuda_ctx *c, const cpc_attn_bwd_args *a)
-{
-    cpc_status *st;
-    if (!a)
-        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: no arguments");
-    if (a->d != c->spec.head_dim || a->dtype != c->spec.dtype || a->causal != c->spec.causal ||
-        a->group != c->spec.gqa)
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: kernels built for %s head_dim %d causal %d group %d, "
-                         "called with %s %d causal %d group %d",
-                         cpc_dtype_name(c->spec.dtype), c->spec.head_dim, c->spec.causal,
-                         c->spec.gqa, cpc_dtype_name(a->dtype), a->d, a->causal, a->group);
-    if (a->B < 0 || a->sq < 0 || a->skv < 0 || a->hq < 0 || a->hkv < 1 || a->q_head_off < 0 ||
-        a->kv_head_off < 0)
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: bad sizes (B=%d sq=%lld skv=%lld hq=%d hkv=%d "
-                         "q_head_off=%d kv_head_off=%d)",
-                         a->B, (long long)a->sq, (long long)a->skv, a->hq, a->hkv,
-                         a->q_head_off, a->kv_head_off);
-    if (a->compute_delta && a->out_dtype != CPC_DTYPE_FP32 && a->out_dtype != c->spec.dtype)
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: out in %s: the kernels read fp32 or the plan's %s",
-                         (int)a->out_dtype >= 0 && a->out_dtype < CPC_DTYPE__COUNT
-                             ? cpc_dtype_name(a->out_dtype) : "an unknown dtype",
-                         cpc_dtype_name(c->spec.dtype));
-    if ((st = check_heads("CUDA attn_bwd", a->q_head_off, a->hq, a->group, a->kv_head_off, a->hkv)))
-        return st;
-    const int64_t qblk = a->sq * a->hq * a->d, kvblk = a->skv * a->hkv * a->d;
-    if (a->dq_bstride < 0 || a->dkv_bstride < 0 ||
-        (a->B > 1 && ((a->dq_bstride && a->dq_bstride < qblk) ||
-                      (a->dkv_bstride && a->dkv_bstride < kvblk))))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: gradient batch strides (dq %lld, dk/dv %lld elements) "
-                         "smaller than a batch's block (q %lld, kv %lld)",
-                         (long long)a->dq_bstride, (long long)a->dkv_bstride, (long long)qblk,
-                         (long long)kvblk);
-    if (a->B > 1 && (a->q_bstride < qblk || a->dout_bstride < qblk ||
-                     (a->compute_delta && a->out_bstride < qblk) || a->kv_bstride < kvblk))
-        return cpc_error(CPC_E_INTERNAL,
-                         "CUDA attn_bwd: batch strides (q %lld, dout %lld, out %lld, kv %lld "
-                         "elements) smaller than a batch's block (q %lld, kv %lld)",
-                         (long long)a->q_bstride, (long long)a->dout_bstride,
-                         (long long)a->out_bstride, (long long)a->kv_bstride, (long long)qblk,
-                         (long long)kvblk);
-    const bool rows = a->B > 0 && a->sq > 0 && a->hq > 0;
-    if (rows && (!a->dout || !a->delta || (a->compute_delta && !a->out)))
-        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: dout and delta (and out, to compute "
-                                         "delta) are required");
-    if (rows && a->skv > 0 &&
-        (!a->q || !a->k || !a->v || !a->lse || !a->dq || !a->dk || !a->dv))
-        return cpc_error(CPC_E_INTERNAL, "CUDA attn_bwd: q, k, v, lse, dq, dk and dv are required");
-    return check_runs("CUDA attn_bwd", a->q_runs, a->n_q_runs, a->sq, a->kv_runs, a->n_kv_runs,
-                      a->skv, a->mask_len, a->kv_mask != NULL, rows && a->skv > 0);
-}
-
 /* delta (when asked), then dK/dV and dQ, all on the compute stream (in
  * order): see kernels/attention_bwd.cu for the design. */
 static cpc_status *b_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
 {
     cuda_ctx *c = C(be);
-    cpc_status *st = check_bwd_args(c, a);
-    if (st)
+    cpc_status *st = cpc_attn_bwd_args_check(a);
+    if (st || (st = check_spec(c, &a->p)))
         return st;
-    if (a->B == 0 || a->sq == 0 || a->hq == 0)
+    const cpc_attn_problem *p = &a->p;
+    if (a->compute_delta && a->out_dtype != CPC_DTYPE_FP32 && a->out_dtype != c->spec.dtype)
+        return cpc_error(CPC_E_INTERNAL, "CUDA attention backward: out in %s: the kernels read fp32 or the plan's %s",
+                         cpc_dtype_name(a->out_dtype), cpc_dtype_name(c->spec.dtype));
+    if (!cpc_attn_problem_has_rows(p))
         return NULL;
-    int B = a->B, hq = a->hq, hkv = a->hkv, qoff = a->q_head_off, kvoff = a->kv_head_off;
-    long long sq = a->sq, skv = a->skv;
-    const long long qblk = sq * hq * a->d, kvblk = skv * hkv * a->d;
-    long long qbs = a->q_bstride, kvbs = a->kv_bstride, dobs = a->dout_bstride;
+    int B = p->B, hq = p->hq, hkv = p->hkv, qoff = p->q_head_off, kvoff = p->kv_head_off;
+    long long sq = p->sq, skv = p->skv;
+    const long long qblk = sq * hq * p->d, kvblk = skv * hkv * p->d;
+    long long qbs = p->q_bstride, kvbs = p->kv_bstride, dobs = a->dout_bstride;
     long long obs = a->out_bstride;
     long long dqbs = a->dq_bstride ? a->dq_bstride : qblk;
     long long dkvbs = a->dkv_bstride ? a->dkv_bstride : kvblk;
-    const void *q = a->q, *k = a->k, *v = a->v, *dout = a->dout, *out = a->out;
+    const void *q = p->q, *k = p->k, *v = p->v, *dout = a->dout, *out = a->out;
     const float *lse = a->lse;
     float *delta = a->delta, *dq = a->dq, *dk = a->dk, *dv = a->dv;
     if (a->compute_delta) {
@@ -617,31 +480,19 @@ static cpc_status *b_attn_bwd(cpc_backend *be, const cpc_attn_bwd_args *a)
     if (skv == 0)
         return NULL; /* no key: no gradient */
     long long *qpos = NULL, *kvpos = NULL;
-    if (a->causal || a->kv_mask) {
-        size_t need = (size_t)(sq + skv);
-        if (need > c->pos_cap) {
-            /* the previous launches may still read the old positions */
-            CK(cudaStreamSynchronize(c->compute), "attn_bwd positions");
-            if (c->pos)
-                cudaFree(c->pos);
-            c->pos = NULL;
-            c->pos_cap = 0;
-            CK(cudaMalloc((void **)&c->pos, need * sizeof(long long)), "cudaMalloc positions");
-            c->pos_cap = need;
-        }
-        if ((st = upload_positions(c, a->q_runs, a->n_q_runs, sq, 0, &qpos)) ||
-            (st = upload_positions(c, a->kv_runs, a->n_kv_runs, skv, sq, &kvpos)))
+    if (p->causal || p->kv_mask) {
+        if ((st = upload_positions(c, p, &qpos, &kvpos)))
             return st;
     }
-    float scale = a->scale;
+    float scale = p->scale;
     const unsigned char *mask = NULL;
-    if ((st = device_mask(c, a->kv_mask, (size_t)a->B * (size_t)a->mask_len, &mask)))
+    if ((st = device_mask(c, p->kv_mask, (size_t)p->B * (size_t)p->mask_len, &mask)))
         return st;
-    long long mlen = a->mask_len;
+    long long mlen = p->mask_len;
     void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq, &dk, &dv, &B, &sq, &skv, &hq, &hkv,
                     &qoff, &kvoff, &qbs, &kvbs, &dobs, &dqbs, &dkvbs, &scale, &qpos, &kvpos,
                     &mask, &mlen};
-    const int D = a->d;
+    const int D = p->d;
     if (c->k_bwd_dkdv_mma && strcmp(c->bwd_kernel, "mma") == 0) {
         const size_t skv_mem = bwd_mma_kv_smem(D), sq_mem = bwd_mma_q_smem(D);
         CK(cudaKernelSetAttributeForDevice(c->k_bwd_dkdv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -1,7 +1,9 @@
 /*
  * cpu_kernels.h - pieces shared by the CPU backend's forward (backend_cpu.c)
  * and backward (attention_bwd_cpu.c) attention: the vectorised 2^x, scratch
- * buffers, key/query positions from runs, and the backward's entry points.
+ * buffers, and the backward's entry points
+ * (positions, tiles, key padding and GQA heads are the problem's:
+ * attn_problem.h).
  * Internal to runtime/backend (not part of the backend interface).
  *
  * The exponentials are a degree-6 polynomial for 2^f on [-1/2, 1/2]
@@ -126,128 +128,6 @@ static inline cpc_status *grow(void **buf, size_t *cap, size_t bytes)
 }
 
 #define GROW(ctx, field, bytes) grow((void **)&(ctx)->field, &(ctx)->field##_cap, (bytes))
-
-/* Fills pos[0..n) from the runs (no runs: 0..n-1).  Returns false when the
- * runs do not add up to n. */
-static inline bool fill_positions(int64_t *pos, int64_t n, const cpc_run *runs, int n_runs)
-{
-    if (!runs || n_runs == 0) {
-        for (int64_t i = 0; i < n; i++)
-            pos[i] = i;
-        return true;
-    }
-    int64_t c = 0;
-    for (int r = 0; r < n_runs; r++) {
-        if (runs[r].len < 0 || c + runs[r].len > n)
-            return false;
-        for (int64_t t = 0; t < runs[r].len; t++)
-            pos[c++] = runs[r].start + t;
-    }
-    return c == n;
-}
-
-/* For increasing a[0..n): how many elements are <= x, and < x. */
-static inline int count_le(const int64_t *a, int n, int64_t x)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a[mid] <= x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static inline int count_lt(const int64_t *a, int n, int64_t x)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* ---- tiles, key padding and GQA heads (forward and backward alike) ---- */
-
-/* Per key tile: position range, whether positions increase, masked keys. */
-enum { KT_MIN = 0, KT_MAX, KT_INC, KT_MASKED, KT_N };
-
-/* For every tile of t rows of the positions pos[0..n): desc[k*stride + 0] =
- * the smallest position, + 1 the largest, + 2 whether they increase. */
-static inline void cpu_tile_desc(const int64_t *pos, int64_t n, int t, int64_t *desc, int stride)
-{
-    for (int64_t k = 0, j0 = 0; j0 < n; k++, j0 += t) {
-        int64_t j1 = j0 + t < n ? j0 + t : n;
-        int64_t mn = pos[j0], mx = pos[j0], inc = 1;
-        for (int64_t j = j0 + 1; j < j1; j++) {
-            mn = pos[j] < mn ? pos[j] : mn;
-            mx = pos[j] > mx ? pos[j] : mx;
-            if (pos[j] < pos[j - 1])
-                inc = 0;
-        }
-        desc[k * stride + 0] = mn;
-        desc[k * stride + 1] = mx;
-        desc[k * stride + 2] = inc;
-    }
-}
-
-/* Key padding of one batch row (mk indexed by global key position): bias[j]
- * = 0 for a key that takes part, -inf otherwise, and kt[tile * KT_N +
- * KT_MASKED] = the masked keys of each tile of tk keys. */
-static inline void cpu_key_padding(const uint8_t *mk, const int64_t *kpos, int64_t skv, int tk,
-                                   float *bias, int64_t *kt)
-{
-    for (int64_t t = 0, j0 = 0; j0 < skv; t++, j0 += tk) {
-        int64_t j1 = j0 + tk < skv ? j0 + tk : skv, cnt = 0;
-        for (int64_t j = j0; j < j1; j++) {
-            bool on = mk[kpos[j]] != 0;
-            bias[j] = on ? 0.0f : -INFINITY;
-            cnt += !on;
-        }
-        kt[t * KT_N + KT_MASKED] = cnt;
-    }
-}
-
-/* The local query heads [h0, h1) that use local K/V head kvl (GQA: global
- * K/V head kv_head_off + kvl serves query heads g*group .. g*group+group-1);
- * false when no query head of the call uses it. */
-static inline bool cpu_gqa_heads(int kv_head_off, int kvl, int group, int q_head_off, int hq, int *h0,
-                                 int *h1)
-{
-    int g = kv_head_off + kvl;
-    int a = g * group - q_head_off, b = a + group;
-    *h0 = a < 0 ? 0 : a;
-    *h1 = b > hq ? hq : b;
-    return *h0 < *h1;
-}
-
-/* Masks one row of scores sr[0..bcx) of a key tile in place: on a tile that
- * straddles the causal diagonal (`diag`), keys at positions kp[j] > qp get
- * -inf (with increasing positions, `inc`, the visible keys are a prefix);
- * with key padding (`bias` not NULL) the tile's bias (0 or -inf) is added. */
-static inline void cpu_mask_row(float *sr, int bcx, bool diag, bool inc, const int64_t *kp,
-                                int64_t qp, const float *bias)
-{
-    if (diag) {
-        if (inc) {
-            for (int j = count_le(kp, bcx, qp); j < bcx; j++)
-                sr[j] = -INFINITY;
-        } else {
-            for (int j = 0; j < bcx; j++)
-                if (kp[j] > qp)
-                    sr[j] = -INFINITY;
-        }
-    }
-    if (bias)
-        for (int j = 0; j < bcx; j++)
-            sr[j] += bias[j];
-}
 
 /* ---- the backward (attention_bwd_cpu.c) ---- */
 

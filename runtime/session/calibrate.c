@@ -130,27 +130,27 @@ static cpc_status *block_make(attn_block *b, int64_t sq, int64_t skv, int H, int
     cpc_rng_fill(b->v, dt, 1, CPC_RNG_V, 0, (int64_t)nkv);
     b->run_q = (cpc_run){0, sq};
     b->run_kv = (cpc_run){0, skv};
-    b->a = (cpc_attn_args){.B = 1, .sq = sq, .skv = skv, .hq = H, .hkv = H, .d = D, .group = 1,
-                           .dtype = dt, .q = b->q, .k = b->k, .v = b->v,
-                           .q_bstride = (int64_t)nq, .kv_bstride = (int64_t)nkv, .o = b->o,
-                           .lse = b->lse, .scale = 1.0f / sqrtf((float)D),
-                           .q_runs = &b->run_q, .n_q_runs = 1, .kv_runs = &b->run_kv,
-                           .n_kv_runs = 1};
+    b->a = (cpc_attn_args){.p.B = 1, .p.sq = sq, .p.skv = skv, .p.hq = H, .p.hkv = H, .p.d = D, .p.group = 1,
+                           .p.dtype = dt, .p.q = b->q, .p.k = b->k, .p.v = b->v,
+                           .p.q_bstride = (int64_t)nq, .p.kv_bstride = (int64_t)nkv, .o = b->o,
+                           .lse = b->lse, .p.scale = 1.0f / sqrtf((float)D),
+                           .p.q_runs = &b->run_q, .p.n_q_runs = 1, .p.kv_runs = &b->run_kv,
+                           .p.n_kv_runs = 1};
     return NULL;
 }
 
 static double block_flops(const attn_block *b)
 {
-    return 4.0 * (double)b->a.sq * (double)b->a.skv * b->a.hq * b->a.d;
+    return 4.0 * (double)b->a.p.sq * (double)b->a.p.skv * b->a.p.hq * b->a.p.d;
 }
 
 /* The bytes the cost model charges an attn op at attn_io_gbps: Q, K, V in
  * their dtype, O and LSE in fp32 (cost.c). */
 static double block_bytes(const attn_block *b)
 {
-    double es = cpc_dtype_size(b->a.dtype);
-    return (double)b->a.sq * b->a.hq * b->a.d * es + 2.0 * (double)b->a.skv * b->a.hkv * b->a.d * es +
-           (double)b->a.sq * b->a.hq * (b->a.d + 1) * 4.0;
+    double es = cpc_dtype_size(b->a.p.dtype);
+    return (double)b->a.p.sq * b->a.p.hq * b->a.p.d * es + 2.0 * (double)b->a.p.skv * b->a.p.hkv * b->a.p.d * es +
+           (double)b->a.p.sq * b->a.p.hq * (b->a.p.d + 1) * 4.0;
 }
 
 /* Median CPU time (ms) of `reps` calls of each of the n blocks, alternately
@@ -182,7 +182,7 @@ static cpc_status *time_attn_blocks(cpc_backend *be, attn_block *const *blk, int
 /* Score elements of a block (B x sq x skv x heads): the softmax's work. */
 static double block_scores(const attn_block *b)
 {
-    return (double)b->a.sq * (double)b->a.skv * b->a.hq;
+    return (double)b->a.p.sq * (double)b->a.p.skv * b->a.p.hq;
 }
 
 /* Fits t = flops / rate + bytes / io over a big and a small block (times in

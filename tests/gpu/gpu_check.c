@@ -924,7 +924,7 @@ static cpc_status *sync_backend(void *p)
 static cpc_status *op_direct(void *p)
 {
     attn_ctx *c = p;
-    return cpc_cudnn_sdpa_run(c->sdpa, &c->a, NULL, c->o16, c->stats ? c->a.lse : NULL, c->stream);
+    return cpc_cudnn_sdpa_run(c->sdpa, &c->a.p, NULL, c->o16, c->stats ? c->a.lse : NULL, c->stream);
 }
 
 static cpc_status *sync_stream(void *p)
@@ -980,10 +980,10 @@ static void attention_perf(void)
         goto done;
     ctx.be = be;
     ctx.o16 = o16;
-    ctx.a = (cpc_attn_args){.B = B, .sq = S, .skv = S, .hq = H, .hkv = H, .d = D, .group = 1,
-                            .dtype = CPC_DTYPE_BF16, .q = q, .k = k, .v = v,
-                            .q_bstride = S * H * D, .kv_bstride = S * H * D, .o = o, .lse = lse,
-                            .scale = (float)(1.0 / sqrt((double)D))};
+    ctx.a = (cpc_attn_args){.p.B = B, .p.sq = S, .p.skv = S, .p.hq = H, .p.hkv = H, .p.d = D, .p.group = 1,
+                            .p.dtype = CPC_DTYPE_BF16, .p.q = q, .p.k = k, .p.v = v,
+                            .p.q_bstride = S * H * D, .p.kv_bstride = S * H * D, .o = o, .lse = lse,
+                            .p.scale = (float)(1.0 / sqrt((double)D))};
     /* backend, auto (cuDNN where it serves) */
     cpc_cuda_attn_info info;
     cpc_cuda_backend_attention_info(be, &info, true);
@@ -1004,7 +1004,7 @@ static void attention_perf(void)
         double *go = xmalloc((size_t)nr * D * sizeof(double)), *gl = xmalloc((size_t)nr * sizeof(double));
         cpc_ref_problem pb = {.B = B, .S = S, .Skv = S, .H = H, .Hkv = H, .D = D,
                               .dtype = CPC_DTYPE_BF16, .q = hq, .k = hk, .v = hv,
-                              .scale = ctx.a.scale};
+                              .scale = ctx.a.p.scale};
         if (!(st = cpc_backend_download(be, hq, q, n * 2)) && !(st = cpc_backend_download(be, hk, k, n * 2)) &&
             !(st = cpc_backend_download(be, hv, v, n * 2)) && !(st = cpc_backend_download(be, ho, o, n * 4)) &&
             !(st = cpc_backend_download(be, hl, lse, (size_t)B * H * S * 4)) &&
