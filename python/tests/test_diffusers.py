@@ -286,6 +286,21 @@ NEW_MODELS = [
       "attention_head_dim": 32, "num_layers": 20, "patch_size": 1,
       "num_cross_attention_heads": 20, "cross_attention_head_dim": 112},
      dict(height=1024, width=1024), 32 * 32, ["image"], "none", 70, 32, 20),
+    # HiDream-I1 (Full / Dev / Fast): text = T5 128 + two Llama-3.1 layers of 128, after
+    # the image; non-square images are padded to max_resolution^2 / 4 = 4096 tokens.
+    ({"_class_name": "HiDreamImageTransformer2DModel", "patch_size": 2, "num_layers": 16,
+      "num_single_layers": 32, "attention_head_dim": 128, "num_attention_heads": 20,
+      "max_resolution": [128, 128]},
+     dict(height=1024, width=1024), 4096 + 384, ["image", "text"], "none", 20, 128, 48),
+    ({"_class_name": "HiDreamImageTransformer2DModel", "patch_size": 2, "num_layers": 16,
+      "num_single_layers": 32, "attention_head_dim": 128, "num_attention_heads": 20,
+      "max_resolution": [128, 128]},
+     dict(height=768, width=1360), 4096 + 384, ["image", "text"], "none", 20, 128, 48),
+    # EasyAnimate V5.1: [Qwen2-VL text 256, video], VAE 8 x 4, patch 2.
+    ({"_class_name": "EasyAnimateTransformer3DModel", "num_attention_heads": 48,
+      "attention_head_dim": 64, "num_layers": 48, "patch_size": 2},
+     dict(height=512, width=512, num_frames=49), 256 + 13 * 32 * 32, ["text", "video"], "none",
+     48, 64, 48),
 ]
 
 
@@ -369,7 +384,9 @@ def _shape_cases():
     48x64 px; CogView4 / Lumina2 latents 6x8 (VAE 8, patch 2) = 48x64 px; Sana 3x4 (DC-AE
     32) = 96x128 px; LTX-2 latent 2x3x4 (VAE 8 x 32) = 9 frames of 96x128; Cosmos 2x4x6
     (VAE 8 x 8) = 9 frames of 32x48; Allegro 3x4x6 (VAE 8 x 4) = 7 frames of 32x48 (its
-    odd-frame rule: ceil(6/4)+1 = 3 latent frames)."""
+    odd-frame rule: ceil(6/4)+1 = 3 latent frames); HiDream 6x6 (VAE 8, patch 2) = 48x48 px,
+    and 6x8 = 48x64 px, non-square: padded to max_resolution^2 / 4 = 64 tokens; its text
+    T5 + two Llama layers; EasyAnimate 2x4x6 (VAE 8 x 4, patch 2) = 5 frames of 32x48."""
     B = 1
     return [
         ("LTX2VideoTransformer3DModel",
@@ -433,10 +450,38 @@ def _shape_cases():
          lambda t, r: dict(hidden_states=r(B, 4, 3, 4), encoder_hidden_states=r(B, 7, 32),
                            timestep=t.full((B,), 500.0), return_dict=False),
          dict(height=96, width=128), "cross", 7),
+        ("HiDreamImageTransformer2DModel",
+         dict(patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+              attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 16],
+              text_emb_dim=16, num_routed_experts=2, num_activated_experts=1,
+              axes_dims_rope=(4, 6, 6), max_resolution=(16, 16), llama_layers=[0, 1]),
+         lambda t, r: dict(hidden_states=r(B, 4, 6, 6), timesteps=t.full((B,), 500.0),
+                           encoder_hidden_states_t5=r(B, 5, 32),
+                           encoder_hidden_states_llama3=r(2, B, 6, 16),
+                           pooled_embeds=r(B, 16), return_dict=False),
+         dict(height=48, width=48), "joint", 5 + 6 + 6),
+        # non-square: the image padded to max_resolution^2 / 4 = 64 tokens
+        ("HiDreamImageTransformer2DModel",
+         dict(patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+              attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 16],
+              text_emb_dim=16, num_routed_experts=2, num_activated_experts=1,
+              axes_dims_rope=(4, 6, 6), max_resolution=(16, 16), llama_layers=[0, 1]),
+         lambda t, r: dict(hidden_states=r(B, 4, 6, 8), timesteps=t.full((B,), 500.0),
+                           encoder_hidden_states_t5=r(B, 5, 32),
+                           encoder_hidden_states_llama3=r(2, B, 6, 16),
+                           pooled_embeds=r(B, 16), return_dict=False),
+         dict(height=48, width=64), "joint", 5 + 6 + 6),
+        ("EasyAnimateTransformer3DModel",
+         dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+              patch_size=2, sample_width=8, sample_height=8, num_layers=1, mmdit_layers=1,
+              time_embed_dim=16, text_embed_dim=32),
+         lambda t, r: dict(hidden_states=r(B, 4, 2, 4, 6), timestep=t.full((B,), 500.0),
+                           encoder_hidden_states=r(B, 7, 32), return_dict=False),
+         dict(height=32, width=48, num_frames=5), "joint", 7),
     ]
 
 
-@pytest.mark.parametrize("case", range(7), ids=lambda i: _SHAPE_IDS[i])
+@pytest.mark.parametrize("case", range(10), ids=lambda i: _SHAPE_IDS[i])
 def test_tokens_match_the_models_attention(case, monkeypatch):
     """from_diffusers' tokens and heads for the classes added in this round, against the
     attention the model itself runs: a tiny random transformer of the class, fed the
@@ -474,7 +519,9 @@ def test_tokens_match_the_models_attention(case, monkeypatch):
     if attention == "joint":
         q, k = max(calls, key=lambda c: c[0][2])
         assert (q[1], q[2], k[2]) == (H, tokens, tokens), (calls, tokens)
-        assert plan["input"]["segments"][0]["name"] == "text"
+        # the text's place, as the processors concatenate (HiDream: [image, text])
+        first = "image" if cls.startswith("HiDream") else "text"
+        assert plan["input"]["segments"][0]["name"] == first
     elif attention == "self":
         assert ((1, H, tokens, plan["model"]["head_dim"]),) * 2 in \
             [(c[0], c[1]) for c in calls if c[0][2] == c[1][2]], (calls, tokens)
@@ -486,4 +533,5 @@ def test_tokens_match_the_models_attention(case, monkeypatch):
         assert plan["model"]["kv_heads"] == cfg["num_kv_heads"]
 
 
-_SHAPE_IDS = ["ltx2", "chroma", "cogview4", "cosmos", "allegro", "lumina2", "sana"]
+_SHAPE_IDS = ["ltx2", "chroma", "cogview4", "cosmos", "allegro", "lumina2", "sana",
+              "hidream", "hidream-nonsquare", "easyanimate"]

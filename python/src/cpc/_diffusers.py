@@ -274,6 +274,31 @@ def _sana(cfg):
                   cross_heads=cross if None not in cross else None)
 
 
+def _hidream(cfg):
+    # HiDream-I1: one joint attention per block over [image, text] (HiDreamAttnProcessor:
+    # cat([query_i, query_t])); the text of every block = T5 (128) + a Llama-3.1 layer
+    # (128) + the block's own Llama layer (128) = 384 (HiDreamImagePipeline
+    # max_sequence_length 128 each); VAE 8, patch_size 2; num_layers double-stream +
+    # num_single_layers single-stream blocks.  A non-square image is padded to
+    # max_resolution[0] x max_resolution[1] / patch^2 tokens (HiDreamImageTransformer2DModel
+    # .patchify), whose padding keys are zeroed, not masked: they take part.
+    return _Model("hidream", "image", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"),
+                  _get(cfg, "num_layers") + _get(cfg, "num_single_layers", 0),
+                  _int(_get(cfg, "patch_size", 2), "patch_size"), 8, None, 3 * 128, "last",
+                  "none")
+
+
+def _easyanimate(cfg):
+    # EasyAnimate (V5.1): joint attention over [text, video] (EasyAnimateAttnProcessor2_0:
+    # cat([encoder_query, query])), no text mask in the transformer; the Qwen2-VL text
+    # (EasyAnimatePipeline max_sequence_length 256); VAE 8 x 4; patch [1, p, p].
+    p = _int(_get(cfg, "patch_size", 2), "patch_size")
+    return _Model("easyanimate", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), [1, p, p], 8, 4,
+                  256, "first", "none")
+
+
 _FAMILIES = {
     "FluxTransformer2DModel": _flux,
     "QwenImageTransformer2DModel": _qwen,
@@ -294,6 +319,8 @@ _FAMILIES = {
     "AllegroTransformer3DModel": _allegro,
     "Lumina2Transformer2DModel": _lumina2,
     "SanaTransformer2DModel": _sana,
+    "HiDreamImageTransformer2DModel": _hidream,
+    "EasyAnimateTransformer3DModel": _easyanimate,
 }
 
 
@@ -407,14 +434,15 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
       transformer's .config), by its _class_name: FLUX.1, FLUX.2, Chroma, QwenImage (and
       -Edit), SD3/3.5, CogView4, Lumina-Image-2.0, Sana, Z-Image, CogVideoX 1.0/1.5,
       HunyuanVideo, HunyuanVideo-1.5, Mochi, Wan2.1/2.2, SkyReels-V2, LTX-Video, LTX-2
-      (its video stream), Cosmos, Allegro.
+      (its video stream), Cosmos, Allegro, HiDream-I1, EasyAnimate.
     height, width (pixels), num_frames (video models): the generation size.
     world_size: optional; must equal ring_degree x ulysses_degree.
     text_tokens: the text sequence length, default the pipeline's
       (max_sequence_length): FLUX 512, QwenImage 512 (its maximum), SD3 333, CogVideoX
       max_text_seq_length, HunyuanVideo 256, Wan 512, LTX 128, LTX-2 1024, Chroma 512,
       CogView4 1024 (its maximum: the prompt padded to a multiple of 16), Lumina2 256,
-      Sana 300, Cosmos 512, Allegro 512.
+      Sana 300, Cosmos 512, Allegro 512, HiDream 384 (T5 128 + two Llama layers of
+      128), EasyAnimate 256.
     batch: the transformer's batch (2 when a pipeline batches CFG's two branches).
     attention: "joint" (text + image tokens, FLUX/QwenImage/SD3/CogVideoX/Hunyuan/...),
       "self" (image/video only: Wan, SkyReels-V2, LTX, LTX-2, Cosmos, Allegro, Sana; their
@@ -515,6 +543,10 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     elif m.kind == "image" and reference_images:
         one = (height // vs // m.patch) * (width // vs // m.patch)
         seg = {"name": "image", "tokens": one * (1 + reference_images)}
+    elif m.kind == "image" and m.family == "hidream" and height // vs != width // vs:
+        mr = _get(cfg, "max_resolution", [128, 128])
+        seg = {"name": "image", "tokens": _int(mr[0], "max_resolution") *
+               _int(mr[1], "max_resolution") // (m.patch * m.patch)}
     elif m.kind == "image":
         seg = {"name": "image", "image": {"height": height, "width": width, "vae_scale": vs,
                                           "patch": m.patch}}
