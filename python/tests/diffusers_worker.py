@@ -41,6 +41,34 @@ def tiny_wan(heads):
                                  rope_max_seq_len=64)
 
 
+def tiny_skyreels(heads):
+    from diffusers import SkyReelsV2Transformer3DModel
+    return SkyReelsV2Transformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads,
+                                        attention_head_dim=16, in_channels=4, out_channels=4,
+                                        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
+                                        cross_attn_norm=True,
+                                        qk_norm="rms_norm_across_heads", rope_max_seq_len=64)
+
+
+def tiny_chroma(heads):
+    from diffusers import ChromaTransformer2DModel
+    return ChromaTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                    num_single_layers=1, attention_head_dim=16,
+                                    num_attention_heads=heads, joint_attention_dim=32,
+                                    axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
+                                    approximator_hidden_dim=16, approximator_layers=1)
+
+
+def tiny_cogview4(heads):
+    from diffusers import CogView4Transformer2DModel
+    return CogView4Transformer2DModel(patch_size=2, in_channels=4, out_channels=4,
+                                      num_layers=2, attention_head_dim=16,
+                                      num_attention_heads=heads, text_embed_dim=32,
+                                      time_embed_dim=16, condition_dim=8,
+                                      pos_embed_max_size=16, sample_size=16,
+                                      rope_axes_dim=(16, 16))
+
+
 def tiny_qwen(heads):
     from diffusers import QwenImageTransformer2DModel
     return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
@@ -117,7 +145,8 @@ def tiny_mochi(heads):
 MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_qwen,
           "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
           "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
-          "hunyuan15": tiny_hunyuan15}
+          "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
+          "cogview4": tiny_cogview4}
 
 
 def text_mask(a, torch):
@@ -143,6 +172,15 @@ def inputs(model, a, torch, dtype):
         return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
                     timestep=torch.full((B,), 0.5).to(dtype), img_ids=ids_img,
                     txt_ids=ids_txt, return_dict=False)
+    if a.model == "chroma":
+        N, T = a.tokens, a.text
+        ids_img = torch.zeros(N, 3)
+        ids_img[:, 1] = torch.arange(N) // 5
+        ids_img[:, 2] = torch.arange(N) % 5
+        am = torch.cat([text_mask(a, torch), torch.ones(B, N, dtype=torch.long)], 1)
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    timestep=torch.full((B,), 0.5).to(dtype), img_ids=ids_img,
+                    txt_ids=torch.zeros(T, 3), attention_mask=am.bool(), return_dict=False)
     if a.model == "flux":
         N, T = a.tokens, a.text
         ids_img = torch.zeros(N, 3)
@@ -172,6 +210,11 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
                     return_dict=False)
+    if a.model == "cogview4":
+        px = torch.tensor([[8.0 * H, 8.0 * W]] * B)
+        return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0), original_size=px, target_size=px,
+                    crop_coords=torch.zeros(B, 2), return_dict=False)
     if a.model in ("sd3", "sd35m"):
         return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
                     pooled_projections=r(B, 32), timestep=torch.full((B,), 500.0),

@@ -20,8 +20,8 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
   (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
   `is_cross_attention` or a self-attention model's processor given encoder_hidden_states:
   a `kv:` plan whose K/V are the whole text, held by every rank).  A text padding mask
-  (QwenImage, HunyuanVideo, LTX's cross-attention) is read from the call's full inputs and
-  given to cpc as `mask: key_padding` (this rank's shard).
+  (QwenImage, Chroma, HunyuanVideo(-1.5), Mochi, LTX's cross-attention) is read from the
+  call's full inputs and given to cpc as `mask: key_padding` (this rank's shard).
 - The plan is `cpc.from_diffusers(parallel_config, transformer.config, tokens=...,
   text_tokens=..., batch=..., dtype=..., mode=...)` for the shapes of the first call; it is
   compiled (proven) in a pre-hook of the transformer before any layer runs: a plan cpc
@@ -217,7 +217,7 @@ def _arg(sig, name, args, kwargs):
 def _tokens_flux(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if hs is None or hs.dim() != 3:
-        raise UsageError("FluxTransformer2DModel: hidden_states must be [B, tokens, C] (the "
+        raise UsageError(f"{type(model).__name__}: hidden_states must be [B, tokens, C] (the "
                          "pipeline's packed latents)", code="usage")
     text = ehs.shape[1] if ehs is not None else None
     return hs.shape[0], hs.shape[1], text
@@ -234,16 +234,60 @@ def _tokens_flux2(model, cfg, get):
 
 def _tokens_wan(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    name = type(model).__name__
     if hs is None or hs.dim() != 5:
-        raise UsageError("WanTransformer3DModel: hidden_states must be [B, C, F, H, W]",
-                         code="usage")
+        raise UsageError(f"{name}: hidden_states must be [B, C, F, H, W]", code="usage")
     pt, ph, pw = cfg["patch_size"]
     B, _, F, H, W = hs.shape
     if F % pt or H % ph or W % pw:
-        raise UsageError(f"WanTransformer3DModel: latent {F}x{H}x{W} is not a multiple of "
+        raise UsageError(f"{name}: latent {F}x{H}x{W} is not a multiple of "
                          f"patch_size {pt}x{ph}x{pw}", code="usage")
     text = ehs.shape[1] if ehs is not None else None
     return B, (F // pt) * (H // ph) * (W // pw), text
+
+
+def _tokens_skyreels(model, cfg, get):
+    if get("enable_diffusion_forcing"):
+        raise UnsupportedError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing: "
+                               "its per-block causal mask over frames is not routed through "
+                               "cpc.diffusers", code="unsupported")
+    return _tokens_wan(model, cfg, get)
+
+
+def _plan_skyreels():
+    # as diffusers' Wan _cp_plan (SkyReels-V2 is Wan's architecture; diffusers 0.42.1 gives
+    # it none): the video and its RoPE split, the text whole for the cross-attention
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+    c = ContextParallelInput(split_dim=1, expected_dims=4, split_output=True)
+    return {"rope": {0: c, 1: c},
+            "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3,
+                                                               split_output=False)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _plan_chroma():
+    # FLUX's _cp_plan (Chroma is FLUX's architecture; diffusers 0.42.1 gives it none)
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims, dim):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=False)
+    return {"": {"hidden_states": c(3, 1), "encoder_hidden_states": c(3, 1),
+                 "img_ids": c(2, 0), "txt_ids": c(2, 0)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _mask_chroma(get, B, tokens, text):
+    """ChromaTransformer2DModel: attention_mask [B, text + image] (ChromaPipeline: the T5
+    padding but one token masked, the image all valid), in the plan's [text, image] order;
+    its processors mask the padding as keys and queries, cpc as keys (a padded text row is
+    seen by no other token)."""
+    m = get("attention_mask")
+    if m is None:
+        return None, None
+    if m.dim() != 2 or m.shape[1] != text + tokens:
+        raise UsageError(f"ChromaTransformer2DModel: attention_mask must be [B, {text} + "
+                         f"{tokens}] (text, then image), got {tuple(m.shape)}", code="usage")
+    return m != 0, None
 
 
 def _tokens_qwen(model, cfg, get):
@@ -370,6 +414,16 @@ def _plan_cogvideox():
         c = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
         return {"image_rotary_emb": [c, c]}
     return _plan_blocks("transformer_blocks.0", root=root)
+
+
+def _plan_cogview4():
+    # the RoPE of the image (cos, sin [S, D]): from its rope module, or an input
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    def root():
+        c = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
+        return {"image_rotary_emb": [c, c]}
+    return _plan_blocks("transformer_blocks.0", rope="rope", root=root)
 
 
 def _plan_sd3():
@@ -538,7 +592,10 @@ class _Spec:
 _MODELS = {
     "FluxTransformer2DModel": _Spec(_tokens_flux, "joint"),
     "Flux2Transformer2DModel": _Spec(_tokens_flux2, "joint"),
+    "ChromaTransformer2DModel": _Spec(_tokens_flux, "joint", cp_plan=_plan_chroma,
+                                      key_mask=_mask_chroma),
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
+    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
     "QwenImageTransformer2DModel": _Spec(_tokens_qwen, "joint",
                                          text_outputs={("pos_embed", 1)},
                                          key_mask=_mask_qwen),
@@ -546,6 +603,7 @@ _MODELS = {
                                             key_mask=_mask_hunyuan, sites=_blocks_only,
                                             check=_check_hunyuan),
     "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
+    "CogView4Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_cogview4),
     "SD3Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_sd3,
                                    image_self=True),
     "LTXVideoTransformer3DModel": _Spec(_tokens_ltx, "self", cp_plan=_plan_ltx,
@@ -1154,8 +1212,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
                 **plan_kw):
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
-    transformer: FluxTransformer2DModel, Flux2Transformer2DModel, WanTransformer3DModel,
-      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
+    transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
       CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
       MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
       split and routed).  parallel_config: diffusers' ContextParallelConfig (or
