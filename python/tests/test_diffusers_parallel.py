@@ -5,8 +5,8 @@ scripts/test_torch.sh runs this file in it); skipped elsewhere (Debian's torch 1
 cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel,
 WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
 CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
-MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel
-and ChromaTransformer2DModel
+MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
+ChromaTransformer2DModel and CogView4Transformer2DModel
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -85,6 +85,9 @@ CASES_2 = {
     "sd35m-ring-train-fp32": "--model sd35m --ring 2 --train",
     # HunyuanVideo-1.5: text = Qwen + byT5 + SigLIP, reordered valid-first by the model
     "hunyuan15-ring-mask-fp32": "--model hunyuan15 --ring 2 --pad 2 --text 7 --batch 2",
+    # CogView4: its processor calls torch's SDPA (cpc's split plan, the image RoPE split)
+    "cogview4-ring_anything-odd-train-fp32": "--model cogview4 --ring 2 --anything "
+                                             "--height 6 --width 6 --text 7 --train",
     # Chroma: FLUX's architecture, attention_mask over [text, image] (cpc's split plan)
     "chroma-ring-mask-train-fp32": "--model chroma --ring 2 --pad 1 --train --batch 2",
     # SkyReels-V2: Wan's architecture without a diffusers _cp_plan (cpc's)
@@ -118,6 +121,8 @@ CASES_4 = {
                                                 "--pad 1",
     "skyreels-unified-bf16": "--model skyreels --ring 2 --ulysses 2 --frames 4 --dtype bf16",
     "chroma-ulysses-mask-fp32": "--model chroma --ulysses 4 --pad 2",
+    "cogview4-unified-bf16": "--model cogview4 --ring 2 --ulysses 2 --width 8 --text 16 "
+                             "--dtype bf16",
     "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
                                        "--width 6 --text 7",
 }
@@ -131,13 +136,15 @@ CASES_TORCHRUN = {
     "sd3-ring-fp32": "--model sd3 --ring 2",
     "ltx-ulysses-mask-fp32": "--model ltx --ulysses 2 --pad 2",
     "mochi-ulysses-mask-bf16": "--model mochi --ulysses 2 --pad 2 --dtype bf16",
+    "cogview4-ulysses-fp32": "--model cogview4 --ulysses 2 --text 16",
     "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
 }
 
 # attention calls per forward: the tiny models' layers (x2 where a layer has a text
 # cross-attention as well; Mochi: x batch, one call per batch element)
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
-         "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2}
+         "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
+         "cogview4": 2}
 
 
 def _env():

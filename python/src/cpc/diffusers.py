@@ -16,7 +16,7 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
   over `comm`; its backward takes this rank's rows, as diffusers' does).
 - Every attention processor of the model keeps its projections, norms and RoPE; only its
   call to diffusers' `dispatch_attention_fn` (or to torch's scaled_dot_product_attention,
-  for processors that call it themselves: CogVideoX, SD3) is answered by `cpc.Attention`
+  for processors that call it themselves: CogVideoX, CogView4, SD3) is answered by `cpc.Attention`
   (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
   `is_cross_attention` or a self-attention model's processor given encoder_hidden_states:
   a `kv:` plan whose K/V are the whole text, held by every rank).  A text padding mask
@@ -1214,7 +1214,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
 
     transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
       WanTransformer3DModel, SkyReelsV2Transformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
-      CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
+      CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
+      LTXVideoTransformer3DModel,
       MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
       split and routed).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
