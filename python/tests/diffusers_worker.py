@@ -69,6 +69,15 @@ def tiny_cogview4(heads):
                                       rope_axes_dim=(16, 16))
 
 
+def tiny_cosmos(heads):
+    from diffusers import CosmosTransformer3DModel
+    return CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=heads,
+                                    attention_head_dim=16, num_layers=2, text_embed_dim=32,
+                                    adaln_lora_dim=8, max_size=(8, 16, 16),
+                                    patch_size=(1, 2, 2), encoder_hidden_states_channels=32,
+                                    crossattn_proj_in_channels=32, concat_padding_mask=False)
+
+
 def tiny_qwen(heads):
     from diffusers import QwenImageTransformer2DModel
     return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
@@ -146,7 +155,7 @@ MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_
           "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
           "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
           "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
-          "cogview4": tiny_cogview4}
+          "cogview4": tiny_cogview4, "cosmos": tiny_cosmos}
 
 
 def text_mask(a, torch):
@@ -210,6 +219,10 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
                     return_dict=False)
+    if a.model == "cosmos":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    attention_mask=text_mask(a, torch).bool(), return_dict=False)
     if a.model == "cogview4":
         px = torch.tensor([[8.0 * H, 8.0 * W]] * B)
         return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),

@@ -6,7 +6,7 @@ cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2
 WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
 CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
 MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
-ChromaTransformer2DModel and CogView4Transformer2DModel
+ChromaTransformer2DModel, CogView4Transformer2DModel and CosmosTransformer3DModel
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -88,6 +88,10 @@ CASES_2 = {
     # CogView4: its processor calls torch's SDPA (cpc's split plan, the image RoPE split)
     "cogview4-ring_anything-odd-train-fp32": "--model cogview4 --ring 2 --anything "
                                              "--height 6 --width 6 --text 7 --train",
+    # Cosmos: self-attention + a masked text cross-attention (cpc's split plan)
+    "cosmos-ulysses_anything-odd-mask-train-fp32": "--model cosmos --ulysses 2 --anything "
+                                                   "--heads 3 --frames 3 --height 6 "
+                                                   "--width 6 --pad 1 --train",
     # Chroma: FLUX's architecture, attention_mask over [text, image] (cpc's split plan)
     "chroma-ring-mask-train-fp32": "--model chroma --ring 2 --pad 1 --train --batch 2",
     # SkyReels-V2: Wan's architecture without a diffusers _cp_plan (cpc's)
@@ -121,6 +125,7 @@ CASES_4 = {
                                                 "--pad 1",
     "skyreels-unified-bf16": "--model skyreels --ring 2 --ulysses 2 --frames 4 --dtype bf16",
     "chroma-ulysses-mask-fp32": "--model chroma --ulysses 4 --pad 2",
+    "cosmos-ring-mask-fp32": "--model cosmos --ring 4 --frames 4 --pad 2",
     "cogview4-unified-bf16": "--model cogview4 --ring 2 --ulysses 2 --width 8 --text 16 "
                              "--dtype bf16",
     "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
@@ -137,6 +142,7 @@ CASES_TORCHRUN = {
     "ltx-ulysses-mask-fp32": "--model ltx --ulysses 2 --pad 2",
     "mochi-ulysses-mask-bf16": "--model mochi --ulysses 2 --pad 2 --dtype bf16",
     "cogview4-ulysses-fp32": "--model cogview4 --ulysses 2 --text 16",
+    "cosmos-ring-mask-fp32": "--model cosmos --ring 2 --pad 1",
     "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
 }
 
@@ -144,7 +150,7 @@ CASES_TORCHRUN = {
 # cross-attention as well; Mochi: x batch, one call per batch element)
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
          "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
-         "cogview4": 2}
+         "cogview4": 2, "cosmos": 4}
 
 
 def _env():
@@ -205,7 +211,8 @@ def _check(name, runs, nproc):
     assert d["cpc_calls"] == CALLS[family] * (d["shape"][0] if family == "mochi" else 1), d
     # a padded text reached cpc as a key mask (joint: [0]; LTX's cross-attention: [1])
     if "-mask" in name:
-        want_masks = [[False, True]] if name.startswith("ltx") else [[True, False]]
+        want_masks = [[False, True]] if name.startswith(("ltx", "cosmos")) else \
+            [[True, False]]
         assert d["masks"] == want_masks, d
     want = {"ring": "ring", "ulysses": "ulysses", "unified": "unified",
             "ring_anything": "ring_anything", "ulysses_anything": "ulysses_anything"}

@@ -20,8 +20,9 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
   (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
   `is_cross_attention` or a self-attention model's processor given encoder_hidden_states:
   a `kv:` plan whose K/V are the whole text, held by every rank).  A text padding mask
-  (QwenImage, Chroma, HunyuanVideo(-1.5), Mochi, LTX's cross-attention) is read from the
-  call's full inputs and given to cpc as `mask: key_padding` (this rank's shard).
+  (QwenImage, Chroma, HunyuanVideo(-1.5), Mochi; LTX's and Cosmos' cross-attention) is
+  read from the call's full inputs and given to cpc as `mask: key_padding` (this rank's
+  shard).
 - The plan is `cpc.from_diffusers(parallel_config, transformer.config, tokens=...,
   text_tokens=..., batch=..., dtype=..., mode=...)` for the shapes of the first call; it is
   compiled (proven) in a pre-hook of the transformer before any layer runs: a plan cpc
@@ -288,6 +289,49 @@ def _mask_chroma(get, B, tokens, text):
         raise UsageError(f"ChromaTransformer2DModel: attention_mask must be [B, {text} + "
                          f"{tokens}] (text, then image), got {tuple(m.shape)}", code="usage")
     return m != 0, None
+
+
+def _tokens_cosmos(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if isinstance(ehs, tuple):
+        raise UnsupportedError("CosmosTransformer3DModel with an image context "
+                               "(encoder_hidden_states as a tuple, Cosmos 2.5) is not routed "
+                               "through cpc.diffusers", code="unsupported")
+    if get("block_controlnet_hidden_states") is not None:
+        raise UnsupportedError("CosmosTransformer3DModel with controlnet residuals is not "
+                               "split by cpc.diffusers", code="unsupported")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("CosmosTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    pt, ph, pw = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % ph or W % pw:
+        raise UsageError(f"CosmosTransformer3DModel: latent {F}x{H}x{W} is not a multiple of "
+                         f"patch_size {pt}x{ph}x{pw}", code="usage")
+    return B, (F // pt) * (H // ph) * (W // pw), ehs.shape[1] if ehs is not None else None
+
+
+def _mask_cosmos(get, B, tokens, text):
+    """CosmosTransformer3DModel: attention_mask [B, T] (1 = the text token takes part) for
+    the cross-attention's keys."""
+    m = get("attention_mask")
+    if m is None or m.dim() != 2:
+        return None, None
+    return None, m != 0
+
+
+def _plan_cosmos():
+    # the video, its RoPE ([S, D]) and the per-token inputs of every block (the learnable
+    # positional embedding; temb / embedded_timestep when the timestep is per frame)
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims, dim=1, out=False):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=out)
+    return {"transformer_blocks.0": {"hidden_states": c(3)},
+            "transformer_blocks.*": {"extra_pos_emb": c(3), "temb": c(3),
+                                     "embedded_timestep": c(3)},
+            "rope": {0: c(2, 0, True), 1: c(2, 0, True)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
 def _tokens_qwen(model, cfg, get):
@@ -596,6 +640,8 @@ _MODELS = {
                                       key_mask=_mask_chroma),
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
     "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
+    "CosmosTransformer3DModel": _Spec(_tokens_cosmos, "self", cp_plan=_plan_cosmos,
+                                      key_mask=_mask_cosmos),
     "QwenImageTransformer2DModel": _Spec(_tokens_qwen, "joint",
                                          text_outputs={("pos_embed", 1)},
                                          key_mask=_mask_qwen),
@@ -1213,7 +1259,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
     transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
-      WanTransformer3DModel, SkyReelsV2Transformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel, CosmosTransformer3DModel,
+      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
       CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
       LTXVideoTransformer3DModel,
       MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
