@@ -78,6 +78,14 @@ def tiny_cosmos(heads):
                                     crossattn_proj_in_channels=32, concat_padding_mask=False)
 
 
+def tiny_easyanimate(heads):
+    from diffusers import EasyAnimateTransformer3DModel
+    return EasyAnimateTransformer3DModel(num_attention_heads=heads, attention_head_dim=16,
+                                         in_channels=4, out_channels=4, patch_size=2,
+                                         sample_width=8, sample_height=8, num_layers=2,
+                                         mmdit_layers=1, time_embed_dim=16, text_embed_dim=32)
+
+
 def tiny_qwen(heads):
     from diffusers import QwenImageTransformer2DModel
     return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
@@ -155,7 +163,8 @@ MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_
           "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
           "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
           "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
-          "cogview4": tiny_cogview4, "cosmos": tiny_cosmos}
+          "cogview4": tiny_cogview4, "cosmos": tiny_cosmos,
+          "easyanimate": tiny_easyanimate}
 
 
 def text_mask(a, torch):
@@ -219,6 +228,9 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
                     return_dict=False)
+    if a.model == "easyanimate":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32), return_dict=False)
     if a.model == "cosmos":
         return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
                     encoder_hidden_states=r(B, a.text, 32),

@@ -6,7 +6,8 @@ cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2
 WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
 CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
 MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
-ChromaTransformer2DModel, CogView4Transformer2DModel and CosmosTransformer3DModel
+ChromaTransformer2DModel, CogView4Transformer2DModel, CosmosTransformer3DModel and
+EasyAnimateTransformer3DModel
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -88,6 +89,10 @@ CASES_2 = {
     # CogView4: its processor calls torch's SDPA (cpc's split plan, the image RoPE split)
     "cogview4-ring_anything-odd-train-fp32": "--model cogview4 --ring 2 --anything "
                                              "--height 6 --width 6 --text 7 --train",
+    # EasyAnimate: [text, video], torch SDPA (cpc's split plan)
+    "easyanimate-ring_anything-odd-train-fp32": "--model easyanimate --ring 2 --anything "
+                                                "--frames 3 --height 6 --width 6 --text 7 "
+                                                "--train",
     # Cosmos: self-attention + a masked text cross-attention (cpc's split plan)
     "cosmos-ulysses_anything-odd-mask-train-fp32": "--model cosmos --ulysses 2 --anything "
                                                    "--heads 3 --frames 3 --height 6 "
@@ -126,6 +131,7 @@ CASES_4 = {
     "skyreels-unified-bf16": "--model skyreels --ring 2 --ulysses 2 --frames 4 --dtype bf16",
     "chroma-ulysses-mask-fp32": "--model chroma --ulysses 4 --pad 2",
     "cosmos-ring-mask-fp32": "--model cosmos --ring 4 --frames 4 --pad 2",
+    "easyanimate-unified-fp32": "--model easyanimate --ring 2 --ulysses 2 --frames 4",
     "cogview4-unified-bf16": "--model cogview4 --ring 2 --ulysses 2 --width 8 --text 16 "
                              "--dtype bf16",
     "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
@@ -143,6 +149,7 @@ CASES_TORCHRUN = {
     "mochi-ulysses-mask-bf16": "--model mochi --ulysses 2 --pad 2 --dtype bf16",
     "cogview4-ulysses-fp32": "--model cogview4 --ulysses 2 --text 16",
     "cosmos-ring-mask-fp32": "--model cosmos --ring 2 --pad 1",
+    "easyanimate-ulysses-bf16": "--model easyanimate --ulysses 2 --dtype bf16",
     "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
 }
 
@@ -150,7 +157,7 @@ CASES_TORCHRUN = {
 # cross-attention as well; Mochi: x batch, one call per batch element)
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
          "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
-         "cogview4": 2, "cosmos": 4}
+         "cogview4": 2, "cosmos": 4, "easyanimate": 2}
 
 
 def _env():

@@ -16,7 +16,7 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
   over `comm`; its backward takes this rank's rows, as diffusers' does).
 - Every attention processor of the model keeps its projections, norms and RoPE; only its
   call to diffusers' `dispatch_attention_fn` (or to torch's scaled_dot_product_attention,
-  for processors that call it themselves: CogVideoX, CogView4, SD3) is answered by `cpc.Attention`
+  for processors that call it themselves: CogVideoX, CogView4, EasyAnimate, SD3) is answered by `cpc.Attention`
   (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
   `is_cross_attention` or a self-attention model's processor given encoder_hidden_states:
   a `kv:` plan whose K/V are the whole text, held by every rank).  A text padding mask
@@ -334,6 +334,24 @@ def _plan_cosmos():
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
+def _tokens_easyanimate(model, cfg, get):
+    hs, ehs, t5 = get("hidden_states"), get("encoder_hidden_states"), \
+        get("encoder_hidden_states_t5")
+    if hs is None or hs.dim() != 5 or ehs is None:
+        raise UsageError("EasyAnimateTransformer3DModel: hidden_states [B, C, F, H, W] and "
+                         "encoder_hidden_states are required", code="usage")
+    p = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"EasyAnimateTransformer3DModel: latent {H}x{W} is not a multiple "
+                         f"of patch_size {p}", code="usage")
+    return B, F * (H // p) * (W // p), ehs.shape[1] + (t5.shape[1] if t5 is not None else 0)
+
+
+def _plan_easyanimate():
+    return _plan_blocks("transformer_blocks.0", rope="rope_embedding")
+
+
 def _tokens_qwen(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if hs is None or hs.dim() != 3:
@@ -649,6 +667,8 @@ _MODELS = {
                                             key_mask=_mask_hunyuan, sites=_blocks_only,
                                             check=_check_hunyuan),
     "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
+    "EasyAnimateTransformer3DModel": _Spec(_tokens_easyanimate, "joint",
+                                           cp_plan=_plan_easyanimate),
     "CogView4Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_cogview4),
     "SD3Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_sd3,
                                    image_self=True),
@@ -1262,6 +1282,7 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       WanTransformer3DModel, SkyReelsV2Transformer3DModel, CosmosTransformer3DModel,
       QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
       CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
+      EasyAnimateTransformer3DModel,
       LTXVideoTransformer3DModel,
       MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
       split and routed).  parallel_config: diffusers' ContextParallelConfig (or
