@@ -86,6 +86,14 @@ def tiny_easyanimate(heads):
                                          mmdit_layers=1, time_embed_dim=16, text_embed_dim=32)
 
 
+def tiny_chronoedit(heads):
+    from diffusers import ChronoEditTransformer3DModel
+    return ChronoEditTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads,
+                                        attention_head_dim=16, in_channels=4, out_channels=4,
+                                        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
+                                        rope_max_seq_len=64)
+
+
 def tiny_qwen(heads):
     from diffusers import QwenImageTransformer2DModel
     return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
@@ -164,7 +172,7 @@ MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_
           "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
           "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
           "cogview4": tiny_cogview4, "cosmos": tiny_cosmos,
-          "easyanimate": tiny_easyanimate}
+          "easyanimate": tiny_easyanimate, "chronoedit": tiny_chronoedit}
 
 
 def text_mask(a, torch):

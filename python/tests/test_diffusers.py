@@ -296,6 +296,10 @@ NEW_MODELS = [
       "num_single_layers": 32, "attention_head_dim": 128, "num_attention_heads": 20,
       "max_resolution": [128, 128]},
      dict(height=768, width=1360), 4096 + 384, ["image", "text"], "none", 20, 128, 48),
+    # ChronoEdit-14B: Wan2.1's architecture, text in the cross-attention.
+    ({"_class_name": "ChronoEditTransformer3DModel", "patch_size": [1, 2, 2],
+      "num_attention_heads": 40, "attention_head_dim": 128, "num_layers": 40},
+     dict(height=480, width=832, num_frames=5), 2 * 30 * 52, ["video"], "none", 40, 128, 40),
     # EasyAnimate V5.1: [Qwen2-VL text 256, video], VAE 8 x 4, patch 2.
     ({"_class_name": "EasyAnimateTransformer3DModel", "num_attention_heads": 48,
       "attention_head_dim": 64, "num_layers": 48, "patch_size": 2},

@@ -6,8 +6,8 @@ cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2
 WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
 CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
 MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
-ChromaTransformer2DModel, CogView4Transformer2DModel, CosmosTransformer3DModel and
-EasyAnimateTransformer3DModel
+ChromaTransformer2DModel, CogView4Transformer2DModel, CosmosTransformer3DModel,
+EasyAnimateTransformer3DModel and ChronoEditTransformer3DModel
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -89,6 +89,8 @@ CASES_2 = {
     # CogView4: its processor calls torch's SDPA (cpc's split plan, the image RoPE split)
     "cogview4-ring_anything-odd-train-fp32": "--model cogview4 --ring 2 --anything "
                                              "--height 6 --width 6 --text 7 --train",
+    # ChronoEdit: Wan's architecture, its own _cp_plan
+    "chronoedit-ulysses-fp32": "--model chronoedit --ulysses 2",
     # EasyAnimate: [text, video], torch SDPA (cpc's split plan)
     "easyanimate-ring_anything-odd-train-fp32": "--model easyanimate --ring 2 --anything "
                                                 "--frames 3 --height 6 --width 6 --text 7 "
@@ -157,7 +159,7 @@ CASES_TORCHRUN = {
 # cross-attention as well; Mochi: x batch, one call per batch element)
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
          "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
-         "cogview4": 2, "cosmos": 4, "easyanimate": 2}
+         "cogview4": 2, "cosmos": 4, "easyanimate": 2, "chronoedit": 4}
 
 
 def _env():

@@ -176,6 +176,15 @@ def _skyreels(cfg):
                   512, "cross", "none", cross_text=512)
 
 
+def _chronoedit(cfg):
+    # ChronoEdit (14B): Wan2.1-I2V's architecture (self-attention over the video, umT5 text
+    # 512 in the cross-attention, VAE 8 x 4); the edit is a short video (input frame ->
+    # edited frame)
+    return _Model("chronoedit", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg), 8, 4,
+                  512, "cross", "none", cross_text=512)
+
+
 def _zimage(cfg):
     # Z-Image: one stream over [image, caption] (the basic, non-omni order), the caption
     # (max_sequence_length 512) padded and masked; VAE 8, patch all_patch_size[0];
@@ -320,6 +329,7 @@ _FAMILIES = {
     "Lumina2Transformer2DModel": _lumina2,
     "SanaTransformer2DModel": _sana,
     "HiDreamImageTransformer2DModel": _hidream,
+    "ChronoEditTransformer3DModel": _chronoedit,
     "EasyAnimateTransformer3DModel": _easyanimate,
 }
 
@@ -434,7 +444,7 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
       transformer's .config), by its _class_name: FLUX.1, FLUX.2, Chroma, QwenImage (and
       -Edit), SD3/3.5, CogView4, Lumina-Image-2.0, Sana, Z-Image, CogVideoX 1.0/1.5,
       HunyuanVideo, HunyuanVideo-1.5, Mochi, Wan2.1/2.2, SkyReels-V2, LTX-Video, LTX-2
-      (its video stream), Cosmos, Allegro, HiDream-I1, EasyAnimate.
+      (its video stream), Cosmos, Allegro, HiDream-I1, EasyAnimate, ChronoEdit.
     height, width (pixels), num_frames (video models): the generation size.
     world_size: optional; must equal ring_degree x ulysses_degree.
     text_tokens: the text sequence length, default the pipeline's

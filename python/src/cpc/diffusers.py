@@ -658,6 +658,7 @@ _MODELS = {
                                       key_mask=_mask_chroma),
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
     "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
+    "ChronoEditTransformer3DModel": _Spec(_tokens_wan, "self"),   # Wan's, its own _cp_plan
     "CosmosTransformer3DModel": _Spec(_tokens_cosmos, "self", cp_plan=_plan_cosmos,
                                       key_mask=_mask_cosmos),
     "QwenImageTransformer2DModel": _Spec(_tokens_qwen, "joint",
@@ -1279,7 +1280,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
     transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
-      WanTransformer3DModel, SkyReelsV2Transformer3DModel, CosmosTransformer3DModel,
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel, ChronoEditTransformer3DModel,
+      CosmosTransformer3DModel,
       QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
       CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
       EasyAnimateTransformer3DModel,
