@@ -292,7 +292,8 @@ cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
-    int64_t T = cpc_layout_shard_tokens(L, group_rank_of(a, rank));
+    /* the rank's own tokens: its shard plus every replicated segment (layout.h) */
+    int64_t T = cpc_layout_rank_tokens(L, group_rank_of(a, rank));
     memset(shape, 0, 4 * sizeof *shape);
     switch (role) {
     case CPC_TENSOR_Q:
@@ -334,11 +335,11 @@ cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_r
     int P = cpc_artifact_world_size(a);
     if (rank < 0 || rank >= P)
         return cpc_error(CPC_E_USAGE, "rank %d is out of range (world size %d)", rank, P);
-    int cap = cpc_layout_max_shard_runs(L);
+    int cap = cpc_layout_max_rank_runs(L);
     cpc_run *tmp = calloc((size_t)cap, sizeof *tmp);
     if (!tmp)
         return cpc_error(CPC_E_NOMEM, "out of memory");
-    int k = cpc_layout_shard_runs(L, group_rank_of(a, rank), tmp, cap);
+    int k = cpc_layout_rank_runs(L, group_rank_of(a, rank), tmp, cap);
     for (int i = 0; i < k && i < max; i++)
         runs[i].start = tmp[i].start, runs[i].len = tmp[i].len;
     *n = k;

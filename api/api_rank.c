@@ -300,7 +300,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
     r->lse_supported = L->U == 1;
     r->max_runs = cpc_exec_max_runs(r->ex);
     r->lse_runs = calloc((size_t)(r->max_runs > 0 ? r->max_runs : 1), sizeof *r->lse_runs);
-    int cap = cpc_layout_max_shard_runs(L);
+    int cap = cpc_layout_max_rank_runs(L);
     r->shard_runs = calloc((size_t)cap, sizeof *r->shard_runs);
     if (!r->lse_runs || !r->shard_runs) {
         st = cpc_error(CPC_E_NOMEM, "out of memory");
@@ -615,6 +615,19 @@ static cpc_status *check_tensor(const cpc_rank *r, int role, const cpc_tensor *t
     return NULL;
 }
 
+/* The key padding mask of a forward or backward: required (u8 [B, Skv],
+ * the forward's for a backward) exactly when the plan pads keys. */
+static cpc_status *check_mask(const cpc_rank *r, const cpc_tensor *mask, bool *contig)
+{
+    if (r->mask && !mask)
+        return cpc_error(CPC_E_USAGE, "rank %d: the plan has key padding: pass its mask (u8 [B, Skv]; "
+                                      "to a backward, the forward's)", r->p);
+    if (!r->mask && mask)
+        return cpc_error(CPC_E_USAGE, "rank %d: a mask was passed but the plan's mask is %s", r->p,
+                         cpc_mask_name(r->a->plan->input.mask));
+    return mask ? check_tensor(r, CPC_TENSOR_MASK, mask, CPC_DTYPE_U8, false, contig) : NULL;
+}
+
 /* Copies between a strided tensor and a contiguous buffer (to_contig: gather). */
 static void strided_copy(const cpc_tensor *t, const int64_t *shape, int nd, size_t es, void *contig,
                          bool to_contig)
@@ -646,6 +659,26 @@ static void strided_copy(const cpc_tensor *t, const int64_t *shape, int nd, size
                         memcpy(e, c, es);
                 }
             }
+}
+
+/* Binds the caller's input tensors ts[0..n) (tensor roles roles[i]) to the
+ * executor's buffers of role exec[i]: contiguous caller memory directly,
+ * strided tensors gathered into the rank's staging first. */
+static cpc_status *bind_inputs(cpc_rank *r, cpc_exec *ex, const cpc_tensor *const *ts, const int *roles,
+                               const cpc_buf_role *exec, int n, const bool *contig)
+{
+    for (int i = 0; i < n; i++) {
+        int role = roles[i];
+        const void *src = ts[i]->data;
+        if (!contig[role]) {
+            strided_copy(ts[i], r->shape[role], r->ndim[role], r->esz, r->stage[role], true);
+            src = r->stage[role];
+        }
+        cpc_status *st = cpc_exec_bind_input(ex, exec[i], src, r->bytes[role]);
+        if (st)
+            return st;
+    }
+    return NULL;
 }
 
 /* A CUDA rank binds the caller's device tensors as they are: each passed
@@ -696,17 +729,8 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
             return st;
     if ((st = check_tensor(r, CPC_TENSOR_OUT, out, dt, true, &contig[CPC_TENSOR_OUT])))
         return st;
-    if (r->mask) {
-        if (!mask)
-            return cpc_error(CPC_E_USAGE, "rank %d: the plan has key padding: pass a mask (u8 "
-                                          "[B, Skv])", r->p);
-        if ((st = check_tensor(r, CPC_TENSOR_MASK, mask, CPC_DTYPE_U8, false,
-                               &contig[CPC_TENSOR_MASK])))
-            return st;
-    } else if (mask) {
-        return cpc_error(CPC_E_USAGE, "rank %d: a mask was passed but the plan's mask is %s", r->p,
-                         cpc_mask_name(r->a->plan->input.mask));
-    }
+    if ((st = check_mask(r, mask, &contig[CPC_TENSOR_MASK])))
+        return st;
     if (lse) {
         if (!r->lse_supported)
             return cpc_error(CPC_E_UNSUPPORTED,
@@ -726,17 +750,10 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
             return st;
     }
 
-    /* inputs: bind contiguous caller memory directly, gather strided ones */
-    static const cpc_buf_role exec_role[3] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V};
-    for (int i = 0; i < 3; i++) {
-        const void *src = in[i]->data;
-        if (!contig[i]) {
-            strided_copy(in[i], r->shape[i], r->ndim[i], r->esz, r->stage[i], true);
-            src = r->stage[i];
-        }
-        if ((st = cpc_exec_bind_input(r->ex, exec_role[i], src, r->bytes[i])))
-            return st;
-    }
+    static const int in_role[3] = {CPC_TENSOR_Q, CPC_TENSOR_K, CPC_TENSOR_V};
+    static const cpc_buf_role in_exec[3] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V};
+    if ((st = bind_inputs(r, r->ex, in, in_role, in_exec, 3, contig)))
+        return st;
     if ((st = wait_caller(r)) || (r->mask && (st = stage_mask(r, mask, contig[CPC_TENSOR_MASK]))))
         return st;
     if ((st = cpc_rt_rank_run(r->rt, r->ex, false, NULL)))
@@ -818,16 +835,8 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
         if ((st = check_tensor(r, g_role[i], gr[i], want, true, &contig[g_role[i]])))
             return st;
     }
-    if (r->mask) {
-        if (!mask)
-            return cpc_error(CPC_E_USAGE, "rank %d: the plan has key padding: pass the forward's mask "
-                                          "(u8 [B, Skv])", r->p);
-        if ((st = check_tensor(r, CPC_TENSOR_MASK, mask, CPC_DTYPE_U8, false, &contig[CPC_TENSOR_MASK])))
-            return st;
-    } else if (mask) {
-        return cpc_error(CPC_E_USAGE, "rank %d: a mask was passed but the plan's mask is %s", r->p,
-                         cpc_mask_name(r->a->plan->input.mask));
-    }
+    if ((st = check_mask(r, mask, &contig[CPC_TENSOR_MASK])))
+        return st;
     if (r->device) {
         if (lse_saved)
             contig[CPC_TENSOR_LSE] = true; /* checked above: contiguous */
@@ -838,17 +847,8 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
             return st;
     }
 
-    /* inputs: contiguous caller memory bound directly, strided gathered */
-    for (int i = 0; i < NIN; i++) {
-        int role = in_role[i];
-        const void *src = in[i]->data;
-        if (!contig[role]) {
-            strided_copy(in[i], r->shape[role], r->ndim[role], r->esz, r->stage[role], true);
-            src = r->stage[role];
-        }
-        if ((st = cpc_exec_bind_input(r->bex, in_exec[i], src, r->bytes[role])))
-            return st;
-    }
+    if ((st = bind_inputs(r, r->bex, in, in_role, in_exec, NIN, contig)))
+        return st;
     if (lse_saved) {
         if ((st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, lse->data, r->saved_lse_bytes)))
             return st;

@@ -29,9 +29,10 @@
 # id, --set arguments separated by spaces, why; e.g. runtime.framework=xdit for xDiT's
 # tables, runtime.vae_parallel=true where the notes say the VAE decode is parallel): what a
 # user who writes down the deployment gets.  Without it (the default, and what the test
-# holds) every row uses the defaults, as a plan that does not say gets.
+# holds for the calibration set; it holds the holdout with it) every row uses the defaults,
+# as a plan that does not say gets.
 #
-# --set holdout runs the same over bench/published-holdout/ (an out-of-sample set: 28 published
+# --set holdout runs the same over bench/published-holdout/ (an out-of-sample set: 35 published
 # timings of other models, GPUs and tables, written before cpc's predictions for them were looked
 # at; no figure of the model is set from them; its README.md says where each comes from);
 # --set calibration (the default) over bench/published/.

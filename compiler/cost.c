@@ -28,6 +28,11 @@
  * sms: streaming multiprocessors (the same sources): H100 SXM/H800/H200 132,
  *   H100 PCIe 114, H20 78, A100/A800 108, L20 92, L40/L40S 142, RTX 4090 128,
  *   B200 148.  arch: compute capability x 10.
+ * clock_ghz: boost clock (datasheets / whitepapers): H100 SXM, H800, H200 1.98,
+ *   H100 PCIe 1.755, A100/A800 1.41, L20, L40S, RTX 4090 2.52, L40 2.49; H20 1.98
+ *   and B200 1.965 are not stated by NVIDIA (the Hopper SXM figure; B200 as
+ *   reported by its board specifications).  With sms it gives the exponential
+ *   throughput of the attention ceiling (cost.h ATTENTION KERNELS).
  * gemm_tflops: the large-GEMM rate cuBLAS sustains = peak x the architecture's
  *   sustained fraction: Hopper 0.75 (cuBLAS BF16 8k^3 ~740 TFLOP/s on H100 SXM
  *   under its 700 W limit); Ampere 0.75 (cuBLAS reaches ~0.85, ~265 of 312, on
@@ -41,8 +46,16 @@
  * attn_tflops: FlashAttention-2-class forward (what PyTorch SDPA's flash backend
  *   runs), head_dim 128: Ampere 0.62 x peak (~193 of 312; the FlashAttention-2
  *   paper, Dao 2023, reaches up to 73% at its best lengths, the DiT rows run
- *   below it); Ada 0.60 x peak (FA2 on RTX 4090 ~100 of 165, on L20 ~70 of
- *   119.5; SageAttention paper's FA2 baselines); Hopper 0.30 x peak (~297; the
+ *   below it); Ada 0.73 x peak: the same FA2 kernel (mma.sync, no overlap of
+ *   the softmax with the matmuls) reaches 0.62 / 0.80 = 0.775 of the A100's
+ *   attention ceiling (cost.h ATTENTION KERNELS: matmuls + SFU exponentials),
+ *   and Ada's ceiling is 0.94 x peak (its tensor rate is low beside its SFUs):
+ *   0.775 x 0.94 = 0.73.  Measured: FA2's forward at head_dim 128 on an RTX
+ *   4090, 169 TFLOP/s at 2k tokens (apache/tvm tl_doc/flash_perf.md; above the
+ *   165.2 datasheet figure: boost clocks run higher), an FA2-style kernel with
+ *   FP32 accumulation on L20 89-99 of 119.5 at head_dim 320-1024
+ *   (xlite-dev/ffpa-attn README); the 0.60 used before (issue 20's first pass)
+ *   put the L20 rows of bench/published/ 8% slow as a group.  Hopper 0.30 x peak (~297; the
  *   FlashAttention-3 paper, Shah et al. 2024, has FA2's forward at hdim 128 at
  *   324-370 TFLOP/s for 2k-16k tokens, FA2 cannot use wgmma; 0.35 puts the
  *   attention-bound H100 rows, Wan2.1 and HunyuanVideo, ~12% fast); H20 0.60 x its capped peak (the cap, not the
@@ -87,26 +100,26 @@
  *            2 (T-1)/T n beta (Thakur, Rabenseifner, Gropp, IJHPCA 2005; NCCL's
  *            ring, whose bus bandwidth nccl-tests reports as algBW x 2 (T-1)/T).
  */
-#define DEV(nm, peak, f32, sms_, arch_, geff, aeff, memg, intra, p2p, inter, lat, ilat, gb)         \
+#define DEV(nm, peak, f32, sms_, arch_, clk, geff, aeff, memg, intra, p2p, inter, lat, ilat, gb)    \
     {.name = nm, .attn_tflops = (peak) * (aeff), .attn_tflops_fp32 = (f32) * 0.5,                \
      .mem_gbps = (memg) * 0.9, .intra_gbps = intra, .intra_p2p_gbps = p2p, .inter_gbps = inter,  \
      .intra_latency_us = lat, .inter_latency_us = ilat, .memory_gb = gb, .op_overhead_us = 5.0,  \
      .gemm_tflops = (peak) * (geff), .host_layer_us = 0, .host_op_us = 0,                         \
-     .peak_tflops = peak, .sms = sms_, .arch = arch_}
+     .peak_tflops = peak, .sms = sms_, .arch = arch_, .clock_ghz = clk}
 static const cpc_device_profile presets[] = {
-    DEV("h100-sxm", 989.4, 67, 132, 90, 0.75, 0.30, 3350, 360, 150, 47, 10, 20, 80),
-    DEV("h100-pcie", 756.0, 51, 114, 90, 0.75, 0.30, 2000, 40, 40, 47, 15, 20, 80),
-    DEV("h800", 989.4, 67, 132, 90, 0.75, 0.30, 3350, 160, 70, 47, 10, 20, 80),
-    DEV("h200", 989.4, 67, 132, 90, 0.75, 0.30, 4800, 360, 150, 47, 10, 20, 141),
-    DEV("h20", 148.0, 44, 78, 90, 0.90, 0.60, 4000, 360, 150, 47, 10, 20, 96),
-    DEV("a100-sxm", 312.0, 19.5, 108, 80, 0.75, 0.62, 2039, 230, 100, 24, 10, 20, 80),
-    DEV("a100-pcie", 312.0, 19.5, 108, 80, 0.75, 0.62, 1935, 32, 22, 24, 15, 25, 80),
-    DEV("a800", 312.0, 19.5, 108, 80, 0.75, 0.62, 2039, 160, 70, 24, 10, 20, 80),
-    DEV("l20", 119.5, 59.8, 92, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
-    DEV("l40", 181.05, 90.5, 142, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
-    DEV("l40s", 362.05, 91.6, 142, 89, 0.90, 0.60, 864, 32, 22, 12, 15, 25, 48),
-    DEV("rtx4090", 165.2, 82.6, 128, 89, 0.90, 0.60, 1008, 16, 12, 12, 15, 25, 24),
-    DEV("b200", 2250.0, 80, 148, 100, 0.70, 0.30, 8000, 720, 300, 47, 10, 20, 180),
+    DEV("h100-sxm", 989.4, 67, 132, 90, 1.98, 0.75, 0.30, 3350, 360, 150, 47, 10, 20, 80),
+    DEV("h100-pcie", 756.0, 51, 114, 90, 1.755, 0.75, 0.30, 2000, 40, 40, 47, 15, 20, 80),
+    DEV("h800", 989.4, 67, 132, 90, 1.98, 0.75, 0.30, 3350, 160, 70, 47, 10, 20, 80),
+    DEV("h200", 989.4, 67, 132, 90, 1.98, 0.75, 0.30, 4800, 360, 150, 47, 10, 20, 141),
+    DEV("h20", 148.0, 44, 78, 90, 1.98, 0.90, 0.60, 4000, 360, 150, 47, 10, 20, 96),
+    DEV("a100-sxm", 312.0, 19.5, 108, 80, 1.41, 0.75, 0.62, 2039, 230, 100, 24, 10, 20, 80),
+    DEV("a100-pcie", 312.0, 19.5, 108, 80, 1.41, 0.75, 0.62, 1935, 32, 22, 24, 15, 25, 80),
+    DEV("a800", 312.0, 19.5, 108, 80, 1.41, 0.75, 0.62, 2039, 160, 70, 24, 10, 20, 80),
+    DEV("l20", 119.5, 59.8, 92, 89, 2.52, 0.90, 0.73, 864, 32, 22, 12, 15, 25, 48),
+    DEV("l40", 181.05, 90.5, 142, 89, 2.49, 0.90, 0.73, 864, 32, 22, 12, 15, 25, 48),
+    DEV("l40s", 362.05, 91.6, 142, 89, 2.52, 0.90, 0.73, 864, 32, 22, 12, 15, 25, 48),
+    DEV("rtx4090", 165.2, 82.6, 128, 89, 2.52, 0.90, 0.73, 1008, 16, 12, 12, 15, 25, 24),
+    DEV("b200", 2250.0, 80, 148, 100, 1.965, 0.70, 0.30, 8000, 720, 300, 47, 10, 20, 180),
     {.name = "cpu", .attn_tflops = 0.073, .attn_tflops_fp32 = 0.068, .mem_gbps = 18.0,
      .intra_gbps = 5.5, .intra_p2p_gbps = 15.0, .inter_gbps = 1.0, .intra_latency_us = 25.0,
      .inter_latency_us = 50.0, .memory_gb = 16.0, .op_overhead_us = 0.4, .cores = 1.7,
@@ -142,7 +155,7 @@ static const profile_field profile_fields[] = {
     PF(intra_p2p_gbps), PF(inter_gbps), PF(intra_latency_us), PF(inter_latency_us),
     PF(memory_gb), PF(ranks_per_core), PF(op_overhead_us), PF(cores), PF(attn_io_gbps),
     PF(gemm_tflops), PF(host_layer_us), PF(host_op_us), PF(attn_softmax_gps),
-    PF(peak_tflops), PF(sms), PF(arch),
+    PF(peak_tflops), PF(sms), PF(arch), PF(clock_ghz),
 };
 #undef PF
 #define N_PROFILE_FIELDS (sizeof profile_fields / sizeof profile_fields[0])
@@ -514,12 +527,19 @@ double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim)
     return f;
 }
 
-double cpc_attn_ceiling(cpc_attn_kernel k)
+double cpc_attn_ceiling(const cpc_device_profile *dev, cpc_attn_kernel k, int head_dim)
 {
-    /* the FlashAttention-3 paper's best FP16 forward, 740 of H100's 989
-     * TFLOP/s; sage's INT8 Q K^T runs at twice the FP16 rate and its P V at
-     * the FP16 rate, so half its FLOPs go twice as fast: 4/3 of that */
-    return k == CPC_KERNEL_SAGE ? 0.75 * 4.0 / 3.0 : 0.75;
+    if (!dev || dev->arch <= 0 || dev->arch >= 100 || !(dev->peak_tflops > 0) || !(dev->sms > 0) ||
+        !(dev->clock_ghz > 0) || head_dim <= 0 || k == CPC_KERNEL_SAGE)
+        return 0.0;
+    /* per visible (query, key) score and head: Q K^T and P V, 2 x head_dim
+     * FLOPs each, at the dense peak, and one exponential on the SFU, 16 a
+     * clock per SM (CUDA C++ Programming Guide, arithmetic instruction
+     * throughput, compute capability 5.x-9.0) */
+    double d = head_dim, peak = dev->peak_tflops * 1e12;
+    double exp_rate = dev->sms * 16.0 * dev->clock_ghz * 1e9;
+    double t = 4.0 * d / peak + 1.0 / exp_rate;
+    return 4.0 * d / t / 1e12;
 }
 
 static cpc_status *plan_device(const cpc_plan *plan, cpc_device_profile *out,
@@ -539,7 +559,7 @@ static cpc_status *plan_device(const cpc_plan *plan, cpc_device_profile *out,
         /* the plan's runtime on a GPU preset (cost.h ATTENTION KERNELS, HOST) */
         out->attn_tflops *= cpc_attn_kernel_factor(plan->runtime.attention_kernel, out->arch,
                                                    plan->model.head_dim);
-        double ceil_tflops = cpc_attn_ceiling(plan->runtime.attention_kernel) * out->peak_tflops;
+        double ceil_tflops = cpc_attn_ceiling(out, plan->runtime.attention_kernel, plan->model.head_dim);
         if (ceil_tflops > 0 && out->attn_tflops > ceil_tflops)
             out->attn_tflops = ceil_tflops;
         host_costs(plan->runtime.framework, &out->host_layer_us, &out->host_op_us);
@@ -584,14 +604,71 @@ static double causal_pairs(int64_t q0, int64_t q1, int64_t k0, int64_t k1)
     return total;
 }
 
+/* Key runs sorted by start and disjoint (what layouts give): the fast path
+ * of cpc_visible_pairs can binary-search them. */
+static bool runs_sorted_disjoint(const cpc_run *k, int nk)
+{
+    for (int j = 1; j < nk; j++)
+        if (k[j].start < k[j - 1].start + k[j - 1].len)
+            return false;
+    return true;
+}
+
+/* First index j in [0, nk) with k[j].start + k[j].len > x (nk if none); k
+ * sorted and disjoint, so the ends are increasing. */
+static int first_run_ending_after(const cpc_run *k, int nk, int64_t x)
+{
+    int lo = 0, hi = nk;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (k[mid].start + k[mid].len > x)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal)
 {
     double total = 0;
-    for (int i = 0; i < nq; i++)
+    if (!causal) {
+        double tq = 0, tk = 0;
+        for (int i = 0; i < nq; i++)
+            tq += (double)q[i].len;
         for (int j = 0; j < nk; j++)
-            total += causal ? causal_pairs(q[i].start, q[i].start + q[i].len, k[j].start,
-                                           k[j].start + k[j].len)
-                            : (double)q[i].len * (double)k[j].len;
+            tk += (double)k[j].len;
+        return tq * tk;
+    }
+    if ((int64_t)nq * nk <= 4096 || !runs_sorted_disjoint(k, nk)) {
+        for (int i = 0; i < nq; i++)
+            for (int j = 0; j < nk; j++)
+                total += causal_pairs(q[i].start, q[i].start + q[i].len, k[j].start, k[j].start + k[j].len);
+        return total;
+    }
+    /* Causal over many runs (a Ulysses rank holds U runs of the sequence):
+     * for a query run [q0, q1), key runs that end at or before q0 + 1 are
+     * seen whole by every row (a prefix sum), runs that start at or after q1
+     * not at all, and only the runs in between need the closed form, so the
+     * cost is O((nq + overlaps) log nk), not O(nq * nk). */
+    double prefix = 0; /* keys in runs [0, done) */
+    int done = 0;
+    for (int i = 0; i < nq; i++) {
+        int64_t q0 = q[i].start, q1 = q[i].start + q[i].len;
+        if (q1 <= q0)
+            continue;
+        int whole = first_run_ending_after(k, nk, q0 + 1); /* runs [0, whole) end <= q0 + 1 */
+        /* prefix sum of [0, whole): move `done` there (query runs need not be sorted) */
+        if (whole >= done)
+            for (; done < whole; done++)
+                prefix += (double)k[done].len;
+        else
+            for (; done > whole; done--)
+                prefix -= (double)k[done - 1].len;
+        total += (double)(q1 - q0) * prefix;
+        for (int j = whole; j < nk && k[j].start < q1; j++)
+            total += causal_pairs(q0, q1, k[j].start, k[j].start + k[j].len);
+    }
     return total;
 }
 
@@ -634,6 +711,18 @@ static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coo
     return false;
 }
 
+/* Tokens each of RU ranks runs the model's dense layers on: its share of
+ * the sharded segments plus every replicated segment whole (layout.h: the
+ * replicated text's projections and MLP run on every rank, as in xDiT). */
+static double rank_tokens(const cpc_plan *plan, double RU)
+{
+    double rep = 0;
+    for (int i = 0; i < plan->input.n_segments; i++)
+        if (plan->input.segments[i].replicate)
+            rep += (double)plan->input.segments[i].tokens;
+    return ((double)plan->input.total_tokens - rep) / RU + rep;
+}
+
 /* Tokens held by buffer b now (its content). */
 static int64_t buf_tokens(const pricer *pr, int b)
 {
@@ -644,7 +733,7 @@ static int64_t buf_tokens(const pricer *pr, int b)
     case CPC_TOK_BLOCK: return cpc_layout_block_tokens(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r);
     case CPC_TOK_ALL: return L->R == 1 ? cpc_layout_block_tokens(L, 0)
                                        : cpc_layout_block_offset(L, L->R - 1) + cpc_layout_block_tokens(L, L->R - 1);
-    case CPC_TOK_KV: return L->Skv;
+    case CPC_TOK_KV: return cpc_layout_kv_rows(L); /* cross-attention K/V, or replicated rows */
     default: return 0;
     }
 }
@@ -674,9 +763,7 @@ static int buf_runs(const pricer *pr, int b, int block, cpc_run *out)
     case CPC_TOK_BLOCK:
         return cpc_layout_block_runs(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r, out, pr->max_runs);
     case CPC_TOK_ALL: return cpc_layout_block_runs(L, block, out, pr->max_runs);
-    case CPC_TOK_KV:
-        out[0] = (cpc_run){0, L->Skv};
-        return 1;
+    case CPC_TOK_KV: return cpc_layout_kv_runs(L, out, pr->max_runs);
     default: return 0;
     }
 }
@@ -925,6 +1012,8 @@ static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
                 continue;
             if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
                 bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, o, j) * per_head;
+            else if (B->tokens == CPC_TOK_KV) /* replicated rows: this member's heads to all */
+                bytes += cpc_layout_kv_rows(L) * buf_heads(pr, b, (int)pr->c.u) * per_head;
             else
                 bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
                          buf_heads(pr, b, (int)pr->c.u) * per_head;
@@ -1277,7 +1366,7 @@ static void price_step(const cpc_plan *plan, const cpc_device_profile *dev, doub
     double layers = plan->model.layers > 0 ? plan->model.layers : 1;
     double hidden = model_hidden(plan);
     double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
-    double tokens = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double tokens = (double)plan->input.batch * rank_tokens(plan, RU);
     double gemm = (dev->gemm_tflops > 0 ? dev->gemm_tflops : dev->attn_tflops) * 1e12;
     if (plan->model.dtype == CPC_DTYPE_FP32 && dev->attn_tflops > 0)
         gemm *= dev->attn_tflops_fp32 / dev->attn_tflops;
@@ -1470,6 +1559,14 @@ static void price_pipeline(const cpc_plan *plan, const cpc_device_profile *dev, 
                 px *= 16.0 / 9.0;
             double rate = (video ? 0.25 : 0.5) * gemm;
             double eb = es;
+            if (plan->runtime.vae_dtype == CPC_DTYPE_FP32) {
+                /* an FP32 VAE (Wan's WanVAE: dtype torch.float): its
+                 * convolutions run in TF32 (cuDNN's default in PyTorch), half
+                 * the BF16 tensor rate on A100/H100/Ada datasheets, and its
+                 * activations are 4 bytes */
+                rate *= 0.5;
+                eb = 4.0;
+            }
             t += px * (video ? 1300.0 : 512.0) * c * c / rate + px * 152.0 * c * eb / mem;
         }
         if (t > 0) {
@@ -1515,7 +1612,7 @@ static void deployment_memory(const cpc_plan *plan, const cpc_device_profile *de
     double es = cpc_dtype_size(plan->model.dtype);
     double h = model_hidden(plan);
     double RU = plan->cluster.world_size > 0 ? plan->cluster.world_size : 1;
-    double M = (double)plan->input.batch * (double)plan->input.total_tokens / RU;
+    double M = (double)plan->input.batch * rank_tokens(plan, RU);
     double r = plan->model.mlp_ratio > 0 ? plan->model.mlp_ratio : 4.0;
     double g = plan->model.mlp_gated ? 2.0 : 1.0;
     double act = plan->model.active_experts > 0 ? plan->model.active_experts : 1;
@@ -1563,6 +1660,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     int max_runs = cpc_layout_max_block_runs(L);
     if (max_runs < cpc_layout_max_shard_runs(L))
         max_runs = cpc_layout_max_shard_runs(L);
+    if (max_runs < L->n_rep)
+        max_runs = L->n_rep;
     if (max_runs < 1)
         max_runs = 1;
     int max_ranks = L->P <= CPC_PRICE_ALL_RANKS ? L->P : CPC_PRICE_MAX_SAMPLE;

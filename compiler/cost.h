@@ -104,11 +104,23 @@
  *   x 2.5 on Blackwell, x 1 elsewhere; sage x 2 on Ada (SageAttention paper: ~2.1x
  *   FlashAttention-2 on RTX 4090), x 1.6 elsewhere; head_dim <= 64 x 0.8,
  *   <= 32 x 0.6 (FlashAttention-2 paper: head_dim 64 runs at ~0.8-0.85 of 128).
- *   No kernel runs above a ceiling of the dense peak (cpc_attn_ceiling): 0.75
- *   (the FlashAttention-3 paper's best FP16 forward, 740 of H100's 989 TFLOP/s),
- *   1.0 for sage (its INT8 Q K^T at twice the FP16 rate): a factor that would
- *   pass it is capped there (H20: fa3 x 1.8 of its 0.6 x peak would be 1.08 x
- *   peak; a power-capped part cannot run FA3 faster than its peak).
+ *   No kernel runs above its ceiling (cpc_attn_ceiling): per score and head
+ *   the two matmuls at the dense peak (4 x head_dim FLOPs) and one exponential
+ *   on the special-function units, 16 a
+ *   clock per SM (CUDA C++ Programming Guide, throughput of exp2f), one after
+ *   the other: 4 D / (4 D / peak + 1 / (SMs x 16 x clock)).  On H100 at D 128
+ *   that is 676 TFLOP/s (0.68 x peak), at D 256 803 and at D 64 514: the
+ *   FlashAttention-3 paper (Shah et al. 2024) measures ~650, ~750 and ~500,
+ *   and names the exponential as the limit (989 TFLOP/s of matmul against
+ *   3.9 T exponentials/s).  Parts whose tensor rate is low beside their SFUs
+ *   (Ada: L20 0.94 x peak, RTX 4090 0.94; the power-capped H20 0.90) allow
+ *   nearly their peak; A100 0.80.  It binds where a kernel factor would pass
+ *   it: fa3 (x 1.8) on the H20 (0.6 x peak for FA2-class kernels) stops at
+ *   0.90 x peak.  None for sage (INT8 Q K^T, and a P V whose accumulator
+ *   and type differ from the FP16/FP32-accumulate peak the ceiling is built
+ *   on) nor on Blackwell (arch >= 100: FlashAttention-4 and cuDNN compute
+ *   part of the exponentials on the FMA units, a polynomial, past the SFU
+ *   limit).
  *
  * ATTENTION GRID: not modelled.  Wave quantisation of the kernel's grid (B x
  *   heads x ceil(queries / 128) tiles over the SMs) was tried in issue 20's
@@ -178,7 +190,11 @@
  *   runtime.vae_parallel; with runtime.vae_tiling a frame larger than one tile
  *   (256^2 pixels for a video decoder, 512^2 for an image one) costs (4/3)^2 of
  *   its pixels (tiles overlapping by a quarter on each side, diffusers'
- *   defaults).
+ *   defaults); with runtime.vae_dtype: fp32 (Wan's VAE decodes in float32:
+ *   wan/modules/vae.py WanVAE dtype torch.float) the convolutions run in TF32
+ *   (PyTorch's default for cuDNN convolutions), half the BF16 tensor rate
+ *   (A100 156 of 312, H100 495 of 989, L40 90.5 of 181 TFLOP/s dense:
+ *   datasheets), and the activations take 4 bytes.
  *
  * MEMORY of the deployment (with model.parameters, on GPUs; inside
  *   memory_bytes_per_rank): weights = parameters x dtype bytes / T (CP and CFG
@@ -195,7 +211,10 @@
  * tests/cli/published.sh holds its metrics to floors.  The figures above are
  * global (per device from datasheets, per framework from the eager block's
  * anatomy, the host figures from the host-bound rows); nothing is per table
- * or per plan.
+ * or per plan.  An out-of-sample set (bench/published-holdout/: 28 timings of
+ * other models, GPUs and tables, written before the model's predictions for
+ * them were seen; `bench/published.sh --set holdout`) is held to its own
+ * floors by the same test; no figure is set from it.
  *
  * GEMM ROOFLINE (CPU path, cpc_gemm_roofline_factor): a block's GEMMs per rank
  * (QKV, output projection, MLP up and down, a 4x MLP) each take max(2MNK /
@@ -272,6 +291,9 @@ typedef struct cpc_device_profile {
     double sms;                /* streaming multiprocessors (GEMM wave quantisation); 0 = n/a */
     double arch;               /* compute capability x 10 (80 Ampere, 89 Ada, 90 Hopper,
                                   100 Blackwell); 0 = not a GPU (no kernel-family factors) */
+    double clock_ghz;          /* boost clock, GHz: with sms, the SFU exponential rate of the
+                                  attention ceiling (cpc_attn_ceiling); 0 = unknown (no
+                                  ceiling) */
 } cpc_device_profile;
 
 /* Finds a preset by name (SPEC section 1: h100-sxm, h100-pcie, h800, h200, h20,
@@ -284,9 +306,13 @@ bool cpc_device_preset(const char *name, cpc_device_profile *out);
  * capability `arch` (x 10) at `head_dim`. */
 double cpc_attn_kernel_factor(cpc_attn_kernel k, double arch, int head_dim);
 
-/* The ceiling of the attention rate for kernel `k` as a fraction of the
- * dense BF16/FP16 peak (cost.h ATTENTION KERNELS): 0.75 (1.0 for sage). */
-double cpc_attn_ceiling(cpc_attn_kernel k);
+/* The ceiling of the attention forward rate, TFLOP/s, for kernel `k` at
+ * `head_dim` on `dev` (cost.h ATTENTION KERNELS: the two matmuls at the dense
+ * peak and one exponential per score on the SFUs, SMs x 16 x clock_ghz a
+ * second).  0 (no ceiling) where it does not apply: not a GPU, Blackwell
+ * (arch >= 100), k sage, or peak_tflops, sms, clock_ghz or head_dim not
+ * positive. */
+double cpc_attn_ceiling(const cpc_device_profile *dev, cpc_attn_kernel k, int head_dim);
 
 /* Names of the presets, NULL-terminated. */
 extern const char *const cpc_device_preset_names[];
@@ -394,8 +420,11 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                               const cpc_device_profile *dev, cpc_prediction *out);
 
 /* Visible (query, key) pairs of a block: sum over pairs of runs of the number
- * of (i, j) with j <= i when causal, else nq * nk.  Closed form per pair of
- * runs (O(nq * nk)), in double: S^2 exceeds int64 beyond ~3e9 tokens. */
+ * of (i, j) with j <= i when causal, else (sum of q lengths) x (sum of k
+ * lengths).  Causal: a closed form per pair of runs that overlap; key runs
+ * sorted and disjoint (as layouts give) are binary-searched, so the time is
+ * O((nq + overlapping pairs) log nk), else O(nq * nk).  In double: S^2
+ * exceeds int64 beyond ~3e9 tokens.  Pure; thread-safe. */
 double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal);
 
 /* The price callback for cpc_validate_priced (validate.h): builds the

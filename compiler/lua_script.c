@@ -958,6 +958,7 @@ static void push_config(lua_State *L, const cpc_plan *plan, const cpc_layout *se
         lua_newtable(L);
         set_str(L, "name", plan->input.segments[i].name);
         set_int(L, "tokens", plan->input.segments[i].tokens);
+        set_str(L, "split", plan->input.segments[i].replicate ? "replicate" : "shard");
         char path[48];
         snprintf(path, sizeof path, "input.segments[%d]", i + 1);
         make_readonly(L, path);

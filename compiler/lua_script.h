@@ -22,7 +22,7 @@
  *
  *   plan.config   nested read-only proxy of the resolved plan: name, file,
  *                 version, model{heads, kv_heads, head_dim, dtype, layers,
- *                 scale}, input{batch, tokens (S), segments[i]{name, tokens},
+ *                 scale}, input{batch, tokens (S), segments[i]{name, tokens, split},
  *                 mask, kv{tokens} or nil, mode}, cluster{world_size,
  *                 gpus_per_node, nodes, device, profile, memory_gb,
  *                 reserved_gb}, parallel{variant, ring_degree,

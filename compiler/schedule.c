@@ -132,11 +132,45 @@ static void all_gather(builder *b, oplist l, int in, int out)
     outs(op, out, -1);
 }
 
+/* Replicated segments (layout.h): their q/k/v (KV layout, the rank's heads:
+ * q/k/v, or their PART copies with ulysses) and the accumulators of their
+ * query rows.  q < 0: the plan has none. */
+typedef struct repbufs {
+    int q, k, v;          /* KV rows, the heads attention uses here */
+    int acc, lse;         /* KV rows: the replicated queries' result */
+    int o_blk, lse_blk;   /* KV rows: one block's partial result */
+} repbufs;
+
+/* Before the key blocks: zero the replicated queries' accumulators, and let
+ * every query (the rank's sharded rows q, and the replicated rows) meet the
+ * replicated keys, which are local: exactly once, here, never in the ring. */
+static void rep_local(builder *b, oplist l, const repbufs *x, int q, int o_blk, int lse_blk, int acc, int lse)
+{
+    if (x->q < 0)
+        return;
+    init_acc(b, l, x->acc, x->lse);
+    attn(b, l, q, x->k, x->v, o_blk, lse_blk, NULL);
+    merge(b, l, o_blk, lse_blk, acc, lse);
+    attn(b, l, x->q, x->k, x->v, x->o_blk, x->lse_blk, NULL);
+    merge(b, l, x->o_blk, x->lse_blk, x->acc, x->lse);
+}
+
+/* The replicated queries meet one block of sharded keys (k, v; `block` for
+ * an ALL buffer). */
+static void rep_block(builder *b, oplist l, const repbufs *x, int k, int v, const char *block)
+{
+    if (x->q < 0)
+        return;
+    attn(b, l, x->q, k, v, x->o_blk, x->lse_blk, block);
+    merge(b, l, x->o_blk, x->lse_blk, x->acc, x->lse);
+}
+
 /* The ring loop (p2p) over K/V blocks k_cur/v_cur, double-buffered. */
 static void ring_p2p_loop(builder *b, oplist top, bool overlap, int q, int k_cur, int v_cur, int k_nxt,
-                          int v_nxt, int o_blk, int lse_blk, int acc, int lse)
+                          int v_nxt, int o_blk, int lse_blk, int acc, int lse, const repbufs *x)
 {
     init_acc(b, top, acc, lse);
+    rep_local(b, top, x, q, o_blk, lse_blk, acc, lse);
     cpc_op *loop = add(b, top.ops, top.n, CPC_OP_LOOP);
     if (!loop)
         return;
@@ -173,6 +207,7 @@ static void ring_p2p_loop(builder *b, oplist top, bool overlap, int q, int k_cur
     }
     attn(b, body, q, k_cur, v_cur, o_blk, lse_blk, NULL);
     merge(b, body, o_blk, lse_blk, acc, lse);
+    rep_block(b, body, x, k_cur, v_cur, NULL);
     if (overlap) {
         op = add(b, body.ops, body.n, CPC_OP_WAIT);
         if (op) {
@@ -195,9 +230,10 @@ static void ring_p2p_loop(builder *b, oplist top, bool overlap, int q, int k_cur
 /* The ring loop (allgather): attention over the gathered blocks in the same
  * order as p2p. */
 static void ring_allgather_loop(builder *b, oplist top, int q, int k_all, int v_all, int o_blk,
-                                int lse_blk, int acc, int lse)
+                                int lse_blk, int acc, int lse, const repbufs *x)
 {
     init_acc(b, top, acc, lse);
+    rep_local(b, top, x, q, o_blk, lse_blk, acc, lse);
     cpc_op *loop = add(b, top.ops, top.n, CPC_OP_LOOP);
     if (!loop)
         return;
@@ -205,6 +241,7 @@ static void ring_allgather_loop(builder *b, oplist top, int q, int k_all, int v_
     oplist body = {&loop->body, &loop->n_body};
     attn(b, body, q, k_all, v_all, o_blk, lse_blk, "(r-s)%R");
     merge(b, body, o_blk, lse_blk, acc, lse);
+    rep_block(b, body, x, k_all, v_all, "(r-s)%R");
 }
 
 static cpc_status *check_candidate(const cpc_plan *plan, cpc_variant v, int R, int U)
@@ -285,6 +322,30 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         v = buf(b, "v", CPC_ROLE_V, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_INPUT);
     }
 
+    /* Replicated segments: whole on every rank (KV layout), never sent;
+     * with ulysses each member uses its own heads of them. */
+    repbufs x = {-1, -1, -1, -1, -1, -1, -1};
+    int q_rep = -1;
+    if (L.rep) {
+        q_rep = buf(b, "q_rep", CPC_ROLE_Q, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+        x.k = buf(b, "k_rep", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+        x.v = buf(b, "v_rep", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_INPUT);
+        x.q = q_rep;
+        if (uly) {
+            int k_in = x.k, v_in = x.v;
+            x.q = buf(b, "q_rep_part", CPC_ROLE_Q, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+            x.k = buf(b, "k_rep_part", CPC_ROLE_K, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+            x.v = buf(b, "v_rep_part", CPC_ROLE_V, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+            copy(b, top, q_rep, x.q);
+            copy(b, top, k_in, x.k);
+            copy(b, top, v_in, x.v);
+        }
+        x.acc = buf(b, "acc_rep", CPC_ROLE_ACC, CPC_TOK_KV, qh, CPC_IO_NONE);
+        x.lse = buf(b, "lse_rep", CPC_ROLE_LSE, CPC_TOK_KV, qh, CPC_IO_NONE);
+        x.o_blk = buf(b, "o_rep_blk", CPC_ROLE_ACC, CPC_TOK_KV, qh, CPC_IO_NONE);
+        x.lse_blk = buf(b, "lse_rep_blk", CPC_ROLE_LSE, CPC_TOK_KV, qh, CPC_IO_NONE);
+    }
+
     /* Query side of attention. */
     int qa = q;
     if (uly) {
@@ -310,7 +371,19 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         }
         acc = buf(b, "acc", CPC_ROLE_ACC, qt, qh, CPC_IO_NONE);
         lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
-        attn(b, top, qa, ka, va, acc, lse, NULL);
+        if (L.rep) {
+            /* two key sets (the replicated ones, then the sharded block),
+             * merged into one accumulator per query side */
+            int o_blk = buf(b, "o_blk", CPC_ROLE_ACC, qt, qh, CPC_IO_NONE);
+            int lse_blk = buf(b, "lse_blk", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
+            init_acc(b, top, acc, lse);
+            rep_local(b, top, &x, qa, o_blk, lse_blk, acc, lse);
+            attn(b, top, qa, ka, va, o_blk, lse_blk, NULL);
+            merge(b, top, o_blk, lse_blk, acc, lse);
+            rep_block(b, top, &x, ka, va, NULL);
+        } else {
+            attn(b, top, qa, ka, va, acc, lse, NULL);
+        }
     } else if (p2p) {
         int k_cur = k, v_cur = v;
         if (uly) {
@@ -326,7 +399,7 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         acc = buf(b, "acc", CPC_ROLE_ACC, qt, qh, CPC_IO_NONE);
         lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
         ring_p2p_loop(b, top, plan->schedule.overlap, qa, k_cur, v_cur, k_nxt, v_nxt, o_blk, lse_blk,
-                      acc, lse);
+                      acc, lse, &x);
     } else {
         int k_blk = k, v_blk = v;
         if (uly) {
@@ -343,7 +416,7 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         int lse_blk = buf(b, "lse_blk", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
         acc = buf(b, "acc", CPC_ROLE_ACC, qt, qh, CPC_IO_NONE);
         lse = buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
-        ring_allgather_loop(b, top, qa, k_all, v_all, o_blk, lse_blk, acc, lse);
+        ring_allgather_loop(b, top, qa, k_all, v_all, o_blk, lse_blk, acc, lse, &x);
     }
 
     /* Output. */
@@ -355,6 +428,20 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
     } else {
         int o = buf(b, "out", CPC_ROLE_O, CPC_TOK_SHARD, CPC_HEADS_ALL, CPC_IO_OUTPUT);
         copy(b, top, acc, o);
+    }
+
+    /* The replicated rows' output: whole on every rank, every head (with
+     * ulysses each member computed its heads: heads_to_seq of KV rows sends
+     * them to every member). */
+    if (L.rep) {
+        int o_rep = buf(b, "out_rep", CPC_ROLE_O, CPC_TOK_KV, CPC_HEADS_ALL, CPC_IO_OUTPUT);
+        if (uly) {
+            int o_part = buf(b, "o_rep_part", CPC_ROLE_O, CPC_TOK_KV, CPC_HEADS_PART, CPC_IO_NONE);
+            copy(b, top, x.acc, o_part);
+            a2a(b, top, CPC_A2A_HEADS_TO_SEQ, o_part, o_rep);
+        } else {
+            copy(b, top, x.acc, o_rep);
+        }
     }
 
     if (b->err) {

@@ -50,6 +50,21 @@
  *  v_part (KV rows, this member's PART heads); attn; copy; inverse
  *  all-to-all.  The ring group is idle.
  *
+ *  replicated segments (`split: replicate`, layout.h): inputs q_rep, k_rep,
+ *  v_rep (KV layout: the replicated rows, whole, ALL heads; with ulysses
+ *  copied to their PART heads).  Before the key blocks, init_acc of
+ *  acc_rep/lse_rep, then both query sides meet the replicated keys once,
+ *  locally: attn q,k_rep,v_rep -> o_blk; merge -> acc and attn
+ *  q_rep,k_rep,v_rep -> o_rep_blk; merge -> acc_rep.  Then at every key
+ *  block the sharded queries run as above and the replicated queries meet
+ *  the same block (attn q_rep,k_cur,v_cur -> o_rep_blk; merge -> acc_rep),
+ *  so every query meets every key exactly once and the replicated K/V are
+ *  never sent.  The single-block programs (ulysses) use init_acc + merge
+ *  for both sides.  Output: copy acc_rep -> out_rep (KV, ALL heads,
+ *  OUTPUT); with ulysses copy acc_rep -> o_rep_part and all_to_all
+ *  heads_to_seq o_rep_part -> out_rep (KV rows: every member's heads go to
+ *  every member).
+ *
  * Thread-safety: pure; the plan is only read.
  */
 #ifndef CPC_SCHEDULE_H

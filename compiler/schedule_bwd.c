@@ -113,6 +113,12 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
          * replaces the forward has no backward program to pair with it */
         why = "a Lua schedule script replaces the forward program, and scripts return no backward program yet";
         key = "schedule.script";
+    } else {
+        for (int i = 0; i < plan->input.n_segments && !why; i++)
+            if (plan->input.segments[i].replicate) {
+                why = "replicated segments (`split: replicate`) have no backward program yet";
+                key = "input.segments";
+            }
     }
     if (!why)
         return NULL;
@@ -122,8 +128,12 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
                               "p2p and all-gather rotation; self- and cross-attention; causal zigzag, GQA, key "
                               "padding, uneven splits, fp32/bf16/fp16)",
                               why, cpc_variant_name(variant), R, U);
-    cpc_status_set_hint(st, "drop schedule.script to train with the built-in schedule, or use input.mode: "
-                            "inference for the forward pass");
+    if (strcmp(key, "input.segments") == 0)
+        cpc_status_set_hint(st, "shard the segment (drop `split: replicate`) to train, or use input.mode: "
+                                "inference for the forward pass");
+    else
+        cpc_status_set_hint(st, "drop schedule.script to train with the built-in schedule, or use input.mode: "
+                                "inference for the forward pass");
     return st;
 }
 

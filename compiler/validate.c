@@ -372,7 +372,7 @@ static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U,
     return errs;
 }
 
-/* Stage 3: shapes.  CP010-CP012, CP018-CP024, CP030 (CP031 is the plan's). */
+/* Stage 3: shapes.  CP010-CP012, CP018-CP024, CP027, CP030 (CP031 is the plan's). */
 static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, const origin *o)
 {
     cpc_status *errs = NULL, *e;
@@ -387,7 +387,7 @@ static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, 
         int rule = v == CPC_VARIANT_ULYSSES ? 11 : 10;
         for (int i = 0; i < nseg; i++) {
             const cpc_segment *s = &p->input.segments[i];
-            if (s->tokens % w == 0)
+            if (s->tokens % w == 0 || s->replicate) /* a replicated segment is never divided */
                 continue;
             long long n = (long long)s->tokens;
             if (v == CPC_VARIANT_UNIFIED)
@@ -442,7 +442,7 @@ static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, 
         int w = v == CPC_VARIANT_ULYSSES_ANYTHING ? U : R;
         for (int i = 0; i < nseg; i++) {
             const cpc_segment *s = &p->input.segments[i];
-            if (s->tokens >= w)
+            if (s->tokens >= w || s->replicate)
                 continue;
             e = ERR(20, seg_span(p, i), "%s: segment '%s' has %lld tokens, fewer than %s %d: a rank would get "
                                         "no token", vn, s->name, (long long)s->tokens,
@@ -491,6 +491,32 @@ static cpc_status *check_shapes(const cpc_plan *p, cpc_variant v, int R, int U, 
         e = ERR(24, vspan(p, "input.mask"), "causal mask with cross-attention (input.kv: %lld key/value tokens)",
                 (long long)p->input.kv_tokens);
         add_note(e, vspan(p, "input.kv"), "input.kv is set here");
+        cpc_status_append(&errs, e);
+    }
+    /* CP027: replicated segments (`split: replicate`) need a sharded one,
+     * and are self-attention tokens: not with input.kv. */
+    int nrep = 0, first_rep = -1;
+    for (int i = 0; i < nseg; i++)
+        if (p->input.segments[i].replicate) {
+            nrep++;
+            if (first_rep < 0)
+                first_rep = i;
+        }
+    if (nrep > 0 && nrep == nseg) {
+        e = ERR(27, seg_span(p, first_rep),
+                "every segment is `split: replicate`: at least one segment must be sharded (a plan with "
+                "nothing to split has no context parallelism)");
+        cpc_status_set_hint(e, "drop `split: replicate` from the segment the ranks should divide (the image or "
+                               "video tokens), or use variant none on one rank");
+        cpc_status_append(&errs, e);
+    }
+    if (nrep > 0 && p->input.has_kv) {
+        e = ERR(27, seg_span(p, first_rep),
+                "segment '%s' is `split: replicate`, but the plan has cross-attention (input.kv): replicated "
+                "segments are joint self-attention tokens, cross-attention K/V are already whole on every rank",
+                p->input.segments[first_rep].name);
+        add_note(e, vspan(p, "input.kv"), "input.kv is set here");
+        cpc_status_set_hint(e, "drop `split: replicate`, or drop input.kv");
         cpc_status_append(&errs, e);
     }
     /* CP030: GQA ratio. */

@@ -15,7 +15,7 @@
  *                 degrees contradict it, degrees with variant auto).  The
  *                 loader (plan_load.h) reports the other CP1xx codes.
  *   2. degrees:   CP001-CP004, CP013-CP017 (per candidate).
- *   3. shapes:    CP010-CP012, CP018-CP024, CP030 (per candidate) and the
+ *   3. shapes:    CP010-CP012, CP018-CP024, CP027, CP030 (per candidate) and the
  *                 CP031 warning (once per plan).
  *   4. resources: CP040 and whatever a price callback rejects (see below).
  * CP040, CP050, CP051 and CP018 belong to later stages (cost model, Lua,

@@ -28,7 +28,8 @@
 #include <string.h>
 
 #define MAX_DEPTH 8        /* loop nesting accepted (as cpc_program_walk) */
-#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence */
+#define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence, or the replicated
+                              segments' rows (layout.h) */
 #define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
 #define MATCH_NONE (-1)
 #define MATCH_PHANTOM (-2) /* matched by a rank outside the simulated set */
@@ -260,45 +261,12 @@ static const char *buf_name(const ctx *C, int b)
     return C->prog->buffers[b].name;
 }
 
-/* Smallest / largest global token position of shard unit u. */
-static int64_t unit_min(const ctx *C, int u)
-{
-    const cpc_layout *L = C->L;
-    if (L->zigzag)
-        return (int64_t)u * (L->S / (2 * (int64_t)L->P));
-    int64_t best = INT64_MAX;
-    for (int j = 0; j < L->n_seg; j++)
-        if (cpc_split_len(L->seg_len[j], L->P, u) > 0) {
-            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u);
-            if (x < best)
-                best = x;
-        }
-    return best;
-}
-
-static int64_t unit_max(const ctx *C, int u)
-{
-    const cpc_layout *L = C->L;
-    if (L->zigzag) {
-        int64_t c = L->S / (2 * (int64_t)L->P);
-        return (int64_t)(2 * L->P - 1 - u) * c + c - 1;
-    }
-    int64_t best = -1;
-    for (int j = 0; j < L->n_seg; j++) {
-        int64_t len = cpc_split_len(L->seg_len[j], L->P, u);
-        if (len > 0) {
-            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u) + len - 1;
-            if (x > best)
-                best = x;
-        }
-    }
-    return best;
-}
-
 /* Words for a token range. */
 static const char *tok_desc(const ctx *C, int lo, int hi, char *buf, size_t n)
 {
-    if (lo == TOK_KV)
+    if (lo == TOK_KV && C->L->rep)
+        snprintf(buf, n, "the replicated segments (%" PRId64 " tokens)", C->L->Srep);
+    else if (lo == TOK_KV)
         snprintf(buf, n, "the cross-attention K/V sequence (%" PRId64 " tokens)", C->L->Skv);
     else if (lo == TOK_UNSET)
         snprintf(buf, n, "no tokens yet");
@@ -415,27 +383,8 @@ static int cov_union(aval *dst, const aval *add)
 static vc_tri covered_at(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const aval *v, const char *bname)
 {
     char t1[160], t2[160], h1[48];
-    /* Required units: all of [0, P), or with a causal mask the prefix of
-     * units whose first token is at or before the last query row (unit_min
-     * is nondecreasing in the unit index). */
-    int need = C->P;
-    if (C->L->causal) {
-        int64_t qmax = -1;
-        for (int u = v->tlo; u < v->thi; u++) {
-            int64_t m = unit_max(C, u);
-            if (m > qmax)
-                qmax = m;
-        }
-        int lo = 0, hi = C->P; /* first unit with unit_min > qmax */
-        while (lo < hi) {
-            int mid = lo + (hi - lo) / 2;
-            if (unit_min(C, mid) <= qmax)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        need = lo;
-    }
+    /* Required units (vc_units_needed): all, or with a causal mask a prefix. */
+    int need = vc_units_needed(C->L, v->tlo, v->thi);
     int missing = -1; /* the first unit not covered */
     if (v->ncov == 0 || v->cov[0] > 0)
         missing = 0;
@@ -494,8 +443,6 @@ typedef struct rank_dom {
 #define CAV(v) ((const aval *)(v))
 
 static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
-static bool dom_written(void *self, int b) { return RD(self)->rk->v[b].written != 0; }
-static int dom_content(void *self, int b) { return RD(self)->rk->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -551,6 +498,8 @@ static void dom_put(void *self, int b, vc_val *v)
     aval *a = AV(v);
     a->wop = d->nd;
     a->wstep = d->step;
+    if (a == &d->rk->v[b])
+        return;
     aval_free(&d->rk->v[b]);
     d->rk->v[b] = *a;
     memset(a, 0, sizeof *a);
@@ -731,23 +680,41 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 {
     const req *r = rq;
     int U = RD(self)->C->U;
+    if (r->block < 0 || (CAV(v)->tlo == (int)r->block * U && CAV(v)->thi == (int)r->block * U + U))
+        return VC_YES;
     snprintf(words, n, "ring block %" PRId64, r->block);
-    return r->block < 0 || (CAV(v)->tlo == (int)r->block * U && CAV(v)->thi == (int)r->block * U + U) ? VC_YES
-                                                                                                        : VC_NO;
+    return VC_NO;
+}
+
+static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
+{
+    ctx *C = RD(self)->C;
+    const req *s = &C->reqs[((const req *)rq)->match];
+    snprintf(who, nw, "rank %d", s->rank);
+    op_desc(s->on, s->step, op, no);
 }
 
 static const vc_domain rank_ops = {
-    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
     .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
-    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = true};
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
+    .sender = dom_sender, .p2p_attn = true};
+
+/* dom: the domain of rank rk at the op nd (step), on the stack (ob is not
+ * cleared: it is written before it is read). */
+static inline void rank_dom_at(rank_dom *d, ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+{
+    d->C = C, d->rk = rk, d->nd = nd, d->step = step;
+}
 
 #define RANK_DOM_AT(C, rk, nd, step)                                                                              \
-    rank_dom dd_ = {(C), (rk), (nd), (step), ""};                                                                 \
+    rank_dom dd_;                                                                                                 \
+    rank_dom_at(&dd_, (C), (rk), (nd), (step));                                                                   \
     vc_domain dom = rank_ops;                                                                                     \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
 
 /* A step's answer as this rank's result: a fault (the domain always
  * decides) at the op nd. */
@@ -864,7 +831,8 @@ static int match_pair(ctx *C, int sid, int rid)
     r->match = sid;
     C->st.messages++;
     rank_st *rr = &C->rk[C->sim_of[r->rank]];
-    char ob[256], from[32], m[1024] = "";
+    char m[1024];
+    m[0] = 0;
     vc_val *snap[CPC_OP_MAX_BUFS];
     for (int j = 0; j < s->nb; j++) {
         aval_free(&r->snap[j]);
@@ -872,10 +840,8 @@ static int match_pair(ctx *C, int sid, int rid)
         memset(&s->snap[j], 0, sizeof s->snap[j]);
         snap[j] = &r->snap[j].h;
     }
-    snprintf(from, sizeof from, "rank %d", s->rank);
     RANK_DOM_AT(C, rr, r->on, r->step);
-    vc_tri t = vc_arrive(&dom, from, op_desc(s->on, s->step, ob, sizeof ob), s->nb, s->bufs, r->nb, r->bufs, snap, r,
-                         m, sizeof m);
+    vc_tri t = vc_arrive(&dom, s->nb, s->bufs, r->nb, r->bufs, snap, r, m, sizeof m);
     return res(C, rr, r->on, r->step, t, m);
 }
 
@@ -1131,7 +1097,8 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
                 }
                 v.written = 1;
                 v.fresh = 0;
-                char m[640] = "";
+                char m[640];
+                m[0] = 0;
                 RANK_DOM_AT(C, rk, q->on, q->step);
                 vc_tri t = vc_store(&dom, b, &v.h, m, sizeof m);
                 aval_free(&v);
@@ -1202,7 +1169,8 @@ static int run_collective(ctx *C, int *members, int n)
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
         const cpc_op *op = rk->bnode->op;
-        char msg[1024] = "";
+        char msg[1024];
+        msg[0] = 0;
         RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
         if (res(C, rk, rk->bnode, rk->bstep, vc_coll_inputs(&dom, op, msg, sizeof msg), msg))
             return -1;
@@ -1217,7 +1185,8 @@ static int run_collective(ctx *C, int *members, int n)
     }
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
-        char msg[1024] = "";
+        char msg[1024];
+        msg[0] = 0;
         RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
         if (res(C, rk, rk->bnode, rk->bstep, vc_coll_outputs(&dom, rk->bnode->op, msg, sizeof msg), msg))
             return -1;
@@ -1236,7 +1205,8 @@ static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
     const cpc_op *op = nd->op;
     {
-        char m[640] = "";
+        char m[640];
+        m[0] = 0;
         RANK_DOM_AT(C, rk, nd, step);
         for (int j = 0; j < op->n_in; j++)
             if (res(C, rk, nd, step, vc_rd(&dom, op->in[j], m, sizeof m), m))
@@ -1299,7 +1269,8 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         break;
     }
     {
-        char m[1024] = "";
+        char m[1024];
+        m[0] = 0;
         RANK_DOM_AT(C, rk, nd, step);
         if (res(C, rk, nd, step, vc_step(&dom, op, m, sizeof m), m))
             return RES_ERR;
@@ -1335,7 +1306,8 @@ static int finish_rank(ctx *C, rank_st *rk)
             continue;
         aval *v = &rk->v[b];
         const opnode *w = v->written ? v->wop : NULL;
-        char m[1024] = "";
+        char m[1024];
+        m[0] = 0;
         RANK_DOM_AT(C, rk, w, v->wstep);
         if (res(C, rk, w, v->wstep, vc_output(&dom, b, m, sizeof m), m))
             return -1;
@@ -1615,7 +1587,8 @@ static int check_buffers(ctx *C)
         if (B->io == CPC_IO_INPUT) {
             bool ok = B->role == CPC_ROLE_Q || B->role == CPC_ROLE_K || B->role == CPC_ROLE_V;
             bool tok = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && C->U == 1) ||
-                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role));
+                       (B->tokens == CPC_TOK_KV && C->L->cross && is_kv_role(B->role)) ||
+                       (B->tokens == CPC_TOK_KV && C->L->rep && B->heads == CPC_HEADS_ALL);
             if (!ok || !tok)
                 return fail(C, -1, NULL, 0,
                             "INPUT buffer %s (role %s, tokens %s) cannot be filled from q/k/v: inputs are q, k "
@@ -1624,18 +1597,24 @@ static int check_buffers(ctx *C)
                             B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens));
         }
         if (B->io == CPC_IO_OUTPUT) {
-            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) || B->tokens != CPC_TOK_SHARD ||
-                B->heads != CPC_HEADS_ALL)
+            bool rep_out = C->L->rep && B->role == CPC_ROLE_O && B->tokens == CPC_TOK_KV;
+            if (!(B->role == CPC_ROLE_O || B->role == CPC_ROLE_LSE) ||
+                (B->tokens != CPC_TOK_SHARD && !rep_out) || B->heads != CPC_HEADS_ALL)
                 return fail(C, -1, NULL, 0,
                             "OUTPUT buffer %s (role %s, tokens %s, heads %s) must be an o or lse shard with all heads",
                             B->name, cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens),
                             cpc_buf_heads_name(B->heads));
         }
-        if (B->tokens == CPC_TOK_KV && !C->L->cross)
-            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention",
-                        B->name);
+        if (B->tokens == CPC_TOK_KV && !C->L->cross && !C->L->rep)
+            return fail(C, -1, NULL, 0, "buffer %s has the kv token layout but the plan has no cross-attention "
+                        "nor replicated segment", B->name);
     }
-    bool has_out = false;
+    bool has_out = false, has_rep_out = false;
+    for (int b = 0; b < P->n_buffers; b++)
+        has_rep_out |= P->buffers[b].io == CPC_IO_OUTPUT && P->buffers[b].tokens == CPC_TOK_KV;
+    if (C->L->rep && !has_rep_out)
+        return fail(C, -1, NULL, 0, "the program has no OUTPUT buffer of the replicated segments' rows "
+                    "(kv layout): every rank returns their whole output");
     for (int b = 0; b < P->n_buffers; b++)
         has_out |= P->buffers[b].io == CPC_IO_OUTPUT;
     if (!has_out)

@@ -40,10 +40,17 @@ typedef struct cset {
 } cset;
 
 typedef struct slot {
+    union {
+        vc_val h; /* the fields every domain shares (verify_common.h): written (init_acc'd, delta
+                     written, received, input) and src (provenance: program.h cpc_content) */
+        struct {
+            VC_VAL_FIELDS;
+        };
+    };
     int tag;
-    bool written;   /* init_acc'd / delta written / received / input */
-    cpc_content src; /* provenance: what it holds (program.h cpc_content) */
     bool grad;      /* a D* role: `cnt` is meaningful */
+    bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
+                       key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
     cset cnt;
 } slot;
 
@@ -78,6 +85,7 @@ typedef struct vb {
     bool over;                     /* a run list outgrew VB_MAX_RUNS (sym: not decided) */
     bool bound_hit;                /* the work passed VB_WORK_MAX: refused */
     int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V) */
+    int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
@@ -410,6 +418,9 @@ static cpc_status *run_a2a(vb *V, int r)
         int p = r * U + j;
         slot *si = S(V, p, in);
         int want = s2h ? p : r;
+        if (si->fwd)
+            return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on its "
+                                                   "rank (the backward prover's class)", bi->name);
         if (!si->written || si->tag != want)
             return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s %d (holds %d%s)", bi->name,
                          s2h ? "this rank's shard" : "this rank's ring block", want, si->tag,
@@ -463,6 +474,7 @@ static cpc_status *run_a2a(vb *V, int r)
         int p = r * U + j;
         slot *so = S(V, p, out);
         so->written = true;
+        so->fwd = false;
         so->tag = s2h ? r : p;
         so->src = S(V, p, in)->src;
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
@@ -499,6 +511,9 @@ static cpc_status *run_ring_coll(vb *V, int u)
         for (int r = 0; r < nm; r++) {
             int p = r * U + u;
             slot *si = S(V, p, in);
+            if (si->fwd)
+                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on "
+                                                       "its rank (the backward prover's class)", bi->name);
             if (!si->written || (ag && si->tag != r))
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
                              ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
@@ -536,6 +551,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
         for (int r = 0; r < nm && !oom; r++) {
             slot *so = S(V, r * U + u, out);
             so->written = true;
+            so->fwd = false;
             so->tag = ag ? CPC_TAG_NONE : r;
             so->src = S(V, r * U + u, in)->src;
             if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[r]))
@@ -596,6 +612,7 @@ static cpc_status *run_all_reduce(vb *V)
         for (int p = 0; p < V->nsim && !oom; p++) {
             slot *so = S(V, p, out);
             so->written = true;
+            so->fwd = false;
             so->tag = CPC_TAG_NONE;
             so->src = CPC_CONTENT_GRAD;
             oom = !cs_copy(V, &so->cnt, &sum);
@@ -622,8 +639,8 @@ typedef struct bwd_dom {
 } bwd_dom;
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
-static bool dom_written(void *self, int b) { return S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->written; }
-static int dom_content(void *self, int b) { return (int)S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->src; }
+static vc_val *dom_val(void *self, int b) { return &S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->h; }
+static const char *dom_writer(void *self, int b) { (void)self, (void)b; return "an earlier op"; }
 
 static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 {
@@ -670,17 +687,64 @@ static bool touches_request(vb *V, int p, const cpc_op *op)
 static cpc_status *check_operands(vb *V, int p, const xop *x)
 {
     bwd_dom dd = {V, p};
-    const vc_domain dom = {.self = &dd,
-                           .name = dom_name,
-                           .written = dom_written,
-                           .content = dom_content,
-                           .recv_on = dom_recv_on,
-                           .send_on = dom_send_on};
+    const vc_domain dom = {.self = &dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on, .send_on = dom_send_on,
+                           .writer = dom_writer};
     char m[640];
     if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
-        vc_contents(&dom, x->op, 1, m, sizeof m))
+        vc_contents(&dom, x->op, 1, m, sizeof m) || (x->op->kind == CPC_OP_MERGE && vc_merge(&dom, x->op, m, sizeof m)))
         return vfail(p, x, "%s", m);
     return NULL;
+}
+
+/* A recomputed attention result (slot fwd) read by delta or attn_bwd must
+ * be complete: every (query block, key block, query head) pair of its rows
+ * and the heads its buffer holds exactly once, nothing else; with a causal
+ * mask the key blocks entirely above the diagonal may be missing (each at
+ * most once; vc_units_needed). */
+static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
+{
+    slot *sl = S(V, p, b);
+    if (!sl->fwd || sl->final) /* final: proved complete since it was last written (the loop reads it R times) */
+        return NULL;
+    int lo, hi;
+    held_heads(V, b, p % V->U, &lo, &hi);
+    /* count per (key unit, head): a small dense table (NK x heads) */
+    int nhh = hi - lo;
+    int64_t cells = (int64_t)V->NK * (nhh > 0 ? nhh : 1);
+    if (cells > ((int64_t)1 << 24))
+        return vfail(p, x, "'%s': a recomputed attention result of %lld (key block, head) pairs is beyond the "
+                           "prover's bound", bn(V, b), (long long)cells);
+    uint8_t *cnt = calloc((size_t)cells, 1);
+    if (!cnt)
+        return &cpc_status_oom;
+    cpc_status *bad = NULL;
+    for (int i = 0; i < sl->cnt.n && !bad; i++) {
+        const run *x0 = &sl->cnt.v[i];
+        for (int t = 0; t < x0->len && !bad; t++) {
+            int qb = md32((int64_t)x0->q0 + (int64_t)t * x0->dq, V->R);
+            int kb = md32((int64_t)x0->k0 + (int64_t)t * x0->dk, V->NK);
+            for (int h = x0->h0; h < x0->h0 + x0->hn && !bad; h++) {
+                if (qb != sl->tag || h < lo || h >= hi)
+                    bad = vfail(p, x, "reads '%s', a recomputed attention result holding the pairs of query block "
+                                      "%d, head %d: not its rows (%d) or heads [%d, %d)",
+                                bn(V, b), qb, h, sl->tag, lo, hi);
+                else if (++cnt[(int64_t)kb * nhh + (h - lo)] > 1)
+                    bad = vfail(p, x, "reads '%s', a recomputed attention result whose query rows meet the keys "
+                                      "of block %d twice (query head %d)",
+                                bn(V, b), kb, h);
+            }
+        }
+    }
+    int U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
+    for (int64_t c = 0; c < (int64_t)need * nhh && !bad && nhh > 0; c++)
+        if (!cnt[c])
+            bad = vfail(p, x, "reads '%s', a recomputed attention result that is incomplete: its query rows never "
+                              "met the keys of block %lld (query head %lld)",
+                        bn(V, b), (long long)(c / nhh), (long long)(lo + c % nhh));
+    free(cnt);
+    if (!bad)
+        sl->final = 1;
+    return bad;
 }
 
 #define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
@@ -798,6 +862,9 @@ static cpc_status *post_send(vb *V, int p, const xop *x)
         slot *sl = S(V, p, op->in[i]);
         if (!sl->written)
             return vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
+        if (sl->fwd)
+            return vfail(p, x, "sends '%s', an attention result recomputed here: it stays on its rank (the "
+                               "backward prover's class)", bn(V, op->in[i]));
         req *q = calloc(1, sizeof *q);
         if (!q)
             return cs_err(V);
@@ -874,6 +941,7 @@ static int do_wait(vb *V, int p, const xop *x)
             slot *sl = &V->slots[q->slot];
             sl->tag = q->snap.tag;
             sl->written = true;
+            sl->fwd = false;
             sl->src = q->snap.src;
             if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
                 V->err = cs_err(V);
@@ -897,6 +965,7 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
+        bool keep_fwd = false; /* its outputs are recomputed attention results */
         /* the op table's rules, for every op: the kinds a backward program
          * may use, lifetimes of in-flight buffers, then the content each
          * operand must hold */
@@ -927,9 +996,10 @@ static int advance(vb *V, int p)
             V->pc[p]++;
             continue;
         case CPC_MATCH_COLLECTIVE:
-            if (info->group != CPC_GROUP_NONE && op->group != info->group) {
+            if ((info->group != CPC_GROUP_NONE && op->group != info->group) ||
+                (op->group != CPC_GROUP_RING && op->group != CPC_GROUP_ULYSSES && op->group != CPC_GROUP_WORLD)) {
                 V->err = vfail(p, x, "%s runs over the %s group", cpc_op_kind_name(op->kind),
-                               cpc_group_name(info->group));
+                               info->group != CPC_GROUP_NONE ? cpc_group_name(info->group) : "ring, ulysses or world");
                 return -1;
             }
             return 0; /* fired by run_a2a / run_ring_coll / run_all_reduce once every member is here */
@@ -945,8 +1015,11 @@ static int advance(vb *V, int p)
                     V->err = vfail(p, x, "copies '%s' into '%s' of another role or token layout", bn(V, a), bn(V, b));
                     return -1;
                 }
-                if (!si->written) {
-                    V->err = vfail(p, x, "copies '%s' before it is written", bn(V, a));
+                if (!si->written || si->fwd) {
+                    V->err = vfail(p, x, si->written ? "copies '%s', an attention result recomputed here: it stays "
+                                                       "where it was made (the backward prover's class)"
+                                                     : "copies '%s' before it is written",
+                                   bn(V, a));
                     return -1;
                 }
                 bool widen = BF(V, a)->heads == CPC_HEADS_PART && BF(V, b)->heads == CPC_HEADS_ALL;
@@ -977,6 +1050,8 @@ static int advance(vb *V, int p)
                 V->err = vfail(p, x, "operands must be (do, o) -> lse-role delta");
                 return -1;
             }
+            if ((V->err = recomputed_complete(V, p, x, op->in[1])))
+                return -1;
             slot *a = S(V, p, op->in[0]), *o = S(V, p, op->in[1]), *d = S(V, p, op->out[0]);
             if (!a->written || !o->written || a->tag != o->tag || !same_layout(V, op->in[0], op->in[1]) ||
                 !same_layout(V, op->in[0], op->out[0])) {
@@ -989,6 +1064,23 @@ static int advance(vb *V, int p)
             break;
         }
         case CPC_OP_INIT_ACC:
+            if (op->n_out == 2 && role(V, op->out[0]) == CPC_ROLE_ACC && role(V, op->out[1]) == CPC_ROLE_LSE &&
+                !op->block) {
+                /* a forward accumulator pair, for attention recomputed here */
+                int32_t stamp = ++V->stamps;
+                for (int i = 0; i < 2; i++) {
+                    slot *sl = S(V, p, op->out[i]);
+                    cs_clear(&sl->cnt);
+                    sl->written = true;
+                    sl->fwd = true;
+                    sl->final = 0;
+                    sl->src = i == 0 ? CPC_CONTENT_OUT : CPC_CONTENT_LSE;
+                    sl->stamp = stamp;
+                    sl->merged = 0;
+                }
+                keep_fwd = true;
+                break;
+            }
             for (int i = 0; i < op->n_out; i++) {
                 int b = op->out[i];
                 if (!is_grad(role(V, b))) {
@@ -1066,6 +1158,8 @@ static int advance(vb *V, int p)
                                    bn(V, op->out[i]));
                     return -1;
                 }
+            if ((V->err = recomputed_complete(V, p, x, op->in[4])))
+                return -1;
             slot *q = S(V, p, op->in[0]), *k = S(V, p, op->in[1]), *v = S(V, p, op->in[2]);
             slot *dk = S(V, p, op->out[1]), *dv = S(V, p, op->out[2]), *dq = S(V, p, op->out[0]);
             /* Query side: q, dout, lse, delta, dq in one layout and rows; K side:
@@ -1141,6 +1235,75 @@ static int advance(vb *V, int p)
             dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
             break;
         }
+        case CPC_OP_ATTN: {
+            /* attention recomputed in the backward program: the forward's rules on this domain's
+             * values (K and V one block, GQA heads), the pairs met kept as runs */
+            int qi = op->in[0], ki = op->in[1], vi = op->in[2];
+            slot *q = S(V, p, qi), *k = S(V, p, ki), *v = S(V, p, vi);
+            cpc_buf_tokens qt = BF(V, qi)->tokens;
+            if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
+                !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
+                V->err = vfail(p, x, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
+                                     "(ulysses_degree 1) or a ring block, and no cross-attention (the backward "
+                                     "prover's class)");
+                return -1;
+            }
+            if (!same_layout(V, ki, vi) || k->tag != v->tag) {
+                V->err = vfail(p, x, "k '%s' (block %d) and v '%s' (block %d) do not hold the same block", bn(V, ki),
+                               k->tag, bn(V, vi), v->tag);
+                return -1;
+            }
+            int lo, hi, ko, kn;
+            held_heads(V, qi, u, &lo, &hi);
+            cpc_buffer_heads(prog, ki, u, &ko, &kn);
+            int g = prog->layout.group, qo = V->nh > 1 ? lo : 0, qn = V->nh > 1 ? hi - lo : 0;
+            if (qn > 0 && (qo / g < ko || (qo + qn - 1) / g >= ko + kn)) {
+                V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
+                               qo + qn, ko, ko + kn);
+                return -1;
+            }
+            for (int i = 0; i < 2; i++)
+                if (!same_layout(V, op->out[i], qi) || role(V, op->out[i]) != (i ? CPC_ROLE_LSE : CPC_ROLE_ACC)) {
+                    V->err = vfail(p, x, "'%s' must be an %s buffer of q's layout", bn(V, op->out[i]),
+                                   i ? "lse" : "acc");
+                    return -1;
+                }
+            int32_t stamp = ++V->stamps;
+            for (int i = 0; i < 2; i++) {
+                slot *o = S(V, p, op->out[i]);
+                cs_clear(&o->cnt);
+                if (!cs_add_run(V, &o->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0})) {
+                    V->err = cs_err(V);
+                    return -1;
+                }
+                o->written = true;
+                o->fwd = true;
+                o->final = 0;
+                o->tag = q->tag;
+                o->stamp = stamp;
+                o->merged = 0;
+            }
+            keep_fwd = true;
+            break;
+        }
+        case CPC_OP_MERGE: {
+            /* provenance: vc_merge (check_operands); then the accumulator's rows and the pairs */
+            slot *a = S(V, p, op->in[0]), *al = S(V, p, op->in[1]);
+            slot *acc = S(V, p, op->out[0]), *accl = S(V, p, op->out[1]);
+            if (!a->fwd || !acc->fwd || !accl->fwd || a->tag != acc->tag || !same_layout(V, op->in[0], op->out[0])) {
+                V->err = vfail(p, x, "merges '%s' into '%s': both must be attention results made here, of the same "
+                                     "rows and layout", bn(V, op->in[0]), bn(V, op->out[0]));
+                return -1;
+            }
+            if (!cs_add_set(V, &acc->cnt, &a->cnt, 0, V->nh) || !cs_copy(V, &accl->cnt, &acc->cnt)) {
+                V->err = cs_err(V);
+                return -1;
+            }
+            a->merged = al->merged = 1;
+            acc->final = accl->final = 0;
+            keep_fwd = true;
+            break;
+        }
         case CPC_OP_SWAP: {
             int a = op->in[0], b = op->in[1];
             const cpc_buffer *A = &prog->buffers[a], *B = &prog->buffers[b];
@@ -1157,10 +1320,14 @@ static int advance(vb *V, int p)
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
-        /* the table's output content (NONE: carried, set above) */
-        for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++)
+        /* the table's output content (NONE: carried, set above); what an op other than
+         * attn, merge or a forward init_acc writes is no recomputed attention result */
+        for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++) {
             if (info->out_content[i] != CPC_CONTENT_NONE)
                 S(V, p, op->out[i])->src = (cpc_content)info->out_content[i];
+            if (!keep_fwd)
+                S(V, p, op->out[i])->fwd = false;
+        }
         V->pc[p]++;
     }
     return 1;
@@ -1503,8 +1670,10 @@ static cpc_status *prove(vb *V)
                 const cpc_op *op0 = NULL;
                 for (int j = 0; j < nm && ready; j++) {
                     int p = gk == 0 ? g * V->U + j : j * V->U + g;
-                    cpc_op_kind k = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op->kind : CPC_OP__COUNT;
+                    const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
+                    cpc_op_kind k = at ? at->kind : CPC_OP__COUNT;
                     bool here = gk == 0 ? k == CPC_OP_ALL_TO_ALL : (k == CPC_OP_ALL_GATHER || k == CPC_OP_REDUCE_SCATTER);
+                    here |= k == CPC_OP_BARRIER && at->group == (gk == 0 ? CPC_GROUP_ULYSSES : CPC_GROUP_RING);
                     if (!here) {
                         ready = false;
                         break;
@@ -1516,7 +1685,10 @@ static cpc_status *prove(vb *V)
                     op0 = op;
                 }
                 if (ready) {
-                    if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
+                    if (op0->kind == CPC_OP_BARRIER) /* no data: every member passes */
+                        for (int j = 0; j < nm; j++)
+                            V->pc[gk == 0 ? g * V->U + j : j * V->U + g]++;
+                    else if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
                         return st;
                     moved = true;
                 }
@@ -1526,15 +1698,19 @@ static cpc_status *prove(vb *V)
             /* the world group (all_reduce) */
             bool ready = true;
             for (int p = 0; p < V->nsim && ready; p++) {
-                if (V->pc[p] >= V->ro[p].n || V->ro[p].v[V->pc[p]].op->kind != CPC_OP_ALL_REDUCE) {
+                const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
+                if (!at || (at->kind != CPC_OP_ALL_REDUCE && !(at->kind == CPC_OP_BARRIER && at->group == CPC_GROUP_WORLD))) {
                     ready = false;
                     break;
                 }
-                if (V->ro[p].v[V->pc[p]].op != V->ro[0].v[V->pc[0]].op)
-                    return vfail(p, &V->ro[p].v[V->pc[p]], "ranks reach different all_reduce ops");
+                if (at != V->ro[0].v[V->pc[0]].op)
+                    return vfail(p, &V->ro[p].v[V->pc[p]], "ranks reach different %s ops", cpc_op_kind_name(at->kind));
             }
             if (ready) {
-                if ((st = run_all_reduce(V)))
+                if (V->ro[0].v[V->pc[0]].op->kind == CPC_OP_BARRIER)
+                    for (int p = 0; p < V->nsim; p++)
+                        V->pc[p]++;
+                else if ((st = run_all_reduce(V)))
                     return st;
                 moved = true;
             }
@@ -1543,12 +1719,9 @@ static cpc_status *prove(vb *V)
             for (int p = 0; p < V->nsim; p++)
                 if (V->pc[p] < V->ro[p].n) {
                     const xop *x = &V->ro[p].v[V->pc[p]];
-                    if (x->op->kind == CPC_OP_ALL_TO_ALL || x->op->kind == CPC_OP_ALL_GATHER ||
-                        x->op->kind == CPC_OP_REDUCE_SCATTER || x->op->kind == CPC_OP_ALL_REDUCE)
+                    if (cpc_op_info_of(x->op->kind)->match == CPC_MATCH_COLLECTIVE)
                         return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
-                                     x->op->kind == CPC_OP_ALL_TO_ALL ? "ulysses"
-                                     : x->op->kind == CPC_OP_ALL_REDUCE ? "world" : "ring",
-                                     cpc_op_kind_name(x->op->kind));
+                                     cpc_group_name(x->op->group), cpc_op_kind_name(x->op->kind));
                     const req *q = NULL;
                     for (int j = 0; j < V->rr[p].n && !q; j++)
                         if (V->rr[p].v[j]->tag == x->op->tag && !V->rr[p].v[j]->matched)

@@ -2,7 +2,11 @@
  * verify_bwd.h - proves a backward (training) op program (schedule_bwd.h,
  * BACKWARD.md section 2 "verification obligations").
  *
- * ONE STEP SEMANTICS, TWO DOMAINS.  advance() (verify_bwd.c) executes one op
+ * ONE STEP SEMANTICS, TWO DOMAINS.  (Not yet the forward provers' step,
+ * verify_common.h: this prover shares with it the operand rules (lifetime,
+ * read-before-write, provenance), merge's provenance rule (vc_merge) and the
+ * value header (vc_val), not the ops' code.)
+ * advance() (verify_bwd.c) executes one op
  * of one rank on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
  * multiset of (query block, key unit, query head) triples added into it
@@ -21,8 +25,9 @@
  * takes at the `wait` that completes it; a wait blocks until each of its
  * requests is matched (rendezvous: a send completes only once its recv is
  * posted).  Collectives (all_to_all over a ulysses group, all_gather and
- * reduce_scatter over a ring group, all_reduce over the world) fire when
- * every member of the group has reached the same op.  The ranks run
+ * reduce_scatter over a ring group, all_reduce over the world, barrier over
+ * the group it names: no data) fire when every member of the group has
+ * reached the same op.  The ranks run
  * round-robin; a round in which none moves is a deadlock.  The same
  * advance() runs in two domains:
  *
@@ -106,9 +111,22 @@
  *      add, reduce_scatter and all_reduce read gradients.  Content moves
  *      with copies, messages and collectives.
  *
+ *   7. Forward ops in a backward program: barrier (a collective without
+ *      data); attn, merge and a forward init_acc (acc, lse) recompute
+ *      attention (e.g. the LSE instead of reading the saved one): K/V ring
+ *      blocks, q a shard (U == 1) or a ring block, no cross-attention.  Its
+ *      (query block, key block, head) pairs are kept as runs like
+ *      gradients; where delta or attn_bwd reads a recomputed result, every
+ *      pair of its rows and heads is there exactly once (with a causal mask
+ *      the key blocks entirely above the diagonal may be missing:
+ *      vc_units_needed); it stays on its rank (sending, gathering or copying
+ *      it is refused).
+ *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
- * all_gather, reduce_scatter, all_reduce, copy}; world sizes over 256
+ * all_gather, reduce_scatter, all_reduce, copy, barrier, attn, merge} (the
+ * op table's CPC_OPF_BWD) and recomputation outside the class of 7; a
+ * collective without a ring, ulysses or world group; world sizes over 256
  * outside the symmetric class; programs over the bound.
  * Errors: CPC_E_PLAN rule CPC_RULE_VERIFY (51) naming the rank and the op;
  * CPC_E_NOMEM.  Thread-safe (no shared state).

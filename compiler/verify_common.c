@@ -1,7 +1,8 @@
-/* verify_common.c - the provers' shared rules (verify_common.h). */
+/* verify_common.c - the provers' shared rules, the op tree and the forward step (verify_common.h). */
 #include "verify_common.h"
 
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +40,8 @@ static const char *wait_words(const vc_req *q, char *buf, size_t n)
     return buf;
 }
 
-const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
+/* The lifetime rule for buffer b used with access acc. */
+static const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
 {
     if (acc == CPC_ACCESS_NONE)
         return NULL;
@@ -75,11 +77,13 @@ const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *ms
     return NULL;
 }
 
-const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
+/* The read rule: b is not in flight as a recv, and written before it is
+ * read (`want` DELTA names the missing delta op). */
+static const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_READ, msg, n))
         return msg;
-    if (!d->written(d->self, b)) {
+    if (!d->val(d->self, b)->written) {
         snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, b),
                  want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
         return msg;
@@ -94,12 +98,12 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
         cpc_content want = (cpc_content)info->in_content[i];
         if (want == CPC_CONTENT_NONE)
             continue;
-        if (!d->written(d->self, op->in[i])) {
+        if (!d->val(d->self, op->in[i])->written) {
             snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, op->in[i]),
                      want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
             return msg;
         }
-        int got = d->content(d->self, op->in[i]);
+        int got = d->val(d->self, op->in[i])->src;
         if (got != (int)want) {
             snprintf(msg, n, "input %d (%s) holds %s data, not %s (operands are identified by what made them, "
                              "not by role)",
@@ -111,11 +115,13 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
     return NULL;
 }
 
-const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
+/* The overwrite rule (forward): b is not in flight, and does not hold an
+ * attention output no op has read (a block attended twice, a merge missing). */
+static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_WRITE, msg, n))
         return msg;
-    if (d->written(d->self, b) && d->val(d->self, b)->fresh) {
+    if (d->val(d->self, b)->written && d->val(d->self, b)->fresh) {
         snprintf(msg, n,
                  "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
                  "twice, or a merge missing",
@@ -130,7 +136,7 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     vc_req q;
     for (int j = 0; j < 2; j++) {
         int b = op->out[j];
-        if (!d->recv_on(d->self, b, &q) && !d->written(d->self, b)) {
+        if (!d->recv_on(d->self, b, &q) && !d->val(d->self, b)->written) {
             snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
                      d->name(d->self, b));
             return msg;
@@ -138,13 +144,13 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     }
     const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
     int a = op->in[0], al = op->in[1], acc = op->out[0], accl = op->out[1];
-    if (d->content(d->self, a) != mc[0] || d->content(d->self, al) != mc[1] ||
+    if (d->val(d->self, a)->src != mc[0] || d->val(d->self, al)->src != mc[1] ||
         ST(d, a) != ST(d, al)) {
         snprintf(msg, n, "inputs %s and %s are not the output and LSE of one attention block", d->name(d->self, a),
                  d->name(d->self, al));
         return msg;
     }
-    if (d->content(d->self, acc) != CPC_CONTENT_OUT || d->content(d->self, accl) != CPC_CONTENT_LSE ||
+    if (d->val(d->self, acc)->src != CPC_CONTENT_OUT || d->val(d->self, accl)->src != CPC_CONTENT_LSE ||
         ST(d, acc) != ST(d, accl)) {
         snprintf(msg, n, "outputs %s and %s are not one accumulator and its LSE", d->name(d->self, acc),
                  d->name(d->self, accl));
@@ -162,6 +168,62 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         return msg;
     }
     return NULL;
+}
+
+/* ---- coverage under a causal mask ------------------------------------------------------------ */
+
+/* Smallest / largest global token position of shard unit u (flat rank u's shard). */
+static int64_t unit_min(const cpc_layout *L, int u)
+{
+    if (L->zigzag)
+        return (int64_t)u * (L->S / (2 * (int64_t)L->P));
+    int64_t best = INT64_MAX;
+    for (int j = 0; j < L->n_seg; j++)
+        if (cpc_split_len(L->seg_len[j], L->P, u) > 0) {
+            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u);
+            if (x < best)
+                best = x;
+        }
+    return best;
+}
+
+static int64_t unit_max(const cpc_layout *L, int u)
+{
+    if (L->zigzag) {
+        int64_t c = L->S / (2 * (int64_t)L->P);
+        return (int64_t)(2 * L->P - 1 - u) * c + c - 1;
+    }
+    int64_t best = -1;
+    for (int j = 0; j < L->n_seg; j++) {
+        int64_t len = cpc_split_len(L->seg_len[j], L->P, u);
+        if (len > 0) {
+            int64_t x = L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, u) + len - 1;
+            if (x > best)
+                best = x;
+        }
+    }
+    return best;
+}
+
+int vc_units_needed(const cpc_layout *L, int lo, int hi)
+{
+    if (!L->causal)
+        return L->P;
+    int64_t qmax = -1;
+    for (int u = lo; u < hi; u++) {
+        int64_t m = unit_max(L, u);
+        if (m > qmax)
+            qmax = m;
+    }
+    int a = 0, b = L->P; /* the first unit with unit_min > qmax (unit_min is nondecreasing) */
+    while (a < b) {
+        int mid = a + (b - a) / 2;
+        if (unit_min(L, mid) <= qmax)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a;
 }
 
 /* ---- the op tree -------------------------------------------------------------------------- */
@@ -251,7 +313,8 @@ vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n)
+/* Coverage: attention result v covers every key its rows need (marks it final). */
+static vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n)
 {
     char w[200], why[600];
     if (!src_is_attn(v->src) || v->final || v->assumed)
@@ -259,9 +322,12 @@ vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, s
     bool keys = d->has_keys(SELF, v);
     if (d->tok_is(SELF, v, VC_T_UNSET) == VC_YES || (!keys && v->kvcov == 0))
         return FAULT("%s holds no attention result: no attention block was merged into it", name);
-    if (d->tok_is(SELF, v, VC_T_KV) == VC_YES)
+    if (!d->rep && d->tok_is(SELF, v, VC_T_KV) == VC_YES)
         return FAULT("%s has cross-attention K/V as its query rows", name);
-    if (d->cross) {
+    if (d->rep) {
+        if (v->kvcov != 1)
+            return FAULT("%s: query rows of %s never met the keys/values of the replicated segments", name, W(v, w));
+    } else if (d->cross) {
         if (v->kvcov != 1 || keys)
             return FAULT("%s: query rows of %s %s", name, W(v, w),
                          v->kvcov == 0 ? "never met the cross-attention keys/values"
@@ -269,7 +335,7 @@ vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, s
         v->final = 1;
         return VC_YES;
     }
-    if (v->kvcov != 0)
+    if (v->kvcov != 0 && !d->rep)
         return FAULT("%s mixes cross-attention and self-attention keys", name);
     why[0] = 0;
     vc_tri t = d->covered(SELF, v, name, why, sizeof why);
@@ -288,7 +354,8 @@ static int tok_of_layout(cpc_buf_tokens tk)
     return tk == CPC_TOK_SHARD ? VC_T_OWN : tk == CPC_TOK_ALL ? VC_T_ALL : VC_T_UNSET;
 }
 
-vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* init_acc: an accumulator pair, rows by its buffer layout (or unset until the first merge). */
+static vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     const int *bufs = op->n_out >= 2 ? op->out : op->in;
     for (int j = 0; j < 2; j++)
@@ -309,7 +376,8 @@ vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* attn: K and V one block, query rows set, GQA heads; outputs the rows of q met with the keys of k. */
+static vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     char w1[200], w2[200];
     for (int j = 0; j < 3; j++)
@@ -325,7 +393,7 @@ vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     if (t != VC_YES)
         return UNDEC("cannot decide for every rank that k (%s) and v (%s) hold the same block", NM(op->in[1]),
                      NM(op->in[2]));
-    if (d->tok_is(SELF, Q, VC_T_UNSET) == VC_YES || d->tok_is(SELF, Q, VC_T_KV) == VC_YES)
+    if (d->tok_is(SELF, Q, VC_T_UNSET) == VC_YES || (!d->rep && d->tok_is(SELF, Q, VC_T_KV) == VC_YES))
         return FAULT("query input %s holds %s", NM(op->in[0]), W(Q, w1));
     vc_val *o = d->tmp(SELF, 0);
     t = d->attn_keys(SELF, op, Q, K, o, msg, n);
@@ -346,7 +414,8 @@ vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return t == VC_YES ? vc_store(d, op->out[1], ol, msg, n) : t;
 }
 
-vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* merge: the provenance rules, the accumulator's rows and heads those of the output, no key met twice. */
+static vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     char w1[200], w2[200], ob[256], why[300];
     for (int j = 0; j < 2; j++)
@@ -376,13 +445,10 @@ vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         if (wr(d, op->out[j], msg, n) != VC_YES)
             return VC_NO;
     if (Acc->kvcov + A->kvcov > 1)
-        return FAULT("query rows of %s meet the cross-attention keys/values twice (%s, from %s)", W(A, w1),
-                     NM(op->in[0]), d->writer(SELF, op->in[0]));
-    vc_val *acc = d->tmp(SELF, 0);
-    if (!d->copy(SELF, acc, Acc))
-        return VC_OOM;
+        return FAULT("query rows of %s meet the %s keys/values twice (%s, from %s)", W(A, w1),
+                     d->rep ? "replicated segments'" : "cross-attention", NM(op->in[0]), d->writer(SELF, op->in[0]));
     why[0] = 0;
-    t = d->merge_keys(SELF, acc, A, why, sizeof why);
+    t = d->merge_keys(SELF, Acc, A, why, sizeof why); /* in place: a fault ends the proof */
     if (t == VC_NO) {
         snprintf(ob, sizeof ob, "%s", d->writer(SELF, op->in[0]));
         return FAULT("query rows of %s meet %s twice: the attention output in %s (from %s) repeats a block already "
@@ -394,23 +460,24 @@ vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
                      NM(op->in[0]), NM(op->out[0]), why);
     if (t != VC_YES)
         return t;
-    acc->kvcov += A->kvcov;
-    acc->final = 0;
-    acc->fresh = 0;
+    Acc->kvcov += A->kvcov;
+    Acc->final = 0;
+    Acc->fresh = 0;
     int32_t lstamp = AccL->stamp;
     vc_val *accl = d->tmp(SELF, 1);
-    if (!d->copy(SELF, accl, acc))
+    if (!d->copy(SELF, accl, Acc))
         return VC_OOM;
     accl->src = SRC_LSE;
     accl->stamp = lstamp;
     A->merged = AL->merged = 1;
     A->fresh = AL->fresh = 0;
-    d->put(SELF, op->out[0], acc);
+    d->put(SELF, op->out[0], Acc); /* (its own value: the writer only) */
     d->put(SELF, op->out[1], accl);
     return VC_YES;
 }
 
-vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* copy: every pair; heads selected; an attention result leaving for O / OUTPUT must be complete. */
+static vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     for (int j = 0; j < op->n_in; j++) {
         int bi = op->in[j], bo = op->out[j];
@@ -440,7 +507,8 @@ vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* swap: each value must fit the other buffer. */
+static vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     char why[512];
     /* in flight: the lifetime rule (REBIND) already ran (vc_operands_in_flight) */
@@ -454,7 +522,8 @@ vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     return VC_YES;
 }
 
-vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* send/recv before posting. */
+static vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     bool is_send = op->kind == CPC_OP_SEND;
     int nb = is_send ? op->n_in : op->n_out;
@@ -482,35 +551,35 @@ vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t 
     return VC_YES;
 }
 
-vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
-                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n)
+vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const int *rbufs, vc_val *const *snap,
+                 const void *rq, char *msg, size_t n)
 {
-    char w1[200], blk[100], why[512];
+    char w1[200], blk[100], why[512], from[64], sop[256];
+#define SENDER() d->sender(SELF, rq, from, sizeof from, sop, sizeof sop)
     if (nbs != nbr)
-        return FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
+        return SENDER(), FAULT("receives %d buffer(s) from %s, which sends %d (%s)", nbr, from, nbs, sop);
     for (int j = 0; j < nbs; j++) {
         vc_val *in = snap[j];
         int rb = rbufs[j];
-        if (rq) {
-            vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
-            if (t == VC_NO)
-                return FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
-                             W(in, w1), NM(sbufs[j]), sop);
-            if (t != VC_YES)
-                return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
-        }
-        vc_tri t = fits(d, rb, in, why, sizeof why);
+        vc_tri t = d->declared(SELF, in, rq, blk, sizeof blk);
         if (t == VC_NO)
-            return FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from, src_names_of(in->src),
-                         W(in, w1), NM(sbufs[j]), sop, why);
+            return SENDER(), FAULT("declares that %s arrives in %s, but %s sends %s from %s (%s)", blk, NM(rb), from,
+                                   W(in, w1), NM(sbufs[j]), sop);
+        if (t != VC_YES)
+            return UNDEC("cannot decide for every rank that the block declared arrives in %s", NM(rb));
+        t = fits(d, rb, in, why, sizeof why);
+        if (t == VC_NO)
+            return SENDER(), FAULT("what %s sends (%s of %s from %s, %s) does not fit: %s", from,
+                                   src_names_of(in->src), W(in, w1), NM(sbufs[j]), sop, why);
         if (t != VC_YES)
             return UNDEC("cannot decide for every rank whether %s", why);
         int es = cpc_buffer_elem_size(d->prog, sbufs[j]), er = cpc_buffer_elem_size(d->prog, rb);
         if (es != er)
-            return FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)", er, NM(rb),
-                         from, es, NM(sbufs[j]), sop);
+            return SENDER(), FAULT("expects elements of %d bytes in %s but %s sends %d-byte elements from %s (%s)",
+                                   er, NM(rb), from, es, NM(sbufs[j]), sop);
     }
     return VC_YES;
+#undef SENDER
 }
 
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
@@ -523,7 +592,14 @@ vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         vc_tri t = src_is_attn(in->src) ? vc_complete(d, in, NM(op->in[j]), msg, n) : VC_YES;
         if (t != VC_YES)
             return t;
-        if (op->kind == CPC_OP_ALL_TO_ALL) {
+        if (op->kind == CPC_OP_ALL_TO_ALL && !(op->dir == CPC_A2A_SEQ_TO_HEADS) && d->rep &&
+            d->prog->buffers[op->in[j]].tokens == CPC_TOK_KV) {
+            /* heads_to_seq of replicated rows: every member's head part, whole rows */
+            t = vc_and(d->tok_is(SELF, in, VC_T_KV), d->heads_are(SELF, in, VC_H_PART));
+            if (t != VC_YES)
+                return NOT_YES(t, "all_to_all heads_to_seq of replicated rows needs them with the rank's head part in "
+                               "%s, which holds %s%s", NM(op->in[j]), W(in, w1), t == VC_NO ? "" : " on some ranks only");
+        } else if (op->kind == CPC_OP_ALL_TO_ALL) {
             bool s2h = op->dir == CPC_A2A_SEQ_TO_HEADS;
             t = vc_and(d->tok_is(SELF, in, s2h ? VC_T_OWN : VC_T_BLOCK),
                        d->heads_are(SELF, in, s2h ? VC_H_ALL : VC_H_PART));
@@ -558,6 +634,8 @@ vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n
         o->assumed = in->assumed;
         if (op->kind == CPC_OP_ALL_TO_ALL && op->dir == CPC_A2A_SEQ_TO_HEADS)
             d->shape(SELF, o, VC_T_BLOCK, VC_H_PART, -1, NULL);
+        else if (op->kind == CPC_OP_ALL_TO_ALL && d->rep && d->prog->buffers[op->in[j]].tokens == CPC_TOK_KV)
+            d->shape(SELF, o, VC_T_KV, VC_H_ALL, -1, NULL); /* replicated rows, every head */
         else if (op->kind == CPC_OP_ALL_TO_ALL)
             d->shape(SELF, o, VC_T_OWN, VC_H_ALL, -1, NULL);
         else
@@ -584,9 +662,10 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
     if (!src_is_attn(v->src))
         return FAULT("the OUTPUT buffer %s ends holding %s data, not the attention output", NM(b),
                      src_names_of(v->src));
-    vc_tri t = vc_and(d->tok_is(SELF, v, VC_T_OWN), d->heads_are(SELF, v, VC_H_ALL));
+    bool kv = d->rep && d->prog->buffers[b].tokens == CPC_TOK_KV; /* the replicated rows' output */
+    vc_tri t = vc_and(d->tok_is(SELF, v, kv ? VC_T_KV : VC_T_OWN), d->heads_are(SELF, v, VC_H_ALL));
     if (t != VC_YES)
-        return NOT_YES(t, "%sthe OUTPUT buffer %s ends holding %s, not this rank's shard with all heads (last written "
+        return NOT_YES(t, "%sthe OUTPUT buffer %s ends holding %s, not this rank's shard (or replicated rows) with all heads (last written "
                           "by %s)",
                        t == VC_NO ? "" : "cannot decide for every rank whether ", NM(b), W(v, w1), d->writer(SELF, b));
     return vc_complete(d, v, NM(b), msg, n);

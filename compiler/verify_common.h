@@ -32,7 +32,9 @@
  *   of the one generic rank), blocking and rendezvous, and loops (unrolled
  *   per rank, or induction on the step).  One fault thus gets one message
  *   from both (tests/test_verify_sym.c one_step_gives_one_message).
- *   The backward prover (verify_bwd.c) shares the rules, not yet the step.
+ *   The backward prover (verify_bwd.c) shares the rules (and, for the
+ *   attention it may recompute, vc_merge's provenance rule and the causal
+ *   skip vc_units_needed), not yet the step.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
@@ -132,18 +134,17 @@ enum { VC_H_ALL = 0, VC_H_PART, VC_H_BUF, VC_H_LIKE };
 typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
-    bool (*written)(void *self, int b);                  /* b holds something */
-    int (*content)(void *self, int b);                   /* what b holds (cpc_content) */
+    vc_val *(*val)(void *self, int b);                   /* buffer b's value */
     bool (*recv_on)(void *self, int b, vc_req *q);       /* a recv into b is in flight: *q */
     bool (*send_on)(void *self, int b, vc_req *q);       /* a send from b is in flight: *q */
     /* The forward geometry (NULL in a domain without attn/merge: backward). */
     const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
-    vc_val *(*val)(void *self, int b);                   /* buffer b's value */
     vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
     bool (*copy)(void *self, vc_val *dst, const vc_val *src); /* dst := src; false: out of memory */
     /* v fits buffer b (role, token layout, heads); NO/UNDECIDED: why. */
     vc_tri (*fits)(void *self, int b, const vc_val *v, char *why, size_t n);
-    void (*put)(void *self, int b, vc_val *v);           /* moves v into b (v emptied); writer: the op */
+    void (*put)(void *self, int b, vc_val *v);           /* moves v into b (v emptied; v may be b's own
+                                                            value: then only the writer is set); writer: the op */
     void (*exchange)(void *self, int a, int b);          /* swaps the values of a and b */
     int32_t (*new_stamp)(void *self);
     /* v's tokens := class tok (VC_T_*), heads := all, the rank's part (of
@@ -159,7 +160,8 @@ typedef struct vc_domain {
      * of K); the GQA rule.  NO / UNDECIDED: why (whole message). */
     vc_tri (*attn_keys)(void *self, const cpc_op *op, const vc_val *Q, const vc_val *K, vc_val *o, char *why,
                         size_t n);
-    /* merge: acc's keys := acc's U a's, rows := a's.  NO: the keys met twice,
+    /* merge: acc's keys := acc's U a's, rows := a's (in place; acc may be
+     * left changed when it fails).  NO: the keys met twice,
      * in words ("the keys/values of ..."); UNDECIDED: why. */
     vc_tri (*merge_keys)(void *self, vc_val *acc, const vc_val *a, char *why, size_t n);
     /* copy: v's heads := buffer b's, a selection of v's. NO / UNDECIDED: why. */
@@ -171,77 +173,70 @@ typedef struct vc_domain {
      * to the declared form.  `rq` is the domain's request.  words: the
      * declared block. */
     vc_tri (*declared)(void *self, vc_val *v, const void *rq, char *words, size_t n);
+    /* the sender of recv rq's message, in words ("rank 3", "ring member
+     * r-1"), and its op */
+    void (*sender)(void *self, const void *rq, char *who, size_t nw, char *op, size_t no);
     const cpc_program *prog;
     bool cross;     /* cross-attention (the layout's) */
+    bool rep;       /* replicated segments (layout.h): the kv layout holds their rows, which
+                       are query rows too; every query meets their keys once (kvcov 1) and
+                       every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
 } vc_domain;
 
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for buffer b
- * used with access `acc`: a buffer with a recv in flight may not be used at
- * all, one with a send in flight only read, before the wait.  NULL when it
- * holds, else the violation in msg (n bytes). */
-const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n);
+/* The key units (shards) query rows of units [lo, hi) must meet: all P, or
+ * with a causal mask the prefix [0, n) of units whose first token is at or
+ * before the rows' last one (blocks entirely above the diagonal may be
+ * skipped, or attended once). */
+int vc_units_needed(const cpc_layout *L, int lo, int hi);
 
-/* The lifetime rule for every operand of op, by the table's in_access /
- * out_access columns. */
+/* THE SHARED RULES.  Each returns NULL when the rule holds, else the
+ * violation in msg (n bytes). */
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
+ * operand of op, by its in_access / out_access columns: a buffer with a recv
+ * in flight may not be used at all, one with a send in flight only read,
+ * before the wait. */
 const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-
-/* The read rule: b is not in flight as a recv, and written before it is
- * read (`want` DELTA names the missing delta op). */
-const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n);
-
 /* The content rule: every input slot of op with a table in_content is
  * written and holds that content (by provenance: the delta op's output is not
- * the saved LSE).  The lifetime rule is vc_operands_in_flight's, which every
- * prover runs before an op's own checks.  `base` is how input slots are numbered in the
- * message (0 or 1). */
+ * the saved LSE).  `base` is how input slots are numbered in the message (0
+ * or 1). */
 const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n);
-
-/* The overwrite rule (forward): b is not in flight, and does not hold an
- * attention output no op has read (a block attended twice, a merge missing). */
-const char *vc_write(const vc_domain *d, int b, char *msg, size_t n);
-
-/* The merge's provenance rules (forward): its outputs are initialised (or
- * arriving), in[0], in[1] are the output and LSE of one attention block not
- * merged yet, out[0], out[1] one accumulator and its LSE, not the input. */
+/* The merge's provenance rules: its outputs are initialised (or arriving),
+ * in[0], in[1] the output and LSE of one attention block (one stamp) not
+ * merged yet, out[0], out[1] one accumulator pair (one stamp), not the
+ * input.  Needs the domain's val and writer. */
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 
-
-/* THE STEP: one implementation of the forward ops over the domain.  Each
- * returns VC_YES when the op ran, else the fault or the reason it is
- * undecided in msg (n bytes; empty when a callback reported it itself).
- * The lifetime rule (vc_operands_in_flight) runs before every op, in the
- * caller; matching requests to peers, waits and collectives' rendezvous are
- * the domain's (they are where the domains differ: channels of concrete
- * ranks, or offsets of the one generic rank). */
-/* One op: the lifetime rule for its operands (vc_operands_in_flight), then
- * the local ops (init_acc, attn, merge, copy, swap) whole, send/recv's
- * checks before posting (vc_post_operands); wait and the collectives are
- * then the domain's.  A kind outside the forward ops is a fault. */
+/* THE STEP.  Each returns VC_YES when the op ran, else VC_NO (a fault),
+ * VC_UNDECIDED (outside the domain's class) or VC_OOM, with the message in
+ * msg (n bytes; empty when a callback reported it itself). */
+/* One op: the lifetime rule for its operands, then init_acc, attn (with
+ * the content rule), merge (provenance: in[0], in[1] the output and LSE of
+ * one block not merged yet, out[0], out[1] one initialised accumulator
+ * pair, not the input; the overwrite rule: an attention output no op read
+ * is not overwritten), copy and swap whole; send/recv's checks before
+ * posting (what is sent is read, and complete if attention; what is
+ * received may be overwritten; no buffer named twice).  Wait, the posting
+ * and matching of requests and the collectives' rendezvous are then the
+ * domain's.  A kind outside the forward ops is a fault. */
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* vc_read; marks b's output used */
-vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits, then put */
-/* Attention result v covers every key its rows need (marks it final). */
-vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n);
-vc_tri vc_init_acc(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-vc_tri vc_attn(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-vc_tri vc_merge_op(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-vc_tri vc_copy(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-vc_tri vc_swap(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-/* send/recv before posting: what is sent is read (and complete, if
- * attention), what is received may be overwritten, no buffer named twice. */
-vc_tri vc_post_operands(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-/* A matched message, on the receiver's domain: `from` names the sender
- * ("rank 3", "ring member r-1"), `sop` its op; snap[j] is what arrives in
- * rbufs[j] (the sender's value in the receiver's terms); rq: the recv. */
-vc_tri vc_arrive(const vc_domain *d, const char *from, const char *sop, int nbs, const int *sbufs, int nbr,
-                 const int *rbufs, vc_val *const *snap, const void *rq, char *msg, size_t n);
+vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* the read rule; marks b's output used */
+vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits (role, then layout), put */
+/* A matched message, on the receiver's domain: snap[j] is what arrives in
+ * rbufs[j] (the sender's value in the receiver's terms); rq is the recv,
+ * its sender named by the domain's `sender` (only when a check fails). */
+vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const int *rbufs, vc_val *const *snap,
+                 const void *rq, char *msg, size_t n);
 /* A collective reached by every member, on one member's domain: its inputs
- * (vc_coll_inputs, after vc_rd of each at arrival), then its outputs. */
+ * (after vc_rd of each at arrival: attention complete, all_to_all
+ * seq_to_heads the rank's shard with all heads, heads_to_seq its ring block
+ * with its head part, all_gather its ring block), then its outputs. */
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 /* The end of the program: OUTPUT buffer b holds the rank's shard with all
- * heads and a complete attention. */
+ * heads and a complete attention (coverage: no result, K/V rows,
+ * cross-attention's K/V once, then the domain's block coverage). */
 vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 
 #endif

@@ -676,7 +676,7 @@ static const char *tok_words(const sctx *C, const sval *v, char *buf, size_t n)
     case T_UNSET: snprintf(buf, n, "no tokens yet"); break;
     case T_OWN: snprintf(buf, n, "its own shard"); break;
     case T_ALL: snprintf(buf, n, "all %" PRId64 " tokens (every ring block)", C->L->S); break;
-    case T_KV: snprintf(buf, n, "the cross-attention K/V sequence"); break;
+    case T_KV: snprintf(buf, n, C->L->rep ? "the replicated segments" : "the cross-attention K/V sequence"); break;
     case T_OTHER: snprintf(buf, n, "another rank's shard"); break;
     default:
         if (C->in_loop && v->blk.b)
@@ -1086,8 +1086,6 @@ typedef struct sym_dom {
 #define CSV(v) ((const sval *)(v))
 
 static const char *dom_name(void *self, int b) { return bname(SD(self)->C, b); }
-static bool dom_written(void *self, int b) { return SD(self)->C->st->v[b].written != 0; }
-static int dom_content(void *self, int b) { return SD(self)->C->st->v[b].src; }
 
 static bool dom_recv_on(void *self, int b, vc_req *out)
 {
@@ -1151,6 +1149,9 @@ static void dom_put(void *self, int b, vc_val *v)
     sval *x = SV(v);
     x->wop = d->nd;
     x->touched = 1;
+    canon(d->C, x); /* (values are made canonical: shape, arrivals, inputs) */
+    if (x == &d->C->st->v[b])
+        return;
     d->C->st->v[b] = *x;
     *x = sv_zero();
 }
@@ -1384,27 +1385,43 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
     sctx *C = SD(self)->C;
     const sreq *r = rq;
     sval *x = SV(v), decl = sv_zero();
-    decl.tok = T_BLOCK;
-    decl.blk = r->decl;
-    tok_words(C, &decl, words, n);
     int same = x->tok == T_BLOCK ? aff_same(C, x->blk, r->decl) : NEVER;
     if (same == ALWAYS)
         x->blk = r->decl; /* equal on every rank and step; the declared form follows s */
+    decl.tok = T_BLOCK;
+    decl.blk = r->decl;
+    if (same == NEVER)
+        tok_words(C, &decl, words, n);
     return (vc_tri)same;
 }
 
+static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
+{
+    sctx *C = SD(self)->C;
+    const sreq *s = &C->st->req[((const sreq *)rq)->partner];
+    snprintf(who, nw, "ring member r-%" PRId64, s->d);
+    op_desc(C, s->on, op, no);
+}
+
 static const vc_domain sym_ops = {
-    .name = dom_name, .written = dom_written, .content = dom_content, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
     .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
-    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared, .p2p_attn = false};
+    .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
+    .sender = dom_sender, .p2p_attn = false};
+
+static inline void sym_dom_at(sym_dom *d, sctx *C, const snode *nd)
+{
+    d->C = C, d->nd = nd;
+}
 
 #define SYM_DOM_AT(C, nd)                                                                                         \
-    sym_dom dd_ = {(C), (nd), ""};                                                                                \
+    sym_dom dd_;                                                                                                  \
+    sym_dom_at(&dd_, (C), (nd));                                                                                  \
     vc_domain dom = sym_ops;                                                                                      \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
 
 /* A step's answer as the proof's result at the op nd. */
 static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
@@ -1541,7 +1558,8 @@ static int match_pair(sctx *C, int sid, int rid)
     sq->matched = rq->matched = true;
     sq->partner = rid;
     rq->partner = sid;
-    char ob[256], from[64], m[1024] = "";
+    char m[1024];
+    m[0] = 0;
     vc_val *snap[CPC_OP_MAX_BUFS];
     for (int j = 0; j < sq->nb; j++) {
         rq->snap[j] = sq->snap[j];
@@ -1549,12 +1567,8 @@ static int match_pair(sctx *C, int sid, int rid)
         canon(C, &rq->snap[j]);
         snap[j] = &rq->snap[j].h;
     }
-    snprintf(from, sizeof from, "ring member r-%" PRId64, sq->d);
     SYM_DOM_AT(C, rq->on);
-    return sres(C, rq->on,
-                vc_arrive(&dom, from, op_desc(C, sq->on, ob, sizeof ob), sq->nb, sq->bufs, rq->nb, rq->bufs, snap, rq, m,
-                          sizeof m),
-                m);
+    return sres(C, rq->on, vc_arrive(&dom, sq->nb, sq->bufs, rq->nb, rq->bufs, snap, rq, m, sizeof m), m);
 }
 
 static int post(sctx *C, int id)
@@ -1640,7 +1654,8 @@ static int exec_wait(sctx *C, const snode *nd)
                 sval v = q->snap[j];
                 v.written = 1;
                 v.fresh = 0;
-                char m[640] = "";
+                char m[640];
+                m[0] = 0;
                 SYM_DOM_AT(C, q->on);
                 if (sres(C, q->on, vc_store(&dom, b, &v.h, m, sizeof m), m))
                     return -1;
@@ -1660,7 +1675,8 @@ static int exec_wait(sctx *C, const snode *nd)
 static int exec_collective(sctx *C, const snode *nd)
 {
     const cpc_op *op = nd->op;
-    char m[1024] = "";
+    char m[1024];
+    m[0] = 0;
     SYM_DOM_AT(C, nd);
     for (int j = 0; j < op->n_in; j++)
         if (sres(C, nd, vc_rd(&dom, op->in[j], m, sizeof m), m))
@@ -1674,7 +1690,8 @@ static int exec_op(sctx *C, const snode *nd)
 {
     C->stats.op_instances++;
     {
-        char m[1024] = "";
+        char m[1024];
+        m[0] = 0;
         SYM_DOM_AT(C, nd);
         if (sres(C, nd, vc_step(&dom, nd->op, m, sizeof m), m))
             return -1;
@@ -1918,7 +1935,8 @@ static int finish(sctx *C)
         if (B->io != CPC_IO_OUTPUT)
             continue;
         const snode *w = s->v[b].written ? s->v[b].wop : NULL;
-        char m[1024] = "";
+        char m[1024];
+        m[0] = 0;
         SYM_DOM_AT(C, w);
         if (sres(C, w, vc_output(&dom, b, m, sizeof m), m))
             return -1;

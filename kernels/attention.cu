@@ -76,19 +76,6 @@ __device__ __forceinline__ void cpc_warp_vmax(float x, float *s_vmax)
         const long long *__restrict__ q_pos, const long long *__restrict__ kv_pos,               \
         const unsigned char *__restrict__ kv_mask, long long mask_len
 
-// Largest position of rows [r0, r0 + n) below `limit` (positions from `pos`,
-// or the row index when pos is NULL); -1 when there is none.
-__device__ __forceinline__ long long cpc_max_pos(const long long *pos, long long r0, int n,
-                                                 long long limit)
-{
-    long long mx = -1;
-    for (long long r = r0; r < r0 + n && r < limit; r++) {
-        long long p = pos ? pos[r] : r;
-        mx = p > mx ? p : mx;
-    }
-    return mx;
-}
-
 // ---------------------------------------------------------------------------
 // Generic kernel: one warp per query row.
 #define CPC_RW_PER_LANE ((CPC_HEAD_DIM + 31) / 32)
@@ -102,7 +89,7 @@ cpc_attn_rowwarp(CPC_ATTN_PARAMS)
     int h = blockIdx.y, b = blockIdx.z;
     if (row >= sq || b >= B)
         return;
-    int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
+    int kvh = cpc_kv_head(h, q_head_off, kv_head_off);
     const CPC_DTYPE *qr = q + b * q_bstride + (row * hq + h) * (long long)D;
     float qv[CPC_RW_PER_LANE], acc[CPC_RW_PER_LANE];
     // acc[] is in units of 2^ex: 0 unless one of this lane's columns met
@@ -206,7 +193,7 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
 
     int h = blockIdx.y, b = blockIdx.z;
     long long m0 = (long long)blockIdx.x * TC_BM;
-    int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
+    int kvh = cpc_kv_head(h, q_head_off, kv_head_off);
     const long long q_row_stride = (long long)hq * D, kv_row_stride = (long long)hkv * D;
 
     // Q tile -> smem (zero rows past sq); O accumulator = 0.
@@ -237,10 +224,7 @@ cpc_flash_attn_tc(CPC_ATTN_PARAMS)
     for (long long n0 = 0; n0 < skv; n0 += TC_BN) {
 #if CPC_CAUSAL
         // Skip a tile whose every key is after every query of the block.
-        long long kmin = kv_pos ? kv_pos[n0] : n0;
-        if (kv_pos)
-            for (long long n = n0 + 1; n < n0 + TC_BN && n < skv; n++)
-                kmin = kv_pos[n] < kmin ? kv_pos[n] : kmin;
+        long long kmin = cpc_min_pos(kv_pos, n0, TC_BN, skv);
         if (kmin > s_qmax)
             continue;  // uniform across the block: every thread computed the same kmin
 #endif
@@ -449,7 +433,7 @@ cpc_flash_attn_mma(CPC_ATTN_PARAMS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.y, b = blockIdx.z;
     const long long m0 = (long long)blockIdx.x * MMA_BM;
-    const int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
+    const int kvh = cpc_kv_head(h, q_head_off, kv_head_off);
     const long long q_row_stride = (long long)hq * D, kv_row_stride = (long long)hkv * D;
     const CPC_DTYPE *qb = q + b * q_bstride + (long long)h * D;
     const CPC_DTYPE *kb = k + b * kv_bstride + (long long)kvh * D;

@@ -246,11 +246,8 @@ extern "C" __global__ void __launch_bounds__(BWD_NT, 1) cpc_attn_bwd_dkdv(CPC_AT
     const int kvh = blockIdx.y, b = blockIdx.z;
     const long long n0 = (long long)blockIdx.x * BWD_BN;
     // the query heads of this call that use K/V head kvh (uniform per block)
-    const int g = kv_head_off + kvh;
-    int h_lo = g * CPC_GQA - q_head_off, h_hi = (g + 1) * CPC_GQA - q_head_off;
-    h_lo = h_lo < 0 ? 0 : h_lo;
-    h_hi = h_hi > hq ? hq : h_hi;
-    if (h_lo >= h_hi || n0 >= skv)
+    int h_lo, h_hi;
+    if (!cpc_q_heads(kvh, kv_head_off, q_head_off, hq, &h_lo, &h_hi) || n0 >= skv)
         return;  // no query head of the call uses this K/V head: dk/dv untouched
     bwd_stage_keys(s, k, v, b, kvh, hkv, skv, n0, kv_bstride, kv_pos, kv_mask, mask_len);
     __syncthreads();
@@ -270,11 +267,7 @@ extern "C" __global__ void __launch_bounds__(BWD_NT, 1) cpc_attn_bwd_dkdv(CPC_AT
         for (long long m0 = 0; m0 < sq; m0 += BWD_BM) {
 #if CPC_CAUSAL
             // skip a query tile whose every row is before every key (uniform)
-            long long qmax = -1;
-            for (long long r = m0; r < m0 + BWD_BM && r < sq; r++) {
-                long long p = q_pos ? q_pos[r] : r;
-                qmax = p > qmax ? p : qmax;
-            }
+            long long qmax = cpc_max_pos(q_pos, m0, BWD_BM, sq);
             if (qmax < kmin)
                 continue;
 #endif
@@ -323,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(BWD_NT, 1) cpc_attn_bwd_dq(CPC_ATTN
     const bwd_smem s = bwd_carve(smem_raw);
     const int h = blockIdx.y, b = blockIdx.z;
     const long long m0 = (long long)blockIdx.x * BWD_BM;
-    const int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
+    const int kvh = cpc_kv_head(h, q_head_off, kv_head_off);
     if (m0 >= sq)
         return;
     bwd_stage_rows(s, q, dout, lse, delta, b, h, hq, sq, m0, q_bstride, dout_bstride, q_pos);
@@ -346,11 +339,7 @@ extern "C" __global__ void __launch_bounds__(BWD_NT, 1) cpc_attn_bwd_dq(CPC_ATTN
     for (long long n0 = 0; n0 < skv; n0 += BWD_BN) {
 #if CPC_CAUSAL
         // skip a key tile whose every key is after every row (uniform)
-        long long kmin = 0x7fffffffffffffffll;
-        for (long long n = n0; n < n0 + BWD_BN && n < skv; n++) {
-            long long p = kv_pos ? kv_pos[n] : n;
-            kmin = p < kmin ? p : kmin;
-        }
+        long long kmin = cpc_min_pos(kv_pos, n0, BWD_BN, skv);
         if (kmin > qmax)
             continue;
 #endif
@@ -495,11 +484,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dkdv_mma(CPC_A
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.y, b = blockIdx.z;
     const long long n0 = (long long)blockIdx.x * BMMA_KV_BN;
-    const int gk = kv_head_off + kvh;
-    int h_lo = gk * CPC_GQA - q_head_off, h_hi = (gk + 1) * CPC_GQA - q_head_off;
-    h_lo = h_lo < 0 ? 0 : h_lo;
-    h_hi = h_hi > hq ? hq : h_hi;
-    if (h_lo >= h_hi || n0 >= skv)
+    int h_lo, h_hi;
+    if (!cpc_q_heads(kvh, kv_head_off, q_head_off, hq, &h_lo, &h_hi) || n0 >= skv)
         return;  // no query head of the call uses this K/V head: dk/dv untouched
     const long long krs = (long long)hkv * D;
     bmma_stage(Ks, k + b * kv_bstride + (long long)kvh * D, krs, n0, BMMA_KV_BN, skv);
@@ -530,11 +516,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dkdv_mma(CPC_A
     for (int h = h_lo; h < h_hi; h++) {
         for (long long m0 = 0; m0 < sq; m0 += BMMA_KV_BM) {
 #if CPC_CAUSAL
-            long long qmax = -1;
-            for (long long r = m0; r < m0 + BMMA_KV_BM && r < sq; r++) {
-                long long p = q_pos ? q_pos[r] : r;
-                qmax = p > qmax ? p : qmax;
-            }
+            long long qmax = cpc_max_pos(q_pos, m0, BMMA_KV_BM, sq);
             if (qmax < kmin)
                 continue;  // uniform: every row is before every key of the block
 #endif
@@ -647,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dq_mma(CPC_ATT
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.y, b = blockIdx.z;
     const long long m0 = (long long)blockIdx.x * BMMA_Q_BM;
-    const int kvh = (q_head_off + h) / CPC_GQA - kv_head_off;
+    const int kvh = cpc_kv_head(h, q_head_off, kv_head_off);
     if (m0 >= sq)
         return;
     const long long qrs = (long long)hq * D, krs = (long long)hkv * D;
@@ -679,11 +661,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) cpc_attn_bwd_dq_mma(CPC_ATT
     const float scale_log2 = scale * 1.4426950408889634f;
     for (long long n0 = 0; n0 < skv; n0 += BMMA_Q_BN) {
 #if CPC_CAUSAL
-        long long kmin = 0x7fffffffffffffffll;
-        for (long long n = n0; n < n0 + BMMA_Q_BN && n < skv; n++) {
-            long long p = kv_pos ? kv_pos[n] : n;
-            kmin = p < kmin ? p : kmin;
-        }
+        long long kmin = cpc_min_pos(kv_pos, n0, BMMA_Q_BN, skv);
         if (kmin > qmax)
             continue;  // uniform: every key is after every row of the block
 #endif

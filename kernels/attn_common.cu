@@ -12,6 +12,11 @@
 //                    key at kp (causal: kp > qp; key padding)
 //   cpc_key_pos      the global position of key row n of the block (kv_pos,
 //                    NULL = n), -1 past skv or for a padded key
+//   cpc_kv_head / cpc_q_heads   GQA: the local K/V head of a local query
+//                    head, the local query heads of a local K/V head (the
+//                    host's cpc_attn_q_heads)
+//   cpc_max_pos / cpc_min_pos   the position range of a tile of rows (the
+//                    causal skip of tiles no row can see)
 //   16-bit tensor cores (bf16/fp16, D % 16 == 0): cpc_mma16816 (mma.sync
 //   m16n8k16, fp32 accumulate), cpc_bits / cpc_pack2 / cpc_ld2 (fragments),
 //   cpc_stage (rows of one head of a BSHD tensor into shared memory).
@@ -60,6 +65,45 @@ __device__ __forceinline__ long long cpc_key_pos(long long n, long long skv, lon
         return -1;
     long long p = kv_pos ? kv_pos[n] : n;
     return cpc_key_padded(p, b, kv_mask, mask_len) ? -1 : p;
+}
+
+__device__ __forceinline__ int cpc_kv_head(int h, int q_head_off, int kv_head_off)
+{
+    return (q_head_off + h) / CPC_GQA - kv_head_off;
+}
+
+// [*h0, *h1): the local query heads (of hq, global head q_head_off + h)
+// that read local K/V head kvh (global kv_head_off + kvh); false when none.
+__device__ __forceinline__ bool cpc_q_heads(int kvh, int kv_head_off, int q_head_off, int hq, int *h0, int *h1)
+{
+    const int g = kv_head_off + kvh;
+    int lo = g * CPC_GQA - q_head_off, hi = (g + 1) * CPC_GQA - q_head_off;
+    *h0 = lo < 0 ? 0 : lo;
+    *h1 = hi > hq ? hq : hi;
+    return *h0 < *h1;
+}
+
+// Largest / smallest position of rows [r0, r0 + n) below `limit` (positions
+// from `pos`, or the row index when pos is NULL); -1 / 2^63 - 1 when there
+// is none.
+__device__ __forceinline__ long long cpc_max_pos(const long long *pos, long long r0, int n, long long limit)
+{
+    long long mx = -1;
+    for (long long r = r0; r < r0 + n && r < limit; r++) {
+        long long p = pos ? pos[r] : r;
+        mx = p > mx ? p : mx;
+    }
+    return mx;
+}
+
+__device__ __forceinline__ long long cpc_min_pos(const long long *pos, long long r0, int n, long long limit)
+{
+    long long mn = 0x7fffffffffffffffll;
+    for (long long r = r0; r < r0 + n && r < limit; r++) {
+        long long p = pos ? pos[r] : r;
+        mn = p < mn ? p : mn;
+    }
+    return mn;
 }
 
 #if CPC_DTYPE_ID != 2 && (CPC_HEAD_DIM % 16) == 0 && CPC_HEAD_DIM <= 256

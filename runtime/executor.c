@@ -47,7 +47,10 @@ struct cpc_exec {
     int n_ev, cap_ev;
     cpc_exec_stats cur;
     int out_buf;              /* the OUTPUT buffer, -1 if none */
+    int out_rep_buf;          /* replicated segments: the OUTPUT buffer of their rows (KV
+                                 layout), -1 if none */
     int lse_buf;              /* the final LSE buffer, -1 if none */
+    int lse_rep_buf;          /* replicated segments: the final LSE of their rows, -1 if none */
     bool unflushed;           /* send/recv posted since the last transport flush */
 };
 
@@ -73,7 +76,7 @@ static int64_t rows_of(const cpc_program *prog, const cpc_coords *c, int b, int 
     case CPC_TOK_SHARD: return cpc_layout_shard_tokens(L, (int)c->p);
     case CPC_TOK_BLOCK: return cpc_layout_block_tokens(L, tag >= 0 ? tag : (int)c->r);
     case CPC_TOK_ALL: return cpc_layout_block_offset(L, L->R);
-    case CPC_TOK_KV: return L->Skv;
+    case CPC_TOK_KV: return cpc_layout_kv_rows(L);
     default: return 0;
     }
 }
@@ -112,15 +115,35 @@ static int runs_of(const cpc_program *prog, const cpc_coords *c, int b, int tag,
             n += cpc_layout_block_runs(L, i, out + n, max - n);
         return n;
     }
-    case CPC_TOK_KV:
-        if (max < 1)
-            return 0;
-        out[0].start = 0;
-        out[0].len = L->Skv;
-        return 1;
+    case CPC_TOK_KV: /* cross-attention K/V, or the replicated segments (layout.h) */
+        return cpc_layout_kv_runs(L, out, max);
     default: return 0;
     }
 }
+
+/* Replicated segments (layout.h): the caller's q/k/v/out of a forward
+ * program hold the rank's own tokens (its shard plus every replicated
+ * segment, in segment order); the program's buffers hold the shard (SHARD,
+ * or BLOCK r with U == 1) or the replicated rows (KV).  rank_io: whether
+ * role `r` is moved that way; rank_bytes: the caller's tensor for buffer b's
+ * role and heads. */
+static bool rank_io(const cpc_exec *ex, cpc_buf_role r)
+{
+    return ex->L->rep && (r == CPC_ROLE_Q || r == CPC_ROLE_K || r == CPC_ROLE_V || r == CPC_ROLE_O);
+}
+
+static size_t rank_bytes(const cpc_exec *ex, int b)
+{
+    int off, hn;
+    cpc_buffer_heads(ex->prog, b, (int)ex->c.u, &off, &hn);
+    return (size_t)ex->L->B * (size_t)cpc_layout_rank_tokens(ex->L, (int)ex->c.p) * (size_t)hn *
+           (size_t)ex->L->D * (size_t)cpc_buffer_elem_size(ex->prog, b);
+}
+
+/* Moves buffer b's rows between its memory and the caller's rank tensor
+ * (rank_io above): every run of the buffer's content goes to / comes from
+ * its rows among the rank's own tokens, batch by batch. */
+static cpc_status *xfer_rank_rows(cpc_exec *ex, int b, void *host, const void *chost, bool upload);
 
 /* Per-member sizes of an all_to_all on the rank at c: counts and
  * displacements (bytes) of what goes to and comes from each member j of the
@@ -155,18 +178,23 @@ static cpc_status *a2a_sizes(const cpc_program *prog, const cpc_coords *c, const
     if (prog->buffers[part].heads != CPC_HEADS_PART || prog->buffers[full].heads != CPC_HEADS_ALL)
         return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must have ALL heads and '%s' PART heads",
                          cpc_a2a_dir_name(op->dir), prog->buffers[full].name, prog->buffers[part].name);
-    if (prog->buffers[full].tokens != CPC_TOK_SHARD || prog->buffers[part].tokens != CPC_TOK_BLOCK)
-        return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must be SHARD and '%s' BLOCK",
+    /* heads_to_seq of replicated rows (KV layout, no cross-attention): every
+     * member sends its heads of all rows to every member (a head all-gather) */
+    bool kvrep = op->dir == CPC_A2A_HEADS_TO_SEQ && L->rep && prog->buffers[full].tokens == CPC_TOK_KV &&
+                 prog->buffers[part].tokens == CPC_TOK_KV;
+    if (!kvrep && (prog->buffers[full].tokens != CPC_TOK_SHARD || prog->buffers[part].tokens != CPC_TOK_BLOCK))
+        return cpc_error(CPC_E_INTERNAL, "all_to_all %s: '%s' must be SHARD and '%s' BLOCK (or both KV: "
+                                         "replicated rows, heads_to_seq)",
                          cpc_a2a_dir_name(op->dir), prog->buffers[full].name, prog->buffers[part].name);
     /* bytes per (token, head): [B, T, h, D] buffers D elements, LSE ([B, h, T]) one */
     int64_t row = (int64_t)L->B * (bi->role == CPC_ROLE_LSE ? 1 : L->D) * cpc_buffer_elem_size(prog, in);
     int U = L->U;
-    int64_t Tu = cpc_layout_shard_tokens(L, (int)c->p);
+    int64_t Tu = kvrep ? cpc_layout_kv_rows(L) : cpc_layout_shard_tokens(L, (int)c->p);
     int uo, un;
     cpc_buffer_heads(prog, part, (int)c->u, &uo, &un);
     size_t so = 0, ro = 0;
     for (int j = 0; j < U; j++) {
-        int64_t Tj = cpc_layout_shard_tokens(L, (int)(c->r * U + j));
+        int64_t Tj = kvrep ? Tu : cpc_layout_shard_tokens(L, (int)(c->r * U + j));
         int jo, jn;
         cpc_buffer_heads(prog, part, j, &jo, &jn);
         if (op->dir == CPC_A2A_SEQ_TO_HEADS) {
@@ -451,15 +479,23 @@ static const cpc_op *find_summing_op(const cpc_op *ops, int n)
 }
 
 /* Finds the final LSE buffer: out[1] of the last merge, else of the last attn. */
-static void find_lse(const cpc_op *ops, int n, int *merge_lse, int *attn_lse)
+/* The last LSE a merge / an attn writes (the final one), of the sharded rows
+ * (`kv` false) or of the replicated segments' rows (KV layout, `kv` true). */
+static void find_lse(const cpc_program *prog, const cpc_op *ops, int n, bool kv, int *merge_lse,
+                     int *attn_lse)
 {
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
-        if (op->kind == CPC_OP_LOOP)
-            find_lse(op->body, op->n_body, merge_lse, attn_lse);
-        else if (op->kind == CPC_OP_MERGE && op->n_out >= 2)
+        if (op->kind == CPC_OP_LOOP) {
+            find_lse(prog, op->body, op->n_body, kv, merge_lse, attn_lse);
+            continue;
+        }
+        if ((op->kind != CPC_OP_MERGE && op->kind != CPC_OP_ATTN) || op->n_out < 2 || op->out[1] < 0 ||
+            op->out[1] >= prog->n_buffers || (prog->buffers[op->out[1]].tokens == CPC_TOK_KV) != kv)
+            continue;
+        if (op->kind == CPC_OP_MERGE)
             *merge_lse = op->out[1];
-        else if (op->kind == CPC_OP_ATTN && op->n_out >= 2)
+        else
             *attn_lse = op->out[1];
     }
 }
@@ -518,7 +554,9 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     ex->c = cpc_program_coords(prog, cfg->rank);
     ex->scale = (float)(cfg->scale > 0 ? cfg->scale : 1.0 / sqrt((double)prog->layout.D));
     ex->out_buf = -1;
+    ex->out_rep_buf = -1;
     ex->lse_buf = -1;
+    ex->lse_rep_buf = -1;
     int nb = prog->n_buffers;
     const cpc_layout *L = ex->L;
     cpc_status *st = NULL;
@@ -526,7 +564,7 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     ex->bufs = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->bufs);
     ex->tags = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->tags);
     ex->allocs = calloc((size_t)(nb > 0 ? nb : 1), sizeof *ex->allocs);
-    ex->max_runs = L->R * cpc_layout_max_block_runs(L) + 2;
+    ex->max_runs = L->R * cpc_layout_max_block_runs(L) + 2 + L->n_rep;
     ex->qruns = malloc((size_t)ex->max_runs * sizeof *ex->qruns);
     ex->kvruns = malloc((size_t)ex->max_runs * sizeof *ex->kvruns);
     ex->a2a = malloc((size_t)(4 * L->P) * sizeof *ex->a2a); /* ulysses all_to_all, ring reduce_scatter */
@@ -550,7 +588,10 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
         ex->bufs[b].cap = (size_t)caps[b];
         ex->tags[b] = (int)ex->c.r;
         ex->allocated += caps[b];
-        if (bf->io == CPC_IO_OUTPUT && bf->role == CPC_ROLE_O && ex->out_buf < 0)
+        if (bf->io == CPC_IO_OUTPUT && bf->role == CPC_ROLE_O && L->rep && bf->tokens == CPC_TOK_KV &&
+            ex->out_rep_buf < 0)
+            ex->out_rep_buf = b;
+        else if (bf->io == CPC_IO_OUTPUT && bf->role == CPC_ROLE_O && ex->out_buf < 0)
             ex->out_buf = b;
         if (bf->io == CPC_IO_INPUT) {
             if (bf->role != CPC_ROLE_Q && !is_kv(bf->role) && bf->role != CPC_ROLE_DO &&
@@ -572,6 +613,8 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
                 goto fail;
             }
             size_t want = geom_of(prog, &ex->c, b, (int)ex->c.r).bytes;
+            if (rank_io(ex, bf->role))
+                want = rank_bytes(ex, b);
             if (ex->input_bytes[bf->role] && ex->input_bytes[bf->role] != want) {
                 st = cpc_error(CPC_E_INTERNAL, "rank %d: input buffers of role %s disagree in size",
                                cfg->rank, cpc_buf_role_name(bf->role));
@@ -592,8 +635,13 @@ cpc_status *cpc_exec_create(const cpc_exec_config *cfg, cpc_exec **out)
     }
     ex->allocated += (int64_t)(ss + sr);
     int ml = -1, al = -1;
-    find_lse(prog->ops, prog->n_ops, &ml, &al);
+    find_lse(prog, prog->ops, prog->n_ops, false, &ml, &al);
     ex->lse_buf = ml >= 0 ? ml : al;
+    if (L->rep) {
+        ml = al = -1;
+        find_lse(prog, prog->ops, prog->n_ops, true, &ml, &al);
+        ex->lse_rep_buf = ml >= 0 ? ml : al;
+    }
     free(caps);
     *out = ex;
     return NULL;
@@ -646,6 +694,36 @@ static cpc_status *xfer_out(cpc_exec *ex, void *dst, const void *buf, size_t n)
                          : cpc_backend_download(ex->cfg.backend, dst, buf, n);
 }
 
+static cpc_status *xfer_rank_rows(cpc_exec *ex, int b, void *host, const void *chost, bool upload)
+{
+    const cpc_layout *L = ex->L;
+    geom g = geom_of(ex->prog, &ex->c, b, ex->tags[b]);
+    size_t row = (size_t)g.hn * (size_t)L->D * (size_t)g.es;
+    int64_t Trank = cpc_layout_rank_tokens(L, (int)ex->c.p);
+    if (g.bytes > ex->bufs[b].cap)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: buffer '%s' is too small (%zu > %zu)", ex->cfg.rank,
+                         ex->prog->buffers[b].name, g.bytes, ex->bufs[b].cap);
+    int n = runs_of(ex->prog, &ex->c, b, ex->tags[b], ex->qruns, ex->max_runs);
+    for (int64_t bi = 0; bi < L->B; bi++) {
+        int64_t t = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t ro = cpc_layout_rank_offset(L, (int)ex->c.p, ex->qruns[i].start);
+            if (ro < 0 || ro + ex->qruns[i].len > Trank)
+                return cpc_error(CPC_E_INTERNAL, "rank %d: buffer '%s': tokens [%lld, +%lld) are not this "
+                                                 "rank's", ex->cfg.rank, ex->prog->buffers[b].name,
+                                 (long long)ex->qruns[i].start, (long long)ex->qruns[i].len);
+            char *bp = (char *)ex->bufs[b].ptr + ((size_t)(bi * g.T + t)) * row;
+            size_t ho = (size_t)(bi * Trank + ro) * row, nb = (size_t)ex->qruns[i].len * row;
+            cpc_status *st = upload ? xfer_in(ex, bp, (const char *)chost + ho, nb)
+                                    : xfer_out(ex, (char *)host + ho, bp, nb);
+            if (st)
+                return st;
+            t += ex->qruns[i].len;
+        }
+    }
+    return NULL;
+}
+
 cpc_status *cpc_exec_reset(cpc_exec *ex)
 {
     const cpc_program *prog = ex->prog;
@@ -658,10 +736,11 @@ cpc_status *cpc_exec_reset(cpc_exec *ex)
             return cpc_error(CPC_E_INPUT, "rank %d: input %s is not bound", ex->cfg.rank,
                              cpc_buf_role_name(bf->role));
         size_t n = ex->input_bytes[bf->role];
-        if (n > ex->bufs[b].cap)
+        if (!rank_io(ex, bf->role) && n > ex->bufs[b].cap)
             return cpc_error(CPC_E_INTERNAL, "rank %d: input buffer '%s' is too small (%zu > %zu)",
                              ex->cfg.rank, bf->name, n, ex->bufs[b].cap);
-        cpc_status *st = xfer_in(ex, ex->bufs[b].ptr, ex->inputs[bf->role], n);
+        cpc_status *st = rank_io(ex, bf->role) ? xfer_rank_rows(ex, b, NULL, ex->inputs[bf->role], true)
+                                                : xfer_in(ex, ex->bufs[b].ptr, ex->inputs[bf->role], n);
         if (st) {
             cpc_status_prefix(st, "rank %d: uploading input '%s'", ex->cfg.rank, bf->name);
             return st;
@@ -1241,7 +1320,7 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         }
     } else {
         /* in [B, Tblk, hu, D] (block r) -> out [B, Tu, Hout, D]. */
-        if (ex->tags[in] != (int)r)
+        if (prog->buffers[in].tokens != CPC_TOK_KV && ex->tags[in] != (int)r)
             return errf("'%s' holds block %d, not this rank's block %lld", bname(ex, in),
                         ex->tags[in], (long long)r);
         int uo, un;
@@ -1250,10 +1329,14 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         int hout = go.hn;
         if ((st = check_fits(ex, out, go.bytes)))
             return st;
+        /* replicated rows (KV): all of them go to every member */
+        bool kvrep = prog->buffers[in].tokens == CPC_TOK_KV;
+        if (kvrep)
+            Tu = Tblk = cpc_layout_kv_rows(L);
         if (b1) {
             size_t off = 0;
             for (int j = 0; j < U; j++) {
-                sd[j] = off;
+                sd[j] = kvrep ? 0 : off;
                 off += sc[j];
             }
             sendp = ex->bufs[in].ptr;
@@ -1262,7 +1345,9 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
                 return errf("staging space too small (%zu > %zu)", stot, ex->stage_send_cap);
             int64_t tok = 0;
             for (int j = 0; j < U; j++) {
-                int64_t Tj = cpc_layout_shard_tokens(L, (int)(r * U + j));
+                int64_t Tj = kvrep ? Tu : cpc_layout_shard_tokens(L, (int)(r * U + j));
+                if (kvrep)
+                    tok = 0;
                 if (Tj > 0 && un > 0 &&
                     (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + sd[j],
                                                (const char *)ex->bufs[in].ptr + tok * un * D * es,
@@ -1809,6 +1894,8 @@ size_t cpc_exec_output_bytes(const cpc_exec *ex)
 {
     if (ex->out_buf < 0)
         return 0;
+    if (rank_io(ex, CPC_ROLE_O))
+        return rank_bytes(ex, ex->out_buf);
     return geom_of(ex->prog, &ex->c, ex->out_buf, (int)ex->c.r).bytes;
 }
 
@@ -1829,6 +1916,15 @@ cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
     if (bytes != n)
         return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
                          n, bytes);
+    if (rank_io(ex, CPC_ROLE_O)) {
+        /* the shard's rows and the replicated segments' rows, each at its place */
+        int rb = ex->out_rep_buf;
+        if (rb < 0 || ex->prog->buffers[rb].heads != CPC_HEADS_ALL)
+            return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of the replicated "
+                                             "segments' rows (kv layout, every head)", ex->cfg.rank);
+        cpc_status *st = xfer_rank_rows(ex, b, host, NULL, false);
+        return st ? st : xfer_rank_rows(ex, rb, host, NULL, false);
+    }
     return xfer_out(ex, host, ex->bufs[b].ptr, n);
 }
 
@@ -1840,26 +1936,93 @@ cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, c
     *n_runs = 0;
     if (ex->lse_buf < 0)
         return cpc_error(CPC_E_INTERNAL, "rank %d: the program computes no LSE", ex->cfg.rank);
-    int b = ex->lse_buf;
+    int b = ex->lse_buf, b2 = ex->lse_rep_buf;
     geom g = cur_geom(ex, b);
+    geom g2 = b2 >= 0 ? cur_geom(ex, b2) : (geom){0};
+    if (b2 >= 0 && (g2.hoff != g.hoff || g2.hn != g.hn))
+        b2 = -1; /* not the same heads: the sharded rows' LSE only */
     cpc_run *rr = malloc((size_t)ex->max_runs * sizeof *rr);
-    float *h = malloc(g.bytes ? g.bytes : 1);
-    if (!rr || !h) {
+    float *h = malloc(g.bytes + (b2 >= 0 ? g2.bytes : 0) + 1);
+    float *h2 = b2 >= 0 ? malloc(g2.bytes + 1) : NULL;
+    if (!rr || !h || (b2 >= 0 && !h2)) {
         free(rr);
         free(h);
+        free(h2);
         return cpc_error(CPC_E_NOMEM, "out of memory");
     }
     int n = runs_of(ex->prog, &ex->c, b, ex->tags[b], rr, ex->max_runs);
     cpc_status *st = cpc_backend_download(ex->cfg.backend, h, ex->bufs[b].ptr, g.bytes);
+    if (!st && b2 >= 0)
+        st = cpc_backend_download(ex->cfg.backend, h2, ex->bufs[b2].ptr, g2.bytes);
     if (st) {
         free(rr);
         free(h);
+        free(h2);
         return st;
+    }
+    if (b2 >= 0) {
+        /* replicated segments: their rows follow the sharded rows in every
+         * [batch, head] row of the LSE, and their runs follow in the run list */
+        int64_t T1 = g.T, T2 = g2.T, rows = (int64_t)ex->L->B * g.hn;
+        for (int64_t i = rows - 1; i >= 0; i--) {
+            memmove(h + i * (T1 + T2), h + i * T1, (size_t)T1 * sizeof *h);
+            memcpy(h + i * (T1 + T2) + T1, h2 + i * T2, (size_t)T2 * sizeof *h);
+        }
+        n += runs_of(ex->prog, &ex->c, b2, ex->tags[b2], rr + n, ex->max_runs - n);
+        free(h2);
     }
     *lse = h;
     *runs = rr;
     *n_runs = n;
     *h_off = g.hoff;
+    *h_n = g.hn;
+    return NULL;
+}
+
+/* Replicated segments: the LSE in the rank's own token order, [B, h, T]
+ * with T the rank's tokens (its shard's rows and the replicated rows, each
+ * at its place: layout.h rank runs), when both final LSEs hold every head
+ * (ulysses_degree 1).  Row by row, so that nothing is allocated. */
+static cpc_status *lse_rank_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off, int *h_n, cpc_run *runs,
+                                 int max_runs, int *n_runs)
+{
+    const cpc_layout *L = ex->L;
+    int bs[2] = {ex->lse_buf, ex->lse_rep_buf};
+    geom g = cur_geom(ex, bs[0]), g2 = cur_geom(ex, bs[1]);
+    if (g.hoff != 0 || g.hn != L->H || g2.hoff != 0 || g2.hn != L->H)
+        return cpc_error(CPC_E_UNSUPPORTED, "rank %d: the LSE is in the Ulysses head layout", ex->cfg.rank);
+    int64_t T = cpc_layout_rank_tokens(L, (int)ex->c.p), rows = (int64_t)L->B * g.hn;
+    if (bytes != (size_t)(rows * T) * sizeof(float))
+        return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
+                         (size_t)(rows * T) * sizeof(float), bytes);
+    if (max_runs < cpc_layout_max_rank_runs(L))
+        return cpc_error(CPC_E_INTERNAL, "rank %d: LSE runs need %d entries, %d given", ex->cfg.rank,
+                         cpc_layout_max_rank_runs(L), max_runs);
+    for (int k = 0; k < 2; k++) {
+        int b = bs[k];
+        geom gb = k ? g2 : g;
+        int n = runs_of(ex->prog, &ex->c, b, ex->tags[b], ex->qruns, ex->max_runs);
+        int64_t t = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t ro = cpc_layout_rank_offset(L, (int)ex->c.p, ex->qruns[i].start);
+            if (ro < 0)
+                return cpc_error(CPC_E_INTERNAL, "rank %d: LSE rows not this rank's", ex->cfg.rank);
+            const float *src = (const float *)ex->bufs[b].ptr + t;
+            size_t nb = (size_t)ex->qruns[i].len * sizeof(float);
+            cpc_status *st = NULL;
+            if (ex->device_io)
+                st = cpc_backend_copy_strided(ex->cfg.backend, dst + ro, src, sizeof(float), rows, 1, 1,
+                                              ex->qruns[i].len, T, 0, 0, gb.T, 0, 0);
+            else
+                for (int64_t r = 0; r < rows && !st; r++)
+                    st = cpc_backend_download(ex->cfg.backend, dst + r * T + ro, src + r * gb.T, nb);
+            if (st)
+                return st;
+            t += ex->qruns[i].len;
+        }
+    }
+    *n_runs = cpc_layout_rank_runs(L, (int)ex->c.p, runs, max_runs);
+    *h_off = 0;
     *h_n = g.hn;
     return NULL;
 }
@@ -1874,6 +2037,8 @@ cpc_status *cpc_exec_lse_into(cpc_exec *ex, float *dst, size_t bytes, int *h_off
     if (max_runs < ex->max_runs)
         return cpc_error(CPC_E_INTERNAL, "rank %d: LSE runs need %d entries, %d given",
                          ex->cfg.rank, ex->max_runs, max_runs);
+    if (ex->L->rep && ex->lse_rep_buf >= 0)
+        return lse_rank_into(ex, dst, bytes, h_off, h_n, runs, max_runs, n_runs);
     if (bytes != g.bytes)
         return cpc_error(CPC_E_INTERNAL, "rank %d: LSE is %zu bytes, %zu given", ex->cfg.rank,
                          (size_t)g.bytes, bytes);

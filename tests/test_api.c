@@ -399,6 +399,50 @@ Test(api, no_allocation_after_the_first_forward)
     }
 }
 
+/* Replicated segments (`split: replicate`, issue 24): each rank's q/k/v/out are its own
+ * tokens (the whole text plus its image shard, cpc_artifact_shard_runs); every variant,
+ * even and odd text lengths, strided tensors, no allocation after the first forward, and
+ * the LSE refused with the reason. */
+Test(api, replicated_text_matches_float64_on_thread_ranks)
+{
+    static const struct {
+        const char *variant;
+        int P, text, image;
+        const char *degrees;
+    } c[] = {{"ring", 2, 8, 24, ""},           {"ring_anything", 3, 7, 25, ""},
+             {"ulysses", 2, 7, 24, ""},        {"ulysses_anything", 3, 5, 25, ""},
+             {"unified", 6, 13, 24, ", ring_degree: 2, ulysses_degree: 3"}};
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof yaml,
+                 "version: 1\nmodel: {heads: 6, head_dim: 16, dtype: fp32}\n"
+                 "input:\n  batch: 2\n  segments:\n"
+                 "    - {name: text, tokens: %d, split: replicate}\n"
+                 "    - {name: image, tokens: %d}\n"
+                 "cluster: {world_size: %d, device: cpu}\nparallel: {variant: %s%s}\n",
+                 c[i].text, c[i].image, c[i].P, c[i].variant, c[i].degrees);
+        cpc_artifact *a = compile_ok(yaml, NULL, 0);
+        int nd = 0;
+        int64_t shape[4];
+        cr_assert_null(cpc_artifact_shard_shape(a, c[i].P - 1, CPC_TENSOR_Q, &nd, shape));
+        cr_expect_eq(shape[1], c[i].text + c[i].image / c[i].P, "%s: rank tokens %lld", c[i].variant,
+                     (long long)shape[1]);
+        problem pb;
+        make_problem(&pb, 2, c[i].text + c[i].image, 6, 6, 16, false);
+        long allocs = -1;
+        if (CAN_COUNT)
+            atomic_store(&counting, 1);
+        double e = run_world(a, &pb, 2, i % 2 == 1, &allocs);
+        atomic_store(&counting, 0);
+        cr_expect_lt(e, 1e-5, "%s: rel err %g", c[i].variant, e);
+        cr_expect_gt(e, 0.0);
+        if (CAN_COUNT)
+            cr_expect_eq(allocs, 0, "%s: %ld allocations in the second forward", c[i].variant, allocs);
+        free_problem(&pb);
+        cpc_artifact_free(a);
+    }
+}
+
 Test(api, bad_arguments_are_refused_before_anything_is_written)
 {
     cpc_artifact *a = plan_for(4, 4, 16, 1, 0 + 8, 8, "none", 1, "none", NULL, 0);

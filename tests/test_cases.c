@@ -194,6 +194,8 @@ static const struct plan_row {
     {"wan2.1-14b-720p.yaml", CPC_VARIANT_ULYSSES, 1, 8, 75600, 40, 128, 40},
     {"hunyuanvideo-720p.yaml", CPC_VARIANT_ULYSSES, 1, 8, 118800 + 256, 24, 128, 60},
     {"cogvideox-5b.yaml", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 226 + 17550, 48, 64, 42},
+    /* issue 24: the text held whole by every rank (split: replicate), xDiT's layout */
+    {"cogvideox-5b-replicate-6gpu.yaml", CPC_VARIANT_UNIFIED, 2, 3, 226 + 17550, 48, 64, 42},
     {"sd3.5-large.yaml", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 4096 + 333, 38, 64, 38},
     {"qwenimage-1024.yaml", CPC_VARIANT_ULYSSES, 1, 4, 512 + 4096, 24, 128, 60},
     {"ltx-video.yaml", CPC_VARIANT_ULYSSES, 1, 4, 7392, 32, 64, 28},

@@ -35,13 +35,13 @@ static void fail_status(const char *what, cpc_status *st)
 }
 
 /* The text of a ring-P training artifact (as cpc writes it). */
-static char *training_text(int P, size_t *len)
+static char *training_text_masked(int P, const char *mask, size_t *len)
 {
     char y[512];
     snprintf(y, sizeof y,
              "version: 1\nname: train\nmodel: {heads: 4, kv_heads: 2, head_dim: 8, dtype: bf16}\n"
-             "input: {batch: 2, tokens: 64, mask: causal, mode: training}\ncluster: {world_size: %d}\n",
-             P);
+             "input: {batch: 2, tokens: 64, mask: %s, mode: training}\ncluster: {world_size: %d}\n",
+             mask, P);
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st))
@@ -102,10 +102,10 @@ static void rehash(char *t)
 
 /* Applies the edits (pairs from, to; NULL-terminated) to a ring-4 training
  * artifact, rehashes, writes it and loads it with cpc_artifact_load. */
-static cpc_status *load_tampered(const char *const *edits)
+static cpc_status *load_tampered_masked(const char *mask, const char *const *edits)
 {
     size_t len;
-    char *t = training_text(4, &len);
+    char *t = training_text_masked(4, mask, &len);
     for (int i = 0; edits[i]; i += 2)
         replace(&t, edits[i], edits[i + 1]);
     rehash(t);
@@ -122,6 +122,11 @@ static cpc_status *load_tampered(const char *const *edits)
     if (!st)
         cpc_artifact_free(a);
     return st;
+}
+
+static cpc_status *load_tampered(const char *const *edits)
+{
+    return load_tampered_masked("causal", edits);
 }
 
 static void expect_cp051(const char *const *edits, const char *what, const char *needle)
@@ -438,6 +443,97 @@ Test(verify_bwd, domains_agree_on_mutants)
 
 /* More tampers, one per rule the prover checks (verify_bwd.h WHAT IS
  * PROVED), each refused on load with the reason. */
+/* barrier is a forward op the backward step takes too (a collective without
+ * data over its group): proven in the ring group inside the loop and in the
+ * world group at the top (the symmetric domain: 4 ranks, and the world
+ * sizes of symmetric_domain_at_65536 by the same rule); on some ranks only,
+ * the others never arrive: refused. */
+Test(verify_bwd, barrier_in_a_backward_program)
+{
+    const char *ok[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ring}\n",
+                        "  - {kind: delta, in: [dout, out], out: [delta]}\n",
+                        "  - {kind: delta, in: [dout, out], out: [delta]}\n  - {kind: barrier, group: world}\n", NULL};
+    cpc_status *st = load_tampered(ok);
+    cr_assert_null(st, "%s", st ? st->message : "");
+    const char *some[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ring, when: r==0}\n", NULL};
+    expect_cp051(some, "a barrier rank 0 alone reaches", "waits forever");
+    const char *nogroup[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ulysses}\n    - {kind: barrier}\n", NULL};
+    expect_cp051(nogroup, "a barrier without a group", "group");
+}
+
+/* attn and merge are forward ops the backward step takes too: a backward
+ * program that recomputes the LSE (a whole ring pass of attn + merge, K/V
+ * back in place after R rotations) instead of reading the saved one is
+ * proven, without a mask and under a causal one; the recomputed result must
+ * be complete and exactly once where delta or attn_bwd read it, and stays
+ * on its rank. */
+#define RECOMPUTE_BUFS                                                                                      \
+    "  - {name: dv_out, role: dv, tokens: block, heads: all, io: none}\n"                                   \
+    "  - {name: o_blk, role: acc, tokens: shard, heads: all, io: none}\n"                                   \
+    "  - {name: lse_blk, role: lse, tokens: shard, heads: all, io: none}\n"                                 \
+    "  - {name: racc, role: acc, tokens: shard, heads: all, io: none}\n"                                    \
+    "  - {name: rlse, role: lse, tokens: shard, heads: all, io: none}\n"
+#define RECOMPUTE_LOOP(COUNT, ATTN_MERGE)                                                                   \
+    "  - {kind: init_acc, out: [racc, rlse]}\n  - kind: loop\n    count: " COUNT "\n    body:\n"             \
+    "    - {kind: send, group: ring, peer: (r+1)%R, in: [k_cur, v_cur], tag: 2}\n"                          \
+    "    - {kind: recv, group: ring, peer: (r-1)%R, out: [k_nxt, v_nxt], block: (r-s-1)%R, tag: 2}\n"       \
+    ATTN_MERGE "    - {kind: wait, tag: 2}\n    - {kind: swap, in: [k_cur, k_nxt]}\n"                        \
+    "    - {kind: swap, in: [v_cur, v_nxt]}\n  - {kind: delta, in: [dout, out], out: [delta]}\n"
+#define ATTN_MERGE                                                                                          \
+    "    - {kind: attn, in: [q, k_cur, v_cur], out: [o_blk, lse_blk]}\n"                                    \
+    "    - {kind: merge, in: [o_blk, lse_blk], out: [racc, rlse]}\n"
+#define DELTA "  - {kind: delta, in: [dout, out], out: [delta]}\n"
+#define DV_OUT "  - {name: dv_out, role: dv, tokens: block, heads: all, io: none}\n"
+#define READS_LSE "in: [q, k_cur, v_cur, dout, lse, delta]"
+
+Test(verify_bwd, attention_recomputed_in_a_backward_program)
+{
+    const char *ok[] = {DV_OUT, RECOMPUTE_BUFS, DELTA, RECOMPUTE_LOOP("R", ATTN_MERGE), READS_LSE,
+                        "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL};
+    cpc_status *st = load_tampered_masked("none", ok);
+    cr_assert_null(st, "%s", st ? st->message : "");
+    st = load_tampered_masked("causal", ok);
+    cr_assert_null(st, "causal: %s", st ? st->message : "");
+    struct {
+        const char *what, *needle, *mask;
+        const char *e[9];
+    } bad[] = {
+        {"a ring step of the recompute dropped", "incomplete", "none",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA,
+          RECOMPUTE_LOOP("R", "    - {kind: attn, in: [q, k_cur, v_cur], out: [o_blk, lse_blk], when: s>0}\n"
+                              "    - {kind: merge, in: [o_blk, lse_blk], out: [racc, rlse], when: s>0}\n"),
+          READS_LSE, "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
+        {"the recompute's K/V rotated one step short", "declares block", "none",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA, RECOMPUTE_LOOP("R-1", ATTN_MERGE), READS_LSE,
+          "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
+        {"a block merged twice", "twice", "none",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA, RECOMPUTE_LOOP("R", ATTN_MERGE ATTN_MERGE), READS_LSE,
+          "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
+        {"one block's LSE read as the whole", "incomplete", "none",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA, RECOMPUTE_LOOP("R", ATTN_MERGE), READS_LSE,
+          "in: [q, k_cur, v_cur, dout, lse_blk, delta]", NULL}},
+        {"the recomputed LSE sent", "stays on its rank", "none",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA,
+          RECOMPUTE_LOOP("R", ATTN_MERGE "    - {kind: send, group: ring, peer: (r+1)%R, in: [racc], tag: 3}\n"
+                                          "    - {kind: recv, group: ring, peer: (r-1)%R, out: [o_blk], block: (r-1)%R, tag: 3}\n"
+                                          "    - {kind: wait, tag: 3}\n"),
+          READS_LSE, "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
+        {"a block skipped under a causal mask (zigzag shards: every block is needed)", "incomplete", "causal",
+         {DV_OUT, RECOMPUTE_BUFS, DELTA,
+          RECOMPUTE_LOOP("R", "    - {kind: attn, in: [q, k_cur, v_cur], out: [o_blk, lse_blk], when: s>0}\n"
+                              "    - {kind: merge, in: [o_blk, lse_blk], out: [racc, rlse], when: s>0}\n"),
+          READS_LSE, "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st = load_tampered_masked(bad[i].mask, bad[i].e);
+        cr_assert(cpc_status_has_error(st), "%s: accepted", bad[i].what);
+        cr_assert_eq(st->rule, 51, "%s: rule %d: %s", bad[i].what, st->rule, st->message);
+        cr_assert(strstr(st->message, bad[i].needle), "%s: '%s' not in: %s", bad[i].what, bad[i].needle,
+                  st->message);
+        cpc_status_free(st);
+    }
+}
+
 Test(verify_bwd, every_rule_has_a_tamper)
 {
     struct {

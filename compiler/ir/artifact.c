@@ -257,6 +257,8 @@ cpc_status *cpc_plan_resolved_yaml(const cpc_plan *plan, cpc_variant variant, in
         em_map(&m, true);
         kv_str(&m, "name", plan->input.segments[i].name ? plan->input.segments[i].name : "");
         kv_int(&m, "tokens", plan->input.segments[i].tokens);
+        if (plan->input.segments[i].replicate)
+            kv_str(&m, "split", "replicate");
         em_map_end(&m);
     }
     em_seq_end(&m);

@@ -61,17 +61,30 @@ cpc_status *cpc_layout_init(cpc_layout *L, const cpc_plan *plan, cpc_variant var
     L->dtype = plan->model.dtype;
     L->causal = plan->input.mask == CPC_MASK_CAUSAL;
     L->cross = plan->input.has_kv;
-    L->n_seg = plan->input.n_segments;
     int64_t S = 0;
-    for (int i = 0; i < L->n_seg; i++) {
+    for (int i = 0; i < plan->input.n_segments; i++) {
         int64_t t = plan->input.segments[i].tokens;
         if (t < 1 || t > INT32_MAX)
             return cpc_error(CPC_E_INTERNAL, "layout: segment %d has %lld tokens", i, (long long)t);
-        L->seg_start[i] = S;
-        L->seg_len[i] = t;
+        /* replicated segments are held whole by every rank; the rest are split */
+        if (plan->input.segments[i].replicate) {
+            L->rep_start[L->n_rep] = S;
+            L->rep_len[L->n_rep] = t;
+            L->n_rep++;
+            L->Srep += t;
+        } else {
+            L->seg_start[L->n_seg] = S;
+            L->seg_len[L->n_seg] = t;
+            L->n_seg++;
+        }
         S += t; /* <= 64 * (2^31-1): no overflow */
     }
     L->S = S;
+    L->rep = L->n_rep > 0;
+    if (L->n_seg < 1)
+        return cpc_error(CPC_E_INTERNAL, "layout: every segment is replicated (CP027)");
+    if (L->rep && L->cross)
+        return cpc_error(CPC_E_INTERNAL, "layout: replicated segments with cross-attention (CP027)");
     if (L->cross) {
         if (plan->input.kv_tokens < 1)
             return cpc_error(CPC_E_INTERNAL, "layout: cross-attention with %lld K/V tokens",
@@ -81,7 +94,7 @@ cpc_status *cpc_layout_init(cpc_layout *L, const cpc_plan *plan, cpc_variant var
         L->Skv = S;
     }
     /* Zigzag only where it is defined (CP022/CP023 reject the rest). */
-    L->zigzag = L->causal && !L->cross &&
+    L->zigzag = L->causal && !L->cross && !L->rep &&
                 (variant == CPC_VARIANT_RING || variant == CPC_VARIANT_UNIFIED) &&
                 L->n_seg == 1 && S % (2 * P) == 0;
     return NULL;
@@ -233,4 +246,70 @@ int cpc_layout_max_kv_heads(const cpc_layout *L)
             best = n;
     }
     return best;
+}
+
+int64_t cpc_layout_kv_rows(const cpc_layout *L)
+{
+    return L->cross ? L->Skv : L->Srep;
+}
+
+int cpc_layout_kv_runs(const cpc_layout *L, cpc_run *out, int max)
+{
+    if (L->cross) {
+        if (max >= 1)
+            out[0] = (cpc_run){0, L->Skv};
+        return 1;
+    }
+    int n = 0;
+    cpc_run last = {0, 0};
+    for (int j = 0; j < L->n_rep; j++)
+        push_run(out, max, &n, &last, L->rep_start[j], L->rep_len[j]);
+    return n;
+}
+
+int cpc_layout_max_rank_runs(const cpc_layout *L)
+{
+    return cpc_layout_max_shard_runs(L) + L->n_rep;
+}
+
+int cpc_layout_rank_runs(const cpc_layout *L, int p, cpc_run *out, int max)
+{
+    if (p < 0 || p >= L->P)
+        return 0;
+    if (!L->rep)
+        return cpc_layout_shard_runs(L, p, out, max);
+    /* rep and sharded segments interleave in segment order: walk both */
+    int n = 0, i = 0, j = 0;
+    cpc_run last = {0, 0};
+    while (i < L->n_rep || j < L->n_seg) {
+        if (j >= L->n_seg || (i < L->n_rep && L->rep_start[i] < L->seg_start[j])) {
+            push_run(out, max, &n, &last, L->rep_start[i], L->rep_len[i]);
+            i++;
+        } else {
+            push_run(out, max, &n, &last, L->seg_start[j] + cpc_split_off(L->seg_len[j], L->P, p),
+                     cpc_split_len(L->seg_len[j], L->P, p));
+            j++;
+        }
+    }
+    return n;
+}
+
+int64_t cpc_layout_rank_tokens(const cpc_layout *L, int p)
+{
+    if (p < 0 || p >= L->P)
+        return 0;
+    return cpc_layout_shard_tokens(L, p) + (L->rep ? L->Srep : 0);
+}
+
+int64_t cpc_layout_rank_offset(const cpc_layout *L, int p, int64_t pos)
+{
+    cpc_run runs[2 * CPC_MAX_SEGMENTS];
+    int n = cpc_layout_rank_runs(L, p, runs, 2 * CPC_MAX_SEGMENTS);
+    int64_t off = 0;
+    for (int i = 0; i < n && i < 2 * CPC_MAX_SEGMENTS; i++) {
+        if (pos >= runs[i].start && pos < runs[i].start + runs[i].len)
+            return off + (pos - runs[i].start);
+        off += runs[i].len;
+    }
+    return -1;
 }

@@ -28,6 +28,20 @@
  * and key-padding masks.  Cross-attention (input.kv): K/V are a separate
  * sequence of Skv tokens held whole by every rank.
  *
+ * REPLICATED SEGMENTS (`split: replicate`, SPEC section 1): such a segment
+ * is held whole by every rank and never divided.  The sharded segments
+ * (seg_start/seg_len, n_seg) are split as above and make up shards, ring
+ * blocks and ALL buffers; the replicated ones (rep_start/rep_len, n_rep,
+ * Srep tokens) are the KV token layout of a plan without cross-attention
+ * (program.h): q/k/v/out rows of every rank at global positions
+ * rep_start..  S stays the whole sequence (global positions, the gathered
+ * output); Skv stays S (key-padding masks index global keys).  A rank's
+ * own tokens, as users hand them over and get them back ("rank runs"),
+ * are its shard plus every replicated segment, in segment order (text
+ * whole first, then image shard p, for a text-first plan).  Every segment
+ * replicated, or replicated segments with cross-attention, are refused by
+ * validation (CP027).
+ *
  * All functions are pure and thread-safe.
  *
  * Details (layout.c; added by the implementer, additive):
@@ -79,9 +93,14 @@ typedef struct cpc_layout {
     bool cross;              /* input.kv: K/V whole on every rank */
     int64_t S;               /* total query tokens */
     int64_t Skv;             /* key/value tokens (S unless cross) */
-    int n_seg;
+    int n_seg;               /* sharded segments (global starts) */
     int64_t seg_start[CPC_MAX_SEGMENTS];
     int64_t seg_len[CPC_MAX_SEGMENTS];
+    bool rep;                /* some segment is replicated (n_rep > 0) */
+    int n_rep;               /* replicated segments (global starts) */
+    int64_t Srep;            /* their tokens */
+    int64_t rep_start[CPC_MAX_SEGMENTS];
+    int64_t rep_len[CPC_MAX_SEGMENTS];
 } cpc_layout;
 
 /* torch.tensor_split: length and offset of chunk i of n over w (w >= 1,
@@ -121,5 +140,20 @@ void cpc_layout_q_heads(const cpc_layout *L, int u, int *off, int *n);
 void cpc_layout_kv_heads(const cpc_layout *L, int u, int *off, int *n);
 int cpc_layout_max_q_heads(const cpc_layout *L);
 int cpc_layout_max_kv_heads(const cpc_layout *L);
+
+/* Rows of the KV token layout: Skv with cross-attention, else Srep (the
+ * replicated segments), and their global runs (cross-attention: {0, Skv};
+ * returns the count, writes at most max). */
+int64_t cpc_layout_kv_rows(const cpc_layout *L);
+int cpc_layout_kv_runs(const cpc_layout *L, cpc_run *out, int max);
+
+/* A rank's own tokens as the user hands them over and gets them back: its
+ * shard plus every replicated segment, in global (segment) order; without
+ * replicated segments exactly the shard.  rank_offset: the row of global
+ * position pos inside rank p's tokens, -1 when p does not hold it. */
+int cpc_layout_max_rank_runs(const cpc_layout *L);
+int cpc_layout_rank_runs(const cpc_layout *L, int p, cpc_run *out, int max);
+int64_t cpc_layout_rank_tokens(const cpc_layout *L, int p);
+int64_t cpc_layout_rank_offset(const cpc_layout *L, int p, int64_t pos);
 
 #endif

@@ -68,6 +68,9 @@ typedef struct cpc_segment {
     int64_t pixels;      /* image: height x width; video: frames x height x width (the
                             VAE decoder's output, cost.h PIPELINE); tokens: 0 */
     cpc_span span;       /* the segment's mapping (or the shorthand key) */
+    bool replicate;      /* `split: replicate`: held whole by every rank, never divided
+                            by any degree; its queries run on every rank (layout.h
+                            REPLICATED SEGMENTS); default false (`split: shard`) */
 } cpc_segment;
 
 /* Source positions of keys, recorded by the loader for diagnostics.  `key`
@@ -182,6 +185,9 @@ typedef struct cpc_plan {
         bool vae_parallel;         /* default false */
         bool vae_tiling;           /* default false: the decode runs in overlapping tiles
                                       (cost.h PIPELINE) */
+        cpc_dtype vae_dtype;       /* the VAE decode's element type, default bf16 (fp32:
+                                      TF32 convolutions and 4-byte activations, cost.h
+                                      PIPELINE) */
         bool cfg_batched;          /* runtime.cfg: batched (true) | sequential (false,
                                       the default): how the step runs the two CFG passes
                                       of an even group batch (cost.h HOST) */

@@ -34,7 +34,8 @@ static const char *const K_MODEL[] = {"heads", "kv_heads", "head_dim", "dtype", 
                                       "dual_stream_layers", "cross_attention_tokens", "experts",
                                       "active_experts", "attention"};
 static const char *const K_RUNTIME[] = {"framework", "attention_kernel", "text_encoder_parameters",
-                                        "vae", "vae_channels", "vae_parallel", "vae_tiling", "cfg"};
+                                        "vae", "vae_channels", "vae_parallel", "vae_tiling", "cfg",
+                                        "vae_dtype"};
 static const char *const K_INPUT[] = {"batch", "segments", "tokens", "image",
                                       "video", "mask",     "kv",     "mode",
                                       "steps"};
@@ -44,7 +45,7 @@ static const char *const K_PARALLEL[] = {"variant",          "ring_degree",   "u
                                          "ulysses_anything", "ring_anything", "fallback",
                                          "cfg_degree",       "tp_degree"};
 static const char *const K_SCHEDULE[] = {"overlap", "rotate", "script"};
-static const char *const K_SEGMENT[] = {"name", "tokens", "image", "video"};
+static const char *const K_SEGMENT[] = {"name", "tokens", "image", "video", "split"};
 static const char *const K_IMAGE[] = {"height", "width", "vae_scale", "patch"};
 static const char *const K_VIDEO[] = {"frames", "height", "width", "vae_scale", "vae_temporal",
                                       "patch"};
@@ -938,6 +939,10 @@ static void load_segment(ld *L, const cpc_ynode *m, const char *path, int index)
         err(L, 104, m->span, "%s: a segment needs one of 'tokens', 'image' or 'video'", path);
         return;
     }
+    /* split: shard (default) | replicate (SPEC section 1: held whole by every rank) */
+    static const char *const splits[] = {"shard", "replicate"};
+    int split = 0;
+    (void)get_enum(L, m, path, "split", splits, 2, &split, NULL);
     if (given > 1 || !name)
         return;
     int64_t t = 0, px = 0, fr = 0;
@@ -945,8 +950,9 @@ static void load_segment(ld *L, const cpc_ynode *m, const char *path, int index)
             : which == 1 ? image_tokens(L, &f[1], &t, &px)
                          : video_tokens(L, &f[2], &t, &fr, &px);
     if (ok)
-        add_segment_px(L, name, t, m->span, which == 0 ? CPC_SEG_TOKENS : which == 1 ? CPC_SEG_IMAGE : CPC_SEG_VIDEO,
-                       which == 1 ? 1 : fr, px);
+    if (ok && add_segment_px(L, name, t, m->span, which == 0 ? CPC_SEG_TOKENS : which == 1 ? CPC_SEG_IMAGE : CPC_SEG_VIDEO,
+                             which == 1 ? 1 : fr, px))
+        L->plan->input.segments[L->plan->input.n_segments - 1].replicate = split == 1;
 }
 
 static void load_input(ld *L, const cpc_ynode *root, cpc_span root_at)
@@ -1227,6 +1233,11 @@ static void load_runtime(ld *L, const cpc_ynode *root)
     static const char *const cn[] = {"sequential", "batched"};
     if (get_enum(L, m, "runtime", "cfg", cn, 2, &e, NULL) == OK)
         p->runtime.cfg_batched = e == 1;
+    const char *dn[CPC_DTYPE__COUNT];
+    for (int i = 0; i < CPC_DTYPE__COUNT; i++)
+        dn[i] = cpc_dtype_name((cpc_dtype)i);
+    if (get_enum(L, m, "runtime", "vae_dtype", dn, CPC_DTYPE__COUNT, &e, NULL) == OK)
+        p->runtime.vae_dtype = (cpc_dtype)e;
 }
 
 static void load_schedule(ld *L, const cpc_ynode *root)
@@ -1276,7 +1287,7 @@ static void warn_whole_step_keys(ld *L, const cpc_ynode *root)
         {"runtime", "framework"},   {"runtime", "text_encoder_parameters"},
         {"runtime", "vae"},         {"runtime", "vae_channels"},
         {"runtime", "vae_parallel"}, {"runtime", "vae_tiling"},
-        {"runtime", "cfg"},
+        {"runtime", "cfg"},         {"runtime", "vae_dtype"},
     };
     if (L->plan->model.parameters > 0 || !root || root->kind != CPC_YNODE_MAPPING)
         return;

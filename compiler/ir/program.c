@@ -37,11 +37,11 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_INIT_ACC] = {"init_acc", 0, MAXB, 0, MAXB, false, "an accumulator and its LSE (2 buffers)",
                          CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_INIT, 1, N_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_BLOCK},
     [CPC_OP_ATTN] = {"attn", 3, 3, 2, 2, false, "3 inputs (q, k, v) and 2 outputs (o, lse)",
-                     CPC_GROUP_NONE, CPC_OPF_FWD, CPC_COST_ATTN, 1, R_, W_, {CQ, CK, CV}, {CO, CL}, CPC_MATCH_NONE,
+                     CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_ATTN, 1, R_, W_, {CQ, CK, CV}, {CO, CL}, CPC_MATCH_NONE,
                      CPC_LIFE_OP, CPC_TAGR_FROM_IN0},
     [CPC_OP_MERGE] = {"merge", 2, 2, 2, 2, false,
                       "2 inputs (o, lse of a block) and 2 outputs (acc, lse)", CPC_GROUP_NONE,
-                      CPC_OPF_READS_OUT | CPC_OPF_FWD, CPC_COST_MEMORY, 2, R_, A_, {CO, CL}, {CO, CL}, CPC_MATCH_NONE,
+                      CPC_OPF_READS_OUT | CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_MEMORY, 2, R_, A_, {CO, CL}, {CO, CL}, CPC_MATCH_NONE,
                       CPC_LIFE_OP, CPC_TAGR_FROM_IN0},
     [CPC_OP_SEND] = {"send", 1, MAXB, 0, 0, false, "1..8 inputs and no output", CPC_GROUP_NONE,
                      CPC_OPF_GROUP | CPC_OPF_TAG | CPC_OPF_PEER | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_SEND, 1, R_, N_,
@@ -66,7 +66,7 @@ static const cpc_op_info op_table[] = {
     [CPC_OP_COPY] = {"copy", 1, MAXB, 1, MAXB, true, "as many outputs as inputs (1..8)",
                      CPC_GROUP_NONE, CPC_OPF_FWD | CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, W_, {0}, {0}, CPC_MATCH_NONE, CPC_LIFE_OP, CPC_TAGR_PAIRED},
     [CPC_OP_BARRIER] = {"barrier", 0, 0, 0, 0, false, "no buffers", CPC_GROUP_NONE,
-                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD,
+                        CPC_OPF_GROUP | CPC_OPF_COLLECTIVE | CPC_OPF_COMM_TIME | CPC_OPF_FWD | CPC_OPF_BWD,
                         CPC_COST_BARRIER, 1, N_, N_, {0}, {0}, CPC_MATCH_COLLECTIVE, CPC_LIFE_OP, CPC_TAGR_KEEP},
     [CPC_OP_DELTA] = {"delta", 2, 2, 1, 1, false, "2 inputs (dout, out) and 1 output (delta)",
                       CPC_GROUP_NONE, CPC_OPF_BWD, CPC_COST_MEMORY, 1, R_, W_, {CD, CO}, {CE}, CPC_MATCH_NONE,
@@ -437,7 +437,7 @@ int64_t cpc_buffer_rows(const cpc_program *prog, int b, const cpc_coords *c, int
     case CPC_TOK_ALL:
         return cpc_layout_block_offset(L, L->R);
     case CPC_TOK_KV:
-        return L->Skv;
+        return cpc_layout_kv_rows(L);
     default:
         return 0;
     }
@@ -738,6 +738,10 @@ static cpc_status *count_bytes(void *vctx, const cpc_exec_op *x)
                     int64_t theirs = bf->tokens == CPC_TOK_SHARD ? cpc_layout_shard_tokens(L, (int)cj.p) : mine;
                     bc->sent += mine * hj * per_tok;
                     bc->recvd += theirs * hu * per_tok;
+                } else if (bf->tokens == CPC_TOK_KV) {
+                    /* replicated rows: every member's heads to every member */
+                    bc->sent += cpc_layout_kv_rows(L) * hu * per_tok;
+                    bc->recvd += cpc_layout_kv_rows(L) * hj * per_tok;
                 } else {
                     bc->sent += cpc_layout_shard_tokens(L, (int)cj.p) * hu * per_tok;
                     bc->recvd += cpc_layout_shard_tokens(L, (int)c->p) * hj * per_tok;

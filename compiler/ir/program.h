@@ -19,6 +19,9 @@
  *          ALL   : all R ring blocks of the ring group, concatenated in ring
  *                  order (all-gather output)                  T = sum of blocks
  *          KV    : cross-attention K/V, whole                 T = Skv
+ *                  or, without cross-attention, the replicated
+ *                  segments' rows (`split: replicate`, layout.h),
+ *                  whole on every rank: q, k, v, acc, lse, out  T = Srep
  *   heads  ALL   : H (Q/O/ACC/LSE) or Hkv (K/V)
  *          PART  : the rank's ulysses heads (q_heads(u) or kv_heads(u))
  * Element type: Q/K/V/O in the plan's dtype; ACC and LSE fp32 always.
@@ -104,7 +107,7 @@
  *  set -> that block's slice of the ALL buffer; ALL with `block` NULL -> all
  *  of it; SHARD -> the shard (world size 1, ulysses/ring never use it); KV ->
  *  all Skv positions.  Masks (causal, key padding) are applied by global
- *  positions of these rows (backend.h cpc_attn_args.q_runs/kv_runs).
+ *  positions of these rows (attn_problem.h cpc_attn_problem.q_runs/kv_runs).
  *
  *  Heads.  PART heads of a Q/O/ACC/LSE buffer on ulysses member u are
  *  cpc_layout_q_heads(u); of a K/V buffer cpc_layout_kv_heads(u) (GQA: the
@@ -123,6 +126,10 @@
  *     heads PART(j), placed at those heads.  In a forward program only
  *     Q/O/ACC/LSE buffers go heads->seq (no K/V is sent back); a backward
  *     program sends DQ, and DK/DV with `reduce` when K/V heads are shared.
+ *   HEADS_TO_SEQ of KV rows (replicated segments): in = KV rows, PART heads;
+ *     out = KV rows, ALL heads: member u sends every member all rows x its
+ *     heads PART(u) and places what member j sends at heads PART(j) (a head
+ *     all-gather: every rank ends with every head of the replicated rows).
  *   LSE-layout buffers ([B, h, T]; the backward's delta) go SEQ_TO_HEADS
  *     only, with the same parts: member j gets [B, h_j, T_u].
  *   HEADS_TO_SEQ with `reduce` (backward programs only; DQ/DK/DV roles, fp32):

@@ -177,7 +177,13 @@ CPC_API bool cpc_artifact_get_prediction(const cpc_artifact *a, const char *name
  * cpc_rank_forward and cpc_rank_backward (BSHD; LSE [B, H, T]; mask
  * [B, Skv]): *ndim and shape[0..ndim).  q, out, dout and dq: [B, T, H, D]
  * with T the rank's tokens; k, v, dk and dv: the same tokens and Hkv heads,
- * or the whole [B, Skv, Hkv, D] for cross-attention.
+ * or the whole [B, Skv, Hkv, D] for cross-attention.  With replicated
+ * segments (`split: replicate`, SPEC section 1) a rank's tokens are its
+ * shard of the sharded segments plus every replicated segment whole, in
+ * segment order (cpc_artifact_shard_runs): q, k, v and out carry all of
+ * them, and every rank's out holds the whole replicated rows (equal across
+ * ranks to rounding: with ring steps each rank merges the key blocks in its
+ * own order).
  * Errors: CPC_E_USAGE (rank out of range, role unknown, a NULL argument). */
 CPC_API cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cpc_tensor_role role,
                                      int *ndim, int64_t shape[4]);
@@ -185,7 +191,8 @@ CPC_API cpc_status *cpc_artifact_shard_shape(const cpc_artifact *a, int rank, cp
 /* The global token positions rank `rank`'s shard holds, in shard order:
  * writes at most `max` runs to runs[] and the number of runs in *n (which may
  * exceed max: call again with a larger array).  Covers q, out (and k, v for
- * self-attention).  Errors: CPC_E_USAGE (rank out of range, max < 0, a NULL
+ * self-attention); with replicated segments also their whole runs, merged in
+ * global order (a text-first plan: [0, text) then the image shard).  Errors: CPC_E_USAGE (rank out of range, max < 0, a NULL
  * artifact or n, runs NULL with max > 0). */
 CPC_API cpc_status *cpc_artifact_shard_runs(const cpc_artifact *a, int rank, cpc_token_run *runs,
                                     int max, int *n);

@@ -243,7 +243,11 @@ CPC_API int64_t cpc_rank_allocated_bytes(const cpc_rank *r);
  * in the plan's dtype (written).  lse: NULL, or F32 [B, H, T] receiving the
  * natural-log LSE of this rank's rows (only for variants whose last merge
  * leaves the LSE in the output's layout: none, ring, ring_anything; others
- * give CPC_E_UNSUPPORTED before running).  Inputs may be strided (see
+ * give CPC_E_UNSUPPORTED before running).  With replicated segments
+ * (`split: replicate`) q, k, v, out and lse hold the rank's own tokens: its
+ * shard plus every replicated segment whole, in segment order
+ * (cpc_artifact_shard_runs); every rank's out holds the whole replicated
+ * rows.  Inputs may be strided (see
  * cpc_tensor); the CPU backend takes host memory, the CUDA backend
  * contiguous device memory (a strided device tensor is CPC_E_USAGE).  Collective (see above).  Errors: CPC_E_USAGE (shape, stride,
  * dtype or NULL data; nothing done), CPC_E_RUNTIME (a rank or the transport

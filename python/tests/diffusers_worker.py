@@ -298,6 +298,8 @@ def parser():
                    help="text padding tokens (masked) for models with a text mask; "
                         "-1: no mask passed")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--replicate-text", action="store_true",
+                   help="parallelize(..., replicate_text=True): the text whole on every rank")
     p.add_argument("--expect-error", default=None, help="a cpc error class name")
     p.add_argument("--name", default=None)
     return p
@@ -373,7 +375,8 @@ def one(a, torch, comm, rank):
     if a.anything:
         pc["ulysses_anything" if a.ulysses > 1 else "ring_anything"] = True
     try:
-        cpc.diffusers.parallelize(model, pc, comm=comm)
+        kw = {"replicate_text": True} if a.replicate_text else {}
+        cpc.diffusers.parallelize(model, pc, comm=comm, **kw)
         t0 = time.perf_counter()
         out, dx, grads = run()
         dt = time.perf_counter() - t0

@@ -40,6 +40,24 @@ for variant, image in (("ring", 64), ("ulysses", 64), ("ulysses_anything", 61),
             with cpc.LocalWorld(a) as w:
                 expect(np.array_equal(a.gather(outs), w(q, k, v)), f"{variant}: mpi != local")
 
+# replicated text (`split: replicate`): every process holds the whole text and its
+# image shard; the MPI job equals the local world bit for bit
+for variant in ("ring", "ulysses"):
+    plan = {"version": 1, "model": {"heads": 4, "head_dim": 16, "dtype": "fp32"},
+            "input": {"segments": [{"name": "text", "tokens": 7, "split": "replicate"},
+                                   {"name": "image", "tokens": 8 * P}]},
+            "cluster": {"world_size": P}, "parallel": {"variant": variant}}
+    a = cpc.compile(plan)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, a.tokens, 4, 16)).astype(np.float32) for _ in range(3))
+    expect(a.token_index(me)[:7] == list(range(7)), f"replicated {variant}: token_index")
+    with cpc.Attention(a, comm=comm) as att:
+        out = att(a.shard(q, me), a.shard(k, me, "k"), a.shard(v, me, "v"))
+        outs = comm.gather(out, root=0)
+        if me == 0:
+            with cpc.LocalWorld(a) as w:
+                expect(np.array_equal(a.gather(outs), w(q, k, v)), f"replicated {variant}: mpi != local")
+
 # training (cpc_rank_backward over the MPI transport): torch autograd on this rank's
 # shards; the gathered gradients equal the local world's (rank threads), bit for bit
 try:

@@ -48,6 +48,10 @@ CASES_2 = {
     "flux-ulysses-train-fp32": "--model flux --ulysses 2 --train --batch 2",
     "flux-ring_anything-odd-train-fp32": "--model flux --ring 2 --anything --tokens 23 "
                                          "--text 5 --train",
+    # replicate_text=True (xDiT's layout): 7 text tokens whole on every rank, not split
+    "flux-ring-replicate-odd-fp32": "--model flux --ring 2 --replicate-text --text 7",
+    "flux-ulysses-replicate-odd-bf16": "--model flux --ulysses 2 --replicate-text --text 7 "
+                                       "--dtype bf16",
     "flux2-ring-bf16": "--model flux2 --ring 2 --dtype bf16",
     "flux2-ulysses_anything-odd-train-fp32": "--model flux2 --ulysses 2 --anything "
                                              "--tokens 25 --text 7 --train",
@@ -112,6 +116,8 @@ CASES_4 = {
                                       "--tokens 27 --text 7",
     "flux-unified-train-fp32": "--model flux --ring 2 --ulysses 2 --train",
     "flux2-unified-fp32": "--model flux2 --ring 2 --ulysses 2",
+    "flux-unified-replicate-odd-fp32": "--model flux --ring 2 --ulysses 2 --replicate-text "
+                                       "--text 7",
     "wan-ulysses-fp32": "--model wan --ulysses 4 --frames 4",
     "wan-ring_anything-odd-bf16": "--model wan --ring 4 --anything --frames 5 --height 6 "
                                   "--width 6 --dtype bf16",
@@ -121,9 +127,14 @@ CASES_4 = {
     "qwen-unified-mask-bf16": "--model qwen --ring 2 --ulysses 2 --pad 2 --dtype bf16",
     "hunyuan-ulysses-mask-fp32": "--model hunyuan --ulysses 4 --pad 3 --frames 2",
     "cogvideox-ring-fp32": "--model cogvideox --ring 4 --frames 2",
-    # CogVideoX's joint text must divide (xDiT's replicated text is not in this build)
+    # CogVideoX's joint text must divide when it is split (the hint offers
+    # replicate_text=True); held whole on every rank (xDiT's layout) it need not
     "cogvideox-ulysses-text-refused": "--model cogvideox --ulysses 4 --frames 2 --text 6 "
                                       "--expect-error PlanError",
+    "cogvideox-ulysses-replicate-odd-fp32": "--model cogvideox --ulysses 4 --frames 2 "
+                                            "--text 6 --replicate-text",
+    "hunyuan-unified-replicate-mask-fp32": "--model hunyuan --ring 2 --ulysses 2 --frames 2 "
+                                           "--text 7 --pad 2 --replicate-text",
     "sd3-unified-fp32": "--model sd3 --ring 2 --ulysses 2 --height 8 --width 4",
     "ltx-unified-mask-fp32": "--model ltx --ring 2 --ulysses 2 --pad 1",
     "mochi-unified-mask-fp32": "--model mochi --ring 2 --ulysses 2 --pad 2 --batch 2 "
@@ -208,6 +219,8 @@ def _check(name, runs, nproc):
         assert len(runs) == nproc, runs
         assert all(r["error"] == "PlanError" for r in runs)
         assert all("CP01" in r["message"] and "_anything=True" in r["message"] for r in runs)
+        if name.startswith("cogvideox"):       # the text's way out: xDiT's layout
+            assert all("replicate_text=True" in r["message"] for r in runs), runs
         return
     assert "error" not in d, d
     bf16 = "bf16" in name

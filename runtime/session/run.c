@@ -1014,14 +1014,16 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname,
     t = rk->t;
     ex = rk->ex;
     snprintf(tname, tname_n, "%s", t->vt->name ? t->vt->name : "");
-    int max_runs = cpc_layout_max_shard_runs(L) + 1;
+    /* the rank's own tokens: its shard, plus every replicated segment whole
+     * (layout.h; without one, exactly the shard) */
+    int max_runs = cpc_layout_max_rank_runs(L) + 1;
     runs = malloc((size_t)max_runs * sizeof *runs);
     if (!runs) {
         st = cpc_error(CPC_E_NOMEM, "out of memory");
         goto done;
     }
-    int n_runs = cpc_layout_shard_runs(L, q, runs, max_runs);
-    int64_t T = cpc_layout_shard_tokens(L, q);
+    int n_runs = cpc_layout_rank_runs(L, q, runs, max_runs);
+    int64_t T = cpc_layout_rank_tokens(L, q);
     for (int role = 0; role < 3; role++) {
         cpc_buf_role br = role == 0 ? CPC_ROLE_Q : role == 1 ? CPC_ROLE_K : CPC_ROLE_V;
         size_t n = cpc_exec_input_bytes(ex, br);
@@ -1152,8 +1154,8 @@ static cpc_status *rank_main(run_ctx *x, int p, cpc_transport **tp, char *tname,
             buf = NULL;
             if ((st = recv_blob(host_t, w, TAG_OUT, &buf, &n)))
                 break;
-            int nq = cpc_layout_shard_runs(L, wp.q, qr, max_runs);
-            int64_t Tq = cpc_layout_shard_tokens(L, wp.q);
+            int nq = cpc_layout_rank_runs(L, wp.q, qr, max_runs);
+            int64_t Tq = cpc_layout_rank_tokens(L, wp.q);
             if (n != (size_t)(L->B * Tq) * rowb) {
                 free(buf);
                 st = cpc_error(CPC_E_RUNTIME, "rank %d sent %zu bytes of output, %zu expected", w, n,
@@ -1500,7 +1502,7 @@ static cpc_status *check_memory(run_ctx *x, bool mpi, int my_rank)
             buf += m.total_bytes;
             cpc_exec_memory_free(&m);
         }
-        int64_t T = cpc_layout_shard_tokens(L, p), Tkv = L->cross ? L->Skv : T;
+        int64_t T = cpc_layout_rank_tokens(L, p), Tkv = L->cross ? L->Skv : T;
         int64_t shard = L->B * T * L->H * L->D * es;
         /* host inputs, output shard, LSE */
         buf += shard + 2 * L->B * Tkv * L->Hkv * L->D * es + shard;

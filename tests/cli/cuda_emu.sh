@@ -94,6 +94,9 @@ plan uneven-ua-4 ulysses_anything 4 fp16 6 6 64 none "segments: [{name: text, to
 plan keypad-unified-4 unified 4 bf16 4 4 64 key_padding "tokens: 192"
 plan small-ring-4-bf16 ring 4 bf16 4 4 64 none "tokens: 64"
 plan cross-unified-4 unified 4 bf16 4 4 64 none "tokens: 256" "kv: {tokens: 96}"
+# replicated text (split: replicate, issue 24): whole on every rank, its queries on every rank
+# (kv-layout q/k/v/out on the device, the head exchange of the replicated rows)
+plan replicate-unified-4 unified 4 bf16 4 4 64 none "segments: [{name: text, tokens: 13, split: replicate}, {name: image, tokens: 48}]"
 # training (mode: training): forward, then the backward on the generated backward kernels
 # (kernels/attention_bwd.cu); dq/dk/dv checked against the float64 reference backward
 # (specs shared with the plans above where possible: each new one costs NVRTC and module builds)

@@ -158,6 +158,36 @@ for c in groups inflight lse deadlock; do
         fail "tampered backward ($c): exit $rc, expected 2 with CP051 and no output: $(cat "$tmp/$c.err")"
 done
 
+# 4c. barrier, a forward op, in the backward program: proven and run, the same gradients
+rewrite_bwd "$tmp/t.cplan" "$tmp/barrier.cplan" "$ATTN_BWD" "$ATTN_BWD"'    - {kind: barrier, group: ring}\n' \
+    '  - {kind: delta, in: [dout, out], out: [delta]}\n' '  - {kind: delta, in: [dout, out], out: [delta]}\n  - {kind: barrier, group: world}\n'
+"$CPRUN" "$tmp/barrier.cplan" --iters 1 --warmup 0 --format json --output "$tmp/barrier.st" >"$tmp/barrier.json" \
+    2>"$tmp/barrier.err" || fail "backward with barriers: $(cat "$tmp/barrier.err")"
+cmp -s "$tmp/a.st" "$tmp/barrier.st" || fail "backward with barriers: other gradients than without"
+
+# 4d. attn and merge, forward ops, in the backward program: a backward that recomputes the
+# LSE with a whole ring pass instead of reading the saved one is proven and runs, with the
+# same gradients (the recomputation is the forward's, bit for bit), causal (t) and without
+# a mask (n)
+sed 's/mask: causal/mask: none/' "$tmp/t.yaml" >"$tmp/n.yaml"
+"$CPC" "$tmp/n.yaml" -o "$tmp/n.cplan" --no-kernels >/dev/null 2>"$tmp/n.err" || fail "cpc (no mask): $(cat "$tmp/n.err")"
+DV_OUT='  - {name: dv_out, role: dv, tokens: block, heads: all, io: none}\n'
+DELTA='  - {kind: delta, in: [dout, out], out: [delta]}\n'
+for m in t n; do
+rewrite_bwd "$tmp/$m.cplan" "$tmp/recompute_$m.cplan" \
+    "$DV_OUT" "$DV_OUT"'  - {name: o_blk, role: acc, tokens: shard, heads: all, io: none}\n  - {name: lse_blk, role: lse, tokens: shard, heads: all, io: none}\n  - {name: racc, role: acc, tokens: shard, heads: all, io: none}\n  - {name: rlse, role: lse, tokens: shard, heads: all, io: none}\n' \
+    "$DELTA" '  - {kind: init_acc, out: [racc, rlse]}\n  - kind: loop\n    count: R\n    body:\n    - {kind: send, group: ring, peer: (r+1)%R, in: [k_cur, v_cur], tag: 2}\n    - {kind: recv, group: ring, peer: (r-1)%R, out: [k_nxt, v_nxt], block: (r-s-1)%R, tag: 2}\n    - {kind: attn, in: [q, k_cur, v_cur], out: [o_blk, lse_blk]}\n    - {kind: merge, in: [o_blk, lse_blk], out: [racc, rlse]}\n    - {kind: wait, tag: 2}\n    - {kind: swap, in: [k_cur, k_nxt]}\n    - {kind: swap, in: [v_cur, v_nxt]}\n'"$DELTA" \
+    "in: [q, k_cur, v_cur, dout, lse, delta]" "in: [q, k_cur, v_cur, dout, rlse, delta]"
+done
+for c in n recompute_n recompute_t; do
+    "$CPRUN" "$tmp/$c.cplan" --iters 1 --warmup 0 --format json --output "$tmp/$c.st" >"$tmp/$c.json" 2>"$tmp/$c.err" ||
+        fail "cprun $c: $(cat "$tmp/$c.err")"
+    python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["backward"]["check"]["pass"] is True' \
+        "$tmp/$c.json" || fail "$c: the gradient check failed: $(cat "$tmp/$c.json")"
+done
+cmp -s "$tmp/n.st" "$tmp/recompute_n.st" || fail "backward recomputing the LSE: other gradients than from the saved LSE"
+cmp -s "$tmp/a.st" "$tmp/recompute_t.st" || fail "causal backward recomputing the LSE: other gradients than from the saved LSE"
+
 # 5. a training artifact without backward_schedule; a version 1 artifact
 python3 - "$tmp/t.cplan" "$tmp/nobwd.cplan" <<'PY'
 import sys

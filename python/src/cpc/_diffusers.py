@@ -433,7 +433,7 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
                    num_frames=None, world_size=None, text_tokens=None, *, batch=1,
                    dtype="bf16", attention=None, device=None, vae_scale=None,
                    vae_temporal=None, name=None, steps=None, tokens=None, mode=None,
-                   reference_images=0, parameters=None, mask=None):
+                   reference_images=0, parameters=None, mask=None, replicate_text=False):
     """A cpc plan dict for a diffusers model under a diffusers context-parallel
     configuration.
 
@@ -477,6 +477,14 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
       predictions): None = counted from the model's own code when diffusers (torch >= 2)
       is importable (the model built from the config on torch's "meta" device: no
       memory, ~0.1 s), else left out; an int = that; False = left out.
+    replicate_text: True = xDiT's layout for joint attention: the text segment is held
+      whole by every rank (`split: replicate`, SPEC section 1), never divided by the
+      degrees, and only the image/video tokens are split; the text's queries run on every
+      rank and its keys/values are never sent.  So CogVideoX's 226 text tokens run on
+      ring 2 x ulysses 3 (CP010 when sharded).  Inference only (training: CP018).  No
+      effect for attention "self" / "cross" (Wan, LTX: no text segment, or the text is
+      already whole as cross-attention K/V).  Default False: the text is split as diffusers
+      splits it.
     The plan pins ring_degree and ulysses_degree only for unified (both > 1); for the
     other variants the degrees follow from the variant and cluster.world_size, so
     `cpc --sweep` / `--set cluster.world_size=N` can vary them.
@@ -580,6 +588,10 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     segments = [seg]
     if attention == "joint":
         t = {"name": "text", "tokens": text}
+        if not isinstance(replicate_text, bool):
+            raise ValueError(f"replicate_text must be True or False, not {replicate_text!r}")
+        if replicate_text:
+            t["split"] = "replicate"      # xDiT: joint text whole on every rank
         segments = [t, seg] if m.text_pos == "first" else [seg, t]
     if mask is None:
         mask = m.mask if attention == "joint" else "none"
@@ -761,4 +773,9 @@ def translate_diagnostics(diags):
     for d in diags:
         d.message = diffusers_words(d.message)
         d.hint = diffusers_words(d.hint)
+        if d.code in ("CP010", "CP011", "CP020") and "segment 'text'" in (d.message or ""):
+            # xDiT's way out: the text whole on every rank, never divided
+            more = ("or keep the text whole on every rank, as xDiT does: "
+                    "cpc.from_diffusers(..., replicate_text=True)")
+            d.hint = f"{d.hint}; {more}" if d.hint else more
     return diags

@@ -266,7 +266,10 @@ class Artifact:
 
     def shard_runs(self, rank):
         """The global token positions of rank `rank`'s q/out shard, in shard order, as a
-        list of (start, length) runs (one per segment; more for zigzag layouts)."""
+        list of (start, length) runs (one per segment; more for zigzag layouts).  With a
+        replicated segment (`split: replicate`) the rank also holds that segment whole, at
+        its place in segment order (text first: [(0, text), (text + off, n)], adjacent
+        runs merged)."""
         self._rank_ok(rank)
         if rank in self._runs:
             return list(self._runs[rank])
@@ -348,7 +351,10 @@ class Artifact:
 
     def gather(self, shards, role="out"):
         """The global array from every rank's shard (a list of world_size arrays, rank
-        order), the inverse of shard().  For dk / dv with K/V heads replicated over
+        order), the inverse of shard().  Rows of a replicated segment (`split: replicate`),
+        which every rank returns, are taken from rank 0 (the ranks' copies agree to
+        rounding: with ring steps each rank merges the key blocks in its own order).
+        For dk / dv with K/V heads replicated over
         tensor-parallel ranks (kv_heads < tp_degree) each rank holds a partial gradient
         of its K/V head (its query heads only): the parts are summed (in float32, then
         rounded to the shards' dtype once)."""
@@ -384,7 +390,9 @@ class Artifact:
             g = xp.empty(shape, dtype=x0.dtype, device=x0.device)
         else:
             g = xp.empty(shape, dtype=x0.dtype)
-        for p, sh in enumerate(shards):
+        # last rank first, so that rows several ranks hold (replicated segments)
+        # end with rank 0's copy
+        for p, sh in reversed(list(enumerate(shards))):
             want = self.shard_shape(p, role)
             if tuple(sh.shape) != tuple(want):
                 raise UsageError(f"{role}: rank {p}'s shard has shape {tuple(sh.shape)}, the "

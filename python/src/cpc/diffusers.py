@@ -1291,7 +1291,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
       backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
-      (device=, steps=, ...).
+      (device=, steps=, replicate_text=True: the joint text whole on every rank, as
+      xDiT runs it, inference only; ...).
 
     Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
     full output.  Errors: cpc.UnsupportedError (another class, or a configuration of
