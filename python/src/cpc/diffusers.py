@@ -9,15 +9,16 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
 - The transformer's inputs are split over the ranks where the model's own `_cp_plan`
   says (diffusers' metadata: which module inputs/outputs carry the sequence, on which
   dimension; for classes diffusers gives none, or whose text cpc keeps whole, a plan of
-  the same format in _MODELS), but into cpc's layout for the plan: each split tensor is cut at the global
-  token positions of this rank's shard of its segment (`Artifact.shard_runs`), so text and
-  image/video segments, uneven (`*_anything`) splits included, land where cpc expects them.
+  the same format in _MODELS), but into cpc's layout for the plan: each split tensor is
+  cut at the global token positions of this rank's shard of its segment
+  (`Artifact.shard_runs`), so text and image/video segments, uneven (`*_anything`) splits
+  included, land where cpc expects them.
   The output named by `_cp_plan`'s ContextParallelOutput is gathered back (an all-gather
   over `comm`; its backward takes this rank's rows, as diffusers' does).
 - Every attention processor of the model keeps its projections, norms and RoPE; only its
   call to diffusers' `dispatch_attention_fn` (or to torch's scaled_dot_product_attention,
-  for processors that call it themselves: CogVideoX, CogView4, EasyAnimate, SD3) is answered by `cpc.Attention`
-  (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
+  for processors that call it themselves: CogVideoX, CogView4, EasyAnimate, SD3, Mochi)
+  is answered by `cpc.Attention` (joint or self-attention: the plan's main artifact; a cross-attention, Wan's
   `is_cross_attention` or a self-attention model's processor given encoder_hidden_states:
   a `kv:` plan whose K/V are the whole text, held by every rank).  A text padding mask
   (QwenImage, Chroma, HunyuanVideo(-1.5), Mochi; LTX's and Cosmos' cross-attention) is
