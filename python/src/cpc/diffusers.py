@@ -18,12 +18,13 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
 - Every attention processor of the model keeps its projections, norms and RoPE; only its
   call to diffusers' `dispatch_attention_fn` (or to torch's
   scaled_dot_product_attention, for processors that call it themselves: CogVideoX,
-  CogView4, EasyAnimate, SD3, Mochi) is answered by `cpc.Attention` (joint or self-
-  attention: the plan's main artifact; a cross-attention, Wan's `is_cross_attention` or
-  a self-attention model's processor given encoder_hidden_states: a `kv:` plan whose K/V
-  are the whole text, held by every rank). A text padding mask (QwenImage, Chroma,
-  HunyuanVideo(-1.5), Mochi; LTX's and Cosmos' cross-attention) is read from the call's
-  full inputs and given to cpc as `mask: key_padding` (this rank's shard).
+  CogView4, EasyAnimate, SD3, Mochi) is answered by `cpc.Attention` (joint or
+  self-attention: the plan's main artifact; a cross-attention, Wan's
+  `is_cross_attention` or a self-attention model's processor given
+  encoder_hidden_states: a `kv:` plan whose K/V are the whole text, held by every rank).
+  A text padding mask (QwenImage, Chroma, HunyuanVideo(-1.5), Mochi; LTX's and Cosmos'
+  cross-attention) is read from the call's full inputs and given to cpc as `mask:
+  key_padding` (this rank's shard).
 - The plan is `cpc.from_diffusers(parallel_config, transformer.config, tokens=...,
   text_tokens=..., batch=..., dtype=..., mode=...)` for the shapes of the first call; it is
   compiled (proven) in a pre-hook of the transformer before any layer runs: a plan cpc
