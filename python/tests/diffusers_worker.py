@@ -94,6 +94,15 @@ def tiny_chronoedit(heads):
                                         rope_max_seq_len=64)
 
 
+def tiny_allegro(heads):
+    from diffusers import AllegroTransformer3DModel
+    return AllegroTransformer3DModel(patch_size=2, patch_size_t=1, num_attention_heads=heads,
+                                     attention_head_dim=24, in_channels=4, out_channels=4,
+                                     num_layers=2, cross_attention_dim=24 * heads,
+                                     sample_height=8, sample_width=8, sample_frames=4,
+                                     caption_channels=32)
+
+
 def tiny_qwen(heads):
     from diffusers import QwenImageTransformer2DModel
     return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
@@ -172,7 +181,8 @@ MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_
           "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
           "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
           "cogview4": tiny_cogview4, "cosmos": tiny_cosmos,
-          "easyanimate": tiny_easyanimate, "chronoedit": tiny_chronoedit}
+          "easyanimate": tiny_easyanimate, "chronoedit": tiny_chronoedit,
+          "allegro": tiny_allegro}
 
 
 def text_mask(a, torch):
@@ -236,6 +246,18 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
                     return_dict=False)
+    if a.model == "allegro":
+        # the RoPE as AllegroPipeline._prepare_rotary_positional_embeddings makes it
+        from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+        ft, fh, fw, gt, gh, gw = get_3d_rotary_pos_embed_allegro(
+            embed_dim=24, crops_coords=((0, 0), (H // 2, W // 2)), grid_size=(H // 2, W // 2),
+            temporal_size=F, interpolation_scale=(2.2, 2.0, 2.0))
+        pos = torch.cartesian_prod(gt.long(), gh.long(), gw.long())
+        pos = pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()
+        return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch),
+                    image_rotary_emb=((ft, fh, fw), tuple(pos)), return_dict=False)
     if a.model == "easyanimate":
         return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
                     encoder_hidden_states=r(B, a.text, 32), return_dict=False)

@@ -7,7 +7,7 @@ WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DMod
 CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
 MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
 ChromaTransformer2DModel, CogView4Transformer2DModel, CosmosTransformer3DModel,
-EasyAnimateTransformer3DModel and ChronoEditTransformer3DModel
+EasyAnimateTransformer3DModel, ChronoEditTransformer3DModel and AllegroTransformer3DModel
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -93,6 +93,10 @@ CASES_2 = {
     # CogView4: its processor calls torch's SDPA (cpc's split plan, the image RoPE split)
     "cogview4-ring_anything-odd-train-fp32": "--model cogview4 --ring 2 --anything "
                                              "--height 6 --width 6 --text 7 --train",
+    # Allegro: the RoPE's per-token position grids (an input) split, a masked cross-attention
+    "allegro-ulysses_anything-odd-mask-train-fp32": "--model allegro --ulysses 2 --anything "
+                                                    "--heads 3 --frames 3 --height 6 "
+                                                    "--width 6 --pad 1 --train",
     # ChronoEdit: Wan's architecture, its own _cp_plan
     "chronoedit-ulysses-fp32": "--model chronoedit --ulysses 2",
     # EasyAnimate: [text, video], torch SDPA (cpc's split plan)
@@ -145,6 +149,7 @@ CASES_4 = {
     "chroma-ulysses-mask-fp32": "--model chroma --ulysses 4 --pad 2",
     "cosmos-ring-mask-fp32": "--model cosmos --ring 4 --frames 4 --pad 2",
     "easyanimate-unified-fp32": "--model easyanimate --ring 2 --ulysses 2 --frames 4",
+    "allegro-ring-mask-fp32": "--model allegro --ring 4 --frames 4 --pad 2",
     "cogview4-unified-bf16": "--model cogview4 --ring 2 --ulysses 2 --width 8 --text 16 "
                              "--dtype bf16",
     "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
@@ -170,7 +175,8 @@ CASES_TORCHRUN = {
 # cross-attention as well; Mochi: x batch, one call per batch element)
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
          "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
-         "cogview4": 2, "cosmos": 4, "easyanimate": 2, "chronoedit": 4}
+         "cogview4": 2, "cosmos": 4, "easyanimate": 2, "chronoedit": 4,
+         "allegro": 4}
 
 
 def _env():
@@ -233,7 +239,7 @@ def _check(name, runs, nproc):
     assert d["cpc_calls"] == CALLS[family] * (d["shape"][0] if family == "mochi" else 1), d
     # a padded text reached cpc as a key mask (joint: [0]; LTX's cross-attention: [1])
     if "-mask" in name:
-        want_masks = [[False, True]] if name.startswith(("ltx", "cosmos")) else \
+        want_masks = [[False, True]] if name.startswith(("ltx", "cosmos", "allegro")) else \
             [[True, False]]
         assert d["masks"] == want_masks, d
     want = {"ring": "ring", "ulysses": "ulysses", "unified": "unified",

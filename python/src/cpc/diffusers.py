@@ -354,6 +354,37 @@ def _plan_easyanimate():
     return _plan_blocks("transformer_blocks.0", rope="rope_embedding")
 
 
+def _tokens_allegro(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if get("attention_mask") is not None:
+        raise UnsupportedError("AllegroTransformer3DModel with a video attention_mask: not "
+                               "routed through cpc.diffusers (AllegroPipeline passes none)",
+                               code="unsupported")
+    if get("image_rotary_emb") is None:
+        raise UsageError("AllegroTransformer3DModel: image_rotary_emb is required (as "
+                         "AllegroPipeline passes it)", code="usage")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("AllegroTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    pt, p = cfg["patch_size_t"], cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % p or W % p:
+        raise UsageError(f"AllegroTransformer3DModel: latent {F}x{H}x{W} is not a multiple "
+                         f"of the patch {pt}x{p}x{p}", code="usage")
+    return B, (F // pt) * (H // p) * (W // p), ehs.shape[1] if ehs is not None else None
+
+
+def _plan_allegro():
+    # image_rotary_emb = ((freqs_t, freqs_h, freqs_w): tables, kept), (grid_t, grid_h,
+    # grid_w): each token's positions [1, S], split) as AllegroPipeline makes it
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+    g = ContextParallelInput(split_dim=1, expected_dims=2, split_output=False)
+    return {"": {"image_rotary_emb": [None, [g, g, g]]},
+            "transformer_blocks.0": {"hidden_states": ContextParallelInput(
+                split_dim=1, expected_dims=3, split_output=False)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
 def _tokens_qwen(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if hs is None or hs.dim() != 3:
@@ -661,6 +692,8 @@ _MODELS = {
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
     "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
     "ChronoEditTransformer3DModel": _Spec(_tokens_wan, "self"),   # Wan's, its own _cp_plan
+    "AllegroTransformer3DModel": _Spec(_tokens_allegro, "self", cp_plan=_plan_allegro,
+                                       key_mask=_mask_ltx),
     "CosmosTransformer3DModel": _Spec(_tokens_cosmos, "self", cp_plan=_plan_cosmos,
                                       key_mask=_mask_cosmos),
     "QwenImageTransformer2DModel": _Spec(_tokens_qwen, "joint",
@@ -977,6 +1010,17 @@ def _install_cp_plan(par, model):
             return x
         return st.layout.split(x, seg, cpi.split_dim)
 
+    def split_nested(v, cpi, which):
+        """do_split over a (nested) list/tuple of inputs and their ContextParallelInputs
+        (None: kept as is)."""
+        if cpi is None:
+            return v
+        if isinstance(cpi, (list, tuple)):
+            if not isinstance(v, (list, tuple)):
+                return v
+            return type(v)(split_nested(x, c, which) for x, c in zip(v, cpi))
+        return do_split(v, cpi, which)
+
     def do_gather(x, cpo):
         st = par.current
         if st is None or not isinstance(x, torch.Tensor):
@@ -1010,11 +1054,7 @@ def _install_cp_plan(par, model):
                                 v = args[params.index(name)]
                             else:
                                 continue
-                            if isinstance(v, (list, tuple)):
-                                v = type(v)(do_split(x, c, _segment_of(name))
-                                            for x, c in zip(v, cpi))
-                            else:
-                                v = do_split(v, cpi, _segment_of(name))
+                            v = split_nested(v, cpi, _segment_of(name))
                             if name in kwargs:
                                 kwargs[name] = v
                             else:
@@ -1286,7 +1326,7 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       CosmosTransformer3DModel,
       QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
       CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
-      EasyAnimateTransformer3DModel,
+      EasyAnimateTransformer3DModel, AllegroTransformer3DModel,
       LTXVideoTransformer3DModel,
       MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
       split and routed).  parallel_config: diffusers' ContextParallelConfig (or
