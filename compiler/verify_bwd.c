@@ -1819,7 +1819,7 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
      * with rotations of the ring */
     const cpc_op *at = NULL;
     const char *why = method == CPC_VERIFY_ENUMERATE ? "enumeration asked for"
-                      : L->rep ? "replicated segments: their block (r, r) is owned by ring rank 0"
+                      : L->rep ? "replicated segments: their queries meet their keys on ring rank 0 only"
                                : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
     cpc_status *st = NULL;
     if (!why) {

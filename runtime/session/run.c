@@ -513,12 +513,14 @@ static size_t grad_blob_bytes(const run_ctx *x, int w)
  * T/Hkv ranks (Hkv < T) have one dK/dV part per rank: they are summed
  * (GQA; mutex: threads of one process).  Cross-attention dK/dV are whole
  * and identical on every rank of a group after the all_reduce: group rank
- * 0's are kept. */
+ * 0's are kept; so are the rows of replicated segments (dq, dk, dv: whole on
+ * every rank of a group), the other ranks giving their shard's rows only.
+ * Errors: CPC_E_NOMEM. */
 static void scatter_grads_rows(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
                                int n_runs, int64_t T, int64_t Tkv);
 
-static void scatter_grads(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
-                          int n_runs)
+static cpc_status *scatter_grads(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
+                                 int n_runs)
 {
     const cpc_layout *L = x->L;
     int64_t T = cpc_layout_rank_tokens(L, rp->q), Tkv = grad_kv_tokens(x, rp->q);
@@ -531,7 +533,8 @@ static void scatter_grads(run_ctx *x, const cpc_rank_place *rp, const float *g, 
         size_t row[3] = {(size_t)L->H * (size_t)L->D, (size_t)L->Hkv * (size_t)L->D, (size_t)L->Hkv * (size_t)L->D};
         cpc_run *sr = malloc((size_t)max_runs * sizeof *sr);
         float *c = malloc((size_t)(L->B * Ts) * (row[0] + 2 * row[1]) * sizeof *c + 1);
-        if (sr && c) {
+        cpc_status *st = sr && c ? NULL : cpc_error(CPC_E_NOMEM, "rank %d: out of memory for the gradients", rp->p);
+        if (!st) {
             int ns = cpc_layout_shard_runs(L, rp->q, sr, max_runs);
             const float *src = g;
             float *dst = c;
@@ -552,9 +555,10 @@ static void scatter_grads(run_ctx *x, const cpc_rank_place *rp, const float *g, 
         }
         free(sr);
         free(c);
-        return;
+        return st;
     }
     scatter_grads_rows(x, rp, g, runs, n_runs, T, Tkv);
+    return NULL;
 }
 
 static void scatter_grads_rows(run_ctx *x, const cpc_rank_place *rp, const float *g, const cpc_run *runs,
@@ -615,7 +619,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
     }
     if (st || !x->mpi || p == 0) {
         if (!st)
-            scatter_grads(x, rp, g, runs, n_runs);
+            st = scatter_grads(x, rp, g, runs, n_runs);
         free(blob);
         if (st || !x->mpi)
             return st;
@@ -638,7 +642,7 @@ static cpc_status *backward_gather(run_ctx *x, int p, const cpc_rank_place *rp, 
                 memcpy(x->bwd_ms + (size_t)w * (size_t)x->n_iter, wd, (size_t)x->n_iter * sizeof(double));
                 x->bwd_bytes[w] = (int64_t)wd[x->n_iter];
                 int nw = cpc_layout_rank_runs(L, wp.q, qr, max_runs);
-                scatter_grads(x, &wp, (const float *)(wd + x->n_iter + 1), qr, nw);
+                st = scatter_grads(x, &wp, (const float *)(wd + x->n_iter + 1), qr, nw);
             }
             free(buf);
         }
