@@ -79,7 +79,14 @@
  *      block, key block r, head) triple exactly once (gradients reach their
  *      owner); cross-attention: DK/DV whole (KV), every (query block, head)
  *      exactly once on every rank.  Exactly one OUTPUT of each of dq, dk, dv
- *      (yunchang #149).
+ *      (yunchang #149).  Replicated segments (`split: replicate`): their
+ *      rows are query block R and key unit R (NQ = NK = R + 1); one more
+ *      OUTPUT of each role holds them (KV, every head, the same on every
+ *      rank): dq_rep every (R, key unit, head) once, dk/dv_rep every (query
+ *      block, R, head) once; the sharded outputs also cover unit R / block R
+ *      (the replicated keys / queries) exactly once.  Such programs are
+ *      enumerated (their (R, R) block is guarded `r==0`: outside the
+ *      symmetric class), so at most 256 ranks.
  *   2. Tags and layouts: every attn_bwd reads K and V of the same block as
  *      the DK/DV accumulators it adds to (diffusers #14265: a backward that
  *      reuses step 0's K/V fails here; on gathered K/V the op's `block` is
