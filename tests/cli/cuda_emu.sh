@@ -14,7 +14,8 @@
 #   the default mma.sync one; two plans with the threads of a block in reverse order;
 #   the gathered out and LSE (--lse) equal the CPU backend's; mpirun --transport mpi;
 #   training plans (ring 2 and 4 (lagged: add_strided): causal zigzag, GQA, key padding,
-#   fp32/bf16/fp16; ulysses 4 with a replicated K/V head (reducing all-to-all)) with
+#   fp32/bf16/fp16; ulysses 4 with a replicated K/V head (reducing all-to-all); unified 4
+#   with a replicated text segment) with
 #   the backward on the generated backward kernels, dq/dk/dv checked;
 #   2 and 4 emulated GPUs (rank r on GPU r mod 2, and one GPU per rank);
 #   --attention auto where cuDNN cannot work (no driver): the generated kernel serves and
@@ -101,13 +102,16 @@ plan replicate-unified-4 unified 4 bf16 4 4 64 none "segments: [{name: text, tok
 # (kernels/attention_bwd.cu); dq/dk/dv checked against the float64 reference backward
 # (specs shared with the plans above where possible: each new one costs NVRTC and module builds)
 TRAIN=(train-ring-4-fp32-causal train-ring-2-bf16-causal train-ring-2-bf16-gqa4 train-ring-4-fp16-keypad
-       train-ulysses-4-bf16-mqa)
+       train-ulysses-4-bf16-mqa train-replicate-unified-4-bf16)
 plan train-ring-4-fp32-causal ring 4 fp32 4 4 64 causal "batch: 2" "tokens: 64" "mode: training"
 plan train-ring-2-bf16-causal ring 2 bf16 4 4 128 causal "tokens: 64" "mode: training"
 plan train-ring-2-bf16-gqa4 ring 2 bf16 8 2 64 none "tokens: 64" "mode: training"
 plan train-ring-4-fp16-keypad ring 4 fp16 4 4 64 key_padding "tokens: 64" "mode: training"
 # ulysses 4 over one K/V head: every member holds it, its dK/dV parts are summed (add_strided)
 plan train-ulysses-4-bf16-mqa ulysses 4 bf16 4 1 64 none "tokens: 64" "mode: training"
+# replicated text (issue 24): the text's gradients whole on every rank (world all_reduce of
+# kv-layout gradients, their head parts spread to every head, the own block's add)
+plan train-replicate-unified-4-bf16 unified 4 bf16 4 4 64 none "segments: [{name: text, tokens: 13, split: replicate}, {name: image, tokens: 48}]" "mode: training"
 
 # ---- compile (cpc, NVRTC PTX into the artifact) and build the emulator modules ----------
 for p in "${PLANS[@]}"; do
