@@ -1089,8 +1089,9 @@ static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
-/* all_reduce (backward, cross-attention dK/dV): reduce-scatter of Skv
- * chunks then all-gather over the world link, plus pack and sum */
+/* all_reduce (backward, cross-attention dK/dV, or the replicated segments'
+ * dq/dk/dv): reduce-scatter of the buffer's token chunks (as the executor
+ * splits them) then all-gather over the world link, plus pack and sum */
 static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
 {
     const cpc_layout *L = pr->L;
@@ -1098,7 +1099,7 @@ static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
         int64_t all = buf_bytes(pr, op->in[i]);
         int64_t tot = buf_tokens(pr, op->in[i]);
         int64_t per_tok = all / (tot > 0 ? tot : 1);
-        int64_t mine = cpc_split_len(L->Skv, L->P, pr->c.p) * per_tok;
+        int64_t mine = cpc_split_len(tot, L->P, pr->c.p) * per_tok;
         int64_t bytes = (all - mine) + mine * (L->P - 1);
         double lat;
         double bw = link_bw(pr, CPC_GROUP_WORLD, false, &lat);

@@ -137,8 +137,10 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
  *   (sharded q, replicated k): on every rank, its own query rows; the
  *     replicated K/V's part is summed over the world (all_reduce);
  *   (replicated q, sharded block k): on every rank with its OWN block only
- *     (the forward met every block on every ring rank), added into that
- *     block's dK/dV once it is home; the replicated dQ is summed over the world;
+ *     (the forward met every block on every ring rank), at the ring's first
+ *     step (`when s==0`, into the accumulator of that block, which then
+ *     travels home) or on the gathered K/V's block r; the replicated dQ is
+ *     summed over the world;
  *   (replicated q, replicated k): on ring rank 0 only (`when r==0`: each
  *     ulysses member of it for its heads).
  * With ulysses each member works on its heads (PART copies); the parts go to
@@ -147,7 +149,6 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
 typedef struct repb {
     int q, k, v, dout, o, lse, delta; /* KV rows, the heads used here */
     int dq, dk, dv;                   /* KV accumulators (this rank's part) */
-    int dk_b, dv_b;                   /* BLOCK r: the replicated queries' part of the own block */
 } repb;
 
 static int rep_copy(bb *b, cpc_op **ops, int *n, int in, const char *name, cpc_buf_role role)
@@ -159,12 +160,12 @@ static int rep_copy(bb *b, cpc_op **ops, int *n, int in, const char *name, cpc_b
     return out;
 }
 
-/* Inputs, delta and accumulators of the replicated rows, and every block
- * that is local before the key blocks move: (sharded q = qa/da/lse/delta,
- * replicated k), (replicated q, own block k_own/v_own), (replicated q,
- * replicated k) on ring rank 0.  dq must be initialized already. */
+/* Inputs, delta and accumulators of the replicated rows, and the blocks of
+ * the replicated keys: (sharded q = qa/da/lse/delta, replicated k) and
+ * (replicated q, replicated k) on ring rank 0.  dq must be initialized
+ * already. */
 static void rep_pre(bb *b, cpc_op **ops, int *n, const cpc_layout *L, repb *x, int qa, int da, int lse,
-                    int delta, int dq, int k_own, int v_own)
+                    int delta, int dq)
 {
     const bool uly = L->U > 1;
     const cpc_buf_heads qh = uly ? CPC_HEADS_PART : CPC_HEADS_ALL;
@@ -185,8 +186,6 @@ static void rep_pre(bb *b, cpc_op **ops, int *n, const cpc_layout *L, repb *x, i
     x->dq = buf(b, "dq_rep_acc", CPC_ROLE_DQ, CPC_TOK_KV, qh, CPC_IO_NONE);
     x->dk = buf(b, "dk_rep_acc", CPC_ROLE_DK, CPC_TOK_KV, qh, CPC_IO_NONE);
     x->dv = buf(b, "dv_rep_acc", CPC_ROLE_DV, CPC_TOK_KV, qh, CPC_IO_NONE);
-    x->dk_b = buf(b, "dk_rep_blk", CPC_ROLE_DK, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
-    x->dv_b = buf(b, "dv_rep_blk", CPC_ROLE_DV, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
     cpc_op *op = add(b, ops, n, CPC_OP_DELTA, NULL);
     int dl[2] = {x->dout, x->o};
     bufs(op, true, 2, dl);
@@ -196,21 +195,11 @@ static void rep_pre(bb *b, cpc_op **ops, int *n, const cpc_layout *L, repb *x, i
     op = add(b, ops, n, CPC_OP_INIT_ACC, NULL);
     int kv[2] = {x->dk, x->dv};
     bufs(op, false, 2, kv);
-    op = add(b, ops, n, CPC_OP_INIT_ACC, NULL);
-    int kb[2] = {x->dk_b, x->dv_b};
-    bufs(op, false, 2, kb);
-    if (op)
-        setx(b, &op->block, "r");
     /* (sharded q, replicated k) */
     op = add(b, ops, n, CPC_OP_ATTN_BWD, NULL);
     int a1[6] = {qa, x->k, x->v, da, lse, delta}, o1[3] = {dq, x->dk, x->dv};
     bufs(op, true, 6, a1);
     bufs(op, false, 3, o1);
-    /* (replicated q, own block) */
-    op = add(b, ops, n, CPC_OP_ATTN_BWD, NULL);
-    int a2[6] = {x->q, k_own, v_own, x->dout, x->lse, x->delta}, o2[3] = {x->dq, x->dk_b, x->dv_b};
-    bufs(op, true, 6, a2);
-    bufs(op, false, 3, o2);
     /* (replicated q, replicated k): once, on ring rank 0 */
     op = add(b, ops, n, CPC_OP_ATTN_BWD, "r==0");
     int a3[6] = {x->q, x->k, x->v, x->dout, x->lse, x->delta}, o3[3] = {x->dq, x->dk, x->dv};
@@ -218,20 +207,27 @@ static void rep_pre(bb *b, cpc_op **ops, int *n, const cpc_layout *L, repb *x, i
     bufs(op, false, 3, o3);
 }
 
-/* After the key blocks: the own block's dK/dV (dk_home/dv_home, complete)
- * takes the replicated queries' part; the replicated rows' gradients are
- * summed over the world into the OUTPUT dq_rep/dk_rep/dv_rep (KV, every
- * head). */
-static void rep_post(bb *b, cpc_op **ops, int *n, const cpc_layout *L, const repb *x, int dk_home, int dv_home)
+/* (replicated q, the rank's own block of K/V k/v) into that block's dK/dV
+ * accumulators dk/dv; `when` and `block` as the op takes them. */
+static void rep_own(bb *b, cpc_op **ops, int *n, const repb *x, int k, int v, int dk, int dv, const char *when,
+                    const char *block)
+{
+    if (x->q < 0)
+        return;
+    cpc_op *op = add(b, ops, n, CPC_OP_ATTN_BWD, when);
+    int ai[6] = {x->q, k, v, x->dout, x->lse, x->delta}, ao[3] = {x->dq, dk, dv};
+    bufs(op, true, 6, ai);
+    bufs(op, false, 3, ao);
+    if (op && block)
+        setx(b, &op->block, block);
+}
+
+/* After the key blocks: the replicated rows' gradients are summed over the
+ * world into the OUTPUT dq_rep/dk_rep/dv_rep (KV, every head). */
+static void rep_post(bb *b, cpc_op **ops, int *n, const cpc_layout *L, const repb *x)
 {
     const bool uly = L->U > 1;
-    int ad[2][2] = {{x->dk_b, dk_home}, {x->dv_b, dv_home}};
     cpc_op *op;
-    for (int i = 0; i < 2; i++) {
-        op = add(b, ops, n, CPC_OP_ADD, NULL);
-        bufs(op, true, 1, &ad[i][0]);
-        bufs(op, false, 1, &ad[i][1]);
-    }
     static const char *const fn[3] = {"dq_rep_full", "dk_rep_full", "dv_rep_full"};
     static const char *const on[3] = {"dq_rep", "dk_rep", "dv_rep"};
     static const cpc_buf_role rl[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
@@ -444,9 +440,9 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         int dkv[2] = {gather ? dk_all : dk_cur, gather ? dv_all : dv_cur};
         bufs(op, false, 2, dkv);
     }
-    repb x = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    repb x = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
     if (L.rep)
-        rep_pre(b, top, ntop, &L, &x, qa, da, lse, delta, dq, k_cur, v_cur);
+        rep_pre(b, top, ntop, &L, &x, qa, da, lse, delta, dq);
     int ai[6] = {qa, k_cur, v_cur, da, lse, delta}, ao[3] = {dq, dk_cur, dv_cur};
     if (gather) {
         /* BACKWARD.md 3.2: K/V gathered again (the forward's are not kept),
@@ -462,6 +458,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
             if (op)
                 setx(b, &op->block, "(r-s)%R");
         }
+        rep_own(b, top, ntop, &x, k_all, v_all, dk_all, dv_all, NULL, "r");
         int rs[2][2] = {{dk_all, dk_cur}, {dv_all, dv_cur}};
         for (int i = 0; i < 2; i++) {
             op = add(b, top, ntop, CPC_OP_REDUCE_SCATTER, NULL);
@@ -475,6 +472,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         op = add(b, top, ntop, CPC_OP_ATTN_BWD, NULL);
         bufs(op, true, 6, ai);
         bufs(op, false, 3, ao);
+        rep_own(b, top, ntop, &x, k_cur, v_cur, dk_cur, dv_cur, NULL, NULL);
     } else if (lagged) {
         /* dk_cur/dv_cur receive the travelling accumulators (the last one:
          * this rank's block, complete); dk_blk/dv_blk: this step's part,
@@ -503,6 +501,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
             int li[6] = {qa, k_cur, v_cur, da, lse, delta}, lo[3] = {dq, dk_blk, dv_blk};
             bufs(op, true, 6, li);
             bufs(op, false, 3, lo);
+            rep_own(b, bo, bn, &x, k_cur, v_cur, dk_blk, dv_blk, "s==0", NULL);
             if ((op = add(b, bo, bn, CPC_OP_WAIT, after)))
                 op->tag = 1;
             int ad[2][2] = {{dk_cur, dk_blk}, {dv_cur, dv_blk}};
@@ -545,6 +544,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
             op = add(b, bo, bn, CPC_OP_ATTN_BWD, NULL);
             bufs(op, true, 6, ai);
             bufs(op, false, 3, ao);
+            rep_own(b, bo, bn, &x, k_cur, v_cur, dk_cur, dv_cur, "s==0", NULL);
             p2p(b, bo, bn, true, 1, NULL, dk_cur, dv_cur, NULL);
             p2p(b, bo, bn, false, 1, NULL, dk_nxt, dv_nxt, "(r-s-1)%R");
             if ((op = add(b, bo, bn, CPC_OP_WAIT, more)))
@@ -559,7 +559,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         }
     }
     if (L.rep)
-        rep_post(b, top, ntop, &L, &x, dk_cur, dv_cur);
+        rep_post(b, top, ntop, &L, &x);
     if (uly) {
         /* Gradients back to the sequence layout; dK/dV of a K/V head held by
          * several members are summed (fp32) on the way (BACKWARD.md 3.4). */

@@ -7,7 +7,7 @@
  * or a ring step of the replicated queries dropped, the replicated rows'
  * output missing; the backward programs (training) of every variant proved,
  * with planted faults (the replicated block's gradient on every ring rank, the
- * replicated queries' part of the own block dropped).  The numbers themselves
+ * replicated queries against every block on every rank or not at all).  The numbers themselves
  * (every variant against the float64 reference) are tests/cli/replicate.sh's
  * and tests/cli/replicate_training.sh's.
  */
@@ -450,12 +450,34 @@ static cpc_op *rep_rep_op(cpc_program *p)
     return NULL;
 }
 
+/* The attn_bwd of the replicated queries against the own K/V block (top
+ * level or in the ring loop's body). */
+static cpc_op *find_rep_own_in(cpc_program *p, cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ops[i].kind == CPC_OP_LOOP) {
+            cpc_op *o = find_rep_own_in(p, ops[i].body, ops[i].n_body);
+            if (o)
+                return o;
+        }
+        if (ops[i].kind == CPC_OP_ATTN_BWD && p->buffers[ops[i].in[0]].tokens == CPC_TOK_KV &&
+            p->buffers[ops[i].in[1]].tokens != CPC_TOK_KV)
+            return &ops[i];
+    }
+    return NULL;
+}
+
+static cpc_op *find_rep_own(cpc_program *p)
+{
+    return find_rep_own_in(p, p->ops, p->n_ops);
+}
+
 /* Every variant's backward program with a replicated text is proved (every
  * rank enumerated: the (replicated q, replicated k) block is owned by ring
  * rank 0, outside the symmetric class); planted faults are CP051: that
  * block's gradient counted on every rank (its guard dropped), the
- * replicated queries' part of the own block never added (the add dropped),
- * the replicated rows' dQ not summed over the world (all_reduce -> copy). */
+ * replicated queries meeting every ring block on every rank (the `s==0`
+ * guard dropped), the replicated queries' part of the own block dropped. */
 Test(replicate, backward_every_variant_is_proved_and_faults_refused)
 {
     struct { cpc_variant v; int R, U, text, image; const char *rotate; bool overlap; } rows[] = {
@@ -487,21 +509,31 @@ Test(replicate, backward_every_variant_is_proved_and_faults_refused)
         }
         cpc_status_free(st);
         rr->when = w;
-        /* the own block's part from the replicated queries dropped (the last add of dK) */
-        int at = -1;
-        for (int k = 0; k < p->n_ops; k++)
-            if (p->ops[k].kind == CPC_OP_ADD && strcmp(p->buffers[p->ops[k].in[0]].name, "dk_rep_blk") == 0)
-                at = k;
-        cr_assert(at >= 0);
-        cpc_op keep = p->ops[at];
-        p->ops[at].kind = CPC_OP_BARRIER;
-        p->ops[at].n_in = p->ops[at].n_out = 0;
-        p->ops[at].group = CPC_GROUP_WORLD;
+        /* the replicated queries against the own block: their attn_bwd (q_rep or
+         * its head part, K/V not the replicated keys), at the ring's first step */
+        cpc_op *own = find_rep_own(p);
+        cr_assert_not_null(own, "row %zu", i);
+        if (own->when) {
+            /* every step: every block's gradient from the replicated queries on every ring rank */
+            cpc_expr *w2 = own->when;
+            own->when = NULL;
+            st = cpc_verify_backward_ex(p, NULL, &stats);
+            cr_assert_not_null(st, "row %zu: the replicated queries met every block on every rank", i);
+            cr_assert(strstr(st->message, "2 times or more"), "row %zu: %s", i, st->message);
+            cpc_status_free(st);
+            own->when = w2;
+        }
+        /* dropped: the own block never meets the replicated queries */
+        cpc_op keep = *own;
+        own->kind = CPC_OP_BARRIER;
+        own->n_in = own->n_out = 0;
+        own->group = CPC_GROUP_WORLD;
+        own->when = NULL;
         st = cpc_verify_backward_ex(p, NULL, &stats);
-        cr_assert_not_null(st, "row %zu: a dropped own-block add was proved", i);
+        cr_assert_not_null(st, "row %zu: the replicated queries' part of the own block dropped was proved", i);
         cr_assert(strstr(st->message, "0 times"), "row %zu: %s", i, st->message);
         cpc_status_free(st);
-        p->ops[at] = keep;
+        *own = keep;
         cpc_program_free(p);
     }
 }
