@@ -6,10 +6,10 @@
  * planted faults in them: replicated keys met twice, a replicated key set
  * or a ring step of the replicated queries dropped, the replicated rows'
  * output missing; the backward programs (training) of every variant proved,
- * with planted faults (the replicated block's gradient on every ring rank, the
- * replicated queries against every block on every rank or not at all).  The numbers themselves
- * (every variant against the float64 reference) are tests/cli/replicate.sh's
- * and tests/cli/replicate_training.sh's.
+ * with planted faults (the replicated block's gradient on every ring rank,
+ * the replicated queries against every block on every rank or not at all).
+ * The numbers themselves (every variant against the float64 reference) are
+ * tests/cli/replicate.sh's and tests/cli/replicate_training.sh's.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
