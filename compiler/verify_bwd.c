@@ -51,6 +51,8 @@ typedef struct slot {
     bool grad;      /* a D* role: `cnt` is meaningful */
     bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
                        key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
+    int8_t role, tk, hd; /* the layout of the buffer the slot belongs to (a scratch value of the step: of
+                            the buffer it is made for; role CPC_ROLE__COUNT: any) */
     cset cnt;
 } slot;
 
@@ -86,6 +88,7 @@ typedef struct vb {
     bool bound_hit;                /* the work passed VB_WORK_MAX: refused */
     int NK;                        /* key units: ring blocks, or 1 (cross-attention: all of K/V) */
     int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
+    slot tmpv[CPC_OP_MAX_BUFS];    /* the step's scratch values (vc_domain tmp) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
@@ -659,6 +662,197 @@ static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, false, out); }
 static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
 
+/* The step's geometry over this domain's values: rows are the content tag (a ring block, or
+ * a shard), heads the buffer's layout on this member, keys met the (query block, key unit,
+ * query head) pairs in `cnt`. */
+#define SL(v) ((slot *)(v))
+#define DV(self) (((bwd_dom *)(self))->V)
+#define DP(self) (((bwd_dom *)(self))->p)
+
+static void slot_empty(slot *s)
+{
+    cset c = s->cnt;
+    cs_clear(&c);
+    *s = (slot){.tag = CPC_TAG_NONE, .role = CPC_ROLE__COUNT, .cnt = c};
+}
+
+static vc_val *dom_tmp(void *self, int j)
+{
+    slot *s = &DV(self)->tmpv[j];
+    slot_empty(s);
+    return &s->h;
+}
+
+static bool dom_copy(void *self, vc_val *dst, const vc_val *src)
+{
+    slot *d = SL(dst);
+    const slot *s = (const slot *)src;
+    if (d == s)
+        return true;
+    cset c = d->cnt;
+    *d = *s;
+    d->cnt = c;
+    return cs_copy(DV(self), &d->cnt, &s->cnt);
+}
+
+static vc_tri dom_fits(void *self, int b, const vc_val *v, char *why, size_t n)
+{
+    const slot *s = (const slot *)v;
+    const cpc_buffer *B = BF(DV(self), b);
+    if ((s->role == CPC_ROLE__COUNT || (int)B->role == s->role) && (int)B->tokens == s->tk && (int)B->heads == s->hd)
+        return VC_YES;
+    snprintf(why, n, "%s (role %s, %s/%s) cannot hold a value of the layout %s/%s%s%s", B->name,
+             cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads),
+             cpc_buf_tokens_name((cpc_buf_tokens)s->tk), cpc_buf_heads_name((cpc_buf_heads)s->hd),
+             s->role == CPC_ROLE__COUNT ? "" : " and role ",
+             s->role == CPC_ROLE__COUNT ? "" : cpc_buf_role_name((cpc_buf_role)s->role));
+    return VC_NO;
+}
+
+static void dom_put(void *self, int b, vc_val *v)
+{
+    slot *d = S(DV(self), DP(self), b), *s = SL(v);
+    if (d == s)
+        return;
+    slot keep = *d; /* the slot's own layout, gradient flag and run storage */
+    *d = *s;
+    d->role = keep.role, d->tk = keep.tk, d->hd = keep.hd, d->grad = keep.grad;
+    s->cnt = keep.cnt; /* v emptied; its runs move */
+    slot_empty(s);
+}
+
+static void dom_exchange(void *self, int a, int b)
+{
+    vb *V = DV(self);
+    int *m = &V->map[DP(self) * V->nb];
+    int t = m[a];
+    m[a] = m[b];
+    m[b] = t;
+}
+
+static int32_t dom_new_stamp(void *self) { return ++DV(self)->stamps; }
+
+/* init_acc of a forward accumulator pair: rows by its layout (a ring block's: set by the first merge). */
+static void dom_shape(void *self, vc_val *v, int tok, int heads, int b, const vc_val *like)
+{
+    (void)heads, (void)like;
+    slot *s = SL(v);
+    const cpc_buffer *B = BF(DV(self), b);
+    cs_clear(&s->cnt);
+    s->tag = tok == VC_T_OWN ? DP(self) : CPC_TAG_NONE;
+    s->tk = (int8_t)B->tokens;
+    s->hd = (int8_t)B->heads;
+    s->fwd = true;
+}
+
+static vc_tri dom_tok_is(void *self, const vc_val *v, int tok)
+{
+    const slot *s = (const slot *)v;
+    vb *V = DV(self);
+    bool y = tok == VC_T_UNSET ? !s->written || (s->tag == CPC_TAG_NONE && s->tk != CPC_TOK_ALL && s->tk != CPC_TOK_KV)
+             : tok == VC_T_OWN ? s->tag == DP(self) && s->tk == CPC_TOK_SHARD
+             : tok == VC_T_BLOCK ? s->tag == DP(self) / V->U && s->tk == CPC_TOK_BLOCK
+             : tok == VC_T_ALL ? s->tk == CPC_TOK_ALL
+                               : s->tk == CPC_TOK_KV;
+    return y ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_heads_are(void *self, const vc_val *v, int heads)
+{
+    (void)self;
+    int hd = ((const slot *)v)->hd;
+    return (heads == VC_H_ALL ? hd == CPC_HEADS_ALL : hd == CPC_HEADS_PART) ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_same_tokens(void *self, const vc_val *x, const vc_val *y)
+{
+    (void)self;
+    const slot *a = (const slot *)x, *b = (const slot *)y;
+    return a->tk == b->tk && a->tag == b->tag ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_same_heads(void *self, const vc_val *x, const vc_val *y)
+{
+    (void)self;
+    return ((const slot *)x)->hd == ((const slot *)y)->hd ? VC_YES : VC_NO;
+}
+
+static const char *dom_words(void *self, const vc_val *v, char *buf, size_t n)
+{
+    (void)self;
+    const slot *s = (const slot *)v;
+    if (s->tag == CPC_TAG_NONE)
+        snprintf(buf, n, "no rows (%s/%s)", cpc_buf_tokens_name((cpc_buf_tokens)s->tk),
+                 cpc_buf_heads_name((cpc_buf_heads)s->hd));
+    else
+        snprintf(buf, n, "block %d (%s/%s)", s->tag, cpc_buf_tokens_name((cpc_buf_tokens)s->tk),
+                 cpc_buf_heads_name((cpc_buf_heads)s->hd));
+    return buf;
+}
+
+static bool dom_has_keys(void *self, const vc_val *v) { (void)self; return ((const slot *)v)->cnt.n > 0; }
+
+/* attn recomputed in a backward program: K/V ring blocks, q a shard (U == 1) or a ring block, no
+ * cross-attention (the backward prover's class); the GQA rule; o's pairs: (q's block, k's block,
+ * the heads q holds). */
+static vc_tri dom_attn_keys(void *self, const cpc_op *op, const vc_val *Q, const vc_val *K, vc_val *o, char *why,
+                            size_t n)
+{
+    vb *V = DV(self);
+    const cpc_program *prog = V->prog;
+    const int u = DP(self) % V->U, qi = op->in[0], ki = op->in[1];
+    const slot *q = (const slot *)Q, *k = (const slot *)K;
+    cpc_buf_tokens qt = BF(V, qi)->tokens;
+    if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
+        !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
+        snprintf(why, n, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
+                         "(ulysses_degree 1) or a ring block, and no cross-attention (the backward prover's class)");
+        return VC_NO;
+    }
+    int lo, hi, ko, kn;
+    held_heads(V, qi, u, &lo, &hi);
+    cpc_buffer_heads(prog, ki, u, &ko, &kn);
+    int g = prog->layout.group, qo = V->nh > 1 ? lo : 0, qn = V->nh > 1 ? hi - lo : 0;
+    if (qn > 0 && (qo / g < ko || (qo + qn - 1) / g >= ko + kn)) {
+        snprintf(why, n, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo, qo + qn, ko,
+                 ko + kn);
+        return VC_NO;
+    }
+    slot *s = SL(o);
+    s->tag = q->tag;
+    s->tk = q->tk;
+    s->hd = q->hd;
+    s->fwd = true;
+    return cs_add_run(V, &s->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0}) ? VC_YES : VC_OOM;
+}
+
+/* merge: the accumulator's rows := the block's, its pairs += the block's (pairs met twice are found
+ * where the result is read: recomputed_complete). */
+static vc_tri dom_merge_keys(void *self, vc_val *acc, const vc_val *a, char *why, size_t n)
+{
+    (void)why, (void)n;
+    slot *A = SL(acc);
+    const slot *B = (const slot *)a;
+    if (A->tag == CPC_TAG_NONE)
+        A->tag = B->tag;
+    return cs_add_set(DV(self), &A->cnt, &B->cnt, 0, DV(self)->nh) ? VC_YES : VC_OOM;
+}
+
+/* Rank p's domain for the shared rules and the step (what the backward prover runs through
+ * vc_step: the lifetime rule, init_acc of a forward accumulator pair, attn, merge, swap).  The
+ * step's coverage, copy of attention results, messages and collectives are not reached here:
+ * recomputed results stay on their rank (their callbacks are absent). */
+static void bwd_domain(bwd_dom *dd, vc_domain *dom)
+{
+    *dom = (vc_domain){.self = dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on,
+                       .send_on = dom_send_on, .writer = dom_writer, .tmp = dom_tmp, .copy = dom_copy,
+                       .fits = dom_fits, .put = dom_put, .exchange = dom_exchange, .new_stamp = dom_new_stamp,
+                       .shape = dom_shape, .tok_is = dom_tok_is, .heads_are = dom_heads_are,
+                       .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
+                       .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
+                       .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
+}
+
 /* Whether an operand of op (used at all) has a request in flight on its slot:
  * the hot path's filter (one scan), before the shared rule decides. */
 static bool touches_request(vb *V, int p, const cpc_op *op)
@@ -687,13 +881,44 @@ static bool touches_request(vb *V, int p, const cpc_op *op)
 static cpc_status *check_operands(vb *V, int p, const xop *x)
 {
     bwd_dom dd = {V, p};
-    const vc_domain dom = {.self = &dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on, .send_on = dom_send_on,
-                           .writer = dom_writer};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
     char m[640];
     if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
-        vc_contents(&dom, x->op, 1, m, sizeof m) || (x->op->kind == CPC_OP_MERGE && vc_merge(&dom, x->op, m, sizeof m)))
+        vc_contents(&dom, x->op, 1, m, sizeof m))
         return vfail(p, x, "%s", m);
     return NULL;
+}
+
+/* The ops the backward prover runs through the shared step (vc_step): init_acc of a forward
+ * accumulator pair, attn and merge (attention recomputed here), swap. */
+static bool by_step(const vb *V, const cpc_op *op)
+{
+    return op->kind == CPC_OP_ATTN || op->kind == CPC_OP_MERGE || op->kind == CPC_OP_SWAP ||
+           (op->kind == CPC_OP_INIT_ACC && op->n_out == 2 && !op->block && !is_grad(role(V, op->out[0])));
+}
+
+static cpc_status *step(vb *V, int p, const xop *x)
+{
+    bwd_dom dd = {V, p};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
+    char m[640];
+    if (x->op->kind == CPC_OP_MERGE) {
+        const slot *a = S(V, p, x->op->in[0]), *acc = S(V, p, x->op->out[0]), *accl = S(V, p, x->op->out[1]);
+        if (!a->fwd || !acc->fwd || !accl->fwd) /* not the saved forward output (the class) */
+            return vfail(p, x, "merges '%s' into '%s': both must be attention results made here", bn(V, x->op->in[0]),
+                         bn(V, x->op->out[0]));
+    }
+    if (x->op->kind == CPC_OP_SWAP) {
+        const cpc_buffer *A = BF(V, x->op->in[0]), *B = BF(V, x->op->in[1]);
+        if (A == B || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) /* even unwritten */
+            return vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
+    }
+    vc_tri t = vc_step(&dom, x->op, m, sizeof m);
+    if (t == VC_YES)
+        return NULL;
+    return t == VC_OOM ? cs_err(V) : vfail(p, x, "%s", m);
 }
 
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
@@ -942,6 +1167,7 @@ static int do_wait(vb *V, int p, const xop *x)
             sl->tag = q->snap.tag;
             sl->written = true;
             sl->fwd = false;
+            sl->fresh = 0;
             sl->src = q->snap.src;
             if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
                 V->err = cs_err(V);
@@ -965,7 +1191,6 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
-        bool keep_fwd = false; /* its outputs are recomputed attention results */
         /* the op table's rules, for every op: the kinds a backward program
          * may use, lifetimes of in-flight buffers, then the content each
          * operand must hold */
@@ -973,6 +1198,12 @@ static int advance(vb *V, int p)
         if (!info || !(info->flags & CPC_OPF_BWD)) {
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
+        }
+        if (by_step(V, op)) {
+            if ((V->err = step(V, p, x)))
+                return -1;
+            V->pc[p]++;
+            continue;
         }
         if ((V->err = check_operands(V, p, x)))
             return -1;
@@ -1064,23 +1295,6 @@ static int advance(vb *V, int p)
             break;
         }
         case CPC_OP_INIT_ACC:
-            if (op->n_out == 2 && role(V, op->out[0]) == CPC_ROLE_ACC && role(V, op->out[1]) == CPC_ROLE_LSE &&
-                !op->block) {
-                /* a forward accumulator pair, for attention recomputed here */
-                int32_t stamp = ++V->stamps;
-                for (int i = 0; i < 2; i++) {
-                    slot *sl = S(V, p, op->out[i]);
-                    cs_clear(&sl->cnt);
-                    sl->written = true;
-                    sl->fwd = true;
-                    sl->final = 0;
-                    sl->src = i == 0 ? CPC_CONTENT_OUT : CPC_CONTENT_LSE;
-                    sl->stamp = stamp;
-                    sl->merged = 0;
-                }
-                keep_fwd = true;
-                break;
-            }
             for (int i = 0; i < op->n_out; i++) {
                 int b = op->out[i];
                 if (!is_grad(role(V, b))) {
@@ -1235,98 +1449,18 @@ static int advance(vb *V, int p)
             dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
             break;
         }
-        case CPC_OP_ATTN: {
-            /* attention recomputed in the backward program: the forward's rules on this domain's
-             * values (K and V one block, GQA heads), the pairs met kept as runs */
-            int qi = op->in[0], ki = op->in[1], vi = op->in[2];
-            slot *q = S(V, p, qi), *k = S(V, p, ki), *v = S(V, p, vi);
-            cpc_buf_tokens qt = BF(V, qi)->tokens;
-            if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
-                !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
-                V->err = vfail(p, x, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
-                                     "(ulysses_degree 1) or a ring block, and no cross-attention (the backward "
-                                     "prover's class)");
-                return -1;
-            }
-            if (!same_layout(V, ki, vi) || k->tag != v->tag) {
-                V->err = vfail(p, x, "k '%s' (block %d) and v '%s' (block %d) do not hold the same block", bn(V, ki),
-                               k->tag, bn(V, vi), v->tag);
-                return -1;
-            }
-            int lo, hi, ko, kn;
-            held_heads(V, qi, u, &lo, &hi);
-            cpc_buffer_heads(prog, ki, u, &ko, &kn);
-            int g = prog->layout.group, qo = V->nh > 1 ? lo : 0, qn = V->nh > 1 ? hi - lo : 0;
-            if (qn > 0 && (qo / g < ko || (qo + qn - 1) / g >= ko + kn)) {
-                V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
-                               qo + qn, ko, ko + kn);
-                return -1;
-            }
-            for (int i = 0; i < 2; i++)
-                if (!same_layout(V, op->out[i], qi) || role(V, op->out[i]) != (i ? CPC_ROLE_LSE : CPC_ROLE_ACC)) {
-                    V->err = vfail(p, x, "'%s' must be an %s buffer of q's layout", bn(V, op->out[i]),
-                                   i ? "lse" : "acc");
-                    return -1;
-                }
-            int32_t stamp = ++V->stamps;
-            for (int i = 0; i < 2; i++) {
-                slot *o = S(V, p, op->out[i]);
-                cs_clear(&o->cnt);
-                if (!cs_add_run(V, &o->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0})) {
-                    V->err = cs_err(V);
-                    return -1;
-                }
-                o->written = true;
-                o->fwd = true;
-                o->final = 0;
-                o->tag = q->tag;
-                o->stamp = stamp;
-                o->merged = 0;
-            }
-            keep_fwd = true;
-            break;
-        }
-        case CPC_OP_MERGE: {
-            /* provenance: vc_merge (check_operands); then the accumulator's rows and the pairs */
-            slot *a = S(V, p, op->in[0]), *al = S(V, p, op->in[1]);
-            slot *acc = S(V, p, op->out[0]), *accl = S(V, p, op->out[1]);
-            if (!a->fwd || !acc->fwd || !accl->fwd || a->tag != acc->tag || !same_layout(V, op->in[0], op->out[0])) {
-                V->err = vfail(p, x, "merges '%s' into '%s': both must be attention results made here, of the same "
-                                     "rows and layout", bn(V, op->in[0]), bn(V, op->out[0]));
-                return -1;
-            }
-            if (!cs_add_set(V, &acc->cnt, &a->cnt, 0, V->nh) || !cs_copy(V, &accl->cnt, &acc->cnt)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-            a->merged = al->merged = 1;
-            acc->final = accl->final = 0;
-            keep_fwd = true;
-            break;
-        }
-        case CPC_OP_SWAP: {
-            int a = op->in[0], b = op->in[1];
-            const cpc_buffer *A = &prog->buffers[a], *B = &prog->buffers[b];
-            if (a == b || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) {
-                V->err = vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
-                return -1;
-            }
-            int t = V->map[p * V->nb + a];
-            V->map[p * V->nb + a] = V->map[p * V->nb + b];
-            V->map[p * V->nb + b] = t;
-            break;
-        }
         default:
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
         /* the table's output content (NONE: carried, set above); what an op other than
-         * attn, merge or a forward init_acc writes is no recomputed attention result */
+         * the step's writes is no recomputed attention result */
         for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++) {
+            slot *o = S(V, p, op->out[i]);
             if (info->out_content[i] != CPC_CONTENT_NONE)
-                S(V, p, op->out[i])->src = (cpc_content)info->out_content[i];
-            if (!keep_fwd)
-                S(V, p, op->out[i])->fwd = false;
+                o->src = (cpc_content)info->out_content[i];
+            o->fwd = false;
+            o->fresh = 0;
         }
         V->pc[p]++;
     }
@@ -1625,6 +1759,9 @@ static cpc_status *prove(vb *V)
             sl->written = B->io == CPC_IO_INPUT;
             sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
             sl->grad = is_grad(B->role);
+            sl->role = (int8_t)B->role;
+            sl->tk = (int8_t)B->tokens;
+            sl->hd = (int8_t)B->heads;
             if (B->tokens == CPC_TOK_KV && !L->cross) {
                 st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
@@ -1769,6 +1906,8 @@ static void vb_free(vb *V)
     if (V->ro)
         for (int p = 0; p < V->nsim; p++)
             free(V->ro[p].v);
+    for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+        cs_free(&V->tmpv[j].cnt);
     free(V->rr);
     free(V->ro);
     free(V->slots);

@@ -293,7 +293,12 @@ static vc_tri fits(const vc_domain *d, int b, const vc_val *v, char *msg, size_t
     const cpc_buffer *B = &d->prog->buffers[b];
     if (!v->written)
         return VC_YES;
-    if (src_of_role(B->role) != v->src)
+    /* forward contents by src_of_role; the backward ones (dout, delta, gradients) by the op table's role
+     * content, the delta op's output in an lse-role buffer */
+    bool holds = v->src <= SRC_LSE ? src_of_role(B->role) == v->src
+                                   : cpc_content_of_role(B->role) == (cpc_content)v->src ||
+                                         (B->role == CPC_ROLE_LSE && v->src == CPC_CONTENT_DELTA);
+    if (!holds)
         return FAULT("buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
                      src_names_of(v->src));
     return d->fits(SELF, b, v, msg, n);
