@@ -480,6 +480,7 @@ static cpc_status *run_a2a(vb *V, int r)
         so->fwd = false;
         so->tag = s2h ? r : p;
         so->src = S(V, p, in)->src;
+        so->final = 1; /* not recomputed here (refused above): the forward's, complete */
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
             cs_free(&tmp);
             return cs_err(V);
@@ -557,6 +558,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
             so->fwd = false;
             so->tag = ag ? CPC_TAG_NONE : r;
             so->src = S(V, r * U + u, in)->src;
+            so->final = 1; /* not recomputed here (refused above): the forward's, complete */
             if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[r]))
                 oom = true;
         }
@@ -661,6 +663,8 @@ static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 
 static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, false, out); }
 static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
+
+static bool rotated(const vb *V, cpc_group g);
 
 /* The step's geometry over this domain's values: rows are the content tag (a ring block, or
  * a shard), heads the buffer's layout on this member, keys met the (query block, key unit,
@@ -838,6 +842,74 @@ static vc_tri dom_merge_keys(void *self, vc_val *acc, const vc_val *a, char *why
     return cs_add_set(DV(self), &A->cnt, &B->cnt, 0, DV(self)->nh) ? VC_YES : VC_OOM;
 }
 
+/* copy: a gradient's head part keeps its own heads' pairs (placed into every head: the others
+ * stay empty); only a gradient's head part widens; a recomputed result stays where it was made. */
+static vc_tri dom_select_heads(void *self, vc_val *v, int b, int from, char *why, size_t n)
+{
+    vb *V = DV(self);
+    slot *s = SL(v);
+    const cpc_buffer *B = BF(V, b), *F = BF(V, from);
+    if (s->fwd) {
+        snprintf(why, n, "copies '%s', an attention result recomputed here: it stays where it was made (the backward "
+                         "prover's class)", F->name);
+        return VC_NO;
+    }
+    if (F->heads == CPC_HEADS_PART && B->heads == CPC_HEADS_ALL && !is_grad(F->role) && F->role == B->role) {
+        snprintf(why, n, "'%s' -> '%s': only a gradient's head part is placed into every head", F->name, B->name);
+        return VC_NO;
+    }
+    if (is_grad(F->role) && is_grad(B->role)) {
+        int u = DP(self) % V->U, la, ha, lb, hb;
+        held_heads(V, from, u, &la, &ha);
+        held_heads(V, b, u, &lb, &hb);
+        cset c = {0};
+        if (!cs_add_set(V, &c, &s->cnt, la > lb ? la : lb, ha < hb ? ha : hb)) {
+            cs_free(&c);
+            return VC_OOM;
+        }
+        cs_free(&s->cnt);
+        s->cnt = c;
+    }
+    s->hd = (int8_t)B->heads;
+    return VC_YES;
+}
+
+/* Sending: what is not a recomputed result was proved complete where it was made (the saved
+ * forward's out and LSE: by the forward proof); a recomputed result stays on its rank. */
+static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
+{
+    (void)self, (void)name;
+    if (!((const slot *)v)->fwd)
+        return VC_YES;
+    snprintf(why, n, "is an attention result recomputed here: it stays on its rank (the backward prover's class)");
+    return VC_NO;
+}
+
+/* A matched send and recv (one buffer each), as the step's `rq`. */
+typedef struct pair {
+    const req *s, *r;
+} pair;
+
+static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, size_t n)
+{
+    const req *r = ((const pair *)rq)->r;
+    if (BF(DV(self), r->buf)->tokens != CPC_TOK_BLOCK || !r->x->op->block || SL(v)->tag == (int)r->x->block)
+        return VC_YES;
+    snprintf(words, n, "block %lld", (long long)r->x->block);
+    return VC_NO;
+}
+
+static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
+{
+    const pair *m = rq;
+    if (rotated(DV(self), m->r->group))
+        snprintf(who, nw, "ring member r%+d", diff_mod(m->r->peer, 0, DV(self)->R));
+    else
+        snprintf(who, nw, "rank %d", m->s->p);
+    snprintf(op, no, "%s, %s group, tag %d", cpc_op_kind_name(m->s->x->op->kind), cpc_group_name(m->s->group),
+             m->s->tag);
+}
+
 /* Rank p's domain for the shared rules and the step (what the backward prover runs through
  * vc_step: the lifetime rule, init_acc of a forward accumulator pair, attn, merge, swap).  The
  * step's coverage, copy of attention results, messages and collectives are not reached here:
@@ -850,7 +922,8 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom)
                        .shape = dom_shape, .tok_is = dom_tok_is, .heads_are = dom_heads_are,
                        .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
                        .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
-                       .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
+                       .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
+                       .sender = dom_sender, .p2p_attn = true, .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
 }
 
 /* Whether an operand of op (used at all) has a request in flight on its slot:
@@ -891,10 +964,12 @@ static cpc_status *check_operands(vb *V, int p, const xop *x)
 }
 
 /* The ops the backward prover runs through the shared step (vc_step): init_acc of a forward
- * accumulator pair, attn and merge (attention recomputed here), swap. */
+ * accumulator pair, attn and merge (attention recomputed here), copy, swap, and send/recv's
+ * checks before posting (the posting and matching are this domain's; a match runs vc_arrive). */
 static bool by_step(const vb *V, const cpc_op *op)
 {
-    return op->kind == CPC_OP_ATTN || op->kind == CPC_OP_MERGE || op->kind == CPC_OP_SWAP ||
+    return op->kind == CPC_OP_ATTN || op->kind == CPC_OP_MERGE || op->kind == CPC_OP_SWAP || op->kind == CPC_OP_COPY ||
+           op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV ||
            (op->kind == CPC_OP_INIT_ACC && op->n_out == 2 && !op->block && !is_grad(role(V, op->out[0])));
 }
 
@@ -1058,23 +1133,15 @@ static cpc_status *match(vb *V, req *s, req *r, int64_t e)
         r->snap.tag = rotate_tag(V, V->prog->buffers[s->buf].tokens, r->snap.tag, e);
         cs_rotate(V, &r->snap.cnt, e);
     }
-    if (s->role != r->role)
-        return vfail(r->p, r->x,
-                     "'%s' (role %s) is matched on (%s group, tag %d) with %s send of '%s' (role %s): "
-                     "messages match by (group, peer, tag) in posting order",
-                     bn(V, r->buf), cpc_buf_role_name(r->role), cpc_group_name(r->group), r->tag,
-                     V->sym ? "its peer's" : "a", bn(V, s->buf), cpc_buf_role_name(s->role));
-    const cpc_buffer *bs = &V->prog->buffers[s->buf], *br = &V->prog->buffers[r->buf];
-    if (bs->tokens != br->tokens || bs->heads != br->heads)
-        return vfail(r->p, r->x,
-                     "'%s' (%s/%s) receives '%s' (%s/%s): a message lands only in a buffer of the layout "
-                     "it was sent from (its size would differ)",
-                     br->name, cpc_buf_tokens_name(br->tokens), cpc_buf_heads_name(br->heads), bs->name,
-                     cpc_buf_tokens_name(bs->tokens), cpc_buf_heads_name(bs->heads));
-    if (V->prog->buffers[r->buf].tokens == CPC_TOK_BLOCK && r->x->op->block && r->snap.tag != (int)r->x->block)
-        return vfail(r->p, r->x, "declares block %lld for '%s' but its peer sends block %d", (long long)r->x->block,
-                     bn(V, r->buf), r->snap.tag);
-    return NULL;
+    /* the shared rule for a matched message (one buffer: requests are posted per buffer) */
+    bwd_dom dd = {V, r->p};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
+    pair m = {s, r};
+    vc_val *snap = &r->snap.h;
+    char msg[640];
+    vc_tri t = vc_arrive(&dom, 1, &s->buf, 1, &r->buf, &snap, &m, msg, sizeof msg);
+    return t == VC_YES ? NULL : t == VC_OOM ? cs_err(V) : vfail(r->p, r->x, "%s", msg);
 }
 
 static cpc_status *post_send(vb *V, int p, const xop *x)
@@ -1084,12 +1151,7 @@ static cpc_status *post_send(vb *V, int p, const xop *x)
     /* the receiver; rotated: the offset to it */
     int dst = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
     for (int i = 0; i < op->n_in; i++) {
-        slot *sl = S(V, p, op->in[i]);
-        if (!sl->written)
-            return vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
-        if (sl->fwd)
-            return vfail(p, x, "sends '%s', an attention result recomputed here: it stays on its rank (the "
-                               "backward prover's class)", bn(V, op->in[i]));
+        slot *sl = S(V, p, op->in[i]); /* read and kept on its rank: the step */
         req *q = calloc(1, sizeof *q);
         if (!q)
             return cs_err(V);
@@ -1164,11 +1226,11 @@ static int do_wait(vb *V, int p, const xop *x)
         }
         if (!q->send) {
             slot *sl = &V->slots[q->slot];
+            sl->h = q->snap.h; /* what arrived: content, provenance, proved complete */
             sl->tag = q->snap.tag;
             sl->written = true;
             sl->fwd = false;
             sl->fresh = 0;
-            sl->src = q->snap.src;
             if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
                 V->err = cs_err(V);
                 return -1;
@@ -1202,10 +1264,11 @@ static int advance(vb *V, int p)
         if (by_step(V, op)) {
             if ((V->err = step(V, p, x)))
                 return -1;
-            V->pc[p]++;
-            continue;
-        }
-        if ((V->err = check_operands(V, p, x)))
+            if (info->match != CPC_MATCH_SEND && info->match != CPC_MATCH_RECV) {
+                V->pc[p]++;
+                continue;
+            } /* posted below */
+        } else if ((V->err = check_operands(V, p, x)))
             return -1;
         /* communication, by the table's matching rule and lifetime */
         switch (info->match) {
@@ -1238,43 +1301,6 @@ static int advance(vb *V, int p)
             break;
         }
         switch (op->kind) {
-        case CPC_OP_COPY:
-            for (int i = 0; i < op->n_in; i++) {
-                int a = op->in[i], b = op->out[i];
-                slot *si = S(V, p, a), *so = S(V, p, b);
-                if (op->n_in != op->n_out || role(V, a) != role(V, b) || BF(V, a)->tokens != BF(V, b)->tokens) {
-                    V->err = vfail(p, x, "copies '%s' into '%s' of another role or token layout", bn(V, a), bn(V, b));
-                    return -1;
-                }
-                if (!si->written || si->fwd) {
-                    V->err = vfail(p, x, si->written ? "copies '%s', an attention result recomputed here: it stays "
-                                                       "where it was made (the backward prover's class)"
-                                                     : "copies '%s' before it is written",
-                                   bn(V, a));
-                    return -1;
-                }
-                bool widen = BF(V, a)->heads == CPC_HEADS_PART && BF(V, b)->heads == CPC_HEADS_ALL;
-                if (widen && !is_grad(role(V, a))) {
-                    V->err = vfail(p, x, "'%s' -> '%s': only a gradient's head part is placed into every head",
-                                   bn(V, a), bn(V, b));
-                    return -1;
-                }
-                so->written = true;
-                so->tag = out_tag(V, p, x, i, S(V, p, op->in[0])->tag, si->tag, so->tag);
-                so->src = si->src;
-                if (si->grad && so->grad && si != so) {
-                    /* a head part keeps its own heads' pairs, nothing elsewhere */
-                    int la, ha, lb, hb;
-                    held_heads(V, a, u, &la, &ha);
-                    held_heads(V, b, u, &lb, &hb);
-                    cs_clear(&so->cnt);
-                    if (!cs_add_set(V, &so->cnt, &si->cnt, la > lb ? la : lb, ha < hb ? ha : hb)) {
-                        V->err = cs_err(V);
-                        return -1;
-                    }
-                }
-            }
-            break;
         case CPC_OP_DELTA: {
             if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
                 role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
@@ -1758,6 +1784,7 @@ static cpc_status *prove(vb *V)
             sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
             sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
+            sl->final = sl->written; /* the saved out and LSE: complete (the forward's proof) */
             sl->grad = is_grad(B->role);
             sl->role = (int8_t)B->role;
             sl->tk = (int8_t)B->tokens;
