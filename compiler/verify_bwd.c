@@ -641,6 +641,7 @@ static bool same_layout(const vb *V, int a, int b)
 typedef struct bwd_dom {
     vb *V;
     int p;
+    const xop *x; /* the op instance the step runs (NULL: a match) */
 } bwd_dom;
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
@@ -665,6 +666,7 @@ static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self
 static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
 
 static bool rotated(const vb *V, cpc_group g);
+static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b);
 
 /* The step's geometry over this domain's values: rows are the content tag (a ring block, or
  * a shard), heads the buffer's layout on this member, keys met the (query block, key unit,
@@ -910,6 +912,210 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
              m->s->tag);
 }
 
+/* The backward ops' gradient geometry (the step's grad_op, after the lifetime and content rules):
+ * delta, init_acc of gradients, add, attn_bwd; a fault is reported here (V->err). */
+static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
+{
+    (void)why, (void)n;
+    bwd_dom *dd = self;
+    vb *V = dd->V;
+    const int p = dd->p, u = p % V->U;
+    const xop *x = dd->x;
+    const cpc_program *prog = V->prog;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (info->match != CPC_MATCH_NONE)
+        return VC_YES; /* this domain's: matching, completion, rendezvous */
+    switch (op->kind) {
+    case CPC_OP_DELTA: {
+        if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
+            role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
+            V->err = vfail(p, x, "operands must be (do, o) -> lse-role delta");
+            return VC_NO;
+        }
+        if ((V->err = recomputed_complete(V, p, x, op->in[1])))
+            return VC_NO;
+        slot *a = S(V, p, op->in[0]), *o = S(V, p, op->in[1]), *d = S(V, p, op->out[0]);
+        if (!a->written || !o->written || a->tag != o->tag || !same_layout(V, op->in[0], op->in[1]) ||
+            !same_layout(V, op->in[0], op->out[0])) {
+            V->err = vfail(p, x, "dout '%s', out '%s' and delta '%s' must be written and hold the same rows "
+                           "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
+            return VC_NO;
+        }
+        d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
+        d->written = true;
+        break;
+    }
+    case CPC_OP_INIT_ACC:
+        for (int i = 0; i < op->n_out; i++) {
+            int b = op->out[i];
+            if (!is_grad(role(V, b))) {
+                V->err = vfail(p, x, "'%s' (role %s): a backward program initialises only dq/dk/dv",
+                               bn(V, b), cpc_buf_role_name(role(V, b)));
+                return VC_NO;
+            }
+            slot *sl = S(V, p, b);
+            cs_clear(&sl->cnt);
+            sl->written = true;
+            sl->src = CPC_CONTENT_GRAD;
+            if (op->block) {
+                /* made the accumulator of ring block `block` */
+                if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
+                    V->err = vfail(p, x, "init_acc block=%lld of '%s': a ring block's accumulator (BLOCK, "
+                                         "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
+                    return VC_NO;
+                }
+                sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
+            }
+        }
+        break;
+    case CPC_OP_ADD: {
+        int a = op->in[0], b = op->out[0];
+        slot *sa = S(V, p, a), *sb = S(V, p, b);
+        if (op->n_in != 1 || op->n_out != 1 || !is_grad(role(V, a)) || role(V, a) != role(V, b) ||
+            !same_layout(V, a, b)) {
+            V->err = vfail(p, x, "add: '%s' and '%s' must be gradients of one role and layout", bn(V, a), bn(V, b));
+            return VC_NO;
+        }
+        if (!sa->written || !sb->written) {
+            V->err = vfail(p, x, "adds '%s' into '%s' before both hold a value", bn(V, a), bn(V, b));
+            return VC_NO;
+        }
+        if (sa->tag != sb->tag) {
+            V->err = vfail(p, x, "adds the gradient of block %d ('%s') to that of block %d ('%s')", sa->tag,
+                           bn(V, a), sb->tag, bn(V, b));
+            return VC_NO;
+        }
+        if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
+            V->err = cs_err(V);
+            return VC_NO;
+        }
+        break;
+    }
+    case CPC_OP_ATTN_BWD: {
+        static const cpc_buf_role want_in[6] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_DO, CPC_ROLE_LSE,
+                                                CPC_ROLE_LSE};
+        static const cpc_buf_role want_out[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
+        if (op->n_in != 6 || op->n_out != 3) {
+            V->err = vfail(p, x, "needs 6 inputs and 3 outputs");
+            return VC_NO;
+        }
+        for (int i = 0; i < 6; i++)
+            if (role(V, op->in[i]) != want_in[i]) {
+                V->err = vfail(p, x, "input %d '%s' has role %s, %s expected", i + 1, bn(V, op->in[i]),
+                               cpc_buf_role_name(role(V, op->in[i])), cpc_buf_role_name(want_in[i]));
+                return VC_NO;
+            }
+        for (int i = 0; i < 3; i++)
+            if (role(V, op->out[i]) != want_out[i]) {
+                V->err = vfail(p, x, "output %d '%s' has role %s, %s expected", i + 1, bn(V, op->out[i]),
+                               cpc_buf_role_name(role(V, op->out[i])), cpc_buf_role_name(want_out[i]));
+                return VC_NO;
+            }
+        for (int i = 0; i < 6; i++)
+            if (!S(V, p, op->in[i])->written) {
+                V->err = vfail(p, x, "reads '%s' before it is written%s", bn(V, op->in[i]),
+                               i == 5 ? " (no delta op computed it)" : "");
+                return VC_NO;
+            }
+        for (int i = 0; i < 3; i++)
+            if (!S(V, p, op->out[i])->written) {
+                V->err = vfail(p, x, "adds to '%s' before init_acc (or a recv) gave it a value",
+                               bn(V, op->out[i]));
+                return VC_NO;
+            }
+        if ((V->err = recomputed_complete(V, p, x, op->in[4])))
+            return VC_NO;
+        slot *q = S(V, p, op->in[0]), *k = S(V, p, op->in[1]), *v = S(V, p, op->in[2]);
+        slot *dk = S(V, p, op->out[1]), *dv = S(V, p, op->out[2]), *dq = S(V, p, op->out[0]);
+        /* Query side: q, dout, lse, delta, dq in one layout and rows; K side:
+         * k, v, dk, dv in one layout (heads: this member's part or all). */
+        int qside[5] = {op->in[3], op->in[4], op->in[5], op->out[0], op->in[0]};
+        for (int i = 0; i < 4; i++)
+            if (!same_layout(V, qside[i], op->in[0]) ||
+                (i < 3 && S(V, p, qside[i])->tag != q->tag)) {
+                V->err = vfail(p, x, "'%s' (%s/%s, rows %d) does not match q '%s' (%s/%s, rows %d)",
+                               bn(V, qside[i]), cpc_buf_tokens_name(BF(V, qside[i])->tokens),
+                               cpc_buf_heads_name(BF(V, qside[i])->heads), S(V, p, qside[i])->tag,
+                               bn(V, op->in[0]), cpc_buf_tokens_name(BF(V, op->in[0])->tokens),
+                               cpc_buf_heads_name(BF(V, op->in[0])->heads), q->tag);
+                return VC_NO;
+            }
+        int kside[3] = {op->in[2], op->out[1], op->out[2]};
+        for (int i = 0; i < 3; i++)
+            if (!same_layout(V, kside[i], op->in[1]) || BF(V, op->in[1])->heads != BF(V, op->in[0])->heads) {
+                V->err = vfail(p, x, "'%s' does not have the layout of k '%s' (and of the query side's heads)",
+                               bn(V, kside[i]), bn(V, op->in[1]));
+                return VC_NO;
+            }
+        bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
+        bool kkv = BF(V, op->in[1])->tokens == CPC_TOK_KV;
+        if (kkv) {
+            /* cross-attention: all of K/V, one key unit */
+        } else if (kall) {
+            /* gathered K/V: the op's `block` is what it reads, and dK/dV
+             * (gathered too, same layout) get that slice */
+            if (!op->block || x->block < 0 || x->block >= V->R) {
+                V->err = vfail(p, x, "attn_bwd on gathered K/V needs a block in 0..%d", V->R - 1);
+                return VC_NO;
+            }
+        } else if (k->tag != v->tag || k->tag != dk->tag || k->tag != dv->tag) {
+            V->err = vfail(p, x,
+                           "reads K/V blocks %d/%d but adds to dK/dV accumulators of blocks %d/%d: a K/V "
+                           "block's gradient must come from that block (diffusers #14265: a ring backward "
+                           "that reuses one step's K/V)",
+                           k->tag, v->tag, dk->tag, dv->tag);
+            return VC_NO;
+        }
+        cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
+        int kb = kkv ? 0 : kall ? (int)x->block : k->tag;
+        if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) || (kkv != (V->NK == 1 && V->prog->layout.cross)) ||
+            (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
+            (qt == CPC_TOK_SHARD && V->U != 1)) {
+            V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
+                                 "or gathered (the class this prover handles)");
+            return VC_NO;
+        }
+        /* Query rows as a ring block: with U == 1 shard p is block p. */
+        int qb = q->tag;
+        if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->R) {
+            V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
+            return VC_NO;
+        }
+        int qo = 0, qn = 1;
+        if (V->nh > 1)
+            cpc_buffer_heads(prog, op->in[0], u, &qo, &qn);
+        int ko, kn;
+        cpc_buffer_heads(prog, op->in[1], u, &ko, &kn);
+        if (V->nh > 1 && qn > 0 &&
+            (qo / prog->layout.group < ko || (qo + qn - 1) / prog->layout.group >= ko + kn)) {
+            V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
+                           qo + qn, ko, ko + kn);
+            return VC_NO;
+        }
+        run one = {qb, kb, 1, qo, qn, 0, 0};
+        if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
+            V->err = cs_err(V);
+            return VC_NO;
+        }
+        dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
+        break;
+    }
+    default:
+        V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
+        return VC_NO;
+    }
+    /* the table's output content (NONE: carried, set above); what an op other than
+     * the step's writes is no recomputed attention result */
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++) {
+        slot *o = S(V, p, op->out[i]);
+        if (info->out_content[i] != CPC_CONTENT_NONE)
+            o->src = (cpc_content)info->out_content[i];
+        o->fwd = false;
+        o->fresh = 0;
+    }
+    return VC_YES;
+}
+
 /* Rank p's domain for the shared rules and the step (what the backward prover runs through
  * vc_step: the lifetime rule, init_acc of a forward accumulator pair, attn, merge, swap).  The
  * step's coverage, copy of attention results, messages and collectives are not reached here:
@@ -923,59 +1129,15 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom)
                        .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
                        .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
                        .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
-                       .sender = dom_sender, .p2p_attn = true, .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
+                       .sender = dom_sender, .grad_op = dom_grad_op, .p2p_attn = true, .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
 }
 
-/* Whether an operand of op (used at all) has a request in flight on its slot:
- * the hot path's filter (one scan), before the shared rule decides. */
-static bool touches_request(vb *V, int p, const cpc_op *op)
-{
-    const rank_reqs *rq = &V->rr[p];
-    const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (!info || rq->n == 0)
-        return false;
-    for (int side = 0; side < 2; side++) {
-        cpc_access acc = side ? info->out_access : info->in_access;
-        int n = side ? op->n_out : op->n_in;
-        const int *bufs = side ? op->out : op->in;
-        for (int i = 0; acc != CPC_ACCESS_NONE && i < n; i++) {
-            int sl = V->map[p * V->nb + bufs[i]];
-            for (int j = 0; j < rq->n; j++)
-                if (rq->v[j]->slot == sl)
-                    return true;
-        }
-    }
-    return false;
-}
-
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
- * operand, then its content rule (in[i] holds in_content[i], by provenance:
- * the delta op's output is not the saved LSE).  Returns the failure or NULL. */
-static cpc_status *check_operands(vb *V, int p, const xop *x)
-{
-    bwd_dom dd = {V, p};
-    vc_domain dom;
-    bwd_domain(&dd, &dom);
-    char m[640];
-    if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
-        vc_contents(&dom, x->op, 1, m, sizeof m))
-        return vfail(p, x, "%s", m);
-    return NULL;
-}
-
-/* The ops the backward prover runs through the shared step (vc_step): init_acc of a forward
- * accumulator pair, attn and merge (attention recomputed here), copy, swap, and send/recv's
- * checks before posting (the posting and matching are this domain's; a match runs vc_arrive). */
-static bool by_step(const vb *V, const cpc_op *op)
-{
-    return op->kind == CPC_OP_ATTN || op->kind == CPC_OP_MERGE || op->kind == CPC_OP_SWAP || op->kind == CPC_OP_COPY ||
-           op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV ||
-           (op->kind == CPC_OP_INIT_ACC && op->n_out == 2 && !op->block && !is_grad(role(V, op->out[0])));
-}
-
+/* One op through the shared step on rank p's domain (every op of a backward program: the
+ * lifetime and content rules, then its meaning; posting, matching and rendezvous follow in
+ * advance). */
 static cpc_status *step(vb *V, int p, const xop *x)
 {
-    bwd_dom dd = {V, p};
+    bwd_dom dd = {V, p, x};
     vc_domain dom;
     bwd_domain(&dd, &dom);
     char m[640];
@@ -990,10 +1152,12 @@ static cpc_status *step(vb *V, int p, const xop *x)
         if (A == B || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) /* even unwritten */
             return vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
     }
+    m[0] = 0;
+    V->err = NULL;
     vc_tri t = vc_step(&dom, x->op, m, sizeof m);
     if (t == VC_YES)
         return NULL;
-    return t == VC_OOM ? cs_err(V) : vfail(p, x, "%s", m);
+    return t == VC_OOM ? cs_err(V) : !m[0] && V->err ? V->err : vfail(p, x, "%s", m);
 }
 
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
@@ -1134,7 +1298,7 @@ static cpc_status *match(vb *V, req *s, req *r, int64_t e)
         cs_rotate(V, &r->snap.cnt, e);
     }
     /* the shared rule for a matched message (one buffer: requests are posted per buffer) */
-    bwd_dom dd = {V, r->p};
+    bwd_dom dd = {V, r->p, NULL};
     vc_domain dom;
     bwd_domain(&dd, &dom);
     pair m = {s, r};
@@ -1247,9 +1411,7 @@ static int do_wait(vb *V, int p, const xop *x)
  * ends (1) or fails (-1). */
 static int advance(vb *V, int p)
 {
-    const cpc_program *prog = V->prog;
     rank_ops *ro = &V->ro[p];
-    const int u = p % V->U;
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
@@ -1261,14 +1423,7 @@ static int advance(vb *V, int p)
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
-        if (by_step(V, op)) {
-            if ((V->err = step(V, p, x)))
-                return -1;
-            if (info->match != CPC_MATCH_SEND && info->match != CPC_MATCH_RECV) {
-                V->pc[p]++;
-                continue;
-            } /* posted below */
-        } else if ((V->err = check_operands(V, p, x)))
+        if ((V->err = step(V, p, x)))
             return -1;
         /* communication, by the table's matching rule and lifetime */
         switch (info->match) {
@@ -1300,195 +1455,7 @@ static int advance(vb *V, int p)
         default:
             break;
         }
-        switch (op->kind) {
-        case CPC_OP_DELTA: {
-            if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
-                role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
-                V->err = vfail(p, x, "operands must be (do, o) -> lse-role delta");
-                return -1;
-            }
-            if ((V->err = recomputed_complete(V, p, x, op->in[1])))
-                return -1;
-            slot *a = S(V, p, op->in[0]), *o = S(V, p, op->in[1]), *d = S(V, p, op->out[0]);
-            if (!a->written || !o->written || a->tag != o->tag || !same_layout(V, op->in[0], op->in[1]) ||
-                !same_layout(V, op->in[0], op->out[0])) {
-                V->err = vfail(p, x, "dout '%s', out '%s' and delta '%s' must be written and hold the same rows "
-                               "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
-                return -1;
-            }
-            d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
-            d->written = true;
-            break;
-        }
-        case CPC_OP_INIT_ACC:
-            for (int i = 0; i < op->n_out; i++) {
-                int b = op->out[i];
-                if (!is_grad(role(V, b))) {
-                    V->err = vfail(p, x, "'%s' (role %s): a backward program initialises only dq/dk/dv",
-                                   bn(V, b), cpc_buf_role_name(role(V, b)));
-                    return -1;
-                }
-                slot *sl = S(V, p, b);
-                cs_clear(&sl->cnt);
-                sl->written = true;
-                sl->src = CPC_CONTENT_GRAD;
-                if (op->block) {
-                    /* made the accumulator of ring block `block` */
-                    if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
-                        V->err = vfail(p, x, "init_acc block=%lld of '%s': a ring block's accumulator (BLOCK, "
-                                             "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
-                        return -1;
-                    }
-                    sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
-                }
-            }
-            break;
-        case CPC_OP_ADD: {
-            int a = op->in[0], b = op->out[0];
-            slot *sa = S(V, p, a), *sb = S(V, p, b);
-            if (op->n_in != 1 || op->n_out != 1 || !is_grad(role(V, a)) || role(V, a) != role(V, b) ||
-                !same_layout(V, a, b)) {
-                V->err = vfail(p, x, "add: '%s' and '%s' must be gradients of one role and layout", bn(V, a), bn(V, b));
-                return -1;
-            }
-            if (!sa->written || !sb->written) {
-                V->err = vfail(p, x, "adds '%s' into '%s' before both hold a value", bn(V, a), bn(V, b));
-                return -1;
-            }
-            if (sa->tag != sb->tag) {
-                V->err = vfail(p, x, "adds the gradient of block %d ('%s') to that of block %d ('%s')", sa->tag,
-                               bn(V, a), sb->tag, bn(V, b));
-                return -1;
-            }
-            if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-            break;
-        }
-        case CPC_OP_ATTN_BWD: {
-            static const cpc_buf_role want_in[6] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_DO, CPC_ROLE_LSE,
-                                                    CPC_ROLE_LSE};
-            static const cpc_buf_role want_out[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
-            if (op->n_in != 6 || op->n_out != 3) {
-                V->err = vfail(p, x, "needs 6 inputs and 3 outputs");
-                return -1;
-            }
-            for (int i = 0; i < 6; i++)
-                if (role(V, op->in[i]) != want_in[i]) {
-                    V->err = vfail(p, x, "input %d '%s' has role %s, %s expected", i + 1, bn(V, op->in[i]),
-                                   cpc_buf_role_name(role(V, op->in[i])), cpc_buf_role_name(want_in[i]));
-                    return -1;
-                }
-            for (int i = 0; i < 3; i++)
-                if (role(V, op->out[i]) != want_out[i]) {
-                    V->err = vfail(p, x, "output %d '%s' has role %s, %s expected", i + 1, bn(V, op->out[i]),
-                                   cpc_buf_role_name(role(V, op->out[i])), cpc_buf_role_name(want_out[i]));
-                    return -1;
-                }
-            for (int i = 0; i < 6; i++)
-                if (!S(V, p, op->in[i])->written) {
-                    V->err = vfail(p, x, "reads '%s' before it is written%s", bn(V, op->in[i]),
-                                   i == 5 ? " (no delta op computed it)" : "");
-                    return -1;
-                }
-            for (int i = 0; i < 3; i++)
-                if (!S(V, p, op->out[i])->written) {
-                    V->err = vfail(p, x, "adds to '%s' before init_acc (or a recv) gave it a value",
-                                   bn(V, op->out[i]));
-                    return -1;
-                }
-            if ((V->err = recomputed_complete(V, p, x, op->in[4])))
-                return -1;
-            slot *q = S(V, p, op->in[0]), *k = S(V, p, op->in[1]), *v = S(V, p, op->in[2]);
-            slot *dk = S(V, p, op->out[1]), *dv = S(V, p, op->out[2]), *dq = S(V, p, op->out[0]);
-            /* Query side: q, dout, lse, delta, dq in one layout and rows; K side:
-             * k, v, dk, dv in one layout (heads: this member's part or all). */
-            int qside[5] = {op->in[3], op->in[4], op->in[5], op->out[0], op->in[0]};
-            for (int i = 0; i < 4; i++)
-                if (!same_layout(V, qside[i], op->in[0]) ||
-                    (i < 3 && S(V, p, qside[i])->tag != q->tag)) {
-                    V->err = vfail(p, x, "'%s' (%s/%s, rows %d) does not match q '%s' (%s/%s, rows %d)",
-                                   bn(V, qside[i]), cpc_buf_tokens_name(BF(V, qside[i])->tokens),
-                                   cpc_buf_heads_name(BF(V, qside[i])->heads), S(V, p, qside[i])->tag,
-                                   bn(V, op->in[0]), cpc_buf_tokens_name(BF(V, op->in[0])->tokens),
-                                   cpc_buf_heads_name(BF(V, op->in[0])->heads), q->tag);
-                    return -1;
-                }
-            int kside[3] = {op->in[2], op->out[1], op->out[2]};
-            for (int i = 0; i < 3; i++)
-                if (!same_layout(V, kside[i], op->in[1]) || BF(V, op->in[1])->heads != BF(V, op->in[0])->heads) {
-                    V->err = vfail(p, x, "'%s' does not have the layout of k '%s' (and of the query side's heads)",
-                                   bn(V, kside[i]), bn(V, op->in[1]));
-                    return -1;
-                }
-            bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
-            bool kkv = BF(V, op->in[1])->tokens == CPC_TOK_KV;
-            if (kkv) {
-                /* cross-attention: all of K/V, one key unit */
-            } else if (kall) {
-                /* gathered K/V: the op's `block` is what it reads, and dK/dV
-                 * (gathered too, same layout) get that slice */
-                if (!op->block || x->block < 0 || x->block >= V->R) {
-                    V->err = vfail(p, x, "attn_bwd on gathered K/V needs a block in 0..%d", V->R - 1);
-                    return -1;
-                }
-            } else if (k->tag != v->tag || k->tag != dk->tag || k->tag != dv->tag) {
-                V->err = vfail(p, x,
-                               "reads K/V blocks %d/%d but adds to dK/dV accumulators of blocks %d/%d: a K/V "
-                               "block's gradient must come from that block (diffusers #14265: a ring backward "
-                               "that reuses one step's K/V)",
-                               k->tag, v->tag, dk->tag, dv->tag);
-                return -1;
-            }
-            cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
-            int kb = kkv ? 0 : kall ? (int)x->block : k->tag;
-            if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) || (kkv != (V->NK == 1 && V->prog->layout.cross)) ||
-                (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK) ||
-                (qt == CPC_TOK_SHARD && V->U != 1)) {
-                V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
-                                     "or gathered (the class this prover handles)");
-                return -1;
-            }
-            /* Query rows as a ring block: with U == 1 shard p is block p. */
-            int qb = q->tag;
-            if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->R) {
-                V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
-                return -1;
-            }
-            int qo = 0, qn = 1;
-            if (V->nh > 1)
-                cpc_buffer_heads(prog, op->in[0], u, &qo, &qn);
-            int ko, kn;
-            cpc_buffer_heads(prog, op->in[1], u, &ko, &kn);
-            if (V->nh > 1 && qn > 0 &&
-                (qo / prog->layout.group < ko || (qo + qn - 1) / prog->layout.group >= ko + kn)) {
-                V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
-                               qo + qn, ko, ko + kn);
-                return -1;
-            }
-            run one = {qb, kb, 1, qo, qn, 0, 0};
-            if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-            dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
-            break;
-        }
-        default:
-            V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
-            return -1;
-        }
-        /* the table's output content (NONE: carried, set above); what an op other than
-         * the step's writes is no recomputed attention result */
-        for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++) {
-            slot *o = S(V, p, op->out[i]);
-            if (info->out_content[i] != CPC_CONTENT_NONE)
-                o->src = (cpc_content)info->out_content[i];
-            o->fwd = false;
-            o->fresh = 0;
-        }
-        V->pc[p]++;
+        V->pc[p]++; /* a gradient op: the step ran it (dom_grad_op) */
     }
     return 1;
 }

@@ -176,6 +176,10 @@ typedef struct vc_domain {
     /* the sender of recv rq's message, in words ("rank 3", "ring member
      * r-1"), and its op */
     void (*sender)(void *self, const void *rq, char *who, size_t nw, char *op, size_t no);
+    /* The backward ops (the op table's CPC_OPF_BWD kinds outside the forward's: attn_bwd, delta,
+     * add, init_acc of gradients, reduce_scatter, all_reduce) over gradient values, after the
+     * step's lifetime and content rules; NULL in the forward domains, where they are a fault. */
+    vc_tri (*grad_op)(void *self, const cpc_op *op, char *why, size_t n);
     const cpc_program *prog;
     bool cross;     /* cross-attention (the layout's) */
     bool rep;       /* replicated segments (layout.h): the kv layout holds their rows, which
