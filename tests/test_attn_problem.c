@@ -118,6 +118,12 @@ Test(attn_problem, each_rule_refuses_its_inconsistency)
         cr_assert(strstr(st->message, "bad sizes") != NULL, "%s: %s", field[f], st->message);
         cpc_status_free(st);
     }
+    /* rule 4: a block whose element count overflows int64 */
+    cpc_attn_problem big = good();
+    big.B = 1, big.skv = INT64_MAX / 2;
+    st = cpc_attn_problem_check(&big);
+    cr_assert(st && strstr(st->message, "int64"), "%s", st ? st->message : "accepted");
+    cpc_status_free(st);
     /* rule 11: a negative mask length */
     cpc_attn_problem p = good();
     p.mask_len = -1;

@@ -46,10 +46,12 @@ cpc_status *cpc_attn_problem_check(const cpc_attn_problem *p)
                          p->q_head_off, p->kv_head_off);
     if ((int)p->dtype < 0 || p->dtype >= CPC_DTYPE__COUNT)
         return cpc_error(CPC_E_INTERNAL, "attention: unknown dtype %d", (int)p->dtype);
-    if ((int64_t)p->hq * p->d > 0x7fffffff || (int64_t)p->hkv * p->d > 0x7fffffff)
+    const int64_t qrow = (int64_t)p->hq * p->d, kvrow = (int64_t)p->hkv * p->d;
+    if (qrow > 0x7fffffff || kvrow > 0x7fffffff || (qrow > 0 && p->sq > INT64_MAX / qrow) ||
+        p->skv > INT64_MAX / kvrow)
         return cpc_error(CPC_E_INTERNAL, "attention: heads * head_dim (%lld, %lld) exceeds the BLAS "
-                                         "index range",
-                         (long long)p->hq * p->d, (long long)p->hkv * p->d);
+                                         "index range, or a block's elements exceed int64",
+                         (long long)qrow, (long long)kvrow);
     if (p->hq > 0) {
         int64_t first = p->q_head_off / p->group, last = ((int64_t)p->q_head_off + p->hq - 1) / p->group;
         if (first < p->kv_head_off || last >= (int64_t)p->kv_head_off + p->hkv)

@@ -74,7 +74,8 @@ static inline bool cpc_attn_problem_has_rows(const cpc_attn_problem *p)
  *   2. a size out of range (B, sq, skv, hq, q_head_off, kv_head_off < 0;
  *      hkv, d, group < 1);
  *   3. dtype not a cpc_dtype;
- *   4. hq * d or hkv * d beyond 2^31 - 1 (the BLAS index range);
+ *   4. hq * d or hkv * d beyond 2^31 - 1 (the BLAS index range), or
+ *      sq * hq * d or skv * hkv * d beyond int64;
  *   5. a query head's K/V head outside [kv_head_off, kv_head_off + hkv);
  *   6. with B > 1, a batch stride smaller than a batch's block;
  *   7. with rows, q missing, or k/v missing while skv > 0;
