@@ -1123,11 +1123,9 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom)
 /* One op through the shared step on rank p's domain (every op of a backward program: the
  * lifetime and content rules, then its meaning; posting, matching and rendezvous follow in
  * advance). */
-static cpc_status *step(vb *V, int p, const xop *x)
+static cpc_status *step(vb *V, int p, const xop *x, const vc_domain *dom)
 {
-    bwd_dom dd = {V, p, x};
-    vc_domain dom;
-    bwd_domain(&dd, &dom);
+    ((bwd_dom *)dom->self)->x = x;
     char m[640];
     if (x->op->kind == CPC_OP_MERGE) {
         const slot *a = S(V, p, x->op->in[0]), *acc = S(V, p, x->op->out[0]), *accl = S(V, p, x->op->out[1]);
@@ -1142,7 +1140,7 @@ static cpc_status *step(vb *V, int p, const xop *x)
     }
     m[0] = 0;
     V->err = NULL;
-    vc_tri t = vc_step(&dom, x->op, m, sizeof m);
+    vc_tri t = vc_step(dom, x->op, m, sizeof m);
     if (t == VC_YES)
         return NULL;
     return t == VC_OOM ? cs_err(V) : !m[0] && V->err ? V->err : vfail(p, x, "%s", m);
@@ -1400,6 +1398,9 @@ static int do_wait(vb *V, int p, const xop *x)
 static int advance(vb *V, int p)
 {
     rank_ops *ro = &V->ro[p];
+    bwd_dom dd = {V, p, NULL};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
@@ -1411,7 +1412,7 @@ static int advance(vb *V, int p)
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
-        if ((V->err = step(V, p, x)))
+        if ((V->err = step(V, p, x, &dom)))
             return -1;
         /* communication, by the table's matching rule and lifetime */
         switch (info->match) {
