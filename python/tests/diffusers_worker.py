@@ -41,6 +41,159 @@ def tiny_wan(heads):
                                  rope_max_seq_len=64)
 
 
+def tiny_skyreels(heads):
+    from diffusers import SkyReelsV2Transformer3DModel
+    return SkyReelsV2Transformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads,
+                                        attention_head_dim=16, in_channels=4, out_channels=4,
+                                        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
+                                        cross_attn_norm=True,
+                                        qk_norm="rms_norm_across_heads", rope_max_seq_len=64)
+
+
+def tiny_chroma(heads):
+    from diffusers import ChromaTransformer2DModel
+    return ChromaTransformer2DModel(patch_size=1, in_channels=16, num_layers=1,
+                                    num_single_layers=1, attention_head_dim=16,
+                                    num_attention_heads=heads, joint_attention_dim=32,
+                                    axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
+                                    approximator_hidden_dim=16, approximator_layers=1)
+
+
+def tiny_cogview4(heads):
+    from diffusers import CogView4Transformer2DModel
+    return CogView4Transformer2DModel(patch_size=2, in_channels=4, out_channels=4,
+                                      num_layers=2, attention_head_dim=16,
+                                      num_attention_heads=heads, text_embed_dim=32,
+                                      time_embed_dim=16, condition_dim=8,
+                                      pos_embed_max_size=16, sample_size=16,
+                                      rope_axes_dim=(16, 16))
+
+
+def tiny_cosmos(heads):
+    from diffusers import CosmosTransformer3DModel
+    return CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=heads,
+                                    attention_head_dim=16, num_layers=2, text_embed_dim=32,
+                                    adaln_lora_dim=8, max_size=(8, 16, 16),
+                                    patch_size=(1, 2, 2), encoder_hidden_states_channels=32,
+                                    crossattn_proj_in_channels=32, concat_padding_mask=False)
+
+
+def tiny_easyanimate(heads):
+    from diffusers import EasyAnimateTransformer3DModel
+    return EasyAnimateTransformer3DModel(num_attention_heads=heads, attention_head_dim=16,
+                                         in_channels=4, out_channels=4, patch_size=2,
+                                         sample_width=8, sample_height=8, num_layers=2,
+                                         mmdit_layers=1, time_embed_dim=16, text_embed_dim=32)
+
+
+def tiny_chronoedit(heads):
+    from diffusers import ChronoEditTransformer3DModel
+    return ChronoEditTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads,
+                                        attention_head_dim=16, in_channels=4, out_channels=4,
+                                        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
+                                        rope_max_seq_len=64)
+
+
+def tiny_allegro(heads):
+    from diffusers import AllegroTransformer3DModel
+    return AllegroTransformer3DModel(patch_size=2, patch_size_t=1, num_attention_heads=heads,
+                                     attention_head_dim=24, in_channels=4, out_channels=4,
+                                     num_layers=2, cross_attention_dim=24 * heads,
+                                     sample_height=8, sample_width=8, sample_frames=4,
+                                     caption_channels=32)
+
+
+def tiny_qwen(heads):
+    from diffusers import QwenImageTransformer2DModel
+    return QwenImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16,
+                                       num_layers=2, attention_head_dim=16,
+                                       num_attention_heads=heads, joint_attention_dim=32,
+                                       axes_dims_rope=(4, 6, 6))
+
+
+def tiny_hunyuan(heads):
+    from diffusers import HunyuanVideoTransformer3DModel
+    return HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4,
+                                          num_attention_heads=heads, attention_head_dim=16,
+                                          num_layers=1, num_single_layers=1,
+                                          num_refiner_layers=1, patch_size=2, patch_size_t=1,
+                                          guidance_embeds=False, text_embed_dim=32,
+                                          pooled_projection_dim=32, rope_axes_dim=(4, 6, 6))
+
+
+def tiny_cogvideox(heads):
+    from diffusers import CogVideoXTransformer3DModel
+    return CogVideoXTransformer3DModel(num_attention_heads=heads, attention_head_dim=16,
+                                       in_channels=4, out_channels=4, time_embed_dim=32,
+                                       text_embed_dim=32, num_layers=2, sample_width=8,
+                                       sample_height=8, sample_frames=9, patch_size=2,
+                                       max_text_seq_length=8,
+                                       use_rotary_positional_embeddings=True)
+
+
+def tiny_sd3(heads):
+    from diffusers import SD3Transformer2DModel
+    return SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                 attention_head_dim=16, num_attention_heads=heads,
+                                 joint_attention_dim=32, caption_projection_dim=16 * heads,
+                                 pooled_projection_dim=32, out_channels=4,
+                                 pos_embed_max_size=16)
+
+
+def tiny_sd35m(heads):
+    """SD3.5 Medium's structure: dual attention (an image-only attn2) in block 0."""
+    from diffusers import SD3Transformer2DModel
+    return SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                 attention_head_dim=16, num_attention_heads=heads,
+                                 joint_attention_dim=32, caption_projection_dim=16 * heads,
+                                 pooled_projection_dim=32, out_channels=4,
+                                 pos_embed_max_size=16, dual_attention_layers=(0,),
+                                 qk_norm="rms_norm")
+
+
+def tiny_ltx(heads):
+    from diffusers import LTXVideoTransformer3DModel
+    return LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=heads,
+                                      attention_head_dim=16, cross_attention_dim=16 * heads,
+                                      num_layers=2, caption_channels=32)
+
+
+def tiny_hunyuan15(heads):
+    from diffusers import HunyuanVideo15Transformer3DModel
+    return HunyuanVideo15Transformer3DModel(in_channels=4, out_channels=4,
+                                            num_attention_heads=heads, attention_head_dim=16,
+                                            num_layers=2, num_refiner_layers=1,
+                                            patch_size=2, patch_size_t=1, text_embed_dim=32,
+                                            text_embed_2_dim=16, image_embed_dim=16,
+                                            rope_axes_dim=(4, 6, 6), target_size=64)
+
+
+def tiny_mochi(heads):
+    from diffusers import MochiTransformer3DModel
+    return MochiTransformer3DModel(patch_size=2, num_attention_heads=heads,
+                                   attention_head_dim=16, num_layers=2,
+                                   pooled_projection_dim=16, in_channels=4, text_embed_dim=32,
+                                   time_embed_dim=16, max_sequence_length=16)
+
+
+MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_qwen,
+          "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
+          "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
+          "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
+          "cogview4": tiny_cogview4, "cosmos": tiny_cosmos,
+          "easyanimate": tiny_easyanimate, "chronoedit": tiny_chronoedit,
+          "allegro": tiny_allegro}
+
+
+def text_mask(a, torch):
+    """[B, T] 1/0: the last --pad text tokens are padding (batch element b: pad + b)."""
+    m = torch.ones(a.batch, a.text, dtype=torch.long)
+    for b in range(a.batch):
+        if a.pad + b:
+            m[b, a.text - a.pad - b:] = 0
+    return m
+
+
 def inputs(model, a, torch, dtype):
     g = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
@@ -55,6 +208,15 @@ def inputs(model, a, torch, dtype):
         return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
                     timestep=torch.full((B,), 0.5).to(dtype), img_ids=ids_img,
                     txt_ids=ids_txt, return_dict=False)
+    if a.model == "chroma":
+        N, T = a.tokens, a.text
+        ids_img = torch.zeros(N, 3)
+        ids_img[:, 1] = torch.arange(N) // 5
+        ids_img[:, 2] = torch.arange(N) % 5
+        am = torch.cat([text_mask(a, torch), torch.ones(B, N, dtype=torch.long)], 1)
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    timestep=torch.full((B,), 0.5).to(dtype), img_ids=ids_img,
+                    txt_ids=torch.zeros(T, 3), attention_mask=am.bool(), return_dict=False)
     if a.model == "flux":
         N, T = a.tokens, a.text
         ids_img = torch.zeros(N, 3)
@@ -64,6 +226,73 @@ def inputs(model, a, torch, dtype):
                     pooled_projections=r(B, 32), timestep=torch.full((B,), 0.5).to(dtype),
                     img_ids=ids_img, txt_ids=torch.zeros(T, 3), return_dict=False)
     F, H, W = a.frames, a.height, a.width
+    if a.model == "qwen":
+        N, T = a.tokens, a.text
+        h = {24: (4, 6), 25: (5, 5), 23: (1, 23), 27: (3, 9)}.get(N, (1, N))
+        return dict(hidden_states=r(B, N, 16), encoder_hidden_states=r(B, T, 32),
+                    encoder_hidden_states_mask=text_mask(a, torch) if a.pad >= 0 else None,
+                    timestep=torch.full((B,), 0.5).to(dtype), img_shapes=[[(1, *h)]] * B,
+                    return_dict=False)
+    if a.model == "hunyuan":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    encoder_attention_mask=text_mask(a, torch), pooled_projections=r(B, 32),
+                    return_dict=False)
+    if a.model == "cogvideox":
+        S = F * (H // 2) * (W // 2)
+        g2 = torch.Generator().manual_seed(5)
+        ang = torch.rand(S, 16, generator=g2) * 6.3
+        return dict(hidden_states=r(B, F, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    image_rotary_emb=(ang.cos().to(dtype), ang.sin().to(dtype)),
+                    return_dict=False)
+    if a.model == "allegro":
+        # the RoPE as AllegroPipeline._prepare_rotary_positional_embeddings makes it
+        from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+        ft, fh, fw, gt, gh, gw = get_3d_rotary_pos_embed_allegro(
+            embed_dim=24, crops_coords=((0, 0), (H // 2, W // 2)), grid_size=(H // 2, W // 2),
+            temporal_size=F, interpolation_scale=(2.2, 2.0, 2.0))
+        pos = torch.cartesian_prod(gt.long(), gh.long(), gw.long())
+        pos = pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()
+        return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch),
+                    image_rotary_emb=((ft, fh, fw), tuple(pos)), return_dict=False)
+    if a.model == "easyanimate":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32), return_dict=False)
+    if a.model == "cosmos":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    attention_mask=text_mask(a, torch).bool(), return_dict=False)
+    if a.model == "cogview4":
+        px = torch.tensor([[8.0 * H, 8.0 * W]] * B)
+        return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0), original_size=px, target_size=px,
+                    crop_coords=torch.zeros(B, 2), return_dict=False)
+    if a.model in ("sd3", "sd35m"):
+        return dict(hidden_states=r(B, 4, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    pooled_projections=r(B, 32), timestep=torch.full((B,), 500.0),
+                    return_dict=False)
+    if a.model == "hunyuan15":
+        # text: Qwen (a.text, --pad padded), byT5 (3, 1 padded), SigLIP image tokens (4;
+        # zeros: text-to-video, all masked)
+        m2 = torch.ones(B, 3, dtype=torch.long)
+        m2[:, 2:] = 0
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    encoder_attention_mask=text_mask(a, torch),
+                    encoder_hidden_states_2=r(B, 3, 16), encoder_attention_mask_2=m2,
+                    image_embeds=torch.zeros(B, 4, 16, dtype=dtype), return_dict=False)
+    if a.model == "mochi":
+        return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch), return_dict=False)
+    if a.model == "ltx":
+        return dict(hidden_states=r(B, F * H * W, 8), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch), num_frames=F, height=H,
+                    width=W, return_dict=False)
     return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
                 timestep=torch.full((B,), 500.0), return_dict=False)
 
@@ -75,7 +304,7 @@ def rel(x, ref):
 
 def parser():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["flux", "flux2", "wan"], default="flux")
+    p.add_argument("--model", choices=sorted(MODELS), default="flux")
     p.add_argument("--ring", type=int, default=1)
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--anything", action="store_true")
@@ -87,6 +316,9 @@ def parser():
     p.add_argument("--height", type=int, default=4)
     p.add_argument("--width", type=int, default=6)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--pad", type=int, default=0,
+                   help="text padding tokens (masked) for models with a text mask; "
+                        "-1: no mask passed")
     p.add_argument("--train", action="store_true")
     p.add_argument("--replicate-text", action="store_true",
                    help="parallelize(..., replicate_text=True): the text whole on every rank")
@@ -139,7 +371,7 @@ def one(a, torch, comm, rank):
     import cpc.diffusers
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     torch.manual_seed(0)
-    model = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan}[a.model](a.heads).to(dtype)
+    model = MODELS[a.model](a.heads).to(dtype)
     if not a.train:
         model.eval()
     x = inputs(model, a, torch, dtype)
@@ -179,7 +411,8 @@ def one(a, torch, comm, rank):
     res = {"rank": rank, "out": rel(out, ref), "shape": list(out.shape), "s": dt,
            "variant": model._cpc.current is None and
            next(iter(model._cpc.shapes.values())).main[0].variant,
-           "cpc_calls": model._cpc.calls}
+           "cpc_calls": model._cpc.calls,
+           "masks": sorted({k[5] for k in model._cpc.shapes})}
     if a.train:
         cpc.diffusers.allreduce_grads(model)
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

@@ -255,6 +255,56 @@ NEW_MODELS = [
       "n_layers": 30, "n_heads": 30, "n_kv_heads": 30},
      dict(height=1024, width=1024), 4096 + 512, ["image", "text"], "key_padding", 30, 128,
      30),
+    # LTX-2 (its video stream; defaults = LTX-2 19B): VAE 8 x 32, patch 1, Gemma text 1024
+    # in the cross-attention: 16 x 16 x 24.
+    ({"_class_name": "LTX2VideoTransformer3DModel", "num_attention_heads": 32,
+      "attention_head_dim": 128, "num_layers": 48, "patch_size": 1, "patch_size_t": 1,
+      "vae_scale_factors": [8, 32, 32]},
+     dict(height=512, width=768, num_frames=121), 16 * 16 * 24, ["video"], "none", 32, 128,
+     48),
+    ({"_class_name": "ChromaTransformer2DModel", "patch_size": 1, "num_layers": 19,
+      "num_single_layers": 38, "attention_head_dim": 128, "num_attention_heads": 24},
+     dict(height=1024, width=1024), 512 + 4096, ["text", "image"], "key_padding", 24, 128,
+     57),
+    ({"_class_name": "CogView4Transformer2DModel", "patch_size": 2, "num_layers": 28,
+      "attention_head_dim": 128, "num_attention_heads": 32},
+     dict(height=1024, width=1024), 1024 + 4096, ["text", "image"], "none", 32, 128, 28),
+    ({"_class_name": "CosmosTransformer3DModel", "num_attention_heads": 32,
+      "attention_head_dim": 128, "num_layers": 28, "patch_size": [1, 2, 2]},
+     dict(height=704, width=1280, num_frames=121), 16 * 44 * 80, ["video"], "none", 32, 128,
+     28),
+    # Allegro: 88 frames -> 22 latent frames (its even-frame rule ceil(88 / 4)).
+    ({"_class_name": "AllegroTransformer3DModel", "num_attention_heads": 24,
+      "attention_head_dim": 96, "num_layers": 32, "patch_size": 2, "patch_size_t": 1},
+     dict(height=720, width=1280, num_frames=88), 22 * 45 * 80, ["video"], "none", 24, 96,
+     32),
+    ({"_class_name": "Lumina2Transformer2DModel", "patch_size": 2, "hidden_size": 2304,
+      "num_layers": 26, "num_attention_heads": 24, "num_kv_heads": 8},
+     dict(height=1024, width=1024), 256 + 4096, ["text", "image"], "key_padding", 24, 96,
+     26),
+    ({"_class_name": "SanaTransformer2DModel", "num_attention_heads": 70,
+      "attention_head_dim": 32, "num_layers": 20, "patch_size": 1,
+      "num_cross_attention_heads": 20, "cross_attention_head_dim": 112},
+     dict(height=1024, width=1024), 32 * 32, ["image"], "none", 70, 32, 20),
+    # HiDream-I1 (Full / Dev / Fast): text = T5 128 + two Llama-3.1 layers of 128, after
+    # the image; non-square images are padded to max_resolution^2 / 4 = 4096 tokens.
+    ({"_class_name": "HiDreamImageTransformer2DModel", "patch_size": 2, "num_layers": 16,
+      "num_single_layers": 32, "attention_head_dim": 128, "num_attention_heads": 20,
+      "max_resolution": [128, 128]},
+     dict(height=1024, width=1024), 4096 + 384, ["image", "text"], "none", 20, 128, 48),
+    ({"_class_name": "HiDreamImageTransformer2DModel", "patch_size": 2, "num_layers": 16,
+      "num_single_layers": 32, "attention_head_dim": 128, "num_attention_heads": 20,
+      "max_resolution": [128, 128]},
+     dict(height=768, width=1360), 4096 + 384, ["image", "text"], "none", 20, 128, 48),
+    # ChronoEdit-14B: Wan2.1's architecture, text in the cross-attention.
+    ({"_class_name": "ChronoEditTransformer3DModel", "patch_size": [1, 2, 2],
+      "num_attention_heads": 40, "attention_head_dim": 128, "num_layers": 40},
+     dict(height=480, width=832, num_frames=5), 2 * 30 * 52, ["video"], "none", 40, 128, 40),
+    # EasyAnimate V5.1: [Qwen2-VL text 256, video], VAE 8 x 4, patch 2.
+    ({"_class_name": "EasyAnimateTransformer3DModel", "num_attention_heads": 48,
+      "attention_head_dim": 64, "num_layers": 48, "patch_size": 2},
+     dict(height=512, width=512, num_frames=49), 256 + 13 * 32 * 32, ["text", "video"], "none",
+     48, 64, 48),
 ]
 
 
@@ -322,3 +372,170 @@ def test_parameters_from_the_models_code():
     assert plan["model"]["parameters"] == 11901408320
     r = cpc.check(plan)
     assert r.ok and "ms_per_step" in r.predicted, r.predicted
+
+
+# ---- the classes' token counts against the models' own attention (torch-2 tier) -------
+
+def _tiny(cls, **kw):
+    import diffusers
+    return getattr(diffusers, cls)(**kw)
+
+
+def _shape_cases():
+    """(class, tiny config, inputs(torch, r), from_diffusers kwargs (the pixel size whose
+    latents the pipeline makes at these shapes), plan attention, text tokens).  Latent
+    shapes follow the pipelines' prepare_latents: Chroma packs 2x2 (VAE 8): 3x4 tokens =
+    48x64 px; CogView4 / Lumina2 latents 6x8 (VAE 8, patch 2) = 48x64 px; Sana 3x4 (DC-AE
+    32) = 96x128 px; LTX-2 latent 2x3x4 (VAE 8 x 32) = 9 frames of 96x128; Cosmos 2x4x6
+    (VAE 8 x 8) = 9 frames of 32x48; Allegro 3x4x6 (VAE 8 x 4) = 7 frames of 32x48 (its
+    odd-frame rule: ceil(6/4)+1 = 3 latent frames); HiDream 6x6 (VAE 8, patch 2) = 48x48 px,
+    and 6x8 = 48x64 px, non-square: padded to max_resolution^2 / 4 = 64 tokens; its text
+    T5 + two Llama layers; EasyAnimate 2x4x6 (VAE 8 x 4, patch 2) = 5 frames of 32x48."""
+    B = 1
+    return [
+        ("LTX2VideoTransformer3DModel",
+         dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+              cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8,
+              audio_num_attention_heads=2, audio_attention_head_dim=8,
+              audio_cross_attention_dim=16, num_layers=1, caption_channels=32),
+         lambda t, r: dict(hidden_states=r(B, 24, 8), audio_hidden_states=r(B, 5, 8),
+                           encoder_hidden_states=r(B, 7, 32),
+                           audio_encoder_hidden_states=r(B, 7, 32),
+                           timestep=t.full((B,), 500.0), num_frames=2, height=3, width=4,
+                           audio_num_frames=5, return_dict=False),
+         dict(height=96, width=128, num_frames=9), "self", 7),
+        ("ChromaTransformer2DModel",
+         dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+              axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
+              approximator_hidden_dim=16, approximator_layers=1),
+         lambda t, r: dict(hidden_states=r(B, 12, 16), encoder_hidden_states=r(B, 7, 32),
+                           timestep=t.full((B,), 0.5), img_ids=t.zeros(12, 3),
+                           txt_ids=t.zeros(7, 3), return_dict=False),
+         dict(height=48, width=64), "joint", 7),
+        ("CogView4Transformer2DModel",
+         dict(patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16,
+              num_attention_heads=2, text_embed_dim=32, time_embed_dim=16, condition_dim=8,
+              pos_embed_max_size=16, sample_size=16, rope_axes_dim=(16, 16)),
+         lambda t, r: dict(hidden_states=r(B, 4, 6, 8), encoder_hidden_states=r(B, 16, 32),
+                           timestep=t.full((B,), 500.0),
+                           original_size=t.tensor([[48., 64.]]),
+                           target_size=t.tensor([[48., 64.]]),
+                           crop_coords=t.tensor([[0., 0.]]), return_dict=False),
+         dict(height=48, width=64), "joint", 16),
+        ("CosmosTransformer3DModel",
+         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+              num_layers=1, text_embed_dim=32, adaln_lora_dim=8, max_size=(8, 16, 16),
+              patch_size=(1, 2, 2), encoder_hidden_states_channels=32,
+              crossattn_proj_in_channels=32, concat_padding_mask=False),
+         lambda t, r: dict(hidden_states=r(B, 4, 2, 4, 6), timestep=t.full((B,), 500.0),
+                           encoder_hidden_states=r(B, 7, 32), return_dict=False),
+         dict(height=32, width=48, num_frames=9), "self", 7),
+        ("AllegroTransformer3DModel",
+         dict(patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=16,
+              in_channels=4, out_channels=4, num_layers=1, cross_attention_dim=32,
+              sample_height=8, sample_width=8, sample_frames=4, caption_channels=32),
+         lambda t, r: dict(hidden_states=r(B, 4, 3, 4, 6), encoder_hidden_states=r(B, 7, 32),
+                           timestep=t.full((B,), 500.0), return_dict=False),
+         dict(height=32, width=48, num_frames=7), "self", 7),
+        ("Lumina2Transformer2DModel",
+         dict(sample_size=16, patch_size=2, in_channels=4, hidden_size=64, num_layers=1,
+              num_refiner_layers=1, num_attention_heads=4, num_kv_heads=2, multiple_of=16,
+              axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32), cap_feat_dim=32),
+         lambda t, r: dict(hidden_states=r(B, 4, 6, 8), timestep=t.full((B,), 0.5),
+                           encoder_hidden_states=r(B, 7, 32),
+                           encoder_attention_mask=t.ones(B, 7, dtype=t.bool),
+                           return_dict=False),
+         dict(height=48, width=64), "joint", 7),
+        ("SanaTransformer2DModel",
+         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+              num_layers=1, num_cross_attention_heads=2, cross_attention_head_dim=8,
+              cross_attention_dim=32, caption_channels=32, sample_size=8, patch_size=1),
+         lambda t, r: dict(hidden_states=r(B, 4, 3, 4), encoder_hidden_states=r(B, 7, 32),
+                           timestep=t.full((B,), 500.0), return_dict=False),
+         dict(height=96, width=128), "cross", 7),
+        ("HiDreamImageTransformer2DModel",
+         dict(patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+              attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 16],
+              text_emb_dim=16, num_routed_experts=2, num_activated_experts=1,
+              axes_dims_rope=(4, 6, 6), max_resolution=(16, 16), llama_layers=[0, 1]),
+         lambda t, r: dict(hidden_states=r(B, 4, 6, 6), timesteps=t.full((B,), 500.0),
+                           encoder_hidden_states_t5=r(B, 5, 32),
+                           encoder_hidden_states_llama3=r(2, B, 6, 16),
+                           pooled_embeds=r(B, 16), return_dict=False),
+         dict(height=48, width=48), "joint", 5 + 6 + 6),
+        # non-square: the image padded to max_resolution^2 / 4 = 64 tokens
+        ("HiDreamImageTransformer2DModel",
+         dict(patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+              attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 16],
+              text_emb_dim=16, num_routed_experts=2, num_activated_experts=1,
+              axes_dims_rope=(4, 6, 6), max_resolution=(16, 16), llama_layers=[0, 1]),
+         lambda t, r: dict(hidden_states=r(B, 4, 6, 8), timesteps=t.full((B,), 500.0),
+                           encoder_hidden_states_t5=r(B, 5, 32),
+                           encoder_hidden_states_llama3=r(2, B, 6, 16),
+                           pooled_embeds=r(B, 16), return_dict=False),
+         dict(height=48, width=64), "joint", 5 + 6 + 6),
+        ("EasyAnimateTransformer3DModel",
+         dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+              patch_size=2, sample_width=8, sample_height=8, num_layers=1, mmdit_layers=1,
+              time_embed_dim=16, text_embed_dim=32),
+         lambda t, r: dict(hidden_states=r(B, 4, 2, 4, 6), timestep=t.full((B,), 500.0),
+                           encoder_hidden_states=r(B, 7, 32), return_dict=False),
+         dict(height=32, width=48, num_frames=5), "joint", 7),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10), ids=lambda i: _SHAPE_IDS[i])
+def test_tokens_match_the_models_attention(case, monkeypatch):
+    """from_diffusers' tokens and heads for the classes added in this round, against the
+    attention the model itself runs: a tiny random transformer of the class, fed the
+    latents its pipeline makes for a pixel size, every SDPA call recorded (q, k shapes:
+    [B, H, S, D]).  joint: text + image tokens == the longest query; self: the
+    image/video tokens == a call whose queries and keys are all of them; cross: that
+    query length against the whole text (Sana's with its own cross heads)."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "accelerator"):
+        pytest.skip("diffusers needs torch >= 2 (scripts/test_torch.sh)")
+    pytest.importorskip("diffusers")
+    cls, tiny, make, kw, attention, text = _shape_cases()[case]
+    torch.manual_seed(0)
+    model = _tiny(cls, **tiny).eval()
+    g = torch.Generator().manual_seed(0)
+    x = make(torch, lambda *s: torch.randn(*s, generator=g))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def rec(*a, **k):
+        q = a[0] if a else k["query"]
+        kk = a[1] if len(a) > 1 else k["key"]
+        calls.append((tuple(q.shape), tuple(kk.shape)))
+        return sdpa(*a, **k)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", rec)
+    with torch.no_grad():
+        model(**x)
+    assert calls
+    cfg = dict(model.config)
+    cfg["_class_name"] = cls
+    plan = cpc.from_diffusers(None, cfg, text_tokens=text, attention=attention,
+                              parameters=False, **kw)
+    tokens = cpc.compile(plan).tokens
+    H = plan["model"]["heads"]
+    if attention == "joint":
+        q, k = max(calls, key=lambda c: c[0][2])
+        assert (q[1], q[2], k[2]) == (H, tokens, tokens), (calls, tokens)
+        # the text's place, as the processors concatenate (HiDream: [image, text])
+        first = "image" if cls.startswith("HiDream") else "text"
+        assert plan["input"]["segments"][0]["name"] == first
+    elif attention == "self":
+        assert ((1, H, tokens, plan["model"]["head_dim"]),) * 2 in \
+            [(c[0], c[1]) for c in calls if c[0][2] == c[1][2]], (calls, tokens)
+        assert any(c[0][2] == tokens and c[1][2] == text for c in calls), calls
+    else:
+        assert ((1, H, tokens, plan["model"]["head_dim"]), (1, H, text,
+                plan["model"]["head_dim"])) in calls, (calls, tokens, H)
+    if "kv_heads" in plan["model"]:          # Lumina2: GQA in the model's own attention
+        assert plan["model"]["kv_heads"] == cfg["num_kv_heads"]
+
+
+_SHAPE_IDS = ["ltx2", "chroma", "cogview4", "cosmos", "allegro", "lumina2", "sana",
+              "hidream", "hidream-nonsquare", "easyanimate"]

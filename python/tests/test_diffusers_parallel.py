@@ -2,9 +2,14 @@
 
 Needs torch >= 2, diffusers and mpi4py (scripts/torch_venv.sh builds that venv;
 scripts/test_torch.sh runs this file in it); skipped elsewhere (Debian's torch 1.13
-cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel and
-WanTransformer3DModel
-(seeded: the same weights on every rank), even and odd token counts, fp32 and bf16,
+cannot import diffusers).  Tiny random FluxTransformer2DModel, Flux2Transformer2DModel,
+WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel,
+CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
+MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
+ChromaTransformer2DModel, CogView4Transformer2DModel, CosmosTransformer3DModel,
+EasyAnimateTransformer3DModel, ChronoEditTransformer3DModel and AllegroTransformer3DModel
+(seeded: the same weights on every rank), even and odd token counts, padded (masked)
+text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
 (gloo) run: each parallelized output (and, training, the input gradient and every
 parameter's gradient summed over the ranks) against the same model in one process.
@@ -60,6 +65,53 @@ CASES_2 = {
     "wan-ulysses-train-bf16": "--model wan --ulysses 2 --train --dtype bf16",
     "flux-ring-odd-refused": "--model flux --ring 2 --tokens 25 --text 7 "
                              "--expect-error PlanError",
+    # QwenImage: its own _cp_plan (pos_embed output 1 = the text RoPE); the text key mask
+    "qwen-ulysses-mask-fp32": "--model qwen --ulysses 2 --pad 2",
+    "qwen-ring_anything-odd-bf16": "--model qwen --ring 2 --anything --tokens 25 --text 7 "
+                                   "--pad -1 --dtype bf16",
+    "qwen-ulysses-mask-train-fp32": "--model qwen --ulysses 2 --pad 3 --train --batch 2",
+    # HunyuanVideo: cpc's split plan ([video, text], the refiner on the whole text)
+    "hunyuan-ring-mask-fp32": "--model hunyuan --ring 2 --pad 2",
+    "hunyuan-ring_anything-mask-refused": "--model hunyuan --ring 2 --anything --pad 2 "
+                                          "--frames 3 --height 6 --width 6 "
+                                          "--expect-error PlanError",
+    # CogVideoX, SD3: processors that call torch's SDPA themselves
+    "cogvideox-ulysses-train-fp32": "--model cogvideox --ulysses 2 --frames 2 --train",
+    "sd3-ulysses-bf16": "--model sd3 --ulysses 2 --dtype bf16",
+    "sd3-ring_anything-odd-fp32": "--model sd3 --ring 2 --anything --height 6 --width 6 "
+                                  "--text 7",
+    # LTX-Video: video self-attention + a masked text cross-attention (kv plan)
+    "ltx-ulysses_anything-odd-mask-train-fp32": "--model ltx --ulysses 2 --anything --heads 3 "
+                                                "--frames 3 --height 5 --width 5 --pad 1 "
+                                                "--train",
+    # Mochi: one attention call per batch element (batch 2: both rows of the key mask)
+    "mochi-ring-mask-train-fp32": "--model mochi --ring 2 --pad 1 --batch 2 --train",
+    # SD3.5 Medium's structure: an image-only attention (attn2) next to the joint one
+    "sd35m-ring-train-fp32": "--model sd35m --ring 2 --train",
+    # HunyuanVideo-1.5: text = Qwen + byT5 + SigLIP, reordered valid-first by the model
+    "hunyuan15-ring-mask-fp32": "--model hunyuan15 --ring 2 --pad 2 --text 7 --batch 2",
+    # CogView4: its processor calls torch's SDPA (cpc's split plan, the image RoPE split)
+    "cogview4-ring_anything-odd-train-fp32": "--model cogview4 --ring 2 --anything "
+                                             "--height 6 --width 6 --text 7 --train",
+    # Allegro: the RoPE's per-token position grids (an input) split, a masked cross-attention
+    "allegro-ulysses_anything-odd-mask-train-fp32": "--model allegro --ulysses 2 --anything "
+                                                    "--heads 3 --frames 3 --height 6 "
+                                                    "--width 6 --pad 1 --train",
+    # ChronoEdit: Wan's architecture, its own _cp_plan
+    "chronoedit-ulysses-fp32": "--model chronoedit --ulysses 2",
+    # EasyAnimate: [text, video], torch SDPA (cpc's split plan)
+    "easyanimate-ring_anything-odd-train-fp32": "--model easyanimate --ring 2 --anything "
+                                                "--frames 3 --height 6 --width 6 --text 7 "
+                                                "--train",
+    # Cosmos: self-attention + a masked text cross-attention (cpc's split plan)
+    "cosmos-ulysses_anything-odd-mask-train-fp32": "--model cosmos --ulysses 2 --anything "
+                                                   "--heads 3 --frames 3 --height 6 "
+                                                   "--width 6 --pad 1 --train",
+    # Chroma: FLUX's architecture, attention_mask over [text, image] (cpc's split plan)
+    "chroma-ring-mask-train-fp32": "--model chroma --ring 2 --pad 1 --train --batch 2",
+    # SkyReels-V2: Wan's architecture without a diffusers _cp_plan (cpc's)
+    "skyreels-ring_anything-odd-train-fp32": "--model skyreels --ring 2 --anything "
+                                             "--frames 3 --height 6 --width 6 --train",
 }
 CASES_4 = {
     "flux-unified-fp32": "--model flux --ring 2 --ulysses 2",
@@ -76,12 +128,55 @@ CASES_4 = {
     "wan-unified-train-fp32": "--model wan --ring 2 --ulysses 2 --frames 4 --train",
     "wan-ulysses-odd-refused": "--model wan --ulysses 4 --frames 5 --height 6 --width 6 "
                                "--expect-error PlanError",
+    "qwen-unified-mask-bf16": "--model qwen --ring 2 --ulysses 2 --pad 2 --dtype bf16",
+    "hunyuan-ulysses-mask-fp32": "--model hunyuan --ulysses 4 --pad 3 --frames 2",
+    "cogvideox-ring-fp32": "--model cogvideox --ring 4 --frames 2",
+    # CogVideoX's joint text must divide when it is split (the hint offers
+    # replicate_text=True); held whole on every rank (xDiT's layout) it need not
+    "cogvideox-ulysses-text-refused": "--model cogvideox --ulysses 4 --frames 2 --text 6 "
+                                      "--expect-error PlanError",
+    "cogvideox-ulysses-replicate-odd-fp32": "--model cogvideox --ulysses 4 --frames 2 "
+                                            "--text 6 --replicate-text",
+    "hunyuan-unified-replicate-mask-fp32": "--model hunyuan --ring 2 --ulysses 2 --frames 2 "
+                                           "--text 7 --pad 2 --replicate-text",
+    "sd3-unified-fp32": "--model sd3 --ring 2 --ulysses 2 --height 8 --width 4",
+    "ltx-unified-mask-fp32": "--model ltx --ring 2 --ulysses 2 --pad 1",
+    "mochi-unified-mask-fp32": "--model mochi --ring 2 --ulysses 2 --pad 2 --batch 2 "
+                               "--frames 2",
+    "hunyuan15-ulysses_anything-odd-mask-fp32": "--model hunyuan15 --ulysses 4 --anything "
+                                                "--pad 1",
+    "skyreels-unified-bf16": "--model skyreels --ring 2 --ulysses 2 --frames 4 --dtype bf16",
+    "chroma-ulysses-mask-fp32": "--model chroma --ulysses 4 --pad 2",
+    "cosmos-ring-mask-fp32": "--model cosmos --ring 4 --frames 4 --pad 2",
+    "easyanimate-unified-fp32": "--model easyanimate --ring 2 --ulysses 2 --frames 4",
+    "allegro-ring-mask-fp32": "--model allegro --ring 4 --frames 4 --pad 2",
+    "cogview4-unified-bf16": "--model cogview4 --ring 2 --ulysses 2 --width 8 --text 16 "
+                             "--dtype bf16",
+    "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
+                                       "--width 6 --text 7",
 }
 CASES_TORCHRUN = {
     "flux-ulysses-fp32": "--model flux --ulysses 2",
     "wan-ring_anything-odd-train-fp32": "--model wan --ring 2 --anything --frames 3 "
                                         "--height 6 --width 6 --train",
+    "qwen-ring-mask-fp32": "--model qwen --ring 2 --pad 2",
+    "hunyuan-ulysses-mask-fp32": "--model hunyuan --ulysses 2 --pad 1",
+    "cogvideox-ulysses-fp32": "--model cogvideox --ulysses 2 --frames 2",
+    "sd3-ring-fp32": "--model sd3 --ring 2",
+    "ltx-ulysses-mask-fp32": "--model ltx --ulysses 2 --pad 2",
+    "mochi-ulysses-mask-bf16": "--model mochi --ulysses 2 --pad 2 --dtype bf16",
+    "cogview4-ulysses-fp32": "--model cogview4 --ulysses 2 --text 16",
+    "cosmos-ring-mask-fp32": "--model cosmos --ring 2 --pad 1",
+    "easyanimate-ulysses-bf16": "--model easyanimate --ulysses 2 --dtype bf16",
+    "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
 }
+
+# attention calls per forward: the tiny models' layers (x2 where a layer has a text
+# cross-attention as well; Mochi: x batch, one call per batch element)
+CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
+         "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
+         "cogview4": 2, "cosmos": 4, "easyanimate": 2, "chronoedit": 4,
+         "allegro": 4}
 
 
 def _env():
@@ -130,6 +225,8 @@ def _check(name, runs, nproc):
         assert len(runs) == nproc, runs
         assert all(r["error"] == "PlanError" for r in runs)
         assert all("CP01" in r["message"] and "_anything=True" in r["message"] for r in runs)
+        if name.startswith("cogvideox"):       # the text's way out: xDiT's layout
+            assert all("replicate_text=True" in r["message"] for r in runs), runs
         return
     assert "error" not in d, d
     bf16 = "bf16" in name
@@ -137,9 +234,14 @@ def _check(name, runs, nproc):
     # output is rounded to bf16 at different points (cpc: once; SDPA: its own blocking)
     tol = 2e-2 if bf16 else 2e-6
     assert d["out"] < tol, d
-    # every attention of the model went through cpc (flux 2 layers, wan 2 x (self+cross))
-    per_forward = 2 if name.startswith("flux") else 4
-    assert d["cpc_calls"] == per_forward, d
+    # every attention of the model went through cpc
+    family = name.split("-")[0]
+    assert d["cpc_calls"] == CALLS[family] * (d["shape"][0] if family == "mochi" else 1), d
+    # a padded text reached cpc as a key mask (joint: [0]; LTX's cross-attention: [1])
+    if "-mask" in name:
+        want_masks = [[False, True]] if name.startswith(("ltx", "cosmos", "allegro")) else \
+            [[True, False]]
+        assert d["masks"] == want_masks, d
     want = {"ring": "ring", "ulysses": "ulysses", "unified": "unified",
             "ring_anything": "ring_anything", "ulysses_anything": "ulysses_anything"}
     assert d["variant"] == want[name.split("-")[1]], d

@@ -16,12 +16,16 @@ _CP_FIELDS = ("ring_degree", "ulysses_degree", "convert_to_fp32", "rotate_method
 
 class _Model:
     def __init__(self, family, kind, heads, head_dim, layers, patch, vae, vae_t, text,
-                 text_pos, mask, cross_text=None):
+                 text_pos, mask, cross_text=None, kv_heads=None, attention=None,
+                 cross_heads=None):
         self.family, self.kind = family, kind            # kind: image | video
         self.heads, self.head_dim, self.layers = heads, head_dim, layers
         self.patch, self.vae, self.vae_t = patch, vae, vae_t
         self.text, self.text_pos, self.mask = text, text_pos, mask  # text_pos: first|last|cross
         self.cross_text = cross_text
+        self.kv_heads = kv_heads          # GQA (Lumina2): model.kv_heads
+        self.attention = attention        # "linear": the self-attention's kind (Sana)
+        self.cross_heads = cross_heads    # (heads, head_dim) of the cross-attention if other
 
 
 def _get(cfg, key, default=None, required=True):
@@ -172,6 +176,15 @@ def _skyreels(cfg):
                   512, "cross", "none", cross_text=512)
 
 
+def _chronoedit(cfg):
+    # ChronoEdit (14B): Wan2.1-I2V's architecture (self-attention over the video, umT5 text
+    # 512 in the cross-attention, VAE 8 x 4); the edit is a short video (input frame ->
+    # edited frame)
+    return _Model("chronoedit", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg), 8, 4,
+                  512, "cross", "none", cross_text=512)
+
+
 def _zimage(cfg):
     # Z-Image: one stream over [image, caption] (the basic, non-omni order), the caption
     # (max_sequence_length 512) padded and masked; VAE 8, patch all_patch_size[0];
@@ -187,6 +200,114 @@ def _zimage(cfg):
                   512, "last", "key_padding")
 
 
+def _ltx2(cfg):
+    # LTX-2 (audio + video): the video stream's attentions (the largest): self-attention
+    # over the video latents, the Gemma text (LTX2Pipeline max_sequence_length 1024) in a
+    # cross-attention; VAE from the config's vae_scale_factors (t, h, w) = (8, 32, 32);
+    # patch [patch_size_t, patch_size, patch_size].  The audio stream (audio self- and
+    # cross-attention, audio<->video cross-attention) is not in this plan.
+    vsf = _get(cfg, "vae_scale_factors", [8, 32, 32])
+    if not isinstance(vsf, (list, tuple)) or len(vsf) != 3:
+        raise ValueError(f"vae_scale_factors {vsf!r}: expected [t, h, w]")
+    if vsf[1] != vsf[2]:
+        raise ValueError(f"vae_scale_factors {vsf!r}: cpc's video segment has one spatial "
+                         "factor (pass vae_scale=)")
+    return _Model("ltx-2", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg),
+                  _int(vsf[1], "vae_scale_factors"), _int(vsf[0], "vae_scale_factors"), 1024,
+                  "cross", "none", cross_text=1024)
+
+
+def _chroma(cfg):
+    # Chroma: FLUX.1's architecture (2x2 packing, VAE 8, patch_size 1); T5 text (512)
+    # first, its padding masked (ChromaPipeline keeps one pad token): key padding.
+    p = _int(_get(cfg, "patch_size", 1), "patch_size")
+    return _Model("chroma", "image", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"),
+                  _get(cfg, "num_layers") + _get(cfg, "num_single_layers", 0), 2 * p, 8, None,
+                  512, "first", "key_padding")
+
+
+def _cogview4(cfg):
+    # CogView4: [text, image] (CogView4AttnProcessor: cat([encoder_hidden_states,
+    # hidden_states])); the GLM text is padded (pad tokens, not masked) to a multiple of 16,
+    # at most max_sequence_length 1024; VAE 8, patch_size 2.
+    return _Model("cogview4", "image", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"),
+                  _int(_get(cfg, "patch_size", 2), "patch_size"), 8, None, 1024, "first",
+                  "none")
+
+
+def _cosmos(cfg):
+    # Cosmos (text2world): self-attention over the video (patch (1, 2, 2), VAE 8 x 8: the
+    # Cosmos tokenizer CV8x8x8), T5 text (512) in a cross-attention.
+    return _Model("cosmos", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg), 8, 8,
+                  512, "cross", "none", cross_text=512)
+
+
+def _allegro(cfg):
+    # Allegro: self-attention over the video (patch [patch_size_t, p, p], VAE 8 x 4), T5
+    # text (512) in a cross-attention.
+    return _Model("allegro", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), _patch3(cfg), 8, 4,
+                  512, "cross", "none", cross_text=512)
+
+
+def _lumina2(cfg):
+    # Lumina-Image-2.0: one stream over [caption, image] (the Gemma caption, at most
+    # max_sequence_length 256, padding masked); heads num_attention_heads, head_dim
+    # hidden_size / heads, GQA with num_kv_heads; num_layers joint layers (its noise and
+    # context refiners attend within the image or the caption alone); VAE 8, patch 2.
+    heads = _int(_get(cfg, "num_attention_heads"), "num_attention_heads")
+    hidden = _int(_get(cfg, "hidden_size"), "hidden_size")
+    if hidden % heads:
+        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads "
+                         f"{heads}")
+    return _Model("lumina2", "image", heads, hidden // heads, _get(cfg, "num_layers"),
+                  _int(_get(cfg, "patch_size", 2), "patch_size"), 8, None, 256, "first",
+                  "key_padding", kv_heads=_get(cfg, "num_kv_heads", heads))
+
+
+def _sana(cfg):
+    # Sana: ReLU linear self-attention over the image (SanaLinearAttnProcessor2_0: cpc
+    # prices model.attention linear, its kernels run softmax only), Gemma text (300) in a
+    # softmax cross-attention with its own heads (num_cross_attention_heads x
+    # cross_attention_head_dim); DC-AE VAE 32, patch_size 1.
+    cross = (_get(cfg, "num_cross_attention_heads", None, required=False),
+             _get(cfg, "cross_attention_head_dim", None, required=False))
+    return _Model("sana", "image", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"),
+                  _int(_get(cfg, "patch_size", 1), "patch_size"), 32, None, 300, "cross",
+                  "none", cross_text=300, attention="linear",
+                  cross_heads=cross if None not in cross else None)
+
+
+def _hidream(cfg):
+    # HiDream-I1: one joint attention per block over [image, text] (HiDreamAttnProcessor:
+    # cat([query_i, query_t])); the text of every block = T5 (128) + a Llama-3.1 layer
+    # (128) + the block's own Llama layer (128) = 384 (HiDreamImagePipeline
+    # max_sequence_length 128 each); VAE 8, patch_size 2; num_layers double-stream +
+    # num_single_layers single-stream blocks.  A non-square image is padded to
+    # max_resolution[0] x max_resolution[1] / patch^2 tokens (HiDreamImageTransformer2DModel
+    # .patchify), whose padding keys are zeroed, not masked: they take part.
+    return _Model("hidream", "image", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"),
+                  _get(cfg, "num_layers") + _get(cfg, "num_single_layers", 0),
+                  _int(_get(cfg, "patch_size", 2), "patch_size"), 8, None, 3 * 128, "last",
+                  "none")
+
+
+def _easyanimate(cfg):
+    # EasyAnimate (V5.1): joint attention over [text, video] (EasyAnimateAttnProcessor2_0:
+    # cat([encoder_query, query])), no text mask in the transformer; the Qwen2-VL text
+    # (EasyAnimatePipeline max_sequence_length 256); VAE 8 x 4; patch [1, p, p].
+    p = _int(_get(cfg, "patch_size", 2), "patch_size")
+    return _Model("easyanimate", "video", _get(cfg, "num_attention_heads"),
+                  _get(cfg, "attention_head_dim"), _get(cfg, "num_layers"), [1, p, p], 8, 4,
+                  256, "first", "none")
+
+
 _FAMILIES = {
     "FluxTransformer2DModel": _flux,
     "QwenImageTransformer2DModel": _qwen,
@@ -200,6 +321,16 @@ _FAMILIES = {
     "MochiTransformer3DModel": _mochi,
     "SkyReelsV2Transformer3DModel": _skyreels,
     "ZImageTransformer2DModel": _zimage,
+    "LTX2VideoTransformer3DModel": _ltx2,
+    "ChromaTransformer2DModel": _chroma,
+    "CogView4Transformer2DModel": _cogview4,
+    "CosmosTransformer3DModel": _cosmos,
+    "AllegroTransformer3DModel": _allegro,
+    "Lumina2Transformer2DModel": _lumina2,
+    "SanaTransformer2DModel": _sana,
+    "HiDreamImageTransformer2DModel": _hidream,
+    "ChronoEditTransformer3DModel": _chronoedit,
+    "EasyAnimateTransformer3DModel": _easyanimate,
 }
 
 
@@ -302,7 +433,7 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
                    num_frames=None, world_size=None, text_tokens=None, *, batch=1,
                    dtype="bf16", attention=None, device=None, vae_scale=None,
                    vae_temporal=None, name=None, steps=None, tokens=None, mode=None,
-                   reference_images=0, parameters=None, replicate_text=False):
+                   reference_images=0, parameters=None, mask=None, replicate_text=False):
     """A cpc plan dict for a diffusers model under a diffusers context-parallel
     configuration.
 
@@ -310,17 +441,24 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
       its fields (ring_degree, ulysses_degree, ulysses_anything, ring_anything,
       rotate_method, convert_to_fp32, mesh), or None for a single-device plan.
     transformer_config: the model's transformer/config.json as a dict (or the
-      transformer's .config): FLUX.1, QwenImage, SD3/3.5, CogVideoX 1.0/1.5,
-      HunyuanVideo, Wan2.1/2.2, LTX-Video.
+      transformer's .config), by its _class_name: FLUX.1, FLUX.2, Chroma, QwenImage (and
+      -Edit), SD3/3.5, CogView4, Lumina-Image-2.0, Sana, Z-Image, CogVideoX 1.0/1.5,
+      HunyuanVideo, HunyuanVideo-1.5, Mochi, Wan2.1/2.2, SkyReels-V2, LTX-Video, LTX-2
+      (its video stream), Cosmos, Allegro, HiDream-I1, EasyAnimate, ChronoEdit.
     height, width (pixels), num_frames (video models): the generation size.
     world_size: optional; must equal ring_degree x ulysses_degree.
     text_tokens: the text sequence length, default the pipeline's
       (max_sequence_length): FLUX 512, QwenImage 512 (its maximum), SD3 333, CogVideoX
-      max_text_seq_length, HunyuanVideo 256, Wan 512, LTX 128.
+      max_text_seq_length, HunyuanVideo 256, Wan 512, LTX 128, LTX-2 1024, Chroma 512,
+      CogView4 1024 (its maximum: the prompt padded to a multiple of 16), Lumina2 256,
+      Sana 300, Cosmos 512, Allegro 512, HiDream 384 (T5 128 + two Llama layers of
+      128), EasyAnimate 256.
     batch: the transformer's batch (2 when a pipeline batches CFG's two branches).
-    attention: "joint" (text + image tokens, FLUX/QwenImage/SD3/CogVideoX/Hunyuan),
-      "self" (video only: Wan, LTX; their default) or "cross" (Wan/LTX: queries the
-      video, keys/values the whole text, not split).
+    attention: "joint" (text + image tokens, FLUX/QwenImage/SD3/CogVideoX/Hunyuan/...),
+      "self" (image/video only: Wan, SkyReels-V2, LTX, LTX-2, Cosmos, Allegro, Sana; their
+      default; Sana's is linear attention, model.attention linear) or "cross" (those
+      models: queries the image/video, keys/values the whole text, not split; Sana's
+      with its own cross-attention heads).
     vae_scale, vae_temporal: override the VAE's compression (default per model).
     tokens: the image/video token count as the transformer sees it (after the VAE and
       the patching), instead of height/width/num_frames (cpc.diffusers.parallelize
@@ -331,6 +469,10 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     reference_images: image models: how many reference images of the generation size
       join the image tokens (Qwen-Image-Edit: 1; FLUX.2 with reference images: their
       count), i.e. the image segment holds (1 + reference_images) images' tokens.
+    mask: input.mask: None = the model's (key_padding for the joint attention of
+      QwenImage, HunyuanVideo(-1.5), Mochi, Z-Image, whose text is padded and masked;
+      none otherwise), or "none" / "key_padding" (cpc.diffusers.parallelize passes what
+      the call's inputs carry: "none" when every key takes part).
     parameters: model.parameters (the transformer's weight count, for whole-step
       predictions): None = counted from the model's own code when diffusers (torch >= 2)
       is importable (the model built from the config on torch's "meta" device: no
@@ -419,6 +561,10 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     elif m.kind == "image" and reference_images:
         one = (height // vs // m.patch) * (width // vs // m.patch)
         seg = {"name": "image", "tokens": one * (1 + reference_images)}
+    elif m.kind == "image" and m.family == "hidream" and height // vs != width // vs:
+        mr = _get(cfg, "max_resolution", [128, 128])
+        seg = {"name": "image", "tokens": _int(mr[0], "max_resolution") *
+               _int(mr[1], "max_resolution") // (m.patch * m.patch)}
     elif m.kind == "image":
         seg = {"name": "image", "image": {"height": height, "width": width, "vae_scale": vs,
                                           "patch": m.patch}}
@@ -428,6 +574,12 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
                  "vae_temporal": vt, "patch": [pt, ph, pw]}
         seg = {"name": "video", "video": video}
         latent = (num_frames - 1) // vt + 1
+        if m.family == "allegro" and num_frames % 2:
+            # AllegroPipeline.prepare_latents: ceil((F - 1) / vt) + 1 for an odd F (one
+            # more latent frame than (F - 1) // vt + 1 when F - 1 is not a multiple of vt)
+            latent = -(-(num_frames - 1) // vt) + 1
+            seg = {"name": "video",
+                   "tokens": latent // pt * ((height // vs) // ph) * ((width // vs) // pw)}
         if pt > 1 and latent % pt:
             # CogVideoX 1.5 (patch_size_t 2) pads the latent frames to a multiple of pt.
             latent = math.ceil(latent / pt) * pt
@@ -441,8 +593,11 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         if replicate_text:
             t["split"] = "replicate"      # xDiT: joint text whole on every rank
         segments = [t, seg] if m.text_pos == "first" else [seg, t]
-    inp = {"batch": _int(batch, "batch"), "segments": segments,
-           "mask": m.mask if attention == "joint" else "none"}
+    if mask is None:
+        mask = m.mask if attention == "joint" else "none"
+    elif mask not in ("none", "key_padding"):
+        raise ValueError(f"mask={mask!r}: 'none' or 'key_padding'")
+    inp = {"batch": _int(batch, "batch"), "segments": segments, "mask": mask}
     if attention == "cross":
         inp["kv"] = {"tokens": text}
     if steps is not None:
@@ -466,6 +621,13 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
         "cluster": {"world_size": P},
         "parallel": par,
     }
+    if attention == "cross" and m.cross_heads:
+        plan["model"]["heads"] = _int(m.cross_heads[0], "num_cross_attention_heads")
+        plan["model"]["head_dim"] = _int(m.cross_heads[1], "cross_attention_head_dim")
+    if m.kv_heads is not None and m.kv_heads != m.heads:
+        plan["model"]["kv_heads"] = _int(m.kv_heads, "num_kv_heads")
+    if m.attention and attention == "self":
+        plan["model"]["attention"] = m.attention
     if par["variant"] not in ("unified", "none"):
         # the variant and world_size determine the degrees: left to cpc, so that a sweep
         # or --set cluster.world_size can change them (CP105 otherwise)

@@ -8,15 +8,23 @@ What `parallelize` does (the same contract as diffusers' `enable_parallelism`):
 
 - The transformer's inputs are split over the ranks where the model's own `_cp_plan`
   says (diffusers' metadata: which module inputs/outputs carry the sequence, on which
-  dimension), but into cpc's layout for the plan: each split tensor is cut at the global
-  token positions of this rank's shard of its segment (`Artifact.shard_runs`), so text and
-  image/video segments, uneven (`*_anything`) splits included, land where cpc expects them.
+  dimension; for classes diffusers gives none, or whose text cpc keeps whole, a plan of
+  the same format in _MODELS), but into cpc's layout for the plan: each split tensor is
+  cut at the global token positions of this rank's shard of its segment
+  (`Artifact.shard_runs`), so text and image/video segments, uneven (`*_anything`) splits
+  included, land where cpc expects them.
   The output named by `_cp_plan`'s ContextParallelOutput is gathered back (an all-gather
   over `comm`; its backward takes this rank's rows, as diffusers' does).
 - Every attention processor of the model keeps its projections, norms and RoPE; only its
-  call to diffusers' `dispatch_attention_fn` is answered by `cpc.Attention` (joint or
-  self-attention: the plan's main artifact; a cross-attention module, `is_cross_attention`
-  as in Wan: a `kv:` plan whose K/V are the whole text, held by every rank).
+  call to diffusers' `dispatch_attention_fn` (or to torch's
+  scaled_dot_product_attention, for processors that call it themselves: CogVideoX,
+  CogView4, EasyAnimate, SD3, Mochi) is answered by `cpc.Attention` (joint or
+  self-attention: the plan's main artifact; a cross-attention, Wan's
+  `is_cross_attention` or a self-attention model's processor given
+  encoder_hidden_states: a `kv:` plan whose K/V are the whole text, held by every rank).
+  A text padding mask (QwenImage, Chroma, HunyuanVideo(-1.5), Mochi; LTX's and Cosmos'
+  cross-attention) is read from the call's full inputs and given to cpc as `mask:
+  key_padding` (this rank's shard).
 - The plan is `cpc.from_diffusers(parallel_config, transformer.config, tokens=...,
   text_tokens=..., batch=..., dtype=..., mode=...)` for the shapes of the first call; it is
   compiled (proven) in a pre-hook of the transformer before any layer runs: a plan cpc
@@ -51,7 +59,7 @@ __all__ = ["parallelize", "unparallelize", "allreduce_grads", "is_parallelized"]
 # the dispatch_attention_fn replacement).
 _CURRENT = contextvars.ContextVar("cpc_diffusers_attention", default=None)
 _WRAPPED_CLASSES = {}        # processor class -> its cpc subclass
-_PATCHED_MODULES = {}        # module name -> the original dispatch_attention_fn
+_PATCHED_MODULES = {}        # module name -> (its dispatch_attention_fn, its F) originals
 
 
 def _torch():
@@ -212,7 +220,7 @@ def _arg(sig, name, args, kwargs):
 def _tokens_flux(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if hs is None or hs.dim() != 3:
-        raise UsageError("FluxTransformer2DModel: hidden_states must be [B, tokens, C] (the "
+        raise UsageError(f"{type(model).__name__}: hidden_states must be [B, tokens, C] (the "
                          "pipeline's packed latents)", code="usage")
     text = ehs.shape[1] if ehs is not None else None
     return hs.shape[0], hs.shape[1], text
@@ -229,26 +237,488 @@ def _tokens_flux2(model, cfg, get):
 
 def _tokens_wan(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    name = type(model).__name__
     if hs is None or hs.dim() != 5:
-        raise UsageError("WanTransformer3DModel: hidden_states must be [B, C, F, H, W]",
-                         code="usage")
+        raise UsageError(f"{name}: hidden_states must be [B, C, F, H, W]", code="usage")
     pt, ph, pw = cfg["patch_size"]
     B, _, F, H, W = hs.shape
     if F % pt or H % ph or W % pw:
-        raise UsageError(f"WanTransformer3DModel: latent {F}x{H}x{W} is not a multiple of "
+        raise UsageError(f"{name}: latent {F}x{H}x{W} is not a multiple of "
                          f"patch_size {pt}x{ph}x{pw}", code="usage")
     text = ehs.shape[1] if ehs is not None else None
     return B, (F // pt) * (H // ph) * (W // pw), text
 
 
-# class name -> (tokens from inputs, segment of each split input name: "text" or "main",
-#               the main segment's attention kind for from_diffusers)
+def _tokens_skyreels(model, cfg, get):
+    if get("enable_diffusion_forcing"):
+        raise UnsupportedError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing: "
+                               "its per-block causal mask over frames is not routed through "
+                               "cpc.diffusers", code="unsupported")
+    return _tokens_wan(model, cfg, get)
+
+
+def _plan_skyreels():
+    # as diffusers' Wan _cp_plan (SkyReels-V2 is Wan's architecture; diffusers 0.42.1 gives
+    # it none): the video and its RoPE split, the text whole for the cross-attention
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+    c = ContextParallelInput(split_dim=1, expected_dims=4, split_output=True)
+    return {"rope": {0: c, 1: c},
+            "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3,
+                                                               split_output=False)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _plan_chroma():
+    # FLUX's _cp_plan (Chroma is FLUX's architecture; diffusers 0.42.1 gives it none)
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims, dim):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=False)
+    return {"": {"hidden_states": c(3, 1), "encoder_hidden_states": c(3, 1),
+                 "img_ids": c(2, 0), "txt_ids": c(2, 0)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _mask_chroma(get, B, tokens, text):
+    """ChromaTransformer2DModel: attention_mask [B, text + image] (ChromaPipeline: the T5
+    padding but one token masked, the image all valid), in the plan's [text, image] order;
+    its processors mask the padding as keys and queries, cpc as keys (a padded text row is
+    seen by no other token)."""
+    m = get("attention_mask")
+    if m is None:
+        return None, None
+    if m.dim() != 2 or m.shape[1] != text + tokens:
+        raise UsageError(f"ChromaTransformer2DModel: attention_mask must be [B, {text} + "
+                         f"{tokens}] (text, then image), got {tuple(m.shape)}", code="usage")
+    return m != 0, None
+
+
+def _tokens_cosmos(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if isinstance(ehs, tuple):
+        raise UnsupportedError("CosmosTransformer3DModel with an image context "
+                               "(encoder_hidden_states as a tuple, Cosmos 2.5) is not routed "
+                               "through cpc.diffusers", code="unsupported")
+    if get("block_controlnet_hidden_states") is not None:
+        raise UnsupportedError("CosmosTransformer3DModel with controlnet residuals is not "
+                               "split by cpc.diffusers", code="unsupported")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("CosmosTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    pt, ph, pw = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % ph or W % pw:
+        raise UsageError(f"CosmosTransformer3DModel: latent {F}x{H}x{W} is not a multiple of "
+                         f"patch_size {pt}x{ph}x{pw}", code="usage")
+    return B, (F // pt) * (H // ph) * (W // pw), ehs.shape[1] if ehs is not None else None
+
+
+def _mask_cosmos(get, B, tokens, text):
+    """CosmosTransformer3DModel: attention_mask [B, T] (1 = the text token takes part) for
+    the cross-attention's keys."""
+    m = get("attention_mask")
+    if m is None or m.dim() != 2:
+        return None, None
+    return None, m != 0
+
+
+def _plan_cosmos():
+    # the video, its RoPE ([S, D]) and the per-token inputs of every block (the learnable
+    # positional embedding; temb / embedded_timestep when the timestep is per frame)
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims, dim=1, out=False):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=out)
+    return {"transformer_blocks.0": {"hidden_states": c(3)},
+            "transformer_blocks.*": {"extra_pos_emb": c(3), "temb": c(3),
+                                     "embedded_timestep": c(3)},
+            "rope": {0: c(2, 0, True), 1: c(2, 0, True)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _tokens_easyanimate(model, cfg, get):
+    hs, ehs, t5 = get("hidden_states"), get("encoder_hidden_states"), \
+        get("encoder_hidden_states_t5")
+    if hs is None or hs.dim() != 5 or ehs is None:
+        raise UsageError("EasyAnimateTransformer3DModel: hidden_states [B, C, F, H, W] and "
+                         "encoder_hidden_states are required", code="usage")
+    p = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"EasyAnimateTransformer3DModel: latent {H}x{W} is not a multiple "
+                         f"of patch_size {p}", code="usage")
+    return B, F * (H // p) * (W // p), ehs.shape[1] + (t5.shape[1] if t5 is not None else 0)
+
+
+def _plan_easyanimate():
+    return _plan_blocks("transformer_blocks.0", rope="rope_embedding")
+
+
+def _tokens_allegro(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if get("attention_mask") is not None:
+        raise UnsupportedError("AllegroTransformer3DModel with a video attention_mask: not "
+                               "routed through cpc.diffusers (AllegroPipeline passes none)",
+                               code="unsupported")
+    if get("image_rotary_emb") is None:
+        raise UsageError("AllegroTransformer3DModel: image_rotary_emb is required (as "
+                         "AllegroPipeline passes it)", code="usage")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("AllegroTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    pt, p = cfg["patch_size_t"], cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % p or W % p:
+        raise UsageError(f"AllegroTransformer3DModel: latent {F}x{H}x{W} is not a multiple "
+                         f"of the patch {pt}x{p}x{p}", code="usage")
+    return B, (F // pt) * (H // p) * (W // p), ehs.shape[1] if ehs is not None else None
+
+
+def _plan_allegro():
+    # image_rotary_emb = ((freqs_t, freqs_h, freqs_w): tables, kept), (grid_t, grid_h,
+    # grid_w): each token's positions [1, S], split) as AllegroPipeline makes it
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+    g = ContextParallelInput(split_dim=1, expected_dims=2, split_output=False)
+    return {"": {"image_rotary_emb": [None, [g, g, g]]},
+            "transformer_blocks.0": {"hidden_states": ContextParallelInput(
+                split_dim=1, expected_dims=3, split_output=False)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _tokens_qwen(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 3:
+        raise UsageError("QwenImageTransformer2DModel: hidden_states must be [B, tokens, C] "
+                         "(the pipeline's packed latents)", code="usage")
+    if ehs is None:
+        raise UsageError("QwenImageTransformer2DModel: encoder_hidden_states is required",
+                         code="usage")
+    return hs.shape[0], hs.shape[1], ehs.shape[1]
+
+
+def _tokens_image_bchw(model, cfg, get):
+    """SD3: hidden_states [B, C, H, W] latents, patchified by the model (patch_size)."""
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 4:
+        raise UsageError(f"{type(model).__name__}: hidden_states must be [B, C, H, W]",
+                         code="usage")
+    p = cfg["patch_size"]
+    B, _, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"{type(model).__name__}: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    return B, (H // p) * (W // p), ehs.shape[1] if ehs is not None else None
+
+
+def _tokens_hunyuan(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("HunyuanVideoTransformer3DModel: hidden_states must be "
+                         "[B, C, F, H, W]", code="usage")
+    pt, p = cfg["patch_size_t"], cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % p or W % p:
+        raise UsageError(f"HunyuanVideoTransformer3DModel: latent {F}x{H}x{W} is not a "
+                         f"multiple of the patch {pt}x{p}x{p}", code="usage")
+    return B, (F // pt) * (H // p) * (W // p), ehs.shape[1] if ehs is not None else None
+
+
+def _tokens_cogvideox(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("CogVideoXTransformer3DModel: hidden_states must be "
+                         "[B, F, C, H, W]", code="usage")
+    p, pt = cfg["patch_size"], cfg.get("patch_size_t") or 1
+    B, F, _, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"CogVideoXTransformer3DModel: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    if ehs is None:
+        raise UsageError("CogVideoXTransformer3DModel: encoder_hidden_states is required",
+                         code="usage")
+    return B, -(-F // pt) * (H // p) * (W // p), ehs.shape[1]
+
+
+def _tokens_ltx(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 3:
+        raise UsageError("LTXVideoTransformer3DModel: hidden_states must be [B, tokens, C] "
+                         "(the pipeline's packed latents)", code="usage")
+    return hs.shape[0], hs.shape[1], ehs.shape[1] if ehs is not None else None
+
+
+def _mask_qwen(get, B, tokens, text):
+    """QwenDoubleStreamAttnProcessor2_0: keys = [text (encoder_hidden_states_mask), image
+    (all)]; the mask's True/nonzero = the key takes part (compute_text_seq_len_from_mask)."""
+    m = get("encoder_hidden_states_mask")
+    if m is None:
+        return None, None
+    torch = _torch()
+    return torch.cat([m.to(torch.bool), torch.ones(B, tokens, dtype=torch.bool,
+                                                   device=m.device)], 1), None
+
+
+def _mask_hunyuan(get, B, tokens, text):
+    """HunyuanVideoTransformer3DModel.forward: keys = [video (all), text]; text key j takes
+    part iff j < encoder_attention_mask[b].sum() (the model counts the valid tokens and
+    masks every position after video + that count)."""
+    m = get("encoder_attention_mask")
+    if m is None:
+        return None, None
+    torch = _torch()
+    n = m.sum(dim=1, dtype=torch.int)
+    txt = torch.arange(text, device=m.device)[None, :] < n[:, None]
+    return torch.cat([torch.ones(B, tokens, dtype=torch.bool, device=m.device), txt], 1), None
+
+
+def _mask_ltx(get, B, tokens, text):
+    """LTXVideoTransformer3DModel: the cross-attention's keys are the whole text,
+    encoder_attention_mask [B, T] (1 = valid; the model turns it into a -10000 bias)."""
+    m = get("encoder_attention_mask")
+    if m is None or m.dim() != 2:
+        return None, None
+    return None, m != 0
+
+
+def _plan_blocks(text_first_block, rope=None, rope_dim=0, root=None):
+    """A _cp_plan for a model diffusers gives none (or whose text cpc places otherwise):
+    the image/video and text hidden states split at the first block's inputs, RoPE
+    split where given, proj_out gathered."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def cpi(dims, dim=1, out=False):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=out)
+    plan = {text_first_block: {"hidden_states": cpi(3), "encoder_hidden_states": cpi(3)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+    if rope is not None:
+        plan[rope] = {0: cpi(2, rope_dim, True), 1: cpi(2, rope_dim, True)}
+    if root:
+        plan[""] = root()
+    return plan
+
+
+def _plan_hunyuan():
+    # the token refiner (context_embedder) runs on the whole text before the blocks
+    return _plan_blocks("transformer_blocks.0", rope="rope")
+
+
+def _plan_cogvideox():
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    def root():
+        c = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
+        return {"image_rotary_emb": [c, c]}
+    return _plan_blocks("transformer_blocks.0", root=root)
+
+
+def _plan_cogview4():
+    # the RoPE of the image (cos, sin [S, D]): from its rope module, or an input
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    def root():
+        c = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
+        return {"image_rotary_emb": [c, c]}
+    return _plan_blocks("transformer_blocks.0", rope="rope", root=root)
+
+
+def _plan_sd3():
+    return _plan_blocks("transformer_blocks.0")
+
+
+def _plan_ltx():
+    # diffusers' own LTX _cp_plan also splits the text (its cross-attention gathers it
+    # again); cpc keeps the text whole on every rank (a `kv:` plan): only the video and
+    # its RoPE are split
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def cpi(out=False):
+        return ContextParallelInput(split_dim=1, expected_dims=3, split_output=out)
+    return {"": {"hidden_states": cpi()}, "rope": {0: cpi(True), 1: cpi(True)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _tokens_hunyuan15(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("HunyuanVideo15Transformer3DModel: hidden_states must be "
+                         "[B, C, F, H, W]", code="usage")
+    pt, p = cfg["patch_size_t"], cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if F % pt or H % p or W % p:
+        raise UsageError(f"HunyuanVideo15Transformer3DModel: latent {F}x{H}x{W} is not a "
+                         f"multiple of the patch {pt}x{p}x{p}", code="usage")
+    parts = [get("encoder_hidden_states"), get("encoder_hidden_states_2"),
+             get("image_embeds")]
+    if any(x is None for x in parts):
+        raise UsageError("HunyuanVideo15Transformer3DModel: encoder_hidden_states, "
+                         "encoder_hidden_states_2 and image_embeds are required",
+                         code="usage")
+    return B, (F // pt) * (H // p) * (W // p), sum(x.shape[1] for x in parts)
+
+
+def _mask_hunyuan15(get, B, tokens, text):
+    """HunyuanVideo15Transformer3DModel.forward puts each sample's valid text first (SigLIP
+    image tokens: all valid, or none when image_embeds are all zero (text-to-video); byT5;
+    Qwen), the padding after; its processor masks the padded tokens as keys AND queries.
+    cpc masks them as keys: a padded row's own output differs, but no other token sees it
+    (masked keys in every layer; the output is the video's)."""
+    torch = _torch()
+    m1, m2 = get("encoder_attention_mask"), get("encoder_attention_mask_2")
+    img = get("image_embeds")
+    n = m1.to(torch.bool).sum(1) + m2.to(torch.bool).sum(1)
+    if not bool(torch.all(img == 0)):
+        n = n + img.shape[1]
+    txt = torch.arange(text, device=m1.device)[None, :] < n[:, None]
+    return torch.cat([torch.ones(B, tokens, dtype=torch.bool, device=m1.device), txt], 1), None
+
+
+def _plan_hunyuan15():
+    from diffusers.models._modeling_parallel import ContextParallelInput
+    plan = _plan_blocks("transformer_blocks.0", rope="rope")
+    # the processor builds its (local) mask from it; cpc's key mask replaces that mask
+    plan["transformer_blocks.*"] = {"encoder_attention_mask": ContextParallelInput(
+        split_dim=1, expected_dims=2, split_output=False)}
+    return plan
+
+
+def _tokens_mochi(model, cfg, get):
+    hs, ehs = get("hidden_states"), get("encoder_hidden_states")
+    if hs is None or hs.dim() != 5:
+        raise UsageError("MochiTransformer3DModel: hidden_states must be [B, C, F, H, W]",
+                         code="usage")
+    p = cfg["patch_size"]
+    B, _, F, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"MochiTransformer3DModel: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    if ehs is None:
+        raise UsageError("MochiTransformer3DModel: encoder_hidden_states is required",
+                         code="usage")
+    return B, F * (H // p) * (W // p), ehs.shape[1]
+
+
+def _mask_mochi(get, B, tokens, text):
+    """MochiAttnProcessor2_0 attends, per batch element, over [video, the valid text
+    tokens] and gives the padded text rows zeros.  With the valid tokens first (the
+    tokenizer pads on the right) that is [video, text] with the padding as masked keys:
+    the padded rows' outputs then differ, but no other token ever sees them (masked keys
+    in every layer; the output is the video's), so the model's output and gradients are
+    the same.  A mask with a hole (valid tokens after padding) would reorder the text
+    stream in diffusers' processor: refused."""
+    m = get("encoder_attention_mask")
+    if m is None:
+        raise UsageError("MochiTransformer3DModel: encoder_attention_mask is required",
+                         code="usage")
+    torch = _torch()
+    m = m.to(torch.bool)
+    n = m.sum(dim=1)
+    if bool((m != (torch.arange(text, device=m.device)[None, :] < n[:, None])).any()):
+        raise UnsupportedError("MochiTransformer3DModel: an encoder_attention_mask whose "
+                               "valid tokens are not all first (its processor would move "
+                               "them): cpc.diffusers needs right-padded text",
+                               code="unsupported")
+    return torch.cat([torch.ones(B, tokens, dtype=torch.bool, device=m.device), m], 1), None
+
+
+def _args_mochi(args, kwargs):
+    """The processor's own selection of the valid text is disabled (every local text token
+    is kept): cpc masks the padding as keys instead (_mask_mochi)."""
+    torch = _torch()
+    ehs = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
+    ones = torch.ones(ehs.shape[:2], dtype=torch.bool, device=ehs.device)
+    if "attention_mask" in kwargs or len(args) < 3:
+        kwargs["attention_mask"] = ones
+    else:
+        args = args[:2] + (ones,) + args[3:]
+    return args, kwargs
+
+
+def _plan_mochi():
+    from diffusers.models._modeling_parallel import ContextParallelInput
+    c = ContextParallelInput(split_dim=0, expected_dims=3, split_output=True)
+    plan = _plan_blocks("transformer_blocks.0")
+    plan["rope"] = {0: c, 1: c}
+    return plan
+
+
+def _blocks_only(name):
+    """The attention modules of the transformer blocks (not a text refiner's)."""
+    return name.startswith(("transformer_blocks.", "single_transformer_blocks."))
+
+
+def _check_hunyuan(model):
+    if model.config.get("image_condition_type") == "token_replace":
+        raise UnsupportedError("HunyuanVideoTransformer3DModel with image_condition_type "
+                               "'token_replace' (HunyuanVideo-I2V): its first-frame tokens "
+                               "are modulated by position, which cpc.diffusers does not "
+                               "split yet", code="unsupported")
+
+
+class _Spec:
+    """What parallelize needs to know of one transformer class.
+
+    tokens(model, cfg, get) -> (batch, image/video tokens, text tokens or None);
+    kind: "joint" (text and image in one attention) or "self" (video self-attention, the
+    text in a cross-attention: the processor is given encoder_hidden_states);
+    cp_plan: None (the class's own _cp_plan) or a function returning one (same format);
+    text_outputs: split outputs {(module id, index)} that are text (QwenImage's pos_embed
+    output 1: the text RoPE); key_mask(get, batch, tokens, text) -> (joint/self key mask
+    [B, S] in the plan's segment order, cross key mask [B, T]), bool, None where all keys
+    take part: the model's own masks at the attention are then replaced by it (cpc's
+    `mask: key_padding`); sites(name): which attention modules run through cpc (default
+    all); check(model): refuses configurations not routed; per_sample: the processor
+    attends each batch element in its own call (Mochi): the plan's batch is 1 and the
+    b-th call of one processor call is element b; proc_args(args, kwargs) -> (args,
+    kwargs): the processor's arguments while cpc answers (Mochi: no text selection);
+    image_self: a joint model's processor called without encoder_hidden_states is an
+    image-only self-attention (SD3.5 Medium's attn2): a plan of the image segment alone,
+    used where it holds every rank's image tokens where the joint plan does."""
+
+    def __init__(self, tokens, kind, cp_plan=None, text_outputs=(), key_mask=None,
+                 sites=None, check=None, per_sample=False, proc_args=None,
+                 image_self=False):
+        self.tokens, self.kind, self.cp_plan = tokens, kind, cp_plan
+        self.text_outputs = set(text_outputs)
+        self.key_mask, self.sites, self.check = key_mask, sites, check
+        self.per_sample, self.proc_args = per_sample, proc_args
+        self.image_self = image_self
+
+
 _MODELS = {
-    "FluxTransformer2DModel": (_tokens_flux, "joint"),
-    "Flux2Transformer2DModel": (_tokens_flux2, "joint"),
-    "WanTransformer3DModel": (_tokens_wan, "self"),
+    "FluxTransformer2DModel": _Spec(_tokens_flux, "joint"),
+    "Flux2Transformer2DModel": _Spec(_tokens_flux2, "joint"),
+    "ChromaTransformer2DModel": _Spec(_tokens_flux, "joint", cp_plan=_plan_chroma,
+                                      key_mask=_mask_chroma),
+    "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
+    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
+    "ChronoEditTransformer3DModel": _Spec(_tokens_wan, "self"),   # Wan's, its own _cp_plan
+    "AllegroTransformer3DModel": _Spec(_tokens_allegro, "self", cp_plan=_plan_allegro,
+                                       key_mask=_mask_ltx),
+    "CosmosTransformer3DModel": _Spec(_tokens_cosmos, "self", cp_plan=_plan_cosmos,
+                                      key_mask=_mask_cosmos),
+    "QwenImageTransformer2DModel": _Spec(_tokens_qwen, "joint",
+                                         text_outputs={("pos_embed", 1)},
+                                         key_mask=_mask_qwen),
+    "HunyuanVideoTransformer3DModel": _Spec(_tokens_hunyuan, "joint", cp_plan=_plan_hunyuan,
+                                            key_mask=_mask_hunyuan, sites=_blocks_only,
+                                            check=_check_hunyuan),
+    "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
+    "EasyAnimateTransformer3DModel": _Spec(_tokens_easyanimate, "joint",
+                                           cp_plan=_plan_easyanimate),
+    "CogView4Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_cogview4),
+    "SD3Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_sd3,
+                                   image_self=True),
+    "LTXVideoTransformer3DModel": _Spec(_tokens_ltx, "self", cp_plan=_plan_ltx,
+                                        key_mask=_mask_ltx),
+    "HunyuanVideo15Transformer3DModel": _Spec(_tokens_hunyuan15, "joint",
+                                              cp_plan=_plan_hunyuan15,
+                                              key_mask=_mask_hunyuan15, sites=_blocks_only),
+    "MochiTransformer3DModel": _Spec(_tokens_mochi, "joint", cp_plan=_plan_mochi,
+                                     key_mask=_mask_mochi, per_sample=True,
+                                     proc_args=_args_mochi),
 }
-_TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask")
+_TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
+               "encoder_hidden_states_mask")
 
 
 # ---- the per-shape state ------------------------------------------------------------
@@ -325,6 +795,8 @@ class _Shape:
         self.dtype, self.mode = dtype, mode
         self.main = None           # (artifact, attention)
         self.cross = {}            # kv tokens -> (artifact, attention)
+        self.image_self = None     # (artifact, attention): a joint model's image-only one
+        self.plan = None
         self.layout = None
         self.comm = par.comm
 
@@ -348,16 +820,19 @@ class _Parallel:
         self.handles = []
         self.sites = {}             # id(attention module) -> "main" | "cross"
         self.sig = inspect.signature(type(model).forward)
-        self.tokens_fn, self.kind = _MODELS[self.cls]
+        self.spec = _MODELS[self.cls]
+        self.tokens_fn, self.kind = self.spec.tokens, self.spec.kind
+        self.masks = (None, None)   # this call's key masks (joint/self, cross), global
+        self._mask_shards = {}      # this call's key masks as this rank's shards
         self.last_plan = None
         self.calls = 0              # attention calls answered by cpc (all shapes)
         self.attention_s = 0.0      # wall seconds inside those calls (forward)
 
     # -- plans --------------------------------------------------------------------
-    def _plan(self, attention, tokens, text, batch, dtype, mode):
+    def _plan(self, attention, tokens, text, batch, dtype, mode, mask="none"):
         return _D.from_diffusers(self.parallel_config, self.cfg, tokens=tokens,
                                  text_tokens=text, batch=batch, dtype=dtype,
-                                 attention=attention, mode=mode,
+                                 attention=attention, mode=mode, mask=mask,
                                  name=f"{self.cls}-{attention}", **self.plan_kw)
 
     def _compile(self, plan):
@@ -367,20 +842,22 @@ class _Parallel:
         except PlanError as e:
             raise _diffusers_hints(e, plan, self.parallel_config) from None
 
-    def _state(self, tokens, text, batch, dtype, mode):
-        key = (tokens, text, batch, dtype, mode)
+    def _state(self, tokens, text, batch, dtype, mode, masked=(False, False)):
+        key = (tokens, text, batch, dtype, mode, masked)
         st = self.shapes.get(key)
         if st is not None:
             return st
         st = _Shape(self, key, tokens, text, batch, dtype, mode)
+        st.cross_mask = "key_padding" if masked[1] else "none"
+        mask = "key_padding" if masked[0] else "none"
         if self.kind == "joint":
             if text is None:
                 raise UsageError(f"{self.cls}: encoder_hidden_states is required (joint "
                                  "attention over text and image tokens)", code="usage")
-            plan = self._plan("joint", tokens, text, batch, dtype, mode)
+            plan = self._plan("joint", tokens, text, batch, dtype, mode, mask)
         else:
-            plan = self._plan("self", tokens, None, batch, dtype, mode)
-        self.last_plan = plan
+            plan = self._plan("self", tokens, None, batch, dtype, mode, mask)
+        self.last_plan = st.plan = plan
         art = self._compile(plan)
         if art.world_size != self.comm.size:
             raise UsageError(
@@ -395,12 +872,39 @@ class _Parallel:
         st.main = (art, self.comm.attention(art, self.backend, self.timeout_s))
         if self.kind == "self" and text is not None and any(
                 v == "cross" for v in self.sites.values()):
-            st.cross[text] = self._cross(tokens, text, batch, dtype, mode)
+            st.cross[text] = self._cross(tokens, text, batch, dtype, mode, st.cross_mask)
         self.shapes[key] = st
         return st
 
-    def _cross(self, tokens, kv, batch, dtype, mode):
-        plan = self._plan("cross", tokens, kv, batch, dtype, mode)
+    def image_self(self, st):
+        """(artifact, attention) of the image-only self-attention of a joint model at
+        shape st: the joint plan without its text segment.  Its layout must put every
+        rank's image tokens where the joint plan does (the hidden states are split once,
+        for the joint plan): else UnsupportedError."""
+        if st.image_self is not None:
+            return st.image_self
+        import copy
+        p = copy.deepcopy(dict(st.plan))
+        p["input"]["segments"] = [s for s in p["input"]["segments"] if s["name"] != "text"]
+        p["input"]["mask"] = "none"
+        p["name"] = p["name"] + "-image-self"
+        p = _D.DiffusersPlan(p, parallel_fields=getattr(st.plan, "parallel_fields", None))
+        art = self._compile(p)
+        seg = p["input"]["segments"][0]["name"]
+        for r in range(self.comm.size):
+            mine = [t for a, n in art.shard_runs(r) for t in range(a, a + n)]
+            if mine != st.layout.pos[(seg, r)]:
+                raise UnsupportedError(
+                    f"{self.cls}: its image-only attention (dual attention) needs the "
+                    f"{seg} tokens of each rank to be the same in the joint and the "
+                    f"image-only plan; at this shape ({st.tokens} {seg} + {st.text} text "
+                    f"tokens, variant {art.variant}) rank {r} differs", code="unsupported",
+                    hint="a token count that divides by the degrees (no *_anything)")
+        st.image_self = (art, self.comm.attention(art, self.backend, self.timeout_s))
+        return st.image_self
+
+    def _cross(self, tokens, kv, batch, dtype, mode, mask="none"):
+        plan = self._plan("cross", tokens, kv, batch, dtype, mode, mask)
         art = self._compile(plan)
         return art, self.comm.attention(art, self.backend, self.timeout_s)
 
@@ -421,7 +925,15 @@ class _Parallel:
             any(isinstance(a, torch.Tensor) and a.requires_grad
                 for a in list(args) + list(kwargs.values())))
         mode = "training" if records else "inference"
-        key = (tokens, text, batch, dtype, mode)
+        masks = (None, None)
+        if self.spec.key_mask is not None:
+            masks = self.spec.key_mask(get, batch, tokens, text)
+            # a mask where every key takes part is no mask (so ring_anything, CP019, runs)
+            masks = tuple(None if m is None or bool(m.all()) else m for m in masks)
+        masked = (masks[0] is not None, masks[1] is not None)
+        if self.spec.per_sample:
+            batch = 1               # one attention call per batch element
+        key = (tokens, text, batch, dtype, mode, masked)
         keys = self.comm.allgather_obj(key)
         if any(k != key for k in keys):
             raise UsageError(f"ranks called {self.cls} with different shapes/modes: "
@@ -430,12 +942,33 @@ class _Parallel:
                                          for r, k in enumerate(keys)),
                              code="usage", hint="every rank passes the full, same-shaped "
                              "inputs (as with diffusers' enable_parallelism)")
-        self.current = self._state(tokens, text, batch, dtype, mode)
+        self.current = self._state(tokens, text, batch, dtype, mode, masked)
+        self.masks, self._mask_shards = masks, {}
         return None
 
     def post_forward(self, module, args, kwargs, output):
         self.current = None
+        self.masks, self._mask_shards = (None, None), {}
         return None
+
+    def mask_shard(self, which, art, row=None):
+        """This call's key mask (which: 0 joint/self, 1 cross; row: one batch element, for
+        per_sample models) as this rank's shard for `art` (uint8 [B, S_r]), or None when
+        the plan has no key mask."""
+        if not art.key_padding:
+            return None
+        m = self._mask_shards.get((which, row))
+        if m is None:
+            torch = _torch()
+            g = self.masks[which]
+            if g is None:
+                raise UsageError(f"{self.cls}: the plan has a key mask but this call has none",
+                                 code="usage")
+            if row is not None:
+                g = g[row:row + 1]
+            m = art.shard(g.to(torch.uint8).cpu().contiguous(), self.comm.rank, "mask")
+            self._mask_shards[(which, row)] = m
+        return m
 
 
 def _seg_tokens(seg, tokens):
@@ -452,7 +985,8 @@ def _segment_of(name):
 
 def _install_cp_plan(par, model):
     torch = _torch()
-    plan = getattr(type(model), "_cp_plan", None)
+    plan = par.spec.cp_plan() if par.spec.cp_plan is not None else \
+        getattr(type(model), "_cp_plan", None)
     if not plan:
         raise UnsupportedError(f"{par.cls} has no _cp_plan (diffusers' context-parallel "
                                "metadata): cpc.diffusers cannot tell which inputs carry the "
@@ -475,6 +1009,17 @@ def _install_cp_plan(par, model):
         if seg not in st.layout.index:
             return x
         return st.layout.split(x, seg, cpi.split_dim)
+
+    def split_nested(v, cpi, which):
+        """do_split over a (nested) list/tuple of inputs and their ContextParallelInputs
+        (None: kept as is)."""
+        if cpi is None:
+            return v
+        if isinstance(cpi, (list, tuple)):
+            if not isinstance(v, (list, tuple)):
+                return v
+            return type(v)(split_nested(x, c, which) for x, c in zip(v, cpi))
+        return do_split(v, cpi, which)
 
     def do_gather(x, cpo):
         st = par.current
@@ -509,11 +1054,7 @@ def _install_cp_plan(par, model):
                                 v = args[params.index(name)]
                             else:
                                 continue
-                            if isinstance(v, (list, tuple)):
-                                v = type(v)(do_split(x, c, _segment_of(name))
-                                            for x, c in zip(v, cpi))
-                            else:
-                                v = do_split(v, cpi, _segment_of(name))
+                            v = split_nested(v, cpi, _segment_of(name))
                             if name in kwargs:
                                 kwargs[name] = v
                             else:
@@ -522,11 +1063,13 @@ def _install_cp_plan(par, model):
                     h = m.register_forward_pre_hook(pre, with_kwargs=True)
                     par.handles.append(h)
                 if outs:
-                    def post(mod, args, output, outs=outs):
+                    def post(mod, args, output, outs=outs, module_id=module_id):
                         single = isinstance(output, torch.Tensor)
                         lst = [output] if single else list(output)
                         for i, cpi in outs.items():
-                            lst[i] = do_split(lst[i], cpi, "main")
+                            lst[i] = do_split(lst[i], cpi,
+                                              "text" if (module_id, i) in
+                                              par.spec.text_outputs else "main")
                         return lst[0] if single else type(output)(lst)
                     par.handles.append(m.register_forward_hook(post))
             else:
@@ -564,10 +1107,20 @@ def _wrapped_class(cls):
     if sub is not None:
         return sub
     orig = cls.__call__
+    params = list(inspect.signature(orig).parameters)[2:]   # after self, attn
 
     @functools.wraps(orig)
     def __call__(self, attn, *args, **kwargs):
-        tok = _CURRENT.set(attn)
+        # a self-attention model's processor given encoder_hidden_states is its text
+        # cross-attention (Wan attn2, LTX attn2)
+        ehs = kwargs.get("encoder_hidden_states")
+        if ehs is None and "encoder_hidden_states" in params and \
+                params.index("encoder_hidden_states") < len(args):
+            ehs = args[params.index("encoder_hidden_states")]
+        par = getattr(attn, "_cpc_parallel", None)
+        if par is not None and par.current is not None and par.spec.proc_args is not None:
+            args, kwargs = par.spec.proc_args(args, kwargs)
+        tok = _CURRENT.set((attn, ehs is not None, [0]))
         try:
             return orig(self, attn, *args, **kwargs)
         finally:
@@ -579,39 +1132,97 @@ def _wrapped_class(cls):
     return sub
 
 
+def _running():
+    """(attention module, par, is the processor's text cross-attention) of the processor
+    running now, when its model is parallelized and inside a forward; else None."""
+    cur = _CURRENT.get()
+    if cur is None:
+        return None
+    attn, has_ehs, count = cur
+    par = getattr(attn, "_cpc_parallel", None)
+    if par is None or par.current is None:
+        return None
+    if par.spec.per_sample:
+        row = count[0]
+        count[0] += 1
+        return attn, par, (has_ehs, row)
+    return attn, par, (has_ehs, None)
+
+
+class _FunctionalProxy:
+    """torch.nn.functional as a processor module sees it (its `F`): every name is
+    torch's, except scaled_dot_product_attention, which a parallelized model's processor
+    (CogVideoX, SD3, ... in diffusers' attention_processor.py call torch's SDPA directly)
+    gets answered by cpc; every other caller gets torch's."""
+
+    def __init__(self, F):
+        self._F = F
+
+    def __getattr__(self, name):
+        return getattr(self._F, name)
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, **kw):
+        run = _running()
+        if run is None:
+            return self._F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=scale, **kw)
+        if kw.get("enable_gqa"):
+            raise UnsupportedError("SDPA with enable_gqa through cpc.diffusers",
+                                   code="unsupported")
+        attn, par, has_ehs = run
+        # SDPA's [B, H, S, D] <-> cpc's [B, S, H, D] (views: cpc takes strided tensors)
+        out = _cpc_attention(par, attn, query.transpose(1, 2), key.transpose(1, 2),
+                             value.transpose(1, 2), attn_mask, dropout_p, is_causal, scale,
+                             has_ehs)
+        return out.transpose(1, 2)
+
+
 def _patch_dispatch(modname):
+    """Routes the attention of processor module `modname` through cpc: its
+    dispatch_attention_fn and (where it calls torch's SDPA itself) its `F`."""
     if modname in _PATCHED_MODULES:
         return
     mod = sys.modules[modname]
     orig = getattr(mod, "dispatch_attention_fn", None)
-    if orig is None:
-        raise UnsupportedError(f"{modname} does not call diffusers' dispatch_attention_fn: "
-                               "its attention cannot be routed through cpc", code="unsupported")
+    F = getattr(mod, "F", None)
+    torch = _torch()
+    has_f = F is torch.nn.functional
+    if orig is None and not has_f:
+        raise UnsupportedError(f"{modname} calls neither diffusers' dispatch_attention_fn "
+                               "nor torch's scaled_dot_product_attention (as F): its "
+                               "attention cannot be routed through cpc", code="unsupported")
+    if orig is not None:
+        @functools.wraps(orig)
+        def dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                     scale=None, enable_gqa=False, attention_kwargs=None, *, backend=None,
+                     parallel_config=None):
+            run = _running()
+            if run is None:
+                return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            attention_kwargs=attention_kwargs, backend=backend,
+                            parallel_config=parallel_config)
+            attn, par, has_ehs = run
+            return _cpc_attention(par, attn, query, key, value, attn_mask, dropout_p,
+                                  is_causal, scale, has_ehs)
+        mod.dispatch_attention_fn = dispatch
+    if has_f:
+        mod.F = _FunctionalProxy(F)
+    _PATCHED_MODULES[modname] = (orig, F if has_f else None)
 
-    @functools.wraps(orig)
-    def dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                 scale=None, enable_gqa=False, attention_kwargs=None, *, backend=None,
-                 parallel_config=None):
-        attn = _CURRENT.get()
-        par = getattr(attn, "_cpc_parallel", None) if attn is not None else None
-        if par is None or par.current is None:
-            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                        attention_kwargs=attention_kwargs, backend=backend,
-                        parallel_config=parallel_config)
-        return _cpc_attention(par, attn, query, key, value, attn_mask, dropout_p, is_causal,
-                              scale)
 
-    _PATCHED_MODULES[modname] = orig
-    mod.dispatch_attention_fn = dispatch
-
-
-def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
+def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
+                   has_ehs=(False, None)):
+    has_ehs, row = has_ehs
     st = par.current
     par.calls += 1
-    if attn_mask is not None:
+    if attn_mask is not None and par.spec.key_mask is None:
         raise UnsupportedError(f"{par.cls}: an attention mask reached the attention; cpc's "
                                "plan for this model has none", code="unsupported")
+    # a model with key_mask: its own mask at the attention (built from this rank's tokens,
+    # or a bias) is replaced by the call's key mask, sharded as cpc's plan holds the keys
     if dropout_p or is_causal:
         raise UnsupportedError("dropout / causal attention through cpc.diffusers is not "
                                "supported", code="unsupported")
@@ -619,11 +1230,14 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
     if scale is not None and abs(scale - D ** -0.5) > 1e-12 * D ** -0.5:
         raise UnsupportedError(f"softmax scale {scale} (cpc.diffusers runs 1/sqrt(head_dim))",
                                code="unsupported")
-    if par.sites.get(id(attn)) == "cross":
+    cross = par.sites.get(id(attn)) == "cross" or (par.kind == "self" and has_ehs)
+    if cross:
         n = k.shape[1]
         if n not in st.cross:
-            st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode)
-        att = st.cross[n][1]
+            st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode,
+                                     st.cross_mask)
+        art, att = st.cross[n]
+        mask = par.mask_shard(1, art, row)
         if st.mode == "training" and par.comm.size > 1:
             # cpc returns the whole dK/dV of the replicated text on every rank (the sum
             # over all ranks' queries, docs/BACKWARD.md 3.7); the text's projections ran
@@ -631,8 +1245,12 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
             # over the ranks (allreduce_grads) are then the single-process ones.  P is a
             # power of two or not: the scaling is one rounding at most.
             k, v = _scale_grad(k, 1.0 / par.comm.size), _scale_grad(v, 1.0 / par.comm.size)
+    elif par.kind == "joint" and not has_ehs and par.spec.image_self:
+        art, att = par.image_self(st)
+        mask = None
     else:
-        att = st.main[1]
+        art, att = st.main
+        mask = par.mask_shard(0, art, row)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
                          code="usage")
@@ -640,9 +1258,9 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale):
     if _DTYPES.get(str(q.dtype)) != st.dtype:
         torch = _torch()
         want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[st.dtype]
-        out = att(q.to(want), k.to(want), v.to(want)).to(q.dtype)
+        out = att(q.to(want), k.to(want), v.to(want), mask=mask).to(q.dtype)
     else:
-        out = att(q, k, v)
+        out = att(q, k, v, mask=mask)
     par.attention_s += time.perf_counter() - t0
     return out
 
@@ -675,6 +1293,8 @@ def _install_attention(par, model):
         proc = getattr(m, "processor", None)
         if proc is None or not callable(proc):
             continue
+        if par.spec.sites is not None and not par.spec.sites(name):
+            continue
         cls = type(proc)
         if getattr(cls, "_cpc_original_class", None) is None:
             _patch_dispatch(cls.__module__)
@@ -701,8 +1321,15 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
                 **plan_kw):
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
-    transformer: a diffusers model with `_cp_plan` (FluxTransformer2DModel,
-      WanTransformer3DModel).  parallel_config: diffusers' ContextParallelConfig (or
+    transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel, ChronoEditTransformer3DModel,
+      CosmosTransformer3DModel,
+      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
+      CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
+      EasyAnimateTransformer3DModel, AllegroTransformer3DModel,
+      LTXVideoTransformer3DModel,
+      MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
+      split and routed).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
       backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
@@ -710,8 +1337,10 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       xDiT runs it, inference only; ...).
 
     Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
-    full output.  Errors: cpc.UnsupportedError (a model without _cp_plan, or whose
-    processors do not call dispatch_attention_fn), ValueError (a ContextParallelConfig
+    full output.  Errors: cpc.UnsupportedError (another class, or a configuration of
+    these that is not routed: FLUX.2 reference tokens, HunyuanVideo-I2V token replace,
+    SD3.5 Medium's image-only attention at a shape whose image split differs from the
+    joint one's), ValueError (a ContextParallelConfig
     cpc cannot honour, at once); at the first call: cpc.PlanError / cpc.UsageError on every
     rank before any layer runs.  Returns the transformer."""
     cls = type(transformer).__name__
@@ -722,6 +1351,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
         raise UsageError("this transformer is already parallelized (unparallelize first)",
                          code="usage")
     _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
+    if _MODELS[cls].check is not None:
+        _MODELS[cls].check(transformer)
     c = _make_comm(comm)
     par = _Parallel(transformer, parallel_config, c, backend, timeout_s, plan_kw)
     # the shape pre-hook first: torch runs a module's pre-hooks in registration order and
@@ -759,7 +1390,8 @@ def unparallelize(transformer):
         if hasattr(m, "_cpc_parallel"):
             del m._cpc_parallel
     for st in par.shapes.values():
-        for _, att in [st.main] + list(st.cross.values()):
+        for _, att in [st.main] + list(st.cross.values()) + \
+                ([st.image_self] if st.image_self else []):
             att.close()
     transformer._cpc = None
     return transformer
