@@ -93,6 +93,7 @@ typedef struct vb {
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
     int *pc;
+    int *busy;      /* [P * nb]: requests in flight on each memory slot (the lifetime rule's fast path) */
     rank_reqs *rr; /* [P] */
     cpc_status *err;
 } vb;
@@ -652,6 +653,8 @@ static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 {
     const rank_reqs *rq = &d->V->rr[d->p];
     int sl = d->V->map[d->p * d->V->nb + b];
+    if (!d->V->busy[sl])
+        return false;
     for (int j = 0; j < rq->n; j++) {
         const req *q = rq->v[j];
         if (q->slot == sl && q->send == send) {
@@ -1214,6 +1217,7 @@ static cpc_status *push_req(vb *V, int p, req *q)
         rq->cap = nc;
     }
     rq->v[rq->n++] = q;
+    V->busy[q->slot]++;
     return NULL;
 }
 
@@ -1386,6 +1390,7 @@ static int do_wait(vb *V, int p, const xop *x)
                 return -1;
             }
         }
+        V->busy[q->slot]--;
         cs_free(&q->snap.cnt);
         free(q);
     }
@@ -1724,8 +1729,9 @@ static cpc_status *prove(vb *V)
     V->slots = calloc(ns, sizeof *V->slots);
     V->map = calloc(ns, sizeof *V->map);
     V->pc = calloc((size_t)V->nsim, sizeof *V->pc);
+    V->busy = calloc(ns, sizeof *V->busy);
     V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
-    if (!V->ro || !V->slots || !V->map || !V->pc || !V->rr)
+    if (!V->ro || !V->slots || !V->map || !V->pc || !V->busy || !V->rr)
         return cs_err(V);
     cpc_status *st = NULL;
     for (int b = 0; b < V->nb && !st; b++)
@@ -1896,6 +1902,7 @@ static void vb_free(vb *V)
     free(V->slots);
     free(V->map);
     free(V->pc);
+    free(V->busy);
 }
 
 cpc_status *cpc_verify_backward(const cpc_program *prog)
