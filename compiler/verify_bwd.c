@@ -51,6 +51,8 @@ typedef struct slot {
     bool grad;      /* a D* role: `cnt` is meaningful */
     bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
                        key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
+    int8_t role, tk, hd; /* the layout of the buffer the slot belongs to (a scratch value of the step: of
+                            the buffer it is made for; role CPC_ROLE__COUNT: any) */
     cset cnt;
 } slot;
 
@@ -89,10 +91,12 @@ typedef struct vb {
     int NQ;                        /* query blocks: R, or R + 1 with replicated segments (block R: the
                                       replicated rows, held whole by every rank) */
     int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
+    slot tmpv[CPC_OP_MAX_BUFS];    /* the step's scratch values (vc_domain tmp) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
     int *pc;
+    int *busy;      /* [P * nb]: requests in flight on each memory slot (the lifetime rule's fast path) */
     rank_reqs *rr; /* [P] */
     cpc_status *err;
 } vb;
@@ -480,6 +484,7 @@ static cpc_status *run_a2a(vb *V, int r)
         so->fwd = false;
         so->tag = s2h ? r : p;
         so->src = S(V, p, in)->src;
+        so->final = 1; /* not recomputed here (refused above): the forward's, complete */
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
             cs_free(&tmp);
             return cs_err(V);
@@ -557,6 +562,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
             so->fwd = false;
             so->tag = ag ? CPC_TAG_NONE : r;
             so->src = S(V, r * U + u, in)->src;
+            so->final = 1; /* not recomputed here (refused above): the forward's, complete */
             if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[r]))
                 oom = true;
         }
@@ -640,6 +646,7 @@ static bool same_layout(const vb *V, int a, int b)
 typedef struct bwd_dom {
     vb *V;
     int p;
+    const xop *x; /* the op instance the step runs (NULL: a match) */
 } bwd_dom;
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
@@ -650,6 +657,8 @@ static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 {
     const rank_reqs *rq = &d->V->rr[d->p];
     int sl = d->V->map[d->p * d->V->nb + b];
+    if (!d->V->busy[sl])
+        return false;
     for (int j = 0; j < rq->n; j++) {
         const req *q = rq->v[j];
         if (q->slot == sl && q->send == send) {
@@ -663,41 +672,488 @@ static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
 static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, false, out); }
 static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
 
-/* Whether an operand of op (used at all) has a request in flight on its slot:
- * the hot path's filter (one scan), before the shared rule decides. */
-static bool touches_request(vb *V, int p, const cpc_op *op)
+static bool rotated(const vb *V, cpc_group g);
+static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b);
+
+/* The step's geometry over this domain's values: rows are the content tag (a ring block, or
+ * a shard), heads the buffer's layout on this member, keys met the (query block, key unit,
+ * query head) pairs in `cnt`. */
+#define SL(v) ((slot *)(v))
+#define DV(self) (((bwd_dom *)(self))->V)
+#define DP(self) (((bwd_dom *)(self))->p)
+
+static void slot_empty(slot *s)
 {
-    const rank_reqs *rq = &V->rr[p];
-    const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (!info || rq->n == 0)
-        return false;
-    for (int side = 0; side < 2; side++) {
-        cpc_access acc = side ? info->out_access : info->in_access;
-        int n = side ? op->n_out : op->n_in;
-        const int *bufs = side ? op->out : op->in;
-        for (int i = 0; acc != CPC_ACCESS_NONE && i < n; i++) {
-            int sl = V->map[p * V->nb + bufs[i]];
-            for (int j = 0; j < rq->n; j++)
-                if (rq->v[j]->slot == sl)
-                    return true;
-        }
-    }
-    return false;
+    cset c = s->cnt;
+    cs_clear(&c);
+    *s = (slot){.tag = CPC_TAG_NONE, .role = CPC_ROLE__COUNT, .cnt = c};
 }
 
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
- * operand, then its content rule (in[i] holds in_content[i], by provenance:
- * the delta op's output is not the saved LSE).  Returns the failure or NULL. */
-static cpc_status *check_operands(vb *V, int p, const xop *x)
+static vc_val *dom_tmp(void *self, int j)
 {
-    bwd_dom dd = {V, p};
-    const vc_domain dom = {.self = &dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on, .send_on = dom_send_on,
-                           .writer = dom_writer};
+    slot *s = &DV(self)->tmpv[j];
+    slot_empty(s);
+    return &s->h;
+}
+
+static bool dom_copy(void *self, vc_val *dst, const vc_val *src)
+{
+    slot *d = SL(dst);
+    const slot *s = (const slot *)src;
+    if (d == s)
+        return true;
+    cset c = d->cnt;
+    *d = *s;
+    d->cnt = c;
+    return cs_copy(DV(self), &d->cnt, &s->cnt);
+}
+
+static vc_tri dom_fits(void *self, int b, const vc_val *v, char *why, size_t n)
+{
+    const slot *s = (const slot *)v;
+    const cpc_buffer *B = BF(DV(self), b);
+    if ((s->role == CPC_ROLE__COUNT || (int)B->role == s->role) && (int)B->tokens == s->tk && (int)B->heads == s->hd)
+        return VC_YES;
+    snprintf(why, n, "%s (role %s, %s/%s) cannot hold a value of the layout %s/%s%s%s", B->name,
+             cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads),
+             cpc_buf_tokens_name((cpc_buf_tokens)s->tk), cpc_buf_heads_name((cpc_buf_heads)s->hd),
+             s->role == CPC_ROLE__COUNT ? "" : " and role ",
+             s->role == CPC_ROLE__COUNT ? "" : cpc_buf_role_name((cpc_buf_role)s->role));
+    return VC_NO;
+}
+
+static void dom_put(void *self, int b, vc_val *v)
+{
+    slot *d = S(DV(self), DP(self), b), *s = SL(v);
+    if (d == s)
+        return;
+    slot keep = *d; /* the slot's own layout, gradient flag and run storage */
+    *d = *s;
+    d->role = keep.role, d->tk = keep.tk, d->hd = keep.hd, d->grad = keep.grad;
+    s->cnt = keep.cnt; /* v emptied; its runs move */
+    slot_empty(s);
+}
+
+static void dom_exchange(void *self, int a, int b)
+{
+    vb *V = DV(self);
+    int *m = &V->map[DP(self) * V->nb];
+    int t = m[a];
+    m[a] = m[b];
+    m[b] = t;
+}
+
+static int32_t dom_new_stamp(void *self) { return ++DV(self)->stamps; }
+
+/* init_acc of a forward accumulator pair: rows by its layout (a ring block's: set by the first merge). */
+static void dom_shape(void *self, vc_val *v, int tok, int heads, int b, const vc_val *like)
+{
+    (void)heads, (void)like;
+    slot *s = SL(v);
+    const cpc_buffer *B = BF(DV(self), b);
+    cs_clear(&s->cnt);
+    s->tag = tok == VC_T_OWN ? DP(self) : CPC_TAG_NONE;
+    s->tk = (int8_t)B->tokens;
+    s->hd = (int8_t)B->heads;
+    s->fwd = true;
+}
+
+static vc_tri dom_tok_is(void *self, const vc_val *v, int tok)
+{
+    const slot *s = (const slot *)v;
+    vb *V = DV(self);
+    bool y = tok == VC_T_UNSET ? !s->written || (s->tag == CPC_TAG_NONE && s->tk != CPC_TOK_ALL && s->tk != CPC_TOK_KV)
+             : tok == VC_T_OWN ? s->tag == DP(self) && s->tk == CPC_TOK_SHARD
+             : tok == VC_T_BLOCK ? s->tag == DP(self) / V->U && s->tk == CPC_TOK_BLOCK
+             : tok == VC_T_ALL ? s->tk == CPC_TOK_ALL
+                               : s->tk == CPC_TOK_KV;
+    return y ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_heads_are(void *self, const vc_val *v, int heads)
+{
+    (void)self;
+    int hd = ((const slot *)v)->hd;
+    return (heads == VC_H_ALL ? hd == CPC_HEADS_ALL : hd == CPC_HEADS_PART) ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_same_tokens(void *self, const vc_val *x, const vc_val *y)
+{
+    (void)self;
+    const slot *a = (const slot *)x, *b = (const slot *)y;
+    return a->tk == b->tk && a->tag == b->tag ? VC_YES : VC_NO;
+}
+
+static vc_tri dom_same_heads(void *self, const vc_val *x, const vc_val *y)
+{
+    (void)self;
+    return ((const slot *)x)->hd == ((const slot *)y)->hd ? VC_YES : VC_NO;
+}
+
+static const char *dom_words(void *self, const vc_val *v, char *buf, size_t n)
+{
+    (void)self;
+    const slot *s = (const slot *)v;
+    if (s->tag == CPC_TAG_NONE)
+        snprintf(buf, n, "no rows (%s/%s)", cpc_buf_tokens_name((cpc_buf_tokens)s->tk),
+                 cpc_buf_heads_name((cpc_buf_heads)s->hd));
+    else
+        snprintf(buf, n, "block %d (%s/%s)", s->tag, cpc_buf_tokens_name((cpc_buf_tokens)s->tk),
+                 cpc_buf_heads_name((cpc_buf_heads)s->hd));
+    return buf;
+}
+
+static bool dom_has_keys(void *self, const vc_val *v) { (void)self; return ((const slot *)v)->cnt.n > 0; }
+
+/* attn recomputed in a backward program: K/V ring blocks, q a shard (U == 1) or a ring block, no
+ * cross-attention (the backward prover's class); the GQA rule; o's pairs: (q's block, k's block,
+ * the heads q holds). */
+static vc_tri dom_attn_keys(void *self, const cpc_op *op, const vc_val *Q, const vc_val *K, vc_val *o, char *why,
+                            size_t n)
+{
+    vb *V = DV(self);
+    const cpc_program *prog = V->prog;
+    const int u = DP(self) % V->U, qi = op->in[0], ki = op->in[1];
+    const slot *q = (const slot *)Q, *k = (const slot *)K;
+    cpc_buf_tokens qt = BF(V, qi)->tokens;
+    if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
+        !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
+        snprintf(why, n, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
+                         "(ulysses_degree 1) or a ring block, and no cross-attention (the backward prover's class)");
+        return VC_NO;
+    }
+    int lo, hi, ko, kn;
+    held_heads(V, qi, u, &lo, &hi);
+    cpc_buffer_heads(prog, ki, u, &ko, &kn);
+    int g = prog->layout.group, qo = V->nh > 1 ? lo : 0, qn = V->nh > 1 ? hi - lo : 0;
+    if (qn > 0 && (qo / g < ko || (qo + qn - 1) / g >= ko + kn)) {
+        snprintf(why, n, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo, qo + qn, ko,
+                 ko + kn);
+        return VC_NO;
+    }
+    slot *s = SL(o);
+    s->tag = q->tag;
+    s->tk = q->tk;
+    s->hd = q->hd;
+    s->fwd = true;
+    return cs_add_run(V, &s->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0}) ? VC_YES : VC_OOM;
+}
+
+/* merge: the accumulator's rows := the block's, its pairs += the block's (pairs met twice are found
+ * where the result is read: recomputed_complete). */
+static vc_tri dom_merge_keys(void *self, vc_val *acc, const vc_val *a, char *why, size_t n)
+{
+    (void)why, (void)n;
+    slot *A = SL(acc);
+    const slot *B = (const slot *)a;
+    if (A->tag == CPC_TAG_NONE)
+        A->tag = B->tag;
+    return cs_add_set(DV(self), &A->cnt, &B->cnt, 0, DV(self)->nh) ? VC_YES : VC_OOM;
+}
+
+/* copy: a gradient's head part keeps its own heads' pairs (placed into every head: the others
+ * stay empty); only a gradient's head part widens; a recomputed result stays where it was made. */
+static vc_tri dom_select_heads(void *self, vc_val *v, int b, int from, char *why, size_t n)
+{
+    vb *V = DV(self);
+    slot *s = SL(v);
+    const cpc_buffer *B = BF(V, b), *F = BF(V, from);
+    if (s->fwd) {
+        snprintf(why, n, "copies '%s', an attention result recomputed here: it stays where it was made (the backward "
+                         "prover's class)", F->name);
+        return VC_NO;
+    }
+    if (F->heads == CPC_HEADS_PART && B->heads == CPC_HEADS_ALL && !is_grad(F->role) && F->role == B->role) {
+        snprintf(why, n, "'%s' -> '%s': only a gradient's head part is placed into every head", F->name, B->name);
+        return VC_NO;
+    }
+    if (is_grad(F->role) && is_grad(B->role)) {
+        int u = DP(self) % V->U, la, ha, lb, hb;
+        held_heads(V, from, u, &la, &ha);
+        held_heads(V, b, u, &lb, &hb);
+        cset c = {0};
+        if (!cs_add_set(V, &c, &s->cnt, la > lb ? la : lb, ha < hb ? ha : hb)) {
+            cs_free(&c);
+            return VC_OOM;
+        }
+        cs_free(&s->cnt);
+        s->cnt = c;
+    }
+    s->hd = (int8_t)B->heads;
+    return VC_YES;
+}
+
+/* Sending: what is not a recomputed result was proved complete where it was made (the saved
+ * forward's out and LSE: by the forward proof); a recomputed result stays on its rank. */
+static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
+{
+    (void)self, (void)name;
+    if (!((const slot *)v)->fwd)
+        return VC_YES;
+    snprintf(why, n, "is an attention result recomputed here: it stays on its rank (the backward prover's class)");
+    return VC_NO;
+}
+
+/* A matched send and recv (one buffer each), as the step's `rq`. */
+typedef struct pair {
+    const req *s, *r;
+} pair;
+
+static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, size_t n)
+{
+    const req *r = ((const pair *)rq)->r;
+    if (BF(DV(self), r->buf)->tokens != CPC_TOK_BLOCK || !r->x->op->block || SL(v)->tag == (int)r->x->block)
+        return VC_YES;
+    snprintf(words, n, "block %lld", (long long)r->x->block);
+    return VC_NO;
+}
+
+static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
+{
+    const pair *m = rq;
+    if (rotated(DV(self), m->r->group))
+        snprintf(who, nw, "ring member r%+d", diff_mod(m->r->peer, 0, DV(self)->R));
+    else
+        snprintf(who, nw, "rank %d", m->s->p);
+    snprintf(op, no, "%s, %s group, tag %d", cpc_op_kind_name(m->s->x->op->kind), cpc_group_name(m->s->group),
+             m->s->tag);
+}
+
+/* The backward ops' gradient geometry (the step's grad_op, after the lifetime and content rules):
+ * delta, init_acc of gradients, add, attn_bwd; a fault is reported here (V->err). */
+static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
+{
+    (void)why, (void)n;
+    bwd_dom *dd = self;
+    vb *V = dd->V;
+    const int p = dd->p, u = p % V->U;
+    const xop *x = dd->x;
+    const cpc_program *prog = V->prog;
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (info->match != CPC_MATCH_NONE)
+        return VC_YES; /* this domain's: matching, completion, rendezvous */
+    switch (op->kind) {
+    case CPC_OP_DELTA: {
+        if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
+            role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
+            V->err = vfail(p, x, "operands must be (do, o) -> lse-role delta");
+            return VC_NO;
+        }
+        if ((V->err = recomputed_complete(V, p, x, op->in[1])))
+            return VC_NO;
+        slot *a = S(V, p, op->in[0]), *o = S(V, p, op->in[1]), *d = S(V, p, op->out[0]);
+        if (a->tag != o->tag || !same_layout(V, op->in[0], op->in[1]) ||
+            !same_layout(V, op->in[0], op->out[0])) {
+            V->err = vfail(p, x, "dout '%s', out '%s' and delta '%s' must hold the same rows "
+                           "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
+            return VC_NO;
+        }
+        d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
+        d->written = true;
+        break;
+    }
+    case CPC_OP_INIT_ACC:
+        for (int i = 0; i < op->n_out; i++) {
+            int b = op->out[i];
+            if (!is_grad(role(V, b))) {
+                V->err = vfail(p, x, "'%s' (role %s): a backward program initialises only dq/dk/dv",
+                               bn(V, b), cpc_buf_role_name(role(V, b)));
+                return VC_NO;
+            }
+            slot *sl = S(V, p, b);
+            cs_clear(&sl->cnt);
+            sl->written = true;
+            sl->src = CPC_CONTENT_GRAD;
+            if (op->block) {
+                /* made the accumulator of ring block `block` */
+                if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
+                    V->err = vfail(p, x, "init_acc block=%lld of '%s': a ring block's accumulator (BLOCK, "
+                                         "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
+                    return VC_NO;
+                }
+                sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
+            }
+        }
+        break;
+    case CPC_OP_ADD: {
+        int a = op->in[0], b = op->out[0];
+        slot *sa = S(V, p, a), *sb = S(V, p, b);
+        if (op->n_in != 1 || op->n_out != 1 || !is_grad(role(V, a)) || role(V, a) != role(V, b) ||
+            !same_layout(V, a, b)) {
+            V->err = vfail(p, x, "add: '%s' and '%s' must be gradients of one role and layout", bn(V, a), bn(V, b));
+            return VC_NO;
+        }
+        if (!sa->written || !sb->written) {
+            V->err = vfail(p, x, "adds '%s' into '%s' before both hold a value", bn(V, a), bn(V, b));
+            return VC_NO;
+        }
+        if (sa->tag != sb->tag) {
+            V->err = vfail(p, x, "adds the gradient of block %d ('%s') to that of block %d ('%s')", sa->tag,
+                           bn(V, a), sb->tag, bn(V, b));
+            return VC_NO;
+        }
+        if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
+            V->err = cs_err(V);
+            return VC_NO;
+        }
+        break;
+    }
+    case CPC_OP_ATTN_BWD: {
+        /* the inputs: written, holding q, k, v, dout, the saved LSE and the delta op's output (the
+         * step's content rule: by provenance, so by role too) */
+        static const cpc_buf_role want_out[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
+        if (op->n_in != 6 || op->n_out != 3) {
+            V->err = vfail(p, x, "needs 6 inputs and 3 outputs");
+            return VC_NO;
+        }
+        for (int i = 0; i < 3; i++)
+            if (role(V, op->out[i]) != want_out[i]) {
+                V->err = vfail(p, x, "output %d '%s' has role %s, %s expected", i + 1, bn(V, op->out[i]),
+                               cpc_buf_role_name(role(V, op->out[i])), cpc_buf_role_name(want_out[i]));
+                return VC_NO;
+            }
+        for (int i = 0; i < 3; i++)
+            if (!S(V, p, op->out[i])->written) {
+                V->err = vfail(p, x, "adds to '%s' before init_acc (or a recv) gave it a value",
+                               bn(V, op->out[i]));
+                return VC_NO;
+            }
+        if ((V->err = recomputed_complete(V, p, x, op->in[4])))
+            return VC_NO;
+        slot *q = S(V, p, op->in[0]), *k = S(V, p, op->in[1]), *v = S(V, p, op->in[2]);
+        slot *dk = S(V, p, op->out[1]), *dv = S(V, p, op->out[2]), *dq = S(V, p, op->out[0]);
+        /* Query side: q, dout, lse, delta, dq in one layout and rows; K side:
+         * k, v, dk, dv in one layout (heads: this member's part or all). */
+        int qside[5] = {op->in[3], op->in[4], op->in[5], op->out[0], op->in[0]};
+        for (int i = 0; i < 4; i++)
+            if (!same_layout(V, qside[i], op->in[0]) ||
+                (i < 3 && S(V, p, qside[i])->tag != q->tag)) {
+                V->err = vfail(p, x, "'%s' (%s/%s, rows %d) does not match q '%s' (%s/%s, rows %d)",
+                               bn(V, qside[i]), cpc_buf_tokens_name(BF(V, qside[i])->tokens),
+                               cpc_buf_heads_name(BF(V, qside[i])->heads), S(V, p, qside[i])->tag,
+                               bn(V, op->in[0]), cpc_buf_tokens_name(BF(V, op->in[0])->tokens),
+                               cpc_buf_heads_name(BF(V, op->in[0])->heads), q->tag);
+                return VC_NO;
+            }
+        int kside[3] = {op->in[2], op->out[1], op->out[2]};
+        for (int i = 0; i < 3; i++)
+            if (!same_layout(V, kside[i], op->in[1]) || BF(V, op->in[1])->heads != BF(V, op->in[0])->heads) {
+                V->err = vfail(p, x, "'%s' does not have the layout of k '%s' (and of the query side's heads)",
+                               bn(V, kside[i]), bn(V, op->in[1]));
+                return VC_NO;
+            }
+        bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
+        bool kkv = BF(V, op->in[1])->tokens == CPC_TOK_KV;
+        const bool rep = V->prog->layout.rep;
+        if (kkv) {
+            /* cross-attention: all of K/V, one key unit; replicated
+             * segments: their keys, key unit R */
+        } else if (kall) {
+            /* gathered K/V: the op's `block` is what it reads, and dK/dV
+             * (gathered too, same layout) get that slice */
+            if (!op->block || x->block < 0 || x->block >= V->R) {
+                V->err = vfail(p, x, "attn_bwd on gathered K/V needs a block in 0..%d", V->R - 1);
+                return VC_NO;
+            }
+        } else if (k->tag != v->tag || k->tag != dk->tag || k->tag != dv->tag) {
+            V->err = vfail(p, x,
+                           "reads K/V blocks %d/%d but adds to dK/dV accumulators of blocks %d/%d: a K/V "
+                           "block's gradient must come from that block (diffusers #14265: a ring backward "
+                           "that reuses one step's K/V)",
+                           k->tag, v->tag, dk->tag, dv->tag);
+            return VC_NO;
+        }
+        cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
+        int kb = kkv ? (rep ? V->R : 0) : kall ? (int)x->block : k->tag;
+        if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) ||
+            (kkv && !rep && !(V->NK == 1 && V->prog->layout.cross)) ||
+            (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK && !(rep && qt == CPC_TOK_KV)) ||
+            (qt == CPC_TOK_SHARD && V->U != 1)) {
+            V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
+                                 "or gathered (the class this prover handles)");
+            return VC_NO;
+        }
+        /* Query rows as a ring block: with U == 1 shard p is block p. */
+        int qb = qt == CPC_TOK_KV ? V->R : q->tag;
+        if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->NQ) {
+            V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
+            return VC_NO;
+        }
+        int qo = 0, qn = 1;
+        if (V->nh > 1)
+            cpc_buffer_heads(prog, op->in[0], u, &qo, &qn);
+        int ko, kn;
+        cpc_buffer_heads(prog, op->in[1], u, &ko, &kn);
+        if (V->nh > 1 && qn > 0 &&
+            (qo / prog->layout.group < ko || (qo + qn - 1) / prog->layout.group >= ko + kn)) {
+            V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
+                           qo + qn, ko, ko + kn);
+            return VC_NO;
+        }
+        run one = {qb, kb, 1, qo, qn, 0, 0};
+        if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
+            V->err = cs_err(V);
+            return VC_NO;
+        }
+        dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
+        break;
+    }
+    default:
+        V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
+        return VC_NO;
+    }
+    /* the table's output content (NONE: carried, set above); what an op other than
+     * the step's writes is no recomputed attention result */
+    for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++) {
+        slot *o = S(V, p, op->out[i]);
+        if (info->out_content[i] != CPC_CONTENT_NONE)
+            o->src = (cpc_content)info->out_content[i];
+        o->fwd = false;
+        o->fresh = 0;
+    }
+    return VC_YES;
+}
+
+/* Rank p's domain for the shared rules and the step (what the backward prover runs through
+ * vc_step: the lifetime rule, init_acc of a forward accumulator pair, attn, merge, swap).  The
+ * step's coverage, copy of attention results, messages and collectives are not reached here:
+ * recomputed results stay on their rank (their callbacks are absent). */
+static void bwd_domain(bwd_dom *dd, vc_domain *dom)
+{
+    *dom = (vc_domain){.self = dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on,
+                       .send_on = dom_send_on, .writer = dom_writer, .tmp = dom_tmp, .copy = dom_copy,
+                       .fits = dom_fits, .put = dom_put, .exchange = dom_exchange, .new_stamp = dom_new_stamp,
+                       .shape = dom_shape, .tok_is = dom_tok_is, .heads_are = dom_heads_are,
+                       .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
+                       .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
+                       .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
+                       .sender = dom_sender, .grad_op = dom_grad_op, .p2p_attn = true, .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
+}
+
+/* One op through the shared step on rank p's domain (every op of a backward program: the
+ * lifetime and content rules, then its meaning; posting, matching and rendezvous follow in
+ * advance). */
+static cpc_status *step(vb *V, int p, const xop *x, const vc_domain *dom)
+{
+    ((bwd_dom *)dom->self)->x = x;
     char m[640];
-    if ((touches_request(V, p, x->op) && vc_operands_in_flight(&dom, x->op, m, sizeof m)) ||
-        vc_contents(&dom, x->op, 1, m, sizeof m) || (x->op->kind == CPC_OP_MERGE && vc_merge(&dom, x->op, m, sizeof m)))
-        return vfail(p, x, "%s", m);
-    return NULL;
+    if (x->op->kind == CPC_OP_MERGE) {
+        const slot *a = S(V, p, x->op->in[0]), *acc = S(V, p, x->op->out[0]), *accl = S(V, p, x->op->out[1]);
+        if (!a->fwd || !acc->fwd || !accl->fwd) /* not the saved forward output (the class) */
+            return vfail(p, x, "merges '%s' into '%s': both must be attention results made here", bn(V, x->op->in[0]),
+                         bn(V, x->op->out[0]));
+    }
+    if (x->op->kind == CPC_OP_SWAP) {
+        const cpc_buffer *A = BF(V, x->op->in[0]), *B = BF(V, x->op->in[1]);
+        if (A == B || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) /* even unwritten */
+            return vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
+    }
+    m[0] = 0;
+    V->err = NULL;
+    vc_tri t = vc_step(dom, x->op, m, sizeof m);
+    if (t == VC_YES)
+        return NULL;
+    return t == VC_OOM ? cs_err(V) : !m[0] && V->err ? V->err : vfail(p, x, "%s", m);
 }
 
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
@@ -768,6 +1224,7 @@ static cpc_status *push_req(vb *V, int p, req *q)
         rq->cap = nc;
     }
     rq->v[rq->n++] = q;
+    V->busy[q->slot]++;
     return NULL;
 }
 
@@ -837,23 +1294,15 @@ static cpc_status *match(vb *V, req *s, req *r, int64_t e)
         r->snap.tag = rotate_tag(V, V->prog->buffers[s->buf].tokens, r->snap.tag, e);
         cs_rotate(V, &r->snap.cnt, e);
     }
-    if (s->role != r->role)
-        return vfail(r->p, r->x,
-                     "'%s' (role %s) is matched on (%s group, tag %d) with %s send of '%s' (role %s): "
-                     "messages match by (group, peer, tag) in posting order",
-                     bn(V, r->buf), cpc_buf_role_name(r->role), cpc_group_name(r->group), r->tag,
-                     V->sym ? "its peer's" : "a", bn(V, s->buf), cpc_buf_role_name(s->role));
-    const cpc_buffer *bs = &V->prog->buffers[s->buf], *br = &V->prog->buffers[r->buf];
-    if (bs->tokens != br->tokens || bs->heads != br->heads)
-        return vfail(r->p, r->x,
-                     "'%s' (%s/%s) receives '%s' (%s/%s): a message lands only in a buffer of the layout "
-                     "it was sent from (its size would differ)",
-                     br->name, cpc_buf_tokens_name(br->tokens), cpc_buf_heads_name(br->heads), bs->name,
-                     cpc_buf_tokens_name(bs->tokens), cpc_buf_heads_name(bs->heads));
-    if (V->prog->buffers[r->buf].tokens == CPC_TOK_BLOCK && r->x->op->block && r->snap.tag != (int)r->x->block)
-        return vfail(r->p, r->x, "declares block %lld for '%s' but its peer sends block %d", (long long)r->x->block,
-                     bn(V, r->buf), r->snap.tag);
-    return NULL;
+    /* the shared rule for a matched message (one buffer: requests are posted per buffer) */
+    bwd_dom dd = {V, r->p, NULL};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
+    pair m = {s, r};
+    vc_val *snap = &r->snap.h;
+    char msg[640];
+    vc_tri t = vc_arrive(&dom, 1, &s->buf, 1, &r->buf, &snap, &m, msg, sizeof msg);
+    return t == VC_YES ? NULL : t == VC_OOM ? cs_err(V) : vfail(r->p, r->x, "%s", msg);
 }
 
 static cpc_status *post_send(vb *V, int p, const xop *x)
@@ -863,12 +1312,7 @@ static cpc_status *post_send(vb *V, int p, const xop *x)
     /* the receiver; rotated: the offset to it */
     int dst = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
     for (int i = 0; i < op->n_in; i++) {
-        slot *sl = S(V, p, op->in[i]);
-        if (!sl->written)
-            return vfail(p, x, "sends '%s' before it is written", bn(V, op->in[i]));
-        if (sl->fwd)
-            return vfail(p, x, "sends '%s', an attention result recomputed here: it stays on its rank (the "
-                               "backward prover's class)", bn(V, op->in[i]));
+        slot *sl = S(V, p, op->in[i]); /* read and kept on its rank: the step */
         req *q = calloc(1, sizeof *q);
         if (!q)
             return cs_err(V);
@@ -943,15 +1387,17 @@ static int do_wait(vb *V, int p, const xop *x)
         }
         if (!q->send) {
             slot *sl = &V->slots[q->slot];
+            sl->h = q->snap.h; /* what arrived: content, provenance, proved complete */
             sl->tag = q->snap.tag;
             sl->written = true;
             sl->fwd = false;
-            sl->src = q->snap.src;
+            sl->fresh = 0;
             if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
                 V->err = cs_err(V);
                 return -1;
             }
         }
+        V->busy[q->slot]--;
         cs_free(&q->snap.cnt);
         free(q);
     }
@@ -963,13 +1409,13 @@ static int do_wait(vb *V, int p, const xop *x)
  * ends (1) or fails (-1). */
 static int advance(vb *V, int p)
 {
-    const cpc_program *prog = V->prog;
     rank_ops *ro = &V->ro[p];
-    const int u = p % V->U;
+    bwd_dom dd = {V, p, NULL};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
-        bool keep_fwd = false; /* its outputs are recomputed attention results */
         /* the op table's rules, for every op: the kinds a backward program
          * may use, lifetimes of in-flight buffers, then the content each
          * operand must hold */
@@ -978,7 +1424,7 @@ static int advance(vb *V, int p)
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
-        if ((V->err = check_operands(V, p, x)))
+        if ((V->err = step(V, p, x, &dom)))
             return -1;
         /* communication, by the table's matching rule and lifetime */
         switch (info->match) {
@@ -1010,332 +1456,7 @@ static int advance(vb *V, int p)
         default:
             break;
         }
-        switch (op->kind) {
-        case CPC_OP_COPY:
-            for (int i = 0; i < op->n_in; i++) {
-                int a = op->in[i], b = op->out[i];
-                slot *si = S(V, p, a), *so = S(V, p, b);
-                if (op->n_in != op->n_out || role(V, a) != role(V, b) || BF(V, a)->tokens != BF(V, b)->tokens) {
-                    V->err = vfail(p, x, "copies '%s' into '%s' of another role or token layout", bn(V, a), bn(V, b));
-                    return -1;
-                }
-                if (!si->written || si->fwd) {
-                    V->err = vfail(p, x, si->written ? "copies '%s', an attention result recomputed here: it stays "
-                                                       "where it was made (the backward prover's class)"
-                                                     : "copies '%s' before it is written",
-                                   bn(V, a));
-                    return -1;
-                }
-                bool widen = BF(V, a)->heads == CPC_HEADS_PART && BF(V, b)->heads == CPC_HEADS_ALL;
-                if (widen && !is_grad(role(V, a))) {
-                    V->err = vfail(p, x, "'%s' -> '%s': only a gradient's head part is placed into every head",
-                                   bn(V, a), bn(V, b));
-                    return -1;
-                }
-                so->written = true;
-                so->tag = out_tag(V, p, x, i, S(V, p, op->in[0])->tag, si->tag, so->tag);
-                so->src = si->src;
-                if (si->grad && so->grad && si != so) {
-                    /* a head part keeps its own heads' pairs, nothing elsewhere */
-                    int la, ha, lb, hb;
-                    held_heads(V, a, u, &la, &ha);
-                    held_heads(V, b, u, &lb, &hb);
-                    cs_clear(&so->cnt);
-                    if (!cs_add_set(V, &so->cnt, &si->cnt, la > lb ? la : lb, ha < hb ? ha : hb)) {
-                        V->err = cs_err(V);
-                        return -1;
-                    }
-                }
-            }
-            break;
-        case CPC_OP_DELTA: {
-            if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
-                role(V, op->in[1]) != CPC_ROLE_O || role(V, op->out[0]) != CPC_ROLE_LSE) {
-                V->err = vfail(p, x, "operands must be (do, o) -> lse-role delta");
-                return -1;
-            }
-            if ((V->err = recomputed_complete(V, p, x, op->in[1])))
-                return -1;
-            slot *a = S(V, p, op->in[0]), *o = S(V, p, op->in[1]), *d = S(V, p, op->out[0]);
-            if (!a->written || !o->written || a->tag != o->tag || !same_layout(V, op->in[0], op->in[1]) ||
-                !same_layout(V, op->in[0], op->out[0])) {
-                V->err = vfail(p, x, "dout '%s', out '%s' and delta '%s' must be written and hold the same rows "
-                               "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
-                return -1;
-            }
-            d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
-            d->written = true;
-            break;
-        }
-        case CPC_OP_INIT_ACC:
-            if (op->n_out == 2 && role(V, op->out[0]) == CPC_ROLE_ACC && role(V, op->out[1]) == CPC_ROLE_LSE &&
-                !op->block) {
-                /* a forward accumulator pair, for attention recomputed here */
-                int32_t stamp = ++V->stamps;
-                for (int i = 0; i < 2; i++) {
-                    slot *sl = S(V, p, op->out[i]);
-                    cs_clear(&sl->cnt);
-                    sl->written = true;
-                    sl->fwd = true;
-                    sl->final = 0;
-                    sl->src = i == 0 ? CPC_CONTENT_OUT : CPC_CONTENT_LSE;
-                    sl->stamp = stamp;
-                    sl->merged = 0;
-                }
-                keep_fwd = true;
-                break;
-            }
-            for (int i = 0; i < op->n_out; i++) {
-                int b = op->out[i];
-                if (!is_grad(role(V, b))) {
-                    V->err = vfail(p, x, "'%s' (role %s): a backward program initialises only dq/dk/dv",
-                                   bn(V, b), cpc_buf_role_name(role(V, b)));
-                    return -1;
-                }
-                slot *sl = S(V, p, b);
-                cs_clear(&sl->cnt);
-                sl->written = true;
-                sl->src = CPC_CONTENT_GRAD;
-                if (op->block) {
-                    /* made the accumulator of ring block `block` */
-                    if (BF(V, b)->tokens != CPC_TOK_BLOCK || x->block < 0 || x->block >= V->R) {
-                        V->err = vfail(p, x, "init_acc block=%lld of '%s': a ring block's accumulator (BLOCK, "
-                                             "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
-                        return -1;
-                    }
-                    sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
-                }
-            }
-            break;
-        case CPC_OP_ADD: {
-            int a = op->in[0], b = op->out[0];
-            slot *sa = S(V, p, a), *sb = S(V, p, b);
-            if (op->n_in != 1 || op->n_out != 1 || !is_grad(role(V, a)) || role(V, a) != role(V, b) ||
-                !same_layout(V, a, b)) {
-                V->err = vfail(p, x, "add: '%s' and '%s' must be gradients of one role and layout", bn(V, a), bn(V, b));
-                return -1;
-            }
-            if (!sa->written || !sb->written) {
-                V->err = vfail(p, x, "adds '%s' into '%s' before both hold a value", bn(V, a), bn(V, b));
-                return -1;
-            }
-            if (sa->tag != sb->tag) {
-                V->err = vfail(p, x, "adds the gradient of block %d ('%s') to that of block %d ('%s')", sa->tag,
-                               bn(V, a), sb->tag, bn(V, b));
-                return -1;
-            }
-            if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-            break;
-        }
-        case CPC_OP_ATTN_BWD: {
-            static const cpc_buf_role want_in[6] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_DO, CPC_ROLE_LSE,
-                                                    CPC_ROLE_LSE};
-            static const cpc_buf_role want_out[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
-            if (op->n_in != 6 || op->n_out != 3) {
-                V->err = vfail(p, x, "needs 6 inputs and 3 outputs");
-                return -1;
-            }
-            for (int i = 0; i < 6; i++)
-                if (role(V, op->in[i]) != want_in[i]) {
-                    V->err = vfail(p, x, "input %d '%s' has role %s, %s expected", i + 1, bn(V, op->in[i]),
-                                   cpc_buf_role_name(role(V, op->in[i])), cpc_buf_role_name(want_in[i]));
-                    return -1;
-                }
-            for (int i = 0; i < 3; i++)
-                if (role(V, op->out[i]) != want_out[i]) {
-                    V->err = vfail(p, x, "output %d '%s' has role %s, %s expected", i + 1, bn(V, op->out[i]),
-                                   cpc_buf_role_name(role(V, op->out[i])), cpc_buf_role_name(want_out[i]));
-                    return -1;
-                }
-            for (int i = 0; i < 6; i++)
-                if (!S(V, p, op->in[i])->written) {
-                    V->err = vfail(p, x, "reads '%s' before it is written%s", bn(V, op->in[i]),
-                                   i == 5 ? " (no delta op computed it)" : "");
-                    return -1;
-                }
-            for (int i = 0; i < 3; i++)
-                if (!S(V, p, op->out[i])->written) {
-                    V->err = vfail(p, x, "adds to '%s' before init_acc (or a recv) gave it a value",
-                                   bn(V, op->out[i]));
-                    return -1;
-                }
-            if ((V->err = recomputed_complete(V, p, x, op->in[4])))
-                return -1;
-            slot *q = S(V, p, op->in[0]), *k = S(V, p, op->in[1]), *v = S(V, p, op->in[2]);
-            slot *dk = S(V, p, op->out[1]), *dv = S(V, p, op->out[2]), *dq = S(V, p, op->out[0]);
-            /* Query side: q, dout, lse, delta, dq in one layout and rows; K side:
-             * k, v, dk, dv in one layout (heads: this member's part or all). */
-            int qside[5] = {op->in[3], op->in[4], op->in[5], op->out[0], op->in[0]};
-            for (int i = 0; i < 4; i++)
-                if (!same_layout(V, qside[i], op->in[0]) ||
-                    (i < 3 && S(V, p, qside[i])->tag != q->tag)) {
-                    V->err = vfail(p, x, "'%s' (%s/%s, rows %d) does not match q '%s' (%s/%s, rows %d)",
-                                   bn(V, qside[i]), cpc_buf_tokens_name(BF(V, qside[i])->tokens),
-                                   cpc_buf_heads_name(BF(V, qside[i])->heads), S(V, p, qside[i])->tag,
-                                   bn(V, op->in[0]), cpc_buf_tokens_name(BF(V, op->in[0])->tokens),
-                                   cpc_buf_heads_name(BF(V, op->in[0])->heads), q->tag);
-                    return -1;
-                }
-            int kside[3] = {op->in[2], op->out[1], op->out[2]};
-            for (int i = 0; i < 3; i++)
-                if (!same_layout(V, kside[i], op->in[1]) || BF(V, op->in[1])->heads != BF(V, op->in[0])->heads) {
-                    V->err = vfail(p, x, "'%s' does not have the layout of k '%s' (and of the query side's heads)",
-                                   bn(V, kside[i]), bn(V, op->in[1]));
-                    return -1;
-                }
-            bool kall = BF(V, op->in[1])->tokens == CPC_TOK_ALL;
-            bool kkv = BF(V, op->in[1])->tokens == CPC_TOK_KV;
-            const bool rep = V->prog->layout.rep;
-            if (kkv) {
-                /* cross-attention: all of K/V, one key unit; replicated
-                 * segments: their keys, key unit R */
-            } else if (kall) {
-                /* gathered K/V: the op's `block` is what it reads, and dK/dV
-                 * (gathered too, same layout) get that slice */
-                if (!op->block || x->block < 0 || x->block >= V->R) {
-                    V->err = vfail(p, x, "attn_bwd on gathered K/V needs a block in 0..%d", V->R - 1);
-                    return -1;
-                }
-            } else if (k->tag != v->tag || k->tag != dk->tag || k->tag != dv->tag) {
-                V->err = vfail(p, x,
-                               "reads K/V blocks %d/%d but adds to dK/dV accumulators of blocks %d/%d: a K/V "
-                               "block's gradient must come from that block (diffusers #14265: a ring backward "
-                               "that reuses one step's K/V)",
-                               k->tag, v->tag, dk->tag, dv->tag);
-                return -1;
-            }
-            cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
-            int kb = kkv ? (rep ? V->R : 0) : kall ? (int)x->block : k->tag;
-            if ((!kall && !kkv && BF(V, op->in[1])->tokens != CPC_TOK_BLOCK) ||
-                (kkv && !rep && !(V->NK == 1 && V->prog->layout.cross)) ||
-                (qt != CPC_TOK_SHARD && qt != CPC_TOK_BLOCK && !(rep && qt == CPC_TOK_KV)) ||
-                (qt == CPC_TOK_SHARD && V->U != 1)) {
-                V->err = vfail(p, x, "q must be a shard (ulysses_degree 1) or a ring block, K/V ring blocks "
-                                     "or gathered (the class this prover handles)");
-                return -1;
-            }
-            /* Query rows as a ring block: with U == 1 shard p is block p. */
-            int qb = qt == CPC_TOK_KV ? V->R : q->tag;
-            if (kb < 0 || kb >= V->NK || qb < 0 || qb >= V->NQ) {
-                V->err = vfail(p, x, "K/V content (block %d) or query rows (%d) unknown", k->tag, q->tag);
-                return -1;
-            }
-            int qo = 0, qn = 1;
-            if (V->nh > 1)
-                cpc_buffer_heads(prog, op->in[0], u, &qo, &qn);
-            int ko, kn;
-            cpc_buffer_heads(prog, op->in[1], u, &ko, &kn);
-            if (V->nh > 1 && qn > 0 &&
-                (qo / prog->layout.group < ko || (qo + qn - 1) / prog->layout.group >= ko + kn)) {
-                V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
-                               qo + qn, ko, ko + kn);
-                return -1;
-            }
-            run one = {qb, kb, 1, qo, qn, 0, 0};
-            if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-            dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
-            break;
-        }
-        case CPC_OP_ATTN: {
-            /* attention recomputed in the backward program: the forward's rules on this domain's
-             * values (K and V one block, GQA heads), the pairs met kept as runs */
-            int qi = op->in[0], ki = op->in[1], vi = op->in[2];
-            slot *q = S(V, p, qi), *k = S(V, p, ki), *v = S(V, p, vi);
-            cpc_buf_tokens qt = BF(V, qi)->tokens;
-            if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
-                !((qt == CPC_TOK_SHARD && V->U == 1) || qt == CPC_TOK_BLOCK)) {
-                V->err = vfail(p, x, "recomputing attention in a backward program takes K/V ring blocks, q a shard "
-                                     "(ulysses_degree 1) or a ring block, and no cross-attention (the backward "
-                                     "prover's class)");
-                return -1;
-            }
-            if (!same_layout(V, ki, vi) || k->tag != v->tag) {
-                V->err = vfail(p, x, "k '%s' (block %d) and v '%s' (block %d) do not hold the same block", bn(V, ki),
-                               k->tag, bn(V, vi), v->tag);
-                return -1;
-            }
-            int lo, hi, ko, kn;
-            held_heads(V, qi, u, &lo, &hi);
-            cpc_buffer_heads(prog, ki, u, &ko, &kn);
-            int g = prog->layout.group, qo = V->nh > 1 ? lo : 0, qn = V->nh > 1 ? hi - lo : 0;
-            if (qn > 0 && (qo / g < ko || (qo + qn - 1) / g >= ko + kn)) {
-                V->err = vfail(p, x, "query heads [%d, %d) use K/V heads this rank does not hold ([%d, %d))", qo,
-                               qo + qn, ko, ko + kn);
-                return -1;
-            }
-            for (int i = 0; i < 2; i++)
-                if (!same_layout(V, op->out[i], qi) || role(V, op->out[i]) != (i ? CPC_ROLE_LSE : CPC_ROLE_ACC)) {
-                    V->err = vfail(p, x, "'%s' must be an %s buffer of q's layout", bn(V, op->out[i]),
-                                   i ? "lse" : "acc");
-                    return -1;
-                }
-            int32_t stamp = ++V->stamps;
-            for (int i = 0; i < 2; i++) {
-                slot *o = S(V, p, op->out[i]);
-                cs_clear(&o->cnt);
-                if (!cs_add_run(V, &o->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0})) {
-                    V->err = cs_err(V);
-                    return -1;
-                }
-                o->written = true;
-                o->fwd = true;
-                o->final = 0;
-                o->tag = q->tag;
-                o->stamp = stamp;
-                o->merged = 0;
-            }
-            keep_fwd = true;
-            break;
-        }
-        case CPC_OP_MERGE: {
-            /* provenance: vc_merge (check_operands); then the accumulator's rows and the pairs */
-            slot *a = S(V, p, op->in[0]), *al = S(V, p, op->in[1]);
-            slot *acc = S(V, p, op->out[0]), *accl = S(V, p, op->out[1]);
-            if (!a->fwd || !acc->fwd || !accl->fwd || a->tag != acc->tag || !same_layout(V, op->in[0], op->out[0])) {
-                V->err = vfail(p, x, "merges '%s' into '%s': both must be attention results made here, of the same "
-                                     "rows and layout", bn(V, op->in[0]), bn(V, op->out[0]));
-                return -1;
-            }
-            if (!cs_add_set(V, &acc->cnt, &a->cnt, 0, V->nh) || !cs_copy(V, &accl->cnt, &acc->cnt)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-            a->merged = al->merged = 1;
-            acc->final = accl->final = 0;
-            keep_fwd = true;
-            break;
-        }
-        case CPC_OP_SWAP: {
-            int a = op->in[0], b = op->in[1];
-            const cpc_buffer *A = &prog->buffers[a], *B = &prog->buffers[b];
-            if (a == b || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) {
-                V->err = vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
-                return -1;
-            }
-            int t = V->map[p * V->nb + a];
-            V->map[p * V->nb + a] = V->map[p * V->nb + b];
-            V->map[p * V->nb + b] = t;
-            break;
-        }
-        default:
-            V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
-            return -1;
-        }
-        /* the table's output content (NONE: carried, set above); what an op other than
-         * attn, merge or a forward init_acc writes is no recomputed attention result */
-        for (int i = 0; i < op->n_out && i < CPC_OP_MAX_BUFS; i++) {
-            if (info->out_content[i] != CPC_CONTENT_NONE)
-                S(V, p, op->out[i])->src = (cpc_content)info->out_content[i];
-            if (!keep_fwd)
-                S(V, p, op->out[i])->fwd = false;
-        }
-        V->pc[p]++;
+        V->pc[p]++; /* a gradient op: the step ran it (dom_grad_op) */
     }
     return 1;
 }
@@ -1627,8 +1748,9 @@ static cpc_status *prove(vb *V)
     V->slots = calloc(ns, sizeof *V->slots);
     V->map = calloc(ns, sizeof *V->map);
     V->pc = calloc((size_t)V->nsim, sizeof *V->pc);
+    V->busy = calloc(ns, sizeof *V->busy);
     V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
-    if (!V->ro || !V->slots || !V->map || !V->pc || !V->rr)
+    if (!V->ro || !V->slots || !V->map || !V->pc || !V->busy || !V->rr)
         return cs_err(V);
     cpc_status *st = NULL;
     for (int b = 0; b < V->nb && !st; b++)
@@ -1643,7 +1765,11 @@ static cpc_status *prove(vb *V)
             sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
             sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
+            sl->final = sl->written; /* the saved out and LSE: complete (the forward's proof) */
             sl->grad = is_grad(B->role);
+            sl->role = (int8_t)B->role;
+            sl->tk = (int8_t)B->tokens;
+            sl->hd = (int8_t)B->heads;
             if (B->tokens == CPC_TOK_KV && !L->cross && !L->rep) {
                 st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
@@ -1788,11 +1914,14 @@ static void vb_free(vb *V)
     if (V->ro)
         for (int p = 0; p < V->nsim; p++)
             free(V->ro[p].v);
+    for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+        cs_free(&V->tmpv[j].cnt);
     free(V->rr);
     free(V->ro);
     free(V->slots);
     free(V->map);
     free(V->pc);
+    free(V->busy);
 }
 
 cpc_status *cpc_verify_backward(const cpc_program *prog)

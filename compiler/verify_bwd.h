@@ -2,10 +2,17 @@
  * verify_bwd.h - proves a backward (training) op program (schedule_bwd.h,
  * BACKWARD.md section 2 "verification obligations").
  *
- * ONE STEP SEMANTICS, TWO DOMAINS.  (Not yet the forward provers' step,
- * verify_common.h: this prover shares with it the operand rules (lifetime,
- * read-before-write, provenance), merge's provenance rule (vc_merge) and the
- * value header (vc_val), not the ops' code.)
+ * THE FORWARD PROVERS' STEP, A THIRD DOMAIN.  Every op of a rank runs
+ * through the shared step (verify_common.h vc_step) on this prover's
+ * domain (a vc_domain over its slots): the op table's lifetime and content
+ * rules for every operand; init_acc of a forward pair, attn, merge, copy,
+ * swap and send/recv's checks before posting as the forward ops' code; a
+ * matched message through vc_arrive (declared block, layout and role,
+ * element size, buffer by buffer).  The backward ops' gradient geometry
+ * (delta, init_acc of gradients, add, attn_bwd) is this domain's grad_op
+ * callback: only this domain has gradient values.  Posting, matching order,
+ * rendezvous and the collectives' exchange are the domain's, as in the
+ * forward domains.
  * advance() (verify_bwd.c) executes one op
  * of one rank on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the

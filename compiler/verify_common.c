@@ -293,7 +293,12 @@ static vc_tri fits(const vc_domain *d, int b, const vc_val *v, char *msg, size_t
     const cpc_buffer *B = &d->prog->buffers[b];
     if (!v->written)
         return VC_YES;
-    if (src_of_role(B->role) != v->src)
+    /* forward contents by src_of_role; the backward ones (dout, delta, gradients) by the op table's role
+     * content, the delta op's output in an lse-role buffer */
+    bool holds = v->src <= SRC_LSE ? src_of_role(B->role) == v->src
+                                   : cpc_content_of_role(B->role) == (cpc_content)v->src ||
+                                         (B->role == CPC_ROLE_LSE && v->src == CPC_CONTENT_DELTA);
+    if (!holds)
         return FAULT("buffer %s (role %s) cannot hold %s data", B->name, cpc_buf_role_name(B->role),
                      src_names_of(v->src));
     return d->fits(SELF, b, v, msg, n);
@@ -676,7 +681,11 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     if (vc_operands_in_flight(d, op, msg, n))
         return VC_NO;
     switch (op->kind) {
-    case CPC_OP_INIT_ACC: return vc_init_acc(d, op, msg, n);
+    case CPC_OP_INIT_ACC:
+        if (d->grad_op && (op->block || op->n_out != 2 ||
+                           cpc_content_of_role(d->prog->buffers[op->out[0]].role) == CPC_CONTENT_GRAD))
+            return d->grad_op(SELF, op, msg, n); /* a gradient accumulator (a backward program) */
+        return vc_init_acc(d, op, msg, n);
     case CPC_OP_ATTN: return vc_attn(d, op, msg, n);
     case CPC_OP_MERGE: return vc_merge_op(d, op, msg, n);
     case CPC_OP_COPY: return vc_copy(d, op, msg, n);
@@ -688,6 +697,9 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     case CPC_OP_ALL_GATHER:
     case CPC_OP_BARRIER: return VC_YES; /* the domain's: matching, completion, rendezvous */
     default:
+        if (d->grad_op && (int)op->kind >= 0 && op->kind < CPC_OP__COUNT &&
+            (cpc_op_info_of(op->kind)->flags & CPC_OPF_BWD))
+            return vc_contents(d, op, 1, msg, n) ? VC_NO : d->grad_op(SELF, op, msg, n);
         if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
             return FAULT("op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
         return FAULT("unknown op kind %d", (int)op->kind);

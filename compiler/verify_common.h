@@ -22,19 +22,25 @@
  *   YES / NO / UNDECIDED: same tokens, same heads, tokens of a class, heads
  *   of a class, fits a buffer, the keys of a merge disjoint, coverage
  *   complete, the declared block arrives) and has it build values (shape,
- *   attn_keys, merge_keys, select_heads).  Two domains implement it: one
- *   concrete rank of the enumeration (verify.c: always YES or NO) and the
+ *   attn_keys, merge_keys, select_heads).  Three domains implement it: one
+ *   concrete rank of the enumeration (verify.c: always YES or NO), the
  *   symbolic rank (verify_sym.c: answers for every rank and loop step at
  *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
- *   the program to enumeration, or to CP051 beyond its bound).  What stays
+ *   the program to enumeration, or to CP051 beyond its bound), and the
+ *   backward prover's simulated rank (below).  What stays
  *   per domain is what differs in kind: the values' representation, how
  *   requests find their peers (channels between concrete ranks, or offsets
  *   of the one generic rank), blocking and rendezvous, and loops (unrolled
  *   per rank, or induction on the step).  One fault thus gets one message
  *   from both (tests/test_verify_sym.c one_step_gives_one_message).
- *   The backward prover (verify_bwd.c) shares the rules (and, for the
- *   attention it may recompute, vc_merge's provenance rule and the causal
- *   skip vc_units_needed), not yet the step.
+ *   The backward prover (verify_bwd.c) is a third domain of the step: one
+ *   simulated rank of its symmetric domain or of its enumeration (values:
+ *   a content tag, the buffer's layout, and the (query block, key unit,
+ *   head) pairs met, as runs).  Every op of a backward program runs through
+ *   vc_step there; the backward ops (grad_op) are that domain's callback,
+ *   absent in the forward domains, so a backward op stays a fault in a
+ *   forward program, and the two entry points (cpc_verify,
+ *   cpc_verify_backward) keep the directions apart.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
@@ -176,6 +182,10 @@ typedef struct vc_domain {
     /* the sender of recv rq's message, in words ("rank 3", "ring member
      * r-1"), and its op */
     void (*sender)(void *self, const void *rq, char *who, size_t nw, char *op, size_t no);
+    /* The backward ops (the op table's CPC_OPF_BWD kinds outside the forward's: attn_bwd, delta,
+     * add, init_acc of gradients, reduce_scatter, all_reduce) over gradient values, after the
+     * step's lifetime and content rules; NULL in the forward domains, where they are a fault. */
+    vc_tri (*grad_op)(void *self, const cpc_op *op, char *why, size_t n);
     const cpc_program *prog;
     bool cross;     /* cross-attention (the layout's) */
     bool rep;       /* replicated segments (layout.h): the kv layout holds their rows, which

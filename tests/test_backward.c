@@ -130,7 +130,7 @@ Test(backward, accumulators_must_travel_home)
     cr_assert_eq(recv->kind, CPC_OP_RECV);
     cpc_expr_free(recv->block);
     cr_assert(cpc_expr_parse("(r-s)%R", CPC_NO_SPAN, &recv->block) == NULL);
-    expect_cp051(prog, "declares block");
+    expect_cp051(prog, "declares that block");
     cpc_program_free(prog);
     cpc_plan_free(p);
 }
@@ -382,7 +382,7 @@ Test(backward, cross_attention_programs_prove_and_faults)
             prog = build_ru(p, rows[i].var, rows[i].R, rows[i].U);
             cpc_op *cp = find_top(prog, CPC_OP_COPY, CPC_ROLE_DV);
             cp->in[0] = cpc_program_find_buffer(prog, "v_part");
-            expect_cp051(prog, "another role");
+            expect_cp051(prog, "cannot hold");
             cpc_program_free(prog);
         }
         cpc_plan_free(p);
@@ -637,7 +637,7 @@ Test(backward, lagged_ring_proves_and_faults)
     cpc_op *rv = body_op(prog, CPC_OP_RECV, CPC_ROLE_DK, 0);
     cpc_expr_free(rv->block);
     cr_assert(cpc_expr_parse("(r-s-1)%R", CPC_NO_SPAN, &rv->block) == NULL);
-    expect_cp051(prog, "declares block");
+    expect_cp051(prog, "declares that block");
     cpc_program_free(prog);
     cpc_plan_free(p);
 }

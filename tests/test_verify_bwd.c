@@ -503,7 +503,7 @@ Test(verify_bwd, attention_recomputed_in_a_backward_program)
           RECOMPUTE_LOOP("R", "    - {kind: attn, in: [q, k_cur, v_cur], out: [o_blk, lse_blk], when: s>0}\n"
                               "    - {kind: merge, in: [o_blk, lse_blk], out: [racc, rlse], when: s>0}\n"),
           READS_LSE, "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
-        {"the recompute's K/V rotated one step short", "declares block", "none",
+        {"the recompute's K/V rotated one step short", "declares that block", "none",
          {DV_OUT, RECOMPUTE_BUFS, DELTA, RECOMPUTE_LOOP("R-1", ATTN_MERGE), READS_LSE,
           "in: [q, k_cur, v_cur, dout, rlse, delta]", NULL}},
         {"a block merged twice", "twice", "none",
@@ -540,7 +540,7 @@ Test(verify_bwd, every_rule_has_a_tamper)
         const char *what, *needle;
         const char *e[7];
     } cases[] = {
-        {"the accumulator's recv declares the next block", "declares block",
+        {"the accumulator's recv declares the next block", "declares that block",
          {RECV_DKV, "    - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: (r-s-1)%R, tag: 1, when: s>0}\n", NULL}},
         {"no delta op", "no delta op computed it", {"  - {kind: delta, in: [dout, out], out: [delta]}\n", "", NULL}},
         {"attn_bwd twice", "2 times or more", {ATTN_BWD, ATTN_BWD ATTN_BWD, NULL}},
