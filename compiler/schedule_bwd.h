@@ -8,8 +8,9 @@
  * (U == 1), ulysses, ulysses_anything (R == 1), unified (R x U); P2P or
  * all-gather rotation (schedule.rotate); self- and cross-attention; causal
  * zigzag, GQA/MQA, key padding, uneven splits (messages sized by content
- * tag), fp32/bf16/fp16.  Refused with CP018: a plan whose forward comes from
- * a Lua schedule script (scripts return no backward program yet).
+ * tag), fp32/bf16/fp16, replicated segments (`split: replicate`).  Refused
+ * with CP018: a plan whose forward comes from a Lua schedule script (scripts
+ * return no backward program yet).
  *
  * INPUTS (what the runtime binds, executor.h): q, dout, out (the forward's
  * output) as SHARD with every head; k, v as SHARD (U > 1), BLOCK r == shard
@@ -59,11 +60,21 @@
  *     U > 1: on q_seq and the member's K/V head part k_part, then the dK/dV
  *     head part widened to every head by copy); all_reduce (world) dk, dv:
  *     every rank ends with the unsplit K/V's gradient.
+ *   replicated segments (3.7b; their rows T, KV layout, whole on every
+ *     rank; inputs q/k/v/dout/out_rep and lse_rep, the forward's, KV x this
+ *     rank's heads): delta_rep; attn_bwd (sharded q, T keys) on every rank;
+ *     attn_bwd (T queries, T keys) `when r==0`; attn_bwd (T queries, the own
+ *     block) at the ring's step 0 (`when s==0`, into that step's dK/dV
+ *     accumulator; all-gather: block r of k_all; R == 1: the one block);
+ *     then dq/dk/dv of T (PART heads widened to every head by copy when
+ *     U > 1) all_reduce (world) into the OUTPUTs dq_rep, dk_rep, dv_rep (KV,
+ *     every head, the same on every rank).  Every (query, key) pair once.
  * Bytes sent per rank (e = dtype size): P2P ring K/V (R-1) x 2 x T_blk Hkv D e
  * + dK/dV R x 2 x T_blk Hkv D x 4; all-gather ring K/V (R-1) x 2 x T_blk Hkv D e
  * + dK/dV (R-1) x 2 x T_blk Hkv D x 4; ulysses: the all-to-alls of q, dout,
  * k, v (plan dtype), delta (fp32, no D) and of dq, dk, dv (fp32); cross: all_reduce 2 x
- * (P-1)/P x Skv Hkv D x 4 per tensor.
+ * (P-1)/P x Skv Hkv D x 4 per tensor; replicated segments add an all_reduce
+ * of 2 x (P-1)/P x T_rep x (H + 2 Hkv) D x 4.
  *
  * Ownership: *out is a new program (cpc_program_free).  Errors: CPC_E_PLAN
  * rule 60 for a plan that does not train (message says what does),
