@@ -93,6 +93,34 @@ with cpc.Attention(a, comm=comm) as att:
         for i, n in enumerate(("dq", "dk", "dv")):
             expect(np.array_equal(a.gather([g[i] for g in allg], n), ref[i]),
                    f"training: {n} over MPI != local world")
+# training with a replicated text over MPI: every process gives the same dout rows of
+# the text and gets the whole text gradient; the gathered gradients equal the local
+# world's (lse None: the last forward's, in any variant's layout) bit for bit with
+# ulysses, to rounding with ring steps (LocalWorld.backward gives every rank the
+# gathered `out`, rank 0's copy of the text rows: another delta by rounding)
+for variant in ("ring", "ulysses"):
+    a = cpc.compile({"version": 1, "model": {"heads": 4, "head_dim": 16, "dtype": "fp32"},
+                     "input": {"mode": "training",
+                               "segments": [{"name": "text", "tokens": 7, "split": "replicate"},
+                                            {"name": "image", "tokens": 8 * P}]},
+                     "cluster": {"world_size": P}, "parallel": {"variant": variant}})
+    rng = np.random.default_rng(13)
+    q, k, v, dout = (rng.standard_normal((1, a.tokens, 4, 16)).astype(np.float32)
+                     for _ in range(4))
+    with cpc.Attention(a, comm=comm) as att:
+        sh = [a.shard(x, me, r) for x, r in ((q, "q"), (k, "k"), (v, "v"))]
+        out = att(*sh)
+        grads = list(att.backward(*sh, out, None, a.shard(dout, me, "dout")))
+        allg = comm.gather(grads, root=0)
+        if me == 0:
+            with cpc.LocalWorld(a) as w:
+                o = w(q, k, v)
+                ref = w.backward(q, k, v, o, None, dout)  # each rank's own LSE, as above
+            for i, n in enumerate(("dq", "dk", "dv")):
+                got = a.gather([g[i] for g in allg], n)
+                err = float(np.linalg.norm(got - ref[i]) / np.linalg.norm(ref[i]))
+                expect(err == 0.0 if variant == "ulysses" else err < 1e-6,
+                       f"replicated training {variant}: {n} over MPI != local world ({err})")
 # the outer axes (cfg_degree / tp_degree = P, variant none): each process its batch
 # items or heads; each group's communicator is split from the caller's
 for axis, batch in (("cfg_degree", P), ("tp_degree", 1)):
