@@ -177,6 +177,14 @@ int cpc_layout_block_runs(const cpc_layout *L, int i, cpc_run *out, int max)
     cpc_run last = {0, 0};
     if (i < 0 || i >= L->R)
         return 0;
+    if (!L->zigzag && L->n_seg == 1) {
+        /* one segment: the U shards are adjacent, one run (O(1), not O(U):
+         * the cost model asks for it per attention op at 65536 ranks) */
+        int64_t a = cpc_split_off(L->seg_len[0], L->P, (int64_t)i * L->U);
+        int64_t b = cpc_split_off(L->seg_len[0], L->P, (int64_t)(i + 1) * L->U);
+        push_run(out, max, &n, &last, L->seg_start[0] + a, b - a);
+        return n;
+    }
     for (int u = 0; u < L->U; u++)
         shard_runs_into(L, i * L->U + u, out, max, &n, &last);
     return n;
