@@ -275,8 +275,13 @@ def test_mpirun_4(results, name):
 
 def test_torchrun(tmp_path):
     """torch.distributed (gloo) as comm, launched by torchrun as diffusers users do."""
+    import socket
+    with socket.socket() as s:  # a free port (a fixed one collides with another run's)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     res = _launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--master-port", "29533"], CASES_TORCHRUN, tmp_path, "tr",
+                   "--master-addr", "127.0.0.1", "--master-port", str(port)], CASES_TORCHRUN,
+                  tmp_path, "tr",
                   extra=["--torchrun"])
     for name in CASES_TORCHRUN:
         _check(name, res.get(name), 2)
