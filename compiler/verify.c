@@ -165,24 +165,8 @@ static cpc_span op_span(const opnode *nd)
     return nd && nd->op ? nd->op->span : CPC_NO_SPAN;
 }
 
-static const char *kind_name(const opnode *nd)
-{
-    return cpc_op_kind_name(nd->op->kind);
-}
-
 /* "ops[3].body[1] merge (step 2)" into buf. */
-static const char *op_desc(const opnode *nd, int64_t step, char *buf, size_t n)
-{
-    if (!nd) {
-        snprintf(buf, n, "the end of the program");
-        return buf;
-    }
-    if (nd->in_loop)
-        snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind_name(nd), step);
-    else
-        snprintf(buf, n, "%s %s", nd->path, kind_name(nd));
-    return buf;
-}
+#define op_desc(nd, step, buf, n) vc_op_desc((nd), (step), (step) + 1, (buf), (n))
 
 static const char *rank_desc(const ctx *C, int p, char *buf, size_t n)
 {
@@ -195,19 +179,11 @@ static int fail(ctx *C, int p, const opnode *nd, int64_t step, const char *fmt, 
 {
     if (C->err)
         return -1;
-    char msg[1024], rb[64], ob[256];
+    char ob[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    C->err = vc_fault(op_span(nd), p, C->U, p >= 0 || nd ? op_desc(nd, step, ob, sizeof ob) : NULL, fmt, ap);
     va_end(ap);
-    if (p >= 0)
-        C->err = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, op_span(nd),
-                          "schedule verification failed: %s, %s: %s", rank_desc(C, p, rb, sizeof rb),
-                          op_desc(nd, step, ob, sizeof ob), msg);
-    else
-        C->err = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, op_span(nd),
-                          "schedule verification failed: %s%s%s", nd ? op_desc(nd, step, ob, sizeof ob) : "",
-                          nd ? ": " : "", msg);
     return -1;
 }
 
@@ -701,7 +677,7 @@ static const vc_domain rank_ops = {
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
     .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
     .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
-    .sender = dom_sender, .p2p_attn = true};
+    .sender = dom_sender, .p2p_attn = true, .val_size = sizeof(aval)};
 
 /* dom: the domain of rank rk at the op nd (step), on the stack (ob is not
  * cleared: it is written before it is read). */
@@ -714,7 +690,8 @@ static inline void rank_dom_at(rank_dom *d, ctx *C, rank_st *rk, const opnode *n
     rank_dom dd_;                                                                                                 \
     rank_dom_at(&dd_, (C), (rk), (nd), (step));                                                                   \
     vc_domain dom = rank_ops;                                                                                     \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep;                      \
+    dom.nsend = (rk)->nsend, dom.rpend = (rk)->rpend
 
 /* A step's answer as this rank's result: a fault (the domain always
  * decides) at the op nd. */
@@ -981,8 +958,6 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             return RES_ERR;
         }
     }
-    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
-    const int *bufs = is_send ? op->in : op->out;
     int id = req_new(C);
     if (id < 0)
         return oom(C), RES_ERR;
@@ -995,19 +970,10 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     q->tag = op->tag;
     q->on = nd;
     q->step = step;
-    q->nb = nb;
     q->block = block;
-    for (int j = 0; j < nb; j++) {
-        q->bufs[j] = bufs[j];
-        if (is_send) {
-            if (!aval_copy(&q->snap[j], &rk->v[bufs[j]]))
-                return oom(C), RES_ERR;
-            rk->v[bufs[j]].fresh = 0;
-            rk->nsend[bufs[j]]++;
-        } else {
-            rk->rpend[bufs[j]] = id;
-        }
-    }
+    RANK_DOM_AT(C, rk, nd, step);
+    if ((q->nb = vc_post_bufs(&dom, op, id, q->bufs, q->snap)) < 0)
+        return oom(C), RES_ERR;
     if (add_open(C, rk, id))
         return RES_ERR;
     if (post(C, id))
@@ -1082,30 +1048,13 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             rk->open[k++] = id;
             continue;
         }
-        for (int j = 0; j < q->nb; j++) {
-            int b = q->bufs[j];
-            if (q->is_send) {
-                rk->nsend[b]--;
-            } else {
-                rk->rpend[b] = -1;
-                aval v;
-                if (q->match == MATCH_PHANTOM)
-                    phantom_value(C, rk, q, j, &v);
-                else {
-                    v = q->snap[j];
-                    memset(&q->snap[j], 0, sizeof q->snap[j]);
-                }
-                v.written = 1;
-                v.fresh = 0;
-                char m[640];
-                m[0] = 0;
-                RANK_DOM_AT(C, rk, q->on, q->step);
-                vc_tri t = vc_store(&dom, b, &v.h, m, sizeof m);
-                aval_free(&v);
-                if (res(C, rk, q->on, q->step, t, m))
-                    return RES_ERR;
-            }
-        }
+        for (int j = 0; !q->is_send && q->match == MATCH_PHANTOM && j < q->nb; j++)
+            phantom_value(C, rk, q, j, &q->snap[j]);
+        char m[640];
+        m[0] = 0;
+        RANK_DOM_AT(C, rk, q->on, q->step);
+        if (res(C, rk, q->on, q->step, vc_wait_bufs(&dom, q->is_send, q->nb, q->bufs, q->snap, m, sizeof m), m))
+            return RES_ERR;
         q->done = true;
         maybe_release(C, id);
     }

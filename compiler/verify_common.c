@@ -1,6 +1,10 @@
 /* verify_common.c - the provers' shared rules, the op tree and the forward step (verify_common.h). */
 #include "verify_common.h"
 
+#include "verify.h" /* CPC_RULE_VERIFY */
+
+#include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -704,4 +708,73 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
             return FAULT("op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
         return FAULT("unknown op kind %d", (int)op->kind);
     }
+}
+
+/* ---- the forward domains' message layer and diagnostics ----------------------------------- */
+
+const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, size_t n)
+{
+    const char *kind = nd ? cpc_op_kind_name(nd->op->kind) : NULL;
+    if (!nd)
+        snprintf(buf, n, "the end of the program");
+    else if (!nd->in_loop || shi <= slo) /* (no step: the loop's guards are being read) */
+        snprintf(buf, n, "%s %s", nd->path, kind);
+    else if (shi - slo == 1)
+        snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind, slo);
+    else
+        snprintf(buf, n, "%s %s (steps %" PRId64 "..%" PRId64 ")", nd->path, kind, slo, shi - 1);
+    return buf;
+}
+
+cpc_status *vc_fault(cpc_span span, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap)
+{
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (p >= 0)
+        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, span,
+                        "schedule verification failed: rank %" PRId64 " (r %" PRId64 ", u %" PRId64 "), %s: %s", p,
+                        p / U, p % U, where, msg);
+    return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, span, "schedule verification failed: %s%s%s",
+                    where ? where : "", where ? ": " : "", msg);
+}
+
+#define SNAP(d, snap, j) ((vc_val *)((char *)(snap) + (size_t)(j) * (d)->val_size))
+
+int vc_post_bufs(const vc_domain *d, const cpc_op *op, int id, int *qbufs, void *snap)
+{
+    bool is_send = op->kind == CPC_OP_SEND;
+    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
+    const int *bufs = is_send ? op->in : op->out;
+    for (int j = 0; j < nb; j++) {
+        int b = qbufs[j] = bufs[j];
+        if (is_send) {
+            vc_val *v = d->val(SELF, b);
+            if (!d->copy(SELF, SNAP(d, snap, j), v))
+                return -1;
+            v->fresh = 0;
+            d->nsend[b]++;
+        } else {
+            d->rpend[b] = id;
+        }
+    }
+    return nb;
+}
+
+vc_tri vc_wait_bufs(const vc_domain *d, bool is_send, int nb, const int *bufs, void *snap, char *msg, size_t n)
+{
+    for (int j = 0; j < nb; j++) {
+        int b = bufs[j];
+        if (is_send) {
+            d->nsend[b]--;
+            continue;
+        }
+        d->rpend[b] = -1;
+        vc_val *v = SNAP(d, snap, j);
+        v->written = 1;
+        v->fresh = 0;
+        vc_tri t = vc_store(d, b, v, msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    return VC_YES;
 }

@@ -47,6 +47,7 @@
 #ifndef CPC_VERIFY_COMMON_H
 #define CPC_VERIFY_COMMON_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -192,6 +193,12 @@ typedef struct vc_domain {
                        are query rows too; every query meets their keys once (kvcov 1) and
                        every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
+    /* The forward domains' message layer (vc_post_bufs, vc_wait_bufs; unused by the backward
+     * domain): per buffer, the sends in flight reading it and the request of the recv in flight
+     * writing it (-1), and the size of the domain's value type (a request's snapshots are an
+     * array of them). */
+    int32_t *nsend, *rpend;
+    size_t val_size;
 } vc_domain;
 
 /* The key units (shards) query rows of units [lo, hi) must meet: all P, or
@@ -248,5 +255,29 @@ vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n
  * heads and a complete attention (coverage: no result, K/V rows,
  * cross-attention's K/V once, then the domain's block coverage). */
 vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
+
+/* THE MESSAGE LAYER of the two forward domains (verify.c, verify_sym.c): what
+ * posting and completing a request does to its buffers, the same whether
+ * requests meet over channels between concrete ranks or as offsets of the
+ * generic rank (the matching itself stays the domain's). */
+/* Posts send/recv op (after vc_step) as the domain's request `id`: copies its
+ * buffers into qbufs; a send snapshots each into snap[j] (d->copy; snap an
+ * array of d->val_size values; the buffer's attention output counts as read)
+ * and counts a send in flight on it; a recv marks its buffers as written by
+ * request id.  Returns the number of buffers, -1 when out of memory. */
+int vc_post_bufs(const vc_domain *d, const cpc_op *op, int id, int *qbufs, void *snap);
+/* Completes a request at its wait, on the domain of the op that posted it: a
+ * send's buffers are one send less in flight; a recv stores what arrived
+ * (snap[j], moved: written, read by no op yet) into bufs[j] by vc_store. */
+vc_tri vc_wait_bufs(const vc_domain *d, bool is_send, int nb, const int *bufs, void *snap, char *msg, size_t n);
+/* "ops[3].body[1] merge", with " (step s)" for one step [slo, slo+1) of a
+ * loop or " (steps a..b)" for the range a symbolic run stands for (none
+ * when shi <= slo); nd NULL: "the end of the program". */
+const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, size_t n);
+/* A CP051 verification fault at span: "schedule verification failed: rank p
+ * (r p/U, u p%U), WHERE: MSG" (p >= 0), else "...: WHERE: MSG" (WHERE may be
+ * NULL).  MSG is fmt formatted with ap (at most 1023 bytes).  Caller owns the
+ * status. */
+cpc_status *vc_fault(cpc_span span, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap);
 
 #endif

@@ -505,23 +505,8 @@ static bool steps_of(const sctx *C, const cpc_expr *e, int i, int64_t N, iset *o
 
 /* ---- diagnostics --------------------------------------------------------------- */
 
-static const char *kind_name(const snode *nd)
-{
-    return cpc_op_kind_name(nd->op->kind);
-}
-
-static const char *op_desc(const sctx *C, const snode *nd, char *buf, size_t n)
-{
-    if (!nd)
-        snprintf(buf, n, "the end of the program");
-    else if (!nd->in_loop || C->shi <= C->slo) /* (no step: the loop's guards are being read) */
-        snprintf(buf, n, "%s %s", nd->path, kind_name(nd));
-    else if (C->shi - C->slo == 1)
-        snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind_name(nd), C->slo);
-    else
-        snprintf(buf, n, "%s %s (steps %" PRId64 "..%" PRId64 ")", nd->path, kind_name(nd), C->slo, C->shi - 1);
-    return buf;
-}
+/* The op and the steps the current run stands for. */
+#define op_desc(C, nd, buf, n) vc_op_desc((nd), (C)->slo, (C)->shi, (buf), (n))
 
 /* A definite fault: every rank runs the same ops, so it shows on rank 0 (or
  * on the rank `r`, u 0, given). */
@@ -530,15 +515,13 @@ static int serr_at(sctx *C, const snode *nd, int64_t r, const char *fmt, ...)
 {
     if (C->result)
         return -1;
-    char msg[1024], ob[256];
+    char ob[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     C->result = CPC_SYM_ERROR;
-    C->diag = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, nd && nd->op ? nd->op->span : CPC_NO_SPAN,
-                       "schedule verification failed: rank %" PRId64 " (r %" PRId64 ", u 0), %s: %s",
-                       r * C->U, r, op_desc(C, nd, ob, sizeof ob), msg);
+    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, r * C->U, C->U, op_desc(C, nd, ob, sizeof ob), fmt,
+                       ap);
+    va_end(ap);
     return -1;
 }
 
@@ -1410,7 +1393,7 @@ static const vc_domain sym_ops = {
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
     .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
     .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
-    .sender = dom_sender, .p2p_attn = false};
+    .sender = dom_sender, .p2p_attn = false, .val_size = sizeof(sval)};
 
 static inline void sym_dom_at(sym_dom *d, sctx *C, const snode *nd)
 {
@@ -1421,7 +1404,8 @@ static inline void sym_dom_at(sym_dom *d, sctx *C, const snode *nd)
     sym_dom dd_;                                                                                                  \
     sym_dom_at(&dd_, (C), (nd));                                                                                  \
     vc_domain dom = sym_ops;                                                                                      \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep
+    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep;                      \
+    dom.nsend = (C)->st->nsend, dom.rpend = (C)->st->rpend
 
 /* A step's answer as the proof's result at the op nd. */
 static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
@@ -1596,8 +1580,6 @@ static int exec_send_recv(sctx *C, const snode *nd)
     aff decl = {0, 0, 0};
     if (!is_send && eval_block(C, nd, op->block, &decl))
         return -1;
-    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
-    const int *bufs = is_send ? op->in : op->out;
     if (s->nreq == MAXREQ)
         return sund(C, nd, "more than %d requests in flight", MAXREQ);
     int id = s->nreq++;
@@ -1608,20 +1590,11 @@ static int exec_send_recv(sctx *C, const snode *nd)
     q->key = is_send ? d : md(-d, C->R);
     q->tag = op->tag;
     q->group = op->group;
-    q->nb = nb;
     q->partner = -1;
     q->decl = decl;
     q->on = nd;
-    for (int j = 0; j < nb; j++) {
-        q->bufs[j] = bufs[j];
-        if (is_send) {
-            q->snap[j] = s->v[bufs[j]];
-            s->v[bufs[j]].fresh = 0;
-            s->nsend[bufs[j]]++;
-        } else {
-            s->rpend[bufs[j]] = id;
-        }
-    }
+    SYM_DOM_AT(C, nd);
+    q->nb = vc_post_bufs(&dom, op, id, q->bufs, q->snap); /* (copies: no allocation) */
     return post(C, id);
 }
 
@@ -1645,22 +1618,11 @@ static int exec_wait(sctx *C, const snode *nd)
         sreq *q = &s->req[i];
         if (q->done || q->tag != tag)
             continue;
-        for (int j = 0; j < q->nb; j++) {
-            int b = q->bufs[j];
-            if (q->is_send) {
-                s->nsend[b]--;
-            } else {
-                s->rpend[b] = -1;
-                sval v = q->snap[j];
-                v.written = 1;
-                v.fresh = 0;
-                char m[640];
-                m[0] = 0;
-                SYM_DOM_AT(C, q->on);
-                if (sres(C, q->on, vc_store(&dom, b, &v.h, m, sizeof m), m))
-                    return -1;
-            }
-        }
+        char m[640];
+        m[0] = 0;
+        SYM_DOM_AT(C, q->on);
+        if (sres(C, q->on, vc_wait_bufs(&dom, q->is_send, q->nb, q->bufs, q->snap, m, sizeof m), m))
+            return -1;
         q->done = true;
     }
     compact(C);
