@@ -1730,22 +1730,10 @@ static int init_ranks(ctx *C)
         rk->rpend = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
         if (!rk->v || !rk->nsend || !rk->rpend)
             return oom(C);
-        for (int b = 0; b < nb; b++) {
+        for (int b = 0; b < nb; b++)
             rk->rpend[b] = -1;
-            const cpc_buffer *B = &C->prog->buffers[b];
-            if (B->io != CPC_IO_INPUT)
-                continue;
-            aval *v = &rk->v[b];
-            v->written = 1;
-            v->src = (uint8_t)src_of_role(B->role);
-            if (B->tokens == CPC_TOK_KV) {
-                v->tlo = v->thi = TOK_KV;
-            } else {
-                v->tlo = p;
-                v->thi = p + 1;
-            }
-            buf_heads(C, b, (int)rk->c.u, &v->hoff, &v->hn);
-        }
+        RANK_DOM_AT(C, rk, NULL, 0);
+        vc_inputs(&dom);
         rk->queued = true;
         C->queue[C->qn++] = i;
     }

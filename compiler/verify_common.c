@@ -740,6 +740,19 @@ cpc_status *vc_fault(cpc_span span, int64_t p, int64_t U, const char *where, con
 
 #define SNAP(d, snap, j) ((vc_val *)((char *)(snap) + (size_t)(j) * (d)->val_size))
 
+void vc_inputs(const vc_domain *d)
+{
+    for (int b = 0; b < d->prog->n_buffers; b++) {
+        const cpc_buffer *B = &d->prog->buffers[b];
+        if (B->io != CPC_IO_INPUT)
+            continue;
+        vc_val *v = d->val(SELF, b);
+        v->written = 1;
+        v->src = (uint8_t)src_of_role(B->role);
+        d->shape(SELF, v, B->tokens == CPC_TOK_KV ? VC_T_KV : VC_T_OWN, VC_H_BUF, b, NULL);
+    }
+}
+
 int vc_post_bufs(const vc_domain *d, const cpc_op *op, int id, int *qbufs, void *snap)
 {
     bool is_send = op->kind == CPC_OP_SEND;

@@ -260,6 +260,9 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
  * posting and completing a request does to its buffers, the same whether
  * requests meet over channels between concrete ranks or as offsets of the
  * generic rank (the matching itself stays the domain's). */
+/* The program's start: every INPUT buffer holds its role's source, the
+ * rank's own shard (or the K/V sequence) with the buffer's heads. */
+void vc_inputs(const vc_domain *d);
 /* Posts send/recv op (after vc_step) as the domain's request `id`: copies its
  * buffers into qbufs; a send snapshots each into snap[j] (d->copy; snap an
  * array of d->val_size values; the buffer's attention output counts as read)

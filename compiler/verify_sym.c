@@ -1933,16 +1933,9 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
         snomem(&C);
         goto done;
     }
-    for (int b = 0; b < C.nb; b++) {
-        const cpc_buffer *B = &prog->buffers[b];
-        if (B->io != CPC_IO_INPUT)
-            continue;
-        sval *v = &C.st->v[b];
-        v->written = 1;
-        v->src = (uint8_t)src_of_role(B->role);
-        v->tok = B->tokens == CPC_TOK_KV ? T_KV : T_OWN;
-        v->heads = (uint8_t)buf_heads(&C, b);
-        canon(&C, v);
+    {
+        SYM_DOM_AT(&C, NULL);
+        vc_inputs(&dom);
     }
     for (int i = 0; i < C.n_root && !C.result; i++) {
         const snode *nd = &C.root[i];
