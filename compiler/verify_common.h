@@ -31,7 +31,8 @@
  *   per domain is what differs in kind: the values' representation, how
  *   requests find their peers (channels between concrete ranks, or offsets
  *   of the one generic rank), blocking and rendezvous, and loops (unrolled
- *   per rank, or induction on the step).  One fault thus gets one message
+ *   per rank, or induction on the step).  The forward domains' message layer
+ *   is shared (vc_post_bufs, vc_wait_bufs, vc_inputs, vc_op_desc, vc_fault).  One fault thus gets one message
  *   from both (tests/test_verify_sym.c one_step_gives_one_message).
  *   The backward prover (verify_bwd.c) is a third domain of the step: one
  *   simulated rank of its symmetric domain or of its enumeration (values:
