@@ -12,7 +12,7 @@
  *     requests;
  *   - point-to-point requests are matched in FIFO order per channel
  *     (sender, receiver, group, tag); a collective completes when every
- *     (simulated) member of its group instance has arrived;
+ *     member of its group instance has arrived;
  *   - a worklist runs ready ranks until they block; when it is empty and
  *     some rank is not finished, the wait-for graph is walked to report the
  *     cycle.
@@ -32,7 +32,6 @@
                               segments' rows (layout.h) */
 #define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
 #define MATCH_NONE (-1)
-#define MATCH_PHANTOM (-2) /* matched by a rank outside the simulated set */
 
 
 enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
@@ -91,7 +90,7 @@ typedef struct req {
     int bufs[CPC_OP_MAX_BUFS];
     aval snap[CPC_OP_MAX_BUFS]; /* send: sender's content; recv: what arrives */
     int64_t block;           /* recv: declared block, -1 when none */
-    int match;               /* request id, MATCH_NONE or MATCH_PHANTOM */
+    int match;               /* request id or MATCH_NONE */
     int next;                /* next in the channel queue / free list */
 } req;
 
@@ -133,9 +132,8 @@ typedef struct ctx {
     int R, U, P;
     opnode *root;
     int n_root;
-    /* simulated ranks */
+    /* simulated ranks: every rank, rk[p] */
     int nsim;
-    int *sim_of;             /* flat rank -> index in rk, -1 when not simulated */
     rank_st *rk;
     /* worklist */
     int *queue;
@@ -148,7 +146,6 @@ typedef struct ctx {
     int capch, nch;
     /* collectives: per group kind, per instance, arrivals */
     int *arrived[CPC_GROUP__COUNT];
-    int *need[CPC_GROUP__COUNT];
     /* results */
     cpc_status *err;
     bool oom;
@@ -789,9 +786,7 @@ static chan *chan_get(ctx *C, int src, int dst, int group, int tag)
 
 static void enqueue(ctx *C, int p)
 {
-    int i = C->sim_of[p];
-    if (i < 0)
-        return;
+    int i = p;
     rank_st *rk = &C->rk[i];
     if (rk->queued || rk->state == ST_DONE)
         return;
@@ -807,7 +802,7 @@ static int match_pair(ctx *C, int sid, int rid)
     s->match = rid;
     r->match = sid;
     C->st.messages++;
-    rank_st *rr = &C->rk[C->sim_of[r->rank]];
+    rank_st *rr = &C->rk[r->rank];
     char m[1024];
     m[0] = 0;
     vc_val *snap[CPC_OP_MAX_BUFS];
@@ -828,10 +823,6 @@ static int post(ctx *C, int id)
     req *q = &C->reqs[id];
     q->match = MATCH_NONE;
     q->next = -1;
-    if (C->sim_of[q->peer] < 0) {
-        q->match = MATCH_PHANTOM;
-        return 0;
-    }
     int src = q->is_send ? q->rank : q->peer, dst = q->is_send ? q->peer : q->rank;
     chan *c = chan_get(C, src, dst, q->group, q->tag);
     if (!c)
@@ -981,45 +972,12 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     return RES_NEXT;
 }
 
-/* What a recv matched by a rank outside the simulated set delivers. */
-static void phantom_value(ctx *C, rank_st *rk, const req *q, int j, aval *out)
-{
-    int b = q->bufs[j];
-    const cpc_buffer *B = &C->prog->buffers[b];
-    memset(out, 0, sizeof *out);
-    out->written = 1;
-    out->assumed = 1;
-    out->final = 1;
-    out->src = (uint8_t)src_of_role(B->role);
-    if (q->block >= 0) {
-        out->tlo = (int32_t)q->block * C->U;
-        out->thi = out->tlo + C->U;
-    } else if (B->tokens == CPC_TOK_SHARD) {
-        out->tlo = rk->p;
-        out->thi = rk->p + 1;
-    } else if (B->tokens == CPC_TOK_KV) {
-        out->tlo = out->thi = TOK_KV;
-    } else if (B->tokens == CPC_TOK_ALL) {
-        out->tlo = 0;
-        out->thi = C->P;
-    } else {
-        out->tlo = (int32_t)rk->c.r * C->U;
-        out->thi = out->tlo + C->U;
-    }
-    int off, n;
-    buf_heads(C, b, (int)rk->c.u, &off, &n);
-    out->hoff = off;
-    out->hn = n;
-}
-
 static void maybe_release(ctx *C, int id)
 {
     req *q = &C->reqs[id];
     if (!q->done)
         return;
-    if (q->match == MATCH_PHANTOM) {
-        req_release(C, id);
-    } else if (q->match >= 0 && C->reqs[q->match].done) {
+    if (q->match >= 0 && C->reqs[q->match].done) {
         int other = q->match;
         req_release(C, id);
         req_release(C, other);
@@ -1048,8 +1006,6 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             rk->open[k++] = id;
             continue;
         }
-        for (int j = 0; !q->is_send && q->match == MATCH_PHANTOM && j < q->nb; j++)
-            phantom_value(C, rk, q, j, &q->snap[j]);
         char m[640];
         m[0] = 0;
         RANK_DOM_AT(C, rk, q->on, q->step);
@@ -1169,20 +1125,16 @@ static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     rk->cgroup = g;
     rk->cinst = inst;
     C->arrived[g][inst]++;
-    if (C->arrived[g][inst] < C->need[g][inst])
+    if (C->arrived[g][inst] < group_size(C, g))
         return RES_BLOCK;
     C->arrived[g][inst] = 0;
     int W = group_size(C, g);
     int *members = malloc(sizeof(int) * (size_t)W);
     if (!members)
         return oom(C), RES_ERR;
-    int n = 0;
-    for (int m = 0; m < W; m++) {
-        int p = inst_member(C, g, inst, m);
-        if (C->sim_of[p] >= 0)
-            members[n++] = C->sim_of[p];
-    }
-    int rc = run_collective(C, members, n);
+    for (int m = 0; m < W; m++)
+        members[m] = inst_member(C, g, inst, m);
+    int rc = run_collective(C, members, W);
     free(members);
     return rc ? RES_ERR : RES_BLOCK; /* members (this one too) were advanced and queued */
 }
@@ -1333,10 +1285,7 @@ static int waits_for(ctx *C, rank_st *rk, char *why, size_t n)
         int W = group_size(C, rk->cgroup);
         for (int m = 0; m < W; m++) {
             int p = inst_member(C, rk->cgroup, rk->cinst, m);
-            int i = C->sim_of[p];
-            if (i < 0)
-                continue;
-            rank_st *o = &C->rk[i];
+            rank_st *o = &C->rk[p];
             if (o->state == ST_COLL && o->cgroup == rk->cgroup && o->cinst == rk->cinst)
                 continue;
             snprintf(why, n, "member rank %d of its %s group has not reached this collective", p,
@@ -1355,9 +1304,9 @@ static void peer_mismatch_notes(ctx *C, rank_st *rk)
     char o1[256], o2[256];
     for (int i = 0; i < rk->nopen; i++) {
         req *q = &C->reqs[rk->open[i]];
-        if (q->match != MATCH_NONE || C->sim_of[q->peer] < 0)
+        if (q->match != MATCH_NONE)
             continue;
-        rank_st *o = &C->rk[C->sim_of[q->peer]];
+        rank_st *o = &C->rk[q->peer];
         for (int k = 0; k < o->nopen; k++) {
             req *x = &C->reqs[o->open[k]];
             if (x->match == MATCH_NONE && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
@@ -1400,7 +1349,7 @@ static void report_deadlock(ctx *C)
         path[n++] = cur;
         rank_st *rk = &C->rk[cur];
         int target = waits_for(C, rk, why, sizeof why);
-        int ti = target >= 0 ? C->sim_of[target] : -1;
+        int ti = target;
         if (ti < 0) {
             fail(C, rk->p, rk->bnode, rk->bstep, "blocked forever: %s", why);
             break;
@@ -1679,27 +1628,17 @@ static void ctx_free(ctx *C)
     for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
         aval_free(&C->tmp[j]);
     free(C->queue);
-    free(C->sim_of);
     for (int g = 0; g < CPC_GROUP__COUNT; g++) {
         free(C->arrived[g]);
-        free(C->need[g]);
     }
     vc_nodes_free(C->root, C->n_root);
 }
 
-/* Every rank is simulated (the enumeration); the sim_of indirection and the
- * MATCH_PHANTOM paths remain from a partial simulation that is no longer
- * used (it was not sound for edited programs). */
+/* Every rank is simulated (the enumeration): rank p is rk[p]. */
 static int init_ranks(ctx *C)
 {
     int P = C->P, nb = C->prog->n_buffers;
-    C->sim_of = malloc(sizeof(int) * (size_t)P);
-    if (!C->sim_of)
-        return oom(C);
-    C->nsim = 0;
-    for (int p = 0; p < P; p++) {
-        C->sim_of[p] = C->nsim++;
-    }
+    C->nsim = P;
     C->rk = calloc((size_t)C->nsim, sizeof(rank_st));
     C->queue = malloc(sizeof(int) * (size_t)C->nsim);
     if (!C->rk || !C->queue)
@@ -1707,18 +1646,11 @@ static int init_ranks(ctx *C)
     for (int g = CPC_GROUP_RING; g < CPC_GROUP__COUNT; g++) {
         int ninst = g == CPC_GROUP_RING ? C->U : g == CPC_GROUP_ULYSSES ? C->R : 1;
         C->arrived[g] = calloc((size_t)ninst, sizeof(int));
-        C->need[g] = calloc((size_t)ninst, sizeof(int));
-        if (!C->arrived[g] || !C->need[g])
+        if (!C->arrived[g])
             return oom(C);
-        for (int inst = 0; inst < ninst; inst++)
-            for (int m = 0; m < group_size(C, g); m++)
-                if (C->sim_of[inst_member(C, g, inst, m)] >= 0)
-                    C->need[g][inst]++;
     }
     for (int p = 0; p < P; p++) {
-        int i = C->sim_of[p];
-        if (i < 0)
-            continue;
+        int i = p;
         rank_st *rk = &C->rk[i];
         rk->p = p;
         rk->c = cpc_program_coords(C->prog, p);

@@ -326,7 +326,7 @@ vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n)
 static vc_tri vc_complete(const vc_domain *d, vc_val *v, const char *name, char *msg, size_t n)
 {
     char w[200], why[600];
-    if (!src_is_attn(v->src) || v->final || v->assumed)
+    if (!src_is_attn(v->src) || v->final)
         return VC_YES;
     bool keys = d->has_keys(SELF, v);
     if (d->tok_is(SELF, v, VC_T_UNSET) == VC_YES || (!keys && v->kvcov == 0))
@@ -640,7 +640,6 @@ vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n
         o->written = 1;
         o->src = in->src;
         o->final = in->final;
-        o->assumed = in->assumed;
         if (op->kind == CPC_OP_ALL_TO_ALL && op->dir == CPC_A2A_SEQ_TO_HEADS)
             d->shape(SELF, o, VC_T_BLOCK, VC_H_PART, -1, NULL);
         else if (op->kind == CPC_OP_ALL_TO_ALL && d->rep && d->prog->buffers[op->in[j]].tokens == CPC_TOK_KV)

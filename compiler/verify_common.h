@@ -122,7 +122,6 @@ static inline vc_tri vc_and(vc_tri a, vc_tri b)
     uint8_t written; /* holds something */                                                                \
     uint8_t src;     /* what: SRC_* (cpc_content) */                                                      \
     uint8_t final;   /* attention result whose coverage was proved complete */                            \
-    uint8_t assumed; /* came from a rank outside the simulated set */                                    \
     uint8_t fresh;   /* attention block output not read by any op yet */                                  \
     uint8_t merged;  /* attention block output already merged */                                         \
     int32_t stamp;   /* identity of an attention output / accumulator pair */                             \
