@@ -132,9 +132,7 @@ typedef struct ctx {
     int R, U, P;
     opnode *root;
     int n_root;
-    /* simulated ranks: every rank, rk[p] */
-    int nsim;
-    rank_st *rk;
+    rank_st *rk;             /* every rank is simulated: rank p is rk[p] */
     /* worklist */
     int *queue;
     int qh, qn;
@@ -786,12 +784,11 @@ static chan *chan_get(ctx *C, int src, int dst, int group, int tag)
 
 static void enqueue(ctx *C, int p)
 {
-    int i = p;
-    rank_st *rk = &C->rk[i];
+    rank_st *rk = &C->rk[p];
     if (rk->queued || rk->state == ST_DONE)
         return;
     rk->queued = true;
-    C->queue[(C->qh + C->qn) % C->nsim] = i;
+    C->queue[(C->qh + C->qn) % C->P] = p;
     C->qn++;
 }
 
@@ -1325,22 +1322,22 @@ static void peer_mismatch_notes(ctx *C, rank_st *rk)
 static void report_deadlock(ctx *C)
 {
     int start = -1;
-    for (int i = 0; i < C->nsim; i++)
+    for (int i = 0; i < C->P; i++)
         if (C->rk[i].state != ST_DONE) {
             start = i;
             break;
         }
     if (start < 0)
         return;
-    int *pos = malloc(sizeof(int) * (size_t)C->nsim);
-    int *path = malloc(sizeof(int) * (size_t)C->nsim);
+    int *pos = malloc(sizeof(int) * (size_t)C->P);
+    int *path = malloc(sizeof(int) * (size_t)C->P);
     if (!pos || !path) {
         free(pos);
         free(path);
         oom(C);
         return;
     }
-    for (int i = 0; i < C->nsim; i++)
+    for (int i = 0; i < C->P; i++)
         pos[i] = -1;
     char why[512], o2[256];
     int n = 0, cur = start;
@@ -1606,7 +1603,7 @@ static int64_t enumeration_cost(const cpc_program *prog, int64_t cap)
 static void ctx_free(ctx *C)
 {
     if (C->rk) {
-        for (int i = 0; i < C->nsim; i++) {
+        for (int i = 0; i < C->P; i++) {
             rank_st *rk = &C->rk[i];
             if (rk->v)
                 for (int b = 0; b < C->prog->n_buffers; b++)
@@ -1638,9 +1635,8 @@ static void ctx_free(ctx *C)
 static int init_ranks(ctx *C)
 {
     int P = C->P, nb = C->prog->n_buffers;
-    C->nsim = P;
-    C->rk = calloc((size_t)C->nsim, sizeof(rank_st));
-    C->queue = malloc(sizeof(int) * (size_t)C->nsim);
+    C->rk = calloc((size_t)C->P, sizeof(rank_st));
+    C->queue = malloc(sizeof(int) * (size_t)C->P);
     if (!C->rk || !C->queue)
         return oom(C);
     for (int g = CPC_GROUP_RING; g < CPC_GROUP__COUNT; g++) {
@@ -1650,8 +1646,7 @@ static int init_ranks(ctx *C)
             return oom(C);
     }
     for (int p = 0; p < P; p++) {
-        int i = p;
-        rank_st *rk = &C->rk[i];
+        rank_st *rk = &C->rk[p];
         rk->p = p;
         rk->c = cpc_program_coords(C->prog, p);
         rk->fr[0].ops = C->root;
@@ -1667,7 +1662,7 @@ static int init_ranks(ctx *C)
         RANK_DOM_AT(C, rk, NULL, 0);
         vc_inputs(&dom);
         rk->queued = true;
-        C->queue[C->qn++] = i;
+        C->queue[C->qn++] = p;
     }
     return 0;
 }
@@ -1818,12 +1813,12 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     if (init_ranks(&C))
         goto done;
     stats->mode = CPC_VERIFY_FULL;
-    stats->ranks = C.nsim;
+    stats->ranks = C.P;
     C.cap_instances = sat_add(sat_mul(limit, 4), 1000000);
 
     while (C.qn > 0 && !C.err && !C.oom && !C.capped) {
         int i = C.queue[C.qh];
-        C.qh = (C.qh + 1) % C.nsim;
+        C.qh = (C.qh + 1) % C.P;
         C.qn--;
         rank_st *rk = &C.rk[i];
         rk->queued = false;
@@ -1836,7 +1831,7 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
         report_deadlock(&C);
     /* End-of-program checks, in rank order, once no rank can progress (so
      * that a deadlock is reported as such, and requests still matched). */
-    for (int i = 0; i < C.nsim && !C.err && !C.oom && !C.capped; i++)
+    for (int i = 0; i < C.P && !C.err && !C.oom && !C.capped; i++)
         finish_rank(&C, &C.rk[i]);
     if (C.capped && !C.err && !C.oom) {
         stats->mode = CPC_VERIFY_REFUSED;
