@@ -251,8 +251,10 @@ void cpc_measure_key(const cpc_plan *plan, char *buf, size_t n)
         size_t used = 0;
         segs[0] = 0;
         for (int i = 0; i < ns && used < sizeof segs; i++) {
-            int w = snprintf(segs + used, sizeof segs - used, "%s%lld", i ? "," : "",
-                             (long long)plan->input.segments[i].tokens);
+            /* a replicated segment (`split: replicate`) runs another program: "226r" */
+            int w = snprintf(segs + used, sizeof segs - used, "%s%lld%s", i ? "," : "",
+                             (long long)plan->input.segments[i].tokens,
+                             plan->input.segments[i].replicate ? "r" : "");
             if (w < 0)
                 break;
             used += (size_t)w;
@@ -261,6 +263,8 @@ void cpc_measure_key(const cpc_plan *plan, char *buf, size_t n)
         uint64_t h = 1469598103934665603ULL; /* FNV-1a over the lengths */
         for (int i = 0; i < ns; i++) {
             uint64_t t = (uint64_t)plan->input.segments[i].tokens;
+            if (plan->input.segments[i].replicate)
+                t = ~t;
             for (int b = 0; b < 8; b++) {
                 h ^= (t >> (8 * b)) & 0xff;
                 h *= 1099511628211ULL;

@@ -335,8 +335,8 @@ cpc_status *cpc_profile_write(const char *path, const cpc_device_profile *p);
  *   measured:
  *     - {key: "B=1 S=1024 ...", variant: ring, ring_degree: 4, ulysses_degree: 1,
  *        backend: cpu, ms_per_layer: 12.3}
- * `key` (cpc_measure_key) names the problem: batch, segment lengths, Skv,
- * H, Hkv, D, dtype, mask, mode, world size, CFG and TP degrees, overlap and
+ * `key` (cpc_measure_key) names the problem: batch, segment lengths (a
+ * replicated segment's with an `r`: "S=[226r,17550]"), Skv, H, Hkv, D, dtype, mask, mode, world size, CFG and TP degrees, overlap and
  * rotation; a measurement applies to a plan only when the key, the
  * candidate (variant, R, U) and the backend (`cpu` for the cpu device,
  * else `cuda`) all match.  Then the cost model's time for that candidate is

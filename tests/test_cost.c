@@ -39,6 +39,31 @@ static cpc_prediction price(const cpc_plan *plan, cpc_variant v, int R, int U)
     return pr;
 }
 
+/* The measured-time key tells a replicated segment from a sharded one of the same
+ * length (they run different programs: a `cprun --tune` of one must not price the
+ * other, as the new-user trial saw). */
+Test(cost, measure_key_tells_replicated_segments)
+{
+    const char *y = "version: 1\nmodel: {heads: 4, head_dim: 16}\n"
+                    "input: {segments: [{name: text, tokens: 24%s}, {name: image, tokens: 64}]}\n"
+                    "cluster: {world_size: 4, device: cpu}\n";
+    char a[512], b[512], ka[CPC_MEASURE_KEY_MAX], kb[CPC_MEASURE_KEY_MAX];
+    snprintf(a, sizeof a, y, "");
+    snprintf(b, sizeof b, y, ", split: replicate");
+    cpc_plan *pa = NULL, *pb = NULL;
+    cpc_status *st = cpc_plan_load_string(a, strlen(a), "a.yaml", NULL, 0, &pa);
+    cr_assert_null(st, "%s", st ? cpc_status_message(st) : "");
+    st = cpc_plan_load_string(b, strlen(b), "b.yaml", NULL, 0, &pb);
+    cr_assert_null(st, "%s", st ? cpc_status_message(st) : "");
+    cpc_measure_key(pa, ka, sizeof ka);
+    cpc_measure_key(pb, kb, sizeof kb);
+    cr_assert_str_neq(ka, kb);
+    cr_assert(strstr(ka, "S=[24,64]") != NULL, "%s", ka);
+    cr_assert(strstr(kb, "S=[24r,64]") != NULL, "%s", kb);
+    cpc_plan_free(pa);
+    cpc_plan_free(pb);
+}
+
 Test(cost, visible_pairs)
 {
     cpc_run q = {0, 4}, k = {0, 4};

@@ -258,7 +258,7 @@ Test(yaml, special_floats)
 Test(yaml, describe)
 {
     cpc_ytree *t = parse_ok("a: \"8\"\nb: 0x18\nc: 1_000\nd: 24.0\ne: yes\nf: 24\ng: abc\n"
-                            "h: {x: 1}\ni: [1]\nj:\nk: True\nl: \"a\\nb\"\n");
+                            "h: {x: 1}\ni: [1]\nj:\nk: True\nl: \"a\\nb\"\nm: null\nn: ~\n");
     char buf[200];
     const cpc_ynode *r = t->root;
     cr_assert_str_eq(cpc_ynode_describe(cpc_ynode_get(r, "a"), buf, sizeof buf),
@@ -278,6 +278,9 @@ Test(yaml, describe)
     cr_assert(strstr(cpc_ynode_describe(cpc_ynode_get(r, "k"), buf, sizeof buf), "lowercase"));
     cr_assert_str_eq(cpc_ynode_describe(cpc_ynode_get(r, "l"), buf, sizeof buf),
                      "quoted string \"a\\nb\"");
+    /* null itself is not named twice ("found null null"); ~ says which null */
+    cr_assert_str_eq(cpc_ynode_describe(cpc_ynode_get(r, "m"), buf, sizeof buf), "null");
+    cr_assert_str_eq(cpc_ynode_describe(cpc_ynode_get(r, "n"), buf, sizeof buf), "null ~");
     /* truncation keeps the buffer terminated */
     char small[16];
     cpc_ynode_describe(cpc_ynode_get(r, "b"), small, sizeof small);

@@ -336,6 +336,18 @@ static void explain_codes(code_legend *l, const cpc_candidate_info *c, const cha
     }
 }
 
+/* As explain_codes, for the errors of sweep point j itself (plan-level
+ * diagnostics, not a candidate's), shown in the table by point_code. */
+static void explain_point(code_legend *l, const job *j, const char *key, const char *value)
+{
+    const cpc_status *chains[] = {cpc_compilation_diagnostics(j->c), j->err};
+    cpc_candidate_info pseudo = {0};
+    for (int ch = 0; ch < 2; ch++) {
+        pseudo.errors = chains[ch];
+        explain_codes(l, &pseudo, key, value);
+    }
+}
+
 static void print_explain_text(const job *j)
 {
     printf("%s: %d candidate%s", j->file, j->n_cands, j->n_cands == 1 ? "" : "s");
@@ -1552,9 +1564,13 @@ static int run_sweep(options *o)
         }
         /* each rule code of the table's cells, once, with the first point's message */
         code_legend legend = {0};
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             for (int v = 0; v < N_SWEEP_VARIANTS; v++)
                 explain_codes(&legend, sweep_pick(&jobs[i], SWEEP_VARIANTS[v]), key, values[i]);
+            /* a point rejected before any variant was tried (its code in every
+             * cell): its own errors, e.g. a stage-1 CP105 of auto with pinned degrees */
+            explain_point(&legend, &jobs[i], key, values[i]);
+        }
         if (axes)
             print_sweep_splits(jobs, n, key, values, step);
     }

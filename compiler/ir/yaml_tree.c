@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 
 /* ======================================================================== */
@@ -571,7 +572,9 @@ const char *cpc_ynode_describe(const cpc_ynode *n, char *buf, size_t size)
     bool us = false;
     switch (cpc_ynode_type(n)) {
     case CPC_YTYPE_NULL:
-        snprintf(buf, size, n->len ? "null %s" : "null (empty value)%s", esc);
+        /* "null ~", "null (empty value)", but plain "null" for null itself */
+        snprintf(buf, size, !n->len ? "null (empty value)%s" : strcasecmp(esc, "null") == 0 ? "null" : "null %s",
+                 esc);
         break;
     case CPC_YTYPE_BOOL: snprintf(buf, size, "boolean %s", esc); break;
     case CPC_YTYPE_INT: snprintf(buf, size, "integer %s", esc); break;

@@ -158,6 +158,28 @@ def test_shards_and_runs():
         a.gather(shards[:3])
 
 
+def test_shard_checks_the_global_shape_on_every_rank():
+    """A global array of the wrong token count (FLUX-schnell's 256 text tokens against a
+    dev plan) fails on every rank with the plan's global shape, never sliced silently on
+    some ranks (too many tokens) or failing on one rank only (too few: in a LocalWorld
+    the others then waited out the stall limit)."""
+    import numpy as np
+    a = cpc.compile(SMALL.replace("tokens: 64", "tokens: 61").replace("ulysses}", "ulysses_anything}"))
+    assert a.global_shape("q") == (1, 85, 4, 16) and a.global_shape("lse") == (1, 4, 85)
+    assert a.global_shape("mask") == (1, 85)
+    rng = np.random.default_rng(7)
+    for tokens in (84, 86, 100):
+        x = rng.standard_normal((1, tokens, 4, 16)).astype(np.float32)
+        for r in range(4):
+            with pytest.raises(cpc.UsageError, match=r"the plan says \(1, 85, 4, 16\)"):
+                a.shard(x, r)
+    x = rng.standard_normal((1, 85, 4, 16)).astype(np.float32)
+    with pytest.raises(cpc.UsageError, match="the plan says"):
+        cpc.LocalWorld(a)(x[:, :84], x[:, :84], x[:, :84])
+    with pytest.raises(cpc.UsageError, match="the plan says"):
+        a.shard(x[:, :, :3], 0)
+
+
 def test_linear_attention_is_priced_not_run():
     """model.attention: linear is a cost-model key: cpc.check prices it (as `cpc --check`),
     an artifact is made for its predictions, but no rank runs it as softmax attention."""

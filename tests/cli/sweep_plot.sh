@@ -37,6 +37,11 @@ t mixed       0 "$CPC" --sweep cluster.world_size=3,4 "$PLAN"
 grep -q "^  CP010 (cluster.world_size=3): ring: " "$tmp/mixed.out" || fail "mixed: CP010 not explained"
 [ "$(grep -c '^  CP010 ' "$tmp/mixed.out")" -eq 1 ] || fail "mixed: CP010 explained more than once"
 t all-reject  1 "$CPC" --sweep cluster.world_size=3,5 "$PLAN"
+# a point rejected before any variant (auto with pinned degrees: stage-1 CP105 in every
+# cell) has its message below the table too (it printed nothing, new-user trial)
+t pinned-auto 1 "$CPC" --sweep cluster.world_size=2,6 --set parallel.variant=auto \
+  plans/cogvideox-5b-replicate-6gpu.yaml
+grep -q "^  CP105 (cluster.world_size=2): auto: " "$tmp/pinned-auto.out" || fail "pinned-auto: CP105 not explained"
 t no-key      1 "$CPC" --sweep cluster.no_such_key=1,2 "$PLAN"
 has no-key.err "CP101"
 t no-key-json 1 "$CPC" --sweep cluster.no_such_key=1,2 --format json "$PLAN"

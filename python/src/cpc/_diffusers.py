@@ -776,6 +776,7 @@ def translate_diagnostics(diags):
         if d.code in ("CP010", "CP011", "CP020") and "segment 'text'" in (d.message or ""):
             # xDiT's way out: the text whole on every rank, never divided
             more = ("or keep the text whole on every rank, as xDiT does: "
-                    "cpc.from_diffusers(..., replicate_text=True)")
+                    "replicate_text=True (to cpc.diffusers.parallelize or "
+                    "cpc.from_diffusers)")
             d.hint = f"{d.hint}; {more}" if d.hint else more
     return diags

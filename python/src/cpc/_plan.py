@@ -302,6 +302,22 @@ class Artifact:
         return (slice(c * bpc, (c + 1) * bpc), slice(t * hq, (t + 1) * hq),
                 slice(k0, k0 + hk))
 
+    def global_shape(self, role="q"):
+        """The global (unsharded) shape of `role` as the plan gives it: (B, S, H, D) for
+        q, out, dout, dq; (B, Skv, Hkv, D) for k, v, dk, dv (Skv = S, or the `input.kv`
+        length); (B, H, S) for lse; (B, Skv) for mask."""
+        B, S, H, D = self.batch, self.tokens, self.heads, self.head_dim
+        if role in ("q", "out", "dout", "dq"):
+            return (B, S, H, D)
+        if role in ("k", "v", "dk", "dv"):
+            return (B, self.kv_tokens, self.kv_heads, D)
+        if role == "lse":
+            return (B, H, S)
+        if role == "mask":
+            return (B, self.kv_tokens)
+        raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask, dout, dq, dk, dv",
+                         code="usage")
+
     def _layout(self, rank, role):
         """(token axis or None when the rank holds every token, head axis or None,
         head slice, batch slice)."""
@@ -328,6 +344,13 @@ class Artifact:
         kind, xp = _arrays(x)
         if kind == "numpy" and not isinstance(x, xp.ndarray):
             x = xp.from_dlpack(x)
+        glob = self.global_shape(role)
+        if tuple(x.shape) != glob:
+            # every rank checks the whole array (not only its own slice), so a wrong
+            # token count fails on every rank alike, before any rank communicates
+            names = {4: "[B, S, H, D]", 3: "[B, H, S]", 2: "[B, S_kv]"}
+            raise UsageError(f"{role}: the global array has shape {tuple(x.shape)}, the plan "
+                             f"says {glob} {names.get(len(glob), '')}", code="usage")
         tax, hax, hs, bs = self._layout(rank, role)
         y = x[bs]
         if hax is not None:
@@ -364,18 +387,7 @@ class Artifact:
             raise UsageError(f"gather needs {self.world_size} shards (one per rank), got "
                              f"{len(shards)}", code="usage")
         kind, xp = _arrays(shards[0])
-        B, S, H, D = self.batch, self.tokens, self.heads, self.head_dim
-        if role in ("q", "out", "dout", "dq"):
-            shape = (B, S, H, D)
-        elif role in ("k", "v", "dk", "dv"):
-            shape = (B, self.kv_tokens, self.kv_heads, D)
-        elif role == "lse":
-            shape = (B, H, S)
-        elif role == "mask":
-            shape = (B, self.kv_tokens)
-        else:
-            raise UsageError(f"role {role!r}: one of q, k, v, out, lse, mask, dout, dq, dk, dv",
-                          code="usage")
+        shape = self.global_shape(role)
         x0 = shards[0]
         summed = role in ("dk", "dv") and self.tp_degree > self.kv_heads
         if summed:
