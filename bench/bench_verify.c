@@ -20,10 +20,14 @@
  * programs (cpc_schedule_build_backward) proved by cpc_verify_backward_ex
  * (S = the symmetric domain, E = enumeration of every rank).
  *
+ * With --replicate: a 226-token text segment held whole by every rank
+ * (`split: replicate`, as CogVideoX's text with xDiT) before the sharded
+ * tokens (forward and, with --backward, backward programs).
+ *
  * With --sizes A,B,...: those world sizes instead (at most 8; e.g. --sizes 1048576 for the
  * forward's 2^20-rank check: ulysses rows cannot be built there, heads <= 65536).
  *
- * Usage: bench_verify [iters] [--backward] [--sizes A,B,...]   exit status 1 when a program is
+ * Usage: bench_verify [iters] [--backward] [--replicate] [--sizes A,B,...]   exit status 1 when a program is
  * not proved.
  */
 #include <math.h>
@@ -40,6 +44,7 @@
 #include "verify_bwd.h"
 
 static int backward; /* --backward */
+static int replicate; /* --replicate */
 
 static double now(void)
 {
@@ -72,11 +77,16 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     case CPC_VARIANT_ULYSSES: R = 1; U = P; H = P; break;
     default: break;
     }
-    char yaml[512];
+    char yaml[640], tok[160];
+    if (replicate)
+        snprintf(tok, sizeof tok, "segments: [{name: text, tokens: 226, split: replicate}, {name: video, tokens: %lld}]",
+                 S);
+    else
+        snprintf(tok, sizeof tok, "tokens: %lld", S);
     snprintf(yaml, sizeof yaml,
-             "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput: {tokens: %lld%s}\n"
+             "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput: {%s%s}\n"
              "cluster: {world_size: %d}\nschedule: {rotate: %s, overlap: true}\n",
-             H, S, backward ? ", mode: training" : "", P, rotate);
+             H, tok, backward ? ", mode: training" : "", P, rotate);
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "bench.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st) || !plan) {
@@ -104,6 +114,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--backward") == 0) {
             backward = 1;
+        } else if (strcmp(argv[i], "--replicate") == 0) {
+            replicate = 1;
         } else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
             NS = 0;
             for (char *p = argv[++i]; *p && NS < 8;) {
@@ -133,8 +145,8 @@ int main(int argc, char **argv)
         {CPC_VARIANT_ULYSSES_ANYTHING, "p2p"}, {CPC_VARIANT_ULYSSES, "p2p"},
     };
     int bad = 0;
-    printf("%s proof time (ms, best of %d; S = symbolic, E = enumeration)\n", backward ? "backward" : "forward",
-           iters);
+    printf("%s%s proof time (ms, best of %d; S = symbolic, E = enumeration)\n", backward ? "backward" : "forward",
+           replicate ? " (replicated text)" : "", iters);
     printf("%-26s", "variant");
     for (int i = 0; i < NS; i++)
         printf(" %12d", sizes[i]);

@@ -51,6 +51,7 @@ typedef struct slot {
     bool grad;      /* a D* role: `cnt` is meaningful */
     bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
                        key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
+    bool r0;        /* twin: content that differs on ring rank 0 (made by or from a `when r==0` op) */
     int8_t role, tk, hd; /* the layout of the buffer the slot belongs to (a scratch value of the step: of
                             the buffer it is made for; role CPC_ROLE__COUNT: any) */
     cset cnt;
@@ -82,7 +83,10 @@ typedef struct vb {
     const cpc_program *prog;
     int P, R, U, nb, nh;           /* nh: query-head units (H with U > 1, else 1) */
     bool sym;                      /* the symmetric domain: ranks (0, u) simulated, ring by rotation */
-    int nsim;                      /* simulated ranks: P, or U (sym) */
+    bool twin;                     /* sym with `when r==0` ops (R > 1): ranks U..2U-1 stand for ring ranks
+                                      r != 0 (rank (0, u) with the guards false), 0..U-1 for ring rank 0 */
+    const char *asym;              /* sym: why the proof does not apply after all (not decided) */
+    int nsim;                      /* simulated ranks: P, or U (sym), or 2U (twin) */
     int64_t work;                  /* units spent (verify_bwd.h THE BOUND) */
     bool over;                     /* a run list outgrew VB_MAX_RUNS (sym: not decided) */
     bool bound_hit;                /* the work passed VB_WORK_MAX: refused */
@@ -157,10 +161,18 @@ static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const ch
 /* Every caller has the prover's state as V. */
 #define vfail(...) vfail_(V->prog, __VA_ARGS__)
 
+/* The flat rank whose coordinates simulated rank p's state is written in:
+ * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
+ * seen rotated to ring position 0; twin: also the ranks r != 0). */
+static int cp(const vb *V, int p)
+{
+    return V->sym ? p % V->U : p;
+}
+
 /* The op table's tag rule for out[i] of x on simulated rank p. */
 static int out_tag(const vb *V, int p, const xop *x, int i, int in0, int ini, int old)
 {
-    cpc_coords c = cpc_program_coords(V->prog, p);
+    cpc_coords c = cpc_program_coords(V->prog, cp(V, p));
     c.s = x->s > 0 ? x->s : 0;
     return cpc_op_out_tag(V->prog, x->op, i, &c, x->block, in0, ini, old);
 }
@@ -236,6 +248,25 @@ static int32_t diff_mod(int64_t x, int64_t y, int64_t m)
     return d > m / 2 ? (int32_t)(d - m) : d;
 }
 
+/* Query block / key unit arithmetic: ring indices mod R (key units mod 1
+ * for cross-attention); the replicated rows' index R (NQ or NK = R + 1)
+ * is fixed (a run through it has step 0).  ix(V, x0, t, d, nmod) is
+ * element t of a run starting at x0 with step d; nmod is NQ or NK. */
+static int32_t ix_mod(const vb *V, int nmod)
+{
+    return nmod > V->R ? V->R : nmod;
+}
+
+static bool ix_rep(const vb *V, int32_t x0, int nmod)
+{
+    return nmod > V->R && x0 == V->R;
+}
+
+static int32_t ix(const vb *V, int32_t x0, int64_t t, int32_t d, int nmod)
+{
+    return ix_rep(V, x0, nmod) ? x0 : md32((int64_t)x0 + t * d, ix_mod(V, nmod));
+}
+
 static void cs_clear(cset *c)
 {
     c->n = 0;
@@ -265,7 +296,8 @@ static bool cs_join(const vb *V, run *y, const run *x)
             return true;
         }
     }
-    if (y->h0 != x->h0 || y->hn != x->hn)
+    if (y->h0 != x->h0 || y->hn != x->hn || ix_rep(V, y->q0, V->NQ) != ix_rep(V, x->q0, V->NQ) ||
+        ix_rep(V, y->k0, V->NK) != ix_rep(V, x->k0, V->NK))
         return false;
     int32_t dq, dk;
     if (y->len >= 2 && x->len >= 2) {
@@ -280,22 +312,20 @@ static bool cs_join(const vb *V, run *y, const run *x)
         dq = x->dq;
         dk = x->dk;
     } else {
-        dq = diff_mod(x->q0, y->q0, V->NQ);
-        dk = diff_mod(x->k0, y->k0, V->NK);
+        dq = ix_rep(V, x->q0, V->NQ) ? 0 : diff_mod(x->q0, y->q0, ix_mod(V, V->NQ));
+        dk = ix_rep(V, x->k0, V->NK) ? 0 : diff_mod(x->k0, y->k0, ix_mod(V, V->NK));
         if ((dq == 0 && dk == 0) || dq < -2 || dq > 2 || dk < -2 || dk > 2)
             return false;
     }
     /* y then x */
-    if (md32((int64_t)y->q0 + (int64_t)y->len * dq, V->NQ) == x->q0 &&
-        md32((int64_t)y->k0 + (int64_t)y->len * dk, V->NK) == x->k0) {
+    if (ix(V, y->q0, y->len, dq, V->NQ) == x->q0 && ix(V, y->k0, y->len, dk, V->NK) == x->k0) {
         y->len += x->len;
         y->dq = dq;
         y->dk = dk;
         return true;
     }
     /* x then y */
-    if (md32((int64_t)x->q0 + (int64_t)x->len * dq, V->NQ) == y->q0 &&
-        md32((int64_t)x->k0 + (int64_t)x->len * dk, V->NK) == y->k0) {
+    if (ix(V, x->q0, x->len, dq, V->NQ) == y->q0 && ix(V, x->k0, x->len, dk, V->NK) == y->k0) {
         y->q0 = x->q0;
         y->k0 = x->k0;
         y->len += x->len;
@@ -363,9 +393,10 @@ static bool cs_copy(vb *V, cset *dst, const cset *src)
 static void cs_rotate(const vb *V, cset *c, int64_t e)
 {
     for (int i = 0; i < c->n; i++) {
-        c->v[i].q0 = md32((int64_t)c->v[i].q0 + e, V->R);
-        if (V->NK == V->R)
-            c->v[i].k0 = md32((int64_t)c->v[i].k0 + e, V->NK);
+        if (!ix_rep(V, c->v[i].q0, V->NQ))
+            c->v[i].q0 = md32((int64_t)c->v[i].q0 + e, V->R);
+        if (V->NK != 1 && !ix_rep(V, c->v[i].k0, V->NK))
+            c->v[i].k0 = md32((int64_t)c->v[i].k0 + e, V->R);
     }
 }
 
@@ -424,7 +455,7 @@ static cpc_status *run_a2a(vb *V, int r)
     for (int j = 0; j < U; j++) {
         int p = r * U + j;
         slot *si = S(V, p, in);
-        int want = s2h ? p : r;
+        int want = s2h ? cp(V, p) : cp(V, p) / U;
         if (si->fwd)
             return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on its "
                                                    "rank (the backward prover's class)", bi->name);
@@ -477,12 +508,15 @@ static cpc_status *run_a2a(vb *V, int r)
             return cs_err(V);
         }
     }
+    for (int j = 0; j < U; j++)
+        if (S(V, r * U + j, in)->r0)
+            V->asym = "a `when r==0` op's result goes through an all_to_all";
     for (int j = 0; j < U; j++) {
         int p = r * U + j;
         slot *so = S(V, p, out);
         so->written = true;
         so->fwd = false;
-        so->tag = s2h ? r : p;
+        so->tag = s2h ? cp(V, p) / U : cp(V, p);
         so->src = S(V, p, in)->src;
         so->final = 1; /* not recomputed here (refused above): the forward's, complete */
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
@@ -500,7 +534,7 @@ static cpc_status *run_a2a(vb *V, int r)
  * are its rotations). */
 static cpc_status *run_ring_coll(vb *V, int u)
 {
-    const int U = V->U, R = V->R, nm = V->sym ? 1 : R;
+    const int U = V->U, R = V->R, nm = V->sym ? 1 : R, nsm = V->twin ? 2 : nm; /* members computed, simulated */
     const xop *x0 = &V->ro[u].v[V->pc[u]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
@@ -516,13 +550,17 @@ static cpc_status *run_ring_coll(vb *V, int u)
         if (!ok)
             return vfail(u, x0, ag ? "all_gather takes a K/V ring block to a gathered (ALL) buffer"
                                    : "reduce_scatter takes a gathered (ALL) dq/dk/dv to a ring block");
-        for (int r = 0; r < nm; r++) {
+        for (int r = 0; r < nsm; r++) {
             int p = r * U + u;
             slot *si = S(V, p, in);
+            if (si->r0) { /* ring rank 0's own content would reach the other ranks: not rotations */
+                V->asym = "a `when r==0` op's result travels over the ring";
+                continue;
+            }
             if (si->fwd)
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on "
                                                        "its rank (the backward prover's class)", bi->name);
-            if (!si->written || (ag && si->tag != r))
+            if (!si->written || (ag && si->tag != cp(V, p) / U))
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
                              ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
         }
@@ -537,8 +575,14 @@ static cpc_status *run_ring_coll(vb *V, int u)
             for (int i = 0; i < c->n && !oom; i++) {
                 run x = c->v[i];
                 if (V->sym) {
-                    /* seen from the owner of each element's key block k: (q - k, 0) */
-                    run y = {md32((int64_t)x.q0 - x.k0, R), 0, x.len, x.h0, x.hn, x.dq - x.dk, 0};
+                    /* seen from the owner of each element's key block k: (q - k, 0); the
+                     * replicated queries (block R) stay R */
+                    if (ix_rep(V, x.k0, V->NK)) {
+                        V->asym = "reduce_scatter of the replicated keys' gradient";
+                        continue;
+                    }
+                    bool qr = ix_rep(V, x.q0, V->NQ);
+                    run y = {qr ? R : md32((int64_t)x.q0 - x.k0, R), 0, x.len, x.h0, x.hn, qr ? 0 : x.dq - x.dk, 0};
                     if (y.len > 1 && y.dq == 0)
                         for (int t = 0; t < x.len && !oom; t++) {
                             y.len = 1;
@@ -549,21 +593,22 @@ static cpc_status *run_ring_coll(vb *V, int u)
                     continue;
                 }
                 for (int t = 0; t < x.len && !oom; t++) {
-                    run y = {md32((int64_t)x.q0 + (int64_t)t * x.dq, V->NQ), md32((int64_t)x.k0 + (int64_t)t * x.dk, V->NK),
-                             1, x.h0, x.hn, 0, 0};
+                    run y = {ix(V, x.q0, t, x.dq, V->NQ), ix(V, x.k0, t, x.dk, V->NK), 1, x.h0, x.hn, 0, 0};
                     if (y.k0 < nm)
                         oom = !cs_add_run(V, &outs[y.k0], y);
                 }
             }
         }
-        for (int r = 0; r < nm && !oom; r++) {
+        for (int r = 0; r < nsm && !oom; r++) {
             slot *so = S(V, r * U + u, out);
             so->written = true;
             so->fwd = false;
-            so->tag = ag ? CPC_TAG_NONE : r;
+            so->tag = ag ? CPC_TAG_NONE : cp(V, r * U + u) / U;
             so->src = S(V, r * U + u, in)->src;
             so->final = 1; /* not recomputed here (refused above): the forward's, complete */
-            if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[r]))
+            /* twin: both simulated members' inputs are free of ring rank 0's own content
+             * (checked above), so equal: member 0's result is both's */
+            if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[V->sym ? 0 : r]))
                 oom = true;
         }
         for (int r = 0; outs && r < nm; r++)
@@ -572,7 +617,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
         if (oom)
             return cs_err(V);
     }
-    for (int r = 0; r < nm; r++)
+    for (int r = 0; r < nsm; r++)
         V->pc[r * U + u]++;
     return NULL;
 }
@@ -608,15 +653,24 @@ static cpc_status *run_all_reduce(vb *V)
                 oom = !cs_add_set(V, &sum, &si->cnt, 0, V->nh);
                 continue;
             }
+            /* the ring ranks this simulated rank stands for, as rotations e0 .. e0 + ne - 1 of
+             * its set: every e (sym), e = 0 (twin: ring rank 0), e = 1 .. R-1 (twin: the others) */
+            int e0 = V->twin && p >= V->U ? 1 : 0, ne = !V->twin ? V->R : p < V->U ? 1 : V->R - 1;
             for (int i = 0; i < si->cnt.n && !oom; i++) {
                 run x = si->cnt.v[i];
-                if (V->NK != 1) {
-                    V->over = true;
-                    break;
+                for (int t = 0; t < x.len && !oom; t++) {
+                    int32_t q = ix(V, x.q0, t, x.dq, V->NQ), k = ix(V, x.k0, t, x.dk, V->NK);
+                    bool qf = ix_rep(V, q, V->NQ), kf = V->NK == 1 || ix_rep(V, k, V->NK);
+                    run y = {qf ? q : md32((int64_t)q + e0, V->R), kf ? k : md32((int64_t)k + e0, V->R), ne, x.h0,
+                             x.hn, qf ? 0 : 1, kf ? 0 : 1};
+                    if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
+                        for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
+                            y.len = 1;
+                            oom = !cs_add_run(V, &sum, y);
+                        }
+                    else
+                        oom = !cs_add_run(V, &sum, y);
                 }
-                /* every rotation of x: each query block x.len times */
-                for (int t = 0; t < x.len && !oom; t++)
-                    oom = !cs_add_run(V, &sum, (run){0, 0, V->R, x.h0, x.hn, 1, 0});
             }
         }
         for (int p = 0; p < V->nsim && !oom; p++) {
@@ -625,6 +679,7 @@ static cpc_status *run_all_reduce(vb *V)
             so->fwd = false;
             so->tag = CPC_TAG_NONE;
             so->src = CPC_CONTENT_GRAD;
+            so->r0 = false; /* the same on every rank */
             oom = !cs_copy(V, &so->cnt, &sum);
         }
         cs_free(&sum);
@@ -763,8 +818,8 @@ static vc_tri dom_tok_is(void *self, const vc_val *v, int tok)
     const slot *s = (const slot *)v;
     vb *V = DV(self);
     bool y = tok == VC_T_UNSET ? !s->written || (s->tag == CPC_TAG_NONE && s->tk != CPC_TOK_ALL && s->tk != CPC_TOK_KV)
-             : tok == VC_T_OWN ? s->tag == DP(self) && s->tk == CPC_TOK_SHARD
-             : tok == VC_T_BLOCK ? s->tag == DP(self) / V->U && s->tk == CPC_TOK_BLOCK
+             : tok == VC_T_OWN ? s->tag == cp(V, DP(self)) && s->tk == CPC_TOK_SHARD
+             : tok == VC_T_BLOCK ? s->tag == cp(V, DP(self)) / V->U && s->tk == CPC_TOK_BLOCK
              : tok == VC_T_ALL ? s->tk == CPC_TOK_ALL
                                : s->tk == CPC_TOK_KV;
     return y ? VC_YES : VC_NO;
@@ -1181,8 +1236,8 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
     for (int i = 0; i < sl->cnt.n && !bad; i++) {
         const run *x0 = &sl->cnt.v[i];
         for (int t = 0; t < x0->len && !bad; t++) {
-            int qb = md32((int64_t)x0->q0 + (int64_t)t * x0->dq, V->NQ);
-            int kb = md32((int64_t)x0->k0 + (int64_t)t * x0->dk, V->NK);
+            int qb = ix(V, x0->q0, t, x0->dq, V->NQ);
+            int kb = ix(V, x0->k0, t, x0->dk, V->NK);
             for (int h = x0->h0; h < x0->h0 + x0->hn && !bad; h++) {
                 if (qb != sl->tag || h < lo || h >= hi)
                     bad = vfail(p, x, "reads '%s', a recomputed attention result holding the pairs of query block "
@@ -1313,6 +1368,8 @@ static cpc_status *post_send(vb *V, int p, const xop *x)
     int dst = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
     for (int i = 0; i < op->n_in; i++) {
         slot *sl = S(V, p, op->in[i]); /* read and kept on its rank: the step */
+        if (sl->r0) /* twin: the receivers' states would not be the simulated ones */
+            V->asym = "a `when r==0` op's result is sent";
         req *q = calloc(1, sizeof *q);
         if (!q)
             return cs_err(V);
@@ -1456,6 +1513,14 @@ static int advance(vb *V, int p)
         default:
             break;
         }
+        if (V->twin) {
+            /* ring rank 0's own content: what a `when r==0` op writes, and what is made from it */
+            bool t = op->when != NULL && cpc_expr_uses(op->when, 'r');
+            for (int i = 0; i < op->n_in && !t; i++)
+                t = S(V, p, op->in[i])->r0;
+            for (int i = 0; i < op->n_out && t; i++)
+                S(V, p, op->out[i])->r0 = true;
+        }
         V->pc[p]++; /* a gradient op: the step ran it (dom_grad_op) */
     }
     return 1;
@@ -1470,7 +1535,7 @@ static int cmp_free_heads(const void *a, const void *b)
 static cpc_status *final_checks(vb *V, int p)
 {
     const cpc_program *prog = V->prog;
-    const int r = p / V->U;
+    const int r = cp(V, p) / V->U;
     int have[3] = {0, 0, 0}, have_rep[3] = {0, 0, 0};
     const cpc_layout *L = &prog->layout;
     for (int b = 0; b < V->nb; b++) {
@@ -1509,9 +1574,9 @@ static cpc_status *final_checks(vb *V, int p)
                          B->name, cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
         if (!sl->written)
             return vfail(p, NULL, "OUTPUT '%s' is never written", B->name);
-        if (!kvout && !repout && sl->tag != p)
+        if (!kvout && !repout && sl->tag != cp(V, p))
             return vfail(p, NULL, "OUTPUT '%s' ends holding %s %d, not this rank's own %d", B->name,
-                         isq ? "rows of shard" : "the gradient of block", sl->tag, p);
+                         isq ? "rows of shard" : "the gradient of block", sl->tag, cp(V, p));
         /* exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross
          * dK/dV every (q, 0, h).  Each element of a run is an interval of
          * heads at one free coordinate (k for DQ, q otherwise); sorted, the
@@ -1532,8 +1597,8 @@ static cpc_status *final_checks(vb *V, int p)
         for (int i = 0; i < sl->cnt.n && !bad; i++) {
             const run *x = &sl->cnt.v[i];
             for (int t = 0; t < x->len && !bad; t++) {
-                int qb = md32((int64_t)x->q0 + (int64_t)t * x->dq, V->NQ);
-                int kb = md32((int64_t)x->k0 + (int64_t)t * x->dk, V->NK);
+                int qb = ix(V, x->q0, t, x->dq, V->NQ);
+                int kb = ix(V, x->k0, t, x->dk, V->NK);
                 bool in = isq ? qb == own : kb == own;
                 if (!in) {
                     char hs[48] = "";
@@ -1653,6 +1718,26 @@ static int unit_form(const vb *V, const cpc_expr *e)
     return unit_chain(V, e, cpc_expr_root(e)) ? 2 : 0;
 }
 
+/* Is `when` exactly `r==0` (or `0==r`): ring rank 0 only? */
+static bool is_r0_guard(const cpc_expr *e)
+{
+    cpc_expr_node n, a, b;
+    if (!e || !cpc_expr_node_at(e, cpc_expr_root(e), &n) || n.kind != CPC_EX_EQ ||
+        !cpc_expr_node_at(e, n.a, &a) || !cpc_expr_node_at(e, n.b, &b))
+        return false;
+    return (a.kind == CPC_EX_VAR && a.var == 'r' && b.kind == CPC_EX_NUM && b.val == 0) ||
+           (b.kind == CPC_EX_VAR && b.var == 'r' && a.kind == CPC_EX_NUM && a.val == 0);
+}
+
+/* Does any op (loop bodies too) have the guard `r==0`? */
+static bool has_r0_guard(const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (is_r0_guard(ops[i].when) || (ops[i].kind == CPC_OP_LOOP && has_r0_guard(ops[i].body, ops[i].n_body)))
+            return true;
+    return false;
+}
+
 /* Is the program in the symmetric class?  NULL if so, else why not (for
  * the CP051 when the world is too large to enumerate). */
 static const char *sym_class(const vb *V, const cpc_op *ops, int n, int depth, const cpc_op **at)
@@ -1660,9 +1745,14 @@ static const char *sym_class(const vb *V, const cpc_op *ops, int n, int depth, c
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
         *at = op;
-        if ((op->when && (cpc_expr_uses(op->when, 'r') || cpc_expr_uses(op->when, 'p'))) ||
+        bool g0 = is_r0_guard(op->when);
+        if (g0 && (cpc_op_info_of(op->kind)->match != CPC_MATCH_NONE || op->kind == CPC_OP_LOOP ||
+                   op->kind == CPC_OP_SWAP))
+            return "a `when r==0` op that communicates, loops or swaps";
+        if ((op->when && !g0 && (cpc_expr_uses(op->when, 'r') || cpc_expr_uses(op->when, 'p'))) ||
             (op->count && (cpc_expr_uses(op->count, 'r') || cpc_expr_uses(op->count, 'p'))))
-            return "its `when` or `count` reads r or p: the ranks do not all run the same ops";
+            return "its `when` or `count` reads r or p other than as `r==0`: the ranks do not all run the same "
+                   "ops";
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) {
             bool ring = op->group == CPC_GROUP_RING || (op->group == CPC_GROUP_WORLD && V->U == 1);
             if (ring ? !unit_form(V, op->peer)
@@ -1711,6 +1801,7 @@ static cpc_status *sym_eval_check(const vb *V, const cpc_exec_op *x, const cpc_e
 typedef struct collect_ctx {
     vb *V;
     rank_ops *ro;
+    bool back; /* twin, ranks r != 0: walked as ring rank 1, every ring peer and block seen from rank 0 */
 } collect_ctx;
 
 #define VB_MAX_INSTANCES ((int64_t)1 << 23) /* op instances simulated, all ranks together */
@@ -1724,16 +1815,23 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
                         "backward program: more than %lld op instances to simulate (the prover's bound, "
                         "verify_bwd.h)",
                         (long long)VB_MAX_INSTANCES);
+    cpc_exec_op y = *x;
     if (V->sym) {
         cpc_status *st = NULL;
-        if ((x->op->kind == CPC_OP_SEND || x->op->kind == CPC_OP_RECV) && rotated(V, x->op->group))
-            st = sym_eval_check(V, x, x->op->peer, x->peer);
+        bool pr = (x->op->kind == CPC_OP_SEND || x->op->kind == CPC_OP_RECV) && rotated(V, x->op->group);
+        /* the class: the value on rank 1 is rank 0's + 1 (mod R; checked below at R-1) */
+        if (cc->back && pr)
+            y.peer = md32(x->peer - 1, V->R);
+        if (cc->back && x->op->block)
+            y.block = unit_form(V, x->op->block) == 1 ? md32(x->block - 1, V->R) : x->block - 1;
+        if (pr)
+            st = sym_eval_check(V, &y, x->op->peer, y.peer);
         if (!st && x->op->block)
-            st = sym_eval_check(V, x, x->op->block, x->block);
+            st = sym_eval_check(V, &y, x->op->block, y.block);
         if (st)
             return st;
     }
-    return collect(cc->ro, x);
+    return collect(cc->ro, &y);
 }
 
 /* The INPUT buffers, the initial state of every simulated rank and its op
@@ -1757,12 +1855,12 @@ static cpc_status *prove(vb *V)
         if (prog->buffers[b].io == CPC_IO_INPUT)
             st = check_input(V, &prog->buffers[b]);
     for (int p = 0; p < V->nsim && !st; p++) {
-        cpc_coords c = cpc_program_coords(prog, p);
+        cpc_coords c = cpc_program_coords(prog, cp(V, p));
         for (int b = 0; b < V->nb; b++) {
             const cpc_buffer *B = &prog->buffers[b];
             slot *sl = &V->slots[p * V->nb + b];
             V->map[p * V->nb + b] = p * V->nb + b;
-            sl->tag = B->tokens == CPC_TOK_SHARD ? p : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
+            sl->tag = B->tokens == CPC_TOK_SHARD ? cp(V, p) : B->tokens == CPC_TOK_BLOCK ? (int)c.r : CPC_TAG_NONE;
             sl->written = B->io == CPC_IO_INPUT;
             sl->src = sl->written ? cpc_content_of_role(B->role) : CPC_CONTENT_NONE;
             sl->final = sl->written; /* the saved out and LSE: complete (the forward's proof) */
@@ -1776,7 +1874,7 @@ static cpc_status *prove(vb *V)
                 break;
             }
         }
-        collect_ctx cc = {V, &V->ro[p]};
+        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U};
         if (!st)
             st = cpc_program_walk(prog, p, collect_checked, &cc);
     }
@@ -1785,8 +1883,8 @@ static cpc_status *prove(vb *V)
     /* Round-robin until every rank ends; an all_to_all fires when every
      * member of its ulysses group has reached it; a round without progress
      * is a deadlock. */
-    const int ngr = V->sym ? 1 : V->R; /* ulysses groups simulated */
-    const int nrm = V->sym ? 1 : V->R; /* ring members simulated per ring group */
+    const int ngr = V->twin ? 2 : V->sym ? 1 : V->R; /* ulysses groups simulated */
+    const int nrm = V->twin ? 2 : V->sym ? 1 : V->R; /* ring members simulated per ring group */
     for (;;) {
         bool all = true, moved = false;
         V->work += V->nsim; /* a round visits every simulated rank */
@@ -1890,7 +1988,7 @@ static cpc_status *prove(vb *V)
             return vfail(p, q->x, "its %s of '%s' (tag %d) is %s and never completed by a wait",
                          q->send ? "send" : "recv", bn(V, q->buf), q->tag, q->matched ? "matched" : "never matched");
         }
-    if (V->over)
+    if (V->over || V->asym)
         return NULL; /* the caller decides: not proven */
     for (int p = 0; p < V->nsim && !st; p++)
         st = final_checks(V, p);
@@ -1948,16 +2046,18 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
      * with rotations of the ring */
     const cpc_op *at = NULL;
     const char *why = method == CPC_VERIFY_ENUMERATE ? "enumeration asked for"
-                      : L->rep ? "replicated segments: their queries meet their keys on ring rank 0 only"
-                               : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
+                                                     : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
     cpc_status *st = NULL;
     if (!why) {
         vb V = base;
         V.sym = true;
-        V.nsim = V.U;
+        V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
+        V.nsim = V.twin ? 2 * V.U : V.U;
         st = prove(&V);
         stats->work = V.work;
-        bool over = V.over && !st;
+        /* not decided: a failure after the symmetry broke says nothing either */
+        bool over = (V.over && !st) || V.asym;
+        const char *asym = V.asym;
         vb_free(&V);
         if (!over) {
             stats->mode = st ? CPC_VERIFY_REFUSED : CPC_VERIFY_SYMBOLIC;
@@ -1966,7 +2066,7 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
         }
         cpc_status_free(st);
         st = NULL;
-        why = "its gradient sets do not stay a few runs of blocks";
+        why = asym ? asym : "its gradient sets do not stay a few runs of blocks";
         at = NULL;
     }
     /* 2. enumeration of every rank, within the bound */

@@ -39,7 +39,9 @@
  * advance() runs in two domains:
  *
  *   SYMMETRIC (any world size; tried first).  The class: no `when` or loop
- *   `count` reads r or p (u may be read); every ring-group (with U == 1 also
+ *   `count` reads r or p (u may be read) except a `when` that is exactly
+ *   `r==0` on a local op (no send, recv, wait, collective, loop or swap: see
+ *   RING RANK 0 below); every ring-group (with U == 1 also
  *   world-group) peer and every `block` is `(r + g) % R` or `r + g` (g = 0),
  *   r appearing once through + and - and g not reading r or p; ulysses-group
  *   peers do not read r or p.  Then the program commutes with the rotations
@@ -62,6 +64,44 @@
  *   chain r + g is monotone in r, so no rank between fails).  Cost:
  *   U x (op instances of one rank), independent of R: 65536 ranks in 0.03 to
  *   0.5 s (bench_verify --backward; docs/VERIFY.md has the table).
+ *
+ *   REPLICATED ROWS (`split: replicate`).  Their index R (query block R,
+ *   key unit R) names the same rows on every rank, so a rotation fixes it:
+ *   rotating a contribution (q, k) by e moves each ring index (< R) to
+ *   index + e mod R and leaves R as it is.  Runs keep ring indices mod R and
+ *   step 0 through index R, in both domains (the enumeration uses the same
+ *   arithmetic, so the two agree on what a run holds).  An all_reduce over
+ *   the world sums, for every simulated rank, the rotations of its set over
+ *   the ring positions it stands for (all R; with the twin below: position
+ *   0 for rank (0, u), the other R - 1 for its twin): element (q, k) gives
+ *   the run (q + e, k + e), e over those positions, each fixed index (R, or
+ *   the cross-attention's one key unit) staying put; an element whose both
+ *   indices are fixed gives that element once per position (kept as at most
+ *   2 copies: "exactly once" is decided the same, no op subtracts).  A ring
+ *   collective or a reduce_scatter of the replicated keys' gradient is not
+ *   in the class (not decided here: enumeration or CP051).
+ *
+ *   RING RANK 0 (`when r==0`: the replicated (R, R) block, computed once).
+ *   With R > 1 and such an op, each member (0, u) has a TWIN, simulated
+ *   beside it: the program walked on ring rank 1, every ring peer and block
+ *   taken back by one (so the twin runs in rank 0's frame: the class makes
+ *   every such value rank 0's + r), the `r==0` ops absent.  Ring rank r != 0
+ *   runs exactly the twin's ops rotated by r, ring rank 0 the member's; the
+ *   two differ only in the `r==0` ops, which are local and never block, so
+ *   every rank posts and waits on the same communication ops in the same
+ *   order (the progress argument above holds) and a message's content differs
+ *   only through them.  Content made by an `r==0` op, or from such content
+ *   (slot r0: taint through every local op's inputs to its outputs), must not
+ *   leave the rank except by the world all_reduce: a send, an all_to_all or
+ *   a ring collective of it stops the symmetric proof (not decided:
+ *   enumeration or CP051).  Without it, the member and its twin send the same
+ *   values (they ran the same ops on the same inputs), so each matches its
+ *   own sends by rotation as above, whichever of the two the real sender is.
+ *   The all_reduce sums ring rank 0's set once and the twin's rotated to the
+ *   R - 1 other positions, and its result (the same on every rank) carries no
+ *   taint.  The final checks run on both (the twin's OUTPUTs are those of
+ *   every ring rank r != 0, seen from rank 0).  Cost: 2U simulated ranks.
+ *   Any other guard reading r or p is outside the class.
  *
  *   ENUMERATION (P <= 256).  Every rank is simulated; the reference the
  *   symmetric domain is checked against (tests/test_verify_bwd.c: random
@@ -91,9 +131,9 @@
  *      OUTPUT of each role holds them (KV, every head, the same on every
  *      rank): dq_rep every (R, key unit, head) once, dk/dv_rep every (query
  *      block, R, head) once; the sharded outputs also cover unit R / block R
- *      (the replicated keys / queries) exactly once.  Such programs are
- *      enumerated (their (R, R) block is guarded `r==0`: outside the
- *      symmetric class), so at most 256 ranks.
+ *      (the replicated keys / queries) exactly once.  Such programs are in
+ *      the symmetric class (REPLICATED ROWS, RING RANK 0 above): any world
+ *      size.
  *   2. Tags and layouts: every attn_bwd reads K and V of the same block as
  *      the DK/DV accumulators it adds to (diffusers #14265: a backward that
  *      reuses step 0's K/V fails here; on gathered K/V the op's `block` is

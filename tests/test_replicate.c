@@ -472,12 +472,44 @@ static cpc_op *find_rep_own(cpc_program *p)
     return find_rep_own_in(p, p->ops, p->n_ops);
 }
 
-/* Every variant's backward program with a replicated text is proved (every
- * rank enumerated: the (replicated q, replicated k) block is owned by ring
- * rank 0, outside the symmetric class); planted faults are CP051: that
+/* Proves p with both domains of the backward prover (the symmetric one, by
+ * default, and the enumeration of every rank): they must agree.  Returns
+ * the symmetric domain's status (NULL: proved; the caller frees it) and its
+ * mode. */
+static cpc_status *verify_both(const cpc_program *p, size_t row, cpc_verify_mode *mode)
+{
+    cpc_verify_bwd_stats sa, se;
+    cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+    cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+    cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+    cr_assert_eq(a == NULL, e == NULL, "row %zu: the domains disagree: %s / enumeration: %s", row,
+                 a ? a->message : "proved", e ? e->message : "proved");
+    if (a && e) {
+        cr_assert_eq(a->rule, CPC_RULE_VERIFY, "row %zu: %s", row, a->message);
+        cr_assert_eq(e->rule, CPC_RULE_VERIFY, "row %zu: %s", row, e->message);
+    }
+    cpc_status_free(e);
+    *mode = sa.mode;
+    return a;
+}
+
+/* The all_reduce of a replicated gradient (role `role`, KV OUTPUT). */
+static cpc_op *rep_all_reduce(cpc_program *p, cpc_buf_role role)
+{
+    for (int i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == CPC_OP_ALL_REDUCE && p->buffers[p->ops[i].out[0]].role == role)
+            return &p->ops[i];
+    return NULL;
+}
+
+/* Every variant's backward program with a replicated text is proved by the
+ * symmetric domain (any world size: its (replicated q, replicated k) block,
+ * guarded `r==0`, by the twin simulation of verify_bwd.h) and by the
+ * enumeration of every rank; planted faults are CP051 in both: that
  * block's gradient counted on every rank (its guard dropped), the
  * replicated queries meeting every ring block on every rank (the `s==0`
- * guard dropped), the replicated queries' part of the own block dropped. */
+ * guard dropped), the replicated queries' part of the own block dropped,
+ * a replicated gradient's world all_reduce missing (a local copy instead). */
 Test(replicate, backward_every_variant_is_proved_and_faults_refused)
 {
     struct { cpc_variant v; int R, U, text, image; const char *rotate; bool overlap; } rows[] = {
@@ -490,16 +522,18 @@ Test(replicate, backward_every_variant_is_proved_and_faults_refused)
         cpc_program *p = build_bwd(rows[i].text, rows[i].image, rows[i].v, rows[i].R, rows[i].U, rows[i].rotate,
                                    rows[i].overlap);
         cpc_verify_bwd_stats stats;
+        cpc_verify_mode mode;
         cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
         cr_assert_null(st, "row %zu: %s", i, st ? st->message : "");
-        cr_assert_eq(stats.mode, CPC_VERIFY_FULL, "row %zu", i);
+        cr_assert_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "row %zu", i);
         cr_assert_eq(stats.ranks, p->layout.P, "row %zu", i);
+        cr_assert_null(st = verify_both(p, i, &mode), "row %zu: %s", i, st ? st->message : "");
         /* the replicated block's gradients on every rank */
         cpc_op *rr = rep_rep_op(p);
         cr_assert_not_null(rr);
         cpc_expr *w = rr->when;
         rr->when = NULL;
-        st = cpc_verify_backward_ex(p, NULL, &stats);
+        st = verify_both(p, i, &mode);
         if (rows[i].R > 1) { /* with R == 1 every rank is ring rank 0: each member's heads once */
             cr_assert_not_null(st, "row %zu: the replicated block counted on every rank was proved", i);
             cr_assert_eq(st->rule, CPC_RULE_VERIFY);
@@ -517,7 +551,7 @@ Test(replicate, backward_every_variant_is_proved_and_faults_refused)
             /* every step: every block's gradient from the replicated queries on every ring rank */
             cpc_expr *w2 = own->when;
             own->when = NULL;
-            st = cpc_verify_backward_ex(p, NULL, &stats);
+            st = verify_both(p, i, &mode);
             cr_assert_not_null(st, "row %zu: the replicated queries met every block on every rank", i);
             cr_assert(strstr(st->message, "2 times or more"), "row %zu: %s", i, st->message);
             cpc_status_free(st);
@@ -529,11 +563,26 @@ Test(replicate, backward_every_variant_is_proved_and_faults_refused)
         own->n_in = own->n_out = 0;
         own->group = CPC_GROUP_WORLD;
         own->when = NULL;
-        st = cpc_verify_backward_ex(p, NULL, &stats);
+        st = verify_both(p, i, &mode);
         cr_assert_not_null(st, "row %zu: the replicated queries' part of the own block dropped was proved", i);
         cr_assert(strstr(st->message, "0 times"), "row %zu: %s", i, st->message);
         cpc_status_free(st);
         *own = keep;
+        /* a replicated gradient not summed over the world: each rank keeps its own part */
+        for (int role = CPC_ROLE_DQ; role <= CPC_ROLE_DV; role++) {
+            cpc_op *ar = rep_all_reduce(p, (cpc_buf_role)role);
+            cr_assert_not_null(ar, "row %zu", i);
+            ar->kind = CPC_OP_COPY;
+            ar->group = CPC_GROUP_NONE;
+            st = verify_both(p, i, &mode);
+            cr_assert_not_null(st, "row %zu: %s's all_reduce missing was proved", i,
+                               cpc_buf_role_name((cpc_buf_role)role));
+            cr_assert(strstr(st->message, "0 times"), "row %zu: %s", i, st->message);
+            cr_assert_eq(mode, CPC_VERIFY_REFUSED, "row %zu", i);
+            cpc_status_free(st);
+            ar->kind = CPC_OP_ALL_REDUCE;
+            ar->group = CPC_GROUP_WORLD;
+        }
         cpc_program_free(p);
     }
 }

@@ -231,15 +231,22 @@ Test(verify_bwd, request_never_waited)
 
 #include "test_random.h"
 
-static cpc_program *bwd_program(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
-                                const char *mask, const char *rotate)
+/* rep > 0: a text segment of rep tokens held whole by every rank (`split:
+ * replicate`) before the sharded tokens. */
+static cpc_program *bwd_program_rep(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
+                                    const char *mask, const char *rotate, int rep)
 {
-    char y[768];
+    char y[900], tk[160];
+    if (rep > 0)
+        snprintf(tk, sizeof tk, "segments: [{name: text, tokens: %d, split: replicate}, {name: image, tokens: %d}]", rep,
+                 tokens);
+    else
+        snprintf(tk, sizeof tk, "tokens: %d", tokens);
     snprintf(y, sizeof y,
              "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 8, dtype: fp32}\n"
-             "input: {batch: 1, tokens: %d, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
+             "input: {batch: 1, %s, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
              "parallel: {variant: %s, ring_degree: %d, ulysses_degree: %d}\nschedule: {rotate: %s}\n",
-             H, Hkv, tokens, mask, R * U, variant, R, U, rotate);
+             H, Hkv, tk, mask, R * U, variant, R, U, rotate);
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st) || !plan)
@@ -251,6 +258,14 @@ static cpc_program *bwd_program(const char *variant, cpc_variant v, int R, int U
     cpc_plan_free(plan);
     return prog;
 }
+
+static cpc_program *bwd_program(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
+                                const char *mask, const char *rotate)
+{
+    return bwd_program_rep(variant, v, R, U, H, Hkv, tokens, mask, rotate, 0);
+}
+
+static cpc_expr *expr_of(const char *t);
 
 /* Every backward program the compiler builds is proven at 65536 ranks by the
  * symmetric domain, well under a second (bench_verify --backward has the
@@ -281,6 +296,73 @@ Test(verify_bwd, symmetric_domain_at_65536_ranks)
         cr_expect_null(st, "%s %dx%d: %s", rows[i].name, rows[i].R, rows[i].U, st ? st->message : "");
         cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "%s: mode %d", rows[i].name, (int)stats.mode);
         cr_expect(sec < 10.0, "%s %dx%d: %.2f s", rows[i].name, rows[i].R, rows[i].U, sec);
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+    /* with a replicated text (`split: replicate`): its `r==0` (text, text) block by the twin
+     * simulation (verify_bwd.h RING RANK 0), the world all_reduce by rotations */
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H;
+        const char *rotate;
+    } reps[] = {
+        {"ring", CPC_VARIANT_RING, 65536, 1, 4, "p2p"},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 65536, 1, 4, "allgather"},
+        {"unified", CPC_VARIANT_UNIFIED, 16384, 4, 48, "p2p"},
+    };
+    for (size_t i = 0; i < sizeof reps / sizeof reps[0]; i++) {
+        cpc_program *p = bwd_program_rep(reps[i].name, reps[i].v, reps[i].R, reps[i].U, reps[i].H, reps[i].H,
+                                         2 * reps[i].R * reps[i].U + 1, "none", reps[i].rotate, 226);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        cr_expect_null(st, "replicated %s %dx%d: %s", reps[i].name, reps[i].R, reps[i].U, st ? st->message : "");
+        cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "replicated %s: mode %d", reps[i].name, (int)stats.mode);
+        cr_expect(sec < 10.0, "replicated %s %dx%d: %.2f s", reps[i].name, reps[i].R, reps[i].U, sec);
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+    /* beyond enumeration (1024 ranks) the symmetric domain alone refuses the replicated
+     * faults: the (text, text) block on every rank; the text's dK/dV never summed over the
+     * world; and an `r==0` op whose result travels the ring (the text's queries against the
+     * own block on ring rank 0 only, into the accumulator that is sent: not a rotation of
+     * one rank, so not decided: CP051 says why) */
+    for (int f = 0; f < 3; f++) {
+        cpc_program *p = bwd_program_rep("ring", CPC_VARIANT_RING, 1024, 1, 4, 4, 2048, "none", "p2p", 7);
+        cpc_op *loop = NULL;
+        for (int j = 0; j < p->n_ops; j++) {
+            cpc_op *op = &p->ops[j];
+            if (f == 0 && op->kind == CPC_OP_ATTN_BWD && op->when) {
+                cpc_expr_free(op->when);
+                op->when = NULL;
+            }
+            if (f == 1 && op->kind == CPC_OP_ALL_REDUCE && p->buffers[op->out[0]].role == CPC_ROLE_DK) {
+                op->kind = CPC_OP_COPY;
+                op->group = CPC_GROUP_NONE;
+            }
+            if (op->kind == CPC_OP_LOOP)
+                loop = op;
+        }
+        if (f == 2) {
+            cr_assert_not_null(loop);
+            cpc_op *own = NULL;
+            for (int j = 0; j < loop->n_body && !own; j++)
+                if (loop->body[j].kind == CPC_OP_ATTN_BWD && loop->body[j].when)
+                    own = &loop->body[j];
+            cr_assert_not_null(own, "the text's queries against the own block (`when s==0`)");
+            cpc_expr_free(own->when);
+            own->when = expr_of("r==0");
+        }
+        cpc_verify_bwd_stats stats;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+        cr_assert_not_null(st, "fault %d proved", f);
+        cr_expect_eq(st->rule, CPC_RULE_VERIFY);
+        static const char *const needle[] = {"2 times or more", "0 times", "is sent"};
+        cr_expect(strstr(st->message, needle[f]), "fault %d: %s", f, st->message);
         cpc_status_free(st);
         cpc_program_free(p);
     }
@@ -341,7 +423,7 @@ static void mutate(cpc_program *p, uint64_t seed, int round)
     cpc_op *op = &ops[j];
     static const char *const peers[] = {"(r+1)%R", "(r-1)%R", "(r+2)%R", "r", "(r+s)%R", "(u+1)%U", "0"};
     static const char *const blocks[] = {"(r-s)%R", "(r-s-1)%R", "r", "(r+1)%R", "(r-s+1)%R", "0"};
-    static const char *const whens[] = {"0", "s>0", "s<R-1", "s==1", "u==0", "p!=1", "1"};
+    static const char *const whens[] = {"0", "s>0", "s<R-1", "s==1", "u==0", "p!=1", "1", "r==0"};
     switch (RND(8)) {
     case 0:
         if (op->n_in > 0) {
@@ -371,7 +453,7 @@ static void mutate(cpc_program *p, uint64_t seed, int round)
         break;
     case 5:
         cpc_expr_free(op->when);
-        op->when = expr_of(whens[RND(7)]);
+        op->when = expr_of(whens[RND(8)]);
         break;
     case 6:
         if (j + 1 < n) {
@@ -400,24 +482,32 @@ Test(verify_bwd, domains_agree_on_mutants)
         cpc_variant v;
         int R, U, H, Hkv, tokens;
         const char *rotate;
+        int rep; /* replicated text tokens (0: none) */
     } rows[] = {
-        {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 64, "p2p"},
-        {"ring", CPC_VARIANT_RING, 5, 1, 4, 2, 80, "p2p"},
-        {"ring", CPC_VARIANT_RING, 3, 1, 4, 4, 48, "allgather"},
-        {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 64, "p2p"},
-        {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 4, 96, "allgather"},
-        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 2, 64, "p2p"},
-        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 1, 4, 2, 50, "p2p"},
-        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p"},
+        {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 64, "p2p", 0},
+        {"ring", CPC_VARIANT_RING, 5, 1, 4, 2, 80, "p2p", 0},
+        {"ring", CPC_VARIANT_RING, 3, 1, 4, 4, 48, "allgather", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 64, "p2p", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 4, 96, "allgather", 0},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 2, 64, "p2p", 0},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 1, 4, 2, 50, "p2p", 0},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p", 0},
+        /* with a replicated text: its (text, text) block guarded `r==0`, world all_reduce */
+        {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 64, "p2p", 7},
+        {"ring", CPC_VARIANT_RING, 3, 1, 4, 4, 48, "allgather", 5},
+        {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 64, "p2p", 6},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 3, 1, 4, 2, 50, "p2p", 3},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 2, 4, 2, 64, "p2p", 5},
     };
     const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
     int rounds = env ? atoi(env) : 400;
     uint64_t seed = test_seed();
-    int sym_used = 0, refused = 0;
+    int sym_used = 0, refused = 0, rep_rounds = 0, rep_sym = 0, rep_refused = 0;
     for (int k = 0; k < rounds; k++) {
         size_t i = (size_t)k % (sizeof rows / sizeof rows[0]);
-        cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
-                                     rows[i].tokens, k % 2 ? "causal" : "none", rows[i].rotate);
+        cpc_program *p = bwd_program_rep(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                                         rows[i].tokens, k % 2 && !rows[i].rep ? "causal" : "none", rows[i].rotate,
+                                         rows[i].rep);
         int nm = 1 + k % 3;
         for (int m = 0; m < nm; m++)
             mutate(p, seed, k * 4 + m);
@@ -429,8 +519,12 @@ Test(verify_bwd, domains_agree_on_mutants)
                      "seed %llu round %d (%s %dx%d): the domains disagree: %s (mode %d) / enumeration: %s",
                      (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, a ? a->message : "proven",
                      (int)sa.mode, e ? e->message : "proven");
-        sym_used += sa.mode == CPC_VERIFY_SYMBOLIC || (a && se.mode == CPC_VERIFY_REFUSED && sa.work > 0);
+        bool by_sym = sa.mode == CPC_VERIFY_SYMBOLIC || (a && se.mode == CPC_VERIFY_REFUSED && sa.work > 0);
+        sym_used += by_sym;
         refused += a != NULL;
+        rep_rounds += rows[i].rep > 0;
+        rep_sym += rows[i].rep > 0 && by_sym;
+        rep_refused += rows[i].rep > 0 && a != NULL;
         cpc_status_free(a);
         cpc_status_free(e);
         cpc_program_free(p);
@@ -439,6 +533,13 @@ Test(verify_bwd, domains_agree_on_mutants)
               (unsigned long long)seed, refused, rounds);
     cr_expect(sym_used > rounds / 4, "seed %llu: the symmetric domain decided only %d of %d", (unsigned long long)seed,
               sym_used, rounds);
+    /* the replicated programs too (their `r==0` block: the twin simulation) */
+    cr_expect(rep_sym > rep_rounds / 4 && rep_refused > rep_rounds / 8 && rep_refused < rep_rounds,
+              "seed %llu: replicated programs: %d of %d decided by the symmetric domain, %d refused",
+              (unsigned long long)seed, rep_sym, rep_rounds, rep_refused);
+    if (getenv("CPC_VERIFY_BWD_ROUNDS"))
+        fprintf(stderr, "mutants: %d, %d refused, %d by the symmetric domain; replicated: %d, %d refused, %d symmetric\n",
+                rounds, refused, sym_used, rep_rounds, rep_refused, rep_sym);
 }
 
 /* More tampers, one per rule the prover checks (verify_bwd.h WHAT IS

@@ -603,19 +603,15 @@ static void print_json(const job *j, int exit_code)
         cJSON_AddItemToObject(root, "artifact", j->written ? cJSON_CreateString(j->output) : cJSON_CreateNull());
     if (j->opt->explain) {
         cJSON *arr = cJSON_AddArrayToObject(root, "candidates");
-        bool axes = false;
-        for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++)
-            axes = axes || j->cands[i].cfg_degree > 1 || j->cands[i].tp_degree > 1;
         for (int i = 0; cpc_compilation_validated(j->c) && i < j->n_cands; i++) {
             const cpc_candidate_info *k = &j->cands[i];
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "variant", k->variant);
             cJSON_AddNumberToObject(o, "ring_degree", k->ring_degree);
             cJSON_AddNumberToObject(o, "ulysses_degree", k->ulysses_degree);
-            if (axes) { /* only for plans that split batch or heads (SPEC section 1) */
-                cJSON_AddNumberToObject(o, "cfg_degree", k->cfg_degree);
-                cJSON_AddNumberToObject(o, "tp_degree", k->tp_degree);
-            }
+            /* always (SPEC section 3), 1 where the plan has no cfg/tp axes */
+            cJSON_AddNumberToObject(o, "cfg_degree", k->cfg_degree);
+            cJSON_AddNumberToObject(o, "tp_degree", k->tp_degree);
             cJSON_AddBoolToObject(o, "ok", k->ok);
             cJSON *codes = cJSON_AddArrayToObject(o, "codes");
             for (const cpc_status *e = k->errors; e; e = cpc_status_next(e)) {

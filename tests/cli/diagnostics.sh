@@ -115,10 +115,12 @@ assert c["ok"] is True and c["selected"]["variant"] == "ulysses_anything"
 assert c["diagnostics"][0]["severity"] == "warning" and c["diagnostics"][0]["code"] == "CP011"
 (x,) = lines("json-explain")
 assert top | {"candidates"} <= set(x)
-cand = {"variant", "ring_degree", "ulysses_degree", "ok", "codes", "predicted"}
+# SPEC section 3: every candidate names all four degrees (1 where the plan has no axes)
+cand = {"variant", "ring_degree", "ulysses_degree", "cfg_degree", "tp_degree", "ok", "codes", "predicted"}
 got = [(k["variant"], k["ring_degree"], k["ulysses_degree"], k["ok"], k["codes"]) for k in x["candidates"]]
 for k in x["candidates"]:
     assert set(k) == cand, k.keys()
+    assert k["cfg_degree"] == 1 and k["tp_degree"] == 1, k
     assert (k["predicted"] is not None) == k["ok"], k
 assert got == [("ulysses", 1, 4, False, ["CP011"]), ("unified", 2, 2, False, ["CP010"]),
                ("ring", 4, 1, False, ["CP010"]), ("ulysses_anything", 1, 4, True, []),

@@ -19,7 +19,9 @@ _ARG_INTS = ("height", "width", "num_frames", "world_size", "text_tokens", "batc
 
 
 def _is_bool(v):
-    return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy.bool_ too
+    # numpy's bool scalar too: numpy.bool_ (numpy 1.x), numpy.bool (numpy 2.x)
+    t = type(v)
+    return isinstance(v, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
 
 
 def integer(v, what, least=1):
