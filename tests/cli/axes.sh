@@ -36,20 +36,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-have_mpi=0
-command -v mpirun >/dev/null 2>&1 && have_mpi=1
-# Under ASan (scripts/test.sh runs with detect_leaks=1), Open MPI's own
-# allocations at exit read as leaks: the mpirun half runs without leak
-# detection, as the MPI tests do (CMakeLists.txt mpi_*); the local half keeps it.
-if [ $have_mpi -eq 1 ]; then
-  real_mpirun=$(command -v mpirun)
-  mkdir -p "$tmp/bin"
-  printf '#!/bin/sh\nASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" exec "%s" -x ASAN_OPTIONS "$@"\n' \
-    "$real_mpirun" >"$tmp/bin/mpirun"
-  chmod +x "$tmp/bin/mpirun"
-  PATH="$tmp/bin:$PATH"
-fi
+. tests/cli/lib/harness.sh  # fail, has, t, mpi_setup
+mpi_setup
 t_start=$(date +%s%N)
 
 # plan NAME VARIANT C T R U H HKV DTYPE MASK BATCH [MODE]: the plan with the

@@ -31,17 +31,8 @@ CPRUN="$B/cprun"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-have_mpi=0
-command -v mpirun >/dev/null 2>&1 && have_mpi=1
-if [ $have_mpi -eq 1 ]; then
-  real_mpirun=$(command -v mpirun)
-  mkdir -p "$tmp/bin"
-  printf '#!/bin/sh\nASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" exec "%s" -x ASAN_OPTIONS "$@"\n' \
-    "$real_mpirun" >"$tmp/bin/mpirun"
-  chmod +x "$tmp/bin/mpirun"
-  PATH="$tmp/bin:$PATH"
-fi
+. tests/cli/lib/harness.sh  # fail, has, t, mpi_setup
+mpi_setup
 t_start=$(date +%s%N)
 
 # plan NAME VARIANT WORLD TEXT IMAGE [PARALLEL_EXTRA] [H] [DTYPE] [MODEL_EXTRA] [BATCH] [INPUT_EXTRA] [SPLIT]
