@@ -271,6 +271,23 @@ static cpc_expr *expr_of(const char *t);
  * symmetric domain, well under a second (bench_verify --backward has the
  * table); a program whose guards single out a rank leaves the class: at 4
  * ranks it is enumerated, at 1024 it is refused with CP051 saying why. */
+/* Proves `p` (freed here) with the backward prover: it must be proven by the
+ * symmetric domain (not enumeration) within `limit_s` seconds. */
+static void proven_symbolically_in(cpc_program *p, const char *name, int R, int U, double limit_s)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cpc_verify_bwd_stats stats;
+    cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    cr_expect_null(st, "%s %dx%d: %s", name, R, U, st ? st->message : "");
+    cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "%s %dx%d: mode %d", name, R, U, (int)stats.mode);
+    cr_expect(sec < limit_s, "%s %dx%d: %.2f s", name, R, U, sec);
+    cpc_status_free(st);
+    cpc_program_free(p);
+}
+
 Test(verify_bwd, symmetric_domain_at_65536_ranks)
 {
     struct {
@@ -287,17 +304,7 @@ Test(verify_bwd, symmetric_domain_at_65536_ranks)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].H,
                                      2 * rows[i].R * rows[i].U, "causal", rows[i].rotate);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        cpc_verify_bwd_stats stats;
-        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        cr_expect_null(st, "%s %dx%d: %s", rows[i].name, rows[i].R, rows[i].U, st ? st->message : "");
-        cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "%s: mode %d", rows[i].name, (int)stats.mode);
-        cr_expect(sec < 10.0, "%s %dx%d: %.2f s", rows[i].name, rows[i].R, rows[i].U, sec);
-        cpc_status_free(st);
-        cpc_program_free(p);
+        proven_symbolically_in(p, rows[i].name, rows[i].R, rows[i].U, 10.0);
     }
     /* with a replicated text (`split: replicate`): its `r==0` (text, text) block by the twin
      * simulation (verify_bwd.h RING RANK 0), the world all_reduce by rotations */
@@ -314,17 +321,7 @@ Test(verify_bwd, symmetric_domain_at_65536_ranks)
     for (size_t i = 0; i < sizeof reps / sizeof reps[0]; i++) {
         cpc_program *p = bwd_program_rep(reps[i].name, reps[i].v, reps[i].R, reps[i].U, reps[i].H, reps[i].H,
                                          2 * reps[i].R * reps[i].U + 1, "none", reps[i].rotate, 226);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        cpc_verify_bwd_stats stats;
-        cpc_status *st = cpc_verify_backward_ex(p, NULL, &stats);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        cr_expect_null(st, "replicated %s %dx%d: %s", reps[i].name, reps[i].R, reps[i].U, st ? st->message : "");
-        cr_expect_eq(stats.mode, CPC_VERIFY_SYMBOLIC, "replicated %s: mode %d", reps[i].name, (int)stats.mode);
-        cr_expect(sec < 10.0, "replicated %s %dx%d: %.2f s", reps[i].name, reps[i].R, reps[i].U, sec);
-        cpc_status_free(st);
-        cpc_program_free(p);
+        proven_symbolically_in(p, reps[i].name, reps[i].R, reps[i].U, 10.0);
     }
     /* beyond enumeration (1024 ranks) the symmetric domain alone refuses the replicated
      * faults: the (text, text) block on every rank; the text's dK/dV never summed over the

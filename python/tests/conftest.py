@@ -45,6 +45,27 @@ def rel_err(x, ref):
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
 
 
+def run_ranks(P, fn):
+    """Runs fn(r) for r in range(P), each in its own thread (ranks of a LocalWorld),
+    and re-raises the first exception any of them raised, after all have ended."""
+    import threading
+    errs = [None] * P
+
+    def run(r):
+        try:
+            fn(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs[r] = e
+    th = [threading.Thread(target=run, args=(r,)) for r in range(P)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    for e in errs:
+        if e is not None:
+            raise e
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

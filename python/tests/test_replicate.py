@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cpc
-from conftest import attention_ref, rel_err
+from conftest import attention_ref, rel_err, run_ranks
 
 
 def plan(variant, P, *, text=7, image=24, B=2, H=6, Hkv=None, dtype="fp32", mask="none",
@@ -247,7 +247,6 @@ def test_autograd_with_replicated_text_matches_float64(variant, P, text, image, 
     (world-summed) gradient: each rank's gathered copy against float64 autograd; and the
     global LocalWorld autograd Function."""
     torch = pytest.importorskip("torch")
-    import threading
     a = train_plan(variant, P, text=text, image=image, **kw)
     assert a.trains
     g = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
@@ -255,25 +254,15 @@ def test_autograd_with_replicated_text_matches_float64(variant, P, text, image, 
     q, dout = (torch.randn(B, S, H, D, generator=g) for _ in range(2))
     k, v = (torch.randn(B, S, Hkv, D, generator=g) for _ in range(2))
     refs = torch_ref_grads(torch, q, k, v, dout)
-    grads, errs = [None] * P, [None] * P
+    grads = [None] * P
     with cpc.LocalWorld(a) as w:
         def run(r):
-            try:
-                qs, ks, vs = (a.shard(x, r, n).requires_grad_() for x, n in
-                              ((q, "q"), (k, "k"), (v, "v")))
-                out = w.rank(r)(qs, ks, vs)
-                (out * a.shard(dout, r, "dout")).sum().backward()
-                grads[r] = (qs.grad, ks.grad, vs.grad)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errs[r] = e
-        th = [threading.Thread(target=run, args=(r,)) for r in range(P)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-        for e in errs:
-            if e is not None:
-                raise e
+            qs, ks, vs = (a.shard(x, r, n).requires_grad_() for x, n in
+                          ((q, "q"), (k, "k"), (v, "v")))
+            out = w.rank(r)(qs, ks, vs)
+            (out * a.shard(dout, r, "dout")).sum().backward()
+            grads[r] = (qs.grad, ks.grad, vs.grad)
+        run_ranks(P, run)
         for i, name in enumerate(("dq", "dk", "dv")):
             got = a.gather([gr[i] for gr in grads], name)  # text rows: rank 0's copy
             e = rel_err(got.double().numpy(), refs[i].numpy())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cpc
-from conftest import rel_err
+from conftest import rel_err, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -74,26 +74,15 @@ def test_autograd_per_rank_threads_matches_torch_float64(variant, P, dtype, mask
     q, k, v, dout, m = inputs(a, 7, TDT[dtype])
     rq, rk, rv = ref_grads(q, k, v, dout, m, a.causal)
     grads = [None] * P
-    errs = [None] * P
     with cpc.LocalWorld(a) as w:
         def run(r):
-            try:
-                qs, ks, vs = (a.shard(x, r, n).requires_grad_() for x, n in
-                              ((q, "q"), (k, "k"), (v, "v")))
-                out = w.rank(r)(qs, ks, vs, mask=None if m is None else a.shard(m, r, "mask"))
-                assert out.grad_fn is not None and out.dtype == TDT[dtype]
-                (out.float() * a.shard(dout, r, "dout").float()).sum().backward()
-                grads[r] = (qs.grad, ks.grad, vs.grad)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errs[r] = e
-        th = [threading.Thread(target=run, args=(r,)) for r in range(P)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-    for e in errs:
-        if e is not None:
-            raise e
+            qs, ks, vs = (a.shard(x, r, n).requires_grad_() for x, n in
+                          ((q, "q"), (k, "k"), (v, "v")))
+            out = w.rank(r)(qs, ks, vs, mask=None if m is None else a.shard(m, r, "mask"))
+            assert out.grad_fn is not None and out.dtype == TDT[dtype]
+            (out.float() * a.shard(dout, r, "dout").float()).sum().backward()
+            grads[r] = (qs.grad, ks.grad, vs.grad)
+        run_ranks(P, run)
     tol = 2e-2 if dtype == "bf16" else 1e-5
     for i, (name, ref) in enumerate((("dq", rq), ("dk", rk), ("dv", rv))):
         got = a.gather([g[i] for g in grads], name)
