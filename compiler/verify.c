@@ -23,6 +23,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,6 @@
 #define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence, or the replicated
                               segments' rows (layout.h) */
 #define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
-#define MATCH_NONE (-1)
 
 
 enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
@@ -80,17 +80,16 @@ static bool aval_copy(aval *dst, const aval *src)
 /* ---- requests and channels ------------------------------------------------ */
 
 typedef struct req {
-    bool used, is_send, done;
-    int rank, peer;          /* flat ranks: the poster and the other side */
-    int peer_idx;            /* the peer's index in the group */
-    int group, tag;
-    const opnode *on;
-    int64_t step;
-    int nb;
-    int bufs[CPC_OP_MAX_BUFS];
+    union {
+        vc_rq h; /* the fields both forward domains share (verify_common.h); peer: the flat rank */
+        struct {
+            VC_RQ_FIELDS;
+        };
+    };
+    bool used;
+    int rank;                /* the poster (flat) */
     aval snap[CPC_OP_MAX_BUFS]; /* send: sender's content; recv: what arrives */
     int64_t block;           /* recv: declared block, -1 when none */
-    int match;               /* request id or MATCH_NONE */
     int next;                /* next in the channel queue / free list */
 } req;
 
@@ -383,19 +382,6 @@ static vc_tri covered_at(ctx *C, rank_st *rk, const opnode *nd, int64_t step, co
 
 /* ---- buffer access ----------------------------------------------------------------- */
 
-static int find_pending_send(ctx *C, rank_st *rk, int b)
-{
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
-        if (!q->is_send)
-            continue;
-        for (int j = 0; j < q->nb; j++)
-            if (q->bufs[j] == b)
-                return rk->open[i];
-    }
-    return -1;
-}
-
 static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_expr *e, const char *what,
                 int64_t *out);
 
@@ -415,26 +401,11 @@ typedef struct rank_dom {
 
 static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
 
-static bool dom_recv_on(void *self, int b, vc_req *out)
-{
-    rank_dom *d = self;
-    if (d->rk->rpend[b] < 0)
-        return false;
-    const req *q = &d->C->reqs[d->rk->rpend[b]];
-    *out = (vc_req){op_desc(q->on, q->step, d->ob, sizeof d->ob), q->tag, q->peer};
-    return true;
-}
+static vc_rq *dom_rq(void *self, int id) { return &RD(self)->C->reqs[id].h; }
 
-static bool dom_send_on(void *self, int b, vc_req *out)
-{
-    rank_dom *d = self;
-    if (d->rk->nsend[b] <= 0)
-        return false;
-    int id = find_pending_send(d->C, d->rk, b);
-    const req *q = id >= 0 ? &d->C->reqs[id] : NULL;
-    *out = q ? (vc_req){op_desc(q->on, q->step, d->ob, sizeof d->ob), q->tag, q->peer} : (vc_req){NULL, -1, -1};
-    return true;
-}
+static int dom_open(void *self, int i) { return i < RD(self)->rk->nopen ? RD(self)->rk->open[i] : -1; }
+
+static void dom_at(void *self, const vc_rq *q) { RD(self)->nd = q->on, RD(self)->step = q->slo; }
 
 static const char *dom_writer(void *self, int b)
 {
@@ -662,11 +633,11 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
     ctx *C = RD(self)->C;
     const req *s = &C->reqs[((const req *)rq)->match];
     snprintf(who, nw, "rank %d", s->rank);
-    op_desc(s->on, s->step, op, no);
+    op_desc(s->on, s->slo, op, no);
 }
 
 static const vc_domain rank_ops = {
-    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .snap_off = offsetof(req, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
@@ -809,16 +780,15 @@ static int match_pair(ctx *C, int sid, int rid)
         memset(&s->snap[j], 0, sizeof s->snap[j]);
         snap[j] = &r->snap[j].h;
     }
-    RANK_DOM_AT(C, rr, r->on, r->step);
+    RANK_DOM_AT(C, rr, r->on, r->slo);
     vc_tri t = vc_arrive(&dom, s->nb, s->bufs, r->nb, r->bufs, snap, r, m, sizeof m);
-    return res(C, rr, r->on, r->step, t, m);
+    return res(C, rr, r->on, r->slo, t, m);
 }
 
 /* Posts request id: matches it against its channel. */
 static int post(ctx *C, int id)
 {
     req *q = &C->reqs[id];
-    q->match = MATCH_NONE;
     q->next = -1;
     int src = q->is_send ? q->rank : q->peer, dst = q->is_send ? q->peer : q->rank;
     chan *c = chan_get(C, src, dst, q->group, q->tag);
@@ -950,17 +920,14 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     if (id < 0)
         return oom(C), RES_ERR;
     req *q = &C->reqs[id];
-    q->is_send = is_send;
     q->rank = rk->p;
     q->peer = peer;
-    q->peer_idx = (int)idx;
-    q->group = op->group;
-    q->tag = op->tag;
     q->on = nd;
-    q->step = step;
+    q->slo = step;
+    q->shi = step + 1;
     q->block = block;
     RANK_DOM_AT(C, rk, nd, step);
-    if ((q->nb = vc_post_bufs(&dom, op, id, q->bufs, q->snap)) < 0)
+    if (!vc_post(&dom, op, id))
         return oom(C), RES_ERR;
     if (add_open(C, rk, id))
         return RES_ERR;
@@ -969,47 +936,41 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     return RES_NEXT;
 }
 
+/* Releases request id and its match once both are complete. */
 static void maybe_release(ctx *C, int id)
 {
     req *q = &C->reqs[id];
-    if (!q->done)
-        return;
-    if (q->match >= 0 && C->reqs[q->match].done) {
+    if (q->used && q->done && q->match >= 0 && C->reqs[q->match].done) {
         int other = q->match;
         req_release(C, id);
         req_release(C, other);
     }
 }
 
+/* A wait: blocks the rank while a request with its tag is not matched yet. */
 static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
-    int tag = nd->op->tag;
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
-        if (q->tag == tag && q->match == MATCH_NONE) {
-            rk->state = ST_WAIT;
-            rk->wait_tag = tag;
-            rk->bnode = nd;
-            rk->bstep = step;
-            return RES_BLOCK;
-        }
+    char m[640];
+    m[0] = 0;
+    int id = -1;
+    RANK_DOM_AT(C, rk, nd, step);
+    vc_tri t = vc_wait(&dom, nd->op->tag, &id, m, sizeof m);
+    if (t == VC_BLOCKED) {
+        rk->state = ST_WAIT;
+        rk->wait_tag = nd->op->tag;
+        rk->bnode = nd;
+        rk->bstep = step;
+        return RES_BLOCK;
     }
     rk->state = ST_RUN;
+    if (t != VC_YES && res(C, rk, C->reqs[id].on, C->reqs[id].slo, t, m))
+        return RES_ERR;
     int k = 0;
     for (int i = 0; i < rk->nopen; i++) {
-        int id = rk->open[i];
-        req *q = &C->reqs[id];
-        if (q->tag != tag) {
-            rk->open[k++] = id;
-            continue;
-        }
-        char m[640];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, q->on, q->step);
-        if (res(C, rk, q->on, q->step, vc_wait_bufs(&dom, q->is_send, q->nb, q->bufs, q->snap, m, sizeof m), m))
-            return RES_ERR;
-        q->done = true;
-        maybe_release(C, id);
+        if (!C->reqs[rk->open[i]].done)
+            rk->open[k++] = rk->open[i];
+        else
+            maybe_release(C, rk->open[i]);
     }
     rk->nopen = k;
     return RES_NEXT;
@@ -1190,12 +1151,12 @@ static int finish_rank(ctx *C, rank_st *rk)
 {
     for (int i = 0; i < rk->nopen; i++) {
         req *q = &C->reqs[rk->open[i]];
-        if (q->match == MATCH_NONE)
-            return fail(C, rk->p, q->on, q->step,
+        if (q->match < 0)
+            return fail(C, rk->p, q->on, q->slo,
                         "this %s rank %d (tag %d) is never matched nor waited: rank %d posts no %s with tag %d",
                         q->is_send ? "send to" : "recv from", q->peer, q->tag, q->peer,
                         q->is_send ? "recv from this rank" : "send to this rank", q->tag);
-        return fail(C, rk->p, q->on, q->step, "this %s (tag %d) is never completed: no `wait tag %d` after it",
+        return fail(C, rk->p, q->on, q->slo, "this %s (tag %d) is never completed: no `wait tag %d` after it",
                     q->is_send ? "send" : "recv", q->tag, q->tag);
     }
     for (int b = 0; b < C->prog->n_buffers; b++) {
@@ -1271,10 +1232,10 @@ static int waits_for(ctx *C, rank_st *rk, char *why, size_t n)
     if (rk->state == ST_WAIT) {
         for (int i = 0; i < rk->nopen; i++) {
             req *q = &C->reqs[rk->open[i]];
-            if (q->tag != rk->wait_tag || q->match != MATCH_NONE)
+            if (q->tag != rk->wait_tag || q->match >= 0)
                 continue;
             snprintf(why, n, "its %s %s rank %d (%s, tag %d) has no matching %s on rank %d", q->is_send ? "send" : "recv",
-                     q->is_send ? "to" : "from", q->peer, op_desc(q->on, q->step, ob, sizeof ob), q->tag,
+                     q->is_send ? "to" : "from", q->peer, op_desc(q->on, q->slo, ob, sizeof ob), q->tag,
                      q->is_send ? "recv" : "send", q->peer);
             return q->peer;
         }
@@ -1301,18 +1262,18 @@ static void peer_mismatch_notes(ctx *C, rank_st *rk)
     char o1[256], o2[256];
     for (int i = 0; i < rk->nopen; i++) {
         req *q = &C->reqs[rk->open[i]];
-        if (q->match != MATCH_NONE)
+        if (q->match >= 0)
             continue;
         rank_st *o = &C->rk[q->peer];
         for (int k = 0; k < o->nopen; k++) {
             req *x = &C->reqs[o->open[k]];
-            if (x->match == MATCH_NONE && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
+            if (x->match < 0 && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
                 x->peer != rk->p) {
-                note(C, -1, q->on, q->step,
+                note(C, -1, q->on, q->slo,
                      "peers do not match: rank %d %s rank %d (%s), but rank %d %s rank %d (%s)", rk->p,
-                     q->is_send ? "sends to" : "receives from", q->peer, op_desc(q->on, q->step, o1, sizeof o1),
+                     q->is_send ? "sends to" : "receives from", q->peer, op_desc(q->on, q->slo, o1, sizeof o1),
                      o->p, x->is_send ? "sends to" : "receives from", x->peer,
-                     op_desc(x->on, x->step, o2, sizeof o2));
+                     op_desc(x->on, x->slo, o2, sizeof o2));
                 return;
             }
         }

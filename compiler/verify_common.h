@@ -84,6 +84,23 @@ typedef struct vc_req {
     int peer;        /* the rank at the other end; -1 where the domain has no one rank */
 } vc_req;
 
+/* A request of the forward domains' message layer: what both share.  A
+ * domain's request type begins with these fields (VC_RQ_FIELDS in an
+ * anonymous union with a vc_rq `h`), and holds its snapshots (CPC_OP_MAX_BUFS
+ * values of the domain's value type) at vc_domain.snap_off. */
+#define VC_RQ_FIELDS                                                                                       \
+    bool is_send, done;                                                                                   \
+    int match;          /* the request it met (the domain's id); -1: none yet */                          \
+    int tag, group;                                                                                       \
+    int peer;           /* the rank at the other end; -1 where the domain has no one rank */              \
+    int nb;                                                                                               \
+    int bufs[CPC_OP_MAX_BUFS];                                                                            \
+    const struct vc_node *on; /* the op that posted it, for the steps [slo, shi) (vc_op_desc) */         \
+    int64_t slo, shi
+typedef struct vc_rq {
+    VC_RQ_FIELDS;
+} vc_rq;
+
 /* An op of the program with its index path ("ops[3].body[1]": 1-based, as
  * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
 typedef struct vc_node {
@@ -105,7 +122,7 @@ void vc_nodes_free(vc_node *nodes, int n);
  * functions below return VC_YES (the op ran), VC_NO (a fault: the message
  * says which), VC_UNDECIDED (outside the domain's class: the message says
  * why; the caller enumerates or refuses) or VC_OOM. */
-typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3 } vc_tri;
+typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3, VC_BLOCKED = 4 } vc_tri;
 
 /* YES if both are, NO if either is, else UNDECIDED. */
 static inline vc_tri vc_and(vc_tri a, vc_tri b)
@@ -142,8 +159,10 @@ typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
     vc_val *(*val)(void *self, int b);                   /* buffer b's value */
-    bool (*recv_on)(void *self, int b, vc_req *q);       /* a recv into b is in flight: *q */
-    bool (*send_on)(void *self, int b, vc_req *q);       /* a send from b is in flight: *q */
+    /* a recv into b / a send from b is in flight: *q (the backward domain; the forward ones
+     * answer through their requests, rq below) */
+    bool (*recv_on)(void *self, int b, vc_req *q);
+    bool (*send_on)(void *self, int b, vc_req *q);
     /* The forward geometry (NULL in a domain without attn/merge: backward). */
     const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
     vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
@@ -199,6 +218,13 @@ typedef struct vc_domain {
      * array of them). */
     int32_t *nsend, *rpend;
     size_t val_size;
+    /* The forward domains' requests: request id; the id of the rank's i-th request in flight
+     * (-1 past the last); at: the domain now stands at q's op (the writer of what completing q
+     * stores); the offset of the snapshots in the domain's request type. */
+    vc_rq *(*rq)(void *self, int id);
+    int (*open)(void *self, int i);
+    void (*at)(void *self, const vc_rq *q);
+    size_t snap_off;
 } vc_domain;
 
 /* The key units (shards) query rows of units [lo, hi) must meet: all P, or
@@ -263,16 +289,19 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 /* The program's start: every INPUT buffer holds its role's source, the
  * rank's own shard (or the K/V sequence) with the buffer's heads. */
 void vc_inputs(const vc_domain *d);
-/* Posts send/recv op (after vc_step) as the domain's request `id`: copies its
- * buffers into qbufs; a send snapshots each into snap[j] (d->copy; snap an
- * array of d->val_size values; the buffer's attention output counts as read)
- * and counts a send in flight on it; a recv marks its buffers as written by
- * request id.  Returns the number of buffers, -1 when out of memory. */
-int vc_post_bufs(const vc_domain *d, const cpc_op *op, int id, int *qbufs, void *snap);
-/* Completes a request at its wait, on the domain of the op that posted it: a
- * send's buffers are one send less in flight; a recv stores what arrived
- * (snap[j], moved: written, read by no op yet) into bufs[j] by vc_store. */
-vc_tri vc_wait_bufs(const vc_domain *d, bool is_send, int nb, const int *bufs, void *snap, char *msg, size_t n);
+/* Posts send/recv op (after vc_step) as the domain's request `id`, whose own
+ * fields and peer, on, slo, shi the caller set: the shared fields and
+ * buffers; a send snapshots each buffer (d->copy; its attention output
+ * counts as read) and counts a send in flight on it; a recv marks its
+ * buffers as written by request id.  False when out of memory. */
+bool vc_post(const vc_domain *d, const cpc_op *op, int id);
+/* A wait for tag on the domain's rank: VC_BLOCKED with *id the first request
+ * in flight with that tag not matched yet (nothing done: the domain blocks
+ * the rank or reports a deadlock); else completes each with that tag, on the
+ * domain at its op (d->at): a send's buffers are one send less in flight; a
+ * recv stores what arrived (its snapshots, moved: written, read by no op yet)
+ * by vc_store; each is marked done.  A fault: *id is the request. */
+vc_tri vc_wait(const vc_domain *d, int tag, int *id, char *msg, size_t n);
 /* "ops[3].body[1] merge", with " (step s)" for one step [slo, slo+1) of a
  * loop or " (steps a..b)" for the range a symbolic run stands for (none
  * when shi <= slo); nd NULL: "the end of the program". */

@@ -32,6 +32,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,15 +89,16 @@ typedef struct sval {
 } sval;
 
 typedef struct sreq {
-    bool is_send, done, matched;
+    union {
+        vc_rq h; /* the fields both forward domains share (verify_common.h); peer -1 */
+        struct {
+            VC_RQ_FIELDS;
+        };
+    };
     int64_t d;        /* peer offset in the ring */
     int64_t key;      /* channel: send d, recv -d (mod R) */
-    int tag, nb, partner;
-    int group;
-    int bufs[CPC_OP_MAX_BUFS];
     sval snap[CPC_OP_MAX_BUFS]; /* send: content at post; recv: what arrives */
     aff decl;         /* recv: declared block */
-    const snode *on;
 } sreq;
 
 typedef struct sst {
@@ -213,38 +215,6 @@ static bool lin_const(const lin *x)
     return x->mod == 0 && x->cr == 0 && x->cu == 0 && x->cs == 0;
 }
 
-static bool const_op(cpc_expr_kind k, int64_t a, int64_t b, int64_t *out)
-{
-    switch (k) {
-    case CPC_EX_ADD: return !__builtin_add_overflow(a, b, out);
-    case CPC_EX_SUB: return !__builtin_sub_overflow(a, b, out);
-    case CPC_EX_MUL: return !__builtin_mul_overflow(a, b, out);
-    case CPC_EX_DIV:
-    case CPC_EX_MOD: {
-        if (b == 0 || (a == INT64_MIN && b == -1))
-            return false;
-        int64_t q = a / b, r = a % b;
-        if (r < 0) {
-            r += b < 0 ? -b : b;
-            q += b < 0 ? 1 : -1;
-        }
-        *out = k == CPC_EX_DIV ? q : r;
-        return true;
-    }
-    case CPC_EX_LT: *out = a < b; return true;
-    case CPC_EX_LE: *out = a <= b; return true;
-    case CPC_EX_GT: *out = a > b; return true;
-    case CPC_EX_GE: *out = a >= b; return true;
-    case CPC_EX_EQ: *out = a == b; return true;
-    case CPC_EX_NE: *out = a != b; return true;
-    case CPC_EX_AND: *out = a && b; return true;
-    case CPC_EX_OR: *out = a || b; return true;
-    case CPC_EX_MIN: *out = a < b ? a : b; return true;
-    case CPC_EX_MAX: *out = a > b ? a : b; return true;
-    default: return false;
-    }
-}
-
 static bool lin_eval_raw(const sctx *C, const cpc_expr *e, int i, lin *out);
 
 /* The linear form of node i, or false when it has none.  Coefficients stay
@@ -301,7 +271,7 @@ static bool lin_eval_raw(const sctx *C, const cpc_expr *e, int i, lin *out)
     if (n.a < 0 || n.b < 0 || !lin_eval(C, e, n.a, &a) || !lin_eval(C, e, n.b, &b))
         return false;
     if (lin_const(&a) && lin_const(&b))
-        return const_op(n.kind, a.c, b.c, &out->c);
+        return !cpc_expr_binop(n.kind, a.c, b.c, &out->c); /* constants fold as evaluation does */
     switch (n.kind) {
     case CPC_EX_ADD:
     case CPC_EX_SUB:
@@ -424,7 +394,7 @@ static bool is_cmp(cpc_expr_kind k, int64_t K, int64_t M, int64_t N, iset *out)
         return false;
     if (K == 0) {
         int64_t t;
-        if (!const_op(k, 0, M, &t))
+        if (cpc_expr_binop(k, 0, M, &t))
             return false;
         if (t)
             is_all(out, N);
@@ -1070,34 +1040,11 @@ typedef struct sym_dom {
 
 static const char *dom_name(void *self, int b) { return bname(SD(self)->C, b); }
 
-static bool dom_recv_on(void *self, int b, vc_req *out)
-{
-    sym_dom *d = self;
-    sst *s = d->C->st;
-    if (s->rpend[b] < 0)
-        return false;
-    const sreq *q = &s->req[s->rpend[b]];
-    *out = (vc_req){op_desc(d->C, q->on, d->ob, sizeof d->ob), q->tag, -1};
-    return true;
-}
+static vc_rq *dom_rq(void *self, int id) { return &SD(self)->C->st->req[id].h; }
 
-static bool dom_send_on(void *self, int b, vc_req *out)
-{
-    sym_dom *d = self;
-    sst *s = d->C->st;
-    if (s->nsend[b] <= 0)
-        return false;
-    *out = (vc_req){NULL, -1, -1};
-    for (int i = 0; i < s->nreq; i++) {
-        const sreq *q = &s->req[i];
-        for (int j = 0; q->is_send && !q->done && j < q->nb; j++)
-            if (q->bufs[j] == b) {
-                *out = (vc_req){op_desc(d->C, q->on, d->ob, sizeof d->ob), q->tag, -1};
-                return true;
-            }
-    }
-    return true;
-}
+static int dom_open(void *self, int i) { return i < SD(self)->C->st->nreq ? i : -1; }
+
+static void dom_at(void *self, const vc_rq *q) { SD(self)->nd = q->on; }
 
 static const char *dom_writer(void *self, int b)
 {
@@ -1381,13 +1328,13 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
 {
     sctx *C = SD(self)->C;
-    const sreq *s = &C->st->req[((const sreq *)rq)->partner];
+    const sreq *s = &C->st->req[((const sreq *)rq)->match];
     snprintf(who, nw, "ring member r-%" PRId64, s->d);
-    op_desc(C, s->on, op, no);
+    vc_op_desc(s->on, s->slo, s->shi, op, no);
 }
 
 static const vc_domain sym_ops = {
-    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .snap_off = offsetof(sreq, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
@@ -1504,7 +1451,7 @@ static void compact(sctx *C)
     int k = 0;
     for (int i = 0; i < s->nreq; i++) {
         const sreq *q = &s->req[i];
-        bool gone = q->done && q->matched && s->req[q->partner].done;
+        bool gone = q->done && q->match >= 0 && s->req[q->match].done;
         map[i] = gone ? -1 : k++;
     }
     if (k == s->nreq)
@@ -1513,10 +1460,8 @@ static void compact(sctx *C)
         if (map[i] < 0)
             continue;
         sreq q = s->req[i];
-        if (q.matched)
-            q.partner = map[q.partner];
-        if (q.matched && q.partner < 0)
-            q.partner = -1; /* partner gone: done and matched */
+        if (q.match >= 0)
+            q.match = map[q.match]; /* (never gone: a pair goes together) */
         s->req[map[i]] = q;
     }
     for (int b = 0; b < C->nb; b++)
@@ -1539,9 +1484,8 @@ static int match_pair(sctx *C, int sid, int rid)
 {
     sst *s = C->st;
     sreq *sq = &s->req[sid], *rq = &s->req[rid];
-    sq->matched = rq->matched = true;
-    sq->partner = rid;
-    rq->partner = sid;
+    sq->match = rid;
+    rq->match = sid;
     char m[1024];
     m[0] = 0;
     vc_val *snap[CPC_OP_MAX_BUFS];
@@ -1561,7 +1505,7 @@ static int post(sctx *C, int id)
     sreq *q = &s->req[id];
     for (int i = 0; i < s->nreq; i++) {
         sreq *o = &s->req[i];
-        if (i == id || o->matched || o->is_send == q->is_send || o->key != q->key || o->tag != q->tag ||
+        if (i == id || o->match >= 0 || o->is_send == q->is_send || o->key != q->key || o->tag != q->tag ||
             o->group != q->group)
             continue;
         return q->is_send ? match_pair(C, id, i) : match_pair(C, i, id);
@@ -1585,46 +1529,34 @@ static int exec_send_recv(sctx *C, const snode *nd)
     int id = s->nreq++;
     sreq *q = &s->req[id];
     memset(q, 0, sizeof *q);
-    q->is_send = is_send;
+    q->h = (vc_rq){.peer = -1, .on = nd, .slo = C->slo, .shi = C->shi};
     q->d = d;
     q->key = is_send ? d : md(-d, C->R);
-    q->tag = op->tag;
-    q->group = op->group;
-    q->partner = -1;
     q->decl = decl;
-    q->on = nd;
     SYM_DOM_AT(C, nd);
-    q->nb = vc_post_bufs(&dom, op, id, q->bufs, q->snap); /* (copies: no allocation) */
+    vc_post(&dom, op, id); /* (copies: no allocation) */
     return post(C, id);
 }
 
+/* A wait: a request with its tag not matched yet is a deadlock, since every
+ * rank runs the same ops and so blocks here at once. */
 static int exec_wait(sctx *C, const snode *nd)
 {
-    sst *s = C->st;
-    int tag = nd->op->tag;
-    char ob[256];
-    for (int i = 0; i < s->nreq; i++) {
-        sreq *q = &s->req[i];
-        if (q->done || q->tag != tag || q->matched)
-            continue;
+    char m[640], ob[256];
+    m[0] = 0;
+    int id = -1;
+    SYM_DOM_AT(C, nd);
+    vc_tri t = vc_wait(&dom, nd->op->tag, &id, m, sizeof m);
+    const sreq *q = id >= 0 ? &C->st->req[id] : NULL;
+    if (t == VC_BLOCKED)
         return serr(C, nd,
                     "deadlock: every rank blocks here: its %s %s ring member r%s%" PRId64 " (%s, tag %d) has no "
                     "matching %s posted before this wait (the peer runs the same ops, so it is blocked here too, "
                     "or never posts one)",
                     q->is_send ? "send" : "recv", q->is_send ? "to" : "from", q->is_send ? "+" : "-", q->d,
-                    op_desc(C, q->on, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
-    }
-    for (int i = 0; i < s->nreq; i++) {
-        sreq *q = &s->req[i];
-        if (q->done || q->tag != tag)
-            continue;
-        char m[640];
-        m[0] = 0;
-        SYM_DOM_AT(C, q->on);
-        if (sres(C, q->on, vc_wait_bufs(&dom, q->is_send, q->nb, q->bufs, q->snap, m, sizeof m), m))
-            return -1;
-        q->done = true;
-    }
+                    vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
+    if (t != VC_YES && sres(C, q->on, t, m))
+        return -1;
     compact(C);
     return 0;
 }
@@ -1886,11 +1818,11 @@ static int finish(sctx *C)
         const sreq *q = &s->req[i];
         if (q->done)
             continue;
-        if (!q->matched)
+        if (q->match < 0)
             return serr(C, q->on, "this %s (tag %d) is never matched nor waited: no %s with tag %d meets it",
                         q->is_send ? "send" : "recv", q->tag, q->is_send ? "recv" : "send", q->tag);
         return serr(C, q->on, "this %s (tag %d) is never completed: no `wait tag %d` after it (%s)",
-                    q->is_send ? "send" : "recv", q->tag, q->tag, op_desc(C, q->on, ob, sizeof ob));
+                    q->is_send ? "send" : "recv", q->tag, q->tag, vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob));
     }
     for (int b = 0; b < C->nb; b++) {
         const cpc_buffer *B = &C->prog->buffers[b];
