@@ -125,6 +125,17 @@ typedef struct rank_st {
     int32_t next_stamp;
 } rank_st;
 
+/* The domain of the step (verify_common.h) on one concrete rank: every
+ * answer is YES or NO.  One for the enumeration, moved from rank to rank
+ * (at). */
+typedef struct rank_dom {
+    struct ctx *C;
+    rank_st *rk;
+    const opnode *nd; /* the op being run (writer of what it stores; where a fault is) */
+    int64_t step;
+    char ob[256];
+} rank_dom;
+
 typedef struct ctx {
     const cpc_program *prog;
     const cpc_layout *L;
@@ -150,6 +161,9 @@ typedef struct ctx {
     bool capped;
     cpc_verify_stats st;
     aval tmp[CPC_OP_MAX_BUFS]; /* the step's scratch values */
+    rank_dom d;              /* the domain (at) and the step's message */
+    vc_domain dom;
+    char m[1024];
 } ctx;
 
 /* ---- diagnostics ------------------------------------------------------------ */
@@ -385,15 +399,6 @@ static vc_tri covered_at(ctx *C, rank_st *rk, const opnode *nd, int64_t step, co
 static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_expr *e, const char *what,
                 int64_t *out);
 
-/* The domain of the step (verify_common.h) on one concrete rank: every
- * answer is YES or NO. */
-typedef struct rank_dom {
-    ctx *C;
-    rank_st *rk;
-    const opnode *nd; /* the op being run (writer of what it stores) */
-    int64_t step;
-    char ob[256];
-} rank_dom;
 
 #define RD(self) ((rank_dom *)(self))
 #define AV(v) ((aval *)(v))
@@ -406,6 +411,20 @@ static vc_rq *dom_rq(void *self, int id) { return &RD(self)->C->reqs[id].h; }
 static int dom_open(void *self, int i) { return i < RD(self)->rk->nopen ? RD(self)->rk->open[i] : -1; }
 
 static void dom_at(void *self, const vc_rq *q) { RD(self)->nd = q->on, RD(self)->step = q->slo; }
+
+static void dom_at_writer(void *self, int b)
+{
+    const aval *v = &RD(self)->rk->v[b];
+    RD(self)->nd = v->written ? v->wop : NULL, RD(self)->step = v->wstep;
+}
+
+static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
+{
+    (void)self, (void)s;
+    aval_free(AV(dst));
+    *AV(dst) = *AV(src); /* move */
+    memset(src, 0, sizeof(aval));
+}
 
 static const char *dom_writer(void *self, int b)
 {
@@ -637,7 +656,8 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
 }
 
 static const vc_domain rank_ops = {
-    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .snap_off = offsetof(req, snap),
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer,
+    .deliver = dom_deliver, .snap_off = offsetof(req, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
@@ -645,31 +665,26 @@ static const vc_domain rank_ops = {
     .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
     .sender = dom_sender, .p2p_attn = true, .val_size = sizeof(aval)};
 
-/* dom: the domain of rank rk at the op nd (step), on the stack (ob is not
- * cleared: it is written before it is read). */
-static inline void rank_dom_at(rank_dom *d, ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* The domain of rank rk standing at the op nd (step), the message emptied. */
+static const vc_domain *at(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
-    d->C = C, d->rk = rk, d->nd = nd, d->step = step;
+    C->d.rk = rk, C->d.nd = nd, C->d.step = step, C->m[0] = 0;
+    C->dom.nsend = rk->nsend, C->dom.rpend = rk->rpend;
+    return &C->dom;
 }
 
-#define RANK_DOM_AT(C, rk, nd, step)                                                                              \
-    rank_dom dd_;                                                                                                 \
-    rank_dom_at(&dd_, (C), (rk), (nd), (step));                                                                   \
-    vc_domain dom = rank_ops;                                                                                     \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep;                      \
-    dom.nsend = (rk)->nsend, dom.rpend = (rk)->rpend
+#define MSG(C) (C)->m, sizeof (C)->m
 
-/* A step's answer as this rank's result: a fault (the domain always
- * decides) at the op nd. */
-static int res(ctx *C, rank_st *rk, const opnode *nd, int64_t step, vc_tri t, const char *m)
+/* A step's answer as the result of the rank the domain stands on: a fault
+ * (the domain always decides) where it stands. */
+static int res(ctx *C, vc_tri t)
 {
     if (t == VC_YES)
         return 0;
     if (t == VC_OOM)
         return oom(C);
-    return fail(C, rk->p, nd, step, "%s", m[0] ? m : "fault (no message)");
+    return fail(C, C->d.rk->p, C->d.nd, C->d.step, "%s", C->m[0] ? C->m : "fault (no message)");
 }
-
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -766,23 +781,9 @@ static void enqueue(ctx *C, int p)
 /* Checks a matched pair and prepares what the recv delivers. */
 static int match_pair(ctx *C, int sid, int rid)
 {
-    req *s = &C->reqs[sid], *r = &C->reqs[rid];
-    s->match = rid;
-    r->match = sid;
+    const req *r = &C->reqs[rid];
     C->st.messages++;
-    rank_st *rr = &C->rk[r->rank];
-    char m[1024];
-    m[0] = 0;
-    vc_val *snap[CPC_OP_MAX_BUFS];
-    for (int j = 0; j < s->nb; j++) {
-        aval_free(&r->snap[j]);
-        r->snap[j] = s->snap[j]; /* move */
-        memset(&s->snap[j], 0, sizeof s->snap[j]);
-        snap[j] = &r->snap[j].h;
-    }
-    RANK_DOM_AT(C, rr, r->on, r->slo);
-    vc_tri t = vc_arrive(&dom, s->nb, s->bufs, r->nb, r->bufs, snap, r, m, sizeof m);
-    return res(C, rr, r->on, r->slo, t, m);
+    return res(C, vc_match(at(C, &C->rk[r->rank], r->on, r->slo), sid, rid, MSG(C)));
 }
 
 /* Posts request id: matches it against its channel. */
@@ -926,8 +927,7 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     q->slo = step;
     q->shi = step + 1;
     q->block = block;
-    RANK_DOM_AT(C, rk, nd, step);
-    if (!vc_post(&dom, op, id))
+    if (!vc_post(at(C, rk, nd, step), op, id))
         return oom(C), RES_ERR;
     if (add_open(C, rk, id))
         return RES_ERR;
@@ -950,11 +950,8 @@ static void maybe_release(ctx *C, int id)
 /* A wait: blocks the rank while a request with its tag is not matched yet. */
 static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
-    char m[640];
-    m[0] = 0;
     int id = -1;
-    RANK_DOM_AT(C, rk, nd, step);
-    vc_tri t = vc_wait(&dom, nd->op->tag, &id, m, sizeof m);
+    vc_tri t = vc_wait(at(C, rk, nd, step), nd->op->tag, &id, MSG(C));
     if (t == VC_BLOCKED) {
         rk->state = ST_WAIT;
         rk->wait_tag = nd->op->tag;
@@ -963,7 +960,7 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
         return RES_BLOCK;
     }
     rk->state = ST_RUN;
-    if (t != VC_YES && res(C, rk, C->reqs[id].on, C->reqs[id].slo, t, m))
+    if (res(C, t)) /* (at the request) */
         return RES_ERR;
     int k = 0;
     for (int i = 0; i < rk->nopen; i++) {
@@ -1032,10 +1029,7 @@ static int run_collective(ctx *C, int *members, int n)
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
         const cpc_op *op = rk->bnode->op;
-        char msg[1024];
-        msg[0] = 0;
-        RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
-        if (res(C, rk, rk->bnode, rk->bstep, vc_coll_inputs(&dom, op, msg, sizeof msg), msg))
+        if (res(C, vc_coll_inputs(at(C, rk, rk->bnode, rk->bstep), op, MSG(C))))
             return -1;
         /* all_gather concatenates blocks: the heads of its members agree */
         for (int j = 0; op->kind == CPC_OP_ALL_GATHER && j < op->n_in; j++) {
@@ -1048,10 +1042,7 @@ static int run_collective(ctx *C, int *members, int n)
     }
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
-        char msg[1024];
-        msg[0] = 0;
-        RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
-        if (res(C, rk, rk->bnode, rk->bstep, vc_coll_outputs(&dom, rk->bnode->op, msg, sizeof msg), msg))
+        if (res(C, vc_coll_outputs(at(C, rk, rk->bnode, rk->bstep), rk->bnode->op, MSG(C))))
             return -1;
     }
 advance:
@@ -1067,14 +1058,9 @@ advance:
 static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
     const cpc_op *op = nd->op;
-    {
-        char m[640];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, nd, step);
-        for (int j = 0; j < op->n_in; j++)
-            if (res(C, rk, nd, step, vc_rd(&dom, op->in[j], m, sizeof m), m))
-                return RES_ERR;
-    }
+    for (int j = 0; j < op->n_in; j++)
+        if (res(C, vc_rd(at(C, rk, nd, step), op->in[j], MSG(C))))
+            return RES_ERR;
     int g = op->group;
     int inst = group_inst(rk, g);
     rk->state = ST_COLL;
@@ -1127,13 +1113,8 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     default:
         break;
     }
-    {
-        char m[1024];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, nd, step);
-        if (res(C, rk, nd, step, vc_step(&dom, op, m, sizeof m), m))
-            return RES_ERR;
-    }
+    if (res(C, vc_step(at(C, rk, nd, step), op, MSG(C))))
+        return RES_ERR;
     switch (op->kind) {
     case CPC_OP_SEND:
     case CPC_OP_RECV: return exec_send_recv(C, rk, nd, step);
@@ -1149,29 +1130,7 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
  * holds the rank's shard with all heads and a complete attention. */
 static int finish_rank(ctx *C, rank_st *rk)
 {
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
-        if (q->match < 0)
-            return fail(C, rk->p, q->on, q->slo,
-                        "this %s rank %d (tag %d) is never matched nor waited: rank %d posts no %s with tag %d",
-                        q->is_send ? "send to" : "recv from", q->peer, q->tag, q->peer,
-                        q->is_send ? "recv from this rank" : "send to this rank", q->tag);
-        return fail(C, rk->p, q->on, q->slo, "this %s (tag %d) is never completed: no `wait tag %d` after it",
-                    q->is_send ? "send" : "recv", q->tag, q->tag);
-    }
-    for (int b = 0; b < C->prog->n_buffers; b++) {
-        const cpc_buffer *B = &C->prog->buffers[b];
-        if (B->io != CPC_IO_OUTPUT)
-            continue;
-        aval *v = &rk->v[b];
-        const opnode *w = v->written ? v->wop : NULL;
-        char m[1024];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, w, v->wstep);
-        if (res(C, rk, w, v->wstep, vc_output(&dom, b, m, sizeof m), m))
-            return -1;
-    }
-    return 0;
+    return res(C, vc_finish(at(C, rk, NULL, 0), MSG(C))); /* (at the request, or the OUTPUT's writer) */
 }
 
 /* Runs rank rk until it blocks, finishes or fails. */
@@ -1596,6 +1555,9 @@ static void ctx_free(ctx *C)
 static int init_ranks(ctx *C)
 {
     int P = C->P, nb = C->prog->n_buffers;
+    C->d.C = C;
+    C->dom = rank_ops;
+    C->dom.self = &C->d, C->dom.prog = C->prog, C->dom.cross = C->L->cross, C->dom.rep = C->L->rep;
     C->rk = calloc((size_t)C->P, sizeof(rank_st));
     C->queue = malloc(sizeof(int) * (size_t)C->P);
     if (!C->rk || !C->queue)
@@ -1620,8 +1582,7 @@ static int init_ranks(ctx *C)
             return oom(C);
         for (int b = 0; b < nb; b++)
             rk->rpend[b] = -1;
-        RANK_DOM_AT(C, rk, NULL, 0);
-        vc_inputs(&dom);
+        vc_inputs(at(C, rk, NULL, 0));
         rk->queued = true;
         C->queue[C->qn++] = p;
     }

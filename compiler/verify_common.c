@@ -828,3 +828,44 @@ vc_tri vc_wait(const vc_domain *d, int tag, int *id, char *msg, size_t n)
     }
     return VC_YES;
 }
+
+vc_tri vc_match(const vc_domain *d, int sid, int rid, char *msg, size_t n)
+{
+    vc_rq *s = d->rq(SELF, sid), *r = d->rq(SELF, rid);
+    s->match = rid;
+    r->match = sid;
+    vc_val *snap[CPC_OP_MAX_BUFS];
+    for (int j = 0; j < s->nb; j++)
+        d->deliver(SELF, snap[j] = SNAP(d, RQ_SNAP(d, r), j), SNAP(d, RQ_SNAP(d, s), j), s);
+    return vc_arrive(d, s->nb, s->bufs, r->nb, r->bufs, snap, r, msg, n);
+}
+
+vc_tri vc_finish(const vc_domain *d, char *msg, size_t n)
+{
+    for (int i = 0, k; (k = d->open(SELF, i)) >= 0; i++) {
+        const vc_rq *q = d->rq(SELF, k);
+        if (q->done)
+            continue;
+        const char *what = q->is_send ? "send" : "recv", *other = q->is_send ? "recv" : "send";
+        d->at(SELF, q);
+        if (q->match >= 0)
+            snprintf(msg, n, "this %s (tag %d) is never completed: no `wait tag %d` after it", what, q->tag, q->tag);
+        else if (q->peer >= 0)
+            snprintf(msg, n, "this %s %s rank %d (tag %d) is never matched nor waited: rank %d posts no %s %s this "
+                     "rank with tag %d", what, q->is_send ? "to" : "from", q->peer, q->tag, q->peer, other,
+                     q->is_send ? "from" : "to", q->tag);
+        else
+            snprintf(msg, n, "this %s (tag %d) is never matched nor waited: no %s with tag %d meets it", what, q->tag,
+                     other, q->tag);
+        return VC_NO;
+    }
+    for (int b = 0; b < d->prog->n_buffers; b++) {
+        if (d->prog->buffers[b].io != CPC_IO_OUTPUT)
+            continue;
+        d->at_writer(SELF, b);
+        vc_tri t = vc_output(d, b, msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    return VC_YES;
+}

@@ -224,6 +224,9 @@ typedef struct vc_domain {
     vc_rq *(*rq)(void *self, int id);
     int (*open)(void *self, int i);
     void (*at)(void *self, const vc_rq *q);
+    void (*at_writer)(void *self, int b);                /* ... at the op that last wrote b (NULL: none) */
+    /* dst := what send s's snapshot src is in the receiver's terms (src may be emptied) */
+    void (*deliver)(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
     size_t snap_off;
 } vc_domain;
 
@@ -302,6 +305,15 @@ bool vc_post(const vc_domain *d, const cpc_op *op, int id);
  * recv stores what arrived (its snapshots, moved: written, read by no op yet)
  * by vc_store; each is marked done.  A fault: *id is the request. */
 vc_tri vc_wait(const vc_domain *d, int tag, int *id, char *msg, size_t n);
+/* Send request sid meets recv request rid, on the receiver's domain: each is
+ * the other's match, the send's snapshots are handed to the recv (d->deliver)
+ * and checked buffer by buffer (vc_arrive). */
+vc_tri vc_match(const vc_domain *d, int sid, int rid, char *msg, size_t n);
+/* The end of the rank's program: every request was completed (else a fault
+ * with the domain at the request: never matched, naming the peer rank where
+ * the domain has one, or never waited), then every OUTPUT buffer (vc_output,
+ * with the domain at the op that wrote it). */
+vc_tri vc_finish(const vc_domain *d, char *msg, size_t n);
 /* "ops[3].body[1] merge", with " (step s)" for one step [slo, slo+1) of a
  * loop or " (steps a..b)" for the range a symbolic run stands for (none
  * when shi <= slo); nd NULL: "the end of the program". */

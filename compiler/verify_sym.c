@@ -110,6 +110,16 @@ typedef struct sst {
     int32_t next_stamp;
 } sst;
 
+/* The domain of the step (verify_common.h) on the symbolic rank: answers
+ * hold for every rank and every step the run stands for, or are UNDECIDED
+ * (the peer is an offset, not one rank).  One per proof, moved from op to op
+ * (at). */
+typedef struct sym_dom {
+    struct sctx *C;
+    const snode *nd; /* the op being run (writer of what it stores; where a fault is) */
+    char ob[256];
+} sym_dom;
+
 typedef struct sctx {
     const cpc_program *prog;
     const cpc_layout *L;
@@ -127,6 +137,9 @@ typedef struct sctx {
     cpc_sym_stats stats;
     int64_t work;       /* the bound's units spent so far (verify.h THE PROVER'S BOUND) */
     sval tmp[CPC_OP_MAX_BUFS]; /* the step's scratch values */
+    sym_dom d;          /* the domain (at) and the step's message */
+    vc_domain dom;
+    char m[1024];
 } sctx;
 
 /* ---- arithmetic ------------------------------------------------------------- */
@@ -1025,15 +1038,7 @@ static void fold_decl(sctx *C)
 
 static int eval_block(sctx *C, const snode *nd, const cpc_expr *e, aff *out);
 
-/* The domain of the step (verify_common.h) on the symbolic rank: answers
- * hold for every rank and every step the run stands for, or are UNDECIDED
- * (the peer is an offset, not one rank). */
-typedef struct sym_dom {
-    sctx *C;
-    const snode *nd; /* the op being run */
-    char ob[256];
-} sym_dom;
-
+/* The domain's callbacks (sym_dom). */
 #define SD(self) ((sym_dom *)(self))
 #define SV(v) ((sval *)(v))
 #define CSV(v) ((const sval *)(v))
@@ -1045,6 +1050,21 @@ static vc_rq *dom_rq(void *self, int id) { return &SD(self)->C->st->req[id].h; }
 static int dom_open(void *self, int i) { return i < SD(self)->C->st->nreq ? i : -1; }
 
 static void dom_at(void *self, const vc_rq *q) { SD(self)->nd = q->on; }
+
+static void dom_at_writer(void *self, int b)
+{
+    const sval *v = &SD(self)->C->st->v[b];
+    SD(self)->nd = v->written ? v->wop : NULL;
+}
+
+static void translate(const sctx *C, sval *v, int64_t d);
+
+static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
+{
+    *SV(dst) = *CSV(src);
+    translate(SD(self)->C, SV(dst), ((const sreq *)s)->d);
+    canon(SD(self)->C, SV(dst));
+}
 
 static const char *dom_writer(void *self, int b)
 {
@@ -1334,7 +1354,8 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
 }
 
 static const vc_domain sym_ops = {
-    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .snap_off = offsetof(sreq, snap),
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer,
+    .deliver = dom_deliver, .snap_off = offsetof(sreq, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
@@ -1342,29 +1363,25 @@ static const vc_domain sym_ops = {
     .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
     .sender = dom_sender, .p2p_attn = false, .val_size = sizeof(sval)};
 
-static inline void sym_dom_at(sym_dom *d, sctx *C, const snode *nd)
+/* The domain at the op nd, the message emptied. */
+static const vc_domain *at(sctx *C, const snode *nd)
 {
-    d->C = C, d->nd = nd;
+    C->d.nd = nd, C->m[0] = 0;
+    return &C->dom;
 }
 
-#define SYM_DOM_AT(C, nd)                                                                                         \
-    sym_dom dd_;                                                                                                  \
-    sym_dom_at(&dd_, (C), (nd));                                                                                  \
-    vc_domain dom = sym_ops;                                                                                      \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep;                      \
-    dom.nsend = (C)->st->nsend, dom.rpend = (C)->st->rpend
+#define MSG(C) (C)->m, sizeof (C)->m
 
-/* A step's answer as the proof's result at the op nd. */
-static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
+/* A step's answer as the proof's result where the domain stands. */
+static int sres(sctx *C, vc_tri t)
 {
     switch (t) {
     case VC_YES: return 0;
     case VC_OOM: return snomem(C);
-    case VC_UNDECIDED: return sund(C, nd, "%s", m[0] ? m : "undecided");
-    default: return serr(C, nd, "%s", m[0] ? m : "fault (no message)");
+    case VC_UNDECIDED: return sund(C, C->d.nd, "%s", C->m[0] ? C->m : "undecided");
+    default: return serr(C, C->d.nd, "%s", C->m[0] ? C->m : "fault (no message)");
     }
 }
-
 
 /* ---- expressions of ops ----------------------------------------------------------------------- */
 
@@ -1482,21 +1499,7 @@ static void translate(const sctx *C, sval *v, int64_t d)
 
 static int match_pair(sctx *C, int sid, int rid)
 {
-    sst *s = C->st;
-    sreq *sq = &s->req[sid], *rq = &s->req[rid];
-    sq->match = rid;
-    rq->match = sid;
-    char m[1024];
-    m[0] = 0;
-    vc_val *snap[CPC_OP_MAX_BUFS];
-    for (int j = 0; j < sq->nb; j++) {
-        rq->snap[j] = sq->snap[j];
-        translate(C, &rq->snap[j], sq->d);
-        canon(C, &rq->snap[j]);
-        snap[j] = &rq->snap[j].h;
-    }
-    SYM_DOM_AT(C, rq->on);
-    return sres(C, rq->on, vc_arrive(&dom, sq->nb, sq->bufs, rq->nb, rq->bufs, snap, rq, m, sizeof m), m);
+    return sres(C, vc_match(at(C, C->st->req[rid].on), sid, rid, MSG(C)));
 }
 
 static int post(sctx *C, int id)
@@ -1533,8 +1536,7 @@ static int exec_send_recv(sctx *C, const snode *nd)
     q->d = d;
     q->key = is_send ? d : md(-d, C->R);
     q->decl = decl;
-    SYM_DOM_AT(C, nd);
-    vc_post(&dom, op, id); /* (copies: no allocation) */
+    vc_post(at(C, nd), op, id); /* (copies: no allocation) */
     return post(C, id);
 }
 
@@ -1542,11 +1544,9 @@ static int exec_send_recv(sctx *C, const snode *nd)
  * rank runs the same ops and so blocks here at once. */
 static int exec_wait(sctx *C, const snode *nd)
 {
-    char m[640], ob[256];
-    m[0] = 0;
+    char ob[256];
     int id = -1;
-    SYM_DOM_AT(C, nd);
-    vc_tri t = vc_wait(&dom, nd->op->tag, &id, m, sizeof m);
+    vc_tri t = vc_wait(at(C, nd), nd->op->tag, &id, MSG(C));
     const sreq *q = id >= 0 ? &C->st->req[id] : NULL;
     if (t == VC_BLOCKED)
         return serr(C, nd,
@@ -1555,7 +1555,7 @@ static int exec_wait(sctx *C, const snode *nd)
                     "or never posts one)",
                     q->is_send ? "send" : "recv", q->is_send ? "to" : "from", q->is_send ? "+" : "-", q->d,
                     vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
-    if (t != VC_YES && sres(C, q->on, t, m))
+    if (sres(C, t)) /* (at the request) */
         return -1;
     compact(C);
     return 0;
@@ -1569,27 +1569,19 @@ static int exec_wait(sctx *C, const snode *nd)
 static int exec_collective(sctx *C, const snode *nd)
 {
     const cpc_op *op = nd->op;
-    char m[1024];
-    m[0] = 0;
-    SYM_DOM_AT(C, nd);
     for (int j = 0; j < op->n_in; j++)
-        if (sres(C, nd, vc_rd(&dom, op->in[j], m, sizeof m), m))
+        if (sres(C, vc_rd(at(C, nd), op->in[j], MSG(C))))
             return -1;
-    if (sres(C, nd, vc_coll_inputs(&dom, op, m, sizeof m), m))
+    if (sres(C, vc_coll_inputs(at(C, nd), op, MSG(C))))
         return -1;
-    return sres(C, nd, vc_coll_outputs(&dom, op, m, sizeof m), m);
+    return sres(C, vc_coll_outputs(at(C, nd), op, MSG(C)));
 }
 
 static int exec_op(sctx *C, const snode *nd)
 {
     C->stats.op_instances++;
-    {
-        char m[1024];
-        m[0] = 0;
-        SYM_DOM_AT(C, nd);
-        if (sres(C, nd, vc_step(&dom, nd->op, m, sizeof m), m))
-            return -1;
-    }
+    if (sres(C, vc_step(at(C, nd), nd->op, MSG(C))))
+        return -1;
     switch (nd->op->kind) {
     case CPC_OP_SEND:
     case CPC_OP_RECV: return exec_send_recv(C, nd);
@@ -1812,30 +1804,7 @@ out:
 
 static int finish(sctx *C)
 {
-    sst *s = C->st;
-    char ob[256];
-    for (int i = 0; i < s->nreq; i++) {
-        const sreq *q = &s->req[i];
-        if (q->done)
-            continue;
-        if (q->match < 0)
-            return serr(C, q->on, "this %s (tag %d) is never matched nor waited: no %s with tag %d meets it",
-                        q->is_send ? "send" : "recv", q->tag, q->is_send ? "recv" : "send", q->tag);
-        return serr(C, q->on, "this %s (tag %d) is never completed: no `wait tag %d` after it (%s)",
-                    q->is_send ? "send" : "recv", q->tag, q->tag, vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob));
-    }
-    for (int b = 0; b < C->nb; b++) {
-        const cpc_buffer *B = &C->prog->buffers[b];
-        if (B->io != CPC_IO_OUTPUT)
-            continue;
-        const snode *w = s->v[b].written ? s->v[b].wop : NULL;
-        char m[1024];
-        m[0] = 0;
-        SYM_DOM_AT(C, w);
-        if (sres(C, w, vc_output(&dom, b, m, sizeof m), m))
-            return -1;
-    }
-    return 0;
+    return sres(C, vc_finish(at(C, NULL), MSG(C))); /* (at the request, or the OUTPUT's writer) */
 }
 
 cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, cpc_sym_stats *stats)
@@ -1865,10 +1834,11 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
         snomem(&C);
         goto done;
     }
-    {
-        SYM_DOM_AT(&C, NULL);
-        vc_inputs(&dom);
-    }
+    C.d.C = &C;
+    C.dom = sym_ops;
+    C.dom.self = &C.d, C.dom.prog = prog, C.dom.cross = C.L->cross, C.dom.rep = C.L->rep;
+    C.dom.nsend = C.st->nsend, C.dom.rpend = C.st->rpend;
+    vc_inputs(at(&C, NULL));
     for (int i = 0; i < C.n_root && !C.result; i++) {
         const snode *nd = &C.root[i];
         if (nd->op->when) {
