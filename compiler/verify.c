@@ -655,8 +655,11 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
     op_desc(s->on, s->slo, op, no);
 }
 
+static vc_tri dom_post(void *self, const cpc_op *op);
+static vc_tri dom_meet(void *self, const cpc_op *op);
+
 static const vc_domain rank_ops = {
-    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer,
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer, .post = dom_post, .meet = dom_meet,
     .deliver = dom_deliver, .snap_off = offsetof(req, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
@@ -894,32 +897,30 @@ static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_e
 
 enum { RES_NEXT = 0, RES_BLOCK, RES_PUSHED, RES_ERR };
 
-static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* A send/recv on the rank the domain stands at: its peer and declared block
+ * evaluated, posted, matched on its channel. */
+static vc_tri dom_post(void *self, const cpc_op *op)
 {
-    const cpc_op *op = nd->op;
-    bool is_send = op->kind == CPC_OP_SEND;
-    int64_t idx;
+    ctx *C = RD(self)->C;
+    rank_st *rk = RD(self)->rk;
+    const opnode *nd = RD(self)->nd;
+    int64_t step = RD(self)->step, idx, block = -1;
     if (eval(C, rk, nd, step, op->peer, "peer", &idx))
-        return RES_ERR;
+        return VC_NO;
     int peer = group_member(C, rk, op->group, idx);
-    if (peer < 0) {
-        fail(C, rk->p, nd, step, "peer %" PRId64 " (`%s`) is outside the %s group (size %d)", idx,
-             cpc_expr_text(op->peer), cpc_group_name(op->group), group_size(C, op->group));
-        return RES_ERR;
-    }
-    int64_t block = -1;
-    if (!is_send && op->block) {
+    if (peer < 0)
+        return fail(C, rk->p, nd, step, "peer %" PRId64 " (`%s`) is outside the %s group (size %d)", idx,
+                    cpc_expr_text(op->peer), cpc_group_name(op->group), group_size(C, op->group)), VC_NO;
+    if (op->kind == CPC_OP_RECV && op->block) {
         if (eval(C, rk, nd, step, op->block, "block", &block))
-            return RES_ERR;
-        if (block < 0 || block >= C->R) {
-            fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", block,
-                 cpc_expr_text(op->block), C->R - 1);
-            return RES_ERR;
-        }
+            return VC_NO;
+        if (block < 0 || block >= C->R)
+            return fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", block,
+                        cpc_expr_text(op->block), C->R - 1), VC_NO;
     }
     int id = req_new(C);
     if (id < 0)
-        return oom(C), RES_ERR;
+        return VC_OOM;
     req *q = &C->reqs[id];
     q->rank = rk->p;
     q->peer = peer;
@@ -927,13 +928,9 @@ static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     q->slo = step;
     q->shi = step + 1;
     q->block = block;
-    if (!vc_post(at(C, rk, nd, step), op, id))
-        return oom(C), RES_ERR;
-    if (add_open(C, rk, id))
-        return RES_ERR;
-    if (post(C, id))
-        return RES_ERR;
-    return RES_NEXT;
+    if (!vc_post(&C->dom, op, id) || add_open(C, rk, id))
+        return VC_OOM;
+    return post(C, id) ? VC_NO : VC_YES;
 }
 
 /* Releases request id and its match once both are complete. */
@@ -947,21 +944,10 @@ static void maybe_release(ctx *C, int id)
     }
 }
 
-/* A wait: blocks the rank while a request with its tag is not matched yet. */
-static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* After a wait: the requests it completed leave the rank's list (and are
+ * released once their match is complete too). */
+static void drop_done(ctx *C, rank_st *rk)
 {
-    int id = -1;
-    vc_tri t = vc_wait(at(C, rk, nd, step), nd->op->tag, &id, MSG(C));
-    if (t == VC_BLOCKED) {
-        rk->state = ST_WAIT;
-        rk->wait_tag = nd->op->tag;
-        rk->bnode = nd;
-        rk->bstep = step;
-        return RES_BLOCK;
-    }
-    rk->state = ST_RUN;
-    if (res(C, t)) /* (at the request) */
-        return RES_ERR;
     int k = 0;
     for (int i = 0; i < rk->nopen; i++) {
         if (!C->reqs[rk->open[i]].done)
@@ -970,7 +956,6 @@ static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             maybe_release(C, rk->open[i]);
     }
     rk->nopen = k;
-    return RES_NEXT;
 }
 
 /* ---- collectives -------------------------------------------------------------------- */
@@ -1055,32 +1040,29 @@ advance:
     return 0;
 }
 
-static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* A collective reached by the rank the domain stands at: it blocks until
+ * every member of its group instance has arrived; the last runs it. */
+static vc_tri dom_meet(void *self, const cpc_op *op)
 {
-    const cpc_op *op = nd->op;
-    for (int j = 0; j < op->n_in; j++)
-        if (res(C, vc_rd(at(C, rk, nd, step), op->in[j], MSG(C))))
-            return RES_ERR;
-    int g = op->group;
-    int inst = group_inst(rk, g);
+    ctx *C = RD(self)->C;
+    rank_st *rk = RD(self)->rk;
+    int g = op->group, inst = group_inst(rk, g), W = group_size(C, g);
     rk->state = ST_COLL;
-    rk->bnode = nd;
-    rk->bstep = step;
+    rk->bnode = RD(self)->nd;
+    rk->bstep = RD(self)->step;
     rk->cgroup = g;
     rk->cinst = inst;
-    C->arrived[g][inst]++;
-    if (C->arrived[g][inst] < group_size(C, g))
-        return RES_BLOCK;
+    if (++C->arrived[g][inst] < W)
+        return VC_BLOCKED;
     C->arrived[g][inst] = 0;
-    int W = group_size(C, g);
     int *members = malloc(sizeof(int) * (size_t)W);
     if (!members)
-        return oom(C), RES_ERR;
+        return VC_OOM;
     for (int m = 0; m < W; m++)
         members[m] = inst_member(C, g, inst, m);
     int rc = run_collective(C, members, W);
     free(members);
-    return rc ? RES_ERR : RES_BLOCK; /* members (this one too) were advanced and queued */
+    return rc ? VC_NO : VC_BLOCKED; /* members (this one too) were advanced and queued */
 }
 
 static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
@@ -1113,17 +1095,20 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     default:
         break;
     }
-    if (res(C, vc_step(at(C, rk, nd, step), op, MSG(C))))
-        return RES_ERR;
-    switch (op->kind) {
-    case CPC_OP_SEND:
-    case CPC_OP_RECV: return exec_send_recv(C, rk, nd, step);
-    case CPC_OP_WAIT: return exec_wait(C, rk, nd, step);
-    case CPC_OP_ALL_TO_ALL:
-    case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
-    default: return RES_NEXT;
+    vc_tri t = vc_step(at(C, rk, nd, step), op, MSG(C));
+    if (t == VC_BLOCKED && op->kind == CPC_OP_WAIT) { /* a request with its tag is not matched yet */
+        rk->state = ST_WAIT;
+        rk->wait_tag = op->tag;
+        rk->bnode = nd;
+        rk->bstep = step;
     }
+    if (t == VC_BLOCKED)
+        return RES_BLOCK;
+    if (res(C, t))
+        return RES_ERR;
+    if (op->kind == CPC_OP_WAIT)
+        drop_done(C, rk);
+    return RES_NEXT;
 }
 
 /* End of a rank's program: every request completed, every OUTPUT buffer

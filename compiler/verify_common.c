@@ -698,6 +698,23 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
     return vc_complete(d, v, NM(b), msg, n);
 }
 
+static vc_tri vc_wait(const vc_domain *d, int tag, char *msg, size_t n);
+
+/* A collective on a forward domain: its inputs are read, then it runs when
+ * every member is here (the domain's meet; at once without one). */
+static vc_tri vc_collective(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    for (int j = 0; j < op->n_in; j++) {
+        vc_tri t = vc_rd(d, op->in[j], msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    if (d->meet)
+        return d->meet(SELF, op);
+    vc_tri t = vc_coll_inputs(d, op, msg, n);
+    return t == VC_YES ? vc_coll_outputs(d, op, msg, n) : t;
+}
+
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     if (vc_operands_in_flight(d, op, msg, n))
@@ -713,11 +730,14 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     case CPC_OP_COPY: return vc_copy(d, op, msg, n);
     case CPC_OP_SWAP: return vc_swap(d, op, msg, n);
     case CPC_OP_SEND:
-    case CPC_OP_RECV: return vc_post_operands(d, op, msg, n);
-    case CPC_OP_WAIT:
+    case CPC_OP_RECV: {
+        vc_tri t = vc_post_operands(d, op, msg, n);
+        return t == VC_YES && d->rq ? d->post(SELF, op) : t;
+    }
+    case CPC_OP_WAIT: return d->rq ? vc_wait(d, op->tag, msg, n) : VC_YES;
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return VC_YES; /* the domain's: matching, completion, rendezvous */
+    case CPC_OP_BARRIER: return d->rq ? vc_collective(d, op, msg, n) : VC_YES;
     default:
         if (d->grad_op && (int)op->kind >= 0 && op->kind < CPC_OP__COUNT &&
             (cpc_op_info_of(op->kind)->flags & CPC_OPF_BWD))
@@ -797,19 +817,24 @@ bool vc_post(const vc_domain *d, const cpc_op *op, int id)
     return true;
 }
 
-vc_tri vc_wait(const vc_domain *d, int tag, int *id, char *msg, size_t n)
+/* A wait for tag on the domain's rank: VC_BLOCKED with the domain at the
+ * first request in flight with that tag not matched yet (nothing done: the
+ * domain blocks the rank or reports a deadlock); else completes each with
+ * that tag, on the domain at its op (d->at): a send's buffers are one send
+ * less in flight; a recv stores what arrived (its snapshots, moved: written,
+ * read by no op yet) by vc_store; each is marked done. */
+static vc_tri vc_wait(const vc_domain *d, int tag, char *msg, size_t n)
 {
     for (int i = 0, k; (k = d->open(SELF, i)) >= 0; i++) {
         const vc_rq *q = d->rq(SELF, k);
         if (!q->done && q->tag == tag && q->match < 0)
-            return *id = k, VC_BLOCKED;
+            return d->at(SELF, q), VC_BLOCKED;
     }
     for (int i = 0, k; (k = d->open(SELF, i)) >= 0; i++) {
         vc_rq *q = d->rq(SELF, k);
         if (q->done || q->tag != tag)
             continue;
         d->at(SELF, q);
-        *id = k;
         for (int j = 0; j < q->nb; j++) {
             int b = q->bufs[j];
             if (q->is_send) {

@@ -27,13 +27,15 @@
  *   symbolic rank (verify_sym.c: answers for every rank and loop step at
  *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
  *   the program to enumeration, or to CP051 beyond its bound), and the
- *   backward prover's simulated rank (below).  What stays
- *   per domain is what differs in kind: the values' representation, how
- *   requests find their peers (channels between concrete ranks, or offsets
- *   of the one generic rank), blocking and rendezvous, and loops (unrolled
- *   per rank, or induction on the step).  The forward domains' message layer
- *   is shared (vc_post_bufs, vc_wait_bufs, vc_inputs, vc_op_desc, vc_fault).  One fault thus gets one message
- *   from both (tests/test_verify_sym.c one_step_gives_one_message).
+ *   backward prover's simulated rank (below).  For the two forward domains
+ *   the step also runs the message layer (vc_rq, vc_post, the wait,
+ *   vc_match, vc_finish): what stays per domain is what differs in kind:
+ *   the values' representation, how requests find their peers (channels
+ *   between concrete ranks, or offsets of the one generic rank), a wait
+ *   that blocks (the rank blocks, or every rank at once: a deadlock), the
+ *   collectives' rendezvous, and loops (unrolled per rank, or induction on
+ *   the step).  One fault thus gets one message from both
+ *   (tests/test_verify_sym.c one_step_gives_one_message).
  *   The backward prover (verify_bwd.c) is a third domain of the step: one
  *   simulated rank of its symmetric domain or of its enumeration (values:
  *   a content tag, the buffer's layout, and the (query block, key unit,
@@ -212,7 +214,7 @@ typedef struct vc_domain {
                        are query rows too; every query meets their keys once (kvcov 1) and
                        every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
-    /* The forward domains' message layer (vc_post_bufs, vc_wait_bufs; unused by the backward
+    /* The forward domains' message layer (vc_post, the step's wait; unused by the backward
      * domain): per buffer, the sends in flight reading it and the request of the recv in flight
      * writing it (-1), and the size of the domain's value type (a request's snapshots are an
      * array of them). */
@@ -225,6 +227,13 @@ typedef struct vc_domain {
     int (*open)(void *self, int i);
     void (*at)(void *self, const vc_rq *q);
     void (*at_writer)(void *self, int b);                /* ... at the op that last wrote b (NULL: none) */
+    /* send/recv op, after its checks: the domain's request (peer, declared block; vc_post),
+     * matched as the domain matches.  VC_NO: a fault (reported itself when msg is empty). */
+    vc_tri (*post)(void *self, const cpc_op *op);
+    /* collective op, its inputs read: VC_BLOCKED while members are missing (the domain runs it,
+     * vc_coll_inputs / vc_coll_outputs on each member, when the last arrives); NULL: every
+     * member is here at once (the symbolic rank), and it runs now. */
+    vc_tri (*meet)(void *self, const cpc_op *op);
     /* dst := what send s's snapshot src is in the receiver's terms (src may be emptied) */
     void (*deliver)(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
     size_t snap_off;
@@ -255,17 +264,25 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 
 /* THE STEP.  Each returns VC_YES when the op ran, else VC_NO (a fault),
- * VC_UNDECIDED (outside the domain's class) or VC_OOM, with the message in
- * msg (n bytes; empty when a callback reported it itself). */
+ * VC_UNDECIDED (outside the domain's class), VC_OOM or VC_BLOCKED (below),
+ * with the message in msg (n bytes; empty when a callback reported it
+ * itself). */
 /* One op: the lifetime rule for its operands, then init_acc, attn (with
  * the content rule), merge (provenance: in[0], in[1] the output and LSE of
  * one block not merged yet, out[0], out[1] one initialised accumulator
  * pair, not the input; the overwrite rule: an attention output no op read
  * is not overwritten), copy and swap whole; send/recv's checks before
  * posting (what is sent is read, and complete if attention; what is
- * received may be overwritten; no buffer named twice).  Wait, the posting
- * and matching of requests and the collectives' rendezvous are then the
- * domain's.  A kind outside the forward ops is a fault. */
+ * received may be overwritten; no buffer named twice).  On a forward domain
+ * (one with requests, d->rq) the rest too: a send/recv is posted (d->post);
+ * a wait completes every request with its tag (a send's buffers are one
+ * send less in flight; a recv stores what arrived, moved: written, read by
+ * no op yet, by vc_store; each on the domain at its op, d->at), or is
+ * VC_BLOCKED with the domain at the first one not matched yet, nothing done
+ * (the enumeration blocks the rank, the symbolic proof reports a deadlock);
+ * a collective's inputs are read, then it runs when every member is there
+ * (d->meet; VC_BLOCKED while one is missing).  The backward domain does
+ * these itself.  A kind outside the forward ops is a fault. */
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* the read rule; marks b's output used */
 vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits (role, then layout), put */
@@ -298,13 +315,6 @@ void vc_inputs(const vc_domain *d);
  * counts as read) and counts a send in flight on it; a recv marks its
  * buffers as written by request id.  False when out of memory. */
 bool vc_post(const vc_domain *d, const cpc_op *op, int id);
-/* A wait for tag on the domain's rank: VC_BLOCKED with *id the first request
- * in flight with that tag not matched yet (nothing done: the domain blocks
- * the rank or reports a deadlock); else completes each with that tag, on the
- * domain at its op (d->at): a send's buffers are one send less in flight; a
- * recv stores what arrived (its snapshots, moved: written, read by no op yet)
- * by vc_store; each is marked done.  A fault: *id is the request. */
-vc_tri vc_wait(const vc_domain *d, int tag, int *id, char *msg, size_t n);
 /* Send request sid meets recv request rid, on the receiver's domain: each is
  * the other's match, the send's snapshots are handed to the recv (d->deliver)
  * and checked buffer by buffer (vc_arrive). */

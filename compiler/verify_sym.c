@@ -117,6 +117,7 @@ typedef struct sst {
 typedef struct sym_dom {
     struct sctx *C;
     const snode *nd; /* the op being run (writer of what it stores; where a fault is) */
+    const struct sreq *q; /* the request it was last moved to (at) */
     char ob[256];
 } sym_dom;
 
@@ -1049,7 +1050,7 @@ static vc_rq *dom_rq(void *self, int id) { return &SD(self)->C->st->req[id].h; }
 
 static int dom_open(void *self, int i) { return i < SD(self)->C->st->nreq ? i : -1; }
 
-static void dom_at(void *self, const vc_rq *q) { SD(self)->nd = q->on; }
+static void dom_at(void *self, const vc_rq *q) { SD(self)->nd = q->on, SD(self)->q = (const sreq *)q; }
 
 static void dom_at_writer(void *self, int b)
 {
@@ -1353,8 +1354,10 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
     vc_op_desc(s->on, s->slo, s->shi, op, no);
 }
 
+static vc_tri dom_post(void *self, const cpc_op *op);
+
 static const vc_domain sym_ops = {
-    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer,
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer, .post = dom_post,
     .deliver = dom_deliver, .snap_off = offsetof(sreq, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
@@ -1516,19 +1519,20 @@ static int post(sctx *C, int id)
     return 0;
 }
 
-static int exec_send_recv(sctx *C, const snode *nd)
+/* A send/recv: its peer offset and declared block, posted, matched against
+ * the generic rank's own requests. */
+static vc_tri dom_post(void *self, const cpc_op *op)
 {
-    const cpc_op *op = nd->op;
+    sctx *C = SD(self)->C;
+    const snode *nd = SD(self)->nd;
     sst *s = C->st;
     bool is_send = op->kind == CPC_OP_SEND;
     int64_t d = 0;
-    if (eval_peer(C, nd, &d))
-        return -1;
     aff decl = {0, 0, 0};
-    if (!is_send && eval_block(C, nd, op->block, &decl))
-        return -1;
+    if (eval_peer(C, nd, &d) || (!is_send && eval_block(C, nd, op->block, &decl)))
+        return VC_NO;
     if (s->nreq == MAXREQ)
-        return sund(C, nd, "more than %d requests in flight", MAXREQ);
+        return sund(C, nd, "more than %d requests in flight", MAXREQ), VC_UNDECIDED;
     int id = s->nreq++;
     sreq *q = &s->req[id];
     memset(q, 0, sizeof *q);
@@ -1536,18 +1540,22 @@ static int exec_send_recv(sctx *C, const snode *nd)
     q->d = d;
     q->key = is_send ? d : md(-d, C->R);
     q->decl = decl;
-    vc_post(at(C, nd), op, id); /* (copies: no allocation) */
-    return post(C, id);
+    vc_post(&C->dom, op, id); /* (copies: no allocation) */
+    return post(C, id) ? VC_NO : VC_YES;
 }
 
-/* A wait: a request with its tag not matched yet is a deadlock, since every
- * rank runs the same ops and so blocks here at once. */
-static int exec_wait(sctx *C, const snode *nd)
+/* ---- ops ------------------------------------------------------------------------------------------ */
+
+/* One op.  Every member of a group reaches a collective at the same point
+ * (the guards do not depend on the rank), so it runs at once, checked on the
+ * generic member; a wait with a request not matched yet is a deadlock, since
+ * every rank runs the same ops and so blocks there at once. */
+static int exec_op(sctx *C, const snode *nd)
 {
+    C->stats.op_instances++;
+    vc_tri t = vc_step(at(C, nd), nd->op, MSG(C));
+    const sreq *q = C->d.q;
     char ob[256];
-    int id = -1;
-    vc_tri t = vc_wait(at(C, nd), nd->op->tag, &id, MSG(C));
-    const sreq *q = id >= 0 ? &C->st->req[id] : NULL;
     if (t == VC_BLOCKED)
         return serr(C, nd,
                     "deadlock: every rank blocks here: its %s %s ring member r%s%" PRId64 " (%s, tag %d) has no "
@@ -1555,42 +1563,11 @@ static int exec_wait(sctx *C, const snode *nd)
                     "or never posts one)",
                     q->is_send ? "send" : "recv", q->is_send ? "to" : "from", q->is_send ? "+" : "-", q->d,
                     vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
-    if (sres(C, t)) /* (at the request) */
+    if (sres(C, t))
         return -1;
-    compact(C);
+    if (nd->op->kind == CPC_OP_WAIT)
+        compact(C);
     return 0;
-}
-
-/* ---- ops ------------------------------------------------------------------------------------------ */
-
-/* Every member of the group reaches this op at the same point (the guards do
- * not depend on the rank), so the collective runs; its inputs are checked
- * on the generic member. */
-static int exec_collective(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    for (int j = 0; j < op->n_in; j++)
-        if (sres(C, vc_rd(at(C, nd), op->in[j], MSG(C))))
-            return -1;
-    if (sres(C, vc_coll_inputs(at(C, nd), op, MSG(C))))
-        return -1;
-    return sres(C, vc_coll_outputs(at(C, nd), op, MSG(C)));
-}
-
-static int exec_op(sctx *C, const snode *nd)
-{
-    C->stats.op_instances++;
-    if (sres(C, vc_step(at(C, nd), nd->op, MSG(C))))
-        return -1;
-    switch (nd->op->kind) {
-    case CPC_OP_SEND:
-    case CPC_OP_RECV: return exec_send_recv(C, nd);
-    case CPC_OP_WAIT: return exec_wait(C, nd);
-    case CPC_OP_ALL_TO_ALL:
-    case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return exec_collective(C, nd);
-    default: return 0;
-    }
 }
 
 /* ---- loops ------------------------------------------------------------------------------------------- */
