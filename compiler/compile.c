@@ -104,6 +104,7 @@ bool cpc_compile_string(const char *text, size_t len, const char *name, const cp
 static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
 {
     cpc_lua_script *script = NULL;
+    c->plan->cluster.profile_pending = o->profile_pending;
     c->script_path = script_path(c->plan, o);
     if (c->script_path &&
         !add(c, cpc_lua_open_file(c->script_path, NULL, &script)))
