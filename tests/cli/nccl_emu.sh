@@ -14,6 +14,9 @@
 #     uneven ulysses_anything plan (131 tokens, 6 heads over 4), a key-padding unified
 #     plan and a replicated text segment: every run PASSes cprun's check against the
 #     float64 reference, and rank 0's --output equals the MPI transport's byte for byte;
+#   - the library: cpc_nccl_unique_id + cpc_rank_new_nccl_id, and cpc_rank_new_nccl over
+#     the caller's communicator (tests/emu/rank_nccl_emu.c) on 2 and 4 processes, each
+#     rank's output against the float64 reference;
 # Skipped (exit 0) when cprun is built without CUDA, NCCL or MPI; a missing fake is a
 # failure.  About 15-25 s (slow).
 set -u
@@ -33,7 +36,8 @@ if ! command -v mpirun >/dev/null; then
   echo "nccl_emu.sh: SKIP: no mpirun"
   exit 0
 fi
-for f in "$FAKE/libcudart.so.13" "$FAKE/libnccl.so.2" "$PREPARE" "$B/test_transport_nccl"; do
+for f in "$FAKE/libcudart.so.13" "$FAKE/libnccl.so.2" "$PREPARE" "$B/test_transport_nccl" \
+         "$FAKE/rank_nccl_emu"; do
   [ -e "$f" ] || { echo "FAIL: nccl_emu.sh: $f not built" >&2; exit 1; }
 done
 tmp=$(mktemp -d)
@@ -127,6 +131,14 @@ for p in flux-unified-4 uneven-ua-4; do
     --iters 1 --warmup 0 --output "$tmp/$p-mpi.safetensors"
   cmp -s "$tmp/$p-mpi.safetensors" "$tmp/$p-nccl.safetensors" ||
     fail "$p: --output over nccl differs from --output over mpi"
+done
+
+# ---- the library: a rank from a unique id the caller distributes --------------------------
+for p in flux-ring-2 flux-unified-4 uneven-ua-4; do
+  np=$(grep -o 'world_size: [0-9]*' "$tmp/$p.yaml" | cut -d' ' -f2)
+  mpi "lib-$p" 0 "$np" "$FAKE/rank_nccl_emu" "$tmp/$p.cplan"
+  has "lib-$p.out" "rank_nccl_emu: ok"
+  grep 'rel_err' "$tmp/lib-$p.out"
 done
 
 echo "nccl_emu.sh: compile+prepare $((T1 - T0)) s, total $((SECONDS - T0)) s"

@@ -59,6 +59,17 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
   target_link_libraries(rank_cuda_emu PRIVATE cpc_internal Threads::Threads)
   add_dependencies(rank_cuda_emu cpc_fake_cudart)
 
+  # NCCL ranks of the public rank API without MPI in libcpc (cpc_rank_new_nccl_id,
+  # cpc_rank_new_nccl), one process per rank, run by tests/cli/nccl_emu.sh under mpirun:
+  # emu-cudart/rank_nccl_emu PLAN.cplan
+  if(CPC_NCCL_LIB AND MPI_C_FOUND)
+    add_executable(rank_nccl_emu ${CMAKE_CURRENT_LIST_DIR}/rank_nccl_emu.c)
+    set_target_properties(rank_nccl_emu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
+    target_include_directories(rank_nccl_emu SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+    target_link_libraries(rank_nccl_emu PRIVATE cpc_internal MPI::MPI_C ${CPC_NCCL_LIB})
+    add_dependencies(rank_nccl_emu cpc_fake_cudart cpc_fake_nccl)
+  endif()
+
   add_executable(cpc_emu_prepare ${CMAKE_CURRENT_LIST_DIR}/prepare.c)
   set_target_properties(cpc_emu_prepare PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
   target_link_libraries(cpc_emu_prepare PRIVATE cpc_internal cpc_emu)
