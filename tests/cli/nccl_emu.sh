@@ -17,6 +17,10 @@
 #   - the library: cpc_nccl_unique_id + cpc_rank_new_nccl_id, and cpc_rank_new_nccl over
 #     the caller's communicator (tests/emu/rank_nccl_emu.c) on 2 and 4 processes, each
 #     rank's output against the float64 reference;
+#   - Python: cpc.Attention(a, comm=..., backend="cuda") on device arrays, comm an mpi4py
+#     communicator and a torch.distributed gloo group (tests/emu/nccl_py_emu.py): the
+#     NCCL rank bootstrapped from the group, the gathered output against float64; a rank
+#     without a GPU makes every rank raise; a wrong world size names the launch;
 # Skipped (exit 0) when cprun is built without CUDA, NCCL or MPI; a missing fake is a
 # failure.  About 15-25 s (slow).
 set -u
@@ -140,6 +144,21 @@ for p in flux-ring-2 flux-unified-4 uneven-ua-4; do
   has "lib-$p.out" "rank_nccl_emu: ok"
   grep 'rel_err' "$tmp/lib-$p.out"
 done
+
+# ---- Python: cpc.Attention(comm=..., backend="cuda") over NCCL from an mpi4py / gloo group ----
+LIBCPC=$(ls "$(cd "$B" && pwd)"/libcpc.so.*.* 2>/dev/null | head -1)
+if [ -n "$LIBCPC" ] && /usr/bin/python3 -c 'import numpy, mpi4py' 2>/dev/null; then
+  export CPC_LIBRARY="$LIBCPC" PYTHONPATH="$PWD/python/src"
+  for p in flux-ring-2 flux-unified-4; do
+    np=$(grep -o 'world_size: [0-9]*' "$tmp/$p.yaml" | cut -d' ' -f2)
+    mpi "py-$p" 0 "$np" -x CPC_LIBRARY -x PYTHONPATH /usr/bin/python3 tests/emu/nccl_py_emu.py \
+      "$tmp/$p.cplan" "$tmp/store-$p"
+    has "py-$p.out" "nccl_py_emu: ok"
+    grep 'rel_err' "$tmp/py-$p.out"
+  done
+else
+  echo "nccl_emu.sh: SKIP the Python half: no libcpc.so or /usr/bin/python3 lacks numpy/mpi4py"
+fi
 
 echo "nccl_emu.sh: compile+prepare $((T1 - T0)) s, total $((SECONDS - T0)) s"
 if [ "$fails" -ne 0 ]; then
