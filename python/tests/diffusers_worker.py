@@ -121,6 +121,31 @@ def tiny_hunyuan(heads):
                                           pooled_projection_dim=32, rope_axes_dim=(4, 6, 6))
 
 
+def tiny_hunyuani2v(heads):
+    """HunyuanVideo-I2V's structure: image_condition_type token_replace (the first latent
+    frame's tokens modulated apart in every block)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+    return HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4,
+                                          num_attention_heads=heads, attention_head_dim=16,
+                                          num_layers=1, num_single_layers=1,
+                                          num_refiner_layers=1, patch_size=2, patch_size_t=1,
+                                          guidance_embeds=False, text_embed_dim=32,
+                                          pooled_projection_dim=32, rope_axes_dim=(4, 6, 6),
+                                          image_condition_type="token_replace")
+
+
+def tiny_cosmos25(heads):
+    """Cosmos 2.5's structure: an image context (a second cross-attention per block)."""
+    from diffusers import CosmosTransformer3DModel
+    return CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=heads,
+                                    attention_head_dim=16, num_layers=2, text_embed_dim=32,
+                                    adaln_lora_dim=8, max_size=(8, 16, 16),
+                                    patch_size=(1, 2, 2), encoder_hidden_states_channels=32,
+                                    crossattn_proj_in_channels=32, concat_padding_mask=False,
+                                    img_context_dim_in=16, img_context_num_tokens=5,
+                                    img_context_dim_out=16 * heads)
+
+
 def tiny_cogvideox(heads):
     from diffusers import CogVideoXTransformer3DModel
     return CogVideoXTransformer3DModel(num_attention_heads=heads, attention_head_dim=16,
@@ -223,7 +248,8 @@ MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_
           "cogview4": tiny_cogview4, "cosmos": tiny_cosmos,
           "easyanimate": tiny_easyanimate, "chronoedit": tiny_chronoedit,
           "allegro": tiny_allegro, "zimage": tiny_zimage, "lumina2": tiny_lumina2,
-          "hidream": tiny_hidream, "ltx2": tiny_ltx2}
+          "hidream": tiny_hidream, "ltx2": tiny_ltx2, "hunyuani2v": tiny_hunyuani2v,
+          "cosmos25": tiny_cosmos25}
 
 
 def text_mask(a, torch):
@@ -300,7 +326,10 @@ def inputs(model, a, torch, dtype):
                     encoder_hidden_states_mask=text_mask(a, torch) if a.pad >= 0 else None,
                     timestep=torch.full((B,), 0.5).to(dtype), img_shapes=[[(1, *h)]] * B,
                     return_dict=False)
-    if a.model == "hunyuan":
+    if a.model == "cosmos25":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=(r(B, a.text, 32), r(B, 5, 16)), return_dict=False)
+    if a.model in ("hunyuan", "hunyuani2v"):
         return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
                     encoder_hidden_states=r(B, a.text, 32),
                     encoder_attention_mask=text_mask(a, torch), pooled_projections=r(B, 32),

@@ -149,6 +149,13 @@ CASES_2 = {
     "ltx2-ring_anything-odd-train-fp32": "--model ltx2 --ring 2 --anything --frames 3 "
                                          "--height 3 --width 3 --text 7 --train --per-token",
     "ltx2-ring-bf16": "--model ltx2 --ring 2 --frames 2 --height 3 --width 4 --dtype bf16",
+    # HunyuanVideo-I2V (token_replace): the first frame's 6 of 18 video tokens all on rank 0
+    "hunyuani2v-ring-mask-train-fp32": "--model hunyuani2v --ring 2 --pad 1 --frames 3 "
+                                       "--train",
+    # Cosmos 2.5: the image context, a second cross-attention (5 tokens, whole)
+    "cosmos25-ulysses_anything-odd-fp32": "--model cosmos25 --ulysses 2 --anything --heads 3 "
+                                          "--frames 3 --height 6 --width 6",
+    "cosmos25-ring-train-fp32": "--model cosmos25 --ring 2 --frames 2 --train",
 }
 CASES_4 = {
     "flux-unified-fp32": "--model flux --ring 2 --ulysses 2",
@@ -200,6 +207,9 @@ CASES_4 = {
                                   "--text 5 --train",
     "ltx2-unified-train-fp32": "--model ltx2 --ring 2 --ulysses 2 --frames 2 --height 3 "
                                "--width 4 --text 7 --pad 2 --train",
+    # first-frame tokens 5 + 1 + 0 + 0 of an uneven 5/5/4/4 split
+    "hunyuani2v-ulysses_anything-odd-mask-bf16": "--model hunyuani2v --ulysses 4 --anything "
+                                                 "--pad 2 --frames 3 --dtype bf16",
 }
 CASES_TORCHRUN = {
     "flux-ulysses-fp32": "--model flux --ulysses 2",
@@ -224,7 +234,8 @@ CASES_TORCHRUN = {
 CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 2, "sd3": 2,
          "ltx": 4, "mochi": 2, "sd35m": 3, "hunyuan15": 2, "skyreels": 4, "chroma": 2,
          "cogview4": 2, "cosmos": 4, "easyanimate": 2, "chronoedit": 4,
-         "allegro": 4, "zimage": 2, "lumina2": 2, "hidream": 2, "ltx2": 2}
+         "allegro": 4, "zimage": 2, "lumina2": 2, "hidream": 2, "ltx2": 2, "hunyuani2v": 2,
+         "cosmos25": 6}
 
 # The main plan's segments ([name, tokens, split]) and heads for the cases of the models
 # that assemble their sequence themselves, from the models' own rules: Z-Image pads image
@@ -420,3 +431,18 @@ def test_refusals_name_the_field():
            timestep=torch.full((1,), 500.0), num_frames=2, height=3, width=4,
            audio_num_frames=5, video_self_attention_mask=torch.ones(1, 24, 24))
     cpc.diffusers.unparallelize(x2)
+    from diffusers_worker import tiny_flux2, tiny_skyreels
+    f2 = tiny_flux2(2)
+    cpc.diffusers.parallelize(f2, pc)
+    with pytest.raises(cpc.UnsupportedError, match="kv_cache_mode") as e:
+        f2(hidden_states=r(1, 8, 16), encoder_hidden_states=r(1, 4, 32),
+           timestep=torch.full((1,), 0.5), img_ids=torch.zeros(1, 8, 4),
+           txt_ids=torch.zeros(1, 4, 4), kv_cache_mode="extract", num_ref_tokens=4)
+    assert "Flux2Pipeline" in e.value.hint
+    cpc.diffusers.unparallelize(f2)
+    sk = tiny_skyreels(2)
+    cpc.diffusers.parallelize(sk, pc)
+    with pytest.raises(cpc.UnsupportedError, match="enable_diffusion_forcing"):
+        sk(hidden_states=r(1, 4, 2, 4, 4), encoder_hidden_states=r(1, 4, 32),
+           timestep=torch.full((1, 2), 500.0), enable_diffusion_forcing=True)
+    cpc.diffusers.unparallelize(sk)

@@ -308,14 +308,18 @@ def _mask_chroma(get, B, tokens, text):
 def _tokens_cosmos(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if isinstance(ehs, tuple):
-        raise UnsupportedError("CosmosTransformer3DModel with an image context "
-                               "(encoder_hidden_states as a (text, image context) tuple, "
-                               "img_context_dim_in set: Cosmos 2.5): a second cross-attention "
-                               "per block with its own mask, not routed through cpc.diffusers",
-                               code="unsupported",
-                               hint="Cosmos configs without img_context_dim_in "
-                                    "(encoder_hidden_states a tensor) run through "
-                                    "parallelize")
+        # Cosmos 2.5: (text, image context); the image context is a second cross-attention
+        # per block (its own K/V, whole on every rank: a kv plan of its length)
+        if len(ehs) != 2 or ehs[0] is None:
+            raise UsageError("CosmosTransformer3DModel: encoder_hidden_states as a tuple must "
+                             "be (text, image context)", code="usage")
+        if get("attention_mask") is not None:
+            raise UnsupportedError("CosmosTransformer3DModel with an image context and an "
+                                   "attention_mask: its processor takes the mask as a (text "
+                                   "mask, image mask) pair, which cpc.diffusers does not map",
+                                   code="unsupported", hint="pass attention_mask=None (as "
+                                   "the Cosmos 2.5 pipelines do)")
+        ehs = ehs[0]
     if get("block_controlnet_hidden_states") is not None:
         raise UnsupportedError("CosmosTransformer3DModel with controlnet residuals is not "
                                "split by cpc.diffusers", code="unsupported")
@@ -663,15 +667,42 @@ def _blocks_only(name):
     return name.startswith(("transformer_blocks.", "single_transformer_blocks."))
 
 
-def _check_hunyuan(model):
-    if model.config.get("image_condition_type") == "token_replace":
-        raise UnsupportedError("HunyuanVideoTransformer3DModel with image_condition_type "
-                               "'token_replace' (HunyuanVideo-I2V): its blocks modulate the "
-                               "first latent frame's tokens by their place in the sequence "
-                               "(hidden_states[:, :first_frame_num_tokens] in every block), "
-                               "which a rank's shard of the video does not preserve",
-                               code="unsupported",
-                               hint="HunyuanVideo T2V runs through parallelize")
+def _install_hunyuan(par, model):
+    """HunyuanVideo-I2V (image_condition_type 'token_replace'): every block modulates the
+    first latent frame's tokens apart, as the first num_tokens rows of its hidden states
+    (the model passes first_frame_num_tokens, a count over the whole video).  On a rank
+    they are the first rows of its video shard (each rank holds one run of the video):
+    the blocks are given this rank's count of them."""
+    if model.config.get("image_condition_type") != "token_replace":
+        return
+    counts = {}                               # (shape key, n) -> this rank's count
+
+    def pre(mod, args, kwargs):
+        st = par.current
+        if st is None:
+            return None
+        i = 6                                 # (hidden, ehs, temb, mask, rope, tr_emb, n)
+        n = kwargs.get("num_tokens", args[i] if len(args) > i else None)
+        if n is None:
+            return None
+        k = counts.get((st.key, n))
+        if k is None:
+            seg = [s for s, _ in st.segments if s != "text"][0]
+            pos = st.layout.pos[(seg, par.comm.rank)]
+            k = sum(1 for t in pos if t < n)
+            if any(t >= n for t in pos[:k]):
+                raise UnsupportedError("HunyuanVideoTransformer3DModel token_replace: this "
+                                       "rank's first-frame tokens are not the first rows of "
+                                       "its video shard (a layout with several runs)",
+                                       code="unsupported")
+            counts[(st.key, n)] = k
+        if "num_tokens" in kwargs:
+            kwargs = dict(kwargs, num_tokens=k)
+        else:
+            args = args[:i] + (k,) + args[i + 1:]
+        return args, kwargs
+    for m in list(model.transformer_blocks) + list(model.single_transformer_blocks):
+        par.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
 
 
 # ---- models that assemble their joint sequence themselves (Lumina2, Z-Image), HiDream,
@@ -972,7 +1003,7 @@ _MODELS = {
                                          key_mask=_mask_qwen),
     "HunyuanVideoTransformer3DModel": _Spec(_tokens_hunyuan, "joint", cp_plan=_plan_hunyuan,
                                             key_mask=_mask_hunyuan, sites=_blocks_only,
-                                            check=_check_hunyuan),
+                                            install=_install_hunyuan),
     "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
     "EasyAnimateTransformer3DModel": _Spec(_tokens_easyanimate, "joint",
                                            cp_plan=_plan_easyanimate),
@@ -1594,8 +1625,9 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     if cross:
         n = k.shape[1]
         if n not in st.cross:
+            # another K/V than the text (Cosmos 2.5's image context): no key mask
             st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode,
-                                     st.cross_mask)
+                                     st.cross_mask if n == st.text else "none")
         art, att = st.cross[n]
         mask = par.mask_shard(1, art, row)
         if st.mode == "training" and par.comm.size > 1:
