@@ -413,9 +413,13 @@ static bool cs_join_sym(const vb *V, run *y, const run *x)
             return true;
         }
     }
-    if (y->h0 != x->h0 || y->hn != x->hn || ix_rep(V, y->q0, V->NQ) || ix_rep(V, x->q0, V->NQ) ||
-        ix_rep(V, y->k0, V->NK) || ix_rep(V, x->k0, V->NK) || V->NK == 1)
-        return false; /* a fixed index: the plain rules, not the symbolic ones */
+    /* a fixed index (the replicated rows' R, the one key unit of cross-attention) is the same
+     * on every element and every step: equal in both runs, step 0, slope 0 */
+    bool qf = ix_rep(V, y->q0, V->NQ), kf = V->NK == 1 || ix_rep(V, y->k0, V->NK);
+    if (y->h0 != x->h0 || y->hn != x->hn || qf != ix_rep(V, x->q0, V->NQ) ||
+        kf != (V->NK == 1 || ix_rep(V, x->k0, V->NK)) || (qf && (y->q0 != x->q0 || y->qb || x->qb)) ||
+        (kf && (y->k0 != x->k0 || y->kb || x->kb)))
+        return false;
     /* a run of one element (length 1, slope 0) has no step; one of two or more (slope >= 0:
      * from s0 on) has its own */
     bool ym = y->len >= 2 && y->lb >= 0, xm = x->len >= 2 && x->lb >= 0;
@@ -432,11 +436,13 @@ static bool cs_join_sym(const vb *V, run *y, const run *x)
     } else {
         if (x->qb != y->qb || x->kb != y->kb) /* the step between them must not follow s */
             return false;
-        dq = diff_mod(x->q0, y->q0, R);
-        dk = diff_mod(x->k0, y->k0, R);
+        dq = qf ? 0 : diff_mod(x->q0, y->q0, R);
+        dk = kf ? 0 : diff_mod(x->k0, y->k0, R);
         if ((dq == 0 && dk == 0) || dq < -2 || dq > 2 || dk < -2 || dk > 2)
             return false;
     }
+    if ((qf && dq) || (kf && dk))
+        return false;
     /* y then x: y's end is x's start, as values and as slopes */
     if (ix(V, y->q0, y->len, dq, V->NQ) == x->q0 && ix(V, y->k0, y->len, dk, V->NK) == x->k0 &&
         md32((int64_t)y->qb + (int64_t)y->lb * dq - x->qb, R) == 0 &&
@@ -2277,7 +2283,7 @@ static int cmp_i64(const void *a, const void *b)
  * is affine in s (mod R) and every `when` constant between the cuts. */
 static bool loop_inductive(const vb *V, const cpc_op *loop)
 {
-    if (!V->ind_on || V->twin || !loop->count || cpc_expr_uses(loop->count, 'u'))
+    if (!V->ind_on || !loop->count || cpc_expr_uses(loop->count, 'u'))
         return false;
     for (int i = 0; i < loop->n_body; i++) {
         const cpc_op *op = &loop->body[i];
@@ -2801,7 +2807,9 @@ static cpc_status *prove(vb *V)
         collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U};
         if (!st && V->ind_on) {
             iwalk w = {.V = V, .cc = &cc, .p = p};
-            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, cp(V, p)), 0, false);
+            /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked
+             * takes its peers and blocks back to rank 0's frame) */
+            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, p), 0, false);
             if (!st && w.fb) {
                 V->undec = "the walk meets what only cpc_program_walk reports";
                 return NULL;
@@ -3026,7 +3034,7 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
             V.Us = 1;
             V.nsim = 1;
         }
-        V.ind_on = !V.twin && induction;
+        V.ind_on = induction;
         st = prove(&V);
         if (V.undec) {
             bool us = V.usym;

@@ -65,7 +65,8 @@
  *   (op instances of one rank, a loop's phases jumped by LOOPS BY
  *   INDUCTION below), independent of R: ring, ring_anything and their
  *   allgather forms at 65536 ranks in 0.003 to 0.02 ms; unified and
- *   ulysses linear in U (bench_verify --backward; docs/VERIFY.md has the
+ *   ulysses the same with ROTATIONS OF U below (one member simulated),
+ *   else linear in U (bench_verify --backward; docs/VERIFY.md has the
  *   table).
  *
  *   LOOPS BY INDUCTION (the symmetric domain, tried first; verify_bwd.c
@@ -73,8 +74,8 @@
  *   no loop, collective, barrier or recomputed attention, whose `when`s read
  *   neither the rank nor u and compare sides linear in s (and/or/not of
  *   such), whose peers do not read s and whose blocks are free of s or
- *   (r + g) % R with g linear in s, whose count does not read u, in a
- *   program without the twin below.  Its steps are cut into phases where
+ *   (r + g) % R with g linear in s, whose count does not read u (the twin
+ *   below takes part: it is one more simulated rank).  Its steps are cut into phases where
  *   every `when` is constant (a comparison changes only where its sides
  *   meet, at t: cuts at t and t + 1; checked by evaluation at both ends of
  *   each phase).  A phase [a, b) of 6 steps or more: steps a, a+1 and a+2
