@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* ---- device presets ----------------------------------------------------------
@@ -569,7 +570,8 @@ static cpc_status *plan_device(const cpc_plan *plan, cpc_device_profile *out,
         host_costs(plan->runtime.framework, &out->host_layer_us, &out->host_op_us);
     }
     char path[4096];
-    if (cpc_plan_profile_path(plan, path, sizeof path)) {
+    if (cpc_plan_profile_path(plan, path, sizeof path) &&
+        !(plan->cluster.profile_pending && access(path, F_OK) != 0 && errno == ENOENT)) {
         cpc_status *st = cpc_profile_read_measured(path, out, m);
         if (st)
             return st;

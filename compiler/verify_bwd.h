@@ -196,6 +196,7 @@ typedef struct cpc_verify_bwd_stats {
     cpc_verify_mode mode;  /* CPC_VERIFY_SYMBOLIC (the symmetric domain), _FULL (every rank), _REFUSED */
     int ranks;             /* ranks the proof covers (P when it succeeds) */
     int64_t work;          /* units spent (op instances collected + contribution runs added) */
+    int64_t jumps;         /* loop phases proven by induction (LOOPS BY INDUCTION), not unrolled */
 } cpc_verify_bwd_stats;
 
 cpc_status *cpc_verify_backward(const cpc_program *prog);
@@ -205,5 +206,10 @@ cpc_status *cpc_verify_backward(const cpc_program *prog);
  * (NULL allowed; filled also on failure). */
 cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opts *opts,
                                    cpc_verify_bwd_stats *stats);
+/* As cpc_verify_backward_ex; induction false: every loop unrolled (the
+ * symmetric domain as before LOOPS BY INDUCTION; what the tests compare the
+ * induction with). */
+cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_opts *opts,
+                                    cpc_verify_bwd_stats *stats, bool induction);
 
 #endif
