@@ -29,6 +29,12 @@
  * in cpc_conformance_opts (alloc/free/upload/download) - not needed so far.
  * CPC_CONF_ABORT is skipped: this transport's abort ends the process
  * (MPI_Abort), as the MPI transport's (tests/mpi/run_fault.sh covers that).
+ *
+ * Without a GPU the "with a GPU" half runs on the CUDA emulator with the fake
+ * NCCL (tests/emu/fake_nccl.c): tests/cli/nccl_emu.sh runs this binary with
+ * LD_LIBRARY_PATH=<build>/emu-cudart under mpirun -np 2 and 4 (one emulated
+ * GPU per rank, CPC_EMU_DEVICES), and as one process (1x1).  On a real GPU,
+ * tests/gpu/run.sh runs it as one process (1x1).
  */
 #include <criterion/criterion.h>
 

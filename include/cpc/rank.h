@@ -233,7 +233,10 @@ CPC_API cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, cons
  * coordinates r = p / U, u = p % U; the ring and Ulysses groups are NCCL
  * communicators split from the world (ncclCommSplit), owned by the rank.
  * Communication is host-synchronising (the transport waits for the device
- * before each batch; correct, not overlapped with compute).  An abort
+ * before each batch; correct, not overlapped with compute).  The stall
+ * limit (opts->timeout_s) does not apply: NCCL's waits have none (a peer
+ * that died shows as an NCCL error once its connections close; one that
+ * hangs, hangs its peers: cpc_rank_abort ends this process).  An abort
  * (cpc_rank_abort, a failed forward) prints "cprun: rank P: aborting: WHY"
  * and ends this process with exit status 3 (no MPI job to abort: the peers'
  * NCCL calls fail when its connections close; torchrun then ends the job).

@@ -97,15 +97,22 @@
  * made from a unique id or a caller's communicator print the same line and
  * _Exit(3) (no MPI job to abort).  It does not return.
  *
- * INIT AND FINALIZE.  As the MPI transport: creation initialises MPI when
- * nobody did (cpc_mpi_init), and that endpoint's destroy then finalises it.
+ * INIT AND FINALIZE.  cpc_transport_nccl_create, as the MPI transport:
+ * creation initialises MPI when nobody did (cpc_mpi_init), and that
+ * endpoint's destroy then finalises it (the _id and _comm creators never
+ * touch MPI).
  * After a FAILED creation MPI stays initialised (the caller may fall back
  * to the MPI transport, which needs MPI alive); cpc_mpi_finalize() ends it.
  * destroy is collective (ncclCommFinalize): every rank destroys its
  * endpoint; requests must all have been waited for.
  *
- * THREADS.  One endpoint per process, used from one thread at a time (NCCL
- * communicators are not to be used concurrently).
+ * THREADS.  One endpoint per process and GPU, used from one thread at a
+ * time (NCCL communicators are not to be used concurrently).
+ *
+ * TESTED: without a GPU on the CPU emulator with a fake NCCL
+ * (tests/emu/fake_nccl.c, tests/cli/nccl_emu.sh: the conformance suite on 1,
+ * 2 and 4 processes, cprun and the library); on a GPU by tests/gpu/run.sh
+ * (world size 1: NCCL refuses two ranks on one GPU).
  *
  * Built only with CUDA and NCCL (and MPI for the bootstrap); this header is
  * usable everywhere, the functions exist when CPC_HAVE_NCCL and

@@ -12,7 +12,8 @@
 #     emulator's size (same segments: T5 text first, then the image; 8 heads, head_dim
 #     64, 64 + 64 tokens) as ulysses 1x4, ring 4x1, unified 2x2 and ring 2x1, plus an
 #     uneven ulysses_anything plan (131 tokens, 6 heads over 4), a key-padding unified
-#     plan and a replicated text segment: every run PASSes cprun's check against the
+#     plan and a replicated text segment, and none on 1 rank without mpirun (as on the GPU
+#     machine): every run PASSes cprun's check against the
 #     float64 reference, and rank 0's --output equals the MPI transport's byte for byte;
 #   - the library: cpc_nccl_unique_id + cpc_rank_new_nccl_id, and cpc_rank_new_nccl over
 #     the caller's communicator (tests/emu/rank_nccl_emu.c) on 2 and 4 processes, each
@@ -101,6 +102,7 @@ shrink ulysses 4 flux-ulysses-4
 shrink ring 4 flux-ring-4
 shrink unified 4 flux-unified-4
 shrink ring 2 flux-ring-2
+shrink none 1 flux-none-1
 gen() {   # gen NAME VARIANT DTYPE HEADS MASK INPUT...
   local name=$1 v=$2 dt=$3 h=$4 mask=$5; shift 5
   { echo "version: 1"; echo "name: $name"
@@ -111,7 +113,8 @@ gen() {   # gen NAME VARIANT DTYPE HEADS MASK INPUT...
 gen uneven-ua-4 ulysses_anything fp16 6 none "segments: [{name: text, tokens: 21}, {name: image, tokens: 110}]"
 gen keypad-unified-4 unified bf16 4 key_padding "tokens: 128"
 gen replicate-unified-4 unified bf16 4 none "segments: [{name: text, tokens: 13, split: replicate}, {name: image, tokens: 48}]"
-RUNS=(flux-ulysses-4 flux-ring-4 flux-unified-4 flux-ring-2 uneven-ua-4 keypad-unified-4 replicate-unified-4)
+RUNS=(flux-ulysses-4 flux-ring-4 flux-unified-4 flux-ring-2 uneven-ua-4 keypad-unified-4 replicate-unified-4
+      flux-none-1)
 arts=()
 for p in "${RUNS[@]}"; do
   t "cpc-$p" 0 "$CPC" "$tmp/$p.yaml" -o "$tmp/$p.cplan" && arts+=("$tmp/$p.cplan")
@@ -126,6 +129,15 @@ for p in "${RUNS[@]}"; do
   has "run-$p.out" "check: *PASS"
   grep -o 'rel_err [0-9.e+-]*' "$tmp/run-$p.out" | sed "s/^/nccl_emu.sh: $p: /"
 done
+# world 1 without mpirun (what tests/gpu/run.sh does on its one GPU): the MPI bootstrap as a
+# singleton; the library's NCCL rank with MPI untouched
+# (Open MPI's own allocations at exit are not leaks of ours: as under mpirun, mpi_setup)
+CPC_EMU_DEVICES=1 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" t single-nccl 0 "$CPRUN" "$tmp/flux-none-1.cplan" --backend cuda --transport nccl \
+  --attention nvrtc --iters 1 --warmup 0
+has single-nccl.out "transport nccl"
+has single-nccl.out "check: *PASS"
+CPC_EMU_DEVICES=1 t single-lib 0 "$FAKE/rank_nccl_emu" "$tmp/flux-none-1.cplan"
+has single-lib.out "rank_nccl_emu: ok"
 # --transport auto under mpirun with the cuda backend is NCCL (SPEC section 5)
 mpi auto-nccl 0 4 "$CPRUN" "$tmp/flux-unified-4.cplan" --backend cuda --attention nvrtc --iters 1 --warmup 0
 has auto-nccl.out "transport nccl"

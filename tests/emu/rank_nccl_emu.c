@@ -9,6 +9,9 @@
  * a GPU machine with NVIDIA's NCCL the same program runs on the GPUs.
  *
  *   mpirun -np P rank_nccl_emu PLAN.cplan      (P = the artifact's world size)
+ *   rank_nccl_emu PLAN.cplan                    (world size 1, no launcher: MPI is
+ *                                               not initialised at all; the GPU pack's
+ *                                               case, tests/gpu/run.sh)
  *
  * Checks, on fresh random inputs (seed from rank 0, printed):
  *   1. cpc_rank_new_nccl_id on device = world rank, two forwards: each
@@ -27,6 +30,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +41,30 @@
 #include "reference.h"
 
 static int fails, me;
+static bool use_mpi;   /* started by an MPI launcher (else one process, MPI untouched) */
+
+static bool launched(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                       "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i]))
+            return true;
+    return false;
+}
+
+static void bcast(void *p, int n)
+{
+    if (use_mpi)
+        MPI_Bcast(p, n, MPI_BYTE, 0, MPI_COMM_WORLD);
+}
+
+static void die(int code)
+{
+    if (use_mpi)
+        MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
 #define CHECK(cond, ...)                                                                 \
     do {                                                                                 \
         if (!(cond)) {                                                                   \
@@ -159,32 +187,34 @@ static void expect_usage(cpc_status *st, const char *what)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
-    int np = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    int np = 1;
+    use_mpi = launched();
+    if (use_mpi) {
+        MPI_Init(&argc, &argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &me);
+        MPI_Comm_size(MPI_COMM_WORLD, &np);
+    }
     if (argc != 2) {
         fprintf(stderr, "usage: mpirun -np P rank_nccl_emu PLAN.cplan\n");
-        MPI_Finalize();
-        return 2;
+        die(2);
     }
     uint64_t seed = 0;
     if (me == 0) {
         const char *s = getenv("CPC_TEST_SEED");
         seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     }
-    MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    bcast(&seed, (int)sizeof seed);
     rng ^= seed * 0x9E3779B97F4A7C15ull;
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_load(argv[1], &a);
     if (st) {
         cpc_status_print(st, stderr, "rank_nccl_emu");
-        MPI_Abort(MPI_COMM_WORLD, 2);
+        die(2);
     }
     if (cpc_artifact_world_size(a) != np) {
         fprintf(stderr, "rank_nccl_emu: %s has world %d, run it with mpirun -np %d\n", argv[1],
                 cpc_artifact_world_size(a), cpc_artifact_world_size(a));
-        MPI_Abort(MPI_COMM_WORLD, 2);
+        die(2);
     }
     prob P = {.a = a, .dt = cpc_artifact_dtype(a)};
     P.es = P.dt == CPC_DTYPE_FP32 ? 4 : 2;
@@ -194,7 +224,7 @@ int main(int argc, char **argv)
     P.B = (int)B, P.S = (int)S, P.H = (int)H, P.Hkv = (int)Hkv, P.D = (int)D;
     if (Skv != S || cpc_artifact_key_padding(a)) {
         fprintf(stderr, "rank_nccl_emu: %s: self-attention without key padding only\n", argv[1]);
-        MPI_Abort(MPI_COMM_WORLD, 2);
+        die(2);
     }
     size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * Hkv * D;
     float *f = malloc(nq * sizeof *f);
@@ -219,6 +249,14 @@ int main(int argc, char **argv)
 
     cudaStream_t stream = NULL;
     cudaSetDevice(me);   /* one GPU per rank (CPC_EMU_DEVICES >= P on the emulator) */
+    {
+        int ndev = 0;
+        if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= me) {
+            fprintf(stderr, "rank_nccl_emu: rank %d: %d CUDA device(s) visible, one per rank needed\n",
+                    me, ndev);
+            die(3);
+        }
+    }
     CHECK(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");
     cpc_rank_options o;
     cpc_rank_options_init(&o, sizeof o);
@@ -245,7 +283,7 @@ int main(int argc, char **argv)
         CHECK(!st, "cpc_nccl_unique_id: %s", cpc_status_message(st));
         cpc_status_free(st);
     }
-    MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    bcast(id, (int)sizeof id);
     double e1 = INFINITY, e2 = INFINITY;
     st = cpc_rank_new_nccl_id(a, id, sizeof id, me, &o, &r);
     CHECK(!st, "cpc_rank_new_nccl_id: %s", cpc_status_message(st));
@@ -261,7 +299,7 @@ int main(int argc, char **argv)
     ncclUniqueId uid;
     if (me == 0)
         CHECK(ncclGetUniqueId(&uid) == ncclSuccess, "ncclGetUniqueId");
-    MPI_Bcast(&uid, (int)sizeof uid, MPI_BYTE, 0, MPI_COMM_WORLD);
+    bcast(&uid, (int)sizeof uid);
     ncclComm_t comm = NULL;
     ncclResult_t nr = ncclCommInitRank(&comm, np, uid, me);
     CHECK(nr == ncclSuccess, "ncclCommInitRank: %s", ncclGetErrorString(nr));
@@ -287,10 +325,12 @@ int main(int argc, char **argv)
     }
     cudaStreamDestroy(stream);
 
-    double worst[2] = {e1, e2}, all[2];
-    MPI_Reduce(worst, all, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    int bad = 0;
-    MPI_Allreduce(&fails, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    double worst[2] = {e1, e2}, all[2] = {e1, e2};
+    int bad = fails;
+    if (use_mpi) {
+        MPI_Reduce(worst, all, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        MPI_Allreduce(&fails, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    }
     if (me == 0) {
         printf("rank_nccl_emu: %s: %d NCCL ranks (%s, %s): out rel_err %.3g (unique id), %.3g "
                "(caller's communicator), worst over ranks (seed %llu)\n", argv[1], np,
@@ -303,6 +343,7 @@ int main(int argc, char **argv)
     }
     free(P.q), free(P.k), free(P.v), free(P.ref);
     cpc_artifact_free(a);
-    MPI_Finalize();
+    if (use_mpi)
+        MPI_Finalize();
     return bad ? 1 : 0;
 }
