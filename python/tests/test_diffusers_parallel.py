@@ -152,6 +152,12 @@ CASES_2 = {
     # HunyuanVideo-I2V (token_replace): the first frame's 6 of 18 video tokens all on rank 0
     "hunyuani2v-ring-mask-train-fp32": "--model hunyuani2v --ring 2 --pad 1 --frames 3 "
                                        "--train",
+    # SkyReels-V2 diffusion forcing (synchronous): a timestep per frame, so per-token
+    # modulation (split with the video; the output norm's on the gathered video)
+    "skyreels-ring_anything-odd-forcing-fp32": "--model skyreels --ring 2 --anything "
+                                               "--frames 3 --height 6 --width 6 --forcing",
+    "skyreels-ulysses-forcing-train-fp32": "--model skyreels --ulysses 2 --frames 3 "
+                                           "--forcing --train",
     # Cosmos 2.5: the image context, a second cross-attention (5 tokens, whole)
     "cosmos25-ulysses_anything-odd-fp32": "--model cosmos25 --ulysses 2 --anything --heads 3 "
                                           "--frames 3 --height 6 --width 6",
@@ -210,6 +216,8 @@ CASES_4 = {
     # first-frame tokens 5 + 1 + 0 + 0 of an uneven 5/5/4/4 split
     "hunyuani2v-ulysses_anything-odd-mask-bf16": "--model hunyuani2v --ulysses 4 --anything "
                                                  "--pad 2 --frames 3 --dtype bf16",
+    "skyreels-unified-forcing-bf16": "--model skyreels --ring 2 --ulysses 2 --frames 4 "
+                                     "--forcing --dtype bf16",
 }
 CASES_TORCHRUN = {
     "flux-ulysses-fp32": "--model flux --ulysses 2",
@@ -441,8 +449,10 @@ def test_refusals_name_the_field():
     assert "Flux2Pipeline" in e.value.hint
     cpc.diffusers.unparallelize(f2)
     sk = tiny_skyreels(2)
+    sk._set_ar_attention(2)            # the asynchronous mode's causal_block_size 2
     cpc.diffusers.parallelize(sk, pc)
-    with pytest.raises(cpc.UnsupportedError, match="enable_diffusion_forcing"):
+    with pytest.raises(cpc.UnsupportedError, match="block-causal") as e:
         sk(hidden_states=r(1, 4, 2, 4, 4), encoder_hidden_states=r(1, 4, 32),
            timestep=torch.full((1, 2), 500.0), enable_diffusion_forcing=True)
+    assert "causal_block_size=1" in e.value.hint
     cpc.diffusers.unparallelize(sk)

@@ -257,16 +257,52 @@ def _tokens_wan(model, cfg, get):
 
 
 def _tokens_skyreels(model, cfg, get):
-    if get("enable_diffusion_forcing"):
-        raise UnsupportedError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing=True "
-                               "(the diffusion-forcing pipelines): with num_frame_per_block > 1 "
-                               "its self-attention is block-causal over frames (an [S, S] "
-                               "mask: neither cpc's key padding mask nor its token-causal "
-                               "mask) and its timestep is per frame",
+    if (cfg.get("num_frame_per_block") or 1) > 1:
+        raise UnsupportedError("SkyReelsV2Transformer3DModel with num_frame_per_block "
+                               f"{cfg.get('num_frame_per_block')} (causal_block_size > 1: the "
+                               "diffusion-forcing pipelines' asynchronous mode): its "
+                               "self-attention is block-causal over frames (an [S, S] mask: "
+                               "neither cpc's key padding mask nor its token-causal mask)",
                                code="unsupported",
-                               hint="SkyReelsV2Pipeline / SkyReelsV2ImageToVideoPipeline "
-                                    "(no diffusion forcing) run through parallelize")
+                               hint="causal_block_size=1 (synchronous diffusion forcing, "
+                                    "ar_step=0) or the non-forcing pipelines run through "
+                                    "parallelize")
+    ts = get("timestep")
+    if get("enable_diffusion_forcing") and (ts is None or ts.dim() != 2):
+        raise UsageError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing: timestep "
+                         "must be [B, latent frames]", code="usage")
     return _tokens_wan(model, cfg, get)
+
+
+def _install_skyreels(par, model):
+    """SkyReels-V2 diffusion forcing (enable_diffusion_forcing, synchronous): the timestep is
+    per frame, so every modulation is per token.  The blocks' (timestep_proj [B, 6, S, D])
+    is split with the video (_plan_skyreels); the output norm's is built from the whole
+    video's per-token embedding outside any module, so the video is gathered before
+    norm_out and the output norm and projection run whole on every rank (proj_out's gather
+    then has nothing to do).  Training: each rank passes 1/P of the output's gradient back
+    and the gather's backward sums the ranks' parts (the parameter gradients summed over
+    the ranks are then the single-process ones)."""
+    def forcing():
+        return par.current is not None and par.comm.size > 1 and par.get is not None and \
+            bool(par.get("enable_diffusion_forcing"))
+
+    def video(st):
+        return [n for n, _ in st.segments if n != "text"][0]
+
+    def pre(mod, args):
+        if not forcing():
+            return None
+        st = par.current
+        x = args[0]
+        return (_gather_fn().apply(x, st, video(st), 1, True),) + tuple(args[1:])
+
+    def post(mod, args, out):
+        if not forcing() or par.current.mode != "training":
+            return out
+        return _scale_grad(out, 1.0 / par.comm.size)
+    par.handles.append(model.norm_out.register_forward_pre_hook(pre))
+    par.handles.append(model.proj_out.register_forward_hook(post))
 
 
 def _plan_skyreels():
@@ -277,6 +313,9 @@ def _plan_skyreels():
     return {"rope": {0: c, 1: c},
             "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3,
                                                                split_output=False)},
+            # diffusion forcing: the per-token modulation [B, 6, S, D] (else [B, 6, D])
+            "blocks.*": {"temb": ContextParallelInput(split_dim=2, expected_dims=4,
+                                                      split_output=False)},
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
@@ -992,7 +1031,8 @@ _MODELS = {
     "ChromaTransformer2DModel": _Spec(_tokens_flux, "joint", cp_plan=_plan_chroma,
                                       key_mask=_mask_chroma),
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
-    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
+    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels,
+                                          install=_install_skyreels),
     "ChronoEditTransformer3DModel": _Spec(_tokens_wan, "self"),   # Wan's, its own _cp_plan
     "AllegroTransformer3DModel": _Spec(_tokens_allegro, "self", cp_plan=_plan_allegro,
                                        key_mask=_mask_ltx),
@@ -1177,6 +1217,7 @@ class _Parallel:
         self.spec = _MODELS[self.cls]
         self.tokens_fn, self.kind = self.spec.tokens, self.spec.kind
         self.masks = (None, None)   # this call's key masks (joint/self, cross), global
+        self.get = None             # this call's argument getter, inside a forward
         self._mask_shards = {}      # this call's key masks as this rank's shards
         self.last_plan = None
         self.calls = 0              # attention calls answered by cpc (all shapes)
@@ -1313,10 +1354,12 @@ class _Parallel:
                              "inputs (as with diffusers' enable_parallelism)")
         self.current = self._state(tokens, text, batch, dtype, mode, masked)
         self.masks, self._mask_shards = masks, {}
+        self.get = get             # this call's arguments (for _Spec.install hooks)
         return None
 
     def post_forward(self, module, args, kwargs, output):
         self.current = None
+        self.get = None
         self.masks, self._mask_shards = (None, None), {}
         return None
 
@@ -1412,7 +1455,11 @@ def _install_cp_plan(par, model):
             return x
         if st.layout.P == 1:
             return x
-        return Gather.apply(x, st, "*" if whole else seg_name(st, "main"), cpo.gather_dim)
+        seg = "*" if whole else seg_name(st, "main")
+        lay = st.layout
+        if x.shape[cpo.gather_dim] == lay.total[seg] != lay.counts[seg][lay.rank]:
+            return x               # whole already (SkyReels' diffusion forcing: _install)
+        return Gather.apply(x, st, seg, cpo.gather_dim)
 
     for module_id, entry in plan.items():
         mods = _find_modules(model, module_id)
