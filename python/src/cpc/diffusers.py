@@ -47,6 +47,7 @@ mpi4py's COMM_WORLD when mpi4py is installed, else a world of one process.
 import contextvars
 import functools
 import inspect
+import re
 import sys
 import time
 
@@ -1236,7 +1237,8 @@ class _Parallel:
         try:
             return cpc_compile(plan)
         except PlanError as e:
-            raise _diffusers_hints(e, plan, self.parallel_config) from None
+            raise _diffusers_hints(e, plan, self.parallel_config,
+                                   replicate_ok=not callable(self.spec.replicate)) from None
 
     def _state(self, tokens, text, batch, dtype, mode, masked=(False, False)):
         key = (tokens, text, batch, dtype, mode, masked)
@@ -1690,7 +1692,8 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     else:
         art, att = st.main
         mask = par.mask_shard(0, art, row)
-        rep = st.mode == "training" and par.comm.size > 1 and getattr(st, "rep_rows", None) is not None
+        rep = st.mode == "training" and par.comm.size > 1 and \
+            getattr(st, "rep_rows", None) is not None
     if rep:
         # replicated text (SPEC section 10): every rank holds the text and ran its
         # projections, so each rank's text gradients are 1/P of the single-process ones
@@ -1815,10 +1818,16 @@ def _install_attention(par, model):
     return n
 
 
-def _diffusers_hints(e, plan, parallel_config):
+def _diffusers_hints(e, plan, parallel_config, replicate_ok=True):
     """A PlanError of a from_diffusers plan (its diagnostics already name the
-    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it."""
+    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it.  For a
+    model that refuses replicate_text (Lumina2, Z-Image) the hint offering it is dropped."""
     e.plan = plan
+    if not replicate_ok:
+        for d in e.diagnostics:
+            if d.hint and "replicate_text=True" in d.hint:
+                d.hint = re.sub(r";? ?or keep the text whole on every rank.*?cpc\.from_diffusers\)",
+                                "", d.hint) or None
     return e
 
 
@@ -1829,14 +1838,17 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
     transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
-      WanTransformer3DModel, SkyReelsV2Transformer3DModel, ChronoEditTransformer3DModel,
-      CosmosTransformer3DModel,
-      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
-      CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
-      EasyAnimateTransformer3DModel, AllegroTransformer3DModel,
-      LTXVideoTransformer3DModel,
-      MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
-      split and routed).  parallel_config: diffusers' ContextParallelConfig (or
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel (synchronous diffusion forcing
+      too), ChronoEditTransformer3DModel, CosmosTransformer3DModel (Cosmos 2.5's image
+      context too), QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel
+      (text-to-video and I2V token_replace), CogVideoXTransformer3DModel,
+      CogView4Transformer2DModel, SD3Transformer2DModel, EasyAnimateTransformer3DModel,
+      AllegroTransformer3DModel, LTXVideoTransformer3DModel, LTX2VideoTransformer3DModel
+      (video through cpc, audio whole on every rank), MochiTransformer3DModel,
+      HunyuanVideo15Transformer3DModel, ZImageTransformer2DModel, Lumina2Transformer2DModel
+      (per-sample packing: a key mask), HiDreamImageTransformer2DModel (text always whole)
+      (_MODELS: how each is split and routed; _REFUSED: SanaTransformer2DModel, linear
+      attention).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
       backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
@@ -1844,12 +1856,14 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       xDiT runs it, inference only; ...).
 
     Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
-    full output.  Errors: cpc.UnsupportedError (another class, or a configuration of
-    these that is not routed: FLUX.2 reference tokens, HunyuanVideo-I2V token replace,
-    SD3.5 Medium's image-only attention at a shape whose image split differs from the
-    joint one's), ValueError (a ContextParallelConfig
-    cpc cannot honour, at once); at the first call: cpc.PlanError / cpc.UsageError on every
-    rank before any layer runs.  Returns the transformer."""
+    full output.  Errors: cpc.UnsupportedError (another class, Sana, or a configuration
+    of these that is not routed, naming the diffusers field and, in .hint, what runs:
+    FLUX.2's reference-token KV cache, SkyReels' asynchronous diffusion forcing, CogView4's
+    attention_mask, LTX-2's video_self_attention_mask, Z-Image's omni mode,
+    replicate_text for Lumina2 / Z-Image or False for HiDream, SD3.5 Medium's image-only
+    attention at a shape whose image split differs from the joint one's), ValueError (a
+    ContextParallelConfig cpc cannot honour, at once); at the first call: cpc.PlanError /
+    cpc.UsageError on every rank before any layer runs.  Returns the transformer."""
     cls = type(transformer).__name__
     if cls in _REFUSED:
         raise UnsupportedError(f"cpc.diffusers.parallelize: {cls}: {_REFUSED[cls][0]}",
