@@ -235,8 +235,9 @@ CASES_TORCHRUN = {
     "cosmos-ring-mask-fp32": "--model cosmos --ring 2 --pad 1",
     "easyanimate-ulysses-bf16": "--model easyanimate --ulysses 2 --dtype bf16",
     "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
-    "zimage-ring-mask-fp32": "--model zimage --ring 2 --batch 2 --pad 1 --height 4 --width 4 "
-                             "--text 7",
+    # the gathered video K/V's summing backward over gloo (torch.distributed all_reduce)
+    "ltx2-ring_anything-odd-train-fp32": "--model ltx2 --ring 2 --anything --frames 3 "
+                                         "--height 3 --width 3 --text 7 --train --per-token",
 }
 
 # attention calls per forward: the tiny models' layers (x2 where a layer has a text
