@@ -1082,6 +1082,10 @@ _REFUSED = {
         "linear) but does not run: cpc's kernels compute softmax attention",
         "run Sana without context parallelism; cpc.from_diffusers + cpc.check still price "
         "its plans"),
+    "SanaVideoTransformer3DModel": (
+        "its self-attention is linear (ReLU) attention (SanaLinearAttnProcessor3_0: no "
+        "softmax over the keys), which cpc's kernels (softmax attention) do not run",
+        "run Sana-Video without context parallelism"),
 }
 _TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
                "encoder_hidden_states_mask")
