@@ -15,7 +15,13 @@
 typedef struct xop {
     const cpc_op *op;
     int64_t peer, block, s;
+    int64_t bs;  /* induction (verify_bwd.h LOOPS BY INDUCTION): the block's slope in s (mod R) */
+    int mk;      /* 0: an op; else a marker of the induction (MK_*: op is the loop), every simulated rank
+                    stops there until all have reached it */
+    int64_t jn;  /* MK_JUMP: the steps the symbolic step stands for beyond itself */
 } xop;
+
+enum { MK_SNAP = 1, MK_SLOPE, MK_JUMP };
 
 typedef struct rank_ops {
     xop *v;
@@ -32,6 +38,7 @@ typedef struct rank_ops {
 typedef struct run {
     int32_t q0, k0, len, h0, hn;
     int32_t dq, dk;
+    int32_t qb, kb, lb; /* the symbolic step (induction): slopes of q0, k0 (mod R) and len in s; 0 otherwise */
 } run;
 
 typedef struct cset {
@@ -48,6 +55,7 @@ typedef struct slot {
         };
     };
     int tag;
+    int32_t tb;     /* the symbolic step (induction): the tag's slope in s (mod R); 0 otherwise */
     bool grad;      /* a D* role: `cnt` is meaningful */
     bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
                        key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
@@ -67,6 +75,7 @@ typedef struct req {
     int p, peer;           /* poster and its partner (flat ranks) */
     cpc_group group;
     int tag, buf, slot;    /* program buffer; memory slot (swaps move names, not slots) */
+    int32_t blk, blkb;     /* recv: the block it declares (x->block) and its slope in s (induction) */
     cpc_buf_role role;
     bool send, matched;
     slot snap;             /* send: its content at the post; recv: what arrives once matched */
@@ -95,6 +104,15 @@ typedef struct vb {
     int NQ;                        /* query blocks: R, or R + 1 with replicated segments (block R: the
                                       replicated rows, held whole by every rank) */
     int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
+    bool usym;                     /* sym: one ulysses member simulated, the others its rotations in u
+                                      (verify_bwd.h ROTATIONS OF U) */
+    int Us;                        /* ulysses members simulated per group: U, or 1 (usym) */
+    bool ind_on;                   /* sym: loops by induction (verify_bwd.h LOOPS BY INDUCTION) */
+    bool ind;                      /* in a symbolic step: values carry slopes in s, comparisons must hold
+                                      as identities in s */
+    const char *undec;             /* the induction could not decide (then the loops are unrolled) */
+    int64_t jumps;                 /* phases proven by induction */
+    struct vsnap *snap;            /* the state at the last marker (induction) */
     slot tmpv[CPC_OP_MAX_BUFS];    /* the step's scratch values (vc_domain tmp) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
@@ -116,7 +134,7 @@ static cpc_status *collect(void *ctx, const cpc_exec_op *x)
         r->v = v;
         r->cap = nc;
     }
-    r->v[r->n++] = (xop){x->op, x->peer, x->block, x->depth ? x->c.s : -1};
+    r->v[r->n++] = (xop){x->op, x->peer, x->block, x->depth ? x->c.s : -1, 0, 0, 0};
     return NULL;
 }
 
@@ -161,6 +179,8 @@ static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const ch
 /* Every caller has the prover's state as V. */
 #define vfail(...) vfail_(V->prog, __VA_ARGS__)
 
+static int32_t md32(int64_t x, int64_t m);
+
 /* The flat rank whose coordinates simulated rank p's state is written in:
  * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
  * seen rotated to ring position 0; twin: also the ranks r != 0). */
@@ -175,6 +195,34 @@ static int out_tag(const vb *V, int p, const xop *x, int i, int in0, int ini, in
     cpc_coords c = cpc_program_coords(V->prog, cp(V, p));
     c.s = x->s > 0 ? x->s : 0;
     return cpc_op_out_tag(V->prog, x->op, i, &c, x->block, in0, ini, old);
+}
+
+/* out_tag with slopes (the symbolic step): the rule applied on the next step
+ * too (the block and the input tags each moved by their slope); *tb = the
+ * difference.  The rule picks one of its inputs or a coordinate, so the
+ * result is affine in s as they are. */
+static int out_tag_s(vb *V, int p, const xop *x, int i, const slot *in0, const slot *ini, const slot *old, int32_t *tb)
+{
+    int t0 = out_tag(V, p, x, i, in0 ? in0->tag : CPC_TAG_NONE, ini ? ini->tag : CPC_TAG_NONE, old->tag);
+    if (!V->ind) {
+        *tb = 0;
+        return t0;
+    }
+#define NX(sl) (!(sl) || (sl)->tag == CPC_TAG_NONE || !(sl)->tb ? ((sl) ? (sl)->tag : CPC_TAG_NONE) \
+                                                                 : md32((int64_t)(sl)->tag + (sl)->tb, V->R))
+    xop y = *x;
+    y.s = x->s + 1;
+    if (x->op->block)
+        y.block = md32(x->block + x->bs, V->R);
+    int t1 = out_tag(V, p, &y, i, NX(in0), NX(ini), NX(old)); /* before *tb is written (it may be old's) */
+#undef NX
+    *tb = 0;
+    if (t0 == CPC_TAG_NONE || t1 == CPC_TAG_NONE) {
+        if (t0 != t1 && !V->undec)
+            V->undec = "a content tag is set on one step and not on the next";
+    } else
+        *tb = md32((int64_t)t1 - t0, V->R);
+    return t0;
 }
 
 static bool is_grad(cpc_buf_role r)
@@ -246,6 +294,15 @@ static int32_t diff_mod(int64_t x, int64_t y, int64_t m)
 {
     int32_t d = md32(x - y, m);
     return d > m / 2 ? (int32_t)(d - m) : d;
+}
+
+/* The symbolic step (induction): two values found equal on its step s0 are
+ * equal on every step it stands for only if their slopes in s are equal too;
+ * else it cannot decide (V->undec: the loops are unrolled instead). */
+static void sym_same(vb *V, int64_t ab, int64_t bb)
+{
+    if (V->ind && md32(ab - bb, V->R) != 0 && !V->undec)
+        V->undec = "two contents equal on one step differ on the next";
 }
 
 /* Query block / key unit arithmetic: ring indices mod R (key units mod 1
@@ -336,6 +393,81 @@ static bool cs_join(const vb *V, run *y, const run *x)
     return false;
 }
 
+/* The symbolic step's join (induction): run x onto run y only where the
+ * result is one run for every step s the symbolic step stands for (s >= its
+ * first, s0): equalities of ring indices as identities in s (values and
+ * slopes), lengths growing (slope >= 0, so `len >= 2` holds from s0 on).
+ * Not joining is always right (the same multiset, one run more). */
+static bool cs_join_sym(const vb *V, run *y, const run *x)
+{
+    const int64_t R = V->R;
+    if (y->q0 == x->q0 && y->k0 == x->k0 && y->len == x->len && y->qb == x->qb && y->kb == x->kb &&
+        y->lb == x->lb && y->dq == x->dq && y->dk == x->dk) {
+        if (y->h0 + y->hn == x->h0) {
+            y->hn += x->hn;
+            return true;
+        }
+        if (x->h0 + x->hn == y->h0) {
+            y->h0 = x->h0;
+            y->hn += x->hn;
+            return true;
+        }
+    }
+    /* a fixed index (the replicated rows' R, the one key unit of cross-attention) is the same
+     * on every element and every step: equal in both runs, step 0, slope 0 */
+    bool qf = ix_rep(V, y->q0, V->NQ), kf = V->NK == 1 || ix_rep(V, y->k0, V->NK);
+    if (y->h0 != x->h0 || y->hn != x->hn || qf != ix_rep(V, x->q0, V->NQ) ||
+        kf != (V->NK == 1 || ix_rep(V, x->k0, V->NK)) || (qf && (y->q0 != x->q0 || y->qb || x->qb)) ||
+        (kf && (y->k0 != x->k0 || y->kb || x->kb)))
+        return false;
+    /* a run of one element (length 1, slope 0) has no step; one of two or more (slope >= 0:
+     * from s0 on) has its own */
+    bool ym = y->len >= 2 && y->lb >= 0, xm = x->len >= 2 && x->lb >= 0;
+    if ((!ym && (y->len != 1 || y->lb)) || (!xm && (x->len != 1 || x->lb)))
+        return false;
+    int32_t dq, dk;
+    if (ym && xm) {
+        if (y->dq != x->dq || y->dk != x->dk)
+            return false;
+        dq = y->dq, dk = y->dk;
+    } else if (ym || xm) {
+        dq = ym ? y->dq : x->dq;
+        dk = ym ? y->dk : x->dk;
+    } else {
+        if (x->qb != y->qb || x->kb != y->kb) /* the step between them must not follow s */
+            return false;
+        dq = qf ? 0 : diff_mod(x->q0, y->q0, R);
+        dk = kf ? 0 : diff_mod(x->k0, y->k0, R);
+        if ((dq == 0 && dk == 0) || dq < -2 || dq > 2 || dk < -2 || dk > 2)
+            return false;
+    }
+    if ((qf && dq) || (kf && dk))
+        return false;
+    /* y then x: y's end is x's start, as values and as slopes */
+    if (ix(V, y->q0, y->len, dq, V->NQ) == x->q0 && ix(V, y->k0, y->len, dk, V->NK) == x->k0 &&
+        md32((int64_t)y->qb + (int64_t)y->lb * dq - x->qb, R) == 0 &&
+        md32((int64_t)y->kb + (int64_t)y->lb * dk - x->kb, R) == 0) {
+        y->len += x->len;
+        y->lb += x->lb;
+        y->dq = dq;
+        y->dk = dk;
+        return true;
+    }
+    /* x then y */
+    if (ix(V, x->q0, x->len, dq, V->NQ) == y->q0 && ix(V, x->k0, x->len, dk, V->NK) == y->k0 &&
+        md32((int64_t)x->qb + (int64_t)x->lb * dq - y->qb, R) == 0 &&
+        md32((int64_t)x->kb + (int64_t)x->lb * dk - y->kb, R) == 0) {
+        y->q0 = x->q0, y->qb = x->qb;
+        y->k0 = x->k0, y->kb = x->kb;
+        y->len += x->len;
+        y->lb += x->lb;
+        y->dq = dq;
+        y->dk = dk;
+        return true;
+    }
+    return false;
+}
+
 #define VB_MAX_RUNS 4096 /* runs per set in the symmetric domain (beyond: not decided) */
 
 /* Adds run x (a multiset union).  False on OOM. */
@@ -348,7 +480,7 @@ static bool cs_add_run(vb *V, cset *c, run x)
         return false;
     }
     for (int i = c->n - 1; i >= 0 && i >= c->n - 4; i--)
-        if (cs_join(V, &c->v[i], &x))
+        if (V->ind ? cs_join_sym(V, &c->v[i], &x) : cs_join(V, &c->v[i], &x))
             return true;
     if (c->n == c->cap) {
         int nc = c->cap ? 2 * c->cap : 4;
@@ -427,10 +559,44 @@ static int cmp_hrange(const void *a, const void *b)
     return x->lo != y->lo ? (x->lo > y->lo) - (x->lo < y->lo) : (x->j > y->j) - (x->j < y->j);
 }
 
+/* usym (ROTATIONS OF U): what every member holds of buffer b's heads,
+ * placed together: member u's set is member 0's with every head moved by
+ * u*w (w = the heads one member holds), kept to the heads it holds.  A run
+ * over member 0's whole part becomes one run over every head; other runs
+ * are placed member by member.  False on OOM or the bound. */
+static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
+{
+    int lo, hi;
+    held_heads(V, b, 0, &lo, &hi);
+    int w = hi - lo;
+    for (int i = 0; i < src->n; i++) {
+        run x = src->v[i];
+        int a = x.h0 > lo ? x.h0 : lo, e = x.h0 + x.hn < hi ? x.h0 + x.hn : hi;
+        if (e <= a)
+            continue;
+        if (a == lo && e == hi) {
+            x.h0 = 0;
+            x.hn = w * V->U;
+            if (!cs_add_run(V, dst, x))
+                return false;
+            continue;
+        }
+        for (int u = 0; u < V->U; u++) {
+            x.h0 = a + u * w;
+            x.hn = e - a;
+            if (!cs_add_run(V, dst, x))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Executes the all_to_all every member of ulysses group r has reached
  * (SPMD: the same op on every member).  Returns NULL or the failure. */
 static cpc_status *run_a2a(vb *V, int r)
 {
+    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
+        V->undec = "a collective in a loop proven by induction";
     const int U = V->U;
     const xop *x0 = &V->ro[r * U].v[V->pc[r * U]];
     const cpc_op *op = x0->op;
@@ -452,7 +618,7 @@ static cpc_status *run_a2a(vb *V, int r)
         return vfail(p0, x0, "reduce=sum applies to heads_to_seq of dq/dk/dv only");
     if (bi->role == CPC_ROLE_LSE && !s2h)
         return vfail(p0, x0, "heads_to_seq of an LSE-role buffer is not executable");
-    for (int j = 0; j < U; j++) {
+    for (int j = 0; j < V->Us; j++) { /* usym: member 0 stands for its rotations */
         int p = r * U + j;
         slot *si = S(V, p, in);
         int want = s2h ? cp(V, p) : cp(V, p) / U;
@@ -466,7 +632,7 @@ static cpc_status *run_a2a(vb *V, int r)
     }
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
-    if (!s2h && is_grad(bi->role) && !op->reduce) {
+    if (!s2h && is_grad(bi->role) && !op->reduce && !V->usym) { /* usym: the parts are disjoint (usym_class) */
         /* A head held by two members keeps one part: refused here (the
          * members' head ranges, swept in order of their first head). */
         hrange *hr = malloc((size_t)U * sizeof *hr);
@@ -500,7 +666,7 @@ static cpc_status *run_a2a(vb *V, int r)
      * member gets the sum over the members of the heads each holds (placed
      * when no two hold one head, checked above; summed with reduce). */
     cset tmp = {0};
-    for (int u = 0; is_grad(bi->role) && u < U; u++) {
+    for (int u = 0; is_grad(bi->role) && u < U && !V->usym; u++) {
         int lo, hi;
         held_heads(V, in, u, &lo, &hi);
         if (!cs_add_set(V, &tmp, &S(V, r * U + u, in)->cnt, lo, hi)) {
@@ -508,10 +674,14 @@ static cpc_status *run_a2a(vb *V, int r)
             return cs_err(V);
         }
     }
-    for (int j = 0; j < U; j++)
+    if (is_grad(bi->role) && V->usym && !a2a_union_rotated(V, &tmp, &S(V, r * U, in)->cnt, in)) {
+        cs_free(&tmp);
+        return cs_err(V);
+    }
+    for (int j = 0; j < V->Us; j++)
         if (S(V, r * U + j, in)->r0)
             V->asym = "a `when r==0` op's result goes through an all_to_all";
-    for (int j = 0; j < U; j++) {
+    for (int j = 0; j < V->Us; j++) {
         int p = r * U + j;
         slot *so = S(V, p, out);
         so->written = true;
@@ -534,6 +704,8 @@ static cpc_status *run_a2a(vb *V, int r)
  * are its rotations). */
 static cpc_status *run_ring_coll(vb *V, int u)
 {
+    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
+        V->undec = "a collective in a loop proven by induction";
     const int U = V->U, R = V->R, nm = V->sym ? 1 : R, nsm = V->twin ? 2 : nm; /* members computed, simulated */
     const xop *x0 = &V->ro[u].v[V->pc[u]];
     const cpc_op *op = x0->op;
@@ -582,7 +754,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
                         continue;
                     }
                     bool qr = ix_rep(V, x.q0, V->NQ);
-                    run y = {qr ? R : md32((int64_t)x.q0 - x.k0, R), 0, x.len, x.h0, x.hn, qr ? 0 : x.dq - x.dk, 0};
+                    run y = {qr ? R : md32((int64_t)x.q0 - x.k0, R), 0, x.len, x.h0, x.hn, qr ? 0 : x.dq - x.dk, 0, 0, 0, 0};
                     if (y.len > 1 && y.dq == 0)
                         for (int t = 0; t < x.len && !oom; t++) {
                             y.len = 1;
@@ -593,7 +765,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
                     continue;
                 }
                 for (int t = 0; t < x.len && !oom; t++) {
-                    run y = {ix(V, x.q0, t, x.dq, V->NQ), ix(V, x.k0, t, x.dk, V->NK), 1, x.h0, x.hn, 0, 0};
+                    run y = {ix(V, x.q0, t, x.dq, V->NQ), ix(V, x.k0, t, x.dk, V->NK), 1, x.h0, x.hn, 0, 0, 0, 0, 0};
                     if (y.k0 < nm)
                         oom = !cs_add_run(V, &outs[y.k0], y);
                 }
@@ -629,6 +801,8 @@ static cpc_status *run_ring_coll(vb *V, int u)
  * single key unit). */
 static cpc_status *run_all_reduce(vb *V)
 {
+    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
+        V->undec = "a collective in a loop proven by induction";
     const xop *x0 = &V->ro[0].v[V->pc[0]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
@@ -662,7 +836,7 @@ static cpc_status *run_all_reduce(vb *V)
                     int32_t q = ix(V, x.q0, t, x.dq, V->NQ), k = ix(V, x.k0, t, x.dk, V->NK);
                     bool qf = ix_rep(V, q, V->NQ), kf = V->NK == 1 || ix_rep(V, k, V->NK);
                     run y = {qf ? q : md32((int64_t)q + e0, V->R), kf ? k : md32((int64_t)k + e0, V->R), ne, x.h0,
-                             x.hn, qf ? 0 : 1, kf ? 0 : 1};
+                             x.hn, qf ? 0 : 1, kf ? 0 : 1, 0, 0, 0};
                     if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
                         for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
                             y.len = 1;
@@ -822,6 +996,8 @@ static vc_tri dom_tok_is(void *self, const vc_val *v, int tok)
              : tok == VC_T_BLOCK ? s->tag == cp(V, DP(self)) / V->U && s->tk == CPC_TOK_BLOCK
              : tok == VC_T_ALL ? s->tk == CPC_TOK_ALL
                                : s->tk == CPC_TOK_KV;
+    if (y && (tok == VC_T_OWN || tok == VC_T_BLOCK))
+        sym_same(V, s->tb, 0); /* this rank's own rows on every step */
     return y ? VC_YES : VC_NO;
 }
 
@@ -834,9 +1010,12 @@ static vc_tri dom_heads_are(void *self, const vc_val *v, int heads)
 
 static vc_tri dom_same_tokens(void *self, const vc_val *x, const vc_val *y)
 {
-    (void)self;
     const slot *a = (const slot *)x, *b = (const slot *)y;
-    return a->tk == b->tk && a->tag == b->tag ? VC_YES : VC_NO;
+    if (a->tk != b->tk || a->tag != b->tag)
+        return VC_NO;
+    if (a->tag != CPC_TAG_NONE)
+        sym_same(DV(self), a->tb, b->tb);
+    return VC_YES;
 }
 
 static vc_tri dom_same_heads(void *self, const vc_val *x, const vc_val *y)
@@ -891,7 +1070,7 @@ static vc_tri dom_attn_keys(void *self, const cpc_op *op, const vc_val *Q, const
     s->tk = q->tk;
     s->hd = q->hd;
     s->fwd = true;
-    return cs_add_run(V, &s->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0}) ? VC_YES : VC_OOM;
+    return cs_add_run(V, &s->cnt, (run){q->tag, k->tag, 1, lo, hi - lo, 0, 0, 0, 0, 0}) ? VC_YES : VC_OOM;
 }
 
 /* merge: the accumulator's rows := the block's, its pairs += the block's (pairs met twice are found
@@ -957,9 +1136,13 @@ typedef struct pair {
 static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, size_t n)
 {
     const req *r = ((const pair *)rq)->r;
-    if (BF(DV(self), r->buf)->tokens != CPC_TOK_BLOCK || !r->x->op->block || SL(v)->tag == (int)r->x->block)
+    if (BF(DV(self), r->buf)->tokens != CPC_TOK_BLOCK || !r->x->op->block)
         return VC_YES;
-    snprintf(words, n, "block %lld", (long long)r->x->block);
+    if (SL(v)->tag == (int)r->blk) {
+        sym_same(DV(self), SL(v)->tb, r->blkb);
+        return VC_YES;
+    }
+    snprintf(words, n, "block %lld", (long long)r->blk);
     return VC_NO;
 }
 
@@ -997,13 +1180,14 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
         if ((V->err = recomputed_complete(V, p, x, op->in[1])))
             return VC_NO;
         slot *a = S(V, p, op->in[0]), *o = S(V, p, op->in[1]), *d = S(V, p, op->out[0]);
+        sym_same(V, a->tb, o->tb);
         if (a->tag != o->tag || !same_layout(V, op->in[0], op->in[1]) ||
             !same_layout(V, op->in[0], op->out[0])) {
             V->err = vfail(p, x, "dout '%s', out '%s' and delta '%s' must hold the same rows "
                            "and heads", bn(V, op->in[0]), bn(V, op->in[1]), bn(V, op->out[0]));
             return VC_NO;
         }
-        d->tag = out_tag(V, p, x, 0, a->tag, a->tag, d->tag);
+        d->tag = out_tag_s(V, p, x, 0, a, a, d, &d->tb);
         d->written = true;
         break;
     }
@@ -1026,7 +1210,7 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
                                          "0..%d)", (long long)x->block, bn(V, b), V->R - 1);
                     return VC_NO;
                 }
-                sl->tag = out_tag(V, p, x, i, CPC_TAG_NONE, CPC_TAG_NONE, sl->tag);
+                sl->tag = out_tag_s(V, p, x, i, NULL, NULL, sl, &sl->tb);
             }
         }
         break;
@@ -1047,6 +1231,7 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
                            bn(V, a), sb->tag, bn(V, b));
             return VC_NO;
         }
+        sym_same(V, sa->tb, sb->tb);
         if (!cs_add_set(V, &sb->cnt, &sa->cnt, 0, V->nh)) {
             V->err = cs_err(V);
             return VC_NO;
@@ -1090,6 +1275,8 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
                                cpc_buf_heads_name(BF(V, op->in[0])->heads), q->tag);
                 return VC_NO;
             }
+        for (int i = 0; i < 3; i++)
+            sym_same(V, S(V, p, qside[i])->tb, q->tb);
         int kside[3] = {op->in[2], op->out[1], op->out[2]};
         for (int i = 0; i < 3; i++)
             if (!same_layout(V, kside[i], op->in[1]) || BF(V, op->in[1])->heads != BF(V, op->in[0])->heads) {
@@ -1117,6 +1304,10 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
                            "that reuses one step's K/V)",
                            k->tag, v->tag, dk->tag, dv->tag);
             return VC_NO;
+        } else {
+            sym_same(V, k->tb, v->tb);
+            sym_same(V, k->tb, dk->tb);
+            sym_same(V, k->tb, dv->tb);
         }
         cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
         int kb = kkv ? (rep ? V->R : 0) : kall ? (int)x->block : k->tag;
@@ -1145,12 +1336,14 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
                            qo + qn, ko, ko + kn);
             return VC_NO;
         }
-        run one = {qb, kb, 1, qo, qn, 0, 0};
+        /* the symbolic step: the blocks' slopes in s */
+        int32_t qbs = qt == CPC_TOK_KV ? 0 : q->tb, kbs = kkv ? 0 : kall ? (int32_t)x->bs : k->tb;
+        run one = {qb, kb, 1, qo, qn, 0, 0, qbs, kbs, 0};
         if (!cs_add_run(V, &dq->cnt, one) || !cs_add_run(V, &dk->cnt, one) || !cs_add_run(V, &dv->cnt, one)) {
             V->err = cs_err(V);
             return VC_NO;
         }
-        dq->tag = out_tag(V, p, x, 0, q->tag, q->tag, dq->tag);
+        dq->tag = out_tag_s(V, p, x, 0, q, q, dq, &dq->tb);
         break;
     }
     default:
@@ -1407,7 +1600,8 @@ static cpc_status *post_recv(vb *V, int p, const xop *x)
         if (!q)
             return cs_err(V);
         *q = (req){.x = x, .p = p, .peer = src, .group = op->group, .tag = op->tag, .buf = op->out[i],
-                   .slot = V->map[p * V->nb + op->out[i]], .role = role(V, op->out[i])};
+                   .slot = V->map[p * V->nb + op->out[i]], .role = role(V, op->out[i]), .blk = (int32_t)x->block,
+                   .blkb = (int32_t)x->bs};
         cpc_status *st = push_req(V, p, q);
         if (st) {
             free(q);
@@ -1446,6 +1640,7 @@ static int do_wait(vb *V, int p, const xop *x)
             slot *sl = &V->slots[q->slot];
             sl->h = q->snap.h; /* what arrived: content, provenance, proved complete */
             sl->tag = q->snap.tag;
+            sl->tb = q->snap.tb;
             sl->written = true;
             sl->fwd = false;
             sl->fresh = 0;
@@ -1473,6 +1668,8 @@ static int advance(vb *V, int p)
     while (V->pc[p] < ro->n) {
         const xop *x = &ro->v[V->pc[p]];
         const cpc_op *op = x->op;
+        if (x->mk)
+            return 0; /* the induction's marker: every simulated rank stops there (prove) */
         /* the op table's rules, for every op: the kinds a backward program
          * may use, lifetimes of in-flight buffers, then the content each
          * operand must hold */
@@ -1532,6 +1729,90 @@ static int cmp_free_heads(const void *a, const void *b)
     return x->j != y->j ? (x->j > y->j) - (x->j < y->j) : (x->lo > y->lo) - (x->lo < y->lo);
 }
 
+typedef struct rect {
+    int f0, f1, h0, h1;
+} rect;
+
+static int cmp_rect_f(const void *a, const void *b)
+{
+    const rect *x = a, *y = b;
+    return (x->f0 > y->f0) - (x->f0 < y->f0);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The exactly-once rule of an OUTPUT gradient by runs, not elements (so
+ * independent of R): each run's fixed coordinate (the query block for DQ,
+ * the key block otherwise) is `own` on every element, and its free
+ * coordinate walks an arc of [0, nfree) with step +-1 (or is one point);
+ * the arcs x head intervals must tile [0, nfree) x [0, nh) exactly.  True
+ * when they do; false otherwise or when a run is not of that form (then the
+ * element-wise check decides and names the first pair). */
+static bool cover_fast(const vb *V, const cset *c, bool isq, int own, int nfree)
+{
+    const int fm = ix_mod(V, nfree), nr = c->n;
+    rect *rc = malloc((size_t)(2 * nr + 1) * sizeof *rc);
+    int *hb = malloc((size_t)(4 * nr + 2) * sizeof *hb);
+    bool ok = rc && hb;
+    int n = 0, nh = 0;
+    for (int i = 0; i < nr && ok; i++) {
+        const run *x = &c->v[i];
+        int32_t fs = isq ? x->q0 : x->k0, fd = isq ? x->dq : x->dk, f0 = isq ? x->k0 : x->q0, df = isq ? x->dk : x->dq;
+        int fnm = isq ? V->NQ : V->NK, fmod = ix_mod(V, fnm);
+        if (fs != own || (x->len >= 2 && !ix_rep(V, fs, fnm) && md32(fd, fmod) != 0)) {
+            ok = false;
+            break;
+        }
+        int a, len = x->len;
+        if (ix_rep(V, f0, nfree) || len == 1) {
+            if (len != 1) {
+                ok = false;
+                break;
+            }
+            a = f0;
+            rc[n++] = (rect){a, a + 1, x->h0, x->h0 + x->hn};
+        } else {
+            int d = md32(df, fm);
+            if (len > fm || (d != 1 && d != fm - 1)) {
+                ok = false;
+                break;
+            }
+            a = d == 1 ? f0 : md32((int64_t)f0 - (len - 1), fm);
+            rc[n++] = (rect){a, a + len < fm ? a + len : fm, x->h0, x->h0 + x->hn};
+            if (a + len > fm)
+                rc[n++] = (rect){0, a + len - fm, x->h0, x->h0 + x->hn};
+        }
+        hb[nh++] = x->h0;
+        hb[nh++] = x->h0 + x->hn;
+    }
+    if (ok) {
+        hb[nh++] = 0;
+        hb[nh++] = V->nh;
+        qsort(hb, (size_t)nh, sizeof *hb, cmp_int);
+        qsort(rc, (size_t)n, sizeof *rc, cmp_rect_f);
+        for (int j = 0; j + 1 < nh && ok; j++) {
+            int lo = hb[j], hi = hb[j + 1];
+            if (hi <= lo || lo < 0 || hi > V->nh)
+                continue;
+            int at = 0; /* the f covered so far in this head strip: exactly [0, at) */
+            for (int i = 0; i < n && ok; i++)
+                if (rc[i].h0 <= lo && rc[i].h1 >= hi) {
+                    ok = rc[i].f0 == at;
+                    at = rc[i].f1;
+                } else
+                    ok = rc[i].h1 <= lo || rc[i].h0 >= hi; /* partly in the strip: not elementary */
+            ok = ok && at == nfree;
+        }
+    }
+    free(rc);
+    free(hb);
+    return ok;
+}
+
 static cpc_status *final_checks(vb *V, int p)
 {
     const cpc_program *prog = V->prog;
@@ -1589,6 +1870,8 @@ static cpc_status *final_checks(vb *V, int p)
             return vfail(p, NULL, "OUTPUT '%s': %lld contributions for %lld (query block, key block, head) triples: "
                                   "some pairs contribute 2 times or more",
                          B->name, (long long)ne, (long long)nfree * V->nh);
+        if (cover_fast(V, &sl->cnt, isq, own, nfree))
+            continue;
         hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
         if (!e)
             return &cpc_status_oom;
@@ -1774,6 +2057,47 @@ static const char *sym_class(const vb *V, const cpc_op *ops, int n, int depth, c
     return NULL;
 }
 
+/* Do the ops commute with rotating u (verify_bwd.h ROTATIONS OF U)?  No
+ * `when`, count, peer or block reads u; no point-to-point message in the
+ * ulysses or world group; no all_reduce. */
+static bool usym_ops(const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if ((op->when && cpc_expr_uses(op->when, 'u')) || (op->count && cpc_expr_uses(op->count, 'u')) ||
+            (op->peer && cpc_expr_uses(op->peer, 'u')) || (op->block && cpc_expr_uses(op->block, 'u')) ||
+            op->kind == CPC_OP_ALL_REDUCE ||
+            ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) && op->group != CPC_GROUP_RING) ||
+            (op->kind == CPC_OP_LOOP && !usym_ops(op->body, op->n_body)))
+            return false;
+    }
+    return true;
+}
+
+/* One ulysses member for all (ROTATIONS OF U): the ops commute with
+ * rotating u, and member u holds heads [u*w, (u+1)*w) of every head-part
+ * buffer, w = H / U (query heads and K/V heads alike: H and Hkv divisible by
+ * U, so no K/V head is shared and the GQA groups move with the heads). */
+static bool usym_class(const vb *V)
+{
+    const cpc_layout *L = &V->prog->layout;
+    if (V->U < 2 || V->twin || L->rep || L->cross || L->H % V->U || L->Hkv % V->U || V->nh != L->H ||
+        !usym_ops(V->prog->ops, V->prog->n_ops))
+        return false;
+    const int w = L->H / V->U, us[3] = {0, 1, V->U - 1};
+    for (int b = 0; b < V->nb; b++) {
+        if (V->prog->buffers[b].heads != CPC_HEADS_PART)
+            continue;
+        for (int i = 0; i < 3; i++) {
+            int lo, hi;
+            held_heads(V, b, us[i], &lo, &hi);
+            if (lo != us[i] * w || hi != lo + w)
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Symmetric domain: what the rank (0, u) evaluated for a peer or block must
  * hold on every ring position: v(R-1) = v(0) + R - 1 (mod R), evaluating
  * (so that no rank's evaluation fails: the chain is monotone in r), and for
@@ -1834,6 +2158,612 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
     return collect(cc->ro, &y);
 }
 
+/* ---- loops by induction (verify_bwd.h LOOPS BY INDUCTION) ---------------------------------------- */
+
+#define IND_WARM 2 /* concrete steps of a phase before its state is taken */
+#define IND_MIN 6  /* phases shorter than this are unrolled */
+
+/* Does the subtree at node i read variable v? */
+static bool reads_var(const cpc_expr *e, int i, char v)
+{
+    cpc_expr_node n;
+    if (!cpc_expr_node_at(e, i, &n))
+        return true;
+    if (n.kind == CPC_EX_VAR)
+        return n.var == v;
+    return (n.a >= 0 && reads_var(e, n.a, v)) || (n.b >= 0 && reads_var(e, n.b, v));
+}
+
+/* Is the subtree at node i `c*s + k` through +, - and unary - only, with k
+ * free of s?  *c its coefficient; with coords, *k its value where it can be
+ * computed from NUM, VAR, +, -, unary - and * alone (false otherwise, or on
+ * overflow).  Without coords k is not computed. */
+static bool s_lin(const cpc_expr *e, int i, const cpc_coords *c, int64_t *co, int64_t *k)
+{
+    cpc_expr_node n;
+    if (!cpc_expr_node_at(e, i, &n))
+        return false;
+    int64_t ca = 0, cb = 0, ka = 0, kb = 0;
+    switch (n.kind) {
+    case CPC_EX_NUM:
+        *co = 0, *k = n.val;
+        return true;
+    case CPC_EX_VAR:
+        *co = n.var == 's';
+        *k = !c || n.var == 's' ? 0
+             : n.var == 'r'     ? c->r
+             : n.var == 'u'     ? c->u
+             : n.var == 'p'     ? c->p
+             : n.var == 'R'     ? c->R
+             : n.var == 'U'     ? c->U
+                                : c->P;
+        return true;
+    case CPC_EX_NEG:
+        if (!s_lin(e, n.a, c, &ca, &ka))
+            return false;
+        *co = -ca, *k = -ka;
+        return true;
+    case CPC_EX_ADD:
+    case CPC_EX_SUB:
+        if (!s_lin(e, n.a, c, &ca, &ka) || !s_lin(e, n.b, c, &cb, &kb))
+            return false;
+        if (n.kind == CPC_EX_SUB)
+            cb = -cb, kb = -kb;
+        *co = ca + cb;
+        return !__builtin_add_overflow(ka, kb, k) && *co >= -(1 << 20) && *co <= (1 << 20);
+    case CPC_EX_MUL:
+        if (reads_var(e, i, 's') || !s_lin(e, n.a, c, &ca, &ka) || !s_lin(e, n.b, c, &cb, &kb))
+            return false;
+        *co = 0;
+        return !__builtin_mul_overflow(ka, kb, k);
+    default:
+        if (c || reads_var(e, i, 's'))
+            return false;
+        *co = 0, *k = 0; /* free of s; its value is not needed without coords */
+        return true;
+    }
+}
+
+/* The steps where the truth of `when` (subtree i) may change: every
+ * comparison of two sides linear in s (coefficients differing by 0 or 1) is
+ * constant between the cuts added (t and t + 1 around the step t where both
+ * sides meet), and so is any and/or/not of them.  False when the guard is
+ * outside that grammar. */
+static bool guard_cuts(const cpc_expr *e, int i, const cpc_coords *c, int64_t N, int64_t *cuts, int *nc, int cap)
+{
+    cpc_expr_node n;
+    if (!cpc_expr_node_at(e, i, &n))
+        return false;
+    if (!reads_var(e, i, 's'))
+        return true;
+    switch (n.kind) {
+    case CPC_EX_NOT:
+        return guard_cuts(e, n.a, c, N, cuts, nc, cap);
+    case CPC_EX_AND:
+    case CPC_EX_OR:
+        return guard_cuts(e, n.a, c, N, cuts, nc, cap) && guard_cuts(e, n.b, c, N, cuts, nc, cap);
+    case CPC_EX_LT:
+    case CPC_EX_LE:
+    case CPC_EX_GT:
+    case CPC_EX_GE:
+    case CPC_EX_EQ:
+    case CPC_EX_NE: {
+        int64_t ca, cb, ka, kb;
+        if (!s_lin(e, n.a, c, &ca, &ka) || !s_lin(e, n.b, c, &cb, &kb))
+            return false;
+        int64_t d = ca - cb, k;
+        if (d == 0)
+            return true;
+        if ((d != 1 && d != -1) || __builtin_sub_overflow(kb, ka, &k))
+            return false;
+        int64_t t = d * k; /* both sides meet at s = t */
+        for (int64_t x = t; x <= t + 1; x++)
+            if (x > 0 && x < N) {
+                if (*nc >= cap)
+                    return false;
+                cuts[(*nc)++] = x;
+            }
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* May the loop (at top level) be proven by induction?  Its body: no loops,
+ * no collectives or recomputed attention; `when`s in the grammar of
+ * guard_cuts reading neither the rank nor u; peers free of s; blocks free
+ * of s or (r + g) % R with g linear in s.  Then every op's value on step s
+ * is affine in s (mod R) and every `when` constant between the cuts. */
+static bool loop_inductive(const vb *V, const cpc_op *loop)
+{
+    if (!V->ind_on || !loop->count || cpc_expr_uses(loop->count, 'u'))
+        return false;
+    for (int i = 0; i < loop->n_body; i++) {
+        const cpc_op *op = &loop->body[i];
+        switch (op->kind) {
+        case CPC_OP_SEND:
+        case CPC_OP_RECV:
+        case CPC_OP_WAIT:
+        case CPC_OP_SWAP:
+        case CPC_OP_ATTN_BWD:
+        case CPC_OP_ADD:
+        case CPC_OP_COPY:
+            break;
+        case CPC_OP_INIT_ACC:
+            for (int j = 0; j < op->n_out; j++)
+                if (op->out[j] < 0 || op->out[j] >= V->nb || !is_grad(role(V, op->out[j])))
+                    return false;
+            break;
+        default:
+            return false;
+        }
+        if (op->when && (cpc_expr_uses(op->when, 'r') || cpc_expr_uses(op->when, 'u') ||
+                         cpc_expr_uses(op->when, 'p')))
+            return false;
+        if (op->peer && cpc_expr_uses(op->peer, 's'))
+            return false;
+        if (op->block && cpc_expr_uses(op->block, 's')) {
+            cpc_expr_node n;
+            int64_t co, k;
+            if (unit_form(V, op->block) != 1 || !cpc_expr_node_at(op->block, cpc_expr_root(op->block), &n) ||
+                !s_lin(op->block, n.a, NULL, &co, &k))
+                return false;
+        }
+    }
+    return true;
+}
+
+typedef struct iwalk {
+    vb *V;
+    collect_ctx *cc;
+    int p;
+    int nmark;
+    bool fb; /* outside what this walk handles: the caller unrolls (cpc_program_walk) */
+} iwalk;
+
+static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope);
+
+static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t s, int64_t jn)
+{
+    rank_ops *r = w->cc->ro;
+    cpc_exec_op x = {.op = loop, .c = {0}, .depth = 0, .peer = -1, .block = -1};
+    cpc_status *st = collect(r, &x);
+    if (st)
+        return st;
+    xop *y = &r->v[r->n - 1];
+    y->mk = mk;
+    y->jn = jn;
+    y->s = s;
+    y->peer = w->nmark++; /* markers are met in the same order on every simulated rank */
+    return NULL;
+}
+
+/* The loop's steps: each phase (the `when`s constant) of IND_MIN steps or
+ * more as IND_WARM concrete steps, SNAP, one concrete step, SLOPE, the
+ * symbolic step (blocks with slopes), JUMP over the rest; shorter phases
+ * unrolled. */
+static cpc_status *iw_loop(iwalk *w, const cpc_op *loop, int64_t N, cpc_coords c)
+{
+    int cap = 8 + 4 * 16 * (loop->n_body + 1), nc = 0;
+    int64_t *cuts = malloc((size_t)cap * sizeof *cuts);
+    if (!cuts)
+        return &cpc_status_oom;
+    cuts[nc++] = 0;
+    cuts[nc++] = N;
+    for (int i = 0; i < loop->n_body && !w->fb; i++)
+        if (loop->body[i].when &&
+            !guard_cuts(loop->body[i].when, cpc_expr_root(loop->body[i].when), &c, N, cuts, &nc, cap))
+            w->fb = true;
+    qsort(cuts, (size_t)nc, sizeof *cuts, cmp_i64);
+    cpc_status *st = NULL;
+    for (int k = 0; k + 1 < nc && !st && !w->fb; k++) {
+        int64_t a = cuts[k], b = cuts[k + 1];
+        if (b <= a)
+            continue;
+        /* the grammar's claim against the evaluator, at both ends */
+        for (int i = 0; i < loop->n_body && !w->fb; i++) {
+            const cpc_expr *g = loop->body[i].when;
+            int64_t v0, v1;
+            cpc_coords c0 = c, c1 = c;
+            c0.s = a, c1.s = b - 1;
+            if (!g)
+                continue;
+            cpc_status *e0 = cpc_expr_eval(g, &c0, &v0), *e1 = e0 ? NULL : cpc_expr_eval(g, &c1, &v1);
+            if (e0 || e1 || (v0 != 0) != (v1 != 0))
+                w->fb = true;
+            cpc_status_free(e0);
+            cpc_status_free(e1);
+        }
+        int64_t s = a;
+        if (b - a >= IND_MIN) {
+            for (; s < a + IND_WARM + 1 && !st && !w->fb; s++) {
+                if (s == a + IND_WARM)
+                    st = iw_mark(w, loop, MK_SNAP, s, 0);
+                c.s = s;
+                if (!st)
+                    st = iw_list(w, loop->body, loop->n_body, c, 1, false);
+            }
+            if (!st && !w->fb)
+                st = iw_mark(w, loop, MK_SLOPE, s, 0);
+            c.s = s;
+            if (!st && !w->fb)
+                st = iw_list(w, loop->body, loop->n_body, c, 1, true);
+            if (!st && !w->fb)
+                st = iw_mark(w, loop, MK_JUMP, s, b - s - 1);
+            s = b;
+        }
+        for (; s < b && !st && !w->fb; s++) {
+            c.s = s;
+            st = iw_list(w, loop->body, loop->n_body, c, 1, false);
+        }
+    }
+    free(cuts);
+    return st;
+}
+
+/* One simulated rank's op instances as cpc_program_walk (+ collect_checked)
+ * gives them, with the inductive loops' phases jumped over.  Anything the
+ * walk would refuse sets fb (the caller then walks with cpc_program_walk, for
+ * its messages). */
+static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope)
+{
+    const vb *V = w->V;
+    for (int i = 0; i < n && !w->fb; i++) {
+        const cpc_op *op = &ops[i];
+        int64_t v;
+        if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT) {
+            w->fb = true;
+            break;
+        }
+        if (op->when) {
+            cpc_status *st = cpc_expr_eval(op->when, &c, &v);
+            if (st) {
+                cpc_status_free(st);
+                w->fb = true;
+                break;
+            }
+            if (!v)
+                continue;
+        }
+        if (op->kind == CPC_OP_LOOP) {
+            cpc_status *st = NULL;
+            if (depth >= 8 || !op->count || (op->n_body > 0 && !op->body) ||
+                (st = cpc_expr_eval(op->count, &c, &v)) || v < 0 || v > CPC_LOOP_MAX) {
+                cpc_status_free(st);
+                w->fb = true;
+                break;
+            }
+            if (depth == 0 && v >= IND_MIN && loop_inductive(V, op)) {
+                if ((st = iw_loop(w, op, v, c)))
+                    return st;
+                continue;
+            }
+            for (int64_t s = 0; s < v && !w->fb; s++) {
+                cpc_coords ci = c;
+                ci.s = s;
+                if ((st = iw_list(w, op->body, op->n_body, ci, depth + 1, false)))
+                    return st;
+            }
+            continue;
+        }
+        if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS) {
+            w->fb = true;
+            break;
+        }
+        for (int j = 0; j < op->n_in; j++)
+            w->fb |= op->in[j] < 0 || op->in[j] >= V->nb;
+        for (int j = 0; j < op->n_out; j++)
+            w->fb |= op->out[j] < 0 || op->out[j] >= V->nb;
+        cpc_exec_op x = {.op = op, .c = c, .depth = depth, .peer = -1, .block = -1};
+        int64_t W = op->group == CPC_GROUP_RING ? V->R : op->group == CPC_GROUP_ULYSSES ? V->U
+                    : op->group == CPC_GROUP_WORLD ? V->P : 0;
+        cpc_status *st = NULL;
+        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
+            w->fb |= !op->peer || W <= 0 || (st = cpc_expr_eval(op->peer, &c, &x.peer)) || x.peer < 0 || x.peer >= W;
+        if (!w->fb && op->block)
+            w->fb |= (st = cpc_expr_eval(op->block, &c, &x.block)) || x.block < 0 || x.block >= V->R;
+        w->fb |= op->kind == CPC_OP_RECV && !op->block;
+        int64_t b1 = x.block;
+        if (!w->fb && slope && op->block) {
+            cpc_coords c1 = c;
+            c1.s = c.s + 1;
+            w->fb |= (st = cpc_expr_eval(op->block, &c1, &b1)) != NULL;
+        }
+        cpc_status_free(st);
+        if (w->fb)
+            break;
+        if ((st = collect_checked(w->cc, &x)))
+            return st;
+        if (slope && op->block)
+            w->cc->ro->v[w->cc->ro->n - 1].bs = md32(b1 - x.block, V->R);
+    }
+    return NULL;
+}
+
+/* ---- the state at a step boundary, as the induction compares it ---- */
+
+typedef struct vsnap {
+    slot *slots;     /* [nsim * nb]: copies (runs deep) */
+    int *map, *busy; /* [nsim * nb] */
+    req *reqs;       /* every simulated rank's posted requests, rank by rank (snapshots' runs deep) */
+    int *nreq;       /* [nsim] */
+    int *queues;     /* per rank: its send queue, -1, its recv queue, -1 (indices into reqs) */
+    int nr, nq;
+    int32_t stamps;
+} vsnap;
+
+static void vsnap_free(vb *V, vsnap *S)
+{
+    if (!S)
+        return;
+    size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
+    if (S->slots)
+        for (size_t i = 0; i < ns; i++)
+            cs_free(&S->slots[i].cnt);
+    if (S->reqs)
+        for (int i = 0; i < S->nr; i++)
+            cs_free(&S->reqs[i].snap.cnt);
+    free(S->slots);
+    free(S->map);
+    free(S->busy);
+    free(S->reqs);
+    free(S->nreq);
+    free(S->queues);
+    free(S);
+}
+
+/* Index of request q among every rank's posted ones (rank by rank); -2 if none. */
+static int req_index(const vb *V, const req *q)
+{
+    int base = 0;
+    for (int p = 0; p < V->nsim; p++) {
+        for (int j = 0; j < V->rr[p].n; j++)
+            if (V->rr[p].v[j] == q)
+                return base + j;
+        base += V->rr[p].n;
+    }
+    return -2;
+}
+
+static bool slot_dup(slot *d, const slot *s)
+{
+    *d = *s;
+    d->cnt = (cset){0};
+    if (!s->cnt.n)
+        return true;
+    d->cnt.v = malloc((size_t)s->cnt.n * sizeof *d->cnt.v);
+    if (!d->cnt.v)
+        return false;
+    memcpy(d->cnt.v, s->cnt.v, (size_t)s->cnt.n * sizeof *d->cnt.v);
+    d->cnt.n = d->cnt.cap = s->cnt.n;
+    return true;
+}
+
+static vsnap *vsnap_take(vb *V)
+{
+    size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
+    vsnap *S = calloc(1, sizeof *S);
+    if (!S)
+        return NULL;
+    int nr = 0, nq = 0;
+    for (int p = 0; p < V->nsim; p++) {
+        nr += V->rr[p].n;
+        for (const req *q = V->rr[p].sq; q; q = q->qnext)
+            nq++;
+        for (const req *q = V->rr[p].rq; q; q = q->qnext)
+            nq++;
+        nq += 2;
+    }
+    S->slots = calloc(ns, sizeof *S->slots);
+    S->map = malloc(ns * sizeof *S->map);
+    S->busy = malloc(ns * sizeof *S->busy);
+    S->reqs = calloc((size_t)(nr ? nr : 1), sizeof *S->reqs);
+    S->nreq = malloc((size_t)V->nsim * sizeof *S->nreq);
+    S->queues = malloc((size_t)(nq ? nq : 1) * sizeof *S->queues);
+    S->nr = nr;
+    S->nq = nq;
+    S->stamps = V->stamps;
+    bool ok = S->slots && S->map && S->busy && S->reqs && S->nreq && S->queues;
+    for (size_t i = 0; i < ns && ok; i++)
+        ok = slot_dup(&S->slots[i], &V->slots[i]);
+    if (ok) {
+        memcpy(S->map, V->map, ns * sizeof *S->map);
+        memcpy(S->busy, V->busy, ns * sizeof *S->busy);
+    }
+    int k = 0, m = 0;
+    for (int p = 0; p < V->nsim && ok; p++) {
+        S->nreq[p] = V->rr[p].n;
+        for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
+            S->reqs[k] = *V->rr[p].v[j];
+            S->reqs[k].qnext = NULL;
+            ok = slot_dup(&S->reqs[k].snap, &V->rr[p].v[j]->snap);
+        }
+        for (int h = 0; h < 2; h++) {
+            for (const req *q = h ? V->rr[p].rq : V->rr[p].sq; q; q = q->qnext)
+                S->queues[m++] = req_index(V, q);
+            S->queues[m++] = -1;
+        }
+    }
+    if (!ok) {
+        vsnap_free(V, S);
+        return NULL;
+    }
+    return S;
+}
+
+enum { SM_SLOPE, SM_CHECK, SM_JUMP };
+
+/* One numeric field of the state: *cv with slope *cb now, sv with slope sb
+ * in the snapshot.  mod: R (a ring index), 0 (a length), -1 (must not follow
+ * s).  SM_SLOPE: the slope := now - snapshot.  SM_CHECK: now = snapshot +
+ * its slope, with the same slope (the symbolic step came back to the state
+ * one step on).  SM_JUMP: n steps on. */
+static bool fld(int mode, int64_t mod, int64_t n, int *cv, int32_t *cb, int sv, int32_t sb)
+{
+    switch (mode) {
+    case SM_SLOPE:
+        if (mod < 0) {
+            *cb = 0;
+            return *cv == sv;
+        }
+        *cb = mod ? md32((int64_t)*cv - sv, mod) : *cv - sv;
+        return true;
+    case SM_CHECK:
+        if (mod < 0)
+            return *cv == sv && *cb == 0 && sb == 0;
+        if (mod)
+            return md32((int64_t)*cv - sv - sb, mod) == 0 && md32((int64_t)*cb - sb, mod) == 0;
+        return (int64_t)*cv == (int64_t)sv + sb && *cb == sb;
+    default:
+        if (mod > 0)
+            *cv = md32((int64_t)*cv + n * *cb, mod);
+        else if (mod == 0) {
+            int64_t v = (int64_t)*cv + n * (int64_t)*cb;
+            if (v < 0 || v > INT32_MAX)
+                return false;
+            *cv = (int)v;
+        }
+        *cb = 0;
+        return true;
+    }
+}
+
+static bool slot_pair(const vb *V, int mode, int64_t n, slot *c, const slot *s)
+{
+    static const slot none = {.tag = CPC_TAG_NONE};
+    if (!s)
+        s = &none;
+    if (mode != SM_JUMP &&
+        (c->written != s->written || c->src != s->src || c->final != s->final || c->fresh != s->fresh ||
+         c->merged != s->merged || c->stamp != s->stamp || c->kvcov != s->kvcov || c->grad != s->grad ||
+         c->fwd != s->fwd || c->r0 != s->r0 || c->role != s->role || c->tk != s->tk || c->hd != s->hd ||
+         c->cnt.n != s->cnt.n || (c->tag == CPC_TAG_NONE) != (s->tag == CPC_TAG_NONE)))
+        return false;
+    int64_t tm = c->tag == CPC_TAG_NONE ? -1
+                 : c->tk == CPC_TOK_BLOCK || (c->tk == CPC_TOK_SHARD && V->U == 1) ? V->R
+                                                                                    : -1;
+    if (!fld(mode, tm, n, &c->tag, &c->tb, s->tag, s->tb))
+        return false;
+    for (int i = 0; i < c->cnt.n; i++) {
+        run *x = &c->cnt.v[i];
+        const run *y = mode == SM_JUMP ? x : &s->cnt.v[i];
+        if (mode != SM_JUMP && (x->h0 != y->h0 || x->hn != y->hn || x->dq != y->dq || x->dk != y->dk))
+            return false;
+        int64_t qm = ix_rep(V, x->q0, V->NQ) || ix_rep(V, y->q0, V->NQ) ? -1 : V->R;
+        int64_t km = V->NK == 1 || ix_rep(V, x->k0, V->NK) || ix_rep(V, y->k0, V->NK) ? -1 : V->R;
+        if (!fld(mode, qm, n, &x->q0, &x->qb, y->q0, y->qb) || !fld(mode, km, n, &x->k0, &x->kb, y->k0, y->kb) ||
+            !fld(mode, 0, n, &x->len, &x->lb, y->len, y->lb))
+            return false;
+    }
+    return true;
+}
+
+/* The whole simulated state against snapshot S (mode SM_SLOPE, SM_CHECK) or
+ * n steps on (SM_JUMP, S unused).  False: not the same shape (slots' flags,
+ * run counts, requests and queues), or not the state one step on. */
+static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
+{
+    size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
+    if (mode == SM_JUMP) {
+        for (size_t i = 0; i < ns; i++)
+            if (!slot_pair(V, mode, n, &V->slots[i], NULL))
+                return false;
+        for (int p = 0; p < V->nsim; p++)
+            for (int j = 0; j < V->rr[p].n; j++) {
+                req *q = V->rr[p].v[j];
+                if (!fld(mode, q->send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, 0, 0) ||
+                    !slot_pair(V, mode, n, &q->snap, NULL))
+                    return false;
+            }
+        return true;
+    }
+    if (S->stamps != V->stamps)
+        return false;
+    /* memory slots are compared through the buffers naming them (a swap renames: the state a
+     * step on may be this one with slots permuted, which behaves the same) */
+    int *inv = malloc(2 * ns * sizeof *inv);
+    if (!inv)
+        return false;
+    int *sinv = inv + ns;
+    for (size_t i = 0; i < ns; i++) {
+        inv[V->map[i]] = (int)i;
+        sinv[S->map[i]] = (int)i;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < ns && ok; i++)
+        ok = V->busy[V->map[i]] == S->busy[S->map[i]] &&
+             slot_pair(V, mode, n, &V->slots[V->map[i]], &S->slots[S->map[i]]);
+    int k = 0, m = 0;
+    for (int p = 0; p < V->nsim && ok; p++) {
+        if (S->nreq[p] != V->rr[p].n) {
+            ok = false;
+            break;
+        }
+        for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
+            req *q = V->rr[p].v[j];
+            const req *o = &S->reqs[k];
+            ok = q->x->op == o->x->op && q->p == o->p && q->peer == o->peer && q->group == o->group &&
+                 q->tag == o->tag && q->buf == o->buf && inv[q->slot] == sinv[o->slot] && q->role == o->role &&
+                 q->send == o->send && q->matched == o->matched &&
+                 fld(mode, q->send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, o->blk, o->blkb) &&
+                 slot_pair(V, mode, n, &q->snap, &o->snap);
+        }
+        for (int h = 0; h < 2 && ok; h++) {
+            for (const req *q = h ? V->rr[p].rq : V->rr[p].sq; q && ok; q = q->qnext)
+                ok = m < S->nq && S->queues[m++] == req_index(V, q);
+            ok = ok && m < S->nq && S->queues[m++] == -1;
+        }
+    }
+    free(inv);
+    return ok;
+}
+
+/* Every simulated rank stands at the same marker: the induction's step. */
+static void ind_marker(vb *V, const xop *x)
+{
+    switch (x->mk) {
+    case MK_SNAP:
+        vsnap_free(V, V->snap);
+        if (!(V->snap = vsnap_take(V)))
+            V->err = &cpc_status_oom;
+        break;
+    case MK_SLOPE:
+        /* the guess: every value moves per step as it moved on the last one */
+        if (!V->snap || !state_pair(V, SM_SLOPE, 0, V->snap)) {
+            V->undec = "the loop's state does not keep its shape from one step to the next";
+            break;
+        }
+        vsnap_free(V, V->snap);
+        if (!(V->snap = vsnap_take(V)))
+            V->err = &cpc_status_oom;
+        V->ind = true;
+        break;
+    default: /* MK_JUMP: the symbolic step must give the guess one step on, as identities in s */
+        V->ind = false;
+        if (V->undec)
+            break;
+        if (!V->snap || !state_pair(V, SM_CHECK, 0, V->snap)) {
+            V->undec = "the loop's state one symbolic step on is not its state moved by one step";
+            break;
+        }
+        if (!state_pair(V, SM_JUMP, x->jn, NULL)) {
+            V->undec = "a run's length leaves its range";
+            break;
+        }
+        vsnap_free(V, V->snap);
+        V->snap = NULL;
+        V->jumps++;
+        break;
+    }
+}
+
 /* The INPUT buffers, the initial state of every simulated rank and its op
  * instances; then the ranks run round-robin (blocking waits, collectives
  * when every member is there) until all end or none can move. */
@@ -1875,7 +2805,16 @@ static cpc_status *prove(vb *V)
             }
         }
         collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U};
-        if (!st)
+        if (!st && V->ind_on) {
+            iwalk w = {.V = V, .cc = &cc, .p = p};
+            /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked
+             * takes its peers and blocks back to rank 0's frame) */
+            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, p), 0, false);
+            if (!st && w.fb) {
+                V->undec = "the walk meets what only cpc_program_walk reports";
+                return NULL;
+            }
+        } else if (!st)
             st = cpc_program_walk(prog, p, collect_checked, &cc);
     }
     if (st)
@@ -1905,9 +2844,29 @@ static cpc_status *prove(vb *V)
         }
         if (all)
             break;
+        if (V->ind_on) {
+            /* the induction's markers: every simulated rank at the same one */
+            const xop *m0 = V->pc[0] < V->ro[0].n ? &V->ro[0].v[V->pc[0]] : NULL;
+            bool at = m0 && m0->mk;
+            for (int p = 1; p < V->nsim && at; p++) {
+                const xop *m = V->pc[p] < V->ro[p].n ? &V->ro[p].v[V->pc[p]] : NULL;
+                at = m && m->mk == m0->mk && m->peer == m0->peer && m->op == m0->op && m->s == m0->s &&
+                     m->jn == m0->jn; /* the same marker of the same loop and step on every rank */
+            }
+            if (at) {
+                ind_marker(V, m0);
+                if (V->err)
+                    return V->err;
+                if (V->undec)
+                    return NULL;
+                for (int p = 0; p < V->nsim; p++)
+                    V->pc[p]++;
+                continue;
+            }
+        }
         /* ulysses groups (all_to_all), then ring groups (all_gather, reduce_scatter) */
         for (int gk = 0; gk < 2; gk++) {
-            int ng = gk == 0 ? ngr : V->U, nm = gk == 0 ? V->U : nrm;
+            int ng = gk == 0 ? ngr : V->Us, nm = gk == 0 ? V->Us : nrm;
             for (int g = 0; g < ng; g++) {
                 bool ready = true;
                 const cpc_op *op0 = NULL;
@@ -1959,6 +2918,12 @@ static cpc_status *prove(vb *V)
             }
         }
         if (!moved) {
+            for (int p = 0; p < V->nsim && V->ind_on; p++)
+                if (V->pc[p] < V->ro[p].n && V->ro[p].v[V->pc[p]].mk) {
+                    /* a rank waits at a step boundary for one that waits on it: unroll instead */
+                    V->undec = "the simulated ranks do not reach the loop's step boundary together";
+                    return NULL;
+                }
             for (int p = 0; p < V->nsim; p++)
                 if (V->pc[p] < V->ro[p].n) {
                     const xop *x = &V->ro[p].v[V->pc[p]];
@@ -1988,7 +2953,7 @@ static cpc_status *prove(vb *V)
             return vfail(p, q->x, "its %s of '%s' (tag %d) is %s and never completed by a wait",
                          q->send ? "send" : "recv", bn(V, q->buf), q->tag, q->matched ? "matched" : "never matched");
         }
-    if (V->over || V->asym)
+    if (V->over || V->asym || V->undec)
         return NULL; /* the caller decides: not proven */
     for (int p = 0; p < V->nsim && !st; p++)
         st = final_checks(V, p);
@@ -1998,6 +2963,8 @@ static cpc_status *prove(vb *V)
 static void vb_free(vb *V)
 {
     size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
+    vsnap_free(V, V->snap);
+    V->snap = NULL;
     if (V->rr)
         for (int p = 0; p < V->nsim; p++) {
             for (int j = 0; j < V->rr[p].n; j++) {
@@ -2029,6 +2996,12 @@ cpc_status *cpc_verify_backward(const cpc_program *prog)
 
 cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats)
 {
+    return cpc_verify_backward_ind(prog, opts, stats, true);
+}
+
+cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
+                                    bool induction)
+{
     cpc_verify_method method = opts ? opts->method : CPC_VERIFY_AUTO;
     cpc_verify_bwd_stats dummy;
     if (!stats)
@@ -2039,7 +3012,8 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
     const cpc_layout *L = &prog->layout;
     if (L->P != L->R * L->U || L->R < 1 || L->U < 1)
         return cpc_error(CPC_E_INTERNAL, "verify_backward: program layout is not initialised");
-    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .nb = prog->n_buffers, .nh = L->U > 1 ? L->H : 1};
+    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .Us = L->U, .nb = prog->n_buffers,
+               .nh = L->U > 1 ? L->H : 1};
     base.NK = L->cross ? 1 : L->R + (L->rep ? 1 : 0);
     base.NQ = L->R + (L->rep ? 1 : 0);
     /* 1. the symmetric domain (any world size) when the program commutes
@@ -2053,7 +3027,32 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
         V.sym = true;
         V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
         V.nsim = V.twin ? 2 * V.U : V.U;
+        /* one ulysses member for all and loops by induction first; where the induction cannot
+         * decide, unrolled */
+        if (induction && usym_class(&V)) {
+            V.usym = true;
+            V.Us = 1;
+            V.nsim = 1;
+        }
+        V.ind_on = induction;
         st = prove(&V);
+        if (V.undec) {
+            bool us = V.usym;
+            cpc_status_free(st);
+            vb_free(&V);
+            V = base;
+            V.sym = true;
+            V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
+            V.nsim = V.twin ? 2 * V.U : V.U;
+            if (us) {
+                V.usym = true;
+                V.Us = 1;
+                V.nsim = 1;
+            }
+            st = prove(&V);
+        }
+        stats->usym = V.usym;
+        stats->jumps = V.jumps;
         stats->work = V.work;
         /* not decided: a failure after the symmetry broke says nothing either */
         bool over = (V.over && !st) || V.asym;

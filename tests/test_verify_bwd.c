@@ -539,6 +539,294 @@ Test(verify_bwd, domains_agree_on_mutants)
                 rounds, refused, sym_used, rep_rounds, rep_refused, rep_sym);
 }
 
+/* Loops by induction (verify_bwd.h LOOPS BY INDUCTION): random mutants of
+ * programs whose loops are long enough to be jumped (R >= 8), with guards
+ * and blocks that follow s among the mutations, proven by the symmetric
+ * domain with induction, by it with every loop unrolled, and by the
+ * enumeration of every rank: the three agree on every mutant, and the
+ * induction decides a good share of them itself. */
+static void mutate_steps(cpc_program *p, uint64_t seed, int round)
+{
+    uint32_t i = 0;
+#define RND(n) rnd(seed, round, &i, (int)(n))
+    cpc_op *loop = NULL;
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP)
+            loop = &p->ops[j];
+    if (!loop || !loop->n_body || RND(3) == 0) {
+        mutate(p, seed, round);
+        return;
+    }
+    cpc_op *op = &loop->body[RND(loop->n_body)];
+    static const char *const whens[] = {"s!=5", "s>2", "s<R-3", "s==4", "s>=R-2", "s!=R-4", "s+1<R", "!(s==6)"};
+    static const char *const blocks[] = {"(r-s+1)%R", "(r+s)%R", "(r-s-2)%R", "(r-s)%R", "(r-s-1)%R", "(s-r)%R"};
+    static const char *const counts[] = {"R+1", "R-1", "R", "2*R", "R-2"};
+    switch (RND(4)) {
+    case 0:
+        cpc_expr_free(op->when);
+        op->when = expr_of(whens[RND(8)]);
+        break;
+    case 1:
+        if (op->block) {
+            cpc_expr_free(op->block);
+            op->block = expr_of(blocks[RND(6)]);
+        }
+        break;
+    case 2:
+        cpc_expr_free(loop->count);
+        loop->count = expr_of(counts[RND(5)]);
+        break;
+    default:
+        mutate(p, seed, round);
+        break;
+    }
+#undef RND
+}
+
+Test(verify_bwd, induction_agrees_on_mutants)
+{
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H, Hkv, tokens;
+        const char *rotate;
+        int rep; /* replicated text tokens (the twin: RING RANK 0) */
+    } rows[] = {
+        {"ring", CPC_VARIANT_RING, 12, 1, 4, 2, 96, "p2p", 0},
+        {"ring", CPC_VARIANT_RING, 9, 1, 4, 4, 72, "allgather", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 10, 2, 4, 2, 160, "p2p", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 3, 6, 3, 144, "allgather", 0},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 11, 1, 4, 2, 100, "p2p", 0},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 8, 1, 4, 2, 70, "allgather", 0},
+        /* one ulysses member for all (ROTATIONS OF U): heads and K/V heads divisible by U */
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 0},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 6, 3, 50, "p2p", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 9, 2, 4, 4, 144, "p2p", 0},
+        /* replicated text: the twin and the fixed index R in the runs */
+        {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 9, 1, 4, 2, 70, "allgather", 5},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
+    };
+    const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
+    int rounds = env ? atoi(env) : 300;
+    uint64_t seed = test_seed();
+    int jumped = 0, jumped_ok = 0, refused = 0, usym = 0, usym_ok = 0;
+    for (int k = 0; k < rounds; k++) {
+        size_t i = (size_t)k % (sizeof rows / sizeof rows[0]);
+        cpc_program *p = bwd_program_rep(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                                         rows[i].tokens, k % 2 && !rows[i].rep ? "causal" : "none", rows[i].rotate,
+                                         rows[i].rep);
+        int nm = k % 4 == 3 ? 0 : 1 + k % 2;
+        for (int m = 0; m < nm; m++)
+            mutate_steps(p, seed, k * 4 + m);
+        cpc_verify_bwd_stats sa, su, se;
+        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cpc_status *u = cpc_verify_backward_ind(p, NULL, &su, false);
+        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+        cr_assert_eq(a == NULL, e == NULL,
+                     "seed %llu round %d (%s %dx%d): induction (%lld jumps): %s / enumeration: %s",
+                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, (long long)sa.jumps,
+                     a ? a->message : "proven", e ? e->message : "proven");
+        cr_assert_eq(a == NULL, u == NULL, "seed %llu round %d (%s): induction: %s / unrolled: %s",
+                     (unsigned long long)seed, k, rows[i].name, a ? a->message : "proven", u ? u->message : "proven");
+        cr_assert_eq(su.jumps, 0);
+        cr_assert(!su.usym);
+        usym += sa.usym;
+        usym_ok += sa.usym && !a;
+        jumped += sa.jumps > 0;
+        jumped_ok += sa.jumps > 0 && !a;
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_status_free(u);
+        cpc_status_free(e);
+        cpc_program_free(p);
+    }
+    cr_expect(jumped > rounds / 4 && jumped_ok > rounds / 8, "seed %llu: %d of %d mutants jumped a phase, %d proven",
+              (unsigned long long)seed, jumped, rounds, jumped_ok);
+    cr_expect(refused > rounds / 8 && refused < rounds, "seed %llu: %d of %d refused", (unsigned long long)seed,
+              refused, rounds);
+    cr_expect(usym > rounds / 8 && usym_ok > rounds / 16, "seed %llu: %d of %d mutants by one ulysses member, %d proven",
+              (unsigned long long)seed, usym, rounds, usym_ok);
+    if (env)
+        fprintf(stderr, "induction mutants: %d, %d refused, %d jumped (%d of them proven), %d by one ulysses member (%d proven)\n",
+                rounds, refused, jumped, jumped_ok, usym, usym_ok);
+}
+
+/* One planted fault per rule the induction relies on, in a 16-rank ring
+ * (enumerated too) and a 65536-rank one (the induction alone): each refused
+ * with CP051 naming it; the unedited programs are proven with a phase
+ * jumped. */
+Test(verify_bwd, induction_refuses_planted_faults)
+{
+    static const struct {
+        const char *what, *rotate, *needle;
+    } faults[] = {
+        {"count R+1: the accumulators meet a block twice", "allgather", "2 times or more"},
+        {"count R-1: a block never met", "allgather", "0 times"},
+        {"attn_bwd skipped on step 7 only", "p2p", "0 times"},
+        {"recv of K/V declares block r-s on steps >= 1 (r-s-1 on step 0)", "p2p", "block"},
+        {"the dK accumulator in flight re-initialised on the last step only", "p2p", "in flight"},
+        {"attn_bwd run twice on the last step only", "p2p", "2 times or more"},
+        {"none", "p2p", NULL},
+        {"none", "allgather", NULL},
+    };
+    for (int R = 16; R <= 65536; R *= 4096) {
+        for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++) {
+            cpc_program *p = bwd_program("ring", CPC_VARIANT_RING, R, 1, 4, 4, 2 * R, "none", faults[f].rotate);
+            cpc_op *loop = NULL;
+            for (int j = 0; j < p->n_ops; j++)
+                if (p->ops[j].kind == CPC_OP_LOOP)
+                    loop = &p->ops[j];
+            cr_assert_not_null(loop);
+            cpc_op *att = NULL, *rk = NULL, *sd = NULL;
+            for (int j = 0; j < loop->n_body; j++) {
+                cpc_op *op = &loop->body[j];
+                if (op->kind == CPC_OP_ATTN_BWD && !att)
+                    att = op;
+                if (op->kind == CPC_OP_RECV && op->tag == 0 && !rk)
+                    rk = op;
+                if (op->kind == CPC_OP_SEND && op->tag == 1)
+                    sd = op;
+            }
+            cr_assert_not_null(att);
+            switch (f) {
+            case 0:
+            case 1:
+                cpc_expr_free(loop->count);
+                loop->count = expr_of(f == 0 ? "R+1" : "R-1");
+                break;
+            case 2:
+                att->when = expr_of("s!=7");
+                break;
+            case 3: {
+                cr_assert_not_null(rk);
+                cpc_op *ops = calloc((size_t)loop->n_body + 1, sizeof *ops);
+                int at = (int)(rk - loop->body), m = 0;
+                for (int j = 0; j < loop->n_body; j++) {
+                    ops[m++] = loop->body[j];
+                    if (j == at) {
+                        /* the same recv twice: step 0 as compiled, steps >= 1 one block off */
+                        cpc_op *a = &ops[m - 1], *b = &ops[m++];
+                        *b = *a;
+                        cpc_expr_free(a->when);
+                        a->when = expr_of("s==0");
+                        b->when = expr_of("s>=1 && s<R-1");
+                        b->block = expr_of("(r-s)%R");
+                        b->peer = expr_of("(r-1)%R");
+                    }
+                }
+                free(loop->body);
+                loop->body = ops;
+                loop->n_body = m;
+                break;
+            }
+            case 5: {
+                cpc_op *ops = calloc((size_t)loop->n_body + 1, sizeof *ops);
+                int at = (int)(att - loop->body), m = 0;
+                for (int j = 0; j < loop->n_body; j++) {
+                    ops[m++] = loop->body[j];
+                    if (j == at) {
+                        cpc_op *x = &ops[m++];
+                        *x = ops[m - 2];
+                        x->when = expr_of("s==R-1");
+                    }
+                }
+                free(loop->body);
+                loop->body = ops;
+                loop->n_body = m;
+                break;
+            }
+            case 4: {
+                /* after the dK/dV send of the lagged ring: an op on the last step only */
+                cr_assert_not_null(sd);
+                cpc_op *ops = calloc((size_t)loop->n_body + 1, sizeof *ops);
+                int at = (int)(sd - loop->body), m = 0;
+                for (int j = 0; j < loop->n_body; j++) {
+                    ops[m++] = loop->body[j];
+                    if (j == at) {
+                        cpc_op *x = &ops[m++];
+                        *x = (cpc_op){.kind = CPC_OP_INIT_ACC, .group = CPC_GROUP_NONE};
+                        x->when = expr_of("s==R-1");
+                        x->n_out = 1;
+                        x->out[0] = sd->in[0];
+                    }
+                }
+                free(loop->body);
+                loop->body = ops;
+                loop->n_body = m;
+                break;
+            }
+            default:
+                break;
+            }
+            cpc_verify_bwd_stats st1;
+            cpc_status *st = cpc_verify_backward_ex(p, NULL, &st1);
+            if (!faults[f].needle) {
+                cr_expect_null(st, "R %d %s: %s", R, faults[f].rotate, st ? st->message : "");
+                cr_expect_eq(st1.mode, CPC_VERIFY_SYMBOLIC);
+                cr_expect(st1.jumps > 0, "R %d %s: no phase jumped", R, faults[f].rotate);
+            } else {
+                cr_assert_not_null(st, "R %d: %s: proven", R, faults[f].what);
+                cr_expect_eq(st->rule, CPC_RULE_VERIFY);
+                cr_expect(strstr(st->message, faults[f].needle), "R %d: %s: %s", R, faults[f].what, st->message);
+                if (R <= 256) {
+                    cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+                    cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+                    cr_expect_not_null(e, "R %d: %s: the enumeration proves it", R, faults[f].what);
+                    cpc_status_free(e);
+                }
+            }
+            cpc_status_free(st);
+            cpc_program_free(p);
+        }
+    }
+}
+
+/* One ulysses member for all (verify_bwd.h ROTATIONS OF U): at 65536 ranks
+ * (heads = ranks) the pure ulysses program is proven by member 0 alone;
+ * faults are refused by it: a gradient never brought back to the sequence
+ * layout, the dq sent back without its heads placed (a gradient's
+ * heads_to_seq into the wrong output); a guard reading u leaves the class
+ * (every member simulated, at 1024 ranks) and its fault is found there. */
+Test(verify_bwd, one_ulysses_member_for_all)
+{
+    for (int f = 0; f < 4; f++) {
+        int U = f == 3 ? 1024 : 65536;
+        cpc_program *p = bwd_program("ulysses", CPC_VARIANT_ULYSSES, 1, U, U, U, 2 * U, "causal", "p2p");
+        cpc_op *h2s[3] = {NULL, NULL, NULL}, *att = NULL;
+        int nh = 0;
+        for (int j = 0; j < p->n_ops; j++) {
+            if (p->ops[j].kind == CPC_OP_ALL_TO_ALL && p->ops[j].dir == CPC_A2A_HEADS_TO_SEQ && nh < 3)
+                h2s[nh++] = &p->ops[j];
+            if (p->ops[j].kind == CPC_OP_ATTN_BWD)
+                att = &p->ops[j];
+        }
+        cr_assert_eq(nh, 3);
+        cr_assert_not_null(att);
+        if (f == 1)
+            h2s[1]->when = expr_of("0");
+        if (f == 2)
+            h2s[0]->out[0] = h2s[1]->out[0];
+        if (f == 3)
+            att->when = expr_of("u!=1");
+        cpc_verify_bwd_stats st1;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &st1);
+        cr_expect_eq(st1.usym, f != 3, "fault %d: usym %d", f, (int)st1.usym);
+        if (f == 0) {
+            cr_expect_null(st, "%s", st ? st->message : "");
+            cr_expect_eq(st1.mode, CPC_VERIFY_SYMBOLIC);
+        } else {
+            static const char *const needle[] = {NULL, "never written", "'dk'", "0 times"};
+            cr_assert_not_null(st, "fault %d proven", f);
+            cr_expect_eq(st->rule, CPC_RULE_VERIFY);
+            cr_expect(strstr(st->message, needle[f]), "fault %d: %s", f, st->message);
+        }
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
+}
+
 /* More tampers, one per rule the prover checks (verify_bwd.h WHAT IS
  * PROVED), each refused on load with the reason. */
 /* barrier is a forward op the backward step takes too (a collective without

@@ -1213,6 +1213,10 @@ class _Parallel:
         self.cfg.setdefault("_class_name", self.cls)
         self.parallel_config = parallel_config
         self.comm = comm
+        # a model on a GPU: device tensors through cpc, NCCL between the GPUs (cpc/_nccl.py)
+        p0 = next(model.parameters(), None)
+        if backend == "auto" and p0 is not None and p0.is_cuda:
+            backend = "cuda"
         self.backend, self.timeout_s, self.plan_kw = backend, timeout_s, plan_kw
         self.shapes = {}
         self.current = None
@@ -1855,7 +1859,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       attention).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
-      backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
+      backend / timeout_s: for cpc.Attention ("auto": "cuda" for a model on a CUDA device,
+      whose ranks then talk over NCCL bootstrapped from comm).  plan_kw: more from_diffusers keywords
       (device=, steps=, replicate_text=True: the joint text whole on every rank, as
       xDiT runs it, inference only; ...).
 
