@@ -1,0 +1,757 @@
+/*
+ * test_verify_attack.c - the backward prover (compiler/verify_bwd.c) attacked
+ * as an adversary would (issue 21): its two shortcuts, LOOPS BY INDUCTION
+ * (a loop's phase proven from three concrete steps and one symbolic step)
+ * and ROTATIONS OF U (one ulysses member simulated for all), must never
+ * accept a program that the enumeration of every rank refuses.
+ *
+ *   - planted faults that appear on one step only (the last, the one before,
+ *     one in the middle), after a long stretch of correct steps, or only when
+ *     the loop runs long (accumulators that drift), at 8..16 ranks (the
+ *     enumeration decides too: the verdicts must agree) and at 65536 ranks
+ *     (only the symmetric domain runs: a fault the small sizes refuse must be
+ *     refused, a correct variant should be proven);
+ *   - step functions outside the induction's grammar (s*s, s/2, s%k, min,
+ *     max, 2*s, nested mod) in guards and blocks: never accepted wrongly;
+ *   - ulysses programs outside the one-member class (peers (u+1)%U and
+ *     (u+2)%U, guards and loop counts reading u, heads not divisible by U,
+ *     GQA) against the enumeration;
+ *   - a random-mutant fuzz focused on loop bodies (guards, blocks, counts,
+ *     ops duplicated / dropped / moved / hoisted, waits and swaps inserted,
+ *     peers, tags, groups, operands) checking on every mutant: the symbolic
+ *     domain alone (SYMBOLIC_ONLY: what runs beyond 256 ranks) accepts =>
+ *     the enumeration accepts; a fault it reports is one the enumeration
+ *     reports too; the default method agrees with the enumeration.
+ *     CPC_ATTACK_ROUNDS sets the count (default 3000: half from a fixed seed,
+ *     half from the time; the seed of a failure is printed, CPC_TEST_SEED=N
+ *     replays the second half).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpc/compiler.h"
+#include "expr.h"
+#include "plan_load.h"
+#include "program.h"
+#include "schedule.h"
+#include "schedule_bwd.h"
+#include "verify.h"
+#include "verify_bwd.h"
+
+#include "test_random.h"
+
+/* ---- programs ------------------------------------------------------------------ */
+
+/* The backward program cpc builds for this plan (rep > 0: a replicated text
+ * segment of rep tokens before the sharded ones); NULL when the planner
+ * refuses the geometry. */
+static cpc_program *build(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
+                          const char *mask, const char *rotate, int rep)
+{
+    char y[900], tk[160];
+    if (rep > 0)
+        snprintf(tk, sizeof tk, "segments: [{name: text, tokens: %d, split: replicate}, {name: image, tokens: %d}]", rep,
+                 tokens);
+    else
+        snprintf(tk, sizeof tk, "tokens: %d", tokens);
+    snprintf(y, sizeof y,
+             "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 8, dtype: fp32}\n"
+             "input: {batch: 1, %s, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
+             "parallel: {variant: %s, ring_degree: %d, ulysses_degree: %d}\nschedule: {rotate: %s}\n",
+             H, Hkv, tk, mask, R * U, variant, R, U, rotate);
+    cpc_plan *plan = NULL;
+    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
+    if (cpc_status_has_error(st) || !plan) {
+        cpc_status_free(st);
+        cpc_plan_free(plan);
+        return NULL;
+    }
+    cpc_status_free(st);
+    cpc_program *prog = NULL;
+    st = cpc_schedule_build_backward(plan, v, R, U, &prog);
+    cpc_plan_free(plan);
+    if (st) {
+        cpc_status_free(st);
+        return NULL;
+    }
+    return prog;
+}
+
+static cpc_program *ring(int R, const char *rotate, const char *mask)
+{
+    cpc_program *p = build("ring", CPC_VARIANT_RING, R, 1, 4, 4, 2 * R, mask, rotate, 0);
+    cr_assert_not_null(p, "ring %d %s", R, rotate);
+    return p;
+}
+
+/* NULL when `t` does not parse (the expression language lacks the form). */
+static cpc_expr *ex(const char *t)
+{
+    cpc_expr *e = NULL;
+    cpc_status *st = cpc_expr_parse(t, CPC_NO_SPAN, &e);
+    if (st) {
+        cpc_status_free(st);
+        return NULL;
+    }
+    return e;
+}
+
+static cpc_expr *ex_ok(const char *t)
+{
+    cpc_expr *e = ex(t);
+    cr_assert_not_null(e, "the expression '%s' does not parse", t);
+    return e;
+}
+
+static void set_expr(cpc_expr **slot, const char *t)
+{
+    cpc_expr_free(*slot);
+    *slot = t ? ex_ok(t) : NULL;
+}
+
+static cpc_op *the_loop(cpc_program *p)
+{
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP)
+            return &p->ops[j];
+    return NULL;
+}
+
+/* The k-th op (0-based) of `kind` in ops[0..n) with tag `tag` (-1: any). */
+static cpc_op *find(cpc_op *ops, int n, cpc_op_kind kind, int tag, int k)
+{
+    for (int j = 0; j < n; j++)
+        if (ops[j].kind == kind && (tag < 0 || ops[j].tag == tag) && k-- == 0)
+            return &ops[j];
+    return NULL;
+}
+
+static cpc_op *body(cpc_program *p, cpc_op_kind kind, int tag, int k)
+{
+    cpc_op *loop = the_loop(p);
+    cr_assert_not_null(loop);
+    cpc_op *op = find(loop->body, loop->n_body, kind, tag, k);
+    cr_assert_not_null(op, "no %s (tag %d) #%d in the loop", cpc_op_kind_name(kind), tag, k);
+    return op;
+}
+
+/* Inserts a deep copy of `src` into (*ops, *n) before position `at`; returns it. */
+static cpc_op *insert_copy(cpc_op **ops, int *n, int at, const cpc_op *src)
+{
+    cpc_op *c = NULL;
+    int nc = 0;
+    cr_assert_null(cpc_ops_clone(src, 1, &c, &nc));
+    cpc_op *v = realloc(*ops, (size_t)(*n + 1) * sizeof *v);
+    cr_assert_not_null(v);
+    memmove(&v[at + 1], &v[at], (size_t)(*n - at) * sizeof *v);
+    v[at] = c[0];
+    free(c);
+    *ops = v;
+    (*n)++;
+    return &v[at];
+}
+
+/* Inserts a fresh op of `kind` before position `at`. */
+static cpc_op *insert_new(cpc_op **ops, int *n, int at, cpc_op_kind kind)
+{
+    cpc_op tmp = {.kind = kind, .group = CPC_GROUP_NONE};
+    return insert_copy(ops, n, at, &tmp);
+}
+
+static void remove_at(cpc_op **ops, int *n, int at)
+{
+    cpc_op dead = (*ops)[at];
+    memmove(&(*ops)[at], &(*ops)[at + 1], (size_t)(*n - at - 1) * sizeof **ops);
+    (*n)--;
+    cpc_op *one = malloc(sizeof *one);
+    cr_assert_not_null(one);
+    *one = dead;
+    cpc_ops_free(one, 1);
+}
+
+static int index_in(const cpc_op *ops, const cpc_op *op)
+{
+    return (int)(op - ops);
+}
+
+/* ---- verdicts ------------------------------------------------------------------- */
+
+typedef struct verdicts {
+    bool sym_ok, sym_fault, sym_undec; /* SYMBOLIC_ONLY: proven / a fault / not decided (CP051 "cannot be proven") */
+    bool auto_ok, enum_ok, unrolled_ok;
+    bool enumerated;                   /* P <= 256 */
+    int64_t jumps;
+    bool usym;
+    char sym_msg[400], enum_msg[400];
+} verdicts;
+
+static void verdicts_of(const cpc_program *p, verdicts *v)
+{
+    memset(v, 0, sizeof *v);
+    cpc_verify_opts so = {.method = CPC_VERIFY_SYMBOLIC_ONLY}, eo = {.method = CPC_VERIFY_ENUMERATE};
+    cpc_verify_bwd_stats ss;
+    cpc_status *s = cpc_verify_backward_ex(p, &so, &ss);
+    v->sym_ok = !s;
+    v->sym_undec = s && strstr(s->message, "cannot be proven");
+    v->sym_fault = s && !v->sym_undec;
+    v->jumps = ss.jumps;
+    v->usym = ss.usym;
+    snprintf(v->sym_msg, sizeof v->sym_msg, "%s", s ? s->message : "proven");
+    cpc_status_free(s);
+    v->enumerated = p->layout.P <= 256;
+    if (!v->enumerated)
+        return;
+    cpc_status *a = cpc_verify_backward_ex(p, NULL, NULL);
+    cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+    cpc_status *u = cpc_verify_backward_ind(p, NULL, NULL, false);
+    v->auto_ok = !a;
+    v->enum_ok = !e;
+    v->unrolled_ok = !u;
+    snprintf(v->enum_msg, sizeof v->enum_msg, "%s", e ? e->message : "proven");
+    cpc_status_free(a);
+    cpc_status_free(e);
+    cpc_status_free(u);
+}
+
+/* The soundness and agreement rules on one program (P <= 256): the symmetric
+ * domain alone never accepts what the enumeration refuses, never reports a
+ * fault the enumeration does not find, and the default method and the
+ * unrolled symmetric domain give the enumeration's verdict. */
+static void expect_agree(const cpc_program *p, const verdicts *v, const char *what)
+{
+    (void)p;
+    cr_assert(!(v->sym_ok && !v->enum_ok), "UNSOUND: %s: the symbolic domain proves it (%lld jumps, usym %d), the enumeration "
+              "refuses: %s", what, (long long)v->jumps, (int)v->usym, v->enum_msg);
+    cr_assert(!(v->sym_fault && v->enum_ok), "%s: the symbolic domain reports a fault the enumeration does not: %s", what,
+              v->sym_msg);
+    cr_assert_eq(v->auto_ok, v->enum_ok, "%s: default %d, enumeration %d: %s / %s", what, (int)v->auto_ok,
+                 (int)v->enum_ok, v->sym_msg, v->enum_msg);
+    cr_assert_eq(v->unrolled_ok, v->enum_ok, "%s: unrolled %d, enumeration %d: %s", what, (int)v->unrolled_ok,
+                 (int)v->enum_ok, v->enum_msg);
+}
+
+/* ---- planted faults in long loops ------------------------------------------------ */
+
+typedef void (*plant_fn)(cpc_program *p);
+
+/* the ring p2p program (lagged dK/dV), as compiled:
+ *   send k,v tag0 when s<R-1 | recv k_nxt,v_nxt block (r-s-1)%R tag0 when s<R-1
+ *   recv dk_cur,dv_cur block (r-s)%R tag1 when s>0 | init_acc dk_blk,dv_blk block (r-s)%R
+ *   attn_bwd | wait tag1 when s>0 | add dk | add dv | swap dk_blk,dk_out | swap dv_blk,dv_out
+ *   send dk_out,dv_out tag1 | wait tag0 when s<R-1 | swap k | swap v
+ * then recv dk_cur,dv_cur block r tag1; wait tag1. */
+
+static void pl_none(cpc_program *p) { (void)p; }
+/* attn_bwd skipped on the step before the last */
+static void pl_skip_r2(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s!=R-2"); }
+/* attn_bwd skipped on the last step */
+static void pl_skip_last(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s<R-1"); }
+/* attn_bwd skipped from the middle on (a long phase of wrong steps) */
+static void pl_skip_half(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s<5"); }
+/* a second attn_bwd on one middle step */
+static void pl_twice_mid(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *a = body(p, CPC_OP_ATTN_BWD, -1, 0);
+    cpc_op *c = insert_copy(&loop->body, &loop->n_body, index_in(loop->body, a) + 1, a);
+    set_expr(&c->when, "s==6");
+}
+/* the dK/dV accumulators not re-made from step 7 on: they carry every earlier block */
+static void pl_init_stops(cpc_program *p) { set_expr(&body(p, CPC_OP_INIT_ACC, -1, 0)->when, "s<7"); }
+/* the received dK/dV not added on one middle step (a block's gradient lost) */
+static void pl_add_skipped(cpc_program *p)
+{
+    set_expr(&body(p, CPC_OP_ADD, -1, 0)->when, "s>0 && s!=5");
+    set_expr(&body(p, CPC_OP_ADD, -1, 1)->when, "s>0 && s!=5");
+}
+/* the K/V recv declares the block of two steps on from step 6 on (a recv for each phase) */
+static void pl_recv_block_late(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *rk = body(p, CPC_OP_RECV, 0, 0);
+    set_expr(&rk->when, "s<6");
+    cpc_op *c = insert_copy(&loop->body, &loop->n_body, index_in(loop->body, rk) + 1, rk);
+    set_expr(&c->when, "s>=6 && s<R-1");
+    set_expr(&c->block, "(r-s-2)%R");
+}
+/* the same recv with an equivalent block, written differently per phase: correct */
+static void pl_recv_block_equiv(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *rk = body(p, CPC_OP_RECV, 0, 0);
+    set_expr(&rk->when, "s<6");
+    cpc_op *c = insert_copy(&loop->body, &loop->n_body, index_in(loop->body, rk) + 1, rk);
+    set_expr(&c->when, "s>=6 && s<R-1");
+    set_expr(&c->block, "(r+R-1-s)%R");
+}
+/* the K/V blocks declared with a step quadratic in s (right on steps 0 and 1 only) */
+static void pl_block_square(cpc_program *p) { set_expr(&body(p, CPC_OP_RECV, 0, 0)->block, "(r-s*s-1)%R"); }
+/* ... with s/2 (right on step 0 only): wrong */
+static void pl_block_half(cpc_program *p) { set_expr(&body(p, CPC_OP_RECV, 0, 0)->block, "(r-s/2-1)%R"); }
+/* ... with min(s, 4): right on steps 0..4 */
+static void pl_block_min(cpc_program *p) { set_expr(&body(p, CPC_OP_RECV, 0, 0)->block, "(r-min(s,4)-1)%R"); }
+/* ... with a nested mod that is the identity: correct */
+static void pl_block_nested(cpc_program *p) { set_expr(&body(p, CPC_OP_RECV, 0, 0)->block, "(r-s%R-1)%R"); }
+/* ... with s%3 (periodic): wrong from step 3 on */
+static void pl_block_mod3(cpc_program *p) { set_expr(&body(p, CPC_OP_RECV, 0, 0)->block, "(r-s%3-1)%R"); }
+/* the dK/dV init with a block two ahead from the middle on (+2 per step: slope 2 vs 1... wrong) */
+static void pl_init_block_2s(cpc_program *p) { set_expr(&body(p, CPC_OP_INIT_ACC, -1, 0)->block, "(r-s-s)%R"); }
+/* attn_bwd on odd steps only (s%2): half the blocks lost */
+static void pl_odd_only(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s%2==1"); }
+/* attn_bwd guarded by a quadratic that is true on every step < R: correct */
+static void pl_square_true(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s*s>=0"); }
+/* ... and one false only on step 3 (s*s == 9) */
+static void pl_square_hole(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s*s!=9"); }
+/* ... with max(s, R-3) == s: attn_bwd on the last three steps only */
+static void pl_max_guard(cpc_program *p) { set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "max(s,R-3)==s"); }
+/* the dK/dV swaps skipped on odd steps: the accumulators rename on even steps only */
+static void pl_swap_even(cpc_program *p)
+{
+    set_expr(&body(p, CPC_OP_SWAP, -1, 0)->when, "s%2==0");
+    set_expr(&body(p, CPC_OP_SWAP, -1, 1)->when, "s%2==0");
+}
+/* a wait on the dK/dV send right after it: its recv is posted on the next step (rendezvous: deadlock) */
+static void pl_wait_after_send(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *sd = body(p, CPC_OP_SEND, 1, 0);
+    cpc_op *w = insert_new(&loop->body, &loop->n_body, index_in(loop->body, sd) + 1, CPC_OP_WAIT);
+    w->tag = 1;
+}
+/* ... only from step 9 on (the first steps are fine) */
+static void pl_wait_after_send_late(cpc_program *p)
+{
+    pl_wait_after_send(p);
+    cpc_op *w = body(p, CPC_OP_WAIT, 1, 1);
+    set_expr(&w->when, "s>=9");
+}
+/* the dK/dV send's buffer accumulated into while in flight, on one middle step */
+static void pl_inflight_mid(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *sd = body(p, CPC_OP_SEND, 1, 0);
+    cpc_op *a = body(p, CPC_OP_ATTN_BWD, -1, 0);
+    cpc_op tmp = *a;
+    tmp.out[1] = sd->in[0];
+    tmp.out[2] = sd->in[1];
+    tmp.when = NULL;
+    cpc_op *c = insert_copy(&loop->body, &loop->n_body, index_in(loop->body, sd) + 1, &tmp);
+    set_expr(&c->when, "s==7");
+    /* and the regular attn_bwd skipped then (so that the counts stay right) */
+    set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->when, "s!=7");
+}
+/* dK sent in the world group, dV in the ring group, one tag, from step 4 on (groups are part of matching) */
+static void pl_groups_late(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *sd = body(p, CPC_OP_SEND, 1, 0);
+    set_expr(&sd->when, "s<4");
+    int at = index_in(loop->body, sd) + 1;
+    cpc_op *a = insert_copy(&loop->body, &loop->n_body, at, sd);
+    set_expr(&a->when, "s>=4");
+    a->group = CPC_GROUP_WORLD;
+    a->n_in = 1;
+    cpc_op *b = insert_copy(&loop->body, &loop->n_body, at + 1, a);
+    b->group = CPC_GROUP_RING;
+    b->in[0] = loop->body[at - 1].in[1];
+    /* the receiver: dk in the ring group, dv in the world group */
+    cpc_op *rd = body(p, CPC_OP_RECV, 1, 0);
+    set_expr(&rd->when, "s>0 && s<5");
+    at = index_in(loop->body, rd) + 1;
+    cpc_op *x = insert_copy(&loop->body, &loop->n_body, at, rd);
+    set_expr(&x->when, "s>=5");
+    x->n_out = 1;
+    x->group = CPC_GROUP_RING;
+    cpc_op *y = insert_copy(&loop->body, &loop->n_body, at + 1, x);
+    y->group = CPC_GROUP_WORLD;
+    y->out[0] = loop->body[at - 1].out[1];
+    /* the last recv (after the loop) likewise */
+    cpc_op *last = find(p->ops, p->n_ops, CPC_OP_RECV, 1, 0);
+    cr_assert_not_null(last);
+    at = index_in(p->ops, last);
+    cpc_op *z = insert_copy(&p->ops, &p->n_ops, at + 1, &p->ops[at]);
+    p->ops[at].n_out = 1;
+    p->ops[at].group = CPC_GROUP_RING;
+    z->group = CPC_GROUP_WORLD;
+    z->n_out = 1;
+    z->out[0] = p->ops[at].out[1];
+}
+/* LSE and delta swapped on the last step only */
+static void pl_lse_delta_last(cpc_program *p)
+{
+    cpc_op *loop = the_loop(p);
+    cpc_op *a = body(p, CPC_OP_ATTN_BWD, -1, 0);
+    set_expr(&a->when, "s<R-1");
+    cpc_op *c = insert_copy(&loop->body, &loop->n_body, index_in(loop->body, a) + 1, a);
+    set_expr(&c->when, "s>=R-1");
+    int t = c->in[4];
+    c->in[4] = c->in[5];
+    c->in[5] = t;
+}
+/* the loop one step long or short, or twice as long */
+static void pl_count_plus(cpc_program *p) { set_expr(&the_loop(p)->count, "R+1"); }
+static void pl_count_minus(cpc_program *p) { set_expr(&the_loop(p)->count, "R-1"); }
+static void pl_count_twice(cpc_program *p) { set_expr(&the_loop(p)->count, "2*R"); }
+/* the last recv of dK/dV folded into the loop as an extra step guarded s==R (count R+1): correct */
+static void pl_count_plus_fixed(cpc_program *p)
+{
+    set_expr(&the_loop(p)->count, "R+1");
+    for (int j = 0; j < the_loop(p)->n_body; j++) {
+        cpc_op *op = &the_loop(p)->body[j];
+        if (op->kind == CPC_OP_RECV && op->tag == 1)
+            set_expr(&op->when, "s>0");
+        else if (op->kind == CPC_OP_WAIT && op->tag == 1)
+            set_expr(&op->when, "s>0");
+        else if (op->kind == CPC_OP_ADD)
+            set_expr(&op->when, "s>0 && s<R");
+        else if (!op->when)
+            set_expr(&op->when, "s<R");
+    }
+    /* the last recv and wait (after the loop) are now the loop's step R */
+    for (int j = p->n_ops - 1; j >= 0; j--)
+        if (p->ops[j].kind == CPC_OP_RECV || p->ops[j].kind == CPC_OP_WAIT)
+            remove_at(&p->ops, &p->n_ops, j);
+}
+
+static const struct {
+    const char *name;
+    plant_fn fn;
+    bool ok; /* a correct program (the enumeration proves it) */
+    const char *rotate;
+} plants[] = {
+    {"unchanged", pl_none, true, "p2p"},
+    {"unchanged (allgather)", pl_none, true, "allgather"},
+    {"attn_bwd skipped on step R-2", pl_skip_r2, false, "p2p"},
+    {"attn_bwd skipped on the last step", pl_skip_last, false, "p2p"},
+    {"attn_bwd skipped from step 5 on", pl_skip_half, false, "p2p"},
+    {"attn_bwd twice on step 6", pl_twice_mid, false, "p2p"},
+    {"init_acc stops at step 7", pl_init_stops, false, "p2p"},
+    {"the received dK/dV not added on step 5", pl_add_skipped, false, "p2p"},
+    {"the K/V recv declares s+2 from step 6 on", pl_recv_block_late, false, "p2p"},
+    {"the K/V recv's block written another way from step 6 on", pl_recv_block_equiv, true, "p2p"},
+    {"block quadratic in s", pl_block_square, false, "p2p"},
+    {"block with s/2", pl_block_half, false, "p2p"},
+    {"block with min(s,4)", pl_block_min, false, "p2p"},
+    {"block with a nested identity mod", pl_block_nested, true, "p2p"},
+    {"block with s%3", pl_block_mod3, false, "p2p"},
+    {"init_acc block with slope 2", pl_init_block_2s, false, "p2p"},
+    {"attn_bwd on odd steps only", pl_odd_only, false, "p2p"},
+    {"a quadratic guard always true", pl_square_true, true, "p2p"},
+    {"a quadratic guard false on step 3", pl_square_hole, false, "p2p"},
+    {"a max() guard: the last three steps", pl_max_guard, false, "p2p"},
+    {"the dK/dV swaps on even steps only", pl_swap_even, false, "p2p"},
+    {"a wait on the dK/dV send before its recv is posted", pl_wait_after_send, false, "p2p"},
+    {"... from step 9 on only", pl_wait_after_send_late, false, "p2p"},
+    {"the in-flight dK/dV accumulated into on step 7", pl_inflight_mid, false, "p2p"},
+    {"dK/dV in different groups from step 4 on", pl_groups_late, false, "p2p"},
+    {"LSE and delta swapped on the last step", pl_lse_delta_last, false, "p2p"},
+    {"count R+1", pl_count_plus, false, "p2p"},
+    {"count R-1", pl_count_minus, false, "p2p"},
+    {"count 2R", pl_count_twice, false, "p2p"},
+    {"count R+1 (allgather)", pl_count_plus, false, "allgather"},
+    {"count 2R (allgather)", pl_count_twice, false, "allgather"},
+    {"count R+1 with the last recv folded in", pl_count_plus_fixed, true, "p2p"},
+};
+
+/* At 12, 13 and 16 ranks the three methods agree with the enumeration and
+ * with what the plant is; at 65536 ranks (the symmetric domain alone) a
+ * fault is refused, a correct program proven (or at least never a fault
+ * reported). */
+Test(attack, planted_faults_in_long_loops)
+{
+    static const int sizes[] = {12, 13, 16, 65536};
+    int jumped = 0;
+    for (size_t f = 0; f < sizeof plants / sizeof plants[0]; f++) {
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            int R = sizes[k];
+            cpc_program *p = ring(R, plants[f].rotate, "none");
+            plants[f].fn(p);
+            verdicts v;
+            verdicts_of(p, &v);
+            char what[200];
+            snprintf(what, sizeof what, "%s (ring %d %s)", plants[f].name, R, plants[f].rotate);
+            if (v.enumerated) {
+                expect_agree(p, &v, what);
+                cr_expect_eq(v.enum_ok, plants[f].ok, "%s: the enumeration says %s", what, v.enum_msg);
+            } else if (plants[f].ok) {
+                cr_expect(v.sym_ok, "%s: a correct program not proven: %s", what, v.sym_msg);
+            } else {
+                cr_assert(!v.sym_ok, "UNSOUND: %s: proven at %d ranks (%lld jumps)", what, R, (long long)v.jumps);
+            }
+            jumped += v.jumps > 0;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "%-60s sym %s (jumps %lld) enum %s\n", what, v.sym_ok ? "proven" : v.sym_msg,
+                        (long long)v.jumps, v.enumerated ? (v.enum_ok ? "proven" : v.enum_msg) : "-");
+            cpc_program_free(p);
+        }
+    }
+    cr_expect(jumped > 20, "only %d programs had a phase proven by induction", jumped);
+}
+
+/* ---- random mutants of loop bodies ------------------------------------------------ */
+
+static uint32_t rnd(uint64_t seed, int round, uint32_t *i, int n)
+{
+    return test_bits_at(seed, (uint32_t)round, (*i)++) % (uint32_t)n;
+}
+
+/* Guards: linear in s (the induction's grammar, cut in the middle, at the
+ * end, one step before), outside it (s*s, s%k, s/2, 2*s, min, max), reading
+ * u or r. */
+static const char *const fz_whens[] = {
+    "s!=R-2", "s==R-2", "s<R-1", "s>0", "s>=3", "s<R-3", "s!=4", "s==5", "s>=R-1", "s+1<R", "s>0 && s<R-1",
+    "!(s==6)", "s-1>=3 || s==0", "3<s", "R-s>4", "s>R", "s<0", "1", "0", "s>=R-6", "s!=R-4 && s!=2",
+    "s+s<R", "s*s<R", "s%2==0", "s%3!=1", "s/2<3", "min(s,3)==3", "max(s,R-3)==s", "2*s>=R", "(s+1)%R!=0",
+    "u==0", "u!=1", "r==0", "s<R-1+u-u", "s<R-u",
+};
+static const char *const fz_blocks[] = {
+    "(r-s)%R", "(r-s-1)%R", "(r-s+1)%R", "(r+s)%R", "(r-s-2)%R", "(r+R-s)%R", "(r-s+R)%R", "(r-s-s)%R",
+    "(r+s*s)%R", "(r-s/2)%R", "(r-s%3)%R", "((r-s)%R+R)%R", "(r-min(s,3))%R", "(r-max(s,2))%R", "r",
+    "(r+1)%R", "(s-r)%R", "(r-s)%P", "(r+u-s)%R", "(r-s%R)%R", "(r-1-s)%R", "(r+R-1-s)%R",
+};
+static const char *const fz_peers[] = {
+    "(r+1)%R", "(r-1)%R", "(r+2)%R", "(r+R-1)%R", "r", "(r+s)%R", "(u+1)%U", "(u+2)%U", "(u-1)%U", "(u+U-1)%U",
+    "0", "(r-1+R)%R",
+};
+static const char *const fz_counts[] = {"R", "R-1", "R+1", "2*R", "R-2", "R+2", "R+u", "R+u-u", "R*1", "R+0"};
+
+/* One random edit, mostly inside the loop body. */
+static void fz_mutate(cpc_program *p, uint64_t seed, int round)
+{
+    uint32_t i = 0;
+#define RND(n) rnd(seed, round, &i, (int)(n))
+    cpc_op *loop = the_loop(p);
+    cpc_op **ops = &p->ops;
+    int *n = &p->n_ops;
+    if (loop && RND(8) != 0) {
+        ops = &loop->body;
+        n = &loop->n_body;
+    }
+    if (*n == 0)
+        return;
+    int j = (int)RND(*n);
+    cpc_op *op = &(*ops)[j];
+    switch (RND(15)) {
+    case 0:
+    case 1:
+        if (op->kind != CPC_OP_LOOP)
+            set_expr(&op->when, fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        break;
+    case 2:
+        if (op->block || op->kind == CPC_OP_RECV || op->kind == CPC_OP_INIT_ACC || op->kind == CPC_OP_ATTN_BWD)
+            set_expr(&op->block, fz_blocks[RND(sizeof fz_blocks / sizeof *fz_blocks)]);
+        break;
+    case 3:
+        if (loop)
+            set_expr(&loop->count, fz_counts[RND(sizeof fz_counts / sizeof *fz_counts)]);
+        break;
+    case 4: { /* duplicate an op somewhere in the same list, often guarded */
+        if (op->kind == CPC_OP_LOOP)
+            break;
+        int at = (int)RND(*n + 1);
+        cpc_op *c = insert_copy(ops, n, at, op);
+        if (RND(2))
+            set_expr(&c->when, fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        break;
+    }
+    case 5:
+        if (op->kind != CPC_OP_LOOP)
+            remove_at(ops, n, j);
+        break;
+    case 6: { /* move an op to a random place of its list */
+        int to = (int)RND(*n);
+        cpc_op t = (*ops)[j];
+        if (to > j)
+            memmove(&(*ops)[j], &(*ops)[j + 1], (size_t)(to - j) * sizeof t);
+        else
+            memmove(&(*ops)[to + 1], &(*ops)[to], (size_t)(j - to) * sizeof t);
+        (*ops)[to] = t;
+        break;
+    }
+    case 7:
+        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT)
+            op->tag = (int)RND(3);
+        break;
+    case 8:
+        if (op->peer)
+            set_expr(&op->peer, fz_peers[RND(sizeof fz_peers / sizeof *fz_peers)]);
+        break;
+    case 9:
+        if (op->group != CPC_GROUP_NONE)
+            op->group = (cpc_group)(1 + RND(3));
+        break;
+    case 10: { /* an operand: another buffer, of the same role two times in three */
+        int *slot = op->n_in > 0 && (op->n_out == 0 || RND(2)) ? &op->in[RND(op->n_in)]
+                    : op->n_out > 0                             ? &op->out[RND(op->n_out)]
+                                                                : NULL;
+        if (!slot)
+            break;
+        int b = (int)RND(p->n_buffers);
+        if (RND(3)) {
+            for (int t = 0; t < p->n_buffers; t++) {
+                int c = (b + t) % p->n_buffers;
+                if (c != *slot && p->buffers[c].role == p->buffers[*slot].role) {
+                    b = c;
+                    break;
+                }
+            }
+        }
+        *slot = b;
+        break;
+    }
+    case 11: { /* hoist: a body op after the loop, or a top-level op into the body's end */
+        if (!loop || op->kind == CPC_OP_LOOP)
+            break;
+        cpc_op t = *op;
+        memmove(op, op + 1, (size_t)(*n - j - 1) * sizeof t);
+        (*n)--;
+        int li = index_in(p->ops, the_loop(p));
+        cpc_op **dst = ops == &p->ops ? &the_loop(p)->body : &p->ops;
+        int *dn = ops == &p->ops ? &the_loop(p)->n_body : &p->n_ops;
+        int at = ops == &p->ops ? *dn : li + 1;
+        cpc_op *v = realloc(*dst, (size_t)(*dn + 1) * sizeof *v);
+        cr_assert_not_null(v);
+        memmove(&v[at + 1], &v[at], (size_t)(*dn - at) * sizeof *v);
+        v[at] = t;
+        *dst = v;
+        (*dn)++;
+        break;
+    }
+    case 12: { /* a wait inserted */
+        cpc_op *w = insert_new(ops, n, (int)RND(*n + 1), CPC_OP_WAIT);
+        w->tag = (int)RND(3);
+        if (RND(2))
+            set_expr(&w->when, fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        break;
+    }
+    case 13: { /* a swap of two buffers of one layout inserted */
+        int a = (int)RND(p->n_buffers), b = -1;
+        for (int t = 1; t < p->n_buffers && b < 0; t++) {
+            int c = (a + t) % p->n_buffers;
+            if (p->buffers[c].role == p->buffers[a].role && p->buffers[c].tokens == p->buffers[a].tokens &&
+                p->buffers[c].heads == p->buffers[a].heads)
+                b = c;
+        }
+        if (b < 0)
+            break;
+        cpc_op *s = insert_new(ops, n, (int)RND(*n + 1), CPC_OP_SWAP);
+        s->n_in = 2;
+        s->in[0] = a;
+        s->in[1] = b;
+        if (RND(2))
+            set_expr(&s->when, fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        break;
+    }
+    default: /* operands of a multi-input op rotated (lse/delta, k/v, q/dout) */
+        if (op->n_in >= 2) {
+            int a = (int)RND(op->n_in), b = (int)RND(op->n_in);
+            int t = op->in[a];
+            op->in[a] = op->in[b];
+            op->in[b] = t;
+        }
+        break;
+    }
+#undef RND
+}
+
+static const struct fz_row {
+    const char *name;
+    cpc_variant v;
+    int R, U, H, Hkv, tokens;
+    const char *rotate;
+    int rep;
+} fz_rows[] = {
+    {"ring", CPC_VARIANT_RING, 12, 1, 4, 2, 96, "p2p", 0},
+    {"ring", CPC_VARIANT_RING, 16, 1, 4, 4, 128, "p2p", 0},
+    {"ring", CPC_VARIANT_RING, 9, 1, 4, 4, 72, "allgather", 0},
+    {"ring", CPC_VARIANT_RING, 13, 1, 2, 1, 104, "p2p", 0},
+    {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 0},
+    {"unified", CPC_VARIANT_UNIFIED, 8, 3, 6, 3, 144, "p2p", 0},   /* one member for all (ROTATIONS OF U) */
+    {"unified", CPC_VARIANT_UNIFIED, 8, 4, 8, 4, 256, "allgather", 0},
+    {"unified", CPC_VARIANT_UNIFIED, 7, 3, 6, 2, 126, "p2p", 0},   /* GQA: K/V heads not divisible by U */
+    {"ring_anything", CPC_VARIANT_RING_ANYTHING, 11, 1, 4, 2, 100, "p2p", 0},
+    {"ring_anything", CPC_VARIANT_RING_ANYTHING, 8, 1, 4, 2, 70, "allgather", 0},
+    {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 0},
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p", 0},
+    {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},          /* replicated text: the twin */
+    {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
+};
+
+typedef struct fz_count {
+    int rounds, sym_ok, sym_fault, sym_undec, enum_ok, jumped, jumped_ok, usym, usym_ok;
+} fz_count;
+
+static void fz_run(uint64_t seed, int rounds, fz_count *k)
+{
+    const size_t nrows = sizeof fz_rows / sizeof fz_rows[0];
+    for (int t = 0; t < rounds; t++) {
+        const struct fz_row *w = &fz_rows[(size_t)t % nrows];
+        uint32_t i = 0;
+        const char *mask = w->rep ? "none" : rnd(seed, 1u << 30 | (uint32_t)t, &i, 2) ? "causal" : "none";
+        cpc_program *p = build(w->name, w->v, w->R, w->U, w->H, w->Hkv, w->tokens, mask, w->rotate, w->rep);
+        cr_assert_not_null(p, "%s %dx%d: the planner refuses the geometry", w->name, w->R, w->U);
+        int nm = 1 + (int)rnd(seed, 1u << 30 | (uint32_t)t, &i, 3);
+        for (int m = 0; m < nm; m++)
+            fz_mutate(p, seed, t * 4 + m);
+        verdicts v;
+        verdicts_of(p, &v);
+        char what[160];
+        snprintf(what, sizeof what, "seed %llu round %d (%s %dx%d %s, %d edits)", (unsigned long long)seed, t, w->name,
+                 w->R, w->U, w->rotate, nm);
+        if (!v.enum_ok || !v.sym_ok || getenv("CPC_ATTACK_VERBOSE_ALL")) {
+            if (getenv("CPC_ATTACK_VERBOSE_ALL") || (v.sym_ok && !v.enum_ok)) {
+                fprintf(stderr, "%s: sym %s / enum %s\n", what, v.sym_msg, v.enum_msg);
+                cpc_program_print(stderr, p, -1);
+            }
+        }
+        expect_agree(p, &v, what);
+        k->rounds++;
+        k->sym_ok += v.sym_ok;
+        k->sym_fault += v.sym_fault;
+        k->sym_undec += v.sym_undec;
+        k->enum_ok += v.enum_ok;
+        k->jumped += v.jumps > 0;
+        k->jumped_ok += v.jumps > 0 && v.sym_ok;
+        k->usym += v.usym;
+        k->usym_ok += v.usym && v.sym_ok;
+        cpc_program_free(p);
+    }
+}
+
+/* CPC_ATTACK_DUMP=1: prints the programs the attacks start from. */
+Test(attack, dump_programs)
+{
+    if (!getenv("CPC_ATTACK_DUMP"))
+        return;
+    cpc_program *p = build("ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "none", "p2p", 7);
+    cpc_program_print(stdout, p, -1);
+    cpc_program_free(p);
+    p = build("ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "none", "p2p", 0);
+    cpc_program_print(stdout, p, -1);
+    cpc_program_free(p);
+}
+
+/* Several thousand mutants: the symmetric domain alone (with induction and
+ * one ulysses member for all) never accepts one the enumeration refuses. */
+Test(attack, fuzz_loop_bodies)
+{
+    const char *env = getenv("CPC_ATTACK_ROUNDS");
+    int rounds = env ? atoi(env) : 3000;
+    fz_count k = {0};
+    fz_run(20261202u, rounds / 2, &k); /* fixed: the same mutants on every run */
+    uint64_t seed = test_seed();
+    fz_run(seed, rounds - rounds / 2, &k);
+    fprintf(stderr,
+            "attack fuzz (seed %llu): %d mutants, enumeration proves %d; symbolic domain: %d proven, %d faults, "
+            "%d not decided; %d with a phase jumped (%d proven), %d by one ulysses member (%d proven)\n",
+            (unsigned long long)seed, k.rounds, k.enum_ok, k.sym_ok, k.sym_fault, k.sym_undec, k.jumped, k.jumped_ok,
+            k.usym, k.usym_ok);
+    /* the fuzz reaches what it attacks */
+    cr_expect(k.jumped > rounds / 8 && k.jumped_ok > rounds / 40, "seed %llu: %d jumped, %d of them proven",
+              (unsigned long long)seed, k.jumped, k.jumped_ok);
+    cr_expect(k.usym > rounds / 40, "seed %llu: %d by one ulysses member", (unsigned long long)seed, k.usym);
+    cr_expect(k.enum_ok > rounds / 20 && k.enum_ok < rounds, "seed %llu: %d of %d proven by enumeration",
+              (unsigned long long)seed, k.enum_ok, rounds);
+}
