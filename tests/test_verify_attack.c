@@ -490,6 +490,188 @@ Test(attack, planted_faults_in_long_loops)
     cr_expect(jumped > 20, "only %d programs had a phase proven by induction", jumped);
 }
 
+/* ---- ulysses programs outside the one-member class ------------------------------ */
+
+/* A dead exchange in the ulysses group after the attn_bwd (its result never
+ * read): q_seq sent to `ps`, received from `pr` (and, with ps2/pr2, do_seq
+ * to ps2 and from pr2 on the same tag).  Right exactly when every recv has
+ * its send: the ulysses-group messages take the program out of ROTATIONS OF
+ * U, every member is simulated. */
+static void dead_exchange(cpc_program *p, const char *ps, const char *pr, const char *ps2, const char *pr2)
+{
+    int q = cpc_program_find_buffer(p, "q_seq"), d = cpc_program_find_buffer(p, "do_seq");
+    cr_assert(q >= 0 && d >= 0);
+    int qx = cpc_program_add_buffer(p, "q_peer", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+    int dx = cpc_program_add_buffer(p, "do_peer", CPC_ROLE_DO, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+    cr_assert(qx >= 0 && dx >= 0);
+    int at = 0;
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_ATTN_BWD || p->ops[j].kind == CPC_OP_LOOP)
+            at = j + 1;
+    cpc_op *sd = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_SEND);
+    sd->group = CPC_GROUP_ULYSSES, sd->tag = 5, sd->n_in = 1, sd->in[0] = q;
+    set_expr(&sd->peer, ps);
+    if (ps2) {
+        sd = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_SEND);
+        sd->group = CPC_GROUP_ULYSSES, sd->tag = 5, sd->n_in = 1, sd->in[0] = d;
+        set_expr(&sd->peer, ps2);
+    }
+    cpc_op *rv = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_RECV);
+    rv->group = CPC_GROUP_ULYSSES, rv->tag = 5, rv->n_out = 1, rv->out[0] = qx;
+    set_expr(&rv->peer, pr);
+    set_expr(&rv->block, "r");
+    if (pr2) {
+        rv = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_RECV);
+        rv->group = CPC_GROUP_ULYSSES, rv->tag = 5, rv->n_out = 1, rv->out[0] = dx;
+        set_expr(&rv->peer, pr2);
+        set_expr(&rv->block, "r");
+    }
+    cpc_op *w = insert_new(&p->ops, &p->n_ops, at, CPC_OP_WAIT);
+    w->tag = 5;
+}
+
+static bool always(int U) { (void)U; return true; }
+static bool never_ok(int U) { (void)U; return false; }
+static bool u_is_3(int U) { return U == 3; }
+static bool u_is_2(int U) { return U == 2; }
+
+static const struct ucase {
+    const char *what, *ps, *pr, *ps2, *pr2;
+    bool (*ok)(int U);
+} ucases[] = {
+    {"(u+1) then from (u-1)", "(u+1)%U", "(u-1)%U", NULL, NULL, always},
+    {"(u+1) then from (u+2): right only for U = 3", "(u+1)%U", "(u+2)%U", NULL, NULL, u_is_3},
+    {"(u+1) then from (u+1): right only for U = 2", "(u+1)%U", "(u+1)%U", NULL, NULL, u_is_2},
+    {"(u+2) then from (u+U-2)", "(u+2)%U", "(u+U-2)%U", NULL, NULL, always},
+    {"q to (u+1), dout to (u+2); from (u-1), (u-2)", "(u+1)%U", "(u-1)%U", "(u+2)%U", "(u+U-2)%U", always},
+    {"q to (u+1), dout to (u+2); both from (u-1)", "(u+1)%U", "(u-1)%U", "(u+2)%U", "(u-1)%U", never_ok},
+    {"to 0 from 0: member 0 sends to itself, the others to 0 unreceived", "0", "0", NULL, NULL, never_ok},
+};
+
+/* At U = 2, 3, 4 (ulysses) and 3x4, 4x3 (unified) against the enumeration;
+ * at U = 1024 (ulysses, heads = U) and 64 x 1024? no: 16 x 48 (unified,
+ * 768 ranks) by the symmetric domain alone: refused where wrong. */
+Test(attack, ulysses_peers_outside_one_member)
+{
+    static const struct {
+        const char *name;
+        cpc_variant v;
+        int R, U;
+    } g[] = {
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 2},    {"ulysses", CPC_VARIANT_ULYSSES, 1, 3},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4},    {"unified", CPC_VARIANT_UNIFIED, 3, 4},
+        {"unified", CPC_VARIANT_UNIFIED, 4, 3},    {"ulysses", CPC_VARIANT_ULYSSES, 1, 1024},
+        {"unified", CPC_VARIANT_UNIFIED, 16, 48},
+    };
+    for (size_t c = 0; c < sizeof ucases / sizeof ucases[0]; c++)
+        for (size_t k = 0; k < sizeof g / sizeof g[0]; k++) {
+            int R = g[k].R, U = g[k].U;
+            cpc_program *p = build(g[k].name, g[k].v, R, U, 2 * U, U, 2 * R * U, "causal", "p2p", 0);
+            cr_assert_not_null(p);
+            dead_exchange(p, ucases[c].ps, ucases[c].pr, ucases[c].ps2, ucases[c].pr2);
+            verdicts v;
+            verdicts_of(p, &v);
+            char what[200];
+            snprintf(what, sizeof what, "%s (%s %dx%d)", ucases[c].what, g[k].name, R, U);
+            cr_expect(!v.usym, "%s: ulysses-group messages, yet one member for all", what);
+            bool ok = ucases[c].ok(U);
+            if (v.enumerated) {
+                expect_agree(p, &v, what);
+                cr_expect_eq(v.enum_ok, ok, "%s: enumeration: %s", what, v.enum_msg);
+            } else if (ok) {
+                cr_expect(v.sym_ok, "%s: not proven: %s", what, v.sym_msg);
+            } else {
+                cr_assert(!v.sym_ok, "UNSOUND: %s: proven", what);
+            }
+            cpc_program_free(p);
+        }
+}
+
+/* Guards, loop counts and K/V heads that tell the members apart: a loop
+ * count R+u (each ring group its own count: u >= 1 meets blocks twice),
+ * R+u-u (right, but reads u), attn_bwd on member 0 only, on all but the
+ * last member, K/V heads shared by members (GQA, Hkv < U) with and without
+ * the reduce of their gradients, and heads not divisible by U. */
+Test(attack, members_told_apart)
+{
+    static const struct {
+        const char *what;
+        int H, Hkv;
+        const char *count, *when; /* NULL: as compiled */
+        bool drop_reduce, ok;
+    } cases[] = {
+        {"as compiled", 12, 6, NULL, NULL, false, true},
+        {"count R+u", 12, 6, "R+u", NULL, false, false},
+        {"count R+u-u", 12, 6, "R+u-u", NULL, false, true},
+        {"count R+u/U (u < U: R)", 12, 6, "R+u/U", NULL, false, true},
+        {"attn_bwd on member 0 only", 12, 6, NULL, "u==0", false, false},
+        {"attn_bwd on all but the last member", 12, 6, NULL, "u<U-1", false, false},
+        {"attn_bwd on every member, written with u", 12, 6, NULL, "u<U", false, true},
+        {"GQA: K/V heads shared (Hkv 2 < U 3), reduce kept", 12, 2, NULL, NULL, false, true},
+        {"GQA: K/V heads shared, reduce dropped", 12, 2, NULL, NULL, true, false},
+        {"heads not divisible by U (7 over 3)", 7, 7, NULL, NULL, false, true},
+        {"heads not divisible by U, K/V shared, reduce dropped", 7, 1, NULL, NULL, true, false},
+    };
+    static const struct {
+        const char *name;
+        cpc_variant v;
+        int R, U;
+    } g[] = {
+        {"unified", CPC_VARIANT_UNIFIED, 8, 3},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3},
+        {"unified", CPC_VARIANT_UNIFIED, 1024, 3},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t k = 0; k < sizeof g / sizeof g[0]; k++) {
+            int R = g[k].R, U = g[k].U;
+            cpc_program *p = build(g[k].name, g[k].v, R, U, cases[c].H, cases[c].Hkv, 4 * R * U, "none", "p2p", 0);
+            if (!p) /* the planner refuses the geometry for this variant */
+                continue;
+            cpc_op *loop = the_loop(p);
+            if (cases[c].count) {
+                if (!loop) {
+                    cpc_program_free(p);
+                    continue;
+                }
+                set_expr(&loop->count, cases[c].count);
+            }
+            if (cases[c].when) {
+                cpc_op *a = loop ? find(loop->body, loop->n_body, CPC_OP_ATTN_BWD, -1, 0)
+                                 : find(p->ops, p->n_ops, CPC_OP_ATTN_BWD, -1, 0);
+                cr_assert_not_null(a);
+                set_expr(&a->when, cases[c].when);
+            }
+            bool dropped = false;
+            if (cases[c].drop_reduce)
+                for (int j = 0; j < p->n_ops; j++)
+                    if (p->ops[j].kind == CPC_OP_ALL_TO_ALL && p->ops[j].reduce) {
+                        p->ops[j].reduce = false;
+                        dropped = true;
+                    }
+            if (cases[c].drop_reduce && !dropped) { /* this variant sums otherwise: nothing to drop */
+                cpc_program_free(p);
+                continue;
+            }
+            verdicts v;
+            verdicts_of(p, &v);
+            char what[200];
+            snprintf(what, sizeof what, "%s (%s %dx%d, H %d, Hkv %d)", cases[c].what, g[k].name, R, U, cases[c].H,
+                     cases[c].Hkv);
+            if (v.enumerated) {
+                expect_agree(p, &v, what);
+                cr_expect_eq(v.enum_ok, cases[c].ok, "%s: enumeration: %s", what, v.enum_msg);
+            } else if (cases[c].ok) {
+                cr_expect(!v.sym_fault, "%s: a fault reported: %s", what, v.sym_msg);
+            } else {
+                cr_assert(!v.sym_ok, "UNSOUND: %s: proven at %d ranks", what, R * U);
+            }
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "%-70s sym %s (jumps %lld, usym %d) enum %s\n", what, v.sym_ok ? "proven" : v.sym_msg,
+                        (long long)v.jumps, (int)v.usym, v.enumerated ? (v.enum_ok ? "proven" : v.enum_msg) : "-");
+            cpc_program_free(p);
+        }
+}
+
 /* ---- random mutants of loop bodies ------------------------------------------------ */
 
 static uint32_t rnd(uint64_t seed, int round, uint32_t *i, int n)
@@ -533,7 +715,7 @@ static void fz_mutate(cpc_program *p, uint64_t seed, int round)
         return;
     int j = (int)RND(*n);
     cpc_op *op = &(*ops)[j];
-    switch (RND(15)) {
+    switch (RND(17)) {
     case 0:
     case 1:
         if (op->kind != CPC_OP_LOOP)
@@ -644,6 +826,63 @@ static void fz_mutate(cpc_program *p, uint64_t seed, int round)
             set_expr(&s->when, fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
         break;
     }
+    case 14: { /* a message inside the loop: send X to (r+d), recv Y from (r-d) declaring (r-s-e), wait */
+        if (!loop)
+            break;
+        int x = (int)RND(p->n_buffers), y = -1;
+        for (int t = 1; t < p->n_buffers && y < 0; t++) {
+            int c = (x + t) % p->n_buffers;
+            if (p->buffers[c].role == p->buffers[x].role && p->buffers[c].tokens == CPC_TOK_BLOCK &&
+                p->buffers[x].tokens == CPC_TOK_BLOCK)
+                y = c;
+        }
+        if (y < 0)
+            break;
+        static const char *const sp[] = {"(r+1)%R", "(r+2)%R", "(r-1)%R"}, *const rp[] = {"(r-1)%R", "(r-2)%R", "(r+1)%R"};
+        static const char *const bl[] = {"(r-s-1)%R", "(r-s)%R", "(r-1)%R", "(r-2)%R", "(r+1)%R", "(r-s-2)%R"};
+        int d = (int)RND(3);
+        const char *g = RND(2) ? fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)] : NULL;
+        ops = &the_loop(p)->body;
+        n = &the_loop(p)->n_body;
+        int a = (int)RND(*n + 1);
+        cpc_op *sd = insert_new(ops, n, a, CPC_OP_SEND);
+        sd->group = CPC_GROUP_RING, sd->tag = 3, sd->n_in = 1, sd->in[0] = x;
+        set_expr(&sd->peer, sp[d]);
+        set_expr(&sd->when, g);
+        int b = a + 1 + (int)RND(*n - a);
+        cpc_op *rv = insert_new(ops, n, b, CPC_OP_RECV);
+        rv->group = CPC_GROUP_RING, rv->tag = 3, rv->n_out = 1, rv->out[0] = y;
+        set_expr(&rv->peer, RND(4) ? rp[d] : rp[RND(3)]);
+        set_expr(&rv->block, bl[RND(sizeof bl / sizeof *bl)]);
+        set_expr(&rv->when, RND(4) ? g : fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        cpc_op *w = insert_new(ops, n, b + 1 + (int)RND(*n - b), CPC_OP_WAIT);
+        w->tag = 3;
+        set_expr(&w->when, RND(4) ? g : fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        break;
+    }
+    case 15: { /* init_acc, add or copy of gradients inserted, often guarded */
+        int a = (int)RND(p->n_buffers), b = -1;
+        for (int t = 1; t < p->n_buffers && b < 0; t++) {
+            int c = (a + t) % p->n_buffers;
+            if (p->buffers[c].role == p->buffers[a].role && p->buffers[c].tokens == p->buffers[a].tokens &&
+                p->buffers[c].heads == p->buffers[a].heads)
+                b = c;
+        }
+        cpc_op_kind kd = RND(3) == 0 ? CPC_OP_INIT_ACC : RND(2) ? CPC_OP_ADD : CPC_OP_COPY;
+        if (b < 0 && kd != CPC_OP_INIT_ACC)
+            break;
+        cpc_op *o = insert_new(ops, n, (int)RND(*n + 1), kd);
+        if (kd == CPC_OP_INIT_ACC) {
+            o->n_out = 1, o->out[0] = a;
+            if (RND(2))
+                set_expr(&o->block, fz_blocks[RND(sizeof fz_blocks / sizeof *fz_blocks)]);
+        } else {
+            o->n_in = 1, o->in[0] = a, o->n_out = 1, o->out[0] = b;
+        }
+        if (RND(3))
+            set_expr(&o->when, fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
+        break;
+    }
     default: /* operands of a multi-input op rotated (lse/delta, k/v, q/dout) */
         if (op->n_in >= 2) {
             int a = (int)RND(op->n_in), b = (int)RND(op->n_in);
@@ -692,9 +931,9 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
         const char *mask = w->rep ? "none" : rnd(seed, 1u << 30 | (uint32_t)t, &i, 2) ? "causal" : "none";
         cpc_program *p = build(w->name, w->v, w->R, w->U, w->H, w->Hkv, w->tokens, mask, w->rotate, w->rep);
         cr_assert_not_null(p, "%s %dx%d: the planner refuses the geometry", w->name, w->R, w->U);
-        int nm = 1 + (int)rnd(seed, 1u << 30 | (uint32_t)t, &i, 3);
+        int nm = 1 + (int)rnd(seed, 1u << 30 | (uint32_t)t, &i, 5);
         for (int m = 0; m < nm; m++)
-            fz_mutate(p, seed, t * 4 + m);
+            fz_mutate(p, seed, t * 8 + m);
         verdicts v;
         verdicts_of(p, &v);
         char what[160];
