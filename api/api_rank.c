@@ -30,6 +30,7 @@
 #include "transport_callback.h"
 #include "transport_local.h"
 #include "transport_mpi.h"
+#include "transport_nccl.h"
 
 struct cpc_rank {
     const cpc_artifact *a;
@@ -485,19 +486,93 @@ cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2
     return rank_finish(a, rank, t, opts, out);
 }
 
+/* NCCL ranks (rank.h NCCL RANKS): the CUDA backend, no outer axes. */
+static cpc_status *nccl_begin(const char *fn, const cpc_artifact *a, bool args_ok, const char *args,
+                              cpc_rank **out, const cpc_rank_options *caller, cpc_rank_options *o)
+{
+    cpc_status *st = rank_begin(fn, a, args_ok, args, out, caller, o);
+    if (st)
+        return st;
+    if (o->backend == CPC_BACKEND_CPU)
+        return cpc_error(CPC_E_USAGE, "%s: the NCCL transport moves device memory: the backend must "
+                                      "be CPC_BACKEND_CUDA (or AUTO), not CPU", fn);
+    o->backend = CPC_BACKEND_CUDA;
+    if (cpc_artifact_cfg_degree(a) * cpc_artifact_tp_degree(a) != 1)
+        return cpc_error(CPC_E_UNSUPPORTED,
+                         "%s: cfg_degree x tp_degree must be 1 (the outer axes run over MPI or "
+                         "local worlds)", fn);
+    return NULL;
+}
+
+cpc_status *cpc_nccl_unique_id(void *id, size_t id_bytes)
+{
+    if (!id)
+        return cpc_error(CPC_E_USAGE, "cpc_nccl_unique_id: id must not be NULL");
+#ifdef CPC_HAVE_CUDA
+    return cpc_transport_nccl_unique_id(id, id_bytes);
+#else
+    (void)id_bytes;
+    return cpc_error(CPC_E_UNSUPPORTED, "cpc_nccl_unique_id: this libcpc was built without the CUDA "
+                                        "toolkit (no NCCL)");
+#endif
+}
+
+cpc_status *cpc_rank_new_nccl_id(const cpc_artifact *a, const void *id, size_t id_bytes, int rank,
+                                 const cpc_rank_options *opts, cpc_rank **out)
+{
+    cpc_rank_options o;
+    cpc_status *st = nccl_begin("cpc_rank_new_nccl_id", a, a && id, "artifact and id", out, opts, &o);
+    if (st)
+        return st;
+    const cpc_layout *L = &a->program->layout;
+    if (rank < 0 || rank >= L->R * L->U)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl_id: rank %d out of range (world %d)", rank,
+                         L->R * L->U);
+#ifdef CPC_HAVE_CUDA
+    cpc_transport *t = NULL;
+    if ((st = cpc_transport_nccl_create_id(id, id_bytes, rank, L->R, L->U, o.device, &t)))
+        return st;
+    o.device = cpc_transport_nccl_device(t);
+    return rank_finish(a, rank, t, &o, out);
+#else
+    (void)id_bytes;
+    return cpc_error(CPC_E_UNSUPPORTED, "cpc_rank_new_nccl_id: this libcpc was built without the "
+                                        "CUDA toolkit (no NCCL)");
+#endif
+}
+
 cpc_status *cpc_rank_new_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out)
 {
-    (void)nccl_comm, (void)cuda_stream;
     cpc_rank_options o;
-    cpc_status *ost = rank_begin("cpc_rank_new_nccl", a, a != NULL, "artifact", out, opts, &o);
-    if (ost)
-        return ost;
-    opts = &o;
-    return cpc_error(CPC_E_UNSUPPORTED,
-                     "cpc_rank_new_nccl: ranks over a caller's NCCL communicator are not "
-                     "available in this release (GPU ranks of an MPI job: cpc_rank_new_mpi "
-                     "with CPC_BACKEND_CUDA; cprun --backend cuda --transport nccl runs NCCL)");
+    cpc_status *st = nccl_begin("cpc_rank_new_nccl", a, a && nccl_comm, "artifact and nccl_comm", out,
+                                opts, &o);
+    if (st)
+        return st;
+    if (cuda_stream && o.cuda_stream && cuda_stream != o.cuda_stream)
+        return cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: cuda_stream and opts->cuda_stream are "
+                                      "both set and differ");
+    if (cuda_stream)
+        o.cuda_stream = cuda_stream;
+    const cpc_layout *L = &a->program->layout;
+#ifdef CPC_HAVE_CUDA
+    cpc_transport *t = NULL;
+    if ((st = cpc_transport_nccl_create_comm(nccl_comm, L->R, L->U, &t)))
+        return st;
+    int dev = cpc_transport_nccl_device(t);
+    if (o.device >= 0 && o.device != dev) {
+        st = cpc_error(CPC_E_USAGE, "cpc_rank_new_nccl: opts->device is %d but the communicator's "
+                                    "device is %d", o.device, dev);
+        cpc_transport_destroy(t);   /* collective, as the creation was */
+        return st;
+    }
+    o.device = dev;
+    return rank_finish(a, cpc_transport_group_rank(t, CPC_GROUP_WORLD), t, &o, out);
+#else
+    (void)L;
+    return cpc_error(CPC_E_UNSUPPORTED, "cpc_rank_new_nccl: this libcpc was built without the CUDA "
+                                        "toolkit (no NCCL)");
+#endif
 }
 
 int cpc_rank_index(const cpc_rank *r) { return r ? r->p : -1; }

@@ -263,7 +263,8 @@ cpc_status *cpc_tune_profile(const char *path, const char *const *sets, int n_se
     if (warmup < 0 || iters < 0)
         return cpc_error(CPC_E_USAGE, "--tune: warmup and iters must be >= 0");
     cpc_tune_options to = {.sets = sets, .n_sets = n_sets, .transport = transport_str(transport),
-                           .warmup = warmup, .iters = iters, .timeout_s = timeout_s, .log = log};
+                           .warmup = warmup, .iters = iters, .timeout_s = timeout_s, .log = log,
+                           .profile_out = out_path};
     cpc_tune_result r;
     bool root = true;
     cpc_status *st = cpc_tune(path, &to, &r, &root);

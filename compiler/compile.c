@@ -104,6 +104,7 @@ bool cpc_compile_string(const char *text, size_t len, const char *name, const cp
 static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
 {
     cpc_lua_script *script = NULL;
+    c->plan->cluster.profile_pending = o->profile_pending;
     c->script_path = script_path(c->plan, o);
     if (c->script_path &&
         !add(c, cpc_lua_open_file(c->script_path, NULL, &script)))
@@ -111,6 +112,19 @@ static bool compile_loaded(const cpc_compile_opts *o, cpc_compiled *c)
 
     if (!add(c, cpc_plan_device(c->plan, &c->device)))
         goto fail;
+    /* FlashAttention-3 is written for Hopper (sm_90) only: elsewhere the
+     * cost model prices it as fa2 (cost.h ATTENTION KERNELS), which the
+     * user should hear (new-user trial: fa3 on an L40S passed silently). */
+    if (c->plan->runtime.attention_kernel == CPC_KERNEL_FA3 && c->device.arch > 0 &&
+        !(c->device.arch >= 90 && c->device.arch < 100)) {
+        cpc_status *w = cpc_diag(CPC_E_PLAN, 0, CPC_SEV_WARNING,
+                                 cpc_plan_span(c->plan, "runtime.attention_kernel", true),
+                                 "attention_kernel fa3 (FlashAttention-3) runs on Hopper (sm_90) only; "
+                                 "device %s is sm_%.0f, so it is priced as fa2",
+                                 c->device.name, c->device.arch);
+        cpc_status_set_hint(w, "set runtime.attention_kernel to fa2 or sdpa for this device");
+        add(c, w);
+    }
     cpc_status *st = cpc_validate_priced(c->plan, cpc_cost_price_candidate, NULL, &c->sel);
     c->validated = true;
     if (!add(c, st))

@@ -44,6 +44,8 @@ typedef struct cpc_compile_opts {
     const char *arch;         /* NVRTC target, NULL = "sm_90" */
     bool kernels;             /* generate kernels at CPC_UNTIL_CODEGEN (false: --no-kernels) */
     cpc_compile_until until;
+    bool profile_pending;     /* a cluster.profile file that does not exist yet is
+                                 no error: the preset alone (cprun --tune writes it) */
 } cpc_compile_opts;
 
 typedef struct cpc_compiled {

@@ -2171,9 +2171,11 @@ static int sched_protected(lua_State *L)
 
     int arr;
     const char *path = "ops";
-    if (lua_type(L, res) == LUA_TTABLE) {
+    /* `return plan` means what returning nothing means: plan.ops as edited
+     * (new-user trial: it read the plan table as an ops array) */
+    if (lua_type(L, res) == LUA_TTABLE && !lua_rawequal(L, res, plan_t)) {
         arr = res;
-    } else if (lua_isnil(L, res)) {
+    } else if (lua_isnil(L, res) || lua_rawequal(L, res, plan_t)) {
         lua_pushliteral(L, "ops");
         lua_rawget(L, plan_t);
         arr = lua_gettop(L);
@@ -2182,7 +2184,7 @@ static int sched_protected(lua_State *L)
             return 0;
         }
     } else {
-        rb_error(rb, 0, "schedule() must return nothing (plan.ops edited in place) or an array of ops, got %s",
+        rb_error(rb, 0, "schedule() must return nothing or the plan (plan.ops edited in place) or an array of ops, got %s",
                  ltype(L, res));
         return 0;
     }

@@ -306,8 +306,13 @@ static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U,
     /* a sub-plan of a (C, T) split (cpc_plan_sub) reports the user's world */
     int64_t CT = (int64_t)(p->parallel.cfg_degree >= 1 ? p->parallel.cfg_degree : 1) *
                  (p->parallel.tp_degree >= 1 ? p->parallel.tp_degree : 1);
+    /* the other degree derived from a world it does not divide: CP003 says
+     * so, and the derived degree (P / given, rounded down) is no degree the
+     * user chose, so no rule is checked on it (CP013 "got 1x4" was noise) */
+    bool derived_bad = false;
     if (prod != P && v != CPC_VARIANT_NONE) {
         bool one_derived = v == CPC_VARIANT_UNIFIED && (o->r_given != o->u_given);
+        derived_bad = one_derived;
         if (one_derived) {
             int given = o->r_given ? R : U;
             e = ERR(3, o->r_given ? rspan : uspan,
@@ -336,7 +341,7 @@ static cpc_status *check_degrees(const cpc_plan *p, cpc_variant v, int R, int U,
         note_variant(e, p, o, v);
         cpc_status_append(&errs, e);
     }
-    if (v == CPC_VARIANT_UNIFIED && (R == 1 || U == 1)) {
+    if (v == CPC_VARIANT_UNIFIED && (R == 1 || U == 1) && !derived_bad) {
         if (o->unified_rule)
             e = ERR(13, dspan,
                     "unified: needs ring_degree > 1 and ulysses_degree > 1 (at least 4 ranks), but "

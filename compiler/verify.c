@@ -23,6 +23,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,6 @@
 #define TOK_KV (-1)        /* tokens: the cross-attention K/V sequence, or the replicated
                               segments' rows (layout.h) */
 #define TOK_UNSET (-2)     /* tokens: accumulator not merged into yet */
-#define MATCH_NONE (-1)
 
 
 enum { ST_RUN = 0, ST_WAIT, ST_COLL, ST_DONE };
@@ -80,17 +80,16 @@ static bool aval_copy(aval *dst, const aval *src)
 /* ---- requests and channels ------------------------------------------------ */
 
 typedef struct req {
-    bool used, is_send, done;
-    int rank, peer;          /* flat ranks: the poster and the other side */
-    int peer_idx;            /* the peer's index in the group */
-    int group, tag;
-    const opnode *on;
-    int64_t step;
-    int nb;
-    int bufs[CPC_OP_MAX_BUFS];
+    union {
+        vc_rq h; /* the fields both forward domains share (verify_common.h); peer: the flat rank */
+        struct {
+            VC_RQ_FIELDS;
+        };
+    };
+    bool used;
+    int rank;                /* the poster (flat) */
     aval snap[CPC_OP_MAX_BUFS]; /* send: sender's content; recv: what arrives */
     int64_t block;           /* recv: declared block, -1 when none */
-    int match;               /* request id or MATCH_NONE */
     int next;                /* next in the channel queue / free list */
 } req;
 
@@ -126,6 +125,17 @@ typedef struct rank_st {
     int32_t next_stamp;
 } rank_st;
 
+/* The domain of the step (verify_common.h) on one concrete rank: every
+ * answer is YES or NO.  One for the enumeration, moved from rank to rank
+ * (at). */
+typedef struct rank_dom {
+    struct ctx *C;
+    rank_st *rk;
+    const opnode *nd; /* the op being run (writer of what it stores; where a fault is) */
+    int64_t step;
+    char ob[256];
+} rank_dom;
+
 typedef struct ctx {
     const cpc_program *prog;
     const cpc_layout *L;
@@ -151,6 +161,9 @@ typedef struct ctx {
     bool capped;
     cpc_verify_stats st;
     aval tmp[CPC_OP_MAX_BUFS]; /* the step's scratch values */
+    rank_dom d;              /* the domain (at) and the step's message */
+    vc_domain dom;
+    char m[1024];
 } ctx;
 
 /* ---- diagnostics ------------------------------------------------------------ */
@@ -383,31 +396,9 @@ static vc_tri covered_at(ctx *C, rank_st *rk, const opnode *nd, int64_t step, co
 
 /* ---- buffer access ----------------------------------------------------------------- */
 
-static int find_pending_send(ctx *C, rank_st *rk, int b)
-{
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
-        if (!q->is_send)
-            continue;
-        for (int j = 0; j < q->nb; j++)
-            if (q->bufs[j] == b)
-                return rk->open[i];
-    }
-    return -1;
-}
-
 static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_expr *e, const char *what,
                 int64_t *out);
 
-/* The domain of the step (verify_common.h) on one concrete rank: every
- * answer is YES or NO. */
-typedef struct rank_dom {
-    ctx *C;
-    rank_st *rk;
-    const opnode *nd; /* the op being run (writer of what it stores) */
-    int64_t step;
-    char ob[256];
-} rank_dom;
 
 #define RD(self) ((rank_dom *)(self))
 #define AV(v) ((aval *)(v))
@@ -415,25 +406,24 @@ typedef struct rank_dom {
 
 static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
 
-static bool dom_recv_on(void *self, int b, vc_req *out)
+static vc_rq *dom_rq(void *self, int id) { return &RD(self)->C->reqs[id].h; }
+
+static int dom_open(void *self, int i) { return i < RD(self)->rk->nopen ? RD(self)->rk->open[i] : -1; }
+
+static void dom_at(void *self, const vc_rq *q) { RD(self)->nd = q->on, RD(self)->step = q->slo; }
+
+static void dom_at_writer(void *self, int b)
 {
-    rank_dom *d = self;
-    if (d->rk->rpend[b] < 0)
-        return false;
-    const req *q = &d->C->reqs[d->rk->rpend[b]];
-    *out = (vc_req){op_desc(q->on, q->step, d->ob, sizeof d->ob), q->tag, q->peer};
-    return true;
+    const aval *v = &RD(self)->rk->v[b];
+    RD(self)->nd = v->written ? v->wop : NULL, RD(self)->step = v->wstep;
 }
 
-static bool dom_send_on(void *self, int b, vc_req *out)
+static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
 {
-    rank_dom *d = self;
-    if (d->rk->nsend[b] <= 0)
-        return false;
-    int id = find_pending_send(d->C, d->rk, b);
-    const req *q = id >= 0 ? &d->C->reqs[id] : NULL;
-    *out = q ? (vc_req){op_desc(q->on, q->step, d->ob, sizeof d->ob), q->tag, q->peer} : (vc_req){NULL, -1, -1};
-    return true;
+    (void)self, (void)s;
+    aval_free(AV(dst));
+    *AV(dst) = *AV(src); /* move */
+    memset(src, 0, sizeof(aval));
 }
 
 static const char *dom_writer(void *self, int b)
@@ -662,11 +652,15 @@ static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *o
     ctx *C = RD(self)->C;
     const req *s = &C->reqs[((const req *)rq)->match];
     snprintf(who, nw, "rank %d", s->rank);
-    op_desc(s->on, s->step, op, no);
+    op_desc(s->on, s->slo, op, no);
 }
 
+static vc_tri dom_post(void *self, const cpc_op *op);
+static vc_tri dom_meet(void *self, const cpc_op *op);
+
 static const vc_domain rank_ops = {
-    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer, .post = dom_post, .meet = dom_meet,
+    .deliver = dom_deliver, .snap_off = offsetof(req, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
@@ -674,31 +668,26 @@ static const vc_domain rank_ops = {
     .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
     .sender = dom_sender, .p2p_attn = true, .val_size = sizeof(aval)};
 
-/* dom: the domain of rank rk at the op nd (step), on the stack (ob is not
- * cleared: it is written before it is read). */
-static inline void rank_dom_at(rank_dom *d, ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* The domain of rank rk standing at the op nd (step), the message emptied. */
+static const vc_domain *at(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
 {
-    d->C = C, d->rk = rk, d->nd = nd, d->step = step;
+    C->d.rk = rk, C->d.nd = nd, C->d.step = step, C->m[0] = 0;
+    C->dom.nsend = rk->nsend, C->dom.rpend = rk->rpend;
+    return &C->dom;
 }
 
-#define RANK_DOM_AT(C, rk, nd, step)                                                                              \
-    rank_dom dd_;                                                                                                 \
-    rank_dom_at(&dd_, (C), (rk), (nd), (step));                                                                   \
-    vc_domain dom = rank_ops;                                                                                     \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep;                      \
-    dom.nsend = (rk)->nsend, dom.rpend = (rk)->rpend
+#define MSG(C) (C)->m, sizeof (C)->m
 
-/* A step's answer as this rank's result: a fault (the domain always
- * decides) at the op nd. */
-static int res(ctx *C, rank_st *rk, const opnode *nd, int64_t step, vc_tri t, const char *m)
+/* A step's answer as the result of the rank the domain stands on: a fault
+ * (the domain always decides) where it stands. */
+static int res(ctx *C, vc_tri t)
 {
     if (t == VC_YES)
         return 0;
     if (t == VC_OOM)
         return oom(C);
-    return fail(C, rk->p, nd, step, "%s", m[0] ? m : "fault (no message)");
+    return fail(C, C->d.rk->p, C->d.nd, C->d.step, "%s", C->m[0] ? C->m : "fault (no message)");
 }
-
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -795,30 +784,15 @@ static void enqueue(ctx *C, int p)
 /* Checks a matched pair and prepares what the recv delivers. */
 static int match_pair(ctx *C, int sid, int rid)
 {
-    req *s = &C->reqs[sid], *r = &C->reqs[rid];
-    s->match = rid;
-    r->match = sid;
+    const req *r = &C->reqs[rid];
     C->st.messages++;
-    rank_st *rr = &C->rk[r->rank];
-    char m[1024];
-    m[0] = 0;
-    vc_val *snap[CPC_OP_MAX_BUFS];
-    for (int j = 0; j < s->nb; j++) {
-        aval_free(&r->snap[j]);
-        r->snap[j] = s->snap[j]; /* move */
-        memset(&s->snap[j], 0, sizeof s->snap[j]);
-        snap[j] = &r->snap[j].h;
-    }
-    RANK_DOM_AT(C, rr, r->on, r->step);
-    vc_tri t = vc_arrive(&dom, s->nb, s->bufs, r->nb, r->bufs, snap, r, m, sizeof m);
-    return res(C, rr, r->on, r->step, t, m);
+    return res(C, vc_match(at(C, &C->rk[r->rank], r->on, r->slo), sid, rid, MSG(C)));
 }
 
 /* Posts request id: matches it against its channel. */
 static int post(ctx *C, int id)
 {
     req *q = &C->reqs[id];
-    q->match = MATCH_NONE;
     q->next = -1;
     int src = q->is_send ? q->rank : q->peer, dst = q->is_send ? q->peer : q->rank;
     chan *c = chan_get(C, src, dst, q->group, q->tag);
@@ -923,96 +897,65 @@ static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_e
 
 enum { RES_NEXT = 0, RES_BLOCK, RES_PUSHED, RES_ERR };
 
-static int exec_send_recv(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* A send/recv on the rank the domain stands at: its peer and declared block
+ * evaluated, posted, matched on its channel. */
+static vc_tri dom_post(void *self, const cpc_op *op)
 {
-    const cpc_op *op = nd->op;
-    bool is_send = op->kind == CPC_OP_SEND;
-    int64_t idx;
+    ctx *C = RD(self)->C;
+    rank_st *rk = RD(self)->rk;
+    const opnode *nd = RD(self)->nd;
+    int64_t step = RD(self)->step, idx, block = -1;
     if (eval(C, rk, nd, step, op->peer, "peer", &idx))
-        return RES_ERR;
+        return VC_NO;
     int peer = group_member(C, rk, op->group, idx);
-    if (peer < 0) {
-        fail(C, rk->p, nd, step, "peer %" PRId64 " (`%s`) is outside the %s group (size %d)", idx,
-             cpc_expr_text(op->peer), cpc_group_name(op->group), group_size(C, op->group));
-        return RES_ERR;
-    }
-    int64_t block = -1;
-    if (!is_send && op->block) {
+    if (peer < 0)
+        return fail(C, rk->p, nd, step, "peer %" PRId64 " (`%s`) is outside the %s group (size %d)", idx,
+                    cpc_expr_text(op->peer), cpc_group_name(op->group), group_size(C, op->group)), VC_NO;
+    if (op->kind == CPC_OP_RECV && op->block) {
         if (eval(C, rk, nd, step, op->block, "block", &block))
-            return RES_ERR;
-        if (block < 0 || block >= C->R) {
-            fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", block,
-                 cpc_expr_text(op->block), C->R - 1);
-            return RES_ERR;
-        }
+            return VC_NO;
+        if (block < 0 || block >= C->R)
+            return fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", block,
+                        cpc_expr_text(op->block), C->R - 1), VC_NO;
     }
     int id = req_new(C);
     if (id < 0)
-        return oom(C), RES_ERR;
+        return VC_OOM;
     req *q = &C->reqs[id];
-    q->is_send = is_send;
     q->rank = rk->p;
     q->peer = peer;
-    q->peer_idx = (int)idx;
-    q->group = op->group;
-    q->tag = op->tag;
     q->on = nd;
-    q->step = step;
+    q->slo = step;
+    q->shi = step + 1;
     q->block = block;
-    RANK_DOM_AT(C, rk, nd, step);
-    if ((q->nb = vc_post_bufs(&dom, op, id, q->bufs, q->snap)) < 0)
-        return oom(C), RES_ERR;
-    if (add_open(C, rk, id))
-        return RES_ERR;
-    if (post(C, id))
-        return RES_ERR;
-    return RES_NEXT;
+    if (!vc_post(&C->dom, op, id) || add_open(C, rk, id))
+        return VC_OOM;
+    return post(C, id) ? VC_NO : VC_YES;
 }
 
+/* Releases request id and its match once both are complete. */
 static void maybe_release(ctx *C, int id)
 {
     req *q = &C->reqs[id];
-    if (!q->done)
-        return;
-    if (q->match >= 0 && C->reqs[q->match].done) {
+    if (q->used && q->done && q->match >= 0 && C->reqs[q->match].done) {
         int other = q->match;
         req_release(C, id);
         req_release(C, other);
     }
 }
 
-static int exec_wait(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* After a wait: the requests it completed leave the rank's list (and are
+ * released once their match is complete too). */
+static void drop_done(ctx *C, rank_st *rk)
 {
-    int tag = nd->op->tag;
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
-        if (q->tag == tag && q->match == MATCH_NONE) {
-            rk->state = ST_WAIT;
-            rk->wait_tag = tag;
-            rk->bnode = nd;
-            rk->bstep = step;
-            return RES_BLOCK;
-        }
-    }
-    rk->state = ST_RUN;
     int k = 0;
     for (int i = 0; i < rk->nopen; i++) {
-        int id = rk->open[i];
-        req *q = &C->reqs[id];
-        if (q->tag != tag) {
-            rk->open[k++] = id;
-            continue;
-        }
-        char m[640];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, q->on, q->step);
-        if (res(C, rk, q->on, q->step, vc_wait_bufs(&dom, q->is_send, q->nb, q->bufs, q->snap, m, sizeof m), m))
-            return RES_ERR;
-        q->done = true;
-        maybe_release(C, id);
+        if (!C->reqs[rk->open[i]].done)
+            rk->open[k++] = rk->open[i];
+        else
+            maybe_release(C, rk->open[i]);
     }
     rk->nopen = k;
-    return RES_NEXT;
 }
 
 /* ---- collectives -------------------------------------------------------------------- */
@@ -1071,10 +1014,7 @@ static int run_collective(ctx *C, int *members, int n)
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
         const cpc_op *op = rk->bnode->op;
-        char msg[1024];
-        msg[0] = 0;
-        RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
-        if (res(C, rk, rk->bnode, rk->bstep, vc_coll_inputs(&dom, op, msg, sizeof msg), msg))
+        if (res(C, vc_coll_inputs(at(C, rk, rk->bnode, rk->bstep), op, MSG(C))))
             return -1;
         /* all_gather concatenates blocks: the heads of its members agree */
         for (int j = 0; op->kind == CPC_OP_ALL_GATHER && j < op->n_in; j++) {
@@ -1087,10 +1027,7 @@ static int run_collective(ctx *C, int *members, int n)
     }
     for (int m = 0; m < n; m++) {
         rank_st *rk = &C->rk[members[m]];
-        char msg[1024];
-        msg[0] = 0;
-        RANK_DOM_AT(C, rk, rk->bnode, rk->bstep);
-        if (res(C, rk, rk->bnode, rk->bstep, vc_coll_outputs(&dom, rk->bnode->op, msg, sizeof msg), msg))
+        if (res(C, vc_coll_outputs(at(C, rk, rk->bnode, rk->bstep), rk->bnode->op, MSG(C))))
             return -1;
     }
 advance:
@@ -1103,37 +1040,29 @@ advance:
     return 0;
 }
 
-static int exec_collective(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
+/* A collective reached by the rank the domain stands at: it blocks until
+ * every member of its group instance has arrived; the last runs it. */
+static vc_tri dom_meet(void *self, const cpc_op *op)
 {
-    const cpc_op *op = nd->op;
-    {
-        char m[640];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, nd, step);
-        for (int j = 0; j < op->n_in; j++)
-            if (res(C, rk, nd, step, vc_rd(&dom, op->in[j], m, sizeof m), m))
-                return RES_ERR;
-    }
-    int g = op->group;
-    int inst = group_inst(rk, g);
+    ctx *C = RD(self)->C;
+    rank_st *rk = RD(self)->rk;
+    int g = op->group, inst = group_inst(rk, g), W = group_size(C, g);
     rk->state = ST_COLL;
-    rk->bnode = nd;
-    rk->bstep = step;
+    rk->bnode = RD(self)->nd;
+    rk->bstep = RD(self)->step;
     rk->cgroup = g;
     rk->cinst = inst;
-    C->arrived[g][inst]++;
-    if (C->arrived[g][inst] < group_size(C, g))
-        return RES_BLOCK;
+    if (++C->arrived[g][inst] < W)
+        return VC_BLOCKED;
     C->arrived[g][inst] = 0;
-    int W = group_size(C, g);
     int *members = malloc(sizeof(int) * (size_t)W);
     if (!members)
-        return oom(C), RES_ERR;
+        return VC_OOM;
     for (int m = 0; m < W; m++)
         members[m] = inst_member(C, g, inst, m);
     int rc = run_collective(C, members, W);
     free(members);
-    return rc ? RES_ERR : RES_BLOCK; /* members (this one too) were advanced and queued */
+    return rc ? VC_NO : VC_BLOCKED; /* members (this one too) were advanced and queued */
 }
 
 static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
@@ -1150,11 +1079,7 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             return RES_ERR;
         }
         if (count == 0 || op->n_body == 0)
-            return RES_NEXT;
-        if (rk->depth >= MAX_DEPTH) {
-            fail(C, rk->p, nd, step, "loops nested deeper than %d", MAX_DEPTH);
-            return RES_ERR;
-        }
+            return RES_NEXT; /* (nesting: check_nodes) */
         frame *f = &rk->fr[++rk->depth];
         f->ops = nd->body;
         f->n = nd->n_body;
@@ -1166,51 +1091,27 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     default:
         break;
     }
-    {
-        char m[1024];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, nd, step);
-        if (res(C, rk, nd, step, vc_step(&dom, op, m, sizeof m), m))
-            return RES_ERR;
+    vc_tri t = vc_step(at(C, rk, nd, step), op, MSG(C));
+    if (t == VC_BLOCKED && op->kind == CPC_OP_WAIT) { /* a request with its tag is not matched yet */
+        rk->state = ST_WAIT;
+        rk->wait_tag = op->tag;
+        rk->bnode = nd;
+        rk->bstep = step;
     }
-    switch (op->kind) {
-    case CPC_OP_SEND:
-    case CPC_OP_RECV: return exec_send_recv(C, rk, nd, step);
-    case CPC_OP_WAIT: return exec_wait(C, rk, nd, step);
-    case CPC_OP_ALL_TO_ALL:
-    case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return exec_collective(C, rk, nd, step);
-    default: return RES_NEXT;
-    }
+    if (t == VC_BLOCKED)
+        return RES_BLOCK;
+    if (res(C, t))
+        return RES_ERR;
+    if (op->kind == CPC_OP_WAIT)
+        drop_done(C, rk);
+    return RES_NEXT;
 }
 
 /* End of a rank's program: every request completed, every OUTPUT buffer
  * holds the rank's shard with all heads and a complete attention. */
 static int finish_rank(ctx *C, rank_st *rk)
 {
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
-        if (q->match == MATCH_NONE)
-            return fail(C, rk->p, q->on, q->step,
-                        "this %s rank %d (tag %d) is never matched nor waited: rank %d posts no %s with tag %d",
-                        q->is_send ? "send to" : "recv from", q->peer, q->tag, q->peer,
-                        q->is_send ? "recv from this rank" : "send to this rank", q->tag);
-        return fail(C, rk->p, q->on, q->step, "this %s (tag %d) is never completed: no `wait tag %d` after it",
-                    q->is_send ? "send" : "recv", q->tag, q->tag);
-    }
-    for (int b = 0; b < C->prog->n_buffers; b++) {
-        const cpc_buffer *B = &C->prog->buffers[b];
-        if (B->io != CPC_IO_OUTPUT)
-            continue;
-        aval *v = &rk->v[b];
-        const opnode *w = v->written ? v->wop : NULL;
-        char m[1024];
-        m[0] = 0;
-        RANK_DOM_AT(C, rk, w, v->wstep);
-        if (res(C, rk, w, v->wstep, vc_output(&dom, b, m, sizeof m), m))
-            return -1;
-    }
-    return 0;
+    return res(C, vc_finish(at(C, rk, NULL, 0), MSG(C))); /* (at the request, or the OUTPUT's writer) */
 }
 
 /* Runs rank rk until it blocks, finishes or fails. */
@@ -1271,10 +1172,10 @@ static int waits_for(ctx *C, rank_st *rk, char *why, size_t n)
     if (rk->state == ST_WAIT) {
         for (int i = 0; i < rk->nopen; i++) {
             req *q = &C->reqs[rk->open[i]];
-            if (q->tag != rk->wait_tag || q->match != MATCH_NONE)
+            if (q->tag != rk->wait_tag || q->match >= 0)
                 continue;
             snprintf(why, n, "its %s %s rank %d (%s, tag %d) has no matching %s on rank %d", q->is_send ? "send" : "recv",
-                     q->is_send ? "to" : "from", q->peer, op_desc(q->on, q->step, ob, sizeof ob), q->tag,
+                     q->is_send ? "to" : "from", q->peer, op_desc(q->on, q->slo, ob, sizeof ob), q->tag,
                      q->is_send ? "recv" : "send", q->peer);
             return q->peer;
         }
@@ -1301,18 +1202,18 @@ static void peer_mismatch_notes(ctx *C, rank_st *rk)
     char o1[256], o2[256];
     for (int i = 0; i < rk->nopen; i++) {
         req *q = &C->reqs[rk->open[i]];
-        if (q->match != MATCH_NONE)
+        if (q->match >= 0)
             continue;
         rank_st *o = &C->rk[q->peer];
         for (int k = 0; k < o->nopen; k++) {
             req *x = &C->reqs[o->open[k]];
-            if (x->match == MATCH_NONE && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
+            if (x->match < 0 && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
                 x->peer != rk->p) {
-                note(C, -1, q->on, q->step,
+                note(C, -1, q->on, q->slo,
                      "peers do not match: rank %d %s rank %d (%s), but rank %d %s rank %d (%s)", rk->p,
-                     q->is_send ? "sends to" : "receives from", q->peer, op_desc(q->on, q->step, o1, sizeof o1),
+                     q->is_send ? "sends to" : "receives from", q->peer, op_desc(q->on, q->slo, o1, sizeof o1),
                      o->p, x->is_send ? "sends to" : "receives from", x->peer,
-                     op_desc(x->on, x->step, o2, sizeof o2));
+                     op_desc(x->on, x->slo, o2, sizeof o2));
                 return;
             }
         }
@@ -1635,6 +1536,9 @@ static void ctx_free(ctx *C)
 static int init_ranks(ctx *C)
 {
     int P = C->P, nb = C->prog->n_buffers;
+    C->d.C = C;
+    C->dom = rank_ops;
+    C->dom.self = &C->d, C->dom.prog = C->prog, C->dom.cross = C->L->cross, C->dom.rep = C->L->rep;
     C->rk = calloc((size_t)C->P, sizeof(rank_st));
     C->queue = malloc(sizeof(int) * (size_t)C->P);
     if (!C->rk || !C->queue)
@@ -1659,8 +1563,7 @@ static int init_ranks(ctx *C)
             return oom(C);
         for (int b = 0; b < nb; b++)
             rk->rpend[b] = -1;
-        RANK_DOM_AT(C, rk, NULL, 0);
-        vc_inputs(&dom);
+        vc_inputs(at(C, rk, NULL, 0));
         rk->queued = true;
         C->queue[C->qn++] = p;
     }

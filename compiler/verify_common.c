@@ -12,6 +12,7 @@
 
 #define ST(d, b) (d->val(d->self, b)->stamp)
 #define NM(b) d->name(d->self, b)
+#define SELF d->self
 
 static const char *verb_of(cpc_access acc)
 {
@@ -44,20 +45,38 @@ static const char *wait_words(const vc_req *q, char *buf, size_t n)
     return buf;
 }
 
+/* A recv into b (send: a send from b) is in flight: *out, described in ob.
+ * The forward domains answer from their requests, the backward one itself. */
+static bool req_on(const vc_domain *d, int b, bool send, vc_req *out, char *ob, size_t n)
+{
+    if (!d->rq)
+        return send ? d->send_on(SELF, b, out) : d->recv_on(SELF, b, out);
+    if (send ? d->nsend[b] <= 0 : d->rpend[b] < 0)
+        return false;
+    const vc_rq *q = send ? NULL : d->rq(SELF, d->rpend[b]);
+    for (int i = 0, id; !q && (id = d->open(SELF, i)) >= 0; i++) {
+        const vc_rq *x = d->rq(SELF, id);
+        for (int j = 0; x->is_send && !x->done && j < x->nb; j++)
+            q = x->bufs[j] == b ? x : q;
+    }
+    *out = q ? (vc_req){vc_op_desc(q->on, q->slo, q->shi, ob, n), q->tag, q->peer} : (vc_req){NULL, -1, -1};
+    return true;
+}
+
 /* The lifetime rule for buffer b used with access acc. */
 static const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
 {
     if (acc == CPC_ACCESS_NONE)
         return NULL;
     vc_req q = {NULL, -1, -1};
-    char w[320], wt[32];
-    if (d->recv_on(d->self, b, &q)) {
+    char w[320], wt[32], ob[256];
+    if (req_on(d, b, false, &q, ob, sizeof ob)) {
         req_words(&q, "from", w, sizeof w);
         snprintf(msg, n, "%s %s while the recv into it%s is not complete (in flight): no `wait%s` between them",
                  verb_of(acc), d->name(d->self, b), w, wait_words(&q, wt, sizeof wt));
         return msg;
     }
-    if (acc != CPC_ACCESS_READ && d->send_on(d->self, b, &q)) {
+    if (acc != CPC_ACCESS_READ && req_on(d, b, true, &q, ob, sizeof ob)) {
         req_words(&q, "to", w, sizeof w);
         snprintf(msg, n, "%s %s while a send from it is in flight%s: no `wait%s` between them",
                  acc == CPC_ACCESS_WRITE ? "overwrites" : verb_of(acc), d->name(d->self, b), w,
@@ -138,9 +157,10 @@ static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     vc_req q;
+    char ob[256];
     for (int j = 0; j < 2; j++) {
         int b = op->out[j];
-        if (!d->recv_on(d->self, b, &q) && !d->val(d->self, b)->written) {
+        if (!req_on(d, b, false, &q, ob, sizeof ob) && !d->val(d->self, b)->written) {
             snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
                      d->name(d->self, b));
             return msg;
@@ -275,7 +295,6 @@ vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom)
 
 /* ---- the step ------------------------------------------------------------------------------- */
 
-#define SELF d->self
 #define FAULT(...) (snprintf(msg, n, __VA_ARGS__), VC_NO)
 #define UNDEC(...) (snprintf(msg, n, __VA_ARGS__), VC_UNDECIDED)
 /* A three-valued answer t that is not YES: its message, a fault or undecided. */
@@ -679,6 +698,23 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
     return vc_complete(d, v, NM(b), msg, n);
 }
 
+static vc_tri vc_wait(const vc_domain *d, int tag, char *msg, size_t n);
+
+/* A collective on a forward domain: its inputs are read, then it runs when
+ * every member is here (the domain's meet; at once without one). */
+static vc_tri vc_collective(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+{
+    for (int j = 0; j < op->n_in; j++) {
+        vc_tri t = vc_rd(d, op->in[j], msg, n);
+        if (t != VC_YES)
+            return t;
+    }
+    if (d->meet)
+        return d->meet(SELF, op);
+    vc_tri t = vc_coll_inputs(d, op, msg, n);
+    return t == VC_YES ? vc_coll_outputs(d, op, msg, n) : t;
+}
+
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     if (vc_operands_in_flight(d, op, msg, n))
@@ -694,11 +730,14 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     case CPC_OP_COPY: return vc_copy(d, op, msg, n);
     case CPC_OP_SWAP: return vc_swap(d, op, msg, n);
     case CPC_OP_SEND:
-    case CPC_OP_RECV: return vc_post_operands(d, op, msg, n);
-    case CPC_OP_WAIT:
+    case CPC_OP_RECV: {
+        vc_tri t = vc_post_operands(d, op, msg, n);
+        return t == VC_YES && d->rq ? d->post(SELF, op) : t;
+    }
+    case CPC_OP_WAIT: return d->rq ? vc_wait(d, op->tag, msg, n) : VC_YES;
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return VC_YES; /* the domain's: matching, completion, rendezvous */
+    case CPC_OP_BARRIER: return d->rq ? vc_collective(d, op, msg, n) : VC_YES;
     default:
         if (d->grad_op && (int)op->kind >= 0 && op->kind < CPC_OP__COUNT &&
             (cpc_op_info_of(op->kind)->flags & CPC_OPF_BWD))
@@ -752,39 +791,104 @@ void vc_inputs(const vc_domain *d)
     }
 }
 
-int vc_post_bufs(const vc_domain *d, const cpc_op *op, int id, int *qbufs, void *snap)
+#define RQ_SNAP(d, q) ((void *)((char *)(q) + (d)->snap_off))
+
+bool vc_post(const vc_domain *d, const cpc_op *op, int id)
 {
-    bool is_send = op->kind == CPC_OP_SEND;
-    int nb = is_send ? op->n_in : op->n_out; /* checked by vc_step */
-    const int *bufs = is_send ? op->in : op->out;
-    for (int j = 0; j < nb; j++) {
-        int b = qbufs[j] = bufs[j];
-        if (is_send) {
+    vc_rq *q = d->rq(SELF, id);
+    q->is_send = op->kind == CPC_OP_SEND;
+    q->done = false;
+    q->match = -1;
+    q->tag = op->tag;
+    q->group = op->group;
+    q->nb = q->is_send ? op->n_in : op->n_out; /* checked by vc_step */
+    for (int j = 0; j < q->nb; j++) {
+        int b = q->bufs[j] = q->is_send ? op->in[j] : op->out[j];
+        if (q->is_send) {
             vc_val *v = d->val(SELF, b);
-            if (!d->copy(SELF, SNAP(d, snap, j), v))
-                return -1;
+            if (!d->copy(SELF, SNAP(d, RQ_SNAP(d, q), j), v))
+                return false;
             v->fresh = 0;
             d->nsend[b]++;
         } else {
             d->rpend[b] = id;
         }
     }
-    return nb;
+    return true;
 }
 
-vc_tri vc_wait_bufs(const vc_domain *d, bool is_send, int nb, const int *bufs, void *snap, char *msg, size_t n)
+/* A wait for tag on the domain's rank: VC_BLOCKED with the domain at the
+ * first request in flight with that tag not matched yet (nothing done: the
+ * domain blocks the rank or reports a deadlock); else completes each with
+ * that tag, on the domain at its op (d->at): a send's buffers are one send
+ * less in flight; a recv stores what arrived (its snapshots, moved: written,
+ * read by no op yet) by vc_store; each is marked done. */
+static vc_tri vc_wait(const vc_domain *d, int tag, char *msg, size_t n)
 {
-    for (int j = 0; j < nb; j++) {
-        int b = bufs[j];
-        if (is_send) {
-            d->nsend[b]--;
+    for (int i = 0, k; (k = d->open(SELF, i)) >= 0; i++) {
+        const vc_rq *q = d->rq(SELF, k);
+        if (!q->done && q->tag == tag && q->match < 0)
+            return d->at(SELF, q), VC_BLOCKED;
+    }
+    for (int i = 0, k; (k = d->open(SELF, i)) >= 0; i++) {
+        vc_rq *q = d->rq(SELF, k);
+        if (q->done || q->tag != tag)
             continue;
+        d->at(SELF, q);
+        for (int j = 0; j < q->nb; j++) {
+            int b = q->bufs[j];
+            if (q->is_send) {
+                d->nsend[b]--;
+                continue;
+            }
+            d->rpend[b] = -1;
+            vc_val *v = SNAP(d, RQ_SNAP(d, q), j);
+            v->written = 1;
+            v->fresh = 0;
+            vc_tri t = vc_store(d, b, v, msg, n);
+            if (t != VC_YES)
+                return t;
         }
-        d->rpend[b] = -1;
-        vc_val *v = SNAP(d, snap, j);
-        v->written = 1;
-        v->fresh = 0;
-        vc_tri t = vc_store(d, b, v, msg, n);
+        q->done = true;
+    }
+    return VC_YES;
+}
+
+vc_tri vc_match(const vc_domain *d, int sid, int rid, char *msg, size_t n)
+{
+    vc_rq *s = d->rq(SELF, sid), *r = d->rq(SELF, rid);
+    s->match = rid;
+    r->match = sid;
+    vc_val *snap[CPC_OP_MAX_BUFS];
+    for (int j = 0; j < s->nb; j++)
+        d->deliver(SELF, snap[j] = SNAP(d, RQ_SNAP(d, r), j), SNAP(d, RQ_SNAP(d, s), j), s);
+    return vc_arrive(d, s->nb, s->bufs, r->nb, r->bufs, snap, r, msg, n);
+}
+
+vc_tri vc_finish(const vc_domain *d, char *msg, size_t n)
+{
+    for (int i = 0, k; (k = d->open(SELF, i)) >= 0; i++) {
+        const vc_rq *q = d->rq(SELF, k);
+        if (q->done)
+            continue;
+        const char *what = q->is_send ? "send" : "recv", *other = q->is_send ? "recv" : "send";
+        d->at(SELF, q);
+        if (q->match >= 0)
+            snprintf(msg, n, "this %s (tag %d) is never completed: no `wait tag %d` after it", what, q->tag, q->tag);
+        else if (q->peer >= 0)
+            snprintf(msg, n, "this %s %s rank %d (tag %d) is never matched nor waited: rank %d posts no %s %s this "
+                     "rank with tag %d", what, q->is_send ? "to" : "from", q->peer, q->tag, q->peer, other,
+                     q->is_send ? "from" : "to", q->tag);
+        else
+            snprintf(msg, n, "this %s (tag %d) is never matched nor waited: no %s with tag %d meets it", what, q->tag,
+                     other, q->tag);
+        return VC_NO;
+    }
+    for (int b = 0; b < d->prog->n_buffers; b++) {
+        if (d->prog->buffers[b].io != CPC_IO_OUTPUT)
+            continue;
+        d->at_writer(SELF, b);
+        vc_tri t = vc_output(d, b, msg, n);
         if (t != VC_YES)
             return t;
     }

@@ -27,13 +27,15 @@
  *   symbolic rank (verify_sym.c: answers for every rank and loop step at
  *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
  *   the program to enumeration, or to CP051 beyond its bound), and the
- *   backward prover's simulated rank (below).  What stays
- *   per domain is what differs in kind: the values' representation, how
- *   requests find their peers (channels between concrete ranks, or offsets
- *   of the one generic rank), blocking and rendezvous, and loops (unrolled
- *   per rank, or induction on the step).  The forward domains' message layer
- *   is shared (vc_post_bufs, vc_wait_bufs, vc_inputs, vc_op_desc, vc_fault).  One fault thus gets one message
- *   from both (tests/test_verify_sym.c one_step_gives_one_message).
+ *   backward prover's simulated rank (below).  For the two forward domains
+ *   the step also runs the message layer (vc_rq, vc_post, the wait,
+ *   vc_match, vc_finish): what stays per domain is what differs in kind:
+ *   the values' representation, how requests find their peers (channels
+ *   between concrete ranks, or offsets of the one generic rank), a wait
+ *   that blocks (the rank blocks, or every rank at once: a deadlock), the
+ *   collectives' rendezvous, and loops (unrolled per rank, or induction on
+ *   the step).  One fault thus gets one message from both
+ *   (tests/test_verify_sym.c one_step_gives_one_message).
  *   The backward prover (verify_bwd.c) is a third domain of the step: one
  *   simulated rank of its symmetric domain or of its enumeration (values:
  *   a content tag, the buffer's layout, and the (query block, key unit,
@@ -84,6 +86,23 @@ typedef struct vc_req {
     int peer;        /* the rank at the other end; -1 where the domain has no one rank */
 } vc_req;
 
+/* A request of the forward domains' message layer: what both share.  A
+ * domain's request type begins with these fields (VC_RQ_FIELDS in an
+ * anonymous union with a vc_rq `h`), and holds its snapshots (CPC_OP_MAX_BUFS
+ * values of the domain's value type) at vc_domain.snap_off. */
+#define VC_RQ_FIELDS                                                                                       \
+    bool is_send, done;                                                                                   \
+    int match;          /* the request it met (the domain's id); -1: none yet */                          \
+    int tag, group;                                                                                       \
+    int peer;           /* the rank at the other end; -1 where the domain has no one rank */              \
+    int nb;                                                                                               \
+    int bufs[CPC_OP_MAX_BUFS];                                                                            \
+    const struct vc_node *on; /* the op that posted it, for the steps [slo, shi) (vc_op_desc) */         \
+    int64_t slo, shi
+typedef struct vc_rq {
+    VC_RQ_FIELDS;
+} vc_rq;
+
 /* An op of the program with its index path ("ops[3].body[1]": 1-based, as
  * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
 typedef struct vc_node {
@@ -105,7 +124,7 @@ void vc_nodes_free(vc_node *nodes, int n);
  * functions below return VC_YES (the op ran), VC_NO (a fault: the message
  * says which), VC_UNDECIDED (outside the domain's class: the message says
  * why; the caller enumerates or refuses) or VC_OOM. */
-typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3 } vc_tri;
+typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3, VC_BLOCKED = 4 } vc_tri;
 
 /* YES if both are, NO if either is, else UNDECIDED. */
 static inline vc_tri vc_and(vc_tri a, vc_tri b)
@@ -142,8 +161,10 @@ typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
     vc_val *(*val)(void *self, int b);                   /* buffer b's value */
-    bool (*recv_on)(void *self, int b, vc_req *q);       /* a recv into b is in flight: *q */
-    bool (*send_on)(void *self, int b, vc_req *q);       /* a send from b is in flight: *q */
+    /* a recv into b / a send from b is in flight: *q (the backward domain; the forward ones
+     * answer through their requests, rq below) */
+    bool (*recv_on)(void *self, int b, vc_req *q);
+    bool (*send_on)(void *self, int b, vc_req *q);
     /* The forward geometry (NULL in a domain without attn/merge: backward). */
     const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
     vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
@@ -193,12 +214,29 @@ typedef struct vc_domain {
                        are query rows too; every query meets their keys once (kvcov 1) and
                        every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
-    /* The forward domains' message layer (vc_post_bufs, vc_wait_bufs; unused by the backward
+    /* The forward domains' message layer (vc_post, the step's wait; unused by the backward
      * domain): per buffer, the sends in flight reading it and the request of the recv in flight
      * writing it (-1), and the size of the domain's value type (a request's snapshots are an
      * array of them). */
     int32_t *nsend, *rpend;
     size_t val_size;
+    /* The forward domains' requests: request id; the id of the rank's i-th request in flight
+     * (-1 past the last); at: the domain now stands at q's op (the writer of what completing q
+     * stores); the offset of the snapshots in the domain's request type. */
+    vc_rq *(*rq)(void *self, int id);
+    int (*open)(void *self, int i);
+    void (*at)(void *self, const vc_rq *q);
+    void (*at_writer)(void *self, int b);                /* ... at the op that last wrote b (NULL: none) */
+    /* send/recv op, after its checks: the domain's request (peer, declared block; vc_post),
+     * matched as the domain matches.  VC_NO: a fault (reported itself when msg is empty). */
+    vc_tri (*post)(void *self, const cpc_op *op);
+    /* collective op, its inputs read: VC_BLOCKED while members are missing (the domain runs it,
+     * vc_coll_inputs / vc_coll_outputs on each member, when the last arrives); NULL: every
+     * member is here at once (the symbolic rank), and it runs now. */
+    vc_tri (*meet)(void *self, const cpc_op *op);
+    /* dst := what send s's snapshot src is in the receiver's terms (src may be emptied) */
+    void (*deliver)(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
+    size_t snap_off;
 } vc_domain;
 
 /* The key units (shards) query rows of units [lo, hi) must meet: all P, or
@@ -226,17 +264,25 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 
 /* THE STEP.  Each returns VC_YES when the op ran, else VC_NO (a fault),
- * VC_UNDECIDED (outside the domain's class) or VC_OOM, with the message in
- * msg (n bytes; empty when a callback reported it itself). */
+ * VC_UNDECIDED (outside the domain's class), VC_OOM or VC_BLOCKED (below),
+ * with the message in msg (n bytes; empty when a callback reported it
+ * itself). */
 /* One op: the lifetime rule for its operands, then init_acc, attn (with
  * the content rule), merge (provenance: in[0], in[1] the output and LSE of
  * one block not merged yet, out[0], out[1] one initialised accumulator
  * pair, not the input; the overwrite rule: an attention output no op read
  * is not overwritten), copy and swap whole; send/recv's checks before
  * posting (what is sent is read, and complete if attention; what is
- * received may be overwritten; no buffer named twice).  Wait, the posting
- * and matching of requests and the collectives' rendezvous are then the
- * domain's.  A kind outside the forward ops is a fault. */
+ * received may be overwritten; no buffer named twice).  On a forward domain
+ * (one with requests, d->rq) the rest too: a send/recv is posted (d->post);
+ * a wait completes every request with its tag (a send's buffers are one
+ * send less in flight; a recv stores what arrived, moved: written, read by
+ * no op yet, by vc_store; each on the domain at its op, d->at), or is
+ * VC_BLOCKED with the domain at the first one not matched yet, nothing done
+ * (the enumeration blocks the rank, the symbolic proof reports a deadlock);
+ * a collective's inputs are read, then it runs when every member is there
+ * (d->meet; VC_BLOCKED while one is missing).  The backward domain does
+ * these itself.  A kind outside the forward ops is a fault. */
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* the read rule; marks b's output used */
 vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits (role, then layout), put */
@@ -263,16 +309,21 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 /* The program's start: every INPUT buffer holds its role's source, the
  * rank's own shard (or the K/V sequence) with the buffer's heads. */
 void vc_inputs(const vc_domain *d);
-/* Posts send/recv op (after vc_step) as the domain's request `id`: copies its
- * buffers into qbufs; a send snapshots each into snap[j] (d->copy; snap an
- * array of d->val_size values; the buffer's attention output counts as read)
- * and counts a send in flight on it; a recv marks its buffers as written by
- * request id.  Returns the number of buffers, -1 when out of memory. */
-int vc_post_bufs(const vc_domain *d, const cpc_op *op, int id, int *qbufs, void *snap);
-/* Completes a request at its wait, on the domain of the op that posted it: a
- * send's buffers are one send less in flight; a recv stores what arrived
- * (snap[j], moved: written, read by no op yet) into bufs[j] by vc_store. */
-vc_tri vc_wait_bufs(const vc_domain *d, bool is_send, int nb, const int *bufs, void *snap, char *msg, size_t n);
+/* Posts send/recv op (after vc_step) as the domain's request `id`, whose own
+ * fields and peer, on, slo, shi the caller set: the shared fields and
+ * buffers; a send snapshots each buffer (d->copy; its attention output
+ * counts as read) and counts a send in flight on it; a recv marks its
+ * buffers as written by request id.  False when out of memory. */
+bool vc_post(const vc_domain *d, const cpc_op *op, int id);
+/* Send request sid meets recv request rid, on the receiver's domain: each is
+ * the other's match, the send's snapshots are handed to the recv (d->deliver)
+ * and checked buffer by buffer (vc_arrive). */
+vc_tri vc_match(const vc_domain *d, int sid, int rid, char *msg, size_t n);
+/* The end of the rank's program: every request was completed (else a fault
+ * with the domain at the request: never matched, naming the peer rank where
+ * the domain has one, or never waited), then every OUTPUT buffer (vc_output,
+ * with the domain at the op that wrote it). */
+vc_tri vc_finish(const vc_domain *d, char *msg, size_t n);
 /* "ops[3].body[1] merge", with " (step s)" for one step [slo, slo+1) of a
  * loop or " (steps a..b)" for the range a symbolic run stands for (none
  * when shi <= slo); nd NULL: "the end of the program". */

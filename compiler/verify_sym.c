@@ -32,6 +32,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,15 +89,16 @@ typedef struct sval {
 } sval;
 
 typedef struct sreq {
-    bool is_send, done, matched;
+    union {
+        vc_rq h; /* the fields both forward domains share (verify_common.h); peer -1 */
+        struct {
+            VC_RQ_FIELDS;
+        };
+    };
     int64_t d;        /* peer offset in the ring */
     int64_t key;      /* channel: send d, recv -d (mod R) */
-    int tag, nb, partner;
-    int group;
-    int bufs[CPC_OP_MAX_BUFS];
     sval snap[CPC_OP_MAX_BUFS]; /* send: content at post; recv: what arrives */
     aff decl;         /* recv: declared block */
-    const snode *on;
 } sreq;
 
 typedef struct sst {
@@ -107,6 +109,18 @@ typedef struct sst {
     int nreq;
     int32_t next_stamp;
 } sst;
+
+/* The domain of the step (verify_common.h) on the symbolic rank: answers
+ * hold for every rank and every step the run stands for, or are UNDECIDED
+ * (the peer is an offset, not one rank).  One per proof, moved from op to op
+ * (at). */
+typedef struct sym_dom {
+    struct sctx *C;
+    const snode *nd; /* the op being run (writer of what it stores; where a fault is) */
+    int64_t slo, shi;     /* ... for the steps [slo, shi) */
+    const struct sreq *q; /* the request it was last moved to (at) */
+    char ob[256];
+} sym_dom;
 
 typedef struct sctx {
     const cpc_program *prog;
@@ -125,6 +139,9 @@ typedef struct sctx {
     cpc_sym_stats stats;
     int64_t work;       /* the bound's units spent so far (verify.h THE PROVER'S BOUND) */
     sval tmp[CPC_OP_MAX_BUFS]; /* the step's scratch values */
+    sym_dom d;          /* the domain (at) and the step's message */
+    vc_domain dom;
+    char m[1024];
 } sctx;
 
 /* ---- arithmetic ------------------------------------------------------------- */
@@ -213,38 +230,6 @@ static bool lin_const(const lin *x)
     return x->mod == 0 && x->cr == 0 && x->cu == 0 && x->cs == 0;
 }
 
-static bool const_op(cpc_expr_kind k, int64_t a, int64_t b, int64_t *out)
-{
-    switch (k) {
-    case CPC_EX_ADD: return !__builtin_add_overflow(a, b, out);
-    case CPC_EX_SUB: return !__builtin_sub_overflow(a, b, out);
-    case CPC_EX_MUL: return !__builtin_mul_overflow(a, b, out);
-    case CPC_EX_DIV:
-    case CPC_EX_MOD: {
-        if (b == 0 || (a == INT64_MIN && b == -1))
-            return false;
-        int64_t q = a / b, r = a % b;
-        if (r < 0) {
-            r += b < 0 ? -b : b;
-            q += b < 0 ? 1 : -1;
-        }
-        *out = k == CPC_EX_DIV ? q : r;
-        return true;
-    }
-    case CPC_EX_LT: *out = a < b; return true;
-    case CPC_EX_LE: *out = a <= b; return true;
-    case CPC_EX_GT: *out = a > b; return true;
-    case CPC_EX_GE: *out = a >= b; return true;
-    case CPC_EX_EQ: *out = a == b; return true;
-    case CPC_EX_NE: *out = a != b; return true;
-    case CPC_EX_AND: *out = a && b; return true;
-    case CPC_EX_OR: *out = a || b; return true;
-    case CPC_EX_MIN: *out = a < b ? a : b; return true;
-    case CPC_EX_MAX: *out = a > b ? a : b; return true;
-    default: return false;
-    }
-}
-
 static bool lin_eval_raw(const sctx *C, const cpc_expr *e, int i, lin *out);
 
 /* The linear form of node i, or false when it has none.  Coefficients stay
@@ -301,7 +286,7 @@ static bool lin_eval_raw(const sctx *C, const cpc_expr *e, int i, lin *out)
     if (n.a < 0 || n.b < 0 || !lin_eval(C, e, n.a, &a) || !lin_eval(C, e, n.b, &b))
         return false;
     if (lin_const(&a) && lin_const(&b))
-        return const_op(n.kind, a.c, b.c, &out->c);
+        return !cpc_expr_binop(n.kind, a.c, b.c, &out->c); /* constants fold as evaluation does */
     switch (n.kind) {
     case CPC_EX_ADD:
     case CPC_EX_SUB:
@@ -424,7 +409,7 @@ static bool is_cmp(cpc_expr_kind k, int64_t K, int64_t M, int64_t N, iset *out)
         return false;
     if (K == 0) {
         int64_t t;
-        if (!const_op(k, 0, M, &t))
+        if (cpc_expr_binop(k, 0, M, &t))
             return false;
         if (t)
             is_all(out, N);
@@ -508,10 +493,10 @@ static bool steps_of(const sctx *C, const cpc_expr *e, int i, int64_t N, iset *o
 /* The op and the steps the current run stands for. */
 #define op_desc(C, nd, buf, n) vc_op_desc((nd), (C)->slo, (C)->shi, (buf), (n))
 
-/* A definite fault: every rank runs the same ops, so it shows on rank 0 (or
- * on the rank `r`, u 0, given). */
-__attribute__((format(printf, 4, 5)))
-static int serr_at(sctx *C, const snode *nd, int64_t r, const char *fmt, ...)
+/* A definite fault at the op nd for the steps [slo, shi): every rank runs
+ * the same ops, so it shows on rank 0 (or on the rank `r`, u 0, given). */
+__attribute__((format(printf, 6, 7)))
+static int serr_in(sctx *C, const snode *nd, int64_t slo, int64_t shi, int64_t r, const char *fmt, ...)
 {
     if (C->result)
         return -1;
@@ -519,12 +504,13 @@ static int serr_at(sctx *C, const snode *nd, int64_t r, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     C->result = CPC_SYM_ERROR;
-    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, r * C->U, C->U, op_desc(C, nd, ob, sizeof ob), fmt,
-                       ap);
+    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, r * C->U, C->U,
+                       vc_op_desc(nd, slo, shi, ob, sizeof ob), fmt, ap);
     va_end(ap);
     return -1;
 }
 
+#define serr_at(C, nd, r, ...) serr_in(C, nd, (C)->slo, (C)->shi, r, __VA_ARGS__) /* the current steps */
 #define serr(C, nd, ...) serr_at(C, nd, 0, __VA_ARGS__)
 
 /* Outside the symbolic class: the op and why. */
@@ -1055,48 +1041,36 @@ static void fold_decl(sctx *C)
 
 static int eval_block(sctx *C, const snode *nd, const cpc_expr *e, aff *out);
 
-/* The domain of the step (verify_common.h) on the symbolic rank: answers
- * hold for every rank and every step the run stands for, or are UNDECIDED
- * (the peer is an offset, not one rank). */
-typedef struct sym_dom {
-    sctx *C;
-    const snode *nd; /* the op being run */
-    char ob[256];
-} sym_dom;
-
+/* The domain's callbacks (sym_dom). */
 #define SD(self) ((sym_dom *)(self))
 #define SV(v) ((sval *)(v))
 #define CSV(v) ((const sval *)(v))
 
 static const char *dom_name(void *self, int b) { return bname(SD(self)->C, b); }
 
-static bool dom_recv_on(void *self, int b, vc_req *out)
+static vc_rq *dom_rq(void *self, int id) { return &SD(self)->C->st->req[id].h; }
+
+static int dom_open(void *self, int i) { return i < SD(self)->C->st->nreq ? i : -1; }
+
+static void dom_at(void *self, const vc_rq *q)
 {
     sym_dom *d = self;
-    sst *s = d->C->st;
-    if (s->rpend[b] < 0)
-        return false;
-    const sreq *q = &s->req[s->rpend[b]];
-    *out = (vc_req){op_desc(d->C, q->on, d->ob, sizeof d->ob), q->tag, -1};
-    return true;
+    d->nd = q->on, d->slo = q->slo, d->shi = q->shi, d->q = (const sreq *)q;
 }
 
-static bool dom_send_on(void *self, int b, vc_req *out)
+static void dom_at_writer(void *self, int b)
 {
-    sym_dom *d = self;
-    sst *s = d->C->st;
-    if (s->nsend[b] <= 0)
-        return false;
-    *out = (vc_req){NULL, -1, -1};
-    for (int i = 0; i < s->nreq; i++) {
-        const sreq *q = &s->req[i];
-        for (int j = 0; q->is_send && !q->done && j < q->nb; j++)
-            if (q->bufs[j] == b) {
-                *out = (vc_req){op_desc(d->C, q->on, d->ob, sizeof d->ob), q->tag, -1};
-                return true;
-            }
-    }
-    return true;
+    const sval *v = &SD(self)->C->st->v[b];
+    SD(self)->nd = v->written ? v->wop : NULL;
+}
+
+static void translate(const sctx *C, sval *v, int64_t d);
+
+static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
+{
+    *SV(dst) = *CSV(src);
+    translate(SD(self)->C, SV(dst), ((const sreq *)s)->d);
+    canon(SD(self)->C, SV(dst));
 }
 
 static const char *dom_writer(void *self, int b)
@@ -1381,13 +1355,16 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
 {
     sctx *C = SD(self)->C;
-    const sreq *s = &C->st->req[((const sreq *)rq)->partner];
+    const sreq *s = &C->st->req[((const sreq *)rq)->match];
     snprintf(who, nw, "ring member r-%" PRId64, s->d);
-    op_desc(C, s->on, op, no);
+    vc_op_desc(s->on, s->slo, s->shi, op, no);
 }
 
+static vc_tri dom_post(void *self, const cpc_op *op);
+
 static const vc_domain sym_ops = {
-    .name = dom_name, .recv_on = dom_recv_on, .send_on = dom_send_on,
+    .name = dom_name, .rq = dom_rq, .open = dom_open, .at = dom_at, .at_writer = dom_at_writer, .post = dom_post,
+    .deliver = dom_deliver, .snap_off = offsetof(sreq, snap),
     .writer = dom_writer, .val = dom_val, .tmp = dom_tmp, .copy = dom_copy, .fits = dom_fits, .put = dom_put,
     .exchange = dom_exchange, .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
     .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
@@ -1395,29 +1372,25 @@ static const vc_domain sym_ops = {
     .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
     .sender = dom_sender, .p2p_attn = false, .val_size = sizeof(sval)};
 
-static inline void sym_dom_at(sym_dom *d, sctx *C, const snode *nd)
+/* The domain at the op nd, the message emptied. */
+static const vc_domain *at(sctx *C, const snode *nd)
 {
-    d->C = C, d->nd = nd;
+    C->d.nd = nd, C->d.slo = C->slo, C->d.shi = C->shi, C->m[0] = 0;
+    return &C->dom;
 }
 
-#define SYM_DOM_AT(C, nd)                                                                                         \
-    sym_dom dd_;                                                                                                  \
-    sym_dom_at(&dd_, (C), (nd));                                                                                  \
-    vc_domain dom = sym_ops;                                                                                      \
-    dom.self = &dd_, dom.prog = (C)->prog, dom.cross = (C)->L->cross, dom.rep = (C)->L->rep;                      \
-    dom.nsend = (C)->st->nsend, dom.rpend = (C)->st->rpend
+#define MSG(C) (C)->m, sizeof (C)->m
 
-/* A step's answer as the proof's result at the op nd. */
-static int sres(sctx *C, const snode *nd, vc_tri t, const char *m)
+/* A step's answer as the proof's result where the domain stands. */
+static int sres(sctx *C, vc_tri t)
 {
     switch (t) {
     case VC_YES: return 0;
     case VC_OOM: return snomem(C);
-    case VC_UNDECIDED: return sund(C, nd, "%s", m[0] ? m : "undecided");
-    default: return serr(C, nd, "%s", m[0] ? m : "fault (no message)");
+    case VC_UNDECIDED: return sund(C, C->d.nd, "%s", C->m[0] ? C->m : "undecided");
+    default: return serr_in(C, C->d.nd, C->d.slo, C->d.shi, 0, "%s", C->m[0] ? C->m : "fault (no message)");
     }
 }
-
 
 /* ---- expressions of ops ----------------------------------------------------------------------- */
 
@@ -1504,7 +1477,7 @@ static void compact(sctx *C)
     int k = 0;
     for (int i = 0; i < s->nreq; i++) {
         const sreq *q = &s->req[i];
-        bool gone = q->done && q->matched && s->req[q->partner].done;
+        bool gone = q->done && q->match >= 0 && s->req[q->match].done;
         map[i] = gone ? -1 : k++;
     }
     if (k == s->nreq)
@@ -1513,10 +1486,8 @@ static void compact(sctx *C)
         if (map[i] < 0)
             continue;
         sreq q = s->req[i];
-        if (q.matched)
-            q.partner = map[q.partner];
-        if (q.matched && q.partner < 0)
-            q.partner = -1; /* partner gone: done and matched */
+        if (q.match >= 0)
+            q.match = map[q.match]; /* (never gone: a pair goes together) */
         s->req[map[i]] = q;
     }
     for (int b = 0; b < C->nb; b++)
@@ -1537,22 +1508,7 @@ static void translate(const sctx *C, sval *v, int64_t d)
 
 static int match_pair(sctx *C, int sid, int rid)
 {
-    sst *s = C->st;
-    sreq *sq = &s->req[sid], *rq = &s->req[rid];
-    sq->matched = rq->matched = true;
-    sq->partner = rid;
-    rq->partner = sid;
-    char m[1024];
-    m[0] = 0;
-    vc_val *snap[CPC_OP_MAX_BUFS];
-    for (int j = 0; j < sq->nb; j++) {
-        rq->snap[j] = sq->snap[j];
-        translate(C, &rq->snap[j], sq->d);
-        canon(C, &rq->snap[j]);
-        snap[j] = &rq->snap[j].h;
-    }
-    SYM_DOM_AT(C, rq->on);
-    return sres(C, rq->on, vc_arrive(&dom, sq->nb, sq->bufs, rq->nb, rq->bufs, snap, rq, m, sizeof m), m);
+    return sres(C, vc_match(at(C, C->st->req[rid].on), sid, rid, MSG(C)));
 }
 
 static int post(sctx *C, int id)
@@ -1561,7 +1517,7 @@ static int post(sctx *C, int id)
     sreq *q = &s->req[id];
     for (int i = 0; i < s->nreq; i++) {
         sreq *o = &s->req[i];
-        if (i == id || o->matched || o->is_send == q->is_send || o->key != q->key || o->tag != q->tag ||
+        if (i == id || o->match >= 0 || o->is_send == q->is_send || o->key != q->key || o->tag != q->tag ||
             o->group != q->group)
             continue;
         return q->is_send ? match_pair(C, id, i) : match_pair(C, i, id);
@@ -1569,104 +1525,55 @@ static int post(sctx *C, int id)
     return 0;
 }
 
-static int exec_send_recv(sctx *C, const snode *nd)
+/* A send/recv: its peer offset and declared block, posted, matched against
+ * the generic rank's own requests. */
+static vc_tri dom_post(void *self, const cpc_op *op)
 {
-    const cpc_op *op = nd->op;
+    sctx *C = SD(self)->C;
+    const snode *nd = SD(self)->nd;
     sst *s = C->st;
     bool is_send = op->kind == CPC_OP_SEND;
     int64_t d = 0;
-    if (eval_peer(C, nd, &d))
-        return -1;
     aff decl = {0, 0, 0};
-    if (!is_send && eval_block(C, nd, op->block, &decl))
-        return -1;
+    if (eval_peer(C, nd, &d) || (!is_send && eval_block(C, nd, op->block, &decl)))
+        return VC_NO;
     if (s->nreq == MAXREQ)
-        return sund(C, nd, "more than %d requests in flight", MAXREQ);
+        return sund(C, nd, "more than %d requests in flight", MAXREQ), VC_UNDECIDED;
     int id = s->nreq++;
     sreq *q = &s->req[id];
     memset(q, 0, sizeof *q);
-    q->is_send = is_send;
+    q->h = (vc_rq){.peer = -1, .on = nd, .slo = C->slo, .shi = C->shi};
     q->d = d;
     q->key = is_send ? d : md(-d, C->R);
-    q->tag = op->tag;
-    q->group = op->group;
-    q->partner = -1;
     q->decl = decl;
-    q->on = nd;
-    SYM_DOM_AT(C, nd);
-    q->nb = vc_post_bufs(&dom, op, id, q->bufs, q->snap); /* (copies: no allocation) */
-    return post(C, id);
+    vc_post(&C->dom, op, id); /* (copies: no allocation) */
+    return post(C, id) ? VC_NO : VC_YES;
 }
 
-static int exec_wait(sctx *C, const snode *nd)
+/* ---- ops ------------------------------------------------------------------------------------------ */
+
+/* One op.  Every member of a group reaches a collective at the same point
+ * (the guards do not depend on the rank), so it runs at once, checked on the
+ * generic member; a wait with a request not matched yet is a deadlock, since
+ * every rank runs the same ops and so blocks there at once. */
+static int exec_op(sctx *C, const snode *nd)
 {
-    sst *s = C->st;
-    int tag = nd->op->tag;
+    C->stats.op_instances++;
+    vc_tri t = vc_step(at(C, nd), nd->op, MSG(C));
+    const sreq *q = C->d.q;
     char ob[256];
-    for (int i = 0; i < s->nreq; i++) {
-        sreq *q = &s->req[i];
-        if (q->done || q->tag != tag || q->matched)
-            continue;
+    if (t == VC_BLOCKED)
         return serr(C, nd,
                     "deadlock: every rank blocks here: its %s %s ring member r%s%" PRId64 " (%s, tag %d) has no "
                     "matching %s posted before this wait (the peer runs the same ops, so it is blocked here too, "
                     "or never posts one)",
                     q->is_send ? "send" : "recv", q->is_send ? "to" : "from", q->is_send ? "+" : "-", q->d,
-                    op_desc(C, q->on, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
-    }
-    for (int i = 0; i < s->nreq; i++) {
-        sreq *q = &s->req[i];
-        if (q->done || q->tag != tag)
-            continue;
-        char m[640];
-        m[0] = 0;
-        SYM_DOM_AT(C, q->on);
-        if (sres(C, q->on, vc_wait_bufs(&dom, q->is_send, q->nb, q->bufs, q->snap, m, sizeof m), m))
-            return -1;
-        q->done = true;
-    }
-    compact(C);
-    return 0;
-}
-
-/* ---- ops ------------------------------------------------------------------------------------------ */
-
-/* Every member of the group reaches this op at the same point (the guards do
- * not depend on the rank), so the collective runs; its inputs are checked
- * on the generic member. */
-static int exec_collective(sctx *C, const snode *nd)
-{
-    const cpc_op *op = nd->op;
-    char m[1024];
-    m[0] = 0;
-    SYM_DOM_AT(C, nd);
-    for (int j = 0; j < op->n_in; j++)
-        if (sres(C, nd, vc_rd(&dom, op->in[j], m, sizeof m), m))
-            return -1;
-    if (sres(C, nd, vc_coll_inputs(&dom, op, m, sizeof m), m))
+                    vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
+    if (sres(C, t))
         return -1;
-    return sres(C, nd, vc_coll_outputs(&dom, op, m, sizeof m), m);
-}
-
-static int exec_op(sctx *C, const snode *nd)
-{
-    C->stats.op_instances++;
-    {
-        char m[1024];
-        m[0] = 0;
-        SYM_DOM_AT(C, nd);
-        if (sres(C, nd, vc_step(&dom, nd->op, m, sizeof m), m))
-            return -1;
-    }
-    switch (nd->op->kind) {
-    case CPC_OP_SEND:
-    case CPC_OP_RECV: return exec_send_recv(C, nd);
-    case CPC_OP_WAIT: return exec_wait(C, nd);
-    case CPC_OP_ALL_TO_ALL:
-    case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return exec_collective(C, nd);
-    default: return 0;
-    }
+    if (nd->op->kind == CPC_OP_WAIT)
+        compact(C);
+    return 0;
 }
 
 /* ---- loops ------------------------------------------------------------------------------------------- */
@@ -1880,30 +1787,7 @@ out:
 
 static int finish(sctx *C)
 {
-    sst *s = C->st;
-    char ob[256];
-    for (int i = 0; i < s->nreq; i++) {
-        const sreq *q = &s->req[i];
-        if (q->done)
-            continue;
-        if (!q->matched)
-            return serr(C, q->on, "this %s (tag %d) is never matched nor waited: no %s with tag %d meets it",
-                        q->is_send ? "send" : "recv", q->tag, q->is_send ? "recv" : "send", q->tag);
-        return serr(C, q->on, "this %s (tag %d) is never completed: no `wait tag %d` after it (%s)",
-                    q->is_send ? "send" : "recv", q->tag, q->tag, op_desc(C, q->on, ob, sizeof ob));
-    }
-    for (int b = 0; b < C->nb; b++) {
-        const cpc_buffer *B = &C->prog->buffers[b];
-        if (B->io != CPC_IO_OUTPUT)
-            continue;
-        const snode *w = s->v[b].written ? s->v[b].wop : NULL;
-        char m[1024];
-        m[0] = 0;
-        SYM_DOM_AT(C, w);
-        if (sres(C, w, vc_output(&dom, b, m, sizeof m), m))
-            return -1;
-    }
-    return 0;
+    return sres(C, vc_finish(at(C, NULL), MSG(C))); /* (at the request, or the OUTPUT's writer) */
 }
 
 cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, cpc_sym_stats *stats)
@@ -1933,10 +1817,11 @@ cpc_sym_result cpc_verify_symbolic(const cpc_program *prog, cpc_status **diag, c
         snomem(&C);
         goto done;
     }
-    {
-        SYM_DOM_AT(&C, NULL);
-        vc_inputs(&dom);
-    }
+    C.d.C = &C;
+    C.dom = sym_ops;
+    C.dom.self = &C.d, C.dom.prog = prog, C.dom.cross = C.L->cross, C.dom.rep = C.L->rep;
+    C.dom.nsend = C.st->nsend, C.dom.rpend = C.st->rpend;
+    vc_inputs(at(&C, NULL));
     for (int i = 0; i < C.n_root && !C.result; i++) {
         const snode *nd = &C.root[i];
         if (nd->op->when) {

@@ -25,9 +25,9 @@ case "$tier" in default|full) ;; *) echo "CPC_TEST_TIER must be default or full,
 # the release pass runs them all): the default tier's ASan pass runs two of them.
 ASAN_HEAVY=(cli_axes cli_cprun cli_training cli_training_growth cli_robustness
             mpi_cprun mpi_train)
-# The CUDA emulator's end-to-end suites compile every kernel module again with ASan
+# The CUDA emulator's end-to-end suites (and the fake NCCL's, over it) compile every kernel module again with ASan
 # (10 and 17 minutes under ASan here): the full tier's (the release pass runs them).
-ASAN_FULL_ONLY=(cli_cuda_emu test_backend_cuda_emu)
+ASAN_FULL_ONLY=(cli_cuda_emu test_backend_cuda_emu cli_nccl_emu)
 
 phase "build (release)"
 BUILD_DIR=build ./scripts/build.sh

@@ -1195,6 +1195,9 @@ Test(api, null_handles_and_bad_enums_are_usage_errors_not_crashes)
     cr_expect_null(r);
     expect_usage(cpc_rank_new_mpi(NULL, NULL, NULL, &r), "create_mpi");
     expect_usage(cpc_rank_new_nccl(NULL, NULL, NULL, NULL, &r), "create_nccl");
+    unsigned char id[CPC_NCCL_UNIQUE_ID_BYTES] = {0};
+    expect_usage(cpc_rank_new_nccl_id(NULL, id, sizeof id, 0, NULL, &r), "create_nccl_id artifact");
+    expect_usage(cpc_nccl_unique_id(NULL, sizeof id), "nccl_unique_id NULL");
     /* out-of-range enums and options on a real artifact */
     cpc_artifact *a = plan_for(4, 4, 16, 1, 8, 8, "none", 1, "none", NULL, 0);
     expect_usage(cpc_artifact_shard_shape(a, 0, (cpc_tensor_role)77, &nd, shape), "role 77");

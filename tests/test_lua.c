@@ -867,6 +867,22 @@ Test(lua_errors, returning_a_number)
     expect_schedule_fails("function schedule(plan)\n  plan.ops = 7\nend\n", CPC_RULE_LUA, 1, "plan.ops");
 }
 
+/* `return plan` is returning nothing: plan.ops as edited (it was read as an
+ * ops array: "ops: not an array (has a key of type string)") */
+Test(lua_schedule, returning_the_plan)
+{
+    fixture f = fx_ring4();
+    cpc_lua_script *s = open_text("ret.lua", "function schedule(plan)\n"
+                                             "  cpc.insert_barrier(plan.ops, #plan.ops + 1)\n"
+                                             "  return plan\n"
+                                             "end\n");
+    cpc_status *st = cpc_lua_schedule(s, f.plan, f.prog);
+    cr_assert_null(st, "%s", st ? cpc_status_format(st, "t") : "");
+    cr_expect_eq(f.prog->ops[f.prog->n_ops - 1].kind, CPC_OP_BARRIER, "the in-place edit was applied");
+    cpc_lua_close(s);
+    fx_free(&f);
+}
+
 Test(lua_errors, dropping_an_op)
 {
     /* the attention of each ring step: K/V blocks are missed */

@@ -29,6 +29,12 @@
  * in cpc_conformance_opts (alloc/free/upload/download) - not needed so far.
  * CPC_CONF_ABORT is skipped: this transport's abort ends the process
  * (MPI_Abort), as the MPI transport's (tests/mpi/run_fault.sh covers that).
+ *
+ * Without a GPU the "with a GPU" half runs on the CUDA emulator with the fake
+ * NCCL (tests/emu/fake_nccl.c): tests/cli/nccl_emu.sh runs this binary with
+ * LD_LIBRARY_PATH=<build>/emu-cudart under mpirun -np 2 and 4 (one emulated
+ * GPU per rank, CPC_EMU_DEVICES), and as one process (1x1).  On a real GPU,
+ * tests/gpu/run.sh runs it as one process (1x1).
  */
 #include <criterion/criterion.h>
 
@@ -90,6 +96,51 @@ Test(transport_nccl, no_gpu_fails_cleanly)
     cr_expect_eq(st->code, CPC_E_UNSUPPORTED);
     cr_expect_null(t);
     cpc_status_free(st);
+}
+
+/* The bootstrap without MPI (a unique id the caller distributes, or the
+ * caller's communicator): bad arguments are usage errors before anything is
+ * touched; without a GPU the id path says "no CUDA device" and never touches
+ * MPI or NCCL. */
+Test(transport_nccl, bootstrap_without_mpi_refusals)
+{
+    unsigned char id[CPC_NCCL_UNIQUE_ID_BYTES] = {0};
+    cpc_transport *t = (cpc_transport *)0x1;
+    struct {
+        const unsigned char *id;
+        size_t n;
+        int rank, R, U;
+        const char *what;
+    } bad[] = {{id, 64, 0, 1, 1, "short id"}, {NULL, sizeof id, 0, 1, 1, "NULL id"},
+               {id, sizeof id, 2, 2, 1, "rank == world"}, {id, sizeof id, -1, 2, 1, "rank -1"},
+               {id, sizeof id, 0, 0, 1, "ring 0"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cpc_status *st = cpc_transport_nccl_create_id(bad[i].id, bad[i].n, bad[i].rank, bad[i].R,
+                                                      bad[i].U, -1, &t);
+        cr_assert_not_null(st, "%s accepted", bad[i].what);
+        cr_expect_eq(st->code, CPC_E_USAGE, "%s: %s", bad[i].what, st->message);
+        cr_expect_null(t);
+        cpc_status_free(st);
+    }
+    cpc_status *st = cpc_transport_nccl_create_comm(NULL, 1, 1, &t);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->code, CPC_E_USAGE, "%s", st->message);
+    cpc_status_free(st);
+    st = cpc_transport_nccl_unique_id(id, 64);
+    cr_assert_not_null(st);
+    cr_expect_eq(st->code, CPC_E_USAGE, "%s", st->message);
+    cpc_status_free(st);
+    if (!have_gpu()) {
+        st = cpc_transport_nccl_create_id(id, sizeof id, 0, 1, 1, -1, &t);
+        cr_assert_not_null(st);
+        cr_expect_eq(st->code, CPC_E_UNSUPPORTED, "%s", st->message);
+        cr_expect(strncmp(st->message, "no CUDA device: ", 16) == 0, "%s", st->message);
+        cr_expect_null(t);
+        cpc_status_free(st);
+        int init = 1;
+        MPI_Initialized(&init);
+        cr_expect_eq(init, 0, "MPI initialised by the bootstrap without MPI");
+    }
 }
 
 Test(transport_nccl, bad_degrees)

@@ -231,6 +231,17 @@ Test(degrees, cp003_product_equals_world)
     variant(&t, CPC_VARIANT_UNIFIED);
     degrees(&t, 0, 2);
     expect_accept(&t, CPC_VARIANT_UNIFIED, 4, 2);
+    /* a given degree that does not divide: CP003 only, no rule on the
+     * derived degree (6 / 4 = 1 gave a CP013 "got 1x4": new-user trial) */
+    base(&t, 6);
+    variant(&t, CPC_VARIANT_UNIFIED);
+    degrees(&t, 0, 4);
+    cpc_selection sel;
+    cpc_status *st = run(&t, &sel);
+    cr_expect_not_null(find_rule(st, 3));
+    cr_expect_null(find_rule(st, 13));
+    cpc_status_free(st);
+    cpc_selection_free(&sel);
 }
 
 Test(degrees, cp003_no_overflow)

@@ -13,12 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The node operators, in the order of the public kinds (expr.h cpc_expr_kind). */
 typedef enum node_op {
     N_NUM = 0, N_VAR, N_NEG, N_NOT,
     N_ADD, N_SUB, N_MUL, N_DIV, N_MOD,
     N_LT, N_LE, N_GT, N_GE, N_EQ, N_NE,
     N_AND, N_OR, N_MIN, N_MAX,
 } node_op;
+_Static_assert(N_ADD == (int)CPC_EX_ADD && N_MOD == (int)CPC_EX_MOD && N_MAX == (int)CPC_EX_MAX, "node ops = kinds");
 
 typedef struct node {
     node_op op;
@@ -536,42 +538,26 @@ static bool ev(evalctx *x, int i, int64_t *v)
     }
     if (!ev(x, n->a, &a) || !ev(x, n->b, &b))
         return false;
-    switch (n->op) {
-    case N_ADD:
-        if (__builtin_add_overflow(a, b, v)) {
-            x->err = "integer overflow in '+'";
-            return false;
-        }
-        return true;
-    case N_SUB:
-        if (__builtin_sub_overflow(a, b, v)) {
-            x->err = "integer overflow in '-'";
-            return false;
-        }
-        return true;
-    case N_MUL:
-        if (__builtin_mul_overflow(a, b, v)) {
-            x->err = "integer overflow in '*'";
-            return false;
-        }
-        return true;
-    case N_DIV:
-    case N_MOD: {
-        if (b == 0) {
-            x->err = n->op == N_DIV ? "division by zero" : "modulo by zero";
-            return false;
-        }
+    x->err = cpc_expr_binop((cpc_expr_kind)n->op, a, b, v);
+    return !x->err;
+}
+
+const char *cpc_expr_binop(cpc_expr_kind k, int64_t a, int64_t b, int64_t *v)
+{
+    switch (k) {
+    case CPC_EX_ADD: return __builtin_add_overflow(a, b, v) ? "integer overflow in '+'" : NULL;
+    case CPC_EX_SUB: return __builtin_sub_overflow(a, b, v) ? "integer overflow in '-'" : NULL;
+    case CPC_EX_MUL: return __builtin_mul_overflow(a, b, v) ? "integer overflow in '*'" : NULL;
+    case CPC_EX_DIV:
+    case CPC_EX_MOD: {
+        if (b == 0)
+            return k == CPC_EX_DIV ? "division by zero" : "modulo by zero";
         if (b == -1) {
-            if (n->op == N_MOD) {
-                *v = 0;
-                return true;
-            }
-            if (a == INT64_MIN) {
-                x->err = "integer overflow in '/'";
-                return false;
-            }
-            *v = -a;
-            return true;
+            if (k == CPC_EX_MOD)
+                return *v = 0, NULL;
+            if (a == INT64_MIN)
+                return "integer overflow in '/'";
+            return *v = -a, NULL;
         }
         /* Euclidean: a == q*b + m with 0 <= m < |b|. */
         int64_t q = a / b, m = a % b;
@@ -584,20 +570,20 @@ static bool ev(evalctx *x, int i, int64_t *v)
                 q += 1;
             }
         }
-        *v = n->op == N_DIV ? q : m;
-        return true;
+        *v = k == CPC_EX_DIV ? q : m;
+        return NULL;
     }
-    case N_LT: *v = a < b; return true;
-    case N_LE: *v = a <= b; return true;
-    case N_GT: *v = a > b; return true;
-    case N_GE: *v = a >= b; return true;
-    case N_EQ: *v = a == b; return true;
-    case N_NE: *v = a != b; return true;
-    case N_MIN: *v = a < b ? a : b; return true;
-    case N_MAX: *v = a > b ? a : b; return true;
-    default:
-        x->err = "corrupt expression";
-        return false;
+    case CPC_EX_LT: *v = a < b; return NULL;
+    case CPC_EX_LE: *v = a <= b; return NULL;
+    case CPC_EX_GT: *v = a > b; return NULL;
+    case CPC_EX_GE: *v = a >= b; return NULL;
+    case CPC_EX_EQ: *v = a == b; return NULL;
+    case CPC_EX_NE: *v = a != b; return NULL;
+    case CPC_EX_AND: *v = a && b; return NULL;
+    case CPC_EX_OR: *v = a || b; return NULL;
+    case CPC_EX_MIN: *v = a < b ? a : b; return NULL;
+    case CPC_EX_MAX: *v = a > b ? a : b; return NULL;
+    default: return "corrupt expression";
     }
 }
 
@@ -673,15 +659,8 @@ bool cpc_expr_node_at(const cpc_expr *e, int i, cpc_expr_node *out)
 {
     if (!e || !out || i < 0 || i >= e->n)
         return false;
-    static const cpc_expr_kind kinds[] = {
-        [N_NUM] = CPC_EX_NUM, [N_VAR] = CPC_EX_VAR, [N_NEG] = CPC_EX_NEG, [N_NOT] = CPC_EX_NOT,
-        [N_ADD] = CPC_EX_ADD, [N_SUB] = CPC_EX_SUB, [N_MUL] = CPC_EX_MUL, [N_DIV] = CPC_EX_DIV,
-        [N_MOD] = CPC_EX_MOD, [N_LT] = CPC_EX_LT,   [N_LE] = CPC_EX_LE,   [N_GT] = CPC_EX_GT,
-        [N_GE] = CPC_EX_GE,   [N_EQ] = CPC_EX_EQ,   [N_NE] = CPC_EX_NE,   [N_AND] = CPC_EX_AND,
-        [N_OR] = CPC_EX_OR,   [N_MIN] = CPC_EX_MIN, [N_MAX] = CPC_EX_MAX,
-    };
     const node *x = &e->nodes[i];
-    out->kind = kinds[x->op];
+    out->kind = (cpc_expr_kind)x->op;
     out->var = x->var;
     out->a = x->a;
     out->b = x->b;

@@ -102,5 +102,11 @@ int cpc_expr_root(const cpc_expr *e);
 int cpc_expr_size(const cpc_expr *e);
 /* Node i of e into *out; false when e is NULL or i is out of range. */
 bool cpc_expr_node_at(const cpc_expr *e, int i, cpc_expr_node *out);
+/* Binary operator k (CPC_EX_ADD .. CPC_EX_MAX) on a and b into *out, as
+ * evaluation computes it (Euclidean / and %, AND and OR give 0 or 1): NULL,
+ * or why there is no value ("division by zero", "integer overflow in '+'"),
+ * a static string.  The one meaning of the operators: cpc_expr_eval and the
+ * symbolic verifier's constant folding (verify_sym.c) both use it. */
+const char *cpc_expr_binop(cpc_expr_kind k, int64_t a, int64_t b, int64_t *out);
 
 #endif

@@ -159,6 +159,10 @@ typedef struct cpc_plan {
         int gpus_per_node;         /* default min(P, 8) */
         char *device;              /* preset name, default "h100-sxm" (owned) */
         char *profile;             /* path or NULL (owned) */
+        bool profile_pending;      /* not a plan key: the caller is about to write the
+                                      cluster.profile file (cprun --tune, compile opts
+                                      profile_pending): while it does not exist the
+                                      preset alone prices the plan */
         double memory_gb;          /* 0 = use the preset */
         double reserved_gb;        /* default 0 */
     } cluster;

@@ -13,7 +13,10 @@
  *                            world made with cpc_local_world_new (one thread
  *                            per rank; every rank of the world must call
  *                            cpc_rank_forward for each layer);
- *   - cpc_rank_new_nccl:  the caller's ncclComm_t and cudaStream_t.
+ *   - cpc_rank_new_nccl:  the caller's ncclComm_t and cudaStream_t, or
+ *     cpc_rank_new_nccl_id: a unique id (cpc_nccl_unique_id on one rank,
+ *                            broadcast by the caller): NCCL without MPI,
+ *                            e.g. under torchrun (see NCCL RANKS below).
  * Flat rank p has mesh coordinates r = p / U (ring), u = p % U (Ulysses).
  *
  * THE OUTER AXES.  An artifact with cfg_degree C or tp_degree T > 1 (SPEC
@@ -218,13 +221,66 @@ typedef struct cpc_p2p_callbacks {
 CPC_API cpc_status *cpc_rank_new_callbacks(const cpc_artifact *a, int rank, const cpc_p2p_callbacks *cb,
                                               const cpc_rank_options *opts, cpc_rank **out);
 
-/* RESERVED: this process's rank over the caller's NCCL communicator
- * (`nccl_comm` an ncclComm_t of world size ranks, `cuda_stream` the
- * cudaStream_t the forward is ordered on).  Not available in this release:
- * always CPC_E_UNSUPPORTED (after CPC_E_USAGE for NULL arguments or bad
- * options).  GPU ranks of an MPI job: cpc_rank_new_mpi with
- * CPC_BACKEND_CUDA (the caller's device tensors and stream; cpc's traffic
- * over MPI, staged through host memory). */
+/* NCCL RANKS: one process per GPU, cpc's traffic (ring rotations,
+ * all-to-alls, all-gathers) carried by NCCL straight between the GPUs'
+ * device buffers (runtime/transport/transport_nccl.h), with no MPI: the
+ * way for torchrun jobs (torch.distributed) and any launcher of one process
+ * per GPU.  The rank uses the CUDA backend (opts->backend AUTO or CUDA;
+ * CPU is CPC_E_USAGE): every tensor of cpc_rank_forward / _backward is the
+ * caller's contiguous device memory on the rank's device, ordered on
+ * opts->cuda_stream (see cpc_rank_options).  Only artifacts with
+ * cfg_degree x tp_degree = 1 (else CPC_E_UNSUPPORTED).  Flat rank p has mesh
+ * coordinates r = p / U, u = p % U; the ring and Ulysses groups are NCCL
+ * communicators split from the world (ncclCommSplit), owned by the rank.
+ * Communication is host-synchronising (the transport waits for the device
+ * before each batch; correct, not overlapped with compute).  The stall
+ * limit (opts->timeout_s) does not apply: NCCL's waits have none (a peer
+ * that died shows as an NCCL error once its connections close; one that
+ * hangs, hangs its peers: cpc_rank_abort ends this process).  An abort
+ * (cpc_rank_abort, a failed forward) prints "cprun: rank P: aborting: WHY"
+ * and ends this process with exit status 3 (no MPI job to abort: the peers'
+ * NCCL calls fail when its connections close; torchrun then ends the job).
+ * Thread-safety: one thread at a time per rank (NCCL communicators are not
+ * thread-safe); cpc_rank_free is collective (ncclCommFinalize). */
+
+/* Bytes of an NCCL unique id (NCCL's NCCL_UNIQUE_ID_BYTES). */
+#define CPC_NCCL_UNIQUE_ID_BYTES 128
+
+/* A fresh NCCL unique id (ncclGetUniqueId) into id[0 .. id_bytes), id_bytes
+ * = CPC_NCCL_UNIQUE_ID_BYTES.  Call it on ONE rank (world rank 0), then give
+ * the same bytes to every rank (torch.distributed.broadcast_object_list,
+ * MPI_Bcast, a file): they are the whole bootstrap, as with NCCL itself (on
+ * NVIDIA's NCCL it names a socket rank 0's process listens on, so make it in
+ * the process that will be rank 0).  Not collective; any thread.  Errors:
+ * CPC_E_USAGE (NULL, wrong size), CPC_E_RUNTIME (NCCL's own error, e.g. no
+ * network interface), CPC_E_UNSUPPORTED (libcpc built without NCCL). */
+CPC_API cpc_status *cpc_nccl_unique_id(void *id, size_t id_bytes);
+
+/* World rank `rank` (0 <= rank < cpc_artifact_world_size) of an NCCL world
+ * made from `id` (id_bytes = CPC_NCCL_UNIQUE_ID_BYTES bytes from
+ * cpc_nccl_unique_id, the same on every rank): the device opts->device (-1,
+ * the default: the current device) becomes current, ncclCommInitRank makes
+ * the world communicator (owned by the rank), the groups are split from it.
+ * `id` is copied.  COLLECTIVE: every rank of the world calls it with the
+ * same id and artifact (NCCL's init blocks until all have come: a rank that
+ * never comes leaves the others waiting).  Errors: CPC_E_USAGE (NULL, id
+ * size, rank out of range, a CPU backend or a cuda_stream with another
+ * backend); CPC_E_UNSUPPORTED "no CUDA device: ..." (no GPU or driver, the
+ * device out of range; nothing of NCCL touched), outer axes, libcpc built
+ * without CUDA or NCCL; CPC_E_RUNTIME (NCCL failures named, e.g. two ranks
+ * of one world on one GPU; CUDA), CPC_E_NOMEM. */
+CPC_API cpc_status *cpc_rank_new_nccl_id(const cpc_artifact *a, const void *id, size_t id_bytes,
+                                         int rank, const cpc_rank_options *opts, cpc_rank **out);
+
+/* This process's rank over the caller's NCCL communicator: `nccl_comm` an
+ * ncclComm_t whose size is the artifact's world size (this process is its
+ * rank in it; the device is the communicator's: opts->device must be -1 or
+ * that device).  BORROWED: cpc never sends on it and never destroys it (it
+ * splits its own ring and Ulysses communicators from it: COLLECTIVE over
+ * nccl_comm), and it must outlive the rank.  `cuda_stream`: the
+ * cudaStream_t the forward is ordered on, or NULL for opts->cuda_stream
+ * (both set and different: CPC_E_USAGE).  Errors: as cpc_rank_new_nccl_id,
+ * and CPC_E_USAGE for a NULL communicator or one of another size. */
 CPC_API cpc_status *cpc_rank_new_nccl(const cpc_artifact *a, void *nccl_comm, void *cuda_stream,
                                  const cpc_rank_options *opts, cpc_rank **out);
 
@@ -309,7 +365,8 @@ CPC_API cpc_status *cpc_rank_saved_lse(cpc_rank *r, float *dst, int64_t n);
 CPC_API cpc_status *cpc_rank_abort(cpc_rank *r, const char *why);
 
 /* Destroys a rank (collective for MPI and NCCL ranks: frees the duplicated
- * communicators).  NULL is ignored. */
+ * or split communicators; a caller's NCCL communicator is left alone).  NULL
+ * is ignored. */
 CPC_API void cpc_rank_free(cpc_rank *r);
 
 /* DEPRECATED NAMES (before 0.x's one lifecycle vocabulary: every object is

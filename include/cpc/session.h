@@ -185,7 +185,9 @@ CPC_API cpc_status *cpc_calibrate_profile(bool quick, int ranks, cpc_transport_k
  * per layer of each candidate under `measured:`, keyed by the problem (shape,
  * dtype, mask, world size, ...), to `out_path`; NULL: the plan's
  * cluster.profile file, or stdout when it names none; "-": stdout.  The
- * write is atomic.  A plan whose cluster.profile names that file then
+ * write is atomic.  A cluster.profile file that does not exist yet is the
+ * preset alone when the tune writes it (out_path NULL or that file), else
+ * CPC_E_IO naming it.  A plan whose cluster.profile names that file then
  * selects `auto` by the measured times and `cpc --explain` shows them
  * (column `measured`, JSON `measured_ms_per_layer`).  *written_path (may be
  * NULL): the path written ("-" for stdout), malloc'd; caller frees.  Under

@@ -121,6 +121,31 @@ def tiny_hunyuan(heads):
                                           pooled_projection_dim=32, rope_axes_dim=(4, 6, 6))
 
 
+def tiny_hunyuani2v(heads):
+    """HunyuanVideo-I2V's structure: image_condition_type token_replace (the first latent
+    frame's tokens modulated apart in every block)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+    return HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4,
+                                          num_attention_heads=heads, attention_head_dim=16,
+                                          num_layers=1, num_single_layers=1,
+                                          num_refiner_layers=1, patch_size=2, patch_size_t=1,
+                                          guidance_embeds=False, text_embed_dim=32,
+                                          pooled_projection_dim=32, rope_axes_dim=(4, 6, 6),
+                                          image_condition_type="token_replace")
+
+
+def tiny_cosmos25(heads):
+    """Cosmos 2.5's structure: an image context (a second cross-attention per block)."""
+    from diffusers import CosmosTransformer3DModel
+    return CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=heads,
+                                    attention_head_dim=16, num_layers=2, text_embed_dim=32,
+                                    adaln_lora_dim=8, max_size=(8, 16, 16),
+                                    patch_size=(1, 2, 2), encoder_hidden_states_channels=32,
+                                    crossattn_proj_in_channels=32, concat_padding_mask=False,
+                                    img_context_dim_in=16, img_context_num_tokens=5,
+                                    img_context_dim_out=16 * heads)
+
+
 def tiny_cogvideox(heads):
     from diffusers import CogVideoXTransformer3DModel
     return CogVideoXTransformer3DModel(num_attention_heads=heads, attention_head_dim=16,
@@ -176,13 +201,55 @@ def tiny_mochi(heads):
                                    time_embed_dim=16, max_sequence_length=16)
 
 
+def tiny_zimage(heads):
+    from diffusers import ZImageTransformer2DModel
+    return ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4,
+                                    dim=16 * heads, n_layers=2, n_refiner_layers=1,
+                                    n_heads=heads, n_kv_heads=heads, cap_feat_dim=32,
+                                    axes_dims=[4, 6, 6], axes_lens=[128, 32, 32])
+
+
+def tiny_lumina2(heads):
+    from diffusers import Lumina2Transformer2DModel
+    return Lumina2Transformer2DModel(sample_size=16, patch_size=2, in_channels=4,
+                                     hidden_size=16 * heads, num_layers=2,
+                                     num_refiner_layers=1, num_attention_heads=heads,
+                                     num_kv_heads=heads // 2, multiple_of=16,
+                                     axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32),
+                                     cap_feat_dim=32)
+
+
+def tiny_hidream(heads):
+    from diffusers import HiDreamImageTransformer2DModel
+    return HiDreamImageTransformer2DModel(patch_size=2, in_channels=4, out_channels=4,
+                                          num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=heads,
+                                          caption_channels=[32, 16], text_emb_dim=16,
+                                          num_routed_experts=2, num_activated_experts=1,
+                                          axes_dims_rope=(4, 6, 6), max_resolution=(16, 16),
+                                          llama_layers=[0, 1])
+
+
+def tiny_ltx2(heads):
+    from diffusers import LTX2VideoTransformer3DModel
+    return LTX2VideoTransformer3DModel(in_channels=8, out_channels=8,
+                                       num_attention_heads=heads, attention_head_dim=16,
+                                       cross_attention_dim=16 * heads, audio_in_channels=8,
+                                       audio_out_channels=8, audio_num_attention_heads=2,
+                                       audio_attention_head_dim=8,
+                                       audio_cross_attention_dim=16, num_layers=1,
+                                       caption_channels=32)
+
+
 MODELS = {"flux": tiny_flux, "flux2": tiny_flux2, "wan": tiny_wan, "qwen": tiny_qwen,
           "hunyuan": tiny_hunyuan, "cogvideox": tiny_cogvideox, "sd3": tiny_sd3,
           "ltx": tiny_ltx, "mochi": tiny_mochi, "sd35m": tiny_sd35m,
           "hunyuan15": tiny_hunyuan15, "skyreels": tiny_skyreels, "chroma": tiny_chroma,
           "cogview4": tiny_cogview4, "cosmos": tiny_cosmos,
           "easyanimate": tiny_easyanimate, "chronoedit": tiny_chronoedit,
-          "allegro": tiny_allegro}
+          "allegro": tiny_allegro, "zimage": tiny_zimage, "lumina2": tiny_lumina2,
+          "hidream": tiny_hidream, "ltx2": tiny_ltx2, "hunyuani2v": tiny_hunyuani2v,
+          "cosmos25": tiny_cosmos25}
 
 
 def text_mask(a, torch):
@@ -226,6 +293,32 @@ def inputs(model, a, torch, dtype):
                     pooled_projections=r(B, 32), timestep=torch.full((B,), 0.5).to(dtype),
                     img_ids=ids_img, txt_ids=torch.zeros(T, 3), return_dict=False)
     F, H, W = a.frames, a.height, a.width
+    if a.model == "zimage":
+        # one image per sample, captions of --text (+ 40 for sample 1 with --pad: a longer
+        # caption, so sample 0's unified sequence is padded and masked)
+        caps = [a.text + (40 * b if a.pad else 0) for b in range(B)]
+        return dict(x=[r(4, 1, H, W) for _ in range(B)], t=torch.full((B,), 0.5).to(dtype),
+                    cap_feats=[r(c, 32) for c in caps], return_dict=False)
+    if a.model == "lumina2":
+        return dict(hidden_states=r(B, 4, H, W), timestep=torch.full((B,), 0.5).to(dtype),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    encoder_attention_mask=text_mask(a, torch), return_dict=False)
+    if a.model == "hidream":
+        return dict(hidden_states=r(B, 4, H, W), timesteps=torch.full((B,), 500.0),
+                    encoder_hidden_states_t5=r(B, a.text, 32),
+                    encoder_hidden_states_llama3=r(2, B, 6, 16), pooled_embeds=r(B, 16),
+                    return_dict=False)
+    if a.model == "ltx2":
+        ts = torch.full((B,), 500.0)
+        if a.per_token:        # image-to-video: the first latent frame's tokens at t = 0
+            ts = torch.full((B, F * H * W), 500.0)
+            ts[:, :H * W] = 0.0
+        return dict(hidden_states=r(B, F * H * W, 8), audio_hidden_states=r(B, 5, 8),
+                    encoder_hidden_states=r(B, a.text, 32),
+                    audio_encoder_hidden_states=r(B, a.text, 32), timestep=ts,
+                    audio_timestep=torch.full((B,), 500.0),
+                    encoder_attention_mask=text_mask(a, torch), num_frames=F, height=H,
+                    width=W, audio_num_frames=5, return_dict=False)
     if a.model == "qwen":
         N, T = a.tokens, a.text
         h = {24: (4, 6), 25: (5, 5), 23: (1, 23), 27: (3, 9)}.get(N, (1, N))
@@ -233,7 +326,10 @@ def inputs(model, a, torch, dtype):
                     encoder_hidden_states_mask=text_mask(a, torch) if a.pad >= 0 else None,
                     timestep=torch.full((B,), 0.5).to(dtype), img_shapes=[[(1, *h)]] * B,
                     return_dict=False)
-    if a.model == "hunyuan":
+    if a.model == "cosmos25":
+        return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
+                    encoder_hidden_states=(r(B, a.text, 32), r(B, 5, 16)), return_dict=False)
+    if a.model in ("hunyuan", "hunyuani2v"):
         return dict(hidden_states=r(B, 4, F, H, W), timestep=torch.full((B,), 500.0),
                     encoder_hidden_states=r(B, a.text, 32),
                     encoder_attention_mask=text_mask(a, torch), pooled_projections=r(B, 32),
@@ -293,8 +389,24 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     encoder_attention_mask=text_mask(a, torch), num_frames=F, height=H,
                     width=W, return_dict=False)
+    if a.model == "skyreels" and a.forcing:
+        # diffusion forcing (synchronous): a timestep per latent frame
+        return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.linspace(900.0, 100.0, F).repeat(B, 1),
+                    enable_diffusion_forcing=True, return_dict=False)
     return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
                 timestep=torch.full((B,), 500.0), return_dict=False)
+
+
+def _plan_facts(model):
+    """The main plan's segments (name, tokens, split) and heads, for the test to compare
+    with what the model's attention saw."""
+    st = next(iter(model._cpc.shapes.values()))
+    p = st.plan
+    return {"segments": [[s["name"], s.get("tokens"), s.get("split", "shard")]
+                         for s in p["input"]["segments"]],
+            "heads": p["model"]["heads"], "kv_heads": p["model"].get("kv_heads"),
+            "mask": p["input"]["mask"], "tokens": st.main[0].tokens}
 
 
 def rel(x, ref):
@@ -320,6 +432,10 @@ def parser():
                    help="text padding tokens (masked) for models with a text mask; "
                         "-1: no mask passed")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--forcing", action="store_true",
+                   help="skyreels: enable_diffusion_forcing with a per-frame timestep")
+    p.add_argument("--per-token", action="store_true",
+                   help="ltx2: a per-token timestep [B, S] (image-to-video)")
     p.add_argument("--replicate-text", action="store_true",
                    help="parallelize(..., replicate_text=True): the text whole on every rank")
     p.add_argument("--expect-error", default=None, help="a cpc error class name")
@@ -377,20 +493,34 @@ def one(a, torch, comm, rank):
     x = inputs(model, a, torch, dtype)
     w = torch.randn(1, generator=torch.Generator().manual_seed(3))
 
+    inp = "x" if a.model == "zimage" else "hidden_states"
+
+    def outputs(res):
+        # every output the model returns, flattened into one vector (LTX-2: video and
+        # audio; Z-Image: a list of samples)
+        o = res[0]
+        outs = list(o) if isinstance(o, (list, tuple)) else [o]
+        if a.model == "ltx2":
+            outs.append(res[1])
+        return torch.cat([t.reshape(-1) for t in outs])
+
     def run():
         xi = dict(x)
         if a.train:
-            xi["hidden_states"] = x["hidden_states"].clone().requires_grad_()
+            xi[inp] = [t.clone().requires_grad_() for t in x[inp]] if a.model == "zimage" \
+                else x[inp].clone().requires_grad_()
             model.zero_grad()
-            out = model(**xi)[0]
+            out = outputs(model(**xi))
             g = torch.Generator().manual_seed(11)
             wt = torch.randn(out.shape, generator=g).to(out.dtype)
             (out.float() * wt.float()).sum().backward()
-            return out.detach(), xi["hidden_states"].grad, {
+            dx = torch.stack([t.grad for t in xi[inp]]) if a.model == "zimage" else \
+                xi[inp].grad
+            return out.detach(), dx, {
                 n: p.grad.detach().clone() for n, p in model.named_parameters()
                 if p.grad is not None}
         with torch.no_grad():
-            return model(**xi)[0], None, None
+            return outputs(model(**xi)), None, None
 
     ref, ref_dx, ref_g = run()
     pc = {"ring_degree": a.ring, "ulysses_degree": a.ulysses}
@@ -408,10 +538,11 @@ def one(a, torch, comm, rank):
             return {"rank": rank, "error": type(e).__name__, "message": str(e),
                     "hint": getattr(e, "hint", None)}
         raise
-    res = {"rank": rank, "out": rel(out, ref), "shape": list(out.shape), "s": dt,
+    res = {"rank": rank, "out": rel(out, ref), "batch": a.batch, "s": dt,
            "variant": model._cpc.current is None and
            next(iter(model._cpc.shapes.values())).main[0].variant,
-           "cpc_calls": model._cpc.calls,
+           "cpc_calls": model._cpc.calls, "gathered_calls": model._cpc.gathered_calls,
+           "plan": _plan_facts(model),
            "masks": sorted({k[5] for k in model._cpc.shapes})}
     if a.train:
         cpc.diffusers.allreduce_grads(model)

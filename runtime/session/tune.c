@@ -1,8 +1,11 @@
 /* tune.c - `cprun --tune`: measure every valid candidate; see tune.h. */
 #include "tune.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "compile.h"
 #include "report.h"
@@ -26,6 +29,21 @@ void cpc_tune_result_free(cpc_tune_result *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Whether two paths name one file, which may not exist yet: the same name
+ * in the same directory (directories compared by realpath). */
+static bool same_path(const char *a, const char *b)
+{
+    char da[4096], db[4096], ra[PATH_MAX], rb[PATH_MAX];
+    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+    snprintf(da, sizeof da, "%.*s", sa ? (int)(sa - a) + 1 : 1, sa ? a : ".");
+    snprintf(db, sizeof db, "%.*s", sb ? (int)(sb - b) + 1 : 1, sb ? b : ".");
+    if (strcmp(sa ? sa + 1 : a, sb ? sb + 1 : b) != 0)
+        return false;
+    if (!realpath(da, ra) || !realpath(db, rb))
+        return strcmp(da, db) == 0;
+    return strcmp(ra, rb) == 0;
+}
+
 static bool has_error(const cpc_status *st)
 {
     return cpc_status_count(st, CPC_SEV_ERROR) > 0;
@@ -41,7 +59,8 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
         return cpc_error(CPC_E_USAGE, "--tune needs the plan YAML, not the artifact %s "
                                       "(it compiles every candidate)", path);
     int warmup = opt->warmup > 0 ? opt->warmup : 1, iters = opt->iters > 0 ? opt->iters : 3;
-    cpc_compile_opts co = {.sets = opt->sets, .n_sets = opt->n_sets, .until = CPC_UNTIL_VALIDATE};
+    cpc_compile_opts co = {.sets = opt->sets, .n_sets = opt->n_sets, .until = CPC_UNTIL_VALIDATE,
+                           .profile_pending = true};
     cpc_compiled cc;
     bool ok = cpc_compile_file(path, &co, &cc);
     cpc_status *diags = cc.diags;
@@ -64,8 +83,17 @@ cpc_status *cpc_tune(const char *path, const cpc_tune_options *opt, cpc_tune_res
         cpc_compiled_free(&cc);
         return cpc_error(CPC_E_PLAN, "unknown device '%s'", dev);
     }
-    if (cpc_plan_profile_path(plan, out->profile_path, sizeof out->profile_path))
-        st = cpc_profile_read_measured(out->profile_path, &out->profile, &out->measured);
+    if (cpc_plan_profile_path(plan, out->profile_path, sizeof out->profile_path)) {
+        if (access(out->profile_path, F_OK) == 0 || errno != ENOENT)
+            st = cpc_profile_read_measured(out->profile_path, &out->profile, &out->measured);
+        else if (opt->profile_out &&
+                 (strcmp(opt->profile_out, "-") == 0 || !same_path(opt->profile_out, out->profile_path)))
+            /* the tune writes elsewhere: the plan's profile stays missing */
+            st = cpc_error(CPC_E_IO, "cluster.profile %s: cannot open: %s (cprun --tune creates the "
+                                     "plan's profile only when it writes there: drop --profile-out, or "
+                                     "give that path)",
+                           out->profile_path, strerror(ENOENT));
+    }
     cpc_measure_key(plan, out->key, sizeof out->key);
     snprintf(out->backend, sizeof out->backend, "%s", cpc_measure_backend(plan));
     const cpc_selection *sel = &cc.sel;

@@ -40,6 +40,11 @@ typedef struct cpc_tune_options {
     int warmup, iters;         /* per candidate; 0: 1 and 3 */
     double timeout_s;          /* stall limit of every wait (run.h); 0: default */
     FILE *log;                 /* one line per candidate, or NULL */
+    const char *profile_out;   /* where the caller writes the profile ("-": stdout);
+                                  NULL: the plan's cluster.profile.  A cluster.profile file
+                                  that does not exist yet is the preset alone when
+                                  it is this file (tuning creates it), else
+                                  CPC_E_IO */
 } cpc_tune_options;
 
 /* One candidate this run measured. */

@@ -47,6 +47,8 @@ typedef struct nccl_ctx {
     int ring_degree, ulysses_degree;
     int device;
     bool owns_mpi;            /* destroy calls cpc_mpi_finalize */
+    bool mpi_boot;            /* made by cpc_transport_nccl_create (abort: MPI_Abort) */
+    bool world_borrowed;      /* the caller's world communicator: never destroyed here */
     cudaStream_t comm;        /* all NCCL work */
     cudaStream_t stage;       /* host <-> bounce copies (otherwise idle) */
     cudaStream_t compute;     /* borrowed; NULL: host-synchronising mode */
@@ -770,12 +772,19 @@ static void n_abort(cpc_transport *t, const char *why)
     static const cpc_group order[] = {CPC_GROUP_RING, CPC_GROUP_ULYSSES, CPC_GROUP_WORLD};
     for (int i = 0; i < 3; i++) {
         nccl_group *gr = &c->groups[order[i]];
-        if (gr->comm) {
+        if (gr->comm && !(order[i] == CPC_GROUP_WORLD && c->world_borrowed))
             ncclCommAbort(gr->comm);
-            gr->comm = NULL;
-        }
+        gr->comm = NULL;
     }
-    cpc_mpi_abort(3, why);
+    if (c->mpi_boot)
+        cpc_mpi_abort(3, why);
+    /* No MPI job to abort (a unique id or a communicator of the caller, e.g.
+     * under torchrun): this process ends; its peers' NCCL calls fail when
+     * its connections close, and the launcher ends the job. */
+    fprintf(stderr, "cprun: rank %d: aborting: %s\n", c->world_rank, why ? why : "(no reason given)");
+    fflush(stdout);
+    fflush(stderr);
+    _Exit(3);
 }
 
 static void free_local(nccl_ctx *c)
@@ -803,6 +812,10 @@ static void free_comms(nccl_ctx *c, bool abort)
         nccl_group *gr = &c->groups[order[i]];
         if (!gr->comm)
             continue;
+        if (order[i] == CPC_GROUP_WORLD && c->world_borrowed) {
+            gr->comm = NULL;   /* the caller's */
+            continue;
+        }
         if (abort) {
             ncclCommAbort(gr->comm);
         } else {
@@ -918,6 +931,9 @@ static cpc_status *agree(int world_rank, bool ok, int *first_bad, const char *wh
     return NULL;
 }
 
+static cpc_status *split_groups(nccl_ctx *c, ncclComm_t world, int ring_degree,
+                                int ulysses_degree);
+
 cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int device,
                                       cpc_transport **out)
 {
@@ -964,6 +980,7 @@ cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int d
     c->ring_degree = ring_degree;
     c->ulysses_degree = ulysses_degree;
     c->owns_mpi = !was_live;
+    c->mpi_boot = true;
     c->base.vt = &nccl_vtable;
     c->base.ctx = c;
     int local = cpc_mpi_local_rank();   /* collective when the environment lacks it */
@@ -1044,6 +1061,27 @@ cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int d
             cpc_status_free(st2);
         goto fail;
     }
+    if ((st = split_groups(c, world, ring_degree, ulysses_degree)))
+        goto fail;
+    *out = &c->base;
+    return NULL;
+
+fail:
+    cpc_status_free(local_st);
+    free_comms(c, true);
+    free_local(c);   /* only what local_setup made (NULL fields are skipped) */
+    /* MPI stays initialised (see INIT AND FINALIZE): cpc_mpi_finalize ends it. */
+    free(c);
+    return st;
+}
+
+/* The ring and ulysses communicators split from `world` (this rank's world
+ * rank c->world_rank), then every group's rank and size checked. */
+static cpc_status *split_groups(nccl_ctx *c, ncclComm_t world, int ring_degree, int ulysses_degree)
+{
+    int wr = c->world_rank, ws = c->world_size;
+    ncclResult_t r;
+    cpc_status *st = NULL;
     int rr = wr / ulysses_degree, uu = wr % ulysses_degree;
     ncclComm_t ring = NULL, uly = NULL;
     if ((r = ncclCommSplit(world, uu, rr, &ring, NULL)) != ncclSuccess) {
@@ -1076,16 +1114,157 @@ cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int d
                                        "groups", wr);
         goto fail;
     }
+    return NULL;
+fail:
+    return st;
+}
+
+/* ---- creation over the caller's bootstrap (no MPI) ------------------------------------ */
+
+static cpc_status *check_degrees(int ring_degree, int ulysses_degree)
+{
+    if (ring_degree < 1 || ulysses_degree < 1)
+        return cpc_error(CPC_E_USAGE, "nccl transport: ring_degree %d and ulysses_degree %d "
+                                      "must be >= 1", ring_degree, ulysses_degree);
+    if ((long long)ring_degree * ulysses_degree > INT_MAX)
+        return cpc_error(CPC_E_USAGE, "nccl transport: mesh %d x %d is too large", ring_degree,
+                         ulysses_degree);
+    return NULL;
+}
+
+/* The endpoint over an existing world communicator (rank wr of ws, on
+ * `device`): local resources, then the ring and ulysses splits (collective
+ * over `world`).  On failure an owned world is aborted, a borrowed one left
+ * alone. */
+static cpc_status *create_over(ncclComm_t world, bool borrowed, int wr, int ws, int device,
+                               int ring_degree, int ulysses_degree, cpc_transport **out)
+{
+    nccl_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (!borrowed)
+            ncclCommAbort(world);
+        return cpc_error(CPC_E_NOMEM, "nccl transport: out of memory");
+    }
+    c->world_rank = wr;
+    c->world_size = ws;
+    c->ring_degree = ring_degree;
+    c->ulysses_degree = ulysses_degree;
+    c->device = device;
+    c->world_borrowed = borrowed;
+    c->base.vt = &nccl_vtable;
+    c->base.ctx = c;
+    c->groups[CPC_GROUP_WORLD].comm = world;
+    cpc_status *st = local_setup(c);
+    if (!st)
+        st = split_groups(c, world, ring_degree, ulysses_degree);
+    if (st) {
+        free_comms(c, true);
+        free_local(c);
+        free(c);
+        return st;
+    }
     *out = &c->base;
     return NULL;
+}
 
-fail:
-    cpc_status_free(local_st);
-    free_comms(c, true);
-    free_local(c);   /* only what local_setup made (NULL fields are skipped) */
-    /* MPI stays initialised (see INIT AND FINALIZE): cpc_mpi_finalize ends it. */
-    free(c);
-    return st;
+cpc_status *cpc_transport_nccl_unique_id(unsigned char *id, size_t n)
+{
+    if (!id || n != CPC_NCCL_UNIQUE_ID_BYTES)
+        return cpc_error(CPC_E_USAGE, "nccl unique id: a buffer of %d bytes is needed (got %zu%s)",
+                         CPC_NCCL_UNIQUE_ID_BYTES, n, id ? "" : ", NULL");
+    _Static_assert(sizeof(ncclUniqueId) == CPC_NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size");
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return nccl_status(NULL, NULL, r, "ncclGetUniqueId");
+    memcpy(id, &u, sizeof u);
+    return NULL;
+}
+
+cpc_status *cpc_transport_nccl_create_id(const unsigned char *id, size_t n, int rank,
+                                         int ring_degree, int ulysses_degree, int device,
+                                         cpc_transport **out)
+{
+    *out = NULL;
+    cpc_status *st = check_degrees(ring_degree, ulysses_degree);
+    if (st)
+        return st;
+    int ws = ring_degree * ulysses_degree;
+    if (!id || n != CPC_NCCL_UNIQUE_ID_BYTES)
+        return cpc_error(CPC_E_USAGE, "nccl transport: the unique id must be %d bytes (got %zu%s)",
+                         CPC_NCCL_UNIQUE_ID_BYTES, n, id ? "" : ", NULL");
+    if (rank < 0 || rank >= ws)
+        return cpc_error(CPC_E_USAGE, "nccl transport: rank %d out of range (world %d = ring %d x "
+                                      "ulysses %d)", rank, ws, ring_degree, ulysses_degree);
+    char why[384] = "";
+    int ndev = gpu_count(why, sizeof why);
+    if (!why[0] && device < 0) {
+        cudaError_t e = cudaGetDevice(&device);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(why, sizeof why, "cudaGetDevice: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        }
+    }
+    if (!why[0] && device >= ndev)
+        snprintf(why, sizeof why, "device %d requested, %d visible", device, ndev);
+    if (!why[0]) {
+        cudaError_t e = cudaSetDevice(device);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(why, sizeof why, "cudaSetDevice(%d): %s (%s)", device,
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+        }
+    }
+    if (why[0]) {
+        st = cpc_error(CPC_E_UNSUPPORTED, "no CUDA device: rank %d: %s", rank, why);
+        cpc_status_set_hint(st, "run each rank on a node with its own GPU, or use CPU tensors "
+                                "(the gloo / MPI path)");
+        return st;
+    }
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclComm_t world = NULL;
+    ncclResult_t r = ncclCommInitRank(&world, ws, u, rank);
+    if (r != ncclSuccess) {
+        st = cpc_error(CPC_E_RUNTIME, "rank %d: nccl transport: ncclCommInitRank (world of %d, "
+                                      "device %d): NCCL: %s (%s)", rank, ws, device,
+                       ncclGetErrorString(r), ncclGetLastError(NULL));
+        cpc_status_set_hint(st, "every rank must pass the same unique id (made once, by one "
+                                "rank, and broadcast), its own rank and its own GPU");
+        return st;
+    }
+    return create_over(world, false, rank, ws, device, ring_degree, ulysses_degree, out);
+}
+
+cpc_status *cpc_transport_nccl_create_comm(void *nccl_comm, int ring_degree, int ulysses_degree,
+                                           cpc_transport **out)
+{
+    *out = NULL;
+    cpc_status *st = check_degrees(ring_degree, ulysses_degree);
+    if (st)
+        return st;
+    if (!nccl_comm)
+        return cpc_error(CPC_E_USAGE, "nccl transport: no communicator (NULL)");
+    ncclComm_t world = (ncclComm_t)nccl_comm;
+    int ws = 0, wr = 0, dev = 0;
+    ncclResult_t r;
+    if ((r = ncclCommCount(world, &ws)) != ncclSuccess ||
+        (r = ncclCommUserRank(world, &wr)) != ncclSuccess ||
+        (r = ncclCommCuDevice(world, &dev)) != ncclSuccess)
+        return nccl_status(NULL, world, r, "nccl transport: querying the caller's communicator");
+    if (ws != ring_degree * ulysses_degree) {
+        st = cpc_error(CPC_E_USAGE, "nccl transport: the communicator has %d ranks, the plan's "
+                                    "mesh needs %d (ring_degree %d x ulysses_degree %d)",
+                       ws, ring_degree * ulysses_degree, ring_degree, ulysses_degree);
+        cpc_status_set_hint(st, "pass a communicator of every rank of the plan's world");
+        return st;
+    }
+    cudaError_t e = cudaSetDevice(dev);
+    if (e != cudaSuccess)
+        return cuda_status(NULL, e, "nccl transport: cudaSetDevice(%d) (the communicator's device)",
+                           dev);
+    return create_over(world, true, wr, ws, dev, ring_degree, ulysses_degree, out);
 }
 
 bool cpc_transport_is_nccl(const cpc_transport *t)
@@ -1156,6 +1335,43 @@ cpc_status *cpc_transport_nccl_comm_to_compute(cpc_transport *t, void *stream)
 }
 
 #else /* a build without NCCL or without MPI: the API answers, nothing runs */
+
+static cpc_status *no_nccl(void)
+{
+    cpc_status *st = cpc_error(CPC_E_UNSUPPORTED, "nccl transport: this build of libcpc has no %s",
+#if !defined(CPC_HAVE_NCCL)
+                               "NCCL (CMake did not find libnccl under the CUDA root)"
+#else
+                               "MPI (the NCCL transport is built with MPI)"
+#endif
+    );
+    cpc_status_set_hint(st, "use CPU tensors (the gloo / MPI path) or a libcpc built with NCCL");
+    return st;
+}
+
+cpc_status *cpc_transport_nccl_unique_id(unsigned char *id, size_t n)
+{
+    (void)id;
+    (void)n;
+    return no_nccl();
+}
+
+cpc_status *cpc_transport_nccl_create_id(const unsigned char *id, size_t n, int rank,
+                                         int ring_degree, int ulysses_degree, int device,
+                                         cpc_transport **out)
+{
+    (void)id, (void)n, (void)rank, (void)ring_degree, (void)ulysses_degree, (void)device;
+    *out = NULL;
+    return no_nccl();
+}
+
+cpc_status *cpc_transport_nccl_create_comm(void *nccl_comm, int ring_degree, int ulysses_degree,
+                                           cpc_transport **out)
+{
+    (void)nccl_comm, (void)ring_degree, (void)ulysses_degree;
+    *out = NULL;
+    return no_nccl();
+}
 
 cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int device,
                                       cpc_transport **out)

@@ -1,7 +1,11 @@
 /*
  * transport_nccl.h - the NCCL transport: one process per rank (started by
  * mpirun or srun), one GPU per process, communicating with NCCL over the
- * GPUs' links (NVLink, PCIe, InfiniBand); MPI only bootstraps it.
+ * GPUs' links (NVLink, PCIe, InfiniBand).  Bootstrapped over MPI
+ * (cpc_transport_nccl_create: cprun), or from a unique id the caller
+ * distributes or the caller's own ncclComm_t (cpc_transport_nccl_create_id /
+ * _comm: libcpc's cpc_rank_new_nccl*, Python under torchrun); MPI is then not
+ * touched.
  *
  * MESH AND GROUPS.  As the MPI transport (transport_mpi.h): world rank p =
  * r*U + u; CPC_GROUP_RING = the R ranks with the same u (member index r),
@@ -86,20 +90,29 @@
  * buffer) are statuses and leave the endpoint usable.  Waits poll
  * ncclCommGetAsyncError.
  *
- * ABORT.  vt->abort calls ncclCommAbort on the three communicators (GPU
- * kernels blocked on a peer end), then cpc_mpi_abort(3, why): prints
- * "cprun: rank P: aborting: WHY" and MPI_Abort ends every rank of the job
- * within seconds (exit 3).  It does not return.
+ * ABORT.  vt->abort calls ncclCommAbort on the communicators it owns (GPU
+ * kernels blocked on a peer end), then, for an endpoint bootstrapped over
+ * MPI, cpc_mpi_abort(3, why): prints "cprun: rank P: aborting: WHY" and
+ * MPI_Abort ends every rank of the job within seconds (exit 3); endpoints
+ * made from a unique id or a caller's communicator print the same line and
+ * _Exit(3) (no MPI job to abort).  It does not return.
  *
- * INIT AND FINALIZE.  As the MPI transport: creation initialises MPI when
- * nobody did (cpc_mpi_init), and that endpoint's destroy then finalises it.
+ * INIT AND FINALIZE.  cpc_transport_nccl_create, as the MPI transport:
+ * creation initialises MPI when nobody did (cpc_mpi_init), and that
+ * endpoint's destroy then finalises it (the _id and _comm creators never
+ * touch MPI).
  * After a FAILED creation MPI stays initialised (the caller may fall back
  * to the MPI transport, which needs MPI alive); cpc_mpi_finalize() ends it.
  * destroy is collective (ncclCommFinalize): every rank destroys its
  * endpoint; requests must all have been waited for.
  *
- * THREADS.  One endpoint per process, used from one thread at a time (NCCL
- * communicators are not to be used concurrently).
+ * THREADS.  One endpoint per process and GPU, used from one thread at a
+ * time (NCCL communicators are not to be used concurrently).
+ *
+ * TESTED: without a GPU on the CPU emulator with a fake NCCL
+ * (tests/emu/fake_nccl.c, tests/cli/nccl_emu.sh: the conformance suite on 1,
+ * 2 and 4 processes, cprun and the library); on a GPU by tests/gpu/run.sh
+ * (world size 1: NCCL refuses two ranks on one GPU).
  *
  * Built only with CUDA and NCCL (and MPI for the bootstrap); this header is
  * usable everywhere, the functions exist when CPC_HAVE_NCCL and
@@ -143,7 +156,50 @@
 cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int device,
                                       cpc_transport **out);
 
-/* True when `t` is an endpoint made by cpc_transport_nccl_create. */
+/* Bytes of an ncclUniqueId (NCCL's NCCL_UNIQUE_ID_BYTES; cpc/rank.h has the
+ * same value). */
+#ifndef CPC_NCCL_UNIQUE_ID_BYTES
+#define CPC_NCCL_UNIQUE_ID_BYTES 128
+#endif
+
+/* BOOTSTRAP WITHOUT MPI (torchrun, or any launcher that can pass 128 bytes
+ * around).  cpc_transport_nccl_unique_id: ncclGetUniqueId into `id` (n must
+ * be CPC_NCCL_UNIQUE_ID_BYTES); call it on one rank and give the bytes to
+ * every rank (e.g. torch.distributed.broadcast_object_list, MPI_Bcast).
+ * Not collective.  Errors: CPC_E_USAGE (size), CPC_E_RUNTIME (NCCL),
+ * CPC_E_UNSUPPORTED (no NCCL in this build). */
+cpc_status *cpc_transport_nccl_unique_id(unsigned char *id, size_t n);
+
+/* This process's endpoint as rank `rank` of the world ring_degree x
+ * ulysses_degree made from `id` (the same bytes on every rank): `device` (-1:
+ * the current device) becomes current, ncclCommInitRank makes the world
+ * communicator (owned: destroyed with the endpoint), then the ring and
+ * ulysses groups are split from it as in cpc_transport_nccl_create.
+ * COLLECTIVE over the world: every rank calls it with the same id and
+ * degrees; a rank that never comes leaves the others in ncclCommInitRank
+ * (NCCL has no timeout there; the launcher ends the job).  MPI is not used:
+ * abort prints "cprun: rank P: aborting: WHY" and ends this process
+ * (_Exit(3)) after ncclCommAbort; its peers fail when its connections close.
+ * Errors: CPC_E_USAGE (degrees, rank out of range, id size);
+ * CPC_E_UNSUPPORTED "no CUDA device: ..." (no GPU/driver, device out of
+ * range) before NCCL is touched; CPC_E_RUNTIME (NCCL: a bad id, two ranks
+ * on one GPU, ...; CUDA), CPC_E_NOMEM. */
+cpc_status *cpc_transport_nccl_create_id(const unsigned char *id, size_t n, int rank,
+                                         int ring_degree, int ulysses_degree, int device,
+                                         cpc_transport **out);
+
+/* This process's endpoint over the caller's world communicator `nccl_comm`
+ * (an ncclComm_t of ring_degree x ulysses_degree ranks; world rank = its
+ * rank in it, device = its device, made current): BORROWED, never used for
+ * cpc's traffic and never destroyed here; the ring and ulysses groups are
+ * split from it (ncclCommSplit, owned).  COLLECTIVE over the communicator.
+ * Abort as above (the caller's communicator is not aborted).  Errors:
+ * CPC_E_USAGE (NULL, size != ring_degree x ulysses_degree), CPC_E_RUNTIME
+ * (NCCL, CUDA), CPC_E_NOMEM. */
+cpc_status *cpc_transport_nccl_create_comm(void *nccl_comm, int ring_degree, int ulysses_degree,
+                                           cpc_transport **out);
+
+/* True when `t` is an endpoint made by cpc_transport_nccl_create(_id/_comm). */
 bool cpc_transport_is_nccl(const cpc_transport *t);
 
 /* The CUDA device of the endpoint, -1 for another transport. */

@@ -314,6 +314,14 @@ grep -q "^$tmp/irregular.lua:3:[0-9]*: error\[CP051\]: .*cannot be proven: it is
   || fail "lua-irregular: no CP051 at the script line that made the program irregular: $(cat "$tmp/lua-irregular.err")"
 ! grep -q "warning\[CP051\]" "$tmp/lua-deadloop.err" "$tmp/lua-irregular.err" || fail "a CP051 warning"
 
+# fa3 is Hopper-only: elsewhere a warning at the key (priced as fa2), exit 0;
+# on Hopper nothing
+expect_status fa3-ada 0 --check --set runtime.attention_kernel=fa3 --set cluster.device=l40s plans/flux1-dev-1024.yaml
+grep -q "warning: attention_kernel fa3 .*Hopper (sm_90) only; device l40s is sm_89" "$tmp/fa3-ada.err" \
+  || fail "fa3-ada: no Hopper-only warning: $(cat "$tmp/fa3-ada.err")"
+expect_status fa3-h100 0 --check --set runtime.attention_kernel=fa3 --set cluster.device=h100-sxm plans/flux1-dev-1024.yaml
+! grep -q "fa3" "$tmp/fa3-h100.err" || fail "fa3-h100: a warning on Hopper: $(cat "$tmp/fa3-h100.err")"
+
 if [ "$fails" -ne 0 ]; then
   echo "diagnostics.sh: $fails failure(s)" >&2
   exit 1

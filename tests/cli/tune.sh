@@ -133,6 +133,23 @@ n = sum(1 for l in open(sys.argv[2]) if l.strip().startswith("- {key:"))
 assert n == len(ok), (n, len(ok))
 PY
 
+# ---- a plan naming its profile before the profile exists (new-user trial) ------------
+# `cluster.profile: new.yaml` written first, then tuned: the preset prices it,
+# the tune creates the file; tuning into another file leaves it missing: exit 3
+# naming the file, nothing written
+mkdir "$tmp/first"
+sed 's/device: cpu}/device: cpu, profile: new.yaml}/' "$tmp/plan.yaml" >"$tmp/first/plan.yaml"
+"$CPRUN" --tune "$tmp/first/plan.yaml" --iters 1 --profile-out "$tmp/first/other.yaml" >/dev/null 2>"$tmp/first.err"
+rc=$?
+[ "$rc" -ne 0 ] && grep -q "cluster.profile .*new.yaml: cannot open.*drop --profile-out" "$tmp/first.err" \
+  && [ ! -e "$tmp/first/other.yaml" ] || fail "tune into another file with the plan's profile missing: rc $rc: $(cat "$tmp/first.err")"
+"$CPRUN" --tune "$tmp/first/plan.yaml" --iters 1 >/dev/null 2>"$tmp/first.err" \
+  || fail "tune of a plan whose profile does not exist yet failed: $(cat "$tmp/first.err")"
+grep -q "ms_per_layer" "$tmp/first/new.yaml" 2>/dev/null || fail "the plan's profile was not created"
+"$CPC" --check "$tmp/first/plan.yaml" >/dev/null 2>&1 || fail "cpc --check with the created profile failed"
+rm "$tmp/first/new.yaml"
+"$CPC" --check "$tmp/first/plan.yaml" >/dev/null 2>&1 && fail "cpc --check with a missing profile should fail"
+
 # ---- misuse --------------------------------------------------------------------------------
 "$CPRUN" --tune >/dev/null 2>&1; [ $? -eq 2 ] || fail "--tune without a plan should exit 2"
 "$CPRUN" --tune --calibrate "$tmp/plan.yaml" >/dev/null 2>&1; [ $? -eq 2 ] || fail "--tune --calibrate should exit 2"

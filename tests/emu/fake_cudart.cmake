@@ -9,6 +9,9 @@
 #                                        LD_LIBRARY_PATH overrides; an RPATH would not)
 #   <build>/emu-cudart/cpc_emu_prepare   prepare.c: builds the emulator modules of a
 #                                        .cplan's kernels, named by the PTX's sha256
+#   <build>/emu-cudart/libnccl.so.2      fake_nccl.c: NCCL over Unix-domain sockets
+#                                        (SONAME libnccl.so.2, libnccl.map), so the
+#                                        NCCL transport runs on the fake runtime
 #   test_fake_cudart                     test_fake_cudart.c: the fake's semantics
 #
 # tests/cli/cuda_emu.sh finds both under $CPC_BUILD_DIR/emu-cudart.
@@ -30,6 +33,24 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
   target_include_directories(cpc_fake_cudart SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
   target_link_libraries(cpc_fake_cudart PRIVATE cpc_emu PkgConfig::CRYPTO Threads::Threads)
 
+  # The fake NCCL (fake_nccl.c) beside it: <build>/emu-cudart/libnccl.so.2, SONAME
+  # libnccl.so.2, nccl* exported unversioned like NVIDIA's (libnccl.map), linked to the
+  # fake runtime (device pointers and streams are its own); the same LD_LIBRARY_PATH
+  # makes cprun's libnccl.so.2 this one.
+  add_library(cpc_fake_nccl SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_nccl.c)
+  set_target_properties(cpc_fake_nccl PROPERTIES
+    PREFIX "lib" OUTPUT_NAME "nccl" SUFFIX ".so.2" NO_SONAME ON
+    C_VISIBILITY_PRESET hidden
+    LIBRARY_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR}
+    LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/libnccl.map)
+  target_link_options(cpc_fake_nccl PRIVATE -Wl,-soname,libnccl.so.2
+    -Wl,--version-script=${CMAKE_CURRENT_LIST_DIR}/libnccl.map)
+  if(NOT CPC_SANITIZE AND NOT CPC_FUZZ)
+    target_link_options(cpc_fake_nccl PRIVATE -Wl,--no-undefined)
+  endif()
+  target_include_directories(cpc_fake_nccl SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+  target_link_libraries(cpc_fake_nccl PRIVATE cpc_fake_cudart)
+
   # The public rank API on the CUDA backend (caller's device tensors and stream),
   # run by tests/cli/cuda_emu.sh on the fake runtime: emu-cudart/rank_cuda_emu PLAN.cplan
   add_executable(rank_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/rank_cuda_emu.c)
@@ -37,6 +58,17 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
   target_include_directories(rank_cuda_emu SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
   target_link_libraries(rank_cuda_emu PRIVATE cpc_internal Threads::Threads)
   add_dependencies(rank_cuda_emu cpc_fake_cudart)
+
+  # NCCL ranks of the public rank API without MPI in libcpc (cpc_rank_new_nccl_id,
+  # cpc_rank_new_nccl), one process per rank, run by tests/cli/nccl_emu.sh under mpirun:
+  # emu-cudart/rank_nccl_emu PLAN.cplan
+  if(CPC_NCCL_LIB AND MPI_C_FOUND)
+    add_executable(rank_nccl_emu ${CMAKE_CURRENT_LIST_DIR}/rank_nccl_emu.c)
+    set_target_properties(rank_nccl_emu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
+    target_include_directories(rank_nccl_emu SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+    target_link_libraries(rank_nccl_emu PRIVATE cpc_internal MPI::MPI_C ${CPC_NCCL_LIB})
+    add_dependencies(rank_nccl_emu cpc_fake_cudart cpc_fake_nccl)
+  endif()
 
   add_executable(cpc_emu_prepare ${CMAKE_CURRENT_LIST_DIR}/prepare.c)
   set_target_properties(cpc_emu_prepare PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})

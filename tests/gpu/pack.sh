@@ -13,7 +13,17 @@
 #   flux1-dev-1024-ulysses.cplan, flux1-dev-1024-none.cplan
 #                        plans/flux1-dev-1024.yaml as ulysses on 4 ranks and as none on 1 rank
 #                        (run.sh's virtual-rank overhead row)
-#   lib/                 the shared libraries of gpu_check and cprun that the GPU machine lacks
+#   rank_nccl_emu, test_transport_nccl, libcpc.so.0.2, nccl-world1.cplan
+#                        NCCL on the one GPU (issue 24; world size 1: NCCL refuses two ranks
+#                        on one GPU): the library's NCCL ranks without MPI
+#                        (tests/emu/rank_nccl_emu.c: cpc_nccl_unique_id, cpc_rank_new_nccl_id,
+#                        cpc_rank_new_nccl), the transport's conformance suite 1x1
+#                        (tests/test_transport_nccl.c: self send/recv, all-gather, barrier),
+#                        cprun --transport nccl, and libcpc for the Python package under
+#                        torchrun (tests/gpu/nccl_torchrun.py: torch CUDA tensors, the
+#                        NCCL rank bootstrapped from torch.distributed's group)
+#   lib.tgz              lib/ gzipped (run.sh unpacks it; the pack stays under the limit):
+#                        the shared libraries of gpu_check and cprun that the GPU machine lacks
 #                        (ldd: libyaml, libcrypto, OpenBLAS + libgfortran/libquadmath, Lua,
 #                        cJSON, Open MPI's libmpi and its dependencies, ...)
 #   cuda-fallback/       libcudart, used only when the GPU machine's Python packages have none
@@ -39,15 +49,20 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release > "$build/pack-cmake.log
   { cat "$build/pack-cmake.log"; exit 1; }
 grep -q "CUDA toolkit found" "$build/pack-cmake.log" ||
   { echo "pack.sh: no CUDA toolkit under /usr/local/cuda: gpu_check cannot be built" >&2; exit 1; }
-cmake --build "$build" --target gpu_check cprun cpc rank_cuda_emu -j2
+cmake --build "$build" --target gpu_check cprun cpc rank_cuda_emu rank_nccl_emu test_transport_nccl \
+  cpc_shared -j2
 
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/cuda-fallback" "$out/cache"
-for bin in gpu_check cprun emu-cudart/rank_cuda_emu; do
+libcpc=$(ls "$build"/libcpc.so.*.* | head -1)
+for bin in gpu_check cprun emu-cudart/rank_cuda_emu emu-cudart/rank_nccl_emu test_transport_nccl; do
   cp "$build/$bin" "$out/"
   strip --strip-debug "$out/$(basename "$bin")" 2>/dev/null || true
 done
-{ ldd "$build/gpu_check"; ldd "$build/cprun"; ldd "$build/emu-cudart/rank_cuda_emu"; } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+cp "$libcpc" "$out/libcpc.so.0.2"   # CPC_LIBRARY for the Python package (run.sh)
+strip --strip-debug "$out/libcpc.so.0.2" 2>/dev/null || true
+{ for bin in gpu_check cprun emu-cudart/rank_cuda_emu emu-cudart/rank_nccl_emu test_transport_nccl; do
+    ldd "$build/$bin"; done; ldd "$libcpc"; } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
   sort -u | while read -r name path; do
   case "$name" in
     libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libgcc_s.so.*|libstdc++.so.*) ;;
@@ -94,10 +109,26 @@ parallel: {variant: ring}
 YAML
 CPC_CACHE_DIR="$out/cache" "$build/cpc" "$out/lib-train-ring2.yaml" --arch "$arch" -o "$out/lib-train-ring2.cplan"
 
+# NCCL on the one GPU (run.sh): a world-size-1 plan (NCCL refuses two ranks on one GPU).
+cat > "$out/nccl-world1.yaml" <<'YAML'
+version: 1
+name: nccl-world1
+model: {heads: 8, kv_heads: 2, head_dim: 128, dtype: bf16}
+input: {tokens: 1024}
+cluster: {world_size: 1, device: cpu}
+parallel: {variant: none}
+YAML
+CPC_CACHE_DIR="$out/cache" "$build/cpc" "$out/nccl-world1.yaml" --arch "$arch" -o "$out/nccl-world1.cplan"
+
+# lib/ travels as lib.tgz (OpenBLAS alone is 35 MiB, 8 gzipped): run.sh unpacks it.
+tar -czf "$out/lib.tgz" -C "$out" lib
+libs=$(ls "$out/lib" | tr '\n' ' ')
+rm -rf "$out/lib"
+
 size=$(du -sb "$out" | cut -f1)
 echo "pack.sh: $out: $(ls "$out" | tr '\n' ' ')"
-echo "pack.sh: lib/: $(ls "$out/lib" | tr '\n' ' ')"
-du -sh "$out"/* "$out"/lib/* | sort -h | tail -n 6 | sed 's/^/pack.sh:   /'
+echo "pack.sh: lib.tgz: $libs"
+du -sh "$out"/* | sort -h | tail -n 6 | sed 's/^/pack.sh:   /'
 echo "pack.sh: $((size / 1024 / 1024)) MiB ($size bytes), limit $((limit / 1024 / 1024)) MiB"
 if [ "$size" -gt "$limit" ]; then
   echo "pack.sh: the folder is over the limit" >&2

@@ -19,7 +19,8 @@
 # gpu_check's (0 all passed, 1 a check failed or a goal was missed, 3 no device or an error)
 # and cprun's (0 ok, 1 check failed, 2 usage/input, 3 runtime); 2 when the pack is missing or
 # a library cannot be found.  gpu_check is stopped after 300 s and each cprun run after 75 s
-# (status 124), so the whole script ends within about 9 minutes.
+# (status 124), the NCCL cases after 75-180 s each (about 30 s in all when they work), so
+# the whole script ends within about 10 minutes.
 # With $OUT set (the device tool), the logs and cprun's JSON reports are also written to $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,6 +28,16 @@ pack=$root/build-gpu/pack
 if [ $# -gt 0 ] && [ -d "$1" ]; then pack=$(cd "$1" && pwd); shift; fi
 cprun_only=0
 if [ $# -gt 0 ] && [ "$1" = "--cprun-only" ]; then cprun_only=1; shift; fi
+# The pack's lib/ travels gzipped (pack.sh): unpacked next to it, or into a temporary
+# folder when the pack is read-only.
+if [ ! -d "$pack/lib" ] && [ -f "$pack/lib.tgz" ]; then
+  if ! tar -xzf "$pack/lib.tgz" -C "$pack" 2> /dev/null; then
+    unpacked=$(mktemp -d)
+    tar -xzf "$pack/lib.tgz" -C "$unpacked" || { echo "run.sh: cannot unpack $pack/lib.tgz" >&2; exit 2; }
+    packlib=$unpacked/lib
+  fi
+fi
+packlib=${packlib:-$pack/lib}
 for bin in gpu_check cprun; do
   if [ ! -x "$pack/$bin" ]; then
     echo "run.sh: $pack/$bin is missing: run tests/gpu/pack.sh on the build machine and carry build-gpu/pack" >&2
@@ -53,7 +64,7 @@ done
 for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64; do
   [ -d "$d" ] && libdirs="$libdirs:$d"
 done
-export LD_LIBRARY_PATH="$pack/lib${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$pack/cuda-fallback"
+export LD_LIBRARY_PATH="$packlib${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$pack/cuda-fallback"
 export CPC_CACHE_DIR="$pack/cache"
 export OPENBLAS_NUM_THREADS=1
 
@@ -122,6 +133,50 @@ if [ -x "$pack/rank_cuda_emu" ] && [ -f "$pack/lib-train-ring2.cplan" ]; then
   lrc=${PIPESTATUS[0]}
   echo "run.sh: rank_cuda_emu exited $lrc"
   worst $lrc
+fi
+
+# NCCL on the one GPU (issue 24).  World size 1: NCCL refuses two ranks on one GPU.  NCCL's
+# libraries come from the Python packages (nvidia/nccl/lib) like cuDNN's.
+#   rank_nccl_emu      the library's NCCL ranks WITHOUT MPI: cpc_nccl_unique_id +
+#                      cpc_rank_new_nccl_id, then cpc_rank_new_nccl over its own ncclComm_t;
+#                      output vs float64 (tests/emu/rank_nccl_emu.c)
+#   test_transport_nccl  the transport's conformance suite on the 1x1 mesh (self send/recv,
+#                      all-gather, the barrier's all-reduce; host, device and events modes),
+#                      bootstrapped over MPI (a singleton: no mpirun)
+#   cprun --transport nccl  the MPI-bootstrapped transport under cprun (singleton)
+#   torchrun --nproc_per_node 1 tests/gpu/nccl_torchrun.py: cpc.Attention on torch CUDA
+#                      tensors with comm = torch.distributed's group (gloo, then nccl): the
+#                      NCCL rank bootstrapped from the group (python/src/cpc/_nccl.py)
+# A failure of the two singleton runs whose message is about MPI/ORTE/PMIx (no mpirun or
+# orted on the GPU machine) is the launcher's, not NCCL's: the other two do not use MPI.
+if [ -x "$pack/rank_nccl_emu" ] && [ -f "$pack/nccl-world1.cplan" ]; then
+  echo "== NCCL, world 1: rank_nccl_emu nccl-world1.cplan (no MPI) =="
+  timeout 120 "$pack/rank_nccl_emu" "$pack/nccl-world1.cplan" 2>&1 | tee "$logdir/rank_nccl.log"
+  nrc=${PIPESTATUS[0]}
+  echo "run.sh: rank_nccl_emu exited $nrc"
+  worst $nrc
+  echo "== NCCL, world 1: test_transport_nccl (conformance 1x1) =="
+  timeout 120 "$pack/test_transport_nccl" --jobs=1 2>&1 | tee "$logdir/transport_nccl.log"
+  nrc=${PIPESTATUS[0]}
+  echo "run.sh: test_transport_nccl exited $nrc"
+  worst $nrc
+  echo "== NCCL, world 1: cprun --backend cuda --transport nccl nccl-world1.cplan =="
+  timeout 75 "$pack/cprun" "$pack/nccl-world1.cplan" --backend cuda --transport nccl --check \
+    --warmup 1 --iters 3 2>&1 | tee "$logdir/cprun_nccl.log"
+  nrc=${PIPESTATUS[0]}
+  echo "run.sh: cprun --transport nccl exited $nrc"
+  worst $nrc
+  if command -v torchrun > /dev/null && python3 -c 'import torch, numpy; assert torch.cuda.is_available()' 2> /dev/null; then
+    echo "== NCCL, world 1: torchrun --nproc_per_node 1 tests/gpu/nccl_torchrun.py =="
+    CPC_LIBRARY="$pack/libcpc.so.0.2" PYTHONPATH="$root/python/src${PYTHONPATH:+:$PYTHONPATH}" \
+      timeout 180 torchrun --nproc_per_node 1 "$root/tests/gpu/nccl_torchrun.py" \
+      "$pack/nccl-world1.cplan" 2>&1 | tee "$logdir/nccl_torchrun.log"
+    nrc=${PIPESTATUS[0]}
+    echo "run.sh: torchrun nccl_torchrun.py exited $nrc"
+    worst $nrc
+  else
+    echo "run.sh: torchrun or torch with CUDA missing: the torchrun case did not run"
+  fi
 fi
 
 # The final table: gpu_check's rows (its own format), then cprun's in the same columns.

@@ -569,6 +569,19 @@ class LocalWorld:
             pass
 
 
+def _mpi_comm_checked(comm):
+    """mpi4py's MPI module, `comm` being one of its communicators (else cpc.UsageError)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise UsageError(f"comm given but mpi4py cannot be imported: {e}",
+                         code="usage") from e
+    if not isinstance(comm, MPI.Comm):
+        raise UsageError(f"comm must be an mpi4py communicator or a torch.distributed "
+                         f"ProcessGroup, not {type(comm).__name__}", code="usage")
+    return MPI
+
+
 class Attention:
     """One rank of a context-parallel attention layer, in this process.
 
@@ -576,10 +589,18 @@ class Attention:
         out = att(q, k, v)                    # this rank's shards in, its output out
         out, lse = att(q, k, v, return_lse=True)
 
-    comm: None (a world of size 1), or an mpi4py communicator of size world_size: the
-    rank is libcpc's MPI rank on that communicator's handle (cpc duplicates it; its
-    traffic never uses the caller's communicator).  rank: defaults to comm's rank (0
-    without comm).  world: a cpc.LocalWorld (rank threads; LocalWorld makes these).
+    comm: None (a world of size 1), an mpi4py communicator or a torch.distributed
+    ProcessGroup (torchrun) of size world_size.  transport: "auto" (default): with
+    backend="cuda" and a comm, NCCL between the GPUs, bootstrapped from comm (rank 0
+    makes the NCCL unique id, comm broadcasts it; see cpc/_nccl.py: a rank without a
+    GPU or NCCL makes every rank raise cpc.UnsupportedError saying what to do); with
+    host tensors, comm's own transport: libcpc's MPI rank on an mpi4py communicator's
+    handle (cpc duplicates it; its traffic never uses the caller's communicator), or
+    the group's point-to-point ops (gloo) for a ProcessGroup.  "nccl" insists on
+    NCCL, "mpi" keeps the MPI transport for device tensors (staged through host
+    memory), "torch" the group's own ops (host tensors only).  device (CUDA): default
+    torch's current device, else the launcher's local rank (LOCAL_RANK, ...).  rank:
+    defaults to comm's rank (0 without comm).  world: a cpc.LocalWorld (rank threads; LocalWorld makes these).
     backend: "auto" (CPU unless NCCL), "cpu" or "cuda": then the tensors are device
     memory, contiguous: torch CUDA tensors (outputs allocated by torch on their
     device; torch's current stream is synchronised first), or any object with
@@ -602,7 +623,7 @@ class Attention:
     MPI ranks."""
 
     def __init__(self, artifact, rank=None, comm=None, backend="auto", *, world=None,
-                 device=None, timeout_s=None, stream=None):
+                 device=None, timeout_s=None, stream=None, transport="auto"):
         L = N.lib()
         self.artifact = artifact
         self._L = L
@@ -616,13 +637,34 @@ class Attention:
         out = ctypes.c_void_p()
         if comm is not None and world is not None:
             raise UsageError("pass comm or world, not both", code="usage")
-        if comm is not None and _is_torch_group(comm):
+        if transport not in ("auto", "nccl", "torch", "mpi"):
+            raise UsageError(f"transport {transport!r}: one of auto, nccl, torch, mpi",
+                             code="usage")
+        kind = None if comm is None else "torch" if _is_torch_group(comm) else "mpi"
+        if transport == "nccl" and (comm is None or backend != "cuda"):
+            raise UsageError("transport='nccl' needs comm= (a torch.distributed group or an "
+                             "mpi4py communicator) and backend='cuda' (device tensors)",
+                             code="usage")
+        if transport in ("torch", "mpi") and kind is not None and kind != transport:
+            raise UsageError(f"transport={transport!r} but comm is "
+                             f"{'a torch.distributed group' if kind == 'torch' else 'not a torch.distributed group'}",
+                             code="usage")
+        if kind is not None and backend == "cuda" and transport in ("auto", "nccl"):
+            # device tensors over a launcher's group: NCCL between the GPUs, bootstrapped
+            # from the group (cpc/_nccl.py: rank 0's unique id, broadcast by the group)
+            if kind == "mpi":
+                _mpi_comm_checked(comm)
+            from ._nccl import create_rank as _nccl_rank
+            self._ptr, self.rank = _nccl_rank(artifact, comm, kind, rank, opts, device)
+            self.transport = "nccl"
+        elif kind == "torch":
             # a torch.distributed ProcessGroup (torchrun): its point-to-point ops carry
             # cpc's traffic (libcpc's callback transport, cpc/_torchdist.py)
             from ._torchdist import create_rank
             if backend == "cuda":
-                raise UsageError("a torch.distributed group carries host memory only here "
-                                 "(backend='cpu')", code="usage")
+                raise UsageError("a torch.distributed group's own point-to-point ops carry "
+                                 "host memory only (backend='cpu'); device tensors go over "
+                                 "NCCL (transport='auto' or 'nccl')", code="usage")
             ptr, self._p2p, crank = create_rank(artifact, comm, opts)
             if rank is not None and rank != crank:
                 L.cpc_rank_free(ptr)
@@ -631,14 +673,7 @@ class Attention:
             self.transport, self.rank, self._ptr = "torch.distributed", crank, ptr
         elif comm is not None:
             self.transport = "mpi"
-            try:
-                from mpi4py import MPI
-            except ImportError as e:
-                raise UsageError(f"comm given but mpi4py cannot be imported: {e}",
-                                 code="usage") from e
-            if not isinstance(comm, MPI.Comm):
-                raise UsageError(f"comm must be an mpi4py communicator, not "
-                                 f"{type(comm).__name__}", code="usage")
+            MPI = _mpi_comm_checked(comm)
             size, crank = comm.Get_size(), comm.Get_rank()
             if size != artifact.world_size:
                 raise UsageError(f"the communicator has {size} processes but the plan's "

@@ -47,6 +47,7 @@ mpi4py's COMM_WORLD when mpi4py is installed, else a world of one process.
 import contextvars
 import functools
 import inspect
+import re
 import sys
 import time
 
@@ -227,11 +228,18 @@ def _tokens_flux(model, cfg, get):
 
 
 def _tokens_flux2(model, cfg, get):
-    if get("kv_cache") is not None or (get("num_ref_tokens") or 0) > 0:
-        raise UnsupportedError("Flux2Transformer2DModel with reference tokens or a KV cache: "
-                               "its reference tokens attend only to themselves (a second "
-                               "attention per layer), which cpc.diffusers does not route yet",
-                               code="unsupported")
+    if get("kv_cache") is not None or (get("num_ref_tokens") or 0) > 0 or \
+            get("kv_cache_mode") is not None:
+        raise UnsupportedError("Flux2Transformer2DModel with kv_cache_mode / num_ref_tokens / "
+                               "kv_cache (Flux2KleinKVPipeline): its reference tokens attend "
+                               "only to themselves while text and image attend to all (a "
+                               "block mask over [text, reference, image], or cached reference "
+                               "K/V injected between text and image), which neither cpc's key "
+                               "padding mask nor its segments express", code="unsupported",
+                               hint="pass the reference images as image tokens without the KV "
+                                    "cache (Flux2Pipeline / Flux2KleinPipeline: concatenated "
+                                    "to hidden_states and img_ids, joint attention): "
+                                    "parallelize runs those")
     return _tokens_flux(model, cfg, get)
 
 
@@ -250,11 +258,52 @@ def _tokens_wan(model, cfg, get):
 
 
 def _tokens_skyreels(model, cfg, get):
-    if get("enable_diffusion_forcing"):
-        raise UnsupportedError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing: "
-                               "its per-block causal mask over frames is not routed through "
-                               "cpc.diffusers", code="unsupported")
+    if (cfg.get("num_frame_per_block") or 1) > 1:
+        raise UnsupportedError("SkyReelsV2Transformer3DModel with num_frame_per_block "
+                               f"{cfg.get('num_frame_per_block')} (causal_block_size > 1: the "
+                               "diffusion-forcing pipelines' asynchronous mode): its "
+                               "self-attention is block-causal over frames (an [S, S] mask: "
+                               "neither cpc's key padding mask nor its token-causal mask)",
+                               code="unsupported",
+                               hint="causal_block_size=1 (synchronous diffusion forcing, "
+                                    "ar_step=0) or the non-forcing pipelines run through "
+                                    "parallelize")
+    ts = get("timestep")
+    if get("enable_diffusion_forcing") and (ts is None or ts.dim() != 2):
+        raise UsageError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing: timestep "
+                         "must be [B, latent frames]", code="usage")
     return _tokens_wan(model, cfg, get)
+
+
+def _install_skyreels(par, model):
+    """SkyReels-V2 diffusion forcing (enable_diffusion_forcing, synchronous): the timestep is
+    per frame, so every modulation is per token.  The blocks' (timestep_proj [B, 6, S, D])
+    is split with the video (_plan_skyreels); the output norm's is built from the whole
+    video's per-token embedding outside any module, so the video is gathered before
+    norm_out and the output norm and projection run whole on every rank (proj_out's gather
+    then has nothing to do).  Training: each rank passes 1/P of the output's gradient back
+    and the gather's backward sums the ranks' parts (the parameter gradients summed over
+    the ranks are then the single-process ones)."""
+    def forcing():
+        return par.current is not None and par.comm.size > 1 and par.get is not None and \
+            bool(par.get("enable_diffusion_forcing"))
+
+    def video(st):
+        return [n for n, _ in st.segments if n != "text"][0]
+
+    def pre(mod, args):
+        if not forcing():
+            return None
+        st = par.current
+        x = args[0]
+        return (_gather_fn().apply(x, st, video(st), 1, True),) + tuple(args[1:])
+
+    def post(mod, args, out):
+        if not forcing() or par.current.mode != "training":
+            return out
+        return _scale_grad(out, 1.0 / par.comm.size)
+    par.handles.append(model.norm_out.register_forward_pre_hook(pre))
+    par.handles.append(model.proj_out.register_forward_hook(post))
 
 
 def _plan_skyreels():
@@ -265,6 +314,9 @@ def _plan_skyreels():
     return {"rope": {0: c, 1: c},
             "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3,
                                                                split_output=False)},
+            # diffusion forcing: the per-token modulation [B, 6, S, D] (else [B, 6, D])
+            "blocks.*": {"temb": ContextParallelInput(split_dim=2, expected_dims=4,
+                                                      split_output=False)},
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
@@ -296,9 +348,18 @@ def _mask_chroma(get, B, tokens, text):
 def _tokens_cosmos(model, cfg, get):
     hs, ehs = get("hidden_states"), get("encoder_hidden_states")
     if isinstance(ehs, tuple):
-        raise UnsupportedError("CosmosTransformer3DModel with an image context "
-                               "(encoder_hidden_states as a tuple, Cosmos 2.5) is not routed "
-                               "through cpc.diffusers", code="unsupported")
+        # Cosmos 2.5: (text, image context); the image context is a second cross-attention
+        # per block (its own K/V, whole on every rank: a kv plan of its length)
+        if len(ehs) != 2 or ehs[0] is None:
+            raise UsageError("CosmosTransformer3DModel: encoder_hidden_states as a tuple must "
+                             "be (text, image context)", code="usage")
+        if get("attention_mask") is not None:
+            raise UnsupportedError("CosmosTransformer3DModel with an image context and an "
+                                   "attention_mask: its processor takes the mask as a (text "
+                                   "mask, image mask) pair, which cpc.diffusers does not map",
+                                   code="unsupported", hint="pass attention_mask=None (as "
+                                   "the Cosmos 2.5 pipelines do)")
+        ehs = ehs[0]
     if get("block_controlnet_hidden_states") is not None:
         raise UnsupportedError("CosmosTransformer3DModel with controlnet residuals is not "
                                "split by cpc.diffusers", code="unsupported")
@@ -646,12 +707,284 @@ def _blocks_only(name):
     return name.startswith(("transformer_blocks.", "single_transformer_blocks."))
 
 
-def _check_hunyuan(model):
-    if model.config.get("image_condition_type") == "token_replace":
-        raise UnsupportedError("HunyuanVideoTransformer3DModel with image_condition_type "
-                               "'token_replace' (HunyuanVideo-I2V): its first-frame tokens "
-                               "are modulated by position, which cpc.diffusers does not "
-                               "split yet", code="unsupported")
+def _install_hunyuan(par, model):
+    """HunyuanVideo-I2V (image_condition_type 'token_replace'): every block modulates the
+    first latent frame's tokens apart, as the first num_tokens rows of its hidden states
+    (the model passes first_frame_num_tokens, a count over the whole video).  On a rank
+    they are the first rows of its video shard (each rank holds one run of the video):
+    the blocks are given this rank's count of them."""
+    if model.config.get("image_condition_type") != "token_replace":
+        return
+    counts = {}                               # (shape key, n) -> this rank's count
+
+    def pre(mod, args, kwargs):
+        st = par.current
+        if st is None:
+            return None
+        i = 6                                 # (hidden, ehs, temb, mask, rope, tr_emb, n)
+        n = kwargs.get("num_tokens", args[i] if len(args) > i else None)
+        if n is None:
+            return None
+        k = counts.get((st.key, n))
+        if k is None:
+            seg = [s for s, _ in st.segments if s != "text"][0]
+            pos = st.layout.pos[(seg, par.comm.rank)]
+            k = sum(1 for t in pos if t < n)
+            if any(t >= n for t in pos[:k]):
+                raise UnsupportedError("HunyuanVideoTransformer3DModel token_replace: this "
+                                       "rank's first-frame tokens are not the first rows of "
+                                       "its video shard (a layout with several runs)",
+                                       code="unsupported")
+            counts[(st.key, n)] = k
+        if "num_tokens" in kwargs:
+            kwargs = dict(kwargs, num_tokens=k)
+        else:
+            args = args[:i] + (k,) + args[i + 1:]
+        return args, kwargs
+    for m in list(model.transformer_blocks) + list(model.single_transformer_blocks):
+        par.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+
+
+# ---- models that assemble their joint sequence themselves (Lumina2, Z-Image), HiDream,
+# LTX-2 ----------------------------------------------------------------------------------
+
+def _packed(name):
+    return UnsupportedError(
+        f"{name} with replicate_text=True: the model packs each sample's caption and image "
+        "into one sequence itself (per-sample lengths), which cpc.diffusers splits as one "
+        "sequence; a replicated text segment is not available for it", code="unsupported",
+        hint="drop replicate_text (its token counts are multiples of 32 for Z-Image; "
+             "ring_anything / ulysses_anything take any Lumina2 length)")
+
+
+def _ceil32(n):
+    # Z-Image pads the image and the caption each to a multiple of SEQ_MULTI_OF = 32
+    return -(-n // 32) * 32
+
+
+def _zimage_lengths(get):
+    """(image tokens X, [caption tokens of each sample]) of ZImageTransformer2DModel's basic
+    mode, both padded to multiples of 32 as patchify_and_embed pads them (the padding
+    rows are x_pad_token / cap_pad_token: real keys, not masked)."""
+    name = "ZImageTransformer2DModel"
+    x, cap = get("x"), get("cap_feats")
+    if not isinstance(x, (list, tuple)) or not x or not isinstance(cap, (list, tuple)) or \
+            len(cap) != len(x):
+        raise UsageError(f"{name}: x and cap_feats must be lists of one tensor per sample (as "
+                         "ZImagePipeline passes them)", code="usage")
+    if isinstance(x[0], (list, tuple)) or get("siglip_feats") is not None or \
+            get("image_noise_mask") is not None:
+        raise UnsupportedError(f"{name} in omni mode (x as a list of images per sample, "
+                               "siglip_feats, image_noise_mask): its [caption, images, SigLIP] "
+                               "sequence with per-token modulation is not routed through "
+                               "cpc.diffusers; the basic mode (one image per sample, "
+                               "ZImagePipeline) is", code="unsupported")
+    if get("controlnet_block_samples") is not None:
+        raise UnsupportedError(f"{name} with controlnet_block_samples: residuals over the whole "
+                               "unified sequence added between layers, which cpc.diffusers "
+                               "does not split", code="unsupported")
+    p, pf = get("patch_size") or 2, get("f_patch_size") or 1
+    xl = []
+    for xi in x:
+        if xi.dim() != 4:
+            raise UsageError(f"{name}: each x[i] must be [C, F, H, W], got {tuple(xi.shape)}",
+                             code="usage")
+        _, F, H, W = xi.shape
+        if F % pf or H % p or W % p:
+            raise UsageError(f"{name}: latent {F}x{H}x{W} is not a multiple of the patch "
+                             f"{pf}x{p}x{p}", code="usage")
+        xl.append(_ceil32((F // pf) * (H // p) * (W // p)))
+    if len(set(xl)) > 1:
+        raise UnsupportedError(f"{name}: samples of different image sizes in one call (image "
+                               f"tokens {xl}): each sample's caption would start at another "
+                               "position; cpc.diffusers needs one image size per call "
+                               "(ZImagePipeline makes one)", code="unsupported",
+                               hint="call the transformer once per image size")
+    return xl[0], [_ceil32(int(c.shape[0])) for c in cap]
+
+
+def _tokens_zimage(model, cfg, get):
+    X, cl = _zimage_lengths(get)
+    return len(cl), X, max(cl)
+
+
+def _mask_zimage(get, B, tokens, text):
+    """ZImageTransformer2DModel._build_unified_sequence: sample i is [image X, its caption
+    C_i], zero-padded to the batch's longest with attn_mask[i, :X + C_i] = True (keys only):
+    the plan's [image, text] segments with the text padding of shorter captions masked."""
+    torch = _torch()
+    _, cl = _zimage_lengths(get)
+    n = torch.tensor([tokens + c for c in cl])
+    return torch.arange(tokens + text)[None, :] < n[:, None], None
+
+
+def _plan_zimage():
+    # the unified [image, caption] sequence the model builds (its refiners attend within
+    # the image or the caption alone, in one process): split at the first joint layer,
+    # its RoPE at every layer, the final layer's output gathered (all over _Spec.whole)
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims):
+        return ContextParallelInput(split_dim=1, expected_dims=dims, split_output=False)
+    return {"layers.0": {"x": c(3)}, "layers.*": {"freqs_cis": c(3)},
+            "all_final_layer.*": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _lumina2_caption(get):
+    """Each sample's caption length as Lumina2Transformer2DModel counts it
+    (encoder_attention_mask.sum(1): the valid tokens, taken as the first ones)."""
+    torch = _torch()
+    hs, ehs, m = get("hidden_states"), get("encoder_hidden_states"), \
+        get("encoder_attention_mask")
+    if hs is None or hs.dim() != 4 or ehs is None or m is None or m.dim() != 2:
+        raise UsageError("Lumina2Transformer2DModel: hidden_states [B, C, H, W], "
+                         "encoder_hidden_states and encoder_attention_mask [B, T] are required",
+                         code="usage")
+    return [int(v) for v in m.to(torch.bool).sum(1).tolist()]
+
+
+def _tokens_lumina2(model, cfg, get):
+    hs = get("hidden_states")
+    L = _lumina2_caption(get)
+    p = cfg["patch_size"]
+    B, _, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"Lumina2Transformer2DModel: latent {H}x{W} is not a multiple of "
+                         f"patch_size {p}", code="usage")
+    return B, (H // p) * (W // p), max(L)
+
+
+def _mask_lumina2(get, B, tokens, text):
+    """Lumina2Transformer2DModel.forward packs sample i as [its L_i caption tokens, the
+    image], zero-padded to the batch's longest (attention_mask[i, :L_i + N], keys only).
+    The plan's segments are [text max L_i, image N]: a shorter caption's image starts
+    earlier, inside the nominal text segment; every segment is split alike (no replicated
+    one), so the attention is the key mask's alone."""
+    torch = _torch()
+    n = torch.tensor([c + tokens for c in _lumina2_caption(get)])
+    return torch.arange(tokens + text)[None, :] < n[:, None], None
+
+
+def _plan_lumina2():
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims):
+        return ContextParallelInput(split_dim=1, expected_dims=dims, split_output=False)
+    return {"layers.0": {"hidden_states": c(3)}, "layers.*": {"image_rotary_emb": c(3)},
+            "norm_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _joint_layers(name):
+    """Lumina2 / Z-Image: the joint layers (not the caption / image refiners)."""
+    return name.startswith("layers.")
+
+
+def _tokens_hidream(model, cfg, get):
+    name = "HiDreamImageTransformer2DModel"
+    hs = get("hidden_states")
+    if get("hidden_states_masks") is not None or hs is None or hs.dim() != 4:
+        raise UsageError(f"{name}: hidden_states must be [B, C, H, W] latents, as "
+                         "HiDreamImagePipeline passes them (pre-patchified hidden_states with "
+                         "hidden_states_masks / img_ids / img_sizes are not routed)",
+                         code="usage")
+    t5, ll = get("encoder_hidden_states_t5"), get("encoder_hidden_states_llama3")
+    if t5 is None or ll is None:
+        raise UsageError(f"{name}: encoder_hidden_states_t5 and encoder_hidden_states_llama3 "
+                         "are required", code="usage")
+    p = cfg["patch_size"]
+    B, _, H, W = hs.shape
+    if H % p or W % p:
+        raise UsageError(f"{name}: latent {H}x{W} is not a multiple of patch_size {p}",
+                         code="usage")
+    # a non-square image is padded to max_seq tokens (patchify)
+    N = (H // p) * (W // p) if H == W else model.max_seq
+    # every block's text: T5 + the last Llama layer (carried) + the block's own Llama layer
+    return B, N, t5.shape[1] + 2 * ll[0].shape[1]
+
+
+def _plan_hidream():
+    # the text (T5 + Llama layers, re-assembled in every block) is whole on every rank
+    # (replicate_text, forced): only the image is split, at the first double-stream block;
+    # its zeroed-key mask (non-square images) per block; the RoPE over [image, text] and
+    # the single-stream blocks' [image, text] mask as this rank's rows of the whole
+    # sequence ([image_r, text]: the order the model's own concatenations give)
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def c(dims, out=False):
+        return ContextParallelInput(split_dim=1, expected_dims=dims, split_output=out)
+    return {"double_stream_blocks.0": {"hidden_states": c(3)},
+            "double_stream_blocks.*": {"hidden_states_masks": c(2)},
+            "single_stream_blocks.*": {"hidden_states_masks": c(2)},
+            "pe_embedder": {0: c(None, True)},
+            "final_layer": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _tokens_ltx2(model, cfg, get):
+    name = "LTX2VideoTransformer3DModel"
+    if get("video_self_attention_mask") is not None:
+        raise UnsupportedError(f"{name} with video_self_attention_mask (IC-LoRA: a weight per "
+                               "video token pair, [B, S, S]): not a key padding mask; not "
+                               "routed through cpc.diffusers", code="unsupported")
+    hs, ehs, ts = get("hidden_states"), get("encoder_hidden_states"), get("timestep")
+    if hs is None or hs.dim() != 3 or ehs is None:
+        raise UsageError(f"{name}: hidden_states [B, tokens, C] (the pipeline's packed video "
+                         "latents) and encoder_hidden_states are required", code="usage")
+    if ts is not None and ts.dim() == 2 and ts.shape[1] != hs.shape[1]:
+        raise UsageError(f"{name}: a per-token timestep must be [B, {hs.shape[1]}] (one per "
+                         f"video token), got {tuple(ts.shape)}", code="usage")
+    return hs.shape[0], hs.shape[1], ehs.shape[1]
+
+
+def _plan_ltx2(cfg):
+    # the video split (its per-token timestep too: image-to-video), the video RoPE of the
+    # self-attention and of the audio<->video attentions split; the text and the audio
+    # stream whole on every rank; the video output gathered
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+    split = cfg.get("rope_type", "interleaved") == "split"     # [B, H, S, D/2] then
+    r = ContextParallelInput(split_dim=2 if split else 1, expected_dims=4 if split else 3,
+                             split_output=True)
+
+    def c(dims):
+        return ContextParallelInput(split_dim=1, expected_dims=dims, split_output=False)
+    return {"": {"hidden_states": c(3), "timestep": c(2)},
+            "rope": {0: r, 1: r}, "cross_attn_rope": {0: r, 1: r},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
+
+
+def _sites_ltx2(name):
+    """LTX-2's attentions: the video self-attention (attn1) and its text cross-attention
+    (attn2) through cpc; video-to-audio (queries the audio, whole on every rank; keys the
+    video) over the all-gathered video K/V; the audio self- and text attentions and
+    audio-to-video (queries this rank's video tokens, keys the whole audio) are exact
+    locally (torch), every rank holding the whole audio stream."""
+    if not name.startswith("transformer_blocks."):
+        return False
+    return {"attn1": "main", "attn2": "cross",
+            "video_to_audio_attn": "gather_kv"}.get(name.rsplit(".", 1)[-1], False)
+
+
+def _install_ltx2(par, model):
+    """The audio output: computed whole on every rank, so in training each rank passes
+    1/P of its gradient back (the parameter gradients summed over the ranks are then the
+    single-process ones, as for the video rows each rank owns)."""
+    def post(mod, args, output):
+        st = par.current
+        if st is None or st.mode != "training" or par.comm.size == 1:
+            return output
+        return _scale_grad(output, 1.0 / par.comm.size)
+    par.handles.append(model.audio_proj_out.register_forward_hook(post))
+
+
+def _tokens_cogview4(model, cfg, get):
+    if get("attention_mask") is not None:
+        raise UnsupportedError("CogView4Transformer2DModel with attention_mask: its processor "
+                               "adds the 0/1 outer product of the [text, image] validity to "
+                               "the logits (a bias of +1 between valid tokens, not a mask), "
+                               "which cpc's key padding mask (-inf) does not express",
+                               code="unsupported",
+                               hint="pass no attention_mask, as CogView4Pipeline does (its "
+                                    "prompt padding tokens take part as keys)")
+    return _tokens_image_bchw(model, cfg, get)
 
 
 class _Spec:
@@ -672,16 +1005,25 @@ class _Spec:
     kwargs): the processor's arguments while cpc answers (Mochi: no text selection);
     image_self: a joint model's processor called without encoder_hidden_states is an
     image-only self-attention (SD3.5 Medium's attn2): a plan of the image segment alone,
-    used where it holds every rank's image tokens where the joint plan does."""
+    used where it holds every rank's image tokens where the joint plan does.
+    sites(name) may also name the site's kind: "main", "cross", "gather_kv" (queries
+    whole on every rank, K/V this rank's tokens: all-gathered, then torch's attention;
+    LTX-2's video-to-audio) or False (stays local).  whole: cp_plan module ids whose
+    splits and gather cover the whole joint sequence (the model assembles it itself:
+    Lumina2, Z-Image; HiDream's RoPE), this rank's rows of every segment.
+    replicate: True = the text is always whole on every rank (replicate_text forced:
+    HiDream), False = replicate_text refused (a callable giving the error), None = the
+    user's choice.  install(par, model): model-specific hooks (LTX-2's audio output)."""
 
     def __init__(self, tokens, kind, cp_plan=None, text_outputs=(), key_mask=None,
                  sites=None, check=None, per_sample=False, proc_args=None,
-                 image_self=False):
+                 image_self=False, whole=(), replicate=None, install=None):
         self.tokens, self.kind, self.cp_plan = tokens, kind, cp_plan
         self.text_outputs = set(text_outputs)
         self.key_mask, self.sites, self.check = key_mask, sites, check
         self.per_sample, self.proc_args = per_sample, proc_args
         self.image_self = image_self
+        self.whole, self.replicate, self.install = set(whole), replicate, install
 
 
 _MODELS = {
@@ -690,7 +1032,8 @@ _MODELS = {
     "ChromaTransformer2DModel": _Spec(_tokens_flux, "joint", cp_plan=_plan_chroma,
                                       key_mask=_mask_chroma),
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
-    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
+    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels,
+                                          install=_install_skyreels),
     "ChronoEditTransformer3DModel": _Spec(_tokens_wan, "self"),   # Wan's, its own _cp_plan
     "AllegroTransformer3DModel": _Spec(_tokens_allegro, "self", cp_plan=_plan_allegro,
                                        key_mask=_mask_ltx),
@@ -701,11 +1044,25 @@ _MODELS = {
                                          key_mask=_mask_qwen),
     "HunyuanVideoTransformer3DModel": _Spec(_tokens_hunyuan, "joint", cp_plan=_plan_hunyuan,
                                             key_mask=_mask_hunyuan, sites=_blocks_only,
-                                            check=_check_hunyuan),
+                                            install=_install_hunyuan),
     "CogVideoXTransformer3DModel": _Spec(_tokens_cogvideox, "joint", cp_plan=_plan_cogvideox),
     "EasyAnimateTransformer3DModel": _Spec(_tokens_easyanimate, "joint",
                                            cp_plan=_plan_easyanimate),
-    "CogView4Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_cogview4),
+    "CogView4Transformer2DModel": _Spec(_tokens_cogview4, "joint", cp_plan=_plan_cogview4),
+    "ZImageTransformer2DModel": _Spec(_tokens_zimage, "joint", cp_plan=_plan_zimage,
+                                      key_mask=_mask_zimage, sites=_joint_layers,
+                                      whole=("layers.0", "layers.*", "all_final_layer.*"),
+                                      replicate=lambda: _packed("ZImageTransformer2DModel")),
+    "Lumina2Transformer2DModel": _Spec(_tokens_lumina2, "joint", cp_plan=_plan_lumina2,
+                                       key_mask=_mask_lumina2, sites=_joint_layers,
+                                       whole=("layers.0", "layers.*", "norm_out"),
+                                       replicate=lambda: _packed("Lumina2Transformer2DModel")),
+    "HiDreamImageTransformer2DModel": _Spec(_tokens_hidream, "joint", cp_plan=_plan_hidream,
+                                            whole=("single_stream_blocks.*", "pe_embedder"),
+                                            replicate=True),
+    "LTX2VideoTransformer3DModel": _Spec(_tokens_ltx2, "self", cp_plan=_plan_ltx2,
+                                         key_mask=_mask_ltx, sites=_sites_ltx2,
+                                         install=_install_ltx2),
     "SD3Transformer2DModel": _Spec(_tokens_image_bchw, "joint", cp_plan=_plan_sd3,
                                    image_self=True),
     "LTXVideoTransformer3DModel": _Spec(_tokens_ltx, "self", cp_plan=_plan_ltx,
@@ -716,6 +1073,15 @@ _MODELS = {
     "MochiTransformer3DModel": _Spec(_tokens_mochi, "joint", cp_plan=_plan_mochi,
                                      key_mask=_mask_mochi, per_sample=True,
                                      proc_args=_args_mochi),
+}
+# classes parallelize refuses: (why, what to do)
+_REFUSED = {
+    "SanaTransformer2DModel": (
+        "its self-attention is linear (ReLU) attention (SanaLinearAttnProcessor2_0: no "
+        "softmax over the keys), which cpc prices (cpc.from_diffusers gives model.attention: "
+        "linear) but does not run: cpc's kernels compute softmax attention",
+        "run Sana without context parallelism; cpc.from_diffusers + cpc.check still price "
+        "its plans"),
 }
 _TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
                "encoder_hidden_states_mask")
@@ -744,6 +1110,14 @@ class _Layout:
                     if a < b:
                         ps.extend(range(a - o, b - o))
                 self.pos[(name, r)] = ps
+        # "*": this rank's rows of the whole sequence, every segment (a replicated one
+        # whole), in the order of its q/out shard: for models that assemble the joint
+        # sequence themselves (Lumina2, Z-Image) or whose RoPE covers [image, text]
+        # (HiDream)
+        for r in range(P):
+            self.pos[("*", r)] = [t for s, ln in artifact.shard_runs(r)
+                                 for t in range(s, s + ln)]
+        bounds.append(("*", 0, off))
         self.rank = rank
         self.index = {name: torch.tensor(self.pos[(name, rank)], dtype=torch.long)
                       for name, _, _ in bounds}
@@ -764,13 +1138,24 @@ class _Layout:
         return x.index_select(dim, idx.to(x.device))
 
 
+_GATHER = None
+
+
 def _gather_fn():
+    global _GATHER
+    if _GATHER is not None:
+        return _GATHER
     torch = _torch()
 
     class Gather(torch.autograd.Function):
+        """x: this rank's rows of segment seg (dim `dim`) -> the whole segment, global
+        order.  Backward: this rank's rows of the incoming gradient, which is the same on
+        every rank (a gathered output: every rank's loss sees it whole); with summed=True
+        the incoming gradients are each rank's part (a gathered K/V every rank attends
+        with its own queries) and are summed over the ranks first."""
         @staticmethod
-        def forward(ctx, x, state, seg, dim):
-            ctx.state, ctx.seg, ctx.dim = state, seg, dim
+        def forward(ctx, x, state, seg, dim, summed=False):
+            ctx.state, ctx.seg, ctx.dim, ctx.summed = state, seg, dim, summed
             lay = state.layout
             xm = x.detach().movedim(dim, 0).contiguous()
             allrows = state.comm.allgather_rows(xm, lay.counts[seg])
@@ -781,13 +1166,19 @@ def _gather_fn():
         @staticmethod
         def backward(ctx, g):
             lay = ctx.state.layout
+            if ctx.summed:
+                g = g.contiguous().clone()
+                ctx.state.comm.allreduce_(g)
+                return g.index_select(ctx.dim, lay.index[ctx.seg].to(g.device)), \
+                    None, None, None, None
             gi = g.index_select(ctx.dim, lay.index[ctx.seg].to(g.device))
             if lay.P > 1 and all(c == lay.total[ctx.seg] for c in lay.counts[ctx.seg]):
                 # a replicated segment: every rank holds it whole, so each keeps 1/P of
                 # its gradient (see _cpc_attention)
                 gi = gi * (1.0 / lay.P)
-            return gi, None, None, None
+            return gi, None, None, None, None
 
+    _GATHER = Gather
     return Gather
 
 
@@ -818,6 +1209,10 @@ class _Parallel:
         self.cfg.setdefault("_class_name", self.cls)
         self.parallel_config = parallel_config
         self.comm = comm
+        # a model on a GPU: device tensors through cpc, NCCL between the GPUs (cpc/_nccl.py)
+        p0 = next(model.parameters(), None)
+        if backend == "auto" and p0 is not None and p0.is_cuda:
+            backend = "cuda"
         self.backend, self.timeout_s, self.plan_kw = backend, timeout_s, plan_kw
         self.shapes = {}
         self.current = None
@@ -827,9 +1222,11 @@ class _Parallel:
         self.spec = _MODELS[self.cls]
         self.tokens_fn, self.kind = self.spec.tokens, self.spec.kind
         self.masks = (None, None)   # this call's key masks (joint/self, cross), global
+        self.get = None             # this call's argument getter, inside a forward
         self._mask_shards = {}      # this call's key masks as this rank's shards
         self.last_plan = None
         self.calls = 0              # attention calls answered by cpc (all shapes)
+        self.gathered_calls = 0     # "gather_kv" sites' calls (LTX-2's video-to-audio)
         self.attention_s = 0.0      # wall seconds inside those calls (forward)
 
     # -- plans --------------------------------------------------------------------
@@ -844,7 +1241,8 @@ class _Parallel:
         try:
             return cpc_compile(plan)
         except PlanError as e:
-            raise _diffusers_hints(e, plan, self.parallel_config) from None
+            raise _diffusers_hints(e, plan, self.parallel_config,
+                                   replicate_ok=not callable(self.spec.replicate)) from None
 
     def _state(self, tokens, text, batch, dtype, mode, masked=(False, False)):
         key = (tokens, text, batch, dtype, mode, masked)
@@ -962,10 +1360,12 @@ class _Parallel:
                              "inputs (as with diffusers' enable_parallelism)")
         self.current = self._state(tokens, text, batch, dtype, mode, masked)
         self.masks, self._mask_shards = masks, {}
+        self.get = get             # this call's arguments (for _Spec.install hooks)
         return None
 
     def post_forward(self, module, args, kwargs, output):
         self.current = None
+        self.get = None
         self.masks, self._mask_shards = (None, None), {}
         return None
 
@@ -1016,8 +1416,9 @@ def _segment_of(name):
 
 def _install_cp_plan(par, model):
     torch = _torch()
-    plan = par.spec.cp_plan() if par.spec.cp_plan is not None else \
-        getattr(type(model), "_cp_plan", None)
+    fn = par.spec.cp_plan
+    plan = getattr(type(model), "_cp_plan", None) if fn is None else \
+        fn(par.cfg) if inspect.signature(fn).parameters else fn()
     if not plan:
         raise UnsupportedError(f"{par.cls} has no _cp_plan (diffusers' context-parallel "
                                "metadata): cpc.diffusers cannot tell which inputs carry the "
@@ -1026,8 +1427,8 @@ def _install_cp_plan(par, model):
     Gather = _gather_fn()
 
     def seg_name(state, which):
-        if which == "text":
-            return "text"
+        if which in ("text", "*"):
+            return which
         return [n for n, _ in state.segments if n != "text"][0]
 
     def do_split(x, cpi, which):
@@ -1052,7 +1453,7 @@ def _install_cp_plan(par, model):
             return type(v)(split_nested(x, c, which) for x, c in zip(v, cpi))
         return do_split(v, cpi, which)
 
-    def do_gather(x, cpo):
+    def do_gather(x, cpo, whole=False):
         st = par.current
         if st is None or not isinstance(x, torch.Tensor):
             return x
@@ -1060,10 +1461,16 @@ def _install_cp_plan(par, model):
             return x
         if st.layout.P == 1:
             return x
-        return Gather.apply(x, st, seg_name(st, "main"), cpo.gather_dim)
+        seg = "*" if whole else seg_name(st, "main")
+        lay = st.layout
+        if x.shape[cpo.gather_dim] == lay.total[seg] != lay.counts[seg][lay.rank]:
+            return x               # whole already (SkyReels' diffusion forcing: _install)
+        return Gather.apply(x, st, seg, cpo.gather_dim)
 
     for module_id, entry in plan.items():
         mods = _find_modules(model, module_id)
+        # a module whose splits / gather cover the whole joint sequence (_Spec.whole)
+        whole = module_id in par.spec.whole
         for m in mods:
             if isinstance(entry, dict):
                 ins = {k: v for k, v in entry.items()
@@ -1075,7 +1482,7 @@ def _install_cp_plan(par, model):
                     sig = inspect.signature(type(m).forward)
                     params = [p for p in sig.parameters][1:]
 
-                    def pre(mod, args, kwargs, ins=ins, params=params):
+                    def pre(mod, args, kwargs, ins=ins, params=params, whole=whole):
                         args = list(args)
                         for name, cpi in ins.items():
                             if name in kwargs:
@@ -1085,7 +1492,7 @@ def _install_cp_plan(par, model):
                                 v = args[params.index(name)]
                             else:
                                 continue
-                            v = split_nested(v, cpi, _segment_of(name))
+                            v = split_nested(v, cpi, "*" if whole else _segment_of(name))
                             if name in kwargs:
                                 kwargs[name] = v
                             else:
@@ -1094,11 +1501,13 @@ def _install_cp_plan(par, model):
                     h = m.register_forward_pre_hook(pre, with_kwargs=True)
                     par.handles.append(h)
                 if outs:
-                    def post(mod, args, output, outs=outs, module_id=module_id):
+                    def post(mod, args, output, outs=outs, module_id=module_id,
+                             whole=whole):
                         single = isinstance(output, torch.Tensor)
                         lst = [output] if single else list(output)
                         for i, cpi in outs.items():
                             lst[i] = do_split(lst[i], cpi,
+                                              "*" if whole else
                                               "text" if (module_id, i) in
                                               par.spec.text_outputs else "main")
                         return lst[0] if single else type(output)(lst)
@@ -1106,12 +1515,12 @@ def _install_cp_plan(par, model):
             else:
                 cpos = [entry] if isinstance(entry, ContextParallelOutput) else list(entry)
 
-                def gpost(mod, args, output, cpos=cpos):
+                def gpost(mod, args, output, cpos=cpos, whole=whole):
                     single = isinstance(output, torch.Tensor)
                     lst = [output] if single else list(output)
                     for i, cpo in enumerate(cpos):
                         if cpo is not None:
-                            lst[i] = do_gather(lst[i], cpo)
+                            lst[i] = do_gather(lst[i], cpo, whole)
                     return lst[0] if single else type(output)(lst)
                 par.handles.append(m.register_forward_hook(gpost))
 
@@ -1124,7 +1533,7 @@ def _find_modules(model, name):
         nxt = []
         for m in mods:
             if atom == "*":
-                nxt.extend(list(m))
+                nxt.extend(list(m.values()) if hasattr(m, "values") else list(m))
             else:
                 nxt.append(getattr(m, atom) if not atom.isdigit() else m[int(atom)])
         mods = nxt
@@ -1248,6 +1657,9 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
                    has_ehs=(False, None)):
     has_ehs, row = has_ehs
     st = par.current
+    if par.sites.get(id(attn)) == "gather_kv":
+        return _gathered_kv_attention(par, st, q, k, v, attn_mask, dropout_p, is_causal,
+                                      scale)
     par.calls += 1
     if attn_mask is not None and par.spec.key_mask is None:
         raise UnsupportedError(f"{par.cls}: an attention mask reached the attention; cpc's "
@@ -1266,8 +1678,9 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     if cross:
         n = k.shape[1]
         if n not in st.cross:
+            # another K/V than the text (Cosmos 2.5's image context): no key mask
             st.cross[n] = par._cross(st.tokens, n, st.batch, st.dtype, st.mode,
-                                     st.cross_mask)
+                                     st.cross_mask if n == st.text else "none")
         art, att = st.cross[n]
         mask = par.mask_shard(1, art, row)
         if st.mode == "training" and par.comm.size > 1:
@@ -1283,7 +1696,8 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     else:
         art, att = st.main
         mask = par.mask_shard(0, art, row)
-        rep = st.mode == "training" and par.comm.size > 1 and getattr(st, "rep_rows", None) is not None
+        rep = st.mode == "training" and par.comm.size > 1 and \
+            getattr(st, "rep_rows", None) is not None
     if rep:
         # replicated text (SPEC section 10): every rank holds the text and ran its
         # projections, so each rank's text gradients are 1/P of the single-process ones
@@ -1296,6 +1710,12 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise UsageError(f"q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})",
                          code="usage")
+    if art.kv_heads < art.heads and art.tp_degree == 1 and k.shape[2] == art.heads:
+        # GQA the processor expanded (Lumina2: each K/V head repeated heads/kv_heads
+        # times, head h = g * n + j): cpc takes the plan's K/V heads (one of each group;
+        # the repeat's backward sums the group's gradients back)
+        n = art.heads // art.kv_heads
+        k, v = k[:, :, ::n], v[:, :, ::n]
     t0 = time.perf_counter()
     if _DTYPES.get(str(q.dtype)) != st.dtype:
         torch = _torch()
@@ -1307,6 +1727,28 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     if rep:
         out = _scale_rows(out, st.rep_rows, float(P))
     return out
+
+
+def _gathered_kv_attention(par, st, q, k, v, attn_mask, dropout_p, is_causal, scale):
+    """A "gather_kv" site (LTX-2's video-to-audio attention): queries whole on every rank
+    (the audio), keys/values this rank's video tokens.  The video K/V are all-gathered into
+    global order and torch's attention runs locally: exact; its backward sums each rank's
+    K/V gradient over the ranks and keeps this rank's rows (every rank's audio queries
+    attend every video key).  Costs an all-gather of this attention's video K/V per layer
+    (its heads x head_dim: the audio's)."""
+    torch = _torch()
+    par.gathered_calls += 1
+    if is_causal or dropout_p:
+        raise UnsupportedError("dropout / causal attention through cpc.diffusers is not "
+                               "supported", code="unsupported")
+    if st.layout.P > 1:
+        seg = [n for n, _ in st.segments if n != "text"][0]
+        G = _gather_fn()
+        k, v = G.apply(k, st, seg, 1, True), G.apply(v, st, seg, 1, True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
+        scale=scale)
+    return out.transpose(1, 2)
 
 
 _SCALE = None
@@ -1363,14 +1805,16 @@ def _install_attention(par, model):
         proc = getattr(m, "processor", None)
         if proc is None or not callable(proc):
             continue
-        if par.spec.sites is not None and not par.spec.sites(name):
+        site = par.spec.sites(name) if par.spec.sites is not None else True
+        if not site:
             continue
         cls = type(proc)
         if getattr(cls, "_cpc_original_class", None) is None:
             _patch_dispatch(cls.__module__)
             proc.__class__ = _wrapped_class(cls)
         m._cpc_parallel = par
-        par.sites[id(m)] = "cross" if getattr(m, "is_cross_attention", False) else "main"
+        par.sites[id(m)] = site if isinstance(site, str) else \
+            "cross" if getattr(m, "is_cross_attention", False) else "main"
         n += 1
     if n == 0:
         raise UnsupportedError(f"{par.cls} has no attention module with a processor",
@@ -1378,10 +1822,16 @@ def _install_attention(par, model):
     return n
 
 
-def _diffusers_hints(e, plan, parallel_config):
+def _diffusers_hints(e, plan, parallel_config, replicate_ok=True):
     """A PlanError of a from_diffusers plan (its diagnostics already name the
-    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it."""
+    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it.  For a
+    model that refuses replicate_text (Lumina2, Z-Image) the hint offering it is dropped."""
     e.plan = plan
+    if not replicate_ok:
+        for d in e.diagnostics:
+            if d.hint and "replicate_text=True" in d.hint:
+                d.hint = re.sub(r";? ?or keep the text whole on every rank.*?cpc\.from_diffusers\)",
+                                "", d.hint) or None
     return e
 
 
@@ -1392,28 +1842,37 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
     transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
-      WanTransformer3DModel, SkyReelsV2Transformer3DModel, ChronoEditTransformer3DModel,
-      CosmosTransformer3DModel,
-      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
-      CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
-      EasyAnimateTransformer3DModel, AllegroTransformer3DModel,
-      LTXVideoTransformer3DModel,
-      MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
-      split and routed).  parallel_config: diffusers' ContextParallelConfig (or
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel (synchronous diffusion forcing
+      too), ChronoEditTransformer3DModel, CosmosTransformer3DModel (Cosmos 2.5's image
+      context too), QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel
+      (text-to-video and I2V token_replace), CogVideoXTransformer3DModel,
+      CogView4Transformer2DModel, SD3Transformer2DModel, EasyAnimateTransformer3DModel,
+      AllegroTransformer3DModel, LTXVideoTransformer3DModel, LTX2VideoTransformer3DModel
+      (video through cpc, audio whole on every rank), MochiTransformer3DModel,
+      HunyuanVideo15Transformer3DModel, ZImageTransformer2DModel, Lumina2Transformer2DModel
+      (per-sample packing: a key mask), HiDreamImageTransformer2DModel (text always whole)
+      (_MODELS: how each is split and routed; _REFUSED: SanaTransformer2DModel, linear
+      attention).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
-      backend / timeout_s: for cpc.Attention.  plan_kw: more from_diffusers keywords
+      backend / timeout_s: for cpc.Attention ("auto": "cuda" for a model on a CUDA device,
+      whose ranks then talk over NCCL bootstrapped from comm).  plan_kw: more from_diffusers keywords
       (device=, steps=, replicate_text=True: the joint text whole on every rank, as
       xDiT runs it, inference only; ...).
 
     Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
-    full output.  Errors: cpc.UnsupportedError (another class, or a configuration of
-    these that is not routed: FLUX.2 reference tokens, HunyuanVideo-I2V token replace,
-    SD3.5 Medium's image-only attention at a shape whose image split differs from the
-    joint one's), ValueError (a ContextParallelConfig
-    cpc cannot honour, at once); at the first call: cpc.PlanError / cpc.UsageError on every
-    rank before any layer runs.  Returns the transformer."""
+    full output.  Errors: cpc.UnsupportedError (another class, Sana, or a configuration
+    of these that is not routed, naming the diffusers field and, in .hint, what runs:
+    FLUX.2's reference-token KV cache, SkyReels' asynchronous diffusion forcing, CogView4's
+    attention_mask, LTX-2's video_self_attention_mask, Z-Image's omni mode,
+    replicate_text for Lumina2 / Z-Image or False for HiDream, SD3.5 Medium's image-only
+    attention at a shape whose image split differs from the joint one's), ValueError (a
+    ContextParallelConfig cpc cannot honour, at once); at the first call: cpc.PlanError /
+    cpc.UsageError on every rank before any layer runs.  Returns the transformer."""
     cls = type(transformer).__name__
+    if cls in _REFUSED:
+        raise UnsupportedError(f"cpc.diffusers.parallelize: {cls}: {_REFUSED[cls][0]}",
+                               code="unsupported", hint=_REFUSED[cls][1])
     if cls not in _MODELS:
         raise UnsupportedError(f"cpc.diffusers.parallelize: {cls} is not supported yet; "
                                f"supported: {', '.join(sorted(_MODELS))}", code="unsupported")
@@ -1421,8 +1880,19 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
         raise UsageError("this transformer is already parallelized (unparallelize first)",
                          code="usage")
     _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
-    if _MODELS[cls].check is not None:
-        _MODELS[cls].check(transformer)
+    spec = _MODELS[cls]
+    if spec.check is not None:
+        spec.check(transformer)
+    if spec.replicate is True:
+        if plan_kw.get("replicate_text", True) is not True:
+            raise UnsupportedError(
+                f"{cls} with replicate_text=False: its blocks re-assemble the text from "
+                "per-layer Llama states ([T5 + last Llama layer, the block's own layer]) in "
+                "every block, so cpc.diffusers holds the text whole on every rank",
+                code="unsupported", hint="drop replicate_text=False")
+        plan_kw = dict(plan_kw, replicate_text=True)
+    elif callable(spec.replicate) and plan_kw.get("replicate_text"):
+        raise spec.replicate()
     c = _make_comm(comm)
     par = _Parallel(transformer, parallel_config, c, backend, timeout_s, plan_kw)
     # the shape pre-hook first: torch runs a module's pre-hooks in registration order and
@@ -1432,6 +1902,8 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     try:
         _install_attention(par, transformer)
         _install_cp_plan(par, transformer)
+        if spec.install is not None:
+            spec.install(par, transformer)
     except BaseException:
         transformer._cpc = par
         unparallelize(transformer)
