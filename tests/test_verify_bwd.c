@@ -606,6 +606,7 @@ Test(verify_bwd, induction_agrees_on_mutants)
         {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},
         {"ring_anything", CPC_VARIANT_RING_ANYTHING, 9, 1, 4, 2, 70, "allgather", 5},
         {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 5}, /* one member, world all_reduce */
     };
     const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
     int rounds = env ? atoi(env) : 300;
