@@ -211,10 +211,6 @@ CASES_4 = {
                              "--dtype bf16",
     "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
                                        "--width 6 --text 7",
-    "zimage-unified-mask-fp32": "--model zimage --ring 2 --ulysses 2 --batch 2 --pad 1 "
-                                "--height 4 --width 4 --text 7",
-    "hidream-unified-train-fp32": "--model hidream --ring 2 --ulysses 2 --height 4 --width 4 "
-                                  "--text 5 --train",
     "ltx2-unified-train-fp32": "--model ltx2 --ring 2 --ulysses 2 --frames 2 --height 3 "
                                "--width 4 --text 7 --pad 2 --train",
     # first-frame tokens 5 + 1 + 0 + 0 of an uneven 5/5/4/4 split
@@ -258,7 +254,6 @@ CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 
 PLAN_FACTS = {
     "zimage-ulysses-fp32": ([["image", 32, "shard"], ["text", 32, "shard"]], 4, None),
     "zimage-ring-mask-train-fp32": ([["image", 32, "shard"], ["text", 64, "shard"]], 4, None),
-    "zimage-unified-mask-fp32": ([["image", 32, "shard"], ["text", 64, "shard"]], 4, None),
     "lumina2-ulysses_anything-odd-fp32": ([["text", 7, "shard"], ["image", 6, "shard"]], 4, 2),
     "lumina2-ulysses_anything-odd-mask-train-fp32": ([["text", 6, "shard"],
                                                       ["image", 6, "shard"]], 4, 2),

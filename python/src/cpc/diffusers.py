@@ -82,10 +82,14 @@ class _MPIComm:
 
     def allgather_rows(self, x, counts):
         """x: [n_r, ...] contiguous torch tensor on this rank; counts: every rank's n_r.
-        Returns [sum(counts), ...] (rank order)."""
+        Returns [sum(counts), ...] (rank order), on x's device (a device tensor goes
+        through host memory: mpi4py sends numpy buffers here)."""
         torch = _torch()
         from mpi4py import MPI
         import numpy as np
+        dev = x.device
+        if dev.type != "cpu":
+            return self.allgather_rows(x.cpu(), counts).to(dev)
         row = x[0].numel() * x.element_size() if x.shape[0] else \
             int(np.prod(x.shape[1:])) * x.element_size()
         send = x.contiguous().view(torch.uint8).reshape(-1).numpy() if x.numel() else \
@@ -101,11 +105,11 @@ class _MPIComm:
         from mpi4py import MPI
         torch = _torch()
         if t.dtype in (torch.float32, torch.float64):
-            buf = t.detach().contiguous().numpy()
+            buf = t.detach().cpu().contiguous().numpy()
             self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-            t.copy_(torch.from_numpy(buf))
+            t.copy_(torch.from_numpy(buf))      # back (a copy: on a device, or strided)
         else:                                   # bf16 / fp16: sum in float32
-            buf = t.detach().float().contiguous().numpy()
+            buf = t.detach().float().cpu().contiguous().numpy()
             self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             t.copy_(torch.from_numpy(buf).to(t.dtype))
 
@@ -1082,6 +1086,10 @@ _REFUSED = {
         "linear) but does not run: cpc's kernels compute softmax attention",
         "run Sana without context parallelism; cpc.from_diffusers + cpc.check still price "
         "its plans"),
+    "SanaVideoTransformer3DModel": (
+        "its self-attention is linear (ReLU) attention (SanaLinearAttnProcessor3_0: no "
+        "softmax over the keys), which cpc's kernels (softmax attention) do not run",
+        "run Sana-Video without context parallelism"),
 }
 _TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
                "encoder_hidden_states_mask")
