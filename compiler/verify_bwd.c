@@ -799,6 +799,35 @@ static cpc_status *run_ring_coll(vb *V, int u)
  * the rotations of each member's set; each element (q, k) of member u then
  * counts once for every query block q, and must be the cross-attention's
  * single key unit). */
+/* Adds run y as every simulated rank's rotations hold it: itself, or with
+ * usym (ROTATIONS OF U) once per member u, its heads moved by u*w (mod H);
+ * a run over member 0's part [0, w) gives one run over every head. */
+static bool add_members(vb *V, cset *c, run y)
+{
+    if (!V->usym)
+        return cs_add_run(V, c, y);
+    const int w = V->nh / V->U;
+    if (y.h0 == 0 && y.hn == w) {
+        y.hn = V->nh;
+        return cs_add_run(V, c, y);
+    }
+    for (int u = 0; u < V->U; u++) {
+        run z = y;
+        z.h0 = (int32_t)(((int64_t)y.h0 + (int64_t)u * w) % V->nh);
+        if (z.h0 + z.hn > V->nh) { /* wraps past the last head */
+            run t = z;
+            t.h0 = 0;
+            t.hn = z.h0 + z.hn - V->nh;
+            z.hn = V->nh - z.h0;
+            if (!cs_add_run(V, c, t))
+                return false;
+        }
+        if (!cs_add_run(V, c, z))
+            return false;
+    }
+    return true;
+}
+
 static cpc_status *run_all_reduce(vb *V)
 {
     if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
@@ -840,10 +869,10 @@ static cpc_status *run_all_reduce(vb *V)
                     if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
                         for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
                             y.len = 1;
-                            oom = !cs_add_run(V, &sum, y);
+                            oom = !add_members(V, &sum, y);
                         }
                     else
-                        oom = !cs_add_run(V, &sum, y);
+                        oom = !add_members(V, &sum, y);
                 }
             }
         }
@@ -2059,14 +2088,13 @@ static const char *sym_class(const vb *V, const cpc_op *ops, int n, int depth, c
 
 /* Do the ops commute with rotating u (verify_bwd.h ROTATIONS OF U)?  No
  * `when`, count, peer or block reads u; no point-to-point message in the
- * ulysses or world group; no all_reduce. */
+ * ulysses or world group. */
 static bool usym_ops(const cpc_op *ops, int n)
 {
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
         if ((op->when && cpc_expr_uses(op->when, 'u')) || (op->count && cpc_expr_uses(op->count, 'u')) ||
             (op->peer && cpc_expr_uses(op->peer, 'u')) || (op->block && cpc_expr_uses(op->block, 'u')) ||
-            op->kind == CPC_OP_ALL_REDUCE ||
             ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) && op->group != CPC_GROUP_RING) ||
             (op->kind == CPC_OP_LOOP && !usym_ops(op->body, op->n_body)))
             return false;
@@ -2081,7 +2109,7 @@ static bool usym_ops(const cpc_op *ops, int n)
 static bool usym_class(const vb *V)
 {
     const cpc_layout *L = &V->prog->layout;
-    if (V->U < 2 || V->twin || L->rep || L->cross || L->H % V->U || L->Hkv % V->U || V->nh != L->H ||
+    if (V->U < 2 || V->twin || L->cross || L->H % V->U || L->Hkv % V->U || V->nh != L->H ||
         !usym_ops(V->prog->ops, V->prog->n_ops))
         return false;
     const int w = L->H / V->U, us[3] = {0, 1, V->U - 1};

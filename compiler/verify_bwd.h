@@ -123,8 +123,7 @@
  *   ROTATIONS OF U (one ulysses member for all; verify_bwd.c usym_class).
  *   When U > 1, H and Hkv are divisible by U, no `when`, count, peer or
  *   block reads u, no point-to-point message runs in the ulysses or world
- *   group, and there is no all_reduce, replicated segment, cross-attention
- *   or twin: member u holds heads [u*w, (u+1)*w) of every head-part buffer
+ *   group, and there is no cross-attention or twin: member u holds heads [u*w, (u+1)*w) of every head-part buffer
  *   (w = H / U; its K/V heads are those heads' GQA groups, no K/V head is
  *   shared), every member runs the same ops, and each op's effect on member
  *   u is its effect on member 0 with every head moved by u*w (mod H) and
@@ -134,7 +133,9 @@
  *   every member's shard of its own heads, a heads_to_seq every member's
  *   part of the gradient (member 0's runs moved by j*w for every member j:
  *   a run over member 0's whole part becomes one run over every head), and
- *   the parts are disjoint (no reduce needed).  The final checks (own
+ *   the parts are disjoint (no reduce needed); a world all_reduce sums
+ *   member 0's set rotated in r (as above) and in u (heads moved by u*w).
+ *   The final checks (own
  *   shard, every head exactly once) are invariant under the rotation.  So
  *   member u's state is member 0's rotated, and only member 0 (with the
  *   ring rotation: rank (0, 0)) is simulated.  Cost: one simulated rank

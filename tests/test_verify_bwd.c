@@ -606,6 +606,10 @@ Test(verify_bwd, induction_agrees_on_mutants)
         {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},
         {"ring_anything", CPC_VARIANT_RING_ANYTHING, 9, 1, 4, 2, 70, "allgather", 5},
         {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 5}, /* one member, world all_reduce */
+        /* the ring without overlap: the accumulator travels in the same step (BACKWARD.md 3.1) */
+        {"ring", CPC_VARIANT_RING, 11, 1, 4, 2, 88, "p2p, overlap: false", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p, overlap: false", 0},
     };
     const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
     int rounds = env ? atoi(env) : 300;
@@ -670,6 +674,7 @@ Test(verify_bwd, induction_refuses_planted_faults)
         {"attn_bwd run twice on the last step only", "p2p", "2 times or more"},
         {"none", "p2p", NULL},
         {"none", "allgather", NULL},
+        {"none", "p2p, overlap: false", NULL},
     };
     for (int R = 16; R <= 65536; R *= 4096) {
         for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++) {
