@@ -772,6 +772,96 @@ Test(attack, members_told_apart)
         }
 }
 
+/* ROTATIONS OF U with a world all_reduce (the replicated text's gradients
+ * with R = 1: member 0's set summed over its rotations in u): the ulysses
+ * program with a replicated text at U = 4 (against enumeration) and
+ * U = 1024 (one member simulated), unchanged and with the reduction broken. */
+static cpc_op *top(cpc_program *p, cpc_op_kind kind, const char *in0, int k)
+{
+    int b = in0 ? cpc_program_find_buffer(p, in0) : -1;
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == kind && (b < 0 || (p->ops[j].n_in > 0 && p->ops[j].in[0] == b)) && k-- == 0)
+            return &p->ops[j];
+    cr_assert_fail("no %s from %s", cpc_op_kind_name(kind), in0 ? in0 : "-");
+    return NULL;
+}
+
+Test(attack, one_member_with_all_reduce)
+{
+    static const char *const what[] = {
+        "unchanged",
+        "dq_rep never summed (all_reduce -> copy)",
+        "dq_rep_full never filled (its copy dropped)",
+        "the text x text block twice",
+        "the text's queries never meet the image keys",
+        "the text x text block on member 0 only (u==0)",
+        "dk_rep summed from dq's accumulator",
+        "the text x text block on every member with every head (copy to the part skipped)",
+    };
+    for (int U = 4; U <= 1024; U *= 256)
+        for (int f = 0; f < (int)(sizeof what / sizeof *what); f++) {
+            cpc_program *p = build("ulysses", CPC_VARIANT_ULYSSES, 1, U, 2 * U, U, 16 * U, "none", "p2p", 5);
+            cr_assert_not_null(p);
+            cpc_op *rr = top(p, CPC_OP_ATTN_BWD, "q_rep_part", 0);
+            switch (f) {
+            case 1: {
+                cpc_op *ar = top(p, CPC_OP_ALL_REDUCE, "dq_rep_full", 0);
+                ar->kind = CPC_OP_COPY;
+                ar->group = CPC_GROUP_NONE;
+                break;
+            }
+            case 2:
+                remove_at(&p->ops, &p->n_ops, index_in(p->ops, top(p, CPC_OP_COPY, "dq_rep_acc", 0)));
+                break;
+            case 3:
+                insert_copy(&p->ops, &p->n_ops, index_in(p->ops, rr) + 1, rr);
+                break;
+            case 4:
+                remove_at(&p->ops, &p->n_ops, index_in(p->ops, top(p, CPC_OP_ATTN_BWD, "q_rep_part", 1)));
+                break;
+            case 5:
+                set_expr(&rr->when, "u==0");
+                break;
+            case 6:
+                top(p, CPC_OP_COPY, "dk_rep_acc", 0)->in[0] = cpc_program_find_buffer(p, "dq_rep_acc");
+                break;
+            case 7:
+                /* every member reads the whole text (all heads) into its part buffers: not a
+                 * layout the copy narrows to; refused by the layout rules */
+                for (int j = 0; j < p->n_ops; j++)
+                    if (p->ops[j].kind == CPC_OP_ATTN_BWD && p->ops[j].when)
+                        for (int i = 0; i < p->ops[j].n_in; i++) {
+                            const char *n = p->buffers[p->ops[j].in[i]].name;
+                            char full[64];
+                            snprintf(full, sizeof full, "%.*s", (int)(strlen(n) > 5 ? strlen(n) - 5 : 0), n);
+                            int b = strstr(n, "_part") ? cpc_program_find_buffer(p, full) : -1;
+                            if (b >= 0)
+                                p->ops[j].in[i] = b;
+                        }
+                break;
+            default:
+                break;
+            }
+            verdicts v;
+            verdicts_of(p, &v);
+            char w[160];
+            snprintf(w, sizeof w, "%s (ulysses 1x%d, replicated text)", what[f], U);
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "%-80s sym %s (usym %d) enum %s\n", w, v.sym_ok ? "proven" : v.sym_msg, (int)v.usym,
+                        v.enumerated ? (v.enum_ok ? "proven" : v.enum_msg) : "-");
+            cr_expect_eq(v.usym, f != 5, "%s: one member for all %d", w, (int)v.usym);
+            if (v.enumerated) {
+                expect_agree(p, &v, w);
+                cr_expect_eq(v.enum_ok, f == 0, "%s: enumeration: %s", w, v.enum_msg);
+            } else if (f == 0) {
+                cr_expect(v.sym_ok, "%s: not proven: %s", w, v.sym_msg);
+            } else {
+                cr_assert(!v.sym_ok, "UNSOUND: %s: proven at %d ranks", w, U);
+            }
+            cpc_program_free(p);
+        }
+}
+
 /* ---- random mutants of loop bodies ------------------------------------------------ */
 
 static uint32_t rnd(uint64_t seed, int round, uint32_t *i, int n)
@@ -1016,6 +1106,11 @@ static const struct fz_row {
     {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p", 0},
     {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},          /* replicated text: the twin */
     {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
+    /* replicated text with R = 1: no twin, so one ulysses member for all with the world
+     * all_reduce (the rotations in u of member 0's set) */
+    {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 5},
+    {"ulysses", CPC_VARIANT_ULYSSES, 1, 2, 4, 2, 32, "p2p", 3},
+    {"unified", CPC_VARIANT_UNIFIED, 1, 4, 8, 4, 64, "allgather", 5},
 };
 
 typedef struct fz_count {
@@ -1078,6 +1173,9 @@ Test(attack, dump_programs)
     cpc_program_print(stdout, p, -1);
     cpc_program_free(p);
     p = build("ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "none", "p2p", 0);
+    cpc_program_print(stdout, p, -1);
+    cpc_program_free(p);
+    p = build("ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "none", "p2p", 5);
     cpc_program_print(stdout, p, -1);
     cpc_program_free(p);
 }
