@@ -1031,19 +1031,22 @@ static void fz_mutate(cpc_program *p, uint64_t seed, int round)
         static const char *const sp[] = {"(r+1)%R", "(r+2)%R", "(r-1)%R"}, *const rp[] = {"(r-1)%R", "(r-2)%R", "(r+1)%R"};
         static const char *const bl[] = {"(r-s-1)%R", "(r-s)%R", "(r-1)%R", "(r-2)%R", "(r+1)%R", "(r-s-2)%R"};
         int d = (int)RND(3);
+        /* a third of them between ulysses members (every member simulated, in the jumped loop) */
+        static const char *const usp[] = {"(u+1)%U", "(u+2)%U", "(u-1)%U"}, *const urp[] = {"(u-1)%U", "(u-2)%U", "(u+1)%U"};
+        bool ul = RND(3) == 0;
         const char *g = RND(2) ? fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)] : NULL;
         ops = &the_loop(p)->body;
         n = &the_loop(p)->n_body;
         int a = (int)RND(*n + 1);
         cpc_op *sd = insert_new(ops, n, a, CPC_OP_SEND);
-        sd->group = CPC_GROUP_RING, sd->tag = 3, sd->n_in = 1, sd->in[0] = x;
-        set_expr(&sd->peer, sp[d]);
+        sd->group = ul ? CPC_GROUP_ULYSSES : CPC_GROUP_RING, sd->tag = 3, sd->n_in = 1, sd->in[0] = x;
+        set_expr(&sd->peer, ul ? usp[d] : sp[d]);
         set_expr(&sd->when, g);
         int b = a + 1 + (int)RND(*n - a);
         cpc_op *rv = insert_new(ops, n, b, CPC_OP_RECV);
-        rv->group = CPC_GROUP_RING, rv->tag = 3, rv->n_out = 1, rv->out[0] = y;
-        set_expr(&rv->peer, RND(4) ? rp[d] : rp[RND(3)]);
-        set_expr(&rv->block, bl[RND(sizeof bl / sizeof *bl)]);
+        rv->group = ul ? CPC_GROUP_ULYSSES : CPC_GROUP_RING, rv->tag = 3, rv->n_out = 1, rv->out[0] = y;
+        set_expr(&rv->peer, ul ? (RND(4) ? urp[d] : urp[RND(3)]) : RND(4) ? rp[d] : rp[RND(3)]);
+        set_expr(&rv->block, ul && RND(2) ? "r" : bl[RND(sizeof bl / sizeof *bl)]);
         set_expr(&rv->when, RND(4) ? g : fz_whens[RND(sizeof fz_whens / sizeof *fz_whens)]);
         cpc_op *w = insert_new(ops, n, b + 1 + (int)RND(*n - b), CPC_OP_WAIT);
         w->tag = 3;
