@@ -477,6 +477,15 @@ static void kv_wait_next(cpc_program *p, const char *wait_when)
     set_expr(&loop->body[1].when, "s>0");
     set_expr(&loop->body[2].when, "s>0");
 }
+/* the dK/dV wait skipped on step 5: its requests waited two steps later */
+static void pl_wait_skip5(cpc_program *p) { set_expr(&body(p, CPC_OP_WAIT, 1, 0)->when, "s>0 && s!=5"); }
+/* ... and the adds of step 5 skipped too (the received block then lost) */
+static void pl_wait_add_skip5(cpc_program *p)
+{
+    pl_wait_skip5(p);
+    set_expr(&body(p, CPC_OP_ADD, -1, 0)->when, "s>0 && s!=5");
+    set_expr(&body(p, CPC_OP_ADD, -1, 1)->when, "s>0 && s!=5");
+}
 static void pl_kv_wait_next(cpc_program *p) { kv_wait_next(p, "s>0"); }
 static void pl_kv_wait_next_hole(cpc_program *p) { kv_wait_next(p, "s>0 && s!=4"); }
 
@@ -525,6 +534,8 @@ static const struct {
     {"the loop split, one step met twice (allgather)", pl_split_off, false, "allgather"},
     {"the K/V exchange completed at the next step's start", pl_kv_wait_next, true, "p2p"},
     {"... that wait skipped on step 4", pl_kv_wait_next_hole, false, "p2p"},
+    {"the dK/dV wait skipped on step 5 (requests waited two steps later)", pl_wait_skip5, false, "p2p"},
+    {"... and the adds of step 5 skipped", pl_wait_add_skip5, false, "p2p"},
 };
 
 /* At 12, 13 and 16 ranks the three methods agree with the enumeration and
@@ -876,7 +887,7 @@ static const char *const fz_whens[] = {
     "s!=R-2", "s==R-2", "s<R-1", "s>0", "s>=3", "s<R-3", "s!=4", "s==5", "s>=R-1", "s+1<R", "s>0 && s<R-1",
     "!(s==6)", "s-1>=3 || s==0", "3<s", "R-s>4", "s>R", "s<0", "1", "0", "s>=R-6", "s!=R-4 && s!=2",
     "s+s<R", "s*s<R", "s%2==0", "s%3!=1", "s/2<3", "min(s,3)==3", "max(s,R-3)==s", "2*s>=R", "(s+1)%R!=0",
-    "u==0", "u!=1", "r==0", "s<R-1+u-u", "s<R-u",
+    "u==0", "u!=1", "r==0", "s<R-1+u-u", "s<R-u", "s>=u", "s>=r", "s+r<R",
 };
 static const char *const fz_blocks[] = {
     "(r-s)%R", "(r-s-1)%R", "(r-s+1)%R", "(r+s)%R", "(r-s-2)%R", "(r+R-s)%R", "(r-s+R)%R", "(r-s-s)%R",
