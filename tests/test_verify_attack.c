@@ -233,6 +233,316 @@ static void expect_agree(const cpc_program *p, const verdicts *v, const char *wh
                  (int)v->enum_ok, v->enum_msg);
 }
 
+/* ---- an independent oracle: the ring programs executed on contribution counts ---- */
+
+/* The checks above compare the prover's methods with each other; they share
+ * the step's rules and the final coverage check.  This oracle shares
+ * neither: it runs a ring program (U = 1, point-to-point only, R <= 16) on
+ * every rank as the executor would, with each buffer holding its true
+ * content (the block it came from, and for gradients how many times each
+ * (query block, key block) pair was added), messages matched FIFO per
+ * (source, destination, group, tag) and delivered at the wait (a buffer of
+ * another role refused), a send's wait completing once its recv is posted
+ * (rendezvous), and the declared `block`s of recvs and init_accs never
+ * trusted for content.  It does not check provenance (LSE vs delta),
+ * lifetimes of in-flight buffers, or declared blocks (which the executor
+ * uses for masks and row counts): the prover's stricter rules.  Every program
+ * the prover accepts must end with each OUTPUT dq on rank r holding (r, k)
+ * exactly once for every k and nothing else, dK/dV (q, r), no request left
+ * and attn_bwd having read K, V and the query side of one block each. */
+#define OR_MAXR 16
+typedef struct or_val {
+    int tag;
+    uint8_t cnt[OR_MAXR * OR_MAXR];
+} or_val;
+typedef struct or_msg {
+    int src, dst, group, tag, role, ord; /* ord: its place among the sends of its channel */
+    bool taken, waited;
+    or_val v;
+} or_msg;
+typedef struct or_req {
+    int src, group, tag, slot, role;
+} or_req;
+typedef struct or_post { /* every recv a rank has posted (for the rendezvous of sends) */
+    int src, group, tag;
+} or_post;
+typedef struct or_rank {
+    cpc_exec_op *ops;
+    int n, cap, pc;
+    or_req *rq;
+    int nrq;
+    or_post *posted;
+    int nposted;
+} or_rank;
+typedef struct oracle {
+    const cpc_program *p;
+    int R, nb;
+    or_val *slots;
+    int *map;
+    or_rank *rk;
+    or_msg *msgs;
+    int nm, capm;
+    bool unsupported;
+    char why[240];
+} oracle;
+
+static cpc_status *or_collect(void *ctx, const cpc_exec_op *x)
+{
+    or_rank *k = ctx;
+    if (k->n == k->cap) {
+        k->cap = k->cap ? 2 * k->cap : 64;
+        k->ops = realloc(k->ops, (size_t)k->cap * sizeof *k->ops);
+        cr_assert_not_null(k->ops);
+    }
+    k->ops[k->n] = *x;
+    k->ops[k->n++].tags = NULL;
+    return NULL;
+}
+
+static or_val *or_buf(oracle *o, int r, int b) { return &o->slots[o->map[r * o->nb + b]]; }
+
+static bool or_grad(cpc_buf_role ro) { return ro == CPC_ROLE_DQ || ro == CPC_ROLE_DK || ro == CPC_ROLE_DV; }
+
+/* Runs rank r until it blocks (0), ends (1) or the oracle stops (-1: o->why or unsupported). */
+static int or_run(oracle *o, int r)
+{
+    or_rank *k = &o->rk[r];
+    const int R = o->R;
+    while (k->pc < k->n) {
+        const cpc_exec_op *x = &k->ops[k->pc];
+        const cpc_op *op = x->op;
+        switch (op->kind) {
+        case CPC_OP_SEND:
+            for (int i = 0; i < op->n_in; i++) {
+                if (o->nm == o->capm) {
+                    o->capm = o->capm ? 2 * o->capm : 256;
+                    o->msgs = realloc(o->msgs, (size_t)o->capm * sizeof *o->msgs);
+                    cr_assert_not_null(o->msgs);
+                }
+                int ord = 0;
+                for (int m = 0; m < o->nm; m++)
+                    ord += o->msgs[m].src == r && o->msgs[m].dst == (int)x->peer && o->msgs[m].group == (int)op->group &&
+                           o->msgs[m].tag == op->tag;
+                o->msgs[o->nm++] = (or_msg){r, (int)x->peer, op->group, op->tag, (int)o->p->buffers[op->in[i]].role,
+                                            ord, false, false, *or_buf(o, r, op->in[i])};
+            }
+            break;
+        case CPC_OP_RECV:
+            for (int i = 0; i < op->n_out; i++) {
+                k->rq = realloc(k->rq, (size_t)(k->nrq + 1) * sizeof *k->rq);
+                cr_assert_not_null(k->rq);
+                k->rq[k->nrq++] = (or_req){(int)x->peer, op->group, op->tag, o->map[r * o->nb + op->out[i]],
+                                           (int)o->p->buffers[op->out[i]].role};
+                k->posted = realloc(k->posted, (size_t)(k->nposted + 1) * sizeof *k->posted);
+                cr_assert_not_null(k->posted);
+                k->posted[k->nposted++] = (or_post){(int)x->peer, op->group, op->tag};
+            }
+            break;
+        case CPC_OP_WAIT: {
+            /* every recv of this tag needs its message (the k-th recv of a channel takes its k-th send) */
+            int *take = malloc((size_t)(k->nrq + 1) * sizeof *take);
+            cr_assert_not_null(take);
+            bool ready = true;
+            for (int j = 0; j < k->nrq && ready; j++) {
+                take[j] = -1;
+                if (k->rq[j].tag != op->tag)
+                    continue;
+                for (int m = 0; m < o->nm && take[j] < 0; m++) {
+                    const or_msg *g = &o->msgs[m];
+                    bool used = g->taken;
+                    for (int i = 0; i < j && !used; i++)
+                        used = take[i] == m;
+                    if (!used && g->dst == r && g->src == k->rq[j].src && g->group == k->rq[j].group &&
+                        g->tag == k->rq[j].tag)
+                        take[j] = m;
+                }
+                ready = take[j] >= 0;
+            }
+            /* rendezvous: each send of this tag completes once its receiver has posted the recv
+             * of the same place on the channel */
+            for (int m = 0; m < o->nm && ready; m++) {
+                const or_msg *g = &o->msgs[m];
+                if (g->src != r || g->tag != op->tag || g->waited)
+                    continue;
+                const or_rank *d = &o->rk[g->dst];
+                int n = 0;
+                for (int i = 0; i < d->nposted; i++)
+                    n += d->posted[i].src == r && d->posted[i].group == g->group && d->posted[i].tag == g->tag;
+                ready = n > g->ord;
+            }
+            if (!ready) {
+                free(take);
+                return 0;
+            }
+            for (int m = 0; m < o->nm; m++)
+                if (o->msgs[m].src == r && o->msgs[m].tag == op->tag)
+                    o->msgs[m].waited = true;
+            int keep = 0;
+            for (int j = 0; j < k->nrq; j++) {
+                if (k->rq[j].tag != op->tag) {
+                    k->rq[keep++] = k->rq[j];
+                    continue;
+                }
+                o->msgs[take[j]].taken = true;
+                if (o->msgs[take[j]].role != k->rq[j].role) {
+                    snprintf(o->why, sizeof o->why, "rank %d: a recv into a %s buffer takes a %s", r,
+                             cpc_buf_role_name((cpc_buf_role)k->rq[j].role),
+                             cpc_buf_role_name((cpc_buf_role)o->msgs[take[j]].role));
+                    free(take);
+                    return -1;
+                }
+                o->slots[k->rq[j].slot] = o->msgs[take[j]].v;
+            }
+            k->nrq = keep;
+            free(take);
+            break;
+        }
+        case CPC_OP_INIT_ACC:
+            for (int i = 0; i < op->n_out; i++) {
+                or_val *v = or_buf(o, r, op->out[i]);
+                memset(v->cnt, 0, sizeof v->cnt);
+                if (op->block)
+                    v->tag = (int)x->block;
+            }
+            break;
+        case CPC_OP_ATTN_BWD: {
+            if (op->n_in != 6 || op->n_out != 3 || o->p->buffers[op->in[1]].tokens != CPC_TOK_BLOCK) {
+                o->unsupported = true;
+                return -1;
+            }
+            int qb = or_buf(o, r, op->in[0])->tag, kb = or_buf(o, r, op->in[1])->tag;
+            bool same = or_buf(o, r, op->in[2])->tag == kb;
+            for (int i = 3; i < 6; i++)
+                same = same && or_buf(o, r, op->in[i])->tag == qb;
+            if (qb < 0 || qb >= R || kb < 0 || kb >= R || !same) {
+                snprintf(o->why, sizeof o->why, "rank %d: attn_bwd reads q of block %d, K of block %d, V of block %d "
+                         "(or the query side of other rows)", r, qb, kb, or_buf(o, r, op->in[2])->tag);
+                return -1;
+            }
+            for (int i = 0; i < 3; i++) {
+                uint8_t *c = &or_buf(o, r, op->out[i])->cnt[qb * R + kb];
+                *c = (uint8_t)(*c < 200 ? *c + 1 : *c);
+            }
+            break;
+        }
+        case CPC_OP_ADD: {
+            or_val *a = or_buf(o, r, op->in[0]), *b = or_buf(o, r, op->out[0]);
+            for (int i = 0; i < R * R; i++)
+                b->cnt[i] = (uint8_t)(a->cnt[i] + b->cnt[i] < 200 ? a->cnt[i] + b->cnt[i] : 200);
+            break;
+        }
+        case CPC_OP_COPY:
+            for (int i = 0; i < op->n_in && i < op->n_out; i++)
+                *or_buf(o, r, op->out[i]) = *or_buf(o, r, op->in[i]);
+            break;
+        case CPC_OP_SWAP: {
+            int *m = &o->map[r * o->nb];
+            int t = m[op->in[0]];
+            m[op->in[0]] = m[op->in[1]];
+            m[op->in[1]] = t;
+            break;
+        }
+        case CPC_OP_DELTA: /* rowsum(dout * out): the rows both hold, if they agree */
+            if (op->n_in == 2 && op->n_out == 1) {
+                int a = or_buf(o, r, op->in[0])->tag, b = or_buf(o, r, op->in[1])->tag;
+                or_buf(o, r, op->out[0])->tag = a == b ? a : -1;
+            }
+            break;
+        default:
+            o->unsupported = true;
+            return -1;
+        }
+        k->pc++;
+    }
+    return 1;
+}
+
+/* NULL: the oracle finds the program right, or cannot run it (*unsupported);
+ * else why it is wrong (static storage of o). */
+static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupported)
+{
+    const int R = p->layout.R;
+    memset(o, 0, sizeof *o);
+    o->p = p, o->R = R, o->nb = p->n_buffers;
+    *unsupported = true;
+    if (p->layout.U != 1 || p->layout.rep || p->layout.cross || R > OR_MAXR)
+        return NULL;
+    o->slots = calloc((size_t)(R * o->nb), sizeof *o->slots);
+    o->map = calloc((size_t)(R * o->nb), sizeof *o->map);
+    o->rk = calloc((size_t)R, sizeof *o->rk);
+    cr_assert(o->slots && o->map && o->rk);
+    const char *res = NULL;
+    for (int r = 0; r < R && !o->unsupported; r++) {
+        for (int b = 0; b < o->nb; b++) {
+            o->map[r * o->nb + b] = r * o->nb + b;
+            const cpc_buffer *B = &p->buffers[b];
+            o->slots[r * o->nb + b].tag =
+                B->io == CPC_IO_INPUT && (B->tokens == CPC_TOK_SHARD || B->tokens == CPC_TOK_BLOCK) ? r
+                : or_grad(B->role) && (B->tokens == CPC_TOK_SHARD || B->tokens == CPC_TOK_BLOCK) ? r : -1;
+        }
+        cpc_status *st = cpc_program_walk(p, r, or_collect, &o->rk[r]);
+        if (st) { /* the walk refuses it: nothing to run */
+            cpc_status_free(st);
+            o->unsupported = true;
+        }
+    }
+    for (bool progress = true; !o->unsupported && !res && progress;) {
+        progress = false;
+        bool all = true;
+        for (int r = 0; r < R && !o->unsupported && !res; r++) {
+            int pc = o->rk[r].pc, w = or_run(o, r);
+            if (w < 0 && !o->unsupported)
+                res = o->why;
+            progress |= o->rk[r].pc != pc;
+            all &= w == 1;
+        }
+        if (all || o->unsupported || res)
+            break;
+        if (!progress) {
+            snprintf(o->why, sizeof o->why, "deadlock (rendezvous)");
+            res = o->why;
+        }
+    }
+    for (int r = 0; r < R && !o->unsupported && !res; r++)
+        if (o->rk[r].nrq) {
+            snprintf(o->why, sizeof o->why, "rank %d: a recv never completed", r);
+            res = o->why;
+        }
+    for (int m = 0; m < o->nm && !o->unsupported && !res; m++)
+        if (!o->msgs[m].taken || !o->msgs[m].waited) {
+            snprintf(o->why, sizeof o->why, "rank %d: a send to %d (tag %d) never received", o->msgs[m].src,
+                     o->msgs[m].dst, o->msgs[m].tag);
+            res = o->why;
+        }
+    for (int r = 0; r < R && !o->unsupported && !res; r++)
+        for (int b = 0; b < o->nb && !res; b++) {
+            const cpc_buffer *B = &p->buffers[b];
+            if (B->io != CPC_IO_OUTPUT || !or_grad(B->role))
+                continue;
+            const or_val *v = or_buf(o, r, b);
+            for (int q = 0; q < R && !res; q++)
+                for (int kk = 0; kk < R && !res; kk++) {
+                    int want = B->role == CPC_ROLE_DQ ? q == r : kk == r;
+                    if (v->cnt[q * R + kk] != want) {
+                        snprintf(o->why, sizeof o->why, "rank %d: OUTPUT %s holds the pair (%d, %d) %d times, %d expected",
+                                 r, B->name, q, kk, v->cnt[q * R + kk], want);
+                        res = o->why;
+                    }
+                }
+        }
+    *unsupported = o->unsupported;
+    for (int r = 0; r < R; r++) {
+        free(o->rk[r].ops);
+        free(o->rk[r].rq);
+        free(o->rk[r].posted);
+    }
+    free(o->rk);
+    free(o->slots);
+    free(o->map);
+    free(o->msgs);
+    return res;
+}
+
 /* ---- planted faults in long loops ------------------------------------------------ */
 
 typedef void (*plant_fn)(cpc_program *p);
@@ -545,7 +855,7 @@ static const struct {
 Test(attack, planted_faults_in_long_loops)
 {
     static const int sizes[] = {12, 13, 16, 65536};
-    int jumped = 0;
+    int jumped = 0, or_run_n = 0, or_found = 0;
     for (size_t f = 0; f < sizeof plants / sizeof plants[0]; f++) {
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
             int R = sizes[k];
@@ -564,6 +874,19 @@ Test(attack, planted_faults_in_long_loops)
                 cr_assert(!v.sym_ok, "UNSOUND: %s: proven at %d ranks (%lld jumps)", what, R, (long long)v.jumps);
             }
             jumped += v.jumps > 0;
+            if (v.enumerated) {
+                /* the independent oracle: right on every accepted plant; on the faulty ones it
+                 * finds the coverage, block and deadlock faults (not provenance or lifetimes) */
+                oracle o;
+                bool uns;
+                const char *bad = oracle_check(p, &o, &uns);
+                if (!uns && v.enum_ok)
+                    cr_assert(!bad, "%s: accepted, the oracle says: %s", what, bad);
+                or_run_n += !uns && !v.enum_ok;
+                or_found += !uns && !v.enum_ok && bad;
+                if (getenv("CPC_ATTACK_VERBOSE") && !uns)
+                    fprintf(stderr, "  oracle: %s\n", bad ? bad : "right");
+            }
             if (getenv("CPC_ATTACK_VERBOSE"))
                 fprintf(stderr, "%-60s sym %s (jumps %lld) enum %s\n", what, v.sym_ok ? "proven" : v.sym_msg,
                         (long long)v.jumps, v.enumerated ? (v.enum_ok ? "proven" : v.enum_msg) : "-");
@@ -571,6 +894,10 @@ Test(attack, planted_faults_in_long_loops)
         }
     }
     cr_expect(jumped > 20, "only %d programs had a phase proven by induction", jumped);
+    /* the oracle is not vacuous: it finds most planted faults itself */
+    cr_expect(or_found * 3 >= or_run_n * 2, "the oracle found %d of %d planted faults", or_found, or_run_n);
+    if (getenv("CPC_ATTACK_VERBOSE"))
+        fprintf(stderr, "the oracle found %d of the %d planted faults it could run\n", or_found, or_run_n);
 }
 
 /* The prover's bound (verify_bwd.h THE BOUND) against programs the
@@ -1110,6 +1437,9 @@ static const struct fz_row {
     {"ring", CPC_VARIANT_RING, 16, 1, 4, 4, 128, "p2p", 0},
     {"ring", CPC_VARIANT_RING, 9, 1, 4, 4, 72, "allgather", 0},
     {"ring", CPC_VARIANT_RING, 13, 1, 2, 1, 104, "p2p", 0},
+    {"ring", CPC_VARIANT_RING, 14, 1, 4, 2, 112, "p2p", 0},
+    {"ring", CPC_VARIANT_RING, 15, 1, 4, 4, 120, "p2p", 0},
+    {"ring_anything", CPC_VARIANT_RING_ANYTHING, 13, 1, 4, 2, 121, "p2p", 0},
     {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 0},
     {"unified", CPC_VARIANT_UNIFIED, 8, 3, 6, 3, 144, "p2p", 0},   /* one member for all (ROTATIONS OF U) */
     {"unified", CPC_VARIANT_UNIFIED, 8, 4, 8, 4, 256, "allgather", 0},
@@ -1130,6 +1460,7 @@ static const struct fz_row {
 typedef struct fz_count {
     int rounds, sym_ok, sym_fault, sym_undec, enum_ok, jumped, jumped_ok, usym, usym_ok;
     int incomplete; /* proven by the enumeration, not decided by the symbolic domain (refused beyond 256 ranks) */
+    int oracle_run, oracle_wrong; /* accepted mutants the oracle ran; of them found wrong (must be 0) */
 } fz_count;
 
 static void fz_run(uint64_t seed, int rounds, fz_count *k)
@@ -1162,6 +1493,19 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
             }
         }
         expect_agree(p, &v, what);
+        if (v.enum_ok || v.sym_ok) {
+            oracle o;
+            bool uns;
+            const char *bad = oracle_check(p, &o, &uns);
+            k->oracle_run += !uns;
+            if (getenv("CPC_ATTACK_ORACLE_VERBOSE"))
+                fprintf(stderr, "oracle %s: %s\n", what, uns ? "cannot run it" : bad ? bad : "right");
+            k->oracle_wrong += bad != NULL;
+            if (bad)
+                cpc_program_print(stderr, p, -1);
+            cr_assert(!bad, "UNSOUND: %s: proven (symbolic %d, enumeration %d), the oracle: %s", what, (int)v.sym_ok,
+                      (int)v.enum_ok, bad);
+        }
         k->rounds++;
         k->sym_ok += v.sym_ok;
         k->sym_fault += v.sym_fault;
@@ -1196,12 +1540,13 @@ Test(attack, fuzz_loop_bodies)
     fprintf(stderr,
             "attack fuzz (seed %llu): %d mutants, enumeration proves %d; symbolic domain: %d proven, %d faults, "
             "%d not decided (%d of them proven by the enumeration); %d with a phase jumped (%d proven), %d by one "
-            "ulysses member (%d proven)\n",
+            "ulysses member (%d proven); the oracle ran %d accepted ones\n",
             (unsigned long long)seed, k.rounds, k.enum_ok, k.sym_ok, k.sym_fault, k.sym_undec, k.incomplete, k.jumped,
-            k.jumped_ok, k.usym, k.usym_ok);
+            k.jumped_ok, k.usym, k.usym_ok, k.oracle_run);
     /* the fuzz reaches what it attacks */
     cr_expect(k.jumped > rounds / 8 && k.jumped_ok > rounds / 40, "seed %llu: %d jumped, %d of them proven",
               (unsigned long long)seed, k.jumped, k.jumped_ok);
+    cr_expect(k.oracle_run > rounds / 40, "seed %llu: the oracle ran only %d", (unsigned long long)seed, k.oracle_run);
     cr_expect(k.usym > rounds / 40, "seed %llu: %d by one ulysses member", (unsigned long long)seed, k.usym);
     cr_expect(k.enum_ok > rounds / 20 && k.enum_ok < rounds, "seed %llu: %d of %d proven by enumeration",
               (unsigned long long)seed, k.enum_ok, rounds);
