@@ -302,6 +302,10 @@ static cpc_status *or_collect(void *ctx, const cpc_exec_op *x)
 
 static or_val *or_buf(oracle *o, int r, int b) { return &o->slots[o->map[r * o->nb + b]]; }
 
+/* The rank a peer index names (U = 1: ring and world indices are ranks; the
+ * ulysses group is the rank alone). */
+static int or_rank_of(int r, const cpc_exec_op *x) { return x->op->group == CPC_GROUP_ULYSSES ? r : (int)x->peer; }
+
 static bool or_grad(cpc_buf_role ro) { return ro == CPC_ROLE_DQ || ro == CPC_ROLE_DK || ro == CPC_ROLE_DV; }
 
 /* Runs rank r until it blocks (0), ends (1) or the oracle stops (-1: o->why or unsupported). */
@@ -322,9 +326,9 @@ static int or_run(oracle *o, int r)
                 }
                 int ord = 0;
                 for (int m = 0; m < o->nm; m++)
-                    ord += o->msgs[m].src == r && o->msgs[m].dst == (int)x->peer && o->msgs[m].group == (int)op->group &&
-                           o->msgs[m].tag == op->tag;
-                o->msgs[o->nm++] = (or_msg){r, (int)x->peer, op->group, op->tag, (int)o->p->buffers[op->in[i]].role,
+                    ord += o->msgs[m].src == r && o->msgs[m].dst == or_rank_of(r, x) &&
+                           o->msgs[m].group == (int)op->group && o->msgs[m].tag == op->tag;
+                o->msgs[o->nm++] = (or_msg){r, or_rank_of(r, x), op->group, op->tag, (int)o->p->buffers[op->in[i]].role,
                                             ord, false, false, *or_buf(o, r, op->in[i])};
             }
             break;
@@ -332,11 +336,11 @@ static int or_run(oracle *o, int r)
             for (int i = 0; i < op->n_out; i++) {
                 k->rq = realloc(k->rq, (size_t)(k->nrq + 1) * sizeof *k->rq);
                 cr_assert_not_null(k->rq);
-                k->rq[k->nrq++] = (or_req){(int)x->peer, op->group, op->tag, o->map[r * o->nb + op->out[i]],
+                k->rq[k->nrq++] = (or_req){or_rank_of(r, x), op->group, op->tag, o->map[r * o->nb + op->out[i]],
                                            (int)o->p->buffers[op->out[i]].role};
                 k->posted = realloc(k->posted, (size_t)(k->nposted + 1) * sizeof *k->posted);
                 cr_assert_not_null(k->posted);
-                k->posted[k->nposted++] = (or_post){(int)x->peer, op->group, op->tag};
+                k->posted[k->nposted++] = (or_post){or_rank_of(r, x), op->group, op->tag};
             }
             break;
         case CPC_OP_WAIT: {
