@@ -12,8 +12,9 @@
 #     emulator's size (same segments: T5 text first, then the image; 8 heads, head_dim
 #     64, 64 + 64 tokens) as ulysses 1x4, ring 4x1, unified 2x2 and ring 2x1, plus an
 #     uneven ulysses_anything plan (131 tokens, 6 heads over 4), a key-padding unified
-#     plan and a replicated text segment, and none on 1 rank without mpirun (as on the GPU
-#     machine): every run PASSes cprun's check against the
+#     plan and a replicated text segment, none on 1 rank without mpirun (as on the GPU
+#     machine), and training (ring 2, ring 4, unified 4: forward and backward; dq/dk/dv
+#     checked): every run PASSes cprun's check against the
 #     float64 reference, and rank 0's --output equals the MPI transport's byte for byte;
 #   - the library: cpc_nccl_unique_id + cpc_rank_new_nccl_id, and cpc_rank_new_nccl over
 #     the caller's communicator (tests/emu/rank_nccl_emu.c) on 2 and 4 processes, each
@@ -104,6 +105,13 @@ shrink ring 4 flux-ring-4
 shrink unified 4 flux-unified-4
 shrink ring 2 flux-ring-2
 shrink none 1 flux-none-1
+# training (the backward ring sends its dK/dV accumulator one step before the peer receives
+# it: the transport holds such lone sends, transport_nccl.h POINT-TO-POINT)
+for v in "ring 2" "ring 4" "unified 4"; do
+  set -- $v
+  shrink "$1" "$2" "train-$1-$2"
+  sed -i 's/mode: inference/mode: training/' "$tmp/train-$1-$2.yaml"
+done
 gen() {   # gen NAME VARIANT DTYPE HEADS MASK INPUT...
   local name=$1 v=$2 dt=$3 h=$4 mask=$5; shift 5
   { echo "version: 1"; echo "name: $name"
@@ -115,7 +123,7 @@ gen uneven-ua-4 ulysses_anything fp16 6 none "segments: [{name: text, tokens: 21
 gen keypad-unified-4 unified bf16 4 key_padding "tokens: 128"
 gen replicate-unified-4 unified bf16 4 none "segments: [{name: text, tokens: 13, split: replicate}, {name: image, tokens: 48}]"
 RUNS=(flux-ulysses-4 flux-ring-4 flux-unified-4 flux-ring-2 uneven-ua-4 keypad-unified-4 replicate-unified-4
-      flux-none-1)
+      flux-none-1 train-ring-2 train-ring-4 train-unified-4)
 arts=()
 for p in "${RUNS[@]}"; do
   t "cpc-$p" 0 "$CPC" "$tmp/$p.yaml" -o "$tmp/$p.cplan" && arts+=("$tmp/$p.cplan")
@@ -128,7 +136,8 @@ for p in "${RUNS[@]}"; do
     --iters 1 --warmup 0 --output "$tmp/$p-nccl.safetensors"
   has "run-$p.out" "transport nccl"
   has "run-$p.out" "check: *PASS"
-  grep -o 'rel_err [0-9.e+-]*' "$tmp/run-$p.out" | sed "s/^/nccl_emu.sh: $p: /"
+  case $p in train-*) has "run-$p.out" "bwd check: *PASS";; esac
+  grep -o 'rel_err [0-9.e+-]*\|rel_err dq .* dv [0-9.e+-]*' "$tmp/run-$p.out" | sed "s/^/nccl_emu.sh: $p: /"
 done
 # world 1 without mpirun (what tests/gpu/run.sh does on its one GPU): the MPI bootstrap as a
 # singleton; the library's NCCL rank with MPI untouched
@@ -143,7 +152,7 @@ has single-lib.out "rank_nccl_emu: ok"
 mpi auto-nccl 0 4 "$CPRUN" "$tmp/flux-unified-4.cplan" --backend cuda --attention nvrtc --iters 1 --warmup 0
 has auto-nccl.out "transport nccl"
 # the same result as the MPI transport, byte for byte
-for p in flux-unified-4 uneven-ua-4; do
+for p in flux-unified-4 uneven-ua-4 train-ring-4; do
   mpi "mpi-$p" 0 4 "$CPRUN" "$tmp/$p.cplan" --backend cuda --transport mpi --attention nvrtc \
     --iters 1 --warmup 0 --output "$tmp/$p-mpi.safetensors"
   cmp -s "$tmp/$p-mpi.safetensors" "$tmp/$p-nccl.safetensors" ||
