@@ -18,7 +18,7 @@
 #     float64 reference, and rank 0's --output equals the MPI transport's byte for byte;
 #   - the library: cpc_nccl_unique_id + cpc_rank_new_nccl_id, and cpc_rank_new_nccl over
 #     the caller's communicator (tests/emu/rank_nccl_emu.c) on 2 and 4 processes, each
-#     rank's output against the float64 reference;
+#     rank's output (and for training plans its dq/dk/dv) against the float64 reference;
 #   - Python: cpc.Attention(a, comm=..., backend="cuda") on device arrays, comm an mpi4py
 #     communicator and a torch.distributed gloo group (tests/emu/nccl_py_emu.py): the
 #     NCCL rank bootstrapped from the group, the gathered output against float64; a rank
@@ -160,9 +160,10 @@ for p in flux-unified-4 uneven-ua-4 train-ring-4; do
 done
 
 # ---- the library: a rank from a unique id the caller distributes --------------------------
-for p in flux-ring-2 flux-unified-4 uneven-ua-4; do
+for p in flux-ring-2 flux-unified-4 uneven-ua-4 train-ring-2 train-unified-4; do
   np=$(grep -o 'world_size: [0-9]*' "$tmp/$p.yaml" | cut -d' ' -f2)
   mpi "lib-$p" 0 "$np" "$FAKE/rank_nccl_emu" "$tmp/$p.cplan"
+  case $p in train-*) has "lib-$p.out" "backward (both bootstraps)";; esac
   has "lib-$p.out" "rank_nccl_emu: ok"
   grep 'rel_err' "$tmp/lib-$p.out"
 done
