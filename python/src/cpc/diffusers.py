@@ -1840,6 +1840,9 @@ def _diffusers_hints(e, plan, parallel_config, replicate_ok=True):
             if d.hint and "replicate_text=True" in d.hint:
                 d.hint = re.sub(r";? ?or keep the text whole on every rank.*?cpc\.from_diffusers\)",
                                 "", d.hint) or None
+    first = next((d for d in e.diagnostics if d.severity == "error"), None)
+    if first is not None:
+        e.hint = first.hint    # .hint as the first error's, in the same words
     return e
 
 
