@@ -408,6 +408,10 @@ def test_refusals_name_the_field():
     z = tiny_zimage(4)
     with pytest.raises(cpc.UnsupportedError, match="replicate_text"):
         cpc.diffusers.parallelize(z, pc, replicate_text=True)
+    # a misspelt from_diffusers keyword fails at once (it failed at the first forward)
+    with pytest.raises(TypeError, match="did you mean 'replicate_text'"):
+        cpc.diffusers.parallelize(z, pc, replicat_text=True)
+    assert not cpc.diffusers.is_parallelized(z)
     h = tiny_hidream(4)
     with pytest.raises(cpc.UnsupportedError, match="Llama"):
         cpc.diffusers.parallelize(h, pc, replicate_text=False)

@@ -1890,6 +1890,17 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     if getattr(transformer, "_cpc", None) is not None:
         raise UsageError("this transformer is already parallelized (unparallelize first)",
                          code="usage")
+    # plan_kw goes to from_diffusers at the first call: a misspelt keyword fails now, as
+    # a Python call's would, not at the first forward (new-user trial)
+    known = [k for k in inspect.signature(_D.from_diffusers).parameters
+             if k not in ("parallel_config", "transformer_config")]
+    for k in plan_kw:
+        if k not in known:
+            import difflib
+            near = difflib.get_close_matches(k, known, n=1)
+            raise TypeError(f"parallelize() got an unexpected keyword argument {k!r}"
+                            + (f" (did you mean {near[0]!r}?)" if near else
+                               f"; from_diffusers keywords: {', '.join(known)}"))
     _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
     spec = _MODELS[cls]
     if spec.check is not None:
