@@ -782,7 +782,10 @@ def _zimage_lengths(get):
                                "siglip_feats, image_noise_mask): its [caption, images, SigLIP] "
                                "sequence with per-token modulation is not routed through "
                                "cpc.diffusers; the basic mode (one image per sample, "
-                               "ZImagePipeline) is", code="unsupported")
+                               "ZImagePipeline) is", code="unsupported",
+                               hint="call the model in its basic mode (x and cap_feats one tensor "
+                                    "per sample), or run the omni mode without parallelize "
+                                    "(cpc.diffusers.unparallelize)")
     if get("controlnet_block_samples") is not None:
         raise UnsupportedError(f"{name} with controlnet_block_samples: residuals over the whole "
                                "unified sequence added between layers, which cpc.diffusers "
@@ -928,7 +931,10 @@ def _tokens_ltx2(model, cfg, get):
     if get("video_self_attention_mask") is not None:
         raise UnsupportedError(f"{name} with video_self_attention_mask (IC-LoRA: a weight per "
                                "video token pair, [B, S, S]): not a key padding mask; not "
-                               "routed through cpc.diffusers", code="unsupported")
+                               "routed through cpc.diffusers", code="unsupported",
+                               hint="drop video_self_attention_mask (the IC-LoRA conditioning), "
+                                    "or run this call without parallelize "
+                                    "(cpc.diffusers.unparallelize)")
     hs, ehs, ts = get("hidden_states"), get("encoder_hidden_states"), get("timestep")
     if hs is None or hs.dim() != 3 or ehs is None:
         raise UsageError(f"{name}: hidden_states [B, tokens, C] (the pipeline's packed video "
