@@ -803,9 +803,9 @@ def _zimage_lengths(get):
         xl.append(_ceil32((F // pf) * (H // p) * (W // p)))
     if len(set(xl)) > 1:
         raise UnsupportedError(f"{name}: samples of different image sizes in one call (image "
-                               f"tokens {xl}): each sample's caption would start at another "
-                               "position; cpc.diffusers needs one image size per call "
-                               "(ZImagePipeline makes one)", code="unsupported",
+                               f"tokens {xl} after padding to 32): each sample's caption would "
+                               "start at another position; cpc.diffusers needs one image token "
+                               "count per call (ZImagePipeline makes one)", code="unsupported",
                                hint="call the transformer once per image size")
     return xl[0], [_ceil32(int(c.shape[0])) for c in cap]
 
