@@ -635,9 +635,36 @@ static int first_run_ending_after(const cpc_run *k, int nk, int64_t x)
     return lo;
 }
 
+static int cmp_run_start(const void *a, const void *b)
+{
+    const cpc_run *x = a, *y = b;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
 double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal)
 {
     double total = 0;
+    bool qsorted = true;
+    for (int i = 1; i < nq && qsorted; i++)
+        qsorted = q[i].start >= q[i - 1].start;
+    if (causal && (int64_t)nq * nk > 4096 && (!runs_sorted_disjoint(k, nk) || !qsorted)) {
+        /* a zigzag Ulysses rank's runs come in member order (each member's front and back
+         * chunk): the same sets sorted by start (the pairs do not depend on the order), when
+         * disjoint, take the fast path below in O((nq + nk) log nk) */
+        cpc_run *ks = malloc((size_t)(nk + nq) * sizeof *ks);
+        if (ks) {
+            cpc_run *qs = ks + nk;
+            memcpy(ks, k, (size_t)nk * sizeof *ks);
+            memcpy(qs, q, (size_t)nq * sizeof *qs);
+            qsort(ks, (size_t)nk, sizeof *ks, cmp_run_start);
+            qsort(qs, (size_t)nq, sizeof *qs, cmp_run_start);
+            total = runs_sorted_disjoint(ks, nk) ? cpc_visible_pairs(qs, nq, ks, nk, causal) : -1;
+            free(ks);
+            if (total >= 0)
+                return total;
+            total = 0;
+        }
+    }
     if (!causal) {
         double tq = 0, tk = 0;
         for (int i = 0; i < nq; i++)
@@ -697,6 +724,10 @@ typedef struct {
     double comm_scale;    /* the same on a CPU device with `cores` (copies use the cores), else 1 */
     double host_ops;      /* ops the serving framework's host issues (WHOLE STEP) */
     double attn_busy;     /* seconds of attn / attn_bwd ops (part of comp_busy) */
+    int64_t *head_sum;    /* per buffer: its heads summed over the U members, -1 = not
+                             yet (the same for every rank priced: shared) */
+    int64_t block_shards; /* this rank's ring block's shard tokens summed over the U
+                             members, -1 = not yet */
 } pricer;
 
 static bool spans_nodes(const cpc_layout *L, int gpn, cpc_group g, const cpc_coords *c)
@@ -760,6 +791,26 @@ static int64_t buf_bytes(const pricer *pr, int b)
     return (int64_t)pr->L->B * buf_tokens(pr, b) * per_tok;
 }
 
+/* Ring block i's token set, for pricing: with the zigzag layout its U
+ * members' front chunks i*U .. i*U+U-1 and back chunks are two ranges (one
+ * when they meet), sorted, in O(1).  The buffer's row order (member by
+ * member, cpc_layout_block_runs: 2U runs) does not change what is seen, and
+ * the 2U unsorted runs cost a sort per attention op and sampled rank (a
+ * causal Ulysses training plan's check at 65536 ranks: 20 s). */
+static int block_set_runs(const cpc_layout *L, int i, cpc_run *out, int max)
+{
+    if (!L->zigzag || i < 0 || i >= L->R || max < 2)
+        return cpc_layout_block_runs(L, i, out, max);
+    int64_t c = L->S / (2 * (int64_t)L->P), lo = (int64_t)i * L->U, hi = 2 * (int64_t)L->P - lo - L->U;
+    out[0] = (cpc_run){lo * c, (int64_t)L->U * c};
+    out[1] = (cpc_run){hi * c, (int64_t)L->U * c};
+    if (out[0].start + out[0].len == out[1].start) {
+        out[0].len += out[1].len;
+        return 1;
+    }
+    return 2;
+}
+
 static int buf_runs(const pricer *pr, int b, int block, cpc_run *out)
 {
     const cpc_buffer *B = &pr->prog->buffers[b];
@@ -767,8 +818,8 @@ static int buf_runs(const pricer *pr, int b, int block, cpc_run *out)
     switch (B->tokens) {
     case CPC_TOK_SHARD: return cpc_layout_shard_runs(L, (int)pr->c.p, out, pr->max_runs);
     case CPC_TOK_BLOCK:
-        return cpc_layout_block_runs(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r, out, pr->max_runs);
-    case CPC_TOK_ALL: return cpc_layout_block_runs(L, block, out, pr->max_runs);
+        return block_set_runs(L, pr->tag[b] >= 0 ? pr->tag[b] : (int)pr->c.r, out, pr->max_runs);
+    case CPC_TOK_ALL: return block_set_runs(L, block, out, pr->max_runs);
     case CPC_TOK_KV: return cpc_layout_kv_runs(L, out, pr->max_runs);
     default: return 0;
     }
@@ -1012,17 +1063,27 @@ static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
         const cpc_buffer *B = &pr->prog->buffers[b];
         int64_t per_head = (int64_t)L->B * (B->role == CPC_ROLE_LSE ? 1 : L->D) *
                            cpc_buffer_elem_size(pr->prog, b);
-        int64_t bytes = 0;
-        for (int j = 0; j < L->U; j++) {
-            if (j == pr->c.u)
-                continue;
-            if (op->dir == CPC_A2A_SEQ_TO_HEADS) /* member j gets its head part */
-                bytes += cpc_layout_shard_tokens(L, (int)pr->c.p) * buf_heads(pr, o, j) * per_head;
-            else if (B->tokens == CPC_TOK_KV) /* replicated rows: this member's heads to all */
-                bytes += cpc_layout_kv_rows(L) * buf_heads(pr, b, (int)pr->c.u) * per_head;
-            else
-                bytes += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j)) *
-                         buf_heads(pr, b, (int)pr->c.u) * per_head;
+        /* the sum over the other members j != u, in closed form from sums over
+         * all members that are computed once (O(U) once, not per op and rank:
+         * Ulysses at 65536 members spent 0.9 s here) */
+        int64_t bytes, own_shard = cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + pr->c.u));
+        if (op->dir == CPC_A2A_SEQ_TO_HEADS) { /* member j gets its head part */
+            if (pr->head_sum[o] < 0) {
+                pr->head_sum[o] = 0;
+                for (int j = 0; j < L->U; j++)
+                    pr->head_sum[o] += buf_heads(pr, o, j);
+            }
+            bytes = cpc_layout_shard_tokens(L, (int)pr->c.p) *
+                    (pr->head_sum[o] - buf_heads(pr, o, (int)pr->c.u)) * per_head;
+        } else if (B->tokens == CPC_TOK_KV) { /* replicated rows: this member's heads to all */
+            bytes = (int64_t)(L->U - 1) * cpc_layout_kv_rows(L) * buf_heads(pr, b, (int)pr->c.u) * per_head;
+        } else {
+            if (pr->block_shards < 0) {
+                pr->block_shards = 0;
+                for (int j = 0; j < L->U; j++)
+                    pr->block_shards += cpc_layout_shard_tokens(L, (int)(pr->c.r * L->U + j));
+            }
+            bytes = (pr->block_shards - own_shard) * buf_heads(pr, b, (int)pr->c.u) * per_head;
         }
         double lat;
         double bw = link_bw(pr, CPC_GROUP_ULYSSES, false, &lat);
@@ -1676,10 +1737,13 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
     int *tags = malloc(sizeof(int) * (size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1));
     cpc_run *ra = malloc(sizeof(cpc_run) * (size_t)max_runs);
     cpc_run *rb = malloc(sizeof(cpc_run) * (size_t)max_runs);
-    if (!ranks || !tags || !ra || !rb) {
-        free(ranks), free(tags), free(ra), free(rb);
+    int64_t *head_sum = malloc(sizeof(int64_t) * (size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1));
+    if (!ranks || !tags || !ra || !rb || !head_sum) {
+        free(ranks), free(tags), free(ra), free(rb), free(head_sum);
         return &cpc_status_oom;
     }
+    for (int b = 0; b < prog->n_buffers; b++)
+        head_sum[b] = -1;
     int n_ranks = pick_ranks(L, ranks, max_ranks);
     cpc_status *st = NULL;
     double worst_t = 0, worst_comp = 0, worst_comm = 0, worst_host = 0, worst_attn = 0;
@@ -1697,7 +1761,7 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
             pricer pr = {.plan = plan, .prog = prog, .dev = dev, .L = L,
                          .c = cpc_program_coords(prog, ranks[i]), .tag = tags,
                          .runs_a = ra, .runs_b = rb, .max_runs = max_runs, .compute_scale = 1.0,
-                         .comm_scale = 1.0};
+                         .comm_scale = 1.0, .head_sum = head_sum, .block_shards = -1};
             for (int b = 0; b < prog->n_buffers; b++)
                 tags[b] = (prog->buffers[b].tokens == CPC_TOK_BLOCK && prog->buffers[b].io == CPC_IO_INPUT)
                               ? (int)pr.c.r : -1;
@@ -1708,7 +1772,7 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
                 busiest = busy;
         }
         if (st) {
-            free(ranks), free(tags), free(ra), free(rb);
+            free(ranks), free(tags), free(ra), free(rb), free(head_sum);
             return st;
         }
         /* every (c, t) group runs this program on its own slice at once:
@@ -1728,7 +1792,8 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
         pricer pr = {.plan = plan, .prog = prog, .dev = dev, .L = L,
                      .c = cpc_program_coords(prog, ranks[i]), .tag = tags,
                      .runs_a = ra, .runs_b = rb, .max_runs = max_runs, .compute_scale = scale,
-                     .comm_scale = dev->cores > 0 ? scale : 1.0};
+                     .comm_scale = dev->cores > 0 ? scale : 1.0, .head_sum = head_sum,
+                     .block_shards = -1};
         for (int b = 0; b < prog->n_buffers; b++)
             tags[b] = (prog->buffers[b].tokens == CPC_TOK_BLOCK && prog->buffers[b].io == CPC_IO_INPUT)
                           ? (int)pr.c.r : -1;
@@ -1759,7 +1824,7 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
             worst_attn = pr.attn_busy;
         flops += pr.flops;
     }
-    free(ranks), free(tags), free(ra), free(rb);
+    free(ranks), free(tags), free(ra), free(rb), free(head_sum);
     if (st)
         return st;
     if (n_ranks < L->P && n_ranks > 0)

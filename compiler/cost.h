@@ -422,8 +422,11 @@ cpc_status *cpc_price_program(const cpc_plan *plan, const cpc_program *prog,
 /* Visible (query, key) pairs of a block: sum over pairs of runs of the number
  * of (i, j) with j <= i when causal, else (sum of q lengths) x (sum of k
  * lengths).  Causal: a closed form per pair of runs that overlap; key runs
- * sorted and disjoint (as layouts give) are binary-searched, so the time is
- * O((nq + overlapping pairs) log nk), else O(nq * nk).  In double: S^2
+ * that are disjoint (as layouts give; sorted by start first when they are
+ * not in order, with the query runs: a zigzag Ulysses rank lists its runs
+ * in member order) are binary-searched, so the time is
+ * O((nq + overlapping pairs) log nk + (nq + nk) log(nq + nk)), else
+ * O(nq * nk); allocates a sorted copy (on OOM: the O(nq * nk) path).  In double: S^2
  * exceeds int64 beyond ~3e9 tokens.  Pure; thread-safe. */
 double cpc_visible_pairs(const cpc_run *q, int nq, const cpc_run *k, int nk, bool causal);
 

@@ -1079,11 +1079,7 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
             return RES_ERR;
         }
         if (count == 0 || op->n_body == 0)
-            return RES_NEXT;
-        if (rk->depth >= MAX_DEPTH) {
-            fail(C, rk->p, nd, step, "loops nested deeper than %d", MAX_DEPTH);
-            return RES_ERR;
-        }
+            return RES_NEXT; /* (nesting: check_nodes) */
         frame *f = &rk->fr[++rk->depth];
         f->ops = nd->body;
         f->n = nd->n_body;

@@ -104,6 +104,9 @@ typedef struct vb {
     int NQ;                        /* query blocks: R, or R + 1 with replicated segments (block R: the
                                       replicated rows, held whole by every rank) */
     int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
+    bool usym;                     /* sym: one ulysses member simulated, the others its rotations in u
+                                      (verify_bwd.h ROTATIONS OF U) */
+    int Us;                        /* ulysses members simulated per group: U, or 1 (usym) */
     bool ind_on;                   /* sym: loops by induction (verify_bwd.h LOOPS BY INDUCTION) */
     bool ind;                      /* in a symbolic step: values carry slopes in s, comparisons must hold
                                       as identities in s */
@@ -410,9 +413,13 @@ static bool cs_join_sym(const vb *V, run *y, const run *x)
             return true;
         }
     }
-    if (y->h0 != x->h0 || y->hn != x->hn || ix_rep(V, y->q0, V->NQ) || ix_rep(V, x->q0, V->NQ) ||
-        ix_rep(V, y->k0, V->NK) || ix_rep(V, x->k0, V->NK) || V->NK == 1)
-        return false; /* a fixed index: the plain rules, not the symbolic ones */
+    /* a fixed index (the replicated rows' R, the one key unit of cross-attention) is the same
+     * on every element and every step: equal in both runs, step 0, slope 0 */
+    bool qf = ix_rep(V, y->q0, V->NQ), kf = V->NK == 1 || ix_rep(V, y->k0, V->NK);
+    if (y->h0 != x->h0 || y->hn != x->hn || qf != ix_rep(V, x->q0, V->NQ) ||
+        kf != (V->NK == 1 || ix_rep(V, x->k0, V->NK)) || (qf && (y->q0 != x->q0 || y->qb || x->qb)) ||
+        (kf && (y->k0 != x->k0 || y->kb || x->kb)))
+        return false;
     /* a run of one element (length 1, slope 0) has no step; one of two or more (slope >= 0:
      * from s0 on) has its own */
     bool ym = y->len >= 2 && y->lb >= 0, xm = x->len >= 2 && x->lb >= 0;
@@ -429,11 +436,13 @@ static bool cs_join_sym(const vb *V, run *y, const run *x)
     } else {
         if (x->qb != y->qb || x->kb != y->kb) /* the step between them must not follow s */
             return false;
-        dq = diff_mod(x->q0, y->q0, R);
-        dk = diff_mod(x->k0, y->k0, R);
+        dq = qf ? 0 : diff_mod(x->q0, y->q0, R);
+        dk = kf ? 0 : diff_mod(x->k0, y->k0, R);
         if ((dq == 0 && dk == 0) || dq < -2 || dq > 2 || dk < -2 || dk > 2)
             return false;
     }
+    if ((qf && dq) || (kf && dk))
+        return false;
     /* y then x: y's end is x's start, as values and as slopes */
     if (ix(V, y->q0, y->len, dq, V->NQ) == x->q0 && ix(V, y->k0, y->len, dk, V->NK) == x->k0 &&
         md32((int64_t)y->qb + (int64_t)y->lb * dq - x->qb, R) == 0 &&
@@ -550,6 +559,38 @@ static int cmp_hrange(const void *a, const void *b)
     return x->lo != y->lo ? (x->lo > y->lo) - (x->lo < y->lo) : (x->j > y->j) - (x->j < y->j);
 }
 
+/* usym (ROTATIONS OF U): what every member holds of buffer b's heads,
+ * placed together: member u's set is member 0's with every head moved by
+ * u*w (w = the heads one member holds), kept to the heads it holds.  A run
+ * over member 0's whole part becomes one run over every head; other runs
+ * are placed member by member.  False on OOM or the bound. */
+static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
+{
+    int lo, hi;
+    held_heads(V, b, 0, &lo, &hi);
+    int w = hi - lo;
+    for (int i = 0; i < src->n; i++) {
+        run x = src->v[i];
+        int a = x.h0 > lo ? x.h0 : lo, e = x.h0 + x.hn < hi ? x.h0 + x.hn : hi;
+        if (e <= a)
+            continue;
+        if (a == lo && e == hi) {
+            x.h0 = 0;
+            x.hn = w * V->U;
+            if (!cs_add_run(V, dst, x))
+                return false;
+            continue;
+        }
+        for (int u = 0; u < V->U; u++) {
+            x.h0 = a + u * w;
+            x.hn = e - a;
+            if (!cs_add_run(V, dst, x))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Executes the all_to_all every member of ulysses group r has reached
  * (SPMD: the same op on every member).  Returns NULL or the failure. */
 static cpc_status *run_a2a(vb *V, int r)
@@ -577,7 +618,7 @@ static cpc_status *run_a2a(vb *V, int r)
         return vfail(p0, x0, "reduce=sum applies to heads_to_seq of dq/dk/dv only");
     if (bi->role == CPC_ROLE_LSE && !s2h)
         return vfail(p0, x0, "heads_to_seq of an LSE-role buffer is not executable");
-    for (int j = 0; j < U; j++) {
+    for (int j = 0; j < V->Us; j++) { /* usym: member 0 stands for its rotations */
         int p = r * U + j;
         slot *si = S(V, p, in);
         int want = s2h ? cp(V, p) : cp(V, p) / U;
@@ -591,7 +632,7 @@ static cpc_status *run_a2a(vb *V, int r)
     }
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
-    if (!s2h && is_grad(bi->role) && !op->reduce) {
+    if (!s2h && is_grad(bi->role) && !op->reduce && !V->usym) { /* usym: the parts are disjoint (usym_class) */
         /* A head held by two members keeps one part: refused here (the
          * members' head ranges, swept in order of their first head). */
         hrange *hr = malloc((size_t)U * sizeof *hr);
@@ -625,7 +666,7 @@ static cpc_status *run_a2a(vb *V, int r)
      * member gets the sum over the members of the heads each holds (placed
      * when no two hold one head, checked above; summed with reduce). */
     cset tmp = {0};
-    for (int u = 0; is_grad(bi->role) && u < U; u++) {
+    for (int u = 0; is_grad(bi->role) && u < U && !V->usym; u++) {
         int lo, hi;
         held_heads(V, in, u, &lo, &hi);
         if (!cs_add_set(V, &tmp, &S(V, r * U + u, in)->cnt, lo, hi)) {
@@ -633,10 +674,14 @@ static cpc_status *run_a2a(vb *V, int r)
             return cs_err(V);
         }
     }
-    for (int j = 0; j < U; j++)
+    if (is_grad(bi->role) && V->usym && !a2a_union_rotated(V, &tmp, &S(V, r * U, in)->cnt, in)) {
+        cs_free(&tmp);
+        return cs_err(V);
+    }
+    for (int j = 0; j < V->Us; j++)
         if (S(V, r * U + j, in)->r0)
             V->asym = "a `when r==0` op's result goes through an all_to_all";
-    for (int j = 0; j < U; j++) {
+    for (int j = 0; j < V->Us; j++) {
         int p = r * U + j;
         slot *so = S(V, p, out);
         so->written = true;
@@ -754,6 +799,35 @@ static cpc_status *run_ring_coll(vb *V, int u)
  * the rotations of each member's set; each element (q, k) of member u then
  * counts once for every query block q, and must be the cross-attention's
  * single key unit). */
+/* Adds run y as every simulated rank's rotations hold it: itself, or with
+ * usym (ROTATIONS OF U) once per member u, its heads moved by u*w (mod H);
+ * a run over member 0's part [0, w) gives one run over every head. */
+static bool add_members(vb *V, cset *c, run y)
+{
+    if (!V->usym)
+        return cs_add_run(V, c, y);
+    const int w = V->nh / V->U;
+    if (y.h0 == 0 && y.hn == w) {
+        y.hn = V->nh;
+        return cs_add_run(V, c, y);
+    }
+    for (int u = 0; u < V->U; u++) {
+        run z = y;
+        z.h0 = (int32_t)(((int64_t)y.h0 + (int64_t)u * w) % V->nh);
+        if (z.h0 + z.hn > V->nh) { /* wraps past the last head */
+            run t = z;
+            t.h0 = 0;
+            t.hn = z.h0 + z.hn - V->nh;
+            z.hn = V->nh - z.h0;
+            if (!cs_add_run(V, c, t))
+                return false;
+        }
+        if (!cs_add_run(V, c, z))
+            return false;
+    }
+    return true;
+}
+
 static cpc_status *run_all_reduce(vb *V)
 {
     if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
@@ -795,10 +869,10 @@ static cpc_status *run_all_reduce(vb *V)
                     if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
                         for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
                             y.len = 1;
-                            oom = !cs_add_run(V, &sum, y);
+                            oom = !add_members(V, &sum, y);
                         }
                     else
-                        oom = !cs_add_run(V, &sum, y);
+                        oom = !add_members(V, &sum, y);
                 }
             }
         }
@@ -2012,6 +2086,46 @@ static const char *sym_class(const vb *V, const cpc_op *ops, int n, int depth, c
     return NULL;
 }
 
+/* Do the ops commute with rotating u (verify_bwd.h ROTATIONS OF U)?  No
+ * `when`, count, peer or block reads u; no point-to-point message in the
+ * ulysses or world group. */
+static bool usym_ops(const cpc_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const cpc_op *op = &ops[i];
+        if ((op->when && cpc_expr_uses(op->when, 'u')) || (op->count && cpc_expr_uses(op->count, 'u')) ||
+            (op->peer && cpc_expr_uses(op->peer, 'u')) || (op->block && cpc_expr_uses(op->block, 'u')) ||
+            ((op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) && op->group != CPC_GROUP_RING) ||
+            (op->kind == CPC_OP_LOOP && !usym_ops(op->body, op->n_body)))
+            return false;
+    }
+    return true;
+}
+
+/* One ulysses member for all (ROTATIONS OF U): the ops commute with
+ * rotating u, and member u holds heads [u*w, (u+1)*w) of every head-part
+ * buffer, w = H / U (query heads and K/V heads alike: H and Hkv divisible by
+ * U, so no K/V head is shared and the GQA groups move with the heads). */
+static bool usym_class(const vb *V)
+{
+    const cpc_layout *L = &V->prog->layout;
+    if (V->U < 2 || V->twin || L->cross || L->H % V->U || L->Hkv % V->U || V->nh != L->H ||
+        !usym_ops(V->prog->ops, V->prog->n_ops))
+        return false;
+    const int w = L->H / V->U, us[3] = {0, 1, V->U - 1};
+    for (int b = 0; b < V->nb; b++) {
+        if (V->prog->buffers[b].heads != CPC_HEADS_PART)
+            continue;
+        for (int i = 0; i < 3; i++) {
+            int lo, hi;
+            held_heads(V, b, us[i], &lo, &hi);
+            if (lo != us[i] * w || hi != lo + w)
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Symmetric domain: what the rank (0, u) evaluated for a peer or block must
  * hold on every ring position: v(R-1) = v(0) + R - 1 (mod R), evaluating
  * (so that no rank's evaluation fails: the chain is monotone in r), and for
@@ -2197,7 +2311,7 @@ static int cmp_i64(const void *a, const void *b)
  * is affine in s (mod R) and every `when` constant between the cuts. */
 static bool loop_inductive(const vb *V, const cpc_op *loop)
 {
-    if (!V->ind_on || V->twin || !loop->count || cpc_expr_uses(loop->count, 'u'))
+    if (!V->ind_on || !loop->count || cpc_expr_uses(loop->count, 'u'))
         return false;
     for (int i = 0; i < loop->n_body; i++) {
         const cpc_op *op = &loop->body[i];
@@ -2244,7 +2358,7 @@ typedef struct iwalk {
 
 static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope);
 
-static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t jn)
+static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t s, int64_t jn)
 {
     rank_ops *r = w->cc->ro;
     cpc_exec_op x = {.op = loop, .c = {0}, .depth = 0, .peer = -1, .block = -1};
@@ -2254,6 +2368,7 @@ static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t jn)
     xop *y = &r->v[r->n - 1];
     y->mk = mk;
     y->jn = jn;
+    y->s = s;
     y->peer = w->nmark++; /* markers are met in the same order on every simulated rank */
     return NULL;
 }
@@ -2298,18 +2413,18 @@ static cpc_status *iw_loop(iwalk *w, const cpc_op *loop, int64_t N, cpc_coords c
         if (b - a >= IND_MIN) {
             for (; s < a + IND_WARM + 1 && !st && !w->fb; s++) {
                 if (s == a + IND_WARM)
-                    st = iw_mark(w, loop, MK_SNAP, 0);
+                    st = iw_mark(w, loop, MK_SNAP, s, 0);
                 c.s = s;
                 if (!st)
                     st = iw_list(w, loop->body, loop->n_body, c, 1, false);
             }
             if (!st && !w->fb)
-                st = iw_mark(w, loop, MK_SLOPE, 0);
+                st = iw_mark(w, loop, MK_SLOPE, s, 0);
             c.s = s;
             if (!st && !w->fb)
                 st = iw_list(w, loop->body, loop->n_body, c, 1, true);
             if (!st && !w->fb)
-                st = iw_mark(w, loop, MK_JUMP, b - s - 1);
+                st = iw_mark(w, loop, MK_JUMP, s, b - s - 1);
             s = b;
         }
         for (; s < b && !st && !w->fb; s++) {
@@ -2720,13 +2835,25 @@ static cpc_status *prove(vb *V)
         collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U};
         if (!st && V->ind_on) {
             iwalk w = {.V = V, .cc = &cc, .p = p};
-            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, cp(V, p)), 0, false);
+            /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked
+             * takes its peers and blocks back to rank 0's frame) */
+            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, p), 0, false);
             if (!st && w.fb) {
                 V->undec = "the walk meets what only cpc_program_walk reports";
                 return NULL;
             }
-        } else if (!st)
+        } else if (!st) {
             st = cpc_program_walk(prog, p, collect_checked, &cc);
+            if (st && st->code == CPC_E_INPUT && st->rule == 0) {
+                /* the walk's own refusal (an expression that does not evaluate, a
+                 * peer outside its group, a loop count out of range: program.h):
+                 * a CP051 of the backward program like every other fault */
+                cpc_status *d = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, st->span,
+                                         "backward program: %s", st->message);
+                cpc_status_free(st);
+                st = d;
+            }
+        }
     }
     if (st)
         return st;
@@ -2761,7 +2888,8 @@ static cpc_status *prove(vb *V)
             bool at = m0 && m0->mk;
             for (int p = 1; p < V->nsim && at; p++) {
                 const xop *m = V->pc[p] < V->ro[p].n ? &V->ro[p].v[V->pc[p]] : NULL;
-                at = m && m->mk && m->peer == m0->peer;
+                at = m && m->mk == m0->mk && m->peer == m0->peer && m->op == m0->op && m->s == m0->s &&
+                     m->jn == m0->jn; /* the same marker of the same loop and step on every rank */
             }
             if (at) {
                 ind_marker(V, m0);
@@ -2776,7 +2904,7 @@ static cpc_status *prove(vb *V)
         }
         /* ulysses groups (all_to_all), then ring groups (all_gather, reduce_scatter) */
         for (int gk = 0; gk < 2; gk++) {
-            int ng = gk == 0 ? ngr : V->U, nm = gk == 0 ? V->U : nrm;
+            int ng = gk == 0 ? ngr : V->Us, nm = gk == 0 ? V->Us : nrm;
             for (int g = 0; g < ng; g++) {
                 bool ready = true;
                 const cpc_op *op0 = NULL;
@@ -2922,7 +3050,8 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
     const cpc_layout *L = &prog->layout;
     if (L->P != L->R * L->U || L->R < 1 || L->U < 1)
         return cpc_error(CPC_E_INTERNAL, "verify_backward: program layout is not initialised");
-    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .nb = prog->n_buffers, .nh = L->U > 1 ? L->H : 1};
+    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .Us = L->U, .nb = prog->n_buffers,
+               .nh = L->U > 1 ? L->H : 1};
     base.NK = L->cross ? 1 : L->R + (L->rep ? 1 : 0);
     base.NQ = L->R + (L->rep ? 1 : 0);
     /* 1. the symmetric domain (any world size) when the program commutes
@@ -2936,18 +3065,31 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
         V.sym = true;
         V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
         V.nsim = V.twin ? 2 * V.U : V.U;
-        /* loops by induction first; where it cannot decide, unrolled */
-        V.ind_on = !V.twin && induction;
+        /* one ulysses member for all and loops by induction first; where the induction cannot
+         * decide, unrolled */
+        if (induction && usym_class(&V)) {
+            V.usym = true;
+            V.Us = 1;
+            V.nsim = 1;
+        }
+        V.ind_on = induction;
         st = prove(&V);
         if (V.undec) {
+            bool us = V.usym;
             cpc_status_free(st);
             vb_free(&V);
             V = base;
             V.sym = true;
             V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
             V.nsim = V.twin ? 2 * V.U : V.U;
+            if (us) {
+                V.usym = true;
+                V.Us = 1;
+                V.nsim = 1;
+            }
             st = prove(&V);
         }
+        stats->usym = V.usym;
         stats->jumps = V.jumps;
         stats->work = V.work;
         /* not decided: a failure after the symmetry broke says nothing either */

@@ -61,9 +61,87 @@
  *   (q, k) of a member's set goes to the owner of block k, seen from it as
  *   (q - k, 0)); all_reduce sums every rotation.  Evaluation: each peer and
  *   block is also evaluated on rank R-1 (value + R - 1 mod R required; the
- *   chain r + g is monotone in r, so no rank between fails).  Cost:
- *   U x (op instances of one rank), independent of R: 65536 ranks in 0.03 to
- *   0.5 s (bench_verify --backward; docs/VERIFY.md has the table).
+ *   chain r + g is monotone in r, so no rank between fails).  Cost: U x
+ *   (op instances of one rank, a loop's phases jumped by LOOPS BY
+ *   INDUCTION below), independent of R: ring, ring_anything and their
+ *   allgather forms at 65536 ranks in 0.003 to 0.02 ms; unified and
+ *   ulysses the same with ROTATIONS OF U below (one member simulated),
+ *   else linear in U (bench_verify --backward; docs/VERIFY.md has the
+ *   table).
+ *
+ *   LOOPS BY INDUCTION (the symmetric domain, tried first; verify_bwd.c
+ *   loop_inductive, iw_loop, ind_marker).  A top-level loop whose body has
+ *   no loop, collective, barrier or recomputed attention, whose `when`s read
+ *   neither the rank nor u and compare sides linear in s (and/or/not of
+ *   such), whose peers do not read s and whose blocks are free of s or
+ *   (r + g) % R with g linear in s, whose count does not read u (the twin
+ *   below takes part: it is one more simulated rank).  Its steps are cut into phases where
+ *   every `when` is constant (a comparison changes only where its sides
+ *   meet, at t: cuts at t and t + 1; checked by evaluation at both ends of
+ *   each phase).  A phase [a, b) of 6 steps or more: steps a, a+1 and a+2
+ *   run as always; the states before a+2 and before a+3 give the guess:
+ *   each ring index of the state (content tags of ring blocks, run starts,
+ *   the blocks posted recvs declare; mod R) and each run length moves per
+ *   step by what it moved on a+2, Z(s) = X(a+3) + (s - a - 3) D; everything
+ *   else (flags, provenance, layouts, run counts, steps and heads, requests
+ *   and their queues, the buffer-to-memory map up to renaming) must be
+ *   equal, else not decided.  Then step s0 = a+3 runs once with every value
+ *   carrying its slope in s (a block's: evaluated at s0 + 1; the tag rule
+ *   picks an input or a coordinate, so tags stay affine): each check that
+ *   two ring indices are equal must hold for the values AND the slopes (two
+ *   affine functions mod R equal at two consecutive steps are equal on
+ *   every step; slopes differing: not decided), and a contribution run is
+ *   joined to another only where the joined run is one run on every step
+ *   from s0 on (ends and slopes identities, lengths not decreasing; not
+ *   joining is always exact).  Peers, message tags, groups and `when`s are
+ *   the same on every step of the phase, so which requests match and which
+ *   waits block are too.  So for every s of the phase the step takes Z(s)
+ *   to a state affine in s; its result at s0, values and slopes, must be
+ *   Z(s0 + 1) with the slopes D: then it is Z(s + 1) for every s (equal
+ *   values and slopes), by induction the state before step s is Z(s) for s
+ *   in [a+3, b], and the proof goes on from Z(b).  Requests in flight
+ *   across the step boundary are part of the state and move with it (a
+ *   lagged ring's dK/dV send, posted at the end of a step and completed in
+ *   the next).  Memory slots are compared through the buffers naming them
+ *   (a swap renames slots; states equal up to a renaming behave the same).
+ *   Every simulated rank stops at these step boundaries together (the same
+ *   marker of the same loop and step); one waiting there for a rank that
+ *   waits on it is not decided.  A fault met on a concrete step or on step
+ *   s0 is a fault of that real step (the values are the real ones).
+ *   Whatever is not decided is proven again with every loop unrolled (the
+ *   symmetric domain as before), so the induction never accepts what
+ *   unrolling refuses (tests/test_verify_bwd.c induction_agrees_on_mutants:
+ *   induction, unrolled and enumeration agree on every mutant;
+ *   induction_refuses_planted_faults: a step skipped, a loop count off by
+ *   one, a recv one block off from step 1 on, an in-flight accumulator
+ *   overwritten or a block met twice on the last step only).  The OUTPUT
+ *   exactly-once rule is checked by runs (arcs of blocks x head intervals
+ *   tiling the (block, head) grid), element by element only to name the
+ *   first pair that fails.  Cost per phase: 4 steps of the body per
+ *   simulated rank, whatever its length.
+ *
+ *   ROTATIONS OF U (one ulysses member for all; verify_bwd.c usym_class).
+ *   When U > 1, H and Hkv are divisible by U, no `when`, count, peer or
+ *   block reads u, no point-to-point message runs in the ulysses or world
+ *   group, and there is no cross-attention or twin: member u holds heads [u*w, (u+1)*w) of every head-part buffer
+ *   (w = H / U; its K/V heads are those heads' GQA groups, no K/V head is
+ *   shared), every member runs the same ops, and each op's effect on member
+ *   u is its effect on member 0 with every head moved by u*w (mod H) and
+ *   every shard index by u: attn_bwd, copies and the GQA rule take heads
+ *   from the buffer's part, ring messages stay within a ring group (member
+ *   u's ring is member 0's, rotated in u), a seq_to_heads gives member u
+ *   every member's shard of its own heads, a heads_to_seq every member's
+ *   part of the gradient (member 0's runs moved by j*w for every member j:
+ *   a run over member 0's whole part becomes one run over every head), and
+ *   the parts are disjoint (no reduce needed); a world all_reduce sums
+ *   member 0's set rotated in r (as above) and in u (heads moved by u*w).
+ *   The final checks (own
+ *   shard, every head exactly once) are invariant under the rotation.  So
+ *   member u's state is member 0's rotated, and only member 0 (with the
+ *   ring rotation: rank (0, 0)) is simulated.  Cost: one simulated rank
+ *   (pure ulysses at 65536 ranks and heads: 0.002 ms; unified with U = 256:
+ *   0.02 ms).  Programs outside it simulate the U members (ulysses_anything
+ *   with heads not divisible by U).
  *
  *   REPLICATED ROWS (`split: replicate`).  Their index R (query block R,
  *   key unit R) names the same rows on every rank, so a rotation fixes it:
@@ -197,6 +275,7 @@ typedef struct cpc_verify_bwd_stats {
     int ranks;             /* ranks the proof covers (P when it succeeds) */
     int64_t work;          /* units spent (op instances collected + contribution runs added) */
     int64_t jumps;         /* loop phases proven by induction (LOOPS BY INDUCTION), not unrolled */
+    bool usym;             /* one ulysses member simulated for all (ROTATIONS OF U) */
 } cpc_verify_bwd_stats;
 
 cpc_status *cpc_verify_backward(const cpc_program *prog);

@@ -117,6 +117,7 @@ typedef struct sst {
 typedef struct sym_dom {
     struct sctx *C;
     const snode *nd; /* the op being run (writer of what it stores; where a fault is) */
+    int64_t slo, shi;     /* ... for the steps [slo, shi) */
     const struct sreq *q; /* the request it was last moved to (at) */
     char ob[256];
 } sym_dom;
@@ -492,10 +493,10 @@ static bool steps_of(const sctx *C, const cpc_expr *e, int i, int64_t N, iset *o
 /* The op and the steps the current run stands for. */
 #define op_desc(C, nd, buf, n) vc_op_desc((nd), (C)->slo, (C)->shi, (buf), (n))
 
-/* A definite fault: every rank runs the same ops, so it shows on rank 0 (or
- * on the rank `r`, u 0, given). */
-__attribute__((format(printf, 4, 5)))
-static int serr_at(sctx *C, const snode *nd, int64_t r, const char *fmt, ...)
+/* A definite fault at the op nd for the steps [slo, shi): every rank runs
+ * the same ops, so it shows on rank 0 (or on the rank `r`, u 0, given). */
+__attribute__((format(printf, 6, 7)))
+static int serr_in(sctx *C, const snode *nd, int64_t slo, int64_t shi, int64_t r, const char *fmt, ...)
 {
     if (C->result)
         return -1;
@@ -503,12 +504,13 @@ static int serr_at(sctx *C, const snode *nd, int64_t r, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     C->result = CPC_SYM_ERROR;
-    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, r * C->U, C->U, op_desc(C, nd, ob, sizeof ob), fmt,
-                       ap);
+    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, r * C->U, C->U,
+                       vc_op_desc(nd, slo, shi, ob, sizeof ob), fmt, ap);
     va_end(ap);
     return -1;
 }
 
+#define serr_at(C, nd, r, ...) serr_in(C, nd, (C)->slo, (C)->shi, r, __VA_ARGS__) /* the current steps */
 #define serr(C, nd, ...) serr_at(C, nd, 0, __VA_ARGS__)
 
 /* Outside the symbolic class: the op and why. */
@@ -1050,7 +1052,11 @@ static vc_rq *dom_rq(void *self, int id) { return &SD(self)->C->st->req[id].h; }
 
 static int dom_open(void *self, int i) { return i < SD(self)->C->st->nreq ? i : -1; }
 
-static void dom_at(void *self, const vc_rq *q) { SD(self)->nd = q->on, SD(self)->q = (const sreq *)q; }
+static void dom_at(void *self, const vc_rq *q)
+{
+    sym_dom *d = self;
+    d->nd = q->on, d->slo = q->slo, d->shi = q->shi, d->q = (const sreq *)q;
+}
 
 static void dom_at_writer(void *self, int b)
 {
@@ -1369,7 +1375,7 @@ static const vc_domain sym_ops = {
 /* The domain at the op nd, the message emptied. */
 static const vc_domain *at(sctx *C, const snode *nd)
 {
-    C->d.nd = nd, C->m[0] = 0;
+    C->d.nd = nd, C->d.slo = C->slo, C->d.shi = C->shi, C->m[0] = 0;
     return &C->dom;
 }
 
@@ -1382,7 +1388,7 @@ static int sres(sctx *C, vc_tri t)
     case VC_YES: return 0;
     case VC_OOM: return snomem(C);
     case VC_UNDECIDED: return sund(C, C->d.nd, "%s", C->m[0] ? C->m : "undecided");
-    default: return serr(C, C->d.nd, "%s", C->m[0] ? C->m : "fault (no message)");
+    default: return serr_in(C, C->d.nd, C->d.slo, C->d.shi, 0, "%s", C->m[0] ? C->m : "fault (no message)");
     }
 }
 

@@ -124,7 +124,7 @@ Test(cost, visible_pairs_of_many_runs_count_every_pair)
         cr_assert_eq(cpc_visible_pairs(q, nq, k, nk, true), want, "trial %d: %.0f vs %.0f", trial,
                      cpc_visible_pairs(q, nq, k, nk, true), want);
         cr_assert_eq(cpc_visible_pairs(q, nq, k, nk, false), tq * tk);
-        for (int j = nk - 1; j > 0; j--) { /* shuffled keys: the general path */
+        for (int j = nk - 1; j > 0; j--) { /* shuffled keys: sorted first (a zigzag Ulysses rank lists them in member order) */
             seed = seed * 1103515245u + 12345u;
             int r = (int)((seed >> 16) % (unsigned)(j + 1));
             cpc_run t = k[j]; k[j] = k[r]; k[r] = t;

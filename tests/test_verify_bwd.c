@@ -173,6 +173,21 @@ Test(verify_bwd, groups_are_part_of_matching)
     expect_cp051(e, "dK/dV in different groups", "dv");
 }
 
+/* What the per-rank walk itself refuses (a peer outside its group, an
+ * expression that does not evaluate, a loop count out of range) is a CP051
+ * of the backward program naming the op, like every other fault (new-user
+ * trial: "rank 0: send: peer 1 outside its group 0..0", no rule, no op). */
+Test(verify_bwd, walk_errors_are_cp051_with_the_op)
+{
+    const char *grp[] = {SEND_KV, "    - {kind: send, group: ulysses, peer: (r+1)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n",
+                         NULL};
+    expect_cp051(grp, "K/V sent in a group of one", "backward program: rank 0: ops[");
+    expect_cp051(grp, "K/V sent in a group of one", "send: peer 1 outside its group 0..0");
+    const char *mod0[] = {SEND_DKV, "    - {kind: send, group: ring, peer: (r+1)%0, in: [dk_out, dv_out], tag: 1}\n",
+                          NULL};
+    expect_cp051(mod0, "peer modulo zero", "modulo by zero");
+}
+
 /* attn_bwd adds into dk_out/dv_out after their send is posted, before its wait. */
 Test(verify_bwd, in_flight_send_buffer_accumulated)
 {
@@ -590,22 +605,36 @@ Test(verify_bwd, induction_agrees_on_mutants)
         cpc_variant v;
         int R, U, H, Hkv, tokens;
         const char *rotate;
+        int rep; /* replicated text tokens (the twin: RING RANK 0) */
     } rows[] = {
-        {"ring", CPC_VARIANT_RING, 12, 1, 4, 2, 96, "p2p"},
-        {"ring", CPC_VARIANT_RING, 9, 1, 4, 4, 72, "allgather"},
-        {"unified", CPC_VARIANT_UNIFIED, 10, 2, 4, 2, 160, "p2p"},
-        {"unified", CPC_VARIANT_UNIFIED, 8, 3, 6, 3, 144, "allgather"},
-        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 11, 1, 4, 2, 100, "p2p"},
-        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 8, 1, 4, 2, 70, "allgather"},
+        {"ring", CPC_VARIANT_RING, 12, 1, 4, 2, 96, "p2p", 0},
+        {"ring", CPC_VARIANT_RING, 9, 1, 4, 4, 72, "allgather", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 10, 2, 4, 2, 160, "p2p", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 3, 6, 3, 144, "allgather", 0},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 11, 1, 4, 2, 100, "p2p", 0},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 8, 1, 4, 2, 70, "allgather", 0},
+        /* one ulysses member for all (ROTATIONS OF U): heads and K/V heads divisible by U */
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 0},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 6, 3, 50, "p2p", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 9, 2, 4, 4, 144, "p2p", 0},
+        /* replicated text: the twin and the fixed index R in the runs */
+        {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},
+        {"ring_anything", CPC_VARIANT_RING_ANYTHING, 9, 1, 4, 2, 70, "allgather", 5},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 4, 64, "p2p", 5}, /* one member, world all_reduce */
+        /* the ring without overlap: the accumulator travels in the same step (BACKWARD.md 3.1) */
+        {"ring", CPC_VARIANT_RING, 11, 1, 4, 2, 88, "p2p, overlap: false", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p, overlap: false", 0},
     };
     const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
     int rounds = env ? atoi(env) : 300;
     uint64_t seed = test_seed();
-    int jumped = 0, jumped_ok = 0, refused = 0;
+    int jumped = 0, jumped_ok = 0, refused = 0, usym = 0, usym_ok = 0;
     for (int k = 0; k < rounds; k++) {
         size_t i = (size_t)k % (sizeof rows / sizeof rows[0]);
-        cpc_program *p = bwd_program(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
-                                     rows[i].tokens, k % 2 ? "causal" : "none", rows[i].rotate);
+        cpc_program *p = bwd_program_rep(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                                         rows[i].tokens, k % 2 && !rows[i].rep ? "causal" : "none", rows[i].rotate,
+                                         rows[i].rep);
         int nm = k % 4 == 3 ? 0 : 1 + k % 2;
         for (int m = 0; m < nm; m++)
             mutate_steps(p, seed, k * 4 + m);
@@ -621,6 +650,9 @@ Test(verify_bwd, induction_agrees_on_mutants)
         cr_assert_eq(a == NULL, u == NULL, "seed %llu round %d (%s): induction: %s / unrolled: %s",
                      (unsigned long long)seed, k, rows[i].name, a ? a->message : "proven", u ? u->message : "proven");
         cr_assert_eq(su.jumps, 0);
+        cr_assert(!su.usym);
+        usym += sa.usym;
+        usym_ok += sa.usym && !a;
         jumped += sa.jumps > 0;
         jumped_ok += sa.jumps > 0 && !a;
         refused += a != NULL;
@@ -633,9 +665,11 @@ Test(verify_bwd, induction_agrees_on_mutants)
               (unsigned long long)seed, jumped, rounds, jumped_ok);
     cr_expect(refused > rounds / 8 && refused < rounds, "seed %llu: %d of %d refused", (unsigned long long)seed,
               refused, rounds);
+    cr_expect(usym > rounds / 8 && usym_ok > rounds / 16, "seed %llu: %d of %d mutants by one ulysses member, %d proven",
+              (unsigned long long)seed, usym, rounds, usym_ok);
     if (env)
-        fprintf(stderr, "induction mutants: %d, %d refused, %d jumped (%d of them proven)\n", rounds, refused, jumped,
-                jumped_ok);
+        fprintf(stderr, "induction mutants: %d, %d refused, %d jumped (%d of them proven), %d by one ulysses member (%d proven)\n",
+                rounds, refused, jumped, jumped_ok, usym, usym_ok);
 }
 
 /* One planted fault per rule the induction relies on, in a 16-rank ring
@@ -655,6 +689,7 @@ Test(verify_bwd, induction_refuses_planted_faults)
         {"attn_bwd run twice on the last step only", "p2p", "2 times or more"},
         {"none", "p2p", NULL},
         {"none", "allgather", NULL},
+        {"none", "p2p, overlap: false", NULL},
     };
     for (int R = 16; R <= 65536; R *= 4096) {
         for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++) {
@@ -765,6 +800,50 @@ Test(verify_bwd, induction_refuses_planted_faults)
             cpc_status_free(st);
             cpc_program_free(p);
         }
+    }
+}
+
+/* One ulysses member for all (verify_bwd.h ROTATIONS OF U): at 65536 ranks
+ * (heads = ranks) the pure ulysses program is proven by member 0 alone;
+ * faults are refused by it: a gradient never brought back to the sequence
+ * layout, the dq sent back without its heads placed (a gradient's
+ * heads_to_seq into the wrong output); a guard reading u leaves the class
+ * (every member simulated, at 1024 ranks) and its fault is found there. */
+Test(verify_bwd, one_ulysses_member_for_all)
+{
+    for (int f = 0; f < 4; f++) {
+        int U = f == 3 ? 1024 : 65536;
+        cpc_program *p = bwd_program("ulysses", CPC_VARIANT_ULYSSES, 1, U, U, U, 2 * U, "causal", "p2p");
+        cpc_op *h2s[3] = {NULL, NULL, NULL}, *att = NULL;
+        int nh = 0;
+        for (int j = 0; j < p->n_ops; j++) {
+            if (p->ops[j].kind == CPC_OP_ALL_TO_ALL && p->ops[j].dir == CPC_A2A_HEADS_TO_SEQ && nh < 3)
+                h2s[nh++] = &p->ops[j];
+            if (p->ops[j].kind == CPC_OP_ATTN_BWD)
+                att = &p->ops[j];
+        }
+        cr_assert_eq(nh, 3);
+        cr_assert_not_null(att);
+        if (f == 1)
+            h2s[1]->when = expr_of("0");
+        if (f == 2)
+            h2s[0]->out[0] = h2s[1]->out[0];
+        if (f == 3)
+            att->when = expr_of("u!=1");
+        cpc_verify_bwd_stats st1;
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, &st1);
+        cr_expect_eq(st1.usym, f != 3, "fault %d: usym %d", f, (int)st1.usym);
+        if (f == 0) {
+            cr_expect_null(st, "%s", st ? st->message : "");
+            cr_expect_eq(st1.mode, CPC_VERIFY_SYMBOLIC);
+        } else {
+            static const char *const needle[] = {NULL, "never written", "'dk'", "0 times"};
+            cr_assert_not_null(st, "fault %d proven", f);
+            cr_expect_eq(st->rule, CPC_RULE_VERIFY);
+            cr_expect(strstr(st->message, needle[f]), "fault %d: %s", f, st->message);
+        }
+        cpc_status_free(st);
+        cpc_program_free(p);
     }
 }
 

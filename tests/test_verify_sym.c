@@ -310,7 +310,7 @@ static const char *fault_words(const char *m)
  * worded the same by both. */
 Test(verify_sym, one_step_gives_one_message)
 {
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         cpc_program *p = ring_prog(4, "p2p", true);
         cpc_op *loop = top_op(p, CPC_OP_LOOP, 0);
         switch (k) {
@@ -334,18 +334,23 @@ Test(verify_sym, one_step_gives_one_message)
             m->in[1] = t;
             break;
         }
-        default: { /* merged into itself */
+        case 4: { /* merged into itself */
             cpc_op *m = body_op(loop, CPC_OP_MERGE, 0);
             m->out[0] = m->in[0];
             m->out[1] = m->in[1];
             break;
         }
+        default: /* the last step's send and recv run, but no wait completes them */
+            set_expr(&body_op(loop, CPC_OP_SEND, 0)->when, NULL);
+            set_expr(&body_op(loop, CPC_OP_RECV, 0)->when, NULL);
+            break;
         }
         cpc_status *sy = verify_with(p, CPC_VERIFY_SYMBOLIC_ONLY, NULL), *en = verify_with(p, CPC_VERIFY_ENUMERATE, NULL);
         cr_assert(sy && en, "fault %d: symbolic %s, enumeration %s", k, sy ? "refuses" : "proves",
                   en ? "refuses" : "proves");
-        cr_assert_str_eq(fault_words(sy->message), fault_words(en->message), "fault %d:\n%s\n%s", k, sy->message,
-                         en->message);
+        cr_assert_str_eq(k == 5 ? strstr(sy->message, "ops[") : fault_words(sy->message),
+                         k == 5 ? strstr(en->message, "ops[") : fault_words(en->message), "fault %d:\n%s\n%s", k,
+                         sy->message, en->message); /* (5: the same request named, the step it was posted in) */
         cpc_status_free(sy);
         cpc_status_free(en);
         cpc_program_free(p);

@@ -389,6 +389,11 @@ def inputs(model, a, torch, dtype):
                     timestep=torch.full((B,), 500.0),
                     encoder_attention_mask=text_mask(a, torch), num_frames=F, height=H,
                     width=W, return_dict=False)
+    if a.model == "skyreels" and a.forcing:
+        # diffusion forcing (synchronous): a timestep per latent frame
+        return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
+                    timestep=torch.linspace(900.0, 100.0, F).repeat(B, 1),
+                    enable_diffusion_forcing=True, return_dict=False)
     return dict(hidden_states=r(B, 4, F, H, W), encoder_hidden_states=r(B, a.text, 32),
                 timestep=torch.full((B,), 500.0), return_dict=False)
 
@@ -427,6 +432,8 @@ def parser():
                    help="text padding tokens (masked) for models with a text mask; "
                         "-1: no mask passed")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--forcing", action="store_true",
+                   help="skyreels: enable_diffusion_forcing with a per-frame timestep")
     p.add_argument("--per-token", action="store_true",
                    help="ltx2: a per-token timestep [B, S] (image-to-video)")
     p.add_argument("--replicate-text", action="store_true",
@@ -472,6 +479,15 @@ def main():
                     f.write(line + "\n")
             else:
                 print(line, flush=True)
+    if t.torchrun:
+        # end without the interpreter's finalisation: a gloo worker thread may still
+        # release a Python object then and torch aborts the process (SIGABRT after
+        # the results were written; tests/nccl_worker.py saw it 4 runs in 5)
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

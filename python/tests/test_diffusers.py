@@ -349,6 +349,14 @@ def test_hints_name_the_diffusers_fields():
     # a plain dict (not from from_diffusers) keeps cpc's own words
     r2 = cpc.check(dict(bad))
     assert "ulysses_anything=True" not in " ".join(d.hint or "" for d in r2.diagnostics)
+    # the PlanError's own .hint and .message too (they kept the plan keys' words:
+    # new-user trial), as its first error's diagnostic
+    with pytest.raises(cpc.PlanError) as ei:
+        cpc.compile(bad)
+    e = ei.value
+    first = next(d for d in e.diagnostics if d.severity == "error")
+    assert e.hint == first.hint and "ulysses_anything=True" in e.hint, (e.hint, first.hint)
+    assert "ulysses_anything=True" in e.message
 
 
 def test_unpinned_degrees_sweep():
@@ -475,6 +483,14 @@ def _shape_cases():
                            encoder_hidden_states_llama3=r(2, B, 6, 16),
                            pooled_embeds=r(B, 16), return_dict=False),
          dict(height=48, width=64), "joint", 5 + 6 + 6),
+        # Z-Image: a 6x6 latent (9 tokens) and a 7-token caption, each padded to 32
+        ("ZImageTransformer2DModel",
+         dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=64, n_layers=1,
+              n_refiner_layers=1, n_heads=4, n_kv_heads=4, cap_feat_dim=32,
+              axes_dims=[4, 6, 6], axes_lens=[128, 32, 32]),
+         lambda t, r: dict(x=[r(4, 1, 6, 6)], t=t.full((B,), 0.5), cap_feats=[r(7, 32)],
+                           return_dict=False),
+         dict(height=48, width=48), "joint", 7),
         ("EasyAnimateTransformer3DModel",
          dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
               patch_size=2, sample_width=8, sample_height=8, num_layers=1, mmdit_layers=1,
@@ -485,7 +501,7 @@ def _shape_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(10), ids=lambda i: _SHAPE_IDS[i])
+@pytest.mark.parametrize("case", range(11), ids=lambda i: _SHAPE_IDS[i])
 def test_tokens_match_the_models_attention(case, monkeypatch):
     """from_diffusers' tokens and heads for the classes added in this round, against the
     attention the model itself runs: a tiny random transformer of the class, fed the
@@ -524,7 +540,7 @@ def test_tokens_match_the_models_attention(case, monkeypatch):
         q, k = max(calls, key=lambda c: c[0][2])
         assert (q[1], q[2], k[2]) == (H, tokens, tokens), (calls, tokens)
         # the text's place, as the processors concatenate (HiDream: [image, text])
-        first = "image" if cls.startswith("HiDream") else "text"
+        first = "image" if cls.startswith(("HiDream", "ZImage")) else "text"
         assert plan["input"]["segments"][0]["name"] == first
     elif attention == "self":
         assert ((1, H, tokens, plan["model"]["head_dim"]),) * 2 in \
@@ -538,4 +554,4 @@ def test_tokens_match_the_models_attention(case, monkeypatch):
 
 
 _SHAPE_IDS = ["ltx2", "chroma", "cogview4", "cosmos", "allegro", "lumina2", "sana",
-              "hidream", "hidream-nonsquare", "easyanimate"]
+              "hidream", "hidream-nonsquare", "zimage", "easyanimate"]

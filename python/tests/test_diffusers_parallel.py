@@ -7,7 +7,10 @@ WanTransformer3DModel, QwenImageTransformer2DModel, HunyuanVideoTransformer3DMod
 CogVideoXTransformer3DModel, SD3Transformer2DModel, LTXVideoTransformer3DModel,
 MochiTransformer3DModel, HunyuanVideo15Transformer3DModel, SkyReelsV2Transformer3DModel,
 ChromaTransformer2DModel, CogView4Transformer2DModel, CosmosTransformer3DModel,
-EasyAnimateTransformer3DModel, ChronoEditTransformer3DModel and AllegroTransformer3DModel
+EasyAnimateTransformer3DModel, ChronoEditTransformer3DModel, AllegroTransformer3DModel,
+ZImageTransformer2DModel, Lumina2Transformer2DModel, HiDreamImageTransformer2DModel,
+LTX2VideoTransformer3DModel (video and audio outputs), HunyuanVideo-I2V (token_replace),
+Cosmos 2.5 (image context) and SkyReels-V2 diffusion forcing
 (seeded: the same weights on every rank), even and odd token counts, padded (masked)
 text where the model masks it, fp32 and bf16,
 every variant, inference and autograd training, 2 and 4 MPI processes, one torchrun
@@ -135,6 +138,8 @@ CASES_2 = {
     "lumina2-ring-bf16": "--model lumina2 --ring 2 --text 8 --dtype bf16",
     "lumina2-ring_anything-mask-refused": "--model lumina2 --ring 2 --anything --text 7 "
                                           "--pad 1 --batch 2 --expect-error PlanError",
+    # an odd caption on ring 2: the hint offers *_anything, not replicate_text (refused)
+    "lumina2-ring-odd-refused": "--model lumina2 --ring 2 --text 7 --expect-error PlanError",
     # HiDream: the text (T5 + Llama layers, re-assembled per block) whole on every rank
     "hidream-ring_anything-odd-fp32": "--model hidream --ring 2 --anything --height 6 "
                                       "--width 6 --text 5",
@@ -152,6 +157,12 @@ CASES_2 = {
     # HunyuanVideo-I2V (token_replace): the first frame's 6 of 18 video tokens all on rank 0
     "hunyuani2v-ring-mask-train-fp32": "--model hunyuani2v --ring 2 --pad 1 --frames 3 "
                                        "--train",
+    # SkyReels-V2 diffusion forcing (synchronous): a timestep per frame, so per-token
+    # modulation (split with the video; the output norm's on the gathered video)
+    "skyreels-ring_anything-odd-forcing-fp32": "--model skyreels --ring 2 --anything "
+                                               "--frames 3 --height 6 --width 6 --forcing",
+    "skyreels-ulysses-forcing-train-fp32": "--model skyreels --ulysses 2 --frames 3 "
+                                           "--forcing --train",
     # Cosmos 2.5: the image context, a second cross-attention (5 tokens, whole)
     "cosmos25-ulysses_anything-odd-fp32": "--model cosmos25 --ulysses 2 --anything --heads 3 "
                                           "--frames 3 --height 6 --width 6",
@@ -200,11 +211,6 @@ CASES_4 = {
                              "--dtype bf16",
     "sd35m-ulysses_anything-odd-fp32": "--model sd35m --ulysses 4 --anything --height 6 "
                                        "--width 6 --text 7",
-    "zimage-unified-mask-fp32": "--model zimage --ring 2 --ulysses 2 --batch 2 --pad 1 "
-                                "--height 4 --width 4 --text 7",
-    "lumina2-unified-fp32": "--model lumina2 --ring 2 --ulysses 2 --text 8 --width 8",
-    "hidream-unified-train-fp32": "--model hidream --ring 2 --ulysses 2 --height 4 --width 4 "
-                                  "--text 5 --train",
     "ltx2-unified-train-fp32": "--model ltx2 --ring 2 --ulysses 2 --frames 2 --height 3 "
                                "--width 4 --text 7 --pad 2 --train",
     # first-frame tokens 5 + 1 + 0 + 0 of an uneven 5/5/4/4 split
@@ -225,8 +231,9 @@ CASES_TORCHRUN = {
     "cosmos-ring-mask-fp32": "--model cosmos --ring 2 --pad 1",
     "easyanimate-ulysses-bf16": "--model easyanimate --ulysses 2 --dtype bf16",
     "hunyuan15-ulysses-mask-fp32": "--model hunyuan15 --ulysses 2 --pad 1 --text 7",
-    "zimage-ring-mask-fp32": "--model zimage --ring 2 --batch 2 --pad 1 --height 4 --width 4 "
-                             "--text 7",
+    # the gathered video K/V's summing backward over gloo (torch.distributed all_reduce)
+    "ltx2-ring_anything-odd-train-fp32": "--model ltx2 --ring 2 --anything --frames 3 "
+                                         "--height 3 --width 3 --text 7 --train --per-token",
 }
 
 # attention calls per forward: the tiny models' layers (x2 where a layer has a text
@@ -247,7 +254,6 @@ CALLS = {"flux": 2, "flux2": 2, "wan": 4, "qwen": 2, "hunyuan": 2, "cogvideox": 
 PLAN_FACTS = {
     "zimage-ulysses-fp32": ([["image", 32, "shard"], ["text", 32, "shard"]], 4, None),
     "zimage-ring-mask-train-fp32": ([["image", 32, "shard"], ["text", 64, "shard"]], 4, None),
-    "zimage-unified-mask-fp32": ([["image", 32, "shard"], ["text", 64, "shard"]], 4, None),
     "lumina2-ulysses_anything-odd-fp32": ([["text", 7, "shard"], ["image", 6, "shard"]], 4, 2),
     "lumina2-ulysses_anything-odd-mask-train-fp32": ([["text", 6, "shard"],
                                                       ["image", 6, "shard"]], 4, 2),
@@ -307,6 +313,8 @@ def _check(name, runs, nproc):
         assert all("CP01" in r["message"] and "_anything=True" in r["message"] for r in runs)
         if name.startswith("cogvideox"):       # the text's way out: xDiT's layout
             assert all("replicate_text=True" in r["message"] for r in runs), runs
+        if name.startswith(("lumina2", "zimage")):     # which refuse replicate_text
+            assert not any("replicate_text" in r["message"] for r in runs), runs
         return
     assert "error" not in d, d
     bf16 = "bf16" in name
@@ -400,6 +408,10 @@ def test_refusals_name_the_field():
     z = tiny_zimage(4)
     with pytest.raises(cpc.UnsupportedError, match="replicate_text"):
         cpc.diffusers.parallelize(z, pc, replicate_text=True)
+    # a misspelt from_diffusers keyword fails at once (it failed at the first forward)
+    with pytest.raises(TypeError, match="did you mean 'replicate_text'"):
+        cpc.diffusers.parallelize(z, pc, replicat_text=True)
+    assert not cpc.diffusers.is_parallelized(z)
     h = tiny_hidream(4)
     with pytest.raises(cpc.UnsupportedError, match="Llama"):
         cpc.diffusers.parallelize(h, pc, replicate_text=False)
@@ -411,8 +423,9 @@ def test_refusals_name_the_field():
     with pytest.raises(cpc.UnsupportedError, match="different image sizes"):
         z(x=[r(4, 1, 4, 4), r(4, 1, 16, 16)], t=torch.full((2,), 0.5),
           cap_feats=[r(7, 32), r(7, 32)])
-    with pytest.raises(cpc.UnsupportedError, match="omni mode"):
+    with pytest.raises(cpc.UnsupportedError, match="omni mode") as e:
         z(x=[[r(4, 1, 4, 4)]], t=torch.full((1,), 0.5), cap_feats=[[r(7, 32)]])
+    assert "basic mode" in e.value.hint
     cpc.diffusers.unparallelize(z)
     c4 = tiny_cogview4(2)
     cpc.diffusers.parallelize(c4, pc)
@@ -425,11 +438,12 @@ def test_refusals_name_the_field():
     cpc.diffusers.unparallelize(c4)
     x2 = tiny_ltx2(2)
     cpc.diffusers.parallelize(x2, pc)
-    with pytest.raises(cpc.UnsupportedError, match="video_self_attention_mask"):
+    with pytest.raises(cpc.UnsupportedError, match="video_self_attention_mask") as e:
         x2(hidden_states=r(1, 24, 8), audio_hidden_states=r(1, 5, 8),
            encoder_hidden_states=r(1, 7, 32), audio_encoder_hidden_states=r(1, 7, 32),
            timestep=torch.full((1,), 500.0), num_frames=2, height=3, width=4,
            audio_num_frames=5, video_self_attention_mask=torch.ones(1, 24, 24))
+    assert "drop video_self_attention_mask" in e.value.hint
     cpc.diffusers.unparallelize(x2)
     from diffusers_worker import tiny_flux2, tiny_skyreels
     f2 = tiny_flux2(2)
@@ -441,8 +455,10 @@ def test_refusals_name_the_field():
     assert "Flux2Pipeline" in e.value.hint
     cpc.diffusers.unparallelize(f2)
     sk = tiny_skyreels(2)
+    sk._set_ar_attention(2)            # the asynchronous mode's causal_block_size 2
     cpc.diffusers.parallelize(sk, pc)
-    with pytest.raises(cpc.UnsupportedError, match="enable_diffusion_forcing"):
+    with pytest.raises(cpc.UnsupportedError, match="block-causal") as e:
         sk(hidden_states=r(1, 4, 2, 4, 4), encoder_hidden_states=r(1, 4, 32),
            timestep=torch.full((1, 2), 500.0), enable_diffusion_forcing=True)
+    assert "causal_block_size=1" in e.value.hint
     cpc.diffusers.unparallelize(sk)

@@ -187,7 +187,8 @@ def _chronoedit(cfg):
 
 def _zimage(cfg):
     # Z-Image: one stream over [image, caption] (the basic, non-omni order), the caption
-    # (max_sequence_length 512) padded and masked; VAE 8, patch all_patch_size[0];
+    # (max_sequence_length 512) padded and masked; image and caption each padded to a
+    # multiple of 32 tokens (from_diffusers below); VAE 8, patch all_patch_size[0];
     # heads n_heads, head_dim dim / n_heads; n_layers joint blocks (its refiners attend
     # within the image or the caption alone).
     heads = _int(_get(cfg, "n_heads"), "n_heads")
@@ -552,6 +553,8 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     text = m.text if text_tokens is None else _int(text_tokens, "text_tokens")
     if text < 1:
         raise ValueError(f"text_tokens must be >= 1, got {text}")
+    if m.family == "z-image":
+        text = -(-text // 32) * 32          # the caption padded as the image (cap_pad_token)
 
     reference_images = _int(reference_images, "reference_images")
     if reference_images < 0 or (reference_images and m.kind != "image"):
@@ -561,6 +564,11 @@ def from_diffusers(parallel_config, transformer_config, height=None, width=None,
     elif m.kind == "image" and reference_images:
         one = (height // vs // m.patch) * (width // vs // m.patch)
         seg = {"name": "image", "tokens": one * (1 + reference_images)}
+    elif m.family == "z-image":
+        # ZImageTransformer2DModel.patchify_and_embed pads the image to a multiple of 32
+        # tokens (SEQ_MULTI_OF; the padding rows are real keys)
+        n = (height // vs // m.patch) * (width // vs // m.patch)
+        seg = {"name": "image", "tokens": -(-n // 32) * 32}
     elif m.kind == "image" and m.family == "hidream" and height // vs != width // vs:
         mr = _get(cfg, "max_resolution", [128, 128])
         seg = {"name": "image", "tokens": _int(mr[0], "max_resolution") *
@@ -767,6 +775,22 @@ def diffusers_words(text):
                   "cluster.world_size (the number of processes: ring_degree x ulysses_degree)",
                   text)
     return text
+
+
+def translate_error(err):
+    """A PlanError of a from_diffusers plan: its diagnostics, and its own .message and
+    .hint (the first error's), in the ContextParallelConfig's words."""
+    diags = getattr(err, "diagnostics", None) or []
+    translate_diagnostics(diags)
+    first = next((d for d in diags if d.severity == "error"), None)
+    err.message = diffusers_words(err.message)
+    if first is not None and first.hint:
+        err.hint = first.hint
+    else:
+        err.hint = diffusers_words(err.hint)
+    if err.args:
+        err.args = (err.message,) + tuple(err.args[1:])
+    return err
 
 
 def translate_diagnostics(diags):

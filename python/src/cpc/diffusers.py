@@ -47,6 +47,7 @@ mpi4py's COMM_WORLD when mpi4py is installed, else a world of one process.
 import contextvars
 import functools
 import inspect
+import re
 import sys
 import time
 
@@ -81,10 +82,14 @@ class _MPIComm:
 
     def allgather_rows(self, x, counts):
         """x: [n_r, ...] contiguous torch tensor on this rank; counts: every rank's n_r.
-        Returns [sum(counts), ...] (rank order)."""
+        Returns [sum(counts), ...] (rank order), on x's device (a device tensor goes
+        through host memory: mpi4py sends numpy buffers here)."""
         torch = _torch()
         from mpi4py import MPI
         import numpy as np
+        dev = x.device
+        if dev.type != "cpu":
+            return self.allgather_rows(x.cpu(), counts).to(dev)
         row = x[0].numel() * x.element_size() if x.shape[0] else \
             int(np.prod(x.shape[1:])) * x.element_size()
         send = x.contiguous().view(torch.uint8).reshape(-1).numpy() if x.numel() else \
@@ -100,11 +105,11 @@ class _MPIComm:
         from mpi4py import MPI
         torch = _torch()
         if t.dtype in (torch.float32, torch.float64):
-            buf = t.detach().contiguous().numpy()
+            buf = t.detach().cpu().contiguous().numpy()
             self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-            t.copy_(torch.from_numpy(buf))
+            t.copy_(torch.from_numpy(buf))      # back (a copy: on a device, or strided)
         else:                                   # bf16 / fp16: sum in float32
-            buf = t.detach().float().contiguous().numpy()
+            buf = t.detach().float().cpu().contiguous().numpy()
             self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             t.copy_(torch.from_numpy(buf).to(t.dtype))
 
@@ -257,16 +262,52 @@ def _tokens_wan(model, cfg, get):
 
 
 def _tokens_skyreels(model, cfg, get):
-    if get("enable_diffusion_forcing"):
-        raise UnsupportedError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing=True "
-                               "(the diffusion-forcing pipelines): with num_frame_per_block > 1 "
-                               "its self-attention is block-causal over frames (an [S, S] "
-                               "mask: neither cpc's key padding mask nor its token-causal "
-                               "mask) and its timestep is per frame",
+    if (cfg.get("num_frame_per_block") or 1) > 1:
+        raise UnsupportedError("SkyReelsV2Transformer3DModel with num_frame_per_block "
+                               f"{cfg.get('num_frame_per_block')} (causal_block_size > 1: the "
+                               "diffusion-forcing pipelines' asynchronous mode): its "
+                               "self-attention is block-causal over frames (an [S, S] mask: "
+                               "neither cpc's key padding mask nor its token-causal mask)",
                                code="unsupported",
-                               hint="SkyReelsV2Pipeline / SkyReelsV2ImageToVideoPipeline "
-                                    "(no diffusion forcing) run through parallelize")
+                               hint="causal_block_size=1 (synchronous diffusion forcing, "
+                                    "ar_step=0) or the non-forcing pipelines run through "
+                                    "parallelize")
+    ts = get("timestep")
+    if get("enable_diffusion_forcing") and (ts is None or ts.dim() != 2):
+        raise UsageError("SkyReelsV2Transformer3DModel with enable_diffusion_forcing: timestep "
+                         "must be [B, latent frames]", code="usage")
     return _tokens_wan(model, cfg, get)
+
+
+def _install_skyreels(par, model):
+    """SkyReels-V2 diffusion forcing (enable_diffusion_forcing, synchronous): the timestep is
+    per frame, so every modulation is per token.  The blocks' (timestep_proj [B, 6, S, D])
+    is split with the video (_plan_skyreels); the output norm's is built from the whole
+    video's per-token embedding outside any module, so the video is gathered before
+    norm_out and the output norm and projection run whole on every rank (proj_out's gather
+    then has nothing to do).  Training: each rank passes 1/P of the output's gradient back
+    and the gather's backward sums the ranks' parts (the parameter gradients summed over
+    the ranks are then the single-process ones)."""
+    def forcing():
+        return par.current is not None and par.comm.size > 1 and par.get is not None and \
+            bool(par.get("enable_diffusion_forcing"))
+
+    def video(st):
+        return [n for n, _ in st.segments if n != "text"][0]
+
+    def pre(mod, args):
+        if not forcing():
+            return None
+        st = par.current
+        x = args[0]
+        return (_gather_fn().apply(x, st, video(st), 1, True),) + tuple(args[1:])
+
+    def post(mod, args, out):
+        if not forcing() or par.current.mode != "training":
+            return out
+        return _scale_grad(out, 1.0 / par.comm.size)
+    par.handles.append(model.norm_out.register_forward_pre_hook(pre))
+    par.handles.append(model.proj_out.register_forward_hook(post))
 
 
 def _plan_skyreels():
@@ -277,6 +318,9 @@ def _plan_skyreels():
     return {"rope": {0: c, 1: c},
             "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3,
                                                                split_output=False)},
+            # diffusion forcing: the per-token modulation [B, 6, S, D] (else [B, 6, D])
+            "blocks.*": {"temb": ContextParallelInput(split_dim=2, expected_dims=4,
+                                                      split_output=False)},
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
@@ -738,7 +782,10 @@ def _zimage_lengths(get):
                                "siglip_feats, image_noise_mask): its [caption, images, SigLIP] "
                                "sequence with per-token modulation is not routed through "
                                "cpc.diffusers; the basic mode (one image per sample, "
-                               "ZImagePipeline) is", code="unsupported")
+                               "ZImagePipeline) is", code="unsupported",
+                               hint="call the model in its basic mode (x and cap_feats one tensor "
+                                    "per sample), or run the omni mode without parallelize "
+                                    "(cpc.diffusers.unparallelize)")
     if get("controlnet_block_samples") is not None:
         raise UnsupportedError(f"{name} with controlnet_block_samples: residuals over the whole "
                                "unified sequence added between layers, which cpc.diffusers "
@@ -756,9 +803,9 @@ def _zimage_lengths(get):
         xl.append(_ceil32((F // pf) * (H // p) * (W // p)))
     if len(set(xl)) > 1:
         raise UnsupportedError(f"{name}: samples of different image sizes in one call (image "
-                               f"tokens {xl}): each sample's caption would start at another "
-                               "position; cpc.diffusers needs one image size per call "
-                               "(ZImagePipeline makes one)", code="unsupported",
+                               f"tokens {xl} after padding to 32): each sample's caption would "
+                               "start at another position; cpc.diffusers needs one image token "
+                               "count per call (ZImagePipeline makes one)", code="unsupported",
                                hint="call the transformer once per image size")
     return xl[0], [_ceil32(int(c.shape[0])) for c in cap]
 
@@ -884,7 +931,10 @@ def _tokens_ltx2(model, cfg, get):
     if get("video_self_attention_mask") is not None:
         raise UnsupportedError(f"{name} with video_self_attention_mask (IC-LoRA: a weight per "
                                "video token pair, [B, S, S]): not a key padding mask; not "
-                               "routed through cpc.diffusers", code="unsupported")
+                               "routed through cpc.diffusers", code="unsupported",
+                               hint="drop video_self_attention_mask (the IC-LoRA conditioning), "
+                                    "or run this call without parallelize "
+                                    "(cpc.diffusers.unparallelize)")
     hs, ehs, ts = get("hidden_states"), get("encoder_hidden_states"), get("timestep")
     if hs is None or hs.dim() != 3 or ehs is None:
         raise UsageError(f"{name}: hidden_states [B, tokens, C] (the pipeline's packed video "
@@ -992,7 +1042,8 @@ _MODELS = {
     "ChromaTransformer2DModel": _Spec(_tokens_flux, "joint", cp_plan=_plan_chroma,
                                       key_mask=_mask_chroma),
     "WanTransformer3DModel": _Spec(_tokens_wan, "self"),
-    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels),
+    "SkyReelsV2Transformer3DModel": _Spec(_tokens_skyreels, "self", cp_plan=_plan_skyreels,
+                                          install=_install_skyreels),
     "ChronoEditTransformer3DModel": _Spec(_tokens_wan, "self"),   # Wan's, its own _cp_plan
     "AllegroTransformer3DModel": _Spec(_tokens_allegro, "self", cp_plan=_plan_allegro,
                                        key_mask=_mask_ltx),
@@ -1041,6 +1092,10 @@ _REFUSED = {
         "linear) but does not run: cpc's kernels compute softmax attention",
         "run Sana without context parallelism; cpc.from_diffusers + cpc.check still price "
         "its plans"),
+    "SanaVideoTransformer3DModel": (
+        "its self-attention is linear (ReLU) attention (SanaLinearAttnProcessor3_0: no "
+        "softmax over the keys), which cpc's kernels (softmax attention) do not run",
+        "run Sana-Video without context parallelism"),
 }
 _TEXT_NAMES = ("encoder_hidden_states", "txt_ids", "encoder_attention_mask",
                "encoder_hidden_states_mask")
@@ -1181,6 +1236,7 @@ class _Parallel:
         self.spec = _MODELS[self.cls]
         self.tokens_fn, self.kind = self.spec.tokens, self.spec.kind
         self.masks = (None, None)   # this call's key masks (joint/self, cross), global
+        self.get = None             # this call's argument getter, inside a forward
         self._mask_shards = {}      # this call's key masks as this rank's shards
         self.last_plan = None
         self.calls = 0              # attention calls answered by cpc (all shapes)
@@ -1199,7 +1255,8 @@ class _Parallel:
         try:
             return cpc_compile(plan)
         except PlanError as e:
-            raise _diffusers_hints(e, plan, self.parallel_config) from None
+            raise _diffusers_hints(e, plan, self.parallel_config,
+                                   replicate_ok=not callable(self.spec.replicate)) from None
 
     def _state(self, tokens, text, batch, dtype, mode, masked=(False, False)):
         key = (tokens, text, batch, dtype, mode, masked)
@@ -1317,10 +1374,12 @@ class _Parallel:
                              "inputs (as with diffusers' enable_parallelism)")
         self.current = self._state(tokens, text, batch, dtype, mode, masked)
         self.masks, self._mask_shards = masks, {}
+        self.get = get             # this call's arguments (for _Spec.install hooks)
         return None
 
     def post_forward(self, module, args, kwargs, output):
         self.current = None
+        self.get = None
         self.masks, self._mask_shards = (None, None), {}
         return None
 
@@ -1416,7 +1475,11 @@ def _install_cp_plan(par, model):
             return x
         if st.layout.P == 1:
             return x
-        return Gather.apply(x, st, "*" if whole else seg_name(st, "main"), cpo.gather_dim)
+        seg = "*" if whole else seg_name(st, "main")
+        lay = st.layout
+        if x.shape[cpo.gather_dim] == lay.total[seg] != lay.counts[seg][lay.rank]:
+            return x               # whole already (SkyReels' diffusion forcing: _install)
+        return Gather.apply(x, st, seg, cpo.gather_dim)
 
     for module_id, entry in plan.items():
         mods = _find_modules(model, module_id)
@@ -1647,7 +1710,8 @@ def _cpc_attention(par, attn, q, k, v, attn_mask, dropout_p, is_causal, scale,
     else:
         art, att = st.main
         mask = par.mask_shard(0, art, row)
-        rep = st.mode == "training" and par.comm.size > 1 and getattr(st, "rep_rows", None) is not None
+        rep = st.mode == "training" and par.comm.size > 1 and \
+            getattr(st, "rep_rows", None) is not None
     if rep:
         # replicated text (SPEC section 10): every rank holds the text and ran its
         # projections, so each rank's text gradients are 1/P of the single-process ones
@@ -1772,10 +1836,19 @@ def _install_attention(par, model):
     return n
 
 
-def _diffusers_hints(e, plan, parallel_config):
+def _diffusers_hints(e, plan, parallel_config, replicate_ok=True):
     """A PlanError of a from_diffusers plan (its diagnostics already name the
-    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it."""
+    ContextParallelConfig fields, cpc.compile does that); keeps the plan on it.  For a
+    model that refuses replicate_text (Lumina2, Z-Image) the hint offering it is dropped."""
     e.plan = plan
+    if not replicate_ok:
+        for d in e.diagnostics:
+            if d.hint and "replicate_text=True" in d.hint:
+                d.hint = re.sub(r";? ?or keep the text whole on every rank.*?cpc\.from_diffusers\)",
+                                "", d.hint) or None
+    first = next((d for d in e.diagnostics if d.severity == "error"), None)
+    if first is not None:
+        e.hint = first.hint    # .hint as the first error's, in the same words
     return e
 
 
@@ -1786,14 +1859,17 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     """Parallelize a diffusers transformer's attention with cpc (see the module doc).
 
     transformer: FluxTransformer2DModel, Flux2Transformer2DModel, ChromaTransformer2DModel,
-      WanTransformer3DModel, SkyReelsV2Transformer3DModel, ChronoEditTransformer3DModel,
-      CosmosTransformer3DModel,
-      QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel (text-to-video),
-      CogVideoXTransformer3DModel, CogView4Transformer2DModel, SD3Transformer2DModel,
-      EasyAnimateTransformer3DModel, AllegroTransformer3DModel,
-      LTXVideoTransformer3DModel,
-      MochiTransformer3DModel, HunyuanVideo15Transformer3DModel (_MODELS: how each is
-      split and routed).  parallel_config: diffusers' ContextParallelConfig (or
+      WanTransformer3DModel, SkyReelsV2Transformer3DModel (synchronous diffusion forcing
+      too), ChronoEditTransformer3DModel, CosmosTransformer3DModel (Cosmos 2.5's image
+      context too), QwenImageTransformer2DModel, HunyuanVideoTransformer3DModel
+      (text-to-video and I2V token_replace), CogVideoXTransformer3DModel,
+      CogView4Transformer2DModel, SD3Transformer2DModel, EasyAnimateTransformer3DModel,
+      AllegroTransformer3DModel, LTXVideoTransformer3DModel, LTX2VideoTransformer3DModel
+      (video through cpc, audio whole on every rank), MochiTransformer3DModel,
+      HunyuanVideo15Transformer3DModel, ZImageTransformer2DModel, Lumina2Transformer2DModel
+      (per-sample packing: a key mask), HiDreamImageTransformer2DModel (text always whole)
+      (_MODELS: how each is split and routed; _REFUSED: SanaTransformer2DModel, linear
+      attention).  parallel_config: diffusers' ContextParallelConfig (or
       ParallelConfig, or a dict of its fields), as for cpc.from_diffusers.  comm: an mpi4py
       communicator, a torch.distributed ProcessGroup, or None (the launcher's world).
       backend / timeout_s: for cpc.Attention ("auto": "cuda" for a model on a CUDA device,
@@ -1802,12 +1878,14 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
       xDiT runs it, inference only; ...).
 
     Afterwards every rank calls transformer(**inputs) with the full inputs and gets the
-    full output.  Errors: cpc.UnsupportedError (another class, or a configuration of
-    these that is not routed: FLUX.2 reference tokens, HunyuanVideo-I2V token replace,
-    SD3.5 Medium's image-only attention at a shape whose image split differs from the
-    joint one's), ValueError (a ContextParallelConfig
-    cpc cannot honour, at once); at the first call: cpc.PlanError / cpc.UsageError on every
-    rank before any layer runs.  Returns the transformer."""
+    full output.  Errors: cpc.UnsupportedError (another class, Sana, or a configuration
+    of these that is not routed, naming the diffusers field and, in .hint, what runs:
+    FLUX.2's reference-token KV cache, SkyReels' asynchronous diffusion forcing, CogView4's
+    attention_mask, LTX-2's video_self_attention_mask, Z-Image's omni mode,
+    replicate_text for Lumina2 / Z-Image or False for HiDream, SD3.5 Medium's image-only
+    attention at a shape whose image split differs from the joint one's), ValueError (a
+    ContextParallelConfig cpc cannot honour, at once); at the first call: cpc.PlanError /
+    cpc.UsageError on every rank before any layer runs.  Returns the transformer."""
     cls = type(transformer).__name__
     if cls in _REFUSED:
         raise UnsupportedError(f"cpc.diffusers.parallelize: {cls}: {_REFUSED[cls][0]}",
@@ -1818,6 +1896,17 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     if getattr(transformer, "_cpc", None) is not None:
         raise UsageError("this transformer is already parallelized (unparallelize first)",
                          code="usage")
+    # plan_kw goes to from_diffusers at the first call: a misspelt keyword fails now, as
+    # a Python call's would, not at the first forward (new-user trial)
+    known = [k for k in inspect.signature(_D.from_diffusers).parameters
+             if k not in ("parallel_config", "transformer_config")]
+    for k in plan_kw:
+        if k not in known:
+            import difflib
+            near = difflib.get_close_matches(k, known, n=1)
+            raise TypeError(f"parallelize() got an unexpected keyword argument {k!r}"
+                            + (f" (did you mean {near[0]!r}?)" if near else
+                               f"; from_diffusers keywords: {', '.join(known)}"))
     _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
     spec = _MODELS[cls]
     if spec.check is not None:
