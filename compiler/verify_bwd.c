@@ -2842,8 +2842,18 @@ static cpc_status *prove(vb *V)
                 V->undec = "the walk meets what only cpc_program_walk reports";
                 return NULL;
             }
-        } else if (!st)
+        } else if (!st) {
             st = cpc_program_walk(prog, p, collect_checked, &cc);
+            if (st && st->code == CPC_E_INPUT && st->rule == 0) {
+                /* the walk's own refusal (an expression that does not evaluate, a
+                 * peer outside its group, a loop count out of range: program.h):
+                 * a CP051 of the backward program like every other fault */
+                cpc_status *d = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, st->span,
+                                         "backward program: %s", st->message);
+                cpc_status_free(st);
+                st = d;
+            }
+        }
     }
     if (st)
         return st;

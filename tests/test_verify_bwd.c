@@ -173,6 +173,21 @@ Test(verify_bwd, groups_are_part_of_matching)
     expect_cp051(e, "dK/dV in different groups", "dv");
 }
 
+/* What the per-rank walk itself refuses (a peer outside its group, an
+ * expression that does not evaluate, a loop count out of range) is a CP051
+ * of the backward program naming the op, like every other fault (new-user
+ * trial: "rank 0: send: peer 1 outside its group 0..0", no rule, no op). */
+Test(verify_bwd, walk_errors_are_cp051_with_the_op)
+{
+    const char *grp[] = {SEND_KV, "    - {kind: send, group: ulysses, peer: (r+1)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n",
+                         NULL};
+    expect_cp051(grp, "K/V sent in a group of one", "backward program: rank 0: ops[");
+    expect_cp051(grp, "K/V sent in a group of one", "send: peer 1 outside its group 0..0");
+    const char *mod0[] = {SEND_DKV, "    - {kind: send, group: ring, peer: (r+1)%0, in: [dk_out, dv_out], tag: 1}\n",
+                          NULL};
+    expect_cp051(mod0, "peer modulo zero", "modulo by zero");
+}
+
 /* attn_bwd adds into dk_out/dv_out after their send is posted, before its wait. */
 Test(verify_bwd, in_flight_send_buffer_accumulated)
 {

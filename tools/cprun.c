@@ -44,7 +44,6 @@ static void usage(FILE *f)
             "                                  kernel), cudnn (cuDNN must work), nvrtc (generated only)\n"
             "  --transport auto|local|mpi|nccl  auto: under mpirun/srun nccl (cuda) or mpi (cpu),\n"
             "                                  else local threads; nccl: one process per GPU\n"
-            "                                  (inference plans; training over mpi or local)\n"
             "  --input QKV.safetensors         q, k, v (and mask) in global BSHD\n"
             "  --seed N                        random normal inputs (default 0)\n"
             "  --output OUT.safetensors        gathered `out` (and `lse` with --lse)\n"

@@ -483,6 +483,7 @@ int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank)
 
 /* ---- the per-rank walk ------------------------------------------------------ */
 
+
 #define WALK_MAX_DEPTH 8
 
 typedef struct walker {
@@ -490,20 +491,39 @@ typedef struct walker {
     cpc_walk_fn fn;
     void *ctx;
     int *tags;
+    int path[WALK_MAX_DEPTH + 1]; /* the index of the op being walked at each depth */
+    int depth;                    /* its depth */
 } walker;
 
-static cpc_status *op_error(const cpc_op *op, const cpc_coords *c, const char *fmt, const char *detail)
+/* The op's index path in the program ("ops[3].body[1]", 1-based as Lua
+ * scripts and CP050/CP051 count) from the walk's stack of indices. */
+static void walk_path(const walker *w, char *buf, size_t n)
 {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int d = 0; d <= w->depth && d <= WALK_MAX_DEPTH && o < n; d++)
+        o += (size_t)snprintf(buf + o, n - o, d ? ".body[%d]" : "ops[%d]", w->path[d] + 1);
+}
+
+static cpc_status *op_error(const walker *w, const cpc_op *op, const cpc_coords *c, const char *fmt,
+                            const char *detail)
+{
+    char path[160];
+    walk_path(w, path, sizeof path);
     cpc_status *st = cpc_diag(CPC_E_INPUT, 0, CPC_SEV_ERROR, op->span, fmt, detail);
-    cpc_status_prefix(st, "rank %lld: %s", (long long)c->p, cpc_op_kind_name(op->kind));
+    cpc_status_prefix(st, "rank %lld: %s %s", (long long)c->p, path, cpc_op_kind_name(op->kind));
     return st;
 }
 
-static cpc_status *eval_in(const cpc_op *op, const cpc_expr *e, const cpc_coords *c, int64_t *v)
+static cpc_status *eval_in(const walker *w, const cpc_op *op, const cpc_expr *e, const cpc_coords *c,
+                           int64_t *v)
 {
     cpc_status *st = cpc_expr_eval(e, c, v);
-    if (st)
-        cpc_status_prefix(st, "rank %lld: %s", (long long)c->p, cpc_op_kind_name(op->kind));
+    if (st) {
+        char path[160];
+        walk_path(w, path, sizeof path);
+        cpc_status_prefix(st, "rank %lld: %s %s", (long long)c->p, path, cpc_op_kind_name(op->kind));
+    }
     return st;
 }
 
@@ -517,16 +537,17 @@ static int64_t group_size(const cpc_layout *L, cpc_group g)
     }
 }
 
-static cpc_status *check_operands(const cpc_program *prog, const cpc_op *op, const cpc_coords *c)
+static cpc_status *check_operands(const walker *w, const cpc_program *prog, const cpc_op *op,
+                                  const cpc_coords *c)
 {
     if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS)
-        return op_error(op, c, "%s", "operand count out of range");
+        return op_error(w, op, c, "%s", "operand count out of range");
     for (int i = 0; i < op->n_in; i++)
         if (op->in[i] < 0 || op->in[i] >= prog->n_buffers)
-            return op_error(op, c, "%s", "input buffer index out of range");
+            return op_error(w, op, c, "%s", "input buffer index out of range");
     for (int i = 0; i < op->n_out; i++)
         if (op->out[i] < 0 || op->out[i] >= prog->n_buffers)
-            return op_error(op, c, "%s", "output buffer index out of range");
+            return op_error(w, op, c, "%s", "output buffer index out of range");
     return NULL;
 }
 
@@ -584,11 +605,15 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
     const cpc_layout *L = &w->prog->layout;
     for (int i = 0; i < n; i++) {
         const cpc_op *op = &ops[i];
+        if (depth <= WALK_MAX_DEPTH) {
+            w->path[depth] = i;
+            w->depth = depth;
+        }
         if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT)
-            return op_error(op, &c, "%s", "unknown op kind");
+            return op_error(w, op, &c, "%s", "unknown op kind");
         if (op->when) {
             int64_t v;
-            cpc_status *st = eval_in(op, op->when, &c, &v);
+            cpc_status *st = eval_in(w, op, op->when, &c, &v);
             if (st)
                 return st;
             if (!v)
@@ -596,20 +621,20 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
         }
         if (op->kind == CPC_OP_LOOP) {
             if (depth >= WALK_MAX_DEPTH)
-                return op_error(op, &c, "%s", "loops nested too deeply");
+                return op_error(w, op, &c, "%s", "loops nested too deeply");
             if (!op->count)
-                return op_error(op, &c, "%s", "loop without a count");
+                return op_error(w, op, &c, "%s", "loop without a count");
             int64_t cnt;
-            cpc_status *st = eval_in(op, op->count, &c, &cnt);
+            cpc_status *st = eval_in(w, op, op->count, &c, &cnt);
             if (st)
                 return st;
             if (cnt < 0 || cnt > CPC_LOOP_MAX) {
                 char buf[64];
                 snprintf(buf, sizeof buf, "%lld", (long long)cnt);
-                return op_error(op, &c, "loop count %s outside 0..2^20", buf);
+                return op_error(w, op, &c, "loop count %s outside 0..2^20", buf);
             }
             if (op->n_body > 0 && !op->body)
-                return op_error(op, &c, "%s", "loop without a body");
+                return op_error(w, op, &c, "%s", "loop without a body");
             for (int64_t s = 0; s < cnt; s++) {
                 cpc_coords ci = c;
                 ci.s = s;
@@ -619,38 +644,38 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
             }
             continue;
         }
-        cpc_status *st = check_operands(w->prog, op, &c);
+        cpc_status *st = check_operands(w, w->prog, op, &c);
         if (st)
             return st;
         cpc_exec_op x = {.op = op, .c = c, .depth = depth, .peer = -1, .block = -1, .tags = w->tags};
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV) {
             if (!op->peer)
-                return op_error(op, &c, "%s", "send/recv without a peer");
-            st = eval_in(op, op->peer, &c, &x.peer);
+                return op_error(w, op, &c, "%s", "send/recv without a peer");
+            st = eval_in(w, op, op->peer, &c, &x.peer);
             if (st)
                 return st;
             int64_t W = group_size(L, op->group);
             if (W <= 0)
-                return op_error(op, &c, "%s", "send/recv needs group ring, ulysses or world");
+                return op_error(w, op, &c, "%s", "send/recv needs group ring, ulysses or world");
             if (x.peer < 0 || x.peer >= W) {
                 char buf[96];
                 snprintf(buf, sizeof buf, "peer %lld outside its group 0..%lld", (long long)x.peer,
                          (long long)W - 1);
-                return op_error(op, &c, "%s", buf);
+                return op_error(w, op, &c, "%s", buf);
             }
         }
         if (op->block) {
-            st = eval_in(op, op->block, &c, &x.block);
+            st = eval_in(w, op, op->block, &c, &x.block);
             if (st)
                 return st;
             if (x.block < 0 || x.block >= L->R) {
                 char buf[96];
                 snprintf(buf, sizeof buf, "block %lld outside 0..%d", (long long)x.block, L->R - 1);
-                return op_error(op, &c, "%s", buf);
+                return op_error(w, op, &c, "%s", buf);
             }
         }
         if (op->kind == CPC_OP_RECV && !op->block)
-            return op_error(op, &c, "%s", "recv without a block");
+            return op_error(w, op, &c, "%s", "recv without a block");
         if (w->fn) {
             st = w->fn(w->ctx, &x);
             if (st)

@@ -349,6 +349,14 @@ def test_hints_name_the_diffusers_fields():
     # a plain dict (not from from_diffusers) keeps cpc's own words
     r2 = cpc.check(dict(bad))
     assert "ulysses_anything=True" not in " ".join(d.hint or "" for d in r2.diagnostics)
+    # the PlanError's own .hint and .message too (they kept the plan keys' words:
+    # new-user trial), as its first error's diagnostic
+    with pytest.raises(cpc.PlanError) as ei:
+        cpc.compile(bad)
+    e = ei.value
+    first = next(d for d in e.diagnostics if d.severity == "error")
+    assert e.hint == first.hint and "ulysses_anything=True" in e.hint, (e.hint, first.hint)
+    assert "ulysses_anything=True" in e.message
 
 
 def test_unpinned_degrees_sweep():

@@ -408,6 +408,10 @@ def test_refusals_name_the_field():
     z = tiny_zimage(4)
     with pytest.raises(cpc.UnsupportedError, match="replicate_text"):
         cpc.diffusers.parallelize(z, pc, replicate_text=True)
+    # a misspelt from_diffusers keyword fails at once (it failed at the first forward)
+    with pytest.raises(TypeError, match="did you mean 'replicate_text'"):
+        cpc.diffusers.parallelize(z, pc, replicat_text=True)
+    assert not cpc.diffusers.is_parallelized(z)
     h = tiny_hidream(4)
     with pytest.raises(cpc.UnsupportedError, match="Llama"):
         cpc.diffusers.parallelize(h, pc, replicate_text=False)
@@ -419,8 +423,9 @@ def test_refusals_name_the_field():
     with pytest.raises(cpc.UnsupportedError, match="different image sizes"):
         z(x=[r(4, 1, 4, 4), r(4, 1, 16, 16)], t=torch.full((2,), 0.5),
           cap_feats=[r(7, 32), r(7, 32)])
-    with pytest.raises(cpc.UnsupportedError, match="omni mode"):
+    with pytest.raises(cpc.UnsupportedError, match="omni mode") as e:
         z(x=[[r(4, 1, 4, 4)]], t=torch.full((1,), 0.5), cap_feats=[[r(7, 32)]])
+    assert "basic mode" in e.value.hint
     cpc.diffusers.unparallelize(z)
     c4 = tiny_cogview4(2)
     cpc.diffusers.parallelize(c4, pc)
@@ -433,11 +438,12 @@ def test_refusals_name_the_field():
     cpc.diffusers.unparallelize(c4)
     x2 = tiny_ltx2(2)
     cpc.diffusers.parallelize(x2, pc)
-    with pytest.raises(cpc.UnsupportedError, match="video_self_attention_mask"):
+    with pytest.raises(cpc.UnsupportedError, match="video_self_attention_mask") as e:
         x2(hidden_states=r(1, 24, 8), audio_hidden_states=r(1, 5, 8),
            encoder_hidden_states=r(1, 7, 32), audio_encoder_hidden_states=r(1, 7, 32),
            timestep=torch.full((1,), 500.0), num_frames=2, height=3, width=4,
            audio_num_frames=5, video_self_attention_mask=torch.ones(1, 24, 24))
+    assert "drop video_self_attention_mask" in e.value.hint
     cpc.diffusers.unparallelize(x2)
     from diffusers_worker import tiny_flux2, tiny_skyreels
     f2 = tiny_flux2(2)

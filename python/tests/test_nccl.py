@@ -37,7 +37,9 @@ def test_no_gpu_here_says_what_to_do():
     real device check refuses, every rank alike, before NCCL is touched."""
     MPI = pytest.importorskip("mpi4py.MPI")
     why = _nccl.device_problem(None)
-    assert why is not None and ("no CUDA device" in why or "without NCCL" in why), why
+    if why is None:
+        pytest.skip("this machine has a GPU and NCCL: tests/gpu/run.sh covers it")
+    assert "no CUDA device" in why or "without NCCL" in why, why
     with pytest.raises(cpc.UnsupportedError) as e:
         cpc.Attention(plan(1), comm=MPI.COMM_SELF, backend="cuda")
     assert "NCCL cannot run on rank 0 of 1" in str(e.value)

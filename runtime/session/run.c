@@ -2271,11 +2271,10 @@ cpc_status *cpc_job_run(const cpc_job *job, const cpc_run_options *opt_in, cpc_r
     bool cuda_bwd = false;
     for (int i = 0; x.cuda && i < x.n_kernels; i++)
         cuda_bwd = cuda_bwd || strcmp(x.kernels[i].name, "attention_bwd") == 0;
-    if (job->bwd && (use_nccl || (x.cuda && !cuda_bwd))) {
+    if (job->bwd && x.cuda && !cuda_bwd) {
         st = cpc_error(CPC_E_UNSUPPORTED,
-                       "training plans run with the local or mpi transport for now (%s)",
-                       use_nccl ? "the nccl transport has no backward pass yet"
-                                : "the cuda backend: the artifact predates the backward kernels; compile it again");
+                       "training plans on the cuda backend need the backward kernels: the artifact "
+                       "predates them; compile it again");
         goto setup_failed;
     }
     x.mpi = use_mpi;

@@ -842,9 +842,23 @@ static void n_destroy(cpc_transport *t)
         cpc_mpi_finalize();
 }
 
+/* vt->flush: issues the posted messages, but holds a batch of sends only
+ * (no receive among them) until the next flush that has a receive, or a
+ * wait, collective or barrier.  Why: a send whose receive the peer posts in
+ * a LATER batch (the backward ring's dK/dV accumulator: sent at step s,
+ * received at step s+1) must not be issued alone: both ranks' lone sends
+ * would wait for each other's later receives, queued behind them on the
+ * comm stream (NCCL deadlocks once a message exceeds its buffers).  Held,
+ * it joins the batch of the step that receives.  Every rank runs the same
+ * program, so every rank holds alike. */
 static cpc_status *n_flush(cpc_transport *t)
 {
     nccl_ctx *c = ctx_of(t);
+    bool any_recv = false;
+    for (int i = 0; i < c->n_pend && !any_recv; i++)
+        any_recv = c->pend[i]->is_recv;
+    if (!any_recv)
+        return NULL;
     use_device(c);
     return flush(c, "flush");
 }

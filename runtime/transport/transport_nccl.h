@@ -56,7 +56,13 @@
  * ncclSend/ncclRecv of ncclUint8 - by vt->flush (transport.h; the same as
  * cpc_transport_nccl_flush), or else
  * when this endpoint next waits for a request or enters a collective or
- * barrier (which issue earlier messages first).  Each request then holds a
+ * barrier (which issue earlier messages first).  vt->flush HOLDS a batch of
+ * sends only (no receive posted) until the next flush with a receive (or a
+ * wait, collective, barrier): a send whose receive the peer posts one step
+ * later (the backward ring's dK/dV accumulators) then travels in the same
+ * batch as that step's receives; issued alone, every rank's lone send would
+ * wait for a receive queued behind it (a deadlock, found on the emulator's
+ * fake NCCL: tests/cli/nccl_emu.sh trains over NCCL).  Each request then holds a
  * cudaEvent recorded on the comm stream after its batch.  OVERLAP: a
  * transfer starts only when its batch is issued, so an executor that wants
  * a ring step's K/V transfer to overlap the block's attention calls
@@ -223,7 +229,8 @@ cpc_status *cpc_transport_nccl_set_compute_stream(cpc_transport *t, void *stream
  * (CPC_E_USAGE when none).  Does not block the host. */
 cpc_status *cpc_transport_nccl_compute_to_comm(cpc_transport *t, void *stream);
 
-/* Issues every message posted so far (see POINT-TO-POINT), in event mode
+/* Issues every message posted so far (see POINT-TO-POINT: a batch of sends
+ * only is held until a receive is posted or a wait), in event mode
  * without blocking the host.  Every member of a group must flush at
  * corresponding points (SPMD: after the same posts).  Errors: as the NCCL
  * calls (CPC_E_RUNTIME naming rank, op, group, peer); CPC_E_USAGE for

@@ -12,12 +12,13 @@
 #     emulator's size (same segments: T5 text first, then the image; 8 heads, head_dim
 #     64, 64 + 64 tokens) as ulysses 1x4, ring 4x1, unified 2x2 and ring 2x1, plus an
 #     uneven ulysses_anything plan (131 tokens, 6 heads over 4), a key-padding unified
-#     plan and a replicated text segment, and none on 1 rank without mpirun (as on the GPU
-#     machine): every run PASSes cprun's check against the
+#     plan and a replicated text segment, none on 1 rank without mpirun (as on the GPU
+#     machine), and training (ring 2, ring 4, unified 4: forward and backward; dq/dk/dv
+#     checked): every run PASSes cprun's check against the
 #     float64 reference, and rank 0's --output equals the MPI transport's byte for byte;
 #   - the library: cpc_nccl_unique_id + cpc_rank_new_nccl_id, and cpc_rank_new_nccl over
 #     the caller's communicator (tests/emu/rank_nccl_emu.c) on 2 and 4 processes, each
-#     rank's output against the float64 reference;
+#     rank's output (and for training plans its dq/dk/dv) against the float64 reference;
 #   - Python: cpc.Attention(a, comm=..., backend="cuda") on device arrays, comm an mpi4py
 #     communicator and a torch.distributed gloo group (tests/emu/nccl_py_emu.py): the
 #     NCCL rank bootstrapped from the group, the gathered output against float64; a rank
@@ -70,7 +71,8 @@ mpi() {
 }
 
 # ---- the conformance suite ------------------------------------------------------------
-CPC_EMU_DEVICES=1 t conf-1 0 "$B/test_transport_nccl" --jobs=1 --filter 'transport_nccl/conformance'
+# (one process: MPI as a singleton, whose allocations at exit are not leaks of ours)
+CPC_EMU_DEVICES=1 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" t conf-1 0 "$B/test_transport_nccl" --jobs=1 --filter 'transport_nccl/conformance'
 for np in 2 4; do
   mpi "conf-$np" 0 "$np" "$B/test_transport_nccl" --jobs=1 --filter 'transport_nccl/conformance'
 done
@@ -103,6 +105,13 @@ shrink ring 4 flux-ring-4
 shrink unified 4 flux-unified-4
 shrink ring 2 flux-ring-2
 shrink none 1 flux-none-1
+# training (the backward ring sends its dK/dV accumulator one step before the peer receives
+# it: the transport holds such lone sends, transport_nccl.h POINT-TO-POINT)
+for v in "ring 2" "ring 4" "unified 4"; do
+  set -- $v
+  shrink "$1" "$2" "train-$1-$2"
+  sed -i 's/mode: inference/mode: training/' "$tmp/train-$1-$2.yaml"
+done
 gen() {   # gen NAME VARIANT DTYPE HEADS MASK INPUT...
   local name=$1 v=$2 dt=$3 h=$4 mask=$5; shift 5
   { echo "version: 1"; echo "name: $name"
@@ -114,7 +123,7 @@ gen uneven-ua-4 ulysses_anything fp16 6 none "segments: [{name: text, tokens: 21
 gen keypad-unified-4 unified bf16 4 key_padding "tokens: 128"
 gen replicate-unified-4 unified bf16 4 none "segments: [{name: text, tokens: 13, split: replicate}, {name: image, tokens: 48}]"
 RUNS=(flux-ulysses-4 flux-ring-4 flux-unified-4 flux-ring-2 uneven-ua-4 keypad-unified-4 replicate-unified-4
-      flux-none-1)
+      flux-none-1 train-ring-2 train-ring-4 train-unified-4)
 arts=()
 for p in "${RUNS[@]}"; do
   t "cpc-$p" 0 "$CPC" "$tmp/$p.yaml" -o "$tmp/$p.cplan" && arts+=("$tmp/$p.cplan")
@@ -127,7 +136,8 @@ for p in "${RUNS[@]}"; do
     --iters 1 --warmup 0 --output "$tmp/$p-nccl.safetensors"
   has "run-$p.out" "transport nccl"
   has "run-$p.out" "check: *PASS"
-  grep -o 'rel_err [0-9.e+-]*' "$tmp/run-$p.out" | sed "s/^/nccl_emu.sh: $p: /"
+  case $p in train-*) has "run-$p.out" "bwd check: *PASS";; esac
+  grep -o 'rel_err [0-9.e+-]*\|rel_err dq .* dv [0-9.e+-]*' "$tmp/run-$p.out" | sed "s/^/nccl_emu.sh: $p: /"
 done
 # world 1 without mpirun (what tests/gpu/run.sh does on its one GPU): the MPI bootstrap as a
 # singleton; the library's NCCL rank with MPI untouched
@@ -142,7 +152,7 @@ has single-lib.out "rank_nccl_emu: ok"
 mpi auto-nccl 0 4 "$CPRUN" "$tmp/flux-unified-4.cplan" --backend cuda --attention nvrtc --iters 1 --warmup 0
 has auto-nccl.out "transport nccl"
 # the same result as the MPI transport, byte for byte
-for p in flux-unified-4 uneven-ua-4; do
+for p in flux-unified-4 uneven-ua-4 train-ring-4; do
   mpi "mpi-$p" 0 4 "$CPRUN" "$tmp/$p.cplan" --backend cuda --transport mpi --attention nvrtc \
     --iters 1 --warmup 0 --output "$tmp/$p-mpi.safetensors"
   cmp -s "$tmp/$p-mpi.safetensors" "$tmp/$p-nccl.safetensors" ||
@@ -150,9 +160,10 @@ for p in flux-unified-4 uneven-ua-4; do
 done
 
 # ---- the library: a rank from a unique id the caller distributes --------------------------
-for p in flux-ring-2 flux-unified-4 uneven-ua-4; do
+for p in flux-ring-2 flux-unified-4 uneven-ua-4 train-ring-2 train-unified-4; do
   np=$(grep -o 'world_size: [0-9]*' "$tmp/$p.yaml" | cut -d' ' -f2)
   mpi "lib-$p" 0 "$np" "$FAKE/rank_nccl_emu" "$tmp/$p.cplan"
+  case $p in train-*) has "lib-$p.out" "backward (both bootstraps)";; esac
   has "lib-$p.out" "rank_nccl_emu: ok"
   grep 'rel_err' "$tmp/lib-$p.out"
 done
@@ -161,9 +172,15 @@ done
 LIBCPC=$(ls "$(cd "$B" && pwd)"/libcpc.so.*.* 2>/dev/null | head -1)
 if [ -n "$LIBCPC" ] && /usr/bin/python3 -c 'import numpy, mpi4py' 2>/dev/null; then
   export CPC_LIBRARY="$LIBCPC" PYTHONPATH="$PWD/python/src"
+  # a sanitizer build's libcpc in a Python that is not: its runtime preloaded, Python's own
+  # allocations at exit not counted
+  if ldd "$LIBCPC" | grep -q libasan; then
+    export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+  fi
   for p in flux-ring-2 flux-unified-4; do
     np=$(grep -o 'world_size: [0-9]*' "$tmp/$p.yaml" | cut -d' ' -f2)
-    mpi "py-$p" 0 "$np" -x CPC_LIBRARY -x PYTHONPATH /usr/bin/python3 tests/emu/nccl_py_emu.py \
+    mpi "py-$p" 0 "$np" -x CPC_LIBRARY -x PYTHONPATH ${LD_PRELOAD:+-x LD_PRELOAD} /usr/bin/python3 tests/emu/nccl_py_emu.py \
       "$tmp/$p.cplan" "$tmp/store-$p"
     has "py-$p.out" "nccl_py_emu: ok"
     grep 'rel_err' "$tmp/py-$p.out"

@@ -13,6 +13,7 @@
 #                                        (SONAME libnccl.so.2, libnccl.map), so the
 #                                        NCCL transport runs on the fake runtime
 #   test_fake_cudart                     test_fake_cudart.c: the fake's semantics
+#   test_fake_nccl                       test_fake_nccl.c: the fake NCCL's (thread ranks)
 #
 # tests/cli/cuda_emu.sh finds both under $CPC_BUILD_DIR/emu-cudart.
 if(CPC_HAVE_CUDA AND TARGET cpc_emu)
@@ -80,6 +81,14 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
     target_include_directories(test_fake_cudart SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
     target_link_libraries(test_fake_cudart PRIVATE cpc_fake_cudart cpc_emu PkgConfig::CRYPTO
       PkgConfig::CRITERION)
+    # The fake NCCL's semantics: ranks as threads, each on its own emulated device.
+    add_executable(test_fake_nccl ${CMAKE_CURRENT_LIST_DIR}/test_fake_nccl.c)
+    target_include_directories(test_fake_nccl SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+    target_link_libraries(test_fake_nccl PRIVATE cpc_fake_nccl cpc_fake_cudart
+      PkgConfig::CRITERION Threads::Threads)
+    add_test(NAME test_fake_nccl COMMAND test_fake_nccl --jobs=1)
+    set_tests_properties(test_fake_nccl PROPERTIES TIMEOUT 120 ENVIRONMENT
+      "CPC_EMU_DEVICES=4;CPC_FAKE_NCCL_TIMEOUT=30")
     add_test(NAME test_fake_cudart COMMAND test_fake_cudart --jobs=1)
     set_tests_properties(test_fake_cudart PROPERTIES TIMEOUT 300 ENVIRONMENT
       "CPC_FAKE_TEST_DIR=${CPC_FAKE_CUDART_DIR}/test-modules;CPC_EMU_DEVICES=1")

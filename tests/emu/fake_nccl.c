@@ -661,7 +661,12 @@ API ncclResult_t ncclGroupEnd(void)
     ncclResult_t r = t_group_err;
     if (r == ncclSuccess)
         r = run_ops(t_ops, t_nops);
-    /* A group with a failed call launches nothing (as NCCL). */
+    /* A group with a failed call launches nothing (as NCCL).  The list is
+     * freed after every group: thread-local storage has no destructor, and a
+     * rank thread that ends must leave nothing behind. */
+    free(t_ops);
+    t_ops = NULL;
+    t_capops = 0;
     t_nops = 0;
     t_group_err = ncclSuccess;
     return r;

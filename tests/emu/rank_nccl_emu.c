@@ -18,6 +18,8 @@
  *      rank's output shard against the float64 reference
  *      (cpc_reference_attention; tolerance fp32 1e-5, bf16 2e-2, fp16 2e-3
  *      relative L2), the second forward bitwise equal to the first;
+ *      For a training artifact also the backward (lse NULL: the last
+ *      forward's; fp32 dq/dk/dv) against cpc_reference_attention_bwd;
  *   2. cpc_rank_new_nccl over a communicator this program made itself
  *      (ncclCommInitRank): the same check, and the caller's communicator
  *      still works after cpc_rank_free (an ncclAllReduce on it);
@@ -95,6 +97,9 @@ typedef struct prob {
     int B, S, H, Hkv, D;
     void *q, *k, *v;           /* global, plan dtype */
     double *ref;               /* float64 reference output [B, S, H, D] */
+    void *dout;                /* training artifacts: global dout, plan dtype */
+    double *gref[3];           /* float64 reference dq, dk, dv (training) */
+    double grad_err;           /* worst gradient error of this rank */
     double tol;
 } prob;
 
@@ -122,9 +127,26 @@ static void *dev_of(const void *host, size_t n)
     return d;
 }
 
+/* Relative L2 error of this rank's fp32 shard `got` [B, T, h, D] against the
+ * rows of the global float64 reference `g` [B, S, h, D]. */
+static double shard_err(const prob *P, const cpc_token_run *runs, int nr, int64_t T, int h,
+                        const float *got, const double *g)
+{
+    size_t n = (size_t)P->B * T * h * P->D, row = (size_t)h * P->D;
+    double *ref = malloc(n * sizeof *ref);
+    shard_copy(runs, nr, P->B, P->S, T, row * sizeof(double), g, ref);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++)
+        num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+    free(ref);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 /* Two forwards on rank r (world rank p), each checked against the reference
- * rows of p's shard; returns the relative L2 error of the first. */
-static double run_rank(const prob *P, cpc_rank *r, int p, cudaStream_t stream)
+ * rows of p's shard (training artifacts: then the backward, lse NULL, fp32
+ * gradients, against the reference backward); returns the relative L2 error
+ * of the first forward. */
+static double run_rank(prob *P, cpc_rank *r, int p, cudaStream_t stream)
 {
     cpc_token_run runs[64];
     int nr = 0;
@@ -169,6 +191,35 @@ static double run_rank(const prob *P, cpc_rank *r, int p, cudaStream_t stream)
         CHECK(err < P->tol, "out: relative L2 error %.3g > %.3g", err, P->tol);
         free(ref);
         free(f);
+        if (P->dout) {
+            char *hd = malloc(nq);
+            shard_copy(runs, nr, P->B, P->S, T, rq, P->dout, hd);
+            void *dd = dev_of(hd, nq);
+            size_t gq = (size_t)P->B * T * P->H * P->D * 4, gk = (size_t)P->B * T * P->Hkv * P->D * 4;
+            void *g[3] = {dev_of(NULL, gq), dev_of(NULL, gk), dev_of(NULL, gk)};
+            cpc_tensor td = tq, gt[3];
+            td.data = dd;
+            for (int i = 0; i < 3; i++)
+                gt[i] = (cpc_tensor){g[i], CPC_DTYPE_FP32, 4, {P->B, T, i ? P->Hkv : P->H, P->D}, {0}};
+            st = cpc_rank_backward(r, &tq, &tk, &tv, NULL, &to, NULL, &td, &gt[0], &gt[1], &gt[2]);
+            CHECK(!st, "backward: %s", cpc_status_message(st));
+            cpc_status_free(st);
+            cudaStreamSynchronize(stream);
+            float *hg = malloc(gq);
+            static const char *const nm[3] = {"dq", "dk", "dv"};
+            for (int i = 0; i < 3 && g[i]; i++) {
+                cudaMemcpy(hg, g[i], i ? gk : gq, cudaMemcpyDeviceToHost);
+                double e = shard_err(P, runs, nr, T, i ? P->Hkv : P->H, hg, P->gref[i]);
+                CHECK(e < P->tol, "backward %s: relative L2 error %.3g > %.3g", nm[i], e, P->tol);
+                if (e > P->grad_err)
+                    P->grad_err = e;
+            }
+            free(hg), free(hd);
+            cudaFree(dd);
+            for (int i = 0; i < 3; i++)
+                if (g[i])
+                    cudaFree(g[i]);
+        }
     }
     void *ds[] = {dq, dk, dv, dout};
     for (int i = 0; i < 4; i++)
@@ -240,12 +291,28 @@ int main(int argc, char **argv)
     cpc_ref_problem rp = {.B = P.B, .S = P.S, .Skv = P.S, .H = P.H, .Hkv = P.Hkv, .D = P.D, .dtype = P.dt,
                           .q = P.q, .k = P.k, .v = P.v, .scale = (double)(float)(1.0 / sqrt((double)D)),
                           .causal = cpc_artifact_causal(a)};
+    if (cpc_artifact_trains(a)) {
+        f = malloc(nq * sizeof *f);
+        for (size_t e = 0; e < nq; e++)
+            f[e] = (float)nrand();
+        P.dout = malloc(nq * P.es);
+        cpc_from_f32_n(P.dout, P.dt, f, nq);
+        free(f);
+    }
     P.ref = malloc(nq * sizeof *P.ref);
     double *rl = malloc((size_t)B * H * S * sizeof *rl);
     st = cpc_reference_attention(&rp, NULL, 0, P.ref, rl);
     CHECK(!st, "reference: %s", cpc_status_message(st));
     cpc_status_free(st);
     free(rl);
+    if (P.dout) {
+        P.gref[0] = malloc(nq * sizeof(double));
+        P.gref[1] = malloc(nk * sizeof(double));
+        P.gref[2] = malloc(nk * sizeof(double));
+        st = cpc_reference_attention_bwd(&rp, P.dout, P.gref[0], P.gref[1], P.gref[2]);
+        CHECK(!st, "reference backward: %s", cpc_status_message(st));
+        cpc_status_free(st);
+    }
 
     cudaStream_t stream = NULL;
     cudaSetDevice(me);   /* one GPU per rank (CPC_EMU_DEVICES >= P on the emulator) */
@@ -325,10 +392,10 @@ int main(int argc, char **argv)
     }
     cudaStreamDestroy(stream);
 
-    double worst[2] = {e1, e2}, all[2] = {e1, e2};
+    double worst[3] = {e1, e2, P.grad_err}, all[3] = {e1, e2, P.grad_err};
     int bad = fails;
     if (use_mpi) {
-        MPI_Reduce(worst, all, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        MPI_Reduce(worst, all, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         MPI_Allreduce(&fails, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     }
     if (me == 0) {
@@ -336,12 +403,16 @@ int main(int argc, char **argv)
                "(caller's communicator), worst over ranks (seed %llu)\n", argv[1], np,
                cpc_artifact_variant(a), cpc_dtype_name(P.dt), all[0], all[1],
                (unsigned long long)seed);
+        if (P.dout)
+            printf("rank_nccl_emu: backward (both bootstraps): dq/dk/dv worst rel_err %.3g\n", all[2]);
         if (!bad)
             printf("rank_nccl_emu: ok\n");
         else
             fprintf(stderr, "rank_nccl_emu: %d failure(s)\n", bad);
     }
-    free(P.q), free(P.k), free(P.v), free(P.ref);
+    free(P.q), free(P.k), free(P.v), free(P.ref), free(P.dout);
+    for (int i = 0; i < 3; i++)
+        free(P.gref[i]);
     cpc_artifact_free(a);
     if (use_mpi)
         MPI_Finalize();

@@ -109,12 +109,13 @@ parallel: {variant: ring}
 YAML
 CPC_CACHE_DIR="$out/cache" "$build/cpc" "$out/lib-train-ring2.yaml" --arch "$arch" -o "$out/lib-train-ring2.cplan"
 
-# NCCL on the one GPU (run.sh): a world-size-1 plan (NCCL refuses two ranks on one GPU).
+# NCCL on the one GPU (run.sh): a world-size-1 training plan (NCCL refuses two ranks on one
+# GPU; forward and backward through the NCCL rank).
 cat > "$out/nccl-world1.yaml" <<'YAML'
 version: 1
 name: nccl-world1
 model: {heads: 8, kv_heads: 2, head_dim: 128, dtype: bf16}
-input: {tokens: 1024}
+input: {tokens: 1024, mode: training}
 cluster: {world_size: 1, device: cpu}
 parallel: {variant: none}
 YAML

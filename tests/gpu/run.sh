@@ -139,7 +139,7 @@ fi
 # libraries come from the Python packages (nvidia/nccl/lib) like cuDNN's.
 #   rank_nccl_emu      the library's NCCL ranks WITHOUT MPI: cpc_nccl_unique_id +
 #                      cpc_rank_new_nccl_id, then cpc_rank_new_nccl over its own ncclComm_t;
-#                      output vs float64 (tests/emu/rank_nccl_emu.c)
+#                      output and dq/dk/dv vs float64 (tests/emu/rank_nccl_emu.c)
 #   test_transport_nccl  the transport's conformance suite on the 1x1 mesh (self send/recv,
 #                      all-gather, the barrier's all-reduce; host, device and events modes),
 #                      bootstrapped over MPI (a singleton: no mpirun)

@@ -777,6 +777,22 @@ def diffusers_words(text):
     return text
 
 
+def translate_error(err):
+    """A PlanError of a from_diffusers plan: its diagnostics, and its own .message and
+    .hint (the first error's), in the ContextParallelConfig's words."""
+    diags = getattr(err, "diagnostics", None) or []
+    translate_diagnostics(diags)
+    first = next((d for d in diags if d.severity == "error"), None)
+    err.message = diffusers_words(err.message)
+    if first is not None and first.hint:
+        err.hint = first.hint
+    else:
+        err.hint = diffusers_words(err.hint)
+    if err.args:
+        err.args = (err.message,) + tuple(err.args[1:])
+    return err
+
+
 def translate_diagnostics(diags):
     for d in diags:
         d.message = diffusers_words(d.message)

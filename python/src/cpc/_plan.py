@@ -120,12 +120,12 @@ class CheckResult:
 def _from_diffusers(plan, warnings, err):
     """A plan made by from_diffusers: its diagnostics also name the ContextParallelConfig
     fields (the user wrote ulysses_anything=True, not parallel.variant)."""
-    from ._diffusers import DiffusersPlan, translate_diagnostics
+    from ._diffusers import DiffusersPlan, translate_diagnostics, translate_error
     if not isinstance(plan, DiffusersPlan):
         return
     translate_diagnostics(warnings or [])
     if err is not None:
-        translate_diagnostics(getattr(err, "diagnostics", []))
+        translate_error(err)
 
 
 def check(plan, set=None, *, lua=None, name=None):

@@ -782,7 +782,10 @@ def _zimage_lengths(get):
                                "siglip_feats, image_noise_mask): its [caption, images, SigLIP] "
                                "sequence with per-token modulation is not routed through "
                                "cpc.diffusers; the basic mode (one image per sample, "
-                               "ZImagePipeline) is", code="unsupported")
+                               "ZImagePipeline) is", code="unsupported",
+                               hint="call the model in its basic mode (x and cap_feats one tensor "
+                                    "per sample), or run the omni mode without parallelize "
+                                    "(cpc.diffusers.unparallelize)")
     if get("controlnet_block_samples") is not None:
         raise UnsupportedError(f"{name} with controlnet_block_samples: residuals over the whole "
                                "unified sequence added between layers, which cpc.diffusers "
@@ -800,9 +803,9 @@ def _zimage_lengths(get):
         xl.append(_ceil32((F // pf) * (H // p) * (W // p)))
     if len(set(xl)) > 1:
         raise UnsupportedError(f"{name}: samples of different image sizes in one call (image "
-                               f"tokens {xl}): each sample's caption would start at another "
-                               "position; cpc.diffusers needs one image size per call "
-                               "(ZImagePipeline makes one)", code="unsupported",
+                               f"tokens {xl} after padding to 32): each sample's caption would "
+                               "start at another position; cpc.diffusers needs one image token "
+                               "count per call (ZImagePipeline makes one)", code="unsupported",
                                hint="call the transformer once per image size")
     return xl[0], [_ceil32(int(c.shape[0])) for c in cap]
 
@@ -928,7 +931,10 @@ def _tokens_ltx2(model, cfg, get):
     if get("video_self_attention_mask") is not None:
         raise UnsupportedError(f"{name} with video_self_attention_mask (IC-LoRA: a weight per "
                                "video token pair, [B, S, S]): not a key padding mask; not "
-                               "routed through cpc.diffusers", code="unsupported")
+                               "routed through cpc.diffusers", code="unsupported",
+                               hint="drop video_self_attention_mask (the IC-LoRA conditioning), "
+                                    "or run this call without parallelize "
+                                    "(cpc.diffusers.unparallelize)")
     hs, ehs, ts = get("hidden_states"), get("encoder_hidden_states"), get("timestep")
     if hs is None or hs.dim() != 3 or ehs is None:
         raise UsageError(f"{name}: hidden_states [B, tokens, C] (the pipeline's packed video "
@@ -1840,6 +1846,9 @@ def _diffusers_hints(e, plan, parallel_config, replicate_ok=True):
             if d.hint and "replicate_text=True" in d.hint:
                 d.hint = re.sub(r";? ?or keep the text whole on every rank.*?cpc\.from_diffusers\)",
                                 "", d.hint) or None
+    first = next((d for d in e.diagnostics if d.severity == "error"), None)
+    if first is not None:
+        e.hint = first.hint    # .hint as the first error's, in the same words
     return e
 
 
@@ -1887,6 +1896,17 @@ def parallelize(transformer, parallel_config, comm=None, *, backend="auto", time
     if getattr(transformer, "_cpc", None) is not None:
         raise UsageError("this transformer is already parallelized (unparallelize first)",
                          code="usage")
+    # plan_kw goes to from_diffusers at the first call: a misspelt keyword fails now, as
+    # a Python call's would, not at the first forward (new-user trial)
+    known = [k for k in inspect.signature(_D.from_diffusers).parameters
+             if k not in ("parallel_config", "transformer_config")]
+    for k in plan_kw:
+        if k not in known:
+            import difflib
+            near = difflib.get_close_matches(k, known, n=1)
+            raise TypeError(f"parallelize() got an unexpected keyword argument {k!r}"
+                            + (f" (did you mean {near[0]!r}?)" if near else
+                               f"; from_diffusers keywords: {', '.join(known)}"))
     _D.parallel_section(parallel_config)        # refuse what cpc cannot honour, now
     spec = _MODELS[cls]
     if spec.check is not None:
