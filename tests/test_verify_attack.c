@@ -245,8 +245,9 @@ static void expect_agree(const cpc_program *p, const verdicts *v, const char *wh
 
 /* The checks above compare the prover's methods with each other; they share
  * the step's rules and the final coverage check.  This oracle shares
- * neither: it runs a ring program (U = 1, point-to-point only, R <= 16) on
- * every rank as the executor would, with each buffer holding its true
+ * neither: it runs a ring program (U = 1, R <= 16) on
+ * every rank as the executor would (all_gather and reduce_scatter over the
+ * ring too), with each buffer holding its true
  * content (the block it came from, and for gradients how many times each
  * (query block, key block) pair was added), messages matched FIFO per
  * (source, destination, group, tag) and delivered at the wait (a buffer of
@@ -261,6 +262,7 @@ static void expect_agree(const cpc_program *p, const verdicts *v, const char *wh
 #define OR_MAXR 16
 typedef struct or_val {
     int tag;
+    int pos[OR_MAXR]; /* gathered (all tokens): the block each position holds */
     uint16_t cnt[OR_MAXR * OR_MAXR]; /* saturating at 60000 */
 } or_val;
 typedef struct or_msg {
@@ -418,18 +420,28 @@ static int or_run(oracle *o, int r)
                     v->tag = (int)x->block;
             }
             break;
+        case CPC_OP_ALL_GATHER:
+        case CPC_OP_REDUCE_SCATTER:
+            return 0; /* run by oracle_check once every rank is here */
         case CPC_OP_ATTN_BWD: {
-            if (op->n_in != 6 || op->n_out != 3 || o->p->buffers[op->in[1]].tokens != CPC_TOK_BLOCK) {
+            cpc_buf_tokens kt = o->p->buffers[op->in[1]].tokens;
+            if (op->n_in != 6 || op->n_out != 3 || (kt != CPC_TOK_BLOCK && kt != CPC_TOK_ALL) ||
+                o->p->buffers[op->in[2]].tokens != kt) {
                 o->unsupported = true;
                 return -1;
             }
-            int qb = or_buf(o, r, op->in[0])->tag, kb = or_buf(o, r, op->in[1])->tag;
-            bool same = or_buf(o, r, op->in[2])->tag == kb;
+            int qb = or_buf(o, r, op->in[0])->tag, kb = or_buf(o, r, op->in[1])->tag, vb = or_buf(o, r, op->in[2])->tag;
+            if (kt == CPC_TOK_ALL) { /* gathered K/V: position `block` must hold block `block` */
+                int b = (int)x->block;
+                kb = b >= 0 && b < R && or_buf(o, r, op->in[1])->pos[b] == b ? b : -1;
+                vb = b >= 0 && b < R && or_buf(o, r, op->in[2])->pos[b] == b ? b : -1;
+            }
+            bool same = vb == kb;
             for (int i = 3; i < 6; i++)
                 same = same && or_buf(o, r, op->in[i])->tag == qb;
             if (qb < 0 || qb >= R || kb < 0 || kb >= R || !same) {
                 snprintf(o->why, sizeof o->why, "rank %d: attn_bwd reads q of block %d, K of block %d, V of block %d "
-                         "(or the query side of other rows)", r, qb, kb, or_buf(o, r, op->in[2])->tag);
+                         "(or the query side of other rows)", r, qb, kb, vb);
                 return -1;
             }
             for (int i = 0; i < 3; i++) {
@@ -511,6 +523,44 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
         }
         if (all || o->unsupported || res)
             break;
+        /* a ring collective (the ring is the world: U = 1) once every rank stands at it */
+        const cpc_op *c0 = o->rk[0].pc < o->rk[0].n ? o->rk[0].ops[o->rk[0].pc].op : NULL;
+        bool here = c0 && (c0->kind == CPC_OP_ALL_GATHER || c0->kind == CPC_OP_REDUCE_SCATTER);
+        for (int r = 1; r < R && here; r++)
+            here = o->rk[r].pc < o->rk[r].n && o->rk[r].ops[o->rk[r].pc].op == c0;
+        if (here) {
+            if (c0->group != CPC_GROUP_RING && c0->group != CPC_GROUP_WORLD) {
+                o->unsupported = true;
+                break;
+            }
+            or_val *tmp = malloc((size_t)R * sizeof *tmp);
+            cr_assert_not_null(tmp);
+            for (int i = 0; i < c0->n_in && i < c0->n_out; i++) {
+                for (int r = 0; r < R; r++) {
+                    or_val *v = &tmp[r];
+                    memset(v, 0, sizeof *v);
+                    if (c0->kind == CPC_OP_ALL_GATHER) {
+                        v->tag = -2;
+                        for (int j = 0; j < R; j++)
+                            v->pos[j] = or_buf(o, j, c0->in[i])->tag;
+                    } else {
+                        v->tag = r;
+                        for (int j = 0; j < R; j++)
+                            for (int q = 0; q < R; q++) {
+                                int t = v->cnt[q * R + r] + or_buf(o, j, c0->in[i])->cnt[q * R + r];
+                                v->cnt[q * R + r] = (uint16_t)(t < 60000 ? t : 60000);
+                            }
+                    }
+                }
+                for (int r = 0; r < R; r++)
+                    *or_buf(o, r, c0->out[i]) = tmp[r];
+            }
+            free(tmp);
+            for (int r = 0; r < R; r++)
+                o->rk[r].pc++;
+            progress = true;
+            continue;
+        }
         if (!progress) {
             snprintf(o->why, sizeof o->why, "deadlock (rendezvous)");
             res = o->why;
