@@ -1635,8 +1635,12 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
 
 /* Several thousand mutants: the symmetric domain alone (with induction and
  * one ulysses member for all) never accepts one the enumeration refuses. */
+static void dump_programs(void);
+
 Test(attack, fuzz_loop_bodies)
 {
+    if (getenv("CPC_ATTACK_DUMP"))
+        dump_programs();
     const char *env = getenv("CPC_ATTACK_ROUNDS");
 #if defined(__SANITIZE_ADDRESS__)
     int rounds = env ? atoi(env) : 1000; /* three methods per mutant, ten times slower under ASan */
@@ -1662,11 +1666,10 @@ Test(attack, fuzz_loop_bodies)
               (unsigned long long)seed, k.enum_ok, rounds);
 }
 
-/* CPC_ATTACK_DUMP=1: prints the programs the attacks start from. */
-Test(attack, dump_programs)
+/* CPC_ATTACK_DUMP=1 (fuzz_loop_bodies): prints the programs the attacks start
+ * from, and each fuzz base's verdict, phases jumped and one-member use. */
+static void dump_programs(void)
 {
-    if (!getenv("CPC_ATTACK_DUMP"))
-        return;
     cpc_program *p = build("ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "none", "p2p", 7);
     cpc_program_print(stdout, p, -1);
     cpc_program_free(p);
