@@ -190,7 +190,11 @@
  * simulated rank visited by a round of the scheduler; about a second) and 4096
  * requests in flight on one rank (the checks scan them); a
  * program that needs more is refused with CP051 saying so, before the work
- * is done.  Memory: O(simulated ranks x buffers), 32 bytes per instance (256
+ * is done.  A gradient set past 4096 runs of blocks (contributions repeated)
+ * stops the simulation at once: "not decided" for the symmetric domain, a
+ * CP051 for the enumeration, never a proof (the enumeration took the stop as
+ * one: a dV added twice a step was proven at 14-20 ranks; found by
+ * tests/test_verify_attack.c's oracle).  Memory: O(simulated ranks x buffers), 32 bytes per instance (256
  * MiB at most) and 28 bytes per contribution run kept.  A program outside
  * the symmetric class with more than 256 ranks is refused with a
  * CP051 naming the op and the reason.  cprun and cpc_artifact_load call

@@ -29,9 +29,9 @@
  *     true contents, sharing none of the prover's rules) that every accepted
  *     plant and mutant it can run must satisfy.  It found one unsoundness
  *     the method-vs-method checks cannot see (they share it):
- *     doubled_accumulator_past_the_run_bound, skipped until verify_bwd.c is
- *     fixed (CPC_ATTACK_KNOWN=1 runs it and makes the fuzz strict about it;
- *     /work/notes/redteam-note.md has the patch).
+ *     doubled_accumulator_past_the_run_bound (fixed in verify_bwd.c: the
+ *     enumeration refuses a set past the run bound; the test and the fuzz
+ *     are strict about it).
  * CPC_ATTACK_VERBOSE=1 prints the verdicts, CPC_ATTACK_DUMP=1 the programs.
  */
 #include <criterion/criterion.h>
@@ -1006,12 +1006,10 @@ Test(attack, unrolled_work_is_bounded)
  * decided", meant for the symmetric domain) and the ENUMERATION path of
  * cpc_verify_backward_ind takes as proven: the default method accepts it at
  * 13..256 ranks (wrong dV: every block's gradient 2^(R-1) times), the
- * enumeration alone too; the independent oracle refuses it.  Expected to
- * pass once fixed; CPC_ATTACK_KNOWN=1 runs it before the fix. */
+ * enumeration alone too; the independent oracle refuses it.  Fixed: the
+ * enumeration refuses with CP051 when prove() stops at the bound. */
 Test(attack, doubled_accumulator_past_the_run_bound)
 {
-    if (!getenv("CPC_ATTACK_KNOWN") && !getenv("CPC_ATTACK_ALL"))
-        cr_skip_test("known unsoundness (redteam note): set CPC_ATTACK_KNOWN=1");
     static const int sizes[] = {12, 14, 16};
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         int R = sizes[k];
@@ -1604,7 +1602,7 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
          * "proves" a program whose gradient sets passed 4096 runs (its work then runs to tens
          * of thousands of units; an accepted program's stays under 8000 here): counted, not
          * asserted, unless CPC_ATTACK_KNOWN=1 (after the fix: strict) */
-        bool known = !getenv("CPC_ATTACK_KNOWN") && v.enum_ok && v.enum_work > 40000;
+        bool known = false; /* fixed: strict (the counter stays in the summary line) */
         if (known && (v.sym_fault || v.auto_ok != v.enum_ok || v.unrolled_ok != v.enum_ok)) {
             k->known_over++;
             cpc_program_free(p);
@@ -1622,7 +1620,7 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
             k->oracle_wrong += bad != NULL;
             /* the known unsoundness (doubled_accumulator_past_the_run_bound): a set past 4096 runs
              * is taken as proven by the enumeration; counted, asserted with CPC_ATTACK_KNOWN=1 */
-            if (bad && (o.max_total > 4096 || known) && !getenv("CPC_ATTACK_KNOWN")) {
+            if (bad && known) {
                 k->known_over++;
                 bad = NULL;
             }
