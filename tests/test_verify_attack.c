@@ -49,6 +49,7 @@
 #include "verify.h"
 #include "verify_bwd.h"
 
+#include "test_bwd_program.h"
 #include "test_random.h"
 
 /* ---- programs ------------------------------------------------------------------ */
@@ -59,33 +60,10 @@
 static cpc_program *build(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
                           const char *mask, const char *rotate, int rep)
 {
-    char y[900], tk[160];
-    if (rep > 0)
-        snprintf(tk, sizeof tk, "segments: [{name: text, tokens: %d, split: replicate}, {name: image, tokens: %d}]", rep,
-                 tokens);
-    else
-        snprintf(tk, sizeof tk, "tokens: %d", tokens);
-    snprintf(y, sizeof y,
-             "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 8, dtype: fp32}\n"
-             "input: {batch: 1, %s, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
-             "parallel: {variant: %s, ring_degree: %d, ulysses_degree: %d}\nschedule: {rotate: %s}\n",
-             H, Hkv, tk, mask, R * U, variant, R, U, rotate);
-    cpc_plan *plan = NULL;
-    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
-    if (cpc_status_has_error(st) || !plan) {
-        cpc_status_free(st);
-        cpc_plan_free(plan);
-        return NULL;
-    }
-    cpc_status_free(st);
-    cpc_program *prog = NULL;
-    st = cpc_schedule_build_backward(plan, v, R, U, &prog);
-    cpc_plan_free(plan);
-    if (st) {
-        cpc_status_free(st);
-        return NULL;
-    }
-    return prog;
+    cpc_status *err = NULL;
+    cpc_program *p = test_bwd_program(variant, v, R, U, H, Hkv, tokens, mask, rotate, rep, &err);
+    cpc_status_free(err);
+    return p;
 }
 
 static cpc_program *ring(int R, const char *rotate, const char *mask)

@@ -244,6 +244,7 @@ Test(verify_bwd, request_never_waited)
 
 /* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
 
+#include "test_bwd_program.h"
 #include "test_random.h"
 
 /* rep > 0: a text segment of rep tokens held whole by every rank (`split:
@@ -251,26 +252,10 @@ Test(verify_bwd, request_never_waited)
 static cpc_program *bwd_program_rep(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
                                     const char *mask, const char *rotate, int rep)
 {
-    char y[900], tk[160];
-    if (rep > 0)
-        snprintf(tk, sizeof tk, "segments: [{name: text, tokens: %d, split: replicate}, {name: image, tokens: %d}]", rep,
-                 tokens);
-    else
-        snprintf(tk, sizeof tk, "tokens: %d", tokens);
-    snprintf(y, sizeof y,
-             "version: 1\nname: t\nmodel: {heads: %d, kv_heads: %d, head_dim: 8, dtype: fp32}\n"
-             "input: {batch: 1, %s, mask: %s, mode: training}\ncluster: {world_size: %d}\n"
-             "parallel: {variant: %s, ring_degree: %d, ulysses_degree: %d}\nschedule: {rotate: %s}\n",
-             H, Hkv, tk, mask, R * U, variant, R, U, rotate);
-    cpc_plan *plan = NULL;
-    cpc_status *st = cpc_plan_load_string(y, strlen(y), "t.yaml", NULL, 0, &plan);
-    if (cpc_status_has_error(st) || !plan)
-        fail_status("plan", st);
-    cpc_status_free(st);
-    cpc_program *prog = NULL;
-    if ((st = cpc_schedule_build_backward(plan, v, R, U, &prog)))
-        fail_status("schedule", st);
-    cpc_plan_free(plan);
+    cpc_status *err = NULL;
+    cpc_program *prog = test_bwd_program(variant, v, R, U, H, Hkv, tokens, mask, rotate, rep, &err);
+    if (!prog)
+        fail_status("plan or schedule", err);
     return prog;
 }
 
