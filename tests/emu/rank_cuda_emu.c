@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "cpc/cpc.h"
+#include "../test_random.h"
 #include "dtype.h"
 #include "reference.h"
 
@@ -41,18 +42,6 @@ static int fails;
         }                                                                                \
     } while (0)
 
-static uint64_t rng = 88172645463325252ull;
-static double nrand(void)
-{
-    double u = 0, v = 0;
-    do {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        u = (double)(rng >> 11) / 9007199254740992.0;
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        v = (double)(rng >> 11) / 9007199254740992.0;
-    } while (u <= 0);
-    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
 
 typedef struct world {
     const cpc_artifact *a;
@@ -245,7 +234,6 @@ int main(int argc, char **argv)
     }
     const char *seed_env = getenv("CPC_TEST_SEED");
     uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
-    rng ^= seed * 0x9E3779B97F4A7C15ull;
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_load(argv[1], &a);
     if (st) {
@@ -267,7 +255,7 @@ int main(int argc, char **argv)
     size_t n[4] = {nq, nk, nk, nq};
     for (int i = 0; i < 4; i++) {
         for (size_t e = 0; e < n[i]; e++)
-            f[e] = (float)nrand();
+            f[e] = (float)test_normal_at(seed, (uint32_t)i, e);
         *t[i] = malloc(n[i] * W.es);
         cpc_from_f32_n(*t[i], W.dt, f, n[i]);
     }

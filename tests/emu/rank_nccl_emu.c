@@ -39,6 +39,7 @@
 #include <time.h>
 
 #include "cpc/cpc.h"
+#include "../test_random.h"
 #include "dtype.h"
 #include "reference.h"
 
@@ -77,18 +78,6 @@ static void die(int code)
         }                                                                                \
     } while (0)
 
-static uint64_t rng = 88172645463325252ull;
-static double nrand(void)
-{
-    double u = 0, v = 0;
-    do {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        u = (double)(rng >> 11) / 9007199254740992.0;
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        v = (double)(rng >> 11) / 9007199254740992.0;
-    } while (u <= 0);
-    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
 
 typedef struct prob {
     const cpc_artifact *a;
@@ -255,7 +244,6 @@ int main(int argc, char **argv)
         seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     }
     bcast(&seed, (int)sizeof seed);
-    rng ^= seed * 0x9E3779B97F4A7C15ull;
     cpc_artifact *a = NULL;
     cpc_status *st = cpc_artifact_load(argv[1], &a);
     if (st) {
@@ -283,7 +271,7 @@ int main(int argc, char **argv)
     size_t n[3] = {nq, nk, nk};
     for (int i = 0; i < 3; i++) {
         for (size_t e = 0; e < n[i]; e++)
-            f[e] = (float)nrand();
+            f[e] = (float)test_normal_at(seed, (uint32_t)i, e);
         *t[i] = malloc(n[i] * P.es);
         cpc_from_f32_n(*t[i], P.dt, f, n[i]);
     }
@@ -294,7 +282,7 @@ int main(int argc, char **argv)
     if (cpc_artifact_trains(a)) {
         f = malloc(nq * sizeof *f);
         for (size_t e = 0; e < nq; e++)
-            f[e] = (float)nrand();
+            f[e] = (float)test_normal_at(seed, 3, e);
         P.dout = malloc(nq * P.es);
         cpc_from_f32_n(P.dout, P.dt, f, nq);
         free(f);
