@@ -57,6 +57,7 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
   add_executable(rank_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/rank_cuda_emu.c)
   set_target_properties(rank_cuda_emu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
   target_include_directories(rank_cuda_emu SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+  target_include_directories(rank_cuda_emu PRIVATE ${PROJECT_SOURCE_DIR}/tests) # test_random.h
   target_link_libraries(rank_cuda_emu PRIVATE cpc_internal Threads::Threads)
   add_dependencies(rank_cuda_emu cpc_fake_cudart)
 
@@ -67,6 +68,7 @@ if(CPC_HAVE_CUDA AND TARGET cpc_emu)
     add_executable(rank_nccl_emu ${CMAKE_CURRENT_LIST_DIR}/rank_nccl_emu.c)
     set_target_properties(rank_nccl_emu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CPC_FAKE_CUDART_DIR})
     target_include_directories(rank_nccl_emu SYSTEM PRIVATE ${CPC_CUDA_ROOT}/include)
+    target_include_directories(rank_nccl_emu PRIVATE ${PROJECT_SOURCE_DIR}/tests) # test_random.h
     target_link_libraries(rank_nccl_emu PRIVATE cpc_internal MPI::MPI_C ${CPC_NCCL_LIB})
     add_dependencies(rank_nccl_emu cpc_fake_cudart cpc_fake_nccl)
   endif()

@@ -28,7 +28,7 @@
 #include <time.h>
 
 #include "cpc/cpc.h"
-#include "../test_random.h"
+#include "test_random.h"
 #include "dtype.h"
 #include "reference.h"
 
