@@ -336,6 +336,22 @@ static void cs_free(cset *c)
     c->n = c->cap = 0;
 }
 
+/* Runs x and y of the same blocks with adjacent head ranges: y takes both
+ * ranges.  Returns true when joined. */
+static bool join_heads(run *y, const run *x)
+{
+    if (y->h0 + y->hn == x->h0) {
+        y->hn += x->hn;
+        return true;
+    }
+    if (x->h0 + x->hn == y->h0) {
+        y->h0 = x->h0;
+        y->hn += x->hn;
+        return true;
+    }
+    return false;
+}
+
 /* Joins run x onto run y when one continues the other with one step
  * (heads equal).  Returns true when joined (y updated). */
 static bool cs_join(const vb *V, run *y, const run *x)
@@ -343,15 +359,8 @@ static bool cs_join(const vb *V, run *y, const run *x)
     /* the same blocks, adjacent heads: one run with both head ranges */
     if (y->q0 == x->q0 && y->k0 == x->k0 && y->len == x->len &&
         (y->len == 1 || (y->dq == x->dq && y->dk == x->dk))) {
-        if (y->h0 + y->hn == x->h0) {
-            y->hn += x->hn;
+        if (join_heads(y, x))
             return true;
-        }
-        if (x->h0 + x->hn == y->h0) {
-            y->h0 = x->h0;
-            y->hn += x->hn;
-            return true;
-        }
     }
     if (y->h0 != x->h0 || y->hn != x->hn || ix_rep(V, y->q0, V->NQ) != ix_rep(V, x->q0, V->NQ) ||
         ix_rep(V, y->k0, V->NK) != ix_rep(V, x->k0, V->NK))
@@ -403,15 +412,8 @@ static bool cs_join_sym(const vb *V, run *y, const run *x)
     const int64_t R = V->R;
     if (y->q0 == x->q0 && y->k0 == x->k0 && y->len == x->len && y->qb == x->qb && y->kb == x->kb &&
         y->lb == x->lb && y->dq == x->dq && y->dk == x->dk) {
-        if (y->h0 + y->hn == x->h0) {
-            y->hn += x->hn;
+        if (join_heads(y, x))
             return true;
-        }
-        if (x->h0 + x->hn == y->h0) {
-            y->h0 = x->h0;
-            y->hn += x->hn;
-            return true;
-        }
     }
     /* a fixed index (the replicated rows' R, the one key unit of cross-attention) is the same
      * on every element and every step: equal in both runs, step 0, slope 0 */

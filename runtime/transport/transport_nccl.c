@@ -948,16 +948,25 @@ static cpc_status *agree(int world_rank, bool ok, int *first_bad, const char *wh
 static cpc_status *split_groups(nccl_ctx *c, ncclComm_t world, int ring_degree,
                                 int ulysses_degree);
 
-cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int device,
-                                      cpc_transport **out)
+/* The mesh degrees every creation takes: >= 1, and R x U an int. */
+static cpc_status *check_degrees(int ring_degree, int ulysses_degree)
 {
-    *out = NULL;
     if (ring_degree < 1 || ulysses_degree < 1)
         return cpc_error(CPC_E_USAGE, "nccl transport: ring_degree %d and ulysses_degree %d "
                                       "must be >= 1", ring_degree, ulysses_degree);
     if ((long long)ring_degree * ulysses_degree > INT_MAX)
         return cpc_error(CPC_E_USAGE, "nccl transport: mesh %d x %d is too large", ring_degree,
                          ulysses_degree);
+    return NULL;
+}
+
+cpc_status *cpc_transport_nccl_create(int ring_degree, int ulysses_degree, int device,
+                                      cpc_transport **out)
+{
+    *out = NULL;
+    cpc_status *dst = check_degrees(ring_degree, ulysses_degree);
+    if (dst)
+        return dst;
     /* 1. The GPU, before MPI is touched. */
     char why[384] = "";
     int ndev = gpu_count(why, sizeof why);
@@ -1135,16 +1144,6 @@ fail:
 
 /* ---- creation over the caller's bootstrap (no MPI) ------------------------------------ */
 
-static cpc_status *check_degrees(int ring_degree, int ulysses_degree)
-{
-    if (ring_degree < 1 || ulysses_degree < 1)
-        return cpc_error(CPC_E_USAGE, "nccl transport: ring_degree %d and ulysses_degree %d "
-                                      "must be >= 1", ring_degree, ulysses_degree);
-    if ((long long)ring_degree * ulysses_degree > INT_MAX)
-        return cpc_error(CPC_E_USAGE, "nccl transport: mesh %d x %d is too large", ring_degree,
-                         ulysses_degree);
-    return NULL;
-}
 
 /* The endpoint over an existing world communicator (rank wr of ws, on
  * `device`): local resources, then the ring and ulysses splits (collective

@@ -24,7 +24,7 @@
 #     NCCL rank bootstrapped from the group, the gathered output against float64; a rank
 #     without a GPU makes every rank raise; a wrong world size names the launch;
 # Skipped (exit 0) when cprun is built without CUDA, NCCL or MPI; a missing fake is a
-# failure.  About 15-25 s (slow).
+# failure.  About 45-100 s on this 2-core machine (slow; ASan-full-only in scripts/test.sh).
 set -u
 cd "$(dirname "$0")/../.."
 B="${CPC_BUILD_DIR:-build}"
