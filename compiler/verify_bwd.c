@@ -14,6 +14,7 @@
 
 typedef struct xop {
     const cpc_op *op;
+    const vc_node *nd; /* its node (path, for messages: vc_op_desc) */
     int64_t peer, block, s;
     int64_t bs;  /* induction (verify_bwd.h LOOPS BY INDUCTION): the block's slope in s (mod R) */
     int mk;      /* 0: an op; else a marker of the induction (MK_*: op is the loop), every simulated rank
@@ -90,6 +91,7 @@ typedef struct rank_reqs {
 
 typedef struct vb {
     const cpc_program *prog;
+    const vc_node *nodes;          /* the program's op tree (vc_nodes: paths for messages) */
     int P, R, U, nb, nh;           /* nh: query-head units (H with U > 1, else 1) */
     bool sym;                      /* the symmetric domain: ranks (0, u) simulated, ring by rotation */
     bool twin;                     /* sym with `when r==0` ops (R > 1): ranks U..2U-1 stand for ring ranks
@@ -123,9 +125,8 @@ typedef struct vb {
     cpc_status *err;
 } vb;
 
-static cpc_status *collect(void *ctx, const cpc_exec_op *x)
+static cpc_status *collect(const struct vb *V, rank_ops *r, const cpc_exec_op *x)
 {
-    rank_ops *r = ctx;
     if (r->n == r->cap) {
         int nc = r->cap ? 2 * r->cap : 64;
         xop *v = realloc(r->v, (size_t)nc * sizeof *v);
@@ -134,52 +135,41 @@ static cpc_status *collect(void *ctx, const cpc_exec_op *x)
         r->v = v;
         r->cap = nc;
     }
-    r->v[r->n++] = (xop){x->op, x->peer, x->block, x->depth ? x->c.s : -1, 0, 0, 0};
+    r->v[r->n++] = (xop){x->op, vc_node_of(V->nodes, V->prog->n_ops, x->op), x->peer, x->block,
+                         x->depth ? x->c.s : -1, 0, 0, 0};
     return NULL;
 }
 
-/* ops[i].body[j] (1-based, as the forward verifier and Lua scripts name
- * ops) of op `op` in ops[0..n), into buf; false when it is not there. */
-static bool op_path(const cpc_op *ops, int n, const cpc_op *op, const char *prefix, char *buf, size_t len)
-{
-    for (int i = 0; i < n; i++) {
-        char here[96];
-        int w = snprintf(here, sizeof here, "%s%s[%d]", prefix, *prefix ? ".body" : "ops", i + 1);
-        if (w < 0 || (size_t)w >= sizeof here)
-            return false; /* nested too deep to name: the caller says "an op" */
-        if (&ops[i] == op) {
-            snprintf(buf, len, "%s", here);
-            return true;
-        }
-        if (ops[i].kind == CPC_OP_LOOP && op_path(ops[i].body, ops[i].n_body, op, here, buf, len))
-            return true;
-    }
-    return false;
-}
-
-static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+/* A CP051 on simulated rank p (-1: the program as a whole) at op instance x
+ * (NULL: the end of the program, or none when p < 0): vc_fault's one format. */
+static cpc_status *vfail_(const struct vb *V, int p, const xop *x, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+/* Every caller has the prover's state as V. */
+#define vfail(...) vfail_(V, __VA_ARGS__)
+
+/* A CP051 of the program as a whole, at span (WHERE: NULL, or the op). */
+static cpc_status *bfail(cpc_span span, const char *where, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cpc_status *bfail(cpc_span span, const char *where, const char *fmt, ...)
 {
-    char m[512], path[128] = "";
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
+    cpc_status *st = vc_fault(span, true, -1, 1, where, fmt, ap);
     va_end(ap);
-    if (x && op_path(prog->ops, prog->n_ops, x->op, "", path, sizeof path - 1))
-        strcat(path, " ");
-    if (x && x->s >= 0)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: rank %d, %s%s (step %lld): %s", p, path, cpc_op_kind_name(x->op->kind),
-                        (long long)x->s, m);
-    return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x ? x->op->span : CPC_NO_SPAN,
-                    "backward program: rank %d%s%s%s: %s", p, x ? ", " : "", path, x ? cpc_op_kind_name(x->op->kind) : "",
-                    m);
+    return st;
 }
-/* Every caller has the prover's state as V. */
-#define vfail(...) vfail_(V->prog, __VA_ARGS__)
 
 static int32_t md32(int64_t x, int64_t m);
+
+static cpc_status *vfail_(const vb *V, int p, const xop *x, const char *fmt, ...)
+{
+    char where[320];
+    va_list ap;
+    va_start(ap, fmt);
+    cpc_status *st = vc_fault(x ? x->op->span : CPC_NO_SPAN, true, p, V->U,
+                              x ? vc_op_desc(x->nd, x->s, x->s + 1, where, sizeof where) : NULL, fmt, ap);
+    va_end(ap);
+    return st;
+}
 
 /* The flat rank whose coordinates simulated rank p's state is written in:
  * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
@@ -276,10 +266,9 @@ static int flat_of(const vb *V, int p, cpc_group g, int64_t peer)
 static cpc_status *cs_err(const vb *V)
 {
     if (V->bound_hit)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                        "backward program: proving it takes more than %lld units of work (the prover's bound, "
-                        "verify_bwd.h)",
-                        (long long)VB_WORK_MAX);
+        return bfail(CPC_NO_SPAN, NULL, "proving it takes more than %lld units of work (the prover's bound, "
+                                        "verify_bwd.h)",
+                     (long long)VB_WORK_MAX);
     return &cpc_status_oom;
 }
 
@@ -1981,7 +1970,7 @@ static cpc_status *check_input(const vb *V, const cpc_buffer *B)
               (B->tokens == CPC_TOK_KV && V->prog->layout.cross && (B->role == CPC_ROLE_K || B->role == CPC_ROLE_V)));
     if (ok)
         return NULL;
-    return vfail(0, NULL, "INPUT buffer '%s' (role %s, %s/%s) is not a layout the runtime fills", B->name,
+    return vfail(-1, NULL, "INPUT buffer '%s' (role %s, %s/%s) is not a layout the runtime fills", B->name,
                  cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
 }
 
@@ -2145,10 +2134,14 @@ static cpc_status *sym_eval_check(const vb *V, const cpc_exec_op *x, const cpc_e
         return st;
     int f = unit_form(V, e);
     if ((f == 2 && v0 != 0) || md32(v1 - v0, V->R) != md32(V->R - 1, V->R))
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: %s: `%s` is %lld on rank 0 and %lld on rank %d: not a rotation of "
-                        "the ring",
-                        cpc_op_kind_name(x->op->kind), cpc_expr_text(e), (long long)v0, (long long)v1, V->R - 1);
+    {
+        char where[320];
+        return bfail(x->op->span,
+                     vc_op_desc(vc_node_of(V->nodes, V->prog->n_ops, x->op), x->c.s, x->depth ? x->c.s + 1 : x->c.s,
+                                where, sizeof where),
+                     "`%s` is %lld on rank 0 and %lld on rank %d: not a rotation of the ring", cpc_expr_text(e),
+                     (long long)v0, (long long)v1, V->R - 1);
+    }
     return NULL;
 }
 
@@ -2165,10 +2158,8 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
     collect_ctx *cc = ctx;
     vb *V = cc->V;
     if (++V->work > VB_MAX_INSTANCES)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: more than %lld op instances to simulate (the prover's bound, "
-                        "verify_bwd.h)",
-                        (long long)VB_MAX_INSTANCES);
+        return bfail(x->op->span, NULL, "more than %lld op instances to simulate (the prover's bound, verify_bwd.h)",
+                     (long long)VB_MAX_INSTANCES);
     cpc_exec_op y = *x;
     if (V->sym) {
         cpc_status *st = NULL;
@@ -2185,7 +2176,7 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
         if (st)
             return st;
     }
-    return collect(cc->ro, &y);
+    return collect(V, cc->ro, &y);
 }
 
 /* ---- loops by induction (verify_bwd.h LOOPS BY INDUCTION) ---------------------------------------- */
@@ -2364,7 +2355,7 @@ static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t s, int6
 {
     rank_ops *r = w->cc->ro;
     cpc_exec_op x = {.op = loop, .c = {0}, .depth = 0, .peer = -1, .block = -1};
-    cpc_status *st = collect(r, &x);
+    cpc_status *st = collect(w->V, r, &x);
     if (st)
         return st;
     xop *y = &r->v[r->n - 1];
@@ -2829,7 +2820,7 @@ static cpc_status *prove(vb *V)
             sl->tk = (int8_t)B->tokens;
             sl->hd = (int8_t)B->heads;
             if (B->tokens == CPC_TOK_KV && !L->cross && !L->rep) {
-                st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
+                st = vfail(-1, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
                 break;
             }
@@ -2850,8 +2841,7 @@ static cpc_status *prove(vb *V)
                 /* the walk's own refusal (an expression that does not evaluate, a
                  * peer outside its group, a loop count out of range: program.h):
                  * a CP051 of the backward program like every other fault */
-                cpc_status *d = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, st->span,
-                                         "backward program: %s", st->message);
+                cpc_status *d = bfail(st->span, NULL, "%s", st->message);
                 cpc_status_free(st);
                 st = d;
             }
@@ -2867,11 +2857,10 @@ static cpc_status *prove(vb *V)
     for (;;) {
         bool all = true, moved = false;
         V->work += V->nsim; /* a round visits every simulated rank */
-        if (V->work > VB_WORK_MAX)
-            return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                            "backward program: proving it takes more than %lld units of work (the prover's "
-                            "bound, verify_bwd.h)",
-                            (long long)VB_WORK_MAX);
+        if (V->work > VB_WORK_MAX) {
+            V->bound_hit = true;
+            return cs_err(V);
+        }
         for (int p = 0; p < V->nsim; p++) {
             int before = V->pc[p];
             int r = advance(V, p);
@@ -2987,7 +2976,7 @@ static cpc_status *prove(vb *V)
                                  q->send ? "send" : "recv", bn(V, q->buf), cpc_group_name(q->group), q->tag,
                                  q->send ? "recv" : "send");
                 }
-            return vfail(0, NULL, "no rank can progress");
+            return vfail(-1, NULL, "no rank can progress");
         }
     }
     /* every request completed by a wait (a send never received is still posted) */
@@ -3043,8 +3032,8 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
     return cpc_verify_backward_ind(prog, opts, stats, true);
 }
 
-cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
-                                    bool induction)
+static cpc_status *verify_bwd(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
+                              bool induction, const vc_node *nodes)
 {
     cpc_verify_method method = opts ? opts->method : CPC_VERIFY_AUTO;
     cpc_verify_bwd_stats dummy;
@@ -3056,7 +3045,7 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
     const cpc_layout *L = &prog->layout;
     if (L->P != L->R * L->U || L->R < 1 || L->U < 1)
         return cpc_error(CPC_E_INTERNAL, "verify_backward: program layout is not initialised");
-    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .Us = L->U, .nb = prog->n_buffers,
+    vb base = {.prog = prog, .nodes = nodes, .P = L->P, .R = L->R, .U = L->U, .Us = L->U, .nb = prog->n_buffers,
                .nh = L->U > 1 ? L->H : 1};
     base.NK = L->cross ? 1 : L->R + (L->rep ? 1 : 0);
     base.NQ = L->R + (L->rep ? 1 : 0);
@@ -3115,10 +3104,10 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
     /* 2. enumeration of every rank, within the bound */
     if (L->P > VB_MAX_P || method == CPC_VERIFY_SYMBOLIC_ONLY) {
         stats->mode = CPC_VERIFY_REFUSED;
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, at ? at->span : CPC_NO_SPAN,
-                        "backward program: %d ranks: it cannot be proven: the symmetric proof does not apply (%s%s%s) "
-                        "and enumeration is limited to %d ranks",
-                        L->P, at ? cpc_op_kind_name(at->kind) : "", at ? ": " : "", why, VB_MAX_P);
+        return bfail(at ? at->span : CPC_NO_SPAN, NULL,
+                     "%d ranks: it cannot be proven: the symmetric proof does not apply (%s%s%s) and enumeration is "
+                     "limited to %d ranks",
+                     L->P, at ? cpc_op_kind_name(at->kind) : "", at ? ": " : "", why, VB_MAX_P);
     }
     vb V = base;
     V.nsim = V.P;
@@ -3128,13 +3117,25 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
      * never a proof (helper redteam: a dV added twice a step, doubling every
      * step, was proven at 14-20 ranks) */
     if (!st && (V.over || V.asym || V.undec))
-        st = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                      "backward program: a gradient accumulator holds more than %d runs of blocks "
-                      "(contributions repeated: the prover's bound, verify_bwd.h)",
-                      VB_MAX_RUNS);
+        st = bfail(CPC_NO_SPAN, NULL,
+                   "a gradient accumulator holds more than %d runs of blocks (contributions repeated: the "
+                   "prover's bound, verify_bwd.h)",
+                   VB_MAX_RUNS);
     stats->work = V.work;
     stats->mode = st ? CPC_VERIFY_REFUSED : CPC_VERIFY_FULL;
     stats->ranks = st ? 0 : L->P;
     vb_free(&V);
+    return st;
+}
+
+cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
+                                    bool induction)
+{
+    bool oom = false;
+    vc_node *nodes = prog ? vc_nodes(prog->ops, prog->n_ops, 9, &oom) : NULL; /* the walk nests 8 loops */
+    if (oom)
+        return &cpc_status_oom;
+    cpc_status *st = verify_bwd(prog, opts, stats, induction, nodes);
+    vc_nodes_free(nodes, prog ? prog->n_ops : 0);
     return st;
 }
