@@ -696,10 +696,17 @@ vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n
 
 vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
 {
-    char w1[200];
+    char w1[200], why[600] = "";
     vc_val *v = d->val(SELF, b);
     if (!v->written)
         return FAULT("the OUTPUT buffer %s is never written", NM(b));
+    if (d->grad_op && cpc_content_of_role(d->prog->buffers[b].role) == CPC_CONTENT_GRAD) {
+        /* a gradient (the backward domain): its rows and exactly-once coverage are the domain's rule */
+        vc_tri t = v->src != CPC_CONTENT_GRAD ? VC_NO : d->covered(SELF, v, NM(b), why, sizeof why);
+        if (t == VC_YES || t == VC_OOM)
+            return t;
+        return NOT_YES(t, "the OUTPUT buffer %s: %s", NM(b), why[0] ? why : "does not hold a gradient");
+    }
     if (!src_is_attn(v->src))
         return FAULT("the OUTPUT buffer %s ends holding %s data, not the attention output", NM(b),
                      src_names_of(v->src));
