@@ -22,45 +22,28 @@ static const char *verb_of(cpc_access acc)
                                       : "accumulates into";
 }
 
-/* " (op, tag t, from rank p)" */
-static void req_words(const vc_req *q, const char *dir, char *buf, size_t n)
+/* The request in flight on buffer b: the recv writing it (send: a send reading it); NULL: none. */
+static const vc_rq *req_on(const vc_domain *d, int b, bool send)
 {
-    if (q->tag < 0 && !q->op) {
-        buf[0] = 0;
-        return;
-    }
-    char peer[48] = "";
-    if (q->peer >= 0)
-        snprintf(peer, sizeof peer, ", %s rank %d", dir, q->peer);
-    snprintf(buf, n, " (%s%stag %d%s)", q->op ? q->op : "", q->op ? ", " : "", q->tag, peer);
-}
-
-/* " tag t" of the wait that completes q ("" when the domain does not know) */
-static const char *wait_words(const vc_req *q, char *buf, size_t n)
-{
-    if (q->tag < 0)
-        buf[0] = 0;
-    else
-        snprintf(buf, n, " tag %d", q->tag);
-    return buf;
-}
-
-/* A recv into b (send: a send from b) is in flight: *out, described in ob.
- * The forward domains answer from their requests, the backward one itself. */
-static bool req_on(const vc_domain *d, int b, bool send, vc_req *out, char *ob, size_t n)
-{
-    if (!d->rq)
-        return send ? d->send_on(SELF, b, out) : d->recv_on(SELF, b, out);
-    if (send ? d->nsend[b] <= 0 : d->rpend[b] < 0)
-        return false;
-    const vc_rq *q = send ? NULL : d->rq(SELF, d->rpend[b]);
-    for (int i = 0, id; !q && (id = d->open(SELF, i)) >= 0; i++) {
+    if (!send)
+        return d->rpend[b] < 0 ? NULL : d->rq(SELF, d->rpend[b]);
+    for (int i = 0, id; d->nsend[b] > 0 && (id = d->open(SELF, i)) >= 0; i++) {
         const vc_rq *x = d->rq(SELF, id);
         for (int j = 0; x->is_send && !x->done && j < x->nb; j++)
-            q = x->bufs[j] == b ? x : q;
+            if (x->bufs[j] == b)
+                return x;
     }
-    *out = q ? (vc_req){vc_op_desc(q->on, q->slo, q->shi, ob, n), q->tag, q->peer} : (vc_req){NULL, -1, -1};
-    return true;
+    return NULL;
+}
+
+/* " (op, tag t, from rank p)" of q into buf, " tag t" (the wait completing it) into wt. */
+static void req_words(const vc_rq *q, const char *dir, char *buf, size_t n, char *wt, size_t nt)
+{
+    char ob[256], peer[48] = "";
+    if (q->peer >= 0)
+        snprintf(peer, sizeof peer, ", %s rank %d", dir, q->peer);
+    snprintf(buf, n, " (%s, tag %d%s)", vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, peer);
+    snprintf(wt, nt, " tag %d", q->tag);
 }
 
 /* The lifetime rule for buffer b used with access acc. */
@@ -68,19 +51,18 @@ static const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char 
 {
     if (acc == CPC_ACCESS_NONE)
         return NULL;
-    vc_req q = {NULL, -1, -1};
-    char w[320], wt[32], ob[256];
-    if (req_on(d, b, false, &q, ob, sizeof ob)) {
-        req_words(&q, "from", w, sizeof w);
+    const vc_rq *q;
+    char w[320], wt[32];
+    if ((q = req_on(d, b, false))) {
+        req_words(q, "from", w, sizeof w, wt, sizeof wt);
         snprintf(msg, n, "%s %s while the recv into it%s is not complete (in flight): no `wait%s` between them",
-                 verb_of(acc), d->name(d->self, b), w, wait_words(&q, wt, sizeof wt));
+                 verb_of(acc), d->name(d->self, b), w, wt);
         return msg;
     }
-    if (acc != CPC_ACCESS_READ && req_on(d, b, true, &q, ob, sizeof ob)) {
-        req_words(&q, "to", w, sizeof w);
+    if (acc != CPC_ACCESS_READ && (q = req_on(d, b, true))) {
+        req_words(q, "to", w, sizeof w, wt, sizeof wt);
         snprintf(msg, n, "%s %s while a send from it is in flight%s: no `wait%s` between them",
-                 acc == CPC_ACCESS_WRITE ? "overwrites" : verb_of(acc), d->name(d->self, b), w,
-                 wait_words(&q, wt, sizeof wt));
+                 acc == CPC_ACCESS_WRITE ? "overwrites" : verb_of(acc), d->name(d->self, b), w, wt);
         return msg;
     }
     return NULL;
@@ -156,11 +138,9 @@ static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
 
 const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
-    vc_req q;
-    char ob[256];
     for (int j = 0; j < 2; j++) {
         int b = op->out[j];
-        if (!req_on(d, b, false, &q, ob, sizeof ob) && !d->val(d->self, b)->written) {
+        if (!req_on(d, b, false) && !d->val(d->self, b)->written) {
             snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
                      d->name(d->self, b));
             return msg;
@@ -753,12 +733,12 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     case CPC_OP_SEND:
     case CPC_OP_RECV: {
         vc_tri t = vc_post_operands(d, op, msg, n);
-        return t == VC_YES && d->rq ? d->post(SELF, op) : t;
+        return t == VC_YES ? d->post(SELF, op) : t;
     }
-    case CPC_OP_WAIT: return d->rq ? vc_wait(d, op->tag, msg, n) : VC_YES;
+    case CPC_OP_WAIT: return vc_wait(d, op->tag, msg, n);
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return d->rq ? vc_collective(d, op, msg, n) : VC_YES;
+    case CPC_OP_BARRIER: return vc_collective(d, op, msg, n);
     default:
         if (d->grad_op && (int)op->kind >= 0 && op->kind < CPC_OP__COUNT &&
             (cpc_op_info_of(op->kind)->flags & CPC_OPF_BWD))

@@ -79,13 +79,6 @@ static inline int src_of_role(cpc_buf_role r)
 static inline bool src_is_kv(int s) { return s == SRC_K || s == SRC_V; }
 static inline bool src_is_attn(int s) { return s == SRC_O || s == SRC_LSE; }
 
-/* A request in flight on a buffer, as a domain describes it. */
-typedef struct vc_req {
-    const char *op;  /* the op that posted it, in words (NULL: not known) */
-    int tag;
-    int peer;        /* the rank at the other end; -1 where the domain has no one rank */
-} vc_req;
-
 /* A request of the forward domains' message layer: what both share.  A
  * domain's request type begins with these fields (VC_RQ_FIELDS in an
  * anonymous union with a vc_rq `h`), and holds its snapshots (CPC_OP_MAX_BUFS
@@ -164,10 +157,6 @@ typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
     vc_val *(*val)(void *self, int b);                   /* buffer b's value */
-    /* a recv into b / a send from b is in flight: *q (the backward domain; the forward ones
-     * answer through their requests, rq below) */
-    bool (*recv_on)(void *self, int b, vc_req *q);
-    bool (*send_on)(void *self, int b, vc_req *q);
     /* The forward geometry (NULL in a domain without attn/merge: backward). */
     const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
     vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
