@@ -592,12 +592,12 @@ static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
     return true;
 }
 
+static cpc_status *coll_inputs(vb *V, int p);
+
 /* Executes the all_to_all every member of ulysses group r has reached
  * (SPMD: the same op on every member).  Returns NULL or the failure. */
 static cpc_status *run_a2a(vb *V, int r)
 {
-    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
-        V->undec = "a collective in a loop proven by induction";
     const int U = V->U;
     const xop *x0 = &V->ro[r * U].v[V->pc[r * U]];
     const cpc_op *op = x0->op;
@@ -619,18 +619,11 @@ static cpc_status *run_a2a(vb *V, int r)
         return vfail(p0, x0, "reduce=sum applies to heads_to_seq of dq/dk/dv only");
     if (bi->role == CPC_ROLE_LSE && !s2h)
         return vfail(p0, x0, "heads_to_seq of an LSE-role buffer is not executable");
-    for (int j = 0; j < V->Us; j++) { /* usym: member 0 stands for its rotations */
-        int p = r * U + j;
-        slot *si = S(V, p, in);
-        int want = s2h ? cp(V, p) : cp(V, p) / U;
-        if (si->fwd)
-            return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on its "
-                                                   "rank (the backward prover's class)", bi->name);
-        if (!si->written || si->tag != want)
-            return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s %d (holds %d%s)", bi->name,
-                         s2h ? "this rank's shard" : "this rank's ring block", want, si->tag,
-                         si->written ? "" : ", never written");
-    }
+    cpc_status *st = NULL;
+    for (int j = 0; j < V->Us && !st; j++) /* usym: member 0 stands for its rotations */
+        st = coll_inputs(V, r * U + j);
+    if (st)
+        return st;
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
     if (!s2h && is_grad(bi->role) && !op->reduce && !V->usym) { /* usym: the parts are disjoint (usym_class) */
@@ -705,13 +698,16 @@ static cpc_status *run_a2a(vb *V, int r)
  * are its rotations). */
 static cpc_status *run_ring_coll(vb *V, int u)
 {
-    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
-        V->undec = "a collective in a loop proven by induction";
     const int U = V->U, R = V->R, nm = V->sym ? 1 : R, nsm = V->twin ? 2 : nm; /* members computed, simulated */
     const xop *x0 = &V->ro[u].v[V->pc[u]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
         return vfail(u, x0, "needs as many outputs as inputs");
+    for (int r = 0; r < nsm; r++) {
+        cpc_status *st = coll_inputs(V, r * U + u);
+        if (st)
+            return st;
+    }
     for (int k = 0; k < op->n_in; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = BF(V, in), *bo = BF(V, out);
@@ -723,20 +719,9 @@ static cpc_status *run_ring_coll(vb *V, int u)
         if (!ok)
             return vfail(u, x0, ag ? "all_gather takes a K/V ring block to a gathered (ALL) buffer"
                                    : "reduce_scatter takes a gathered (ALL) dq/dk/dv to a ring block");
-        for (int r = 0; r < nsm; r++) {
-            int p = r * U + u;
-            slot *si = S(V, p, in);
-            if (si->r0) { /* ring rank 0's own content would reach the other ranks: not rotations */
+        for (int r = 0; r < nsm; r++)
+            if (S(V, r * U + u, in)->r0) /* ring rank 0's own content would reach the other ranks: not rotations */
                 V->asym = "a `when r==0` op's result travels over the ring";
-                continue;
-            }
-            if (si->fwd)
-                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on "
-                                                       "its rank (the backward prover's class)", bi->name);
-            if (!si->written || (ag && si->tag != cp(V, p) / U))
-                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
-                             ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
-        }
         /* reduce_scatter: member r gets the sum over the members m of the
          * elements of their sets with key block r */
         cset *outs = NULL;
@@ -831,8 +816,6 @@ static bool add_members(vb *V, cset *c, run y)
 
 static cpc_status *run_all_reduce(vb *V)
 {
-    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
-        V->undec = "a collective in a loop proven by induction";
     const xop *x0 = &V->ro[0].v[V->pc[0]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
@@ -848,11 +831,7 @@ static cpc_status *run_all_reduce(vb *V)
         cset sum = {0};
         bool oom = false;
         for (int p = 0; p < V->nsim && !oom; p++) {
-            slot *si = S(V, p, in);
-            if (!si->written) {
-                cs_free(&sum);
-                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
-            }
+            slot *si = S(V, p, in); /* written: vc_rd when the rank reached it */
             if (!V->sym) {
                 oom = !cs_add_set(V, &sum, &si->cnt, 0, V->nh);
                 continue;
@@ -1187,8 +1166,6 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
     const xop *x = dd->x;
     const cpc_program *prog = V->prog;
     const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (info->match != CPC_MATCH_NONE)
-        return VC_YES; /* this domain's: matching, completion, rendezvous */
     switch (op->kind) {
     case CPC_OP_DELTA: {
         if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
@@ -1392,7 +1369,10 @@ static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
  * once every member is there. */
 static vc_tri dom_meet(void *self, const cpc_op *op)
 {
-    (void)self, (void)op;
+    (void)op;
+    vb *V = DV(self);
+    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
+        V->undec = "a collective in a loop proven by induction";
     return VC_BLOCKED;
 }
 
@@ -1414,6 +1394,19 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom)
                        .at_writer = dom_at_writer, .post = dom_post, .meet = dom_meet, .deliver = dom_deliver,
                        .snap_off = offsetof(req, snap)};
     dd->dom = dom;
+}
+
+/* The shared rules for the inputs of the collective simulated rank p stands at (vc_coll_inputs:
+ * an all_to_all's the rank's own shard or ring block, an all_gather's its ring block; attention
+ * results complete, so not recomputed here). */
+static cpc_status *coll_inputs(vb *V, int p)
+{
+    bwd_dom dd = {V, p, &V->ro[p].v[V->pc[p]], NULL};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
+    char m[640] = "";
+    vc_tri t = vc_coll_inputs(&dom, dd.x->op, m, sizeof m);
+    return t == VC_YES ? NULL : t == VC_OOM ? &cpc_status_oom : vfail(p, dd.x, "%s", m);
 }
 
 /* One op through the shared step on rank p's domain (every op of a backward program: the

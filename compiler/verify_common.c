@@ -629,7 +629,7 @@ vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
                 return NOT_YES(t, "all_to_all %s needs %s with %s in %s, which holds %s%s", cpc_a2a_dir_name(op->dir),
                                s2h ? "the rank's own shard" : "its ring block", s2h ? "all heads" : "the rank's head part",
                                NM(op->in[j]), W(in, w1), t == VC_NO ? "" : " on some ranks only");
-        } else {
+        } else if (op->kind == CPC_OP_ALL_GATHER) {
             t = d->tok_is(SELF, in, VC_T_BLOCK);
             if (t != VC_YES)
                 return NOT_YES(t, "all_gather needs this member's ring block in %s, which holds %s%s", NM(op->in[j]),
@@ -742,7 +742,9 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     default:
         if (d->grad_op && (int)op->kind >= 0 && op->kind < CPC_OP__COUNT &&
             (cpc_op_info_of(op->kind)->flags & CPC_OPF_BWD))
-            return vc_contents(d, op, 1, msg, n) ? VC_NO : d->grad_op(SELF, op, msg, n);
+            return vc_contents(d, op, 1, msg, n)                                          ? VC_NO
+                   : cpc_op_info_of(op->kind)->match == CPC_MATCH_COLLECTIVE ? vc_collective(d, op, msg, n)
+                                                                              : d->grad_op(SELF, op, msg, n);
         if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
             return FAULT("op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
         return FAULT("unknown op kind %d", (int)op->kind);
