@@ -6,13 +6,19 @@
  * through the shared step (verify_common.h vc_step) on this prover's
  * domain (a vc_domain over its slots): the op table's lifetime and content
  * rules for every operand; init_acc of a forward pair, attn, merge, copy,
- * swap and send/recv's checks before posting as the forward ops' code; a
- * matched message through vc_arrive (declared block, layout and role,
- * element size, buffer by buffer).  The backward ops' gradient geometry
- * (delta, init_acc of gradients, add, attn_bwd) is this domain's grad_op
- * callback: only this domain has gradient values.  Posting, matching order,
- * rendezvous and the collectives' exchange are the domain's, as in the
- * forward domains.
+ * swap and send/recv's checks before posting as the forward ops' code; the
+ * message layer (vc_post, the step's wait, vc_match through vc_arrive:
+ * declared block, layout and role, element size, buffer by buffer;
+ * vc_finish: every request completed, then the OUTPUT buffers by
+ * vc_output); a collective's read rule and its inputs (vc_coll_inputs).
+ * Faults read as the forward ones (vc_fault, vc_op_desc): "schedule
+ * verification failed (backward program): rank p (r R, u U), ops[3].body[1]
+ * send (step 2): ...".  The backward ops' gradient geometry (delta,
+ * init_acc of gradients, add, attn_bwd) is this domain's grad_op callback,
+ * and an OUTPUT gradient's coverage its `covered`: only this domain has
+ * gradient values.  Matching order, the collectives' rendezvous and what
+ * their outputs hold (gradient sets) are the domain's, as in the forward
+ * domains.
  * advance() (verify_bwd.c) executes one op
  * of one rank on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
@@ -25,13 +31,15 @@
  * block a step: a few runs whatever R).  The operand rules come from the op
  * table (program.h): access (read / write / accumulate / rebind), required
  * content, lifetime (non-blocking until the wait), matching rule.
- * Point-to-point requests are modelled as the executor posts them: one per
- * buffer of a send or recv, non-blocking, matched in FIFO order per
- * (sender, receiver, GROUP, tag) as MPI and the local transport match them;
- * a send carries a snapshot of its buffer's state, which the recv's buffer
- * takes at the `wait` that completes it; a wait blocks until each of its
- * requests is matched (rendezvous: a send completes only once its recv is
- * posted).  Collectives (all_to_all over a ulysses group, all_gather and
+ * Point-to-point requests are non-blocking, one per send or recv op
+ * (verify_common.h vc_rq), matched op to op in FIFO order per (sender,
+ * receiver, GROUP, tag); the recv must name as many buffers as the send
+ * (else a fault), so the pairs are those of the executor's per-buffer
+ * requests, which MPI and the local transport match in the same FIFO
+ * order; a send carries a snapshot of each buffer's state, which the
+ * recv's buffers take at the `wait` that completes it; a wait blocks until
+ * each of its requests is matched (rendezvous: a send completes only once
+ * its recv is posted).  Collectives (all_to_all over a ulysses group, all_gather and
  * reduce_scatter over a ring group, all_reduce over the world, barrier over
  * the group it names: no data) fire when every member of the group has
  * reached the same op.  The ranks run
@@ -230,9 +238,10 @@
  *      every member's ring block r; a gradient's heads_to_seq where two
  *      members hold the same head without reduce=sum is refused (one part
  *      would be lost); reduce sums, in member order, the parts of each head.
- *   4. Matching: every recv buffer takes the next message of its (group,
- *      peer, tag), with the role and layout (tokens, heads) it declares and
- *      the content its `block` says; every request is matched and completed by a wait; no rank
+ *   4. Matching: every recv takes the next send of its (group, peer, tag),
+ *      with as many buffers, each with the role, layout (tokens, heads) and
+ *      element size it declares and the content its `block` says; every
+ *      request is matched and completed by a wait; no rank
  *      waits forever on a wait (its partner posted only after that partner
  *      blocks) or on a collective some member never reaches (reported,
  *      naming the op and the unmatched request).

@@ -27,23 +27,28 @@
  *   symbolic rank (verify_sym.c: answers for every rank and loop step at
  *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
  *   the program to enumeration, or to CP051 beyond its bound), and the
- *   backward prover's simulated rank (below).  For the two forward domains
- *   the step also runs the message layer (vc_rq, vc_post, the wait,
- *   vc_match, vc_finish): what stays per domain is what differs in kind:
- *   the values' representation, how requests find their peers (channels
- *   between concrete ranks, or offsets of the one generic rank), a wait
- *   that blocks (the rank blocks, or every rank at once: a deadlock), the
- *   collectives' rendezvous, and loops (unrolled per rank, or induction on
- *   the step).  One fault thus gets one message from both
- *   (tests/test_verify_sym.c one_step_gives_one_message).
- *   The backward prover (verify_bwd.c) is a third domain of the step: one
- *   simulated rank of its symmetric domain or of its enumeration (values:
- *   a content tag, the buffer's layout, and the (query block, key unit,
- *   head) pairs met, as runs).  Every op of a backward program runs through
- *   vc_step there; the backward ops (grad_op) are that domain's callback,
- *   absent in the forward domains, so a backward op stays a fault in a
- *   forward program, and the two entry points (cpc_verify,
- *   cpc_verify_backward) keep the directions apart.
+ *   backward prover's simulated rank (below).  In all three the step also
+ *   runs the message layer (vc_rq, vc_post, the wait, vc_match,
+ *   vc_finish), the collectives' read rule and their inputs
+ *   (vc_coll_inputs), and faults get one format (vc_op_desc, vc_fault).
+ *   What stays per domain is what differs in kind: the values'
+ *   representation, how requests find their peers (channels between
+ *   concrete ranks, offsets of the one generic rank, or FIFO queues per
+ *   (group, peer, tag) with the ring rotation), a wait that blocks (the
+ *   rank blocks, or every rank at once: a deadlock), the collectives'
+ *   rendezvous (d->meet) and what their outputs hold (the backward
+ *   domain's: sets of (query block, key unit, head) runs moved between
+ *   members, summed by reduce_scatter and all_reduce), and loops (unrolled
+ *   per rank, or induction on the step).  One fault thus gets one message
+ *   from every domain (tests/test_verify_sym.c one_step_gives_one_message).
+ *   The backward prover (verify_bwd.c) is the third domain: one simulated
+ *   rank of its symmetric domain or of its enumeration (values: a content
+ *   tag, the buffer's layout, and the (query block, key unit, head) pairs
+ *   met, as runs).  Every op of a backward program runs through vc_step
+ *   there; the backward ops (grad_op) are that domain's callback, absent in
+ *   the forward domains, so a backward op stays a fault in a forward
+ *   program, and the two entry points (cpc_verify, cpc_verify_backward)
+ *   keep the directions apart.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
@@ -79,7 +84,7 @@ static inline int src_of_role(cpc_buf_role r)
 static inline bool src_is_kv(int s) { return s == SRC_K || s == SRC_V; }
 static inline bool src_is_attn(int s) { return s == SRC_O || s == SRC_LSE; }
 
-/* A request of the forward domains' message layer: what both share.  A
+/* A request of the message layer: what every domain shares.  A
  * domain's request type begins with these fields (VC_RQ_FIELDS in an
  * anonymous union with a vc_rq `h`), and holds its snapshots (CPC_OP_MAX_BUFS
  * values of the domain's value type) at vc_domain.snap_off. */
@@ -187,7 +192,10 @@ typedef struct vc_domain {
     /* copy: v's heads := buffer b's, a selection of v's. NO / UNDECIDED: why. */
     vc_tri (*select_heads)(void *self, vc_val *v, int b, int from, char *why, size_t n);
     /* coverage: v's keys are every key its rows need (attention of one
-     * sequence, some key met).  NO / UNDECIDED: why (after "NAME "). */
+     * sequence, some key met).  NO / UNDECIDED: why (after "NAME ").  The
+     * backward domain also answers for an OUTPUT gradient (v's src
+     * CPC_CONTENT_GRAD, from vc_output): the rank's own rows, every (query
+     * block, key unit, head) exactly once; why after "the OUTPUT buffer NAME: ". */
     vc_tri (*covered)(void *self, const vc_val *v, const char *name, char *why, size_t n);
     /* a recv's declared block: v (what arrives) is it; YES may normalise v
      * to the declared form.  `rq` is the domain's request.  words: the
@@ -206,13 +214,12 @@ typedef struct vc_domain {
                        are query rows too; every query meets their keys once (kvcov 1) and
                        every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
-    /* The forward domains' message layer (vc_post, the step's wait; unused by the backward
-     * domain): per buffer, the sends in flight reading it and the request of the recv in flight
-     * writing it (-1), and the size of the domain's value type (a request's snapshots are an
-     * array of them). */
+    /* The message layer (vc_post, the step's wait): per buffer, the sends in flight reading it and
+     * the request of the recv in flight writing it (-1), and the size of the domain's value type
+     * (a request's snapshots are an array of them). */
     int32_t *nsend, *rpend;
     size_t val_size;
-    /* The forward domains' requests: request id; the id of the rank's i-th request in flight
+    /* The domain's requests: request id; the id of the rank's i-th request in flight
      * (-1 past the last); at: the domain now stands at q's op (the writer of what completing q
      * stores); the offset of the snapshots in the domain's request type. */
     vc_rq *(*rq)(void *self, int id);
@@ -223,8 +230,9 @@ typedef struct vc_domain {
      * matched as the domain matches.  VC_NO: a fault (reported itself when msg is empty). */
     vc_tri (*post)(void *self, const cpc_op *op);
     /* collective op, its inputs read: VC_BLOCKED while members are missing (the domain runs it,
-     * vc_coll_inputs / vc_coll_outputs on each member, when the last arrives); NULL: every
-     * member is here at once (the symbolic rank), and it runs now. */
+     * vc_coll_inputs on each member, then vc_coll_outputs or (backward) its own gradient sets,
+     * when the last arrives); NULL: every member is here at once (the symbolic rank), and it
+     * runs now. */
     vc_tri (*meet)(void *self, const cpc_op *op);
     /* dst := what send s's snapshot src is in the receiver's terms (src may be emptied) */
     void (*deliver)(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
@@ -265,16 +273,17 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
  * pair, not the input; the overwrite rule: an attention output no op read
  * is not overwritten), copy and swap whole; send/recv's checks before
  * posting (what is sent is read, and complete if attention; what is
- * received may be overwritten; no buffer named twice).  On a forward domain
- * (one with requests, d->rq) the rest too: a send/recv is posted (d->post);
- * a wait completes every request with its tag (a send's buffers are one
- * send less in flight; a recv stores what arrived, moved: written, read by
- * no op yet, by vc_store; each on the domain at its op, d->at), or is
- * VC_BLOCKED with the domain at the first one not matched yet, nothing done
- * (the enumeration blocks the rank, the symbolic proof reports a deadlock);
- * a collective's inputs are read, then it runs when every member is there
- * (d->meet; VC_BLOCKED while one is missing).  The backward domain does
- * these itself.  A kind outside the forward ops is a fault. */
+ * received may be overwritten; no buffer named twice), then it is posted
+ * (d->post); a wait completes every request with its tag (a send's buffers
+ * are one send less in flight; a recv stores what arrived, moved: written,
+ * read by no op yet, by vc_store; each on the domain at its op, d->at), or
+ * is VC_BLOCKED with the domain at the first one not matched yet, nothing
+ * done (the enumerations block the rank, the symbolic proof reports a
+ * deadlock); a collective's inputs are read (and a backward one's contents),
+ * then it runs when every member is there (d->meet; VC_BLOCKED while one is
+ * missing).  The backward ops other than collectives go to d->grad_op after
+ * the content rule; without it (a forward domain) a kind outside the
+ * forward ops is a fault. */
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* the read rule; marks b's output used */
 vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits (role, then layout), put */
@@ -286,18 +295,22 @@ vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const i
 /* A collective reached by every member, on one member's domain: its inputs
  * (after vc_rd of each at arrival: attention complete, all_to_all
  * seq_to_heads the rank's shard with all heads, heads_to_seq its ring block
- * with its head part, all_gather its ring block), then its outputs. */
+ * with its head part, all_gather its ring block; reduce_scatter and
+ * all_reduce: nothing more), then its outputs (forward collectives). */
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 /* The end of the program: OUTPUT buffer b holds the rank's shard with all
  * heads and a complete attention (coverage: no result, K/V rows,
- * cross-attention's K/V once, then the domain's block coverage). */
+ * cross-attention's K/V once, then the domain's block coverage); in the
+ * backward domain (d->grad_op) a gradient OUTPUT is written and the
+ * domain's `covered` decides the rest. */
 vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 
-/* THE MESSAGE LAYER of the two forward domains (verify.c, verify_sym.c): what
- * posting and completing a request does to its buffers, the same whether
- * requests meet over channels between concrete ranks or as offsets of the
- * generic rank (the matching itself stays the domain's). */
+/* THE MESSAGE LAYER of every domain (verify.c, verify_sym.c, verify_bwd.c):
+ * what posting and completing a request does to its buffers, the same
+ * whether requests meet over channels between concrete ranks, as offsets of
+ * the generic rank or in the backward domain's queues (the matching itself
+ * stays the domain's). */
 /* The program's start: every INPUT buffer holds its role's source, the
  * rank's own shard (or the K/V sequence) with the buffer's heads. */
 void vc_inputs(const vc_domain *d);
