@@ -2143,7 +2143,9 @@ static cpc_status *sym_eval_check(const vb *V, const cpc_exec_op *x, const cpc_e
 typedef struct collect_ctx {
     vb *V;
     rank_ops *ro;
-    bool back; /* twin, ranks r != 0: walked as ring rank 1, every ring peer and block seen from rank 0 */
+    bool back;  /* twin, ranks r != 0: walked as ring rank 1, every ring peer and block seen from rank 0 */
+    bool slope; /* the induction's symbolic step: each block's slope in s too (xop bs) */
+    int nmark;  /* the induction's markers so far */
 } collect_ctx;
 
 #define VB_MAX_INSTANCES ((int64_t)1 << 23) /* op instances simulated, all ranks together */
@@ -2171,7 +2173,19 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
         if (st)
             return st;
     }
-    return collect(V, cc->ro, &y);
+    cpc_status *st = collect(V, cc->ro, &y);
+    if (!st && cc->slope && x->op->block) { /* the block one step on (LOOPS BY INDUCTION) */
+        cpc_coords c1 = x->c;
+        c1.s++;
+        int64_t b1 = x->block;
+        if ((st = cpc_expr_eval(x->op->block, &c1, &b1))) {
+            cpc_status_free(st);
+            st = NULL;
+            V->undec = "a block does not evaluate one step on";
+        }
+        cc->ro->v[cc->ro->n - 1].bs = md32(b1 - x->block, V->R);
+    }
+    return st;
 }
 
 /* ---- loops by induction (verify_bwd.h LOOPS BY INDUCTION) ---------------------------------------- */
@@ -2336,171 +2350,85 @@ static bool loop_inductive(const vb *V, const cpc_op *loop)
     return true;
 }
 
-typedef struct iwalk {
-    vb *V;
-    collect_ctx *cc;
-    int p;
-    int nmark;
-    bool fb; /* outside what this walk handles: the caller unrolls (cpc_program_walk) */
-} iwalk;
-
-static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope);
-
-static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t s, int64_t jn)
+/* An induction marker (MK_*) after the op instances so far: every simulated rank meets the same
+ * markers in the same order (peer: its number). */
+static cpc_status *iw_mark(collect_ctx *cc, const cpc_op *loop, int mk, int64_t s, int64_t jn)
 {
-    rank_ops *r = w->cc->ro;
     cpc_exec_op x = {.op = loop, .c = {0}, .depth = 0, .peer = -1, .block = -1};
-    cpc_status *st = collect(w->V, r, &x);
+    cpc_status *st = collect(cc->V, cc->ro, &x);
     if (st)
         return st;
-    xop *y = &r->v[r->n - 1];
+    xop *y = &cc->ro->v[cc->ro->n - 1];
     y->mk = mk;
     y->jn = jn;
     y->s = s;
-    y->peer = w->nmark++; /* markers are met in the same order on every simulated rank */
+    y->peer = cc->nmark++;
     return NULL;
 }
 
-/* The loop's steps: each phase (the `when`s constant) of IND_MIN steps or
- * more as IND_WARM concrete steps, SNAP, one concrete step, SLOPE, the
- * symbolic step (blocks with slopes), JUMP over the rest; shorter phases
- * unrolled. */
-static cpc_status *iw_loop(iwalk *w, const cpc_op *loop, int64_t N, cpc_coords c)
+/* The walk's loop callback: a top-level loop of IND_MIN steps or more in the class
+ * (loop_inductive) whose `when`s are constant on phases (guard_cuts, checked by evaluation at
+ * both ends of each) is walked by phases: each of IND_MIN steps or more as IND_WARM concrete
+ * steps, SNAP, one concrete step, SLOPE, the symbolic step (blocks with slopes), JUMP over the
+ * rest; shorter phases unrolled.  Any other loop the walk unrolls. */
+static cpc_status *iw_loop(void *ctx, cpc_walk *w, const cpc_op *loop, int64_t N, cpc_coords c, int depth,
+                           bool *ran)
 {
+    collect_ctx *cc = ctx;
+    if (!cc->V->ind_on || depth || N < IND_MIN || !loop_inductive(cc->V, loop))
+        return NULL;
     int cap = 8 + 4 * 16 * (loop->n_body + 1), nc = 0;
     int64_t *cuts = malloc((size_t)cap * sizeof *cuts);
     if (!cuts)
         return &cpc_status_oom;
     cuts[nc++] = 0;
     cuts[nc++] = N;
-    for (int i = 0; i < loop->n_body && !w->fb; i++)
-        if (loop->body[i].when &&
-            !guard_cuts(loop->body[i].when, cpc_expr_root(loop->body[i].when), &c, N, cuts, &nc, cap))
-            w->fb = true;
+    bool ok = true;
+    for (int i = 0; i < loop->n_body && ok; i++)
+        ok = !loop->body[i].when || guard_cuts(loop->body[i].when, cpc_expr_root(loop->body[i].when), &c, N, cuts,
+                                               &nc, cap);
     qsort(cuts, (size_t)nc, sizeof *cuts, cmp_i64);
-    cpc_status *st = NULL;
-    for (int k = 0; k + 1 < nc && !st && !w->fb; k++) {
-        int64_t a = cuts[k], b = cuts[k + 1];
-        if (b <= a)
-            continue;
-        /* the grammar's claim against the evaluator, at both ends */
-        for (int i = 0; i < loop->n_body && !w->fb; i++) {
+    for (int k = 0; k + 1 < nc && ok; k++) /* the grammar's claim against the evaluator, at both ends */
+        for (int i = 0; i < loop->n_body && ok && cuts[k + 1] > cuts[k]; i++) {
             const cpc_expr *g = loop->body[i].when;
             int64_t v0, v1;
             cpc_coords c0 = c, c1 = c;
-            c0.s = a, c1.s = b - 1;
-            if (!g)
-                continue;
-            cpc_status *e0 = cpc_expr_eval(g, &c0, &v0), *e1 = e0 ? NULL : cpc_expr_eval(g, &c1, &v1);
-            if (e0 || e1 || (v0 != 0) != (v1 != 0))
-                w->fb = true;
+            c0.s = cuts[k], c1.s = cuts[k + 1] - 1;
+            cpc_status *e0 = g ? cpc_expr_eval(g, &c0, &v0) : NULL, *e1 = g && !e0 ? cpc_expr_eval(g, &c1, &v1) : NULL;
+            ok = !g || (!e0 && !e1 && (v0 != 0) == (v1 != 0));
             cpc_status_free(e0);
             cpc_status_free(e1);
         }
-        int64_t s = a;
+    *ran = ok;
+    cpc_status *st = NULL;
+    for (int k = 0; k + 1 < nc && ok && !st; k++) {
+        int64_t a = cuts[k], b = cuts[k + 1], s = a;
         if (b - a >= IND_MIN) {
-            for (; s < a + IND_WARM + 1 && !st && !w->fb; s++) {
+            for (; s < a + IND_WARM + 1 && !st; s++) {
                 if (s == a + IND_WARM)
-                    st = iw_mark(w, loop, MK_SNAP, s, 0);
+                    st = iw_mark(cc, loop, MK_SNAP, s, 0);
                 c.s = s;
                 if (!st)
-                    st = iw_list(w, loop->body, loop->n_body, c, 1, false);
+                    st = cpc_walk_body(w, loop, c, depth);
             }
-            if (!st && !w->fb)
-                st = iw_mark(w, loop, MK_SLOPE, s, 0);
+            if (!st)
+                st = iw_mark(cc, loop, MK_SLOPE, s, 0);
             c.s = s;
-            if (!st && !w->fb)
-                st = iw_list(w, loop->body, loop->n_body, c, 1, true);
-            if (!st && !w->fb)
-                st = iw_mark(w, loop, MK_JUMP, s, b - s - 1);
+            cc->slope = true;
+            if (!st)
+                st = cpc_walk_body(w, loop, c, depth);
+            cc->slope = false;
+            if (!st)
+                st = iw_mark(cc, loop, MK_JUMP, s, b - s - 1);
             s = b;
         }
-        for (; s < b && !st && !w->fb; s++) {
+        for (; s < b && !st; s++) {
             c.s = s;
-            st = iw_list(w, loop->body, loop->n_body, c, 1, false);
+            st = cpc_walk_body(w, loop, c, depth);
         }
     }
     free(cuts);
     return st;
-}
-
-/* One simulated rank's op instances as cpc_program_walk (+ collect_checked)
- * gives them, with the inductive loops' phases jumped over.  Anything the
- * walk would refuse sets fb (the caller then walks with cpc_program_walk, for
- * its messages). */
-static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope)
-{
-    const vb *V = w->V;
-    for (int i = 0; i < n && !w->fb; i++) {
-        const cpc_op *op = &ops[i];
-        int64_t v;
-        if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT) {
-            w->fb = true;
-            break;
-        }
-        if (op->when) {
-            cpc_status *st = cpc_expr_eval(op->when, &c, &v);
-            if (st) {
-                cpc_status_free(st);
-                w->fb = true;
-                break;
-            }
-            if (!v)
-                continue;
-        }
-        if (op->kind == CPC_OP_LOOP) {
-            cpc_status *st = NULL;
-            if (depth >= 8 || !op->count || (op->n_body > 0 && !op->body) ||
-                (st = cpc_expr_eval(op->count, &c, &v)) || v < 0 || v > CPC_LOOP_MAX) {
-                cpc_status_free(st);
-                w->fb = true;
-                break;
-            }
-            if (depth == 0 && v >= IND_MIN && loop_inductive(V, op)) {
-                if ((st = iw_loop(w, op, v, c)))
-                    return st;
-                continue;
-            }
-            for (int64_t s = 0; s < v && !w->fb; s++) {
-                cpc_coords ci = c;
-                ci.s = s;
-                if ((st = iw_list(w, op->body, op->n_body, ci, depth + 1, false)))
-                    return st;
-            }
-            continue;
-        }
-        if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS) {
-            w->fb = true;
-            break;
-        }
-        for (int j = 0; j < op->n_in; j++)
-            w->fb |= op->in[j] < 0 || op->in[j] >= V->nb;
-        for (int j = 0; j < op->n_out; j++)
-            w->fb |= op->out[j] < 0 || op->out[j] >= V->nb;
-        cpc_exec_op x = {.op = op, .c = c, .depth = depth, .peer = -1, .block = -1};
-        int64_t W = op->group == CPC_GROUP_RING ? V->R : op->group == CPC_GROUP_ULYSSES ? V->U
-                    : op->group == CPC_GROUP_WORLD ? V->P : 0;
-        cpc_status *st = NULL;
-        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
-            w->fb |= !op->peer || W <= 0 || (st = cpc_expr_eval(op->peer, &c, &x.peer)) || x.peer < 0 || x.peer >= W;
-        if (!w->fb && op->block)
-            w->fb |= (st = cpc_expr_eval(op->block, &c, &x.block)) || x.block < 0 || x.block >= V->R;
-        w->fb |= op->kind == CPC_OP_RECV && !op->block;
-        int64_t b1 = x.block;
-        if (!w->fb && slope && op->block) {
-            cpc_coords c1 = c;
-            c1.s = c.s + 1;
-            w->fb |= (st = cpc_expr_eval(op->block, &c1, &b1)) != NULL;
-        }
-        cpc_status_free(st);
-        if (w->fb)
-            break;
-        if ((st = collect_checked(w->cc, &x)))
-            return st;
-        if (slope && op->block)
-            w->cc->ro->v[w->cc->ro->n - 1].bs = md32(b1 - x.block, V->R);
-    }
-    return NULL;
 }
 
 /* ---- the state at a step boundary, as the induction compares it ---- */
@@ -2828,18 +2756,11 @@ static cpc_status *prove(vb *V)
                 break;
             }
         }
-        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U};
-        if (!st && V->ind_on) {
-            iwalk w = {.V = V, .cc = &cc, .p = p};
-            /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked
-             * takes its peers and blocks back to rank 0's frame) */
-            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, p), 0, false);
-            if (!st && w.fb) {
-                V->undec = "the walk meets what only cpc_program_walk reports";
-                return NULL;
-            }
-        } else if (!st) {
-            st = cpc_program_walk(prog, p, collect_checked, &cc);
+        /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked takes
+         * its peers and blocks back to rank 0's frame); inductive loops by phases (iw_loop) */
+        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U, false, 0};
+        if (!st) {
+            st = cpc_program_walk_loops(prog, p, collect_checked, iw_loop, &cc);
             if (st && st->code == CPC_E_INPUT && st->rule == 0) {
                 /* the walk's own refusal (an expression that does not evaluate, a
                  * peer outside its group, a loop count out of range: program.h):
