@@ -1293,8 +1293,9 @@ static int check_op_shape(ctx *C, const opnode *nd)
 {
     const cpc_op *op = nd->op;
     const cpc_program *P = C->prog;
+    char path[256];
     if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT)
-        return fail(C, -1, NULL, 0, "%s: unknown op kind %d", nd->path, (int)op->kind);
+        return fail(C, -1, NULL, 0, "%s: unknown op kind %d", vc_node_path(nd, path, sizeof path), (int)op->kind);
     if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS)
         return fail(C, -1, nd, 0, "has %d inputs and %d outputs (0..%d each)", op->n_in, op->n_out, CPC_OP_MAX_BUFS);
     for (int j = 0; j < op->n_in; j++)

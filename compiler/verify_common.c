@@ -234,29 +234,20 @@ int vc_units_needed(const cpc_layout *L, int lo, int hi)
 
 void vc_nodes_free(vc_node *nodes, int n)
 {
-    for (int i = 0; nodes && i < n; i++) {
-        free(nodes[i].path);
+    for (int i = 0; nodes && i < n; i++)
         vc_nodes_free(nodes[i].body, nodes[i].n_body);
-    }
     free(nodes);
 }
 
-static vc_node *nodes_at(const cpc_op *ops, int n, const char *prefix, int depth, int max_depth, bool *oom)
+static vc_node *nodes_at(const cpc_op *ops, int n, const vc_node *parent, int depth, int max_depth, bool *oom)
 {
     vc_node *nodes = n > 0 ? calloc((size_t)n, sizeof(vc_node)) : NULL;
     *oom |= n > 0 && !nodes;
     for (int i = 0; nodes && i < n && !*oom; i++) {
         vc_node *nd = &nodes[i];
-        nd->op = &ops[i];
-        nd->in_loop = depth > 0;
-        size_t len = strlen(prefix) + 32;
-        if (!(nd->path = malloc(len))) {
-            *oom = true;
-            break;
-        }
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
+        *nd = (vc_node){.op = &ops[i], .parent = parent, .index = i, .in_loop = depth > 0};
         if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0 && ops[i].body && depth < max_depth) {
-            nd->body = nodes_at(ops[i].body, ops[i].n_body, nd->path, depth + 1, max_depth, oom);
+            nd->body = nodes_at(ops[i].body, ops[i].n_body, nd, depth + 1, max_depth, oom);
             nd->n_body = nd->body ? ops[i].n_body : 0;
         }
     }
@@ -270,7 +261,19 @@ static vc_node *nodes_at(const cpc_op *ops, int n, const char *prefix, int depth
 vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom)
 {
     *oom = false;
-    return nodes_at(ops, n, "", 0, max_depth, oom);
+    return nodes_at(ops, n, NULL, 0, max_depth, oom);
+}
+
+const char *vc_node_path(const vc_node *nd, char *buf, size_t n)
+{
+    int idx[64], k = 0;
+    for (; nd && k < 64; nd = nd->parent)
+        idx[k++] = nd->index;
+    size_t o = 0;
+    buf[0] = 0;
+    while (k-- > 0 && o < n)
+        o += (size_t)snprintf(buf + o, n - o, o ? ".body[%d]" : "ops[%d]", idx[k] + 1);
+    return buf;
 }
 
 const vc_node *vc_node_of(const vc_node *nodes, int n, const cpc_op *op)
@@ -756,14 +759,16 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, size_t n)
 {
     const char *kind = nd ? cpc_op_kind_name(nd->op->kind) : NULL;
+    char path[256];
     if (!nd)
         snprintf(buf, n, "the end of the program");
     else if (!nd->in_loop || shi <= slo) /* (no step: the loop's guards are being read) */
-        snprintf(buf, n, "%s %s", nd->path, kind);
+        snprintf(buf, n, "%s %s", vc_node_path(nd, path, sizeof path), kind);
     else if (shi - slo == 1)
-        snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind, slo);
+        snprintf(buf, n, "%s %s (step %" PRId64 ")", vc_node_path(nd, path, sizeof path), kind, slo);
     else
-        snprintf(buf, n, "%s %s (steps %" PRId64 "..%" PRId64 ")", nd->path, kind, slo, shi - 1);
+        snprintf(buf, n, "%s %s (steps %" PRId64 "..%" PRId64 ")", vc_node_path(nd, path, sizeof path), kind, slo,
+                 shi - 1);
     return buf;
 }
 

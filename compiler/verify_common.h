@@ -105,7 +105,8 @@ typedef struct vc_rq {
  * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
 typedef struct vc_node {
     const cpc_op *op;
-    char *path;
+    const struct vc_node *parent; /* the loop it is in (NULL: top level) */
+    int index;                    /* its index there (0-based) */
     bool in_loop;
     struct vc_node *body;
     int n_body;
@@ -118,6 +119,8 @@ void vc_nodes_free(vc_node *nodes, int n);
 /* The node of op (a pointer into the program's op arrays) in nodes[0..n);
  * NULL when it is not there.  Cost: the loops on its path's levels. */
 const vc_node *vc_node_of(const vc_node *nodes, int n, const cpc_op *op);
+/* nd's index path ("ops[3].body[1]") into buf; returns buf. */
+const char *vc_node_path(const vc_node *nd, char *buf, size_t n);
 
 /* Three-valued answers: a concrete domain (one rank) always answers YES or
  * NO; the symbolic one (every rank and step at once) answers UNDECIDED when
