@@ -45,6 +45,7 @@
 #include "expr.h"
 #include "plan_load.h"
 #include "program.h"
+#include "run.h"
 #include "schedule.h"
 #include "schedule_bwd.h"
 #include "verify.h"
@@ -278,11 +279,13 @@ typedef struct ov_val {
 } ov_val;
 typedef struct ov_msg {
     int src, dst, group, tag, ord; /* ord: its place among the sends of its channel */
+    int64_t rows;                  /* the rows the executor sends (by the buffer's content tag) */
     bool taken, waited;
     ov_val v;
 } ov_msg;
 typedef struct ov_req { /* a posted recv: lands in this physical slot */
     int src, group, tag, slot;
+    int64_t rows; /* the rows the executor expects (by the recv's block) */
 } ov_req;
 typedef struct ov_post { /* every recv a rank has posted (for the rendezvous of sends) */
     int src, group, tag;
@@ -316,7 +319,7 @@ typedef struct oracle {
     ov_msg *msgs;
     int nm, capm;
     bool unsupported;
-    uint64_t *eq_fp, *ek_fp; /* expected: dq of (unit, head), dK/dV of (unit, K/V head) */
+    uint64_t *eq_fp, *ek_fp, *ev_fp; /* expected: dq of (unit, head), dK and dV of (unit, K/V head) */
     char why[480], poison[240], unsup[160];
 } oracle;
 
@@ -343,9 +346,11 @@ static cpc_status *ov_collect(void *ctx, const cpc_exec_op *x)
     return NULL;
 }
 
-static uint64_t ov_w(int q, int k, int h)
+/* The hash of one contribution: query unit q, key unit k, query head h, to
+ * dq (g 0), dk (1) or dv (2). */
+static uint64_t ov_w(int q, int k, int h, int g)
 {
-    uint64_t z = ((uint64_t)q << 40 | (uint64_t)k << 20 | (uint64_t)h) + 0x9e3779b97f4a7c15ull;
+    uint64_t z = ((uint64_t)q << 40 | (uint64_t)k << 20 | (uint64_t)h << 2 | (uint64_t)g) + 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -389,6 +394,18 @@ static void ov_shape(const oracle *o, int b, int u, int *nr, int *nh, int *hoff)
     cpc_buf_tokens t = o->p->buffers[b].tokens;
     *nr = t == CPC_TOK_BLOCK ? o->U : t == CPC_TOK_ALL ? o->P : 1;
     cpc_buffer_heads(o->p, b, u, hoff, nh);
+}
+
+/* The rows (tokens) buffer b holds with content tag `tag` on rank p, as the executor sizes it. */
+static int64_t ov_rows(const oracle *o, int b, int tag, int p)
+{
+    const cpc_layout *L = o->L;
+    switch (o->p->buffers[b].tokens) {
+    case CPC_TOK_SHARD: return cpc_layout_shard_tokens(L, p);
+    case CPC_TOK_BLOCK: return cpc_layout_block_tokens(L, tag >= 0 ? tag : p / o->U);
+    case CPC_TOK_ALL: return cpc_layout_block_offset(L, L->R);
+    default: return cpc_layout_kv_rows(L);
+    }
 }
 
 /* The unit row i of buffer b holds by its layout and content tag (what the executor derives). */
@@ -557,10 +574,12 @@ static int ov_attn_bwd(oracle *o, int p, const ov_op *d)
                     ov_poison(o, ov_at(DV, kk, idx), "%s", msg);
                     continue;
                 }
-                ov_atom c = {.fp = ov_w(x, ka->unit, h), .n = 1, .kind = OV_GRAD};
-                ov_acc(o, ov_at(DQ, i, j), &c, "attn_bwd dq");
-                ov_acc(o, ov_at(DK, kk, idx), &c, "attn_bwd dk");
-                ov_acc(o, ov_at(DV, kk, idx), &c, "attn_bwd dv");
+                ov_atom c[3];
+                for (int g = 0; g < 3; g++)
+                    c[g] = (ov_atom){.fp = ov_w(x, ka->unit, h, g), .n = 1, .kind = OV_GRAD};
+                ov_acc(o, ov_at(DQ, i, j), &c[0], "attn_bwd dq");
+                ov_acc(o, ov_at(DK, kk, idx), &c[1], "attn_bwd dk");
+                ov_acc(o, ov_at(DV, kk, idx), &c[2], "attn_bwd dv");
             }
         }
     }
@@ -632,7 +651,8 @@ static int ov_run(oracle *o, int p)
                     ord += o->msgs[m].src == p && o->msgs[m].dst == dst && o->msgs[m].group == (int)op->group &&
                            o->msgs[m].tag == op->tag;
                 ov_msg *g = &o->msgs[o->nm++];
-                *g = (ov_msg){p, dst, op->group, op->tag, ord, false, false, {0}};
+                *g = (ov_msg){p, dst, op->group, op->tag, ord, ov_rows(o, op->in[i], d->tags[op->in[i]], p), false,
+                              false, {0}};
                 ov_assign(&g->v, ov_buf(o, p, op->in[i]));
                 k->pend = realloc(k->pend, (size_t)(k->npend + 1) * sizeof *k->pend);
                 cr_assert_not_null(k->pend);
@@ -649,7 +669,8 @@ static int ov_run(oracle *o, int p)
                 k->posted = realloc(k->posted, (size_t)(k->nposted + 1) * sizeof *k->posted);
                 k->pend = realloc(k->pend, (size_t)(k->npend + 1) * sizeof *k->pend);
                 cr_assert(k->rq && k->posted && k->pend);
-                k->rq[k->nrq++] = (ov_req){src, op->group, op->tag, o->map[p * o->nb + op->out[i]]};
+                k->rq[k->nrq++] = (ov_req){src, op->group, op->tag, o->map[p * o->nb + op->out[i]],
+                                           ov_rows(o, op->out[i], (int)x->block, p)};
                 k->posted[k->nposted++] = (ov_post){src, op->group, op->tag};
                 k->pend[k->npend++] = (ov_pend){op->out[i], op->tag, false};
             }
@@ -702,10 +723,11 @@ static int ov_run(oracle *o, int p)
                 ov_msg *g = &o->msgs[take[j]];
                 g->taken = true;
                 ov_val *dst = &o->slots[k->rq[j].slot];
-                if (dst->nr != g->v.nr || dst->nh != g->v.nh) {
+                if (dst->nr != g->v.nr || dst->nh != g->v.nh || g->rows != k->rq[j].rows) {
                     free(take);
-                    return ov_fail(o, "rank %d: a message from %d (tag %d) of %dx%d cells lands in %dx%d", p, g->src,
-                                   g->tag, g->v.nr, g->v.nh, dst->nr, dst->nh);
+                    return ov_fail(o, "rank %d: a message from %d (tag %d) of %lld rows x %d heads lands where %lld x %d "
+                                   "are expected (the transport refuses it)", p, g->src, g->tag, (long long)g->rows,
+                                   g->v.nh, (long long)k->rq[j].rows, dst->nh);
                 }
                 ov_assign(dst, &g->v);
             }
@@ -980,6 +1002,7 @@ static void ov_free(oracle *o)
     free(o->msgs);
     free(o->eq_fp);
     free(o->ek_fp);
+    free(o->ev_fp);
 }
 
 /* NULL: the oracle finds the program right, or cannot run it (*unsupported;
@@ -1002,15 +1025,17 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
     const int NU = o->nunits, H = L->H, G = L->group;
     o->eq_fp = calloc((size_t)(NU * H), sizeof *o->eq_fp);
     o->ek_fp = calloc((size_t)(NU * L->Hkv), sizeof *o->ek_fp);
+    o->ev_fp = calloc((size_t)(NU * L->Hkv), sizeof *o->ev_fp);
     o->slots = calloc((size_t)(o->P * o->nb), sizeof *o->slots);
     o->map = calloc((size_t)(o->P * o->nb), sizeof *o->map);
     o->rk = calloc((size_t)o->P, sizeof *o->rk);
-    cr_assert(o->eq_fp && o->ek_fp && o->slots && o->map && o->rk);
+    cr_assert(o->eq_fp && o->ek_fp && o->ev_fp && o->slots && o->map && o->rk);
     for (int x = 0; x < NU; x++)
         for (int y = 0; y < NU; y++)
             for (int h = 0; h < H; h++) {
-                o->eq_fp[x * H + h] += ov_w(x, y, h);
-                o->ek_fp[y * L->Hkv + h / G] += ov_w(x, y, h);
+                o->eq_fp[x * H + h] += ov_w(x, y, h, 0);
+                o->ek_fp[y * L->Hkv + h / G] += ov_w(x, y, h, 1);
+                o->ev_fp[y * L->Hkv + h / G] += ov_w(x, y, h, 2);
             }
     static const uint8_t kind_of_role[CPC_ROLE__COUNT] = {
         [CPC_ROLE_Q] = OV_Q, [CPC_ROLE_K] = OV_K, [CPC_ROLE_V] = OV_V, [CPC_ROLE_O] = OV_O,
@@ -1110,6 +1135,26 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
             int nr, nh, off;
             ov_shape(o, b, q % o->U, &nr, &nh, &off);
             const ov_val *v = ov_buf(o, q, b);
+            /* the executor reads a gradient back only from every head of the shard (or the text), or
+             * with U == 1 from a block buffer holding block r (its tag after the last op) */
+            int tag = q / o->U;
+            const ov_rank *k = &o->rk[q];
+            if (k->n > 0) {
+                const ov_op *last = &k->ops[k->n - 1];
+                int *tags = malloc((size_t)o->nb * sizeof *tags);
+                cr_assert_not_null(tags);
+                memcpy(tags, last->tags, (size_t)o->nb * sizeof *tags);
+                cpc_op_apply_tags(p, last->x.op, &last->x.c, last->x.block, tags);
+                tag = tags[b];
+                free(tags);
+            }
+            if (B->heads != CPC_HEADS_ALL ||
+                (B->tokens == CPC_TOK_BLOCK && (o->U != 1 || tag != q / o->U)) || B->tokens == CPC_TOK_ALL) {
+                snprintf(o->why, sizeof o->why, "rank %d: OUTPUT %s does not hold this rank's rows with every head "
+                         "(tag %d; the executor refuses it)", q, B->name, tag);
+                res = o->why;
+                break;
+            }
             if (v->nr != nr || v->nh != nh) {
                 snprintf(o->why, sizeof o->why, "rank %d: OUTPUT %s holds %dx%d cells, not %dx%d", q, B->name, v->nr,
                          v->nh, nr, nh);
@@ -1125,7 +1170,8 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
                         break;
                     }
                     bool dq = B->role == CPC_ROLE_DQ;
-                    uint64_t want = dq ? o->eq_fp[x * H + h] : o->ek_fp[x * L->Hkv + h];
+                    uint64_t want = dq ? o->eq_fp[x * H + h]
+                                    : (B->role == CPC_ROLE_DK ? o->ek_fp : o->ev_fp)[x * L->Hkv + h];
                     uint32_t wn = (uint32_t)(dq ? NU : NU * G);
                     if (a->kind != OV_GRAD)
                         snprintf(o->why, sizeof o->why, "rank %d: OUTPUT %s (unit %d, head %d) holds no gradient: %s", q,
@@ -1140,6 +1186,24 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
     *unsupported = o->unsupported;
     ov_free(o);
     return res;
+}
+
+/* The oracle on a hand-labelled program (`ok`: right by construction): where
+ * it can run it, it must say the same; returns 1 when it ran. */
+static int oracle_expect(const cpc_program *p, bool ok, const char *what)
+{
+    oracle o;
+    bool uns;
+    const char *bad = oracle_check(p, &o, &uns);
+    if (getenv("CPC_ATTACK_VERBOSE"))
+        fprintf(stderr, "  oracle: %s: %s\n", what, uns ? o.unsup : bad ? bad : "right");
+    if (uns)
+        return 0;
+    if (ok)
+        cr_expect(!bad, "%s: right by construction, the oracle says: %s", what, bad);
+    else
+        cr_expect(bad != NULL, "%s: wrong by construction, the oracle finds it right", what);
+    return 1;
 }
 
 /* ---- planted faults in long loops ------------------------------------------------ */
@@ -1644,6 +1708,7 @@ Test(attack, ulysses_peers_outside_one_member)
             snprintf(what, sizeof what, "%s (%s %dx%d)", ucases[c].what, g[k].name, R, U);
             cr_expect(!v.usym, "%s: ulysses-group messages, yet one member for all", what);
             bool ok = ucases[c].ok(U);
+            oracle_expect(p, ok, what);
             if (v.enumerated) {
                 expect_agree(p, &v, what);
                 cr_expect_eq(v.enum_ok, ok, "%s: enumeration: %s", what, v.enum_msg);
@@ -1726,6 +1791,7 @@ Test(attack, members_told_apart)
             char what[200];
             snprintf(what, sizeof what, "%s (%s %dx%d, H %d, Hkv %d)", cases[c].what, g[k].name, R, U, cases[c].H,
                      cases[c].Hkv);
+            oracle_expect(p, cases[c].ok, what);
             if (v.enumerated) {
                 expect_agree(p, &v, what);
                 cr_expect_eq(v.enum_ok, cases[c].ok, "%s: enumeration: %s", what, v.enum_msg);
@@ -1819,6 +1885,7 @@ Test(attack, one_member_with_all_reduce)
                 fprintf(stderr, "%-80s sym %s (usym %d) enum %s\n", w, v.sym_ok ? "proven" : v.sym_msg, (int)v.usym,
                         v.enumerated ? (v.enum_ok ? "proven" : v.enum_msg) : "-");
             cr_expect_eq(v.usym, f != 5, "%s: one member for all %d", w, (int)v.usym);
+            oracle_expect(p, f == 0, w);
             if (v.enumerated) {
                 expect_agree(p, &v, w);
                 cr_expect_eq(v.enum_ok, f == 0, "%s: enumeration: %s", w, v.enum_msg);
@@ -2229,6 +2296,183 @@ Test(attack, fuzz_loop_bodies)
     cr_expect(k.usym > rounds / 40, "seed %llu: %d by one ulysses member", (unsigned long long)seed, k.usym);
     cr_expect(k.enum_ok > rounds / 20 && k.enum_ok < rounds, "seed %llu: %d of %d proven by enumeration",
               (unsigned long long)seed, k.enum_ok, rounds);
+}
+
+/* ---- a numeric oracle: programs run on the CPU executor ------------------------- */
+
+/* Runs the backward program `bwd` after the forward of row w's plan (mask
+ * `mask`) on P rank threads over the local transport with the CPU backend,
+ * on fresh random inputs from `seed` (the job layer's Philox streams, rng.h),
+ * and checks out, dq, dk and dv against the float64 reference with the
+ * SPEC's tolerances (run.h: cpc_job_run's check; fp32 here: 1e-5).
+ * cpc_job_run runs job->bwd as given, without proving it again: this is
+ * the prover's verdict against the numbers.  Returns the run's error, or
+ * NULL with *rep filled (caller clears it with cpc_run_report_clear). */
+static cpc_status *numeric_run(const struct fz_row *w, const char *mask, const cpc_program *bwd, uint64_t seed,
+                               cpc_run_report *rep)
+{
+    cpc_status *err = NULL;
+    memset(rep, 0, sizeof *rep);
+    cpc_plan *plan = test_train_plan(w->name, w->R, w->U, w->H, w->Hkv, w->tokens, mask, w->rotate, w->rep, &err);
+    cr_assert_not_null(plan, "%s %dx%d: %s", w->name, w->R, w->U, err ? err->message : "");
+    cpc_job *job = NULL;
+    cpc_status *st = cpc_job_from_plan(plan, w->v, w->R, w->U, &job);
+    cr_assert(job && !cpc_status_has_error(st), "%s %dx%d: %s", w->name, w->R, w->U, st ? st->message : "");
+    cpc_status_free(st);
+    cpc_program_free(job->bwd);
+    job->bwd = NULL;
+    cr_assert_null(cpc_program_clone(bwd, &job->bwd));
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.backend = "cpu";
+    o.transport = "local";
+    o.seed = seed;
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = 30;
+    st = cpc_job_run(job, &o, rep, NULL);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+    return st;
+}
+
+/* Whether a completed run matches the reference: the forward's out and the
+ * three gradients, each compared (a zero error means nothing was). */
+static bool numeric_ok(const cpc_run_report *rep)
+{
+    return rep->checked && rep->pass && rep->bwd_checked && rep->bwd_pass && rep->bwd_rel_err[0] > 0 &&
+           rep->bwd_rel_err[1] > 0 && rep->bwd_rel_err[2] > 0;
+}
+
+/* Small worlds (2..8 ranks, a few tokens and heads) for the numeric runs. */
+static const struct fz_row nm_rows[] = {
+    {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 32, "p2p", 0},
+    {"ring", CPC_VARIANT_RING, 3, 1, 2, 1, 24, "allgather", 0},
+    {"ring_anything", CPC_VARIANT_RING_ANYTHING, 5, 1, 4, 2, 37, "p2p", 0},     /* uneven shards */
+    {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 1, 32, "p2p", 0},                 /* MQA: dK/dV parts summed */
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 29, "p2p", 0}, /* heads and tokens uneven */
+    {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 32, "p2p", 0},
+    {"unified", CPC_VARIANT_UNIFIED, 2, 3, 6, 2, 48, "p2p", 0},
+    {"unified", CPC_VARIANT_UNIFIED, 4, 2, 4, 2, 64, "allgather", 0},
+    {"ring", CPC_VARIANT_RING, 3, 1, 4, 2, 24, "p2p", 5},                       /* a replicated text */
+    {"ulysses", CPC_VARIANT_ULYSSES, 1, 2, 4, 2, 16, "p2p", 3},
+};
+
+typedef struct nm_count {
+    int tried, accepted, ran, ran_right, refused_right, refused_right_ok, cover_wrong, cover_wrong_caught,
+        exec_refused, exec_refused_caught;
+} nm_count;
+
+/* Mutants of the small rows (a quarter unchanged), proven by the default
+ * method, run by the structural oracle and on the CPU executor:
+ *   - accepted: the run must complete and match the reference (and the
+ *     oracle must find it right, but for the known class: an attn_bwd
+ *     `block` other than its K/V's, which the executor refuses);
+ *   - refused, yet right by the oracle: the run must match (the oracle's
+ *     "right" is the numbers' right; the prover is stricter: provenance,
+ *     dead values, declared blocks);
+ *   - refused and wrong by the oracle's coverage (a pair missed or met twice,
+ *     mask none): the run must NOT match (the oracle's "wrong" is real). */
+static void nm_run(uint64_t seed, int want, int want_side, nm_count *k)
+{
+    const size_t nrows = sizeof nm_rows / sizeof nm_rows[0];
+    const int ran0 = k->ran, rr0 = k->refused_right, cw0 = k->cover_wrong;
+    for (int t = 0; (k->ran - ran0 < want || k->refused_right - rr0 < want_side || k->cover_wrong - cw0 < want_side) &&
+                    t < 400 * want;
+         t++) {
+        const struct fz_row *w = &nm_rows[(size_t)t % nrows];
+        uint32_t i = 0;
+        const char *mask = w->rep ? "none" : rnd(seed, 1u << 29 | (uint32_t)t, &i, 2) ? "causal" : "none";
+        cpc_program *p = build(w->name, w->v, w->R, w->U, w->H, w->Hkv, w->tokens, mask, w->rotate, w->rep);
+        if (!p) /* the planner refuses the geometry with this mask */
+            continue;
+        int nm = rnd(seed, 1u << 29 | (uint32_t)t, &i, 4) == 0 ? 0 : 1 + (int)rnd(seed, 1u << 29 | (uint32_t)t, &i, 3);
+        for (int m = 0; m < nm; m++)
+            fz_mutate(p, seed ^ 0x5bd1e995u, t * 8 + m);
+        k->tried++;
+        char what[200];
+        snprintf(what, sizeof what, "numeric: seed %llu round %d (%s %dx%d %s %s, %d edits)", (unsigned long long)seed,
+                 t, w->name, w->R, w->U, w->rotate, mask, nm);
+        cpc_status *pv = cpc_verify_backward_ex(p, NULL, NULL);
+        oracle o;
+        bool uns;
+        const char *bad = oracle_check(p, &o, &uns);
+        bool known = bad && strstr(bad, "attn_bwd reads block");
+        bool cover = bad && strstr(bad, "contributions") && !strcmp(mask, "none");
+        bool side = !pv ? k->ran - ran0 < want
+                    : !uns && !bad ? k->refused_right - rr0 < want_side
+                    : cover        ? k->cover_wrong - cw0 < want_side
+                                   : false;
+        if (!side) {
+            cpc_status_free(pv);
+            cpc_program_free(p);
+            continue;
+        }
+        uint64_t s = test_bits_at(seed, 7u, (uint64_t)t) | (uint64_t)test_bits_at(seed, 8u, (uint64_t)t) << 32;
+        cpc_run_report rep;
+        cpc_status *st = numeric_run(w, mask, p, s, &rep);
+        bool ok = !st && numeric_ok(&rep);
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "%s: prover %s; oracle %s; run %s (out %.1e, dq %.1e, dk %.1e, dv %.1e)\n", what,
+                    pv ? "refuses" : "proves", uns ? o.unsup : bad ? bad : "right",
+                    st ? st->message : ok ? "matches" : "DIFFERS", rep.rel_err, rep.bwd_rel_err[0],
+                    rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+        if (!pv) {
+            k->accepted++;
+            k->ran++;
+            if (known) {
+                k->exec_refused++;
+                k->exec_refused_caught += st != NULL;
+                cr_expect(st != NULL, "%s: the oracle says the executor refuses it (%s), it ran", what, bad);
+            } else {
+                if (!ok)
+                    cpc_program_print(stderr, p, -1);
+                cr_expect(!bad, "UNSOUND: %s: proven, the oracle: %s", what, bad);
+                cr_expect(ok, "UNSOUND: %s (input seed %llu): proven, the run: %s (out %.2e, dq %.2e, dk %.2e, dv %.2e, "
+                          "tolerance %.0e)", what, (unsigned long long)s, st ? st->message : "differs", rep.rel_err,
+                          rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2], rep.bwd_tolerance);
+                k->ran_right += ok;
+            }
+        } else if (!bad) {
+            k->refused_right++;
+            k->refused_right_ok += ok;
+            cr_expect(ok, "%s (input seed %llu): right by the oracle (refused: %s), the run: %s (dq %.2e, dk %.2e, "
+                      "dv %.2e)", what, (unsigned long long)s, pv->message, st ? st->message : "differs",
+                      rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+        } else {
+            k->cover_wrong++;
+            k->cover_wrong_caught += !ok;
+            cr_expect(!ok, "%s (input seed %llu): wrong by the oracle (%s), the run matches", what,
+                      (unsigned long long)s, bad);
+        }
+        cpc_status_free(st);
+        cpc_run_report_clear(&rep);
+        cpc_status_free(pv);
+        cpc_program_free(p);
+    }
+}
+
+Test(attack, numeric_oracle_on_the_cpu_executor)
+{
+    const char *env = getenv("CPC_ATTACK_NUMERIC");
+#if defined(__SANITIZE_ADDRESS__)
+    int want = env ? atoi(env) : 16;
+#else
+    int want = env ? atoi(env) : 60;
+#endif
+    nm_count k = {0};
+    nm_run(20261203u, want / 2, want / 6, &k); /* fixed: the same programs and inputs on every run */
+    uint64_t seed = test_seed();
+    nm_run(seed, want, want / 3, &k);
+    fprintf(stderr,
+            "numeric oracle (seed %llu): %d mutants tried; %d accepted ones run on the CPU executor, %d matched the "
+            "float64 reference (%d of the known class, %d of them refused by the executor); %d refused ones right by "
+            "the oracle run, %d matched; %d refused ones wrong by the oracle's coverage run, %d of them differ\n",
+            (unsigned long long)seed, k.tried, k.ran, k.ran_right, k.exec_refused, k.exec_refused_caught,
+            k.refused_right, k.refused_right_ok, k.cover_wrong, k.cover_wrong_caught);
+    cr_expect(k.ran >= want + want / 2, "seed %llu: only %d accepted programs ran", (unsigned long long)seed, k.ran);
+    cr_expect(k.refused_right > 0 && k.cover_wrong > 0, "seed %llu: %d refused-right and %d wrong programs ran",
+              (unsigned long long)seed, k.refused_right, k.cover_wrong);
 }
 
 /* CPC_ATTACK_DUMP=1 (fuzz_loop_bodies): prints the programs the attacks start
