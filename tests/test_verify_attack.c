@@ -2475,6 +2475,61 @@ Test(attack, numeric_oracle_on_the_cpu_executor)
               (unsigned long long)seed, k.refused_right, k.cover_wrong);
 }
 
+/* FOUND (oracle2): an attn_bwd on ring-block K/V whose `block` names another
+ * block than the one K/V hold is proven (verify_bwd.c takes `block` to
+ * matter only for gathered K/V), while the executor refuses it at run time
+ * ("reads block N but 'k_cur' holds block M", op_attn_bwd / attn_problem):
+ * a proven program that fails on the cluster.  The ring p2p program (K/V
+ * hold block (r-s)%R on step s) with block=(r-s-1)%R, at 4 ranks and in a
+ * unified 2x2 program: the structural oracle and the executor refuse it, the
+ * same program with the right block=(r-s)%R runs and matches the float64
+ * reference.  The prover's half (it must refuse the wrong block with
+ * CP051) is asserted with CPC_ATTACK_KNOWN=1 until verify_bwd.c checks it. */
+Test(attack, attn_bwd_block_other_than_its_kv)
+{
+    static const struct fz_row rows[] = {
+        {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 32, "p2p", 0},
+        {"unified", CPC_VARIANT_UNIFIED, 2, 2, 4, 2, 32, "p2p", 0},
+    };
+    static const char *const blocks[] = {"(r-s)%R", "(r-s-1)%R"};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        for (int b = 0; b < 2; b++) {
+            const struct fz_row *w = &rows[i];
+            cpc_program *p = build(w->name, w->v, w->R, w->U, w->H, w->Hkv, w->tokens, "none", w->rotate, w->rep);
+            cr_assert_not_null(p);
+            set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->block, blocks[b]);
+            char what[160];
+            snprintf(what, sizeof what, "%s %dx%d, attn_bwd block=%s", w->name, w->R, w->U, blocks[b]);
+            cpc_status *pv = cpc_verify_backward_ex(p, NULL, NULL);
+            oracle o;
+            bool uns;
+            const char *bad = oracle_check(p, &o, &uns);
+            cr_assert(!uns, "%s: the oracle cannot run it: %s", what, o.unsup);
+            cpc_run_report rep;
+            cpc_status *st = numeric_run(w, "none", p, test_seed(), &rep);
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "%s: prover %s; oracle %s; run %s\n", what, pv ? pv->message : "proves",
+                        bad ? bad : "right", st ? st->message : numeric_ok(&rep) ? "matches" : "differs");
+            if (b == 0) {
+                cr_expect_null(pv, "%s: %s", what, pv ? pv->message : "");
+                cr_expect(!bad, "%s: the oracle: %s", what, bad);
+                cr_expect(!st && numeric_ok(&rep), "%s: the run: %s", what, st ? st->message : "differs");
+            } else {
+                cr_expect(bad && strstr(bad, "attn_bwd reads block"), "%s: the oracle: %s", what, bad ? bad : "right");
+                cr_expect(st && strstr(st->message, "reads block"), "%s: the executor ran it: %s", what,
+                          st ? st->message : "no error");
+                if (getenv("CPC_ATTACK_KNOWN"))
+                    cr_expect(pv != NULL, "UNSOUND: %s: proven, and the executor refuses it at run time", what);
+                else if (!pv)
+                    fprintf(stderr, "KNOWN (oracle2): %s: proven, the executor refuses it at run time\n", what);
+            }
+            cpc_status_free(pv);
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+            cpc_program_free(p);
+        }
+}
+
 /* CPC_ATTACK_DUMP=1 (fuzz_loop_bodies): prints the programs the attacks start
  * from, and each fuzz base's verdict, phases jumped and one-member use. */
 static void dump_programs(void)
