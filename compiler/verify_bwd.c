@@ -635,6 +635,28 @@ static void uc_whole(vb *V, const cset *c)
                         "members only when it does)";
 }
 
+/* uc: members u0 + t, t in [t0, t1), of region R placed one by one: member
+ * u0 + t is class t % T's representative moved by (t - t % T) * n; its set
+ * kept to the representative's heads [lo, hi) of its class. */
+static bool uc_place(vb *V, cset *dst, const uregion *R, int b, const int *lo, const int *hi, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++) {
+        int c = t % R->T, d = (t - c) * R->n;
+        const cset *src = &S(V, R->c0 + c, b)->cnt;
+        for (int i = 0; i < src->n; i++) {
+            run x = src->v[i];
+            int a = x.h0 > lo[c] ? x.h0 : lo[c], e = x.h0 + x.hn < hi[c] ? x.h0 + x.hn : hi[c];
+            if (e <= a)
+                continue;
+            x.h0 = a + d;
+            x.hn = e - a;
+            if (!cs_add_run(V, dst, x))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* uc: what every member holds of buffer b's heads, placed together in head
  * order: member v's part is its class representative's set kept to the
  * representative's heads and moved by d_v.  A region of one class whose
@@ -672,20 +694,30 @@ static bool a2a_union_classes(vb *V, cset *dst, int b)
             }
             continue;
         }
-        for (int t = 0; t < R->cnt; t++) { /* member u0 + t: class t % T, moved by (t - t % T) * n */
-            int c = t % R->T, d = (t - c) * R->n;
-            const cset *src = &S(V, R->c0 + c, b)->cnt;
-            for (int i = 0; i < src->n; i++) {
-                run x = src->v[i];
-                int a = x.h0 > lo[c] ? x.h0 : lo[c], e = x.h0 + x.hn < hi[c] ? x.h0 + x.hn : hi[c];
-                if (e <= a)
-                    continue;
-                x.h0 = a + d;
-                x.hn = e - a;
-                if (!cs_add_run(V, dst, x))
-                    return false;
+        /* one period (members u0 .. u0 + T - 1, every class once): when it is runs over its
+         * whole span [a0, a0 + T n), the periods after it (each the first moved by T n) make
+         * them runs over the periods' span; the members after the last whole period, and any
+         * other case, are placed one by one */
+        int t0 = 0;
+        if (nc == R->T && R->cnt >= 2 * R->T) {
+            cset per = {0};
+            bool ok = uc_place(V, &per, R, b, lo, hi, 0, R->T), whole = ok;
+            for (int i = 0; i < per.n && whole; i++)
+                whole = per.v[i].h0 == R->a0 && per.v[i].hn == R->T * R->n;
+            int full = R->cnt / R->T;
+            for (int i = 0; i < per.n && whole && ok; i++) {
+                run x = per.v[i];
+                x.hn = (int32_t)((int64_t)full * R->T * R->n);
+                ok = cs_add_run(V, dst, x);
             }
+            cs_free(&per);
+            if (!ok)
+                return false;
+            if (whole)
+                t0 = full * R->T;
         }
+        if (!uc_place(V, dst, R, b, lo, hi, t0, R->cnt))
+            return false;
     }
     return true;
 }
