@@ -115,7 +115,11 @@ typedef struct vb {
     int32_t stamps;                /* identities of recomputed attention outputs / accumulator pairs */
     bool usym;                     /* sym: one ulysses member simulated, the others its rotations in u
                                       (verify_bwd.h ROTATIONS OF U) */
-    int Us;                        /* ulysses members simulated per group: U, or 1 (usym) */
+    int Us;                        /* ulysses members simulated per group: U, 1 (usym) or the classes' count */
+    const struct uclasses *uc;     /* usym with uneven head parts: the member classes (verify_bwd.h
+                                      CLASSES OF U); simulated rank i is member uc->mem[i] */
+    const char *ubreak;            /* uc: the classes do not stand for their members after all
+                                      (then every member is simulated) */
     bool ind_on;                   /* sym: loops by induction (verify_bwd.h LOOPS BY INDUCTION) */
     bool ind;                      /* in a symbolic step: values carry slopes in s, comparisons must hold
                                       as identities in s */
@@ -169,13 +173,15 @@ static cpc_status *bfail(cpc_span span, const char *where, const char *fmt, ...)
 }
 
 static int32_t md32(int64_t x, int64_t m);
+static int cp(const vb *V, int p);
 
+/* With the classes of U, simulated rank p is reported as the member it is. */
 static cpc_status *vfail_(const vb *V, int p, const xop *x, const char *fmt, ...)
 {
     char where[320];
     va_list ap;
     va_start(ap, fmt);
-    cpc_status *st = vc_fault(x ? x->op->span : CPC_NO_SPAN, true, p, V->U,
+    cpc_status *st = vc_fault(x ? x->op->span : CPC_NO_SPAN, true, p >= 0 && V->uc ? cp(V, p) : p, V->U,
                               x ? vc_op_desc(x->nd, x->s, x->s + 1, where, sizeof where) : NULL, fmt, ap);
     va_end(ap);
     return st;
@@ -184,9 +190,26 @@ static cpc_status *vfail_(const vb *V, int p, const xop *x, const char *fmt, ...
 /* The flat rank whose coordinates simulated rank p's state is written in:
  * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
  * seen rotated to ring position 0; twin: also the ranks r != 0). */
+/* CLASSES OF U (verify_bwd.h): the ulysses members in at most two regions
+ * of equal head counts (tensor_split: the first H % U members hold one head
+ * more), each cut into T classes by the member's first query head modulo
+ * the GQA group g (T = g / gcd(n, g); 1 with one K/V head).  Class i of
+ * region reg_of[i] is the members mem[i] + k*T, k >= 0, inside the region;
+ * member v of it is its representative mem[i] with every head moved by
+ * (v - mem[i]) * n, a multiple of g, and its shard index by v - mem[i]. */
+#define VB_MAX_CLASSES 64
+typedef struct uregion {
+    int u0, cnt, n, a0, T, c0; /* members [u0, u0 + cnt), n heads each from head a0; classes c0 .. c0+T-1 */
+} uregion;
+typedef struct uclasses {
+    int nreg, ncls;
+    uregion reg[2];
+    int mem[VB_MAX_CLASSES], reg_of[VB_MAX_CLASSES];
+} uclasses;
+
 static int cp(const vb *V, int p)
 {
-    return V->sym ? p % V->U : p;
+    return V->sym ? (V->uc ? V->uc->mem[p] : p % V->U) : p;
 }
 
 /* The op table's tag rule for out[i] of x on simulated rank p. */
@@ -594,6 +617,132 @@ static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
 
 static cpc_status *coll_inputs(vb *V, int p);
 
+/* uc (CLASSES OF U): member v's set is its class representative's moved
+ * by d_v heads.  Class i's members, k = 0 .. K-1: mem[i] + k*T. */
+static int uc_members(const vb *V, int i)
+{
+    const uregion *R = &V->uc->reg[V->uc->reg_of[i]];
+    return (R->u0 + R->cnt - 1 - V->uc->mem[i]) / R->T + 1;
+}
+
+/* Whether the set every member got from a collective is the same when
+ * seen from any member: each run over every head (a rotation of the heads
+ * leaves it as it is).  Else the classes do not stand for their members
+ * (V->ubreak: every member is simulated instead). */
+static void uc_whole(vb *V, const cset *c)
+{
+    for (int i = 0; i < c->n && !V->ubreak; i++)
+        if (c->v[i].h0 != 0 || c->v[i].hn != V->nh)
+            V->ubreak = "a collective's gradient does not hold every head (the classes of U stand for their "
+                        "members only when it does)";
+}
+
+/* uc: members u0 + t, t in [t0, t1), of region R placed one by one: member
+ * u0 + t is class t % T's representative moved by (t - t % T) * n; its set
+ * kept to the representative's heads [lo, hi) of its class. */
+static bool uc_place(vb *V, cset *dst, const uregion *R, int b, const int *lo, const int *hi, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++) {
+        int c = t % R->T, d = (t - c) * R->n;
+        const cset *src = &S(V, R->c0 + c, b)->cnt;
+        for (int i = 0; i < src->n; i++) {
+            run x = src->v[i];
+            int a = x.h0 > lo[c] ? x.h0 : lo[c], e = x.h0 + x.hn < hi[c] ? x.h0 + x.hn : hi[c];
+            if (e <= a)
+                continue;
+            x.h0 = a + d;
+            x.hn = e - a;
+            if (!cs_add_run(V, dst, x))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* uc: what every member holds of buffer b's heads, placed together in head
+ * order: member v's part is its class representative's set kept to the
+ * representative's heads and moved by d_v.  A region of one class whose
+ * kept run is one member's width n gives one run over the region; else the
+ * members are placed one by one (adjacent runs join).  False on OOM or the
+ * bound. */
+static bool a2a_union_classes(vb *V, cset *dst, int b)
+{
+    const uclasses *C = V->uc;
+    for (int ri = 0; ri < C->nreg; ri++) {
+        const uregion *R = &C->reg[ri];
+        int nc = R->T < R->cnt ? R->T : R->cnt, lo[VB_MAX_CLASSES], hi[VB_MAX_CLASSES];
+        for (int c = 0; c < nc; c++)
+            held_heads(V, b, C->mem[R->c0 + c], &lo[c], &hi[c]);
+        if (nc == 1) {
+            const cset *src = &S(V, R->c0, b)->cnt;
+            for (int i = 0; i < src->n; i++) {
+                run x = src->v[i];
+                int a = x.h0 > lo[0] ? x.h0 : lo[0], e = x.h0 + x.hn < hi[0] ? x.h0 + x.hn : hi[0];
+                if (e <= a)
+                    continue;
+                if (e - a == R->n) { /* the K copies, n apart, tile one run */
+                    x.h0 = a;
+                    x.hn = (int32_t)((int64_t)R->cnt * R->n);
+                    if (!cs_add_run(V, dst, x))
+                        return false;
+                    continue;
+                }
+                for (int k = 0; k < R->cnt; k++) {
+                    x.h0 = a + k * R->n;
+                    x.hn = e - a;
+                    if (!cs_add_run(V, dst, x))
+                        return false;
+                }
+            }
+            continue;
+        }
+        /* one period (members u0 .. u0 + T - 1, every class once): when it is runs over its
+         * whole span [a0, a0 + T n), the periods after it (each the first moved by T n) make
+         * them runs over the periods' span; the members after the last whole period, and any
+         * other case, are placed one by one */
+        int t0 = 0;
+        if (nc == R->T && R->cnt >= 2 * R->T) {
+            cset per = {0};
+            bool ok = uc_place(V, &per, R, b, lo, hi, 0, R->T), whole = ok;
+            for (int i = 0; i < per.n && whole; i++)
+                whole = per.v[i].h0 == R->a0 && per.v[i].hn == R->T * R->n;
+            int full = R->cnt / R->T;
+            for (int i = 0; i < per.n && whole && ok; i++) {
+                run x = per.v[i];
+                x.hn = (int32_t)((int64_t)full * R->T * R->n);
+                ok = cs_add_run(V, dst, x);
+            }
+            cs_free(&per);
+            if (!ok)
+                return false;
+            if (whole)
+                t0 = full * R->T;
+        }
+        if (!uc_place(V, dst, R, b, lo, hi, t0, R->cnt))
+            return false;
+    }
+    return true;
+}
+
+/* uc: does any member hold a head of buffer b that the next member holds
+ * too?  Member v's range ends where member v + 1's starts unless a GQA
+ * group straddles them, which depends on v's first head modulo g and its
+ * width only: the same for every member of a class (checked on one of
+ * them that has a next member). */
+static bool uc_shared_heads(const vb *V, int b)
+{
+    for (int i = 0; i < V->uc->ncls; i++) {
+        int v = V->uc->mem[i], lo, hi, lo1, hi1;
+        if (v + 1 >= V->U)
+            continue; /* the last member alone in its class: no next member */
+        held_heads(V, b, v, &lo, &hi);
+        held_heads(V, b, v + 1, &lo1, &hi1);
+        if (hi > lo && hi1 > lo1 && hi > lo1)
+            return true;
+    }
+    return false;
+}
+
 /* Executes the all_to_all every member of ulysses group r has reached
  * (SPMD: the same op on every member).  Returns NULL or the failure. */
 static cpc_status *run_a2a(vb *V, int r)
@@ -626,7 +775,9 @@ static cpc_status *run_a2a(vb *V, int r)
         return st;
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
-    if (!s2h && is_grad(bi->role) && !op->reduce && !V->usym) { /* usym: the parts are disjoint (usym_class) */
+    if (!s2h && is_grad(bi->role) && !op->reduce && (!V->usym || (V->uc && uc_shared_heads(V, in)))) {
+        /* usym: the parts are disjoint (usym_class); the classes of U: checked by class
+         * (uc_shared_heads), the pair named here */
         /* A head held by two members keeps one part: refused here (the
          * members' head ranges, swept in order of their first head). */
         hrange *hr = malloc((size_t)U * sizeof *hr);
@@ -668,9 +819,17 @@ static cpc_status *run_a2a(vb *V, int r)
             return cs_err(V);
         }
     }
-    if (is_grad(bi->role) && V->usym && !a2a_union_rotated(V, &tmp, &S(V, r * U, in)->cnt, in)) {
+    if (is_grad(bi->role) && V->usym &&
+        !(V->uc ? a2a_union_classes(V, &tmp, in) : a2a_union_rotated(V, &tmp, &S(V, r * U, in)->cnt, in))) {
         cs_free(&tmp);
         return cs_err(V);
+    }
+    if (V->uc && is_grad(bi->role)) {
+        uc_whole(V, &tmp);
+        if (V->ubreak) {
+            cs_free(&tmp);
+            return NULL; /* prove() stops: every member is simulated instead */
+        }
     }
     for (int j = 0; j < V->Us; j++)
         if (S(V, r * U + j, in)->r0)
@@ -788,10 +947,34 @@ static cpc_status *run_ring_coll(vb *V, int u)
 /* Adds run y as every simulated rank's rotations hold it: itself, or with
  * usym (ROTATIONS OF U) once per member u, its heads moved by u*w (mod H);
  * a run over member 0's part [0, w) gives one run over every head. */
-static bool add_members(vb *V, cset *c, run y)
+static bool add_members(vb *V, int p, cset *c, run y)
 {
     if (!V->usym)
         return cs_add_run(V, c, y);
+    if (V->uc) { /* the members of simulated rank p's class (CLASSES OF U) */
+        const uregion *R = &V->uc->reg[V->uc->reg_of[p]];
+        int K = uc_members(V, p);
+        int64_t step = (int64_t)R->T * R->n;
+        if (R->T == 1 && y.hn == R->n && y.h0 + (int64_t)K * R->n <= V->nh) {
+            y.hn = (int32_t)((int64_t)K * R->n); /* K copies n apart: one run */
+            return cs_add_run(V, c, y);
+        }
+        for (int k = 0; k < K; k++) {
+            run z = y;
+            z.h0 = (int32_t)(((int64_t)y.h0 + k * step) % V->nh);
+            if (z.h0 + z.hn > V->nh) { /* wraps past the last head */
+                run t = z;
+                t.h0 = 0;
+                t.hn = z.h0 + z.hn - V->nh;
+                z.hn = V->nh - z.h0;
+                if (!cs_add_run(V, c, t))
+                    return false;
+            }
+            if (!cs_add_run(V, c, z))
+                return false;
+        }
+        return true;
+    }
     const int w = V->nh / V->U;
     if (y.h0 == 0 && y.hn == w) {
         y.hn = V->nh;
@@ -849,11 +1032,18 @@ static cpc_status *run_all_reduce(vb *V)
                     if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
                         for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
                             y.len = 1;
-                            oom = !add_members(V, &sum, y);
+                            oom = !add_members(V, p, &sum, y);
                         }
                     else
-                        oom = !add_members(V, &sum, y);
+                        oom = !add_members(V, p, &sum, y);
                 }
+            }
+        }
+        if (V->uc && !oom) {
+            uc_whole(V, &sum);
+            if (V->ubreak) {
+                cs_free(&sum);
+                return NULL; /* prove() stops: every member is simulated instead */
             }
         }
         for (int p = 0; p < V->nsim && !oom; p++) {
@@ -1040,7 +1230,7 @@ static vc_tri dom_attn_keys(void *self, const cpc_op *op, const vc_val *Q, const
 {
     vb *V = DV(self);
     const cpc_program *prog = V->prog;
-    const int u = DP(self) % V->U, qi = op->in[0], ki = op->in[1];
+    const int u = cp(V, DP(self)) % V->U, qi = op->in[0], ki = op->in[1];
     const slot *q = (const slot *)Q, *k = (const slot *)K;
     cpc_buf_tokens qt = BF(V, qi)->tokens;
     if (prog->layout.cross || op->block || BF(V, ki)->tokens != CPC_TOK_BLOCK ||
@@ -1095,7 +1285,7 @@ static vc_tri dom_select_heads(void *self, vc_val *v, int b, int from, char *why
         return VC_NO;
     }
     if (is_grad(F->role) && is_grad(B->role)) {
-        int u = DP(self) % V->U, la, ha, lb, hb;
+        int u = cp(V, DP(self)) % V->U, la, ha, lb, hb;
         held_heads(V, from, u, &la, &ha);
         held_heads(V, b, u, &lb, &hb);
         cset c = {0};
@@ -1162,7 +1352,7 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
     (void)why, (void)n;
     bwd_dom *dd = self;
     vb *V = dd->V;
-    const int p = dd->p, u = p % V->U;
+    const int p = dd->p, u = cp(V, p) % V->U;
     const xop *x = dd->x;
     const cpc_program *prog = V->prog;
     const cpc_op_info *info = cpc_op_info_of(op->kind);
@@ -1454,7 +1644,7 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
     if (!sl->fwd || sl->final) /* final: proved complete since it was last written (the loop reads it R times) */
         return NULL;
     int lo, hi;
-    held_heads(V, b, p % V->U, &lo, &hi);
+    held_heads(V, b, cp(V, p) % V->U, &lo, &hi);
     /* count per (key unit, head): a small dense table (NK x heads) */
     int nhh = hi - lo;
     int64_t cells = (int64_t)V->NK * (nhh > 0 ? nhh : 1);
@@ -2112,6 +2302,77 @@ static bool usym_class(const vb *V)
     return true;
 }
 
+static int gcd_int(int a, int b)
+{
+    while (b) {
+        int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The classes of U (verify_bwd.h CLASSES OF U) when the ops commute with
+ * moving u but the heads do not divide evenly (or the K/V heads not by U):
+ * false when the program is outside (then every member is simulated). */
+static bool uclass_build(const vb *V, uclasses *C)
+{
+    const cpc_layout *L = &V->prog->layout;
+    const int U = V->U, H = L->H, Hkv = L->Hkv, g = L->group;
+    if (U < 2 || V->twin || L->cross || V->nh != H || H < U || Hkv < 1 || g < 1 || (int64_t)Hkv * g != H ||
+        !usym_ops(V->prog->ops, V->prog->n_ops))
+        return false;
+    memset(C, 0, sizeof *C);
+    const int w = H / U, m0 = H % U;
+    const int ru0[2] = {0, m0}, rcnt[2] = {m0, U - m0}, rn[2] = {w + 1, w};
+    for (int k = 0; k < 2; k++) {
+        if (rcnt[k] == 0)
+            continue;
+        uregion *R = &C->reg[C->nreg];
+        R->u0 = ru0[k];
+        R->cnt = rcnt[k];
+        R->n = rn[k];
+        R->a0 = (int)((int64_t)ru0[k] * (w + 1)); /* tensor_split: the first m0 members hold w + 1 heads */
+        R->T = Hkv == 1 ? 1 : g / gcd_int(R->n, g);
+        R->c0 = C->ncls;
+        int nc = R->T < R->cnt ? R->T : R->cnt;
+        if (C->ncls + nc > VB_MAX_CLASSES)
+            return false;
+        for (int c = 0; c < nc; c++) {
+            C->mem[C->ncls] = R->u0 + c;
+            C->reg_of[C->ncls++] = C->nreg;
+        }
+        C->nreg++;
+    }
+    /* The layout agrees: member v = rep + k*T of each class (k = 0, 1, the last) holds n query heads
+     * from a0 + (v - u0) * n, and every head-part buffer the representative's range moved by
+     * d = (v - rep) * n (a multiple of g: the GQA groups move with it), or every head on both
+     * (one K/V head: every member holds it). */
+    for (int i = 0; i < C->ncls; i++) {
+        const uregion *R = &C->reg[C->reg_of[i]];
+        const int m = C->mem[i], K = (R->u0 + R->cnt - 1 - m) / R->T + 1, ks[3] = {0, 1, K - 1};
+        for (int j = 0; j < 3; j++) {
+            if (ks[j] >= K)
+                continue;
+            int v = m + ks[j] * R->T, qo, qn;
+            int64_t d = (int64_t)(v - m) * R->n;
+            cpc_layout_q_heads(L, v, &qo, &qn);
+            if (qn != R->n || qo != R->a0 + (int64_t)(v - R->u0) * R->n || (Hkv > 1 && d % g))
+                return false;
+            for (int b = 0; b < V->nb; b++) {
+                if (V->prog->buffers[b].heads != CPC_HEADS_PART)
+                    continue;
+                int lo, hi, lv, hv;
+                held_heads(V, b, m, &lo, &hi);
+                held_heads(V, b, v, &lv, &hv);
+                if (!(lv == lo + d && hv == hi + d) && !(lo == 0 && hi == H && lv == 0 && hv == H))
+                    return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* Symmetric domain: what the rank (0, u) evaluated for a peer or block must
  * hold on every ring position: v(R-1) = v(0) + R - 1 (mod R), evaluating
  * (so that no rank's evaluation fails: the chain is monotone in r), and for
@@ -2760,7 +3021,7 @@ static cpc_status *prove(vb *V)
          * its peers and blocks back to rank 0's frame); inductive loops by phases (iw_loop) */
         collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U, false, 0};
         if (!st) {
-            st = cpc_program_walk_loops(prog, p, collect_checked, iw_loop, &cc);
+            st = cpc_program_walk_loops(prog, V->uc ? cp(V, p) : p, collect_checked, iw_loop, &cc);
             if (st && st->code == CPC_E_INPUT && st->rule == 0) {
                 /* the walk's own refusal (an expression that does not evaluate, a
                  * peer outside its group, a loop count out of range: program.h):
@@ -2849,6 +3110,8 @@ static cpc_status *prove(vb *V)
                             V->pc[gk == 0 ? g * V->U + j : j * V->U + g]++;
                     else if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
                         return st;
+                    if (V->ubreak)
+                        return NULL; /* the caller simulates every member */
                     moved = true;
                 }
             }
@@ -2871,6 +3134,8 @@ static cpc_status *prove(vb *V)
                         V->pc[p]++;
                 else if ((st = run_all_reduce(V)))
                     return st;
+                if (V->ubreak)
+                    return NULL; /* the caller simulates every member */
                 moved = true;
             }
         }
@@ -2948,6 +3213,27 @@ static void vb_free(vb *V)
     free(V->rpend);
 }
 
+/* The symmetric domain's state before prove(): umode 0 every member (with
+ * the twin), 1 member 0 for all (ROTATIONS OF U), 2 one member per class
+ * (CLASSES OF U, ucl). */
+static void sym_setup(vb *V, const vb *base, int umode, const uclasses *ucl, bool ind)
+{
+    const cpc_program *prog = base->prog;
+    *V = *base;
+    V->sym = true;
+    V->twin = base->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
+    V->nsim = V->twin ? 2 * V->U : V->U;
+    if (umode == 1) {
+        V->usym = true;
+        V->Us = V->nsim = 1;
+    } else if (umode == 2) {
+        V->usym = true;
+        V->uc = ucl;
+        V->Us = V->nsim = ucl->ncls;
+    }
+    V->ind_on = ind;
+}
+
 cpc_status *cpc_verify_backward(const cpc_program *prog)
 {
     return cpc_verify_backward_ex(prog, NULL, NULL);
@@ -2982,34 +3268,30 @@ static cpc_status *verify_bwd(const cpc_program *prog, const cpc_verify_opts *op
                                                      : sym_class(&base, prog->ops, prog->n_ops, 0, &at);
     cpc_status *st = NULL;
     if (!why) {
-        vb V = base;
-        V.sym = true;
-        V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
-        V.nsim = V.twin ? 2 * V.U : V.U;
-        /* one ulysses member for all and loops by induction first; where the induction cannot
-         * decide, unrolled */
-        if (induction && usym_class(&V)) {
-            V.usym = true;
-            V.Us = 1;
-            V.nsim = 1;
-        }
-        V.ind_on = induction;
-        st = prove(&V);
-        if (V.undec) {
-            bool us = V.usym;
-            cpc_status_free(st);
-            vb_free(&V);
-            V = base;
-            V.sym = true;
-            V.twin = L->R > 1 && has_r0_guard(prog->ops, prog->n_ops);
-            V.nsim = V.twin ? 2 * V.U : V.U;
-            if (us) {
-                V.usym = true;
-                V.Us = 1;
-                V.nsim = 1;
-            }
+        /* one ulysses member for all (umode 1), or one per class of members (umode 2), and
+         * loops by induction first; where the induction cannot decide, unrolled; where the
+         * classes do not stand for their members (ubreak), every member */
+        uclasses ucl;
+        vb V;
+        sym_setup(&V, &base, 0, NULL, induction);
+        int umode = !induction ? 0 : usym_class(&V) ? 1 : uclass_build(&V, &ucl) ? 2 : 0;
+        for (;;) {
+            sym_setup(&V, &base, umode, &ucl, induction);
             st = prove(&V);
+            if (V.undec && !V.ubreak) {
+                cpc_status_free(st);
+                vb_free(&V);
+                sym_setup(&V, &base, umode, &ucl, false);
+                st = prove(&V);
+            }
+            if (!V.ubreak)
+                break;
+            cpc_status_free(st);
+            st = NULL;
+            vb_free(&V);
+            umode = 0;
         }
+        stats->classes = V.uc ? V.uc->ncls : 0;
         stats->usym = V.usym;
         stats->jumps = V.jumps;
         stats->work = V.work;
