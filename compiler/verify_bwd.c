@@ -84,14 +84,13 @@ typedef struct req {
     int to;                /* the partner: its flat rank, or rotated (verify_bwd.h SYMMETRIC) the ring offset
                               (a send's to its receiver; a recv's from its sender) */
     int32_t blk, blkb;     /* recv: the block it declares (x->block) and its slope in s (induction) */
-    int next;              /* next in its unmatched queue, or in the free list (-1: none) */
-    bool freed;            /* in the free list */
     slot snap[CPC_OP_MAX_BUFS];
 } req;
 
+#define RQ(V, id) ((req *)VC_POOL_AT(&(V)->reqs, (id)))
+
 typedef struct rank_reqs {
-    int *v;                /* posted, not yet completed by a wait (request ids, in posting order) */
-    int n, cap;
+    vc_open open;          /* posted, not yet completed by a wait */
     int sh, st;            /* sends to this rank no recv matched yet: head, tail (-1: empty) */
     int rh, rt;            /* recvs posted by this rank no send matched yet */
 } rank_reqs;
@@ -134,8 +133,7 @@ typedef struct vb {
     int32_t *nsend, *rpend; /* [P * nb]: per buffer, the sends in flight reading it and the recv in flight
                                writing it (-1): the shared message layer's (vc_domain) */
     rank_reqs *rr; /* [P] */
-    req *reqs;     /* every simulated rank's requests (ids index it) */
-    int nreq, capreq, freereq;
+    vc_pool reqs;  /* every simulated rank's requests (of req: RQ) */
     cpc_status *err;
 } vb;
 
@@ -1335,7 +1333,7 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
 {
     const vb *V = DV(self);
-    const req *r = rq, *s = &V->reqs[r->match];
+    const req *r = rq, *s = RQ(V, r->match);
     char ob[256];
     if (rotated(V, r->group))
         snprintf(who, nw, "ring member r%+d", diff_mod(r->to, 0, V->R));
@@ -1686,52 +1684,10 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
 
 #define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
 
-/* A free request (snapshots emptied, their run storage kept); -1 when out of memory. */
-static int req_new(vb *V)
+static void req_release(vc_rq *q)
 {
-    int id = V->freereq;
-    if (id >= 0) {
-        V->freereq = V->reqs[id].next;
-    } else {
-        if (V->nreq == V->capreq) {
-            int nc = V->capreq ? 2 * V->capreq : 16;
-            req *v = realloc(V->reqs, (size_t)nc * sizeof *v);
-            if (!v)
-                return -1;
-            memset(v + V->capreq, 0, (size_t)(nc - V->capreq) * sizeof *v);
-            V->reqs = v;
-            V->capreq = nc;
-        }
-        id = V->nreq++;
-    }
-    req *q = &V->reqs[id];
     for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
-        slot_empty(&q->snap[j]);
-    q->next = -1;
-    q->freed = false;
-    return id;
-}
-
-/* After a wait: the requests it completed leave rank p's list; a request and its match are freed
- * once both are complete. */
-static void drop_done(vb *V, int p)
-{
-    rank_reqs *rq = &V->rr[p];
-    int k = 0;
-    for (int i = 0; i < rq->n; i++) {
-        req *q = &V->reqs[rq->v[i]];
-        if (!q->done) {
-            rq->v[k++] = rq->v[i];
-            continue;
-        }
-        if (!q->freed && q->match >= 0 && V->reqs[q->match].done) {
-            V->reqs[q->match].next = V->freereq;
-            q->next = q->match;
-            V->freereq = rq->v[i];
-            q->freed = V->reqs[q->match].freed = true;
-        }
-    }
-    rq->n = k;
+        cs_free(&((req *)q)->snap[j].cnt);
 }
 
 /* Symmetric domain: is this message between ring rotations of one member
@@ -1748,12 +1704,12 @@ static bool rotated(const vb *V, cpc_group g)
  * negated).  -1 when none. */
 static int take(vb *V, int *head, int *tail, int from, int g, int tag, bool rot)
 {
-    for (int prev = -1, id = *head; id >= 0; prev = id, id = V->reqs[id].next) {
-        req *q = &V->reqs[id];
+    for (int prev = -1, id = *head; id >= 0; prev = id, id = RQ(V, id)->next) {
+        req *q = RQ(V, id);
         int who = rot ? (q->is_send ? q->to : md32(-(int64_t)q->to, V->R)) : (q->is_send ? q->p : q->to);
         if (who == from && q->group == g && q->tag == tag) {
             if (prev >= 0)
-                V->reqs[prev].next = q->next;
+                RQ(V, prev)->next = q->next;
             else
                 *head = q->next;
             if (*tail == id)
@@ -1768,7 +1724,7 @@ static int take(vb *V, int *head, int *tail, int from, int g, int tag, bool rot)
 static void enqueue(vb *V, int *head, int *tail, int id)
 {
     if (*tail >= 0)
-        V->reqs[*tail].next = id;
+        RQ(V, *tail)->next = id;
     else
         *head = id;
     *tail = id;
@@ -1804,12 +1760,12 @@ static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
     }
 }
 
-static vc_rq *dom_rq(void *self, int id) { return &DV(self)->reqs[id].h; }
+static vc_rq *dom_rq(void *self, int id) { return VC_POOL_AT(&DV(self)->reqs, id); }
 
 static int dom_open(void *self, int i)
 {
-    const rank_reqs *rq = &DV(self)->rr[DP(self)];
-    return i < rq->n ? rq->v[i] : -1;
+    const vc_open *o = &DV(self)->rr[DP(self)].open;
+    return i < o->n ? o->v[i] : -1;
 }
 
 /* The domain stands at request q's op (where a fault it meets is reported), or at the end. */
@@ -1828,7 +1784,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     const xop *x = dd->x;
     bool rot = rotated(V, op->group), send = op->kind == CPC_OP_SEND;
     rank_reqs *me = &V->rr[p];
-    if (me->n >= VB_MAX_PENDING) {
+    if (me->open.n >= VB_MAX_PENDING) {
         V->err = vfail(p, x, "more than %d requests in flight on one rank (the prover's bound, verify_bwd.h)",
                        VB_MAX_PENDING);
         return VC_NO;
@@ -1836,17 +1792,10 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     for (int i = 0; send && i < op->n_in; i++)
         if (S(V, p, op->in[i])->r0) /* twin: the receivers' states would not be the simulated ones */
             V->asym = "a `when r==0` op's result is sent";
-    if (me->n == me->cap) {
-        int nc = me->cap ? 2 * me->cap : 8, *v = realloc(me->v, (size_t)nc * sizeof *v);
-        if (!v)
-            return VC_OOM;
-        me->v = v;
-        me->cap = nc;
-    }
-    int id = req_new(V);
+    int id = vc_pool_new(&V->reqs, &me->open);
     if (id < 0)
         return VC_OOM;
-    req *q = &V->reqs[id];
+    req *q = RQ(V, id);
     q->x = x;
     q->p = p;
     q->to = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
@@ -1858,8 +1807,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     q->blkb = (int32_t)x->bs;
     if (!vc_post(dd->dom, op, id))
         return VC_OOM;
-    me->v[me->n++] = id;
-    q = &V->reqs[id];
+    q = RQ(V, id);
     /* the receiver's queues: a send looks among the receiver's recvs, a recv among the sends to it */
     rank_reqs *rr = &V->rr[!send || rot ? p : q->to];
     int who = rot ? (send ? q->to : md32(-(int64_t)q->to, V->R)) : send ? p : q->to;
@@ -1873,7 +1821,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
         return VC_YES;
     }
     int sid = send ? id : other, rid = send ? other : id;
-    const req *r = &V->reqs[rid];
+    const req *r = RQ(V, rid);
     bwd_dom rd = {V, r->p, r->x, NULL};
     vc_domain rdom;
     bwd_domain(&rd, &rdom);
@@ -1922,7 +1870,7 @@ static int advance(vb *V, int p)
             return r; /* -1: a fault (V->err); 0: a wait blocked until the peers post, or a collective
                          (fired by run_a2a / run_ring_coll / run_all_reduce once every member is here) */
         if (op->kind == CPC_OP_WAIT)
-            drop_done(V, p);
+            vc_pool_drop_done(&V->reqs, &V->rr[p].open);
         if (V->twin && info->match == CPC_MATCH_NONE) {
             /* ring rank 0's own content: what a `when r==0` op writes, and what is made from it */
             bool t = op->when != NULL && cpc_expr_uses(op->when, 'r');
@@ -2731,10 +2679,10 @@ static int req_index(const vb *V, int id)
 {
     int base = 0;
     for (int p = 0; p < V->nsim; p++) {
-        for (int j = 0; j < V->rr[p].n; j++)
-            if (V->rr[p].v[j] == id)
+        for (int j = 0; j < V->rr[p].open.n; j++)
+            if (V->rr[p].open.v[j] == id)
                 return base + j;
-        base += V->rr[p].n;
+        base += V->rr[p].open.n;
     }
     return -2;
 }
@@ -2761,10 +2709,10 @@ static vsnap *vsnap_take(vb *V)
         return NULL;
     int nr = 0, nq = 0;
     for (int p = 0; p < V->nsim; p++) {
-        nr += V->rr[p].n;
-        for (int id = V->rr[p].sh; id >= 0; id = V->reqs[id].next)
+        nr += V->rr[p].open.n;
+        for (int id = V->rr[p].sh; id >= 0; id = RQ(V, id)->next)
             nq++;
-        for (int id = V->rr[p].rh; id >= 0; id = V->reqs[id].next)
+        for (int id = V->rr[p].rh; id >= 0; id = RQ(V, id)->next)
             nq++;
         nq += 2;
     }
@@ -2788,9 +2736,9 @@ static vsnap *vsnap_take(vb *V)
     }
     int k = 0, m = 0;
     for (int p = 0; p < V->nsim && ok; p++) {
-        S->nreq[p] = V->rr[p].n;
-        for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
-            const req *q = &V->reqs[V->rr[p].v[j]];
+        S->nreq[p] = V->rr[p].open.n;
+        for (int j = 0; j < V->rr[p].open.n && ok; j++, k++) {
+            const req *q = RQ(V, V->rr[p].open.v[j]);
             S->reqs[k] = *q;
             for (int b = 0; b < CPC_OP_MAX_BUFS; b++)
                 S->reqs[k].snap[b].cnt = (cset){0};
@@ -2798,7 +2746,7 @@ static vsnap *vsnap_take(vb *V)
                 ok = slot_dup(&S->reqs[k].snap[b], &q->snap[b]);
         }
         for (int h = 0; h < 2; h++) {
-            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0; id = V->reqs[id].next)
+            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0; id = RQ(V, id)->next)
                 S->queues[m++] = req_index(V, id);
             S->queues[m++] = -1;
         }
@@ -2888,8 +2836,8 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
             if (!slot_pair(V, mode, n, &V->slots[i], NULL))
                 return false;
         for (int p = 0; p < V->nsim; p++)
-            for (int j = 0; j < V->rr[p].n; j++) {
-                req *q = &V->reqs[V->rr[p].v[j]];
+            for (int j = 0; j < V->rr[p].open.n; j++) {
+                req *q = RQ(V, V->rr[p].open.v[j]);
                 if (!fld(mode, q->is_send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, 0, 0))
                     return false;
                 for (int b = 0; b < q->nb; b++)
@@ -2909,12 +2857,12 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
              slot_pair(V, mode, n, &V->slots[V->map[i]], &S->slots[S->map[i]]);
     int k = 0, m = 0;
     for (int p = 0; p < V->nsim && ok; p++) {
-        if (S->nreq[p] != V->rr[p].n) {
+        if (S->nreq[p] != V->rr[p].open.n) {
             ok = false;
             break;
         }
-        for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
-            req *q = &V->reqs[V->rr[p].v[j]];
+        for (int j = 0; j < V->rr[p].open.n && ok; j++, k++) {
+            req *q = RQ(V, V->rr[p].open.v[j]);
             const req *o = &S->reqs[k];
             ok = q->x->op == o->x->op && q->p == o->p && q->to == o->to && q->group == o->group &&
                  q->tag == o->tag && q->nb == o->nb && !memcmp(q->bufs, o->bufs, (size_t)q->nb * sizeof *q->bufs) &&
@@ -2924,7 +2872,7 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
                 ok = slot_pair(V, mode, n, &q->snap[b], &o->snap[b]);
         }
         for (int h = 0; h < 2 && ok; h++) {
-            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0 && ok; id = V->reqs[id].next)
+            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0 && ok; id = RQ(V, id)->next)
                 ok = m < S->nq && S->queues[m++] == req_index(V, id);
             ok = ok && m < S->nq && S->queues[m++] == -1;
         }
@@ -2986,7 +2934,7 @@ static cpc_status *prove(vb *V)
     V->nsend = calloc(ns, sizeof *V->nsend);
     V->rpend = malloc(ns * sizeof *V->rpend);
     V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
-    V->freereq = -1;
+    V->reqs = (vc_pool){.size = sizeof(req), .free = -1, .release = req_release};
     if (!V->ro || !V->slots || !V->map || !V->pc || !V->nsend || !V->rpend || !V->rr)
         return cs_err(V);
     for (size_t i = 0; i < ns; i++)
@@ -3153,8 +3101,8 @@ static cpc_status *prove(vb *V)
                         return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
                                      cpc_group_name(x->op->group), cpc_op_kind_name(x->op->kind));
                     const req *q = NULL;
-                    for (int j = 0; j < V->rr[p].n && !q; j++) {
-                        const req *o = &V->reqs[V->rr[p].v[j]];
+                    for (int j = 0; j < V->rr[p].open.n && !q; j++) {
+                        const req *o = RQ(V, V->rr[p].open.v[j]);
                         q = o->tag == x->op->tag && o->match < 0 ? o : NULL;
                     }
                     if (!q)
@@ -3191,11 +3139,8 @@ static void vb_free(vb *V)
     vsnap_free(V, V->snap);
     V->snap = NULL;
     for (int p = 0; V->rr && p < V->nsim; p++)
-        free(V->rr[p].v);
-    for (int i = 0; i < V->nreq; i++)
-        for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
-            cs_free(&V->reqs[i].snap[j].cnt);
-    free(V->reqs);
+        free(V->rr[p].open.v);
+    vc_pool_free(&V->reqs);
     if (V->slots)
         for (size_t i = 0; i < ns; i++)
             cs_free(&V->slots[i].cnt);

@@ -787,6 +787,71 @@ cpc_status *vc_fault(cpc_span span, bool bwd, int64_t p, int64_t U, const char *
 
 #define SNAP(d, snap, j) ((vc_val *)((char *)(snap) + (size_t)(j) * (d)->val_size))
 
+int vc_pool_new(vc_pool *pl, vc_open *o)
+{
+    if (o->n == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 8, *v = realloc(o->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        o->v = v;
+        o->cap = cap;
+    }
+    int id = pl->free;
+    if (id >= 0) {
+        pl->free = VC_POOL_AT(pl, id)->next;
+    } else {
+        if (pl->n == pl->cap) {
+            int cap = pl->cap ? 2 * pl->cap : 64;
+            void *v = realloc(pl->v, (size_t)cap * pl->size);
+            if (!v)
+                return -1;
+            pl->v = v;
+            pl->cap = cap;
+        }
+        id = pl->n++;
+    }
+    vc_rq *q = VC_POOL_AT(pl, id);
+    memset(q, 0, pl->size);
+    q->used = true;
+    q->next = -1;
+    o->v[o->n++] = id;
+    return id;
+}
+
+static void pool_release(vc_pool *pl, int id)
+{
+    vc_rq *q = VC_POOL_AT(pl, id);
+    pl->release(q);
+    q->used = false;
+    q->next = pl->free;
+    pl->free = id;
+}
+
+void vc_pool_drop_done(vc_pool *pl, vc_open *o)
+{
+    int k = 0;
+    for (int i = 0; i < o->n; i++) {
+        vc_rq *q = VC_POOL_AT(pl, o->v[i]);
+        if (!q->done) {
+            o->v[k++] = o->v[i];
+        } else if (q->used && q->match >= 0 && VC_POOL_AT(pl, q->match)->done) {
+            int other = q->match;
+            pool_release(pl, o->v[i]);
+            pool_release(pl, other);
+        }
+    }
+    o->n = k;
+}
+
+void vc_pool_free(vc_pool *pl)
+{
+    for (int i = 0; i < pl->n; i++)
+        if (VC_POOL_AT(pl, i)->used)
+            pl->release(VC_POOL_AT(pl, i));
+    free(pl->v);
+    *pl = (vc_pool){.size = pl->size, .free = -1, .release = pl->release};
+}
+
 void vc_inputs(const vc_domain *d)
 {
     for (int b = 0; b < d->prog->n_buffers; b++) {

@@ -90,6 +90,8 @@ static inline bool src_is_attn(int s) { return s == SRC_O || s == SRC_LSE; }
  * values of the domain's value type) at vc_domain.snap_off. */
 #define VC_RQ_FIELDS                                                                                       \
     bool is_send, done;                                                                                   \
+    bool used;          /* a pool's (vc_pool): in use, not in its free list */                             \
+    int next;           /* next in the domain's queue, or in the pool's free list (-1: none) */           \
     int match;          /* the request it met (the domain's id); -1: none yet */                          \
     int tag, group;                                                                                       \
     int peer;           /* the rank at the other end; -1 where the domain has no one rank */              \
@@ -100,6 +102,29 @@ static inline bool src_is_attn(int s) { return s == SRC_O || s == SRC_LSE; }
 typedef struct vc_rq {
     VC_RQ_FIELDS;
 } vc_rq;
+
+/* A pool of a domain's requests (verify.c, verify_bwd.c): items of `size` bytes, the domain's
+ * request type (a vc_rq first), reused through a free list; release frees an item's snapshots. */
+typedef struct vc_pool {
+    void *v;
+    size_t size;
+    int n, cap, free;
+    void (*release)(vc_rq *q);
+} vc_pool;
+#define VC_POOL_AT(pl, id) ((vc_rq *)((char *)(pl)->v + (size_t)(id) * (pl)->size))
+/* The ids of one rank's requests in flight, in posting order. */
+typedef struct vc_open {
+    int *v;
+    int n, cap;
+} vc_open;
+/* A new request, zeroed (used, next -1), its id appended to o; -1 when out of memory
+ * (the pool's items may move). */
+int vc_pool_new(vc_pool *pl, vc_open *o);
+/* After a wait: the done requests leave o; a request and its match go back to the pool
+ * (released) once both are done. */
+void vc_pool_drop_done(vc_pool *pl, vc_open *o);
+/* Releases every request in use, and the pool's storage. */
+void vc_pool_free(vc_pool *pl);
 
 /* An op of the program with its index path ("ops[3].body[1]": 1-based, as
  * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
