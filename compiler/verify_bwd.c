@@ -1631,6 +1631,9 @@ static int step(vb *V, int p, const xop *x, const vc_domain *dom)
     return -1;
 }
 
+static vc_tri exactly_once(vb *V, const cset *c, bool isq, int own, int nfree, int need, int hlo, int hhi,
+                           char *why, size_t n);
+
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
  * be complete: every (query block, key block, query head) pair of its rows
  * and the heads its buffer holds exactly once, nothing else; with a causal
@@ -1641,45 +1644,20 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
     slot *sl = S(V, p, b);
     if (!sl->fwd || sl->final) /* final: proved complete since it was last written (the loop reads it R times) */
         return NULL;
-    int lo, hi;
+    int lo, hi, U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
     held_heads(V, b, cp(V, p) % V->U, &lo, &hi);
-    /* count per (key unit, head): a small dense table (NK x heads) */
-    int nhh = hi - lo;
-    int64_t cells = (int64_t)V->NK * (nhh > 0 ? nhh : 1);
-    if (cells > ((int64_t)1 << 24))
-        return vfail(p, x, "'%s': a recomputed attention result of %lld (key block, head) pairs is beyond the "
-                           "prover's bound", bn(V, b), (long long)cells);
-    uint8_t *cnt = calloc((size_t)cells, 1);
-    if (!cnt)
+    char why[400];
+    vc_tri t = exactly_once(V, &sl->cnt, true, sl->tag, V->NK, need, lo, hi, why, sizeof why);
+    if (t == VC_OOM)
         return &cpc_status_oom;
-    cpc_status *bad = NULL;
-    for (int i = 0; i < sl->cnt.n && !bad; i++) {
-        const run *x0 = &sl->cnt.v[i];
-        for (int t = 0; t < x0->len && !bad; t++) {
-            int qb = ix(V, x0->q0, t, x0->dq, V->NQ);
-            int kb = ix(V, x0->k0, t, x0->dk, V->NK);
-            for (int h = x0->h0; h < x0->h0 + x0->hn && !bad; h++) {
-                if (qb != sl->tag || h < lo || h >= hi)
-                    bad = vfail(p, x, "reads '%s', a recomputed attention result holding the pairs of query block "
-                                      "%d, head %d: not its rows (%d) or heads [%d, %d)",
-                                bn(V, b), qb, h, sl->tag, lo, hi);
-                else if (++cnt[(int64_t)kb * nhh + (h - lo)] > 1)
-                    bad = vfail(p, x, "reads '%s', a recomputed attention result whose query rows meet the keys "
-                                      "of block %d twice (query head %d)",
-                                bn(V, b), kb, h);
-            }
-        }
-    }
-    int U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
-    for (int64_t c = 0; c < (int64_t)need * nhh && !bad && nhh > 0; c++)
-        if (!cnt[c])
-            bad = vfail(p, x, "reads '%s', a recomputed attention result that is incomplete: its query rows never "
-                              "met the keys of block %lld (query head %lld)",
-                        bn(V, b), (long long)(c / nhh), (long long)(lo + c % nhh));
-    free(cnt);
-    if (!bad)
-        sl->final = 1;
-    return bad;
+    if (t != VC_YES)
+        return vfail(p, x, "reads '%s', a recomputed attention result %s: %s", bn(V, b),
+                     strstr(why, "2 times") ? "whose query rows meet a key block twice"
+                     : strstr(why, "0 times") ? "that is incomplete"
+                                              : "holding pairs outside its rows and heads",
+                     why);
+    sl->final = 1;
+    return NULL;
 }
 
 #define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
@@ -2007,34 +1985,25 @@ static cpc_status *check_outputs(const vb *V)
     return NULL;
 }
 
-/* An OUTPUT gradient sl on simulated rank p (the domain's `covered`, from vc_output): this rank's own
- * rows or block, and exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross dK/dV every
- * (q, 0, h); the replicated rows' every (R, k, h) / (q, R, h).  Each element of a run is an interval
- * of heads at one free coordinate (k for DQ, q otherwise); sorted, the intervals of every free
- * coordinate must tile [0, nh) (cover_fast on runs first; element by element to name the first pair
- * that fails).  NO: why (after "the OUTPUT buffer NAME: "). */
-static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
+/* Exactly once over a set of (query block, key unit, head) runs: every element's fixed coordinate
+ * (the query block when isq, else the key unit) is `own` and its heads in [hlo, hhi); every free
+ * coordinate f < need has each head of [hlo, hhi) exactly once, f >= need at most once (a causal
+ * mask's skipped blocks).  Each element of a run is an interval of heads at one free coordinate;
+ * sorted, they must tile (cover_fast decides on runs first where it applies; element by element
+ * names the first pair that fails).  NO: why. */
+static vc_tri exactly_once(vb *V, const cset *c, bool isq, int own, int nfree, int need, int hlo, int hhi,
+                           char *why, size_t n)
 {
-    const cpc_layout *L = &V->prog->layout;
-    bool isq = sl->role == CPC_ROLE_DQ;
-    bool kvout = sl->tk == CPC_TOK_KV && !isq && L->cross, repout = sl->tk == CPC_TOK_KV && L->rep;
-    const int own = repout ? V->R : kvout ? 0 : cp(V, p) / V->U;
-    if (!kvout && !repout && sl->tag != cp(V, p)) {
-        snprintf(why, n, "it ends holding %s %d, not this rank's own %d", isq ? "rows of shard" : "the gradient of block",
-                 sl->tag, cp(V, p));
-        return VC_NO;
-    }
-    int nfree = isq ? V->NK : V->NQ;
     int64_t ne = 0;
-    for (int i = 0; i < sl->cnt.n; i++)
-        ne += sl->cnt.v[i].len;
-    if (ne > (int64_t)nfree * V->nh) {
+    for (int i = 0; i < c->n; i++)
+        ne += c->v[i].len;
+    if (ne > (int64_t)nfree * (hhi - hlo)) {
         snprintf(why, n, "%lld contributions for %lld (query block, key block, head) triples: some pairs "
                          "contribute 2 times or more",
-                 (long long)ne, (long long)nfree * V->nh);
+                 (long long)ne, (long long)nfree * (hhi - hlo));
         return VC_NO;
     }
-    if (cover_fast(V, &sl->cnt, isq, own, nfree))
+    if (need == nfree && hlo == 0 && hhi == V->nh && cover_fast(V, c, isq, own, nfree))
         return VC_YES;
     hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
     if (!e)
@@ -2042,15 +2011,15 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
     int64_t k = 0;
     bool bad = false;
     char hs[48] = "";
-    for (int i = 0; i < sl->cnt.n && !bad; i++) {
-        const run *x = &sl->cnt.v[i];
+    for (int i = 0; i < c->n && !bad; i++) {
+        const run *x = &c->v[i];
         for (int t = 0; t < x->len && !bad; t++) {
             int qb = ix(V, x->q0, t, x->dq, V->NQ), kb = ix(V, x->k0, t, x->dk, V->NK);
-            if (isq ? qb != own : kb != own) {
+            if ((isq ? qb != own : kb != own) || x->h0 < hlo || x->h0 + x->hn > hhi) {
                 if (V->nh > 1)
                     snprintf(hs, sizeof hs, ", query head %d", x->h0);
                 snprintf(why, n, "the pairs (query block %d, key block %d%s) contribute at least once, expected 0 "
-                                 "(the gradient of another rank's rows or block)", qb, kb, hs);
+                                 "(not this rank's rows, block or heads)", qb, kb, hs);
                 bad = true;
             } else
                 e[k++] = (hrange){x->h0, x->h0 + x->hn, isq ? kb : qb}; /* j: the free coordinate */
@@ -2060,16 +2029,16 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
         qsort(e, (size_t)k, sizeof *e, cmp_free_heads);
     int64_t i = 0;
     for (int f = 0; f < nfree && !bad; f++) {
-        int h = 0, at = -1;
+        int h = hlo, at = -1;
         const char *how = "0 times";
         for (; i < k && e[i].j == f && at < 0; i++) {
-            if (e[i].lo != h) {
+            if (e[i].lo < h || (e[i].lo > h && f < need)) {
                 at = e[i].lo < h ? e[i].lo : h;
                 how = e[i].lo < h ? "2 times or more" : "0 times";
             }
             h = e[i].hi > h ? e[i].hi : h;
         }
-        if (at < 0 && h != V->nh)
+        if (at < 0 && h != hhi && f < need)
             at = h;
         if (at >= 0) {
             if (V->nh > 1)
@@ -2081,6 +2050,25 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
     }
     free(e);
     return bad ? VC_NO : VC_YES;
+}
+
+/* An OUTPUT gradient sl on simulated rank p (the domain's `covered`, from vc_output): this rank's own
+ * rows or block, and exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross dK/dV every
+ * (q, 0, h); the replicated rows' every (R, k, h) / (q, R, h).  NO: why (after "the OUTPUT buffer
+ * NAME: "). */
+static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
+{
+    const cpc_layout *L = &V->prog->layout;
+    bool isq = sl->role == CPC_ROLE_DQ;
+    bool kvout = sl->tk == CPC_TOK_KV && !isq && L->cross, repout = sl->tk == CPC_TOK_KV && L->rep;
+    if (!kvout && !repout && sl->tag != cp(V, p)) {
+        snprintf(why, n, "it ends holding %s %d, not this rank's own %d", isq ? "rows of shard" : "the gradient of block",
+                 sl->tag, cp(V, p));
+        return VC_NO;
+    }
+    int nfree = isq ? V->NK : V->NQ;
+    return exactly_once(V, &sl->cnt, isq, repout ? V->R : kvout ? 0 : cp(V, p) / V->U, nfree, nfree, 0, V->nh, why,
+                        n);
 }
 
 /* The INPUT layouts the executor fills: q/k/v/dout/out shards with every

@@ -46,57 +46,64 @@ static void req_words(const vc_rq *q, const char *dir, char *buf, size_t n, char
     snprintf(wt, nt, " tag %d", q->tag);
 }
 
-/* The lifetime rule for buffer b used with access acc. */
-static const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
+/* The lifetime rule for buffer b used with access acc: true when it is broken (msg: how). */
+static bool vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
 {
     if (acc == CPC_ACCESS_NONE)
-        return NULL;
+        return false;
     const vc_rq *q;
     char w[320], wt[32];
     if ((q = req_on(d, b, false))) {
         req_words(q, "from", w, sizeof w, wt, sizeof wt);
         snprintf(msg, n, "%s %s while the recv into it%s is not complete (in flight): no `wait%s` between them",
                  verb_of(acc), d->name(d->self, b), w, wt);
-        return msg;
+        return true;
     }
     if (acc != CPC_ACCESS_READ && (q = req_on(d, b, true))) {
         req_words(q, "to", w, sizeof w, wt, sizeof wt);
         snprintf(msg, n, "%s %s while a send from it is in flight%s: no `wait%s` between them",
                  acc == CPC_ACCESS_WRITE ? "overwrites" : verb_of(acc), d->name(d->self, b), w, wt);
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
-const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* THE SHARED RULES: each is true when broken, the violation in msg (n bytes). */
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every operand of op, by its
+ * in_access / out_access columns: a buffer with a recv in flight may not be used at all, one with
+ * a send in flight only read, before the wait. */
+static bool vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     const cpc_op_info *info = cpc_op_info_of(op->kind);
     if (!info)
-        return NULL;
+        return false;
     for (int j = 0; j < op->n_in; j++)
         if (vc_in_flight(d, op->in[j], info->in_access, msg, n))
-            return msg;
+            return true;
     for (int j = 0; j < op->n_out; j++)
         if (vc_in_flight(d, op->out[j], info->out_access, msg, n))
-            return msg;
-    return NULL;
+            return true;
+    return false;
 }
 
 /* The read rule: b is not in flight as a recv, and written before it is
  * read (`want` DELTA names the missing delta op). */
-static const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
+static bool vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_READ, msg, n))
-        return msg;
+        return true;
     if (!d->val(d->self, b)->written) {
         snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, b),
                  want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
-const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n)
+/* The content rule: every input slot of op with a table in_content is written and holds that
+ * content (by provenance: the delta op's output is not the saved LSE).  `base` is how input slots
+ * are numbered in the message (0 or 1). */
+static bool vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n)
 {
     const cpc_op_info *info = cpc_op_info_of(op->kind);
     for (int i = 0; info && i < op->n_in && i < CPC_OP_MAX_BUFS; i++) {
@@ -106,7 +113,7 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
         if (!d->val(d->self, op->in[i])->written) {
             snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, op->in[i]),
                      want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
-            return msg;
+            return true;
         }
         int got = d->val(d->self, op->in[i])->src;
         if (got != (int)want) {
@@ -114,36 +121,39 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
                              "not by role)",
                      i + base, d->name(d->self, op->in[i]), cpc_content_name((cpc_content)got),
                      cpc_content_name(want));
-            return msg;
+            return true;
         }
     }
-    return NULL;
+    return false;
 }
 
 /* The overwrite rule (forward): b is not in flight, and does not hold an
  * attention output no op has read (a block attended twice, a merge missing). */
-static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
+static bool vc_write(const vc_domain *d, int b, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_WRITE, msg, n))
-        return msg;
+        return true;
     if (d->val(d->self, b)->written && d->val(d->self, b)->fresh) {
         snprintf(msg, n,
                  "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
                  "twice, or a merge missing",
                  d->name(d->self, b), d->writer(d->self, b));
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
-const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* The merge's provenance rules: its outputs are initialised (or arriving), in[0], in[1] the output
+ * and LSE of one attention block (one stamp) not merged yet, out[0], out[1] one accumulator pair
+ * (one stamp), not the input.  Needs the domain's val and writer. */
+static bool vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     for (int j = 0; j < 2; j++) {
         int b = op->out[j];
         if (!req_on(d, b, false) && !d->val(d->self, b)->written) {
             snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
                      d->name(d->self, b));
-            return msg;
+            return true;
         }
     }
     const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
@@ -152,26 +162,26 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         ST(d, a) != ST(d, al)) {
         snprintf(msg, n, "inputs %s and %s are not the output and LSE of one attention block", d->name(d->self, a),
                  d->name(d->self, al));
-        return msg;
+        return true;
     }
     if (d->val(d->self, acc)->src != CPC_CONTENT_OUT || d->val(d->self, accl)->src != CPC_CONTENT_LSE ||
         ST(d, acc) != ST(d, accl)) {
         snprintf(msg, n, "outputs %s and %s are not one accumulator and its LSE", d->name(d->self, acc),
                  d->name(d->self, accl));
-        return msg;
+        return true;
     }
     if (a == acc || ST(d, a) == ST(d, acc)) {
         snprintf(msg, n, "merges %s into itself", d->name(d->self, acc));
-        return msg;
+        return true;
     }
     if (d->val(d->self, a)->merged) {
         snprintf(msg, n,
                  "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last "
                  "merge",
                  d->name(d->self, a), d->writer(d->self, a));
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
 /* ---- coverage under a causal mask ------------------------------------------------------------ */

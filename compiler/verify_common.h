@@ -273,24 +273,6 @@ typedef struct vc_domain {
  * skipped, or attended once). */
 int vc_units_needed(const cpc_layout *L, int lo, int hi);
 
-/* THE SHARED RULES.  Each returns NULL when the rule holds, else the
- * violation in msg (n bytes). */
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
- * operand of op, by its in_access / out_access columns: a buffer with a recv
- * in flight may not be used at all, one with a send in flight only read,
- * before the wait. */
-const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-/* The content rule: every input slot of op with a table in_content is
- * written and holds that content (by provenance: the delta op's output is not
- * the saved LSE).  `base` is how input slots are numbered in the message (0
- * or 1). */
-const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n);
-/* The merge's provenance rules: its outputs are initialised (or arriving),
- * in[0], in[1] the output and LSE of one attention block (one stamp) not
- * merged yet, out[0], out[1] one accumulator pair (one stamp), not the
- * input.  Needs the domain's val and writer. */
-const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-
 /* THE STEP.  Each returns VC_YES when the op ran, else VC_NO (a fault),
  * VC_UNDECIDED (outside the domain's class), VC_OOM or VC_BLOCKED (below),
  * with the message in msg (n bytes; empty when a callback reported it
