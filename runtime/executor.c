@@ -1512,6 +1512,55 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     return NULL;
 }
 
+/* The summing step both reducing collectives share (reduce_scatter over
+ * the ring, all_reduce over the world): slice j of this member's fp32 `in`
+ * (B batches of T tokens x `row` floats; slice j = ring block j when
+ * `blocks`, else part j of tensor_split(T, P)) goes to member j, packed in
+ * the send staging, by one all_to_all_v over `group`; the slices every
+ * member sent this one are summed into `dst` (dst_elems floats: B x this
+ * member's slice x row).  *sent += the bytes sent to the other members. */
+static cpc_status *sum_slices(cpc_exec *ex, cpc_group group, bool blocks, const void *in, int64_t T,
+                              int64_t row, float *dst, size_t dst_elems, int64_t *sent)
+{
+    const cpc_layout *L = ex->L;
+    cpc_backend *be = ex->cfg.backend;
+    int n = blocks ? L->R : L->P, me = blocks ? (int)ex->c.r : (int)ex->c.p;
+    size_t *sc = ex->a2a, *sd = sc + n, *rc = sd + n, *rd = rc + n;
+    int64_t Tme = blocks ? cpc_layout_block_tokens(L, me) : cpc_split_len(T, n, me);
+    size_t so = 0, ro = 0;
+    cpc_status *st;
+    for (int j = 0; j < n; j++) {
+        int64_t Tj = blocks ? cpc_layout_block_tokens(L, j) : cpc_split_len(T, n, j);
+        int64_t oj = blocks ? cpc_layout_block_offset(L, j) : cpc_split_off(T, n, j);
+        sc[j] = (size_t)(L->B * Tj * row) * 4;
+        sd[j] = so;
+        rc[j] = (size_t)(L->B * Tme * row) * 4;
+        rd[j] = ro;
+        if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
+                                                     (const char *)in + oj * row * 4, 4, L->B, 1, 1, Tj * row,
+                                                     Tj * row, 0, 0, T * row, 0, 0)))
+            return st;
+        so += sc[j];
+        ro += rc[j];
+    }
+    if (so > ex->stage_send_cap || ro > ex->stage_recv_cap)
+        return errf("staging space too small (%zu > %zu or %zu > %zu)", so, ex->stage_send_cap, ro,
+                    ex->stage_recv_cap);
+    if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, group, ex->stage_send, sc, sd, ex->stage_recv, rc,
+                                         rd)))
+        return st;
+    if ((st = cpc_backend_init_acc(be, dst, dst_elems, NULL, 0)))
+        return st;
+    for (int j = 0; j < n && Tme > 0; j++)
+        if ((st = cpc_backend_add_strided(be, dst, (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                          1, 1, 1, L->B * Tme * row, 0, 0, 0, 0, 0, 0)))
+            return st;
+    for (int j = 0; j < n; j++)
+        if (j != me)
+            *sent += (int64_t)sc[j];
+    return NULL;
+}
+
 /* reduce_scatter (ring): block j's slice of each ALL input to member j, the
  * R slices of block r summed (fp32) into the BLOCK output (tag r). */
 static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *sent)
@@ -1525,9 +1574,6 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
     const cpc_layout *L = ex->L;
     if (op->group != CPC_GROUP_RING)
         return errf("reduce_scatter over the %s group is not supported (ring only)", cpc_group_name(op->group));
-    cpc_backend *be = ex->cfg.backend;
-    int R = L->R, r = (int)ex->c.r;
-    size_t *sc = ex->a2a, *sd = sc + R, *rc = sd + R, *rd = rc + R;
     for (int k = 0; k < op->n_in && k < op->n_out; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
@@ -1539,41 +1585,10 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
         geom go = cur_geom(ex, out);
         if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != 4 || go.es != 4)
             return errf("'%s' and '%s' differ in heads, or are not fp32", bi->name, bo->name);
-        if ((st = check_fits(ex, out, go.bytes)))
+        if ((st = check_fits(ex, out, go.bytes)) ||
+            (st = sum_slices(ex, op->group, true, ex->bufs[in].ptr, gi.T, (int64_t)gi.hn * L->D, ex->bufs[out].ptr,
+                             (size_t)go.elems, sent)))
             return st;
-        int64_t row = (int64_t)gi.hn * L->D; /* floats per token */
-        int64_t Tr = cpc_layout_block_tokens(L, r);
-        size_t so = 0, ro = 0;
-        for (int j = 0; j < R; j++) {
-            int64_t Tj = cpc_layout_block_tokens(L, j);
-            sc[j] = (size_t)(L->B * Tj * row) * 4;
-            sd[j] = so;
-            rc[j] = (size_t)(L->B * Tr * row) * 4;
-            rd[j] = ro;
-            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
-                                                         (const char *)ex->bufs[in].ptr +
-                                                             cpc_layout_block_offset(L, j) * row * 4,
-                                                         4, L->B, 1, 1, Tj * row, Tj * row, 0, 0, gi.T * row, 0, 0)))
-                return st;
-            so += sc[j];
-            ro += rc[j];
-        }
-        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap)
-            return errf("staging space too small (%zu > %zu or %zu > %zu)", so, ex->stage_send_cap, ro,
-                        ex->stage_recv_cap);
-        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
-                                             rc, rd)))
-            return st;
-        if ((st = cpc_backend_init_acc(be, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
-            return st;
-        for (int j = 0; j < R; j++)
-            if (Tr > 0 && (st = cpc_backend_add_strided(be, ex->bufs[out].ptr,
-                                                        (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
-                                                        1, 1, 1, L->B * Tr * row, 0, 0, 0, 0, 0, 0)))
-                return st;
-        for (int j = 0; j < R; j++)
-            if (j != r)
-                *sent += (int64_t)sc[j];
     }
     return NULL;
 }
@@ -1594,7 +1609,7 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         return errf("all_reduce over the %s group is not supported (world only)", cpc_group_name(op->group));
     cpc_backend *be = ex->cfg.backend;
     int P = L->P, p = (int)ex->c.p;
-    size_t *sc = ex->a2a, *sd = sc + P, *rc = sd + P, *rd = rc + P;
+    size_t *sc = ex->a2a, *sd = sc + P;
     for (int k = 0; k < op->n_in && k < op->n_out; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
@@ -1606,36 +1621,14 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         geom g = geom_of(prog, &ex->c, in, -1);
         if ((st = check_fits(ex, out, g.bytes)))
             return st;
-        int64_t row = (int64_t)g.hn * L->D; /* floats per token */
-        int64_t Tp = cpc_split_len(g.T, P, p);
-        size_t so = 0, ro = 0;
-        for (int j = 0; j < P; j++) {
-            int64_t Tj = cpc_split_len(g.T, P, j), oj = cpc_split_off(g.T, P, j);
-            sc[j] = (size_t)(L->B * Tj * row) * 4;
-            sd[j] = so;
-            rc[j] = (size_t)(L->B * Tp * row) * 4;
-            rd[j] = ro;
-            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
-                                                         (const char *)ex->bufs[in].ptr + oj * row * 4, 4, L->B,
-                                                         1, 1, Tj * row, Tj * row, 0, 0, g.T * row, 0, 0)))
-                return st;
-            so += sc[j];
-            ro += rc[j];
-        }
-        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap || g.bytes > ex->stage_recv_cap)
+        if (g.bytes > ex->stage_recv_cap)
             return errf("staging space too small");
-        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
-                                             rc, rd)))
-            return st;
+        int64_t row = (int64_t)g.hn * L->D; /* floats per token */
         /* the sum of chunk p, in the send staging (its packed parts are sent) */
         float *sum = ex->stage_send;
-        size_t n = (size_t)(L->B * Tp * row);
-        if ((st = cpc_backend_init_acc(be, sum, n, NULL, 0)))
+        size_t n = (size_t)(L->B * cpc_split_len(g.T, P, p) * row);
+        if ((st = sum_slices(ex, op->group, false, ex->bufs[in].ptr, g.T, row, sum, n, sent)))
             return st;
-        for (int j = 0; j < P && n > 0; j++)
-            if ((st = cpc_backend_add_strided(be, sum, (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
-                                              1, 1, 1, (int64_t)n, 0, 0, 0, 0, 0, 0)))
-                return st;
         size_t off = 0;
         for (int j = 0; j < P; j++) {
             sc[j] = (size_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4;
@@ -1651,9 +1644,7 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
                                                          Tj * row, g.T * row, 0, 0, Tj * row, 0, 0)))
                 return st;
         }
-        for (int j = 0; j < P; j++)
-            if (j != p)
-                *sent += (int64_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4 + (int64_t)n * 4;
+        *sent += (int64_t)n * 4 * (P - 1); /* the gather; sum_slices counted the scatter */
     }
     return NULL;
 }
