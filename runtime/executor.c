@@ -1953,33 +1953,41 @@ size_t cpc_exec_output_bytes(const cpc_exec *ex)
     return geom_of(ex->prog, &ex->c, ex->out_buf, (int)ex->c.r).bytes;
 }
 
-cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
+/* Downloads OUTPUT buffer b (the output, or a gradient) into the caller's
+ * memory: this rank's own rows with every head.  With replicated segments
+ * (rank_io) the shard's rows (b) and those of rb, the replicated rows'
+ * OUTPUT (KV, every head; -1: none), each at its place; else b as it is. */
+static cpc_status *read_own(cpc_exec *ex, int b, int rb, void *host, size_t bytes)
 {
-    if (ex->out_buf < 0)
-        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer", ex->cfg.rank);
-    int b = ex->out_buf;
     const cpc_buffer *bf = &ex->prog->buffers[b];
-    bool ok = bf->heads == CPC_HEADS_ALL && bf->role == CPC_ROLE_O &&
-              (bf->tokens == CPC_TOK_SHARD ||
-               (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
-    if (!ok)
-        return cpc_error(CPC_E_INTERNAL, "rank %d: output buffer '%s' (%s/%s, role %s) does not hold this rank's shard with every head",
-                         ex->cfg.rank, bf->name, cpc_buf_tokens_name(bf->tokens),
-                         cpc_buf_heads_name(bf->heads), cpc_buf_role_name(bf->role));
-    size_t n = cpc_exec_output_bytes(ex);
+    bool own = bf->heads == CPC_HEADS_ALL &&
+               (bf->tokens == CPC_TOK_SHARD || (bf->tokens == CPC_TOK_KV && bf->role != CPC_ROLE_O) ||
+                (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
+    if (!own)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: output buffer '%s' (%s/%s, role %s, tag %d) does not hold "
+                         "this rank's shard with every head", ex->cfg.rank, bf->name,
+                         cpc_buf_tokens_name(bf->tokens), cpc_buf_heads_name(bf->heads),
+                         cpc_buf_role_name(bf->role), ex->tags[b]);
+    bool rio = rank_io(ex, bf->role);
+    size_t n = rio ? rank_bytes(ex, b) : cur_geom(ex, b).bytes;
+    if (rio && (rb < 0 || ex->prog->buffers[rb].heads != CPC_HEADS_ALL))
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT %s of the replicated segments' "
+                         "rows (kv layout, every head)", ex->cfg.rank, cpc_buf_role_name(bf->role));
     if (bytes != n)
-        return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
-                         n, bytes);
-    if (rank_io(ex, CPC_ROLE_O)) {
-        /* the shard's rows and the replicated segments' rows, each at its place */
-        int rb = ex->out_rep_buf;
-        if (rb < 0 || ex->prog->buffers[rb].heads != CPC_HEADS_ALL)
-            return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of the replicated "
-                                             "segments' rows (kv layout, every head)", ex->cfg.rank);
+        return cpc_error(CPC_E_INTERNAL, "rank %d: '%s' needs %zu bytes, %zu given", ex->cfg.rank, bf->name, n,
+                         bytes);
+    if (rio) {
         cpc_status *st = xfer_rank_rows(ex, b, host, NULL, false);
         return st ? st : xfer_rank_rows(ex, rb, host, NULL, false);
     }
     return xfer_out(ex, host, ex->bufs[b].ptr, n);
+}
+
+cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
+{
+    if (ex->out_buf < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer", ex->cfg.rank);
+    return read_own(ex, ex->out_buf, ex->out_rep_buf, host, bytes);
 }
 
 cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
@@ -2122,42 +2130,23 @@ int cpc_exec_max_runs(const cpc_exec *ex)
 
 cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, size_t bytes)
 {
+    /* the OUTPUT of `role` (with replicated segments: the shard's, not the
+     * replicated rows' KV one, which read_own adds) */
     const cpc_program *prog = ex->prog;
-    for (int b = 0; b < prog->n_buffers; b++) {
-        const cpc_buffer *bf = &prog->buffers[b];
+    int b = -1, rb = -1;
+    for (int i = 0; i < prog->n_buffers; i++) {
+        const cpc_buffer *bf = &prog->buffers[i];
         if (bf->io != CPC_IO_OUTPUT || bf->role != role)
             continue;
-        bool own = bf->heads == CPC_HEADS_ALL &&
-                   (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
-                    (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
-        if (!own)
-            return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",
-                             ex->cfg.rank, bf->name, ex->tags[b]);
-        geom g = cur_geom(ex, b);
-        if (rank_io(ex, role)) {
-            /* replicated segments: the rank's own tokens, the shard's rows
-             * (this buffer) and the replicated rows' (KV), each at its place */
-            if (bf->tokens == CPC_TOK_KV)
-                continue;
-            int rb = -1;
-            for (int i = 0; i < prog->n_buffers && rb < 0; i++)
-                if (prog->buffers[i].io == CPC_IO_OUTPUT && prog->buffers[i].role == role &&
-                    prog->buffers[i].tokens == CPC_TOK_KV && prog->buffers[i].heads == CPC_HEADS_ALL)
-                    rb = i;
-            if (rb < 0)
-                return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT %s of the replicated "
-                                                 "segments' rows", ex->cfg.rank, cpc_buf_role_name(role));
-            if (bytes != rank_bytes(ex, b))
-                return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
-                                 bf->name, rank_bytes(ex, b), bytes);
-            cpc_status *st = xfer_rank_rows(ex, b, host, NULL, false);
-            return st ? st : xfer_rank_rows(ex, rb, host, NULL, false);
+        if (rank_io(ex, role) && bf->tokens == CPC_TOK_KV) {
+            if (rb < 0 && bf->heads == CPC_HEADS_ALL)
+                rb = i;
+        } else if (b < 0) {
+            b = i;
         }
-        if (bytes != g.bytes)
-            return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
-                             bf->name, g.bytes, bytes);
-        return xfer_out(ex, host, ex->bufs[b].ptr, bytes);
     }
-    return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
-                     cpc_buf_role_name(role));
+    if (b < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
+                         cpc_buf_role_name(role));
+    return read_own(ex, b, rb, host, bytes);
 }
