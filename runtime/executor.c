@@ -1466,18 +1466,26 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     return NULL;
 }
 
-static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+/* The start of every collective but all_to_all: a transport, an input and
+ * an output, and the one group the executor runs it over. */
+static cpc_status *coll_begin(const cpc_exec *ex, const cpc_op *op, cpc_group group)
 {
     cpc_status *st = need_transport(ex);
+    if (!st)
+        st = need(op, 1, 1);
+    if (!st && op->group != group)
+        st = errf("%s over the %s group is not supported (%s only)", cpc_op_kind_name(op->kind),
+                  cpc_group_name(op->group), cpc_group_name(group));
+    return st;
+}
+
+static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = coll_begin(ex, op, CPC_GROUP_RING);
     if (st)
-        return st;
-    if ((st = need(op, 1, 1)))
         return st;
     const cpc_program *prog = ex->prog;
     const cpc_layout *L = ex->L;
-    if (op->group != CPC_GROUP_RING)
-        return errf("all_gather over the %s group is not supported (ring only)",
-                    cpc_group_name(op->group));
     int in = op->in[0], out = op->out[0];
     const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
     if (bo->tokens != CPC_TOK_ALL)
@@ -1565,15 +1573,11 @@ static cpc_status *sum_slices(cpc_exec *ex, cpc_group group, bool blocks, const 
  * R slices of block r summed (fp32) into the BLOCK output (tag r). */
 static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *sent)
 {
-    cpc_status *st = need_transport(ex);
+    cpc_status *st = coll_begin(ex, op, CPC_GROUP_RING);
     if (st)
-        return st;
-    if ((st = need(op, 1, 1)))
         return st;
     const cpc_program *prog = ex->prog;
     const cpc_layout *L = ex->L;
-    if (op->group != CPC_GROUP_RING)
-        return errf("reduce_scatter over the %s group is not supported (ring only)", cpc_group_name(op->group));
     for (int k = 0; k < op->n_in && k < op->n_out; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
@@ -1598,15 +1602,11 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
  * + fp32 sum), then the summed chunks are all-gathered into the output. */
 static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
 {
-    cpc_status *st = need_transport(ex);
+    cpc_status *st = coll_begin(ex, op, CPC_GROUP_WORLD);
     if (st)
-        return st;
-    if ((st = need(op, 1, 1)))
         return st;
     const cpc_program *prog = ex->prog;
     const cpc_layout *L = ex->L;
-    if (op->group != CPC_GROUP_WORLD)
-        return errf("all_reduce over the %s group is not supported (world only)", cpc_group_name(op->group));
     cpc_backend *be = ex->cfg.backend;
     int P = L->P, p = (int)ex->c.p;
     size_t *sc = ex->a2a, *sd = sc + P;
