@@ -1217,13 +1217,15 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
     return res;
 }
 
-/* The two classes of proven programs the executor refuses at run time
- * (attn_bwd_block_other_than_its_kv, all_gather_over_the_world_group):
+/* The three classes of proven programs the executor or the transport
+ * refuses at run time (attn_bwd_block_other_than_its_kv,
+ * all_gather_over_the_world_group, message_between_unequal_head_parts):
  * counted by the fuzz, asserted with CPC_ATTACK_KNOWN=1. */
 static bool known_exec_refusal(const char *bad)
 {
     return bad && !getenv("CPC_ATTACK_KNOWN") &&
-           (strstr(bad, "attn_bwd reads block") || (strstr(bad, " group (the executor refuses it)")));
+           (strstr(bad, "attn_bwd reads block") || strstr(bad, " group (the executor refuses it)") ||
+            strstr(bad, "(the transport refuses it)"));
 }
 
 /* The oracle on a hand-labelled program (`ok`: right by construction): where
@@ -2329,8 +2331,9 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
             }
             /* FOUND (oracle2): proven programs the executor refuses at run time (an attn_bwd
              * `block` other than its ring-block K/V's; a collective over another group than the
-             * executor runs it over).  Counted, strict with CPC_ATTACK_KNOWN=1 (the reproducers:
-             * attn_bwd_block_other_than_its_kv, all_gather_over_the_world_group) */
+             * executor runs it over; a message between members of unequal head parts).  Counted,
+             * strict with CPC_ATTACK_KNOWN=1 (the reproducers: attn_bwd_block_other_than_its_kv,
+             * all_gather_over_the_world_group, message_between_unequal_head_parts) */
             if (known_exec_refusal(bad)) {
                 k->exec_refused++;
                 bad = NULL;
@@ -2384,7 +2387,7 @@ Test(attack, fuzz_loop_bodies)
             "attack fuzz (seed %llu): %d mutants, enumeration proves %d; symbolic domain: %d proven, %d faults, "
             "%d not decided (%d of them proven by the enumeration); %d with a phase jumped (%d proven), %d by one "
             "ulysses member (%d proven); the oracle ran %d accepted ones (%d of them the executor would refuse: "
-            "attn_bwd's block, a collective's group) and %d refused ones (%d wrong); %d of the known class (the enumeration accepting sets "
+            "attn_bwd's block, a collective's group, a message's size) and %d refused ones (%d wrong); %d of the known class (the enumeration accepting sets "
             "past 4096 runs)\n",
             (unsigned long long)seed, k.rounds, k.enum_ok, k.sym_ok, k.sym_fault, k.sym_undec, k.incomplete, k.jumped,
             k.jumped_ok, k.usym, k.usym_ok, k.oracle_run, k.exec_refused, k.ref_run, k.ref_wrong, k.known_over);
@@ -2746,6 +2749,73 @@ Test(attack, paired_all_to_all_with_an_lse_pair)
         else if (!ok)
             fprintf(stderr, "KNOWN (oracle2): %s: the executor's result differs from the reference (dq %.2e)\n", what,
                     rep.bwd_rel_err[0]);
+        cpc_status_free(st);
+        cpc_run_report_clear(&rep);
+        cpc_program_free(p);
+    }
+}
+
+/* FOUND (oracle2): a message between ulysses members whose K/V head parts
+ * differ in size (H 6, Hkv 2 over U 3: members hold 1, 2 and 1 K/V heads)
+ * is proven when its data is never read (a dead exchange of k_cur to
+ * member u+1, in a ulysses 1x3 and a unified 2x3 program), while the transport refuses it at run time ("size mismatch":
+ * a part of one head received into a buffer of two).  The structural oracle
+ * and the executor refuse it; the same exchange of q_seq (query parts of
+ * equal size) is right and runs.  The prover's half (CP051) is asserted with
+ * CPC_ATTACK_KNOWN=1 until verify_bwd.c sizes messages by the members'
+ * head parts. */
+Test(attack, message_between_unequal_head_parts)
+{
+    static const struct fz_row rows[] = {
+        {"unified", CPC_VARIANT_UNIFIED, 2, 3, 6, 2, 48, "p2p", 0},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 3, 6, 2, 24, "p2p", 0},
+    };
+    for (size_t i = 0; i < 2 * sizeof rows / sizeof *rows; i++) {
+        const struct fz_row *w = &rows[i / 2];
+        bool kv = i % 2;
+        cpc_program *p = build(w->name, w->v, w->R, w->U, w->H, w->Hkv, w->tokens, "none", w->rotate, w->rep);
+        cr_assert_not_null(p);
+        const char *src = kv ? "k_cur" : "q_seq";
+        int b = cpc_program_find_buffer(p, src);
+        int x = cpc_program_add_buffer(p, "peer_part", kv ? CPC_ROLE_K : CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART,
+                                       CPC_IO_NONE);
+        cr_assert(b >= 0 && x >= 0);
+        int at = index_in(p->ops, top(p, CPC_OP_ALL_TO_ALL, "v", 0)) + 1; /* k_cur holds block r */
+        cpc_op *sd = insert_new(&p->ops, &p->n_ops, at, CPC_OP_SEND);
+        sd->group = CPC_GROUP_ULYSSES, sd->tag = 5, sd->n_in = 1, sd->in[0] = b;
+        set_expr(&sd->peer, "(u+1)%U");
+        cpc_op *rv = insert_new(&p->ops, &p->n_ops, at + 1, CPC_OP_RECV);
+        rv->group = CPC_GROUP_ULYSSES, rv->tag = 5, rv->n_out = 1, rv->out[0] = x;
+        set_expr(&rv->peer, "(u+U-1)%U");
+        set_expr(&rv->block, "r");
+        insert_new(&p->ops, &p->n_ops, at + 2, CPC_OP_WAIT)->tag = 5;
+        char what[160];
+        snprintf(what, sizeof what, "%s %dx%d H %d Hkv %d, %s sent to member u+1", w->name, w->R, w->U, w->H, w->Hkv,
+                 src);
+        cpc_status *pv = cpc_verify_backward_ex(p, NULL, NULL);
+        oracle o;
+        bool uns;
+        const char *bad = oracle_check(p, &o, &uns);
+        cpc_run_report rep;
+        cpc_status *st = numeric_run(w, "none", p, test_seed(), &rep);
+        bool ok = !st && numeric_ok(&rep);
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "%s: prover %s; oracle %s; run %s\n", what, pv ? pv->message : "proves",
+                    uns ? o.unsup : bad ? bad : "right", st ? st->message : ok ? "matches" : "differs");
+        cr_expect(!uns, "%s: the oracle cannot run it: %s", what, o.unsup);
+        if (!kv) {
+            cr_expect(!pv && !bad && ok, "%s: prover %s, oracle %s, run %s", what, pv ? pv->message : "proves",
+                      bad ? bad : "right", st ? st->message : ok ? "matches" : "differs");
+        } else {
+            cr_expect(bad && strstr(bad, "the transport refuses it"), "%s: the oracle: %s", what, bad ? bad : "right");
+            cr_expect(st && strstr(st->message, "size mismatch"), "%s: the run: %s", what,
+                      st ? st->message : "no error");
+            if (getenv("CPC_ATTACK_KNOWN"))
+                cr_expect(pv != NULL, "UNSOUND: %s: proven, and the transport refuses it at run time", what);
+            else if (!pv)
+                fprintf(stderr, "KNOWN (oracle2): %s: proven, the transport refuses it at run time\n", what);
+        }
+        cpc_status_free(pv);
         cpc_status_free(st);
         cpc_run_report_clear(&rep);
         cpc_program_free(p);
