@@ -14,7 +14,10 @@
  * 3P + 7); unified R = U = sqrt(P) (R = 2U when P is not a square);
  * ulysses_anything U = P with uneven heads (P + 3 heads, at most 65536, the
  * plan limit; 3P + 7 tokens);
- * ulysses U = P with P heads.  head_dim 8, fp32, no mask.
+ * ulysses U = P with P heads; the (gqa) rows: ulysses_anything with 1.5 P
+ * heads (at most 65536) in GQA groups of 2 (the one-head members straddle
+ * groups), ulysses with P heads in groups of 4 (K/V heads replicated over
+ * the members of a group).  head_dim 8, fp32, no mask.
  *
  * With --backward: the same plans in mode: training, and their backward
  * programs (cpc_schedule_build_backward) proved by cpc_verify_backward_ex
@@ -53,9 +56,9 @@ static double now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static cpc_program *build(cpc_variant v, int P, const char *rotate)
+static cpc_program *build(cpc_variant v, int P, const char *rotate, int gqa)
 {
-    int R = P, U = 1, H = 4;
+    int R = P, U = 1, H = 4, Hkv = 0;
     long long S = 2LL * P;
     switch (v) {
     case CPC_VARIANT_UNIFIED: {
@@ -77,16 +80,24 @@ static cpc_program *build(cpc_variant v, int P, const char *rotate)
     case CPC_VARIANT_ULYSSES: R = 1; U = P; H = P; break;
     default: break;
     }
-    char yaml[640], tok[160];
+    if (gqa && v == CPC_VARIANT_ULYSSES_ANYTHING) { /* 1.5 P heads in groups of 2 */
+        H = P + P / 2 > 65536 ? 65536 : P + P / 2;
+        Hkv = H / 2;
+    } else if (gqa) { /* K/V heads replicated: groups of 4 */
+        Hkv = H / 4 > 0 ? H / 4 : 1;
+    }
+    char yaml[640], tok[160], kv[32] = "";
+    if (Hkv > 0)
+        snprintf(kv, sizeof kv, ", kv_heads: %d", Hkv);
     if (replicate)
         snprintf(tok, sizeof tok, "segments: [{name: text, tokens: 226, split: replicate}, {name: video, tokens: %lld}]",
                  S);
     else
         snprintf(tok, sizeof tok, "tokens: %lld", S);
     snprintf(yaml, sizeof yaml,
-             "version: 1\nmodel: {heads: %d, head_dim: 8, dtype: fp32}\ninput: {%s%s}\n"
+             "version: 1\nmodel: {heads: %d%s, head_dim: 8, dtype: fp32}\ninput: {%s%s}\n"
              "cluster: {world_size: %d}\nschedule: {rotate: %s, overlap: true}\n",
-             H, tok, backward ? ", mode: training" : "", P, rotate);
+             H, kv, tok, backward ? ", mode: training" : "", P, rotate);
     cpc_plan *plan = NULL;
     cpc_status *st = cpc_plan_load_string(yaml, strlen(yaml), "bench.yaml", NULL, 0, &plan);
     if (cpc_status_has_error(st) || !plan) {
@@ -138,11 +149,13 @@ int main(int argc, char **argv)
     struct {
         cpc_variant v;
         const char *rotate;
+        int gqa;
     } rows[] = {
-        {CPC_VARIANT_RING, "p2p"},          {CPC_VARIANT_RING, "allgather"},
-        {CPC_VARIANT_UNIFIED, "p2p"},       {CPC_VARIANT_UNIFIED, "allgather"},
-        {CPC_VARIANT_RING_ANYTHING, "p2p"}, {CPC_VARIANT_RING_ANYTHING, "allgather"},
-        {CPC_VARIANT_ULYSSES_ANYTHING, "p2p"}, {CPC_VARIANT_ULYSSES, "p2p"},
+        {CPC_VARIANT_RING, "p2p", 0},          {CPC_VARIANT_RING, "allgather", 0},
+        {CPC_VARIANT_UNIFIED, "p2p", 0},       {CPC_VARIANT_UNIFIED, "allgather", 0},
+        {CPC_VARIANT_RING_ANYTHING, "p2p", 0}, {CPC_VARIANT_RING_ANYTHING, "allgather", 0},
+        {CPC_VARIANT_ULYSSES_ANYTHING, "p2p", 0}, {CPC_VARIANT_ULYSSES, "p2p", 0},
+        {CPC_VARIANT_ULYSSES_ANYTHING, "p2p", 1}, {CPC_VARIANT_ULYSSES, "p2p", 1},
     };
     int bad = 0;
     printf("%s%s proof time (ms, best of %d; S = symbolic, E = enumeration)\n", backward ? "backward" : "forward",
@@ -153,12 +166,12 @@ int main(int argc, char **argv)
     printf(" %10s\n", "65536/64");
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         char name[64];
-        snprintf(name, sizeof name, "%s (%s)", cpc_variant_name(rows[r].v), rows[r].rotate);
+        snprintf(name, sizeof name, "%s (%s)", cpc_variant_name(rows[r].v), rows[r].gqa ? "gqa" : rows[r].rotate);
         printf("%-26s", name);
         double t[8];
         for (int i = 0; i < NS; i++) {
             t[i] = -1;
-            cpc_program *p = build(rows[r].v, sizes[i], rows[r].rotate);
+            cpc_program *p = build(rows[r].v, sizes[i], rows[r].rotate, rows[r].gqa);
             if (!p) {
                 printf(" %12s", "build?");
                 bad++;

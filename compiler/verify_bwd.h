@@ -279,7 +279,8 @@ typedef struct cpc_verify_bwd_stats {
     int ranks;             /* ranks the proof covers (P when it succeeds) */
     int64_t work;          /* units spent (op instances collected + contribution runs added) */
     int64_t jumps;         /* loop phases proven by induction (LOOPS BY INDUCTION), not unrolled */
-    bool usym;             /* one ulysses member simulated for all (ROTATIONS OF U) */
+    bool usym;             /* one ulysses member simulated for all (ROTATIONS OF U), or one per class */
+    int classes;           /* members simulated, one per class (CLASSES OF U); 0 when not used */
 } cpc_verify_bwd_stats;
 
 cpc_status *cpc_verify_backward(const cpc_program *prog);

@@ -181,7 +181,7 @@ Test(verify_bwd, walk_errors_are_cp051_with_the_op)
 {
     const char *grp[] = {SEND_KV, "    - {kind: send, group: ulysses, peer: (r+1)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n",
                          NULL};
-    expect_cp051(grp, "K/V sent in a group of one", "backward program: rank 0: ops[");
+    expect_cp051(grp, "K/V sent in a group of one", "(backward program): rank 0: ops[");
     expect_cp051(grp, "K/V sent in a group of one", "send: peer 1 outside its group 0..0");
     const char *mod0[] = {SEND_DKV, "    - {kind: send, group: ring, peer: (r+1)%0, in: [dk_out, dv_out], tag: 1}\n",
                           NULL};
@@ -956,4 +956,161 @@ Test(verify_bwd, every_rule_has_a_tamper)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_cp051(cases[i].e, cases[i].what, cases[i].needle);
+}
+
+/* Classes of U (verify_bwd.h CLASSES OF U): heads that do not divide by U
+ * (ulysses_anything: the first H % U members hold one head more) or K/V
+ * heads that do not (GQA groups straddling members, or one K/V head for
+ * all).  Random mutants of such programs are proven with one member per
+ * class (the default), with every member and every loop unrolled, and by
+ * the enumeration of every rank: the three agree on every mutant, and the
+ * classes decide a good share of them. */
+Test(verify_bwd, ulysses_classes_agree_on_mutants)
+{
+    struct {
+        const char *name;
+        cpc_variant v;
+        int R, U, H, Hkv, tokens;
+        const char *rotate;
+        int rep; /* replicated text tokens: the world all_reduce of its dK/dV, by class */
+    } rows[] = {
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 7, 7, 50, "p2p", 0},   /* 2,2,2,1 */
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 5, 12, 4, 53, "p2p", 0},  /* g 3: 3,3,2,2,2 straddling */
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 16, 24, 8, 70, "p2p", 0}, /* g 3 over 2,..,1,.. */
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 6, 10, 5, 45, "p2p", 0},  /* g 2: 2,2,2,2,1,1 */
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 3, 5, 1, 50, "p2p", 0},   /* one K/V head */
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 2, 64, "p2p", 0},                     /* K/V replicated */
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 1, 64, "p2p", 0},                     /* one K/V head */
+        {"unified", CPC_VARIANT_UNIFIED, 2, 4, 8, 2, 64, "p2p", 0},                     /* ring x replicated K/V */
+        {"unified", CPC_VARIANT_UNIFIED, 3, 4, 8, 1, 96, "allgather", 0},
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 7, 7, 50, "p2p", 5},
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 2, 64, "p2p", 6},
+    };
+    const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
+    int rounds = env ? atoi(env) : 300;
+    uint64_t seed = test_seed();
+    int cls = 0, cls_ok = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        size_t i = (size_t)k % (sizeof rows / sizeof rows[0]);
+        cpc_program *p = bwd_program_rep(rows[i].name, rows[i].v, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                                         rows[i].tokens, k % 2 && !rows[i].rep ? "causal" : "none", rows[i].rotate,
+                                         rows[i].rep);
+        int nm = k % 4 == 3 ? 0 : 1 + k % 2;
+        for (int m = 0; m < nm; m++)
+            mutate(p, seed, k * 4 + m);
+        cpc_verify_bwd_stats sa, su, se;
+        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cpc_status *u = cpc_verify_backward_ind(p, NULL, &su, false);
+        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+        cr_assert_eq(a == NULL, e == NULL, "seed %llu round %d (%s %dx%d H %d Hkv %d, %d classes): %s / enumeration: %s",
+                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                     sa.classes, a ? a->message : "proven", e ? e->message : "proven");
+        cr_assert_eq(a == NULL, u == NULL, "seed %llu round %d (%s %dx%d H %d Hkv %d): classes: %s / every member: %s",
+                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
+                     a ? a->message : "proven", u ? u->message : "proven");
+        cr_assert_eq(su.classes, 0);
+        cls += sa.classes > 0;
+        cls_ok += sa.classes > 0 && !a;
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_status_free(u);
+        cpc_status_free(e);
+        cpc_program_free(p);
+    }
+    cr_expect(refused > rounds / 8 && refused < rounds, "seed %llu: %d of %d refused", (unsigned long long)seed,
+              refused, rounds);
+    cr_expect(cls > rounds / 4 && cls_ok > rounds / 8, "seed %llu: %d of %d mutants by classes of members, %d proven",
+              (unsigned long long)seed, cls, rounds, cls_ok);
+    if (env)
+        fprintf(stderr, "class mutants: %d, %d refused, %d by classes (%d proven)\n", rounds, refused, cls, cls_ok);
+}
+
+/* The unedited programs with uneven heads are proven by a few members at
+ * any size (40000 and 65535 members: well under a second), and faults are
+ * refused there as by the enumeration at 5 members: dK's heads_to_seq
+ * without reduce=sum where only some members share a K/V head (the GQA
+ * groups straddle the members of the one-head region only); dq never
+ * brought back; dq's heads_to_seq into dk's output; attn_bwd dropped. */
+Test(verify_bwd, ulysses_classes_refuse_planted_faults)
+{
+    struct {
+        int U, H, Hkv;
+    } geo[] = {
+        {5, 12, 4},          /* 3,3,2,2,2: members 2-3 and 3-4 share a K/V head */
+        {7, 16, 8},          /* g 2: 3,3,2,2,2,2,2 */
+        {40000, 65536, 32768}, /* g 2: 25536 members of 2 heads, then 14464 of 1 sharing in pairs */
+        {65535, 65536, 65536}, /* one member of 2 heads */
+        {65536, 65536, 1},     /* one K/V head for every member */
+    };
+    for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++) {
+        const int U = geo[gi].U;
+        for (int f = 0; f < 5; f++) {
+            cpc_program *p = bwd_program("ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, U, geo[gi].H,
+                                         geo[gi].Hkv, 2 * U + 3, f % 2 ? "causal" : "none", "p2p");
+            cpc_op *h2s[3] = {NULL, NULL, NULL}, *att = NULL;
+            int nh = 0;
+            for (int j = 0; j < p->n_ops; j++) {
+                if (p->ops[j].kind == CPC_OP_ALL_TO_ALL && p->ops[j].dir == CPC_A2A_HEADS_TO_SEQ && nh < 3)
+                    h2s[nh++] = &p->ops[j];
+                if (p->ops[j].kind == CPC_OP_ATTN_BWD)
+                    att = &p->ops[j];
+            }
+            cr_assert_eq(nh, 3);
+            cr_assert_not_null(att);
+            bool shared = geo[gi].Hkv < geo[gi].H; /* some member shares a K/V head (g does not divide every part) */
+            const char *needle = NULL;
+            switch (f) {
+            case 1: /* dk's parts placed, not summed */
+                if (!shared)
+                    break;
+                cr_assert(h2s[1]->reduce, "U %d: dk's heads_to_seq sums its parts", U);
+                h2s[1]->reduce = false;
+                needle = "must be summed";
+                break;
+            case 2:
+                h2s[0]->when = expr_of("0");
+                needle = "never written";
+                break;
+            case 3:
+                h2s[0]->out[0] = h2s[1]->out[0];
+                needle = "'dk'";
+                break;
+            case 4:
+                att->when = expr_of("0");
+                needle = "0 times";
+                break;
+            default:
+                break;
+            }
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            cpc_verify_bwd_stats st1;
+            cpc_status *st = cpc_verify_backward_ex(p, NULL, &st1);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            cr_expect(st1.classes > 0 && st1.classes <= 4, "U %d H %d Hkv %d fault %d: %d classes", U, geo[gi].H,
+                      geo[gi].Hkv, f, st1.classes);
+            cr_expect(sec < 0.5, "U %d fault %d: %.3f s", U, f, sec);
+            if (getenv("CPC_VERIFY_BWD_ROUNDS"))
+                fprintf(stderr, "U %d H %d Hkv %d fault %d: %d classes, %.3f ms: %s\n", U, geo[gi].H, geo[gi].Hkv, f,
+                        st1.classes, sec * 1e3, st ? st->message : "proven");
+            if (!needle) {
+                cr_expect_null(st, "U %d H %d Hkv %d: %s", U, geo[gi].H, geo[gi].Hkv, st ? st->message : "");
+                cr_expect_eq(st1.mode, CPC_VERIFY_SYMBOLIC);
+            } else {
+                cr_assert_not_null(st, "U %d H %d Hkv %d fault %d proven", U, geo[gi].H, geo[gi].Hkv, f);
+                cr_expect_eq(st->rule, CPC_RULE_VERIFY);
+                cr_expect(strstr(st->message, needle), "U %d fault %d: %s", U, f, st->message);
+                if (U <= 256) {
+                    cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+                    cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+                    cr_expect_not_null(e, "U %d fault %d: the enumeration proves it", U, f);
+                    cpc_status_free(e);
+                }
+            }
+            cpc_status_free(st);
+            cpc_program_free(p);
+        }
+    }
 }
