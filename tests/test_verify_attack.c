@@ -25,14 +25,26 @@
  *     CPC_ATTACK_ROUNDS sets the count (default 3000: half from a fixed seed,
  *     half from the time; the seed of a failure is printed, CPC_TEST_SEED=N
  *     replays the second half);
- *   - an independent oracle (oracle_check: ring p2p programs executed on
- *     true contents, sharing none of the prover's rules) that every accepted
- *     plant and mutant it can run must satisfy.  It found one unsoundness
- *     the method-vs-method checks cannot see (they share it):
- *     doubled_accumulator_past_the_run_bound (fixed in verify_bwd.c: the
- *     enumeration refuses a set past the run bound; the test and the fuzz
- *     are strict about it).
- * CPC_ATTACK_VERBOSE=1 prints the verdicts, CPC_ATTACK_DUMP=1 the programs.
+ *     The mutants also reach all_to_all (reduce, direction), paired ops,
+ *     buffer head/token layouts and head-changing copies;
+ *   - an independent oracle (oracle_check: programs of every variant executed
+ *     on true contents, sharing none of the prover's code) that every
+ *     accepted plant and mutant it can run must satisfy; refused mutants are
+ *     run too (how many it also finds wrong is reported).  It found
+ *     doubled_accumulator_past_the_run_bound (fixed in verify_bwd.c) and
+ *     three classes of proven programs the executor or the transport refuses
+ *     at run time (attn_bwd_block_other_than_its_kv,
+ *     all_gather_over_the_world_group, message_between_unequal_head_parts:
+ *     counted by the fuzz, strict with CPC_ATTACK_KNOWN=1);
+ *   - a numeric oracle (numeric_oracle_on_the_cpu_executor): accepted mutants
+ *     of 2..8-rank worlds run on the CPU executor against the float64
+ *     reference; refused ones the structural oracle finds right must match,
+ *     coverage-wrong ones must differ.  It found an executor bug in paired
+ *     all_to_alls (paired_all_to_all_with_an_lse_pair).
+ * CPC_ATTACK_VERBOSE=1 prints the verdicts, CPC_ATTACK_DUMP=1 the programs,
+ * CPC_ATTACK_SURVEY=1 prints every accepted mutant the oracle finds wrong
+ * and goes on, CPC_ATTACK_NUMERIC=N sets the numeric runs (default 60:
+ * a third from a fixed seed).
  */
 #include <criterion/criterion.h>
 #include <stdarg.h>
