@@ -2672,6 +2672,16 @@ Test(attack, attn_bwd_block_other_than_its_kv)
             cpc_run_report_clear(&rep);
             cpc_program_free(p);
         }
+    /* at 65536 ranks (the symmetric domain alone: what cprun and cpc_artifact_load run there) */
+    cpc_program *p = ring(65536, "p2p", "none");
+    set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->block, "(r-s-1)%R");
+    cpc_status *pv = cpc_verify_backward_ex(p, NULL, NULL);
+    if (getenv("CPC_ATTACK_KNOWN"))
+        cr_expect(pv != NULL, "UNSOUND: ring 65536, attn_bwd block=(r-s-1)%%R: proven");
+    else if (!pv)
+        fprintf(stderr, "KNOWN (oracle2): ring 65536, attn_bwd block=(r-s-1)%%R: proven\n");
+    cpc_status_free(pv);
+    cpc_program_free(p);
 }
 
 /* FOUND (oracle2): an all_gather of K over the world group instead of the
