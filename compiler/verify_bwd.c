@@ -615,14 +615,6 @@ static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
     return true;
 }
 
-/* uc (CLASSES OF U): member v's set is its class representative's moved
- * by d_v heads.  Class i's members, k = 0 .. K-1: mem[i] + k*T. */
-static int uc_members(const vb *V, int i)
-{
-    const uregion *R = &V->uc->reg[V->uc->reg_of[i]];
-    return (R->u0 + R->cnt - 1 - V->uc->mem[i]) / R->T + 1;
-}
-
 /* Whether the set every member got from a collective is the same when
  * seen from any member: each run over every head (a rotation of the heads
  * leaves it as it is).  Else the classes do not stand for their members
@@ -635,73 +627,98 @@ static void uc_whole(vb *V, const cset *c)
                         "members only when it does)";
 }
 
+/* uc: run x moved by d heads (mod H: a run over every head, e.g. of a
+ * buffer with all heads, wraps; a member's part never does). */
+static bool uc_add_moved(vb *V, cset *dst, run x, int64_t d)
+{
+    x.h0 = (int32_t)(((int64_t)x.h0 + d) % V->nh);
+    if (x.h0 + x.hn > V->nh) { /* wraps past the last head */
+        run t = x;
+        t.h0 = 0;
+        t.hn = x.h0 + x.hn - V->nh;
+        x.hn = V->nh - x.h0;
+        if (!cs_add_run(V, dst, t))
+            return false;
+    }
+    return cs_add_run(V, dst, x);
+}
+
 /* uc: members u0 + t, t in [t0, t1), of region R placed one by one: member
- * u0 + t is class t % T's representative moved by (t - t % T) * n; its set
- * kept to the representative's heads [lo, hi) of its class. */
-static bool uc_place(vb *V, cset *dst, const uregion *R, int b, const int *lo, const int *hi, int t0, int t1)
+ * u0 + t is class t % T's representative moved by (t - t % T) * n: its set
+ * src[R->c0 + class], kept to the representative's heads [lo, hi) of its
+ * class (lo NULL: every head). */
+static bool uc_place(vb *V, cset *dst, const uregion *R, const cset *const *src, const int *lo, const int *hi,
+                     int t0, int t1)
 {
     for (int t = t0; t < t1; t++) {
-        int c = t % R->T, d = (t - c) * R->n;
-        const cset *src = &S(V, R->c0 + c, b)->cnt;
-        for (int i = 0; i < src->n; i++) {
-            run x = src->v[i];
-            int a = x.h0 > lo[c] ? x.h0 : lo[c], e = x.h0 + x.hn < hi[c] ? x.h0 + x.hn : hi[c];
+        int c = t % R->T;
+        int64_t d = (int64_t)(t - c) * R->n;
+        const cset *sc = src[R->c0 + c];
+        for (int i = 0; i < sc->n; i++) {
+            run x = sc->v[i];
+            int a = x.h0, e = x.h0 + x.hn;
+            if (lo) {
+                a = a > lo[c] ? a : lo[c];
+                e = e < hi[c] ? e : hi[c];
+            }
             if (e <= a)
                 continue;
-            x.h0 = a + d;
+            x.h0 = a;
             x.hn = e - a;
-            if (!cs_add_run(V, dst, x))
+            if (!uc_add_moved(V, dst, x, d))
                 return false;
         }
     }
     return true;
 }
 
-/* uc: what every member holds of buffer b's heads, placed together in head
- * order: member v's part is its class representative's set kept to the
- * representative's heads and moved by d_v.  A region of one class whose
- * kept run is one member's width n gives one run over the region; else the
- * members are placed one by one (adjacent runs join).  False on OOM or the
- * bound. */
-static bool a2a_union_classes(vb *V, cset *dst, int b)
+/* uc: what every member holds, placed together in head order: member v's
+ * set is its class representative's (src[class]) moved by d_v, kept to the
+ * representative's heads of buffer b (b < 0: all of it).  A region of one
+ * class whose kept run is one member's width n gives one run over the
+ * region; a region of T classes, when one period (members u0 .. u0 + T - 1,
+ * every class once) is runs over its whole span [a0, a0 + T n), gives runs
+ * over its whole periods (each the first moved by T n); the members after
+ * the last whole period, and any other case, are placed one by one
+ * (adjacent runs join).  False on OOM or the bound. */
+static bool uc_union(vb *V, cset *dst, const cset *const *src, int b)
 {
     const uclasses *C = V->uc;
     for (int ri = 0; ri < C->nreg; ri++) {
         const uregion *R = &C->reg[ri];
         int nc = R->T < R->cnt ? R->T : R->cnt, lo[VB_MAX_CLASSES], hi[VB_MAX_CLASSES];
-        for (int c = 0; c < nc; c++)
+        for (int c = 0; c < nc && b >= 0; c++)
             held_heads(V, b, C->mem[R->c0 + c], &lo[c], &hi[c]);
+        const int *L = b >= 0 ? lo : NULL, *H = b >= 0 ? hi : NULL;
         if (nc == 1) {
-            const cset *src = &S(V, R->c0, b)->cnt;
-            for (int i = 0; i < src->n; i++) {
-                run x = src->v[i];
-                int a = x.h0 > lo[0] ? x.h0 : lo[0], e = x.h0 + x.hn < hi[0] ? x.h0 + x.hn : hi[0];
+            const cset *sc = src[R->c0];
+            for (int i = 0; i < sc->n; i++) {
+                run x = sc->v[i];
+                int a = x.h0, e = x.h0 + x.hn;
+                if (L) {
+                    a = a > L[0] ? a : L[0];
+                    e = e < H[0] ? e : H[0];
+                }
                 if (e <= a)
                     continue;
-                if (e - a == R->n) { /* the K copies, n apart, tile one run */
-                    x.h0 = a;
+                x.h0 = a;
+                x.hn = e - a;
+                if (e - a == R->n && a + (int64_t)R->cnt * R->n <= V->nh) { /* the copies, n apart, tile one run */
                     x.hn = (int32_t)((int64_t)R->cnt * R->n);
                     if (!cs_add_run(V, dst, x))
                         return false;
                     continue;
                 }
-                for (int k = 0; k < R->cnt; k++) {
-                    x.h0 = a + k * R->n;
-                    x.hn = e - a;
-                    if (!cs_add_run(V, dst, x))
+                for (int k = 0; k < R->cnt; k++)
+                    if (!uc_add_moved(V, dst, x, (int64_t)k * R->n))
                         return false;
-                }
             }
             continue;
         }
-        /* one period (members u0 .. u0 + T - 1, every class once): when it is runs over its
-         * whole span [a0, a0 + T n), the periods after it (each the first moved by T n) make
-         * them runs over the periods' span; the members after the last whole period, and any
-         * other case, are placed one by one */
         int t0 = 0;
         if (nc == R->T && R->cnt >= 2 * R->T) {
             cset per = {0};
-            bool ok = uc_place(V, &per, R, b, lo, hi, 0, R->T), whole = ok;
+            bool ok = uc_place(V, &per, R, src, L, H, 0, R->T), whole = ok;
             for (int i = 0; i < per.n && whole; i++)
                 whole = per.v[i].h0 == R->a0 && per.v[i].hn == R->T * R->n;
             int full = R->cnt / R->T;
@@ -716,10 +733,19 @@ static bool a2a_union_classes(vb *V, cset *dst, int b)
             if (whole)
                 t0 = full * R->T;
         }
-        if (!uc_place(V, dst, R, b, lo, hi, t0, R->cnt))
+        if (!uc_place(V, dst, R, src, L, H, t0, R->cnt))
             return false;
     }
     return true;
+}
+
+/* uc: every member's part of buffer b (heads_to_seq). */
+static bool a2a_union_classes(vb *V, cset *dst, int b)
+{
+    const cset *src[VB_MAX_CLASSES];
+    for (int i = 0; i < V->uc->ncls; i++)
+        src[i] = &S(V, i, b)->cnt;
+    return uc_union(V, dst, src, b);
 }
 
 /* uc: does any member hold a head of buffer b that the next member holds
@@ -962,34 +988,10 @@ static cpc_status *run_ring_coll(vb *V, int u)
 /* Adds run y as every simulated rank's rotations hold it: itself, or with
  * usym (ROTATIONS OF U) once per member u, its heads moved by u*w (mod H);
  * a run over member 0's part [0, w) gives one run over every head. */
-static bool add_members(vb *V, int p, cset *c, run y)
+static bool add_members(vb *V, cset *c, run y)
 {
     if (!V->usym)
         return cs_add_run(V, c, y);
-    if (V->uc) { /* the members of simulated rank p's class (CLASSES OF U) */
-        const uregion *R = &V->uc->reg[V->uc->reg_of[p]];
-        int K = uc_members(V, p);
-        int64_t step = (int64_t)R->T * R->n;
-        if (R->T == 1 && y.hn == R->n && y.h0 + (int64_t)K * R->n <= V->nh) {
-            y.hn = (int32_t)((int64_t)K * R->n); /* K copies n apart: one run */
-            return cs_add_run(V, c, y);
-        }
-        for (int k = 0; k < K; k++) {
-            run z = y;
-            z.h0 = (int32_t)(((int64_t)y.h0 + k * step) % V->nh);
-            if (z.h0 + z.hn > V->nh) { /* wraps past the last head */
-                run t = z;
-                t.h0 = 0;
-                t.hn = z.h0 + z.hn - V->nh;
-                z.hn = V->nh - z.h0;
-                if (!cs_add_run(V, c, t))
-                    return false;
-            }
-            if (!cs_add_run(V, c, z))
-                return false;
-        }
-        return true;
-    }
     const int w = V->nh / V->U;
     if (y.h0 == 0 && y.hn == w) {
         y.hn = V->nh;
@@ -1028,11 +1030,13 @@ static cpc_status *run_all_reduce(vb *V)
             return vfail(0, x0, "all_reduce takes cross-attention dk/dv (or replicated segments' gradients) with every "
                                 "head ('%s' -> '%s')", bi->name,
                          bo->name);
-        cset sum = {0};
+        cset sum = {0}, ys[VB_MAX_CLASSES] = {{0}}; /* uc: each class's set over the ring, then placed */
         bool oom = false;
         for (int p = 0; p < V->nsim && !oom; p++) {
             slot *si = S(V, p, in);
             if (!si->written) {
+                for (int j = 0; V->uc && j < V->uc->ncls; j++)
+                    cs_free(&ys[j]);
                 cs_free(&sum);
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
             }
@@ -1053,12 +1057,20 @@ static cpc_status *run_all_reduce(vb *V)
                     if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
                         for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
                             y.len = 1;
-                            oom = !add_members(V, p, &sum, y);
+                            oom = !(V->uc ? cs_add_run(V, &ys[p], y) : add_members(V, &sum, y));
                         }
                     else
-                        oom = !add_members(V, p, &sum, y);
+                        oom = !(V->uc ? cs_add_run(V, &ys[p], y) : add_members(V, &sum, y));
                 }
             }
+        }
+        if (V->uc) {
+            const cset *src[VB_MAX_CLASSES];
+            for (int j = 0; j < V->uc->ncls; j++)
+                src[j] = &ys[j];
+            oom = oom || !uc_union(V, &sum, src, -1);
+            for (int j = 0; j < V->uc->ncls; j++)
+                cs_free(&ys[j]);
         }
         if (V->uc && !oom) {
             uc_whole(V, &sum);
