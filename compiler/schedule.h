@@ -65,6 +65,10 @@
  *  heads_to_seq o_rep_part -> out_rep (KV rows: every member's heads go to
  *  every member).
  *
+ * Built with schedule_build.h, the builder the backward scheduler
+ * (schedule_bwd.h) uses too: one candidate check, one way to declare
+ * buffers and append ops, and the K/V rotation both directions post.
+ *
  * Thread-safety: pure; the plan is only read.
  */
 #ifndef CPC_SCHEDULE_H

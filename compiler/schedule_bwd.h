@@ -76,9 +76,14 @@
  * (P-1)/P x Skv Hkv D x 4 per tensor; replicated segments add an all_reduce
  * of 2 x (P-1)/P x T_rep x (H + 2 Hkv) D x 4.
  *
+ * Built with the forward's builder (schedule_build.h): the same candidate
+ * check, buffer declarations, K/V rotation (send/recv tag 0, swaps) and
+ * collectives.
+ *
  * Ownership: *out is a new program (cpc_program_free).  Errors: CPC_E_PLAN
- * rule 60 for a plan that does not train (message says what does),
- * CPC_E_INTERNAL / NOMEM as cpc_schedule_build.  Pure; thread-safe.
+ * rule 18 (CP018) for a plan that does not train (message says what does),
+ * CPC_E_INTERNAL / NOMEM as cpc_schedule_build (the same candidate check,
+ * messages prefixed "backward schedule").  Pure; thread-safe.
  */
 #ifndef CPC_SCHEDULE_BWD_H
 #define CPC_SCHEDULE_BWD_H
@@ -102,6 +107,9 @@ cpc_status *cpc_backward_supported(const cpc_plan *plan, cpc_variant variant, in
  * reduce=sum).  Pure. */
 bool cpc_backward_kv_heads_shared(const cpc_layout *L);
 
+/* Builds the backward program of candidate (variant, ring_degree,
+ * ulysses_degree) for `plan` (the programs and errors above); *out is the
+ * caller's (cpc_program_free), NULL on error. */
 cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant variant, int ring_degree,
                                         int ulysses_degree, cpc_program **out);
 

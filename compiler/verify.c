@@ -190,7 +190,7 @@ static int fail(ctx *C, int p, const opnode *nd, int64_t step, const char *fmt, 
     char ob[256];
     va_list ap;
     va_start(ap, fmt);
-    C->err = vc_fault(op_span(nd), p, C->U, p >= 0 || nd ? op_desc(nd, step, ob, sizeof ob) : NULL, fmt, ap);
+    C->err = vc_fault(op_span(nd), false, p, C->U, p >= 0 || nd ? op_desc(nd, step, ob, sizeof ob) : NULL, fmt, ap);
     va_end(ap);
     return -1;
 }

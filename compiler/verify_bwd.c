@@ -3,6 +3,7 @@
 #include "verify_common.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 typedef struct xop {
     const cpc_op *op;
+    const vc_node *nd; /* its node (path, for messages: vc_op_desc) */
     int64_t peer, block, s;
     int64_t bs;  /* induction (verify_bwd.h LOOPS BY INDUCTION): the block's slope in s (mod R) */
     int mk;      /* 0: an op; else a marker of the induction (MK_*: op is the loop), every simulated rank
@@ -65,31 +67,38 @@ typedef struct slot {
     cset cnt;
 } slot;
 
-/* One posted point-to-point request (one buffer of a send or recv op, as the
- * executor posts them), from its post to the wait that completes it.  Sends
- * and recvs match buffer by buffer in FIFO order per (sender, receiver,
- * group, tag), as MPI and the local transport do. */
+/* One posted send or recv: the shared layer's request (verify_common.h vc_rq:
+ * posted by vc_post, met by vc_match, completed by the step's wait, checked at
+ * the end by vc_finish), matched here in FIFO order per (sender, receiver,
+ * GROUP, tag) as MPI and the local transport match them; a send's snapshots
+ * are its buffers' contents at the post, a recv's what arrives once matched. */
 typedef struct req {
-    struct req *qnext;     /* next in its unmatched queue */
-    const xop *x;          /* the op that posted it */
-    int p, peer;           /* poster and its partner (flat ranks) */
-    cpc_group group;
-    int tag, buf, slot;    /* program buffer; memory slot (swaps move names, not slots) */
+    union {
+        vc_rq h;
+        struct {
+            VC_RQ_FIELDS; /* peer: the partner's flat rank; -1 for a rotated ring message */
+        };
+    };
+    const xop *x;          /* the op instance that posted it */
+    int p;                 /* the poster (simulated rank) */
+    int to;                /* the partner: its flat rank, or rotated (verify_bwd.h SYMMETRIC) the ring offset
+                              (a send's to its receiver; a recv's from its sender) */
     int32_t blk, blkb;     /* recv: the block it declares (x->block) and its slope in s (induction) */
-    cpc_buf_role role;
-    bool send, matched;
-    slot snap;             /* send: its content at the post; recv: what arrives once matched */
+    int next;              /* next in its unmatched queue, or in the free list (-1: none) */
+    bool freed;            /* in the free list */
+    slot snap[CPC_OP_MAX_BUFS];
 } req;
 
 typedef struct rank_reqs {
-    req **v;               /* posted, not yet completed by a wait */
+    int *v;                /* posted, not yet completed by a wait (request ids, in posting order) */
     int n, cap;
-    req *sq, *sq_tail;     /* sends to this rank no recv matched yet */
-    req *rq, *rq_tail;     /* recvs posted by this rank no send matched yet */
+    int sh, st;            /* sends to this rank no recv matched yet: head, tail (-1: empty) */
+    int rh, rt;            /* recvs posted by this rank no send matched yet */
 } rank_reqs;
 
 typedef struct vb {
     const cpc_program *prog;
+    const vc_node *nodes;          /* the program's op tree (vc_nodes: paths for messages) */
     int P, R, U, nb, nh;           /* nh: query-head units (H with U > 1, else 1) */
     bool sym;                      /* the symmetric domain: ranks (0, u) simulated, ring by rotation */
     bool twin;                     /* sym with `when r==0` ops (R > 1): ranks U..2U-1 stand for ring ranks
@@ -122,14 +131,16 @@ typedef struct vb {
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
     int *pc;
-    int *busy;      /* [P * nb]: requests in flight on each memory slot (the lifetime rule's fast path) */
+    int32_t *nsend, *rpend; /* [P * nb]: per buffer, the sends in flight reading it and the recv in flight
+                               writing it (-1): the shared message layer's (vc_domain) */
     rank_reqs *rr; /* [P] */
+    req *reqs;     /* every simulated rank's requests (ids index it) */
+    int nreq, capreq, freereq;
     cpc_status *err;
 } vb;
 
-static cpc_status *collect(void *ctx, const cpc_exec_op *x)
+static cpc_status *collect(const struct vb *V, rank_ops *r, const cpc_exec_op *x)
 {
-    rank_ops *r = ctx;
     if (r->n == r->cap) {
         int nc = r->cap ? 2 * r->cap : 64;
         xop *v = realloc(r->v, (size_t)nc * sizeof *v);
@@ -138,53 +149,43 @@ static cpc_status *collect(void *ctx, const cpc_exec_op *x)
         r->v = v;
         r->cap = nc;
     }
-    r->v[r->n++] = (xop){x->op, x->peer, x->block, x->depth ? x->c.s : -1, 0, 0, 0};
+    r->v[r->n++] = (xop){x->op, vc_node_of(V->nodes, V->prog->n_ops, x->op), x->peer, x->block,
+                         x->depth ? x->c.s : -1, 0, 0, 0};
     return NULL;
 }
 
-/* ops[i].body[j] (1-based, as the forward verifier and Lua scripts name
- * ops) of op `op` in ops[0..n), into buf; false when it is not there. */
-static bool op_path(const cpc_op *ops, int n, const cpc_op *op, const char *prefix, char *buf, size_t len)
-{
-    for (int i = 0; i < n; i++) {
-        char here[96];
-        int w = snprintf(here, sizeof here, "%s%s[%d]", prefix, *prefix ? ".body" : "ops", i + 1);
-        if (w < 0 || (size_t)w >= sizeof here)
-            return false; /* nested too deep to name: the caller says "an op" */
-        if (&ops[i] == op) {
-            snprintf(buf, len, "%s", here);
-            return true;
-        }
-        if (ops[i].kind == CPC_OP_LOOP && op_path(ops[i].body, ops[i].n_body, op, here, buf, len))
-            return true;
-    }
-    return false;
-}
-
-static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+/* A CP051 on simulated rank p (-1: the program as a whole) at op instance x
+ * (NULL: the end of the program, or none when p < 0): vc_fault's one format. */
+static cpc_status *vfail_(const struct vb *V, int p, const xop *x, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static cpc_status *vfail_(const cpc_program *prog, int p, const xop *x, const char *fmt, ...)
+/* Every caller has the prover's state as V. */
+#define vfail(...) vfail_(V, __VA_ARGS__)
+
+/* A CP051 of the program as a whole, at span (WHERE: NULL, or the op). */
+static cpc_status *bfail(cpc_span span, const char *where, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cpc_status *bfail(cpc_span span, const char *where, const char *fmt, ...)
 {
-    char m[512], path[128] = "";
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
+    cpc_status *st = vc_fault(span, true, -1, 1, where, fmt, ap);
     va_end(ap);
-    if (x && op_path(prog->ops, prog->n_ops, x->op, "", path, sizeof path - 1))
-        strcat(path, " ");
-    if (x && x->s >= 0)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: rank %d, %s%s (step %lld): %s", p, path, cpc_op_kind_name(x->op->kind),
-                        (long long)x->s, m);
-    return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x ? x->op->span : CPC_NO_SPAN,
-                    "backward program: rank %d%s%s%s: %s", p, x ? ", " : "", path, x ? cpc_op_kind_name(x->op->kind) : "",
-                    m);
+    return st;
 }
-/* Every caller has the prover's state as V; p a simulated rank (with the
- * classes of U: reported as the member it is). */
-#define vfail(p, ...) vfail_(V->prog, V->uc ? cp(V, p) : (p), __VA_ARGS__)
 
 static int32_t md32(int64_t x, int64_t m);
+static int cp(const vb *V, int p);
+
+/* With the classes of U, simulated rank p is reported as the member it is. */
+static cpc_status *vfail_(const vb *V, int p, const xop *x, const char *fmt, ...)
+{
+    char where[320];
+    va_list ap;
+    va_start(ap, fmt);
+    cpc_status *st = vc_fault(x ? x->op->span : CPC_NO_SPAN, true, p >= 0 && V->uc ? cp(V, p) : p, V->U,
+                              x ? vc_op_desc(x->nd, x->s, x->s + 1, where, sizeof where) : NULL, fmt, ap);
+    va_end(ap);
+    return st;
+}
 
 /* The flat rank whose coordinates simulated rank p's state is written in:
  * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
@@ -298,10 +299,9 @@ static int flat_of(const vb *V, int p, cpc_group g, int64_t peer)
 static cpc_status *cs_err(const vb *V)
 {
     if (V->bound_hit)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                        "backward program: proving it takes more than %lld units of work (the prover's bound, "
-                        "verify_bwd.h)",
-                        (long long)VB_WORK_MAX);
+        return bfail(CPC_NO_SPAN, NULL, "proving it takes more than %lld units of work (the prover's bound, "
+                                        "verify_bwd.h)",
+                     (long long)VB_WORK_MAX);
     return &cpc_status_oom;
 }
 
@@ -1107,31 +1107,15 @@ static bool same_layout(const vb *V, int a, int b)
 typedef struct bwd_dom {
     vb *V;
     int p;
-    const xop *x; /* the op instance the step runs (NULL: a match) */
+    const xop *x; /* the op instance the step runs, or where the domain stands (NULL: the end) */
+    const struct vc_domain *dom; /* the domain over this (bwd_domain) */
 } bwd_dom;
+
+static void bwd_domain(bwd_dom *dd, vc_domain *dom);
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
 static vc_val *dom_val(void *self, int b) { return &S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->h; }
 static const char *dom_writer(void *self, int b) { (void)self, (void)b; return "an earlier op"; }
-
-static bool dom_req_on(const bwd_dom *d, int b, bool send, vc_req *out)
-{
-    const rank_reqs *rq = &d->V->rr[d->p];
-    int sl = d->V->map[d->p * d->V->nb + b];
-    if (!d->V->busy[sl])
-        return false;
-    for (int j = 0; j < rq->n; j++) {
-        const req *q = rq->v[j];
-        if (q->slot == sl && q->send == send) {
-            *out = (vc_req){cpc_op_kind_name(q->x->op->kind), q->tag, q->peer};
-            return true;
-        }
-    }
-    return false;
-}
-
-static bool dom_recv_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, false, out); }
-static bool dom_send_on(void *self, int b, vc_req *out) { return dom_req_on(self, b, true, out); }
 
 static bool rotated(const vb *V, cpc_group g);
 static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b);
@@ -1349,26 +1333,29 @@ static vc_tri dom_select_heads(void *self, vc_val *v, int b, int from, char *why
     return VC_YES;
 }
 
+static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n);
+
 /* Sending: what is not a recomputed result was proved complete where it was made (the saved
- * forward's out and LSE: by the forward proof); a recomputed result stays on its rank. */
+ * forward's out and LSE: by the forward proof); a recomputed result stays on its rank.  An OUTPUT
+ * gradient (vc_output): grad_covered. */
 static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
 {
-    (void)self, (void)name;
-    if (!((const slot *)v)->fwd)
+    (void)name;
+    const slot *sl = (const slot *)v;
+    if (sl->src == CPC_CONTENT_GRAD)
+        return grad_covered(DV(self), DP(self), sl, why, n);
+    if (!sl->fwd)
         return VC_YES;
     snprintf(why, n, "is an attention result recomputed here: it stays on its rank (the backward prover's class)");
     return VC_NO;
 }
 
-/* A matched send and recv (one buffer each), as the step's `rq`. */
-typedef struct pair {
-    const req *s, *r;
-} pair;
-
+/* A recv's declared block (verify_bwd.h 4): what arrives in a BLOCK buffer is that block. */
 static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, size_t n)
 {
-    const req *r = ((const pair *)rq)->r;
-    if (BF(DV(self), r->buf)->tokens != CPC_TOK_BLOCK || !r->x->op->block)
+    const req *r = rq;
+    int b = r->bufs[SL(v) - r->snap]; /* v: r's snapshot of buffer j (vc_match) */
+    if (BF(DV(self), b)->tokens != CPC_TOK_BLOCK || !r->x->op->block)
         return VC_YES;
     if (SL(v)->tag == (int)r->blk) {
         sym_same(DV(self), SL(v)->tb, r->blkb);
@@ -1380,13 +1367,15 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 
 static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
 {
-    const pair *m = rq;
-    if (rotated(DV(self), m->r->group))
-        snprintf(who, nw, "ring member r%+d", diff_mod(m->r->peer, 0, DV(self)->R));
+    const vb *V = DV(self);
+    const req *r = rq, *s = &V->reqs[r->match];
+    char ob[256];
+    if (rotated(V, r->group))
+        snprintf(who, nw, "ring member r%+d", diff_mod(r->to, 0, V->R));
     else
-        snprintf(who, nw, "rank %d", m->s->p);
-    snprintf(op, no, "%s, %s group, tag %d", cpc_op_kind_name(m->s->x->op->kind), cpc_group_name(m->s->group),
-             m->s->tag);
+        snprintf(who, nw, "rank %d", s->p);
+    snprintf(op, no, "%s, %s group, tag %d", vc_op_desc(s->on, s->slo, s->shi, ob, sizeof ob),
+             cpc_group_name((cpc_group)s->group), s->tag);
 }
 
 /* The backward ops' gradient geometry (the step's grad_op, after the lifetime and content rules):
@@ -1594,46 +1583,73 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
     return VC_YES;
 }
 
+static vc_rq *dom_rq(void *self, int id);
+static int dom_open(void *self, int i);
+static void dom_at(void *self, const vc_rq *q);
+static void dom_at_writer(void *self, int b);
+static vc_tri dom_post(void *self, const cpc_op *op);
+static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
+
+/* Collectives: the members meet in prove, which fires run_a2a / run_ring_coll / run_all_reduce
+ * once every member is there. */
+static vc_tri dom_meet(void *self, const cpc_op *op)
+{
+    (void)self, (void)op;
+    return VC_BLOCKED;
+}
+
 /* Rank p's domain for the shared rules and the step (what the backward prover runs through
- * vc_step: the lifetime rule, init_acc of a forward accumulator pair, attn, merge, swap).  The
- * step's coverage, copy of attention results, messages and collectives are not reached here:
- * recomputed results stay on their rank (their callbacks are absent). */
+ * vc_step: every op, its messages through the shared layer). */
 static void bwd_domain(bwd_dom *dd, vc_domain *dom)
 {
-    *dom = (vc_domain){.self = dd, .name = dom_name, .val = dom_val, .recv_on = dom_recv_on,
-                       .send_on = dom_send_on, .writer = dom_writer, .tmp = dom_tmp, .copy = dom_copy,
-                       .fits = dom_fits, .put = dom_put, .exchange = dom_exchange, .new_stamp = dom_new_stamp,
-                       .shape = dom_shape, .tok_is = dom_tok_is, .heads_are = dom_heads_are,
-                       .same_tokens = dom_same_tokens, .same_heads = dom_same_heads, .words = dom_words,
-                       .has_keys = dom_has_keys, .attn_keys = dom_attn_keys, .merge_keys = dom_merge_keys,
-                       .select_heads = dom_select_heads, .covered = dom_covered, .declared = dom_declared,
-                       .sender = dom_sender, .grad_op = dom_grad_op, .p2p_attn = true, .prog = dd->V->prog, .cross = dd->V->prog->layout.cross, .rep = dd->V->prog->layout.rep};
+    vb *V = dd->V;
+    *dom = (vc_domain){.self = dd, .name = dom_name, .val = dom_val, .writer = dom_writer, .tmp = dom_tmp,
+                       .copy = dom_copy, .fits = dom_fits, .put = dom_put, .exchange = dom_exchange,
+                       .new_stamp = dom_new_stamp, .shape = dom_shape, .tok_is = dom_tok_is,
+                       .heads_are = dom_heads_are, .same_tokens = dom_same_tokens, .same_heads = dom_same_heads,
+                       .words = dom_words, .has_keys = dom_has_keys, .attn_keys = dom_attn_keys,
+                       .merge_keys = dom_merge_keys, .select_heads = dom_select_heads, .covered = dom_covered,
+                       .declared = dom_declared, .sender = dom_sender, .grad_op = dom_grad_op, .p2p_attn = true,
+                       .prog = V->prog, .cross = V->prog->layout.cross, .rep = V->prog->layout.rep,
+                       .nsend = V->nsend + (size_t)dd->p * V->nb, .rpend = V->rpend + (size_t)dd->p * V->nb,
+                       .val_size = sizeof(slot), .rq = dom_rq, .open = dom_open, .at = dom_at,
+                       .at_writer = dom_at_writer, .post = dom_post, .meet = dom_meet, .deliver = dom_deliver,
+                       .snap_off = offsetof(req, snap)};
+    dd->dom = dom;
 }
 
 /* One op through the shared step on rank p's domain (every op of a backward program: the
- * lifetime and content rules, then its meaning; posting, matching and rendezvous follow in
- * advance). */
-static cpc_status *step(vb *V, int p, const xop *x, const vc_domain *dom)
+ * lifetime and content rules, its meaning, posting and matching (dom_post), the wait): 1 when it
+ * ran, 0 when it blocks (a wait whose requests are not all matched yet; a collective, which
+ * prove fires once every member is there), -1 on a fault (V->err, at the op the domain stands). */
+static int step(vb *V, int p, const xop *x, const vc_domain *dom)
 {
-    ((bwd_dom *)dom->self)->x = x;
+    bwd_dom *dd = dom->self;
+    dd->x = x;
     char m[640];
     if (x->op->kind == CPC_OP_MERGE) {
         const slot *a = S(V, p, x->op->in[0]), *acc = S(V, p, x->op->out[0]), *accl = S(V, p, x->op->out[1]);
-        if (!a->fwd || !acc->fwd || !accl->fwd) /* not the saved forward output (the class) */
-            return vfail(p, x, "merges '%s' into '%s': both must be attention results made here", bn(V, x->op->in[0]),
-                         bn(V, x->op->out[0]));
+        if (!a->fwd || !acc->fwd || !accl->fwd) { /* not the saved forward output (the class) */
+            V->err = vfail(p, x, "merges '%s' into '%s': both must be attention results made here",
+                           bn(V, x->op->in[0]), bn(V, x->op->out[0]));
+            return -1;
+        }
     }
     if (x->op->kind == CPC_OP_SWAP) {
         const cpc_buffer *A = BF(V, x->op->in[0]), *B = BF(V, x->op->in[1]);
-        if (A == B || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) /* even unwritten */
-            return vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
+        if (A == B || A->role != B->role || A->tokens != B->tokens || A->heads != B->heads) { /* even unwritten */
+            V->err = vfail(p, x, "swaps '%s' and '%s' of different layouts", A->name, B->name);
+            return -1;
+        }
     }
     m[0] = 0;
     V->err = NULL;
     vc_tri t = vc_step(dom, x->op, m, sizeof m);
-    if (t == VC_YES)
-        return NULL;
-    return t == VC_OOM ? cs_err(V) : !m[0] && V->err ? V->err : vfail(p, x, "%s", m);
+    if (t == VC_YES || t == VC_BLOCKED)
+        return t == VC_YES && cpc_op_info_of(x->op->kind)->match != CPC_MATCH_COLLECTIVE;
+    if (!V->err)
+        V->err = t == VC_OOM ? cs_err(V) : vfail(p, dd->x, "%s", m);
+    return -1;
 }
 
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
@@ -1689,56 +1705,52 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
 
 #define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
 
-static cpc_status *push_req(vb *V, int p, req *q)
+/* A free request (snapshots emptied, their run storage kept); -1 when out of memory. */
+static int req_new(vb *V)
+{
+    int id = V->freereq;
+    if (id >= 0) {
+        V->freereq = V->reqs[id].next;
+    } else {
+        if (V->nreq == V->capreq) {
+            int nc = V->capreq ? 2 * V->capreq : 16;
+            req *v = realloc(V->reqs, (size_t)nc * sizeof *v);
+            if (!v)
+                return -1;
+            memset(v + V->capreq, 0, (size_t)(nc - V->capreq) * sizeof *v);
+            V->reqs = v;
+            V->capreq = nc;
+        }
+        id = V->nreq++;
+    }
+    req *q = &V->reqs[id];
+    for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+        slot_empty(&q->snap[j]);
+    q->next = -1;
+    q->freed = false;
+    return id;
+}
+
+/* After a wait: the requests it completed leave rank p's list; a request and its match are freed
+ * once both are complete. */
+static void drop_done(vb *V, int p)
 {
     rank_reqs *rq = &V->rr[p];
-    if (rq->n >= VB_MAX_PENDING)
-        return vfail(p, q->x, "more than %d requests in flight on one rank (the prover's bound, verify_bwd.h)",
-                     VB_MAX_PENDING);
-    if (rq->n == rq->cap) {
-        int nc = rq->cap ? 2 * rq->cap : 8;
-        req **v = realloc(rq->v, (size_t)nc * sizeof *v);
-        if (!v)
-            return cs_err(V);
-        rq->v = v;
-        rq->cap = nc;
-    }
-    rq->v[rq->n++] = q;
-    V->busy[q->slot]++;
-    return NULL;
-}
-
-/* Takes from queue (*head, *tail) the first request whose sender is `from`
- * on (group, tag) (a send queue holds sends, whose poster is the sender; a
- * recv queue recvs, whose peer is).  Symmetric domain, ring messages: `from`
- * is the rotation offset (a send's offset to its receiver; a recv's, from
- * its sender, negated).  NULL when none. */
-static req *take(const vb *V, req **head, req **tail, int from, cpc_group g, int tag, bool rot)
-{
-    req *prev = NULL;
-    for (req *q = *head; q; prev = q, q = q->qnext) {
-        int who = rot ? (q->send ? q->peer : md32(-(int64_t)q->peer, V->R)) : (q->send ? q->p : q->peer);
-        if (who == from && q->group == g && q->tag == tag) {
-            if (prev)
-                prev->qnext = q->qnext;
-            else
-                *head = q->qnext;
-            if (*tail == q)
-                *tail = prev;
-            q->qnext = NULL;
-            return q;
+    int k = 0;
+    for (int i = 0; i < rq->n; i++) {
+        req *q = &V->reqs[rq->v[i]];
+        if (!q->done) {
+            rq->v[k++] = rq->v[i];
+            continue;
+        }
+        if (!q->freed && q->match >= 0 && V->reqs[q->match].done) {
+            V->reqs[q->match].next = V->freereq;
+            q->next = q->match;
+            V->freereq = rq->v[i];
+            q->freed = V->reqs[q->match].freed = true;
         }
     }
-    return NULL;
-}
-
-static void enqueue(req **head, req **tail, req *q)
-{
-    if (*tail)
-        (*tail)->qnext = q;
-    else
-        *head = q;
-    *tail = q;
+    rq->n = k;
 }
 
 /* Symmetric domain: is this message between ring rotations of one member
@@ -1746,6 +1758,39 @@ static void enqueue(req **head, req **tail, req *q)
 static bool rotated(const vb *V, cpc_group g)
 {
     return V->sym && (g == CPC_GROUP_RING || (g == CPC_GROUP_WORLD && V->U == 1));
+}
+
+/* Takes from queue (*head, *tail) the first request whose sender is `from`
+ * on (group, tag) (a send queue holds sends, whose poster is the sender; a
+ * recv queue recvs, whose partner is).  Rotated ring messages: `from` is the
+ * rotation offset (a send's to its receiver; a recv's from its sender,
+ * negated).  -1 when none. */
+static int take(vb *V, int *head, int *tail, int from, int g, int tag, bool rot)
+{
+    for (int prev = -1, id = *head; id >= 0; prev = id, id = V->reqs[id].next) {
+        req *q = &V->reqs[id];
+        int who = rot ? (q->is_send ? q->to : md32(-(int64_t)q->to, V->R)) : (q->is_send ? q->p : q->to);
+        if (who == from && q->group == g && q->tag == tag) {
+            if (prev >= 0)
+                V->reqs[prev].next = q->next;
+            else
+                *head = q->next;
+            if (*tail == id)
+                *tail = prev;
+            q->next = -1;
+            return id;
+        }
+    }
+    return -1;
+}
+
+static void enqueue(vb *V, int *head, int *tail, int id)
+{
+    if (*tail >= 0)
+        V->reqs[*tail].next = id;
+    else
+        *head = id;
+    *tail = id;
 }
 
 /* Content tag `tag` of a buffer with token layout t, seen from the rank e
@@ -1761,132 +1806,102 @@ static int rotate_tag(const vb *V, cpc_buf_tokens t, int tag, int64_t e)
     return tag;
 }
 
-/* Send s meets recv r: what arrives is s's snapshot (symmetric domain:
- * rotated by the sender's offset e); its role and block must be what r
- * declares. */
-static cpc_status *match(vb *V, req *s, req *r, int64_t e)
+/* What send s's snapshot src is on its receiver (moved): rotated, the
+ * content seen from the receiver, -s->to ring positions from the sender. */
+static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
 {
-    s->matched = r->matched = true;
-    cs_free(&r->snap.cnt);
-    r->snap = s->snap;
-    s->snap.cnt = (cset){0};
+    vb *V = DV(self);
+    slot *d = SL(dst), *x = SL(src);
+    cset keep = d->cnt;
+    *d = *x;
+    x->cnt = keep;
+    slot_empty(x);
+    int64_t e = rotated(V, (cpc_group)s->group) ? -(int64_t)((const req *)s)->to : 0;
     if (e) {
-        r->snap.tag = rotate_tag(V, V->prog->buffers[s->buf].tokens, r->snap.tag, e);
-        cs_rotate(V, &r->snap.cnt, e);
+        d->tag = rotate_tag(V, (cpc_buf_tokens)d->tk, d->tag, e);
+        cs_rotate(V, &d->cnt, e);
     }
-    /* the shared rule for a matched message (one buffer: requests are posted per buffer) */
-    bwd_dom dd = {V, r->p, NULL};
-    vc_domain dom;
-    bwd_domain(&dd, &dom);
-    pair m = {s, r};
-    vc_val *snap = &r->snap.h;
-    char msg[640];
-    vc_tri t = vc_arrive(&dom, 1, &s->buf, 1, &r->buf, &snap, &m, msg, sizeof msg);
-    return t == VC_YES ? NULL : t == VC_OOM ? cs_err(V) : vfail(r->p, r->x, "%s", msg);
 }
 
-static cpc_status *post_send(vb *V, int p, const xop *x)
+static vc_rq *dom_rq(void *self, int id) { return &DV(self)->reqs[id].h; }
+
+static int dom_open(void *self, int i)
 {
-    const cpc_op *op = x->op;
-    bool rot = rotated(V, op->group);
-    /* the receiver; rotated: the offset to it */
-    int dst = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
-    for (int i = 0; i < op->n_in; i++) {
-        slot *sl = S(V, p, op->in[i]); /* read and kept on its rank: the step */
-        if (sl->r0) /* twin: the receivers' states would not be the simulated ones */
+    const rank_reqs *rq = &DV(self)->rr[DP(self)];
+    return i < rq->n ? rq->v[i] : -1;
+}
+
+/* The domain stands at request q's op (where a fault it meets is reported), or at the end. */
+static void dom_at(void *self, const vc_rq *q) { ((bwd_dom *)self)->x = ((const req *)q)->x; }
+static void dom_at_writer(void *self, int b) { (void)b, ((bwd_dom *)self)->x = NULL; }
+
+/* A send/recv after the step's checks: posted (vc_post) as one request, met with the first request
+ * of its (sender, receiver, group, tag) waiting in the receiver's queues (vc_match on the
+ * receiver: the snapshots handed over and checked), else queued.  Rotated ring messages meet the
+ * member's own requests: its send at offset d is, seen from rank r + d, a send from offset -d. */
+static vc_tri dom_post(void *self, const cpc_op *op)
+{
+    bwd_dom *dd = self;
+    vb *V = dd->V;
+    const int p = dd->p;
+    const xop *x = dd->x;
+    bool rot = rotated(V, op->group), send = op->kind == CPC_OP_SEND;
+    rank_reqs *me = &V->rr[p];
+    if (me->n >= VB_MAX_PENDING) {
+        V->err = vfail(p, x, "more than %d requests in flight on one rank (the prover's bound, verify_bwd.h)",
+                       VB_MAX_PENDING);
+        return VC_NO;
+    }
+    for (int i = 0; send && i < op->n_in; i++)
+        if (S(V, p, op->in[i])->r0) /* twin: the receivers' states would not be the simulated ones */
             V->asym = "a `when r==0` op's result is sent";
-        req *q = calloc(1, sizeof *q);
-        if (!q)
-            return cs_err(V);
-        *q = (req){.x = x, .p = p, .peer = dst, .group = op->group, .tag = op->tag, .buf = op->in[i],
-                   .slot = V->map[p * V->nb + op->in[i]], .role = role(V, op->in[i]), .send = true, .snap = *sl};
-        q->snap.cnt = (cset){0};
-        cpc_status *st = push_req(V, p, q);
-        if (st) {
-            free(q);
-            return st;
-        }
-        if (sl->grad && !cs_copy(V, &q->snap.cnt, &sl->cnt))
-            return cs_err(V);
-        rank_reqs *d = &V->rr[rot ? p : dst];
-        req *r = take(V, &d->rq, &d->rq_tail, rot ? dst : p, op->group, op->tag, rot);
-        if (r) {
-            /* rotated: the recv is this member's own, from offset -dst;
-             * what it gets is this send seen from rank r - dst */
-            if ((st = match(V, q, r, rot ? -(int64_t)dst : 0)))
-                return st;
-        } else
-            enqueue(&d->sq, &d->sq_tail, q);
+    if (me->n == me->cap) {
+        int nc = me->cap ? 2 * me->cap : 8, *v = realloc(me->v, (size_t)nc * sizeof *v);
+        if (!v)
+            return VC_OOM;
+        me->v = v;
+        me->cap = nc;
     }
-    return NULL;
-}
-
-static cpc_status *post_recv(vb *V, int p, const xop *x)
-{
-    const cpc_op *op = x->op;
-    bool rot = rotated(V, op->group);
-    /* the sender; rotated: its ring offset e (the sender is rank r + e) */
-    int src = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
-    for (int i = 0; i < op->n_out; i++) {
-        req *q = calloc(1, sizeof *q);
-        if (!q)
-            return cs_err(V);
-        *q = (req){.x = x, .p = p, .peer = src, .group = op->group, .tag = op->tag, .buf = op->out[i],
-                   .slot = V->map[p * V->nb + op->out[i]], .role = role(V, op->out[i]), .blk = (int32_t)x->block,
-                   .blkb = (int32_t)x->bs};
-        cpc_status *st = push_req(V, p, q);
-        if (st) {
-            free(q);
-            return st;
-        }
-        rank_reqs *me = &V->rr[p];
-        /* rotated: rank r + e's send to r is its send at offset -e, which is
-         * this member's own send at offset -e, rotated by e */
-        req *s = take(V, &me->sq, &me->sq_tail, rot ? md32(-(int64_t)src, V->R) : src, op->group, op->tag, rot);
-        if (s) {
-            if ((st = match(V, s, q, rot ? src : 0)))
-                return st;
-        } else
-            enqueue(&me->rq, &me->rq_tail, q);
+    int id = req_new(V);
+    if (id < 0)
+        return VC_OOM;
+    req *q = &V->reqs[id];
+    q->x = x;
+    q->p = p;
+    q->to = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
+    q->peer = rot ? -1 : q->to;
+    q->on = x->nd;
+    q->slo = x->s;
+    q->shi = x->s + 1;
+    q->blk = (int32_t)x->block;
+    q->blkb = (int32_t)x->bs;
+    if (!vc_post(dd->dom, op, id))
+        return VC_OOM;
+    me->v[me->n++] = id;
+    q = &V->reqs[id];
+    /* the receiver's queues: a send looks among the receiver's recvs, a recv among the sends to it */
+    rank_reqs *rr = &V->rr[!send || rot ? p : q->to];
+    int who = rot ? (send ? q->to : md32(-(int64_t)q->to, V->R)) : send ? p : q->to;
+    int other = send ? take(V, &rr->rh, &rr->rt, who, op->group, op->tag, rot)
+                     : take(V, &rr->sh, &rr->st, who, op->group, op->tag, rot);
+    if (other < 0) {
+        if (send)
+            enqueue(V, &rr->sh, &rr->st, id);
+        else
+            enqueue(V, &rr->rh, &rr->rt, id);
+        return VC_YES;
     }
-    return NULL;
-}
-
-/* wait: 1 when every request of its tag is matched (then completed: a recv's
- * buffer takes what arrived), 0 when one is not yet (the rank blocks:
- * rendezvous, a send completes only once its recv is posted). */
-static int do_wait(vb *V, int p, const xop *x)
-{
-    rank_reqs *rq = &V->rr[p];
-    for (int j = 0; j < rq->n; j++)
-        if (rq->v[j]->tag == x->op->tag && !rq->v[j]->matched)
-            return 0;
-    int k = 0;
-    for (int j = 0; j < rq->n; j++) {
-        req *q = rq->v[j];
-        if (q->tag != x->op->tag) {
-            rq->v[k++] = q;
-            continue;
-        }
-        if (!q->send) {
-            slot *sl = &V->slots[q->slot];
-            sl->h = q->snap.h; /* what arrived: content, provenance, proved complete */
-            sl->tag = q->snap.tag;
-            sl->tb = q->snap.tb;
-            sl->written = true;
-            sl->fwd = false;
-            sl->fresh = 0;
-            if (sl->grad && !cs_copy(V, &sl->cnt, &q->snap.cnt)) {
-                V->err = cs_err(V);
-                return -1;
-            }
-        }
-        V->busy[q->slot]--;
-        cs_free(&q->snap.cnt);
-        free(q);
-    }
-    rq->n = k;
-    return 1;
+    int sid = send ? id : other, rid = send ? other : id;
+    const req *r = &V->reqs[rid];
+    bwd_dom rd = {V, r->p, r->x, NULL};
+    vc_domain rdom;
+    bwd_domain(&rd, &rdom);
+    char m[640] = "";
+    V->err = NULL;
+    vc_tri t = vc_match(&rdom, sid, rid, m, sizeof m);
+    if (t == VC_NO && !V->err)
+        V->err = vfail(r->p, r->x, "%s", m);
+    return t;
 }
 
 /* Runs rank p until it blocks on a wait or reaches a collective (returns 0),
@@ -1894,7 +1909,7 @@ static int do_wait(vb *V, int p, const xop *x)
 static int advance(vb *V, int p)
 {
     rank_ops *ro = &V->ro[p];
-    bwd_dom dd = {V, p, NULL};
+    bwd_dom dd = {V, p, NULL, NULL};
     vc_domain dom;
     bwd_domain(&dd, &dom);
     while (V->pc[p] < ro->n) {
@@ -1903,46 +1918,31 @@ static int advance(vb *V, int p)
         if (x->mk)
             return 0; /* the induction's marker: every simulated rank stops there (prove) */
         /* the op table's rules, for every op: the kinds a backward program
-         * may use, lifetimes of in-flight buffers, then the content each
-         * operand must hold */
+         * may use, then the step (lifetimes, contents, the op's meaning, the
+         * messages), a collective's group */
         const cpc_op_info *info = cpc_op_info_of(op->kind);
         if (!info || !(info->flags & CPC_OPF_BWD)) {
             V->err = vfail(p, x, "op kind %s is outside the backward prover's class", cpc_op_kind_name(op->kind));
             return -1;
         }
-        if ((V->err = step(V, p, x, &dom)))
+        if ((info->match == CPC_MATCH_SEND || info->match == CPC_MATCH_RECV) && info->life != CPC_LIFE_UNTIL_WAIT) {
+            V->err = vfail(p, x, "a point-to-point op must be non-blocking (the op table)");
             return -1;
-        /* communication, by the table's matching rule and lifetime */
-        switch (info->match) {
-        case CPC_MATCH_COMPLETE: {
-            int w = do_wait(V, p, x);
-            if (w <= 0)
-                return w; /* 0: blocked until the peers post */
-            V->pc[p]++;
-            continue;
         }
-        case CPC_MATCH_SEND:
-        case CPC_MATCH_RECV:
-            if (info->life != CPC_LIFE_UNTIL_WAIT) {
-                V->err = vfail(p, x, "a point-to-point op must be non-blocking (the op table)");
-                return -1;
-            }
-            if ((V->err = info->match == CPC_MATCH_SEND ? post_send(V, p, x) : post_recv(V, p, x)))
-                return -1;
-            V->pc[p]++;
-            continue;
-        case CPC_MATCH_COLLECTIVE:
-            if ((info->group != CPC_GROUP_NONE && op->group != info->group) ||
-                (op->group != CPC_GROUP_RING && op->group != CPC_GROUP_ULYSSES && op->group != CPC_GROUP_WORLD)) {
-                V->err = vfail(p, x, "%s runs over the %s group", cpc_op_kind_name(op->kind),
-                               info->group != CPC_GROUP_NONE ? cpc_group_name(info->group) : "ring, ulysses or world");
-                return -1;
-            }
-            return 0; /* fired by run_a2a / run_ring_coll / run_all_reduce once every member is here */
-        default:
-            break;
+        if (info->match == CPC_MATCH_COLLECTIVE &&
+            ((info->group != CPC_GROUP_NONE && op->group != info->group) ||
+             (op->group != CPC_GROUP_RING && op->group != CPC_GROUP_ULYSSES && op->group != CPC_GROUP_WORLD))) {
+            V->err = vfail(p, x, "%s runs over the %s group", cpc_op_kind_name(op->kind),
+                           info->group != CPC_GROUP_NONE ? cpc_group_name(info->group) : "ring, ulysses or world");
+            return -1;
         }
-        if (V->twin) {
+        int r = step(V, p, x, &dom);
+        if (r <= 0)
+            return r; /* -1: a fault (V->err); 0: a wait blocked until the peers post, or a collective
+                         (fired by run_a2a / run_ring_coll / run_all_reduce once every member is here) */
+        if (op->kind == CPC_OP_WAIT)
+            drop_done(V, p);
+        if (V->twin && info->match == CPC_MATCH_NONE) {
             /* ring rank 0's own content: what a `when r==0` op writes, and what is made from it */
             bool t = op->when != NULL && cpc_expr_uses(op->when, 'r');
             for (int i = 0; i < op->n_in && !t; i++)
@@ -1950,7 +1950,7 @@ static int advance(vb *V, int p)
             for (int i = 0; i < op->n_out && t; i++)
                 S(V, p, op->out[i])->r0 = true;
         }
-        V->pc[p]++; /* a gradient op: the step ran it (dom_grad_op) */
+        V->pc[p]++;
     }
     return 1;
 }
@@ -2045,121 +2045,113 @@ static bool cover_fast(const vb *V, const cset *c, bool isq, int own, int nfree)
     return ok;
 }
 
-static cpc_status *final_checks(vb *V, int p)
+/* The OUTPUT buffers of the program (verify_bwd.h 1): exactly one of each of dq, dk and dv (and one
+ * of the replicated rows' with replicated segments), each a shard with every head. */
+static cpc_status *check_outputs(const vb *V)
 {
-    const cpc_program *prog = V->prog;
-    const int r = cp(V, p) / V->U;
+    const cpc_layout *L = &V->prog->layout;
     int have[3] = {0, 0, 0}, have_rep[3] = {0, 0, 0};
-    const cpc_layout *L = &prog->layout;
     for (int b = 0; b < V->nb; b++) {
-        const cpc_buffer *B = &prog->buffers[b];
+        const cpc_buffer *B = BF(V, b);
         if (B->io != CPC_IO_OUTPUT)
             continue;
         if (!is_grad(B->role))
-            return vfail(p, NULL, "OUTPUT buffer '%s' has role %s (dq, dk or dv expected)", B->name,
+            return vfail(-1, NULL, "OUTPUT buffer '%s' has role %s (dq, dk or dv expected)", B->name,
                          cpc_buf_role_name(B->role));
         have[B->role - CPC_ROLE_DQ]++;
         if (L->rep && B->tokens == CPC_TOK_KV)
             have_rep[B->role - CPC_ROLE_DQ]++;
+        /* the rank's shard with every head: SHARD, or with U == 1 BLOCK; cross-attention dK/dV and
+         * the replicated rows' gradients whole (KV), the same on every rank */
+        bool kv = B->tokens == CPC_TOK_KV && ((B->role != CPC_ROLE_DQ && L->cross) || L->rep);
+        if (B->heads != CPC_HEADS_ALL ||
+            !(B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1) || kv))
+            return vfail(-1, NULL, "OUTPUT '%s' (%s/%s) is not a shard with every head (a head part or a ring "
+                                   "block never went back to the sequence layout)",
+                         B->name, cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
     }
     for (int i = 0; i < 3; i++)
         if (have[i] != (L->rep ? 2 : 1) || (L->rep && have_rep[i] != 1))
-            return vfail(p, NULL, "%d OUTPUT buffers of role %s (exactly one expected%s: yunchang #149)", have[i],
+            return vfail(-1, NULL, "%d OUTPUT buffers of role %s (exactly one expected%s: yunchang #149)", have[i],
                          cpc_buf_role_name((cpc_buf_role)(CPC_ROLE_DQ + i)),
                          L->rep ? ", and one of the replicated segments' rows (kv layout)" : "");
-    for (int b = 0; b < V->nb; b++) {
-        const cpc_buffer *B = &prog->buffers[b];
-        if (B->io != CPC_IO_OUTPUT)
-            continue;
-        slot *sl = S(V, p, b);
-        bool isq = B->role == CPC_ROLE_DQ;
-        /* This rank's shard with every head: SHARD p, or with U == 1 BLOCK p;
-         * cross-attention dK/dV: all of K/V (KV), the same on every rank. */
-        bool kvout = B->tokens == CPC_TOK_KV && !isq && V->prog->layout.cross;
-        /* replicated segments: their rows' gradients, whole (KV) on every
-         * rank: query block R (dq) or key unit R (dk, dv) */
-        bool repout = B->tokens == CPC_TOK_KV && L->rep;
-        const int own = repout ? V->R : kvout ? 0 : r;
-        bool shard = B->tokens == CPC_TOK_SHARD || (B->tokens == CPC_TOK_BLOCK && V->U == 1) || kvout || repout;
-        if (B->heads != CPC_HEADS_ALL || !shard)
-            return vfail(p, NULL, "OUTPUT '%s' (%s/%s) is not a shard with every head (a head part or a ring "
-                                  "block never went back to the sequence layout)",
-                         B->name, cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
-        if (!sl->written)
-            return vfail(p, NULL, "OUTPUT '%s' is never written", B->name);
-        if (!kvout && !repout && sl->tag != cp(V, p))
-            return vfail(p, NULL, "OUTPUT '%s' ends holding %s %d, not this rank's own %d", B->name,
-                         isq ? "rows of shard" : "the gradient of block", sl->tag, cp(V, p));
-        /* exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross
-         * dK/dV every (q, 0, h).  Each element of a run is an interval of
-         * heads at one free coordinate (k for DQ, q otherwise); sorted, the
-         * intervals of every free coordinate must tile [0, nh). */
-        int nfree = isq ? V->NK : V->NQ;
-        int64_t ne = 0;
-        for (int i = 0; i < sl->cnt.n; i++)
-            ne += sl->cnt.v[i].len;
-        if (ne > (int64_t)nfree * V->nh)
-            return vfail(p, NULL, "OUTPUT '%s': %lld contributions for %lld (query block, key block, head) triples: "
-                                  "some pairs contribute 2 times or more",
-                         B->name, (long long)ne, (long long)nfree * V->nh);
-        if (cover_fast(V, &sl->cnt, isq, own, nfree))
-            continue;
-        hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
-        if (!e)
-            return &cpc_status_oom;
-        int64_t k = 0;
-        cpc_status *bad = NULL;
-        for (int i = 0; i < sl->cnt.n && !bad; i++) {
-            const run *x = &sl->cnt.v[i];
-            for (int t = 0; t < x->len && !bad; t++) {
-                int qb = ix(V, x->q0, t, x->dq, V->NQ);
-                int kb = ix(V, x->k0, t, x->dk, V->NK);
-                bool in = isq ? qb == own : kb == own;
-                if (!in) {
-                    char hs[48] = "";
-                    if (V->nh > 1)
-                        snprintf(hs, sizeof hs, ", query head %d", x->h0);
-                    bad = vfail(p, NULL,
-                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute at least once, "
-                                "expected 0 (the gradient of another rank's rows or block)",
-                                B->name, qb, kb, hs);
-                    break;
-                }
-                /* j holds the free coordinate, lo/hi the heads */
-                e[k++] = (hrange){x->h0, x->h0 + x->hn, isq ? kb : qb};
-            }
-        }
-        if (!bad)
-            qsort(e, (size_t)k, sizeof *e, cmp_free_heads);
-        int64_t i = 0;
-        for (int f = 0; f < nfree && !bad; f++) {
-            int h = 0;
-            for (; i < k && e[i].j == f && !bad; i++) {
-                if (e[i].lo != h) {
-                    int at = e[i].lo < h ? e[i].lo : h;
-                    char hs[48] = "";
-                    if (V->nh > 1)
-                        snprintf(hs, sizeof hs, ", query head %d", at);
-                    bad = vfail(p, NULL,
-                                "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute %s, expected 1",
-                                B->name, isq ? own : f, isq ? f : own, hs,
-                                e[i].lo < h ? "2 times or more" : "0 times");
-                }
-                h = e[i].hi > h ? e[i].hi : h;
-            }
-            if (!bad && h != V->nh) {
-                char hs[48] = "";
-                if (V->nh > 1)
-                    snprintf(hs, sizeof hs, ", query head %d", h);
-                bad = vfail(p, NULL, "OUTPUT '%s': the pairs (query block %d, key block %d%s) contribute 0 times, expected 1",
-                            B->name, isq ? own : f, isq ? f : own, hs);
-            }
-        }
-        free(e);
-        if (bad)
-            return bad;
-    }
     return NULL;
+}
+
+/* An OUTPUT gradient sl on simulated rank p (the domain's `covered`, from vc_output): this rank's own
+ * rows or block, and exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross dK/dV every
+ * (q, 0, h); the replicated rows' every (R, k, h) / (q, R, h).  Each element of a run is an interval
+ * of heads at one free coordinate (k for DQ, q otherwise); sorted, the intervals of every free
+ * coordinate must tile [0, nh) (cover_fast on runs first; element by element to name the first pair
+ * that fails).  NO: why (after "the OUTPUT buffer NAME: "). */
+static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
+{
+    const cpc_layout *L = &V->prog->layout;
+    bool isq = sl->role == CPC_ROLE_DQ;
+    bool kvout = sl->tk == CPC_TOK_KV && !isq && L->cross, repout = sl->tk == CPC_TOK_KV && L->rep;
+    const int own = repout ? V->R : kvout ? 0 : cp(V, p) / V->U;
+    if (!kvout && !repout && sl->tag != cp(V, p)) {
+        snprintf(why, n, "it ends holding %s %d, not this rank's own %d", isq ? "rows of shard" : "the gradient of block",
+                 sl->tag, cp(V, p));
+        return VC_NO;
+    }
+    int nfree = isq ? V->NK : V->NQ;
+    int64_t ne = 0;
+    for (int i = 0; i < sl->cnt.n; i++)
+        ne += sl->cnt.v[i].len;
+    if (ne > (int64_t)nfree * V->nh) {
+        snprintf(why, n, "%lld contributions for %lld (query block, key block, head) triples: some pairs "
+                         "contribute 2 times or more",
+                 (long long)ne, (long long)nfree * V->nh);
+        return VC_NO;
+    }
+    if (cover_fast(V, &sl->cnt, isq, own, nfree))
+        return VC_YES;
+    hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
+    if (!e)
+        return VC_OOM;
+    int64_t k = 0;
+    bool bad = false;
+    char hs[48] = "";
+    for (int i = 0; i < sl->cnt.n && !bad; i++) {
+        const run *x = &sl->cnt.v[i];
+        for (int t = 0; t < x->len && !bad; t++) {
+            int qb = ix(V, x->q0, t, x->dq, V->NQ), kb = ix(V, x->k0, t, x->dk, V->NK);
+            if (isq ? qb != own : kb != own) {
+                if (V->nh > 1)
+                    snprintf(hs, sizeof hs, ", query head %d", x->h0);
+                snprintf(why, n, "the pairs (query block %d, key block %d%s) contribute at least once, expected 0 "
+                                 "(the gradient of another rank's rows or block)", qb, kb, hs);
+                bad = true;
+            } else
+                e[k++] = (hrange){x->h0, x->h0 + x->hn, isq ? kb : qb}; /* j: the free coordinate */
+        }
+    }
+    if (!bad)
+        qsort(e, (size_t)k, sizeof *e, cmp_free_heads);
+    int64_t i = 0;
+    for (int f = 0; f < nfree && !bad; f++) {
+        int h = 0, at = -1;
+        const char *how = "0 times";
+        for (; i < k && e[i].j == f && at < 0; i++) {
+            if (e[i].lo != h) {
+                at = e[i].lo < h ? e[i].lo : h;
+                how = e[i].lo < h ? "2 times or more" : "0 times";
+            }
+            h = e[i].hi > h ? e[i].hi : h;
+        }
+        if (at < 0 && h != V->nh)
+            at = h;
+        if (at >= 0) {
+            if (V->nh > 1)
+                snprintf(hs, sizeof hs, ", query head %d", at);
+            snprintf(why, n, "the pairs (query block %d, key block %d%s) contribute %s, expected 1", isq ? own : f,
+                     isq ? f : own, hs, how);
+            bad = true;
+        }
+    }
+    free(e);
+    return bad ? VC_NO : VC_YES;
 }
 
 /* The INPUT layouts the executor fills: q/k/v/dout/out shards with every
@@ -2182,7 +2174,7 @@ static cpc_status *check_input(const vb *V, const cpc_buffer *B)
               (B->tokens == CPC_TOK_KV && V->prog->layout.cross && (B->role == CPC_ROLE_K || B->role == CPC_ROLE_V)));
     if (ok)
         return NULL;
-    return vfail(0, NULL, "INPUT buffer '%s' (role %s, %s/%s) is not a layout the runtime fills", B->name,
+    return vfail(-1, NULL, "INPUT buffer '%s' (role %s, %s/%s) is not a layout the runtime fills", B->name,
                  cpc_buf_role_name(B->role), cpc_buf_tokens_name(B->tokens), cpc_buf_heads_name(B->heads));
 }
 
@@ -2417,10 +2409,14 @@ static cpc_status *sym_eval_check(const vb *V, const cpc_exec_op *x, const cpc_e
         return st;
     int f = unit_form(V, e);
     if ((f == 2 && v0 != 0) || md32(v1 - v0, V->R) != md32(V->R - 1, V->R))
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: %s: `%s` is %lld on rank 0 and %lld on rank %d: not a rotation of "
-                        "the ring",
-                        cpc_op_kind_name(x->op->kind), cpc_expr_text(e), (long long)v0, (long long)v1, V->R - 1);
+    {
+        char where[320];
+        return bfail(x->op->span,
+                     vc_op_desc(vc_node_of(V->nodes, V->prog->n_ops, x->op), x->c.s, x->depth ? x->c.s + 1 : x->c.s,
+                                where, sizeof where),
+                     "`%s` is %lld on rank 0 and %lld on rank %d: not a rotation of the ring", cpc_expr_text(e),
+                     (long long)v0, (long long)v1, V->R - 1);
+    }
     return NULL;
 }
 
@@ -2437,10 +2433,8 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
     collect_ctx *cc = ctx;
     vb *V = cc->V;
     if (++V->work > VB_MAX_INSTANCES)
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, x->op->span,
-                        "backward program: more than %lld op instances to simulate (the prover's bound, "
-                        "verify_bwd.h)",
-                        (long long)VB_MAX_INSTANCES);
+        return bfail(x->op->span, NULL, "more than %lld op instances to simulate (the prover's bound, verify_bwd.h)",
+                     (long long)VB_MAX_INSTANCES);
     cpc_exec_op y = *x;
     if (V->sym) {
         cpc_status *st = NULL;
@@ -2457,7 +2451,7 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
         if (st)
             return st;
     }
-    return collect(cc->ro, &y);
+    return collect(V, cc->ro, &y);
 }
 
 /* ---- loops by induction (verify_bwd.h LOOPS BY INDUCTION) ---------------------------------------- */
@@ -2636,7 +2630,7 @@ static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t s, int6
 {
     rank_ops *r = w->cc->ro;
     cpc_exec_op x = {.op = loop, .c = {0}, .depth = 0, .peer = -1, .block = -1};
-    cpc_status *st = collect(r, &x);
+    cpc_status *st = collect(w->V, r, &x);
     if (st)
         return st;
     xop *y = &r->v[r->n - 1];
@@ -2792,11 +2786,12 @@ static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int
 /* ---- the state at a step boundary, as the induction compares it ---- */
 
 typedef struct vsnap {
-    slot *slots;     /* [nsim * nb]: copies (runs deep) */
-    int *map, *busy; /* [nsim * nb] */
-    req *reqs;       /* every simulated rank's posted requests, rank by rank (snapshots' runs deep) */
-    int *nreq;       /* [nsim] */
-    int *queues;     /* per rank: its send queue, -1, its recv queue, -1 (indices into reqs) */
+    slot *slots;          /* [nsim * nb]: copies (runs deep) */
+    int *map;             /* [nsim * nb] */
+    int32_t *nsend, *rpend; /* [nsim * nb] */
+    req *reqs;            /* every simulated rank's posted requests, rank by rank (snapshots' runs deep) */
+    int *nreq;            /* [nsim] */
+    int *queues;          /* per rank: its send queue, -1, its recv queue, -1 (indices into reqs) */
     int nr, nq;
     int32_t stamps;
 } vsnap;
@@ -2809,25 +2804,26 @@ static void vsnap_free(vb *V, vsnap *S)
     if (S->slots)
         for (size_t i = 0; i < ns; i++)
             cs_free(&S->slots[i].cnt);
-    if (S->reqs)
-        for (int i = 0; i < S->nr; i++)
-            cs_free(&S->reqs[i].snap.cnt);
+    for (int i = 0; S->reqs && i < S->nr; i++)
+        for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+            cs_free(&S->reqs[i].snap[j].cnt);
     free(S->slots);
     free(S->map);
-    free(S->busy);
+    free(S->nsend);
+    free(S->rpend);
     free(S->reqs);
     free(S->nreq);
     free(S->queues);
     free(S);
 }
 
-/* Index of request q among every rank's posted ones (rank by rank); -2 if none. */
-static int req_index(const vb *V, const req *q)
+/* Index of request id among every rank's posted ones (rank by rank); -2 if none. */
+static int req_index(const vb *V, int id)
 {
     int base = 0;
     for (int p = 0; p < V->nsim; p++) {
         for (int j = 0; j < V->rr[p].n; j++)
-            if (V->rr[p].v[j] == q)
+            if (V->rr[p].v[j] == id)
                 return base + j;
         base += V->rr[p].n;
     }
@@ -2857,39 +2853,44 @@ static vsnap *vsnap_take(vb *V)
     int nr = 0, nq = 0;
     for (int p = 0; p < V->nsim; p++) {
         nr += V->rr[p].n;
-        for (const req *q = V->rr[p].sq; q; q = q->qnext)
+        for (int id = V->rr[p].sh; id >= 0; id = V->reqs[id].next)
             nq++;
-        for (const req *q = V->rr[p].rq; q; q = q->qnext)
+        for (int id = V->rr[p].rh; id >= 0; id = V->reqs[id].next)
             nq++;
         nq += 2;
     }
     S->slots = calloc(ns, sizeof *S->slots);
     S->map = malloc(ns * sizeof *S->map);
-    S->busy = malloc(ns * sizeof *S->busy);
+    S->nsend = malloc(ns * sizeof *S->nsend);
+    S->rpend = malloc(ns * sizeof *S->rpend);
     S->reqs = calloc((size_t)(nr ? nr : 1), sizeof *S->reqs);
     S->nreq = malloc((size_t)V->nsim * sizeof *S->nreq);
     S->queues = malloc((size_t)(nq ? nq : 1) * sizeof *S->queues);
     S->nr = nr;
     S->nq = nq;
     S->stamps = V->stamps;
-    bool ok = S->slots && S->map && S->busy && S->reqs && S->nreq && S->queues;
+    bool ok = S->slots && S->map && S->nsend && S->rpend && S->reqs && S->nreq && S->queues;
     for (size_t i = 0; i < ns && ok; i++)
         ok = slot_dup(&S->slots[i], &V->slots[i]);
     if (ok) {
         memcpy(S->map, V->map, ns * sizeof *S->map);
-        memcpy(S->busy, V->busy, ns * sizeof *S->busy);
+        memcpy(S->nsend, V->nsend, ns * sizeof *S->nsend);
+        memcpy(S->rpend, V->rpend, ns * sizeof *S->rpend);
     }
     int k = 0, m = 0;
     for (int p = 0; p < V->nsim && ok; p++) {
         S->nreq[p] = V->rr[p].n;
         for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
-            S->reqs[k] = *V->rr[p].v[j];
-            S->reqs[k].qnext = NULL;
-            ok = slot_dup(&S->reqs[k].snap, &V->rr[p].v[j]->snap);
+            const req *q = &V->reqs[V->rr[p].v[j]];
+            S->reqs[k] = *q;
+            for (int b = 0; b < CPC_OP_MAX_BUFS; b++)
+                S->reqs[k].snap[b].cnt = (cset){0};
+            for (int b = 0; b < q->nb && ok; b++)
+                ok = slot_dup(&S->reqs[k].snap[b], &q->snap[b]);
         }
         for (int h = 0; h < 2; h++) {
-            for (const req *q = h ? V->rr[p].rq : V->rr[p].sq; q; q = q->qnext)
-                S->queues[m++] = req_index(V, q);
+            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0; id = V->reqs[id].next)
+                S->queues[m++] = req_index(V, id);
             S->queues[m++] = -1;
         }
     }
@@ -2979,28 +2980,23 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
                 return false;
         for (int p = 0; p < V->nsim; p++)
             for (int j = 0; j < V->rr[p].n; j++) {
-                req *q = V->rr[p].v[j];
-                if (!fld(mode, q->send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, 0, 0) ||
-                    !slot_pair(V, mode, n, &q->snap, NULL))
+                req *q = &V->reqs[V->rr[p].v[j]];
+                if (!fld(mode, q->is_send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, 0, 0))
                     return false;
+                for (int b = 0; b < q->nb; b++)
+                    if (!slot_pair(V, mode, n, &q->snap[b], NULL))
+                        return false;
             }
         return true;
     }
     if (S->stamps != V->stamps)
         return false;
     /* memory slots are compared through the buffers naming them (a swap renames: the state a
-     * step on may be this one with slots permuted, which behaves the same) */
-    int *inv = malloc(2 * ns * sizeof *inv);
-    if (!inv)
-        return false;
-    int *sinv = inv + ns;
-    for (size_t i = 0; i < ns; i++) {
-        inv[V->map[i]] = (int)i;
-        sinv[S->map[i]] = (int)i;
-    }
+     * step on may be this one with slots permuted, which behaves the same); requests name buffers
+     * (one in flight is never swapped: the lifetime rule) */
     bool ok = true;
     for (size_t i = 0; i < ns && ok; i++)
-        ok = V->busy[V->map[i]] == S->busy[S->map[i]] &&
+        ok = V->nsend[i] == S->nsend[i] && (V->rpend[i] < 0) == (S->rpend[i] < 0) &&
              slot_pair(V, mode, n, &V->slots[V->map[i]], &S->slots[S->map[i]]);
     int k = 0, m = 0;
     for (int p = 0; p < V->nsim && ok; p++) {
@@ -3009,21 +3005,21 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
             break;
         }
         for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
-            req *q = V->rr[p].v[j];
+            req *q = &V->reqs[V->rr[p].v[j]];
             const req *o = &S->reqs[k];
-            ok = q->x->op == o->x->op && q->p == o->p && q->peer == o->peer && q->group == o->group &&
-                 q->tag == o->tag && q->buf == o->buf && inv[q->slot] == sinv[o->slot] && q->role == o->role &&
-                 q->send == o->send && q->matched == o->matched &&
-                 fld(mode, q->send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, o->blk, o->blkb) &&
-                 slot_pair(V, mode, n, &q->snap, &o->snap);
+            ok = q->x->op == o->x->op && q->p == o->p && q->to == o->to && q->group == o->group &&
+                 q->tag == o->tag && q->nb == o->nb && !memcmp(q->bufs, o->bufs, (size_t)q->nb * sizeof *q->bufs) &&
+                 q->is_send == o->is_send && q->done == o->done && (q->match < 0) == (o->match < 0) &&
+                 fld(mode, q->is_send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, o->blk, o->blkb);
+            for (int b = 0; b < q->nb && ok; b++)
+                ok = slot_pair(V, mode, n, &q->snap[b], &o->snap[b]);
         }
         for (int h = 0; h < 2 && ok; h++) {
-            for (const req *q = h ? V->rr[p].rq : V->rr[p].sq; q && ok; q = q->qnext)
-                ok = m < S->nq && S->queues[m++] == req_index(V, q);
+            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0 && ok; id = V->reqs[id].next)
+                ok = m < S->nq && S->queues[m++] == req_index(V, id);
             ok = ok && m < S->nq && S->queues[m++] == -1;
         }
     }
-    free(inv);
     return ok;
 }
 
@@ -3078,11 +3074,17 @@ static cpc_status *prove(vb *V)
     V->slots = calloc(ns, sizeof *V->slots);
     V->map = calloc(ns, sizeof *V->map);
     V->pc = calloc((size_t)V->nsim, sizeof *V->pc);
-    V->busy = calloc(ns, sizeof *V->busy);
+    V->nsend = calloc(ns, sizeof *V->nsend);
+    V->rpend = malloc(ns * sizeof *V->rpend);
     V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
-    if (!V->ro || !V->slots || !V->map || !V->pc || !V->busy || !V->rr)
+    V->freereq = -1;
+    if (!V->ro || !V->slots || !V->map || !V->pc || !V->nsend || !V->rpend || !V->rr)
         return cs_err(V);
-    cpc_status *st = NULL;
+    for (size_t i = 0; i < ns; i++)
+        V->rpend[i] = -1;
+    for (int p = 0; p < V->nsim; p++)
+        V->rr[p].sh = V->rr[p].st = V->rr[p].rh = V->rr[p].rt = -1;
+    cpc_status *st = check_outputs(V);
     for (int b = 0; b < V->nb && !st; b++)
         if (prog->buffers[b].io == CPC_IO_INPUT)
             st = check_input(V, &prog->buffers[b]);
@@ -3101,7 +3103,7 @@ static cpc_status *prove(vb *V)
             sl->tk = (int8_t)B->tokens;
             sl->hd = (int8_t)B->heads;
             if (B->tokens == CPC_TOK_KV && !L->cross && !L->rep) {
-                st = vfail(p, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
+                st = vfail(-1, NULL, "buffer '%s' has the %s token layout without cross-attention", B->name,
                            cpc_buf_tokens_name(B->tokens));
                 break;
             }
@@ -3122,8 +3124,7 @@ static cpc_status *prove(vb *V)
                 /* the walk's own refusal (an expression that does not evaluate, a
                  * peer outside its group, a loop count out of range: program.h):
                  * a CP051 of the backward program like every other fault */
-                cpc_status *d = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, st->span,
-                                         "backward program: %s", st->message);
+                cpc_status *d = bfail(st->span, NULL, "%s", st->message);
                 cpc_status_free(st);
                 st = d;
             }
@@ -3139,11 +3140,10 @@ static cpc_status *prove(vb *V)
     for (;;) {
         bool all = true, moved = false;
         V->work += V->nsim; /* a round visits every simulated rank */
-        if (V->work > VB_WORK_MAX)
-            return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                            "backward program: proving it takes more than %lld units of work (the prover's "
-                            "bound, verify_bwd.h)",
-                            (long long)VB_WORK_MAX);
+        if (V->work > VB_WORK_MAX) {
+            V->bound_hit = true;
+            return cs_err(V);
+        }
         for (int p = 0; p < V->nsim; p++) {
             int before = V->pc[p];
             int r = advance(V, p);
@@ -3251,33 +3251,36 @@ static cpc_status *prove(vb *V)
                         return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
                                      cpc_group_name(x->op->group), cpc_op_kind_name(x->op->kind));
                     const req *q = NULL;
-                    for (int j = 0; j < V->rr[p].n && !q; j++)
-                        if (V->rr[p].v[j]->tag == x->op->tag && !V->rr[p].v[j]->matched)
-                            q = V->rr[p].v[j];
+                    for (int j = 0; j < V->rr[p].n && !q; j++) {
+                        const req *o = &V->reqs[V->rr[p].v[j]];
+                        q = o->tag == x->op->tag && o->match < 0 ? o : NULL;
+                    }
                     if (!q)
                         return vfail(p, x, "waits forever");
                     return vfail(p, x,
                                  "waits forever: its %s of '%s' (%s group, tag %d) is never matched: the peer "
                                  "posts no matching %s before it blocks itself (a wait completes only once the "
                                  "peer has posted: rendezvous)",
-                                 q->send ? "send" : "recv", bn(V, q->buf), cpc_group_name(q->group), q->tag,
-                                 q->send ? "recv" : "send");
+                                 q->is_send ? "send" : "recv", bn(V, q->bufs[0]), cpc_group_name((cpc_group)q->group),
+                                 q->tag, q->is_send ? "recv" : "send");
                 }
-            return vfail(0, NULL, "no rank can progress");
+            return vfail(-1, NULL, "no rank can progress");
         }
     }
-    /* every request completed by a wait (a send never received is still posted) */
-    for (int p = 0; p < V->nsim; p++)
-        if (V->rr[p].n) {
-            const req *q = V->rr[p].v[0];
-            return vfail(p, q->x, "its %s of '%s' (tag %d) is %s and never completed by a wait",
-                         q->send ? "send" : "recv", bn(V, q->buf), q->tag, q->matched ? "matched" : "never matched");
-        }
-    if (V->over || V->asym || V->undec)
+    if (V->asym || V->undec)
         return NULL; /* the caller decides: not proven */
-    for (int p = 0; p < V->nsim && !st; p++)
-        st = final_checks(V, p);
-    return st;
+    /* the end of every simulated rank: every request completed by a wait, then every OUTPUT
+     * gradient (vc_finish: its rows, exactly once: grad_covered) */
+    for (int p = 0; p < V->nsim; p++) {
+        bwd_dom dd = {V, p, NULL, NULL};
+        vc_domain dom;
+        bwd_domain(&dd, &dom);
+        char m[640] = "";
+        vc_tri t = vc_finish(&dom, m, sizeof m);
+        if (t != VC_YES)
+            return t == VC_OOM ? &cpc_status_oom : vfail(p, dd.x, "%s", m);
+    }
+    return NULL;
 }
 
 static void vb_free(vb *V)
@@ -3285,14 +3288,12 @@ static void vb_free(vb *V)
     size_t ns = (size_t)V->nsim * (size_t)(V->nb > 0 ? V->nb : 1);
     vsnap_free(V, V->snap);
     V->snap = NULL;
-    if (V->rr)
-        for (int p = 0; p < V->nsim; p++) {
-            for (int j = 0; j < V->rr[p].n; j++) {
-                cs_free(&V->rr[p].v[j]->snap.cnt);
-                free(V->rr[p].v[j]);
-            }
-            free(V->rr[p].v);
-        }
+    for (int p = 0; V->rr && p < V->nsim; p++)
+        free(V->rr[p].v);
+    for (int i = 0; i < V->nreq; i++)
+        for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
+            cs_free(&V->reqs[i].snap[j].cnt);
+    free(V->reqs);
     if (V->slots)
         for (size_t i = 0; i < ns; i++)
             cs_free(&V->slots[i].cnt);
@@ -3306,7 +3307,8 @@ static void vb_free(vb *V)
     free(V->slots);
     free(V->map);
     free(V->pc);
-    free(V->busy);
+    free(V->nsend);
+    free(V->rpend);
 }
 
 /* The symmetric domain's state before prove(): umode 0 every member (with
@@ -3340,8 +3342,8 @@ cpc_status *cpc_verify_backward_ex(const cpc_program *prog, const cpc_verify_opt
     return cpc_verify_backward_ind(prog, opts, stats, true);
 }
 
-cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
-                                    bool induction)
+static cpc_status *verify_bwd(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
+                              bool induction, const vc_node *nodes)
 {
     cpc_verify_method method = opts ? opts->method : CPC_VERIFY_AUTO;
     cpc_verify_bwd_stats dummy;
@@ -3353,7 +3355,7 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
     const cpc_layout *L = &prog->layout;
     if (L->P != L->R * L->U || L->R < 1 || L->U < 1)
         return cpc_error(CPC_E_INTERNAL, "verify_backward: program layout is not initialised");
-    vb base = {.prog = prog, .P = L->P, .R = L->R, .U = L->U, .Us = L->U, .nb = prog->n_buffers,
+    vb base = {.prog = prog, .nodes = nodes, .P = L->P, .R = L->R, .U = L->U, .Us = L->U, .nb = prog->n_buffers,
                .nh = L->U > 1 ? L->H : 1};
     base.NK = L->cross ? 1 : L->R + (L->rep ? 1 : 0);
     base.NQ = L->R + (L->rep ? 1 : 0);
@@ -3408,10 +3410,10 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
     /* 2. enumeration of every rank, within the bound */
     if (L->P > VB_MAX_P || method == CPC_VERIFY_SYMBOLIC_ONLY) {
         stats->mode = CPC_VERIFY_REFUSED;
-        return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, at ? at->span : CPC_NO_SPAN,
-                        "backward program: %d ranks: it cannot be proven: the symmetric proof does not apply (%s%s%s) "
-                        "and enumeration is limited to %d ranks",
-                        L->P, at ? cpc_op_kind_name(at->kind) : "", at ? ": " : "", why, VB_MAX_P);
+        return bfail(at ? at->span : CPC_NO_SPAN, NULL,
+                     "%d ranks: it cannot be proven: the symmetric proof does not apply (%s%s%s) and enumeration is "
+                     "limited to %d ranks",
+                     L->P, at ? cpc_op_kind_name(at->kind) : "", at ? ": " : "", why, VB_MAX_P);
     }
     vb V = base;
     V.nsim = V.P;
@@ -3421,13 +3423,25 @@ cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_op
      * never a proof (helper redteam: a dV added twice a step, doubling every
      * step, was proven at 14-20 ranks) */
     if (!st && (V.over || V.asym || V.undec))
-        st = cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, CPC_NO_SPAN,
-                      "backward program: a gradient accumulator holds more than %d runs of blocks "
-                      "(contributions repeated: the prover's bound, verify_bwd.h)",
-                      VB_MAX_RUNS);
+        st = bfail(CPC_NO_SPAN, NULL,
+                   "a gradient accumulator holds more than %d runs of blocks (contributions repeated: the "
+                   "prover's bound, verify_bwd.h)",
+                   VB_MAX_RUNS);
     stats->work = V.work;
     stats->mode = st ? CPC_VERIFY_REFUSED : CPC_VERIFY_FULL;
     stats->ranks = st ? 0 : L->P;
     vb_free(&V);
+    return st;
+}
+
+cpc_status *cpc_verify_backward_ind(const cpc_program *prog, const cpc_verify_opts *opts, cpc_verify_bwd_stats *stats,
+                                    bool induction)
+{
+    bool oom = false;
+    vc_node *nodes = prog ? vc_nodes(prog->ops, prog->n_ops, 9, &oom) : NULL; /* the walk nests 8 loops */
+    if (oom)
+        return &cpc_status_oom;
+    cpc_status *st = verify_bwd(prog, opts, stats, induction, nodes);
+    vc_nodes_free(nodes, prog ? prog->n_ops : 0);
     return st;
 }

@@ -293,6 +293,20 @@ vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom)
     return nodes_at(ops, n, "", 0, max_depth, oom);
 }
 
+const vc_node *vc_node_of(const vc_node *nodes, int n, const cpc_op *op)
+{
+    if (n <= 0 || !nodes)
+        return NULL;
+    if (op >= nodes[0].op && op < nodes[0].op + n)
+        return &nodes[op - nodes[0].op];
+    for (int i = 0; i < n; i++) {
+        const vc_node *nd = nodes[i].n_body ? vc_node_of(nodes[i].body, nodes[i].n_body, op) : NULL;
+        if (nd)
+            return nd;
+    }
+    return NULL;
+}
+
 /* ---- the step ------------------------------------------------------------------------------- */
 
 #define FAULT(...) (snprintf(msg, n, __VA_ARGS__), VC_NO)
@@ -682,10 +696,17 @@ vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n
 
 vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
 {
-    char w1[200];
+    char w1[200], why[600] = "";
     vc_val *v = d->val(SELF, b);
     if (!v->written)
         return FAULT("the OUTPUT buffer %s is never written", NM(b));
+    if (d->grad_op && cpc_content_of_role(d->prog->buffers[b].role) == CPC_CONTENT_GRAD) {
+        /* a gradient (the backward domain): its rows and exactly-once coverage are the domain's rule */
+        vc_tri t = v->src != CPC_CONTENT_GRAD ? VC_NO : d->covered(SELF, v, NM(b), why, sizeof why);
+        if (t == VC_YES || t == VC_OOM)
+            return t;
+        return NOT_YES(t, "the OUTPUT buffer %s: %s", NM(b), why[0] ? why : "does not hold a gradient");
+    }
     if (!src_is_attn(v->src))
         return FAULT("the OUTPUT buffer %s ends holding %s data, not the attention output", NM(b),
                      src_names_of(v->src));
@@ -764,15 +785,16 @@ const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, s
     return buf;
 }
 
-cpc_status *vc_fault(cpc_span span, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap)
+cpc_status *vc_fault(cpc_span span, bool bwd, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap)
 {
     char msg[1024];
+    const char *dir = bwd ? " (backward program)" : "";
     vsnprintf(msg, sizeof msg, fmt, ap);
     if (p >= 0)
         return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, span,
-                        "schedule verification failed: rank %" PRId64 " (r %" PRId64 ", u %" PRId64 "), %s: %s", p,
-                        p / U, p % U, where, msg);
-    return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, span, "schedule verification failed: %s%s%s",
+                        "schedule verification failed%s: rank %" PRId64 " (r %" PRId64 ", u %" PRId64 "), %s: %s", dir,
+                        p, p / U, p % U, where ? where : "the end of the program", msg);
+    return cpc_diag(CPC_E_PLAN, CPC_RULE_VERIFY, CPC_SEV_ERROR, span, "schedule verification failed%s: %s%s%s", dir,
                     where ? where : "", where ? ": " : "", msg);
 }
 

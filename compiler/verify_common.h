@@ -117,6 +117,9 @@ typedef struct vc_node {
  * that depth keeps no body).  NULL when n <= 0 or out of memory (*oom). */
 vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom);
 void vc_nodes_free(vc_node *nodes, int n);
+/* The node of op (a pointer into the program's op arrays) in nodes[0..n);
+ * NULL when it is not there.  Cost: the loops on its path's levels. */
+const vc_node *vc_node_of(const vc_node *nodes, int n, const cpc_op *op);
 
 /* Three-valued answers: a concrete domain (one rank) always answers YES or
  * NO; the symbolic one (every rank and step at once) answers UNDECIDED when
@@ -330,8 +333,9 @@ vc_tri vc_finish(const vc_domain *d, char *msg, size_t n);
 const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, size_t n);
 /* A CP051 verification fault at span: "schedule verification failed: rank p
  * (r p/U, u p%U), WHERE: MSG" (p >= 0), else "...: WHERE: MSG" (WHERE may be
- * NULL).  MSG is fmt formatted with ap (at most 1023 bytes).  Caller owns the
- * status. */
-cpc_status *vc_fault(cpc_span span, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap);
+ * NULL); a backward program's (bwd) begins "schedule verification failed
+ * (backward program): ".  MSG is fmt formatted with ap (at most 1023 bytes).
+ * Caller owns the status. */
+cpc_status *vc_fault(cpc_span span, bool bwd, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap);
 
 #endif

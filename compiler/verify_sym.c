@@ -504,7 +504,7 @@ static int serr_in(sctx *C, const snode *nd, int64_t slo, int64_t shi, int64_t r
     va_list ap;
     va_start(ap, fmt);
     C->result = CPC_SYM_ERROR;
-    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, r * C->U, C->U,
+    C->diag = vc_fault(nd && nd->op ? nd->op->span : CPC_NO_SPAN, false, r * C->U, C->U,
                        vc_op_desc(nd, slo, shi, ob, sizeof ob), fmt, ap);
     va_end(ap);
     return -1;

@@ -272,7 +272,7 @@ Test(backward, head_part_faults_are_cp051)
     p = plan_full("ulysses", 2, "causal", 128, 4, 2, "", "");
     prog = build_ru(p, CPC_VARIANT_ULYSSES, 1, 2);
     never(find_top(prog, CPC_OP_ALL_TO_ALL, CPC_ROLE_DQ));
-    expect_cp051(prog, "OUTPUT 'dq'");
+    expect_cp051(prog, "the OUTPUT buffer dq is never written");
     cpc_program_free(prog);
 
     /* 3. the inverse all-to-all in the wrong direction */

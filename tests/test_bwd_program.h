@@ -13,16 +13,14 @@
 #include "program.h"
 #include "schedule_bwd.h"
 
-/* The backward program of a training plan: `variant` (its YAML name, v the
- * same as enum) on R x U ranks, H query and Hkv K/V heads of head_dim 8,
- * fp32, `tokens` sharded tokens (rep > 0: a text segment of rep tokens
- * before them, held whole by every rank: `split: replicate`), `mask`
- * (none / causal / key_padding) and schedule.rotate `rotate`.  Returns the
- * program (caller frees with cpc_program_free), or NULL with *err (caller
- * frees) when the plan does not load or the planner refuses the geometry. */
-static inline cpc_program *test_bwd_program(const char *variant, cpc_variant v, int R, int U, int H, int Hkv,
-                                            int tokens, const char *mask, const char *rotate, int rep,
-                                            cpc_status **err)
+/* The training plan behind test_bwd_program (the arguments as there):
+ * `variant` on R x U ranks, H query and Hkv K/V heads of head_dim 8, fp32,
+ * `tokens` sharded tokens (rep > 0: a text segment of rep tokens before
+ * them, held whole by every rank: `split: replicate`), `mask` (none /
+ * causal / key_padding), schedule.rotate `rotate`.  Returns the
+ * plan (caller frees with cpc_plan_free), or NULL with *err (caller frees). */
+static inline cpc_plan *test_train_plan(const char *variant, int R, int U, int H, int Hkv, int tokens,
+                                        const char *mask, const char *rotate, int rep, cpc_status **err)
 {
     char y[900], tk[160];
     *err = NULL;
@@ -44,8 +42,22 @@ static inline cpc_program *test_bwd_program(const char *variant, cpc_variant v, 
         return NULL;
     }
     cpc_status_free(st);
+    return plan;
+}
+
+/* The backward program of a training plan (test_train_plan's arguments; v:
+ * `variant` as enum).  Returns the program (caller frees with
+ * cpc_program_free), or NULL with *err (caller frees) when the plan does not
+ * load or the planner refuses the geometry. */
+static inline cpc_program *test_bwd_program(const char *variant, cpc_variant v, int R, int U, int H, int Hkv,
+                                            int tokens, const char *mask, const char *rotate, int rep,
+                                            cpc_status **err)
+{
+    cpc_plan *plan = test_train_plan(variant, R, U, H, Hkv, tokens, mask, rotate, rep, err);
+    if (!plan)
+        return NULL;
     cpc_program *prog = NULL;
-    st = cpc_schedule_build_backward(plan, v, R, U, &prog);
+    cpc_status *st = cpc_schedule_build_backward(plan, v, R, U, &prog);
     cpc_plan_free(plan);
     if (st) {
         *err = st;

@@ -181,7 +181,7 @@ Test(verify_bwd, walk_errors_are_cp051_with_the_op)
 {
     const char *grp[] = {SEND_KV, "    - {kind: send, group: ulysses, peer: (r+1)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n",
                          NULL};
-    expect_cp051(grp, "K/V sent in a group of one", "backward program: rank 0: ops[");
+    expect_cp051(grp, "K/V sent in a group of one", "(backward program): rank 0: ops[");
     expect_cp051(grp, "K/V sent in a group of one", "send: peer 1 outside its group 0..0");
     const char *mod0[] = {SEND_DKV, "    - {kind: send, group: ring, peer: (r+1)%0, in: [dk_out, dv_out], tag: 1}\n",
                           NULL};
