@@ -60,7 +60,8 @@ typedef struct slot {
     int32_t tb;     /* the symbolic step (induction): the tag's slope in s (mod R); 0 otherwise */
     bool grad;      /* a D* role: `cnt` is meaningful */
     bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
-                       key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
+                       key unit, query head) pairs; not sent or gathered before it is proven complete
+                       (final), never copied */
     bool r0;        /* twin: content that differs on ring rank 0 (made by or from a `when r==0` op) */
     int8_t role, tk, hd; /* the layout of the buffer the slot belongs to (a scratch value of the step: of
                             the buffer it is made for; role CPC_ROLE__COUNT: any) */
@@ -1378,7 +1379,8 @@ static vc_tri dom_select_heads(void *self, vc_val *v, int b, int from, char *why
 static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n);
 
 /* Sending: what is not a recomputed result was proved complete where it was made (the saved
- * forward's out and LSE: by the forward proof); a recomputed result stays on its rank.  An OUTPUT
+ * forward's out and LSE: by the forward proof); a recomputed one stays on its rank until proven
+ * complete (recomputed_complete; vc_complete asks only then).  An OUTPUT
  * gradient (vc_output): grad_covered. */
 static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
 {

@@ -331,8 +331,9 @@
  *      gradients; where delta or attn_bwd reads a recomputed result, every
  *      pair of its rows and heads is there exactly once (with a causal mask
  *      the key blocks entirely above the diagonal may be missing:
- *      vc_units_needed); it stays on its rank (sending, gathering or copying
- *      it is refused).
+ *      vc_units_needed); it stays on its rank until proven so (a send or
+ *      collective of it is refused before, as the step refuses an
+ *      incomplete forward result; copying it is always refused).
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,
