@@ -1380,7 +1380,7 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n);
 
 /* Sending: what is not a recomputed result was proved complete where it was made (the saved
  * forward's out and LSE: by the forward proof); a recomputed one stays on its rank until proven
- * complete (recomputed_complete; vc_complete asks only then).  An OUTPUT
+ * complete (recomputed_complete sets final; vc_complete does not ask then).  An OUTPUT
  * gradient (vc_output): grad_covered. */
 static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
 {
