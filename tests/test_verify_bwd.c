@@ -196,6 +196,12 @@ Test(verify_bwd, in_flight_send_buffer_accumulated)
                        SEND_DKV "    - {kind: attn_bwd, in: [q, k_cur, v_cur, dout, lse, delta], out: [dq, dk_out, dv_out]}\n",
                        NULL};
     expect_cp051(e, "accumulate into an in-flight send", "in flight");
+    /* one format with the forward faults (vc_fault, vc_op_desc): the rank with its coordinates, the
+     * op and step, and the request in flight named by its op */
+    expect_cp051(e, "accumulate into an in-flight send", "schedule verification failed (backward program): rank 0 (r 0, u 0), ops[");
+    expect_cp051(e, "accumulate into an in-flight send",
+                 "attn_bwd (step 0): accumulates into dk_out while a send from it is in flight (ops[");
+    expect_cp051(e, "accumulate into an in-flight send", "send (step 0), tag 1): no `wait tag 1` between them");
 }
 
 /* the received dK/dV are added before the wait that completes their recv */
@@ -233,6 +239,7 @@ Test(verify_bwd, wait_before_recv_posted_deadlocks)
 {
     const char *e[] = {WAIT_KV, "", SEND_KV, SEND_KV WAIT_KV, NULL};
     expect_cp051(e, "wait before the recv is posted", "forever");
+    expect_cp051(e, "wait before the recv is posted", "wait (step 0): waits forever: its send of 'k_cur' (ring group");
 }
 
 /* a request never completed by a wait */
@@ -240,6 +247,7 @@ Test(verify_bwd, request_never_waited)
 {
     const char *e[] = {"  - {kind: wait, tag: 1}\n", "", NULL};
     expect_cp051(e, "final wait dropped", "wait");
+    expect_cp051(e, "final wait dropped", "send (step 3): this send (tag 1) is never completed: no `wait tag 1`");
 }
 
 /* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
