@@ -3220,11 +3220,14 @@ static cpc_status *prove(vb *V)
                     V->undec = "the simulated ranks do not reach the loop's step boundary together";
                     return NULL;
                 }
+            /* the symmetric domain: every rank runs the same ops, so blocks there at once (as
+             * verify_sym's deadlock) */
+            const char *all = V->sym ? "every rank blocks here" : "no rank can progress";
             for (int p = 0; p < V->nsim; p++)
                 if (V->pc[p] < V->ro[p].n) {
                     const xop *x = &V->ro[p].v[V->pc[p]];
                     if (cpc_op_info_of(x->op->kind)->match == CPC_MATCH_COLLECTIVE)
-                        return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
+                        return vfail(p, x, "deadlock: %s: a member of its %s group never reaches this %s", all,
                                      cpc_group_name(x->op->group), cpc_op_kind_name(x->op->kind));
                     const req *q = NULL;
                     for (int j = 0; j < V->rr[p].open.n && !q; j++) {
@@ -3232,12 +3235,17 @@ static cpc_status *prove(vb *V)
                         q = o->tag == x->op->tag && o->match < 0 ? o : NULL;
                     }
                     if (!q)
-                        return vfail(p, x, "waits forever");
+                        return vfail(p, x, "deadlock: %s", all);
+                    char ob[256], who[48];
+                    if (rotated(V, (cpc_group)q->group))
+                        snprintf(who, sizeof who, "ring member r%+d", diff_mod(q->to, 0, V->R));
+                    else
+                        snprintf(who, sizeof who, "rank %d", q->to);
                     return vfail(p, x,
-                                 "waits forever: its %s of '%s' (%s group, tag %d) is never matched: the peer "
-                                 "posts no matching %s before it blocks itself (a wait completes only once the "
-                                 "peer has posted: rendezvous)",
-                                 q->is_send ? "send" : "recv", bn(V, q->bufs[0]), cpc_group_name((cpc_group)q->group),
+                                 "deadlock: %s: its %s %s %s (%s, %s group, tag %d) has no matching %s posted before "
+                                 "this wait (a wait completes only once the peer has posted: rendezvous)",
+                                 all, q->is_send ? "send" : "recv", q->is_send ? "to" : "from", who,
+                                 vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), cpc_group_name((cpc_group)q->group),
                                  q->tag, q->is_send ? "recv" : "send");
                 }
             return vfail(-1, NULL, "no rank can progress");

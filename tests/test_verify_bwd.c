@@ -238,8 +238,9 @@ Test(verify_bwd, lse_delta_by_provenance)
 Test(verify_bwd, wait_before_recv_posted_deadlocks)
 {
     const char *e[] = {WAIT_KV, "", SEND_KV, SEND_KV WAIT_KV, NULL};
-    expect_cp051(e, "wait before the recv is posted", "forever");
-    expect_cp051(e, "wait before the recv is posted", "wait (step 0): waits forever: its send of 'k_cur' (ring group");
+    expect_cp051(e, "wait before the recv is posted",
+                 "wait (step 0): deadlock: every rank blocks here: its send to ring member r+1 (ops[");
+    expect_cp051(e, "wait before the recv is posted", "send (step 0), ring group, tag 0) has no matching recv posted");
 }
 
 /* a request never completed by a wait */
@@ -855,7 +856,7 @@ Test(verify_bwd, barrier_in_a_backward_program)
     cpc_status *st = load_tampered(ok);
     cr_assert_null(st, "%s", st ? st->message : "");
     const char *some[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ring, when: r==0}\n", NULL};
-    expect_cp051(some, "a barrier rank 0 alone reaches", "waits forever");
+    expect_cp051(some, "a barrier rank 0 alone reaches", "never reaches this barrier");
     const char *nogroup[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ulysses}\n    - {kind: barrier}\n", NULL};
     expect_cp051(nogroup, "a barrier without a group", "group");
 }
@@ -948,9 +949,9 @@ Test(verify_bwd, every_rule_has_a_tamper)
         {"the fresh dK/dV made for the wrong block (diffusers #14265)", "#14265",
          {"{kind: init_acc, out: [dk_blk, dv_blk], block: (r-s)%R}", "{kind: init_acc, out: [dk_blk, dv_blk], block: r}",
           NULL}},
-        {"the K/V peer off by one", "never matched",
+        {"the K/V peer off by one", "has no matching recv",
          {SEND_KV, "    - {kind: send, group: ring, peer: (r+2)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n", NULL}},
-        {"the accumulator's last recv posted after the wait that needs it", "waits forever",
+        {"the accumulator's last recv posted after the wait that needs it", "deadlock",
          {RECV_DKV_END, "", "  - {kind: wait, tag: 1}\n", "  - {kind: wait, tag: 1}\n  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: r, tag: 1}\n  - {kind: wait, tag: 1}\n", NULL}},
         {"K/V swapped while their recv is in flight", "in flight",
          {WAIT_KV, "", "    - {kind: swap, in: [v_cur, v_nxt], when: s<R-1}\n",
