@@ -86,7 +86,9 @@
  *   below takes part: it is one more simulated rank).  Its steps are cut into phases where
  *   every `when` is constant (a comparison changes only where its sides
  *   meet, at t: cuts at t and t + 1; checked by evaluation at both ends of
- *   each phase).  A phase [a, b) of 6 steps or more: steps a, a+1 and a+2
+ *   each phase; where the cuts fail the loop is unrolled).  The rank's walk
+ *   is program.h cpc_program_walk_loops, whose loop callback (iw_loop) walks
+ *   the steps it chooses.  A phase [a, b) of 6 steps or more: steps a, a+1 and a+2
  *   run as always; the states before a+2 and before a+3 give the guess:
  *   each ring index of the state (content tags of ring blocks, run starts,
  *   the blocks posted recvs declare; mod R) and each run length moves per
