@@ -13,7 +13,8 @@
 #define VB_MAX_P 256
 #define VB_WORK_MAX ((int64_t)1 << 27) /* contribution runs added, all ranks together */
 
-typedef struct xop {
+typedef struct xop xop;
+struct xop {
     const cpc_op *op;
     const vc_node *nd; /* its node (path, for messages: vc_op_desc) */
     int64_t peer, block, s;
@@ -21,7 +22,7 @@ typedef struct xop {
     int mk;      /* 0: an op; else a marker of the induction (MK_*: op is the loop), every simulated rank
                     stops there until all have reached it */
     int64_t jn;  /* MK_JUMP: the steps the symbolic step stands for beyond itself */
-} xop;
+};
 
 enum { MK_SNAP = 1, MK_SLOPE, MK_JUMP };
 
@@ -63,6 +64,7 @@ typedef struct slot {
                        key unit, query head) pairs; not sent or gathered before it is proven complete
                        (final), never copied */
     bool r0;        /* twin: content that differs on ring rank 0 (made by or from a `when r==0` op) */
+    const struct xop *wop; /* the op instance that last wrote it (NULL: none, or an INPUT) */
     int8_t role, tk, hd; /* the layout of the buffer the slot belongs to (a scratch value of the step: of
                             the buffer it is made for; role CPC_ROLE__COUNT: any) */
     cset cnt;
@@ -637,6 +639,19 @@ static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
 
 static cpc_status *coll_inputs(vb *V, int p);
 
+/* Output b of the collective simulated rank p stands at: written by it, rows tag, content src, not
+ * a recomputed result (the inputs were complete: vc_coll_inputs). */
+static slot *coll_out(vb *V, int p, int b, int tag, int src)
+{
+    slot *so = S(V, p, b);
+    so->written = so->final = 1;
+    so->fwd = false;
+    so->tag = tag;
+    so->src = (uint8_t)src;
+    so->wop = &V->ro[p].v[V->pc[p]];
+    return so;
+}
+
 /* Whether the set every member got from a collective is the same when
  * seen from any member: each run over every head (a rotation of the heads
  * leaves it as it is).  Else the classes do not stand for their members
@@ -941,12 +956,7 @@ static cpc_status *run_a2a(vb *V, int r)
             V->asym = "a `when r==0` op's result goes through an all_to_all";
     for (int j = 0; j < V->Us; j++) {
         int p = r * Us + j;
-        slot *so = S(V, p, out);
-        so->written = true;
-        so->fwd = false;
-        so->tag = s2h ? cp(V, p) / U : cp(V, p);
-        so->src = S(V, p, in)->src;
-        so->final = 1; /* not recomputed here (refused above): the forward's, complete */
+        slot *so = coll_out(V, p, out, s2h ? cp(V, p) / U : cp(V, p), S(V, p, in)->src);
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
             cs_free(&tmp);
             return cs_err(V);
@@ -1023,12 +1033,8 @@ static cpc_status *run_ring_coll(vb *V, int u)
             }
         }
         for (int r = 0; r < nsm && !oom; r++) {
-            slot *so = S(V, r * U + u, out);
-            so->written = true;
-            so->fwd = false;
-            so->tag = ag ? CPC_TAG_NONE : cp(V, r * U + u) / V->U;
-            so->src = S(V, r * U + u, in)->src;
-            so->final = 1; /* not recomputed here (refused above): the forward's, complete */
+            slot *so = coll_out(V, r * U + u, out, ag ? CPC_TAG_NONE : cp(V, r * U + u) / V->U,
+                                S(V, r * U + u, in)->src);
             /* twin: both simulated members' inputs are free of ring rank 0's own content
              * (checked above), so equal: member 0's result is both's */
             if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[V->sym ? 0 : r]))
@@ -1140,11 +1146,7 @@ static cpc_status *run_all_reduce(vb *V)
             }
         }
         for (int p = 0; p < V->nsim && !oom; p++) {
-            slot *so = S(V, p, out);
-            so->written = true;
-            so->fwd = false;
-            so->tag = CPC_TAG_NONE;
-            so->src = CPC_CONTENT_GRAD;
+            slot *so = coll_out(V, p, out, CPC_TAG_NONE, CPC_CONTENT_GRAD);
             so->r0 = false; /* the same on every rank */
             oom = !cs_copy(V, &so->cnt, &sum);
         }
@@ -1169,13 +1171,19 @@ typedef struct bwd_dom {
     int p;
     const xop *x; /* the op instance the step runs, or where the domain stands (NULL: the end) */
     const struct vc_domain *dom; /* the domain over this (bwd_domain) */
+    char ob[256];                /* dom_writer's words */
 } bwd_dom;
 
 static void bwd_domain(bwd_dom *dd, vc_domain *dom);
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
 static vc_val *dom_val(void *self, int b) { return &S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->h; }
-static const char *dom_writer(void *self, int b) { (void)self, (void)b; return "an earlier op"; }
+static const char *dom_writer(void *self, int b)
+{
+    bwd_dom *dd = self;
+    const xop *w = S(dd->V, dd->p, b)->wop;
+    return w ? vc_op_desc(w->nd, w->s, w->s + 1, dd->ob, sizeof dd->ob) : "the program's input";
+}
 
 static bool rotated(const vb *V, cpc_group g);
 static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b);
@@ -1230,6 +1238,7 @@ static vc_tri dom_fits(void *self, int b, const vc_val *v, char *why, size_t n)
 static void dom_put(void *self, int b, vc_val *v)
 {
     slot *d = S(DV(self), DP(self), b), *s = SL(v);
+    s->wop = ((bwd_dom *)self)->x; /* the op the domain stands at */
     if (d == s)
         return;
     slot keep = *d; /* the slot's own layout, gradient flag and run storage */
@@ -1638,6 +1647,7 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
             o->src = (cpc_content)info->out_content[i];
         o->fwd = false;
         o->fresh = 0;
+        o->wop = x;
     }
     return VC_YES;
 }
@@ -1685,7 +1695,7 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom)
  * results complete, so not recomputed here). */
 static cpc_status *coll_inputs(vb *V, int p)
 {
-    bwd_dom dd = {V, p, &V->ro[p].v[V->pc[p]], NULL};
+    bwd_dom dd = {.V = V, .p = p, .x = &V->ro[p].v[V->pc[p]]};
     vc_domain dom;
     bwd_domain(&dd, &dom);
     char m[640] = "";
@@ -1844,7 +1854,7 @@ static int dom_open(void *self, int i)
 
 /* The domain stands at request q's op (where a fault it meets is reported), or at the end. */
 static void dom_at(void *self, const vc_rq *q) { ((bwd_dom *)self)->x = ((const req *)q)->x; }
-static void dom_at_writer(void *self, int b) { (void)b, ((bwd_dom *)self)->x = NULL; }
+static void dom_at_writer(void *self, int b) { ((bwd_dom *)self)->x = S(DV(self), DP(self), b)->wop; }
 
 /* A send/recv after the step's checks: posted (vc_post) as one request, met with the first request
  * of its (sender, receiver, group, tag) waiting in the receiver's queues (vc_match on the
@@ -1896,7 +1906,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     }
     int sid = send ? id : other, rid = send ? other : id;
     const req *r = RQ(V, rid);
-    bwd_dom rd = {V, r->p, r->x, NULL};
+    bwd_dom rd = {.V = V, .p = r->p, .x = r->x};
     vc_domain rdom;
     bwd_domain(&rd, &rdom);
     char m[640] = "";
@@ -1912,7 +1922,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
 static int advance(vb *V, int p)
 {
     rank_ops *ro = &V->ro[p];
-    bwd_dom dd = {V, p, NULL, NULL};
+    bwd_dom dd = {.V = V, .p = p, .x = NULL};
     vc_domain dom;
     bwd_domain(&dd, &dom);
     while (V->pc[p] < ro->n) {
@@ -3273,7 +3283,7 @@ static cpc_status *prove(vb *V)
     /* the end of every simulated rank: every request completed by a wait, then every OUTPUT
      * gradient (vc_finish: its rows, exactly once: grad_covered) */
     for (int p = 0; p < V->nsim; p++) {
-        bwd_dom dd = {V, p, NULL, NULL};
+        bwd_dom dd = {.V = V, .p = p, .x = NULL};
         vc_domain dom;
         bwd_domain(&dd, &dom);
         char m[640] = "";

@@ -249,6 +249,10 @@ Test(verify_bwd, request_never_waited)
     const char *e[] = {"  - {kind: wait, tag: 1}\n", "", NULL};
     expect_cp051(e, "final wait dropped", "wait");
     expect_cp051(e, "final wait dropped", "send (step 3): this send (tag 1) is never completed: no `wait tag 1`");
+    /* an OUTPUT gradient's fault stands at the op that last wrote it, as a forward OUTPUT's */
+    const char *e3[] = {ADD_DV, "", NULL};
+    expect_cp051(e3, "the received dV never added",
+                 "recv: the OUTPUT buffer dv_cur: the pairs (query block 0, key block 0) contribute 0 times, expected 1");
 }
 
 /* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
