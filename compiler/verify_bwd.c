@@ -1911,10 +1911,10 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     bwd_domain(&rd, &rdom);
     char m[640] = "";
     V->err = NULL;
-    vc_tri t = vc_match(&rdom, sid, rid, m, sizeof m);
-    if (t == VC_NO && !V->err)
+    vc_tri t = vc_match(&rdom, sid, rid, m, sizeof m); /* this domain answers YES or NO (or OOM) */
+    if (t != VC_YES && t != VC_OOM && !V->err)
         V->err = vfail(r->p, r->x, "%s", m);
-    return t;
+    return t == VC_YES || t == VC_OOM ? t : VC_NO;
 }
 
 /* Runs rank p until it blocks on a wait or reaches a collective (returns 0),
