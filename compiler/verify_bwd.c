@@ -129,6 +129,7 @@ typedef struct vb {
     int64_t jumps;                 /* phases proven by induction */
     struct vsnap *snap;            /* the state at the last marker (induction) */
     slot tmpv[CPC_OP_MAX_BUFS];    /* the step's scratch values (vc_domain tmp) */
+    char ob[256];                  /* the domain's writer, in words (one message at a time) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
@@ -1171,7 +1172,6 @@ typedef struct bwd_dom {
     int p;
     const xop *x; /* the op instance the step runs, or where the domain stands (NULL: the end) */
     const struct vc_domain *dom; /* the domain over this (bwd_domain) */
-    char ob[256];                /* dom_writer's words */
 } bwd_dom;
 
 static void bwd_domain(bwd_dom *dd, vc_domain *dom);
@@ -1182,7 +1182,7 @@ static const char *dom_writer(void *self, int b)
 {
     bwd_dom *dd = self;
     const xop *w = S(dd->V, dd->p, b)->wop;
-    return w ? vc_op_desc(w->nd, w->s, w->s + 1, dd->ob, sizeof dd->ob) : "the program's input";
+    return w ? vc_op_desc(w->nd, w->s, w->s + 1, dd->V->ob, sizeof dd->V->ob) : "the program's input";
 }
 
 static bool rotated(const vb *V, cpc_group g);
