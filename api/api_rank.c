@@ -736,9 +736,10 @@ static void strided_copy(const cpc_tensor *t, const int64_t *shape, int nd, size
             }
 }
 
-/* Binds the caller's input tensors ts[0..n) (tensor roles roles[i]) to the
- * executor's buffers of role exec[i]: contiguous caller memory directly,
- * strided tensors gathered into the rank's staging first. */
+/* Binds the caller's input tensors ts[0..n) (tensor roles roles[i]; the
+ * LSE fp32, the others in the plan's dtype) to the executor's buffers of
+ * role exec[i]: contiguous caller memory directly, strided tensors gathered
+ * into the rank's staging first. */
 static cpc_status *bind_inputs(cpc_rank *r, cpc_exec *ex, const cpc_tensor *const *ts, const int *roles,
                                const cpc_buf_role *exec, int n, const bool *contig)
 {
@@ -746,7 +747,8 @@ static cpc_status *bind_inputs(cpc_rank *r, cpc_exec *ex, const cpc_tensor *cons
         int role = roles[i];
         const void *src = ts[i]->data;
         if (!contig[role]) {
-            strided_copy(ts[i], r->shape[role], r->ndim[role], r->esz, r->stage[role], true);
+            strided_copy(ts[i], r->shape[role], r->ndim[role], role == CPC_TENSOR_LSE ? 4 : r->esz,
+                         r->stage[role], true);
             src = r->stage[role];
         }
         cpc_status *st = cpc_exec_bind_input(ex, exec[i], src, r->bytes[role]);
@@ -780,12 +782,17 @@ static cpc_status *stage_mask(cpc_rank *r, const cpc_tensor *mask, bool contig)
     return NULL;
 }
 
-/* Before a run reads the caller's tensors: the work the caller queued on
- * its stream is done (CUDA). */
-static cpc_status *wait_caller(cpc_rank *r)
+/* Runs program ex (the forward's or the backward's) once the caller's
+ * inputs are bound: first the work the caller queued on its stream is done
+ * (CUDA), and the key padding mask is staged (contig: whether the caller's
+ * mask tensor is contiguous). */
+static cpc_status *run_program(cpc_rank *r, cpc_exec *ex, const cpc_tensor *mask, bool contig)
 {
     const cpc_rt_backend_entry *be = r->rt->backend;
-    return r->device && be->wait_stream ? be->wait_stream(r->stream) : NULL;
+    cpc_status *st = r->device && be->wait_stream ? be->wait_stream(r->stream) : NULL;
+    if (!st && r->mask)
+        st = stage_mask(r, mask, contig);
+    return st ? st : cpc_rt_rank_run(r->rt, ex, false, NULL);
 }
 
 cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor *k,
@@ -829,9 +836,7 @@ cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor 
     static const cpc_buf_role in_exec[3] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V};
     if ((st = bind_inputs(r, r->ex, in, in_role, in_exec, 3, contig)))
         return st;
-    if ((st = wait_caller(r)) || (r->mask && (st = stage_mask(r, mask, contig[CPC_TENSOR_MASK]))))
-        return st;
-    if ((st = cpc_rt_rank_run(r->rt, r->ex, false, NULL)))
+    if ((st = run_program(r, r->ex, mask, contig[CPC_TENSOR_MASK])))
         return st;
 
     void *odst = contig[CPC_TENSOR_OUT] ? out->data : r->stage[CPC_TENSOR_OUT];
@@ -873,12 +878,12 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
                          r->a->plan->input.mode == CPC_MODE_TRAINING ? "training, but it holds none"
                                                                       : "inference");
     const cpc_dtype dt = r->a->program->layout.dtype;
-    enum { NIN = 5 };
-    const cpc_tensor *in[NIN] = {q, k, v, out, dout};
-    static const int in_role[NIN] = {CPC_TENSOR_Q, CPC_TENSOR_K, CPC_TENSOR_V, CPC_TENSOR_OUT,
-                                     CPC_TENSOR_DOUT};
-    static const cpc_buf_role in_exec[NIN] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_O,
-                                              CPC_ROLE_DO};
+    enum { NIN = 5 }; /* and the LSE when the caller passes the forward's [B, H, T] */
+    const cpc_tensor *in[NIN + 1] = {q, k, v, out, dout, lse};
+    static const int in_role[NIN + 1] = {CPC_TENSOR_Q, CPC_TENSOR_K, CPC_TENSOR_V, CPC_TENSOR_OUT,
+                                         CPC_TENSOR_DOUT, CPC_TENSOR_LSE};
+    static const cpc_buf_role in_exec[NIN + 1] = {CPC_ROLE_Q, CPC_ROLE_K, CPC_ROLE_V, CPC_ROLE_O,
+                                                  CPC_ROLE_DO, CPC_ROLE_LSE};
     const cpc_tensor *gr[3] = {dq, dk, dv};
     static const int g_role[3] = {CPC_TENSOR_DQ, CPC_TENSOR_DK, CPC_TENSOR_DV};
     static const cpc_buf_role g_exec[3] = {CPC_ROLE_DQ, CPC_ROLE_DK, CPC_ROLE_DV};
@@ -922,20 +927,12 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
             return st;
     }
 
-    if ((st = bind_inputs(r, r->bex, in, in_role, in_exec, NIN, contig)))
+    if ((st = bind_inputs(r, r->bex, in, in_role, in_exec, lse && !lse_saved ? NIN + 1 : NIN, contig)))
         return st;
     if (lse_saved) {
         if ((st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, lse->data, r->saved_lse_bytes)))
             return st;
-    } else if (lse) {
-        const void *src = lse->data;
-        if (!contig[CPC_TENSOR_LSE]) {
-            strided_copy(lse, r->shape[CPC_TENSOR_LSE], 3, 4, r->stage[CPC_TENSOR_LSE], true);
-            src = r->stage[CPC_TENSOR_LSE];
-        }
-        if ((st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, src, r->bytes[CPC_TENSOR_LSE])))
-            return st;
-    } else {
+    } else if (!lse) {
         /* the LSE the forward executor holds from this rank's last forward */
         int h_off = 0, h_n = 0, n_runs = 0;
         if ((st = cpc_exec_lse_into(r->ex, r->saved_lse, r->saved_lse_bytes, &h_off, &h_n, r->lse_runs,
@@ -943,9 +940,7 @@ cpc_status *cpc_rank_backward(cpc_rank *r, const cpc_tensor *q, const cpc_tensor
             (st = cpc_exec_bind_input(r->bex, CPC_ROLE_LSE, r->saved_lse, r->saved_lse_bytes)))
             return st;
     }
-    if ((st = wait_caller(r)) || (r->mask && (st = stage_mask(r, mask, contig[CPC_TENSOR_MASK]))))
-        return st;
-    if ((st = cpc_rt_rank_run(r->rt, r->bex, false, NULL)))
+    if ((st = run_program(r, r->bex, mask, contig[CPC_TENSOR_MASK])))
         return st;
 
     /* gradients: fp32 accumulators -> the caller's dtype and strides */

@@ -19,11 +19,6 @@ static void init_acc(cpc_sb *b, cpc_sb_list l, int acc, int lse)
     cpc_sb_op(b, l, CPC_OP_INIT_ACC, NULL, NULL, CPC_BUFS(acc, lse));
 }
 
-static void seq_to_heads(cpc_sb *b, cpc_sb_list l, int in, int out)
-{
-    cpc_sb_a2a(b, l, CPC_A2A_SEQ_TO_HEADS, in, out, false);
-}
-
 /* Replicated segments (layout.h): their q/k/v (KV layout, the rank's heads:
  * q/k/v, or their PART copies with ulysses) and the accumulators of their
  * query rows.  q < 0: the plan has none. */
@@ -73,8 +68,7 @@ static void ring_p2p_loop(cpc_sb *b, cpc_sb_list top, bool overlap, int q, int k
     rep_block(b, body, x, k_cur, v_cur, NULL);
     if (overlap)
         cpc_sb_wait(b, body, 0, CPC_SB_MORE);
-    cpc_sb_swap(b, body, k_cur, k_nxt, CPC_SB_MORE);
-    cpc_sb_swap(b, body, v_cur, v_nxt, CPC_SB_MORE);
+    cpc_sb_kv_swap(b, body, k_cur, v_cur, k_nxt, v_nxt);
 }
 
 /* The ring loop (allgather): attention over the gathered blocks in the same
@@ -161,7 +155,7 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
     int qa = q;
     if (uly) {
         qa = cpc_sb_buf(b, "q_seq", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-        seq_to_heads(b, top, q, qa);
+        cpc_sb_to_heads(b, top, q, qa);
     }
 
     int acc = -1, lse = -1;
@@ -177,8 +171,8 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         } else if (uly) {
             ka = cpc_sb_buf(b, "k_seq", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
             va = cpc_sb_buf(b, "v_seq", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            seq_to_heads(b, top, k, ka);
-            seq_to_heads(b, top, v, va);
+            cpc_sb_to_heads(b, top, k, ka);
+            cpc_sb_to_heads(b, top, v, va);
         }
         acc = cpc_sb_buf(b, "acc", CPC_ROLE_ACC, qt, qh, CPC_IO_NONE);
         lse = cpc_sb_buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
@@ -200,8 +194,8 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         if (uly) {
             k_cur = cpc_sb_buf(b, "k_cur", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
             v_cur = cpc_sb_buf(b, "v_cur", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            seq_to_heads(b, top, k, k_cur);
-            seq_to_heads(b, top, v, v_cur);
+            cpc_sb_to_heads(b, top, k, k_cur);
+            cpc_sb_to_heads(b, top, v, v_cur);
         }
         int k_nxt = cpc_sb_buf(b, "k_nxt", CPC_ROLE_K, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
         int v_nxt = cpc_sb_buf(b, "v_nxt", CPC_ROLE_V, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
@@ -216,8 +210,8 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
         if (uly) {
             k_blk = cpc_sb_buf(b, "k_blk", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
             v_blk = cpc_sb_buf(b, "v_blk", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            seq_to_heads(b, top, k, k_blk);
-            seq_to_heads(b, top, v, v_blk);
+            cpc_sb_to_heads(b, top, k, k_blk);
+            cpc_sb_to_heads(b, top, v, v_blk);
         }
         int k_all = cpc_sb_buf(b, "k_all", CPC_ROLE_K, CPC_TOK_ALL, qh, CPC_IO_NONE);
         int v_all = cpc_sb_buf(b, "v_all", CPC_ROLE_V, CPC_TOK_ALL, qh, CPC_IO_NONE);

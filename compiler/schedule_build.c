@@ -108,6 +108,11 @@ void cpc_sb_a2a(cpc_sb *b, cpc_sb_list l, cpc_a2a_dir dir, int in, int out, bool
     op->reduce = reduce;
 }
 
+void cpc_sb_to_heads(cpc_sb *b, cpc_sb_list l, int in, int out)
+{
+    cpc_sb_a2a(b, l, CPC_A2A_SEQ_TO_HEADS, in, out, false);
+}
+
 void cpc_sb_coll(cpc_sb *b, cpc_sb_list l, cpc_op_kind kind, cpc_group group, int n, const int *in,
                  const int *out)
 {
@@ -140,6 +145,12 @@ void cpc_sb_kv_post(cpc_sb *b, cpc_sb_list body, int k, int v, int k_nxt, int v_
 {
     cpc_sb_ring_p2p(b, body, true, 0, CPC_SB_MORE, k, v, NULL);
     cpc_sb_ring_p2p(b, body, false, 0, CPC_SB_MORE, k_nxt, v_nxt, "(r-s-1)%R");
+}
+
+void cpc_sb_kv_swap(cpc_sb *b, cpc_sb_list body, int k, int v, int k_nxt, int v_nxt)
+{
+    cpc_sb_swap(b, body, k, k_nxt, CPC_SB_MORE);
+    cpc_sb_swap(b, body, v, v_nxt, CPC_SB_MORE);
 }
 
 void cpc_sb_wait(cpc_sb *b, cpc_sb_list l, int tag, const char *when)

@@ -80,6 +80,10 @@ cpc_sb_list cpc_sb_loop(cpc_sb *b, cpc_sb_list l, const char *count);
  * the receiver sums the parts of a head several members send (program.h). */
 void cpc_sb_a2a(cpc_sb *b, cpc_sb_list l, cpc_a2a_dir dir, int in, int out, bool reduce);
 
+/* all_to_all seq_to_heads in -> out (no reduce): a ulysses member's heads of
+ * the ring block. */
+void cpc_sb_to_heads(cpc_sb *b, cpc_sb_list l, int in, int out);
+
 /* A collective `kind` (all_gather, reduce_scatter, all_reduce) over `group`,
  * once per pair: in[i] -> out[i] for i < n, one op each. */
 void cpc_sb_coll(cpc_sb *b, cpc_sb_list l, cpc_op_kind kind, cpc_group group, int n, const int *in,
@@ -98,6 +102,10 @@ void cpc_sb_ring_p2p(cpc_sb *b, cpc_sb_list l, bool send, int tag, const char *w
  * the next ring rank and receive the previous rank's block (r-s-1)%R into
  * (k_nxt, v_nxt), tag 0, both when CPC_SB_MORE. */
 void cpc_sb_kv_post(cpc_sb *b, cpc_sb_list body, int k, int v, int k_nxt, int v_nxt);
+
+/* The K/V rotation's end, the same in both directions: swap k <-> k_nxt and
+ * v <-> v_nxt when CPC_SB_MORE (after the wait for tag 0). */
+void cpc_sb_kv_swap(cpc_sb *b, cpc_sb_list body, int k, int v, int k_nxt, int v_nxt);
 
 /* wait for the requests with `tag`, when `when` (NULL: always). */
 void cpc_sb_wait(cpc_sb *b, cpc_sb_list l, int tag, const char *when);

@@ -6,11 +6,6 @@
 
 #include "schedule_build.h"
 
-static void seq_to_heads(cpc_sb *b, cpc_sb_list l, int in, int out)
-{
-    cpc_sb_a2a(b, l, CPC_A2A_SEQ_TO_HEADS, in, out, false);
-}
-
 /* delta = rowsum(dout * o) into `delta` (BACKWARD.md 2). */
 static void delta_op(cpc_sb *b, cpc_sb_list l, int dout, int o, int delta)
 {
@@ -185,9 +180,9 @@ static void build_cross(cpc_sb *b, const cpc_layout *L)
     int dv_p = cpc_sb_buf(b, "dv_part", CPC_ROLE_DV, CPC_TOK_KV, qh, CPC_IO_NONE);
     delta_op(b, top, dout, o, uly ? dshard : delta);
     if (uly) {
-        seq_to_heads(b, top, q, qa);
-        seq_to_heads(b, top, dout, da);
-        seq_to_heads(b, top, dshard, delta);
+        cpc_sb_to_heads(b, top, q, qa);
+        cpc_sb_to_heads(b, top, dout, da);
+        cpc_sb_to_heads(b, top, dshard, delta);
         cpc_sb_copy(b, top, k, ka);
         cpc_sb_copy(b, top, v, va);
     }
@@ -261,11 +256,11 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         /* Re-exchanged (the forward's q/k/v_seq are not kept); delta is
          * computed on the shard and moved (D x fewer bytes than `out`). */
         delta_op(b, top, dout, o, dshard);
-        seq_to_heads(b, top, q, qa);
-        seq_to_heads(b, top, dout, da);
-        seq_to_heads(b, top, dshard, delta);
-        seq_to_heads(b, top, k, k_cur);
-        seq_to_heads(b, top, v, v_cur);
+        cpc_sb_to_heads(b, top, q, qa);
+        cpc_sb_to_heads(b, top, dout, da);
+        cpc_sb_to_heads(b, top, dshard, delta);
+        cpc_sb_to_heads(b, top, k, k_cur);
+        cpc_sb_to_heads(b, top, v, v_cur);
     }
     const bool gather = R > 1 && plan->schedule.rotate == CPC_ROTATE_ALLGATHER;
     if (b->prog)
@@ -333,8 +328,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         cpc_sb_swap(b, body, dv_blk, dv_out, NULL);
         cpc_sb_ring_p2p(b, body, true, 1, NULL, dk_out, dv_out, NULL);
         cpc_sb_wait(b, body, 0, CPC_SB_MORE);
-        cpc_sb_swap(b, body, k_cur, k_nxt, CPC_SB_MORE);
-        cpc_sb_swap(b, body, v_cur, v_nxt, CPC_SB_MORE);
+        cpc_sb_kv_swap(b, body, k_cur, v_cur, k_nxt, v_nxt);
         /* home: the accumulator of this rank's block, all R contributions */
         cpc_sb_ring_p2p(b, top, false, 1, NULL, dk_cur, dv_cur, "r");
         cpc_sb_wait(b, top, 1, NULL);
@@ -352,8 +346,7 @@ cpc_status *cpc_schedule_build_backward(const cpc_plan *plan, cpc_variant varian
         cpc_sb_ring_p2p(b, body, false, 1, NULL, dk_nxt, dv_nxt, "(r-s-1)%R");
         cpc_sb_wait(b, body, 0, CPC_SB_MORE);
         cpc_sb_wait(b, body, 1, NULL);
-        cpc_sb_swap(b, body, k_cur, k_nxt, CPC_SB_MORE);
-        cpc_sb_swap(b, body, v_cur, v_nxt, CPC_SB_MORE);
+        cpc_sb_kv_swap(b, body, k_cur, v_cur, k_nxt, v_nxt);
         cpc_sb_swap(b, body, dk_cur, dk_nxt, NULL);
         cpc_sb_swap(b, body, dv_cur, dv_nxt, NULL);
     }

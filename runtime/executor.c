@@ -1466,18 +1466,26 @@ static cpc_status *op_all_to_all(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     return NULL;
 }
 
-static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+/* The start of every collective but all_to_all: a transport, an input and
+ * an output, and the one group the executor runs it over. */
+static cpc_status *coll_begin(const cpc_exec *ex, const cpc_op *op, cpc_group group)
 {
     cpc_status *st = need_transport(ex);
+    if (!st)
+        st = need(op, 1, 1);
+    if (!st && op->group != group)
+        st = errf("%s over the %s group is not supported (%s only)", cpc_op_kind_name(op->kind),
+                  cpc_group_name(op->group), cpc_group_name(group));
+    return st;
+}
+
+static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
+{
+    cpc_status *st = coll_begin(ex, op, CPC_GROUP_RING);
     if (st)
-        return st;
-    if ((st = need(op, 1, 1)))
         return st;
     const cpc_program *prog = ex->prog;
     const cpc_layout *L = ex->L;
-    if (op->group != CPC_GROUP_RING)
-        return errf("all_gather over the %s group is not supported (ring only)",
-                    cpc_group_name(op->group));
     int in = op->in[0], out = op->out[0];
     const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
     if (bo->tokens != CPC_TOK_ALL)
@@ -1512,22 +1520,64 @@ static cpc_status *op_all_gather(cpc_exec *ex, const cpc_op *op, int64_t *sent)
     return NULL;
 }
 
+/* The summing step both reducing collectives share (reduce_scatter over
+ * the ring, all_reduce over the world): slice j of this member's fp32 `in`
+ * (B batches of T tokens x `row` floats; slice j = ring block j when
+ * `blocks`, else part j of tensor_split(T, P)) goes to member j, packed in
+ * the send staging, by one all_to_all_v over `group`; the slices every
+ * member sent this one are summed into `dst` (dst_elems floats: B x this
+ * member's slice x row).  *sent += the bytes sent to the other members. */
+static cpc_status *sum_slices(cpc_exec *ex, cpc_group group, bool blocks, const void *in, int64_t T,
+                              int64_t row, float *dst, size_t dst_elems, int64_t *sent)
+{
+    const cpc_layout *L = ex->L;
+    cpc_backend *be = ex->cfg.backend;
+    int n = blocks ? L->R : L->P, me = blocks ? (int)ex->c.r : (int)ex->c.p;
+    size_t *sc = ex->a2a, *sd = sc + n, *rc = sd + n, *rd = rc + n;
+    int64_t Tme = blocks ? cpc_layout_block_tokens(L, me) : cpc_split_len(T, n, me);
+    size_t so = 0, ro = 0;
+    cpc_status *st;
+    for (int j = 0; j < n; j++) {
+        int64_t Tj = blocks ? cpc_layout_block_tokens(L, j) : cpc_split_len(T, n, j);
+        int64_t oj = blocks ? cpc_layout_block_offset(L, j) : cpc_split_off(T, n, j);
+        sc[j] = (size_t)(L->B * Tj * row) * 4;
+        sd[j] = so;
+        rc[j] = (size_t)(L->B * Tme * row) * 4;
+        rd[j] = ro;
+        if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
+                                                     (const char *)in + oj * row * 4, 4, L->B, 1, 1, Tj * row,
+                                                     Tj * row, 0, 0, T * row, 0, 0)))
+            return st;
+        so += sc[j];
+        ro += rc[j];
+    }
+    if (so > ex->stage_send_cap || ro > ex->stage_recv_cap)
+        return errf("staging space too small (%zu > %zu or %zu > %zu)", so, ex->stage_send_cap, ro,
+                    ex->stage_recv_cap);
+    if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, group, ex->stage_send, sc, sd, ex->stage_recv, rc,
+                                         rd)))
+        return st;
+    if ((st = cpc_backend_init_acc(be, dst, dst_elems, NULL, 0)))
+        return st;
+    for (int j = 0; j < n && Tme > 0; j++)
+        if ((st = cpc_backend_add_strided(be, dst, (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
+                                          1, 1, 1, L->B * Tme * row, 0, 0, 0, 0, 0, 0)))
+            return st;
+    for (int j = 0; j < n; j++)
+        if (j != me)
+            *sent += (int64_t)sc[j];
+    return NULL;
+}
+
 /* reduce_scatter (ring): block j's slice of each ALL input to member j, the
  * R slices of block r summed (fp32) into the BLOCK output (tag r). */
 static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *sent)
 {
-    cpc_status *st = need_transport(ex);
+    cpc_status *st = coll_begin(ex, op, CPC_GROUP_RING);
     if (st)
-        return st;
-    if ((st = need(op, 1, 1)))
         return st;
     const cpc_program *prog = ex->prog;
     const cpc_layout *L = ex->L;
-    if (op->group != CPC_GROUP_RING)
-        return errf("reduce_scatter over the %s group is not supported (ring only)", cpc_group_name(op->group));
-    cpc_backend *be = ex->cfg.backend;
-    int R = L->R, r = (int)ex->c.r;
-    size_t *sc = ex->a2a, *sd = sc + R, *rc = sd + R, *rd = rc + R;
     for (int k = 0; k < op->n_in && k < op->n_out; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
@@ -1539,41 +1589,10 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
         geom go = cur_geom(ex, out);
         if (gi.hn != go.hn || gi.hoff != go.hoff || gi.es != 4 || go.es != 4)
             return errf("'%s' and '%s' differ in heads, or are not fp32", bi->name, bo->name);
-        if ((st = check_fits(ex, out, go.bytes)))
+        if ((st = check_fits(ex, out, go.bytes)) ||
+            (st = sum_slices(ex, op->group, true, ex->bufs[in].ptr, gi.T, (int64_t)gi.hn * L->D, ex->bufs[out].ptr,
+                             (size_t)go.elems, sent)))
             return st;
-        int64_t row = (int64_t)gi.hn * L->D; /* floats per token */
-        int64_t Tr = cpc_layout_block_tokens(L, r);
-        size_t so = 0, ro = 0;
-        for (int j = 0; j < R; j++) {
-            int64_t Tj = cpc_layout_block_tokens(L, j);
-            sc[j] = (size_t)(L->B * Tj * row) * 4;
-            sd[j] = so;
-            rc[j] = (size_t)(L->B * Tr * row) * 4;
-            rd[j] = ro;
-            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
-                                                         (const char *)ex->bufs[in].ptr +
-                                                             cpc_layout_block_offset(L, j) * row * 4,
-                                                         4, L->B, 1, 1, Tj * row, Tj * row, 0, 0, gi.T * row, 0, 0)))
-                return st;
-            so += sc[j];
-            ro += rc[j];
-        }
-        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap)
-            return errf("staging space too small (%zu > %zu or %zu > %zu)", so, ex->stage_send_cap, ro,
-                        ex->stage_recv_cap);
-        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
-                                             rc, rd)))
-            return st;
-        if ((st = cpc_backend_init_acc(be, ex->bufs[out].ptr, (size_t)go.elems, NULL, 0)))
-            return st;
-        for (int j = 0; j < R; j++)
-            if (Tr > 0 && (st = cpc_backend_add_strided(be, ex->bufs[out].ptr,
-                                                        (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
-                                                        1, 1, 1, L->B * Tr * row, 0, 0, 0, 0, 0, 0)))
-                return st;
-        for (int j = 0; j < R; j++)
-            if (j != r)
-                *sent += (int64_t)sc[j];
     }
     return NULL;
 }
@@ -1583,18 +1602,14 @@ static cpc_status *op_reduce_scatter(cpc_exec *ex, const cpc_op *op, int64_t *se
  * + fp32 sum), then the summed chunks are all-gathered into the output. */
 static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
 {
-    cpc_status *st = need_transport(ex);
+    cpc_status *st = coll_begin(ex, op, CPC_GROUP_WORLD);
     if (st)
-        return st;
-    if ((st = need(op, 1, 1)))
         return st;
     const cpc_program *prog = ex->prog;
     const cpc_layout *L = ex->L;
-    if (op->group != CPC_GROUP_WORLD)
-        return errf("all_reduce over the %s group is not supported (world only)", cpc_group_name(op->group));
     cpc_backend *be = ex->cfg.backend;
     int P = L->P, p = (int)ex->c.p;
-    size_t *sc = ex->a2a, *sd = sc + P, *rc = sd + P, *rd = rc + P;
+    size_t *sc = ex->a2a, *sd = sc + P;
     for (int k = 0; k < op->n_in && k < op->n_out; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = &prog->buffers[in], *bo = &prog->buffers[out];
@@ -1606,36 +1621,14 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
         geom g = geom_of(prog, &ex->c, in, -1);
         if ((st = check_fits(ex, out, g.bytes)))
             return st;
-        int64_t row = (int64_t)g.hn * L->D; /* floats per token */
-        int64_t Tp = cpc_split_len(g.T, P, p);
-        size_t so = 0, ro = 0;
-        for (int j = 0; j < P; j++) {
-            int64_t Tj = cpc_split_len(g.T, P, j), oj = cpc_split_off(g.T, P, j);
-            sc[j] = (size_t)(L->B * Tj * row) * 4;
-            sd[j] = so;
-            rc[j] = (size_t)(L->B * Tp * row) * 4;
-            rd[j] = ro;
-            if (Tj > 0 && (st = cpc_backend_copy_strided(be, (char *)ex->stage_send + so,
-                                                         (const char *)ex->bufs[in].ptr + oj * row * 4, 4, L->B,
-                                                         1, 1, Tj * row, Tj * row, 0, 0, g.T * row, 0, 0)))
-                return st;
-            so += sc[j];
-            ro += rc[j];
-        }
-        if (so > ex->stage_send_cap || ro > ex->stage_recv_cap || g.bytes > ex->stage_recv_cap)
+        if (g.bytes > ex->stage_recv_cap)
             return errf("staging space too small");
-        if ((st = cpc_transport_all_to_all_v(ex->cfg.transport, op->group, ex->stage_send, sc, sd, ex->stage_recv,
-                                             rc, rd)))
-            return st;
+        int64_t row = (int64_t)g.hn * L->D; /* floats per token */
         /* the sum of chunk p, in the send staging (its packed parts are sent) */
         float *sum = ex->stage_send;
-        size_t n = (size_t)(L->B * Tp * row);
-        if ((st = cpc_backend_init_acc(be, sum, n, NULL, 0)))
+        size_t n = (size_t)(L->B * cpc_split_len(g.T, P, p) * row);
+        if ((st = sum_slices(ex, op->group, false, ex->bufs[in].ptr, g.T, row, sum, n, sent)))
             return st;
-        for (int j = 0; j < P && n > 0; j++)
-            if ((st = cpc_backend_add_strided(be, sum, (const float *)(const void *)((const char *)ex->stage_recv + rd[j]),
-                                              1, 1, 1, (int64_t)n, 0, 0, 0, 0, 0, 0)))
-                return st;
         size_t off = 0;
         for (int j = 0; j < P; j++) {
             sc[j] = (size_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4;
@@ -1651,9 +1644,7 @@ static cpc_status *op_all_reduce(cpc_exec *ex, const cpc_op *op, int64_t *sent)
                                                          Tj * row, g.T * row, 0, 0, Tj * row, 0, 0)))
                 return st;
         }
-        for (int j = 0; j < P; j++)
-            if (j != p)
-                *sent += (int64_t)(L->B * cpc_split_len(g.T, P, j) * row) * 4 + (int64_t)n * 4;
+        *sent += (int64_t)n * 4 * (P - 1); /* the gather; sum_slices counted the scatter */
     }
     return NULL;
 }
@@ -1962,33 +1953,41 @@ size_t cpc_exec_output_bytes(const cpc_exec *ex)
     return geom_of(ex->prog, &ex->c, ex->out_buf, (int)ex->c.r).bytes;
 }
 
-cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
+/* Downloads OUTPUT buffer b (the output, or a gradient) into the caller's
+ * memory: this rank's own rows with every head.  With replicated segments
+ * (rank_io) the shard's rows (b) and those of rb, the replicated rows'
+ * OUTPUT (KV, every head; -1: none), each at its place; else b as it is. */
+static cpc_status *read_own(cpc_exec *ex, int b, int rb, void *host, size_t bytes)
 {
-    if (ex->out_buf < 0)
-        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer", ex->cfg.rank);
-    int b = ex->out_buf;
     const cpc_buffer *bf = &ex->prog->buffers[b];
-    bool ok = bf->heads == CPC_HEADS_ALL && bf->role == CPC_ROLE_O &&
-              (bf->tokens == CPC_TOK_SHARD ||
-               (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
-    if (!ok)
-        return cpc_error(CPC_E_INTERNAL, "rank %d: output buffer '%s' (%s/%s, role %s) does not hold this rank's shard with every head",
-                         ex->cfg.rank, bf->name, cpc_buf_tokens_name(bf->tokens),
-                         cpc_buf_heads_name(bf->heads), cpc_buf_role_name(bf->role));
-    size_t n = cpc_exec_output_bytes(ex);
+    bool own = bf->heads == CPC_HEADS_ALL &&
+               (bf->tokens == CPC_TOK_SHARD || (bf->tokens == CPC_TOK_KV && bf->role != CPC_ROLE_O) ||
+                (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
+    if (!own)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: output buffer '%s' (%s/%s, role %s, tag %d) does not hold "
+                         "this rank's shard with every head", ex->cfg.rank, bf->name,
+                         cpc_buf_tokens_name(bf->tokens), cpc_buf_heads_name(bf->heads),
+                         cpc_buf_role_name(bf->role), ex->tags[b]);
+    bool rio = rank_io(ex, bf->role);
+    size_t n = rio ? rank_bytes(ex, b) : cur_geom(ex, b).bytes;
+    if (rio && (rb < 0 || ex->prog->buffers[rb].heads != CPC_HEADS_ALL))
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT %s of the replicated segments' "
+                         "rows (kv layout, every head)", ex->cfg.rank, cpc_buf_role_name(bf->role));
     if (bytes != n)
-        return cpc_error(CPC_E_INTERNAL, "rank %d: output needs %zu bytes, %zu given", ex->cfg.rank,
-                         n, bytes);
-    if (rank_io(ex, CPC_ROLE_O)) {
-        /* the shard's rows and the replicated segments' rows, each at its place */
-        int rb = ex->out_rep_buf;
-        if (rb < 0 || ex->prog->buffers[rb].heads != CPC_HEADS_ALL)
-            return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of the replicated "
-                                             "segments' rows (kv layout, every head)", ex->cfg.rank);
+        return cpc_error(CPC_E_INTERNAL, "rank %d: '%s' needs %zu bytes, %zu given", ex->cfg.rank, bf->name, n,
+                         bytes);
+    if (rio) {
         cpc_status *st = xfer_rank_rows(ex, b, host, NULL, false);
         return st ? st : xfer_rank_rows(ex, rb, host, NULL, false);
     }
     return xfer_out(ex, host, ex->bufs[b].ptr, n);
+}
+
+cpc_status *cpc_exec_read_output(cpc_exec *ex, void *host, size_t bytes)
+{
+    if (ex->out_buf < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer", ex->cfg.rank);
+    return read_own(ex, ex->out_buf, ex->out_rep_buf, host, bytes);
 }
 
 cpc_status *cpc_exec_read_lse(cpc_exec *ex, float **lse, int *h_off, int *h_n, cpc_run **runs,
@@ -2131,42 +2130,23 @@ int cpc_exec_max_runs(const cpc_exec *ex)
 
 cpc_status *cpc_exec_read_grad(cpc_exec *ex, cpc_buf_role role, float *host, size_t bytes)
 {
+    /* the OUTPUT of `role` (with replicated segments: the shard's, not the
+     * replicated rows' KV one, which read_own adds) */
     const cpc_program *prog = ex->prog;
-    for (int b = 0; b < prog->n_buffers; b++) {
-        const cpc_buffer *bf = &prog->buffers[b];
+    int b = -1, rb = -1;
+    for (int i = 0; i < prog->n_buffers; i++) {
+        const cpc_buffer *bf = &prog->buffers[i];
         if (bf->io != CPC_IO_OUTPUT || bf->role != role)
             continue;
-        bool own = bf->heads == CPC_HEADS_ALL &&
-                   (bf->tokens == CPC_TOK_SHARD || bf->tokens == CPC_TOK_KV ||
-                    (bf->tokens == CPC_TOK_BLOCK && ex->L->U == 1 && ex->tags[b] == (int)ex->c.r));
-        if (!own)
-            return cpc_error(CPC_E_INTERNAL, "rank %d: gradient buffer '%s' does not hold this rank's shard (tag %d)",
-                             ex->cfg.rank, bf->name, ex->tags[b]);
-        geom g = cur_geom(ex, b);
-        if (rank_io(ex, role)) {
-            /* replicated segments: the rank's own tokens, the shard's rows
-             * (this buffer) and the replicated rows' (KV), each at its place */
-            if (bf->tokens == CPC_TOK_KV)
-                continue;
-            int rb = -1;
-            for (int i = 0; i < prog->n_buffers && rb < 0; i++)
-                if (prog->buffers[i].io == CPC_IO_OUTPUT && prog->buffers[i].role == role &&
-                    prog->buffers[i].tokens == CPC_TOK_KV && prog->buffers[i].heads == CPC_HEADS_ALL)
-                    rb = i;
-            if (rb < 0)
-                return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT %s of the replicated "
-                                                 "segments' rows", ex->cfg.rank, cpc_buf_role_name(role));
-            if (bytes != rank_bytes(ex, b))
-                return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
-                                 bf->name, rank_bytes(ex, b), bytes);
-            cpc_status *st = xfer_rank_rows(ex, b, host, NULL, false);
-            return st ? st : xfer_rank_rows(ex, rb, host, NULL, false);
+        if (rank_io(ex, role) && bf->tokens == CPC_TOK_KV) {
+            if (rb < 0 && bf->heads == CPC_HEADS_ALL)
+                rb = i;
+        } else if (b < 0) {
+            b = i;
         }
-        if (bytes != g.bytes)
-            return cpc_error(CPC_E_INTERNAL, "rank %d: gradient '%s' needs %zu bytes, %zu given", ex->cfg.rank,
-                             bf->name, g.bytes, bytes);
-        return xfer_out(ex, host, ex->bufs[b].ptr, bytes);
     }
-    return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
-                     cpc_buf_role_name(role));
+    if (b < 0)
+        return cpc_error(CPC_E_INTERNAL, "rank %d: the program has no OUTPUT buffer of role %s", ex->cfg.rank,
+                         cpc_buf_role_name(role));
+    return read_own(ex, b, rb, host, bytes);
 }

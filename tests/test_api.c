@@ -816,7 +816,7 @@ static void *train_thread(void *arg)
     void *dout = shard_bytes(j->a, j->rank, pb->dout, pb->B, pb->S, pb->H, pb->D, es, &T);
     size_t nq = (size_t)pb->B * T * pb->H * pb->D, nk = (size_t)pb->B * T * pb->Hkv * pb->D;
     void *out = malloc(nq * es);
-    float *lse = malloc((size_t)pb->B * pb->H * T * sizeof *lse);
+    float *lse = malloc(2 * (size_t)pb->B * pb->H * T * sizeof *lse);
     size_t ges = j->grads_in_plan_dtype ? es : 4;
     void *dqf = malloc(2 * nq * ges), *dk = malloc(nk * ges), *dv = malloc(nk * ges);
     cpc_dtype gdt = j->grads_in_plan_dtype ? pb->dt : CPC_DTYPE_FP32;
@@ -829,6 +829,10 @@ static void *train_thread(void *arg)
     if (j->grads_in_plan_dtype) { /* dq interleaved in a [B, T, 2, H, D] buffer (a fused QKV grad) */
         int64_t s4[4] = {T * 2 * pb->H * pb->D, 2 * pb->H * pb->D, pb->D, 1};
         memcpy(tdq.strides, s4, sizeof s4);
+        /* and the LSE (fp32 in any plan dtype) every other float: written
+         * strided by the forward, gathered into staging by the backward */
+        int64_t s3[3] = {2 * pb->H * T, 2 * T, 2};
+        memcpy(tl.strides, s3, sizeof s3);
     }
     cpc_tensor tm = {pb->mask, CPC_DTYPE_U8, 2, {pb->B, pb->S}, {0}};
     const cpc_tensor *m = pb->mask ? &tm : NULL;
@@ -1122,6 +1126,17 @@ Test(api, backward_refusals_leave_outputs_untouched)
     memset(dq2, 0, nq * 4);
     cr_assert_null(cpc_rank_backward(r, &q, &k, &v, NULL, &o, NULL, &d, &gq2, &gk, &gv));
     cr_expect(memcmp(dq, dq2, nq * 4) == 0, "lse NULL: other dq");
+    /* and from a strided [B, H, T] LSE (every other float of a buffer twice
+     * its size): gathered into the rank's staging first */
+    float *wide = calloc(2 * 4 * 32, sizeof *wide);
+    for (int i = 0; i < 4 * 32; i++)
+        wide[2 * i] = lse[i];
+    cpc_tensor lw = {.data = wide, .dtype = CPC_DTYPE_FP32, .ndim = 3, .shape = {1, 4, 32},
+                     .strides = {2 * 4 * 32, 2 * 32, 2}};
+    memset(dq2, 0, nq * 4);
+    cr_assert_null(cpc_rank_backward(r, &q, &k, &v, NULL, &o, &lw, &d, &gq2, &gk, &gv));
+    cr_expect(memcmp(dq, dq2, nq * 4) == 0, "strided lse: other dq");
+    free(wide);
     free(saved), free(dq2);
     free(out), free(lse), free(dq), free(dk), free(dv);
     free_train_problem(&pb);

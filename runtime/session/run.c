@@ -222,19 +222,20 @@ cpc_status *cpc_job_load(const char *path, const char *const *sets, int n_sets, 
     return diags;
 }
 
-/* cprun --dry-run, training plans: the backward program's buffers per rank
- * (allocated after the forward's, which stay alive: the saved out and LSE). */
-static cpc_status *dry_run_backward(const cpc_job *job, FILE *out, int max_ranks)
+/* cprun --dry-run: the buffers of `prog` per rank (the first max_ranks
+ * listed) and the peak over ranks, on a line that starts with `what` ("" or
+ * "backward ": a training plan's backward program, allocated after the
+ * forward's, which stay alive: the saved out and LSE). */
+static cpc_status *dry_run_memory(const cpc_program *prog, FILE *out, int max_ranks, const char *what)
 {
-    const cpc_layout *L = &job->bwd->layout;
-    fprintf(out, "backward program (training):\n");
+    const cpc_layout *L = &prog->layout;
     int64_t peak = 0;
     int peak_rank = 0;
     for (int p = 0; p < L->P; p++) {
-        cpc_status *st = p < max_ranks ? cpc_exec_print_memory(out, job->bwd, p) : NULL;
+        cpc_status *st = p < max_ranks ? cpc_exec_print_memory(out, prog, p) : NULL;
         cpc_exec_memory m;
         if (!st)
-            st = cpc_exec_memory_plan(job->bwd, p, &m);
+            st = cpc_exec_memory_plan(prog, p, &m);
         if (st)
             return st;
         if (m.total_bytes > peak) {
@@ -245,7 +246,7 @@ static cpc_status *dry_run_backward(const cpc_job *job, FILE *out, int max_ranks
     }
     if (L->P > max_ranks)
         fprintf(out, "(%d more rank%s not listed)\n", L->P - max_ranks, L->P - max_ranks == 1 ? "" : "s");
-    fprintf(out, "backward peak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n",
+    fprintf(out, "%speak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n", what,
             (long long)peak, peak_rank);
     return NULL;
 }
@@ -266,29 +267,11 @@ cpc_status *cpc_job_dry_run(const cpc_job *job, FILE *out, int max_ranks)
         fprintf(out, "plan %s: variant %s, mesh %d x %d (ring x ulysses), %d rank%s\n",
                 job->plan->name ? job->plan->name : "?", cpc_variant_name(L->variant), L->R, L->U,
                 L->P, L->P == 1 ? "" : "s");
-    int64_t peak = 0;
-    int peak_rank = 0;
-    for (int p = 0; p < L->P; p++) {
-        if (p < max_ranks) {
-            cpc_status *st = cpc_exec_print_memory(out, job->prog, p);
-            if (st)
-                return st;
-        }
-        cpc_exec_memory m;
-        cpc_status *st = cpc_exec_memory_plan(job->prog, p, &m);
-        if (st)
-            return st;
-        if (m.total_bytes > peak) {
-            peak = m.total_bytes;
-            peak_rank = p;
-        }
-        cpc_exec_memory_free(&m);
-    }
-    if (L->P > max_ranks)
-        fprintf(out, "(%d more rank%s not listed)\n", L->P - max_ranks, L->P - max_ranks == 1 ? "" : "s");
-    fprintf(out, "peak memory per rank: %lld bytes (rank %d); nothing allocated (dry run)\n",
-            (long long)peak, peak_rank);
-    return job->bwd ? dry_run_backward(job, out, max_ranks) : NULL;
+    cpc_status *st = dry_run_memory(job->prog, out, max_ranks, "");
+    if (st || !job->bwd)
+        return st;
+    fprintf(out, "backward program (training):\n");
+    return dry_run_memory(job->bwd, out, max_ranks, "backward ");
 }
 
 /* ---- running -------------------------------------------------------------------- */
