@@ -2288,6 +2288,9 @@ static const struct fz_row {
     {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 1, 36, "allgather", 0},
     {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 5, 7, 1, 43, "p2p", 0}, /* 7 heads over 5 members */
     {"unified", CPC_VARIANT_UNIFIED, 4, 3, 9, 3, 72, "p2p", 0},
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 8, 11, 1, 43, "p2p", 0}, /* member classes (uany) */
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 6, 8, 2, 40, "p2p", 0},  /* GQA groups straddling */
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 16, 19, 1, 70, "p2p", 0},
     {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},          /* replicated text: the twin */
     {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
     /* replicated text with R = 1: no twin, so one ulysses member for all with the world
