@@ -187,26 +187,35 @@ static cpc_status *vfail_(const vb *V, int p, const xop *x, const char *fmt, ...
     return st;
 }
 
-/* The flat rank whose coordinates simulated rank p's state is written in:
- * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
- * seen rotated to ring position 0; twin: also the ranks r != 0). */
 /* CLASSES OF U (verify_bwd.h): the ulysses members in at most two regions
- * of equal head counts (tensor_split: the first H % U members hold one head
- * more), each cut into T classes by the member's first query head modulo
- * the GQA group g (T = g / gcd(n, g); 1 with one K/V head).  Class i of
- * region reg_of[i] is the members mem[i] + k*T, k >= 0, inside the region;
- * member v of it is its representative mem[i] with every head moved by
- * (v - mem[i]) * n, a multiple of g, and its shard index by v - mem[i]. */
+ * of equal head counts n (tensor_split: the first H % U members hold one
+ * head more), member u0 + t of a region starting at head a0 + t n.  Its
+ * class is rc[t % T] (T = g / gcd(n, g), 1 with one K/V head: the first
+ * head modulo the GQA group g repeats with period T).  A class of shift
+ * (in[i] false) holds the members with one residue: member v is its
+ * representative mem[i] with every head moved by a_v - a_rep (a multiple
+ * of g); the class of a region's members whose part lies in one GQA group
+ * (in[i]) holds every such member: member v is the representative with the
+ * GQA groups moved by a_v/g - a_rep/g and each rotated within by
+ * (a_v - a_rep) mod g.  Both keep the groups and move the shard index by
+ * v - rep. */
 #define VB_MAX_CLASSES 64
 typedef struct uregion {
-    int u0, cnt, n, a0, T, c0; /* members [u0, u0 + cnt), n heads each from head a0; classes c0 .. c0+T-1 */
+    int u0, cnt, n, a0, T; /* members [u0, u0 + cnt), n heads each from head a0; residues mod T */
+    int *rc;               /* [min(T, cnt)]: member u0 + t is of class rc[t % T] */
+    bool one;              /* every member of the region in one class */
 } uregion;
 typedef struct uclasses {
-    int nreg, ncls;
+    int nreg, ncls, g;
     uregion reg[2];
     int mem[VB_MAX_CLASSES], reg_of[VB_MAX_CLASSES];
+    bool in[VB_MAX_CLASSES]; /* the class of the members whose part lies in one GQA group */
 } uclasses;
 
+/* The flat rank whose coordinates simulated rank p's state is written in:
+ * p itself, or in the symmetric domain rank (0, u) (every simulated rank is
+ * seen rotated to ring position 0; twin: also the ranks r != 0), or with the
+ * classes of U the member simulated rank p stands for. */
 static int cp(const vb *V, int p)
 {
     return V->sym ? (V->uc ? V->uc->mem[p] : p % V->U) : p;
@@ -615,14 +624,6 @@ static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
     return true;
 }
 
-/* uc (CLASSES OF U): member v's set is its class representative's moved
- * by d_v heads.  Class i's members, k = 0 .. K-1: mem[i] + k*T. */
-static int uc_members(const vb *V, int i)
-{
-    const uregion *R = &V->uc->reg[V->uc->reg_of[i]];
-    return (R->u0 + R->cnt - 1 - V->uc->mem[i]) / R->T + 1;
-}
-
 /* Whether the set every member got from a collective is the same when
  * seen from any member: each run over every head (a rotation of the heads
  * leaves it as it is).  Else the classes do not stand for their members
@@ -635,78 +636,157 @@ static void uc_whole(vb *V, const cset *c)
                         "members only when it does)";
 }
 
+/* uc: run x moved by d heads (mod H: a run over every head, e.g. of a
+ * buffer with all heads, wraps; a member's part never does). */
+static bool uc_add_moved(vb *V, cset *dst, run x, int64_t d)
+{
+    x.h0 = (int32_t)((((int64_t)x.h0 + d) % V->nh + V->nh) % V->nh);
+    if (x.h0 + x.hn > V->nh) { /* wraps past the last head */
+        run t = x;
+        t.h0 = 0;
+        t.hn = x.h0 + x.hn - V->nh;
+        x.hn = V->nh - x.h0;
+        if (!cs_add_run(V, dst, t))
+            return false;
+    }
+    return cs_add_run(V, dst, x);
+}
+
+/* uc: the first head of member v (of region R). */
+static int64_t uc_first(const uregion *R, int v)
+{
+    return R->a0 + (int64_t)(v - R->u0) * R->n;
+}
+
+/* uc: run x of class i's representative as member v of the class holds it
+ * (CLASSES OF U): moved by a_v - a_rep; for the in-one-group class, each
+ * GQA group moved by (a_v/g - a_rep/g) groups and rotated within by
+ * (a_v - a_rep) mod g (whole groups stay whole, a piece of one group may
+ * become two). */
+static bool uc_move(vb *V, cset *dst, run x, int i, int v)
+{
+    const uclasses *C = V->uc;
+    const uregion *R = &C->reg[C->reg_of[i]];
+    const int64_t av = uc_first(R, v), ar = uc_first(R, C->mem[i]);
+    if (!C->in[i])
+        return uc_add_moved(V, dst, x, av - ar);
+    const int g = C->g;
+    const int64_t dG = (av / g - ar / g) * g, del = ((av % g - ar % g) % g + g) % g;
+    int h = x.h0, e = x.h0 + x.hn;
+    while (h < e) {
+        int G0 = h / g * g;
+        if (h == G0 && e >= G0 + g) { /* whole groups */
+            run y = x;
+            y.h0 = h;
+            y.hn = (e - h) / g * g;
+            if (!uc_add_moved(V, dst, y, dG))
+                return false;
+            h += y.hn;
+            continue;
+        }
+        int end = e < G0 + g ? e : G0 + g, o = (int)((h - G0 + del) % g), len = end - h;
+        run y = x;
+        y.h0 = G0 + o;
+        y.hn = o + len <= g ? len : g - o;
+        if (!uc_add_moved(V, dst, y, dG))
+            return false;
+        if (o + len > g) { /* the rotation wraps within the group */
+            y.h0 = G0;
+            y.hn = o + len - g;
+            if (!uc_add_moved(V, dst, y, dG))
+                return false;
+        }
+        h = end;
+    }
+    return true;
+}
+
+/* uc: run x of class i's set kept to [lo, hi) (lo > hi: every head):
+ * false (x unchanged) when nothing is left. */
+static bool uc_keep(run *x, int lo, int hi)
+{
+    int a = x->h0, e = x->h0 + x->hn;
+    if (lo <= hi) {
+        a = a > lo ? a : lo;
+        e = e < hi ? e : hi;
+    }
+    if (e <= a)
+        return false;
+    x->h0 = a;
+    x->hn = e - a;
+    return true;
+}
+
 /* uc: members u0 + t, t in [t0, t1), of region R placed one by one: member
- * u0 + t is class t % T's representative moved by (t - t % T) * n; its set
- * kept to the representative's heads [lo, hi) of its class. */
-static bool uc_place(vb *V, cset *dst, const uregion *R, int b, const int *lo, const int *hi, int t0, int t1)
+ * v = u0 + t is its class's representative moved to v (uc_move): its set
+ * src[class], kept to the representative's heads [lo, hi) of its class. */
+static bool uc_place(vb *V, cset *dst, const uregion *R, const cset *const *src, const int *lo, const int *hi,
+                     int t0, int t1)
 {
     for (int t = t0; t < t1; t++) {
-        int c = t % R->T, d = (t - c) * R->n;
-        const cset *src = &S(V, R->c0 + c, b)->cnt;
-        for (int i = 0; i < src->n; i++) {
-            run x = src->v[i];
-            int a = x.h0 > lo[c] ? x.h0 : lo[c], e = x.h0 + x.hn < hi[c] ? x.h0 + x.hn : hi[c];
-            if (e <= a)
-                continue;
-            x.h0 = a + d;
-            x.hn = e - a;
-            if (!cs_add_run(V, dst, x))
+        int i = R->rc[t % R->T];
+        const cset *sc = src[i];
+        for (int j = 0; j < sc->n; j++) {
+            run x = sc->v[j];
+            if (uc_keep(&x, lo[i], hi[i]) && !uc_move(V, dst, x, i, R->u0 + t))
                 return false;
         }
     }
     return true;
 }
 
-/* uc: what every member holds of buffer b's heads, placed together in head
- * order: member v's part is its class representative's set kept to the
- * representative's heads and moved by d_v.  A region of one class whose
- * kept run is one member's width n gives one run over the region; else the
- * members are placed one by one (adjacent runs join).  False on OOM or the
- * bound. */
-static bool a2a_union_classes(vb *V, cset *dst, int b)
+/* uc: what every member holds, placed together in head order: member v's
+ * set is its class representative's (src[class]) moved to v, kept to the
+ * representative's heads of buffer b (b < 0: all of it).  A region of one
+ * class whose kept run is one member's width n (for the in-one-group class:
+ * the representative's part) gives one run over the region; a region of
+ * several classes, when one period (members u0 .. u0 + T - 1) is runs over
+ * its whole span [a0, a0 + T n), gives runs over its whole periods (member
+ * u0 + kT + c is member u0 + c moved by k T n, a multiple of g); the members
+ * after the last whole period, and any other case, are placed one by one
+ * (adjacent runs join).  False on OOM or the bound. */
+static bool uc_union(vb *V, cset *dst, const cset *const *src, int b)
 {
     const uclasses *C = V->uc;
+    int lo[VB_MAX_CLASSES], hi[VB_MAX_CLASSES];
+    for (int i = 0; i < C->ncls; i++) {
+        lo[i] = 1, hi[i] = 0; /* every head */
+        if (b >= 0)
+            held_heads(V, b, C->mem[i], &lo[i], &hi[i]);
+    }
     for (int ri = 0; ri < C->nreg; ri++) {
         const uregion *R = &C->reg[ri];
-        int nc = R->T < R->cnt ? R->T : R->cnt, lo[VB_MAX_CLASSES], hi[VB_MAX_CLASSES];
-        for (int c = 0; c < nc; c++)
-            held_heads(V, b, C->mem[R->c0 + c], &lo[c], &hi[c]);
-        if (nc == 1) {
-            const cset *src = &S(V, R->c0, b)->cnt;
-            for (int i = 0; i < src->n; i++) {
-                run x = src->v[i];
-                int a = x.h0 > lo[0] ? x.h0 : lo[0], e = x.h0 + x.hn < hi[0] ? x.h0 + x.hn : hi[0];
-                if (e <= a)
+        if (R->one) {
+            const int i = R->rc[0];
+            const int64_t ar = uc_first(R, C->mem[i]);
+            const cset *sc = src[i];
+            for (int j = 0; j < sc->n; j++) {
+                run x = sc->v[j];
+                if (!uc_keep(&x, lo[i], hi[i]))
                     continue;
-                if (e - a == R->n) { /* the K copies, n apart, tile one run */
-                    x.h0 = a;
+                bool tile = x.hn == R->n && (!C->in[i] || x.h0 == ar) && x.h0 + (int64_t)R->cnt * R->n <= V->nh;
+                if (tile) { /* the members' copies, n apart, tile one run from member u0's */
+                    x.h0 = (int32_t)(R->a0 + (x.h0 - ar));
                     x.hn = (int32_t)((int64_t)R->cnt * R->n);
                     if (!cs_add_run(V, dst, x))
                         return false;
                     continue;
                 }
-                for (int k = 0; k < R->cnt; k++) {
-                    x.h0 = a + k * R->n;
-                    x.hn = e - a;
-                    if (!cs_add_run(V, dst, x))
+                for (int t = 0; t < R->cnt; t++)
+                    if (!uc_move(V, dst, x, i, R->u0 + t))
                         return false;
-                }
             }
             continue;
         }
-        /* one period (members u0 .. u0 + T - 1, every class once): when it is runs over its
-         * whole span [a0, a0 + T n), the periods after it (each the first moved by T n) make
-         * them runs over the periods' span; the members after the last whole period, and any
-         * other case, are placed one by one */
         int t0 = 0;
-        if (nc == R->T && R->cnt >= 2 * R->T) {
+        if (R->cnt >= 2 * R->T) {
             cset per = {0};
-            bool ok = uc_place(V, &per, R, b, lo, hi, 0, R->T), whole = ok;
-            for (int i = 0; i < per.n && whole; i++)
-                whole = per.v[i].h0 == R->a0 && per.v[i].hn == R->T * R->n;
+            bool ok = uc_place(V, &per, R, src, lo, hi, 0, R->T), whole = ok;
+            for (int j = 0; j < per.n && whole; j++)
+                whole = per.v[j].h0 == R->a0 && per.v[j].hn == (int64_t)R->T * R->n;
             int full = R->cnt / R->T;
-            for (int i = 0; i < per.n && whole && ok; i++) {
-                run x = per.v[i];
+            for (int j = 0; j < per.n && whole && ok; j++) {
+                run x = per.v[j];
                 x.hn = (int32_t)((int64_t)full * R->T * R->n);
                 ok = cs_add_run(V, dst, x);
             }
@@ -716,27 +796,40 @@ static bool a2a_union_classes(vb *V, cset *dst, int b)
             if (whole)
                 t0 = full * R->T;
         }
-        if (!uc_place(V, dst, R, b, lo, hi, t0, R->cnt))
+        if (!uc_place(V, dst, R, src, lo, hi, t0, R->cnt))
             return false;
     }
     return true;
 }
 
+/* uc: every member's part of buffer b (heads_to_seq). */
+static bool a2a_union_classes(vb *V, cset *dst, int b)
+{
+    const cset *src[VB_MAX_CLASSES];
+    for (int i = 0; i < V->uc->ncls; i++)
+        src[i] = &S(V, i, b)->cnt;
+    return uc_union(V, dst, src, b);
+}
+
 /* uc: does any member hold a head of buffer b that the next member holds
  * too?  Member v's range ends where member v + 1's starts unless a GQA
  * group straddles them, which depends on v's first head modulo g and its
- * width only: the same for every member of a class (checked on one of
- * them that has a next member). */
+ * width only: the same for every member with v's residue (checked on the
+ * first T members of each region that have a next member). */
 static bool uc_shared_heads(const vb *V, int b)
 {
-    for (int i = 0; i < V->uc->ncls; i++) {
-        int v = V->uc->mem[i], lo, hi, lo1, hi1;
-        if (v + 1 >= V->U)
-            continue; /* the last member alone in its class: no next member */
-        held_heads(V, b, v, &lo, &hi);
-        held_heads(V, b, v + 1, &lo1, &hi1);
-        if (hi > lo && hi1 > lo1 && hi > lo1)
-            return true;
+    for (int ri = 0; ri < V->uc->nreg; ri++) {
+        const uregion *R = &V->uc->reg[ri];
+        int nres = R->T < R->cnt ? R->T : R->cnt;
+        for (int t = 0; t < nres; t++) {
+            int v = R->u0 + t, lo, hi, lo1, hi1;
+            if (v + 1 >= V->U)
+                continue;
+            held_heads(V, b, v, &lo, &hi);
+            held_heads(V, b, v + 1, &lo1, &hi1);
+            if (hi > lo && hi1 > lo1 && hi > lo1)
+                return true;
+        }
     }
     return false;
 }
@@ -962,34 +1055,10 @@ static cpc_status *run_ring_coll(vb *V, int u)
 /* Adds run y as every simulated rank's rotations hold it: itself, or with
  * usym (ROTATIONS OF U) once per member u, its heads moved by u*w (mod H);
  * a run over member 0's part [0, w) gives one run over every head. */
-static bool add_members(vb *V, int p, cset *c, run y)
+static bool add_members(vb *V, cset *c, run y)
 {
     if (!V->usym)
         return cs_add_run(V, c, y);
-    if (V->uc) { /* the members of simulated rank p's class (CLASSES OF U) */
-        const uregion *R = &V->uc->reg[V->uc->reg_of[p]];
-        int K = uc_members(V, p);
-        int64_t step = (int64_t)R->T * R->n;
-        if (R->T == 1 && y.hn == R->n && y.h0 + (int64_t)K * R->n <= V->nh) {
-            y.hn = (int32_t)((int64_t)K * R->n); /* K copies n apart: one run */
-            return cs_add_run(V, c, y);
-        }
-        for (int k = 0; k < K; k++) {
-            run z = y;
-            z.h0 = (int32_t)(((int64_t)y.h0 + k * step) % V->nh);
-            if (z.h0 + z.hn > V->nh) { /* wraps past the last head */
-                run t = z;
-                t.h0 = 0;
-                t.hn = z.h0 + z.hn - V->nh;
-                z.hn = V->nh - z.h0;
-                if (!cs_add_run(V, c, t))
-                    return false;
-            }
-            if (!cs_add_run(V, c, z))
-                return false;
-        }
-        return true;
-    }
     const int w = V->nh / V->U;
     if (y.h0 == 0 && y.hn == w) {
         y.hn = V->nh;
@@ -1028,11 +1097,13 @@ static cpc_status *run_all_reduce(vb *V)
             return vfail(0, x0, "all_reduce takes cross-attention dk/dv (or replicated segments' gradients) with every "
                                 "head ('%s' -> '%s')", bi->name,
                          bo->name);
-        cset sum = {0};
+        cset sum = {0}, ys[VB_MAX_CLASSES] = {{0}}; /* uc: each class's set over the ring, then placed */
         bool oom = false;
         for (int p = 0; p < V->nsim && !oom; p++) {
             slot *si = S(V, p, in);
             if (!si->written) {
+                for (int j = 0; V->uc && j < V->uc->ncls; j++)
+                    cs_free(&ys[j]);
                 cs_free(&sum);
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
             }
@@ -1053,12 +1124,20 @@ static cpc_status *run_all_reduce(vb *V)
                     if (qf && kf) /* one element, ne times: 2 copies decide "exactly once" as well */
                         for (int c = 0; c < (ne < 2 ? ne : 2) && !oom; c++) {
                             y.len = 1;
-                            oom = !add_members(V, p, &sum, y);
+                            oom = !(V->uc ? cs_add_run(V, &ys[p], y) : add_members(V, &sum, y));
                         }
                     else
-                        oom = !add_members(V, p, &sum, y);
+                        oom = !(V->uc ? cs_add_run(V, &ys[p], y) : add_members(V, &sum, y));
                 }
             }
+        }
+        if (V->uc) {
+            const cset *src[VB_MAX_CLASSES];
+            for (int j = 0; j < V->uc->ncls; j++)
+                src[j] = &ys[j];
+            oom = oom || !uc_union(V, &sum, src, -1);
+            for (int j = 0; j < V->uc->ncls; j++)
+                cs_free(&ys[j]);
         }
         if (V->uc && !oom) {
             uc_whole(V, &sum);
@@ -2319,17 +2398,54 @@ static int gcd_int(int a, int b)
     return a;
 }
 
+static void uclass_free(uclasses *C)
+{
+    for (int k = 0; k < 2; k++) {
+        free(C->reg[k].rc);
+        C->reg[k].rc = NULL;
+    }
+}
+
+/* uc: [lo, hi) of class i's representative as member v holds it (uc_move
+ * on an interval): false when that is not one interval. */
+static bool uc_interval(const uclasses *C, int i, int v, int H, int *lo, int *hi)
+{
+    const uregion *R = &C->reg[C->reg_of[i]];
+    const int64_t av = uc_first(R, v), ar = uc_first(R, C->mem[i]);
+    if (*lo == 0 && *hi == H)
+        return true; /* every head: kept by every move */
+    if (!C->in[i]) {
+        *lo = (int)(*lo + av - ar);
+        *hi = (int)(*hi + av - ar);
+        return *lo >= 0 && *hi <= H;
+    }
+    const int g = C->g;
+    if (*lo == ar && *hi == ar + R->n) { /* the representative's part: v's */
+        *lo = (int)av;
+        *hi = (int)(av + R->n);
+        return true;
+    }
+    if (*lo == ar / g * g && *hi == *lo + g) { /* its group: v's */
+        *lo = (int)(av / g * g);
+        *hi = *lo + g;
+        return true;
+    }
+    return false;
+}
+
 /* The classes of U (verify_bwd.h CLASSES OF U) when the ops commute with
  * moving u but the heads do not divide evenly (or the K/V heads not by U):
- * false when the program is outside (then every member is simulated). */
+ * false when the program is outside (then every member is simulated).
+ * uclass_free frees it either way. */
 static bool uclass_build(const vb *V, uclasses *C)
 {
     const cpc_layout *L = &V->prog->layout;
     const int U = V->U, H = L->H, Hkv = L->Hkv, g = L->group;
+    memset(C, 0, sizeof *C);
     if (U < 2 || V->twin || L->cross || V->nh != H || H < U || Hkv < 1 || g < 1 || (int64_t)Hkv * g != H ||
         !usym_ops(V->prog->ops, V->prog->n_ops))
         return false;
-    memset(C, 0, sizeof *C);
+    C->g = g;
     const int w = H / U, m0 = H % U;
     const int ru0[2] = {0, m0}, rcnt[2] = {m0, U - m0}, rn[2] = {w + 1, w};
     for (int k = 0; k < 2; k++) {
@@ -2341,38 +2457,60 @@ static bool uclass_build(const vb *V, uclasses *C)
         R->n = rn[k];
         R->a0 = (int)((int64_t)ru0[k] * (w + 1)); /* tensor_split: the first m0 members hold w + 1 heads */
         R->T = Hkv == 1 ? 1 : g / gcd_int(R->n, g);
-        R->c0 = C->ncls;
-        int nc = R->T < R->cnt ? R->T : R->cnt;
-        if (C->ncls + nc > VB_MAX_CLASSES)
+        int nres = R->T < R->cnt ? R->T : R->cnt, inc = -1;
+        R->rc = malloc((size_t)nres * sizeof *R->rc);
+        if (!R->rc)
             return false;
-        for (int c = 0; c < nc; c++) {
-            C->mem[C->ncls] = R->u0 + c;
-            C->reg_of[C->ncls++] = C->nreg;
+        R->one = true;
+        for (int t = 0; t < nres; t++) {
+            int64_t a = R->a0 + (int64_t)t * R->n;
+            bool in = Hkv > 1 && R->n < g && a % g + R->n <= g; /* the part lies in one GQA group */
+            if (in && inc >= 0) {
+                R->rc[t] = inc;
+            } else {
+                if (C->ncls == VB_MAX_CLASSES)
+                    return false;
+                C->mem[C->ncls] = R->u0 + t;
+                C->reg_of[C->ncls] = C->nreg;
+                C->in[C->ncls] = in;
+                R->rc[t] = C->ncls++;
+                if (in)
+                    inc = R->rc[t];
+            }
+            R->one = R->one && R->rc[t] == R->rc[0];
         }
         C->nreg++;
     }
-    /* The layout agrees: member v = rep + k*T of each class (k = 0, 1, the last) holds n query heads
-     * from a0 + (v - u0) * n, and every head-part buffer the representative's range moved by
-     * d = (v - rep) * n (a multiple of g: the GQA groups move with it), or every head on both
-     * (one K/V head: every member holds it). */
+    /* The layout agrees: members v of each class (its first two and its last in the region)
+     * hold n query heads from a0 + (v - u0) * n, and every head-part buffer the
+     * representative's range moved to v (uc_interval: by a_v - a_rep, a multiple of g; in one
+     * group: the part to v's part, the group to v's group), or every head on both (one K/V
+     * head: every member holds it). */
     for (int i = 0; i < C->ncls; i++) {
         const uregion *R = &C->reg[C->reg_of[i]];
-        const int m = C->mem[i], K = (R->u0 + R->cnt - 1 - m) / R->T + 1, ks[3] = {0, 1, K - 1};
+        int vs[3] = {-1, -1, -1}, nv = 0;
+        for (int t = C->mem[i] - R->u0; t < R->cnt && nv < 2; t++)
+            if (R->rc[t % R->T] == i)
+                vs[nv++] = R->u0 + t;
+        for (int t = R->cnt - 1; t >= 0; t--)
+            if (R->rc[t % R->T] == i) {
+                vs[2] = R->u0 + t;
+                break;
+            }
         for (int j = 0; j < 3; j++) {
-            if (ks[j] >= K)
+            int v = vs[j], qo, qn;
+            if (v < 0)
                 continue;
-            int v = m + ks[j] * R->T, qo, qn;
-            int64_t d = (int64_t)(v - m) * R->n;
             cpc_layout_q_heads(L, v, &qo, &qn);
-            if (qn != R->n || qo != R->a0 + (int64_t)(v - R->u0) * R->n || (Hkv > 1 && d % g))
+            if (qn != R->n || qo != uc_first(R, v) || (Hkv > 1 && !C->in[i] && (uc_first(R, v) - uc_first(R, C->mem[i])) % g))
                 return false;
             for (int b = 0; b < V->nb; b++) {
                 if (V->prog->buffers[b].heads != CPC_HEADS_PART)
                     continue;
                 int lo, hi, lv, hv;
-                held_heads(V, b, m, &lo, &hi);
+                held_heads(V, b, C->mem[i], &lo, &hi);
                 held_heads(V, b, v, &lv, &hv);
-                if (!(lv == lo + d && hv == hi + d) && !(lo == 0 && hi == H && lv == 0 && hv == H))
+                if (!uc_interval(C, i, v, H, &lo, &hi) || lo != lv || hi != hv)
                     return false;
             }
         }
@@ -3357,7 +3495,7 @@ static cpc_status *verify_bwd(const cpc_program *prog, const cpc_verify_opts *op
         /* one ulysses member for all (umode 1), or one per class of members (umode 2), and
          * loops by induction first; where the induction cannot decide, unrolled; where the
          * classes do not stand for their members (ubreak), every member */
-        uclasses ucl;
+        uclasses ucl = {0};
         vb V;
         sym_setup(&V, &base, 0, NULL, induction);
         int umode = !induction ? 0 : usym_class(&V) ? 1 : uclass_build(&V, &ucl) ? 2 : 0;
@@ -3378,6 +3516,7 @@ static cpc_status *verify_bwd(const cpc_program *prog, const cpc_verify_opts *op
             umode = 0;
         }
         stats->classes = V.uc ? V.uc->ncls : 0;
+        uclass_free(&ucl);
         stats->usym = V.usym;
         stats->jumps = V.jumps;
         stats->work = V.work;

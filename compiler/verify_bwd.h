@@ -65,9 +65,9 @@
  *   (op instances of one rank, a loop's phases jumped by LOOPS BY
  *   INDUCTION below), independent of R: ring, ring_anything and their
  *   allgather forms at 65536 ranks in 0.003 to 0.02 ms; unified and
- *   ulysses the same with ROTATIONS OF U below (one member simulated),
- *   else linear in U (bench_verify --backward; docs/VERIFY.md has the
- *   table).
+ *   ulysses the same with ROTATIONS OF U below (one member simulated) or
+ *   CLASSES OF U (one per class: uneven heads, GQA), else linear in U
+ *   (bench_verify --backward; docs/VERIFY.md has the table).
  *
  *   LOOPS BY INDUCTION (the symmetric domain, tried first; verify_bwd.c
  *   loop_inductive, iw_loop, ind_marker).  A top-level loop whose body has
@@ -140,8 +140,75 @@
  *   member u's state is member 0's rotated, and only member 0 (with the
  *   ring rotation: rank (0, 0)) is simulated.  Cost: one simulated rank
  *   (pure ulysses at 65536 ranks and heads: 0.002 ms; unified with U = 256:
- *   0.02 ms).  Programs outside it simulate the U members (ulysses_anything
- *   with heads not divisible by U).
+ *   0.02 ms).  Programs with uneven head parts: CLASSES OF U below.
+ *
+ *   CLASSES OF U (one member per class; verify_bwd.c uclass_build,
+ *   a2a_union_classes, uc_shared_heads, uc_whole).  When the ops commute
+ *   with moving u as above (no `when`, count, peer or block reads u, no
+ *   point-to-point message in the ulysses or world group, no cross-attention
+ *   or twin) but H or Hkv does not divide by U (ulysses_anything H = 24
+ *   over U = 16; GQA groups straddling members; K/V heads replicated over
+ *   the members of a group; one K/V head for all).  Heads are split as
+ *   tensor_split does: members [0, m) hold n0 = H/U + 1 query heads, the
+ *   others n1 = H/U (m = H % U), so member u's first head a_u is linear in
+ *   u inside each of these two REGIONS; its K/V heads are the GQA groups
+ *   its query heads use, [floor(a_u/g), ceil((a_u + n)/g)) with g = H/Hkv.
+ *   Within a region, two members u and v with a_u = a_v (mod g) (always,
+ *   with Hkv = 1) are related by the rotation of the heads by d = a_v - a_u
+ *   (mod H): d is a multiple of g, so it maps GQA groups onto groups; it
+ *   maps u's query part onto v's and u's K/V part onto v's (the formula
+ *   above moves by d/g groups; with Hkv = 1 both hold every head), and every
+ *   buffer with all heads onto itself.  So a region of n heads per member
+ *   splits into T = g / gcd(n, g) residues (T = 1 with one K/V head): the
+ *   members u0 + c + kT, a progression moved by T n heads a step.  Members
+ *   whose part lies inside one GQA group (n < g, a_u mod g + n <= g: K/V
+ *   replicated over a group's members, e.g. one query head a member) are
+ *   related whatever their residue: the permutation of the heads that moves
+ *   every group by a_v/g - a_u/g groups and rotates each within by
+ *   (a_v - a_u) mod g keeps the GQA groups, takes u's query part to v's
+ *   (inside the group the rotation is a shift: no wrap) and u's group (its
+ *   K/V part) to v's, and fixes the all-heads buffers; they form one class
+ *   per region, the others one class per residue (uclass_build).  It
+ *   checks the layout against this (a class's first two members and its
+ *   last, every head-part buffer: uc_interval) and takes at most 64
+ *   classes (else every member is simulated).  Only the first member of
+ *   each class is simulated (its rank (0, u), with the ring rotation).
+ *   Member v of a class stands as its representative moved to v (the
+ *   rotation or the permutation above, both keeping the GQA groups) and its
+ *   shard index moved by v - rep: every op but a collective over ulysses
+ *   members acts
+ *   on one member's state through its buffers' head ranges, shard and ring
+ *   indices only (the rules above), and each commutes with a permutation
+ *   of the heads that keeps the GQA groups and takes the representative's
+ *   ranges to v's (ring messages stay in the member's ring).  A seq_to_heads gives each
+ *   member content that is its own (checked on each representative). A
+ *   heads_to_seq of a gradient gives every member the same set G: the union
+ *   of every member's part, each kept to the heads it holds; it is computed
+ *   by class, in head order (uc_union; member v's part is its
+ *   representative's moved to v by uc_move): a region of one class whose
+ *   kept run is one member's width n (inside a group: the
+ *   representative's part) is one run over the region, a region of several
+ *   classes placed one period (T members) at a time when that period is
+ *   runs over its whole span (member u0 + kT + c is member u0 + c moved by
+ *   k T n, a multiple of g), else member by member; the world all_reduce
+ *   sums every member's set the same way.
+ *   The members then hold the same G, which is G moved to v only if G is
+ *   unchanged by those moves: every run of G must hold every head
+ *   (uc_whole), else the classes do not stand for their members and every
+ *   member is simulated instead (slower, never weaker).  A head held by
+ *   two members without reduce=sum: member v's K/V range and member v+1's
+ *   overlap exactly when a_v + n is not a multiple of g, the same for every
+ *   member of v's residue; checked on the first T members of each region
+ *   (layout only), and the pair is named by sweeping every member.  The final
+ *   checks (own shard, every head exactly once) are invariant under the
+ *   move.  Cost: the classes' count of simulated ranks (2 for
+ *   ulysses_anything with H = P + 3: 0.005 ms at any size; GQA groups of 2
+ *   over 1.5 P heads: 2; ulysses with K/V replicated over groups of 4 or
+ *   of 8192: 1) plus a few runs per region and one period of members
+ *   placed (tests/test_verify_bwd.c
+ *   ulysses_classes_agree_on_mutants: classes, every member unrolled and
+ *   the enumeration agree on every mutant; ulysses_classes_refuse_planted_
+ *   faults at 5, 7, 8, 40000, 65535 and 65536 members).
  *
  *   REPLICATED ROWS (`split: replicate`).  Their index R (query block R,
  *   key unit R) names the same rows on every rank, so a rotation fixes it:

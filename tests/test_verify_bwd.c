@@ -985,6 +985,10 @@ Test(verify_bwd, ulysses_classes_agree_on_mutants)
         {"unified", CPC_VARIANT_UNIFIED, 3, 4, 8, 1, 96, "allgather", 0},
         {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 7, 7, 50, "p2p", 5},
         {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 8, 2, 64, "p2p", 6},
+        /* parts inside one GQA group: one class for them (groups moved, rotated within) */
+        {"ulysses", CPC_VARIANT_ULYSSES, 1, 8, 8, 2, 64, "p2p", 0},                  /* g 4, one head each */
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 6, 9, 3, 40, "p2p", 0}, /* g 3: 2,2,2,1,1,1 */
+        {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 7, 12, 2, 40, "p2p", 4}, /* g 6: 2,2,2,2,2,1,1 */
     };
     const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
     int rounds = env ? atoi(env) : 300;
@@ -1042,6 +1046,8 @@ Test(verify_bwd, ulysses_classes_refuse_planted_faults)
         {40000, 65536, 32768}, /* g 2: 25536 members of 2 heads, then 14464 of 1 sharing in pairs */
         {65535, 65536, 65536}, /* one member of 2 heads */
         {65536, 65536, 1},     /* one K/V head for every member */
+        {8, 8, 2},             /* g 4, one head a member: one class inside the groups */
+        {65536, 65536, 8},     /* g 8192: the same at 65536 members */
     };
     for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++) {
         const int U = geo[gi].U;
