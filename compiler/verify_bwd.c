@@ -174,14 +174,16 @@ static cpc_status *bfail(cpc_span span, const char *where, const char *fmt, ...)
 
 static int32_t md32(int64_t x, int64_t m);
 static int cp(const vb *V, int p);
+static int sim_flat(const vb *V, int p);
 
-/* With the classes of U, simulated rank p is reported as the member it is. */
+/* With one member for all or the classes of U, simulated rank p is reported
+ * as the rank it walks as (sim_flat). */
 static cpc_status *vfail_(const vb *V, int p, const xop *x, const char *fmt, ...)
 {
     char where[320];
     va_list ap;
     va_start(ap, fmt);
-    cpc_status *st = vc_fault(x ? x->op->span : CPC_NO_SPAN, true, p >= 0 && V->uc ? cp(V, p) : p, V->U,
+    cpc_status *st = vc_fault(x ? x->op->span : CPC_NO_SPAN, true, p >= 0 && V->sym && V->Us != V->U ? sim_flat(V, p) : p, V->U,
                               x ? vc_op_desc(x->nd, x->s, x->s + 1, where, sizeof where) : NULL, fmt, ap);
     va_end(ap);
     return st;
@@ -218,7 +220,17 @@ typedef struct uclasses {
  * classes of U the member simulated rank p stands for. */
 static int cp(const vb *V, int p)
 {
-    return V->sym ? (V->uc ? V->uc->mem[p] : p % V->U) : p;
+    if (!V->sym)
+        return p;
+    return V->uc ? V->uc->mem[p % V->Us] : V->usym ? 0 : p % V->U;
+}
+
+/* The flat rank simulated rank p walks as: itself, or in the symmetric
+ * domain (0, u) for the member it stands for, (1, u) for its twin (the
+ * simulated ranks are k * Us + j: k = 1 the twins, j the member or class). */
+static int sim_flat(const vb *V, int p)
+{
+    return V->sym ? (p / V->Us) * V->U + cp(V, p) : p;
 }
 
 /* The op table's tag rule for out[i] of x on simulated rank p. */
@@ -802,12 +814,13 @@ static bool uc_union(vb *V, cset *dst, const cset *const *src, int b)
     return true;
 }
 
-/* uc: every member's part of buffer b (heads_to_seq). */
-static bool a2a_union_classes(vb *V, cset *dst, int b)
+/* uc: every member's part of buffer b (heads_to_seq); the classes'
+ * simulated ranks are base + i (base Us: the twins). */
+static bool a2a_union_classes(vb *V, cset *dst, int b, int base)
 {
     const cset *src[VB_MAX_CLASSES];
     for (int i = 0; i < V->uc->ncls; i++)
-        src[i] = &S(V, i, b)->cnt;
+        src[i] = &S(V, base + i, b)->cnt;
     return uc_union(V, dst, src, b);
 }
 
@@ -840,12 +853,12 @@ static cpc_status *run_a2a(vb *V, int r)
 {
     if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
         V->undec = "a collective in a loop proven by induction";
-    const int U = V->U;
-    const xop *x0 = &V->ro[r * U].v[V->pc[r * U]];
+    const int U = V->U, Us = V->Us; /* simulated rank (r, j): r * Us + j (r = 1: the twins) */
+    const xop *x0 = &V->ro[r * Us].v[V->pc[r * Us]];
     const cpc_op *op = x0->op;
     int in = op->in[0], out = op->out[0];
     const cpc_buffer *bi = BF(V, in), *bo = BF(V, out);
-    int p0 = r * U;
+    int p0 = r * Us;
     if (op->n_in != 1 || op->n_out != 1)
         return vfail(p0, x0, "the backward prover takes all_to_all with one input and one output");
     if (bi->role != bo->role)
@@ -862,7 +875,7 @@ static cpc_status *run_a2a(vb *V, int r)
     if (bi->role == CPC_ROLE_LSE && !s2h)
         return vfail(p0, x0, "heads_to_seq of an LSE-role buffer is not executable");
     for (int j = 0; j < V->Us; j++) { /* usym: member 0 stands for its rotations */
-        int p = r * U + j;
+        int p = r * Us + j;
         slot *si = S(V, p, in);
         int want = s2h ? cp(V, p) : cp(V, p) / U;
         if (si->fwd)
@@ -914,13 +927,13 @@ static cpc_status *run_a2a(vb *V, int r)
     for (int u = 0; is_grad(bi->role) && u < U && !V->usym; u++) {
         int lo, hi;
         held_heads(V, in, u, &lo, &hi);
-        if (!cs_add_set(V, &tmp, &S(V, r * U + u, in)->cnt, lo, hi)) {
+        if (!cs_add_set(V, &tmp, &S(V, r * Us + u, in)->cnt, lo, hi)) {
             cs_free(&tmp);
             return cs_err(V);
         }
     }
     if (is_grad(bi->role) && V->usym &&
-        !(V->uc ? a2a_union_classes(V, &tmp, in) : a2a_union_rotated(V, &tmp, &S(V, r * U, in)->cnt, in))) {
+        !(V->uc ? a2a_union_classes(V, &tmp, in, r * Us) : a2a_union_rotated(V, &tmp, &S(V, r * Us, in)->cnt, in))) {
         cs_free(&tmp);
         return cs_err(V);
     }
@@ -932,10 +945,10 @@ static cpc_status *run_a2a(vb *V, int r)
         }
     }
     for (int j = 0; j < V->Us; j++)
-        if (S(V, r * U + j, in)->r0)
+        if (S(V, r * Us + j, in)->r0)
             V->asym = "a `when r==0` op's result goes through an all_to_all";
     for (int j = 0; j < V->Us; j++) {
-        int p = r * U + j;
+        int p = r * Us + j;
         slot *so = S(V, p, out);
         so->written = true;
         so->fwd = false;
@@ -959,7 +972,8 @@ static cpc_status *run_ring_coll(vb *V, int u)
 {
     if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
         V->undec = "a collective in a loop proven by induction";
-    const int U = V->U, R = V->R, nm = V->sym ? 1 : R, nsm = V->twin ? 2 : nm; /* members computed, simulated */
+    const int U = V->Us, R = V->R, nm = V->sym ? 1 : R, nsm = V->twin ? 2 : nm; /* members computed, simulated;
+                                                                                  simulated rank (r, u): r * Us + u */
     const xop *x0 = &V->ro[u].v[V->pc[u]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
@@ -985,7 +999,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
             if (si->fwd)
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on "
                                                        "its rank (the backward prover's class)", bi->name);
-            if (!si->written || (ag && si->tag != cp(V, p) / U))
+            if (!si->written || (ag && si->tag != cp(V, p) / V->U))
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
                              ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
         }
@@ -1028,7 +1042,7 @@ static cpc_status *run_ring_coll(vb *V, int u)
             slot *so = S(V, r * U + u, out);
             so->written = true;
             so->fwd = false;
-            so->tag = ag ? CPC_TAG_NONE : cp(V, r * U + u) / U;
+            so->tag = ag ? CPC_TAG_NONE : cp(V, r * U + u) / V->U;
             so->src = S(V, r * U + u, in)->src;
             so->final = 1; /* not recomputed here (refused above): the forward's, complete */
             /* twin: both simulated members' inputs are free of ring rank 0's own content
@@ -1097,12 +1111,13 @@ static cpc_status *run_all_reduce(vb *V)
             return vfail(0, x0, "all_reduce takes cross-attention dk/dv (or replicated segments' gradients) with every "
                                 "head ('%s' -> '%s')", bi->name,
                          bo->name);
-        cset sum = {0}, ys[VB_MAX_CLASSES] = {{0}}; /* uc: each class's set over the ring, then placed */
+        cset sum = {0}, ys[2 * VB_MAX_CLASSES] = {{0}}; /* uc: each simulated rank's set over the ring (its
+                                                               class; the twins after), then placed */
         bool oom = false;
         for (int p = 0; p < V->nsim && !oom; p++) {
             slot *si = S(V, p, in);
             if (!si->written) {
-                for (int j = 0; V->uc && j < V->uc->ncls; j++)
+                for (int j = 0; V->uc && j < V->nsim; j++)
                     cs_free(&ys[j]);
                 cs_free(&sum);
                 return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
@@ -1113,7 +1128,7 @@ static cpc_status *run_all_reduce(vb *V)
             }
             /* the ring ranks this simulated rank stands for, as rotations e0 .. e0 + ne - 1 of
              * its set: every e (sym), e = 0 (twin: ring rank 0), e = 1 .. R-1 (twin: the others) */
-            int e0 = V->twin && p >= V->U ? 1 : 0, ne = !V->twin ? V->R : p < V->U ? 1 : V->R - 1;
+            int e0 = V->twin && p >= V->Us ? 1 : 0, ne = !V->twin ? V->R : p < V->Us ? 1 : V->R - 1;
             for (int i = 0; i < si->cnt.n && !oom; i++) {
                 run x = si->cnt.v[i];
                 for (int t = 0; t < x.len && !oom; t++) {
@@ -1133,10 +1148,12 @@ static cpc_status *run_all_reduce(vb *V)
         }
         if (V->uc) {
             const cset *src[VB_MAX_CLASSES];
-            for (int j = 0; j < V->uc->ncls; j++)
-                src[j] = &ys[j];
-            oom = oom || !uc_union(V, &sum, src, -1);
-            for (int j = 0; j < V->uc->ncls; j++)
+            for (int k = 0; k < V->nsim; k += V->Us) { /* the members of ring rank 0, then the twins' */
+                for (int j = 0; j < V->uc->ncls; j++)
+                    src[j] = &ys[k + j];
+                oom = oom || !uc_union(V, &sum, src, -1);
+            }
+            for (int j = 0; j < V->nsim; j++)
                 cs_free(&ys[j]);
         }
         if (V->uc && !oom) {
@@ -2371,7 +2388,7 @@ static bool usym_ops(const cpc_op *ops, int n)
 static bool usym_class(const vb *V)
 {
     const cpc_layout *L = &V->prog->layout;
-    if (V->U < 2 || V->twin || L->cross || L->H % V->U || L->Hkv % V->U || V->nh != L->H ||
+    if (V->U < 2 || L->cross || L->H % V->U || L->Hkv % V->U || V->nh != L->H ||
         !usym_ops(V->prog->ops, V->prog->n_ops))
         return false;
     const int w = L->H / V->U, us[3] = {0, 1, V->U - 1};
@@ -2442,7 +2459,7 @@ static bool uclass_build(const vb *V, uclasses *C)
     const cpc_layout *L = &V->prog->layout;
     const int U = V->U, H = L->H, Hkv = L->Hkv, g = L->group;
     memset(C, 0, sizeof *C);
-    if (U < 2 || V->twin || L->cross || V->nh != H || H < U || Hkv < 1 || g < 1 || (int64_t)Hkv * g != H ||
+    if (U < 2 || L->cross || V->nh != H || H < U || Hkv < 1 || g < 1 || (int64_t)Hkv * g != H ||
         !usym_ops(V->prog->ops, V->prog->n_ops))
         return false;
     C->g = g;
@@ -3234,18 +3251,18 @@ static cpc_status *prove(vb *V)
                 break;
             }
         }
-        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->U};
+        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->Us};
         if (!st && V->ind_on) {
             iwalk w = {.V = V, .cc = &cc, .p = p};
             /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked
              * takes its peers and blocks back to rank 0's frame) */
-            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, V->uc ? cp(V, p) : p), 0, false);
+            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, sim_flat(V, p)), 0, false);
             if (!st && w.fb) {
                 V->undec = "the walk meets what only cpc_program_walk reports";
                 return NULL;
             }
         } else if (!st) {
-            st = cpc_program_walk(prog, V->uc ? cp(V, p) : p, collect_checked, &cc);
+            st = cpc_program_walk(prog, sim_flat(V, p), collect_checked, &cc);
             if (st && st->code == CPC_E_INPUT && st->rule == 0) {
                 /* the walk's own refusal (an expression that does not evaluate, a
                  * peer outside its group, a loop count out of range: program.h):
@@ -3313,7 +3330,7 @@ static cpc_status *prove(vb *V)
                 bool ready = true;
                 const cpc_op *op0 = NULL;
                 for (int j = 0; j < nm && ready; j++) {
-                    int p = gk == 0 ? g * V->U + j : j * V->U + g;
+                    int p = gk == 0 ? g * V->Us + j : j * V->Us + g;
                     const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
                     cpc_op_kind k = at ? at->kind : CPC_OP__COUNT;
                     bool here = gk == 0 ? k == CPC_OP_ALL_TO_ALL : (k == CPC_OP_ALL_GATHER || k == CPC_OP_REDUCE_SCATTER);
@@ -3331,7 +3348,7 @@ static cpc_status *prove(vb *V)
                 if (ready) {
                     if (op0->kind == CPC_OP_BARRIER) /* no data: every member passes */
                         for (int j = 0; j < nm; j++)
-                            V->pc[gk == 0 ? g * V->U + j : j * V->U + g]++;
+                            V->pc[gk == 0 ? g * V->Us + j : j * V->Us + g]++;
                     else if ((st = gk == 0 ? run_a2a(V, g) : run_ring_coll(V, g)))
                         return st;
                     if (V->ubreak)
@@ -3449,12 +3466,13 @@ static void sym_setup(vb *V, const vb *base, int umode, const uclasses *ucl, boo
     V->nsim = V->twin ? 2 * V->U : V->U;
     if (umode == 1) {
         V->usym = true;
-        V->Us = V->nsim = 1;
+        V->Us = 1;
     } else if (umode == 2) {
         V->usym = true;
         V->uc = ucl;
-        V->Us = V->nsim = ucl->ncls;
+        V->Us = ucl->ncls;
     }
+    V->nsim = V->twin ? 2 * V->Us : V->Us; /* simulated rank k * Us + j: k = 1 the twins */
     V->ind_on = ind;
 }
 

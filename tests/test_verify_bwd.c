@@ -832,6 +832,62 @@ Test(verify_bwd, one_ulysses_member_for_all)
     }
 }
 
+/* Unified with a replicated text at 65536 ranks (4 x 16384): ring rank 0's
+ * members and their twins (RING RANK 0), one simulated member per class
+ * (heads even, or 24576 heads in GQA groups of 3 over 16384 members: 3
+ * classes), proven in milliseconds; the replicated faults refused there as
+ * at 2 x 4 ranks by the enumeration: the (text, text) block on every ring
+ * rank, the text's dK never summed over the world. */
+Test(verify_bwd, ulysses_classes_with_the_twin)
+{
+    struct {
+        int R, U, H, Hkv;
+    } geo[] = {{2, 4, 8, 8}, {2, 4, 12, 4}, {4, 16384, 16384, 16384}, {4, 16384, 24576, 8192}};
+    for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++) {
+        const int R = geo[gi].R, U = geo[gi].U;
+        for (int f = 0; f < 3; f++) {
+            cpc_program *p = bwd_program_rep("unified", CPC_VARIANT_UNIFIED, R, U, geo[gi].H, geo[gi].Hkv, 2 * R * U + 1,
+                                             "none", "p2p", 7);
+            for (int j = 0; j < p->n_ops; j++) {
+                cpc_op *op = &p->ops[j];
+                if (f == 1 && op->kind == CPC_OP_ATTN_BWD && op->when) {
+                    cpc_expr_free(op->when);
+                    op->when = NULL;
+                }
+                if (f == 2 && op->kind == CPC_OP_ALL_REDUCE && p->buffers[op->out[0]].role == CPC_ROLE_DK) {
+                    op->kind = CPC_OP_COPY;
+                    op->group = CPC_GROUP_NONE;
+                }
+            }
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            cpc_verify_bwd_stats st1;
+            cpc_status *st = cpc_verify_backward_ex(p, NULL, &st1);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            cr_expect(sec < 0.5, "%dx%d fault %d: %.3f s", R, U, f, sec);
+            cr_expect(st1.usym, "%dx%d H %d fault %d: every member simulated", R, U, geo[gi].H, f);
+            if (f == 0) {
+                cr_expect_null(st, "%dx%d H %d Hkv %d: %s", R, U, geo[gi].H, geo[gi].Hkv, st ? st->message : "");
+                cr_expect_eq(st1.mode, CPC_VERIFY_SYMBOLIC);
+            } else {
+                static const char *const needle[] = {NULL, "2 times or more", "0 times"};
+                cr_assert_not_null(st, "%dx%d fault %d proven", R, U, f);
+                cr_expect_eq(st->rule, CPC_RULE_VERIFY);
+                cr_expect(strstr(st->message, needle[f]), "%dx%d fault %d: %s", R, U, f, st->message);
+                if (R * U <= 256) {
+                    cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+                    cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+                    cr_expect_not_null(e, "%dx%d fault %d: the enumeration proves it", R, U, f);
+                    cpc_status_free(e);
+                }
+            }
+            cpc_status_free(st);
+            cpc_program_free(p);
+        }
+    }
+}
+
 /* More tampers, one per rule the prover checks (verify_bwd.h WHAT IS
  * PROVED), each refused on load with the reason. */
 /* barrier is a forward op the backward step takes too (a collective without
@@ -989,6 +1045,10 @@ Test(verify_bwd, ulysses_classes_agree_on_mutants)
         {"ulysses", CPC_VARIANT_ULYSSES, 1, 8, 8, 2, 64, "p2p", 0},                  /* g 4, one head each */
         {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 6, 9, 3, 40, "p2p", 0}, /* g 3: 2,2,2,1,1,1 */
         {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 7, 12, 2, 40, "p2p", 4}, /* g 6: 2,2,2,2,2,1,1 */
+        /* unified with a replicated text: ring rank 0 and its twin, each one member per class */
+        {"unified", CPC_VARIANT_UNIFIED, 2, 4, 8, 2, 64, "p2p", 6},
+        {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 2, 48, "allgather", 5}, /* one member for all */
+        {"unified", CPC_VARIANT_UNIFIED, 2, 3, 7, 7, 48, "p2p", 4},       /* uneven heads */
     };
     const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
     int rounds = env ? atoi(env) : 300;
@@ -1119,4 +1179,60 @@ Test(verify_bwd, ulysses_classes_refuse_planted_faults)
             cpc_program_free(p);
         }
     }
+}
+
+/* Classes of U across geometries: random U (2 to 40), H (U to 3U + 5) and
+ * K/V heads (a divisor of H), the backward programs of ulysses_anything,
+ * ulysses and unified (R = 2) built for them (the schedule builder called
+ * directly, so uneven heads for every variant), a seventh with a
+ * replicated text; each unedited and with one mutation is proven by class
+ * (the default) and by enumerating every rank: the two agree.
+ * CPC_VERIFY_BWD_ROUNDS sets the count (default 200; 24000 checked over 8
+ * seeds). */
+Test(verify_bwd, ulysses_classes_agree_across_geometries)
+{
+    const char *env = getenv("CPC_VERIFY_BWD_ROUNDS");
+    int rounds = env ? atoi(env) : 200;
+    uint64_t seed = test_seed();
+    int built = 0, cls = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        uint32_t i = 0;
+        int U = 2 + (int)rnd(seed, 100000 + k, &i, 39);
+        int H = U + (int)rnd(seed, 100000 + k, &i, (uint32_t)(2 * U + 6));
+        int divs[64], nd = 0;
+        for (int d = 1; d <= H && nd < 64; d++)
+            if (H % d == 0)
+                divs[nd++] = d;
+        int Hkv = divs[rnd(seed, 100000 + k, &i, nd)];
+        int kind = (int)rnd(seed, 100000 + k, &i, 3), R = kind == 2 ? 2 : 1;
+        static const char *const names[3] = {"ulysses_anything", "ulysses", "unified"};
+        static const cpc_variant vs[3] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED};
+        cpc_status *err = NULL;
+        int rep = k % 7 == 0 ? 5 : 0;
+        cpc_program *p = test_bwd_program(names[kind], vs[kind], R, U, H, Hkv, 3 * R * U + 1 + k % 5,
+                                          k % 2 && !rep ? "causal" : "none", "p2p", rep, &err);
+        if (!p) { /* the planner refuses this geometry for the variant */
+            cpc_status_free(err);
+            continue;
+        }
+        built++;
+        if (k % 3)
+            mutate(p, seed, 200000 + k);
+        cpc_verify_bwd_stats sa, se;
+        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+        cr_assert_eq(a == NULL, e == NULL, "seed %llu round %d (%s %dx%d H %d Hkv %d, %d classes): %s / enumeration: %s",
+                     (unsigned long long)seed, k, names[kind], R, U, H, Hkv, sa.classes, a ? a->message : "proven",
+                     e ? e->message : "proven");
+        cls += sa.classes > 0;
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_status_free(e);
+        cpc_program_free(p);
+    }
+    cr_expect(built > rounds / 3 && cls > built / 3, "seed %llu: %d of %d geometries built, %d by classes",
+              (unsigned long long)seed, built, rounds, cls);
+    if (env)
+        fprintf(stderr, "geometries: %d, %d built, %d by classes, %d refused\n", rounds, built, cls, refused);
 }
