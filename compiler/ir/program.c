@@ -494,9 +494,10 @@ int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank)
 
 #define WALK_MAX_DEPTH 8
 
-typedef struct walker {
+typedef struct cpc_walk {
     const cpc_program *prog;
     cpc_walk_fn fn;
+    cpc_walk_loop_fn loop;
     void *ctx;
     int *tags;
     int path[WALK_MAX_DEPTH + 1]; /* the index of the op being walked at each depth */
@@ -643,7 +644,10 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
             }
             if (op->n_body > 0 && !op->body)
                 return op_error(w, op, &c, "%s", "loop without a body");
-            for (int64_t s = 0; s < cnt; s++) {
+            bool ran = false;
+            if (w->loop && (st = w->loop(w->ctx, w, op, cnt, c, depth, &ran)))
+                return st;
+            for (int64_t s = 0; s < cnt && !ran; s++) {
                 cpc_coords ci = c;
                 ci.s = s;
                 st = walk_ops(w, op->body, op->n_body, ci, depth + 1);
@@ -694,13 +698,24 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
     return NULL;
 }
 
+cpc_status *cpc_walk_body(cpc_walk *w, const cpc_op *loop, cpc_coords c, int depth)
+{
+    return walk_ops(w, loop->body, loop->n_body, c, depth + 1);
+}
+
 cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, void *ctx)
+{
+    return cpc_program_walk_loops(prog, rank, fn, NULL, ctx);
+}
+
+cpc_status *cpc_program_walk_loops(const cpc_program *prog, int rank, cpc_walk_fn fn, cpc_walk_loop_fn loop,
+                                   void *ctx)
 {
     if (!prog)
         return cpc_error(CPC_E_INTERNAL, "program walk: NULL program");
     if (rank < 0 || rank >= prog->layout.P)
         return cpc_error(CPC_E_INPUT, "rank %d outside 0..%d", rank, prog->layout.P - 1);
-    walker w = {.prog = prog, .fn = fn, .ctx = ctx};
+    walker w = {.prog = prog, .fn = fn, .loop = loop, .ctx = ctx};
     w.tags = malloc((size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1) * sizeof *w.tags);
     if (!w.tags)
         return &cpc_status_oom;
