@@ -1,0 +1,302 @@
+/*
+ * test_verify_attack_u.c - the backward prover's CLASSES OF U
+ * (compiler/verify_bwd.c uclass_build, uc_union, uc_shared_heads, uc_whole;
+ * verify_bwd.h "CLASSES OF U") and its message layer attacked (issue 21,
+ * helper redteam2).  Beyond 256 ranks only the class proof decides, so a
+ * program it accepts wrongly runs with wrong gradients.
+ *
+ *   - fuzz_classes_against_enumeration: the backward programs of
+ *     ulysses_anything, ulysses and unified over random geometries (H below,
+ *     at and above U; one K/V head, K/V = H, GQA groups straddling members,
+ *     parts inside one group, up to 64 classes and past them; replicated
+ *     texts: the twin), each edited 0-2 times by operators that the
+ *     prover's own mutant tests lack (a buffer's heads / tokens / role
+ *     changed, an op duplicated, dropped, moved, an all_to_all's direction
+ *     or reduce flipped, operands retargeted or permuted, guards), proven by
+ *     default (classes where they apply) and by enumerating every rank:
+ *     the default must never accept what the enumeration refuses.  Rounds:
+ *     CPC_ATTACK_U_ROUNDS (default 1200 per geometry family: half from a
+ *     fixed seed, half from the clock, printed; CPC_TEST_SEED=N replays).
+ *   - planted_faults_beyond_enumeration: at 300 to 65536 members (only the
+ *     class proof runs) faults planted by construction in geometries chosen
+ *     for the class code's edges (two regions, one K/V head, K/V = H, GQA
+ *     groups straddling members of one region only, parts inside a group,
+ *     more than 64 residues: every member simulated, unified R x U, a
+ *     replicated text: the twin); whether a dK/dV reduce is needed is
+ *     decided independently by sweeping every member's K/V heads
+ *     (cpc_layout_kv_heads), not by the prover.  Each fault is also planted
+ *     at a small world of the same kind, where the enumeration must agree
+ *     with the expected verdict (so the expectations are checked too).
+ *   - message_layer_with_members: the tamper classes of issue 21 (groups
+ *     swapped, an in-flight buffer read-modify-written, a wait before its
+ *     recv is posted, a request never waited, a tag reused while in flight)
+ *     planted in unified R x U programs (ring messages of every member),
+ *     at 4 x 3 (enumeration agrees) and 1024 x 3 / 300 x 5 (symbolic alone).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "expr.h"
+#include "layout.h"
+#include "program.h"
+#include "schedule_bwd.h"
+#include "verify.h"
+#include "verify_bwd.h"
+
+#include "test_bwd_program.h"
+#include "test_random.h"
+
+static cpc_expr *expr_of(const char *t)
+{
+    cpc_expr *e = NULL;
+    cpc_status *st = cpc_expr_parse(t, CPC_NO_SPAN, &e);
+    cr_assert_null(st, "%s: %s", t, st ? st->message : "");
+    return e;
+}
+
+static void set_when(cpc_op *op, const char *t)
+{
+    cpc_expr_free(op->when);
+    op->when = expr_of(t);
+}
+
+static const char *const vnames[3] = {"ulysses_anything", "ulysses", "unified"};
+static const cpc_variant vkinds[3] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED};
+
+/* ---- the fuzz ---------------------------------------------------------- */
+
+typedef struct fz {
+    uint64_t seed;
+    uint32_t round, i;
+} fz;
+
+static uint32_t fz_rn(fz *z, uint32_t n) { return test_bits_at(z->seed, z->round, z->i++) % n; }
+
+/* A deep copy of op s into d (expressions and body). */
+static void clone_op(cpc_op *d, const cpc_op *s)
+{
+    *d = *s;
+    d->peer = cpc_expr_clone(s->peer);
+    d->block = cpc_expr_clone(s->block);
+    d->when = cpc_expr_clone(s->when);
+    d->count = cpc_expr_clone(s->count);
+    d->body = NULL;
+    if (s->kind == CPC_OP_LOOP && s->n_body > 0) {
+        d->body = malloc(sizeof *d->body * (size_t)s->n_body);
+        cr_assert_not_null(d->body);
+        for (int i = 0; i < s->n_body; i++)
+            clone_op(&d->body[i], &s->body[i]);
+    }
+}
+
+/* One edit of p, described into log. */
+static void fz_mutate(fz *z, cpc_program *p, char *log, size_t ln)
+{
+    cpc_op **opsp = &p->ops;
+    int *np = &p->n_ops;
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP && fz_rn(z, 2)) {
+            opsp = &p->ops[j].body;
+            np = &p->ops[j].n_body;
+            break;
+        }
+    int n = *np;
+    if (n == 0)
+        return;
+    int j = (int)fz_rn(z, (uint32_t)n);
+    cpc_op *op = &(*opsp)[j];
+    size_t L = strlen(log);
+    switch (fz_rn(z, 12)) {
+    case 0: {
+        int b = (int)fz_rn(z, (uint32_t)p->n_buffers);
+        p->buffers[b].heads = (cpc_buf_heads)fz_rn(z, CPC_HEADS__COUNT);
+        snprintf(log + L, ln - L, " %s.heads=%d", p->buffers[b].name, (int)p->buffers[b].heads);
+        break;
+    }
+    case 1: {
+        int b = (int)fz_rn(z, (uint32_t)p->n_buffers);
+        p->buffers[b].tokens = (cpc_buf_tokens)fz_rn(z, CPC_TOK__COUNT);
+        snprintf(log + L, ln - L, " %s.tokens=%d", p->buffers[b].name, (int)p->buffers[b].tokens);
+        break;
+    }
+    case 2: {
+        int b = (int)fz_rn(z, (uint32_t)p->n_buffers);
+        p->buffers[b].role = (cpc_buf_role)fz_rn(z, CPC_ROLE__COUNT);
+        snprintf(log + L, ln - L, " %s.role=%d", p->buffers[b].name, (int)p->buffers[b].role);
+        break;
+    }
+    case 3:
+        if (op->kind == CPC_OP_ALL_TO_ALL) {
+            op->reduce = !op->reduce;
+            snprintf(log + L, ln - L, " op%d reduce flipped", j);
+        }
+        break;
+    case 4:
+        if (op->kind == CPC_OP_ALL_TO_ALL) {
+            op->dir = op->dir == CPC_A2A_SEQ_TO_HEADS ? CPC_A2A_HEADS_TO_SEQ : CPC_A2A_SEQ_TO_HEADS;
+            snprintf(log + L, ln - L, " op%d dir flipped", j);
+        }
+        break;
+    case 5: { /* duplicated (the copy right after) */
+        cpc_op *v = realloc(*opsp, sizeof *v * (size_t)(n + 1));
+        cr_assert_not_null(v);
+        memmove(&v[j + 1], &v[j], sizeof *v * (size_t)(n - j));
+        clone_op(&v[j + 1], &v[j]);
+        *opsp = v;
+        (*np)++;
+        snprintf(log + L, ln - L, " op%d duplicated", j);
+        break;
+    }
+    case 6:
+        set_when(op, "0");
+        snprintf(log + L, ln - L, " op%d dropped", j);
+        break;
+    case 7:
+        if (op->n_in) {
+            int a = (int)fz_rn(z, (uint32_t)op->n_in), b = (int)fz_rn(z, (uint32_t)p->n_buffers);
+            op->in[a] = b;
+            snprintf(log + L, ln - L, " op%d in[%d]=%s", j, a, p->buffers[b].name);
+        }
+        break;
+    case 8:
+        if (op->n_out) {
+            int a = (int)fz_rn(z, (uint32_t)op->n_out), b = (int)fz_rn(z, (uint32_t)p->n_buffers);
+            op->out[a] = b;
+            snprintf(log + L, ln - L, " op%d out[%d]=%s", j, a, p->buffers[b].name);
+        }
+        break;
+    case 9: {
+        static const char *const w[] = {"0", "s>0", "r==0", "1", "s<R-1"};
+        const char *t = w[fz_rn(z, 5)];
+        set_when(op, t);
+        snprintf(log + L, ln - L, " op%d when=%s", j, t);
+        break;
+    }
+    case 10:
+        if (j + 1 < n) {
+            cpc_op t = (*opsp)[j];
+            (*opsp)[j] = (*opsp)[j + 1];
+            (*opsp)[j + 1] = t;
+            snprintf(log + L, ln - L, " op%d moved down", j);
+        }
+        break;
+    default:
+        if (op->n_in >= 2) {
+            int a = (int)fz_rn(z, (uint32_t)op->n_in), b = (int)fz_rn(z, (uint32_t)op->n_in);
+            int t = op->in[a];
+            op->in[a] = op->in[b];
+            op->in[b] = t;
+            snprintf(log + L, ln - L, " op%d in[%d]<->in[%d]", j, a, b);
+        }
+        break;
+    }
+}
+
+typedef struct fz_count {
+    int built, cls, many, proven, cls_proven, refused_both, enum_only, disagree;
+} fz_count;
+
+/* Round z->round of geometry family fam: 0 small (U 2..48, H 1..3U+6, K/V
+ * heads any divisor, 1 or H), 1 GQA groups of 2..128 over 50..256 members
+ * (parts inside a group and straddling), 2 members wider than a group
+ * (n >= g: up to 64 residues and past them).  Returns false when the
+ * planner refuses the geometry. */
+static bool fz_round(fz *z, int fam, fz_count *c)
+{
+    z->i = 0;
+    int kind = (int)fz_rn(z, 3), R = kind == 2 ? 2 + (int)fz_rn(z, 3) : 1, U, H, Hkv;
+    if (fam == 0) {
+        int maxU = 256 / R < 48 ? 256 / R : 48;
+        U = 2 + (int)fz_rn(z, (uint32_t)maxU - 1);
+        H = 1 + (int)fz_rn(z, (uint32_t)(3 * U + 6));
+        int divs[64], nd = 0;
+        for (int d = 1; d <= H && nd < 64; d++)
+            if (H % d == 0)
+                divs[nd++] = d;
+        Hkv = fz_rn(z, 4) == 0 ? (fz_rn(z, 2) ? 1 : H) : divs[fz_rn(z, (uint32_t)nd)];
+    } else if (fam == 1) {
+        R = kind == 2 ? 2 : 1;
+        U = R == 1 ? 50 + (int)fz_rn(z, 207) : 25 + (int)fz_rn(z, 104);
+        int g = 2 + (int)fz_rn(z, 127);
+        Hkv = (U + (int)fz_rn(z, (uint32_t)(3 * U))) / g + 1;
+        H = g * Hkv;
+    } else {
+        R = kind == 2 ? 2 : 1;
+        U = R == 1 ? 20 + (int)fz_rn(z, 237) : 10 + (int)fz_rn(z, 119);
+        int g = 2 + (int)fz_rn(z, 69), n = g + (int)fz_rn(z, (uint32_t)(2 * g));
+        H = n * U + (int)fz_rn(z, (uint32_t)U);
+        H = (H + g - 1) / g * g;
+        Hkv = H / g;
+    }
+    int rep = fz_rn(z, 4) == 0 ? 3 + (int)fz_rn(z, 5) : 0;
+    const char *mask = fz_rn(z, 2) && !rep ? "causal" : "none", *rot = fz_rn(z, 3) == 0 ? "allgather" : "p2p";
+    int tokens = 3 * R * U + 1 + (int)fz_rn(z, 7);
+    cpc_status *err = NULL;
+    cpc_program *p = test_bwd_program(vnames[kind], vkinds[kind], R, U, H, Hkv, tokens, mask, rot, rep, &err);
+    if (!p) {
+        cpc_status_free(err);
+        return false;
+    }
+    c->built++;
+    char log[800];
+    log[0] = 0;
+    int nm = (int)fz_rn(z, 3);
+    for (int m = 0; m < nm; m++)
+        fz_mutate(z, p, log, sizeof log);
+    cpc_verify_bwd_stats sa, se;
+    cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+    cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+    cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
+    c->cls += sa.classes > 0;
+    c->many += sa.classes > 8;
+    c->proven += a == NULL;
+    c->cls_proven += a == NULL && sa.classes > 0;
+    c->refused_both += a && e;
+    c->enum_only += a && !e;
+    if (getenv("CPC_ATTACK_VERBOSE"))
+        fprintf(stderr, "u-fuzz %llu/%u %s %dx%d H %d Hkv %d rep %d %s: %d classes: %s | enumeration: %s\n",
+                (unsigned long long)z->seed, z->round, vnames[kind], R, U, H, Hkv, rep, log[0] ? log : " unedited",
+                sa.classes, a ? a->message : "proven", e ? e->message : "proven");
+    cr_expect(!(a == NULL && e != NULL),
+              "UNSOUND: seed %llu round %u family %d: %s %dx%d H %d Hkv %d rep %d tokens %d %s %s, edits:%s: "
+              "proven by default (%d classes, mode %d), the enumeration refuses: %s",
+              (unsigned long long)z->seed, z->round, fam, vnames[kind], R, U, H, Hkv, rep, tokens, mask, rot, log,
+              sa.classes, (int)sa.mode, e ? e->message : "");
+    c->disagree += a == NULL && e != NULL;
+    cpc_status_free(a);
+    cpc_status_free(e);
+    cpc_program_free(p);
+    return true;
+}
+
+Test(attack_u, fuzz_classes_against_enumeration)
+{
+    const char *env = getenv("CPC_ATTACK_U_ROUNDS");
+    int rounds = env ? atoi(env) : 1200;
+    const uint64_t seeds[2] = {20261202u, test_seed()};
+    for (int f = 0; f < 3; f++) {
+        for (int si = 0; si < 2; si++) {
+            fz_count c = {0};
+            fz z = {seeds[si], 0, 0};
+            for (int k = 0; k < rounds / 2; k++) {
+                z.round = (uint32_t)(k + 1000000 * f);
+                fz_round(&z, f, &c);
+            }
+            fprintf(stderr,
+                    "attack_u fuzz family %d seed %llu: %d programs, %d by classes (%d with > 8), %d proven (%d by "
+                    "classes), refused by both %d, by the default only %d, UNSOUND %d\n",
+                    f, (unsigned long long)seeds[si], c.built, c.cls, c.many, c.proven, c.cls_proven, c.refused_both,
+                    c.enum_only, c.disagree);
+            cr_expect(c.built > rounds / 4, "family %d: %d built", f, c.built);
+            cr_expect(c.cls > c.built / 3, "family %d: %d of %d by classes", f, c.cls, c.built);
+            cr_expect(c.refused_both > c.built / 10, "family %d: the edits are not vacuous (%d refused)", f,
+                      c.refused_both);
+            cr_expect(c.cls_proven > c.built / 10, "family %d: %d proven by classes", f, c.cls_proven);
+            cr_assert_eq(c.disagree, 0, "family %d seed %llu: %d accepted wrongly", f, (unsigned long long)seeds[si],
+                         c.disagree);
+        }
+    }
+}
