@@ -300,3 +300,280 @@ Test(attack_u, fuzz_classes_against_enumeration)
         }
     }
 }
+
+/* ---- planted faults beyond the enumeration ------------------------------ */
+
+/* The op of `kind` whose in[0] is buffer `in0` (NULL: any) and out[0] is
+ * `out0` (NULL: any), top level or in a loop body; the nth such. */
+static cpc_op *find_op_in(cpc_program *p, cpc_op *ops, int n, cpc_op_kind kind, const char *in0, const char *out0,
+                          int *nth)
+{
+    for (int j = 0; j < n; j++) {
+        cpc_op *op = &ops[j];
+        if (op->kind == CPC_OP_LOOP) {
+            cpc_op *f = find_op_in(p, op->body, op->n_body, kind, in0, out0, nth);
+            if (f)
+                return f;
+            continue;
+        }
+        if (op->kind != kind)
+            continue;
+        if (in0 && (op->n_in < 1 || strcmp(p->buffers[op->in[0]].name, in0)))
+            continue;
+        if (out0 && (op->n_out < 1 || strcmp(p->buffers[op->out[0]].name, out0)))
+            continue;
+        if ((*nth)-- == 0)
+            return op;
+    }
+    return NULL;
+}
+
+static cpc_op *find_op(cpc_program *p, cpc_op_kind kind, const char *in0, const char *out0)
+{
+    int nth = 0;
+    return find_op_in(p, p->ops, p->n_ops, kind, in0, out0, &nth);
+}
+
+/* Inserts a copy of *op right after it (in its own op array). */
+static void duplicate_op(cpc_program *p, cpc_op *op)
+{
+    cpc_op **arrs[64];
+    int *ns[64], na = 0;
+    arrs[na] = &p->ops;
+    ns[na++] = &p->n_ops;
+    for (int k = 0; k < na; k++)
+        for (int j = 0; j < *ns[k]; j++)
+            if ((*arrs[k])[j].kind == CPC_OP_LOOP && na < 64) {
+                arrs[na] = &(*arrs[k])[j].body;
+                ns[na++] = &(*arrs[k])[j].n_body;
+            }
+    for (int k = 0; k < na; k++) {
+        int n = *ns[k];
+        for (int j = 0; j < n; j++)
+            if (&(*arrs[k])[j] == op) {
+                cpc_op *v = realloc(*arrs[k], sizeof *v * (size_t)(n + 1));
+                cr_assert_not_null(v);
+                memmove(&v[j + 1], &v[j], sizeof *v * (size_t)(n - j));
+                clone_op(&v[j + 1], &v[j]);
+                *arrs[k] = v;
+                (*ns[k])++;
+                return;
+            }
+    }
+    cr_assert_fail("duplicate_op: op not found");
+}
+
+/* Independent of the prover: does any K/V head lie in two members' parts
+ * (so dK/dV must be summed, not placed)?  Every member swept. */
+static bool kv_shared(int R, int U, int H, int Hkv)
+{
+    cpc_layout L = {0};
+    L.R = R;
+    L.U = U;
+    L.P = R * U;
+    L.H = H;
+    L.Hkv = Hkv;
+    L.group = H / Hkv;
+    int prev_end = -1;
+    for (int u = 0; u < U; u++) {
+        int off, n;
+        cpc_layout_kv_heads(&L, u, &off, &n);
+        if (n <= 0)
+            continue;
+        if (off < prev_end)
+            return true;
+        prev_end = off + n;
+    }
+    return false;
+}
+
+enum { PF_NONE, PF_DK_PLACED, PF_DV_PLACED, PF_ATTN_DROPPED, PF_DQ_NOT_BACK, PF_ATTN_TWICE, PF_DQ_REDUCE,
+       PF_DK_FROM_DV, PF_LSE_DELTA, PF_DQ_NO_INIT, PF_DKV_REDUCE_ALWAYS, PF_DELTA_NOT_SENT, PF_DQ_BACK_TWICE,
+       PF_TEXT_EVERY_RING_RANK, PF_TEXT_DK_PART, PF_TEXT_DQ_NOT_PLACED, PF__COUNT };
+static const char *const pf_name[PF__COUNT] = {
+    "unedited", "dk placed (no reduce)", "dv placed (no reduce)", "attn_bwd dropped", "dq never brought back",
+    "attn_bwd twice", "dq summed (reduce=sum)", "dk's heads_to_seq reads dv", "lse and delta swapped",
+    "dq accumulator never zeroed", "dk/dv summed everywhere", "delta never sent", "dq brought back twice",
+    "text block on every ring rank", "text dk all_reduced from the part", "text dq never placed"};
+
+/* Plants fault f in p; false when p has no place for it (not applicable). */
+static bool plant(cpc_program *p, int f)
+{
+    cpc_op *att = NULL;
+    int nth = 0;
+    /* the image attention (q_seq's), in the loop for unified */
+    att = find_op_in(p, p->ops, p->n_ops, CPC_OP_ATTN_BWD, "q_seq", NULL, &nth);
+    cpc_op *h_dq = find_op(p, CPC_OP_ALL_TO_ALL, "dq_seq", "dq"), *h_dk = find_op(p, CPC_OP_ALL_TO_ALL, "dk_cur", "dk"),
+           *h_dv = find_op(p, CPC_OP_ALL_TO_ALL, "dv_cur", "dv");
+    cr_assert(att && h_dq && h_dk && h_dv, "the program's ops");
+    switch (f) {
+    case PF_NONE: return true;
+    case PF_DK_PLACED: h_dk->reduce = false; return true;
+    case PF_DV_PLACED: h_dv->reduce = false; return true;
+    case PF_ATTN_DROPPED: set_when(att, "0"); return true;
+    case PF_DQ_NOT_BACK: set_when(h_dq, "0"); return true;
+    case PF_ATTN_TWICE: duplicate_op(p, att); return true;
+    case PF_DQ_REDUCE: h_dq->reduce = true; return true;
+    case PF_DK_FROM_DV: h_dk->in[0] = h_dv->in[0]; return true;
+    case PF_LSE_DELTA: {
+        int t = att->in[4];
+        att->in[4] = att->in[5];
+        att->in[5] = t;
+        return true;
+    }
+    case PF_DQ_NO_INIT: {
+        cpc_op *i = find_op(p, CPC_OP_INIT_ACC, NULL, "dq_seq");
+        cr_assert_not_null(i);
+        set_when(i, "0");
+        return true;
+    }
+    case PF_DKV_REDUCE_ALWAYS: h_dk->reduce = h_dv->reduce = true; return true;
+    case PF_DELTA_NOT_SENT: {
+        cpc_op *s = find_op(p, CPC_OP_ALL_TO_ALL, "delta_shard", NULL);
+        cr_assert_not_null(s);
+        set_when(s, "0");
+        return true;
+    }
+    case PF_DQ_BACK_TWICE: duplicate_op(p, h_dq); return true;
+    case PF_TEXT_EVERY_RING_RANK: {
+        cpc_op *t = find_op(p, CPC_OP_ATTN_BWD, "q_rep_part", "dq_rep_acc");
+        if (!t || !t->when)
+            return false;
+        cpc_expr_free(t->when);
+        t->when = NULL;
+        return true;
+    }
+    case PF_TEXT_DK_PART: {
+        cpc_op *a = find_op(p, CPC_OP_ALL_REDUCE, "dk_rep_full", NULL);
+        if (!a)
+            return false;
+        int b = cpc_program_find_buffer(p, "dk_rep_acc");
+        cr_assert(b >= 0);
+        a->in[0] = b;
+        return true;
+    }
+    case PF_TEXT_DQ_NOT_PLACED: {
+        cpc_op *c = find_op(p, CPC_OP_COPY, "dq_rep_acc", "dq_rep_full");
+        if (!c)
+            return false;
+        set_when(c, "0");
+        return true;
+    }
+    default: return false;
+    }
+}
+
+/* Expected verdict of fault f (true: must be refused), by construction. */
+static bool pf_wrong(int f, bool shared)
+{
+    switch (f) {
+    case PF_NONE:
+    case PF_DQ_REDUCE:
+    case PF_DKV_REDUCE_ALWAYS:
+    case PF_DQ_BACK_TWICE: return false;
+    case PF_DK_PLACED:
+    case PF_DV_PLACED: return shared;
+    default: return true;
+    }
+}
+
+typedef struct pgeo {
+    int v, R, U, H, Hkv, rep; /* v: index into vnames */
+    const char *what;
+} pgeo;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Runs every fault on geometry g; enumerate: also the enumeration (P <= 256),
+ * which must give the expected verdict too.  Returns the faults planted. */
+static int planted_on(const pgeo *g, bool enumerate, int *cls_used)
+{
+    bool shared = kv_shared(g->R, g->U, g->H, g->Hkv);
+    int planted = 0;
+    for (int f = 0; f < PF__COUNT; f++) {
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv,
+                                          2 * g->R * g->U + 3, f % 2 && !g->rep ? "causal" : "none", "p2p", g->rep,
+                                          &err);
+        cr_assert_not_null(p, "%s %dx%d H %d Hkv %d: %s", vnames[g->v], g->R, g->U, g->H, g->Hkv,
+                           err ? err->message : "");
+        if (!plant(p, f)) {
+            cpc_program_free(p);
+            continue;
+        }
+        planted++;
+        bool wrong = pf_wrong(f, shared);
+        cpc_verify_bwd_stats sa;
+        double t0 = now_s();
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        double dt = now_s() - t0;
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "planted %s (%s %dx%d H %d Hkv %d rep %d, shared %d): %s: %d classes, mode %d, %.2f ms: %s\n",
+                    g->what, vnames[g->v], g->R, g->U, g->H, g->Hkv, g->rep, shared, pf_name[f], sa.classes,
+                    (int)sa.mode, dt * 1e3, a ? a->message : "proven");
+        *cls_used += sa.classes > 0;
+        if (wrong)
+            cr_expect_not_null(a, "UNSOUND: %s (%s %dx%d H %d Hkv %d rep %d): '%s' proven (%d classes)", g->what,
+                               vnames[g->v], g->R, g->U, g->H, g->Hkv, g->rep, pf_name[f], sa.classes);
+        else
+            cr_expect_null(a, "%s (%s %dx%d H %d Hkv %d rep %d): '%s' (correct) refused: %s", g->what, vnames[g->v],
+                           g->R, g->U, g->H, g->Hkv, g->rep, pf_name[f], a ? a->message : "");
+        if (a)
+            cr_expect_eq(a->rule, CPC_RULE_VERIFY, "%s: '%s': rule %d", g->what, pf_name[f], (int)a->rule);
+        cr_expect(dt < 1.0, "%s: '%s': %.2f s", g->what, pf_name[f], dt);
+        if (enumerate) {
+            cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+            cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+            cr_expect_eq(e != NULL, wrong, "%s (%dx%d): '%s': the enumeration says %s (expected %s)", g->what, g->R,
+                         g->U, pf_name[f], e ? e->message : "proven", wrong ? "wrong" : "right");
+            cpc_status_free(e);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+    return planted;
+}
+
+/* Each large geometry beside a small one of the same structure (the
+ * enumeration checks the expected verdicts there). */
+Test(attack_u, planted_faults_beyond_enumeration)
+{
+    static const pgeo small[] = {
+        {0, 1, 5, 6, 1, 0, "two regions, one K/V head (small)"},
+        {0, 1, 7, 10, 2, 0, "g 5 over parts of 2 and 1 (small)"},
+        {1, 1, 8, 8, 2, 0, "inside one group (small)"},
+        {0, 1, 8, 40, 10, 0, "parts wider than a group (small)"},
+        {0, 1, 5, 17, 17, 0, "K/V = H (small)"},
+        {2, 2, 5, 12, 4, 0, "unified, straddling (small)"},
+        {2, 2, 3, 7, 1, 4, "unified, replicated text, one K/V head (small)"},
+        {0, 1, 7, 16, 8, 0, "sharing in the second region only (small)"},
+        {0, 1, 6, 9, 3, 0, "g 3 over 2,2,2,1,1,1 (small)"},
+        {2, 3, 4, 10, 5, 5, "unified, replicated text, g 2 (small)"},
+    };
+    static const pgeo large[] = {
+        {0, 1, 300, 301, 1, 0, "two regions, one K/V head"},
+        {0, 1, 1000, 1003, 17, 0, "g 59 over parts of 2 and 1"},
+        {1, 1, 65536, 65536, 8, 0, "inside one group (g 8192)"},
+        {0, 1, 384, 49536, 387, 0, "parts of 129 over groups of 128: 128 residues, every member"},
+        {0, 1, 4097, 12293, 12293, 0, "K/V = H"},
+        {2, 3, 300, 301, 7, 0, "unified, straddling"},
+        {2, 2, 300, 301, 1, 5, "unified, replicated text, one K/V head"},
+        {0, 1, 40000, 65536, 32768, 0, "sharing in the second region only"},
+        {0, 1, 1000, 1500, 750, 0, "g 2 over 500 of 2 then 500 of 1"},
+        {2, 4, 1000, 2010, 1005, 5, "unified 4 x 1000, replicated text, g 2"},
+        {0, 1, 65535, 65536, 2, 0, "g 32768 (two K/V heads) over 65535"},
+        {0, 1, 257, 257 * 64 + 256, 257 * 64 + 256, 0, "257 members, the last alone in its region"},
+    };
+    int cls = 0, n = 0;
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
+        n += planted_on(&small[i], true, &cls);
+    for (size_t i = 0; i < sizeof large / sizeof large[0]; i++)
+        n += planted_on(&large[i], false, &cls);
+    cr_expect(cls > n / 2, "%d of %d planted programs proven by classes", cls, n);
+    fprintf(stderr, "attack_u planted: %d programs (%d decided by classes)\n", n, cls);
+}
