@@ -577,3 +577,181 @@ Test(attack_u, planted_faults_beyond_enumeration)
     cr_expect(cls > n / 2, "%d of %d planted programs proven by classes", cls, n);
     fprintf(stderr, "attack_u planted: %d programs (%d decided by classes)\n", n, cls);
 }
+
+/* ---- the message layer with ulysses members ----------------------------- */
+
+/* The loop body of p (the ring's steps). */
+static cpc_op *loop_of(cpc_program *p, int **n)
+{
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP) {
+            *n = &p->ops[j].n_body;
+            return p->ops[j].body;
+        }
+    return NULL;
+}
+
+/* Index in ops[0..n) of the op of `kind` naming buffer `buf` (in[0] or
+ * out[0]; NULL: any) with tag `tag` (-1: any), the nth; -1 if none. */
+static int index_of(const cpc_program *p, const cpc_op *ops, int n, cpc_op_kind kind, const char *buf, int tag,
+                    int nth)
+{
+    for (int j = 0; j < n; j++) {
+        const cpc_op *op = &ops[j];
+        if (op->kind != kind || (tag >= 0 && op->tag != tag))
+            continue;
+        if (buf && !(op->n_in > 0 && !strcmp(p->buffers[op->in[0]].name, buf)) &&
+            !(op->n_out > 0 && !strcmp(p->buffers[op->out[0]].name, buf)))
+            continue;
+        if (nth-- == 0)
+            return j;
+    }
+    return -1;
+}
+
+/* Moves ops[from] to position `to` (the others shift). */
+static void move_op(cpc_op *ops, int from, int to)
+{
+    cpc_op t = ops[from];
+    if (from < to)
+        memmove(&ops[from], &ops[from + 1], sizeof *ops * (size_t)(to - from));
+    else
+        memmove(&ops[to + 1], &ops[to], sizeof *ops * (size_t)(from - to));
+    ops[to] = t;
+}
+
+enum { MF_NONE, MF_SEND_WORLD, MF_RECV_WORLD_SAME_RANK, MF_ADD_INTO_IN_FLIGHT_SEND, MF_READ_IN_FLIGHT_RECV,
+       MF_WAIT_BEFORE_RECV, MF_NEVER_WAITED, MF_TAG_REUSED, MF_SWAP_IN_FLIGHT, MF_TAG_REUSED_ALL, MF__COUNT };
+static const char *const mf_name[MF__COUNT] = {
+    "unedited", "dK/dV sent in the world group, received in the ring group",
+    "dK/dV received in the world group from the same rank (flat index)",
+    "dk_out accumulated into while its send is in flight", "dk_cur read before the wait of its recv",
+    "the dK/dV send waited before its recv is posted (next step)", "the last dK/dV request never waited",
+    "dK/dV sent with K/V's tag (their wait left on tag 1)", "dk_out swapped while in flight",
+    "every dK/dV op on K/V's tag (FIFO pairs a K/V recv with a dK/dV send)"};
+
+/* Plants message fault f in the unified p2p program p; false if no place. */
+static bool plant_msg(cpc_program *p, int f)
+{
+    int *np = NULL;
+    cpc_op *b = loop_of(p, &np);
+    cr_assert_not_null(b);
+    int send_d = index_of(p, b, *np, CPC_OP_SEND, "dk_out", 1, 0), recv_d = index_of(p, b, *np, CPC_OP_RECV, "dk_cur", 1, 0);
+    int wait1 = index_of(p, b, *np, CPC_OP_WAIT, NULL, 1, 0), add_k = index_of(p, b, *np, CPC_OP_ADD, "dk_cur", -1, 0);
+    cr_assert(send_d >= 0 && recv_d >= 0 && wait1 >= 0 && add_k >= 0, "the lagged ring's ops");
+    switch (f) {
+    case MF_NONE: return true;
+    case MF_SEND_WORLD: b[send_d].group = CPC_GROUP_WORLD; return true;
+    case MF_RECV_WORLD_SAME_RANK:
+        b[recv_d].group = CPC_GROUP_WORLD;
+        cpc_expr_free(b[recv_d].peer);
+        b[recv_d].peer = expr_of("((r-1)%R)*U+u");
+        return true;
+    case MF_ADD_INTO_IN_FLIGHT_SEND:
+        duplicate_op(p, &b[add_k]);
+        b = loop_of(p, &np);
+        b[add_k + 1].out[0] = cpc_program_find_buffer(p, "dk_out");
+        send_d = index_of(p, b, *np, CPC_OP_SEND, "dk_out", 1, 0);
+        move_op(b, add_k + 1, send_d); /* right after the send (which moved up by one) */
+        return true;
+    case MF_READ_IN_FLIGHT_RECV: move_op(b, add_k, wait1); return true;
+    case MF_WAIT_BEFORE_RECV:
+        duplicate_op(p, &b[wait1]);
+        b = loop_of(p, &np);
+        cpc_expr_free(b[wait1 + 1].when);
+        b[wait1 + 1].when = expr_of("s<R-1");
+        send_d = index_of(p, b, *np, CPC_OP_SEND, "dk_out", 1, 0);
+        move_op(b, wait1 + 1, send_d);
+        return true;
+    case MF_NEVER_WAITED: {
+        int w = index_of(p, p->ops, p->n_ops, CPC_OP_WAIT, NULL, 1, 0);
+        cr_assert(w >= 0);
+        set_when(&p->ops[w], "0");
+        return true;
+    }
+    case MF_TAG_REUSED: {
+        b[send_d].tag = 0;
+        b[recv_d].tag = 0;
+        int r2 = index_of(p, p->ops, p->n_ops, CPC_OP_RECV, "dk_cur", 1, 0),
+            w2 = index_of(p, p->ops, p->n_ops, CPC_OP_WAIT, NULL, 1, 0);
+        cr_assert(r2 >= 0 && w2 >= 0);
+        p->ops[r2].tag = 0;
+        p->ops[w2].tag = 0;
+        return true;
+    }
+    case MF_SWAP_IN_FLIGHT: {
+        int sw = index_of(p, b, *np, CPC_OP_SWAP, "dk_blk", -1, 0);
+        if (sw < 0)
+            return false;
+        duplicate_op(p, &b[sw]);
+        b = loop_of(p, &np);
+        send_d = index_of(p, b, *np, CPC_OP_SEND, "dk_out", 1, 0);
+        move_op(b, sw + 1, send_d);
+        return true;
+    }
+    case MF_TAG_REUSED_ALL: { /* every tag-1 op (loop body and after it) on tag 0 */
+        for (int j = 0; j < *np; j++)
+            if (b[j].tag == 1)
+                b[j].tag = 0;
+        for (int j = 0; j < p->n_ops; j++)
+            if (p->ops[j].kind != CPC_OP_LOOP && p->ops[j].tag == 1)
+                p->ops[j].tag = 0;
+        return true;
+    }
+    default: return false;
+    }
+}
+
+Test(attack_u, message_layer_with_members)
+{
+    static const pgeo geos[] = {
+        {2, 4, 3, 7, 7, 0, "unified 4 x 3, uneven heads"},
+        {2, 3, 4, 8, 2, 0, "unified 3 x 4, K/V replicated"},
+        {2, 3, 3, 7, 1, 4, "unified 3 x 3, replicated text (twin)"},
+        {2, 1024, 3, 7, 7, 0, "unified 1024 x 3, uneven heads"},
+        {2, 300, 5, 12, 4, 0, "unified 300 x 5, GQA straddling"},
+        {2, 512, 3, 7, 1, 4, "unified 512 x 3, replicated text (twin)"},
+    };
+    int refused = 0, n = 0;
+    for (size_t gi = 0; gi < sizeof geos / sizeof geos[0]; gi++) {
+        const pgeo *g = &geos[gi];
+        for (int f = 0; f < MF__COUNT; f++) {
+            cpc_status *err = NULL;
+            cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv,
+                                              2 * g->R * g->U + 3, "none", "p2p", g->rep, &err);
+            cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+            if (!plant_msg(p, f)) {
+                cpc_program_free(p);
+                continue;
+            }
+            n++;
+            cpc_verify_bwd_stats sa;
+            double t0 = now_s();
+            cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+            double dt = now_s() - t0;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "message %s: %s: mode %d, %d classes, %.2f ms: %s\n", g->what, mf_name[f],
+                        (int)sa.mode, sa.classes, dt * 1e3, a ? a->message : "proven");
+            if (f == MF_NONE) {
+                cr_expect_null(a, "%s unedited: %s", g->what, a ? a->message : "");
+            } else {
+                cr_expect_not_null(a, "UNSOUND: %s: '%s' proven (mode %d, %d classes)", g->what, mf_name[f],
+                                   (int)sa.mode, sa.classes);
+                if (a)
+                    cr_expect_eq(a->rule, CPC_RULE_VERIFY, "%s: '%s': rule %d", g->what, mf_name[f], (int)a->rule);
+                refused += a != NULL;
+            }
+            cr_expect(dt < 2.0, "%s: '%s': %.2f s", g->what, mf_name[f], dt);
+            if (g->R * g->U <= 256) {
+                cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+                cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+                cr_expect_eq(e != NULL, f != MF_NONE, "%s: '%s': the enumeration says %s", g->what, mf_name[f],
+                             e ? e->message : "proven");
+                cpc_status_free(e);
+            }
+            cpc_status_free(a);
+            cpc_program_free(p);
+        }
+    }
+    fprintf(stderr, "attack_u messages: %d programs, %d faults refused\n", n, refused);
+}
