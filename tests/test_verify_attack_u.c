@@ -63,8 +63,9 @@ static void set_when(cpc_op *op, const char *t)
     op->when = expr_of(t);
 }
 
-static const char *const vnames[3] = {"ulysses_anything", "ulysses", "unified"};
-static const cpc_variant vkinds[3] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED};
+static const char *const vnames[4] = {"ulysses_anything", "ulysses", "unified", "ring"};
+static const cpc_variant vkinds[4] = {CPC_VARIANT_ULYSSES_ANYTHING, CPC_VARIANT_ULYSSES, CPC_VARIANT_UNIFIED,
+                                      CPC_VARIANT_RING};
 
 /* ---- the fuzz ---------------------------------------------------------- */
 
@@ -621,14 +622,18 @@ static void move_op(cpc_op *ops, int from, int to)
 }
 
 enum { MF_NONE, MF_SEND_WORLD, MF_RECV_WORLD_SAME_RANK, MF_ADD_INTO_IN_FLIGHT_SEND, MF_READ_IN_FLIGHT_RECV,
-       MF_WAIT_BEFORE_RECV, MF_NEVER_WAITED, MF_TAG_REUSED, MF_SWAP_IN_FLIGHT, MF_TAG_REUSED_ALL, MF__COUNT };
+       MF_WAIT_BEFORE_RECV, MF_NEVER_WAITED, MF_TAG_REUSED, MF_SWAP_IN_FLIGHT, MF_TAG_REUSED_ALL, MF_GROUPS_SPLIT_CROSSED, MF_RECV_WAITED_BEFORE_SEND,
+       MF_LAST_RECV_DROPPED, MF_KV_SENT_TWICE, MF__COUNT };
 static const char *const mf_name[MF__COUNT] = {
     "unedited", "dK/dV sent in the world group, received in the ring group",
     "dK/dV received in the world group from the same rank (flat index)",
     "dk_out accumulated into while its send is in flight", "dk_cur read before the wait of its recv",
     "the dK/dV send waited before its recv is posted (next step)", "the last dK/dV request never waited",
     "dK/dV sent with K/V's tag (their wait left on tag 1)", "dk_out swapped while in flight",
-    "every dK/dV op on K/V's tag (FIFO pairs a K/V recv with a dK/dV send)"};
+    "every dK/dV op on K/V's tag (FIFO pairs a K/V recv with a dK/dV send)",
+    "dK sent in the world group, dV in the ring group, received the other way round (issue 21's first tamper)",
+    "the K/V recv waited before the K/V send is posted", "the last dK/dV recv dropped (its send never matched)",
+    "the K/V sent twice a step"};
 
 /* Plants message fault f in the unified p2p program p; false if no place. */
 static bool plant_msg(cpc_program *p, int f)
@@ -698,6 +703,48 @@ static bool plant_msg(cpc_program *p, int f)
                 p->ops[j].tag = 0;
         return true;
     }
+    case MF_GROUPS_SPLIT_CROSSED: { /* one op per buffer: send dk (world), dv (ring); recv dk (ring), dv (world) */
+        const bool U1 = p->layout.U == 1;
+        duplicate_op(p, &b[send_d]);
+        b = loop_of(p, &np);
+        recv_d = index_of(p, b, *np, CPC_OP_RECV, "dk_cur", 1, 0);
+        duplicate_op(p, &b[recv_d]);
+        b = loop_of(p, &np);
+        send_d = index_of(p, b, *np, CPC_OP_SEND, "dk_out", 1, 0);
+        recv_d = index_of(p, b, *np, CPC_OP_RECV, "dk_cur", 1, 0);
+        cpc_op *sk = &b[send_d], *sv = &b[send_d + 1], *rk = &b[recv_d], *rv = &b[recv_d + 1];
+        sk->n_in = 1;
+        sv->n_in = 1;
+        sv->in[0] = sv->in[1];
+        rk->n_out = 1;
+        rv->n_out = 1;
+        rv->out[0] = rv->out[1];
+        sk->group = CPC_GROUP_WORLD;
+        rv->group = CPC_GROUP_WORLD;
+        cpc_expr_free(sk->peer);
+        sk->peer = expr_of(U1 ? "(r+1)%R" : "((r+1)%R)*U+u");
+        cpc_expr_free(rv->peer);
+        rv->peer = expr_of(U1 ? "(r-1)%R" : "((r-1)%R)*U+u");
+        return true;
+    }
+    case MF_RECV_WAITED_BEFORE_SEND: {
+        int sk = index_of(p, b, *np, CPC_OP_SEND, "k_cur", 0, 0), w0 = index_of(p, b, *np, CPC_OP_WAIT, NULL, 0, 0);
+        cr_assert(sk >= 0 && w0 > sk);
+        move_op(b, sk, w0); /* right after the wait (which moved up by one) */
+        return true;
+    }
+    case MF_LAST_RECV_DROPPED: {
+        int r2 = index_of(p, p->ops, p->n_ops, CPC_OP_RECV, "dk_cur", 1, 0);
+        cr_assert(r2 >= 0);
+        set_when(&p->ops[r2], "0");
+        return true;
+    }
+    case MF_KV_SENT_TWICE: {
+        int sk = index_of(p, b, *np, CPC_OP_SEND, "k_cur", 0, 0);
+        cr_assert(sk >= 0);
+        duplicate_op(p, &b[sk]);
+        return true;
+    }
     default: return false;
     }
 }
@@ -711,6 +758,8 @@ Test(attack_u, message_layer_with_members)
         {2, 1024, 3, 7, 7, 0, "unified 1024 x 3, uneven heads"},
         {2, 300, 5, 12, 4, 0, "unified 300 x 5, GQA straddling"},
         {2, 512, 3, 7, 1, 4, "unified 512 x 3, replicated text (twin)"},
+        {3, 4, 1, 4, 4, 0, "ring 4"},
+        {3, 1024, 1, 4, 2, 0, "ring 1024"},
     };
     int refused = 0, n = 0;
     for (size_t gi = 0; gi < sizeof geos / sizeof geos[0]; gi++) {
