@@ -1110,6 +1110,20 @@ static cpc_status *price_all_to_all(pricer *pr, const cpc_op *op)
     return NULL;
 }
 
+/* A blocking collective over group g: compute and communication both wait
+ * for it, from when both are free, for n_lat latencies of g's link plus
+ * `bytes` over it (comm_scale), plus mem_s seconds of memory work
+ * (compute_scale); `sent` bytes count as this rank's. */
+static void collective(pricer *pr, cpc_group g, double n_lat, int64_t bytes, double mem_s, int64_t sent)
+{
+    double lat;
+    double bw = link_bw(pr, g, false, &lat);
+    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
+    pr->t_comp = pr->t_comm =
+        start + (lat * n_lat + (double)bytes / bw) * pr->comm_scale + mem_s * pr->compute_scale;
+    pr->sent += sent;
+}
+
 /* all_gather: the other blocks over the ring link, for every buffer pair */
 static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
 {
@@ -1120,12 +1134,7 @@ static cpc_status *price_all_gather(pricer *pr, const cpc_op *op)
         int64_t total = 0;
         for (int j = 0; j < L->R; j++)
             total += cpc_layout_block_tokens(L, j) * per_tok;
-        double lat;
-        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm =
-            start + (lat * (L->R - 1) + (double)(total - own) / bw) * pr->comm_scale;
-        pr->sent += own * (L->R - 1);
+        collective(pr, CPC_GROUP_RING, L->R - 1, total - own, 0.0, own * (L->R - 1));
     }
     return NULL;
 }
@@ -1142,12 +1151,7 @@ static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
         int r = (int)pr->c.r;
         int64_t out = cpc_layout_block_tokens(L, r) * per_tok;
         int64_t bytes = all - cpc_layout_block_tokens(L, r) * per_tok;
-        double lat;
-        double bw = link_bw(pr, CPC_GROUP_RING, false, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm = start + (lat * (L->R - 1) + (double)bytes / bw) * pr->comm_scale +
-                                  (mem_time(pr, all) + mem_time(pr, out * L->R)) * pr->compute_scale;
-        pr->sent += bytes;
+        collective(pr, CPC_GROUP_RING, L->R - 1, bytes, mem_time(pr, all) + mem_time(pr, out * L->R), bytes);
         if (all > pr->stage_send)
             pr->stage_send = all;
         if (out * L->R > pr->stage_recv)
@@ -1168,12 +1172,8 @@ static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
         int64_t per_tok = all / (tot > 0 ? tot : 1);
         int64_t mine = cpc_split_len(tot, L->P, pr->c.p) * per_tok;
         int64_t bytes = (all - mine) + mine * (L->P - 1);
-        double lat;
-        double bw = link_bw(pr, CPC_GROUP_WORLD, false, &lat);
-        double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-        pr->t_comp = pr->t_comm = start + (2.0 * lat * (L->P - 1) + (double)bytes / bw) * pr->comm_scale +
-                                  (2.0 * mem_time(pr, all) + mem_time(pr, mine * L->P)) * pr->compute_scale;
-        pr->sent += bytes;
+        collective(pr, CPC_GROUP_WORLD, 2.0 * (L->P - 1), bytes,
+                   2.0 * mem_time(pr, all) + mem_time(pr, mine * L->P), bytes);
         if (all > pr->stage_send)
             pr->stage_send = all;
         if (all > pr->stage_recv)
@@ -1187,10 +1187,7 @@ static cpc_status *price_all_reduce(pricer *pr, const cpc_op *op)
 /* barrier: one latency of its group */
 static cpc_status *price_barrier(pricer *pr, const cpc_op *op)
 {
-    double lat;
-    (void)link_bw(pr, op->group, false, &lat);
-    double start = pr->t_comp > pr->t_comm ? pr->t_comp : pr->t_comm;
-    pr->t_comp = pr->t_comm = start + lat * pr->comm_scale;
+    collective(pr, op->group, 1, 0, 0.0, 0);
     return NULL;
 }
 

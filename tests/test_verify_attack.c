@@ -508,6 +508,27 @@ static int ov_guard(oracle *o, int p, const cpc_op *op)
     return 0;
 }
 
+/* Whether attn_bwd's / delta's operands have the memory layouts their slots
+ * need: q, k, v, dout [B, T, h, D] (not LSE role), the saved LSE and delta
+ * [B, h, T] (LSE role), dq/dk/dv fp32 gradients; delta: dout and out not
+ * LSE, its output LSE.  The executor sizes each operand by its buffer's
+ * role (geom_of), and the backend reads and writes by the slot's layout:
+ * without these it runs past the buffer (oracle2 finding E). */
+static bool ov_layouts_fit(const cpc_program *P, const cpc_op *op)
+{
+    const cpc_buffer *B = P->buffers;
+    if (op->kind == CPC_OP_DELTA)
+        return op->n_in == 2 && op->n_out == 1 && B[op->in[0]].role != CPC_ROLE_LSE &&
+               B[op->in[1]].role != CPC_ROLE_LSE && B[op->out[0]].role == CPC_ROLE_LSE;
+    if (op->n_in != 6 || op->n_out != 3)
+        return false;
+    for (int i = 0; i < 4; i++)
+        if (B[op->in[i]].role == CPC_ROLE_LSE)
+            return false;
+    return B[op->in[4]].role == CPC_ROLE_LSE && B[op->in[5]].role == CPC_ROLE_LSE && ov_grad_role(B[op->out[0]].role) &&
+           ov_grad_role(B[op->out[1]].role) && ov_grad_role(B[op->out[2]].role);
+}
+
 static int ov_attn_bwd(oracle *o, int p, const ov_op *d)
 {
     const cpc_op *op = d->x.op;
@@ -516,6 +537,9 @@ static int ov_attn_bwd(oracle *o, int p, const ov_op *d)
         return ov_fail(o, "rank %d: attn_bwd with %d inputs and %d outputs (the executor refuses it)", p, op->n_in,
                        op->n_out);
     int q = op->in[0], k = op->in[1], v = op->in[2], dq = op->out[0], dk = op->out[1], dv = op->out[2];
+    if (!ov_layouts_fit(P, op))
+        return ov_fail(o, "rank %d: attn_bwd with an operand of the other memory layout (LSE [B, h, T] vs [B, T, h, "
+                       "D], or a gradient not fp32): the executor reads or writes past it", p);
     cpc_buf_tokens kt = P->buffers[k].tokens;
     bool all = kt == CPC_TOK_ALL;
     if (all != (P->buffers[dk].tokens == CPC_TOK_ALL) || all != (P->buffers[dv].tokens == CPC_TOK_ALL) ||
@@ -799,6 +823,9 @@ static int ov_run(oracle *o, int p)
         case CPC_OP_DELTA: {
             if (op->n_in != 2 || op->n_out != 1)
                 return ov_fail(o, "rank %d: delta of %d into %d (the executor refuses it)", p, op->n_in, op->n_out);
+            if (!ov_layouts_fit(P, op))
+                return ov_fail(o, "rank %d: delta with an operand of the other memory layout: the executor reads or "
+                               "writes past it", p);
             ov_val *Dd = ov_buf(o, p, op->in[0]), *Oo = ov_buf(o, p, op->in[1]), *Out = ov_buf(o, p, op->out[0]);
             if (Dd->nr != Oo->nr || Dd->nh != Oo->nh || Out->nr != Dd->nr || Out->nh != Dd->nh)
                 return ov_fail(o, "rank %d: delta: dout, out and delta of different rows or heads (the executor "
@@ -2259,6 +2286,11 @@ static const struct fz_row {
     {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 4, 6, 2, 29, "p2p", 0}, /* heads and tokens uneven */
     {"unified", CPC_VARIANT_UNIFIED, 2, 3, 6, 2, 48, "p2p", 0},
     {"unified", CPC_VARIANT_UNIFIED, 3, 2, 4, 1, 36, "allgather", 0},
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 5, 7, 1, 43, "p2p", 0}, /* 7 heads over 5 members */
+    {"unified", CPC_VARIANT_UNIFIED, 4, 3, 9, 3, 72, "p2p", 0},
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 8, 11, 1, 43, "p2p", 0}, /* member classes (uany) */
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 6, 8, 2, 40, "p2p", 0},  /* GQA groups straddling */
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 16, 19, 1, 70, "p2p", 0},
     {"ring", CPC_VARIANT_RING, 10, 1, 4, 2, 80, "p2p", 7},          /* replicated text: the twin */
     {"unified", CPC_VARIANT_UNIFIED, 8, 2, 4, 2, 128, "p2p", 6},
     /* replicated text with R = 1: no twin, so one ulysses member for all with the world
@@ -2466,10 +2498,13 @@ static bool numeric_ok(const cpc_run_report *rep)
  * paired all_to_alls, so no proven program reaches it; the numeric oracle
  * counts such programs instead of running them, unless CPC_ATTACK_KNOWN=1.
  * Reproducer: paired_all_to_all_with_an_lse_pair. */
-static bool known_paired_lse_a2a(const cpc_op *ops, int n, const cpc_program *p)
+static bool numeric_skip(const cpc_op *ops, int n, const cpc_program *p)
 {
     for (int j = 0; j < n; j++) {
-        if (ops[j].kind == CPC_OP_LOOP && known_paired_lse_a2a(ops[j].body, ops[j].n_body, p))
+        if (ops[j].kind == CPC_OP_LOOP && numeric_skip(ops[j].body, ops[j].n_body, p))
+            return true;
+        /* finding E: never run (it writes past a buffer), even with CPC_ATTACK_KNOWN */
+        if ((ops[j].kind == CPC_OP_ATTN_BWD || ops[j].kind == CPC_OP_DELTA) && !ov_layouts_fit(p, &ops[j]))
             return true;
         if (ops[j].kind == CPC_OP_ALL_TO_ALL && p->buffers[ops[j].in[0]].role != CPC_ROLE_LSE)
             for (int k = 1; k < ops[j].n_in; k++)
@@ -2491,6 +2526,8 @@ static const struct fz_row nm_rows[] = {
     {"unified", CPC_VARIANT_UNIFIED, 4, 2, 4, 2, 64, "allgather", 0},
     {"ring", CPC_VARIANT_RING, 3, 1, 4, 2, 24, "p2p", 5},                       /* a replicated text */
     {"ulysses", CPC_VARIANT_ULYSSES, 1, 2, 4, 2, 16, "p2p", 3},
+    {"ulysses_anything", CPC_VARIANT_ULYSSES_ANYTHING, 1, 5, 7, 1, 43, "p2p", 0}, /* 7 heads over 5 */
+    {"unified", CPC_VARIANT_UNIFIED, 2, 4, 8, 2, 64, "p2p", 0},
 };
 
 typedef struct nm_count {
@@ -2533,7 +2570,7 @@ static void nm_run(uint64_t seed, int want, int want_side, nm_count *k)
         bool uns;
         const char *bad = oracle_check(p, &o, &uns);
         bool known = known_exec_refusal(bad);
-        if (known_paired_lse_a2a(p->ops, p->n_ops, p) && !getenv("CPC_ATTACK_KNOWN")) {
+        if (numeric_skip(p->ops, p->n_ops, p)) {
             k->paired_lse++;
             cpc_status_free(pv);
             cpc_program_free(p);
@@ -2550,6 +2587,10 @@ static void nm_run(uint64_t seed, int want, int want_side, nm_count *k)
             continue;
         }
         uint64_t s = test_bits_at(seed, 7u, (uint64_t)t) | (uint64_t)test_bits_at(seed, 8u, (uint64_t)t) << 32;
+        if (getenv("CPC_ATTACK_NUMERIC_PRINT")) { /* before the run: a crash names its program */
+            fprintf(stderr, "running %s:\n", what);
+            cpc_program_print(stderr, p, -1);
+        }
         cpc_run_report rep;
         cpc_status *st = numeric_run(w, mask, p, s, &rep);
         bool ok = !st && numeric_ok(&rep);
@@ -2604,14 +2645,17 @@ Test(attack, numeric_oracle_on_the_cpu_executor)
     int want = env ? atoi(env) : 60;
 #endif
     nm_count k = {0};
-    nm_run(20261203u, want / 2, want / 6, &k); /* fixed: the same programs and inputs on every run */
     uint64_t seed = test_seed();
+    if (getenv("CPC_ATTACK_VERBOSE"))
+        fprintf(stderr, "numeric oracle: seeds 20261203 and %llu\n", (unsigned long long)seed);
+    nm_run(20261203u, want / 2, want / 6, &k); /* fixed: the same programs and inputs on every run */
     nm_run(seed, want, want / 3, &k);
     fprintf(stderr,
             "numeric oracle (seed %llu): %d mutants tried; %d accepted ones run on the CPU executor, %d matched the "
             "float64 reference (%d of the known class, %d of them refused by the executor); %d refused ones right by "
             "the oracle run, %d matched; %d refused ones wrong by the oracle's coverage run, %d of them differ; %d "
-            "not run (a paired all_to_all with an LSE pair: the executor's known staging bug)\n",
+            "not run (findings D and E: a paired all_to_all with an LSE pair, an attn_bwd/delta operand of the other "
+            "layout)\n",
             (unsigned long long)seed, k.tried, k.ran, k.ran_right, k.exec_refused, k.exec_refused_caught,
             k.refused_right, k.refused_right_ok, k.cover_wrong, k.cover_wrong_caught, k.paired_lse);
     cr_expect(k.ran >= want + want / 2, "seed %llu: only %d accepted programs ran", (unsigned long long)seed, k.ran);
@@ -2840,6 +2884,50 @@ Test(attack, message_between_unequal_head_parts)
         cpc_status_free(pv);
         cpc_status_free(st);
         cpc_run_report_clear(&rep);
+        cpc_program_free(p);
+    }
+}
+
+/* FOUND (oracle2, by the numeric oracle under ASan): the executor sizes
+ * attn_bwd's and delta's operands by their buffers' roles (geom_of: an
+ * LSE-role buffer is [B, h, T]) and never checks those roles against the
+ * slots, so an attn_bwd whose dq is an LSE-role buffer (here the saved
+ * `lse`) passes every shape check and the CPU backend writes T*h*D floats
+ * into T*h: a heap overflow (ASan: attention_bwd_cpu.c, "heap-buffer-
+ * overflow"; release: "free(): invalid next size").  The prover refuses the
+ * program, so only an unproven program reaches it (the executor's own
+ * guards are the last line, issue 21).  The structural oracle finds it
+ * wrong; the run, which must end in an executor error, is only made with
+ * CPC_ATTACK_KNOWN=1 (without the fix it corrupts this process's heap). */
+Test(attack, attn_bwd_operand_of_the_other_layout)
+{
+    static const struct fz_row w = {"ring", CPC_VARIANT_RING, 3, 1, 2, 1, 24, "allgather", 0};
+    for (int c = 0; c < 2; c++) {
+        cpc_program *p = build(w.name, w.v, w.R, w.U, w.H, w.Hkv, w.tokens, "none", w.rotate, w.rep);
+        cr_assert_not_null(p);
+        cpc_op *a = body(p, CPC_OP_ATTN_BWD, -1, 0);
+        if (c == 0)
+            a->out[0] = cpc_program_find_buffer(p, "lse"); /* dq accumulated into the saved LSE */
+        else
+            a->in[0] = cpc_program_find_buffer(p, "delta"); /* q read from delta */
+        const char *what = c == 0 ? "attn_bwd out=lse,dk_all,dv_all" : "attn_bwd in=delta,k_all,...";
+        cpc_status *pv = cpc_verify_backward_ex(p, NULL, NULL);
+        cr_expect_not_null(pv, "%s: proven", what);
+        oracle o;
+        bool uns;
+        const char *bad = oracle_check(p, &o, &uns);
+        cr_expect(!uns && bad && strstr(bad, "other memory layout"), "%s: the oracle: %s", what,
+                  uns ? o.unsup : bad ? bad : "right");
+        if (getenv("CPC_ATTACK_KNOWN")) {
+            cpc_run_report rep;
+            cpc_status *st = numeric_run(&w, "none", p, test_seed(), &rep);
+            cr_expect(st != NULL, "%s: the executor ran it (%s)", what, numeric_ok(&rep) ? "matches" : "differs");
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        } else {
+            fprintf(stderr, "KNOWN (oracle2): %s: the executor writes or reads past the buffer; not run\n", what);
+        }
+        cpc_status_free(pv);
         cpc_program_free(p);
     }
 }

@@ -6,10 +6,13 @@
 # is compiled against the static library of two builds and the outputs are
 # diffed.  About 3 s and 2 x 170 MB in OUT_DIR.
 #
-# Usage: tests/tools/schedule_compare.sh BASE_BUILD_DIR NEW_BUILD_DIR [OUT_DIR]
-#   BASE_BUILD_DIR / NEW_BUILD_DIR: build trees of the two versions (each with
-#   libcpc.a built: `cmake --build DIR --target cpc_static`); the headers are
-#   taken from the source tree each build was configured from.
+# Usage: tests/tools/schedule_compare.sh BASE NEW_BUILD_DIR [OUT_DIR]
+#   BASE: a build tree of the old version, or a git revision (e.g. main): it
+#   is exported (git archive) and its libcpc.a built in OUT_DIR/base-src
+#   (cmake, target cpc_static; a few minutes the first time, reused after).
+#   NEW_BUILD_DIR: the build tree of the new version.  Each build tree needs
+#   libcpc.a (`cmake --build DIR --target cpc_static`); the headers are taken
+#   from the source tree it was configured from.
 #   OUT_DIR (default /tmp/schedule_compare): where the dumps go.
 # Exit 0 when the dumps are identical (prints their size and sha256), 1 with
 # the head of the diff otherwise, 2 on a usage or build error.
@@ -28,7 +31,20 @@ dump() { # build_dir name
         "$lib" $(pkg-config --libs yaml-0.1 libcrypto) -lm -ldl -lpthread
     (cd "$src" && "$out/dump_$2" plans/*.yaml tests/cases/*.yaml) > "$out/$2.txt"
 }
-dump "$1" base
+base=$1
+if [ ! -d "$base" ]; then # a git revision: export and build it once
+    rev=$(git -C "$here" rev-parse --verify "$base^{commit}") || exit 2
+    bsrc=$out/base-src-$rev
+    if [ ! -f "$bsrc/build/libcpc.a" ]; then
+        rm -rf "$bsrc" && mkdir -p "$bsrc"
+        git -C "$here" archive "$rev" | tar -x -C "$bsrc"
+        cmake -S "$bsrc" -B "$bsrc/build" -DCMAKE_BUILD_TYPE=Release > "$out/base-build.log" 2>&1 &&
+            cmake --build "$bsrc/build" -j2 --target cpc_static >> "$out/base-build.log" 2>&1 ||
+            { echo "$0: building $base failed (see $out/base-build.log)" >&2; exit 2; }
+    fi
+    base=$bsrc/build
+fi
+dump "$base" base
 dump "$2" new
 if cmp -s "$out/base.txt" "$out/new.txt"; then
     echo "identical: $(wc -c < "$out/new.txt") bytes, $(grep -c '^== ' "$out/new.txt") programs," \
