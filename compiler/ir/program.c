@@ -190,6 +190,14 @@ cpc_content cpc_content_of_role(cpc_buf_role r)
 {
     return (int)r >= 0 && r < CPC_ROLE__COUNT ? role_content[r] : CPC_CONTENT_NONE;
 }
+static int layout_class(cpc_content c)
+{
+    return c == CPC_CONTENT_LSE || c == CPC_CONTENT_DELTA ? 1 : c == CPC_CONTENT_GRAD ? 2 : 0;
+}
+bool cpc_role_can_hold(cpc_buf_role r, cpc_content c)
+{
+    return c == CPC_CONTENT_NONE || layout_class(c) == layout_class(cpc_content_of_role(r));
+}
 int cpc_op_kind_parse(const char *s)
 {
     for (int k = 0; s && k < CPC_OP__COUNT; k++)

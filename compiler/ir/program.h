@@ -380,6 +380,14 @@ const char *cpc_a2a_dir_name(cpc_a2a_dir d);
 const char *cpc_content_name(cpc_content c);   /* "q", "the saved lse", "delta", ... */
 /* What an INPUT buffer of role r holds (ACC and O: OUT; DQ/DK/DV: GRAD). */
 cpc_content cpc_content_of_role(cpc_buf_role r);
+/* Whether a buffer of role r has the layout content c needs: the LSE and
+ * delta are [B, h, T] fp32 (role LSE only), gradients are fp32 rows of a
+ * gradient role (DQ, DK, DV), the other contents [B, T, h, D] rows of a role
+ * that is neither.  The executor refuses an op whose table slot
+ * (in_content / out_content) names a content its buffer cannot hold, so no
+ * kernel reads or writes past a buffer sized for another layout.  NONE:
+ * true.  Pure. */
+bool cpc_role_can_hold(cpc_buf_role r, cpc_content c);
 int cpc_op_kind_parse(const char *s);
 int cpc_group_parse(const char *s);
 int cpc_buf_role_parse(const char *s);
