@@ -235,6 +235,41 @@ Test(transport_local, abort_wakes_every_waiter)
     end_world(&j, 4);
 }
 
+/* A barrier, then collectives while a rank outside the group aborts the world: the members
+ * leave with the abort's error.  Each barrier used to leave its members counted inside the
+ * group, and a collective's leave after an abort waited for that count forever (found by the
+ * numeric oracle of test_verify_attack: two ranks in an all_reduce, never woken). */
+static void barrier_then_abort_rank(job *j, int p, cpc_transport *t)
+{
+    double t0 = now_s();
+    if (p >= 2) {
+        if (p == 2) {
+            usleep(30000);
+            cpc_transport_abort(t, "rank 2 gave up");
+        }
+        return;
+    }
+    cpc_status *st = cpc_transport_barrier(t, CPC_GROUP_ULYSSES);
+    char s[64] = {0}, r[128];
+    size_t c[2] = {64, 64}, d[2] = {0, 64};
+    for (int i = 0; i < 1000000 && !st; i++)
+        st = cpc_transport_all_gather_v(t, CPC_GROUP_ULYSSES, s, sizeof s, r, c, d);
+    keep(j, p, st);
+    snprintf(j->info[p], sizeof j->info[p], "%.3f", now_s() - t0);
+}
+
+Test(transport_local, collectives_after_a_barrier_leave_on_an_abort, .timeout = 30)
+{
+    job j;
+    run_world(&j, 2, 2, 0 /* no timeout: only the abort can end the loop */, barrier_then_abort_rank);
+    for (int p = 0; p < 2; p++) {
+        cr_assert_not_null(j.st[p], "rank %d was not woken with an error", p);
+        cr_assert(strstr(j.st[p]->message, "rank 2 gave up") != NULL, "%s", j.st[p]->message);
+        cr_assert(atof(j.info[p]) < 20.0, "rank %d took %s s", p, j.info[p]);
+    }
+    end_world(&j, 4);
+}
+
 /* ---- timeout diagnostics -------------------------------------------------------------- */
 
 static void timeout_rank(job *j, int p, cpc_transport *t)

@@ -709,9 +709,16 @@ static cpc_status *t_barrier(cpc_transport *t, cpc_group g)
     st = coll_enter(e, g, &slot, &c, what);
     if (st && is_aborted(e->w))
         return st;
-    /* A barrier needs no second phase unless the kinds disagreed. */
+    /* A barrier needs no second phase unless the kinds disagreed; it reads
+     * no buffer, so it leaves the members counted inside at once (a count
+     * left behind would hold every later collective's leave after an abort
+     * forever). */
     if (st)
         return coll_leave(e, c, st, what, false);
+    pthread_mutex_lock(&e->w->mu);
+    c->inside--;
+    pthread_cond_broadcast(&e->w->cv);
+    pthread_mutex_unlock(&e->w->mu);
     return NULL;
 }
 
