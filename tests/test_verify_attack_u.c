@@ -41,7 +41,9 @@
 
 #include "expr.h"
 #include "layout.h"
+#include "plan.h"
 #include "program.h"
+#include "run.h"
 #include "schedule_bwd.h"
 #include "verify.h"
 #include "verify_bwd.h"
@@ -925,4 +927,123 @@ Test(attack_u, loop_faults_with_classes)
         }
     }
     fprintf(stderr, "attack_u loops: %d programs, %d by classes, %d with a phase jumped\n", n, cls, jumped);
+}
+
+/* ---- a numeric judgement: accepted class mutants run on the CPU executor ---- */
+
+typedef struct nrow {
+    int v, R, U, H, Hkv, tokens;
+    const char *what;
+} nrow;
+
+/* Runs backward program bwd in place of the built one for row w's plan on the
+ * CPU executor (local transport, seed): the run's report in *rep. */
+static cpc_status *numeric_run_u(const nrow *w, const cpc_program *bwd, uint64_t seed, cpc_run_report *rep)
+{
+    cpc_status *err = NULL;
+    memset(rep, 0, sizeof *rep);
+    cpc_plan *plan = test_train_plan(vnames[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, "none", "p2p", 0, &err);
+    cr_assert_not_null(plan, "%s: %s", w->what, err ? err->message : "");
+    cpc_job *job = NULL;
+    cpc_status *st = cpc_job_from_plan(plan, vkinds[w->v], w->R, w->U, &job);
+    cr_assert(job && !cpc_status_has_error(st), "%s: %s", w->what, st ? st->message : "");
+    cpc_status_free(st);
+    cpc_program_free(job->bwd);
+    job->bwd = NULL;
+    cr_assert_null(cpc_program_clone(bwd, &job->bwd));
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.backend = "cpu";
+    o.transport = "local";
+    o.seed = seed;
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = 20;
+    st = cpc_job_run(job, &o, rep, NULL);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+    return st;
+}
+
+/* Only the edits that keep every operand's role (reduce / direction flipped,
+ * ops duplicated, dropped, moved, guards): the ones the class proof decides
+ * differently from member to member, and none that the executor would run
+ * past a buffer (test_verify_attack.c's finding E). */
+static void fz_mutate_roles_kept(fz *z, cpc_program *p, char *log, size_t ln)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        uint32_t i0 = z->i;
+        size_t L = strlen(log);
+        cpc_program *c = NULL;
+        cr_assert_null(cpc_program_clone(p, &c));
+        fz_mutate(z, c, log, ln);
+        const char *e = log + L;
+        bool keep = strstr(e, "reduce") || strstr(e, "dir flipped") || strstr(e, "duplicated") ||
+                    strstr(e, "dropped") || strstr(e, "moved") || strstr(e, "when=");
+        cpc_program_free(c);
+        log[L] = 0;
+        z->i = i0;
+        if (keep) {
+            fz_mutate(z, p, log, ln);
+            return;
+        }
+        z->i = i0 + 1000; /* another draw */
+    }
+}
+
+Test(attack_u, numeric_judgement_of_class_mutants)
+{
+    static const nrow rows[] = {
+        {0, 1, 5, 7, 1, 43, "ulysses_anything 1x5 H 7, one K/V head"},
+        {0, 1, 5, 12, 4, 45, "ulysses_anything 1x5 H 12 Hkv 4 (3,3,2,2,2: straddling)"},
+        {1, 1, 4, 8, 2, 32, "ulysses 1x4 H 8 Hkv 2 (inside one group)"},
+        {2, 2, 3, 7, 7, 48, "unified 2x3 H 7"},
+        {2, 2, 3, 6, 2, 48, "unified 2x3 H 6 Hkv 2 (straddling)"},
+    };
+    const char *env = getenv("CPC_ATTACK_U_NUMERIC");
+    int rounds = env ? atoi(env) : 120;
+    const uint64_t seeds[2] = {20261203u, test_seed()};
+    int accepted = 0, ran_ok = 0, cls = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        const nrow *w = &rows[k % (int)(sizeof rows / sizeof rows[0])];
+        fz z = {seeds[k < rounds / 3 ? 0 : 1], (uint32_t)(5000000 + k), 0};
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[w->v], vkinds[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, "none",
+                                          "p2p", 0, &err);
+        cr_assert_not_null(p, "%s: %s", w->what, err ? err->message : "");
+        char log[800];
+        log[0] = 0;
+        int nm = k % 5 == 0 ? 0 : 1 + (int)fz_rn(&z, 2);
+        for (int m = 0; m < nm; m++)
+            fz_mutate_roles_kept(&z, p, log, sizeof log);
+        cpc_verify_bwd_stats sa;
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cls += sa.classes > 0;
+        if (!a) { /* every accepted one (a refused one may deadlock: the run's 20 s timeout) */
+            cpc_run_report rep;
+            cpc_status *st = numeric_run_u(w, p, z.seed + (uint64_t)k, &rep);
+            bool ok = !st && rep.checked && rep.pass && rep.bwd_checked && rep.bwd_pass;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "numeric %s%s: %s (%d classes): run %s, rel_err %.2g %.2g %.2g\n", w->what,
+                        log[0] ? log : " unedited", a ? "refused" : "proven", sa.classes,
+                        st ? st->message : ok ? "right" : "WRONG", rep.bwd_rel_err[0], rep.bwd_rel_err[1],
+                        rep.bwd_rel_err[2]);
+            if (!a) {
+                accepted++;
+                ran_ok += ok;
+                cr_expect(ok, "UNSOUND: seed %llu round %d: %s, edits:%s: proven (%d classes), the run %s (rel_err "
+                              "dq %.3g dk %.3g dv %.3g)",
+                          (unsigned long long)z.seed, k, w->what, log, sa.classes,
+                          st ? st->message : "is wrong", rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+            }
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        }
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+    fprintf(stderr, "attack_u numeric: %d mutants, %d by classes, %d proven (%d ran right), %d refused\n", rounds, cls,
+            accepted, ran_ok, refused);
+    cr_expect(accepted >= rounds / 5, "only %d of %d proven", accepted, rounds);
 }
