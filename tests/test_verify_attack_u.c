@@ -978,7 +978,7 @@ static void fz_mutate_roles_kept(fz *z, cpc_program *p, char *log, size_t ln)
         cr_assert_null(cpc_program_clone(p, &c));
         fz_mutate(z, c, log, ln);
         const char *e = log + L;
-        bool keep = strstr(e, "reduce") || strstr(e, "dir flipped") || strstr(e, "duplicated") ||
+        bool keep = getenv("CPC_ATTACK_U_ALL_EDITS") || strstr(e, "reduce") || strstr(e, "dir flipped") || strstr(e, "duplicated") ||
                     strstr(e, "dropped") || strstr(e, "moved") || strstr(e, "when=");
         cpc_program_free(c);
         log[L] = 0;
@@ -1046,4 +1046,82 @@ Test(attack_u, numeric_judgement_of_class_mutants)
     fprintf(stderr, "attack_u numeric: %d mutants, %d by classes, %d proven (%d ran right), %d refused\n", rounds, cls,
             accepted, ran_ok, refused);
     cr_expect(accepted >= rounds / 5, "only %d of %d proven", accepted, rounds);
+}
+
+/* ---- the classes' fallback (uc_whole -> ubreak: every member simulated) --- */
+
+/* Appends to p: copy `g` (the replicated text's summed gradient, every head)
+ * into its head part `g_acc`, place that into `g_full` and all_reduce it
+ * into `g` again: each member sends its part of a whole set.  With K/V
+ * groups straddling members (dK) the parts overlap, unevenly between the
+ * two regions: the summed set is not the same seen from every member, so
+ * the classes cannot stand for their members (uc_whole) and every member is
+ * simulated; the overlap counts twice (wrong).  For dq the parts tile the
+ * heads: with R == 1 the sum is the set again (right), with R > 1 it is R
+ * times it (wrong). */
+static void append_resum(cpc_program *p, const char *g, const char *g_acc, const char *g_full)
+{
+    int n = p->n_ops;
+    cpc_op *v = realloc(p->ops, sizeof *v * (size_t)(n + 3));
+    cr_assert_not_null(v);
+    p->ops = v;
+    memset(&v[n], 0, sizeof *v * 3);
+    int bg = cpc_program_find_buffer(p, g), ba = cpc_program_find_buffer(p, g_acc),
+        bf = cpc_program_find_buffer(p, g_full);
+    cr_assert(bg >= 0 && ba >= 0 && bf >= 0);
+    v[n] = (cpc_op){.kind = CPC_OP_COPY, .n_in = 1, .n_out = 1, .in = {bg}, .out = {ba}};
+    v[n + 1] = (cpc_op){.kind = CPC_OP_COPY, .n_in = 1, .n_out = 1, .in = {ba}, .out = {bf}};
+    v[n + 2] = (cpc_op){.kind = CPC_OP_ALL_REDUCE, .group = CPC_GROUP_WORLD, .n_in = 1, .n_out = 1, .in = {bf},
+                        .out = {bg}};
+    p->n_ops = n + 3;
+}
+
+Test(attack_u, classes_fall_back_to_every_member)
+{
+    static const struct {
+        pgeo g;
+        bool dk, wrong, fallback; /* dk: the dK loop (else dq's); fallback: ubreak expected */
+    } rows[] = {
+        {{1, 1, 6, 9, 3, 3, "ulysses 1x6 H 9 Hkv 3, text"}, true, true, true},
+        {{2, 2, 5, 12, 4, 4, "unified 2x5 H 12 Hkv 4, text"}, true, true, true},
+        {{0, 1, 1000, 1500, 500, 3, "ulysses_anything 1x1000 H 1500 Hkv 500, text"}, true, true, true},
+        {{2, 2, 300, 600, 200, 4, "unified 2x300 H 600 Hkv 200 (overlap 2 everywhere), text"}, true, true, false},
+        {{1, 1, 6, 9, 3, 3, "ulysses 1x6 H 9 Hkv 3, text"}, false, false, false},
+        {{0, 1, 1000, 1500, 500, 3, "ulysses_anything 1x1000 H 1500 Hkv 500, text"}, false, false, false},
+        {{2, 2, 5, 12, 4, 4, "unified 2x5 H 12 Hkv 4, text"}, false, true, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const pgeo *g = &rows[i].g;
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3,
+                                          "none", "p2p", g->rep, &err);
+        cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+        if (rows[i].dk)
+            append_resum(p, "dk_rep", "dk_rep_acc", "dk_rep_full");
+        else
+            append_resum(p, "dq_rep", "dq_rep_acc", "dq_rep_full");
+        cpc_verify_bwd_stats sa;
+        double t0 = now_s();
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        double dt = now_s() - t0;
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "fallback %s (%s): mode %d, %d classes, %.2f ms: %s\n", g->what, rows[i].dk ? "dk" : "dq",
+                    (int)sa.mode, sa.classes, dt * 1e3, a ? a->message : "proven");
+        cr_expect_eq(a != NULL, rows[i].wrong, "%s (%s): %s", g->what, rows[i].dk ? "dk" : "dq",
+                     a ? a->message : "proven");
+        if (rows[i].fallback)
+            cr_expect_eq(sa.classes, 0, "%s: the classes should have fallen back to every member (%d classes)",
+                         g->what, sa.classes);
+        else
+            cr_expect(sa.classes > 0, "%s: %d classes", g->what, sa.classes);
+        cr_expect(dt < 1.0, "%s: %.2f s", g->what, dt);
+        if (g->R * g->U <= 256) {
+            cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+            cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+            cr_expect_eq(e != NULL, rows[i].wrong, "%s: the enumeration says %s", g->what, e ? e->message : "proven");
+            cpc_status_free(e);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
 }
