@@ -571,6 +571,7 @@ Test(attack_u, planted_faults_beyond_enumeration)
         {2, 4, 1000, 2010, 1005, 5, "unified 4 x 1000, replicated text, g 2"},
         {0, 1, 65535, 65536, 2, 0, "g 32768 (two K/V heads) over 65535"},
         {0, 1, 257, 257 * 64 + 256, 257 * 64 + 256, 0, "257 members, the last alone in its region"},
+        {0, 1, 509, 65500, 500, 0, "parts of 129 and 128 over groups of 131: past 64 classes, every member"},
     };
     int cls = 0, n = 0;
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
