@@ -79,6 +79,8 @@ static bool aval_copy(aval *dst, const aval *src)
 
 /* ---- requests and channels ------------------------------------------------ */
 
+#define RQ(C, id) ((req *)VC_POOL_AT(&(C)->reqs, (id)))
+
 typedef struct req {
     union {
         vc_rq h; /* the fields both forward domains share (verify_common.h); peer: the flat rank */
@@ -86,11 +88,9 @@ typedef struct req {
             VC_RQ_FIELDS;
         };
     };
-    bool used;
     int rank;                /* the poster (flat) */
     aval snap[CPC_OP_MAX_BUFS]; /* send: sender's content; recv: what arrives */
     int64_t block;           /* recv: declared block, -1 when none */
-    int next;                /* next in the channel queue / free list */
 } req;
 
 typedef struct chan {
@@ -114,8 +114,7 @@ typedef struct rank_st {
     aval *v;                 /* per buffer */
     int32_t *nsend;          /* per buffer: sends in flight reading it */
     int32_t *rpend;          /* per buffer: recv in flight writing it, -1 */
-    int *open;               /* requests not completed yet */
-    int nopen, capopen;
+    vc_open open;            /* requests not completed yet */
     int state;
     bool queued;
     int wait_tag;            /* ST_WAIT */
@@ -147,8 +146,7 @@ typedef struct ctx {
     int *queue;
     int qh, qn;
     /* requests */
-    req *reqs;
-    int nreq, capreq, freereq;
+    vc_pool reqs;            /* of req */
     /* channels: open addressing */
     chan *ch;
     int capch, nch;
@@ -406,9 +404,9 @@ static int eval(ctx *C, rank_st *rk, const opnode *nd, int64_t step, const cpc_e
 
 static const char *dom_name(void *self, int b) { return buf_name(RD(self)->C, b); }
 
-static vc_rq *dom_rq(void *self, int id) { return &RD(self)->C->reqs[id].h; }
+static vc_rq *dom_rq(void *self, int id) { return VC_POOL_AT(&RD(self)->C->reqs, id); }
 
-static int dom_open(void *self, int i) { return i < RD(self)->rk->nopen ? RD(self)->rk->open[i] : -1; }
+static int dom_open(void *self, int i) { return i < RD(self)->rk->open.n ? RD(self)->rk->open.v[i] : -1; }
 
 static void dom_at(void *self, const vc_rq *q) { RD(self)->nd = q->on, RD(self)->step = q->slo; }
 
@@ -650,7 +648,7 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
 {
     ctx *C = RD(self)->C;
-    const req *s = &C->reqs[((const req *)rq)->match];
+    const req *s = RQ(C, ((const req *)rq)->match);
     snprintf(who, nw, "rank %d", s->rank);
     op_desc(s->on, s->slo, op, no);
 }
@@ -691,37 +689,10 @@ static int res(ctx *C, vc_tri t)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
-static int req_new(ctx *C)
+static void req_release(vc_rq *q)
 {
-    if (C->freereq >= 0) {
-        int id = C->freereq;
-        C->freereq = C->reqs[id].next;
-        memset(&C->reqs[id], 0, sizeof(req));
-        C->reqs[id].used = true;
-        return id;
-    }
-    if (C->nreq == C->capreq) {
-        int cap = C->capreq ? 2 * C->capreq : 64;
-        req *n = realloc(C->reqs, sizeof(req) * (size_t)cap);
-        if (!n)
-            return -1;
-        C->reqs = n;
-        C->capreq = cap;
-    }
-    int id = C->nreq++;
-    memset(&C->reqs[id], 0, sizeof(req));
-    C->reqs[id].used = true;
-    return id;
-}
-
-static void req_release(ctx *C, int id)
-{
-    req *q = &C->reqs[id];
     for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
-        aval_free(&q->snap[j]);
-    q->used = false;
-    q->next = C->freereq;
-    C->freereq = id;
+        aval_free(&((req *)q)->snap[j]);
 }
 
 static uint64_t chan_hash(int src, int dst, int group, int tag)
@@ -784,7 +755,7 @@ static void enqueue(ctx *C, int p)
 /* Checks a matched pair and prepares what the recv delivers. */
 static int match_pair(ctx *C, int sid, int rid)
 {
-    const req *r = &C->reqs[rid];
+    const req *r = RQ(C, rid);
     C->st.messages++;
     return res(C, vc_match(at(C, &C->rk[r->rank], r->on, r->slo), sid, rid, MSG(C)));
 }
@@ -792,7 +763,7 @@ static int match_pair(ctx *C, int sid, int rid)
 /* Posts request id: matches it against its channel. */
 static int post(ctx *C, int id)
 {
-    req *q = &C->reqs[id];
+    req *q = RQ(C, id);
     q->next = -1;
     int src = q->is_send ? q->rank : q->peer, dst = q->is_send ? q->peer : q->rank;
     chan *c = chan_get(C, src, dst, q->group, q->tag);
@@ -801,15 +772,15 @@ static int post(ctx *C, int id)
     if (q->is_send) {
         if (c->rh >= 0) {
             int rid = c->rh;
-            c->rh = C->reqs[rid].next;
+            c->rh = RQ(C, rid)->next;
             if (c->rh < 0)
                 c->rt = -1;
             if (match_pair(C, id, rid))
                 return -1;
-            enqueue(C, C->reqs[rid].rank);
+            enqueue(C, RQ(C, rid)->rank);
         } else {
             if (c->st >= 0)
-                C->reqs[c->st].next = id;
+                RQ(C, c->st)->next = id;
             else
                 c->sh = id;
             c->st = id;
@@ -817,34 +788,20 @@ static int post(ctx *C, int id)
     } else {
         if (c->sh >= 0) {
             int sid = c->sh;
-            c->sh = C->reqs[sid].next;
+            c->sh = RQ(C, sid)->next;
             if (c->sh < 0)
                 c->st = -1;
             if (match_pair(C, sid, id))
                 return -1;
-            enqueue(C, C->reqs[sid].rank);
+            enqueue(C, RQ(C, sid)->rank);
         } else {
             if (c->rt >= 0)
-                C->reqs[c->rt].next = id;
+                RQ(C, c->rt)->next = id;
             else
                 c->rh = id;
             c->rt = id;
         }
     }
-    return 0;
-}
-
-static int add_open(ctx *C, rank_st *rk, int id)
-{
-    if (rk->nopen == rk->capopen) {
-        int cap = rk->capopen ? 2 * rk->capopen : 8;
-        int *n = realloc(rk->open, sizeof(int) * (size_t)cap);
-        if (!n)
-            return oom(C);
-        rk->open = n;
-        rk->capopen = cap;
-    }
-    rk->open[rk->nopen++] = id;
     return 0;
 }
 
@@ -918,44 +875,19 @@ static vc_tri dom_post(void *self, const cpc_op *op)
             return fail(C, rk->p, nd, step, "block %" PRId64 " (`%s`) is not a ring block (0..%d)", block,
                         cpc_expr_text(op->block), C->R - 1), VC_NO;
     }
-    int id = req_new(C);
+    int id = vc_pool_new(&C->reqs, &rk->open);
     if (id < 0)
         return VC_OOM;
-    req *q = &C->reqs[id];
+    req *q = RQ(C, id);
     q->rank = rk->p;
     q->peer = peer;
     q->on = nd;
     q->slo = step;
     q->shi = step + 1;
     q->block = block;
-    if (!vc_post(&C->dom, op, id) || add_open(C, rk, id))
+    if (!vc_post(&C->dom, op, id))
         return VC_OOM;
     return post(C, id) ? VC_NO : VC_YES;
-}
-
-/* Releases request id and its match once both are complete. */
-static void maybe_release(ctx *C, int id)
-{
-    req *q = &C->reqs[id];
-    if (q->used && q->done && q->match >= 0 && C->reqs[q->match].done) {
-        int other = q->match;
-        req_release(C, id);
-        req_release(C, other);
-    }
-}
-
-/* After a wait: the requests it completed leave the rank's list (and are
- * released once their match is complete too). */
-static void drop_done(ctx *C, rank_st *rk)
-{
-    int k = 0;
-    for (int i = 0; i < rk->nopen; i++) {
-        if (!C->reqs[rk->open[i]].done)
-            rk->open[k++] = rk->open[i];
-        else
-            maybe_release(C, rk->open[i]);
-    }
-    rk->nopen = k;
 }
 
 /* ---- collectives -------------------------------------------------------------------- */
@@ -1103,7 +1035,7 @@ static int exec_op(ctx *C, rank_st *rk, const opnode *nd, int64_t step)
     if (res(C, t))
         return RES_ERR;
     if (op->kind == CPC_OP_WAIT)
-        drop_done(C, rk);
+        vc_pool_drop_done(&C->reqs, &rk->open);
     return RES_NEXT;
 }
 
@@ -1170,8 +1102,8 @@ static int waits_for(ctx *C, rank_st *rk, char *why, size_t n)
 {
     char ob[256];
     if (rk->state == ST_WAIT) {
-        for (int i = 0; i < rk->nopen; i++) {
-            req *q = &C->reqs[rk->open[i]];
+        for (int i = 0; i < rk->open.n; i++) {
+            req *q = RQ(C, rk->open.v[i]);
             if (q->tag != rk->wait_tag || q->match >= 0)
                 continue;
             snprintf(why, n, "its %s %s rank %d (%s, tag %d) has no matching %s on rank %d", q->is_send ? "send" : "recv",
@@ -1200,13 +1132,13 @@ static int waits_for(ctx *C, rank_st *rk, char *why, size_t n)
 static void peer_mismatch_notes(ctx *C, rank_st *rk)
 {
     char o1[256], o2[256];
-    for (int i = 0; i < rk->nopen; i++) {
-        req *q = &C->reqs[rk->open[i]];
+    for (int i = 0; i < rk->open.n; i++) {
+        req *q = RQ(C, rk->open.v[i]);
         if (q->match >= 0)
             continue;
         rank_st *o = &C->rk[q->peer];
-        for (int k = 0; k < o->nopen; k++) {
-            req *x = &C->reqs[o->open[k]];
+        for (int k = 0; k < o->open.n; k++) {
+            req *x = RQ(C, o->open.v[k]);
             if (x->match < 0 && x->is_send != q->is_send && x->tag == q->tag && x->group == q->group &&
                 x->peer != rk->p) {
                 note(C, -1, q->on, q->slo,
@@ -1293,8 +1225,9 @@ static int check_op_shape(ctx *C, const opnode *nd)
 {
     const cpc_op *op = nd->op;
     const cpc_program *P = C->prog;
+    char path[256];
     if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT)
-        return fail(C, -1, NULL, 0, "%s: unknown op kind %d", nd->path, (int)op->kind);
+        return fail(C, -1, NULL, 0, "%s: unknown op kind %d", vc_node_path(nd, path, sizeof path), (int)op->kind);
     if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS)
         return fail(C, -1, nd, 0, "has %d inputs and %d outputs (0..%d each)", op->n_in, op->n_out, CPC_OP_MAX_BUFS);
     for (int j = 0; j < op->n_in; j++)
@@ -1512,16 +1445,11 @@ static void ctx_free(ctx *C)
             free(rk->v);
             free(rk->nsend);
             free(rk->rpend);
-            free(rk->open);
+            free(rk->open.v);
         }
         free(C->rk);
     }
-    if (C->reqs)
-        for (int i = 0; i < C->nreq; i++)
-            if (C->reqs[i].used)
-                for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
-                    aval_free(&C->reqs[i].snap[j]);
-    free(C->reqs);
+    vc_pool_free(&C->reqs);
     free(C->ch);
     for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
         aval_free(&C->tmp[j]);
@@ -1628,7 +1556,7 @@ cpc_status *cpc_verify_ex(const cpc_program *prog, const cpc_verify_opts *opts, 
     C.R = L->R;
     C.U = L->U;
     C.P = L->P;
-    C.freereq = -1;
+    C.reqs = (vc_pool){.size = sizeof(req), .free = -1, .release = req_release};
 
     int64_t limit = opts && opts->full_limit ? opts->full_limit : CPC_VERIFY_DEFAULT_FULL_LIMIT;
     cpc_verify_method method = opts ? opts->method : CPC_VERIFY_AUTO;

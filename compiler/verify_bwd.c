@@ -13,7 +13,8 @@
 #define VB_MAX_P 256
 #define VB_WORK_MAX ((int64_t)1 << 27) /* contribution runs added, all ranks together */
 
-typedef struct xop {
+typedef struct xop xop;
+struct xop {
     const cpc_op *op;
     const vc_node *nd; /* its node (path, for messages: vc_op_desc) */
     int64_t peer, block, s;
@@ -21,7 +22,7 @@ typedef struct xop {
     int mk;      /* 0: an op; else a marker of the induction (MK_*: op is the loop), every simulated rank
                     stops there until all have reached it */
     int64_t jn;  /* MK_JUMP: the steps the symbolic step stands for beyond itself */
-} xop;
+};
 
 enum { MK_SNAP = 1, MK_SLOPE, MK_JUMP };
 
@@ -60,8 +61,10 @@ typedef struct slot {
     int32_t tb;     /* the symbolic step (induction): the tag's slope in s (mod R); 0 otherwise */
     bool grad;      /* a D* role: `cnt` is meaningful */
     bool fwd;       /* an attention result recomputed here (attn, merge): `cnt` holds its (query block,
-                       key unit, query head) pairs; it stays on its rank (not sent, gathered or copied) */
+                       key unit, query head) pairs; not sent or gathered before it is proven complete
+                       (final), never copied */
     bool r0;        /* twin: content that differs on ring rank 0 (made by or from a `when r==0` op) */
+    const struct xop *wop; /* the op instance that last wrote it (NULL: none, or an INPUT) */
     int8_t role, tk, hd; /* the layout of the buffer the slot belongs to (a scratch value of the step: of
                             the buffer it is made for; role CPC_ROLE__COUNT: any) */
     cset cnt;
@@ -84,14 +87,13 @@ typedef struct req {
     int to;                /* the partner: its flat rank, or rotated (verify_bwd.h SYMMETRIC) the ring offset
                               (a send's to its receiver; a recv's from its sender) */
     int32_t blk, blkb;     /* recv: the block it declares (x->block) and its slope in s (induction) */
-    int next;              /* next in its unmatched queue, or in the free list (-1: none) */
-    bool freed;            /* in the free list */
     slot snap[CPC_OP_MAX_BUFS];
 } req;
 
+#define RQ(V, id) ((req *)VC_POOL_AT(&(V)->reqs, (id)))
+
 typedef struct rank_reqs {
-    int *v;                /* posted, not yet completed by a wait (request ids, in posting order) */
-    int n, cap;
+    vc_open open;          /* posted, not yet completed by a wait */
     int sh, st;            /* sends to this rank no recv matched yet: head, tail (-1: empty) */
     int rh, rt;            /* recvs posted by this rank no send matched yet */
 } rank_reqs;
@@ -127,6 +129,7 @@ typedef struct vb {
     int64_t jumps;                 /* phases proven by induction */
     struct vsnap *snap;            /* the state at the last marker (induction) */
     slot tmpv[CPC_OP_MAX_BUFS];    /* the step's scratch values (vc_domain tmp) */
+    char ob[256];                  /* the domain's writer, in words (one message at a time) */
     rank_ops *ro;
     slot *slots;    /* [P * nb] slot storage */
     int *map;       /* [P * nb]: buffer -> slot index (swap permutes) */
@@ -134,8 +137,7 @@ typedef struct vb {
     int32_t *nsend, *rpend; /* [P * nb]: per buffer, the sends in flight reading it and the recv in flight
                                writing it (-1): the shared message layer's (vc_domain) */
     rank_reqs *rr; /* [P] */
-    req *reqs;     /* every simulated rank's requests (ids index it) */
-    int nreq, capreq, freereq;
+    vc_pool reqs;  /* every simulated rank's requests (of req: RQ) */
     cpc_status *err;
 } vb;
 
@@ -636,6 +638,21 @@ static bool a2a_union_rotated(vb *V, cset *dst, const cset *src, int b)
     return true;
 }
 
+static cpc_status *coll_inputs(vb *V, int p);
+
+/* Output b of the collective simulated rank p stands at: written by it, rows tag, content src, not
+ * a recomputed result (the inputs were complete: vc_coll_inputs). */
+static slot *coll_out(vb *V, int p, int b, int tag, int src)
+{
+    slot *so = S(V, p, b);
+    so->written = so->final = 1;
+    so->fwd = false;
+    so->tag = tag;
+    so->src = (uint8_t)src;
+    so->wop = &V->ro[p].v[V->pc[p]];
+    return so;
+}
+
 /* Whether the set every member got from a collective is the same when
  * seen from any member: each run over every head (a rotation of the heads
  * leaves it as it is).  Else the classes do not stand for their members
@@ -851,8 +868,6 @@ static bool uc_shared_heads(const vb *V, int b)
  * (SPMD: the same op on every member).  Returns NULL or the failure. */
 static cpc_status *run_a2a(vb *V, int r)
 {
-    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
-        V->undec = "a collective in a loop proven by induction";
     const int U = V->U, Us = V->Us; /* simulated rank (r, j): r * Us + j (r = 1: the twins) */
     const xop *x0 = &V->ro[r * Us].v[V->pc[r * Us]];
     const cpc_op *op = x0->op;
@@ -874,18 +889,11 @@ static cpc_status *run_a2a(vb *V, int r)
         return vfail(p0, x0, "reduce=sum applies to heads_to_seq of dq/dk/dv only");
     if (bi->role == CPC_ROLE_LSE && !s2h)
         return vfail(p0, x0, "heads_to_seq of an LSE-role buffer is not executable");
-    for (int j = 0; j < V->Us; j++) { /* usym: member 0 stands for its rotations */
-        int p = r * Us + j;
-        slot *si = S(V, p, in);
-        int want = s2h ? cp(V, p) : cp(V, p) / U;
-        if (si->fwd)
-            return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on its "
-                                                   "rank (the backward prover's class)", bi->name);
-        if (!si->written || si->tag != want)
-            return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s %d (holds %d%s)", bi->name,
-                         s2h ? "this rank's shard" : "this rank's ring block", want, si->tag,
-                         si->written ? "" : ", never written");
-    }
+    cpc_status *st = NULL;
+    for (int j = 0; j < Us && !st; j++) /* usym: member 0 stands for its rotations */
+        st = coll_inputs(V, r * Us + j);
+    if (st)
+        return st;
     if (s2h && is_grad(bi->role))
         return vfail(p0, x0, "seq_to_heads of a gradient is outside the backward prover's class");
     if (!s2h && is_grad(bi->role) && !op->reduce && (!V->usym || (V->uc && uc_shared_heads(V, in)))) {
@@ -949,12 +957,7 @@ static cpc_status *run_a2a(vb *V, int r)
             V->asym = "a `when r==0` op's result goes through an all_to_all";
     for (int j = 0; j < V->Us; j++) {
         int p = r * Us + j;
-        slot *so = S(V, p, out);
-        so->written = true;
-        so->fwd = false;
-        so->tag = s2h ? cp(V, p) / U : cp(V, p);
-        so->src = S(V, p, in)->src;
-        so->final = 1; /* not recomputed here (refused above): the forward's, complete */
+        slot *so = coll_out(V, p, out, s2h ? cp(V, p) / U : cp(V, p), S(V, p, in)->src);
         if (so->grad && !cs_copy(V, &so->cnt, &tmp)) {
             cs_free(&tmp);
             return cs_err(V);
@@ -970,14 +973,17 @@ static cpc_status *run_a2a(vb *V, int r)
  * are its rotations). */
 static cpc_status *run_ring_coll(vb *V, int u)
 {
-    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
-        V->undec = "a collective in a loop proven by induction";
     const int U = V->Us, R = V->R, nm = V->sym ? 1 : R, nsm = V->twin ? 2 : nm; /* members computed, simulated;
                                                                                   simulated rank (r, u): r * Us + u */
     const xop *x0 = &V->ro[u].v[V->pc[u]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
         return vfail(u, x0, "needs as many outputs as inputs");
+    for (int r = 0; r < nsm; r++) {
+        cpc_status *st = coll_inputs(V, r * U + u);
+        if (st)
+            return st;
+    }
     for (int k = 0; k < op->n_in; k++) {
         int in = op->in[k], out = op->out[k];
         const cpc_buffer *bi = BF(V, in), *bo = BF(V, out);
@@ -989,20 +995,9 @@ static cpc_status *run_ring_coll(vb *V, int u)
         if (!ok)
             return vfail(u, x0, ag ? "all_gather takes a K/V ring block to a gathered (ALL) buffer"
                                    : "reduce_scatter takes a gathered (ALL) dq/dk/dv to a ring block");
-        for (int r = 0; r < nsm; r++) {
-            int p = r * U + u;
-            slot *si = S(V, p, in);
-            if (si->r0) { /* ring rank 0's own content would reach the other ranks: not rotations */
+        for (int r = 0; r < nsm; r++)
+            if (S(V, r * U + u, in)->r0) /* ring rank 0's own content would reach the other ranks: not rotations */
                 V->asym = "a `when r==0` op's result travels over the ring";
-                continue;
-            }
-            if (si->fwd)
-                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is an attention result recomputed here: it stays on "
-                                                       "its rank (the backward prover's class)", bi->name);
-            if (!si->written || (ag && si->tag != cp(V, p) / V->U))
-                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' must hold %s (holds %d%s)", bi->name,
-                             ag ? "this rank's ring block" : "a value", si->tag, si->written ? "" : ", never written");
-        }
         /* reduce_scatter: member r gets the sum over the members m of the
          * elements of their sets with key block r */
         cset *outs = NULL;
@@ -1039,12 +1034,8 @@ static cpc_status *run_ring_coll(vb *V, int u)
             }
         }
         for (int r = 0; r < nsm && !oom; r++) {
-            slot *so = S(V, r * U + u, out);
-            so->written = true;
-            so->fwd = false;
-            so->tag = ag ? CPC_TAG_NONE : cp(V, r * U + u) / V->U;
-            so->src = S(V, r * U + u, in)->src;
-            so->final = 1; /* not recomputed here (refused above): the forward's, complete */
+            slot *so = coll_out(V, r * U + u, out, ag ? CPC_TAG_NONE : cp(V, r * U + u) / V->U,
+                                S(V, r * U + u, in)->src);
             /* twin: both simulated members' inputs are free of ring rank 0's own content
              * (checked above), so equal: member 0's result is both's */
             if (!ag && so->grad && !cs_copy(V, &so->cnt, &outs[V->sym ? 0 : r]))
@@ -1097,8 +1088,6 @@ static bool add_members(vb *V, cset *c, run y)
 
 static cpc_status *run_all_reduce(vb *V)
 {
-    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
-        V->undec = "a collective in a loop proven by induction";
     const xop *x0 = &V->ro[0].v[V->pc[0]];
     const cpc_op *op = x0->op;
     if (op->n_in != op->n_out || op->n_in < 1)
@@ -1115,13 +1104,7 @@ static cpc_status *run_all_reduce(vb *V)
                                                                class; the twins after), then placed */
         bool oom = false;
         for (int p = 0; p < V->nsim && !oom; p++) {
-            slot *si = S(V, p, in);
-            if (!si->written) {
-                for (int j = 0; V->uc && j < V->nsim; j++)
-                    cs_free(&ys[j]);
-                cs_free(&sum);
-                return vfail(p, &V->ro[p].v[V->pc[p]], "'%s' is never written", bi->name);
-            }
+            slot *si = S(V, p, in); /* written: vc_rd when the rank reached it */
             if (!V->sym) {
                 oom = !cs_add_set(V, &sum, &si->cnt, 0, V->nh);
                 continue;
@@ -1164,11 +1147,7 @@ static cpc_status *run_all_reduce(vb *V)
             }
         }
         for (int p = 0; p < V->nsim && !oom; p++) {
-            slot *so = S(V, p, out);
-            so->written = true;
-            so->fwd = false;
-            so->tag = CPC_TAG_NONE;
-            so->src = CPC_CONTENT_GRAD;
+            slot *so = coll_out(V, p, out, CPC_TAG_NONE, CPC_CONTENT_GRAD);
             so->r0 = false; /* the same on every rank */
             oom = !cs_copy(V, &so->cnt, &sum);
         }
@@ -1199,7 +1178,12 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom);
 
 static const char *dom_name(void *self, int b) { return bn(((bwd_dom *)self)->V, b); }
 static vc_val *dom_val(void *self, int b) { return &S(((bwd_dom *)self)->V, ((bwd_dom *)self)->p, b)->h; }
-static const char *dom_writer(void *self, int b) { (void)self, (void)b; return "an earlier op"; }
+static const char *dom_writer(void *self, int b)
+{
+    bwd_dom *dd = self;
+    const xop *w = S(dd->V, dd->p, b)->wop;
+    return w ? vc_op_desc(w->nd, w->s, w->s + 1, dd->V->ob, sizeof dd->V->ob) : "the program's input";
+}
 
 static bool rotated(const vb *V, cpc_group g);
 static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b);
@@ -1254,6 +1238,7 @@ static vc_tri dom_fits(void *self, int b, const vc_val *v, char *why, size_t n)
 static void dom_put(void *self, int b, vc_val *v)
 {
     slot *d = S(DV(self), DP(self), b), *s = SL(v);
+    s->wop = ((bwd_dom *)self)->x; /* the op the domain stands at */
     if (d == s)
         return;
     slot keep = *d; /* the slot's own layout, gradient flag and run storage */
@@ -1420,7 +1405,8 @@ static vc_tri dom_select_heads(void *self, vc_val *v, int b, int from, char *why
 static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n);
 
 /* Sending: what is not a recomputed result was proved complete where it was made (the saved
- * forward's out and LSE: by the forward proof); a recomputed result stays on its rank.  An OUTPUT
+ * forward's out and LSE: by the forward proof); a recomputed one stays on its rank until proven
+ * complete (recomputed_complete sets final; vc_complete does not ask then).  An OUTPUT
  * gradient (vc_output): grad_covered. */
 static vc_tri dom_covered(void *self, const vc_val *v, const char *name, char *why, size_t n)
 {
@@ -1452,7 +1438,7 @@ static vc_tri dom_declared(void *self, vc_val *v, const void *rq, char *words, s
 static void dom_sender(void *self, const void *rq, char *who, size_t nw, char *op, size_t no)
 {
     const vb *V = DV(self);
-    const req *r = rq, *s = &V->reqs[r->match];
+    const req *r = rq, *s = RQ(V, r->match);
     char ob[256];
     if (rotated(V, r->group))
         snprintf(who, nw, "ring member r%+d", diff_mod(r->to, 0, V->R));
@@ -1473,8 +1459,6 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
     const xop *x = dd->x;
     const cpc_program *prog = V->prog;
     const cpc_op_info *info = cpc_op_info_of(op->kind);
-    if (info->match != CPC_MATCH_NONE)
-        return VC_YES; /* this domain's: matching, completion, rendezvous */
     switch (op->kind) {
     case CPC_OP_DELTA: {
         if (op->n_in != 2 || op->n_out != 1 || role(V, op->in[0]) != CPC_ROLE_DO ||
@@ -1663,6 +1647,7 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
             o->src = (cpc_content)info->out_content[i];
         o->fwd = false;
         o->fresh = 0;
+        o->wop = x;
     }
     return VC_YES;
 }
@@ -1678,7 +1663,10 @@ static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
  * once every member is there. */
 static vc_tri dom_meet(void *self, const cpc_op *op)
 {
-    (void)self, (void)op;
+    (void)op;
+    vb *V = DV(self);
+    if (V->ind && !V->undec) /* not in an inductive loop's body (loop_inductive) */
+        V->undec = "a collective in a loop proven by induction";
     return VC_BLOCKED;
 }
 
@@ -1700,6 +1688,19 @@ static void bwd_domain(bwd_dom *dd, vc_domain *dom)
                        .at_writer = dom_at_writer, .post = dom_post, .meet = dom_meet, .deliver = dom_deliver,
                        .snap_off = offsetof(req, snap)};
     dd->dom = dom;
+}
+
+/* The shared rules for the inputs of the collective simulated rank p stands at (vc_coll_inputs:
+ * an all_to_all's the rank's own shard or ring block, an all_gather's its ring block; attention
+ * results complete, so not recomputed here). */
+static cpc_status *coll_inputs(vb *V, int p)
+{
+    bwd_dom dd = {.V = V, .p = p, .x = &V->ro[p].v[V->pc[p]]};
+    vc_domain dom;
+    bwd_domain(&dd, &dom);
+    char m[640] = "";
+    vc_tri t = vc_coll_inputs(&dom, dd.x->op, m, sizeof m);
+    return t == VC_YES ? NULL : t == VC_OOM ? &cpc_status_oom : vfail(p, dd.x, "%s", m);
 }
 
 /* One op through the shared step on rank p's domain (every op of a backward program: the
@@ -1736,6 +1737,9 @@ static int step(vb *V, int p, const xop *x, const vc_domain *dom)
     return -1;
 }
 
+static vc_tri exactly_once(vb *V, const cset *c, bool isq, int own, int nfree, int need, int hlo, int hhi,
+                           char *why, size_t n);
+
 /* A recomputed attention result (slot fwd) read by delta or attn_bwd must
  * be complete: every (query block, key block, query head) pair of its rows
  * and the heads its buffer holds exactly once, nothing else; with a causal
@@ -1746,95 +1750,28 @@ static cpc_status *recomputed_complete(vb *V, int p, const xop *x, int b)
     slot *sl = S(V, p, b);
     if (!sl->fwd || sl->final) /* final: proved complete since it was last written (the loop reads it R times) */
         return NULL;
-    int lo, hi;
+    int lo, hi, U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
     held_heads(V, b, cp(V, p) % V->U, &lo, &hi);
-    /* count per (key unit, head): a small dense table (NK x heads) */
-    int nhh = hi - lo;
-    int64_t cells = (int64_t)V->NK * (nhh > 0 ? nhh : 1);
-    if (cells > ((int64_t)1 << 24))
-        return vfail(p, x, "'%s': a recomputed attention result of %lld (key block, head) pairs is beyond the "
-                           "prover's bound", bn(V, b), (long long)cells);
-    uint8_t *cnt = calloc((size_t)cells, 1);
-    if (!cnt)
+    char why[400];
+    vc_tri t = exactly_once(V, &sl->cnt, true, sl->tag, V->NK, need, lo, hi, why, sizeof why);
+    if (t == VC_OOM)
         return &cpc_status_oom;
-    cpc_status *bad = NULL;
-    for (int i = 0; i < sl->cnt.n && !bad; i++) {
-        const run *x0 = &sl->cnt.v[i];
-        for (int t = 0; t < x0->len && !bad; t++) {
-            int qb = ix(V, x0->q0, t, x0->dq, V->NQ);
-            int kb = ix(V, x0->k0, t, x0->dk, V->NK);
-            for (int h = x0->h0; h < x0->h0 + x0->hn && !bad; h++) {
-                if (qb != sl->tag || h < lo || h >= hi)
-                    bad = vfail(p, x, "reads '%s', a recomputed attention result holding the pairs of query block "
-                                      "%d, head %d: not its rows (%d) or heads [%d, %d)",
-                                bn(V, b), qb, h, sl->tag, lo, hi);
-                else if (++cnt[(int64_t)kb * nhh + (h - lo)] > 1)
-                    bad = vfail(p, x, "reads '%s', a recomputed attention result whose query rows meet the keys "
-                                      "of block %d twice (query head %d)",
-                                bn(V, b), kb, h);
-            }
-        }
-    }
-    int U = V->U, need = (vc_units_needed(&V->prog->layout, sl->tag * U, sl->tag * U + U) + U - 1) / U;
-    for (int64_t c = 0; c < (int64_t)need * nhh && !bad && nhh > 0; c++)
-        if (!cnt[c])
-            bad = vfail(p, x, "reads '%s', a recomputed attention result that is incomplete: its query rows never "
-                              "met the keys of block %lld (query head %lld)",
-                        bn(V, b), (long long)(c / nhh), (long long)(lo + c % nhh));
-    free(cnt);
-    if (!bad)
-        sl->final = 1;
-    return bad;
+    if (t != VC_YES)
+        return vfail(p, x, "reads '%s', a recomputed attention result %s: %s", bn(V, b),
+                     strstr(why, "2 times") ? "whose query rows meet a key block twice"
+                     : strstr(why, "0 times") ? "that is incomplete"
+                                              : "holding pairs outside its rows and heads",
+                     why);
+    sl->final = 1;
+    return NULL;
 }
 
 #define VB_MAX_PENDING 4096 /* requests one rank has in flight (the bound: checks scan them) */
 
-/* A free request (snapshots emptied, their run storage kept); -1 when out of memory. */
-static int req_new(vb *V)
+static void req_release(vc_rq *q)
 {
-    int id = V->freereq;
-    if (id >= 0) {
-        V->freereq = V->reqs[id].next;
-    } else {
-        if (V->nreq == V->capreq) {
-            int nc = V->capreq ? 2 * V->capreq : 16;
-            req *v = realloc(V->reqs, (size_t)nc * sizeof *v);
-            if (!v)
-                return -1;
-            memset(v + V->capreq, 0, (size_t)(nc - V->capreq) * sizeof *v);
-            V->reqs = v;
-            V->capreq = nc;
-        }
-        id = V->nreq++;
-    }
-    req *q = &V->reqs[id];
     for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
-        slot_empty(&q->snap[j]);
-    q->next = -1;
-    q->freed = false;
-    return id;
-}
-
-/* After a wait: the requests it completed leave rank p's list; a request and its match are freed
- * once both are complete. */
-static void drop_done(vb *V, int p)
-{
-    rank_reqs *rq = &V->rr[p];
-    int k = 0;
-    for (int i = 0; i < rq->n; i++) {
-        req *q = &V->reqs[rq->v[i]];
-        if (!q->done) {
-            rq->v[k++] = rq->v[i];
-            continue;
-        }
-        if (!q->freed && q->match >= 0 && V->reqs[q->match].done) {
-            V->reqs[q->match].next = V->freereq;
-            q->next = q->match;
-            V->freereq = rq->v[i];
-            q->freed = V->reqs[q->match].freed = true;
-        }
-    }
-    rq->n = k;
+        cs_free(&((req *)q)->snap[j].cnt);
 }
 
 /* Symmetric domain: is this message between ring rotations of one member
@@ -1851,12 +1788,12 @@ static bool rotated(const vb *V, cpc_group g)
  * negated).  -1 when none. */
 static int take(vb *V, int *head, int *tail, int from, int g, int tag, bool rot)
 {
-    for (int prev = -1, id = *head; id >= 0; prev = id, id = V->reqs[id].next) {
-        req *q = &V->reqs[id];
+    for (int prev = -1, id = *head; id >= 0; prev = id, id = RQ(V, id)->next) {
+        req *q = RQ(V, id);
         int who = rot ? (q->is_send ? q->to : md32(-(int64_t)q->to, V->R)) : (q->is_send ? q->p : q->to);
         if (who == from && q->group == g && q->tag == tag) {
             if (prev >= 0)
-                V->reqs[prev].next = q->next;
+                RQ(V, prev)->next = q->next;
             else
                 *head = q->next;
             if (*tail == id)
@@ -1871,7 +1808,7 @@ static int take(vb *V, int *head, int *tail, int from, int g, int tag, bool rot)
 static void enqueue(vb *V, int *head, int *tail, int id)
 {
     if (*tail >= 0)
-        V->reqs[*tail].next = id;
+        RQ(V, *tail)->next = id;
     else
         *head = id;
     *tail = id;
@@ -1907,17 +1844,17 @@ static void dom_deliver(void *self, vc_val *dst, vc_val *src, const vc_rq *s)
     }
 }
 
-static vc_rq *dom_rq(void *self, int id) { return &DV(self)->reqs[id].h; }
+static vc_rq *dom_rq(void *self, int id) { return VC_POOL_AT(&DV(self)->reqs, id); }
 
 static int dom_open(void *self, int i)
 {
-    const rank_reqs *rq = &DV(self)->rr[DP(self)];
-    return i < rq->n ? rq->v[i] : -1;
+    const vc_open *o = &DV(self)->rr[DP(self)].open;
+    return i < o->n ? o->v[i] : -1;
 }
 
 /* The domain stands at request q's op (where a fault it meets is reported), or at the end. */
 static void dom_at(void *self, const vc_rq *q) { ((bwd_dom *)self)->x = ((const req *)q)->x; }
-static void dom_at_writer(void *self, int b) { (void)b, ((bwd_dom *)self)->x = NULL; }
+static void dom_at_writer(void *self, int b) { ((bwd_dom *)self)->x = S(DV(self), DP(self), b)->wop; }
 
 /* A send/recv after the step's checks: posted (vc_post) as one request, met with the first request
  * of its (sender, receiver, group, tag) waiting in the receiver's queues (vc_match on the
@@ -1931,7 +1868,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     const xop *x = dd->x;
     bool rot = rotated(V, op->group), send = op->kind == CPC_OP_SEND;
     rank_reqs *me = &V->rr[p];
-    if (me->n >= VB_MAX_PENDING) {
+    if (me->open.n >= VB_MAX_PENDING) {
         V->err = vfail(p, x, "more than %d requests in flight on one rank (the prover's bound, verify_bwd.h)",
                        VB_MAX_PENDING);
         return VC_NO;
@@ -1939,17 +1876,10 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     for (int i = 0; send && i < op->n_in; i++)
         if (S(V, p, op->in[i])->r0) /* twin: the receivers' states would not be the simulated ones */
             V->asym = "a `when r==0` op's result is sent";
-    if (me->n == me->cap) {
-        int nc = me->cap ? 2 * me->cap : 8, *v = realloc(me->v, (size_t)nc * sizeof *v);
-        if (!v)
-            return VC_OOM;
-        me->v = v;
-        me->cap = nc;
-    }
-    int id = req_new(V);
+    int id = vc_pool_new(&V->reqs, &me->open);
     if (id < 0)
         return VC_OOM;
-    req *q = &V->reqs[id];
+    req *q = RQ(V, id);
     q->x = x;
     q->p = p;
     q->to = rot ? (int)x->peer : flat_of(V, p, op->group, x->peer);
@@ -1961,8 +1891,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     q->blkb = (int32_t)x->bs;
     if (!vc_post(dd->dom, op, id))
         return VC_OOM;
-    me->v[me->n++] = id;
-    q = &V->reqs[id];
+    q = RQ(V, id);
     /* the receiver's queues: a send looks among the receiver's recvs, a recv among the sends to it */
     rank_reqs *rr = &V->rr[!send || rot ? p : q->to];
     int who = rot ? (send ? q->to : md32(-(int64_t)q->to, V->R)) : send ? p : q->to;
@@ -1976,16 +1905,16 @@ static vc_tri dom_post(void *self, const cpc_op *op)
         return VC_YES;
     }
     int sid = send ? id : other, rid = send ? other : id;
-    const req *r = &V->reqs[rid];
-    bwd_dom rd = {V, r->p, r->x, NULL};
+    const req *r = RQ(V, rid);
+    bwd_dom rd = {.V = V, .p = r->p, .x = r->x};
     vc_domain rdom;
     bwd_domain(&rd, &rdom);
     char m[640] = "";
     V->err = NULL;
-    vc_tri t = vc_match(&rdom, sid, rid, m, sizeof m);
-    if (t == VC_NO && !V->err)
+    vc_tri t = vc_match(&rdom, sid, rid, m, sizeof m); /* this domain answers YES or NO (or OOM) */
+    if (t != VC_YES && t != VC_OOM && !V->err)
         V->err = vfail(r->p, r->x, "%s", m);
-    return t;
+    return t == VC_YES || t == VC_OOM ? t : VC_NO;
 }
 
 /* Runs rank p until it blocks on a wait or reaches a collective (returns 0),
@@ -1993,7 +1922,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
 static int advance(vb *V, int p)
 {
     rank_ops *ro = &V->ro[p];
-    bwd_dom dd = {V, p, NULL, NULL};
+    bwd_dom dd = {.V = V, .p = p, .x = NULL};
     vc_domain dom;
     bwd_domain(&dd, &dom);
     while (V->pc[p] < ro->n) {
@@ -2025,7 +1954,7 @@ static int advance(vb *V, int p)
             return r; /* -1: a fault (V->err); 0: a wait blocked until the peers post, or a collective
                          (fired by run_a2a / run_ring_coll / run_all_reduce once every member is here) */
         if (op->kind == CPC_OP_WAIT)
-            drop_done(V, p);
+            vc_pool_drop_done(&V->reqs, &V->rr[p].open);
         if (V->twin && info->match == CPC_MATCH_NONE) {
             /* ring rank 0's own content: what a `when r==0` op writes, and what is made from it */
             bool t = op->when != NULL && cpc_expr_uses(op->when, 'r');
@@ -2162,34 +2091,25 @@ static cpc_status *check_outputs(const vb *V)
     return NULL;
 }
 
-/* An OUTPUT gradient sl on simulated rank p (the domain's `covered`, from vc_output): this rank's own
- * rows or block, and exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross dK/dV every
- * (q, 0, h); the replicated rows' every (R, k, h) / (q, R, h).  Each element of a run is an interval
- * of heads at one free coordinate (k for DQ, q otherwise); sorted, the intervals of every free
- * coordinate must tile [0, nh) (cover_fast on runs first; element by element to name the first pair
- * that fails).  NO: why (after "the OUTPUT buffer NAME: "). */
-static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
+/* Exactly once over a set of (query block, key unit, head) runs: every element's fixed coordinate
+ * (the query block when isq, else the key unit) is `own` and its heads in [hlo, hhi); every free
+ * coordinate f < need has each head of [hlo, hhi) exactly once, f >= need at most once (a causal
+ * mask's skipped blocks).  Each element of a run is an interval of heads at one free coordinate;
+ * sorted, they must tile (cover_fast decides on runs first where it applies; element by element
+ * names the first pair that fails).  NO: why. */
+static vc_tri exactly_once(vb *V, const cset *c, bool isq, int own, int nfree, int need, int hlo, int hhi,
+                           char *why, size_t n)
 {
-    const cpc_layout *L = &V->prog->layout;
-    bool isq = sl->role == CPC_ROLE_DQ;
-    bool kvout = sl->tk == CPC_TOK_KV && !isq && L->cross, repout = sl->tk == CPC_TOK_KV && L->rep;
-    const int own = repout ? V->R : kvout ? 0 : cp(V, p) / V->U;
-    if (!kvout && !repout && sl->tag != cp(V, p)) {
-        snprintf(why, n, "it ends holding %s %d, not this rank's own %d", isq ? "rows of shard" : "the gradient of block",
-                 sl->tag, cp(V, p));
-        return VC_NO;
-    }
-    int nfree = isq ? V->NK : V->NQ;
     int64_t ne = 0;
-    for (int i = 0; i < sl->cnt.n; i++)
-        ne += sl->cnt.v[i].len;
-    if (ne > (int64_t)nfree * V->nh) {
+    for (int i = 0; i < c->n; i++)
+        ne += c->v[i].len;
+    if (ne > (int64_t)nfree * (hhi - hlo)) {
         snprintf(why, n, "%lld contributions for %lld (query block, key block, head) triples: some pairs "
                          "contribute 2 times or more",
-                 (long long)ne, (long long)nfree * V->nh);
+                 (long long)ne, (long long)nfree * (hhi - hlo));
         return VC_NO;
     }
-    if (cover_fast(V, &sl->cnt, isq, own, nfree))
+    if (need == nfree && hlo == 0 && hhi == V->nh && cover_fast(V, c, isq, own, nfree))
         return VC_YES;
     hrange *e = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *e);
     if (!e)
@@ -2197,15 +2117,15 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
     int64_t k = 0;
     bool bad = false;
     char hs[48] = "";
-    for (int i = 0; i < sl->cnt.n && !bad; i++) {
-        const run *x = &sl->cnt.v[i];
+    for (int i = 0; i < c->n && !bad; i++) {
+        const run *x = &c->v[i];
         for (int t = 0; t < x->len && !bad; t++) {
             int qb = ix(V, x->q0, t, x->dq, V->NQ), kb = ix(V, x->k0, t, x->dk, V->NK);
-            if (isq ? qb != own : kb != own) {
+            if ((isq ? qb != own : kb != own) || x->h0 < hlo || x->h0 + x->hn > hhi) {
                 if (V->nh > 1)
                     snprintf(hs, sizeof hs, ", query head %d", x->h0);
                 snprintf(why, n, "the pairs (query block %d, key block %d%s) contribute at least once, expected 0 "
-                                 "(the gradient of another rank's rows or block)", qb, kb, hs);
+                                 "(not this rank's rows, block or heads)", qb, kb, hs);
                 bad = true;
             } else
                 e[k++] = (hrange){x->h0, x->h0 + x->hn, isq ? kb : qb}; /* j: the free coordinate */
@@ -2215,16 +2135,16 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
         qsort(e, (size_t)k, sizeof *e, cmp_free_heads);
     int64_t i = 0;
     for (int f = 0; f < nfree && !bad; f++) {
-        int h = 0, at = -1;
+        int h = hlo, at = -1;
         const char *how = "0 times";
         for (; i < k && e[i].j == f && at < 0; i++) {
-            if (e[i].lo != h) {
+            if (e[i].lo < h || (e[i].lo > h && f < need)) {
                 at = e[i].lo < h ? e[i].lo : h;
                 how = e[i].lo < h ? "2 times or more" : "0 times";
             }
             h = e[i].hi > h ? e[i].hi : h;
         }
-        if (at < 0 && h != V->nh)
+        if (at < 0 && h != hhi && f < need)
             at = h;
         if (at >= 0) {
             if (V->nh > 1)
@@ -2236,6 +2156,25 @@ static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
     }
     free(e);
     return bad ? VC_NO : VC_YES;
+}
+
+/* An OUTPUT gradient sl on simulated rank p (the domain's `covered`, from vc_output): this rank's own
+ * rows or block, and exactly once: DQ every (r, k, h); DK/DV every (q, r, h); cross dK/dV every
+ * (q, 0, h); the replicated rows' every (R, k, h) / (q, R, h).  NO: why (after "the OUTPUT buffer
+ * NAME: "). */
+static vc_tri grad_covered(vb *V, int p, const slot *sl, char *why, size_t n)
+{
+    const cpc_layout *L = &V->prog->layout;
+    bool isq = sl->role == CPC_ROLE_DQ;
+    bool kvout = sl->tk == CPC_TOK_KV && !isq && L->cross, repout = sl->tk == CPC_TOK_KV && L->rep;
+    if (!kvout && !repout && sl->tag != cp(V, p)) {
+        snprintf(why, n, "it ends holding %s %d, not this rank's own %d", isq ? "rows of shard" : "the gradient of block",
+                 sl->tag, cp(V, p));
+        return VC_NO;
+    }
+    int nfree = isq ? V->NK : V->NQ;
+    return exactly_once(V, &sl->cnt, isq, repout ? V->R : kvout ? 0 : cp(V, p) / V->U, nfree, nfree, 0, V->nh, why,
+                        n);
 }
 
 /* The INPUT layouts the executor fills: q/k/v/dout/out shards with every
@@ -2566,7 +2505,9 @@ static cpc_status *sym_eval_check(const vb *V, const cpc_exec_op *x, const cpc_e
 typedef struct collect_ctx {
     vb *V;
     rank_ops *ro;
-    bool back; /* twin, ranks r != 0: walked as ring rank 1, every ring peer and block seen from rank 0 */
+    bool back;  /* twin, ranks r != 0: walked as ring rank 1, every ring peer and block seen from rank 0 */
+    bool slope; /* the induction's symbolic step: each block's slope in s too (xop bs) */
+    int nmark;  /* the induction's markers so far */
 } collect_ctx;
 
 #define VB_MAX_INSTANCES ((int64_t)1 << 23) /* op instances simulated, all ranks together */
@@ -2594,7 +2535,19 @@ static cpc_status *collect_checked(void *ctx, const cpc_exec_op *x)
         if (st)
             return st;
     }
-    return collect(V, cc->ro, &y);
+    cpc_status *st = collect(V, cc->ro, &y);
+    if (!st && cc->slope && x->op->block) { /* the block one step on (LOOPS BY INDUCTION) */
+        cpc_coords c1 = x->c;
+        c1.s++;
+        int64_t b1 = x->block;
+        if ((st = cpc_expr_eval(x->op->block, &c1, &b1))) {
+            cpc_status_free(st);
+            st = NULL;
+            V->undec = "a block does not evaluate one step on";
+        }
+        cc->ro->v[cc->ro->n - 1].bs = md32(b1 - x->block, V->R);
+    }
+    return st;
 }
 
 /* ---- loops by induction (verify_bwd.h LOOPS BY INDUCTION) ---------------------------------------- */
@@ -2759,171 +2712,85 @@ static bool loop_inductive(const vb *V, const cpc_op *loop)
     return true;
 }
 
-typedef struct iwalk {
-    vb *V;
-    collect_ctx *cc;
-    int p;
-    int nmark;
-    bool fb; /* outside what this walk handles: the caller unrolls (cpc_program_walk) */
-} iwalk;
-
-static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope);
-
-static cpc_status *iw_mark(iwalk *w, const cpc_op *loop, int mk, int64_t s, int64_t jn)
+/* An induction marker (MK_*) after the op instances so far: every simulated rank meets the same
+ * markers in the same order (peer: its number). */
+static cpc_status *iw_mark(collect_ctx *cc, const cpc_op *loop, int mk, int64_t s, int64_t jn)
 {
-    rank_ops *r = w->cc->ro;
     cpc_exec_op x = {.op = loop, .c = {0}, .depth = 0, .peer = -1, .block = -1};
-    cpc_status *st = collect(w->V, r, &x);
+    cpc_status *st = collect(cc->V, cc->ro, &x);
     if (st)
         return st;
-    xop *y = &r->v[r->n - 1];
+    xop *y = &cc->ro->v[cc->ro->n - 1];
     y->mk = mk;
     y->jn = jn;
     y->s = s;
-    y->peer = w->nmark++; /* markers are met in the same order on every simulated rank */
+    y->peer = cc->nmark++;
     return NULL;
 }
 
-/* The loop's steps: each phase (the `when`s constant) of IND_MIN steps or
- * more as IND_WARM concrete steps, SNAP, one concrete step, SLOPE, the
- * symbolic step (blocks with slopes), JUMP over the rest; shorter phases
- * unrolled. */
-static cpc_status *iw_loop(iwalk *w, const cpc_op *loop, int64_t N, cpc_coords c)
+/* The walk's loop callback: a top-level loop of IND_MIN steps or more in the class
+ * (loop_inductive) whose `when`s are constant on phases (guard_cuts, checked by evaluation at
+ * both ends of each) is walked by phases: each of IND_MIN steps or more as IND_WARM concrete
+ * steps, SNAP, one concrete step, SLOPE, the symbolic step (blocks with slopes), JUMP over the
+ * rest; shorter phases unrolled.  Any other loop the walk unrolls. */
+static cpc_status *iw_loop(void *ctx, cpc_walk *w, const cpc_op *loop, int64_t N, cpc_coords c, int depth,
+                           bool *ran)
 {
+    collect_ctx *cc = ctx;
+    if (!cc->V->ind_on || depth || N < IND_MIN || !loop_inductive(cc->V, loop))
+        return NULL;
     int cap = 8 + 4 * 16 * (loop->n_body + 1), nc = 0;
     int64_t *cuts = malloc((size_t)cap * sizeof *cuts);
     if (!cuts)
         return &cpc_status_oom;
     cuts[nc++] = 0;
     cuts[nc++] = N;
-    for (int i = 0; i < loop->n_body && !w->fb; i++)
-        if (loop->body[i].when &&
-            !guard_cuts(loop->body[i].when, cpc_expr_root(loop->body[i].when), &c, N, cuts, &nc, cap))
-            w->fb = true;
+    bool ok = true;
+    for (int i = 0; i < loop->n_body && ok; i++)
+        ok = !loop->body[i].when || guard_cuts(loop->body[i].when, cpc_expr_root(loop->body[i].when), &c, N, cuts,
+                                               &nc, cap);
     qsort(cuts, (size_t)nc, sizeof *cuts, cmp_i64);
-    cpc_status *st = NULL;
-    for (int k = 0; k + 1 < nc && !st && !w->fb; k++) {
-        int64_t a = cuts[k], b = cuts[k + 1];
-        if (b <= a)
-            continue;
-        /* the grammar's claim against the evaluator, at both ends */
-        for (int i = 0; i < loop->n_body && !w->fb; i++) {
+    for (int k = 0; k + 1 < nc && ok; k++) /* the grammar's claim against the evaluator, at both ends */
+        for (int i = 0; i < loop->n_body && ok && cuts[k + 1] > cuts[k]; i++) {
             const cpc_expr *g = loop->body[i].when;
             int64_t v0, v1;
             cpc_coords c0 = c, c1 = c;
-            c0.s = a, c1.s = b - 1;
-            if (!g)
-                continue;
-            cpc_status *e0 = cpc_expr_eval(g, &c0, &v0), *e1 = e0 ? NULL : cpc_expr_eval(g, &c1, &v1);
-            if (e0 || e1 || (v0 != 0) != (v1 != 0))
-                w->fb = true;
+            c0.s = cuts[k], c1.s = cuts[k + 1] - 1;
+            cpc_status *e0 = g ? cpc_expr_eval(g, &c0, &v0) : NULL, *e1 = g && !e0 ? cpc_expr_eval(g, &c1, &v1) : NULL;
+            ok = !g || (!e0 && !e1 && (v0 != 0) == (v1 != 0));
             cpc_status_free(e0);
             cpc_status_free(e1);
         }
-        int64_t s = a;
+    *ran = ok;
+    cpc_status *st = NULL;
+    for (int k = 0; k + 1 < nc && ok && !st; k++) {
+        int64_t a = cuts[k], b = cuts[k + 1], s = a;
         if (b - a >= IND_MIN) {
-            for (; s < a + IND_WARM + 1 && !st && !w->fb; s++) {
+            for (; s < a + IND_WARM + 1 && !st; s++) {
                 if (s == a + IND_WARM)
-                    st = iw_mark(w, loop, MK_SNAP, s, 0);
+                    st = iw_mark(cc, loop, MK_SNAP, s, 0);
                 c.s = s;
                 if (!st)
-                    st = iw_list(w, loop->body, loop->n_body, c, 1, false);
+                    st = cpc_walk_body(w, loop, c, depth);
             }
-            if (!st && !w->fb)
-                st = iw_mark(w, loop, MK_SLOPE, s, 0);
+            if (!st)
+                st = iw_mark(cc, loop, MK_SLOPE, s, 0);
             c.s = s;
-            if (!st && !w->fb)
-                st = iw_list(w, loop->body, loop->n_body, c, 1, true);
-            if (!st && !w->fb)
-                st = iw_mark(w, loop, MK_JUMP, s, b - s - 1);
+            cc->slope = true;
+            if (!st)
+                st = cpc_walk_body(w, loop, c, depth);
+            cc->slope = false;
+            if (!st)
+                st = iw_mark(cc, loop, MK_JUMP, s, b - s - 1);
             s = b;
         }
-        for (; s < b && !st && !w->fb; s++) {
+        for (; s < b && !st; s++) {
             c.s = s;
-            st = iw_list(w, loop->body, loop->n_body, c, 1, false);
+            st = cpc_walk_body(w, loop, c, depth);
         }
     }
     free(cuts);
     return st;
-}
-
-/* One simulated rank's op instances as cpc_program_walk (+ collect_checked)
- * gives them, with the inductive loops' phases jumped over.  Anything the
- * walk would refuse sets fb (the caller then walks with cpc_program_walk, for
- * its messages). */
-static cpc_status *iw_list(iwalk *w, const cpc_op *ops, int n, cpc_coords c, int depth, bool slope)
-{
-    const vb *V = w->V;
-    for (int i = 0; i < n && !w->fb; i++) {
-        const cpc_op *op = &ops[i];
-        int64_t v;
-        if ((int)op->kind < 0 || op->kind >= CPC_OP__COUNT) {
-            w->fb = true;
-            break;
-        }
-        if (op->when) {
-            cpc_status *st = cpc_expr_eval(op->when, &c, &v);
-            if (st) {
-                cpc_status_free(st);
-                w->fb = true;
-                break;
-            }
-            if (!v)
-                continue;
-        }
-        if (op->kind == CPC_OP_LOOP) {
-            cpc_status *st = NULL;
-            if (depth >= 8 || !op->count || (op->n_body > 0 && !op->body) ||
-                (st = cpc_expr_eval(op->count, &c, &v)) || v < 0 || v > CPC_LOOP_MAX) {
-                cpc_status_free(st);
-                w->fb = true;
-                break;
-            }
-            if (depth == 0 && v >= IND_MIN && loop_inductive(V, op)) {
-                if ((st = iw_loop(w, op, v, c)))
-                    return st;
-                continue;
-            }
-            for (int64_t s = 0; s < v && !w->fb; s++) {
-                cpc_coords ci = c;
-                ci.s = s;
-                if ((st = iw_list(w, op->body, op->n_body, ci, depth + 1, false)))
-                    return st;
-            }
-            continue;
-        }
-        if (op->n_in < 0 || op->n_in > CPC_OP_MAX_BUFS || op->n_out < 0 || op->n_out > CPC_OP_MAX_BUFS) {
-            w->fb = true;
-            break;
-        }
-        for (int j = 0; j < op->n_in; j++)
-            w->fb |= op->in[j] < 0 || op->in[j] >= V->nb;
-        for (int j = 0; j < op->n_out; j++)
-            w->fb |= op->out[j] < 0 || op->out[j] >= V->nb;
-        cpc_exec_op x = {.op = op, .c = c, .depth = depth, .peer = -1, .block = -1};
-        int64_t W = op->group == CPC_GROUP_RING ? V->R : op->group == CPC_GROUP_ULYSSES ? V->U
-                    : op->group == CPC_GROUP_WORLD ? V->P : 0;
-        cpc_status *st = NULL;
-        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
-            w->fb |= !op->peer || W <= 0 || (st = cpc_expr_eval(op->peer, &c, &x.peer)) || x.peer < 0 || x.peer >= W;
-        if (!w->fb && op->block)
-            w->fb |= (st = cpc_expr_eval(op->block, &c, &x.block)) || x.block < 0 || x.block >= V->R;
-        w->fb |= op->kind == CPC_OP_RECV && !op->block;
-        int64_t b1 = x.block;
-        if (!w->fb && slope && op->block) {
-            cpc_coords c1 = c;
-            c1.s = c.s + 1;
-            w->fb |= (st = cpc_expr_eval(op->block, &c1, &b1)) != NULL;
-        }
-        cpc_status_free(st);
-        if (w->fb)
-            break;
-        if ((st = collect_checked(w->cc, &x)))
-            return st;
-        if (slope && op->block)
-            w->cc->ro->v[w->cc->ro->n - 1].bs = md32(b1 - x.block, V->R);
-    }
-    return NULL;
 }
 
 /* ---- the state at a step boundary, as the induction compares it ---- */
@@ -2965,10 +2832,10 @@ static int req_index(const vb *V, int id)
 {
     int base = 0;
     for (int p = 0; p < V->nsim; p++) {
-        for (int j = 0; j < V->rr[p].n; j++)
-            if (V->rr[p].v[j] == id)
+        for (int j = 0; j < V->rr[p].open.n; j++)
+            if (V->rr[p].open.v[j] == id)
                 return base + j;
-        base += V->rr[p].n;
+        base += V->rr[p].open.n;
     }
     return -2;
 }
@@ -2995,10 +2862,10 @@ static vsnap *vsnap_take(vb *V)
         return NULL;
     int nr = 0, nq = 0;
     for (int p = 0; p < V->nsim; p++) {
-        nr += V->rr[p].n;
-        for (int id = V->rr[p].sh; id >= 0; id = V->reqs[id].next)
+        nr += V->rr[p].open.n;
+        for (int id = V->rr[p].sh; id >= 0; id = RQ(V, id)->next)
             nq++;
-        for (int id = V->rr[p].rh; id >= 0; id = V->reqs[id].next)
+        for (int id = V->rr[p].rh; id >= 0; id = RQ(V, id)->next)
             nq++;
         nq += 2;
     }
@@ -3022,9 +2889,9 @@ static vsnap *vsnap_take(vb *V)
     }
     int k = 0, m = 0;
     for (int p = 0; p < V->nsim && ok; p++) {
-        S->nreq[p] = V->rr[p].n;
-        for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
-            const req *q = &V->reqs[V->rr[p].v[j]];
+        S->nreq[p] = V->rr[p].open.n;
+        for (int j = 0; j < V->rr[p].open.n && ok; j++, k++) {
+            const req *q = RQ(V, V->rr[p].open.v[j]);
             S->reqs[k] = *q;
             for (int b = 0; b < CPC_OP_MAX_BUFS; b++)
                 S->reqs[k].snap[b].cnt = (cset){0};
@@ -3032,7 +2899,7 @@ static vsnap *vsnap_take(vb *V)
                 ok = slot_dup(&S->reqs[k].snap[b], &q->snap[b]);
         }
         for (int h = 0; h < 2; h++) {
-            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0; id = V->reqs[id].next)
+            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0; id = RQ(V, id)->next)
                 S->queues[m++] = req_index(V, id);
             S->queues[m++] = -1;
         }
@@ -3122,8 +2989,8 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
             if (!slot_pair(V, mode, n, &V->slots[i], NULL))
                 return false;
         for (int p = 0; p < V->nsim; p++)
-            for (int j = 0; j < V->rr[p].n; j++) {
-                req *q = &V->reqs[V->rr[p].v[j]];
+            for (int j = 0; j < V->rr[p].open.n; j++) {
+                req *q = RQ(V, V->rr[p].open.v[j]);
                 if (!fld(mode, q->is_send || !q->x->op->block ? -1 : V->R, n, &q->blk, &q->blkb, 0, 0))
                     return false;
                 for (int b = 0; b < q->nb; b++)
@@ -3143,12 +3010,12 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
              slot_pair(V, mode, n, &V->slots[V->map[i]], &S->slots[S->map[i]]);
     int k = 0, m = 0;
     for (int p = 0; p < V->nsim && ok; p++) {
-        if (S->nreq[p] != V->rr[p].n) {
+        if (S->nreq[p] != V->rr[p].open.n) {
             ok = false;
             break;
         }
-        for (int j = 0; j < V->rr[p].n && ok; j++, k++) {
-            req *q = &V->reqs[V->rr[p].v[j]];
+        for (int j = 0; j < V->rr[p].open.n && ok; j++, k++) {
+            req *q = RQ(V, V->rr[p].open.v[j]);
             const req *o = &S->reqs[k];
             ok = q->x->op == o->x->op && q->p == o->p && q->to == o->to && q->group == o->group &&
                  q->tag == o->tag && q->nb == o->nb && !memcmp(q->bufs, o->bufs, (size_t)q->nb * sizeof *q->bufs) &&
@@ -3158,7 +3025,7 @@ static bool state_pair(vb *V, int mode, int64_t n, const vsnap *S)
                 ok = slot_pair(V, mode, n, &q->snap[b], &o->snap[b]);
         }
         for (int h = 0; h < 2 && ok; h++) {
-            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0 && ok; id = V->reqs[id].next)
+            for (int id = h ? V->rr[p].rh : V->rr[p].sh; id >= 0 && ok; id = RQ(V, id)->next)
                 ok = m < S->nq && S->queues[m++] == req_index(V, id);
             ok = ok && m < S->nq && S->queues[m++] == -1;
         }
@@ -3220,7 +3087,7 @@ static cpc_status *prove(vb *V)
     V->nsend = calloc(ns, sizeof *V->nsend);
     V->rpend = malloc(ns * sizeof *V->rpend);
     V->rr = calloc((size_t)V->nsim, sizeof *V->rr);
-    V->freereq = -1;
+    V->reqs = (vc_pool){.size = sizeof(req), .free = -1, .release = req_release};
     if (!V->ro || !V->slots || !V->map || !V->pc || !V->nsend || !V->rpend || !V->rr)
         return cs_err(V);
     for (size_t i = 0; i < ns; i++)
@@ -3251,18 +3118,11 @@ static cpc_status *prove(vb *V)
                 break;
             }
         }
-        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->Us};
-        if (!st && V->ind_on) {
-            iwalk w = {.V = V, .cc = &cc, .p = p};
-            /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked
-             * takes its peers and blocks back to rank 0's frame) */
-            st = iw_list(&w, prog->ops, prog->n_ops, cpc_program_coords(prog, sim_flat(V, p)), 0, false);
-            if (!st && w.fb) {
-                V->undec = "the walk meets what only cpc_program_walk reports";
-                return NULL;
-            }
-        } else if (!st) {
-            st = cpc_program_walk(prog, sim_flat(V, p), collect_checked, &cc);
+        /* the coordinates the walk takes: rank (0, u), or (1, u) for the twin (collect_checked takes
+         * its peers and blocks back to rank 0's frame); inductive loops by phases (iw_loop) */
+        collect_ctx cc = {V, &V->ro[p], V->twin && p >= V->Us, false, 0};
+        if (!st) {
+            st = cpc_program_walk_loops(prog, sim_flat(V, p), collect_checked, iw_loop, &cc);
             if (st && st->code == CPC_E_INPUT && st->rule == 0) {
                 /* the walk's own refusal (an expression that does not evaluate, a
                  * peer outside its group, a loop count out of range: program.h):
@@ -3387,24 +3247,32 @@ static cpc_status *prove(vb *V)
                     V->undec = "the simulated ranks do not reach the loop's step boundary together";
                     return NULL;
                 }
+            /* the symmetric domain: every rank runs the same ops, so blocks there at once (as
+             * verify_sym's deadlock) */
+            const char *all = V->sym ? "every rank blocks here" : "no rank can progress";
             for (int p = 0; p < V->nsim; p++)
                 if (V->pc[p] < V->ro[p].n) {
                     const xop *x = &V->ro[p].v[V->pc[p]];
                     if (cpc_op_info_of(x->op->kind)->match == CPC_MATCH_COLLECTIVE)
-                        return vfail(p, x, "waits forever: a member of its %s group never reaches this %s",
+                        return vfail(p, x, "deadlock: %s: a member of its %s group never reaches this %s", all,
                                      cpc_group_name(x->op->group), cpc_op_kind_name(x->op->kind));
                     const req *q = NULL;
-                    for (int j = 0; j < V->rr[p].n && !q; j++) {
-                        const req *o = &V->reqs[V->rr[p].v[j]];
+                    for (int j = 0; j < V->rr[p].open.n && !q; j++) {
+                        const req *o = RQ(V, V->rr[p].open.v[j]);
                         q = o->tag == x->op->tag && o->match < 0 ? o : NULL;
                     }
                     if (!q)
-                        return vfail(p, x, "waits forever");
+                        return vfail(p, x, "deadlock: %s", all);
+                    char ob[256], who[48];
+                    if (rotated(V, (cpc_group)q->group))
+                        snprintf(who, sizeof who, "ring member r%+d", diff_mod(q->to, 0, V->R));
+                    else
+                        snprintf(who, sizeof who, "rank %d", q->to);
                     return vfail(p, x,
-                                 "waits forever: its %s of '%s' (%s group, tag %d) is never matched: the peer "
-                                 "posts no matching %s before it blocks itself (a wait completes only once the "
-                                 "peer has posted: rendezvous)",
-                                 q->is_send ? "send" : "recv", bn(V, q->bufs[0]), cpc_group_name((cpc_group)q->group),
+                                 "deadlock: %s: its %s %s %s (%s, %s group, tag %d) has no matching %s posted before "
+                                 "this wait (a wait completes only once the peer has posted: rendezvous)",
+                                 all, q->is_send ? "send" : "recv", q->is_send ? "to" : "from", who,
+                                 vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), cpc_group_name((cpc_group)q->group),
                                  q->tag, q->is_send ? "recv" : "send");
                 }
             return vfail(-1, NULL, "no rank can progress");
@@ -3415,7 +3283,7 @@ static cpc_status *prove(vb *V)
     /* the end of every simulated rank: every request completed by a wait, then every OUTPUT
      * gradient (vc_finish: its rows, exactly once: grad_covered) */
     for (int p = 0; p < V->nsim; p++) {
-        bwd_dom dd = {V, p, NULL, NULL};
+        bwd_dom dd = {.V = V, .p = p, .x = NULL};
         vc_domain dom;
         bwd_domain(&dd, &dom);
         char m[640] = "";
@@ -3432,11 +3300,8 @@ static void vb_free(vb *V)
     vsnap_free(V, V->snap);
     V->snap = NULL;
     for (int p = 0; V->rr && p < V->nsim; p++)
-        free(V->rr[p].v);
-    for (int i = 0; i < V->nreq; i++)
-        for (int j = 0; j < CPC_OP_MAX_BUFS; j++)
-            cs_free(&V->reqs[i].snap[j].cnt);
-    free(V->reqs);
+        free(V->rr[p].open.v);
+    vc_pool_free(&V->reqs);
     if (V->slots)
         for (size_t i = 0; i < ns; i++)
             cs_free(&V->slots[i].cnt);

@@ -6,13 +6,19 @@
  * through the shared step (verify_common.h vc_step) on this prover's
  * domain (a vc_domain over its slots): the op table's lifetime and content
  * rules for every operand; init_acc of a forward pair, attn, merge, copy,
- * swap and send/recv's checks before posting as the forward ops' code; a
- * matched message through vc_arrive (declared block, layout and role,
- * element size, buffer by buffer).  The backward ops' gradient geometry
- * (delta, init_acc of gradients, add, attn_bwd) is this domain's grad_op
- * callback: only this domain has gradient values.  Posting, matching order,
- * rendezvous and the collectives' exchange are the domain's, as in the
- * forward domains.
+ * swap and send/recv's checks before posting as the forward ops' code; the
+ * message layer (vc_post, the step's wait, vc_match through vc_arrive:
+ * declared block, layout and role, element size, buffer by buffer;
+ * vc_finish: every request completed, then the OUTPUT buffers by
+ * vc_output); a collective's read rule and its inputs (vc_coll_inputs).
+ * Faults read as the forward ones (vc_fault, vc_op_desc): "schedule
+ * verification failed (backward program): rank p (r R, u U), ops[3].body[1]
+ * send (step 2): ...".  The backward ops' gradient geometry (delta,
+ * init_acc of gradients, add, attn_bwd) is this domain's grad_op callback,
+ * and an OUTPUT gradient's coverage its `covered`: only this domain has
+ * gradient values.  Matching order, the collectives' rendezvous and what
+ * their outputs hold (gradient sets) are the domain's, as in the forward
+ * domains.
  * advance() (verify_bwd.c) executes one op
  * of one rank on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
@@ -25,13 +31,15 @@
  * block a step: a few runs whatever R).  The operand rules come from the op
  * table (program.h): access (read / write / accumulate / rebind), required
  * content, lifetime (non-blocking until the wait), matching rule.
- * Point-to-point requests are modelled as the executor posts them: one per
- * buffer of a send or recv, non-blocking, matched in FIFO order per
- * (sender, receiver, GROUP, tag) as MPI and the local transport match them;
- * a send carries a snapshot of its buffer's state, which the recv's buffer
- * takes at the `wait` that completes it; a wait blocks until each of its
- * requests is matched (rendezvous: a send completes only once its recv is
- * posted).  Collectives (all_to_all over a ulysses group, all_gather and
+ * Point-to-point requests are non-blocking, one per send or recv op
+ * (verify_common.h vc_rq), matched op to op in FIFO order per (sender,
+ * receiver, GROUP, tag); the recv must name as many buffers as the send
+ * (else a fault), so the pairs are those of the executor's per-buffer
+ * requests, which MPI and the local transport match in the same FIFO
+ * order; a send carries a snapshot of each buffer's state, which the
+ * recv's buffers take at the `wait` that completes it; a wait blocks until
+ * each of its requests is matched (rendezvous: a send completes only once
+ * its recv is posted).  Collectives (all_to_all over a ulysses group, all_gather and
  * reduce_scatter over a ring group, all_reduce over the world, barrier over
  * the group it names: no data) fire when every member of the group has
  * reached the same op.  The ranks run
@@ -78,7 +86,9 @@
  *   below takes part: it is one more simulated rank).  Its steps are cut into phases where
  *   every `when` is constant (a comparison changes only where its sides
  *   meet, at t: cuts at t and t + 1; checked by evaluation at both ends of
- *   each phase).  A phase [a, b) of 6 steps or more: steps a, a+1 and a+2
+ *   each phase; where the cuts fail the loop is unrolled).  The rank's walk
+ *   is program.h cpc_program_walk_loops, whose loop callback (iw_loop) walks
+ *   the steps it chooses.  A phase [a, b) of 6 steps or more: steps a, a+1 and a+2
  *   run as always; the states before a+2 and before a+3 give the guess:
  *   each ring index of the state (content tags of ring blocks, run starts,
  *   the blocks posted recvs declare; mod R) and each run length moves per
@@ -305,9 +315,10 @@
  *      every member's ring block r; a gradient's heads_to_seq where two
  *      members hold the same head without reduce=sum is refused (one part
  *      would be lost); reduce sums, in member order, the parts of each head.
- *   4. Matching: every recv buffer takes the next message of its (group,
- *      peer, tag), with the role and layout (tokens, heads) it declares and
- *      the content its `block` says; every request is matched and completed by a wait; no rank
+ *   4. Matching: every recv takes the next send of its (group, peer, tag),
+ *      with as many buffers, each with the role, layout (tokens, heads) and
+ *      element size it declares and the content its `block` says; every
+ *      request is matched and completed by a wait; no rank
  *      waits forever on a wait (its partner posted only after that partner
  *      blocks) or on a collective some member never reaches (reported,
  *      naming the op and the unmatched request).
@@ -330,8 +341,9 @@
  *      gradients; where delta or attn_bwd reads a recomputed result, every
  *      pair of its rows and heads is there exactly once (with a causal mask
  *      the key blocks entirely above the diagonal may be missing:
- *      vc_units_needed); it stays on its rank (sending, gathering or copying
- *      it is refused).
+ *      vc_units_needed); it stays on its rank until proven so (a send or
+ *      collective of it is refused before, as the step refuses an
+ *      incomplete forward result; copying it is always refused).
  *
  * Refused with CP051 (never silently accepted): ops outside {delta,
  * init_acc, attn_bwd, add, send, recv, wait, swap, loop, all_to_all,

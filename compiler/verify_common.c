@@ -22,99 +22,88 @@ static const char *verb_of(cpc_access acc)
                                       : "accumulates into";
 }
 
-/* " (op, tag t, from rank p)" */
-static void req_words(const vc_req *q, const char *dir, char *buf, size_t n)
+/* The request in flight on buffer b: the recv writing it (send: a send reading it); NULL: none. */
+static const vc_rq *req_on(const vc_domain *d, int b, bool send)
 {
-    if (q->tag < 0 && !q->op) {
-        buf[0] = 0;
-        return;
-    }
-    char peer[48] = "";
-    if (q->peer >= 0)
-        snprintf(peer, sizeof peer, ", %s rank %d", dir, q->peer);
-    snprintf(buf, n, " (%s%stag %d%s)", q->op ? q->op : "", q->op ? ", " : "", q->tag, peer);
-}
-
-/* " tag t" of the wait that completes q ("" when the domain does not know) */
-static const char *wait_words(const vc_req *q, char *buf, size_t n)
-{
-    if (q->tag < 0)
-        buf[0] = 0;
-    else
-        snprintf(buf, n, " tag %d", q->tag);
-    return buf;
-}
-
-/* A recv into b (send: a send from b) is in flight: *out, described in ob.
- * The forward domains answer from their requests, the backward one itself. */
-static bool req_on(const vc_domain *d, int b, bool send, vc_req *out, char *ob, size_t n)
-{
-    if (!d->rq)
-        return send ? d->send_on(SELF, b, out) : d->recv_on(SELF, b, out);
-    if (send ? d->nsend[b] <= 0 : d->rpend[b] < 0)
-        return false;
-    const vc_rq *q = send ? NULL : d->rq(SELF, d->rpend[b]);
-    for (int i = 0, id; !q && (id = d->open(SELF, i)) >= 0; i++) {
+    if (!send)
+        return d->rpend[b] < 0 ? NULL : d->rq(SELF, d->rpend[b]);
+    for (int i = 0, id; d->nsend[b] > 0 && (id = d->open(SELF, i)) >= 0; i++) {
         const vc_rq *x = d->rq(SELF, id);
         for (int j = 0; x->is_send && !x->done && j < x->nb; j++)
-            q = x->bufs[j] == b ? x : q;
-    }
-    *out = q ? (vc_req){vc_op_desc(q->on, q->slo, q->shi, ob, n), q->tag, q->peer} : (vc_req){NULL, -1, -1};
-    return true;
-}
-
-/* The lifetime rule for buffer b used with access acc. */
-static const char *vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
-{
-    if (acc == CPC_ACCESS_NONE)
-        return NULL;
-    vc_req q = {NULL, -1, -1};
-    char w[320], wt[32], ob[256];
-    if (req_on(d, b, false, &q, ob, sizeof ob)) {
-        req_words(&q, "from", w, sizeof w);
-        snprintf(msg, n, "%s %s while the recv into it%s is not complete (in flight): no `wait%s` between them",
-                 verb_of(acc), d->name(d->self, b), w, wait_words(&q, wt, sizeof wt));
-        return msg;
-    }
-    if (acc != CPC_ACCESS_READ && req_on(d, b, true, &q, ob, sizeof ob)) {
-        req_words(&q, "to", w, sizeof w);
-        snprintf(msg, n, "%s %s while a send from it is in flight%s: no `wait%s` between them",
-                 acc == CPC_ACCESS_WRITE ? "overwrites" : verb_of(acc), d->name(d->self, b), w,
-                 wait_words(&q, wt, sizeof wt));
-        return msg;
+            if (x->bufs[j] == b)
+                return x;
     }
     return NULL;
 }
 
-const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* " (op, tag t, from rank p)" of q into buf, " tag t" (the wait completing it) into wt. */
+static void req_words(const vc_rq *q, const char *dir, char *buf, size_t n, char *wt, size_t nt)
+{
+    char ob[256], peer[48] = "";
+    if (q->peer >= 0)
+        snprintf(peer, sizeof peer, ", %s rank %d", dir, q->peer);
+    snprintf(buf, n, " (%s, tag %d%s)", vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, peer);
+    snprintf(wt, nt, " tag %d", q->tag);
+}
+
+/* The lifetime rule for buffer b used with access acc: true when it is broken (msg: how). */
+static bool vc_in_flight(const vc_domain *d, int b, cpc_access acc, char *msg, size_t n)
+{
+    if (acc == CPC_ACCESS_NONE)
+        return false;
+    const vc_rq *q;
+    char w[320], wt[32];
+    if ((q = req_on(d, b, false))) {
+        req_words(q, "from", w, sizeof w, wt, sizeof wt);
+        snprintf(msg, n, "%s %s while the recv into it%s is not complete (in flight): no `wait%s` between them",
+                 verb_of(acc), d->name(d->self, b), w, wt);
+        return true;
+    }
+    if (acc != CPC_ACCESS_READ && (q = req_on(d, b, true))) {
+        req_words(q, "to", w, sizeof w, wt, sizeof wt);
+        snprintf(msg, n, "%s %s while a send from it is in flight%s: no `wait%s` between them",
+                 acc == CPC_ACCESS_WRITE ? "overwrites" : verb_of(acc), d->name(d->self, b), w, wt);
+        return true;
+    }
+    return false;
+}
+
+/* THE SHARED RULES: each is true when broken, the violation in msg (n bytes). */
+/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every operand of op, by its
+ * in_access / out_access columns: a buffer with a recv in flight may not be used at all, one with
+ * a send in flight only read, before the wait. */
+static bool vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
     const cpc_op_info *info = cpc_op_info_of(op->kind);
     if (!info)
-        return NULL;
+        return false;
     for (int j = 0; j < op->n_in; j++)
         if (vc_in_flight(d, op->in[j], info->in_access, msg, n))
-            return msg;
+            return true;
     for (int j = 0; j < op->n_out; j++)
         if (vc_in_flight(d, op->out[j], info->out_access, msg, n))
-            return msg;
-    return NULL;
+            return true;
+    return false;
 }
 
 /* The read rule: b is not in flight as a recv, and written before it is
  * read (`want` DELTA names the missing delta op). */
-static const char *vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
+static bool vc_read(const vc_domain *d, int b, cpc_content want, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_READ, msg, n))
-        return msg;
+        return true;
     if (!d->val(d->self, b)->written) {
         snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, b),
                  want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
-const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n)
+/* The content rule: every input slot of op with a table in_content is written and holds that
+ * content (by provenance: the delta op's output is not the saved LSE).  `base` is how input slots
+ * are numbered in the message (0 or 1). */
+static bool vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n)
 {
     const cpc_op_info *info = cpc_op_info_of(op->kind);
     for (int i = 0; info && i < op->n_in && i < CPC_OP_MAX_BUFS; i++) {
@@ -124,7 +113,7 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
         if (!d->val(d->self, op->in[i])->written) {
             snprintf(msg, n, "reads %s before it is written%s", d->name(d->self, op->in[i]),
                      want == CPC_CONTENT_DELTA ? " (no delta op computed it)" : "");
-            return msg;
+            return true;
         }
         int got = d->val(d->self, op->in[i])->src;
         if (got != (int)want) {
@@ -132,38 +121,39 @@ const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
                              "not by role)",
                      i + base, d->name(d->self, op->in[i]), cpc_content_name((cpc_content)got),
                      cpc_content_name(want));
-            return msg;
+            return true;
         }
     }
-    return NULL;
+    return false;
 }
 
 /* The overwrite rule (forward): b is not in flight, and does not hold an
  * attention output no op has read (a block attended twice, a merge missing). */
-static const char *vc_write(const vc_domain *d, int b, char *msg, size_t n)
+static bool vc_write(const vc_domain *d, int b, char *msg, size_t n)
 {
     if (vc_in_flight(d, b, CPC_ACCESS_WRITE, msg, n))
-        return msg;
+        return true;
     if (d->val(d->self, b)->written && d->val(d->self, b)->fresh) {
         snprintf(msg, n,
                  "overwrites the attention output in %s (written by %s) before any op used it: a block attended "
                  "twice, or a merge missing",
                  d->name(d->self, b), d->writer(d->self, b));
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
-const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
+/* The merge's provenance rules: its outputs are initialised (or arriving), in[0], in[1] the output
+ * and LSE of one attention block (one stamp) not merged yet, out[0], out[1] one accumulator pair
+ * (one stamp), not the input.  Needs the domain's val and writer. */
+static bool vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
-    vc_req q;
-    char ob[256];
     for (int j = 0; j < 2; j++) {
         int b = op->out[j];
-        if (!req_on(d, b, false, &q, ob, sizeof ob) && !d->val(d->self, b)->written) {
+        if (!req_on(d, b, false) && !d->val(d->self, b)->written) {
             snprintf(msg, n, "merges into %s, which is not initialised (no init_acc or attn before)",
                      d->name(d->self, b));
-            return msg;
+            return true;
         }
     }
     const signed char *mc = cpc_op_info_of(CPC_OP_MERGE)->in_content; /* o, lse: the op table */
@@ -172,26 +162,26 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
         ST(d, a) != ST(d, al)) {
         snprintf(msg, n, "inputs %s and %s are not the output and LSE of one attention block", d->name(d->self, a),
                  d->name(d->self, al));
-        return msg;
+        return true;
     }
     if (d->val(d->self, acc)->src != CPC_CONTENT_OUT || d->val(d->self, accl)->src != CPC_CONTENT_LSE ||
         ST(d, acc) != ST(d, accl)) {
         snprintf(msg, n, "outputs %s and %s are not one accumulator and its LSE", d->name(d->self, acc),
                  d->name(d->self, accl));
-        return msg;
+        return true;
     }
     if (a == acc || ST(d, a) == ST(d, acc)) {
         snprintf(msg, n, "merges %s into itself", d->name(d->self, acc));
-        return msg;
+        return true;
     }
     if (d->val(d->self, a)->merged) {
         snprintf(msg, n,
                  "merges the attention output in %s (written by %s) a second time: no attn wrote it since the last "
                  "merge",
                  d->name(d->self, a), d->writer(d->self, a));
-        return msg;
+        return true;
     }
-    return NULL;
+    return false;
 }
 
 /* ---- coverage under a causal mask ------------------------------------------------------------ */
@@ -254,29 +244,20 @@ int vc_units_needed(const cpc_layout *L, int lo, int hi)
 
 void vc_nodes_free(vc_node *nodes, int n)
 {
-    for (int i = 0; nodes && i < n; i++) {
-        free(nodes[i].path);
+    for (int i = 0; nodes && i < n; i++)
         vc_nodes_free(nodes[i].body, nodes[i].n_body);
-    }
     free(nodes);
 }
 
-static vc_node *nodes_at(const cpc_op *ops, int n, const char *prefix, int depth, int max_depth, bool *oom)
+static vc_node *nodes_at(const cpc_op *ops, int n, const vc_node *parent, int depth, int max_depth, bool *oom)
 {
     vc_node *nodes = n > 0 ? calloc((size_t)n, sizeof(vc_node)) : NULL;
     *oom |= n > 0 && !nodes;
     for (int i = 0; nodes && i < n && !*oom; i++) {
         vc_node *nd = &nodes[i];
-        nd->op = &ops[i];
-        nd->in_loop = depth > 0;
-        size_t len = strlen(prefix) + 32;
-        if (!(nd->path = malloc(len))) {
-            *oom = true;
-            break;
-        }
-        snprintf(nd->path, len, depth == 0 ? "%sops[%d]" : "%s.body[%d]", prefix, i + 1);
+        *nd = (vc_node){.op = &ops[i], .parent = parent, .index = i, .in_loop = depth > 0};
         if (ops[i].kind == CPC_OP_LOOP && ops[i].n_body > 0 && ops[i].body && depth < max_depth) {
-            nd->body = nodes_at(ops[i].body, ops[i].n_body, nd->path, depth + 1, max_depth, oom);
+            nd->body = nodes_at(ops[i].body, ops[i].n_body, nd, depth + 1, max_depth, oom);
             nd->n_body = nd->body ? ops[i].n_body : 0;
         }
     }
@@ -290,7 +271,19 @@ static vc_node *nodes_at(const cpc_op *ops, int n, const char *prefix, int depth
 vc_node *vc_nodes(const cpc_op *ops, int n, int max_depth, bool *oom)
 {
     *oom = false;
-    return nodes_at(ops, n, "", 0, max_depth, oom);
+    return nodes_at(ops, n, NULL, 0, max_depth, oom);
+}
+
+const char *vc_node_path(const vc_node *nd, char *buf, size_t n)
+{
+    int idx[64], k = 0;
+    for (; nd && k < 64; nd = nd->parent)
+        idx[k++] = nd->index;
+    size_t o = 0;
+    buf[0] = 0;
+    while (k-- > 0 && o < n)
+        o += (size_t)snprintf(buf + o, n - o, o ? ".body[%d]" : "ops[%d]", idx[k] + 1);
+    return buf;
 }
 
 const vc_node *vc_node_of(const vc_node *nodes, int n, const cpc_op *op)
@@ -649,7 +642,7 @@ vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
                 return NOT_YES(t, "all_to_all %s needs %s with %s in %s, which holds %s%s", cpc_a2a_dir_name(op->dir),
                                s2h ? "the rank's own shard" : "its ring block", s2h ? "all heads" : "the rank's head part",
                                NM(op->in[j]), W(in, w1), t == VC_NO ? "" : " on some ranks only");
-        } else {
+        } else if (op->kind == CPC_OP_ALL_GATHER) {
             t = d->tok_is(SELF, in, VC_T_BLOCK);
             if (t != VC_YES)
                 return NOT_YES(t, "all_gather needs this member's ring block in %s, which holds %s%s", NM(op->in[j]),
@@ -753,16 +746,18 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     case CPC_OP_SEND:
     case CPC_OP_RECV: {
         vc_tri t = vc_post_operands(d, op, msg, n);
-        return t == VC_YES && d->rq ? d->post(SELF, op) : t;
+        return t == VC_YES ? d->post(SELF, op) : t;
     }
-    case CPC_OP_WAIT: return d->rq ? vc_wait(d, op->tag, msg, n) : VC_YES;
+    case CPC_OP_WAIT: return vc_wait(d, op->tag, msg, n);
     case CPC_OP_ALL_TO_ALL:
     case CPC_OP_ALL_GATHER:
-    case CPC_OP_BARRIER: return d->rq ? vc_collective(d, op, msg, n) : VC_YES;
+    case CPC_OP_BARRIER: return vc_collective(d, op, msg, n);
     default:
         if (d->grad_op && (int)op->kind >= 0 && op->kind < CPC_OP__COUNT &&
             (cpc_op_info_of(op->kind)->flags & CPC_OPF_BWD))
-            return vc_contents(d, op, 1, msg, n) ? VC_NO : d->grad_op(SELF, op, msg, n);
+            return vc_contents(d, op, 1, msg, n)                                          ? VC_NO
+                   : cpc_op_info_of(op->kind)->match == CPC_MATCH_COLLECTIVE ? vc_collective(d, op, msg, n)
+                                                                              : d->grad_op(SELF, op, msg, n);
         if ((int)op->kind >= 0 && op->kind < CPC_OP__COUNT)
             return FAULT("op %s is not allowed in a forward program", cpc_op_kind_name(op->kind));
         return FAULT("unknown op kind %d", (int)op->kind);
@@ -774,14 +769,16 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, size_t n)
 {
     const char *kind = nd ? cpc_op_kind_name(nd->op->kind) : NULL;
+    char path[256];
     if (!nd)
         snprintf(buf, n, "the end of the program");
     else if (!nd->in_loop || shi <= slo) /* (no step: the loop's guards are being read) */
-        snprintf(buf, n, "%s %s", nd->path, kind);
+        snprintf(buf, n, "%s %s", vc_node_path(nd, path, sizeof path), kind);
     else if (shi - slo == 1)
-        snprintf(buf, n, "%s %s (step %" PRId64 ")", nd->path, kind, slo);
+        snprintf(buf, n, "%s %s (step %" PRId64 ")", vc_node_path(nd, path, sizeof path), kind, slo);
     else
-        snprintf(buf, n, "%s %s (steps %" PRId64 "..%" PRId64 ")", nd->path, kind, slo, shi - 1);
+        snprintf(buf, n, "%s %s (steps %" PRId64 "..%" PRId64 ")", vc_node_path(nd, path, sizeof path), kind, slo,
+                 shi - 1);
     return buf;
 }
 
@@ -799,6 +796,71 @@ cpc_status *vc_fault(cpc_span span, bool bwd, int64_t p, int64_t U, const char *
 }
 
 #define SNAP(d, snap, j) ((vc_val *)((char *)(snap) + (size_t)(j) * (d)->val_size))
+
+int vc_pool_new(vc_pool *pl, vc_open *o)
+{
+    if (o->n == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 8, *v = realloc(o->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        o->v = v;
+        o->cap = cap;
+    }
+    int id = pl->free;
+    if (id >= 0) {
+        pl->free = VC_POOL_AT(pl, id)->next;
+    } else {
+        if (pl->n == pl->cap) {
+            int cap = pl->cap ? 2 * pl->cap : 64;
+            void *v = realloc(pl->v, (size_t)cap * pl->size);
+            if (!v)
+                return -1;
+            pl->v = v;
+            pl->cap = cap;
+        }
+        id = pl->n++;
+    }
+    vc_rq *q = VC_POOL_AT(pl, id);
+    memset(q, 0, pl->size);
+    q->used = true;
+    q->next = -1;
+    o->v[o->n++] = id;
+    return id;
+}
+
+static void pool_release(vc_pool *pl, int id)
+{
+    vc_rq *q = VC_POOL_AT(pl, id);
+    pl->release(q);
+    q->used = false;
+    q->next = pl->free;
+    pl->free = id;
+}
+
+void vc_pool_drop_done(vc_pool *pl, vc_open *o)
+{
+    int k = 0;
+    for (int i = 0; i < o->n; i++) {
+        vc_rq *q = VC_POOL_AT(pl, o->v[i]);
+        if (!q->done) {
+            o->v[k++] = o->v[i];
+        } else if (q->used && q->match >= 0 && VC_POOL_AT(pl, q->match)->done) {
+            int other = q->match;
+            pool_release(pl, o->v[i]);
+            pool_release(pl, other);
+        }
+    }
+    o->n = k;
+}
+
+void vc_pool_free(vc_pool *pl)
+{
+    for (int i = 0; i < pl->n; i++)
+        if (VC_POOL_AT(pl, i)->used)
+            pl->release(VC_POOL_AT(pl, i));
+    free(pl->v);
+    *pl = (vc_pool){.size = pl->size, .free = -1, .release = pl->release};
+}
 
 void vc_inputs(const vc_domain *d)
 {

@@ -27,23 +27,28 @@
  *   symbolic rank (verify_sym.c: answers for every rank and loop step at
  *   once, UNDECIDED when they differ or it cannot tell; an UNDECIDED sends
  *   the program to enumeration, or to CP051 beyond its bound), and the
- *   backward prover's simulated rank (below).  For the two forward domains
- *   the step also runs the message layer (vc_rq, vc_post, the wait,
- *   vc_match, vc_finish): what stays per domain is what differs in kind:
- *   the values' representation, how requests find their peers (channels
- *   between concrete ranks, or offsets of the one generic rank), a wait
- *   that blocks (the rank blocks, or every rank at once: a deadlock), the
- *   collectives' rendezvous, and loops (unrolled per rank, or induction on
- *   the step).  One fault thus gets one message from both
- *   (tests/test_verify_sym.c one_step_gives_one_message).
- *   The backward prover (verify_bwd.c) is a third domain of the step: one
- *   simulated rank of its symmetric domain or of its enumeration (values:
- *   a content tag, the buffer's layout, and the (query block, key unit,
- *   head) pairs met, as runs).  Every op of a backward program runs through
- *   vc_step there; the backward ops (grad_op) are that domain's callback,
- *   absent in the forward domains, so a backward op stays a fault in a
- *   forward program, and the two entry points (cpc_verify,
- *   cpc_verify_backward) keep the directions apart.
+ *   backward prover's simulated rank (below).  In all three the step also
+ *   runs the message layer (vc_rq, vc_post, the wait, vc_match,
+ *   vc_finish), the collectives' read rule and their inputs
+ *   (vc_coll_inputs), and faults get one format (vc_op_desc, vc_fault).
+ *   What stays per domain is what differs in kind: the values'
+ *   representation, how requests find their peers (channels between
+ *   concrete ranks, offsets of the one generic rank, or FIFO queues per
+ *   (group, peer, tag) with the ring rotation), a wait that blocks (the
+ *   rank blocks, or every rank at once: a deadlock), the collectives'
+ *   rendezvous (d->meet) and what their outputs hold (the backward
+ *   domain's: sets of (query block, key unit, head) runs moved between
+ *   members, summed by reduce_scatter and all_reduce), and loops (unrolled
+ *   per rank, or induction on the step).  One fault thus gets one message
+ *   from every domain (tests/test_verify_sym.c one_step_gives_one_message).
+ *   The backward prover (verify_bwd.c) is the third domain: one simulated
+ *   rank of its symmetric domain or of its enumeration (values: a content
+ *   tag, the buffer's layout, and the (query block, key unit, head) pairs
+ *   met, as runs).  Every op of a backward program runs through vc_step
+ *   there; the backward ops (grad_op) are that domain's callback, absent in
+ *   the forward domains, so a backward op stays a fault in a forward
+ *   program, and the two entry points (cpc_verify, cpc_verify_backward)
+ *   keep the directions apart.
  *
  * Internal to the verify stage; pure functions, thread-safe.
  */
@@ -79,19 +84,14 @@ static inline int src_of_role(cpc_buf_role r)
 static inline bool src_is_kv(int s) { return s == SRC_K || s == SRC_V; }
 static inline bool src_is_attn(int s) { return s == SRC_O || s == SRC_LSE; }
 
-/* A request in flight on a buffer, as a domain describes it. */
-typedef struct vc_req {
-    const char *op;  /* the op that posted it, in words (NULL: not known) */
-    int tag;
-    int peer;        /* the rank at the other end; -1 where the domain has no one rank */
-} vc_req;
-
-/* A request of the forward domains' message layer: what both share.  A
+/* A request of the message layer: what every domain shares.  A
  * domain's request type begins with these fields (VC_RQ_FIELDS in an
  * anonymous union with a vc_rq `h`), and holds its snapshots (CPC_OP_MAX_BUFS
  * values of the domain's value type) at vc_domain.snap_off. */
 #define VC_RQ_FIELDS                                                                                       \
     bool is_send, done;                                                                                   \
+    bool used;          /* a pool's (vc_pool): in use, not in its free list */                             \
+    int next;           /* next in the domain's queue, or in the pool's free list (-1: none) */           \
     int match;          /* the request it met (the domain's id); -1: none yet */                          \
     int tag, group;                                                                                       \
     int peer;           /* the rank at the other end; -1 where the domain has no one rank */              \
@@ -103,11 +103,35 @@ typedef struct vc_rq {
     VC_RQ_FIELDS;
 } vc_rq;
 
+/* A pool of a domain's requests (verify.c, verify_bwd.c): items of `size` bytes, the domain's
+ * request type (a vc_rq first), reused through a free list; release frees an item's snapshots. */
+typedef struct vc_pool {
+    void *v;
+    size_t size;
+    int n, cap, free;
+    void (*release)(vc_rq *q);
+} vc_pool;
+#define VC_POOL_AT(pl, id) ((vc_rq *)((char *)(pl)->v + (size_t)(id) * (pl)->size))
+/* The ids of one rank's requests in flight, in posting order. */
+typedef struct vc_open {
+    int *v;
+    int n, cap;
+} vc_open;
+/* A new request, zeroed (used, next -1), its id appended to o; -1 when out of memory
+ * (the pool's items may move). */
+int vc_pool_new(vc_pool *pl, vc_open *o);
+/* After a wait: the done requests leave o; a request and its match go back to the pool
+ * (released) once both are done. */
+void vc_pool_drop_done(vc_pool *pl, vc_open *o);
+/* Releases every request in use, and the pool's storage. */
+void vc_pool_free(vc_pool *pl);
+
 /* An op of the program with its index path ("ops[3].body[1]": 1-based, as
  * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
 typedef struct vc_node {
     const cpc_op *op;
-    char *path;
+    const struct vc_node *parent; /* the loop it is in (NULL: top level) */
+    int index;                    /* its index there (0-based) */
     bool in_loop;
     struct vc_node *body;
     int n_body;
@@ -120,6 +144,8 @@ void vc_nodes_free(vc_node *nodes, int n);
 /* The node of op (a pointer into the program's op arrays) in nodes[0..n);
  * NULL when it is not there.  Cost: the loops on its path's levels. */
 const vc_node *vc_node_of(const vc_node *nodes, int n, const cpc_op *op);
+/* nd's index path ("ops[3].body[1]") into buf; returns buf. */
+const char *vc_node_path(const vc_node *nd, char *buf, size_t n);
 
 /* Three-valued answers: a concrete domain (one rank) always answers YES or
  * NO; the symbolic one (every rank and step at once) answers UNDECIDED when
@@ -164,10 +190,6 @@ typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
     vc_val *(*val)(void *self, int b);                   /* buffer b's value */
-    /* a recv into b / a send from b is in flight: *q (the backward domain; the forward ones
-     * answer through their requests, rq below) */
-    bool (*recv_on)(void *self, int b, vc_req *q);
-    bool (*send_on)(void *self, int b, vc_req *q);
     /* The forward geometry (NULL in a domain without attn/merge: backward). */
     const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
     vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
@@ -198,7 +220,10 @@ typedef struct vc_domain {
     /* copy: v's heads := buffer b's, a selection of v's. NO / UNDECIDED: why. */
     vc_tri (*select_heads)(void *self, vc_val *v, int b, int from, char *why, size_t n);
     /* coverage: v's keys are every key its rows need (attention of one
-     * sequence, some key met).  NO / UNDECIDED: why (after "NAME "). */
+     * sequence, some key met).  NO / UNDECIDED: why (after "NAME ").  The
+     * backward domain also answers for an OUTPUT gradient (v's src
+     * CPC_CONTENT_GRAD, from vc_output): the rank's own rows, every (query
+     * block, key unit, head) exactly once; why after "the OUTPUT buffer NAME: ". */
     vc_tri (*covered)(void *self, const vc_val *v, const char *name, char *why, size_t n);
     /* a recv's declared block: v (what arrives) is it; YES may normalise v
      * to the declared form.  `rq` is the domain's request.  words: the
@@ -217,13 +242,12 @@ typedef struct vc_domain {
                        are query rows too; every query meets their keys once (kvcov 1) and
                        every shard's keys once */
     bool p2p_attn;  /* attention results may travel point to point */
-    /* The forward domains' message layer (vc_post, the step's wait; unused by the backward
-     * domain): per buffer, the sends in flight reading it and the request of the recv in flight
-     * writing it (-1), and the size of the domain's value type (a request's snapshots are an
-     * array of them). */
+    /* The message layer (vc_post, the step's wait): per buffer, the sends in flight reading it and
+     * the request of the recv in flight writing it (-1), and the size of the domain's value type
+     * (a request's snapshots are an array of them). */
     int32_t *nsend, *rpend;
     size_t val_size;
-    /* The forward domains' requests: request id; the id of the rank's i-th request in flight
+    /* The domain's requests: request id; the id of the rank's i-th request in flight
      * (-1 past the last); at: the domain now stands at q's op (the writer of what completing q
      * stores); the offset of the snapshots in the domain's request type. */
     vc_rq *(*rq)(void *self, int id);
@@ -234,8 +258,9 @@ typedef struct vc_domain {
      * matched as the domain matches.  VC_NO: a fault (reported itself when msg is empty). */
     vc_tri (*post)(void *self, const cpc_op *op);
     /* collective op, its inputs read: VC_BLOCKED while members are missing (the domain runs it,
-     * vc_coll_inputs / vc_coll_outputs on each member, when the last arrives); NULL: every
-     * member is here at once (the symbolic rank), and it runs now. */
+     * vc_coll_inputs on each member, then vc_coll_outputs or (backward) its own gradient sets,
+     * when the last arrives); NULL: every member is here at once (the symbolic rank), and it
+     * runs now. */
     vc_tri (*meet)(void *self, const cpc_op *op);
     /* dst := what send s's snapshot src is in the receiver's terms (src may be emptied) */
     void (*deliver)(void *self, vc_val *dst, vc_val *src, const vc_rq *s);
@@ -248,24 +273,6 @@ typedef struct vc_domain {
  * skipped, or attended once). */
 int vc_units_needed(const cpc_layout *L, int lo, int hi);
 
-/* THE SHARED RULES.  Each returns NULL when the rule holds, else the
- * violation in msg (n bytes). */
-/* The op table's lifetime rule (program.h CPC_LIFE_UNTIL_WAIT) for every
- * operand of op, by its in_access / out_access columns: a buffer with a recv
- * in flight may not be used at all, one with a send in flight only read,
- * before the wait. */
-const char *vc_operands_in_flight(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-/* The content rule: every input slot of op with a table in_content is
- * written and holds that content (by provenance: the delta op's output is not
- * the saved LSE).  `base` is how input slots are numbered in the message (0
- * or 1). */
-const char *vc_contents(const vc_domain *d, const cpc_op *op, int base, char *msg, size_t n);
-/* The merge's provenance rules: its outputs are initialised (or arriving),
- * in[0], in[1] the output and LSE of one attention block (one stamp) not
- * merged yet, out[0], out[1] one accumulator pair (one stamp), not the
- * input.  Needs the domain's val and writer. */
-const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
-
 /* THE STEP.  Each returns VC_YES when the op ran, else VC_NO (a fault),
  * VC_UNDECIDED (outside the domain's class), VC_OOM or VC_BLOCKED (below),
  * with the message in msg (n bytes; empty when a callback reported it
@@ -276,16 +283,17 @@ const char *vc_merge(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
  * pair, not the input; the overwrite rule: an attention output no op read
  * is not overwritten), copy and swap whole; send/recv's checks before
  * posting (what is sent is read, and complete if attention; what is
- * received may be overwritten; no buffer named twice).  On a forward domain
- * (one with requests, d->rq) the rest too: a send/recv is posted (d->post);
- * a wait completes every request with its tag (a send's buffers are one
- * send less in flight; a recv stores what arrived, moved: written, read by
- * no op yet, by vc_store; each on the domain at its op, d->at), or is
- * VC_BLOCKED with the domain at the first one not matched yet, nothing done
- * (the enumeration blocks the rank, the symbolic proof reports a deadlock);
- * a collective's inputs are read, then it runs when every member is there
- * (d->meet; VC_BLOCKED while one is missing).  The backward domain does
- * these itself.  A kind outside the forward ops is a fault. */
+ * received may be overwritten; no buffer named twice), then it is posted
+ * (d->post); a wait completes every request with its tag (a send's buffers
+ * are one send less in flight; a recv stores what arrived, moved: written,
+ * read by no op yet, by vc_store; each on the domain at its op, d->at), or
+ * is VC_BLOCKED with the domain at the first one not matched yet, nothing
+ * done (the enumerations block the rank, the symbolic proof reports a
+ * deadlock); a collective's inputs are read (and a backward one's contents),
+ * then it runs when every member is there (d->meet; VC_BLOCKED while one is
+ * missing).  The backward ops other than collectives go to d->grad_op after
+ * the content rule; without it (a forward domain) a kind outside the
+ * forward ops is a fault. */
 vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_rd(const vc_domain *d, int b, char *msg, size_t n);         /* the read rule; marks b's output used */
 vc_tri vc_store(const vc_domain *d, int b, vc_val *v, char *msg, size_t n); /* fits (role, then layout), put */
@@ -297,18 +305,22 @@ vc_tri vc_arrive(const vc_domain *d, int nbs, const int *sbufs, int nbr, const i
 /* A collective reached by every member, on one member's domain: its inputs
  * (after vc_rd of each at arrival: attention complete, all_to_all
  * seq_to_heads the rank's shard with all heads, heads_to_seq its ring block
- * with its head part, all_gather its ring block), then its outputs. */
+ * with its head part, all_gather its ring block; reduce_scatter and
+ * all_reduce: nothing more), then its outputs (forward collectives). */
 vc_tri vc_coll_inputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 vc_tri vc_coll_outputs(const vc_domain *d, const cpc_op *op, char *msg, size_t n);
 /* The end of the program: OUTPUT buffer b holds the rank's shard with all
  * heads and a complete attention (coverage: no result, K/V rows,
- * cross-attention's K/V once, then the domain's block coverage). */
+ * cross-attention's K/V once, then the domain's block coverage); in the
+ * backward domain (d->grad_op) a gradient OUTPUT is written and the
+ * domain's `covered` decides the rest. */
 vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n);
 
-/* THE MESSAGE LAYER of the two forward domains (verify.c, verify_sym.c): what
- * posting and completing a request does to its buffers, the same whether
- * requests meet over channels between concrete ranks or as offsets of the
- * generic rank (the matching itself stays the domain's). */
+/* THE MESSAGE LAYER of every domain (verify.c, verify_sym.c, verify_bwd.c):
+ * what posting and completing a request does to its buffers, the same
+ * whether requests meet over channels between concrete ranks, as offsets of
+ * the generic rank or in the backward domain's queues (the matching itself
+ * stays the domain's). */
 /* The program's start: every INPUT buffer holds its role's source, the
  * rank's own shard (or the K/V sequence) with the buffer's heads. */
 void vc_inputs(const vc_domain *d);

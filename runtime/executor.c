@@ -261,6 +261,36 @@ typedef struct stage_ctx {
     bool two_sided;   /* a reduce_scatter stages both sides at once */
 } stage_ctx;
 
+/* The staging one all_to_all pair needs (stage_ops). */
+static cpc_status *stage_a2a(stage_ctx *s, const cpc_op *op)
+{
+    if (op->n_in < 1 || op->n_out < 1 || op->in[0] < 0 || op->in[0] >= s->prog->n_buffers ||
+        op->out[0] < 0 || op->out[0] >= s->prog->n_buffers)
+        return cpc_error(CPC_E_INTERNAL, "ops: all_to_all with bad buffers");
+    int U = s->prog->layout.U;
+    size_t st, rt;
+    cpc_status *e = a2a_sizes(s->prog, &s->c, op, s->tmp, s->tmp + U, s->tmp + 2 * U,
+                              s->tmp + 3 * U, &st, &rt);
+    if (e) {
+        cpc_status_prefix(e, "rank %lld: all_to_all", (long long)s->c.p);
+        return e;
+    }
+    bool b1 = s->prog->layout.B == 1;
+    /* B == 1: the SEQ_TO_HEADS receive and the HEADS_TO_SEQ send go
+     * straight between the buffer and the transport (each member's part
+     * is a contiguous token range). */
+    bool lse = s->prog->buffers[op->in[0]].role == CPC_ROLE_LSE;
+    bool need_send = lse || !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
+    bool need_recv = lse || !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
+    if (lse)
+        s->two_sided = true; /* [B, h, T]: a member's part is not contiguous in the output */
+    if (need_send && st > s->send)
+        s->send = st;
+    if (need_recv && rt > s->recv)
+        s->recv = rt;
+    return NULL;
+}
+
 /* Staging space for every all_to_all of the program (whether or not its
  * `when` holds on this rank: an upper bound, nothing is evaluated). */
 static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
@@ -311,30 +341,16 @@ static cpc_status *stage_ops(stage_ctx *s, const cpc_op *ops, int n)
         }
         if (op->kind != CPC_OP_ALL_TO_ALL)
             continue;
-        if (op->n_in < 1 || op->n_out < 1 || op->in[0] < 0 || op->in[0] >= s->prog->n_buffers ||
-            op->out[0] < 0 || op->out[0] >= s->prog->n_buffers)
-            return cpc_error(CPC_E_INTERNAL, "ops: all_to_all with bad buffers");
-        int U = s->prog->layout.U;
-        size_t st, rt;
-        cpc_status *e = a2a_sizes(s->prog, &s->c, op, s->tmp, s->tmp + U, s->tmp + 2 * U,
-                                  s->tmp + 3 * U, &st, &rt);
-        if (e) {
-            cpc_status_prefix(e, "rank %lld: all_to_all", (long long)s->c.p);
-            return e;
+        /* paired all_to_alls run pair by pair (exec_ops): size the staging for every pair */
+        for (int k = 0; k < op->n_in && k < op->n_out; k++) {
+            cpc_op one = *op;
+            one.n_in = one.n_out = 1;
+            one.in[0] = op->in[k];
+            one.out[0] = op->out[k];
+            cpc_status *e = stage_a2a(s, &one);
+            if (e)
+                return e;
         }
-        bool b1 = s->prog->layout.B == 1;
-        /* B == 1: the SEQ_TO_HEADS receive and the HEADS_TO_SEQ send go
-         * straight between the buffer and the transport (each member's part
-         * is a contiguous token range). */
-        bool lse = s->prog->buffers[op->in[0]].role == CPC_ROLE_LSE;
-        bool need_send = lse || !(b1 && op->dir == CPC_A2A_HEADS_TO_SEQ);
-        bool need_recv = lse || !(b1 && op->dir == CPC_A2A_SEQ_TO_HEADS);
-        if (lse)
-            s->two_sided = true; /* [B, h, T]: a member's part is not contiguous in the output */
-        if (need_send && st > s->send)
-            s->send = st;
-        if (need_recv && rt > s->recv)
-            s->recv = rt;
     }
     return NULL;
 }
@@ -870,6 +886,29 @@ static cpc_status *guard_pending(const cpc_exec *ex, const cpc_op *op)
                                                        : "accumulated into",
                             pe->send ? "send" : "recv", pe->tag);
             }
+    }
+    return NULL;
+}
+
+/* The layout guard, for every op with a table content column (program.h
+ * cpc_role_can_hold): an operand of another layout (an LSE-role buffer as
+ * attn_bwd's dq, a gradient as its lse) is refused before a kernel sizes it
+ * by the slot and runs past the buffer. */
+static cpc_status *guard_layouts(const cpc_exec *ex, const cpc_op *op)
+{
+    const cpc_op_info *info = cpc_op_info_of(op->kind);
+    if (!info)
+        return NULL;
+    for (int side = 0; side < 2; side++) {
+        int n = side ? op->n_out : op->n_in;
+        const int *bufs = side ? op->out : op->in;
+        const signed char *want = side ? info->out_content : info->in_content;
+        for (int i = 0; i < n && i < CPC_OP_MAX_BUFS; i++) {
+            cpc_buf_role r = ex->prog->buffers[bufs[i]].role;
+            if (!cpc_role_can_hold(r, (cpc_content)want[i]))
+                return errf("%s[%d] '%s' (role %s) cannot hold %s: another layout", side ? "out" : "in", i,
+                            bname(ex, bufs[i]), cpc_buf_role_name(r), cpc_content_name((cpc_content)want[i]));
+        }
     }
     return NULL;
 }
@@ -1850,7 +1889,7 @@ static cpc_status *exec_ops(cpc_exec *ex, const cpc_op *ops, int n, cpc_coords c
         int64_t sent = 0;
         if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV)
             ex->unflushed = true;
-        if ((st = guard_pending(ex, op)))
+        if ((st = guard_pending(ex, op)) || (st = guard_layouts(ex, op)))
             goto fail;
         if ((st = apply_tags(ex, op, &c)))
             goto fail;

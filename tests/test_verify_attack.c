@@ -40,7 +40,9 @@
  *     of 2..8-rank worlds run on the CPU executor against the float64
  *     reference; refused ones the structural oracle finds right must match,
  *     coverage-wrong ones must differ.  It found an executor bug in paired
- *     all_to_alls (paired_all_to_all_with_an_lse_pair).
+ *     all_to_alls (paired_all_to_all_with_an_lse_pair) and an operand of
+ *     another layout written past its buffer
+ *     (attn_bwd_operand_of_the_other_layout), both fixed in the executor.
  * CPC_ATTACK_VERBOSE=1 prints the verdicts, CPC_ATTACK_DUMP=1 the programs,
  * CPC_ATTACK_SURVEY=1 prints every accepted mutant the oracle finds wrong
  * and goes on, CPC_ATTACK_NUMERIC=N sets the numeric runs (default 60:
@@ -2490,30 +2492,6 @@ static bool numeric_ok(const cpc_run_report *rep)
            rep->bwd_rel_err[1] > 0 && rep->bwd_rel_err[2] > 0;
 }
 
-/* FOUND (oracle2, runtime/executor.c): stage_ops sizes the staging of an
- * all_to_all by its first pair only, while exec_ops runs every pair; a
- * paired all_to_all whose later pair is LSE-layout (the backward's delta,
- * two-sided staging) then runs in one-sided staging and delivers a wrong
- * delta (dq, dk off by 0.2-0.5; dv right).  The backward prover refuses
- * paired all_to_alls, so no proven program reaches it; the numeric oracle
- * counts such programs instead of running them, unless CPC_ATTACK_KNOWN=1.
- * Reproducer: paired_all_to_all_with_an_lse_pair. */
-static bool numeric_skip(const cpc_op *ops, int n, const cpc_program *p)
-{
-    for (int j = 0; j < n; j++) {
-        if (ops[j].kind == CPC_OP_LOOP && numeric_skip(ops[j].body, ops[j].n_body, p))
-            return true;
-        /* finding E: never run (it writes past a buffer), even with CPC_ATTACK_KNOWN */
-        if ((ops[j].kind == CPC_OP_ATTN_BWD || ops[j].kind == CPC_OP_DELTA) && !ov_layouts_fit(p, &ops[j]))
-            return true;
-        if (ops[j].kind == CPC_OP_ALL_TO_ALL && p->buffers[ops[j].in[0]].role != CPC_ROLE_LSE)
-            for (int k = 1; k < ops[j].n_in; k++)
-                if (p->buffers[ops[j].in[k]].role == CPC_ROLE_LSE)
-                    return true;
-    }
-    return false;
-}
-
 /* Small worlds (2..8 ranks, a few tokens and heads) for the numeric runs. */
 static const struct fz_row nm_rows[] = {
     {"ring", CPC_VARIANT_RING, 4, 1, 4, 2, 32, "p2p", 0},
@@ -2532,7 +2510,7 @@ static const struct fz_row nm_rows[] = {
 
 typedef struct nm_count {
     int tried, accepted, ran, ran_right, refused_right, refused_right_ok, cover_wrong, cover_wrong_caught,
-        exec_refused, exec_refused_caught, paired_lse;
+        exec_refused, exec_refused_caught;
 } nm_count;
 
 /* Mutants of the small rows (a quarter unchanged), proven by the default
@@ -2570,12 +2548,6 @@ static void nm_run(uint64_t seed, int want, int want_side, nm_count *k)
         bool uns;
         const char *bad = oracle_check(p, &o, &uns);
         bool known = known_exec_refusal(bad);
-        if (numeric_skip(p->ops, p->n_ops, p)) {
-            k->paired_lse++;
-            cpc_status_free(pv);
-            cpc_program_free(p);
-            continue;
-        }
         bool cover = bad && strstr(bad, "contributions") && !strcmp(mask, "none");
         bool side = !pv ? k->ran - ran0 < want
                     : !uns && !bad ? k->refused_right - rr0 < want_side
@@ -2653,11 +2625,9 @@ Test(attack, numeric_oracle_on_the_cpu_executor)
     fprintf(stderr,
             "numeric oracle (seed %llu): %d mutants tried; %d accepted ones run on the CPU executor, %d matched the "
             "float64 reference (%d of the known class, %d of them refused by the executor); %d refused ones right by "
-            "the oracle run, %d matched; %d refused ones wrong by the oracle's coverage run, %d of them differ; %d "
-            "not run (findings D and E: a paired all_to_all with an LSE pair, an attn_bwd/delta operand of the other "
-            "layout)\n",
+            "the oracle run, %d matched; %d refused ones wrong by the oracle's coverage run, %d of them differ\n",
             (unsigned long long)seed, k.tried, k.ran, k.ran_right, k.exec_refused, k.exec_refused_caught,
-            k.refused_right, k.refused_right_ok, k.cover_wrong, k.cover_wrong_caught, k.paired_lse);
+            k.refused_right, k.refused_right_ok, k.cover_wrong, k.cover_wrong_caught);
     cr_expect(k.ran >= want + want / 2, "seed %llu: only %d accepted programs ran", (unsigned long long)seed, k.ran);
     cr_expect(k.refused_right > 0 && k.cover_wrong > 0, "seed %llu: %d refused-right and %d wrong programs ran",
               (unsigned long long)seed, k.refused_right, k.cover_wrong);
@@ -2782,9 +2752,8 @@ Test(attack, all_gather_over_the_world_group)
  * staging from the first pair only (one-sided), the delta pair needs
  * two-sided staging.  The other orders and pairs of one layout run right.
  * The backward prover refuses paired all_to_alls, so no proven program
- * reaches it.  The wrong order's numbers are asserted with
- * CPC_ATTACK_KNOWN=1 until runtime/executor.c sizes every pair
- * (/work/notes/oracle2-fix.patch). */
+ * reached it.  Fixed: stage_ops sizes the staging for every pair; every
+ * order must match the reference. */
 Test(attack, paired_all_to_all_with_an_lse_pair)
 {
     static const struct fz_row w = {"ulysses", CPC_VARIANT_ULYSSES, 1, 4, 4, 1, 32, "p2p", 0};
@@ -2809,12 +2778,8 @@ Test(attack, paired_all_to_all_with_an_lse_pair)
         if (getenv("CPC_ATTACK_VERBOSE"))
             fprintf(stderr, "%s: %s (dq %.2e, dk %.2e, dv %.2e)\n", what, st ? st->message : ok ? "matches" : "differs",
                     rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
-        if (c < 3 || getenv("CPC_ATTACK_KNOWN"))
-            cr_expect(ok, "%s: the run: %s (dq %.2e, dk %.2e, dv %.2e)", what, st ? st->message : "differs",
-                      rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
-        else if (!ok)
-            fprintf(stderr, "KNOWN (oracle2): %s: the executor's result differs from the reference (dq %.2e)\n", what,
-                    rep.bwd_rel_err[0]);
+        cr_expect(ok, "%s: the run: %s (dq %.2e, dk %.2e, dv %.2e)", what, st ? st->message : "differs",
+                  rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
         cpc_status_free(st);
         cpc_run_report_clear(&rep);
         cpc_program_free(p);
@@ -2897,8 +2862,9 @@ Test(attack, message_between_unequal_head_parts)
  * overflow"; release: "free(): invalid next size").  The prover refuses the
  * program, so only an unproven program reaches it (the executor's own
  * guards are the last line, issue 21).  The structural oracle finds it
- * wrong; the run, which must end in an executor error, is only made with
- * CPC_ATTACK_KNOWN=1 (without the fix it corrupts this process's heap). */
+ * wrong.  Fixed: the executor's layout guard (guard_layouts, from the op
+ * table's content columns) refuses it before a kernel runs; the run must end
+ * in that error. */
 Test(attack, attn_bwd_operand_of_the_other_layout)
 {
     static const struct fz_row w = {"ring", CPC_VARIANT_RING, 3, 1, 2, 1, 24, "allgather", 0};
@@ -2918,15 +2884,12 @@ Test(attack, attn_bwd_operand_of_the_other_layout)
         const char *bad = oracle_check(p, &o, &uns);
         cr_expect(!uns && bad && strstr(bad, "other memory layout"), "%s: the oracle: %s", what,
                   uns ? o.unsup : bad ? bad : "right");
-        if (getenv("CPC_ATTACK_KNOWN")) {
-            cpc_run_report rep;
-            cpc_status *st = numeric_run(&w, "none", p, test_seed(), &rep);
-            cr_expect(st != NULL, "%s: the executor ran it (%s)", what, numeric_ok(&rep) ? "matches" : "differs");
-            cpc_status_free(st);
-            cpc_run_report_clear(&rep);
-        } else {
-            fprintf(stderr, "KNOWN (oracle2): %s: the executor writes or reads past the buffer; not run\n", what);
-        }
+        cpc_run_report rep;
+        cpc_status *st = numeric_run(&w, "none", p, test_seed(), &rep);
+        cr_expect(st != NULL && strstr(st->message, "another layout"), "%s: the executor ran it (%s)", what,
+                  st ? st->message : numeric_ok(&rep) ? "matches" : "differs");
+        cpc_status_free(st);
+        cpc_run_report_clear(&rep);
         cpc_status_free(pv);
         cpc_program_free(p);
     }

@@ -196,6 +196,12 @@ Test(verify_bwd, in_flight_send_buffer_accumulated)
                        SEND_DKV "    - {kind: attn_bwd, in: [q, k_cur, v_cur, dout, lse, delta], out: [dq, dk_out, dv_out]}\n",
                        NULL};
     expect_cp051(e, "accumulate into an in-flight send", "in flight");
+    /* one format with the forward faults (vc_fault, vc_op_desc): the rank with its coordinates, the
+     * op and step, and the request in flight named by its op */
+    expect_cp051(e, "accumulate into an in-flight send", "schedule verification failed (backward program): rank 0 (r 0, u 0), ops[");
+    expect_cp051(e, "accumulate into an in-flight send",
+                 "attn_bwd (step 0): accumulates into dk_out while a send from it is in flight (ops[");
+    expect_cp051(e, "accumulate into an in-flight send", "send (step 0), tag 1): no `wait tag 1` between them");
 }
 
 /* the received dK/dV are added before the wait that completes their recv */
@@ -232,7 +238,9 @@ Test(verify_bwd, lse_delta_by_provenance)
 Test(verify_bwd, wait_before_recv_posted_deadlocks)
 {
     const char *e[] = {WAIT_KV, "", SEND_KV, SEND_KV WAIT_KV, NULL};
-    expect_cp051(e, "wait before the recv is posted", "forever");
+    expect_cp051(e, "wait before the recv is posted",
+                 "wait (step 0): deadlock: every rank blocks here: its send to ring member r+1 (ops[");
+    expect_cp051(e, "wait before the recv is posted", "send (step 0), ring group, tag 0) has no matching recv posted");
 }
 
 /* a request never completed by a wait */
@@ -240,6 +248,11 @@ Test(verify_bwd, request_never_waited)
 {
     const char *e[] = {"  - {kind: wait, tag: 1}\n", "", NULL};
     expect_cp051(e, "final wait dropped", "wait");
+    expect_cp051(e, "final wait dropped", "send (step 3): this send (tag 1) is never completed: no `wait tag 1`");
+    /* an OUTPUT gradient's fault stands at the op that last wrote it, as a forward OUTPUT's */
+    const char *e3[] = {ADD_DV, "", NULL};
+    expect_cp051(e3, "the received dV never added",
+                 "recv: the OUTPUT buffer dv_cur: the pairs (query block 0, key block 0) contribute 0 times, expected 1");
 }
 
 /* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
@@ -903,7 +916,7 @@ Test(verify_bwd, barrier_in_a_backward_program)
     cpc_status *st = load_tampered(ok);
     cr_assert_null(st, "%s", st ? st->message : "");
     const char *some[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ring, when: r==0}\n", NULL};
-    expect_cp051(some, "a barrier rank 0 alone reaches", "waits forever");
+    expect_cp051(some, "a barrier rank 0 alone reaches", "never reaches this barrier");
     const char *nogroup[] = {ATTN_BWD, ATTN_BWD "    - {kind: barrier, group: ulysses}\n    - {kind: barrier}\n", NULL};
     expect_cp051(nogroup, "a barrier without a group", "group");
 }
@@ -996,9 +1009,9 @@ Test(verify_bwd, every_rule_has_a_tamper)
         {"the fresh dK/dV made for the wrong block (diffusers #14265)", "#14265",
          {"{kind: init_acc, out: [dk_blk, dv_blk], block: (r-s)%R}", "{kind: init_acc, out: [dk_blk, dv_blk], block: r}",
           NULL}},
-        {"the K/V peer off by one", "never matched",
+        {"the K/V peer off by one", "has no matching recv",
          {SEND_KV, "    - {kind: send, group: ring, peer: (r+2)%R, in: [k_cur, v_cur], tag: 0, when: s<R-1}\n", NULL}},
-        {"the accumulator's last recv posted after the wait that needs it", "waits forever",
+        {"the accumulator's last recv posted after the wait that needs it", "deadlock",
          {RECV_DKV_END, "", "  - {kind: wait, tag: 1}\n", "  - {kind: wait, tag: 1}\n  - {kind: recv, group: ring, peer: (r-1)%R, out: [dk_cur, dv_cur], block: r, tag: 1}\n  - {kind: wait, tag: 1}\n", NULL}},
         {"K/V swapped while their recv is in flight", "in flight",
          {WAIT_KV, "", "    - {kind: swap, in: [v_cur, v_nxt], when: s<R-1}\n",

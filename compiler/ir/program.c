@@ -190,6 +190,14 @@ cpc_content cpc_content_of_role(cpc_buf_role r)
 {
     return (int)r >= 0 && r < CPC_ROLE__COUNT ? role_content[r] : CPC_CONTENT_NONE;
 }
+static int layout_class(cpc_content c)
+{
+    return c == CPC_CONTENT_LSE || c == CPC_CONTENT_DELTA ? 1 : c == CPC_CONTENT_GRAD ? 2 : 0;
+}
+bool cpc_role_can_hold(cpc_buf_role r, cpc_content c)
+{
+    return c == CPC_CONTENT_NONE || layout_class(c) == layout_class(cpc_content_of_role(r));
+}
 int cpc_op_kind_parse(const char *s)
 {
     for (int k = 0; s && k < CPC_OP__COUNT; k++)
@@ -486,9 +494,10 @@ int64_t cpc_program_peak_bytes(const cpc_program *prog, int rank)
 
 #define WALK_MAX_DEPTH 8
 
-typedef struct walker {
+typedef struct cpc_walk {
     const cpc_program *prog;
     cpc_walk_fn fn;
+    cpc_walk_loop_fn loop;
     void *ctx;
     int *tags;
     int path[WALK_MAX_DEPTH + 1]; /* the index of the op being walked at each depth */
@@ -635,7 +644,10 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
             }
             if (op->n_body > 0 && !op->body)
                 return op_error(w, op, &c, "%s", "loop without a body");
-            for (int64_t s = 0; s < cnt; s++) {
+            bool ran = false;
+            if (w->loop && (st = w->loop(w->ctx, w, op, cnt, c, depth, &ran)))
+                return st;
+            for (int64_t s = 0; s < cnt && !ran; s++) {
                 cpc_coords ci = c;
                 ci.s = s;
                 st = walk_ops(w, op->body, op->n_body, ci, depth + 1);
@@ -686,13 +698,24 @@ static cpc_status *walk_ops(walker *w, const cpc_op *ops, int n, cpc_coords c, i
     return NULL;
 }
 
+cpc_status *cpc_walk_body(cpc_walk *w, const cpc_op *loop, cpc_coords c, int depth)
+{
+    return walk_ops(w, loop->body, loop->n_body, c, depth + 1);
+}
+
 cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, void *ctx)
+{
+    return cpc_program_walk_loops(prog, rank, fn, NULL, ctx);
+}
+
+cpc_status *cpc_program_walk_loops(const cpc_program *prog, int rank, cpc_walk_fn fn, cpc_walk_loop_fn loop,
+                                   void *ctx)
 {
     if (!prog)
         return cpc_error(CPC_E_INTERNAL, "program walk: NULL program");
     if (rank < 0 || rank >= prog->layout.P)
         return cpc_error(CPC_E_INPUT, "rank %d outside 0..%d", rank, prog->layout.P - 1);
-    walker w = {.prog = prog, .fn = fn, .ctx = ctx};
+    walker w = {.prog = prog, .fn = fn, .loop = loop, .ctx = ctx};
     w.tags = malloc((size_t)(prog->n_buffers > 0 ? prog->n_buffers : 1) * sizeof *w.tags);
     if (!w.tags)
         return &cpc_status_oom;

@@ -380,6 +380,14 @@ const char *cpc_a2a_dir_name(cpc_a2a_dir d);
 const char *cpc_content_name(cpc_content c);   /* "q", "the saved lse", "delta", ... */
 /* What an INPUT buffer of role r holds (ACC and O: OUT; DQ/DK/DV: GRAD). */
 cpc_content cpc_content_of_role(cpc_buf_role r);
+/* Whether a buffer of role r has the layout content c needs: the LSE and
+ * delta are [B, h, T] fp32 (role LSE only), gradients are fp32 rows of a
+ * gradient role (DQ, DK, DV), the other contents [B, T, h, D] rows of a role
+ * that is neither.  The executor refuses an op whose table slot
+ * (in_content / out_content) names a content its buffer cannot hold, so no
+ * kernel reads or writes past a buffer sized for another layout.  NONE:
+ * true.  Pure. */
+bool cpc_role_can_hold(cpc_buf_role r, cpc_content c);
 int cpc_op_kind_parse(const char *s);
 int cpc_group_parse(const char *s);
 int cpc_buf_role_parse(const char *s);
@@ -492,6 +500,22 @@ typedef cpc_status *(*cpc_walk_fn)(void *ctx, const cpc_exec_op *x);
  * block outside 0..R-1, loop count outside 0..CPC_LOOP_MAX, loops nested
  * deeper than 8.  Thread-safe (no shared state). */
 cpc_status *cpc_program_walk(const cpc_program *prog, int rank, cpc_walk_fn fn, void *ctx);
+
+/* A walk in progress (cpc_program_walk_loops). */
+typedef struct cpc_walk cpc_walk;
+/* Called for each loop the walk reaches, its count evaluated (0..CPC_LOOP_MAX) on
+ * coordinates c at nesting depth `depth`: set *ran when the callback walked the loop
+ * itself (the steps it chooses, by cpc_walk_body; the walk goes on after the loop), else
+ * the walk unrolls it.  A status stops the walk. */
+typedef cpc_status *(*cpc_walk_loop_fn)(void *ctx, cpc_walk *w, const cpc_op *loop, int64_t count, cpc_coords c,
+                                        int depth, bool *ran);
+/* As cpc_program_walk, with `loop` (NULL: none) called for every loop reached (the
+ * backward prover walks the steps of a loop it proves by induction, verify_bwd.h). */
+cpc_status *cpc_program_walk_loops(const cpc_program *prog, int rank, cpc_walk_fn fn, cpc_walk_loop_fn loop,
+                                   void *ctx);
+/* Walks the body of `loop` (reached at depth `depth`) once, on coordinates c (c.s: the
+ * step), with the walk's rules and content tags, calling its fn for each op. */
+cpc_status *cpc_walk_body(cpc_walk *w, const cpc_op *loop, cpc_coords c, int depth);
 
 /* The content tag out[i] of `op` gets by the table's tag rule, on the rank
  * with coordinates c: `block` is the op's evaluated `block` (-1 if none),
