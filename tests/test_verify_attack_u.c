@@ -31,7 +31,21 @@
  *     swapped, an in-flight buffer read-modify-written, a wait before its
  *     recv is posted, a request never waited, a tag reused while in flight)
  *     planted in unified R x U programs (ring messages of every member),
- *     at 4 x 3 (enumeration agrees) and 1024 x 3 / 300 x 5 (symbolic alone).
+ *     at 4 x 3 (enumeration agrees) and 1024 x 3 / 300 x 5 (symbolic alone),
+ *     and in ring 4 / ring 1024.
+ *   - loop_faults_with_classes: faults on one step of the ring loop (a step
+ *     skipped, a count off by one, a recv one block off from step 3 on, the
+ *     text block on two steps) in unified R x U with classes and the twin, up
+ *     to 4096 x 7; two correct placements of the text block proven.
+ *   - numeric_judgement_of_class_mutants: role-keeping edits (every edit
+ *     with CPC_ATTACK_U_ALL_EDITS=1) of small worlds with uneven heads and
+ *     GQA; every proven mutant runs on the CPU executor and must match the
+ *     float64 reference (CPC_ATTACK_U_NUMERIC sets the count, default 120).
+ *   - classes_fall_back_to_every_member: programs whose summed gradient is
+ *     not the same seen from every member (uc_whole): every member is
+ *     simulated instead, and the verdicts match the enumeration.
+ * CPC_ATTACK_VERBOSE=1 prints every verdict.  Findings and counts:
+ * /work/notes/redteam2-note.md (none unsound).
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
