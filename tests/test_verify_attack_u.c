@@ -947,8 +947,8 @@ Test(attack_u, loop_faults_with_classes)
 /* ---- a numeric judgement: accepted class mutants run on the CPU executor ---- */
 
 typedef struct nrow {
-    int v, R, U, H, Hkv, tokens;
-    const char *what;
+    int v, R, U, H, Hkv, tokens, rep;
+    const char *mask, *rotate, *what;
 } nrow;
 
 /* Runs backward program bwd in place of the built one for row w's plan on the
@@ -957,7 +957,8 @@ static cpc_status *numeric_run_u(const nrow *w, const cpc_program *bwd, uint64_t
 {
     cpc_status *err = NULL;
     memset(rep, 0, sizeof *rep);
-    cpc_plan *plan = test_train_plan(vnames[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, "none", "p2p", 0, &err);
+    cpc_plan *plan = test_train_plan(vnames[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, w->mask, w->rotate, w->rep,
+                                     &err);
     cr_assert_not_null(plan, "%s: %s", w->what, err ? err->message : "");
     cpc_job *job = NULL;
     cpc_status *st = cpc_job_from_plan(plan, vkinds[w->v], w->R, w->U, &job);
@@ -1009,11 +1010,14 @@ static void fz_mutate_roles_kept(fz *z, cpc_program *p, char *log, size_t ln)
 Test(attack_u, numeric_judgement_of_class_mutants)
 {
     static const nrow rows[] = {
-        {0, 1, 5, 7, 1, 43, "ulysses_anything 1x5 H 7, one K/V head"},
-        {0, 1, 5, 12, 4, 45, "ulysses_anything 1x5 H 12 Hkv 4 (3,3,2,2,2: straddling)"},
-        {1, 1, 4, 8, 2, 32, "ulysses 1x4 H 8 Hkv 2 (inside one group)"},
-        {2, 2, 3, 7, 7, 48, "unified 2x3 H 7"},
-        {2, 2, 3, 6, 2, 48, "unified 2x3 H 6 Hkv 2 (straddling)"},
+        {0, 1, 5, 7, 1, 43, 0, "none", "p2p", "ulysses_anything 1x5 H 7, one K/V head"},
+        {0, 1, 5, 12, 4, 45, 0, "causal", "p2p", "ulysses_anything 1x5 H 12 Hkv 4 (3,3,2,2,2: straddling), causal"},
+        {1, 1, 4, 8, 2, 32, 0, "none", "p2p", "ulysses 1x4 H 8 Hkv 2 (inside one group)"},
+        {2, 2, 3, 7, 7, 48, 0, "none", "p2p", "unified 2x3 H 7"},
+        {2, 2, 3, 6, 2, 48, 0, "causal", "p2p", "unified 2x3 H 6 Hkv 2 (straddling), causal"},
+        {1, 1, 4, 8, 2, 32, 3, "none", "p2p", "ulysses 1x4 H 8 Hkv 2, a replicated text"},
+        {2, 2, 3, 7, 1, 48, 4, "none", "p2p", "unified 2x3 H 7 Hkv 1, a replicated text (the twin)"},
+        {2, 2, 3, 6, 2, 48, 0, "none", "allgather", "unified 2x3 H 6 Hkv 2, allgather"},
     };
     const char *env = getenv("CPC_ATTACK_U_NUMERIC");
     int rounds = env ? atoi(env) : 120;
@@ -1023,8 +1027,8 @@ Test(attack_u, numeric_judgement_of_class_mutants)
         const nrow *w = &rows[k % (int)(sizeof rows / sizeof rows[0])];
         fz z = {seeds[k < rounds / 3 ? 0 : 1], (uint32_t)(5000000 + k), 0};
         cpc_status *err = NULL;
-        cpc_program *p = test_bwd_program(vnames[w->v], vkinds[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, "none",
-                                          "p2p", 0, &err);
+        cpc_program *p = test_bwd_program(vnames[w->v], vkinds[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, w->mask,
+                                          w->rotate, w->rep, &err);
         cr_assert_not_null(p, "%s: %s", w->what, err ? err->message : "");
         char log[800];
         log[0] = 0;
