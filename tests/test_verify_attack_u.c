@@ -126,7 +126,37 @@ static void fz_mutate(fz *z, cpc_program *p, char *log, size_t ln)
     int j = (int)fz_rn(z, (uint32_t)n);
     cpc_op *op = &(*opsp)[j];
     size_t L = strlen(log);
-    switch (fz_rn(z, 12)) {
+    switch (fz_rn(z, 16)) {
+    case 12:
+        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) {
+            op->tag = (int)fz_rn(z, 3);
+            snprintf(log + L, ln - L, " op%d tag=%d", j, op->tag);
+        }
+        break;
+    case 13:
+        if (op->group != CPC_GROUP_NONE) {
+            op->group = (cpc_group)(1 + fz_rn(z, 3));
+            snprintf(log + L, ln - L, " op%d group=%d", j, (int)op->group);
+        }
+        break;
+    case 14:
+        if (op->peer) {
+            static const char *const pe[] = {"(r+1)%R", "(r-1)%R", "(r+2)%R", "r", "(u+1)%U", "0"};
+            const char *t = pe[fz_rn(z, 6)];
+            cpc_expr_free(op->peer);
+            op->peer = expr_of(t);
+            snprintf(log + L, ln - L, " op%d peer=%s", j, t);
+        }
+        break;
+    case 15:
+        if (op->block) {
+            static const char *const bl[] = {"(r-s)%R", "(r-s-1)%R", "r", "(r+1)%R", "(r-s+1)%R", "0"};
+            const char *t = bl[fz_rn(z, 6)];
+            cpc_expr_free(op->block);
+            op->block = expr_of(t);
+            snprintf(log + L, ln - L, " op%d block=%s", j, t);
+        }
+        break;
     case 0: {
         int b = (int)fz_rn(z, (uint32_t)p->n_buffers);
         p->buffers[b].heads = (cpc_buf_heads)fz_rn(z, CPC_HEADS__COUNT);
