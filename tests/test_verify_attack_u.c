@@ -1173,4 +1173,48 @@ Test(attack_u, classes_fall_back_to_every_member)
         cpc_status_free(a);
         cpc_program_free(p);
     }
+    /* The fallback is also reached by the representation alone: the image
+     * attn_bwd skipped on step 3 by a guard outside the induction's grammar
+     * (`s*s!=9`: the loop unrolled), with 8 to 64 classes and a replicated
+     * text, leaves each member's dq with an image run and a text run; the
+     * union joins runs within the last four only (cs_add_run), so its runs
+     * are pieces of the heads and uc_whole gives up (every member).  Refused
+     * either way; the correct guard `s*s>=0` stays by class. */
+    static const pgeo frag[] = {
+        {2, 8, 8, 520, 65, 5, "unified 8x8 H 520 Hkv 65 (8 classes), text"},
+        {2, 16, 8, 520, 65, 5, "unified 16x8 H 520 Hkv 65, text"},
+        {2, 64, 64, 4160, 65, 5, "unified 64x64 H 4160 Hkv 65 (64 classes), text"},
+    };
+    for (size_t i = 0; i < sizeof frag / sizeof frag[0]; i++)
+        for (int right = 0; right < 2; right++) {
+            const pgeo *g = &frag[i];
+            cpc_status *err = NULL;
+            cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv,
+                                              2 * g->R * g->U + 3, "none", "p2p", g->rep, &err);
+            cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+            int *np = NULL;
+            cpc_op *b = loop_of(p, &np);
+            int att = index_of(p, b, *np, CPC_OP_ATTN_BWD, "q_seq", -1, 0);
+            cr_assert(att >= 0);
+            set_when(&b[att], right ? "s*s>=0" : "s*s!=9");
+            cpc_verify_bwd_stats sa;
+            double t0 = now_s();
+            cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+            double dt = now_s() - t0;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "fallback %s (%s): mode %d, %d classes, %.2f ms: %s\n", g->what,
+                        right ? "s*s>=0" : "s*s!=9", (int)sa.mode, sa.classes, dt * 1e3, a ? a->message : "proven");
+            cr_expect_eq(a == NULL, right, "%s (%s): %s", g->what, right ? "s*s>=0" : "s*s!=9",
+                         a ? a->message : "proven");
+            cr_expect(right ? sa.classes > 0 : sa.classes == 0, "%s: %d classes", g->what, sa.classes);
+            cr_expect(dt < 1.0, "%s: %.2f s", g->what, dt);
+            if (g->R * g->U <= 256) {
+                cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+                cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+                cr_expect_eq(e == NULL, right, "%s: the enumeration says %s", g->what, e ? e->message : "proven");
+                cpc_status_free(e);
+            }
+            cpc_status_free(a);
+            cpc_program_free(p);
+        }
 }
