@@ -1593,10 +1593,17 @@ static vc_tri dom_grad_op(void *self, const cpc_op *op, char *why, size_t n)
                            "that reuses one step's K/V)",
                            k->tag, v->tag, dk->tag, dv->tag);
             return VC_NO;
+        } else if (op->block && x->block != k->tag) {
+            /* a block names what K/V hold (the executor reads it so and refuses another) */
+            V->err = vfail(p, x, "reads block %lld but K/V '%s' hold block %d", (long long)x->block,
+                           bn(V, op->in[1]), k->tag);
+            return VC_NO;
         } else {
             sym_same(V, k->tb, v->tb);
             sym_same(V, k->tb, dk->tb);
             sym_same(V, k->tb, dv->tb);
+            if (op->block) /* ... on every step: the slopes too */
+                sym_same(V, k->tb, (int32_t)x->bs);
         }
         cpc_buf_tokens qt = BF(V, op->in[0])->tokens;
         int kb = kkv ? (rep ? V->R : 0) : kall ? (int)x->block : k->tag;
@@ -1905,7 +1912,25 @@ static vc_tri dom_post(void *self, const cpc_op *op)
         return VC_YES;
     }
     int sid = send ? id : other, rid = send ? other : id;
-    const req *r = RQ(V, rid);
+    const req *r = RQ(V, rid), *sq = RQ(V, sid);
+    /* a buffer's heads are its member's (a head part): a message carries the sender's part, which
+     * must be the receiver's (a ring message stays within one member; one between members of
+     * other parts would be read as the receiver's heads, or not fit: the transport's size rule) */
+    bool foreign[CPC_OP_MAX_BUFS] = {false};
+    for (int j = 0; !rot && j < sq->nb && j < r->nb; j++) {
+        int us = cp(V, sq->p) % V->U, ur = cp(V, r->p) % V->U, so, sn, ro, rn;
+        cpc_buffer_heads(V->prog, sq->bufs[j], us, &so, &sn);
+        cpc_buffer_heads(V->prog, r->bufs[j], ur, &ro, &rn);
+        if (sn != rn || (so != ro && is_grad(role(V, r->bufs[j])))) {
+            V->err = vfail(r->p, r->x,
+                           "'%s' receives heads %d..%d from ulysses member %d's '%s' but holds heads %d..%d (member "
+                           "%d's)%s",
+                           bn(V, r->bufs[j]), so, so + sn - 1, us, bn(V, sq->bufs[j]), ro, ro + rn - 1, ur,
+                           sn != rn ? ": parts of other sizes (the transports refuse the message)" : "");
+            return VC_NO;
+        }
+        foreign[j] = so != ro;
+    }
     bwd_dom rd = {.V = V, .p = r->p, .x = r->x};
     vc_domain rdom;
     bwd_domain(&rd, &rdom);
@@ -1914,6 +1939,11 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     vc_tri t = vc_match(&rdom, sid, rid, m, sizeof m); /* this domain answers YES or NO (or OOM) */
     if (t != VC_YES && t != VC_OOM && !V->err)
         V->err = vfail(r->p, r->x, "%s", m);
+    /* data of another member's head part (of the same size) arrives as no content this rank can
+     * compute with: harmless unread, refused by the content rule where an op reads it */
+    for (int j = 0; t == VC_YES && j < r->nb; j++)
+        if (foreign[j])
+            RQ(V, rid)->snap[j].src = SRC_FOREIGN;
     return t == VC_YES || t == VC_OOM ? t : VC_NO;
 }
 
@@ -3194,7 +3224,10 @@ static cpc_status *prove(vb *V)
                     const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
                     cpc_op_kind k = at ? at->kind : CPC_OP__COUNT;
                     bool here = gk == 0 ? k == CPC_OP_ALL_TO_ALL : (k == CPC_OP_ALL_GATHER || k == CPC_OP_REDUCE_SCATTER);
-                    here |= k == CPC_OP_BARRIER && at->group == (gk == 0 ? CPC_GROUP_ULYSSES : CPC_GROUP_RING);
+                    here |= k == CPC_OP_BARRIER;
+                    /* a member meets its group's collectives only: one over another group (an all_gather
+                     * over the world) is left to the rank's step, whose group rule refuses it */
+                    here &= at && at->group == (gk == 0 ? CPC_GROUP_ULYSSES : CPC_GROUP_RING);
                     if (!here) {
                         ready = false;
                         break;
@@ -3222,7 +3255,7 @@ static cpc_status *prove(vb *V)
             bool ready = true;
             for (int p = 0; p < V->nsim && ready; p++) {
                 const cpc_op *at = V->pc[p] < V->ro[p].n ? V->ro[p].v[V->pc[p]].op : NULL;
-                if (!at || (at->kind != CPC_OP_ALL_REDUCE && !(at->kind == CPC_OP_BARRIER && at->group == CPC_GROUP_WORLD))) {
+                if (!at || (at->kind != CPC_OP_ALL_REDUCE && at->kind != CPC_OP_BARRIER) || at->group != CPC_GROUP_WORLD) {
                     ready = false;
                     break;
                 }

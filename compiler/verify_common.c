@@ -116,6 +116,11 @@ static bool vc_contents(const vc_domain *d, const cpc_op *op, int base, char *ms
             return true;
         }
         int got = d->val(d->self, op->in[i])->src;
+        if (got == SRC_FOREIGN) {
+            snprintf(msg, n, "input %d (%s) holds %s (received), not this rank's %s", i + base,
+                     d->name(d->self, op->in[i]), src_names_of(got), cpc_content_name(want));
+            return true;
+        }
         if (got != (int)want) {
             snprintf(msg, n, "input %d (%s) holds %s data, not %s (operands are identified by what made them, "
                              "not by role)",
@@ -325,7 +330,8 @@ static vc_tri fits(const vc_domain *d, int b, const vc_val *v, char *msg, size_t
         return VC_YES;
     /* forward contents by src_of_role; the backward ones (dout, delta, gradients) by the op table's role
      * content, the delta op's output in an lse-role buffer */
-    bool holds = v->src <= SRC_LSE ? src_of_role(B->role) == v->src
+    bool holds = v->src == SRC_FOREIGN ? true /* of the same size (verify_bwd.c); unusable */
+                 : v->src <= SRC_LSE   ? src_of_role(B->role) == v->src
                                    : cpc_content_of_role(B->role) == (cpc_content)v->src ||
                                          (B->role == CPC_ROLE_LSE && v->src == CPC_CONTENT_DELTA);
     if (!holds)

@@ -71,7 +71,11 @@ enum {
     SRC_O = CPC_CONTENT_OUT,
     SRC_LSE = CPC_CONTENT_LSE,
 };
-#define src_names_of(s) cpc_content_name((cpc_content)(s))
+/* Data of another ulysses member's head part received here (verify_bwd.c: a
+ * message between members of equal part sizes): it may be held and sent on,
+ * never computed with (the content rule refuses it as any op's input). */
+#define SRC_FOREIGN CPC_CONTENT__COUNT
+#define src_names_of(s) ((s) == SRC_FOREIGN ? "another ulysses member's head part" : cpc_content_name((cpc_content)(s)))
 
 /* The source an INPUT buffer of role r holds in a forward program (O and
  * ACC: attention output; backward roles: nothing). */

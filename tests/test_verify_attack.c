@@ -35,7 +35,7 @@
  *     three classes of proven programs the executor or the transport refuses
  *     at run time (attn_bwd_block_other_than_its_kv,
  *     all_gather_over_the_world_group, message_between_unequal_head_parts:
- *     counted by the fuzz, strict with CPC_ATTACK_KNOWN=1);
+ *     all three fixed since, strict);
  *   - a numeric oracle (numeric_oracle_on_the_cpu_executor): accepted mutants
  *     of 2..8-rank worlds run on the CPU executor against the float64
  *     reference; refused ones the structural oracle finds right must match,
@@ -1258,16 +1258,6 @@ static const char *oracle_check(const cpc_program *p, oracle *o, bool *unsupport
     return res;
 }
 
-/* The three classes of proven programs the executor or the transport
- * refuses at run time (attn_bwd_block_other_than_its_kv,
- * all_gather_over_the_world_group, message_between_unequal_head_parts):
- * counted by the fuzz, asserted with CPC_ATTACK_KNOWN=1. */
-static bool known_exec_refusal(const char *bad)
-{
-    return bad && !getenv("CPC_ATTACK_KNOWN") &&
-           (strstr(bad, "attn_bwd reads block") || strstr(bad, " group (the executor refuses it)") ||
-            strstr(bad, "(the transport refuses it)"));
-}
 
 /* The oracle on a hand-labelled program (`ok`: right by construction): where
  * it can run it, it must say the same; returns 1 when it ran. */
@@ -2375,15 +2365,6 @@ static void fz_run(uint64_t seed, int rounds, fz_count *k)
                 k->known_over++;
                 bad = NULL;
             }
-            /* FOUND (oracle2): proven programs the executor refuses at run time (an attn_bwd
-             * `block` other than its ring-block K/V's; a collective over another group than the
-             * executor runs it over; a message between members of unequal head parts).  Counted,
-             * strict with CPC_ATTACK_KNOWN=1 (the reproducers: attn_bwd_block_other_than_its_kv,
-             * all_gather_over_the_world_group, message_between_unequal_head_parts) */
-            if (known_exec_refusal(bad)) {
-                k->exec_refused++;
-                bad = NULL;
-            }
             if (bad && getenv("CPC_ATTACK_SURVEY")) {
                 fprintf(stderr, "SURVEY %s: %s\n", what, bad);
                 cpc_program_print(stderr, p, -1);
@@ -2547,7 +2528,7 @@ static void nm_run(uint64_t seed, int want, int want_side, nm_count *k)
         oracle o;
         bool uns;
         const char *bad = oracle_check(p, &o, &uns);
-        bool known = known_exec_refusal(bad);
+        bool known = false; /* oracle2's findings A-C are fixed: strict */
         bool cover = bad && strstr(bad, "contributions") && !strcmp(mask, "none");
         bool side = !pv ? k->ran - ran0 < want
                     : !uns && !bad ? k->refused_right - rr0 < want_side
@@ -2641,8 +2622,8 @@ Test(attack, numeric_oracle_on_the_cpu_executor)
  * hold block (r-s)%R on step s) with block=(r-s-1)%R, at 4 ranks and in a
  * unified 2x2 program: the structural oracle and the executor refuse it, the
  * same program with the right block=(r-s)%R runs and matches the float64
- * reference.  The prover's half (it must refuse the wrong block with
- * CP051) is asserted with CPC_ATTACK_KNOWN=1 until verify_bwd.c checks it. */
+ * reference.  Fixed: the prover refuses the wrong block with CP051 (K/V
+ * hold another block), at 4 ranks, unified 2x2 and 65536 ranks. */
 Test(attack, attn_bwd_block_other_than_its_kv)
 {
     static const struct fz_row rows[] = {
@@ -2676,10 +2657,7 @@ Test(attack, attn_bwd_block_other_than_its_kv)
                 cr_expect(bad && strstr(bad, "attn_bwd reads block"), "%s: the oracle: %s", what, bad ? bad : "right");
                 cr_expect(st && strstr(st->message, "reads block"), "%s: the executor ran it: %s", what,
                           st ? st->message : "no error");
-                if (getenv("CPC_ATTACK_KNOWN"))
-                    cr_expect(pv != NULL, "UNSOUND: %s: proven, and the executor refuses it at run time", what);
-                else if (!pv)
-                    fprintf(stderr, "KNOWN (oracle2): %s: proven, the executor refuses it at run time\n", what);
+                cr_expect(pv != NULL, "UNSOUND: %s: proven, and the executor refuses it at run time", what);
             }
             cpc_status_free(pv);
             cpc_status_free(st);
@@ -2690,10 +2668,7 @@ Test(attack, attn_bwd_block_other_than_its_kv)
     cpc_program *p = ring(65536, "p2p", "none");
     set_expr(&body(p, CPC_OP_ATTN_BWD, -1, 0)->block, "(r-s-1)%R");
     cpc_status *pv = cpc_verify_backward_ex(p, NULL, NULL);
-    if (getenv("CPC_ATTACK_KNOWN"))
-        cr_expect(pv != NULL, "UNSOUND: ring 65536, attn_bwd block=(r-s-1)%%R: proven");
-    else if (!pv)
-        fprintf(stderr, "KNOWN (oracle2): ring 65536, attn_bwd block=(r-s-1)%%R: proven\n");
+    cr_expect(pv != NULL, "UNSOUND: ring 65536, attn_bwd block=(r-s-1)%%R: proven");
     cpc_status_free(pv);
     cpc_program_free(p);
 }
@@ -2703,8 +2678,8 @@ Test(attack, attn_bwd_block_other_than_its_kv)
  * allgather one where the world is the ring), while the executor runs
  * all_gather over the ring group only and refuses it at run time
  * (op_all_gather: "all_gather over the world group is not supported").
- * The structural oracle and the executor refuse it; the prover's half
- * (CP051) is asserted with CPC_ATTACK_KNOWN=1 until verify_bwd.c checks it. */
+ * The structural oracle and the executor refuse it.  Fixed: a member meets
+ * its group's collectives only, and the step's group rule refuses it. */
 Test(attack, all_gather_over_the_world_group)
 {
     static const struct fz_row rows[] = {
@@ -2735,10 +2710,7 @@ Test(attack, all_gather_over_the_world_group)
                   bad ? bad : "right");
         cr_expect(st && strstr(st->message, "all_gather"), "%s: the executor ran it: %s", what,
                   st ? st->message : "no error");
-        if (getenv("CPC_ATTACK_KNOWN"))
-            cr_expect(pv != NULL, "UNSOUND: %s: proven, and the executor refuses it at run time", what);
-        else if (!pv)
-            fprintf(stderr, "KNOWN (oracle2): %s: proven, the executor refuses it at run time\n", what);
+        cr_expect(pv != NULL, "UNSOUND: %s: proven, and the executor refuses it at run time", what);
         cpc_status_free(pv);
         cpc_status_free(st);
         cpc_run_report_clear(&rep);
@@ -2792,9 +2764,9 @@ Test(attack, paired_all_to_all_with_an_lse_pair)
  * member u+1, in a ulysses 1x3 and a unified 2x3 program), while the transport refuses it at run time ("size mismatch":
  * a part of one head received into a buffer of two).  The structural oracle
  * and the executor refuse it; the same exchange of q_seq (query parts of
- * equal size) is right and runs.  The prover's half (CP051) is asserted with
- * CPC_ATTACK_KNOWN=1 until verify_bwd.c sizes messages by the members'
- * head parts. */
+ * equal size) is right and runs.  Fixed: the prover compares the members'
+ * head parts of every buffer of a message (live_exchange_of_another_
+ * members_heads: parts of equal size are another member's heads). */
 Test(attack, message_between_unequal_head_parts)
 {
     static const struct fz_row rows[] = {
@@ -2841,10 +2813,7 @@ Test(attack, message_between_unequal_head_parts)
             cr_expect(bad && strstr(bad, "the transport refuses it"), "%s: the oracle: %s", what, bad ? bad : "right");
             cr_expect(st && strstr(st->message, "size mismatch"), "%s: the run: %s", what,
                       st ? st->message : "no error");
-            if (getenv("CPC_ATTACK_KNOWN"))
-                cr_expect(pv != NULL, "UNSOUND: %s: proven, and the transport refuses it at run time", what);
-            else if (!pv)
-                fprintf(stderr, "KNOWN (oracle2): %s: proven, the transport refuses it at run time\n", what);
+            cr_expect(pv != NULL, "UNSOUND: %s: proven, and the transport refuses it at run time", what);
         }
         cpc_status_free(pv);
         cpc_status_free(st);
@@ -2917,4 +2886,63 @@ static void dump_programs(void)
         cpc_program_free(q);
     }
     cpc_program_free(p);
+}
+
+/* FOUND (lead, from oracle2's message_between_unequal_head_parts): a
+ * ulysses member's head part of q received from member u-1 and swapped into
+ * q_seq, then read by attn_bwd as this member's queries: the buffer's layout
+ * is right, the heads are another member's, and the gradients are wrong (the
+ * oracle: dout is not that query's).  The prover took a head part as any
+ * member's; it now marks what arrives from a member of other heads as
+ * unusable (SRC_FOREIGN: held, sent on, never computed with) and refuses
+ * parts of other sizes at the match.  Refused at U 2..4, unified 3x2 and
+ * U 1024 (every member simulated). */
+Test(attack, live_exchange_of_another_members_heads)
+{
+    static const struct {
+        const char *name;
+        cpc_variant v;
+        int R, U;
+    } g[] = {{"ulysses", CPC_VARIANT_ULYSSES, 1, 2},
+             {"ulysses", CPC_VARIANT_ULYSSES, 1, 3},
+             {"ulysses", CPC_VARIANT_ULYSSES, 1, 4},
+             {"unified", CPC_VARIANT_UNIFIED, 3, 2},
+             {"ulysses", CPC_VARIANT_ULYSSES, 1, 1024}};
+    for (size_t c = 0; c < sizeof g / sizeof g[0]; c++) {
+        int R = g[c].R, U = g[c].U;
+        cpc_program *p = build(g[c].name, g[c].v, R, U, 2 * U, U, 2 * R * U, "none", "p2p", 0);
+        cr_assert_not_null(p);
+        int q = cpc_program_find_buffer(p, "q_seq");
+        int qx = cpc_program_add_buffer(p, "q_peer", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+        cr_assert(q >= 0 && qx >= 0);
+        int at = -1;
+        for (int j = 0; j < p->n_ops && at < 0; j++)
+            if (p->ops[j].kind == CPC_OP_ATTN_BWD || p->ops[j].kind == CPC_OP_LOOP)
+                at = j;
+        cr_assert(at >= 0);
+        cpc_op *sd = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_SEND);
+        sd->group = CPC_GROUP_ULYSSES, sd->tag = 5, sd->n_in = 1, sd->in[0] = q;
+        set_expr(&sd->peer, "(u+1)%U");
+        cpc_op *rv = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_RECV);
+        rv->group = CPC_GROUP_ULYSSES, rv->tag = 5, rv->n_out = 1, rv->out[0] = qx;
+        set_expr(&rv->peer, "(u-1+U)%U");
+        set_expr(&rv->block, "r");
+        cpc_op *w = insert_new(&p->ops, &p->n_ops, at++, CPC_OP_WAIT);
+        w->tag = 5;
+        cpc_op *sw = insert_new(&p->ops, &p->n_ops, at, CPC_OP_SWAP);
+        sw->n_in = 2, sw->in[0] = q, sw->in[1] = qx;
+        char what[96];
+        snprintf(what, sizeof what, "%s %dx%d, q_seq from member u-1 read as this member's", g[c].name, R, U);
+        cpc_status *st = cpc_verify_backward_ex(p, NULL, NULL);
+        cr_expect(st && strstr(st->message, "another ulysses member's head part"), "UNSOUND: %s: %s", what,
+                  st ? st->message : "proven");
+        if (R * U <= 32) {
+            oracle o;
+            bool uns;
+            const char *bad = oracle_check(p, &o, &uns);
+            cr_expect(!uns && bad, "%s: the oracle: %s", what, uns ? o.unsup : bad ? bad : "right");
+        }
+        cpc_status_free(st);
+        cpc_program_free(p);
+    }
 }
