@@ -1218,3 +1218,129 @@ Test(attack_u, classes_fall_back_to_every_member)
             cpc_program_free(p);
         }
 }
+
+/* ---- a head part received from another member (main's fix of 4c9df2c) ---- */
+
+/* Inserts at the top of the loop body, on step 0: send X to ulysses member
+ * `ps`, recv Y from `pr`, wait, swap X and Y: X then holds what member pr
+ * sent of its own X. */
+static void insert_exchange(cpc_program *p, const char *X, const char *Y, const char *ps, const char *pr,
+                            bool after_loop)
+{
+    int *np = NULL;
+    cpc_op *b = loop_of(p, &np);
+    cr_assert_not_null(b);
+    if (after_loop) { /* before the first heads_to_seq instead, every op unguarded */
+        int at = -1;
+        for (int j = 0; j < p->n_ops && at < 0; j++)
+            if (p->ops[j].kind == CPC_OP_ALL_TO_ALL && p->ops[j].dir == CPC_A2A_HEADS_TO_SEQ)
+                at = j;
+        cr_assert(at >= 0);
+        int n = p->n_ops, bx = cpc_program_find_buffer(p, X), by = cpc_program_find_buffer(p, Y);
+        cr_assert(bx >= 0 && by >= 0);
+        cpc_op *v = realloc(p->ops, sizeof *v * (size_t)(n + 4));
+        cr_assert_not_null(v);
+        memmove(&v[at + 4], &v[at], sizeof *v * (size_t)(n - at));
+        memset(&v[at], 0, sizeof *v * 4);
+        v[at] = (cpc_op){.kind = CPC_OP_SEND, .group = CPC_GROUP_ULYSSES, .n_in = 1, .in = {bx}, .tag = 7};
+        v[at].peer = expr_of(ps);
+        v[at + 1] = (cpc_op){.kind = CPC_OP_RECV, .group = CPC_GROUP_ULYSSES, .n_out = 1, .out = {by}, .tag = 7};
+        v[at + 1].peer = expr_of(pr);
+        v[at + 1].block = expr_of("r");
+        v[at + 2] = (cpc_op){.kind = CPC_OP_WAIT, .tag = 7};
+        v[at + 3] = (cpc_op){.kind = CPC_OP_SWAP, .n_in = 2, .in = {bx, by}};
+        p->ops = v;
+        p->n_ops = n + 4;
+        return;
+    }
+    int n = *np, bx = cpc_program_find_buffer(p, X), by = cpc_program_find_buffer(p, Y);
+    cr_assert(bx >= 0 && by >= 0);
+    cpc_op *v = realloc(b, sizeof *v * (size_t)(n + 4));
+    cr_assert_not_null(v);
+    memmove(&v[4], &v[0], sizeof *v * (size_t)n);
+    memset(v, 0, sizeof *v * 4);
+    v[0] = (cpc_op){.kind = CPC_OP_SEND, .group = CPC_GROUP_ULYSSES, .n_in = 1, .in = {bx}, .tag = 7};
+    v[0].peer = expr_of(ps);
+    v[1] = (cpc_op){.kind = CPC_OP_RECV, .group = CPC_GROUP_ULYSSES, .n_out = 1, .out = {by}, .tag = 7};
+    v[1].peer = expr_of(pr);
+    v[1].block = expr_of("r");
+    v[2] = (cpc_op){.kind = CPC_OP_WAIT, .tag = 7};
+    v[3] = (cpc_op){.kind = CPC_OP_SWAP, .n_in = 2, .in = {bx, by}};
+    for (int i = 0; i < 4; i++)
+        v[i].when = expr_of("s==0");
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP) {
+            p->ops[j].body = v;
+            p->ops[j].n_body = n + 4;
+        }
+}
+
+Test(attack_u, head_part_from_another_member)
+{
+    static const struct {
+        pgeo g;
+        const char *ps, *pr;
+        int wrong; /* 1 wrong, 0 right (the same K/V heads arrive) */
+        bool dk;   /* after the loop: dk_cur (the partial dK) exchanged, not K on step 0 */
+    } rows[] = {
+        /* the partial dK of a K/V head two members share, swapped between them: the sum
+         * heads_to_seq makes is the same (right); with members of other groups, wrong */
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: partial dK swapped with the partner"}, "u+1-2*(u%2)",
+         "u+1-2*(u%2)", 0, true},
+        {{2, 3, 4, 8, 1, 0, "unified 3x4 H 8 Hkv 1: partial dK rotated over the members"}, "(u+1)%U", "(u-1)%U", 0,
+         true},
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: partial dK from the previous member"}, "(u+1)%U", "(u-1)%U", 1,
+         true},
+        {{2, 1024, 4, 8, 2, 0, "unified 1024x4 H 8 Hkv 2: partial dK from the previous member"}, "(u+1)%U",
+         "(u-1)%U", 1, true},
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: K from the previous member"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: K from the partner in its group"}, "u+1-2*(u%2)", "u+1-2*(u%2)", 0, false},
+        {{2, 3, 4, 8, 1, 0, "unified 3x4 H 8 Hkv 1: the one K head from the previous member"}, "(u+1)%U", "(u-1)%U", 0, false},
+        {{2, 3, 4, 4, 4, 0, "unified 3x4 H 4 Hkv 4: K parts of one head each"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 3, 5, 12, 4, 0, "unified 3x5 H 12 Hkv 4: K parts of other sizes"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 3, 4, 16, 2, 0, "unified 3x4 H 16 Hkv 2: K from two members on"}, "(u+2)%U", "(u+2)%U", 1, false},
+        {{2, 1024, 4, 8, 2, 0, "unified 1024x4 H 8 Hkv 2: K from the previous member"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 1024, 4, 4, 4, 0, "unified 1024x4 H 4 Hkv 4: K parts of one head each"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 300, 5, 12, 4, 0, "unified 300x5 H 12 Hkv 4: K parts of other sizes"}, "(u+1)%U", "(u-1)%U", 1, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const pgeo *g = &rows[i].g;
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3,
+                                          "none", "p2p", 0, &err);
+        cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+        if (rows[i].dk)
+            insert_exchange(p, "dk_cur", "dk_blk", rows[i].ps, rows[i].pr, true);
+        else
+            insert_exchange(p, "k_cur", "k_nxt", rows[i].ps, rows[i].pr, false);
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, NULL);
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "exchange %s: %s\n", g->what, a ? a->message : "proven");
+        if (rows[i].wrong)
+            cr_expect_not_null(a, "UNSOUND: %s: proven", g->what);
+        if (!a && g->R * g->U <= 12) { /* proven: the CPU executor must agree */
+            nrow w = {g->v, g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3, 0, "none", "p2p", g->what};
+            cpc_run_report rep;
+            cpc_status *st = numeric_run_u(&w, p, 20261204u + i, &rep);
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "exchange %s: run %s, rel_err %.2g %.2g %.2g\n", g->what, st ? st->message : "done",
+                        rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+            cr_expect(!st && rep.bwd_checked && rep.bwd_pass, "UNSOUND: %s: proven, the run %s (rel_err %.3g %.3g %.3g)",
+                      g->what, st ? st->message : "is wrong", rep.bwd_rel_err[0], rep.bwd_rel_err[1],
+                      rep.bwd_rel_err[2]);
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        }
+        if (g->R * g->U <= 256) {
+            cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+            cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+            cr_expect_eq(e != NULL, a != NULL, "%s: default %s, enumeration %s", g->what, a ? a->message : "proven",
+                         e ? e->message : "proven");
+            if (rows[i].wrong)
+                cr_expect_not_null(e, "%s: the enumeration proves it", g->what);
+            cpc_status_free(e);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+}
