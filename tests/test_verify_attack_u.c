@@ -44,6 +44,10 @@
  *   - classes_fall_back_to_every_member: programs whose summed gradient is
  *     not the same seen from every member (uc_whole): every member is
  *     simulated instead, and the verdicts match the enumeration.
+ *   - head_part_from_another_member, exchanges_between_members_judged_
+ *     numerically: K/V parts and partial dK/dV sent between ulysses members
+ *     (the message rule of main's 4c9df2c): wrong ones refused, every proven
+ *     one run on the CPU executor against float64 (CPC_ATTACK_U_XCH).
  * CPC_ATTACK_VERBOSE=1 prints every verdict.  Findings and counts:
  * /work/notes/redteam2-note.md (none unsound).
  */
@@ -1343,4 +1347,73 @@ Test(attack_u, head_part_from_another_member)
         cpc_status_free(a);
         cpc_program_free(p);
     }
+}
+
+/* Exchanges between ulysses members fuzzed: a role-matched pair of buffers
+ * (K, V, the partial dK/dV), on step 0 of the ring loop or before the
+ * heads_to_seq, with peers from a list (some inconsistent: deadlocks), in
+ * small unified worlds with GQA; every proven one runs on the CPU executor
+ * and must match the float64 reference.  CPC_ATTACK_U_XCH sets the count. */
+Test(attack_u, exchanges_between_members_judged_numerically)
+{
+    static const pgeo geos[] = {
+        {2, 2, 4, 8, 2, 0, "unified 2x4 H 8 Hkv 2"}, {2, 2, 4, 8, 1, 0, "unified 2x4 H 8 Hkv 1"},
+        {2, 2, 4, 8, 4, 0, "unified 2x4 H 8 Hkv 4"}, {2, 2, 3, 6, 3, 0, "unified 2x3 H 6 Hkv 3"},
+        {2, 3, 4, 12, 3, 0, "unified 3x4 H 12 Hkv 3"}, {2, 2, 4, 16, 2, 0, "unified 2x4 H 16 Hkv 2"},
+        {2, 2, 3, 12, 4, 0, "unified 2x3 H 12 Hkv 4"},
+    };
+    static const char *const pairs[][2] = {{"k_cur", "k_nxt"}, {"v_cur", "v_nxt"}, {"dk_cur", "dk_blk"},
+                                           {"dv_cur", "dv_blk"}};
+    static const char *const peers[][2] = {{"(u+1)%U", "(u-1)%U"}, {"u+1-2*(u%2)", "u+1-2*(u%2)"},
+                                           {"(u+2)%U", "(u+2)%U"},   {"(u+2)%U", "(u-2)%U"},
+                                           {"u", "u"},               {"(u+1)%U", "(u+1)%U"},
+                                           {"(U-1-u)", "(U-1-u)"},   {"(u+3)%U", "(u-3)%U"}};
+    const char *env = getenv("CPC_ATTACK_U_XCH");
+    int rounds = env ? atoi(env) : 120;
+    const uint64_t seeds[2] = {20261205u, test_seed()};
+    int proven = 0, right = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        fz z = {seeds[k < rounds / 2 ? 0 : 1], (uint32_t)(7000000 + k), 0};
+        const pgeo *g = &geos[fz_rn(&z, sizeof geos / sizeof geos[0])];
+        int pi = (int)fz_rn(&z, 4), qi = (int)fz_rn(&z, 8);
+        bool after = pi >= 2 || fz_rn(&z, 4) == 0; /* the partial gradients only after the loop */
+        if (g->U < 4 && (qi == 1 || qi == 7)) /* partner / u+3: members 0..U-1 only */
+            qi = 0;
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3,
+                                          "none", "p2p", 0, &err);
+        cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+        insert_exchange(p, pairs[pi][0], pairs[pi][1], peers[qi][0], peers[qi][1], after);
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, NULL);
+        if (!a) {
+            proven++;
+            nrow w = {g->v, g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3, 0, "none", "p2p", g->what};
+            cpc_run_report rep;
+            cpc_status *st = numeric_run_u(&w, p, z.seed + (uint64_t)k, &rep);
+            bool ok = !st && rep.bwd_checked && rep.bwd_pass;
+            right += ok;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "xch %s: %s<-%s %s / %s%s: proven, run %s\n", g->what, pairs[pi][0], pairs[pi][1],
+                        peers[qi][0], peers[qi][1], after ? " after the loop" : " on step 0",
+                        st ? st->message : ok ? "right" : "WRONG");
+            cr_expect(ok, "UNSOUND: seed %llu round %d: %s: %s exchanged (%s / %s%s): proven, the run %s (rel_err %.3g "
+                          "%.3g %.3g)",
+                      (unsigned long long)z.seed, k, g->what, pairs[pi][0], peers[qi][0], peers[qi][1],
+                      after ? ", after the loop" : ", on step 0", st ? st->message : "is wrong", rep.bwd_rel_err[0],
+                      rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        } else {
+            refused++;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "xch %s: %s<-%s %s / %s%s: %s\n", g->what, pairs[pi][0], pairs[pi][1], peers[qi][0],
+                        peers[qi][1], after ? " after the loop" : " on step 0", a->message);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+    fprintf(stderr, "attack_u exchanges: %d programs, %d proven (%d ran right), %d refused\n", rounds, proven, right,
+            refused);
+    cr_expect(proven > 0 && refused > 0, "the exchanges are not all one verdict (%d proven, %d refused)", proven,
+              refused);
 }
