@@ -3296,17 +3296,16 @@ static cpc_status *prove(vb *V)
                     }
                     if (!q)
                         return vfail(p, x, "deadlock: %s", all);
-                    char ob[256], who[48];
+                    char who[64], m[640];
                     if (rotated(V, (cpc_group)q->group))
                         snprintf(who, sizeof who, "ring member r%+d", diff_mod(q->to, 0, V->R));
                     else
-                        snprintf(who, sizeof who, "rank %d", q->to);
-                    return vfail(p, x,
-                                 "deadlock: %s: its %s %s %s (%s, %s group, tag %d) has no matching %s posted before "
-                                 "this wait (a wait completes only once the peer has posted: rendezvous)",
-                                 all, q->is_send ? "send" : "recv", q->is_send ? "to" : "from", who,
-                                 vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), cpc_group_name((cpc_group)q->group),
-                                 q->tag, q->is_send ? "recv" : "send");
+                        snprintf(who, sizeof who, "rank %d (%s group)", q->to, cpc_group_name((cpc_group)q->group));
+                    vc_deadlock(&q->h, all, who,
+                                V->sym ? "the peer runs the same ops, so it is blocked here too, or never posts one"
+                                       : "a wait completes only once the peer has posted: rendezvous",
+                                m, sizeof m);
+                    return vfail(p, x, "%s", m);
                 }
             return vfail(-1, NULL, "no rank can progress");
         }

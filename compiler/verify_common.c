@@ -788,6 +788,14 @@ const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, s
     return buf;
 }
 
+void vc_deadlock(const vc_rq *q, const char *all, const char *who, const char *why, char *msg, size_t n)
+{
+    char ob[256];
+    snprintf(msg, n, "deadlock: %s: its %s %s %s (%s, tag %d) has no matching %s posted before this wait (%s)", all,
+             q->is_send ? "send" : "recv", q->is_send ? "to" : "from", who, vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob),
+             q->tag, q->is_send ? "recv" : "send", why);
+}
+
 cpc_status *vc_fault(cpc_span span, bool bwd, int64_t p, int64_t U, const char *where, const char *fmt, va_list ap)
 {
     char msg[1024];

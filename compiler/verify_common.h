@@ -343,6 +343,10 @@ vc_tri vc_match(const vc_domain *d, int sid, int rid, char *msg, size_t n);
  * the domain has one, or never waited), then every OUTPUT buffer (vc_output,
  * with the domain at the op that wrote it). */
 vc_tri vc_finish(const vc_domain *d, char *msg, size_t n);
+/* A wait that can never complete because of request q, in msg: "deadlock: ALL: its send to WHO
+ * (OP, tag t) has no matching recv posted before this wait (WHY)" (a recv: "from", "send"); who is
+ * the peer in the domain's words ("ring member r+1", "rank 3"). */
+void vc_deadlock(const vc_rq *q, const char *all, const char *who, const char *why, char *msg, size_t n);
 /* "ops[3].body[1] merge", with " (step s)" for one step [slo, slo+1) of a
  * loop or " (steps a..b)" for the range a symbolic run stands for (none
  * when shi <= slo); nd NULL: "the end of the program". */

@@ -1560,15 +1560,14 @@ static int exec_op(sctx *C, const snode *nd)
 {
     C->stats.op_instances++;
     vc_tri t = vc_step(at(C, nd), nd->op, MSG(C));
-    const sreq *q = C->d.q;
-    char ob[256];
-    if (t == VC_BLOCKED)
-        return serr(C, nd,
-                    "deadlock: every rank blocks here: its %s %s ring member r%s%" PRId64 " (%s, tag %d) has no "
-                    "matching %s posted before this wait (the peer runs the same ops, so it is blocked here too, "
-                    "or never posts one)",
-                    q->is_send ? "send" : "recv", q->is_send ? "to" : "from", q->is_send ? "+" : "-", q->d,
-                    vc_op_desc(q->on, q->slo, q->shi, ob, sizeof ob), q->tag, q->is_send ? "recv" : "send");
+    if (t == VC_BLOCKED) {
+        const sreq *q = C->d.q;
+        char who[48], m[640];
+        snprintf(who, sizeof who, "ring member r%s%" PRId64, q->is_send ? "+" : "-", q->d);
+        vc_deadlock(&q->h, "every rank blocks here", who,
+                    "the peer runs the same ops, so it is blocked here too, or never posts one", m, sizeof m);
+        return serr(C, nd, "%s", m);
+    }
     if (sres(C, t))
         return -1;
     if (nd->op->kind == CPC_OP_WAIT)
