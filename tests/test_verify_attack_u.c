@@ -1052,6 +1052,10 @@ Test(attack_u, numeric_judgement_of_class_mutants)
         {1, 1, 4, 8, 2, 32, 3, "none", "p2p", "ulysses 1x4 H 8 Hkv 2, a replicated text"},
         {2, 2, 3, 7, 1, 48, 4, "none", "p2p", "unified 2x3 H 7 Hkv 1, a replicated text (the twin)"},
         {2, 2, 3, 6, 2, 48, 0, "none", "allgather", "unified 2x3 H 6 Hkv 2, allgather"},
+        /* a region of 6 members over residues of 3 (uc_union's whole periods), and 16 members of one
+         * head inside groups of 8 (one run over the region) */
+        {0, 1, 12, 18, 6, 100, 0, "none", "p2p", "ulysses_anything 1x12 H 18 Hkv 6 (periods of 3)"},
+        {1, 1, 16, 16, 2, 64, 0, "none", "p2p", "ulysses 1x16 H 16 Hkv 2 (inside groups of 8)"},
     };
     const char *env = getenv("CPC_ATTACK_U_NUMERIC");
     int rounds = env ? atoi(env) : 120;
