@@ -52,16 +52,21 @@
  * /work/notes/redteam2-note.md (none unsound).
  */
 #include <criterion/criterion.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "artifact.h"
+#include "cpc/compiler.h"
 #include "expr.h"
 #include "layout.h"
 #include "plan.h"
 #include "program.h"
 #include "run.h"
+#include "schedule.h"
 #include "schedule_bwd.h"
 #include "verify.h"
 #include "verify_bwd.h"
@@ -1420,4 +1425,138 @@ Test(attack_u, exchanges_between_members_judged_numerically)
             refused);
     cr_expect(proven > 0 && refused > 0, "the exchanges are not all one verdict (%d proven, %d refused)", proven,
               refused);
+}
+
+/* ---- tampered artifacts beyond the enumeration (what cprun and cpc.load read) ---- */
+
+/* The artifact text of geometry g's training plan (forward and backward
+ * programs, as cpc writes it); caller frees. */
+static char *artifact_text(const pgeo *g)
+{
+    cpc_status *err = NULL;
+    cpc_plan *plan = test_train_plan(vnames[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3, "none", "p2p",
+                                     g->rep, &err);
+    cr_assert_not_null(plan, "%s: %s", g->what, err ? err->message : "");
+    cpc_program *f = NULL, *b = NULL;
+    cpc_status *st = cpc_schedule_build(plan, vkinds[g->v], g->R, g->U, &f);
+    if (!st)
+        st = cpc_schedule_build_backward(plan, vkinds[g->v], g->R, g->U, &b);
+    cr_assert_null(st, "%s: %s", g->what, st ? st->message : "");
+    cpc_artifact *a = NULL;
+    st = cpc_artifact_create(plan, f, &a);
+    if (!st)
+        st = cpc_artifact_set_backward(a, b);
+    cr_assert_null(st, "%s: %s", g->what, st ? st->message : "");
+    char *t = NULL;
+    size_t len = 0;
+    st = cpc_artifact_to_string(a, &t, &len);
+    cr_assert_null(st, "%s: %s", g->what, st ? st->message : "");
+    cpc_artifact_free(a);
+    cpc_program_free(f);
+    cpc_program_free(b);
+    cpc_plan_free(plan);
+    return t;
+}
+
+/* Replaces the first `from` in *t's backward_schedule by `to`; false if absent. */
+static bool bwd_replace(char **t, const char *from, const char *to)
+{
+    char *bwd = strstr(*t, "\nbackward_schedule:\n");
+    cr_assert_not_null(bwd);
+    char *at = strstr(bwd, from);
+    if (!at)
+        return false;
+    size_t pre = (size_t)(at - *t), fl = strlen(from), tl = strlen(to), n = strlen(*t);
+    char *x = malloc(n - fl + tl + 1);
+    cr_assert_not_null(x);
+    memcpy(x, *t, pre);
+    memcpy(x + pre, to, tl);
+    memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
+    free(*t);
+    *t = x;
+    return true;
+}
+
+/* The content hash recomputed, as a careful hand editor would; then loaded
+ * with cpc_artifact_load (the prover runs on load). */
+static cpc_status *load_rehashed(char *t)
+{
+    char *h = strstr(t, "content_hash: sha256:");
+    cr_assert_not_null(h);
+    h += strlen("content_hash: sha256:");
+    memset(h, '0', 64);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    cr_assert_eq(EVP_Digest(t, strlen(t), md, &n, EVP_sha256(), NULL), 1);
+    for (unsigned i = 0; i < 32; i++) {
+        char two[3];
+        snprintf(two, sizeof two, "%02x", md[i]);
+        memcpy(h + 2 * i, two, 2);
+    }
+    char path[] = "/tmp/cpc_test_attack_u_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    cr_assert_not_null(f);
+    fputs(t, f);
+    fclose(f);
+    cpc_artifact *a = NULL;
+    cpc_status *st = cpc_artifact_load(path, &a);
+    unlink(path);
+    if (!cpc_status_has_error(st))
+        cpc_artifact_free(a);
+    return st;
+}
+
+Test(attack_u, tampered_artifacts_beyond_enumeration)
+{
+    static const pgeo geos[] = {
+        {0, 1, 1000, 1003, 17, 0, "ulysses_anything 1x1000 H 1003 Hkv 17"},
+        {0, 1, 40000, 65536, 32768, 0, "ulysses_anything 1x40000 H 65536 Hkv 32768"},
+        {2, 2, 300, 301, 1, 5, "unified 2x300 H 301 Hkv 1, a replicated text"},
+    };
+    static const struct {
+        const char *from, *to, *what;
+    } edits[] = {
+        {NULL, NULL, "unedited"},
+        {"dir: heads_to_seq, reduce: sum, in: [dk_cur]", "dir: heads_to_seq, in: [dk_cur]", "dk placed (no reduce)"},
+        {"in: [dq_seq], out: [dq]}", "in: [dq_seq], out: [dq], when: 0}", "dq never brought back"},
+        {"out: [dq_seq, dk_cur, dv_cur]}", "out: [dq_seq, dk_cur, dv_cur], when: 0}", "attn_bwd dropped"},
+        {"out: [dq_seq, dk_blk, dv_blk]}", "out: [dq_seq, dk_blk, dv_blk], when: s>0}", "attn_bwd skipped on step 0"},
+        {"do_seq, lse, delta]", "do_seq, delta, lse]", "lse and delta swapped"},
+        {"in: [dk_out, dv_out], tag: 1}", "in: [dk_out, dv_out], tag: 0}", "dK/dV sent on K/V's tag"},
+    };
+    int n = 0;
+    for (size_t gi = 0; gi < sizeof geos / sizeof geos[0]; gi++) {
+        char *base = artifact_text(&geos[gi]);
+        for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
+            char *t = strdup(base);
+            cr_assert_not_null(t);
+            if (edits[e].from && !bwd_replace(&t, edits[e].from, edits[e].to)) {
+                free(t);
+                continue;
+            }
+            n++;
+            double t0 = now_s();
+            cpc_status *st = load_rehashed(t);
+            double dt = now_s() - t0;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "artifact %s: %s: %.1f ms: %s\n", geos[gi].what, edits[e].what, dt * 1e3,
+                        st ? st->message : "loaded");
+            if (!edits[e].from) {
+                cr_expect(!cpc_status_has_error(st), "%s: the untampered artifact: %s", geos[gi].what,
+                          st ? st->message : "");
+            } else {
+                cr_expect(cpc_status_has_error(st), "UNSOUND: %s: '%s' loaded", geos[gi].what, edits[e].what);
+                if (cpc_status_has_error(st))
+                    cr_expect_eq(st->rule, 51, "%s: '%s': rule %d: %s", geos[gi].what, edits[e].what, st->rule,
+                                 st->message);
+            }
+            cr_expect(dt < 2.0, "%s: '%s': %.2f s", geos[gi].what, edits[e].what, dt);
+            cpc_status_free(st);
+            free(t);
+        }
+        free(base);
+    }
+    cr_expect(n >= 15, "%d tampered artifacts", n);
 }
