@@ -31,17 +31,42 @@
  *     swapped, an in-flight buffer read-modify-written, a wait before its
  *     recv is posted, a request never waited, a tag reused while in flight)
  *     planted in unified R x U programs (ring messages of every member),
- *     at 4 x 3 (enumeration agrees) and 1024 x 3 / 300 x 5 (symbolic alone).
+ *     at 4 x 3 (enumeration agrees) and 1024 x 3 / 300 x 5 (symbolic alone),
+ *     and in ring 4 / ring 1024.
+ *   - loop_faults_with_classes: faults on one step of the ring loop (a step
+ *     skipped, a count off by one, a recv one block off from step 3 on, the
+ *     text block on two steps) in unified R x U with classes and the twin, up
+ *     to 4096 x 7; two correct placements of the text block proven.
+ *   - numeric_judgement_of_class_mutants: role-keeping edits (every edit
+ *     with CPC_ATTACK_U_ALL_EDITS=1) of small worlds with uneven heads and
+ *     GQA; every proven mutant runs on the CPU executor and must match the
+ *     float64 reference (CPC_ATTACK_U_NUMERIC sets the count, default 120).
+ *   - classes_fall_back_to_every_member: programs whose summed gradient is
+ *     not the same seen from every member (uc_whole): every member is
+ *     simulated instead, and the verdicts match the enumeration.
+ *   - head_part_from_another_member, exchanges_between_members_judged_
+ *     numerically: K/V parts and partial dK/dV sent between ulysses members
+ *     (the message rule of main's 4c9df2c): wrong ones refused, every proven
+ *     one run on the CPU executor against float64 (CPC_ATTACK_U_XCH).
+ * CPC_ATTACK_VERBOSE=1 prints every verdict.  Findings and counts:
+ * /work/notes/redteam2-note.md (none unsound).
  */
 #include <criterion/criterion.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "artifact.h"
+#include "cpc/compiler.h"
 #include "expr.h"
 #include "layout.h"
+#include "plan.h"
 #include "program.h"
+#include "run.h"
+#include "schedule.h"
 #include "schedule_bwd.h"
 #include "verify.h"
 #include "verify_bwd.h"
@@ -110,7 +135,37 @@ static void fz_mutate(fz *z, cpc_program *p, char *log, size_t ln)
     int j = (int)fz_rn(z, (uint32_t)n);
     cpc_op *op = &(*opsp)[j];
     size_t L = strlen(log);
-    switch (fz_rn(z, 12)) {
+    switch (fz_rn(z, 16)) {
+    case 12:
+        if (op->kind == CPC_OP_SEND || op->kind == CPC_OP_RECV || op->kind == CPC_OP_WAIT) {
+            op->tag = (int)fz_rn(z, 3);
+            snprintf(log + L, ln - L, " op%d tag=%d", j, op->tag);
+        }
+        break;
+    case 13:
+        if (op->group != CPC_GROUP_NONE) {
+            op->group = (cpc_group)(1 + fz_rn(z, 3));
+            snprintf(log + L, ln - L, " op%d group=%d", j, (int)op->group);
+        }
+        break;
+    case 14:
+        if (op->peer) {
+            static const char *const pe[] = {"(r+1)%R", "(r-1)%R", "(r+2)%R", "r", "(u+1)%U", "0"};
+            const char *t = pe[fz_rn(z, 6)];
+            cpc_expr_free(op->peer);
+            op->peer = expr_of(t);
+            snprintf(log + L, ln - L, " op%d peer=%s", j, t);
+        }
+        break;
+    case 15:
+        if (op->block) {
+            static const char *const bl[] = {"(r-s)%R", "(r-s-1)%R", "r", "(r+1)%R", "(r-s+1)%R", "0"};
+            const char *t = bl[fz_rn(z, 6)];
+            cpc_expr_free(op->block);
+            op->block = expr_of(t);
+            snprintf(log + L, ln - L, " op%d block=%s", j, t);
+        }
+        break;
     case 0: {
         int b = (int)fz_rn(z, (uint32_t)p->n_buffers);
         p->buffers[b].heads = (cpc_buf_heads)fz_rn(z, CPC_HEADS__COUNT);
@@ -569,6 +624,7 @@ Test(attack_u, planted_faults_beyond_enumeration)
         {2, 4, 1000, 2010, 1005, 5, "unified 4 x 1000, replicated text, g 2"},
         {0, 1, 65535, 65536, 2, 0, "g 32768 (two K/V heads) over 65535"},
         {0, 1, 257, 257 * 64 + 256, 257 * 64 + 256, 0, "257 members, the last alone in its region"},
+        {0, 1, 509, 65500, 500, 0, "parts of 129 and 128 over groups of 131: past 64 classes, every member"},
     };
     int cls = 0, n = 0;
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
@@ -925,4 +981,582 @@ Test(attack_u, loop_faults_with_classes)
         }
     }
     fprintf(stderr, "attack_u loops: %d programs, %d by classes, %d with a phase jumped\n", n, cls, jumped);
+}
+
+/* ---- a numeric judgement: accepted class mutants run on the CPU executor ---- */
+
+typedef struct nrow {
+    int v, R, U, H, Hkv, tokens, rep;
+    const char *mask, *rotate, *what;
+} nrow;
+
+/* Runs backward program bwd in place of the built one for row w's plan on the
+ * CPU executor (local transport, seed): the run's report in *rep. */
+static cpc_status *numeric_run_u(const nrow *w, const cpc_program *bwd, uint64_t seed, cpc_run_report *rep)
+{
+    cpc_status *err = NULL;
+    memset(rep, 0, sizeof *rep);
+    cpc_plan *plan = test_train_plan(vnames[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, w->mask, w->rotate, w->rep,
+                                     &err);
+    cr_assert_not_null(plan, "%s: %s", w->what, err ? err->message : "");
+    cpc_job *job = NULL;
+    cpc_status *st = cpc_job_from_plan(plan, vkinds[w->v], w->R, w->U, &job);
+    cr_assert(job && !cpc_status_has_error(st), "%s: %s", w->what, st ? st->message : "");
+    cpc_status_free(st);
+    cpc_program_free(job->bwd);
+    job->bwd = NULL;
+    cr_assert_null(cpc_program_clone(bwd, &job->bwd));
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.backend = "cpu";
+    o.transport = "local";
+    o.seed = seed;
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = 20;
+    st = cpc_job_run(job, &o, rep, NULL);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+    return st;
+}
+
+/* Only the edits that keep every operand's role (reduce / direction flipped,
+ * ops duplicated, dropped, moved, guards): the ones the class proof decides
+ * differently from member to member, and none that the executor would run
+ * past a buffer (test_verify_attack.c's finding E). */
+static void fz_mutate_roles_kept(fz *z, cpc_program *p, char *log, size_t ln)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        uint32_t i0 = z->i;
+        size_t L = strlen(log);
+        cpc_program *c = NULL;
+        cr_assert_null(cpc_program_clone(p, &c));
+        fz_mutate(z, c, log, ln);
+        const char *e = log + L;
+        bool keep = getenv("CPC_ATTACK_U_ALL_EDITS") || strstr(e, "reduce") || strstr(e, "dir flipped") || strstr(e, "duplicated") ||
+                    strstr(e, "dropped") || strstr(e, "moved") || strstr(e, "when=");
+        cpc_program_free(c);
+        log[L] = 0;
+        z->i = i0;
+        if (keep) {
+            fz_mutate(z, p, log, ln);
+            return;
+        }
+        z->i = i0 + 1000; /* another draw */
+    }
+}
+
+Test(attack_u, numeric_judgement_of_class_mutants)
+{
+    static const nrow rows[] = {
+        {0, 1, 5, 7, 1, 43, 0, "none", "p2p", "ulysses_anything 1x5 H 7, one K/V head"},
+        {0, 1, 5, 12, 4, 45, 0, "causal", "p2p", "ulysses_anything 1x5 H 12 Hkv 4 (3,3,2,2,2: straddling), causal"},
+        {1, 1, 4, 8, 2, 32, 0, "none", "p2p", "ulysses 1x4 H 8 Hkv 2 (inside one group)"},
+        {2, 2, 3, 7, 7, 48, 0, "none", "p2p", "unified 2x3 H 7"},
+        {2, 2, 3, 6, 2, 48, 0, "causal", "p2p", "unified 2x3 H 6 Hkv 2 (straddling), causal"},
+        {1, 1, 4, 8, 2, 32, 3, "none", "p2p", "ulysses 1x4 H 8 Hkv 2, a replicated text"},
+        {2, 2, 3, 7, 1, 48, 4, "none", "p2p", "unified 2x3 H 7 Hkv 1, a replicated text (the twin)"},
+        {2, 2, 3, 6, 2, 48, 0, "none", "allgather", "unified 2x3 H 6 Hkv 2, allgather"},
+        /* a region of 6 members over residues of 3 (uc_union's whole periods), and 16 members of one
+         * head inside groups of 8 (one run over the region) */
+        {0, 1, 12, 18, 6, 100, 0, "none", "p2p", "ulysses_anything 1x12 H 18 Hkv 6 (periods of 3)"},
+        {1, 1, 16, 16, 2, 64, 0, "none", "p2p", "ulysses 1x16 H 16 Hkv 2 (inside groups of 8)"},
+    };
+    const char *env = getenv("CPC_ATTACK_U_NUMERIC");
+    int rounds = env ? atoi(env) : 120;
+    const uint64_t seeds[2] = {20261203u, test_seed()};
+    int accepted = 0, ran_ok = 0, cls = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        const nrow *w = &rows[k % (int)(sizeof rows / sizeof rows[0])];
+        fz z = {seeds[k < rounds / 3 ? 0 : 1], (uint32_t)(5000000 + k), 0};
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[w->v], vkinds[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, w->mask,
+                                          w->rotate, w->rep, &err);
+        cr_assert_not_null(p, "%s: %s", w->what, err ? err->message : "");
+        char log[800];
+        log[0] = 0;
+        int nm = k % 5 == 0 ? 0 : 1 + (int)fz_rn(&z, 2);
+        for (int m = 0; m < nm; m++)
+            fz_mutate_roles_kept(&z, p, log, sizeof log);
+        cpc_verify_bwd_stats sa;
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        cls += sa.classes > 0;
+        if (!a) { /* every accepted one (a refused one may deadlock: the run's 20 s timeout) */
+            cpc_run_report rep;
+            cpc_status *st = numeric_run_u(w, p, z.seed + (uint64_t)k, &rep);
+            bool ok = !st && rep.checked && rep.pass && rep.bwd_checked && rep.bwd_pass;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "numeric %s%s: %s (%d classes): run %s, rel_err %.2g %.2g %.2g\n", w->what,
+                        log[0] ? log : " unedited", a ? "refused" : "proven", sa.classes,
+                        st ? st->message : ok ? "right" : "WRONG", rep.bwd_rel_err[0], rep.bwd_rel_err[1],
+                        rep.bwd_rel_err[2]);
+            if (!a) {
+                accepted++;
+                ran_ok += ok;
+                cr_expect(ok, "UNSOUND: seed %llu round %d: %s, edits:%s: proven (%d classes), the run %s (rel_err "
+                              "dq %.3g dk %.3g dv %.3g)",
+                          (unsigned long long)z.seed, k, w->what, log, sa.classes,
+                          st ? st->message : "is wrong", rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+            }
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        }
+        refused += a != NULL;
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+    fprintf(stderr, "attack_u numeric: %d mutants, %d by classes, %d proven (%d ran right), %d refused\n", rounds, cls,
+            accepted, ran_ok, refused);
+    cr_expect(accepted >= rounds / 5, "only %d of %d proven", accepted, rounds);
+}
+
+/* ---- the classes' fallback (uc_whole -> ubreak: every member simulated) --- */
+
+/* Appends to p: copy `g` (the replicated text's summed gradient, every head)
+ * into its head part `g_acc`, place that into `g_full` and all_reduce it
+ * into `g` again: each member sends its part of a whole set.  With K/V
+ * groups straddling members (dK) the parts overlap, unevenly between the
+ * two regions: the summed set is not the same seen from every member, so
+ * the classes cannot stand for their members (uc_whole) and every member is
+ * simulated; the overlap counts twice (wrong).  For dq the parts tile the
+ * heads: with R == 1 the sum is the set again (right), with R > 1 it is R
+ * times it (wrong). */
+static void append_resum(cpc_program *p, const char *g, const char *g_acc, const char *g_full)
+{
+    int n = p->n_ops;
+    cpc_op *v = realloc(p->ops, sizeof *v * (size_t)(n + 3));
+    cr_assert_not_null(v);
+    p->ops = v;
+    memset(&v[n], 0, sizeof *v * 3);
+    int bg = cpc_program_find_buffer(p, g), ba = cpc_program_find_buffer(p, g_acc),
+        bf = cpc_program_find_buffer(p, g_full);
+    cr_assert(bg >= 0 && ba >= 0 && bf >= 0);
+    v[n] = (cpc_op){.kind = CPC_OP_COPY, .n_in = 1, .n_out = 1, .in = {bg}, .out = {ba}};
+    v[n + 1] = (cpc_op){.kind = CPC_OP_COPY, .n_in = 1, .n_out = 1, .in = {ba}, .out = {bf}};
+    v[n + 2] = (cpc_op){.kind = CPC_OP_ALL_REDUCE, .group = CPC_GROUP_WORLD, .n_in = 1, .n_out = 1, .in = {bf},
+                        .out = {bg}};
+    p->n_ops = n + 3;
+}
+
+Test(attack_u, classes_fall_back_to_every_member)
+{
+    static const struct {
+        pgeo g;
+        bool dk, wrong, fallback; /* dk: the dK loop (else dq's); fallback: ubreak expected */
+    } rows[] = {
+        {{1, 1, 6, 9, 3, 3, "ulysses 1x6 H 9 Hkv 3, text"}, true, true, true},
+        {{2, 2, 5, 12, 4, 4, "unified 2x5 H 12 Hkv 4, text"}, true, true, true},
+        {{0, 1, 1000, 1500, 500, 3, "ulysses_anything 1x1000 H 1500 Hkv 500, text"}, true, true, true},
+        {{2, 2, 300, 600, 200, 4, "unified 2x300 H 600 Hkv 200 (overlap 2 everywhere), text"}, true, true, false},
+        {{1, 1, 6, 9, 3, 3, "ulysses 1x6 H 9 Hkv 3, text"}, false, false, false},
+        {{0, 1, 1000, 1500, 500, 3, "ulysses_anything 1x1000 H 1500 Hkv 500, text"}, false, false, false},
+        {{2, 2, 5, 12, 4, 4, "unified 2x5 H 12 Hkv 4, text"}, false, true, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const pgeo *g = &rows[i].g;
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3,
+                                          "none", "p2p", g->rep, &err);
+        cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+        if (rows[i].dk)
+            append_resum(p, "dk_rep", "dk_rep_acc", "dk_rep_full");
+        else
+            append_resum(p, "dq_rep", "dq_rep_acc", "dq_rep_full");
+        cpc_verify_bwd_stats sa;
+        double t0 = now_s();
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+        double dt = now_s() - t0;
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "fallback %s (%s): mode %d, %d classes, %.2f ms: %s\n", g->what, rows[i].dk ? "dk" : "dq",
+                    (int)sa.mode, sa.classes, dt * 1e3, a ? a->message : "proven");
+        cr_expect_eq(a != NULL, rows[i].wrong, "%s (%s): %s", g->what, rows[i].dk ? "dk" : "dq",
+                     a ? a->message : "proven");
+        if (rows[i].fallback)
+            cr_expect_eq(sa.classes, 0, "%s: the classes should have fallen back to every member (%d classes)",
+                         g->what, sa.classes);
+        else
+            cr_expect(sa.classes > 0, "%s: %d classes", g->what, sa.classes);
+        cr_expect(dt < 1.0, "%s: %.2f s", g->what, dt);
+        if (g->R * g->U <= 256) {
+            cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+            cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+            cr_expect_eq(e != NULL, rows[i].wrong, "%s: the enumeration says %s", g->what, e ? e->message : "proven");
+            cpc_status_free(e);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+    /* The fallback is also reached by the representation alone: the image
+     * attn_bwd skipped on step 3 by a guard outside the induction's grammar
+     * (`s*s!=9`: the loop unrolled), with 8 to 64 classes and a replicated
+     * text, leaves each member's dq with an image run and a text run; the
+     * union joins runs within the last four only (cs_add_run), so its runs
+     * are pieces of the heads and uc_whole gives up (every member).  Refused
+     * either way; the correct guard `s*s>=0` stays by class. */
+    static const pgeo frag[] = {
+        {2, 8, 8, 520, 65, 5, "unified 8x8 H 520 Hkv 65 (8 classes), text"},
+        {2, 16, 8, 520, 65, 5, "unified 16x8 H 520 Hkv 65, text"},
+        {2, 64, 64, 4160, 65, 5, "unified 64x64 H 4160 Hkv 65 (64 classes), text"},
+    };
+    for (size_t i = 0; i < sizeof frag / sizeof frag[0]; i++)
+        for (int right = 0; right < 2; right++) {
+            const pgeo *g = &frag[i];
+            cpc_status *err = NULL;
+            cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv,
+                                              2 * g->R * g->U + 3, "none", "p2p", g->rep, &err);
+            cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+            int *np = NULL;
+            cpc_op *b = loop_of(p, &np);
+            int att = index_of(p, b, *np, CPC_OP_ATTN_BWD, "q_seq", -1, 0);
+            cr_assert(att >= 0);
+            set_when(&b[att], right ? "s*s>=0" : "s*s!=9");
+            cpc_verify_bwd_stats sa;
+            double t0 = now_s();
+            cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
+            double dt = now_s() - t0;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "fallback %s (%s): mode %d, %d classes, %.2f ms: %s\n", g->what,
+                        right ? "s*s>=0" : "s*s!=9", (int)sa.mode, sa.classes, dt * 1e3, a ? a->message : "proven");
+            cr_expect_eq(a == NULL, right, "%s (%s): %s", g->what, right ? "s*s>=0" : "s*s!=9",
+                         a ? a->message : "proven");
+            cr_expect(right ? sa.classes > 0 : sa.classes == 0, "%s: %d classes", g->what, sa.classes);
+            cr_expect(dt < 1.0, "%s: %.2f s", g->what, dt);
+            if (g->R * g->U <= 256) {
+                cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+                cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+                cr_expect_eq(e == NULL, right, "%s: the enumeration says %s", g->what, e ? e->message : "proven");
+                cpc_status_free(e);
+            }
+            cpc_status_free(a);
+            cpc_program_free(p);
+        }
+}
+
+/* ---- a head part received from another member (main's fix of 4c9df2c) ---- */
+
+/* Inserts at the top of the loop body, on step 0: send X to ulysses member
+ * `ps`, recv Y from `pr`, wait, swap X and Y: X then holds what member pr
+ * sent of its own X. */
+static void insert_exchange(cpc_program *p, const char *X, const char *Y, const char *ps, const char *pr,
+                            bool after_loop)
+{
+    int *np = NULL;
+    cpc_op *b = loop_of(p, &np);
+    cr_assert_not_null(b);
+    if (after_loop) { /* before the first heads_to_seq instead, every op unguarded */
+        int at = -1;
+        for (int j = 0; j < p->n_ops && at < 0; j++)
+            if (p->ops[j].kind == CPC_OP_ALL_TO_ALL && p->ops[j].dir == CPC_A2A_HEADS_TO_SEQ)
+                at = j;
+        cr_assert(at >= 0);
+        int n = p->n_ops, bx = cpc_program_find_buffer(p, X), by = cpc_program_find_buffer(p, Y);
+        cr_assert(bx >= 0 && by >= 0);
+        cpc_op *v = realloc(p->ops, sizeof *v * (size_t)(n + 4));
+        cr_assert_not_null(v);
+        memmove(&v[at + 4], &v[at], sizeof *v * (size_t)(n - at));
+        memset(&v[at], 0, sizeof *v * 4);
+        v[at] = (cpc_op){.kind = CPC_OP_SEND, .group = CPC_GROUP_ULYSSES, .n_in = 1, .in = {bx}, .tag = 7};
+        v[at].peer = expr_of(ps);
+        v[at + 1] = (cpc_op){.kind = CPC_OP_RECV, .group = CPC_GROUP_ULYSSES, .n_out = 1, .out = {by}, .tag = 7};
+        v[at + 1].peer = expr_of(pr);
+        v[at + 1].block = expr_of("r");
+        v[at + 2] = (cpc_op){.kind = CPC_OP_WAIT, .tag = 7};
+        v[at + 3] = (cpc_op){.kind = CPC_OP_SWAP, .n_in = 2, .in = {bx, by}};
+        p->ops = v;
+        p->n_ops = n + 4;
+        return;
+    }
+    int n = *np, bx = cpc_program_find_buffer(p, X), by = cpc_program_find_buffer(p, Y);
+    cr_assert(bx >= 0 && by >= 0);
+    cpc_op *v = realloc(b, sizeof *v * (size_t)(n + 4));
+    cr_assert_not_null(v);
+    memmove(&v[4], &v[0], sizeof *v * (size_t)n);
+    memset(v, 0, sizeof *v * 4);
+    v[0] = (cpc_op){.kind = CPC_OP_SEND, .group = CPC_GROUP_ULYSSES, .n_in = 1, .in = {bx}, .tag = 7};
+    v[0].peer = expr_of(ps);
+    v[1] = (cpc_op){.kind = CPC_OP_RECV, .group = CPC_GROUP_ULYSSES, .n_out = 1, .out = {by}, .tag = 7};
+    v[1].peer = expr_of(pr);
+    v[1].block = expr_of("r");
+    v[2] = (cpc_op){.kind = CPC_OP_WAIT, .tag = 7};
+    v[3] = (cpc_op){.kind = CPC_OP_SWAP, .n_in = 2, .in = {bx, by}};
+    for (int i = 0; i < 4; i++)
+        v[i].when = expr_of("s==0");
+    for (int j = 0; j < p->n_ops; j++)
+        if (p->ops[j].kind == CPC_OP_LOOP) {
+            p->ops[j].body = v;
+            p->ops[j].n_body = n + 4;
+        }
+}
+
+Test(attack_u, head_part_from_another_member)
+{
+    static const struct {
+        pgeo g;
+        const char *ps, *pr;
+        int wrong; /* 1 wrong, 0 right (the same K/V heads arrive) */
+        bool dk;   /* after the loop: dk_cur (the partial dK) exchanged, not K on step 0 */
+    } rows[] = {
+        /* the partial dK of a K/V head two members share, swapped between them: the sum
+         * heads_to_seq makes is the same (right); with members of other groups, wrong */
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: partial dK swapped with the partner"}, "u+1-2*(u%2)",
+         "u+1-2*(u%2)", 0, true},
+        {{2, 3, 4, 8, 1, 0, "unified 3x4 H 8 Hkv 1: partial dK rotated over the members"}, "(u+1)%U", "(u-1)%U", 0,
+         true},
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: partial dK from the previous member"}, "(u+1)%U", "(u-1)%U", 1,
+         true},
+        {{2, 1024, 4, 8, 2, 0, "unified 1024x4 H 8 Hkv 2: partial dK from the previous member"}, "(u+1)%U",
+         "(u-1)%U", 1, true},
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: K from the previous member"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 3, 4, 8, 2, 0, "unified 3x4 H 8 Hkv 2: K from the partner in its group"}, "u+1-2*(u%2)", "u+1-2*(u%2)", 0, false},
+        {{2, 3, 4, 8, 1, 0, "unified 3x4 H 8 Hkv 1: the one K head from the previous member"}, "(u+1)%U", "(u-1)%U", 0, false},
+        {{2, 3, 4, 4, 4, 0, "unified 3x4 H 4 Hkv 4: K parts of one head each"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 3, 5, 12, 4, 0, "unified 3x5 H 12 Hkv 4: K parts of other sizes"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 3, 4, 16, 2, 0, "unified 3x4 H 16 Hkv 2: K from two members on"}, "(u+2)%U", "(u+2)%U", 1, false},
+        {{2, 1024, 4, 8, 2, 0, "unified 1024x4 H 8 Hkv 2: K from the previous member"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 1024, 4, 4, 4, 0, "unified 1024x4 H 4 Hkv 4: K parts of one head each"}, "(u+1)%U", "(u-1)%U", 1, false},
+        {{2, 300, 5, 12, 4, 0, "unified 300x5 H 12 Hkv 4: K parts of other sizes"}, "(u+1)%U", "(u-1)%U", 1, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const pgeo *g = &rows[i].g;
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3,
+                                          "none", "p2p", 0, &err);
+        cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+        if (rows[i].dk)
+            insert_exchange(p, "dk_cur", "dk_blk", rows[i].ps, rows[i].pr, true);
+        else
+            insert_exchange(p, "k_cur", "k_nxt", rows[i].ps, rows[i].pr, false);
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, NULL);
+        if (getenv("CPC_ATTACK_VERBOSE"))
+            fprintf(stderr, "exchange %s: %s\n", g->what, a ? a->message : "proven");
+        if (rows[i].wrong)
+            cr_expect_not_null(a, "UNSOUND: %s: proven", g->what);
+        if (!a && g->R * g->U <= 12) { /* proven: the CPU executor must agree */
+            nrow w = {g->v, g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3, 0, "none", "p2p", g->what};
+            cpc_run_report rep;
+            cpc_status *st = numeric_run_u(&w, p, 20261204u + i, &rep);
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "exchange %s: run %s, rel_err %.2g %.2g %.2g\n", g->what, st ? st->message : "done",
+                        rep.bwd_rel_err[0], rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+            cr_expect(!st && rep.bwd_checked && rep.bwd_pass, "UNSOUND: %s: proven, the run %s (rel_err %.3g %.3g %.3g)",
+                      g->what, st ? st->message : "is wrong", rep.bwd_rel_err[0], rep.bwd_rel_err[1],
+                      rep.bwd_rel_err[2]);
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        }
+        if (g->R * g->U <= 256) {
+            cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+            cpc_status *e = cpc_verify_backward_ex(p, &eo, NULL);
+            cr_expect_eq(e != NULL, a != NULL, "%s: default %s, enumeration %s", g->what, a ? a->message : "proven",
+                         e ? e->message : "proven");
+            if (rows[i].wrong)
+                cr_expect_not_null(e, "%s: the enumeration proves it", g->what);
+            cpc_status_free(e);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+}
+
+/* Exchanges between ulysses members fuzzed: a role-matched pair of buffers
+ * (K, V, the partial dK/dV), on step 0 of the ring loop or before the
+ * heads_to_seq, with peers from a list (some inconsistent: deadlocks), in
+ * small unified worlds with GQA; every proven one runs on the CPU executor
+ * and must match the float64 reference.  CPC_ATTACK_U_XCH sets the count. */
+Test(attack_u, exchanges_between_members_judged_numerically)
+{
+    static const pgeo geos[] = {
+        {2, 2, 4, 8, 2, 0, "unified 2x4 H 8 Hkv 2"}, {2, 2, 4, 8, 1, 0, "unified 2x4 H 8 Hkv 1"},
+        {2, 2, 4, 8, 4, 0, "unified 2x4 H 8 Hkv 4"}, {2, 2, 3, 6, 3, 0, "unified 2x3 H 6 Hkv 3"},
+        {2, 3, 4, 12, 3, 0, "unified 3x4 H 12 Hkv 3"}, {2, 2, 4, 16, 2, 0, "unified 2x4 H 16 Hkv 2"},
+        {2, 2, 3, 12, 4, 0, "unified 2x3 H 12 Hkv 4"},
+    };
+    static const char *const pairs[][2] = {{"k_cur", "k_nxt"}, {"v_cur", "v_nxt"}, {"dk_cur", "dk_blk"},
+                                           {"dv_cur", "dv_blk"}};
+    static const char *const peers[][2] = {{"(u+1)%U", "(u-1)%U"}, {"u+1-2*(u%2)", "u+1-2*(u%2)"},
+                                           {"(u+2)%U", "(u+2)%U"},   {"(u+2)%U", "(u-2)%U"},
+                                           {"u", "u"},               {"(u+1)%U", "(u+1)%U"},
+                                           {"(U-1-u)", "(U-1-u)"},   {"(u+3)%U", "(u-3)%U"}};
+    const char *env = getenv("CPC_ATTACK_U_XCH");
+    int rounds = env ? atoi(env) : 120;
+    const uint64_t seeds[2] = {20261205u, test_seed()};
+    int proven = 0, right = 0, refused = 0;
+    for (int k = 0; k < rounds; k++) {
+        fz z = {seeds[k < rounds / 2 ? 0 : 1], (uint32_t)(7000000 + k), 0};
+        const pgeo *g = &geos[fz_rn(&z, sizeof geos / sizeof geos[0])];
+        int pi = (int)fz_rn(&z, 4), qi = (int)fz_rn(&z, 8);
+        bool after = pi >= 2 || fz_rn(&z, 4) == 0; /* the partial gradients only after the loop */
+        if (g->U < 4 && (qi == 1 || qi == 7)) /* partner / u+3: members 0..U-1 only */
+            qi = 0;
+        cpc_status *err = NULL;
+        cpc_program *p = test_bwd_program(vnames[g->v], vkinds[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3,
+                                          "none", "p2p", 0, &err);
+        cr_assert_not_null(p, "%s: %s", g->what, err ? err->message : "");
+        insert_exchange(p, pairs[pi][0], pairs[pi][1], peers[qi][0], peers[qi][1], after);
+        cpc_status *a = cpc_verify_backward_ex(p, NULL, NULL);
+        if (!a) {
+            proven++;
+            nrow w = {g->v, g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3, 0, "none", "p2p", g->what};
+            cpc_run_report rep;
+            cpc_status *st = numeric_run_u(&w, p, z.seed + (uint64_t)k, &rep);
+            bool ok = !st && rep.bwd_checked && rep.bwd_pass;
+            right += ok;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "xch %s: %s<-%s %s / %s%s: proven, run %s\n", g->what, pairs[pi][0], pairs[pi][1],
+                        peers[qi][0], peers[qi][1], after ? " after the loop" : " on step 0",
+                        st ? st->message : ok ? "right" : "WRONG");
+            cr_expect(ok, "UNSOUND: seed %llu round %d: %s: %s exchanged (%s / %s%s): proven, the run %s (rel_err %.3g "
+                          "%.3g %.3g)",
+                      (unsigned long long)z.seed, k, g->what, pairs[pi][0], peers[qi][0], peers[qi][1],
+                      after ? ", after the loop" : ", on step 0", st ? st->message : "is wrong", rep.bwd_rel_err[0],
+                      rep.bwd_rel_err[1], rep.bwd_rel_err[2]);
+            cpc_status_free(st);
+            cpc_run_report_clear(&rep);
+        } else {
+            refused++;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "xch %s: %s<-%s %s / %s%s: %s\n", g->what, pairs[pi][0], pairs[pi][1], peers[qi][0],
+                        peers[qi][1], after ? " after the loop" : " on step 0", a->message);
+        }
+        cpc_status_free(a);
+        cpc_program_free(p);
+    }
+    fprintf(stderr, "attack_u exchanges: %d programs, %d proven (%d ran right), %d refused\n", rounds, proven, right,
+            refused);
+    cr_expect(proven > 0 && refused > 0, "the exchanges are not all one verdict (%d proven, %d refused)", proven,
+              refused);
+}
+
+/* ---- tampered artifacts beyond the enumeration (what cprun and cpc.load read) ---- */
+
+/* The artifact text of geometry g's training plan (forward and backward
+ * programs, as cpc writes it); caller frees. */
+static char *artifact_text(const pgeo *g)
+{
+    cpc_status *err = NULL;
+    cpc_plan *plan = test_train_plan(vnames[g->v], g->R, g->U, g->H, g->Hkv, 2 * g->R * g->U + 3, "none", "p2p",
+                                     g->rep, &err);
+    cr_assert_not_null(plan, "%s: %s", g->what, err ? err->message : "");
+    cpc_program *f = NULL, *b = NULL;
+    cpc_status *st = cpc_schedule_build(plan, vkinds[g->v], g->R, g->U, &f);
+    if (!st)
+        st = cpc_schedule_build_backward(plan, vkinds[g->v], g->R, g->U, &b);
+    cr_assert_null(st, "%s: %s", g->what, st ? st->message : "");
+    cpc_artifact *a = NULL;
+    st = cpc_artifact_create(plan, f, &a);
+    if (!st)
+        st = cpc_artifact_set_backward(a, b);
+    cr_assert_null(st, "%s: %s", g->what, st ? st->message : "");
+    char *t = NULL;
+    size_t len = 0;
+    st = cpc_artifact_to_string(a, &t, &len);
+    cr_assert_null(st, "%s: %s", g->what, st ? st->message : "");
+    cpc_artifact_free(a);
+    cpc_program_free(f);
+    cpc_program_free(b);
+    cpc_plan_free(plan);
+    return t;
+}
+
+/* Replaces the first `from` in *t's backward_schedule by `to`; false if absent. */
+static bool bwd_replace(char **t, const char *from, const char *to)
+{
+    char *bwd = strstr(*t, "\nbackward_schedule:\n");
+    cr_assert_not_null(bwd);
+    char *at = strstr(bwd, from);
+    if (!at)
+        return false;
+    size_t pre = (size_t)(at - *t), fl = strlen(from), tl = strlen(to), n = strlen(*t);
+    char *x = malloc(n - fl + tl + 1);
+    cr_assert_not_null(x);
+    memcpy(x, *t, pre);
+    memcpy(x + pre, to, tl);
+    memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
+    free(*t);
+    *t = x;
+    return true;
+}
+
+/* The content hash recomputed, as a careful hand editor would; then loaded
+ * with cpc_artifact_load (the prover runs on load). */
+static cpc_status *load_rehashed(char *t)
+{
+    char *h = strstr(t, "content_hash: sha256:");
+    cr_assert_not_null(h);
+    h += strlen("content_hash: sha256:");
+    memset(h, '0', 64);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    cr_assert_eq(EVP_Digest(t, strlen(t), md, &n, EVP_sha256(), NULL), 1);
+    for (unsigned i = 0; i < 32; i++) {
+        char two[3];
+        snprintf(two, sizeof two, "%02x", md[i]);
+        memcpy(h + 2 * i, two, 2);
+    }
+    char path[] = "/tmp/cpc_test_attack_u_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    cr_assert_not_null(f);
+    fputs(t, f);
+    fclose(f);
+    cpc_artifact *a = NULL;
+    cpc_status *st = cpc_artifact_load(path, &a);
+    unlink(path);
+    if (!cpc_status_has_error(st))
+        cpc_artifact_free(a);
+    return st;
+}
+
+Test(attack_u, tampered_artifacts_beyond_enumeration)
+{
+    static const pgeo geos[] = {
+        {0, 1, 1000, 1003, 17, 0, "ulysses_anything 1x1000 H 1003 Hkv 17"},
+        {0, 1, 40000, 65536, 32768, 0, "ulysses_anything 1x40000 H 65536 Hkv 32768"},
+        {2, 2, 300, 301, 1, 5, "unified 2x300 H 301 Hkv 1, a replicated text"},
+    };
+    static const struct {
+        const char *from, *to, *what;
+    } edits[] = {
+        {NULL, NULL, "unedited"},
+        {"dir: heads_to_seq, reduce: sum, in: [dk_cur]", "dir: heads_to_seq, in: [dk_cur]", "dk placed (no reduce)"},
+        {"in: [dq_seq], out: [dq]}", "in: [dq_seq], out: [dq], when: 0}", "dq never brought back"},
+        {"out: [dq_seq, dk_cur, dv_cur]}", "out: [dq_seq, dk_cur, dv_cur], when: 0}", "attn_bwd dropped"},
+        {"out: [dq_seq, dk_blk, dv_blk]}", "out: [dq_seq, dk_blk, dv_blk], when: s>0}", "attn_bwd skipped on step 0"},
+        {"do_seq, lse, delta]", "do_seq, delta, lse]", "lse and delta swapped"},
+        {"in: [dk_out, dv_out], tag: 1}", "in: [dk_out, dv_out], tag: 0}", "dK/dV sent on K/V's tag"},
+    };
+    int n = 0;
+    for (size_t gi = 0; gi < sizeof geos / sizeof geos[0]; gi++) {
+        char *base = artifact_text(&geos[gi]);
+        for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
+            char *t = strdup(base);
+            cr_assert_not_null(t);
+            if (edits[e].from && !bwd_replace(&t, edits[e].from, edits[e].to)) {
+                free(t);
+                continue;
+            }
+            n++;
+            double t0 = now_s();
+            cpc_status *st = load_rehashed(t);
+            double dt = now_s() - t0;
+            if (getenv("CPC_ATTACK_VERBOSE"))
+                fprintf(stderr, "artifact %s: %s: %.1f ms: %s\n", geos[gi].what, edits[e].what, dt * 1e3,
+                        st ? st->message : "loaded");
+            if (!edits[e].from) {
+                cr_expect(!cpc_status_has_error(st), "%s: the untampered artifact: %s", geos[gi].what,
+                          st ? st->message : "");
+            } else {
+                cr_expect(cpc_status_has_error(st), "UNSOUND: %s: '%s' loaded", geos[gi].what, edits[e].what);
+                if (cpc_status_has_error(st))
+                    cr_expect_eq(st->rule, 51, "%s: '%s': rule %d: %s", geos[gi].what, edits[e].what, st->rule,
+                                 st->message);
+            }
+            cr_expect(dt < 2.0, "%s: '%s': %.2f s", geos[gi].what, edits[e].what, dt);
+            cpc_status_free(st);
+            free(t);
+        }
+        free(base);
+    }
+    cr_expect(n >= 15, "%d tampered artifacts", n);
 }
