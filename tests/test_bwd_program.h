@@ -1,16 +1,22 @@
 /*
  * test_bwd_program.h - the backward (training) program cpc builds for a
  * small plan, for the backward prover's tests (test_verify_bwd.c,
- * test_verify_attack.c).  Header-only (static functions): tests only.
+ * test_verify_attack.c, test_verify_attack_u.c), a run of such a program on
+ * the CPU executor, and an edit of an artifact's backward_schedule text.
+ * Header-only (static functions): tests only.
  */
 #ifndef CPC_TEST_BWD_PROGRAM_H
 #define CPC_TEST_BWD_PROGRAM_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "plan_load.h"
 #include "program.h"
+#include "run.h"
 #include "schedule_bwd.h"
 
 /* The training plan behind test_bwd_program (the arguments as there):
@@ -64,6 +70,74 @@ static inline cpc_program *test_bwd_program(const char *variant, cpc_variant v, 
         return NULL;
     }
     return prog;
+}
+
+/* Runs backward program `bwd` (copied) in place of the one cpc builds, after
+ * the forward of the training plan of test_train_plan's arguments (v: the
+ * variant as enum), once, on R*U rank threads over the local transport with
+ * the CPU backend, on fresh random inputs from `seed` (the job layer's
+ * Philox streams), checked against the float64 reference (run.h
+ * cpc_job_run; fp32: 1e-5), a stalled rank failing after timeout_s.  The
+ * program is not proven again: this is a prover's verdict against the
+ * numbers.  Returns the run's error (caller frees), or NULL with *rep
+ * filled (caller clears with cpc_run_report_clear; zeroed first). */
+static inline cpc_status *test_bwd_run(const char *variant, cpc_variant v, int R, int U, int H, int Hkv, int tokens,
+                                       const char *mask, const char *rotate, int rep, const cpc_program *bwd,
+                                       uint64_t seed, double timeout_s, cpc_run_report *out)
+{
+    cpc_status *st = NULL;
+    memset(out, 0, sizeof *out);
+    cpc_plan *plan = test_train_plan(variant, R, U, H, Hkv, tokens, mask, rotate, rep, &st);
+    if (!plan)
+        return st;
+    cpc_job *job = NULL;
+    st = cpc_job_from_plan(plan, v, R, U, &job);
+    if (!job || cpc_status_has_error(st)) {
+        cpc_job_free(job);
+        cpc_plan_free(plan);
+        return st ? st : cpc_error(CPC_E_INTERNAL, "job: not made");
+    }
+    cpc_status_free(st);
+    cpc_program_free(job->bwd);
+    job->bwd = NULL;
+    if ((st = cpc_program_clone(bwd, &job->bwd))) {
+        cpc_job_free(job);
+        cpc_plan_free(plan);
+        return st;
+    }
+    cpc_run_options o;
+    cpc_run_options_default(&o);
+    o.backend = "cpu";
+    o.transport = "local";
+    o.seed = seed;
+    o.warmup = 0;
+    o.iters = 1;
+    o.timeout_s = timeout_s;
+    st = cpc_job_run(job, &o, out, NULL);
+    cpc_job_free(job);
+    cpc_plan_free(plan);
+    return st;
+}
+
+/* Replaces the first `from` in artifact text *t's backward_schedule by `to`
+ * (*t realloc'd); false when the text has no backward_schedule or no `from`
+ * there, or out of memory (*t unchanged). */
+static inline bool test_bwd_text_replace(char **t, const char *from, const char *to)
+{
+    char *bwd = strstr(*t, "\nbackward_schedule:\n");
+    char *at = bwd ? strstr(bwd, from) : NULL;
+    if (!at)
+        return false;
+    size_t pre = (size_t)(at - *t), fl = strlen(from), tl = strlen(to), n = strlen(*t);
+    char *x = malloc(n - fl + tl + 1);
+    if (!x)
+        return false;
+    memcpy(x, *t, pre);
+    memcpy(x + pre, to, tl);
+    memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
+    free(*t);
+    *t = x;
+    return true;
 }
 
 #endif

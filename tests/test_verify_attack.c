@@ -2440,29 +2440,8 @@ Test(attack, fuzz_loop_bodies)
 static cpc_status *numeric_run(const struct fz_row *w, const char *mask, const cpc_program *bwd, uint64_t seed,
                                cpc_run_report *rep)
 {
-    cpc_status *err = NULL;
-    memset(rep, 0, sizeof *rep);
-    cpc_plan *plan = test_train_plan(w->name, w->R, w->U, w->H, w->Hkv, w->tokens, mask, w->rotate, w->rep, &err);
-    cr_assert_not_null(plan, "%s %dx%d: %s", w->name, w->R, w->U, err ? err->message : "");
-    cpc_job *job = NULL;
-    cpc_status *st = cpc_job_from_plan(plan, w->v, w->R, w->U, &job);
-    cr_assert(job && !cpc_status_has_error(st), "%s %dx%d: %s", w->name, w->R, w->U, st ? st->message : "");
-    cpc_status_free(st);
-    cpc_program_free(job->bwd);
-    job->bwd = NULL;
-    cr_assert_null(cpc_program_clone(bwd, &job->bwd));
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.backend = "cpu";
-    o.transport = "local";
-    o.seed = seed;
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 30;
-    st = cpc_job_run(job, &o, rep, NULL);
-    cpc_job_free(job);
-    cpc_plan_free(plan);
-    return st;
+    return test_bwd_run(w->name, w->v, w->R, w->U, w->H, w->Hkv, w->tokens, mask, w->rotate, w->rep, bwd, seed, 30,
+                        rep);
 }
 
 /* Whether a completed run matches the reference: the forward's out and the

@@ -994,30 +994,8 @@ typedef struct nrow {
  * CPU executor (local transport, seed): the run's report in *rep. */
 static cpc_status *numeric_run_u(const nrow *w, const cpc_program *bwd, uint64_t seed, cpc_run_report *rep)
 {
-    cpc_status *err = NULL;
-    memset(rep, 0, sizeof *rep);
-    cpc_plan *plan = test_train_plan(vnames[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, w->mask, w->rotate, w->rep,
-                                     &err);
-    cr_assert_not_null(plan, "%s: %s", w->what, err ? err->message : "");
-    cpc_job *job = NULL;
-    cpc_status *st = cpc_job_from_plan(plan, vkinds[w->v], w->R, w->U, &job);
-    cr_assert(job && !cpc_status_has_error(st), "%s: %s", w->what, st ? st->message : "");
-    cpc_status_free(st);
-    cpc_program_free(job->bwd);
-    job->bwd = NULL;
-    cr_assert_null(cpc_program_clone(bwd, &job->bwd));
-    cpc_run_options o;
-    cpc_run_options_default(&o);
-    o.backend = "cpu";
-    o.transport = "local";
-    o.seed = seed;
-    o.warmup = 0;
-    o.iters = 1;
-    o.timeout_s = 20;
-    st = cpc_job_run(job, &o, rep, NULL);
-    cpc_job_free(job);
-    cpc_plan_free(plan);
-    return st;
+    return test_bwd_run(vnames[w->v], vkinds[w->v], w->R, w->U, w->H, w->Hkv, w->tokens, w->mask, w->rotate, w->rep,
+                        bwd, seed, 20, rep);
 }
 
 /* Only the edits that keep every operand's role (reduce / direction flipped,
@@ -1458,24 +1436,6 @@ static char *artifact_text(const pgeo *g)
     return t;
 }
 
-/* Replaces the first `from` in *t's backward_schedule by `to`; false if absent. */
-static bool bwd_replace(char **t, const char *from, const char *to)
-{
-    char *bwd = strstr(*t, "\nbackward_schedule:\n");
-    cr_assert_not_null(bwd);
-    char *at = strstr(bwd, from);
-    if (!at)
-        return false;
-    size_t pre = (size_t)(at - *t), fl = strlen(from), tl = strlen(to), n = strlen(*t);
-    char *x = malloc(n - fl + tl + 1);
-    cr_assert_not_null(x);
-    memcpy(x, *t, pre);
-    memcpy(x + pre, to, tl);
-    memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
-    free(*t);
-    *t = x;
-    return true;
-}
 
 /* The content hash recomputed, as a careful hand editor would; then loaded
  * with cpc_artifact_load (the prover runs on load). */
@@ -1532,7 +1492,7 @@ Test(attack_u, tampered_artifacts_beyond_enumeration)
         for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
             char *t = strdup(base);
             cr_assert_not_null(t);
-            if (edits[e].from && !bwd_replace(&t, edits[e].from, edits[e].to)) {
+            if (edits[e].from && !test_bwd_text_replace(&t, edits[e].from, edits[e].to)) {
                 free(t);
                 continue;
             }

@@ -28,6 +28,9 @@
 #include "verify.h"
 #include "verify_bwd.h"
 
+#include "test_bwd_program.h"
+#include "test_random.h"
+
 static void fail_status(const char *what, cpc_status *st)
 {
     char *m = cpc_status_format(st, "t");
@@ -66,22 +69,6 @@ static char *training_text_masked(int P, const char *mask, size_t *len)
     return t;
 }
 
-/* Replaces the first occurrence of `from` in *t's backward_schedule by `to`
- * (realloc'd). */
-static void replace(char **t, const char *from, const char *to)
-{
-    char *bwd = strstr(*t, "\nbackward_schedule:\n");
-    cr_assert_not_null(bwd);
-    char *at = strstr(bwd, from);
-    cr_assert_not_null(at, "tamper: '%s' is not in the artifact", from);
-    size_t pre = (size_t)(at - *t), fl = strlen(from), tl = strlen(to), n = strlen(*t);
-    char *x = malloc(n - fl + tl + 1);
-    memcpy(x, *t, pre);
-    memcpy(x + pre, to, tl);
-    memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
-    free(*t);
-    *t = x;
-}
 
 /* Recomputes the content hash of an edited text (as a careful hand editor would). */
 static void rehash(char *t)
@@ -107,7 +94,7 @@ static cpc_status *load_tampered_masked(const char *mask, const char *const *edi
     size_t len;
     char *t = training_text_masked(4, mask, &len);
     for (int i = 0; edits[i]; i += 2)
-        replace(&t, edits[i], edits[i + 1]);
+        cr_assert(test_bwd_text_replace(&t, edits[i], edits[i + 1]), "tamper: '%s' is not in the artifact", edits[i]);
     rehash(t);
     char path[] = "/tmp/cpc_test_verify_bwd_XXXXXX";
     int fd = mkstemp(path);
@@ -256,9 +243,6 @@ Test(verify_bwd, request_never_waited)
 }
 
 /* ---- the two domains of the prover (verify_bwd.h) ------------------------------ */
-
-#include "test_bwd_program.h"
-#include "test_random.h"
 
 /* rep > 0: a text segment of rep tokens held whole by every rank (`split:
  * replicate`) before the sharded tokens. */
