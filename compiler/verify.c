@@ -83,7 +83,7 @@ static bool aval_copy(aval *dst, const aval *src)
 
 typedef struct req {
     union {
-        vc_rq h; /* the fields both forward domains share (verify_common.h); peer: the flat rank */
+        vc_rq h; /* the fields every domain shares (verify_common.h); peer: the flat rank */
         struct {
             VC_RQ_FIELDS;
         };

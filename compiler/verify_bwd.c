@@ -1052,11 +1052,6 @@ static cpc_status *run_ring_coll(vb *V, int u)
     return NULL;
 }
 
-/* Executes the all_reduce every rank has reached: the sum of every rank's
- * contributions, on every rank (symmetric domain: the sum over the ring of
- * the rotations of each member's set; each element (q, k) of member u then
- * counts once for every query block q, and must be the cross-attention's
- * single key unit). */
 /* Adds run y as every simulated rank's rotations hold it: itself, or with
  * usym (ROTATIONS OF U) once per member u, its heads moved by u*w (mod H);
  * a run over member 0's part [0, w) gives one run over every head. */
@@ -1069,23 +1064,17 @@ static bool add_members(vb *V, cset *c, run y)
         y.hn = V->nh;
         return cs_add_run(V, c, y);
     }
-    for (int u = 0; u < V->U; u++) {
-        run z = y;
-        z.h0 = (int32_t)(((int64_t)y.h0 + (int64_t)u * w) % V->nh);
-        if (z.h0 + z.hn > V->nh) { /* wraps past the last head */
-            run t = z;
-            t.h0 = 0;
-            t.hn = z.h0 + z.hn - V->nh;
-            z.hn = V->nh - z.h0;
-            if (!cs_add_run(V, c, t))
-                return false;
-        }
-        if (!cs_add_run(V, c, z))
+    for (int u = 0; u < V->U; u++)
+        if (!uc_add_moved(V, c, y, (int64_t)u * w))
             return false;
-    }
     return true;
 }
 
+/* Executes the all_reduce every rank has reached: the sum of every rank's
+ * contributions, on every rank (symmetric domain: the sum over the ring of
+ * the rotations of each member's set; each element (q, k) of member u then
+ * counts once for every query block q, and must be the cross-attention's
+ * single key unit). */
 static cpc_status *run_all_reduce(vb *V)
 {
     const xop *x0 = &V->ro[0].v[V->pc[0]];

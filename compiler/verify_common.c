@@ -720,7 +720,7 @@ vc_tri vc_output(const vc_domain *d, int b, char *msg, size_t n)
 
 static vc_tri vc_wait(const vc_domain *d, int tag, char *msg, size_t n);
 
-/* A collective on a forward domain: its inputs are read, then it runs when
+/* A collective on any domain: its inputs are read, then it runs when
  * every member is here (the domain's meet; at once without one). */
 static vc_tri vc_collective(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
 {
@@ -770,7 +770,7 @@ vc_tri vc_step(const vc_domain *d, const cpc_op *op, char *msg, size_t n)
     }
 }
 
-/* ---- the forward domains' message layer and diagnostics ----------------------------------- */
+/* ---- every domain's message layer and diagnostics ------------------------------------------ */
 
 const char *vc_op_desc(const vc_node *nd, int64_t slo, int64_t shi, char *buf, size_t n)
 {

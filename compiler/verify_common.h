@@ -165,7 +165,7 @@ static inline vc_tri vc_and(vc_tri a, vc_tri b)
     return a == VC_NO || b == VC_NO ? VC_NO : a == VC_YES && b == VC_YES ? VC_YES : VC_UNDECIDED;
 }
 
-/* The part of an abstract value every forward domain shares; each domain's
+/* The part of an abstract value every domain shares; each domain's
  * value type begins with these fields (VC_VAL_FIELDS in an anonymous union
  * with a vc_val `h`), so the step reads and sets them directly.  Geometry
  * (tokens, heads, keys met) is the domain's own representation, reached
@@ -194,7 +194,8 @@ typedef struct vc_domain {
     void *self;
     const char *(*name)(void *self, int b);              /* buffer b's name */
     vc_val *(*val)(void *self, int b);                   /* buffer b's value */
-    /* The forward geometry (NULL in a domain without attn/merge: backward). */
+    /* The forward geometry: attention results' tokens, heads and keys met (every domain; the
+     * backward one for recomputed attention, verify_bwd.h item 7). */
     const char *(*writer)(void *self, int b);            /* the op that last wrote b, in words */
     vc_val *(*tmp)(void *self, int j);                   /* scratch value j < CPC_OP_MAX_BUFS, emptied */
     bool (*copy)(void *self, vc_val *dst, const vc_val *src); /* dst := src; false: out of memory */

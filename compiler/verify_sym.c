@@ -90,7 +90,7 @@ typedef struct sval {
 
 typedef struct sreq {
     union {
-        vc_rq h; /* the fields both forward domains share (verify_common.h); peer -1 */
+        vc_rq h; /* the fields every domain shares (verify_common.h); peer -1 */
         struct {
             VC_RQ_FIELDS;
         };
