@@ -370,6 +370,10 @@ typedef struct cpc_verify_bwd_stats {
     int classes;           /* members simulated, one per class (CLASSES OF U); 0 when not used */
 } cpc_verify_bwd_stats;
 
+/* Proves backward program `prog` (borrowed, only read) as above, with the
+ * default options (cpc_verify_backward_ex with NULL opts and stats).
+ * Returns NULL when proven, else a new status (the caller's,
+ * cpc_status_free): CP051 naming the rank and op, or CPC_E_NOMEM. */
 cpc_status *cpc_verify_backward(const cpc_program *prog);
 /* As cpc_verify_backward, with options (NULL: defaults; `method` as for
  * cpc_verify_ex: AUTO, SYMBOLIC_ONLY = the symmetric domain or CP051,
