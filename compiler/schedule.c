@@ -19,6 +19,16 @@ static void init_acc(cpc_sb *b, cpc_sb_list l, int acc, int lse)
     cpc_sb_op(b, l, CPC_OP_INIT_ACC, NULL, NULL, CPC_BUFS(acc, lse));
 }
 
+/* With ulysses: declares `name` (role, ring block r x this member's heads)
+ * and fills it from `in` (the rank's shard, every head) by all_to_all
+ * seq_to_heads; its buffer index (-1 after a builder error). */
+static int heads_part(cpc_sb *b, cpc_sb_list l, int in, const char *name, cpc_buf_role role)
+{
+    int part = cpc_sb_buf(b, name, role, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
+    cpc_sb_to_heads(b, l, in, part);
+    return part;
+}
+
 /* Replicated segments (layout.h): their q/k/v (KV layout, the rank's heads:
  * q/k/v, or their PART copies with ulysses) and the accumulators of their
  * query rows.  q < 0: the plan has none. */
@@ -154,8 +164,7 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
     /* Query side of attention. */
     int qa = q;
     if (uly) {
-        qa = cpc_sb_buf(b, "q_seq", CPC_ROLE_Q, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-        cpc_sb_to_heads(b, top, q, qa);
+        qa = heads_part(b, top, q, "q_seq", CPC_ROLE_Q);
     }
 
     int acc = -1, lse = -1;
@@ -169,10 +178,8 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
             cpc_sb_copy(b, top, k, ka);
             cpc_sb_copy(b, top, v, va);
         } else if (uly) {
-            ka = cpc_sb_buf(b, "k_seq", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            va = cpc_sb_buf(b, "v_seq", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            cpc_sb_to_heads(b, top, k, ka);
-            cpc_sb_to_heads(b, top, v, va);
+            ka = heads_part(b, top, k, "k_seq", CPC_ROLE_K);
+            va = heads_part(b, top, v, "v_seq", CPC_ROLE_V);
         }
         acc = cpc_sb_buf(b, "acc", CPC_ROLE_ACC, qt, qh, CPC_IO_NONE);
         lse = cpc_sb_buf(b, "lse", CPC_ROLE_LSE, qt, qh, CPC_IO_NONE);
@@ -192,10 +199,8 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
     } else if (p2p) {
         int k_cur = k, v_cur = v;
         if (uly) {
-            k_cur = cpc_sb_buf(b, "k_cur", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            v_cur = cpc_sb_buf(b, "v_cur", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            cpc_sb_to_heads(b, top, k, k_cur);
-            cpc_sb_to_heads(b, top, v, v_cur);
+            k_cur = heads_part(b, top, k, "k_cur", CPC_ROLE_K);
+            v_cur = heads_part(b, top, v, "v_cur", CPC_ROLE_V);
         }
         int k_nxt = cpc_sb_buf(b, "k_nxt", CPC_ROLE_K, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
         int v_nxt = cpc_sb_buf(b, "v_nxt", CPC_ROLE_V, CPC_TOK_BLOCK, qh, CPC_IO_NONE);
@@ -208,10 +213,8 @@ cpc_status *cpc_schedule_build(const cpc_plan *plan, cpc_variant variant, int ri
     } else {
         int k_blk = k, v_blk = v;
         if (uly) {
-            k_blk = cpc_sb_buf(b, "k_blk", CPC_ROLE_K, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            v_blk = cpc_sb_buf(b, "v_blk", CPC_ROLE_V, CPC_TOK_BLOCK, CPC_HEADS_PART, CPC_IO_NONE);
-            cpc_sb_to_heads(b, top, k, k_blk);
-            cpc_sb_to_heads(b, top, v, v_blk);
+            k_blk = heads_part(b, top, k, "k_blk", CPC_ROLE_K);
+            v_blk = heads_part(b, top, v, "v_blk", CPC_ROLE_V);
         }
         int k_all = cpc_sb_buf(b, "k_all", CPC_ROLE_K, CPC_TOK_ALL, qh, CPC_IO_NONE);
         int v_all = cpc_sb_buf(b, "v_all", CPC_ROLE_V, CPC_TOK_ALL, qh, CPC_IO_NONE);
