@@ -2363,16 +2363,6 @@ static bool usym_class(const vb *V)
     return true;
 }
 
-static int gcd_int(int a, int b)
-{
-    while (b) {
-        int t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 static void uclass_free(uclasses *C)
 {
     for (int k = 0; k < 2; k++) {
@@ -2431,7 +2421,7 @@ static bool uclass_build(const vb *V, uclasses *C)
         R->cnt = rcnt[k];
         R->n = rn[k];
         R->a0 = (int)((int64_t)ru0[k] * (w + 1)); /* tensor_split: the first m0 members hold w + 1 heads */
-        R->T = Hkv == 1 ? 1 : g / gcd_int(R->n, g);
+        R->T = Hkv == 1 ? 1 : g / (int)vc_gcd(R->n, g);
         int nres = R->T < R->cnt ? R->T : R->cnt, inc = -1;
         R->rc = malloc((size_t)nres * sizeof *R->rc);
         if (!R->rc)

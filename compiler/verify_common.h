@@ -85,6 +85,20 @@ static inline int src_of_role(cpc_buf_role r)
     return c <= CPC_CONTENT_LSE ? (int)c : SRC_NONE;
 }
 
+/* The greatest common divisor of |a| and |b| (vc_gcd(0, 0) == 0; a and b
+ * above INT64_MIN).  Pure. */
+static inline int64_t vc_gcd(int64_t a, int64_t b)
+{
+    a = a < 0 ? -a : a;
+    b = b < 0 ? -b : b;
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 static inline bool src_is_kv(int s) { return s == SRC_K || s == SRC_V; }
 static inline bool src_is_attn(int s) { return s == SRC_O || s == SRC_LSE; }
 

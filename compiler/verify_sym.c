@@ -152,18 +152,6 @@ static int64_t md(int64_t x, int64_t m)
     return r < 0 ? r + m : r;
 }
 
-static int64_t gcd64(int64_t a, int64_t b)
-{
-    a = a < 0 ? -a : a;
-    b = b < 0 ? -b : b;
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* Inverse of x modulo m (gcd(x, m) == 1, m >= 1). */
 static int64_t inv_mod(int64_t x, int64_t m)
 {
@@ -201,7 +189,7 @@ static int zero_on(const sctx *C, int64_t da, int64_t db, int64_t dc, int64_t lo
         return MIXED; /* a in {0,1}: some r solves it, not every r */
     if (db == 0)
         return dc == 0 ? ALWAYS : NEVER;
-    int64_t g = gcd64(db, R), rhs = md(-dc, R);
+    int64_t g = vc_gcd(db, R), rhs = md(-dc, R);
     if (rhs % g)
         return NEVER;
     int64_t m = R / g;
@@ -796,7 +784,7 @@ static int disjoint(const sctx *C, const piece *np, const piece *ep)
     int64_t t0 = ep->lo.v, maxdiff = C->shi - 1 + k - t0;
     if (maxdiff < 1)
         return DJ_YES;
-    int64_t ord = C->R / gcd64(np->f.b ? np->f.b : C->R, C->R);
+    int64_t ord = C->R / vc_gcd(np->f.b ? np->f.b : C->R, C->R);
     return ord <= maxdiff ? DJ_OVERLAP : DJ_YES;
 }
 
