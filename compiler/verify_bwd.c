@@ -330,8 +330,7 @@ static cpc_status *cs_err(const vb *V)
 
 static int32_t md32(int64_t x, int64_t m)
 {
-    int64_t r = x % m;
-    return (int32_t)(r < 0 ? r + m : r);
+    return (int32_t)vc_mod(x, m); /* m: R, NQ, NK or H, all int */
 }
 
 /* x - y as the representative of smallest magnitude mod m. */

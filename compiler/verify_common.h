@@ -85,6 +85,13 @@ static inline int src_of_role(cpc_buf_role r)
     return c <= CPC_CONTENT_LSE ? (int)c : SRC_NONE;
 }
 
+/* x mod m in [0, m) (m >= 1).  Pure. */
+static inline int64_t vc_mod(int64_t x, int64_t m)
+{
+    int64_t r = x % m;
+    return r < 0 ? r + m : r;
+}
+
 /* The greatest common divisor of |a| and |b| (vc_gcd(0, 0) == 0; a and b
  * above INT64_MIN).  Pure. */
 static inline int64_t vc_gcd(int64_t a, int64_t b)

@@ -146,16 +146,10 @@ typedef struct sctx {
 
 /* ---- arithmetic ------------------------------------------------------------- */
 
-static int64_t md(int64_t x, int64_t m)
-{
-    int64_t r = x % m;
-    return r < 0 ? r + m : r;
-}
-
 /* Inverse of x modulo m (gcd(x, m) == 1, m >= 1). */
 static int64_t inv_mod(int64_t x, int64_t m)
 {
-    int64_t g = m, x1 = md(x, m), a = 0, b = 1;
+    int64_t g = m, x1 = vc_mod(x, m), a = 0, b = 1;
     if (m == 1)
         return 0;
     while (x1) {
@@ -166,12 +160,12 @@ static int64_t inv_mod(int64_t x, int64_t m)
         a = b;
         b = t;
     }
-    return md(a, m);
+    return vc_mod(a, m);
 }
 
 static aff aff_norm(const sctx *C, int64_t a, int64_t b, int64_t c)
 {
-    aff x = {md(a, C->R), md(b, C->R), md(c, C->R)};
+    aff x = {vc_mod(a, C->R), vc_mod(b, C->R), vc_mod(c, C->R)};
     return x;
 }
 
@@ -182,19 +176,19 @@ static int zero_on(const sctx *C, int64_t da, int64_t db, int64_t dc, int64_t lo
     int64_t R = C->R;
     if (R == 1)
         return ALWAYS;
-    da = md(da, R);
-    db = md(db, R);
-    dc = md(dc, R);
+    da = vc_mod(da, R);
+    db = vc_mod(db, R);
+    dc = vc_mod(dc, R);
     if (da != 0)
         return MIXED; /* a in {0,1}: some r solves it, not every r */
     if (db == 0)
         return dc == 0 ? ALWAYS : NEVER;
-    int64_t g = vc_gcd(db, R), rhs = md(-dc, R);
+    int64_t g = vc_gcd(db, R), rhs = vc_mod(-dc, R);
     if (rhs % g)
         return NEVER;
     int64_t m = R / g;
-    int64_t x = md((rhs / g) * inv_mod(db / g, m), m);
-    int64_t first = lo + md(x - lo, m);
+    int64_t x = vc_mod((rhs / g) * inv_mod(db / g, m), m);
+    int64_t first = lo + vc_mod(x - lo, m);
     if (first >= hi)
         return NEVER;
     return hi - lo == 1 ? ALWAYS : MIXED;
@@ -706,17 +700,17 @@ static int piece_cyc(const sctx *C, const piece *p, int64_t lo, int64_t hi, cyc 
     if (len > R)
         return CY_DUP;
     if (len == 1) {
-        out->st = md(p->f.b * md(lo, R) + p->f.c, R);
+        out->st = vc_mod(p->f.b * vc_mod(lo, R) + p->f.c, R);
         return CY_OK;
     }
     if (R == 1)
         return CY_DUP;
     if (p->f.b == 1) {
-        out->st = md(lo + p->f.c, R);
+        out->st = vc_mod(lo + p->f.c, R);
         return CY_OK;
     }
     if (p->f.b == R - 1) {
-        out->st = md(p->f.c - (hi - 1), R);
+        out->st = vc_mod(p->f.c - (hi - 1), R);
         return CY_OK;
     }
     return p->f.b == 0 ? CY_DUP : CY_UNK;
@@ -726,7 +720,7 @@ static bool cyc_overlap(const sctx *C, const cyc *x, const cyc *y)
 {
     if (x->len == 0 || y->len == 0)
         return false;
-    return md(y->st - x->st, C->R) < x->len || md(x->st - y->st, C->R) < y->len;
+    return vc_mod(y->st - x->st, C->R) < x->len || vc_mod(x->st - y->st, C->R) < y->len;
 }
 
 enum { DJ_YES = 0, DJ_OVERLAP, DJ_UNK };
@@ -957,7 +951,7 @@ static void each_sval(sctx *C, void (*fn)(sctx *, sval *))
 static void settle(sctx *C, sval *v)
 {
     if (!v->touched && v->tok == T_BLOCK && v->blk.b) {
-        v->blk.c = md(v->blk.c + v->blk.b * md(C->slo, C->R), C->R);
+        v->blk.c = vc_mod(v->blk.c + v->blk.b * vc_mod(C->slo, C->R), C->R);
         v->blk.b = 0;
     }
     for (int i = 0; i < v->npc; i++) {
@@ -975,7 +969,7 @@ static void settle(sctx *C, sval *v)
 static void advance(sctx *C, sval *v)
 {
     if (v->tok == T_BLOCK)
-        v->blk.c = md(v->blk.c - v->blk.b, C->R);
+        v->blk.c = vc_mod(v->blk.c - v->blk.b, C->R);
     for (int i = 0; i < v->npc; i++) {
         piece *p = &v->pc[i];
         if (p->lo.rel)
@@ -992,7 +986,7 @@ static void fold(sctx *C, sval *v)
 {
     int64_t N = C->slo;
     if (v->tok == T_BLOCK) {
-        v->blk.c = md(v->blk.c + v->blk.b * md(N, C->R), C->R);
+        v->blk.c = vc_mod(v->blk.c + v->blk.b * vc_mod(N, C->R), C->R);
         v->blk.b = 0;
     }
     for (int i = 0; i < v->npc; i++) {
@@ -1011,7 +1005,7 @@ static void adv_decl(sctx *C)
     sst *s = C->st;
     for (int i = 0; i < s->nreq; i++)
         if (!s->req[i].is_send)
-            s->req[i].decl.c = md(s->req[i].decl.c - s->req[i].decl.b, C->R);
+            s->req[i].decl.c = vc_mod(s->req[i].decl.c - s->req[i].decl.b, C->R);
 }
 
 static void fold_decl(sctx *C)
@@ -1020,7 +1014,7 @@ static void fold_decl(sctx *C)
     for (int i = 0; i < s->nreq; i++)
         if (!s->req[i].is_send) {
             aff *d = &s->req[i].decl;
-            d->c = md(d->c + d->b * md(C->slo, C->R), C->R);
+            d->c = vc_mod(d->c + d->b * vc_mod(C->slo, C->R), C->R);
             d->b = 0;
         }
 }
@@ -1313,7 +1307,7 @@ static vc_tri dom_covered(void *self, const vc_val *vv, const char *name, char *
     for (int64_t x = 0; x < C->R && miss < 0; x++) {
         bool in = false;
         for (int i = 0; i < n && !in; i++)
-            in = md(x - cs[i].st, C->R) < cs[i].len;
+            in = vc_mod(x - cs[i].st, C->R) < cs[i].len;
         if (!in)
             miss = x;
     }
@@ -1410,7 +1404,7 @@ static int eval_block(sctx *C, const snode *nd, const cpc_expr *e, aff *out)
                            cpc_expr_text(e), R - 1);
         }
     }
-    if (md(x.cu, R) != 0)
+    if (vc_mod(x.cu, R) != 0)
         return sund(C, nd, "block `%s` depends on the ulysses index", cpc_expr_text(e));
     aff a = aff_norm(C, x.cr, x.cs, x.c);
     if (a.a > 1)
@@ -1436,9 +1430,9 @@ static int eval_peer(sctx *C, const snode *nd, int64_t *d)
     if (!x.mod && x.cr == 1 && x.cu == 0 && x.cs == 0 && x.c != 0)
         return serr_at(C, nd, x.c > 0 ? R - 1 : 0, "peer %" PRId64 " (`%s`) is outside the %s group (size %" PRId64 ")",
                        x.c > 0 ? R - 1 + x.c : x.c, cpc_expr_text(e), cpc_group_name(op->group), R);
-    if (md(x.cr, R) != md(1, R) || md(x.cu, R) != 0 || md(x.cs, R) != 0 || (!x.mod && (x.cr != 1 || x.cu || x.cs)))
+    if (vc_mod(x.cr, R) != vc_mod(1, R) || vc_mod(x.cu, R) != 0 || vc_mod(x.cs, R) != 0 || (!x.mod && (x.cr != 1 || x.cu || x.cs)))
         return sund(C, nd, "peer `%s` is not a rotation of the ring ((r + constant) mod R)", cpc_expr_text(e));
-    *d = md(x.c, R);
+    *d = vc_mod(x.c, R);
     return 0;
 }
 
@@ -1488,7 +1482,7 @@ static void compact(sctx *C)
 static void translate(const sctx *C, sval *v, int64_t d)
 {
     if (v->tok == T_BLOCK)
-        v->blk.c = md(v->blk.c - v->blk.a * d, C->R);
+        v->blk.c = vc_mod(v->blk.c - v->blk.a * d, C->R);
     else if (v->tok == T_OWN && d != 0)
         v->tok = T_OTHER;
     /* (no coverage pieces: attention data does not travel point to point here) */
@@ -1532,7 +1526,7 @@ static vc_tri dom_post(void *self, const cpc_op *op)
     memset(q, 0, sizeof *q);
     q->h = (vc_rq){.peer = -1, .on = nd, .slo = C->slo, .shi = C->shi};
     q->d = d;
-    q->key = is_send ? d : md(-d, C->R);
+    q->key = is_send ? d : vc_mod(-d, C->R);
     q->decl = decl;
     vc_post(&C->dom, op, id); /* (copies: no allocation) */
     return post(C, id) ? VC_NO : VC_YES;
