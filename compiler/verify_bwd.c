@@ -1,4 +1,5 @@
-/* verify_bwd.c - enumeration prover of backward programs; see verify_bwd.h. */
+/* verify_bwd.c - the backward prover: the shared step (verify_common.h) on this file's domain,
+ * symmetric (any world size) or enumerated (every rank); see verify_bwd.h. */
 #include "verify_bwd.h"
 #include "verify_common.h"
 

@@ -19,8 +19,8 @@
  * gradient values.  Matching order, the collectives' rendezvous and what
  * their outputs hold (gradient sets) are the domain's, as in the forward
  * domains.
- * advance() (verify_bwd.c) executes one op
- * of one rank on an abstract state: per buffer its content tag, whether it
+ * advance() (verify_bwd.c) runs one rank's ops
+ * through that step until it blocks, on an abstract state: per buffer its content tag, whether it
  * is written, its provenance (program.h cpc_content) and, for DQ/DK/DV, the
  * multiset of (query block, key unit, query head) triples added into it
  * (query block: the ring block of the query rows, = shard p when U == 1;

@@ -1,4 +1,5 @@
-/* verify_common.c - the provers' shared rules, the op tree and the forward step (verify_common.h). */
+/* verify_common.c - the provers' shared rules, the op tree, the step and the message layer of
+ * every domain (verify_common.h). */
 #include "verify_common.h"
 
 #include "verify.h" /* CPC_RULE_VERIFY */
