@@ -243,10 +243,12 @@ typedef enum cpc_a2a_dir { CPC_A2A_SEQ_TO_HEADS = 0, CPC_A2A_HEADS_TO_SEQ, CPC_A
  * op kind, in one place, and read from here by every reader: the provers
  * (arity, groups, required fields: verify.c's shape checks; which kinds a
  * forward / backward program may use: CPC_OPF_FWD/BWD; operand access,
- * content, matching, lifetimes and tag rules: the backward prover,
- * verify_bwd.c), the per-rank walk (tag rules: cpc_op_out_tag), the
- * executor (its pending-request guard reads `in_access`/`out_access`; paired
- * ops run pair by pair by `same_in_out`; event classes CPC_OPF_COMM_TIME),
+ * content and matching: the step all three provers share, verify_common.c;
+ * lifetimes and out_content: the backward prover, verify_bwd.c), the
+ * per-rank walk (tag rules: cpc_op_out_tag), the executor (its
+ * pending-request guard reads `in_access`/`out_access`, its layout guard
+ * `in_content`/`out_content` through cpc_role_can_hold; paired ops run pair
+ * by pair by `same_in_out`; event classes CPC_OPF_COMM_TIME),
  * the Lua layer (names, fields), the cost model (host launches; the price
  * rule `cost`, on which cost.c dispatches; the tag rule for its content
  * tags). */
