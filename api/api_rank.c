@@ -137,6 +137,13 @@ static size_t elem_size(cpc_dtype d)
     return d == CPC_DTYPE_FP32 ? 4 : d == CPC_DTYPE_U8 ? 1 : 2;
 }
 
+/* Bytes per element of the caller's tensor `role` (cpc_tensor_role): the
+ * LSE fp32, the key padding mask one byte, the others the plan's dtype. */
+static size_t role_esz(const cpc_rank *r, int role)
+{
+    return role == CPC_TENSOR_LSE ? 4 : role == CPC_TENSOR_MASK ? 1 : r->esz;
+}
+
 /* Memory of the rank's tensors: host memory, or the CUDA backend's. */
 static void *rank_alloc(cpc_rank *r, size_t bytes)
 {
@@ -242,8 +249,7 @@ static cpc_status *rank_finish(const cpc_artifact *a, int p, cpc_transport *t,
         size_t n = 1;
         for (int i = 0; i < r->ndim[role]; i++)
             n *= (size_t)r->shape[role][i];
-        size_t es = role == CPC_TENSOR_LSE ? 4 : role == CPC_TENSOR_MASK ? 1 : r->esz;
-        r->bytes[role] = n * es;
+        r->bytes[role] = n * role_esz(r, role);
         if (role == CPC_TENSOR_MASK && !cpc_artifact_key_padding(a))
             continue;
         if (role >= CPC_TENSOR_DOUT && !a->backward)
@@ -747,8 +753,7 @@ static cpc_status *bind_inputs(cpc_rank *r, cpc_exec *ex, const cpc_tensor *cons
         int role = roles[i];
         const void *src = ts[i]->data;
         if (!contig[role]) {
-            strided_copy(ts[i], r->shape[role], r->ndim[role], role == CPC_TENSOR_LSE ? 4 : r->esz,
-                         r->stage[role], true);
+            strided_copy(ts[i], r->shape[role], r->ndim[role], role_esz(r, role), r->stage[role], true);
             src = r->stage[role];
         }
         cpc_status *st = cpc_exec_bind_input(ex, exec[i], src, r->bytes[role]);
