@@ -1150,7 +1150,7 @@ static cpc_status *price_reduce_scatter(pricer *pr, const cpc_op *op)
         int64_t per_tok = all / (tot > 0 ? tot : 1);
         int r = (int)pr->c.r;
         int64_t out = cpc_layout_block_tokens(L, r) * per_tok;
-        int64_t bytes = all - cpc_layout_block_tokens(L, r) * per_tok;
+        int64_t bytes = all - out; /* the other members' slices */
         collective(pr, CPC_GROUP_RING, L->R - 1, bytes, mem_time(pr, all) + mem_time(pr, out * L->R), bytes);
         if (all > pr->stage_send)
             pr->stage_send = all;
