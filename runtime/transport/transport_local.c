@@ -565,6 +565,14 @@ static cpc_status *barrier_locked(cpc_local_world *w, coll_group *c, int me, con
     return NULL;
 }
 
+/* This member reads no peer's buffers any more: one less inside (coll_leave's
+ * abort path waits for none).  w->mu held. */
+static void out_locked(cpc_local_world *w, coll_group *c)
+{
+    c->inside--;
+    pthread_cond_broadcast(&w->cv);
+}
+
 /* Publishes this member's slot and waits for every member: phase 1. */
 static cpc_status *coll_enter(endpoint *e, cpc_group g, const coll_slot *slot, coll_group **cg,
                               const char *what)
@@ -582,10 +590,8 @@ static cpc_status *coll_enter(endpoint *e, cpc_group g, const coll_slot *slot, c
         k0 = c->slots[0].kind;
         kj = c->slots[mm].kind;
     }
-    if (st || mm >= 0) { /* not reading anybody's buffers: out again */
-        c->inside--;
-        pthread_cond_broadcast(&w->cv);
-    }
+    if (st || mm >= 0) /* not reading anybody's buffers: out again */
+        out_locked(w, c);
     pthread_mutex_unlock(&w->mu);
     if (st)
         return st;
@@ -604,10 +610,8 @@ static cpc_status *coll_leave(endpoint *e, coll_group *c, cpc_status *st, const 
 {
     cpc_local_world *w = e->w;
     pthread_mutex_lock(&w->mu);
-    if (inside) { /* coll_enter succeeded: this member may have been copying */
-        c->inside--;
-        pthread_cond_broadcast(&w->cv);
-    }
+    if (inside) /* coll_enter succeeded: this member may have been copying */
+        out_locked(w, c);
     cpc_status *st2 = barrier_locked(w, c, e->p, what, NULL);
     /* After an abort the barrier lets everyone go at once: still wait until
      * no member is reading send buffers (copies are finite; members stuck at
@@ -716,8 +720,7 @@ static cpc_status *t_barrier(cpc_transport *t, cpc_group g)
     if (st)
         return coll_leave(e, c, st, what, false);
     pthread_mutex_lock(&e->w->mu);
-    c->inside--;
-    pthread_cond_broadcast(&e->w->cv);
+    out_locked(e->w, c);
     pthread_mutex_unlock(&e->w->mu);
     return NULL;
 }
