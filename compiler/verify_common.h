@@ -177,7 +177,8 @@ const char *vc_node_path(const vc_node *nd, char *buf, size_t n);
  * the answer differs between ranks or steps, or it cannot tell.  The step
  * functions below return VC_YES (the op ran), VC_NO (a fault: the message
  * says which), VC_UNDECIDED (outside the domain's class: the message says
- * why; the caller enumerates or refuses) or VC_OOM. */
+ * why; the caller enumerates or refuses), VC_OOM, or VC_BLOCKED (a wait
+ * or collective that cannot complete yet: vc_step). */
 typedef enum vc_tri { VC_NO = 0, VC_YES = 1, VC_UNDECIDED = 2, VC_OOM = 3, VC_BLOCKED = 4 } vc_tri;
 
 /* YES if both are, NO if either is, else UNDECIDED. */
