@@ -332,8 +332,9 @@ CPC_API cpc_status *cpc_rank_forward(cpc_rank *r, const cpc_tensor *q, const cpc
  *        themselves); OVERWRITTEN, not accumulated.  GQA: dk/dv of a K/V head
  *        sum its query heads.
  * Tensors may be strided (outputs must not overlap themselves) on the CPU
- * backend (host memory); the CUDA backend takes contiguous device memory.  Collective: every rank of the world calls it, after its
- * forward, for the same layer in the same order.  Thread-safety as the
+ * backend (host memory); the CUDA backend takes contiguous device memory.
+ * Collective: every rank of the world calls it, after its forward, for the
+ * same layer in the same order.  Thread-safety as the
  * forward (one thread per rank at a time).  Allocates nothing.
  * Errors: CPC_E_UNSUPPORTED when the artifact has no backward program
  * (an inference plan: compile it with input.mode: training); CPC_E_USAGE
