@@ -769,39 +769,18 @@ static int post(ctx *C, int id)
     chan *c = chan_get(C, src, dst, q->group, q->tag);
     if (!c)
         return oom(C);
-    if (q->is_send) {
-        if (c->rh >= 0) {
-            int rid = c->rh;
-            c->rh = RQ(C, rid)->next;
-            if (c->rh < 0)
-                c->rt = -1;
-            if (match_pair(C, id, rid))
-                return -1;
-            enqueue(C, RQ(C, rid)->rank);
-        } else {
-            if (c->st >= 0)
-                RQ(C, c->st)->next = id;
-            else
-                c->sh = id;
-            c->st = id;
-        }
-    } else {
-        if (c->sh >= 0) {
-            int sid = c->sh;
-            c->sh = RQ(C, sid)->next;
-            if (c->sh < 0)
-                c->st = -1;
-            if (match_pair(C, sid, id))
-                return -1;
-            enqueue(C, RQ(C, sid)->rank);
-        } else {
-            if (c->rt >= 0)
-                RQ(C, c->rt)->next = id;
-            else
-                c->rh = id;
-            c->rt = id;
-        }
+    /* the channel's first unmatched request of the other kind, else this one waits in its queue */
+    int other = q->is_send ? vc_queue_pop(&C->reqs, &c->rh, &c->rt) : vc_queue_pop(&C->reqs, &c->sh, &c->st);
+    if (other < 0) {
+        if (q->is_send)
+            vc_queue_push(&C->reqs, &c->sh, &c->st, id);
+        else
+            vc_queue_push(&C->reqs, &c->rh, &c->rt, id);
+        return 0;
     }
+    if (q->is_send ? match_pair(C, id, other) : match_pair(C, other, id))
+        return -1;
+    enqueue(C, RQ(C, other)->rank);
     return 0;
 }
 

@@ -1801,15 +1801,6 @@ static int take(vb *V, int *head, int *tail, int from, int g, int tag, bool rot)
     return -1;
 }
 
-static void enqueue(vb *V, int *head, int *tail, int id)
-{
-    if (*tail >= 0)
-        RQ(V, *tail)->next = id;
-    else
-        *head = id;
-    *tail = id;
-}
-
 /* Content tag `tag` of a buffer with token layout t, seen from the rank e
  * ring positions further (symmetric domain). */
 static int rotate_tag(const vb *V, cpc_buf_tokens t, int tag, int64_t e)
@@ -1895,9 +1886,9 @@ static vc_tri dom_post(void *self, const cpc_op *op)
                      : take(V, &rr->sh, &rr->st, who, op->group, op->tag, rot);
     if (other < 0) {
         if (send)
-            enqueue(V, &rr->sh, &rr->st, id);
+            vc_queue_push(&V->reqs, &rr->sh, &rr->st, id);
         else
-            enqueue(V, &rr->rh, &rr->rt, id);
+            vc_queue_push(&V->reqs, &rr->rh, &rr->rt, id);
         return VC_YES;
     }
     int sid = send ? id : other, rid = send ? other : id;

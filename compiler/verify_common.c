@@ -868,6 +868,24 @@ void vc_pool_drop_done(vc_pool *pl, vc_open *o)
     o->n = k;
 }
 
+void vc_queue_push(vc_pool *pl, int *head, int *tail, int id)
+{
+    VC_POOL_AT(pl, id)->next = -1;
+    if (*tail >= 0)
+        VC_POOL_AT(pl, *tail)->next = id;
+    else
+        *head = id;
+    *tail = id;
+}
+
+int vc_queue_pop(vc_pool *pl, int *head, int *tail)
+{
+    int id = *head;
+    if (id >= 0 && (*head = VC_POOL_AT(pl, id)->next) < 0)
+        *tail = -1;
+    return id;
+}
+
 void vc_pool_free(vc_pool *pl)
 {
     for (int i = 0; i < pl->n; i++)

@@ -150,6 +150,11 @@ int vc_pool_new(vc_pool *pl, vc_open *o);
 void vc_pool_drop_done(vc_pool *pl, vc_open *o);
 /* Releases every request in use, and the pool's storage. */
 void vc_pool_free(vc_pool *pl);
+/* A FIFO queue of a pool's requests (a channel's unmatched sends or recvs), linked by their
+ * `next`: *head and *tail are ids, -1 when empty.  push appends request id; pop removes the
+ * first and returns its id (-1: empty). */
+void vc_queue_push(vc_pool *pl, int *head, int *tail, int id);
+int vc_queue_pop(vc_pool *pl, int *head, int *tail);
 
 /* An op of the program with its index path ("ops[3].body[1]": 1-based, as
  * Lua scripts index plan.ops and CP050 counts) for diagnostics. */
