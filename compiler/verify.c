@@ -764,7 +764,6 @@ static int match_pair(ctx *C, int sid, int rid)
 static int post(ctx *C, int id)
 {
     req *q = RQ(C, id);
-    q->next = -1;
     int src = q->is_send ? q->rank : q->peer, dst = q->is_send ? q->peer : q->rank;
     chan *c = chan_get(C, src, dst, q->group, q->tag);
     if (!c)
