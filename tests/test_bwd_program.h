@@ -2,8 +2,8 @@
  * test_bwd_program.h - the backward (training) program cpc builds for a
  * small plan, for the backward prover's tests (test_verify_bwd.c,
  * test_verify_attack.c, test_verify_attack_u.c), a run of such a program on
- * the CPU executor, and an edit of an artifact's backward_schedule text.
- * Header-only (static functions): tests only.
+ * the CPU executor, an edit of an artifact's backward_schedule text and
+ * its content hash recomputed.  Header-only (static functions): tests only.
  */
 #ifndef CPC_TEST_BWD_PROGRAM_H
 #define CPC_TEST_BWD_PROGRAM_H
@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <openssl/evp.h>
 
 #include "plan_load.h"
 #include "program.h"
@@ -137,6 +139,29 @@ static inline bool test_bwd_text_replace(char **t, const char *from, const char 
     memcpy(x + pre + tl, at + fl, n - pre - fl + 1);
     free(*t);
     *t = x;
+    return true;
+}
+
+/* Recomputes the content hash of an edited artifact text t (NUL-terminated,
+ * edited in place), as a careful hand editor would: the hash is SHA-256 of
+ * the text with its 64 hex digits zeroed.  False when t has no
+ * "content_hash: sha256:" field or the digest fails. */
+static inline bool test_rehash(char *t)
+{
+    char *h = strstr(t, "content_hash: sha256:");
+    if (!h)
+        return false;
+    h += strlen("content_hash: sha256:");
+    memset(h, '0', 64);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (EVP_Digest(t, strlen(t), md, &n, EVP_sha256(), NULL) != 1 || n < 32)
+        return false;
+    for (unsigned i = 0; i < 32; i++) {
+        char two[3];
+        snprintf(two, sizeof two, "%02x", md[i]);
+        memcpy(h + 2 * i, two, 2);
+    }
     return true;
 }
 
