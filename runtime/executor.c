@@ -372,16 +372,9 @@ static cpc_status *plan_memory(const cpc_program *prog, int rank, int64_t *caps,
         par[b] = b;
         int64_t cap = cpc_buffer_capacity_bytes(prog, b, &c);
         /* Never below what this executor's geometry can put there. */
-        int64_t own = 0;
-        if (prog->buffers[b].tokens == CPC_TOK_BLOCK) {
-            for (int i = 0; i < prog->layout.R; i++) {
-                geom g = geom_of(prog, &c, b, i);
-                if ((int64_t)g.bytes > own)
-                    own = (int64_t)g.bytes;
-            }
-        } else {
-            own = (int64_t)geom_of(prog, &c, b, -1).bytes;
-        }
+        /* a BLOCK buffer may hold any ring block: block 0 is the largest (layout.h: block
+         * sizes never increase with the index), so this is O(1) per buffer, not O(R) */
+        int64_t own = (int64_t)geom_of(prog, &c, b, prog->buffers[b].tokens == CPC_TOK_BLOCK ? 0 : -1).bytes;
         caps[b] = cap > own ? cap : own;
     }
     uf_swaps(prog->ops, prog->n_ops, par, nb);

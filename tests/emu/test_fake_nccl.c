@@ -186,7 +186,9 @@ static int refuse_body(job *j, ncclComm_t c)
         ncclCommGetAsyncError(c, &async);
         if (async != ncclInvalidUsage)
             return FAILJ("rank 1: async error %d after the mismatch", (int)async);
-    } else if (res != ncclSuccess) {
+    } else if (res != ncclSuccess && !(j->rank == 0 && strstr(ncclGetLastError(NULL), "sending to rank 1"))) {
+        /* rank 0's send completes, or fails because rank 1 refused the message and closed its end
+         * first (a race: either is right; a hang or a silent success on rank 1 is not) */
         return FAILJ("rank %d: %s", j->rank, ncclGetLastError(NULL));
     }
     return 0;
