@@ -523,6 +523,37 @@ Test(verify_bwd, domains_agree_on_mutants)
                 rounds, refused, sym_used, rep_rounds, rep_refused, rep_sym);
 }
 
+/* One mutant's three verdicts: the default method (a), with the fast paths
+ * off (u: every loop unrolled, every ulysses member simulated:
+ * cpc_verify_backward_ind(..., false)) and the enumeration (e), asserted to
+ * agree; `what` names the mutant in a failure.  verdicts3_free frees them. */
+typedef struct verdicts3 {
+    cpc_status *a, *u, *e;
+    cpc_verify_bwd_stats sa, su, se;
+} verdicts3;
+
+static void verdicts3_of(const cpc_program *p, verdicts3 *v, const char *what)
+{
+    cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
+    v->a = cpc_verify_backward_ex(p, NULL, &v->sa);
+    v->u = cpc_verify_backward_ind(p, NULL, &v->su, false);
+    v->e = cpc_verify_backward_ex(p, &eo, &v->se);
+    cr_assert_eq(v->a == NULL, v->e == NULL, "%s (%lld jumps, %d classes): %s / enumeration: %s", what,
+                 (long long)v->sa.jumps, v->sa.classes, v->a ? v->a->message : "proven",
+                 v->e ? v->e->message : "proven");
+    cr_assert_eq(v->a == NULL, v->u == NULL, "%s: %s / fast paths off: %s", what, v->a ? v->a->message : "proven",
+                 v->u ? v->u->message : "proven");
+    cr_assert_eq(v->su.jumps, 0);
+    cr_assert(!v->su.usym && v->su.classes == 0);
+}
+
+static void verdicts3_free(verdicts3 *v)
+{
+    cpc_status_free(v->a);
+    cpc_status_free(v->u);
+    cpc_status_free(v->e);
+}
+
 /* Loops by induction (verify_bwd.h LOOPS BY INDUCTION): random mutants of
  * programs whose loops are long enough to be jumped (R >= 8), with guards
  * and blocks that follow s among the mutations, proven by the symmetric
@@ -607,27 +638,17 @@ Test(verify_bwd, induction_agrees_on_mutants)
         int nm = k % 4 == 3 ? 0 : 1 + k % 2;
         for (int m = 0; m < nm; m++)
             mutate_steps(p, seed, k * 4 + m);
-        cpc_verify_bwd_stats sa, su, se;
-        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
-        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
-        cpc_status *u = cpc_verify_backward_ind(p, NULL, &su, false);
-        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
-        cr_assert_eq(a == NULL, e == NULL,
-                     "seed %llu round %d (%s %dx%d): induction (%lld jumps): %s / enumeration: %s",
-                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, (long long)sa.jumps,
-                     a ? a->message : "proven", e ? e->message : "proven");
-        cr_assert_eq(a == NULL, u == NULL, "seed %llu round %d (%s): induction: %s / unrolled: %s",
-                     (unsigned long long)seed, k, rows[i].name, a ? a->message : "proven", u ? u->message : "proven");
-        cr_assert_eq(su.jumps, 0);
-        cr_assert(!su.usym);
-        usym += sa.usym;
-        usym_ok += sa.usym && !a;
-        jumped += sa.jumps > 0;
-        jumped_ok += sa.jumps > 0 && !a;
-        refused += a != NULL;
-        cpc_status_free(a);
-        cpc_status_free(u);
-        cpc_status_free(e);
+        char what[160];
+        snprintf(what, sizeof what, "seed %llu round %d (%s %dx%d)", (unsigned long long)seed, k, rows[i].name,
+                 rows[i].R, rows[i].U);
+        verdicts3 v;
+        verdicts3_of(p, &v, what);
+        usym += v.sa.usym;
+        usym_ok += v.sa.usym && !v.a;
+        jumped += v.sa.jumps > 0;
+        jumped_ok += v.sa.jumps > 0 && !v.a;
+        refused += v.a != NULL;
+        verdicts3_free(&v);
         cpc_program_free(p);
     }
     cr_expect(jumped > rounds / 4 && jumped_ok > rounds / 8, "seed %llu: %d of %d mutants jumped a phase, %d proven",
@@ -1046,24 +1067,15 @@ Test(verify_bwd, ulysses_classes_agree_on_mutants)
         int nm = k % 4 == 3 ? 0 : 1 + k % 2;
         for (int m = 0; m < nm; m++)
             mutate(p, seed, k * 4 + m);
-        cpc_verify_bwd_stats sa, su, se;
-        cpc_verify_opts eo = {.method = CPC_VERIFY_ENUMERATE};
-        cpc_status *a = cpc_verify_backward_ex(p, NULL, &sa);
-        cpc_status *u = cpc_verify_backward_ind(p, NULL, &su, false);
-        cpc_status *e = cpc_verify_backward_ex(p, &eo, &se);
-        cr_assert_eq(a == NULL, e == NULL, "seed %llu round %d (%s %dx%d H %d Hkv %d, %d classes): %s / enumeration: %s",
-                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
-                     sa.classes, a ? a->message : "proven", e ? e->message : "proven");
-        cr_assert_eq(a == NULL, u == NULL, "seed %llu round %d (%s %dx%d H %d Hkv %d): classes: %s / every member: %s",
-                     (unsigned long long)seed, k, rows[i].name, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv,
-                     a ? a->message : "proven", u ? u->message : "proven");
-        cr_assert_eq(su.classes, 0);
-        cls += sa.classes > 0;
-        cls_ok += sa.classes > 0 && !a;
-        refused += a != NULL;
-        cpc_status_free(a);
-        cpc_status_free(u);
-        cpc_status_free(e);
+        char what[160];
+        snprintf(what, sizeof what, "seed %llu round %d (%s %dx%d H %d Hkv %d)", (unsigned long long)seed, k,
+                 rows[i].name, rows[i].R, rows[i].U, rows[i].H, rows[i].Hkv);
+        verdicts3 v;
+        verdicts3_of(p, &v, what);
+        cls += v.sa.classes > 0;
+        cls_ok += v.sa.classes > 0 && !v.a;
+        refused += v.a != NULL;
+        verdicts3_free(&v);
         cpc_program_free(p);
     }
     cr_expect(refused > rounds / 8 && refused < rounds, "seed %llu: %d of %d refused", (unsigned long long)seed,
